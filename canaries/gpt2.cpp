@@ -1,0 +1,296 @@
+#include "gpt2.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "numerics/philox.h"
+
+namespace harness::canary {
+namespace {
+using Shape = std::vector<std::int64_t>;
+}
+
+Gpt2Canary::Gpt2Canary(const CanaryConfig& config, std::optional<FaultSpec> fault)
+    : config_(config), fault_(std::move(fault)) {
+  if (config.channels % config.heads != 0) throw std::invalid_argument("channels must divide by heads");
+  describe_tensors();
+}
+
+// The one description of every tensor. Parameters first, in DESIGN.md's canonical order:
+// that order is the receipt's /hashes/names order.
+void Gpt2Canary::describe_tensors() {
+  const std::int64_t V = config_.vocab_size, T = config_.context_length, C = config_.channels;
+  const std::int64_t B = config_.batch_size, NH = config_.heads, L = config_.layers;
+  auto& t = table_;
+
+  wte_ = t.add_parameter("wte", {V, C});
+  wpe_ = t.add_parameter("wpe", {T, C});
+  for (std::int64_t l = 0; l < L; ++l) {
+    const std::string p = fmt::format("blocks.{}.", l);
+    LayerParams lp;
+    lp.ln1w = t.add_parameter(p + "ln1.weight", {C});
+    lp.ln1b = t.add_parameter(p + "ln1.bias", {C});
+    lp.qkvw = t.add_parameter(p + "attn.qkv.weight", {3 * C, C});
+    lp.qkvb = t.add_parameter(p + "attn.qkv.bias", {3 * C});
+    lp.attprojw = t.add_parameter(p + "attn.proj.weight", {C, C});
+    lp.attprojb = t.add_parameter(p + "attn.proj.bias", {C});
+    lp.ln2w = t.add_parameter(p + "ln2.weight", {C});
+    lp.ln2b = t.add_parameter(p + "ln2.bias", {C});
+    lp.fcw = t.add_parameter(p + "mlp.fc.weight", {4 * C, C});
+    lp.fcb = t.add_parameter(p + "mlp.fc.bias", {4 * C});
+    lp.fcprojw = t.add_parameter(p + "mlp.proj.weight", {C, 4 * C});
+    lp.fcprojb = t.add_parameter(p + "mlp.proj.bias", {C});
+    layer_params_.push_back(lp);
+  }
+  lnfw_ = t.add_parameter("lnf.weight", {C});
+  lnfb_ = t.add_parameter("lnf.bias", {C});
+
+  inputs_ = t.add({"inputs", {B, T}, DType::I32, TensorKind::Input});
+  targets_ = t.add({"targets", {B, T}, DType::I32, TensorKind::Input});
+  for (const char* name : {"lr", "bias_correction1", "bias_correction2", "loss", "grad_norm"}) {
+    t.add({name, {}, DType::F32, TensorKind::Scalar});
+  }
+  lr_ = t.find("lr", TensorKind::Scalar);
+  bias_correction1_ = t.find("bias_correction1", TensorKind::Scalar);
+  bias_correction2_ = t.find("bias_correction2", TensorKind::Scalar);
+  loss_ = t.find("loss", TensorKind::Scalar);
+  grad_norm_ = t.find("grad_norm", TensorKind::Scalar);
+  if (fault_) fault_ulps_ = t.add({"fault_ulps", {}, DType::F32, TensorKind::Scalar});
+
+  // Activations and their gradients share names; the kind tells them apart.
+  auto act = [&](const std::string& name, Shape shape, TensorId* grad) {
+    const TensorId id = t.add({name, shape, DType::F32, TensorKind::Activation});
+    if (grad) *grad = t.add({name, shape, DType::F32, TensorKind::ActivationGrad});
+    return id;
+  };
+  const Shape btc{B, T, C}, bt{B, T};
+  encoded_ = act("embedding.out", btc, &d_encoded_);
+  forward_op_names_.push_back("embedding");
+  for (std::int64_t l = 0; l < L; ++l) {
+    const std::string p = fmt::format("blocks.{}.", l);
+    LayerSites s{p + "ln1", p + "attn.qkv", p + "attn", p + "attn.proj", p + "attn.residual",
+                 p + "ln2", p + "mlp.fc", p + "mlp.gelu", p + "mlp.proj", p + "mlp.residual"};
+    LayerActs a{}, g{};
+    a.ln1 = act(s.ln1 + ".out", btc, &g.ln1);
+    a.ln1_mean = act(s.ln1 + ".mean", bt, nullptr);
+    a.ln1_rstd = act(s.ln1 + ".rstd", bt, nullptr);
+    a.qkv = act(s.qkv + ".out", {B, T, 3 * C}, &g.qkv);
+    a.att = act(s.attn + ".att", {B, NH, T, T}, nullptr);
+    a.atty = act(s.attn + ".out", btc, &g.atty);
+    a.attproj = act(s.attproj + ".out", btc, &g.attproj);
+    a.res2 = act(s.attres + ".out", btc, &g.res2);
+    a.ln2 = act(s.ln2 + ".out", btc, &g.ln2);
+    a.ln2_mean = act(s.ln2 + ".mean", bt, nullptr);
+    a.ln2_rstd = act(s.ln2 + ".rstd", bt, nullptr);
+    a.fch = act(s.fc + ".out", {B, T, 4 * C}, &g.fch);
+    a.fch_gelu = act(s.gelu + ".out", {B, T, 4 * C}, &g.fch_gelu);
+    a.fcproj = act(s.fcproj + ".out", btc, &g.fcproj);
+    a.res3 = act(s.mlpres + ".out", btc, &g.res3);
+    for (const std::string* op : {&s.ln1, &s.qkv, &s.attn, &s.attproj, &s.attres, &s.ln2, &s.fc, &s.gelu, &s.fcproj,
+                                  &s.mlpres}) {
+      forward_op_names_.push_back(*op);
+    }
+    acts_.push_back(a);
+    grads_.push_back(g);
+    sites_.push_back(std::move(s));
+  }
+  lnf_ = act("lnf.out", btc, &d_lnf_);
+  lnf_mean_ = act("lnf.mean", bt, nullptr);
+  lnf_rstd_ = act("lnf.rstd", bt, nullptr);
+  logits_ = act("lm_head.out", {B, T, V}, &d_logits_);
+  probs_ = act("loss.probs", {B, T, V}, nullptr);
+  for (const char* op : {"lnf", "lm_head", "loss"}) forward_op_names_.push_back(op);
+}
+
+// ---- initialisation ---------------------------------------------------------------------
+
+std::vector<float> Gpt2Canary::initial_values(TensorId parameter, std::uint64_t seed) const {
+  const TensorDesc& desc = table_[parameter];
+  const auto n = static_cast<std::size_t>(desc.numel());
+  const auto ends_with = [&](std::string_view suffix) {
+    return desc.name.size() >= suffix.size() && desc.name.compare(desc.name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  if (ends_with(".bias")) return std::vector<float>(n, 0.0f);
+  if (desc.name.find("ln") != std::string::npos && ends_with(".weight")) return std::vector<float>(n, 1.0f);
+  // Residual projections are scaled by 1/sqrt(2L) (GPT-2's depth scaling).
+  double std_dev = config_.init_std;
+  if (ends_with("attn.proj.weight") || ends_with("mlp.proj.weight")) {
+    std_dev /= __builtin_sqrt(2.0 * config_.layers);
+  }
+  std::vector<float> values(n);
+  const std::uint64_t stream = numerics::stream_id(desc.name.c_str());
+  for (std::size_t i = 0; i < n; ++i) {
+    values[i] = static_cast<float>(std_dev * numerics::normal_at(seed, stream, i));
+  }
+  return values;
+}
+
+void Gpt2Canary::upload_initial_parameters(Engine& engine, std::uint64_t seed) const {
+  for (TensorId p : parameters()) {
+    engine.upload(p, initial_values(p, seed));
+    const std::vector<float> zeros(static_cast<std::size_t>(table_[p].numel()), 0.0f);
+    engine.upload(table_.shadow(p, TensorKind::AdamM), zeros);
+    engine.upload(table_.shadow(p, TensorKind::AdamV), zeros);
+  }
+}
+
+// ---- one step ---------------------------------------------------------------------------
+
+StepResult Gpt2Canary::train_step(Engine& e, int step, const Batch& batch) const {
+  e.step_begin(step);
+  e.upload_tokens(inputs_, batch.inputs);
+  e.upload_tokens(targets_, batch.targets);
+  // Per-step scalars are uploaded into 0-D tensors, never baked into an op.
+  const auto lr = static_cast<float>(learning_rate(config_, step));
+  double beta1_t = 1.0, beta2_t = 1.0;  // beta^t with t = step + 1, by repeated products
+  for (int i = 0; i <= step; ++i) {
+    beta1_t *= config_.beta1;
+    beta2_t *= config_.beta2;
+  }
+  const float scalars[3] = {lr, static_cast<float>(1.0 - beta1_t), static_cast<float>(1.0 - beta2_t)};
+  e.upload(lr_, {&scalars[0], 1});
+  e.upload(bias_correction1_, {&scalars[1], 1});
+  e.upload(bias_correction2_, {&scalars[2], 1});
+  if (fault_) {
+    const float ulps = step == fault_->step ? static_cast<float>(fault_->ulps) : 0.0f;
+    e.upload(fault_ulps_, {&ulps, 1});
+  }
+  for (TensorId g : table_.of_kind(TensorKind::Gradient)) e.zero(g);
+  for (TensorId g : table_.of_kind(TensorKind::ActivationGrad)) e.zero(g);
+
+  forward(e);
+  backward(e);
+  update(e);
+  e.step_end();
+
+  StepResult result;
+  result.step = step;
+  result.lr = lr;
+  result.loss = e.read(loss_)[0];
+  result.grad_norm = e.read(grad_norm_)[0];
+  return result;
+}
+
+void Gpt2Canary::after_forward_op(Engine& e, const OpSite& s, TensorId out) const {
+  if (fault_ && fault_->op == s.name) e.nudge_ulps(s, out, fault_ulps_);
+}
+
+void Gpt2Canary::forward(Engine& e) const {
+  constexpr Phase F = Phase::Forward;
+  OpSite s = site("embedding", -1, F);
+  e.encoder_forward(s, encoded_, inputs_, wte_, wpe_);  // (B,T,C)
+  after_forward_op(e, s, encoded_);
+  TensorId residual = encoded_;
+  for (int l = 0; l < config_.layers; ++l) {
+    const LayerParams& p = layer_params_[l];
+    const LayerActs& a = acts_[l];
+    const LayerSites& n = sites_[l];
+    s = site(n.ln1, l, F);
+    e.layernorm_forward(s, a.ln1, a.ln1_mean, a.ln1_rstd, residual, p.ln1w, p.ln1b, ln_eps());  // (B,T,C)
+    after_forward_op(e, s, a.ln1);
+    s = site(n.qkv, l, F);
+    e.linear_forward(s, a.qkv, a.ln1, p.qkvw, p.qkvb);  // (B,T,3C)
+    after_forward_op(e, s, a.qkv);
+    s = site(n.attn, l, F);
+    e.attention_forward(s, a.atty, a.att, a.qkv);  // (B,T,C), att (B,NH,T,T)
+    after_forward_op(e, s, a.atty);
+    s = site(n.attproj, l, F);
+    e.linear_forward(s, a.attproj, a.atty, p.attprojw, p.attprojb);  // (B,T,C)
+    after_forward_op(e, s, a.attproj);
+    s = site(n.attres, l, F);
+    e.residual_forward(s, a.res2, residual, a.attproj);  // (B,T,C)
+    after_forward_op(e, s, a.res2);
+    s = site(n.ln2, l, F);
+    e.layernorm_forward(s, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b, ln_eps());  // (B,T,C)
+    after_forward_op(e, s, a.ln2);
+    s = site(n.fc, l, F);
+    e.linear_forward(s, a.fch, a.ln2, p.fcw, p.fcb);  // (B,T,4C)
+    after_forward_op(e, s, a.fch);
+    s = site(n.gelu, l, F);
+    e.gelu_forward(s, a.fch_gelu, a.fch);  // (B,T,4C)
+    after_forward_op(e, s, a.fch_gelu);
+    s = site(n.fcproj, l, F);
+    e.linear_forward(s, a.fcproj, a.fch_gelu, p.fcprojw, p.fcprojb);  // (B,T,C)
+    after_forward_op(e, s, a.fcproj);
+    s = site(n.mlpres, l, F);
+    e.residual_forward(s, a.res3, a.res2, a.fcproj);  // (B,T,C)
+    after_forward_op(e, s, a.res3);
+    residual = a.res3;
+  }
+  s = site("lnf", -1, F);
+  e.layernorm_forward(s, lnf_, lnf_mean_, lnf_rstd_, residual, lnfw_, lnfb_, ln_eps());  // (B,T,C)
+  after_forward_op(e, s, lnf_);
+  s = site("lm_head", -1, F);
+  e.linear_forward(s, logits_, lnf_, wte_, kNoTensor);  // (B,T,V), tied to wte
+  after_forward_op(e, s, logits_);
+  s = site("loss", -1, F);
+  e.crossentropy_forward(s, loss_, probs_, logits_, targets_);  // 0-D
+  after_forward_op(e, s, loss_);
+}
+
+// Backward: the forward calls undone in reverse order; every call adds into gradients.
+void Gpt2Canary::backward(Engine& e) const {
+  constexpr Phase Bw = Phase::Backward;
+  auto grad = [&](TensorId param) { return table_.shadow(param, TensorKind::Gradient); };
+  e.crossentropy_backward(site("loss", -1, Bw), d_logits_, probs_, targets_);
+  e.linear_backward(site("lm_head", -1, Bw), d_lnf_, grad(wte_), kNoTensor, d_logits_, lnf_, wte_);
+  const TensorId last_residual = config_.layers > 0 ? acts_.back().res3 : encoded_;
+  const TensorId d_last_residual = config_.layers > 0 ? grads_.back().res3 : d_encoded_;
+  e.layernorm_backward(site("lnf", -1, Bw), d_last_residual, grad(lnfw_), grad(lnfb_), d_lnf_, last_residual, lnfw_,
+                       lnf_mean_, lnf_rstd_);
+  for (int l = config_.layers - 1; l >= 0; --l) {
+    const LayerParams& p = layer_params_[l];
+    const LayerActs& a = acts_[l];
+    const LayerActs& g = grads_[l];
+    const LayerSites& n = sites_[l];
+    const TensorId residual = l == 0 ? encoded_ : acts_[l - 1].res3;
+    const TensorId d_residual = l == 0 ? d_encoded_ : grads_[l - 1].res3;
+    // forward: res3 = res2 + fcproj
+    e.residual_backward(site(n.mlpres, l, Bw), g.res2, g.fcproj, g.res3);
+    // forward: fcproj = fch_gelu @ fcprojw^T + fcprojb
+    e.linear_backward(site(n.fcproj, l, Bw), g.fch_gelu, grad(p.fcprojw), grad(p.fcprojb), g.fcproj, a.fch_gelu,
+                      p.fcprojw);
+    // forward: fch_gelu = gelu(fch)
+    e.gelu_backward(site(n.gelu, l, Bw), g.fch, a.fch, g.fch_gelu);
+    // forward: fch = ln2 @ fcw^T + fcb
+    e.linear_backward(site(n.fc, l, Bw), g.ln2, grad(p.fcw), grad(p.fcb), g.fch, a.ln2, p.fcw);
+    // forward: ln2 = layernorm(res2)
+    e.layernorm_backward(site(n.ln2, l, Bw), g.res2, grad(p.ln2w), grad(p.ln2b), g.ln2, a.res2, p.ln2w, a.ln2_mean,
+                         a.ln2_rstd);
+    // forward: res2 = residual + attproj
+    e.residual_backward(site(n.attres, l, Bw), d_residual, g.attproj, g.res2);
+    // forward: attproj = atty @ attprojw^T + attprojb
+    e.linear_backward(site(n.attproj, l, Bw), g.atty, grad(p.attprojw), grad(p.attprojb), g.attproj, a.atty,
+                      p.attprojw);
+    // forward: atty = attention(qkv)
+    e.attention_backward(site(n.attn, l, Bw), g.qkv, g.atty, a.qkv, a.att);
+    // forward: qkv = ln1 @ qkvw^T + qkvb
+    e.linear_backward(site(n.qkv, l, Bw), g.ln1, grad(p.qkvw), grad(p.qkvb), g.qkv, a.ln1, p.qkvw);
+    // forward: ln1 = layernorm(residual)
+    e.layernorm_backward(site(n.ln1, l, Bw), d_residual, grad(p.ln1w), grad(p.ln1b), g.ln1, residual, p.ln1w,
+                         a.ln1_mean, a.ln1_rstd);
+  }
+  // forward: encoded = wte[inputs] + wpe
+  e.encoder_backward(site("embedding", -1, Bw), grad(wte_), grad(wpe_), d_encoded_, inputs_);
+}
+
+void Gpt2Canary::update(Engine& e) const {
+  const OpSite s = site("optimizer", -1, Phase::Optimizer);
+  const auto& gradients = table_.of_kind(TensorKind::Gradient);
+  e.global_norm(s, grad_norm_, gradients);
+  e.clip_by_norm(s, gradients, grad_norm_, static_cast<float>(config_.max_grad_norm));
+  for (TensorId p : parameters()) {
+    AdamWConfig adam;
+    adam.beta1 = static_cast<float>(config_.beta1);
+    adam.beta2 = static_cast<float>(config_.beta2);
+    adam.eps = static_cast<float>(config_.adam_eps);
+    // Decay only 2-D tensors: wte, wpe and the weight matrices (not biases, not LayerNorm).
+    adam.weight_decay = table_[p].rank() == 2 ? static_cast<float>(config_.weight_decay) : 0.0f;
+    e.adamw_update(s, p, table_.shadow(p, TensorKind::Gradient), table_.shadow(p, TensorKind::AdamM),
+                   table_.shadow(p, TensorKind::AdamV), lr_, bias_correction1_, bias_correction2_, adam);
+  }
+}
+
+}  // namespace harness::canary

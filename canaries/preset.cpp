@@ -1,0 +1,87 @@
+#include "preset.h"
+
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+#include "numerics/det_math.h"
+
+namespace harness::canary {
+
+nlohmann::json CanaryConfig::to_json() const {
+  return {{"preset", preset},
+          {"vocab_size", vocab_size},
+          {"context_length", context_length},
+          {"channels", channels},
+          {"layers", layers},
+          {"heads", heads},
+          {"batch_size", batch_size},
+          {"steps", steps},
+          {"peak_lr", peak_lr},
+          {"min_lr_ratio", min_lr_ratio},
+          {"warmup_steps", warmup_steps},
+          {"beta1", beta1},
+          {"beta2", beta2},
+          {"adam_eps", adam_eps},
+          {"weight_decay", weight_decay},
+          {"max_grad_norm", max_grad_norm},
+          {"init_std", init_std},
+          {"layernorm_eps", layernorm_eps},
+          {"data_seed", data_seed}};
+}
+
+CanaryConfig CanaryConfig::from_json(const nlohmann::json& j) {
+  CanaryConfig c;
+  c.preset = j.at("preset").get<std::string>();
+  c.vocab_size = j.at("vocab_size").get<int>();
+  c.context_length = j.at("context_length").get<int>();
+  c.channels = j.at("channels").get<int>();
+  c.layers = j.at("layers").get<int>();
+  c.heads = j.at("heads").get<int>();
+  c.batch_size = j.at("batch_size").get<int>();
+  c.steps = j.at("steps").get<int>();
+  c.peak_lr = j.at("peak_lr").get<double>();
+  c.min_lr_ratio = j.at("min_lr_ratio").get<double>();
+  c.warmup_steps = j.at("warmup_steps").get<int>();
+  c.beta1 = j.at("beta1").get<double>();
+  c.beta2 = j.at("beta2").get<double>();
+  c.adam_eps = j.at("adam_eps").get<double>();
+  c.weight_decay = j.at("weight_decay").get<double>();
+  c.max_grad_norm = j.at("max_grad_norm").get<double>();
+  c.init_std = j.at("init_std").get<double>();
+  c.layernorm_eps = j.at("layernorm_eps").get<double>();
+  c.data_seed = j.at("data_seed").get<std::uint64_t>();
+  return c;
+}
+
+CanaryConfig preset(std::string_view name) {
+  CanaryConfig c;
+  c.preset = std::string(name);
+  if (name == "tiny") return c;  // the defaults above are DESIGN.md's contract values
+  if (name == "micro") {         // fast tests: same code paths, ~100x less work
+    c.vocab_size = 128;
+    c.context_length = 16;
+    c.channels = 32;
+    c.layers = 2;
+    c.heads = 2;
+    c.batch_size = 2;
+    c.steps = 20;
+    c.warmup_steps = 4;
+    return c;
+  }
+  throw std::invalid_argument("unknown canary preset '" + std::string(name) + "' (known: tiny, micro)");
+}
+
+std::vector<std::string> preset_names() { return {"tiny", "micro"}; }
+
+double learning_rate(const CanaryConfig& c, int step) {
+  const double peak = c.peak_lr;
+  if (step < c.warmup_steps) return peak * (step + 1) / c.warmup_steps;
+  const double min_lr = c.min_lr_ratio * peak;
+  const int decay_steps = c.steps - c.warmup_steps;
+  if (decay_steps <= 0) return min_lr;
+  const double progress = static_cast<double>(step - c.warmup_steps) / decay_steps;
+  return min_lr + 0.5 * (peak - min_lr) * (1.0 + numerics::det_cos(numerics::kPi * progress));
+}
+
+}  // namespace harness::canary

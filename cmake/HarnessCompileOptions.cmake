@@ -1,0 +1,28 @@
+# Compile options shared by every target of the project, as an INTERFACE target.
+#
+# Numerics discipline (docs/determinism.md explains each):
+#  - -ffp-contract=off: GCC contracts a*b+c into an FMA by default in C++; whether it
+#    does depends on -march, so contraction would make bits depend on the ISA.
+#    Fused multiply-adds are written explicitly (std::fma / _mm256_fmadd_ps) where wanted.
+#  - no -ffast-math / -Ofast / -fassociative-math: they reorder sums and set FTZ/DAZ.
+#  - -fno-math-errno only lets sqrt inline; sqrt is exactly rounded either way.
+add_library(harness_compile_options INTERFACE)
+add_library(harness::compile_options ALIAS harness_compile_options)
+
+target_compile_options(harness_compile_options INTERFACE
+  -ffp-contract=off
+  -fno-math-errno
+  -Wall -Wextra -Wpedantic -Wshadow -Wconversion -Wno-sign-conversion)
+if(HARNESS_WERROR)
+  target_compile_options(harness_compile_options INTERFACE -Werror)
+endif()
+if(HARNESS_NATIVE_ISA)
+  target_compile_options(harness_compile_options INTERFACE -march=native)
+else()
+  target_compile_options(harness_compile_options INTERFACE -march=x86-64)
+endif()
+if(HARNESS_SANITIZE)
+  target_compile_options(harness_compile_options INTERFACE
+    -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+  target_link_options(harness_compile_options INTERFACE -fsanitize=address,undefined)
+endif()

@@ -1,0 +1,120 @@
+// The call boundary: the op set the canary model is written against.
+//
+// Nothing engine-specific lives above this interface. The model calls ops with tensor
+// handles (ids into the TensorTable it binds), never with pointers, so an engine may
+// execute each call at once (cpu-ref, accel) or record it into a graph and run the
+// graph at the step boundary (tpu-mesh). Values cross the boundary only through upload()
+// and read(), and read() is a synchronisation point: the model reads nothing inside a
+// step. Per-step scalars (learning rate, Adam bias corrections, fault ulps) are 0-D
+// Scalar tensors filled by upload(), so a traced step is the same graph every step.
+//
+// Accumulation convention (as llm.c): backward ops ADD into their gradient outputs, and
+// the model zeroes every gradient at the start of a step. Forward ops overwrite.
+//
+// Dimension key: B = batch, T = time, C = channels, V = vocab, NH = heads, OC = out ch.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "tensor_table.h"
+
+namespace harness {
+
+enum class Phase : std::uint8_t { Forward, Backward, Optimizer };
+std::string_view to_string(Phase phase);
+
+// Which model op a call belongs to: the identity used by fault injection, traces and
+// bisect. `name` follows the tensor naming (`blocks.2.attn.proj`); layer is -1 outside blocks.
+struct OpSite {
+  std::string_view name;
+  int layer = -1;
+  Phase phase = Phase::Forward;
+};
+
+struct AdamWConfig {
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;  // the model passes 0 for tensors that are not decayed
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+
+  virtual std::string_view name() const = 0;
+  // Allocates device memory for every tensor of the table; call once before anything else.
+  virtual void bind(const TensorTable& table) = 0;
+
+  // ---- host <-> device --------------------------------------------------------------
+  virtual void upload(TensorId id, std::span<const float> values) = 0;
+  virtual void upload_tokens(TensorId id, std::span<const std::int32_t> tokens) = 0;
+  // The tensor's full logical value (a sharded tensor assembled), valid until the next
+  // call on the engine. A synchronisation point: never called inside a step.
+  virtual std::span<const float> read(TensorId id) = 0;
+
+  // ---- step boundary ----------------------------------------------------------------
+  virtual void step_begin(int step) = 0;
+  virtual void step_end() = 0;  // lazy engines compile-or-lookup and execute here
+
+  // ---- ops ---------------------------------------------------------------------------
+  virtual void zero(TensorId id) = 0;
+
+  // out (B,T,C) = wte[inputs] + wpe[t]
+  virtual void encoder_forward(const OpSite& site, TensorId out, TensorId inputs, TensorId wte,
+                               TensorId wpe) = 0;
+  virtual void encoder_backward(const OpSite& site, TensorId dwte, TensorId dwpe, TensorId dout,
+                                TensorId inputs) = 0;
+
+  // out (N,C) = (inp - mean) * rstd * weight + bias; mean, rstd (N) saved for backward
+  virtual void layernorm_forward(const OpSite& site, TensorId out, TensorId mean, TensorId rstd,
+                                 TensorId inp, TensorId weight, TensorId bias, float eps) = 0;
+  virtual void layernorm_backward(const OpSite& site, TensorId dinp, TensorId dweight, TensorId dbias,
+                                  TensorId dout, TensorId inp, TensorId weight, TensorId mean,
+                                  TensorId rstd) = 0;
+
+  // out (N,OC) = inp (N,C) @ weight (OC,C)^T + bias (OC); bias may be kNoTensor
+  virtual void linear_forward(const OpSite& site, TensorId out, TensorId inp, TensorId weight,
+                              TensorId bias) = 0;
+  virtual void linear_backward(const OpSite& site, TensorId dinp, TensorId dweight, TensorId dbias,
+                               TensorId dout, TensorId inp, TensorId weight) = 0;
+
+  // Causal multi-head attention. qkv (B,T,3C) -> out (B,T,C); att (B,NH,T,T) saved.
+  virtual void attention_forward(const OpSite& site, TensorId out, TensorId att, TensorId qkv) = 0;
+  virtual void attention_backward(const OpSite& site, TensorId dqkv, TensorId dout, TensorId qkv,
+                                  TensorId att) = 0;
+
+  // GELU, tanh approximation.
+  virtual void gelu_forward(const OpSite& site, TensorId out, TensorId inp) = 0;
+  virtual void gelu_backward(const OpSite& site, TensorId dinp, TensorId inp, TensorId dout) = 0;
+
+  // out = a + b; backward adds dout to both da and db
+  virtual void residual_forward(const OpSite& site, TensorId out, TensorId a, TensorId b) = 0;
+  virtual void residual_backward(const OpSite& site, TensorId da, TensorId db, TensorId dout) = 0;
+
+  // loss (0-D) = mean over (B,T) of -log softmax(logits)[target]; probs (B,T,V) saved
+  virtual void crossentropy_forward(const OpSite& site, TensorId loss, TensorId probs, TensorId logits,
+                                    TensorId targets) = 0;
+  // dlogits += (probs - onehot(targets)) / (B*T)
+  virtual void crossentropy_backward(const OpSite& site, TensorId dlogits, TensorId probs,
+                                     TensorId targets) = 0;
+
+  // norm (0-D) = sqrt(sum of squares over all tensors)
+  virtual void global_norm(const OpSite& site, TensorId norm, std::span<const TensorId> tensors) = 0;
+  // if norm > max_norm: every tensor *= max_norm / (norm + 1e-6)
+  virtual void clip_by_norm(const OpSite& site, std::span<const TensorId> tensors, TensorId norm,
+                            float max_norm) = 0;
+  // AdamW (PyTorch semantics) on one parameter; lr, bias_correction1/2 are 0-D tensors.
+  virtual void adamw_update(const OpSite& site, TensorId param, TensorId grad, TensorId m, TensorId v,
+                            TensorId lr, TensorId bias_correction1, TensorId bias_correction2,
+                            const AdamWConfig& config) = 0;
+
+  // Fault injection: move element 0 of `tensor` up by `ulps` (a 0-D tensor, usually 0)
+  // units in the last place. See docs/canary.md, "Fault injection".
+  virtual void nudge_ulps(const OpSite& site, TensorId tensor, TensorId ulps) = 0;
+};
+
+}  // namespace harness

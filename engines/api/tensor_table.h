@@ -1,0 +1,74 @@
+// The tensor table: every tensor of a model described exactly once.
+//
+// Name, shape, dtype and kind live here and nowhere else. Engines derive their memory
+// layout from it (all tensors of one kind form one flat arena, in table order, so
+// parameters, gradients and both Adam moments share one layout, as in llm.c); the
+// recorder derives hashing order, receipt names and dump names from it.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace harness {
+
+using TensorId = std::int32_t;
+inline constexpr TensorId kNoTensor = -1;
+
+enum class DType : std::uint8_t { F32, I32 };
+
+enum class TensorKind : std::uint8_t {
+  Parameter,       // fp32 master weights
+  Gradient,        // d loss / d parameter, same layout as Parameter
+  AdamM,           // first moment, same layout as Parameter
+  AdamV,           // second moment, same layout as Parameter
+  Activation,      // forward intermediate
+  ActivationGrad,  // d loss / d activation
+  Scalar,          // 0-D fp32 value (learning rate, loss, ...): a device tensor, not a constant
+  Input,           // int32 token ids uploaded every step
+};
+
+std::string_view to_string(TensorKind kind);
+
+struct TensorDesc {
+  std::string name;
+  std::vector<std::int64_t> shape;  // empty for a 0-D scalar
+  DType dtype = DType::F32;
+  TensorKind kind = TensorKind::Activation;
+  TensorId mirrors = kNoTensor;  // for Gradient/AdamM/AdamV: the Parameter it shadows
+
+  std::int64_t numel() const;
+  std::int64_t dim(std::size_t axis) const { return shape.at(axis); }
+  std::size_t rank() const { return shape.size(); }
+};
+
+class TensorTable {
+ public:
+  TensorId add(TensorDesc desc);
+  // Adds a Parameter together with its Gradient, AdamM and AdamV shadows.
+  TensorId add_parameter(std::string name, std::vector<std::int64_t> shape);
+
+  const TensorDesc& operator[](TensorId id) const { return tensors_.at(static_cast<std::size_t>(id)); }
+  std::size_t size() const { return tensors_.size(); }
+  std::span<const TensorDesc> all() const { return tensors_; }
+
+  // Tensors of one kind in table order: the canonical order for arenas and hashes.
+  const std::vector<TensorId>& of_kind(TensorKind kind) const;
+  // The shadow of `parameter` of the given kind (Gradient, AdamM or AdamV).
+  TensorId shadow(TensorId parameter, TensorKind kind) const;
+  // Offset (in elements) of `id` inside the arena of its kind.
+  std::int64_t arena_offset(TensorId id) const { return offsets_.at(static_cast<std::size_t>(id)); }
+  std::int64_t arena_numel(TensorKind kind) const;
+  TensorId find(std::string_view name, TensorKind kind) const;  // kNoTensor when absent
+
+ private:
+  std::vector<TensorDesc> tensors_;
+  std::vector<std::int64_t> offsets_;
+  std::vector<std::vector<TensorId>> by_kind_ = std::vector<std::vector<TensorId>>(8);
+  std::vector<std::int64_t> arena_sizes_ = std::vector<std::int64_t>(8, 0);
+  std::vector<std::vector<TensorId>> shadows_;  // per parameter: grad, m, v
+};
+
+}  // namespace harness

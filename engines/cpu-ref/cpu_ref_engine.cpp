@@ -1,0 +1,165 @@
+#include "cpu_ref_engine.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "deterministic_reduce.h"
+#include "kernels.h"
+
+namespace harness {
+
+void CpuRefEngine::bind(const TensorTable& table) {
+  table_ = &table;
+  arenas_.assign(8, {});
+  std::size_t largest_matrix = 0;
+  for (TensorKind kind : {TensorKind::Parameter, TensorKind::Gradient, TensorKind::AdamM, TensorKind::AdamV,
+                          TensorKind::Activation, TensorKind::ActivationGrad, TensorKind::Scalar}) {
+    arenas_[static_cast<std::size_t>(kind)].assign(static_cast<std::size_t>(table.arena_numel(kind)), 0.0f);
+  }
+  tokens_.assign(static_cast<std::size_t>(table.arena_numel(TensorKind::Input)), 0);
+  for (const TensorDesc& d : table.all()) largest_matrix = std::max(largest_matrix, static_cast<std::size_t>(d.numel()));
+  scratch_.assign(largest_matrix, 0.0f);
+}
+
+float* CpuRefEngine::f32(TensorId id) {
+  const TensorDesc& d = desc(id);
+  if (d.dtype != DType::F32) throw std::logic_error("tensor '" + d.name + "' is not fp32");
+  return arenas_[static_cast<std::size_t>(d.kind)].data() + table_->arena_offset(id);
+}
+
+const std::int32_t* CpuRefEngine::i32(TensorId id) const {
+  if (desc(id).dtype != DType::I32) throw std::logic_error("tensor '" + desc(id).name + "' is not int32");
+  return tokens_.data() + table_->arena_offset(id);
+}
+
+std::int64_t CpuRefEngine::rows(TensorId id) const {
+  const TensorDesc& d = desc(id);
+  return d.numel() / d.shape.back();
+}
+
+void CpuRefEngine::upload(TensorId id, std::span<const float> values) {
+  if (static_cast<std::int64_t>(values.size()) != desc(id).numel()) {
+    throw std::invalid_argument("upload: size mismatch for '" + desc(id).name + "'");
+  }
+  std::copy(values.begin(), values.end(), f32(id));
+}
+
+void CpuRefEngine::upload_tokens(TensorId id, std::span<const std::int32_t> tokens) {
+  const TensorDesc& d = desc(id);
+  if (static_cast<std::int64_t>(tokens.size()) != d.numel()) throw std::invalid_argument("upload_tokens: size mismatch");
+  std::copy(tokens.begin(), tokens.end(), tokens_.begin() + table_->arena_offset(id));
+}
+
+std::span<const float> CpuRefEngine::read(TensorId id) {
+  return {f32(id), static_cast<std::size_t>(desc(id).numel())};
+}
+
+void CpuRefEngine::zero(TensorId id) { std::fill_n(f32(id), desc(id).numel(), 0.0f); }
+
+void CpuRefEngine::encoder_forward(const OpSite&, TensorId out, TensorId inputs, TensorId wte, TensorId wpe) {
+  const TensorDesc& o = desc(out);  // (B,T,C)
+  kernels::encoder_forward(f32(out), i32(inputs), f32(wte), f32(wpe), int(o.dim(0)), int(o.dim(1)), int(o.dim(2)));
+}
+
+void CpuRefEngine::encoder_backward(const OpSite&, TensorId dwte, TensorId dwpe, TensorId dout, TensorId inputs) {
+  const TensorDesc& o = desc(dout);
+  kernels::encoder_backward(f32(dwte), f32(dwpe), f32(dout), i32(inputs), int(o.dim(0)), int(o.dim(1)), int(o.dim(2)));
+}
+
+void CpuRefEngine::layernorm_forward(const OpSite&, TensorId out, TensorId mean, TensorId rstd, TensorId inp,
+                                     TensorId weight, TensorId bias, float eps) {
+  kernels::layernorm_forward(f32(out), f32(mean), f32(rstd), f32(inp), f32(weight), f32(bias), int(rows(inp)),
+                             int(desc(inp).shape.back()), eps);
+}
+
+void CpuRefEngine::layernorm_backward(const OpSite&, TensorId dinp, TensorId dweight, TensorId dbias, TensorId dout,
+                                      TensorId inp, TensorId weight, TensorId mean, TensorId rstd) {
+  kernels::layernorm_backward(f32(dinp), f32(dweight), f32(dbias), f32(dout), f32(inp), f32(weight), f32(mean),
+                              f32(rstd), int(rows(inp)), int(desc(inp).shape.back()));
+}
+
+void CpuRefEngine::linear_forward(const OpSite&, TensorId out, TensorId inp, TensorId weight, TensorId bias) {
+  const TensorDesc& w = desc(weight);  // (OC,C)
+  kernels::linear_forward(f32(out), f32(inp), f32(weight), bias == kNoTensor ? nullptr : f32(bias), int(rows(inp)),
+                          int(w.dim(1)), int(w.dim(0)), scratch_.data());
+}
+
+void CpuRefEngine::linear_backward(const OpSite&, TensorId dinp, TensorId dweight, TensorId dbias, TensorId dout,
+                                   TensorId inp, TensorId weight) {
+  const TensorDesc& w = desc(weight);
+  kernels::linear_backward(f32(dinp), f32(dweight), dbias == kNoTensor ? nullptr : f32(dbias), f32(dout), f32(inp),
+                           f32(weight), int(rows(inp)), int(w.dim(1)), int(w.dim(0)), scratch_.data());
+}
+
+void CpuRefEngine::attention_forward(const OpSite&, TensorId out, TensorId att, TensorId qkv) {
+  const TensorDesc& a = desc(att);  // (B,NH,T,T)
+  const TensorDesc& o = desc(out);  // (B,T,C)
+  kernels::attention_forward(f32(out), f32(att), f32(qkv), int(o.dim(0)), int(o.dim(1)), int(o.dim(2)), int(a.dim(1)));
+}
+
+void CpuRefEngine::attention_backward(const OpSite&, TensorId dqkv, TensorId dout, TensorId qkv, TensorId att) {
+  const TensorDesc& a = desc(att);
+  const TensorDesc& o = desc(dout);
+  kernels::attention_backward(f32(dqkv), f32(dout), f32(qkv), f32(att), int(o.dim(0)), int(o.dim(1)), int(o.dim(2)),
+                              int(a.dim(1)));
+}
+
+void CpuRefEngine::gelu_forward(const OpSite&, TensorId out, TensorId inp) {
+  kernels::gelu_forward(f32(out), f32(inp), desc(inp).numel());
+}
+
+void CpuRefEngine::gelu_backward(const OpSite&, TensorId dinp, TensorId inp, TensorId dout) {
+  kernels::gelu_backward(f32(dinp), f32(inp), f32(dout), desc(inp).numel());
+}
+
+void CpuRefEngine::residual_forward(const OpSite&, TensorId out, TensorId a, TensorId b) {
+  kernels::residual_forward(f32(out), f32(a), f32(b), desc(out).numel());
+}
+
+void CpuRefEngine::residual_backward(const OpSite&, TensorId da, TensorId db, TensorId dout) {
+  kernels::add_inplace(f32(da), f32(dout), desc(dout).numel());
+  kernels::add_inplace(f32(db), f32(dout), desc(dout).numel());
+}
+
+void CpuRefEngine::crossentropy_forward(const OpSite&, TensorId loss, TensorId probs, TensorId logits,
+                                        TensorId targets) {
+  *f32(loss) = kernels::crossentropy_forward(f32(probs), f32(logits), i32(targets), int(rows(logits)),
+                                             int(desc(logits).shape.back()));
+}
+
+void CpuRefEngine::crossentropy_backward(const OpSite&, TensorId dlogits, TensorId probs, TensorId targets) {
+  kernels::crossentropy_backward(f32(dlogits), f32(probs), i32(targets), int(rows(probs)), int(desc(probs).shape.back()));
+}
+
+void CpuRefEngine::global_norm(const OpSite&, TensorId norm, std::span<const TensorId> tensors) {
+  // Partials of every tensor, in table order, then one fixed tree over all of them.
+  std::vector<double> partials;
+  for (TensorId id : tensors) {
+    const std::size_t at = partials.size();
+    partials.resize(at + static_cast<std::size_t>(kernels::sum_of_squares_partial_count(desc(id).numel())));
+    kernels::sum_of_squares_partials(f32(id), desc(id).numel(), partials.data() + at);
+  }
+  kernels::combine_pairwise(partials, static_cast<std::int64_t>(partials.size()), 1);
+  *f32(norm) = static_cast<float>(__builtin_sqrt(partials.empty() ? 0.0 : partials[0]));
+}
+
+void CpuRefEngine::clip_by_norm(const OpSite&, std::span<const TensorId> tensors, TensorId norm, float max_norm) {
+  const float n = scalar(norm);
+  if (!(n > max_norm)) return;
+  const float factor = max_norm / (n + 1e-6f);
+  for (TensorId id : tensors) kernels::scale_inplace(f32(id), factor, desc(id).numel());
+}
+
+void CpuRefEngine::adamw_update(const OpSite&, TensorId param, TensorId grad, TensorId m, TensorId v, TensorId lr,
+                                TensorId bias_correction1, TensorId bias_correction2, const AdamWConfig& c) {
+  const kernels::AdamWStep step{scalar(lr), c.beta1, c.beta2, c.eps, c.weight_decay, scalar(bias_correction1),
+                                scalar(bias_correction2)};
+  kernels::adamw_update(f32(param), f32(grad), f32(m), f32(v), desc(param).numel(), step);
+}
+
+void CpuRefEngine::nudge_ulps(const OpSite&, TensorId tensor, TensorId ulps) {
+  const auto n = static_cast<std::int32_t>(scalar(ulps));
+  if (n > 0) *f32(tensor) = kernels::next_up(*f32(tensor), n);
+}
+
+}  // namespace harness

@@ -1,0 +1,63 @@
+// cpu-ref: the bitwise-deterministic reference engine. Eager fp32 execution on oneTBB with
+// the deterministic kernels of kernels.h and gemm.h. Receipts from this engine are
+// identical across thread counts, repeated runs, Debug/Release, GCC/Clang and
+// -march=x86-64/native builds (docs/determinism.md says why each holds).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "api/engine.h"
+
+namespace harness {
+
+class CpuRefEngine final : public Engine {
+ public:
+  std::string_view name() const override { return "cpu-ref"; }
+  void bind(const TensorTable& table) override;
+
+  void upload(TensorId id, std::span<const float> values) override;
+  void upload_tokens(TensorId id, std::span<const std::int32_t> tokens) override;
+  std::span<const float> read(TensorId id) override;
+
+  void step_begin(int) override {}
+  void step_end() override {}
+
+  void zero(TensorId id) override;
+  void encoder_forward(const OpSite&, TensorId out, TensorId inputs, TensorId wte, TensorId wpe) override;
+  void encoder_backward(const OpSite&, TensorId dwte, TensorId dwpe, TensorId dout, TensorId inputs) override;
+  void layernorm_forward(const OpSite&, TensorId out, TensorId mean, TensorId rstd, TensorId inp, TensorId weight,
+                         TensorId bias, float eps) override;
+  void layernorm_backward(const OpSite&, TensorId dinp, TensorId dweight, TensorId dbias, TensorId dout, TensorId inp,
+                          TensorId weight, TensorId mean, TensorId rstd) override;
+  void linear_forward(const OpSite&, TensorId out, TensorId inp, TensorId weight, TensorId bias) override;
+  void linear_backward(const OpSite&, TensorId dinp, TensorId dweight, TensorId dbias, TensorId dout, TensorId inp,
+                       TensorId weight) override;
+  void attention_forward(const OpSite&, TensorId out, TensorId att, TensorId qkv) override;
+  void attention_backward(const OpSite&, TensorId dqkv, TensorId dout, TensorId qkv, TensorId att) override;
+  void gelu_forward(const OpSite&, TensorId out, TensorId inp) override;
+  void gelu_backward(const OpSite&, TensorId dinp, TensorId inp, TensorId dout) override;
+  void residual_forward(const OpSite&, TensorId out, TensorId a, TensorId b) override;
+  void residual_backward(const OpSite&, TensorId da, TensorId db, TensorId dout) override;
+  void crossentropy_forward(const OpSite&, TensorId loss, TensorId probs, TensorId logits, TensorId targets) override;
+  void crossentropy_backward(const OpSite&, TensorId dlogits, TensorId probs, TensorId targets) override;
+  void global_norm(const OpSite&, TensorId norm, std::span<const TensorId> tensors) override;
+  void clip_by_norm(const OpSite&, std::span<const TensorId> tensors, TensorId norm, float max_norm) override;
+  void adamw_update(const OpSite&, TensorId param, TensorId grad, TensorId m, TensorId v, TensorId lr,
+                    TensorId bias_correction1, TensorId bias_correction2, const AdamWConfig& config) override;
+  void nudge_ulps(const OpSite&, TensorId tensor, TensorId ulps) override;
+
+ private:
+  float* f32(TensorId id);
+  const std::int32_t* i32(TensorId id) const;
+  const TensorDesc& desc(TensorId id) const { return (*table_)[id]; }
+  float scalar(TensorId id) { return *f32(id); }
+  std::int64_t rows(TensorId id) const;  // product of all but the last dimension
+
+  const TensorTable* table_ = nullptr;
+  std::vector<std::vector<float>> arenas_;  // one per TensorKind, laid out by the table
+  std::vector<std::int32_t> tokens_;        // the Input arena
+  std::vector<float> scratch_;              // GEMM packing buffer
+};
+
+}  // namespace harness

@@ -1,0 +1,165 @@
+#include "gemm.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include <immintrin.h>
+#include <tbb/blocked_range2d.h>
+#include <tbb/parallel_for.h>
+
+namespace harness::kernels {
+namespace {
+
+constexpr int kTileRows = 6;   // micro-tile: 6 rows x 16 columns = 12 ymm accumulators
+constexpr int kTileCols = 16;
+
+inline float epilogue_value(float acc, float old_c, GemmEpilogue epilogue, const float* bias, int n) {
+  switch (epilogue) {
+    case GemmEpilogue::Store: return acc;
+    case GemmEpilogue::AddBias: return acc + bias[n];
+    case GemmEpilogue::Accumulate: return old_c + acc;
+  }
+  return acc;
+}
+
+// One output element, the portable way; also the edge path of the vector kernel. Being
+// the same sequence of fmas, it gives the same bits as a vector lane.
+inline float dot_column(int K, const float* a_row, const float* B, int ldb, int n) {
+  float acc = 0.0f;
+  for (int k = 0; k < K; ++k) acc = std::fma(a_row[k], B[static_cast<long>(k) * ldb + n], acc);
+  return acc;
+}
+
+void gemm_block_generic(int m0, int m1, int n0, int n1, int K, const float* A, int lda, const float* B, int ldb,
+                        float* C, int ldc, GemmEpilogue epilogue, const float* bias) {
+  for (int m = m0; m < m1; ++m) {
+    const float* a_row = A + static_cast<long>(m) * lda;
+    float* c_row = C + static_cast<long>(m) * ldc;
+    for (int n = n0; n < n1; ++n) {
+      c_row[n] = epilogue_value(dot_column(K, a_row, B, ldb, n), c_row[n], epilogue, bias, n);
+    }
+  }
+}
+
+__attribute__((target("avx2,fma"))) void store_tile_row(float* c_row, __m256 acc0, __m256 acc1,
+                                                        GemmEpilogue epilogue, const float* bias, int n) {
+  if (epilogue == GemmEpilogue::AddBias) {
+    acc0 = _mm256_add_ps(acc0, _mm256_loadu_ps(bias + n));
+    acc1 = _mm256_add_ps(acc1, _mm256_loadu_ps(bias + n + 8));
+  } else if (epilogue == GemmEpilogue::Accumulate) {
+    acc0 = _mm256_add_ps(_mm256_loadu_ps(c_row + n), acc0);
+    acc1 = _mm256_add_ps(_mm256_loadu_ps(c_row + n + 8), acc1);
+  }
+  _mm256_storeu_ps(c_row + n, acc0);
+  _mm256_storeu_ps(c_row + n + 8, acc1);
+}
+
+// Full 6x16 tile: acc[r][j] = fma(A[m+r][k], B[k][n+j], acc[r][j]) for k = 0..K-1.
+__attribute__((target("avx2,fma"))) void tile_6x16(int K, const float* A, int lda, const float* B, int ldb,
+                                                   float* C, int ldc, GemmEpilogue epilogue, const float* bias,
+                                                   int n) {
+  __m256 acc[kTileRows][2];
+  for (auto& row : acc) row[0] = row[1] = _mm256_setzero_ps();
+  const float* a[kTileRows];
+  for (int r = 0; r < kTileRows; ++r) a[r] = A + static_cast<long>(r) * lda;
+  for (int k = 0; k < K; ++k) {
+    const float* b_row = B + static_cast<long>(k) * ldb + n;
+    const __m256 b0 = _mm256_loadu_ps(b_row);
+    const __m256 b1 = _mm256_loadu_ps(b_row + 8);
+    for (int r = 0; r < kTileRows; ++r) {
+      const __m256 av = _mm256_broadcast_ss(a[r] + k);
+      acc[r][0] = _mm256_fmadd_ps(av, b0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(av, b1, acc[r][1]);
+    }
+  }
+  for (int r = 0; r < kTileRows; ++r) {
+    store_tile_row(C + static_cast<long>(r) * ldc, acc[r][0], acc[r][1], epilogue, bias, n);
+  }
+}
+
+// Partial tile (fewer than 6 rows) with full 16 columns.
+__attribute__((target("avx2,fma"))) void tile_rx16(int rows, int K, const float* A, int lda, const float* B,
+                                                   int ldb, float* C, int ldc, GemmEpilogue epilogue,
+                                                   const float* bias, int n) {
+  for (int r = 0; r < rows; ++r) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    const float* a_row = A + static_cast<long>(r) * lda;
+    for (int k = 0; k < K; ++k) {
+      const float* b_row = B + static_cast<long>(k) * ldb + n;
+      const __m256 av = _mm256_broadcast_ss(a_row + k);
+      acc0 = _mm256_fmadd_ps(av, _mm256_loadu_ps(b_row), acc0);
+      acc1 = _mm256_fmadd_ps(av, _mm256_loadu_ps(b_row + 8), acc1);
+    }
+    store_tile_row(C + static_cast<long>(r) * ldc, acc0, acc1, epilogue, bias, n);
+  }
+}
+
+__attribute__((target("avx2,fma"))) void gemm_block_avx2(int m0, int m1, int n0, int n1, int K, const float* A,
+                                                         int lda, const float* B, int ldb, float* C, int ldc,
+                                                         GemmEpilogue epilogue, const float* bias) {
+  const int n_vec_end = n0 + (n1 - n0) / kTileCols * kTileCols;
+  for (int n = n0; n < n_vec_end; n += kTileCols) {
+    int m = m0;
+    for (; m + kTileRows <= m1; m += kTileRows) {
+      tile_6x16(K, A + static_cast<long>(m) * lda, lda, B, ldb, C + static_cast<long>(m) * ldc, ldc, epilogue, bias, n);
+    }
+    if (m < m1) {
+      tile_rx16(m1 - m, K, A + static_cast<long>(m) * lda, lda, B, ldb, C + static_cast<long>(m) * ldc, ldc,
+                epilogue, bias, n);
+    }
+  }
+  if (n_vec_end < n1) gemm_block_generic(m0, m1, n_vec_end, n1, K, A, lda, B, ldb, C, ldc, epilogue, bias);
+}
+
+using BlockKernel = void (*)(int, int, int, int, int, const float*, int, const float*, int, float*, int, GemmEpilogue,
+                             const float*);
+
+struct KernelChoice {
+  BlockKernel block;
+  std::string_view name;
+};
+
+KernelChoice choose_kernel() {
+  const char* forced = std::getenv("HARNESS_GEMM_KERNEL");
+  const bool force_generic = forced != nullptr && std::strcmp(forced, "generic") == 0;
+  __builtin_cpu_init();
+  if (!force_generic && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    return {gemm_block_avx2, "avx2-fma"};
+  }
+  return {gemm_block_generic, "generic"};
+}
+
+const KernelChoice& kernel() {
+  static const KernelChoice choice = choose_kernel();
+  return choice;
+}
+
+}  // namespace
+
+std::string_view gemm_kernel_name() { return kernel().name; }
+
+void gemm(int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc,
+          GemmEpilogue epilogue, const float* bias) {
+  const BlockKernel block = kernel().block;
+  // Blocks of 48 rows x 128 columns; which thread runs a block never changes its bits.
+  constexpr int kBlockRows = 8 * kTileRows, kBlockCols = 8 * kTileCols;
+  tbb::parallel_for(tbb::blocked_range2d<int>(0, M, kBlockRows, 0, N, kBlockCols),
+                    [&](const tbb::blocked_range2d<int>& r) {
+                      block(r.rows().begin(), r.rows().end(), r.cols().begin(), r.cols().end(), K, A, lda, B, ldb,
+                            C, ldc, epilogue, bias);
+                    });
+}
+
+void transpose(const float* in, int rows, int cols, float* out) {
+  constexpr int kBlock = 32;
+  tbb::parallel_for(tbb::blocked_range2d<int>(0, rows, kBlock, 0, cols, kBlock), [&](const tbb::blocked_range2d<int>& r) {
+    for (int i = r.rows().begin(); i < r.rows().end(); ++i) {
+      for (int j = r.cols().begin(); j < r.cols().end(); ++j) {
+        out[static_cast<long>(j) * rows + i] = in[static_cast<long>(i) * cols + j];
+      }
+    }
+  });
+}
+
+}  // namespace harness::kernels

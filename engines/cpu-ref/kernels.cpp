@@ -1,0 +1,351 @@
+#include "kernels.h"
+
+#include <bit>
+#include <vector>
+
+#include <tbb/parallel_for.h>
+
+#include "deterministic_reduce.h"
+#include "gemm.h"
+#include "numerics/det_math.h"
+
+namespace harness::kernels {
+
+using numerics::det_expf;
+using numerics::det_logf;
+using numerics::det_tanhf;
+
+// ---- encoder -------------------------------------------------------------------------
+
+void encoder_forward(float* out, const std::int32_t* inp, const float* wte, const float* wpe, int B, int T, int C) {
+  tbb::parallel_for(0, B * T, [&](int bt) {
+    const int t = bt % T;
+    const float* wte_row = wte + static_cast<long>(inp[bt]) * C;
+    const float* wpe_row = wpe + static_cast<long>(t) * C;
+    float* out_row = out + static_cast<long>(bt) * C;
+    for (int c = 0; c < C; ++c) out_row[c] = wte_row[c] + wpe_row[c];
+  });
+}
+
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* inp, int B, int T, int C) {
+  // dwte is a scatter-add (a token may repeat): parallel over channel blocks, each block
+  // visits the tokens in (b, t) order, so every element sums its terms in a fixed order.
+  constexpr int kChannelBlock = 16;
+  tbb::parallel_for(0, (C + kChannelBlock - 1) / kChannelBlock, [&](int cb) {
+    const int c0 = cb * kChannelBlock, c1 = c0 + kChannelBlock < C ? c0 + kChannelBlock : C;
+    for (int bt = 0; bt < B * T; ++bt) {
+      // forward: out[bt][c] = wte[inp[bt]][c] + wpe[t][c]
+      float* dwte_row = dwte + static_cast<long>(inp[bt]) * C;
+      const float* dout_row = dout + static_cast<long>(bt) * C;
+      for (int c = c0; c < c1; ++c) dwte_row[c] += dout_row[c];
+    }
+  });
+  tbb::parallel_for(0, T, [&](int t) {
+    float* dwpe_row = dwpe + static_cast<long>(t) * C;
+    for (int b = 0; b < B; ++b) {
+      const float* dout_row = dout + (static_cast<long>(b) * T + t) * C;
+      for (int c = 0; c < C; ++c) dwpe_row[c] += dout_row[c];
+    }
+  });
+}
+
+// ---- layernorm -----------------------------------------------------------------------
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+                       int N, int C, float eps) {
+  tbb::parallel_for(0, N, [&](int i) {
+    const float* x = inp + static_cast<long>(i) * C;
+    float sum = 0.0f;
+    for (int c = 0; c < C; ++c) sum += x[c];
+    const float m = sum / static_cast<float>(C);
+    float var = 0.0f;  // biased variance, as PyTorch's LayerNorm
+    for (int c = 0; c < C; ++c) {
+      const float d = x[c] - m;
+      var += d * d;
+    }
+    var /= static_cast<float>(C);
+    const float s = 1.0f / __builtin_sqrtf(var + eps);
+    float* y = out + static_cast<long>(i) * C;
+    for (int c = 0; c < C; ++c) y[c] = (x[c] - m) * s * weight[c] + bias[c];
+    mean[i] = m;
+    rstd[i] = s;
+  });
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int N, int C) {
+  // Row i's dinp is written by one task; dweight/dbias sum over rows in fixed blocks.
+  const std::vector<float> sums = blocked_row_sum(N, kTokenBlock, 2 * C, [&](std::int64_t r0, std::int64_t r1,
+                                                                              float* partial) {
+    float* dw = partial;
+    float* db = partial + C;
+    for (std::int64_t i = r0; i < r1; ++i) {
+      const float* x = inp + i * C;
+      const float* dy = dout + i * C;
+      float* dx = dinp + i * C;
+      const float m = mean[i], s = rstd[i];
+      float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+      for (int c = 0; c < C; ++c) {
+        const float norm = (x[c] - m) * s;
+        const float dnorm = weight[c] * dy[c];
+        dnorm_mean += dnorm;
+        dnorm_norm_mean += dnorm * norm;
+      }
+      dnorm_mean /= static_cast<float>(C);
+      dnorm_norm_mean /= static_cast<float>(C);
+      for (int c = 0; c < C; ++c) {
+        const float norm = (x[c] - m) * s;
+        const float dnorm = weight[c] * dy[c];
+        // forward: y = norm * weight + bias
+        dw[c] += norm * dy[c];
+        db[c] += dy[c];
+        dx[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+      }
+    }
+  });
+  add_inplace(dweight, sums.data(), C);
+  add_inplace(dbias, sums.data() + C, C);
+}
+
+// ---- linear --------------------------------------------------------------------------
+
+void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC,
+                    float* scratch) {
+  // Pack weight (OC,C) as (C,OC) so the GEMM vectorises over output columns.
+  transpose(weight, OC, C, scratch);
+  gemm(N, OC, C, inp, C, scratch, OC, out, OC, bias ? GemmEpilogue::AddBias : GemmEpilogue::Store, bias);
+}
+
+void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int N, int C, int OC, float* scratch) {
+  // forward: out[n][o] = sum_c inp[n][c] * weight[o][c] + bias[o]
+  // dinp (N,C) += dout (N,OC) @ weight (OC,C)
+  gemm(N, C, OC, dout, OC, weight, C, dinp, C, GemmEpilogue::Accumulate);
+  // dweight (OC,C) += dout^T (OC,N) @ inp (N,C): each element sums over all N tokens in order
+  transpose(dout, N, OC, scratch);
+  gemm(OC, C, N, scratch, N, inp, C, dweight, C, GemmEpilogue::Accumulate);
+  if (dbias) {
+    const std::vector<float> sums = blocked_row_sum(N, kTokenBlock, OC, [&](std::int64_t r0, std::int64_t r1,
+                                                                            float* partial) {
+      for (std::int64_t i = r0; i < r1; ++i) {
+        const float* dy = dout + i * OC;
+        for (int o = 0; o < OC; ++o) partial[o] += dy[o];
+      }
+    });
+    add_inplace(dbias, sums.data(), OC);
+  }
+}
+
+// ---- attention -----------------------------------------------------------------------
+
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+  const int hs = C / NH;
+  const float scale = 1.0f / __builtin_sqrtf(static_cast<float>(hs));
+  tbb::parallel_for(0, B * NH, [&](int bh) {
+    const int b = bh / NH, h = bh % NH;
+    for (int t = 0; t < T; ++t) {
+      const float* q = qkv + (static_cast<long>(b) * T + t) * 3 * C + h * hs;
+      float* att_row = att + (static_cast<long>(bh) * T + t) * T;
+      float max_score = -3.402823466e38f;
+      for (int t2 = 0; t2 <= t; ++t2) {
+        const float* k = qkv + (static_cast<long>(b) * T + t2) * 3 * C + C + h * hs;
+        float dot = 0.0f;
+        for (int i = 0; i < hs; ++i) dot += q[i] * k[i];
+        dot *= scale;
+        att_row[t2] = dot;
+        if (dot > max_score) max_score = dot;
+      }
+      float sum = 0.0f;
+      for (int t2 = 0; t2 <= t; ++t2) {
+        const float e = det_expf(att_row[t2] - max_score);
+        att_row[t2] = e;
+        sum += e;
+      }
+      const float inv_sum = 1.0f / sum;
+      for (int t2 = 0; t2 <= t; ++t2) att_row[t2] *= inv_sum;
+      for (int t2 = t + 1; t2 < T; ++t2) att_row[t2] = 0.0f;  // causal mask
+      float* y = out + (static_cast<long>(b) * T + t) * C + h * hs;
+      for (int i = 0; i < hs; ++i) y[i] = 0.0f;
+      for (int t2 = 0; t2 <= t; ++t2) {
+        const float* v = qkv + (static_cast<long>(b) * T + t2) * 3 * C + 2 * C + h * hs;
+        const float a = att_row[t2];
+        for (int i = 0; i < hs; ++i) y[i] += a * v[i];
+      }
+    }
+  });
+}
+
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
+                        int NH) {
+  const int hs = C / NH;
+  const float scale = 1.0f / __builtin_sqrtf(static_cast<float>(hs));
+  // Each (b, h) owns the columns h*hs..h*hs+hs-1 of q, k and v in dqkv: tasks never overlap.
+  tbb::parallel_for(0, B * NH, [&](int bh) {
+    const int b = bh / NH, h = bh % NH;
+    std::vector<float> datt(static_cast<std::size_t>(T)), dpreatt(static_cast<std::size_t>(T));
+    auto row = [&](const float* base, int t, int part) { return base + (static_cast<long>(b) * T + t) * 3 * C + part * C + h * hs; };
+    for (int t = 0; t < T; ++t) {
+      const float* att_row = att + (static_cast<long>(bh) * T + t) * T;
+      const float* dy = dout + (static_cast<long>(b) * T + t) * C + h * hs;
+      const float* q = row(qkv, t, 0);
+      float* dq = dqkv + (static_cast<long>(b) * T + t) * 3 * C + h * hs;
+      for (int t2 = 0; t2 <= t; ++t2) {
+        const float* v = row(qkv, t2, 2);
+        float* dv = dqkv + (static_cast<long>(b) * T + t2) * 3 * C + 2 * C + h * hs;
+        // forward: y[i] += att[t2] * v[t2][i]
+        float d = 0.0f;
+        for (int i = 0; i < hs; ++i) {
+          d += v[i] * dy[i];
+          dv[i] += att_row[t2] * dy[i];
+        }
+        datt[static_cast<std::size_t>(t2)] = d;
+      }
+      // forward: att = softmax(preatt): dpreatt = att * (datt - sum_j att_j datt_j)
+      float dot = 0.0f;
+      for (int t2 = 0; t2 <= t; ++t2) dot += att_row[t2] * datt[static_cast<std::size_t>(t2)];
+      for (int t2 = 0; t2 <= t; ++t2) {
+        dpreatt[static_cast<std::size_t>(t2)] = att_row[t2] * (datt[static_cast<std::size_t>(t2)] - dot);
+      }
+      // forward: preatt[t2] = scale * dot(q[t], k[t2])
+      for (int t2 = 0; t2 <= t; ++t2) {
+        const float* k = row(qkv, t2, 1);
+        float* dk = dqkv + (static_cast<long>(b) * T + t2) * 3 * C + C + h * hs;
+        const float g = dpreatt[static_cast<std::size_t>(t2)] * scale;
+        for (int i = 0; i < hs; ++i) {
+          dq[i] += g * k[i];
+          dk[i] += g * q[i];
+        }
+      }
+    }
+  });
+}
+
+// ---- gelu (tanh approximation) -----------------------------------------------------
+
+namespace {
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
+constexpr float kGeluCubic = 0.044715f;
+constexpr std::int64_t kElementwiseGrain = 4096;
+}  // namespace
+
+void gelu_forward(float* out, const float* inp, std::int64_t n) {
+  tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, n, kElementwiseGrain), [&](const auto& r) {
+    for (std::int64_t i = r.begin(); i < r.end(); ++i) {
+      const float x = inp[i];
+      const float cube = kGeluCubic * x * x * x;
+      out[i] = 0.5f * x * (1.0f + det_tanhf(kGeluScale * (x + cube)));
+    }
+  });
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n) {
+  tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, n, kElementwiseGrain), [&](const auto& r) {
+    for (std::int64_t i = r.begin(); i < r.end(); ++i) {
+      const float x = inp[i];
+      const float cube = kGeluCubic * x * x * x;
+      const float th = det_tanhf(kGeluScale * (x + cube));
+      const float sech2 = 1.0f - th * th;  // 1/cosh^2 = 1 - tanh^2
+      const float local = 0.5f * (1.0f + th) + x * 0.5f * sech2 * kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
+      dinp[i] += local * dout[i];
+    }
+  });
+}
+
+// ---- elementwise -----------------------------------------------------------------------
+
+void residual_forward(float* out, const float* a, const float* b, std::int64_t n) {
+  tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, n, kElementwiseGrain), [&](const auto& r) {
+    for (std::int64_t i = r.begin(); i < r.end(); ++i) out[i] = a[i] + b[i];
+  });
+}
+
+void add_inplace(float* dst, const float* src, std::int64_t n) {
+  tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, n, kElementwiseGrain), [&](const auto& r) {
+    for (std::int64_t i = r.begin(); i < r.end(); ++i) dst[i] += src[i];
+  });
+}
+
+void scale_inplace(float* x, float factor, std::int64_t n) {
+  tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, n, kElementwiseGrain), [&](const auto& r) {
+    for (std::int64_t i = r.begin(); i < r.end(); ++i) x[i] *= factor;
+  });
+}
+
+// ---- loss ------------------------------------------------------------------------------
+
+float crossentropy_forward(float* probs, const float* logits, const std::int32_t* targets, int N, int V) {
+  std::vector<float> losses(static_cast<std::size_t>(N));
+  tbb::parallel_for(0, N, [&](int i) {
+    const float* z = logits + static_cast<long>(i) * V;
+    float* p = probs + static_cast<long>(i) * V;
+    float max_logit = -3.402823466e38f;
+    for (int v = 0; v < V; ++v) max_logit = z[v] > max_logit ? z[v] : max_logit;
+    float sum = 0.0f;
+    for (int v = 0; v < V; ++v) {
+      p[v] = det_expf(z[v] - max_logit);
+      sum += p[v];
+    }
+    const float inv_sum = 1.0f / sum;
+    for (int v = 0; v < V; ++v) p[v] *= inv_sum;
+    // -log softmax[target] = (max - z[target]) + log(sum): no log of an underflowed prob
+    losses[static_cast<std::size_t>(i)] = (max_logit - z[targets[i]]) + det_logf(sum);
+  });
+  const float total = blocked_sum<float>(N, kTokenBlock, [&](std::int64_t i) { return losses[static_cast<std::size_t>(i)]; });
+  return total / static_cast<float>(N);
+}
+
+void crossentropy_backward(float* dlogits, const float* probs, const std::int32_t* targets, int N, int V) {
+  const float dloss = 1.0f / static_cast<float>(N);  // d mean / d per-token loss
+  tbb::parallel_for(0, N, [&](int i) {
+    const float* p = probs + static_cast<long>(i) * V;
+    float* dz = dlogits + static_cast<long>(i) * V;
+    for (int v = 0; v < V; ++v) {
+      const float indicator = v == targets[i] ? 1.0f : 0.0f;
+      dz[v] += (p[v] - indicator) * dloss;
+    }
+  });
+}
+
+// ---- optimizer -------------------------------------------------------------------------
+
+std::int64_t sum_of_squares_partial_count(std::int64_t n) { return (n + kElementBlock - 1) / kElementBlock; }
+
+void sum_of_squares_partials(const float* x, std::int64_t n, double* partials) {
+  tbb::parallel_for(std::int64_t{0}, sum_of_squares_partial_count(n), [&](std::int64_t b) {
+    const std::int64_t end = (b + 1) * kElementBlock < n ? (b + 1) * kElementBlock : n;
+    double s = 0.0;
+    for (std::int64_t i = b * kElementBlock; i < end; ++i) s += static_cast<double>(x[i]) * x[i];
+    partials[b] = s;
+  });
+}
+
+void adamw_update(float* param, const float* grad, float* m, float* v, std::int64_t n, const AdamWStep& s) {
+  const float decay = 1.0f - s.lr * s.weight_decay;
+  const float one_minus_beta1 = 1.0f - s.beta1, one_minus_beta2 = 1.0f - s.beta2;
+  tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, n, kElementwiseGrain), [&](const auto& r) {
+    for (std::int64_t i = r.begin(); i < r.end(); ++i) {
+      const float g = grad[i];
+      const float p = param[i] * decay;  // decoupled weight decay first, as torch.optim.AdamW
+      m[i] = s.beta1 * m[i] + one_minus_beta1 * g;
+      v[i] = s.beta2 * v[i] + one_minus_beta2 * g * g;
+      const float m_hat = m[i] / s.bias_correction1;
+      const float v_hat = v[i] / s.bias_correction2;
+      param[i] = p - s.lr * m_hat / (__builtin_sqrtf(v_hat) + s.eps);
+    }
+  });
+}
+
+float next_up(float x, std::int32_t ulps) {
+  for (std::int32_t i = 0; i < ulps; ++i) {
+    if (x != x || x == __builtin_inff()) return x;
+    const auto bits = std::bit_cast<std::uint32_t>(x);
+    if (x == 0.0f) {
+      x = std::bit_cast<float>(std::uint32_t{1});  // smallest positive subnormal
+    } else {
+      x = std::bit_cast<float>(x > 0 ? bits + 1 : bits - 1);
+    }
+  }
+  return x;
+}
+
+}  // namespace harness::kernels

@@ -1,0 +1,64 @@
+// Deterministic fp32 kernels of the canary's ops (everything but the GEMM, in gemm.h).
+// Free functions over raw pointers so that every engine can reuse them; the engines
+// decide rounding policy and execution model around them.
+//
+// Rules that keep them bitwise portable (docs/determinism.md):
+//  - each output element is written by one task, in a fixed loop order;
+//  - reductions over tokens or elements use deterministic_reduce.h (fixed blocks, fixed tree);
+//  - exp/log/tanh come from numerics/det_math.h, never from libm;
+//  - no fused multiply-add outside the GEMM (the build sets -ffp-contract=off).
+//
+// Dimension key: B = batch, T = time, C = channels, V = vocab, NH = heads, N = rows.
+#pragma once
+
+#include <cstdint>
+
+namespace harness::kernels {
+
+// out (B,T,C) = wte[inp[b,t]] + wpe[t]
+void encoder_forward(float* out, const std::int32_t* inp, const float* wte, const float* wpe, int B, int T, int C);
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* inp, int B, int T, int C);
+
+// out (N,C); mean, rstd (N)
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+                       int N, int C, float eps);
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int N, int C);
+
+// out (N,OC) = inp (N,C) @ weight (OC,C)^T + bias. scratch >= C*OC floats.
+void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC,
+                    float* scratch);
+// dinp += dout @ weight; dweight += dout^T @ inp; dbias += sum over rows. scratch >= N*OC.
+void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int N, int C, int OC, float* scratch);
+
+// qkv (B,T,3C) -> out (B,T,C), att (B,NH,T,T) (masked entries 0)
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
+                        int NH);
+
+void gelu_forward(float* out, const float* inp, std::int64_t n);
+void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n);
+
+void residual_forward(float* out, const float* a, const float* b, std::int64_t n);
+void add_inplace(float* dst, const float* src, std::int64_t n);  // dst += src
+
+// probs (N,V) = softmax(logits); returns the mean over rows of -log probs[target]
+float crossentropy_forward(float* probs, const float* logits, const std::int32_t* targets, int N, int V);
+void crossentropy_backward(float* dlogits, const float* probs, const std::int32_t* targets, int N, int V);
+
+// Sum of squares of one tensor as fixed-block partials in double: appends ceil(n/block)
+// partials, so the caller can tree-combine the partials of many tensors in one fixed order.
+void sum_of_squares_partials(const float* x, std::int64_t n, double* partials);
+std::int64_t sum_of_squares_partial_count(std::int64_t n);
+void scale_inplace(float* x, float factor, std::int64_t n);
+
+struct AdamWStep {
+  float lr, beta1, beta2, eps, weight_decay, bias_correction1, bias_correction2;
+};
+void adamw_update(float* param, const float* grad, float* m, float* v, std::int64_t n, const AdamWStep& s);
+
+// x moved up (towards +inf) by `ulps` units in the last place.
+float next_up(float x, std::int32_t ulps);
+
+}  // namespace harness::kernels

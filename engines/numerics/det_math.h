@@ -1,0 +1,191 @@
+// Deterministic elementary functions: exp, log, tanh, sin, cos.
+//
+// Why not libm: glibc's exp/log/tanh differ between versions and between CPU dispatch
+// paths (FMA vs non-FMA code), so a libm result that reaches a tensor makes the bits
+// depend on the machine. These routines use only IEEE-754 double +, -, *, / (each
+// exactly rounded) and bit manipulation, evaluated in a fixed order, and the project
+// compiles with -ffp-contract=off, so every build on every x86-64 machine gives the same
+// bits. They are accurate to about 1e-15 relative in double, so after rounding to fp32 they
+// are within 1 ulp of the true value (usually correctly rounded).
+//
+// Range reduction uses Cody-Waite splits whose high parts have trailing zero bits, so
+// k * HI is exact for the |k| that occur here.
+#pragma once
+
+#include <bit>
+#include <cstdint>
+#include <limits>
+
+namespace harness::numerics {
+
+namespace detail {
+
+// 2^k as a double for k in [-1022, 1023] (normal range), built from its bit pattern.
+constexpr double pow2_normal(int k) {
+  return std::bit_cast<double>(static_cast<std::uint64_t>(k + 1023) << 52);
+}
+
+// x * 2^k for any int k, in two exact steps when 2^k alone would leave the normal range.
+constexpr double scale_by_pow2(double x, int k) {
+  if (k > 1023) {
+    x *= pow2_normal(1023);
+    k -= 1023;
+    if (k > 1023) k = 1023;
+  } else if (k < -1022) {
+    x *= pow2_normal(-1022);
+    k += 1022;
+    if (k < -1022) k = -1022;
+  }
+  return x * pow2_normal(k);
+}
+
+// Round to nearest integer, ties away from zero, without libm.
+constexpr double round_half_away(double x) {
+  return x >= 0 ? static_cast<double>(static_cast<std::int64_t>(x + 0.5))
+                : static_cast<double>(static_cast<std::int64_t>(x - 0.5));
+}
+
+inline constexpr double kLn2Hi = 6.93147180369123816490e-01;  // 0x3FE62E42FEE00000
+inline constexpr double kLn2Lo = 1.90821492927058770002e-10;
+inline constexpr double kLog2e = 1.44269504088896338700e+00;
+
+}  // namespace detail
+
+constexpr double det_exp(double x) {
+  if (x != x) return x;
+  if (x > 709.782712893384) return std::numeric_limits<double>::infinity();
+  if (x < -745.1332191019412) return 0.0;
+  const double k = detail::round_half_away(x * detail::kLog2e);
+  const double r = (x - k * detail::kLn2Hi) - k * detail::kLn2Lo;  // |r| <= ~0.347
+  // Taylor series of e^r to degree 13: truncation error < 4e-18 on |r| <= 0.35.
+  double p = 1.0 / 6227020800.0;  // 1/13!
+  p = p * r + 1.0 / 479001600.0;
+  p = p * r + 1.0 / 39916800.0;
+  p = p * r + 1.0 / 3628800.0;
+  p = p * r + 1.0 / 362880.0;
+  p = p * r + 1.0 / 40320.0;
+  p = p * r + 1.0 / 5040.0;
+  p = p * r + 1.0 / 720.0;
+  p = p * r + 1.0 / 120.0;
+  p = p * r + 1.0 / 24.0;
+  p = p * r + 1.0 / 6.0;
+  p = p * r + 0.5;
+  p = p * r + 1.0;
+  p = p * r + 1.0;
+  return detail::scale_by_pow2(p, static_cast<int>(k));
+}
+
+// Natural logarithm; x <= 0 gives -inf (x == 0) or NaN (x < 0), like log().
+constexpr double det_log(double x) {
+  if (x != x || x < 0) return std::numeric_limits<double>::quiet_NaN();
+  if (x == 0) return -std::numeric_limits<double>::infinity();
+  if (x == std::numeric_limits<double>::infinity()) return x;
+  int e = 0;
+  if (x < 2.2250738585072014e-308) {  // subnormal: make it normal first
+    x *= 18014398509481984.0;          // 2^54
+    e = -54;
+  }
+  const std::uint64_t bits = std::bit_cast<std::uint64_t>(x);
+  e += static_cast<int>((bits >> 52) & 0x7FF) - 1023;
+  double m = std::bit_cast<double>((bits & 0x000FFFFFFFFFFFFFull) | 0x3FF0000000000000ull);
+  if (m > 1.4142135623730951) {  // keep m in [sqrt(1/2), sqrt(2))
+    m *= 0.5;
+    e += 1;
+  }
+  // log(m) = 2 atanh(s), s = (m-1)/(m+1), |s| <= 0.1716: series to s^25.
+  const double s = (m - 1.0) / (m + 1.0);
+  const double s2 = s * s;
+  double p = 1.0 / 25.0;
+  for (int n = 23; n >= 1; n -= 2) p = p * s2 + 1.0 / n;
+  const double log_m = 2.0 * s * p;
+  const double de = static_cast<double>(e);
+  return (de * detail::kLn2Hi + log_m) + de * detail::kLn2Lo;
+}
+
+constexpr double det_tanh(double x) {
+  if (x != x) return x;
+  const double ax = x < 0 ? -x : x;
+  double t;
+  if (ax > 22.0) {
+    t = 1.0;
+  } else if (ax < 1.0 / 1024.0) {
+    const double x2 = ax * ax;  // series: x - x^3/3 + 2x^5/15, error < x^7 * 0.054
+    t = ax - ax * x2 * (1.0 / 3.0) + ax * x2 * x2 * (2.0 / 15.0);
+  } else {
+    const double e2 = det_exp(2.0 * ax);
+    t = 1.0 - 2.0 / (e2 + 1.0);
+  }
+  return x < 0 ? -t : t;
+}
+
+namespace detail {
+inline constexpr double kPiO2Hi = 1.57079632673412561417e+00;  // trailing zero bits
+inline constexpr double kPiO2Mid = 6.07710050650619224932e-11;
+inline constexpr double kPiO2Lo = 2.02226624879595063154e-21;
+inline constexpr double k2OverPi = 6.36619772367581382433e-01;
+
+// sin and cos on |r| <= pi/4 (Taylor to r^19 / r^18: error < 1e-17).
+constexpr double sin_kernel(double r) {
+  const double r2 = r * r;
+  double p = -1.0 / 121645100408832000.0;  // -1/19!
+  p = p * r2 + 1.0 / 355687428096000.0;
+  p = p * r2 - 1.0 / 1307674368000.0;
+  p = p * r2 + 1.0 / 6227020800.0;
+  p = p * r2 - 1.0 / 39916800.0;
+  p = p * r2 + 1.0 / 362880.0;
+  p = p * r2 - 1.0 / 5040.0;
+  p = p * r2 + 1.0 / 120.0;
+  p = p * r2 - 1.0 / 6.0;
+  return r + r * r2 * p;
+}
+constexpr double cos_kernel(double r) {
+  const double r2 = r * r;
+  double p = 1.0 / 6402373705728000.0;  // 1/18!
+  p = p * r2 - 1.0 / 20922789888000.0;
+  p = p * r2 + 1.0 / 87178291200.0;
+  p = p * r2 - 1.0 / 479001600.0;
+  p = p * r2 + 1.0 / 3628800.0;
+  p = p * r2 - 1.0 / 40320.0;
+  p = p * r2 + 1.0 / 720.0;
+  p = p * r2 - 1.0 / 24.0;
+  p = p * r2 + 0.5;
+  return 1.0 - r2 * p;
+}
+// Reduce x to r in [-pi/4, pi/4] with x = r + n*pi/2; good for |x| < 2^20.
+constexpr double reduce_half_pi(double x, int& quadrant) {
+  const double n = round_half_away(x * k2OverPi);
+  quadrant = static_cast<int>(static_cast<std::int64_t>(n) & 3);
+  return ((x - n * kPiO2Hi) - n * kPiO2Mid) - n * kPiO2Lo;
+}
+}  // namespace detail
+
+// sin and cos for |x| < 2^20 (the harness uses them on [0, 2*pi] and [0, pi]).
+constexpr double det_sin(double x) {
+  int q = 0;
+  const double r = detail::reduce_half_pi(x, q);
+  switch (q) {
+    case 0: return detail::sin_kernel(r);
+    case 1: return detail::cos_kernel(r);
+    case 2: return -detail::sin_kernel(r);
+    default: return -detail::cos_kernel(r);
+  }
+}
+constexpr double det_cos(double x) {
+  int q = 0;
+  const double r = detail::reduce_half_pi(x, q);
+  switch (q) {
+    case 0: return detail::cos_kernel(r);
+    case 1: return -detail::sin_kernel(r);
+    case 2: return -detail::cos_kernel(r);
+    default: return detail::sin_kernel(r);
+  }
+}
+
+// fp32 entry points used by kernels: evaluate in double, round once to fp32.
+constexpr float det_expf(float x) { return static_cast<float>(det_exp(x)); }
+constexpr float det_logf(float x) { return static_cast<float>(det_log(x)); }
+constexpr float det_tanhf(float x) { return static_cast<float>(det_tanh(x)); }
+
+inline constexpr double kPi = 3.14159265358979311600e+00;
+
+}  // namespace harness::numerics

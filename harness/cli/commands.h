@@ -1,0 +1,29 @@
+// Subcommands of the `harness` CLI. Each add_*_command registers its flags on the
+// CLI11 app and an action to run when it is the selected subcommand.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+namespace harness::cli {
+
+inline constexpr int kExitPass = 0;
+inline constexpr int kExitCheckFailed = 1;
+inline constexpr int kExitBadInput = 2;
+
+class CommandRegistry {
+ public:
+  void add(CLI::App* subcommand, std::function<int()> action) { actions_[subcommand] = std::move(action); }
+  int run_selected(const CLI::App& app) const;
+
+ private:
+  std::map<const CLI::App*, std::function<int()>> actions_;
+};
+
+void add_run_command(CLI::App& app, CommandRegistry& commands);
+void add_inspect_command(CLI::App& app, CommandRegistry& commands);
+
+}  // namespace harness::cli

@@ -1,0 +1,37 @@
+// `harness`: the command-line shell over the harness libraries. Exit status is the
+// contract of docs/cli.md: 0 pass, 1 a check failed, 2 bad usage or bad input.
+#include <cstdio>
+#include <exception>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "commands.h"
+#include "receipt/hdf5_file.h"
+
+int main(int argc, char** argv) {
+  harness::h5::silence_library_errors();
+  CLI::App app{"Deterministic replay and golden-regression harness for training numerics"};
+  app.require_subcommand(1);
+  app.set_help_all_flag("--help-all", "Show help for every subcommand");
+  harness::cli::CommandRegistry commands;
+  harness::cli::add_run_command(app, commands);
+  harness::cli::add_inspect_command(app, commands);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    const std::string where = app.get_subcommands().empty() ? "harness" : "harness " + app.get_subcommands()[0]->get_name();
+    fmt::print(stderr, "harness: error: {} (see `{} --help`)\n", e.what(), where);
+    return harness::cli::kExitBadInput;
+  }
+  try {
+    return commands.run_selected(app);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "harness: error: {}\n", e.what());
+    return harness::cli::kExitBadInput;
+  }
+}

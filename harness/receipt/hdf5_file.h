@@ -1,0 +1,93 @@
+// A thin RAII layer over the HDF5 C API: handles that close themselves, and the few
+// typed operations receipts need (attributes, fixed and growing datasets).
+// Every failure throws Hdf5Error with the path involved; nothing here prints.
+#pragma once
+
+#include <hdf5.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace harness::h5 {
+
+struct Hdf5Error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Silences HDF5's own error-stack printing; call once per process.
+void silence_library_errors();
+
+class Handle {
+ public:
+  using Closer = herr_t (*)(hid_t);
+  Handle() = default;
+  Handle(hid_t id, Closer closer, const std::string& what);  // throws if id < 0
+  Handle(Handle&& other) noexcept : id_(std::exchange(other.id_, H5I_INVALID_HID)), closer_(other.closer_) {}
+  Handle& operator=(Handle&& other) noexcept;
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  ~Handle() { reset(); }
+
+  hid_t get() const { return id_; }
+  operator hid_t() const { return id_; }
+  bool valid() const { return id_ >= 0; }
+  void reset();
+
+ private:
+  hid_t id_ = H5I_INVALID_HID;
+  Closer closer_ = nullptr;
+};
+
+Handle create_file(const std::string& path, bool overwrite);  // fails if it exists and !overwrite
+Handle open_file(const std::string& path, bool writable);
+Handle create_group(hid_t parent, const std::string& name);
+Handle open_group(hid_t parent, const std::string& name);
+bool exists(hid_t parent, const std::string& path);  // every link of the path
+
+// ---- attributes --------------------------------------------------------------------------
+void write_attr(hid_t obj, const std::string& name, const std::string& value);
+void write_attr(hid_t obj, const std::string& name, std::int64_t value);
+void write_attr(hid_t obj, const std::string& name, double value);
+std::string read_attr_string(hid_t obj, const std::string& name);
+std::int64_t read_attr_int(hid_t obj, const std::string& name);
+bool has_attr(hid_t obj, const std::string& name);
+std::vector<std::string> attr_names(hid_t obj);
+
+// ---- datasets -----------------------------------------------------------------------------
+// A dataset that grows along its first dimension, one row (a sub-array of `row_shape`) at a time.
+class GrowingDataset {
+ public:
+  GrowingDataset() = default;
+  GrowingDataset(hid_t parent, const std::string& name, hid_t file_type, std::vector<hsize_t> row_shape,
+                 hsize_t chunk_rows);
+  void append(const void* row, hid_t memory_type);
+  hsize_t rows() const { return rows_; }
+
+ private:
+  Handle dataset_;
+  std::vector<hsize_t> row_shape_;
+  hsize_t rows_ = 0;
+};
+
+void write_dataset(hid_t parent, const std::string& name, hid_t file_type, hid_t memory_type,
+                   const std::vector<hsize_t>& shape, const void* data);
+void write_string_dataset(hid_t parent, const std::string& name, const std::vector<std::string>& values);
+
+std::vector<hsize_t> dataset_shape(hid_t parent, const std::string& path);
+std::vector<double> read_f64(hid_t parent, const std::string& path);
+std::vector<float> read_f32(hid_t parent, const std::string& path);
+std::vector<std::uint64_t> read_u64(hid_t parent, const std::string& path);
+std::vector<std::int32_t> read_i32(hid_t parent, const std::string& path);
+std::vector<std::string> read_strings(hid_t parent, const std::string& path);
+
+struct DatasetInfo {
+  std::string path;
+  std::vector<hsize_t> shape;
+  std::string dtype;  // "float64", "uint64", "int32", "float32", "string", ...
+};
+std::vector<DatasetInfo> list_datasets(hid_t file);
+
+}  // namespace harness::h5

@@ -1,0 +1,50 @@
+// Opens and validates a receipt for reading. Every problem is a ReceiptError whose
+// message names the file and what is wrong with it, and how to fix it when that is known.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "receipt/hdf5_file.h"
+
+namespace harness::receipt {
+
+struct ReceiptError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+class ReceiptReader {
+ public:
+  // Throws ReceiptError: missing file, not HDF5, unreadable (truncated), no /manifest,
+  // wrong schema_version. An incomplete receipt opens; check complete().
+  explicit ReceiptReader(const std::string& path);
+
+  const std::string& path() const { return path_; }
+  hid_t file() const { return file_; }
+  std::int64_t schema_version() const { return schema_version_; }
+  bool complete() const;
+  std::int64_t steps_recorded() const;
+  std::int64_t steps_planned() const { return manifest_int("steps_planned"); }
+
+  std::string manifest_string(const std::string& name) const;
+  std::int64_t manifest_int(const std::string& name) const;
+  // Every manifest attribute rendered as text (for inspect and stack-line diffs).
+  std::map<std::string, std::string> manifest_text() const;
+
+  std::vector<double> steps_f64(const std::string& name) const;  // /steps/<name>
+  std::vector<std::uint64_t> batch_hashes() const;
+  std::vector<std::string> tensor_names() const;
+  std::vector<std::uint64_t> hashes(const std::string& family) const;  // (N, K) row-major
+
+ private:
+  [[noreturn]] void fail(const std::string& what) const;
+
+  std::string path_;
+  h5::Handle file_, manifest_;
+  std::int64_t schema_version_ = 0;
+};
+
+}  // namespace harness::receipt

@@ -1,0 +1,106 @@
+#include "receipt_writer.h"
+
+#include <fmt/format.h>
+
+namespace harness::receipt {
+
+ReceiptWriter::ReceiptWriter(const std::string& path, const Manifest& m, const std::vector<std::string>& tensor_names,
+                             bool overwrite, bool record_batches, BatchShape batch_shape)
+    : path_(path), tensor_count_(tensor_names.size()) {
+  file_ = h5::create_file(path, overwrite);
+  manifest_ = h5::create_group(file_, "manifest");
+  h5::write_attr(manifest_, "schema_version", kSchemaVersion);
+  h5::write_attr(manifest_, "lane", m.lane);
+  h5::write_attr(manifest_, "engine", m.engine);
+  h5::write_attr(manifest_, "features", m.features);
+  h5::write_attr(manifest_, "canary", m.canary_json);
+  h5::write_attr(manifest_, "seed", m.seed);
+  h5::write_attr(manifest_, "steps_planned", m.steps_planned);
+  h5::write_attr(manifest_, "threads", m.threads);
+  h5::write_attr(manifest_, "complete", std::int64_t{0});
+  h5::write_attr(manifest_, "created_utc", m.created_utc);
+  h5::write_attr(manifest_, "git_commit", m.git_commit);
+  h5::write_attr(manifest_, "toolchain", m.toolchain);
+  h5::write_attr(manifest_, "libraries", m.libraries);
+  h5::write_attr(manifest_, "host", m.host);
+  h5::write_attr(manifest_, "cpu", m.cpu);
+  for (const auto& [key, value] : m.extra) {
+    std::visit([&](const auto& v) { h5::write_attr(manifest_, key, v); }, value);
+  }
+
+  const h5::Handle steps = h5::create_group(file_, "steps");
+  constexpr hsize_t kChunk = 128;
+  loss_ = h5::GrowingDataset(steps, "loss", H5T_IEEE_F64LE, {}, kChunk);
+  grad_norm_ = h5::GrowingDataset(steps, "grad_norm", H5T_IEEE_F64LE, {}, kChunk);
+  lr_ = h5::GrowingDataset(steps, "lr", H5T_IEEE_F64LE, {}, kChunk);
+  batch_hash_ = h5::GrowingDataset(steps, "batch_hash", H5T_STD_U64LE, {}, kChunk);
+
+  const h5::Handle hashes = h5::create_group(file_, "hashes");
+  h5::write_string_dataset(hashes, "names", tensor_names);
+  const hsize_t K = tensor_names.size();
+  constexpr hsize_t kRowChunk = 16;
+  for (std::size_t f = 0; f < 4; ++f) {
+    hashes_[f] = h5::GrowingDataset(hashes, kHashFamilies[f], H5T_STD_U64LE, {K}, kRowChunk);
+  }
+  const h5::Handle sketches = h5::create_group(file_, "sketches");
+  h5::write_attr(sketches, "method", std::string("count-sketch over blocks"));
+  h5::write_attr(sketches, "width", std::int64_t{kSketchWidth});
+  h5::write_attr(sketches, "block", std::int64_t{kSketchBlock});
+  for (std::size_t f = 0; f < 2; ++f) {
+    const std::string family = kSketchFamilies[f];
+    sketch_l2_[f] = h5::GrowingDataset(sketches, family + "_l2", H5T_IEEE_F64LE, {K}, kRowChunk);
+    sketch_projection_[f] =
+        h5::GrowingDataset(sketches, family + "_projection", H5T_IEEE_F64LE, {K, kSketchWidth}, kRowChunk);
+  }
+  if (record_batches) {
+    const h5::Handle batches = h5::create_group(file_, "batches");
+    batches_ = h5::GrowingDataset(batches, "tokens", H5T_STD_I32LE,
+                                  {static_cast<hsize_t>(batch_shape.batch_size), static_cast<hsize_t>(batch_shape.row_length)},
+                                  kRowChunk);
+  }
+  flush();
+}
+
+void ReceiptWriter::append_step(const StepRecord& r) {
+  loss_.append(&r.loss, H5T_NATIVE_DOUBLE);
+  grad_norm_.append(&r.grad_norm, H5T_NATIVE_DOUBLE);
+  lr_.append(&r.lr, H5T_NATIVE_DOUBLE);
+  batch_hash_.append(&r.batch_hash, H5T_NATIVE_UINT64);
+  for (std::size_t f = 0; f < 4; ++f) {
+    if (r.hashes[f].size() != tensor_count_) throw h5::Hdf5Error("append_step: wrong number of hashes");
+    hashes_[f].append(r.hashes[f].data(), H5T_NATIVE_UINT64);
+  }
+  for (std::size_t f = 0; f < 2; ++f) {
+    std::vector<double> l2, projection;
+    for (const TensorSketch& s : r.sketches[f]) {
+      l2.push_back(s.l2);
+      projection.insert(projection.end(), s.projection.begin(), s.projection.end());
+    }
+    sketch_l2_[f].append(l2.data(), H5T_NATIVE_DOUBLE);
+    sketch_projection_[f].append(projection.data(), H5T_NATIVE_DOUBLE);
+  }
+  flush();
+}
+
+void ReceiptWriter::append_batch(std::span<const std::int32_t> tokens) { batches_.append(tokens.data(), H5T_NATIVE_INT32); }
+
+void ReceiptWriter::dump_tensor(int step, const std::string& name, const std::vector<std::int64_t>& shape,
+                                std::span<const float> values) {
+  if (!tensors_group_.valid()) tensors_group_ = h5::create_group(file_, "tensors");
+  const std::string group_name = fmt::format("step_{:06d}", step);
+  const h5::Handle group = h5::exists(tensors_group_, group_name) ? h5::open_group(tensors_group_, group_name)
+                                                                  : h5::create_group(tensors_group_, group_name);
+  const std::vector<hsize_t> dims(shape.begin(), shape.end());
+  h5::write_dataset(group, name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, dims, values.data());
+}
+
+void ReceiptWriter::finish() {
+  h5::write_attr(manifest_, "complete", std::int64_t{1});
+  flush();
+}
+
+void ReceiptWriter::flush() {
+  if (H5Fflush(file_, H5F_SCOPE_GLOBAL) < 0) throw h5::Hdf5Error("flush " + path_);
+}
+
+}  // namespace harness::receipt

@@ -1,0 +1,68 @@
+// Writes a receipt as the run goes: the manifest first, then one row per step in every
+// per-step dataset, flushed after each step, so a run killed at step k leaves a readable
+// receipt of its first k steps with manifest attribute complete = 0.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "receipt/hdf5_file.h"
+#include "receipt/receipt_schema.h"
+
+namespace harness::receipt {
+
+using AttrValue = std::variant<std::string, std::int64_t, double>;
+
+struct Manifest {
+  std::string lane, engine, features, canary_json, created_utc, git_commit, toolchain, libraries, host, cpu;
+  std::int64_t seed = 0;  // the CLI accepts 0 .. 2^63-1
+  std::int64_t steps_planned = 0;
+  std::int64_t threads = 0;
+  std::map<std::string, AttrValue> extra;  // engine settings, fault injection, ...
+};
+
+struct TensorSketch {
+  double l2 = 0;
+  std::array<double, kSketchWidth> projection{};
+};
+
+struct StepRecord {
+  double loss = 0, grad_norm = 0, lr = 0;
+  std::uint64_t batch_hash = 0;
+  std::array<std::vector<std::uint64_t>, 4> hashes;  // kHashFamilies x K
+  std::array<std::vector<TensorSketch>, 2> sketches;  // kSketchFamilies x K
+};
+
+struct BatchShape {
+  int batch_size = 0, row_length = 0;
+};
+
+class ReceiptWriter {
+ public:
+  // Creates `path` (refusing an existing file unless overwrite) and writes the manifest.
+  ReceiptWriter(const std::string& path, const Manifest& manifest, const std::vector<std::string>& tensor_names,
+                bool overwrite, bool record_batches, BatchShape batch_shape);
+
+  void append_step(const StepRecord& record);
+  void append_batch(std::span<const std::int32_t> tokens);
+  // /tensors/step_XXXXXX/<name> as float32 with the tensor's shape.
+  void dump_tensor(int step, const std::string& name, const std::vector<std::int64_t>& shape,
+                   std::span<const float> values);
+  void finish();  // complete = 1, final flush
+  void flush();
+
+ private:
+  std::string path_;
+  h5::Handle file_, manifest_, tensors_group_;
+  std::size_t tensor_count_;
+  h5::GrowingDataset loss_, grad_norm_, lr_, batch_hash_, batches_;
+  std::array<h5::GrowingDataset, 4> hashes_;
+  std::array<h5::GrowingDataset, 2> sketch_l2_, sketch_projection_;
+};
+
+}  // namespace harness::receipt

@@ -1,0 +1,221 @@
+#include "canary_run.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <tbb/global_control.h>
+#include <tbb/info.h>
+#include <tbb/parallel_for.h>
+
+#include "byte_stream.h"
+#include "gpt2.h"
+#include "numerics/philox.h"
+#include "receipt/receipt_writer.h"
+#include "registry.h"
+#include "stack_info.h"
+#include "tensor_digest.h"
+
+namespace harness::run {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Validated {
+  canary::CanaryConfig config;
+  std::optional<canary::FaultSpec> fault;
+  int threads = 0;
+};
+
+void check_output_path(const RunOptions& o) {
+  if (o.out.empty()) throw UsageError("--out: a receipt path is required (e.g. --out tiny.h5)");
+  const fs::path out(o.out);
+  std::error_code ec;
+  if (fs::is_directory(out, ec)) throw UsageError(fmt::format("--out: '{}' is a directory; give a file path", o.out));
+  if (fs::exists(out, ec) && !o.force) {
+    throw UsageError(fmt::format("--out: '{}' exists; pass --force to overwrite it or choose another path", o.out));
+  }
+  const fs::path dir = out.has_parent_path() ? out.parent_path() : fs::path(".");
+  if (!fs::is_directory(dir, ec)) {
+    throw UsageError(fmt::format("--out: directory '{}' does not exist; create it first", dir.string()));
+  }
+  if (access(dir.c_str(), W_OK) != 0) {
+    throw UsageError(fmt::format("--out: directory '{}' is not writable; choose another path", dir.string()));
+  }
+}
+
+Validated validate(const RunOptions& o) {
+  Validated v;
+  try {
+    v.config = canary::preset(o.canary);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(fmt::format("--canary: {}", e.what()));
+  }
+  if (o.steps) {
+    if (*o.steps < 1 || *o.steps > 1000000) throw UsageError("--steps: must be between 1 and 1000000");
+    v.config.steps = *o.steps;
+  }
+  const int hardware = static_cast<int>(std::thread::hardware_concurrency());
+  if (o.threads < 0 || o.threads > 1024) throw UsageError("--threads: must be between 1 and 1024 (0 = all cores)");
+  v.threads = o.threads == 0 ? std::max(1, hardware) : o.threads;
+  if (o.seed < 0) throw UsageError("--seed: must be between 0 and 9223372036854775807");
+  try {
+    (void)make_engine(o.engine);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+  if (o.inject_fault) {
+    const canary::Gpt2Canary probe(v.config);
+    try {
+      v.fault = canary::parse_fault_spec(*o.inject_fault, probe.forward_op_names());
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
+    if (v.fault->step >= v.config.steps) {
+      throw UsageError(fmt::format("--inject-fault: step={} is past the last step ({})", v.fault->step, v.config.steps - 1));
+    }
+  }
+  for (int s : o.dump_steps) {
+    if (s < 0 || s > v.config.steps) {
+      throw UsageError(fmt::format("--dump-tensors: step {} is outside 0..{}", s, v.config.steps));
+    }
+  }
+  check_output_path(o);
+  return v;
+}
+
+receipt::Manifest make_manifest(const RunOptions& o, const Validated& v, const std::string& lane) {
+  const StackInfo stack = collect_stack_info();
+  receipt::Manifest m;
+  m.lane = lane;
+  m.engine = o.engine;
+  m.features = "";
+  m.canary_json = v.config.to_json().dump();
+  m.seed = o.seed;
+  m.steps_planned = v.config.steps;
+  m.threads = v.threads;
+  m.created_utc = utc_timestamp();
+  m.git_commit = stack.git_commit;
+  m.toolchain = stack.toolchain;
+  m.libraries = stack.libraries;
+  m.host = stack.host;
+  m.cpu = stack.cpu;
+  m.extra["kernels"] = stack.kernels;
+  m.extra["data_seed"] = static_cast<std::int64_t>(v.config.data_seed);
+  m.extra["fault_injection"] = v.fault ? v.fault->to_string() : std::string("none");
+  return m;
+}
+
+std::vector<std::string> parameter_names(const canary::Gpt2Canary& model) {
+  std::vector<std::string> names;
+  for (TensorId p : model.parameters()) names.push_back(model.tensors()[p].name);
+  return names;
+}
+
+// Hashes of params, grads, m, v and sketches of params and grads, for every parameter;
+// tensors are digested in parallel, each by one task (the digest itself is sequential).
+void digest_step(Engine& engine, const canary::Gpt2Canary& model, receipt::StepRecord& record) {
+  const TensorTable& table = model.tensors();
+  const auto& params = model.parameters();
+  const TensorKind families[4] = {TensorKind::Parameter, TensorKind::Gradient, TensorKind::AdamM, TensorKind::AdamV};
+  std::vector<std::span<const float>> views;  // read() is a host sync: do it before going parallel
+  for (TensorKind kind : families) {
+    for (TensorId p : params) views.push_back(engine.read(kind == TensorKind::Parameter ? p : table.shadow(p, kind)));
+  }
+  const std::size_t K = params.size();
+  for (auto& h : record.hashes) h.assign(K, 0);
+  for (auto& s : record.sketches) s.assign(K, {});
+  tbb::parallel_for(std::size_t{0}, 4 * K, [&](std::size_t i) {
+    const std::size_t family = i / K, k = i % K;
+    record.hashes[family][k] = tensor_hash(views[i]);
+    if (family < 2) {
+      record.sketches[family][k] = tensor_sketch(views[i], numerics::stream_id(table[params[k]].name.c_str()));
+    }
+  });
+}
+
+void dump_parameters(Engine& engine, const canary::Gpt2Canary& model, receipt::ReceiptWriter& writer, int step) {
+  for (TensorId p : model.parameters()) {
+    const TensorDesc& d = model.tensors()[p];
+    writer.dump_tensor(step, d.name, d.shape, engine.read(p));
+  }
+}
+
+}  // namespace
+
+std::string lane_name(const std::string& canary, const std::string& engine, const std::string& features) {
+  return features.empty() ? canary + "/" + engine : canary + "/" + engine + "+" + features;
+}
+
+std::vector<int> parse_step_list(const std::string& text, int max_step) {
+  std::vector<int> steps;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t comma = text.find(',', start);
+    const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    int value = -1;
+    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), value);
+    if (item.empty() || ec != std::errc() || end != item.data() + item.size() || value < 0 || value > max_step) {
+      throw UsageError(fmt::format("--dump-tensors: '{}' is not a step in 0..{} (want e.g. 0,50,100)", item, max_step));
+    }
+    steps.push_back(value);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  std::sort(steps.begin(), steps.end());
+  steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+  return steps;
+}
+
+RunSummary run_canary(const RunOptions& o, const std::function<void(const StepProgress&)>& on_step) {
+  const Validated v = validate(o);
+  const tbb::global_control threads(tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(v.threads));
+
+  const canary::Gpt2Canary model(v.config, v.fault);
+  const canary::ByteStream data(v.config);
+  std::unique_ptr<Engine> engine = make_engine(o.engine);
+  engine->bind(model.tensors());
+  model.upload_initial_parameters(*engine, static_cast<std::uint64_t>(o.seed));
+
+  RunSummary summary;
+  summary.lane = lane_name(o.canary, o.engine, "");
+  summary.receipt_path = o.out;
+  summary.threads = v.threads;
+  receipt::ReceiptWriter writer(o.out, make_manifest(o, v, summary.lane), parameter_names(model), o.force,
+                                o.record_batches, {v.config.batch_size, v.config.context_length + 1});
+
+  const auto should_dump = [&](int step) {
+    return std::binary_search(o.dump_steps.begin(), o.dump_steps.end(), step);
+  };
+  const auto start = std::chrono::steady_clock::now();
+  receipt::StepRecord record;
+  for (int step = 0; step < v.config.steps; ++step) {
+    if (should_dump(step)) dump_parameters(*engine, model, writer, step);
+    const canary::Batch batch = data.batch(step);
+    const canary::StepResult result = model.train_step(*engine, step, batch);
+    record.loss = result.loss;
+    record.grad_norm = result.grad_norm;
+    record.lr = result.lr;
+    record.batch_hash = canary::batch_hash(batch);
+    digest_step(*engine, model, record);
+    if (o.record_batches) writer.append_batch(batch.tokens);
+    writer.append_step(record);
+    if (step == 0) summary.first_loss = result.loss;
+    summary.last_loss = result.loss;
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (on_step) on_step({step, v.config.steps, result.loss, elapsed});
+  }
+  if (should_dump(v.config.steps)) dump_parameters(*engine, model, writer, v.config.steps);
+  writer.finish();
+  summary.steps = v.config.steps;
+  summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return summary;
+}
+
+}  // namespace harness::run

@@ -1,0 +1,56 @@
+// One canary run: model + engine + recorder, step by step, into a receipt.
+// The CLI's `run` subcommand is a thin shell around run_canary().
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace harness::run {
+
+// A user-facing problem with the request (bad flag value, unwritable path, ...): the CLI
+// prints the message as one line and exits 2. Nothing has been written when it is thrown.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct RunOptions {
+  std::string canary = "tiny";
+  std::string engine = "cpu-ref";
+  std::optional<int> steps;  // default: the preset's
+  int threads = 0;           // 0: all hardware threads
+  std::int64_t seed = 1337;
+  std::string out;
+  bool force = false;
+  std::vector<int> dump_steps;
+  bool record_batches = false;
+  std::optional<std::string> inject_fault;
+};
+
+struct StepProgress {
+  int step, steps;
+  double loss;
+  double elapsed_seconds;
+};
+
+struct RunSummary {
+  std::string lane, receipt_path;
+  int steps = 0;
+  double first_loss = 0, last_loss = 0;
+  double seconds = 0;  // wall time of the step loop, recording included
+  int threads = 0;
+};
+
+// Validates everything first (throws UsageError before creating any file), then runs.
+RunSummary run_canary(const RunOptions& options, const std::function<void(const StepProgress&)>& on_step = {});
+
+// Canonical lane name: "<preset>/<engine>[+feature...]".
+std::string lane_name(const std::string& canary, const std::string& engine, const std::string& features);
+
+// Parses "S1,S2,..." (each 0..max_step); throws UsageError naming --dump-tensors.
+std::vector<int> parse_step_list(const std::string& text, int max_step);
+
+}  // namespace harness::run
