@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include <immintrin.h>
 #include <tbb/blocked_range2d.h>
@@ -56,26 +57,47 @@ __attribute__((target("avx2,fma"))) void store_tile_row(float* c_row, __m256 acc
 }
 
 // Full 6x16 tile: acc[r][j] = fma(A[m+r][k], B[k][n+j], acc[r][j]) for k = 0..K-1.
+// Twelve named accumulators: GCC keeps an array of __m256 in memory, these stay in registers.
 __attribute__((target("avx2,fma"))) void tile_6x16(int K, const float* A, int lda, const float* B, int ldb,
                                                    float* C, int ldc, GemmEpilogue epilogue, const float* bias,
                                                    int n) {
-  __m256 acc[kTileRows][2];
-  for (auto& row : acc) row[0] = row[1] = _mm256_setzero_ps();
-  const float* a[kTileRows];
-  for (int r = 0; r < kTileRows; ++r) a[r] = A + static_cast<long>(r) * lda;
-  for (int k = 0; k < K; ++k) {
-    const float* b_row = B + static_cast<long>(k) * ldb + n;
+  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+  __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+  const float* a0 = A;
+  const float* a1 = A + lda;
+  const float* a2 = A + 2L * lda;
+  const float* a3 = A + 3L * lda;
+  const float* a4 = A + 4L * lda;
+  const float* a5 = A + 5L * lda;
+  const float* b_row = B + n;
+  for (int k = 0; k < K; ++k, b_row += ldb) {
     const __m256 b0 = _mm256_loadu_ps(b_row);
     const __m256 b1 = _mm256_loadu_ps(b_row + 8);
-    for (int r = 0; r < kTileRows; ++r) {
-      const __m256 av = _mm256_broadcast_ss(a[r] + k);
-      acc[r][0] = _mm256_fmadd_ps(av, b0, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(av, b1, acc[r][1]);
-    }
+    __m256 av = _mm256_broadcast_ss(a0 + k);
+    c00 = _mm256_fmadd_ps(av, b0, c00);
+    c01 = _mm256_fmadd_ps(av, b1, c01);
+    av = _mm256_broadcast_ss(a1 + k);
+    c10 = _mm256_fmadd_ps(av, b0, c10);
+    c11 = _mm256_fmadd_ps(av, b1, c11);
+    av = _mm256_broadcast_ss(a2 + k);
+    c20 = _mm256_fmadd_ps(av, b0, c20);
+    c21 = _mm256_fmadd_ps(av, b1, c21);
+    av = _mm256_broadcast_ss(a3 + k);
+    c30 = _mm256_fmadd_ps(av, b0, c30);
+    c31 = _mm256_fmadd_ps(av, b1, c31);
+    av = _mm256_broadcast_ss(a4 + k);
+    c40 = _mm256_fmadd_ps(av, b0, c40);
+    c41 = _mm256_fmadd_ps(av, b1, c41);
+    av = _mm256_broadcast_ss(a5 + k);
+    c50 = _mm256_fmadd_ps(av, b0, c50);
+    c51 = _mm256_fmadd_ps(av, b1, c51);
   }
-  for (int r = 0; r < kTileRows; ++r) {
-    store_tile_row(C + static_cast<long>(r) * ldc, acc[r][0], acc[r][1], epilogue, bias, n);
-  }
+  store_tile_row(C, c00, c01, epilogue, bias, n);
+  store_tile_row(C + ldc, c10, c11, epilogue, bias, n);
+  store_tile_row(C + 2L * ldc, c20, c21, epilogue, bias, n);
+  store_tile_row(C + 3L * ldc, c30, c31, epilogue, bias, n);
+  store_tile_row(C + 4L * ldc, c40, c41, epilogue, bias, n);
+  store_tile_row(C + 5L * ldc, c50, c51, epilogue, bias, n);
 }
 
 // Partial tile (fewer than 6 rows) with full 16 columns.
@@ -95,17 +117,35 @@ __attribute__((target("avx2,fma"))) void tile_rx16(int rows, int K, const float*
   }
 }
 
+// Copies B[0:K][n0:n1) into contiguous K x 16 panels, so the tile streams through memory
+// (a row stride of 512 floats otherwise maps every k to the same cache sets). Copying
+// changes no value, so it cannot change a bit.
+void pack_b_panels(int K, const float* B, int ldb, int n0, int n1, std::vector<float>& panels) {
+  const int panel_count = (n1 - n0) / kTileCols;
+  panels.resize(static_cast<std::size_t>(panel_count) * K * kTileCols);
+  for (int p = 0; p < panel_count; ++p) {
+    float* dst = panels.data() + static_cast<long>(p) * K * kTileCols;
+    const float* src = B + n0 + p * kTileCols;
+    for (int k = 0; k < K; ++k) std::memcpy(dst + k * kTileCols, src + static_cast<long>(k) * ldb, sizeof(float) * kTileCols);
+  }
+}
+
 __attribute__((target("avx2,fma"))) void gemm_block_avx2(int m0, int m1, int n0, int n1, int K, const float* A,
                                                          int lda, const float* B, int ldb, float* C, int ldc,
                                                          GemmEpilogue epilogue, const float* bias) {
   const int n_vec_end = n0 + (n1 - n0) / kTileCols * kTileCols;
+  thread_local std::vector<float> panels;
+  pack_b_panels(K, B, ldb, n0, n_vec_end, panels);
   for (int n = n0; n < n_vec_end; n += kTileCols) {
+    // The panel holds columns n..n+15 at offset 0; C, bias keep absolute column n.
+    const float* panel = panels.data() + static_cast<long>((n - n0) / kTileCols) * K * kTileCols - n;
     int m = m0;
     for (; m + kTileRows <= m1; m += kTileRows) {
-      tile_6x16(K, A + static_cast<long>(m) * lda, lda, B, ldb, C + static_cast<long>(m) * ldc, ldc, epilogue, bias, n);
+      tile_6x16(K, A + static_cast<long>(m) * lda, lda, panel, kTileCols, C + static_cast<long>(m) * ldc, ldc,
+                epilogue, bias, n);
     }
     if (m < m1) {
-      tile_rx16(m1 - m, K, A + static_cast<long>(m) * lda, lda, B, ldb, C + static_cast<long>(m) * ldc, ldc,
+      tile_rx16(m1 - m, K, A + static_cast<long>(m) * lda, lda, panel, kTileCols, C + static_cast<long>(m) * ldc, ldc,
                 epilogue, bias, n);
     }
   }
@@ -149,6 +189,17 @@ void gemm(int M, int N, int K, const float* A, int lda, const float* B, int ldb,
                       block(r.rows().begin(), r.rows().end(), r.cols().begin(), r.cols().end(), K, A, lda, B, ldb,
                             C, ldc, epilogue, bias);
                     });
+}
+
+void gemm_serial(int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc,
+                 GemmEpilogue epilogue, const float* bias) {
+  kernel().block(0, M, 0, N, K, A, lda, B, ldb, C, ldc, epilogue, bias);
+}
+
+void transpose_serial(const float* in, int rows, int cols, int ld_in, float* out, int ld_out) {
+  for (int i = 0; i < rows; ++i) {
+    for (int j = 0; j < cols; ++j) out[static_cast<long>(j) * ld_out + i] = in[static_cast<long>(i) * ld_in + j];
+  }
 }
 
 void transpose(const float* in, int rows, int cols, float* out) {

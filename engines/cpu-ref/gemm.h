@@ -22,6 +22,14 @@ enum class GemmEpilogue { Store, AddBias, Accumulate };
 void gemm(int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc,
           GemmEpilogue epilogue, const float* bias = nullptr);
 
+// The same computation on the calling thread only: for small products inside a task
+// that is already parallel (attention runs one per batch row and head).
+void gemm_serial(int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc,
+                 GemmEpilogue epilogue, const float* bias = nullptr);
+
+// Serial out (cols x rows, leading dimension ld_out) = in (rows x cols, leading dimension ld_in)^T.
+void transpose_serial(const float* in, int rows, int cols, int ld_in, float* out, int ld_out);
+
 // The kernel in use: "avx2-fma" or "generic". Recorded in receipts.
 std::string_view gemm_kernel_name();
 

@@ -1,6 +1,7 @@
 #include "kernels.h"
 
 #include <bit>
+#include <cstring>
 #include <vector>
 
 #include <tbb/parallel_for.h>
@@ -11,9 +12,7 @@
 
 namespace harness::kernels {
 
-using numerics::det_expf;
 using numerics::det_logf;
-using numerics::det_tanhf;
 
 // ---- encoder -------------------------------------------------------------------------
 
@@ -136,42 +135,112 @@ void linear_backward(float* dinp, float* dweight, float* dbias, const float* dou
   }
 }
 
+namespace {
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
+constexpr float kGeluCubic = 0.044715f;
+constexpr std::int64_t kElementwiseGrain = 4096;
+using numerics::Floats4;
+
+template <typename Real>
+Real gelu_value(Real x) {
+  const Real cube = kGeluCubic * x * x * x;
+  return 0.5f * x * (1.0f + numerics::tanh_rational(kGeluScale * (x + cube)));
+}
+
+// d gelu / dx; sech^2 = 1 - tanh^2
+template <typename Real>
+Real gelu_slope(Real x) {
+  const Real cube = kGeluCubic * x * x * x;
+  const Real th = numerics::tanh_rational(kGeluScale * (x + cube));
+  const Real sech2 = 1.0f - th * th;
+  return 0.5f * (1.0f + th) + x * 0.5f * sech2 * kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
+}
+
+Floats4 load4(const float* p) {
+  Floats4 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+void store4(float* p, Floats4 v) { std::memcpy(p, &v, sizeof v); }
+
+// Calls lanes(i) for i in steps of 4 and tail(i) for the rest of [begin, end).
+template <typename Lanes, typename Tail>
+void for_each_4(std::int64_t begin, std::int64_t end, Lanes lanes, Tail tail) {
+  std::int64_t i = begin;
+  for (; i + 4 <= end; i += 4) lanes(i);
+  for (; i < end; ++i) tail(i);
+}
+// e^x in place over [0, n), four lanes at a time (numerics::exp_poly).
+void exp_inplace(float* x, std::int64_t n) {
+  for_each_4(
+      0, n, [&](std::int64_t i) { store4(x + i, numerics::exp_poly(load4(x + i))); },
+      [&](std::int64_t i) { x[i] = numerics::exp_poly(x[i]); });
+}
+
+}  // namespace
+
 // ---- attention -----------------------------------------------------------------------
+//
+// One task per (b, h); its four products run through the serial deterministic GEMM.
+// Scores are computed for all (t, t2) and the causal mask applied after: masked
+// probabilities are exactly 0, so the products over t2 add exact zeros.
+
+namespace {
+
+struct HeadView {  // q, k, v of head h of batch row b inside qkv (B,T,3C); row stride 3C
+  const float* q;
+  const float* k;
+  const float* v;
+  int ld;
+};
+
+HeadView head_view(const float* qkv, int b, int h, int T, int C, int hs) {
+  const float* base = qkv + static_cast<long>(b) * T * 3 * C + h * hs;
+  return {base, base + C, base + 2 * C, 3 * C};
+}
+
+struct AttentionScratch {  // per thread: T x T and hs x T buffers
+  std::vector<float> a, b;
+  void size_for(int T, int hs) {
+    a.resize(static_cast<std::size_t>(T) * T);
+    b.resize(static_cast<std::size_t>(T) * (T > hs ? T : hs));
+  }
+};
+thread_local AttentionScratch attention_scratch;
+
+// Row t of scores: scale, causal softmax over t2 <= t, zero beyond.
+void causal_softmax_row(float* row, int t, int T, float scale) {
+  float max_score = -3.402823466e38f;
+  for (int t2 = 0; t2 <= t; ++t2) {
+    row[t2] *= scale;
+    if (row[t2] > max_score) max_score = row[t2];
+  }
+  for (int t2 = 0; t2 <= t; ++t2) row[t2] -= max_score;
+  exp_inplace(row, t + 1);
+  float sum = 0.0f;
+  for (int t2 = 0; t2 <= t; ++t2) sum += row[t2];
+  const float inv_sum = 1.0f / sum;
+  for (int t2 = 0; t2 <= t; ++t2) row[t2] *= inv_sum;
+  for (int t2 = t + 1; t2 < T; ++t2) row[t2] = 0.0f;
+}
+
+}  // namespace
 
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
   const int hs = C / NH;
   const float scale = 1.0f / __builtin_sqrtf(static_cast<float>(hs));
   tbb::parallel_for(0, B * NH, [&](int bh) {
     const int b = bh / NH, h = bh % NH;
-    for (int t = 0; t < T; ++t) {
-      const float* q = qkv + (static_cast<long>(b) * T + t) * 3 * C + h * hs;
-      float* att_row = att + (static_cast<long>(bh) * T + t) * T;
-      float max_score = -3.402823466e38f;
-      for (int t2 = 0; t2 <= t; ++t2) {
-        const float* k = qkv + (static_cast<long>(b) * T + t2) * 3 * C + C + h * hs;
-        float dot = 0.0f;
-        for (int i = 0; i < hs; ++i) dot += q[i] * k[i];
-        dot *= scale;
-        att_row[t2] = dot;
-        if (dot > max_score) max_score = dot;
-      }
-      float sum = 0.0f;
-      for (int t2 = 0; t2 <= t; ++t2) {
-        const float e = det_expf(att_row[t2] - max_score);
-        att_row[t2] = e;
-        sum += e;
-      }
-      const float inv_sum = 1.0f / sum;
-      for (int t2 = 0; t2 <= t; ++t2) att_row[t2] *= inv_sum;
-      for (int t2 = t + 1; t2 < T; ++t2) att_row[t2] = 0.0f;  // causal mask
-      float* y = out + (static_cast<long>(b) * T + t) * C + h * hs;
-      for (int i = 0; i < hs; ++i) y[i] = 0.0f;
-      for (int t2 = 0; t2 <= t; ++t2) {
-        const float* v = qkv + (static_cast<long>(b) * T + t2) * 3 * C + 2 * C + h * hs;
-        const float a = att_row[t2];
-        for (int i = 0; i < hs; ++i) y[i] += a * v[i];
-      }
-    }
+    const HeadView x = head_view(qkv, b, h, T, C, hs);
+    AttentionScratch& s = attention_scratch;
+    s.size_for(T, hs);
+    float* att_bh = att + static_cast<long>(bh) * T * T;
+    // preatt (T,T) = q (T,hs) @ k^T (hs,T)
+    transpose_serial(x.k, T, hs, x.ld, s.b.data(), T);
+    gemm_serial(T, T, hs, x.q, x.ld, s.b.data(), T, att_bh, T, GemmEpilogue::Store);
+    for (int t = 0; t < T; ++t) causal_softmax_row(att_bh + static_cast<long>(t) * T, t, T, scale);
+    // out (T,hs) = att (T,T) @ v (T,hs)
+    gemm_serial(T, hs, T, att_bh, T, x.v, x.ld, out + static_cast<long>(b) * T * C + h * hs, C, GemmEpilogue::Store);
   });
 }
 
@@ -182,72 +251,57 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   // Each (b, h) owns the columns h*hs..h*hs+hs-1 of q, k and v in dqkv: tasks never overlap.
   tbb::parallel_for(0, B * NH, [&](int bh) {
     const int b = bh / NH, h = bh % NH;
-    std::vector<float> datt(static_cast<std::size_t>(T)), dpreatt(static_cast<std::size_t>(T));
-    auto row = [&](const float* base, int t, int part) { return base + (static_cast<long>(b) * T + t) * 3 * C + part * C + h * hs; };
+    const HeadView x = head_view(qkv, b, h, T, C, hs);
+    float* dq = dqkv + static_cast<long>(b) * T * 3 * C + h * hs;
+    float* dk = dq + C;
+    float* dv = dq + 2 * C;
+    const float* dy = dout + static_cast<long>(b) * T * C + h * hs;
+    const float* att_bh = att + static_cast<long>(bh) * T * T;
+    AttentionScratch& s = attention_scratch;
+    s.size_for(T, hs);
+    float* datt = s.a.data();
+    float* transposed = s.b.data();
+    // forward: out = att @ v  =>  datt (T,T) = dout (T,hs) @ v^T (hs,T); dv += att^T @ dout
+    transpose_serial(x.v, T, hs, x.ld, transposed, T);
+    gemm_serial(T, T, hs, dy, C, transposed, T, datt, T, GemmEpilogue::Store);
+    transpose_serial(att_bh, T, T, T, transposed, T);
+    gemm_serial(T, hs, T, transposed, T, dy, C, dv, 3 * C, GemmEpilogue::Accumulate);
+    // forward: att = softmax(scale * preatt)  =>  dpreatt = scale * att * (datt - <att, datt>)
     for (int t = 0; t < T; ++t) {
-      const float* att_row = att + (static_cast<long>(bh) * T + t) * T;
-      const float* dy = dout + (static_cast<long>(b) * T + t) * C + h * hs;
-      const float* q = row(qkv, t, 0);
-      float* dq = dqkv + (static_cast<long>(b) * T + t) * 3 * C + h * hs;
-      for (int t2 = 0; t2 <= t; ++t2) {
-        const float* v = row(qkv, t2, 2);
-        float* dv = dqkv + (static_cast<long>(b) * T + t2) * 3 * C + 2 * C + h * hs;
-        // forward: y[i] += att[t2] * v[t2][i]
-        float d = 0.0f;
-        for (int i = 0; i < hs; ++i) {
-          d += v[i] * dy[i];
-          dv[i] += att_row[t2] * dy[i];
-        }
-        datt[static_cast<std::size_t>(t2)] = d;
-      }
-      // forward: att = softmax(preatt): dpreatt = att * (datt - sum_j att_j datt_j)
+      const float* a = att_bh + static_cast<long>(t) * T;
+      float* d = datt + static_cast<long>(t) * T;
       float dot = 0.0f;
-      for (int t2 = 0; t2 <= t; ++t2) dot += att_row[t2] * datt[static_cast<std::size_t>(t2)];
-      for (int t2 = 0; t2 <= t; ++t2) {
-        dpreatt[static_cast<std::size_t>(t2)] = att_row[t2] * (datt[static_cast<std::size_t>(t2)] - dot);
-      }
-      // forward: preatt[t2] = scale * dot(q[t], k[t2])
-      for (int t2 = 0; t2 <= t; ++t2) {
-        const float* k = row(qkv, t2, 1);
-        float* dk = dqkv + (static_cast<long>(b) * T + t2) * 3 * C + C + h * hs;
-        const float g = dpreatt[static_cast<std::size_t>(t2)] * scale;
-        for (int i = 0; i < hs; ++i) {
-          dq[i] += g * k[i];
-          dk[i] += g * q[i];
-        }
-      }
+      for (int t2 = 0; t2 <= t; ++t2) dot += a[t2] * d[t2];
+      for (int t2 = 0; t2 <= t; ++t2) d[t2] = a[t2] * (d[t2] - dot) * scale;
+      for (int t2 = t + 1; t2 < T; ++t2) d[t2] = 0.0f;
     }
+    // forward: preatt = q @ k^T  =>  dq += dpreatt @ k; dk += dpreatt^T @ q
+    gemm_serial(T, hs, T, datt, T, x.k, x.ld, dq, 3 * C, GemmEpilogue::Accumulate);
+    transpose_serial(datt, T, T, T, transposed, T);
+    gemm_serial(T, hs, T, transposed, T, x.q, x.ld, dk, 3 * C, GemmEpilogue::Accumulate);
   });
 }
 
 // ---- gelu (tanh approximation) -----------------------------------------------------
-
-namespace {
-constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
-constexpr float kGeluCubic = 0.044715f;
-constexpr std::int64_t kElementwiseGrain = 4096;
-}  // namespace
+//
+// Four lanes at a time with GCC vector types (SSE on a baseline build, VEX-encoded SSE on a
+// native one) and the same code on scalars for the tail: per lane, the same fp32 operations
+// in the same order, so every element gets the same bits either way.
 
 void gelu_forward(float* out, const float* inp, std::int64_t n) {
   tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, n, kElementwiseGrain), [&](const auto& r) {
-    for (std::int64_t i = r.begin(); i < r.end(); ++i) {
-      const float x = inp[i];
-      const float cube = kGeluCubic * x * x * x;
-      out[i] = 0.5f * x * (1.0f + det_tanhf(kGeluScale * (x + cube)));
-    }
+    for_each_4(
+        r.begin(), r.end(), [&](std::int64_t i) { store4(out + i, gelu_value(load4(inp + i))); },
+        [&](std::int64_t i) { out[i] = gelu_value(inp[i]); });
   });
 }
 
 void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n) {
   tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, n, kElementwiseGrain), [&](const auto& r) {
-    for (std::int64_t i = r.begin(); i < r.end(); ++i) {
-      const float x = inp[i];
-      const float cube = kGeluCubic * x * x * x;
-      const float th = det_tanhf(kGeluScale * (x + cube));
-      const float sech2 = 1.0f - th * th;  // 1/cosh^2 = 1 - tanh^2
-      const float local = 0.5f * (1.0f + th) + x * 0.5f * sech2 * kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
-      dinp[i] += local * dout[i];
-    }
+    for_each_4(
+        r.begin(), r.end(),
+        [&](std::int64_t i) { store4(dinp + i, load4(dinp + i) + gelu_slope(load4(inp + i)) * load4(dout + i)); },
+        [&](std::int64_t i) { dinp[i] += gelu_slope(inp[i]) * dout[i]; });
   });
 }
 
@@ -280,11 +334,10 @@ float crossentropy_forward(float* probs, const float* logits, const std::int32_t
     float* p = probs + static_cast<long>(i) * V;
     float max_logit = -3.402823466e38f;
     for (int v = 0; v < V; ++v) max_logit = z[v] > max_logit ? z[v] : max_logit;
+    for (int v = 0; v < V; ++v) p[v] = z[v] - max_logit;
+    exp_inplace(p, V);
     float sum = 0.0f;
-    for (int v = 0; v < V; ++v) {
-      p[v] = det_expf(z[v] - max_logit);
-      sum += p[v];
-    }
+    for (int v = 0; v < V; ++v) sum += p[v];
     const float inv_sum = 1.0f / sum;
     for (int v = 0; v < V; ++v) p[v] *= inv_sum;
     // -log softmax[target] = (max - z[target]) + log(sum): no log of an underflowed prob

@@ -186,6 +186,70 @@ constexpr float det_expf(float x) { return static_cast<float>(det_exp(x)); }
 constexpr float det_logf(float x) { return static_cast<float>(det_log(x)); }
 constexpr float det_tanhf(float x) { return static_cast<float>(det_tanh(x)); }
 
+// tanh in fp32 as a rational function, branch-free so that it runs on vectors (GELU
+// calls it 2M times a step). p(x)/q(x) with odd p of degree 13 and even q of degree 6 on
+// x clamped to [-7.90531, 7.90531] (where tanh rounds to +-1 in fp32); |x| < 4e-4 returns
+// x. The coefficients are the minimax fit used by Eigen and XLA. Only fp32 * + / and
+// selects, in a fixed order, lane by lane: a scalar float and any vector width give the
+// same bits. Accuracy is measured by tests/unit/det_math_test.cpp (a few ulp).
+// `Real` is float or a GCC vector of floats (vector_size extension).
+template <typename Real>
+constexpr Real tanh_rational(Real x) {
+  const Real zero = x - x;
+  const Real clamp_hi = zero + 7.90531110763549805f, clamp_lo = zero - 7.90531110763549805f;
+  const Real clamped = x > clamp_hi ? clamp_hi : (x < clamp_lo ? clamp_lo : x);
+  const Real x2 = clamped * clamped;
+  Real p = x2 * -2.76076847742355e-16f + 2.00018790482477e-13f;
+  p = x2 * p + -8.60467152213735e-11f;
+  p = x2 * p + 5.12229709037114e-08f;
+  p = x2 * p + 1.48572235717979e-05f;
+  p = x2 * p + 6.37261928875436e-04f;
+  p = x2 * p + 4.89352455891786e-03f;
+  p = clamped * p;
+  Real q = x2 * 1.19825839466702e-06f + 1.18534705686654e-04f;
+  q = x2 * q + 2.26843463243900e-03f;
+  q = x2 * q + 4.89352518554385e-03f;
+  const Real ratio = p / q;
+  const Real magnitude = x < zero ? -x : x;
+  return magnitude < zero + 0.0004f ? x : ratio;
+}
+constexpr float det_tanhf_rational(float x) { return tanh_rational(x); }
+
+// Four fp32 lanes (GCC/Clang vector extension). Lane-wise arithmetic on it is the same
+// IEEE operation as on a scalar float, so vector and scalar code agree bit for bit.
+using Floats4 = float __attribute__((vector_size(16)));
+using Ints4 = std::int32_t __attribute__((vector_size(16)));
+inline std::int32_t float_bits(float x) { return std::bit_cast<std::int32_t>(x); }
+inline float bits_float(std::int32_t b) { return std::bit_cast<float>(b); }
+inline Ints4 float_bits(Floats4 x) { return std::bit_cast<Ints4>(x); }
+inline Floats4 bits_float(Ints4 b) { return std::bit_cast<Floats4>(b); }
+
+// e^x in fp32, branch-free for vectors (softmax calls it ~400K times a step): Cody-Waite
+// reduction x = n ln2 + r with n rounded to nearest by the 1.5*2^23 shifter (an exact
+// IEEE addition, no rounding-mode or libm dependence), a degree-7 polynomial for e^r
+// (Cephes expf coefficients), and 2^n built from its bit pattern. Domain: x is clamped
+// to [-87.33, 88.0]; below -87.33 the result is 0, NaN stays NaN. Within about 2 ulp of
+// the correctly rounded value (tests/unit/det_math_test.cpp measures it).
+template <typename Real>
+inline Real exp_poly(Real x) {
+  const Real zero = x - x;
+  const Real lo = zero - 87.3365478515625f, hi = zero + 88.0f, shifter = zero + 12582912.0f;
+  const Real xc = x > hi ? hi : (x < lo ? lo : x);
+  const Real t = xc * 1.44269504088896341f + shifter;
+  const Real n = t - shifter;
+  Real r = xc - n * 0.693359375f;  // 0.693359375 has 9 bits: n * it is exact
+  r = r - n * -2.12194440e-4f;
+  Real y = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * (r * r) + r + 1.0f;
+  const Real scale = bits_float((float_bits(t) - float_bits(shifter) + 127) << 23);
+  const Real result = y * scale;
+  return x < lo ? zero : (x != x ? x : result);
+}
+
 inline constexpr double kPi = 3.14159265358979311600e+00;
 
 }  // namespace harness::numerics
