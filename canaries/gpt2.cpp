@@ -138,18 +138,18 @@ void Gpt2Canary::upload_initial_parameters(Engine& engine, std::uint64_t seed) c
 
 // ---- one step ---------------------------------------------------------------------------
 
-StepResult Gpt2Canary::train_step(Engine& e, int step, const Batch& batch) const {
+void Gpt2Canary::begin_step(Engine& e, int step, const Batch& batch) const {
   e.step_begin(step);
   e.upload_tokens(inputs_, batch.inputs);
   e.upload_tokens(targets_, batch.targets);
   // Per-step scalars are uploaded into 0-D tensors, never baked into an op.
-  const auto lr = static_cast<float>(learning_rate(config_, step));
   double beta1_t = 1.0, beta2_t = 1.0;  // beta^t with t = step + 1, by repeated products
   for (int i = 0; i <= step; ++i) {
     beta1_t *= config_.beta1;
     beta2_t *= config_.beta2;
   }
-  const float scalars[3] = {lr, static_cast<float>(1.0 - beta1_t), static_cast<float>(1.0 - beta2_t)};
+  const float scalars[3] = {static_cast<float>(learning_rate(config_, step)), static_cast<float>(1.0 - beta1_t),
+                            static_cast<float>(1.0 - beta2_t)};
   e.upload(lr_, {&scalars[0], 1});
   e.upload(bias_correction1_, {&scalars[1], 1});
   e.upload(bias_correction2_, {&scalars[2], 1});
@@ -159,18 +159,35 @@ StepResult Gpt2Canary::train_step(Engine& e, int step, const Batch& batch) const
   }
   for (TensorId g : table_.of_kind(TensorKind::Gradient)) e.zero(g);
   for (TensorId g : table_.of_kind(TensorKind::ActivationGrad)) e.zero(g);
+}
 
+StepResult Gpt2Canary::train_step(Engine& e, int step, const Batch& batch) const {
+  begin_step(e, step, batch);
   forward(e);
   backward(e);
   update(e);
   e.step_end();
-
   StepResult result;
   result.step = step;
-  result.lr = lr;
+  result.lr = static_cast<float>(learning_rate(config_, step));
   result.loss = e.read(loss_)[0];
   result.grad_norm = e.read(grad_norm_)[0];
   return result;
+}
+
+float Gpt2Canary::evaluate_loss(Engine& e, int step, const Batch& batch) const {
+  begin_step(e, step, batch);
+  forward(e);
+  e.step_end();
+  return e.read(loss_)[0];
+}
+
+float Gpt2Canary::compute_gradients(Engine& e, int step, const Batch& batch) const {
+  begin_step(e, step, batch);
+  forward(e);
+  backward(e);
+  e.step_end();
+  return e.read(loss_)[0];
 }
 
 void Gpt2Canary::after_forward_op(Engine& e, const OpSite& s, TensorId out) const {

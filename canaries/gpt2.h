@@ -41,6 +41,10 @@ class Gpt2Canary {
 
   // One training step: batch `step` -> loss on params_step -> params_{step+1}.
   StepResult train_step(Engine& engine, int step, const Batch& batch) const;
+  // For gradient checks: the loss alone (forward), or the loss with every gradient
+  // computed (forward + backward, no clipping, no update). Parameters do not change.
+  float evaluate_loss(Engine& engine, int step, const Batch& batch) const;
+  float compute_gradients(Engine& engine, int step, const Batch& batch) const;
 
  private:
   struct LayerParams {
@@ -55,6 +59,7 @@ class Gpt2Canary {
   };
 
   void describe_tensors();
+  void begin_step(Engine& e, int step, const Batch& batch) const;  // uploads and zeroing
   void forward(Engine& e) const;
   void backward(Engine& e) const;
   void update(Engine& e) const;

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <memory>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -26,7 +27,7 @@ struct RunFlags {
   run::RunOptions options;
   std::string dump_tensors;
   std::string features;
-  int steps = 0;
+  std::optional<int> steps;
   std::string inject_fault;
 };
 
@@ -42,7 +43,7 @@ void print_progress(const run::StepProgress& p) {
 
 int run_action(RunFlags& f) {
   run::RunOptions o = f.options;
-  if (f.steps != 0) o.steps = f.steps;
+  o.steps = f.steps;
   if (!f.inject_fault.empty()) o.inject_fault = f.inject_fault;
   if (!f.features.empty()) {
     throw run::UsageError(fmt::format("--features: engine '{}' takes no features (got '{}')", o.engine, f.features));

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Bad input: exit 2, one line naming the flag/file and the fix, nothing left behind.
+source "$(dirname "$0")/lib.sh"
+out="$WORK/runs"; mkdir -p "$out"
+
+expect_exit 2 "--bogus"              -- "$HARNESS" run --canary micro --bogus --out "$out/a.h5"
+expect_exit 2 "unknown engine 'gpu'" -- "$HARNESS" run --canary micro --engine gpu --out "$out/a.h5"
+expect_exit 2 "unknown canary preset 'huge'" -- "$HARNESS" run --canary huge --out "$out/a.h5"
+expect_exit 2 "--threads"            -- "$HARNESS" run --canary micro --threads -1 --out "$out/a.h5"
+expect_exit 2 "--threads"            -- "$HARNESS" run --canary micro --threads many --out "$out/a.h5"
+expect_exit 2 "--steps"              -- "$HARNESS" run --canary micro --steps 0 --out "$out/a.h5"
+expect_exit 2 "--seed"               -- "$HARNESS" run --canary micro --seed -5 --out "$out/a.h5"
+expect_exit 2 "--out"                -- "$HARNESS" run --canary micro
+expect_exit 2 "is a directory"       -- "$HARNESS" run --canary micro --out "$out"
+expect_exit 2 "does not exist"       -- "$HARNESS" run --canary micro --out "$WORK/nowhere/a.h5"
+expect_exit 2 "unknown op 'blocks.9.mlp.fc'" -- "$HARNESS" run --canary micro --inject-fault step=3,op=blocks.9.mlp.fc --out "$out/a.h5"
+expect_exit 2 "past the last step"   -- "$HARNESS" run --canary micro --inject-fault step=50,op=blocks.0.ln1 --out "$out/a.h5"
+expect_exit 2 "--dump-tensors"       -- "$HARNESS" run --canary micro --dump-tensors 1,x --out "$out/a.h5"
+expect_exit 2 "--dump-tensors"       -- "$HARNESS" run --canary micro --dump-tensors 21 --out "$out/a.h5"
+expect_exit 2 "--features"           -- "$HARNESS" run --canary micro --features bf16 --out "$out/a.h5"
+[ -z "$(ls -A "$out")" ] || fail "rejected runs left files: $(ls "$out")"
+
+# An existing receipt is never overwritten without --force, and stays byte-identical.
+expect_exit 0 "" -- "$HARNESS" run --canary micro --steps 2 --out "$out/keep.h5"
+before=$(sha256sum "$out/keep.h5")
+expect_exit 2 "exists; pass --force" -- "$HARNESS" run --canary micro --steps 2 --out "$out/keep.h5"
+[ "$before" = "$(sha256sum "$out/keep.h5")" ] || fail "refused run changed the existing receipt"
+expect_exit 0 "" -- "$HARNESS" run --canary micro --steps 3 --out "$out/keep.h5" --force
+"$HARNESS" inspect --json "$out/keep.h5" | grep -q '"steps_recorded": 3' || fail "--force did not rewrite the receipt"
+
+# inspect: every bad file is exit 2 with the file named.
+echo "plain text" > "$WORK/text.h5"
+expect_exit 2 "text.h5: not an HDF5 file" -- "$HARNESS" inspect "$WORK/text.h5"
+expect_exit 2 "missing.h5: no such file"  -- "$HARNESS" inspect "$WORK/missing.h5"
+head -c 3000 "$out/keep.h5" > "$WORK/truncated.h5"
+expect_exit 2 "truncated.h5: "            -- "$HARNESS" inspect "$WORK/truncated.h5"
+cp "$out/keep.h5" "$WORK/future.h5"
+$PY - "$WORK/future.h5" <<'PYEOF'
+import sys, h5py, numpy as np
+with h5py.File(sys.argv[1], "r+") as f:
+    f["manifest"].attrs["schema_version"] = np.int64(7)
+PYEOF
+expect_exit 2 "future.h5: schema_version 7 is not supported" -- "$HARNESS" inspect "$WORK/future.h5"
+cp "$out/keep.h5" "$WORK/incomplete.h5"
+$PY - "$WORK/incomplete.h5" <<'PYEOF'
+import sys, h5py, numpy as np
+with h5py.File(sys.argv[1], "r+") as f:
+    f["manifest"].attrs["complete"] = np.int64(0)
+PYEOF
+expect_exit 2 "incomplete receipt"        -- "$HARNESS" inspect "$WORK/incomplete.h5"
+expect_exit 0 ""                          -- "$HARNESS" inspect --allow-incomplete "$WORK/incomplete.h5"
+expect_exit 2 "--bogus"                   -- "$HARNESS" inspect --bogus "$out/keep.h5"
+expect_exit 2 ""                          -- "$HARNESS"
+
+# inspect --json is valid JSON with the documented keys.
+"$HARNESS" inspect --json "$out/keep.h5" | $PY -c '
+import json, sys
+j = json.load(sys.stdin)
+for key in ["schema_version", "lane", "engine", "features", "steps_planned", "steps_recorded", "complete",
+            "first_loss", "last_loss", "manifest", "datasets"]:
+    assert key in j, key
+assert j["lane"] == "micro/cpu-ref" and j["complete"] is True
+' || fail "inspect --json keys"
+finish

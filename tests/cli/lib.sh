@@ -1,0 +1,28 @@
+# Shared helpers for the CLI tests: each test script sources this, gets $HARNESS and a
+# fresh $WORK directory, and fails (exit 1) on the first broken expectation.
+set -u
+HARNESS=${1:?usage: $0 path/to/harness}
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+PY=/usr/bin/python3   # Debian's python, where python3-h5py lives
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+failures=0
+
+fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
+
+# expect_exit CODE PATTERN -- command...: exit status CODE, stderr one line matching PATTERN.
+expect_exit() {
+  local code=$1 pattern=$2; shift 3
+  "$@" >"$WORK/stdout" 2>"$WORK/stderr"
+  local got=$?
+  [ "$got" -eq "$code" ] || { fail "exit $got (want $code): $*; stderr: $(cat "$WORK/stderr")"; return; }
+  if [ -n "$pattern" ]; then
+    grep -qE -- "$pattern" "$WORK/stderr" || fail "stderr of '$*' lacks /$pattern/: $(cat "$WORK/stderr")"
+    [ "$(grep -c . "$WORK/stderr")" -eq 1 ] || fail "stderr of '$*' is not one line: $(cat "$WORK/stderr")"
+  fi
+}
+
+finish() {
+  if [ "$failures" -gt 0 ]; then echo "$failures failure(s)" >&2; exit 1; fi
+  echo "all expectations met"
+}

@@ -1,0 +1,91 @@
+// The GEMM's contract: every output element equals the sequential fma chain over k,
+// bit for bit, whatever the shape, tile edges, epilogue or thread count.
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <tbb/global_control.h>
+
+#include "gemm.h"
+#include "numerics/philox.h"
+
+namespace harness::kernels {
+namespace {
+
+std::vector<float> values(int n, std::uint64_t stream) {
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = static_cast<float>(numerics::normal_at(1, stream, static_cast<std::uint64_t>(i)));
+  return v;
+}
+
+struct GemmCase {
+  int M, N, K;
+  GemmEpilogue epilogue;
+};
+
+std::vector<float> reference(const GemmCase& c, const std::vector<float>& A, const std::vector<float>& B,
+                             const std::vector<float>& C0, const std::vector<float>& bias) {
+  std::vector<float> C = C0;
+  for (int m = 0; m < c.M; ++m) {
+    for (int n = 0; n < c.N; ++n) {
+      float acc = 0.0f;
+      for (int k = 0; k < c.K; ++k) acc = std::fma(A[static_cast<std::size_t>(m * c.K + k)], B[static_cast<std::size_t>(k * c.N + n)], acc);
+      float& out = C[static_cast<std::size_t>(m * c.N + n)];
+      out = c.epilogue == GemmEpilogue::Store ? acc : c.epilogue == GemmEpilogue::AddBias ? acc + bias[static_cast<std::size_t>(n)] : out + acc;
+    }
+  }
+  return C;
+}
+
+class GemmBitwise : public ::testing::TestWithParam<GemmCase> {};
+
+TEST_P(GemmBitwise, EqualsSequentialFmaChainAtEveryThreadCount) {
+  const GemmCase c = GetParam();
+  const auto A = values(c.M * c.K, 1), B = values(c.K * c.N, 2), C0 = values(c.M * c.N, 3), bias = values(c.N, 4);
+  const std::vector<float> expected = reference(c, A, B, C0, bias);
+  for (int threads : {1, 2, 3, 8}) {
+    const tbb::global_control limit(tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(threads));
+    std::vector<float> C = C0;
+    gemm(c.M, c.N, c.K, A.data(), c.K, B.data(), c.N, C.data(), c.N, c.epilogue, bias.data());
+    for (std::size_t i = 0; i < C.size(); ++i) {
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(C[i]), std::bit_cast<std::uint32_t>(expected[i]))
+          << "element " << i << " threads " << threads << " kernel " << gemm_kernel_name();
+    }
+    std::vector<float> serial = C0;
+    gemm_serial(c.M, c.N, c.K, A.data(), c.K, B.data(), c.N, serial.data(), c.N, c.epilogue, bias.data());
+    ASSERT_EQ(serial, C);
+  }
+}
+
+std::string case_name(const ::testing::TestParamInfo<GemmCase>& info) {
+  const char* epilogue[] = {"store", "bias", "accumulate"};
+  const GemmCase& c = info.param;
+  return "M" + std::to_string(c.M) + "_N" + std::to_string(c.N) + "_K" + std::to_string(c.K) + "_" +
+         epilogue[static_cast<int>(c.epilogue)];
+}
+
+INSTANTIATE_TEST_SUITE_P(OddAndCanaryShapes, GemmBitwise,
+                         ::testing::Values(GemmCase{1, 1, 1, GemmEpilogue::Store}, GemmCase{5, 7, 11, GemmEpilogue::Store},
+                                           GemmCase{7, 13, 5, GemmEpilogue::AddBias},
+                                           GemmCase{13, 17, 33, GemmEpilogue::Accumulate},
+                                           GemmCase{49, 129, 7, GemmEpilogue::AddBias},
+                                           GemmCase{100, 48, 64, GemmEpilogue::Accumulate},
+                                           GemmCase{64, 384, 128, GemmEpilogue::AddBias},
+                                           GemmCase{128, 128, 512, GemmEpilogue::Accumulate}),
+                         case_name);
+
+TEST(Transpose, SwapsIndices) {
+  const auto in = values(5 * 7, 9);
+  std::vector<float> out(35), serial(35);
+  transpose(in.data(), 5, 7, out.data());
+  transpose_serial(in.data(), 5, 7, 7, serial.data(), 5);
+  for (int i = 0; i < 5; ++i) {
+    for (int j = 0; j < 7; ++j) EXPECT_EQ(out[static_cast<std::size_t>(j * 5 + i)], in[static_cast<std::size_t>(i * 7 + j)]);
+  }
+  EXPECT_EQ(out, serial);
+}
+
+}  // namespace
+}  // namespace harness::kernels

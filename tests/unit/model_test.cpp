@@ -1,0 +1,162 @@
+// The canary model: its tensor table, its data, its whole-model gradient, and fault specs.
+#include <set>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "byte_stream.h"
+#include "cpu_ref_engine.h"
+#include "fault.h"
+#include "gpt2.h"
+#include "gradient_check.h"
+#include "numerics/det_math.h"
+#include "preset.h"
+
+namespace harness::canary {
+namespace {
+
+TEST(TensorTable, TinyHasDesignNamesShapesAndSharedLayouts) {
+  const Gpt2Canary model(preset("tiny"));
+  const TensorTable& t = model.tensors();
+  const auto& params = model.parameters();
+  ASSERT_EQ(params.size(), 4u + 12u * 4u);
+  EXPECT_EQ(t[params[0]].name, "wte");
+  EXPECT_EQ(t[params[0]].shape, (std::vector<std::int64_t>{256, 128}));
+  EXPECT_EQ(t[params[1]].name, "wpe");
+  EXPECT_EQ(t[params[4]].name, "blocks.0.attn.qkv.weight");
+  EXPECT_EQ(t[params[4]].shape, (std::vector<std::int64_t>{384, 128}));
+  EXPECT_EQ(t[params[10]].name, "blocks.0.mlp.fc.weight");
+  EXPECT_EQ(t[params[12]].name, "blocks.0.mlp.proj.weight");
+  EXPECT_EQ(t[params.back()].name, "lnf.bias");
+  // Gradients and both moments mirror the parameter arena exactly.
+  for (TensorId p : params) {
+    for (TensorKind kind : {TensorKind::Gradient, TensorKind::AdamM, TensorKind::AdamV}) {
+      const TensorId s = t.shadow(p, kind);
+      EXPECT_EQ(t[s].name, t[p].name);
+      EXPECT_EQ(t[s].shape, t[p].shape);
+      EXPECT_EQ(t.arena_offset(s), t.arena_offset(p));
+    }
+  }
+  EXPECT_EQ(t.arena_numel(TensorKind::Parameter), t.arena_numel(TensorKind::Gradient));
+  // 256*128 + 64*128 + 4 * (12*128^2 + 13*128) + 2*128
+  EXPECT_EQ(t.arena_numel(TensorKind::Parameter), 32768 + 8192 + 4 * (12 * 16384 + 13 * 128) + 256);
+}
+
+TEST(Schedule, WarmupThenCosineToTenPercent) {
+  const CanaryConfig c = preset("tiny");
+  EXPECT_DOUBLE_EQ(learning_rate(c, 0), 3e-4);
+  EXPECT_DOUBLE_EQ(learning_rate(c, 9), 3e-3);
+  EXPECT_DOUBLE_EQ(learning_rate(c, 10), 3e-3);
+  EXPECT_NEAR(learning_rate(c, 55), 3e-4 + 0.5 * 2.7e-3, 1e-15);  // halfway: cos = 0
+  for (int s = 11; s < c.steps; ++s) EXPECT_LT(learning_rate(c, s), learning_rate(c, s - 1));
+}
+
+TEST(ByteStream, BatchesArePureFunctionsOfTheStep) {
+  const CanaryConfig c = preset("tiny");
+  const ByteStream a(c), b(c);
+  const Batch b7 = a.batch(7);
+  (void)b.batch(3);
+  EXPECT_EQ(b.batch(7).tokens, b7.tokens);  // order of requests does not matter
+  EXPECT_NE(a.batch(8).tokens, b7.tokens);
+  EXPECT_EQ(batch_hash(a.batch(7)), batch_hash(b7));
+  ASSERT_EQ(b7.tokens.size(), static_cast<std::size_t>(c.batch_size * (c.context_length + 1)));
+  for (std::int32_t tok : b7.tokens) {
+    EXPECT_GE(tok, 0);
+    EXPECT_LT(tok, c.vocab_size);
+  }
+  for (int row = 0; row < c.batch_size; ++row) {  // inputs/targets are the shifted views
+    for (int t = 0; t < c.context_length; ++t) {
+      const auto i = static_cast<std::size_t>(row * c.context_length + t);
+      EXPECT_EQ(b7.inputs[i], b7.tokens[static_cast<std::size_t>(row * (c.context_length + 1) + t)]);
+      EXPECT_EQ(b7.targets[i], b7.tokens[static_cast<std::size_t>(row * (c.context_length + 1) + t + 1)]);
+    }
+  }
+}
+
+TEST(ByteStream, IsLearnableButNotTrivial) {
+  const ByteStream stream(preset("tiny"));
+  const double rate = stream.entropy_rate_nats();
+  EXPECT_GT(rate, 0.05);                             // not a constant stream
+  EXPECT_LT(rate, 0.5 * numerics::det_log(256.0));  // far below uniform bytes
+  std::set<std::int32_t> symbols;
+  for (int s = 0; s < 20; ++s) {
+    for (std::int32_t tok : stream.batch(s).tokens) symbols.insert(tok);
+  }
+  EXPECT_GE(symbols.size(), 10u);
+}
+
+TEST(FaultSpec, ParsesAndRejectsWithTheFieldNamed) {
+  const Gpt2Canary model(preset("tiny"));
+  const auto& ops = model.forward_op_names();
+  const FaultSpec f = parse_fault_spec("step=37,op=blocks.2.attn.proj", ops);
+  EXPECT_EQ(f.step, 37);
+  EXPECT_EQ(f.op, "blocks.2.attn.proj");
+  EXPECT_EQ(f.ulps, 1);
+  EXPECT_EQ(parse_fault_spec("op=blocks.0.ln1,step=3,ulps=4", ops).ulps, 4);
+  EXPECT_EQ(f.to_string(), "step=37,op=blocks.2.attn.proj,ulps=1");
+  const auto message = [&](const char* text) {
+    try {
+      parse_fault_spec(text, ops);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(message("step=1,op=blocks.9.ln1").find("unknown op 'blocks.9.ln1'"), std::string::npos);
+  EXPECT_NE(message("step=x,op=blocks.0.ln1").find("step='x'"), std::string::npos);
+  EXPECT_NE(message("op=blocks.0.ln1").find("needs both"), std::string::npos);
+  EXPECT_NE(message("step=1,op=blocks.0.ln1,ulps=0").find("ulps='0'"), std::string::npos);
+  EXPECT_NE(message("step=1,op=blocks.0.ln1,color=red").find("unknown key 'color'"), std::string::npos);
+}
+
+// The whole model's backward (every op chained, tied embeddings, residuals) against
+// finite differences of its loss, on a preset small enough to check many elements.
+TEST(WholeModel, GradientsMatchFiniteDifferences) {
+  CanaryConfig c = preset("micro");
+  c.vocab_size = 17;
+  c.context_length = 5;
+  c.channels = 8;
+  c.heads = 2;
+  c.layers = 2;
+  c.batch_size = 2;
+  const Gpt2Canary model(c);
+  CpuRefEngine engine;
+  engine.bind(model.tensors());
+  model.upload_initial_parameters(engine, 3);
+  Batch batch;
+  batch.tokens = {1, 5, 16, 2, 2, 9, 0, 4, 7, 13, 3, 1};
+  for (int b = 0; b < 2; ++b) {
+    for (int t = 0; t < 5; ++t) {
+      batch.inputs.push_back(batch.tokens[static_cast<std::size_t>(b * 6 + t)]);
+      batch.targets.push_back(batch.tokens[static_cast<std::size_t>(b * 6 + t + 1)]);
+    }
+  }
+  // Larger init than 0.02 so that every path carries signal well above fp32 noise.
+  for (TensorId p : model.parameters()) {
+    std::vector<float> v = model.initial_values(p, 5);
+    for (float& x : v) x = x * 5.0f + (model.tensors()[p].rank() == 1 ? 0.3f : 0.0f);
+    engine.upload(p, v);
+  }
+  model.compute_gradients(engine, 0, batch);
+  std::vector<std::vector<float>> analytic;  // copied now: every loss evaluation zeroes gradients
+  for (TensorId p : model.parameters()) {
+    const auto grad_span = engine.read(model.tensors().shadow(p, TensorKind::Gradient));
+    analytic.emplace_back(grad_span.begin(), grad_span.end());
+  }
+  for (std::size_t i = 0; i < model.parameters().size(); ++i) {
+    const TensorId p = model.parameters()[i];
+    const TensorDesc& d = model.tensors()[p];
+    const auto values_span = engine.read(p);
+    std::vector<float> values(values_span.begin(), values_span.end());
+    auto loss = [&] {
+      engine.upload(p, values);
+      return static_cast<double>(model.evaluate_loss(engine, 0, batch));
+    };
+    harness::testing::expect_gradient(d.name, values, loss, analytic[i], {3e-2, 1e-3, 1e-3f}, 12);
+    engine.upload(p, values);
+  }
+}
+
+}  // namespace
+}  // namespace harness::canary
