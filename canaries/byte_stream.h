@@ -1,21 +1,32 @@
-// The canary's deterministic, learnable training data: a Markov chain over a small
-// lexicon of lowercase words, written out as bytes ("word word word ...").
+// The canary's deterministic, learnable training data: a random walk on a fixed random
+// graph over the byte values (an order-1 Markov chain), written out as bytes.
 //
 // Structure (docs/canary.md, "Data"):
-//  - a lexicon of 64 words, 2..7 letters each, drawn once from data_seed;
-//  - after each word comes a space, then one of that word's 4 successors, chosen with
-//    probabilities 1/2, 1/4, 3/20, 1/10 (successors drawn once from data_seed);
-//  - row b of batch s starts at a uniformly drawn word, skips 0..7 of its leading bytes,
-//    and continues for T+1 bytes. Every draw is Philox(data_seed, stream, counter), so
-//    any batch is a pure function of (data_seed, s): replay needs only the step number.
-// Entropy: ln 256 = 5.545 nats/byte for a model that knows nothing; 27 symbols
-// (ln 27 = 3.30) once the alphabet is learned; the true rate is about 0.22 nats/byte
-// (1.21 nats of successor choice per word of ~5.5 bytes including the space). A model
-// that learns letter bigrams goes well under 3.0; the floor is far below.
+//  - the alphabet is the byte values 0..n-1 with n = vocab_size (all 256 for `tiny`);
+//  - kSuccessors = 4 permutations pi_0..pi_3 of the alphabet, drawn once from data_seed
+//    (Fisher-Yates); the successors of byte x are pi_0(x)..pi_3(x);
+//  - after byte x comes pi_j(x) with j uniform in 0..3;
+//  - row b of batch s starts at a uniform byte and takes T more steps. Every draw is
+//    Philox(data_seed, stream, counter), so any batch is a pure function of (data_seed, s):
+//    replay needs only the step number.
+// Why this shape: the transition matrix is a mean of permutation matrices (doubly
+// stochastic), so the uniform distribution is stationary and rows start in it: every
+// byte value is equally frequent everywhere. Unigram counts then carry no information
+// and training skips the "learn which bytes exist" phase. The earlier lexicon of
+// lowercase words used 27 of the 256 values; at peak lr that phase drove the tied
+// embedding and the position-independent residual direction hard, and the loss spiked
+// (3.6 -> 8.7, grad norm 50-150) in every seed, so tiny numeric differences were
+// amplified. Equal successor probabilities cap every prediction at 1/4 and keep the
+// per-token loss nearly the same everywhere, so batch-to-batch loss noise stays small.
+// Entropy: ln 256 = 5.545 nats/byte for a model that knows nothing; the unigram gains
+// nothing; the true rate is (1/n) sum_x H(successors of x) exactly: ln 4 = 1.386 nats/byte
+// less a little where two permutations map some x to the same byte (they merge).
+// Measured with the PyTorch twin over 16 (init, data) seed pairs: loss ~2.5 at step 50
+// and ~1.87 at step 99, no step-to-step rise above 0.12 after step 3, grad norm <= 3.2.
 #pragma once
 
+#include <array>
 #include <cstdint>
-#include <string>
 #include <vector>
 
 #include "preset.h"
@@ -33,23 +44,24 @@ struct Batch {
 
 class ByteStream {
  public:
+  static constexpr int kSuccessors = 4;
+
   explicit ByteStream(const CanaryConfig& config);
 
   Batch batch(int step) const;
-  const std::vector<std::string>& lexicon() const { return words_; }
-  // Entropy rate of the source in nats per byte (the loss floor), computed exactly from
-  // the chain's stationary distribution.
+  // The kSuccessors bytes that may follow `byte` (each with probability 1/kSuccessors;
+  // a byte listed twice is twice as likely).
+  std::array<int, kSuccessors> successors(int byte) const;
+  // Entropy rate of the source in nats per byte (the loss floor), computed exactly: the
+  // stationary distribution is uniform, so it is the mean successor entropy.
   double entropy_rate_nats() const;
 
-  static constexpr int kWords = 64;
-  static constexpr int kSuccessors = 4;
-
  private:
-  int next_word(int word, std::uint32_t random_word) const;
+  std::vector<std::int32_t> row(int step, int b) const;
 
   CanaryConfig config_;
-  std::vector<std::string> words_;
-  std::vector<std::vector<int>> successors_;  // kWords x kSuccessors
+  int alphabet_ = 0;                              // n: bytes 0..n-1
+  std::vector<std::vector<int>> permutations_;    // kSuccessors x n
 };
 
 // XXH3-64 (seed 0) over the batch's (B, T+1) int32 tokens as little-endian bytes: the

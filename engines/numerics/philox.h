@@ -44,7 +44,7 @@ constexpr double uniform_open0(std::uint32_t hi, std::uint32_t lo) {
 }
 
 // Standard normal sample number `index` of `stream` (Box-Muller, cosine branch).
-constexpr double normal_at(std::uint64_t seed, std::uint64_t stream, std::uint64_t index) {
+inline double normal_at(std::uint64_t seed, std::uint64_t stream, std::uint64_t index) {
   const PhiloxBlock w = philox_at(seed, stream, index);
   const double u1 = uniform_open0(w[0], w[1]);
   const double u2 = uniform_open0(w[2], w[3]);

@@ -24,8 +24,8 @@ ReceiptWriter::ReceiptWriter(const std::string& path, const Manifest& m, const s
   h5::write_attr(manifest_, "libraries", m.libraries);
   h5::write_attr(manifest_, "host", m.host);
   h5::write_attr(manifest_, "cpu", m.cpu);
-  for (const auto& [key, value] : m.extra) {
-    std::visit([&](const auto& v) { h5::write_attr(manifest_, key, v); }, value);
+  for (const auto& entry : m.extra) {  // (no structured binding: Clang 14 cannot capture one)
+    std::visit([&](const auto& v) { h5::write_attr(manifest_, entry.first, v); }, entry.second);
   }
 
   const h5::Handle steps = h5::create_group(file_, "steps");

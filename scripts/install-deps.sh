@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs what this project needs from Debian 12's packages, and only what is missing.
+# Idempotent; runs apt-get directly as root and through sudo otherwise. No other downloads.
+set -euo pipefail
+
+packages=(
+  # build
+  build-essential cmake ccache pkg-config git clang-14
+  # libraries (found with find_package / pkg-config)
+  libhdf5-dev libtbb-dev libxxhash-dev libcereal-dev libcli11-dev libfmt-dev
+  libtomlplusplus-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev
+  # tests and benchmarks: standard HDF5 readers, the PyTorch twin and peer
+  hdf5-tools python3 python3-h5py python3-numpy python3-torch
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+if [ "$(id -u)" -eq 0 ]; then
+  as_root=()
+elif command -v sudo >/dev/null 2>&1; then
+  as_root=(sudo)
+else
+  echo "install-deps: missing packages (${missing[*]}) and neither root nor sudo; install them and rerun" >&2
+  exit 2
+fi
+echo "install-deps: installing ${missing[*]}"
+"${as_root[@]}" apt-get update -qq
+DEBIAN_FRONTEND=noninteractive "${as_root[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
