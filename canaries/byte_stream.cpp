@@ -1,7 +1,10 @@
 #include "byte_stream.h"
 
+#include <algorithm>
 #include <bit>
 #include <stdexcept>
+#include <string>
+#include <utility>
 
 #include <xxhash.h>
 
@@ -11,48 +14,79 @@
 namespace harness::canary {
 namespace {
 
-// Successor choice probabilities, as thresholds on a 32-bit random word (sum to 2^32).
-constexpr std::uint64_t kChoiceThresholds[ByteStream::kSuccessors] = {
-    2147483648ull,               // 1/2
-    2147483648ull + 1073741824,  // + 1/4
-    2147483648ull + 1073741824 + 644245094,  // + 3/20
-    4294967296ull};                          // + 1/10 (the rest)
-constexpr double kChoiceProbabilities[ByteStream::kSuccessors] = {0.5, 0.25, 0.15, 0.10};
+// Philox stream ids: one per purpose, so draws never overlap. Row streams put the row's
+// (step, b) above the low 4 bits, which stay kRowStream.
+constexpr std::uint64_t kPermutationStream = 1;
+constexpr std::uint64_t kRowStream = 2;
 
-// Philox stream ids: one per purpose, so draws never overlap.
-constexpr std::uint64_t kLexiconStream = 1;
-constexpr std::uint64_t kSuccessorStream = 2;
-constexpr std::uint64_t kRowStream = 3;
+// One Fisher-Yates shuffle of 0..n-1; draw i (from the top) is counter (which << 32) + i.
+// `% (i + 1)` has a bias below 2^-23 for n <= 256: irrelevant here, and it keeps the
+// recipe one line long for external re-implementations.
+std::vector<int> draw_permutation(std::uint64_t seed, int which, int n) {
+  std::vector<int> perm(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) perm[static_cast<std::size_t>(i)] = i;
+  for (int i = n - 1; i > 0; --i) {
+    const auto draw = numerics::philox_at(seed, kPermutationStream,
+                                          (static_cast<std::uint64_t>(which) << 32) + static_cast<std::uint64_t>(i));
+    const auto j = static_cast<std::size_t>(draw[0] % static_cast<std::uint32_t>(i + 1));
+    std::swap(perm[static_cast<std::size_t>(i)], perm[j]);
+  }
+  return perm;
+}
+
+// Entropy of a uniform choice among `next`; a byte listed twice is one outcome with twice
+// the probability.
+double choice_entropy(std::array<int, ByteStream::kSuccessors> next) {
+  std::sort(next.begin(), next.end());
+  double h = 0.0;
+  for (std::size_t i = 0; i < next.size();) {
+    std::size_t run = 1;
+    while (i + run < next.size() && next[i + run] == next[i]) ++run;
+    const double q = static_cast<double>(run) / static_cast<double>(next.size());
+    h -= q * numerics::det_log(q);
+    i += run;
+  }
+  return h;
+}
 
 }  // namespace
 
-ByteStream::ByteStream(const CanaryConfig& config) : config_(config) {
-  if (config.vocab_size < 123) {
-    throw std::invalid_argument("byte stream needs vocab_size >= 123 (lowercase ASCII)");
+ByteStream::ByteStream(const CanaryConfig& config) : config_(config), alphabet_(config.vocab_size) {
+  // Tokens are bytes, and all vocab_size of them are used (an unused token's embedding
+  // row is what the uniform alphabet exists to avoid); fewer than 2 * kSuccessors leaves
+  // nothing to learn beyond the successor sets.
+  if (config.vocab_size < 2 * kSuccessors || config.vocab_size > 256) {
+    throw std::invalid_argument("byte stream needs 8 <= vocab_size <= 256 (it uses every byte value below "
+                                "vocab_size), got " + std::to_string(config.vocab_size));
   }
-  const std::uint64_t seed = config.data_seed;
-  for (int w = 0; w < kWords; ++w) {
-    const auto draw = numerics::philox_at(seed, kLexiconStream, static_cast<std::uint64_t>(w));
-    const int length = 2 + static_cast<int>(draw[0] % 6);
-    std::string word;
-    for (int i = 0; i < length; ++i) {
-      const auto letter = numerics::philox_at(seed, kLexiconStream, (1ull << 32) + w * 16ull + i);
-      word.push_back(static_cast<char>('a' + letter[0] % 26));
-    }
-    words_.push_back(std::move(word));
-    std::vector<int> next;
-    for (int k = 0; k < kSuccessors; ++k) {
-      const auto pick = numerics::philox_at(seed, kSuccessorStream, w * 16ull + k);
-      next.push_back(static_cast<int>(pick[0] % kWords));
-    }
-    successors_.push_back(std::move(next));
-  }
+  for (int j = 0; j < kSuccessors; ++j) permutations_.push_back(draw_permutation(config.data_seed, j, alphabet_));
 }
 
-int ByteStream::next_word(int word, std::uint32_t random_word) const {
-  int choice = 0;
-  while (random_word >= kChoiceThresholds[choice]) ++choice;
-  return successors_[static_cast<std::size_t>(word)][static_cast<std::size_t>(choice)];
+std::array<int, ByteStream::kSuccessors> ByteStream::successors(int byte) const {
+  std::array<int, kSuccessors> next{};
+  for (int j = 0; j < kSuccessors; ++j) {
+    next[static_cast<std::size_t>(j)] = permutations_[static_cast<std::size_t>(j)][static_cast<std::size_t>(byte)];
+  }
+  return next;
+}
+
+// Row b of batch `step`: token t uses word 0 of Philox counter t of the row's own stream
+// (t = 0: the start byte; t > 0: which successor). kSuccessors divides 2^32, so the
+// choice is exactly uniform.
+std::vector<std::int32_t> ByteStream::row(int step, int b) const {
+  const std::uint64_t row_id = (static_cast<std::uint64_t>(step) << 16) | static_cast<std::uint64_t>(b);
+  const std::uint64_t stream = kRowStream + (row_id << 4);
+  const int length = config_.context_length + 1;
+  std::vector<std::int32_t> tokens;
+  tokens.reserve(static_cast<std::size_t>(length));
+  int byte = static_cast<int>(numerics::philox_at(config_.data_seed, stream, 0)[0] % static_cast<std::uint32_t>(alphabet_));
+  tokens.push_back(byte);
+  for (int t = 1; t < length; ++t) {
+    const auto choice = numerics::philox_at(config_.data_seed, stream, static_cast<std::uint64_t>(t))[0] % kSuccessors;
+    byte = permutations_[choice][static_cast<std::size_t>(byte)];
+    tokens.push_back(byte);
+  }
+  return tokens;
 }
 
 Batch ByteStream::batch(int step) const {
@@ -63,56 +97,24 @@ Batch ByteStream::batch(int step) const {
   const int row_length = config_.context_length + 1;
   batch.tokens.reserve(static_cast<std::size_t>(config_.batch_size * row_length));
   for (int b = 0; b < config_.batch_size; ++b) {
-    const std::uint64_t row_stream = (static_cast<std::uint64_t>(step) << 16) | static_cast<std::uint64_t>(b);
-    std::uint64_t counter = 0;
-    const auto start = numerics::philox_at(config_.data_seed, kRowStream + (row_stream << 4), counter++);
-    int word = static_cast<int>(start[0] % kWords);
-    int skip = static_cast<int>(start[1] % 8);
-    std::string text;
-    while (static_cast<int>(text.size()) < row_length + skip) {
-      text += words_[static_cast<std::size_t>(word)];
-      text.push_back(' ');
-      const auto draw = numerics::philox_at(config_.data_seed, kRowStream + (row_stream << 4), counter++);
-      word = next_word(word, draw[0]);
-    }
-    for (int t = 0; t < row_length; ++t) {
-      batch.tokens.push_back(static_cast<unsigned char>(text[static_cast<std::size_t>(skip + t)]));
-    }
+    const std::vector<std::int32_t> tokens = row(step, b);
+    batch.tokens.insert(batch.tokens.end(), tokens.begin(), tokens.end());
   }
   for (int b = 0; b < config_.batch_size; ++b) {
-    const auto row = batch.tokens.begin() + b * row_length;
-    batch.inputs.insert(batch.inputs.end(), row, row + config_.context_length);
-    batch.targets.insert(batch.targets.end(), row + 1, row + row_length);
+    const auto row_begin = batch.tokens.begin() + b * row_length;
+    batch.inputs.insert(batch.inputs.end(), row_begin, row_begin + config_.context_length);
+    batch.targets.insert(batch.targets.end(), row_begin + 1, row_begin + row_length);
   }
   return batch;
 }
 
 double ByteStream::entropy_rate_nats() const {
-  // Stationary distribution of the word chain by power iteration (it is ergodic for the
-  // lexicons drawn here; 2000 iterations converge far below the digits documented).
-  std::vector<double> pi(kWords, 1.0 / kWords);
-  for (int iteration = 0; iteration < 2000; ++iteration) {
-    std::vector<double> next(kWords, 0.0);
-    for (int w = 0; w < kWords; ++w) {
-      for (int k = 0; k < kSuccessors; ++k) {
-        next[static_cast<std::size_t>(successors_[w][k])] += pi[w] * kChoiceProbabilities[k];
-      }
-    }
-    pi = next;
-  }
-  double nats_per_word = 0.0, bytes_per_word = 0.0;
-  for (int w = 0; w < kWords; ++w) {
-    // Successor entropy; successors drawn twice merge their probabilities.
-    std::vector<double> p(kWords, 0.0);
-    for (int k = 0; k < kSuccessors; ++k) p[static_cast<std::size_t>(successors_[w][k])] += kChoiceProbabilities[k];
-    double h = 0.0;
-    for (double q : p) {
-      if (q > 0) h -= q * numerics::det_log(q);
-    }
-    nats_per_word += pi[w] * h;
-    bytes_per_word += pi[w] * static_cast<double>(words_[static_cast<std::size_t>(w)].size() + 1);
-  }
-  return nats_per_word / bytes_per_word;
+  // The uniform distribution is stationary (every byte has exactly kSuccessors incoming
+  // edges of weight 1/kSuccessors) and each row starts in it, so the stream is stationary
+  // and its entropy rate is the mean over bytes of the next-byte entropy.
+  double total = 0.0;
+  for (int x = 0; x < alphabet_; ++x) total += choice_entropy(successors(x));
+  return total / alphabet_;
 }
 
 std::uint64_t batch_hash(const Batch& batch) {

@@ -33,7 +33,7 @@ struct CanaryConfig {
   // init and data
   double init_std = 0.02;
   double layernorm_eps = 1e-5;
-  std::uint64_t data_seed = 20240611;  // the byte stream's lexicon and sampling
+  std::uint64_t data_seed = 20240611;  // the byte stream: its successor permutations and sampling
 
   int head_size() const { return channels / heads; }
   nlohmann::json to_json() const;

@@ -118,28 +118,6 @@ std::vector<std::string> parameter_names(const canary::Gpt2Canary& model) {
   return names;
 }
 
-// Hashes of params, grads, m, v and sketches of params and grads, for every parameter;
-// tensors are digested in parallel, each by one task (the digest itself is sequential).
-void digest_step(Engine& engine, const canary::Gpt2Canary& model, receipt::StepRecord& record) {
-  const TensorTable& table = model.tensors();
-  const auto& params = model.parameters();
-  const TensorKind families[4] = {TensorKind::Parameter, TensorKind::Gradient, TensorKind::AdamM, TensorKind::AdamV};
-  std::vector<std::span<const float>> views;  // read() is a host sync: do it before going parallel
-  for (TensorKind kind : families) {
-    for (TensorId p : params) views.push_back(engine.read(kind == TensorKind::Parameter ? p : table.shadow(p, kind)));
-  }
-  const std::size_t K = params.size();
-  for (auto& h : record.hashes) h.assign(K, 0);
-  for (auto& s : record.sketches) s.assign(K, {});
-  tbb::parallel_for(std::size_t{0}, 4 * K, [&](std::size_t i) {
-    const std::size_t family = i / K, k = i % K;
-    record.hashes[family][k] = tensor_hash(views[i]);
-    if (family < 2) {
-      record.sketches[family][k] = tensor_sketch(views[i], numerics::stream_id(table[params[k]].name.c_str()));
-    }
-  });
-}
-
 void dump_parameters(Engine& engine, const canary::Gpt2Canary& model, receipt::ReceiptWriter& writer, int step) {
   for (TensorId p : model.parameters()) {
     const TensorDesc& d = model.tensors()[p];

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <span>
 
+#include "api/engine.h"
+#include "gpt2.h"
 #include "receipt/receipt_writer.h"
 
 namespace harness::run {
@@ -18,5 +20,9 @@ std::uint64_t tensor_hash(std::span<const float> values);
 // ±1 matrix (a Johnson-Lindenstrauss-style projection), at one pass over the data.
 // All sums are sequential in double: deterministic for any thread count.
 receipt::TensorSketch tensor_sketch(std::span<const float> values, std::uint64_t salt);
+
+// Fills record.hashes (params, grads, adam_m, adam_v) and record.sketches (params,
+// grads) for every parameter of `model`, in canonical order.
+void digest_step(Engine& engine, const canary::Gpt2Canary& model, receipt::StepRecord& record);
 
 }  // namespace harness::run

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Runs every benchmark of bench/ in one go, on an otherwise idle machine, and prints the
+# numbers docs/performance.md records: GEMM vs OpenBLAS, the non-GEMM kernels, the tiny
+# step at 1 and 2 threads with the recording cost, and the same step in PyTorch.
+#   bench/run-benchmarks.sh [OUT_DIR]     (default reports/bench-<UTC timestamp>)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${1:-$root/reports/bench-$(date -u +%Y%m%dT%H%M%SZ)}
+mkdir -p "$out"
+HARNESS_TARGET= "$root/scripts/build.sh" -DHARNESS_BUILD_BENCH=ON >/dev/null
+bench=$root/build/bench
+for b in gemm_bench kernels_bench step_bench; do
+  "$bench/$b" --benchmark_counters_tabular=true --benchmark_min_time=0.5 \
+    --benchmark_out="$out/$b.json" --benchmark_out_format=json | tee "$out/$b.txt"
+done
+# The harness step time at its best thread count, handed to the PyTorch script for the ratio.
+best_ms=$(/usr/bin/python3 - "$out/step_bench.json" <<'PYEOF'
+import json, sys
+runs = [b for b in json.load(open(sys.argv[1]))["benchmarks"] if b["name"].startswith("BM_TinyTrainStep")]
+print(min(b["real_time"] for b in runs))
+PYEOF
+)
+/usr/bin/python3 "$root/bench/torch_step.py" --steps 30 --warmup 5 --json "$out/torch_step.json" --compare-ms "$best_ms" \
+  | tee "$out/torch_step.txt"
+echo "results in $out"
