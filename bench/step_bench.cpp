@@ -54,9 +54,10 @@ void BM_RecordStep(benchmark::State& state) {
   const auto path = std::filesystem::temp_directory_path() / "step_bench_receipt.h5";
   auto writer = std::make_unique<receipt::ReceiptWriter>(path.string(), receipt::Manifest{}, names, true, false,
                                                          receipt::BatchShape{8, 65});
+  const run::StepDigester digester(run.model);
   receipt::StepRecord record;
   for (auto _ : state) {
-    run::digest_step(run.engine, run.model, record);
+    digester.digest(run.engine, record);
     writer->append_step(record);
   }
   writer.reset();

@@ -12,7 +12,6 @@
 #include <nlohmann/json.hpp>
 #include <tbb/global_control.h>
 #include <tbb/info.h>
-#include <tbb/parallel_for.h>
 
 #include "byte_stream.h"
 #include "gpt2.h"
@@ -172,6 +171,7 @@ RunSummary run_canary(const RunOptions& o, const std::function<void(const StepPr
     return std::binary_search(o.dump_steps.begin(), o.dump_steps.end(), step);
   };
   const auto start = std::chrono::steady_clock::now();
+  const StepDigester digester(model);
   receipt::StepRecord record;
   for (int step = 0; step < v.config.steps; ++step) {
     if (should_dump(step)) dump_parameters(*engine, model, writer, step);
@@ -181,7 +181,7 @@ RunSummary run_canary(const RunOptions& o, const std::function<void(const StepPr
     record.grad_norm = result.grad_norm;
     record.lr = result.lr;
     record.batch_hash = canary::batch_hash(batch);
-    digest_step(*engine, model, record);
+    digester.digest(*engine, record);
     if (o.record_batches) writer.append_batch(batch.tokens);
     writer.append_step(record);
     if (step == 0) summary.first_loss = result.loss;

@@ -14,33 +14,49 @@ std::uint64_t tensor_hash(std::span<const float> values) {
   return XXH3_64bits(values.data(), values.size_bytes());
 }
 
-receipt::TensorSketch tensor_sketch(std::span<const float> values, std::uint64_t salt) {
+TensorSketcher::TensorSketcher(std::size_t numel, std::uint64_t salt) {
+  static_assert(receipt::kSketchWidth <= 128, "bucket must fit in 7 bits");
+  const std::size_t blocks = (numel + receipt::kSketchBlock - 1) / receipt::kSketchBlock;
+  block_codes_.resize(blocks);
+  for (std::size_t j = 0; j < blocks; ++j) {
+    const std::uint32_t draw = numerics::philox_at(salt, 0, j)[0];
+    block_codes_[j] = static_cast<std::uint8_t>((draw % receipt::kSketchWidth) | ((draw >> 31) << 7));
+  }
+}
+
+receipt::TensorSketch TensorSketcher::operator()(std::span<const float> values) const {
   using receipt::kSketchBlock;
-  using receipt::kSketchWidth;
   receipt::TensorSketch sketch;
-  double sum_squares = 0.0;
+  // Four interleaved accumulators (element i goes to lane i % 4), combined as
+  // (0 + 1) + (2 + 3): a fixed order, four times the throughput of one serial chain.
+  double squares[4] = {0, 0, 0, 0};
   const std::size_t n = values.size();
   for (std::size_t start = 0, block = 0; start < n; start += kSketchBlock, ++block) {
     const std::size_t end = start + kSketchBlock < n ? start + kSketchBlock : n;
-    double block_sum = 0.0;
+    double sums[4] = {0, 0, 0, 0};
     for (std::size_t i = start; i < end; ++i) {
       const double x = values[i];
-      block_sum += x;
-      sum_squares += x * x;
+      sums[i % 4] += x;
+      squares[i % 4] += x * x;
     }
-    const auto draw = numerics::philox_at(salt, 0, block)[0];
-    const double sign = (draw >> 31) ? -1.0 : 1.0;
-    sketch.projection[draw % kSketchWidth] += sign * block_sum;
+    const double block_sum = (sums[0] + sums[1]) + (sums[2] + sums[3]);
+    const std::uint8_t code = block_codes_[block];
+    sketch.projection[code & 0x7F] += (code & 0x80) ? -block_sum : block_sum;
   }
-  sketch.l2 = __builtin_sqrt(sum_squares);
+  sketch.l2 = __builtin_sqrt((squares[0] + squares[1]) + (squares[2] + squares[3]));
   return sketch;
 }
 
-// Hashes of params, grads, m, v and sketches of params and grads, for every parameter;
-// tensors are digested in parallel, each by one task (the digest itself is sequential).
-void digest_step(Engine& engine, const canary::Gpt2Canary& model, receipt::StepRecord& record) {
-  const TensorTable& table = model.tensors();
-  const auto& params = model.parameters();
+StepDigester::StepDigester(const canary::Gpt2Canary& model) : model_(model) {
+  for (TensorId p : model.parameters()) {
+    const TensorDesc& d = model.tensors()[p];
+    sketchers_.emplace_back(static_cast<std::size_t>(d.numel()), numerics::stream_id(d.name.c_str()));
+  }
+}
+
+void StepDigester::digest(Engine& engine, receipt::StepRecord& record) const {
+  const TensorTable& table = model_.tensors();
+  const auto& params = model_.parameters();
   const TensorKind families[4] = {TensorKind::Parameter, TensorKind::Gradient, TensorKind::AdamM, TensorKind::AdamV};
   std::vector<std::span<const float>> views;  // read() is a host sync: do it before going parallel
   for (TensorKind kind : families) {
@@ -52,9 +68,7 @@ void digest_step(Engine& engine, const canary::Gpt2Canary& model, receipt::StepR
   tbb::parallel_for(std::size_t{0}, 4 * K, [&](std::size_t i) {
     const std::size_t family = i / K, k = i % K;
     record.hashes[family][k] = tensor_hash(views[i]);
-    if (family < 2) {
-      record.sketches[family][k] = tensor_sketch(views[i], numerics::stream_id(table[params[k]].name.c_str()));
-    }
+    if (family < 2) record.sketches[family][k] = sketchers_[k](views[i]);
   });
 }
 

@@ -123,7 +123,8 @@ TEST_F(ReceiptFiles, BadFilesAreNamedErrors) {
 TEST_F(ReceiptFiles, SketchSeparatesNearbyTensors) {
   std::vector<float> a(1000, 0.5f), b = a;
   b[777] += 1e-3f;
-  const TensorSketch sa = run::tensor_sketch(a, 1), sb = run::tensor_sketch(b, 1);
+  const run::TensorSketcher sketch(a.size(), 1);
+  const TensorSketch sa = sketch(a), sb = sketch(b);
   EXPECT_NE(run::tensor_hash(a), run::tensor_hash(b));
   EXPECT_NEAR(sb.l2 - sa.l2, 1e-3 * 0.5 / sa.l2, 1e-6);
   double moved = 0;
