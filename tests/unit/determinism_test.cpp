@@ -1,6 +1,7 @@
 // The cpu-ref determinism contract, as far as one process can test it: bitwise
 // identical receipts across thread counts and repeated runs. (Compilers, build types
 // and ISAs are covered by scripts/determinism-matrix.sh, which CI runs.)
+#include <algorithm>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -65,6 +66,48 @@ TEST(Determinism, SeedChangesTheRun) {
   const auto other = r.hashes("params");
   fs::remove(path);
   EXPECT_NE(other, run_and_read("micro", 2, 1, "seed1337").params);
+}
+
+}  // namespace
+}  // namespace harness::run
+
+namespace harness::run {
+namespace {
+
+// A fault at step K leaves steps < K bitwise equal and moves the hashes at step K: the
+// property bisect relies on. (A fault can also be absorbed by rounding downstream and
+// leave the run identical: docs/canary.md, "Fault injection".)
+void expect_fault_moves_hashes_from_step_5(const std::string& spec, const std::string& recorded) {
+  const fs::path path = fs::temp_directory_path() / "determinism_fault.h5";
+  RunOptions o;
+  o.canary = "micro";
+  o.steps = 8;
+  o.out = path.string();
+  o.force = true;
+  o.inject_fault = spec;
+  run_canary(o);
+  const receipt::ReceiptReader r(path.string());
+  EXPECT_EQ(r.manifest_string("fault_injection"), recorded);
+  const auto faulty = r.hashes("params");
+  const auto faulty_loss = r.steps_f64("loss");
+  fs::remove(path);
+  const ReceiptBits clean = run_and_read("micro", 8, 2, "clean");
+  const std::size_t K = faulty.size() / 8;
+  for (std::size_t step = 0; step < 8; ++step) {
+    const bool same = std::equal(faulty.begin() + static_cast<long>(step * K), faulty.begin() + static_cast<long>((step + 1) * K),
+                                 clean.params.begin() + static_cast<long>(step * K));
+    EXPECT_EQ(same, step < 5) << spec << ": step " << step;
+  }
+  EXPECT_EQ(std::vector<double>(faulty_loss.begin(), faulty_loss.begin() + 5),
+            std::vector<double>(clean.loss.begin(), clean.loss.begin() + 5));
+}
+
+TEST(FaultInjection, OneUlpInAMatmulInputMovesHashesFromStepKOn) {
+  expect_fault_moves_hashes_from_step_5("step=5,op=blocks.0.ln1", "step=5,op=blocks.0.ln1,ulps=1");
+}
+
+TEST(FaultInjection, FourUlpsBeforeGeluMoveHashesFromStepKOn) {
+  expect_fault_moves_hashes_from_step_5("step=5,op=blocks.1.mlp.fc,ulps=4", "step=5,op=blocks.1.mlp.fc,ulps=4");
 }
 
 }  // namespace

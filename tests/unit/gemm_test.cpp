@@ -3,6 +3,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <sstream>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -62,8 +63,9 @@ TEST_P(GemmBitwise, EqualsSequentialFmaChainAtEveryThreadCount) {
 std::string case_name(const ::testing::TestParamInfo<GemmCase>& info) {
   const char* epilogue[] = {"store", "bias", "accumulate"};
   const GemmCase& c = info.param;
-  return "M" + std::to_string(c.M) + "_N" + std::to_string(c.N) + "_K" + std::to_string(c.K) + "_" +
-         epilogue[static_cast<int>(c.epilogue)];
+  std::ostringstream name;  // (not string operator+: GCC 12 raises a false -Wrestrict on it)
+  name << "M" << c.M << "_N" << c.N << "_K" << c.K << "_" << epilogue[static_cast<int>(c.epilogue)];
+  return name.str();
 }
 
 INSTANTIATE_TEST_SUITE_P(OddAndCanaryShapes, GemmBitwise,
