@@ -10,7 +10,9 @@ mkdir -p "$out"
 HARNESS_TARGET= "$root/scripts/build.sh" -DHARNESS_BUILD_BENCH=ON >/dev/null
 bench=$root/build/bench
 for b in gemm_bench kernels_bench step_bench; do
-  "$bench/$b" --benchmark_counters_tabular=true --benchmark_min_time=0.5 \
+  min_time=0.5
+  [ "$b" = step_bench ] && min_time=2   # whole steps: longer runs, steadier medians on a shared VM
+  "$bench/$b" --benchmark_counters_tabular=true --benchmark_min_time=$min_time \
     --benchmark_out="$out/$b.json" --benchmark_out_format=json | tee "$out/$b.txt"
 done
 # The harness step time at its best thread count, handed to the PyTorch script for the ratio.

@@ -181,10 +181,8 @@ constexpr double det_cos(double x) {
   }
 }
 
-// fp32 entry points used by kernels: evaluate in double, round once to fp32.
-constexpr float det_expf(float x) { return static_cast<float>(det_exp(x)); }
+// fp32 entry point used by kernels: evaluate in double, round once to fp32.
 constexpr float det_logf(float x) { return static_cast<float>(det_log(x)); }
-constexpr float det_tanhf(float x) { return static_cast<float>(det_tanh(x)); }
 
 // tanh in fp32 as a rational function, branch-free so that it runs on vectors (GELU
 // calls it 2M times a step). p(x)/q(x) with odd p of degree 13 and even q of degree 6 on

@@ -34,19 +34,16 @@ expect_exit 2 "text.h5: not an HDF5 file" -- "$HARNESS" inspect "$WORK/text.h5"
 expect_exit 2 "missing.h5: no such file"  -- "$HARNESS" inspect "$WORK/missing.h5"
 head -c 3000 "$out/keep.h5" > "$WORK/truncated.h5"
 expect_exit 2 "truncated.h5: "            -- "$HARNESS" inspect "$WORK/truncated.h5"
-cp "$out/keep.h5" "$WORK/future.h5"
-$PY - "$WORK/future.h5" <<'PYEOF'
-import sys, h5py, numpy as np
+# copy_with_manifest_attr SRC DST NAME VALUE: a copy of SRC whose /manifest NAME is VALUE (int64).
+copy_with_manifest_attr() {
+  cp "$1" "$2"
+  $PY -c 'import sys, h5py, numpy as np
 with h5py.File(sys.argv[1], "r+") as f:
-    f["manifest"].attrs["schema_version"] = np.int64(7)
-PYEOF
+    f["manifest"].attrs[sys.argv[2]] = np.int64(sys.argv[3])' "$2" "$3" "$4"
+}
+copy_with_manifest_attr "$out/keep.h5" "$WORK/future.h5" schema_version 7
 expect_exit 2 "future.h5: schema_version 7 is not supported" -- "$HARNESS" inspect "$WORK/future.h5"
-cp "$out/keep.h5" "$WORK/incomplete.h5"
-$PY - "$WORK/incomplete.h5" <<'PYEOF'
-import sys, h5py, numpy as np
-with h5py.File(sys.argv[1], "r+") as f:
-    f["manifest"].attrs["complete"] = np.int64(0)
-PYEOF
+copy_with_manifest_attr "$out/keep.h5" "$WORK/incomplete.h5" complete 0
 expect_exit 2 "incomplete receipt"        -- "$HARNESS" inspect "$WORK/incomplete.h5"
 expect_exit 0 ""                          -- "$HARNESS" inspect --allow-incomplete "$WORK/incomplete.h5"
 expect_exit 2 "--bogus"                   -- "$HARNESS" inspect --bogus "$out/keep.h5"
