@@ -11,11 +11,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <tbb/global_control.h>
-#include <tbb/info.h>
 
 #include "byte_stream.h"
 #include "gpt2.h"
-#include "numerics/philox.h"
 #include "receipt/receipt_writer.h"
 #include "registry.h"
 #include "stack_info.h"
