@@ -4,7 +4,8 @@
 #  - -ffp-contract=off: GCC contracts a*b+c into an FMA by default in C++; whether it
 #    does depends on -march, so contraction would make bits depend on the ISA.
 #    Fused multiply-adds are written explicitly (std::fma / _mm256_fmadd_ps) where wanted.
-#  - no -ffast-math / -Ofast / -fassociative-math: they reorder sums and set FTZ/DAZ.
+#  - no fast-math style flags (value-unsafe optimisations): they reorder sums and set
+#    FTZ/DAZ process-wide.
 #  - -fno-math-errno only lets sqrt inline; sqrt is exactly rounded either way.
 add_library(harness_compile_options INTERFACE)
 add_library(harness::compile_options ALIAS harness_compile_options)
