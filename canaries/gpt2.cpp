@@ -138,7 +138,7 @@ void Gpt2Canary::upload_initial_parameters(Engine& engine, std::uint64_t seed) c
 
 // ---- one step ---------------------------------------------------------------------------
 
-void Gpt2Canary::begin_step(Engine& e, int step, const Batch& batch) const {
+float Gpt2Canary::begin_step(Engine& e, int step, const Batch& batch) const {
   e.step_begin(step);
   e.upload_tokens(inputs_, batch.inputs);
   e.upload_tokens(targets_, batch.targets);
@@ -159,17 +159,18 @@ void Gpt2Canary::begin_step(Engine& e, int step, const Batch& batch) const {
   }
   for (TensorId g : table_.of_kind(TensorKind::Gradient)) e.zero(g);
   for (TensorId g : table_.of_kind(TensorKind::ActivationGrad)) e.zero(g);
+  return scalars[0];
 }
 
 StepResult Gpt2Canary::train_step(Engine& e, int step, const Batch& batch) const {
-  begin_step(e, step, batch);
+  const float lr = begin_step(e, step, batch);
   forward(e);
   backward(e);
   update(e);
   e.step_end();
   StepResult result;
   result.step = step;
-  result.lr = static_cast<float>(learning_rate(config_, step));
+  result.lr = lr;
   result.loss = e.read(loss_)[0];
   result.grad_norm = e.read(grad_norm_)[0];
   return result;

@@ -59,7 +59,8 @@ class Gpt2Canary {
   };
 
   void describe_tensors();
-  void begin_step(Engine& e, int step, const Batch& batch) const;  // uploads and zeroing
+  // Uploads the batch and per-step scalars, zeroes gradients; returns the uploaded lr.
+  float begin_step(Engine& e, int step, const Batch& batch) const;
   void forward(Engine& e) const;
   void backward(Engine& e) const;
   void update(Engine& e) const;

@@ -69,7 +69,9 @@ CanaryConfig preset(std::string_view name) {
     c.warmup_steps = 4;
     return c;
   }
-  throw std::invalid_argument("unknown canary preset '" + std::string(name) + "' (known: tiny, micro)");
+  std::string known;
+  for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
+  throw std::invalid_argument("unknown canary preset '" + std::string(name) + "' (known: " + known + ")");
 }
 
 std::vector<std::string> preset_names() { return {"tiny", "micro"}; }

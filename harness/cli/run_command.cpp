@@ -9,7 +9,6 @@
 #include "canary_run.h"
 #include "commands.h"
 #include "preset.h"
-#include "registry.h"
 
 namespace harness::cli {
 

@@ -1,7 +1,5 @@
 #include "hdf5_file.h"
 
-#include <sys/stat.h>
-
 #include <numeric>
 
 namespace harness::h5 {

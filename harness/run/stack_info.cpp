@@ -38,9 +38,11 @@ StackInfo collect_stack_info() {
   info.toolchain = fmt::format("{}; flags: {}", HARNESS_COMPILER, HARNESS_BUILD_FLAGS);
   unsigned h5_major = 0, h5_minor = 0, h5_release = 0;
   H5get_libversion(&h5_major, &h5_minor, &h5_release);
-  info.libraries = fmt::format("HDF5 {}.{}.{}; oneTBB {}; xxHash {}; cereal {}.{}.{}; fmt {}", h5_major, h5_minor,
-                               h5_release, TBB_runtime_version(), XXH_versionNumber(), CEREAL_VERSION_MAJOR,
-                               CEREAL_VERSION_MINOR, CEREAL_VERSION_PATCH, FMT_VERSION);
+  const unsigned xxh = XXH_versionNumber();  // major*10000 + minor*100 + release
+  info.libraries = fmt::format("HDF5 {}.{}.{}; oneTBB {}; xxHash {}.{}.{}; cereal {}.{}.{}; fmt {}.{}.{}", h5_major,
+                               h5_minor, h5_release, TBB_runtime_version(), xxh / 10000, xxh / 100 % 100, xxh % 100,
+                               CEREAL_VERSION_MAJOR, CEREAL_VERSION_MINOR, CEREAL_VERSION_PATCH, FMT_VERSION / 10000,
+                               FMT_VERSION / 100 % 100, FMT_VERSION % 100);
   char host[256] = {};
   gethostname(host, sizeof host - 1);
   info.host = host;
