@@ -10,11 +10,18 @@
 
 #include "canary_run.h"
 #include "receipt/receipt_reader.h"
+#include "scratch_dir.h"
 
 namespace harness::run {
 namespace {
 
 namespace fs = std::filesystem;
+
+// One scratch folder per test process; removed with everything in it at exit.
+const harness::testing::ScratchDir& scratch() {
+  static const harness::testing::ScratchDir dir;
+  return dir;
+}
 
 struct ReceiptBits {
   std::vector<double> loss, grad_norm;
@@ -23,7 +30,7 @@ struct ReceiptBits {
 };
 
 ReceiptBits run_and_read(const std::string& canary, int steps, int threads, const std::string& tag) {
-  const fs::path path = fs::temp_directory_path() / ("determinism_" + tag + ".h5");
+  const fs::path path = scratch().path("determinism_" + tag + ".h5");
   RunOptions o;
   o.canary = canary;
   o.steps = steps;
@@ -54,7 +61,7 @@ TEST(Determinism, MicroFullRunIsIdenticalAtOneAndThreeThreads) {
 }
 
 TEST(Determinism, SeedChangesTheRun) {
-  const fs::path path = fs::temp_directory_path() / "determinism_seed.h5";
+  const fs::path path = scratch().path("determinism_seed.h5");
   RunOptions o;
   o.canary = "micro";
   o.steps = 2;
@@ -78,7 +85,7 @@ namespace {
 // property bisect relies on. (A fault can also be absorbed by rounding downstream and
 // leave the run identical: docs/canary.md, "Fault injection".)
 void expect_fault_moves_hashes_from_step_5(const std::string& spec, const std::string& recorded) {
-  const fs::path path = fs::temp_directory_path() / "determinism_fault.h5";
+  const fs::path path = scratch().path("determinism_fault.h5");
   RunOptions o;
   o.canary = "micro";
   o.steps = 8;

@@ -10,6 +10,7 @@
 #include "canary_run.h"
 #include "receipt/hdf5_file.h"
 #include "receipt/receipt_reader.h"
+#include "scratch_dir.h"
 #include "tensor_digest.h"
 
 namespace harness::receipt {
@@ -19,13 +20,8 @@ namespace fs = std::filesystem;
 
 class ReceiptFiles : public ::testing::Test {
  protected:
-  void SetUp() override {
-    h5::silence_library_errors();
-    dir_ = fs::temp_directory_path() / ("receipt_test_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  void SetUp() override { h5::silence_library_errors(); }
+  std::string path(const std::string& name) const { return scratch_.path(name); }
 
   std::string write_micro(const std::string& name, int steps, std::vector<int> dumps = {}) {
     run::RunOptions o;
@@ -47,7 +43,7 @@ class ReceiptFiles : public ::testing::Test {
     return "opened";
   }
 
-  fs::path dir_;
+  harness::testing::ScratchDir scratch_;
 };
 
 TEST_F(ReceiptFiles, RoundTripsManifestStepsAndHashes) {

@@ -1,0 +1,32 @@
+// A per-process scratch folder for tests that write receipts. ctest runs every test as
+// its own process, in parallel, so a fixed name under /tmp would let two tests write
+// the same HDF5 file at once (HDF5 refuses the lock, or reads a half-written file).
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+#include <unistd.h>
+
+namespace harness::testing {
+
+class ScratchDir {
+ public:
+  ScratchDir()
+      : dir_(std::filesystem::temp_directory_path() / ("harness_test_" + std::to_string(::getpid()))) {
+    std::filesystem::create_directories(dir_);
+  }
+  ~ScratchDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+ private:
+  std::filesystem::path dir_;
+};
+
+}  // namespace harness::testing
