@@ -15,9 +15,12 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <span>
 #include <string>
 #include <string_view>
+#include <variant>
+#include <vector>
 
 #include "tensor_table.h"
 
@@ -41,11 +44,28 @@ struct AdamWConfig {
   float weight_decay = 0.0f;  // the model passes 0 for tensors that are not decayed
 };
 
+// A manifest attribute value (HDF5 string, int64 or float64 attribute).
+using AttributeValue = std::variant<std::string, std::int64_t, double>;
+
+// Engine state recorded once per step in a receipt group of its own, e.g. /fp8: the
+// group holds `names` (the columns) and one float64 dataset (steps, columns) per field.
+struct StepState {
+  std::string group;
+  std::vector<std::string> columns;
+  std::vector<std::pair<std::string, std::vector<double>>> fields;  // field name -> one value per column
+};
+
 class Engine {
  public:
   virtual ~Engine() = default;
 
   virtual std::string_view name() const = 0;
+  // The canonical feature string of this configuration ("" for none): part of the lane name.
+  virtual std::string features() const { return {}; }
+  // Engine settings for the receipt manifest (noise mode and seed, FP8 recipe, ...).
+  virtual std::map<std::string, AttributeValue> manifest_attributes() const { return {}; }
+  // State of the step that just ended (after step_end()); empty for engines with none.
+  virtual std::vector<StepState> step_state() const { return {}; }
   // Allocates device memory for every tensor of the table; call once before anything else.
   virtual void bind(const TensorTable& table) = 0;
 

@@ -1,60 +1,9 @@
 #include "cpu_ref_engine.h"
 
-#include <algorithm>
-#include <stdexcept>
-
 #include "deterministic_reduce.h"
 #include "kernels.h"
 
 namespace harness {
-
-void CpuRefEngine::bind(const TensorTable& table) {
-  table_ = &table;
-  arenas_.assign(8, {});
-  std::size_t largest_matrix = 0;
-  for (TensorKind kind : {TensorKind::Parameter, TensorKind::Gradient, TensorKind::AdamM, TensorKind::AdamV,
-                          TensorKind::Activation, TensorKind::ActivationGrad, TensorKind::Scalar}) {
-    arenas_[static_cast<std::size_t>(kind)].assign(static_cast<std::size_t>(table.arena_numel(kind)), 0.0f);
-  }
-  tokens_.assign(static_cast<std::size_t>(table.arena_numel(TensorKind::Input)), 0);
-  for (const TensorDesc& d : table.all()) largest_matrix = std::max(largest_matrix, static_cast<std::size_t>(d.numel()));
-  scratch_.assign(largest_matrix, 0.0f);
-}
-
-float* CpuRefEngine::f32(TensorId id) {
-  const TensorDesc& d = desc(id);
-  if (d.dtype != DType::F32) throw std::logic_error("tensor '" + d.name + "' is not fp32");
-  return arenas_[static_cast<std::size_t>(d.kind)].data() + table_->arena_offset(id);
-}
-
-const std::int32_t* CpuRefEngine::i32(TensorId id) const {
-  if (desc(id).dtype != DType::I32) throw std::logic_error("tensor '" + desc(id).name + "' is not int32");
-  return tokens_.data() + table_->arena_offset(id);
-}
-
-std::int64_t CpuRefEngine::rows(TensorId id) const {
-  const TensorDesc& d = desc(id);
-  return d.numel() / d.shape.back();
-}
-
-void CpuRefEngine::upload(TensorId id, std::span<const float> values) {
-  if (static_cast<std::int64_t>(values.size()) != desc(id).numel()) {
-    throw std::invalid_argument("upload: size mismatch for '" + desc(id).name + "'");
-  }
-  std::copy(values.begin(), values.end(), f32(id));
-}
-
-void CpuRefEngine::upload_tokens(TensorId id, std::span<const std::int32_t> tokens) {
-  const TensorDesc& d = desc(id);
-  if (static_cast<std::int64_t>(tokens.size()) != d.numel()) throw std::invalid_argument("upload_tokens: size mismatch");
-  std::copy(tokens.begin(), tokens.end(), tokens_.begin() + table_->arena_offset(id));
-}
-
-std::span<const float> CpuRefEngine::read(TensorId id) {
-  return {f32(id), static_cast<std::size_t>(desc(id).numel())};
-}
-
-void CpuRefEngine::zero(TensorId id) { std::fill_n(f32(id), desc(id).numel(), 0.0f); }
 
 void CpuRefEngine::encoder_forward(const OpSite&, TensorId out, TensorId inputs, TensorId wte, TensorId wpe) {
   const TensorDesc& o = desc(out);  // (B,T,C)
@@ -81,14 +30,14 @@ void CpuRefEngine::layernorm_backward(const OpSite&, TensorId dinp, TensorId dwe
 void CpuRefEngine::linear_forward(const OpSite&, TensorId out, TensorId inp, TensorId weight, TensorId bias) {
   const TensorDesc& w = desc(weight);  // (OC,C)
   kernels::linear_forward(f32(out), f32(inp), f32(weight), bias == kNoTensor ? nullptr : f32(bias), int(rows(inp)),
-                          int(w.dim(1)), int(w.dim(0)), scratch_.data());
+                          int(w.dim(1)), int(w.dim(0)), t_.scratch());
 }
 
 void CpuRefEngine::linear_backward(const OpSite&, TensorId dinp, TensorId dweight, TensorId dbias, TensorId dout,
                                    TensorId inp, TensorId weight) {
   const TensorDesc& w = desc(weight);
   kernels::linear_backward(f32(dinp), f32(dweight), dbias == kNoTensor ? nullptr : f32(dbias), f32(dout), f32(inp),
-                           f32(weight), int(rows(inp)), int(w.dim(1)), int(w.dim(0)), scratch_.data());
+                           f32(weight), int(rows(inp)), int(w.dim(1)), int(w.dim(0)), t_.scratch());
 }
 
 void CpuRefEngine::attention_forward(const OpSite&, TensorId out, TensorId att, TensorId qkv) {

@@ -5,25 +5,25 @@
 #pragma once
 
 #include <cstdint>
-#include <vector>
 
 #include "api/engine.h"
+#include "host_tensors.h"
 
 namespace harness {
 
 class CpuRefEngine final : public Engine {
  public:
   std::string_view name() const override { return "cpu-ref"; }
-  void bind(const TensorTable& table) override;
+  void bind(const TensorTable& table) override { t_.bind(table); }
 
-  void upload(TensorId id, std::span<const float> values) override;
-  void upload_tokens(TensorId id, std::span<const std::int32_t> tokens) override;
-  std::span<const float> read(TensorId id) override;
+  void upload(TensorId id, std::span<const float> values) override { t_.upload(id, values); }
+  void upload_tokens(TensorId id, std::span<const std::int32_t> tokens) override { t_.upload_tokens(id, tokens); }
+  std::span<const float> read(TensorId id) override { return t_.view(id); }
 
   void step_begin(int) override {}
   void step_end() override {}
 
-  void zero(TensorId id) override;
+  void zero(TensorId id) override { t_.zero(id); }
   void encoder_forward(const OpSite&, TensorId out, TensorId inputs, TensorId wte, TensorId wpe) override;
   void encoder_backward(const OpSite&, TensorId dwte, TensorId dwpe, TensorId dout, TensorId inputs) override;
   void layernorm_forward(const OpSite&, TensorId out, TensorId mean, TensorId rstd, TensorId inp, TensorId weight,
@@ -48,16 +48,13 @@ class CpuRefEngine final : public Engine {
   void nudge_ulps(const OpSite&, TensorId tensor, TensorId ulps) override;
 
  private:
-  float* f32(TensorId id);
-  const std::int32_t* i32(TensorId id) const;
-  const TensorDesc& desc(TensorId id) const { return (*table_)[id]; }
+  float* f32(TensorId id) { return t_.f32(id); }
+  const std::int32_t* i32(TensorId id) const { return t_.i32(id); }
+  const TensorDesc& desc(TensorId id) const { return t_.desc(id); }
   float scalar(TensorId id) { return *f32(id); }
-  std::int64_t rows(TensorId id) const;  // product of all but the last dimension
+  std::int64_t rows(TensorId id) const { return t_.rows(id); }
 
-  const TensorTable* table_ = nullptr;
-  std::vector<std::vector<float>> arenas_;  // one per TensorKind, laid out by the table
-  std::vector<std::int32_t> tokens_;        // the Input arena
-  std::vector<float> scratch_;              // GEMM packing buffer
+  HostTensors t_;
 };
 
 }  // namespace harness

@@ -208,7 +208,8 @@ struct AttentionScratch {  // per thread: T x T and hs x T buffers
 };
 thread_local AttentionScratch attention_scratch;
 
-// Row t of scores: scale, causal softmax over t2 <= t, zero beyond.
+}  // namespace
+
 void causal_softmax_row(float* row, int t, int T, float scale) {
   float max_score = -3.402823466e38f;
   for (int t2 = 0; t2 <= t; ++t2) {
@@ -224,7 +225,6 @@ void causal_softmax_row(float* row, int t, int T, float scale) {
   for (int t2 = t + 1; t2 < T; ++t2) row[t2] = 0.0f;
 }
 
-}  // namespace
 
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
   const int hs = C / NH;
@@ -327,8 +327,7 @@ void scale_inplace(float* x, float factor, std::int64_t n) {
 
 // ---- loss ------------------------------------------------------------------------------
 
-float crossentropy_forward(float* probs, const float* logits, const std::int32_t* targets, int N, int V) {
-  std::vector<float> losses(static_cast<std::size_t>(N));
+void crossentropy_rows(float* probs, float* losses, const float* logits, const std::int32_t* targets, int N, int V) {
   tbb::parallel_for(0, N, [&](int i) {
     const float* z = logits + static_cast<long>(i) * V;
     float* p = probs + static_cast<long>(i) * V;
@@ -341,8 +340,13 @@ float crossentropy_forward(float* probs, const float* logits, const std::int32_t
     const float inv_sum = 1.0f / sum;
     for (int v = 0; v < V; ++v) p[v] *= inv_sum;
     // -log softmax[target] = (max - z[target]) + log(sum): no log of an underflowed prob
-    losses[static_cast<std::size_t>(i)] = (max_logit - z[targets[i]]) + det_logf(sum);
+    losses[i] = (max_logit - z[targets[i]]) + det_logf(sum);
   });
+}
+
+float crossentropy_forward(float* probs, const float* logits, const std::int32_t* targets, int N, int V) {
+  std::vector<float> losses(static_cast<std::size_t>(N));
+  crossentropy_rows(probs, losses.data(), logits, targets, N, V);
   const float total = blocked_sum<float>(N, kTokenBlock, [&](std::int64_t i) { return losses[static_cast<std::size_t>(i)]; });
   return total / static_cast<float>(N);
 }

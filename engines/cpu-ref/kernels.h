@@ -32,6 +32,8 @@ void linear_forward(float* out, const float* inp, const float* weight, const flo
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int N, int C, int OC, float* scratch);
 
+// Row t of attention scores in place: scale, softmax over t2 <= t, exact zeros beyond.
+void causal_softmax_row(float* row, int t, int T, float scale);
 // qkv (B,T,3C) -> out (B,T,C), att (B,NH,T,T) (masked entries 0)
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
@@ -43,7 +45,9 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_
 void residual_forward(float* out, const float* a, const float* b, std::int64_t n);
 void add_inplace(float* dst, const float* src, std::int64_t n);  // dst += src
 
-// probs (N,V) = softmax(logits); returns the mean over rows of -log probs[target]
+// probs (N,V) = softmax(logits); losses (N) = -log probs[target] per row
+void crossentropy_rows(float* probs, float* losses, const float* logits, const std::int32_t* targets, int N, int V);
+// crossentropy_rows, then the mean of the losses in a fixed order
 float crossentropy_forward(float* probs, const float* logits, const std::int32_t* targets, int N, int V);
 void crossentropy_backward(float* dlogits, const float* probs, const std::int32_t* targets, int N, int V);
 

@@ -2,7 +2,9 @@
 
 #include <cstdio>
 #include <memory>
+#include <map>
 #include <optional>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -22,12 +24,17 @@ int CommandRegistry::run_selected(const CLI::App& app) const {
 
 namespace {
 
+// The engine flags the CLI knows, by name without dashes; each engine validates its own
+// (cpu-ref takes none) and names the flag it rejects.
+constexpr const char* kEngineFlags[] = {"noise", "noise-seed", "fp8-recipe", "amax-history",
+                                        "amax-algo", "margin", "fp8-accumulate"};
+
 struct RunFlags {
   run::RunOptions options;
   std::string dump_tensors;
-  std::string features;
   std::optional<int> steps;
   std::string inject_fault;
+  std::map<std::string, std::optional<std::string>> engine_flags;
 };
 
 void print_progress(const run::StepProgress& p) {
@@ -44,8 +51,8 @@ int run_action(RunFlags& f) {
   run::RunOptions o = f.options;
   o.steps = f.steps;
   if (!f.inject_fault.empty()) o.inject_fault = f.inject_fault;
-  if (!f.features.empty()) {
-    throw run::UsageError(fmt::format("--features: engine '{}' takes no features (got '{}')", o.engine, f.features));
+  for (const auto& flag : f.engine_flags) {
+    if (flag.second) o.engine_settings.options[flag.first] = *flag.second;
   }
   if (!f.dump_tensors.empty()) {
     const int max_step = o.steps.value_or(canary::preset(o.canary).steps);
@@ -67,8 +74,9 @@ void add_run_command(CLI::App& app, CommandRegistry& commands) {
   auto flags = std::make_shared<RunFlags>();
   CLI::App* run = app.add_subcommand("run", "Run a canary on an engine and write an HDF5 receipt");
   run->add_option("--canary", flags->options.canary, "Canary preset (tiny, micro)")->capture_default_str();
-  run->add_option("--engine", flags->options.engine, "Engine (cpu-ref)")->capture_default_str();
-  run->add_option("--features", flags->features, "Engine features (none for cpu-ref)");
+  run->add_option("--engine", flags->options.engine, "Engine (cpu-ref, accel)")->capture_default_str();
+  run->add_option("--features", flags->options.engine_settings.features,
+                  "accel features: bf16[,fp8=ZONES] with zones qkv, attn_proj, mlp_fc, mlp_proj, all");
   run->add_option("--steps", flags->steps, "Number of steps (default: the preset's)");
   run->add_option("--threads", flags->options.threads, "Worker threads (0 = all cores)")->capture_default_str();
   run->add_option("--seed", flags->options.seed, "Initialisation seed")->capture_default_str();
@@ -77,6 +85,17 @@ void add_run_command(CLI::App& app, CommandRegistry& commands) {
   run->add_option("--dump-tensors", flags->dump_tensors, "Steps whose parameters to dump, e.g. 0,50,100");
   run->add_flag("--record-batches", flags->options.record_batches, "Record every batch's tokens");
   run->add_option("--inject-fault", flags->inject_fault, "step=K,op=NAME[,ulps=N]: perturb an op's output");
+  const std::map<std::string, std::string> engine_flag_help{
+      {"noise", "accel reduction order: seeded (default), racy or off"},
+      {"noise-seed", "accel: replay the noise of a seeded run (its manifest's noise_seed)"},
+      {"fp8-recipe", "accel FP8 scaling: delayed (default) or current"},
+      {"amax-history", "accel delayed scaling: amax history length (default 1024)"},
+      {"amax-algo", "accel delayed scaling: max (default) or most_recent"},
+      {"margin", "accel FP8 scaling margin in powers of two (default 0)"},
+      {"fp8-accumulate", "accel FP8 GEMM accumulator: full (default) or limited[:N] (promote every N, default 128)"}};
+  for (const char* name : kEngineFlags) {
+    run->add_option(std::string("--") + name, flags->engine_flags[name], engine_flag_help.at(name));
+  }
   commands.add(run, [flags] { return run_action(*flags); });
 }
 

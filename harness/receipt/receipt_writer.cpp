@@ -82,6 +82,29 @@ void ReceiptWriter::append_step(const StepRecord& r) {
   flush();
 }
 
+void ReceiptWriter::append_state(const std::vector<StepState>& states) {
+  if (state_fields_.empty()) {
+    for (const StepState& state : states) {
+      const h5::Handle group = h5::create_group(file_, state.group);
+      h5::write_string_dataset(group, "names", state.columns);
+      std::vector<h5::GrowingDataset> fields;
+      for (const auto& field : state.fields) {
+        fields.emplace_back(group, field.first, H5T_IEEE_F64LE, std::vector<hsize_t>{state.columns.size()}, 16);
+      }
+      state_fields_.push_back(std::move(fields));
+    }
+  }
+  if (states.size() != state_fields_.size()) throw h5::Hdf5Error("append_state: the engine's state groups changed");
+  for (std::size_t g = 0; g < states.size(); ++g) {
+    if (states[g].fields.size() != state_fields_[g].size()) throw h5::Hdf5Error("append_state: fields changed");
+    for (std::size_t f = 0; f < states[g].fields.size(); ++f) {
+      const std::vector<double>& row = states[g].fields[f].second;
+      if (row.size() != states[g].columns.size()) throw h5::Hdf5Error("append_state: wrong number of columns");
+      state_fields_[g][f].append(row.data(), H5T_NATIVE_DOUBLE);
+    }
+  }
+}
+
 void ReceiptWriter::append_batch(std::span<const std::int32_t> tokens) { batches_.append(tokens.data(), H5T_NATIVE_INT32); }
 
 void ReceiptWriter::dump_tensor(int step, const std::string& name, const std::vector<std::int64_t>& shape,

@@ -11,12 +11,13 @@
 #include <variant>
 #include <vector>
 
+#include "api/engine.h"
 #include "receipt/hdf5_file.h"
 #include "receipt/receipt_schema.h"
 
 namespace harness::receipt {
 
-using AttrValue = std::variant<std::string, std::int64_t, double>;
+using AttrValue = AttributeValue;  // string, int64 or float64 (engines/api/engine.h)
 
 struct Manifest {
   std::string lane, engine, features, canary_json, created_utc, git_commit, toolchain, libraries, host, cpu;
@@ -48,6 +49,10 @@ class ReceiptWriter {
   ReceiptWriter(const std::string& path, const Manifest& manifest, const std::vector<std::string>& tensor_names,
                 bool overwrite, bool record_batches, BatchShape batch_shape);
 
+  // Engine state of the step (e.g. /fp8 amax and scale), written before append_step(),
+  // which flushes both. The groups are created on the first call; later calls must name
+  // the same groups, columns and fields.
+  void append_state(const std::vector<StepState>& states);
   void append_step(const StepRecord& record);
   void append_batch(std::span<const std::int32_t> tokens);
   // /tensors/step_XXXXXX/<name> as float32 with the tensor's shape.
@@ -63,6 +68,7 @@ class ReceiptWriter {
   h5::GrowingDataset loss_, grad_norm_, lr_, batch_hash_, batches_;
   std::array<h5::GrowingDataset, 4> hashes_;
   std::array<h5::GrowingDataset, 2> sketch_l2_, sketch_projection_;
+  std::vector<std::vector<h5::GrowingDataset>> state_fields_;  // [group][field]
 };
 
 }  // namespace harness::receipt

@@ -63,7 +63,7 @@ Validated validate(const RunOptions& o) {
   v.threads = o.threads == 0 ? std::max(1, hardware) : o.threads;
   if (o.seed < 0) throw UsageError("--seed: must be between 0 and 9223372036854775807");
   try {
-    (void)make_engine(o.engine);
+    (void)make_engine(o.engine, o.engine_settings);
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
@@ -87,12 +87,12 @@ Validated validate(const RunOptions& o) {
   return v;
 }
 
-receipt::Manifest make_manifest(const RunOptions& o, const Validated& v, const std::string& lane) {
+receipt::Manifest make_manifest(const RunOptions& o, const Validated& v, const Engine& engine, const std::string& lane) {
   const StackInfo stack = collect_stack_info();
   receipt::Manifest m;
   m.lane = lane;
   m.engine = o.engine;
-  m.features = "";
+  m.features = engine.features();
   m.canary_json = v.config.to_json().dump();
   m.seed = o.seed;
   m.steps_planned = v.config.steps;
@@ -106,6 +106,7 @@ receipt::Manifest make_manifest(const RunOptions& o, const Validated& v, const s
   m.extra["kernels"] = stack.kernels;
   m.extra["data_seed"] = static_cast<std::int64_t>(v.config.data_seed);
   m.extra["fault_injection"] = v.fault ? v.fault->to_string() : std::string("none");
+  for (const auto& attribute : engine.manifest_attributes()) m.extra[attribute.first] = attribute.second;
   return m;
 }
 
@@ -154,15 +155,15 @@ RunSummary run_canary(const RunOptions& o, const std::function<void(const StepPr
 
   const canary::Gpt2Canary model(v.config, v.fault);
   const canary::ByteStream data(v.config);
-  std::unique_ptr<Engine> engine = make_engine(o.engine);
+  std::unique_ptr<Engine> engine = make_engine(o.engine, o.engine_settings);
   engine->bind(model.tensors());
   model.upload_initial_parameters(*engine, static_cast<std::uint64_t>(o.seed));
 
   RunSummary summary;
-  summary.lane = lane_name(o.canary, o.engine, "");
+  summary.lane = lane_name(o.canary, o.engine, engine->features());
   summary.receipt_path = o.out;
   summary.threads = v.threads;
-  receipt::ReceiptWriter writer(o.out, make_manifest(o, v, summary.lane), parameter_names(model), o.force,
+  receipt::ReceiptWriter writer(o.out, make_manifest(o, v, *engine, summary.lane), parameter_names(model), o.force,
                                 o.record_batches, {v.config.batch_size, v.config.context_length + 1});
 
   const auto should_dump = [&](int step) {
@@ -181,6 +182,7 @@ RunSummary run_canary(const RunOptions& o, const std::function<void(const StepPr
     record.batch_hash = canary::batch_hash(batch);
     digester.digest(*engine, record);
     if (o.record_batches) writer.append_batch(batch.tokens);
+    writer.append_state(engine->step_state());
     writer.append_step(record);
     if (step == 0) summary.first_loss = result.loss;
     summary.last_loss = result.loss;

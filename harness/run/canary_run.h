@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "api/engine_settings.h"
+
 namespace harness::run {
 
 // A user-facing problem with the request (bad flag value, unwritable path, ...): the CLI
@@ -20,6 +22,7 @@ struct UsageError : std::runtime_error {
 struct RunOptions {
   std::string canary = "tiny";
   std::string engine = "cpu-ref";
+  EngineSettings engine_settings;  // --features and the engine's own flags
   std::optional<int> steps;  // default: the preset's
   int threads = 0;           // 0: all hardware threads
   std::int64_t seed = 1337;

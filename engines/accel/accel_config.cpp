@@ -1,0 +1,201 @@
+#include "accel_config.h"
+
+#include <array>
+#include <charconv>
+#include <set>
+#include <stdexcept>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+namespace harness::accel {
+namespace {
+
+struct ZoneName {
+  unsigned zone;
+  std::string_view name;
+};
+constexpr std::array<ZoneName, 4> kZones{{{kZoneQkv, "qkv"},
+                                          {kZoneAttnProj, "attn_proj"},
+                                          {kZoneMlpFc, "mlp_fc"},
+                                          {kZoneMlpProj, "mlp_proj"}}};
+
+[[noreturn]] void fail(const std::string& message) { throw std::invalid_argument(message); }
+
+std::vector<std::string> split(const std::string& text, std::string_view separators) {
+  std::vector<std::string> items;
+  std::string current;
+  for (char c : text) {
+    if (separators.find(c) != std::string_view::npos) {
+      items.push_back(current);
+      current.clear();
+    } else {
+      current += c;
+    }
+  }
+  items.push_back(current);
+  return items;
+}
+
+// A zone name or "all" -> its bits; 0 if the word is not a zone.
+unsigned zone_bits(const std::string& word) {
+  if (word == "all") return kAllZones;
+  for (const ZoneName& z : kZones) {
+    if (word == z.name) return z.zone;
+  }
+  return 0;
+}
+
+void parse_features(const std::string& text, AccelConfig& c) {
+  if (text.empty()) return;
+  bool in_zone_list = false;  // "fp8=qkv,mlp_fc": a zone after fp8= continues the list
+  for (const std::string& item : split(text, ",")) {
+    if (item == "bf16") {
+      c.bf16 = true;
+      in_zone_list = false;
+    } else if (item.rfind("fp8=", 0) == 0 || (in_zone_list && zone_bits(item) != 0)) {
+      const std::string zones = item.rfind("fp8=", 0) == 0 ? item.substr(4) : item;
+      for (const std::string& zone : split(zones, "+")) {
+        const unsigned bits = zone_bits(zone);
+        if (bits == 0) {
+          fail(fmt::format("--features: unknown fp8 zone '{}' (zones: qkv, attn_proj, mlp_fc, mlp_proj, all)", zone));
+        }
+        c.fp8_zones |= bits;
+      }
+      in_zone_list = true;
+    } else {
+      fail(fmt::format("--features: unknown feature '{}' for engine accel (features: bf16, fp8=ZONES)", item));
+    }
+  }
+  if (c.fp8() && !c.bf16) fail("--features: fp8 needs bf16 too (FP8 zones sit inside a bf16 model): use bf16,fp8=...");
+}
+
+int parse_int(const std::string& flag, const std::string& text, int low, int high, std::string_view what) {
+  int value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || value < low || value > high) {
+    fail(fmt::format("--{}: '{}' is not {}", flag, text, what));
+  }
+  return value;
+}
+
+std::uint64_t parse_seed(const std::string& text) {
+  const bool hex = text.rfind("0x", 0) == 0 || text.rfind("0X", 0) == 0;
+  const std::string digits = hex ? text.substr(2) : text;
+  std::uint64_t value = 0;
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), value, hex ? 16 : 10);
+  if (digits.empty() || ec != std::errc() || end != digits.data() + digits.size()) {
+    fail(fmt::format("--noise-seed: '{}' is not an unsigned 64-bit integer (decimal or 0x-hex, as the manifest's noise_seed)",
+                     text));
+  }
+  return value;
+}
+
+void parse_fp8_options(const std::map<std::string, std::string>& o, AccelConfig& c) {
+  for (const char* flag : {"fp8-recipe", "amax-history", "amax-algo", "margin", "fp8-accumulate"}) {
+    if (o.count(flag) && !c.fp8()) fail(fmt::format("--{}: needs FP8 zones (e.g. --features bf16,fp8=all)", flag));
+  }
+  if (auto it = o.find("fp8-recipe"); it != o.end()) {
+    if (it->second == "delayed") c.scaling.recipe = numerics::Fp8Recipe::Delayed;
+    else if (it->second == "current") c.scaling.recipe = numerics::Fp8Recipe::Current;
+    else fail(fmt::format("--fp8-recipe: unknown recipe '{}' (delayed, current)", it->second));
+  }
+  if (auto it = o.find("amax-history"); it != o.end()) {
+    c.scaling.amax_history_len = parse_int("amax-history", it->second, 1, 1 << 20, "a history length in 1..1048576");
+  }
+  if (auto it = o.find("amax-algo"); it != o.end()) {
+    if (it->second == "max") c.scaling.amax_algo = numerics::AmaxAlgo::Max;
+    else if (it->second == "most_recent") c.scaling.amax_algo = numerics::AmaxAlgo::MostRecent;
+    else fail(fmt::format("--amax-algo: unknown algorithm '{}' (max, most_recent)", it->second));
+  }
+  if (auto it = o.find("margin"); it != o.end()) {
+    c.scaling.margin = parse_int("margin", it->second, 0, 64, "a margin in 0..64 (powers of two)");
+  }
+  if (auto it = o.find("fp8-accumulate"); it != o.end()) {
+    const std::string& v = it->second;
+    if (v == "full") c.accumulate_interval = 0;
+    else if (v == "limited") c.accumulate_interval = 128;
+    else if (v.rfind("limited:", 0) == 0) {
+      c.accumulate_interval = parse_int("fp8-accumulate", v.substr(8), 1, 1 << 20, "limited:N with N in 1..1048576");
+    } else {
+      fail(fmt::format("--fp8-accumulate: '{}' is not full, limited or limited:N", v));
+    }
+  }
+}
+
+void parse_noise_options(const std::map<std::string, std::string>& o, AccelConfig& c) {
+  if (auto it = o.find("noise"); it != o.end()) {
+    if (it->second == "seeded") c.noise = NoiseMode::Seeded;
+    else if (it->second == "racy") c.noise = NoiseMode::Racy;
+    else if (it->second == "off") c.noise = NoiseMode::Off;
+    else fail(fmt::format("--noise: unknown mode '{}' (seeded, racy, off)", it->second));
+  }
+  if (auto it = o.find("noise-seed"); it != o.end()) {
+    if (c.noise != NoiseMode::Seeded) fail("--noise-seed: only --noise seeded takes a seed");
+    c.noise_seed = parse_seed(it->second);
+  }
+}
+
+}  // namespace
+
+unsigned zone_of_site(const std::string& site) {
+  const auto ends_with = [&](std::string_view suffix) {
+    return site.size() >= suffix.size() && site.compare(site.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  if (ends_with(".attn.qkv")) return kZoneQkv;
+  if (ends_with(".attn.proj")) return kZoneAttnProj;
+  if (ends_with(".mlp.fc")) return kZoneMlpFc;
+  if (ends_with(".mlp.proj")) return kZoneMlpProj;
+  return 0;
+}
+
+std::string zone_name(unsigned zone) {
+  for (const ZoneName& z : kZones) {
+    if (z.zone == zone) return std::string(z.name);
+  }
+  return "none";
+}
+
+std::string AccelConfig::canonical_features() const {
+  std::vector<std::string> parts;
+  if (bf16) parts.emplace_back("bf16");
+  if (fp8()) {
+    std::string zones;
+    if (fp8_zones == kAllZones) {
+      zones = "all";
+    } else {
+      for (const ZoneName& z : kZones) {
+        if (fp8_zones & z.zone) zones += (zones.empty() ? "" : ",") + std::string(z.name);
+      }
+    }
+    parts.push_back("fp8=" + zones);
+    const numerics::Fp8ScalingConfig defaults;
+    if (scaling.recipe != defaults.recipe) parts.push_back(fmt::format("fp8-recipe={}", to_string(scaling.recipe)));
+    if (scaling.amax_history_len != defaults.amax_history_len) {
+      parts.push_back(fmt::format("amax-history={}", scaling.amax_history_len));
+    }
+    if (scaling.amax_algo != defaults.amax_algo) parts.push_back(fmt::format("amax-algo={}", to_string(scaling.amax_algo)));
+    if (scaling.margin != defaults.margin) parts.push_back(fmt::format("margin={}", scaling.margin));
+    if (accumulate_interval != 0) parts.push_back(fmt::format("fp8-accumulate=limited:{}", accumulate_interval));
+  }
+  if (noise != NoiseMode::Seeded) parts.push_back(fmt::format("noise={}", to_string(noise)));
+  std::string joined;
+  for (const std::string& p : parts) joined += (joined.empty() ? "" : "+") + p;
+  return joined;
+}
+
+AccelConfig parse_accel_config(const EngineSettings& settings) {
+  static const std::set<std::string> kKnown{"fp8-recipe", "amax-history", "amax-algo", "margin",
+                                            "fp8-accumulate", "noise", "noise-seed"};
+  for (const auto& option : settings.options) {
+    if (!kKnown.count(option.first)) fail(fmt::format("--{}: not an option of engine accel", option.first));
+  }
+  AccelConfig c;
+  parse_features(settings.features, c);
+  parse_fp8_options(settings.options, c);
+  parse_noise_options(settings.options, c);
+  return c;
+}
+
+}  // namespace harness::accel

@@ -1,0 +1,40 @@
+// The accel engine's numerics configuration, parsed from --features and the accel flags.
+// docs/engines/accel.md describes each setting; the canonical feature string names every
+// setting that changes the numerics, so two runs with the same lane are the same regime.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "api/engine_settings.h"
+#include "noise.h"
+#include "numerics/fp8_scaling.h"
+
+namespace harness::accel {
+
+// The linear layers FP8 can cover, one bit each. The LM head stays in bf16 (as in
+// Transformer Engine recipes: the output layer is not quantised).
+enum Fp8Zone : unsigned { kZoneQkv = 1, kZoneAttnProj = 2, kZoneMlpFc = 4, kZoneMlpProj = 8, kAllZones = 15 };
+
+struct AccelConfig {
+  bool bf16 = false;
+  unsigned fp8_zones = 0;
+  numerics::Fp8ScalingConfig scaling;
+  int accumulate_interval = 0;  // 0: fp32 accumulation; N: limited accumulator promoted every N products
+  NoiseMode noise = NoiseMode::Seeded;
+  std::optional<std::uint64_t> noise_seed;  // seeded mode: replay this seed
+
+  bool fp8() const { return fp8_zones != 0; }
+  // "bf16+fp8=qkv,mlp_fc+noise=off": features and non-default settings, in a fixed order.
+  std::string canonical_features() const;
+};
+
+// Throws std::invalid_argument with one line naming the flag (--features, --noise, ...).
+AccelConfig parse_accel_config(const EngineSettings& settings);
+
+// The zone of a linear op site ("blocks.2.mlp.fc" -> kZoneMlpFc), 0 for the LM head.
+unsigned zone_of_site(const std::string& site_name);
+std::string zone_name(unsigned zone);
+
+}  // namespace harness::accel

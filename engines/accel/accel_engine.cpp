@@ -1,0 +1,333 @@
+#include "accel_engine.h"
+
+#include <algorithm>
+#include <limits>
+
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
+#include "deterministic_reduce.h"
+#include "gemm.h"
+#include "kernels.h"
+#include "numerics/formats.h"
+
+namespace harness::accel {
+namespace {
+
+using numerics::Fp8Format;
+constexpr std::int64_t kElementGrain = 16384;
+
+template <typename Body>
+void parallel_elements(std::int64_t n, Body body) {
+  tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, n, kElementGrain), [&](const auto& r) {
+    for (std::int64_t i = r.begin(); i < r.end(); ++i) body(i);
+  });
+}
+
+bool ends_with(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::uint64_t choose_noise_seed(const AccelConfig& c) {
+  if (c.noise != NoiseMode::Seeded) return 0;
+  // 63 bits, so the seed fits the manifest's int64 attribute and --noise-seed reads it back.
+  return c.noise_seed.value_or(entropy_seed() & static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()));
+}
+
+}  // namespace
+
+AccelEngine::AccelEngine(const AccelConfig& config) : config_(config), noise_(config.noise, choose_noise_seed(config)) {}
+
+void AccelEngine::bind(const TensorTable& table) {
+  t_.bind(table);
+  zones_.clear();
+  zone_index_.clear();
+  for (TensorId id : table.of_kind(TensorKind::Parameter)) {
+    const std::string& name = table[id].name;
+    if (!ends_with(name, ".weight")) continue;
+    const std::string site = name.substr(0, name.size() - 7);
+    if ((zone_of_site(site) & config_.fp8_zones) == 0) continue;
+    zone_index_[site] = zones_.size();
+    zones_.push_back({site, numerics::Fp8ScalingState(Fp8Format::E4M3, config_.scaling),
+                      numerics::Fp8ScalingState(Fp8Format::E4M3, config_.scaling),
+                      numerics::Fp8ScalingState(Fp8Format::E5M2, config_.scaling)});
+  }
+}
+
+void AccelEngine::upload(TensorId id, std::span<const float> values) {
+  t_.upload(id, values);
+  prepared_.erase(id);
+}
+
+void AccelEngine::step_begin(int step) {
+  noise_.begin_step(step);
+  prepared_.clear();  // the optimizer changed the weights
+}
+
+void AccelEngine::step_end() {
+  last_step_fp8_ = {};
+  for (ZoneScaling& z : zones_) {
+    for (numerics::Fp8ScalingState* role : {&z.input, &z.weight, &z.grad_output}) {
+      last_step_fp8_.amax.push_back(role->step_amax());
+      last_step_fp8_.scale.push_back(role->scale());
+      role->end_step();
+    }
+  }
+}
+
+std::map<std::string, AttributeValue> AccelEngine::manifest_attributes() const {
+  std::map<std::string, AttributeValue> a;
+  a["numerics"] = std::string(config_.bf16 ? "bf16 autocast, fp32 master weights" : "fp32");
+  a["noise_mode"] = std::string(to_string(config_.noise));
+  if (config_.noise == NoiseMode::Seeded) a["noise_seed"] = static_cast<std::int64_t>(noise_.seed());
+  std::string zones;
+  for (unsigned zone : {kZoneQkv, kZoneAttnProj, kZoneMlpFc, kZoneMlpProj}) {
+    if (config_.fp8_zones & zone) zones += (zones.empty() ? "" : ",") + zone_name(zone);
+  }
+  a["fp8_zones"] = zones.empty() ? std::string("none") : zones;
+  if (config_.fp8()) {
+    a["fp8_format"] = std::string("hybrid: e4m3 forward input and weight, e5m2 backward output-gradient");
+    a["fp8_recipe"] = std::string(to_string(config_.scaling.recipe));
+    a["fp8_amax_history"] = static_cast<std::int64_t>(config_.scaling.amax_history_len);
+    a["fp8_amax_algo"] = std::string(to_string(config_.scaling.amax_algo));
+    a["fp8_margin"] = static_cast<std::int64_t>(config_.scaling.margin);
+    a["fp8_accumulate"] = config_.accumulate_interval == 0 ? std::string("full")
+                                                           : "limited:" + std::to_string(config_.accumulate_interval);
+  }
+  return a;
+}
+
+std::vector<StepState> AccelEngine::step_state() const {
+  if (zones_.empty()) return {};
+  StepState s;
+  s.group = "fp8";
+  for (const ZoneScaling& z : zones_) {
+    for (const char* role : {"/input", "/weight", "/grad_output"}) s.columns.push_back(z.site + role);
+  }
+  s.fields = {{"amax", last_step_fp8_.amax}, {"scale", last_step_fp8_.scale}};
+  return {s};
+}
+
+// ---- numerics policy --------------------------------------------------------------------
+
+bool AccelEngine::stored_as_bf16(TensorId id) const {
+  // Activations and their gradients live in bf16; softmax/LayerNorm statistics, the
+  // loss's probabilities, parameters, gradients and optimizer state stay fp32.
+  const TensorDesc& d = t_.desc(id);
+  if (d.kind != TensorKind::Activation && d.kind != TensorKind::ActivationGrad) return false;
+  return !ends_with(d.name, ".mean") && !ends_with(d.name, ".rstd") && d.name != "loss.probs";
+}
+
+void AccelEngine::store(TensorId id) {
+  if (!config_.bf16 || !stored_as_bf16(id)) return;
+  float* x = f32(id);
+  tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, t_.numel(id), kElementGrain),
+                    [&](const auto& r) { numerics::round_to_bf16_inplace(x + r.begin(), r.end() - r.begin()); });
+}
+
+AccelEngine::ZoneScaling* AccelEngine::zone_for(const OpSite& site) {
+  const auto it = zone_index_.find(site.name);
+  return it == zone_index_.end() ? nullptr : &zones_[it->second];
+}
+
+const AccelEngine::PreparedWeight& AccelEngine::prepared_weight(TensorId weight, ZoneScaling* zone) {
+  if (const auto it = prepared_.find(weight); it != prepared_.end()) return it->second;
+  PreparedWeight& p = prepared_[weight];
+  const TensorDesc& d = t_.desc(weight);  // (OC, C)
+  const float* w = f32(weight);
+  p.rows.assign(w, w + d.numel());
+  if (zone != nullptr) {
+    p.scale = zone->weight.scale_for(numerics::tensor_amax(w, d.numel()));
+    parallel_elements(d.numel(), [&](std::int64_t i) { p.rows[i] = numerics::round_to_fp8(p.rows[i] * p.scale, Fp8Format::E4M3); });
+  } else if (config_.bf16) {
+    numerics::round_to_bf16_inplace(p.rows.data(), d.numel());
+  }
+  p.transposed.resize(p.rows.size());
+  kernels::transpose(p.rows.data(), static_cast<int>(d.dim(0)), static_cast<int>(d.dim(1)), p.transposed.data());
+  return p;
+}
+
+const float* AccelEngine::fp8_operand(TensorId id, float scale, Fp8Format format, std::vector<float>& buffer) {
+  const float* x = f32(id);
+  buffer.resize(static_cast<std::size_t>(t_.numel(id)));
+  parallel_elements(t_.numel(id), [&](std::int64_t i) { buffer[i] = numerics::round_to_fp8(x[i] * scale, format); });
+  return buffer.data();
+}
+
+// ---- ops ----------------------------------------------------------------------------------
+
+void AccelEngine::encoder_forward(const OpSite&, TensorId out, TensorId inputs, TensorId wte, TensorId wpe) {
+  const TensorDesc& o = t_.desc(out);  // (B,T,C)
+  kernels::encoder_forward(f32(out), t_.i32(inputs), f32(wte), f32(wpe), int(o.dim(0)), int(o.dim(1)), int(o.dim(2)));
+  store(out);
+}
+
+void AccelEngine::encoder_backward(const OpSite&, TensorId dwte, TensorId dwpe, TensorId dout, TensorId inputs) {
+  const TensorDesc& o = t_.desc(dout);
+  ReduceContext ctx = reduce_context();
+  accel::encoder_backward(ctx, f32(dwte), f32(dwpe), f32(dout), t_.i32(inputs), int(o.dim(0)), int(o.dim(1)),
+                          int(o.dim(2)), int(t_.desc(dwte).dim(0)));
+}
+
+void AccelEngine::layernorm_forward(const OpSite&, TensorId out, TensorId mean, TensorId rstd, TensorId inp,
+                                    TensorId weight, TensorId bias, float eps) {
+  kernels::layernorm_forward(f32(out), f32(mean), f32(rstd), f32(inp), f32(weight), f32(bias), int(t_.rows(inp)),
+                             t_.last_dim(inp), eps);
+  store(out);
+}
+
+void AccelEngine::layernorm_backward(const OpSite&, TensorId dinp, TensorId dweight, TensorId dbias, TensorId dout,
+                                     TensorId inp, TensorId weight, TensorId mean, TensorId rstd) {
+  ReduceContext ctx = reduce_context();
+  accel::layernorm_backward(ctx, f32(dinp), f32(dweight), f32(dbias), f32(dout), f32(inp), f32(weight), f32(mean),
+                            f32(rstd), int(t_.rows(inp)), t_.last_dim(inp));
+  store(dinp);
+}
+
+void AccelEngine::linear_forward(const OpSite& site, TensorId out, TensorId inp, TensorId weight, TensorId bias) {
+  const TensorDesc& wd = t_.desc(weight);  // (OC,C)
+  const int N = int(t_.rows(inp)), C = int(wd.dim(1)), OC = int(wd.dim(0));
+  ZoneScaling* zone = zone_for(site);
+  const PreparedWeight& w = prepared_weight(weight, zone);
+  const float* a = f32(inp);
+  GemmNumerics fp8_gemm;
+  if (zone != nullptr) {
+    zone->input_scale = zone->input.scale_for(numerics::tensor_amax(a, t_.numel(inp)));
+    a = fp8_operand(inp, zone->input_scale, Fp8Format::E4M3, operand_a_);
+    fp8_gemm = {(1.0f / zone->input_scale) * (1.0f / w.scale), config_.accumulate_interval};
+  }
+  // out = bias, then the split-K partial products added in the noise source's order
+  float* o = f32(out);
+  if (bias == kNoTensor) {
+    std::fill_n(o, static_cast<std::int64_t>(N) * OC, 0.0f);
+  } else {
+    for (int n = 0; n < N; ++n) std::copy_n(f32(bias), OC, o + static_cast<long>(n) * OC);
+  }
+  ReduceContext ctx = reduce_context();
+  split_k_gemm(ctx, N, OC, C, a, C, w.transposed.data(), OC, o, kSplitKChunk, fp8_gemm);
+  store(out);
+}
+
+void AccelEngine::linear_backward(const OpSite& site, TensorId dinp, TensorId dweight, TensorId dbias, TensorId dout,
+                                  TensorId inp, TensorId weight) {
+  const TensorDesc& wd = t_.desc(weight);
+  const int N = int(t_.rows(inp)), C = int(wd.dim(1)), OC = int(wd.dim(0));
+  ZoneScaling* zone = zone_for(site);
+  const PreparedWeight& w = prepared_weight(weight, zone);
+  const float* dy = f32(dout);
+  const float* x = f32(inp);
+  GemmNumerics dgrad, wgrad;
+  if (zone != nullptr) {
+    const float dy_scale = zone->grad_output.scale_for(numerics::tensor_amax(dy, t_.numel(dout)));
+    dy = fp8_operand(dout, dy_scale, Fp8Format::E5M2, operand_a_);
+    x = fp8_operand(inp, zone->input_scale, Fp8Format::E4M3, operand_b_);  // as the forward quantised it
+    dgrad = {(1.0f / dy_scale) * (1.0f / w.scale), config_.accumulate_interval};
+    wgrad = {(1.0f / dy_scale) * (1.0f / zone->input_scale), config_.accumulate_interval};
+  }
+  ReduceContext ctx = reduce_context();
+  // forward: out[n][o] = sum_c inp[n][c] * weight[o][c] + bias[o]
+  // dinp (N,C) += dout (N,OC) @ weight (OC,C), split over OC
+  split_k_gemm(ctx, N, C, OC, dy, OC, w.rows.data(), C, f32(dinp), kSplitKChunk, dgrad);
+  // dweight (OC,C) += dout^T (OC,N) @ inp (N,C), split over tokens
+  kernels::transpose(dy, N, OC, t_.scratch());
+  split_k_gemm(ctx, OC, C, N, t_.scratch(), N, x, C, f32(dweight), kTokenChunk, wgrad);
+  if (dbias != kNoTensor) token_sum(ctx, f32(dout), N, OC, f32(dbias));
+  store(dinp);
+}
+
+void AccelEngine::attention_forward(const OpSite&, TensorId out, TensorId att, TensorId qkv) {
+  const TensorDesc& a = t_.desc(att);  // (B,NH,T,T)
+  const TensorDesc& o = t_.desc(out);  // (B,T,C)
+  accel::attention_forward(f32(out), f32(att), f32(qkv), int(o.dim(0)), int(o.dim(1)), int(o.dim(2)), int(a.dim(1)),
+                           config_.bf16);
+  store(out);
+}
+
+void AccelEngine::attention_backward(const OpSite&, TensorId dqkv, TensorId dout, TensorId qkv, TensorId att) {
+  const TensorDesc& a = t_.desc(att);
+  const TensorDesc& o = t_.desc(dout);
+  accel::attention_backward(noise_, {noise_.take_reduction_index()}, f32(dqkv), f32(dout), f32(qkv), f32(att),
+                            int(o.dim(0)), int(o.dim(1)), int(o.dim(2)), int(a.dim(1)), config_.bf16);
+  store(dqkv);
+}
+
+void AccelEngine::gelu_forward(const OpSite&, TensorId out, TensorId inp) {
+  kernels::gelu_forward(f32(out), f32(inp), t_.numel(inp));
+  store(out);
+}
+
+void AccelEngine::gelu_backward(const OpSite&, TensorId dinp, TensorId inp, TensorId dout) {
+  kernels::gelu_backward(f32(dinp), f32(inp), f32(dout), t_.numel(inp));
+  store(dinp);
+}
+
+void AccelEngine::residual_forward(const OpSite&, TensorId out, TensorId a, TensorId b) {
+  kernels::residual_forward(f32(out), f32(a), f32(b), t_.numel(out));
+  store(out);
+}
+
+void AccelEngine::residual_backward(const OpSite&, TensorId da, TensorId db, TensorId dout) {
+  kernels::add_inplace(f32(da), f32(dout), t_.numel(dout));
+  kernels::add_inplace(f32(db), f32(dout), t_.numel(dout));
+  store(da);
+  store(db);
+}
+
+void AccelEngine::crossentropy_forward(const OpSite&, TensorId loss, TensorId probs, TensorId logits, TensorId targets) {
+  const int N = int(t_.rows(logits));
+  std::vector<float> losses(static_cast<std::size_t>(N));
+  kernels::crossentropy_rows(f32(probs), losses.data(), f32(logits), t_.i32(targets), N, t_.last_dim(logits));
+  ReduceContext ctx = reduce_context();
+  *f32(loss) = noisy_sum(ctx, losses.data(), N) / static_cast<float>(N);
+}
+
+void AccelEngine::crossentropy_backward(const OpSite&, TensorId dlogits, TensorId probs, TensorId targets) {
+  kernels::crossentropy_backward(f32(dlogits), f32(probs), t_.i32(targets), int(t_.rows(probs)), t_.last_dim(probs));
+  store(dlogits);
+}
+
+void AccelEngine::global_norm(const OpSite&, TensorId norm, std::span<const TensorId> tensors) {
+  // fp32 sums of squares per block of every tensor (as a GPU's per-block partials), the
+  // blocks added in the noise source's order.
+  struct Block {
+    const float* x;
+    std::int64_t n;
+  };
+  std::vector<Block> blocks;
+  for (TensorId id : tensors) {
+    for (std::int64_t at = 0; at < t_.numel(id); at += kernels::kElementBlock) {
+      blocks.push_back({f32(id) + at, std::min<std::int64_t>(kernels::kElementBlock, t_.numel(id) - at)});
+    }
+  }
+  float total = 0.0f;
+  reduce_parts(noise_, {noise_.take_reduction_index()}, static_cast<int>(blocks.size()), 1, &total, workspace_,
+               [&](int part, float* partial) {
+                 const Block& b = blocks[static_cast<std::size_t>(part)];
+                 float s = 0.0f;
+                 for (std::int64_t i = 0; i < b.n; ++i) s += b.x[i] * b.x[i];
+                 *partial = s;
+               });
+  *f32(norm) = __builtin_sqrtf(total);
+}
+
+void AccelEngine::clip_by_norm(const OpSite&, std::span<const TensorId> tensors, TensorId norm, float max_norm) {
+  const float n = scalar(norm);
+  if (!(n > max_norm)) return;
+  const float factor = max_norm / (n + 1e-6f);
+  for (TensorId id : tensors) kernels::scale_inplace(f32(id), factor, t_.numel(id));
+}
+
+void AccelEngine::adamw_update(const OpSite&, TensorId param, TensorId grad, TensorId m, TensorId v, TensorId lr,
+                               TensorId bias_correction1, TensorId bias_correction2, const AdamWConfig& c) {
+  // fp32 master weights and optimizer state, as mixed-precision training keeps them.
+  const kernels::AdamWStep step{scalar(lr), c.beta1, c.beta2, c.eps, c.weight_decay, scalar(bias_correction1),
+                                scalar(bias_correction2)};
+  kernels::adamw_update(f32(param), f32(grad), f32(m), f32(v), t_.numel(param), step);
+}
+
+void AccelEngine::nudge_ulps(const OpSite&, TensorId tensor, TensorId ulps) {
+  const auto n = static_cast<std::int32_t>(scalar(ulps));
+  if (n > 0) *f32(tensor) = kernels::next_up(*f32(tensor), n);
+}
+
+}  // namespace harness::accel

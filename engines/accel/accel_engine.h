@@ -1,0 +1,107 @@
+// accel: the canary with the numerics of a GPU training stack. Eager execution like
+// cpu-ref, with a numerics policy (bf16 autocast, FP8 zones with Transformer-Engine
+// scaling, an optional limited FP8 accumulator) and reductions ordered by a noise source
+// (seeded, racy or off). docs/engines/accel.md lists which tensor is stored in which
+// format and which reductions are noisy.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "accel_config.h"
+#include "accel_kernels.h"
+#include "api/engine.h"
+#include "host_tensors.h"
+#include "noise.h"
+#include "numerics/fp8_scaling.h"
+
+namespace harness::accel {
+
+class AccelEngine final : public Engine {
+ public:
+  explicit AccelEngine(const AccelConfig& config);
+
+  std::string_view name() const override { return "accel"; }
+  std::string features() const override { return config_.canonical_features(); }
+  std::map<std::string, AttributeValue> manifest_attributes() const override;
+  std::vector<StepState> step_state() const override;
+  const AccelConfig& config() const { return config_; }
+  std::uint64_t noise_seed() const { return noise_.seed(); }
+
+  void bind(const TensorTable& table) override;
+  void upload(TensorId id, std::span<const float> values) override;
+  void upload_tokens(TensorId id, std::span<const std::int32_t> tokens) override { t_.upload_tokens(id, tokens); }
+  std::span<const float> read(TensorId id) override { return t_.view(id); }
+
+  void step_begin(int step) override;
+  void step_end() override;
+
+  void zero(TensorId id) override { t_.zero(id); }
+  void encoder_forward(const OpSite&, TensorId out, TensorId inputs, TensorId wte, TensorId wpe) override;
+  void encoder_backward(const OpSite&, TensorId dwte, TensorId dwpe, TensorId dout, TensorId inputs) override;
+  void layernorm_forward(const OpSite&, TensorId out, TensorId mean, TensorId rstd, TensorId inp, TensorId weight,
+                         TensorId bias, float eps) override;
+  void layernorm_backward(const OpSite&, TensorId dinp, TensorId dweight, TensorId dbias, TensorId dout, TensorId inp,
+                          TensorId weight, TensorId mean, TensorId rstd) override;
+  void linear_forward(const OpSite&, TensorId out, TensorId inp, TensorId weight, TensorId bias) override;
+  void linear_backward(const OpSite&, TensorId dinp, TensorId dweight, TensorId dbias, TensorId dout, TensorId inp,
+                       TensorId weight) override;
+  void attention_forward(const OpSite&, TensorId out, TensorId att, TensorId qkv) override;
+  void attention_backward(const OpSite&, TensorId dqkv, TensorId dout, TensorId qkv, TensorId att) override;
+  void gelu_forward(const OpSite&, TensorId out, TensorId inp) override;
+  void gelu_backward(const OpSite&, TensorId dinp, TensorId inp, TensorId dout) override;
+  void residual_forward(const OpSite&, TensorId out, TensorId a, TensorId b) override;
+  void residual_backward(const OpSite&, TensorId da, TensorId db, TensorId dout) override;
+  void crossentropy_forward(const OpSite&, TensorId loss, TensorId probs, TensorId logits, TensorId targets) override;
+  void crossentropy_backward(const OpSite&, TensorId dlogits, TensorId probs, TensorId targets) override;
+  void global_norm(const OpSite&, TensorId norm, std::span<const TensorId> tensors) override;
+  void clip_by_norm(const OpSite&, std::span<const TensorId> tensors, TensorId norm, float max_norm) override;
+  void adamw_update(const OpSite&, TensorId param, TensorId grad, TensorId m, TensorId v, TensorId lr,
+                    TensorId bias_correction1, TensorId bias_correction2, const AdamWConfig& config) override;
+  void nudge_ulps(const OpSite&, TensorId tensor, TensorId ulps) override;
+
+ private:
+  // A weight as this step's GEMMs read it: rounded to bf16 or quantised to the E4M3 grid
+  // (unscaled codes' values), as rows (OC,C) and transposed (C,OC). Built once per step.
+  struct PreparedWeight {
+    std::vector<float> rows, transposed;
+    float scale = 1.0f;  // FP8 scale; the GEMM multiplies its output by 1/scale
+  };
+  // The scaling state of one FP8 zone instance (a linear layer of one block).
+  struct ZoneScaling {
+    std::string site;
+    numerics::Fp8ScalingState input, weight, grad_output;
+    float input_scale = 1.0f;  // the scale the forward quantised the input with (reused for dW)
+  };
+  // What the last step recorded per zone instance and role: amax and the scale used.
+  struct Fp8Record {
+    std::vector<double> amax, scale;
+  };
+
+  const PreparedWeight& prepared_weight(TensorId weight, ZoneScaling* zone);
+  ZoneScaling* zone_for(const OpSite& site);
+  // The tensor's values as a GEMM operand: copied into `buffer` and quantised to the
+  // FP8 grid with `scale` (FP8 zones), or used in place (already bf16 when stored bf16).
+  const float* fp8_operand(TensorId id, float scale, numerics::Fp8Format format, std::vector<float>& buffer);
+  // Rounds a freshly written tensor to its storage format (bf16 for activations under bf16).
+  void store(TensorId id);
+  bool stored_as_bf16(TensorId id) const;
+  ReduceContext reduce_context() { return {noise_, workspace_}; }
+  float* f32(TensorId id) { return t_.f32(id); }
+  float scalar(TensorId id) { return *t_.f32(id); }
+
+  AccelConfig config_;
+  NoiseSource noise_;
+  HostTensors t_;
+  std::unordered_map<TensorId, PreparedWeight> prepared_;  // cleared at every step_begin and upload
+  std::vector<ZoneScaling> zones_;                         // in table order of their weights
+  std::map<std::string, std::size_t, std::less<>> zone_index_;
+  Fp8Record last_step_fp8_;
+  std::vector<float> workspace_, operand_a_, operand_b_;
+};
+
+}  // namespace harness::accel

@@ -1,0 +1,210 @@
+#include "accel_kernels.h"
+
+#include <algorithm>
+
+#include <tbb/parallel_for.h>
+
+#include "gemm.h"
+#include "kernels.h"
+#include "limited_accumulator_gemm.h"
+#include "numerics/formats.h"
+
+namespace harness::accel {
+
+using kernels::GemmEpilogue;
+
+void split_k_gemm(ReduceContext& ctx, int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C,
+                  int chunk, const GemmNumerics& numerics) {
+  // A limited accumulator promotes every `limited_interval` products; a split-K chunk
+  // shorter than that would hide the effect, so the chunk is at least one interval.
+  chunk = std::max(chunk, numerics.limited_interval);
+  const int parts = part_count(K, chunk);
+  const std::int64_t n = static_cast<std::int64_t>(M) * N;
+  reduce_parts(ctx.noise, ctx.next(), parts, n, C, ctx.workspace, [&](int part, float* partial) {
+    const int k0 = part * chunk;
+    const int kc = std::min(chunk, K - k0);
+    if (numerics.limited_interval > 0) {
+      gemm_limited_accumulator(M, N, kc, A + k0, lda, B + static_cast<long>(k0) * ldb, ldb, partial, N,
+                               numerics.limited_interval);
+    } else {
+      kernels::gemm(M, N, kc, A + k0, lda, B + static_cast<long>(k0) * ldb, ldb, partial, N, GemmEpilogue::Store);
+    }
+    if (numerics.output_scale != 1.0f) {
+      for (std::int64_t i = 0; i < n; ++i) partial[i] *= numerics.output_scale;
+    }
+  });
+}
+
+void token_sum(ReduceContext& ctx, const float* x, int N, int C, float* out) {
+  reduce_parts(ctx.noise, ctx.next(), part_count(N, kTokenChunk), C, out, ctx.workspace, [&](int part, float* partial) {
+    std::fill_n(partial, C, 0.0f);
+    const int end = std::min(N, (part + 1) * kTokenChunk);
+    for (int i = part * kTokenChunk; i < end; ++i) {
+      for (int c = 0; c < C; ++c) partial[c] += x[static_cast<long>(i) * C + c];
+    }
+  });
+}
+
+void encoder_backward(ReduceContext& ctx, float* dwte, float* dwpe, const float* dout, const std::int32_t* inp, int B,
+                      int T, int C, int V) {
+  // dwte: a scatter-add over tokens (atomics on a GPU), token blocks as the parts.
+  const int tokens = B * T;
+  reduce_parts(ctx.noise, ctx.next(), part_count(tokens, kTokenChunk), static_cast<std::int64_t>(V) * C, dwte,
+               ctx.workspace, [&](int part, float* partial) {
+                 std::fill_n(partial, static_cast<std::int64_t>(V) * C, 0.0f);
+                 const int end = std::min(tokens, (part + 1) * kTokenChunk);
+                 for (int bt = part * kTokenChunk; bt < end; ++bt) {
+                   float* row = partial + static_cast<long>(inp[bt]) * C;
+                   for (int c = 0; c < C; ++c) row[c] += dout[static_cast<long>(bt) * C + c];
+                 }
+               });
+  // dwpe: a sum over the batch, one part per sequence.
+  const std::int64_t tc = static_cast<std::int64_t>(T) * C;
+  reduce_parts(ctx.noise, ctx.next(), B, tc, dwpe, ctx.workspace,
+               [&](int b, float* partial) { std::copy_n(dout + b * tc, tc, partial); });
+}
+
+void layernorm_backward(ReduceContext& ctx, float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd, int N, int C) {
+  // Parts are token blocks: each writes its rows of dinp and its partial dweight/dbias.
+  std::vector<float> sums(2 * static_cast<std::size_t>(C), 0.0f);
+  reduce_parts(ctx.noise, ctx.next(), part_count(N, kTokenChunk), 2 * C, sums.data(), ctx.workspace,
+               [&](int part, float* partial) {
+                 std::fill_n(partial, 2 * C, 0.0f);
+                 float* dw = partial;
+                 float* db = partial + C;
+                 const int end = std::min(N, (part + 1) * kTokenChunk);
+                 for (int i = part * kTokenChunk; i < end; ++i) {
+                   const float* x = inp + static_cast<long>(i) * C;
+                   const float* dy = dout + static_cast<long>(i) * C;
+                   float* dx = dinp + static_cast<long>(i) * C;
+                   const float m = mean[i], s = rstd[i];
+                   float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+                   for (int c = 0; c < C; ++c) {
+                     const float dnorm = weight[c] * dy[c];
+                     dnorm_mean += dnorm;
+                     dnorm_norm_mean += dnorm * ((x[c] - m) * s);
+                   }
+                   dnorm_mean /= static_cast<float>(C);
+                   dnorm_norm_mean /= static_cast<float>(C);
+                   for (int c = 0; c < C; ++c) {
+                     const float norm = (x[c] - m) * s;
+                     const float dnorm = weight[c] * dy[c];
+                     dw[c] += norm * dy[c];
+                     db[c] += dy[c];
+                     dx[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+                   }
+                 }
+               });
+  for (int c = 0; c < C; ++c) {
+    dweight[c] += sums[static_cast<std::size_t>(c)];
+    dbias[c] += sums[static_cast<std::size_t>(C + c)];
+  }
+}
+
+// ---- attention ------------------------------------------------------------------------
+
+namespace {
+
+struct Head {  // head h of batch row b inside qkv (B,T,3C): row stride 3C
+  const float* q;
+  const float* k;
+  const float* v;
+  int ld;
+};
+
+Head head_of(const float* qkv, int b, int h, int T, int C, int hs) {
+  const float* base = qkv + static_cast<long>(b) * T * 3 * C + h * hs;
+  return {base, base + C, base + 2 * C, 3 * C};
+}
+
+// out (T,hs, row stride ld) += sum over chunks of `contracted` rows: partial = A[:, chunk] @ Bm[chunk, :],
+// A (T, T) row-major, Bm (T, hs) with row stride ldb. The chunks are the noisy parts.
+void accumulate_over_chunks(const NoiseSource& noise, Reduction r, const float* A, const float* Bm, int ldb, float* out,
+                            int ld, int T, int hs, std::vector<float>& workspace) {
+  std::vector<float> dense(static_cast<std::size_t>(T) * hs);
+  for (int t = 0; t < T; ++t) std::copy_n(out + static_cast<long>(t) * ld, hs, dense.data() + static_cast<long>(t) * hs);
+  reduce_parts(
+      noise, r, part_count(T, kAttentionChunk), static_cast<std::int64_t>(T) * hs, dense.data(), workspace,
+      [&](int part, float* partial) {
+        const int k0 = part * kAttentionChunk;
+        const int kc = std::min(kAttentionChunk, T - k0);
+        kernels::gemm_serial(T, hs, kc, A + k0, T, Bm + static_cast<long>(k0) * ldb, ldb, partial, hs,
+                             GemmEpilogue::Store);
+      },
+      /*serial_parts=*/true);
+  for (int t = 0; t < T; ++t) std::copy_n(dense.data() + static_cast<long>(t) * hs, hs, out + static_cast<long>(t) * ld);
+}
+
+}  // namespace
+
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, bool bf16) {
+  const int hs = C / NH;
+  const float scale = 1.0f / __builtin_sqrtf(static_cast<float>(hs));
+  tbb::parallel_for(0, B * NH, [&](int bh) {
+    const int b = bh / NH, h = bh % NH;
+    const Head x = head_of(qkv, b, h, T, C, hs);
+    std::vector<float> k_transposed(static_cast<std::size_t>(hs) * T);
+    float* att_bh = att + static_cast<long>(bh) * T * T;
+    kernels::transpose_serial(x.k, T, hs, x.ld, k_transposed.data(), T);
+    kernels::gemm_serial(T, T, hs, x.q, x.ld, k_transposed.data(), T, att_bh, T, GemmEpilogue::Store);
+    for (int t = 0; t < T; ++t) kernels::causal_softmax_row(att_bh + static_cast<long>(t) * T, t, T, scale);
+    if (bf16) numerics::round_to_bf16_inplace(att_bh, static_cast<std::int64_t>(T) * T);
+    kernels::gemm_serial(T, hs, T, att_bh, T, x.v, x.ld, out + static_cast<long>(b) * T * C + h * hs, C,
+                         GemmEpilogue::Store);
+  });
+}
+
+void attention_backward(const NoiseSource& noise, Reduction reduction, float* dqkv, const float* dout,
+                        const float* qkv, const float* att, int B, int T, int C, int NH, bool bf16) {
+  const int hs = C / NH;
+  const float scale = 1.0f / __builtin_sqrtf(static_cast<float>(hs));
+  const std::uint64_t segments_per_output = (static_cast<std::uint64_t>(T) * hs + kNoiseSegment - 1) / kNoiseSegment;
+  tbb::parallel_for(0, B * NH, [&](int bh) {
+    const int b = bh / NH, h = bh % NH;
+    const Head x = head_of(qkv, b, h, T, C, hs);
+    float* dq = dqkv + static_cast<long>(b) * T * 3 * C + h * hs;
+    float* dk = dq + C;
+    float* dv = dq + 2 * C;
+    const float* dy = dout + static_cast<long>(b) * T * C + h * hs;
+    const float* att_bh = att + static_cast<long>(bh) * T * T;
+    // Per task, never thread_local: a racy reduction below runs nested tasks, and a thread
+    // waiting on them may pick up another head.
+    std::vector<float> datt(static_cast<std::size_t>(T) * T), transposed(static_cast<std::size_t>(T) * T), workspace;
+    const auto part_of = [&](std::uint64_t which) {
+      return Reduction{reduction.index, reduction.first_segment + (static_cast<std::uint64_t>(bh) * 3 + which) * segments_per_output};
+    };
+    // forward: out = att @ v  =>  datt = dout @ v^T (over hs: one GEMM); dv += att^T @ dout (over queries)
+    kernels::transpose_serial(x.v, T, hs, x.ld, transposed.data(), T);
+    kernels::gemm_serial(T, T, hs, dy, C, transposed.data(), T, datt.data(), T, GemmEpilogue::Store);
+    kernels::transpose_serial(att_bh, T, T, T, transposed.data(), T);
+    accumulate_over_chunks(noise, part_of(2), transposed.data(), dy, C, dv, 3 * C, T, hs, workspace);
+    // forward: att = softmax(scale * preatt)  =>  dpreatt = scale * att * (datt - <att, datt>)
+    for (int t = 0; t < T; ++t) {
+      const float* a = att_bh + static_cast<long>(t) * T;
+      float* d = datt.data() + static_cast<long>(t) * T;
+      float dot = 0.0f;
+      for (int t2 = 0; t2 <= t; ++t2) dot += a[t2] * d[t2];
+      for (int t2 = 0; t2 <= t; ++t2) d[t2] = a[t2] * (d[t2] - dot) * scale;
+      for (int t2 = t + 1; t2 < T; ++t2) d[t2] = 0.0f;
+    }
+    if (bf16) numerics::round_to_bf16_inplace(datt.data(), static_cast<std::int64_t>(T) * T);
+    // forward: preatt = q @ k^T  =>  dq += dpreatt @ k (over keys); dk += dpreatt^T @ q (over queries)
+    accumulate_over_chunks(noise, part_of(0), datt.data(), x.k, x.ld, dq, 3 * C, T, hs, workspace);
+    kernels::transpose_serial(datt.data(), T, T, T, transposed.data(), T);
+    accumulate_over_chunks(noise, part_of(1), transposed.data(), x.q, x.ld, dk, 3 * C, T, hs, workspace);
+  });
+}
+
+float noisy_sum(ReduceContext& ctx, const float* x, std::int64_t n) {
+  float total = 0.0f;
+  reduce_parts(ctx.noise, ctx.next(), part_count(n, kTokenChunk), 1, &total, ctx.workspace, [&](int part, float* partial) {
+    const std::int64_t end = std::min<std::int64_t>(n, (part + 1) * std::int64_t{kTokenChunk});
+    float s = 0.0f;
+    for (std::int64_t i = part * std::int64_t{kTokenChunk}; i < end; ++i) s += x[i];
+    *partial = s;
+  });
+  return total;
+}
+
+}  // namespace harness::accel

@@ -1,0 +1,88 @@
+#include "noise.h"
+
+#include <atomic>
+#include <numeric>
+#include <random>
+
+#include <tbb/parallel_for.h>
+
+#include "numerics/philox.h"
+
+namespace harness::accel {
+namespace {
+
+void add_in_order(const std::vector<float>& partials, std::int64_t n, float* out, const int* order, int parts,
+                  std::int64_t begin, std::int64_t end) {
+  for (int j = 0; j < parts; ++j) {
+    const float* p = partials.data() + static_cast<std::int64_t>(order[j]) * n;
+    for (std::int64_t i = begin; i < end; ++i) out[i] += p[i];
+  }
+}
+
+void reduce_racy(int parts, std::int64_t n, float* out, const PartFn& produce) {
+  tbb::parallel_for(0, parts, [&](int part) {
+    std::vector<float> partial(static_cast<std::size_t>(n));
+    produce(part, partial.data());
+    for (std::int64_t i = 0; i < n; ++i) {
+      std::atomic_ref<float>(out[i]).fetch_add(partial[static_cast<std::size_t>(i)], std::memory_order_relaxed);
+    }
+  });
+}
+
+}  // namespace
+
+std::string_view to_string(NoiseMode mode) {
+  switch (mode) {
+    case NoiseMode::Seeded: return "seeded";
+    case NoiseMode::Racy: return "racy";
+    case NoiseMode::Off: return "off";
+  }
+  return "off";
+}
+
+std::uint64_t entropy_seed() {
+  std::random_device device;
+  return (static_cast<std::uint64_t>(device()) << 32) | device();
+}
+
+void NoiseSource::order(std::uint64_t reduction, std::uint64_t segment, int parts, int* order) const {
+  std::iota(order, order + parts, 0);
+  if (mode_ != NoiseMode::Seeded || parts < 2) return;
+  // Fisher-Yates with Philox words; the stream names the step and the reduction.
+  const std::uint64_t stream = (static_cast<std::uint64_t>(step_) << 32) ^ reduction;
+  numerics::PhiloxBlock words{};
+  for (int i = parts - 1, used = 4; i > 0; --i, ++used) {
+    if (used == 4) {
+      words = numerics::philox_at(seed_, stream, (segment << 20) + static_cast<std::uint64_t>(i / 4));
+      used = 0;
+    }
+    const auto j = static_cast<int>((static_cast<std::uint64_t>(words[used]) * static_cast<std::uint64_t>(i + 1)) >> 32);
+    std::swap(order[i], order[j]);
+  }
+}
+
+void reduce_parts(const NoiseSource& noise, Reduction reduction, int parts, std::int64_t n, float* out,
+                  std::vector<float>& workspace, const PartFn& produce, bool serial_parts) {
+  if (noise.mode() == NoiseMode::Racy) {
+    reduce_racy(parts, n, out, produce);
+    return;
+  }
+  workspace.resize(static_cast<std::size_t>(parts) * static_cast<std::size_t>(n));
+  const auto produce_part = [&](int part) { produce(part, workspace.data() + static_cast<std::int64_t>(part) * n); };
+  const auto add_segment = [&](std::int64_t segment) {
+    std::vector<int> order(static_cast<std::size_t>(parts));
+    noise.order(reduction.index, reduction.first_segment + static_cast<std::uint64_t>(segment), parts, order.data());
+    const std::int64_t end = (segment + 1) * kNoiseSegment < n ? (segment + 1) * kNoiseSegment : n;
+    add_in_order(workspace, n, out, order.data(), parts, segment * kNoiseSegment, end);
+  };
+  const std::int64_t segments = (n + kNoiseSegment - 1) / kNoiseSegment;
+  if (serial_parts) {
+    for (int part = 0; part < parts; ++part) produce_part(part);
+    for (std::int64_t segment = 0; segment < segments; ++segment) add_segment(segment);
+    return;
+  }
+  tbb::parallel_for(0, parts, produce_part);
+  tbb::parallel_for(std::int64_t{0}, segments, add_segment);
+}
+
+}  // namespace harness::accel
