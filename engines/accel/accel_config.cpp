@@ -85,9 +85,11 @@ std::uint64_t parse_seed(const std::string& text) {
   const std::string digits = hex ? text.substr(2) : text;
   std::uint64_t value = 0;
   const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), value, hex ? 16 : 10);
-  if (digits.empty() || ec != std::errc() || end != digits.data() + digits.size()) {
-    fail(fmt::format("--noise-seed: '{}' is not an unsigned 64-bit integer (decimal or 0x-hex, as the manifest's noise_seed)",
-                     text));
+  // 63 bits, as the manifest's int64 noise_seed attribute holds it.
+  constexpr std::uint64_t kMax = 0x7FFFFFFFFFFFFFFFull;
+  if (digits.empty() || ec != std::errc() || end != digits.data() + digits.size() || value > kMax) {
+    fail(fmt::format("--noise-seed: '{}' is not a seed in 0..9223372036854775807 (decimal or 0x-hex; "
+                     "copy the manifest's noise_seed)", text));
   }
   return value;
 }

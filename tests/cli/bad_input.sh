@@ -17,7 +17,26 @@ expect_exit 2 "unknown op 'blocks.9.mlp.fc'" -- "$HARNESS" run --canary micro --
 expect_exit 2 "past the last step"   -- "$HARNESS" run --canary micro --inject-fault step=50,op=blocks.0.ln1 --out "$out/a.h5"
 expect_exit 2 "--dump-tensors"       -- "$HARNESS" run --canary micro --dump-tensors 1,x --out "$out/a.h5"
 expect_exit 2 "--dump-tensors"       -- "$HARNESS" run --canary micro --dump-tensors 21 --out "$out/a.h5"
-expect_exit 2 "--features"           -- "$HARNESS" run --canary micro --features bf16 --out "$out/a.h5"
+expect_exit 2 "--features: engine 'cpu-ref' takes no features" -- "$HARNESS" run --canary micro --features bf16 --out "$out/a.h5"
+expect_exit 2 "--noise: engine 'cpu-ref'" -- "$HARNESS" run --canary micro --noise off --out "$out/a.h5"
+# accel: each bad setting names its flag
+A=("$HARNESS" run --canary micro --engine accel --out "$out/a.h5")
+expect_exit 2 "unknown fp8 zone 'mlp'"      -- "${A[@]}" --features bf16,fp8=mlp
+expect_exit 2 "unknown feature 'fp16'"      -- "${A[@]}" --features fp16
+expect_exit 2 "fp8 needs bf16"              -- "${A[@]}" --features fp8=all
+expect_exit 2 "--fp8-recipe: unknown recipe 'hybrid'" -- "${A[@]}" --features bf16,fp8=all --fp8-recipe hybrid
+expect_exit 2 "--fp8-recipe: needs FP8 zones" -- "${A[@]}" --features bf16 --fp8-recipe current
+expect_exit 2 "--amax-history: '0'"         -- "${A[@]}" --features bf16,fp8=all --amax-history 0
+expect_exit 2 "--amax-history: '-3'"        -- "${A[@]}" --features bf16,fp8=all --amax-history -3
+expect_exit 2 "--amax-algo: unknown"        -- "${A[@]}" --features bf16,fp8=all --amax-algo mean
+expect_exit 2 "--margin: 'x'"               -- "${A[@]}" --features bf16,fp8=all --margin x
+expect_exit 2 "--fp8-accumulate: 'partial'" -- "${A[@]}" --features bf16,fp8=all --fp8-accumulate partial
+expect_exit 2 "--fp8-accumulate: '0'"       -- "${A[@]}" --features bf16,fp8=all --fp8-accumulate limited:0
+expect_exit 2 "--noise: unknown mode 'loud'" -- "${A[@]}" --noise loud
+expect_exit 2 "--noise-seed: '12ab'"        -- "${A[@]}" --noise-seed 12ab
+expect_exit 2 "--noise-seed: '-1'"          -- "${A[@]}" --noise-seed -1
+expect_exit 2 "--noise-seed: '9223372036854775808'" -- "${A[@]}" --noise-seed 9223372036854775808
+expect_exit 2 "--noise-seed: only --noise seeded" -- "${A[@]}" --noise off --noise-seed 5
 [ -z "$(ls -A "$out")" ] || fail "rejected runs left files: $(ls "$out")"
 
 # An existing receipt is never overwritten without --force, and stays byte-identical.

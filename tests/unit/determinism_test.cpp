@@ -10,39 +10,19 @@
 
 #include "canary_run.h"
 #include "receipt/receipt_reader.h"
-#include "scratch_dir.h"
+#include "receipt_bits.h"
 
 namespace harness::run {
 namespace {
 
 namespace fs = std::filesystem;
 
-// One scratch folder per test process; removed with everything in it at exit.
-const harness::testing::ScratchDir& scratch() {
-  static const harness::testing::ScratchDir dir;
-  return dir;
-}
-
-struct ReceiptBits {
-  std::vector<double> loss, grad_norm;
-  std::vector<std::uint64_t> batches, params, grads, m, v;
-  bool operator==(const ReceiptBits&) const = default;
-};
+using harness::testing::lane;
+using harness::testing::ReceiptBits;
+using harness::testing::scratch;
 
 ReceiptBits run_and_read(const std::string& canary, int steps, int threads, const std::string& tag) {
-  const fs::path path = scratch().path("determinism_" + tag + ".h5");
-  RunOptions o;
-  o.canary = canary;
-  o.steps = steps;
-  o.threads = threads;
-  o.out = path.string();
-  o.force = true;
-  run_canary(o);
-  const receipt::ReceiptReader r(path.string());
-  ReceiptBits bits{r.steps_f64("loss"), r.steps_f64("grad_norm"), r.batch_hashes(), r.hashes("params"),
-                   r.hashes("grads"), r.hashes("adam_m"), r.hashes("adam_v")};
-  fs::remove(path);
-  return bits;
+  return harness::testing::run_and_read(lane(canary, steps, threads), "determinism_" + tag);
 }
 
 TEST(Determinism, TinyIsBitwiseIdenticalAcrossThreadCountsAndRepeats) {
@@ -51,13 +31,13 @@ TEST(Determinism, TinyIsBitwiseIdenticalAcrossThreadCountsAndRepeats) {
   for (int threads : {2, 3, 8, 16}) {
     std::string tag = "t";  // (not "t" + to_string(): GCC 12 raises a false -Wrestrict on it)
     tag += std::to_string(threads);
-    EXPECT_TRUE(run_and_read("tiny", 4, threads, tag) == reference) << threads << " threads";
+    EXPECT_TRUE(run_and_read("tiny", 4, threads, tag).same_numbers(reference)) << threads << " threads";
   }
-  EXPECT_TRUE(run_and_read("tiny", 4, 2, "repeat") == reference) << "repeat";
+  EXPECT_TRUE(run_and_read("tiny", 4, 2, "repeat").same_numbers(reference)) << "repeat";
 }
 
 TEST(Determinism, MicroFullRunIsIdenticalAtOneAndThreeThreads) {
-  EXPECT_TRUE(run_and_read("micro", 20, 1, "m1") == run_and_read("micro", 20, 3, "m3"));
+  EXPECT_TRUE(run_and_read("micro", 20, 1, "m1").same_numbers(run_and_read("micro", 20, 3, "m3")));
 }
 
 TEST(Determinism, SeedChangesTheRun) {

@@ -1,0 +1,135 @@
+// The accel engine's run-level properties: deterministic mode is bitwise reproducible,
+// seeded noise replays bit for bit from the recorded seed and is real without one, and
+// the numerics features drift from cpu-ref by the amounts docs/engines/accel.md records.
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "limited_accumulator_gemm.h"
+#include "numerics/philox.h"
+#include "receipt_bits.h"
+
+namespace harness::accel {
+namespace {
+
+using harness::testing::lane;
+using harness::testing::ReceiptBits;
+using harness::testing::run_and_read;
+
+const char* kAllFeatures = "bf16,fp8=all";
+
+// tiny, not micro: micro's 32 tokens and 32 channels fit one chunk of most reductions,
+// which leaves the order nothing to change. tiny has 2-8 parts per reduction.
+TEST(AccelNoise, OffIsBitwiseIdenticalAcrossThreadCountsAndRepeats) {
+  const std::map<std::string, std::string> off{{"noise", "off"}};
+  const ReceiptBits one = run_and_read(lane("tiny", 3, 1, "accel", kAllFeatures, off), "off1");
+  EXPECT_TRUE(one.same_numbers(run_and_read(lane("tiny", 3, 3, "accel", kAllFeatures, off), "off3")));
+  EXPECT_TRUE(one.same_numbers(run_and_read(lane("tiny", 3, 8, "accel", kAllFeatures, off), "off8")));
+  EXPECT_TRUE(one.same_numbers(run_and_read(lane("tiny", 3, 2, "accel", kAllFeatures, off), "off2")));
+  EXPECT_EQ(one.noise_seed, "");  // no seed: nothing to replay
+}
+
+TEST(AccelNoise, SeededRunReplaysBitForBitFromItsRecordedSeed) {
+  const ReceiptBits first = run_and_read(lane("tiny", 3, 2, "accel", kAllFeatures), "seeded");
+  ASSERT_FALSE(first.noise_seed.empty());
+  const std::map<std::string, std::string> replay{{"noise-seed", first.noise_seed}};
+  const ReceiptBits again = run_and_read(lane("tiny", 3, 1, "accel", kAllFeatures, replay), "replay1");
+  EXPECT_TRUE(first.same_numbers(again));
+  EXPECT_EQ(again.noise_seed, first.noise_seed);
+  EXPECT_TRUE(first.same_numbers(run_and_read(lane("tiny", 3, 3, "accel", kAllFeatures, replay), "replay3")));
+}
+
+TEST(AccelNoise, TwoRunsWithoutASeedDiffer) {
+  const ReceiptBits a = run_and_read(lane("tiny", 2, 2, "accel", "bf16"), "free_a");
+  const ReceiptBits b = run_and_read(lane("tiny", 2, 2, "accel", "bf16"), "free_b");
+  EXPECT_NE(a.noise_seed, b.noise_seed);
+  EXPECT_EQ(a.batches, b.batches);   // same data
+  EXPECT_NE(a.grads, b.grads);       // different reduction orders
+  EXPECT_EQ(a.params.size(), b.params.size());
+}
+
+TEST(AccelNoise, EveryModeAddsTheSamePartialsOnlyInAnotherOrder) {
+  // Racy and seeded runs land within fp32 reordering noise of the deterministic run.
+  const auto off = run_and_read(lane("tiny", 3, 2, "accel", "", {{"noise", "off"}}), "fp32_off");
+  for (const char* mode : {"racy", "seeded"}) {
+    const auto noisy = run_and_read(lane("tiny", 3, 2, "accel", "", {{"noise", mode}}), std::string("fp32_") + mode);
+    EXPECT_NE(noisy.grads, off.grads) << mode << ": the order changed nothing";
+    for (std::size_t s = 0; s < off.loss.size(); ++s) {
+      EXPECT_NEAR(noisy.loss[s], off.loss[s], 1e-5 * off.loss[s]) << mode << " step " << s;
+    }
+  }
+}
+
+// Largest |loss - reference loss| over the run.
+double max_loss_drift(const ReceiptBits& run, const ReceiptBits& reference) {
+  double worst = 0;
+  for (std::size_t s = 0; s < reference.loss.size(); ++s) worst = std::max(worst, std::fabs(run.loss[s] - reference.loss[s]));
+  return worst;
+}
+
+TEST(AccelDrift, Bf16StaysWithinItsToleranceAndFp8MovesFurther) {
+  // 30 steps of tiny with deterministic reductions: the drift is the numerics, not noise.
+  // Over 100 steps docs/engines/accel.md measures bf16 max 3e-3, fp8=all max 2e-2.
+  const std::map<std::string, std::string> off{{"noise", "off"}};
+  const ReceiptBits reference = run_and_read(lane("tiny", 30, 2), "drift_ref");
+  const ReceiptBits bf16 = run_and_read(lane("tiny", 30, 2, "accel", "bf16", off), "drift_bf16");
+  const ReceiptBits fp8 = run_and_read(lane("tiny", 30, 2, "accel", kAllFeatures, off), "drift_fp8");
+  EXPECT_NE(bf16.loss, reference.loss);  // bf16 is really on
+  const double bf16_drift = max_loss_drift(bf16, reference), fp8_drift = max_loss_drift(fp8, reference);
+  EXPECT_LT(bf16_drift, 1e-2);
+  EXPECT_GT(fp8_drift, bf16_drift);
+  EXPECT_LT(fp8_drift, 5e-2);
+  EXPECT_EQ(bf16.batches, reference.batches);
+}
+
+// ---- the limited FP8 accumulator ------------------------------------------------------------
+
+std::vector<float> random_matrix(int rows, int cols, std::uint64_t stream, bool positive) {
+  std::vector<float> m(static_cast<std::size_t>(rows) * cols);
+  for (std::size_t i = 0; i < m.size(); ++i) {
+    const double z = numerics::normal_at(9, stream, i);
+    m[i] = static_cast<float>(positive ? std::fabs(z) : z);
+  }
+  return m;
+}
+
+TEST(LimitedAccumulator, VectorAndPortableKernelsAgreeBitForBit) {
+  const int M = 13, N = 37, K = 300;
+  const auto A = random_matrix(M, K, 1, false), B = random_matrix(K, N, 2, false);
+  std::vector<float> fast(static_cast<std::size_t>(M) * N), portable(fast.size());
+  for (int interval : {1, 7, 128, 1000}) {
+    gemm_limited_accumulator(M, N, K, A.data(), K, B.data(), N, fast.data(), N, interval);
+    gemm_limited_accumulator_generic(M, N, K, A.data(), K, B.data(), N, portable.data(), N, interval);
+    EXPECT_EQ(fast, portable) << "interval " << interval;
+  }
+}
+
+TEST(LimitedAccumulator, PromotingMoreOftenLosesLess) {
+  // Long positive sums: a 14-bit accumulator swamps small addends as the sum grows, and
+  // promotion to fp32 every N products bounds the loss.
+  const int M = 4, N = 16, K = 4096;
+  const auto A = random_matrix(M, K, 3, true), B = random_matrix(K, N, 4, true);
+  const auto error_with = [&](int interval) {
+    std::vector<float> C(static_cast<std::size_t>(M) * N);
+    gemm_limited_accumulator(M, N, K, A.data(), K, B.data(), N, C.data(), N, interval);
+    double err = 0;
+    for (int m = 0; m < M; ++m) {
+      for (int n = 0; n < N; ++n) {
+        double exact = 0;
+        for (int k = 0; k < K; ++k) exact += static_cast<double>(A[m * K + k]) * B[k * N + n];
+        err = std::max(err, std::fabs(C[m * N + n] - exact) / exact);
+      }
+    }
+    return err;
+  };
+  const double every_32 = error_with(32), every_128 = error_with(128), never = error_with(K);
+  std::cout << "relative error: every 32 " << every_32 << ", every 128 " << every_128 << ", never " << never << "\n";
+  EXPECT_LT(every_32, every_128);
+  EXPECT_LT(3 * every_128, never);
+}
+
+}  // namespace
+}  // namespace harness::accel
