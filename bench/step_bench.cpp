@@ -1,14 +1,17 @@
-// The tiny canary's training step on cpu-ref (fwd + bwd + clip + AdamW), at 1 and 2
-// threads, and the per-step recording cost (hashing + sketches + HDF5 append + flush),
-// so the recording overhead can be stated as a share of the step.
+// The tiny canary's training step (fwd + bwd + clip + AdamW) on cpu-ref at 1 and 2
+// threads and on accel per feature and noise mode at 2 threads, and the per-step
+// recording cost (hashing + sketches + HDF5 append + flush), so the recording overhead
+// can be stated as a share of the step.
 //
 //   build/bench/step_bench --benchmark_counters_tabular=true
+#include <array>
 #include <filesystem>
 #include <memory>
 
 #include <benchmark/benchmark.h>
 #include <tbb/global_control.h>
 
+#include "accel_engine.h"
 #include "byte_stream.h"
 #include "cpu_ref_engine.h"
 #include "gpt2.h"
@@ -19,19 +22,20 @@ namespace {
 
 using namespace harness;
 
+template <typename EngineT>
 struct TinyRun {
   canary::Gpt2Canary model{canary::preset("tiny")};
   canary::ByteStream data{model.config()};
-  CpuRefEngine engine;
-  TinyRun() {
+  EngineT engine;
+  template <typename... Args>
+  explicit TinyRun(Args&&... args) : engine(std::forward<Args>(args)...) {
     engine.bind(model.tensors());
     model.upload_initial_parameters(engine, 1337);
   }
 };
 
-void BM_TinyTrainStep(benchmark::State& state) {
-  const tbb::global_control threads(tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(state.range(0)));
-  TinyRun run;
+template <typename EngineT>
+void train_steps(benchmark::State& state, TinyRun<EngineT>& run) {
   int step = 0;
   for (auto _ : state) {
     const canary::Batch batch = run.data.batch(step % 100);
@@ -43,11 +47,35 @@ void BM_TinyTrainStep(benchmark::State& state) {
                                                       static_cast<double>(state.iterations()),
                                                   benchmark::Counter::kIsRate);
 }
+
+void BM_TinyTrainStep(benchmark::State& state) {
+  const tbb::global_control threads(tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(state.range(0)));
+  TinyRun<CpuRefEngine> run;
+  train_steps(state, run);
+}
 BENCHMARK(BM_TinyTrainStep)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// accel at 2 threads: features (0 fp32, 1 bf16, 2 bf16+fp8=all) x noise (0 seeded, 1 racy, 2 off).
+void BM_AccelTrainStep(benchmark::State& state) {
+  const tbb::global_control threads(tbb::global_control::max_allowed_parallelism, 2);
+  accel::AccelConfig config;
+  config.bf16 = state.range(0) >= 1;
+  config.fp8_zones = state.range(0) == 2 ? accel::kAllZones : 0;
+  config.noise = std::array{accel::NoiseMode::Seeded, accel::NoiseMode::Racy, accel::NoiseMode::Off}[state.range(1)];
+  if (config.noise == accel::NoiseMode::Seeded) config.noise_seed = 7;
+  TinyRun<accel::AccelEngine> run(config);
+  state.SetLabel(config.canonical_features().empty() ? "fp32" : config.canonical_features());
+  train_steps(state, run);
+}
+BENCHMARK(BM_AccelTrainStep)
+    ->ArgsProduct({{0, 1, 2}, {0, 1, 2}})
+    ->ArgNames({"features", "noise"})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 void BM_RecordStep(benchmark::State& state) {
   const tbb::global_control threads(tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(state.range(0)));
-  TinyRun run;
+  TinyRun<CpuRefEngine> run;
   run.model.train_step(run.engine, 0, run.data.batch(0));
   std::vector<std::string> names;
   for (TensorId p : run.model.parameters()) names.push_back(run.model.tensors()[p].name);

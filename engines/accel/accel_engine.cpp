@@ -5,6 +5,7 @@
 
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
+#include <tbb/parallel_reduce.h>
 
 #include "deterministic_reduce.h"
 #include "gemm.h"
@@ -17,11 +18,22 @@ namespace {
 using numerics::Fp8Format;
 constexpr std::int64_t kElementGrain = 16384;
 
-template <typename Body>
-void parallel_elements(std::int64_t n, Body body) {
+// out = fp8 grid values of x * scale, in parallel blocks.
+void quantise(const float* x, float scale, float* out, std::int64_t n, Fp8Format format) {
   tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, n, kElementGrain), [&](const auto& r) {
-    for (std::int64_t i = r.begin(); i < r.end(); ++i) body(i);
+    numerics::scale_round_to_fp8(x + r.begin(), scale, out + r.begin(), r.end() - r.begin(), format);
   });
+}
+
+// max |x| in parallel blocks; max is order-free, so any split gives the same bits.
+float parallel_amax(const float* x, std::int64_t n) {
+  return tbb::parallel_reduce(
+      tbb::blocked_range<std::int64_t>(0, n, kElementGrain), 0.0f,
+      [&](const auto& r, float running) {
+        const float block = numerics::tensor_amax(x + r.begin(), r.end() - r.begin());
+        return block != block || running != running ? block + running : (block > running ? block : running);
+      },
+      [](float a, float b) { return a != a || b != b ? a + b : (a > b ? a : b); });
 }
 
 bool ends_with(const std::string& s, std::string_view suffix) {
@@ -137,8 +149,8 @@ const AccelEngine::PreparedWeight& AccelEngine::prepared_weight(TensorId weight,
   const float* w = f32(weight);
   p.rows.assign(w, w + d.numel());
   if (zone != nullptr) {
-    p.scale = zone->weight.scale_for(numerics::tensor_amax(w, d.numel()));
-    parallel_elements(d.numel(), [&](std::int64_t i) { p.rows[i] = numerics::round_to_fp8(p.rows[i] * p.scale, Fp8Format::E4M3); });
+    p.scale = zone->weight.scale_for(parallel_amax(w, d.numel()));
+    quantise(p.rows.data(), p.scale, p.rows.data(), d.numel(), Fp8Format::E4M3);
   } else if (config_.bf16) {
     numerics::round_to_bf16_inplace(p.rows.data(), d.numel());
   }
@@ -150,7 +162,7 @@ const AccelEngine::PreparedWeight& AccelEngine::prepared_weight(TensorId weight,
 const float* AccelEngine::fp8_operand(TensorId id, float scale, Fp8Format format, std::vector<float>& buffer) {
   const float* x = f32(id);
   buffer.resize(static_cast<std::size_t>(t_.numel(id)));
-  parallel_elements(t_.numel(id), [&](std::int64_t i) { buffer[i] = numerics::round_to_fp8(x[i] * scale, format); });
+  quantise(x, scale, buffer.data(), t_.numel(id), format);
   return buffer.data();
 }
 
@@ -192,7 +204,7 @@ void AccelEngine::linear_forward(const OpSite& site, TensorId out, TensorId inp,
   const float* a = f32(inp);
   GemmNumerics fp8_gemm;
   if (zone != nullptr) {
-    zone->input_scale = zone->input.scale_for(numerics::tensor_amax(a, t_.numel(inp)));
+    zone->input_scale = zone->input.scale_for(parallel_amax(a, t_.numel(inp)));
     a = fp8_operand(inp, zone->input_scale, Fp8Format::E4M3, operand_a_);
     fp8_gemm = {(1.0f / zone->input_scale) * (1.0f / w.scale), config_.accumulate_interval};
   }
@@ -218,7 +230,7 @@ void AccelEngine::linear_backward(const OpSite& site, TensorId dinp, TensorId dw
   const float* x = f32(inp);
   GemmNumerics dgrad, wgrad;
   if (zone != nullptr) {
-    const float dy_scale = zone->grad_output.scale_for(numerics::tensor_amax(dy, t_.numel(dout)));
+    const float dy_scale = zone->grad_output.scale_for(parallel_amax(dy, t_.numel(dout)));
     dy = fp8_operand(dout, dy_scale, Fp8Format::E5M2, operand_a_);
     x = fp8_operand(inp, zone->input_scale, Fp8Format::E4M3, operand_b_);  // as the forward quantised it
     dgrad = {(1.0f / dy_scale) * (1.0f / w.scale), config_.accumulate_interval};

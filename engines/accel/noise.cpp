@@ -1,6 +1,7 @@
 #include "noise.h"
 
 #include <atomic>
+#include <memory>
 #include <numeric>
 #include <random>
 
@@ -19,12 +20,24 @@ void add_in_order(const std::vector<float>& partials, std::int64_t n, float* out
   }
 }
 
+// Each part, as soon as it is done, adds itself into the output segment by segment under
+// a per-segment lock (atomic accumulation at tile granularity, as a split-K kernel's
+// atomic epilogue): which part adds first to a segment is whichever finished first.
 void reduce_racy(int parts, std::int64_t n, float* out, const PartFn& produce) {
+  const std::int64_t segments = (n + kNoiseSegment - 1) / kNoiseSegment;
+  std::unique_ptr<std::atomic_flag[]> locks(new std::atomic_flag[static_cast<std::size_t>(segments)]);
+  for (std::int64_t s = 0; s < segments; ++s) locks[s].clear();
   tbb::parallel_for(0, parts, [&](int part) {
-    std::vector<float> partial(static_cast<std::size_t>(n));
-    produce(part, partial.data());
-    for (std::int64_t i = 0; i < n; ++i) {
-      std::atomic_ref<float>(out[i]).fetch_add(partial[static_cast<std::size_t>(i)], std::memory_order_relaxed);
+    std::unique_ptr<float[]> partial(new float[static_cast<std::size_t>(n)]);  // produce() overwrites it
+    produce(part, partial.get());
+    for (std::int64_t s = 0; s < segments; ++s) {
+      while (locks[s].test_and_set(std::memory_order_acquire)) {
+        locks[s].wait(true, std::memory_order_relaxed);
+      }
+      const std::int64_t end = (s + 1) * kNoiseSegment < n ? (s + 1) * kNoiseSegment : n;
+      for (std::int64_t i = s * kNoiseSegment; i < end; ++i) out[i] += partial[i];
+      locks[s].clear(std::memory_order_release);
+      locks[s].notify_one();
     }
   });
 }

@@ -9,8 +9,8 @@
 //   seeded  each reduction's order is a permutation drawn from Philox(noise_seed, step,
 //           reduction index, output segment): different per run, replayable bit for bit
 //           with the recorded seed;
-//   racy    partial results are added with atomic adds as their tasks complete: the real
-//           completion order of parallel tasks, not replayable;
+//   racy    each partial result is added as soon as its task completes, under a lock per
+//           output segment: the real completion order of parallel tasks, not replayable;
 //   off     fixed order: the deterministic mode, bitwise reproducible.
 // Every mode adds the same partial results; only the order of the additions differs.
 #pragma once

@@ -101,24 +101,39 @@ float fp8_to_fp32(std::uint8_t code, Fp8Format format) {
   return negative ? -value : value;
 }
 
-float round_to_fp8(float x, Fp8Format format) {
-  // Float arithmetic instead of a code round trip, so quantising a tensor vectorises:
-  // adding C = 1.5 * 2^(23 + e - M) leaves a sum whose last place is exactly the fp8
-  // step 2^(e - M) at x's exponent e (clamped to the subnormal step below the least
-  // normal), so the hardware's round-to-nearest-even rounds x onto the fp8 grid, and the
-  // subtraction is exact. Tests check it against fp8_to_fp32(fp32_to_fp8(x)).
-  const Fp8Traits t = fp8_traits(format);
+// Float arithmetic instead of a code round trip, so quantising a tensor vectorises:
+// adding C = 1.5 * 2^(23 + e - M) leaves a sum whose last place is exactly the fp8 step
+// 2^(e - M) at x's exponent e (clamped to the subnormal step below the least normal), so
+// the hardware's round-to-nearest-even puts x on the fp8 grid, and the subtraction is
+// exact. Branch-free; tests check it against fp8_to_fp32(fp32_to_fp8(x)).
+namespace {
+inline float round_to_fp8_lane(float x, float max_finite, std::uint32_t least_normal_exponent, std::uint32_t mantissa_bits) {
   const auto u = std::bit_cast<std::uint32_t>(x);
-  if (is_nan_bits(u)) return std::bit_cast<float>(0x7FC00000u);
   float magnitude = std::bit_cast<float>(u & kAbsMask);
-  magnitude = magnitude < 2.0f * t.max_finite ? magnitude : 2.0f * t.max_finite;
-  const int least_normal_exponent = 1 - t.bias + 127;
-  int exponent = static_cast<int>(std::bit_cast<std::uint32_t>(magnitude) >> 23);
+  magnitude = magnitude < 2.0f * max_finite ? magnitude : 2.0f * max_finite;  // NaN -> 2 max, fixed below
+  std::uint32_t exponent = std::bit_cast<std::uint32_t>(magnitude) >> 23;
   exponent = exponent > least_normal_exponent ? exponent : least_normal_exponent;
-  const float c = std::bit_cast<float>(static_cast<std::uint32_t>(exponent + 23 - t.mantissa_bits) << 23 | 0x400000u);
+  const float c = std::bit_cast<float>((exponent + 23 - mantissa_bits) << 23 | 0x400000u);
   float rounded = (magnitude + c) - c;
-  rounded = rounded < t.max_finite ? rounded : t.max_finite;
-  return std::bit_cast<float>(std::bit_cast<std::uint32_t>(rounded) | (u & kSignMask));
+  rounded = rounded < max_finite ? rounded : max_finite;
+  const std::uint32_t result = std::bit_cast<std::uint32_t>(rounded) | (u & kSignMask);
+  return std::bit_cast<float>(is_nan_bits(u) ? 0x7FC00000u : result);
+}
+}  // namespace
+
+float round_to_fp8(float x, Fp8Format format) {
+  const Fp8Traits t = fp8_traits(format);
+  return round_to_fp8_lane(x, t.max_finite, static_cast<std::uint32_t>(128 - t.bias),
+                           static_cast<std::uint32_t>(t.mantissa_bits));
+}
+
+void scale_round_to_fp8(const float* x, float scale, float* out, std::int64_t n, Fp8Format format) {
+  const Fp8Traits t = fp8_traits(format);
+  const auto least_normal_exponent = static_cast<std::uint32_t>(128 - t.bias);
+  const auto mantissa_bits = static_cast<std::uint32_t>(t.mantissa_bits);
+  for (std::int64_t i = 0; i < n; ++i) {
+    out[i] = round_to_fp8_lane(x[i] * scale, t.max_finite, least_normal_exponent, mantissa_bits);
+  }
 }
 
 }  // namespace harness::numerics

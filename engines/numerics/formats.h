@@ -36,5 +36,7 @@ std::uint8_t fp32_to_fp8(float x, Fp8Format format);
 float fp8_to_fp32(std::uint8_t code, Fp8Format format);
 // Quantise and dequantise in one: the fp32 value of the code nearest to x (saturating).
 float round_to_fp8(float x, Fp8Format format);
+// out[i] = round_to_fp8(x[i] * scale): a tensor onto the FP8 grid (out may alias x).
+void scale_round_to_fp8(const float* x, float scale, float* out, std::int64_t n, Fp8Format format);
 
 }  // namespace harness::numerics

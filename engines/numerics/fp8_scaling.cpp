@@ -23,14 +23,14 @@ float compute_fp8_scale(float amax, float previous_scale, float fp8_max, int mar
 }
 
 float tensor_amax(const float* x, std::int64_t n) {
-  float amax = 0.0f;
-  bool nan = false;
+  // On magnitudes' bit patterns, integer order is value order and every NaN is above
+  // infinity: one integer max finds the amax and any NaN, and it vectorises.
+  std::uint32_t largest = 0;
   for (std::int64_t i = 0; i < n; ++i) {
-    const float a = x[i] < 0.0f ? -x[i] : x[i];
-    nan |= a != a;
-    amax = a > amax ? a : amax;
+    const std::uint32_t magnitude = std::bit_cast<std::uint32_t>(x[i]) & 0x7FFFFFFFu;
+    largest = magnitude > largest ? magnitude : largest;
   }
-  return nan ? std::numeric_limits<float>::quiet_NaN() : amax;
+  return largest > 0x7F800000u ? std::numeric_limits<float>::quiet_NaN() : std::bit_cast<float>(largest);
 }
 
 Fp8ScalingState::Fp8ScalingState(Fp8Format format, const Fp8ScalingConfig& config)
