@@ -1,4 +1,7 @@
+#include <algorithm>
 #include <memory>
+#include <set>
+#include <string>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -52,9 +55,18 @@ void print_human(const nlohmann::json& j) {
   if (!j["first_loss"].is_null()) {
     fmt::print("loss        {} (first) -> {} (last)\n", exact(j["first_loss"]), exact(j["last_loss"]));
   }
-  for (const char* key : {"seed", "threads", "created_utc", "git_commit", "toolchain", "libraries", "kernels", "host",
-                          "cpu", "fault_injection"}) {
+  const std::vector<std::string> stack_keys{"seed", "threads", "created_utc", "git_commit", "toolchain", "libraries",
+                                            "kernels", "host", "cpu", "fault_injection"};
+  for (const auto& key : stack_keys) {
     if (m.contains(key)) fmt::print("{:<11} {}\n", key, m[key].get<std::string>());
+  }
+  // Engine settings (noise mode and seed, FP8 recipe, ...): whatever else the manifest holds,
+  // but the fields above and the canary's JSON.
+  const std::set<std::string> shown{"schema_version", "lane", "engine", "features", "canary", "steps_planned",
+                                    "complete", "data_seed"};
+  for (const auto& [key, value] : m.items()) {
+    const bool stack_key = std::find(stack_keys.begin(), stack_keys.end(), key) != stack_keys.end();
+    if (!stack_key && !shown.count(key)) fmt::print("{:<11} {}\n", key, value.get<std::string>());
   }
   fmt::print("datasets\n");
   for (const auto& d : j["datasets"]) {
