@@ -71,29 +71,11 @@ void layernorm_backward(ReduceContext& ctx, float* dinp, float* dweight, float* 
   reduce_parts(ctx.noise, ctx.next(), part_count(N, kTokenChunk), 2 * C, sums.data(), ctx.workspace,
                [&](int part, float* partial) {
                  std::fill_n(partial, 2 * C, 0.0f);
-                 float* dw = partial;
-                 float* db = partial + C;
                  const int end = std::min(N, (part + 1) * kTokenChunk);
                  for (int i = part * kTokenChunk; i < end; ++i) {
-                   const float* x = inp + static_cast<long>(i) * C;
-                   const float* dy = dout + static_cast<long>(i) * C;
-                   float* dx = dinp + static_cast<long>(i) * C;
-                   const float m = mean[i], s = rstd[i];
-                   float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
-                   for (int c = 0; c < C; ++c) {
-                     const float dnorm = weight[c] * dy[c];
-                     dnorm_mean += dnorm;
-                     dnorm_norm_mean += dnorm * ((x[c] - m) * s);
-                   }
-                   dnorm_mean /= static_cast<float>(C);
-                   dnorm_norm_mean /= static_cast<float>(C);
-                   for (int c = 0; c < C; ++c) {
-                     const float norm = (x[c] - m) * s;
-                     const float dnorm = weight[c] * dy[c];
-                     dw[c] += norm * dy[c];
-                     db[c] += dy[c];
-                     dx[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
-                   }
+                   const long row = static_cast<long>(i) * C;
+                   kernels::layernorm_backward_row(dinp + row, partial, partial + C, dout + row, inp + row, weight,
+                                                   mean[i], rstd[i], C);
                  }
                });
   for (int c = 0; c < C; ++c) {
@@ -105,18 +87,6 @@ void layernorm_backward(ReduceContext& ctx, float* dinp, float* dweight, float* 
 // ---- attention ------------------------------------------------------------------------
 
 namespace {
-
-struct Head {  // head h of batch row b inside qkv (B,T,3C): row stride 3C
-  const float* q;
-  const float* k;
-  const float* v;
-  int ld;
-};
-
-Head head_of(const float* qkv, int b, int h, int T, int C, int hs) {
-  const float* base = qkv + static_cast<long>(b) * T * 3 * C + h * hs;
-  return {base, base + C, base + 2 * C, 3 * C};
-}
 
 // out (T,hs, row stride ld) += sum over chunks of `contracted` rows: partial = A[:, chunk] @ Bm[chunk, :],
 // A (T, T) row-major, Bm (T, hs) with row stride ldb. The chunks are the noisy parts.
@@ -143,7 +113,7 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
   const float scale = 1.0f / __builtin_sqrtf(static_cast<float>(hs));
   tbb::parallel_for(0, B * NH, [&](int bh) {
     const int b = bh / NH, h = bh % NH;
-    const Head x = head_of(qkv, b, h, T, C, hs);
+    const kernels::HeadView x = kernels::head_view(qkv, b, h, T, C, hs);
     std::vector<float> k_transposed(static_cast<std::size_t>(hs) * T);
     float* att_bh = att + static_cast<long>(bh) * T * T;
     kernels::transpose_serial(x.k, T, hs, x.ld, k_transposed.data(), T);
@@ -162,7 +132,7 @@ void attention_backward(const NoiseSource& noise, Reduction reduction, float* dq
   const std::uint64_t segments_per_output = (static_cast<std::uint64_t>(T) * hs + kNoiseSegment - 1) / kNoiseSegment;
   tbb::parallel_for(0, B * NH, [&](int bh) {
     const int b = bh / NH, h = bh % NH;
-    const Head x = head_of(qkv, b, h, T, C, hs);
+    const kernels::HeadView x = kernels::head_view(qkv, b, h, T, C, hs);
     float* dq = dqkv + static_cast<long>(b) * T * 3 * C + h * hs;
     float* dk = dq + C;
     float* dv = dq + 2 * C;
@@ -181,12 +151,8 @@ void attention_backward(const NoiseSource& noise, Reduction reduction, float* dq
     accumulate_over_chunks(noise, part_of(2), transposed.data(), dy, C, dv, 3 * C, T, hs, workspace);
     // forward: att = softmax(scale * preatt)  =>  dpreatt = scale * att * (datt - <att, datt>)
     for (int t = 0; t < T; ++t) {
-      const float* a = att_bh + static_cast<long>(t) * T;
-      float* d = datt.data() + static_cast<long>(t) * T;
-      float dot = 0.0f;
-      for (int t2 = 0; t2 <= t; ++t2) dot += a[t2] * d[t2];
-      for (int t2 = 0; t2 <= t; ++t2) d[t2] = a[t2] * (d[t2] - dot) * scale;
-      for (int t2 = t + 1; t2 < T; ++t2) d[t2] = 0.0f;
+      kernels::causal_softmax_backward_row(datt.data() + static_cast<long>(t) * T, att_bh + static_cast<long>(t) * T, t,
+                                           T, scale);
     }
     if (bf16) numerics::round_to_bf16_inplace(datt.data(), static_cast<std::int64_t>(T) * T);
     // forward: preatt = q @ k^T  =>  dq += dpreatt @ k (over keys); dk += dpreatt^T @ q (over queries)

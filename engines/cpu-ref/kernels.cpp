@@ -71,35 +71,34 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
   });
 }
 
+void layernorm_backward_row(float* dx, float* dw, float* db, const float* dy, const float* x, const float* weight,
+                            float mean, float rstd, int C) {
+  float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+  for (int c = 0; c < C; ++c) {
+    const float norm = (x[c] - mean) * rstd;
+    const float dnorm = weight[c] * dy[c];
+    dnorm_mean += dnorm;
+    dnorm_norm_mean += dnorm * norm;
+  }
+  dnorm_mean /= static_cast<float>(C);
+  dnorm_norm_mean /= static_cast<float>(C);
+  for (int c = 0; c < C; ++c) {
+    const float norm = (x[c] - mean) * rstd;
+    const float dnorm = weight[c] * dy[c];
+    // forward: y = norm * weight + bias
+    dw[c] += norm * dy[c];
+    db[c] += dy[c];
+    dx[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * rstd;
+  }
+}
+
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, int N, int C) {
   // Row i's dinp is written by one task; dweight/dbias sum over rows in fixed blocks.
   const std::vector<float> sums = blocked_row_sum(N, kTokenBlock, 2 * C, [&](std::int64_t r0, std::int64_t r1,
                                                                               float* partial) {
-    float* dw = partial;
-    float* db = partial + C;
     for (std::int64_t i = r0; i < r1; ++i) {
-      const float* x = inp + i * C;
-      const float* dy = dout + i * C;
-      float* dx = dinp + i * C;
-      const float m = mean[i], s = rstd[i];
-      float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
-      for (int c = 0; c < C; ++c) {
-        const float norm = (x[c] - m) * s;
-        const float dnorm = weight[c] * dy[c];
-        dnorm_mean += dnorm;
-        dnorm_norm_mean += dnorm * norm;
-      }
-      dnorm_mean /= static_cast<float>(C);
-      dnorm_norm_mean /= static_cast<float>(C);
-      for (int c = 0; c < C; ++c) {
-        const float norm = (x[c] - m) * s;
-        const float dnorm = weight[c] * dy[c];
-        // forward: y = norm * weight + bias
-        dw[c] += norm * dy[c];
-        db[c] += dy[c];
-        dx[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
-      }
+      layernorm_backward_row(dinp + i * C, partial, partial + C, dout + i * C, inp + i * C, weight, mean[i], rstd[i], C);
     }
   });
   add_inplace(dweight, sums.data(), C);
@@ -187,18 +186,6 @@ void exp_inplace(float* x, std::int64_t n) {
 
 namespace {
 
-struct HeadView {  // q, k, v of head h of batch row b inside qkv (B,T,3C); row stride 3C
-  const float* q;
-  const float* k;
-  const float* v;
-  int ld;
-};
-
-HeadView head_view(const float* qkv, int b, int h, int T, int C, int hs) {
-  const float* base = qkv + static_cast<long>(b) * T * 3 * C + h * hs;
-  return {base, base + C, base + 2 * C, 3 * C};
-}
-
 struct AttentionScratch {  // per thread: T x T and hs x T buffers
   std::vector<float> a, b;
   void size_for(int T, int hs) {
@@ -225,6 +212,18 @@ void causal_softmax_row(float* row, int t, int T, float scale) {
   for (int t2 = t + 1; t2 < T; ++t2) row[t2] = 0.0f;
 }
 
+
+HeadView head_view(const float* qkv, int b, int h, int T, int C, int hs) {
+  const float* base = qkv + static_cast<long>(b) * T * 3 * C + h * hs;
+  return {base, base + C, base + 2 * C, 3 * C};
+}
+
+void causal_softmax_backward_row(float* d, const float* a, int t, int T, float scale) {
+  float dot = 0.0f;
+  for (int t2 = 0; t2 <= t; ++t2) dot += a[t2] * d[t2];
+  for (int t2 = 0; t2 <= t; ++t2) d[t2] = a[t2] * (d[t2] - dot) * scale;
+  for (int t2 = t + 1; t2 < T; ++t2) d[t2] = 0.0f;
+}
 
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
   const int hs = C / NH;
@@ -268,12 +267,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
     gemm_serial(T, hs, T, transposed, T, dy, C, dv, 3 * C, GemmEpilogue::Accumulate);
     // forward: att = softmax(scale * preatt)  =>  dpreatt = scale * att * (datt - <att, datt>)
     for (int t = 0; t < T; ++t) {
-      const float* a = att_bh + static_cast<long>(t) * T;
-      float* d = datt + static_cast<long>(t) * T;
-      float dot = 0.0f;
-      for (int t2 = 0; t2 <= t; ++t2) dot += a[t2] * d[t2];
-      for (int t2 = 0; t2 <= t; ++t2) d[t2] = a[t2] * (d[t2] - dot) * scale;
-      for (int t2 = t + 1; t2 < T; ++t2) d[t2] = 0.0f;
+      causal_softmax_backward_row(datt + static_cast<long>(t) * T, att_bh + static_cast<long>(t) * T, t, T, scale);
     }
     // forward: preatt = q @ k^T  =>  dq += dpreatt @ k; dk += dpreatt^T @ q
     gemm_serial(T, hs, T, datt, T, x.k, x.ld, dq, 3 * C, GemmEpilogue::Accumulate);

@@ -25,12 +25,29 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, int N, int C);
 
+// One row of the backward: dx += d/dx, dw += norm * dy, db += dy (C channels).
+void layernorm_backward_row(float* dx, float* dw, float* db, const float* dy, const float* x, const float* weight,
+                            float mean, float rstd, int C);
+
 // out (N,OC) = inp (N,C) @ weight (OC,C)^T + bias. scratch >= C*OC floats.
 void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC,
                     float* scratch);
 // dinp += dout @ weight; dweight += dout^T @ inp; dbias += sum over rows. scratch >= N*OC.
 void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int N, int C, int OC, float* scratch);
+
+// q, k, v of head h of batch row b inside qkv (B,T,3C); row stride 3C.
+struct HeadView {
+  const float* q;
+  const float* k;
+  const float* v;
+  int ld;
+};
+HeadView head_view(const float* qkv, int b, int h, int T, int C, int hs);
+
+// Row t of the causal softmax backward in place: d = scale * a * (d - <a, d>) over
+// t2 <= t (a: probabilities, d: their gradient), exact zeros beyond.
+void causal_softmax_backward_row(float* d, const float* a, int t, int T, float scale);
 
 // Row t of attention scores in place: scale, softmax over t2 <= t, exact zeros beyond.
 void causal_softmax_row(float* row, int t, int T, float scale);
