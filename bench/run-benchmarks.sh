@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every benchmark of bench/ in one go, on an otherwise idle machine, and prints the
 # numbers docs/performance.md records: GEMM vs OpenBLAS, the non-GEMM kernels, the tiny
-# step at 1 and 2 threads with the recording cost, and the same step in PyTorch.
+# step at 1 and 2 threads with the recording cost, accel's step per feature and noise
+# mode (docs/engines/accel.md), and the same step in PyTorch.
 #   bench/run-benchmarks.sh [OUT_DIR]     (default reports/bench-<UTC timestamp>)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
