@@ -2,7 +2,8 @@
 
 #include <array>
 #include <charconv>
-#include <set>
+#include <algorithm>
+#include <iterator>
 #include <stdexcept>
 #include <string_view>
 #include <vector>
@@ -188,10 +189,10 @@ std::string AccelConfig::canonical_features() const {
 }
 
 AccelConfig parse_accel_config(const EngineSettings& settings) {
-  static const std::set<std::string> kKnown{"fp8-recipe", "amax-history", "amax-algo", "margin",
-                                            "fp8-accumulate", "noise", "noise-seed"};
   for (const auto& option : settings.options) {
-    if (!kKnown.count(option.first)) fail(fmt::format("--{}: not an option of engine accel", option.first));
+    const bool known = std::find(std::begin(kEngineFlagNames), std::end(kEngineFlagNames), option.first) !=
+                       std::end(kEngineFlagNames);
+    if (!known) fail(fmt::format("--{}: not an option of engine accel", option.first));
   }
   AccelConfig c;
   parse_features(settings.features, c);

@@ -29,8 +29,6 @@ class AccelEngine final : public Engine {
   std::string features() const override { return config_.canonical_features(); }
   std::map<std::string, AttributeValue> manifest_attributes() const override;
   std::vector<StepState> step_state() const override;
-  const AccelConfig& config() const { return config_; }
-  std::uint64_t noise_seed() const { return noise_.seed(); }
 
   void bind(const TensorTable& table) override;
   void upload(TensorId id, std::span<const float> values) override;

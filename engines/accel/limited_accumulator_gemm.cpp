@@ -3,6 +3,8 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include <immintrin.h>
 #include <tbb/blocked_range.h>
@@ -56,7 +58,10 @@ __attribute__((target("avx2,fma"))) void rows_avx2(int m0, int m1, int N, int K,
   if (n_vec < N) rows_generic(m0, m1, N - n_vec, K, A, lda, B + n_vec, ldb, C + n_vec, ldc, interval);
 }
 
-bool has_avx2_fma() {
+// As the main GEMM: AVX2+FMA when the CPU has it, unless HARNESS_GEMM_KERNEL=generic.
+bool use_avx2_fma() {
+  const char* forced = std::getenv("HARNESS_GEMM_KERNEL");
+  if (forced != nullptr && std::strcmp(forced, "generic") == 0) return false;
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
@@ -70,7 +75,7 @@ void gemm_limited_accumulator_generic(int M, int N, int K, const float* A, int l
 
 void gemm_limited_accumulator(int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc,
                               int interval) {
-  static const bool avx2 = has_avx2_fma();
+  static const bool avx2 = use_avx2_fma();
   constexpr int kRowGrain = 16;
   tbb::parallel_for(tbb::blocked_range<int>(0, M, kRowGrain), [&](const tbb::blocked_range<int>& r) {
     if (avx2) rows_avx2(r.begin(), r.end(), N, K, A, lda, B, ldb, C, ldc, interval);

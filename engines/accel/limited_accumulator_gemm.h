@@ -3,9 +3,9 @@
 // Hopper's FP8 tensor cores were reported to keep only about 14 bits of the running sum;
 // the known fix (DeepSeek-V3, DeepGEMM) promotes the partial sum to an fp32 register
 // every 128 products along K. This kernel models it: within each run of `interval`
-// products the accumulator is cut to 14 significant bits (13 fraction bits, rounding
-// toward zero) after every fused multiply-add; at the end of the run it is added to an
-// fp32 total. The model is documented in docs/engines/accel.md; the cut is a bit mask,
+// products, each fused multiply-add's fp32 result is cut to 14 significant bits (its low
+// 10 fraction bits cleared: truncation); at the end of the run the run's sum is added to
+// an fp32 total. The model is documented in docs/engines/accel.md; the cut is a bit mask,
 // so the AVX2 and the portable kernel give the same bits.
 //
 //   C[m,n] = sum over runs r of ( limited sum_{k in r} A[m*lda+k] * B[k*ldb+n] )

@@ -9,6 +9,10 @@
 
 namespace harness {
 
+// Every engine flag the CLI offers, by name without dashes (accel's today).
+inline constexpr const char* kEngineFlagNames[] = {"noise", "noise-seed", "fp8-recipe", "amax-history",
+                                                   "amax-algo", "margin", "fp8-accumulate"};
+
 struct EngineSettings {
   std::string features;                         // --features, e.g. "bf16,fp8=mlp_fc"
   std::map<std::string, std::string> options;   // flag without dashes -> value, e.g. "noise" -> "off"

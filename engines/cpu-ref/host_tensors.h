@@ -14,12 +14,10 @@ namespace harness {
 class HostTensors {
  public:
   void bind(const TensorTable& table);
-  const TensorTable& table() const { return *table_; }
   const TensorDesc& desc(TensorId id) const { return (*table_)[id]; }
 
   float* f32(TensorId id);
   const std::int32_t* i32(TensorId id) const;
-  float* f32_or_null(TensorId id) { return id == kNoTensor ? nullptr : f32(id); }
   std::int64_t numel(TensorId id) const { return desc(id).numel(); }
   std::int64_t rows(TensorId id) const;  // product of all but the last dimension
   int last_dim(TensorId id) const { return static_cast<int>(desc(id).shape.back()); }

@@ -42,13 +42,16 @@ float Fp8ScalingState::scale_for(float amax) {
   seen_this_step_ = true;
   history_[0] = step_amax_;
   if (config_.recipe == Fp8Recipe::Current) {
-    scale_ = compute_fp8_scale(amax, scale_, fp8_traits(format_).max_finite, config_.margin);
+    // TE's current scaling has no history to fall back on: scale 1 for a zero or
+    // non-finite amax.
+    scale_ = compute_fp8_scale(amax, 1.0f, fp8_traits(format_).max_finite, config_.margin);
   }
   return scale_;
 }
 
 void Fp8ScalingState::end_step() {
   seen_this_step_ = false;
+  step_amax_ = 0.0f;  // a role not used next step records amax 0, as its history slot does
   if (config_.recipe == Fp8Recipe::Current) return;
   float amax = history_[0];
   if (config_.amax_algo == AmaxAlgo::Max) {

@@ -9,9 +9,10 @@
 //    of the step amax = max(history) ("max") or history[0] ("most_recent"),
 //    scale = (fp8_max / amax) / 2^margin, the history rolls by one (torch.roll(h, -1))
 //    and slot 0 is cleared for the next step.
-//  - current: the scale comes from this tensor's own amax, right before quantising.
-// In both, a zero or non-finite amax keeps the previous scale, and an infinite scale
-// (amax tiny) becomes FLT_MAX. The first step uses scale 1 under delayed scaling.
+//    A zero or non-finite amax keeps the previous scale. The first step uses scale 1.
+//  - current: the scale comes from this tensor's own amax, right before quantising; a
+//    zero or non-finite amax gives scale 1 (there is no earlier scale to keep).
+// In both an infinite scale (amax tiny) becomes FLT_MAX.
 #pragma once
 
 #include <cstdint>
@@ -53,7 +54,7 @@ class Fp8ScalingState {
 
   Fp8Format format() const { return format_; }
   float scale() const { return scale_; }               // the scale the last scale_for() returned
-  float step_amax() const { return step_amax_; }       // the amax recorded this step
+  float step_amax() const { return step_amax_; }       // the amax recorded this step (0 after end_step)
   std::span<const float> history() const { return history_; }
 
  private:

@@ -24,11 +24,6 @@ int CommandRegistry::run_selected(const CLI::App& app) const {
 
 namespace {
 
-// The engine flags the CLI knows, by name without dashes; each engine validates its own
-// (cpu-ref takes none) and names the flag it rejects.
-constexpr const char* kEngineFlags[] = {"noise", "noise-seed", "fp8-recipe", "amax-history",
-                                        "amax-algo", "margin", "fp8-accumulate"};
-
 struct RunFlags {
   run::RunOptions options;
   std::string dump_tensors;
@@ -93,7 +88,8 @@ void add_run_command(CLI::App& app, CommandRegistry& commands) {
       {"amax-algo", "accel delayed scaling: max (default) or most_recent"},
       {"margin", "accel FP8 scaling margin in powers of two (default 0)"},
       {"fp8-accumulate", "accel FP8 GEMM accumulator: full (default) or limited[:N] (promote every N, default 128)"}};
-  for (const char* name : kEngineFlags) {
+  // Each engine validates its own flags (cpu-ref takes none) and names the one it rejects.
+  for (const char* name : kEngineFlagNames) {
     run->add_option(std::string("--") + name, flags->engine_flags[name], engine_flag_help.at(name));
   }
   commands.add(run, [flags] { return run_action(*flags); });

@@ -69,8 +69,12 @@ TEST(Fp8Scaling, AnInfiniteScaleBecomesFltMax) {
 
 TEST(Fp8Scaling, CurrentScalingUsesTheTensorsOwnAmax) {
   Fp8ScalingState s(Fp8Format::E4M3, {Fp8Recipe::Current, 16, AmaxAlgo::Max, 0});
-  EXPECT_EQ(scales_used(s, {2, 4, 0, 7}), (std::vector<float>{224, 112, 112, 64}));
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(scales_used(s, {2, 4, 0, 7, inf}), (std::vector<float>{224, 112, 1, 64, 1}));
+  EXPECT_EQ(s.scale_for(7), 64.0f);
   EXPECT_EQ(s.step_amax(), 7.0f);
+  s.end_step();
+  EXPECT_EQ(s.step_amax(), 0.0f);
 }
 
 TEST(Fp8Scaling, SeveralUsesInOneStepRecordTheLargestAmax) {
