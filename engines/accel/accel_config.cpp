@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace harness::accel {
 namespace {
@@ -169,10 +170,12 @@ std::string AccelConfig::canonical_features() const {
       zones = "all";
     } else {
       for (const ZoneName& z : kZones) {
-        if (fp8_zones & z.zone) zones += (zones.empty() ? "" : ",") + std::string(z.name);
+        if ((fp8_zones & z.zone) == 0) continue;
+        if (!zones.empty()) zones += ',';
+        zones += z.name;
       }
     }
-    parts.push_back("fp8=" + zones);
+    parts.push_back(fmt::format("fp8={}", zones));
     const numerics::Fp8ScalingConfig defaults;
     if (scaling.recipe != defaults.recipe) parts.push_back(fmt::format("fp8-recipe={}", to_string(scaling.recipe)));
     if (scaling.amax_history_len != defaults.amax_history_len) {
@@ -183,9 +186,7 @@ std::string AccelConfig::canonical_features() const {
     if (accumulate_interval != 0) parts.push_back(fmt::format("fp8-accumulate=limited:{}", accumulate_interval));
   }
   if (noise != NoiseMode::Seeded) parts.push_back(fmt::format("noise={}", to_string(noise)));
-  std::string joined;
-  for (const std::string& p : parts) joined += (joined.empty() ? "" : "+") + p;
-  return joined;
+  return fmt::format("{}", fmt::join(parts, "+"));
 }
 
 AccelConfig parse_accel_config(const EngineSettings& settings) {

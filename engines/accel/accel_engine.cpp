@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <limits>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 #include <tbb/parallel_reduce.h>
@@ -92,11 +94,11 @@ std::map<std::string, AttributeValue> AccelEngine::manifest_attributes() const {
   a["numerics"] = std::string(config_.bf16 ? "bf16 autocast, fp32 master weights" : "fp32");
   a["noise_mode"] = std::string(to_string(config_.noise));
   if (config_.noise == NoiseMode::Seeded) a["noise_seed"] = static_cast<std::int64_t>(noise_.seed());
-  std::string zones;
+  std::vector<std::string> zones;
   for (unsigned zone : {kZoneQkv, kZoneAttnProj, kZoneMlpFc, kZoneMlpProj}) {
-    if (config_.fp8_zones & zone) zones += (zones.empty() ? "" : ",") + zone_name(zone);
+    if (config_.fp8_zones & zone) zones.push_back(zone_name(zone));
   }
-  a["fp8_zones"] = zones.empty() ? std::string("none") : zones;
+  a["fp8_zones"] = zones.empty() ? std::string("none") : fmt::format("{}", fmt::join(zones, ","));
   if (config_.fp8()) {
     a["fp8_format"] = std::string("hybrid: e4m3 forward input and weight, e5m2 backward output-gradient");
     a["fp8_recipe"] = std::string(to_string(config_.scaling.recipe));
@@ -104,7 +106,7 @@ std::map<std::string, AttributeValue> AccelEngine::manifest_attributes() const {
     a["fp8_amax_algo"] = std::string(to_string(config_.scaling.amax_algo));
     a["fp8_margin"] = static_cast<std::int64_t>(config_.scaling.margin);
     a["fp8_accumulate"] = config_.accumulate_interval == 0 ? std::string("full")
-                                                           : "limited:" + std::to_string(config_.accumulate_interval);
+                                                           : fmt::format("limited:{}", config_.accumulate_interval);
   }
   return a;
 }

@@ -56,7 +56,9 @@ TEST(AccelNoise, EveryModeAddsTheSamePartialsOnlyInAnotherOrder) {
   for (const char* mode : {"racy", "seeded"}) {
     const auto noisy = run_and_read(lane("tiny", 3, 2, "accel", "", {{"noise", mode}}), std::string("fp32_") + mode);
     // (Only seeded must differ: racy equals off whenever one thread happens to run every part.)
-    if (std::string(mode) == "seeded") EXPECT_NE(noisy.grads, off.grads) << "the order changed nothing";
+    if (std::string(mode) == "seeded") {
+      EXPECT_NE(noisy.grads, off.grads) << "the order changed nothing";
+    }
     for (std::size_t s = 0; s < off.loss.size(); ++s) {
       EXPECT_NEAR(noisy.loss[s], off.loss[s], 1e-5 * off.loss[s]) << mode << " step " << s;
     }
