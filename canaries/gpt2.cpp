@@ -109,9 +109,7 @@ void Gpt2Canary::describe_tensors() {
 std::vector<float> Gpt2Canary::initial_values(TensorId parameter, std::uint64_t seed) const {
   const TensorDesc& desc = table_[parameter];
   const auto n = static_cast<std::size_t>(desc.numel());
-  const auto ends_with = [&](std::string_view suffix) {
-    return desc.name.size() >= suffix.size() && desc.name.compare(desc.name.size() - suffix.size(), suffix.size(), suffix) == 0;
-  };
+  const auto ends_with = [&](std::string_view suffix) { return desc.name.ends_with(suffix); };
   if (ends_with(".bias")) return std::vector<float>(n, 0.0f);
   if (desc.name.find("ln") != std::string::npos && ends_with(".weight")) return std::vector<float>(n, 1.0f);
   // Residual projections are scaled by 1/sqrt(2L) (GPT-2's depth scaling).

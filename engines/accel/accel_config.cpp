@@ -144,13 +144,10 @@ void parse_noise_options(const std::map<std::string, std::string>& o, AccelConfi
 }  // namespace
 
 unsigned zone_of_site(const std::string& site) {
-  const auto ends_with = [&](std::string_view suffix) {
-    return site.size() >= suffix.size() && site.compare(site.size() - suffix.size(), suffix.size(), suffix) == 0;
-  };
-  if (ends_with(".attn.qkv")) return kZoneQkv;
-  if (ends_with(".attn.proj")) return kZoneAttnProj;
-  if (ends_with(".mlp.fc")) return kZoneMlpFc;
-  if (ends_with(".mlp.proj")) return kZoneMlpProj;
+  if (site.ends_with(".attn.qkv")) return kZoneQkv;
+  if (site.ends_with(".attn.proj")) return kZoneAttnProj;
+  if (site.ends_with(".mlp.fc")) return kZoneMlpFc;
+  if (site.ends_with(".mlp.proj")) return kZoneMlpProj;
   return 0;
 }
 

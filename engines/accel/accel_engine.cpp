@@ -38,10 +38,6 @@ float parallel_amax(const float* x, std::int64_t n) {
       [](float a, float b) { return a != a || b != b ? a + b : (a > b ? a : b); });
 }
 
-bool ends_with(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 std::uint64_t choose_noise_seed(const AccelConfig& c) {
   if (c.noise != NoiseMode::Seeded) return 0;
   // 63 bits, so the seed fits the manifest's int64 attribute and --noise-seed reads it back.
@@ -58,7 +54,7 @@ void AccelEngine::bind(const TensorTable& table) {
   zone_index_.clear();
   for (TensorId id : table.of_kind(TensorKind::Parameter)) {
     const std::string& name = table[id].name;
-    if (!ends_with(name, ".weight")) continue;
+    if (!name.ends_with(".weight")) continue;
     const std::string site = name.substr(0, name.size() - 7);
     if ((zone_of_site(site) & config_.fp8_zones) == 0) continue;
     zone_index_[site] = zones_.size();
@@ -129,7 +125,7 @@ bool AccelEngine::stored_as_bf16(TensorId id) const {
   // loss's probabilities, parameters, gradients and optimizer state stay fp32.
   const TensorDesc& d = t_.desc(id);
   if (d.kind != TensorKind::Activation && d.kind != TensorKind::ActivationGrad) return false;
-  return !ends_with(d.name, ".mean") && !ends_with(d.name, ".rstd") && d.name != "loss.probs";
+  return !d.name.ends_with(".mean") && !d.name.ends_with(".rstd") && d.name != "loss.probs";
 }
 
 void AccelEngine::store(TensorId id) {

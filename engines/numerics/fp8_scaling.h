@@ -52,7 +52,6 @@ class Fp8ScalingState {
   // The step is over: delayed scaling computes the next scale and rolls the history.
   void end_step();
 
-  Fp8Format format() const { return format_; }
   float scale() const { return scale_; }               // the scale the last scale_for() returned
   float step_amax() const { return step_amax_; }       // the amax recorded this step (0 after end_step)
   std::span<const float> history() const { return history_; }

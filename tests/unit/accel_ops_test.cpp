@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "accel_engine.h"
@@ -33,7 +34,7 @@ struct OpGraph {
 struct OpCase {
   std::string op, shape, feature;
   std::function<OpGraph()> build;
-  std::string id() const { return op + "/" + shape + "/" + feature; }
+  std::string id() const { return fmt::format("{}/{}/{}", op, shape, feature); }
 };
 
 AccelConfig config_for(const std::string& feature) {
@@ -109,7 +110,7 @@ TensorId act(TensorTable& t, const std::string& name, std::vector<std::int64_t> 
 }
 
 OpCase linear_case(int N, int C, int OC, bool bias, const std::string& feature) {
-  const std::string shape = "N" + std::to_string(N) + "_C" + std::to_string(C) + "_OC" + std::to_string(OC) + (bias ? "_bias" : "");
+  const std::string shape = fmt::format("N{}_C{}_OC{}{}", N, C, OC, bias ? "_bias" : "");
   return {"linear", shape, feature, [=] {
             OpGraph g;
             const TensorId w = g.table.add_parameter("blocks.0.mlp.fc.weight", {OC, C});
@@ -131,7 +132,7 @@ OpCase linear_case(int N, int C, int OC, bool bias, const std::string& feature) 
 }
 
 OpCase attention_case(int B, int T, int C, int NH, const std::string& feature) {
-  const std::string shape = "B" + std::to_string(B) + "_T" + std::to_string(T) + "_C" + std::to_string(C) + "_NH" + std::to_string(NH);
+  const std::string shape = fmt::format("B{}_T{}_C{}_NH{}", B, T, C, NH);
   return {"attention", shape, feature, [=] {
             OpGraph g;
             const TensorId qkv = act(g.table, "qkv", {B, T, 3 * C});
@@ -149,7 +150,7 @@ OpCase attention_case(int B, int T, int C, int NH, const std::string& feature) {
 }
 
 OpCase layernorm_case(int N, int C, const std::string& feature) {
-  return {"layernorm", "N" + std::to_string(N) + "_C" + std::to_string(C), feature, [=] {
+  return {"layernorm", fmt::format("N{}_C{}", N, C), feature, [=] {
             OpGraph g;
             const TensorId w = g.table.add_parameter("ln.weight", {C});
             const TensorId b = g.table.add_parameter("ln.bias", {C});
@@ -170,8 +171,7 @@ OpCase layernorm_case(int N, int C, const std::string& feature) {
 }
 
 OpCase encoder_case(int B, int T, int C, int V, const std::string& feature) {
-  return {"encoder", "B" + std::to_string(B) + "_T" + std::to_string(T) + "_C" + std::to_string(C) + "_V" + std::to_string(V),
-          feature, [=] {
+  return {"encoder", fmt::format("B{}_T{}_C{}_V{}", B, T, C, V), feature, [=] {
             OpGraph g;
             const TensorId wte = g.table.add_parameter("wte", {V, C});
             const TensorId wpe = g.table.add_parameter("wpe", {T, C});
@@ -190,7 +190,7 @@ OpCase encoder_case(int B, int T, int C, int V, const std::string& feature) {
 }
 
 OpCase elementwise_case(int n, const std::string& feature) {
-  return {"gelu_residual", "n" + std::to_string(n), feature, [=] {
+  return {"gelu_residual", fmt::format("n{}", n), feature, [=] {
             OpGraph g;
             const TensorId x = act(g.table, "x", {n});
             const TensorId a = act(g.table, "a", {n});
@@ -212,7 +212,7 @@ OpCase elementwise_case(int n, const std::string& feature) {
 }
 
 OpCase crossentropy_case(int N, int V, const std::string& feature) {
-  return {"crossentropy", "N" + std::to_string(N) + "_V" + std::to_string(V), feature, [=] {
+  return {"crossentropy", fmt::format("N{}_V{}", N, V), feature, [=] {
             OpGraph g;
             const TensorId logits = act(g.table, "logits", {N, V});
             const TensorId probs = act(g.table, "loss.probs", {N, V});
@@ -229,7 +229,7 @@ OpCase crossentropy_case(int N, int V, const std::string& feature) {
 }
 
 OpCase optimizer_case(int n, const std::string& feature) {
-  return {"norm_clip_adamw", "n" + std::to_string(n), feature, [=] {
+  return {"norm_clip_adamw", fmt::format("n{}", n), feature, [=] {
             OpGraph g;
             const TensorId p = g.table.add_parameter("p", {n / 8, 8});
             const TensorId q = g.table.add_parameter("q", {n});
