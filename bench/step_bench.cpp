@@ -60,7 +60,7 @@ void BM_AccelTrainStep(benchmark::State& state) {
   const tbb::global_control threads(tbb::global_control::max_allowed_parallelism, 2);
   accel::AccelConfig config;
   config.bf16 = state.range(0) >= 1;
-  config.fp8_zones = state.range(0) == 2 ? accel::kAllZones : 0;
+  config.fp8_zones = state.range(0) == 2 ? unsigned{accel::kAllZones} : 0u;
   config.noise = std::array{accel::NoiseMode::Seeded, accel::NoiseMode::Racy, accel::NoiseMode::Off}[state.range(1)];
   if (config.noise == accel::NoiseMode::Seeded) config.noise_seed = 7;
   TinyRun<accel::AccelEngine> run(config);

@@ -188,8 +188,8 @@ std::string AccelConfig::canonical_features() const {
 
 AccelConfig parse_accel_config(const EngineSettings& settings) {
   for (const auto& option : settings.options) {
-    const bool known = std::find(std::begin(kEngineFlagNames), std::end(kEngineFlagNames), option.first) !=
-                       std::end(kEngineFlagNames);
+    const bool known = std::find(std::begin(kAccelFlagNames), std::end(kAccelFlagNames), option.first) !=
+                       std::end(kAccelFlagNames);
     if (!known) fail(fmt::format("--{}: not an option of engine accel", option.first));
   }
   AccelConfig c;

@@ -49,10 +49,11 @@ using AttributeValue = std::variant<std::string, std::int64_t, double>;
 
 // Engine state recorded once per step in a receipt group of its own, e.g. /fp8: the
 // group holds `names` (the columns) and one float64 dataset (steps, columns) per field.
+// With no columns each field holds one value per step: a 1-D dataset (steps), no `names`.
 struct StepState {
   std::string group;
   std::vector<std::string> columns;
-  std::vector<std::pair<std::string, std::vector<double>>> fields;  // field name -> one value per column
+  std::vector<std::pair<std::string, std::vector<double>>> fields;  // field name -> one value per column (or one)
 };
 
 class Engine {
@@ -60,12 +61,17 @@ class Engine {
   virtual ~Engine() = default;
 
   virtual std::string_view name() const = 0;
+  // The engine part of the lane name: the name, plus the mesh for tpu-mesh ("tpu-mesh@2x2").
+  virtual std::string lane_engine() const { return std::string(name()); }
   // The canonical feature string of this configuration ("" for none): part of the lane name.
   virtual std::string features() const { return {}; }
   // Engine settings for the receipt manifest (noise mode and seed, FP8 recipe, ...).
   virtual std::map<std::string, AttributeValue> manifest_attributes() const { return {}; }
   // State of the step that just ended (after step_end()); empty for engines with none.
   virtual std::vector<StepState> step_state() const { return {}; }
+  // Checks that this configuration can run the model (a mesh engine's shard plan must
+  // divide it); throws std::invalid_argument naming the flag. Allocates nothing.
+  virtual void check_table(const TensorTable&) const {}
   // Allocates device memory for every tensor of the table; call once before anything else.
   virtual void bind(const TensorTable& table) = 0;
 

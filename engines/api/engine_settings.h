@@ -9,9 +9,12 @@
 
 namespace harness {
 
-// Every engine flag the CLI offers, by name without dashes (accel's today).
-inline constexpr const char* kEngineFlagNames[] = {"noise", "noise-seed", "fp8-recipe", "amax-history",
-                                                   "amax-algo", "margin", "fp8-accumulate"};
+// The flags of each engine, by name without dashes. The CLI offers all of them; each
+// engine accepts only its own.
+inline constexpr const char* kAccelFlagNames[] = {"noise", "noise-seed", "fp8-recipe", "amax-history",
+                                                  "amax-algo", "margin", "fp8-accumulate"};
+// "leak-scalars" is a switch: present (any value) means on.
+inline constexpr const char* kMeshFlagNames[] = {"mesh", "shard-plan", "precision", "compile-cache", "leak-scalars"};
 
 struct EngineSettings {
   std::string features;                         // --features, e.g. "bf16,fp8=mlp_fc"

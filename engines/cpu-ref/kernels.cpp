@@ -346,7 +346,12 @@ float crossentropy_forward(float* probs, const float* logits, const std::int32_t
 }
 
 void crossentropy_backward(float* dlogits, const float* probs, const std::int32_t* targets, int N, int V) {
-  const float dloss = 1.0f / static_cast<float>(N);  // d mean / d per-token loss
+  crossentropy_backward(dlogits, probs, targets, N, V, N);
+}
+
+void crossentropy_backward(float* dlogits, const float* probs, const std::int32_t* targets, int N, int V,
+                           std::int64_t mean_rows) {
+  const float dloss = 1.0f / static_cast<float>(mean_rows);  // d mean / d per-token loss
   tbb::parallel_for(0, N, [&](int i) {
     const float* p = probs + static_cast<long>(i) * V;
     float* dz = dlogits + static_cast<long>(i) * V;

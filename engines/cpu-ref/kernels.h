@@ -67,6 +67,10 @@ void crossentropy_rows(float* probs, float* losses, const float* logits, const s
 // crossentropy_rows, then the mean of the losses in a fixed order
 float crossentropy_forward(float* probs, const float* logits, const std::int32_t* targets, int N, int V);
 void crossentropy_backward(float* dlogits, const float* probs, const std::int32_t* targets, int N, int V);
+// The same for N rows of a loss that is the mean over mean_rows (>= N) rows: a block of
+// the batch on one device of a mesh.
+void crossentropy_backward(float* dlogits, const float* probs, const std::int32_t* targets, int N, int V,
+                           std::int64_t mean_rows);
 
 // Sum of squares of one tensor as fixed-block partials in double: appends ceil(n/block)
 // partials, so the caller can tree-combine the partials of many tensors in one fixed order.

@@ -5,6 +5,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -69,7 +70,7 @@ void add_run_command(CLI::App& app, CommandRegistry& commands) {
   auto flags = std::make_shared<RunFlags>();
   CLI::App* run = app.add_subcommand("run", "Run a canary on an engine and write an HDF5 receipt");
   run->add_option("--canary", flags->options.canary, "Canary preset (tiny, micro)")->capture_default_str();
-  run->add_option("--engine", flags->options.engine, "Engine (cpu-ref, accel)")->capture_default_str();
+  run->add_option("--engine", flags->options.engine, "Engine (cpu-ref, accel, tpu-mesh)")->capture_default_str();
   run->add_option("--features", flags->options.engine_settings.features,
                   "accel features: bf16[,fp8=ZONES] with zones qkv, attn_proj, mlp_fc, mlp_proj, all");
   run->add_option("--steps", flags->steps, "Number of steps (default: the preset's)");
@@ -87,11 +88,22 @@ void add_run_command(CLI::App& app, CommandRegistry& commands) {
       {"amax-history", "accel delayed scaling: amax history length (default 1024)"},
       {"amax-algo", "accel delayed scaling: max (default) or most_recent"},
       {"margin", "accel FP8 scaling margin in powers of two (default 0)"},
-      {"fp8-accumulate", "accel FP8 GEMM accumulator: full (default) or limited[:N] (promote every N, default 128)"}};
+      {"fp8-accumulate", "accel FP8 GEMM accumulator: full (default) or limited[:N] (promote every N, default 128)"},
+      {"mesh", "tpu-mesh devices as DxM over the axes data x model (default 1x1)"},
+      {"shard-plan", "tpu-mesh sharding: dp (default), tp or zero3"},
+      {"precision", "tpu-mesh precision: fp32 (default) or bf16"},
+      {"compile-cache", "tpu-mesh persistent compile cache directory (created if missing)"}};
   // Each engine validates its own flags (cpu-ref takes none) and names the one it rejects.
-  for (const char* name : kEngineFlagNames) {
+  for (const char* name : kAccelFlagNames) {
     run->add_option(std::string("--") + name, flags->engine_flags[name], engine_flag_help.at(name));
   }
+  for (const char* name : kMeshFlagNames) {
+    if (std::string_view(name) == "leak-scalars") continue;  // a switch, below
+    run->add_option(std::string("--") + name, flags->engine_flags[name], engine_flag_help.at(name));
+  }
+  run->add_flag_callback(
+      "--leak-scalars", [flags] { flags->engine_flags["leak-scalars"] = "1"; },
+      "tpu-mesh: bake the learning rate into the graph (the recompile-every-step trap, on purpose)");
   commands.add(run, [flags] { return run_action(*flags); });
 }
 

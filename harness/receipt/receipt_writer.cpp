@@ -1,5 +1,7 @@
 #include "receipt_writer.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 namespace harness::receipt {
@@ -86,11 +88,14 @@ void ReceiptWriter::append_state(const std::vector<StepState>& states) {
   if (state_fields_.empty()) {
     for (const StepState& state : states) {
       const h5::Handle group = h5::create_group(file_, state.group);
-      h5::write_string_dataset(group, "names", state.columns);
-      std::vector<h5::GrowingDataset> fields;
-      for (const auto& field : state.fields) {
-        fields.emplace_back(group, field.first, H5T_IEEE_F64LE, std::vector<hsize_t>{state.columns.size()}, 16);
+      // No columns: one value per step, a 1-D dataset (e.g. /compile/UncachedCompile).
+      std::vector<hsize_t> row_shape;
+      if (!state.columns.empty()) {
+        h5::write_string_dataset(group, "names", state.columns);
+        row_shape.push_back(state.columns.size());
       }
+      std::vector<h5::GrowingDataset> fields;
+      for (const auto& field : state.fields) fields.emplace_back(group, field.first, H5T_IEEE_F64LE, row_shape, 16);
       state_fields_.push_back(std::move(fields));
     }
   }
@@ -99,7 +104,9 @@ void ReceiptWriter::append_state(const std::vector<StepState>& states) {
     if (states[g].fields.size() != state_fields_[g].size()) throw h5::Hdf5Error("append_state: fields changed");
     for (std::size_t f = 0; f < states[g].fields.size(); ++f) {
       const std::vector<double>& row = states[g].fields[f].second;
-      if (row.size() != states[g].columns.size()) throw h5::Hdf5Error("append_state: wrong number of columns");
+      if (row.size() != std::max<std::size_t>(1, states[g].columns.size())) {
+        throw h5::Hdf5Error("append_state: wrong number of columns");
+      }
       state_fields_[g][f].append(row.data(), H5T_NATIVE_DOUBLE);
     }
   }

@@ -63,7 +63,8 @@ Validated validate(const RunOptions& o) {
   v.threads = o.threads == 0 ? std::max(1, hardware) : o.threads;
   if (o.seed < 0) throw UsageError("--seed: must be between 0 and 9223372036854775807");
   try {
-    (void)make_engine(o.engine, o.engine_settings);
+    // The engine's own gate too (a mesh engine's shard plan must divide the model).
+    make_engine(o.engine, o.engine_settings)->check_table(canary::Gpt2Canary(v.config).tensors());
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
@@ -160,7 +161,7 @@ RunSummary run_canary(const RunOptions& o, const std::function<void(const StepPr
   model.upload_initial_parameters(*engine, static_cast<std::uint64_t>(o.seed));
 
   RunSummary summary;
-  summary.lane = lane_name(o.canary, o.engine, engine->features());
+  summary.lane = lane_name(o.canary, engine->lane_engine(), engine->features());
   summary.receipt_path = o.out;
   summary.threads = v.threads;
   receipt::ReceiptWriter writer(o.out, make_manifest(o, v, *engine, summary.lane), parameter_names(model), o.force,

@@ -50,7 +50,7 @@ struct RunSummary {
 // Validates everything first (throws UsageError before creating any file), then runs.
 RunSummary run_canary(const RunOptions& options, const std::function<void(const StepProgress&)>& on_step = {});
 
-// Canonical lane name: "<preset>/<engine>[+feature...]".
+// Canonical lane name: "<preset>/<engine>[@mesh][+feature...]", e.g. "tiny/tpu-mesh@2x2+tp".
 std::string lane_name(const std::string& canary, const std::string& engine, const std::string& features);
 
 // Parses "S1,S2,..." (each 0..max_step); throws UsageError naming --dump-tensors.

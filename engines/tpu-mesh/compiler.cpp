@@ -1,0 +1,593 @@
+#include "compiler.h"
+
+#include <algorithm>
+#include <map>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace harness::tpu {
+namespace {
+
+using Shape = std::vector<std::int64_t>;
+constexpr std::int64_t kSlabAlignment = 16;  // floats: 64-byte aligned buffer starts
+
+std::int64_t product(const Shape& shape) {
+  std::int64_t n = 1;
+  for (std::int64_t extent : shape) n *= extent;
+  return n;
+}
+// Product of all but the last dimension (1 for a 0-D or 1-D tensor).
+std::int64_t rows(const Shape& shape) {
+  std::int64_t n = 1;
+  for (std::size_t i = 0; i + 1 < shape.size(); ++i) n *= shape[i];
+  return n;
+}
+
+MemoryCategory category_of(TensorKind kind) {
+  switch (kind) {
+    case TensorKind::Parameter: return MemoryCategory::Parameters;
+    case TensorKind::Gradient: return MemoryCategory::Gradients;
+    case TensorKind::AdamM:
+    case TensorKind::AdamV: return MemoryCategory::OptimizerState;
+    default: return MemoryCategory::Activations;
+  }
+}
+
+bool is_persistent(TensorKind kind) { return kind != TensorKind::Activation && kind != TensorKind::ActivationGrad; }
+
+// A gradient contribution that needs a collective before it is added to its gradient.
+struct PendingGradient {
+  TensorId grad;
+  int contribution;
+};
+
+class Compiler {
+ public:
+  Compiler(const Graph& graph, const TensorTable& table, const MeshConfig& config, const std::vector<PartitionSpec>& plan)
+      : graph_(graph), table_(table), config_(config), mesh_(config.mesh), spec_(plan),
+        buffer_of_(table.size(), -1) {}
+
+  Executable run(const std::string& fingerprint) {
+    exe_.format_version = kProgramFormatVersion;
+    exe_.fingerprint = fingerprint;
+    exe_.mesh_data = mesh_.data;
+    exe_.mesh_model = mesh_.model;
+    for (std::size_t i = 0; i < graph_.nodes.size(); ++i) verify(graph_.nodes[i]);
+    propagate();
+    for (const TensorDesc& t : table_.all()) {
+      if (is_persistent(t.kind)) buffer(static_cast<TensorId>(&t - table_.all().data()));
+    }
+    for (node_ = 0; node_ < static_cast<int>(graph_.nodes.size()); ++node_) lower(graph_.nodes[static_cast<std::size_t>(node_)]);
+    plan_buffers();
+    return std::move(exe_);
+  }
+
+ private:
+  // ---- pass 1: verification ------------------------------------------------------------
+  [[noreturn]] void reject(const Node& n, const std::string& why) const {
+    throw CompileError(fmt::format("tpu-mesh compile: {} ({}): {}", n.site, to_string(n.op), why));
+  }
+  const Shape& shape(TensorId id) const { return table_[id].shape; }
+  void expect(const Node& n, bool ok, const char* what) const {
+    if (!ok) reject(n, what);
+  }
+
+  void verify(const Node& n) const {
+    for (TensorId id : n.tensors) {
+      if (id != kNoTensor && (id < 0 || static_cast<std::size_t>(id) >= table_.size())) reject(n, "unknown tensor");
+    }
+    const auto& t = n.tensors;
+    for (TensorId id : t) {
+      if (id == kNoTensor) continue;
+      const bool tokens = table_[id].kind == TensorKind::Input;
+      if (!tokens && table_[id].dtype != DType::F32) reject(n, fmt::format("{} must be f32", table_[id].name));
+    }
+    switch (n.op) {
+      case OpKind::LinearForward:
+        if (shape(t[1]).back() != shape(t[2])[1] || shape(t[0]).back() != shape(t[2])[0] ||
+            rows(shape(t[0])) != rows(shape(t[1]))) {
+          reject(n, fmt::format("shapes {} = {} @ {}^T do not agree", fmt::join(shape(t[0]), "x"),
+                                fmt::join(shape(t[1]), "x"), fmt::join(shape(t[2]), "x")));
+        }
+        break;
+      case OpKind::LinearBackward:
+        expect(n, shape(t[4]).back() == shape(t[5])[1] && shape(t[3]).back() == shape(t[5])[0] &&
+                      shape(t[0]) == shape(t[4]) && shape(t[1]) == shape(t[5]),
+               "gradient shapes do not match their forward operands");
+        break;
+      case OpKind::ResidualForward:
+        expect(n, shape(t[0]) == shape(t[1]) && shape(t[1]) == shape(t[2]), "residual operands differ in shape");
+        break;
+      case OpKind::LayerNormForward:
+        expect(n, shape(t[0]) == shape(t[3]) && shape(t[4]).back() == shape(t[3]).back(),
+               "layernorm weight does not match the channels");
+        break;
+      case OpKind::AttentionForward:
+        expect(n, shape(t[2]).back() == 3 * shape(t[0]).back() && shape(t[1]).size() == 4,
+               "attention needs qkv (B,T,3C) and att (B,NH,T,T)");
+        break;
+      case OpKind::CrossEntropyForward:
+        expect(n, table_[t[3]].dtype == DType::I32 && rows(shape(t[2])) == product(shape(t[3])),
+               "targets must be int32 with one per logits row");
+        break;
+      default: break;
+    }
+  }
+
+  // ---- pass 2: sharding propagation ------------------------------------------------------
+  PartitionSpec& spec_of(TensorId id) { return spec_[static_cast<std::size_t>(id)]; }
+  PartitionSpec eff(TensorId id) const { return effective(spec_[static_cast<std::size_t>(id)], mesh_); }
+
+  void propagate() {
+    for (const Node& n : graph_.nodes) {
+      const auto& t = n.tensors;
+      switch (n.op) {
+        case OpKind::EncoderForward:
+          spec_of(t[0]) = PartitionSpec::replicated(3);
+          spec_of(t[0]).dims[0] = spec_of(t[1]).dims[0];  // batch follows the tokens
+          break;
+        case OpKind::LayerNormForward: {
+          if (eff(t[3]).dims.back().axis != Axis::None) reject(n, "layernorm over a sharded channel dimension");
+          spec_of(t[0]) = spec_of(t[3]);
+          PartitionSpec stats = spec_of(t[3]);
+          stats.dims.pop_back();
+          spec_of(t[1]) = stats;
+          spec_of(t[2]) = stats;
+          break;
+        }
+        case OpKind::LinearForward: {
+          PartitionSpec out = spec_of(t[1]);
+          out.dims.back() = spec_of(t[2]).dims[0];
+          if (out.dims.back().axis == Axis::Data) out.dims.back() = DimSharding{};  // zero3: gathered before use
+          spec_of(t[0]) = out;
+          break;
+        }
+        case OpKind::AttentionForward: {
+          const PartitionSpec& qkv = spec_of(t[2]);
+          const DimSharding heads{qkv.dims[2].axis, 1};
+          spec_of(t[0]) = PartitionSpec{{qkv.dims[0], qkv.dims[1], heads}};
+          spec_of(t[1]) = PartitionSpec{{qkv.dims[0], heads, DimSharding{}, DimSharding{}}};
+          if (effective(qkv, mesh_).dims[2].axis != Axis::None && qkv.dims[2].groups != 3) {
+            reject(n, "qkv sharded without its q|k|v grouping");
+          }
+          break;
+        }
+        case OpKind::GeluForward:
+        case OpKind::ResidualForward: spec_of(t[0]) = spec_of(t[1]); break;
+        case OpKind::CrossEntropyForward: spec_of(t[1]) = spec_of(t[2]); break;
+        default: break;
+      }
+    }
+    for (TensorId g : table_.of_kind(TensorKind::ActivationGrad)) {
+      const TensorId act = table_.find(table_[g].name, TensorKind::Activation);
+      if (act != kNoTensor) spec_of(g) = spec_of(act);
+    }
+  }
+
+  // ---- pass 3: lowering ------------------------------------------------------------------
+  bool active(Axis axis) const { return axis_size(mesh_, axis) > 1; }
+  Shape lshape(TensorId id) const { return local_shape(shape(id), spec_[static_cast<std::size_t>(id)], mesh_); }
+  std::int64_t lnumel(TensorId id) const { return product(lshape(id)); }
+  // The shape a parameter is computed with: its block, gathered over `data` (zero3).
+  Shape compute_shape(TensorId id) const {
+    PartitionSpec s = spec_[static_cast<std::size_t>(id)];
+    for (DimSharding& d : s.dims) {
+      if (d.axis == Axis::Data) d = DimSharding{};
+    }
+    return local_shape(shape(id), s, mesh_);
+  }
+
+  int add_buffer(BufferInfo info) {
+    exe_.buffers.push_back(std::move(info));
+    return static_cast<int>(exe_.buffers.size()) - 1;
+  }
+  int buffer(TensorId id) {
+    if (id == kNoTensor) return -1;
+    int& b = buffer_of_[static_cast<std::size_t>(id)];
+    if (b < 0) {
+      const TensorDesc& d = table_[id];
+      BufferInfo info;
+      info.name = fmt::format("{}:{}", d.name, to_string(d.kind));
+      info.category = category_of(d.kind);
+      info.persistent = is_persistent(d.kind);
+      info.tensor = id;
+      info.int32 = d.dtype == DType::I32;
+      info.numel = lnumel(id);
+      b = add_buffer(std::move(info));
+    }
+    return b;
+  }
+  int temp(const std::string& name, std::int64_t numel, MemoryCategory category) {
+    BufferInfo info;
+    info.name = name;
+    info.category = category;
+    info.numel = numel;
+    return add_buffer(std::move(info));
+  }
+  void emit(InstrKind kind, std::vector<std::int32_t> buffers, std::vector<std::int64_t> dims,
+            std::vector<float> attrs = {}, Axis axis = Axis::None, std::vector<PartitionSpec> specs = {}) {
+    Instr in;
+    in.kind = kind;
+    in.node = node_;
+    in.buffers = std::move(buffers);
+    in.dims = std::move(dims);
+    in.attrs = std::move(attrs);
+    in.axis = axis;
+    in.specs = std::move(specs);
+    exe_.instrs.push_back(std::move(in));
+  }
+  int zeroed_temp(const std::string& name, std::int64_t numel, MemoryCategory category) {
+    const int b = temp(name, numel, category);
+    emit(InstrKind::Fill, {b}, {numel}, {0.0f});
+    return b;
+  }
+
+  // A parameter as an operand of compute: gathered over `data` under zero3, cast to bf16
+  // for matmuls under bf16 precision. Reused within a phase; gathered again in the next
+  // (FSDP's memory trade: parameters are not kept whole from forward to backward).
+  int weight_operand(TensorId param, bool matmul) {
+    if (param == kNoTensor) return -1;
+    const bool cast = matmul && config_.precision == Precision::Bf16;
+    const auto key = std::make_pair(param, cast);
+    if (auto it = operand_cache_.find(key); it != operand_cache_.end()) return it->second;
+    int source = buffer(param);
+    const PartitionSpec s = eff(param);
+    const std::int64_t n = product(compute_shape(param));
+    if (s.shards_on(Axis::Data)) {
+      if (s.shards_on(Axis::Model)) reject(graph_.nodes[static_cast<std::size_t>(node_)], "a parameter sharded on both axes");
+      const int gathered = temp("gathered." + table_[param].name, n, MemoryCategory::Temporaries);
+      emit(InstrKind::AllGather, {gathered, source}, shape(param), {}, Axis::Data, {spec_of(param)});
+      source = gathered;
+    }
+    if (cast) {
+      const int converted = temp("bf16." + table_[param].name, n, MemoryCategory::Temporaries);
+      emit(InstrKind::CastBf16, {converted, source}, {n});
+      source = converted;
+    }
+    operand_cache_[key] = source;
+    return source;
+  }
+
+  // Where an op writes its contribution to a gradient: straight into the gradient when the
+  // contribution is complete on this device; when the batch is split over `data` it is a
+  // partial sum, so it goes to a zeroed temporary that finish_gradients() reduces first.
+  int gradient_target(TensorId grad, std::vector<PendingGradient>& pending) {
+    if (grad == kNoTensor) return -1;
+    if (!active(Axis::Data)) return buffer(grad);
+    const int contribution =
+        zeroed_temp("contribution." + table_[grad].name, product(compute_shape(grad)), MemoryCategory::Gradients);
+    pending.push_back({grad, contribution});
+    return contribution;
+  }
+  // All-reduce (gradient replicated over `data`) or reduce-scatter (sharded, zero3), in the
+  // fixed device order, then add into the gradient.
+  void finish_gradients(const std::vector<PendingGradient>& pending) {
+    for (const PendingGradient& p : pending) {
+      const std::int64_t n = lnumel(p.grad);
+      int reduced = p.contribution;
+      if (eff(p.grad).shards_on(Axis::Data)) {
+        reduced = temp("shard." + table_[p.grad].name, n, MemoryCategory::Gradients);
+        emit(InstrKind::ReduceScatter, {reduced, p.contribution}, shape(p.grad), {}, Axis::Data, {spec_of(p.grad)});
+      } else {
+        emit(InstrKind::AllReduce, {p.contribution}, {n}, {}, Axis::Data);
+      }
+      emit(InstrKind::AddInPlace, {buffer(p.grad), reduced}, {n});
+    }
+  }
+
+  // bf16 precision stores activations and their gradients as bf16 (statistics and the
+  // softmax probabilities of the loss stay fp32, as in accel).
+  void round_activation(TensorId id) {
+    if (config_.precision != Precision::Bf16 || id == kNoTensor) return;
+    const TensorDesc& d = table_[id];
+    if (d.kind != TensorKind::Activation && d.kind != TensorKind::ActivationGrad) return;
+    if (d.name.ends_with(".mean") || d.name.ends_with(".rstd") || d.name == "loss.probs") return;
+    emit(InstrKind::RoundBf16, {buffer(id)}, {lnumel(id)});
+  }
+
+  // The mesh axis a contraction runs over when both operands shard its dimension the same
+  // way (the result is then a partial sum); None when the contraction is local.
+  Axis contraction_axis(const Node& n, const DimSharding& a, const DimSharding& b) const {
+    if (a.axis != b.axis) {
+      if (a.axis != Axis::None && b.axis != Axis::None) reject(n, "operands sharded on different axes");
+      if (a.axis == Axis::Data || b.axis == Axis::Data) return Axis::None;  // zero3 parameters: gathered
+      reject(n, "a one-sided sharded contraction (plans never produce it)");
+    }
+    return a.axis;
+  }
+
+  void lower_linear_forward(const Node& n) {
+    const auto& t = n.tensors;  // out, inp, weight, bias
+    const Shape w = compute_shape(t[2]);
+    const std::int64_t N = rows(lshape(t[1])), C = w[1], OC = w[0];
+    const Axis partial = contraction_axis(n, eff(t[1]).dims.back(), eff(t[2]).dims[1]);
+    const int weight = weight_operand(t[2], true);
+    const int bias = weight_operand(t[3], false);
+    if (partial != Axis::None) {  // row-parallel: partial sums, all-reduce, then the bias once
+      emit(InstrKind::Linear, {buffer(t[0]), buffer(t[1]), weight, -1}, {N, C, OC});
+      emit(InstrKind::AllReduce, {buffer(t[0])}, {N * OC}, {}, partial);
+      if (bias >= 0) emit(InstrKind::BiasAdd, {buffer(t[0]), bias}, {N, OC});
+    } else {
+      emit(InstrKind::Linear, {buffer(t[0]), buffer(t[1]), weight, bias}, {N, C, OC});
+    }
+    round_activation(t[0]);
+  }
+
+  void lower_linear_backward(const Node& n) {
+    const auto& t = n.tensors;  // dinp, dweight, dbias, dout, inp, weight
+    const Shape w = compute_shape(t[5]);
+    const std::int64_t N = rows(lshape(t[4])), C = w[1], OC = w[0];
+    const Axis partial = contraction_axis(n, eff(t[3]).dims.back(), eff(t[5]).dims[0]);
+    const int weight = weight_operand(t[5], true);
+    std::vector<PendingGradient> pending;
+    const int dinp = partial != Axis::None
+                         ? zeroed_temp("partial." + table_[t[0]].name, lnumel(t[0]), MemoryCategory::Activations)
+                         : buffer(t[0]);
+    const int dweight = gradient_target(t[1], pending);
+    const int dbias = gradient_target(t[2], pending);
+    emit(InstrKind::LinearBackward, {dinp, dweight, dbias, buffer(t[3]), buffer(t[4]), weight}, {N, C, OC});
+    if (partial != Axis::None) {  // column-parallel: dinp is a partial sum over the split outputs
+      emit(InstrKind::AllReduce, {dinp}, {lnumel(t[0])}, {}, partial);
+      emit(InstrKind::AddInPlace, {buffer(t[0]), dinp}, {lnumel(t[0])});
+    }
+    finish_gradients(pending);
+    round_activation(t[0]);
+  }
+
+  void lower_layernorm(const Node& n) {
+    const auto& t = n.tensors;
+    if (n.op == OpKind::LayerNormForward) {  // out, mean, rstd, inp, weight, bias
+      const Shape in = lshape(t[3]);
+      emit(InstrKind::LayerNormForward,
+           {buffer(t[0]), buffer(t[1]), buffer(t[2]), buffer(t[3]), weight_operand(t[4], false),
+            weight_operand(t[5], false)},
+           {rows(in), in.back()}, {n.attrs.at(0)});
+      round_activation(t[0]);
+      return;
+    }
+    // dinp, dweight, dbias, dout, inp, weight, mean, rstd
+    const Shape in = lshape(t[4]);
+    std::vector<PendingGradient> pending;
+    const int weight = weight_operand(t[5], false);
+    const int dweight = gradient_target(t[1], pending);
+    const int dbias = gradient_target(t[2], pending);
+    emit(InstrKind::LayerNormBackward,
+         {buffer(t[0]), dweight, dbias, buffer(t[3]), buffer(t[4]), weight, buffer(t[6]), buffer(t[7])},
+         {rows(in), in.back()});
+    finish_gradients(pending);
+    round_activation(t[0]);
+  }
+
+  void lower_encoder(const Node& n) {
+    const auto& t = n.tensors;
+    if (n.op == OpKind::EncoderForward) {  // out, inputs, wte, wpe
+      const Shape out = lshape(t[0]);
+      emit(InstrKind::EncoderForward,
+           {buffer(t[0]), buffer(t[1]), weight_operand(t[2], false), weight_operand(t[3], false)},
+           {out[0], out[1], out[2]});
+      round_activation(t[0]);
+      return;
+    }
+    // dwte, dwpe, dout, inputs
+    const Shape dout = lshape(t[2]);
+    std::vector<PendingGradient> pending;
+    const int dwte = gradient_target(t[0], pending);
+    const int dwpe = gradient_target(t[1], pending);
+    emit(InstrKind::EncoderBackward, {dwte, dwpe, buffer(t[2]), buffer(t[3])}, {dout[0], dout[1], dout[2]});
+    finish_gradients(pending);
+  }
+
+  void lower_attention(const Node& n) {
+    const auto& t = n.tensors;
+    if (n.op == OpKind::AttentionForward) {  // out, att, qkv
+      const Shape out = lshape(t[0]);
+      emit(InstrKind::AttentionForward, {buffer(t[0]), buffer(t[1]), buffer(t[2])},
+           {out[0], out[1], out[2], lshape(t[1])[1]});
+      round_activation(t[0]);
+      round_activation(t[1]);
+      return;
+    }
+    // dqkv, dout, qkv, att
+    const Shape dout = lshape(t[1]);
+    emit(InstrKind::AttentionBackward, {buffer(t[0]), buffer(t[1]), buffer(t[2]), buffer(t[3])},
+         {dout[0], dout[1], dout[2], lshape(t[3])[1]});
+    round_activation(t[0]);
+  }
+
+  void lower_loss(const Node& n) {
+    const auto& t = n.tensors;
+    if (n.op == OpKind::CrossEntropyForward) {  // loss, probs, logits, targets
+      const Shape logits = lshape(t[2]);
+      const std::int64_t N = rows(logits), V = logits.back(), global_rows = rows(shape(t[2]));
+      const int losses = temp("loss.rows", N, MemoryCategory::Activations);
+      emit(InstrKind::CrossEntropyRows, {buffer(t[1]), losses, buffer(t[2]), buffer(t[3])}, {N, V});
+      emit(InstrKind::LossMean, {buffer(t[0]), losses}, {N, global_rows}, {}, eff(t[2]).dims[0].axis);
+      return;
+    }
+    // dlogits, probs, targets
+    const Shape probs = lshape(t[1]);
+    emit(InstrKind::CrossEntropyBackward, {buffer(t[0]), buffer(t[1]), buffer(t[2])},
+         {rows(probs), probs.back(), rows(shape(t[1]))});
+    round_activation(t[0]);
+  }
+
+  void lower_optimizer(const Node& n) {
+    const auto& t = n.tensors;
+    if (n.op == OpKind::AdamW) {
+      std::vector<std::int32_t> buffers;
+      for (TensorId id : t) buffers.push_back(buffer(id));
+      emit(InstrKind::AdamW, std::move(buffers), {lnumel(t[0])}, n.attrs);
+      operand_cache_.erase({t[0], false});
+      operand_cache_.erase({t[0], true});
+      return;
+    }
+    std::vector<std::int32_t> buffers{buffer(t[0])};
+    std::vector<std::int64_t> sizes;
+    std::vector<PartitionSpec> specs;
+    for (std::size_t i = 1; i < t.size(); ++i) {
+      buffers.push_back(buffer(t[i]));
+      sizes.push_back(lnumel(t[i]));
+      specs.push_back(eff(t[i]));
+    }
+    if (n.op == OpKind::GlobalNorm) {
+      emit(InstrKind::GlobalNorm, std::move(buffers), std::move(sizes), {}, Axis::None, std::move(specs));
+    } else {
+      emit(InstrKind::Clip, std::move(buffers), std::move(sizes), n.attrs);
+    }
+  }
+
+  void lower(const Node& n) {
+    if (n.phase != cache_phase_) {
+      operand_cache_.clear();
+      cache_phase_ = n.phase;
+    }
+    const auto& t = n.tensors;
+    switch (n.op) {
+      case OpKind::Zero: emit(InstrKind::Fill, {buffer(t[0])}, {lnumel(t[0])}, {0.0f}); break;
+      case OpKind::Constant: emit(InstrKind::Fill, {buffer(t[0])}, {lnumel(t[0])}, {n.attrs.at(0)}); break;
+      case OpKind::EncoderForward:
+      case OpKind::EncoderBackward: lower_encoder(n); break;
+      case OpKind::LayerNormForward:
+      case OpKind::LayerNormBackward: lower_layernorm(n); break;
+      case OpKind::LinearForward: lower_linear_forward(n); break;
+      case OpKind::LinearBackward: lower_linear_backward(n); break;
+      case OpKind::AttentionForward:
+      case OpKind::AttentionBackward: lower_attention(n); break;
+      case OpKind::GeluForward:
+        emit(InstrKind::GeluForward, {buffer(t[0]), buffer(t[1])}, {lnumel(t[0])});
+        round_activation(t[0]);
+        break;
+      case OpKind::GeluBackward:
+        emit(InstrKind::GeluBackward, {buffer(t[0]), buffer(t[1]), buffer(t[2])}, {lnumel(t[0])});
+        round_activation(t[0]);
+        break;
+      case OpKind::ResidualForward:
+        emit(InstrKind::Add, {buffer(t[0]), buffer(t[1]), buffer(t[2])}, {lnumel(t[0])});
+        round_activation(t[0]);
+        break;
+      case OpKind::ResidualBackward:
+        emit(InstrKind::AddInPlace, {buffer(t[0]), buffer(t[2])}, {lnumel(t[2])});
+        emit(InstrKind::AddInPlace, {buffer(t[1]), buffer(t[2])}, {lnumel(t[2])});
+        round_activation(t[0]);
+        round_activation(t[1]);
+        break;
+      case OpKind::CrossEntropyForward:
+      case OpKind::CrossEntropyBackward: lower_loss(n); break;
+      case OpKind::GlobalNorm:
+      case OpKind::ClipByNorm:
+      case OpKind::AdamW: lower_optimizer(n); break;
+      case OpKind::NudgeUlps:
+        emit(InstrKind::Nudge, {buffer(t[0]), buffer(t[1])}, {}, {}, Axis::None, {eff(t[0])});
+        break;
+    }
+    if (n.op == OpKind::LinearForward || n.op == OpKind::LinearBackward) {
+      const Shape w = compute_shape(t[n.op == OpKind::LinearForward ? 2 : 5]);
+      const std::int64_t N = rows(lshape(t[n.op == OpKind::LinearForward ? 1 : 4]));
+      exe_.scratch_numel = std::max({exe_.scratch_numel, w[0] * w[1], N * w[0]});
+    }
+  }
+
+  // ---- pass 4: buffer planning -----------------------------------------------------------
+  void plan_buffers() {
+    for (std::size_t i = 0; i < exe_.instrs.size(); ++i) {
+      for (std::int32_t b : exe_.instrs[i].buffers) {
+        if (b < 0) continue;
+        BufferInfo& info = exe_.buffers[static_cast<std::size_t>(b)];
+        if (info.first_use < 0) info.first_use = static_cast<std::int32_t>(i);
+        info.last_use = static_cast<std::int32_t>(i);
+      }
+    }
+    assign_offsets();
+    measure_peaks();
+  }
+
+  static std::int64_t aligned(std::int64_t n) { return (n + kSlabAlignment - 1) / kSlabAlignment * kSlabAlignment; }
+  static bool lives_overlap(const BufferInfo& a, const BufferInfo& b) {
+    return a.first_use <= b.last_use && b.first_use <= a.last_use;
+  }
+
+  // Greedy first fit, largest buffers first: each goes to the lowest offset that no
+  // buffer alive at the same time occupies.
+  void assign_offsets() {
+    std::vector<int> order;
+    for (std::size_t b = 0; b < exe_.buffers.size(); ++b) {
+      if (!exe_.buffers[b].persistent && exe_.buffers[b].first_use >= 0) order.push_back(static_cast<int>(b));
+    }
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return exe_.buffers[a].numel > exe_.buffers[b].numel; });
+    std::vector<int> placed;
+    for (int b : order) {
+      BufferInfo& info = exe_.buffers[static_cast<std::size_t>(b)];
+      std::vector<std::pair<std::int64_t, std::int64_t>> taken;
+      for (int p : placed) {
+        const BufferInfo& other = exe_.buffers[static_cast<std::size_t>(p)];
+        if (lives_overlap(info, other)) taken.emplace_back(other.offset, other.offset + aligned(other.numel));
+      }
+      std::sort(taken.begin(), taken.end());
+      std::int64_t offset = 0;
+      for (const auto& [begin, end] : taken) {
+        if (offset + aligned(info.numel) <= begin) break;
+        offset = std::max(offset, end);
+      }
+      info.offset = offset;
+      exe_.slab_numel = std::max(exe_.slab_numel, offset + aligned(info.numel));
+      placed.push_back(b);
+    }
+  }
+
+  void measure_peaks() {
+    std::vector<std::int64_t> persistent(kMemoryCategories, 0);
+    for (const BufferInfo& b : exe_.buffers) {
+      if (b.persistent) persistent[static_cast<std::size_t>(b.category)] += b.numel * 4;
+    }
+    exe_.peak_bytes = persistent;
+    std::int64_t persistent_total = 0;
+    for (std::int64_t bytes : persistent) persistent_total += bytes;
+    exe_.peak_total_bytes = persistent_total;
+    for (std::size_t i = 0; i < exe_.instrs.size(); ++i) {
+      std::vector<std::int64_t> live = persistent;
+      for (const BufferInfo& b : exe_.buffers) {
+        if (!b.persistent && b.first_use >= 0 && b.first_use <= static_cast<int>(i) && static_cast<int>(i) <= b.last_use) {
+          live[static_cast<std::size_t>(b.category)] += b.numel * 4;
+        }
+      }
+      std::int64_t total = 0;
+      for (int c = 0; c < kMemoryCategories; ++c) {
+        exe_.peak_bytes[static_cast<std::size_t>(c)] = std::max(exe_.peak_bytes[static_cast<std::size_t>(c)], live[static_cast<std::size_t>(c)]);
+        total += live[static_cast<std::size_t>(c)];
+      }
+      exe_.peak_total_bytes = std::max(exe_.peak_total_bytes, total);
+    }
+  }
+
+  const Graph& graph_;
+  const TensorTable& table_;
+  const MeshConfig& config_;
+  const Mesh mesh_;
+  std::vector<PartitionSpec> spec_;
+  std::vector<int> buffer_of_;
+  std::map<std::pair<TensorId, bool>, int> operand_cache_;
+  Phase cache_phase_ = Phase::Forward;
+  Executable exe_;
+  int node_ = -1;
+};
+
+}  // namespace
+
+const char* to_string(MemoryCategory category) {
+  switch (category) {
+    case MemoryCategory::Parameters: return "parameters";
+    case MemoryCategory::Gradients: return "gradients";
+    case MemoryCategory::OptimizerState: return "optimizer_state";
+    case MemoryCategory::Activations: return "activations";
+    case MemoryCategory::Temporaries: return "temporaries";
+  }
+  return "?";
+}
+
+Executable compile(const Graph& graph, const TensorTable& table, const MeshConfig& config,
+                   const std::vector<PartitionSpec>& plan, const std::string& fingerprint) {
+  return Compiler(graph, table, config, plan).run(fingerprint);
+}
+
+}  // namespace harness::tpu

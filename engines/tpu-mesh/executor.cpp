@@ -1,0 +1,269 @@
+#include "executor.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <tbb/parallel_for.h>
+
+#include "deterministic_reduce.h"
+#include "kernels.h"
+#include "numerics/formats.h"
+
+namespace harness::tpu {
+namespace {
+
+int as_int(std::int64_t v) { return static_cast<int>(v); }
+
+std::int64_t numel_of(const std::vector<std::int64_t>& shape) {
+  std::int64_t n = 1;
+  for (std::int64_t e : shape) n *= e;
+  return n;
+}
+
+void add_bias(float* out, const float* bias, std::int64_t rows, std::int64_t channels) {
+  tbb::parallel_for(std::int64_t{0}, rows, [&](std::int64_t r) {
+    float* row = out + r * channels;
+    for (std::int64_t o = 0; o < channels; ++o) row[o] += bias[o];
+  });
+}
+
+}  // namespace
+
+void MeshExecutor::bind(const TensorTable& table, const Mesh& mesh, std::vector<PartitionSpec> specs) {
+  table_ = &table;
+  mesh_ = mesh;
+  specs_ = std::move(specs);
+  devices_.assign(static_cast<std::size_t>(mesh.devices()), Device{});
+  host_.assign(table.size(), {});
+  for (Device& device : devices_) {
+    device.tensors.resize(table.size());
+    device.tokens.resize(table.size());
+    for (const TensorDesc& t : table.all()) {
+      const auto id = static_cast<std::size_t>(&t - table.all().data());
+      if (!is_persistent(static_cast<TensorId>(id))) continue;
+      const auto n = static_cast<std::size_t>(local_numel(t.shape, specs_[id], mesh));
+      if (t.dtype == DType::I32) device.tokens[id].assign(n, 0);
+      else device.tensors[id].assign(n, 0.0f);
+    }
+  }
+}
+
+bool MeshExecutor::is_persistent(TensorId id) const {
+  const TensorKind kind = (*table_)[id].kind;
+  return kind != TensorKind::Activation && kind != TensorKind::ActivationGrad;
+}
+
+void MeshExecutor::upload(TensorId id, std::span<const float> values) {
+  const TensorDesc& t = (*table_)[id];
+  if (!is_persistent(id)) throw std::logic_error("tpu-mesh: upload into a transient tensor " + t.name);
+  if (static_cast<std::int64_t>(values.size()) != t.numel()) throw std::invalid_argument("upload: wrong size for " + t.name);
+  for (std::size_t d = 0; d < devices_.size(); ++d) {
+    copy_block_from_global(t.shape, specs_[static_cast<std::size_t>(id)], mesh_, static_cast<int>(d), values.data(),
+                           devices_[d].tensors[static_cast<std::size_t>(id)].data());
+  }
+}
+
+void MeshExecutor::upload_tokens(TensorId id, std::span<const std::int32_t> tokens) {
+  const TensorDesc& t = (*table_)[id];
+  if (static_cast<std::int64_t>(tokens.size()) != t.numel()) throw std::invalid_argument("upload: wrong size for " + t.name);
+  for (std::size_t d = 0; d < devices_.size(); ++d) {
+    copy_block_from_global(t.shape, specs_[static_cast<std::size_t>(id)], mesh_, static_cast<int>(d), tokens.data(),
+                           devices_[d].tokens[static_cast<std::size_t>(id)].data());
+  }
+}
+
+std::span<const float> MeshExecutor::assemble(TensorId id) {
+  const TensorDesc& t = (*table_)[id];
+  if (!is_persistent(id) || t.dtype != DType::F32) {
+    throw std::logic_error(fmt::format("tpu-mesh: {} is a transient buffer of the compiled step; only parameters, "
+                                       "gradients, moments and scalars can be read",
+                                       t.name));
+  }
+  std::vector<float>& host = host_[static_cast<std::size_t>(id)];
+  host.assign(static_cast<std::size_t>(t.numel()), 0.0f);
+  const PartitionSpec& spec = specs_[static_cast<std::size_t>(id)];
+  for (std::size_t d = 0; d < devices_.size(); ++d) {
+    if (!owns_distinct_block(effective(spec, mesh_), mesh_, static_cast<int>(d))) continue;
+    copy_block_to_global(t.shape, spec, mesh_, static_cast<int>(d), devices_[d].tensors[static_cast<std::size_t>(id)].data(),
+                         host.data());
+  }
+  return host;
+}
+
+float* MeshExecutor::f32(int device, const Executable& exe, std::int32_t buffer) {
+  if (buffer < 0) return nullptr;
+  const BufferInfo& b = exe.buffers[static_cast<std::size_t>(buffer)];
+  Device& d = devices_[static_cast<std::size_t>(device)];
+  return b.persistent ? d.tensors[static_cast<std::size_t>(b.tensor)].data() : d.slab.data() + b.offset;
+}
+
+const std::int32_t* MeshExecutor::i32(int device, const Executable& exe, std::int32_t buffer) {
+  const BufferInfo& b = exe.buffers[static_cast<std::size_t>(buffer)];
+  return devices_[static_cast<std::size_t>(device)].tokens[static_cast<std::size_t>(b.tensor)].data();
+}
+
+std::vector<int> MeshExecutor::group(int device, Axis axis) const {
+  std::vector<int> members;
+  for (int d = 0; d < mesh_.devices(); ++d) {
+    const bool same_elsewhere = axis == Axis::Data ? mesh_.model_coord(d) == mesh_.model_coord(device)
+                                                   : mesh_.data_coord(d) == mesh_.data_coord(device);
+    if (axis == Axis::None ? d == device : same_elsewhere) members.push_back(d);
+  }
+  return members;  // device order is coordinate order along `axis`
+}
+
+void MeshExecutor::run(const Executable& exe) {
+  if (exe.mesh_data != mesh_.data || exe.mesh_model != mesh_.model) {
+    throw std::logic_error("tpu-mesh: executable compiled for another mesh");
+  }
+  for (Device& d : devices_) {
+    if (static_cast<std::int64_t>(d.slab.size()) < exe.slab_numel) d.slab.resize(static_cast<std::size_t>(exe.slab_numel));
+    if (static_cast<std::int64_t>(d.scratch.size()) < exe.scratch_numel) {
+      d.scratch.resize(static_cast<std::size_t>(exe.scratch_numel));
+    }
+  }
+  const int devices = mesh_.devices();
+  for (const Instr& in : exe.instrs) {
+    if (in.is_collective()) {
+      run_collective(exe, in);
+    } else if (devices == 1) {
+      run_kernel(0, exe, in);
+    } else {
+      tbb::parallel_for(0, devices, [&](int d) { run_kernel(d, exe, in); });
+    }
+  }
+}
+
+void MeshExecutor::run_kernel(int device, const Executable& exe, const Instr& in) {
+  auto P = [&](std::size_t i) { return f32(device, exe, in.buffers[i]); };
+  auto I = [&](std::size_t i) { return i32(device, exe, in.buffers[i]); };
+  const auto& n = in.dims;
+  float* scratch = devices_[static_cast<std::size_t>(device)].scratch.data();
+  switch (in.kind) {
+    case InstrKind::Fill: std::fill(P(0), P(0) + n[0], in.attrs[0]); break;
+    case InstrKind::EncoderForward:
+      kernels::encoder_forward(P(0), I(1), P(2), P(3), as_int(n[0]), as_int(n[1]), as_int(n[2]));
+      break;
+    case InstrKind::EncoderBackward:
+      kernels::encoder_backward(P(0), P(1), P(2), I(3), as_int(n[0]), as_int(n[1]), as_int(n[2]));
+      break;
+    case InstrKind::LayerNormForward:
+      kernels::layernorm_forward(P(0), P(1), P(2), P(3), P(4), P(5), as_int(n[0]), as_int(n[1]), in.attrs[0]);
+      break;
+    case InstrKind::LayerNormBackward:
+      kernels::layernorm_backward(P(0), P(1), P(2), P(3), P(4), P(5), P(6), P(7), as_int(n[0]), as_int(n[1]));
+      break;
+    case InstrKind::Linear:
+      kernels::linear_forward(P(0), P(1), P(2), P(3), as_int(n[0]), as_int(n[1]), as_int(n[2]), scratch);
+      break;
+    case InstrKind::LinearBackward:
+      kernels::linear_backward(P(0), P(1), P(2), P(3), P(4), P(5), as_int(n[0]), as_int(n[1]), as_int(n[2]), scratch);
+      break;
+    case InstrKind::AttentionForward:
+      kernels::attention_forward(P(0), P(1), P(2), as_int(n[0]), as_int(n[1]), as_int(n[2]), as_int(n[3]));
+      break;
+    case InstrKind::AttentionBackward:
+      kernels::attention_backward(P(0), P(1), P(2), P(3), as_int(n[0]), as_int(n[1]), as_int(n[2]), as_int(n[3]));
+      break;
+    case InstrKind::GeluForward: kernels::gelu_forward(P(0), P(1), n[0]); break;
+    case InstrKind::GeluBackward: kernels::gelu_backward(P(0), P(1), P(2), n[0]); break;
+    case InstrKind::Add: kernels::residual_forward(P(0), P(1), P(2), n[0]); break;
+    case InstrKind::AddInPlace: kernels::add_inplace(P(0), P(1), n[0]); break;
+    case InstrKind::BiasAdd: add_bias(P(0), P(1), n[0], n[1]); break;
+    case InstrKind::CrossEntropyRows: kernels::crossentropy_rows(P(0), P(1), P(2), I(3), as_int(n[0]), as_int(n[1])); break;
+    case InstrKind::CrossEntropyBackward:
+      kernels::crossentropy_backward(P(0), P(1), I(2), as_int(n[0]), as_int(n[1]), n[2]);
+      break;
+    case InstrKind::Clip: {
+      const float norm = *P(0), max_norm = in.attrs[0];
+      if (!(norm > max_norm)) break;
+      const float factor = max_norm / (norm + 1e-6f);
+      for (std::size_t i = 1; i < in.buffers.size(); ++i) kernels::scale_inplace(P(i), factor, n[i - 1]);
+      break;
+    }
+    case InstrKind::AdamW: {
+      const kernels::AdamWStep step{*P(4), in.attrs[0], in.attrs[1], in.attrs[2], in.attrs[3], *P(5), *P(6)};
+      kernels::adamw_update(P(0), P(1), P(2), P(3), n[0], step);
+      break;
+    }
+    case InstrKind::Nudge: {
+      const auto ulps = static_cast<std::int32_t>(*P(1));
+      if (ulps > 0 && holds_first_element(in.specs[0], mesh_, device)) *P(0) = kernels::next_up(*P(0), ulps);
+      break;
+    }
+    case InstrKind::RoundBf16: numerics::round_to_bf16_inplace(P(0), n[0]); break;
+    case InstrKind::CastBf16:
+      std::copy(P(1), P(1) + n[0], P(0));
+      numerics::round_to_bf16_inplace(P(0), n[0]);
+      break;
+    default: throw std::logic_error("tpu-mesh: a collective dispatched as a kernel");
+  }
+}
+
+// Collectives combine the devices of each group in coordinate order: ((x0 + x1) + x2) + ...
+void MeshExecutor::run_collective(const Executable& exe, const Instr& in) {
+  const auto& n = in.dims;
+  for (int leader = 0; leader < mesh_.devices(); ++leader) {
+    const std::vector<int> members = group(leader, in.axis);
+    if (members.front() != leader) continue;  // each group once, from its first device
+    switch (in.kind) {
+      case InstrKind::AllReduce: {
+        float* sum = f32(leader, exe, in.buffers[0]);
+        for (std::size_t k = 1; k < members.size(); ++k) kernels::add_inplace(sum, f32(members[k], exe, in.buffers[0]), n[0]);
+        for (std::size_t k = 1; k < members.size(); ++k) std::copy(sum, sum + n[0], f32(members[k], exe, in.buffers[0]));
+        break;
+      }
+      case InstrKind::AllGather: {
+        float* whole = f32(leader, exe, in.buffers[0]);
+        for (int m : members) copy_block_to_global(n, in.specs[0], mesh_, m, f32(m, exe, in.buffers[1]), whole);
+        for (std::size_t k = 1; k < members.size(); ++k) {
+          std::copy(whole, whole + numel_of(n), f32(members[k], exe, in.buffers[0]));
+        }
+        break;
+      }
+      case InstrKind::ReduceScatter: {
+        float* sum = f32(leader, exe, in.buffers[1]);
+        for (std::size_t k = 1; k < members.size(); ++k) {
+          kernels::add_inplace(sum, f32(members[k], exe, in.buffers[1]), numel_of(n));
+        }
+        for (int m : members) copy_block_from_global(n, in.specs[0], mesh_, m, sum, f32(m, exe, in.buffers[0]));
+        break;
+      }
+      case InstrKind::LossMean: {
+        // The rows of every device in batch order, then cpu-ref's blocked mean over them.
+        std::vector<float> losses;
+        losses.reserve(static_cast<std::size_t>(n[1]));
+        for (int m : members) {
+          const float* rows = f32(m, exe, in.buffers[1]);
+          losses.insert(losses.end(), rows, rows + n[0]);
+        }
+        const float total = kernels::blocked_sum<float>(n[1], kernels::kTokenBlock,
+                                                        [&](std::int64_t i) { return losses[static_cast<std::size_t>(i)]; });
+        const float mean = total / static_cast<float>(n[1]);
+        for (int m : members) *f32(m, exe, in.buffers[0]) = mean;
+        break;
+      }
+      case InstrKind::GlobalNorm: {
+        // Partials of every tensor in order, over the devices holding distinct blocks in
+        // device order, then one fixed tree: on one device, exactly cpu-ref's global_norm.
+        std::vector<double> partials;
+        for (std::size_t t = 1; t < in.buffers.size(); ++t) {
+          for (int d = 0; d < mesh_.devices(); ++d) {
+            if (!owns_distinct_block(in.specs[t - 1], mesh_, d)) continue;
+            const std::size_t at = partials.size();
+            partials.resize(at + static_cast<std::size_t>(kernels::sum_of_squares_partial_count(n[t - 1])));
+            kernels::sum_of_squares_partials(f32(d, exe, in.buffers[t]), n[t - 1], partials.data() + at);
+          }
+        }
+        kernels::combine_pairwise(partials, static_cast<std::int64_t>(partials.size()), 1);
+        const float norm = static_cast<float>(__builtin_sqrt(partials.empty() ? 0.0 : partials[0]));
+        for (int d = 0; d < mesh_.devices(); ++d) *f32(d, exe, in.buffers[0]) = norm;
+        return;  // one reduction over all devices, not per group
+      }
+      default: throw std::logic_error("tpu-mesh: a kernel dispatched as a collective");
+    }
+  }
+}
+
+}  // namespace harness::tpu

@@ -1,0 +1,52 @@
+// The simulated mesh: one memory per device and the executor that runs an Executable on
+// all of them. Kernels run on every device at once (devices are parallel tasks on the
+// host, each kernel deterministic on its own); collectives combine devices in a fixed
+// order, so a fixed mesh and plan give the same bits on any host thread count.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "program.h"
+
+namespace harness::tpu {
+
+class MeshExecutor {
+ public:
+  // Allocates every device's persistent buffers (its blocks of the persistent tensors).
+  void bind(const TensorTable& table, const Mesh& mesh, std::vector<PartitionSpec> specs);
+
+  // Host -> devices: each device receives its block (scalars: every device).
+  void upload(TensorId id, std::span<const float> values);
+  void upload_tokens(TensorId id, std::span<const std::int32_t> tokens);
+  // Devices -> host: the global tensor assembled from its blocks, in a host buffer of its
+  // own (so many reads can be held at once); valid until the same tensor is read again.
+  std::span<const float> assemble(TensorId id);
+  bool is_persistent(TensorId id) const;
+
+  void run(const Executable& exe);
+
+ private:
+  struct Device {
+    std::vector<std::vector<float>> tensors;        // persistent blocks by TensorId (empty: none)
+    std::vector<std::vector<std::int32_t>> tokens;  // int32 blocks by TensorId
+    std::vector<float> slab;                        // transient buffers at planned offsets
+    std::vector<float> scratch;                     // GEMM packing
+  };
+
+  float* f32(int device, const Executable& exe, std::int32_t buffer);
+  const std::int32_t* i32(int device, const Executable& exe, std::int32_t buffer);
+  void run_kernel(int device, const Executable& exe, const Instr& in);
+  void run_collective(const Executable& exe, const Instr& in);
+  // The devices that exchange along `axis` with `device`, in coordinate order.
+  std::vector<int> group(int device, Axis axis) const;
+
+  const TensorTable* table_ = nullptr;
+  Mesh mesh_;
+  std::vector<PartitionSpec> specs_;
+  std::vector<Device> devices_;
+  std::vector<std::vector<float>> host_;  // assembled tensors by TensorId
+};
+
+}  // namespace harness::tpu

@@ -1,0 +1,85 @@
+#include "graph.h"
+
+#include "program.h"
+
+#include <bit>
+#include <cstring>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <xxhash.h>
+
+namespace harness::tpu {
+
+std::string_view to_string(OpKind op) {
+  switch (op) {
+    case OpKind::Zero: return "zero";
+    case OpKind::Constant: return "constant";
+    case OpKind::EncoderForward: return "encoder_forward";
+    case OpKind::EncoderBackward: return "encoder_backward";
+    case OpKind::LayerNormForward: return "layernorm_forward";
+    case OpKind::LayerNormBackward: return "layernorm_backward";
+    case OpKind::LinearForward: return "linear_forward";
+    case OpKind::LinearBackward: return "linear_backward";
+    case OpKind::AttentionForward: return "attention_forward";
+    case OpKind::AttentionBackward: return "attention_backward";
+    case OpKind::GeluForward: return "gelu_forward";
+    case OpKind::GeluBackward: return "gelu_backward";
+    case OpKind::ResidualForward: return "residual_forward";
+    case OpKind::ResidualBackward: return "residual_backward";
+    case OpKind::CrossEntropyForward: return "crossentropy_forward";
+    case OpKind::CrossEntropyBackward: return "crossentropy_backward";
+    case OpKind::GlobalNorm: return "global_norm";
+    case OpKind::ClipByNorm: return "clip_by_norm";
+    case OpKind::AdamW: return "adamw";
+    case OpKind::NudgeUlps: return "nudge_ulps";
+  }
+  return "?";
+}
+
+std::vector<TensorId> outputs_of(const Node& node) {
+  const auto& t = node.tensors;
+  auto first = [&](std::size_t n) { return std::vector<TensorId>(t.begin(), t.begin() + static_cast<long>(n)); };
+  switch (node.op) {
+    case OpKind::EncoderBackward:
+    case OpKind::AttentionForward:
+    case OpKind::ResidualBackward:
+    case OpKind::CrossEntropyForward: return first(2);
+    case OpKind::LayerNormForward:
+    case OpKind::LayerNormBackward:
+    case OpKind::LinearBackward: return first(3);
+    case OpKind::ClipByNorm: return std::vector<TensorId>(t.begin() + 1, t.end());
+    case OpKind::AdamW: return {t[0], t[2], t[3]};
+    default: return first(1);
+  }
+}
+
+std::string canonical_text(const Graph& graph, const TensorTable& table) {
+  std::string text;
+  for (const Node& node : graph.nodes) {
+    std::vector<std::string> operands;
+    for (TensorId id : node.tensors) {
+      if (id == kNoTensor) {
+        operands.emplace_back("-");
+        continue;
+      }
+      const TensorDesc& d = table[id];
+      operands.push_back(fmt::format("{}:{}:{}:{}", d.name, to_string(d.kind), fmt::join(d.shape, "x"),
+                                     d.dtype == DType::F32 ? "f32" : "i32"));
+    }
+    std::vector<std::string> attrs;
+    for (float a : node.attrs) attrs.push_back(fmt::format("{:08x}", std::bit_cast<std::uint32_t>(a)));
+    fmt::format_to(std::back_inserter(text), "{} {} {} {} ({}) [{}]\n", to_string(node.op), node.site, node.layer,
+                   to_string(node.phase), fmt::join(operands, ", "), fmt::join(attrs, " "));
+  }
+  return text;
+}
+
+std::string fingerprint(const Graph& graph, const TensorTable& table, const std::string& flags) {
+  const std::string text =
+      fmt::format("tpu-mesh program v{}\n{}\n{}", kProgramFormatVersion, flags, canonical_text(graph, table));
+  const XXH128_hash_t h = XXH3_128bits(text.data(), text.size());
+  return fmt::format("{:016x}{:016x}", h.high64, h.low64);
+}
+
+}  // namespace harness::tpu

@@ -1,0 +1,67 @@
+// The traced graph: every op call of a step as an IR node (op, operands, attributes),
+// and the fingerprint that keys the compilation cache.
+//
+// A node's operands are the tensor ids of the Engine call, in its order; shapes and
+// dtypes come from the TensorTable, so the canonical text names each operand with its
+// name, kind, shape and dtype. Values never enter a graph, except a Constant node:
+// the trap of a host scalar baked into the program (--leak-scalars).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "api/engine.h"
+
+namespace harness::tpu {
+
+enum class OpKind : std::uint8_t {
+  Zero,
+  Constant,  // tensors[0] = attrs[0]: a host value baked into the program
+  EncoderForward,
+  EncoderBackward,
+  LayerNormForward,
+  LayerNormBackward,
+  LinearForward,
+  LinearBackward,
+  AttentionForward,
+  AttentionBackward,
+  GeluForward,
+  GeluBackward,
+  ResidualForward,
+  ResidualBackward,
+  CrossEntropyForward,
+  CrossEntropyBackward,
+  GlobalNorm,  // tensors = norm, then the tensors whose norm it is
+  ClipByNorm,  // tensors = norm, then the tensors it scales
+  AdamW,       // tensors = param, grad, m, v, lr, bias_correction1, bias_correction2
+  NudgeUlps,
+};
+std::string_view to_string(OpKind op);
+
+struct Node {
+  OpKind op = OpKind::Zero;
+  std::string site;  // the model op's name, e.g. "blocks.2.attn.proj"
+  int layer = -1;
+  Phase phase = Phase::Forward;
+  std::vector<TensorId> tensors;  // operands in the Engine call's order; kNoTensor allowed
+  std::vector<float> attrs;       // eps; max_norm; AdamW beta1, beta2, eps, weight decay; a constant
+};
+
+// The tensors a node writes (the others it only reads).
+std::vector<TensorId> outputs_of(const Node& node);
+
+struct Graph {
+  std::vector<Node> nodes;
+};
+
+// One line per node: op, site, layer, phase, operands (name:kind:shape:dtype) and the
+// attributes' exact bits. Equal texts compile to equal programs.
+std::string canonical_text(const Graph& graph, const TensorTable& table);
+
+// XXH3-128 (hex) of canonical text + the flags that change compiled output + the format
+// version. Never tensor values; never debug settings (cache dir, threads).
+std::string fingerprint(const Graph& graph, const TensorTable& table, const std::string& flags);
+
+}  // namespace harness::tpu

@@ -1,0 +1,50 @@
+// The tpu-mesh engine's configuration, parsed from its command-line flags: the mesh, the
+// shard plan, the precision and the compile settings. docs/engines/tpu-mesh.md describes
+// each; the lane name carries every setting that changes the compiled program.
+#pragma once
+
+#include <string>
+
+#include "api/engine_settings.h"
+
+namespace harness::tpu {
+
+// A 2-D mesh of simulated devices with named axes `data` and `model`. Device i sits at
+// (i / model, i % model), as in a row-major jax.sharding.Mesh.
+struct Mesh {
+  int data = 1;
+  int model = 1;
+
+  int devices() const { return data * model; }
+  int data_coord(int device) const { return device / model; }
+  int model_coord(int device) const { return device % model; }
+  std::string to_string() const;  // "2x2"
+};
+
+enum class ShardPlan { DataParallel, TensorParallel, Zero3 };
+enum class Precision { Fp32, Bf16 };
+
+std::string to_string(ShardPlan plan);       // "dp", "tp", "zero3"
+std::string to_string(Precision precision);  // "fp32", "bf16"
+
+struct MeshConfig {
+  Mesh mesh;
+  ShardPlan plan = ShardPlan::DataParallel;
+  Precision precision = Precision::Fp32;
+  bool leak_scalars = false;        // bake the learning rate into the graph (the XLA trap, on purpose)
+  std::string compile_cache_dir;    // "" = in-memory cache only
+
+  // "tpu-mesh@2x2": the engine part of the lane name.
+  std::string engine_label() const;
+  // "tp+bf16+leak-scalars": the plan and every non-default setting that changes the program.
+  std::string canonical_features() const;
+  // The settings that change compiled output, sorted, as they enter the graph fingerprint.
+  // The cache directory and thread count are left out: they never change the program.
+  std::string fingerprint_flags() const;
+};
+
+// Throws std::invalid_argument with one line naming the flag (--mesh, --shard-plan, ...).
+MeshConfig parse_mesh_config(const EngineSettings& settings);
+Mesh parse_mesh(const std::string& text);
+
+}  // namespace harness::tpu

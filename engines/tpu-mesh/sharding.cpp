@@ -1,0 +1,217 @@
+#include "sharding.h"
+
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace harness::tpu {
+namespace {
+
+bool active(Axis axis, const Mesh& mesh) { return axis != Axis::None && axis_size(mesh, axis) > 1; }
+
+// Global index along one dimension of local index i on the device at `coord` of `parts`.
+std::int64_t global_index(std::int64_t i, std::int64_t extent, const DimSharding& d, int parts, int coord) {
+  if (parts == 1) return i;
+  const std::int64_t group_extent = extent / d.groups;
+  const std::int64_t local_group_extent = group_extent / parts;
+  const std::int64_t group = i / local_group_extent;
+  return group * group_extent + coord * local_group_extent + i % local_group_extent;
+}
+
+// Visits every element of the device's block: fn(local offset, global offset), row-major.
+template <typename Fn>
+void for_each_block_element(const std::vector<std::int64_t>& global, const PartitionSpec& spec, const Mesh& mesh,
+                            int device, Fn fn) {
+  const PartitionSpec eff = effective(spec, mesh);
+  const std::vector<std::int64_t> local = local_shape(global, spec, mesh);
+  const std::size_t rank = global.size();
+  std::int64_t numel = 1;
+  for (std::int64_t e : local) numel *= e;
+  std::vector<std::int64_t> index(rank, 0);
+  for (std::int64_t offset = 0; offset < numel; ++offset) {
+    std::int64_t g = 0;
+    for (std::size_t d = 0; d < rank; ++d) {
+      const Axis axis = eff.dims[d].axis;
+      const int parts = axis == Axis::None ? 1 : axis_size(mesh, axis);
+      const int coord = axis == Axis::None ? 0 : axis_coord(mesh, axis, device);
+      g = g * global[d] + global_index(index[d], global[d], eff.dims[d], parts, coord);
+    }
+    fn(offset, g);
+    for (std::size_t d = rank; d-- > 0;) {  // row-major increment
+      if (++index[d] < local[d]) break;
+      index[d] = 0;
+    }
+  }
+}
+
+bool is_tensor_parallel_weight(const std::string& name) {
+  return name.ends_with("attn.qkv.weight") || name.ends_with("attn.qkv.bias") || name.ends_with("mlp.fc.weight") ||
+         name.ends_with("mlp.fc.bias") || name.ends_with("attn.proj.weight") || name.ends_with("mlp.proj.weight");
+}
+
+// Megatron-style: qkv and mlp.fc column-parallel (output dim), attn.proj and mlp.proj
+// row-parallel (input dim); qkv's output splits per q, k and v.
+PartitionSpec tensor_parallel_spec(const TensorDesc& param) {
+  PartitionSpec spec = PartitionSpec::replicated(param.rank());
+  if (!is_tensor_parallel_weight(param.name)) return spec;
+  const bool row_parallel = param.name.ends_with("proj.weight");
+  DimSharding& dim = spec.dims[row_parallel ? 1 : 0];
+  dim.axis = Axis::Model;
+  if (param.name.find("attn.qkv") != std::string::npos) dim.groups = 3;
+  return spec;
+}
+
+PartitionSpec parameter_spec(const TensorDesc& param, ShardPlan plan) {
+  switch (plan) {
+    case ShardPlan::DataParallel: return PartitionSpec::replicated(param.rank());
+    case ShardPlan::TensorParallel: return tensor_parallel_spec(param);
+    case ShardPlan::Zero3: {
+      PartitionSpec spec = PartitionSpec::replicated(param.rank());
+      spec.dims[0].axis = Axis::Data;  // parameters and optimizer state sharded on `data`
+      return spec;
+    }
+  }
+  return PartitionSpec::replicated(param.rank());
+}
+
+}  // namespace
+
+std::string to_string(Axis axis) {
+  switch (axis) {
+    case Axis::None: return "None";
+    case Axis::Data: return "data";
+    case Axis::Model: return "model";
+  }
+  return "?";
+}
+
+bool PartitionSpec::shards_on(Axis axis) const {
+  for (const DimSharding& d : dims) {
+    if (d.axis == axis) return true;
+  }
+  return false;
+}
+
+std::string PartitionSpec::to_string() const {
+  std::vector<std::string> parts;
+  for (const DimSharding& d : dims) {
+    parts.push_back(d.groups > 1 ? fmt::format("{}/{}", tpu::to_string(d.axis), d.groups) : tpu::to_string(d.axis));
+  }
+  return fmt::format("P({})", fmt::join(parts, ", "));
+}
+
+int axis_size(const Mesh& mesh, Axis axis) {
+  switch (axis) {
+    case Axis::None: return 1;
+    case Axis::Data: return mesh.data;
+    case Axis::Model: return mesh.model;
+  }
+  return 1;
+}
+
+int axis_coord(const Mesh& mesh, Axis axis, int device) {
+  switch (axis) {
+    case Axis::None: return 0;
+    case Axis::Data: return mesh.data_coord(device);
+    case Axis::Model: return mesh.model_coord(device);
+  }
+  return 0;
+}
+
+PartitionSpec effective(const PartitionSpec& spec, const Mesh& mesh) {
+  PartitionSpec out = spec;
+  for (DimSharding& d : out.dims) {
+    if (!active(d.axis, mesh)) d = DimSharding{};
+  }
+  return out;
+}
+
+std::vector<std::int64_t> local_shape(const std::vector<std::int64_t>& global, const PartitionSpec& spec,
+                                      const Mesh& mesh) {
+  std::vector<std::int64_t> local = global;
+  for (std::size_t d = 0; d < global.size() && d < spec.dims.size(); ++d) local[d] /= axis_size(mesh, spec.dims[d].axis);
+  return local;
+}
+
+std::int64_t local_numel(const std::vector<std::int64_t>& global, const PartitionSpec& spec, const Mesh& mesh) {
+  std::int64_t n = 1;
+  for (std::int64_t e : local_shape(global, spec, mesh)) n *= e;
+  return n;
+}
+
+bool owns_distinct_block(const PartitionSpec& spec, const Mesh& mesh, int device) {
+  for (Axis axis : {Axis::Data, Axis::Model}) {
+    if (!spec.shards_on(axis) && axis_coord(mesh, axis, device) != 0) return false;
+  }
+  return true;
+}
+
+bool holds_first_element(const PartitionSpec& spec, const Mesh& mesh, int device) {
+  for (Axis axis : {Axis::Data, Axis::Model}) {
+    if (spec.shards_on(axis) && axis_coord(mesh, axis, device) != 0) return false;
+  }
+  return true;
+}
+
+template <typename T>
+void copy_block_from_global(const std::vector<std::int64_t>& global, const PartitionSpec& spec, const Mesh& mesh,
+                            int device, const T* global_values, T* local_values) {
+  for_each_block_element(global, spec, mesh, device,
+                         [&](std::int64_t local, std::int64_t g) { local_values[local] = global_values[g]; });
+}
+
+template <typename T>
+void copy_block_to_global(const std::vector<std::int64_t>& global, const PartitionSpec& spec, const Mesh& mesh,
+                          int device, const T* local_values, T* global_values) {
+  for_each_block_element(global, spec, mesh, device,
+                         [&](std::int64_t local, std::int64_t g) { global_values[g] = local_values[local]; });
+}
+
+template void copy_block_from_global<float>(const std::vector<std::int64_t>&, const PartitionSpec&, const Mesh&, int,
+                                            const float*, float*);
+template void copy_block_from_global<std::int32_t>(const std::vector<std::int64_t>&, const PartitionSpec&,
+                                                   const Mesh&, int, const std::int32_t*, std::int32_t*);
+template void copy_block_to_global<float>(const std::vector<std::int64_t>&, const PartitionSpec&, const Mesh&, int,
+                                          const float*, float*);
+
+std::vector<PartitionSpec> plan_shardings(const TensorTable& table, const MeshConfig& config) {
+  std::vector<PartitionSpec> specs;
+  specs.reserve(table.size());
+  for (const TensorDesc& t : table.all()) specs.push_back(PartitionSpec::replicated(t.rank()));
+  for (TensorId p : table.of_kind(TensorKind::Parameter)) {
+    const PartitionSpec spec = parameter_spec(table[p], config.plan);
+    specs[static_cast<std::size_t>(p)] = spec;
+    for (TensorKind kind : {TensorKind::Gradient, TensorKind::AdamM, TensorKind::AdamV}) {
+      specs[static_cast<std::size_t>(table.shadow(p, kind))] = spec;
+    }
+  }
+  // On every plan the batch is split on `data`.
+  for (TensorId id : table.of_kind(TensorKind::Input)) specs[static_cast<std::size_t>(id)].dims[0].axis = Axis::Data;
+  return specs;
+}
+
+void validate_plan(const TensorTable& table, const std::vector<PartitionSpec>& specs, const MeshConfig& config) {
+  const std::string where = fmt::format("--shard-plan {} on --mesh {}", to_string(config.plan), config.mesh.to_string());
+  for (const TensorDesc& t : table.all()) {
+    const PartitionSpec& spec = specs[static_cast<std::size_t>(&t - table.all().data())];
+    for (std::size_t d = 0; d < spec.dims.size(); ++d) {
+      const int parts = axis_size(config.mesh, spec.dims[d].axis) * spec.dims[d].groups;
+      if (t.shape[d] % parts != 0) {
+        throw std::invalid_argument(fmt::format(
+            "{}: {} dimension {} has size {}, which does not divide into {} {}; choose a mesh whose {} axis "
+            "divides it",
+            where, t.name, d, t.shape[d], parts, spec.dims[d].groups > 1 ? "group slices" : "shards",
+            to_string(spec.dims[d].axis)));
+      }
+    }
+    // Tensor parallelism splits attention by heads: the heads must divide over `model`.
+    if (config.plan == ShardPlan::TensorParallel && t.kind == TensorKind::Activation && t.name.ends_with(".attn.att") &&
+        t.shape[1] % config.mesh.model != 0) {
+      throw std::invalid_argument(fmt::format("{}: {} heads do not divide over {} model devices", where, t.shape[1],
+                                              config.mesh.model));
+    }
+  }
+}
+
+}  // namespace harness::tpu

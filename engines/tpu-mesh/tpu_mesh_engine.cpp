@@ -1,0 +1,237 @@
+#include "tpu_mesh_engine.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "compiler.h"
+#include "sharding.h"
+
+namespace harness::tpu {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+TpuMeshEngine::TpuMeshEngine(MeshConfig config)
+    : config_(std::move(config)), cache_(config_.compile_cache_dir),
+      step_peak_bytes_(kMemoryCategories + 1, 0) {}
+
+std::map<std::string, AttributeValue> TpuMeshEngine::manifest_attributes() const {
+  return {{"mesh", config_.mesh.to_string()},
+          {"mesh_axes", std::string("data,model")},
+          {"mesh_devices", std::int64_t{config_.mesh.devices()}},
+          {"shard_plan", to_string(config_.plan)},
+          {"precision", to_string(config_.precision)},
+          {"leak_scalars", std::int64_t{config_.leak_scalars ? 1 : 0}},
+          {"compile_cache", config_.compile_cache_dir},
+          {"program_format_version", std::int64_t{kProgramFormatVersion}}};
+}
+
+std::vector<StepState> TpuMeshEngine::step_state() const {
+  StepState compile{"compile", {}, {}};
+  const CompileCounters& c = counters_;
+  compile.fields = {{"CompileTime", {c.compile_seconds}},
+                    {"ExecuteTime", {c.execute_seconds}},
+                    {"UncachedCompile", {double(c.uncached_compile)}},
+                    {"CachedCompile", {double(c.cached_compile)}},
+                    {"PersistentCacheHit", {double(c.persistent_hit)}},
+                    {"PersistentCacheMiss", {double(c.persistent_miss)}},
+                    {"PersistentCacheDeserializeFailure", {double(c.deserialize_failure)}},
+                    {"HostSync", {double(c.host_sync)}}};
+  // Plans are symmetric: every device has the same block shapes, so the same peaks.
+  StepState memory{"memory", {}, {}};
+  const auto devices = static_cast<std::size_t>(config_.mesh.devices());
+  for (std::size_t d = 0; d < devices; ++d) memory.columns.push_back(fmt::format("device{}", d));
+  for (int category = 0; category < kMemoryCategories; ++category) {
+    memory.fields.emplace_back(to_string(static_cast<MemoryCategory>(category)),
+                               std::vector<double>(devices, double(step_peak_bytes_[static_cast<std::size_t>(category)])));
+  }
+  memory.fields.emplace_back("total", std::vector<double>(devices, double(step_peak_bytes_.back())));
+  return {compile, memory};
+}
+
+void TpuMeshEngine::check_table(const TensorTable& table) const {
+  validate_plan(table, plan_shardings(table, config_), config_);
+}
+
+void TpuMeshEngine::bind(const TensorTable& table) {
+  check_table(table);
+  table_ = &table;
+  specs_ = plan_shardings(table, config_);
+  executor_.bind(table, config_.mesh, specs_);
+}
+
+// ---- host <-> device ---------------------------------------------------------------------
+
+void TpuMeshEngine::upload(TensorId id, std::span<const float> values) {
+  const TensorDesc& t = (*table_)[id];
+  if (in_step_ && config_.leak_scalars && t.kind == TensorKind::Scalar && t.name == "lr") {
+    // The trap, on purpose: the host value becomes a constant of the program.
+    Node node{OpKind::Constant, "lr", -1, Phase::Optimizer, {id}, {values[0]}};
+    pending_.nodes.push_back(std::move(node));
+    return;
+  }
+  if (in_step_ && pending_uses(id)) cut_graph("upload", id);
+  executor_.upload(id, values);
+}
+
+void TpuMeshEngine::upload_tokens(TensorId id, std::span<const std::int32_t> tokens) {
+  if (in_step_ && pending_uses(id)) cut_graph("upload", id);
+  executor_.upload_tokens(id, tokens);
+}
+
+std::span<const float> TpuMeshEngine::read(TensorId id) {
+  if (in_step_) {
+    if (!pending_.nodes.empty()) ++counters_.host_sync;
+    cut_graph("read", id);
+  }
+  return executor_.assemble(id);
+}
+
+bool TpuMeshEngine::pending_uses(TensorId id) const {
+  for (const Node& node : pending_.nodes) {
+    if (std::find(node.tensors.begin(), node.tensors.end(), id) != node.tensors.end()) return true;
+  }
+  return false;
+}
+
+// A transfer between traced ops must see their results: it cuts the graph there.
+void TpuMeshEngine::cut_graph(const std::string& what, TensorId id) {
+  if (pending_.nodes.empty()) return;
+  const Node& last = pending_.nodes.back();
+  breaks_.push_back({what, (*table_)[id].name, last.site, last.phase});
+  flush();
+}
+
+// ---- step boundary -----------------------------------------------------------------------
+
+void TpuMeshEngine::step_begin(int) {
+  in_step_ = true;
+  counters_ = CompileCounters{};
+  segments_.clear();
+  breaks_.clear();
+  std::fill(step_peak_bytes_.begin(), step_peak_bytes_.end(), 0);
+}
+
+void TpuMeshEngine::step_end() {
+  flush();
+  in_step_ = false;
+}
+
+std::shared_ptr<const Executable> TpuMeshEngine::lookup_or_compile(const std::string& fingerprint) {
+  const CacheLookup hit = cache_.find(fingerprint);
+  if (hit.deserialize_failure) ++counters_.deserialize_failure;
+  if (hit.disk_miss) ++counters_.persistent_miss;
+  if (hit.source == CacheSource::Memory) ++counters_.cached_compile;
+  if (hit.source == CacheSource::Disk) ++counters_.persistent_hit;
+  if (hit.executable) return hit.executable;
+  const auto start = std::chrono::steady_clock::now();
+  std::shared_ptr<const Executable> exe = cache_.insert(compile(pending_, *table_, config_, specs_, fingerprint));
+  counters_.compile_seconds += seconds_since(start);
+  ++counters_.uncached_compile;
+  return exe;
+}
+
+void TpuMeshEngine::flush() {
+  if (pending_.nodes.empty()) return;
+  const auto start = std::chrono::steady_clock::now();
+  const std::string fp = fingerprint(pending_, *table_, config_.fingerprint_flags());
+  counters_.compile_seconds += seconds_since(start);  // tracing overhead counts as compile time
+  const std::shared_ptr<const Executable> exe = lookup_or_compile(fp);
+  const auto run_start = std::chrono::steady_clock::now();
+  executor_.run(*exe);
+  counters_.execute_seconds += seconds_since(run_start);
+  note_memory(*exe);
+  segments_.push_back({std::move(pending_), fp});
+  pending_ = Graph{};
+}
+
+void TpuMeshEngine::note_memory(const Executable& exe) {
+  for (int c = 0; c < kMemoryCategories; ++c) {
+    auto& peak = step_peak_bytes_[static_cast<std::size_t>(c)];
+    peak = std::max(peak, exe.peak_bytes[static_cast<std::size_t>(c)]);
+  }
+  step_peak_bytes_.back() = std::max(step_peak_bytes_.back(), exe.peak_total_bytes);
+}
+
+// ---- ops: traced, not executed -----------------------------------------------------------
+
+void TpuMeshEngine::record(OpKind op, const OpSite& site, std::vector<TensorId> tensors, std::vector<float> attrs) {
+  if (!in_step_) throw std::logic_error("tpu-mesh: an op outside step_begin()/step_end()");
+  pending_.nodes.push_back({op, std::string(site.name), site.layer, site.phase, std::move(tensors), std::move(attrs)});
+}
+
+void TpuMeshEngine::zero(TensorId id) {
+  const TensorDesc& t = (*table_)[id];
+  record(OpKind::Zero, OpSite{t.name, -1, Phase::Forward}, {id});
+}
+
+void TpuMeshEngine::encoder_forward(const OpSite& s, TensorId out, TensorId inputs, TensorId wte, TensorId wpe) {
+  record(OpKind::EncoderForward, s, {out, inputs, wte, wpe});
+}
+void TpuMeshEngine::encoder_backward(const OpSite& s, TensorId dwte, TensorId dwpe, TensorId dout, TensorId inputs) {
+  record(OpKind::EncoderBackward, s, {dwte, dwpe, dout, inputs});
+}
+void TpuMeshEngine::layernorm_forward(const OpSite& s, TensorId out, TensorId mean, TensorId rstd, TensorId inp,
+                                      TensorId weight, TensorId bias, float eps) {
+  record(OpKind::LayerNormForward, s, {out, mean, rstd, inp, weight, bias}, {eps});
+}
+void TpuMeshEngine::layernorm_backward(const OpSite& s, TensorId dinp, TensorId dweight, TensorId dbias, TensorId dout,
+                                       TensorId inp, TensorId weight, TensorId mean, TensorId rstd) {
+  record(OpKind::LayerNormBackward, s, {dinp, dweight, dbias, dout, inp, weight, mean, rstd});
+}
+void TpuMeshEngine::linear_forward(const OpSite& s, TensorId out, TensorId inp, TensorId weight, TensorId bias) {
+  record(OpKind::LinearForward, s, {out, inp, weight, bias});
+}
+void TpuMeshEngine::linear_backward(const OpSite& s, TensorId dinp, TensorId dweight, TensorId dbias, TensorId dout,
+                                    TensorId inp, TensorId weight) {
+  record(OpKind::LinearBackward, s, {dinp, dweight, dbias, dout, inp, weight});
+}
+void TpuMeshEngine::attention_forward(const OpSite& s, TensorId out, TensorId att, TensorId qkv) {
+  record(OpKind::AttentionForward, s, {out, att, qkv});
+}
+void TpuMeshEngine::attention_backward(const OpSite& s, TensorId dqkv, TensorId dout, TensorId qkv, TensorId att) {
+  record(OpKind::AttentionBackward, s, {dqkv, dout, qkv, att});
+}
+void TpuMeshEngine::gelu_forward(const OpSite& s, TensorId out, TensorId inp) { record(OpKind::GeluForward, s, {out, inp}); }
+void TpuMeshEngine::gelu_backward(const OpSite& s, TensorId dinp, TensorId inp, TensorId dout) {
+  record(OpKind::GeluBackward, s, {dinp, inp, dout});
+}
+void TpuMeshEngine::residual_forward(const OpSite& s, TensorId out, TensorId a, TensorId b) {
+  record(OpKind::ResidualForward, s, {out, a, b});
+}
+void TpuMeshEngine::residual_backward(const OpSite& s, TensorId da, TensorId db, TensorId dout) {
+  record(OpKind::ResidualBackward, s, {da, db, dout});
+}
+void TpuMeshEngine::crossentropy_forward(const OpSite& s, TensorId loss, TensorId probs, TensorId logits,
+                                         TensorId targets) {
+  record(OpKind::CrossEntropyForward, s, {loss, probs, logits, targets});
+}
+void TpuMeshEngine::crossentropy_backward(const OpSite& s, TensorId dlogits, TensorId probs, TensorId targets) {
+  record(OpKind::CrossEntropyBackward, s, {dlogits, probs, targets});
+}
+void TpuMeshEngine::global_norm(const OpSite& s, TensorId norm, std::span<const TensorId> tensors) {
+  std::vector<TensorId> operands{norm};
+  operands.insert(operands.end(), tensors.begin(), tensors.end());
+  record(OpKind::GlobalNorm, s, std::move(operands));
+}
+void TpuMeshEngine::clip_by_norm(const OpSite& s, std::span<const TensorId> tensors, TensorId norm, float max_norm) {
+  std::vector<TensorId> operands{norm};
+  operands.insert(operands.end(), tensors.begin(), tensors.end());
+  record(OpKind::ClipByNorm, s, std::move(operands), {max_norm});
+}
+void TpuMeshEngine::adamw_update(const OpSite& s, TensorId param, TensorId grad, TensorId m, TensorId v, TensorId lr,
+                                 TensorId bias_correction1, TensorId bias_correction2, const AdamWConfig& c) {
+  record(OpKind::AdamW, s, {param, grad, m, v, lr, bias_correction1, bias_correction2},
+         {c.beta1, c.beta2, c.eps, c.weight_decay});
+}
+void TpuMeshEngine::nudge_ulps(const OpSite& s, TensorId tensor, TensorId ulps) {
+  record(OpKind::NudgeUlps, s, {tensor, ulps});
+}
+
+}  // namespace harness::tpu

@@ -1,0 +1,114 @@
+// tpu-mesh: the compile-stable mesh engine. Op calls are traced into a Graph (lazy
+// tensors); at the step boundary the graph is fingerprinted, looked up in the compile
+// cache, compiled on a miss and executed SPMD on a simulated mesh of devices.
+// A host read inside a step is a graph break: it executes what was traced so far, counts
+// a HostSync and starts a new graph. docs/engines/tpu-mesh.md has the whole story.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "api/engine.h"
+#include "compile_cache.h"
+#include "executor.h"
+#include "graph.h"
+#include "mesh_config.h"
+
+namespace harness::tpu {
+
+// Per-step counters, named as torch_xla's metrics (recorded as /compile/<Name>).
+struct CompileCounters {
+  double compile_seconds = 0, execute_seconds = 0;
+  std::int64_t uncached_compile = 0, cached_compile = 0;
+  std::int64_t persistent_hit = 0, persistent_miss = 0, deserialize_failure = 0;
+  std::int64_t host_sync = 0;
+};
+
+// One traced graph of a step (a step has more than one only after a graph break).
+struct TracedSegment {
+  Graph graph;
+  std::string fingerprint;
+};
+
+// Something that cut a step's graph: a host read of a device value, or an upload of a
+// tensor that traced, not yet executed ops use.
+struct GraphBreak {
+  std::string what;        // "read" or "upload"
+  std::string tensor;      // the tensor read or uploaded
+  std::string after_site;  // the last traced op before it
+  Phase after_phase = Phase::Forward;
+};
+
+class TpuMeshEngine final : public Engine {
+ public:
+  explicit TpuMeshEngine(MeshConfig config);
+
+  std::string_view name() const override { return "tpu-mesh"; }
+  std::string lane_engine() const override { return config_.engine_label(); }
+  std::string features() const override { return config_.canonical_features(); }
+  std::map<std::string, AttributeValue> manifest_attributes() const override;
+  std::vector<StepState> step_state() const override;
+  void check_table(const TensorTable& table) const override;
+  void bind(const TensorTable& table) override;
+
+  void upload(TensorId id, std::span<const float> values) override;
+  void upload_tokens(TensorId id, std::span<const std::int32_t> tokens) override;
+  std::span<const float> read(TensorId id) override;
+
+  void step_begin(int step) override;
+  void step_end() override;
+
+  void zero(TensorId id) override;
+  void encoder_forward(const OpSite&, TensorId out, TensorId inputs, TensorId wte, TensorId wpe) override;
+  void encoder_backward(const OpSite&, TensorId dwte, TensorId dwpe, TensorId dout, TensorId inputs) override;
+  void layernorm_forward(const OpSite&, TensorId out, TensorId mean, TensorId rstd, TensorId inp, TensorId weight,
+                         TensorId bias, float eps) override;
+  void layernorm_backward(const OpSite&, TensorId dinp, TensorId dweight, TensorId dbias, TensorId dout, TensorId inp,
+                          TensorId weight, TensorId mean, TensorId rstd) override;
+  void linear_forward(const OpSite&, TensorId out, TensorId inp, TensorId weight, TensorId bias) override;
+  void linear_backward(const OpSite&, TensorId dinp, TensorId dweight, TensorId dbias, TensorId dout, TensorId inp,
+                       TensorId weight) override;
+  void attention_forward(const OpSite&, TensorId out, TensorId att, TensorId qkv) override;
+  void attention_backward(const OpSite&, TensorId dqkv, TensorId dout, TensorId qkv, TensorId att) override;
+  void gelu_forward(const OpSite&, TensorId out, TensorId inp) override;
+  void gelu_backward(const OpSite&, TensorId dinp, TensorId inp, TensorId dout) override;
+  void residual_forward(const OpSite&, TensorId out, TensorId a, TensorId b) override;
+  void residual_backward(const OpSite&, TensorId da, TensorId db, TensorId dout) override;
+  void crossentropy_forward(const OpSite&, TensorId loss, TensorId probs, TensorId logits, TensorId targets) override;
+  void crossentropy_backward(const OpSite&, TensorId dlogits, TensorId probs, TensorId targets) override;
+  void global_norm(const OpSite&, TensorId norm, std::span<const TensorId> tensors) override;
+  void clip_by_norm(const OpSite&, std::span<const TensorId> tensors, TensorId norm, float max_norm) override;
+  void adamw_update(const OpSite&, TensorId param, TensorId grad, TensorId m, TensorId v, TensorId lr,
+                    TensorId bias_correction1, TensorId bias_correction2, const AdamWConfig& config) override;
+  void nudge_ulps(const OpSite&, TensorId tensor, TensorId ulps) override;
+
+  // What the last step traced and counted (for `harness audit` and the tests).
+  const std::vector<TracedSegment>& step_segments() const { return segments_; }
+  const std::vector<GraphBreak>& graph_breaks() const { return breaks_; }
+  const CompileCounters& counters() const { return counters_; }
+  const MeshConfig& config() const { return config_; }
+
+ private:
+  void record(OpKind op, const OpSite& site, std::vector<TensorId> tensors, std::vector<float> attrs = {});
+  bool pending_uses(TensorId id) const;  // whether a traced, not yet executed op uses it
+  void cut_graph(const std::string& what, TensorId id);
+  void flush();  // compile-or-lookup and execute the traced graph
+  std::shared_ptr<const Executable> lookup_or_compile(const std::string& fingerprint);
+  void note_memory(const Executable& exe);
+
+  MeshConfig config_;
+  const TensorTable* table_ = nullptr;
+  std::vector<PartitionSpec> specs_;
+  MeshExecutor executor_;
+  CompileCache cache_;
+  Graph pending_;
+  bool in_step_ = false;
+  CompileCounters counters_;
+  std::vector<TracedSegment> segments_;
+  std::vector<GraphBreak> breaks_;
+  std::vector<std::int64_t> step_peak_bytes_;  // per MemoryCategory, then the total
+};
+
+}  // namespace harness::tpu
