@@ -75,10 +75,41 @@ std::string canonical_text(const Graph& graph, const TensorTable& table) {
   return text;
 }
 
-std::string fingerprint(const Graph& graph, const TensorTable& table, const std::string& flags) {
-  const std::string text =
-      fmt::format("tpu-mesh program v{}\n{}\n{}", kProgramFormatVersion, flags, canonical_text(graph, table));
+std::string table_digest(const TensorTable& table) {
+  std::string text;
+  for (const TensorDesc& d : table.all()) {
+    fmt::format_to(std::back_inserter(text), "{}:{}:{}:{}\n", d.name, to_string(d.kind), fmt::join(d.shape, "x"),
+                   d.dtype == DType::F32 ? "f32" : "i32");
+  }
   const XXH128_hash_t h = XXH3_128bits(text.data(), text.size());
+  return fmt::format("{:016x}{:016x}", h.high64, h.low64);
+}
+
+std::string fingerprint(const Graph& graph, const std::string& table_digest, const std::string& flags) {
+  XXH3_state_t* state = XXH3_createState();
+  XXH3_128bits_reset(state);
+  auto add = [&](const void* data, std::size_t size) { XXH3_128bits_update(state, data, size); };
+  auto add_string = [&](std::string_view text) {
+    const std::uint64_t size = text.size();
+    add(&size, sizeof size);  // length-prefixed: no two node lists hash the same bytes
+    add(text.data(), text.size());
+  };
+  const std::uint32_t version = kProgramFormatVersion;
+  add(&version, sizeof version);
+  add_string(flags);
+  add_string(table_digest);
+  for (const Node& node : graph.nodes) {
+    const std::int32_t header[3] = {static_cast<std::int32_t>(node.op), node.layer, static_cast<std::int32_t>(node.phase)};
+    add(header, sizeof header);
+    add_string(node.site);
+    const std::uint64_t operands = node.tensors.size(), attrs = node.attrs.size();
+    add(&operands, sizeof operands);
+    add(node.tensors.data(), node.tensors.size() * sizeof(TensorId));
+    add(&attrs, sizeof attrs);
+    add(node.attrs.data(), node.attrs.size() * sizeof(float));
+  }
+  const XXH128_hash_t h = XXH3_128bits_digest(state);
+  XXH3_freeState(state);
   return fmt::format("{:016x}{:016x}", h.high64, h.low64);
 }
 

@@ -60,8 +60,14 @@ struct Graph {
 // attributes' exact bits. Equal texts compile to equal programs.
 std::string canonical_text(const Graph& graph, const TensorTable& table);
 
-// XXH3-128 (hex) of canonical text + the flags that change compiled output + the format
-// version. Never tensor values; never debug settings (cache dir, threads).
-std::string fingerprint(const Graph& graph, const TensorTable& table, const std::string& flags);
+// XXH3-128 of the tensor table's description (names, kinds, shapes, dtypes: computed once
+// per table), hashed first into every fingerprint.
+std::string table_digest(const TensorTable& table);
+
+// XXH3-128 (hex) over the format version, the flags that change compiled output, the
+// table digest and every node's fields (op, site, layer, phase, operand ids, attribute
+// bits): what canonical_text() spells out, hashed without formatting it, since it runs
+// every step. Never tensor values; never debug settings (cache dir, threads).
+std::string fingerprint(const Graph& graph, const std::string& table_digest, const std::string& flags);
 
 }  // namespace harness::tpu

@@ -1,5 +1,6 @@
 #include "sharding.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -19,26 +20,35 @@ std::int64_t global_index(std::int64_t i, std::int64_t extent, const DimSharding
   return group * group_extent + coord * local_group_extent + i % local_group_extent;
 }
 
-// Visits every element of the device's block: fn(local offset, global offset), row-major.
+// Visits the device's block as contiguous runs, row-major: fn(local offset, global
+// offset, length). Along the last dimension a run is one group's slice; every other
+// dimension is stepped one index at a time.
 template <typename Fn>
-void for_each_block_element(const std::vector<std::int64_t>& global, const PartitionSpec& spec, const Mesh& mesh,
-                            int device, Fn fn) {
+void for_each_block_run(const std::vector<std::int64_t>& global, const PartitionSpec& spec, const Mesh& mesh,
+                        int device, Fn fn) {
   const PartitionSpec eff = effective(spec, mesh);
   const std::vector<std::int64_t> local = local_shape(global, spec, mesh);
   const std::size_t rank = global.size();
-  std::int64_t numel = 1;
-  for (std::int64_t e : local) numel *= e;
+  if (rank == 0) {
+    fn(0, 0, 1);
+    return;
+  }
+  auto parts = [&](std::size_t d) { return axis_size(mesh, eff.dims[d].axis); };
+  auto coord = [&](std::size_t d) { return axis_coord(mesh, eff.dims[d].axis, device); };
+  const std::size_t last = rank - 1;
+  const std::int64_t run = local[last] / (parts(last) == 1 ? 1 : eff.dims[last].groups);
+  std::int64_t outer = 1;
+  for (std::size_t d = 0; d < last; ++d) outer *= local[d];
   std::vector<std::int64_t> index(rank, 0);
-  for (std::int64_t offset = 0; offset < numel; ++offset) {
-    std::int64_t g = 0;
-    for (std::size_t d = 0; d < rank; ++d) {
-      const Axis axis = eff.dims[d].axis;
-      const int parts = axis == Axis::None ? 1 : axis_size(mesh, axis);
-      const int coord = axis == Axis::None ? 0 : axis_coord(mesh, axis, device);
-      g = g * global[d] + global_index(index[d], global[d], eff.dims[d], parts, coord);
+  std::int64_t local_offset = 0;
+  for (std::int64_t row = 0; row < outer; ++row) {
+    std::int64_t row_start = 0;  // global offset of the row, without the last dimension
+    for (std::size_t d = 0; d < last; ++d) row_start = row_start * global[d] + global_index(index[d], global[d], eff.dims[d], parts(d), coord(d));
+    for (std::int64_t i = 0; i < local[last]; i += run) {
+      fn(local_offset, row_start * global[last] + global_index(i, global[last], eff.dims[last], parts(last), coord(last)), run);
+      local_offset += run;
     }
-    fn(offset, g);
-    for (std::size_t d = rank; d-- > 0;) {  // row-major increment
+    for (std::size_t d = last; d-- > 0;) {  // row-major increment of the outer index
       if (++index[d] < local[d]) break;
       index[d] = 0;
     }
@@ -157,15 +167,17 @@ bool holds_first_element(const PartitionSpec& spec, const Mesh& mesh, int device
 template <typename T>
 void copy_block_from_global(const std::vector<std::int64_t>& global, const PartitionSpec& spec, const Mesh& mesh,
                             int device, const T* global_values, T* local_values) {
-  for_each_block_element(global, spec, mesh, device,
-                         [&](std::int64_t local, std::int64_t g) { local_values[local] = global_values[g]; });
+  for_each_block_run(global, spec, mesh, device, [&](std::int64_t local, std::int64_t g, std::int64_t n) {
+    std::copy(global_values + g, global_values + g + n, local_values + local);
+  });
 }
 
 template <typename T>
 void copy_block_to_global(const std::vector<std::int64_t>& global, const PartitionSpec& spec, const Mesh& mesh,
                           int device, const T* local_values, T* global_values) {
-  for_each_block_element(global, spec, mesh, device,
-                         [&](std::int64_t local, std::int64_t g) { global_values[g] = local_values[local]; });
+  for_each_block_run(global, spec, mesh, device, [&](std::int64_t local, std::int64_t g, std::int64_t n) {
+    std::copy(local_values + local, local_values + local + n, global_values + g);
+  });
 }
 
 template void copy_block_from_global<float>(const std::vector<std::int64_t>&, const PartitionSpec&, const Mesh&, int,

@@ -101,6 +101,7 @@ class TpuMeshEngine final : public Engine {
   MeshConfig config_;
   const TensorTable* table_ = nullptr;
   std::vector<PartitionSpec> specs_;
+  std::string table_digest_;
   MeshExecutor executor_;
   CompileCache cache_;
   Graph pending_;

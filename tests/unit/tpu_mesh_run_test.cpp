@@ -1,0 +1,168 @@
+// tpu-mesh at run level: one device is bitwise cpu-ref, a fixed mesh and plan are bitwise
+// reproducible on any thread count, every plan stays within the documented tolerance of
+// cpu-ref, and compile stability is measured: one compile at step 0, none after, none on
+// a warm persistent cache, one every step when a scalar leaks into the graph; a corrupt
+// cache entry is evicted and recompiled.
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "receipt_bits.h"
+
+namespace harness::tpu {
+namespace {
+
+using harness::testing::lane;
+using harness::testing::ReceiptBits;
+using harness::testing::run_and_read;
+using harness::testing::scratch;
+namespace fs = std::filesystem;
+
+using Flags = std::map<std::string, std::string>;
+
+run::RunOptions mesh_lane(const std::string& canary, int steps, int threads, Flags flags) {
+  return lane(canary, steps, threads, "tpu-mesh", "", std::move(flags));
+}
+
+std::vector<double> receipt_dataset(const std::string& tag, const std::string& path) {
+  const receipt::ReceiptReader r(scratch().path(tag + ".h5"));
+  return h5::read_f64(r.file(), path);
+}
+
+double max_loss_gap(const ReceiptBits& a, const ReceiptBits& b) {
+  double gap = 0;
+  for (std::size_t s = 0; s < a.loss.size(); ++s) gap = std::max(gap, std::fabs(a.loss[s] - b.loss[s]));
+  return gap;
+}
+
+TEST(TpuMeshRun, OneDeviceIsBitwiseCpuRefOnEveryPlan) {
+  const ReceiptBits reference = run_and_read(lane("tiny", 3, 2), "cpu_ref");
+  for (const char* plan : {"dp", "tp", "zero3"}) {
+    EXPECT_TRUE(reference.same_numbers(run_and_read(mesh_lane("tiny", 3, 2, {{"shard-plan", plan}}), "one_device")))
+        << plan;
+  }
+  // dp on 1x2 replicates the whole program over `model`: still cpu-ref's bits.
+  EXPECT_TRUE(reference.same_numbers(run_and_read(mesh_lane("tiny", 3, 2, {{"mesh", "1x2"}}), "dp_1x2")));
+}
+
+TEST(TpuMeshRun, FixedMeshAndPlanIsBitwiseReproducibleOnAnyThreadCount) {
+  for (const char* plan : {"tp", "zero3"}) {
+    const Flags flags{{"mesh", "2x2"}, {"shard-plan", plan}, {"precision", "bf16"}};
+    const ReceiptBits two = run_and_read(mesh_lane("micro", 4, 2, flags), "repro2");
+    EXPECT_TRUE(two.same_numbers(run_and_read(mesh_lane("micro", 4, 1, flags), "repro1"))) << plan;
+    EXPECT_TRUE(two.same_numbers(run_and_read(mesh_lane("micro", 4, 3, flags), "repro3"))) << plan;
+    EXPECT_TRUE(two.same_numbers(run_and_read(mesh_lane("micro", 4, 2, flags), "repro2again"))) << plan;
+  }
+}
+
+// Tolerances of docs/engines/tpu-mesh.md, measured on tiny over 4 steps: fp32 moves the
+// loss by at most 4.8e-7 (reduction order only), bf16 by at most 8.1e-4.
+TEST(TpuMeshRun, EveryPlanAndMeshStaysWithinToleranceOfCpuRef) {
+  const ReceiptBits reference = run_and_read(lane("tiny", 4, 2), "tolerance_ref");
+  for (const char* precision : {"fp32", "bf16"}) {
+    const double tolerance = std::string(precision) == "fp32" ? 1e-5 : 5e-3;
+    bool any_moved = false;
+    for (const char* plan : {"dp", "tp", "zero3"}) {
+      for (const char* mesh : {"2x1", "1x2", "2x2"}) {
+        const ReceiptBits run = run_and_read(
+            mesh_lane("tiny", 4, 2, {{"mesh", mesh}, {"shard-plan", plan}, {"precision", precision}}), "tolerance");
+        EXPECT_EQ(run.batches, reference.batches);
+        EXPECT_LE(max_loss_gap(run, reference), tolerance) << plan << " " << mesh << " " << precision;
+        any_moved = any_moved || max_loss_gap(run, reference) > 0;
+      }
+    }
+    EXPECT_TRUE(any_moved) << precision << ": no plan changed a bit; sharding did nothing";
+  }
+}
+
+TEST(TpuMeshRun, Zero3HoldsOneNthOfDataParallelParameterAndOptimizerBytes) {
+  run_and_read(mesh_lane("tiny", 1, 2, {{"mesh", "4x1"}, {"shard-plan", "dp"}}), "memory_dp");
+  run_and_read(mesh_lane("tiny", 1, 2, {{"mesh", "4x1"}, {"shard-plan", "zero3"}}), "memory_zero3");
+  for (const char* category : {"/memory/parameters", "/memory/optimizer_state"}) {
+    const std::vector<double> dp = receipt_dataset("memory_dp", category);
+    const std::vector<double> zero3 = receipt_dataset("memory_zero3", category);
+    ASSERT_EQ(dp.size(), 4u);  // one step, four devices
+    for (std::size_t d = 0; d < dp.size(); ++d) EXPECT_EQ(zero3[d] * 4, dp[d]) << category << " device " << d;
+  }
+  EXPECT_LT(receipt_dataset("memory_zero3", "/memory/total")[0], receipt_dataset("memory_dp", "/memory/total")[0]);
+}
+
+// Cold: one uncached compile at step 0, cached lookups after. Warm (same cache dir, new
+// process state): no compile at all, a persistent hit at step 0, the same bits.
+TEST(TpuMeshRun, CompilesOnceColdAndNeverWarm) {
+  for (const char* plan : {"dp", "tp", "zero3"}) {
+    const std::string cache = scratch().path(std::string("cache_") + plan);
+    const Flags flags{{"mesh", "2x2"}, {"shard-plan", plan}, {"compile-cache", cache}};
+    const ReceiptBits cold = run_and_read(mesh_lane("micro", 4, 2, flags), "cold");
+    const std::vector<double> cold_compiles = receipt_dataset("cold", "/compile/UncachedCompile");
+    EXPECT_EQ(cold_compiles, (std::vector<double>{1, 0, 0, 0})) << plan;
+    EXPECT_EQ(receipt_dataset("cold", "/compile/PersistentCacheMiss")[0], 1) << plan;
+    EXPECT_EQ(receipt_dataset("cold", "/compile/CachedCompile"), (std::vector<double>{0, 1, 1, 1})) << plan;
+    EXPECT_EQ(receipt_dataset("cold", "/compile/HostSync"), (std::vector<double>{0, 0, 0, 0})) << plan;
+
+    const ReceiptBits warm = run_and_read(mesh_lane("micro", 4, 2, flags), "warm");
+    EXPECT_EQ(receipt_dataset("warm", "/compile/UncachedCompile"), (std::vector<double>{0, 0, 0, 0})) << plan;
+    EXPECT_EQ(receipt_dataset("warm", "/compile/PersistentCacheHit")[0], 1) << plan;
+    EXPECT_TRUE(cold.same_numbers(warm)) << plan;
+  }
+}
+
+// The learning rate baked into the graph: a new program every step, the same numbers.
+TEST(TpuMeshRun, LeakedScalarRecompilesEveryStepWithTheSameNumerics) {
+  const Flags clean{{"mesh", "2x1"}};
+  Flags leaky = clean;
+  leaky["leak-scalars"] = "1";
+  const ReceiptBits stable = run_and_read(mesh_lane("micro", 4, 2, clean), "stable");
+  const ReceiptBits leaked = run_and_read(mesh_lane("micro", 4, 2, leaky), "leaked");
+  EXPECT_EQ(receipt_dataset("leaked", "/compile/UncachedCompile"), (std::vector<double>{1, 1, 1, 1}));
+  EXPECT_EQ(receipt_dataset("stable", "/compile/UncachedCompile"), (std::vector<double>{1, 0, 0, 0}));
+  EXPECT_TRUE(stable.same_numbers(leaked));
+}
+
+void corrupt_cache_entry(const std::string& cache, const std::string& how) {
+  std::vector<fs::path> entries;
+  for (const auto& e : fs::directory_iterator(cache)) entries.push_back(e.path());
+  ASSERT_EQ(entries.size(), 1u);
+  const auto size = fs::file_size(entries[0]);
+  if (how == "truncate") {
+    fs::resize_file(entries[0], size / 2);
+    return;
+  }
+  std::fstream f(entries[0], std::ios::in | std::ios::out | std::ios::binary);
+  const auto at = how == "version" ? std::streamoff{8} : static_cast<std::streamoff>(size - 7);  // header or payload
+  f.seekg(at);
+  char c = 0;
+  f.read(&c, 1);
+  f.seekp(at);
+  c = static_cast<char>(c ^ 0x5A);
+  f.write(&c, 1);
+}
+
+TEST(TpuMeshRun, CorruptCacheEntryIsEvictedAndRecompiledNeverTrusted) {
+  for (const char* how : {"payload", "truncate", "version"}) {
+    const std::string cache = scratch().path(std::string("corrupt_") + how);
+    const Flags flags{{"mesh", "2x1"}, {"compile-cache", cache}};
+    const ReceiptBits first = run_and_read(mesh_lane("micro", 2, 2, flags), "first");
+    corrupt_cache_entry(cache, how);
+    const ReceiptBits after = run_and_read(mesh_lane("micro", 2, 2, flags), "after_corruption");
+    EXPECT_EQ(receipt_dataset("after_corruption", "/compile/PersistentCacheDeserializeFailure")[0], 1) << how;
+    EXPECT_EQ(receipt_dataset("after_corruption", "/compile/PersistentCacheHit")[0], 0) << how;
+    EXPECT_EQ(receipt_dataset("after_corruption", "/compile/UncachedCompile")[0], 1) << how;
+    EXPECT_TRUE(first.same_numbers(after)) << how;
+    run_and_read(mesh_lane("micro", 2, 2, flags), "rewritten");  // the recompiled entry replaced it
+    EXPECT_EQ(receipt_dataset("rewritten", "/compile/PersistentCacheHit")[0], 1) << how;
+  }
+}
+
+TEST(TpuMeshRun, UnwritableCacheDirRunsWithoutPersistence) {
+  const std::string not_a_dir = scratch().path("cache_is_a_file");
+  std::ofstream(not_a_dir) << "x";
+  run_and_read(mesh_lane("micro", 2, 2, {{"compile-cache", not_a_dir}}), "no_persistence");
+  EXPECT_EQ(receipt_dataset("no_persistence", "/compile/UncachedCompile"), (std::vector<double>{1, 0}));
+  EXPECT_EQ(receipt_dataset("no_persistence", "/compile/PersistentCacheMiss"), (std::vector<double>{0, 0}));
+}
+
+}  // namespace
+}  // namespace harness::tpu
