@@ -190,7 +190,12 @@ AccelConfig parse_accel_config(const EngineSettings& settings) {
   for (const auto& option : settings.options) {
     const bool known = std::find(std::begin(kAccelFlagNames), std::end(kAccelFlagNames), option.first) !=
                        std::end(kAccelFlagNames);
-    if (!known) fail(fmt::format("--{}: not an option of engine accel", option.first));
+    if (!known) {
+      const bool mesh_flag = std::find(std::begin(kMeshFlagNames), std::end(kMeshFlagNames), option.first) !=
+                             std::end(kMeshFlagNames);
+      fail(fmt::format("--{}: not an option of engine accel{}", option.first,
+                       mesh_flag ? "; it belongs to --engine tpu-mesh" : ""));
+    }
   }
   AccelConfig c;
   parse_features(settings.features, c);

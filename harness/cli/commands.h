@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -23,7 +24,13 @@ class CommandRegistry {
   std::map<const CLI::App*, std::function<int()>> actions_;
 };
 
+// Engine flags by name without dashes; unset flags stay empty (the engine's default).
+using EngineFlagValues = std::map<std::string, std::optional<std::string>>;
+void add_accel_flags(CLI::App& command, EngineFlagValues& values);
+void add_mesh_flags(CLI::App& command, EngineFlagValues& values);
+
 void add_run_command(CLI::App& app, CommandRegistry& commands);
+void add_audit_command(CLI::App& app, CommandRegistry& commands);
 void add_inspect_command(CLI::App& app, CommandRegistry& commands);
 
 }  // namespace harness::cli

@@ -30,7 +30,7 @@ struct RunFlags {
   std::string dump_tensors;
   std::optional<int> steps;
   std::string inject_fault;
-  std::map<std::string, std::optional<std::string>> engine_flags;
+  EngineFlagValues engine_flags;
 };
 
 void print_progress(const run::StepProgress& p) {
@@ -66,6 +66,34 @@ int run_action(RunFlags& f) {
 
 }  // namespace
 
+// Each engine validates its own flags (cpu-ref takes none) and names the one it rejects.
+void add_accel_flags(CLI::App& command, EngineFlagValues& values) {
+  const std::map<std::string, std::string> help{
+      {"noise", "accel reduction order: seeded (default), racy or off"},
+      {"noise-seed", "accel: replay the noise of a seeded run (its manifest's noise_seed)"},
+      {"fp8-recipe", "accel FP8 scaling: delayed (default) or current"},
+      {"amax-history", "accel delayed scaling: amax history length (default 1024)"},
+      {"amax-algo", "accel delayed scaling: max (default) or most_recent"},
+      {"margin", "accel FP8 scaling margin in powers of two (default 0)"},
+      {"fp8-accumulate", "accel FP8 GEMM accumulator: full (default) or limited[:N] (promote every N, default 128)"}};
+  for (const char* name : kAccelFlagNames) command.add_option(std::string("--") + name, values[name], help.at(name));
+}
+
+void add_mesh_flags(CLI::App& command, EngineFlagValues& values) {
+  const std::map<std::string, std::string> help{
+      {"mesh", "tpu-mesh devices as DxM over the axes data x model (default 1x1)"},
+      {"shard-plan", "tpu-mesh sharding: dp (default), tp or zero3"},
+      {"precision", "tpu-mesh precision: fp32 (default) or bf16"},
+      {"compile-cache", "tpu-mesh persistent compile cache directory (created if missing)"}};
+  for (const char* name : kMeshFlagNames) {
+    if (std::string_view(name) == "leak-scalars") continue;  // a switch, below
+    command.add_option(std::string("--") + name, values[name], help.at(name));
+  }
+  command.add_flag_callback(
+      "--leak-scalars", [&values] { values["leak-scalars"] = "1"; },
+      "tpu-mesh: bake the learning rate into the graph (the recompile-every-step trap, on purpose)");
+}
+
 void add_run_command(CLI::App& app, CommandRegistry& commands) {
   auto flags = std::make_shared<RunFlags>();
   CLI::App* run = app.add_subcommand("run", "Run a canary on an engine and write an HDF5 receipt");
@@ -81,29 +109,8 @@ void add_run_command(CLI::App& app, CommandRegistry& commands) {
   run->add_option("--dump-tensors", flags->dump_tensors, "Steps whose parameters to dump, e.g. 0,50,100");
   run->add_flag("--record-batches", flags->options.record_batches, "Record every batch's tokens");
   run->add_option("--inject-fault", flags->inject_fault, "step=K,op=NAME[,ulps=N]: perturb an op's output");
-  const std::map<std::string, std::string> engine_flag_help{
-      {"noise", "accel reduction order: seeded (default), racy or off"},
-      {"noise-seed", "accel: replay the noise of a seeded run (its manifest's noise_seed)"},
-      {"fp8-recipe", "accel FP8 scaling: delayed (default) or current"},
-      {"amax-history", "accel delayed scaling: amax history length (default 1024)"},
-      {"amax-algo", "accel delayed scaling: max (default) or most_recent"},
-      {"margin", "accel FP8 scaling margin in powers of two (default 0)"},
-      {"fp8-accumulate", "accel FP8 GEMM accumulator: full (default) or limited[:N] (promote every N, default 128)"},
-      {"mesh", "tpu-mesh devices as DxM over the axes data x model (default 1x1)"},
-      {"shard-plan", "tpu-mesh sharding: dp (default), tp or zero3"},
-      {"precision", "tpu-mesh precision: fp32 (default) or bf16"},
-      {"compile-cache", "tpu-mesh persistent compile cache directory (created if missing)"}};
-  // Each engine validates its own flags (cpu-ref takes none) and names the one it rejects.
-  for (const char* name : kAccelFlagNames) {
-    run->add_option(std::string("--") + name, flags->engine_flags[name], engine_flag_help.at(name));
-  }
-  for (const char* name : kMeshFlagNames) {
-    if (std::string_view(name) == "leak-scalars") continue;  // a switch, below
-    run->add_option(std::string("--") + name, flags->engine_flags[name], engine_flag_help.at(name));
-  }
-  run->add_flag_callback(
-      "--leak-scalars", [flags] { flags->engine_flags["leak-scalars"] = "1"; },
-      "tpu-mesh: bake the learning rate into the graph (the recompile-every-step trap, on purpose)");
+  add_accel_flags(*run, flags->engine_flags);
+  add_mesh_flags(*run, flags->engine_flags);
   commands.add(run, [flags] { return run_action(*flags); });
 }
 

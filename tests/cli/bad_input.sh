@@ -37,6 +37,26 @@ expect_exit 2 "--noise-seed: '12ab'"        -- "${A[@]}" --noise-seed 12ab
 expect_exit 2 "--noise-seed: '-1'"          -- "${A[@]}" --noise-seed -1
 expect_exit 2 "--noise-seed: '9223372036854775808'" -- "${A[@]}" --noise-seed 9223372036854775808
 expect_exit 2 "--noise-seed: only --noise seeded" -- "${A[@]}" --noise off --noise-seed 5
+expect_exit 2 "--precision: not an option of engine accel; it belongs to --engine tpu-mesh" -- "${A[@]}" --precision bf16
+# tpu-mesh: malformed meshes, unknown plans, plans that do not divide the model (the gate
+# runs before any file is written), and flags of other engines
+M=("$HARNESS" run --canary tiny --engine tpu-mesh --out "$out/a.h5")
+expect_exit 2 "--mesh: '2y2' is not DxM"    -- "${M[@]}" --mesh 2y2
+expect_exit 2 "--mesh: '0x2' is not DxM"    -- "${M[@]}" --mesh 0x2
+expect_exit 2 "--mesh: '2x' is not DxM"     -- "${M[@]}" --mesh 2x
+expect_exit 2 "--mesh: '2x2x2' is not DxM"  -- "${M[@]}" --mesh 2x2x2
+expect_exit 2 "--shard-plan: unknown plan 'fsdp'" -- "${M[@]}" --shard-plan fsdp
+expect_exit 2 "--precision: unknown precision 'fp16'" -- "${M[@]}" --precision fp16
+expect_exit 2 "inputs dimension 0 has size 8, which does not divide into 3 shards" -- "${M[@]}" --mesh 3x1
+expect_exit 2 "--shard-plan tp on --mesh 1x3" -- "${M[@]}" --mesh 1x3 --shard-plan tp
+expect_exit 2 "--shard-plan zero3 on --mesh 16x1" -- "${M[@]}" --mesh 16x1 --shard-plan zero3
+expect_exit 2 "--features: engine tpu-mesh takes no features" -- "${M[@]}" --features bf16
+expect_exit 2 "--noise: not an option of engine tpu-mesh" -- "${M[@]}" --noise off
+expect_exit 2 "--mesh: engine 'cpu-ref' has no such setting; it belongs to --engine tpu-mesh" -- \
+  "$HARNESS" run --canary micro --mesh 2x1 --out "$out/a.h5"
+# audit: only tpu-mesh traces graphs; its engine flags are checked like run's
+expect_exit 2 "audit traces compiled graphs" -- "$HARNESS" audit --canary micro --engine cpu-ref
+expect_exit 2 "--shard-plan: unknown plan 'x'" -- "$HARNESS" audit --canary micro --engine tpu-mesh --shard-plan x
 [ -z "$(ls -A "$out")" ] || fail "rejected runs left files: $(ls "$out")"
 
 # An existing receipt is never overwritten without --force, and stays byte-identical.

@@ -9,6 +9,9 @@
 
 #include <gtest/gtest.h>
 
+#include "audit.h"
+#include "gpt2.h"
+#include "preset.h"
 #include "receipt_bits.h"
 
 namespace harness::tpu {
@@ -166,3 +169,57 @@ TEST(TpuMeshRun, UnwritableCacheDirRunsWithoutPersistence) {
 
 }  // namespace
 }  // namespace harness::tpu
+
+namespace harness::run {
+namespace {
+
+// Two steps whose model reads a device value inside the step: the audit names the read,
+// the tensor and the op before it, on every step, and nothing else.
+TEST(TpuMeshAudit, NamesEveryGraphBreakWithItsTensorAndOp) {
+  const canary::Gpt2Canary model(canary::preset("micro"));
+  tpu::MeshConfig config;
+  config.mesh = {2, 1};
+  tpu::TpuMeshEngine engine(config);
+  engine.bind(model.tensors());
+  model.upload_initial_parameters(engine, 1);
+  const TensorTable& table = model.tensors();
+  const TensorId grad = table.of_kind(TensorKind::Gradient).front();
+  std::vector<StepTrace> steps;
+  for (int step = 0; step < 2; ++step) {
+    engine.step_begin(step);
+    engine.zero(grad);
+    (void)engine.read(table.find("grad_norm", TensorKind::Scalar));  // the `.item()` trap
+    engine.zero(grad);
+    engine.step_end();
+    steps.push_back({engine.step_segments(), engine.graph_breaks()});
+  }
+  const std::vector<AuditFinding> findings = audit_findings(steps);
+  ASSERT_EQ(findings.size(), 2u);
+  for (int step = 0; step < 2; ++step) {
+    EXPECT_EQ(findings[step].kind, "graph_break");
+    EXPECT_EQ(findings[step].step, step);
+    EXPECT_EQ(findings[step].tensor, "grad_norm");
+    EXPECT_EQ(findings[step].op, table[grad].name);
+    EXPECT_NE(findings[step].message.find("host read of `grad_norm`"), std::string::npos) << findings[step].message;
+  }
+}
+
+TEST(TpuMeshAudit, NamesTheFirstNodeWhereTheGraphChanges) {
+  tpu::Graph a;
+  a.nodes.push_back({tpu::OpKind::Zero, "x", -1, Phase::Forward, {1}, {}});
+  a.nodes.push_back({tpu::OpKind::GeluForward, "blocks.0.mlp.gelu", 0, Phase::Forward, {2, 3}, {}});
+  tpu::Graph b = a;
+  b.nodes[1].tensors = {4, 3};  // another operand: another shape or another tensor
+  const std::vector<AuditFinding> changed = audit_findings({{{{a, "a"}}, {}}, {{{b, "b"}}, {}}});
+  ASSERT_EQ(changed.size(), 1u);
+  EXPECT_EQ(changed[0].kind, "graph_change");
+  EXPECT_EQ(changed[0].op, "blocks.0.mlp.gelu");
+  EXPECT_NE(changed[0].message.find("node 1"), std::string::npos) << changed[0].message;
+  tpu::Graph shorter = a;
+  shorter.nodes.pop_back();
+  EXPECT_EQ(audit_findings({{{{a, "a"}}, {}}, {{{shorter, "s"}}, {}}}).size(), 1u);
+  EXPECT_TRUE(audit_findings({{{{a, "a"}}, {}}, {{{a, "a"}}, {}}}).empty());
+}
+
+}  // namespace
+}  // namespace harness::run
