@@ -2,7 +2,8 @@
 # Runs every benchmark of bench/ in one go, on an otherwise idle machine, and prints the
 # numbers docs/performance.md records: GEMM vs OpenBLAS, the non-GEMM kernels, the tiny
 # step at 1 and 2 threads with the recording cost, accel's step per feature and noise
-# mode (docs/engines/accel.md), and the same step in PyTorch.
+# mode (docs/engines/accel.md), tpu-mesh's step and compile cache
+# (docs/engines/tpu-mesh.md), and the same step in PyTorch.
 #   bench/run-benchmarks.sh [OUT_DIR]     (default reports/bench-<UTC timestamp>)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -10,9 +11,9 @@ out=${1:-$root/reports/bench-$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$out"
 HARNESS_TARGET= "$root/scripts/build.sh" -DHARNESS_BUILD_BENCH=ON >/dev/null
 bench=$root/build/bench
-for b in gemm_bench kernels_bench step_bench; do
+for b in gemm_bench kernels_bench step_bench mesh_bench; do
   min_time=0.5
-  [ "$b" = step_bench ] && min_time=2   # whole steps: longer runs, steadier medians on a shared VM
+  [ "$b" = step_bench ] || [ "$b" = mesh_bench ] && min_time=2   # whole steps: longer runs, steadier medians on a shared VM
   "$bench/$b" --benchmark_counters_tabular=true --benchmark_min_time=$min_time \
     --benchmark_out="$out/$b.json" --benchmark_out_format=json | tee "$out/$b.txt"
 done

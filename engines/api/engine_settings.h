@@ -14,7 +14,8 @@ namespace harness {
 inline constexpr const char* kAccelFlagNames[] = {"noise", "noise-seed", "fp8-recipe", "amax-history",
                                                   "amax-algo", "margin", "fp8-accumulate"};
 // "leak-scalars" is a switch: present (any value) means on.
-inline constexpr const char* kMeshFlagNames[] = {"mesh", "shard-plan", "precision", "compile-cache", "leak-scalars"};
+inline constexpr const char* kMeshFlagNames[] = {"mesh",         "shard-plan", "precision", "compile-cache",
+                                                 "compile-mode", "grad-accum", "leak-scalars"};
 
 struct EngineSettings {
   std::string features;                         // --features, e.g. "bf16,fp8=mlp_fc"

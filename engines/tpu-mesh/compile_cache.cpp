@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -25,6 +26,14 @@ struct Header {
   std::uint32_t reserved;
   std::uint64_t payload_size;
   std::uint64_t payload_checksum;
+};
+
+// Reads a byte range in place (cereal reads from a std::istream).
+struct MemoryBuffer : std::streambuf {
+  MemoryBuffer(const char* data, std::size_t size) {
+    char* begin = const_cast<char*>(data);  // get area only: never written
+    setg(begin, begin, begin + size);
+  }
 };
 
 std::string serialise(const Executable& exe) {
@@ -78,9 +87,11 @@ CacheLookup CompileCache::find(const std::string& fingerprint) {
 
 std::shared_ptr<const Executable> CompileCache::load(const std::string& fingerprint, bool& failed) {
   const std::string path = entry_path(fingerprint);
-  std::ifstream in(path, std::ios::binary);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) return nullptr;
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string bytes(static_cast<std::size_t>(std::max<std::streamoff>(0, in.tellg())), '\0');
+  in.seekg(0);
+  in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   auto reject = [&]() -> std::shared_ptr<const Executable> {
     failed = true;
     std::error_code ec;
@@ -97,13 +108,16 @@ std::shared_ptr<const Executable> CompileCache::load(const std::string& fingerpr
   }
   auto exe = std::make_shared<Executable>();
   try {
-    std::istringstream payload(bytes.substr(sizeof h), std::ios::binary);
+    MemoryBuffer buffer(bytes.data() + sizeof h, h.payload_size);
+    std::istream payload(&buffer);
     cereal::PortableBinaryInputArchive archive(payload);
     archive(*exe);
   } catch (const std::exception&) {
     return reject();
   }
-  if (exe->fingerprint != fingerprint || exe->format_version != kProgramFormatVersion) return reject();
+  if (exe->fingerprint != fingerprint || exe->format_version != kProgramFormatVersion || !exe->well_formed()) {
+    return reject();
+  }
   return exe;
 }
 

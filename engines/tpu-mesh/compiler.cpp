@@ -178,44 +178,30 @@ class Compiler {
     return local_shape(shape(id), s, mesh_);
   }
 
-  int add_buffer(BufferInfo info) {
-    exe_.buffers.push_back(std::move(info));
-    return static_cast<int>(exe_.buffers.size()) - 1;
-  }
   int buffer(TensorId id) {
     if (id == kNoTensor) return -1;
     int& b = buffer_of_[static_cast<std::size_t>(id)];
     if (b < 0) {
       const TensorDesc& d = table_[id];
       BufferInfo info;
-      info.name = fmt::format("{}:{}", d.name, to_string(d.kind));
       info.category = category_of(d.kind);
       info.persistent = is_persistent(d.kind);
       info.tensor = id;
       info.int32 = d.dtype == DType::I32;
       info.numel = lnumel(id);
-      b = add_buffer(std::move(info));
+      b = exe_.add_buffer(info, fmt::format("{}:{}", d.name, to_string(d.kind)));
     }
     return b;
   }
   int temp(const std::string& name, std::int64_t numel, MemoryCategory category) {
     BufferInfo info;
-    info.name = name;
     info.category = category;
     info.numel = numel;
-    return add_buffer(std::move(info));
+    return exe_.add_buffer(info, name);
   }
-  void emit(InstrKind kind, std::vector<std::int32_t> buffers, std::vector<std::int64_t> dims,
-            std::vector<float> attrs = {}, Axis axis = Axis::None, std::vector<PartitionSpec> specs = {}) {
-    Instr in;
-    in.kind = kind;
-    in.node = node_;
-    in.buffers = std::move(buffers);
-    in.dims = std::move(dims);
-    in.attrs = std::move(attrs);
-    in.axis = axis;
-    in.specs = std::move(specs);
-    exe_.instrs.push_back(std::move(in));
+  void emit(InstrKind kind, const std::vector<std::int32_t>& buffers, const std::vector<std::int64_t>& dims,
+            const std::vector<float>& attrs = {}, Axis axis = Axis::None, const std::vector<PartitionSpec>& specs = {}) {
+    exe_.append(kind, node_, buffers, dims, attrs, axis, specs);
   }
   int zeroed_temp(const std::string& name, std::int64_t numel, MemoryCategory category) {
     const int b = temp(name, numel, category);
@@ -417,7 +403,7 @@ class Compiler {
     if (n.op == OpKind::AdamW) {
       std::vector<std::int32_t> buffers;
       for (TensorId id : t) buffers.push_back(buffer(id));
-      emit(InstrKind::AdamW, std::move(buffers), {lnumel(t[0])}, n.attrs);
+      emit(InstrKind::AdamW, buffers, {lnumel(t[0])}, n.attrs);
       operand_cache_.erase({t[0], false});
       operand_cache_.erase({t[0], true});
       return;
@@ -431,9 +417,9 @@ class Compiler {
       specs.push_back(eff(t[i]));
     }
     if (n.op == OpKind::GlobalNorm) {
-      emit(InstrKind::GlobalNorm, std::move(buffers), std::move(sizes), {}, Axis::None, std::move(specs));
+      emit(InstrKind::GlobalNorm, buffers, sizes, {}, Axis::None, specs);
     } else {
-      emit(InstrKind::Clip, std::move(buffers), std::move(sizes), n.attrs);
+      emit(InstrKind::Clip, buffers, sizes, n.attrs);
     }
   }
 
@@ -491,7 +477,7 @@ class Compiler {
   // ---- pass 4: buffer planning -----------------------------------------------------------
   void plan_buffers() {
     for (std::size_t i = 0; i < exe_.instrs.size(); ++i) {
-      for (std::int32_t b : exe_.instrs[i].buffers) {
+      for (std::int32_t b : exe_.buffers_of(exe_.instrs[i])) {
         if (b < 0) continue;
         BufferInfo& info = exe_.buffers[static_cast<std::size_t>(b)];
         if (info.first_use < 0) info.first_use = static_cast<std::int32_t>(i);

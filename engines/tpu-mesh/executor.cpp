@@ -136,12 +136,14 @@ void MeshExecutor::run(const Executable& exe) {
 }
 
 void MeshExecutor::run_kernel(int device, const Executable& exe, const Instr& in) {
-  auto P = [&](std::size_t i) { return f32(device, exe, in.buffers[i]); };
-  auto I = [&](std::size_t i) { return i32(device, exe, in.buffers[i]); };
-  const auto& n = in.dims;
+  const std::span<const std::int32_t> buffers = exe.buffers_of(in);
+  const std::span<const float> attrs = exe.attrs_of(in);
+  auto P = [&](std::size_t i) { return f32(device, exe, buffers[i]); };
+  auto I = [&](std::size_t i) { return i32(device, exe, buffers[i]); };
+  const std::span<const std::int64_t> n = exe.dims_of(in);
   float* scratch = devices_[static_cast<std::size_t>(device)].scratch.data();
-  switch (in.kind) {
-    case InstrKind::Fill: std::fill(P(0), P(0) + n[0], in.attrs[0]); break;
+  switch (in.op()) {
+    case InstrKind::Fill: std::fill(P(0), P(0) + n[0], attrs[0]); break;
     case InstrKind::EncoderForward:
       kernels::encoder_forward(P(0), I(1), P(2), P(3), as_int(n[0]), as_int(n[1]), as_int(n[2]));
       break;
@@ -149,7 +151,7 @@ void MeshExecutor::run_kernel(int device, const Executable& exe, const Instr& in
       kernels::encoder_backward(P(0), P(1), P(2), I(3), as_int(n[0]), as_int(n[1]), as_int(n[2]));
       break;
     case InstrKind::LayerNormForward:
-      kernels::layernorm_forward(P(0), P(1), P(2), P(3), P(4), P(5), as_int(n[0]), as_int(n[1]), in.attrs[0]);
+      kernels::layernorm_forward(P(0), P(1), P(2), P(3), P(4), P(5), as_int(n[0]), as_int(n[1]), attrs[0]);
       break;
     case InstrKind::LayerNormBackward:
       kernels::layernorm_backward(P(0), P(1), P(2), P(3), P(4), P(5), P(6), P(7), as_int(n[0]), as_int(n[1]));
@@ -176,20 +178,20 @@ void MeshExecutor::run_kernel(int device, const Executable& exe, const Instr& in
       kernels::crossentropy_backward(P(0), P(1), I(2), as_int(n[0]), as_int(n[1]), n[2]);
       break;
     case InstrKind::Clip: {
-      const float norm = *P(0), max_norm = in.attrs[0];
+      const float norm = *P(0), max_norm = attrs[0];
       if (!(norm > max_norm)) break;
       const float factor = max_norm / (norm + 1e-6f);
-      for (std::size_t i = 1; i < in.buffers.size(); ++i) kernels::scale_inplace(P(i), factor, n[i - 1]);
+      for (std::size_t i = 1; i < buffers.size(); ++i) kernels::scale_inplace(P(i), factor, n[i - 1]);
       break;
     }
     case InstrKind::AdamW: {
-      const kernels::AdamWStep step{*P(4), in.attrs[0], in.attrs[1], in.attrs[2], in.attrs[3], *P(5), *P(6)};
+      const kernels::AdamWStep step{*P(4), attrs[0], attrs[1], attrs[2], attrs[3], *P(5), *P(6)};
       kernels::adamw_update(P(0), P(1), P(2), P(3), n[0], step);
       break;
     }
     case InstrKind::Nudge: {
       const auto ulps = static_cast<std::int32_t>(*P(1));
-      if (ulps > 0 && holds_first_element(in.specs[0], mesh_, device)) *P(0) = kernels::next_up(*P(0), ulps);
+      if (ulps > 0 && holds_first_element(exe.spec_of(in, 0), mesh_, device)) *P(0) = kernels::next_up(*P(0), ulps);
       break;
     }
     case InstrKind::RoundBf16: numerics::round_to_bf16_inplace(P(0), n[0]); break;
@@ -203,31 +205,32 @@ void MeshExecutor::run_kernel(int device, const Executable& exe, const Instr& in
 
 // Collectives combine the devices of each group in coordinate order: ((x0 + x1) + x2) + ...
 void MeshExecutor::run_collective(const Executable& exe, const Instr& in) {
-  const auto& n = in.dims;
+  const std::vector<std::int64_t> n(exe.dims_of(in).begin(), exe.dims_of(in).end());
+  const std::span<const std::int32_t> buffers = exe.buffers_of(in);
   for (int leader = 0; leader < mesh_.devices(); ++leader) {
-    const std::vector<int> members = group(leader, in.axis);
+    const std::vector<int> members = group(leader, in.mesh_axis());
     if (members.front() != leader) continue;  // each group once, from its first device
-    switch (in.kind) {
+    switch (in.op()) {
       case InstrKind::AllReduce: {
-        float* sum = f32(leader, exe, in.buffers[0]);
-        for (std::size_t k = 1; k < members.size(); ++k) kernels::add_inplace(sum, f32(members[k], exe, in.buffers[0]), n[0]);
-        for (std::size_t k = 1; k < members.size(); ++k) std::copy(sum, sum + n[0], f32(members[k], exe, in.buffers[0]));
+        float* sum = f32(leader, exe, buffers[0]);
+        for (std::size_t k = 1; k < members.size(); ++k) kernels::add_inplace(sum, f32(members[k], exe, buffers[0]), n[0]);
+        for (std::size_t k = 1; k < members.size(); ++k) std::copy(sum, sum + n[0], f32(members[k], exe, buffers[0]));
         break;
       }
       case InstrKind::AllGather: {
-        float* whole = f32(leader, exe, in.buffers[0]);
-        for (int m : members) copy_block_to_global(n, in.specs[0], mesh_, m, f32(m, exe, in.buffers[1]), whole);
+        float* whole = f32(leader, exe, buffers[0]);
+        for (int m : members) copy_block_to_global(n, exe.spec_of(in, 0), mesh_, m, f32(m, exe, buffers[1]), whole);
         for (std::size_t k = 1; k < members.size(); ++k) {
-          std::copy(whole, whole + numel_of(n), f32(members[k], exe, in.buffers[0]));
+          std::copy(whole, whole + numel_of(n), f32(members[k], exe, buffers[0]));
         }
         break;
       }
       case InstrKind::ReduceScatter: {
-        float* sum = f32(leader, exe, in.buffers[1]);
+        float* sum = f32(leader, exe, buffers[1]);
         for (std::size_t k = 1; k < members.size(); ++k) {
-          kernels::add_inplace(sum, f32(members[k], exe, in.buffers[1]), numel_of(n));
+          kernels::add_inplace(sum, f32(members[k], exe, buffers[1]), numel_of(n));
         }
-        for (int m : members) copy_block_from_global(n, in.specs[0], mesh_, m, sum, f32(m, exe, in.buffers[0]));
+        for (int m : members) copy_block_from_global(n, exe.spec_of(in, 0), mesh_, m, sum, f32(m, exe, buffers[0]));
         break;
       }
       case InstrKind::LossMean: {
@@ -235,30 +238,31 @@ void MeshExecutor::run_collective(const Executable& exe, const Instr& in) {
         std::vector<float> losses;
         losses.reserve(static_cast<std::size_t>(n[1]));
         for (int m : members) {
-          const float* rows = f32(m, exe, in.buffers[1]);
+          const float* rows = f32(m, exe, buffers[1]);
           losses.insert(losses.end(), rows, rows + n[0]);
         }
         const float total = kernels::blocked_sum<float>(n[1], kernels::kTokenBlock,
                                                         [&](std::int64_t i) { return losses[static_cast<std::size_t>(i)]; });
         const float mean = total / static_cast<float>(n[1]);
-        for (int m : members) *f32(m, exe, in.buffers[0]) = mean;
+        for (int m : members) *f32(m, exe, buffers[0]) = mean;
         break;
       }
       case InstrKind::GlobalNorm: {
         // Partials of every tensor in order, over the devices holding distinct blocks in
         // device order, then one fixed tree: on one device, exactly cpu-ref's global_norm.
         std::vector<double> partials;
-        for (std::size_t t = 1; t < in.buffers.size(); ++t) {
+        for (std::size_t t = 1; t < buffers.size(); ++t) {
+          const PartitionSpec spec = exe.spec_of(in, static_cast<int>(t - 1));
           for (int d = 0; d < mesh_.devices(); ++d) {
-            if (!owns_distinct_block(in.specs[t - 1], mesh_, d)) continue;
+            if (!owns_distinct_block(spec, mesh_, d)) continue;
             const std::size_t at = partials.size();
             partials.resize(at + static_cast<std::size_t>(kernels::sum_of_squares_partial_count(n[t - 1])));
-            kernels::sum_of_squares_partials(f32(d, exe, in.buffers[t]), n[t - 1], partials.data() + at);
+            kernels::sum_of_squares_partials(f32(d, exe, buffers[t]), n[t - 1], partials.data() + at);
           }
         }
         kernels::combine_pairwise(partials, static_cast<std::int64_t>(partials.size()), 1);
         const float norm = static_cast<float>(__builtin_sqrt(partials.empty() ? 0.0 : partials[0]));
-        for (int d = 0; d < mesh_.devices(); ++d) *f32(d, exe, in.buffers[0]) = norm;
+        for (int d = 0; d < mesh_.devices(); ++d) *f32(d, exe, buffers[0]) = norm;
         return;  // one reduction over all devices, not per group
       }
       default: throw std::logic_error("tpu-mesh: a kernel dispatched as a collective");

@@ -93,6 +93,17 @@ MeshConfig parse_mesh_config(const EngineSettings& settings) {
     if (it->second.empty()) fail("--compile-cache: give a directory (it is created if missing)");
     c.compile_cache_dir = it->second;
   }
+  // One compile mode exists: the whole step as one program. Micro-step programs need a
+  // canary that splits its batch (docs/engines/tpu-mesh.md, "Left out").
+  if (auto it = o.find("compile-mode"); it != o.end() && it->second != "step") {
+    fail(it->second == "microstep"
+             ? "--compile-mode: microstep is not built yet; only step (one program per step) runs today"
+             : fmt::format("--compile-mode: unknown mode '{}' (step)", it->second));
+  }
+  if (auto it = o.find("grad-accum"); it != o.end() && it->second != "1") {
+    fail(fmt::format("--grad-accum: '{}': gradient accumulation over micro-batches is not built yet; only 1 runs today",
+                     it->second));
+  }
   c.leak_scalars = o.count("leak-scalars") != 0;
   return c;
 }

@@ -4,7 +4,12 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
+#include <span>
+#include <stdexcept>
+#include <type_traits>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <cereal/types/string.hpp>
@@ -51,26 +56,32 @@ enum class InstrKind : std::uint8_t {
   GlobalNorm,            // norm, tensors...; dims: numel per tensor; specs: per tensor
 };
 
+// One instruction. Its operands live in the Executable's pools (buffers, dims, attrs,
+// specs): an Instr is fixed-size, so a program is a handful of flat arrays that the
+// persistent cache reads back in bulk.
 struct Instr {
-  InstrKind kind = InstrKind::Fill;
+  std::int32_t kind = 0;   // InstrKind
+  std::int32_t axis = 0;   // Axis
   std::int32_t node = -1;  // the IR node it lowers: the model op it belongs to
-  std::vector<std::int32_t> buffers;
-  std::vector<std::int64_t> dims;
-  std::vector<float> attrs;
-  Axis axis = Axis::None;
-  std::vector<PartitionSpec> specs;
+  std::int32_t buffers_at = 0, buffers_count = 0;
+  std::int32_t dims_at = 0, dims_count = 0;
+  std::int32_t attrs_at = 0, attrs_count = 0;
+  std::int32_t specs_at = 0, specs_count = 0;
 
-  bool is_collective() const { return kind >= InstrKind::AllReduce; }
-  template <class Archive>
-  void serialize(Archive& ar) { ar(kind, node, buffers, dims, attrs, axis, specs); }
+  InstrKind op() const { return static_cast<InstrKind>(kind); }
+  Axis mesh_axis() const { return static_cast<Axis>(axis); }
+  bool is_collective() const { return op() >= InstrKind::AllReduce; }
 };
+inline constexpr std::size_t kInstrFields = 11;
+static_assert(sizeof(Instr) == kInstrFields * sizeof(std::int32_t) && std::is_trivially_copyable_v<Instr>,
+              "Instr is serialised as int32 fields");
 
 enum class MemoryCategory : std::uint8_t { Parameters, Gradients, OptimizerState, Activations, Temporaries };
 inline constexpr int kMemoryCategories = 5;
 const char* to_string(MemoryCategory category);  // "parameters", "gradients", ...
 
 struct BufferInfo {
-  std::string name;
+  std::int32_t name_at = 0, name_size = 0;  // in Executable::buffer_names
   MemoryCategory category = MemoryCategory::Activations;
   bool persistent = false;   // lives across steps, per tensor (parameters, moments, gradients, scalars, inputs)
   TensorId tensor = kNoTensor;  // persistent buffers: the tensor they hold
@@ -78,9 +89,6 @@ struct BufferInfo {
   std::int64_t numel = 0;     // per device
   std::int64_t offset = 0;    // transient buffers: element offset in the device's slab
   std::int32_t first_use = -1, last_use = -1;  // instruction indices
-
-  template <class Archive>
-  void serialize(Archive& ar) { ar(name, category, persistent, tensor, int32, numel, offset, first_use, last_use); }
 };
 
 struct Executable {
@@ -88,7 +96,14 @@ struct Executable {
   std::string fingerprint;
   int mesh_data = 1, mesh_model = 1;
   std::vector<Instr> instrs;
+  // Operand pools the instructions index.
+  std::vector<std::int32_t> operand_buffers;
+  std::vector<std::int64_t> operand_dims;
+  std::vector<float> operand_attrs;
+  std::vector<std::int32_t> spec_offsets{0};  // spec i: spec_dims[2 * offsets[i] .. 2 * offsets[i + 1])
+  std::vector<std::int32_t> spec_dims;        // (axis, groups) per dimension
   std::vector<BufferInfo> buffers;
+  std::string buffer_names;        // every buffer's name, back to back (for diagnostics)
   std::int64_t slab_numel = 0;     // transient buffers, planned with reuse
   std::int64_t scratch_numel = 0;  // GEMM packing room per device
   // Per-device peak bytes by MemoryCategory, and of all categories together.
@@ -96,16 +111,51 @@ struct Executable {
   std::int64_t peak_total_bytes = 0;
 
   Mesh mesh() const { return Mesh{mesh_data, mesh_model}; }
-  template <class Archive>
-  void serialize(Archive& ar) {
-    ar(format_version, fingerprint, mesh_data, mesh_model, instrs, buffers, slab_numel, scratch_numel, peak_bytes,
-       peak_total_bytes);
+  std::span<const std::int32_t> buffers_of(const Instr& in) const {
+    return {operand_buffers.data() + in.buffers_at, static_cast<std::size_t>(in.buffers_count)};
   }
+  std::span<const std::int64_t> dims_of(const Instr& in) const {
+    return {operand_dims.data() + in.dims_at, static_cast<std::size_t>(in.dims_count)};
+  }
+  std::span<const float> attrs_of(const Instr& in) const {
+    return {operand_attrs.data() + in.attrs_at, static_cast<std::size_t>(in.attrs_count)};
+  }
+  PartitionSpec spec_of(const Instr& in, int k) const;
+  std::string_view name_of(const BufferInfo& b) const {
+    return std::string_view(buffer_names).substr(static_cast<std::size_t>(b.name_at), static_cast<std::size_t>(b.name_size));
+  }
+  int add_buffer(BufferInfo info, std::string_view name);  // returns its index
+  // Appends an instruction with its operands to the pools.
+  void append(InstrKind kind, std::int32_t node, std::span<const std::int32_t> buffers,
+              std::span<const std::int64_t> dims, std::span<const float> attrs, Axis axis,
+              std::span<const PartitionSpec> specs);
+
+  // Serialised as flat arrays of numbers (cereal copies those in bulk) and one string of
+  // buffer names: loading a program is a few copies, not an allocation per instruction.
+  template <class Archive>
+  void save(Archive& ar) const {
+    std::vector<std::int32_t> fields(instrs.size() * kInstrFields);
+    if (!instrs.empty()) std::memcpy(fields.data(), instrs.data(), fields.size() * sizeof(std::int32_t));
+    const std::vector<std::int64_t> buffer_fields = flatten_buffers();
+    ar(format_version, fingerprint, mesh_data, mesh_model, fields, operand_buffers, operand_dims, operand_attrs,
+       spec_offsets, spec_dims, buffer_fields, buffer_names, slab_numel, scratch_numel, peak_bytes, peak_total_bytes);
+  }
+  template <class Archive>
+  void load(Archive& ar) {
+    std::vector<std::int32_t> fields;
+    std::vector<std::int64_t> buffer_fields;
+    ar(format_version, fingerprint, mesh_data, mesh_model, fields, operand_buffers, operand_dims, operand_attrs,
+       spec_offsets, spec_dims, buffer_fields, buffer_names, slab_numel, scratch_numel, peak_bytes, peak_total_bytes);
+    if (fields.size() % kInstrFields != 0) throw std::runtime_error("executable: truncated instruction list");
+    instrs.resize(fields.size() / kInstrFields);
+    if (!instrs.empty()) std::memcpy(static_cast<void*>(instrs.data()), fields.data(), fields.size() * sizeof(std::int32_t));
+    unflatten_buffers(buffer_fields);
+  }
+  std::vector<std::int64_t> flatten_buffers() const;
+  void unflatten_buffers(const std::vector<std::int64_t>& fields);  // throws on a mismatch
+  // Every index in range: a deserialised program is checked before it runs.
+  bool well_formed() const;
 };
 
-template <class Archive>
-void serialize(Archive& ar, DimSharding& d) { ar(d.axis, d.groups); }
-template <class Archive>
-void serialize(Archive& ar, PartitionSpec& s) { ar(s.dims); }
 
 }  // namespace harness::tpu

@@ -51,6 +51,9 @@ expect_exit 2 "inputs dimension 0 has size 8, which does not divide into 3 shard
 expect_exit 2 "--shard-plan tp on --mesh 1x3" -- "${M[@]}" --mesh 1x3 --shard-plan tp
 expect_exit 2 "--shard-plan zero3 on --mesh 16x1" -- "${M[@]}" --mesh 16x1 --shard-plan zero3
 expect_exit 2 "--features: engine tpu-mesh takes no features" -- "${M[@]}" --features bf16
+expect_exit 2 "--compile-mode: unknown mode 'eager'" -- "${M[@]}" --compile-mode eager
+expect_exit 2 "--compile-mode: microstep is not built yet" -- "${M[@]}" --compile-mode microstep
+expect_exit 2 "--grad-accum: '4'"           -- "${M[@]}" --grad-accum 4
 expect_exit 2 "--noise: not an option of engine tpu-mesh" -- "${M[@]}" --noise off
 expect_exit 2 "--mesh: engine 'cpu-ref' has no such setting; it belongs to --engine tpu-mesh" -- \
   "$HARNESS" run --canary micro --mesh 2x1 --out "$out/a.h5"

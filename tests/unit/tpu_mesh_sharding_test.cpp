@@ -2,6 +2,7 @@
 // gate rejects what does not divide, and the compiler inserts exactly the collectives a
 // plan needs (none on one device) with a buffer plan that never overlaps live buffers.
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 #include <stdexcept>
 
@@ -130,7 +131,7 @@ int count(const Executable& exe, InstrKind kind, Axis axis, const Graph& graph, 
           Phase phase = Phase::Forward) {
   int n = 0;
   for (const Instr& in : exe.instrs) {
-    if (in.kind != kind || in.axis != axis) continue;
+    if (in.op() != kind || in.mesh_axis() != axis) continue;
     const Node& node = graph.nodes[static_cast<std::size_t>(in.node)];
     if (!site_suffix.empty() && (!node.site.ends_with(site_suffix) || node.phase != phase)) continue;
     ++n;
@@ -150,9 +151,9 @@ TEST(TpuMeshCompiler, OneDeviceProgramHasNoCollectivesOnAnyPlan) {
   for (ShardPlan plan : {ShardPlan::DataParallel, ShardPlan::TensorParallel, ShardPlan::Zero3}) {
     const TracedStep t = trace_and_compile("micro", mesh_config({1, 1}, plan));
     for (const Instr& in : t.exe.instrs) {
-      EXPECT_FALSE(in.is_collective() && in.kind != InstrKind::LossMean && in.kind != InstrKind::GlobalNorm)
-          << to_string(plan) << ": instruction " << static_cast<int>(in.kind);
-      EXPECT_EQ(in.axis, Axis::None);
+      EXPECT_FALSE(in.is_collective() && in.op() != InstrKind::LossMean && in.op() != InstrKind::GlobalNorm)
+          << to_string(plan) << ": instruction " << in.kind;
+      EXPECT_EQ(in.mesh_axis(), Axis::None);
     }
   }
 }
@@ -191,7 +192,7 @@ TEST(TpuMeshCompiler, Zero3GathersParametersPerPhaseAndReduceScattersGradients) 
   for (TensorId p : t.model.parameters()) {
     int gathers = 0;
     for (const Instr& in : t.exe.instrs) {
-      gathers += in.kind == InstrKind::AllGather && t.exe.buffers[static_cast<std::size_t>(in.buffers[1])].tensor == p;
+      gathers += in.op() == InstrKind::AllGather && t.exe.buffers[static_cast<std::size_t>(t.exe.buffers_of(in)[1])].tensor == p;
     }
     EXPECT_GE(gathers, 1) << t.model.tensors()[p].name;
     EXPECT_LE(gathers, 2) << t.model.tensors()[p].name;
@@ -212,7 +213,7 @@ TEST(TpuMeshCompiler, BufferPlanNeverOverlapsLiveBuffers) {
         if (b[j].persistent || b[j].first_use < 0) continue;
         const bool live_together = b[i].first_use <= b[j].last_use && b[j].first_use <= b[i].last_use;
         const bool share_memory = b[i].offset < b[j].offset + b[j].numel && b[j].offset < b[i].offset + b[i].numel;
-        EXPECT_FALSE(live_together && share_memory) << b[i].name << " and " << b[j].name;
+        EXPECT_FALSE(live_together && share_memory) << t.exe.name_of(b[i]) << " and " << t.exe.name_of(b[j]);
       }
     }
     EXPECT_LT(t.exe.slab_numel, transient_total) << "no buffer reuse under " << to_string(plan);
@@ -224,11 +225,12 @@ TEST(TpuMeshCompiler, CompilingTheSameGraphTwiceGivesTheSameProgram) {
   const TracedStep t = trace_and_compile("micro", c);
   const Executable again = compile(t.graph, t.model.tensors(), c, plan_shardings(t.model.tensors(), c), "test");
   ASSERT_EQ(again.instrs.size(), t.exe.instrs.size());
-  for (std::size_t i = 0; i < again.instrs.size(); ++i) {
-    EXPECT_EQ(again.instrs[i].kind, t.exe.instrs[i].kind);
-    EXPECT_EQ(again.instrs[i].buffers, t.exe.instrs[i].buffers);
-    EXPECT_EQ(again.instrs[i].dims, t.exe.instrs[i].dims);
-  }
+  EXPECT_EQ(std::memcmp(again.instrs.data(), t.exe.instrs.data(), again.instrs.size() * sizeof(Instr)), 0);
+  EXPECT_EQ(again.operand_buffers, t.exe.operand_buffers);
+  EXPECT_EQ(again.operand_dims, t.exe.operand_dims);
+  EXPECT_EQ(again.operand_attrs, t.exe.operand_attrs);
+  EXPECT_EQ(again.spec_dims, t.exe.spec_dims);
+  EXPECT_TRUE(again.well_formed());
   for (std::size_t i = 0; i < again.buffers.size(); ++i) EXPECT_EQ(again.buffers[i].offset, t.exe.buffers[i].offset);
   EXPECT_EQ(again.peak_total_bytes, t.exe.peak_total_bytes);
 }

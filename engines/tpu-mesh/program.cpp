@@ -1,0 +1,160 @@
+#include "program.h"
+
+#include <array>
+
+namespace harness::tpu {
+namespace {
+
+struct OperandCounts {
+  int buffers, dims;
+};
+
+// The fewest operands the executor reads for each kind (GlobalNorm and Clip take more).
+constexpr std::array<OperandCounts, static_cast<std::size_t>(InstrKind::GlobalNorm) + 1> kMinOperands{{
+    {1, 1},  // Fill
+    {4, 3},  // EncoderForward
+    {4, 3},  // EncoderBackward
+    {6, 2},  // LayerNormForward
+    {8, 2},  // LayerNormBackward
+    {4, 3},  // Linear
+    {6, 3},  // LinearBackward
+    {3, 4},  // AttentionForward
+    {4, 4},  // AttentionBackward
+    {2, 1},  // GeluForward
+    {3, 1},  // GeluBackward
+    {3, 1},  // Add
+    {2, 1},  // AddInPlace
+    {2, 2},  // BiasAdd
+    {4, 2},  // CrossEntropyRows
+    {3, 3},  // CrossEntropyBackward
+    {1, 0},  // Clip
+    {7, 1},  // AdamW
+    {2, 0},  // Nudge
+    {1, 1},  // RoundBf16
+    {2, 1},  // CastBf16
+    {1, 1},  // AllReduce
+    {2, 1},  // AllGather
+    {2, 1},  // ReduceScatter
+    {2, 2},  // LossMean
+    {1, 0},  // GlobalNorm
+}};
+
+template <typename T>
+bool in_range(std::int32_t at, std::int32_t count, const std::vector<T>& pool) {
+  return at >= 0 && count >= 0 && static_cast<std::size_t>(at) + static_cast<std::size_t>(count) <= pool.size();
+}
+
+}  // namespace
+
+PartitionSpec Executable::spec_of(const Instr& in, int k) const {
+  const auto i = static_cast<std::size_t>(in.specs_at + k);
+  PartitionSpec spec;
+  for (std::int32_t d = spec_offsets[i]; d < spec_offsets[i + 1]; ++d) {
+    spec.dims.push_back({static_cast<Axis>(spec_dims[2 * static_cast<std::size_t>(d)]),
+                         spec_dims[2 * static_cast<std::size_t>(d) + 1]});
+  }
+  return spec;
+}
+
+void Executable::append(InstrKind kind, std::int32_t node, std::span<const std::int32_t> buffers_in,
+                        std::span<const std::int64_t> dims, std::span<const float> attrs, Axis axis,
+                        std::span<const PartitionSpec> specs) {
+  Instr in;
+  in.kind = static_cast<std::int32_t>(kind);
+  in.axis = static_cast<std::int32_t>(axis);
+  in.node = node;
+  in.buffers_at = static_cast<std::int32_t>(operand_buffers.size());
+  in.buffers_count = static_cast<std::int32_t>(buffers_in.size());
+  operand_buffers.insert(operand_buffers.end(), buffers_in.begin(), buffers_in.end());
+  in.dims_at = static_cast<std::int32_t>(operand_dims.size());
+  in.dims_count = static_cast<std::int32_t>(dims.size());
+  operand_dims.insert(operand_dims.end(), dims.begin(), dims.end());
+  in.attrs_at = static_cast<std::int32_t>(operand_attrs.size());
+  in.attrs_count = static_cast<std::int32_t>(attrs.size());
+  operand_attrs.insert(operand_attrs.end(), attrs.begin(), attrs.end());
+  in.specs_at = static_cast<std::int32_t>(spec_offsets.size()) - 1;
+  in.specs_count = static_cast<std::int32_t>(specs.size());
+  for (const PartitionSpec& spec : specs) {
+    for (const DimSharding& d : spec.dims) {
+      spec_dims.push_back(static_cast<std::int32_t>(d.axis));
+      spec_dims.push_back(d.groups);
+    }
+    spec_offsets.push_back(static_cast<std::int32_t>(spec_dims.size() / 2));
+  }
+  instrs.push_back(in);
+}
+
+namespace {
+constexpr std::size_t kBufferFields = 10;
+}
+
+int Executable::add_buffer(BufferInfo info, std::string_view name) {
+  info.name_at = static_cast<std::int32_t>(buffer_names.size());
+  info.name_size = static_cast<std::int32_t>(name.size());
+  buffer_names += name;
+  buffers.push_back(info);
+  return static_cast<int>(buffers.size()) - 1;
+}
+
+std::vector<std::int64_t> Executable::flatten_buffers() const {
+  std::vector<std::int64_t> fields;
+  fields.reserve(buffers.size() * kBufferFields);
+  for (const BufferInfo& b : buffers) {
+    fields.insert(fields.end(), {b.name_at, b.name_size, static_cast<std::int64_t>(b.category), b.persistent ? 1 : 0,
+                                 b.tensor, b.int32 ? 1 : 0, b.numel, b.offset, b.first_use, b.last_use});
+  }
+  return fields;
+}
+
+void Executable::unflatten_buffers(const std::vector<std::int64_t>& fields) {
+  if (fields.size() % kBufferFields != 0) throw std::runtime_error("executable: truncated buffer table");
+  buffers.resize(fields.size() / kBufferFields);
+  for (std::size_t i = 0; i < buffers.size(); ++i) {
+    const std::int64_t* f = fields.data() + i * kBufferFields;
+    if (f[0] < 0 || f[1] < 0 || static_cast<std::size_t>(f[0] + f[1]) > buffer_names.size() || f[2] < 0 ||
+        f[2] >= kMemoryCategories) {
+      throw std::runtime_error("executable: bad buffer entry");
+    }
+    BufferInfo& b = buffers[i];
+    b.name_at = static_cast<std::int32_t>(f[0]);
+    b.name_size = static_cast<std::int32_t>(f[1]);
+    b.category = static_cast<MemoryCategory>(f[2]);
+    b.persistent = f[3] != 0;
+    b.tensor = static_cast<TensorId>(f[4]);
+    b.int32 = f[5] != 0;
+    b.numel = f[6];
+    b.offset = f[7];
+    b.first_use = static_cast<std::int32_t>(f[8]);
+    b.last_use = static_cast<std::int32_t>(f[9]);
+  }
+}
+
+bool Executable::well_formed() const {
+  if (spec_offsets.empty() || spec_offsets.front() != 0 || spec_dims.size() % 2 != 0 ||
+      static_cast<std::size_t>(spec_offsets.back()) * 2 != spec_dims.size() || peak_bytes.size() != kMemoryCategories) {
+    return false;
+  }
+  for (std::size_t i = 1; i < spec_offsets.size(); ++i) {
+    if (spec_offsets[i] < spec_offsets[i - 1]) return false;
+  }
+  for (const Instr& in : instrs) {
+    if (in.kind < 0 || static_cast<std::size_t>(in.kind) >= kMinOperands.size() || in.axis < 0 || in.axis > 2) return false;
+    const OperandCounts need = kMinOperands[static_cast<std::size_t>(in.kind)];
+    if (in.buffers_count < need.buffers || in.dims_count < need.dims) return false;
+    if (!in_range(in.buffers_at, in.buffers_count, operand_buffers) || !in_range(in.dims_at, in.dims_count, operand_dims) ||
+        !in_range(in.attrs_at, in.attrs_count, operand_attrs) ||
+        in.specs_at < 0 || in.specs_count < 0 ||
+        static_cast<std::size_t>(in.specs_at) + static_cast<std::size_t>(in.specs_count) + 1 > spec_offsets.size()) {
+      return false;
+    }
+    for (std::int32_t b : buffers_of(in)) {
+      if (b < -1 || b >= static_cast<std::int32_t>(buffers.size())) return false;
+    }
+  }
+  for (const BufferInfo& b : buffers) {
+    if (b.numel < 0 || (!b.persistent && b.first_use >= 0 && (b.offset < 0 || b.offset + b.numel > slab_numel))) return false;
+  }
+  return true;
+}
+
+}  // namespace harness::tpu
