@@ -65,7 +65,7 @@ std::string CompileCache::entry_path(const std::string& fingerprint) const {
   return (fs::path(dir_) / (fingerprint + ".tpuexe")).string();
 }
 
-CacheLookup CompileCache::find(const std::string& fingerprint) {
+CacheLookup CompileCache::find(const std::string& fingerprint, const std::function<bool(const Executable&)>& fits) {
   CacheLookup lookup;
   if (auto it = memory_.find(fingerprint); it != memory_.end()) {
     lookup.executable = it->second;
@@ -74,7 +74,7 @@ CacheLookup CompileCache::find(const std::string& fingerprint) {
   }
   if (!persistent()) return lookup;
   bool failed = false;
-  lookup.executable = load(fingerprint, failed);
+  lookup.executable = load(fingerprint, fits, failed);
   if (lookup.executable) {
     lookup.source = CacheSource::Disk;
     memory_[fingerprint] = lookup.executable;
@@ -85,7 +85,8 @@ CacheLookup CompileCache::find(const std::string& fingerprint) {
   return lookup;
 }
 
-std::shared_ptr<const Executable> CompileCache::load(const std::string& fingerprint, bool& failed) {
+std::shared_ptr<const Executable> CompileCache::load(const std::string& fingerprint,
+                                                     const std::function<bool(const Executable&)>& fits, bool& failed) {
   const std::string path = entry_path(fingerprint);
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) return nullptr;
@@ -115,7 +116,8 @@ std::shared_ptr<const Executable> CompileCache::load(const std::string& fingerpr
   } catch (const std::exception&) {
     return reject();
   }
-  if (exe->fingerprint != fingerprint || exe->format_version != kProgramFormatVersion || !exe->well_formed()) {
+  if (exe->fingerprint != fingerprint || exe->format_version != kProgramFormatVersion || !exe->well_formed() ||
+      (fits && !fits(*exe))) {
     return reject();
   }
   return exe;

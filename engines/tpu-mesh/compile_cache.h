@@ -8,6 +8,7 @@
 // Files are written to a temporary name and renamed, so readers never see half a file.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -31,13 +32,16 @@ class CompileCache {
   // only, with one warning on stderr.
   explicit CompileCache(std::string dir = {});
 
-  CacheLookup find(const std::string& fingerprint);
+  // `fits` (when given) must accept a program loaded from disk, or the entry is treated
+  // like a corrupt one: the engine checks that it was compiled for its mesh and tensors.
+  CacheLookup find(const std::string& fingerprint, const std::function<bool(const Executable&)>& fits = {});
   std::shared_ptr<const Executable> insert(Executable executable);
   bool persistent() const { return !dir_.empty(); }
   std::string entry_path(const std::string& fingerprint) const;
 
  private:
-  std::shared_ptr<const Executable> load(const std::string& fingerprint, bool& failed);
+  std::shared_ptr<const Executable> load(const std::string& fingerprint, const std::function<bool(const Executable&)>& fits,
+                                         bool& failed);
   void store(const Executable& executable);
   void disable_persistence(const std::string& why);
 

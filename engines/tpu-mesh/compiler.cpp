@@ -54,6 +54,7 @@ class Compiler {
     exe_.mesh_data = mesh_.data;
     exe_.mesh_model = mesh_.model;
     for (std::size_t i = 0; i < graph_.nodes.size(); ++i) verify(graph_.nodes[i]);
+    check_values_are_graph_local();
     propagate();
     for (const TensorDesc& t : table_.all()) {
       if (is_persistent(t.kind)) buffer(static_cast<TensorId>(&t - table_.all().data()));
@@ -112,6 +113,32 @@ class Compiler {
                "targets must be int32 with one per logits row");
         break;
       default: break;
+    }
+  }
+
+  // Activations and their gradients live in the graph's own transient buffers: a graph
+  // may read one (or accumulate into one, as backward ops do) only after writing it.
+  // A graph break between a producer and its consumer would carry a value across
+  // programs, which this compiler does not do: it refuses rather than read stale memory.
+  void check_values_are_graph_local() const {
+    std::vector<bool> written(table_.size(), false);
+    for (const Node& n : graph_.nodes) {
+      const std::vector<TensorId> outputs = outputs_of(n);
+      for (TensorId id : n.tensors) {
+        if (id == kNoTensor) continue;
+        const TensorKind kind = table_[id].kind;
+        if (kind != TensorKind::Activation && kind != TensorKind::ActivationGrad) continue;
+        const bool overwrites = n.phase == Phase::Forward && n.op != OpKind::NudgeUlps &&
+                                std::find(outputs.begin(), outputs.end(), id) != outputs.end();
+        if (!overwrites && !written[static_cast<std::size_t>(id)]) {
+          reject(n, fmt::format("reads {} {} that this graph did not write; a graph break (a host read or upload "
+                                "inside the step) separates it from its producer. Move the read out of the step",
+                                to_string(kind), table_[id].name));
+        }
+      }
+      for (TensorId id : outputs) {
+        if (id != kNoTensor) written[static_cast<std::size_t>(id)] = true;
+      }
     }
   }
 
@@ -275,6 +302,7 @@ class Compiler {
   // The mesh axis a contraction runs over when both operands shard its dimension the same
   // way (the result is then a partial sum); None when the contraction is local.
   Axis contraction_axis(const Node& n, const DimSharding& a, const DimSharding& b) const {
+    if (a.axis == b.axis && a.axis != Axis::None && a.groups != b.groups) reject(n, "operands grouped differently");
     if (a.axis != b.axis) {
       if (a.axis != Axis::None && b.axis != Axis::None) reject(n, "operands sharded on different axes");
       if (a.axis == Axis::Data || b.axis == Axis::Data) return Axis::None;  // zero3 parameters: gathered

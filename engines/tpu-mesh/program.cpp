@@ -5,38 +5,41 @@
 namespace harness::tpu {
 namespace {
 
-struct OperandCounts {
-  int buffers, dims;
+// What the executor reads of each kind: exact operand counts (-1: one per tensor, for
+// GlobalNorm and Clip) and the one buffer operand that may be absent (-1 for none).
+struct Schema {
+  int buffers, dims, attrs, specs, nullable;
+  bool elementwise;  // dims[0] elements of every buffer are touched
 };
 
-// The fewest operands the executor reads for each kind (GlobalNorm and Clip take more).
-constexpr std::array<OperandCounts, static_cast<std::size_t>(InstrKind::GlobalNorm) + 1> kMinOperands{{
-    {1, 1},  // Fill
-    {4, 3},  // EncoderForward
-    {4, 3},  // EncoderBackward
-    {6, 2},  // LayerNormForward
-    {8, 2},  // LayerNormBackward
-    {4, 3},  // Linear
-    {6, 3},  // LinearBackward
-    {3, 4},  // AttentionForward
-    {4, 4},  // AttentionBackward
-    {2, 1},  // GeluForward
-    {3, 1},  // GeluBackward
-    {3, 1},  // Add
-    {2, 1},  // AddInPlace
-    {2, 2},  // BiasAdd
-    {4, 2},  // CrossEntropyRows
-    {3, 3},  // CrossEntropyBackward
-    {1, 0},  // Clip
-    {7, 1},  // AdamW
-    {2, 0},  // Nudge
-    {1, 1},  // RoundBf16
-    {2, 1},  // CastBf16
-    {1, 1},  // AllReduce
-    {2, 1},  // AllGather
-    {2, 1},  // ReduceScatter
-    {2, 2},  // LossMean
-    {1, 0},  // GlobalNorm
+constexpr int kPerTensor = -1;
+constexpr std::array<Schema, static_cast<std::size_t>(InstrKind::GlobalNorm) + 1> kSchemas{{
+    {1, 1, 1, 0, -1, true},                       // Fill
+    {4, 3, 0, 0, -1, false},                      // EncoderForward
+    {4, 3, 0, 0, -1, false},                      // EncoderBackward
+    {6, 2, 1, 0, -1, false},                      // LayerNormForward
+    {8, 2, 0, 0, -1, false},                      // LayerNormBackward
+    {4, 3, 0, 0, 3, false},                       // Linear: bias may be absent
+    {6, 3, 0, 0, 2, false},                       // LinearBackward: dbias may be absent
+    {3, 4, 0, 0, -1, false},                      // AttentionForward
+    {4, 4, 0, 0, -1, false},                      // AttentionBackward
+    {2, 1, 0, 0, -1, true},                       // GeluForward
+    {3, 1, 0, 0, -1, true},                       // GeluBackward
+    {3, 1, 0, 0, -1, true},                       // Add
+    {2, 1, 0, 0, -1, true},                       // AddInPlace
+    {2, 2, 0, 0, -1, false},                      // BiasAdd
+    {4, 2, 0, 0, -1, false},                      // CrossEntropyRows
+    {3, 3, 0, 0, -1, false},                      // CrossEntropyBackward
+    {kPerTensor, kPerTensor, 1, 0, -1, false},    // Clip
+    {7, 1, 4, 0, -1, false},                      // AdamW
+    {2, 0, 0, 1, -1, false},                      // Nudge
+    {1, 1, 0, 0, -1, true},                       // RoundBf16
+    {2, 1, 0, 0, -1, true},                       // CastBf16
+    {1, 1, 0, 0, -1, true},                       // AllReduce
+    {2, kPerTensor, 0, 1, -1, false},             // AllGather: dims = the global shape
+    {2, kPerTensor, 0, 1, -1, false},             // ReduceScatter: dims = the global shape
+    {2, 2, 0, 0, -1, false},                      // LossMean
+    {kPerTensor, kPerTensor, 0, kPerTensor, -1, false},  // GlobalNorm
 }};
 
 template <typename T>
@@ -131,28 +134,63 @@ void Executable::unflatten_buffers(const std::vector<std::int64_t>& fields) {
 
 bool Executable::well_formed() const {
   if (spec_offsets.empty() || spec_offsets.front() != 0 || spec_dims.size() % 2 != 0 ||
-      static_cast<std::size_t>(spec_offsets.back()) * 2 != spec_dims.size() || peak_bytes.size() != kMemoryCategories) {
+      static_cast<std::size_t>(spec_offsets.back()) * 2 != spec_dims.size() || peak_bytes.size() != kMemoryCategories ||
+      slab_numel < 0 || scratch_numel < 0) {
     return false;
   }
   for (std::size_t i = 1; i < spec_offsets.size(); ++i) {
     if (spec_offsets[i] < spec_offsets[i - 1]) return false;
   }
-  for (const Instr& in : instrs) {
-    if (in.kind < 0 || static_cast<std::size_t>(in.kind) >= kMinOperands.size() || in.axis < 0 || in.axis > 2) return false;
-    const OperandCounts need = kMinOperands[static_cast<std::size_t>(in.kind)];
-    if (in.buffers_count < need.buffers || in.dims_count < need.dims) return false;
+  for (std::size_t i = 0; i < spec_dims.size(); i += 2) {
+    if (spec_dims[i] < 0 || spec_dims[i] > 2 || spec_dims[i + 1] < 1) return false;  // axis, groups >= 1
+  }
+  for (const BufferInfo& b : buffers) {
+    if (b.numel < 0) return false;
+    if (!b.persistent && b.first_use >= 0 && (b.offset < 0 || b.offset > slab_numel || b.numel > slab_numel - b.offset)) {
+      return false;
+    }
+  }
+  for (std::size_t index = 0; index < instrs.size(); ++index) {
+    const Instr& in = instrs[index];
+    if (in.kind < 0 || static_cast<std::size_t>(in.kind) >= kSchemas.size() || in.axis < 0 || in.axis > 2) return false;
     if (!in_range(in.buffers_at, in.buffers_count, operand_buffers) || !in_range(in.dims_at, in.dims_count, operand_dims) ||
-        !in_range(in.attrs_at, in.attrs_count, operand_attrs) ||
-        in.specs_at < 0 || in.specs_count < 0 ||
+        !in_range(in.attrs_at, in.attrs_count, operand_attrs) || in.specs_at < 0 || in.specs_count < 0 ||
         static_cast<std::size_t>(in.specs_at) + static_cast<std::size_t>(in.specs_count) + 1 > spec_offsets.size()) {
       return false;
     }
-    for (std::int32_t b : buffers_of(in)) {
-      if (b < -1 || b >= static_cast<std::int32_t>(buffers.size())) return false;
+    const Schema& schema = kSchemas[static_cast<std::size_t>(in.kind)];
+    const int tensors = in.buffers_count - 1;  // GlobalNorm, Clip: the norm, then one buffer per tensor
+    auto expected = [&](int count, int per_tensor) { return count == kPerTensor ? per_tensor : count; };
+    if ((schema.buffers != kPerTensor && in.buffers_count != schema.buffers) || in.buffers_count < 1 ||
+        in.attrs_count != schema.attrs || in.specs_count != expected(schema.specs, tensors)) {
+      return false;
     }
-  }
-  for (const BufferInfo& b : buffers) {
-    if (b.numel < 0 || (!b.persistent && b.first_use >= 0 && (b.offset < 0 || b.offset + b.numel > slab_numel))) return false;
+    if (schema.dims == kPerTensor && in.op() != InstrKind::AllGather && in.op() != InstrKind::ReduceScatter) {
+      if (in.dims_count != tensors) return false;
+    } else if (schema.dims == kPerTensor) {  // a global shape, as long as the block's spec
+      if (in.dims_count < 1 || spec_offsets[static_cast<std::size_t>(in.specs_at) + 1] -
+                                       spec_offsets[static_cast<std::size_t>(in.specs_at)] != in.dims_count) {
+        return false;
+      }
+    } else if (in.dims_count != schema.dims) {
+      return false;
+    }
+    for (std::int64_t d : dims_of(in)) {
+      if (d < 0) return false;
+    }
+    const std::span<const std::int32_t> operands = buffers_of(in);
+    for (std::size_t k = 0; k < operands.size(); ++k) {
+      const std::int32_t b = operands[k];
+      if (b == -1 && static_cast<int>(k) == schema.nullable) continue;
+      if (b < 0 || b >= static_cast<std::int32_t>(buffers.size())) return false;
+      const BufferInfo& info = buffers[static_cast<std::size_t>(b)];
+      // A transient buffer is live wherever it is used; an elementwise op stays inside it.
+      if (!info.persistent && (info.first_use > static_cast<std::int32_t>(index) ||
+                               info.last_use < static_cast<std::int32_t>(index))) {
+        return false;
+      }
+      if (schema.elementwise && dims_of(in)[0] > info.numel) return false;
+    }
   }
   return true;
 }

@@ -11,6 +11,11 @@
 namespace harness::tpu {
 namespace {
 
+// Bounds on what a program from disk may ask each device to allocate (floats): far above
+// what any canary preset needs, far below what would exhaust the host.
+constexpr std::int64_t kMaxSlabNumel = std::int64_t{1} << 32;
+constexpr std::int64_t kMaxScratchNumel = std::int64_t{1} << 30;
+
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -127,7 +132,7 @@ void TpuMeshEngine::step_end() {
 // Timed as CompileTime from the lookup on: a warm start's disk load counts too.
 std::shared_ptr<const Executable> TpuMeshEngine::lookup_or_compile(const std::string& fingerprint) {
   const auto start = std::chrono::steady_clock::now();
-  const CacheLookup hit = cache_.find(fingerprint);
+  const CacheLookup hit = cache_.find(fingerprint, [this](const Executable& exe) { return fits(exe); });
   if (hit.deserialize_failure) ++counters_.deserialize_failure;
   if (hit.disk_miss) ++counters_.persistent_miss;
   if (hit.source == CacheSource::Memory) ++counters_.cached_compile;
@@ -140,6 +145,22 @@ std::shared_ptr<const Executable> TpuMeshEngine::lookup_or_compile(const std::st
   counters_.compile_seconds += seconds_since(start);
   ++counters_.uncached_compile;
   return exe;
+}
+
+// A program from disk must have been compiled for this mesh and these tensor blocks.
+bool TpuMeshEngine::fits(const Executable& exe) const {
+  if (exe.mesh_data != config_.mesh.data || exe.mesh_model != config_.mesh.model) return false;
+  for (const BufferInfo& b : exe.buffers) {
+    if (!b.persistent) continue;
+    if (b.tensor < 0 || static_cast<std::size_t>(b.tensor) >= table_->size()) return false;
+    const TensorDesc& t = (*table_)[b.tensor];
+    const bool persistent_kind = t.kind != TensorKind::Activation && t.kind != TensorKind::ActivationGrad;
+    if (!persistent_kind || b.int32 != (t.dtype == DType::I32) ||
+        b.numel != local_numel(t.shape, specs_[static_cast<std::size_t>(b.tensor)], config_.mesh)) {
+      return false;
+    }
+  }
+  return exe.scratch_numel <= kMaxScratchNumel && exe.slab_numel <= kMaxSlabNumel;
 }
 
 void TpuMeshEngine::flush() {

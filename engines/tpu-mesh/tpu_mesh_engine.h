@@ -96,6 +96,7 @@ class TpuMeshEngine final : public Engine {
   void cut_graph(const std::string& what, TensorId id);
   void flush();  // compile-or-lookup and execute the traced graph
   std::shared_ptr<const Executable> lookup_or_compile(const std::string& fingerprint);
+  bool fits(const Executable& exe) const;
   void note_memory(const Executable& exe);
 
   MeshConfig config_;

@@ -46,8 +46,12 @@ TEST(TpuMeshRun, OneDeviceIsBitwiseCpuRefOnEveryPlan) {
     EXPECT_TRUE(reference.same_numbers(run_and_read(mesh_lane("tiny", 3, 2, {{"shard-plan", plan}}), "one_device")))
         << plan;
   }
-  // dp on 1x2 replicates the whole program over `model`: still cpu-ref's bits.
-  EXPECT_TRUE(reference.same_numbers(run_and_read(mesh_lane("tiny", 3, 2, {{"mesh", "1x2"}}), "dp_1x2")));
+  // dp and zero3 on 1x2 replicate the whole program over `model`: still cpu-ref's bits.
+  for (const char* plan : {"dp", "zero3"}) {
+    EXPECT_TRUE(reference.same_numbers(
+        run_and_read(mesh_lane("tiny", 3, 2, {{"mesh", "1x2"}, {"shard-plan", plan}}), "replicated_1x2")))
+        << plan;
+  }
 }
 
 TEST(TpuMeshRun, FixedMeshAndPlanIsBitwiseReproducibleOnAnyThreadCount) {

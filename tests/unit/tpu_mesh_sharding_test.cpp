@@ -3,6 +3,7 @@
 // plan needs (none on one device) with a buffer plan that never overlaps live buffers.
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <stdexcept>
 
@@ -276,6 +277,74 @@ TEST(TpuMeshEngine, HostReadInsideAStepIsAGraphBreak) {
   EXPECT_EQ(engine.graph_breaks()[0].after_site, table[grad].name);
   EXPECT_EQ(engine.step_segments().size(), 2u);
   EXPECT_THROW(engine.read(table.find("lnf.out", TensorKind::Activation)), std::logic_error);
+}
+
+}  // namespace
+}  // namespace harness::tpu
+
+namespace harness::tpu {
+namespace {
+
+// A value produced before a graph break and used after it would be read from another
+// program's memory: the compiler refuses, naming the tensor, instead of reading it stale.
+TEST(TpuMeshEngine, ValueCarriedAcrossAGraphBreakIsRefusedNotReadStale) {
+  const canary::Gpt2Canary model(canary::preset("micro"));
+  const TensorTable& table = model.tensors();
+  TpuMeshEngine engine(mesh_config({2, 1}, ShardPlan::DataParallel));
+  engine.bind(table);
+  model.upload_initial_parameters(engine, 1);
+  const TensorId fc = table.find("blocks.0.mlp.fc.out", TensorKind::Activation);
+  const TensorId gelu = table.find("blocks.0.mlp.gelu.out", TensorKind::Activation);
+  const TensorId d_fc = table.find("blocks.0.mlp.fc.out", TensorKind::ActivationGrad);
+  const TensorId d_gelu = table.find("blocks.0.mlp.gelu.out", TensorKind::ActivationGrad);
+  const OpSite forward{"blocks.0.mlp.gelu", 0, Phase::Forward}, backward{"blocks.0.mlp.gelu", 0, Phase::Backward};
+  engine.step_begin(0);
+  for (TensorId id : {fc, d_fc, d_gelu}) engine.zero(id);
+  engine.gelu_forward(forward, gelu, fc);
+  (void)engine.read(table.find("loss", TensorKind::Scalar));  // the break: runs what is traced
+  engine.gelu_backward(backward, d_fc, fc, d_gelu);
+  try {
+    engine.step_end();
+    FAIL() << "a value from before the break was read";
+  } catch (const CompileError& e) {
+    EXPECT_NE(std::string(e.what()).find("blocks.0.mlp.fc.out"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("graph break"), std::string::npos) << e.what();
+  }
+}
+
+// The structural checks a program from disk passes before it runs: each mutation of a
+// well-formed program is caught.
+TEST(TpuMeshCompiler, WellFormedRejectsEveryMalformedProgram) {
+  const TracedStep t = trace_and_compile("micro", mesh_config({2, 2}, ShardPlan::Zero3));
+  ASSERT_TRUE(t.exe.well_formed());
+  auto find = [&](InstrKind kind) {
+    return static_cast<std::size_t>(std::find_if(t.exe.instrs.begin(), t.exe.instrs.end(),
+                                                 [&](const Instr& in) { return in.op() == kind; }) -
+                                    t.exe.instrs.begin());
+  };
+  std::vector<std::pair<std::string, std::function<void(Executable&)>>> mutations{
+      {"unknown kind", [&](Executable& e) { e.instrs[0].kind = 99; }},
+      {"buffer out of range", [&](Executable& e) { e.operand_buffers[0] = static_cast<std::int32_t>(e.buffers.size()); }},
+      {"absent operand where one is required",
+       [&](Executable& e) { e.operand_buffers[static_cast<std::size_t>(e.instrs[find(InstrKind::AdamW)].buffers_at)] = -1; }},
+      {"attribute missing", [&](Executable& e) { e.instrs[find(InstrKind::AdamW)].attrs_count = 3; }},
+      {"spec missing", [&](Executable& e) { e.instrs[find(InstrKind::AllGather)].specs_count = 0; }},
+      {"groups zero", [&](Executable& e) { e.spec_dims[1] = 0; }},
+      {"dims past the pool", [&](Executable& e) { e.instrs.back().dims_at = static_cast<std::int32_t>(e.operand_dims.size()); }},
+      {"fill longer than its buffer",
+       [&](Executable& e) { e.operand_dims[static_cast<std::size_t>(e.instrs[find(InstrKind::Fill)].dims_at)] += 1 << 30; }},
+      {"transient past the slab", [&](Executable& e) {
+         for (BufferInfo& b : e.buffers) {
+           if (!b.persistent && b.first_use >= 0) b.offset = e.slab_numel;
+         }
+       }},
+      {"negative slab", [&](Executable& e) { e.slab_numel = -1; }},
+  };
+  for (auto& [what, mutate] : mutations) {
+    Executable broken = t.exe;
+    mutate(broken);
+    EXPECT_FALSE(broken.well_formed()) << what;
+  }
 }
 
 }  // namespace
