@@ -34,7 +34,6 @@ MemoryCategory category_of(TensorKind kind) {
   }
 }
 
-bool is_persistent(TensorKind kind) { return kind != TensorKind::Activation && kind != TensorKind::ActivationGrad; }
 
 // A gradient contribution that needs a collective before it is added to its gradient.
 struct PendingGradient {
@@ -57,7 +56,7 @@ class Compiler {
     check_values_are_graph_local();
     propagate();
     for (const TensorDesc& t : table_.all()) {
-      if (is_persistent(t.kind)) buffer(static_cast<TensorId>(&t - table_.all().data()));
+      if (is_device_data(t.kind)) buffer(static_cast<TensorId>(&t - table_.all().data()));
     }
     for (node_ = 0; node_ < static_cast<int>(graph_.nodes.size()); ++node_) lower(graph_.nodes[static_cast<std::size_t>(node_)]);
     plan_buffers();
@@ -212,7 +211,7 @@ class Compiler {
       const TensorDesc& d = table_[id];
       BufferInfo info;
       info.category = category_of(d.kind);
-      info.persistent = is_persistent(d.kind);
+      info.persistent = is_device_data(d.kind);
       info.tensor = id;
       info.int32 = d.dtype == DType::I32;
       info.numel = lnumel(id);

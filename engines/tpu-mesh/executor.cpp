@@ -41,7 +41,7 @@ void MeshExecutor::bind(const TensorTable& table, const Mesh& mesh, std::vector<
     device.tokens.resize(table.size());
     for (const TensorDesc& t : table.all()) {
       const auto id = static_cast<std::size_t>(&t - table.all().data());
-      if (!is_persistent(static_cast<TensorId>(id))) continue;
+      if (!is_device_data(t.kind)) continue;
       const auto n = static_cast<std::size_t>(local_numel(t.shape, specs_[id], mesh));
       if (t.dtype == DType::I32) device.tokens[id].assign(n, 0);
       else device.tensors[id].assign(n, 0.0f);
@@ -49,14 +49,9 @@ void MeshExecutor::bind(const TensorTable& table, const Mesh& mesh, std::vector<
   }
 }
 
-bool MeshExecutor::is_persistent(TensorId id) const {
-  const TensorKind kind = (*table_)[id].kind;
-  return kind != TensorKind::Activation && kind != TensorKind::ActivationGrad;
-}
-
 void MeshExecutor::upload(TensorId id, std::span<const float> values) {
   const TensorDesc& t = (*table_)[id];
-  if (!is_persistent(id)) throw std::logic_error("tpu-mesh: upload into a transient tensor " + t.name);
+  if (!is_device_data(t.kind)) throw std::logic_error("tpu-mesh: upload into a transient tensor " + t.name);
   if (static_cast<std::int64_t>(values.size()) != t.numel()) throw std::invalid_argument("upload: wrong size for " + t.name);
   for (std::size_t d = 0; d < devices_.size(); ++d) {
     copy_block_from_global(t.shape, specs_[static_cast<std::size_t>(id)], mesh_, static_cast<int>(d), values.data(),
@@ -75,7 +70,7 @@ void MeshExecutor::upload_tokens(TensorId id, std::span<const std::int32_t> toke
 
 std::span<const float> MeshExecutor::assemble(TensorId id) {
   const TensorDesc& t = (*table_)[id];
-  if (!is_persistent(id) || t.dtype != DType::F32) {
+  if (!is_device_data(t.kind) || t.dtype != DType::F32) {
     throw std::logic_error(fmt::format("tpu-mesh: {} is a transient buffer of the compiled step; only parameters, "
                                        "gradients, moments and scalars can be read",
                                        t.name));

@@ -23,7 +23,6 @@ class MeshExecutor {
   // Devices -> host: the global tensor assembled from its blocks, in a host buffer of its
   // own (so many reads can be held at once); valid until the same tensor is read again.
   std::span<const float> assemble(TensorId id);
-  bool is_persistent(TensorId id) const;
 
   void run(const Executable& exe);
 

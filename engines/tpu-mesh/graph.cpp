@@ -54,27 +54,6 @@ std::vector<TensorId> outputs_of(const Node& node) {
   }
 }
 
-std::string canonical_text(const Graph& graph, const TensorTable& table) {
-  std::string text;
-  for (const Node& node : graph.nodes) {
-    std::vector<std::string> operands;
-    for (TensorId id : node.tensors) {
-      if (id == kNoTensor) {
-        operands.emplace_back("-");
-        continue;
-      }
-      const TensorDesc& d = table[id];
-      operands.push_back(fmt::format("{}:{}:{}:{}", d.name, to_string(d.kind), fmt::join(d.shape, "x"),
-                                     d.dtype == DType::F32 ? "f32" : "i32"));
-    }
-    std::vector<std::string> attrs;
-    for (float a : node.attrs) attrs.push_back(fmt::format("{:08x}", std::bit_cast<std::uint32_t>(a)));
-    fmt::format_to(std::back_inserter(text), "{} {} {} {} ({}) [{}]\n", to_string(node.op), node.site, node.layer,
-                   to_string(node.phase), fmt::join(operands, ", "), fmt::join(attrs, " "));
-  }
-  return text;
-}
-
 std::string table_digest(const TensorTable& table) {
   std::string text;
   for (const TensorDesc& d : table.all()) {

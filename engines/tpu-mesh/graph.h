@@ -1,9 +1,9 @@
 // The traced graph: every op call of a step as an IR node (op, operands, attributes),
 // and the fingerprint that keys the compilation cache.
 //
-// A node's operands are the tensor ids of the Engine call, in its order; shapes and
-// dtypes come from the TensorTable, so the canonical text names each operand with its
-// name, kind, shape and dtype. Values never enter a graph, except a Constant node:
+// A node's operands are the tensor ids of the Engine call, in its order; names, shapes
+// and dtypes come from the TensorTable, whose digest enters every fingerprint. Values
+// never enter a graph, except a Constant node:
 // the trap of a host scalar baked into the program (--leak-scalars).
 #pragma once
 
@@ -56,18 +56,13 @@ struct Graph {
   std::vector<Node> nodes;
 };
 
-// One line per node: op, site, layer, phase, operands (name:kind:shape:dtype) and the
-// attributes' exact bits. Equal texts compile to equal programs.
-std::string canonical_text(const Graph& graph, const TensorTable& table);
-
 // XXH3-128 of the tensor table's description (names, kinds, shapes, dtypes: computed once
 // per table), hashed first into every fingerprint.
 std::string table_digest(const TensorTable& table);
 
 // XXH3-128 (hex) over the format version, the flags that change compiled output, the
 // table digest and every node's fields (op, site, layer, phase, operand ids, attribute
-// bits): what canonical_text() spells out, hashed without formatting it, since it runs
-// every step. Never tensor values; never debug settings (cache dir, threads).
+// bits), hashed without formatting any text, since it runs every step. Never tensor values; never debug settings (cache dir, threads).
 std::string fingerprint(const Graph& graph, const std::string& table_digest, const std::string& flags);
 
 }  // namespace harness::tpu

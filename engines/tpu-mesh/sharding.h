@@ -17,6 +17,13 @@
 
 namespace harness::tpu {
 
+// Device data: what lives on the devices across steps, in blocks the plan fixes
+// (parameters, gradients, moments, scalars, tokens). Activations and their gradients
+// are transient buffers of one compiled program.
+inline bool is_device_data(TensorKind kind) {
+  return kind != TensorKind::Activation && kind != TensorKind::ActivationGrad;
+}
+
 enum class Axis : std::uint8_t { None, Data, Model };
 std::string to_string(Axis axis);
 

@@ -154,8 +154,7 @@ bool TpuMeshEngine::fits(const Executable& exe) const {
     if (!b.persistent) continue;
     if (b.tensor < 0 || static_cast<std::size_t>(b.tensor) >= table_->size()) return false;
     const TensorDesc& t = (*table_)[b.tensor];
-    const bool persistent_kind = t.kind != TensorKind::Activation && t.kind != TensorKind::ActivationGrad;
-    if (!persistent_kind || b.int32 != (t.dtype == DType::I32) ||
+    if (!is_device_data(t.kind) || b.int32 != (t.dtype == DType::I32) ||
         b.numel != local_numel(t.shape, specs_[static_cast<std::size_t>(b.tensor)], config_.mesh)) {
       return false;
     }
