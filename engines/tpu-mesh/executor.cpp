@@ -213,8 +213,9 @@ void MeshExecutor::run_collective(const Executable& exe, const Instr& in) {
         break;
       }
       case InstrKind::AllGather: {
+        const PartitionSpec block = exe.spec_of(in, 0);
         float* whole = f32(leader, exe, buffers[0]);
-        for (int m : members) copy_block_to_global(n, exe.spec_of(in, 0), mesh_, m, f32(m, exe, buffers[1]), whole);
+        for (int m : members) copy_block_to_global(n, block, mesh_, m, f32(m, exe, buffers[1]), whole);
         for (std::size_t k = 1; k < members.size(); ++k) {
           std::copy(whole, whole + numel_of(n), f32(members[k], exe, buffers[0]));
         }
@@ -225,7 +226,8 @@ void MeshExecutor::run_collective(const Executable& exe, const Instr& in) {
         for (std::size_t k = 1; k < members.size(); ++k) {
           kernels::add_inplace(sum, f32(members[k], exe, buffers[1]), numel_of(n));
         }
-        for (int m : members) copy_block_from_global(n, exe.spec_of(in, 0), mesh_, m, sum, f32(m, exe, buffers[0]));
+        const PartitionSpec block = exe.spec_of(in, 0);
+        for (int m : members) copy_block_from_global(n, block, mesh_, m, sum, f32(m, exe, buffers[0]));
         break;
       }
       case InstrKind::LossMean: {
