@@ -35,6 +35,26 @@ MemoryCategory category_of(TensorKind kind) {
 }
 
 
+// Whether the forward and backward nodes may all run before the optimizer nodes (once per
+// micro-batch): none of them reads a value an earlier optimizer node wrote. The one
+// optimizer node traced early is a leaked scalar's Constant, which only the update reads.
+void check_phases_separable(const Graph& graph) {
+  std::vector<TensorId> optimizer_outputs;
+  for (const Node& n : graph.nodes) {
+    if (n.phase == Phase::Optimizer) {
+      for (TensorId id : outputs_of(n)) optimizer_outputs.push_back(id);
+      continue;
+    }
+    for (TensorId id : n.tensors) {
+      if (id != kNoTensor && std::find(optimizer_outputs.begin(), optimizer_outputs.end(), id) != optimizer_outputs.end()) {
+        throw CompileError(fmt::format("tpu-mesh compile: {} ({}) reads a value the optimizer wrote earlier in the "
+                                       "step; micro-batches cannot split this step",
+                                       n.site, to_string(n.op)));
+      }
+    }
+  }
+}
+
 // A gradient contribution that needs a collective before it is added to its gradient.
 struct PendingGradient {
   TensorId grad;
@@ -43,22 +63,30 @@ struct PendingGradient {
 
 class Compiler {
  public:
-  Compiler(const Graph& graph, const TensorTable& table, const MeshConfig& config, const std::vector<PartitionSpec>& plan)
-      : graph_(graph), table_(table), config_(config), mesh_(config.mesh), spec_(plan),
-        buffer_of_(table.size(), -1) {}
+  Compiler(const Graph& graph, const TensorTable& table, const MeshConfig& config, const std::vector<PartitionSpec>& plan,
+           ProgramRole role)
+      : graph_(graph), table_(table), config_(config), mesh_(config.mesh), spec_(plan), role_(role),
+        micro_batches_(config.grad_accum), buffer_of_(table.size(), -1) {}
 
   Executable run(const std::string& fingerprint) {
     exe_.format_version = kProgramFormatVersion;
     exe_.fingerprint = fingerprint;
     exe_.mesh_data = mesh_.data;
     exe_.mesh_model = mesh_.model;
+    exe_.micro_batches = micro_batches_;
     for (std::size_t i = 0; i < graph_.nodes.size(); ++i) verify(graph_.nodes[i]);
     check_values_are_graph_local();
     propagate();
     for (const TensorDesc& t : table_.all()) {
       if (is_device_data(t.kind)) buffer(static_cast<TensorId>(&t - table_.all().data()));
     }
-    for (node_ = 0; node_ < static_cast<int>(graph_.nodes.size()); ++node_) lower(graph_.nodes[static_cast<std::size_t>(node_)]);
+    if (role_ == ProgramRole::Step && micro_batches_ > 1) {
+      lower_unrolled_micro_batches();
+    } else {
+      micro_ = role_ == ProgramRole::Step ? kWholeBuffer : kRunMicroBatch;
+      accumulating_ = role_ == ProgramRole::GradAccumulate;
+      lower_nodes([](const Node&) { return true; });
+    }
     plan_buffers();
     return std::move(exe_);
   }
@@ -192,8 +220,38 @@ class Compiler {
   }
 
   // ---- pass 3: lowering ------------------------------------------------------------------
+  template <typename Keep>
+  void lower_nodes(Keep keep) {
+    for (node_ = 0; node_ < static_cast<int>(graph_.nodes.size()); ++node_) {
+      const Node& n = graph_.nodes[static_cast<std::size_t>(node_)];
+      if (keep(n)) lower(n);
+    }
+  }
+  // One program for a step of K micro-batches: forward and backward once per micro-batch
+  // (each reading its fixed slice of the inputs, the later ones adding to the gradients
+  // and the loss), then the optimizer once. The same kernels in the same order as the
+  // micro-step programs, so both modes give the same bits.
+  void lower_unrolled_micro_batches() {
+    check_phases_separable(graph_);
+    for (int k = 0; k < micro_batches_; ++k) {
+      micro_ = k;
+      accumulating_ = k > 0;
+      lower_nodes([](const Node& n) { return n.phase != Phase::Optimizer; });
+    }
+    micro_ = kWholeBuffer;
+    lower_nodes([](const Node& n) { return n.phase == Phase::Optimizer; });
+  }
+
   bool active(Axis axis) const { return axis_size(mesh_, axis) > 1; }
-  Shape lshape(TensorId id) const { return local_shape(shape(id), spec_[static_cast<std::size_t>(id)], mesh_); }
+  // A tensor's block on one device; activations (and their gradients) hold one micro-batch.
+  Shape lshape(TensorId id) const {
+    Shape s = local_shape(shape(id), spec_[static_cast<std::size_t>(id)], mesh_);
+    const TensorKind kind = table_[id].kind;
+    if (micro_batches_ > 1 && (kind == TensorKind::Activation || kind == TensorKind::ActivationGrad)) {
+      s[0] /= micro_batches_;
+    }
+    return s;
+  }
   std::int64_t lnumel(TensorId id) const { return product(lshape(id)); }
   // The shape a parameter is computed with: its block, gathered over `data` (zero3).
   Shape compute_shape(TensorId id) const {
@@ -217,6 +275,22 @@ class Compiler {
       info.numel = lnumel(id);
       b = exe_.add_buffer(info, fmt::format("{}:{}", d.name, to_string(d.kind)));
     }
+    return b;
+  }
+  // Token ids as a kernel operand: the whole block, or the micro-batch's slice of it.
+  int tokens(TensorId id) {
+    if (micro_batches_ == 1) return buffer(id);
+    const auto key = std::make_pair(id, micro_);
+    if (auto it = token_views_.find(key); it != token_views_.end()) return it->second;
+    BufferInfo info;
+    info.category = MemoryCategory::Activations;
+    info.persistent = true;
+    info.tensor = id;
+    info.int32 = true;
+    info.micro_slice = micro_;
+    info.numel = lnumel(id) / micro_batches_;
+    const int b = exe_.add_buffer(info, fmt::format("{}:micro{}", table_[id].name, micro_));
+    token_views_[key] = b;
     return b;
   }
   int temp(const std::string& name, std::int64_t numel, MemoryCategory category) {
@@ -377,7 +451,7 @@ class Compiler {
     if (n.op == OpKind::EncoderForward) {  // out, inputs, wte, wpe
       const Shape out = lshape(t[0]);
       emit(InstrKind::EncoderForward,
-           {buffer(t[0]), buffer(t[1]), weight_operand(t[2], false), weight_operand(t[3], false)},
+           {buffer(t[0]), tokens(t[1]), weight_operand(t[2], false), weight_operand(t[3], false)},
            {out[0], out[1], out[2]});
       round_activation(t[0]);
       return;
@@ -387,7 +461,7 @@ class Compiler {
     std::vector<PendingGradient> pending;
     const int dwte = gradient_target(t[0], pending);
     const int dwpe = gradient_target(t[1], pending);
-    emit(InstrKind::EncoderBackward, {dwte, dwpe, buffer(t[2]), buffer(t[3])}, {dout[0], dout[1], dout[2]});
+    emit(InstrKind::EncoderBackward, {dwte, dwpe, buffer(t[2]), tokens(t[3])}, {dout[0], dout[1], dout[2]});
     finish_gradients(pending);
   }
 
@@ -413,14 +487,18 @@ class Compiler {
     if (n.op == OpKind::CrossEntropyForward) {  // loss, probs, logits, targets
       const Shape logits = lshape(t[2]);
       const std::int64_t N = rows(logits), V = logits.back(), global_rows = rows(shape(t[2]));
+      const Axis batch_axis = eff(t[2]).dims[0].axis;
       const int losses = temp("loss.rows", N, MemoryCategory::Activations);
-      emit(InstrKind::CrossEntropyRows, {buffer(t[1]), losses, buffer(t[2]), buffer(t[3])}, {N, V});
-      emit(InstrKind::LossMean, {buffer(t[0]), losses}, {N, global_rows}, {}, eff(t[2]).dims[0].axis);
+      emit(InstrKind::CrossEntropyRows, {buffer(t[1]), losses, buffer(t[2]), tokens(t[3])}, {N, V});
+      // Every micro-batch divides by the whole batch's rows, so the K partial means add up
+      // to the step's mean loss.
+      emit(InstrKind::LossMean, {buffer(t[0]), losses}, {N, N * axis_size(mesh_, batch_axis), global_rows},
+           {accumulating_ ? 1.0f : 0.0f}, batch_axis);
       return;
     }
     // dlogits, probs, targets
     const Shape probs = lshape(t[1]);
-    emit(InstrKind::CrossEntropyBackward, {buffer(t[0]), buffer(t[1]), buffer(t[2])},
+    emit(InstrKind::CrossEntropyBackward, {buffer(t[0]), buffer(t[1]), tokens(t[2])},
          {rows(probs), probs.back(), rows(shape(t[1]))});
     round_activation(t[0]);
   }
@@ -457,7 +535,11 @@ class Compiler {
     }
     const auto& t = n.tensors;
     switch (n.op) {
-      case OpKind::Zero: emit(InstrKind::Fill, {buffer(t[0])}, {lnumel(t[0])}, {0.0f}); break;
+      case OpKind::Zero:
+        // A later micro-batch adds to the gradients the first one wrote.
+        if (accumulating_ && table_[t[0]].kind == TensorKind::Gradient) break;
+        emit(InstrKind::Fill, {buffer(t[0])}, {lnumel(t[0])}, {0.0f});
+        break;
       case OpKind::Constant: emit(InstrKind::Fill, {buffer(t[0])}, {lnumel(t[0])}, {n.attrs.at(0)}); break;
       case OpKind::EncoderForward:
       case OpKind::EncoderBackward: lower_encoder(n); break;
@@ -551,7 +633,7 @@ class Compiler {
   void measure_peaks() {
     std::vector<std::int64_t> persistent(kMemoryCategories, 0);
     for (const BufferInfo& b : exe_.buffers) {
-      if (b.persistent) persistent[static_cast<std::size_t>(b.category)] += b.numel * 4;
+      if (b.persistent && b.micro_slice == kWholeBuffer) persistent[static_cast<std::size_t>(b.category)] += b.numel * 4;
     }
     exe_.peak_bytes = persistent;
     std::int64_t persistent_total = 0;
@@ -578,7 +660,12 @@ class Compiler {
   const MeshConfig& config_;
   const Mesh mesh_;
   std::vector<PartitionSpec> spec_;
+  const ProgramRole role_;
+  const int micro_batches_;
+  std::int32_t micro_ = kWholeBuffer;  // the input slice the nodes being lowered read
+  bool accumulating_ = false;          // adding to gradients and loss (a later micro-batch)
   std::vector<int> buffer_of_;
+  std::map<std::pair<TensorId, std::int32_t>, int> token_views_;
   std::map<std::pair<TensorId, bool>, int> operand_cache_;
   Phase cache_phase_ = Phase::Forward;
   Executable exe_;
@@ -598,9 +685,26 @@ const char* to_string(MemoryCategory category) {
   return "?";
 }
 
+std::string_view to_string(ProgramRole role) {
+  switch (role) {
+    case ProgramRole::Step: return "step";
+    case ProgramRole::GradCreate: return "grad-create";
+    case ProgramRole::GradAccumulate: return "grad-accumulate";
+    case ProgramRole::Optimizer: return "optimizer";
+  }
+  return "?";
+}
+
 Executable compile(const Graph& graph, const TensorTable& table, const MeshConfig& config,
-                   const std::vector<PartitionSpec>& plan, const std::string& fingerprint) {
-  return Compiler(graph, table, config, plan).run(fingerprint);
+                   const std::vector<PartitionSpec>& plan, const std::string& fingerprint, ProgramRole role) {
+  return Compiler(graph, table, config, plan, role).run(fingerprint);
+}
+
+PhaseSplit split_phases(const Graph& graph) {
+  check_phases_separable(graph);
+  PhaseSplit split;
+  for (const Node& n : graph.nodes) (n.phase == Phase::Optimizer ? split.optimizer : split.gradients).nodes.push_back(n);
+  return split;
 }
 
 }  // namespace harness::tpu

@@ -95,7 +95,10 @@ float* MeshExecutor::f32(int device, const Executable& exe, std::int32_t buffer)
 
 const std::int32_t* MeshExecutor::i32(int device, const Executable& exe, std::int32_t buffer) {
   const BufferInfo& b = exe.buffers[static_cast<std::size_t>(buffer)];
-  return devices_[static_cast<std::size_t>(device)].tokens[static_cast<std::size_t>(b.tensor)].data();
+  const std::int32_t* whole = devices_[static_cast<std::size_t>(device)].tokens[static_cast<std::size_t>(b.tensor)].data();
+  if (b.micro_slice == kWholeBuffer) return whole;
+  const std::int64_t slice = b.micro_slice == kRunMicroBatch ? micro_batch_ : b.micro_slice;
+  return whole + slice * b.numel;
 }
 
 std::vector<int> MeshExecutor::group(int device, Axis axis) const {
@@ -108,10 +111,12 @@ std::vector<int> MeshExecutor::group(int device, Axis axis) const {
   return members;  // device order is coordinate order along `axis`
 }
 
-void MeshExecutor::run(const Executable& exe) {
+void MeshExecutor::run(const Executable& exe, int micro_batch) {
   if (exe.mesh_data != mesh_.data || exe.mesh_model != mesh_.model) {
     throw std::logic_error("tpu-mesh: executable compiled for another mesh");
   }
+  if (micro_batch < 0 || micro_batch >= exe.micro_batches) throw std::logic_error("tpu-mesh: micro-batch out of range");
+  micro_batch_ = micro_batch;
   for (Device& d : devices_) {
     if (static_cast<std::int64_t>(d.slab.size()) < exe.slab_numel) d.slab.resize(static_cast<std::size_t>(exe.slab_numel));
     if (static_cast<std::int64_t>(d.scratch.size()) < exe.scratch_numel) {
@@ -240,8 +245,12 @@ void MeshExecutor::run_collective(const Executable& exe, const Instr& in) {
         }
         const float total = kernels::blocked_sum<float>(n[1], kernels::kTokenBlock,
                                                         [&](std::int64_t i) { return losses[static_cast<std::size_t>(i)]; });
-        const float mean = total / static_cast<float>(n[1]);
-        for (int m : members) *f32(m, exe, buffers[0]) = mean;
+        const float mean = total / static_cast<float>(n[2]);
+        const bool accumulate = exe.attrs_of(in)[0] != 0.0f;
+        for (int m : members) {
+          float* loss = f32(m, exe, buffers[0]);
+          *loss = accumulate ? *loss + mean : mean;
+        }
         break;
       }
       case InstrKind::GlobalNorm: {

@@ -24,7 +24,8 @@ class MeshExecutor {
   // own (so many reads can be held at once); valid until the same tensor is read again.
   std::span<const float> assemble(TensorId id);
 
-  void run(const Executable& exe);
+  // Runs a program; `micro_batch` picks the slice of the inputs a micro-step program reads.
+  void run(const Executable& exe, int micro_batch = 0);
 
  private:
   struct Device {
@@ -46,6 +47,7 @@ class MeshExecutor {
   std::vector<PartitionSpec> specs_;
   std::vector<Device> devices_;
   std::vector<std::vector<float>> host_;  // assembled tensors by TensorId
+  int micro_batch_ = 0;                    // of the program running
 };
 
 }  // namespace harness::tpu

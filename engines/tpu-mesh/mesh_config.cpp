@@ -27,6 +27,15 @@ int parse_axis_size(const std::string& text, const std::string& whole) {
   return value;
 }
 
+int parse_grad_accum(const std::string& text) {
+  int value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || value < 1 || value > kMaxGradAccum) {
+    fail(fmt::format("--grad-accum: '{}' is not a count of micro-batches in 1..{}", text, kMaxGradAccum));
+  }
+  return value;
+}
+
 }  // namespace
 
 std::string Mesh::to_string() const { return fmt::format("{}x{}", data, model); }
@@ -41,6 +50,7 @@ std::string to_string(ShardPlan plan) {
 }
 
 std::string to_string(Precision precision) { return precision == Precision::Bf16 ? "bf16" : "fp32"; }
+std::string to_string(CompileMode mode) { return mode == CompileMode::Microstep ? "microstep" : "step"; }
 
 Mesh parse_mesh(const std::string& text) {
   const std::size_t x = text.find('x');
@@ -56,13 +66,16 @@ std::string MeshConfig::engine_label() const { return fmt::format("tpu-mesh@{}",
 std::string MeshConfig::canonical_features() const {
   std::vector<std::string> parts{to_string(plan)};
   if (precision != Precision::Fp32) parts.push_back(to_string(precision));
+  if (compile_mode != CompileMode::Step) parts.push_back(to_string(compile_mode));
+  if (grad_accum != 1) parts.push_back(fmt::format("accum{}", grad_accum));
   if (leak_scalars) parts.emplace_back("leak-scalars");
   return fmt::format("{}", fmt::join(parts, "+"));
 }
 
 std::string MeshConfig::fingerprint_flags() const {
-  return fmt::format("leak-scalars={};mesh={};precision={};shard-plan={}", leak_scalars ? 1 : 0, mesh.to_string(),
-                     to_string(precision), to_string(plan));
+  return fmt::format("compile-mode={};grad-accum={};leak-scalars={};mesh={};precision={};shard-plan={}",
+                     to_string(compile_mode), grad_accum, leak_scalars ? 1 : 0, mesh.to_string(), to_string(precision),
+                     to_string(plan));
 }
 
 MeshConfig parse_mesh_config(const EngineSettings& settings) {
@@ -93,17 +106,12 @@ MeshConfig parse_mesh_config(const EngineSettings& settings) {
     if (it->second.empty()) fail("--compile-cache: give a directory (it is created if missing)");
     c.compile_cache_dir = it->second;
   }
-  // One compile mode exists: the whole step as one program. Micro-step programs need a
-  // canary that splits its batch (docs/engines/tpu-mesh.md, "Left out").
-  if (auto it = o.find("compile-mode"); it != o.end() && it->second != "step") {
-    fail(it->second == "microstep"
-             ? "--compile-mode: microstep is not built yet; only step (one program per step) runs today"
-             : fmt::format("--compile-mode: unknown mode '{}' (step)", it->second));
+  if (auto it = o.find("compile-mode"); it != o.end()) {
+    if (it->second == "step") c.compile_mode = CompileMode::Step;
+    else if (it->second == "microstep") c.compile_mode = CompileMode::Microstep;
+    else fail(fmt::format("--compile-mode: unknown mode '{}' (step, microstep)", it->second));
   }
-  if (auto it = o.find("grad-accum"); it != o.end() && it->second != "1") {
-    fail(fmt::format("--grad-accum: '{}': gradient accumulation over micro-batches is not built yet; only 1 runs today",
-                     it->second));
-  }
+  if (auto it = o.find("grad-accum"); it != o.end()) c.grad_accum = parse_grad_accum(it->second);
   c.leak_scalars = o.count("leak-scalars") != 0;
   return c;
 }

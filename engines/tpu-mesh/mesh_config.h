@@ -23,20 +23,28 @@ struct Mesh {
 
 enum class ShardPlan { DataParallel, TensorParallel, Zero3 };
 enum class Precision { Fp32, Bf16 };
+// step: forward, backward and optimizer in one program (micro-batches unrolled in it);
+// microstep: one forward+backward program run once per micro-batch, the optimizer apart.
+enum class CompileMode { Step, Microstep };
+inline constexpr int kMaxGradAccum = 64;
 
 std::string to_string(ShardPlan plan);       // "dp", "tp", "zero3"
 std::string to_string(Precision precision);  // "fp32", "bf16"
+std::string to_string(CompileMode mode);     // "step", "microstep"
 
 struct MeshConfig {
   Mesh mesh;
   ShardPlan plan = ShardPlan::DataParallel;
   Precision precision = Precision::Fp32;
+  CompileMode compile_mode = CompileMode::Step;
+  int grad_accum = 1;               // micro-batches per step (the batch splits into this many)
   bool leak_scalars = false;        // bake the learning rate into the graph (the XLA trap, on purpose)
   std::string compile_cache_dir;    // "" = in-memory cache only
 
   // "tpu-mesh@2x2": the engine part of the lane name.
   std::string engine_label() const;
-  // "tp+bf16+leak-scalars": the plan and every non-default setting that changes the program.
+  // "tp+bf16+microstep+accum4+leak-scalars": the plan and every non-default setting that
+  // changes the program.
   std::string canonical_features() const;
   // The settings that change compiled output, sorted, as they enter the graph fingerprint.
   // The cache directory and thread count are left out: they never change the program.

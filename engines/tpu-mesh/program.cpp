@@ -38,7 +38,7 @@ constexpr std::array<Schema, static_cast<std::size_t>(InstrKind::GlobalNorm) + 1
     {1, 1, 0, 0, -1, true},                       // AllReduce
     {2, kPerTensor, 0, 1, -1, false},             // AllGather: dims = the global shape
     {2, kPerTensor, 0, 1, -1, false},             // ReduceScatter: dims = the global shape
-    {2, 2, 0, 0, -1, false},                      // LossMean
+    {2, 3, 1, 0, -1, false},                      // LossMean
     {kPerTensor, kPerTensor, 0, kPerTensor, -1, false},  // GlobalNorm
 }};
 
@@ -88,7 +88,7 @@ void Executable::append(InstrKind kind, std::int32_t node, std::span<const std::
 }
 
 namespace {
-constexpr std::size_t kBufferFields = 10;
+constexpr std::size_t kBufferFields = 11;
 }
 
 int Executable::add_buffer(BufferInfo info, std::string_view name) {
@@ -104,7 +104,7 @@ std::vector<std::int64_t> Executable::flatten_buffers() const {
   fields.reserve(buffers.size() * kBufferFields);
   for (const BufferInfo& b : buffers) {
     fields.insert(fields.end(), {b.name_at, b.name_size, static_cast<std::int64_t>(b.category), b.persistent ? 1 : 0,
-                                 b.tensor, b.int32 ? 1 : 0, b.numel, b.offset, b.first_use, b.last_use});
+                                 b.tensor, b.int32 ? 1 : 0, b.micro_slice, b.numel, b.offset, b.first_use, b.last_use});
   }
   return fields;
 }
@@ -125,17 +125,18 @@ void Executable::unflatten_buffers(const std::vector<std::int64_t>& fields) {
     b.persistent = f[3] != 0;
     b.tensor = static_cast<TensorId>(f[4]);
     b.int32 = f[5] != 0;
-    b.numel = f[6];
-    b.offset = f[7];
-    b.first_use = static_cast<std::int32_t>(f[8]);
-    b.last_use = static_cast<std::int32_t>(f[9]);
+    b.micro_slice = static_cast<std::int32_t>(f[6]);
+    b.numel = f[7];
+    b.offset = f[8];
+    b.first_use = static_cast<std::int32_t>(f[9]);
+    b.last_use = static_cast<std::int32_t>(f[10]);
   }
 }
 
 bool Executable::well_formed() const {
   if (spec_offsets.empty() || spec_offsets.front() != 0 || spec_dims.size() % 2 != 0 ||
       static_cast<std::size_t>(spec_offsets.back()) * 2 != spec_dims.size() || peak_bytes.size() != kMemoryCategories ||
-      slab_numel < 0 || scratch_numel < 0) {
+      slab_numel < 0 || scratch_numel < 0 || micro_batches < 1) {
     return false;
   }
   for (std::size_t i = 1; i < spec_offsets.size(); ++i) {
@@ -146,6 +147,11 @@ bool Executable::well_formed() const {
   }
   for (const BufferInfo& b : buffers) {
     if (b.numel < 0) return false;
+    // Only inputs (persistent int32 token blocks) are read a micro-batch at a time.
+    if (b.micro_slice != kWholeBuffer &&
+        (!b.persistent || !b.int32 || b.micro_slice < kRunMicroBatch || b.micro_slice >= micro_batches)) {
+      return false;
+    }
     if (!b.persistent && b.first_use >= 0 && (b.offset < 0 || b.offset > slab_numel || b.numel > slab_numel - b.offset)) {
       return false;
     }

@@ -23,7 +23,7 @@ namespace harness::tpu {
 
 // Format version of the IR and the executable: bump it when either changes meaning, so
 // that a persistent cache entry of an older engine is never trusted.
-inline constexpr std::uint32_t kProgramFormatVersion = 1;
+inline constexpr std::uint32_t kProgramFormatVersion = 2;
 
 enum class InstrKind : std::uint8_t {
   // kernels: every device runs them on its own blocks
@@ -52,7 +52,8 @@ enum class InstrKind : std::uint8_t {
   AllReduce,             // buffer; axis; dims: n
   AllGather,             // dst (whole), src (block); axis; dims: global shape; specs: the block's
   ReduceScatter,         // dst (block), src (whole, partial); axis; dims: global shape; specs: the block's
-  LossMean,              // loss, losses; axis (data or None); dims: N local, N global
+  LossMean,              // loss, losses; axis (data or None); dims: N local, N over the group, N of the
+                         // global batch (the divisor); attrs: 1 to add to the loss (later micro-batches)
   GlobalNorm,            // norm, tensors...; dims: numel per tensor; specs: per tensor
 };
 
@@ -80,12 +81,19 @@ enum class MemoryCategory : std::uint8_t { Parameters, Gradients, OptimizerState
 inline constexpr int kMemoryCategories = 5;
 const char* to_string(MemoryCategory category);  // "parameters", "gradients", ...
 
+// A persistent int32 buffer read one micro-batch at a time: which slice of it an operand is.
+inline constexpr std::int32_t kWholeBuffer = -1;
+inline constexpr std::int32_t kRunMicroBatch = -2;  // the slice of the micro-batch the run is given
+
 struct BufferInfo {
   std::int32_t name_at = 0, name_size = 0;  // in Executable::buffer_names
   MemoryCategory category = MemoryCategory::Activations;
   bool persistent = false;   // lives across steps, per tensor (parameters, moments, gradients, scalars, inputs)
   TensorId tensor = kNoTensor;  // persistent buffers: the tensor they hold
   bool int32 = false;
+  // kWholeBuffer, a fixed slice k (a step program unrolling its micro-batches) or
+  // kRunMicroBatch (a micro-step program); a slice is `numel` elements at k * numel.
+  std::int32_t micro_slice = kWholeBuffer;
   std::int64_t numel = 0;     // per device
   std::int64_t offset = 0;    // transient buffers: element offset in the device's slab
   std::int32_t first_use = -1, last_use = -1;  // instruction indices
@@ -95,6 +103,7 @@ struct Executable {
   std::uint32_t format_version = 0;
   std::string fingerprint;
   int mesh_data = 1, mesh_model = 1;
+  std::int32_t micro_batches = 1;  // --grad-accum it was compiled for
   std::vector<Instr> instrs;
   // Operand pools the instructions index.
   std::vector<std::int32_t> operand_buffers;
@@ -137,14 +146,14 @@ struct Executable {
     std::vector<std::int32_t> fields(instrs.size() * kInstrFields);
     if (!instrs.empty()) std::memcpy(fields.data(), instrs.data(), fields.size() * sizeof(std::int32_t));
     const std::vector<std::int64_t> buffer_fields = flatten_buffers();
-    ar(format_version, fingerprint, mesh_data, mesh_model, fields, operand_buffers, operand_dims, operand_attrs,
+    ar(format_version, fingerprint, mesh_data, mesh_model, micro_batches, fields, operand_buffers, operand_dims, operand_attrs,
        spec_offsets, spec_dims, buffer_fields, buffer_names, slab_numel, scratch_numel, peak_bytes, peak_total_bytes);
   }
   template <class Archive>
   void load(Archive& ar) {
     std::vector<std::int32_t> fields;
     std::vector<std::int64_t> buffer_fields;
-    ar(format_version, fingerprint, mesh_data, mesh_model, fields, operand_buffers, operand_dims, operand_attrs,
+    ar(format_version, fingerprint, mesh_data, mesh_model, micro_batches, fields, operand_buffers, operand_dims, operand_attrs,
        spec_offsets, spec_dims, buffer_fields, buffer_names, slab_numel, scratch_numel, peak_bytes, peak_total_bytes);
     if (fields.size() % kInstrFields != 0) throw std::runtime_error("executable: truncated instruction list");
     instrs.resize(fields.size() / kInstrFields);

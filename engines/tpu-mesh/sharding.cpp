@@ -223,6 +223,13 @@ void validate_plan(const TensorTable& table, const std::vector<PartitionSpec>& s
       throw std::invalid_argument(fmt::format("{}: {} heads do not divide over {} model devices", where, t.shape[1],
                                               config.mesh.model));
     }
+    // Each data shard of the batch splits again into the micro-batches.
+    if (t.kind == TensorKind::Input && t.shape[0] % (config.mesh.data * config.grad_accum) != 0) {
+      throw std::invalid_argument(fmt::format(
+          "--grad-accum {}: the batch of {} sequences does not split into {} data shards x {} micro-batches; choose "
+          "a count that divides {}",
+          config.grad_accum, t.shape[0], config.mesh.data, config.grad_accum, t.shape[0] / config.mesh.data));
+    }
   }
 }
 

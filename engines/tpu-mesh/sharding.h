@@ -72,7 +72,8 @@ void copy_block_to_global(const std::vector<std::int64_t>& global, const Partiti
 std::vector<PartitionSpec> plan_shardings(const TensorTable& table, const MeshConfig& config);
 
 // The validity gate, run before step 0: every sharded dimension divides by its axis size
-// (times its groups), and the attention heads divide over `model`. Throws
+// (times its groups), the attention heads divide over `model` and each data shard of the
+// batch into --grad-accum micro-batches. Throws
 // std::invalid_argument naming the plan, tensor, dimension and sizes.
 void validate_plan(const TensorTable& table, const std::vector<PartitionSpec>& specs, const MeshConfig& config);
 

@@ -32,6 +32,8 @@ std::map<std::string, AttributeValue> TpuMeshEngine::manifest_attributes() const
           {"mesh_devices", std::int64_t{config_.mesh.devices()}},
           {"shard_plan", to_string(config_.plan)},
           {"precision", to_string(config_.precision)},
+          {"compile_mode", to_string(config_.compile_mode)},
+          {"grad_accum", std::int64_t{config_.grad_accum}},
           {"leak_scalars", std::int64_t{config_.leak_scalars ? 1 : 0}},
           {"compile_cache", config_.compile_cache_dir},
           {"program_format_version", std::int64_t{kProgramFormatVersion}}};
@@ -130,7 +132,8 @@ void TpuMeshEngine::step_end() {
 }
 
 // Timed as CompileTime from the lookup on: a warm start's disk load counts too.
-std::shared_ptr<const Executable> TpuMeshEngine::lookup_or_compile(const std::string& fingerprint) {
+std::shared_ptr<const Executable> TpuMeshEngine::lookup_or_compile(const Graph& graph, ProgramRole role,
+                                                                   const std::string& fingerprint) {
   const auto start = std::chrono::steady_clock::now();
   const CacheLookup hit = cache_.find(fingerprint, [this](const Executable& exe) { return fits(exe); });
   if (hit.deserialize_failure) ++counters_.deserialize_failure;
@@ -141,7 +144,7 @@ std::shared_ptr<const Executable> TpuMeshEngine::lookup_or_compile(const std::st
     counters_.compile_seconds += seconds_since(start);
     return hit.executable;
   }
-  std::shared_ptr<const Executable> exe = cache_.insert(compile(pending_, *table_, config_, specs_, fingerprint));
+  std::shared_ptr<const Executable> exe = cache_.insert(compile(graph, *table_, config_, specs_, fingerprint, role));
   counters_.compile_seconds += seconds_since(start);
   ++counters_.uncached_compile;
   return exe;
@@ -149,31 +152,55 @@ std::shared_ptr<const Executable> TpuMeshEngine::lookup_or_compile(const std::st
 
 // A program from disk must have been compiled for this mesh and these tensor blocks.
 bool TpuMeshEngine::fits(const Executable& exe) const {
-  if (exe.mesh_data != config_.mesh.data || exe.mesh_model != config_.mesh.model) return false;
+  if (exe.mesh_data != config_.mesh.data || exe.mesh_model != config_.mesh.model ||
+      exe.micro_batches != config_.grad_accum) {
+    return false;
+  }
   for (const BufferInfo& b : exe.buffers) {
     if (!b.persistent) continue;
     if (b.tensor < 0 || static_cast<std::size_t>(b.tensor) >= table_->size()) return false;
     const TensorDesc& t = (*table_)[b.tensor];
+    const std::int64_t slices = b.micro_slice == kWholeBuffer ? 1 : exe.micro_batches;
     if (!is_device_data(t.kind) || b.int32 != (t.dtype == DType::I32) ||
-        b.numel != local_numel(t.shape, specs_[static_cast<std::size_t>(b.tensor)], config_.mesh)) {
+        b.numel * slices != local_numel(t.shape, specs_[static_cast<std::size_t>(b.tensor)], config_.mesh)) {
       return false;
     }
   }
   return exe.scratch_numel <= kMaxScratchNumel && exe.slab_numel <= kMaxSlabNumel;
 }
 
+// Step mode: the traced graph is one program. Micro-step mode: its forward+backward part
+// runs once per micro-batch (the first program writes the gradients, the second adds to
+// them), then its optimizer part: three programs, each compiled once.
 void TpuMeshEngine::flush() {
   if (pending_.nodes.empty()) return;
+  if (config_.compile_mode == CompileMode::Step) {
+    execute(pending_, ProgramRole::Step, 1);
+  } else {
+    const PhaseSplit parts = split_phases(pending_);
+    if (!parts.gradients.nodes.empty()) {
+      execute(parts.gradients, ProgramRole::GradCreate, 1);
+      if (config_.grad_accum > 1) execute(parts.gradients, ProgramRole::GradAccumulate, config_.grad_accum - 1);
+    }
+    if (!parts.optimizer.nodes.empty()) execute(parts.optimizer, ProgramRole::Optimizer, 1);
+  }
+  pending_ = Graph{};
+}
+
+// Compile-or-lookup once, then run `runs` times; the accumulating program starts at
+// micro-batch 1 (micro-batch 0 is the creating program's).
+void TpuMeshEngine::execute(const Graph& graph, ProgramRole role, int runs) {
   const auto start = std::chrono::steady_clock::now();
-  const std::string fp = fingerprint(pending_, table_digest_, config_.fingerprint_flags());
+  const std::string flags = fmt::format("{};program={}", config_.fingerprint_flags(), to_string(role));
+  const std::string fp = fingerprint(graph, table_digest_, flags);
   counters_.compile_seconds += seconds_since(start);  // tracing overhead counts as compile time
-  const std::shared_ptr<const Executable> exe = lookup_or_compile(fp);
+  const std::shared_ptr<const Executable> exe = lookup_or_compile(graph, role, fp);
+  const int first_micro_batch = role == ProgramRole::GradAccumulate ? 1 : 0;
   const auto run_start = std::chrono::steady_clock::now();
-  executor_.run(*exe);
+  for (int k = 0; k < runs; ++k) executor_.run(*exe, first_micro_batch + k);
   counters_.execute_seconds += seconds_since(run_start);
   note_memory(*exe);
-  segments_.push_back({std::move(pending_), fp});
-  pending_ = Graph{};
+  segments_.push_back({graph, fp, role});
 }
 
 void TpuMeshEngine::note_memory(const Executable& exe) {

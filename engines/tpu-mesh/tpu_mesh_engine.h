@@ -12,6 +12,7 @@
 
 #include "api/engine.h"
 #include "compile_cache.h"
+#include "compiler.h"
 #include "executor.h"
 #include "graph.h"
 #include "mesh_config.h"
@@ -26,10 +27,12 @@ struct CompileCounters {
   std::int64_t host_sync = 0;
 };
 
-// One traced graph of a step (a step has more than one only after a graph break).
+// One program a step ran: its graph and fingerprint. A step has one in step mode, more
+// after a graph break, and two or three (its roles) in micro-step mode.
 struct TracedSegment {
   Graph graph;
   std::string fingerprint;
+  ProgramRole role = ProgramRole::Step;
 };
 
 // Something that cut a step's graph: a host read of a device value, or an upload of a
@@ -95,7 +98,9 @@ class TpuMeshEngine final : public Engine {
   bool pending_uses(TensorId id) const;  // whether a traced, not yet executed op uses it
   void cut_graph(const std::string& what, TensorId id);
   void flush();  // compile-or-lookup and execute the traced graph
-  std::shared_ptr<const Executable> lookup_or_compile(const std::string& fingerprint);
+  void execute(const Graph& graph, ProgramRole role, int runs);
+  std::shared_ptr<const Executable> lookup_or_compile(const Graph& graph, ProgramRole role,
+                                                      const std::string& fingerprint);
   bool fits(const Executable& exe) const;
   void note_memory(const Executable& exe);
 

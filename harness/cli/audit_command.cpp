@@ -24,7 +24,9 @@ nlohmann::json to_json(const run::AuditReport& report) {
   for (std::size_t s = 0; s < report.steps.size(); ++s) {
     nlohmann::json graphs = nlohmann::json::array();
     for (const auto& segment : report.steps[s].segments) {
-      graphs.push_back({{"fingerprint", segment.fingerprint}, {"ops", segment.graph.nodes.size()}});
+      graphs.push_back({{"fingerprint", segment.fingerprint},
+                        {"program", tpu::to_string(segment.role)},
+                        {"ops", segment.graph.nodes.size()}});
     }
     j["steps"].push_back({{"step", s}, {"graphs", graphs}});
   }
@@ -41,7 +43,10 @@ void print_human(const run::AuditReport& report) {
   for (std::size_t s = 0; s < report.steps.size(); ++s) {
     const auto& segments = report.steps[s].segments;
     fmt::print("step {}      {} graph{}", s, segments.size(), segments.size() == 1 ? "" : "s");
-    for (const auto& segment : segments) fmt::print("  {} ({} ops)", segment.fingerprint.substr(0, 16), segment.graph.nodes.size());
+    for (const auto& segment : segments) {
+      fmt::print("  {} {} ({} ops)", tpu::to_string(segment.role), segment.fingerprint.substr(0, 16),
+                 segment.graph.nodes.size());
+    }
     fmt::print("\n");
   }
   if (report.clean()) {

@@ -85,8 +85,9 @@ void add_mesh_flags(CLI::App& command, EngineFlagValues& values) {
       {"shard-plan", "tpu-mesh sharding: dp (default), tp or zero3"},
       {"precision", "tpu-mesh precision: fp32 (default) or bf16"},
       {"compile-cache", "tpu-mesh persistent compile cache directory (created if missing)"},
-      {"compile-mode", "tpu-mesh programs: step (default: forward, backward and optimizer in one)"},
-      {"grad-accum", "tpu-mesh micro-batches per step: 1 (default)"}};
+      {"compile-mode", "tpu-mesh programs: step (default: one per step) or microstep (forward+backward per "
+                       "micro-batch, optimizer apart)"},
+      {"grad-accum", "tpu-mesh micro-batches per step, 1..64 (default 1); must divide each data shard's batch"}};
   for (const char* name : kMeshFlagNames) {
     if (std::string_view(name) == "leak-scalars") continue;  // a switch, below
     command.add_option(std::string("--") + name, values[name], help.at(name));

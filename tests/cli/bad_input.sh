@@ -52,8 +52,10 @@ expect_exit 2 "--shard-plan tp on --mesh 1x3" -- "${M[@]}" --mesh 1x3 --shard-pl
 expect_exit 2 "--shard-plan zero3 on --mesh 16x1" -- "${M[@]}" --mesh 16x1 --shard-plan zero3
 expect_exit 2 "--features: engine tpu-mesh takes no features" -- "${M[@]}" --features bf16
 expect_exit 2 "--compile-mode: unknown mode 'eager'" -- "${M[@]}" --compile-mode eager
-expect_exit 2 "--compile-mode: microstep is not built yet" -- "${M[@]}" --compile-mode microstep
-expect_exit 2 "--grad-accum: '4'"           -- "${M[@]}" --grad-accum 4
+expect_exit 2 "--grad-accum: 'x' is not a count of micro-batches" -- "${M[@]}" --grad-accum x
+expect_exit 2 "--grad-accum: '0' is not a count of micro-batches" -- "${M[@]}" --compile-mode microstep --grad-accum 0
+expect_exit 2 "--grad-accum 3: the batch of 8 sequences does not split into 2 data shards x 3 micro-batches" -- \
+  "${M[@]}" --mesh 2x1 --compile-mode microstep --grad-accum 3
 expect_exit 2 "--noise: not an option of engine tpu-mesh" -- "${M[@]}" --noise off
 expect_exit 2 "--mesh: engine 'cpu-ref' has no such setting; it belongs to --engine tpu-mesh" -- \
   "$HARNESS" run --canary micro --mesh 2x1 --out "$out/a.h5"

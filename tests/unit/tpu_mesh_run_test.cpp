@@ -13,6 +13,7 @@
 #include "gpt2.h"
 #include "preset.h"
 #include "receipt_bits.h"
+#include "tpu_mesh_engine.h"
 
 namespace harness::tpu {
 namespace {
@@ -169,6 +170,91 @@ TEST(TpuMeshRun, UnwritableCacheDirRunsWithoutPersistence) {
   run_and_read(mesh_lane("micro", 2, 2, {{"compile-cache", not_a_dir}}), "no_persistence");
   EXPECT_EQ(receipt_dataset("no_persistence", "/compile/UncachedCompile"), (std::vector<double>{1, 0}));
   EXPECT_EQ(receipt_dataset("no_persistence", "/compile/PersistentCacheMiss"), (std::vector<double>{0, 0}));
+}
+
+// --compile-mode microstep --grad-accum K: a forward+backward program that writes the
+// gradients (micro-batch 0), one that adds to them (1..K-1) and the optimizer: exactly
+// three compiles at step 0, none after, none on a warm cache; the same bits.
+TEST(TpuMeshMicroStep, CompilesThreeProgramsAtStepZeroAndNoneAfter) {
+  for (const char* plan : {"dp", "tp", "zero3"}) {
+    const std::string cache = scratch().path(std::string("microstep_cache_") + plan);
+    const Flags flags{{"mesh", "2x2"},        {"shard-plan", plan},  {"compile-mode", "microstep"},
+                      {"grad-accum", "2"},    {"compile-cache", cache}};
+    const ReceiptBits cold = run_and_read(mesh_lane("tiny", 3, 2, flags), "microstep_cold");
+    EXPECT_EQ(receipt_dataset("microstep_cold", "/compile/UncachedCompile"), (std::vector<double>{3, 0, 0})) << plan;
+    EXPECT_EQ(receipt_dataset("microstep_cold", "/compile/CachedCompile"), (std::vector<double>{0, 3, 3})) << plan;
+    EXPECT_EQ(receipt_dataset("microstep_cold", "/compile/HostSync"), (std::vector<double>{0, 0, 0})) << plan;
+    const ReceiptBits warm = run_and_read(mesh_lane("tiny", 3, 2, flags), "microstep_warm");
+    EXPECT_EQ(receipt_dataset("microstep_warm", "/compile/UncachedCompile"), (std::vector<double>{0, 0, 0})) << plan;
+    EXPECT_EQ(receipt_dataset("microstep_warm", "/compile/PersistentCacheHit")[0], 3) << plan;
+    EXPECT_TRUE(cold.same_numbers(warm)) << plan;
+  }
+}
+
+TEST(TpuMeshMicroStep, TheThreeProgramsAreDistinctAndStableAcrossSteps) {
+  canary::Gpt2Canary model(canary::preset("tiny"));
+  MeshConfig config;
+  config.mesh = {2, 1};
+  config.compile_mode = CompileMode::Microstep;
+  config.grad_accum = 4;
+  TpuMeshEngine engine(config);
+  engine.bind(model.tensors());
+  model.upload_initial_parameters(engine, 1);
+  const canary::ByteStream data(model.config());
+  std::vector<std::string> first;
+  for (int step = 0; step < 2; ++step) {
+    model.train_step(engine, step, data.batch(step));
+    std::vector<std::string> fingerprints;
+    for (const TracedSegment& s : engine.step_segments()) fingerprints.push_back(s.fingerprint);
+    ASSERT_EQ(fingerprints.size(), 3u);  // grad create, grad accumulate, optimizer
+    EXPECT_NE(fingerprints[0], fingerprints[1]);
+    EXPECT_NE(fingerprints[1], fingerprints[2]);
+    EXPECT_NE(fingerprints[0], fingerprints[2]);
+    if (step == 0) first = fingerprints;
+    EXPECT_EQ(fingerprints, first);
+    EXPECT_EQ(engine.counters().uncached_compile, step == 0 ? 3 : 0);
+  }
+}
+
+// Unrolled in one step program or run as micro-step programs: the same kernels in the same
+// order, so the same bits; and within fp32 tolerance of cpu-ref's whole-batch step (the
+// gradients are summed per micro-batch, the loss as K partial means).
+TEST(TpuMeshMicroStep, BothModesGiveTheSameBitsWithinToleranceOfCpuRef) {
+  const ReceiptBits reference = run_and_read(lane("tiny", 3, 2), "accum_ref");
+  for (const auto& [mesh, plan] : {std::pair{"2x1", "dp"}, {"2x2", "tp"}, {"2x1", "zero3"}, {"1x1", "dp"}}) {
+    for (const char* k : {"2", "4"}) {
+      const Flags step_flags{{"mesh", mesh}, {"shard-plan", plan}, {"grad-accum", k}};
+      Flags micro_flags = step_flags;
+      micro_flags["compile-mode"] = "microstep";
+      const ReceiptBits unrolled = run_and_read(mesh_lane("tiny", 3, 2, step_flags), "accum_step");
+      const ReceiptBits micro = run_and_read(mesh_lane("tiny", 3, 2, micro_flags), "accum_micro");
+      EXPECT_TRUE(unrolled.same_numbers(micro)) << mesh << " " << plan << " K=" << k;
+      EXPECT_EQ(micro.batches, reference.batches);
+      EXPECT_LE(max_loss_gap(micro, reference), 1e-5) << mesh << " " << plan << " K=" << k;
+      EXPECT_EQ(receipt_dataset("accum_step", "/compile/UncachedCompile")[0], 1);
+    }
+  }
+  // One micro-batch on one device is cpu-ref's program cut in two: still its bits.
+  const ReceiptBits one = run_and_read(mesh_lane("tiny", 3, 2, {{"compile-mode", "microstep"}}), "accum_one");
+  EXPECT_TRUE(one.same_numbers(reference));
+  EXPECT_EQ(receipt_dataset("accum_one", "/compile/UncachedCompile"), (std::vector<double>{2, 0, 0}));
+}
+
+TEST(TpuMeshMicroStep, MicroBatchesDivideTheActivationPeak) {
+  run_and_read(mesh_lane("tiny", 1, 2, {{"compile-mode", "microstep"}}), "peak_k1");
+  run_and_read(mesh_lane("tiny", 1, 2, {{"compile-mode", "microstep"}, {"grad-accum", "4"}}), "peak_k4");
+  const double k1 = receipt_dataset("peak_k1", "/memory/activations")[0];
+  const double k4 = receipt_dataset("peak_k4", "/memory/activations")[0];
+  EXPECT_LT(k4, 0.3 * k1);
+  EXPECT_GT(k4, 0.2 * k1);
+  EXPECT_EQ(receipt_dataset("peak_k1", "/memory/parameters"), receipt_dataset("peak_k4", "/memory/parameters"));
+}
+
+// A leaked learning rate lives in the optimizer program: only that one recompiles.
+TEST(TpuMeshMicroStep, LeakedScalarRecompilesOnlyTheOptimizerProgram) {
+  const Flags flags{{"mesh", "2x1"}, {"compile-mode", "microstep"}, {"grad-accum", "2"}, {"leak-scalars", "1"}};
+  run_and_read(mesh_lane("tiny", 3, 2, flags), "microstep_leak");
+  EXPECT_EQ(receipt_dataset("microstep_leak", "/compile/UncachedCompile"), (std::vector<double>{3, 1, 1}));
 }
 
 }  // namespace

@@ -148,6 +148,28 @@ MeshConfig mesh_config(Mesh mesh, ShardPlan plan, Precision precision = Precisio
   return c;
 }
 
+// Micro-batching runs forward and backward before the optimizer: a graph in which a forward
+// op reads what an earlier optimizer op wrote cannot be cut that way, and says so.
+TEST(TpuMeshCompiler, PhaseSplitRefusesToReorderADependency) {
+  const TracedStep t = trace_and_compile("micro", mesh_config({1, 1}, ShardPlan::DataParallel));
+  const PhaseSplit split = split_phases(t.graph);
+  EXPECT_EQ(split.gradients.nodes.size() + split.optimizer.nodes.size(), t.graph.nodes.size());
+  for (const Node& n : split.optimizer.nodes) EXPECT_EQ(n.phase, Phase::Optimizer);
+  Graph reordered = t.graph;
+  const auto update = std::find_if(reordered.nodes.begin(), reordered.nodes.end(),
+                                   [](const Node& n) { return n.op == OpKind::AdamW; });
+  ASSERT_NE(update, reordered.nodes.end());
+  const Node moved = *update;  // an update of a parameter, traced before the forward reads it
+  reordered.nodes.erase(update);
+  reordered.nodes.insert(reordered.nodes.begin(), moved);
+  try {
+    split_phases(reordered);
+    FAIL() << "a reordering split was accepted";
+  } catch (const CompileError& e) {
+    EXPECT_NE(std::string(e.what()).find("reads a value the optimizer wrote"), std::string::npos) << e.what();
+  }
+}
+
 TEST(TpuMeshCompiler, OneDeviceProgramHasNoCollectivesOnAnyPlan) {
   for (ShardPlan plan : {ShardPlan::DataParallel, ShardPlan::TensorParallel, ShardPlan::Zero3}) {
     const TracedStep t = trace_and_compile("micro", mesh_config({1, 1}, plan));
