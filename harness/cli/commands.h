@@ -32,5 +32,6 @@ void add_mesh_flags(CLI::App& command, EngineFlagValues& values);
 void add_run_command(CLI::App& app, CommandRegistry& commands);
 void add_audit_command(CLI::App& app, CommandRegistry& commands);
 void add_inspect_command(CLI::App& app, CommandRegistry& commands);
+void add_check_command(CLI::App& app, CommandRegistry& commands);  // check and compare
 
 }  // namespace harness::cli

@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   harness::cli::add_run_command(app, commands);
   harness::cli::add_inspect_command(app, commands);
   harness::cli::add_audit_command(app, commands);
+  harness::cli::add_check_command(app, commands);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -1,0 +1,249 @@
+#include "budgets.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <set>
+
+#include <fmt/format.h>
+#include <toml++/toml.h>
+
+namespace harness::check {
+namespace {
+
+inline constexpr std::int64_t kBudgetsSchemaVersion = 1;
+// The features every budgets file must describe (docs/budgets.md).
+inline constexpr const char* kFeatureEntries[] = {"reference", "bf16", "fp8", "fp8-limited", "noise",
+                                                     "mesh-fp32", "mesh-bf16"};
+
+class Parser {
+ public:
+  explicit Parser(std::string path) : path_(std::move(path)) {}
+
+  Budgets parse() {
+    toml::table root;
+    try {
+      root = toml::parse_file(path_);
+    } catch (const toml::parse_error& e) {
+      fail(fmt::format("line {}: {}", e.source().begin.line, e.description()));
+    }
+    const auto version = root["schema_version"].value<std::int64_t>();
+    if (!version) fail("schema_version: missing; this harness reads budgets schema_version 1");
+    if (*version != kBudgetsSchemaVersion) {
+      fail(fmt::format("schema_version: {} is not {}, the version this harness reads", *version, kBudgetsSchemaVersion));
+    }
+    Budgets budgets;
+    budgets.path = path_;
+    for (const char* name : kFeatureEntries) budgets.features[name] = feature(root, name);
+    budgets.compile_stability = compile_stability(section(root, "compile-stability"));
+    budgets.memory = memory(section(root, "memory"));
+    data(section(root, "data"));
+    for (auto&& [key, node] : root) {
+      const std::string k(key.str());
+      if (k != "schema_version" && !budgets.features.count(k) && k != "compile-stability" && k != "memory" &&
+          k != "data") {
+        fail(fmt::format("[{}]: not a feature of this harness (features: {}, compile-stability, memory, data)", k,
+                         fmt::join(kFeatureEntries, ", ")));
+      }
+    }
+    return budgets;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& what) const {
+    throw BudgetError(fmt::format("{}: {}", path_, what));
+  }
+
+  const toml::table& section(const toml::table& root, const char* name) const {
+    const toml::table* t = root[name].as_table();
+    if (!t) fail(fmt::format("[{}]: missing; every feature needs an entry (docs/budgets.md)", name));
+    return *t;
+  }
+
+  void only_keys(const toml::table& t, const std::string& where, std::set<std::string> allowed) const {
+    for (auto&& [key, node] : t) {
+      if (!allowed.count(std::string(key.str()))) {
+        fail(fmt::format("{}.{}: unknown key (allowed: {})", where, key.str(), fmt::join(allowed, ", ")));
+      }
+    }
+  }
+
+  double non_negative(const toml::node_view<const toml::node>& node, const std::string& key) const {
+    if (!node) return 0;
+    const auto v = node.value<double>();
+    if (!v || !std::isfinite(*v) || *v < 0) fail(fmt::format("{}: must be a non-negative number", key));
+    return *v;
+  }
+
+  std::string text(const toml::table& t, const std::string& where, const char* key, bool required) const {
+    const auto v = t[key].value<std::string>();
+    if (!v && (required || t.contains(key))) fail(fmt::format("{}.{}: must be a string", where, key));
+    return v.value_or("");
+  }
+
+  // "A-B" (inclusive) or "A-" (to the last step).
+  std::pair<int, int> steps(const std::string& spec, const std::string& key) const {
+    const auto dash = spec.find('-');
+    int first = 0, last = std::numeric_limits<int>::max();
+    auto number = [&](const std::string& s, int& out) {
+      const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
+      return !s.empty() && ec == std::errc() && end == s.data() + s.size() && out >= 0;
+    };
+    const bool ok = dash != std::string::npos && number(spec.substr(0, dash), first) &&
+                    (dash + 1 == spec.size() || number(spec.substr(dash + 1), last)) && first <= last;
+    if (!ok) fail(fmt::format("{}: '{}' is not a step window 'A-B' or 'A-'", key, spec));
+    return {first, last};
+  }
+
+  std::vector<Window> windows(const toml::array& array, const std::string& where) const {
+    std::vector<Window> out;
+    for (std::size_t i = 0; i < array.size(); ++i) {
+      const std::string key = fmt::format("{}[{}]", where, i);
+      const toml::table* t = array[i].as_table();
+      if (!t) fail(fmt::format("{}: must be a table {{ steps = \"A-B\", atol = .., rtol = .., ulp = .. }}", key));
+      only_keys(*t, key, {"steps", "atol", "rtol", "ulp"});
+      const auto spec = (*t)["steps"].value<std::string>();
+      if (!spec) fail(fmt::format("{}.steps: missing (a window 'A-B' or 'A-')", key));
+      Window w;
+      std::tie(w.first, w.last) = steps(*spec, key + ".steps");
+      w.atol = non_negative((*t)["atol"], key + ".atol");
+      w.rtol = non_negative((*t)["rtol"], key + ".rtol");
+      w.ulp = non_negative((*t)["ulp"], key + ".ulp");
+      for (const Window& earlier : out) {
+        if (w.first <= earlier.last && earlier.first <= w.last) fail(fmt::format("{}.steps: overlaps an earlier window", key));
+      }
+      out.push_back(w);
+    }
+    return out;
+  }
+
+  Provenance provenance(const toml::table& t, const std::string& where) const {
+    Provenance p;
+    p.calibrated = text(t, where, "calibrated", false);
+    if (t.contains("repeats")) {
+      const auto r = t["repeats"].value<std::int64_t>();
+      if (!r || *r < 0) fail(fmt::format("{}.repeats: must be a non-negative integer", where));
+      p.repeats = static_cast<int>(*r);
+    }
+    if (const toml::table* observed = t["observed"].as_table()) {
+      for (auto&& [key, node] : *observed) {
+        const std::string metric(key.str());
+        p.observed[metric] = non_negative(toml::node_view<const toml::node>(node), where + ".observed." + metric);
+      }
+    }
+    return p;
+  }
+
+  FeatureBudget feature(const toml::table& root, const char* name) const {
+    const toml::table& t = section(root, name);
+    const std::string where = fmt::format("[{}]", name);
+    only_keys(t, where, {"form", "rationale", "calibrated", "repeats", "observed", "outlier_fraction", "loss",
+                         "grad_norm", "params_sketch"});
+    FeatureBudget f;
+    f.name = name;
+    const std::string form = text(t, where, "form", true);
+    if (form != "bitwise" && form != "tolerance") fail(fmt::format("{}.form: '{}' is not bitwise or tolerance", where, form));
+    f.bitwise = form == "bitwise";
+    f.rationale = text(t, where, "rationale", true);
+    f.provenance = provenance(t, where);
+    f.outlier_fraction = non_negative(t["outlier_fraction"], where + ".outlier_fraction");
+    if (f.outlier_fraction >= 1) fail(fmt::format("{}.outlier_fraction: must be below 1", where));
+    for (const char* metric : kBudgetMetrics) {
+      if (!t.contains(metric)) continue;
+      const toml::array* array = t[metric].as_array();
+      if (!array) fail(fmt::format("{}.{}: must be an array of step windows", where, metric));
+      if (f.bitwise) fail(fmt::format("{}.{}: a bitwise entry takes no windows", where, metric));
+      f.metrics[metric] = windows(*array, where + "." + metric);
+    }
+    if (!f.bitwise && f.metrics.empty()) fail(fmt::format("{}: a tolerance entry needs windows for loss, grad_norm or params_sketch", where));
+    if (!f.bitwise && f.provenance.calibrated.empty()) fail(fmt::format("{}.calibrated: missing (when were these numbers measured?)", where));
+    return f;
+  }
+
+  CompileStabilityBudget compile_stability(const toml::table& t) const {
+    only_keys(t, "[compile-stability]", {"rationale", "warmup_steps", "max_uncached_compiles", "max_host_syncs"});
+    text(t, "[compile-stability]", "rationale", true);
+    CompileStabilityBudget c;
+    c.warmup_steps = static_cast<int>(non_negative(t["warmup_steps"], "[compile-stability].warmup_steps"));
+    c.max_uncached_compiles = non_negative(t["max_uncached_compiles"], "[compile-stability].max_uncached_compiles");
+    c.max_host_syncs = non_negative(t["max_host_syncs"], "[compile-stability].max_host_syncs");
+    return c;
+  }
+
+  MemoryBudget memory(const toml::table& t) const {
+    only_keys(t, "[memory]", {"rationale", "rtol"});
+    text(t, "[memory]", "rationale", true);
+    return MemoryBudget{non_negative(t["rtol"], "[memory].rtol")};
+  }
+
+  // The data contract cannot be loosened: batch hashes are always compared exactly.
+  void data(const toml::table& t) const {
+    only_keys(t, "[data]", {"form", "rationale"});
+    text(t, "[data]", "rationale", true);
+    if (text(t, "[data]", "form", true) != "bitwise") {
+      fail("[data].form: must be bitwise; the data contract (batch hashes) is never a tolerance");
+    }
+  }
+
+  std::string path_;
+};
+
+}  // namespace
+
+const FeatureBudget& Budgets::feature(const std::string& name) const {
+  const auto it = features.find(name);
+  if (it == features.end()) throw BudgetError(fmt::format("{}: no [{}] entry", path, name));
+  return it->second;
+}
+
+Budgets load_budgets(const std::string& path) { return Parser(path).parse(); }
+
+bool ComposedBudget::bitwise() const {
+  return std::all_of(parts_.begin(), parts_.end(), [](const FeatureBudget* f) { return f->bitwise; });
+}
+
+double ComposedBudget::allowed(const std::string& metric, int step, double reference) const {
+  double total = 0;
+  for (const FeatureBudget* f : parts_) {
+    const auto it = f->metrics.find(metric);
+    if (it == f->metrics.end()) continue;
+    for (const Window& w : it->second) {
+      if (step < w.first || step > w.last) continue;
+      total += w.atol + w.rtol * std::fabs(reference) + w.ulp * fp32_ulp(reference);
+    }
+  }
+  return total;
+}
+
+double ComposedBudget::outlier_fraction() const {
+  double fraction = 0;
+  for (const FeatureBudget* f : parts_) fraction = std::max(fraction, f->outlier_fraction);
+  return fraction;
+}
+
+std::vector<std::string> ComposedBudget::names() const {
+  std::vector<std::string> out;
+  for (const FeatureBudget* f : parts_) {
+    if (!f->bitwise) out.push_back(f->name);
+  }
+  if (out.empty()) out.emplace_back("reference");
+  return out;
+}
+
+// The distance from |x| (as fp32) to the next fp32 up; exact from the bits, no libm.
+double fp32_ulp(double x) {
+  const float value = static_cast<float>(x);
+  std::uint32_t bits = 0;
+  std::memcpy(&bits, &value, sizeof bits);
+  bits &= 0x7FFFFFFFu;  // |x|, -0 included
+  float f = 0;
+  std::memcpy(&f, &bits, sizeof f);
+  if (!(f < std::numeric_limits<float>::max())) return std::numeric_limits<double>::infinity();
+  ++bits;
+  float next = 0;
+  std::memcpy(&next, &bits, sizeof next);
+  return static_cast<double>(next) - static_cast<double>(f);
+}
+
+}  // namespace harness::check

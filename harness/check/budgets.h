@@ -1,0 +1,92 @@
+// Per-feature determinism budgets (canaries/budgets.toml; docs/budgets.md is the reference).
+//
+// Every feature that moves a lane's numbers away from the reference lane has one entry:
+// how far each metric may move, per step window, with its rationale and provenance. Two
+// receipts are compared under the sum of the entries of the features that separate them
+// (compose()).
+#pragma once
+
+#include <limits>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace harness::check {
+
+// A budgets file that cannot be used: the message names the file and the key.
+struct BudgetError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// The metrics a tolerance budget bounds, per step.
+inline constexpr const char* kBudgetMetrics[] = {"loss", "grad_norm", "params_sketch"};
+
+// Steps first..last (inclusive) may move by atol + rtol * |reference| + ulp fp32 spacings
+// of the reference value.
+struct Window {
+  int first = 0;
+  int last = std::numeric_limits<int>::max();
+  double atol = 0, rtol = 0, ulp = 0;
+};
+
+struct Provenance {
+  std::string calibrated;                 // date, or "" for a rule (bitwise) entry
+  int repeats = 0;
+  std::map<std::string, double> observed;  // largest observed spread per metric
+};
+
+struct FeatureBudget {
+  std::string name;
+  bool bitwise = false;  // form = "bitwise": nothing may move
+  std::map<std::string, std::vector<Window>> metrics;
+  double outlier_fraction = 0;  // of the steps, per metric, allowed outside the budget
+  std::string rationale;
+  Provenance provenance;
+};
+
+// Checks of a tpu-mesh lane's own counters (form: counts after the warm-up steps).
+struct CompileStabilityBudget {
+  int warmup_steps = 1;
+  double max_uncached_compiles = 0;  // per step after the warm-up
+  double max_host_syncs = 0;         // per step, every step
+};
+
+// Per-device peak bytes against the golden's, per category.
+struct MemoryBudget {
+  double rtol = 0;
+};
+
+struct Budgets {
+  std::string path;
+  std::map<std::string, FeatureBudget> features;
+  CompileStabilityBudget compile_stability;
+  MemoryBudget memory;
+
+  const FeatureBudget& feature(const std::string& name) const;  // throws BudgetError if absent
+};
+
+// Parses and validates a budgets file. Throws BudgetError naming the file and the key.
+Budgets load_budgets(const std::string& path);
+
+// The budget of several features at once: their allowances add up (docs/budgets.md,
+// "Composition"). No parts, or only bitwise parts: bitwise.
+class ComposedBudget {
+ public:
+  ComposedBudget() = default;
+  explicit ComposedBudget(std::vector<const FeatureBudget*> parts) : parts_(std::move(parts)) {}
+
+  bool bitwise() const;
+  // How far `metric` may move at `step` from a reference value `reference`.
+  double allowed(const std::string& metric, int step, double reference) const;
+  double outlier_fraction() const;  // the largest of the parts'
+  std::vector<std::string> names() const;  // "reference" when bitwise
+
+ private:
+  std::vector<const FeatureBudget*> parts_;
+};
+
+// The spacing of fp32 numbers at |x| (the value of one unit in the last place).
+double fp32_ulp(double x);
+
+}  // namespace harness::check

@@ -1,0 +1,377 @@
+#include "verdict.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "receipt/hdf5_file.h"
+#include "receipt/receipt_reader.h"
+#include "receipt/receipt_schema.h"
+
+namespace harness::check {
+namespace {
+
+std::map<std::string, std::vector<double>> read_group(const receipt::ReceiptReader& r, const std::string& group) {
+  std::map<std::string, std::vector<double>> out;
+  const std::string prefix = group + "/";
+  for (const h5::DatasetInfo& d : h5::list_datasets(r.file())) {
+    if (!d.path.starts_with(prefix) || d.dtype != "float64") continue;
+    out[d.path.substr(d.path.rfind('/') + 1)] = h5::read_f64(r.file(), d.path);
+  }
+  return out;
+}
+
+bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+// One metric's per-step deviations and allowances, and the verdict they give.
+class SeriesJudge {
+ public:
+  SeriesJudge(std::string metric, int steps, double outlier_fraction)
+      : ratios_(static_cast<std::size_t>(steps), 0.0) {
+    v_.metric = std::move(metric);
+    v_.allowed_outliers = static_cast<int>(std::floor(outlier_fraction * steps));
+  }
+
+  // A deviation at `step` against what the budget allows there (0: must be exact).
+  void add(int step, double deviation, double allowed, const std::string& where = "") {
+    const double ratio = deviation == 0 ? 0 : allowed > 0 ? deviation / allowed : std::numeric_limits<double>::infinity();
+    auto& slot = ratios_[static_cast<std::size_t>(step)];
+    slot = std::max(slot, ratio);
+    if (v_.worst_step < 0 || ratio > worst_ratio_) {
+      worst_ratio_ = ratio;
+      v_.worst_step = step;
+      v_.max_deviation = deviation;
+      v_.allowed = allowed;
+      v_.worst_tensor = where;
+    }
+  }
+
+  MetricVerdict finish() {
+    std::vector<double> over;
+    for (std::size_t s = 0; s < ratios_.size(); ++s) {
+      if (ratios_[s] > 1) {
+        if (v_.first_failing_step < 0) v_.first_failing_step = static_cast<int>(s);
+        ++v_.failing_steps;
+      }
+    }
+    v_.pass = v_.failing_steps <= v_.allowed_outliers;
+    // Headroom at the worst step that counts: the allowed outliers are set aside.
+    std::vector<double> sorted = ratios_;
+    std::sort(sorted.begin(), sorted.end(), std::greater<>());
+    const auto counted = static_cast<std::size_t>(v_.allowed_outliers);
+    const double ratio = counted < sorted.size() ? sorted[counted] : 0;
+    v_.headroom_pct = std::isinf(ratio) ? -100 : (1 - ratio) * 100;
+    if (v_.worst_step < 0) v_.worst_step = 0;
+    return v_;
+  }
+
+ private:
+  MetricVerdict v_;
+  std::vector<double> ratios_;
+  double worst_ratio_ = 0;
+};
+
+MetricVerdict judge_scalar(const std::string& metric, const std::vector<double>& run, const std::vector<double>& ref,
+                           const ComposedBudget& budget, bool bitwise) {
+  SeriesJudge judge(metric, static_cast<int>(run.size()), bitwise ? 0 : budget.outlier_fraction());
+  for (std::size_t s = 0; s < run.size(); ++s) {
+    const int step = static_cast<int>(s);
+    if (bitwise || !std::isfinite(run[s]) || !std::isfinite(ref[s])) {
+      judge.add(step, same_bits(run[s], ref[s]) ? 0 : std::fabs(run[s] - ref[s]), 0);
+    } else {
+      judge.add(step, std::fabs(run[s] - ref[s]), budget.allowed(metric, step, ref[s]));
+    }
+  }
+  return judge.finish();
+}
+
+// Per tensor: the Euclidean distance of the parameter sketches against rtol * |reference
+// sketch| + atol; a step is as bad as its worst tensor.
+MetricVerdict judge_sketches(const ReceiptData& run, const ReceiptData& ref, const ComposedBudget& budget) {
+  SeriesJudge judge("params_sketch", run.steps(), budget.outlier_fraction());
+  const std::size_t k = run.tensors.size(), w = receipt::kSketchWidth;
+  for (int s = 0; s < run.steps(); ++s) {
+    for (std::size_t t = 0; t < k; ++t) {
+      const double* a = run.params_sketch.data() + (static_cast<std::size_t>(s) * k + t) * w;
+      const double* b = ref.params_sketch.data() + (static_cast<std::size_t>(s) * k + t) * w;
+      double d2 = 0, r2 = 0;
+      for (std::size_t i = 0; i < w; ++i) {
+        d2 += (a[i] - b[i]) * (a[i] - b[i]);
+        r2 += b[i] * b[i];
+      }
+      judge.add(s, std::sqrt(d2), budget.allowed("params_sketch", s, std::sqrt(r2)), run.tensors[t]);
+    }
+  }
+  return judge.finish();
+}
+
+// Bitwise lanes: every hash of every family must match.
+MetricVerdict judge_hashes(const ReceiptData& run, const ReceiptData& ref) {
+  SeriesJudge judge("hashes", run.steps(), 0);
+  const std::size_t k = run.tensors.size();
+  for (int s = 0; s < run.steps(); ++s) {
+    int differing = 0;
+    std::string first;
+    for (const char* family : receipt::kHashFamilies) {
+      const auto& a = run.hashes.at(family);
+      const auto& b = ref.hashes.at(family);
+      for (std::size_t t = 0; t < k; ++t) {
+        if (a[static_cast<std::size_t>(s) * k + t] == b[static_cast<std::size_t>(s) * k + t]) continue;
+        if (first.empty()) first = fmt::format("{} {}", family, run.tensors[t]);
+        ++differing;
+      }
+    }
+    judge.add(s, differing, 0, first);
+  }
+  return judge.finish();
+}
+
+std::optional<TensorMove> first_moved(const ReceiptData& run, const ReceiptData& ref) {
+  const std::size_t k = run.tensors.size();
+  for (int s = 0; s < run.steps(); ++s) {
+    for (const char* family : receipt::kHashFamilies) {
+      for (std::size_t t = 0; t < k; ++t) {
+        const std::size_t at = static_cast<std::size_t>(s) * k + t;
+        if (run.hashes.at(family)[at] != ref.hashes.at(family)[at]) return TensorMove{family, run.tensors[t], s, 0};
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<TensorMove> most_moved(const ReceiptData& run, const ReceiptData& ref) {
+  std::optional<TensorMove> best;
+  const std::size_t k = run.tensors.size(), w = receipt::kSketchWidth;
+  for (int s = 0; s < run.steps(); ++s) {
+    for (std::size_t t = 0; t < k; ++t) {
+      const double* a = run.params_sketch.data() + (static_cast<std::size_t>(s) * k + t) * w;
+      const double* b = ref.params_sketch.data() + (static_cast<std::size_t>(s) * k + t) * w;
+      double d2 = 0, r2 = 0;
+      for (std::size_t i = 0; i < w; ++i) {
+        d2 += (a[i] - b[i]) * (a[i] - b[i]);
+        r2 += b[i] * b[i];
+      }
+      const double relative = r2 > 0 ? std::sqrt(d2 / r2) : std::sqrt(d2);
+      if (relative > 0 && (!best || relative > best->distance)) best = TensorMove{"params", run.tensors[t], s, relative};
+    }
+  }
+  return best;
+}
+
+// tpu-mesh's own counters: no compile after the warm-up, no host sync at all.
+void judge_compile_stability(const ReceiptData& run, const CompileStabilityBudget& budget,
+                             std::vector<MetricVerdict>& out) {
+  if (run.compile.empty()) return;
+  SeriesJudge compiles("compile_stability.uncached_compiles", run.steps(), 0);
+  SeriesJudge syncs("compile_stability.host_syncs", run.steps(), 0);
+  const auto& uncached = run.compile.at("UncachedCompile");
+  const auto& host = run.compile.at("HostSync");
+  for (int s = 0; s < run.steps(); ++s) {
+    const auto i = static_cast<std::size_t>(s);
+    if (s >= budget.warmup_steps) {
+      compiles.add(s, uncached[i] > budget.max_uncached_compiles ? uncached[i] : 0, budget.max_uncached_compiles);
+    }
+    syncs.add(s, host[i] > budget.max_host_syncs ? host[i] : 0, budget.max_host_syncs);
+  }
+  out.push_back(compiles.finish());
+  out.push_back(syncs.finish());
+}
+
+// Per-device peak bytes by category against the golden's.
+void judge_memory(const ReceiptData& run, const ReceiptData& golden, const MemoryBudget& budget,
+                  std::vector<MetricVerdict>& out) {
+  for (const auto& [category, peaks] : run.memory) {
+    const auto it = golden.memory.find(category);
+    if (it == golden.memory.end() || it->second.size() != peaks.size() || category == "names") continue;
+    SeriesJudge judge("memory." + category, run.steps(), 0);
+    const std::size_t devices = peaks.size() / static_cast<std::size_t>(std::max(1, run.steps()));
+    for (int s = 0; s < run.steps(); ++s) {
+      for (std::size_t d = 0; d < devices; ++d) {
+        const std::size_t at = static_cast<std::size_t>(s) * devices + d;
+        judge.add(s, std::fabs(peaks[at] - it->second[at]), budget.rtol * it->second[at], fmt::format("device{}", d));
+      }
+    }
+    out.push_back(judge.finish());
+  }
+}
+
+std::vector<StackDifference> stack_diff(const ReceiptData& a, const ReceiptData& b) {
+  std::set<std::string> keys;
+  for (const auto& [k, v] : a.manifest) keys.insert(k);
+  for (const auto& [k, v] : b.manifest) keys.insert(k);
+  std::vector<StackDifference> out;
+  for (const std::string& k : keys) {
+    if (k == "created_utc") continue;  // always differs, says nothing
+    const auto ia = a.manifest.find(k), ib = b.manifest.find(k);
+    const std::string va = ia == a.manifest.end() ? "(absent)" : ia->second;
+    const std::string vb = ib == b.manifest.end() ? "(absent)" : ib->second;
+    if (va != vb) out.push_back({k, va, vb});
+  }
+  return out;
+}
+
+bool is_noisy(const ReceiptData& r) {
+  const auto it = r.manifest.find("noise_mode");
+  return it != r.manifest.end() && (it->second == "seeded" || it->second == "racy");
+}
+
+}  // namespace
+
+ReceiptData load_receipt(const std::string& path) {
+  const receipt::ReceiptReader r(path);
+  ReceiptData d;
+  d.path = path;
+  d.manifest = r.manifest_text();
+  d.lane = r.manifest_string("lane");
+  d.engine = r.manifest_string("engine");
+  d.complete = r.complete();
+  d.loss = r.steps_f64("loss");
+  d.grad_norm = r.steps_f64("grad_norm");
+  d.batch_hashes = r.batch_hashes();
+  d.tensors = r.tensor_names();
+  for (const char* family : receipt::kHashFamilies) d.hashes[family] = r.hashes(family);
+  d.params_sketch = h5::read_f64(r.file(), "/sketches/params_projection");
+  d.compile = read_group(r, "/compile");
+  d.memory = read_group(r, "/memory");
+  return d;
+}
+
+std::set<std::string> lane_features(const ReceiptData& r) {
+  std::set<std::string> f;
+  auto attr = [&](const char* key) {
+    const auto it = r.manifest.find(key);
+    return it == r.manifest.end() ? std::string() : it->second;
+  };
+  if (r.engine == "accel") {
+    f.insert("noise");  // its reductions run in GPU-style parts, ordered or not
+    const std::string features = attr("features");
+    if (features.find("bf16") != std::string::npos) f.insert("bf16");
+    if (!attr("fp8_zones").empty() && attr("fp8_zones") != "none") {
+      f.insert("fp8");
+      if (attr("fp8_accumulate").starts_with("limited")) f.insert("fp8-limited");
+    }
+  } else if (r.engine == "tpu-mesh") {
+    f.insert(attr("precision") == "bf16" ? "mesh-bf16" : "mesh-fp32");
+  }
+  return f;
+}
+
+bool replays_of_each_other(const ReceiptData& a, const ReceiptData& b) {
+  if (!is_noisy(a) && !is_noisy(b)) return true;
+  const auto sa = a.manifest.find("noise_seed"), sb = b.manifest.find("noise_seed");
+  return sa != a.manifest.end() && sb != b.manifest.end() && sa->second == sb->second;
+}
+
+ComposedBudget budget_between(const Budgets& budgets, const ReceiptData& a, const ReceiptData& b) {
+  const std::set<std::string> fa = lane_features(a), fb = lane_features(b);
+  std::set<std::string> chosen;
+  if (replays_of_each_other(a, b)) {
+    std::set_symmetric_difference(fa.begin(), fa.end(), fb.begin(), fb.end(), std::inserter(chosen, chosen.end()));
+  } else {
+    std::set_union(fa.begin(), fa.end(), fb.begin(), fb.end(), std::inserter(chosen, chosen.end()));
+  }
+  std::vector<const FeatureBudget*> parts;
+  for (const std::string& name : chosen) parts.push_back(&budgets.feature(name));
+  return ComposedBudget(std::move(parts));
+}
+
+namespace {
+
+// The canary definitions' keys that differ; `steps` is the step range's own error.
+std::vector<std::string> canary_differences(const ReceiptData& a, const ReceiptData& b) {
+  const auto definition = [](const ReceiptData& r) {
+    const auto it = r.manifest.find("canary");
+    nlohmann::json j = nlohmann::json::parse(it == r.manifest.end() ? "{}" : it->second, nullptr, false);
+    if (!j.is_object()) throw ContractError("receipt", fmt::format("{}: manifest attribute canary is not a JSON object", r.path));
+    j.erase("steps");
+    return j;
+  };
+  const nlohmann::json da = definition(a), db = definition(b);
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : da.items()) {
+    if (!db.contains(key) || db[key] != value) keys.push_back(key);
+  }
+  for (const auto& [key, value] : db.items()) {
+    if (!da.contains(key)) keys.push_back(key);
+  }
+  return keys;
+}
+
+}  // namespace
+
+void check_contracts(const ReceiptData& a, const ReceiptData& b) {
+  if (const auto keys = canary_differences(a, b); !keys.empty()) {
+    throw ContractError("another_canary",
+                        fmt::format("{} ({}) and {} ({}) ran different canaries (they differ in {}); compare receipts "
+                                    "of one canary definition",
+                                    a.path, a.lane, b.path, b.lane, fmt::join(keys, ", ")));
+  }
+  for (const ReceiptData* r : {&a, &b}) {
+    if (!r->complete) {
+      throw ContractError("incomplete", fmt::format("{}: the run stopped after {} steps (complete = 0); rerun it",
+                                                    r->path, r->steps()));
+    }
+  }
+  if (a.steps() != b.steps()) {
+    throw ContractError("step_range", fmt::format("{} has {} steps and {} has {}; compare receipts of the same --steps",
+                                                  a.path, a.steps(), b.path, b.steps()));
+  }
+  if (a.tensors != b.tensors) {
+    throw ContractError("tensors", fmt::format("{} and {} record different tensors", a.path, b.path));
+  }
+  for (int s = 0; s < a.steps(); ++s) {
+    const auto i = static_cast<std::size_t>(s);
+    if (a.batch_hashes[i] != b.batch_hashes[i]) {
+      throw ContractError("different_data",
+                          fmt::format("different data: the batch of step {} differs ({:016x} in {}, {:016x} in {}); "
+                                      "the runs did not see the same tokens, so their numerics cannot be compared",
+                                      s, a.batch_hashes[i], a.path, b.batch_hashes[i], b.path));
+    }
+  }
+}
+
+bool Verdict::pass() const {
+  return std::all_of(metrics.begin(), metrics.end(), [](const MetricVerdict& m) { return m.pass; });
+}
+
+const MetricVerdict* Verdict::first_failure() const {
+  const MetricVerdict* first = nullptr;
+  for (const MetricVerdict& m : metrics) {
+    if (!m.pass && (!first || m.first_failing_step < first->first_failing_step)) first = &m;
+  }
+  return first;
+}
+
+Verdict compare_receipts(const ReceiptData& run, const ReceiptData& ref, const Budgets& budgets,
+                         const std::string& kind) {
+  check_contracts(run, ref);
+  Verdict v;
+  v.kind = kind;
+  v.a_path = run.path;
+  v.b_path = ref.path;
+  v.a_lane = run.lane;
+  v.b_lane = ref.lane;
+  v.steps = run.steps();
+  const ComposedBudget budget = budget_between(budgets, run, ref);
+  v.bitwise = budget.bitwise();
+  v.budget = budget.names();
+  v.budget_reason = replays_of_each_other(run, ref)
+                        ? "the features that separate the two lanes"
+                        : "all features of both lanes, since the runs are not replays of each other: their noise seeds differ";
+  v.metrics.push_back(judge_scalar("loss", run.loss, ref.loss, budget, v.bitwise));
+  v.metrics.push_back(judge_scalar("grad_norm", run.grad_norm, ref.grad_norm, budget, v.bitwise));
+  v.metrics.push_back(v.bitwise ? judge_hashes(run, ref) : judge_sketches(run, ref, budget));
+  judge_compile_stability(run, budgets.compile_stability, v.metrics);
+  if (kind == "golden") judge_memory(run, ref, budgets.memory, v.metrics);
+  v.first_moved = first_moved(run, ref);
+  v.most_moved = most_moved(run, ref);
+  v.stack = stack_diff(run, ref);
+  return v;
+}
+
+}  // namespace harness::check

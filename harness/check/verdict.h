@@ -1,0 +1,99 @@
+// Comparing two receipts: the contracts first (same schema, canary, step range and data),
+// then every metric under a composed budget, with the details a person needs to act on a
+// failure. docs/budgets.md and docs/cli.md ("check", "compare") describe the verdict.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "budgets.h"
+
+namespace harness::check {
+
+// Two receipts that cannot be compared: another canary, an incomplete run, a different
+// step range, different data. `kind` names it for --json ("different_data", ...).
+struct ContractError : std::runtime_error {
+  ContractError(std::string error_kind, const std::string& message)
+      : std::runtime_error(message), kind(std::move(error_kind)) {}
+  std::string kind;
+};
+
+// What a comparison reads of one receipt.
+struct ReceiptData {
+  std::string path, lane, engine;
+  std::map<std::string, std::string> manifest;  // every attribute, as text
+  bool complete = false;
+  std::vector<double> loss, grad_norm;
+  std::vector<std::uint64_t> batch_hashes;
+  std::vector<std::string> tensors;                               // canonical order
+  std::map<std::string, std::vector<std::uint64_t>> hashes;       // family -> (steps, tensors)
+  std::vector<double> params_sketch;                              // (steps, tensors, width)
+  std::map<std::string, std::vector<double>> compile;             // /compile counter -> (steps)
+  std::map<std::string, std::vector<double>> memory;              // /memory category -> (steps, devices)
+
+  int steps() const { return static_cast<int>(loss.size()); }
+};
+ReceiptData load_receipt(const std::string& path);  // throws receipt::ReceiptError
+
+// The features that move a lane away from the reference lane (cpu-ref): "bf16", "fp8",
+// "fp8-limited", "noise", "mesh-fp32", "mesh-bf16". cpu-ref has none.
+std::set<std::string> lane_features(const ReceiptData& receipt);
+// Whether two runs make the same roundings: both deterministic, or seeded with one seed.
+bool replays_of_each_other(const ReceiptData& a, const ReceiptData& b);
+// The composition rule (docs/budgets.md): the features that separate the two lanes; all
+// features of both when the runs are not replays of each other.
+ComposedBudget budget_between(const Budgets& budgets, const ReceiptData& a, const ReceiptData& b);
+
+struct MetricVerdict {
+  std::string metric;
+  bool pass = true;
+  int first_failing_step = -1;  // -1: none
+  int worst_step = -1;
+  double max_deviation = 0;   // at the worst step
+  double allowed = 0;         // the budget at the worst step
+  double headroom_pct = 100;  // of the budget left at the worst step that counts (100: untouched)
+  int failing_steps = 0;
+  int allowed_outliers = 0;
+  std::string worst_tensor;   // params_sketch, hashes, memory: which tensor or device
+};
+
+struct TensorMove {
+  std::string family, tensor;
+  int step = -1;
+  double distance = 0;  // relative sketch distance (most moved)
+};
+
+struct StackDifference {
+  std::string key, a, b;
+};
+
+struct Verdict {
+  std::string kind;  // "golden" or "compare"
+  std::string a_path, b_path, a_lane, b_lane;
+  std::vector<std::string> budget;  // the composed features ("reference" when bitwise)
+  bool bitwise = false;
+  std::string budget_reason;        // why these features
+  int steps = 0;
+  std::vector<MetricVerdict> metrics;
+  std::optional<TensorMove> first_moved, most_moved;
+  std::vector<StackDifference> stack;
+  std::string triage;  // BF16-first triage of an fp8 failure, when evaluated
+
+  bool pass() const;
+  const MetricVerdict* first_failure() const;
+};
+
+// `run` against `reference` (a golden, or another lane): contracts, then the metrics.
+// Throws ContractError when the two cannot be compared.
+Verdict compare_receipts(const ReceiptData& run, const ReceiptData& reference, const Budgets& budgets,
+                         const std::string& kind);
+
+// The data contract and comparability alone (the first thing every comparison does).
+void check_contracts(const ReceiptData& a, const ReceiptData& b);
+
+}  // namespace harness::check

@@ -1,0 +1,96 @@
+#include "verdict_report.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace harness::check {
+namespace {
+
+nlohmann::json move_json(const std::optional<TensorMove>& m) {
+  if (!m) return nullptr;
+  return {{"family", m->family}, {"tensor", m->tensor}, {"step", m->step}, {"distance", m->distance}};
+}
+
+// JSON has no infinity: an exact budget that was broken has no finite headroom.
+nlohmann::json finite_or_null(double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr); }
+
+std::string metric_line(const MetricVerdict& m) {
+  if (m.pass && m.max_deviation == 0) return fmt::format("PASS  {:<38} exact", m.metric);
+  const std::string where = m.worst_tensor.empty() ? "" : fmt::format(" ({})", m.worst_tensor);
+  if (m.pass) {
+    return fmt::format("PASS  {:<38} max |d| {:.3g} at step {}{}, headroom {:.0f}% of the budget{}", m.metric,
+                       m.max_deviation, m.worst_step, where, m.headroom_pct,
+                       m.failing_steps ? fmt::format(" ({} outlier steps of {} allowed)", m.failing_steps, m.allowed_outliers)
+                                       : "");
+  }
+  return fmt::format("FAIL  {:<38} first failing step {}, worst step {}{}: |d| {:.3g} against {:.3g} allowed "
+                     "(headroom {:.0f}%), {} steps over ({} allowed)",
+                     m.metric, m.first_failing_step, m.worst_step, where, m.max_deviation, m.allowed, m.headroom_pct,
+                     m.failing_steps, m.allowed_outliers);
+}
+
+}  // namespace
+
+nlohmann::json to_json(const Verdict& v) {
+  nlohmann::json metrics = nlohmann::json::array();
+  for (const MetricVerdict& m : v.metrics) {
+    metrics.push_back({{"metric", m.metric},
+                       {"pass", m.pass},
+                       {"first_failing_step", m.first_failing_step < 0 ? nlohmann::json(nullptr) : nlohmann::json(m.first_failing_step)},
+                       {"worst_step", m.worst_step},
+                       {"max_deviation", finite_or_null(m.max_deviation)},
+                       {"allowed", finite_or_null(m.allowed)},
+                       {"headroom_pct", finite_or_null(m.headroom_pct)},
+                       {"failing_steps", m.failing_steps},
+                       {"allowed_outliers", m.allowed_outliers},
+                       {"worst_tensor", m.worst_tensor}});
+  }
+  nlohmann::json stack = nlohmann::json::array();
+  for (const StackDifference& d : v.stack) stack.push_back({{"key", d.key}, {"a", d.a}, {"b", d.b}});
+  const MetricVerdict* first = v.first_failure();
+  return {{"version", kVerdictJsonVersion},
+          {"kind", v.kind},
+          {"verdict", v.pass() ? "pass" : "fail"},
+          {"a", {{"path", v.a_path}, {"lane", v.a_lane}}},
+          {"b", {{"path", v.b_path}, {"lane", v.b_lane}}},
+          {"steps", v.steps},
+          {"data", "equal"},
+          {"budget", {{"features", v.budget}, {"bitwise", v.bitwise}, {"reason", v.budget_reason}}},
+          {"first_failing_step", first ? nlohmann::json(first->first_failing_step) : nlohmann::json(nullptr)},
+          {"metrics", metrics},
+          {"first_moved", move_json(v.first_moved)},
+          {"most_moved", move_json(v.most_moved)},
+          {"stack_diff", stack},
+          {"triage", v.triage.empty() ? nlohmann::json(nullptr) : nlohmann::json(v.triage)}};
+}
+
+nlohmann::json error_json(const std::string& kind, const std::string& message) {
+  return {{"version", kVerdictJsonVersion}, {"verdict", "error"}, {"error", {{"kind", kind}, {"message", message}}}};
+}
+
+std::string to_text(const Verdict& v) {
+  std::string out;
+  auto line = [&out](const std::string& s) { out += s + "\n"; };
+  line(fmt::format("{:<12}{} ({})", v.kind == "golden" ? "check" : "compare", v.a_lane, v.a_path));
+  line(fmt::format("{:<12}{} ({})", "against", v.b_lane, v.b_path));
+  line(fmt::format("{:<12}{}{}", "budget", fmt::join(v.budget, " + "),
+                   v.bitwise ? " (bitwise: every loss and every hash equal)" : fmt::format(" ({})", v.budget_reason)));
+  line(fmt::format("{:<12}equal ({} batch hashes)", "data", v.steps));
+  for (const MetricVerdict& m : v.metrics) line(metric_line(m));
+  if (v.first_moved) {
+    line(fmt::format("{:<12}{} {} at step {} (first hash that differs)", "moved first", v.first_moved->family,
+                     v.first_moved->tensor, v.first_moved->step));
+  }
+  if (v.most_moved) {
+    line(fmt::format("{:<12}{} {}: relative sketch distance {:.3g} at step {}", "moved most", v.most_moved->family,
+                     v.most_moved->tensor, v.most_moved->distance, v.most_moved->step));
+  }
+  for (const StackDifference& d : v.stack) line(fmt::format("{:<12}{}: {} -> {}", "stack", d.key, d.a, d.b));
+  if (!v.triage.empty()) line(fmt::format("{:<12}{}", "triage", v.triage));
+  line(fmt::format("{:<12}{}", "verdict", v.pass() ? "PASS" : "FAIL"));
+  return out;
+}
+
+}  // namespace harness::check

@@ -1,0 +1,20 @@
+// A verdict for people (a few aligned lines) and for machines (JSON, keys documented in
+// docs/cli.md, "check and compare").
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "verdict.h"
+
+namespace harness::check {
+
+inline constexpr int kVerdictJsonVersion = 1;
+
+nlohmann::json to_json(const Verdict& verdict);
+std::string to_text(const Verdict& verdict);
+// The JSON of a comparison that could not be made (exit 2).
+nlohmann::json error_json(const std::string& kind, const std::string& message);
+
+}  // namespace harness::check

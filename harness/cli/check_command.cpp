@@ -1,0 +1,124 @@
+// `harness check RECEIPT`: a receipt against its lane's golden. `harness compare A B`: two
+// lanes under the composed budget of the features that separate them. Exit 0 pass, 1 a
+// metric failed, 2 the two cannot be compared (or a file or flag is bad).
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "budgets.h"
+#include "commands.h"
+#include "receipt/receipt_reader.h"
+#include "verdict.h"
+#include "verdict_report.h"
+
+namespace harness::cli {
+namespace {
+
+struct ComparisonFlags {
+  std::string a, b;  // check: the receipt and its golden (empty: found by lane)
+  std::string goldens_dir = std::string(HARNESS_SOURCE_DIR) + "/goldens";
+  std::string budgets = std::string(HARNESS_SOURCE_DIR) + "/canaries/budgets.toml";
+  std::string triage_with;
+  bool json = false;
+};
+
+// goldens/<canary>/<engine and features>.h5: the lane name is the path.
+std::string golden_path(const std::string& goldens_dir, const std::string& lane) {
+  return (std::filesystem::path(goldens_dir) / (lane + ".h5")).string();
+}
+
+// One line on stderr (and the error as JSON on stdout with --json); exit 2.
+int report_error(const ComparisonFlags& flags, const std::string& kind, const std::string& message) {
+  if (flags.json) fmt::print("{}\n", check::error_json(kind, message).dump(2));
+  fmt::print(stderr, "harness: error: {}\n", message);
+  return kExitBadInput;
+}
+
+int print_verdict(const ComparisonFlags& flags, const check::Verdict& verdict) {
+  if (flags.json) {
+    fmt::print("{}\n", check::to_json(verdict).dump(2));
+  } else {
+    fmt::print("{}", check::to_text(verdict));
+  }
+  return verdict.pass() ? kExitPass : kExitCheckFailed;
+}
+
+// BF16-first triage: an fp8 lane that fails against the reference is explained by its
+// bf16-only twin. If the twin fails too the cause is shared; if not, it is fp8's own.
+std::string triage(const check::Verdict& failed, const check::ReceiptData& bf16_twin, const check::ReceiptData& reference,
+                   const check::Budgets& budgets) {
+  if (check::lane_features(bf16_twin).count("fp8")) {
+    throw std::invalid_argument(fmt::format("--triage-with: {} runs fp8 itself; give the bf16-only lane", bf16_twin.path));
+  }
+  const check::Verdict twin = check::compare_receipts(bf16_twin, reference, budgets, failed.kind);
+  if (!twin.pass()) {
+    return fmt::format("shared math or plumbing: the bf16-only lane {} fails too (first at step {})", bf16_twin.lane,
+                       twin.first_failure()->first_failing_step);
+  }
+  return fmt::format("quantisation drift: only the fp8 lane moves; the bf16-only lane {} passes", bf16_twin.lane);
+}
+
+int run_comparison(const ComparisonFlags& flags, const std::string& kind) {
+  try {
+    const check::Budgets budgets = check::load_budgets(flags.budgets);
+    const check::ReceiptData run = check::load_receipt(flags.a);
+    std::string reference_path = flags.b;
+    if (reference_path.empty()) {
+      reference_path = golden_path(flags.goldens_dir, run.lane);
+      if (!std::filesystem::exists(reference_path)) {
+        return report_error(flags, "missing_golden",
+                            fmt::format("no golden for lane {} at {}; create one with `harness golden refresh --lanes "
+                                        "{}` and approve it",
+                                        run.lane, reference_path, run.lane));
+      }
+    }
+    const check::ReceiptData reference = check::load_receipt(reference_path);
+    if (kind == "golden" && reference.lane != run.lane) {
+      return report_error(flags, "another_lane",
+                          fmt::format("{} is the golden of lane {}, not {}; use `harness compare` across lanes",
+                                      reference_path, reference.lane, run.lane));
+    }
+    check::Verdict verdict = check::compare_receipts(run, reference, budgets, kind);
+    if (!verdict.pass() && !flags.triage_with.empty() && check::lane_features(run).count("fp8")) {
+      verdict.triage = triage(verdict, check::load_receipt(flags.triage_with), reference, budgets);
+    }
+    return print_verdict(flags, verdict);
+  } catch (const check::ContractError& e) {
+    return report_error(flags, e.kind, e.what());
+  } catch (const check::BudgetError& e) {
+    return report_error(flags, "budgets", e.what());
+  } catch (const receipt::ReceiptError& e) {
+    return report_error(flags, "receipt", e.what());
+  } catch (const std::invalid_argument& e) {
+    return report_error(flags, "usage", e.what());
+  }
+}
+
+void add_common_flags(CLI::App& command, ComparisonFlags& flags) {
+  command.add_option("--budgets", flags.budgets, "Budgets file (TOML)")->capture_default_str();
+  command.add_flag("--json", flags.json, "Print the verdict as JSON (keys in docs/cli.md)");
+}
+
+}  // namespace
+
+void add_check_command(CLI::App& app, CommandRegistry& commands) {
+  auto flags = std::make_shared<ComparisonFlags>();
+  CLI::App* check = app.add_subcommand("check", "Check a receipt against its lane's golden under the lane's budget");
+  check->add_option("receipt", flags->a, "Receipt to check (.h5)")->required();
+  check->add_option("--golden", flags->b, "Golden receipt (default: GOLDENS/<lane>.h5)");
+  check->add_option("--goldens", flags->goldens_dir, "Goldens directory")->capture_default_str();
+  add_common_flags(*check, *flags);
+  commands.add(check, [flags] { return run_comparison(*flags, "golden"); });
+
+  CLI::App* compare = app.add_subcommand("compare", "Compare two lanes under the composed budget of their features");
+  compare->add_option("a", flags->a, "Receipt of the lane under test (.h5)")->required();
+  compare->add_option("b", flags->b, "Receipt of the reference lane (.h5)")->required();
+  compare->add_option("--triage-with", flags->triage_with,
+                      "When A runs fp8 and fails: the receipt of A's lane without fp8, for BF16-first triage");
+  add_common_flags(*compare, *flags);
+  commands.add(compare, [flags] { return run_comparison(*flags, "compare"); });
+}
+
+}  // namespace harness::cli
