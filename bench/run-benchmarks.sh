@@ -11,7 +11,7 @@ out=${1:-$root/reports/bench-$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$out"
 HARNESS_TARGET= "$root/scripts/build.sh" -DHARNESS_BUILD_BENCH=ON >/dev/null
 bench=$root/build/bench
-for b in gemm_bench kernels_bench step_bench mesh_bench; do
+for b in gemm_bench kernels_bench step_bench mesh_bench check_bench; do
   min_time=0.5
   [ "$b" = step_bench ] || [ "$b" = mesh_bench ] && min_time=2   # whole steps: longer runs, steadier medians on a shared VM
   "$bench/$b" --benchmark_counters_tabular=true --benchmark_min_time=$min_time \

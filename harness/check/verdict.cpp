@@ -90,21 +90,31 @@ MetricVerdict judge_scalar(const std::string& metric, const std::vector<double>&
   return judge.finish();
 }
 
+struct SketchDistance {
+  double distance = 0;         // |a - b| of the two sketches
+  double reference_norm = 0;   // |b|
+};
+
+SketchDistance sketch_distance(const ReceiptData& run, const ReceiptData& ref, int step, std::size_t tensor) {
+  const std::size_t w = receipt::kSketchWidth;
+  const std::size_t at = (static_cast<std::size_t>(step) * run.tensors.size() + tensor) * w;
+  double d2 = 0, r2 = 0;
+  for (std::size_t i = 0; i < w; ++i) {
+    const double a = run.params_sketch[at + i], b = ref.params_sketch[at + i];
+    d2 += (a - b) * (a - b);
+    r2 += b * b;
+  }
+  return {std::sqrt(d2), std::sqrt(r2)};
+}
+
 // Per tensor: the Euclidean distance of the parameter sketches against rtol * |reference
 // sketch| + atol; a step is as bad as its worst tensor.
 MetricVerdict judge_sketches(const ReceiptData& run, const ReceiptData& ref, const ComposedBudget& budget) {
   SeriesJudge judge("params_sketch", run.steps(), budget.outlier_fraction());
-  const std::size_t k = run.tensors.size(), w = receipt::kSketchWidth;
   for (int s = 0; s < run.steps(); ++s) {
-    for (std::size_t t = 0; t < k; ++t) {
-      const double* a = run.params_sketch.data() + (static_cast<std::size_t>(s) * k + t) * w;
-      const double* b = ref.params_sketch.data() + (static_cast<std::size_t>(s) * k + t) * w;
-      double d2 = 0, r2 = 0;
-      for (std::size_t i = 0; i < w; ++i) {
-        d2 += (a[i] - b[i]) * (a[i] - b[i]);
-        r2 += b[i] * b[i];
-      }
-      judge.add(s, std::sqrt(d2), budget.allowed("params_sketch", s, std::sqrt(r2)), run.tensors[t]);
+    for (std::size_t t = 0; t < run.tensors.size(); ++t) {
+      const SketchDistance d = sketch_distance(run, ref, s, t);
+      judge.add(s, d.distance, budget.allowed("params_sketch", s, d.reference_norm), run.tensors[t]);
     }
   }
   return judge.finish();
@@ -146,17 +156,10 @@ std::optional<TensorMove> first_moved(const ReceiptData& run, const ReceiptData&
 
 std::optional<TensorMove> most_moved(const ReceiptData& run, const ReceiptData& ref) {
   std::optional<TensorMove> best;
-  const std::size_t k = run.tensors.size(), w = receipt::kSketchWidth;
   for (int s = 0; s < run.steps(); ++s) {
-    for (std::size_t t = 0; t < k; ++t) {
-      const double* a = run.params_sketch.data() + (static_cast<std::size_t>(s) * k + t) * w;
-      const double* b = ref.params_sketch.data() + (static_cast<std::size_t>(s) * k + t) * w;
-      double d2 = 0, r2 = 0;
-      for (std::size_t i = 0; i < w; ++i) {
-        d2 += (a[i] - b[i]) * (a[i] - b[i]);
-        r2 += b[i] * b[i];
-      }
-      const double relative = r2 > 0 ? std::sqrt(d2 / r2) : std::sqrt(d2);
+    for (std::size_t t = 0; t < run.tensors.size(); ++t) {
+      const SketchDistance d = sketch_distance(run, ref, s, t);
+      const double relative = d.reference_norm > 0 ? d.distance / d.reference_norm : d.distance;
       if (relative > 0 && (!best || relative > best->distance)) best = TensorMove{"params", run.tensors[t], s, relative};
     }
   }
