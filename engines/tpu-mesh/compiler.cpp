@@ -573,6 +573,8 @@ class Compiler {
       case OpKind::ClipByNorm:
       case OpKind::AdamW: lower_optimizer(n); break;
       case OpKind::NudgeUlps:
+        // The fault perturbs the batch's first element: micro-batch 0 holds it.
+        if (accumulating_) break;
         emit(InstrKind::Nudge, {buffer(t[0]), buffer(t[1])}, {}, {}, Axis::None, {eff(t[0])});
         break;
     }

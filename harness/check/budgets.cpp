@@ -7,6 +7,7 @@
 #include <set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <toml++/toml.h>
 
 namespace harness::check {
@@ -165,7 +166,13 @@ class Parser {
     only_keys(t, "[compile-stability]", {"rationale", "warmup_steps", "max_uncached_compiles", "max_host_syncs"});
     text(t, "[compile-stability]", "rationale", true);
     CompileStabilityBudget c;
-    c.warmup_steps = static_cast<int>(non_negative(t["warmup_steps"], "[compile-stability].warmup_steps"));
+    if (t.contains("warmup_steps")) {
+      const auto steps = t["warmup_steps"].value<std::int64_t>();
+      if (!steps || *steps < 0 || *steps > std::numeric_limits<int>::max()) {
+        fail("[compile-stability].warmup_steps: must be a non-negative integer");
+      }
+      c.warmup_steps = static_cast<int>(*steps);
+    }
     c.max_uncached_compiles = non_negative(t["max_uncached_compiles"], "[compile-stability].max_uncached_compiles");
     c.max_host_syncs = non_negative(t["max_host_syncs"], "[compile-stability].max_host_syncs");
     return c;
@@ -210,7 +217,7 @@ double ComposedBudget::allowed(const std::string& metric, int step, double refer
     if (it == f->metrics.end()) continue;
     for (const Window& w : it->second) {
       if (step < w.first || step > w.last) continue;
-      total += w.atol + w.rtol * std::fabs(reference) + w.ulp * fp32_ulp(reference);
+      total += w.atol + w.rtol * std::fabs(reference) + (w.ulp != 0 ? w.ulp * fp32_ulp(reference) : 0.0);
     }
   }
   return total;

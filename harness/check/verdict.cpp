@@ -39,7 +39,8 @@ class SeriesJudge {
 
   // A deviation at `step` against what the budget allows there (0: must be exact).
   void add(int step, double deviation, double allowed, const std::string& where = "") {
-    const double ratio = deviation == 0 ? 0 : allowed > 0 ? deviation / allowed : std::numeric_limits<double>::infinity();
+    double ratio = deviation == 0 ? 0 : allowed > 0 ? deviation / allowed : std::numeric_limits<double>::infinity();
+    if (std::isnan(ratio) || std::isnan(deviation)) ratio = std::numeric_limits<double>::infinity();  // NaN never passes
     auto& slot = ratios_[static_cast<std::size_t>(step)];
     slot = std::max(slot, ratio);
     if (v_.worst_step < 0 || ratio > worst_ratio_) {
@@ -52,20 +53,22 @@ class SeriesJudge {
   }
 
   MetricVerdict finish() {
-    std::vector<double> over;
+    int unexcusable = 0;  // a NaN, or a move where the budget is exact: never an outlier
     for (std::size_t s = 0; s < ratios_.size(); ++s) {
       if (ratios_[s] > 1) {
         if (v_.first_failing_step < 0) v_.first_failing_step = static_cast<int>(s);
         ++v_.failing_steps;
+        unexcusable += std::isinf(ratios_[s]) ? 1 : 0;
       }
     }
-    v_.pass = v_.failing_steps <= v_.allowed_outliers;
+    v_.pass = unexcusable == 0 && v_.failing_steps <= v_.allowed_outliers;
     // Headroom at the worst step that counts: the allowed outliers are set aside.
     std::vector<double> sorted = ratios_;
     std::sort(sorted.begin(), sorted.end(), std::greater<>());
     const auto counted = static_cast<std::size_t>(v_.allowed_outliers);
     const double ratio = counted < sorted.size() ? sorted[counted] : 0;
-    v_.headroom_pct = std::isinf(ratio) ? -100 : (1 - ratio) * 100;
+    // -infinity when a NaN or an exact budget broke (JSON: null): no outlier excuses those.
+    v_.headroom_pct = unexcusable > 0 ? -std::numeric_limits<double>::infinity() : (1 - ratio) * 100;
     if (v_.worst_step < 0) v_.worst_step = 0;
     return v_;
   }
@@ -188,15 +191,20 @@ void judge_compile_stability(const ReceiptData& run, const CompileStabilityBudge
 // Per-device peak bytes by category against the golden's.
 void judge_memory(const ReceiptData& run, const ReceiptData& golden, const MemoryBudget& budget,
                   std::vector<MetricVerdict>& out) {
-  for (const auto& [category, peaks] : run.memory) {
-    const auto it = golden.memory.find(category);
-    if (it == golden.memory.end() || it->second.size() != peaks.size() || category == "names") continue;
+  for (const auto& [category, golden_peaks] : golden.memory) {
+    const auto it = run.memory.find(category);
+    if (it == run.memory.end() || it->second.size() != golden_peaks.size()) {
+      throw ContractError("memory", fmt::format("{} records /memory/{} for another mesh (or not at all) than its golden; "
+                                                "compare runs of one mesh",
+                                                run.path, category));
+    }
+    const std::vector<double>& peaks = it->second;
     SeriesJudge judge("memory." + category, run.steps(), 0);
     const std::size_t devices = peaks.size() / static_cast<std::size_t>(std::max(1, run.steps()));
     for (int s = 0; s < run.steps(); ++s) {
       for (std::size_t d = 0; d < devices; ++d) {
         const std::size_t at = static_cast<std::size_t>(s) * devices + d;
-        judge.add(s, std::fabs(peaks[at] - it->second[at]), budget.rtol * it->second[at], fmt::format("device{}", d));
+        judge.add(s, std::fabs(peaks[at] - golden_peaks[at]), budget.rtol * golden_peaks[at], fmt::format("device{}", d));
       }
     }
     out.push_back(judge.finish());
@@ -223,6 +231,31 @@ bool is_noisy(const ReceiptData& r) {
   return it != r.manifest.end() && (it->second == "seeded" || it->second == "racy");
 }
 
+// Every series as long as the steps (times tensors, sketch width, devices): a receipt
+// whose datasets disagree is refused, never read past its end.
+void check_shapes(const ReceiptData& d) {
+  const std::size_t n = d.loss.size(), k = d.tensors.size();
+  auto expect = [&](std::size_t got, std::size_t want, const std::string& what) {
+    if (got != want) {
+      throw receipt::ReceiptError(fmt::format("{}: {} holds {} values where {} steps need {}; the receipt is damaged",
+                                              d.path, what, got, n, want));
+    }
+  };
+  expect(d.grad_norm.size(), n, "/steps/grad_norm");
+  expect(d.batch_hashes.size(), n, "/steps/batch_hash");
+  for (const auto& [family, hashes] : d.hashes) expect(hashes.size(), n * k, "/hashes/" + family);
+  expect(d.params_sketch.size(), n * k * receipt::kSketchWidth, "/sketches/params_projection");
+  if (!d.compile.empty()) {
+    for (const char* counter : {"UncachedCompile", "HostSync"}) {
+      const auto it = d.compile.find(counter);
+      expect(it == d.compile.end() ? 0 : it->second.size(), n, fmt::format("/compile/{}", counter));
+    }
+  }
+  for (const auto& [category, peaks] : d.memory) {
+    if (n == 0 || peaks.size() % n != 0) expect(peaks.size(), n, "/memory/" + category);
+  }
+}
+
 }  // namespace
 
 ReceiptData load_receipt(const std::string& path) {
@@ -241,6 +274,7 @@ ReceiptData load_receipt(const std::string& path) {
   d.params_sketch = h5::read_f64(r.file(), "/sketches/params_projection");
   d.compile = read_group(r, "/compile");
   d.memory = read_group(r, "/memory");
+  check_shapes(d);
   return d;
 }
 
@@ -275,7 +309,10 @@ ComposedBudget budget_between(const Budgets& budgets, const ReceiptData& a, cons
   std::set<std::string> chosen;
   if (replays_of_each_other(a, b)) {
     std::set_symmetric_difference(fa.begin(), fa.end(), fb.begin(), fb.end(), std::inserter(chosen, chosen.end()));
-  } else {
+  }
+  // Independent roundings, or two configurations of one engine (another mesh, plan or FP8
+  // recipe sums in another order): every feature of both lanes.
+  if (!replays_of_each_other(a, b) || (chosen.empty() && a.lane != b.lane)) {
     std::set_union(fa.begin(), fa.end(), fb.begin(), fb.end(), std::inserter(chosen, chosen.end()));
   }
   std::vector<const FeatureBudget*> parts;
@@ -313,6 +350,12 @@ void check_contracts(const ReceiptData& a, const ReceiptData& b) {
                         fmt::format("{} ({}) and {} ({}) ran different canaries (they differ in {}); compare receipts "
                                     "of one canary definition",
                                     a.path, a.lane, b.path, b.lane, fmt::join(keys, ", ")));
+  }
+  const auto seed = [](const ReceiptData& r) { return r.manifest.count("seed") ? r.manifest.at("seed") : ""; };
+  if (seed(a) != seed(b)) {
+    throw ContractError("another_seed", fmt::format("{} and {} start from different initial parameters (--seed {} vs {}); "
+                                                    "compare runs of one seed",
+                                                    a.path, b.path, seed(a), seed(b)));
   }
   for (const ReceiptData* r : {&a, &b}) {
     if (!r->complete) {
@@ -363,9 +406,10 @@ Verdict compare_receipts(const ReceiptData& run, const ReceiptData& ref, const B
   const ComposedBudget budget = budget_between(budgets, run, ref);
   v.bitwise = budget.bitwise();
   v.budget = budget.names();
-  v.budget_reason = replays_of_each_other(run, ref)
-                        ? "the features that separate the two lanes"
-                        : "all features of both lanes, since the runs are not replays of each other: their noise seeds differ";
+  v.budget_reason = !replays_of_each_other(run, ref) ? "all features of both lanes: the runs do not make the same roundings (noise)"
+                    : run.lane == ref.lane || v.bitwise ? "the features that separate the two lanes"
+                    : lane_features(run) != lane_features(ref) ? "the features that separate the two lanes"
+                                                                : "all features of both lanes: two configurations of one engine";
   v.metrics.push_back(judge_scalar("loss", run.loss, ref.loss, budget, v.bitwise));
   v.metrics.push_back(judge_scalar("grad_norm", run.grad_norm, ref.grad_norm, budget, v.bitwise));
   v.metrics.push_back(v.bitwise ? judge_hashes(run, ref) : judge_sketches(run, ref, budget));

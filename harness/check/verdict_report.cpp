@@ -20,14 +20,15 @@ std::string metric_line(const MetricVerdict& m) {
   if (m.pass && m.max_deviation == 0) return fmt::format("PASS  {:<38} exact", m.metric);
   const std::string where = m.worst_tensor.empty() ? "" : fmt::format(" ({})", m.worst_tensor);
   if (m.pass) {
-    return fmt::format("PASS  {:<38} max |d| {:.3g} at step {}{}, headroom {:.0f}% of the budget{}", m.metric,
+    return fmt::format("PASS  {:<38} |d| {:.3g} at worst step {}{}, headroom {:.0f}% of the budget{}", m.metric,
                        m.max_deviation, m.worst_step, where, m.headroom_pct,
                        m.failing_steps ? fmt::format(" ({} outlier steps of {} allowed)", m.failing_steps, m.allowed_outliers)
                                        : "");
   }
+  const std::string headroom = std::isfinite(m.headroom_pct) ? fmt::format("{:.0f}%", m.headroom_pct) : "none: exact";
   return fmt::format("FAIL  {:<38} first failing step {}, worst step {}{}: |d| {:.3g} against {:.3g} allowed "
-                     "(headroom {:.0f}%), {} steps over ({} allowed)",
-                     m.metric, m.first_failing_step, m.worst_step, where, m.max_deviation, m.allowed, m.headroom_pct,
+                     "(headroom {}), {} steps over ({} allowed)",
+                     m.metric, m.first_failing_step, m.worst_step, where, m.max_deviation, m.allowed, headroom,
                      m.failing_steps, m.allowed_outliers);
 }
 

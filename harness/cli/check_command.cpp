@@ -81,7 +81,10 @@ int run_comparison(const ComparisonFlags& flags, const std::string& kind) {
                                       reference_path, reference.lane, run.lane));
     }
     check::Verdict verdict = check::compare_receipts(run, reference, budgets, kind);
-    if (!verdict.pass() && !flags.triage_with.empty() && check::lane_features(run).count("fp8")) {
+    if (!flags.triage_with.empty() && !check::lane_features(run).count("fp8")) {
+      throw std::invalid_argument(fmt::format("--triage-with: {} runs no fp8; triage explains fp8 lanes", run.lane));
+    }
+    if (!verdict.pass() && !flags.triage_with.empty()) {
       verdict.triage = triage(verdict, check::load_receipt(flags.triage_with), reference, budgets);
     }
     return print_verdict(flags, verdict);
@@ -93,6 +96,8 @@ int run_comparison(const ComparisonFlags& flags, const std::string& kind) {
     return report_error(flags, "receipt", e.what());
   } catch (const std::invalid_argument& e) {
     return report_error(flags, "usage", e.what());
+  } catch (const std::exception& e) {  // an HDF5 failure reading a dataset, ...
+    return report_error(flags, "receipt", e.what());
   }
 }
 

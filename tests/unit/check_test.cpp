@@ -4,6 +4,7 @@
 // first failing step of an injected fault and the headroom of a perturbed budget; and
 // receipts that cannot be compared are distinct errors, never a pass.
 #include <cmath>
+#include <limits>
 #include <cstring>
 #include <fstream>
 #include <regex>
@@ -200,6 +201,35 @@ TEST(Verdict, HeadroomIsTheShareOfThePerturbedBudgetLeft) {
   }
 }
 
+// A NaN never passes, and a broken exact budget is never an allowed outlier.
+TEST(Verdict, NanIsNeverExcusedByTheOutlierAllowance) {
+  const std::string lenient = shipped_with(R"(rationale = "tpu-mesh in fp32)", "outlier_fraction = 0.5\nrationale = \"tpu-mesh in fp32");
+  const Budgets budgets = load_budgets(write_budgets("lenient", lenient));
+  ASSERT_EQ(budgets.feature("mesh-fp32").outlier_fraction, 0.5);
+  const ReceiptData ref = run("nan_ref", lane("micro", 6, 2));
+  ReceiptData mesh = run("nan_mesh", lane("micro", 6, 2, "tpu-mesh", "", {{"mesh", "2x1"}}));
+  EXPECT_TRUE(compare_receipts(mesh, ref, budgets, "compare").pass());
+  mesh.loss[2] = std::numeric_limits<double>::quiet_NaN();
+  mesh.params_sketch[5] = std::numeric_limits<double>::quiet_NaN();
+  const Verdict v = compare_receipts(mesh, ref, budgets, "compare");
+  EXPECT_FALSE(v.pass());
+  for (const MetricVerdict& m : v.metrics) {
+    if (m.metric == "loss" || m.metric == "params_sketch") {
+      EXPECT_FALSE(m.pass) << m.metric;
+      EXPECT_EQ(m.first_failing_step, m.metric == "loss" ? 2 : 0) << m.metric;
+      EXPECT_TRUE(std::isinf(m.headroom_pct)) << m.metric;
+    }
+  }
+}
+
+TEST(Verdict, TwoConfigurationsOfOneEngineGetTheirFeaturesBudget) {
+  const Budgets budgets = load_budgets(kShippedBudgets);
+  const ReceiptData tp = run("config_tp", lane("micro", 3, 2, "tpu-mesh", "", {{"mesh", "2x2"}, {"shard-plan", "tp"}}));
+  const ReceiptData dp = run("config_dp", lane("micro", 3, 2, "tpu-mesh", "", {{"mesh", "2x1"}}));
+  EXPECT_EQ(budget_between(budgets, tp, dp).names(), std::vector<std::string>{"mesh-fp32"});
+  EXPECT_TRUE(compare_receipts(tp, dp, budgets, "compare").pass());
+}
+
 ContractError contract_error(const ReceiptData& a, const ReceiptData& b) {
   try {
     check_contracts(a, b);
@@ -218,6 +248,9 @@ TEST(Verdict, ReceiptsThatCannotBeComparedAreDistinctErrors) {
   const ContractError data = contract_error(shifted, micro);
   EXPECT_EQ(data.kind, "different_data");
   EXPECT_NE(std::string(data.what()).find("the batch of step 2 differs"), std::string::npos);
+  run::RunOptions reseeded = lane("micro", 4, 2);
+  reseeded.seed = 7;
+  EXPECT_EQ(contract_error(micro, run("contract_seed", reseeded)).kind, "another_seed");
   ReceiptData killed = micro;
   killed.complete = false;
   EXPECT_EQ(contract_error(killed, micro).kind, "incomplete");
