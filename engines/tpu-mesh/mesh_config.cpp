@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <iterator>
+#include <optional>
 #include <stdexcept>
 
 #include <vector>
@@ -17,23 +18,29 @@ namespace {
 
 constexpr int kMaxAxisSize = 64;
 
-int parse_axis_size(const std::string& text, const std::string& whole) {
+// A whole decimal number in 1..max, or nothing.
+std::optional<int> parse_count(const std::string& text, int max) {
   int value = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || value < 1 || value > kMaxAxisSize) {
-    fail(fmt::format("--mesh: '{}' is not DxM with D and M in 1..{} (data x model devices, e.g. 2x2)", whole,
-                     kMaxAxisSize));
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || value < 1 || value > max) {
+    return std::nullopt;
   }
   return value;
 }
 
-int parse_grad_accum(const std::string& text) {
-  int value = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || value < 1 || value > kMaxGradAccum) {
-    fail(fmt::format("--grad-accum: '{}' is not a count of micro-batches in 1..{}", text, kMaxGradAccum));
+int parse_axis_size(const std::string& text, const std::string& whole) {
+  const std::optional<int> size = parse_count(text, kMaxAxisSize);
+  if (!size) {
+    fail(fmt::format("--mesh: '{}' is not DxM with D and M in 1..{} (data x model devices, e.g. 2x2)", whole,
+                     kMaxAxisSize));
   }
-  return value;
+  return *size;
+}
+
+int parse_grad_accum(const std::string& text) {
+  const std::optional<int> count = parse_count(text, kMaxGradAccum);
+  if (!count) fail(fmt::format("--grad-accum: '{}' is not a count of micro-batches in 1..{}", text, kMaxGradAccum));
+  return *count;
 }
 
 }  // namespace
