@@ -175,21 +175,21 @@ bool TpuMeshEngine::fits(const Executable& exe) const {
 void TpuMeshEngine::flush() {
   if (pending_.nodes.empty()) return;
   if (config_.compile_mode == CompileMode::Step) {
-    execute(pending_, ProgramRole::Step, 1);
+    execute(std::move(pending_), ProgramRole::Step, 1);
   } else {
-    const PhaseSplit parts = split_phases(pending_);
+    PhaseSplit parts = split_phases(pending_);
     if (!parts.gradients.nodes.empty()) {
       execute(parts.gradients, ProgramRole::GradCreate, 1);
       if (config_.grad_accum > 1) execute(parts.gradients, ProgramRole::GradAccumulate, config_.grad_accum - 1);
     }
-    if (!parts.optimizer.nodes.empty()) execute(parts.optimizer, ProgramRole::Optimizer, 1);
+    if (!parts.optimizer.nodes.empty()) execute(std::move(parts.optimizer), ProgramRole::Optimizer, 1);
   }
   pending_ = Graph{};
 }
 
 // Compile-or-lookup once, then run `runs` times; the accumulating program starts at
 // micro-batch 1 (micro-batch 0 is the creating program's).
-void TpuMeshEngine::execute(const Graph& graph, ProgramRole role, int runs) {
+void TpuMeshEngine::execute(Graph graph, ProgramRole role, int runs) {
   const auto start = std::chrono::steady_clock::now();
   const std::string flags = fmt::format("{};program={}", config_.fingerprint_flags(), to_string(role));
   const std::string fp = fingerprint(graph, table_digest_, flags);
@@ -200,7 +200,7 @@ void TpuMeshEngine::execute(const Graph& graph, ProgramRole role, int runs) {
   for (int k = 0; k < runs; ++k) executor_.run(*exe, first_micro_batch + k);
   counters_.execute_seconds += seconds_since(run_start);
   note_memory(*exe);
-  segments_.push_back({graph, fp, role});
+  segments_.push_back({std::move(graph), fp, role});
 }
 
 void TpuMeshEngine::note_memory(const Executable& exe) {

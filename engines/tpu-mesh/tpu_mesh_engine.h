@@ -98,7 +98,7 @@ class TpuMeshEngine final : public Engine {
   bool pending_uses(TensorId id) const;  // whether a traced, not yet executed op uses it
   void cut_graph(const std::string& what, TensorId id);
   void flush();  // compile-or-lookup and execute the traced graph
-  void execute(const Graph& graph, ProgramRole role, int runs);
+  void execute(Graph graph, ProgramRole role, int runs);  // kept in segments_ afterwards
   std::shared_ptr<const Executable> lookup_or_compile(const Graph& graph, ProgramRole role,
                                                       const std::string& fingerprint);
   bool fits(const Executable& exe) const;

@@ -74,16 +74,19 @@ Budgets load_budgets(const std::string& path);
 class ComposedBudget {
  public:
   ComposedBudget() = default;
-  explicit ComposedBudget(std::vector<const FeatureBudget*> parts) : parts_(std::move(parts)) {}
+  explicit ComposedBudget(std::vector<const FeatureBudget*> parts, std::string reason = "")
+      : parts_(std::move(parts)), reason_(std::move(reason)) {}
 
   bool bitwise() const;
   // How far `metric` may move at `step` from a reference value `reference`.
   double allowed(const std::string& metric, int step, double reference) const;
   double outlier_fraction() const;  // the largest of the parts'
   std::vector<std::string> names() const;  // "reference" when bitwise
+  const std::string& reason() const { return reason_; }  // why these parts (docs/budgets.md)
 
  private:
   std::vector<const FeatureBudget*> parts_;
+  std::string reason_;
 };
 
 // The spacing of fp32 numbers at |x| (the value of one unit in the last place).

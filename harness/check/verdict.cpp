@@ -306,18 +306,22 @@ bool replays_of_each_other(const ReceiptData& a, const ReceiptData& b) {
 
 ComposedBudget budget_between(const Budgets& budgets, const ReceiptData& a, const ReceiptData& b) {
   const std::set<std::string> fa = lane_features(a), fb = lane_features(b);
+  const bool replays = replays_of_each_other(a, b);
   std::set<std::string> chosen;
-  if (replays_of_each_other(a, b)) {
+  std::string reason = "the features that separate the two lanes";
+  if (replays) {
     std::set_symmetric_difference(fa.begin(), fa.end(), fb.begin(), fb.end(), std::inserter(chosen, chosen.end()));
   }
   // Independent roundings, or two configurations of one engine (another mesh, plan or FP8
   // recipe sums in another order): every feature of both lanes.
-  if (!replays_of_each_other(a, b) || (chosen.empty() && a.lane != b.lane)) {
+  if (!replays || (chosen.empty() && a.lane != b.lane)) {
     std::set_union(fa.begin(), fa.end(), fb.begin(), fb.end(), std::inserter(chosen, chosen.end()));
+    reason = replays ? "all features of both lanes: two configurations of one engine"
+                     : "all features of both lanes: the runs do not make the same roundings (noise)";
   }
   std::vector<const FeatureBudget*> parts;
   for (const std::string& name : chosen) parts.push_back(&budgets.feature(name));
-  return ComposedBudget(std::move(parts));
+  return ComposedBudget(std::move(parts), std::move(reason));
 }
 
 namespace {
@@ -406,10 +410,7 @@ Verdict compare_receipts(const ReceiptData& run, const ReceiptData& ref, const B
   const ComposedBudget budget = budget_between(budgets, run, ref);
   v.bitwise = budget.bitwise();
   v.budget = budget.names();
-  v.budget_reason = !replays_of_each_other(run, ref) ? "all features of both lanes: the runs do not make the same roundings (noise)"
-                    : run.lane == ref.lane || v.bitwise ? "the features that separate the two lanes"
-                    : lane_features(run) != lane_features(ref) ? "the features that separate the two lanes"
-                                                                : "all features of both lanes: two configurations of one engine";
+  v.budget_reason = budget.reason();
   v.metrics.push_back(judge_scalar("loss", run.loss, ref.loss, budget, v.bitwise));
   v.metrics.push_back(judge_scalar("grad_norm", run.grad_norm, ref.grad_norm, budget, v.bitwise));
   v.metrics.push_back(v.bitwise ? judge_hashes(run, ref) : judge_sketches(run, ref, budget));

@@ -109,7 +109,7 @@ void add_common_flags(CLI::App& command, ComparisonFlags& flags) {
 }  // namespace
 
 void add_check_command(CLI::App& app, CommandRegistry& commands) {
-  auto flags = std::make_shared<ComparisonFlags>();
+  auto flags = std::make_shared<ComparisonFlags>();  // check's: the receipt, and --golden or --goldens
   CLI::App* check = app.add_subcommand("check", "Check a receipt against its lane's golden under the lane's budget");
   check->add_option("receipt", flags->a, "Receipt to check (.h5)")->required();
   check->add_option("--golden", flags->b, "Golden receipt (default: GOLDENS/<lane>.h5)");
@@ -117,6 +117,7 @@ void add_check_command(CLI::App& app, CommandRegistry& commands) {
   add_common_flags(*check, *flags);
   commands.add(check, [flags] { return run_comparison(*flags, "golden"); });
 
+  flags = std::make_shared<ComparisonFlags>();  // compare's own: A and B
   CLI::App* compare = app.add_subcommand("compare", "Compare two lanes under the composed budget of their features");
   compare->add_option("a", flags->a, "Receipt of the lane under test (.h5)")->required();
   compare->add_option("b", flags->b, "Receipt of the reference lane (.h5)")->required();
