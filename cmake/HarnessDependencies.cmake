@@ -7,6 +7,7 @@ find_package(CLI11 REQUIRED)
 find_package(fmt REQUIRED)
 find_package(nlohmann_json REQUIRED)
 find_package(tomlplusplus REQUIRED)
+find_package(pugixml REQUIRED)
 find_package(Threads REQUIRED)
 find_package(PkgConfig REQUIRED)
 # Debian's libxxhash-dev ships a pkg-config file but no CMake package.

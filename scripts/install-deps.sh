@@ -8,9 +8,11 @@ packages=(
   build-essential cmake ccache pkg-config git clang-14
   # libraries (found with find_package / pkg-config)
   libhdf5-dev libtbb-dev libxxhash-dev libcereal-dev libcli11-dev libfmt-dev
-  libtomlplusplus-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev
+  libtomlplusplus-dev libpugixml-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev
   # tests and benchmarks: standard HDF5 readers, the PyTorch twin and peer
   hdf5-tools python3 python3-h5py python3-numpy python3-torch
+  # the nightly HTML report opened in a headless browser; xxhsum checks goldens by hand
+  chromium xxhash
 )
 
 missing=()

@@ -9,6 +9,7 @@
 
 #include "budgets.h"
 #include "commands.h"
+#include "defaults.h"
 #include "receipt/receipt_reader.h"
 #include "verdict.h"
 #include "verdict_report.h"
@@ -18,8 +19,8 @@ namespace {
 
 struct ComparisonFlags {
   std::string a, b;  // check: the receipt and its golden (empty: found by lane)
-  std::string goldens_dir = std::string(HARNESS_SOURCE_DIR) + "/goldens";
-  std::string budgets = std::string(HARNESS_SOURCE_DIR) + "/canaries/budgets.toml";
+  std::string goldens_dir = default_goldens();
+  std::string budgets = default_budgets();
   std::string triage_with;
   bool json = false;
 };

@@ -19,6 +19,8 @@ int main(int argc, char** argv) {
   harness::cli::add_inspect_command(app, commands);
   harness::cli::add_audit_command(app, commands);
   harness::cli::add_check_command(app, commands);
+  harness::cli::add_golden_command(app, commands);
+  harness::cli::add_nightly_command(app, commands);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -19,6 +19,7 @@ int CommandRegistry::run_selected(const CLI::App& app) const {
   for (const CLI::App* sub : app.get_subcommands()) {
     const auto it = actions_.find(sub);
     if (it != actions_.end()) return it->second();
+    if (!sub->get_subcommands().empty()) return run_selected(*sub);  // `golden status`, ...
   }
   return kExitBadInput;
 }

@@ -1,0 +1,175 @@
+// `harness golden status|refresh|approve|reject`: the only way goldens change. Refresh runs
+// lanes into candidates beside the goldens and writes a review report; approve promotes
+// reviewed candidates atomically and records who, why and what changed; reject drops them.
+// With CI set, refresh and approve refuse to write unless --allow-ci (docs/goldens.md).
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "budgets.h"
+#include "canary_run.h"
+#include "commands.h"
+#include "defaults.h"
+#include "golden_store.h"
+#include "lane_run.h"
+#include "matrix.h"
+#include "nightly.h"
+#include "stack_info.h"
+#include "verdict.h"
+
+namespace harness::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct GoldenFlags {
+  std::string matrix = default_matrix();
+  std::string goldens = default_goldens();
+  std::string budgets = default_budgets();
+  std::string lanes, reason, approver;
+  bool allow_ci = false, json = false;
+};
+
+void refuse_in_ci(const GoldenFlags& f, const char* command) {
+  const char* ci = std::getenv("CI");
+  if (ci && *ci && !f.allow_ci) {
+    throw run::UsageError(fmt::format("CI is set: `harness golden {}` writes no goldens in CI; pass --allow-ci if this "
+                                      "job is meant to", command));
+  }
+}
+
+int status_action(const GoldenFlags& f) {
+  const nightly::Matrix matrix = nightly::load_matrix(f.matrix);
+  const nightly::GoldenStatus status = nightly::GoldenStore(f.goldens).status(matrix);
+  if (f.json) {
+    fmt::print("{}\n", status.to_json().dump(2));
+    return status.clean() ? kExitPass : kExitCheckFailed;
+  }
+  fmt::print("goldens     {} ({} lanes in {})\n", f.goldens, matrix.lanes.size(), f.matrix);
+  for (const nightly::GoldenState& g : status.lanes) {
+    fmt::print("{:<11} {:<16} {}{}\n", g.state, g.id, g.lane, g.candidate_pending ? "  (candidate awaiting approval)" : "");
+    if (!g.detail.empty()) fmt::print("{:<11} {}\n", "", g.detail);
+  }
+  for (const std::string& o : status.orphans) fmt::print("orphaned    {}  (no lane of the matrix; delete it or add its lane)\n", o);
+  for (const std::string& o : status.orphaned_candidates) {
+    fmt::print("orphaned    {}  (a candidate no record knows; delete it)\n", o);
+  }
+  return status.clean() ? kExitPass : kExitCheckFailed;
+}
+
+// The candidate against the golden it would replace, as the review report shows it.
+nlohmann::json review(const std::string& candidate, const std::string& golden, const check::Budgets& budgets) {
+  if (!fs::exists(golden)) return {{"verdict", "new"}, {"summary", "no golden yet: this candidate creates it"}};
+  try {
+    const nlohmann::json judged = nightly::judge("golden", check::load_receipt(candidate), check::load_receipt(golden), budgets);
+    nlohmann::json out = {{"verdict", judged["status"] == "error" ? "incomparable" : judged["status"]},
+                          {"summary", judged["summary"]}};
+    if (judged.contains("text")) out["text"] = judged["text"];
+    if (judged.contains("error")) out["text"] = judged["error"]["message"].get<std::string>() + "\n";
+    return out;
+  } catch (const std::exception& e) {  // a golden of an older schema, ...
+    return {{"verdict", "incomparable"}, {"summary", e.what()}};
+  }
+}
+
+int refresh_action(const GoldenFlags& f) {
+  refuse_in_ci(f, "refresh");
+  if (f.reason.empty()) throw run::UsageError("--reason: say why the goldens change (it goes to the provenance log)");
+  const nightly::Matrix matrix = nightly::load_matrix(f.matrix);
+  const check::Budgets budgets = check::load_budgets(f.budgets);
+  const auto lanes = nightly::select_lanes(matrix, f.lanes);
+  nightly::GoldenStore store(f.goldens);
+  for (const nightly::LaneSpec* spec : lanes) {
+    const std::string candidate = store.candidate_path(spec->lane);
+    fs::create_directories(fs::path(candidate).parent_path());
+    nightly::run_lane(matrix, *spec, candidate);
+    const nlohmann::json comparison = review(candidate, store.golden_path(spec->lane), budgets);
+    store.add_candidate({spec->id, spec->lane, nightly::file_content_hash(candidate), f.reason, run::utc_timestamp(), comparison});
+    fmt::print("candidate   {:<16} {:<12} {}\n", spec->id, comparison["verdict"].get<std::string>(),
+               comparison["summary"].get<std::string>());
+  }
+  fmt::print("review      {}\nthen        harness golden approve --approved-by NAME   (or: harness golden reject)\n",
+             store.review_path());
+  return kExitPass;
+}
+
+// The pending candidates --lanes names (ids or lane names); all of them when empty.
+std::vector<nightly::Candidate> chosen_candidates(const nightly::GoldenStore& store, const std::string& lanes) {
+  const std::vector<nightly::Candidate> pending = store.candidates();
+  if (pending.empty()) throw run::UsageError(fmt::format("no candidates in {}; run `harness golden refresh` first", store.directory()));
+  if (lanes.empty()) return pending;
+  std::vector<nightly::Candidate> chosen;
+  std::size_t start = 0;
+  while (start <= lanes.size()) {
+    const std::size_t comma = lanes.find(',', start);
+    const std::string item = lanes.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    const auto it = std::find_if(pending.begin(), pending.end(), [&](const auto& c) { return c.id == item || c.lane == item; });
+    if (it == pending.end()) throw run::UsageError(fmt::format("--lanes: '{}' has no candidate; refresh it first", item));
+    chosen.push_back(*it);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return chosen;
+}
+
+int approve_action(const GoldenFlags& f) {
+  refuse_in_ci(f, "approve");
+  if (f.approver.empty()) throw run::UsageError("--approved-by: name who reviewed the candidates");
+  nightly::GoldenStore store(f.goldens);
+  for (const nightly::Candidate& c : chosen_candidates(store, f.lanes)) {
+    store.promote(c, f.approver);
+    fmt::print("approved    {:<16} {} -> {}\n", c.id, c.lane, store.golden_path(c.lane));
+  }
+  fmt::print("logged      {}\n", store.log_path());
+  return kExitPass;
+}
+
+int reject_action(const GoldenFlags& f) {
+  nightly::GoldenStore store(f.goldens);
+  for (const nightly::Candidate& c : chosen_candidates(store, f.lanes)) {
+    store.drop_candidate(c.lane);
+    fmt::print("rejected    {:<16} {}\n", c.id, c.lane);
+  }
+  return kExitPass;
+}
+
+}  // namespace
+
+void add_golden_command(CLI::App& app, CommandRegistry& commands) {
+  CLI::App* golden = app.add_subcommand("golden", "Goldens: status, refresh into candidates, approve or reject them");
+  golden->require_subcommand(1);
+  auto flags = std::make_shared<GoldenFlags>();
+  auto common = [&flags](CLI::App* sub, bool with_matrix) {
+    sub->add_option("--goldens", flags->goldens, "Goldens directory")->capture_default_str();
+    if (with_matrix) sub->add_option("--matrix", flags->matrix, "Lane matrix (TOML)")->capture_default_str();
+  };
+  CLI::App* status = golden->add_subcommand("status", "Lanes with goldens, lanes missing one, orphaned and outdated goldens");
+  common(status, true);
+  status->add_flag("--json", flags->json, "Print the status as JSON");
+  commands.add(status, [flags] { return status_action(*flags); });
+
+  CLI::App* refresh = golden->add_subcommand("refresh", "Run lanes into candidates beside the goldens, with a review report");
+  common(refresh, true);
+  refresh->add_option("--lanes", flags->lanes, "Lane ids or names, comma-separated (default: every lane)");
+  refresh->add_option("--reason", flags->reason, "Why the goldens change (recorded)")->required();
+  refresh->add_option("--budgets", flags->budgets, "Budgets file for the review")->capture_default_str();
+  refresh->add_flag("--allow-ci", flags->allow_ci, "Write even though CI is set");
+  commands.add(refresh, [flags] { return refresh_action(*flags); });
+
+  CLI::App* approve = golden->add_subcommand("approve", "Promote reviewed candidates to goldens and log the provenance");
+  common(approve, false);
+  approve->add_option("--lanes", flags->lanes, "Candidates to approve (default: all)");
+  approve->add_option("--approved-by", flags->approver, "Who reviewed them (recorded)")->required();
+  approve->add_flag("--allow-ci", flags->allow_ci, "Write even though CI is set");
+  commands.add(approve, [flags] { return approve_action(*flags); });
+
+  CLI::App* reject = golden->add_subcommand("reject", "Drop candidates");
+  common(reject, false);
+  reject->add_option("--lanes", flags->lanes, "Candidates to drop (default: all)");
+  commands.add(reject, [flags] { return reject_action(*flags); });
+}
+
+}  // namespace harness::cli

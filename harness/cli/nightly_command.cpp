@@ -1,0 +1,133 @@
+// `harness nightly`: run the lane matrix, check every lane against its golden and the
+// reference lane, write the reports. `harness merge`: the reports of several shards as one.
+// Exit 0 every check passed, 1 a regression, 2 an infrastructure error (docs/nightly.md).
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "canary_run.h"
+#include "commands.h"
+#include "defaults.h"
+#include "nightly.h"
+#include "reports.h"
+#include "stack_info.h"
+
+namespace harness::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct NightlyFlags {
+  nightly::NightlyOptions options{default_matrix(), default_budgets(), default_goldens(), "", {}, 0};
+  std::string shard;
+  std::vector<std::string> merge_dirs;
+};
+
+// reports/2026-11-21T09-30-00Z: sortable, and no ':' (artifact stores refuse it).
+std::string default_out_dir() {
+  std::string stamp = run::utc_timestamp();
+  std::replace(stamp.begin(), stamp.end(), ':', '-');
+  return (fs::path("reports") / stamp).string();
+}
+
+// The output directory must be new or empty: reports of two jobs never mix.
+void prepare_out_dir(const std::string& dir) {
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !(fs::is_directory(dir, ec) && fs::is_empty(dir, ec))) {
+    throw run::UsageError(fmt::format("--out: '{}' exists and is not an empty directory; choose a new one", dir));
+  }
+  fs::create_directories(dir, ec);
+  if (ec || access(dir.c_str(), W_OK) != 0) {
+    throw run::UsageError(fmt::format("--out: cannot create or write '{}'; choose a writable place", dir));
+  }
+}
+
+// A terminal gets one live line (lane, step, ETA); a log gets one line per finished lane.
+class ProgressPrinter {
+ public:
+  void operator()(const nightly::NightlyProgress& p) {
+    if (!p.finished_line.empty()) {
+      ++finished_;
+      fmt::print(stderr, "{}[{}/{}] {}\n", tty_ ? "\r\033[K" : "", finished_, p.lane_count, p.finished_line);
+      return;
+    }
+    if (tty_) {
+      fmt::print(stderr, "\r\033[K[{}/{}] {:<16} step {:>4}/{}  elapsed {:.0f} s  eta {:.0f} s", p.lane_index, p.lane_count,
+                 p.lane_id, p.step, p.steps, p.elapsed_seconds, p.eta_seconds);
+    }
+  }
+
+ private:
+  bool tty_ = isatty(STDERR_FILENO) != 0;
+  int finished_ = 0;
+};
+
+int finish(const nlohmann::json& summary, const std::string& out_dir) {
+  const std::vector<std::string> written = nightly::write_reports(summary, out_dir);
+  fmt::print("nightly     {} ({} lanes)\n", summary["verdict"].get<std::string>(), summary["lanes"].size());
+  for (const auto& lane : summary["lanes"]) {
+    fmt::print("  {:<6} {:<16} {}\n", lane["status"].get<std::string>(), lane["id"].get<std::string>(),
+               lane["lane"].get<std::string>());
+  }
+  for (const std::string& path : written) fmt::print("report      {}\n", path);
+  return nightly::summary_exit_code(summary);
+}
+
+int nightly_action(NightlyFlags& f) {
+  nightly::NightlyOptions o = f.options;
+  if (!f.shard.empty()) o.shard = nightly::parse_shard(f.shard);
+  if (o.out_dir.empty()) o.out_dir = default_out_dir();
+  nightly::load_matrix(o.matrix_path);  // a bad matrix exits 2 before any directory is made
+  prepare_out_dir(o.out_dir);
+  ProgressPrinter printer;
+  const nlohmann::json summary = nightly::run_nightly(o, std::ref(printer));
+  return finish(summary, o.out_dir);
+}
+
+nlohmann::json read_summary(const std::string& dir) {
+  const std::string path = (fs::path(dir) / "summary.json").string();
+  std::ifstream in(path);
+  if (!in) throw run::UsageError(fmt::format("merge: {} is missing; give the --out directories of the shards", path));
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw run::UsageError(fmt::format("merge: {} is not JSON ({})", path, e.what()));
+  }
+}
+
+int merge_action(NightlyFlags& f) {
+  std::vector<nlohmann::json> shards;
+  for (const std::string& dir : f.merge_dirs) shards.push_back(read_summary(dir));
+  const std::string out = f.options.out_dir.empty() ? default_out_dir() + "-merged" : f.options.out_dir;
+  const nlohmann::json merged = nightly::merge_summaries(shards, f.merge_dirs, out);
+  prepare_out_dir(out);
+  return finish(merged, out);
+}
+
+}  // namespace
+
+void add_nightly_command(CLI::App& app, CommandRegistry& commands) {
+  auto flags = std::make_shared<NightlyFlags>();
+  CLI::App* nightly = app.add_subcommand("nightly", "Run the lane matrix, check every lane, write HTML/JUnit/Markdown/JSON reports");
+  nightly->add_option("--out", flags->options.out_dir, "Report directory, new or empty (default reports/<UTC timestamp>)");
+  nightly->add_option("--matrix", flags->options.matrix_path, "Lane matrix (TOML)")->capture_default_str();
+  nightly->add_option("--budgets", flags->options.budgets_path, "Budgets file (TOML)")->capture_default_str();
+  nightly->add_option("--goldens", flags->options.goldens_dir, "Goldens directory")->capture_default_str();
+  nightly->add_option("--shard", flags->shard, "Run shard i of N (i/N, 0 <= i < N): lanes k with k mod N == i");
+  nightly->add_option("--threads", flags->options.threads, "Worker threads per run (0 = all cores)")->capture_default_str();
+  commands.add(nightly, [flags] { return nightly_action(*flags); });
+
+  auto merge_flags = std::make_shared<NightlyFlags>();
+  CLI::App* merge = app.add_subcommand("merge", "Merge the report directories of nightly shards into one report");
+  merge->add_option("dirs", merge_flags->merge_dirs, "The shards' --out directories")->required();
+  merge->add_option("--out", merge_flags->options.out_dir, "Merged report directory, new or empty");
+  commands.add(merge, [merge_flags] { return merge_action(*merge_flags); });
+}
+
+}  // namespace harness::cli

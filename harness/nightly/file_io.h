@@ -1,0 +1,23 @@
+// Files the nightly job and the goldens workflow write and fingerprint.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace harness::nightly {
+
+// A file that could not be written or read: the message names it.
+struct FileError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Writes `text` to `path` through a temporary file in the same directory, flushed to disk
+// and renamed over `path`: readers see the old content or the new, never a part.
+void write_file_atomically(const std::string& path, const std::string& text);
+
+// XXH3-128 of a file's bytes, as "xxh128:<32 hex digits>" (the digest `xxhsum -H2` prints).
+std::string file_content_hash(const std::string& path);
+
+std::string read_file(const std::string& path);  // "" when it does not exist
+
+}  // namespace harness::nightly

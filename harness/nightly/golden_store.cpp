@@ -1,0 +1,255 @@
+#include "golden_store.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "receipt/hdf5_file.h"
+#include "receipt/receipt_reader.h"
+#include "receipt/receipt_schema.h"
+#include "stack_info.h"
+
+namespace harness::nightly {
+namespace {
+
+namespace fs = std::filesystem;
+
+inline constexpr const char* kCandidateSuffix = ".candidate.h5";
+inline constexpr int kCandidatesVersion = 1;
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The content hash the log last recorded for each lane.
+std::map<std::string, std::string> last_recorded(const std::vector<ProvenanceEntry>& log) {
+  std::map<std::string, std::string> hashes;
+  for (const ProvenanceEntry& e : log) hashes[e.lane] = e.new_hash;
+  return hashes;
+}
+
+GoldenState inspect_golden(const LaneSpec& spec, const std::string& path, const std::map<std::string, std::string>& recorded) {
+  GoldenState g{spec.id, spec.lane, path, "ok", "", "", false};
+  if (!fs::exists(path)) {
+    g.state = "missing";
+    g.detail = fmt::format("create it: harness golden refresh --lanes {} --reason TEXT, then approve it", spec.id);
+    return g;
+  }
+  g.content_hash = file_content_hash(path);
+  const auto version = receipt_schema_version(path);
+  if (!version) {
+    g.state = "unreadable";
+    g.detail = "not a harness receipt; refresh and approve the lane again";
+  } else if (*version != receipt::kSchemaVersion) {
+    g.state = "old-schema";
+    g.detail = fmt::format("schema_version {} (this harness writes {}); refresh and approve the lane", *version,
+                           receipt::kSchemaVersion);
+  } else if (const auto it = recorded.find(spec.lane); it == recorded.end() || it->second != g.content_hash) {
+    g.state = "unrecorded";
+    g.detail = "its content hash is not the one the provenance log last recorded for the lane: changed outside "
+               "`harness golden approve`; refresh and approve it";
+  }
+  return g;
+}
+
+}  // namespace
+
+nlohmann::json ProvenanceEntry::to_json() const {
+  return {{"date_utc", date_utc}, {"lane", lane},       {"old_hash", old_hash.empty() ? nlohmann::json(nullptr) : nlohmann::json(old_hash)},
+          {"new_hash", new_hash}, {"reason", reason},   {"approver", approver},
+          {"git_commit", git_commit}, {"toolchain", toolchain}, {"comparison", comparison}};
+}
+
+bool GoldenStatus::clean() const {
+  return orphans.empty() && orphaned_candidates.empty() &&
+         std::all_of(lanes.begin(), lanes.end(), [](const GoldenState& g) { return g.state == "ok"; });
+}
+
+nlohmann::json GoldenStatus::to_json() const {
+  nlohmann::json lanes_json = nlohmann::json::array();
+  for (const GoldenState& g : lanes) {
+    lanes_json.push_back({{"id", g.id},
+                          {"lane", g.lane},
+                          {"path", g.path},
+                          {"state", g.state},
+                          {"detail", g.detail},
+                          {"content_hash", g.content_hash},
+                          {"candidate_pending", g.candidate_pending}});
+  }
+  return {{"version", 1}, {"clean", clean()}, {"lanes", lanes_json}, {"orphans", orphans},
+          {"orphaned_candidates", orphaned_candidates}};
+}
+
+GoldenStore::GoldenStore(std::string directory) : dir_(std::move(directory)) {}
+
+std::string GoldenStore::golden_path(const std::string& lane) const { return (fs::path(dir_) / (lane + ".h5")).string(); }
+std::string GoldenStore::candidate_path(const std::string& lane) const {
+  return (fs::path(dir_) / (lane + kCandidateSuffix)).string();
+}
+std::string GoldenStore::log_path() const { return (fs::path(dir_) / "provenance.jsonl").string(); }
+std::string GoldenStore::review_path() const { return (fs::path(dir_) / "review.md").string(); }
+std::string GoldenStore::candidates_path() const { return (fs::path(dir_) / "candidates.json").string(); }
+
+GoldenStatus GoldenStore::status(const Matrix& matrix) const {
+  if (!fs::is_directory(dir_)) throw GoldenError(fmt::format("--goldens: '{}' is not a directory", dir_));
+  GoldenStatus status;
+  const auto recorded = last_recorded(log());
+  std::set<std::string> pending;
+  for (const Candidate& c : candidates()) pending.insert(c.lane);
+  std::set<std::string> known;
+  for (const LaneSpec& spec : matrix.lanes) {
+    GoldenState g = inspect_golden(spec, golden_path(spec.lane), recorded);
+    g.candidate_pending = pending.count(spec.lane) > 0;
+    if (g.candidate_pending && g.state == "missing") {
+      g.detail = fmt::format("review {}, then: harness golden approve --lanes {} --approved-by NAME", review_path(), spec.id);
+    }
+    known.insert(fs::weakly_canonical(golden_path(spec.lane)).string());
+    known.insert(fs::weakly_canonical(candidate_path(spec.lane)).string());
+    status.lanes.push_back(g);
+  }
+  for (const auto& entry : fs::recursive_directory_iterator(dir_)) {
+    const std::string path = entry.path().string();
+    if (!entry.is_regular_file() || !ends_with(path, ".h5") || known.count(fs::weakly_canonical(path).string())) continue;
+    (ends_with(path, kCandidateSuffix) ? status.orphaned_candidates : status.orphans).push_back(path);
+  }
+  std::sort(status.orphans.begin(), status.orphans.end());
+  std::sort(status.orphaned_candidates.begin(), status.orphaned_candidates.end());
+  return status;
+}
+
+std::vector<Candidate> GoldenStore::candidates() const {
+  std::vector<Candidate> out;
+  if (!fs::exists(candidates_path())) return out;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_file(candidates_path()));
+    for (const auto& c : j.at("candidates")) {
+      out.push_back({c.at("id").get<std::string>(), c.at("lane").get<std::string>(), c.at("content_hash").get<std::string>(),
+                     c.at("reason").get<std::string>(), c.at("refreshed_utc").get<std::string>(), c.at("comparison")});
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw GoldenError(fmt::format("{}: not a candidates record ({}); run `harness golden reject` and refresh again",
+                                  candidates_path(), e.what()));
+  }
+  return out;
+}
+
+void GoldenStore::write_candidates(const std::vector<Candidate>& candidates) const {
+  if (candidates.empty()) {
+    fs::remove(candidates_path());
+    fs::remove(review_path());
+    return;
+  }
+  nlohmann::json list = nlohmann::json::array();
+  for (const Candidate& c : candidates) {
+    list.push_back({{"id", c.id},
+                    {"lane", c.lane},
+                    {"content_hash", c.content_hash},
+                    {"reason", c.reason},
+                    {"refreshed_utc", c.refreshed_utc},
+                    {"comparison", c.comparison}});
+  }
+  write_file_atomically(candidates_path(), nlohmann::json{{"version", kCandidatesVersion}, {"candidates", list}}.dump(2) + "\n");
+  write_review(candidates);
+}
+
+// The review report: what each candidate changes, for the person who approves it.
+void GoldenStore::write_review(const std::vector<Candidate>& candidates) const {
+  std::string text = "# Golden candidates awaiting review\n\n"
+                     "Approve with `harness golden approve --lanes ID --approved-by NAME`, drop with "
+                     "`harness golden reject --lanes ID`.\n";
+  for (const Candidate& c : candidates) {
+    const std::string golden = golden_path(c.lane);
+    text += fmt::format("\n## {} ({})\n\n- reason: {}\n- refreshed: {}\n- candidate: `{}` ({})\n- golden: `{}` ({})\n"
+                        "- against the golden: **{}**\n",
+                        c.lane, c.id, c.reason, c.refreshed_utc, fs::relative(candidate_path(c.lane), dir_).string(),
+                        c.content_hash, fs::relative(golden, dir_).string(),
+                        fs::exists(golden) ? file_content_hash(golden) : "none yet",
+                        c.comparison.value("verdict", "unknown"));
+    if (c.comparison.contains("text")) text += fmt::format("\n```\n{}```\n", c.comparison["text"].get<std::string>());
+  }
+  write_file_atomically(review_path(), text);
+}
+
+void GoldenStore::add_candidate(const Candidate& candidate) {
+  std::vector<Candidate> all = candidates();
+  all.erase(std::remove_if(all.begin(), all.end(), [&](const Candidate& c) { return c.lane == candidate.lane; }), all.end());
+  all.push_back(candidate);
+  write_candidates(all);
+}
+
+void GoldenStore::drop_candidate(const std::string& lane) {
+  std::vector<Candidate> all = candidates();
+  all.erase(std::remove_if(all.begin(), all.end(), [&](const Candidate& c) { return c.lane == lane; }), all.end());
+  fs::remove(candidate_path(lane));
+  write_candidates(all);
+}
+
+void GoldenStore::promote(const Candidate& candidate, const std::string& approver) {
+  const std::string from = candidate_path(candidate.lane);
+  const std::string to = golden_path(candidate.lane);
+  if (!fs::exists(from)) {
+    throw GoldenError(fmt::format("{}: the candidate is gone; run `harness golden refresh --lanes {}` again", from, candidate.id));
+  }
+  const std::string hash = file_content_hash(from);
+  if (hash != candidate.content_hash) {
+    throw GoldenError(fmt::format("{}: changed since refresh ({} reviewed, {} now); refresh the lane again", from,
+                                  candidate.content_hash, hash));
+  }
+  std::map<std::string, std::string> manifest;
+  try {
+    const receipt::ReceiptReader reader(from);
+    if (!reader.complete()) throw GoldenError(fmt::format("{}: an incomplete receipt cannot become a golden", from));
+    manifest = reader.manifest_text();
+  } catch (const receipt::ReceiptError& e) {
+    throw GoldenError(e.what());
+  }
+  ProvenanceEntry entry{run::utc_timestamp(), candidate.lane, fs::exists(to) ? file_content_hash(to) : "", hash,
+                        candidate.reason, approver, manifest["git_commit"], manifest["toolchain"], candidate.comparison};
+  // Log first into a temporary copy, then the golden, then the log: an interruption
+  // between the renames leaves a golden the log does not record, which `status` reports.
+  const std::string log_text = read_file(log_path()) + entry.to_json().dump() + "\n";
+  const std::string log_temp = log_path() + ".tmp";
+  write_file_atomically(log_temp, log_text);
+  fs::rename(from, to);
+  fs::rename(log_temp, log_path());
+  std::vector<Candidate> rest = candidates();
+  rest.erase(std::remove_if(rest.begin(), rest.end(), [&](const Candidate& c) { return c.lane == candidate.lane; }), rest.end());
+  write_candidates(rest);
+}
+
+std::vector<ProvenanceEntry> GoldenStore::log() const {
+  std::vector<ProvenanceEntry> entries;
+  std::ifstream in(log_path());
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    if (line.empty()) continue;
+    try {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      entries.push_back({j.at("date_utc"), j.at("lane"), j.at("old_hash").is_null() ? "" : j.at("old_hash").get<std::string>(),
+                         j.at("new_hash"), j.at("reason"), j.at("approver"), j.at("git_commit"), j.at("toolchain"),
+                         j.at("comparison")});
+    } catch (const nlohmann::json::exception& e) {
+      throw GoldenError(fmt::format("{}:{}: not a provenance entry ({}); restore the log from version control",
+                                    log_path(), number, e.what()));
+    }
+  }
+  return entries;
+}
+
+std::optional<std::int64_t> receipt_schema_version(const std::string& path) {
+  try {
+    const h5::Handle file = h5::open_file(path, false);
+    const h5::Handle manifest = h5::open_group(file, "manifest");
+    if (!h5::has_attr(manifest, "schema_version")) return std::nullopt;
+    return h5::read_attr_int(manifest, "schema_version");
+  } catch (const h5::Hdf5Error&) {
+    return std::nullopt;
+  }
+}
+
+}  // namespace harness::nightly

@@ -1,0 +1,63 @@
+// The lane matrix of a nightly job (canaries/nightly.toml; docs/nightly.md is the reference):
+// which lanes run, with which engine settings, and which lane is the reference the others
+// are compared with.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "canary_run.h"
+#include "file_io.h"
+
+namespace harness::nightly {
+
+// A matrix file (or a --lanes / --shard selection) that cannot be used: the message names
+// the file or flag and the key.
+struct MatrixError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct LaneSpec {
+  std::string id;         // short, unique in the matrix: file names and report rows
+  std::string lane;       // canonical lane name, e.g. "tiny/tpu-mesh@2x2+tp": the golden's path
+  std::string engine;     // cpu-ref, accel, tpu-mesh
+  EngineSettings settings;
+  std::string why;        // what the lane guards (shown in reports)
+  std::string triage_with;  // id of the bf16-only twin of an fp8 lane ("" when none)
+
+  bool runs_fp8() const;
+};
+
+struct Matrix {
+  std::string path;
+  std::string content_hash;  // of the file: shards of one job must have run the same matrix
+  std::string canary;
+  int steps = 0;
+  std::int64_t seed = 0;
+  std::string reference;     // id of the reference lane
+  std::vector<LaneSpec> lanes;
+
+  const LaneSpec& lane(const std::string& id) const;  // throws MatrixError
+  // The RunOptions that run `spec` into `out` with this matrix's canary, steps and seed.
+  run::RunOptions run_options(const LaneSpec& spec, const std::string& out) const;
+};
+
+// Parses and validates: every key known, ids unique, lane names unique, every engine
+// accepts its settings, the reference and every triage twin exist.
+Matrix load_matrix(const std::string& path);
+
+// --lanes: a comma-separated list of lane ids or lane names; empty text selects every lane.
+std::vector<const LaneSpec*> select_lanes(const Matrix& matrix, const std::string& text);
+
+// --shard i/N: lanes k with k mod N == i, in matrix order (i in 0..N-1).
+struct Shard {
+  int index = 0, count = 1;
+  bool whole() const { return count == 1; }
+};
+Shard parse_shard(const std::string& text);  // throws MatrixError naming --shard
+std::vector<const LaneSpec*> shard_lanes(const Matrix& matrix, const Shard& shard);
+
+}  // namespace harness::nightly
