@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# README command 1: install what is missing, build, run 100 steps of the `tiny` canary on
-# the cpu-ref engine, write a receipt and print its summary.
+# README command 1: install what is missing, build, and run the main job on the built-in
+# `tiny` canary: the nightly matrix (canaries/nightly.toml), every lane checked against its
+# golden and the cpu-ref lane, reports in reports/<UTC timestamp>/ (reports/latest links
+# to the newest). Extra arguments go to `harness nightly` (e.g. --shard 0/2).
+# Exit status is the nightly's: 0 all pass, 1 a regression, 2 an infrastructure error.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/install-deps.sh"
 HARNESS_TARGET=harness "$root/scripts/build.sh" -DHARNESS_BUILD_TESTS=OFF -DHARNESS_BUILD_BENCH=OFF
 mkdir -p "$root/reports"
-receipt="$root/reports/tiny-cpu-ref.h5"
-"$root/build/bin/harness" run --canary tiny --engine cpu-ref --out "$receipt" --force "$@"
+stamp=$(date -u +%Y-%m-%dT%H-%M-%SZ)
+status=0
+"$root/build/bin/harness" nightly --out "$root/reports/$stamp" "$@" || status=$?
+if [ -f "$root/reports/$stamp/summary.json" ]; then ln -sfn "$stamp" "$root/reports/latest"; fi
+exit "$status"

@@ -1,0 +1,187 @@
+#!/usr/bin/env bash
+# The goldens workflow and the nightly job end to end on the micro canary: refresh writes
+# candidates and leaves goldens byte-identical; approve updates goldens and the log
+# together; CI refuses to write; a clean tree passes; a fault fails naming its step; a
+# perturbed budget fails with the right headroom and BF16-first triage; shards merge into
+# the verdicts of one run; orphaned and missing goldens are reported; bad input exits 2.
+source "$(dirname "$0")/lib.sh"
+MATRIX="$HERE/data/micro_nightly.toml"
+BUDGETS="$HERE/../../canaries/budgets.toml"
+G="$WORK/goldens"
+mkdir -p "$G"
+unset CI
+golden() { "$HARNESS" golden "$@" --goldens "$G"; }
+# nightly with the test's matrix and budgets; M=FILE or B=FILE before the call swaps one
+nightly() { "$HARNESS" nightly --matrix "${M:-$MATRIX}" --goldens "$G" --budgets "${B:-$BUDGETS}" "$@"; }
+hashes() { (cd "$G" && find . -name '*.h5' ! -name '*.candidate.h5' | sort | xargs -r sha256sum; cat provenance.jsonl 2>/dev/null); }
+
+# CI guard: nothing is written
+expect_exit 2 "CI is set.*--allow-ci" -- env CI=true "$HARNESS" golden refresh --matrix "$MATRIX" --goldens "$G" --reason x
+[ -z "$(ls -A "$G")" ] || fail "refresh under CI wrote $(ls -A "$G")"
+
+# status before any golden: every lane missing, exit 1
+expect_exit 1 "" -- golden status --matrix "$MATRIX"
+[ "$(grep -c '^missing' "$WORK/stdout")" -eq 5 ] || fail "status does not list 5 missing goldens: $(cat "$WORK/stdout")"
+
+# refresh writes candidates and a review, no golden; approve promotes and logs them
+expect_exit 0 "" -- golden refresh --matrix "$MATRIX" --reason "first goldens"
+[ "$(find "$G" -name '*.candidate.h5' | wc -l)" -eq 5 ] || fail "refresh did not write 5 candidates"
+[ -z "$(hashes)" ] || fail "refresh wrote a golden or a log"
+grep -q "## micro/accel+bf16 (bf16)" "$G/review.md" || fail "review.md lacks the bf16 lane"
+expect_exit 2 "CI is set" -- env CI=1 "$HARNESS" golden approve --goldens "$G" --approved-by ci
+expect_exit 0 "" -- golden approve --approved-by "Ada Lovelace"
+[ "$(find "$G" -name '*.candidate.h5' | wc -l)" -eq 0 ] || fail "approve left candidates"
+[ ! -e "$G/candidates.json" ] && [ ! -e "$G/review.md" ] || fail "approve left the candidates record or review"
+"$PY" - "$G" <<'PY' || fail "provenance log does not record the 5 goldens"
+import json, subprocess, sys, pathlib
+g = pathlib.Path(sys.argv[1])
+log = [json.loads(l) for l in (g / "provenance.jsonl").read_text().splitlines()]
+assert len(log) == 5, log
+for e in log:
+    assert set(e) == {"date_utc", "lane", "old_hash", "new_hash", "reason", "approver", "git_commit", "toolchain", "comparison"}, e
+    assert e["approver"] == "Ada Lovelace" and e["reason"] == "first goldens" and e["old_hash"] is None
+    assert e["comparison"]["verdict"] == "new" and e["toolchain"].startswith(("GNU", "Clang"))
+    # the recorded hash is the file's XXH3-128, as xxhsum -H2 prints it
+    digest = subprocess.run(["xxhsum", "-H2", str(g / (e["lane"] + ".h5"))], capture_output=True, text=True).stdout.split()[0]
+    assert e["new_hash"] == "xxh128:" + digest, (e["new_hash"], digest)
+PY
+expect_exit 0 "" -- golden status --matrix "$MATRIX"
+
+# a clean tree passes; every report is written; JUnit has one case per check
+expect_exit 0 "" -- nightly --out "$WORK/run"
+for f in summary.json report.html junit.xml summary.md; do [ -s "$WORK/run/$f" ] || fail "nightly wrote no $f"; done
+"$PY" - "$WORK/run" <<'PY' || fail "nightly reports lack what docs/nightly.md promises"
+import json, sys, xml.etree.ElementTree as ET
+d = sys.argv[1]
+s = json.load(open(d + "/summary.json"))
+assert s["schema_version"] == 1 and s["kind"] == "nightly" and s["verdict"] == "pass"
+assert [l["id"] for l in s["lanes"]] == ["ref", "bf16", "fp8", "tp", "zero3"]
+for lane in s["lanes"]:
+    checks = {c["check"]: c for c in lane["checks"]}
+    assert checks["golden"]["status"] == "pass" and checks["golden"]["verdict"]["budget"]["bitwise"] is True
+    if lane["id"] != "ref":
+        assert checks["reference"]["status"] == "pass" and not checks["reference"]["verdict"]["budget"]["bitwise"]
+        env = lane["series"]["envelope"]
+        assert len(env["loss_deviation"]) == 12 and all(a > 0 for a in env["loss_allowed"])
+root = ET.parse(d + "/junit.xml").getroot()
+cases = root.findall(".//testcase")
+assert len(cases) == 9 and root.get("failures") == "0" and root.get("errors") == "0", ET.tostring(root)[:300]
+md = open(d + "/summary.md").read()
+assert md.startswith("## Canary nightly: ✅ pass") and md.count("| `micro/") == 5
+PY
+
+# refresh of a clean tree: candidates equal their goldens, goldens byte-identical; reject drops them
+before=$(hashes)
+expect_exit 0 "" -- golden refresh --matrix "$MATRIX" --lanes ref,tp --reason "no change expected"
+[ "$before" = "$(hashes)" ] || fail "refresh changed a golden or the log"
+grep -q "against the golden: \*\*pass\*\*" "$G/review.md" || fail "review does not say the candidate passes: $(cat "$G/review.md")"
+expect_exit 0 "" -- golden reject --lanes tp
+[ "$(find "$G" -name '*.candidate.h5' | wc -l)" -eq 1 ] || fail "reject --lanes tp did not drop exactly tp"
+# a candidate altered after review is refused, and the golden stays
+cp "$G/micro/accel+bf16.h5" "$G/micro/cpu-ref.candidate.h5"
+expect_exit 2 "changed since refresh" -- golden approve --approved-by x
+[ "$before" = "$(hashes)" ] || fail "a refused approval changed a golden or the log"
+expect_exit 0 "" -- golden reject
+# approving a changed lane: the log's old hash is the replaced golden's
+old=$(xxhsum -H2 "$G/micro/cpu-ref.h5" | cut -d' ' -f1)
+sed 's/^seed = 7/seed = 8/' "$MATRIX" > "$WORK/seed8.toml"
+expect_exit 0 "" -- golden refresh --matrix "$WORK/seed8.toml" --lanes ref --reason "new init seed"
+grep -q "against the golden: \*\*incomparable\*\*" "$G/review.md" || fail "a new seed is not incomparable: $(cat "$G/review.md")"
+expect_exit 0 "" -- golden approve --approved-by "Grace Hopper"
+tail -1 "$G/provenance.jsonl" | grep -q "\"old_hash\":\"xxh128:$old\"" || fail "log lacks the replaced golden's hash"
+expect_exit 0 "" -- golden refresh --matrix "$MATRIX" --lanes ref --reason "back to seed 7"
+expect_exit 0 "" -- golden approve --approved-by "Grace Hopper"
+
+# a fault fails the golden check with exit 1 and names the step
+"$HARNESS" run --canary micro --steps 12 --seed 7 --inject-fault step=5,op=blocks.1.mlp.fc --out "$WORK/fault.h5" \
+  >/dev/null 2>&1 || fail "fault run"
+expect_exit 1 "" -- "$HARNESS" check "$WORK/fault.h5" --goldens "$G"
+grep -q "first failing step 5" "$WORK/stdout" || fail "check does not name step 5: $(cat "$WORK/stdout")"
+
+# a perturbed budget: half the observed loss deviation fails with headroom -100% and triage
+"$PY" - "$BUDGETS" "$WORK/run/summary.json" "$WORK/tight.toml" <<'PY' || fail "could not write the perturbed budgets"
+import json, re, sys
+budgets, summary, out = sys.argv[1:]
+lane = next(l for l in json.load(open(summary))["lanes"] if l["id"] == "fp8")
+worst = max(lane["series"]["envelope"]["loss_deviation"])
+# the fp8 lane's budget composes noise + bf16 + fp8: give each a third of half the worst deviation
+third = worst / 6
+text = open(budgets).read()
+for feature in ("noise", "bf16", "fp8"):
+    head = text.index("[%s]" % feature)
+    end = text.index("\n[", head + 1)
+    section = re.sub(r"^loss = .*$", 'loss = [ { steps = "0-", atol = %r } ]' % third, text[head:end], flags=re.M)
+    text = text[:head] + section + text[end:]
+open(out, "w").write(text)
+PY
+B="$WORK/tight.toml" expect_exit 1 "" -- nightly --out "$WORK/tight"
+"$PY" - "$WORK/tight/summary.json" <<'PY' || fail "the perturbed budget's failure is not reported right"
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert s["verdict"] == "fail"
+lane = next(l for l in s["lanes"] if l["id"] == "fp8")
+ref = lane["checks"][1]
+loss = next(m for m in ref["verdict"]["metrics"] if m["metric"] == "loss")
+assert ref["status"] == "fail" and not loss["pass"], loss
+assert abs(loss["headroom_pct"] - (-100.0)) < 1e-6, loss["headroom_pct"]
+assert lane["triage"].startswith(("shared math or plumbing", "quantisation drift")), lane["triage"]
+PY
+grep -q 'type="regression"' "$WORK/tight/junit.xml" || fail "JUnit has no regression failure"
+
+# shards merge into the verdicts of one unsharded run
+expect_exit 0 "" -- nightly --out "$WORK/s0" --shard 0/2
+expect_exit 0 "" -- nightly --out "$WORK/s1" --shard 1/2
+expect_exit 0 "" -- "$HARNESS" merge "$WORK/s0" "$WORK/s1" --out "$WORK/merged"
+"$PY" - "$WORK/run/summary.json" "$WORK/merged/summary.json" "$WORK/s0/summary.json" <<'PY' || fail "merged shards differ from one run"
+import json, sys
+def verdicts(path):
+    lanes = json.load(open(path))["lanes"]
+    def strip(check):
+        v = dict(check.get("verdict", {}))
+        v.pop("a", None); v.pop("b", None)
+        return check["check"], check["status"], check["summary"], json.dumps(v, sort_keys=True)
+    return [(l["id"], l["status"], [strip(c) for c in l["checks"]]) for l in lanes]
+one, merged, shard0 = (json.load(open(p)) for p in sys.argv[1:])
+assert verdicts(sys.argv[1]) == verdicts(sys.argv[2])
+assert [l["id"] for l in shard0["lanes"]] == ["ref", "fp8", "zero3"]
+assert len(merged["shards"]) == 2
+PY
+expect_exit 2 "lane bf16 is in no shard" -- "$HARNESS" merge "$WORK/s0" --out "$WORK/m2"
+expect_exit 2 "appears in two shards" -- "$HARNESS" merge "$WORK/s0" "$WORK/s0" --out "$WORK/m3"
+
+# orphaned and missing goldens are reported
+cp "$G/micro/cpu-ref.h5" "$G/micro/retired-lane.h5"
+mv "$G/micro/tpu-mesh@2x2+tp.h5" "$WORK/tp.h5"
+expect_exit 1 "" -- golden status --matrix "$MATRIX"
+grep -q "^orphaned .*retired-lane.h5" "$WORK/stdout" || fail "status does not report the orphan: $(cat "$WORK/stdout")"
+grep -q "^missing .*tp " "$WORK/stdout" || fail "status does not report the missing golden: $(cat "$WORK/stdout")"
+expect_exit 2 "" -- nightly --out "$WORK/missing"
+grep -q '"kind": "missing_golden"' "$WORK/missing/summary.json" || fail "nightly does not name the missing golden"
+mv "$WORK/tp.h5" "$G/micro/tpu-mesh@2x2+tp.h5"
+rm "$G/micro/retired-lane.h5"
+# a golden changed by hand is "unrecorded"
+cp "$G/micro/cpu-ref.h5" "$WORK/ref.h5"
+cp "$WORK/fault.h5" "$G/micro/accel+bf16.h5"
+expect_exit 1 "" -- golden status --matrix "$MATRIX"
+grep -q "^unrecorded .*bf16" "$WORK/stdout" || fail "status does not flag a hand-edited golden: $(cat "$WORK/stdout")"
+
+# bad input: one line, exit 2
+head -c 4000 "$WORK/ref.h5" > "$G/micro/cpu-ref.h5"   # a corrupt golden
+expect_exit 2 "" -- nightly --out "$WORK/corrupt"
+grep -q '"kind": "receipt"' "$WORK/corrupt/summary.json" || fail "a corrupt golden is not a receipt error"
+cp "$WORK/ref.h5" "$G/micro/cpu-ref.h5"
+sed 's/^steps = 12/steps = 10/' "$MATRIX" > "$WORK/short.toml"
+M="$WORK/short.toml" expect_exit 2 "" -- nightly --out "$WORK/short"
+grep -q '"kind": "step_range"' "$WORK/short/summary.json" || fail "a step-range mismatch is not named"
+sed 's/^shard-plan = "tp"/shard-plan = "tp"\nmesh-size = 4/' "$MATRIX" > "$WORK/badkey.toml"
+M="$WORK/badkey.toml" expect_exit 2 "badkey.toml: lanes\[3\] \(tp\)\.mesh-size: unknown key" -- nightly --out "$WORK/x1"
+[ ! -e "$WORK/x1" ] || fail "a bad matrix left a report directory"
+sed 's/\[bf16\]/[bf16]\nwindow = 3/' "$BUDGETS" > "$WORK/badbudget.toml"
+B="$WORK/badbudget.toml" expect_exit 2 "badbudget.toml: \[bf16\]\.window: unknown key" -- nightly --out "$WORK/x2"
+expect_exit 2 "--shard: '2/2' is not i/N" -- nightly --shard 2/2 --out "$WORK/x3"
+expect_exit 2 "--out: .* exists and is not an empty directory" -- nightly --out "$WORK/run"
+expect_exit 2 "--lanes: 'nope' is not a lane" -- golden refresh --matrix "$MATRIX" --lanes nope --reason x
+expect_exit 2 "no candidates" -- golden approve --approved-by x
+sed 's/^reference = "ref"/reference = "gone"/' "$MATRIX" > "$WORK/noref.toml"
+M="$WORK/noref.toml" expect_exit 2 "reference: 'gone' is not the id of a lane" -- nightly --out "$WORK/x4"
+finish

@@ -1,0 +1,131 @@
+// The lane matrix: the shipped one is whole, bad files name their key, shards partition
+// the lanes; the atomic writer leaves no partial file behind.
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "file_io.h"
+#include "matrix.h"
+#include "scratch_dir.h"
+
+namespace harness::nightly {
+namespace {
+
+const std::string kShippedMatrix = std::string(HARNESS_SOURCE_DIR) + "/canaries/nightly.toml";
+
+constexpr const char* kHeader = "schema_version = 1\ncanary = \"micro\"\nsteps = 4\nseed = 1\nreference = \"ref\"\n";
+constexpr const char* kRefLane = "[[lanes]]\nid = \"ref\"\nengine = \"cpu-ref\"\n";
+
+std::string write(const testing::ScratchDir& dir, const std::string& text) {
+  const std::string path = dir.path("matrix.toml");
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(Matrix, ShippedMatrixHasTheIssuesLanesAndACpuRefReference) {
+  const Matrix m = load_matrix(kShippedMatrix);
+  EXPECT_EQ(m.reference, "cpu-ref");
+  EXPECT_EQ(m.lane(m.reference).engine, "cpu-ref");
+  std::set<std::string> lanes;
+  for (const LaneSpec& l : m.lanes) lanes.insert(l.lane);
+  for (const char* wanted : {"tiny/cpu-ref", "tiny/accel+bf16", "tiny/accel+bf16+fp8=all", "tiny/tpu-mesh@2x2+tp",
+                             "tiny/tpu-mesh@2x2+zero3+bf16"}) {
+    EXPECT_TRUE(lanes.count(wanted)) << wanted;
+  }
+  for (const LaneSpec& l : m.lanes) {
+    if (l.engine == "accel") {
+      EXPECT_TRUE(l.settings.options.count("noise-seed")) << l.id << ": goldens replay a pinned seed";
+    }
+  }
+}
+
+TEST(Matrix, BadFilesNameTheirKey) {
+  const testing::ScratchDir dir;
+  const std::string header = kHeader, ref = kRefLane;
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"canary = \"tiny\"\n", "schema_version: must be 1"},
+      {header + "colour = 1\n" + ref, "colour: unknown key"},
+      {header, "lanes: missing"},
+      {header + ref + "[[lanes]]\nid = \"ref\"\nengine = \"cpu-ref\"\n", "id 'ref' appears twice"},
+      {header + ref + "[[lanes]]\nid = \"b\"\nengine = \"cpu-ref\"\n", "lane micro/cpu-ref appears twice"},
+      {header + ref + "[[lanes]]\nid = \"a\"\nengine = \"accel\"\nmesh = \"2x2\"\n", "lanes[1] (a): "},
+      {header + ref + "[[lanes]]\nid = \"a\"\nengine = \"warp\"\n", "lanes[1] (a): "},
+      {header + ref + "[[lanes]]\nid = \"A b\"\nengine = \"accel\"\n", "lanes[1] (A b).id: use lower-case"},
+      {header + ref + "[[lanes]]\nid = \"a\"\nengine = \"accel\"\ntriage-with = \"ref\"\n", "the lane runs no fp8"},
+      {header + ref + "[[lanes]]\nid = \"a\"\nengine = \"accel\"\nfeatures = \"bf16,fp8=all\"\ntriage-with = \"x\"\n",
+       "'x' is not a lane id"},
+      {std::string(kHeader).replace(std::string(kHeader).find("steps = 4"), 9, "steps = 0") + ref, "steps: must be an integer"},
+      {std::string(kHeader).replace(std::string(kHeader).find("\"ref\""), 5, "\"zz\"") + ref, "reference: 'zz'"},
+      {header + ref + "[[lanes]]\nid = \"a\"\nengine = \"tpu-mesh\"\nmesh = 2.5\n", "lanes[1] (a).mesh: must be a string"},
+  };
+  for (const auto& [text, wanted] : cases) {
+    try {
+      load_matrix(write(dir, text));
+      ADD_FAILURE() << "accepted:\n" << text;
+    } catch (const MatrixError& e) {
+      EXPECT_NE(std::string(e.what()).find(wanted), std::string::npos) << e.what() << "\nwanted: " << wanted;
+      EXPECT_NE(std::string(e.what()).find("matrix.toml"), std::string::npos) << "the file is not named: " << e.what();
+    }
+  }
+}
+
+TEST(Matrix, EngineFlagsTakeIntegersAndSwitches) {
+  const testing::ScratchDir dir;
+  const Matrix m = load_matrix(write(dir, std::string(kHeader) + kRefLane +
+                                              "[[lanes]]\nid = \"m\"\nengine = \"tpu-mesh\"\ngrad-accum = 2\n"
+                                              "compile-mode = \"microstep\"\nleak-scalars = true\n"));
+  const LaneSpec& mesh = m.lane("m");
+  EXPECT_EQ(mesh.settings.options.at("grad-accum"), "2");
+  EXPECT_EQ(mesh.settings.options.at("leak-scalars"), "1");
+  const run::RunOptions o = m.run_options(mesh, "x.h5");
+  EXPECT_EQ(o.canary, "micro");
+  EXPECT_EQ(o.steps, 4);
+  EXPECT_EQ(o.seed, 1);
+}
+
+// Property: for every shard count, the shards partition the lanes in matrix order.
+TEST(Matrix, ShardsPartitionTheLanes) {
+  const Matrix m = load_matrix(kShippedMatrix);
+  for (int count = 1; count <= 10; ++count) {
+    std::vector<const LaneSpec*> seen;
+    for (int index = 0; index < count; ++index) {
+      const Shard shard = parse_shard(std::to_string(index) + "/" + std::to_string(count));
+      for (const LaneSpec* l : shard_lanes(m, shard)) seen.push_back(l);
+    }
+    ASSERT_EQ(seen.size(), m.lanes.size()) << count << " shards";
+    std::set<const LaneSpec*> unique(seen.begin(), seen.end());
+    EXPECT_EQ(unique.size(), m.lanes.size()) << count << " shards: a lane in two shards";
+  }
+  for (const char* bad : {"2/2", "-1/2", "0/0", "1", "a/b", "0/2x", ""}) EXPECT_THROW(parse_shard(bad), MatrixError) << bad;
+}
+
+TEST(Matrix, LanesAreSelectedByIdOrName) {
+  const Matrix m = load_matrix(kShippedMatrix);
+  const auto chosen = select_lanes(m, "cpu-ref,tiny/tpu-mesh@2x2+tp,cpu-ref");
+  ASSERT_EQ(chosen.size(), 2u);
+  EXPECT_EQ(chosen[0]->id, "cpu-ref");
+  EXPECT_EQ(chosen[1]->lane, "tiny/tpu-mesh@2x2+tp");
+  EXPECT_EQ(select_lanes(m, "").size(), m.lanes.size());
+  EXPECT_THROW(select_lanes(m, "cpu-ref,nope"), MatrixError);
+}
+
+TEST(FileIo, AtomicWriteLeavesNoPartialFile) {
+  const testing::ScratchDir dir;
+  const std::string path = dir.path("report.txt");
+  write_file_atomically(path, "first");
+  write_file_atomically(path, "second, longer");
+  EXPECT_EQ(read_file(path), "second, longer");
+  EXPECT_FALSE(std::filesystem::exists(path + ".partial"));
+  EXPECT_THROW(write_file_atomically(dir.path("no/such/dir/x"), "x"), FileError);
+  EXPECT_EQ(file_content_hash(path), file_content_hash(path));
+  write_file_atomically(dir.path("other.txt"), "second, longes!");
+  EXPECT_NE(file_content_hash(path), file_content_hash(dir.path("other.txt")));
+}
+
+}  // namespace
+}  // namespace harness::nightly
