@@ -385,6 +385,21 @@ void check_contracts(const ReceiptData& a, const ReceiptData& b) {
   }
 }
 
+std::vector<Deviation> metric_deviations(const ReceiptData& run, const ReceiptData& ref) {
+  check_contracts(run, ref);
+  std::vector<Deviation> out;
+  for (int s = 0; s < run.steps(); ++s) {
+    const auto i = static_cast<std::size_t>(s);
+    out.push_back({"loss", s, std::fabs(run.loss[i] - ref.loss[i]), ref.loss[i]});
+    out.push_back({"grad_norm", s, std::fabs(run.grad_norm[i] - ref.grad_norm[i]), ref.grad_norm[i]});
+    for (std::size_t t = 0; t < run.tensors.size(); ++t) {
+      const SketchDistance d = sketch_distance(run, ref, s, t);
+      out.push_back({"params_sketch", s, d.distance, d.reference_norm});
+    }
+  }
+  return out;
+}
+
 bool Verdict::pass() const {
   return std::all_of(metrics.begin(), metrics.end(), [](const MetricVerdict& m) { return m.pass; });
 }

@@ -93,6 +93,16 @@ struct Verdict {
 Verdict compare_receipts(const ReceiptData& run, const ReceiptData& reference, const Budgets& budgets,
                          const std::string& kind);
 
+// How far one metric moved at one step (and tensor, for params_sketch): |run - reference|
+// and the reference magnitude a budget's rtol and ulp scale with. Calibration reads these.
+struct Deviation {
+  std::string metric;
+  int step = 0;
+  double deviation = 0, reference = 0;
+};
+// Every budgeted metric (kBudgetMetrics) at every step; the contracts must hold.
+std::vector<Deviation> metric_deviations(const ReceiptData& run, const ReceiptData& reference);
+
 // The data contract and comparability alone (the first thing every comparison does).
 void check_contracts(const ReceiptData& a, const ReceiptData& b);
 

@@ -10,6 +10,7 @@
 #include "budgets.h"
 #include "commands.h"
 #include "defaults.h"
+#include "golden_store.h"
 #include "receipt/receipt_reader.h"
 #include "verdict.h"
 #include "verdict_report.h"
@@ -24,11 +25,6 @@ struct ComparisonFlags {
   std::string triage_with;
   bool json = false;
 };
-
-// goldens/<canary>/<engine and features>.h5: the lane name is the path.
-std::string golden_path(const std::string& goldens_dir, const std::string& lane) {
-  return (std::filesystem::path(goldens_dir) / (lane + ".h5")).string();
-}
 
 // One line on stderr (and the error as JSON on stdout with --json); exit 2.
 int report_error(const ComparisonFlags& flags, const std::string& kind, const std::string& message) {
@@ -67,7 +63,7 @@ int run_comparison(const ComparisonFlags& flags, const std::string& kind) {
     const check::ReceiptData run = check::load_receipt(flags.a);
     std::string reference_path = flags.b;
     if (reference_path.empty()) {
-      reference_path = golden_path(flags.goldens_dir, run.lane);
+      reference_path = nightly::GoldenStore(flags.goldens_dir).golden_path(run.lane);
       if (!std::filesystem::exists(reference_path)) {
         return report_error(flags, "missing_golden",
                             fmt::format("no golden for lane {} at {}; create one with `harness golden refresh --lanes "

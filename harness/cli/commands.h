@@ -35,5 +35,6 @@ void add_inspect_command(CLI::App& app, CommandRegistry& commands);
 void add_check_command(CLI::App& app, CommandRegistry& commands);    // check and compare
 void add_golden_command(CLI::App& app, CommandRegistry& commands);   // golden status|refresh|approve|reject
 void add_nightly_command(CLI::App& app, CommandRegistry& commands);  // nightly and merge
+void add_calibrate_command(CLI::App& app, CommandRegistry& commands);
 
 }  // namespace harness::cli

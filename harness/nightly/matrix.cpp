@@ -177,7 +177,7 @@ Matrix load_matrix(const std::string& path) {
   return Parser(path).parse();
 }
 
-std::vector<const LaneSpec*> select_lanes(const Matrix& matrix, const std::string& text) {
+std::vector<const LaneSpec*> select_lanes(const Matrix& matrix, const std::string& text, const std::string& flag) {
   std::vector<const LaneSpec*> selected;
   if (text.empty()) {
     for (const LaneSpec& l : matrix.lanes) selected.push_back(&l);
@@ -192,7 +192,7 @@ std::vector<const LaneSpec*> select_lanes(const Matrix& matrix, const std::strin
     if (it == matrix.lanes.end()) {
       std::vector<std::string> ids;
       for (const LaneSpec& l : matrix.lanes) ids.push_back(l.id);
-      throw MatrixError(fmt::format("--lanes: '{}' is not a lane of {} (lanes: {})", item, matrix.path, fmt::join(ids, ", ")));
+      throw MatrixError(fmt::format("{}: '{}' is not a lane of {} (lanes: {})", flag, item, matrix.path, fmt::join(ids, ", ")));
     }
     if (std::find(selected.begin(), selected.end(), &*it) == selected.end()) selected.push_back(&*it);
     if (comma == std::string::npos) break;

@@ -50,7 +50,8 @@ struct Matrix {
 Matrix load_matrix(const std::string& path);
 
 // --lanes: a comma-separated list of lane ids or lane names; empty text selects every lane.
-std::vector<const LaneSpec*> select_lanes(const Matrix& matrix, const std::string& text);
+// Errors name `flag`.
+std::vector<const LaneSpec*> select_lanes(const Matrix& matrix, const std::string& text, const std::string& flag = "--lanes");
 
 // --shard i/N: lanes k with k mod N == i, in matrix order (i in 0..N-1).
 struct Shard {

@@ -1,0 +1,43 @@
+// `harness calibrate --lane L --repeats N`: a proposed budget for one feature from N runs
+// of a lane against the reference, as a candidate budgets file and a report. Exit 0 when
+// every repeat fits the proposal, 1 when one does not (the proposal needs a look), 2 on
+// bad input.
+#include <unistd.h>
+
+#include <memory>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "calibrate.h"
+#include "commands.h"
+#include "defaults.h"
+
+namespace harness::cli {
+
+void add_calibrate_command(CLI::App& app, CommandRegistry& commands) {
+  auto o = std::make_shared<nightly::CalibrateOptions>();
+  o->matrix_path = default_matrix();
+  o->budgets_path = default_budgets();
+  CLI::App* calibrate = app.add_subcommand("calibrate", "Propose a feature's budget from repeated runs of a lane");
+  calibrate->add_option("--lane", o->lane, "Lane id or name in the matrix")->required();
+  calibrate->add_option("--repeats", o->repeats, "Runs of the lane (fresh noise seeds)")->capture_default_str();
+  calibrate->add_option("--feature", o->feature, "Feature to propose (default: the lane's most specific)");
+  calibrate->add_option("--noise-seed-base", o->noise_seed_base, "Repeat i replays noise seed BASE + i")->capture_default_str();
+  calibrate->add_option("--matrix", o->matrix_path, "Lane matrix (TOML)")->capture_default_str();
+  calibrate->add_option("--budgets", o->budgets_path, "Current budgets (read only)")->capture_default_str();
+  calibrate->add_option("--out", o->out, "Candidate budgets file (default: budgets.candidate.toml beside --budgets)");
+  calibrate->add_option("--threads", o->threads, "Worker threads per run (0 = all cores)")->capture_default_str();
+  commands.add(calibrate, [o] {
+    // Progress on a terminal only: in a log, an error stays the one line on stderr.
+    const bool tty = isatty(STDERR_FILENO) != 0;
+    const nightly::Calibration c = nightly::calibrate(*o, [tty](const std::string& line) {
+      if (tty) fmt::print(stderr, "run         {}\n", line);
+    });
+    fmt::print("{}", nightly::calibration_report(c));
+    fmt::print("report      {}\n", c.report_path);
+    return c.passing_proposed == c.repeats ? kExitPass : kExitCheckFailed;
+  });
+}
+
+}  // namespace harness::cli

@@ -1,0 +1,240 @@
+#include "calibrate.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <toml++/toml.h>
+
+#include "canary_run.h"
+#include "file_io.h"
+#include "lane_run.h"
+#include "matrix.h"
+#include "stack_info.h"
+#include "verdict.h"
+
+namespace harness::nightly {
+namespace {
+
+namespace fs = std::filesystem;
+
+inline constexpr double kMargin = 1.5;     // proposals cover the largest need times this
+inline constexpr double kFloorUlps = 4;    // and never allow less than this many fp32 ulps
+// The feature a multi-feature lane calibrates by default: the most specific it has.
+inline constexpr const char* kFeaturePriority[] = {"fp8-limited", "fp8", "mesh-bf16", "bf16", "mesh-fp32", "noise"};
+
+// 3 significant digits, rounded up so that a proposal never shrinks in print.
+double round_up(double x) {
+  if (x <= 0) return 0;
+  const double unit = std::pow(10.0, std::floor(std::log10(x)) - 2);
+  return std::ceil(x / unit * (1 - 1e-12)) * unit;
+}
+
+std::string number(double x) { return fmt::format("{:.3g}", round_up(x)); }
+
+std::string window_steps(const check::Window& w) {
+  return w.last == std::numeric_limits<int>::max() ? fmt::format("{}-", w.first) : fmt::format("{}-{}", w.first, w.last);
+}
+
+std::string window_toml(const check::Window& w) {
+  std::string text = fmt::format("{{ steps = \"{}\"", window_steps(w));
+  if (w.atol > 0 || (w.rtol == 0 && w.ulp == 0)) text += ", atol = " + number(w.atol);
+  if (w.rtol > 0) text += ", rtol = " + number(w.rtol);
+  if (w.ulp > 0) text += ", ulp = " + number(w.ulp);
+  return text + " }";
+}
+
+std::string toml_string(const std::string& s) {
+  std::ostringstream out;
+  out << toml::value<std::string>(s);
+  return out.str();
+}
+
+// The proposal for one window: the current window's shape (its atol : rtol : ulp)
+// scaled so that every observed deviation, less what the other features allow, fits
+// with the margin; at least kFloorUlps ulps of the largest reference value.
+WindowProposal propose(const std::string& metric, const check::Window& current, const std::vector<check::Deviation>& deviations,
+                       const check::ComposedBudget& others) {
+  WindowProposal p{metric, current, current, 0, 0};
+  double largest_reference = 0, largest_excess = 0;
+  for (const check::Deviation& d : deviations) {
+    if (d.metric != metric || d.step < current.first || d.step > current.last) continue;
+    const double excess = std::max(0.0, d.deviation - others.allowed(metric, d.step, d.reference));
+    const double unit = current.atol + current.rtol * std::fabs(d.reference) + current.ulp * check::fp32_ulp(d.reference);
+    p.observed = std::max(p.observed, d.deviation);
+    largest_reference = std::max(largest_reference, std::fabs(d.reference));
+    largest_excess = std::max(largest_excess, excess);
+    if (unit > 0) p.needed_scale = std::max(p.needed_scale, excess / unit);
+  }
+  const bool shaped = current.atol > 0 || current.rtol > 0 || current.ulp > 0;
+  p.proposed.atol = shaped ? kMargin * p.needed_scale * current.atol : kMargin * largest_excess;
+  p.proposed.rtol = shaped ? kMargin * p.needed_scale * current.rtol : 0;
+  p.proposed.ulp = shaped ? kMargin * p.needed_scale * current.ulp : 0;
+  p.proposed.atol = std::max(p.proposed.atol, kFloorUlps * check::fp32_ulp(largest_reference));
+  return p;
+}
+
+std::string section_toml(const check::FeatureBudget& f, const Calibration& c) {
+  std::string text = fmt::format("[{}]\nform = \"tolerance\"\nrationale = {}\ncalibrated = \"{}\"\nrepeats = {}\n", f.name,
+                                 toml_string(f.rationale), run::utc_timestamp().substr(0, 10), c.repeats);
+  std::vector<std::string> observed;
+  for (const char* metric : check::kBudgetMetrics) observed.push_back(fmt::format("{} = {}", metric, number(c.observed.at(metric))));
+  text += fmt::format("observed = {{ {} }}\n", fmt::join(observed, ", "));
+  for (const char* metric : check::kBudgetMetrics) {
+    std::vector<std::string> windows;
+    for (const WindowProposal& w : c.windows) {
+      if (w.metric == metric) windows.push_back(window_toml(w.proposed));
+    }
+    text += fmt::format("{} = [ {} ]\n", metric, fmt::join(windows, ", "));
+  }
+  if (f.outlier_fraction > 0) text += fmt::format("outlier_fraction = {}\n", f.outlier_fraction);
+  return text + "\n";
+}
+
+// The budgets file's text with one feature's section replaced.
+std::string splice_section(const std::string& text, const std::string& feature, const std::string& section) {
+  const std::string header = "[" + feature + "]\n";
+  std::size_t start = text.rfind("\n" + header);
+  start = text.starts_with(header) ? 0 : start == std::string::npos ? start : start + 1;
+  if (start == std::string::npos) throw check::BudgetError(fmt::format("no [{}] section to replace", feature));
+  std::size_t end = text.find("\n[", start + header.size());
+  end = end == std::string::npos ? text.size() : end + 1;
+  return text.substr(0, start) + section + text.substr(end);
+}
+
+std::string choose_feature(const std::string& wanted, const std::vector<std::string>& composed, const std::string& lane) {
+  if (!wanted.empty()) {
+    if (std::find(composed.begin(), composed.end(), wanted) == composed.end()) {
+      throw run::UsageError(fmt::format("--feature: {} is not a feature of {} against the reference (features: {})", wanted,
+                                        lane, fmt::join(composed, ", ")));
+    }
+    return wanted;
+  }
+  for (const char* f : kFeaturePriority) {
+    if (std::find(composed.begin(), composed.end(), f) != composed.end()) return f;
+  }
+  throw run::UsageError(fmt::format("--lane: {} has no feature to calibrate: it is bitwise against the reference", lane));
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "harness-calibrate-XXXXXX").string();
+    if (!mkdtemp(pattern.data())) throw FileError("cannot create a temporary directory for the calibration runs");
+    path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    fs::remove_all(path_, ignored);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  fs::path path_;
+};
+
+}  // namespace
+
+Calibration calibrate(const CalibrateOptions& o, const std::function<void(const std::string&)>& progress) {
+  if (o.repeats < 1 || o.repeats > 1000) throw run::UsageError("--repeats: must be between 1 and 1000");
+  const Matrix matrix = load_matrix(o.matrix_path);
+  const check::Budgets budgets = check::load_budgets(o.budgets_path);
+  const auto chosen = select_lanes(matrix, o.lane, "--lane");
+  if (o.lane.empty() || chosen.size() != 1) throw run::UsageError("--lane: name one lane of the matrix (its id or name)");
+  const LaneSpec& spec = *chosen.front();
+  if (spec.id == matrix.reference) throw run::UsageError(fmt::format("--lane: {} is the reference lane itself", spec.id));
+  const auto noise = spec.settings.options.find("noise");  // accel's default is seeded
+  const bool seeded = spec.engine == "accel" && (noise == spec.settings.options.end() || noise->second == "seeded");
+
+  if (!o.feature.empty() && !budgets.features.count(o.feature)) {
+    throw run::UsageError(fmt::format("--feature: {} is not a feature of {}", o.feature, o.budgets_path));
+  }
+  Calibration c;
+  c.candidate_path = o.out.empty() ? (fs::path(o.budgets_path).parent_path() / "budgets.candidate.toml").string() : o.out;
+  c.report_path = fs::path(c.candidate_path).replace_extension(".md").string();
+  const fs::path out_dir = fs::absolute(c.candidate_path).parent_path();
+  if (!fs::is_directory(out_dir) || access(out_dir.c_str(), W_OK) != 0) {
+    throw run::UsageError(fmt::format("--out: cannot write into {}; create it or choose another place", out_dir.string()));
+  }
+  const TempDir work;
+  c.lane = spec.lane;
+  c.reference = matrix.lane(matrix.reference).lane;
+  c.repeats = o.repeats;
+  if (progress) progress(fmt::format("reference {}", matrix.reference));
+  run_lane(matrix, matrix.lane(matrix.reference), work.file("reference.h5"), {}, o.threads);
+  const check::ReceiptData reference = check::load_receipt(work.file("reference.h5"));
+  std::vector<check::ReceiptData> runs;
+  std::vector<check::Deviation> deviations;
+  for (int i = 0; i < o.repeats; ++i) {
+    LaneSpec repeat = spec;
+    if (seeded) {
+      c.noise_seeds.push_back(o.noise_seed_base + i);
+      repeat.settings.options["noise-seed"] = std::to_string(c.noise_seeds.back());
+    }
+    if (progress) progress(fmt::format("repeat {}/{} of {}", i + 1, o.repeats, spec.id));
+    const std::string path = work.file(fmt::format("repeat-{}.h5", i));
+    run_lane(matrix, repeat, path, {}, o.threads);
+    runs.push_back(check::load_receipt(path));
+    const auto d = check::metric_deviations(runs.back(), reference);
+    deviations.insert(deviations.end(), d.begin(), d.end());
+  }
+
+  c.composed = check::budget_between(budgets, runs.front(), reference).names();
+  c.feature = choose_feature(o.feature, c.composed, spec.lane);
+  std::vector<const check::FeatureBudget*> other_parts;
+  for (const std::string& name : c.composed) {
+    if (name != c.feature) other_parts.push_back(&budgets.feature(name));
+  }
+  const check::ComposedBudget others(other_parts);
+  const check::FeatureBudget& current = budgets.feature(c.feature);
+  for (const char* metric : check::kBudgetMetrics) {
+    const auto it = current.metrics.find(metric);
+    const std::vector<check::Window> windows = it == current.metrics.end() || it->second.empty()
+                                                   ? std::vector<check::Window>{check::Window{}}
+                                                   : it->second;
+    for (const check::Window& w : windows) {
+      c.windows.push_back(propose(metric, w, deviations, others));
+      c.observed[metric] = std::max(c.observed[metric], c.windows.back().observed);
+    }
+  }
+
+  const std::string candidate_text = splice_section(read_file(o.budgets_path), c.feature, section_toml(current, c));
+  write_file_atomically(c.candidate_path, candidate_text);
+  const check::Budgets proposed = check::load_budgets(c.candidate_path);  // a broken proposal is a bug: it throws
+  for (const check::ReceiptData& r : runs) {
+    c.passing_now += check::compare_receipts(r, reference, budgets, "compare").pass() ? 1 : 0;
+    c.passing_proposed += check::compare_receipts(r, reference, proposed, "compare").pass() ? 1 : 0;
+  }
+  write_file_atomically(c.report_path, calibration_report(c));
+  return c;
+}
+
+std::string calibration_report(const Calibration& c) {
+  std::string text = fmt::format(
+      "# Calibration of [{}]\n\n{} repeats of {} against {}{}.\nComposed budget: {}; the other features keep their "
+      "share and [{}] gets the rest, times {}, at least {} fp32 ulps.\n\n",
+      c.feature, c.repeats, c.lane, c.reference,
+      c.noise_seeds.empty() ? "" : fmt::format(" (noise seeds {}..{})", c.noise_seeds.front(), c.noise_seeds.back()),
+      fmt::join(c.composed, " + "), c.feature, kMargin, kFloorUlps);
+  text += "| metric | steps | largest deviation | current | proposed |\n|---|---|---|---|---|\n";
+  for (const WindowProposal& w : c.windows) {
+    text += fmt::format("| {} | {} | {:.3g} | `{}` | `{}` |\n", w.metric, window_steps(w.current), w.observed,
+                        window_toml(w.current), window_toml(w.proposed));
+  }
+  text += fmt::format("\nRepeats within the current budgets: {}/{}; within the proposal: {}/{}.\n", c.passing_now, c.repeats,
+                      c.passing_proposed, c.repeats);
+  text += fmt::format("Candidate: {}. Review it, then replace canaries/budgets.toml with it in a reviewed change.\n",
+                      c.candidate_path);
+  return text;
+}
+
+}  // namespace harness::nightly

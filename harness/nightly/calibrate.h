@@ -1,0 +1,49 @@
+// `harness calibrate`: proposes one feature's budget from repeated runs of a lane against
+// the reference lane (docs/budgets.md, "Calibration"). It writes a candidate budgets file
+// and a report; the budgets file itself is never touched.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "budgets.h"
+
+namespace harness::nightly {
+
+struct CalibrateOptions {
+  std::string matrix_path, budgets_path;
+  std::string lane;     // id or lane name in the matrix
+  std::string feature;  // "" : the lane's most specific feature (fp8-limited, fp8, mesh-bf16, bf16, mesh-fp32, noise)
+  int repeats = 3;
+  std::int64_t noise_seed_base = 1000;  // repeat i of a seeded lane replays noise seed base + i
+  std::string out;      // candidate budgets file ("" : budgets.candidate.toml beside the budgets)
+  int threads = 0;
+};
+
+struct WindowProposal {
+  std::string metric;
+  check::Window current, proposed;
+  double observed = 0;       // the largest |deviation| in the window over all repeats
+  double needed_scale = 0;   // of the current window, once the other features' share is taken off
+};
+
+struct Calibration {
+  std::string lane, reference, feature;
+  std::vector<std::string> composed;  // every feature of the comparison; `feature` is the one proposed
+  std::vector<std::int64_t> noise_seeds;  // per repeat; empty when the lane has no seeded noise
+  std::vector<WindowProposal> windows;
+  std::map<std::string, double> observed;  // per metric, over all windows
+  int repeats = 0, passing_now = 0, passing_proposed = 0;
+  std::string candidate_path, report_path;
+};
+
+// Runs the reference once and the lane `repeats` times, proposes, writes the candidate and
+// the report. Throws MatrixError / check::BudgetError / run::UsageError on bad input.
+Calibration calibrate(const CalibrateOptions& options, const std::function<void(const std::string&)>& progress = {});
+
+std::string calibration_report(const Calibration& calibration);
+
+}  // namespace harness::nightly
