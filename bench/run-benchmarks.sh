@@ -3,7 +3,7 @@
 # numbers docs/performance.md records: GEMM vs OpenBLAS, the non-GEMM kernels, the tiny
 # step at 1 and 2 threads with the recording cost, accel's step per feature and noise
 # mode (docs/engines/accel.md), tpu-mesh's step and compile cache
-# (docs/engines/tpu-mesh.md), and the same step in PyTorch.
+# (docs/engines/tpu-mesh.md), the same step in PyTorch, and the default nightly per lane.
 #   bench/run-benchmarks.sh [OUT_DIR]     (default reports/bench-<UTC timestamp>)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -26,4 +26,6 @@ PYEOF
 )
 /usr/bin/python3 "$root/bench/torch_step.py" --steps 30 --warmup 5 --json "$out/torch_step.json" --compare-ms "$best_ms" \
   | tee "$out/torch_step.txt"
+# The default nightly, lane by lane (docs/performance.md, "The nightly job").
+"$root/bench/nightly.sh" "$out/nightly" | tee "$out/nightly.txt"
 echo "results in $out"

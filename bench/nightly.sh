@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Times the default nightly (canaries/nightly.toml, budget: 3 minutes on the 2-core
+# development machine) and prints the breakdown per lane: run time, ms per step, and the
+# share of the job, against the cpu-ref lane's step as the peer within the same run.
+#   bench/nightly.sh [OUT_DIR]     (default reports/bench-nightly-<UTC timestamp>)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${1:-$root/reports/bench-nightly-$(date -u +%Y%m%dT%H%M%SZ)}
+HARNESS_TARGET=harness "$root/scripts/build.sh" >/dev/null
+start=$(date +%s.%N)
+status=0
+"$root/build/bin/harness" nightly --out "$out" >/dev/null 2>&1 || status=$?
+/usr/bin/python3 - "$out/summary.json" "$start" <<'PYEOF'
+import json, sys, time
+s = json.load(open(sys.argv[1]))
+wall = time.time() - float(sys.argv[2])
+lanes = s["lanes"] + s["auxiliary_runs"]
+ref = next(l for l in lanes if l["id"] == s["matrix"]["reference"])
+print(f"{'lane':<16} {'seconds':>8} {'ms/step':>8} {'x cpu-ref':>9} {'share':>6}")
+for l in lanes:
+    print(f"{l['id']:<16} {l['seconds']:>8.1f} {l['ms_per_step']:>8.1f} {l['ms_per_step'] / ref['ms_per_step']:>9.2f} "
+          f"{100 * l['seconds'] / wall:>5.0f}%")
+runs = sum(l["seconds"] for l in lanes)
+print(f"{'runs':<16} {runs:>8.1f}\n{'checks, reports':<16} {wall - runs:>8.1f}\n{'total (wall)':<16} {wall:>8.1f}   verdict {s['verdict']}")
+PYEOF
+echo "reports in $out"
+exit "$status"
