@@ -102,15 +102,11 @@ std::vector<nightly::Candidate> chosen_candidates(const nightly::GoldenStore& st
   if (pending.empty()) throw run::UsageError(fmt::format("no candidates in {}; run `harness golden refresh` first", store.directory()));
   if (lanes.empty()) return pending;
   std::vector<nightly::Candidate> chosen;
-  std::size_t start = 0;
-  while (start <= lanes.size()) {
-    const std::size_t comma = lanes.find(',', start);
-    const std::string item = lanes.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+  for (const std::string& item : nightly::split_list(lanes)) {
     const auto it = std::find_if(pending.begin(), pending.end(), [&](const auto& c) { return c.id == item || c.lane == item; });
     if (it == pending.end()) throw run::UsageError(fmt::format("--lanes: '{}' has no candidate; refresh it first", item));
-    chosen.push_back(*it);
-    if (comma == std::string::npos) break;
-    start = comma + 1;
+    const bool listed = std::any_of(chosen.begin(), chosen.end(), [&](const auto& c) { return c.lane == it->lane; });
+    if (!listed) chosen.push_back(*it);
   }
   return chosen;
 }
@@ -119,7 +115,9 @@ int approve_action(const GoldenFlags& f) {
   refuse_in_ci(f, "approve");
   if (f.approver.empty()) throw run::UsageError("--approved-by: name who reviewed the candidates");
   nightly::GoldenStore store(f.goldens);
-  for (const nightly::Candidate& c : chosen_candidates(store, f.lanes)) {
+  const std::vector<nightly::Candidate> chosen = chosen_candidates(store, f.lanes);
+  for (const nightly::Candidate& c : chosen) store.verify(c);  // all or none: check every one first
+  for (const nightly::Candidate& c : chosen) {
     store.promote(c, f.approver);
     fmt::print("approved    {:<16} {} -> {}\n", c.id, c.lane, store.golden_path(c.lane));
   }

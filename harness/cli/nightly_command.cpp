@@ -83,10 +83,10 @@ int nightly_action(NightlyFlags& f) {
   nightly::NightlyOptions o = f.options;
   if (!f.shard.empty()) o.shard = nightly::parse_shard(f.shard);
   if (o.out_dir.empty()) o.out_dir = default_out_dir();
-  nightly::load_matrix(o.matrix_path);  // a bad matrix exits 2 before any directory is made
+  nightly::NightlyJob job(o);  // a bad matrix or budgets file exits 2 before any directory is made
   prepare_out_dir(o.out_dir);
   ProgressPrinter printer;
-  const nlohmann::json summary = nightly::run_nightly(o, std::ref(printer));
+  const nlohmann::json summary = job.run(std::ref(printer));
   return finish(summary, o.out_dir);
 }
 

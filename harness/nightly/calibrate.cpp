@@ -142,6 +142,72 @@ class TempDir {
   fs::path path_;
 };
 
+// The candidate's paths: beside the budgets by default; never the budgets file itself.
+void choose_outputs(const CalibrateOptions& o, Calibration& c) {
+  c.candidate_path = o.out.empty() ? (fs::path(o.budgets_path).parent_path() / "budgets.candidate.toml").string() : o.out;
+  if (fs::path(c.candidate_path).extension() != ".toml") {
+    throw run::UsageError(fmt::format("--out: {} must end in .toml (the report goes beside it as .md)", c.candidate_path));
+  }
+  std::error_code ec;
+  if (fs::equivalent(c.candidate_path, o.budgets_path, ec)) {
+    throw run::UsageError(fmt::format("--out: {} is the budgets file; calibration only writes candidates", c.candidate_path));
+  }
+  c.report_path = fs::path(c.candidate_path).replace_extension(".md").string();
+  const fs::path out_dir = fs::absolute(c.candidate_path).parent_path();
+  if (!fs::is_directory(out_dir) || access(out_dir.c_str(), W_OK) != 0) {
+    throw run::UsageError(fmt::format("--out: cannot write into {}; create it or choose another place", out_dir.string()));
+  }
+}
+
+struct Runs {
+  check::ReceiptData reference;
+  std::vector<check::ReceiptData> repeats;
+  std::vector<check::Deviation> deviations;
+};
+
+// The reference once, the lane `repeats` times (seeded accel lanes: a new noise seed each).
+Runs run_repeats(const CalibrateOptions& o, const Matrix& matrix, const LaneSpec& spec, Calibration& c,
+                 const std::function<void(const std::string&)>& progress) {
+  const auto noise = spec.settings.options.find("noise");  // accel's default is seeded
+  const bool seeded = spec.engine == "accel" && (noise == spec.settings.options.end() || noise->second == "seeded");
+  const TempDir work;
+  if (progress) progress(fmt::format("reference {}", matrix.reference));
+  run_lane(matrix, matrix.lane(matrix.reference), work.file("reference.h5"), {}, o.threads);
+  Runs runs{check::load_receipt(work.file("reference.h5")), {}, {}};
+  for (int i = 0; i < o.repeats; ++i) {
+    LaneSpec repeat = spec;
+    if (seeded) {
+      c.noise_seeds.push_back(o.noise_seed_base + i);
+      repeat.settings.options["noise-seed"] = std::to_string(c.noise_seeds.back());
+    }
+    if (progress) progress(fmt::format("repeat {}/{} of {}", i + 1, o.repeats, spec.id));
+    const std::string path = work.file(fmt::format("repeat-{}.h5", i));
+    run_lane(matrix, repeat, path, {}, o.threads);
+    runs.repeats.push_back(check::load_receipt(path));
+    const auto d = check::metric_deviations(runs.repeats.back(), runs.reference);
+    runs.deviations.insert(runs.deviations.end(), d.begin(), d.end());
+  }
+  return runs;
+}
+
+// Every window of the feature's entry, per metric (one open window when it has none).
+void propose_windows(const check::Budgets& budgets, const Runs& runs, Calibration& c) {
+  std::vector<const check::FeatureBudget*> other_parts;
+  for (const std::string& name : c.composed) {
+    if (name != c.feature) other_parts.push_back(&budgets.feature(name));
+  }
+  const check::ComposedBudget others(other_parts);
+  const check::FeatureBudget& current = budgets.feature(c.feature);
+  for (const char* metric : check::kBudgetMetrics) {
+    const auto it = current.metrics.find(metric);
+    const bool none = it == current.metrics.end() || it->second.empty();
+    for (const check::Window& w : none ? std::vector<check::Window>{check::Window{}} : it->second) {
+      c.windows.push_back(propose(metric, w, runs.deviations, others));
+      c.observed[metric] = std::max(c.observed[metric], c.windows.back().observed);
+    }
+  }
+}
+
 }  // namespace
 
 Calibration calibrate(const CalibrateOptions& o, const std::function<void(const std::string&)>& progress) {
@@ -152,68 +218,30 @@ Calibration calibrate(const CalibrateOptions& o, const std::function<void(const 
   if (o.lane.empty() || chosen.size() != 1) throw run::UsageError("--lane: name one lane of the matrix (its id or name)");
   const LaneSpec& spec = *chosen.front();
   if (spec.id == matrix.reference) throw run::UsageError(fmt::format("--lane: {} is the reference lane itself", spec.id));
-  const auto noise = spec.settings.options.find("noise");  // accel's default is seeded
-  const bool seeded = spec.engine == "accel" && (noise == spec.settings.options.end() || noise->second == "seeded");
-
   if (!o.feature.empty() && !budgets.features.count(o.feature)) {
     throw run::UsageError(fmt::format("--feature: {} is not a feature of {}", o.feature, o.budgets_path));
   }
   Calibration c;
-  c.candidate_path = o.out.empty() ? (fs::path(o.budgets_path).parent_path() / "budgets.candidate.toml").string() : o.out;
-  c.report_path = fs::path(c.candidate_path).replace_extension(".md").string();
-  const fs::path out_dir = fs::absolute(c.candidate_path).parent_path();
-  if (!fs::is_directory(out_dir) || access(out_dir.c_str(), W_OK) != 0) {
-    throw run::UsageError(fmt::format("--out: cannot write into {}; create it or choose another place", out_dir.string()));
-  }
-  const TempDir work;
+  choose_outputs(o, c);
   c.lane = spec.lane;
   c.reference = matrix.lane(matrix.reference).lane;
   c.repeats = o.repeats;
-  if (progress) progress(fmt::format("reference {}", matrix.reference));
-  run_lane(matrix, matrix.lane(matrix.reference), work.file("reference.h5"), {}, o.threads);
-  const check::ReceiptData reference = check::load_receipt(work.file("reference.h5"));
-  std::vector<check::ReceiptData> runs;
-  std::vector<check::Deviation> deviations;
-  for (int i = 0; i < o.repeats; ++i) {
-    LaneSpec repeat = spec;
-    if (seeded) {
-      c.noise_seeds.push_back(o.noise_seed_base + i);
-      repeat.settings.options["noise-seed"] = std::to_string(c.noise_seeds.back());
-    }
-    if (progress) progress(fmt::format("repeat {}/{} of {}", i + 1, o.repeats, spec.id));
-    const std::string path = work.file(fmt::format("repeat-{}.h5", i));
-    run_lane(matrix, repeat, path, {}, o.threads);
-    runs.push_back(check::load_receipt(path));
-    const auto d = check::metric_deviations(runs.back(), reference);
-    deviations.insert(deviations.end(), d.begin(), d.end());
-  }
-
-  c.composed = check::budget_between(budgets, runs.front(), reference).names();
+  const Runs runs = run_repeats(o, matrix, spec, c, progress);
+  c.composed = check::budget_between(budgets, runs.repeats.front(), runs.reference).names();
   c.feature = choose_feature(o.feature, c.composed, spec.lane);
-  std::vector<const check::FeatureBudget*> other_parts;
-  for (const std::string& name : c.composed) {
-    if (name != c.feature) other_parts.push_back(&budgets.feature(name));
-  }
-  const check::ComposedBudget others(other_parts);
-  const check::FeatureBudget& current = budgets.feature(c.feature);
-  for (const char* metric : check::kBudgetMetrics) {
-    const auto it = current.metrics.find(metric);
-    const std::vector<check::Window> windows = it == current.metrics.end() || it->second.empty()
-                                                   ? std::vector<check::Window>{check::Window{}}
-                                                   : it->second;
-    for (const check::Window& w : windows) {
-      c.windows.push_back(propose(metric, w, deviations, others));
-      c.observed[metric] = std::max(c.observed[metric], c.windows.back().observed);
-    }
-  }
+  propose_windows(budgets, runs, c);
 
-  const std::string candidate_text = splice_section(read_file(o.budgets_path), c.feature, section_toml(current, c));
-  write_file_atomically(c.candidate_path, candidate_text);
-  const check::Budgets proposed = check::load_budgets(c.candidate_path);  // a broken proposal is a bug: it throws
-  for (const check::ReceiptData& r : runs) {
-    c.passing_now += check::compare_receipts(r, reference, budgets, "compare").pass() ? 1 : 0;
-    c.passing_proposed += check::compare_receipts(r, reference, proposed, "compare").pass() ? 1 : 0;
+  // Validated before it is written: a proposal the parser refuses is a bug, and no file.
+  const std::string candidate_text =
+      splice_section(read_file(o.budgets_path), c.feature, section_toml(budgets.feature(c.feature), c));
+  const TempDir check_dir;
+  write_file_atomically(check_dir.file("candidate.toml"), candidate_text);
+  const check::Budgets proposed = check::load_budgets(check_dir.file("candidate.toml"));
+  for (const check::ReceiptData& r : runs.repeats) {
+    c.passing_now += check::compare_receipts(r, runs.reference, budgets, "compare").pass() ? 1 : 0;
+    c.passing_proposed += check::compare_receipts(r, runs.reference, proposed, "compare").pass() ? 1 : 0;
   }
+  write_file_atomically(c.candidate_path, candidate_text);
   write_file_atomically(c.report_path, calibration_report(c));
   return c;
 }

@@ -59,9 +59,10 @@ std::string file_content_hash(const std::string& path) {
 }
 
 std::string read_file(const std::string& path) {
+  if (!fs::exists(path)) return "";
   std::ifstream in(path, std::ios::binary);
   std::ostringstream out;
-  out << in.rdbuf();
+  if (!in || !(out << in.rdbuf())) throw FileError(fmt::format("{}: cannot read it (check its permissions)", path));
   return out.str();
 }
 

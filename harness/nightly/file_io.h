@@ -18,6 +18,7 @@ void write_file_atomically(const std::string& path, const std::string& text);
 // XXH3-128 of a file's bytes, as "xxh128:<32 hex digits>" (the digest `xxhsum -H2` prints).
 std::string file_content_hash(const std::string& path);
 
-std::string read_file(const std::string& path);  // "" when it does not exist
+// The whole file; "" when it does not exist. Throws FileError when it exists but cannot be read.
+std::string read_file(const std::string& path);
 
 }  // namespace harness::nightly

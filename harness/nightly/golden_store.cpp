@@ -25,6 +25,11 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+std::vector<Candidate> without(std::vector<Candidate> candidates, const std::string& lane) {
+  std::erase_if(candidates, [&](const Candidate& c) { return c.lane == lane; });
+  return candidates;
+}
+
 // The content hash the log last recorded for each lane.
 std::map<std::string, std::string> last_recorded(const std::vector<ProvenanceEntry>& log) {
   std::map<std::string, std::string> hashes;
@@ -176,22 +181,18 @@ void GoldenStore::write_review(const std::vector<Candidate>& candidates) const {
 }
 
 void GoldenStore::add_candidate(const Candidate& candidate) {
-  std::vector<Candidate> all = candidates();
-  all.erase(std::remove_if(all.begin(), all.end(), [&](const Candidate& c) { return c.lane == candidate.lane; }), all.end());
+  std::vector<Candidate> all = without(candidates(), candidate.lane);
   all.push_back(candidate);
   write_candidates(all);
 }
 
 void GoldenStore::drop_candidate(const std::string& lane) {
-  std::vector<Candidate> all = candidates();
-  all.erase(std::remove_if(all.begin(), all.end(), [&](const Candidate& c) { return c.lane == lane; }), all.end());
   fs::remove(candidate_path(lane));
-  write_candidates(all);
+  write_candidates(without(candidates(), lane));
 }
 
-void GoldenStore::promote(const Candidate& candidate, const std::string& approver) {
+void GoldenStore::verify(const Candidate& candidate) const {
   const std::string from = candidate_path(candidate.lane);
-  const std::string to = golden_path(candidate.lane);
   if (!fs::exists(from)) {
     throw GoldenError(fmt::format("{}: the candidate is gone; run `harness golden refresh --lanes {}` again", from, candidate.id));
   }
@@ -200,26 +201,32 @@ void GoldenStore::promote(const Candidate& candidate, const std::string& approve
     throw GoldenError(fmt::format("{}: changed since refresh ({} reviewed, {} now); refresh the lane again", from,
                                   candidate.content_hash, hash));
   }
-  std::map<std::string, std::string> manifest;
   try {
-    const receipt::ReceiptReader reader(from);
-    if (!reader.complete()) throw GoldenError(fmt::format("{}: an incomplete receipt cannot become a golden", from));
-    manifest = reader.manifest_text();
+    if (!receipt::ReceiptReader(from).complete()) {
+      throw GoldenError(fmt::format("{}: an incomplete receipt cannot become a golden", from));
+    }
   } catch (const receipt::ReceiptError& e) {
     throw GoldenError(e.what());
   }
-  ProvenanceEntry entry{run::utc_timestamp(), candidate.lane, fs::exists(to) ? file_content_hash(to) : "", hash,
+}
+
+void GoldenStore::promote(const Candidate& candidate, const std::string& approver) {
+  verify(candidate);
+  const std::string from = candidate_path(candidate.lane);
+  const std::string to = golden_path(candidate.lane);
+  std::map<std::string, std::string> manifest = receipt::ReceiptReader(from).manifest_text();
+  ProvenanceEntry entry{run::utc_timestamp(), candidate.lane, fs::exists(to) ? file_content_hash(to) : "", candidate.content_hash,
                         candidate.reason, approver, manifest["git_commit"], manifest["toolchain"], candidate.comparison};
   // Log first into a temporary copy, then the golden, then the log: an interruption
   // between the renames leaves a golden the log does not record, which `status` reports.
-  const std::string log_text = read_file(log_path()) + entry.to_json().dump() + "\n";
+  std::string log_text = read_file(log_path());
+  if (!log_text.empty() && log_text.back() != '\n') log_text += '\n';
+  log_text += entry.to_json().dump() + "\n";
   const std::string log_temp = log_path() + ".tmp";
   write_file_atomically(log_temp, log_text);
   fs::rename(from, to);
   fs::rename(log_temp, log_path());
-  std::vector<Candidate> rest = candidates();
-  rest.erase(std::remove_if(rest.begin(), rest.end(), [&](const Candidate& c) { return c.lane == candidate.lane; }), rest.end());
-  write_candidates(rest);
+  write_candidates(without(candidates(), candidate.lane));
 }
 
 std::vector<ProvenanceEntry> GoldenStore::log() const {

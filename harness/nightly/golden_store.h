@@ -71,9 +71,11 @@ class GoldenStore {
   void add_candidate(const Candidate& candidate);
   // Drops a candidate's file and record.
   void drop_candidate(const std::string& lane);
-  // Promotes a reviewed candidate: checks it is the file that was reviewed, renames it over
-  // the golden and appends a provenance entry to the log. Throws GoldenError and changes nothing when
-  // the candidate is missing, altered since refresh, or not a readable receipt.
+  // Throws GoldenError unless the candidate is the file that was reviewed (same content
+  // hash) and a complete receipt.
+  void verify(const Candidate& candidate) const;
+  // Promotes a verified candidate: renames it over the golden and appends a provenance
+  // entry to the log. Throws GoldenError and changes nothing when verify() would.
   void promote(const Candidate& candidate, const std::string& approver);
 
   std::vector<ProvenanceEntry> log() const;

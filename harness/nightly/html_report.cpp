@@ -43,10 +43,6 @@ document.getElementById('failures-only').addEventListener('change', function (ev
 document.body.dataset.ready = 'yes';
 )";
 
-std::string text_of(const json& j, const char* key, const std::string& fallback = "") {
-  return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : fallback;
-}
-
 pugi::xml_node add(pugi::xml_node parent, const char* tag, const std::string& text = "", const std::string& css = "") {
   pugi::xml_node node = parent.append_child(tag);
   if (!text.empty()) node.text().set(text.c_str());
@@ -162,8 +158,8 @@ class Chart {
 
 std::string check_cell(const json& lane, const std::string& which) {
   for (const json& c : lane["checks"]) {
-    if (text_of(c, "check") == which || (which == "golden" && text_of(c, "check") == "run")) {
-      return fmt::format("{}: {}", text_of(c, "status"), text_of(c, "summary"));
+    if (json_text(c, "check") == which || (which == "golden" && json_text(c, "check") == "run")) {
+      return fmt::format("{}: {}", json_text(c, "status"), json_text(c, "summary"));
     }
   }
   return "—";
@@ -191,13 +187,13 @@ void verdict_table(pugi::xml_node body, const json& summary) {
   for (const char* h : {"lane", "id", "status", "golden", "reference", "seconds"}) add(head, "th", h);
   pugi::xml_node rows = add(table, "tbody");
   for (const json& lane : summary["lanes"]) {
-    const std::string status = text_of(lane, "status");
+    const std::string status = json_text(lane, "status");
     pugi::xml_node row = rows.append_child("tr");
     row.append_attribute("data-status") = status.c_str();
     pugi::xml_node link = add(row, "td").append_child("a");
-    link.append_attribute("href") = ("#lane-" + text_of(lane, "id")).c_str();
-    add(link, "code", text_of(lane, "lane"));
-    add(row, "td", text_of(lane, "id"));
+    link.append_attribute("href") = ("#lane-" + json_text(lane, "id")).c_str();
+    add(link, "code", json_text(lane, "lane"));
+    add(row, "td", json_text(lane, "id"));
     add(row, "td", status, status);
     add(row, "td", check_cell(lane, "golden"));
     add(row, "td", check_cell(lane, "reference"));
@@ -222,7 +218,7 @@ void charts(pugi::xml_node section, const json& lane, int steps) {
   const json& envelope = series["envelope"];
   const bool exact = std::all_of(envelope["loss_deviation"].begin(), envelope["loss_deviation"].end(),
                                  [](const json& d) { return d.is_number() && d.get<double>() == 0; });
-  const std::string against = text_of(envelope, "against");
+  const std::string against = json_text(envelope, "against");
   if (exact) {
     add(row, "p", fmt::format("Loss equal to {} at every step (budget: {}).", against, budget_names(envelope)), "muted");
     return;
@@ -236,16 +232,16 @@ void charts(pugi::xml_node section, const json& lane, int steps) {
 
 void lane_section(pugi::xml_node body, const json& lane, int steps, const json& common_stack) {
   pugi::xml_node section = add(body, "section", "", "lane");
-  section.append_attribute("id") = ("lane-" + text_of(lane, "id")).c_str();
-  add(section, "h3", fmt::format("{} ({}): {}", text_of(lane, "lane"), text_of(lane, "id"), text_of(lane, "status")));
-  if (!text_of(lane, "why").empty()) add(section, "p", text_of(lane, "why"), "muted");
+  section.append_attribute("id") = ("lane-" + json_text(lane, "id")).c_str();
+  add(section, "h3", fmt::format("{} ({}): {}", json_text(lane, "lane"), json_text(lane, "id"), json_text(lane, "status")));
+  if (!json_text(lane, "why").empty()) add(section, "p", json_text(lane, "why"), "muted");
   charts(section, lane, steps);
   if (lane["triage"].is_string()) add(section, "p", "BF16-first triage: " + lane["triage"].get<std::string>());
   for (const json& check : lane["checks"]) {
     pugi::xml_node details = add(section, "details");
-    if (text_of(check, "status") != "pass") details.append_attribute("open") = "open";
-    add(details, "summary", fmt::format("{} check: {}: {}", text_of(check, "check"), text_of(check, "status"), text_of(check, "summary")));
-    add(details, "pre", check.contains("error") ? text_of(check["error"], "message") : text_of(check, "text"));
+    if (json_text(check, "status") != "pass") details.append_attribute("open") = "open";
+    add(details, "summary", fmt::format("{} check: {}: {}", json_text(check, "check"), json_text(check, "status"), json_text(check, "summary")));
+    add(details, "pre", check.contains("error") ? json_text(check["error"], "message") : json_text(check, "text"));
   }
   if (lane.contains("stack") && lane["stack"] != common_stack) {
     add(section, "p", "Stack lines of this lane that differ from the job's:");
@@ -269,7 +265,7 @@ void stack_table(pugi::xml_node parent, const json& stack, const json& common) {
 
 std::string html_report(const json& summary) {
   const json& matrix = summary["matrix"];
-  const std::string verdict = text_of(summary, "verdict");
+  const std::string verdict = json_text(summary, "verdict");
   const int steps = matrix["steps"].get<int>();
   pugi::xml_document doc;
   pugi::xml_node html = doc.append_child("html");
@@ -285,10 +281,10 @@ std::string html_report(const json& summary) {
   for (const json& shard : summary["shards"]) seconds = std::max(seconds, shard.value("seconds", 0.0));
   add(body, "p", fmt::format("Canary {}, {} steps, {} lanes, reference lane {}. Matrix {} ({}); budgets {} ({}); goldens {}. "
                              "{} shard(s), started {}, longest shard {:.1f} s.",
-                             text_of(matrix, "canary"), steps, summary["lanes"].size(), text_of(matrix, "reference"),
-                             text_of(matrix, "path"), text_of(matrix, "content_hash"), text_of(summary["budgets"], "path"),
-                             text_of(summary["budgets"], "content_hash"), text_of(summary, "goldens"),
-                             summary["shards"].size(), text_of(summary["shards"][0], "started_utc"), seconds),
+                             json_text(matrix, "canary"), steps, summary["lanes"].size(), json_text(matrix, "reference"),
+                             json_text(matrix, "path"), json_text(matrix, "content_hash"), json_text(summary["budgets"], "path"),
+                             json_text(summary["budgets"], "content_hash"), json_text(summary, "goldens"),
+                             summary["shards"].size(), json_text(summary["shards"][0], "started_utc"), seconds),
       "muted");
   add(body, "h2", "Verdicts");
   verdict_table(body, summary);

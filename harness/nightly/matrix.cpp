@@ -183,10 +183,7 @@ std::vector<const LaneSpec*> select_lanes(const Matrix& matrix, const std::strin
     for (const LaneSpec& l : matrix.lanes) selected.push_back(&l);
     return selected;
   }
-  std::size_t start = 0;
-  while (start <= text.size()) {
-    const std::size_t comma = text.find(',', start);
-    const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+  for (const std::string& item : split_list(text)) {
     const auto it = std::find_if(matrix.lanes.begin(), matrix.lanes.end(),
                                  [&](const LaneSpec& l) { return l.id == item || l.lane == item; });
     if (it == matrix.lanes.end()) {
@@ -195,10 +192,19 @@ std::vector<const LaneSpec*> select_lanes(const Matrix& matrix, const std::strin
       throw MatrixError(fmt::format("{}: '{}' is not a lane of {} (lanes: {})", flag, item, matrix.path, fmt::join(ids, ", ")));
     }
     if (std::find(selected.begin(), selected.end(), &*it) == selected.end()) selected.push_back(&*it);
-    if (comma == std::string::npos) break;
-    start = comma + 1;
   }
   return selected;
+}
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> items;
+  std::size_t start = 0;
+  for (std::size_t comma = text.find(','); comma != std::string::npos; comma = text.find(',', start)) {
+    items.push_back(text.substr(start, comma - start));
+    start = comma + 1;
+  }
+  items.push_back(text.substr(start));
+  return items;
 }
 
 Shard parse_shard(const std::string& text) {

@@ -65,12 +65,21 @@ json stack_of(const check::ReceiptData& r) {
   return stack;
 }
 
-// Any error makes the job's verdict "error", else any failure "fail".
-std::string overall_verdict(const json& lanes) {
+// A check that could not be made: the summary says why, the job goes on.
+json error_check(json check, const std::string& kind, const std::string& message, const std::string& summary) {
+  check["status"] = "error";
+  check["summary"] = summary;
+  check["error"] = {{"kind", kind}, {"message", message}};
+  return check;
+}
+
+// Any error makes the verdict "error", else any failure "fail" (of a job's lanes, or of
+// one lane's checks).
+std::string worst_status(const json& items) {
   std::string verdict = "pass";
-  for (const json& lane : lanes) {
-    if (lane["status"] == "error") return "error";
-    if (lane["status"] == "fail") verdict = "fail";
+  for (const json& item : items) {
+    if (item.at("status") == "error") return "error";
+    if (item.at("status") == "fail") verdict = "fail";
   }
   return verdict;
 }
@@ -82,16 +91,19 @@ struct LaneRun {
   std::string error;
 };
 
-class Job {
+}  // namespace
+
+class NightlyJob::Impl {
  public:
-  Job(const NightlyOptions& options, const std::function<void(const NightlyProgress&)>& progress)
+  explicit Impl(const NightlyOptions& options)
       : options_(options),
         matrix_(load_matrix(options.matrix_path)),
         budgets_(check::load_budgets(options.budgets_path)),
-        store_(options.goldens_dir),
-        progress_(progress) {}
+        budgets_hash_(file_content_hash(options.budgets_path)),
+        store_(options.goldens_dir) {}
 
-  json run() {
+  json run(const std::function<void(const NightlyProgress&)>& progress) {
+    progress_ = progress;
     const auto start = std::chrono::steady_clock::now();
     const std::string started = run::utc_timestamp();
     const std::vector<const LaneSpec*> lanes = shard_lanes(matrix_, options_.shard);
@@ -112,14 +124,14 @@ class Job {
                     {"matrix", {{"path", matrix_.path}, {"content_hash", matrix_.content_hash}, {"canary", matrix_.canary},
                                 {"steps", matrix_.steps}, {"seed", matrix_.seed}, {"reference", matrix_.reference},
                                 {"lanes", lane_ids()}}},
-                    {"budgets", {{"path", budgets_.path}, {"content_hash", file_content_hash(budgets_.path)}}},
+                    {"budgets", {{"path", budgets_.path}, {"content_hash", budgets_hash_}}},
                     {"goldens", options_.goldens_dir},
                     {"shards", json::array({{{"index", options_.shard.index}, {"count", options_.shard.count},
                                              {"started_utc", started}, {"finished_utc", run::utc_timestamp()},
                                              {"seconds", seconds_since(start)}}})},
                     {"lanes", records},
                     {"auxiliary_runs", auxiliary}};
-    summary["verdict"] = overall_verdict(summary["lanes"]);
+    summary["verdict"] = worst_status(summary["lanes"]);
     return summary;
   }
 
@@ -170,31 +182,30 @@ class Job {
 
   json golden_check(const check::ReceiptData& run, const LaneSpec& spec, json& series) {
     const std::string path = store_.golden_path(spec.lane);
+    const json check = {{"check", "golden"}, {"against", path}};
     if (!fs::exists(path)) {
-      return {{"check", "golden"}, {"status", "error"}, {"against", path},
-              {"summary", "no golden"},
-              {"error", {{"kind", "missing_golden"},
-                         {"message", fmt::format("no golden for lane {} at {}; create one with `harness golden refresh "
-                                                 "--lanes {} --reason TEXT` and approve it", spec.lane, path, spec.id)}}}};
+      return error_check(check, "missing_golden",
+                         fmt::format("no golden for lane {} at {}; create one with `harness golden refresh --lanes {} "
+                                     "--reason TEXT` and approve it", spec.lane, path, spec.id),
+                         "no golden");
     }
+    std::unique_ptr<check::ReceiptData> golden;
     try {
-      const check::ReceiptData golden = check::load_receipt(path);
-      series["golden_loss"] = golden.loss;
-      json result = judge("golden", run, golden, budgets_);
-      if (spec.id == matrix_.reference && result["status"] != "error") series["envelope"] = envelope(run, golden, budgets_);
-      return result;
-    } catch (const receipt::ReceiptError& e) {
-      return {{"check", "golden"}, {"status", "error"}, {"against", path}, {"summary", "golden unreadable"},
-              {"error", {{"kind", "receipt"}, {"message", e.what()}}}};
+      golden = std::make_unique<check::ReceiptData>(check::load_receipt(path));
+    } catch (const std::exception& e) {  // not a receipt, truncated, another schema
+      return error_check(check, "receipt", e.what(), "golden unreadable");
     }
+    series["golden_loss"] = golden->loss;
+    json result = judge("golden", run, *golden, budgets_);
+    if (spec.id == matrix_.reference && result["status"] != "error") series["envelope"] = envelope(run, *golden, budgets_);
+    return result;
   }
 
   json reference_check(const check::ReceiptData& run, json& series) {
     LaneRun& ref = ensure_run(matrix_.lane(matrix_.reference));
     if (!ref.receipt) {
-      return {{"check", "reference"}, {"status", "error"}, {"against", matrix_.reference},
-              {"summary", "the reference lane did not run"},
-              {"error", {{"kind", "reference_failed"}, {"message", ref.error}}}};
+      return error_check({{"check", "reference"}, {"against", ref.record["receipt"]}}, "reference_failed", ref.error,
+                         "the reference lane did not run");
     }
     series["reference_loss"] = ref.receipt->loss;
     json result = judge("reference", run, *ref.receipt, budgets_);
@@ -225,16 +236,8 @@ class Job {
   // features are this lane's without the fp8 parts.
   const LaneSpec* twin_of(const LaneSpec& spec) const {
     if (!spec.triage_with.empty()) return &matrix_.lane(spec.triage_with);
-    std::vector<std::string> kept;
-    std::size_t start = 0;
-    const std::string& f = spec.settings.features;
-    while (start <= f.size()) {
-      const std::size_t comma = f.find(',', start);
-      const std::string item = f.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-      if (!item.starts_with("fp8")) kept.push_back(item);
-      if (comma == std::string::npos) break;
-      start = comma + 1;
-    }
+    std::vector<std::string> kept = split_list(spec.settings.features);
+    std::erase_if(kept, [](const std::string& item) { return item.starts_with("fp8"); });
     const std::string wanted = fmt::format("{}", fmt::join(kept, ","));
     for (const LaneSpec& l : matrix_.lanes) {
       if (l.engine != spec.engine || l.settings.features != wanted || l.runs_fp8()) continue;
@@ -253,8 +256,7 @@ class Job {
     json checks = json::array();
     json series = json::object();
     if (!r.receipt) {
-      checks.push_back({{"check", "run"}, {"status", "error"}, {"summary", "the lane did not run"},
-                        {"error", {{"kind", "run"}, {"message", r.error}}}});
+      checks.push_back(error_check({{"check", "run"}, {"against", ""}}, "run", r.error, "the lane did not run"));
     } else {
       series["loss"] = r.receipt->loss;
       checks.push_back(golden_check(*r.receipt, spec, series));
@@ -262,11 +264,7 @@ class Job {
     }
     record["checks"] = checks;
     record["series"] = series;
-    std::string status = "pass";
-    for (const json& c : checks) {
-      if (c["status"] == "error") status = "error";
-      if (c["status"] == "fail" && status != "error") status = "fail";
-    }
+    const std::string status = worst_status(checks);
     record["status"] = status;
     record["triage"] = nullptr;
     if (spec.runs_fp8() && checks.size() > 1 && checks[1]["status"] == "fail") record["triage"] = triage(spec);
@@ -284,9 +282,10 @@ class Job {
     return record;
   }
 
-  const NightlyOptions& options_;
+  NightlyOptions options_;
   Matrix matrix_;
   check::Budgets budgets_;
+  std::string budgets_hash_;  // taken when the budgets were read
   GoldenStore store_;
   std::function<void(const NightlyProgress&)> progress_;
   std::map<std::string, LaneRun> runs_;
@@ -294,7 +293,9 @@ class Job {
   double steps_done_ = 0, elapsed_before_ = 0;
 };
 
-}  // namespace
+NightlyJob::NightlyJob(const NightlyOptions& options) : impl_(std::make_unique<Impl>(options)) {}
+NightlyJob::~NightlyJob() = default;
+json NightlyJob::run(const std::function<void(const NightlyProgress&)>& progress) { return impl_->run(progress); }
 
 json judge(const std::string& check_name, const check::ReceiptData& run, const check::ReceiptData& against,
            const check::Budgets& budgets) {
@@ -306,15 +307,13 @@ json judge(const std::string& check_name, const check::ReceiptData& run, const c
     result["verdict"] = check::to_json(v);
     result["text"] = check::to_text(v);
   } catch (const check::ContractError& e) {
-    result["status"] = "error";
-    result["summary"] = fmt::format("cannot be compared: {}", e.kind);
-    result["error"] = {{"kind", e.kind}, {"message", e.what()}};
+    return error_check(result, e.kind, e.what(), fmt::format("cannot be compared: {}", e.kind));
+  } catch (const check::BudgetError& e) {
+    return error_check(result, "budgets", e.what(), "no budget for this comparison");
+  } catch (const std::exception& e) {  // a receipt that reads wrong half-way
+    return error_check(result, "receipt", e.what(), "a receipt could not be read");
   }
   return result;
-}
-
-json run_nightly(const NightlyOptions& options, const std::function<void(const NightlyProgress&)>& progress) {
-  return Job(options, progress).run();
 }
 
 int summary_exit_code(const json& summary) {
@@ -322,33 +321,83 @@ int summary_exit_code(const json& summary) {
   return verdict == "pass" ? 0 : verdict == "fail" ? 1 : 2;
 }
 
+namespace {
+
+// What the reports and the merge read of a shard's summary; throws json exceptions.
+void check_summary_shape(const json& s) {
+  for (const char* key : {"matrix", "budgets"}) s.at(key).at("content_hash").get<std::string>();
+  s.at("goldens").get<std::string>();
+  s.at("matrix").at("lanes").get<std::vector<std::string>>();
+  s.at("matrix").at("steps").get<int>();
+  for (const json& shard : s.at("shards")) shard.at("seconds").get<double>();
+  for (const char* list : {"lanes", "auxiliary_runs"}) {
+    for (const json& lane : s.at(list)) {
+      for (const char* key : {"id", "lane", "receipt"}) lane.at(key).get<std::string>();
+      lane.at("seconds").get<double>();
+    }
+  }
+  for (const json& lane : s.at("lanes")) {
+    lane.at("status").get<std::string>();
+    lane.at("series").get<json::object_t>();
+    for (const json& check : lane.at("checks")) {
+      for (const char* key : {"check", "status", "summary"}) check.at(key).get<std::string>();
+    }
+  }
+}
+
+// A receipt path of a shard's summary, relative to the merged report directory.
+json rebase(const std::string& receipt, const std::string& shard_dir, const std::string& out_dir) {
+  return fs::relative(fs::absolute(fs::path(shard_dir) / receipt), fs::absolute(out_dir)).string();
+}
+
+}  // namespace
+
 json merge_summaries(const std::vector<json>& shards, const std::vector<std::string>& shard_dirs, const std::string& out_dir) {
   if (shards.empty()) throw MatrixError("merge: give the output directories of the shards");
-  const json& first = shards.front();
-  std::map<std::string, json> lanes_by_id;
-  json merged = first;
-  merged["shards"] = json::array();
   for (std::size_t i = 0; i < shards.size(); ++i) {
     const json& s = shards[i];
-    const std::string& dir = shard_dirs[i];
     if (s.value("kind", "") != "nightly" || s.value("schema_version", 0) != kSummarySchemaVersion) {
-      throw MatrixError(fmt::format("merge: {}/summary.json is not a nightly summary of schema_version {}", dir, kSummarySchemaVersion));
+      throw MatrixError(fmt::format("merge: {}/summary.json is not a nightly summary of schema_version {}", shard_dirs[i],
+                                    kSummarySchemaVersion));
     }
-    if (s["matrix"]["content_hash"] != first["matrix"]["content_hash"] || s["budgets"]["content_hash"] != first["budgets"]["content_hash"]) {
-      throw MatrixError(fmt::format("merge: {} ran another matrix or budgets file than {}; merge shards of one job",
-                                    dir, shard_dirs.front()));
+    try {
+      check_summary_shape(s);
+    } catch (const json::exception& e) {
+      throw MatrixError(fmt::format("merge: {}/summary.json is damaged ({}); run the shard again", shard_dirs[i], e.what()));
     }
-    for (const json& shard : s["shards"]) merged["shards"].push_back(shard);
-    for (json lane : s["lanes"]) {
+    for (const char* same : {"matrix", "budgets"}) {
+      if (s[same]["content_hash"] != shards.front()[same]["content_hash"]) {
+        throw MatrixError(fmt::format("merge: {} ran another {} file than {}; merge the shards of one job", shard_dirs[i], same,
+                                      shard_dirs.front()));
+      }
+    }
+    if (s["goldens"] != shards.front()["goldens"]) {
+      throw MatrixError(fmt::format("merge: {} checked against other goldens ({}) than {}", shard_dirs[i],
+                                    s["goldens"].get<std::string>(), shard_dirs.front()));
+    }
+  }
+  json merged = shards.front();
+  merged["shards"] = json::array();
+  merged["auxiliary_runs"] = json::array();
+  std::map<std::string, json> lanes_by_id;
+  std::set<std::string> auxiliary_ids;
+  for (std::size_t i = 0; i < shards.size(); ++i) {
+    const std::string& dir = shard_dirs[i];
+    for (const json& shard : shards[i]["shards"]) merged["shards"].push_back(shard);
+    for (json lane : shards[i]["lanes"]) {
       const std::string id = lane["id"];
       if (lanes_by_id.count(id)) throw MatrixError(fmt::format("merge: lane {} appears in two shards (again in {})", id, dir));
-      const fs::path receipt = fs::absolute(fs::path(dir) / lane["receipt"].get<std::string>());
-      lane["receipt"] = fs::relative(receipt, fs::absolute(out_dir)).string();
+      lane["receipt"] = rebase(lane["receipt"], dir, out_dir);
       lanes_by_id[id] = lane;
+    }
+    for (json run : shards[i]["auxiliary_runs"]) {  // the reference, run by several shards: once
+      if (!auxiliary_ids.insert(run["id"].get<std::string>()).second) continue;
+      run["receipt"] = rebase(run["receipt"], dir, out_dir);
+      merged["auxiliary_runs"].push_back(run);
     }
   }
   json lanes = json::array();
-  for (const json& id : first["matrix"]["lanes"]) {
+  for (const json& id : shards.front()["matrix"]["lanes"]) {
     const auto it = lanes_by_id.find(id.get<std::string>());
     if (it == lanes_by_id.end()) {
       throw MatrixError(fmt::format("merge: lane {} is in no shard; give every shard's directory", id.get<std::string>()));
@@ -356,11 +405,7 @@ json merge_summaries(const std::vector<json>& shards, const std::vector<std::str
     lanes.push_back(it->second);
   }
   merged["lanes"] = lanes;
-  merged["auxiliary_runs"] = json::array();
-  for (const json& s : shards) {
-    for (const json& run : s["auxiliary_runs"]) merged["auxiliary_runs"].push_back(run);
-  }
-  merged["verdict"] = overall_verdict(lanes);
+  merged["verdict"] = worst_status(lanes);
   return merged;
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -32,9 +33,24 @@ struct NightlyProgress {
   std::string finished_line;  // set once per lane, when it has been run and checked
 };
 
-// Runs the job and returns its summary (nothing is written but the receipts under
-// out_dir/receipts). Throws MatrixError, check::BudgetError: nothing could run.
-nlohmann::json run_nightly(const NightlyOptions& options, const std::function<void(const NightlyProgress&)>& progress);
+class NightlyJob {
+ public:
+  // Loads and validates the matrix and the budgets; throws MatrixError or
+  // check::BudgetError before anything is written.
+  explicit NightlyJob(const NightlyOptions& options);
+  ~NightlyJob();
+  NightlyJob(const NightlyJob&) = delete;
+  NightlyJob& operator=(const NightlyJob&) = delete;
+
+  // Runs and checks the lanes and returns the summary; writes nothing but the receipts
+  // under out_dir/receipts. A lane that cannot run or be checked is an error in the
+  // summary, never an exception.
+  nlohmann::json run(const std::function<void(const NightlyProgress&)>& progress);
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 // One check of `run` against `against` as the summary records it:
 // {"check", "status": pass|fail|error, "against", "summary", "verdict"|"error"}.

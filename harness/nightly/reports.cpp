@@ -1,5 +1,6 @@
 #include "reports.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <sstream>
 
@@ -13,19 +14,33 @@ namespace {
 
 using nlohmann::json;
 
-std::string text_of(const json& j, const char* key, const std::string& fallback = "") {
-  return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : fallback;
-}
-
 // The message a failed or errored check gives CI.
 std::string check_message(const json& check) {
-  if (check.contains("error")) return fmt::format("{}: {}", text_of(check["error"], "kind"), text_of(check["error"], "message"));
-  return text_of(check, "summary");
+  if (check.contains("error")) return fmt::format("{}: {}", json_text(check["error"], "kind"), json_text(check["error"], "message"));
+  return json_text(check, "summary");
 }
 
-std::string markdown_cell(std::string text) {
-  for (std::size_t at = text.find('|'); at != std::string::npos; at = text.find('|', at + 2)) text.replace(at, 1, "\\|");
-  return text;
+// Table cells: one line, no column break, no HTML.
+std::string markdown_cell(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '|') out += "\\|";
+    else if (c == '<') out += "&lt;";
+    else if (c == '\n' || c == '\r') out += ' ';
+    else out += c;
+  }
+  return out;
+}
+
+// A fenced block that the text cannot close: a fence longer than any backtick run in it.
+std::string code_block(const std::string& text) {
+  std::size_t longest = 0, run = 0;
+  for (char c : text) {
+    run = c == '`' ? run + 1 : 0;
+    longest = std::max(longest, run);
+  }
+  const std::string fence(std::max<std::size_t>(3, longest + 1), '`');
+  return fence + "\n" + text + (text.ends_with('\n') ? "" : "\n") + fence + "\n";
 }
 
 std::string status_mark(const std::string& status) {
@@ -44,21 +59,21 @@ std::string junit_report(const json& summary) {
   int tests = 0, failures = 0, errors = 0;
   for (const json& lane : summary["lanes"]) {
     pugi::xml_node suite = suites.append_child("testsuite");
-    suite.append_attribute("name") = text_of(lane, "lane").c_str();
+    suite.append_attribute("name") = json_text(lane, "lane").c_str();
     int suite_failures = 0, suite_errors = 0;
     for (const json& check : lane["checks"]) {
       pugi::xml_node test = suite.append_child("testcase");
-      test.append_attribute("classname") = fmt::format("nightly.{}", text_of(lane, "id")).c_str();
-      test.append_attribute("name") = text_of(check, "check").c_str();
-      const std::string status = text_of(check, "status");
+      test.append_attribute("classname") = fmt::format("nightly.{}", json_text(lane, "id")).c_str();
+      test.append_attribute("name") = json_text(check, "check").c_str();
+      const std::string status = json_text(check, "status");
       if (status != "pass") {
         pugi::xml_node problem = test.append_child(status == "fail" ? "failure" : "error");
         problem.append_attribute("message") = check_message(check).c_str();
-        problem.append_attribute("type") = status == "fail" ? "regression" : text_of(check.value("error", json::object()), "kind").c_str();
-        problem.text().set(text_of(check, "text", check_message(check)).c_str());
+        problem.append_attribute("type") = status == "fail" ? "regression" : json_text(check.value("error", json::object()), "kind").c_str();
+        problem.text().set(json_text(check, "text", check_message(check)).c_str());
         (status == "fail" ? suite_failures : suite_errors)++;
       }
-      if (check.contains("text")) test.append_child("system-out").text().set(text_of(check, "text").c_str());
+      if (check.contains("text")) test.append_child("system-out").text().set(json_text(check, "text").c_str());
     }
     suite.append_attribute("tests") = static_cast<int>(lane["checks"].size());
     suite.append_attribute("failures") = suite_failures;
@@ -79,30 +94,34 @@ std::string junit_report(const json& summary) {
 std::string markdown_report(const json& summary) {
   const json& matrix = summary["matrix"];
   std::string md = fmt::format("## Canary nightly: {}\n\n`{}` canary, {} steps, {} lanes (matrix `{}`, budgets `{}`)\n\n",
-                               status_mark(text_of(summary, "verdict")), text_of(matrix, "canary"),
-                               matrix["steps"].get<int>(), summary["lanes"].size(), text_of(matrix, "path"),
-                               text_of(summary["budgets"], "path"));
+                               status_mark(json_text(summary, "verdict")), json_text(matrix, "canary"),
+                               matrix["steps"].get<int>(), summary["lanes"].size(), json_text(matrix, "path"),
+                               json_text(summary["budgets"], "path"));
   md += "| lane | golden | reference | time |\n|---|---|---|---|\n";
   for (const json& lane : summary["lanes"]) {
     std::string golden = "—", reference = "—";
     for (const json& check : lane["checks"]) {
-      const std::string cell = markdown_cell(fmt::format("{}: {}", status_mark(text_of(check, "status")), text_of(check, "summary")));
-      (text_of(check, "check") == "reference" ? reference : golden) = cell;
+      const std::string cell = markdown_cell(fmt::format("{}: {}", status_mark(json_text(check, "status")), json_text(check, "summary")));
+      (json_text(check, "check") == "reference" ? reference : golden) = cell;
     }
-    md += fmt::format("| `{}` | {} | {} | {:.1f} s |\n", text_of(lane, "lane"), golden, reference, lane.value("seconds", 0.0));
+    md += fmt::format("| `{}` | {} | {} | {:.1f} s |\n", json_text(lane, "lane"), golden, reference, lane.value("seconds", 0.0));
   }
   for (const json& lane : summary["lanes"]) {
-    if (text_of(lane, "status") == "pass") continue;
-    md += fmt::format("\n<details><summary><code>{}</code>: {}</summary>\n\n", text_of(lane, "lane"), text_of(lane, "status"));
+    if (json_text(lane, "status") == "pass") continue;
+    md += fmt::format("\n<details><summary><code>{}</code>: {}</summary>\n\n", json_text(lane, "lane"), json_text(lane, "status"));
     for (const json& check : lane["checks"]) {
-      if (text_of(check, "status") == "pass") continue;
-      md += fmt::format("**{}**: {}\n\n```\n{}\n```\n\n", text_of(check, "check"), markdown_cell(check_message(check)),
-                        text_of(check, "text", check_message(check)));
+      if (json_text(check, "status") == "pass") continue;
+      md += fmt::format("**{}**: {}\n\n{}\n", json_text(check, "check"), markdown_cell(check_message(check)),
+                        code_block(json_text(check, "text", check_message(check))));
     }
-    if (lane["triage"].is_string()) md += fmt::format("BF16-first triage: {}\n\n", lane["triage"].get<std::string>());
+    if (lane["triage"].is_string()) md += fmt::format("BF16-first triage: {}\n\n", markdown_cell(lane["triage"].get<std::string>()));
     md += "</details>\n";
   }
   return md;
+}
+
+std::string json_text(const json& object, const char* key, const std::string& fallback) {
+  return object.contains(key) && object[key].is_string() ? object[key].get<std::string>() : fallback;
 }
 
 std::vector<std::string> write_reports(const json& summary, const std::string& out_dir) {

@@ -14,6 +14,9 @@ std::string html_report(const nlohmann::json& summary);
 std::string junit_report(const nlohmann::json& summary);
 std::string markdown_report(const nlohmann::json& summary);
 
+// The string at `key` of a summary object, or `fallback` (reports render what is there).
+std::string json_text(const nlohmann::json& object, const char* key, const std::string& fallback = "");
+
 // Writes summary.json, report.html, junit.xml and summary.md into `out_dir`, each whole
 // or not at all. Returns the paths written, in that order.
 std::vector<std::string> write_reports(const nlohmann::json& summary, const std::string& out_dir);

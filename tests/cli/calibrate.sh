@@ -54,4 +54,7 @@ expect_exit 2 "is the reference lane itself" -- "$HARNESS" calibrate --lane ref 
 expect_exit 2 "--feature: mesh-fp32 is not a feature" -- "$HARNESS" calibrate --lane bf16 --feature mesh-fp32 --matrix "$MATRIX" --budgets "$BUDGETS"
 expect_exit 2 "--repeats: must be between" -- "$HARNESS" calibrate --lane bf16 --repeats 0 --matrix "$MATRIX" --budgets "$BUDGETS"
 expect_exit 2 "--out: cannot write into /nonexistent/dir" -- "$HARNESS" calibrate --lane bf16 --repeats 1 --matrix "$MATRIX" --budgets "$BUDGETS" --out /nonexistent/dir/c.toml
+expect_exit 2 "--out: .* is the budgets file" -- "$HARNESS" calibrate --lane bf16 --repeats 1 --matrix "$MATRIX" --budgets "$BUDGETS" --out "$BUDGETS"
+expect_exit 2 "--out: .* must end in .toml" -- "$HARNESS" calibrate --lane bf16 --repeats 1 --matrix "$MATRIX" --budgets "$BUDGETS" --out "$WORK/c.md"
+[ "$before" = "$(sha256sum "$BUDGETS")" ] || fail "a refused calibration wrote the budgets file"
 finish

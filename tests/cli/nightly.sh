@@ -81,6 +81,11 @@ expect_exit 0 "" -- golden reject --lanes tp
 cp "$G/micro/accel+bf16.h5" "$G/micro/cpu-ref.candidate.h5"
 expect_exit 2 "changed since refresh" -- golden approve --approved-by x
 [ "$before" = "$(hashes)" ] || fail "a refused approval changed a golden or the log"
+# all or nothing: one altered candidate among good ones, and no golden moves
+expect_exit 0 "" -- golden refresh --matrix "$MATRIX" --lanes ref,tp --reason "two lanes"
+cp "$G/micro/accel+bf16.h5" "$G/micro/tpu-mesh@2x2+tp.candidate.h5"
+expect_exit 2 "tpu-mesh@2x2\+tp.candidate.h5: changed since refresh" -- golden approve --approved-by x
+[ "$before" = "$(hashes)" ] || fail "a refused approval promoted the good candidate"
 expect_exit 0 "" -- golden reject
 # approving a changed lane: the log's old hash is the replaced golden's
 old=$(xxhsum -H2 "$G/micro/cpu-ref.h5" | cut -d' ' -f1)
@@ -161,9 +166,12 @@ mv "$WORK/tp.h5" "$G/micro/tpu-mesh@2x2+tp.h5"
 rm "$G/micro/retired-lane.h5"
 # a golden changed by hand is "unrecorded"
 cp "$G/micro/cpu-ref.h5" "$WORK/ref.h5"
+cp "$G/micro/accel+bf16.h5" "$WORK/bf16.h5"
 cp "$WORK/fault.h5" "$G/micro/accel+bf16.h5"
 expect_exit 1 "" -- golden status --matrix "$MATRIX"
 grep -q "^unrecorded .*bf16" "$WORK/stdout" || fail "status does not flag a hand-edited golden: $(cat "$WORK/stdout")"
+cp "$WORK/bf16.h5" "$G/micro/accel+bf16.h5"
+expect_exit 0 "" -- golden status --matrix "$MATRIX"
 
 # bad input: one line, exit 2
 head -c 4000 "$WORK/ref.h5" > "$G/micro/cpu-ref.h5"   # a corrupt golden
@@ -178,6 +186,7 @@ M="$WORK/badkey.toml" expect_exit 2 "badkey.toml: lanes\[3\] \(tp\)\.mesh-size: 
 [ ! -e "$WORK/x1" ] || fail "a bad matrix left a report directory"
 sed 's/\[bf16\]/[bf16]\nwindow = 3/' "$BUDGETS" > "$WORK/badbudget.toml"
 B="$WORK/badbudget.toml" expect_exit 2 "badbudget.toml: \[bf16\]\.window: unknown key" -- nightly --out "$WORK/x2"
+[ ! -e "$WORK/x2" ] || fail "bad budgets left a report directory"
 expect_exit 2 "--shard: '2/2' is not i/N" -- nightly --shard 2/2 --out "$WORK/x3"
 expect_exit 2 "--out: .* exists and is not an empty directory" -- nightly --out "$WORK/run"
 expect_exit 2 "--lanes: 'nope' is not a lane" -- golden refresh --matrix "$MATRIX" --lanes nope --reason x

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "file_io.h"
+#include "reports.h"
 #include "matrix.h"
 #include "scratch_dir.h"
 
@@ -125,6 +126,33 @@ TEST(FileIo, AtomicWriteLeavesNoPartialFile) {
   EXPECT_EQ(file_content_hash(path), file_content_hash(path));
   write_file_atomically(dir.path("other.txt"), "second, longes!");
   EXPECT_NE(file_content_hash(path), file_content_hash(dir.path("other.txt")));
+}
+
+// A summary whose messages carry markup: every report keeps its structure.
+TEST(Reports, MessagesCannotBreakTheirReport) {
+  const std::string nasty = "a | b\n<script>alert(1)</script> ``` & \"q\"";
+  const nlohmann::json check = {{"check", "golden"}, {"status", "fail"}, {"summary", nasty}, {"text", nasty}};
+  const nlohmann::json lane = {{"id", "x"}, {"lane", "micro/cpu-ref"}, {"status", "fail"}, {"seconds", 1.0},
+                               {"checks", nlohmann::json::array({check})}, {"series", nlohmann::json::object()},
+                               {"triage", nasty}, {"why", nasty}};
+  const nlohmann::json summary = {{"verdict", "fail"}, {"goldens", "g"},
+                                  {"matrix", {{"canary", "micro"}, {"steps", 3}, {"path", "m"}, {"reference", "x"}}},
+                                  {"budgets", {{"path", "b"}}}, {"shards", nlohmann::json::array({{{"seconds", 1.0}}})},
+                                  {"lanes", nlohmann::json::array({lane})}};
+  const std::string md = markdown_report(summary);
+  std::size_t rows = 0;
+  for (std::size_t at = md.find("\n| `"); at != std::string::npos; at = md.find("\n| `", at + 1)) ++rows;
+  EXPECT_EQ(rows, 1u) << md;
+  const std::string table = md.substr(0, md.find("<details>"));  // code blocks below may quote anything
+  EXPECT_EQ(table.find("<script>"), std::string::npos) << md;
+  EXPECT_NE(md.find("BF16-first triage: a \\| b &lt;script>"), std::string::npos) << md;
+  EXPECT_NE(md.find("````\n"), std::string::npos) << "the fence must outrun the text's ```:\n" << md;
+  const std::string html = html_report(summary);
+  EXPECT_EQ(html.find("<script>alert"), std::string::npos);
+  EXPECT_NE(html.find("&lt;script&gt;alert(1)&lt;/script&gt;"), std::string::npos);
+  const std::string junit = junit_report(summary);
+  EXPECT_EQ(junit.find("<script>"), std::string::npos);
+  EXPECT_NE(junit.find("failures=\"1\""), std::string::npos) << junit;
 }
 
 }  // namespace
