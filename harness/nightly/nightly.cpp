@@ -116,8 +116,9 @@ class NightlyJob::Impl {
     json records = json::array();
     for (const LaneSpec* spec : lanes) records.push_back(check_lane(*spec));
     json auxiliary = json::array();
-    for (const auto& [id, lane_run] : runs_) {
-      if (std::none_of(lanes.begin(), lanes.end(), [&](auto* l) { return l->id == id; })) auxiliary.push_back(lane_run.record);
+    for (const auto& run : runs_) {  // (no structured binding: clang 14 cannot capture one)
+      const std::string& id = run.first;
+      if (std::none_of(lanes.begin(), lanes.end(), [&](auto* l) { return l->id == id; })) auxiliary.push_back(run.second.record);
     }
     json summary = {{"schema_version", kSummarySchemaVersion},
                     {"kind", "nightly"},
