@@ -144,7 +144,7 @@ MetricVerdict judge_hashes(const ReceiptData& run, const ReceiptData& ref) {
   return judge.finish();
 }
 
-std::optional<TensorMove> first_moved(const ReceiptData& run, const ReceiptData& ref) {
+std::optional<TensorMove> first_hash_difference(const ReceiptData& run, const ReceiptData& ref) {
   const std::size_t k = run.tensors.size();
   for (int s = 0; s < run.steps(); ++s) {
     for (const char* family : receipt::kHashFamilies) {
@@ -390,14 +390,18 @@ std::vector<Deviation> metric_deviations(const ReceiptData& run, const ReceiptDa
   std::vector<Deviation> out;
   for (int s = 0; s < run.steps(); ++s) {
     const auto i = static_cast<std::size_t>(s);
-    out.push_back({"loss", s, std::fabs(run.loss[i] - ref.loss[i]), ref.loss[i]});
-    out.push_back({"grad_norm", s, std::fabs(run.grad_norm[i] - ref.grad_norm[i]), ref.grad_norm[i]});
+    out.push_back({"loss", s, std::fabs(run.loss[i] - ref.loss[i]), ref.loss[i], ""});
+    out.push_back({"grad_norm", s, std::fabs(run.grad_norm[i] - ref.grad_norm[i]), ref.grad_norm[i], ""});
     for (std::size_t t = 0; t < run.tensors.size(); ++t) {
       const SketchDistance d = sketch_distance(run, ref, s, t);
-      out.push_back({"params_sketch", s, d.distance, d.reference_norm});
+      out.push_back({"params_sketch", s, d.distance, d.reference_norm, run.tensors[t]});
     }
   }
   return out;
+}
+
+std::optional<TensorMove> first_moved(const ReceiptData& run, const ReceiptData& reference) {
+  return first_hash_difference(run, reference);
 }
 
 bool Verdict::pass() const {
@@ -431,7 +435,7 @@ Verdict compare_receipts(const ReceiptData& run, const ReceiptData& ref, const B
   v.metrics.push_back(v.bitwise ? judge_hashes(run, ref) : judge_sketches(run, ref, budget));
   judge_compile_stability(run, budgets.compile_stability, v.metrics);
   if (kind == "golden") judge_memory(run, ref, budgets.memory, v.metrics);
-  v.first_moved = first_moved(run, ref);
+  v.first_moved = first_hash_difference(run, ref);
   v.most_moved = most_moved(run, ref);
   v.stack = stack_diff(run, ref);
   return v;

@@ -99,9 +99,14 @@ struct Deviation {
   std::string metric;
   int step = 0;
   double deviation = 0, reference = 0;
+  std::string tensor;  // params_sketch: the tensor; "" for the scalar metrics
 };
 // Every budgeted metric (kBudgetMetrics) at every step; the contracts must hold.
 std::vector<Deviation> metric_deviations(const ReceiptData& run, const ReceiptData& reference);
+
+// The first hash that differs: the earliest step, then the families in receipt order
+// (params, grads, adam_m, adam_v), then the tensors in canonical order. nullopt: none.
+std::optional<TensorMove> first_moved(const ReceiptData& run, const ReceiptData& reference);
 
 // The data contract and comparability alone (the first thing every comparison does).
 void check_contracts(const ReceiptData& a, const ReceiptData& b);

@@ -1,12 +1,14 @@
 // `harness check RECEIPT`: a receipt against its lane's golden. `harness compare A B`: two
-// lanes under the composed budget of the features that separate them. Exit 0 pass, 1 a
-// metric failed, 2 the two cannot be compared (or a file or flag is bad).
+// lanes under the composed budget of the features that separate them. `harness bisect A B`:
+// where two runs part. Exit 0 pass (or equivalent), 1 a metric failed (or the runs part),
+// 2 the two cannot be compared (or a file or flag is bad).
 #include <filesystem>
 #include <memory>
 #include <string>
 
 #include <fmt/format.h>
 
+#include "bisect.h"
 #include "budgets.h"
 #include "commands.h"
 #include "defaults.h"
@@ -57,8 +59,26 @@ std::string triage(const check::Verdict& failed, const check::ReceiptData& bf16_
   return fmt::format("quantisation drift: only the fp8 lane moves; the bf16-only lane {} passes", bf16_twin.lane);
 }
 
-int run_comparison(const ComparisonFlags& flags, const std::string& kind) {
+// Runs `action`; every way two receipts cannot be compared is one line and exit 2.
+template <typename Action>
+int guarded(const ComparisonFlags& flags, Action action) {
   try {
+    return action();
+  } catch (const check::ContractError& e) {
+    return report_error(flags, e.kind, e.what());
+  } catch (const check::BudgetError& e) {
+    return report_error(flags, "budgets", e.what());
+  } catch (const receipt::ReceiptError& e) {
+    return report_error(flags, "receipt", e.what());
+  } catch (const std::invalid_argument& e) {
+    return report_error(flags, "usage", e.what());
+  } catch (const std::exception& e) {  // an HDF5 failure reading a dataset, ...
+    return report_error(flags, "receipt", e.what());
+  }
+}
+
+int run_comparison(const ComparisonFlags& flags, const std::string& kind) {
+  return guarded(flags, [&] {
     const check::Budgets budgets = check::load_budgets(flags.budgets);
     const check::ReceiptData run = check::load_receipt(flags.a);
     std::string reference_path = flags.b;
@@ -85,17 +105,17 @@ int run_comparison(const ComparisonFlags& flags, const std::string& kind) {
       verdict.triage = triage(verdict, check::load_receipt(flags.triage_with), reference, budgets);
     }
     return print_verdict(flags, verdict);
-  } catch (const check::ContractError& e) {
-    return report_error(flags, e.kind, e.what());
-  } catch (const check::BudgetError& e) {
-    return report_error(flags, "budgets", e.what());
-  } catch (const receipt::ReceiptError& e) {
-    return report_error(flags, "receipt", e.what());
-  } catch (const std::invalid_argument& e) {
-    return report_error(flags, "usage", e.what());
-  } catch (const std::exception& e) {  // an HDF5 failure reading a dataset, ...
-    return report_error(flags, "receipt", e.what());
-  }
+  });
+}
+
+// Exit 0 when the runs are equivalent, 1 when they part (the step and tensor named).
+int run_bisect(const ComparisonFlags& flags) {
+  return guarded(flags, [&] {
+    const check::Bisection b =
+        check::bisect(check::load_receipt(flags.a), check::load_receipt(flags.b), check::load_budgets(flags.budgets));
+    fmt::print("{}", flags.json ? check::to_json(b).dump(2) + "\n" : check::to_text(b));
+    return b.diverged() ? kExitCheckFailed : kExitPass;
+  });
 }
 
 void add_common_flags(CLI::App& command, ComparisonFlags& flags) {
@@ -122,6 +142,13 @@ void add_check_command(CLI::App& app, CommandRegistry& commands) {
                       "When A runs fp8 and fails: the receipt of A's lane without fp8, for BF16-first triage");
   add_common_flags(*compare, *flags);
   commands.add(compare, [flags] { return run_comparison(*flags, "compare"); });
+
+  flags = std::make_shared<ComparisonFlags>();  // bisect's own: A and B
+  CLI::App* bisect = app.add_subcommand("bisect", "Find the first step and tensor where two runs part");
+  bisect->add_option("a", flags->a, "Receipt of one run (.h5)")->required();
+  bisect->add_option("b", flags->b, "Receipt of the other (.h5)")->required();
+  add_common_flags(*bisect, *flags);
+  commands.add(bisect, [flags] { return run_bisect(*flags); });
 }
 
 }  // namespace harness::cli

@@ -32,7 +32,7 @@ void add_mesh_flags(CLI::App& command, EngineFlagValues& values);
 void add_run_command(CLI::App& app, CommandRegistry& commands);
 void add_audit_command(CLI::App& app, CommandRegistry& commands);
 void add_inspect_command(CLI::App& app, CommandRegistry& commands);
-void add_check_command(CLI::App& app, CommandRegistry& commands);    // check and compare
+void add_check_command(CLI::App& app, CommandRegistry& commands);    // check, compare and bisect
 void add_golden_command(CLI::App& app, CommandRegistry& commands);   // golden status|refresh|approve|reject
 void add_nightly_command(CLI::App& app, CommandRegistry& commands);  // nightly and merge
 void add_calibrate_command(CLI::App& app, CommandRegistry& commands);

@@ -1,0 +1,40 @@
+// Bisecting two runs of one canary: where they part. The data contract first (different
+// batches: nothing to bisect), then the first step where they differ and the first tensor
+// that differs in it: bitwise for runs that make the same roundings, and where a metric
+// leaves the composed budget for runs that do not (docs/bisect.md).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "budgets.h"
+#include "verdict.h"
+
+namespace harness::check {
+
+inline constexpr int kBisectJsonVersion = 1;
+
+struct Bisection {
+  std::string a_path, b_path, a_lane, b_lane;
+  int steps = 0;
+  bool bitwise = false;              // same roundings: the first bit that differs
+  std::vector<std::string> budget;   // otherwise: the composed budget a step must leave
+  int first_divergent_step = -1;     // -1: the runs are equivalent
+  int equal_steps = 0;               // steps 0 .. equal_steps-1 are equal (or within budget)
+  std::optional<TensorMove> first_divergent_tensor;
+  std::string first_divergent_metric;  // loss, grad_norm, hashes or params_sketch
+  double deviation = 0, allowed = 0;   // at the first divergent step (budgeted bisects)
+
+  bool diverged() const { return first_divergent_step >= 0; }
+};
+
+// Throws ContractError when the two cannot be compared (different data first).
+Bisection bisect(const ReceiptData& a, const ReceiptData& b, const Budgets& budgets);
+
+nlohmann::json to_json(const Bisection& bisection);
+std::string to_text(const Bisection& bisection);  // a short story
+
+}  // namespace harness::check
