@@ -144,19 +144,6 @@ MetricVerdict judge_hashes(const ReceiptData& run, const ReceiptData& ref) {
   return judge.finish();
 }
 
-std::optional<TensorMove> first_hash_difference(const ReceiptData& run, const ReceiptData& ref) {
-  const std::size_t k = run.tensors.size();
-  for (int s = 0; s < run.steps(); ++s) {
-    for (const char* family : receipt::kHashFamilies) {
-      for (std::size_t t = 0; t < k; ++t) {
-        const std::size_t at = static_cast<std::size_t>(s) * k + t;
-        if (run.hashes.at(family)[at] != ref.hashes.at(family)[at]) return TensorMove{family, run.tensors[t], s, 0};
-      }
-    }
-  }
-  return std::nullopt;
-}
-
 std::optional<TensorMove> most_moved(const ReceiptData& run, const ReceiptData& ref) {
   std::optional<TensorMove> best;
   for (int s = 0; s < run.steps(); ++s) {
@@ -400,8 +387,17 @@ std::vector<Deviation> metric_deviations(const ReceiptData& run, const ReceiptDa
   return out;
 }
 
-std::optional<TensorMove> first_moved(const ReceiptData& run, const ReceiptData& reference) {
-  return first_hash_difference(run, reference);
+std::optional<TensorMove> first_moved(const ReceiptData& run, const ReceiptData& ref) {
+  const std::size_t k = run.tensors.size();
+  for (int s = 0; s < run.steps(); ++s) {
+    for (const char* family : receipt::kHashFamilies) {
+      for (std::size_t t = 0; t < k; ++t) {
+        const std::size_t at = static_cast<std::size_t>(s) * k + t;
+        if (run.hashes.at(family)[at] != ref.hashes.at(family)[at]) return TensorMove{family, run.tensors[t], s, 0};
+      }
+    }
+  }
+  return std::nullopt;
 }
 
 bool Verdict::pass() const {
@@ -435,7 +431,7 @@ Verdict compare_receipts(const ReceiptData& run, const ReceiptData& ref, const B
   v.metrics.push_back(v.bitwise ? judge_hashes(run, ref) : judge_sketches(run, ref, budget));
   judge_compile_stability(run, budgets.compile_stability, v.metrics);
   if (kind == "golden") judge_memory(run, ref, budgets.memory, v.metrics);
-  v.first_moved = first_hash_difference(run, ref);
+  v.first_moved = first_moved(run, ref);
   v.most_moved = most_moved(run, ref);
   v.stack = stack_diff(run, ref);
   return v;
