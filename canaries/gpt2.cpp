@@ -12,10 +12,14 @@ namespace {
 using Shape = std::vector<std::int64_t>;
 }
 
-Gpt2Canary::Gpt2Canary(const CanaryConfig& config, std::optional<FaultSpec> fault)
-    : config_(config), fault_(std::move(fault)) {
+Gpt2Canary::Gpt2Canary(const CanaryConfig& config, std::optional<FaultSpec> fault, bool trace_ops)
+    : config_(config), fault_(std::move(fault)), trace_ops_(trace_ops) {
   if (config.channels % config.heads != 0) throw std::invalid_argument("channels must divide by heads");
   describe_tensors();
+  for (TensorId p : parameters()) {
+    const std::string& name = table_[p].name;
+    parameter_layers_.push_back(name.starts_with("blocks.") ? std::stoi(name.substr(7)) : -1);
+  }
 }
 
 // The one description of every tensor. Parameters first, in DESIGN.md's canonical order:
@@ -189,8 +193,10 @@ float Gpt2Canary::compute_gradients(Engine& e, int step, const Batch& batch) con
   return e.read(loss_)[0];
 }
 
+// The fault moves the op's output, so a trace sees what the next op reads.
 void Gpt2Canary::after_forward_op(Engine& e, const OpSite& s, TensorId out) const {
   if (fault_ && fault_->op == s.name) e.nudge_ulps(s, out, fault_ulps_);
+  traced(e, s, {out});
 }
 
 void Gpt2Canary::forward(Engine& e) const {
@@ -247,15 +253,22 @@ void Gpt2Canary::forward(Engine& e) const {
 }
 
 // Backward: the forward calls undone in reverse order; every call adds into gradients.
+// With op tracing each call's outputs are traced after it: the input gradient first,
+// then the parameter gradients.
 void Gpt2Canary::backward(Engine& e) const {
   constexpr Phase Bw = Phase::Backward;
   auto grad = [&](TensorId param) { return table_.shadow(param, TensorKind::Gradient); };
-  e.crossentropy_backward(site("loss", -1, Bw), d_logits_, probs_, targets_);
-  e.linear_backward(site("lm_head", -1, Bw), d_lnf_, grad(wte_), kNoTensor, d_logits_, lnf_, wte_);
+  OpSite s = site("loss", -1, Bw);
+  e.crossentropy_backward(s, d_logits_, probs_, targets_);
+  traced(e, s, {d_logits_});
+  s = site("lm_head", -1, Bw);
+  e.linear_backward(s, d_lnf_, grad(wte_), kNoTensor, d_logits_, lnf_, wte_);
+  traced(e, s, {d_lnf_, grad(wte_)});
   const TensorId last_residual = config_.layers > 0 ? acts_.back().res3 : encoded_;
   const TensorId d_last_residual = config_.layers > 0 ? grads_.back().res3 : d_encoded_;
-  e.layernorm_backward(site("lnf", -1, Bw), d_last_residual, grad(lnfw_), grad(lnfb_), d_lnf_, last_residual, lnfw_,
-                       lnf_mean_, lnf_rstd_);
+  s = site("lnf", -1, Bw);
+  e.layernorm_backward(s, d_last_residual, grad(lnfw_), grad(lnfb_), d_lnf_, last_residual, lnfw_, lnf_mean_, lnf_rstd_);
+  traced(e, s, {d_last_residual, grad(lnfw_), grad(lnfb_)});
   for (int l = config_.layers - 1; l >= 0; --l) {
     const LayerParams& p = layer_params_[l];
     const LayerActs& a = acts_[l];
@@ -264,49 +277,78 @@ void Gpt2Canary::backward(Engine& e) const {
     const TensorId residual = l == 0 ? encoded_ : acts_[l - 1].res3;
     const TensorId d_residual = l == 0 ? d_encoded_ : grads_[l - 1].res3;
     // forward: res3 = res2 + fcproj
-    e.residual_backward(site(n.mlpres, l, Bw), g.res2, g.fcproj, g.res3);
+    s = site(n.mlpres, l, Bw);
+    e.residual_backward(s, g.res2, g.fcproj, g.res3);
+    traced(e, s, {g.res2, g.fcproj});
     // forward: fcproj = fch_gelu @ fcprojw^T + fcprojb
-    e.linear_backward(site(n.fcproj, l, Bw), g.fch_gelu, grad(p.fcprojw), grad(p.fcprojb), g.fcproj, a.fch_gelu,
-                      p.fcprojw);
+    s = site(n.fcproj, l, Bw);
+    e.linear_backward(s, g.fch_gelu, grad(p.fcprojw), grad(p.fcprojb), g.fcproj, a.fch_gelu, p.fcprojw);
+    traced(e, s, {g.fch_gelu, grad(p.fcprojw), grad(p.fcprojb)});
     // forward: fch_gelu = gelu(fch)
-    e.gelu_backward(site(n.gelu, l, Bw), g.fch, a.fch, g.fch_gelu);
+    s = site(n.gelu, l, Bw);
+    e.gelu_backward(s, g.fch, a.fch, g.fch_gelu);
+    traced(e, s, {g.fch});
     // forward: fch = ln2 @ fcw^T + fcb
-    e.linear_backward(site(n.fc, l, Bw), g.ln2, grad(p.fcw), grad(p.fcb), g.fch, a.ln2, p.fcw);
+    s = site(n.fc, l, Bw);
+    e.linear_backward(s, g.ln2, grad(p.fcw), grad(p.fcb), g.fch, a.ln2, p.fcw);
+    traced(e, s, {g.ln2, grad(p.fcw), grad(p.fcb)});
     // forward: ln2 = layernorm(res2)
-    e.layernorm_backward(site(n.ln2, l, Bw), g.res2, grad(p.ln2w), grad(p.ln2b), g.ln2, a.res2, p.ln2w, a.ln2_mean,
-                         a.ln2_rstd);
+    s = site(n.ln2, l, Bw);
+    e.layernorm_backward(s, g.res2, grad(p.ln2w), grad(p.ln2b), g.ln2, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd);
+    traced(e, s, {g.res2, grad(p.ln2w), grad(p.ln2b)});
     // forward: res2 = residual + attproj
-    e.residual_backward(site(n.attres, l, Bw), d_residual, g.attproj, g.res2);
+    s = site(n.attres, l, Bw);
+    e.residual_backward(s, d_residual, g.attproj, g.res2);
+    traced(e, s, {d_residual, g.attproj});
     // forward: attproj = atty @ attprojw^T + attprojb
-    e.linear_backward(site(n.attproj, l, Bw), g.atty, grad(p.attprojw), grad(p.attprojb), g.attproj, a.atty,
-                      p.attprojw);
+    s = site(n.attproj, l, Bw);
+    e.linear_backward(s, g.atty, grad(p.attprojw), grad(p.attprojb), g.attproj, a.atty, p.attprojw);
+    traced(e, s, {g.atty, grad(p.attprojw), grad(p.attprojb)});
     // forward: atty = attention(qkv)
-    e.attention_backward(site(n.attn, l, Bw), g.qkv, g.atty, a.qkv, a.att);
+    s = site(n.attn, l, Bw);
+    e.attention_backward(s, g.qkv, g.atty, a.qkv, a.att);
+    traced(e, s, {g.qkv});
     // forward: qkv = ln1 @ qkvw^T + qkvb
-    e.linear_backward(site(n.qkv, l, Bw), g.ln1, grad(p.qkvw), grad(p.qkvb), g.qkv, a.ln1, p.qkvw);
+    s = site(n.qkv, l, Bw);
+    e.linear_backward(s, g.ln1, grad(p.qkvw), grad(p.qkvb), g.qkv, a.ln1, p.qkvw);
+    traced(e, s, {g.ln1, grad(p.qkvw), grad(p.qkvb)});
     // forward: ln1 = layernorm(residual)
-    e.layernorm_backward(site(n.ln1, l, Bw), d_residual, grad(p.ln1w), grad(p.ln1b), g.ln1, residual, p.ln1w,
-                         a.ln1_mean, a.ln1_rstd);
+    s = site(n.ln1, l, Bw);
+    e.layernorm_backward(s, d_residual, grad(p.ln1w), grad(p.ln1b), g.ln1, residual, p.ln1w, a.ln1_mean, a.ln1_rstd);
+    traced(e, s, {d_residual, grad(p.ln1w), grad(p.ln1b)});
   }
   // forward: encoded = wte[inputs] + wpe
-  e.encoder_backward(site("embedding", -1, Bw), grad(wte_), grad(wpe_), d_encoded_, inputs_);
+  s = site("embedding", -1, Bw);
+  e.encoder_backward(s, grad(wte_), grad(wpe_), d_encoded_, inputs_);
+  traced(e, s, {grad(wte_), grad(wpe_)});
 }
 
+// The optimizer: the global norm and clipping over all gradients, then AdamW per
+// parameter, whose op is named after the parameter (site "blocks.2.attn.proj.weight").
 void Gpt2Canary::update(Engine& e) const {
   const OpSite s = site("optimizer", -1, Phase::Optimizer);
   const auto& gradients = table_.of_kind(TensorKind::Gradient);
   e.global_norm(s, grad_norm_, gradients);
+  traced(e, s, {grad_norm_});
   e.clip_by_norm(s, gradients, grad_norm_, static_cast<float>(config_.max_grad_norm));
-  for (TensorId p : parameters()) {
+  for (std::size_t i = 0; i < parameters().size(); ++i) {
+    const TensorId p = parameters()[i];
     AdamWConfig adam;
     adam.beta1 = static_cast<float>(config_.beta1);
     adam.beta2 = static_cast<float>(config_.beta2);
     adam.eps = static_cast<float>(config_.adam_eps);
     // Decay only 2-D tensors: wte, wpe and the weight matrices (not biases, not LayerNorm).
     adam.weight_decay = table_[p].rank() == 2 ? static_cast<float>(config_.weight_decay) : 0.0f;
-    e.adamw_update(s, p, table_.shadow(p, TensorKind::Gradient), table_.shadow(p, TensorKind::AdamM),
+    const OpSite adamw = site(table_[p].name, parameter_layers_[i], Phase::Optimizer);
+    e.adamw_update(adamw, p, table_.shadow(p, TensorKind::Gradient), table_.shadow(p, TensorKind::AdamM),
                    table_.shadow(p, TensorKind::AdamV), lr_, bias_correction1_, bias_correction2_, adam);
+    traced(e, adamw, {p});
   }
+}
+
+void Gpt2Canary::traced(Engine& e, const OpSite& s, std::initializer_list<TensorId> outputs) const {
+  if (!trace_ops_) return;
+  for (TensorId id : outputs) e.trace(s, id);
 }
 
 }  // namespace harness::canary

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <vector>
@@ -26,7 +27,9 @@ struct StepResult {
 
 class Gpt2Canary {
  public:
-  explicit Gpt2Canary(const CanaryConfig& config, std::optional<FaultSpec> fault = std::nullopt);
+  // trace_ops: call Engine::trace() after every op on its outputs (`--trace ops`).
+  explicit Gpt2Canary(const CanaryConfig& config, std::optional<FaultSpec> fault = std::nullopt,
+                      bool trace_ops = false);
 
   const CanaryConfig& config() const { return config_; }
   const TensorTable& tensors() const { return table_; }
@@ -65,12 +68,15 @@ class Gpt2Canary {
   void backward(Engine& e) const;
   void update(Engine& e) const;
   void after_forward_op(Engine& e, const OpSite& site, TensorId out) const;
+  void traced(Engine& e, const OpSite& site, std::initializer_list<TensorId> outputs) const;
   static OpSite site(std::string_view name, int layer, Phase phase) { return {name, layer, phase}; }
 
   float ln_eps() const { return static_cast<float>(config_.layernorm_eps); }
 
   CanaryConfig config_;
   std::optional<FaultSpec> fault_;
+  bool trace_ops_ = false;
+  std::vector<int> parameter_layers_;  // by position in parameters()
   TensorTable table_;
   std::vector<std::string> forward_op_names_;
 

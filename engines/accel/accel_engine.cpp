@@ -85,6 +85,35 @@ void AccelEngine::step_end() {
   }
 }
 
+// Between steps the FP8 state is each role's scale and amax history; the noise has no
+// state of its own (its orders are drawn from the seed and the step), so it is a fact.
+EngineState AccelEngine::save_state() const {
+  EngineState state;
+  state.facts["noise"] = fmt::format("{}:{}", to_string(config_.noise), noise_.seed());
+  for (const ZoneScaling& z : zones_) {
+    for (const auto& [role, scaling] : roles(z)) {
+      const std::string key = fmt::format("fp8/{}/{}", z.site, role);
+      state.arrays[key + "/scale"] = {scaling->scale()};
+      state.arrays[key + "/history"].assign(scaling->history().begin(), scaling->history().end());
+    }
+  }
+  return state;
+}
+
+void AccelEngine::restore_state(const EngineState& state) {
+  for (ZoneScaling& z : zones_) {
+    for (const auto& [role, scaling] : roles(z)) {
+      const std::string key = fmt::format("fp8/{}/{}", z.site, role);
+      const auto scale = state.arrays.find(key + "/scale");
+      const auto history = state.arrays.find(key + "/history");
+      if (scale == state.arrays.end() || history == state.arrays.end() || scale->second.size() != 1) {
+        throw std::invalid_argument(fmt::format("checkpoint: no FP8 scaling state for {} (saved without these FP8 zones?)", key));
+      }
+      scaling->restore(scale->second[0], history->second);
+    }
+  }
+}
+
 std::map<std::string, AttributeValue> AccelEngine::manifest_attributes() const {
   std::map<std::string, AttributeValue> a;
   a["numerics"] = std::string(config_.bf16 ? "bf16 autocast, fp32 master weights" : "fp32");

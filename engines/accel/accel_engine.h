@@ -5,6 +5,7 @@
 // format and which reductions are noisy.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -29,6 +30,8 @@ class AccelEngine final : public Engine {
   std::string features() const override { return config_.canonical_features(); }
   std::map<std::string, AttributeValue> manifest_attributes() const override;
   std::vector<StepState> step_state() const override;
+  EngineState save_state() const override;
+  void restore_state(const EngineState& state) override;
 
   void bind(const TensorTable& table) override;
   void upload(TensorId id, std::span<const float> values) override;
@@ -61,6 +64,9 @@ class AccelEngine final : public Engine {
   void adamw_update(const OpSite&, TensorId param, TensorId grad, TensorId m, TensorId v, TensorId lr,
                     TensorId bias_correction1, TensorId bias_correction2, const AdamWConfig& config) override;
   void nudge_ulps(const OpSite&, TensorId tensor, TensorId ulps) override;
+  void trace(const OpSite& site, TensorId tensor) override {
+    if (trace_sink()) trace_sink()->on_trace(site, tensor, t_.view(tensor));
+  }
 
  private:
   // A weight as this step's GEMMs read it: rounded to bf16 or quantised to the E4M3 grid
@@ -75,6 +81,12 @@ class AccelEngine final : public Engine {
     numerics::Fp8ScalingState input, weight, grad_output;
     float input_scale = 1.0f;  // the scale the forward quantised the input with (reused for dW)
   };
+  // A zone's three roles by name (const or not, as the zone).
+  template <class Zone>
+  static auto roles(Zone& z) {
+    return std::array{std::pair{"input", &z.input}, std::pair{"weight", &z.weight},
+                      std::pair{"grad_output", &z.grad_output}};
+  }
   // What the last step recorded per zone instance and role: amax and the scale used.
   struct Fp8Record {
     std::vector<double> amax, scale;

@@ -56,6 +56,24 @@ struct StepState {
   std::vector<std::pair<std::string, std::vector<double>>> fields;  // field name -> one value per column (or one)
 };
 
+// Receives op traces (`--trace ops`): after a traced op, the full logical value of each
+// output the model names, in the model's op order. Eager engines call it at once with
+// their buffer; a lazy engine calls it when the step has executed, with the global value
+// assembled from its devices (and from its micro-batches). `value` is valid for the call only.
+class TraceSink {
+ public:
+  virtual ~TraceSink() = default;
+  virtual void on_trace(const OpSite& site, TensorId tensor, std::span<const float> value) = 0;
+};
+
+// Engine state that is not a tensor of the table, for checkpoints: FP8 scaling histories,
+// the fingerprints of compiled programs. `arrays` are restored; `facts` are compared
+// after a resumed step (a replay must run the same program).
+struct EngineState {
+  std::map<std::string, std::vector<float>> arrays;
+  std::map<std::string, std::string> facts;
+};
+
 class Engine {
  public:
   virtual ~Engine() = default;
@@ -74,6 +92,14 @@ class Engine {
   virtual void check_table(const TensorTable&) const {}
   // Allocates device memory for every tensor of the table; call once before anything else.
   virtual void bind(const TensorTable& table) = 0;
+
+  // Engine state beyond the tensors (see EngineState); restore throws std::invalid_argument
+  // naming the entry when the state does not fit this configuration.
+  virtual EngineState save_state() const { return {}; }
+  virtual void restore_state(const EngineState&) {}
+
+  // Where trace() delivers values; nullptr (the default) turns delivery off.
+  void set_trace_sink(TraceSink* sink) { trace_sink_ = sink; }
 
   // ---- host <-> device --------------------------------------------------------------
   virtual void upload(TensorId id, std::span<const float> values) = 0;
@@ -141,6 +167,16 @@ class Engine {
   // Fault injection: move element 0 of `tensor` up by `ulps` (a 0-D tensor, usually 0)
   // units in the last place. See docs/canary.md, "Fault injection".
   virtual void nudge_ulps(const OpSite& site, TensorId tensor, TensorId ulps) = 0;
+
+  // Op tracing: deliver `tensor`'s value as it is now (after the op `site`, which the
+  // model calls it after) to the trace sink. See docs/bisect.md, "Op traces".
+  virtual void trace(const OpSite& site, TensorId tensor) = 0;
+
+ protected:
+  TraceSink* trace_sink() const { return trace_sink_; }
+
+ private:
+  TraceSink* trace_sink_ = nullptr;
 };
 
 }  // namespace harness

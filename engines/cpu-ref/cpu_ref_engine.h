@@ -46,6 +46,9 @@ class CpuRefEngine final : public Engine {
   void adamw_update(const OpSite&, TensorId param, TensorId grad, TensorId m, TensorId v, TensorId lr,
                     TensorId bias_correction1, TensorId bias_correction2, const AdamWConfig& config) override;
   void nudge_ulps(const OpSite&, TensorId tensor, TensorId ulps) override;
+  void trace(const OpSite& site, TensorId tensor) override {
+    if (trace_sink()) trace_sink()->on_trace(site, tensor, t_.view(tensor));
+  }
 
  private:
   float* f32(TensorId id) { return t_.f32(id); }

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <bit>
 #include <limits>
+#include <stdexcept>
+
+#include <fmt/format.h>
 
 namespace harness::numerics {
 
@@ -60,6 +63,17 @@ void Fp8ScalingState::end_step() {
   std::rotate(history_.begin(), history_.begin() + 1, history_.end());  // torch.roll(h, -1)
   history_[0] = 0.0f;
   scale_ = compute_fp8_scale(amax, scale_, fp8_traits(format_).max_finite, config_.margin);
+}
+
+void Fp8ScalingState::restore(float scale, std::span<const float> history) {
+  if (history.size() != history_.size()) {
+    throw std::invalid_argument(fmt::format("fp8 scaling state: the history holds {} steps, this run's --amax-history {}",
+                                            history.size(), history_.size()));
+  }
+  std::copy(history.begin(), history.end(), history_.begin());
+  scale_ = scale;
+  step_amax_ = 0.0f;
+  seen_this_step_ = false;
 }
 
 }  // namespace harness::numerics

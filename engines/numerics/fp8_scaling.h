@@ -56,6 +56,10 @@ class Fp8ScalingState {
   float step_amax() const { return step_amax_; }       // the amax recorded this step (0 after end_step)
   std::span<const float> history() const { return history_; }
 
+  // Between steps the state is the scale and the history (checkpoints): restore() sets
+  // both; throws std::invalid_argument when the history has another length.
+  void restore(float scale, std::span<const float> history);
+
  private:
   Fp8Format format_;
   Fp8ScalingConfig config_;

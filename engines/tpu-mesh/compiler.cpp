@@ -528,6 +528,19 @@ class Compiler {
     }
   }
 
+  // The traced tensor's blocks go to the host as they are after the op: one micro-batch's
+  // rows of an activation, the whole of anything else (the engine assembles the step).
+  void lower_trace(const Node& n) {
+    const TensorId id = n.tensors.at(0);
+    Shape global = shape(id);
+    const TensorKind kind = table_[id].kind;
+    if (micro_batches_ > 1 && (kind == TensorKind::Activation || kind == TensorKind::ActivationGrad)) {
+      global[0] /= micro_batches_;
+    }
+    const float micro = kind == TensorKind::Activation || kind == TensorKind::ActivationGrad ? static_cast<float>(micro_) : 0.0f;
+    emit(InstrKind::Trace, {buffer(id)}, global, {n.attrs.at(0), micro}, Axis::None, {eff(id)});
+  }
+
   void lower(const Node& n) {
     if (n.phase != cache_phase_) {
       operand_cache_.clear();
@@ -577,6 +590,7 @@ class Compiler {
         if (accumulating_) break;
         emit(InstrKind::Nudge, {buffer(t[0]), buffer(t[1])}, {}, {}, Axis::None, {eff(t[0])});
         break;
+      case OpKind::Trace: lower_trace(n); break;
     }
     if (n.op == OpKind::LinearForward || n.op == OpKind::LinearBackward) {
       const Shape w = compute_shape(t[n.op == OpKind::LinearForward ? 2 : 5]);

@@ -125,7 +125,9 @@ void MeshExecutor::run(const Executable& exe, int micro_batch) {
   }
   const int devices = mesh_.devices();
   for (const Instr& in : exe.instrs) {
-    if (in.is_collective()) {
+    if (in.op() == InstrKind::Trace) {
+      run_trace(exe, in);
+    } else if (in.is_collective()) {
       run_collective(exe, in);
     } else if (devices == 1) {
       run_kernel(0, exe, in);
@@ -201,6 +203,21 @@ void MeshExecutor::run_kernel(int device, const Executable& exe, const Instr& in
       break;
     default: throw std::logic_error("tpu-mesh: a collective dispatched as a kernel");
   }
+}
+
+// Like assemble(), for any buffer of the program: each distinct block once, in device order.
+void MeshExecutor::run_trace(const Executable& exe, const Instr& in) {
+  if (!on_trace_) return;
+  const std::vector<std::int64_t> global(exe.dims_of(in).begin(), exe.dims_of(in).end());
+  const PartitionSpec spec = exe.spec_of(in, 0);
+  trace_value_.assign(static_cast<std::size_t>(numel_of(global)), 0.0f);
+  for (int d = 0; d < mesh_.devices(); ++d) {
+    if (!owns_distinct_block(spec, mesh_, d)) continue;
+    copy_block_to_global(global, spec, mesh_, d, f32(d, exe, exe.buffers_of(in)[0]), trace_value_.data());
+  }
+  const auto slice = static_cast<std::int32_t>(exe.attrs_of(in)[1]);
+  const int micro_batch = slice == kRunMicroBatch ? micro_batch_ : std::max(slice, 0);
+  on_trace_(static_cast<int>(exe.attrs_of(in)[0]), micro_batch, trace_value_);
 }
 
 // Collectives combine the devices of each group in coordinate order: ((x0 + x1) + x2) + ...

@@ -5,12 +5,18 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
 #include "program.h"
 
 namespace harness::tpu {
+
+// Receives a Trace instruction's value: its trace slot and the global tensor (of
+// micro-batch `micro_batch` for an activation) assembled from the devices' blocks, valid
+// for the call only.
+using TraceCallback = std::function<void(int slot, int micro_batch, std::span<const float> value)>;
 
 class MeshExecutor {
  public:
@@ -26,6 +32,7 @@ class MeshExecutor {
 
   // Runs a program; `micro_batch` picks the slice of the inputs a micro-step program reads.
   void run(const Executable& exe, int micro_batch = 0);
+  void set_trace_callback(TraceCallback callback) { on_trace_ = std::move(callback); }
 
  private:
   struct Device {
@@ -39,6 +46,7 @@ class MeshExecutor {
   const std::int32_t* i32(int device, const Executable& exe, std::int32_t buffer);
   void run_kernel(int device, const Executable& exe, const Instr& in);
   void run_collective(const Executable& exe, const Instr& in);
+  void run_trace(const Executable& exe, const Instr& in);
   // The devices that exchange along `axis` with `device`, in coordinate order.
   std::vector<int> group(int device, Axis axis) const;
 
@@ -48,6 +56,8 @@ class MeshExecutor {
   std::vector<Device> devices_;
   std::vector<std::vector<float>> host_;  // assembled tensors by TensorId
   int micro_batch_ = 0;                    // of the program running
+  TraceCallback on_trace_;
+  std::vector<float> trace_value_;         // a Trace instruction's assembled value
 };
 
 }  // namespace harness::tpu

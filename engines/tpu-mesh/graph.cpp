@@ -33,6 +33,7 @@ std::string_view to_string(OpKind op) {
     case OpKind::ClipByNorm: return "clip_by_norm";
     case OpKind::AdamW: return "adamw";
     case OpKind::NudgeUlps: return "nudge_ulps";
+    case OpKind::Trace: return "trace";
   }
   return "?";
 }
@@ -50,6 +51,7 @@ std::vector<TensorId> outputs_of(const Node& node) {
     case OpKind::LinearBackward: return first(3);
     case OpKind::ClipByNorm: return std::vector<TensorId>(t.begin() + 1, t.end());
     case OpKind::AdamW: return {t[0], t[2], t[3]};
+    case OpKind::Trace: return {};  // reads only
     default: return first(1);
   }
 }

@@ -37,6 +37,7 @@ enum class OpKind : std::uint8_t {
   ClipByNorm,  // tensors = norm, then the tensors it scales
   AdamW,       // tensors = param, grad, m, v, lr, bias_correction1, bias_correction2
   NudgeUlps,
+  Trace,  // tensors[0] is delivered to the trace sink; attrs[0] = its slot in the step's traces
 };
 std::string_view to_string(OpKind op);
 

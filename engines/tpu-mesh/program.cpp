@@ -13,7 +13,7 @@ struct Schema {
 };
 
 constexpr int kPerTensor = -1;
-constexpr std::array<Schema, static_cast<std::size_t>(InstrKind::GlobalNorm) + 1> kSchemas{{
+constexpr std::array<Schema, static_cast<std::size_t>(InstrKind::Trace) + 1> kSchemas{{
     {1, 1, 1, 0, -1, true},                       // Fill
     {4, 3, 0, 0, -1, false},                      // EncoderForward
     {4, 3, 0, 0, -1, false},                      // EncoderBackward
@@ -40,6 +40,7 @@ constexpr std::array<Schema, static_cast<std::size_t>(InstrKind::GlobalNorm) + 1
     {2, kPerTensor, 0, 1, -1, false},             // ReduceScatter: dims = the global shape
     {2, 3, 1, 0, -1, false},                      // LossMean
     {kPerTensor, kPerTensor, 0, kPerTensor, -1, false},  // GlobalNorm
+    {1, kPerTensor, 2, 1, -1, false},             // Trace: dims = the global shape
 }};
 
 template <typename T>
@@ -171,7 +172,7 @@ bool Executable::well_formed() const {
         in.attrs_count != schema.attrs || in.specs_count != expected(schema.specs, tensors)) {
       return false;
     }
-    if (schema.dims == kPerTensor && in.op() != InstrKind::AllGather && in.op() != InstrKind::ReduceScatter) {
+    if (schema.dims == kPerTensor && !in.has_global_shape()) {
       if (in.dims_count != tensors) return false;
     } else if (schema.dims == kPerTensor) {  // a global shape, as long as the block's spec
       if (in.dims_count < 1 || spec_offsets[static_cast<std::size_t>(in.specs_at) + 1] -
@@ -196,6 +197,10 @@ bool Executable::well_formed() const {
         return false;
       }
       if (schema.elementwise && dims_of(in)[0] > info.numel) return false;
+    }
+    if (in.op() == InstrKind::Trace) {  // the block the executor copies out lies inside the buffer
+      const std::vector<std::int64_t> shape(dims_of(in).begin(), dims_of(in).end());
+      if (local_numel(shape, spec_of(in, 0), mesh()) > buffers[static_cast<std::size_t>(operands[0])].numel) return false;
     }
   }
   return true;

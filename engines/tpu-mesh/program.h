@@ -23,7 +23,7 @@ namespace harness::tpu {
 
 // Format version of the IR and the executable: bump it when either changes meaning, so
 // that a persistent cache entry of an older engine is never trusted.
-inline constexpr std::uint32_t kProgramFormatVersion = 2;
+inline constexpr std::uint32_t kProgramFormatVersion = 3;
 
 enum class InstrKind : std::uint8_t {
   // kernels: every device runs them on its own blocks
@@ -55,6 +55,9 @@ enum class InstrKind : std::uint8_t {
   LossMean,              // loss, losses; axis (data or None); dims: N local, N over the group, N of the
                          // global batch (the divisor); attrs: 1 to add to the loss (later micro-batches)
   GlobalNorm,            // norm, tensors...; dims: numel per tensor; specs: per tensor
+  // host transfer (--trace ops): the tensor's blocks assembled and handed to the engine
+  Trace,                 // buffer; dims: global shape (one micro-batch's, for activations);
+                         // attrs: trace slot, micro slice (kWholeBuffer, k or kRunMicroBatch); specs: the tensor's
 };
 
 // One instruction. Its operands live in the Executable's pools (buffers, dims, attrs,
@@ -71,7 +74,11 @@ struct Instr {
 
   InstrKind op() const { return static_cast<InstrKind>(kind); }
   Axis mesh_axis() const { return static_cast<Axis>(axis); }
-  bool is_collective() const { return op() >= InstrKind::AllReduce; }
+  bool is_collective() const { return op() >= InstrKind::AllReduce && op() != InstrKind::Trace; }
+  // dims are a global shape, as long as the spec of operand 0
+  bool has_global_shape() const {
+    return op() == InstrKind::AllGather || op() == InstrKind::ReduceScatter || op() == InstrKind::Trace;
+  }
 };
 inline constexpr std::size_t kInstrFields = 11;
 static_assert(sizeof(Instr) == kInstrFields * sizeof(std::int32_t) && std::is_trivially_copyable_v<Instr>,

@@ -72,6 +72,45 @@ void TpuMeshEngine::bind(const TensorTable& table) {
   specs_ = plan_shardings(table, config_);
   table_digest_ = table_digest(table);
   executor_.bind(table, config_.mesh, specs_);
+  executor_.set_trace_callback(
+      [this](int slot, int micro_batch, std::span<const float> value) { collect_trace(slot, micro_batch, value); });
+}
+
+// The programs the last step ran: a resumed run must run the same ones.
+EngineState TpuMeshEngine::save_state() const {
+  std::string fingerprints;
+  for (const TracedSegment& s : segments_) fingerprints += (fingerprints.empty() ? "" : ",") + s.fingerprint;
+  return {{}, {{"compile_fingerprints", fingerprints}}};
+}
+
+// ---- op traces -----------------------------------------------------------------------------
+
+// A trace is a node in the graph; its value arrives when the program runs. An activation
+// arrives one micro-batch at a time (rows k*B/K.. of the step's batch); anything else is
+// whole each time, and its value after the last micro-batch is the step's.
+void TpuMeshEngine::trace(const OpSite& site, TensorId tensor) {
+  const auto slot = static_cast<float>(traces_.size());
+  traces_.push_back({std::string(site.name), site.layer, site.phase, tensor, {}});
+  record(OpKind::Trace, site, {tensor}, {slot});
+}
+
+void TpuMeshEngine::collect_trace(int slot, int micro_batch, std::span<const float> value) {
+  TracedValue& traced = traces_.at(static_cast<std::size_t>(slot));
+  const TensorDesc& t = (*table_)[traced.tensor];
+  const bool sliced = t.kind == TensorKind::Activation || t.kind == TensorKind::ActivationGrad;
+  if (!sliced || config_.grad_accum == 1) {
+    traced.value.assign(value.begin(), value.end());
+    return;
+  }
+  traced.value.resize(static_cast<std::size_t>(t.numel()));
+  std::copy(value.begin(), value.end(), traced.value.begin() + static_cast<std::ptrdiff_t>(micro_batch * value.size()));
+}
+
+void TpuMeshEngine::deliver_traces() {
+  if (trace_sink() != nullptr) {
+    for (const TracedValue& t : traces_) trace_sink()->on_trace(OpSite{t.site, t.layer, t.phase}, t.tensor, t.value);
+  }
+  traces_.clear();
 }
 
 // ---- host <-> device ---------------------------------------------------------------------
@@ -123,12 +162,14 @@ void TpuMeshEngine::step_begin(int) {
   counters_ = CompileCounters{};
   segments_.clear();
   breaks_.clear();
+  traces_.clear();
   std::fill(step_peak_bytes_.begin(), step_peak_bytes_.end(), 0);
 }
 
 void TpuMeshEngine::step_end() {
   flush();
   in_step_ = false;
+  deliver_traces();
 }
 
 // Timed as CompileTime from the lookup on: a warm start's disk load counts too.

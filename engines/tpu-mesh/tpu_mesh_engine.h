@@ -86,6 +86,8 @@ class TpuMeshEngine final : public Engine {
   void adamw_update(const OpSite&, TensorId param, TensorId grad, TensorId m, TensorId v, TensorId lr,
                     TensorId bias_correction1, TensorId bias_correction2, const AdamWConfig& config) override;
   void nudge_ulps(const OpSite&, TensorId tensor, TensorId ulps) override;
+  void trace(const OpSite& site, TensorId tensor) override;
+  EngineState save_state() const override;
 
   // What the last step traced and counted (for `harness audit` and the tests).
   const std::vector<TracedSegment>& step_segments() const { return segments_; }
@@ -94,6 +96,17 @@ class TpuMeshEngine final : public Engine {
   const MeshConfig& config() const { return config_; }
 
  private:
+  // A traced tensor of this step: its op and, once the step has run, its value.
+  struct TracedValue {
+    std::string site;
+    int layer = -1;
+    Phase phase = Phase::Forward;
+    TensorId tensor = kNoTensor;
+    std::vector<float> value;
+  };
+
+  void collect_trace(int slot, int micro_batch, std::span<const float> value);
+  void deliver_traces();  // to the sink, in the model's op order
   void record(OpKind op, const OpSite& site, std::vector<TensorId> tensors, std::vector<float> attrs = {});
   bool pending_uses(TensorId id) const;  // whether a traced, not yet executed op uses it
   void cut_graph(const std::string& what, TensorId id);
@@ -115,6 +128,7 @@ class TpuMeshEngine final : public Engine {
   CompileCounters counters_;
   std::vector<TracedSegment> segments_;
   std::vector<GraphBreak> breaks_;
+  std::vector<TracedValue> traces_;  // by trace slot
   std::vector<std::int64_t> step_peak_bytes_;  // per MemoryCategory, then the total
 };
 

@@ -46,9 +46,83 @@ void bisect_budgeted(const ReceiptData& a, const ReceiptData& b, const ComposedB
   }
 }
 
+// The first step where any traced op output differs by a bit; -1 when none does.
+int first_trace_step(const OpTrace& a, const OpTrace& b) {
+  if (a.columns != b.columns) return -1;
+  const std::size_t width = a.columns.size();
+  for (int s = 0; s < std::min(a.rows(), b.rows()); ++s) {
+    const auto row = static_cast<std::ptrdiff_t>(static_cast<std::size_t>(s) * width);
+    if (!std::equal(a.hashes.begin() + row, a.hashes.begin() + row + static_cast<std::ptrdiff_t>(width), b.hashes.begin() + row)) {
+      return s;
+    }
+  }
+  return -1;
+}
+
+// One step of a trace: the receipt's row, or a replay's.
+struct TraceRow {
+  OpTrace trace;  // one row
+  bool replayed = false;
+};
+
+TraceRow row_of(const ReceiptData& run, int step, const TraceProvider& replay) {
+  if (run.trace) {
+    const OpTrace& t = *run.trace;
+    const std::size_t r = t.columns.size(), at = static_cast<std::size_t>(step) * r;
+    OpTrace row{t.columns, {}, {}, {}};
+    row.hashes.assign(t.hashes.begin() + static_cast<std::ptrdiff_t>(at), t.hashes.begin() + static_cast<std::ptrdiff_t>(at + r));
+    row.l2.assign(t.l2.begin() + static_cast<std::ptrdiff_t>(at), t.l2.begin() + static_cast<std::ptrdiff_t>(at + r));
+    const std::size_t w = receipt::kSketchWidth;
+    row.projection.assign(t.projection.begin() + static_cast<std::ptrdiff_t>(at * w),
+                          t.projection.begin() + static_cast<std::ptrdiff_t>((at + r) * w));
+    return {std::move(row), false};
+  }
+  if (!replay) throw TraceUnavailable(fmt::format("{} has no op trace (run it with --trace ops)", run.path));
+  return {replay(run, step), true};
+}
+
+DivergentOp op_at(const OpTrace& row, std::size_t c) {
+  const receipt::TraceColumn& col = row.columns[c];
+  return {col.op_index, col.op, col.phase, col.tensor, col.kind, col.layer, 0, 0};
+}
+
+// Within the divergent step: the first op output whose hash differs (bitwise), or whose
+// sketch distance leaves the budget the parameters' sketches have at that step.
+void find_divergent_op(const ReceiptData& a, const ReceiptData& b, const ComposedBudget& budget,
+                       const TraceProvider& replay, Bisection& out) {
+  const int s = out.first_divergent_step;
+  try {
+    const TraceRow ra = row_of(a, s, replay), rb = row_of(b, s, replay);
+    out.op_source = !ra.replayed && !rb.replayed ? "receipts"
+                    : ra.replayed && rb.replayed ? "replay of A and B"
+                                                 : (ra.replayed ? "replay of A" : "replay of B");
+    if (ra.trace.columns != rb.trace.columns) throw TraceUnavailable("the two traces record different ops");
+    for (std::size_t c = 0; c < ra.trace.columns.size(); ++c) {
+      if (out.bitwise) {
+        if (ra.trace.hashes[c] == rb.trace.hashes[c]) continue;
+        out.first_divergent_op = op_at(ra.trace, c);
+        return;
+      }
+      const std::size_t w = receipt::kSketchWidth;
+      const SketchDistance d = sketch_distance(std::span(ra.trace.projection).subspan(c * w, w),
+                                               std::span(rb.trace.projection).subspan(c * w, w));
+      const double allowed = budget.allowed("params_sketch", s, d.reference_norm);
+      if (!(d.distance > allowed) && !std::isnan(d.distance)) continue;
+      out.first_divergent_op = op_at(ra.trace, c);
+      out.first_divergent_op->distance = d.distance;
+      out.first_divergent_op->allowed = allowed;
+      return;
+    }
+    out.no_op = out.bitwise ? fmt::format("every traced op output of step {} is bitwise equal", s)
+                            : fmt::format("no traced op output of step {} leaves the params_sketch budget", s);
+  } catch (const TraceUnavailable& e) {
+    out.no_op = e.what();
+  }
+}
+
 }  // namespace
 
-Bisection bisect(const ReceiptData& a, const ReceiptData& b, const Budgets& budgets) {
+Bisection bisect(const ReceiptData& a, const ReceiptData& b, const Budgets& budgets, const TraceProvider& replay) {
   check_contracts(a, b);
   Bisection out;
   out.a_path = a.path;
@@ -61,12 +135,35 @@ Bisection bisect(const ReceiptData& a, const ReceiptData& b, const Budgets& budg
   out.budget = budget.names();
   if (out.bitwise) {
     bisect_bitwise(a, b, out);
+    // An op output can differ where nothing recorded per step does (the rounding of a
+    // later op absorbed it): the traces then name the step.
+    const int traced = a.trace && b.trace ? first_trace_step(*a.trace, *b.trace) : -1;
+    if (traced >= 0 && (!out.diverged() || traced < out.first_divergent_step)) {
+      out.first_divergent_step = traced;
+      out.first_divergent_tensor.reset();
+      out.first_divergent_metric = "trace";
+    }
   } else {
     bisect_budgeted(a, b, budget, out);
   }
+  if (out.diverged()) find_divergent_op(a, b, budget, replay, out);
   out.equal_steps = out.diverged() ? out.first_divergent_step : out.steps;
   return out;
 }
+
+namespace {
+nlohmann::json op_json(const Bisection& b) {
+  if (!b.first_divergent_op) return nullptr;
+  const DivergentOp& op = *b.first_divergent_op;
+  nlohmann::json j = {{"index", op.index}, {"name", op.name},   {"layer", op.layer},
+                      {"phase", op.phase}, {"tensor", op.tensor}, {"kind", op.kind}};
+  if (!b.bitwise) {
+    j["distance"] = op.distance;
+    j["allowed"] = op.allowed;
+  }
+  return j;
+}
+}  // namespace
 
 nlohmann::json to_json(const Bisection& b) {
   nlohmann::json tensor = nullptr;
@@ -85,6 +182,9 @@ nlohmann::json to_json(const Bisection& b) {
           {"first_divergent_step", b.diverged() ? nlohmann::json(b.first_divergent_step) : nlohmann::json(nullptr)},
           {"first_divergent_metric", b.diverged() ? nlohmann::json(b.first_divergent_metric) : nlohmann::json(nullptr)},
           {"first_divergent_tensor", tensor},
+          {"first_divergent_op", op_json(b)},
+          {"op_trace", b.op_source.empty() ? nlohmann::json(nullptr) : nlohmann::json(b.op_source)},
+          {"no_op_reason", b.no_op.empty() ? nlohmann::json(nullptr) : nlohmann::json(b.no_op)},
           {"deviation", b.bitwise || !b.diverged() ? nlohmann::json(nullptr) : nlohmann::json(b.deviation)},
           {"allowed", b.bitwise || !b.diverged() ? nlohmann::json(nullptr) : nlohmann::json(b.allowed)}};
 }
@@ -103,6 +203,16 @@ std::string to_text(const Bisection& b) {
                                  b.first_divergent_metric)
                    : fmt::format("{:<12}step {} leaves the budget first{}: {} |d| {:.3g} against {:.3g} allowed\n",
                                  "diverges", b.first_divergent_step, where, b.first_divergent_metric, b.deviation, b.allowed);
+  if (b.first_divergent_op) {
+    const DivergentOp& op = *b.first_divergent_op;
+    const std::string layer = op.layer >= 0 ? fmt::format(", layer {}", op.layer) : "";
+    const std::string source = b.op_source == "receipts" ? "" : fmt::format("; traced by {}", b.op_source);
+    out += fmt::format("{:<12}{} {}{} (op {} of the step, output {} {}{})\n", "first op", op.name, op.phase, layer,
+                       op.index, op.kind, op.tensor, source);
+    if (!b.bitwise) out += fmt::format("{:<12}sketch |d| {:.3g} against {:.3g} allowed\n", "", op.distance, op.allowed);
+  } else {
+    out += fmt::format("{:<12}unknown: {}\n", "first op", b.no_op);
+  }
   return out;
 }
 

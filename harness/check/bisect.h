@@ -4,7 +4,9 @@
 // leaves the composed budget for runs that do not (docs/bisect.md).
 #pragma once
 
+#include <functional>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -15,7 +17,23 @@
 
 namespace harness::check {
 
-inline constexpr int kBisectJsonVersion = 1;
+inline constexpr int kBisectJsonVersion = 2;
+
+// The first traced op output that differs (bitwise) or leaves the budget, in the step's
+// execution order.
+struct DivergentOp {
+  int index = 0;  // op_index: the op's place among the step's traced ops
+  std::string name, phase, tensor, kind;
+  int layer = -1;
+  double distance = 0, allowed = 0;  // budgeted bisects: sketch distance and its budget
+};
+
+// A run's op trace of one step when its receipt has none: a replay with tracing on.
+// Throws TraceUnavailable saying why when there can be none (the lane is not replayable).
+using TraceProvider = std::function<OpTrace(const ReceiptData& run, int step)>;
+struct TraceUnavailable : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 struct Bisection {
   std::string a_path, b_path, a_lane, b_lane;
@@ -27,12 +45,16 @@ struct Bisection {
   std::optional<TensorMove> first_divergent_tensor;
   std::string first_divergent_metric;  // loss, grad_norm, hashes or params_sketch
   double deviation = 0, allowed = 0;   // at the first divergent step (budgeted bisects)
+  std::optional<DivergentOp> first_divergent_op;
+  std::string op_source;  // where the traces came from: "receipts", "replay of A", ...
+  std::string no_op;      // diverged without an op: why
 
   bool diverged() const { return first_divergent_step >= 0; }
 };
 
-// Throws ContractError when the two cannot be compared (different data first).
-Bisection bisect(const ReceiptData& a, const ReceiptData& b, const Budgets& budgets);
+// Throws ContractError when the two cannot be compared (different data first). A side
+// without /trace is traced by `replay` (when given) at the divergent step.
+Bisection bisect(const ReceiptData& a, const ReceiptData& b, const Budgets& budgets, const TraceProvider& replay = {});
 
 nlohmann::json to_json(const Bisection& bisection);
 std::string to_text(const Bisection& bisection);  // a short story

@@ -93,21 +93,10 @@ MetricVerdict judge_scalar(const std::string& metric, const std::vector<double>&
   return judge.finish();
 }
 
-struct SketchDistance {
-  double distance = 0;         // |a - b| of the two sketches
-  double reference_norm = 0;   // |b|
-};
-
 SketchDistance sketch_distance(const ReceiptData& run, const ReceiptData& ref, int step, std::size_t tensor) {
   const std::size_t w = receipt::kSketchWidth;
   const std::size_t at = (static_cast<std::size_t>(step) * run.tensors.size() + tensor) * w;
-  double d2 = 0, r2 = 0;
-  for (std::size_t i = 0; i < w; ++i) {
-    const double a = run.params_sketch[at + i], b = ref.params_sketch[at + i];
-    d2 += (a - b) * (a - b);
-    r2 += b * b;
-  }
-  return {std::sqrt(d2), std::sqrt(r2)};
+  return check::sketch_distance(std::span(run.params_sketch).subspan(at, w), std::span(ref.params_sketch).subspan(at, w));
 }
 
 // Per tensor: the Euclidean distance of the parameter sketches against rtol * |reference
@@ -204,7 +193,8 @@ std::vector<StackDifference> stack_diff(const ReceiptData& a, const ReceiptData&
   for (const auto& [k, v] : b.manifest) keys.insert(k);
   std::vector<StackDifference> out;
   for (const std::string& k : keys) {
-    if (k == "created_utc") continue;  // always differs, says nothing
+    // created_utc always differs; run_options repeats the keys that say what differs
+    if (k == "created_utc" || k == "run_options") continue;
     const auto ia = a.manifest.find(k), ib = b.manifest.find(k);
     const std::string va = ia == a.manifest.end() ? "(absent)" : ia->second;
     const std::string vb = ib == b.manifest.end() ? "(absent)" : ib->second;
@@ -241,6 +231,33 @@ void check_shapes(const ReceiptData& d) {
   for (const auto& [category, peaks] : d.memory) {
     if (n == 0 || peaks.size() % n != 0) expect(peaks.size(), n, "/memory/" + category);
   }
+  if (d.trace) {
+    const std::size_t r = d.trace->columns.size();
+    expect(d.trace->hashes.size(), n * r, "/trace/hash");
+    expect(d.trace->l2.size(), n * r, "/trace/l2");
+    expect(d.trace->projection.size(), n * r * receipt::kSketchWidth, "/trace/projection");
+  }
+}
+
+std::optional<OpTrace> read_trace(const receipt::ReceiptReader& r) {
+  if (!h5::exists(r.file(), "trace")) return std::nullopt;
+  const hid_t f = r.file();
+  const std::vector<std::int64_t> op_index = h5::read_i64(f, "/trace/op_index"), layer = h5::read_i64(f, "/trace/layer");
+  const std::vector<std::string> op = h5::read_strings(f, "/trace/op"), phase = h5::read_strings(f, "/trace/phase");
+  const std::vector<std::string> tensor = h5::read_strings(f, "/trace/tensor"), kind = h5::read_strings(f, "/trace/kind");
+  for (std::size_t size : {layer.size(), op.size(), phase.size(), tensor.size(), kind.size()}) {
+    if (size != op_index.size()) {
+      throw receipt::ReceiptError(fmt::format("{}: /trace columns disagree in length; the receipt is damaged", r.path()));
+    }
+  }
+  OpTrace t;
+  for (std::size_t c = 0; c < op_index.size(); ++c) {
+    t.columns.push_back({static_cast<int>(op_index[c]), op[c], static_cast<int>(layer[c]), phase[c], tensor[c], kind[c]});
+  }
+  t.hashes = h5::read_u64(f, "/trace/hash");
+  t.l2 = h5::read_f64(f, "/trace/l2");
+  t.projection = h5::read_f64(f, "/trace/projection");
+  return t;
 }
 
 }  // namespace
@@ -261,8 +278,19 @@ ReceiptData load_receipt(const std::string& path) {
   d.params_sketch = h5::read_f64(r.file(), "/sketches/params_projection");
   d.compile = read_group(r, "/compile");
   d.memory = read_group(r, "/memory");
+  d.trace = read_trace(r);
   check_shapes(d);
   return d;
+}
+
+SketchDistance sketch_distance(std::span<const double> run, std::span<const double> reference) {
+  double d2 = 0, r2 = 0;
+  for (std::size_t i = 0; i < run.size(); ++i) {
+    const double a = run[i], b = reference[i];
+    d2 += (a - b) * (a - b);
+    r2 += b * b;
+  }
+  return {std::sqrt(d2), std::sqrt(r2)};
 }
 
 std::set<std::string> lane_features(const ReceiptData& r) {

@@ -7,11 +7,13 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "budgets.h"
+#include "receipt/receipt_writer.h"
 
 namespace harness::check {
 
@@ -21,6 +23,16 @@ struct ContractError : std::runtime_error {
   ContractError(std::string error_kind, const std::string& message)
       : std::runtime_error(message), kind(std::move(error_kind)) {}
   std::string kind;
+};
+
+// Op traces (/trace, `--trace ops`): the traced outputs, then per step one row of hashes
+// and sketches. A replay that traces one step gives a trace of one row.
+struct OpTrace {
+  std::vector<receipt::TraceColumn> columns;
+  std::vector<std::uint64_t> hashes;  // (rows, columns)
+  std::vector<double> l2, projection;  // (rows, columns), (rows, columns, sketch width)
+
+  int rows() const { return columns.empty() ? 0 : static_cast<int>(hashes.size() / columns.size()); }
 };
 
 // What a comparison reads of one receipt.
@@ -35,6 +47,7 @@ struct ReceiptData {
   std::vector<double> params_sketch;                              // (steps, tensors, width)
   std::map<std::string, std::vector<double>> compile;             // /compile counter -> (steps)
   std::map<std::string, std::vector<double>> memory;              // /memory category -> (steps, devices)
+  std::optional<OpTrace> trace;                                   // /trace, when the run traced ops
 
   int steps() const { return static_cast<int>(loss.size()); }
 };
@@ -103,6 +116,14 @@ struct Deviation {
 };
 // Every budgeted metric (kBudgetMetrics) at every step; the contracts must hold.
 std::vector<Deviation> metric_deviations(const ReceiptData& run, const ReceiptData& reference);
+
+// Two value sketches (docs/receipt-schema.md, "Sketches"): how far apart, and the size
+// of the reference's, which a budget's rtol scales with.
+struct SketchDistance {
+  double distance = 0;        // |run - reference|
+  double reference_norm = 0;  // |reference|
+};
+SketchDistance sketch_distance(std::span<const double> run, std::span<const double> reference);
 
 // The first hash that differs: the earliest step, then the families in receipt order
 // (params, grads, adam_m, adam_v), then the tensors in canonical order. nullopt: none.

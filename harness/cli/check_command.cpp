@@ -26,6 +26,7 @@ struct ComparisonFlags {
   std::string budgets = default_budgets();
   std::string triage_with;
   bool json = false;
+  bool no_replay = false;  // bisect: never replay a side without /trace
 };
 
 // One line on stderr (and the error as JSON on stdout with --json); exit 2.
@@ -111,8 +112,9 @@ int run_comparison(const ComparisonFlags& flags, const std::string& kind) {
 // Exit 0 when the runs are equivalent, 1 when they part (the step and tensor named).
 int run_bisect(const ComparisonFlags& flags) {
   return guarded(flags, [&] {
-    const check::Bisection b =
-        check::bisect(check::load_receipt(flags.a), check::load_receipt(flags.b), check::load_budgets(flags.budgets));
+    const check::TraceProvider replay = flags.no_replay ? check::TraceProvider{} : check::TraceProvider{replayed_trace};
+    const check::Bisection b = check::bisect(check::load_receipt(flags.a), check::load_receipt(flags.b),
+                                             check::load_budgets(flags.budgets), replay);
     fmt::print("{}", flags.json ? check::to_json(b).dump(2) + "\n" : check::to_text(b));
     return b.diverged() ? kExitCheckFailed : kExitPass;
   });
@@ -147,6 +149,8 @@ void add_check_command(CLI::App& app, CommandRegistry& commands) {
   CLI::App* bisect = app.add_subcommand("bisect", "Find the first step and tensor where two runs part");
   bisect->add_option("a", flags->a, "Receipt of one run (.h5)")->required();
   bisect->add_option("b", flags->b, "Receipt of the other (.h5)")->required();
+  bisect->add_flag("--no-replay", flags->no_replay,
+                   "Do not replay a run whose receipt has no op trace (the first op is then unknown)");
   add_common_flags(*bisect, *flags);
   commands.add(bisect, [flags] { return run_bisect(*flags); });
 }

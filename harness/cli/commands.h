@@ -9,6 +9,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "verdict.h"
+
 namespace harness::cli {
 
 inline constexpr int kExitPass = 0;
@@ -29,6 +31,10 @@ using EngineFlagValues = std::map<std::string, std::optional<std::string>>;
 void add_accel_flags(CLI::App& command, EngineFlagValues& values);
 void add_mesh_flags(CLI::App& command, EngineFlagValues& values);
 
+// The op trace of one step of a receipt without /trace: a replay with tracing on (the
+// trace provider of `harness bisect`); throws check::TraceUnavailable saying why not.
+check::OpTrace replayed_trace(const check::ReceiptData& run, int step);
+
 void add_run_command(CLI::App& app, CommandRegistry& commands);
 void add_audit_command(CLI::App& app, CommandRegistry& commands);
 void add_inspect_command(CLI::App& app, CommandRegistry& commands);
@@ -36,5 +42,6 @@ void add_check_command(CLI::App& app, CommandRegistry& commands);    // check, c
 void add_golden_command(CLI::App& app, CommandRegistry& commands);   // golden status|refresh|approve|reject
 void add_nightly_command(CLI::App& app, CommandRegistry& commands);  // nightly and merge
 void add_calibrate_command(CLI::App& app, CommandRegistry& commands);
+void add_replay_command(CLI::App& app, CommandRegistry& commands);
 
 }  // namespace harness::cli

@@ -87,7 +87,7 @@ int refresh_action(const GoldenFlags& f) {
     fs::create_directories(fs::path(candidate).parent_path());
     nightly::run_lane(matrix, *spec, candidate);
     const nlohmann::json comparison = review(candidate, store.golden_path(spec->lane), budgets);
-    store.add_candidate({spec->id, spec->lane, nightly::file_content_hash(candidate), f.reason, run::utc_timestamp(), comparison});
+    store.add_candidate({spec->id, spec->lane, run::file_content_hash(candidate), f.reason, run::utc_timestamp(), comparison});
     fmt::print("candidate   {:<16} {:<12} {}\n", spec->id, comparison["verdict"].get<std::string>(),
                comparison["summary"].get<std::string>());
   }

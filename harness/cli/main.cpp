@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   harness::cli::add_golden_command(app, commands);
   harness::cli::add_nightly_command(app, commands);
   harness::cli::add_calibrate_command(app, commands);
+  harness::cli::add_replay_command(app, commands);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -113,6 +113,11 @@ void add_run_command(CLI::App& app, CommandRegistry& commands) {
   run->add_option("--dump-tensors", flags->dump_tensors, "Steps whose parameters to dump, e.g. 0,50,100");
   run->add_flag("--record-batches", flags->options.record_batches, "Record every batch's tokens");
   run->add_option("--inject-fault", flags->inject_fault, "step=K,op=NAME[,ulps=N]: perturb an op's output");
+  run->add_option("--trace", flags->options.trace,
+                  "ops: record every op's output (hash and sketch) per step into /trace, for bisect")
+      ->capture_default_str();
+  run->add_option("--checkpoint-every", flags->options.checkpoint_every,
+                  "K: save the full state at the start of steps K, 2K, ... into <out>.ckpt/, for harness replay");
   add_accel_flags(*run, flags->engine_flags);
   add_mesh_flags(*run, flags->engine_flags);
   commands.add(run, [flags] { return run_action(*flags); });

@@ -127,7 +127,7 @@ class TempDir {
  public:
   TempDir() {
     std::string pattern = (fs::temp_directory_path() / "harness-calibrate-XXXXXX").string();
-    if (!mkdtemp(pattern.data())) throw FileError("cannot create a temporary directory for the calibration runs");
+    if (!mkdtemp(pattern.data())) throw run::FileError("cannot create a temporary directory for the calibration runs");
     path_ = pattern;
   }
   ~TempDir() {
@@ -233,16 +233,16 @@ Calibration calibrate(const CalibrateOptions& o, const std::function<void(const 
 
   // Validated before it is written: a proposal the parser refuses is a bug, and no file.
   const std::string candidate_text =
-      splice_section(read_file(o.budgets_path), c.feature, section_toml(budgets.feature(c.feature), c));
+      splice_section(run::read_file(o.budgets_path), c.feature, section_toml(budgets.feature(c.feature), c));
   const TempDir check_dir;
-  write_file_atomically(check_dir.file("candidate.toml"), candidate_text);
+  run::write_file_atomically(check_dir.file("candidate.toml"), candidate_text);
   const check::Budgets proposed = check::load_budgets(check_dir.file("candidate.toml"));
   for (const check::ReceiptData& r : runs.repeats) {
     c.passing_now += check::compare_receipts(r, runs.reference, budgets, "compare").pass() ? 1 : 0;
     c.passing_proposed += check::compare_receipts(r, runs.reference, proposed, "compare").pass() ? 1 : 0;
   }
-  write_file_atomically(c.candidate_path, candidate_text);
-  write_file_atomically(c.report_path, calibration_report(c));
+  run::write_file_atomically(c.candidate_path, candidate_text);
+  run::write_file_atomically(c.report_path, calibration_report(c));
   return c;
 }
 

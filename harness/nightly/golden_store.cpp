@@ -44,7 +44,7 @@ GoldenState inspect_golden(const LaneSpec& spec, const std::string& path, const 
     g.detail = fmt::format("create it: harness golden refresh --lanes {} --reason TEXT, then approve it", spec.id);
     return g;
   }
-  g.content_hash = file_content_hash(path);
+  g.content_hash = run::file_content_hash(path);
   const auto version = receipt_schema_version(path);
   if (!version) {
     g.state = "unreadable";
@@ -131,7 +131,7 @@ std::vector<Candidate> GoldenStore::candidates() const {
   if (!fs::exists(candidates_path())) return out;
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(read_file(candidates_path()));
+    j = nlohmann::json::parse(run::read_file(candidates_path()));
     for (const auto& c : j.at("candidates")) {
       out.push_back({c.at("id").get<std::string>(), c.at("lane").get<std::string>(), c.at("content_hash").get<std::string>(),
                      c.at("reason").get<std::string>(), c.at("refreshed_utc").get<std::string>(), c.at("comparison")});
@@ -158,7 +158,7 @@ void GoldenStore::write_candidates(const std::vector<Candidate>& candidates) con
                     {"refreshed_utc", c.refreshed_utc},
                     {"comparison", c.comparison}});
   }
-  write_file_atomically(candidates_path(), nlohmann::json{{"version", kCandidatesVersion}, {"candidates", list}}.dump(2) + "\n");
+  run::write_file_atomically(candidates_path(), nlohmann::json{{"version", kCandidatesVersion}, {"candidates", list}}.dump(2) + "\n");
   write_review(candidates);
 }
 
@@ -173,11 +173,11 @@ void GoldenStore::write_review(const std::vector<Candidate>& candidates) const {
                         "- against the golden: **{}**\n",
                         c.lane, c.id, c.reason, c.refreshed_utc, fs::relative(candidate_path(c.lane), dir_).string(),
                         c.content_hash, fs::relative(golden, dir_).string(),
-                        fs::exists(golden) ? file_content_hash(golden) : "none yet",
+                        fs::exists(golden) ? run::file_content_hash(golden) : "none yet",
                         c.comparison.value("verdict", "unknown"));
     if (c.comparison.contains("text")) text += fmt::format("\n```\n{}```\n", c.comparison["text"].get<std::string>());
   }
-  write_file_atomically(review_path(), text);
+  run::write_file_atomically(review_path(), text);
 }
 
 void GoldenStore::add_candidate(const Candidate& candidate) {
@@ -196,7 +196,7 @@ void GoldenStore::verify(const Candidate& candidate) const {
   if (!fs::exists(from)) {
     throw GoldenError(fmt::format("{}: the candidate is gone; run `harness golden refresh --lanes {}` again", from, candidate.id));
   }
-  const std::string hash = file_content_hash(from);
+  const std::string hash = run::file_content_hash(from);
   if (hash != candidate.content_hash) {
     throw GoldenError(fmt::format("{}: changed since refresh ({} reviewed, {} now); refresh the lane again", from,
                                   candidate.content_hash, hash));
@@ -215,15 +215,15 @@ void GoldenStore::promote(const Candidate& candidate, const std::string& approve
   const std::string from = candidate_path(candidate.lane);
   const std::string to = golden_path(candidate.lane);
   std::map<std::string, std::string> manifest = receipt::ReceiptReader(from).manifest_text();
-  ProvenanceEntry entry{run::utc_timestamp(), candidate.lane, fs::exists(to) ? file_content_hash(to) : "", candidate.content_hash,
+  ProvenanceEntry entry{run::utc_timestamp(), candidate.lane, fs::exists(to) ? run::file_content_hash(to) : "", candidate.content_hash,
                         candidate.reason, approver, manifest["git_commit"], manifest["toolchain"], candidate.comparison};
   // Log first into a temporary copy, then the golden, then the log: an interruption
   // between the renames leaves a golden the log does not record, which `status` reports.
-  std::string log_text = read_file(log_path());
+  std::string log_text = run::read_file(log_path());
   if (!log_text.empty() && log_text.back() != '\n') log_text += '\n';
   log_text += entry.to_json().dump() + "\n";
   const std::string log_temp = log_path() + ".tmp";
-  write_file_atomically(log_temp, log_text);
+  run::write_file_atomically(log_temp, log_text);
   fs::rename(from, to);
   fs::rename(log_temp, log_path());
   write_candidates(without(candidates(), candidate.lane));

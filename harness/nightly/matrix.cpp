@@ -50,7 +50,7 @@ class Parser {
     }
     Matrix m;
     m.path = path_;
-    m.content_hash = file_content_hash(path_);
+    m.content_hash = run::file_content_hash(path_);
     m.canary = text(root, "canary", "canary", true);
     try {
       canary::preset(m.canary);

@@ -99,7 +99,7 @@ class NightlyJob::Impl {
       : options_(options),
         matrix_(load_matrix(options.matrix_path)),
         budgets_(check::load_budgets(options.budgets_path)),
-        budgets_hash_(file_content_hash(options.budgets_path)),
+        budgets_hash_(run::file_content_hash(options.budgets_path)),
         store_(options.goldens_dir) {}
 
   json run(const std::function<void(const NightlyProgress&)>& progress) {

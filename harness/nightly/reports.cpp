@@ -133,7 +133,7 @@ std::vector<std::string> write_reports(const json& summary, const std::string& o
   std::vector<std::string> written;
   for (const auto& [name, text] : files) {
     const std::string path = (fs::path(out_dir) / name).string();
-    write_file_atomically(path, text);
+    run::write_file_atomically(path, text);
     written.push_back(path);
   }
   return written;

@@ -167,7 +167,7 @@ std::vector<std::string> attr_names(hid_t obj) {
 }
 
 GrowingDataset::GrowingDataset(hid_t parent, const std::string& name, hid_t file_type, std::vector<hsize_t> row_shape,
-                               hsize_t chunk_rows)
+                               hsize_t chunk_rows, int deflate_level)
     : row_shape_(std::move(row_shape)) {
   std::vector<hsize_t> dims{0}, max_dims{H5S_UNLIMITED}, chunk{chunk_rows};
   for (hsize_t d : row_shape_) {
@@ -179,6 +179,10 @@ GrowingDataset::GrowingDataset(hid_t parent, const std::string& name, hid_t file
                      "dataspace for " + name);
   const Handle props(H5Pcreate(H5P_DATASET_CREATE), H5Pclose, "dataset properties");
   check(H5Pset_chunk(props, static_cast<int>(chunk.size()), chunk.data()), "chunking for " + name);
+  if (deflate_level > 0) {
+    check(H5Pset_shuffle(props), "shuffle filter for " + name);
+    check(H5Pset_deflate(props, static_cast<unsigned>(deflate_level)), "deflate filter for " + name);
+  }
   dataset_ = Handle(H5Dcreate2(parent, name.c_str(), file_type, space, H5P_DEFAULT, props, H5P_DEFAULT), H5Dclose,
                     "create dataset " + name);
 }
@@ -237,6 +241,10 @@ std::vector<std::uint64_t> read_u64(hid_t parent, const std::string& path) {
 }
 std::vector<std::int32_t> read_i32(hid_t parent, const std::string& path) {
   return read_numeric<std::int32_t>(parent, path, H5T_NATIVE_INT32);
+}
+
+std::vector<std::int64_t> read_i64(hid_t parent, const std::string& path) {
+  return read_numeric<std::int64_t>(parent, path, H5T_NATIVE_INT64);
 }
 
 std::vector<std::string> read_strings(hid_t parent, const std::string& path) {

@@ -61,8 +61,9 @@ std::vector<std::string> attr_names(hid_t obj);
 class GrowingDataset {
  public:
   GrowingDataset() = default;
+  // deflate_level > 0: byte-shuffled and deflated chunks (zlib, in every HDF5 build).
   GrowingDataset(hid_t parent, const std::string& name, hid_t file_type, std::vector<hsize_t> row_shape,
-                 hsize_t chunk_rows);
+                 hsize_t chunk_rows, int deflate_level = 0);
   void append(const void* row, hid_t memory_type);
   hsize_t rows() const { return rows_; }
 
@@ -81,6 +82,7 @@ std::vector<double> read_f64(hid_t parent, const std::string& path);
 std::vector<float> read_f32(hid_t parent, const std::string& path);
 std::vector<std::uint64_t> read_u64(hid_t parent, const std::string& path);
 std::vector<std::int32_t> read_i32(hid_t parent, const std::string& path);
+std::vector<std::int64_t> read_i64(hid_t parent, const std::string& path);
 std::vector<std::string> read_strings(hid_t parent, const std::string& path);
 
 struct DatasetInfo {

@@ -1,5 +1,6 @@
 #include "receipt_reader.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -84,6 +85,24 @@ std::vector<std::uint64_t> ReceiptReader::hashes(const std::string& family) cons
   const std::string path = "/hashes/" + family;
   if (!h5::exists(file_, path)) fail("missing dataset " + path);
   return h5::read_u64(file_, path);
+}
+
+std::vector<CheckpointRef> ReceiptReader::checkpoints() const {
+  std::vector<CheckpointRef> out;
+  if (!h5::exists(file_, "checkpoints")) return out;
+  const h5::Handle group = h5::open_group(file_, "checkpoints");
+  const std::filesystem::path receipt_dir = std::filesystem::path(path_).parent_path();
+  const std::string directory = h5::read_attr_string(group, "directory");
+  for (const std::string& name : h5::attr_names(group)) {
+    if (!name.starts_with("step_")) continue;
+    CheckpointRef ref;
+    ref.step = std::stoi(name.substr(5));
+    ref.path = (receipt_dir / directory / (name + ".h5")).string();
+    ref.content_hash = h5::read_attr_string(group, name);
+    out.push_back(std::move(ref));
+  }
+  std::sort(out.begin(), out.end(), [](const CheckpointRef& a, const CheckpointRef& b) { return a.step < b.step; });
+  return out;
 }
 
 }  // namespace harness::receipt

@@ -16,6 +16,13 @@ struct ReceiptError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A checkpoint the receipt refers to: the state at the start of `step`.
+struct CheckpointRef {
+  int step = 0;
+  std::string path;          // resolved against the receipt's directory
+  std::string content_hash;  // xxh128:... of the file as it was written
+};
+
 class ReceiptReader {
  public:
   // Throws ReceiptError: missing file, not HDF5, unreadable (truncated), no /manifest,
@@ -38,6 +45,7 @@ class ReceiptReader {
   std::vector<std::uint64_t> batch_hashes() const;
   std::vector<std::string> tensor_names() const;
   std::vector<std::uint64_t> hashes(const std::string& family) const;  // (N, K) row-major
+  std::vector<CheckpointRef> checkpoints() const;  // in step order; empty when none
 
  private:
   [[noreturn]] void fail(const std::string& what) const;

@@ -112,6 +112,53 @@ void ReceiptWriter::append_state(const std::vector<StepState>& states) {
   }
 }
 
+void ReceiptWriter::append_trace(const std::vector<TraceColumn>& columns, const TraceStep& step) {
+  if (!trace_started_) create_trace_group(columns);
+  if (columns.size() != trace_columns_ || step.hashes.size() != trace_columns_ || step.sketches.size() != trace_columns_) {
+    throw h5::Hdf5Error("append_trace: the traced ops changed");
+  }
+  std::vector<double> l2, projection;
+  for (const TensorSketch& s : step.sketches) {
+    l2.push_back(s.l2);
+    projection.insert(projection.end(), s.projection.begin(), s.projection.end());
+  }
+  trace_hash_.append(step.hashes.data(), H5T_NATIVE_UINT64);
+  trace_l2_.append(l2.data(), H5T_NATIVE_DOUBLE);
+  trace_projection_.append(projection.data(), H5T_NATIVE_DOUBLE);
+}
+
+// The op identities once (R columns), then per step one row of R hashes and sketches.
+void ReceiptWriter::create_trace_group(const std::vector<TraceColumn>& columns) {
+  const h5::Handle trace = h5::create_group(file_, "trace");
+  h5::write_attr(trace, "level", std::string("ops"));
+  std::vector<std::int64_t> op_index, layer;
+  std::vector<std::string> op, phase, tensor, kind;
+  for (const TraceColumn& c : columns) {
+    op_index.push_back(c.op_index);
+    layer.push_back(c.layer);
+    op.push_back(c.op);
+    phase.push_back(c.phase);
+    tensor.push_back(c.tensor);
+    kind.push_back(c.kind);
+  }
+  const std::vector<hsize_t> dims{columns.size()};
+  h5::write_dataset(trace, "op_index", H5T_STD_I64LE, H5T_NATIVE_INT64, dims, op_index.data());
+  h5::write_dataset(trace, "layer", H5T_STD_I64LE, H5T_NATIVE_INT64, dims, layer.data());
+  h5::write_string_dataset(trace, "op", op);
+  h5::write_string_dataset(trace, "phase", phase);
+  h5::write_string_dataset(trace, "tensor", tensor);
+  h5::write_string_dataset(trace, "kind", kind);
+  const hsize_t R = columns.size();
+  // One row per chunk, compressed: a chunk is written once (rows are flushed one by one,
+  // and a chunk rewritten as it fills would leave dead space behind). Shuffle + deflate
+  // halves the sketches; hashes are random bits and stay as they are.
+  trace_hash_ = h5::GrowingDataset(trace, "hash", H5T_STD_U64LE, {R}, 1);
+  trace_l2_ = h5::GrowingDataset(trace, "l2", H5T_IEEE_F64LE, {R}, 1, 4);
+  trace_projection_ = h5::GrowingDataset(trace, "projection", H5T_IEEE_F64LE, {R, kSketchWidth}, 1, 4);
+  trace_columns_ = columns.size();
+  trace_started_ = true;
+}
+
 void ReceiptWriter::append_batch(std::span<const std::int32_t> tokens) { batches_.append(tokens.data(), H5T_NATIVE_INT32); }
 
 void ReceiptWriter::dump_tensor(int step, const std::string& name, const std::vector<std::int64_t>& shape,
@@ -122,6 +169,16 @@ void ReceiptWriter::dump_tensor(int step, const std::string& name, const std::ve
                                                                   : h5::create_group(tensors_group_, group_name);
   const std::vector<hsize_t> dims(shape.begin(), shape.end());
   h5::write_dataset(group, name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, dims, values.data());
+}
+
+void ReceiptWriter::add_checkpoint(const std::string& directory, int every, int step, const std::string& content_hash) {
+  if (!checkpoints_group_.valid()) {
+    checkpoints_group_ = h5::create_group(file_, "checkpoints");
+    h5::write_attr(checkpoints_group_, "directory", directory);
+    h5::write_attr(checkpoints_group_, "every", std::int64_t{every});
+  }
+  h5::write_attr(checkpoints_group_, fmt::format("step_{:06d}", step), content_hash);
+  flush();
 }
 
 void ReceiptWriter::finish() {

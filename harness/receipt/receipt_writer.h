@@ -39,6 +39,21 @@ struct StepRecord {
   std::array<std::vector<TensorSketch>, 2> sketches;  // kSketchFamilies x K
 };
 
+// One traced op output (`--trace ops`): a column of /trace. op_index numbers the traced
+// ops of a step in execution order; an op with several outputs has one column for each.
+struct TraceColumn {
+  int op_index = 0;
+  std::string op;  // the op's site, e.g. "blocks.2.attn.proj"
+  int layer = -1;
+  std::string phase, tensor, kind;  // phase: forward/backward/optimizer; kind: the tensor's
+  bool operator==(const TraceColumn&) const = default;
+};
+// One step of /trace: per column, the hash and sketch of the output's value.
+struct TraceStep {
+  std::vector<std::uint64_t> hashes;
+  std::vector<TensorSketch> sketches;
+};
+
 struct BatchShape {
   int batch_size = 0, row_length = 0;
 };
@@ -55,20 +70,31 @@ class ReceiptWriter {
   void append_state(const std::vector<StepState>& states);
   void append_step(const StepRecord& record);
   void append_batch(std::span<const std::int32_t> tokens);
+  // One step of op traces, written before append_step(). The first call creates /trace
+  // with `columns`; later calls must pass the same columns.
+  void append_trace(const std::vector<TraceColumn>& columns, const TraceStep& step);
   // /tensors/step_XXXXXX/<name> as float32 with the tensor's shape.
   void dump_tensor(int step, const std::string& name, const std::vector<std::int64_t>& shape,
                    std::span<const float> values);
+  // /checkpoints: the directory (relative to the receipt's) and, per checkpoint, an
+  // attribute step_XXXXXX holding its file's content hash. Flushed at once.
+  void add_checkpoint(const std::string& directory, int every, int step, const std::string& content_hash);
   void finish();  // complete = 1, final flush
   void flush();
 
  private:
+  void create_trace_group(const std::vector<TraceColumn>& columns);
+
   std::string path_;
-  h5::Handle file_, manifest_, tensors_group_;
+  h5::Handle file_, manifest_, tensors_group_, checkpoints_group_;
   std::size_t tensor_count_;
   h5::GrowingDataset loss_, grad_norm_, lr_, batch_hash_, batches_;
   std::array<h5::GrowingDataset, 4> hashes_;
   std::array<h5::GrowingDataset, 2> sketch_l2_, sketch_projection_;
   std::vector<std::vector<h5::GrowingDataset>> state_fields_;  // [group][field]
+  bool trace_started_ = false;
+  std::size_t trace_columns_ = 0;
+  h5::GrowingDataset trace_hash_, trace_l2_, trace_projection_;
 };
 
 }  // namespace harness::receipt

@@ -29,13 +29,13 @@ void find_graph_breaks(const std::vector<StepTrace>& steps, std::vector<AuditFin
   }
 }
 
-// The op that reads a tensor first after node `from` (to name where a constant is used).
-std::string first_reader(const tpu::Graph& graph, std::size_t from, TensorId tensor) {
+// The node that reads a tensor first after node `from` (to name where a constant is used).
+const tpu::Node& first_reader(const tpu::Graph& graph, std::size_t from, TensorId tensor) {
   for (std::size_t i = from + 1; i < graph.nodes.size(); ++i) {
     const auto& t = graph.nodes[i].tensors;
-    if (std::find(t.begin(), t.end(), tensor) != t.end()) return graph.nodes[i].site;
+    if (std::find(t.begin(), t.end(), tensor) != t.end()) return graph.nodes[i];
   }
-  return graph.nodes[from].site;
+  return graph.nodes[from];
 }
 
 void compare_graphs(const tpu::Graph& a, const tpu::Graph& b, int step, std::vector<AuditFinding>& out) {
@@ -51,11 +51,11 @@ void compare_graphs(const tpu::Graph& a, const tpu::Graph& b, int step, std::vec
       return;  // everything after the first change differs too
     }
     if (x.attrs != y.attrs && x.op == tpu::OpKind::Constant) {
-      const std::string reader = first_reader(b, i, y.tensors[0]);
-      out.push_back({"varying_constant", step, reader, y.site, {x.attrs[0], y.attrs[0]},
+      const tpu::Node& reader = first_reader(b, i, y.tensors[0]);
+      out.push_back({"varying_constant", step, reader.site, y.site, {x.attrs[0], y.attrs[0]},
                      fmt::format("constant `{}` is baked into the graph and varies: {} at step {}, {} at step {}; "
-                                 "op `{}` reads it. Upload it into a 0-D device tensor instead",
-                                 y.site, x.attrs[0], step - 1, y.attrs[0], step, reader)});
+                                 "op `{}` ({}) reads it. Upload it into a 0-D device tensor instead",
+                                 y.site, x.attrs[0], step - 1, y.attrs[0], step, reader.site, tpu::to_string(reader.op))});
     } else if (x.attrs != y.attrs) {
       out.push_back({"varying_constant", step, y.site, {}, {},
                      fmt::format("op `{}` ({}) has attributes that vary between steps {} and {}", y.site,

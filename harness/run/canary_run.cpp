@@ -17,6 +17,9 @@
 #include "receipt/receipt_writer.h"
 #include "registry.h"
 #include "stack_info.h"
+#include "checkpoint.h"
+#include "file_io.h"
+#include "op_trace.h"
 #include "tensor_digest.h"
 
 namespace harness::run {
@@ -44,6 +47,27 @@ void check_output_path(const RunOptions& o) {
   }
   if (access(dir.c_str(), W_OK) != 0) {
     throw UsageError(fmt::format("--out: directory '{}' is not writable; choose another path", dir.string()));
+  }
+}
+
+// A receipt's checkpoints live in "<out>.ckpt/": a directory of this run's own. An old
+// one is replaced only with --force, and then only its checkpoint files.
+void check_checkpoint_dir(const RunOptions& o) {
+  const fs::path dir = checkpoint_dir(o.out);
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) return;
+  if (!fs::is_directory(dir, ec) || !o.force) {
+    throw UsageError(fmt::format("--checkpoint-every: '{}' exists; pass --force to replace its checkpoints or choose "
+                                 "another --out",
+                                 dir.string()));
+  }
+}
+
+void prepare_checkpoint_dir(const std::string& dir) {
+  fs::create_directories(dir);
+  for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.starts_with("step_") && (name.ends_with(".h5") || name.ends_with(".h5.partial"))) fs::remove(e.path());
   }
 }
 
@@ -79,12 +103,19 @@ Validated validate(const RunOptions& o) {
       throw UsageError(fmt::format("--inject-fault: step={} is past the last step ({})", v.fault->step, v.config.steps - 1));
     }
   }
+  if (o.trace != "none" && o.trace != "ops") {
+    throw UsageError(fmt::format("--trace: '{}' is not a trace level; use none or ops", o.trace));
+  }
   for (int s : o.dump_steps) {
     if (s < 0 || s > v.config.steps) {
       throw UsageError(fmt::format("--dump-tensors: step {} is outside 0..{}", s, v.config.steps));
     }
   }
+  if (o.checkpoint_every < 0 || o.checkpoint_every > v.config.steps) {
+    throw UsageError(fmt::format("--checkpoint-every: must be between 1 and the steps ({})", v.config.steps));
+  }
   check_output_path(o);
+  if (o.checkpoint_every > 0) check_checkpoint_dir(o);
   return v;
 }
 
@@ -107,7 +138,10 @@ receipt::Manifest make_manifest(const RunOptions& o, const Validated& v, const E
   m.extra["kernels"] = stack.kernels;
   m.extra["data_seed"] = static_cast<std::int64_t>(v.config.data_seed);
   m.extra["fault_injection"] = v.fault ? v.fault->to_string() : std::string("none");
-  for (const auto& attribute : engine.manifest_attributes()) m.extra[attribute.first] = attribute.second;
+  m.extra["trace"] = o.trace;
+  const auto engine_attributes = engine.manifest_attributes();
+  for (const auto& attribute : engine_attributes) m.extra[attribute.first] = attribute.second;
+  m.extra["run_options"] = replay_recipe(o, engine_attributes).dump();
   return m;
 }
 
@@ -128,6 +162,44 @@ void dump_parameters(Engine& engine, const canary::Gpt2Canary& model, receipt::R
 
 std::string lane_name(const std::string& canary, const std::string& engine, const std::string& features) {
   return features.empty() ? canary + "/" + engine : canary + "/" + engine + "+" + features;
+}
+
+nlohmann::json replay_recipe(const RunOptions& o, const std::map<std::string, AttributeValue>& engine_attributes) {
+  EngineSettings settings = o.engine_settings;
+  const auto seed = engine_attributes.find("noise_seed");
+  if (seed != engine_attributes.end() && std::holds_alternative<std::int64_t>(seed->second)) {
+    settings.options["noise-seed"] = std::to_string(std::get<std::int64_t>(seed->second));
+  }
+  nlohmann::json recipe = {{"canary", o.canary},
+                           {"engine", o.engine},
+                           {"features", settings.features},
+                           {"engine_options", settings.options},
+                           {"seed", o.seed},
+                           {"threads", o.threads},
+                           {"trace", o.trace},
+                           {"checkpoint_every", o.checkpoint_every},
+                           {"inject_fault", o.inject_fault ? nlohmann::json(*o.inject_fault) : nlohmann::json(nullptr)}};
+  if (o.steps) recipe["steps"] = *o.steps;
+  return recipe;
+}
+
+RunOptions options_from_recipe(const nlohmann::json& recipe) {
+  RunOptions o;
+  try {
+    o.canary = recipe.at("canary").get<std::string>();
+    o.engine = recipe.at("engine").get<std::string>();
+    o.engine_settings.features = recipe.at("features").get<std::string>();
+    o.engine_settings.options = recipe.at("engine_options").get<std::map<std::string, std::string>>();
+    o.seed = recipe.at("seed").get<std::int64_t>();
+    o.threads = recipe.at("threads").get<int>();
+    o.trace = recipe.at("trace").get<std::string>();
+    o.checkpoint_every = recipe.at("checkpoint_every").get<int>();
+    if (!recipe.at("inject_fault").is_null()) o.inject_fault = recipe.at("inject_fault").get<std::string>();
+    if (recipe.contains("steps")) o.steps = recipe.at("steps").get<int>();
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError(fmt::format("run_options: not a replay recipe ({})", e.what()));
+  }
+  return o;
 }
 
 std::vector<int> parse_step_list(const std::string& text, int max_step) {
@@ -154,11 +226,13 @@ RunSummary run_canary(const RunOptions& o, const std::function<void(const StepPr
   const Validated v = validate(o);
   const tbb::global_control threads(tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(v.threads));
 
-  const canary::Gpt2Canary model(v.config, v.fault);
+  const canary::Gpt2Canary model(v.config, v.fault, o.trace == "ops");
   const canary::ByteStream data(v.config);
   std::unique_ptr<Engine> engine = make_engine(o.engine, o.engine_settings);
   engine->bind(model.tensors());
   model.upload_initial_parameters(*engine, static_cast<std::uint64_t>(o.seed));
+  OpTraceRecorder tracer(model.tensors());
+  if (o.trace == "ops") engine->set_trace_sink(&tracer);
 
   RunSummary summary;
   summary.lane = lane_name(o.canary, engine->lane_engine(), engine->features());
@@ -173,8 +247,15 @@ RunSummary run_canary(const RunOptions& o, const std::function<void(const StepPr
   const auto start = std::chrono::steady_clock::now();
   const StepDigester digester(model);
   receipt::StepRecord record;
+  const std::string checkpoints = checkpoint_dir(o.out);
+  if (o.checkpoint_every > 0) prepare_checkpoint_dir(checkpoints);
   for (int step = 0; step < v.config.steps; ++step) {
     if (should_dump(step)) dump_parameters(*engine, model, writer, step);
+    if (o.checkpoint_every > 0 && step > 0 && step % o.checkpoint_every == 0) {
+      const std::string path = (fs::path(checkpoints) / checkpoint_file_name(step)).string();
+      save_checkpoint(path, capture_checkpoint(*engine, model, step, summary.lane, o.seed));
+      writer.add_checkpoint(fs::path(checkpoints).filename().string(), o.checkpoint_every, step, file_content_hash(path));
+    }
     const canary::Batch batch = data.batch(step);
     const canary::StepResult result = model.train_step(*engine, step, batch);
     record.loss = result.loss;
@@ -184,6 +265,10 @@ RunSummary run_canary(const RunOptions& o, const std::function<void(const StepPr
     digester.digest(*engine, record);
     if (o.record_batches) writer.append_batch(batch.tokens);
     writer.append_state(engine->step_state());
+    if (o.trace == "ops") {
+      const receipt::TraceStep traced = tracer.finish_step();  // the first step fixes columns()
+      writer.append_trace(tracer.columns(), traced);
+    }
     writer.append_step(record);
     if (step == 0) summary.first_loss = result.loss;
     summary.last_loss = result.loss;

@@ -4,11 +4,15 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "api/engine.h"
 #include "api/engine_settings.h"
 
 namespace harness::run {
@@ -31,6 +35,8 @@ struct RunOptions {
   std::vector<int> dump_steps;
   bool record_batches = false;
   std::optional<std::string> inject_fault;
+  std::string trace = "none";  // --trace: none or ops
+  int checkpoint_every = 0;    // --checkpoint-every K: the state at the start of steps K, 2K, ...
 };
 
 struct StepProgress {
@@ -52,6 +58,13 @@ RunSummary run_canary(const RunOptions& options, const std::function<void(const 
 
 // Canonical lane name: "<preset>/<engine>[@mesh][+feature...]", e.g. "tiny/tpu-mesh@2x2+tp".
 std::string lane_name(const std::string& canary, const std::string& engine, const std::string& features);
+
+// What replays a run: everything above but the output (out, force, dump_steps,
+// record_batches), as the manifest's `run_options` JSON. A seeded accel run records the
+// noise seed it drew, so a replay draws the same orders.
+nlohmann::json replay_recipe(const RunOptions& options, const std::map<std::string, AttributeValue>& engine_attributes);
+// The inverse; throws UsageError naming the key when the JSON is not a recipe.
+RunOptions options_from_recipe(const nlohmann::json& recipe);
 
 // Parses "S1,S2,..." (each 0..max_step); throws UsageError naming --dump-tensors.
 std::vector<int> parse_step_list(const std::string& text, int max_step);

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # harness bisect on every engine: an injected fault at step 5 against a clean run of the
-# same lane is found at step 5 with the first tensor that differs; equal runs are
+# same lane is found at step 5 with the first tensor that differs and, from the op traces,
+# the op the fault hit (blocks.1.mlp.fc forward, layer 1); equal runs are
 # equivalent (exit 0); a noisy lane against cpu-ref parts where it leaves its budget;
 # different data and step ranges are errors (exit 2, one line) before any bisecting.
 source "$(dirname "$0")/lib.sh"
-run() { "$HARNESS" run --canary micro --steps 12 --force "$@" >/dev/null 2>&1 || fail "run $*"; }
+run() { "$HARNESS" run --canary micro --steps 12 --trace ops --force "$@" >/dev/null 2>&1 || fail "run $*"; }
 FAULT=step=5,op=blocks.1.mlp.fc
 
 # expect_divergence A B STEP: bisect exits 1 and names STEP, a tensor, the equal steps before it
@@ -14,9 +15,13 @@ expect_divergence() {
 import json, sys
 b = json.load(open(sys.argv[1]))
 step = int(sys.argv[2])
-assert b["version"] == 1 and b["verdict"] == "diverged" and b["data"] == "equal" and b["mode"] == "bitwise"
+assert b["version"] == 2 and b["verdict"] == "diverged" and b["data"] == "equal" and b["mode"] == "bitwise"
 assert b["first_divergent_step"] == step and b["equal_steps"] == step, b
 assert b["first_divergent_tensor"]["family"] in ("params", "grads", "adam_m", "adam_v") and b["first_divergent_tensor"]["tensor"]
+op = b["first_divergent_op"]
+assert b["op_trace"] == "receipts" and b["no_op_reason"] is None, b
+assert (op["name"], op["phase"], op["layer"], op["tensor"], op["kind"]) == \
+    ("blocks.1.mlp.fc", "forward", 1, "blocks.1.mlp.fc.out", "activation"), op
 PY
 }
 
@@ -27,6 +32,7 @@ expect_divergence "$WORK/ref-fault.h5" "$WORK/ref.h5" 5
 expect_exit 1 "" -- "$HARNESS" bisect "$WORK/ref-fault.h5" "$WORK/ref.h5"
 grep -q "^equal       steps 0-4 bitwise equal$" "$WORK/stdout" || fail "the story lacks the equal steps: $(cat "$WORK/stdout")"
 grep -q "^diverges    step 5 differs first in " "$WORK/stdout" || fail "the story lacks the step: $(cat "$WORK/stdout")"
+grep -q "^first op    blocks.1.mlp.fc forward, layer 1 (op " "$WORK/stdout" || fail "the story lacks the op: $(cat "$WORK/stdout")"
 expect_exit 0 "" -- "$HARNESS" bisect "$WORK/ref-1t.h5" "$WORK/ref.h5"
 grep -q "the runs are equivalent" "$WORK/stdout" || fail "equal runs are not called equivalent"
 

@@ -14,7 +14,7 @@ expect_report() {
 
 expect_report 0 "clean       no graph breaks" -- "$HARNESS" audit --canary micro --engine tpu-mesh --mesh 2x2 --shard-plan tp
 expect_report 0 "clean       no graph breaks" -- "$HARNESS" audit --canary micro --engine tpu-mesh --mesh 2x1 --shard-plan zero3
-expect_report 1 "constant \`lr\` is baked into the graph and varies: 0.00075 at step 0, 0.0015 at step 1; op \`optimizer\` reads it" \
+expect_report 1 "constant \`lr\` is baked into the graph and varies: 0.00075 at step 0, 0.0015 at step 1; op \`wte\` (adamw) reads it" \
   -- "$HARNESS" audit --canary micro --engine tpu-mesh --leak-scalars
 
 json="$WORK/audit.json"
@@ -25,7 +25,7 @@ import json, sys
 report = json.load(open(sys.argv[1]))
 assert report["clean"] is False
 [finding] = report["findings"]
-assert finding["kind"] == "varying_constant" and finding["tensor"] == "lr" and finding["op"] == "optimizer"
+assert finding["kind"] == "varying_constant" and finding["tensor"] == "lr" and finding["op"] == "wte"
 assert finding["values"][0] != finding["values"][1]
 fingerprints = [step["graphs"][0]["fingerprint"] for step in report["steps"]]
 assert len(set(fingerprints)) == 2, fingerprints

@@ -118,6 +118,7 @@ TEST(Matrix, LanesAreSelectedByIdOrName) {
 TEST(FileIo, AtomicWriteLeavesNoPartialFile) {
   const testing::ScratchDir dir;
   const std::string path = dir.path("report.txt");
+  using run::file_content_hash, run::read_file, run::write_file_atomically, run::FileError;
   write_file_atomically(path, "first");
   write_file_atomically(path, "second, longer");
   EXPECT_EQ(read_file(path), "second, longer");

@@ -12,7 +12,7 @@
 #include <fmt/format.h>
 #include <xxhash.h>
 
-namespace harness::nightly {
+namespace harness::run {
 
 namespace fs = std::filesystem;
 
@@ -66,4 +66,4 @@ std::string read_file(const std::string& path) {
   return out.str();
 }
 
-}  // namespace harness::nightly
+}  // namespace harness::run

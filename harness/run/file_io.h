@@ -1,10 +1,10 @@
-// Files the nightly job and the goldens workflow write and fingerprint.
+// Files written whole or not at all, and fingerprinted: goldens, reports, checkpoints.
 #pragma once
 
 #include <stdexcept>
 #include <string>
 
-namespace harness::nightly {
+namespace harness::run {
 
 // A file that could not be written or read: the message names it.
 struct FileError : std::runtime_error {
@@ -21,4 +21,4 @@ std::string file_content_hash(const std::string& path);
 // The whole file; "" when it does not exist. Throws FileError when it exists but cannot be read.
 std::string read_file(const std::string& path);
 
-}  // namespace harness::nightly
+}  // namespace harness::run

@@ -1,0 +1,111 @@
+// `harness replay RECEIPT --from K [--to M]`: replays a recorded run from the checkpoint at
+// or before K and verifies every replayed step bit for bit. Exit 0 reproduced, 1 a step
+// differs (the first named), 2 the receipt cannot be replayed or its checkpoint is not
+// trusted. Also the trace provider of `harness bisect` for receipts without /trace.
+#include <memory>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "bisect.h"
+#include "canary_run.h"
+#include "commands.h"
+#include "replay.h"
+
+namespace harness::cli {
+namespace {
+
+struct ReplayFlags {
+  run::ReplayOptions options;
+  std::optional<int> to;
+  bool json = false;
+};
+
+nlohmann::json to_json(const run::ReplayResult& r) {
+  nlohmann::json mismatch = nullptr;
+  if (r.first_mismatch) {
+    mismatch = {{"step", r.first_mismatch->step}, {"what", r.first_mismatch->what}, {"tensor", r.first_mismatch->tensor}};
+  }
+  return {{"version", 1},
+          {"verdict", r.reproduced() ? "reproduced" : (r.record_altered ? "record_altered" : "diverged")},
+          {"receipt", r.receipt},
+          {"lane", r.lane},
+          {"resumed_from", r.resumed_from},
+          {"checkpoint", r.checkpoint.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.checkpoint)},
+          {"from", r.from},
+          {"to", r.to},
+          {"steps_run", r.steps_run},
+          {"seconds", r.seconds},
+          {"first_mismatch", mismatch},
+          {"mismatched_steps", r.mismatched_steps},
+          {"notes", r.notes}};
+}
+
+std::string to_text(const run::ReplayResult& r) {
+  std::string out = fmt::format("{:<12}{} ({})\n", "replay", r.lane, r.receipt);
+  out += r.checkpoint.empty() ? fmt::format("{:<12}the initial state (no checkpoint at or before step {})\n", "resumed", r.from)
+                              : fmt::format("{:<12}checkpoint of step {} ({}: content and tensor hashes verified)\n",
+                                            "resumed", r.resumed_from, r.checkpoint);
+  out += fmt::format("{:<12}steps {}-{} in {:.2f} s ({} steps)\n", "replayed", r.resumed_from, r.to, r.seconds, r.steps_run);
+  for (const std::string& note : r.notes) out += fmt::format("{:<12}{}\n", "note", note);
+  if (r.reproduced()) return out + fmt::format("{:<12}steps {}-{} bitwise equal to the receipt\n", "verified", r.resumed_from, r.to);
+  const run::ReplayMismatch& m = *r.first_mismatch;
+  out += fmt::format("{:<12}step {} differs from the receipt first in {}{}\n", "mismatch", m.step, m.what,
+                     m.tensor.empty() ? "" : " " + m.tensor);
+  if (r.record_altered) {
+    out += fmt::format("{:<12}the replay agrees again at step {}: the receipt's record of step{} {} was altered; the "
+                       "receipt is not trusted\n",
+                       "diagnosis", r.to, r.mismatched_steps.size() > 1 ? "s" : "", fmt::join(r.mismatched_steps, ", "));
+  }
+  return out;
+}
+
+int run_replay(ReplayFlags& f) {
+  f.options.to = f.to;
+  const run::ReplayResult r = run::replay(f.options);
+  fmt::print("{}", f.json ? to_json(r).dump(2) + "\n" : to_text(r));
+  return r.reproduced() ? kExitPass : kExitCheckFailed;
+}
+
+}  // namespace
+
+check::OpTrace replayed_trace(const check::ReceiptData& run, int step) {
+  run::ReplayOptions options;
+  options.receipt = run.path;
+  options.from = step;
+  options.to = step;
+  options.trace_ops = true;
+  run::ReplayResult r;
+  try {
+    r = run::replay(options);
+  } catch (const run::UsageError& e) {
+    throw check::TraceUnavailable(fmt::format("{} has no op trace and cannot be replayed: {}", run.path, e.what()));
+  }
+  if (!r.reproduced()) {
+    throw check::TraceUnavailable(fmt::format("a replay of {} does not reproduce step {} ({}); its trace is not trusted",
+                                              run.path, r.first_mismatch->step, r.first_mismatch->what));
+  }
+  const receipt::TraceStep& row = r.trace.back();
+  check::OpTrace trace{r.trace_columns, row.hashes, {}, {}};
+  for (const receipt::TensorSketch& s : row.sketches) {
+    trace.l2.push_back(s.l2);
+    trace.projection.insert(trace.projection.end(), s.projection.begin(), s.projection.end());
+  }
+  return trace;
+}
+
+void add_replay_command(CLI::App& app, CommandRegistry& commands) {
+  auto f = std::make_shared<ReplayFlags>();
+  CLI::App* replay = app.add_subcommand("replay", "Replay a recorded run from a checkpoint and verify it bit for bit");
+  replay->add_option("receipt", f->options.receipt, "Receipt of the run (.h5); its checkpoints in <receipt>.ckpt/")
+      ->required();
+  replay->add_option("--from", f->options.from, "First step to verify: resumes from the checkpoint at or before it")
+      ->capture_default_str();
+  replay->add_option("--to", f->to, "Last step to verify (default: the last recorded)");
+  replay->add_option("--threads", f->options.threads, "Worker threads (0 = all cores; any count gives the same bits)")
+      ->capture_default_str();
+  replay->add_flag("--json", f->json, "Print the result as JSON (keys in docs/cli.md)");
+  commands.add(replay, [f] { return run_replay(*f); });
+}
+
+}  // namespace harness::cli

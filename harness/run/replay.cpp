@@ -1,0 +1,210 @@
+#include "replay.h"
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <tbb/global_control.h>
+
+#include "byte_stream.h"
+#include "canary_run.h"
+#include "checkpoint.h"
+#include "file_io.h"
+#include "gpt2.h"
+#include "op_trace.h"
+#include "receipt/hdf5_file.h"
+#include "receipt/receipt_reader.h"
+#include "registry.h"
+#include "tensor_digest.h"
+
+namespace harness::run {
+namespace {
+
+// What the receipt recorded, per step, that a replay must reproduce.
+struct Record {
+  std::vector<double> loss, grad_norm;
+  std::vector<std::uint64_t> batch_hashes;
+  std::vector<std::string> tensors;
+  std::array<std::vector<std::uint64_t>, 4> hashes;  // kHashFamilies, (steps, tensors)
+  std::vector<std::uint64_t> trace;                  // (steps, columns); empty without /trace
+  std::size_t trace_columns = 0;
+};
+
+Record read_record(const receipt::ReceiptReader& r) {
+  Record rec{r.steps_f64("loss"), r.steps_f64("grad_norm"), r.batch_hashes(), r.tensor_names(), {}, {}, 0};
+  for (std::size_t f = 0; f < 4; ++f) rec.hashes[f] = r.hashes(receipt::kHashFamilies[f]);
+  if (h5::exists(r.file(), "trace")) {
+    rec.trace = h5::read_u64(r.file(), "/trace/hash");
+    rec.trace_columns = h5::dataset_shape(r.file(), "/trace/op_index").at(0);
+  }
+  return rec;
+}
+
+RunOptions recipe_of(const receipt::ReceiptReader& r) {
+  const auto manifest = r.manifest_text();
+  const auto it = manifest.find("run_options");
+  if (it == manifest.end()) {
+    throw UsageError(fmt::format("{}: /manifest has no run_options (recorded before replay existed); run the lane "
+                                 "again to replay it",
+                                 r.path()));
+  }
+  RunOptions o;
+  try {
+    o = options_from_recipe(nlohmann::json::parse(it->second));
+  } catch (const nlohmann::json::exception&) {
+    throw UsageError(fmt::format("{}: /manifest/run_options is not JSON; the receipt is damaged", r.path()));
+  }
+  const auto noise = o.engine_settings.options.find("noise");
+  if (noise != o.engine_settings.options.end() && noise->second == "racy") {
+    throw UsageError(fmt::format("{}: noise=racy orders reductions by task completion and cannot be replayed; record "
+                                 "the lane with seeded noise to replay it",
+                                 r.path()));
+  }
+  return o;
+}
+
+bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+// The checkpoint at or before `step`, trusted only when its file is the one the receipt
+// recorded and its tensors hash to the receipt's record of the step before it.
+std::optional<Checkpoint> trusted_checkpoint(const receipt::ReceiptReader& r, const Record& rec, int step,
+                                             std::string& path) {
+  std::optional<receipt::CheckpointRef> chosen;
+  for (const receipt::CheckpointRef& ref : r.checkpoints()) {
+    if (ref.step <= step) chosen = ref;
+  }
+  if (!chosen) return std::nullopt;
+  path = chosen->path;
+  if (!std::filesystem::exists(path)) {
+    throw UsageError(fmt::format("{}: missing; the receipt {} refers to it (keep <receipt>.ckpt/ next to the receipt)",
+                                 path, r.path()));
+  }
+  const std::string content = file_content_hash(path);
+  if (content != chosen->content_hash) {
+    throw UsageError(fmt::format("{}: content hash {} is not the {} the receipt recorded; the checkpoint was altered or "
+                                 "replaced, not trusted",
+                                 path, content, chosen->content_hash));
+  }
+  Checkpoint c = load_checkpoint(path);
+  if (c.step != chosen->step || c.data_cursor != c.step || c.names != rec.tensors) {
+    throw UsageError(fmt::format("{}: holds step {} of other tensors; not the checkpoint the receipt recorded", path, c.step));
+  }
+  const std::size_t K = rec.tensors.size(), row = static_cast<std::size_t>(c.step - 1) * K;
+  const std::size_t families[3] = {0, 2, 3};  // params, adam_m, adam_v in kHashFamilies
+  for (std::size_t f = 0; f < 3; ++f) {
+    for (std::size_t k = 0; k < K; ++k) {
+      if (tensor_hash(c.tensors[f][k]) == rec.hashes[families[f]][row + k]) continue;
+      throw UsageError(fmt::format("{}: {} {} does not hash to the receipt's record of step {}; the checkpoint or the "
+                                   "receipt was altered, not trusted",
+                                   path, kCheckpointFamilies[f], rec.tensors[k], c.step - 1));
+    }
+  }
+  return c;
+}
+
+// The first difference between a replayed step and the record of it; nullopt when none.
+std::optional<ReplayMismatch> compare_step(const Record& rec, int step, const receipt::StepRecord& got,
+                                           const receipt::TraceStep* trace, const std::vector<receipt::TraceColumn>& columns) {
+  const auto s = static_cast<std::size_t>(step);
+  if (got.batch_hash != rec.batch_hashes[s]) return ReplayMismatch{step, "batch_hash", ""};
+  if (trace && !rec.trace.empty()) {
+    for (std::size_t c = 0; c < rec.trace_columns; ++c) {
+      if (trace->hashes.at(c) != rec.trace[s * rec.trace_columns + c]) {
+        return ReplayMismatch{step, "trace", columns.at(c).op + " " + columns.at(c).phase + " " + columns.at(c).tensor};
+      }
+    }
+  }
+  if (!same_bits(got.loss, rec.loss[s])) return ReplayMismatch{step, "loss", ""};
+  if (!same_bits(got.grad_norm, rec.grad_norm[s])) return ReplayMismatch{step, "grad_norm", ""};
+  const std::size_t K = rec.tensors.size();
+  for (std::size_t f = 0; f < 4; ++f) {
+    for (std::size_t k = 0; k < K; ++k) {
+      if (got.hashes[f][k] != rec.hashes[f][s * K + k]) return ReplayMismatch{step, receipt::kHashFamilies[f], rec.tensors[k]};
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+ReplayResult replay(const ReplayOptions& options) {
+  const receipt::ReceiptReader reader(options.receipt);
+  RunOptions o = recipe_of(reader);
+  const Record rec = read_record(reader);
+  const int recorded = static_cast<int>(rec.loss.size());
+  ReplayResult result;
+  result.receipt = options.receipt;
+  result.lane = reader.manifest_string("lane");
+  result.from = options.from;
+  result.to = options.to.value_or(recorded - 1);
+  if (options.from < 0 || options.from >= recorded) {
+    throw UsageError(fmt::format("--from: step {} is not recorded in {} (steps 0-{})", options.from, options.receipt, recorded - 1));
+  }
+  if (result.to < options.from || result.to >= recorded) {
+    throw UsageError(fmt::format("--to: step {} is not in {}-{}", result.to, options.from, recorded - 1));
+  }
+  canary::CanaryConfig config = canary::preset(o.canary);
+  if (o.steps) config.steps = *o.steps;
+  if (config.to_json().dump() != reader.manifest_string("canary")) {
+    throw UsageError(fmt::format("{}: the {} preset changed since the receipt was recorded; it cannot be replayed by "
+                                 "this harness",
+                                 options.receipt, o.canary));
+  }
+  std::optional<canary::FaultSpec> fault;
+  const canary::Gpt2Canary probe(config);
+  if (o.inject_fault) fault = canary::parse_fault_spec(*o.inject_fault, probe.forward_op_names());
+  const bool tracing = options.trace_ops || !rec.trace.empty();
+  const canary::Gpt2Canary model(config, fault, tracing);
+  const int threads = options.threads > 0 ? options.threads : o.threads > 0 ? o.threads : 0;
+  std::optional<tbb::global_control> limit;
+  if (threads > 0) limit.emplace(tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(threads));
+
+  std::unique_ptr<Engine> engine = make_engine(o.engine, o.engine_settings);
+  engine->bind(model.tensors());
+  const std::optional<Checkpoint> checkpoint = trusted_checkpoint(reader, rec, options.from, result.checkpoint);
+  if (checkpoint) {
+    restore_checkpoint(*checkpoint, *engine, model);
+    result.resumed_from = checkpoint->step;
+  } else {
+    model.upload_initial_parameters(*engine, static_cast<std::uint64_t>(o.seed));
+  }
+  OpTraceRecorder tracer(model.tensors());
+  if (tracing) engine->set_trace_sink(&tracer);
+
+  const auto start = std::chrono::steady_clock::now();
+  const canary::ByteStream data(config);
+  const StepDigester digester(model);
+  receipt::StepRecord got;
+  for (int step = result.resumed_from; step <= result.to; ++step) {
+    const canary::Batch batch = data.batch(step);
+    const canary::StepResult r = model.train_step(*engine, step, batch);
+    got.loss = r.loss;
+    got.grad_norm = r.grad_norm;
+    got.batch_hash = canary::batch_hash(batch);
+    digester.digest(*engine, got);
+    if (tracing) result.trace.push_back(tracer.finish_step());
+    const std::optional<ReplayMismatch> mismatch =
+        compare_step(rec, step, got, tracing ? &result.trace.back() : nullptr, tracer.columns());
+    if (mismatch) {
+      if (!result.first_mismatch) result.first_mismatch = mismatch;
+      result.mismatched_steps.push_back(step);
+    }
+    if (checkpoint && step == result.resumed_from && tracing == (o.trace == "ops")) {
+      for (const auto& [fact, value] : engine->save_state().facts) {
+        const auto saved = checkpoint->engine.facts.find(fact);
+        if (saved != checkpoint->engine.facts.end() && saved->second != value) {
+          result.notes.push_back(fmt::format("{} differs from the checkpoint's ({} now, {} then)", fact, value, saved->second));
+        }
+      }
+    }
+  }
+  result.steps_run = result.to - result.resumed_from + 1;
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.trace_columns = tracer.columns();
+  result.record_altered = !result.mismatched_steps.empty() && result.mismatched_steps.back() < result.to;
+  return result;
+}
+
+}  // namespace harness::run
