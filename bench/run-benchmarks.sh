@@ -28,4 +28,5 @@ PYEOF
   | tee "$out/torch_step.txt"
 # The default nightly, lane by lane (docs/performance.md, "The nightly job").
 "$root/bench/nightly.sh" "$out/nightly" | tee "$out/nightly.txt"
+"$root/bench/bisect_replay.sh" "$out/bisect" | tee "$out/bisect_replay.txt"
 echo "results in $out"

@@ -27,7 +27,12 @@ struct ComparisonFlags {
   std::string triage_with;
   bool json = false;
   bool no_replay = false;  // bisect: never replay a side without /trace
+  bool git_bisect = false;  // check: exit as `git bisect run` expects (125 when it cannot judge)
 };
+
+// `git bisect run` reads 0 good, 1..124 bad, 125 skip: a commit whose receipt cannot be
+// compared (its run failed, another schema) is skipped, not called bad.
+constexpr int kExitGitBisectSkip = 125;
 
 // One line on stderr (and the error as JSON on stdout with --json); exit 2.
 int report_error(const ComparisonFlags& flags, const std::string& kind, const std::string& message) {
@@ -134,7 +139,12 @@ void add_check_command(CLI::App& app, CommandRegistry& commands) {
   check->add_option("--golden", flags->b, "Golden receipt (default: GOLDENS/<lane>.h5)");
   check->add_option("--goldens", flags->goldens_dir, "Goldens directory")->capture_default_str();
   add_common_flags(*check, *flags);
-  commands.add(check, [flags] { return run_comparison(*flags, "golden"); });
+  check->add_flag("--git-bisect", flags->git_bisect,
+                  "Exit as `git bisect run` expects: 0 good, 1 bad, 125 skip when the receipt cannot be judged");
+  commands.add(check, [flags] {
+    const int code = run_comparison(*flags, "golden");
+    return flags->git_bisect && code == kExitBadInput ? kExitGitBisectSkip : code;
+  });
 
   flags = std::make_shared<ComparisonFlags>();  // compare's own: A and B
   CLI::App* compare = app.add_subcommand("compare", "Compare two lanes under the composed budget of their features");

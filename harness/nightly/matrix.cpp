@@ -39,7 +39,7 @@ class Parser {
       fail(fmt::format("line {}: {}", e.source().begin.line, e.description()));
     }
     for (auto&& [key, node] : root) {
-      static const std::set<std::string> known{"schema_version", "canary", "steps", "seed", "reference", "lanes"};
+      static const std::set<std::string> known{"schema_version", "canary", "steps", "seed", "reference", "trace", "lanes"};
       if (!known.count(std::string(key.str()))) {
         fail(fmt::format("{}: unknown key (allowed: {})", key.str(), fmt::join(known, ", ")));
       }
@@ -60,6 +60,9 @@ class Parser {
     m.steps = static_cast<int>(integer(root, "steps", 1, 1000000));
     m.seed = integer(root, "seed", 0, std::numeric_limits<std::int64_t>::max());
     m.reference = text(root, "reference", "reference", true);
+    m.trace = text(root, "trace", "trace", false);
+    if (m.trace.empty()) m.trace = "none";
+    if (m.trace != "none" && m.trace != "ops") fail(fmt::format("trace: '{}' is not a trace level; use none or ops", m.trace));
     const toml::array* lanes = root["lanes"].as_array();
     if (!lanes || lanes->empty()) fail("lanes: missing; give at least one [[lanes]] table");
     for (std::size_t i = 0; i < lanes->size(); ++i) m.lanes.push_back(lane(m, (*lanes)[i], i));
@@ -167,6 +170,7 @@ run::RunOptions Matrix::run_options(const LaneSpec& spec, const std::string& out
   o.engine_settings = spec.settings;
   o.steps = steps;
   o.seed = seed;
+  o.trace = trace;
   o.out = out;
   return o;
 }

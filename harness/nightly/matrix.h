@@ -38,6 +38,7 @@ struct Matrix {
   int steps = 0;
   std::int64_t seed = 0;
   std::string reference;     // id of the reference lane
+  std::string trace = "none";  // --trace of every lane: none or ops
   std::vector<LaneSpec> lanes;
 
   const LaneSpec& lane(const std::string& id) const;  // throws MatrixError
