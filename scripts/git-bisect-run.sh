@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # `git bisect run` wrapper: builds the harness at the commit under test, runs one lane and
 # judges its receipt against a golden kept outside the tree. Exit 0 good, 1 bad, 125 skip
-# (the commit does not build or the lane does not run). docs/git-bisect.md walks through it.
+# (the commit does not build, the lane does not run, the receipt cannot be judged), 128 on
+# a usage error (git bisect run stops on it). docs/git-bisect.md walks through it; copy
+# this script out of the tree first (older commits do not have it).
 #
-#   scripts/git-bisect-run.sh GOLDEN.h5 [harness run flags...]
+#   git-bisect-run.sh GOLDEN.h5 [harness run flags...]
 #
 #   GOLDEN.h5        a receipt of the lane from a good commit, copied out of the tree (the
 #                    tree's goldens change as git bisect checks out other commits)
@@ -14,14 +16,17 @@
 #   BISECT_CHECKER     a harness binary that judges the receipt (default: the commit's own);
 #                      pin one built from a recent commit so every commit is judged alike
 #   BISECT_BUDGETS     budgets file for the judgement (default: the checker's default)
+#   BISECT_ROOT        the source tree (default: the git checkout of the working directory)
 #   BISECT_SKIP_BUILD  1: use $BISECT_HARNESS as it is (no build; for tests)
 set -u
-GOLDEN=${1:?usage: $0 GOLDEN.h5 [harness run flags...]}
-shift
-ROOT=$(git rev-parse --show-toplevel 2>/dev/null || pwd)
-BUILD=${BISECT_BUILD_DIR:-$ROOT/build-bisect}
 SKIP=125
-[ -f "$GOLDEN" ] || { echo "git-bisect-run: $GOLDEN: no such golden; give a receipt from a good commit" >&2; exit 2; }
+ABORT=128  # git bisect run stops: the question itself is wrong, no commit can answer it
+[ $# -ge 1 ] || { echo "usage: $0 GOLDEN.h5 [harness run flags...]" >&2; exit $ABORT; }
+GOLDEN=$1
+shift
+ROOT=${BISECT_ROOT:-$(git rev-parse --show-toplevel 2>/dev/null || pwd)}
+BUILD=${BISECT_BUILD_DIR:-$ROOT/build-bisect}
+[ -f "$GOLDEN" ] || { echo "git-bisect-run: $GOLDEN: no such golden; give a receipt from a good commit" >&2; exit $ABORT; }
 
 if [ "${BISECT_SKIP_BUILD:-0}" = 1 ]; then
   HARNESS=${BISECT_HARNESS:?BISECT_SKIP_BUILD=1 needs BISECT_HARNESS}
@@ -39,7 +44,9 @@ trap 'rm -rf "$WORK"' EXIT
   { echo "git-bisect-run: the lane does not run: $(tail -n 1 "$WORK/run.log"): skip" >&2; exit $SKIP; }
 budgets=()
 [ -n "${BISECT_BUDGETS:-}" ] && budgets=(--budgets "$BISECT_BUDGETS")
-"$CHECKER" check "$WORK/run.h5" --golden "$GOLDEN" "${budgets[@]}" --git-bisect >"$WORK/check.log" 2>&1
+# Exit codes mapped here, not by `check --git-bisect`: an old commit's own harness (the
+# default checker) does not know that flag.
+"$CHECKER" check "$WORK/run.h5" --golden "$GOLDEN" ${budgets[@]+"${budgets[@]}"} >"$WORK/check.log" 2>&1
 code=$?
 case $code in
   0) echo "git-bisect-run: good" >&2 ;;

@@ -174,8 +174,8 @@ bool Executable::well_formed() const {
     }
     if (schema.dims == kPerTensor && !in.has_global_shape()) {
       if (in.dims_count != tensors) return false;
-    } else if (schema.dims == kPerTensor) {  // a global shape, as long as the block's spec
-      if (in.dims_count < 1 || spec_offsets[static_cast<std::size_t>(in.specs_at) + 1] -
+    } else if (schema.dims == kPerTensor) {  // a global shape, as long as the block's spec (a traced scalar: none)
+      if ((in.dims_count < 1 && in.op() != InstrKind::Trace) || spec_offsets[static_cast<std::size_t>(in.specs_at) + 1] -
                                        spec_offsets[static_cast<std::size_t>(in.specs_at)] != in.dims_count) {
         return false;
       }

@@ -72,6 +72,10 @@ void TpuMeshEngine::bind(const TensorTable& table) {
   specs_ = plan_shardings(table, config_);
   table_digest_ = table_digest(table);
   executor_.bind(table, config_.mesh, specs_);
+  // Activations shard their batch as the tokens do (on `data`, or not at all).
+  const TensorId inputs = table.find("inputs", TensorKind::Input);
+  batch_shards_ = inputs == kNoTensor ? 1
+                                      : axis_size(config_.mesh, effective(specs_[static_cast<std::size_t>(inputs)], config_.mesh).dims.at(0).axis);
   executor_.set_trace_callback(
       [this](int slot, int micro_batch, std::span<const float> value) { collect_trace(slot, micro_batch, value); });
 }
@@ -94,6 +98,9 @@ void TpuMeshEngine::trace(const OpSite& site, TensorId tensor) {
   record(OpKind::Trace, site, {tensor}, {slot});
 }
 
+// Micro-batch k of an activation holds, on each of the D data shards, the shard's k-th
+// slice of rows: the value arrives as D blocks (device order) of B/(D*K) rows, and block d
+// belongs at global row d*B/D + k*B/(D*K).
 void TpuMeshEngine::collect_trace(int slot, int micro_batch, std::span<const float> value) {
   TracedValue& traced = traces_.at(static_cast<std::size_t>(slot));
   const TensorDesc& t = (*table_)[traced.tensor];
@@ -103,7 +110,13 @@ void TpuMeshEngine::collect_trace(int slot, int micro_batch, std::span<const flo
     return;
   }
   traced.value.resize(static_cast<std::size_t>(t.numel()));
-  std::copy(value.begin(), value.end(), traced.value.begin() + static_cast<std::ptrdiff_t>(micro_batch * value.size()));
+  const std::size_t row = static_cast<std::size_t>(t.numel() / t.shape[0]);
+  const std::size_t shards = static_cast<std::size_t>(batch_shards_), block = value.size() / shards;
+  const std::size_t shard_rows = static_cast<std::size_t>(t.shape[0]) / shards * row;  // one shard's rows, in floats
+  for (std::size_t d = 0; d < shards; ++d) {
+    std::copy(value.begin() + static_cast<std::ptrdiff_t>(d * block), value.begin() + static_cast<std::ptrdiff_t>((d + 1) * block),
+              traced.value.begin() + static_cast<std::ptrdiff_t>(d * shard_rows + static_cast<std::size_t>(micro_batch) * block));
+  }
 }
 
 void TpuMeshEngine::deliver_traces() {

@@ -129,6 +129,7 @@ class TpuMeshEngine final : public Engine {
   std::vector<TracedSegment> segments_;
   std::vector<GraphBreak> breaks_;
   std::vector<TracedValue> traces_;  // by trace slot
+  int batch_shards_ = 1;              // data shards of the batch dimension
   std::vector<std::int64_t> step_peak_bytes_;  // per MemoryCategory, then the total
 };
 

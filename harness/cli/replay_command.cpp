@@ -78,7 +78,7 @@ check::OpTrace replayed_trace(const check::ReceiptData& run, int step) {
   run::ReplayResult r;
   try {
     r = run::replay(options);
-  } catch (const run::UsageError& e) {
+  } catch (const std::exception& e) {  // no recipe, racy noise, an untrusted checkpoint, a failed run
     throw check::TraceUnavailable(fmt::format("{} has no op trace and cannot be replayed: {}", run.path, e.what()));
   }
   if (!r.reproduced()) {
@@ -87,10 +87,7 @@ check::OpTrace replayed_trace(const check::ReceiptData& run, int step) {
   }
   const receipt::TraceStep& row = r.trace.back();
   check::OpTrace trace{r.trace_columns, row.hashes, {}, {}};
-  for (const receipt::TensorSketch& s : row.sketches) {
-    trace.l2.push_back(s.l2);
-    trace.projection.insert(trace.projection.end(), s.projection.begin(), s.projection.end());
-  }
+  receipt::split_sketches(row.sketches, trace.l2, trace.projection);
   return trace;
 }
 

@@ -1,6 +1,7 @@
 #include "receipt_reader.h"
 
 #include <algorithm>
+#include <charconv>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -96,7 +97,11 @@ std::vector<CheckpointRef> ReceiptReader::checkpoints() const {
   for (const std::string& name : h5::attr_names(group)) {
     if (!name.starts_with("step_")) continue;
     CheckpointRef ref;
-    ref.step = std::stoi(name.substr(5));
+    const std::string digits = name.substr(5);
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), ref.step);
+    if (ec != std::errc() || end != digits.data() + digits.size() || ref.step < 1) {
+      fail(fmt::format("/checkpoints/{} does not name a step of 1 or more", name));
+    }
     ref.path = (receipt_dir / directory / (name + ".h5")).string();
     ref.content_hash = h5::read_attr_string(group, name);
     out.push_back(std::move(ref));

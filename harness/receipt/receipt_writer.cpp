@@ -63,6 +63,13 @@ ReceiptWriter::ReceiptWriter(const std::string& path, const Manifest& m, const s
   flush();
 }
 
+void split_sketches(const std::vector<TensorSketch>& sketches, std::vector<double>& l2, std::vector<double>& projection) {
+  for (const TensorSketch& s : sketches) {
+    l2.push_back(s.l2);
+    projection.insert(projection.end(), s.projection.begin(), s.projection.end());
+  }
+}
+
 void ReceiptWriter::append_step(const StepRecord& r) {
   loss_.append(&r.loss, H5T_NATIVE_DOUBLE);
   grad_norm_.append(&r.grad_norm, H5T_NATIVE_DOUBLE);
@@ -74,10 +81,7 @@ void ReceiptWriter::append_step(const StepRecord& r) {
   }
   for (std::size_t f = 0; f < 2; ++f) {
     std::vector<double> l2, projection;
-    for (const TensorSketch& s : r.sketches[f]) {
-      l2.push_back(s.l2);
-      projection.insert(projection.end(), s.projection.begin(), s.projection.end());
-    }
+    split_sketches(r.sketches[f], l2, projection);
     sketch_l2_[f].append(l2.data(), H5T_NATIVE_DOUBLE);
     sketch_projection_[f].append(projection.data(), H5T_NATIVE_DOUBLE);
   }
@@ -118,10 +122,7 @@ void ReceiptWriter::append_trace(const std::vector<TraceColumn>& columns, const 
     throw h5::Hdf5Error("append_trace: the traced ops changed");
   }
   std::vector<double> l2, projection;
-  for (const TensorSketch& s : step.sketches) {
-    l2.push_back(s.l2);
-    projection.insert(projection.end(), s.projection.begin(), s.projection.end());
-  }
+  split_sketches(step.sketches, l2, projection);
   trace_hash_.append(step.hashes.data(), H5T_NATIVE_UINT64);
   trace_l2_.append(l2.data(), H5T_NATIVE_DOUBLE);
   trace_projection_.append(projection.data(), H5T_NATIVE_DOUBLE);

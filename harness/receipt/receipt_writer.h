@@ -54,6 +54,9 @@ struct TraceStep {
   std::vector<TensorSketch> sketches;
 };
 
+// Sketches as the receipt stores them: the L2 norms, and the projections back to back.
+void split_sketches(const std::vector<TensorSketch>& sketches, std::vector<double>& l2, std::vector<double>& projection);
+
 struct BatchShape {
   int batch_size = 0, row_length = 0;
 };

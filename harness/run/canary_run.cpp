@@ -56,7 +56,10 @@ void check_checkpoint_dir(const RunOptions& o) {
   const fs::path dir = checkpoint_dir(o.out);
   std::error_code ec;
   if (!fs::exists(dir, ec)) return;
-  if (!fs::is_directory(dir, ec) || !o.force) {
+  if (!fs::is_directory(dir, ec)) {
+    throw UsageError(fmt::format("--checkpoint-every: '{}' exists and is not a directory; choose another --out", dir.string()));
+  }
+  if (!o.force) {
     throw UsageError(fmt::format("--checkpoint-every: '{}' exists; pass --force to replace its checkpoints or choose "
                                  "another --out",
                                  dir.string()));
@@ -111,8 +114,9 @@ Validated validate(const RunOptions& o) {
       throw UsageError(fmt::format("--dump-tensors: step {} is outside 0..{}", s, v.config.steps));
     }
   }
-  if (o.checkpoint_every < 0 || o.checkpoint_every > v.config.steps) {
-    throw UsageError(fmt::format("--checkpoint-every: must be between 1 and the steps ({})", v.config.steps));
+  if (o.checkpoint_every < 0 || (o.checkpoint_every > 0 && o.checkpoint_every >= v.config.steps)) {
+    throw UsageError(fmt::format("--checkpoint-every: must be between 1 and {} (steps - 1) to write a checkpoint; 0 is off",
+                                 v.config.steps - 1));
   }
   check_output_path(o);
   if (o.checkpoint_every > 0) check_checkpoint_dir(o);
@@ -238,6 +242,8 @@ RunSummary run_canary(const RunOptions& o, const std::function<void(const StepPr
   summary.lane = lane_name(o.canary, engine->lane_engine(), engine->features());
   summary.receipt_path = o.out;
   summary.threads = v.threads;
+  const std::string checkpoints = checkpoint_dir(o.out);
+  if (o.checkpoint_every > 0) prepare_checkpoint_dir(checkpoints);  // before the receipt: a failure leaves no file
   receipt::ReceiptWriter writer(o.out, make_manifest(o, v, *engine, summary.lane), parameter_names(model), o.force,
                                 o.record_batches, {v.config.batch_size, v.config.context_length + 1});
 
@@ -247,8 +253,6 @@ RunSummary run_canary(const RunOptions& o, const std::function<void(const StepPr
   const auto start = std::chrono::steady_clock::now();
   const StepDigester digester(model);
   receipt::StepRecord record;
-  const std::string checkpoints = checkpoint_dir(o.out);
-  if (o.checkpoint_every > 0) prepare_checkpoint_dir(checkpoints);
   for (int step = 0; step < v.config.steps; ++step) {
     if (should_dump(step)) dump_parameters(*engine, model, writer, step);
     if (o.checkpoint_every > 0 && step > 0 && step % o.checkpoint_every == 0) {

@@ -29,15 +29,21 @@ struct Record {
   std::vector<std::string> tensors;
   std::array<std::vector<std::uint64_t>, 4> hashes;  // kHashFamilies, (steps, tensors)
   std::vector<std::uint64_t> trace;                  // (steps, columns); empty without /trace
-  std::size_t trace_columns = 0;
+  std::vector<std::string> trace_ops, trace_tensors;  // the columns' op and output
 };
 
 Record read_record(const receipt::ReceiptReader& r) {
-  Record rec{r.steps_f64("loss"), r.steps_f64("grad_norm"), r.batch_hashes(), r.tensor_names(), {}, {}, 0};
+  Record rec{r.steps_f64("loss"), r.steps_f64("grad_norm"), r.batch_hashes(), r.tensor_names(), {}, {}, {}, {}};
   for (std::size_t f = 0; f < 4; ++f) rec.hashes[f] = r.hashes(receipt::kHashFamilies[f]);
   if (h5::exists(r.file(), "trace")) {
     rec.trace = h5::read_u64(r.file(), "/trace/hash");
-    rec.trace_columns = h5::dataset_shape(r.file(), "/trace/op_index").at(0);
+    rec.trace_ops = h5::read_strings(r.file(), "/trace/op");
+    rec.trace_tensors = h5::read_strings(r.file(), "/trace/tensor");
+    if (rec.trace_ops.empty() || rec.trace_tensors.size() != rec.trace_ops.size() ||
+        rec.trace.size() != rec.loss.size() * rec.trace_ops.size()) {
+      throw UsageError(fmt::format("{}: /trace does not hold one row of {} outputs per step; the receipt is damaged",
+                                   r.path(), rec.trace_ops.size()));
+    }
   }
   return rec;
 }
@@ -110,9 +116,15 @@ std::optional<ReplayMismatch> compare_step(const Record& rec, int step, const re
   const auto s = static_cast<std::size_t>(step);
   if (got.batch_hash != rec.batch_hashes[s]) return ReplayMismatch{step, "batch_hash", ""};
   if (trace && !rec.trace.empty()) {
-    for (std::size_t c = 0; c < rec.trace_columns; ++c) {
-      if (trace->hashes.at(c) != rec.trace[s * rec.trace_columns + c]) {
-        return ReplayMismatch{step, "trace", columns.at(c).op + " " + columns.at(c).phase + " " + columns.at(c).tensor};
+    const std::size_t width = rec.trace_ops.size();
+    for (std::size_t c = 0; c < width; ++c) {
+      if (columns.size() != width || columns[c].op != rec.trace_ops[c] || columns[c].tensor != rec.trace_tensors[c]) {
+        throw UsageError(fmt::format("the receipt's /trace records other ops than this harness traces (column {}); it "
+                                     "cannot be verified against them",
+                                     c));
+      }
+      if (trace->hashes[c] != rec.trace[s * width + c]) {
+        return ReplayMismatch{step, "trace", columns[c].op + " " + columns[c].phase + " " + columns[c].tensor};
       }
     }
   }

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include "receipt/hdf5_file.h"
 #include "receipt_bits.h"
 #include "tensor_digest.h"
 #include "verdict.h"
@@ -82,6 +83,32 @@ TEST(OpTrace, MicroBatchedStepsAssembleTheSameTraceInBothCompileModes) {
   ASSERT_GT(forward, 10);
   EXPECT_TRUE(std::equal(step.hashes.begin(), step.hashes.begin() + forward, reference.hashes.begin()));
   EXPECT_NE(step.hashes[static_cast<std::size_t>(forward)], reference.hashes[static_cast<std::size_t>(forward)]);
+}
+
+// Data-parallel shards with micro-batches: each device's micro-batch k is its own k-th
+// slice of rows; assembled, every forward output before the loss is cpu-ref's at step 0.
+TEST(OpTrace, DataShardedMicroBatchesAssembleRowsInBatchOrder) {
+  const check::OpTrace reference = trace_of(traced(lane("tiny", 1, 2)), "trace_tiny_reference");
+  const check::OpTrace sharded = trace_of(
+      traced(lane("tiny", 1, 2, "tpu-mesh", "", {{"mesh", "2x1"}, {"grad-accum", "2"}, {"compile-mode", "microstep"}})),
+      "trace_tiny_2x1_k2");
+  std::size_t forward = 0;
+  while (sharded.columns[forward].op != "loss") ++forward;
+  EXPECT_TRUE(std::equal(sharded.hashes.begin(), sharded.hashes.begin() + static_cast<std::ptrdiff_t>(forward),
+                         reference.hashes.begin()));
+}
+
+// A traced program (its scalar traces have no dimensions) is stored in and loaded from the
+// persistent compile cache like any other: a warm run compiles nothing.
+TEST(OpTrace, TracedProgramsLoadFromThePersistentCache) {
+  const std::string cache = scratch().path("trace_cache");
+  const RunOptions o = traced(lane("micro", 2, 2, "tpu-mesh", "", {{"mesh", "2x2"}, {"shard-plan", "tp"}, {"compile-cache", cache}}));
+  run_and_read(o, "trace_cold");
+  run_and_read(o, "trace_warm");
+  const receipt::ReceiptReader warm(scratch().path("trace_warm.h5"));
+  for (double v : h5::read_f64(warm.file(), "/compile/UncachedCompile")) EXPECT_EQ(v, 0.0);
+  for (double v : h5::read_f64(warm.file(), "/compile/PersistentCacheDeserializeFailure")) EXPECT_EQ(v, 0.0);
+  EXPECT_EQ(h5::read_f64(warm.file(), "/compile/PersistentCacheHit").at(0), 1.0);
 }
 
 TEST(OpTrace, TracingNeverChangesTheNumbers) {
