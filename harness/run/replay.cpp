@@ -71,6 +71,14 @@ RunOptions recipe_of(const receipt::ReceiptReader& r) {
   return o;
 }
 
+// Where a family sits in the receipt's kHashFamilies (params, grads, adam_m, adam_v).
+std::size_t hash_family_index(std::string_view family) {
+  for (std::size_t f = 0; f < 4; ++f) {
+    if (family == receipt::kHashFamilies[f]) return f;
+  }
+  throw std::logic_error("not a hash family: " + std::string(family));
+}
+
 bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
 // The checkpoint at or before `step`, trusted only when its file is the one the receipt
@@ -98,10 +106,10 @@ std::optional<Checkpoint> trusted_checkpoint(const receipt::ReceiptReader& r, co
     throw UsageError(fmt::format("{}: holds step {} of other tensors; not the checkpoint the receipt recorded", path, c.step));
   }
   const std::size_t K = rec.tensors.size(), row = static_cast<std::size_t>(c.step - 1) * K;
-  const std::size_t families[3] = {0, 2, 3};  // params, adam_m, adam_v in kHashFamilies
   for (std::size_t f = 0; f < 3; ++f) {
+    const std::vector<std::uint64_t>& recorded = rec.hashes[hash_family_index(kCheckpointFamilies[f])];
     for (std::size_t k = 0; k < K; ++k) {
-      if (tensor_hash(c.tensors[f][k]) == rec.hashes[families[f]][row + k]) continue;
+      if (tensor_hash(c.tensors[f][k]) == recorded[row + k]) continue;
       throw UsageError(fmt::format("{}: {} {} does not hash to the receipt's record of step {}; the checkpoint or the "
                                    "receipt was altered, not trusted",
                                    path, kCheckpointFamilies[f], rec.tensors[k], c.step - 1));
