@@ -175,7 +175,6 @@ void TpuMeshEngine::step_begin(int) {
   counters_ = CompileCounters{};
   segments_.clear();
   breaks_.clear();
-  traces_.clear();
   std::fill(step_peak_bytes_.begin(), step_peak_bytes_.end(), 0);
 }
 
