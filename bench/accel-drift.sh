@@ -3,15 +3,14 @@
 # feature and combination, the max and mean |loss - cpu-ref loss| over all steps, and the
 # spread between seeded-noise repeats. These numbers seed the per-feature budgets
 # (docs/engines/accel.md, "Measured drift").
-#   bench/accel-drift.sh [OUT_DIR] [STEPS] [REPEATS]   (defaults: reports/drift-<UTC>, 100, 3)
+#   bench/accel-drift.sh [OUT_DIR] [STEPS] [REPEATS]   (defaults: a new directory under $TMPDIR, 100, 3)
+# Measures build/bin/harness as built (bench/lib.sh: HARNESS_BIN, HARNESS_BENCH_BUILD=1).
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-out=${1:-$root/reports/drift-$(date -u +%Y%m%dT%H%M%SZ)}
+source "$(dirname "$0")/lib.sh"
+harness=$(bench_harness)
+out=$(bench_out accel-drift "${1:-}")
 steps=${2:-100}
 repeats=${3:-3}
-mkdir -p "$out"
-HARNESS_TARGET=harness "$root/scripts/build.sh" >/dev/null
-harness=$root/build/bin/harness
 
 run() {  # run NAME ARGS...: one receipt per lane
   local name=$1; shift

@@ -3,13 +3,12 @@
 # issue: op tracing (ms per step and receipt bytes, traced against untraced), bisect of two
 # traced receipts, bisect with a replay of an untraced side, and replay from the
 # checkpoint at step 90 against the whole run (the peer: the same 100 steps run again).
-#   bench/bisect_replay.sh [WORK_DIR]
+#   bench/bisect_replay.sh [WORK_DIR]   (default: a new directory under $TMPDIR)
+# Measures build/bin/harness as built (bench/lib.sh: HARNESS_BIN, HARNESS_BENCH_BUILD=1).
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-work=${1:-$(mktemp -d)}
-mkdir -p "$work"
-HARNESS_TARGET=harness "$root/scripts/build.sh" >/dev/null
-H=$root/build/bin/harness
+source "$(dirname "$0")/lib.sh"
+H=$(bench_harness)
+work=$(bench_out bisect-replay "${1:-}")
 seconds() { local s=$EPOCHREALTIME; "$@" >/dev/null 2>&1 || true; awk -v a="$s" -v b="$EPOCHREALTIME" 'BEGIN { print b - a }'; }
 calc() { awk "BEGIN { print $1 }"; }
 fault=step=37,op=blocks.2.attn.proj

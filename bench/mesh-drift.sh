@@ -4,14 +4,13 @@
 # relative L2 difference of the final parameters (all tensors together). fp32 moves only by the order of its
 # collectives; bf16 adds bf16 storage. These numbers back the tolerances of
 # docs/engines/tpu-mesh.md and seed the mesh-fp32 and mesh-bf16 budgets.
-#   bench/mesh-drift.sh [OUT_DIR] [STEPS]   (defaults: reports/mesh-drift-<UTC>, 100)
+#   bench/mesh-drift.sh [OUT_DIR] [STEPS]   (defaults: a new directory under $TMPDIR, 100)
+# Measures build/bin/harness as built (bench/lib.sh: HARNESS_BIN, HARNESS_BENCH_BUILD=1).
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-out=${1:-$root/reports/mesh-drift-$(date -u +%Y%m%dT%H%M%SZ)}
+source "$(dirname "$0")/lib.sh"
+harness=$(bench_harness)
+out=$(bench_out mesh-drift "${1:-}")
 steps=${2:-100}
-mkdir -p "$out"
-HARNESS_TARGET=harness "$root/scripts/build.sh" >/dev/null
-harness=$root/build/bin/harness
 
 run() {  # run NAME ARGS...: one receipt per lane, the final parameters dumped
   local name=$1; shift

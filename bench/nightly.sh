@@ -2,14 +2,16 @@
 # Times the default nightly (canaries/nightly.toml, budget: 3 minutes on the 2-core
 # development machine) and prints the breakdown per lane: run time, ms per step, and the
 # share of the job, against the cpu-ref lane's step as the peer within the same run.
-#   bench/nightly.sh [OUT_DIR]     (default reports/bench-nightly-<UTC timestamp>)
+#   bench/nightly.sh [OUT_DIR]     (default: a new directory under $TMPDIR)
+# Measures build/bin/harness as built (bench/lib.sh: HARNESS_BIN, HARNESS_BENCH_BUILD=1).
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-out=${1:-$root/reports/bench-nightly-$(date -u +%Y%m%dT%H%M%SZ)}
-HARNESS_TARGET=harness "$root/scripts/build.sh" >/dev/null
+source "$(dirname "$0")/lib.sh"
+harness=$(bench_harness)
+out=$(bench_out nightly "${1:-}")
+rmdir "$out"  # the nightly makes its own --out directory
 start=$(date +%s.%N)
 status=0
-"$root/build/bin/harness" nightly --out "$out" >/dev/null 2>&1 || status=$?
+"$harness" nightly --out "$out" >/dev/null 2>&1 || status=$?
 /usr/bin/python3 - "$out/summary.json" "$start" <<'PYEOF'
 import json, sys, time
 s = json.load(open(sys.argv[1]))

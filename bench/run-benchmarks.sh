@@ -4,13 +4,15 @@
 # step at 1 and 2 threads with the recording cost, accel's step per feature and noise
 # mode (docs/engines/accel.md), tpu-mesh's step and compile cache
 # (docs/engines/tpu-mesh.md), the same step in PyTorch, and the default nightly per lane.
-#   bench/run-benchmarks.sh [OUT_DIR]     (default reports/bench-<UTC timestamp>)
+#   bench/run-benchmarks.sh [OUT_DIR]     (default: a new directory under $TMPDIR)
+# Measures the build in build/ as it is (bench/lib.sh; HARNESS_BENCH_BUILD=1 builds it and
+# the benchmarks first).
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-out=${1:-$root/reports/bench-$(date -u +%Y%m%dT%H%M%SZ)}
-mkdir -p "$out"
-HARNESS_TARGET= "$root/scripts/build.sh" -DHARNESS_BUILD_BENCH=ON >/dev/null
+source "$(dirname "$0")/lib.sh"
+out=$(bench_out benchmarks "${1:-}")
+bench_harness -DHARNESS_BUILD_BENCH=ON >/dev/null
 bench=$root/build/bench
+[ -x "$bench/step_bench" ] || { echo "bench: no benchmarks in $bench: configure with -DHARNESS_BUILD_BENCH=ON and build, or rerun with HARNESS_BENCH_BUILD=1" >&2; exit 2; }
 for b in gemm_bench kernels_bench step_bench mesh_bench check_bench; do
   min_time=0.5
   [ "$b" = step_bench ] || [ "$b" = mesh_bench ] && min_time=2   # whole steps: longer runs, steadier medians on a shared VM
@@ -26,6 +28,7 @@ PYEOF
 )
 /usr/bin/python3 "$root/bench/torch_step.py" --steps 30 --warmup 5 --json "$out/torch_step.json" --compare-ms "$best_ms" \
   | tee "$out/torch_step.txt"
+/usr/bin/python3 "$root/bench/recorder_overhead.py" --json "$out/recorder_overhead.json" | tee "$out/recorder_overhead.txt"  # Recorder vs bare torch step (issue 14)
 # The default nightly, lane by lane (docs/performance.md, "The nightly job").
 "$root/bench/nightly.sh" "$out/nightly" | tee "$out/nightly.txt"
 "$root/bench/bisect_replay.sh" "$out/bisect" | tee "$out/bisect_replay.txt"

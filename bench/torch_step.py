@@ -2,8 +2,8 @@
 """PyTorch reference timing of one `tiny` canary training step (fp32, CPU).
 
 Times the same step the harness runs (forward + backward + global-norm clip + AdamW)
-for the DESIGN.md `tiny` preset (V=256, T=64, C=128, L=4, NH=4, B=8), using the twin's
-model code (tests/twin/gpt2_twin_model.py) with random init and random int tokens, at
+for the docs/design.md `tiny` preset (V=256, T=64, C=128, L=4, NH=4, B=8), using the twin's
+model code (the package's python/canary_harness/models/gpt2.py, which the twin runs) with random init and random int tokens, at
 torch thread counts 1 and 2. It gives a yardstick for the harness's own step time:
 pass that with --compare-ms to print harness/torch.
 
@@ -22,11 +22,11 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, os.pardir, "tests", "twin"))
+sys.path.insert(0, os.path.join(HERE, os.pardir, "python"))
 
 import torch  # noqa: E402
 
-import gpt2_twin_model as model  # noqa: E402
+from canary_harness.models import gpt2 as model  # noqa: E402
 
 
 def time_steps(cfg, threads, steps, warmup, seed=0):
@@ -67,7 +67,7 @@ def main(argv=None):
     if args.steps < 1 or args.warmup < 0:
         ap.error("--steps must be >= 1 and --warmup >= 0")
 
-    cfg = model.CanaryConfig()  # DESIGN.md tiny preset
+    cfg = model.CanaryConfig()  # docs/design.md tiny preset
     tokens_per_step = cfg.batch_size * cfg.context_length
     print(f"torch {torch.__version__}, tiny step (V={cfg.vocab_size} T={cfg.context_length} "
           f"C={cfg.channels} L={cfg.layers} NH={cfg.heads} B={cfg.batch_size}), fp32 CPU, "

@@ -22,7 +22,7 @@ Gpt2Canary::Gpt2Canary(const CanaryConfig& config, std::optional<FaultSpec> faul
   }
 }
 
-// The one description of every tensor. Parameters first, in DESIGN.md's canonical order:
+// The one description of every tensor. Parameters first, in docs/design.md's canonical order:
 // that order is the receipt's /hashes/names order.
 void Gpt2Canary::describe_tensors() {
   const std::int64_t V = config_.vocab_size, T = config_.context_length, C = config_.channels;

@@ -57,7 +57,7 @@ CanaryConfig CanaryConfig::from_json(const nlohmann::json& j) {
 CanaryConfig preset(std::string_view name) {
   CanaryConfig c;
   c.preset = std::string(name);
-  if (name == "tiny") return c;  // the defaults above are DESIGN.md's contract values
+  if (name == "tiny") return c;  // the defaults above are docs/design.md's contract values
   if (name == "micro") {         // fast tests: same code paths, ~100x less work
     c.vocab_size = 128;
     c.context_length = 16;

@@ -28,3 +28,12 @@ if(HARNESS_SANITIZE)
     -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
   target_link_options(harness_compile_options INTERFACE -fsanitize=address,undefined)
 endif()
+if(HARNESS_TSAN)
+  # ThreadSanitizer (scripts/tsan.sh, docs/testing.md): it cannot share a process with ASan.
+  if(HARNESS_SANITIZE)
+    message(FATAL_ERROR "HARNESS_TSAN and HARNESS_SANITIZE cannot be combined: ThreadSanitizer and "
+                        "AddressSanitizer exclude each other; use separate build directories")
+  endif()
+  target_compile_options(harness_compile_options INTERFACE -fsanitize=thread -fno-omit-frame-pointer -g)
+  target_link_options(harness_compile_options INTERFACE -fsanitize=thread)
+endif()

@@ -11,8 +11,13 @@ packages=(
   libtomlplusplus-dev libpugixml-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev
   # tests and benchmarks: standard HDF5 readers, the PyTorch twin and peer
   hdf5-tools python3 python3-h5py python3-numpy python3-torch
+  # the Python package (python/): its hashes, tests and a fresh virtual environment
+  python3-xxhash python3-pytest python3-venv python3-setuptools python3-pip
   # the nightly HTML report opened in a headless browser; xxhsum checks goldens by hand
   chromium xxhash
+  # fuzzing (scripts/fuzz.sh): libFuzzer and clang-14's sanitizer runtimes, only recommended
+  # by clang-14 and so not installed with it here (--no-install-recommends)
+  libclang-rt-14-dev
 )
 
 missing=()

@@ -158,6 +158,16 @@ std::string zone_name(unsigned zone) {
   return "none";
 }
 
+std::vector<std::string> AccelConfig::budget_features() const {
+  std::vector<std::string> out{"noise"};
+  if (bf16) out.emplace_back("bf16");
+  if (fp8()) {
+    out.emplace_back("fp8");
+    if (accumulate_interval != 0) out.emplace_back("fp8-limited");
+  }
+  return out;
+}
+
 std::string AccelConfig::canonical_features() const {
   std::vector<std::string> parts;
   if (bf16) parts.emplace_back("bf16");

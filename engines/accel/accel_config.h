@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "api/engine_settings.h"
 #include "noise.h"
@@ -28,6 +29,10 @@ struct AccelConfig {
   bool fp8() const { return fp8_zones != 0; }
   // "bf16+fp8=qkv,mlp_fc+noise=off": features and non-default settings, in a fixed order.
   std::string canonical_features() const;
+  // The budget features (docs/budgets.md): "noise" always (reductions in GPU-style parts,
+  // another association order than cpu-ref's even with noise off), "bf16" with bf16
+  // autocast, "fp8" with FP8 zones, "fp8-limited" with the limited accumulator.
+  std::vector<std::string> budget_features() const;
 };
 
 // Throws std::invalid_argument with one line naming the flag (--features, --noise, ...).

@@ -28,6 +28,7 @@ class AccelEngine final : public Engine {
 
   std::string_view name() const override { return "accel"; }
   std::string features() const override { return config_.canonical_features(); }
+  std::vector<std::string> budget_features() const override { return config_.budget_features(); }
   std::map<std::string, AttributeValue> manifest_attributes() const override;
   std::vector<StepState> step_state() const override;
   EngineState save_state() const override;

@@ -83,6 +83,12 @@ class Engine {
   virtual std::string lane_engine() const { return std::string(name()); }
   // The canonical feature string of this configuration ("" for none): part of the lane name.
   virtual std::string features() const { return {}; }
+  // The budget features of this configuration: what separates its numbers from the
+  // bitwise reference (cpu-ref), by the names of the budgets file's entries
+  // (docs/budgets.md), e.g. {"noise", "bf16"}; empty for a run that rounds like cpu-ref.
+  // Declared from the engine's own numerics settings, written into the receipt manifest
+  // as `budget_features` ('+'-joined): the verdict composes budgets from it alone.
+  virtual std::vector<std::string> budget_features() const = 0;
   // Engine settings for the receipt manifest (noise mode and seed, FP8 recipe, ...).
   virtual std::map<std::string, AttributeValue> manifest_attributes() const { return {}; }
   // State of the step that just ended (after step_end()); empty for engines with none.

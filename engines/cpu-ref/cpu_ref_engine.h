@@ -14,6 +14,7 @@ namespace harness {
 class CpuRefEngine final : public Engine {
  public:
   std::string_view name() const override { return "cpu-ref"; }
+  std::vector<std::string> budget_features() const override { return {}; }  // the reference itself
   void bind(const TensorTable& table) override { t_.bind(table); }
 
   void upload(TensorId id, std::span<const float> values) override { t_.upload(id, values); }

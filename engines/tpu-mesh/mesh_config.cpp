@@ -70,6 +70,10 @@ Mesh parse_mesh(const std::string& text) {
 
 std::string MeshConfig::engine_label() const { return fmt::format("tpu-mesh@{}", mesh.to_string()); }
 
+std::vector<std::string> MeshConfig::budget_features() const {
+  return {precision == Precision::Bf16 ? "mesh-bf16" : "mesh-fp32"};
+}
+
 std::string MeshConfig::canonical_features() const {
   std::vector<std::string> parts{to_string(plan)};
   if (precision != Precision::Fp32) parts.push_back(to_string(precision));

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "api/engine_settings.h"
 
@@ -49,6 +50,9 @@ struct MeshConfig {
   // The settings that change compiled output, sorted, as they enter the graph fingerprint.
   // The cache directory and thread count are left out: they never change the program.
   std::string fingerprint_flags() const;
+  // The budget feature (docs/budgets.md): "mesh-bf16" with bf16 precision, else
+  // "mesh-fp32" (collectives and micro-batches sum in another order than cpu-ref).
+  std::vector<std::string> budget_features() const;
 };
 
 // Throws std::invalid_argument with one line naming the flag (--mesh, --shard-plan, ...).

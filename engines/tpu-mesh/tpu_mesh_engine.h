@@ -51,6 +51,7 @@ class TpuMeshEngine final : public Engine {
   std::string_view name() const override { return "tpu-mesh"; }
   std::string lane_engine() const override { return config_.engine_label(); }
   std::string features() const override { return config_.canonical_features(); }
+  std::vector<std::string> budget_features() const override { return config_.budget_features(); }
   std::map<std::string, AttributeValue> manifest_attributes() const override;
   std::vector<StepState> step_state() const override;
   void check_table(const TensorTable& table) const override;

@@ -14,9 +14,26 @@ namespace harness::check {
 namespace {
 
 inline constexpr std::int64_t kBudgetsSchemaVersion = 1;
-// The features every budgets file must describe (docs/budgets.md).
-inline constexpr const char* kFeatureEntries[] = {"reference", "bf16", "fp8", "fp8-limited", "noise",
-                                                     "mesh-fp32", "mesh-bf16"};
+// The tables that are not feature entries (docs/budgets.md); every other table is a feature
+// entry ([bf16]) or one canary's feature entries ([tiny.bf16]).
+inline constexpr const char* kRuleSections[] = {"compile-stability", "memory", "data"};
+
+bool is_rule_section(const std::string& key) {
+  return std::find(std::begin(kRuleSections), std::end(kRuleSections), key) != std::end(kRuleSections);
+}
+
+// Feature and canary names: letters, digits, '-' and '_' ('+' joins a receipt's features).
+bool valid_name(const std::string& name) {
+  return !name.empty() && std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_';
+  });
+}
+
+// A canary's group: no `form` of its own, and nothing but tables ([tiny.bf16], ...).
+bool is_canary_group(const toml::table& t) {
+  return !t.empty() && !t.contains("form") &&
+         std::all_of(t.begin(), t.end(), [](auto&& entry) { return entry.second.is_table(); });
+}
 
 class Parser {
  public:
@@ -36,29 +53,56 @@ class Parser {
     }
     Budgets budgets;
     budgets.path = path_;
-    for (const char* name : kFeatureEntries) budgets.features[name] = feature(root, name);
     budgets.compile_stability = compile_stability(section(root, "compile-stability"));
     budgets.memory = memory(section(root, "memory"));
     data(section(root, "data"));
     for (auto&& [key, node] : root) {
       const std::string k(key.str());
-      if (k != "schema_version" && !budgets.features.count(k) && k != "compile-stability" && k != "memory" &&
-          k != "data") {
-        fail(fmt::format("[{}]: not a feature of this harness (features: {}, compile-stability, memory, data)", k,
-                         fmt::join(kFeatureEntries, ", ")));
+      if (k == "schema_version" || is_rule_section(k)) continue;
+      const toml::table* t = node.as_table();
+      if (!t) {
+        fail(fmt::format("{}: not a table; a feature entry is [{}], one canary's entries are [{}.FEATURE]", k, k, k));
+      }
+      if (!is_canary_group(*t)) {
+        budgets.features[k] = feature(*t, k, k);
+        continue;
+      }
+      if (!valid_name(k)) fail(fmt::format("[{}]: a canary name is letters, digits, '-' and '_'", k));
+      for (auto&& [sub, entry] : *t) {
+        const std::string name(sub.str());
+        if (is_rule_section(name)) {
+          fail(fmt::format("[{}.{}]: only feature entries are keyed per canary ({} holds for every canary)", k, name, name));
+        }
+        budgets.per_canary[k][name] = feature(*entry.as_table(), name, k + "." + name);
       }
     }
+    if (!budgets.features.count("reference")) {  // the bitwise rule every file states
+      fail("[reference]: missing; every budgets file states the bitwise rule (docs/budgets.md)");
+    }
+    check_across_platforms(budgets);
     return budgets;
   }
 
  private:
+  // Every across_platforms names an entry of the file, for every canary or the same one.
+  void check_across_platforms(const Budgets& budgets) const {
+    const auto check = [&](const FeatureBudget& f, const std::string& canary) {
+      if (f.across_platforms.empty() || budgets.find(f.across_platforms, canary)) return;
+      fail(fmt::format("[{}].across_platforms: no entry [{}] in this file", f.key(), f.across_platforms));
+    };
+    for (const auto& [name, f] : budgets.features) check(f, "");
+    for (const auto& [canary, entries] : budgets.per_canary) {
+      for (const auto& [name, f] : entries) check(f, canary);
+    }
+  }
+
   [[noreturn]] void fail(const std::string& what) const {
     throw BudgetError(fmt::format("{}: {}", path_, what));
   }
 
   const toml::table& section(const toml::table& root, const char* name) const {
     const toml::table* t = root[name].as_table();
-    if (!t) fail(fmt::format("[{}]: missing; every feature needs an entry (docs/budgets.md)", name));
+    if (!t) fail(fmt::format("[{}]: missing; every budgets file has one (docs/budgets.md)", name));
     return *t;
   }
 
@@ -136,18 +180,24 @@ class Parser {
     return p;
   }
 
-  FeatureBudget feature(const toml::table& root, const char* name) const {
-    const toml::table& t = section(root, name);
-    const std::string where = fmt::format("[{}]", name);
+  // The entry of feature `name` in table `t`, [key] in the file (key: name, or canary.name).
+  FeatureBudget feature(const toml::table& t, const std::string& name, const std::string& key) const {
+    const std::string where = fmt::format("[{}]", key);
+    if (!valid_name(name)) fail(fmt::format("{}: a feature name is letters, digits, '-' and '_'", where));
     only_keys(t, where, {"form", "rationale", "calibrated", "repeats", "observed", "outlier_fraction", "loss",
-                         "grad_norm", "params_sketch"});
+                         "grad_norm", "params_sketch", "across_platforms"});
     FeatureBudget f;
     f.name = name;
+    f.section = key;
     const std::string form = text(t, where, "form", true);
     if (form != "bitwise" && form != "tolerance") fail(fmt::format("{}.form: '{}' is not bitwise or tolerance", where, form));
     f.bitwise = form == "bitwise";
     f.rationale = text(t, where, "rationale", true);
     f.provenance = provenance(t, where);
+    f.across_platforms = text(t, where, "across_platforms", false);
+    if (!f.across_platforms.empty() && !valid_name(f.across_platforms)) {
+      fail(fmt::format("{}.across_platforms: '{}' is not a feature name", where, f.across_platforms));
+    }
     f.outlier_fraction = non_negative(t["outlier_fraction"], where + ".outlier_fraction");
     if (f.outlier_fraction >= 1) fail(fmt::format("{}.outlier_fraction: must be below 1", where));
     for (const char* metric : kBudgetMetrics) {
@@ -204,6 +254,19 @@ const FeatureBudget& Budgets::feature(const std::string& name) const {
   return it->second;
 }
 
+const FeatureBudget* Budgets::find(const std::string& name, const std::string& canary) const {
+  if (const auto group = per_canary.find(canary); group != per_canary.end()) {
+    if (const auto it = group->second.find(name); it != group->second.end()) return &it->second;
+  }
+  const auto it = features.find(name);
+  return it == features.end() ? nullptr : &it->second;
+}
+
+bool Budgets::describes(const std::string& name) const {
+  return features.count(name) > 0 || std::any_of(per_canary.begin(), per_canary.end(),
+                                                 [&](const auto& group) { return group.second.count(name) > 0; });
+}
+
 Budgets load_budgets(const std::string& path) { return Parser(path).parse(); }
 
 bool ComposedBudget::bitwise() const {
@@ -232,7 +295,7 @@ double ComposedBudget::outlier_fraction() const {
 std::vector<std::string> ComposedBudget::names() const {
   std::vector<std::string> out;
   for (const FeatureBudget* f : parts_) {
-    if (!f->bitwise) out.push_back(f->name);
+    if (!f->bitwise) out.push_back(f->key());
   }
   if (out.empty()) out.emplace_back("reference");
   return out;

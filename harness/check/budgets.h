@@ -1,9 +1,9 @@
 // Per-feature determinism budgets (canaries/budgets.toml; docs/budgets.md is the reference).
 //
-// Every feature that moves a lane's numbers away from the reference lane has one entry:
-// how far each metric may move, per step window, with its rationale and provenance. Two
-// receipts are compared under the sum of the entries of the features that separate them
-// (compose()).
+// Every feature that moves a lane's numbers away from the reference lane has one entry
+// ([bf16], or [tiny.bf16] for one canary): how far each metric may move, per step window,
+// with its rationale and provenance. Two receipts are compared under the sum of the
+// entries of the features they declare and that separate them (check::budget_between).
 #pragma once
 
 #include <limits>
@@ -43,6 +43,12 @@ struct FeatureBudget {
   double outlier_fraction = 0;  // of the steps, per metric, allowed outside the budget
   std::string rationale;
   Provenance provenance;
+  std::string section;  // its table in the file: "bf16", or "tiny.bf16" for one canary's ("": name)
+  // A feature whose bits depend on the machine (a real stack's CPU kernels): the feature
+  // that budgets two receipts of it from different platforms ("" when the bits are portable).
+  std::string across_platforms;
+
+  const std::string& key() const { return section.empty() ? name : section; }
 };
 
 // Checks of a tpu-mesh lane's own counters (form: counts after the warm-up steps).
@@ -59,14 +65,22 @@ struct MemoryBudget {
 
 struct Budgets {
   std::string path;
-  std::map<std::string, FeatureBudget> features;
+  std::map<std::string, FeatureBudget> features;                            // [name]: every canary
+  std::map<std::string, std::map<std::string, FeatureBudget>> per_canary;   // canary -> [canary.name]
   CompileStabilityBudget compile_stability;
   MemoryBudget memory;
 
-  const FeatureBudget& feature(const std::string& name) const;  // throws BudgetError if absent
+  const FeatureBudget& feature(const std::string& name) const;  // [name]; throws BudgetError if absent
+  // The entry that budgets feature `name` for canary `canary`: [canary.name] when the file
+  // has one, else [name]; nullptr when it has neither.
+  const FeatureBudget* find(const std::string& name, const std::string& canary) const;
+  // Whether any entry ([name] or [C.name] for some canary C) budgets `name`.
+  bool describes(const std::string& name) const;
 };
 
 // Parses and validates a budgets file. Throws BudgetError naming the file and the key.
+// Every table but compile-stability, memory and data is a feature entry (it has `form`)
+// or a canary's group of them ([tiny.bf16]); [reference] is required.
 Budgets load_budgets(const std::string& path);
 
 // The budget of several features at once: their allowances add up (docs/budgets.md,
@@ -81,7 +95,8 @@ class ComposedBudget {
   // How far `metric` may move at `step` from a reference value `reference`.
   double allowed(const std::string& metric, int step, double reference) const;
   double outlier_fraction() const;  // the largest of the parts'
-  std::vector<std::string> names() const;  // "reference" when bitwise
+  std::vector<std::string> names() const;  // the entries' tables ("bf16", "tiny.bf16"); "reference" when bitwise
+  const std::vector<const FeatureBudget*>& parts() const { return parts_; }
   const std::string& reason() const { return reason_; }  // why these parts (docs/budgets.md)
 
  private:

@@ -12,6 +12,7 @@
 #include "receipt/hdf5_file.h"
 #include "receipt/receipt_reader.h"
 #include "receipt/receipt_schema.h"
+#include "receipt/receipt_validator.h"
 
 namespace harness::check {
 namespace {
@@ -198,7 +199,7 @@ std::vector<StackDifference> stack_diff(const ReceiptData& a, const ReceiptData&
     const auto ia = a.manifest.find(k), ib = b.manifest.find(k);
     const std::string va = ia == a.manifest.end() ? "(absent)" : ia->second;
     const std::string vb = ib == b.manifest.end() ? "(absent)" : ib->second;
-    if (va != vb) out.push_back({k, va, vb});
+    if (va != vb) out.push_back({k, va, vb, ia == a.manifest.end() || ib == b.manifest.end()});
   }
   return out;
 }
@@ -263,6 +264,16 @@ std::optional<OpTrace> read_trace(const receipt::ReceiptReader& r) {
 }  // namespace
 
 ReceiptData load_receipt(const std::string& path) {
+  // Whoever wrote it, a receipt is judged only once it validates: one gate, the same for
+  // our engines and for any other stack, and every byte checksummed before it counts.
+  const receipt::ValidationReport validation = receipt::validate_receipt(path);
+  if (!validation.valid()) {
+    throw receipt::ReceiptError(fmt::format("{}: {}{}", path, validation.problems.front(),
+                                            validation.problems.size() > 1
+                                                ? fmt::format(" (and {} more: harness validate {})",
+                                                              validation.problems.size() - 1, path)
+                                                : ""));
+  }
   const receipt::ReceiptReader r(path);
   ReceiptData d;
   d.path = path;
@@ -293,24 +304,41 @@ SketchDistance sketch_distance(std::span<const double> run, std::span<const doub
   return {std::sqrt(d2), std::sqrt(r2)};
 }
 
-std::set<std::string> lane_features(const ReceiptData& r) {
-  std::set<std::string> f;
-  auto attr = [&](const char* key) {
-    const auto it = r.manifest.find(key);
-    return it == r.manifest.end() ? std::string() : it->second;
-  };
-  if (r.engine == "accel") {
-    f.insert("noise");  // its reductions run in GPU-style parts, ordered or not
-    const std::string features = attr("features");
-    if (features.find("bf16") != std::string::npos) f.insert("bf16");
-    if (!attr("fp8_zones").empty() && attr("fp8_zones") != "none") {
-      f.insert("fp8");
-      if (attr("fp8_accumulate").starts_with("limited")) f.insert("fp8-limited");
-    }
-  } else if (r.engine == "tpu-mesh") {
-    f.insert(attr("precision") == "bf16" ? "mesh-bf16" : "mesh-fp32");
+std::set<std::string> budget_features(const ReceiptData& r, bool golden) {
+  const auto it = r.manifest.find("budget_features");
+  if (it == r.manifest.end()) {
+    throw ContractError(
+        "no_budget_features",
+        golden ? fmt::format("{}: the golden of lane {} declares no budget_features (recorded before receipts declared "
+                             "them); re-record it: `harness golden refresh --lanes {} --reason TEXT`, then approve it",
+                             r.path, r.lane, r.lane)
+               : fmt::format("{}: the receipt declares no budget_features in /manifest (docs/budgets.md); re-record it "
+                             "with a writer that declares them",
+                             r.path));
   }
-  return f;
+  std::set<std::string> features;
+  const std::string& text = it->second;
+  for (std::size_t start = 0; !text.empty();) {
+    const std::size_t end = text.find('+', start);
+    const std::string name = text.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    if (name.empty() || !features.insert(name).second) {  // validate_receipt refuses these first
+      throw ContractError("receipt", fmt::format("{}: /manifest/budget_features '{}' is not feature names joined with '+', "
+                                                 "each once",
+                                                 r.path, text));
+    }
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  return features;
+}
+
+std::string canary_name(const ReceiptData& r) {
+  const auto it = r.manifest.find("canary");
+  const nlohmann::json j = nlohmann::json::parse(it == r.manifest.end() ? "{}" : it->second, nullptr, false);
+  for (const char* key : {"name", "preset"}) {
+    if (j.is_object() && j.contains(key) && j[key].is_string()) return j[key].get<std::string>();
+  }
+  return r.lane.substr(0, r.lane.find('/'));
 }
 
 bool replays_of_each_other(const ReceiptData& a, const ReceiptData& b) {
@@ -319,11 +347,12 @@ bool replays_of_each_other(const ReceiptData& a, const ReceiptData& b) {
   return sa != a.manifest.end() && sb != b.manifest.end() && sa->second == sb->second;
 }
 
-ComposedBudget budget_between(const Budgets& budgets, const ReceiptData& a, const ReceiptData& b) {
-  const std::set<std::string> fa = lane_features(a), fb = lane_features(b);
+std::set<std::string> features_between(const ReceiptData& a, const ReceiptData& b, std::string* reason,
+                                       bool b_is_golden) {
+  const std::set<std::string> fa = budget_features(a), fb = budget_features(b, b_is_golden);
   const bool replays = replays_of_each_other(a, b);
   std::set<std::string> chosen;
-  std::string reason = "the features that separate the two lanes";
+  std::string why = "the features that separate the two lanes";
   if (replays) {
     std::set_symmetric_difference(fa.begin(), fa.end(), fb.begin(), fb.end(), std::inserter(chosen, chosen.end()));
   }
@@ -331,11 +360,57 @@ ComposedBudget budget_between(const Budgets& budgets, const ReceiptData& a, cons
   // recipe sums in another order): every feature of both lanes.
   if (!replays || (chosen.empty() && a.lane != b.lane)) {
     std::set_union(fa.begin(), fa.end(), fb.begin(), fb.end(), std::inserter(chosen, chosen.end()));
-    reason = replays ? "all features of both lanes: two configurations of one engine"
-                     : "all features of both lanes: the runs do not make the same roundings (noise)";
+    why = replays ? "all features of both lanes: two configurations of one engine"
+                  : "all features of both lanes: the runs do not make the same roundings (noise)";
+  }
+  if (reason) *reason = why;
+  return chosen;
+}
+
+namespace {
+
+// The first manifest attribute that says two receipts' numbers came from different
+// machines or software ("" when none does): the CPU, the toolchain, the library versions
+// and the kernel settings (threads, deterministic algorithms) the writer recorded.
+std::string platform_difference(const ReceiptData& a, const ReceiptData& b) {
+  const auto value = [](const ReceiptData& r, const char* key) {
+    const auto it = r.manifest.find(key);
+    return it == r.manifest.end() ? std::string() : it->second;
+  };
+  for (const char* key : {"cpu", "toolchain", "libraries", "kernels"}) {
+    if (value(a, key) != value(b, key)) return fmt::format("{} '{}' vs '{}'", key, value(a, key), value(b, key));
+  }
+  return "";
+}
+
+}  // namespace
+
+ComposedBudget budget_between(const Budgets& budgets, const ReceiptData& a, const ReceiptData& b, bool b_is_golden) {
+  std::string reason;
+  std::set<std::string> chosen = features_between(a, b, &reason, b_is_golden);
+  // Both sides ran one canary definition (check_contracts), so `a`'s name keys the entries.
+  const std::string canary = canary_name(a);
+  // A feature whose bits depend on the machine, declared by both receipts, brings its
+  // cross-platform budget when they come from different platforms (a golden recorded on
+  // another CPU). One side alone is held by the feature's own entry, which covers every host.
+  if (const std::string difference = platform_difference(a, b); !difference.empty()) {
+    const std::set<std::string> fa = budget_features(a), fb = budget_features(b, b_is_golden);
+    std::vector<std::string> both;
+    std::set_intersection(fa.begin(), fa.end(), fb.begin(), fb.end(), std::back_inserter(both));
+    for (const std::string& name : both) {
+      const FeatureBudget* entry = budgets.find(name, canary);
+      if (!entry || entry->across_platforms.empty()) continue;
+      reason = fmt::format("{}{} for {} across platforms ({})", chosen.empty() ? "" : reason + "; ",
+                           entry->across_platforms, name, difference);
+      chosen.insert(entry->across_platforms);
+    }
   }
   std::vector<const FeatureBudget*> parts;
-  for (const std::string& name : chosen) parts.push_back(&budgets.feature(name));
+  for (const std::string& name : chosen) {
+    const FeatureBudget* entry = budgets.find(name, canary);
+    if (!entry) throw ContractError("no_budget", fmt::format("no budget for feature '{}' in {}: calibrate one", name, budgets.path));
+    parts.push_back(entry);
+  }
   return ComposedBudget(std::move(parts), std::move(reason));
 }
 
@@ -450,7 +525,7 @@ Verdict compare_receipts(const ReceiptData& run, const ReceiptData& ref, const B
   v.a_lane = run.lane;
   v.b_lane = ref.lane;
   v.steps = run.steps();
-  const ComposedBudget budget = budget_between(budgets, run, ref);
+  const ComposedBudget budget = budget_between(budgets, run, ref, kind == "golden");
   v.bitwise = budget.bitwise();
   v.budget = budget.names();
   v.budget_reason = budget.reason();

@@ -53,14 +53,28 @@ struct ReceiptData {
 };
 ReceiptData load_receipt(const std::string& path);  // throws receipt::ReceiptError
 
-// The features that move a lane away from the reference lane (cpu-ref): "bf16", "fp8",
-// "fp8-limited", "noise", "mesh-fp32", "mesh-bf16". cpu-ref has none.
-std::set<std::string> lane_features(const ReceiptData& receipt);
+// The features the receipt declares (/manifest budget_features, '+'-joined): what moves its
+// lane away from the bitwise reference, by the names of the budgets file's entries
+// ("noise", "bf16", "mesh-fp32", "torch-cpu", ...); empty for a lane that rounds like
+// cpu-ref. Never inferred: a receipt that declares nothing (written before schema 1.2)
+// throws ContractError "no_budget_features" naming the file (a golden: how to re-record it).
+std::set<std::string> budget_features(const ReceiptData& receipt, bool golden = false);
+// The canary a receipt ran, as budgets key it ([tiny.bf16]): the canary JSON's `name`,
+// else its `preset`, else the lane's prefix before '/'.
+std::string canary_name(const ReceiptData& receipt);
 // Whether two runs make the same roundings: both deterministic, or seeded with one seed.
 bool replays_of_each_other(const ReceiptData& a, const ReceiptData& b);
-// The composition rule (docs/budgets.md): the features that separate the two lanes; all
-// features of both when the runs are not replays of each other.
-ComposedBudget budget_between(const Budgets& budgets, const ReceiptData& a, const ReceiptData& b);
+// The composition rule on the declared names (docs/budgets.md): the features that separate
+// the two lanes; all features of both when the runs are not replays of each other (or are
+// two configurations of one engine). `reason`, when given, says which case it was.
+std::set<std::string> features_between(const ReceiptData& a, const ReceiptData& b, std::string* reason = nullptr,
+                                       bool b_is_golden = false);
+// The budget of features_between(a, b). Each feature's entry is
+// the canary's own ([tiny.bf16]) over the default ([bf16]); a feature with neither throws
+// ContractError "no_budget" (never a silent bitwise comparison). `b_is_golden`: b is a
+// golden, for the re-recording advice when it declares no features.
+ComposedBudget budget_between(const Budgets& budgets, const ReceiptData& a, const ReceiptData& b,
+                              bool b_is_golden = false);
 
 struct MetricVerdict {
   std::string metric;
@@ -81,8 +95,11 @@ struct TensorMove {
   double distance = 0;  // relative sketch distance (most moved)
 };
 
+// One manifest line that differs. A setting only one side has (an engine's own, such as
+// accel's noise_mode against cpu-ref) is one-sided: expected when the engines differ.
 struct StackDifference {
   std::string key, a, b;
+  bool one_sided = false;
 };
 
 struct Verdict {

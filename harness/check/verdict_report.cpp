@@ -49,7 +49,9 @@ nlohmann::json to_json(const Verdict& v) {
                        {"worst_tensor", m.worst_tensor}});
   }
   nlohmann::json stack = nlohmann::json::array();
-  for (const StackDifference& d : v.stack) stack.push_back({{"key", d.key}, {"a", d.a}, {"b", d.b}});
+  for (const StackDifference& d : v.stack) {
+    stack.push_back({{"key", d.key}, {"a", d.a}, {"b", d.b}, {"one_sided", d.one_sided}});
+  }
   const MetricVerdict* first = v.first_failure();
   return {{"version", kVerdictJsonVersion},
           {"kind", v.kind},
@@ -71,7 +73,7 @@ nlohmann::json error_json(const std::string& kind, const std::string& message) {
   return {{"version", kVerdictJsonVersion}, {"verdict", "error"}, {"error", {{"kind", kind}, {"message", message}}}};
 }
 
-std::string to_text(const Verdict& v) {
+std::string to_text(const Verdict& v, bool verbose) {
   std::string out;
   auto line = [&out](const std::string& s) { out += s + "\n"; };
   line(fmt::format("{:<12}{} ({})", v.kind == "golden" ? "check" : "compare", v.a_lane, v.a_path));
@@ -88,7 +90,18 @@ std::string to_text(const Verdict& v) {
     line(fmt::format("{:<12}{} {}: relative sketch distance {:.3g} at step {}", "moved most", v.most_moved->family,
                      v.most_moved->tensor, v.most_moved->distance, v.most_moved->step));
   }
-  for (const StackDifference& d : v.stack) line(fmt::format("{:<12}{}: {} -> {}", "stack", d.key, d.a, d.b));
+  std::vector<std::string> one_sided;
+  for (const StackDifference& d : v.stack) {
+    if (d.one_sided && !verbose) {
+      one_sided.push_back(d.key);
+    } else {
+      line(fmt::format("{:<12}{}: {} -> {}", "stack", d.key, d.a, d.b));
+    }
+  }
+  if (!one_sided.empty()) {
+    line(fmt::format("{:<12}{} setting{} only one side has ({}); --verbose shows them", "stack", one_sided.size(),
+                     one_sided.size() == 1 ? "" : "s", fmt::join(one_sided, ", ")));
+  }
   if (!v.triage.empty()) line(fmt::format("{:<12}{}", "triage", v.triage));
   line(fmt::format("{:<12}{}", "verdict", v.pass() ? "PASS" : "FAIL"));
   return out;

@@ -13,7 +13,9 @@ namespace harness::check {
 inline constexpr int kVerdictJsonVersion = 1;
 
 nlohmann::json to_json(const Verdict& verdict);
-std::string to_text(const Verdict& verdict);
+// The stack lines show what both sides have and differ in; settings only one side has are
+// counted on one line, and listed in full with `verbose`.
+std::string to_text(const Verdict& verdict, bool verbose = false);
 // The JSON of a comparison that could not be made (exit 2).
 nlohmann::json error_json(const std::string& kind, const std::string& message);
 

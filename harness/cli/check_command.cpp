@@ -11,6 +11,7 @@
 #include "bisect.h"
 #include "budgets.h"
 #include "commands.h"
+#include "matrix.h"
 #include "defaults.h"
 #include "golden_store.h"
 #include "receipt/receipt_reader.h"
@@ -26,6 +27,7 @@ struct ComparisonFlags {
   std::string budgets = default_budgets();
   std::string triage_with;
   bool json = false;
+  bool verbose = false;  // every stack line, the settings only one side has included
   bool no_replay = false;  // bisect: never replay a side without /trace
   bool git_bisect = false;  // check: exit as `git bisect run` expects (125 when it cannot judge)
 };
@@ -45,7 +47,7 @@ int print_verdict(const ComparisonFlags& flags, const check::Verdict& verdict) {
   if (flags.json) {
     fmt::print("{}\n", check::to_json(verdict).dump(2));
   } else {
-    fmt::print("{}", check::to_text(verdict));
+    fmt::print("{}", check::to_text(verdict, flags.verbose));
   }
   return verdict.pass() ? kExitPass : kExitCheckFailed;
 }
@@ -54,8 +56,8 @@ int print_verdict(const ComparisonFlags& flags, const check::Verdict& verdict) {
 // bf16-only twin. If the twin fails too the cause is shared; if not, it is fp8's own.
 std::string triage(const check::Verdict& failed, const check::ReceiptData& bf16_twin, const check::ReceiptData& reference,
                    const check::Budgets& budgets) {
-  if (check::lane_features(bf16_twin).count("fp8")) {
-    throw std::invalid_argument(fmt::format("--triage-with: {} runs fp8 itself; give the bf16-only lane", bf16_twin.path));
+  if (check::budget_features(bf16_twin).count("fp8")) {
+    throw std::invalid_argument(fmt::format("--triage-with: {} declares fp8 itself; give the bf16-only lane", bf16_twin.path));
   }
   const check::Verdict twin = check::compare_receipts(bf16_twin, reference, budgets, failed.kind);
   if (!twin.pass()) {
@@ -76,11 +78,31 @@ int guarded(const ComparisonFlags& flags, Action action) {
     return report_error(flags, "budgets", e.what());
   } catch (const receipt::ReceiptError& e) {
     return report_error(flags, "receipt", e.what());
+  } catch (const nightly::GoldenError& e) {
+    return report_error(flags, "golden_integrity", e.what());
   } catch (const std::invalid_argument& e) {
     return report_error(flags, "usage", e.what());
   } catch (const std::exception& e) {  // an HDF5 failure reading a dataset, ...
     return report_error(flags, "receipt", e.what());
   }
+}
+
+// Advice that leads somewhere: only a lane of the matrix can be refreshed into a golden.
+std::string how_to_get_a_golden(const std::string& lane) {
+  const std::string matrix_path = default_matrix();
+  try {
+    const nightly::Matrix matrix = nightly::load_matrix(matrix_path);
+    for (const nightly::LaneSpec& spec : matrix.lanes) {
+      if (spec.lane == lane) {
+        return fmt::format("create one with `harness golden refresh --lanes {} --reason TEXT`, then approve it", spec.id);
+      }
+    }
+  } catch (const std::exception&) {
+    // An unreadable matrix: the advice below still holds.
+  }
+  return fmt::format("lane {} is not in the nightly matrix {}: add it there to give it a golden, or name a receipt to "
+                     "check against with --golden FILE",
+                     lane, matrix_path);
 }
 
 int run_comparison(const ComparisonFlags& flags, const std::string& kind) {
@@ -92,11 +114,11 @@ int run_comparison(const ComparisonFlags& flags, const std::string& kind) {
       reference_path = nightly::GoldenStore(flags.goldens_dir).golden_path(run.lane);
       if (!std::filesystem::exists(reference_path)) {
         return report_error(flags, "missing_golden",
-                            fmt::format("no golden for lane {} at {}; create one with `harness golden refresh --lanes "
-                                        "{}` and approve it",
-                                        run.lane, reference_path, run.lane));
+                            fmt::format("no golden for lane {} at {}; {}", run.lane, reference_path,
+                                        how_to_get_a_golden(run.lane)));
       }
     }
+    if (kind == "golden") nightly::verify_golden_integrity(reference_path);  // a golden changed outside approve is not used
     const check::ReceiptData reference = check::load_receipt(reference_path);
     if (kind == "golden" && reference.lane != run.lane) {
       return report_error(flags, "another_lane",
@@ -104,8 +126,9 @@ int run_comparison(const ComparisonFlags& flags, const std::string& kind) {
                                       reference_path, reference.lane, run.lane));
     }
     check::Verdict verdict = check::compare_receipts(run, reference, budgets, kind);
-    if (!flags.triage_with.empty() && !check::lane_features(run).count("fp8")) {
-      throw std::invalid_argument(fmt::format("--triage-with: {} runs no fp8; triage explains fp8 lanes", run.lane));
+    if (!flags.triage_with.empty() && !check::budget_features(run).count("fp8")) {
+      throw std::invalid_argument(fmt::format("--triage-with: {} declares no fp8 budget feature; triage explains fp8 lanes",
+                                              run.lane));
     }
     if (!verdict.pass() && !flags.triage_with.empty()) {
       verdict.triage = triage(verdict, check::load_receipt(flags.triage_with), reference, budgets);
@@ -118,6 +141,8 @@ int run_comparison(const ComparisonFlags& flags, const std::string& kind) {
 int run_bisect(const ComparisonFlags& flags) {
   return guarded(flags, [&] {
     const check::TraceProvider replay = flags.no_replay ? check::TraceProvider{} : check::TraceProvider{replayed_trace};
+    nightly::verify_golden_integrity(flags.a);  // either side may be a golden
+    nightly::verify_golden_integrity(flags.b);
     const check::Bisection b = check::bisect(check::load_receipt(flags.a), check::load_receipt(flags.b),
                                              check::load_budgets(flags.budgets), replay);
     fmt::print("{}", flags.json ? check::to_json(b).dump(2) + "\n" : check::to_text(b));
@@ -130,6 +155,11 @@ void add_common_flags(CLI::App& command, ComparisonFlags& flags) {
   command.add_flag("--json", flags.json, "Print the verdict as JSON (keys in docs/cli.md)");
 }
 
+// check and compare: the stack lines of settings only one side has, too.
+void add_verbose_flag(CLI::App& command, ComparisonFlags& flags) {
+  command.add_flag("--verbose", flags.verbose, "List every stack line that differs, settings only one side has included");
+}
+
 }  // namespace
 
 void add_check_command(CLI::App& app, CommandRegistry& commands) {
@@ -139,6 +169,7 @@ void add_check_command(CLI::App& app, CommandRegistry& commands) {
   check->add_option("--golden", flags->b, "Golden receipt (default: GOLDENS/<lane>.h5)");
   check->add_option("--goldens", flags->goldens_dir, "Goldens directory")->capture_default_str();
   add_common_flags(*check, *flags);
+  add_verbose_flag(*check, *flags);
   check->add_flag("--git-bisect", flags->git_bisect,
                   "Exit as `git bisect run` expects: 0 good, 1 bad, 125 skip when the receipt cannot be judged");
   commands.add(check, [flags] {
@@ -153,6 +184,7 @@ void add_check_command(CLI::App& app, CommandRegistry& commands) {
   compare->add_option("--triage-with", flags->triage_with,
                       "When A runs fp8 and fails: the receipt of A's lane without fp8, for BF16-first triage");
   add_common_flags(*compare, *flags);
+  add_verbose_flag(*compare, *flags);
   commands.add(compare, [flags] { return run_comparison(*flags, "compare"); });
 
   flags = std::make_shared<ComparisonFlags>();  // bisect's own: A and B

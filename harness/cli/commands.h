@@ -43,5 +43,7 @@ void add_golden_command(CLI::App& app, CommandRegistry& commands);   // golden s
 void add_nightly_command(CLI::App& app, CommandRegistry& commands);  // nightly and merge
 void add_calibrate_command(CLI::App& app, CommandRegistry& commands);
 void add_replay_command(CLI::App& app, CommandRegistry& commands);
+void add_validate_command(CLI::App& app, CommandRegistry& commands);
+void add_export_command(CLI::App& app, CommandRegistry& commands);  // canary packs
 
 }  // namespace harness::cli

@@ -12,6 +12,7 @@
 #include "budgets.h"
 #include "canary_run.h"
 #include "commands.h"
+#include "output_lock.h"
 #include "defaults.h"
 #include "golden_store.h"
 #include "lane_run.h"
@@ -30,7 +31,7 @@ struct GoldenFlags {
   std::string goldens = default_goldens();
   std::string budgets = default_budgets();
   std::string lanes, reason, approver;
-  bool allow_ci = false, json = false;
+  bool allow_ci = false, allow_dirty = false, json = false;
 };
 
 void refuse_in_ci(const GoldenFlags& f, const char* command) {
@@ -76,6 +77,7 @@ nlohmann::json review(const std::string& candidate, const std::string& golden, c
 }
 
 int refresh_action(const GoldenFlags& f) {
+  const run::OutputLock lock(f.goldens);  // one writer of the goldens at a time
   refuse_in_ci(f, "refresh");
   if (f.reason.empty()) throw run::UsageError("--reason: say why the goldens change (it goes to the provenance log)");
   const nightly::Matrix matrix = nightly::load_matrix(f.matrix);
@@ -112,13 +114,17 @@ std::vector<nightly::Candidate> chosen_candidates(const nightly::GoldenStore& st
 }
 
 int approve_action(const GoldenFlags& f) {
+  const run::OutputLock lock(f.goldens);  // one writer of the goldens at a time
   refuse_in_ci(f, "approve");
   if (f.approver.empty()) throw run::UsageError("--approved-by: name who reviewed the candidates");
   nightly::GoldenStore store(f.goldens);
   const std::vector<nightly::Candidate> chosen = chosen_candidates(store, f.lanes);
-  for (const nightly::Candidate& c : chosen) store.verify(c);  // all or none: check every one first
+  for (const nightly::Candidate& c : chosen) {  // all or none: check every one first
+    store.verify(c);
+    store.verify_clean_build(c, f.allow_dirty);
+  }
   for (const nightly::Candidate& c : chosen) {
-    store.promote(c, f.approver);
+    store.promote(c, f.approver, f.allow_dirty);
     fmt::print("approved    {:<16} {} -> {}\n", c.id, c.lane, store.golden_path(c.lane));
   }
   fmt::print("logged      {}\n", store.log_path());
@@ -126,6 +132,7 @@ int approve_action(const GoldenFlags& f) {
 }
 
 int reject_action(const GoldenFlags& f) {
+  const run::OutputLock lock(f.goldens);  // one writer of the goldens at a time
   nightly::GoldenStore store(f.goldens);
   for (const nightly::Candidate& c : chosen_candidates(store, f.lanes)) {
     store.drop_candidate(c.lane);
@@ -162,6 +169,8 @@ void add_golden_command(CLI::App& app, CommandRegistry& commands) {
   approve->add_option("--lanes", flags->lanes, "Candidates to approve (default: all)");
   approve->add_option("--approved-by", flags->approver, "Who reviewed them (recorded)")->required();
   approve->add_flag("--allow-ci", flags->allow_ci, "Write even though CI is set");
+  approve->add_flag("--allow-dirty", flags->allow_dirty,
+                    "Approve candidates built from a tree with uncommitted changes (recorded in the log)");
   commands.add(approve, [flags] { return approve_action(*flags); });
 
   CLI::App* reject = golden->add_subcommand("reject", "Drop candidates");

@@ -1,5 +1,9 @@
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <memory>
+#include <optional>
+#include <thread>
 #include <set>
 #include <string>
 
@@ -8,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "output_lock.h"
 #include "receipt/receipt_reader.h"
 
 namespace harness::cli {
@@ -17,6 +22,8 @@ struct InspectFlags {
   std::string path;
   bool json = false;
   bool allow_incomplete = false;
+  bool follow = false;
+  double interval_seconds = 0.5;
 };
 
 // max_digits10 for doubles: a value printed by --json reads back to the same bits.
@@ -92,6 +99,51 @@ int inspect_action(const InspectFlags& f) {
   return kExitPass;
 }
 
+// What a reader of a live receipt sees: nullopt while the file is not readable yet (it
+// is created, or its first step is under way: the writer enters SWMR mode after it).
+std::optional<receipt::ReceiptReader> try_open(const std::string& path) {
+  try {
+    return std::optional<receipt::ReceiptReader>(std::in_place, path);
+  } catch (const receipt::ReceiptError&) {
+    return std::nullopt;
+  } catch (const h5::Hdf5Error&) {
+    return std::nullopt;
+  }
+}
+
+// `inspect --follow`: a running job's steps as its writer flushes them, read through HDF5's
+// single-writer/multiple-reader mode; ends when the run completes, or stops without
+// completing (its writer's lock is gone: interrupted or killed).
+int follow_action(const InspectFlags& f) {
+  int shown = 0;
+  for (int waited = 0;; ++waited) {
+    const bool writing = run::OutputLock::held(f.path);
+    if (auto reader = try_open(f.path)) {
+      const std::vector<double> loss = reader->steps_f64("loss"), grad_norm = reader->steps_f64("grad_norm"),
+                                lr = reader->steps_f64("lr");
+      const int recorded = static_cast<int>(std::min({loss.size(), grad_norm.size(), lr.size()}));
+      if (shown == 0 && recorded > 0) fmt::print("following   {} ({})\n", f.path, reader->manifest_string("lane"));
+      for (; shown < recorded; ++shown) {
+        fmt::print("step {:>5}   loss {}   grad_norm {}   lr {}\n", shown, exact(loss[shown]), exact(grad_norm[shown]),
+                   exact(lr[shown]));
+      }
+      std::fflush(stdout);
+      if (reader->complete()) {
+        fmt::print("complete    {} steps\n", recorded);
+        return kExitPass;
+      }
+      if (!writing) {
+        fmt::print(stderr, "harness: {}: the run stopped after {} of {} steps (complete = 0; no writer holds it)\n",
+                   f.path, recorded, reader->steps_planned());
+        return kExitCheckFailed;
+      }
+    } else if (!writing && waited * f.interval_seconds > 30) {
+      throw receipt::ReceiptError(fmt::format("{}: no run writes it and it cannot be read after 30 s", f.path));
+    }
+    std::this_thread::sleep_for(std::chrono::duration<double>(f.interval_seconds));
+  }
+}
+
 }  // namespace
 
 void add_inspect_command(CLI::App& app, CommandRegistry& commands) {
@@ -100,7 +152,12 @@ void add_inspect_command(CLI::App& app, CommandRegistry& commands) {
   inspect->add_option("receipt", flags->path, "Receipt (.h5)")->required();
   inspect->add_flag("--json", flags->json, "Machine-readable output (keys in docs/cli.md)");
   inspect->add_flag("--allow-incomplete", flags->allow_incomplete, "Inspect a receipt of an interrupted run");
-  commands.add(inspect, [flags] { return inspect_action(*flags); });
+  inspect->add_flag("--follow", flags->follow,
+                    "Show a running job's steps as they are written, until it completes (exit 0) or stops (exit 1)");
+  inspect->add_option("--interval", flags->interval_seconds, "--follow: seconds between reads")
+      ->check(CLI::Range(0.01, 60.0))
+      ->capture_default_str();
+  commands.add(inspect, [flags] { return flags->follow ? follow_action(*flags) : inspect_action(*flags); });
 }
 
 }  // namespace harness::cli

@@ -7,13 +7,19 @@
 #include <fmt/format.h>
 
 #include "commands.h"
+#include "harness_build_info.h"
 #include "receipt/hdf5_file.h"
+#include "receipt/receipt_schema.h"
+#include "usage_check.h"
 
 int main(int argc, char** argv) {
   harness::h5::silence_library_errors();
   CLI::App app{"Deterministic replay and golden-regression harness for training numerics"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show help for every subcommand");
+  app.set_version_flag("--version", fmt::format("harness {} (commit {}, {}; receipt schema {}.{})", HARNESS_VERSION,
+                                                HARNESS_GIT_COMMIT, HARNESS_COMPILER, harness::receipt::kSchemaVersion,
+                                                harness::receipt::kSchemaMinor));
   harness::cli::CommandRegistry commands;
   harness::cli::add_run_command(app, commands);
   harness::cli::add_inspect_command(app, commands);
@@ -23,8 +29,16 @@ int main(int argc, char** argv) {
   harness::cli::add_nightly_command(app, commands);
   harness::cli::add_calibrate_command(app, commands);
   harness::cli::add_replay_command(app, commands);
+  harness::cli::add_validate_command(app, commands);
+  harness::cli::add_export_command(app, commands);
+  if (const auto problem = harness::cli::usage_problem(app, std::vector<std::string>(argv + 1, argv + argc))) {
+    fmt::print(stderr, "harness: error: {}\n", *problem);
+    return harness::cli::kExitBadInput;
+  }
   try {
     app.parse(argc, argv);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {

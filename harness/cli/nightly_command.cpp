@@ -13,6 +13,8 @@
 
 #include "canary_run.h"
 #include "commands.h"
+#include "output_lock.h"
+#include "shard_environment.h"
 #include "defaults.h"
 #include "nightly.h"
 #include "reports.h"
@@ -58,8 +60,9 @@ class ProgressPrinter {
       return;
     }
     if (tty_) {
-      fmt::print(stderr, "\r\033[K[{}/{}] {:<16} step {:>4}/{}  elapsed {:.0f} s  eta {:.0f} s", p.lane_index, p.lane_count,
-                 p.lane_id, p.step, p.steps, p.elapsed_seconds, p.eta_seconds);
+      // p.step counts finished steps; the step that just finished is p.step - 1 (steps start at 0).
+      fmt::print(stderr, "\r\033[K[{}/{}] {:<16} step {:>4} ({} of {} done)  elapsed {:.0f} s  eta {:.0f} s", p.lane_index,
+                 p.lane_count, p.lane_id, p.step - 1, p.step, p.steps, p.elapsed_seconds, p.eta_seconds);
     }
   }
 
@@ -76,14 +79,33 @@ int finish(const nlohmann::json& summary, const std::string& out_dir) {
                lane["lane"].get<std::string>());
   }
   for (const std::string& path : written) fmt::print("report      {}\n", path);
+  if (const nlohmann::json cut = summary.value("interrupted", nlohmann::json(nullptr)); !cut.is_null()) {
+    if (cut["lane"].is_string()) {
+      fmt::print(stderr, "harness: interrupted in lane {} (signal {}): its receipt holds the steps it finished; reports in {}\n",
+                 cut["lane"].get<std::string>(), cut["signal"].get<int>(), out_dir);
+    } else {
+      const std::string after = cut["after_lane"].is_string() ? "after lane " + cut["after_lane"].get<std::string>() : "before the first lane";
+      fmt::print(stderr, "harness: interrupted between lanes, {} (signal {}): no lane was cut, the rest did not start; reports in {}\n",
+                 after, cut["signal"].get<int>(), out_dir);
+    }
+  }
   return nightly::summary_exit_code(summary);
 }
 
 int nightly_action(NightlyFlags& f) {
   nightly::NightlyOptions o = f.options;
-  if (!f.shard.empty()) o.shard = nightly::parse_shard(f.shard);
+  if (f.shard == "auto") {
+    o.shard = nightly::shard_from_environment(nightly::process_environment());
+    fmt::print(stderr, "shard       {}/{} (from the scheduler's environment)\n", o.shard.index, o.shard.count);
+  } else if (!f.shard.empty()) {
+    o.shard = nightly::parse_shard(f.shard);
+  }
   if (o.out_dir.empty()) o.out_dir = default_out_dir();
   nightly::NightlyJob job(o);  // a bad matrix or budgets file exits 2 before any directory is made
+  // One job per output directory: a second nightly of the same --out is refused, naming
+  // the first, before it can touch the directory.
+  fs::create_directories(fs::path(o.out_dir).parent_path().empty() ? fs::path(".") : fs::path(o.out_dir).parent_path());
+  const run::OutputLock lock(o.out_dir);
   prepare_out_dir(o.out_dir);
   ProgressPrinter printer;
   const nlohmann::json summary = job.run(std::ref(printer));
@@ -119,7 +141,9 @@ void add_nightly_command(CLI::App& app, CommandRegistry& commands) {
   nightly->add_option("--matrix", flags->options.matrix_path, "Lane matrix (TOML)")->capture_default_str();
   nightly->add_option("--budgets", flags->options.budgets_path, "Budgets file (TOML)")->capture_default_str();
   nightly->add_option("--goldens", flags->options.goldens_dir, "Goldens directory")->capture_default_str();
-  nightly->add_option("--shard", flags->shard, "Run shard i of N (i/N, 0 <= i < N): lanes k with k mod N == i");
+  nightly->add_option("--shard", flags->shard,
+                      "Run shard i of N (i/N, 0 <= i < N): lanes k with k mod N == i; `auto`: i and N from the "
+                      "scheduler (HARNESS_SHARD_INDEX/COUNT, a Slurm job array, a Kubernetes Indexed Job)");
   nightly->add_option("--threads", flags->options.threads, "Worker threads per run (0 = all cores)")->capture_default_str();
   commands.add(nightly, [flags] { return nightly_action(*flags); });
 

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "canary_run.h"
+#include "interrupt.h"
 #include "commands.h"
 #include "preset.h"
 
@@ -34,13 +35,16 @@ struct RunFlags {
   EngineFlagValues engine_flags;
 };
 
+// Steps are numbered from 0 everywhere (receipts, summaries, bisect): the line names the
+// step that just finished and counts how many are done.
 void print_progress(const run::StepProgress& p) {
   const bool last = p.step + 1 == p.steps;
   if (isatty(STDERR_FILENO)) {
     const double eta = p.elapsed_seconds / (p.step + 1) * (p.steps - p.step - 1);
-    fmt::print(stderr, "\rstep {:>4}/{}  loss {:.4f}  eta {:.1f}s   {}", p.step + 1, p.steps, p.loss, eta, last ? "\n" : "");
+    fmt::print(stderr, "\rstep {:>4} ({} of {} done)  loss {:.4f}  eta {:.1f}s   {}", p.step, p.step + 1, p.steps, p.loss,
+               eta, last ? "\n" : "");
   } else if ((p.step + 1) % 25 == 0 || last) {
-    fmt::print(stderr, "step {}/{} loss {:.4f}\n", p.step + 1, p.steps, p.loss);
+    fmt::print(stderr, "step {} ({} of {} done) loss {:.4f}\n", p.step, p.step + 1, p.steps, p.loss);
   }
 }
 
@@ -55,7 +59,13 @@ int run_action(RunFlags& f) {
     const int max_step = o.steps.value_or(canary::preset(o.canary).steps);
     o.dump_steps = run::parse_step_list(f.dump_tensors, max_step);
   }
-  const run::RunSummary s = run::run_canary(o, print_progress);
+  run::RunSummary s;
+  try {
+    s = run::run_canary(o, print_progress);
+  } catch (const run::Interrupted& e) {
+    fmt::print(stderr, "{}harness: {}\n", isatty(STDERR_FILENO) ? "\n" : "", e.what());
+    return e.exit_code();
+  }
   fmt::print("lane        {}\n", s.lane);
   fmt::print("steps       {} on {} thread{}\n", s.steps, s.threads, s.threads == 1 ? "" : "s");
   fmt::print("loss        {:.6f} (step 0) -> {:.6f} (step {})\n", s.first_loss, s.last_loss, s.steps - 1);

@@ -7,7 +7,9 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <sstream>
+#include <variant>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -17,6 +19,7 @@
 #include "file_io.h"
 #include "lane_run.h"
 #include "matrix.h"
+#include "registry.h"
 #include "stack_info.h"
 #include "verdict.h"
 
@@ -82,7 +85,7 @@ WindowProposal propose(const std::string& metric, const check::Window& current, 
 }
 
 std::string section_toml(const check::FeatureBudget& f, const Calibration& c) {
-  std::string text = fmt::format("[{}]\nform = \"tolerance\"\nrationale = {}\ncalibrated = \"{}\"\nrepeats = {}\n", f.name,
+  std::string text = fmt::format("[{}]\nform = \"tolerance\"\nrationale = {}\ncalibrated = \"{}\"\nrepeats = {}\n", f.key(),
                                  toml_string(f.rationale), run::utc_timestamp().substr(0, 10), c.repeats);
   std::vector<std::string> observed;
   for (const char* metric : check::kBudgetMetrics) observed.push_back(fmt::format("{} = {}", metric, number(c.observed.at(metric))));
@@ -98,8 +101,10 @@ std::string section_toml(const check::FeatureBudget& f, const Calibration& c) {
   return text + "\n";
 }
 
-// The budgets file's text with one feature's section replaced.
-std::string splice_section(const std::string& text, const std::string& feature, const std::string& section) {
+// The budgets file's text with one entry's section replaced (its table: "bf16", "tiny.bf16"),
+// or appended when the entry is new.
+std::string splice_section(const std::string& text, const std::string& feature, const std::string& section, bool is_new) {
+  if (is_new) return text + (text.empty() || text.ends_with("\n") ? "\n" : "\n\n") + section;
   const std::string header = "[" + feature + "]\n";
   std::size_t start = text.rfind("\n" + header);
   start = text.starts_with(header) ? 0 : start == std::string::npos ? start : start + 1;
@@ -120,7 +125,11 @@ std::string choose_feature(const std::string& wanted, const std::vector<std::str
   for (const char* f : kFeaturePriority) {
     if (std::find(composed.begin(), composed.end(), f) != composed.end()) return f;
   }
-  throw run::UsageError(fmt::format("--lane: {} has no feature to calibrate: it is bitwise against the reference", lane));
+  if (composed.size() == 1) return composed.front();  // a feature of another stack (torch-bf16, ...)
+  if (composed.empty()) {
+    throw run::UsageError(fmt::format("--lane: {} has no feature to calibrate: it is bitwise against the reference", lane));
+  }
+  throw run::UsageError(fmt::format("--feature: {} composes {}; name the one to calibrate", lane, fmt::join(composed, ", ")));
 }
 
 class TempDir {
@@ -165,14 +174,25 @@ struct Runs {
   std::vector<check::Deviation> deviations;
 };
 
-// The reference once, the lane `repeats` times (seeded accel lanes: a new noise seed each).
+// Whether the lane's engine declares seeded noise (its manifest setting noise_mode): each
+// run then draws a reduction order, and a noise-seed replays one.
+bool declares_seeded_noise(const LaneSpec& spec) {
+  if (spec.external()) return false;  // torch and command lanes: no harness engine, no noise seed
+  const auto attributes = make_engine(spec.engine, spec.settings)->manifest_attributes();
+  const auto mode = attributes.find("noise_mode");
+  return mode != attributes.end() && std::holds_alternative<std::string>(mode->second) &&
+         std::get<std::string>(mode->second) == "seeded";
+}
+
+// The reference once, the lane `repeats` times (seeded lanes: a new noise seed each).
 Runs run_repeats(const CalibrateOptions& o, const Matrix& matrix, const LaneSpec& spec, Calibration& c,
                  const std::function<void(const std::string&)>& progress) {
-  const auto noise = spec.settings.options.find("noise");  // accel's default is seeded
-  const bool seeded = spec.engine == "accel" && (noise == spec.settings.options.end() || noise->second == "seeded");
+  const bool seeded = declares_seeded_noise(spec);
   const TempDir work;
   if (progress) progress(fmt::format("reference {}", matrix.reference));
   run_lane(matrix, matrix.lane(matrix.reference), work.file("reference.h5"), {}, o.threads);
+  // An external lane's repeats read one canary pack.
+  const std::string pack = spec.external() ? export_matrix_pack(matrix, work.file("canary-pack.h5")) : "";
   Runs runs{check::load_receipt(work.file("reference.h5")), {}, {}};
   for (int i = 0; i < o.repeats; ++i) {
     LaneSpec repeat = spec;
@@ -182,7 +202,7 @@ Runs run_repeats(const CalibrateOptions& o, const Matrix& matrix, const LaneSpec
     }
     if (progress) progress(fmt::format("repeat {}/{} of {}", i + 1, o.repeats, spec.id));
     const std::string path = work.file(fmt::format("repeat-{}.h5", i));
-    run_lane(matrix, repeat, path, {}, o.threads);
+    run_lane(matrix, repeat, path, {}, o.threads, pack);
     runs.repeats.push_back(check::load_receipt(path));
     const auto d = check::metric_deviations(runs.repeats.back(), runs.reference);
     runs.deviations.insert(runs.deviations.end(), d.begin(), d.end());
@@ -191,13 +211,13 @@ Runs run_repeats(const CalibrateOptions& o, const Matrix& matrix, const LaneSpec
 }
 
 // Every window of the feature's entry, per metric (one open window when it has none).
-void propose_windows(const check::Budgets& budgets, const Runs& runs, Calibration& c) {
+void propose_windows(const std::vector<const check::FeatureBudget*>& parts, const check::FeatureBudget& current,
+                     const Runs& runs, Calibration& c) {
   std::vector<const check::FeatureBudget*> other_parts;
-  for (const std::string& name : c.composed) {
-    if (name != c.feature) other_parts.push_back(&budgets.feature(name));
+  for (const check::FeatureBudget* part : parts) {
+    if (part != &current) other_parts.push_back(part);
   }
   const check::ComposedBudget others(other_parts);
-  const check::FeatureBudget& current = budgets.feature(c.feature);
   for (const char* metric : check::kBudgetMetrics) {
     const auto it = current.metrics.find(metric);
     const bool none = it == current.metrics.end() || it->second.empty();
@@ -218,8 +238,11 @@ Calibration calibrate(const CalibrateOptions& o, const std::function<void(const 
   if (o.lane.empty() || chosen.size() != 1) throw run::UsageError("--lane: name one lane of the matrix (its id or name)");
   const LaneSpec& spec = *chosen.front();
   if (spec.id == matrix.reference) throw run::UsageError(fmt::format("--lane: {} is the reference lane itself", spec.id));
-  if (!o.feature.empty() && !budgets.features.count(o.feature)) {
-    throw run::UsageError(fmt::format("--feature: {} is not a feature of {}", o.feature, o.budgets_path));
+  const bool declared = std::find(spec.budget_features.begin(), spec.budget_features.end(), o.feature) !=
+                        spec.budget_features.end();
+  if (!o.feature.empty() && !budgets.describes(o.feature) && !declared) {
+    throw run::UsageError(fmt::format("--feature: {} is not a feature of {} nor one {} declares", o.feature,
+                                      o.budgets_path, spec.id));
   }
   Calibration c;
   choose_outputs(o, c);
@@ -227,19 +250,50 @@ Calibration calibrate(const CalibrateOptions& o, const std::function<void(const 
   c.reference = matrix.lane(matrix.reference).lane;
   c.repeats = o.repeats;
   const Runs runs = run_repeats(o, matrix, spec, c, progress);
-  c.composed = check::budget_between(budgets, runs.repeats.front(), runs.reference).names();
+  // The declared features that separate the lane from the reference, each with its entry
+  // (the canary's own over the default). A feature without one gets a new entry: no
+  // windows yet (it allows nothing), so the proposal covers all it moves; the bitwise
+  // rule takes no windows.
+  const std::string canary = check::canary_name(runs.reference);
+  std::map<std::string, check::FeatureBudget> new_entries;
+  std::vector<const check::FeatureBudget*> parts;
+  for (const std::string& name : check::features_between(runs.repeats.front(), runs.reference)) {
+    const check::FeatureBudget* entry = budgets.find(name, canary);
+    if (!entry) {
+      check::FeatureBudget& fresh = new_entries[name];
+      fresh.name = fresh.section = name;
+      fresh.rationale = fmt::format("NEW: proposed by harness calibrate from {}; say why {} moves the numbers", spec.lane, name);
+      entry = &fresh;
+    }
+    if (entry->bitwise) continue;
+    parts.push_back(entry);
+    c.composed.push_back(name);
+  }
   c.feature = choose_feature(o.feature, c.composed, spec.lane);
-  propose_windows(budgets, runs, c);
+  const check::FeatureBudget& current =
+      **std::find_if(parts.begin(), parts.end(), [&](const check::FeatureBudget* p) { return p->name == c.feature; });
+  c.section = current.key();
+  c.new_entry = new_entries.count(c.feature) > 0;
+  propose_windows(parts, current, runs, c);
 
   // Validated before it is written: a proposal the parser refuses is a bug, and no file.
   const std::string candidate_text =
-      splice_section(run::read_file(o.budgets_path), c.feature, section_toml(budgets.feature(c.feature), c));
+      splice_section(run::read_file(o.budgets_path), c.section, section_toml(current, c), c.new_entry);
   const TempDir check_dir;
   run::write_file_atomically(check_dir.file("candidate.toml"), candidate_text);
   const check::Budgets proposed = check::load_budgets(check_dir.file("candidate.toml"));
+  // A feature with no entry (before, or another one still without) passes nothing.
+  const auto passes = [&](const check::ReceiptData& r, const check::Budgets& b) {
+    try {
+      return check::compare_receipts(r, runs.reference, b, "compare").pass();
+    } catch (const check::ContractError& e) {
+      if (e.kind != "no_budget") throw;
+      return false;
+    }
+  };
   for (const check::ReceiptData& r : runs.repeats) {
-    c.passing_now += check::compare_receipts(r, runs.reference, budgets, "compare").pass() ? 1 : 0;
-    c.passing_proposed += check::compare_receipts(r, runs.reference, proposed, "compare").pass() ? 1 : 0;
+    c.passing_now += passes(r, budgets) ? 1 : 0;
+    c.passing_proposed += passes(r, proposed) ? 1 : 0;
   }
   run::write_file_atomically(c.candidate_path, candidate_text);
   run::write_file_atomically(c.report_path, calibration_report(c));
@@ -248,11 +302,11 @@ Calibration calibrate(const CalibrateOptions& o, const std::function<void(const 
 
 std::string calibration_report(const Calibration& c) {
   std::string text = fmt::format(
-      "# Calibration of [{}]\n\n{} repeats of {} against {}{}.\nComposed budget: {}; the other features keep their "
+      "# Calibration of [{}]{}\n\n{} repeats of {} against {}{}.\nComposed budget: {}; the other features keep their "
       "share and [{}] gets the rest, times {}, at least {} fp32 ulps.\n\n",
-      c.feature, c.repeats, c.lane, c.reference,
+      c.section, c.new_entry ? " (a new entry: write its rationale)" : "", c.repeats, c.lane, c.reference,
       c.noise_seeds.empty() ? "" : fmt::format(" (noise seeds {}..{})", c.noise_seeds.front(), c.noise_seeds.back()),
-      fmt::join(c.composed, " + "), c.feature, kMargin, kFloorUlps);
+      fmt::join(c.composed, " + "), c.section, kMargin, kFloorUlps);
   text += "| metric | steps | largest deviation | current | proposed |\n|---|---|---|---|---|\n";
   for (const WindowProposal& w : c.windows) {
     text += fmt::format("| {} | {} | {:.3g} | `{}` | `{}` |\n", w.metric, window_steps(w.current), w.observed,

@@ -32,7 +32,9 @@ struct WindowProposal {
 
 struct Calibration {
   std::string lane, reference, feature;
-  std::vector<std::string> composed;  // every feature of the comparison; `feature` is the one proposed
+  std::string section;                // its entry's table, replaced in the candidate: "bf16" or "tiny.bf16"
+  bool new_entry = false;             // the budgets had no entry for it: the candidate adds one
+  std::vector<std::string> composed;  // every declared feature the comparison budgets; `feature` is the one proposed
   std::vector<std::int64_t> noise_seeds;  // per repeat; empty when the lane has no seeded noise
   std::vector<WindowProposal> windows;
   std::map<std::string, double> observed;  // per metric, over all windows

@@ -61,12 +61,23 @@ GoldenState inspect_golden(const LaneSpec& spec, const std::string& path, const 
   return g;
 }
 
+// True when `lane` is <canary>/<name> and the log has recorded some lane of that canary.
+bool records_canary(const std::map<std::string, std::string>& recorded, const std::string& lane) {
+  const std::size_t slash = lane.find('/');
+  if (slash == std::string::npos) return false;
+  const std::string canary_prefix = lane.substr(0, slash + 1);
+  const auto it = recorded.lower_bound(canary_prefix);
+  return it != recorded.end() && it->first.starts_with(canary_prefix);
+}
+
 }  // namespace
 
 nlohmann::json ProvenanceEntry::to_json() const {
-  return {{"date_utc", date_utc}, {"lane", lane},       {"old_hash", old_hash.empty() ? nlohmann::json(nullptr) : nlohmann::json(old_hash)},
+  nlohmann::json j = {{"date_utc", date_utc}, {"lane", lane},       {"old_hash", old_hash.empty() ? nlohmann::json(nullptr) : nlohmann::json(old_hash)},
           {"new_hash", new_hash}, {"reason", reason},   {"approver", approver},
           {"git_commit", git_commit}, {"toolchain", toolchain}, {"comparison", comparison}};
+  if (allow_dirty) j["allow_dirty"] = true;
+  return j;
 }
 
 bool GoldenStatus::clean() const {
@@ -210,13 +221,25 @@ void GoldenStore::verify(const Candidate& candidate) const {
   }
 }
 
-void GoldenStore::promote(const Candidate& candidate, const std::string& approver) {
+void GoldenStore::verify_clean_build(const Candidate& candidate, bool allow_dirty) const {
+  const std::string from = candidate_path(candidate.lane);
+  const std::string commit = receipt::ReceiptReader(from).manifest_string("git_commit");
+  if (commit.ends_with("-dirty") && !allow_dirty) {
+    throw GoldenError(fmt::format("{}: built from a tree with uncommitted changes ({}); commit them, rebuild and refresh "
+                                  "the lane, or pass --allow-dirty (recorded in the log)",
+                                  from, commit));
+  }
+}
+
+void GoldenStore::promote(const Candidate& candidate, const std::string& approver, bool allow_dirty) {
   verify(candidate);
+  verify_clean_build(candidate, allow_dirty);
   const std::string from = candidate_path(candidate.lane);
   const std::string to = golden_path(candidate.lane);
   std::map<std::string, std::string> manifest = receipt::ReceiptReader(from).manifest_text();
   ProvenanceEntry entry{run::utc_timestamp(), candidate.lane, fs::exists(to) ? run::file_content_hash(to) : "", candidate.content_hash,
-                        candidate.reason, approver, manifest["git_commit"], manifest["toolchain"], candidate.comparison};
+                        candidate.reason, approver, manifest["git_commit"], manifest["toolchain"], candidate.comparison,
+                        allow_dirty && manifest["git_commit"].ends_with("-dirty")};
   // Log first into a temporary copy, then the golden, then the log: an interruption
   // between the renames leaves a golden the log does not record, which `status` reports.
   std::string log_text = run::read_file(log_path());
@@ -239,13 +262,46 @@ std::vector<ProvenanceEntry> GoldenStore::log() const {
       const nlohmann::json j = nlohmann::json::parse(line);
       entries.push_back({j.at("date_utc"), j.at("lane"), j.at("old_hash").is_null() ? "" : j.at("old_hash").get<std::string>(),
                          j.at("new_hash"), j.at("reason"), j.at("approver"), j.at("git_commit"), j.at("toolchain"),
-                         j.at("comparison")});
+                         j.at("comparison"), j.value("allow_dirty", false)});
     } catch (const nlohmann::json::exception& e) {
       throw GoldenError(fmt::format("{}:{}: not a provenance entry ({}); restore the log from version control",
                                     log_path(), number, e.what()));
     }
   }
   return entries;
+}
+
+void verify_golden_integrity(const std::string& path) {
+  const fs::path file = fs::weakly_canonical(fs::path(path));
+  if (ends_with(file.string(), kCandidateSuffix)) return;  // candidates are reviewed, not trusted
+  // goldens/<canary>/<lane>.h5 (lanes may hold one more level): the log is up to three levels up.
+  fs::path dir = file.parent_path();
+  for (int level = 0; level < 3 && !dir.empty(); ++level, dir = dir.parent_path()) {
+    const GoldenStore store(dir.string());
+    if (!fs::exists(store.log_path())) continue;
+    std::string lane = fs::relative(file, dir).string();
+    if (!ends_with(lane, ".h5")) return;
+    lane.resize(lane.size() - 3);
+    const std::map<std::string, std::string> recorded = last_recorded(store.log());
+    // A log governs only the canaries it has recorded: a stray provenance.jsonl in a parent
+    // (a temp dir, a home directory) does not turn every receipt below it into a golden.
+    if (!records_canary(recorded, lane)) continue;
+    const auto it = recorded.find(lane);
+    const std::string hash = run::file_content_hash(file.string());
+    const std::string restore = fmt::format(
+        "restore it with `git checkout -- {}`, or re-approve it: `harness golden refresh --lanes {} --reason TEXT`, "
+        "then `harness golden approve`",
+        path, lane);
+    if (it == recorded.end()) {
+      throw GoldenError(fmt::format("{}: a golden that {} never recorded (content {}); {}", path, store.log_path(), hash,
+                                    restore));
+    }
+    if (it->second != hash) {
+      throw GoldenError(fmt::format("{}: changed outside `harness golden approve` (content {}, the log last recorded {}); {}",
+                                    path, hash, it->second, restore));
+    }
+    return;
+  }
 }
 
 std::optional<std::int64_t> receipt_schema_version(const std::string& path) {

@@ -27,6 +27,7 @@ struct GoldenError : std::runtime_error {
 struct ProvenanceEntry {
   std::string date_utc, lane, old_hash, new_hash, reason, approver, git_commit, toolchain;
   nlohmann::json comparison;  // the candidate against the golden it replaced, at refresh
+  bool allow_dirty = false;   // approved although built from a tree with uncommitted changes
   nlohmann::json to_json() const;
 };
 
@@ -76,7 +77,10 @@ class GoldenStore {
   void verify(const Candidate& candidate) const;
   // Promotes a verified candidate: renames it over the golden and appends a provenance
   // entry to the log. Throws GoldenError and changes nothing when verify() would.
-  void promote(const Candidate& candidate, const std::string& approver);
+  void promote(const Candidate& candidate, const std::string& approver, bool allow_dirty = false);
+  // Throws GoldenError unless the candidate was built from a clean tree (its manifest's
+  // git_commit has no "-dirty"), or allow_dirty is given (then the log records it).
+  void verify_clean_build(const Candidate& candidate, bool allow_dirty) const;
 
   std::vector<ProvenanceEntry> log() const;
 
@@ -87,6 +91,14 @@ class GoldenStore {
 
   std::string dir_;
 };
+
+// Before a golden is used (check, nightly, bisect): when `path` lies in a goldens directory
+// (a provenance.jsonl up to three levels above it has recorded lanes of its canary, the
+// first path component below the log), its content hash must be the one the log last
+// recorded for it. Throws GoldenError naming the file, the hashes and the two ways back:
+// restore it from version control, or refresh and approve it. Files outside any goldens
+// directory are not goldens and pass.
+void verify_golden_integrity(const std::string& path);
 
 // The schema_version a receipt declares, or nullopt when the file is not a receipt.
 std::optional<std::int64_t> receipt_schema_version(const std::string& path);

@@ -1,6 +1,7 @@
 // The HTML report: one self-contained page (no external resources), charts drawn as
 // inline SVG here, a few lines of script for the "failures only" filter.
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -20,16 +21,27 @@ using nlohmann::json;
 // Style and script are raw text in HTML; they are spliced in after serialisation, where
 // the XML writer cannot escape their characters.
 constexpr const char* kStyle = R"(
-body { font: 14px/1.45 system-ui, sans-serif; margin: 24px; color: #1d2430; max-width: 1200px; }
+body { font: 14px/1.45 system-ui, sans-serif; margin: 24px; color: #1d2430; max-width: 1200px; overflow-wrap: anywhere; }
 h1 .pass, td.pass { color: #137333; } h1 .fail, td.fail { color: #b3261e; } h1 .error, td.error { color: #a05a00; }
-table { border-collapse: collapse; margin: 8px 0 16px; }
-th, td { border: 1px solid #d5d9e0; padding: 4px 8px; text-align: left; vertical-align: top; }
+table { border-collapse: collapse; margin: 8px 0 16px; max-width: 100%; }
+th, td { border: 1px solid #d5d9e0; padding: 4px 8px; text-align: left; vertical-align: top; overflow-wrap: anywhere; }
 th { background: #f3f5f8; }
 code, pre { font: 12px/1.4 ui-monospace, monospace; }
-pre { background: #f6f8fa; padding: 8px; overflow-x: auto; }
+pre { background: #f6f8fa; padding: 8px; white-space: pre-wrap; overflow-wrap: anywhere; max-width: 100%; box-sizing: border-box; }
+pre.command { border-left: 3px solid #1f5fbf; }
 section.lane { border-top: 1px solid #d5d9e0; margin-top: 24px; }
+section.lane[data-status=fail] > h3 { color: #b3261e; } section.lane[data-status=error] > h3 { color: #a05a00; }
 .charts { display: flex; flex-wrap: wrap; gap: 16px; }
-figure { margin: 0; } figcaption { font-size: 12px; color: #5f6b7a; }
+figure { margin: 0; max-width: 100%; } figure h4 { margin: 4px 0; font-size: 13px; }
+figure.failing h4 { color: #b3261e; }
+figure svg.chart { max-width: 100%; height: auto; display: block; }
+figure.exact { width: 560px; max-width: 100%; }
+figcaption { font-size: 12px; color: #5f6b7a; max-width: 560px; }
+ul.legend { list-style: none; display: flex; flex-wrap: wrap; gap: 4px 16px; padding: 0; margin: 2px 0 4px 70px; font-size: 12px; }
+ul.legend li { display: flex; align-items: center; gap: 6px; }
+div.commands { border: 1px solid #e3c4c1; background: #fdf6f5; padding: 4px 12px; margin: 12px 0; border-radius: 4px; }
+div.commands h4 { margin: 6px 0; }
+div.commands p { margin: 6px 0 2px; }
 .muted { color: #5f6b7a; }
 tr.hidden { display: none; }
 )";
@@ -50,32 +62,76 @@ pugi::xml_node add(pugi::xml_node parent, const char* tag, const std::string& te
   return node;
 }
 
-// A line chart of several series over the steps, linear or log10 on y.
+// A number in shell words: as is when it is plain, else single-quoted.
+std::string shell_word(const std::string& word) {
+  const bool plain = !word.empty() && std::all_of(word.begin(), word.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("-_.,=/:+@%", c) != nullptr;
+  });
+  if (plain) return word;
+  std::string quoted = "'";
+  for (char c : word) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+// "Nice" tick spacing: 1, 2 or 5 times a power of ten, about `range / count`.
+double nice_step(double range, int count) {
+  const double raw = range / std::max(count, 1);
+  const double power = std::pow(10.0, std::floor(std::log10(raw)));
+  for (double m : {1.0, 2.0, 5.0, 10.0}) {
+    if (raw <= m * power * (1 + 1e-9)) return m * power;
+  }
+  return 10 * power;
+}
+
+// A line chart of several series over the steps, linear or log10 on y: axes with ticks
+// (decades on a log axis, written 10 with a superscript), a label on each axis, and a
+// legend of colour swatches under the plot.
 class Chart {
  public:
-  Chart(int steps, bool log_y) : steps_(std::max(steps, 2)), log_y_(log_y) {}
+  Chart(int steps, bool log_y, std::string y_label) : steps_(std::max(steps, 2)), log_y_(log_y), y_label_(std::move(y_label)) {}
 
   void series(const std::string& name, const json& values, const std::string& colour, bool dashed = false) {
     std::vector<double> v;
     for (const json& x : values) v.push_back(x.is_number() ? x.get<double>() : std::nan(""));
     lines_.push_back({name, colour, dashed, v});
   }
+  // A vertical marker at `step` (the first failing step).
+  void marker(int step, const std::string& text) { markers_.push_back({step, text}); }
 
-  void draw(pugi::xml_node parent, const std::string& caption) const {
+  pugi::xml_node draw(pugi::xml_node parent, const std::string& caption, const std::string& css = "") const {
     const auto [lo, hi] = y_range();
-    pugi::xml_node figure = add(parent, "figure");
+    pugi::xml_node figure = add(parent, "figure", "", css);
     pugi::xml_node svg = figure.append_child("svg");
     svg.append_attribute("xmlns") = "http://www.w3.org/2000/svg";
+    svg.append_attribute("viewBox") = fmt::format("0 0 {} {}", kWidth, kHeight).c_str();
     svg.append_attribute("width") = kWidth;
     svg.append_attribute("height") = kHeight;
+    svg.append_attribute("class") = log_y_ ? "chart log" : "chart linear";
     svg.append_attribute("role") = "img";
+    add(svg, "title", caption);
     frame(svg, lo, hi);
-    for (std::size_t i = 0; i < lines_.size(); ++i) polyline(svg, lines_[i], lo, hi, static_cast<int>(i));
+    for (const Line& l : lines_) if (!l.dashed) polyline(svg, l, lo, hi);
+    for (const Line& l : lines_) if (l.dashed) polyline(svg, l, lo, hi);
+    for (const auto& [step, text] : markers_) {
+      if (step < 0 || step >= steps_) continue;
+      pugi::xml_node m = svg.append_child("line");
+      m.append_attribute("class") = "marker";
+      m.append_attribute("x1") = px(step);
+      m.append_attribute("x2") = px(step);
+      m.append_attribute("y1") = kTop;
+      m.append_attribute("y2") = kHeight - kBottom;
+      m.append_attribute("stroke") = "#b3261e";
+      m.append_attribute("stroke-dasharray") = "2 3";
+      const bool right = px(step) > (kLeft + kWidth) / 2.0;
+      label(svg, px(step) + (right ? -4 : 4), kTop + 12, text, right ? "end" : "start", "marker-label").append_attribute("fill") = "#b3261e";
+    }
+    legend(figure);
     add(figure, "figcaption", caption);
+    return figure;
   }
 
  private:
-  static constexpr int kWidth = 540, kHeight = 250, kLeft = 64, kRight = 12, kTop = 24, kBottom = 30;
+  static constexpr int kWidth = 560, kHeight = 270, kLeft = 70, kRight = 14, kTop = 10, kBottom = 44;
   struct Line {
     std::string name, colour;
     bool dashed;
@@ -84,7 +140,25 @@ class Chart {
 
   double y_of(double v) const { return log_y_ ? std::log10(v) : v; }
 
+  // The linear axis' tick spacing: that of the data's range (y_range widens to it).
+  double linear_step() const {
+    const auto [lo, hi] = data_range();
+    return nice_step(hi - lo, 4);
+  }
+
+  // The data's range, widened to whole decades (log) or to whole tick steps (linear).
   std::pair<double, double> y_range() const {
+    auto [lo, hi] = data_range();
+    if (log_y_) {
+      lo = std::floor(lo), hi = std::ceil(hi);
+      if (hi - lo < 1) hi = lo + 1;
+      return {lo, hi};
+    }
+    const double step = linear_step();
+    return {std::floor(lo / step) * step, std::ceil(hi / step) * step};
+  }
+
+  std::pair<double, double> data_range() const {
     double lo = std::numeric_limits<double>::infinity(), hi = -lo;
     for (const Line& l : lines_) {
       for (double v : l.values) {
@@ -93,15 +167,49 @@ class Chart {
         hi = std::max(hi, y_of(v));
       }
     }
-    if (!std::isfinite(lo)) lo = 0, hi = 1;
-    if (hi - lo < 1e-12) lo -= 0.5, hi += 0.5;
+    if (!std::isfinite(lo)) lo = log_y_ ? -1 : 0, hi = log_y_ ? 0 : 1;
+    if (!log_y_ && hi - lo < 1e-12 * std::max(1.0, std::fabs(hi))) lo -= 0.5, hi += 0.5;
     return {lo, hi};
   }
 
   double px(int step) const { return kLeft + (kWidth - kLeft - kRight) * step / double(steps_ - 1); }
   double py(double y, double lo, double hi) const { return kTop + (kHeight - kTop - kBottom) * (1 - (y - lo) / (hi - lo)); }
 
+  void grid(pugi::xml_node svg, double y) const {
+    pugi::xml_node g = svg.append_child("line");
+    g.append_attribute("x1") = kLeft;
+    g.append_attribute("x2") = kWidth - kRight;
+    g.append_attribute("y1") = y;
+    g.append_attribute("y2") = y;
+    g.append_attribute("stroke") = "#eceff3";
+  }
+
   void frame(pugi::xml_node svg, double lo, double hi) const {
+    if (log_y_) {
+      const int decades = static_cast<int>(std::lround(hi - lo));
+      const int every = std::max(1, (decades + 5) / 6);  // at most about 6 labels
+      for (int e = static_cast<int>(std::lround(lo)); e <= static_cast<int>(std::lround(hi)); e += every) {
+        const double y = py(e, lo, hi);
+        grid(svg, y);
+        pugi::xml_node t = label(svg, kLeft - 6, y + 4, "10", "end", "tick y");
+        if (e != 0) {  // 10 with the exponent as a superscript: 10⁻⁵ reads "10−5" as text
+          pugi::xml_node sup = t.append_child("tspan");
+          sup.append_attribute("dy") = -5;
+          sup.append_attribute("font-size") = 9;
+          sup.text().set((e < 0 ? "\u2212" + std::to_string(-e) : std::to_string(e)).c_str());
+        } else {
+          t.text().set("1");
+        }
+      }
+    } else {
+      const double step = linear_step();
+      const int decimals = std::max(0, -static_cast<int>(std::floor(std::log10(step) + 1e-9)));
+      for (double v = lo; v <= hi + step * 1e-6; v += step) {
+        const double y = py(v, lo, hi);
+        grid(svg, y);
+        label(svg, kLeft - 6, y + 4, fmt::format("{:.{}f}", v, decimals), "end", "tick y");
+      }
+    }
     pugi::xml_node box = svg.append_child("rect");
     box.append_attribute("x") = kLeft;
     box.append_attribute("y") = kTop;
@@ -109,25 +217,31 @@ class Chart {
     box.append_attribute("height") = kHeight - kTop - kBottom;
     box.append_attribute("fill") = "none";
     box.append_attribute("stroke") = "#c4cad3";
-    for (int i = 0; i <= 4; ++i) {
-      const double y = lo + (hi - lo) * i / 4;
-      label(svg, kLeft - 6, py(y, lo, hi) + 4, log_y_ ? fmt::format("1e{:.1f}", y) : fmt::format("{:.4g}", y), "end");
+    const int x_step = std::max(1, static_cast<int>(nice_step(steps_ - 1, 5)));
+    for (int s = 0; s < steps_; s += x_step) label(svg, px(s), kHeight - kBottom + 14, std::to_string(s), "middle", "tick x");
+    if ((steps_ - 1) % x_step != 0 && (steps_ - 1) % x_step > x_step / 2) {
+      label(svg, px(steps_ - 1), kHeight - kBottom + 14, std::to_string(steps_ - 1), "middle", "tick x");
     }
-    label(svg, px(0), kHeight - 10, "0", "middle");
-    label(svg, px(steps_ - 1), kHeight - 10, std::to_string(steps_ - 1), "middle");
-    label(svg, (kLeft + kWidth) / 2.0, kHeight - 10, "step", "middle");
+    label(svg, (kLeft + kWidth - kRight) / 2.0, kHeight - 8, "step", "middle", "axis-label x");
+    const double mid = kTop + (kHeight - kTop - kBottom) / 2.0;
+    pugi::xml_node y = label(svg, 14, mid, y_label_, "middle", "axis-label y");
+    y.append_attribute("transform") = fmt::format("rotate(-90 14 {:.1f})", mid).c_str();
   }
 
-  static void label(pugi::xml_node svg, double x, double y, const std::string& text, const char* anchor) {
+  static pugi::xml_node label(pugi::xml_node svg, double x, double y, const std::string& text, const char* anchor,
+                              const char* css) {
     pugi::xml_node t = svg.append_child("text");
     t.append_attribute("x") = x;
     t.append_attribute("y") = y;
-    t.append_attribute("font-size") = 10;
+    t.append_attribute("font-size") = 11;
+    t.append_attribute("fill") = "#3c4450";
     t.append_attribute("text-anchor") = anchor;
+    t.append_attribute("class") = css;
     t.text().set(text.c_str());
+    return t;
   }
 
-  void polyline(pugi::xml_node svg, const Line& l, double lo, double hi, int index) const {
+  void polyline(pugi::xml_node svg, const Line& l, double lo, double hi) const {
     std::string points;
     for (std::size_t s = 0; s < l.values.size(); ++s) {
       const double v = l.values[s];
@@ -140,20 +254,41 @@ class Chart {
     p.append_attribute("points") = points.c_str();
     p.append_attribute("fill") = "none";
     p.append_attribute("stroke") = l.colour.c_str();
-    p.append_attribute("stroke-width") = 1.5;
-    if (l.dashed) p.append_attribute("stroke-dasharray") = "5 3";
+    // Solid lines wide and under the dashed ones: where the series agree, both show.
+    p.append_attribute("stroke-width") = l.dashed ? 1.6 : 3.0;
+    if (!l.dashed) p.append_attribute("stroke-opacity") = 0.75;
+    if (l.dashed) p.append_attribute("stroke-dasharray") = "6 3";
     add(p, "title", l.name);
-    pugi::xml_node key = svg.append_child("text");
-    key.append_attribute("x") = kLeft + 150 * index;
-    key.append_attribute("y") = kTop - 8;
-    key.append_attribute("font-size") = 11;
-    key.append_attribute("fill") = l.colour.c_str();
-    key.text().set(l.name.c_str());
+  }
+
+  // The legend: one swatch (the series' line, dashed as drawn) and its name per series.
+  void legend(pugi::xml_node figure) const {
+    pugi::xml_node list = add(figure, "ul", "", "legend");
+    for (const Line& l : lines_) {
+      pugi::xml_node item = add(list, "li");
+      pugi::xml_node swatch = item.append_child("svg");
+      swatch.append_attribute("xmlns") = "http://www.w3.org/2000/svg";
+      swatch.append_attribute("class") = "swatch";
+      swatch.append_attribute("width") = 28;
+      swatch.append_attribute("height") = 10;
+      swatch.append_attribute("aria-hidden") = "true";
+      pugi::xml_node line = swatch.append_child("line");
+      line.append_attribute("x1") = 1;
+      line.append_attribute("x2") = 27;
+      line.append_attribute("y1") = 5;
+      line.append_attribute("y2") = 5;
+      line.append_attribute("stroke") = l.colour.c_str();
+      line.append_attribute("stroke-width") = 3;
+      if (l.dashed) line.append_attribute("stroke-dasharray") = "6 3";
+      add(item, "span", l.name);
+    }
   }
 
   int steps_;
   bool log_y_;
+  std::string y_label_;
   std::vector<Line> lines_;
+  std::vector<std::pair<int, std::string>> markers_;
 };
 
 std::string check_cell(const json& lane, const std::string& which) {
@@ -205,34 +340,186 @@ std::string budget_names(const json& envelope) {
   return fmt::format("{}", fmt::join(envelope["budget"].get<std::vector<std::string>>(), " + "));
 }
 
+// What a metric's deviation is, for the y axis.
+std::string deviation_label(const std::string& metric) {
+  if (metric == "params_sketch") return "|Δ params sketch| (L2)";
+  if (metric == "grad_norm") return "|Δ grad norm|";
+  if (metric == "loss") return "|Δ loss| (nats)";
+  return "|Δ " + metric + "|";
+}
+
+// "12% headroom" for a metric within its budget; how far over it for one that fails.
+std::string headroom_text(const json& metric) {
+  const json& h = metric.value("headroom_pct", json(nullptr));
+  const json& first = metric.value("first_failing_step", json(nullptr));
+  const bool fails = metric.contains("pass") && metric["pass"].is_boolean() && !metric["pass"].get<bool>();
+  const std::string from = first.is_number_integer() ? fmt::format(" from step {}", first.get<int>()) : "";
+  if (!h.is_number()) return fmt::format("fails{}: a NaN, or a move where the budget is exact", from);
+  const double headroom = h.get<double>();
+  if (fails || headroom < 0) return fmt::format("fails{}: worst step {:.3g}x the allowance", from, 1 - headroom / 100);
+  return fmt::format("{:.0f}% headroom", headroom);
+}
+
+// The tolerance-judged metrics of an envelope, tightest first; a summary written before
+// the per-metric keys has only the loss.
+std::vector<json> envelope_metrics(const json& envelope) {
+  std::vector<json> metrics;
+  if (envelope.contains("metrics") && envelope["metrics"].is_array()) {
+    for (const json& m : envelope["metrics"]) metrics.push_back(m);
+  } else if (envelope.contains("loss_deviation")) {
+    metrics.push_back({{"metric", "loss"}, {"deviation", envelope["loss_deviation"]},
+                       {"allowed", envelope.value("loss_allowed", json::array())}, {"headroom_pct", nullptr}});
+  }
+  auto headroom = [](const json& m) {
+    const json& h = m.value("headroom_pct", json(nullptr));
+    return h.is_number() ? h.get<double>() : -std::numeric_limits<double>::infinity();
+  };
+  std::stable_sort(metrics.begin(), metrics.end(), [&](const json& a, const json& b) { return headroom(a) < headroom(b); });
+  return metrics;
+}
+
 void charts(pugi::xml_node section, const json& lane, int steps) {
   const json& series = lane["series"];
   if (!series.contains("loss")) return;
   pugi::xml_node row = add(section, "div", "", "charts");
-  Chart loss(steps, false);
+  Chart loss(steps, false, "loss (nats)");
   loss.series("this run", series["loss"], "#1f5fbf");
   if (series.contains("golden_loss")) loss.series("golden", series["golden_loss"], "#e08a00", true);
-  if (series.contains("reference_loss")) loss.series("reference lane", series["reference_loss"], "#6b7480", true);
-  loss.draw(row, "Loss per step: this run, its golden and the reference lane.");
+  if (series.contains("reference_loss")) loss.series("reference lane", series["reference_loss"], "#3c4450", true);
+  loss.draw(row, "Loss per step: this run, its golden and the reference lane.", "loss");
   if (!series.contains("envelope")) return;
   const json& envelope = series["envelope"];
-  const bool exact = std::all_of(envelope["loss_deviation"].begin(), envelope["loss_deviation"].end(),
-                                 [](const json& d) { return d.is_number() && d.get<double>() == 0; });
-  const std::string against = json_text(envelope, "against");
-  if (exact) {
-    add(row, "p", fmt::format("Loss equal to {} at every step (budget: {}).", against, budget_names(envelope)), "muted");
-    return;
+  // The reference lane's envelope is against its golden; every other lane's against the reference lane.
+  const bool against_golden = std::none_of(lane["checks"].begin(), lane["checks"].end(),
+                                           [](const json& c) { return json_text(c, "check") == "reference"; });
+  const std::string against = against_golden ? "golden" : json_text(envelope, "against");
+  const std::vector<json> metrics = envelope_metrics(envelope);
+  add(section, "p",
+      fmt::format("Divergence from {} per judged metric against the budget envelope ({}), tightest first (least headroom); "
+                  "log scale, exact steps on the bottom edge.",
+                  against, budget_names(envelope)),
+      "muted");
+  pugi::xml_node grid = add(section, "div", "", "charts divergences");
+  for (const json& m : metrics) {
+    const std::string name = json_text(m, "metric");
+    const json& deviation = m["deviation"];
+    const json& allowed = m["allowed"];
+    const bool exact = std::all_of(deviation.begin(), deviation.end(), [](const json& d) { return d.is_number() && d.get<double>() == 0; });
+    const bool has_envelope = std::any_of(allowed.begin(), allowed.end(), [](const json& a) { return a.is_number() && a.get<double>() > 0; });
+    const bool failing = m.contains("pass") && m["pass"].is_boolean() && !m["pass"].get<bool>();
+    const std::string title = fmt::format("{}: {}", name, headroom_text(m));
+    pugi::xml_node figure;
+    if (exact) {
+      figure = add(grid, "figure", "", "divergence exact");
+      add(figure, "p", fmt::format("{}: equal to {} at every step (budget: {}).", name, against, budget_names(envelope)), "muted");
+    } else {
+      Chart chart(steps, true, deviation_label(name));
+      chart.series(fmt::format("|{} − {}|", name, against), deviation, "#b3261e");
+      if (has_envelope) chart.series("budget envelope (allowed)", allowed, "#137333", true);
+      const json& first = m.value("first_failing_step", json(nullptr));
+      if (first.is_number_integer()) chart.marker(first.get<int>(), fmt::format("first failing step {}", first.get<int>()));
+      const std::string tensor = json_text(m, "worst_tensor");
+      figure = chart.draw(grid,
+                          fmt::format("{} divergence from {}{}{}.", name, against,
+                                      has_envelope ? " against the budget envelope" : " (the budget is exact: any deviation fails)",
+                                      tensor.empty() ? "" : fmt::format("; per step its worst tensor (worst step: {})", tensor)),
+                          failing ? "divergence failing" : "divergence");
+      figure.insert_child_before("h4", figure.first_child()).text().set(title.c_str());
+    }
+    figure.append_attribute("data-metric") = name.c_str();
+    const json& h = m.value("headroom_pct", json(nullptr));
+    figure.append_attribute("data-headroom") = h.is_number() ? fmt::format("{:.6g}", h.get<double>()).c_str() : "none";
   }
-  Chart divergence(steps, true);
-  divergence.series("|loss - " + against + "|", envelope["loss_deviation"], "#b3261e");
-  divergence.series("budget envelope", envelope["loss_allowed"], "#137333", true);
-  divergence.draw(row, fmt::format("Divergence from {} against the budget envelope ({}), log scale.", against,
-                                   budget_names(envelope)));
+}
+
+// The recipe of a receipt (its manifest's run_options) as a `harness run` command line.
+std::string run_command(const json& recipe, const std::string& out, int checkpoint_every = 0) {
+  std::vector<std::string> words{"harness", "run", "--canary", shell_word(json_text(recipe, "canary")), "--engine",
+                                 shell_word(json_text(recipe, "engine"))};
+  if (!json_text(recipe, "features").empty()) words.insert(words.end(), {"--features", shell_word(json_text(recipe, "features"))});
+  if (recipe.contains("engine_options") && recipe["engine_options"].is_object()) {
+    for (const auto& [flag, value] : recipe["engine_options"].items()) {
+      words.push_back("--" + flag);
+      if (flag != "leak-scalars") words.push_back(shell_word(value.is_string() ? value.get<std::string>() : value.dump()));
+    }
+  }
+  if (recipe.contains("seed")) words.insert(words.end(), {"--seed", recipe["seed"].dump()});
+  if (recipe.contains("steps")) words.insert(words.end(), {"--steps", recipe["steps"].dump()});
+  if (json_text(recipe, "trace") == "ops") words.insert(words.end(), {"--trace", "ops"});
+  if (recipe.contains("inject_fault") && recipe["inject_fault"].is_string()) {
+    words.insert(words.end(), {"--inject-fault", shell_word(recipe["inject_fault"].get<std::string>())});
+  }
+  if (checkpoint_every > 0) words.insert(words.end(), {"--checkpoint-every", std::to_string(checkpoint_every)});
+  words.insert(words.end(), {"--out", shell_word(out)});
+  return fmt::format("{}", fmt::join(words, " "));
+}
+
+void command_block(pugi::xml_node parent, const std::string& what, const std::string& command, const std::string& note = "") {
+  add(parent, "p", what);
+  add(parent, "pre", command, "command");  // text only: the writer indents child elements
+  if (!note.empty()) add(parent, "p", note, "muted");
+}
+
+// Per failing lane: the commands that reproduce the run, bisect it against what it failed
+// and replay it from its first failing step.
+void reproduce(pugi::xml_node section, const json& lane) {
+  if (json_text(lane, "status") != "fail") return;
+  const json envelope = lane["series"].value("envelope", json::object());
+  const std::string receipt = json_text(envelope, "receipt", json_text(lane, "receipt"));
+  const json recipe = envelope.value("run_options", json(nullptr));
+  pugi::xml_node box = add(section, "div", "", "commands");
+  add(box, "h4", "Reproduce, bisect, replay");
+  const std::string id = json_text(lane, "id");
+  int first_failing = -1;
+  for (const json& check : lane["checks"]) {
+    if (json_text(check, "status") != "fail" || !check.contains("verdict")) continue;
+    const json& f = check["verdict"].value("first_failing_step", json(nullptr));
+    if (f.is_number_integer() && (first_failing < 0 || f.get<int>() < first_failing)) first_failing = f.get<int>();
+  }
+  if (recipe.is_object()) {
+    const json options = recipe.value("engine_options", json::object());
+    command_block(box,
+                  fmt::format("Run the lane again (its receipt's recipe: seed {}{}):", recipe.value("seed", json(nullptr)).dump(),
+                              options.contains("noise-seed") ? ", noise seed " + json_text(options, "noise-seed") : ""),
+                  run_command(recipe, id + ".h5"));
+  } else {
+    add(box, "p", fmt::format("The receipt records no run recipe (an external lane): run lane {} of the matrix again.", id), "muted");
+  }
+  for (const json& check : lane["checks"]) {
+    if (json_text(check, "status") != "fail") continue;
+    command_block(box,
+                  fmt::format("Bisect against the {} ({}): the first step, tensor and op where the two part:", json_text(check, "check"),
+                              json_text(check, "check") == "golden" ? "golden" : json_text(envelope, "against", "reference lane")),
+                  fmt::format("harness bisect {} {}", shell_word(receipt), shell_word(json_text(check, "against"))));
+  }
+  if (first_failing >= 0) {
+    const int every = recipe.is_object() ? recipe.value("checkpoint_every", 0) : 0;
+    command_block(box, fmt::format("Replay from the first failing step {}, bit for bit against the receipt:", first_failing),
+                  fmt::format("harness replay {} --from {}", shell_word(receipt), first_failing));
+    if (every > 0) {
+      add(box, "p", fmt::format("The run saved checkpoints every {} steps: the replay resumes from the last one at or before step {}.",
+                                every, first_failing), "muted");
+    } else if (first_failing > 0) {
+      add(box, "p", fmt::format("Replay resumes from a checkpoint, which this receipt lacks (the nightly runs without "
+                                "--checkpoint-every): it recomputes steps 0 to {} first. For a long run, reproduce with "
+                                "checkpoints and replay that receipt:", first_failing - 1), "muted");
+      if (recipe.is_object()) {
+        add(box, "pre",
+            run_command(recipe, id + ".h5", first_failing) + "\nharness replay " + shell_word(id + ".h5") + " --from " +
+                std::to_string(first_failing),
+            "command");
+      }
+    } else {
+      add(box, "p", "Step 0 fails: the replay starts from the initial state, no checkpoint needed (for a later step, "
+                    "reproduce with --checkpoint-every K and replay that receipt).", "muted");
+    }
+  }
 }
 
 void lane_section(pugi::xml_node body, const json& lane, int steps, const json& common_stack) {
   pugi::xml_node section = add(body, "section", "", "lane");
   section.append_attribute("id") = ("lane-" + json_text(lane, "id")).c_str();
+  section.append_attribute("data-status") = json_text(lane, "status").c_str();
   add(section, "h3", fmt::format("{} ({}): {}", json_text(lane, "lane"), json_text(lane, "id"), json_text(lane, "status")));
   if (!json_text(lane, "why").empty()) add(section, "p", json_text(lane, "why"), "muted");
   charts(section, lane, steps);
@@ -241,8 +528,9 @@ void lane_section(pugi::xml_node body, const json& lane, int steps, const json& 
     pugi::xml_node details = add(section, "details");
     if (json_text(check, "status") != "pass") details.append_attribute("open") = "open";
     add(details, "summary", fmt::format("{} check: {}: {}", json_text(check, "check"), json_text(check, "status"), json_text(check, "summary")));
-    add(details, "pre", check.contains("error") ? json_text(check["error"], "message") : json_text(check, "text"));
+    add(details, "pre", check.contains("error") ? json_text(check["error"], "message") : json_text(check, "text"), "verdict");
   }
+  reproduce(section, lane);
   if (lane.contains("stack") && lane["stack"] != common_stack) {
     add(section, "p", "Stack lines of this lane that differ from the job's:");
     stack_table(section, lane["stack"], common_stack);

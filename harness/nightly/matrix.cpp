@@ -1,6 +1,7 @@
 #include "matrix.h"
 
 #include <charconv>
+#include <cstring>
 #include <fstream>
 #include <set>
 
@@ -15,7 +16,21 @@ namespace harness::nightly {
 namespace {
 
 inline constexpr std::int64_t kMatrixSchemaVersion = 1;
-inline constexpr const char* kLaneKeys[] = {"id", "engine", "features", "why", "triage-with"};
+inline constexpr const char* kLaneKeys[] = {"id", "engine", "features", "why", "triage-with", "command", "budget-features", "lane"};
+inline constexpr const char* kPlaceholders[] = {"{pack}", "{out}", "{steps}", "{seed}"};
+inline constexpr const char* kTorchFlags[] = {"device", "precision"};
+
+#ifndef HARNESS_SOURCE_DIR
+#define HARNESS_SOURCE_DIR "."
+#endif
+
+// The budget features the PyTorch lane declares (canary_harness.lane.budget_features).
+std::vector<std::string> torch_budget_features(const std::string& device, const std::string& precision) {
+  const std::string type = device.substr(0, device.find(':'));
+  if (precision == "fp32") return {"torch-" + type};
+  if (type == "cpu") return {"torch-bf16"};
+  return {"torch-" + type, "torch-bf16"};
+}
 
 bool is_engine_flag(const std::string& key) {
   for (const char* name : kAccelFlagNames) {
@@ -108,10 +123,18 @@ class Parser {
     if (spec.id.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-_.") != std::string::npos) {
       fail(fmt::format("{}.id: use lower-case letters, digits, '-', '_' and '.' (it names files)", at));
     }
-    spec.engine = text(*t, "engine", at + ".engine", true);
+    const bool has_command = t->contains("command");
+    spec.engine = text(*t, "engine", at + ".engine", !has_command);
     spec.settings.features = text(*t, "features", at + ".features", false);
     spec.why = text(*t, "why", at + ".why", false);
     spec.triage_with = text(*t, "triage-with", at + ".triage-with", false);
+    if (has_command || spec.engine == "torch") return external_lane(m, *t, std::move(spec), at, has_command);
+    for (const char* key : {"command", "budget-features", "lane"}) {
+      if (t->contains(key)) {
+        fail(fmt::format("{}.{}: only an external lane (engine = \"torch\" or a command) takes it; engine {} declares "
+                         "its own", at, key, spec.engine));
+      }
+    }
     for (auto&& [key, value] : *t) {
       const std::string k(key.str());
       if (is_engine_flag(k)) {
@@ -124,8 +147,111 @@ class Parser {
     try {
       const auto engine = make_engine(spec.engine, spec.settings);
       spec.lane = run::lane_name(m.canary, engine->lane_engine(), engine->features());
+      spec.budget_features = engine->budget_features();
     } catch (const std::invalid_argument& e) {
       fail(fmt::format("{}: {}", at, e.what()));
+    }
+    return spec;
+  }
+
+  // budget-features = "a+b": feature names joined with '+', each once.
+  std::vector<std::string> feature_list(const toml::table& t, const std::string& where) const {
+    const std::string text_value = text(t, "budget-features", where, true);
+    std::vector<std::string> names;
+    std::size_t start = 0;
+    while (true) {
+      const std::size_t end = text_value.find('+', start);
+      const std::string name = text_value.substr(start, end == std::string::npos ? std::string::npos : end - start);
+      if (name.empty() || name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-_") != std::string::npos ||
+          std::find(names.begin(), names.end(), name) != names.end()) {
+        fail(fmt::format("{}: '{}' is not budget feature names joined with '+', each once (e.g. \"torch-cpu\")", where,
+                         text_value));
+      }
+      names.push_back(name);
+      if (end == std::string::npos) break;
+      start = end + 1;
+    }
+    return names;
+  }
+
+  // engine = "torch" (flags device, precision) or command = [...]: runs as a child process
+  // on the job's canary pack and writes a receipt at {out}.
+  LaneSpec external_lane(const Matrix& m, const toml::table& t, LaneSpec spec, const std::string& at, bool has_command) {
+    const bool torch = spec.engine == "torch";
+    if (torch && has_command) fail(fmt::format("{}.command: a torch lane's command is the PyTorch lane itself", at));
+    if (has_command && !spec.engine.empty()) {
+      fail(fmt::format("{}.engine: a command lane names no engine (the command is the engine); drop engine, or drop "
+                       "command for engine = \"torch\"", at));
+    }
+    if (!spec.settings.features.empty()) {
+      fail(fmt::format("{}.features: an external lane takes no harness features; {}", at,
+                       torch ? "use precision = \"bf16\"" : "declare what it runs with budget-features"));
+    }
+    if (!spec.triage_with.empty()) fail(fmt::format("{}.triage-with: triage explains the harness's fp8 lanes only", at));
+    for (auto&& [key, value] : t) {
+      const std::string k(key.str());
+      const bool torch_flag = std::find(std::begin(kTorchFlags), std::end(kTorchFlags), k) != std::end(kTorchFlags);
+      if (torch && torch_flag) {
+        spec.settings.options[k] = flag_value(value, at + "." + k);
+      } else if (std::find(std::begin(kLaneKeys), std::end(kLaneKeys), k) == std::end(kLaneKeys)) {
+        fail(fmt::format("{}.{}: unknown key of a {} lane (allowed: {}{})", at, k, torch ? "torch" : "command",
+                         fmt::join(kLaneKeys, ", "), torch ? ", device, precision" : ""));
+      }
+    }
+    if (torch) {
+      if (t.contains("lane")) fail(fmt::format("{}.lane: a torch lane's name is the PyTorch lane's own", at));
+      const std::string device = spec.settings.options.count("device") ? spec.settings.options["device"] : "cpu";
+      const std::string precision = spec.settings.options.count("precision") ? spec.settings.options["precision"] : "fp32";
+      const std::string type = device.substr(0, device.find(':'));
+      if (type != "cpu" && type != "cuda" && type != "xla") {
+        fail(fmt::format("{}.device: '{}' is not cpu, cuda, cuda:N or xla", at, device));
+      }
+      if (precision != "fp32" && precision != "bf16") fail(fmt::format("{}.precision: '{}' is not fp32 or bf16", at, precision));
+      spec.settings.options["device"] = device;
+      spec.settings.options["precision"] = precision;
+      spec.lane = m.canary + "/torch" + (precision == "bf16" ? "+bf16" : "");
+      spec.budget_features = torch_budget_features(device, precision);
+      if (t.contains("budget-features") && feature_list(t, at + ".budget-features") != spec.budget_features) {
+        fail(fmt::format("{}.budget-features: the torch lane on {} in {} declares {}; drop the key or make it that", at,
+                         device, precision, fmt::join(spec.budget_features, "+")));
+      }
+      spec.command = {"/usr/bin/python3", "-m", "canary_harness.lane", "--pack", "{pack}", "--device", device,
+                      "--precision", precision, "--out", "{out}"};
+      spec.environment["PYTHONPATH"] = std::string(HARNESS_SOURCE_DIR) + "/python";
+      return spec;
+    }
+    spec.engine = "command";
+    const toml::array* argv = t["command"].as_array();
+    const std::string where = at + ".command";
+    if (!argv || argv->empty()) fail(fmt::format("{}: must be a non-empty array of strings (argv, no shell)", where));
+    for (std::size_t i = 0; i < argv->size(); ++i) {
+      const auto item = (*argv)[i].value<std::string>();
+      if (!item || !(*argv)[i].is_string() || item->empty()) {
+        fail(fmt::format("{}[{}]: must be a non-empty string", where, i));
+      }
+      for (std::size_t open = item->find('{'); open != std::string::npos; open = item->find('{', open + 1)) {
+        const std::size_t close = item->find('}', open);
+        const std::string placeholder = item->substr(open, close == std::string::npos ? std::string::npos : close - open + 1);
+        if (std::find(std::begin(kPlaceholders), std::end(kPlaceholders), placeholder) == std::end(kPlaceholders)) {
+          fail(fmt::format("{}[{}]: '{}' is not a placeholder (allowed: {})", where, i, placeholder,
+                           fmt::join(kPlaceholders, ", ")));
+        }
+      }
+      spec.command.push_back(*item);
+    }
+    if (std::none_of(spec.command.begin(), spec.command.end(), [](const std::string& a) { return a.find("{out}") != std::string::npos; })) {
+      fail(fmt::format("{}: no argument holds {{out}}, the receipt the command must write", where));
+    }
+    if (!t.contains("budget-features")) {
+      fail(fmt::format("{}.budget-features: missing; a command lane declares the budget features its receipt declares "
+                       "(e.g. budget-features = \"torch-cpu\")", at));
+    }
+    spec.budget_features = feature_list(t, at + ".budget-features");
+    spec.lane = text(t, "lane", at + ".lane", false);
+    if (spec.lane.empty()) spec.lane = m.canary + "/" + spec.id;
+    if (spec.lane.rfind(m.canary + "/", 0) != 0 || spec.lane.size() == m.canary.size() + 1 ||
+        spec.lane.find("..") != std::string::npos) {
+      fail(fmt::format("{}.lane: '{}' must be {}/NAME (the receipt's lane; it names the golden)", at, spec.lane, m.canary));
     }
     return spec;
   }
@@ -154,7 +280,33 @@ class Parser {
 
 }  // namespace
 
-bool LaneSpec::runs_fp8() const { return settings.features.find("fp8") != std::string::npos; }
+bool LaneSpec::runs_fp8() const {
+  return std::find(budget_features.begin(), budget_features.end(), "fp8") != budget_features.end();
+}
+
+std::vector<std::string> expand_command(const LaneSpec& spec, const std::string& pack, const std::string& out, int steps,
+                                        std::int64_t seed) {
+  const std::pair<const char*, std::string> values[] = {
+      {"{pack}", pack}, {"{out}", out}, {"{steps}", std::to_string(steps)}, {"{seed}", std::to_string(seed)}};
+  std::vector<std::string> argv;
+  for (const std::string& item : spec.command) {
+    std::string expanded;
+    for (std::size_t i = 0; i < item.size();) {
+      bool replaced = false;
+      for (const auto& [placeholder, value] : values) {
+        if (item.compare(i, std::strlen(placeholder), placeholder) == 0) {
+          expanded += value;
+          i += std::strlen(placeholder);
+          replaced = true;
+          break;
+        }
+      }
+      if (!replaced) expanded += item[i++];
+    }
+    argv.push_back(std::move(expanded));
+  }
+  return argv;
+}
 
 const LaneSpec& Matrix::lane(const std::string& id) const {
   for (const LaneSpec& l : lanes) {

@@ -23,13 +23,23 @@ struct MatrixError : std::runtime_error {
 struct LaneSpec {
   std::string id;         // short, unique in the matrix: file names and report rows
   std::string lane;       // canonical lane name, e.g. "tiny/tpu-mesh@2x2+tp": the golden's path
-  std::string engine;     // cpu-ref, accel, tpu-mesh
-  EngineSettings settings;
+  std::string engine;     // cpu-ref, accel, tpu-mesh; torch or command for an external lane
+  EngineSettings settings;  // torch lanes: options device and precision
+  // An external lane (engine torch, or a `command`): argv with the placeholders {pack},
+  // {out}, {steps} and {seed}, run without a shell. Empty for the harness's own engines.
+  std::vector<std::string> command;
+  std::map<std::string, std::string> environment;  // set for the command (torch: PYTHONPATH)
   std::string why;        // what the lane guards (shown in reports)
   std::string triage_with;  // id of the bf16-only twin of an fp8 lane ("" when none)
+  std::vector<std::string> budget_features;  // what its engine declares (Engine::budget_features)
 
-  bool runs_fp8() const;
+  bool runs_fp8() const;  // it declares the fp8 budget feature
+  bool external() const { return !command.empty(); }  // runs as a child process on the canary pack
 };
+
+// The argv of an external lane with its placeholders filled in.
+std::vector<std::string> expand_command(const LaneSpec& spec, const std::string& pack, const std::string& out, int steps,
+                                        std::int64_t seed);
 
 struct Matrix {
   std::string path;

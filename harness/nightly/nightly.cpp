@@ -12,6 +12,7 @@
 #include <fmt/ranges.h>
 
 #include "golden_store.h"
+#include "interrupt.h"
 #include "lane_run.h"
 #include "receipt/receipt_reader.h"
 #include "stack_info.h"
@@ -44,16 +45,85 @@ std::string verdict_line(const check::Verdict& v) {
   return fmt::format("within budget; tightest {} at {:.0f}% headroom", tightest->metric, tightest->headroom_pct);
 }
 
-// The divergence of `run` from `against` per step, and what the budget allows there.
-json envelope(const check::ReceiptData& run, const check::ReceiptData& against, const check::Budgets& budgets) {
+// The divergence of `run` from `against` per step, and what the budget allows there: per
+// metric the verdict judges step by step against a tolerance (docs/nightly.md, summary.json),
+// tightest first, with the judged verdict's headroom and first failing step; and what the
+// reports need to reproduce, bisect and replay the run (its receipt and its recipe).
+json envelope(const check::ReceiptData& run, const check::ReceiptData& against, const check::Budgets& budgets,
+              const json& verdict = json()) {
   const check::ComposedBudget budget = check::budget_between(budgets, run, against);
-  json deviation = json::array(), allowed = json::array();
-  for (int s = 0; s < run.steps() && s < against.steps(); ++s) {
-    const auto i = static_cast<std::size_t>(s);
-    deviation.push_back(std::fabs(run.loss[i] - against.loss[i]));  // NaN becomes null
-    allowed.push_back(budget.bitwise() ? 0.0 : budget.allowed("loss", s, against.loss[i]));
+  const int steps = std::min(run.steps(), against.steps());
+  const auto step_count = static_cast<std::size_t>(std::max(steps, 0));
+  const bool bitwise = budget.bitwise();
+  // As the verdict judges it (check/verdict.cpp): a non-finite value, or a bitwise budget,
+  // allows nothing; params_sketch is the step's worst tensor by deviation / allowance.
+  auto scalar = [&](const std::vector<double>& a, const std::vector<double>& b, const char* metric) {
+    json deviation = json::array(), allowed = json::array();
+    for (std::size_t s = 0; s < step_count; ++s) {
+      deviation.push_back(std::fabs(a[s] - b[s]));  // NaN becomes null
+      const bool exact = bitwise || !std::isfinite(a[s]) || !std::isfinite(b[s]);
+      allowed.push_back(exact ? 0.0 : budget.allowed(metric, static_cast<int>(s), b[s]));
+    }
+    return std::pair{deviation, allowed};
+  };
+  std::map<std::string, std::pair<json, json>> per_metric;
+  per_metric["loss"] = scalar(run.loss, against.loss, "loss");
+  per_metric["grad_norm"] = scalar(run.grad_norm, against.grad_norm, "grad_norm");
+  const std::size_t width = receipt::kSketchWidth, tensors = run.tensors.size();
+  const bool sketches = !bitwise && tensors == against.tensors.size() &&
+                        run.params_sketch.size() >= step_count * tensors * width &&
+                        against.params_sketch.size() >= step_count * tensors * width;
+  if (sketches) {
+    json deviation = json::array(), allowed = json::array();
+    for (std::size_t s = 0; s < step_count; ++s) {
+      double worst_ratio = -1, worst_d = 0, worst_a = 0;
+      for (std::size_t t = 0; t < tensors; ++t) {
+        const std::size_t at = (s * tensors + t) * width;
+        const check::SketchDistance d = check::sketch_distance(std::span(run.params_sketch).subspan(at, width),
+                                                               std::span(against.params_sketch).subspan(at, width));
+        const double a = budget.allowed("params_sketch", static_cast<int>(s), d.reference_norm);
+        double ratio = d.distance == 0 ? 0 : a > 0 ? d.distance / a : std::numeric_limits<double>::infinity();
+        if (std::isnan(ratio)) ratio = std::numeric_limits<double>::infinity();
+        if (ratio > worst_ratio) worst_ratio = ratio, worst_d = d.distance, worst_a = a;
+      }
+      deviation.push_back(worst_d);
+      allowed.push_back(worst_a);
+    }
+    per_metric["params_sketch"] = {deviation, allowed};
   }
-  return {{"against", against.lane}, {"budget", budget.names()}, {"loss_deviation", deviation}, {"loss_allowed", allowed}};
+  std::vector<json> metrics;
+  for (const char* name : check::kBudgetMetrics) {
+    const auto found = per_metric.find(name);
+    if (found == per_metric.end()) continue;
+    json m = {{"metric", name}, {"deviation", found->second.first}, {"allowed", found->second.second},
+              {"headroom_pct", nullptr}, {"pass", true}, {"first_failing_step", nullptr}, {"worst_step", nullptr},
+              {"worst_tensor", ""}};
+    if (verdict.is_object() && verdict.contains("metrics")) {
+      for (const json& v : verdict["metrics"]) {
+        if (v.value("metric", "") != name) continue;
+        for (const char* key : {"headroom_pct", "pass", "first_failing_step", "worst_step", "worst_tensor"}) {
+          if (v.contains(key)) m[key] = v[key];
+        }
+      }
+    }
+    metrics.push_back(m);
+  }
+  // Tightest first: the least headroom (null: a broken exact budget or a NaN, the tightest).
+  std::stable_sort(metrics.begin(), metrics.end(), [](const json& a, const json& b) {
+    const double ha = a["headroom_pct"].is_number() ? a["headroom_pct"].get<double>() : -1e300;
+    const double hb = b["headroom_pct"].is_number() ? b["headroom_pct"].get<double>() : -1e300;
+    return ha < hb;
+  });
+  json recipe = nullptr;
+  if (const auto it = run.manifest.find("run_options"); it != run.manifest.end()) {
+    recipe = json::parse(it->second, nullptr, false);
+    if (recipe.is_discarded()) recipe = nullptr;
+  }
+  return {{"against", against.lane},  {"against_receipt", against.path},
+          {"receipt", run.path},      {"run_options", recipe},
+          {"budget", budget.names()}, {"bitwise", bitwise},
+          {"loss_deviation", per_metric["loss"].first}, {"loss_allowed", per_metric["loss"].second},
+          {"metrics", json(metrics)}};
 }
 
 json stack_of(const check::ReceiptData& r) {
@@ -89,6 +159,7 @@ struct LaneRun {
   json record;
   std::unique_ptr<check::ReceiptData> receipt;
   std::string error;
+  std::string error_kind = "run";  // "interrupted" when a signal cut the lane's run
 };
 
 }  // namespace
@@ -113,8 +184,18 @@ class NightlyJob::Impl {
     if (needs_reference && !owns_reference) ++planned_;
     fs::create_directories(fs::path(options_.out_dir) / "receipts");
 
+    // SIGINT/SIGTERM cut the lane under way at its next step boundary: its receipt holds
+    // the steps it finished, the reports name it, and no further lane starts.
+    const run::InterruptGuard interrupts;
     json records = json::array();
-    for (const LaneSpec* spec : lanes) records.push_back(check_lane(*spec));
+    std::string last_finished;  // a signal that lands between two lanes cut neither
+    for (const LaneSpec* spec : lanes) {
+      if (interrupted_signal_ == 0 && (interrupted_signal_ = run::pending_interrupt()) != 0) {
+        interrupted_after_ = last_finished;
+      }
+      records.push_back(interrupted_signal_ == 0 ? check_lane(*spec) : not_started(*spec));
+      if (interrupted_signal_ == 0) last_finished = spec->id;
+    }
     json auxiliary = json::array();
     for (const auto& run : runs_) {  // (no structured binding: clang 14 cannot capture one)
       const std::string& id = run.first;
@@ -133,6 +214,13 @@ class NightlyJob::Impl {
                     {"lanes", records},
                     {"auxiliary_runs", auxiliary}};
     summary["verdict"] = worst_status(summary["lanes"]);
+    // lane: the lane the signal cut, or null when it landed between lanes (after_lane: the
+    // last lane that finished, null before the first).
+    const auto or_null = [](const std::string& id) { return id.empty() ? json(nullptr) : json(id); };
+    summary["interrupted"] = interrupted_signal_ == 0
+                                 ? json(nullptr)
+                                 : json{{"signal", interrupted_signal_}, {"lane", or_null(interrupted_lane_)},
+                                        {"after_lane", or_null(interrupted_after_)}};
     return summary;
   }
 
@@ -157,17 +245,37 @@ class NightlyJob::Impl {
     try {
       const run::RunSummary s = run_lane(matrix_, spec, path, [&](const run::StepProgress& p) {
         step_progress(index, spec.id, p);
-      }, options_.threads);
+      }, options_.threads, spec.external() ? job_pack() : std::string());
       r.record["seconds"] = seconds_since(start);
       r.record["ms_per_step"] = 1000.0 * s.seconds / s.steps;
       r.receipt = std::make_unique<check::ReceiptData>(check::load_receipt(path));
       r.record["stack"] = stack_of(*r.receipt);
+    } catch (const run::Interrupted& e) {
+      r.record["seconds"] = seconds_since(start);
+      r.error = e.what();
+      r.error_kind = "interrupted";
+      interrupted_signal_ = e.signal;
+      interrupted_lane_ = spec.id;
     } catch (const std::exception& e) {
       r.record["seconds"] = seconds_since(start);
       r.error = e.what();
     }
     steps_done_ += matrix_.steps;
     return r;
+  }
+
+  // The canary pack of the job's external lanes: exported once into the output directory.
+  // A failed export is every external lane's run error.
+  const std::string& job_pack() {
+    if (pack_.empty() && pack_error_.empty()) {
+      try {
+        pack_ = export_matrix_pack(matrix_, (fs::path(options_.out_dir) / "canary-pack.h5").string());
+      } catch (const std::exception& e) {
+        pack_error_ = fmt::format("exporting the canary pack for the external lanes: {}", e.what());
+      }
+    }
+    if (!pack_error_.empty()) throw LaneCommandError(pack_error_);
+    return pack_;
   }
 
   void step_progress(int index, const std::string& id, const run::StepProgress& p) {
@@ -192,13 +300,20 @@ class NightlyJob::Impl {
     }
     std::unique_ptr<check::ReceiptData> golden;
     try {
+      verify_golden_integrity(path);
+    } catch (const GoldenError& e) {
+      return error_check(check, "golden_integrity", e.what(), "golden changed outside approve");
+    }
+    try {
       golden = std::make_unique<check::ReceiptData>(check::load_receipt(path));
     } catch (const std::exception& e) {  // not a receipt, truncated, another schema
       return error_check(check, "receipt", e.what(), "golden unreadable");
     }
     series["golden_loss"] = golden->loss;
     json result = judge("golden", run, *golden, budgets_);
-    if (spec.id == matrix_.reference && result["status"] != "error") series["envelope"] = envelope(run, *golden, budgets_);
+    if (spec.id == matrix_.reference && result["status"] != "error") {
+      series["envelope"] = envelope(run, *golden, budgets_, result.value("verdict", json()));
+    }
     return result;
   }
 
@@ -210,7 +325,7 @@ class NightlyJob::Impl {
     }
     series["reference_loss"] = ref.receipt->loss;
     json result = judge("reference", run, *ref.receipt, budgets_);
-    if (result["status"] != "error") series["envelope"] = envelope(run, *ref.receipt, budgets_);
+    if (result["status"] != "error") series["envelope"] = envelope(run, *ref.receipt, budgets_, result.value("verdict", json()));
     return result;
   }
 
@@ -257,7 +372,8 @@ class NightlyJob::Impl {
     json checks = json::array();
     json series = json::object();
     if (!r.receipt) {
-      checks.push_back(error_check({{"check", "run"}, {"against", ""}}, "run", r.error, "the lane did not run"));
+      checks.push_back(error_check({{"check", "run"}, {"against", ""}}, r.error_kind, r.error,
+                                   r.error_kind == "interrupted" ? "the lane was cut by a signal" : "the lane did not run"));
     } else {
       series["loss"] = r.receipt->loss;
       checks.push_back(golden_check(*r.receipt, spec, series));
@@ -268,7 +384,10 @@ class NightlyJob::Impl {
     const std::string status = worst_status(checks);
     record["status"] = status;
     record["triage"] = nullptr;
-    if (spec.runs_fp8() && checks.size() > 1 && checks[1]["status"] == "fail") record["triage"] = triage(spec);
+    // A judged receipt declared its features: triage explains the lanes that declare fp8.
+    if (checks.size() > 1 && checks[1]["status"] == "fail" && check::budget_features(*r.receipt).count("fp8")) {
+      record["triage"] = triage(spec);
+    }
     if (progress_) {
       NightlyProgress done{0, std::max(planned_, started_), spec.id, 0, 0, elapsed_before_, 0, ""};
       std::vector<std::string> parts;
@@ -283,6 +402,19 @@ class NightlyJob::Impl {
     return record;
   }
 
+  // A lane the job never started because a signal stopped it first.
+  json not_started(const LaneSpec& spec) const {
+    const json check = error_check({{"check", "run"}, {"against", ""}}, "interrupted",
+                                   fmt::format("not started: the job was interrupted (signal {})", interrupted_signal_),
+                                   "not started: the job was interrupted");
+    return {{"id", spec.id}, {"lane", spec.lane}, {"engine", spec.engine}, {"features", spec.settings.features},
+            {"why", spec.why}, {"receipt", nullptr}, {"seconds", 0.0}, {"checks", json::array({check})},
+            {"series", json::object()}, {"status", "error"}, {"triage", nullptr}};
+  }
+
+  int interrupted_signal_ = 0;
+  std::string interrupted_lane_;   // the lane the signal cut, if it landed inside one
+  std::string interrupted_after_;  // the last finished lane, if it landed between two
   NightlyOptions options_;
   Matrix matrix_;
   check::Budgets budgets_;
@@ -290,6 +422,7 @@ class NightlyJob::Impl {
   GoldenStore store_;
   std::function<void(const NightlyProgress&)> progress_;
   std::map<std::string, LaneRun> runs_;
+  std::string pack_, pack_error_;  // job_pack()
   int planned_ = 0, started_ = 0;
   double steps_done_ = 0, elapsed_before_ = 0;
 };
@@ -318,6 +451,8 @@ json judge(const std::string& check_name, const check::ReceiptData& run, const c
 }
 
 int summary_exit_code(const json& summary) {
+  const json interrupted = summary.value("interrupted", json(nullptr));
+  if (!interrupted.is_null()) return 128 + interrupted.at("signal").get<int>();
   const std::string verdict = summary.at("verdict");
   return verdict == "pass" ? 0 : verdict == "fail" ? 1 : 2;
 }

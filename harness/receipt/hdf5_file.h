@@ -1,6 +1,9 @@
 // A thin RAII layer over the HDF5 C API: handles that close themselves, and the few
 // typed operations receipts need (attributes, fixed and growing datasets).
-// Every failure throws Hdf5Error with the path involved; nothing here prints.
+// Every failure throws Hdf5Error naming the file, the object and HDF5's own reason
+// (e.g. a Fletcher32 checksum mismatch); nothing here prints.
+// What is written is the checksummed format of docs/receipt-schema.md ("File format"):
+// HDF5 1.10 metadata, fixed-length UTF-8 strings, every dataset chunked with Fletcher32.
 #pragma once
 
 #include <hdf5.h>
@@ -25,6 +28,8 @@ class Handle {
   using Closer = herr_t (*)(hid_t);
   Handle() = default;
   Handle(hid_t id, Closer closer, const std::string& what);  // throws if id < 0
+  // The same, naming the file that `where` (any object of it) belongs to in the error.
+  Handle(hid_t id, Closer closer, hid_t where, const std::string& what);
   Handle(Handle&& other) noexcept : id_(std::exchange(other.id_, H5I_INVALID_HID)), closer_(other.closer_) {}
   Handle& operator=(Handle&& other) noexcept;
   Handle(const Handle&) = delete;
@@ -41,7 +46,12 @@ class Handle {
   Closer closer_ = nullptr;
 };
 
+// Fixed-length UTF-8 strings of `bytes` bytes, NUL-padded: the only strings receipts hold.
+Handle fixed_string_type(std::size_t bytes);
+
 Handle create_file(const std::string& path, bool overwrite);  // fails if it exists and !overwrite
+// Read-only opens fall back to SWMR reading, so a receipt whose run is still writing it,
+// or was killed while writing it, opens too.
 Handle open_file(const std::string& path, bool writable);
 Handle create_group(hid_t parent, const std::string& name);
 Handle open_group(hid_t parent, const std::string& name);
@@ -51,8 +61,11 @@ bool exists(hid_t parent, const std::string& path);  // every link of the path
 void write_attr(hid_t obj, const std::string& name, const std::string& value);
 void write_attr(hid_t obj, const std::string& name, std::int64_t value);
 void write_attr(hid_t obj, const std::string& name, double value);
-std::string read_attr_string(hid_t obj, const std::string& name);
+std::string read_attr_string(hid_t obj, const std::string& name);  // fixed or (legacy) variable length
 std::int64_t read_attr_int(hid_t obj, const std::string& name);
+double read_attr_double(hid_t obj, const std::string& name);
+enum class AttrKind { kString, kInteger, kFloat, kOther };
+AttrKind attr_kind(hid_t obj, const std::string& name);
 bool has_attr(hid_t obj, const std::string& name);
 std::vector<std::string> attr_names(hid_t obj);
 
@@ -83,7 +96,7 @@ std::vector<float> read_f32(hid_t parent, const std::string& path);
 std::vector<std::uint64_t> read_u64(hid_t parent, const std::string& path);
 std::vector<std::int32_t> read_i32(hid_t parent, const std::string& path);
 std::vector<std::int64_t> read_i64(hid_t parent, const std::string& path);
-std::vector<std::string> read_strings(hid_t parent, const std::string& path);
+std::vector<std::string> read_strings(hid_t parent, const std::string& path);  // fixed or (legacy) variable length
 
 struct DatasetInfo {
   std::string path;
@@ -91,5 +104,14 @@ struct DatasetInfo {
   std::string dtype;  // "float64", "uint64", "int32", "float32", "string", ...
 };
 std::vector<DatasetInfo> list_datasets(hid_t file);
+std::vector<std::string> list_groups(hid_t file);  // "/manifest", "/steps", ... every group but the root
+
+// How a dataset is stored, for `harness validate`.
+struct DatasetLayout {
+  bool chunked = false, checksummed = false, variable_length_string = false;
+};
+DatasetLayout dataset_layout(hid_t parent, const std::string& path);
+// True for the HDF5 1.10 format (superblock version 3), whose metadata is checksummed.
+bool uses_checksummed_format(hid_t file);
 
 }  // namespace harness::h5

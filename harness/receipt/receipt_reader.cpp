@@ -10,6 +10,21 @@
 
 namespace harness::receipt {
 
+std::string schema_problem(std::int64_t major, std::int64_t minor) {
+  if (major > kSchemaVersion) {
+    return fmt::format("schema {}.{} was written by a newer harness; this one reads schema major {}: upgrade the "
+                       "harness that reads it",
+                       major, minor, kSchemaVersion);
+  }
+  if (major < kSchemaVersion) {
+    return fmt::format("schema {}.{} is older than this harness reads (major {}): re-record the receipt with this "
+                       "harness, or read it with the harness that wrote it",
+                       major, minor, kSchemaVersion);
+  }
+  if (minor < 0) return fmt::format("schema_minor {} is negative: the manifest is damaged", minor);
+  return "";
+}
+
 void ReceiptReader::fail(const std::string& what) const { throw ReceiptError(fmt::format("{}: {}", path_, what)); }
 
 ReceiptReader::ReceiptReader(const std::string& path) : path_(path) {
@@ -19,18 +34,17 @@ ReceiptReader::ReceiptReader(const std::string& path) : path_(path) {
   if (H5Fis_hdf5(path.c_str()) <= 0) fail("not an HDF5 file (give a receipt written by `harness run`)");
   try {
     file_ = h5::open_file(path, false);
-  } catch (const h5::Hdf5Error&) {
-    fail("HDF5 file cannot be opened (truncated or corrupt); rerun the job that wrote it");
+  } catch (const h5::Hdf5Error& e) {
+    fail(fmt::format("cannot be opened: the file is truncated or corrupt ({}); restore it or rerun the job that "
+                     "wrote it",
+                     e.what()));
   }
   if (!h5::exists(file_, "/manifest")) fail("no /manifest group: not a harness receipt");
   manifest_ = h5::open_group(file_, "/manifest");
   if (!h5::has_attr(manifest_, "schema_version")) fail("/manifest has no schema_version attribute: not a harness receipt");
   schema_version_ = h5::read_attr_int(manifest_, "schema_version");
-  if (schema_version_ != kSchemaVersion) {
-    fail(fmt::format("schema_version {} is not supported (this harness reads version {}); regenerate the receipt "
-                     "with this harness",
-                     schema_version_, kSchemaVersion));
-  }
+  schema_minor_ = h5::has_attr(manifest_, "schema_minor") ? h5::read_attr_int(manifest_, "schema_minor") : 0;
+  if (const std::string problem = schema_problem(schema_version_, schema_minor_); !problem.empty()) fail(problem);
   for (const char* required : {"/steps/loss", "/steps/batch_hash", "/hashes/names"}) {
     if (!h5::exists(file_, required)) fail(fmt::format("missing dataset {}: receipt is damaged", required));
   }
@@ -55,17 +69,10 @@ std::int64_t ReceiptReader::manifest_int(const std::string& name) const {
 std::map<std::string, std::string> ReceiptReader::manifest_text() const {
   std::map<std::string, std::string> out;
   for (const std::string& name : h5::attr_names(manifest_)) {
-    const h5::Handle attr(H5Aopen(manifest_, name.c_str(), H5P_DEFAULT), H5Aclose, "open attribute " + name);
-    const h5::Handle type(H5Aget_type(attr), H5Tclose, "attribute type");
-    switch (H5Tget_class(type)) {
-      case H5T_STRING: out[name] = h5::read_attr_string(manifest_, name); break;
-      case H5T_INTEGER: out[name] = std::to_string(h5::read_attr_int(manifest_, name)); break;
-      case H5T_FLOAT: {
-        double value = 0;
-        H5Aread(attr, H5T_NATIVE_DOUBLE, &value);
-        out[name] = fmt::format("{}", value);
-        break;
-      }
+    switch (h5::attr_kind(manifest_, name)) {
+      case h5::AttrKind::kString: out[name] = h5::read_attr_string(manifest_, name); break;
+      case h5::AttrKind::kInteger: out[name] = std::to_string(h5::read_attr_int(manifest_, name)); break;
+      case h5::AttrKind::kFloat: out[name] = fmt::format("{}", h5::read_attr_double(manifest_, name)); break;
       default: out[name] = "<unsupported type>";
     }
   }
@@ -94,17 +101,27 @@ std::vector<CheckpointRef> ReceiptReader::checkpoints() const {
   const h5::Handle group = h5::open_group(file_, "checkpoints");
   const std::filesystem::path receipt_dir = std::filesystem::path(path_).parent_path();
   const std::string directory = h5::read_attr_string(group, "directory");
-  for (const std::string& name : h5::attr_names(group)) {
-    if (!name.starts_with("step_")) continue;
-    CheckpointRef ref;
-    const std::string digits = name.substr(5);
-    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), ref.step);
-    if (ec != std::errc() || end != digits.data() + digits.size() || ref.step < 1) {
-      fail(fmt::format("/checkpoints/{} does not name a step of 1 or more", name));
+  const auto add = [&](int step, std::string content_hash) {
+    if (step < 1) fail(fmt::format("/checkpoints names step {}; checkpoints start at step 1", step));
+    const std::string name = fmt::format("step_{:06d}", step);
+    out.push_back({step, (receipt_dir / directory / (name + ".h5")).string(), std::move(content_hash)});
+  };
+  if (h5::exists(group, "step")) {  // schema minor 1: rows of /checkpoints/step and content_hash
+    const std::vector<std::int64_t> steps = h5::read_i64(group, "step");
+    const std::vector<std::string> hashes = h5::read_strings(group, "content_hash");
+    if (steps.size() != hashes.size()) fail("/checkpoints/step and /checkpoints/content_hash differ in length");
+    for (std::size_t i = 0; i < steps.size(); ++i) add(static_cast<int>(steps[i]), hashes[i]);
+  } else {  // schema minor 0: one attribute step_XXXXXX per checkpoint
+    for (const std::string& name : h5::attr_names(group)) {
+      if (!name.starts_with("step_")) continue;
+      int step = 0;
+      const std::string digits = name.substr(5);
+      const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), step);
+      if (ec != std::errc() || end != digits.data() + digits.size()) {
+        fail(fmt::format("/checkpoints/{} does not name a step", name));
+      }
+      add(step, h5::read_attr_string(group, name));
     }
-    ref.path = (receipt_dir / directory / (name + ".h5")).string();
-    ref.content_hash = h5::read_attr_string(group, name);
-    out.push_back(std::move(ref));
   }
   std::sort(out.begin(), out.end(), [](const CheckpointRef& a, const CheckpointRef& b) { return a.step < b.step; });
   return out;

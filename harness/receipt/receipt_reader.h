@@ -23,15 +23,20 @@ struct CheckpointRef {
   std::string content_hash;  // xxh128:... of the file as it was written
 };
 
+// Why a receipt of schema major.minor cannot be read, and which side to upgrade; "" when
+// it can (this harness's major, any minor: unknown content is ignored).
+std::string schema_problem(std::int64_t major, std::int64_t minor);
+
 class ReceiptReader {
  public:
   // Throws ReceiptError: missing file, not HDF5, unreadable (truncated), no /manifest,
-  // wrong schema_version. An incomplete receipt opens; check complete().
+  // another schema major version. An incomplete receipt opens; check complete().
   explicit ReceiptReader(const std::string& path);
 
   const std::string& path() const { return path_; }
   hid_t file() const { return file_; }
-  std::int64_t schema_version() const { return schema_version_; }
+  std::int64_t schema_version() const { return schema_version_; }  // the major version
+  std::int64_t schema_minor() const { return schema_minor_; }
   bool complete() const;
   std::int64_t steps_recorded() const;
   std::int64_t steps_planned() const { return manifest_int("steps_planned"); }
@@ -52,7 +57,7 @@ class ReceiptReader {
 
   std::string path_;
   h5::Handle file_, manifest_;
-  std::int64_t schema_version_ = 0;
+  std::int64_t schema_version_ = 0, schema_minor_ = 0;
 };
 
 }  // namespace harness::receipt

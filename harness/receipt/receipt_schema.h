@@ -1,5 +1,7 @@
 // Names and version of the HDF5 receipt (docs/receipt-schema.md is the reference).
-// A change to what a reader must understand bumps kSchemaVersion.
+// kSchemaVersion is the major version: a change an older reader would misread bumps it.
+// kSchemaMinor counts additions an older reader may ignore (a dataset, an attribute, a
+// stricter file format); readers accept every minor of their major.
 #pragma once
 
 #include <cstdint>
@@ -7,6 +9,11 @@
 namespace harness::receipt {
 
 inline constexpr std::int64_t kSchemaVersion = 1;
+// Minor 1: the checksummed file format (HDF5 1.10, fixed-length strings, Fletcher32) and
+// the manifest's schema_minor attribute itself. Receipts without the attribute are minor 0.
+// Minor 2: the manifest's budget_features (the features that separate the run from the
+// bitwise reference; the verdict composes budgets from them and refuses a receipt without).
+inline constexpr std::int64_t kSchemaMinor = 2;
 
 // Value sketches: per tensor, the L2 norm and a block-structured count sketch of
 // kSketchWidth numbers (docs/receipt-schema.md, "Sketches").

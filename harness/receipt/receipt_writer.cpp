@@ -5,6 +5,9 @@
 #include <fmt/format.h>
 
 namespace harness::receipt {
+namespace {
+constexpr std::size_t kContentHashWidth = 64;  // "xxh128:" and 32 hex digits, with room
+}  // namespace
 
 ReceiptWriter::ReceiptWriter(const std::string& path, const Manifest& m, const std::vector<std::string>& tensor_names,
                              bool overwrite, bool record_batches, BatchShape batch_shape)
@@ -12,6 +15,7 @@ ReceiptWriter::ReceiptWriter(const std::string& path, const Manifest& m, const s
   file_ = h5::create_file(path, overwrite);
   manifest_ = h5::create_group(file_, "manifest");
   h5::write_attr(manifest_, "schema_version", kSchemaVersion);
+  h5::write_attr(manifest_, "schema_minor", kSchemaMinor);
   h5::write_attr(manifest_, "lane", m.lane);
   h5::write_attr(manifest_, "engine", m.engine);
   h5::write_attr(manifest_, "features", m.features);
@@ -86,6 +90,7 @@ void ReceiptWriter::append_step(const StepRecord& r) {
     sketch_projection_[f].append(projection.data(), H5T_NATIVE_DOUBLE);
   }
   flush();
+  if (!swmr_) start_swmr();
 }
 
 void ReceiptWriter::append_state(const std::vector<StepState>& states) {
@@ -164,31 +169,73 @@ void ReceiptWriter::append_batch(std::span<const std::int32_t> tokens) { batches
 
 void ReceiptWriter::dump_tensor(int step, const std::string& name, const std::vector<std::int64_t>& shape,
                                 std::span<const float> values) {
-  if (!tensors_group_.valid()) tensors_group_ = h5::create_group(file_, "tensors");
-  const std::string group_name = fmt::format("step_{:06d}", step);
-  const h5::Handle group = h5::exists(tensors_group_, group_name) ? h5::open_group(tensors_group_, group_name)
-                                                                  : h5::create_group(tensors_group_, group_name);
-  const std::vector<hsize_t> dims(shape.begin(), shape.end());
-  h5::write_dataset(group, name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, dims, values.data());
+  pending_dumps_.push_back({fmt::format("step_{:06d}", step), name, std::vector<hsize_t>(shape.begin(), shape.end()),
+                            std::vector<float>(values.begin(), values.end())});
 }
 
-void ReceiptWriter::add_checkpoint(const std::string& directory, int every, int step, const std::string& content_hash) {
-  if (!checkpoints_group_.valid()) {
-    checkpoints_group_ = h5::create_group(file_, "checkpoints");
-    h5::write_attr(checkpoints_group_, "directory", directory);
-    h5::write_attr(checkpoints_group_, "every", std::int64_t{every});
-  }
-  h5::write_attr(checkpoints_group_, fmt::format("step_{:06d}", step), content_hash);
+void ReceiptWriter::declare_checkpoints(const std::string& directory, int every) {
+  if (swmr_) throw h5::Hdf5Error(path_ + ": checkpoints must be declared before the first step");
+  const h5::Handle group = h5::create_group(file_, "checkpoints");
+  h5::write_attr(group, "directory", directory);
+  h5::write_attr(group, "every", std::int64_t{every});
+  checkpoint_step_ = h5::GrowingDataset(group, "step", H5T_STD_I64LE, {}, 16);
+  checkpoint_hash_ = h5::GrowingDataset(group, "content_hash", h5::fixed_string_type(kContentHashWidth), {}, 16);
   flush();
 }
 
+void ReceiptWriter::add_checkpoint(int step, const std::string& content_hash) {
+  if (content_hash.size() > kContentHashWidth) throw h5::Hdf5Error(path_ + ": checkpoint content hash too long");
+  std::string padded = content_hash;
+  padded.resize(kContentHashWidth, '\0');
+  const std::int64_t row = step;
+  checkpoint_step_.append(&row, H5T_NATIVE_INT64);
+  const h5::Handle type = h5::fixed_string_type(kContentHashWidth);
+  checkpoint_hash_.append(padded.data(), type);
+  flush();
+}
+
+// Once the first step's groups exist: from here on the file only grows.
+void ReceiptWriter::start_swmr() {
+  if (H5Fstart_swmr_write(file_) < 0) throw h5::Hdf5Error(path_ + ": HDF5 cannot start single-writer/multiple-reader mode");
+  swmr_ = true;
+}
+
+void ReceiptWriter::close() {
+  for (h5::GrowingDataset* d : {&loss_, &grad_norm_, &lr_, &batch_hash_, &batches_, &trace_hash_, &trace_l2_,
+                                &trace_projection_, &checkpoint_step_, &checkpoint_hash_}) {
+    *d = h5::GrowingDataset();
+  }
+  for (auto& d : hashes_) d = h5::GrowingDataset();
+  for (auto& d : sketch_l2_) d = h5::GrowingDataset();
+  for (auto& d : sketch_projection_) d = h5::GrowingDataset();
+  state_fields_.clear();
+  manifest_.reset();
+  file_.reset();
+}
+
+// SWMR mode ends only with the file: close it, and reopen it to add what SWMR forbids.
 void ReceiptWriter::finish() {
+  close();
+  file_ = h5::open_file(path_, true);
+  if (!pending_dumps_.empty()) {
+    const h5::Handle tensors = h5::create_group(file_, "tensors");
+    for (const Dump& d : pending_dumps_) {
+      const h5::Handle group = h5::exists(tensors, d.group) ? h5::open_group(tensors, d.group) : h5::create_group(tensors, d.group);
+      h5::write_dataset(group, d.name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, d.shape, d.values.data());
+    }
+    pending_dumps_.clear();
+  }
+  manifest_ = h5::open_group(file_, "manifest");
   h5::write_attr(manifest_, "complete", std::int64_t{1});
   flush();
+  manifest_.reset();
+  file_.reset();
+  finished_ = true;
 }
 
 void ReceiptWriter::flush() {
-  if (H5Fflush(file_, H5F_SCOPE_GLOBAL) < 0) throw h5::Hdf5Error("flush " + path_);
+  if (!file_.valid()) return;
+  if (H5Fflush(file_, H5F_SCOPE_GLOBAL) < 0) throw h5::Hdf5Error(path_ + ": HDF5 cannot flush the receipt");
 }
 
 }  // namespace harness::receipt

@@ -1,6 +1,13 @@
 // Writes a receipt as the run goes: the manifest first, then one row per step in every
 // per-step dataset, flushed after each step, so a run killed at step k leaves a readable
 // receipt of its first k steps with manifest attribute complete = 0.
+//
+// After the first step the file is in HDF5's single-writer/multiple-reader mode (SWMR):
+// readers may open it while the run writes, and a killed run's file stays readable (a
+// 1.10-format file written any other way is refused by readers until it is closed).
+// SWMR forbids new objects and attributes, so everything a step writes exists by then:
+// /trace and engine state groups are created in step 0, /checkpoints when declared, and
+// tensor dumps wait in memory until finish() reopens the file in normal mode.
 #pragma once
 
 #include <array>
@@ -76,20 +83,33 @@ class ReceiptWriter {
   // One step of op traces, written before append_step(). The first call creates /trace
   // with `columns`; later calls must pass the same columns.
   void append_trace(const std::vector<TraceColumn>& columns, const TraceStep& step);
-  // /tensors/step_XXXXXX/<name> as float32 with the tensor's shape.
+  // /tensors/step_XXXXXX/<name> as float32 with the tensor's shape, written by finish()
+  // (a killed run leaves no dumps).
   void dump_tensor(int step, const std::string& name, const std::vector<std::int64_t>& shape,
                    std::span<const float> values);
-  // /checkpoints: the directory (relative to the receipt's) and, per checkpoint, an
-  // attribute step_XXXXXX holding its file's content hash. Flushed at once.
-  void add_checkpoint(const std::string& directory, int every, int step, const std::string& content_hash);
-  void finish();  // complete = 1, final flush
+  // /checkpoints: the directory (relative to the receipt's) and `every`; call before the
+  // first step. Then, per checkpoint, a row of /checkpoints/step and /checkpoints/content_hash
+  // (its file's content hash), flushed at once.
+  void declare_checkpoints(const std::string& directory, int every);
+  void add_checkpoint(int step, const std::string& content_hash);
+  void finish();  // dumps written, complete = 1, file closed
   void flush();
 
  private:
+  struct Dump {
+    std::string group, name;
+    std::vector<hsize_t> shape;
+    std::vector<float> values;
+  };
   void create_trace_group(const std::vector<TraceColumn>& columns);
+  void start_swmr();
+  void close();
 
+  bool swmr_ = false, finished_ = false;
+  std::vector<Dump> pending_dumps_;
+  h5::GrowingDataset checkpoint_step_, checkpoint_hash_;
   std::string path_;
-  h5::Handle file_, manifest_, tensors_group_, checkpoints_group_;
+  h5::Handle file_, manifest_;
   std::size_t tensor_count_;
   h5::GrowingDataset loss_, grad_norm_, lr_, batch_hash_, batches_;
   std::array<h5::GrowingDataset, 4> hashes_;

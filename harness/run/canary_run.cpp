@@ -14,6 +14,8 @@
 
 #include "byte_stream.h"
 #include "gpt2.h"
+#include "interrupt.h"
+#include "output_lock.h"
 #include "receipt/receipt_writer.h"
 #include "registry.h"
 #include "stack_info.h"
@@ -38,6 +40,7 @@ void check_output_path(const RunOptions& o) {
   const fs::path out(o.out);
   std::error_code ec;
   if (fs::is_directory(out, ec)) throw UsageError(fmt::format("--out: '{}' is a directory; give a file path", o.out));
+  if (fs::exists(out, ec)) OutputLock::check_not_busy(o.out);  // a live writer's path: say whose, even with --force
   if (fs::exists(out, ec) && !o.force) {
     throw UsageError(fmt::format("--out: '{}' exists; pass --force to overwrite it or choose another path", o.out));
   }
@@ -143,6 +146,11 @@ receipt::Manifest make_manifest(const RunOptions& o, const Validated& v, const E
   m.extra["data_seed"] = static_cast<std::int64_t>(v.config.data_seed);
   m.extra["fault_injection"] = v.fault ? v.fault->to_string() : std::string("none");
   m.extra["trace"] = o.trace;
+  std::string budget_features;  // declared by the engine, '+'-joined; the verdict's budget (docs/budgets.md)
+  for (const std::string& feature : engine.budget_features()) {
+    budget_features += (budget_features.empty() ? "" : "+") + feature;
+  }
+  m.extra["budget_features"] = budget_features;
   const auto engine_attributes = engine.manifest_attributes();
   for (const auto& attribute : engine_attributes) m.extra[attribute.first] = attribute.second;
   m.extra["run_options"] = replay_recipe(o, engine_attributes).dump();
@@ -228,6 +236,8 @@ std::vector<int> parse_step_list(const std::string& text, int max_step) {
 
 RunSummary run_canary(const RunOptions& o, const std::function<void(const StepProgress&)>& on_step) {
   const Validated v = validate(o);
+  const OutputLock output_lock(o.out);  // before anything is written: a second writer is refused
+  const InterruptGuard interrupts;
   const tbb::global_control threads(tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(v.threads));
 
   const canary::Gpt2Canary model(v.config, v.fault, o.trace == "ops");
@@ -246,6 +256,7 @@ RunSummary run_canary(const RunOptions& o, const std::function<void(const StepPr
   if (o.checkpoint_every > 0) prepare_checkpoint_dir(checkpoints);  // before the receipt: a failure leaves no file
   receipt::ReceiptWriter writer(o.out, make_manifest(o, v, *engine, summary.lane), parameter_names(model), o.force,
                                 o.record_batches, {v.config.batch_size, v.config.context_length + 1});
+  if (o.checkpoint_every > 0) writer.declare_checkpoints(fs::path(checkpoints).filename().string(), o.checkpoint_every);
 
   const auto should_dump = [&](int step) {
     return std::binary_search(o.dump_steps.begin(), o.dump_steps.end(), step);
@@ -258,7 +269,7 @@ RunSummary run_canary(const RunOptions& o, const std::function<void(const StepPr
     if (o.checkpoint_every > 0 && step > 0 && step % o.checkpoint_every == 0) {
       const std::string path = (fs::path(checkpoints) / checkpoint_file_name(step)).string();
       save_checkpoint(path, capture_checkpoint(*engine, model, step, summary.lane, o.seed));
-      writer.add_checkpoint(fs::path(checkpoints).filename().string(), o.checkpoint_every, step, file_content_hash(path));
+      writer.add_checkpoint(step, file_content_hash(path));
     }
     const canary::Batch batch = data.batch(step);
     const canary::StepResult result = model.train_step(*engine, step, batch);
@@ -278,6 +289,11 @@ RunSummary run_canary(const RunOptions& o, const std::function<void(const StepPr
     summary.last_loss = result.loss;
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (on_step) on_step({step, v.config.steps, result.loss, elapsed});
+    if (const int signal = pending_interrupt(); signal != 0 && step + 1 < v.config.steps) {
+      throw Interrupted(signal, step + 1,
+                        fmt::format("interrupted at step {}: {} holds {} steps (0-{}), complete = 0", step + 1, o.out,
+                                    step + 1, step));
+    }
   }
   if (should_dump(v.config.steps)) dump_parameters(*engine, model, writer, v.config.steps);
   writer.finish();

@@ -86,12 +86,26 @@ with h5py.File(sys.argv[1], "r+") as f:
     f["manifest"].attrs[sys.argv[2]] = np.int64(sys.argv[3])' "$2" "$3" "$4"
 }
 copy_with_manifest_attr "$out/keep.h5" "$WORK/future.h5" schema_version 7
-expect_exit 2 "future.h5: schema_version 7 is not supported" -- "$HARNESS" inspect "$WORK/future.h5"
+expect_exit 2 "future.h5: schema 7\.[0-9]+ was written by a newer harness" -- "$HARNESS" inspect "$WORK/future.h5"
+copy_with_manifest_attr "$out/keep.h5" "$WORK/newer_minor.h5" schema_minor 9
+expect_exit 0 ""                          -- "$HARNESS" inspect "$WORK/newer_minor.h5"
 copy_with_manifest_attr "$out/keep.h5" "$WORK/incomplete.h5" complete 0
 expect_exit 2 "incomplete receipt"        -- "$HARNESS" inspect "$WORK/incomplete.h5"
 expect_exit 0 ""                          -- "$HARNESS" inspect --allow-incomplete "$WORK/incomplete.h5"
 expect_exit 2 "--bogus"                   -- "$HARNESS" inspect --bogus "$out/keep.h5"
 expect_exit 2 ""                          -- "$HARNESS"
+
+# The CLI at first glance: a typo is named, with the nearest valid name.
+expect_exit 2 "needs a subcommand: one of run, inspect" -- "$HARNESS"
+expect_exit 2 "unknown subcommand 'rnu' of .harness.; did you mean 'run'\?" -- "$HARNESS" rnu
+expect_exit 2 "unknown flag '--ouput' of .harness run.; did you mean '--out'\?" -- "$HARNESS" run --canary micro --ouput "$out/a.h5"
+expect_exit 2 "unknown subcommand 'stats' of .harness golden.; did you mean 'status'\?" -- "$HARNESS" golden stats
+expect_exit 2 "unknown flag '--jsn' of .harness inspect.; did you mean '--json'\?" -- "$HARNESS" inspect --jsn "$out/keep.h5"
+expect_exit 2 "unknown subcommand 'frobnicate' of .harness. \(one of" -- "$HARNESS" frobnicate
+expect_exit 0 ""                          -- "$HARNESS" --version
+grep -qE '^harness [0-9]+\.[0-9]+\.[0-9]+ \(commit [0-9a-f]{40}(-dirty)?, .*receipt schema 1\.[0-9]+\)$' "$WORK/stdout" \
+  || fail "--version does not say version, commit and schema: $(cat "$WORK/stdout")"
+[ ! -e "$out/a.h5" ] || fail "a refused command left $out/a.h5 behind"
 
 # inspect --json is valid JSON with the documented keys.
 "$HARNESS" inspect --json "$out/keep.h5" | $PY -c '

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # harness calibrate: the proposal fits every repeat with its margin and no more (halving
-# it fails a repeat), only the calibrated feature's section changes, the budgets file is
-# never written, bad input exits 2 with one line.
+# it fails a repeat), only the calibrated feature's section changes (a canary's own
+# [micro.X] when the file has one), the budgets file is never written, bad input exits 2
+# with one line.
 source "$(dirname "$0")/lib.sh"
 MATRIX="$HERE/data/micro_nightly.toml"
 BUDGETS="$WORK/budgets.toml"
@@ -48,6 +49,52 @@ for seed in 1000 1001 1002; do
   "$HARNESS" compare "$WORK/r$seed.h5" "$WORK/ref.h5" --budgets "$WORK/halved.toml" >/dev/null 2>&1 || failing=$((failing + 1))
 done
 [ "$failing" -ge 1 ] || fail "half the proposal still fits every repeat: the proposal is not tight"
+
+# a per-canary entry is the one calibrated for its canary: [micro.mesh-fp32] changes, [mesh-fp32] stays
+cp "$BUDGETS" "$WORK/per_canary.toml"
+printf '\n[micro.mesh-fp32]\nform = "tolerance"\nrationale = "micro only"\ncalibrated = "2000-01-01"\nrepeats = 1\nloss = [ { steps = "0-", atol = 1e-6 } ]\ngrad_norm = [ { steps = "0-", rtol = 1e-5 } ]\nparams_sketch = [ { steps = "0-", atol = 5e-4, rtol = 2e-5 } ]\n' \
+  >> "$WORK/per_canary.toml"
+expect_exit 0 "" -- "$HARNESS" calibrate --lane tp --repeats 1 --matrix "$MATRIX" --budgets "$WORK/per_canary.toml" \
+  --out "$WORK/per_canary.candidate.toml"
+grep -q "^# Calibration of \[micro.mesh-fp32\]" "$WORK/per_canary.candidate.md" || fail "the report does not name [micro.mesh-fp32]"
+"$PY" - "$WORK/per_canary.toml" "$WORK/per_canary.candidate.toml" <<'PY' || fail "the candidate does not replace [micro.mesh-fp32] alone"
+import sys, tomllib
+old, new = (tomllib.load(open(p, "rb")) for p in sys.argv[1:3])
+assert set(old) == set(new) and old["mesh-fp32"] == new["mesh-fp32"]
+for key in old:
+    if key != "micro":
+        assert old[key] == new[key], key
+entry = new["micro"]["mesh-fp32"]
+assert entry["rationale"] == "micro only" and entry["calibrated"] != "2000-01-01", entry
+assert [w["steps"] for w in entry["loss"]] == ["0-"]
+PY
+
+# a declared feature with no entry ("no budget for feature ... calibrate one"): calibrate adds one
+"$PY" - "$BUDGETS" "$WORK/no_mesh.toml" <<'PY' || fail "cannot drop [mesh-fp32]"
+import sys
+text = open(sys.argv[1]).read()
+head = text.index("\n[mesh-fp32]\n") + 1
+end = text.index("\n[", head) + 1
+open(sys.argv[2], "w").write(text[:head] + text[end:])
+PY
+expect_exit 0 "" -- "$HARNESS" calibrate --lane tp --repeats 1 --matrix "$MATRIX" --budgets "$WORK/no_mesh.toml" \
+  --out "$WORK/new_entry.candidate.toml"
+grep -q "^# Calibration of \[mesh-fp32\] (a new entry" "$WORK/new_entry.candidate.md" || fail "the report does not say the entry is new"
+grep -q "within the current budgets: 0/1; within the proposal: 1/1" "$WORK/new_entry.candidate.md" \
+  || fail "a new entry's repeats: $(cat "$WORK/new_entry.candidate.md")"
+"$PY" - "$WORK/no_mesh.toml" "$WORK/new_entry.candidate.toml" <<'PY' || fail "the candidate does not add [mesh-fp32] alone"
+import sys, tomllib
+old, new = (tomllib.load(open(p, "rb")) for p in sys.argv[1:3])
+assert set(new) - set(old) == {"mesh-fp32"} and all(old[k] == new[k] for k in old)
+entry = new["mesh-fp32"]
+assert entry["form"] == "tolerance" and entry["rationale"].startswith("NEW: proposed by harness calibrate"), entry
+assert entry["repeats"] == 1 and [w["steps"] for w in entry["loss"]] == ["0-"] and entry["loss"][0]["atol"] > 0, entry
+PY
+"$HARNESS" run --canary micro --steps 12 --seed 7 --engine tpu-mesh --mesh 2x2 --shard-plan tp --out "$WORK/tp.h5" \
+  >/dev/null 2>&1 || fail "tp run"
+expect_exit 2 "no budget for feature 'mesh-fp32' in .*no_mesh.toml: calibrate one" -- \
+  "$HARNESS" compare "$WORK/tp.h5" "$WORK/ref.h5" --budgets "$WORK/no_mesh.toml"
+expect_exit 0 "" -- "$HARNESS" compare "$WORK/tp.h5" "$WORK/ref.h5" --budgets "$WORK/new_entry.candidate.toml"
 
 expect_exit 2 "--lane: 'nope' is not a lane" -- "$HARNESS" calibrate --lane nope --matrix "$MATRIX" --budgets "$BUDGETS"
 expect_exit 2 "is the reference lane itself" -- "$HARNESS" calibrate --lane ref --matrix "$MATRIX" --budgets "$BUDGETS"

@@ -16,7 +16,8 @@ j = json.load(open(sys.argv[2]))
 assert j["complete"] is False, j["complete"]
 n = j["steps_recorded"]
 assert 1 <= n < 5000, n
-with h5py.File(sys.argv[1], "r") as f:
+# A killed run's file is still marked as open by an SWMR writer: readers say swmr=True.
+with h5py.File(sys.argv[1], "r", swmr=True) as f:
     assert int(f["manifest"].attrs["complete"]) == 0
     assert f["steps/loss"].shape == (n,)
     assert f["hashes/params"].shape[0] == n

@@ -29,7 +29,7 @@ expect_exit 0 "" -- golden refresh --matrix "$MATRIX" --reason "first goldens"
 [ -z "$(hashes)" ] || fail "refresh wrote a golden or a log"
 grep -q "## micro/accel+bf16 (bf16)" "$G/review.md" || fail "review.md lacks the bf16 lane"
 expect_exit 2 "CI is set" -- env CI=1 "$HARNESS" golden approve --goldens "$G" --approved-by ci
-expect_exit 0 "" -- golden approve --approved-by "Ada Lovelace"
+expect_exit 0 "" -- golden approve --approved-by "Ada Lovelace" --allow-dirty
 [ "$(find "$G" -name '*.candidate.h5' | wc -l)" -eq 0 ] || fail "approve left candidates"
 [ ! -e "$G/candidates.json" ] && [ ! -e "$G/review.md" ] || fail "approve left the candidates record or review"
 "$PY" - "$G" <<'PY' || fail "provenance log does not record the 5 goldens"
@@ -38,7 +38,9 @@ g = pathlib.Path(sys.argv[1])
 log = [json.loads(l) for l in (g / "provenance.jsonl").read_text().splitlines()]
 assert len(log) == 5, log
 for e in log:
-    assert set(e) == {"date_utc", "lane", "old_hash", "new_hash", "reason", "approver", "git_commit", "toolchain", "comparison"}, e
+    keys = {"date_utc", "lane", "old_hash", "new_hash", "reason", "approver", "git_commit", "toolchain", "comparison"}
+    assert set(e) - {"allow_dirty"} == keys, e
+    assert e.get("allow_dirty", False) == e["git_commit"].endswith("-dirty"), e
     assert e["approver"] == "Ada Lovelace" and e["reason"] == "first goldens" and e["old_hash"] is None
     assert e["comparison"]["verdict"] == "new" and e["toolchain"].startswith(("GNU", "Clang"))
     # the recorded hash is the file's XXH3-128, as xxhsum -H2 prints it
@@ -79,12 +81,12 @@ expect_exit 0 "" -- golden reject --lanes tp
 [ "$(find "$G" -name '*.candidate.h5' | wc -l)" -eq 1 ] || fail "reject --lanes tp did not drop exactly tp"
 # a candidate altered after review is refused, and the golden stays
 cp "$G/micro/accel+bf16.h5" "$G/micro/cpu-ref.candidate.h5"
-expect_exit 2 "changed since refresh" -- golden approve --approved-by x
+expect_exit 2 "changed since refresh" -- golden approve --approved-by x --allow-dirty
 [ "$before" = "$(hashes)" ] || fail "a refused approval changed a golden or the log"
 # all or nothing: one altered candidate among good ones, and no golden moves
 expect_exit 0 "" -- golden refresh --matrix "$MATRIX" --lanes ref,tp --reason "two lanes"
 cp "$G/micro/accel+bf16.h5" "$G/micro/tpu-mesh@2x2+tp.candidate.h5"
-expect_exit 2 "tpu-mesh@2x2\+tp.candidate.h5: changed since refresh" -- golden approve --approved-by x
+expect_exit 2 "tpu-mesh@2x2\+tp.candidate.h5: changed since refresh" -- golden approve --approved-by x --allow-dirty
 [ "$before" = "$(hashes)" ] || fail "a refused approval promoted the good candidate"
 expect_exit 0 "" -- golden reject
 # approving a changed lane: the log's old hash is the replaced golden's
@@ -92,10 +94,34 @@ old=$(xxhsum -H2 "$G/micro/cpu-ref.h5" | cut -d' ' -f1)
 sed 's/^seed = 7/seed = 8/' "$MATRIX" > "$WORK/seed8.toml"
 expect_exit 0 "" -- golden refresh --matrix "$WORK/seed8.toml" --lanes ref --reason "new init seed"
 grep -q "against the golden: \*\*incomparable\*\*" "$G/review.md" || fail "a new seed is not incomparable: $(cat "$G/review.md")"
-expect_exit 0 "" -- golden approve --approved-by "Grace Hopper"
+before_dirty=$(hashes)
+# a candidate built from a tree with uncommitted changes is refused without --allow-dirty,
+# and then nothing is approved (all or nothing); with it, the log records the exception
+"$PY" - "$G" <<'PY' || fail "could not make a dirty-tree candidate"
+import h5py, json, pathlib, subprocess, sys
+g = pathlib.Path(sys.argv[1])
+candidate = g / "micro" / "cpu-ref.candidate.h5"
+with h5py.File(candidate, "r+") as f:
+    commit = f["manifest"].attrs["git_commit"]
+    commit = commit.decode() if isinstance(commit, bytes) else commit
+    if not commit.endswith("-dirty"):
+        value = (commit + "-dirty").encode()
+        del f["manifest"].attrs["git_commit"]
+        f["manifest"].attrs.create("git_commit", value, dtype=h5py.string_dtype("utf-8", len(value)))
+record = json.loads((g / "candidates.json").read_text())
+digest = subprocess.run(["xxhsum", "-H2", str(candidate)], capture_output=True, text=True).stdout.split()[0]
+for c in record["candidates"]:
+    if c["lane"] == "micro/cpu-ref":
+        c["content_hash"] = "xxh128:" + digest
+(g / "candidates.json").write_text(json.dumps(record))
+PY
+expect_exit 2 "cpu-ref.candidate.h5: built from a tree with uncommitted changes .*--allow-dirty" -- golden approve --approved-by "Grace Hopper"
+[ "$(hashes)" = "$before_dirty" ] || fail "a refused approve wrote a golden or the log"
+expect_exit 0 "" -- golden approve --approved-by "Grace Hopper" --allow-dirty
 tail -1 "$G/provenance.jsonl" | grep -q "\"old_hash\":\"xxh128:$old\"" || fail "log lacks the replaced golden's hash"
+tail -1 "$G/provenance.jsonl" | grep -q '"allow_dirty":true' || fail "the log does not record --allow-dirty"
 expect_exit 0 "" -- golden refresh --matrix "$MATRIX" --lanes ref --reason "back to seed 7"
-expect_exit 0 "" -- golden approve --approved-by "Grace Hopper"
+expect_exit 0 "" -- golden approve --approved-by "Grace Hopper" --allow-dirty
 
 # a fault fails the golden check with exit 1 and names the step
 "$HARNESS" run --canary micro --steps 12 --seed 7 --inject-fault step=5,op=blocks.1.mlp.fc --out "$WORK/fault.h5" \
@@ -151,6 +177,20 @@ assert verdicts(sys.argv[1]) == verdicts(sys.argv[2])
 assert [l["id"] for l in shard0["lanes"]] == ["ref", "fp8", "zero3"]
 assert len(merged["shards"]) == 2
 PY
+# --shard auto: the shard from the scheduler's environment, the same lanes as the explicit one
+expect_exit 0 "" -- env HARNESS_SHARD_INDEX=1 HARNESS_SHARD_COUNT=2 "$HARNESS" nightly --matrix "$MATRIX" --goldens "$G" \
+  --budgets "$BUDGETS" --shard auto --out "$WORK/s1-auto"
+expect_exit 0 "" -- env -u HARNESS_SHARD_INDEX SLURM_ARRAY_TASK_ID=5 SLURM_ARRAY_TASK_MIN=4 SLURM_ARRAY_TASK_COUNT=2 \
+  "$HARNESS" nightly --matrix "$MATRIX" --goldens "$G" --budgets "$BUDGETS" --shard auto --out "$WORK/s1-slurm"
+"$PY" - "$WORK/s1" "$WORK/s1-auto" "$WORK/s1-slurm" <<'PY' || fail "--shard auto did not take the scheduler's shard"
+import json, sys
+ids = [[l["id"] for l in json.load(open(d + "/summary.json"))["lanes"]] for d in sys.argv[1:]]
+assert ids[0] == ids[1] == ids[2] == ["bf16", "tp"], ids
+PY
+expect_exit 2 "--shard auto: no scheduler told this runner its shard" -- \
+  env -u HARNESS_SHARD_INDEX -u HARNESS_SHARD_COUNT -u SLURM_ARRAY_TASK_ID -u JOB_COMPLETION_INDEX \
+  "$HARNESS" nightly --matrix "$MATRIX" --goldens "$G" --budgets "$BUDGETS" --shard auto --out "$WORK/s-none"
+[ ! -e "$WORK/s-none" ] || fail "--shard auto without a scheduler left a report directory"
 expect_exit 2 "lane bf16 is in no shard" -- "$HARNESS" merge "$WORK/s0" --out "$WORK/m2"
 expect_exit 2 "appears in two shards" -- "$HARNESS" merge "$WORK/s0" "$WORK/s0" --out "$WORK/m3"
 
@@ -170,13 +210,25 @@ cp "$G/micro/accel+bf16.h5" "$WORK/bf16.h5"
 cp "$WORK/fault.h5" "$G/micro/accel+bf16.h5"
 expect_exit 1 "" -- golden status --matrix "$MATRIX"
 grep -q "^unrecorded .*bf16" "$WORK/stdout" || fail "status does not flag a hand-edited golden: $(cat "$WORK/stdout")"
+# ... and no command uses it: check, nightly and bisect name it and the way back
+bf16_golden="$G/micro/accel+bf16.h5"
+expect_exit 2 "accel\+bf16.h5: changed outside .harness golden approve. .*git checkout -- .*golden refresh --lanes micro/accel\+bf16" -- \
+  "$HARNESS" check "$WORK/fault.h5" --golden "$bf16_golden"
+expect_exit 2 "accel\+bf16.h5: changed outside" -- "$HARNESS" bisect "$WORK/fault.h5" "$bf16_golden"
+expect_exit 2 "" -- nightly --out "$WORK/tampered"
+grep -q '"kind": "golden_integrity"' "$WORK/tampered/summary.json" || fail "nightly used a tampered golden"
 cp "$WORK/bf16.h5" "$G/micro/accel+bf16.h5"
 expect_exit 0 "" -- golden status --matrix "$MATRIX"
+# a provenance log governs only its own canaries' goldens: a stray copy in a parent
+# directory does not turn the receipts beside it into goldens
+cp "$G/provenance.jsonl" "$WORK/provenance.jsonl"
+expect_exit 0 "" -- "$HARNESS" bisect "$WORK/fault.h5" "$WORK/bf16.h5"   # within the bf16 budget, not exit 2
+rm "$WORK/provenance.jsonl"
 
 # bad input: one line, exit 2
 head -c 4000 "$WORK/ref.h5" > "$G/micro/cpu-ref.h5"   # a corrupt golden
 expect_exit 2 "" -- nightly --out "$WORK/corrupt"
-grep -q '"kind": "receipt"' "$WORK/corrupt/summary.json" || fail "a corrupt golden is not a receipt error"
+grep -q '"kind": "golden_integrity"' "$WORK/corrupt/summary.json" || fail "a corrupt golden is not named"
 cp "$WORK/ref.h5" "$G/micro/cpu-ref.h5"
 sed 's/^steps = 12/steps = 10/' "$MATRIX" > "$WORK/short.toml"
 M="$WORK/short.toml" expect_exit 2 "" -- nightly --out "$WORK/short"
@@ -190,7 +242,7 @@ B="$WORK/badbudget.toml" expect_exit 2 "badbudget.toml: \[bf16\]\.window: unknow
 expect_exit 2 "--shard: '2/2' is not i/N" -- nightly --shard 2/2 --out "$WORK/x3"
 expect_exit 2 "--out: .* exists and is not an empty directory" -- nightly --out "$WORK/run"
 expect_exit 2 "--lanes: 'nope' is not a lane" -- golden refresh --matrix "$MATRIX" --lanes nope --reason x
-expect_exit 2 "no candidates" -- golden approve --approved-by x
+expect_exit 2 "no candidates" -- golden approve --approved-by x --allow-dirty
 sed 's/^reference = "ref"/reference = "gone"/' "$MATRIX" > "$WORK/noref.toml"
 M="$WORK/noref.toml" expect_exit 2 "reference: 'gone' is not the id of a lane" -- nightly --out "$WORK/x4"
 finish

@@ -39,7 +39,8 @@ with h5py.File(sys.argv[1], "r+") as f:
             f["engine"][name][...] = 1.0
 digest = subprocess.run(["xxhsum", "-H2", sys.argv[1]], capture_output=True, text=True).stdout.split()[0]
 with h5py.File(sys.argv[2], "r+") as r:
-    r["checkpoints"].attrs["step_000008"] = "xxh128:" + digest
+    row = list(r["checkpoints/step"][:]).index(8)
+    r["checkpoints/content_hash"][row] = ("xxh128:" + digest).encode()
 PY
 expect_exit 1 "" -- "$HARNESS" replay "$WORK/fp8.h5" --from 8
 grep -q "^mismatch    step 8 differs from the receipt first in " "$WORK/stdout" || fail "scales not restored are not a mismatch: $(cat "$WORK/stdout")"
@@ -57,7 +58,8 @@ cp "$WORK/ref.h5" "$WORK/forged.h5"; cp -r "$WORK/ref.h5.ckpt" "$WORK/forged.h5.
 "$PY" -c "
 import h5py, sys
 with h5py.File(sys.argv[1], 'r+') as r:
-    r['checkpoints'].attrs['step_000008'] = 'xxh128:' + sys.argv[2]
+    row = list(r['checkpoints/step'][:]).index(8)
+    r['checkpoints/content_hash'][row] = ('xxh128:' + sys.argv[2]).encode()
 " "$WORK/forged.h5" "$digest"
 expect_exit 2 "params wte does not hash to the receipt's record of step 7" -- "$HARNESS" replay "$WORK/forged.h5" --from 9
 mkdir "$WORK/moved" && cp "$WORK/ref.h5" "$WORK/moved/"  # the receipt without its <receipt>.ckpt/

@@ -11,7 +11,8 @@ later dumps (/tensors/step_S/<name> = parameters at the start of step S).
 
 Why it is independent: nothing here comes from the C++ code. The forward pass is
 PyTorch's own ops, the backward pass is PyTorch autograd, and the schedule, clipping
-and AdamW are written from the formulas in DESIGN.md (tests/twin/gpt2_twin_model.py).
+and AdamW are written from the formulas in DESIGN.md (the package's PyTorch canary,
+python/canary_harness/models/gpt2.py, which the PyTorch lane runs too).
 Only the inputs (initial weights, token batches) are taken from the receipt, so a
 disagreement points at the engine's numerics or at a misreading of the contract.
 The two implementations reduce in different orders, so agreement is to tolerances
@@ -32,13 +33,13 @@ import math
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "python"))
 
 import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-import gpt2_twin_model as model  # noqa: E402
+from canary_harness.models import gpt2 as model  # noqa: E402
 
 RERUN_HINT = "rerun with --record-batches --dump-tensors 0"
 
@@ -68,6 +69,9 @@ KEY_ALIASES = {
     "weight_decay": ["weight_decay", "wd"],
     "max_grad_norm": ["max_grad_norm", "grad_clip"],
     "layernorm_eps": ["layernorm_eps", "ln_eps"],
+    "preset": ["preset", "name"],
+    "init_std": ["init_std"],
+    "data_seed": ["data_seed"],
 }
 
 

@@ -6,14 +6,22 @@
 #include <cmath>
 #include <limits>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <regex>
+#include <set>
+#include <tuple>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "budgets.h"
+#include "receipt/hdf5_file.h"
+#include "receipt/receipt_validator.h"
 #include "receipt_bits.h"
+#include "registry.h"
 #include "verdict.h"
 
 namespace harness::check {
@@ -79,12 +87,29 @@ TEST(Budgets, EveryBadEntryIsAnErrorNamingTheFileAndKey) {
       {shipped_with(R"(\{ steps = "0-9", atol = 1e-3 \})", R"({ steps = "0-19", atol = 1e-3 })"),
        "[bf16].loss[1].steps: overlaps an earlier window"},
       {shipped_with(R"(rtol = 0.035)", "rtool = 0.035"), "[bf16].params_sketch[0].rtool: unknown key"},
-      {shipped_with(R"(\[mesh-bf16\])", "[mesh-bfloat16]"), "[mesh-bf16]: missing"},
+      {shipped_with(R"(\[reference\])", "[referense]"), "[reference]: missing"},
       {shipped_with(R"(form = "bitwise"\nrationale = "Batch)", "form = \"tolerance\"\nrationale = \"Batch"),
        "[data].form: must be bitwise"},
       {shipped_with(R"(schema_version = 1)", "schema_version = 7"), "schema_version: 7 is not 1"},
       {shipped_with(R"(calibrated = "2026-11-21")", ""), "[noise].calibrated: missing"},
-      {shipped_text() + "\n[tpu]\nform = \"bitwise\"\n", "[tpu]: not a feature of this harness"},
+      {shipped_text() + "\n[tpu]\nform = \"bitwise\"\n", "[tpu].rationale: must be a string"},
+      {shipped_text() + "\n[torch-xla]\nrationale = \"r\"\n", "[torch-xla].form: must be a string"},
+      {shipped_text() + "\n[\"bf 16\"]\nform = \"bitwise\"\nrationale = \"r\"\n",
+       "[bf 16]: a feature name is letters, digits, '-' and '_'"},
+      {"tolerance = 3\n" + shipped_text(), "tolerance: not a table"},
+      // per-canary entries: checked as the defaults are, named by their table
+      {shipped_text() + "\n[tiny.bf16]\nform = \"tolerance\"\nrationale = \"r\"\ncalibrated = \"2026-11-21\"\n"
+                        "loss = [ { steps = \"0-\", atol = -1 } ]\n",
+       "[tiny.bf16].loss[0].atol: must be a non-negative number"},
+      {shipped_text() + "\n[tiny.bf16]\nform = \"tolerance\"\nrationale = \"r\"\nloss = [ { steps = \"0-\", atol = 1 } ]\n",
+       "[tiny.bf16].calibrated: missing"},
+      {shipped_text() + "\n[tiny.bf16]\nform = \"tolerance\"\nrationale = \"r\"\ncalibrated = \"2026-11-21\"\n"
+                        "loss = [ { steps = \"0-\", atl = 1 } ]\n",
+       "[tiny.bf16].loss[0].atl: unknown key"},
+      {shipped_text() + "\n[tiny.memory]\nrationale = \"r\"\nrtol = 0\n",
+       "[tiny.memory]: only feature entries are keyed per canary"},
+      {shipped_text() + "\n[\"my canary\".bf16]\nform = \"bitwise\"\nrationale = \"r\"\n",
+       "[my canary]: a canary name is letters, digits, '-' and '_'"},
       {"schema_version = 1\n[reference\n", "line 2"},
   };
   for (const auto& [text, expected] : cases) {
@@ -96,8 +121,8 @@ TEST(Budgets, EveryBadEntryIsAnErrorNamingTheFileAndKey) {
 }
 
 TEST(Budgets, AllowancesOfSeveralFeaturesAddUpPerStepWindow) {
-  FeatureBudget a{"a", false, {{"loss", {{0, 9, 1.0, 0.0, 0.0}, {10, 99, 2.0, 0.0, 0.0}}}}, 0.0, "", {}};
-  FeatureBudget b{"b", false, {{"loss", {{0, 99, 0.5, 0.1, 0.0}}}, {"grad_norm", {{0, 99, 0.0, 0.0, 2.0}}}}, 0.02, "", {}};
+  FeatureBudget a{"a", false, {{"loss", {{0, 9, 1.0, 0.0, 0.0}, {10, 99, 2.0, 0.0, 0.0}}}}, 0.0, "", {}, "a"};
+  FeatureBudget b{"b", false, {{"loss", {{0, 99, 0.5, 0.1, 0.0}}}, {"grad_norm", {{0, 99, 0.0, 0.0, 2.0}}}}, 0.02, "", {}, "tiny.b"};
   const ComposedBudget both({&a, &b});
   EXPECT_DOUBLE_EQ(both.allowed("loss", 3, 10.0), 1.0 + 0.5 + 0.1 * 10.0);
   EXPECT_DOUBLE_EQ(both.allowed("loss", 10, -10.0), 2.0 + 0.5 + 0.1 * 10.0);
@@ -107,6 +132,7 @@ TEST(Budgets, AllowancesOfSeveralFeaturesAddUpPerStepWindow) {
   EXPECT_FALSE(both.bitwise());
   EXPECT_TRUE(ComposedBudget().bitwise());
   EXPECT_EQ(ComposedBudget().names(), std::vector<std::string>{"reference"});
+  EXPECT_EQ(both.names(), (std::vector<std::string>{"a", "tiny.b"}));  // the entries' tables
 }
 
 // fp32_ulp is the gap to the next fp32 up, from the bits: checked against stepping the
@@ -255,6 +281,247 @@ TEST(Verdict, ReceiptsThatCannotBeComparedAreDistinctErrors) {
   killed.complete = false;
   EXPECT_EQ(contract_error(killed, micro).kind, "incomplete");
   EXPECT_EQ(contract_error(micro, micro).kind, "none");
+}
+
+// ---- Declared budget features (docs/budgets.md, "Composition") --------------------------
+
+// What the verdict inferred from engine names before receipts declared their features:
+// kept here as the oracle the engines' declarations must reproduce (no verdict changes).
+std::set<std::string> inferred_from_engine_name(const std::string& engine, const std::string& features,
+                                                const std::map<std::string, AttributeValue>& attributes) {
+  auto attr = [&](const char* key) {
+    const auto it = attributes.find(key);
+    return it == attributes.end() ? std::string() : std::get<std::string>(it->second);
+  };
+  std::set<std::string> f;
+  if (engine == "accel") {
+    f.insert("noise");
+    if (features.find("bf16") != std::string::npos) f.insert("bf16");
+    if (!attr("fp8_zones").empty() && attr("fp8_zones") != "none") {
+      f.insert("fp8");
+      if (attr("fp8_accumulate").starts_with("limited")) f.insert("fp8-limited");
+    }
+  } else if (engine == "tpu-mesh") {
+    f.insert(attr("precision") == "bf16" ? "mesh-bf16" : "mesh-fp32");
+  }
+  return f;
+}
+
+TEST(DeclaredFeatures, EnginesDeclareWhatTheVerdictUsedToInfer) {
+  const std::vector<std::tuple<std::string, EngineSettings, std::string>> cases{
+      {"cpu-ref", {}, ""},
+      {"accel", {}, "noise"},
+      {"accel", {"", {{"noise", "off"}}}, "noise"},
+      {"accel", {"bf16", {{"noise", "racy"}}}, "noise+bf16"},
+      {"accel", {"bf16,fp8=all", {}}, "noise+bf16+fp8"},
+      {"accel", {"bf16,fp8=qkv,mlp_fc", {{"fp8-recipe", "current"}}}, "noise+bf16+fp8"},
+      {"accel", {"bf16,fp8=mlp_proj", {{"fp8-accumulate", "limited:64"}}}, "noise+bf16+fp8+fp8-limited"},
+      {"accel", {"bf16,fp8=all", {{"fp8-accumulate", "full"}}}, "noise+bf16+fp8"},
+      {"tpu-mesh", {"", {{"mesh", "2x2"}, {"shard-plan", "tp"}}}, "mesh-fp32"},
+      {"tpu-mesh", {"", {{"mesh", "2x1"}, {"precision", "bf16"}, {"shard-plan", "zero3"}}}, "mesh-bf16"},
+  };
+  for (const auto& [engine_name, settings, declared] : cases) {
+    const auto engine = make_engine(engine_name, settings);
+    const std::vector<std::string> features = engine->budget_features();
+    EXPECT_EQ(fmt::format("{}", fmt::join(features, "+")), declared) << engine_name << " " << settings.features;
+    EXPECT_EQ(std::set<std::string>(features.begin(), features.end()),
+              inferred_from_engine_name(engine_name, engine->features(), engine->manifest_attributes()))
+        << engine_name << " " << settings.features;
+  }
+  // ... and the run writes the declaration into the manifest, where the verdict reads it.
+  const ReceiptData fp8 = run("declared_fp8", lane("micro", 2, 2, "accel", "bf16,fp8=all", {{"fp8-accumulate", "limited"}}));
+  EXPECT_EQ(fp8.manifest.at("budget_features"), "noise+bf16+fp8+fp8-limited");
+  EXPECT_EQ(budget_features(fp8), (std::set<std::string>{"bf16", "fp8", "fp8-limited", "noise"}));
+  const ReceiptData ref = run("declared_ref", lane("micro", 2, 2));
+  EXPECT_EQ(ref.manifest.at("budget_features"), "");
+  EXPECT_TRUE(budget_features(ref).empty());
+}
+
+// Only the declaration counts: the same receipts with another declaration get another budget.
+TEST(DeclaredFeatures, TheBudgetIsComposedFromTheDeclaredNamesOnly) {
+  const Budgets budgets = load_budgets(kShippedBudgets);
+  const ReceiptData ref = run("only_ref", lane("micro", 3, 2));
+  ReceiptData accel = run("only_accel", lane("micro", 3, 2, "accel", "bf16", {{"noise", "off"}}));
+  EXPECT_EQ(budget_between(budgets, accel, ref).names(), (std::vector<std::string>{"bf16", "noise"}));
+  accel.manifest["budget_features"] = "mesh-bf16";  // an accel receipt declaring another feature
+  EXPECT_EQ(budget_between(budgets, accel, ref).names(), std::vector<std::string>{"mesh-bf16"});
+  accel.manifest["budget_features"] = "";  // declaring none: judged bitwise, whatever its engine
+  EXPECT_TRUE(budget_between(budgets, accel, ref).bitwise());
+  EXPECT_FALSE(compare_receipts(accel, ref, budgets, "compare").pass());  // bf16 moved it: exact fails
+}
+
+ContractError verdict_error(const ReceiptData& a, const ReceiptData& b, const Budgets& budgets,
+                            const std::string& kind = "compare") {
+  try {
+    compare_receipts(a, b, budgets, kind);
+  } catch (const ContractError& e) {
+    return e;
+  }
+  return ContractError("none", "");
+}
+
+TEST(DeclaredFeatures, AReceiptThatDeclaresNothingIsAContractError) {
+  const Budgets budgets = load_budgets(kShippedBudgets);
+  const ReceiptData ref = run("undeclared_ref", lane("micro", 3, 2));
+  ReceiptData old = ref;  // bitwise equal to ref: only the missing declaration can stop it
+  old.manifest.erase("budget_features");
+  const ContractError run_side = verdict_error(old, ref, budgets, "golden");
+  EXPECT_EQ(run_side.kind, "no_budget_features");
+  EXPECT_EQ(std::string(run_side.what()),
+            ref.path + ": the receipt declares no budget_features in /manifest (docs/budgets.md); re-record it with a "
+                       "writer that declares them");
+  // A golden of before the declarations: the message says how to re-record it.
+  const ContractError golden = verdict_error(ref, old, budgets, "golden");
+  EXPECT_EQ(golden.kind, "no_budget_features");
+  EXPECT_NE(std::string(golden.what()).find(ref.path + ": the golden of lane micro/cpu-ref declares no budget_features"),
+            std::string::npos) << golden.what();
+  EXPECT_NE(std::string(golden.what()).find("`harness golden refresh --lanes micro/cpu-ref --reason TEXT`, then approve it"),
+            std::string::npos) << golden.what();
+  EXPECT_EQ(std::string(golden.what()).find('\n'), std::string::npos);  // one line
+  EXPECT_EQ(verdict_error(ref, old, budgets, "compare").kind, "no_budget_features");
+  EXPECT_EQ(verdict_error(ref, ref, budgets).kind, "none");
+}
+
+TEST(DeclaredFeatures, ADeclaredFeatureWithoutABudgetIsAContractErrorNeverBitwise) {
+  const Budgets budgets = load_budgets(kShippedBudgets);
+  const ReceiptData ref = run("nobudget_ref", lane("micro", 3, 2));
+  ReceiptData torch = ref;  // bitwise equal: a silent bitwise comparison would pass
+  torch.manifest["budget_features"] = "torch-fp64";
+  const ContractError e = verdict_error(torch, ref, budgets);
+  EXPECT_EQ(e.kind, "no_budget");
+  EXPECT_EQ(std::string(e.what()), fmt::format("no budget for feature 'torch-fp64' in {}: calibrate one", kShippedBudgets));
+  // On either side, and among features that have one.
+  torch.manifest["budget_features"] = "bf16+torch-fp64";
+  EXPECT_EQ(verdict_error(ref, torch, budgets).kind, "no_budget");
+}
+
+// Budgets keyed per canary: [micro.bf16] over [bf16] for micro receipts only.
+TEST(DeclaredFeatures, APerCanaryEntryOverridesTheDefaultForItsCanaryOnly) {
+  const std::string text = shipped_text() +
+                           "\n[micro.bf16]\nform = \"tolerance\"\nrationale = \"micro moves less\"\ncalibrated = \"2026-11-22\"\n"
+                           "repeats = 1\nloss = [ { steps = \"0-\", atol = 0.25 } ]\n";
+  const Budgets budgets = load_budgets(write_budgets("per_canary", text));
+  ASSERT_NE(budgets.find("bf16", "micro"), nullptr);
+  EXPECT_EQ(budgets.find("bf16", "micro")->key(), "micro.bf16");
+  EXPECT_EQ(budgets.find("bf16", "tiny")->key(), "bf16");
+  EXPECT_EQ(budgets.find("noise", "micro")->key(), "noise");  // no override: the default
+  EXPECT_EQ(budgets.find("torch-xla", "micro"), nullptr);  // a feature with no entry
+  EXPECT_TRUE(budgets.describes("bf16"));
+  EXPECT_FALSE(budgets.describes("torch-xla"));
+
+  const ReceiptData ref = run("canary_ref", lane("micro", 3, 2));
+  const ReceiptData bf16 = run("canary_bf16", lane("micro", 3, 2, "accel", "bf16", {{"noise", "off"}}));
+  EXPECT_EQ(canary_name(bf16), "micro");
+  const ComposedBudget micro = budget_between(budgets, bf16, ref);
+  EXPECT_EQ(micro.names(), (std::vector<std::string>{"micro.bf16", "noise"}));
+  EXPECT_DOUBLE_EQ(micro.allowed("loss", 0, 5.0), 0.25 + 1.5e-6);  // [micro.bf16] + [noise] at step 0
+  EXPECT_DOUBLE_EQ(micro.allowed("grad_norm", 0, 5.0), 7e-6 * 5.0);  // [micro.bf16] bounds no grad_norm
+  // The same receipts as another canary's: the defaults.
+  ReceiptData tiny_ref = ref, tiny_bf16 = bf16;
+  for (ReceiptData* r : {&tiny_ref, &tiny_bf16}) {
+    nlohmann::json canary = nlohmann::json::parse(r->manifest.at("canary"));
+    canary["preset"] = "tiny";
+    r->manifest["canary"] = canary.dump();
+  }
+  EXPECT_EQ(canary_name(tiny_bf16), "tiny");
+  const ComposedBudget tiny = budget_between(budgets, tiny_bf16, tiny_ref);
+  EXPECT_EQ(tiny.names(), (std::vector<std::string>{"bf16", "noise"}));
+  EXPECT_DOUBLE_EQ(tiny.allowed("loss", 0, 5.0), 1e-3 + 1.5e-6);
+  // A canary JSON with a name names the canary; the lane's prefix is the last resort.
+  ReceiptData named = bf16;
+  named.manifest["canary"] = R"({"name": "small", "preset": "micro"})";
+  EXPECT_EQ(canary_name(named), "small");
+  named.manifest["canary"] = "{}";
+  EXPECT_EQ(canary_name(named), "micro");  // from the lane micro/accel+bf16+noise=off
+}
+
+// A stack the harness has never heard of gets the budget of what it declares.
+TEST(DeclaredFeatures, AForeignEngineIsBudgetedByItsDeclarationWithNoSpecialCase) {
+  const Budgets budgets = load_budgets(kShippedBudgets);
+  const ReceiptData ref = run("foreign_ref", lane("micro", 4, 2));
+  const ReceiptData bf16 = run("foreign_bf16", lane("micro", 4, 2, "accel", "bf16", {{"noise", "off"}}));
+  ReceiptData torch = bf16;  // bf16 numbers, written by "torch"
+  torch.engine = torch.manifest["engine"] = "torch";
+  torch.lane = torch.manifest["lane"] = "micro/torch+bf16";
+  torch.manifest["budget_features"] = "bf16";
+  const Verdict v = compare_receipts(torch, ref, budgets, "compare");
+  EXPECT_FALSE(v.bitwise);
+  EXPECT_EQ(v.budget, std::vector<std::string>{"bf16"});
+  EXPECT_DOUBLE_EQ(budget_between(budgets, torch, ref).allowed("loss", 12, 5.0), 2.2e-3);  // [bf16] alone, steps 10-
+  EXPECT_TRUE(v.pass());
+  torch.manifest["budget_features"] = "";  // declaring nothing: exact, and bf16 moved it
+  EXPECT_FALSE(compare_receipts(torch, ref, budgets, "compare").pass());
+}
+
+// A machine-dependent feature (across_platforms) declared by both receipts brings its
+// cross-platform entry when their platforms differ, and only then; one side alone does not.
+TEST(DeclaredFeatures, AMachineDependentFeatureIsBudgetedAcrossPlatformsOnlyWhenThePlatformsDiffer) {
+  const Budgets budgets = load_budgets(kShippedBudgets);
+  ASSERT_EQ(budgets.find("torch-cpu", "micro")->across_platforms, "torch-host");
+  const ReceiptData ref = run("platform_ref", lane("micro", 3, 2));
+  ReceiptData here = ref;
+  here.manifest["budget_features"] = "torch-cpu";
+  ReceiptData there = here;
+  EXPECT_TRUE(budget_between(budgets, here, there, true).bitwise());  // one platform: its golden is exact
+  for (const char* key : {"cpu", "toolchain", "libraries", "kernels"}) {
+    there = here;
+    there.manifest[key] = "another " + there.manifest[key];
+    const ComposedBudget across = budget_between(budgets, here, there, true);
+    EXPECT_EQ(across.names(), std::vector<std::string>{"torch-host"}) << key;
+    EXPECT_NE(across.reason().find(key), std::string::npos) << across.reason();
+  }
+  // Against cpu-ref (portable bits, no such feature) on another CPU: torch-cpu alone,
+  // whose entry covers every host.
+  ReceiptData ref_there = ref;
+  ref_there.manifest["cpu"] = "another CPU";
+  EXPECT_EQ(budget_between(budgets, here, ref_there).names(), std::vector<std::string>{"torch-cpu"});
+}
+
+TEST(Budgets, AcrossPlatformsNamesAnEntryOfTheFile) {
+  const std::string text = shipped_with(R"(across_platforms = "torch-host"\n)", "across_platforms = \"torch-elsewhere\"\n");
+  EXPECT_NE(load_error(text).find("[torch-cpu].across_platforms: no entry [torch-elsewhere] in this file"), std::string::npos)
+      << load_error(text);
+}
+
+// The schema gate: budget_features, where present, is names joined with '+', each once.
+TEST(DeclaredFeatures, AMalformedDeclarationIsASchemaProblem) {
+  const std::string good = scratch().path("malformed_good.h5");
+  run::RunOptions o = lane("micro", 2, 2);
+  o.out = good;
+  o.force = true;
+  run::run_canary(o);
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"noise++bf16", "/manifest/budget_features: 'noise++bf16' has an empty feature name (item 2); give names joined with '+', or \"\" for none"},
+      {"+bf16", "/manifest/budget_features: '+bf16' has an empty feature name (item 1); give names joined with '+', or \"\" for none"},
+      {"bf16+", "/manifest/budget_features: 'bf16+' has an empty feature name (item 2); give names joined with '+', or \"\" for none"},
+      {"bf16+noise+bf16", "/manifest/budget_features: 'bf16+noise+bf16' names feature 'bf16' twice"},
+  };
+  for (const auto& [declared, expected] : cases) {
+    const std::string path = scratch().path("malformed.h5");
+    std::filesystem::copy_file(good, path, std::filesystem::copy_options::overwrite_existing);
+    {
+      const h5::Handle f = h5::open_file(path, true);
+      const h5::Handle m = h5::open_group(f, "manifest");
+      h5::write_attr(m, "budget_features", declared);
+    }
+    const receipt::ValidationReport report = receipt::validate_receipt(path);
+    EXPECT_EQ(report.problems, std::vector<std::string>{expected}) << declared;
+    try {
+      load_receipt(path);
+      ADD_FAILURE() << declared << " was accepted";
+    } catch (const receipt::ReceiptError& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+  }
+  for (const std::string declared : {"", "bf16", "noise+bf16+fp8", "torch-cpu"}) {
+    const std::string path = scratch().path("wellformed.h5");
+    std::filesystem::copy_file(good, path, std::filesystem::copy_options::overwrite_existing);
+    {
+      const h5::Handle f = h5::open_file(path, true);
+      h5::write_attr(h5::open_group(f, "manifest"), "budget_features", declared);
+    }
+    EXPECT_TRUE(receipt::validate_receipt(path).valid()) << declared;
+  }
 }
 
 }  // namespace

@@ -35,12 +35,16 @@ TEST(Matrix, ShippedMatrixHasTheIssuesLanesAndACpuRefReference) {
   std::set<std::string> lanes;
   for (const LaneSpec& l : m.lanes) lanes.insert(l.lane);
   for (const char* wanted : {"tiny/cpu-ref", "tiny/accel+bf16", "tiny/accel+bf16+fp8=all", "tiny/tpu-mesh@2x2+tp",
-                             "tiny/tpu-mesh@2x2+zero3+bf16"}) {
+                             "tiny/tpu-mesh@2x2+zero3+bf16", "tiny/torch", "tiny/torch+bf16"}) {
     EXPECT_TRUE(lanes.count(wanted)) << wanted;
   }
   for (const LaneSpec& l : m.lanes) {
     if (l.engine == "accel") {
       EXPECT_TRUE(l.settings.options.count("noise-seed")) << l.id << ": goldens replay a pinned seed";
+    }
+    if (l.engine == "torch") {
+      EXPECT_TRUE(l.external()) << l.id;
+      EXPECT_EQ(l.settings.options.at("device"), "cpu") << l.id << ": the default nightly needs no GPU";
     }
   }
 }
@@ -87,6 +91,82 @@ TEST(Matrix, EngineFlagsTakeIntegersAndSwitches) {
   EXPECT_EQ(o.canary, "micro");
   EXPECT_EQ(o.steps, 4);
   EXPECT_EQ(o.seed, 1);
+}
+
+TEST(Matrix, TorchLanesExpandToThePyTorchLane) {
+  const testing::ScratchDir dir;
+  const Matrix m = load_matrix(write(dir, std::string(kHeader) + kRefLane +
+                                              "[[lanes]]\nid = \"t\"\nengine = \"torch\"\n"
+                                              "[[lanes]]\nid = \"tb\"\nengine = \"torch\"\ndevice = \"cpu\"\n"
+                                              "precision = \"bf16\"\nbudget-features = \"torch-bf16\"\n"));
+  const LaneSpec& t = m.lane("t");
+  EXPECT_TRUE(t.external());
+  EXPECT_EQ(t.lane, "micro/torch");
+  EXPECT_EQ(t.budget_features, std::vector<std::string>{"torch-cpu"});
+  const std::vector<std::string> argv = expand_command(t, "p.h5", "o.h5", 4, 1);
+  const std::vector<std::string> wanted{"/usr/bin/python3", "-m", "canary_harness.lane", "--pack", "p.h5", "--device",
+                                        "cpu", "--precision", "fp32", "--out", "o.h5"};
+  EXPECT_EQ(argv, wanted);
+  EXPECT_EQ(t.environment.at("PYTHONPATH"), std::string(HARNESS_SOURCE_DIR) + "/python");
+  const LaneSpec& tb = m.lane("tb");
+  EXPECT_EQ(tb.lane, "micro/torch+bf16");
+  EXPECT_EQ(tb.budget_features, std::vector<std::string>{"torch-bf16"});
+  EXPECT_FALSE(m.lane("ref").external());
+}
+
+TEST(Matrix, CommandLanesFillTheirPlaceholders) {
+  const testing::ScratchDir dir;
+  const Matrix m = load_matrix(write(dir, std::string(kHeader) + kRefLane +
+                                              "[[lanes]]\nid = \"c\"\ncommand = [\"run-it\", \"--pack={pack}\", \"{out}\", "
+                                              "\"{steps}\", \"s{seed}\"]\nbudget-features = \"torch-cpu+torch-host\"\n"));
+  const LaneSpec& c = m.lane("c");
+  EXPECT_EQ(c.engine, "command");
+  EXPECT_EQ(c.lane, "micro/c");
+  EXPECT_EQ(c.budget_features, (std::vector<std::string>{"torch-cpu", "torch-host"}));
+  EXPECT_EQ(expand_command(c, "P", "O", 4, 1), (std::vector<std::string>{"run-it", "--pack=P", "O", "4", "s1"}));
+  const Matrix named = load_matrix(write(dir, std::string(kHeader) + kRefLane +
+                                                  "[[lanes]]\nid = \"c\"\ncommand = [\"x\", \"{out}\"]\n"
+                                                  "budget-features = \"torch-cpu\"\nlane = \"micro/mine\"\n"));
+  EXPECT_EQ(named.lane("c").lane, "micro/mine");
+}
+
+TEST(Matrix, BadExternalLanesNameFileAndKey) {
+  const testing::ScratchDir dir;
+  const std::string head = std::string(kHeader) + kRefLane + "[[lanes]]\nid = \"x\"\n";
+  const std::string cmd = "command = [\"tool\", \"{out}\"]\n";
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {head + cmd, "lanes[1] (x).budget-features: missing"},
+      {head + cmd + "budget-features = \"\"\n", "lanes[1] (x).budget-features: must be a non-empty string"},
+      {head + cmd + "budget-features = \"a++b\"\n", "lanes[1] (x).budget-features: 'a++b' is not"},
+      {head + cmd + "budget-features = \"a+a\"\n", "lanes[1] (x).budget-features: 'a+a' is not"},
+      {head + "command = []\nbudget-features = \"a\"\n", "lanes[1] (x).command: must be a non-empty array"},
+      {head + "command = \"tool {out}\"\nbudget-features = \"a\"\n", "lanes[1] (x).command: must be a non-empty array"},
+      {head + "command = [\"tool\", 3]\nbudget-features = \"a\"\n", "lanes[1] (x).command[1]: must be a non-empty string"},
+      {head + "command = [\"tool\", \"{out}\", \"{dir}\"]\nbudget-features = \"a\"\n",
+       "lanes[1] (x).command[2]: '{dir}' is not a placeholder"},
+      {head + "command = [\"tool\", \"{pack}\"]\nbudget-features = \"a\"\n", "lanes[1] (x).command: no argument holds {out}"},
+      {head + cmd + "budget-features = \"a\"\nengine = \"accel\"\n", "lanes[1] (x).engine: a command lane names no engine"},
+      {head + cmd + "budget-features = \"a\"\nmesh = \"2x2\"\n", "lanes[1] (x).mesh: unknown key of a command lane"},
+      {head + cmd + "budget-features = \"a\"\nlane = \"tiny/other\"\n", "lanes[1] (x).lane: 'tiny/other' must be micro/NAME"},
+      {head + cmd + "budget-features = \"a\"\nfeatures = \"bf16\"\n", "lanes[1] (x).features: an external lane"},
+      {head + "engine = \"torch\"\nprecision = \"fp16\"\n", "lanes[1] (x).precision: 'fp16' is not fp32 or bf16"},
+      {head + "engine = \"torch\"\ndevice = \"tpu\"\n", "lanes[1] (x).device: 'tpu' is not cpu"},
+      {head + "engine = \"torch\"\nnoise-seed = 3\n", "lanes[1] (x).noise-seed: unknown key of a torch lane"},
+      {head + "engine = \"torch\"\nbudget-features = \"torch-bf16\"\n", "lanes[1] (x).budget-features: the torch lane"},
+      {head + "engine = \"torch\"\n" + cmd, "lanes[1] (x).command: a torch lane's command"},
+      {head + "engine = \"accel\"\nbudget-features = \"a\"\n", "lanes[1] (x).budget-features: only an external lane"},
+      {head + "engine = \"cpu-ref\"\n" + cmd, "lanes[1] (x).engine: a command lane names no engine"},
+  };
+  for (const auto& [text, wanted] : cases) {
+    try {
+      load_matrix(write(dir, text));
+      ADD_FAILURE() << "accepted:\n" << text;
+    } catch (const MatrixError& e) {
+      EXPECT_NE(std::string(e.what()).find(wanted), std::string::npos) << e.what() << "\nwanted: " << wanted;
+      EXPECT_NE(std::string(e.what()).find("matrix.toml"), std::string::npos) << "the file is not named: " << e.what();
+      EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << "one line: " << e.what();
+    }
+  }
 }
 
 // Property: for every shard count, the shards partition the lanes in matrix order.

@@ -1,13 +1,23 @@
 // Receipts: what a run writes can be read back, hashes can be recomputed from dumps,
 // and every kind of bad file is a named error, never a crash.
+#include <array>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
+#include "byte_stream.h"
 #include "canary_run.h"
+#include "file_io.h"
+#include "numerics/philox.h"
 #include "receipt/hdf5_file.h"
 #include "receipt/receipt_reader.h"
 #include "scratch_dir.h"
@@ -105,15 +115,66 @@ TEST_F(ReceiptFiles, BadFilesAreNamedErrors) {
   {
     const h5::Handle f = h5::open_file(path("future.h5"), true);
     const h5::Handle m = h5::open_group(f, "manifest");
-    h5::write_attr(m, "schema_version", std::int64_t{99});
+    h5::write_attr(m, "schema_version", kSchemaVersion + 1);
   }
-  EXPECT_NE(error_of(path("future.h5")).find("schema_version 99 is not supported"), std::string::npos);
+  const std::string future = error_of(path("future.h5"));
+  EXPECT_NE(future.find("written by a newer harness"), std::string::npos) << future;
+  EXPECT_NE(future.find("upgrade the harness"), std::string::npos) << future;
+
+  fs::copy_file(good, path("ancient.h5"));
+  {
+    const h5::Handle f = h5::open_file(path("ancient.h5"), true);
+    const h5::Handle m = h5::open_group(f, "manifest");
+    h5::write_attr(m, "schema_version", kSchemaVersion - 1);
+  }
+  EXPECT_NE(error_of(path("ancient.h5")).find("re-record the receipt with this harness"), std::string::npos);
 
   {
     const h5::Handle f = h5::create_file(path("foreign.h5"), false);
     h5::create_group(f, "data");
   }
   EXPECT_NE(error_of(path("foreign.h5")).find("no /manifest group"), std::string::npos);
+}
+
+// Schema evolution: a newer minor adds content an older reader ignores.
+TEST_F(ReceiptFiles, NewerMinorWithExtraContentIsRead) {
+  const std::string good = write_micro("newer_minor.h5", 3);
+  {
+    const h5::Handle f = h5::open_file(good, true);
+    const h5::Handle m = h5::open_group(f, "manifest");
+    h5::write_attr(m, "schema_minor", kSchemaMinor + 5);
+    h5::write_attr(m, "from_the_future", std::string("an attribute this harness does not know"));
+    const h5::Handle extra = h5::create_group(f, "future_group");
+    h5::write_string_dataset(extra, "names", {"a", "b"});
+  }
+  const ReceiptReader reader(good);
+  EXPECT_EQ(reader.schema_version(), kSchemaVersion);
+  EXPECT_EQ(reader.schema_minor(), kSchemaMinor + 5);
+  EXPECT_EQ(reader.steps_recorded(), 3);
+  EXPECT_EQ(reader.tensor_names().size(), reader.hashes("params").size() / 3);
+}
+
+// The file format of schema minor 1: HDF5 1.10 metadata, fixed-length strings, and a
+// Fletcher32 checksum on every dataset.
+TEST_F(ReceiptFiles, EveryDatasetIsChunkedAndChecksummed) {
+  const std::string good = write_micro("format.h5", 2);
+  const ReceiptReader reader(good);
+  EXPECT_EQ(reader.schema_minor(), kSchemaMinor);
+  EXPECT_TRUE(h5::uses_checksummed_format(reader.file()));
+  const auto datasets = h5::list_datasets(reader.file());
+  ASSERT_GT(datasets.size(), 10u);
+  for (const h5::DatasetInfo& d : datasets) {
+    const h5::DatasetLayout layout = h5::dataset_layout(reader.file(), d.path);
+    EXPECT_TRUE(layout.chunked) << d.path;
+    EXPECT_TRUE(layout.checksummed) << d.path;
+    EXPECT_FALSE(layout.variable_length_string) << d.path;
+  }
+  const h5::Handle manifest = h5::open_group(reader.file(), "manifest");
+  for (const std::string& name : h5::attr_names(manifest)) {
+    const h5::Handle attr(H5Aopen(manifest, name.c_str(), H5P_DEFAULT), H5Aclose, "open " + name);
+    const h5::Handle type(H5Aget_type(attr), H5Tclose, "type of " + name);
+    EXPECT_FALSE(H5Tget_class(type) == H5T_STRING && H5Tis_variable_str(type) > 0) << name;
+  }
 }
 
 TEST_F(ReceiptFiles, SketchSeparatesNearbyTensors) {
@@ -126,6 +187,138 @@ TEST_F(ReceiptFiles, SketchSeparatesNearbyTensors) {
   double moved = 0;
   for (int i = 0; i < kSketchWidth; ++i) moved += std::fabs(sb.projection[i] - sa.projection[i]);
   EXPECT_NEAR(moved, 1e-3, 1e-6);  // one block moved by 1e-3, into exactly one bucket
+}
+
+// ---- docs/receipt-test-vectors.json: the digests as docs/receipt-schema.md ("Digests")
+// specifies them, recomputed here with the functions the recorder uses and compared bit
+// for bit (python/tests/test_vectors.py does the same with canary_harness). The inputs and
+// the expected values are read from the file, so changing any expected value fails here.
+
+class ReceiptVectors : public ::testing::Test {
+ protected:
+  static nlohmann::json load() {
+    const std::string path = std::string(HARNESS_SOURCE_DIR) + "/docs/receipt-test-vectors.json";
+    std::ifstream in(path);
+    if (!in) throw std::runtime_error("cannot read " + path);
+    return nlohmann::json::parse(in);
+  }
+
+  static std::uint64_t hex(const nlohmann::json& text) { return std::stoull(text.get<std::string>(), nullptr, 16); }
+  static std::string hex64(std::uint64_t v) { return fmt::format("0x{:016x}", v); }
+  static std::string hex32(std::uint32_t v) { return fmt::format("0x{:08x}", v); }
+
+  // A tensor vector's input: explicit float32 bit patterns, or the affine_mod rule.
+  static std::vector<float> values_of(const nlohmann::json& spec) {
+    std::vector<float> values;
+    if (spec.contains("values_f32")) {
+      for (const auto& bits : spec.at("values_f32")) values.push_back(std::bit_cast<float>(static_cast<std::uint32_t>(hex(bits))));
+      return values;
+    }
+    const nlohmann::json& rule = spec.at("generate");
+    EXPECT_EQ(rule.at("rule").get<std::string>(), "affine_mod");
+    const auto count = rule.at("count").get<std::int64_t>(), mul = rule.at("mul").get<std::int64_t>(),
+               modulus = rule.at("modulus").get<std::int64_t>(), offset = rule.at("offset").get<std::int64_t>(),
+               divisor = rule.at("divisor").get<std::int64_t>();
+    for (std::int64_t i = 0; i < count; ++i) {
+      const std::int64_t numerator = (i * mul) % modulus - offset;
+      values.push_back(static_cast<float>(static_cast<double>(numerator) / static_cast<double>(divisor)));
+    }
+    return values;
+  }
+
+  // Bit for bit, except that an expected NaN matches any NaN (the schema does not pin the
+  // sign or payload of a NaN that arithmetic produces; hashes cover input bytes exactly).
+  static ::testing::AssertionResult same_f64(const nlohmann::json& expected_hex, double actual) {
+    const double expected = std::bit_cast<double>(hex(expected_hex));
+    if (std::isnan(expected) ? std::isnan(actual) : std::bit_cast<std::uint64_t>(actual) == hex(expected_hex)) {
+      return ::testing::AssertionSuccess();
+    }
+    return ::testing::AssertionFailure() << hex64(std::bit_cast<std::uint64_t>(actual)) << " (" << actual
+                                         << "), expected " << expected_hex.get<std::string>() << " (" << expected << ")";
+  }
+};
+
+TEST_F(ReceiptVectors, FileHoldsEveryKindOfVector) {
+  const nlohmann::json v = load();
+  EXPECT_EQ(v.at("sketch").at("width").get<int>(), kSketchWidth);
+  EXPECT_EQ(v.at("sketch").at("block").get<int>(), kSketchBlock);
+  EXPECT_GE(v.at("philox").size(), 5u);
+  EXPECT_GE(v.at("stream_id").size(), 4u);
+  EXPECT_GE(v.at("tensors").size(), 10u);
+  EXPECT_GE(v.at("batch_hash").size(), 2u);
+  EXPECT_GE(v.at("content_hash").size(), 3u);
+}
+
+TEST_F(ReceiptVectors, PhiloxAndStreamIds) {
+  const nlohmann::json v = load();
+  for (const auto& spec : v.at("philox")) {
+    numerics::PhiloxBlock out{};
+    if (spec.contains("counter")) {
+      numerics::PhiloxBlock counter{};
+      std::array<std::uint32_t, 2> key{};
+      for (int i = 0; i < 4; ++i) counter[i] = static_cast<std::uint32_t>(hex(spec.at("counter")[i]));
+      for (int i = 0; i < 2; ++i) key[i] = static_cast<std::uint32_t>(hex(spec.at("key")[i]));
+      out = numerics::philox4x32_10(counter, key);
+    } else {
+      out = numerics::philox_at(hex(spec.at("seed")), hex(spec.at("stream")), hex(spec.at("index")));
+    }
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(hex32(out[i]), spec.at("output")[i].get<std::string>()) << spec.at("id") << " word " << i;
+  }
+  for (const auto& spec : v.at("stream_id")) {
+    EXPECT_EQ(hex64(numerics::stream_id(spec.at("name").get<std::string>().c_str())), spec.at("fnv1a64").get<std::string>())
+        << spec.at("name");
+  }
+}
+
+TEST_F(ReceiptVectors, TensorHashesAndSketches) {
+  const nlohmann::json v = load();
+  for (const auto& spec : v.at("tensors")) {
+    SCOPED_TRACE(spec.at("id").get<std::string>());
+    const std::vector<float> values = values_of(spec);
+    ASSERT_EQ(values.size(), spec.at("numel").get<std::size_t>());
+    EXPECT_EQ(hex64(run::tensor_hash(values)), spec.at("hash").get<std::string>());
+    const std::uint64_t salt = numerics::stream_id(spec.at("name").get<std::string>().c_str());
+    EXPECT_EQ(hex64(salt), spec.at("salt").get<std::string>());
+    for (const auto& d : spec.at("first_draws")) {
+      const std::uint32_t draw = numerics::philox_at(salt, 0, d.at("block").get<std::uint64_t>())[0];
+      EXPECT_EQ(hex32(draw), d.at("draw").get<std::string>());
+      EXPECT_EQ(static_cast<int>(draw % kSketchWidth), d.at("bucket").get<int>());
+      EXPECT_EQ((draw >> 31) == 1, d.at("negative").get<bool>());
+    }
+    const TensorSketch sketch = run::TensorSketcher(values.size(), salt)(values);
+    EXPECT_TRUE(same_f64(spec.at("l2"), sketch.l2)) << "l2";
+    ASSERT_EQ(spec.at("projection").size(), static_cast<std::size_t>(kSketchWidth));
+    for (int b = 0; b < kSketchWidth; ++b) EXPECT_TRUE(same_f64(spec.at("projection")[b], sketch.projection[b])) << "projection " << b;
+  }
+}
+
+TEST_F(ReceiptVectors, BatchAndContentHashes) {
+  const nlohmann::json v = load();
+  for (const auto& spec : v.at("batch_hash")) {
+    canary::Batch batch;
+    batch.batch_size = spec.at("shape")[0].get<int>();
+    batch.context_length = spec.at("shape")[1].get<int>() - 1;
+    batch.tokens = spec.at("tokens").get<std::vector<std::int32_t>>();
+    ASSERT_EQ(batch.tokens.size(), static_cast<std::size_t>(batch.batch_size) * static_cast<std::size_t>(batch.context_length + 1));
+    EXPECT_EQ(hex64(canary::batch_hash(batch)), spec.at("hash").get<std::string>()) << spec.at("id");
+  }
+  const harness::testing::ScratchDir scratch;
+  for (const auto& spec : v.at("content_hash")) {
+    std::string bytes;
+    if (spec.contains("bytes_hex")) {
+      const std::string text = spec.at("bytes_hex").get<std::string>();
+      for (std::size_t i = 0; i + 1 < text.size(); i += 2) bytes.push_back(static_cast<char>(std::stoi(text.substr(i, 2), nullptr, 16)));
+    } else {
+      const nlohmann::json& rule = spec.at("generate");
+      EXPECT_EQ(rule.at("rule").get<std::string>(), "byte_affine");
+      for (std::int64_t i = 0; i < rule.at("count").get<std::int64_t>(); ++i) {
+        bytes.push_back(static_cast<char>((i * rule.at("mul").get<std::int64_t>() + rule.at("add").get<std::int64_t>()) % 256));
+      }
+    }
+    const std::string file = scratch.path("content.bin");
+    std::ofstream(file, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    EXPECT_EQ(run::file_content_hash(file), spec.at("content_hash").get<std::string>()) << spec.at("id");
+  }
 }
 
 }  // namespace

@@ -1,0 +1,222 @@
+#!/usr/bin/env python3
+"""What canary_harness.torch.Recorder costs on the tiny PyTorch CPU step (issue 14).
+
+Two copies of the PyTorch lane's training (canary_harness.models.gpt2 + CanaryAdamW, the
+lane's own canary_harness.lane.train_step, from the pack's init and batches) run side by
+side in this process, alternating step by step so that both see the same machine load:
+one bare, one followed by Recorder.step() into a receipt. After the warm-up, N steps of
+each are timed; the medians give the overhead ratio (recorded / bare - 1), and the
+recorder's own median (its step() alone) gives the same thing measured directly.
+
+Then the digest alone: the Python hashing (XXH3 over params, grads, m, v) and sketching
+(params and grads in one SketchLayout pass) of the recorded model's tensors, in MB/s of
+fp32 tensor data, beside the C++ recorder's (`build/bench/step_bench`, BM_RecordStep: the
+same digests plus its HDF5 row and flush), when that benchmark is built.
+
+Usage:
+    /usr/bin/python3 bench/recorder_overhead.py [--pack PACK.h5] [--steps 30] [--warmup 5]
+        [--threads N] [--json FILE] [--no-cpp]
+
+Without --pack, one is written by `build/bin/harness export --canary tiny` into a
+temporary directory. This is a benchmark, not a test: numbers depend on the machine and
+its load (the report prints the load average).
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.join(HERE, os.pardir)
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import xxhash  # noqa: E402
+
+from canary_harness.digest import SketchLayout  # noqa: E402
+from canary_harness.lane import train_step  # noqa: E402
+from canary_harness.models import gpt2  # noqa: E402
+from canary_harness.optim import CanaryAdamW  # noqa: E402
+from canary_harness.pack import read_pack  # noqa: E402
+from canary_harness.philox import stream_id  # noqa: E402
+from canary_harness.torch import Recorder  # noqa: E402
+
+
+def export_pack(directory):
+    harness = os.environ.get("HARNESS_BIN", os.path.join(ROOT, "build", "bin", "harness"))
+    path = os.path.join(directory, "tiny-pack.h5")
+    subprocess.run([harness, "export", "--canary", "tiny", "--out", path], check=True, capture_output=True)
+    return path
+
+
+class Lane:
+    """One copy of the lane's training loop (lane.run without the CLI)."""
+
+    def __init__(self, pack, cfg):
+        self.pack, self.cfg = pack, cfg
+        self.model = gpt2.GPT2(cfg, pack.init)
+        self.optimizer = CanaryAdamW(self.model.named_parameters(), cfg)
+
+    def step(self, step):
+        tokens = self.pack.batch(step)
+        lr = self.optimizer.set_lr(gpt2.lr_at(step, self.cfg))
+        loss, norm = train_step(self.model, self.optimizer, torch.from_numpy(np.ascontiguousarray(tokens)))
+        return tokens, lr, loss, norm
+
+
+def time_steps(pack, cfg, receipt, steps, warmup):
+    bare, recorded = Lane(pack, cfg), Lane(pack, cfg)
+    recorder = Recorder(receipt, recorded.model, recorded.optimizer, pack=pack, steps=warmup + steps,
+                        engine="torch", budget_features="torch-cpu", overwrite=True)
+    bare_ms, recorded_ms, recorder_ms, append_ms = [], [], [], []
+    cpu = {"bare": [], "recorder": []}  # process CPU time: what a loaded machine inflates least
+    append_step = recorder.writer.append_step
+
+    def timed_append_step(**kwargs):  # the receipt's HDF5 row and flush, inside Recorder.step()
+        t0 = time.perf_counter()
+        append_step(**kwargs)
+        append_ms.append((time.perf_counter() - t0) * 1e3)
+
+    recorder.writer.append_step = timed_append_step
+    for step in range(warmup + steps):
+        order = (0, 1) if step % 2 == 0 else (1, 0)  # alternate who goes first
+        for which in order:
+            c0, t0 = time.process_time(), time.perf_counter()
+            if which == 0:
+                bare.step(step)
+                t2 = t1 = time.perf_counter()
+                c2 = c1 = time.process_time()
+            else:
+                tokens, lr, loss, norm = recorded.step(step)
+                c1, t1 = time.process_time(), time.perf_counter()
+                recorder.step(loss=loss, grad_norm=norm, lr=lr, batch=tokens)  # after the step
+                c2, t2 = time.process_time(), time.perf_counter()
+            if step >= warmup:
+                if which == 0:
+                    bare_ms.append((t2 - t0) * 1e3)
+                    cpu["bare"].append((c2 - c0) * 1e3)
+                else:
+                    recorded_ms.append((t2 - t0) * 1e3)
+                    recorder_ms.append((t2 - t1) * 1e3)
+                    cpu["recorder"].append((c2 - c1) * 1e3)
+    recorder.close()
+    return bare_ms, recorded_ms, recorder_ms, append_ms[warmup:], cpu, recorded
+
+
+def time_digest(lane, names, repeats):
+    """Python hash + sketch of the four families (what Recorder.step computes), ms per step."""
+    params = [p.detach().numpy() for p in lane.model.parameters()]
+    grads = [p.grad.detach().numpy() for p in lane.model.parameters()]
+    state = [lane.optimizer.state[p] for p in lane.model.parameters()]
+    m = [s["exp_avg"].numpy() for s in state]
+    v = [s["exp_avg_sq"].numpy() for s in state]
+    layout = SketchLayout([a.size for a in params] * 2, [stream_id(n) for n in names] * 2)
+    hash_ms, sketch_ms, both_ms = [], [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for family in (params, grads, m, v):
+            for a in family:
+                xxhash.xxh3_64_intdigest(a, seed=0)
+        t1 = time.perf_counter()
+        layout.sketch(params + grads)
+        t2 = time.perf_counter()
+        layout.hash_and_sketch(params + grads)  # as Recorder.step(): hashed as they are sketched
+        for a in m + v:
+            xxhash.xxh3_64_intdigest(a, seed=0)
+        t3 = time.perf_counter()
+        hash_ms.append((t1 - t0) * 1e3)
+        sketch_ms.append((t2 - t1) * 1e3)
+        both_ms.append((t3 - t2) * 1e3)
+    family_mb = sum(a.nbytes for a in params) / 1e6
+    return statistics.median(hash_ms), statistics.median(sketch_ms), statistics.median(both_ms), family_mb
+
+
+def cpp_record_step():
+    """C++ BM_RecordStep at 1 and 2 threads, ms per step (real time), or None when not built."""
+    bench = os.path.join(ROOT, "build", "bench", "step_bench")
+    if not os.access(bench, os.X_OK):
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        result = subprocess.run([bench, "--benchmark_filter=BM_RecordStep", "--benchmark_min_time=1",
+                                 f"--benchmark_out={out.name}", "--benchmark_out_format=json"],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            return None
+        runs = json.load(open(out.name))["benchmarks"]
+    return {int(b["name"].split("/")[1]): (b["real_time"], b["cpu_time"]) for b in runs}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="Recorder overhead on the tiny PyTorch CPU step.")
+    ap.add_argument("--pack", help="tiny pack (`harness export --canary tiny`); default: exported to a temp dir")
+    ap.add_argument("--steps", type=int, default=30, help="timed steps of each kind (median reported)")
+    ap.add_argument("--warmup", type=int, default=5, help="untimed warm-up steps")
+    ap.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    ap.add_argument("--json", metavar="FILE", help="write the results as JSON to FILE")
+    ap.add_argument("--no-cpp", action="store_true", help="skip the C++ BM_RecordStep comparison")
+    args = ap.parse_args(argv)
+    if args.steps < 1 or args.warmup < 0:
+        ap.error("--steps must be >= 1 and --warmup >= 0")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        pack = read_pack(args.pack or export_pack(tmp), canary="tiny")
+        if args.warmup + args.steps > pack.steps:
+            ap.error(f"--warmup + --steps: the pack holds {pack.steps} batches")
+        cfg = gpt2.CanaryConfig.from_json(pack.canary_json)
+        bare, recorded, recorder, append, cpu, lane = time_steps(pack, cfg, os.path.join(tmp, "bench.h5"), args.steps,
+                                                    args.warmup)
+        hash_ms, sketch_ms, digest_ms, family_mb = time_digest(lane, pack.tensor_names, max(args.steps, 20))
+    cpp = None if args.no_cpp else cpp_record_step()
+
+    bare_med, rec_med, recorder_med, append_med = (statistics.median(x) for x in (bare, recorded, recorder, append))
+    results = {
+        "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+        "load_average": os.getloadavg(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+        "numpy": np.__version__, "steps": args.steps, "warmup": args.warmup,
+        "bare_ms": bare_med, "recorded_ms": rec_med, "recorder_step_ms": recorder_med,
+        "append_step_ms": append_med, "bare_cpu_ms": statistics.median(cpu["bare"]),
+        "recorder_cpu_ms": statistics.median(cpu["recorder"]), "overhead_ratio": rec_med / bare_med - 1,
+        "recorder_share_of_bare": recorder_med / bare_med, "python_hash_ms": hash_ms, "python_sketch_ms": sketch_ms,
+        "python_digest_ms": digest_ms, "family_mb": family_mb,
+        "python_digest_mb_s": 4 * family_mb / (digest_ms / 1e3),
+        "python_hash_mb_s": 4 * family_mb / (hash_ms / 1e3), "python_sketch_mb_s": 2 * family_mb / (sketch_ms / 1e3),
+        "cpp_record_step_ms": {t: real for t, (real, _) in cpp.items()} if cpp else None,
+    }
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), numpy {np.__version__}; "
+          f"{os.cpu_count()} CPUs, load average {results['load_average'][0]:.2f}; tiny (pack {pack.path}), "
+          f"{args.warmup} warm-up + {args.steps} timed steps of each, alternating, median")
+    print(f"  bare step                 {bare_med:8.2f} ms")
+    print(f"  step + Recorder.step()    {rec_med:8.2f} ms   overhead {100 * results['overhead_ratio']:+.1f}%")
+    print(f"  Recorder.step() alone     {recorder_med:8.2f} ms   = {100 * results['recorder_share_of_bare']:.1f}% "
+          "of the bare step")
+    print(f"  CPU time (process), median: bare step {results['bare_cpu_ms']:.2f} ms, Recorder.step() "
+          f"{results['recorder_cpu_ms']:.2f} ms = {100 * results['recorder_cpu_ms'] / results['bare_cpu_ms']:.1f}%")
+    print(f"    of which HDF5 row+flush {append_med:8.2f} ms   (ReceiptWriter.append_step)")
+    print(f"digest of one step (4 families x {family_mb:.2f} MB fp32 hashed, 2 of them sketched), median:")
+    print(f"  Python hash (XXH3)        {hash_ms:8.2f} ms   {results['python_hash_mb_s']:8.0f} MB/s")
+    print(f"  Python sketch             {sketch_ms:8.2f} ms   {results['python_sketch_mb_s']:8.0f} MB/s")
+    print(f"  Python digest, as Recorder {digest_ms:7.2f} ms   {results['python_digest_mb_s']:8.0f} MB/s "
+          "(hash_and_sketch of params + grads, hash of m, v; hashed bytes / time)")
+    if cpp:
+        for threads, (real, cpu) in sorted(cpp.items()):
+            print(f"  C++ BM_RecordStep/{threads}      {real:8.2f} ms   {4 * family_mb / (real / 1e3):8.0f} MB/s "
+                  f"(digest + HDF5 row + flush; cpu {cpu:.2f} ms)")
+    else:
+        print("  C++ BM_RecordStep         (not run: build/bench/step_bench not built, or --no-cpp)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

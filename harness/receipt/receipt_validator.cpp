@@ -1,0 +1,371 @@
+#include "receipt_validator.h"
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <set>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "receipt/hdf5_file.h"
+#include "receipt/receipt_reader.h"
+#include "receipt/receipt_schema.h"
+
+namespace harness::receipt {
+namespace {
+
+using Shape = std::vector<hsize_t>;
+
+// Errors thrown by the reader and the HDF5 layer name the file first; the report does
+// that once, for every problem.
+std::string without_path(const std::string& message, const std::string& path) {
+  const std::string prefix = path + ": ";
+  return message.starts_with(prefix) ? message.substr(prefix.size()) : message;
+}
+using h5::AttrKind;
+
+// The manifest as docs/receipt-schema.md lists it: required attributes, then those an
+// engine or option adds. Anything else is reported as unknown, never as a problem.
+const std::map<std::string, AttrKind>& required_manifest() {
+  static const std::map<std::string, AttrKind> table{
+      {"schema_version", AttrKind::kInteger}, {"lane", AttrKind::kString},      {"engine", AttrKind::kString},
+      {"features", AttrKind::kString},        {"canary", AttrKind::kString},    {"seed", AttrKind::kInteger},
+      {"steps_planned", AttrKind::kInteger},  {"threads", AttrKind::kInteger},  {"complete", AttrKind::kInteger},
+      {"created_utc", AttrKind::kString},     {"git_commit", AttrKind::kString}, {"toolchain", AttrKind::kString},
+      {"libraries", AttrKind::kString},       {"host", AttrKind::kString},      {"cpu", AttrKind::kString}};
+  return table;
+}
+
+const std::map<std::string, AttrKind>& optional_manifest() {
+  static const std::map<std::string, AttrKind> table{
+      {"schema_minor", AttrKind::kInteger},     {"budget_features", AttrKind::kString}, {"kernels", AttrKind::kString},
+      {"data_seed", AttrKind::kInteger},        {"fault_injection", AttrKind::kString}, {"trace", AttrKind::kString},
+      {"run_options", AttrKind::kString},
+      // accel (docs/engines/accel.md)
+      {"numerics", AttrKind::kString},          {"noise_mode", AttrKind::kString},     {"noise_seed", AttrKind::kInteger},
+      {"fp8_zones", AttrKind::kString},         {"fp8_format", AttrKind::kString},     {"fp8_recipe", AttrKind::kString},
+      {"fp8_amax_history", AttrKind::kInteger}, {"fp8_amax_algo", AttrKind::kString},  {"fp8_margin", AttrKind::kInteger},
+      {"fp8_accumulate", AttrKind::kString},
+      // tpu-mesh (docs/engines/tpu-mesh.md)
+      {"mesh", AttrKind::kString},              {"mesh_axes", AttrKind::kString},      {"mesh_devices", AttrKind::kInteger},
+      {"shard_plan", AttrKind::kString},        {"precision", AttrKind::kString},      {"compile_mode", AttrKind::kString},
+      {"grad_accum", AttrKind::kInteger},       {"leak_scalars", AttrKind::kInteger},  {"compile_cache", AttrKind::kString},
+      {"program_format_version", AttrKind::kInteger}};
+  return table;
+}
+
+const char* kind_name(AttrKind kind) {
+  switch (kind) {
+    case AttrKind::kString: return "a string";
+    case AttrKind::kInteger: return "an integer";
+    case AttrKind::kFloat: return "a float";
+    default: return "of another type";
+  }
+}
+
+class Validator {
+ public:
+  Validator(ValidationReport& report, hid_t file) : r_(report), file_(file), file_name_(report.path) {}
+
+  void run() {
+    read_manifest();
+    check_steps();
+    check_hashes();
+    check_sketches();
+    check_optional_groups();
+    check_file_format();
+    read_every_dataset();
+    list_unknown_groups();
+  }
+
+ private:
+  void problem(const std::string& where, const std::string& what) { r_.problems.push_back(where + ": " + what); }
+
+  void read_manifest() {
+    const h5::Handle manifest = h5::open_group(file_, "manifest");
+    std::set<std::string> present;
+    for (const std::string& name : h5::attr_names(manifest)) present.insert(name);
+    for (const auto& [name, kind] : required_manifest()) {
+      if (!present.count(name)) {
+        problem("/manifest", fmt::format("missing attribute '{}' ({})", name, kind_name(kind)));
+      } else if (h5::attr_kind(manifest, name) != kind) {
+        problem("/manifest/" + name, fmt::format("must be {}", kind_name(kind)));
+      }
+    }
+    for (const std::string& name : present) {
+      const auto known = optional_manifest().find(name);
+      if (known == optional_manifest().end()) {
+        if (!required_manifest().count(name)) r_.unknown.push_back("/manifest attribute " + name);
+      } else if (h5::attr_kind(manifest, name) != known->second) {
+        problem("/manifest/" + name, fmt::format("must be {}", kind_name(known->second)));
+      }
+    }
+    if (present.count("canary") && h5::attr_kind(manifest, "canary") == AttrKind::kString) {
+      const std::string canary = h5::read_attr_string(manifest, "canary");
+      const auto parsed = nlohmann::json::parse(canary, nullptr, false);
+      if (parsed.is_discarded() || !parsed.is_object()) problem("/manifest/canary", "must be the canary as a JSON object");
+    }
+    if (present.count("budget_features") && h5::attr_kind(manifest, "budget_features") == AttrKind::kString) {
+      check_budget_features(h5::read_attr_string(manifest, "budget_features"));
+    }
+    if (const auto complete = integer(manifest, "complete")) {
+      complete_ = *complete;
+      if (complete_ != 0 && complete_ != 1) problem("/manifest/complete", fmt::format("{} is neither 0 nor 1", complete_));
+    }
+    if (const auto planned = integer(manifest, "steps_planned")) {
+      steps_planned_ = *planned;
+      if (steps_planned_ < 0) problem("/manifest/steps_planned", "is negative");
+    }
+  }
+
+  // "" (none) or feature names joined with '+': none empty, none twice (docs/budgets.md).
+  void check_budget_features(const std::string& text) {
+    if (text.empty()) return;
+    std::set<std::string> seen;
+    std::size_t start = 0;
+    for (std::size_t index = 0;; ++index) {
+      const std::size_t end = text.find('+', start);
+      const std::string name = text.substr(start, end == std::string::npos ? std::string::npos : end - start);
+      if (name.empty()) {
+        problem("/manifest/budget_features",
+                fmt::format("'{}' has an empty feature name (item {}); give names joined with '+', or \"\" for none",
+                            text, index + 1));
+        return;
+      }
+      if (!seen.insert(name).second) {
+        problem("/manifest/budget_features", fmt::format("'{}' names feature '{}' twice", text, name));
+        return;
+      }
+      if (end == std::string::npos) return;
+      start = end + 1;
+    }
+  }
+
+  std::optional<std::int64_t> integer(hid_t group, const std::string& name) {
+    if (!h5::has_attr(group, name) || h5::attr_kind(group, name) != AttrKind::kInteger) return std::nullopt;
+    return h5::read_attr_int(group, name);
+  }
+
+  // A dataset of the given element type and shape; `shape` entries of 0 match any length.
+  bool expect(const std::string& path, const std::string& dtype, const Shape& shape) {
+    if (!h5::exists(file_, path)) {
+      problem(path, "missing");
+      return false;
+    }
+    const auto found = datasets_.find(path);
+    if (found == datasets_.end()) {
+      problem(path, "is not a dataset");
+      return false;
+    }
+    known_.insert(path);
+    const h5::DatasetInfo& d = found->second;
+    bool ok = true;
+    if (d.dtype != dtype) {
+      problem(path, fmt::format("is {}, must be {}", d.dtype, dtype));
+      ok = false;
+    }
+    const bool shape_ok = d.shape.size() == shape.size() &&
+                          std::equal(shape.begin(), shape.end(), d.shape.begin(),
+                                     [](hsize_t want, hsize_t have) { return want == kAny || want == have; });
+    if (!shape_ok) {
+      problem(path, fmt::format("has shape ({}), must be ({})", fmt::join(d.shape, ", "), describe(shape)));
+      ok = false;
+    }
+    return ok;
+  }
+
+  static std::string describe(const Shape& shape) {
+    std::vector<std::string> dims;
+    for (hsize_t d : shape) dims.push_back(d == kAny ? "any" : std::to_string(d));
+    return fmt::format("{}", fmt::join(dims, ", "));
+  }
+
+  void check_steps() {
+    for (const auto& d : h5::list_datasets(file_)) datasets_[d.path] = d;
+    const auto loss = datasets_.find("/steps/loss");
+    if (loss != datasets_.end() && loss->second.shape.size() == 1) steps_ = loss->second.shape[0];
+    r_.steps = static_cast<std::int64_t>(steps_);
+    expect("/steps/loss", "float64", {steps_});
+    expect("/steps/grad_norm", "float64", {steps_});
+    expect("/steps/lr", "float64", {steps_});
+    expect("/steps/batch_hash", "uint64", {steps_});
+    if (steps_planned_ >= 0 && static_cast<std::int64_t>(steps_) > steps_planned_) {
+      problem("/steps/loss", fmt::format("{} steps recorded, more than the {} planned", steps_, steps_planned_));
+    }
+    if (complete_ == 1 && static_cast<std::int64_t>(steps_) != steps_planned_) {
+      problem("/manifest/complete", fmt::format("is 1 but {} of {} planned steps are recorded", steps_, steps_planned_));
+    }
+  }
+
+  void check_hashes() {
+    if (!expect("/hashes/names", "string", {kAny})) return;
+    const std::vector<std::string> names = h5::read_strings(file_, "/hashes/names");
+    tensors_ = names.size();
+    r_.tensors = static_cast<std::int64_t>(tensors_);
+    if (names.empty()) problem("/hashes/names", "is empty: a receipt hashes at least one tensor");
+    std::set<std::string> seen;
+    for (const std::string& name : names) {
+      if (name.empty()) problem("/hashes/names", "holds an empty name");
+      if (!seen.insert(name).second) problem("/hashes/names", fmt::format("names '{}' twice", name));
+    }
+    for (const char* family : kHashFamilies) expect(std::string("/hashes/") + family, "uint64", {steps_, tensors_});
+  }
+
+  void check_sketches() {
+    for (const char* family : kSketchFamilies) {
+      expect(fmt::format("/sketches/{}_l2", family), "float64", {steps_, tensors_});
+      expect(fmt::format("/sketches/{}_projection", family), "float64", {steps_, tensors_, kSketchWidth});
+    }
+    if (!h5::exists(file_, "/sketches")) return;
+    const h5::Handle sketches = h5::open_group(file_, "sketches");
+    for (const auto& [name, value] : {std::pair<const char*, int>{"width", kSketchWidth}, {"block", kSketchBlock}}) {
+      if (integer(sketches, name) != value) problem(std::string("/sketches/") + name, fmt::format("must be {}", value));
+    }
+  }
+
+  // Engine and option groups: checked where present, in the shapes the schema gives them.
+  void check_optional_groups() {
+    if (h5::exists(file_, "/trace")) {
+      expect("/trace/op_index", "int64", {kAny});
+      const hsize_t columns = datasets_.count("/trace/op_index") ? datasets_["/trace/op_index"].shape.at(0) : 0;
+      expect("/trace/layer", "int64", {columns});
+      for (const char* name : {"op", "phase", "tensor", "kind"}) expect(std::string("/trace/") + name, "string", {columns});
+      expect("/trace/hash", "uint64", {steps_, columns});
+      expect("/trace/l2", "float64", {steps_, columns});
+      expect("/trace/projection", "float64", {steps_, columns, kSketchWidth});
+    }
+    for (const char* group : {"/fp8", "/memory"}) {
+      if (!h5::exists(file_, group)) continue;
+      const std::string names = std::string(group) + "/names";
+      if (!expect(names, "string", {kAny})) continue;
+      const hsize_t columns = datasets_[names].shape.at(0);
+      for (const auto& [path, info] : datasets_) {
+        if (path.starts_with(std::string(group) + "/") && path != names) expect(path, "float64", {steps_, columns});
+      }
+    }
+    for (const auto& [path, info] : datasets_) {
+      if (path.starts_with("/compile/")) expect(path, "float64", {steps_});
+      if (path.starts_with("/tensors/step_")) expect(path, "float32", Shape(info.shape.size(), kAny));
+    }
+    if (h5::exists(file_, "/batches")) expect("/batches/tokens", "int32", {steps_, kAny, kAny});
+    if (h5::exists(file_, "/checkpoints")) {
+      const h5::Handle group = h5::open_group(file_, "checkpoints");
+      if (!h5::has_attr(group, "directory")) problem("/checkpoints", "missing attribute 'directory'");
+      if (h5::exists(group, "step")) {
+        expect("/checkpoints/step", "int64", {kAny});
+        expect("/checkpoints/content_hash", "string", {datasets_["/checkpoints/step"].shape.at(0)});
+      }
+    }
+  }
+
+  // Schema minor 1 on: the checksummed HDF5 1.10 format, fixed-length strings, Fletcher32.
+  void check_file_format() {
+    if (r_.schema_minor < 1) {
+      r_.legacy_format = true;
+      return;
+    }
+    if (!h5::uses_checksummed_format(file_)) {
+      problem("file format", "superblock older than HDF5 1.10's: metadata has no checksums (write with libver v110)");
+    }
+    for (const auto& [path, info] : datasets_) {
+      const h5::DatasetLayout layout = h5::dataset_layout(file_, path);
+      if (!layout.chunked || !layout.checksummed) problem(path, "has no Fletcher32 checksum (chunk it, fletcher32=True)");
+      if (layout.variable_length_string) problem(path, "holds variable-length strings: use fixed-length UTF-8");
+    }
+    for (const std::string& group : groups_with_root()) {
+      const h5::Handle g = h5::open_group(file_, group);
+      for (const std::string& name : h5::attr_names(g)) {
+        const h5::Handle attr(H5Aopen(g, name.c_str(), H5P_DEFAULT), H5Aclose, g, "open attribute " + name);
+        const h5::Handle type(H5Aget_type(attr), H5Tclose, g, "read the type of attribute " + name);
+        if (H5Tget_class(type) == H5T_STRING && H5Tis_variable_str(type) > 0) {
+          problem(group + " attribute " + name, "is a variable-length string: use fixed-length UTF-8");
+        }
+      }
+    }
+  }
+
+  std::vector<std::string> groups_with_root() {
+    std::vector<std::string> groups{"/"};
+    for (const std::string& g : h5::list_groups(file_)) groups.push_back(g);
+    return groups;
+  }
+
+  // Reading every byte is what makes the checksums speak: a corrupt chunk is named here.
+  void read_every_dataset() {
+    for (const auto& [path, info] : datasets_) {
+      try {
+        if (info.dtype == "string") {
+          h5::read_strings(file_, path);
+        } else if (info.dtype == "float64" || info.dtype == "float32") {
+          h5::read_f64(file_, path);
+        } else if (info.dtype.starts_with("uint") || info.dtype.starts_with("int")) {
+          h5::read_u64(file_, path);
+        } else {
+          problem(path, "has an element type no receipt uses");
+        }
+      } catch (const h5::Hdf5Error& e) {
+        problem(path, fmt::format("unreadable ({})", without_path(e.what(), file_name_)));
+      }
+    }
+  }
+
+  void list_unknown_groups() {
+    static const std::set<std::string> known_roots{"manifest", "steps",   "hashes",  "sketches", "trace",  "fp8",
+                                                   "memory",   "compile", "tensors", "batches",  "checkpoints"};
+    for (const std::string& group : h5::list_groups(file_)) {
+      const std::string root = group.substr(1, group.find('/', 1) == std::string::npos ? std::string::npos
+                                                                                          : group.find('/', 1) - 1);
+      if (!known_roots.count(root) && group.find('/', 1) == std::string::npos) r_.unknown.push_back("group " + group);
+    }
+    for (const auto& [path, info] : datasets_) {
+      const std::string root = path.substr(1, path.find('/', 1) - 1);
+      if (known_roots.count(root) && !known_.count(path)) r_.unknown.push_back("dataset " + path);
+    }
+  }
+
+  static constexpr hsize_t kAny = ~hsize_t{0};
+  ValidationReport& r_;
+  hid_t file_;
+  std::string file_name_;
+  std::map<std::string, h5::DatasetInfo> datasets_;
+  std::set<std::string> known_;
+  hsize_t steps_ = 0, tensors_ = 0;
+  std::int64_t steps_planned_ = -1, complete_ = -1;
+};
+
+}  // namespace
+
+nlohmann::json ValidationReport::to_json() const {
+  return {{"schema_version", 1},
+          {"path", path},
+          {"valid", valid()},
+          {"receipt_schema", schema_major < 0 ? nlohmann::json(nullptr) : nlohmann::json(fmt::format("{}.{}", schema_major, schema_minor))},
+          {"legacy_format", legacy_format},
+          {"steps", steps},
+          {"tensors", tensors},
+          {"problems", problems},
+          {"unknown", unknown}};
+}
+
+ValidationReport validate_receipt(const std::string& path) {
+  ValidationReport report;
+  report.path = path;
+  std::optional<ReceiptReader> reader;
+  try {
+    reader.emplace(path);  // opens the file and checks the schema version
+  } catch (const std::exception& e) {
+    report.problems.push_back(without_path(e.what(), path));
+    return report;
+  }
+  report.schema_major = reader->schema_version();
+  report.schema_minor = reader->schema_minor();
+  try {
+    Validator(report, reader->file()).run();
+  } catch (const std::exception& e) {  // damage deep enough to stop the walk
+    report.problems.push_back(without_path(e.what(), path));
+  }
+  return report;
+}
+
+}  // namespace harness::receipt

@@ -1,0 +1,30 @@
+// `harness validate`: every way a receipt departs from the schema, named, whoever wrote it.
+// A receipt from a foreign stack (canary_harness in Python, a hand-written h5py script)
+// passes the same checks as one of ours, and is then judged exactly like one of ours.
+// docs/receipt-schema.md is the schema these checks enforce.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace harness::receipt {
+
+struct ValidationReport {
+  std::string path;
+  std::int64_t schema_major = -1, schema_minor = -1;  // -1: not read
+  std::int64_t steps = 0, tensors = 0;
+  bool legacy_format = false;          // schema minor 0: no checksums (still readable)
+  std::vector<std::string> problems;   // one line each: "WHERE: what is wrong"
+  std::vector<std::string> unknown;    // content this harness does not know (ignored by readers)
+
+  bool valid() const { return problems.empty(); }
+  nlohmann::json to_json() const;  // keys in docs/cli.md ("validate")
+};
+
+// Never throws for a bad file: every problem, corruption included, goes into the report.
+ValidationReport validate_receipt(const std::string& path);
+
+}  // namespace harness::receipt

@@ -1,0 +1,335 @@
+"""The PyTorch canary lane: `python3 -m canary_harness.lane --pack PACK.h5 --out R.h5`.
+
+Trains the canary of a pack (`harness export`) from the pack's own initial parameters and
+batches with the package's PyTorch model (canary_harness.models.gpt2), the canary's exact
+schedule, clipping and AdamW in the XLA-safe pattern (canary_harness.optim), on CPU, CUDA
+or an XLA device, in fp32 or under bf16 autocast, and records every step through
+canary_harness.torch.Recorder into a receipt that the C++ harness judges like its own:
+
+    engine          torch
+    lane            <canary>/torch (fp32) or <canary>/torch+bf16
+    budget_features torch-<device> for fp32 (torch-cpu on CPU), torch-bf16 for bf16 on CPU,
+                    torch-<device>+torch-bf16 for bf16 elsewhere
+
+`--trace ops` adds op traces (/trace) from module hooks (canary_harness.trace), in the C++
+engines' layout and op names, so that `harness bisect` names the first divergent op.
+
+Exit status: 0 the run finished; 2 bad usage or bad input, one line on stderr (a missing or
+damaged pack, a pack of another canary than --canary names, a bad flag, an unavailable
+device), with no file created; a failure during the run is exit 2 too and leaves the
+receipt with complete = 0 and its finished steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import List, NoReturn, Optional
+
+PROG = "canary_harness.lane"
+
+
+class UsageError(Exception):
+    """Bad usage or bad input: one line, exit 2, nothing written."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # argparse's own errors: one line too
+        print(f"{PROG}: error: {message} (see `python3 -m {PROG} --help`)", file=sys.stderr)
+        sys.exit(2)
+
+
+def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
+    ap = _Parser(prog=f"python3 -m {PROG}",
+                 description="Train a canary pack's canary in PyTorch and write a receipt (engine torch).")
+    ap.add_argument("--pack", required=True, help="canary pack written by `harness export`")
+    ap.add_argument("--out", required=True, help="receipt path (.h5); its directory must exist")
+    ap.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N or xla")
+    ap.add_argument("--precision", default="fp32", help="fp32 (default) or bf16 (autocast)")
+    ap.add_argument("--steps", help="steps to run, 1..the pack's (default: all of them): a prefix of the pack's run")
+    ap.add_argument("--canary", help="refuse a pack of any canary but this one (e.g. tiny)")
+    ap.add_argument("--inject-fault", help="step=K,op=NAME[,ulps=N]: move element 0 of op NAME's output up by N ulps "
+                                           "at step K (docs/canary.md)")
+    ap.add_argument("--threads", help="torch CPU threads, 1..1024 (default 1: the bits of torch's CPU kernels "
+                                      "depend on the thread count, so a pinned count replays on any machine)")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="torch.use_deterministic_algorithms(True) (and CUBLAS_WORKSPACE_CONFIG on CUDA)")
+    ap.add_argument("--trace", default="none",
+                    help="none (default) or ops: op traces in /trace (every op's forward output, the gradients its "
+                         "backward writes, the optimizer's norm and updated parameters, hashed and sketched), as "
+                         "`harness run --trace ops` writes them, so that `harness bisect` names the first divergent op "
+                         "(docs/bisect.md)")
+    ap.add_argument("--force", action="store_true", help="overwrite an existing receipt")
+    return ap.parse_args(argv)
+
+
+@dataclass
+class FaultSpec:
+    step: int
+    op: str
+    ulps: int
+
+    def __str__(self) -> str:  # canonical, as the C++ writes fault_injection
+        return f"step={self.step},op={self.op},ulps={self.ulps}"
+
+
+def parse_fault(text: str, ops: List[str], steps: int) -> FaultSpec:
+    """step=K,op=NAME[,ulps=N] as the C++ parses it (canaries/fault.cpp)."""
+    fields = {}
+    for item in text.split(","):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise UsageError(f"--inject-fault: field '{item}' is not key=value (want step=K,op=NAME[,ulps=N])")
+        if key not in ("step", "op", "ulps"):
+            raise UsageError(f"--inject-fault: unknown key '{key}' (known: step, op, ulps)")
+        fields[key] = value
+    if "step" not in fields or "op" not in fields:
+        raise UsageError("--inject-fault: needs both step=K and op=NAME")
+    numbers = {}
+    for key, minimum in (("step", 0), ("ulps", 1)):
+        value = fields.get(key, "1")
+        if not value.isdigit() or int(value) < minimum or int(value) > 2**31 - 1:
+            raise UsageError(f"--inject-fault: {key}='{value}' is not an integer >= {minimum}")
+        numbers[key] = int(value)
+    if fields["op"] not in ops:
+        raise UsageError(f"--inject-fault: unknown op '{fields['op']}' (e.g. {ops[1]}, {ops[2]}, {ops[-1]}; "
+                         "see docs/canary.md)")
+    if numbers["step"] >= steps:
+        raise UsageError(f"--inject-fault: step={numbers['step']} is past the last step ({steps - 1})")
+    return FaultSpec(numbers["step"], fields["op"], numbers["ulps"])
+
+
+def _count(flag: str, text: Optional[str], low: int, high: int) -> Optional[int]:
+    if text is None:
+        return None
+    if not text.isdigit() or not low <= int(text) <= high:
+        raise UsageError(f"--{flag}: '{text}' is not a number in {low}..{high}")
+    return int(text)
+
+
+def check_out(path: str, force: bool) -> None:
+    if os.path.isdir(path):
+        raise UsageError(f"--out: '{path}' is a directory; give a file path")
+    if os.path.lexists(path) and not force:
+        raise UsageError(f"--out: '{path}' exists; pass --force to overwrite it or choose another path")
+    directory = os.path.dirname(path) or "."
+    if not os.path.isdir(directory):
+        raise UsageError(f"--out: directory '{directory}' does not exist; create it first")
+    if not os.access(directory, os.W_OK):
+        raise UsageError(f"--out: directory '{directory}' is not writable; choose another path")
+
+
+def budget_features(device_type: str, precision: str) -> str:
+    if precision == "fp32":
+        return f"torch-{device_type}"
+    return "torch-bf16" if device_type == "cpu" else f"torch-{device_type}+torch-bf16"
+
+
+def run(args: argparse.Namespace) -> int:
+    from .pack import PackError, read_pack  # numpy/h5py only: a bad pack is named before torch loads
+
+    if args.precision not in ("fp32", "bf16"):
+        raise UsageError(f"--precision: unknown precision '{args.precision}'; use fp32 or bf16")
+    if args.trace not in ("none", "ops"):
+        raise UsageError(f"--trace: unknown level '{args.trace}'; use none or ops")
+    device_name = args.device
+    if not (device_name in ("cpu", "cuda", "xla") or (device_name.startswith("cuda:") and device_name[5:].isdigit())):
+        raise UsageError(f"--device: unknown device '{device_name}'; use cpu, cuda, cuda:N or xla")
+    threads = _count("threads", args.threads, 1, 1024) if args.threads is not None else 1
+    try:
+        pack = read_pack(args.pack, canary=args.canary)
+    except PackError as e:
+        raise UsageError(str(e)) from None
+    steps = _count("steps", args.steps, 1, pack.steps) if args.steps is not None else pack.steps
+    if steps is None or steps < 1:
+        raise UsageError(f"--steps: '{args.steps}' is not a number in 1..{pack.steps} (the pack's batches)")
+    check_out(args.out, args.force)
+    if os.path.exists(args.out) and os.path.samefile(args.out, pack.path):
+        raise UsageError(f"--out: '{args.out}' is the pack itself; choose another path")
+
+    import numpy as np
+    import torch
+
+    from .models import gpt2
+    from .optim import CanaryAdamW
+    from .torch import Recorder
+
+    try:
+        cfg = gpt2.CanaryConfig.from_json(pack.canary_json)
+    except ValueError as e:
+        raise UsageError(f"{pack.path}: {e}") from None
+    fault = parse_fault(args.inject_fault, gpt2.forward_op_names(cfg), steps) if args.inject_fault else None
+
+    xm = None
+    if device_name == "xla":
+        try:
+            import torch_xla.core.xla_model as xm  # noqa: F811
+        except ImportError:
+            raise UsageError("--device xla: torch_xla is not installed") from None
+        device = xm.xla_device()
+    else:
+        if device_name.startswith("cuda"):
+            if not torch.cuda.is_available():
+                raise UsageError(f"--device {device_name}: no CUDA device (torch.cuda.is_available() is False)")
+            if args.deterministic:
+                os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        device = torch.device(device_name)
+        if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+            raise UsageError(f"--device {device_name}: there are {torch.cuda.device_count()} CUDA devices")
+    if args.precision == "bf16":
+        try:
+            autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+        except (RuntimeError, ValueError) as e:
+            raise UsageError(f"--precision bf16: no bf16 autocast on device {device.type} ({e})") from None
+    else:
+        autocast = None
+    if threads is not None:
+        torch.set_num_threads(threads)
+    if args.deterministic:
+        torch.use_deterministic_algorithms(True)
+
+    model = gpt2.GPT2(cfg, pack.init, device=device)
+    optimizer = CanaryAdamW(model.named_parameters(), cfg)
+    active = torch.zeros((), dtype=torch.bool, device=device)  # the fault's step, filled in place
+    if fault is not None:
+        # The op's module is the op (its path is the op's name); registered before the op
+        # tracer's hooks, so a trace sees the nudged output, what the next op reads.
+        model.get_submodule(fault.op).register_forward_hook(
+            lambda module, args, out: _NudgeFirst.apply(out, active, fault.ulps))
+
+    features = "" if args.precision == "fp32" else "bf16"
+    extra = {"device": _device_label(torch, device), "precision": args.precision,
+             "autocast": "bfloat16" if autocast is not None else "none",
+             "fault_injection": str(fault) if fault else "none", "trace": args.trace,
+             "deterministic": int(bool(args.deterministic)), "pack_git_commit": pack.git_commit,
+             "run_options": json.dumps({"pack": os.path.basename(pack.path), "device": device_name,
+                                        "precision": args.precision, "steps": steps,
+                                        "inject_fault": str(fault) if fault else None,
+                                        "deterministic": bool(args.deterministic), "threads": threads,
+                                        "trace": args.trace},
+                                       sort_keys=True)}
+    recorder = Recorder(args.out, model, optimizer, pack=pack, steps=steps, engine="torch", features=features,
+                        budget_features=budget_features(device.type, args.precision), extra=extra,
+                        overwrite=args.force, trace=args.trace)
+    start = time.perf_counter()
+    try:
+        for step in range(steps):
+            tokens = pack.batch(step)
+            lr = optimizer.set_lr(gpt2.lr_at(step, cfg))
+            if fault is not None:
+                active.copy_(torch.tensor(step == fault.step))
+            inputs = torch.from_numpy(np.ascontiguousarray(tokens)).to(device)
+            loss, norm = train_step(model, optimizer, inputs, autocast)
+            if xm is not None:
+                xm.mark_step()
+            recorder.step(loss=loss, grad_norm=norm, lr=lr, batch=tokens)  # host reads: after the step
+            if (step + 1) % 25 == 0 or step + 1 == steps:
+                print(f"step {step + 1}/{steps}", file=sys.stderr)
+        recorder.close()
+    except BaseException:
+        recorder.__exit__(*sys.exc_info())
+        raise
+    seconds = time.perf_counter() - start
+    from .receipt import ReceiptReader
+    with ReceiptReader(args.out) as r:
+        loss_series = r.steps("loss")
+        print(f"lane        {r.manifest['lane']}")
+        print(f"device      {extra['device']} ({args.precision}), {torch.get_num_threads()} thread{'s' if torch.get_num_threads() != 1 else ''}")
+        print(f"steps       {steps}")
+        print(f"loss        {loss_series[0]:.6f} (step 0) -> {loss_series[-1]:.6f} (step {steps - 1})")
+        print(f"speed       {steps / seconds:.2f} steps/s, {1000 * seconds / steps:.1f} ms/step (recording included)")
+        columns = r.trace_columns()
+        if columns is not None:
+            print(f"trace       ops: {len(columns)} outputs of {columns[-1].op_index + 1} ops per step")
+        print(f"receipt     {args.out}")
+    return 0
+
+
+def train_step(model, optimizer, inputs, autocast=None, hook=None):
+    """One step of the canary on the device, with no host read: forward (under autocast
+    when given), backward, the global norm, the clip, the AdamW update. optimizer.set_lr()
+    comes first. Returns the loss and the norm before clipping as device tensors."""
+    from .optim import clip_grads_, global_grad_norm
+
+    params = list(model.parameters())
+    for p in params:
+        p.grad = None
+    if autocast is not None:
+        with autocast:
+            loss = model(inputs, hook)
+    else:
+        loss = model(inputs, hook)
+    loss.backward()
+    grads = [p.grad for p in params]
+    norm = global_grad_norm(grads)
+    clip_grads_(grads, norm, model.cfg.max_grad_norm)
+    optimizer.step()
+    return loss, norm
+
+
+def _device_label(torch, device) -> str:
+    if device.type == "cuda":
+        return f"{device} ({torch.cuda.get_device_name(device)})"
+    return str(device)
+
+
+def _nudge_class():
+    import torch
+
+    class NudgeFirst(torch.autograd.Function):
+        """Element 0 of x moved up by `ulps` units in the last place where `active` (a 0-D
+        device bool) is set, as the C++ nudge_ulps op; the gradient passes unchanged. The
+        op runs on every step, so a traced step is the same graph whether the fault fires."""
+
+        @staticmethod
+        def forward(ctx, x, active, ulps):
+            flat = x.reshape(-1)
+            first = flat[:1]
+            moved = first
+            up = torch.full_like(first, float("inf"))
+            for _ in range(int(ulps)):
+                moved = torch.nextafter(moved, up)
+            return torch.cat([torch.where(active, moved, first), flat[1:]]).view_as(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad, None, None
+
+    return NudgeFirst
+
+
+class _LazyNudge:
+    _cls = None
+
+    @classmethod
+    def apply(cls, *args):
+        if cls._cls is None:
+            cls._cls = _nudge_class()
+        return cls._cls.apply(*args)
+
+
+_NudgeFirst = _LazyNudge
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parse_args(argv)
+    try:
+        return run(args)
+    except UsageError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted: {args.out} keeps its finished steps (complete = 0)", file=sys.stderr)
+        return 130
+    except Exception as e:  # a failure during the run: one line, the receipt stays complete = 0
+        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"{PROG}: error: {type(e).__name__}: {message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,634 @@
+"""Receipts (docs/receipt-schema.md): the HDF5 file one training run leaves behind.
+
+ReceiptWriter writes the schema minor 1 file format that harness/receipt/receipt_writer.cpp
+writes, so `harness check`/`inspect` judge a Python receipt like a C++ one:
+- HDF5 1.10 format (libver v110): checksummed object headers, B-trees and heaps;
+- every string (attribute or name list) fixed-length UTF-8, never variable-length: those
+  live in the global heap, which has no checksum;
+- every dataset chunked with a Fletcher32 checksum, so a flipped byte is a read error;
+- per-step datasets grow one row per step and the file is flushed after every step, so a
+  run killed at step k leaves a readable receipt of k steps with `complete` = 0.
+
+ReceiptReader reads both that format and the older one (variable-length strings, no
+schema_minor). Every failure either side can meet in a file is a ReceiptError whose
+message starts with the file's path.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+
+import h5py
+import numpy as np
+
+from . import digest
+from .digest import Sketch, as_float32, sketch, tensor_hash
+from .schema import (HASH_FAMILIES, SCHEMA_MINOR, SCHEMA_VERSION, SKETCH_BLOCK, SKETCH_FAMILIES, SKETCH_METHOD,
+                     SKETCH_WIDTH, STEP_CHUNK_ROWS, TABLE_CHUNK_ROWS)
+from .stack import StackInfo, collect_stack_info
+
+PathLike = Union[str, "os.PathLike[str]"]
+AttrValue = Union[str, int, float]
+SketchLike = Union[Sketch, Tuple[float, Sequence[float]]]
+
+
+class ReceiptError(Exception):
+    """A receipt that cannot be written or read as asked; the message starts with its path."""
+
+
+class TraceColumn(NamedTuple):
+    """One traced op output (`--trace ops`): a column of /trace (TraceColumn in receipt_writer.h).
+
+    op_index numbers the step's traced ops in execution order (the outputs of one op share
+    it); op is the op's site (`blocks.2.attn.proj`, `loss`, `optimizer`, or a parameter
+    name for its AdamW update); layer the block index, -1 outside the blocks; phase
+    `forward`, `backward` or `optimizer`; tensor and kind the output's table name and kind
+    (`activation`, `activation_grad`, `gradient`, `parameter`, `scalar`).
+    """
+
+    op_index: int
+    op: str
+    layer: int
+    phase: str
+    tensor: str
+    kind: str
+
+
+# One step of /trace: the columns (the same every step), and per column the output's
+# hash and sketch (an (l2, projection) pair, as append_step's sketches).
+TraceRow = Tuple[Sequence[TraceColumn], Sequence[int], Sequence["SketchLike"]]
+
+
+# ---- the file format -----------------------------------------------------------------------
+
+def _string_dtype(values: Sequence[bytes]) -> np.dtype:
+    # HDF5 has no zero-length fixed string: at least 1 byte, as the C++ writer.
+    return h5py.string_dtype("utf-8", max([1] + [len(v) for v in values]))
+
+
+def _write_attr(obj: Union[h5py.Group, h5py.Dataset], name: str, value: AttrValue) -> None:
+    """A scalar attribute: str as fixed-length UTF-8, int/bool as int64, float as float64."""
+    if isinstance(value, str):
+        encoded = value.encode("utf-8")
+        dtype = _string_dtype([encoded])
+        obj.attrs.create(name, np.array(encoded, dtype=dtype), dtype=dtype)
+    elif isinstance(value, (bool, int, np.integer)):
+        obj.attrs.create(name, np.int64(value), dtype="<i8")
+    elif isinstance(value, (float, np.floating)):
+        obj.attrs.create(name, np.float64(value), dtype="<f8")
+    else:
+        raise TypeError(f"attribute {name}: {type(value).__name__} is not a str, int or float")
+
+
+def _chunk_for(shape: Sequence[int], itemsize: int) -> Tuple[int, ...]:
+    """Chunks of at most about 1 MiB of whole leading rows (chunk_for in hdf5_file.cpp)."""
+    row_bytes = itemsize * int(np.prod([max(1, d) for d in shape[1:]], dtype=np.int64))
+    rows = max(1, (1 << 20) // max(1, row_bytes))
+    chunk = [max(1, d) for d in shape]
+    chunk[0] = min(chunk[0], rows)
+    return tuple(chunk)
+
+
+def _write_dataset(group: h5py.Group, name: str, data: np.ndarray, dtype: Optional[np.dtype] = None) -> h5py.Dataset:
+    """A fixed dataset, chunked and checksummed like every other dataset of the receipt."""
+    if data.ndim == 0:
+        raise ValueError(f"dataset {name}: a scalar cannot be chunked; give it shape (1,)")
+    # A zero-length dimension is stored growable: the only way HDF5 chunks an empty dataset.
+    maxshape = tuple(None if d == 0 else d for d in data.shape)
+    dtype = data.dtype if dtype is None else dtype
+    return group.create_dataset(name, data=data, dtype=dtype, chunks=_chunk_for(data.shape, dtype.itemsize),
+                                maxshape=maxshape, fletcher32=True)
+
+
+def _write_strings(group: h5py.Group, name: str, values: Sequence[str]) -> h5py.Dataset:
+    encoded = [v.encode("utf-8") for v in values]
+    dtype = _string_dtype(encoded)
+    return _write_dataset(group, name, np.array(encoded, dtype=dtype), dtype)
+
+
+class _Growing:
+    """A dataset growing one row (of `row_shape`) per step (GrowingDataset in hdf5_file.cpp).
+
+    It holds the dataset's path, not the dataset: the writer reopens the file now and then
+    (see ReceiptWriter), which invalidates every handle into it. `deflate_level` > 0:
+    byte-shuffled and deflated chunks, Fletcher32 last (the C++'s filter pipeline).
+    """
+
+    def __init__(self, group: h5py.Group, name: str, dtype: str, row_shape: Tuple[int, ...], chunk_rows: int,
+                 deflate_level: int = 0):
+        self.row_shape = row_shape
+        compression = {"shuffle": True, "compression": "gzip", "compression_opts": deflate_level} \
+            if deflate_level > 0 else {}
+        self.path = group.create_dataset(name, shape=(0, *row_shape), maxshape=(None, *row_shape), dtype=dtype,
+                                         chunks=(chunk_rows, *(max(1, d) for d in row_shape)),
+                                         fletcher32=True, **compression).name
+
+    def append(self, file: h5py.File, row: Any) -> None:
+        dataset = file[self.path]
+        n = dataset.shape[0]
+        dataset.resize(n + 1, axis=0)
+        dataset[n] = row
+
+
+def utc_timestamp() -> str:
+    """ISO 8601 to the second with a Z, as the C++ writes created_utc."""
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# ---- writing ---------------------------------------------------------------------------------
+
+_REQUIRED = ("lane", "engine", "budget_features", "canary", "seed", "steps_planned")
+_WRITER_OWNED = ("schema_version", "schema_minor", "complete")
+
+
+def _canary_json(canary: Union[str, Mapping[str, Any]]) -> str:
+    """The canary as compact JSON text with sorted keys (as nlohmann's dump() writes it)."""
+    if isinstance(canary, str):
+        try:
+            parsed = json.loads(canary)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"manifest canary is not JSON: {e}") from None
+        if not isinstance(parsed, dict):
+            raise ValueError("manifest canary is not a JSON object")
+        return canary
+    return json.dumps(dict(canary), separators=(",", ":"), sort_keys=True)
+
+
+def _manifest_attrs(manifest: Mapping[str, Any], stack: StackInfo) -> Dict[str, AttrValue]:
+    """Validates the caller's manifest and completes it, before anything touches the disk."""
+    missing = [k for k in _REQUIRED if k not in manifest]
+    if missing:
+        # budget_features above all is declared, never guessed (DESIGN.md): "" for a bitwise lane.
+        raise ValueError(f"manifest lacks {', '.join(missing)}")
+    owned = [k for k in _WRITER_OWNED if k in manifest]
+    if owned:
+        raise ValueError(f"manifest sets {', '.join(owned)}: the writer owns these")
+    attrs: Dict[str, AttrValue] = {
+        "schema_version": SCHEMA_VERSION,
+        "schema_minor": SCHEMA_MINOR,
+        "features": "",
+        "threads": 1,
+        "complete": 0,
+        "created_utc": utc_timestamp(),
+        "git_commit": "unknown",
+        **stack.as_manifest(),
+    }
+    for key, value in manifest.items():
+        if key == "canary":
+            value = _canary_json(value)
+        elif key in ("seed", "steps_planned", "threads"):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise TypeError(f"manifest {key} must be an int, not {type(value).__name__}")
+            value = int(value)
+        elif key in ("lane", "engine", "features", "budget_features") and not isinstance(value, str):
+            raise TypeError(f"manifest {key} must be a str, not {type(value).__name__}")
+        elif not isinstance(value, (str, int, float, np.integer, np.floating)):
+            raise TypeError(f"manifest {key}: {type(value).__name__} is not a str, int or float")
+        attrs[key] = value
+    if attrs["steps_planned"] < 0:
+        raise ValueError("manifest steps_planned must be >= 0")
+    return attrs
+
+
+class ReceiptWriter:
+    """Writes a receipt as the run goes: the manifest first, then one flushed row per step.
+
+    Between steps the file is in SWMR mode (single writer, multiple readers). The 1.10
+    format marks a file open for write in its superblock, and a process killed with the
+    mark set leaves a file that no ordinary open accepts ("file is already open for
+    write"); a file marked by an SWMR writer stays readable with an SWMR-read open, which
+    ReceiptReader falls back to. SWMR allows no new objects or attributes, so the writer
+    reopens the file normally for the few structural changes (tensor dumps, finish).
+
+    `manifest` needs lane, engine, budget_features, canary (JSON text or a dict), seed and
+    steps_planned; features, threads, created_utc, git_commit and the stack attributes
+    have defaults; any other key is written as an extra attribute (str, int or float).
+    `batch_shape` = (B, T+1) records every batch's tokens in /batches/tokens.
+    """
+
+    def __init__(self, path: PathLike, manifest: Mapping[str, Any], tensor_names: Sequence[str], *,
+                 overwrite: bool = False, batch_shape: Optional[Tuple[int, int]] = None,
+                 stack: Optional[StackInfo] = None) -> None:
+        self.path = os.fspath(path)
+        self.tensor_names: List[str] = list(tensor_names)
+        if not self.tensor_names or not all(isinstance(n, str) and n for n in self.tensor_names):
+            raise ValueError("tensor_names must be a non-empty list of non-empty strings")
+        if len(set(self.tensor_names)) != len(self.tensor_names):
+            raise ValueError("tensor_names has duplicates")
+        attrs = _manifest_attrs(manifest, stack or collect_stack_info())
+        self.steps_planned = int(attrs["steps_planned"])
+        self.steps_recorded = 0
+        self.finished = False
+        self._batch_shape = tuple(int(d) for d in batch_shape) if batch_shape is not None else None
+
+        if not overwrite and os.path.lexists(self.path):
+            raise ReceiptError(f"{self.path}: exists; pass overwrite=True to replace it")
+        try:
+            self._file: Optional[h5py.File] = h5py.File(self.path, "w" if overwrite else "w-",
+                                                        libver=("v110", "v110"))
+        except OSError as e:
+            raise ReceiptError(f"{self.path}: cannot create the receipt ({e})") from None
+        try:
+            self._create_layout(attrs)
+            self._file.flush()
+            self._file.swmr_mode = True
+        except Exception as e:  # nothing is left half-written: the file goes with the error
+            self._file.close()
+            self._file = None
+            os.unlink(self.path)
+            raise ReceiptError(f"{self.path}: cannot write the receipt's layout ({e})") from e
+
+    def _create_layout(self, attrs: Mapping[str, AttrValue]) -> None:
+        f = self._file
+        manifest = f.create_group("manifest")
+        for key, value in attrs.items():
+            _write_attr(manifest, key, value)
+        steps = f.create_group("steps")
+        self._steps = {name: _Growing(steps, name, "<f8", (), STEP_CHUNK_ROWS) for name in ("loss", "grad_norm", "lr")}
+        self._steps["batch_hash"] = _Growing(steps, "batch_hash", "<u8", (), STEP_CHUNK_ROWS)
+        hashes = f.create_group("hashes")
+        _write_strings(hashes, "names", self.tensor_names)
+        K = len(self.tensor_names)
+        self._hashes = {fam: _Growing(hashes, fam, "<u8", (K,), TABLE_CHUNK_ROWS) for fam in HASH_FAMILIES}
+        sketches = f.create_group("sketches")
+        _write_attr(sketches, "method", SKETCH_METHOD)
+        _write_attr(sketches, "width", SKETCH_WIDTH)
+        _write_attr(sketches, "block", SKETCH_BLOCK)
+        self._sketch_l2 = {fam: _Growing(sketches, f"{fam}_l2", "<f8", (K,), TABLE_CHUNK_ROWS)
+                           for fam in SKETCH_FAMILIES}
+        self._sketch_projection = {fam: _Growing(sketches, f"{fam}_projection", "<f8", (K, SKETCH_WIDTH),
+                                                 TABLE_CHUNK_ROWS) for fam in SKETCH_FAMILIES}
+        self._batches = None
+        if self._batch_shape is not None:
+            self._batches = _Growing(f.create_group("batches"), "tokens", "<i4", self._batch_shape, TABLE_CHUNK_ROWS)
+        self._trace_columns: Optional[List[TraceColumn]] = None  # /trace, created with the first traced step
+
+    def _open_file(self) -> h5py.File:
+        if self._file is None:
+            raise ReceiptError(f"{self.path}: the writer is closed")
+        return self._file
+
+    def _reopen(self) -> h5py.File:
+        """Closes and reopens the file out of SWMR mode, for a structural change."""
+        self._open_file().close()
+        self._file = None
+        try:
+            self._file = h5py.File(self.path, "r+", libver=("v110", "v110"))
+        except OSError as e:
+            raise ReceiptError(f"{self.path}: cannot reopen the receipt ({e})") from None
+        return self._file
+
+    def _create_trace(self, f: h5py.File, columns: List[TraceColumn]) -> None:
+        """/trace as receipt_writer.cpp's create_trace_group: the op identities once (R
+        columns), then per step one row of R hashes (uncompressed: random bits) and sketches
+        (one row per chunk, shuffled and deflated)."""
+        trace = f.create_group("trace")
+        _write_attr(trace, "level", "ops")
+        _write_dataset(trace, "op_index", np.array([c.op_index for c in columns], dtype="<i8"))
+        _write_dataset(trace, "layer", np.array([c.layer for c in columns], dtype="<i8"))
+        for field in ("op", "phase", "tensor", "kind"):
+            _write_strings(trace, field, [getattr(c, field) for c in columns])
+        R = len(columns)
+        self._trace_hash = _Growing(trace, "hash", "<u8", (R,), 1)
+        self._trace_l2 = _Growing(trace, "l2", "<f8", (R,), 1, deflate_level=4)
+        self._trace_projection = _Growing(trace, "projection", "<f8", (R, SKETCH_WIDTH), 1, deflate_level=4)
+        self._trace_columns = columns
+
+    def _check_trace(self, trace: Optional[TraceRow]) -> Optional[Tuple[List[TraceColumn], np.ndarray, np.ndarray,
+                                                                         np.ndarray]]:
+        if trace is None:
+            if self._trace_columns is not None:
+                raise ValueError("this receipt traces ops: pass trace= at every step")
+            return None
+        columns, hashes, sketches = trace
+        columns = [c if isinstance(c, TraceColumn) else TraceColumn(*c) for c in columns]
+        if not columns:
+            raise ValueError("trace: no traced op output")
+        if self._trace_columns is None and self.steps_recorded > 0:
+            raise ValueError("trace: op traces start at step 0 (a receipt traces every step or none)")
+        if self._trace_columns is not None and columns != self._trace_columns:
+            raise ValueError(f"trace: this step traced {len(columns)} outputs, other ones than the first step's "
+                             f"{len(self._trace_columns)}; the op sequence must not change from step to step")
+        R = len(columns)
+        if len(hashes) != R or len(sketches) != R:
+            raise ValueError(f"trace: {len(hashes)} hashes and {len(sketches)} sketches for {R} columns")
+        hash_row = np.array([int(h) for h in hashes], dtype=np.uint64)
+        l2_row = np.array([float(s[0]) for s in sketches], dtype=np.float64)
+        projection_row = np.array([np.asarray(s[1], dtype=np.float64) for s in sketches])
+        if projection_row.shape != (R, SKETCH_WIDTH):
+            raise ValueError(f"trace: every projection must hold {SKETCH_WIDTH} numbers")
+        return columns, hash_row, l2_row, projection_row
+
+    def append_step(self, *, loss: float, grad_norm: float, lr: float, batch_hash: int,
+                    hashes: Mapping[str, Sequence[int]], sketches: Mapping[str, Sequence[SketchLike]],
+                    batch_tokens: Any = None, trace: Optional[TraceRow] = None) -> None:
+        """One step's row in every per-step dataset, then a flush.
+
+        hashes: family -> K hashes for every HASH_FAMILIES family; sketches: family -> K
+        (l2, projection) pairs for every SKETCH_FAMILIES family, tensors in tensor_names
+        order. trace: the step's op traces, (columns, hashes, sketches) with one hash and one
+        (l2, projection) per TraceColumn; the first traced step (step 0) creates /trace, and
+        every later step must trace the same columns. Everything is checked before the first
+        row is written, so a bad call leaves every dataset with the same number of rows.
+        """
+        f = self._open_file()
+        if self.finished or self.steps_recorded >= self.steps_planned:
+            raise ReceiptError(f"{self.path}: all {self.steps_planned} planned steps are recorded; no step can be added")
+        K = len(self.tensor_names)
+        hash_rows = {}
+        for fam in HASH_FAMILIES:
+            if fam not in hashes or len(hashes[fam]) != K:
+                raise ValueError(f"hashes[{fam!r}] must hold {K} hashes, one per tensor")
+            hash_rows[fam] = np.array([int(h) for h in hashes[fam]], dtype=np.uint64)
+        l2_rows, projection_rows = {}, {}
+        for fam in SKETCH_FAMILIES:
+            if fam not in sketches or len(sketches[fam]) != K:
+                raise ValueError(f"sketches[{fam!r}] must hold {K} (l2, projection) pairs, one per tensor")
+            l2_rows[fam] = np.array([float(s[0]) for s in sketches[fam]], dtype=np.float64)
+            projection_rows[fam] = np.array([np.asarray(s[1], dtype=np.float64) for s in sketches[fam]])
+            if projection_rows[fam].shape != (K, SKETCH_WIDTH):
+                raise ValueError(f"sketches[{fam!r}]: every projection must hold {SKETCH_WIDTH} numbers")
+        tokens = None
+        if self._batches is not None:
+            if batch_tokens is None:
+                raise ValueError("this receipt records batches: pass batch_tokens")
+            tokens = np.asarray(batch_tokens)
+            if tokens.shape != self._batch_shape:
+                raise ValueError(f"batch_tokens has shape {tokens.shape}, not {self._batch_shape}")
+        if batch_tokens is not None and digest.batch_hash(batch_tokens) != int(batch_hash):
+            raise ValueError("batch_hash is not the hash of batch_tokens")
+        trace_rows = self._check_trace(trace)
+
+        if trace_rows is not None and self._trace_columns is None:  # SWMR allows no new objects: reopen
+            f = self._reopen()
+            try:
+                self._create_trace(f, trace_rows[0])
+            except (OSError, ValueError) as e:
+                raise ReceiptError(f"{self.path}: cannot create /trace ({e})") from None
+        try:
+            if trace_rows is not None:  # before the step's rows, as the C++ (append_trace, then append_step)
+                self._trace_hash.append(f, trace_rows[1])
+                self._trace_l2.append(f, trace_rows[2])
+                self._trace_projection.append(f, trace_rows[3])
+            self._steps["loss"].append(f, float(loss))
+            self._steps["grad_norm"].append(f, float(grad_norm))
+            self._steps["lr"].append(f, float(lr))
+            self._steps["batch_hash"].append(f, np.uint64(int(batch_hash)))
+            for fam in HASH_FAMILIES:
+                self._hashes[fam].append(f, hash_rows[fam])
+            for fam in SKETCH_FAMILIES:
+                self._sketch_l2[fam].append(f, l2_rows[fam])
+                self._sketch_projection[fam].append(f, projection_rows[fam])
+            if tokens is not None:
+                self._batches.append(f, tokens.astype("<i4"))
+            f.flush()
+            if not f.swmr_mode:
+                f.swmr_mode = True
+        except OSError as e:
+            raise ReceiptError(f"{self.path}: cannot append step {self.steps_recorded} ({e})") from None
+        self.steps_recorded += 1
+
+    def record_step(self, *, loss: float, grad_norm: float, lr: float, batch: Any,
+                    params: Union[Mapping[str, Any], Sequence[Any]], grads: Union[Mapping[str, Any], Sequence[Any]],
+                    adam_m: Union[Mapping[str, Any], Sequence[Any]],
+                    adam_v: Union[Mapping[str, Any], Sequence[Any]], trace: Optional[TraceRow] = None) -> None:
+        """append_step from the tensors themselves: hashes, sketches and the batch hash computed here.
+
+        params (after the step's update), grads (after clipping), adam_m, adam_v: by name, or
+        sequences in tensor_names order; numpy arrays or torch tensors. batch: the step's
+        int32 tokens (B, T+1). trace: as append_step's.
+        """
+        families = dict(zip(HASH_FAMILIES, (params, grads, adam_m, adam_v)))
+        ordered = {fam: self._in_order(fam, tensors) for fam, tensors in families.items()}
+        self.append_step(
+            loss=loss, grad_norm=grad_norm, lr=lr, batch_hash=digest.batch_hash(batch),
+            hashes={fam: [tensor_hash(t) for t in ts] for fam, ts in ordered.items()},
+            sketches={fam: [sketch(t, n) for t, n in zip(ordered[fam], self.tensor_names)] for fam in SKETCH_FAMILIES},
+            batch_tokens=batch if self._batches is not None else None, trace=trace)
+
+    def _in_order(self, family: str, tensors: Union[Mapping[str, Any], Sequence[Any]]) -> List[Any]:
+        if isinstance(tensors, Mapping):
+            missing = [n for n in self.tensor_names if n not in tensors]
+            if missing:
+                raise ValueError(f"{family}: no tensor for {', '.join(missing)}")
+            return [tensors[n] for n in self.tensor_names]
+        tensors = list(tensors)
+        if len(tensors) != len(self.tensor_names):
+            raise ValueError(f"{family}: {len(tensors)} tensors for {len(self.tensor_names)} names")
+        return tensors
+
+    def dump_tensors(self, step: int, tensors: Mapping[str, Any]) -> None:
+        """/tensors/step_XXXXXX/<name>: float32 values with their shapes (params at the start of `step`)."""
+        arrays = {name: as_float32(values) for name, values in tensors.items()}
+        f = self._reopen()
+        try:
+            group = f.require_group("tensors").require_group(f"step_{int(step):06d}")
+            for name, values in arrays.items():
+                _write_dataset(group, name, values)
+            f.flush()
+            f.swmr_mode = True
+        except (OSError, ValueError) as e:
+            raise ReceiptError(f"{self.path}: cannot dump the tensors of step {step} ({e})") from None
+
+    def finish(self) -> None:
+        """complete = 1: every planned step is recorded. Refused before then."""
+        self._open_file()
+        if self.steps_recorded != self.steps_planned:
+            raise ReceiptError(f"{self.path}: {self.steps_recorded} of {self.steps_planned} planned steps recorded; "
+                               "a receipt is complete only when every planned step is")
+        f = self._reopen()
+        _write_attr(f["manifest"], "complete", 1)
+        f.flush()
+        self.finished = True
+
+    def close(self) -> None:
+        """Closes the file; finishes it first if every planned step was recorded."""
+        if self._file is None:
+            return
+        try:
+            if not self.finished and self.steps_recorded == self.steps_planned:
+                self.finish()
+        finally:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> "ReceiptWriter":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+        elif self._file is not None:  # an interrupted run stays complete = 0
+            self._file.close()
+            self._file = None
+
+
+# ---- reading ---------------------------------------------------------------------------------
+
+def _decode(value: Any) -> Any:
+    """An attribute as plain Python: fixed (bytes) and variable (str) strings both to str."""
+    if isinstance(value, (bytes, np.bytes_)):
+        return value.decode("utf-8")
+    if isinstance(value, np.ndarray) and value.shape == ():
+        return _decode(value[()])
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+class ReceiptReader:
+    """Reads a receipt of any schema minor of major SCHEMA_VERSION, old or new file format."""
+
+    def __init__(self, path: PathLike) -> None:
+        self.path = os.fspath(path)
+        if not os.path.exists(self.path):
+            self._fail("no such file")
+        if os.path.isdir(self.path):
+            self._fail("is a directory, not a receipt")
+        try:
+            is_hdf5 = h5py.is_hdf5(self.path)
+        except OSError as e:
+            self._fail(f"cannot be read ({e})")
+        if not is_hdf5:
+            self._fail("not an HDF5 file (give a receipt written by `harness run` or canary_harness)")
+        self._file: Optional[h5py.File] = self._open()
+        try:
+            self._check()
+        except OSError as e:  # a damaged object header or link table under /manifest, /steps, ...
+            self.close()
+            self._fail(f"HDF5 cannot read the receipt's layout ({e})")
+        except BaseException:
+            self.close()
+            raise
+
+    def _fail(self, what: str) -> None:
+        raise ReceiptError(f"{self.path}: {what}") from None
+
+    def _open(self) -> h5py.File:
+        try:
+            return h5py.File(self.path, "r")
+        except OSError as e:
+            first = e
+        if "already open for write" not in str(first):
+            self._fail(f"HDF5 file cannot be opened, truncated or corrupt ({first}); rerun the job that wrote it")
+        # Marked open for write: a writer still running, or killed. An SWMR writer's file
+        # (ReceiptWriter's) opens in SWMR-read mode and holds every step it flushed.
+        try:
+            return h5py.File(self.path, "r", swmr=True)
+        except OSError:
+            self._fail("marked open for write by a writer that is still running or was killed outside SWMR mode "
+                       f"({first}); wait for the writer, or clear the mark with `h5clear -s {self.path}`")
+
+    def _check(self) -> None:
+        if "manifest" not in self._file or not isinstance(self._file["manifest"], h5py.Group):
+            self._fail("no /manifest group: not a harness receipt")
+        self.manifest: Dict[str, Any] = {}
+        try:
+            for key in self._file["manifest"].attrs:
+                self.manifest[key] = _decode(self._file["manifest"].attrs[key])
+        except (OSError, KeyError, UnicodeDecodeError) as e:
+            self._fail(f"cannot read the /manifest attributes ({e})")
+        if "schema_version" not in self.manifest:
+            self._fail("/manifest has no schema_version attribute: not a harness receipt")
+        self.schema_version = self._manifest_int("schema_version")
+        self.schema_minor = self._manifest_int("schema_minor") if "schema_minor" in self.manifest else 0
+        if self.schema_version > SCHEMA_VERSION:
+            self._fail(f"schema_version {self.schema_version} is newer than this canary_harness reads "
+                       f"({SCHEMA_VERSION}): upgrade canary_harness")
+        if self.schema_version < SCHEMA_VERSION:
+            self._fail(f"schema_version {self.schema_version} is older than this canary_harness reads "
+                       f"({SCHEMA_VERSION}): re-record the receipt with a current writer")
+        for required in ("/steps/loss", "/steps/batch_hash", "/hashes/names"):
+            if required not in self._file:
+                self._fail(f"missing dataset {required}: receipt is damaged")
+
+    def _manifest_int(self, key: str) -> int:
+        value = self.manifest.get(key)
+        if isinstance(value, bool) or not isinstance(value, int):
+            self._fail(f"/manifest attribute {key} is not an integer")
+        return value
+
+    def read(self, name: str) -> np.ndarray:
+        """Any dataset by its path in the file; a missing or damaged one is a ReceiptError."""
+        if self._file is None:
+            self._fail("the reader is closed")
+        try:
+            obj = self._file.get(name)
+            if not isinstance(obj, h5py.Dataset):
+                self._fail(f"missing dataset {name}")
+            return obj[()]
+        except OSError as e:  # e.g. a Fletcher32 mismatch: "data error detected by Fletcher32 checksum"
+            self._fail(f"cannot read {name} ({e})")
+
+    @property
+    def complete(self) -> bool:
+        return self._manifest_int("complete") == 1
+
+    @property
+    def steps_planned(self) -> int:
+        return self._manifest_int("steps_planned")
+
+    @property
+    def steps_recorded(self) -> int:
+        return int(self.read("/steps/loss").shape[0])
+
+    def read_strings(self, name: str) -> List[str]:
+        """A string list (fixed-length or, in old receipts, variable-length) as str."""
+        return [_decode(v) for v in self.read(name).reshape(-1)]
+
+    @property
+    def tensor_names(self) -> List[str]:
+        return self.read_strings("/hashes/names")
+
+    def steps(self, name: str) -> np.ndarray:
+        """/steps/<name>: loss, grad_norm, lr (float64) or batch_hash (uint64), one per step."""
+        return self.read(f"/steps/{name}")
+
+    def hashes(self, family: str) -> np.ndarray:
+        """/hashes/<family>: uint64 (N, K)."""
+        return self.read(f"/hashes/{family}")
+
+    def sketches(self, family: str) -> Tuple[np.ndarray, np.ndarray]:
+        """(/sketches/<family>_l2 (N, K), /sketches/<family>_projection (N, K, 16))."""
+        return self.read(f"/sketches/{family}_l2"), self.read(f"/sketches/{family}_projection")
+
+    def dumped_steps(self) -> List[int]:
+        """The steps with /tensors/step_XXXXXX dumps."""
+        group = self._file.get("tensors")
+        if not isinstance(group, h5py.Group):
+            return []
+        return sorted(int(k[5:]) for k in group if k.startswith("step_") and k[5:].isdigit())
+
+    def tensors(self, step: int) -> Dict[str, np.ndarray]:
+        """/tensors/step_XXXXXX: parameters at the start of `step`, by name."""
+        group = f"/tensors/step_{int(step):06d}"
+        if not isinstance(self._file.get(group), h5py.Group):
+            self._fail(f"no tensor dump of step {step} ({group})")
+        return {name: self.read(f"{group}/{name}") for name in self._file[group]}
+
+    def trace_columns(self) -> Optional[List[TraceColumn]]:
+        """/trace's columns (the traced op outputs in execution order), or None without op traces."""
+        if not isinstance(self._file.get("trace"), h5py.Group):
+            return None
+        op_index, layer = self.read("/trace/op_index"), self.read("/trace/layer")
+        fields = {name: self.read_strings(f"/trace/{name}") for name in ("op", "phase", "tensor", "kind")}
+        return [TraceColumn(int(op_index[i]), fields["op"][i], int(layer[i]), fields["phase"][i], fields["tensor"][i],
+                            fields["kind"][i]) for i in range(len(op_index))]
+
+    def batches(self) -> Optional[np.ndarray]:
+        """/batches/tokens int32 (N, B, T+1), or None when batches were not recorded."""
+        return self.read("/batches/tokens") if "/batches/tokens" in self._file else None
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> "ReceiptReader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,128 @@
+"""The stack line of a Python run: what ran it, so that two receipts that disagree can say why.
+
+It fills the same manifest attributes as harness/run/stack_info.cpp, read the same way:
+`toolchain` is the interpreter and the settings that change numerics (the C++ puts its
+compiler and numerics flags there), `libraries` the versions of every library on the
+numerics path, `host` and `cpu` the machine, and `kernels` the kernel choices that could
+matter (for torch: the device and its determinism switches).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import socket
+import sys
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+# Environment variables that change numerics (or how XLA/cuBLAS pick kernels) when set.
+NUMERICS_ENV = (
+    "XLA_FLAGS",
+    "XLA_NO_SPECIAL_SCALARS",
+    "XLA_USE_BF16",
+    "PJRT_DEVICE",
+    "CUBLAS_WORKSPACE_CONFIG",
+    "NVIDIA_TF32_OVERRIDE",
+    "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
+    "OMP_NUM_THREADS",
+)
+
+
+@dataclass(frozen=True)
+class StackInfo:
+    """The manifest's stack attributes (docs/receipt-schema.md, /manifest)."""
+
+    toolchain: str
+    libraries: str
+    host: str
+    cpu: str
+    kernels: str
+
+    def as_manifest(self) -> Dict[str, str]:
+        return {"toolchain": self.toolchain, "libraries": self.libraries, "host": self.host, "cpu": self.cpu,
+                "kernels": self.kernels}
+
+
+def _version(distribution: str) -> Optional[str]:
+    """An installed distribution's version without importing it (torch_xla, libtpu are heavy)."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def cpu_model() -> str:
+    """The CPU model as /proc/cpuinfo names it (what the C++ records), else platform's guess."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name") and ":" in line:
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def numerics_env() -> Dict[str, str]:
+    """The numerics-changing environment variables that are set, by name."""
+    return {name: os.environ[name] for name in NUMERICS_ENV if name in os.environ}
+
+
+def _torch_parts(torch) -> tuple[List[str], List[str]]:
+    """(library versions, kernel settings) of a loaded torch."""
+    libraries = [f"torch {torch.__version__}"]
+    kernels = ["device=cpu"]
+    if torch.cuda.is_available():
+        libraries.append(f"CUDA {torch.version.cuda}")
+        libraries.append(f"cuDNN {torch.backends.cudnn.version()}")
+        try:
+            nccl = torch.cuda.nccl.version()
+            libraries.append("NCCL " + (".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)))
+        except Exception:  # NCCL is optional in a torch build: its absence is not an error
+            pass
+        kernels = [f"device={torch.cuda.get_device_name()}"]
+    kernels += [
+        f"threads={torch.get_num_threads()}",
+        f"deterministic_algorithms={int(torch.are_deterministic_algorithms_enabled())}",
+        f"cudnn.deterministic={int(torch.backends.cudnn.deterministic)}",
+        f"cudnn.benchmark={int(torch.backends.cudnn.benchmark)}",
+        f"matmul.allow_tf32={int(torch.backends.cuda.matmul.allow_tf32)}",
+        f"cudnn.allow_tf32={int(torch.backends.cudnn.allow_tf32)}",
+    ]
+    if hasattr(torch, "get_float32_matmul_precision"):
+        kernels.append(f"float32_matmul_precision={torch.get_float32_matmul_precision()}")
+    return libraries, kernels
+
+
+def collect_stack_info(include_torch: Optional[bool] = None) -> StackInfo:
+    """Describe the running stack.
+
+    include_torch=None describes torch only if the program already imported it: a run that
+    never touched torch should not pay its import time, nor name it as part of its stack.
+    """
+    import h5py
+    import numpy
+    import xxhash
+
+    toolchain = f"{platform.python_implementation()} {platform.python_version()} ({platform.python_compiler()})"
+    env = numerics_env()
+    toolchain += "; numerics env: " + (" ".join(f"{k}={v}" for k, v in env.items()) if env else "none")
+
+    libraries = [f"numpy {numpy.__version__}", f"h5py {h5py.__version__} (HDF5 {h5py.version.hdf5_version})",
+                 f"xxhash {xxhash.VERSION}"]
+    kernels: List[str] = []
+    if include_torch is None:
+        include_torch = "torch" in sys.modules
+    if include_torch:
+        import torch
+
+        torch_libraries, kernels = _torch_parts(torch)
+        libraries += torch_libraries
+    for distribution in ("torch_xla", "libtpu", "libtpu-nightly"):
+        version = _version(distribution)
+        if version:
+            libraries.append(f"{distribution} {version}")
+    return StackInfo(toolchain=toolchain, libraries="; ".join(libraries), host=socket.gethostname(), cpu=cpu_model(),
+                     kernels=" ".join(kernels) if kernels else "none")

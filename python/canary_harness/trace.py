@@ -1,0 +1,292 @@
+"""Op traces of any PyTorch model from module hooks (`--trace ops`; docs/bisect.md, "Op traces").
+
+OpTracer hooks an nn.Module and, during each training step, keeps references to the
+device tensors the C++ model hands its engine's trace() (canaries/gpt2.cpp): every op's
+forward output, then, op by op in reverse, the gradients its backward writes (the input
+gradients first, then the parameter gradients), each as it stands once that op's backward
+has added to it. Nothing is read to the host during the step; finish_step(), called after
+optimizer.step() (canary_harness.torch.Recorder does), hands back the columns and tensors,
+which the recorder hashes and sketches into the receipt's /trace row.
+
+What an op is, from the module tree alone (no name matching):
+- An op is a module call during which no other module is called (a leaf call, e.g.
+  nn.Linear, nn.LayerNorm, or a module computing attention from qkv); a call that calls
+  other modules is a container (a block, the model) and traces nothing itself. The root
+  module is only ever a container. Calls made with grad disabled are not traced.
+- Its name is the module's path in the model (`blocks.2.attn.proj`), or what `op_names`
+  maps that path to; its layer is its index in the outermost nn.ModuleList above it
+  (the block), -1 where there is none.
+- Forward: each floating-point tensor output, tensor `<op>.out` kind `activation`
+  (`<op>.out<j>` for the j-th of several); a 0-D output is kind `scalar` named `<op>`
+  (the C++ `loss`). Forward hooks registered on the module before the tracer's (a fault's
+  nudge) have run, so the traced value is what the next op reads.
+- Backward, ops in reverse forward order: per tensor argument that requires grad, the
+  gradient of that tensor after this op's backward added to it: a parameter passed in
+  (the tied `wte` of `lm_head`) kind `gradient` under its canary name, another tensor
+  kind `activation_grad` under its producer's `<op>.out`; then the op's own parameters
+  (kind `gradient`). A tensor that several ops read (the residual stream, a tied
+  weight) has its gradient summed in backward order: the first op to add to it traces its
+  own contribution (taken from a hook on a view of the argument that only this op reads),
+  the last one the whole gradient (a hook on the tensor itself, or on the parameter), so
+  every traced value is one autograd computed. (With three or more readers the ones in
+  between are partial sums added here, after the step.)
+
+Limits: one forward and one backward per step (no gradient accumulation over
+micro-batches); the op sequence must be the same every step; an op output modified in
+place after the op (an `inplace=True` activation after it) is refused at finish_step, as
+the value the op produced is gone; a parameter a module owns and another module also
+reads is traced with its whole gradient at the owner.
+
+Hooks cost no host read and change no number: the argument views are views (a gradient
+through them is passed on as it is), hooks only keep references, and the parameters'
+gradients are copied on the device (the update's clipping scales .grad in place).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import torch
+
+from .receipt import TraceColumn
+
+Site = Tuple[str, int, str, str, str]  # op, layer, phase, tensor, kind
+OpNames = Union[Mapping[str, str], Callable[[str], str], None]
+
+
+class TraceError(ValueError):
+    """A step whose op trace cannot be taken as asked (one line, naming the op)."""
+
+
+def number_ops(sites: Sequence[Site]) -> List[TraceColumn]:
+    """TraceColumns with op_index as the C++ numbers them (harness/run/op_trace.cpp):
+    consecutive outputs of one (op, layer, phase) share an index."""
+    columns: List[TraceColumn] = []
+    for op, layer, phase, tensor, kind in sites:
+        if not columns:
+            index = 0
+        else:
+            last = columns[-1]
+            index = last.op_index if (last.op, last.layer, last.phase) == (op, layer, phase) else last.op_index + 1
+        columns.append(TraceColumn(index, op, int(layer), phase, tensor, kind))
+    return columns
+
+
+def module_layers(model: torch.nn.Module) -> Dict[torch.nn.Module, int]:
+    """{module: its index in the outermost nn.ModuleList above it} for every module under one."""
+    layers: Dict[torch.nn.Module, int] = {}
+    for _, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList):
+            for index, child in enumerate(module):
+                for inner in child.modules():
+                    layers.setdefault(inner, index)  # pre-order: the outermost list comes first
+    return layers
+
+
+class _Root:
+    """A tensor the step's ops read or write: an op's output, a parameter, or another input."""
+
+    __slots__ = ("tensor", "name", "param", "consumers", "total")
+
+    def __init__(self, tensor: torch.Tensor, name: str, param: bool) -> None:
+        self.tensor = tensor
+        self.name = name
+        self.param = param
+        self.consumers: List[Tuple["_Call", int]] = []  # (op, contribution slot), forward order
+        self.total: Optional[torch.Tensor] = None  # its whole gradient (non-parameters)
+
+
+class _Call:
+    __slots__ = ("module", "container", "inputs", "outputs")
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module = module
+        self.container = False
+        self.inputs: List[Tuple[int, _Root, int]] = []  # (argument, root, contribution slot)
+        self.outputs: List[Tuple[_Root, torch.Tensor, int]] = []  # (root, tensor, its version)
+
+
+class OpTracer:
+    """Traces the ops of `model`'s training steps (see the module docstring).
+
+    param_names: {id(parameter): its canary name} (default: the model's own names);
+    op_names: module path -> op name (a mapping, where paths it lacks keep their path, or a
+    function). The hooks stay until close().
+    """
+
+    def __init__(self, model: torch.nn.Module, param_names: Optional[Mapping[int, str]] = None,
+                 op_names: OpNames = None) -> None:
+        self.model = model
+        paths = {}
+        for path, module in model.named_modules():
+            paths.setdefault(module, path)
+        if op_names is None:
+            self._op_name = {m: p for m, p in paths.items()}
+        elif callable(op_names):
+            self._op_name = {m: op_names(p) for m, p in paths.items()}
+        else:
+            self._op_name = {m: op_names.get(p, p) for m, p in paths.items()}
+        self._layers = module_layers(model)
+        self._params = {id(p): p for p in model.parameters()}
+        self.param_names: Dict[int, str] = dict(param_names) if param_names is not None else \
+            {id(p): n for n, p in model.named_parameters()}
+        owners: Dict[int, torch.nn.Module] = {}
+        for _, module in model.named_modules():
+            for _, p in module.named_parameters(recurse=False):
+                owners.setdefault(id(p), module)
+        self._owner = owners
+        self._handles = []
+        for module in paths:
+            self._handles.append(module.register_forward_pre_hook(self._before))
+            self._handles.append(module.register_forward_hook(self._after))
+        for p in self._params.values():
+            if p.requires_grad:
+                self._handles.append(p.register_hook(functools.partial(self._on_param_grad, id(p))))
+        self._reset()
+
+    # ---- per step ------------------------------------------------------------------------------
+
+    def _reset(self) -> None:
+        self._calls: List[_Call] = []
+        self._stack: List[_Call] = []
+        self._roots: Dict[int, _Root] = {}  # id(tensor) -> root; _keep holds the tensors alive
+        self._keep: List[torch.Tensor] = []
+        self._contributions: List[Optional[torch.Tensor]] = []
+        self._param_grads: Dict[int, torch.Tensor] = {}
+
+    def layer_of_parameter(self, param: torch.Tensor) -> int:
+        owner = self._owner.get(id(param))
+        return self._layers.get(owner, -1) if owner is not None else -1
+
+    def _root_of(self, t: torch.Tensor, call: _Call, argument: int) -> _Root:
+        root = self._roots.get(id(t))
+        if root is not None:
+            return root
+        if id(t) in self._params:
+            root = _Root(t, self.param_names.get(id(t), self._op_name.get(call.module, "") + f".in{argument}"), True)
+        else:  # read by an op, produced by none: a model input, or computed outside any module
+            root = _Root(t, f"{self._op_name[call.module]}.in{argument}", False)
+            t.register_hook(functools.partial(self._on_total, root))
+        self._roots[id(t)] = root
+        self._keep.append(t)
+        return root
+
+    def _before(self, module: torch.nn.Module, args: Tuple[Any, ...]) -> Optional[Tuple[Any, ...]]:
+        if self._stack:
+            self._stack[-1].container = True  # it called a module: a container, not an op
+        if not torch.is_grad_enabled():
+            return None
+        call = _Call(module)
+        self._stack.append(call)
+        self._calls.append(call)
+        replaced = list(args)
+        for i, a in enumerate(args):
+            if not (isinstance(a, torch.Tensor) and a.requires_grad and a.is_floating_point()):
+                continue
+            root = self._root_of(a, call, i)
+            view = a.view_as(a)  # read by this call only: its gradient is this call's contribution
+            slot = len(self._contributions)
+            self._contributions.append(None)
+            view.register_hook(functools.partial(self._on_contribution, slot))
+            self._roots[id(view)] = root
+            self._keep.append(view)
+            call.inputs.append((i, root, slot))
+            replaced[i] = view
+        return tuple(replaced) if call.inputs else None
+
+    def _after(self, module: torch.nn.Module, args: Tuple[Any, ...], output: Any) -> None:
+        if not self._stack or self._stack[-1].module is not module:
+            return None  # a call that began with grad disabled
+        call = self._stack.pop()
+        if call.container:
+            return None
+        outputs = output if isinstance(output, (tuple, list)) else (output,)
+        tensors = [t for t in outputs if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        name = self._op_name[module]
+        for j, t in enumerate(tensors):
+            tensor = name if t.dim() == 0 else (f"{name}.out" if len(tensors) == 1 else f"{name}.out{j}")
+            root = _Root(t, tensor, False)
+            if t.requires_grad:
+                t.register_hook(functools.partial(self._on_total, root))
+            self._roots[id(t)] = root
+            self._keep.append(t)
+            call.outputs.append((root, t, t._version))
+        return None
+
+    def _on_contribution(self, slot: int, grad: torch.Tensor) -> None:
+        self._contributions[slot] = grad
+
+    @staticmethod
+    def _on_total(root: _Root, grad: torch.Tensor) -> None:
+        root.total = grad
+
+    def _on_param_grad(self, key: int, grad: torch.Tensor) -> None:
+        # A copy: AccumulateGrad may make this very tensor .grad, which clipping scales in place.
+        self._param_grads[key] = grad.detach().clone()
+
+    # ---- after the step --------------------------------------------------------------------------
+
+    def _total(self, root: _Root) -> Optional[torch.Tensor]:
+        return self._param_grads.get(id(root.tensor)) if root.param else root.total
+
+    def finish_step(self) -> Tuple[List[Site], List[torch.Tensor]]:
+        """The step's traced outputs (op, layer, phase, tensor, kind) and their device tensors,
+        forward then backward, and starts the next step. Call it after the step (no host read)."""
+        try:
+            if self._stack:
+                raise TraceError(f"op trace: module '{self._op_name[self._stack[-1].module]}' was called and has "
+                                 "not returned")
+            ops = [c for c in self._calls if not c.container]
+            sites: List[Site] = []
+            values: List[torch.Tensor] = []
+            for call in ops:
+                name, layer = self._op_name[call.module], self._layers.get(call.module, -1)
+                for root, t, version in call.outputs:
+                    if t._version != version:
+                        raise TraceError(f"op trace: the output of op '{name}' was modified in place after the op "
+                                         "(an in-place op after it); its value is gone and cannot be traced")
+                    sites.append((name, layer, "forward", root.name, "scalar" if t.dim() == 0 else "activation"))
+                    values.append(t.detach())
+                for _, root, slot in call.inputs:
+                    root.consumers.append((call, slot))
+            for call in reversed(ops):
+                name, layer = self._op_name[call.module], self._layers.get(call.module, -1)
+                for _, root, slot in call.inputs:
+                    sites.append((name, layer, "backward", root.name, "gradient" if root.param else "activation_grad"))
+                    values.append(self._gradient_after(root, slot))
+                for _, p in call.module.named_parameters(recurse=False):
+                    if not p.requires_grad:
+                        continue
+                    grad = self._param_grads.get(id(p))
+                    sites.append((name, layer, "backward", self.param_names.get(id(p), f"{name}.param"), "gradient"))
+                    values.append(grad if grad is not None else torch.zeros_like(p, dtype=torch.float32))
+            return sites, values
+        finally:
+            self._reset()
+
+    def _gradient_after(self, root: _Root, slot: int) -> torch.Tensor:
+        """The root's gradient once the op holding `slot` has added to it (ops add in reverse
+        forward order)."""
+        backward = [s for _, s in reversed(root.consumers)]
+        k = backward.index(slot)
+        if k == len(backward) - 1:
+            value = self._total(root)
+        elif k == 0:
+            value = self._contributions[slot]
+        else:
+            value = None
+            for s in backward[:k + 1]:
+                part = self._contributions[s]
+                if part is not None:
+                    value = part if value is None else value + part
+        if value is None:  # nothing flowed back into it: the C++ traces the zeroed gradient
+            value = torch.zeros_like(root.tensor, dtype=torch.float32)
+        return value.detach()
+
+    def close(self) -> None:
+        """Removes every hook."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self._reset()

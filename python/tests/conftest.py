@@ -1,0 +1,67 @@
+"""Shared fixtures: the C++ harness binary and receipts it wrote.
+
+The conformance tests need the real binary: without it they fail (never skip), because a
+Python package that was never held against the C++ harness proves nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _harness_bin() -> Path:
+    candidates = [os.environ["HARNESS_BIN"]] if os.environ.get("HARNESS_BIN") else []
+    candidates.append(str(REPO / "build" / "bin" / "harness"))
+    for candidate in candidates:
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return Path(candidate)
+    pytest.fail(f"no harness binary: set HARNESS_BIN or build it (cmake --build build) so that "
+                f"{REPO / 'build' / 'bin' / 'harness'} exists; tried {', '.join(candidates)}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def harness_bin() -> Path:
+    return _harness_bin()
+
+
+def run_harness(harness_bin: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run([str(harness_bin), *args], capture_output=True, text=True, timeout=300)
+    if check and result.returncode != 0:
+        pytest.fail(f"harness {' '.join(args)} exited {result.returncode}:\n{result.stdout}{result.stderr}",
+                    pytrace=False)
+    return result
+
+
+@pytest.fixture(scope="session")
+def cpp_receipt(harness_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """micro, 3 steps, parameters dumped at the start of steps 0..3, batches recorded."""
+    out = tmp_path_factory.mktemp("cpp") / "micro.h5"
+    run_harness(harness_bin, "run", "--canary", "micro", "--steps", "3", "--dump-tensors", "0,1,2,3",
+                "--record-batches", "--out", str(out))
+    return out
+
+
+@pytest.fixture(scope="session")
+def cpp_trace_receipt(harness_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """micro, 2 steps with op traces: the traced loss is a 1-element tensor (a partial block)."""
+    out = tmp_path_factory.mktemp("cpp") / "trace.h5"
+    run_harness(harness_bin, "run", "--canary", "micro", "--steps", "2", "--trace", "ops", "--out", str(out))
+    return out
+
+
+def export_pack(harness_bin: Path, out: Path, canary: str = "micro", steps: int = 3, seed: int = 1337) -> Path:
+    """`harness export` of a canary pack (the C++ harness's own init and batches)."""
+    run_harness(harness_bin, "export", "--canary", canary, "--steps", str(steps), "--seed", str(seed), "--out", str(out))
+    return out
+
+
+@pytest.fixture(scope="session")
+def micro_pack(harness_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """micro, 3 steps, seed 1337: the pack of what cpp_receipt ran."""
+    return export_pack(harness_bin, tmp_path_factory.mktemp("pack") / "micro-pack.h5")

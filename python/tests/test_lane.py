@@ -1,0 +1,189 @@
+"""`python3 -m canary_harness.lane`: the PyTorch canary lane, held to cpu-ref and to the
+receipt contract, and every bad input exit 2 with one line and no file."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import canary_harness
+from canary_harness import ReceiptReader
+from canary_harness.lane import train_step
+from canary_harness.models import gpt2
+from canary_harness.optim import CanaryAdamW
+from canary_harness.pack import read_pack
+
+from conftest import export_pack, run_harness
+from host_reads import HostReads
+
+STEPS = 5
+PACKAGE_ROOT = str(Path(canary_harness.__file__).resolve().parents[1])
+
+
+def lane(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": PACKAGE_ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    result = subprocess.run([sys.executable, "-m", "canary_harness.lane", *args], capture_output=True, text=True,
+                            timeout=600, env=env)
+    if check and result.returncode != 0:
+        pytest.fail(f"lane {' '.join(args)} exited {result.returncode}:\n{result.stdout}{result.stderr}", pytrace=False)
+    return result
+
+
+@pytest.fixture(scope="module")
+def runs(harness_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """micro for STEPS steps: the pack, cpu-ref's receipt, and the torch lane in fp32 and bf16."""
+    d = tmp_path_factory.mktemp("lane")
+    pack = export_pack(harness_bin, d / "pack.h5", steps=STEPS)
+    cpu = d / "cpu-ref.h5"
+    run_harness(harness_bin, "run", "--canary", "micro", "--steps", str(STEPS), "--out", str(cpu))
+    fp32, bf16 = d / "torch.h5", d / "torch-bf16.h5"
+    lane("--pack", str(pack), "--out", str(fp32), "--threads", "1")
+    lane("--pack", str(pack), "--out", str(bf16), "--precision", "bf16", "--threads", "1")
+    return {"dir": d, "pack": pack, "cpu": cpu, "fp32": fp32, "bf16": bf16}
+
+
+def test_fp32_lane_is_a_valid_receipt_that_reproduces_cpu_ref(runs: dict, harness_bin: Path):
+    run_harness(harness_bin, "validate", str(runs["fp32"]))
+    with ReceiptReader(runs["fp32"]) as r, ReceiptReader(runs["cpu"]) as cpu:
+        m = r.manifest
+        assert (m["lane"], m["engine"], m["features"], m["budget_features"]) == ("micro/torch", "torch", "", "torch-cpu")
+        assert (m["precision"], m["device"], m["fault_injection"], m["threads"]) == ("fp32", "cpu", "none", 1)
+        assert r.complete and r.steps_planned == r.steps_recorded == STEPS
+        assert m["canary"] == cpu.manifest["canary"] and m["seed"] == cpu.manifest["seed"]
+        assert r.tensor_names == cpu.tensor_names
+        assert list(r.steps("batch_hash")) == list(cpu.steps("batch_hash"))  # the data contract
+        assert list(r.steps("lr")) == list(cpu.steps("lr"))  # the schedule, fp32 bit for bit
+        loss, ref = r.steps("loss"), cpu.steps("loss")
+        np.testing.assert_allclose(loss, ref, rtol=1e-4)  # the twin's tolerance
+        np.testing.assert_allclose(r.steps("grad_norm"), cpu.steps("grad_norm"), rtol=1e-4)
+        assert np.max(np.abs(loss - ref) / np.abs(ref)) < 2e-6  # measured 2e-7: fp32 rounding, nothing more
+        # not a copy of cpu-ref: a real stack's bits (by step 1 the parameters differ in the last bits)
+        assert not np.array_equal(r.hashes("params")[1:], cpu.hashes("params")[1:])
+
+
+def test_bf16_lane_differs_from_fp32(runs: dict, harness_bin: Path):
+    run_harness(harness_bin, "validate", str(runs["bf16"]))
+    with ReceiptReader(runs["bf16"]) as b, ReceiptReader(runs["fp32"]) as f, ReceiptReader(runs["cpu"]) as cpu:
+        m = b.manifest
+        assert (m["lane"], m["features"], m["budget_features"], m["precision"], m["autocast"]) == \
+            ("micro/torch+bf16", "bf16", "torch-bf16", "bf16", "bfloat16")
+        assert list(b.steps("batch_hash")) == list(f.steps("batch_hash"))
+        ref = cpu.steps("loss")
+        bf16_dev = np.max(np.abs(b.steps("loss") - ref) / np.abs(ref))
+        fp32_dev = np.max(np.abs(f.steps("loss") - ref) / np.abs(ref))
+        assert bf16_dev > 1e-5 and bf16_dev > 20 * fp32_dev, (bf16_dev, fp32_dev)  # bf16 rounding shows
+        assert bf16_dev < 1.6e-2  # ... and stays within bf16's own tolerance
+        assert not np.array_equal(b.hashes("params"), f.hashes("params"))
+
+
+def test_lane_is_deterministic_and_steps_is_a_prefix(runs: dict):
+    again = runs["dir"] / "again.h5"
+    lane("--pack", str(runs["pack"]), "--out", str(again), "--threads", "1", "--steps", "3")
+    with ReceiptReader(again) as a, ReceiptReader(runs["fp32"]) as f:
+        assert a.complete and a.steps_planned == 3 and a.manifest["canary"] == f.manifest["canary"]
+        for family in ("params", "grads", "adam_m", "adam_v"):
+            assert np.array_equal(a.hashes(family), f.hashes(family)[:3]), family
+        assert np.array_equal(a.steps("loss"), f.steps("loss")[:3])
+
+
+def test_an_injected_fault_moves_its_step_and_not_before(runs: dict):
+    faulty = runs["dir"] / "fault.h5"
+    lane("--pack", str(runs["pack"]), "--out", str(faulty), "--threads", "1",
+         "--inject-fault", "step=2,op=blocks.0.ln1")
+    with ReceiptReader(faulty) as bad, ReceiptReader(runs["fp32"]) as clean:
+        assert bad.manifest["fault_injection"] == "step=2,op=blocks.0.ln1,ulps=1"
+        differs = [s for s in range(STEPS) if not np.array_equal(bad.hashes("grads")[s], clean.hashes("grads")[s])]
+        assert differs and differs[0] == 2, differs
+        assert np.array_equal(bad.hashes("params")[:2], clean.hashes("params")[:2])
+
+
+@pytest.mark.parametrize("precision, fault", [("fp32", None), ("bf16", "step=0,op=blocks.1.attn.proj,ulps=3")])
+def test_the_lane_step_reads_nothing_on_the_host(micro_pack: Path, precision: str, fault):
+    """The XLA-safe step: forward, backward, norm, clip and AdamW with no .item(), float(),
+    bool() or .cpu() of a tensor, fault hook and autocast included."""
+    from canary_harness.lane import _NudgeFirst, parse_fault
+    pack = read_pack(micro_pack)
+    cfg = gpt2.CanaryConfig.from_json(pack.canary_json)
+    model = gpt2.GPT2(cfg, pack.init)
+    optimizer = CanaryAdamW(model.named_parameters(), cfg)
+    autocast = torch.autocast(device_type="cpu", dtype=torch.bfloat16) if precision == "bf16" else None
+    hook = None
+    active = torch.ones((), dtype=torch.bool)
+    if fault:
+        spec = parse_fault(fault, gpt2.forward_op_names(cfg), pack.steps)
+        hook = lambda name, t: _NudgeFirst.apply(t, active, spec.ulps) if name == spec.op else t  # noqa: E731
+    for step in range(2):
+        optimizer.set_lr(gpt2.lr_at(step, cfg))
+        inputs = torch.from_numpy(pack.batch(step))
+        with HostReads() as reads:
+            loss, norm = train_step(model, optimizer, inputs, autocast, hook)
+        assert reads.reads == [], reads.reads
+    assert optimizer.step_t.item() == 2.0  # the device-side step counter
+
+
+def test_nudge_moves_element_zero_by_ulps_like_the_cpp():
+    from canary_harness.lane import _NudgeFirst
+    x = torch.tensor([1.0, -2.0, 3.0], requires_grad=True)
+    on, off = torch.ones((), dtype=torch.bool), torch.zeros((), dtype=torch.bool)
+    y = _NudgeFirst.apply(x, on, 2)
+    up = np.float32(np.inf)
+    assert y[0].item() == float(np.nextafter(np.nextafter(np.float32(1.0), up), up)) == 1.0 + 2 * 2.0**-23
+    assert torch.equal(y[1:], x[1:].detach())
+    y.sum().backward()
+    assert torch.equal(x.grad, torch.ones(3))  # the gradient passes unchanged
+    assert torch.equal(_NudgeFirst.apply(x, off, 2), x.detach())
+    tiny = float(np.float32(1.4e-45))  # the smallest positive subnormal
+    for start, want in ((-0.0, tiny), (-tiny, -0.0)):  # across zero as next_up in kernels.cpp
+        got = _NudgeFirst.apply(torch.tensor([start]), on, 1)
+        assert got.item() == want and np.signbit(got.item()) == np.signbit(want)
+
+
+def test_bad_inputs_exit_2_with_one_line_and_write_nothing(runs: dict, micro_pack: Path, cpp_receipt: Path,
+                                                          tmp_path: Path):
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    out = str(out_dir / "r.h5")
+    truncated = tmp_path / "truncated.h5"
+    truncated.write_bytes(micro_pack.read_bytes()[:3000])
+    pack = str(runs["pack"])
+    cases = [
+        (["--pack", pack, "--canary", "tiny", "--out", out], r"a pack of canary 'micro', not 'tiny'"),
+        (["--pack", str(tmp_path / "absent.h5"), "--out", out], r"absent.h5: no such file"),
+        (["--pack", str(truncated), "--out", out], r"truncated.h5: HDF5 cannot open the pack: truncated or corrupt"),
+        (["--pack", str(cpp_receipt), "--out", out], r"is a receipt, not a canary pack"),
+        (["--pack", pack, "--out", out, "--device", "tpu"], r"--device: unknown device 'tpu'"),
+        (["--pack", pack, "--out", out, "--precision", "fp16"], r"--precision: unknown precision 'fp16'"),
+        (["--pack", pack, "--out", out, "--steps", "0"], r"--steps: '0' is not a number in 1..5"),
+        (["--pack", pack, "--out", out, "--steps", "6"], r"--steps: '6' is not a number in 1..5"),
+        (["--pack", pack, "--out", out, "--threads", "x"], r"--threads: 'x'"),
+        (["--pack", pack, "--out", out, "--inject-fault", "step=1,op=blocks.9.mlp.fc"],
+         r"--inject-fault: unknown op 'blocks.9.mlp.fc'"),
+        (["--pack", pack, "--out", out, "--inject-fault", "step=5,op=blocks.0.ln1"], r"step=5 is past the last step \(4\)"),
+        (["--pack", pack, "--out", out, "--inject-fault", "op=blocks.0.ln1"], r"needs both step=K and op=NAME"),
+        (["--pack", pack, "--out", out, "--inject-fault", "step=1,op=blocks.0.ln1,ulps=0"], r"ulps='0'"),
+        (["--pack", pack, "--out", out, "--trace", "all"], r"--trace: unknown level 'all'; use none or ops"),
+        (["--pack", pack, "--out", str(tmp_path / "nowhere" / "r.h5")], r"directory .*nowhere' does not exist"),
+        (["--pack", pack, "--out", str(out_dir)], r"is a directory"),
+        (["--pack", pack, "--out", out, "--bogus"], r"unrecognized arguments: --bogus"),
+        (["--out", out], r"the following arguments are required: --pack"),
+        (["--pack", pack, "--out", pack, "--force"], r"--out: '.*pack.h5' is the pack itself"),
+    ]
+    for args, pattern in cases:
+        result = lane(*args, check=False)
+        assert result.returncode == 2, (args, result.returncode, result.stderr)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("canary_harness.lane: error: "), (args, result.stderr)
+        assert re.search(pattern, lines[0]), (args, lines[0])
+    assert list(out_dir.iterdir()) == []
+    # An existing receipt stays untouched without --force.
+    before = runs["fp32"].read_bytes()
+    result = lane("--pack", pack, "--out", str(runs["fp32"]), check=False)
+    assert result.returncode == 2 and "exists; pass --force" in result.stderr
+    assert runs["fp32"].read_bytes() == before

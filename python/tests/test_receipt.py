@@ -1,0 +1,402 @@
+"""ReceiptWriter -> ReceiptReader, the file format the writer leaves, and the reader's errors."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from canary_harness import (HASH_FAMILIES, SCHEMA_MINOR, SCHEMA_VERSION, SKETCH_FAMILIES, SKETCH_WIDTH, ReceiptError,
+                            ReceiptReader, ReceiptWriter, batch_hash, sketch, tensor_hash)
+from canary_harness.stack import StackInfo
+
+PYTHON_DIR = Path(__file__).resolve().parents[1]
+SHAPES = {"wte": (11, 7), "wpe": (5, 7), "blocks.0.ln1.weight": (7,), "lnf.bias": (7,)}
+NAMES = list(SHAPES)
+BATCH = (2, 6)
+STACK = StackInfo(toolchain="test", libraries="test", host="test", cpu="test", kernels="none")
+
+
+def manifest(steps: int = 3, **extra) -> dict:
+    return {"lane": "unit/torch", "engine": "torch", "budget_features": "torch-cpu", "seed": 7,
+            "canary": {"preset": "unit", "vocab_size": 11}, "steps_planned": steps, **extra}
+
+
+def tensors(rng: np.random.Generator) -> dict:
+    return {n: rng.standard_normal(s).astype(np.float32) for n, s in SHAPES.items()}
+
+
+def write_steps(writer: ReceiptWriter, steps: int, seed: int = 0) -> list:
+    """Records `steps` steps of random state; returns what each step recorded."""
+    rng = np.random.default_rng(seed)
+    recorded = []
+    for s in range(steps):
+        state = {fam: tensors(rng) for fam in HASH_FAMILIES}
+        batch = rng.integers(0, 11, BATCH)
+        writer.record_step(loss=1.0 + s, grad_norm=0.5 * s, lr=1e-3, batch=batch, **state)
+        recorded.append((state, batch))
+    return recorded
+
+
+def walk(f: h5py.File):
+    """Every (name, object) of the file, root included."""
+    objects = [("/", f)]
+    f.visititems(lambda name, obj: objects.append((name, obj)))
+    return objects
+
+
+# ---- round trip -------------------------------------------------------------------------------
+
+def test_round_trip(tmp_path: Path):
+    path = tmp_path / "r.h5"
+    with ReceiptWriter(path, manifest(noise_seed=5, ratio=0.25, note="é"), NAMES, batch_shape=BATCH,
+                       stack=STACK) as writer:
+        writer.dump_tensors(0, tensors(np.random.default_rng(9)))
+        recorded = write_steps(writer, 3)
+
+    with ReceiptReader(path) as r:
+        assert (r.schema_version, r.schema_minor) == (SCHEMA_VERSION, SCHEMA_MINOR)
+        assert r.complete and r.steps_recorded == 3 and r.steps_planned == 3
+        assert r.tensor_names == NAMES
+        m = r.manifest
+        assert m["lane"] == "unit/torch" and m["budget_features"] == "torch-cpu" and m["features"] == ""
+        assert m["canary"] == '{"preset":"unit","vocab_size":11}'
+        assert (m["noise_seed"], m["ratio"], m["note"], m["seed"]) == (5, 0.25, "é", 7)
+        assert m["toolchain"] == "test" and m["kernels"] == "none"
+        assert list(r.steps("loss")) == [1.0, 2.0, 3.0] and list(r.steps("lr")) == [1e-3] * 3
+        assert r.steps("batch_hash").dtype == np.uint64
+        for s, (state, batch) in enumerate(recorded):
+            assert int(r.steps("batch_hash")[s]) == batch_hash(batch)
+            assert np.array_equal(r.batches()[s], batch)
+            for fam in HASH_FAMILIES:
+                assert [int(h) for h in r.hashes(fam)[s]] == [tensor_hash(state[fam][n]) for n in NAMES]
+            for fam in SKETCH_FAMILIES:
+                l2, projection = r.sketches(fam)
+                for k, n in enumerate(NAMES):
+                    expected = sketch(state[fam][n], n)
+                    assert l2[s, k] == expected.l2 and np.array_equal(projection[s, k], expected.projection)
+        assert r.dumped_steps() == [0]
+        dumped = r.tensors(0)
+        assert dumped["wte"].shape == (11, 7) and dumped["wte"].dtype == np.float32
+        assert np.array_equal(dumped["wpe"], tensors(np.random.default_rng(9))["wpe"])
+
+
+def test_append_step_takes_precomputed_digests(tmp_path: Path):
+    path = tmp_path / "r.h5"
+    hashes = {fam: [2**64 - 1 - k for k in range(len(NAMES))] for fam in HASH_FAMILIES}
+    sketches = {fam: [(float(k), np.full(SKETCH_WIDTH, -0.5)) for k in range(len(NAMES))] for fam in SKETCH_FAMILIES}
+    with ReceiptWriter(path, manifest(steps=1), NAMES, stack=STACK) as writer:
+        writer.append_step(loss=2.5, grad_norm=1.0, lr=0.1, batch_hash=2**63 + 1, hashes=hashes, sketches=sketches)
+        with pytest.raises(ReceiptError, match="all 1 planned steps are recorded"):
+            writer.append_step(loss=2.5, grad_norm=1.0, lr=0.1, batch_hash=0, hashes=hashes, sketches=sketches)
+    with ReceiptReader(path) as r:
+        assert int(r.steps("batch_hash")[0]) == 2**63 + 1
+        assert int(r.hashes("adam_v")[0, 0]) == 2**64 - 1
+        assert r.sketches("grads")[1].shape == (1, len(NAMES), SKETCH_WIDTH)
+
+
+# ---- the file format --------------------------------------------------------------------------
+
+def test_file_format_is_hdf5_1_10_fixed_strings_and_checksummed_chunks(tmp_path: Path):
+    path = tmp_path / "r.h5"
+    with ReceiptWriter(path, manifest(empty=""), NAMES, batch_shape=BATCH, stack=STACK) as writer:
+        assert writer._file.libver == ("v110", "v110")
+        writer.dump_tensors(0, tensors(np.random.default_rng(1)))
+        write_steps(writer, 3)
+
+    with h5py.File(path, "r") as f:
+        assert f.id.get_create_plist().get_version()[0] == 3  # superblock 3: the 1.10 format
+        strings = datasets = 0
+        for name, obj in walk(f):
+            assert h5py.h5o.get_info(obj.id).hdr.version == 2  # checksummed object headers
+            for attr_name in obj.attrs:
+                attr = obj.attrs.get_id(attr_name)
+                dtype = attr.dtype
+                if h5py.check_string_dtype(dtype) is not None:
+                    strings += 1
+                    info = h5py.check_string_dtype(dtype)
+                    assert info.length is not None and info.encoding == "utf-8", (name, attr_name)
+                    assert not attr.get_type().is_variable_str()
+                    assert attr.shape == ()
+                elif dtype.kind in "iu":
+                    assert dtype == np.dtype("<i8"), (name, attr_name, dtype)
+                else:
+                    assert dtype == np.dtype("<f8"), (name, attr_name, dtype)
+            if isinstance(obj, h5py.Dataset):
+                datasets += 1
+                plist = obj.id.get_create_plist()
+                assert plist.get_layout() == h5py.h5d.CHUNKED and obj.chunks is not None, name
+                assert obj.fletcher32, name
+                filters = [plist.get_filter(i)[0] for i in range(plist.get_nfilters())]
+                assert filters[-1] == h5py.h5z.FILTER_FLETCHER32, name  # last: covers the bytes as stored
+                info = h5py.check_string_dtype(obj.dtype)
+                if info is not None:
+                    strings += 1
+                    assert info.length is not None and info.encoding == "utf-8", name
+        # The walk saw the whole receipt: 13 manifest strings, /sketches method, /hashes/names; 4 steps,
+        # names, 4 hashes, 4 sketches, tokens, 4 dumped tensors.
+        assert (strings, datasets) == (15, 18)
+
+        manifest_attrs = f["manifest"].attrs
+        assert h5py.check_string_dtype(manifest_attrs.get_id("empty").dtype).length == 1  # no 0-byte strings
+        assert h5py.check_string_dtype(manifest_attrs.get_id("lane").dtype).length == len(b"unit/torch")
+        assert f["hashes/names"].dtype.itemsize == max(len(n) for n in NAMES)
+        for name in ("steps/loss", "steps/batch_hash", "hashes/params", "sketches/grads_projection", "batches/tokens"):
+            assert f[name].maxshape[0] is None and f[name].shape[0] == 3
+        assert f["steps/loss"].dtype == np.dtype("<f8") and f["steps/batch_hash"].dtype == np.dtype("<u8")
+        assert f["hashes/grads"].shape == (3, len(NAMES)) and f["hashes/grads"].dtype == np.dtype("<u8")
+        assert f["sketches/params_projection"].shape == (3, len(NAMES), SKETCH_WIDTH)
+        assert f["batches/tokens"].dtype == np.dtype("<i4")
+        sk = f["sketches"].attrs
+        assert (sk["method"].decode(), int(sk["width"]), int(sk["block"])) == ("count-sketch over blocks", 16, 32)
+        expected = {"schema_version", "schema_minor", "lane", "engine", "features", "budget_features", "canary", "seed",
+                    "steps_planned", "threads", "complete", "created_utc", "git_commit", "toolchain", "libraries",
+                    "host", "cpu"}
+        assert expected <= set(manifest_attrs)
+        assert int(manifest_attrs["schema_version"]) == SCHEMA_VERSION and int(manifest_attrs["schema_minor"]) == SCHEMA_MINOR
+
+
+READ_ROWS = """
+import sys
+from canary_harness import ReceiptReader
+with ReceiptReader(sys.argv[1]) as r:
+    print(r.steps_recorded, int(r.complete), r.hashes("params").shape[0], r.sketches("grads")[1].shape[0])
+"""
+
+
+def read_rows_elsewhere(path: Path) -> str:
+    """The receipt as another process sees it (a second handle in this process would share
+    HDF5's cache and prove nothing about what reached the file)."""
+    result = subprocess.run([sys.executable, "-c", READ_ROWS, str(path)], capture_output=True, text=True,
+                            cwd=PYTHON_DIR, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+def test_every_step_is_flushed_and_visible_to_another_reader(tmp_path: Path):
+    path = tmp_path / "r.h5"
+    with ReceiptWriter(path, manifest(steps=3), NAMES, stack=STACK) as writer:
+        assert read_rows_elsewhere(path) == "0 0 0 0"
+        rng = np.random.default_rng(0)
+        for s in range(3):
+            writer.dump_tensors(s, tensors(rng))  # a structural change between steps
+            state = {fam: tensors(rng) for fam in HASH_FAMILIES}
+            writer.record_step(loss=1.0, grad_norm=1.0, lr=1.0, batch=np.zeros(BATCH, np.int32), **state)
+            assert read_rows_elsewhere(path) == f"{s + 1} 0 {s + 1} {s + 1}"
+    assert read_rows_elsewhere(path) == "3 1 3 3"
+
+
+KILLED_WRITER = """
+import os, signal, sys
+import numpy as np
+sys.path.insert(0, {tests!r})
+from test_receipt import BATCH, NAMES, STACK, manifest, write_steps
+from canary_harness import ReceiptWriter
+writer = ReceiptWriter(sys.argv[1], manifest(steps=10), NAMES, stack=STACK)
+write_steps(writer, 2)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_killed_writer_leaves_a_readable_prefix(tmp_path: Path):
+    path = tmp_path / "killed.h5"
+    code = KILLED_WRITER.format(tests=str(Path(__file__).parent))
+    result = subprocess.run([sys.executable, "-c", code, str(path)], cwd=PYTHON_DIR, capture_output=True, timeout=60)
+    assert result.returncode == -signal.SIGKILL, result.stderr
+    with ReceiptReader(path) as r:
+        assert not r.complete and r.steps_recorded == 2 and r.steps_planned == 10
+        assert r.hashes("adam_m").shape == (2, len(NAMES))
+
+
+# ---- writer contract ------------------------------------------------------------------------
+
+def test_refuses_to_overwrite_unless_asked(tmp_path: Path):
+    path = tmp_path / "r.h5"
+    path.write_bytes(b"precious")
+    with pytest.raises(ReceiptError, match=f"^{path}: exists"):
+        ReceiptWriter(path, manifest(), NAMES, stack=STACK)
+    assert path.read_bytes() == b"precious"
+    with ReceiptWriter(path, manifest(steps=0), NAMES, overwrite=True, stack=STACK):
+        pass
+    assert ReceiptReader(path).complete
+
+
+def test_budget_features_are_declared_never_defaulted(tmp_path: Path):
+    m = manifest()
+    del m["budget_features"]
+    with pytest.raises(ValueError, match="budget_features"):
+        ReceiptWriter(tmp_path / "r.h5", m, NAMES, stack=STACK)
+    assert not (tmp_path / "r.h5").exists()  # nothing written on bad input
+    with pytest.raises(ValueError, match="writer owns"):
+        ReceiptWriter(tmp_path / "r.h5", manifest(complete=1), NAMES, stack=STACK)
+    with pytest.raises(ValueError, match="JSON object"):
+        ReceiptWriter(tmp_path / "r.h5", {**manifest(), "canary": "[1]"}, NAMES, stack=STACK)
+
+
+def test_an_interrupted_run_stays_incomplete(tmp_path: Path):
+    path = tmp_path / "r.h5"
+    with pytest.raises(RuntimeError):
+        with ReceiptWriter(path, manifest(steps=3), NAMES, stack=STACK) as writer:
+            write_steps(writer, 1)
+            with pytest.raises(ReceiptError, match="1 of 3 planned steps"):
+                writer.finish()
+            raise RuntimeError("training crashed")
+    with ReceiptReader(path) as r:
+        assert not r.complete and r.steps_recorded == 1
+
+
+def test_a_bad_step_writes_no_row(tmp_path: Path):
+    path = tmp_path / "r.h5"
+    with ReceiptWriter(path, manifest(steps=1), NAMES, stack=STACK) as writer:
+        hashes = {fam: [0] * len(NAMES) for fam in HASH_FAMILIES}
+        sketches = {fam: [(0.0, np.zeros(SKETCH_WIDTH))] * len(NAMES) for fam in SKETCH_FAMILIES}
+        with pytest.raises(ValueError, match="adam_v"):
+            writer.append_step(loss=1, grad_norm=1, lr=1, batch_hash=0, hashes={**hashes, "adam_v": [0]},
+                               sketches=sketches)
+        with pytest.raises(ValueError, match="16 numbers"):
+            writer.append_step(loss=1, grad_norm=1, lr=1, batch_hash=0, hashes=hashes,
+                               sketches={**sketches, "grads": [(0.0, np.zeros(3))] * len(NAMES)})
+        with pytest.raises(ValueError, match="grads: no tensor for wte"):
+            state = {fam: tensors(np.random.default_rng(0)) for fam in HASH_FAMILIES}
+            del state["grads"]["wte"]
+            writer.record_step(loss=1, grad_norm=1, lr=1, batch=np.zeros(BATCH), **state)
+        with h5py.File(path, "r", swmr=True) as f:
+            assert all(f[p].shape[0] == 0 for p in ("steps/loss", "hashes/params", "sketches/grads_l2"))
+        writer.append_step(loss=1, grad_norm=1, lr=1, batch_hash=0, hashes=hashes, sketches=sketches)
+    assert ReceiptReader(path).complete
+
+
+# ---- reader errors ------------------------------------------------------------------------------
+
+def legacy_receipt(path: Path, schema_version: int = 1) -> None:
+    """A receipt as the C++ writer wrote it before schema minor 1: variable-length strings,
+    no schema_minor, contiguous datasets."""
+    vlen = h5py.string_dtype("utf-8")
+    with h5py.File(path, "w") as f:
+        m = f.create_group("manifest")
+        m.attrs.create("schema_version", np.int64(schema_version))
+        for key, value in (("lane", "micro/cpu-ref"), ("engine", "cpu-ref"), ("features", "")):
+            m.attrs.create(key, value, dtype=vlen)
+        m.attrs.create("complete", np.int64(1))
+        m.attrs.create("steps_planned", np.int64(2))
+        f.create_dataset("steps/loss", data=np.array([2.0, 1.5]))
+        f.create_dataset("steps/batch_hash", data=np.array([1, 2], dtype=np.uint64))
+        f.create_dataset("hashes/names", data=np.array(["wte", "wpe"], dtype=object), dtype=vlen)
+        f.create_dataset("hashes/params", data=np.array([[1, 2], [3, 4]], dtype=np.uint64))
+
+
+def test_reads_legacy_receipts(tmp_path: Path):
+    path = tmp_path / "old.h5"
+    legacy_receipt(path)
+    with ReceiptReader(path) as r:
+        assert (r.schema_version, r.schema_minor) == (1, 0)
+        assert r.manifest["lane"] == "micro/cpu-ref" and r.manifest["features"] == ""
+        assert r.tensor_names == ["wte", "wpe"] and r.complete and r.steps_recorded == 2
+        assert r.hashes("params").tolist() == [[1, 2], [3, 4]]
+
+
+def test_accepts_any_minor_of_its_major(tmp_path: Path):
+    path = tmp_path / "r.h5"
+    with ReceiptWriter(path, manifest(steps=0), NAMES, stack=STACK):
+        pass
+    with h5py.File(path, "r+") as f:
+        f["manifest"].attrs.create("schema_minor", np.int64(99))
+        f.create_group("from_the_future")  # a minor adds groups a reader ignores
+    with ReceiptReader(path) as r:
+        assert r.schema_minor == 99 and r.complete
+
+
+@pytest.mark.parametrize("major, advice", [(2, "upgrade canary_harness"), (0, "re-record the receipt")])
+def test_another_major_is_refused_with_advice(tmp_path: Path, major: int, advice: str):
+    path = tmp_path / "major.h5"
+    legacy_receipt(path, schema_version=major)
+    with pytest.raises(ReceiptError) as e:
+        ReceiptReader(path)
+    assert str(e.value).startswith(f"{path}: schema_version {major}")
+    assert advice in str(e.value)
+
+
+def damaged_files(tmp_path: Path):
+    good = tmp_path / "good.h5"
+    with ReceiptWriter(good, manifest(steps=2), NAMES, stack=STACK) as writer:
+        write_steps(writer, 2)
+    text = tmp_path / "notes.txt"
+    text.write_text("not a receipt\n")
+    truncated = tmp_path / "truncated.h5"
+    truncated.write_bytes(good.read_bytes()[: good.stat().st_size // 3])
+    no_manifest = tmp_path / "nomanifest.h5"
+    with h5py.File(no_manifest, "w") as f:
+        f.create_group("steps")
+    no_version = tmp_path / "noversion.h5"
+    with h5py.File(no_version, "w") as f:
+        f.create_group("manifest")
+    text_version = tmp_path / "textversion.h5"
+    legacy_receipt(text_version)
+    with h5py.File(text_version, "r+") as f:
+        f["manifest"].attrs["schema_version"] = "1"
+    no_loss = tmp_path / "noloss.h5"
+    legacy_receipt(no_loss)
+    with h5py.File(no_loss, "r+") as f:
+        del f["steps/loss"]
+    return [
+        (tmp_path / "absent.h5", "no such file"),
+        (tmp_path, "is a directory"),
+        (text, "not an HDF5 file"),
+        (truncated, "cannot be opened"),
+        (no_manifest, "no /manifest group"),
+        (no_version, "no schema_version"),
+        (text_version, "schema_version is not an integer"),
+        (no_loss, "missing dataset /steps/loss"),
+    ]
+
+
+def test_every_damaged_file_is_a_receipt_error_naming_it(tmp_path: Path):
+    for path, what in damaged_files(tmp_path):
+        with pytest.raises(ReceiptError) as e:
+            ReceiptReader(path)
+        assert str(e.value).startswith(f"{path}: "), str(e.value)
+        assert what in str(e.value), str(e.value)
+
+
+def test_a_flipped_data_byte_is_a_checksum_error(tmp_path: Path):
+    path = tmp_path / "r.h5"
+    with ReceiptWriter(path, manifest(steps=2), NAMES, stack=STACK) as writer:
+        write_steps(writer, 2)
+    with h5py.File(path, "r") as f:
+        offset = f["hashes/params"].id.get_chunk_info(0).byte_offset
+    data = bytearray(path.read_bytes())
+    data[offset + 3] ^= 0x10
+    path.write_bytes(bytes(data))
+    with ReceiptReader(path) as r:
+        assert r.steps_recorded == 2  # the rest of the file still reads
+        with pytest.raises(ReceiptError, match=f"^{path}: cannot read /hashes/params .*Fletcher32"):
+            r.hashes("params")
+        with pytest.raises(ReceiptError, match="missing dataset /hashes/nothing"):
+            r.hashes("nothing")
+        with pytest.raises(ReceiptError, match="no tensor dump of step 4"):
+            r.tensors(4)
+
+
+KILLED_PLAIN_WRITER = """
+import os, signal, sys
+import h5py
+f = h5py.File(sys.argv[1], "w", libver=("v110", "v110"))
+f.create_group("manifest").attrs["schema_version"] = 1
+f.flush()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_file_left_open_for_write_outside_swmr_is_named(tmp_path: Path):
+    # What a writer killed outside SWMR mode leaves in the 1.10 format: a superblock that
+    # still says "open for write", which no reader accepts; the error says how to clear it.
+    path = tmp_path / "killed-plain.h5"
+    subprocess.run([sys.executable, "-c", KILLED_PLAIN_WRITER, str(path)], capture_output=True, timeout=60)
+    with pytest.raises(ReceiptError, match=rf"^{path}: marked open for write .*h5clear -s"):
+        ReceiptReader(path)

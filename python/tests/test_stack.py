@@ -1,0 +1,67 @@
+"""The stack line: what a receipt says about the Python stack that wrote it."""
+
+from __future__ import annotations
+
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from canary_harness import stack
+from canary_harness.stack import collect_stack_info
+
+
+def test_stack_line_names_python_libraries_host_and_cpu():
+    info = collect_stack_info(include_torch=False)
+    assert info.toolchain.startswith(f"CPython {sys.version_info.major}.{sys.version_info.minor}")
+    assert "numpy " in info.libraries and "h5py " in info.libraries and "(HDF5 1." in info.libraries
+    assert "xxhash " in info.libraries and "torch" not in info.libraries
+    assert info.host and info.cpu and info.kernels == "none"
+    assert set(info.as_manifest()) == {"toolchain", "libraries", "host", "cpu", "kernels"}
+
+
+def test_numerics_environment_is_recorded(monkeypatch: pytest.MonkeyPatch):
+    for name in stack.NUMERICS_ENV:
+        monkeypatch.delenv(name, raising=False)
+    assert collect_stack_info(include_torch=False).toolchain.endswith("numerics env: none")
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    monkeypatch.setenv("UNRELATED", "1")
+    toolchain = collect_stack_info(include_torch=False).toolchain
+    assert "XLA_FLAGS=--xla_cpu_enable_fast_math=false" in toolchain and "OMP_NUM_THREADS=3" in toolchain
+    assert "UNRELATED" not in toolchain
+
+
+def test_torch_versions_and_determinism_settings():
+    torch = pytest.importorskip("torch")
+    info = collect_stack_info(include_torch=True)
+    assert f"torch {torch.__version__}" in info.libraries
+    assert "deterministic_algorithms=0" in info.kernels and "matmul.allow_tf32=" in info.kernels
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert "deterministic_algorithms=1" in collect_stack_info(include_torch=True).kernels
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert ("torch " in collect_stack_info().libraries) == ("torch" in sys.modules)  # None: only if imported
+
+
+def test_cuda_stack_is_described():
+    # No GPU here: a stand-in torch with CUDA, to run the branch a GPU host takes.
+    flag = SimpleNamespace
+    fake = SimpleNamespace(
+        __version__="2.3.0+cu121",
+        version=SimpleNamespace(cuda="12.1"),
+        cuda=SimpleNamespace(is_available=lambda: True, get_device_name=lambda: "NVIDIA H100 80GB HBM3",
+                             nccl=SimpleNamespace(version=lambda: (2, 20, 5))),
+        backends=SimpleNamespace(cudnn=flag(version=lambda: 8902, deterministic=True, benchmark=False,
+                                            allow_tf32=True),
+                                 cuda=flag(matmul=flag(allow_tf32=False))),
+        get_num_threads=lambda: 8,
+        are_deterministic_algorithms_enabled=lambda: True,
+        get_float32_matmul_precision=lambda: "highest",
+    )
+    libraries, kernels = stack._torch_parts(fake)
+    assert libraries == ["torch 2.3.0+cu121", "CUDA 12.1", "cuDNN 8902", "NCCL 2.20.5"]
+    assert kernels[0] == "device=NVIDIA H100 80GB HBM3"
+    assert {"deterministic_algorithms=1", "cudnn.deterministic=1", "cudnn.benchmark=0", "matmul.allow_tf32=0",
+            "cudnn.allow_tf32=1", "float32_matmul_precision=highest"} <= set(kernels)
