@@ -1,5 +1,4 @@
-// Per-tensor digests recorded every step: the XXH3-64 hash (exact identity) and a value
-// sketch (how far apart two non-identical runs are, per tensor).
+// Per-tensor digests recorded every step (receipt/digest.h), for every tensor of a model.
 #pragma once
 
 #include <cstdint>
@@ -8,27 +7,14 @@
 
 #include "api/engine.h"
 #include "gpt2.h"
+#include "receipt/digest.h"
 #include "receipt/receipt_writer.h"
 
 namespace harness::run {
 
-// XXH3-64, seed 0, over the tensor's logical value as little-endian fp32, row-major.
-std::uint64_t tensor_hash(std::span<const float> values);
-
-// L2 norm and a count sketch: the tensor is cut into blocks of kSketchBlock elements;
-// block j adds its sum, times a sign s(j), into bucket b(j) of kSketchWidth buckets, where
-// b and s come from Philox(salt, j). Equivalent to multiplying by a fixed sparse random
-// +-1 matrix (a Johnson-Lindenstrauss-style projection), at one pass over the data.
-// Sums are in double, in a fixed order (four interleaved lanes, then a fixed combine):
-// deterministic for any thread count.
-class TensorSketcher {
- public:
-  TensorSketcher(std::size_t numel, std::uint64_t salt);  // draws every block's (b, s) once
-  receipt::TensorSketch operator()(std::span<const float> values) const;
-
- private:
-  std::vector<std::uint8_t> block_codes_;  // bucket in bits 0..6, sign in bit 7
-};
+// The per-tensor digests live with the receipt library (installed for C++ users).
+using receipt::tensor_hash;
+using receipt::TensorSketcher;
 
 // Digests every step of one model: hashes of params, grads, adam_m, adam_v and sketches
 // of params and grads, for every parameter in canonical order, tensors in parallel.

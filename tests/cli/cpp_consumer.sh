@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# C++ users (docs/cpp.md): `cmake --install` of this build tree into a fresh prefix holds
+# the receipt library, its headers, the CanaryHarness CMake package and bin/harness, and
+# nothing of the tests or benchmarks; every installed header compiles on its own against
+# the package; examples/cpp-receipt configures and builds against that prefix alone, and
+# its receipt passes the installed `harness validate`, its digests equal to the Python
+# package's; a damaged receipt, an existing output and a wrong version are refused.
+#   cpp_consumer.sh path/to/build/bin/harness [BUILD_DIR]   (default: the binary's ../..)
+source "$(dirname "$0")/lib.sh"
+REPO=$(cd "$HERE/../.." && pwd)
+BUILD=${2:-$(cd "$(dirname "$HARNESS")/.." && pwd)}
+PREFIX="$WORK/prefix"
+# Only this prefix: no package registry, no other install of the package.
+CONSUMER=(-DCMAKE_PREFIX_PATH="$PREFIX" -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF -DCMAKE_BUILD_TYPE=Release
+          -DCMAKE_CXX_FLAGS="-Wall -Wextra -Wpedantic -Werror")
+
+run_quiet() {  # run_quiet WHAT -- command...: its output only when it fails
+  local what=$1; shift 2
+  "$@" >"$WORK/log" 2>&1 || { fail "$what failed: $(tail -n 30 "$WORK/log")"; return 1; }
+}
+
+# ---- the installed prefix ---------------------------------------------------------------------
+run_quiet "cmake --install $BUILD" -- cmake --install "$BUILD" --prefix "$PREFIX" || { finish; exit 1; }
+PKG=$(dirname "$(find "$PREFIX" -name CanaryHarnessConfig.cmake | head -n 1)")
+[ -x "$PREFIX/bin/harness" ] || fail "no bin/harness in the prefix"
+for f in CanaryHarnessConfig.cmake CanaryHarnessConfigVersion.cmake CanaryHarnessTargets.cmake; do
+  [ -f "$PKG/$f" ] || fail "no $f in the prefix's package directory ($PKG)"
+done
+libs=$(cd "$PREFIX" && find . -name '*.a' -printf '%f\n' | sort | tr '\n' ' ')
+[ "$libs" = "libharness_engine_api.a libharness_numerics.a libharness_receipt.a " ] || fail "installed libraries: $libs"
+for h in receipt/receipt_writer.h receipt/receipt_reader.h receipt/receipt_validator.h receipt/receipt_schema.h receipt/digest.h \
+         receipt/hdf5_file.h api/engine.h api/tensor_table.h numerics/philox.h; do
+  [ -f "$PREFIX/include/canary_harness/$h" ] || fail "header canary_harness/$h not installed"
+done
+extra=$(cd "$PREFIX" && find . -type f | grep -vE '^\./(bin/harness|include/canary_harness/(receipt|api|numerics)/[a-z0-9_]+\.h|.*/cmake/CanaryHarness/CanaryHarness[A-Za-z-]*\.cmake|.*/libharness_(receipt|engine_api|numerics)\.a)$')
+[ -z "$extra" ] || fail "installed beyond the package: $extra"
+grep -l -F "$REPO" "$PKG"/*.cmake >/dev/null && fail "the package's CMake files name the source or build tree: $(grep -h -F "$REPO" "$PKG"/*.cmake | head -n 3)"
+
+# ---- every installed header on its own; a version the package is not refuses -----------------
+mkdir -p "$WORK/headers"
+headers=$(cd "$PREFIX/include" && find canary_harness -name '*.h' | sort)
+for h in $headers; do echo "#include <$h>" >"$WORK/headers/$(echo "$h" | tr '/.' '__').cpp"; done
+cat >"$WORK/headers/CMakeLists.txt" <<'EOF'
+cmake_minimum_required(VERSION 3.25)
+project(header_check LANGUAGES C CXX)
+find_package(CanaryHarness 9.0 QUIET)
+if(CanaryHarness_FOUND)
+  message(FATAL_ERROR "find_package(CanaryHarness 9.0) accepted version ${CanaryHarness_VERSION}")
+endif()
+find_package(CanaryHarness 0.1 REQUIRED)
+file(GLOB sources *.cpp)
+add_library(header_check OBJECT ${sources})
+target_link_libraries(header_check PRIVATE CanaryHarness::receipt)
+EOF
+if run_quiet "the installed headers' check" -- cmake -S "$WORK/headers" -B "$WORK/headers/build" "${CONSUMER[@]}"; then
+  grep -q "^CanaryHarness_DIR:PATH=$PKG\$" "$WORK/headers/build/CMakeCache.txt" ||
+    fail "find_package found another CanaryHarness: $(grep CanaryHarness_DIR "$WORK/headers/build/CMakeCache.txt")"
+  run_quiet "compiling each installed header alone" -- cmake --build "$WORK/headers/build" -j 2
+fi
+
+# ---- the example: a toy training loop's receipt, valid ----------------------------------------
+example="$WORK/example"
+run_quiet "configuring examples/cpp-receipt" -- cmake -S "$REPO/examples/cpp-receipt" -B "$example" "${CONSUMER[@]}" &&
+  run_quiet "building examples/cpp-receipt" -- cmake --build "$example" -j 2 || { finish; exit 1; }
+receipt="$WORK/toy.h5"
+expect_exit 0 "" -- "$example/cpp_receipt" "$receipt"
+[ "$(grep -c '^step ' "$WORK/stdout")" -eq 8 ] || fail "the example did not train 8 steps: $(cat "$WORK/stdout")"
+awk '/^step 0 /{first=$4} /^step 7 /{last=$4} END{exit !(last < first)}' "$WORK/stdout" ||
+  fail "the toy loss did not go down: $(cat "$WORK/stdout")"
+expect_exit 0 "" -- "$PREFIX/bin/harness" validate --json "$receipt"
+"$PY" - "$WORK/stdout" <<'EOF' || fail "validate --json of the example's receipt: $(cat "$WORK/stdout")"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["valid"] and r["problems"] == [] and r["unknown"] == [], r
+assert (r["receipt_schema"], r["steps"], r["tensors"]) == ("1.2", 8, 2), r
+EOF
+
+# The example's hashes and sketches are the harness's: the Python package (held to the C++
+# recorder by its own tests) recomputes them from the dumped final parameters and batches.
+PYTHONPATH="$REPO/python" "$PY" - "$receipt" <<'EOF' || fail "the example's digests differ from canary_harness.digest"
+import sys
+import h5py, numpy as np
+from canary_harness.digest import batch_hash, sketch, tensor_hash
+with h5py.File(sys.argv[1], "r") as f:
+    m = f["manifest"].attrs
+    assert m["complete"] == 1 and m["budget_features"] == b"", dict(m)
+    names = [n.decode() for n in f["hashes/names"][()]]
+    for k, name in enumerate(names):
+        values = f[f"tensors/step_000008/{name}"][()]
+        assert f["hashes/params"][7, k] == tensor_hash(values), name
+        s = sketch(values, name)
+        assert f["sketches/params_l2"][7, k].tobytes() == np.float64(s.l2).tobytes(), name
+        assert f["sketches/params_projection"][7, k].tobytes() == np.asarray(s.projection, "<f8").tobytes(), name
+    tokens = f["batches/tokens"]
+    for step in range(8):
+        assert f["steps/batch_hash"][step] == batch_hash(tokens[step]), step
+EOF
+
+# ---- refused honestly -------------------------------------------------------------------------
+# The writer never overwrites: the existing receipt stays as it was.
+before=$(sha256sum <"$receipt")
+expect_exit 2 "^cpp_receipt: .*toy\.h5" -- "$example/cpp_receipt" "$receipt"
+[ "$(sha256sum <"$receipt")" = "$before" ] || fail "a refused run changed the existing receipt"
+# A receipt missing a dataset is named by the installed validate, exit 2.
+cp "$receipt" "$WORK/broken.h5"
+"$PY" -c 'import h5py, sys; f = h5py.File(sys.argv[1], "r+"); del f["sketches/grads_l2"]; f.close()' "$WORK/broken.h5" ||
+  fail "could not delete a dataset with h5py"
+expect_exit 2 "broken\.h5: /sketches/grads_l2: missing$" -- "$PREFIX/bin/harness" validate "$WORK/broken.h5"
+
+finish
