@@ -10,7 +10,9 @@
 # HARNESS_BUILD_FUZZERS=ON, builds the three fuzzers, then runs each for the given time on
 # a scratch copy of its seed corpus (fuzz/corpus/<target>/; nothing is written into the
 # checkout). Environment: HARNESS_FUZZ_TARGETS (default "receipt budgets matrix"),
-# HARNESS_FUZZ_KEEP=1 keeps the scratch directory (new corpus entries, logs).
+# HARNESS_FUZZ_KEEP=1 keeps the scratch directory (new corpus entries, logs),
+# HARNESS_FUZZ_SEED (default: drawn from /dev/urandom and printed): libFuzzer's -seed, so
+# that a run's sequence of inputs can be repeated (as far as the time limit lets it go).
 # Exit 0: no finding; 1: a crash, a leak, a timeout or a sanitizer report (the reproducer's
 # path is printed, outside the checkout); 2: the build failed.
 set -uo pipefail
@@ -18,6 +20,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 seconds=${1:-60}
 [[ $seconds =~ ^[1-9][0-9]*$ ]] || { echo "usage: $0 [SECONDS_PER_TARGET]" >&2; exit 2; }
 build=${HARNESS_FUZZ_BUILD_DIR:-$root/build-fuzz}
+seed=${HARNESS_FUZZ_SEED:-$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}
+[[ $seed =~ ^[1-9][0-9]*$ ]] || { echo "fuzz: HARNESS_FUZZ_SEED must be a positive integer, not '$seed'" >&2; exit 2; }
 targets=(${HARNESS_FUZZ_TARGETS:-receipt budgets matrix})
 
 "$root/scripts/install-deps.sh" >/dev/null || exit 2
@@ -34,7 +38,7 @@ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_FLAGS_RELEASE=
   { cat "$build/fuzz-configure.log" >&2; echo "fuzz: configuring $build failed" >&2; exit 2; }
 cmake --build "$build" -j "${HARNESS_JOBS:-2}" --target "${targets[@]/#/fuzz_}" >"$build/fuzz-build.log" 2>&1 ||
   { tail -n 40 "$build/fuzz-build.log" >&2; echo "fuzz: building the fuzzers failed (log: $build/fuzz-build.log)" >&2; exit 2; }
-echo "fuzz: built ${targets[*]} in $((SECONDS - start)) s"
+echo "fuzz: built ${targets[*]} in $((SECONDS - start)) s; seed $seed (repeat with HARNESS_FUZZ_SEED=$seed)"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/harness-fuzz.XXXXXX")
 [ "${HARNESS_FUZZ_KEEP:-0}" = 1 ] || trap 'rm -rf "$work"' EXIT
@@ -51,7 +55,7 @@ for t in "${targets[@]}"; do
   mkdir -p "$corpus" "$artifacts"
   cp "$root/fuzz/corpus/$t/"* "$corpus/"
   log=$work/$t/fuzz.log
-  "$build/fuzz/fuzz_$t" "$corpus" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+  "$build/fuzz/fuzz_$t" "$corpus" -seed="$seed" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
     -artifact_prefix="$artifacts" -print_final_stats=1 >"$log" 2>&1
   rc=$?
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)

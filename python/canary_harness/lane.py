@@ -13,6 +13,9 @@ canary_harness.torch.Recorder into a receipt that the C++ harness judges like it
 
 `--trace ops` adds op traces (/trace) from module hooks (canary_harness.trace), in the C++
 engines' layout and op names, so that `harness bisect` names the first divergent op.
+`--audit` records each step's op graph fingerprint and compile counters in /compile
+(canary_harness.audit), so that `harness check`/`compare` judge its compile stability; the
+step itself is CanaryStep, which `python3 -m canary_harness.audit` finds clean.
 
 Exit status: 0 the run finished; 2 bad usage or bad input, one line on stderr (a missing or
 damaged pack, a pack of another canary than --canary names, a bad flag, an unavailable
@@ -63,6 +66,10 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
                          "backward writes, the optimizer's norm and updated parameters, hashed and sketched), as "
                          "`harness run --trace ops` writes them, so that `harness bisect` names the first divergent op "
                          "(docs/bisect.md)")
+    ap.add_argument("--audit", action="store_true",
+                    help="record each step's op graph fingerprint and compile counters in /compile "
+                         "(canary_harness.audit: UncachedCompile, CachedCompile, HostSync, Fingerprint), so that "
+                         "`harness check`/`compare` judge the run's compile stability as a tpu-mesh run's")
     ap.add_argument("--force", action="store_true", help="overwrite an existing receipt")
     return ap.parse_args(argv)
 
@@ -151,11 +158,9 @@ def run(args: argparse.Namespace) -> int:
     if os.path.exists(args.out) and os.path.samefile(args.out, pack.path):
         raise UsageError(f"--out: '{args.out}' is the pack itself; choose another path")
 
-    import numpy as np
     import torch
 
     from .models import gpt2
-    from .optim import CanaryAdamW
     from .torch import Recorder
 
     try:
@@ -192,14 +197,8 @@ def run(args: argparse.Namespace) -> int:
     if args.deterministic:
         torch.use_deterministic_algorithms(True)
 
-    model = gpt2.GPT2(cfg, pack.init, device=device)
-    optimizer = CanaryAdamW(model.named_parameters(), cfg)
-    active = torch.zeros((), dtype=torch.bool, device=device)  # the fault's step, filled in place
-    if fault is not None:
-        # The op's module is the op (its path is the op's name); registered before the op
-        # tracer's hooks, so a trace sees the nudged output, what the next op reads.
-        model.get_submodule(fault.op).register_forward_hook(
-            lambda module, args, out: _NudgeFirst.apply(out, active, fault.ulps))
+    canary_step = CanaryStep(pack, cfg, device, autocast, fault)  # the fault's hook: before the tracer's
+    model, optimizer = canary_step.model, canary_step.optimizer
 
     features = "" if args.precision == "fp32" else "bf16"
     extra = {"device": _device_label(torch, device), "precision": args.precision,
@@ -210,20 +209,17 @@ def run(args: argparse.Namespace) -> int:
                                         "precision": args.precision, "steps": steps,
                                         "inject_fault": str(fault) if fault else None,
                                         "deterministic": bool(args.deterministic), "threads": threads,
-                                        "trace": args.trace},
+                                        "trace": args.trace, **({"audit": True} if args.audit else {})},
                                        sort_keys=True)}
+    if args.audit:  # only when on: the manifests of ordinary runs stay as they were
+        extra["audit"] = 1
     recorder = Recorder(args.out, model, optimizer, pack=pack, steps=steps, engine="torch", features=features,
                         budget_features=budget_features(device.type, args.precision), extra=extra,
-                        overwrite=args.force, trace=args.trace)
+                        overwrite=args.force, trace=args.trace, audit=args.audit)
     start = time.perf_counter()
     try:
         for step in range(steps):
-            tokens = pack.batch(step)
-            lr = optimizer.set_lr(gpt2.lr_at(step, cfg))
-            if fault is not None:
-                active.copy_(torch.tensor(step == fault.step))
-            inputs = torch.from_numpy(np.ascontiguousarray(tokens)).to(device)
-            loss, norm = train_step(model, optimizer, inputs, autocast)
+            loss, norm, lr, tokens = canary_step(step)
             if xm is not None:
                 xm.mark_step()
             recorder.step(loss=loss, grad_norm=norm, lr=lr, batch=tokens)  # host reads: after the step
@@ -245,8 +241,79 @@ def run(args: argparse.Namespace) -> int:
         columns = r.trace_columns()
         if columns is not None:
             print(f"trace       ops: {len(columns)} outputs of {columns[-1].op_index + 1} ops per step")
+        if recorder.audit is not None:
+            print(f"audit       {recorder.audit.summary()}")
         print(f"receipt     {args.out}")
     return 0
+
+
+class CanaryStep:
+    """The lane's training step: `step(i)` trains on the pack's batch i exactly as the lane
+    does, and returns (loss, norm, lr, tokens): the loss and the norm before clipping as
+    device tensors (nothing read to the host), the step's fp32 lr, the batch's int32 tokens.
+
+    Made from a pack (canary_harness.pack.CanaryPack) and its config on `device`, with the
+    lane's bf16 autocast (`autocast`: a torch.autocast, or None for fp32) and fault (a
+    FaultSpec or None: a forward hook on the op's module, registered here, before any hook a
+    Recorder's op tracer adds). `model` and `optimizer` are the lane's GPT2 and CanaryAdamW.
+
+    The step is XLA-safe: `python3 -m canary_harness.audit` finds it clean (the audit case
+    python/tests/audit_cases/canary_lane.py: `CanaryStep.from_pack(path)`).
+    """
+
+    def __init__(self, pack, cfg, device="cpu", autocast=None, fault: Optional[FaultSpec] = None):
+        import torch
+
+        from .models import gpt2
+        from .optim import CanaryAdamW
+
+        self.pack, self.cfg, self.autocast, self.fault = pack, cfg, autocast, fault
+        self.device = torch.device(device) if isinstance(device, str) else device
+        self.model = gpt2.GPT2(cfg, pack.init, device=self.device)
+        self.optimizer = CanaryAdamW(self.model.named_parameters(), cfg)
+        self.active = torch.zeros((), dtype=torch.bool, device=self.device)  # the fault's step, filled in place
+        if fault is not None:
+            # The op's module is the op (its path is the op's name); registered before the op
+            # tracer's hooks, so a trace sees the nudged output, what the next op reads.
+            active, ulps = self.active, fault.ulps
+            self.model.get_submodule(fault.op).register_forward_hook(
+                lambda module, args, out: _NudgeFirst.apply(out, active, ulps))
+
+    @classmethod
+    def from_pack(cls, path: str, device: str = "cpu", precision: str = "fp32",
+                  inject_fault: Optional[str] = None) -> "CanaryStep":
+        """The lane's step for a pack file, as `--pack PATH --device D --precision P
+        [--inject-fault SPEC]` runs it (bad values are UsageErrors, one line)."""
+        import torch
+
+        from .models import gpt2
+        from .pack import PackError, read_pack
+
+        if precision not in ("fp32", "bf16"):
+            raise UsageError(f"precision: unknown precision '{precision}'; use fp32 or bf16")
+        try:
+            pack = read_pack(path)
+        except PackError as e:
+            raise UsageError(str(e)) from None
+        cfg = gpt2.CanaryConfig.from_json(pack.canary_json)
+        fault = parse_fault(inject_fault, gpt2.forward_op_names(cfg), pack.steps) if inject_fault else None
+        autocast = torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16) \
+            if precision == "bf16" else None
+        return cls(pack, cfg, device, autocast, fault)
+
+    def __call__(self, step: int):
+        import numpy as np
+        import torch
+
+        from .models import gpt2
+
+        tokens = self.pack.batch(step)
+        lr = self.optimizer.set_lr(gpt2.lr_at(step, self.cfg))
+        if self.fault is not None:
+            self.active.copy_(torch.tensor(step == self.fault.step))  # data, not a constant of the graph
+        inputs = torch.from_numpy(np.ascontiguousarray(tokens)).to(self.device)
+        loss, norm = train_step(self.model, self.optimizer, inputs, self.autocast)
+        return loss, norm, lr, tokens
 
 
 def train_step(model, optimizer, inputs, autocast=None, hook=None):

@@ -265,6 +265,7 @@ class ReceiptWriter:
         if self._batch_shape is not None:
             self._batches = _Growing(f.create_group("batches"), "tokens", "<i4", self._batch_shape, TABLE_CHUNK_ROWS)
         self._trace_columns: Optional[List[TraceColumn]] = None  # /trace, created with the first traced step
+        self._compile_names: Optional[List[str]] = None  # /compile, created with the first step that gives it
 
     def _open_file(self) -> h5py.File:
         if self._file is None:
@@ -322,17 +323,53 @@ class ReceiptWriter:
             raise ValueError(f"trace: every projection must hold {SKETCH_WIDTH} numbers")
         return columns, hash_row, l2_row, projection_row
 
+    def _check_compile(self, compile: Optional[Mapping[str, float]]) -> Optional[Tuple[List[str], List[float]]]:
+        if compile is None:
+            if self._compile_names is not None:
+                raise ValueError("this receipt records /compile: pass compile= at every step")
+            return None
+        names = list(compile)
+        if not names:
+            raise ValueError("compile: no counter")
+        for name in names:
+            if not isinstance(name, str) or not name or "/" in name:
+                raise ValueError(f"compile: counter name {name!r} is not a non-empty name without '/'")
+        if self._compile_names is None and self.steps_recorded > 0:
+            raise ValueError("compile: /compile counters start at step 0 "
+                             "(a receipt records them at every step or none)")
+        if self._compile_names is not None and names != self._compile_names:
+            raise ValueError(f"compile: this step gives the counters {', '.join(names)}, not step 0's "
+                             f"{', '.join(self._compile_names)}")
+        values = []
+        for name in names:
+            value = compile[name]
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+                raise ValueError(f"compile: counter {name} is {value!r}, not a number")
+            values.append(float(value))
+        return names, values
+
+    def _create_compile(self, f: h5py.File, names: List[str]) -> None:
+        """/compile as the C++ writer's engine state group (ReceiptWriter::append_state): one
+        float64 (N) dataset per counter, growing a row per step, 16 rows a chunk, Fletcher32."""
+        group = f.create_group("compile")
+        self._compile = {name: _Growing(group, name, "<f8", (), 16) for name in names}
+        self._compile_names = names
+
     def append_step(self, *, loss: float, grad_norm: float, lr: float, batch_hash: int,
                     hashes: Mapping[str, Sequence[int]], sketches: Mapping[str, Sequence[SketchLike]],
-                    batch_tokens: Any = None, trace: Optional[TraceRow] = None) -> None:
+                    batch_tokens: Any = None, trace: Optional[TraceRow] = None,
+                    compile: Optional[Mapping[str, float]] = None) -> None:
         """One step's row in every per-step dataset, then a flush.
 
         hashes: family -> K hashes for every HASH_FAMILIES family; sketches: family -> K
         (l2, projection) pairs for every SKETCH_FAMILIES family, tensors in tensor_names
         order. trace: the step's op traces, (columns, hashes, sketches) with one hash and one
         (l2, projection) per TraceColumn; the first traced step (step 0) creates /trace, and
-        every later step must trace the same columns. Everything is checked before the first
-        row is written, so a bad call leaves every dataset with the same number of rows.
+        every later step must trace the same columns. compile: the step's /compile counters
+        ({name: number}, float64 (N) datasets, as tpu-mesh's: docs/receipt-schema.md); the first
+        step (step 0) creates /compile, and every later step must give the same names.
+        Everything is checked before the first row is written, so a bad call leaves every
+        dataset with the same number of rows.
         """
         f = self._open_file()
         if self.finished or self.steps_recorded >= self.steps_planned:
@@ -361,6 +398,7 @@ class ReceiptWriter:
         if batch_tokens is not None and digest.batch_hash(batch_tokens) != int(batch_hash):
             raise ValueError("batch_hash is not the hash of batch_tokens")
         trace_rows = self._check_trace(trace)
+        compile_row = self._check_compile(compile)
 
         if trace_rows is not None and self._trace_columns is None:  # SWMR allows no new objects: reopen
             f = self._reopen()
@@ -368,7 +406,16 @@ class ReceiptWriter:
                 self._create_trace(f, trace_rows[0])
             except (OSError, ValueError) as e:
                 raise ReceiptError(f"{self.path}: cannot create /trace ({e})") from None
+        if compile_row is not None and self._compile_names is None:
+            f = self._reopen() if f.swmr_mode else f
+            try:
+                self._create_compile(f, compile_row[0])
+            except (OSError, ValueError) as e:
+                raise ReceiptError(f"{self.path}: cannot create /compile ({e})") from None
         try:
+            if compile_row is not None:  # first, as the C++ (append_state, append_trace, then append_step)
+                for name, value in zip(*compile_row):
+                    self._compile[name].append(f, value)
             if trace_rows is not None:  # before the step's rows, as the C++ (append_trace, then append_step)
                 self._trace_hash.append(f, trace_rows[1])
                 self._trace_l2.append(f, trace_rows[2])

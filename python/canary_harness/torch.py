@@ -126,6 +126,13 @@ class Recorder:
     `extra` adds manifest attributes (str, int or float); `record_batches` keeps every
     batch's tokens in /batches/tokens. `trace="ops"` writes op traces (the module docstring;
     `op_names`: module path -> op name, a mapping or a function, for canary_harness.trace).
+    `audit=True` records, per step, the step's op graph fingerprint and compile counters in
+    /compile (canary_harness.audit.CompileLog: UncachedCompile, CachedCompile, HostSync,
+    Fingerprint): from the recorder's creation to the first step() call is step 0, from
+    each step() call to the next the next step. It enters torch dispatch and function modes
+    for that (left in step(), in close(), and on an exception when the recorder is used as a
+    context manager), which change no number.
+    `recorder.audit.findings` and `.summary()` give the audit's findings so far.
     """
 
     def __init__(self, path: PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -134,7 +141,8 @@ class Recorder:
                  seed: Optional[int] = None, steps: Optional[int] = None, lane: Optional[str] = None,
                  engine: str = "torch", features: str = "", record_batches: bool = False,
                  extra: Optional[Mapping[str, Any]] = None, overwrite: bool = False,
-                 stack: Optional[StackInfo] = None, trace: str = "none", op_names: Any = None) -> None:
+                 stack: Optional[StackInfo] = None, trace: str = "none", op_names: Any = None,
+                 audit: bool = False) -> None:
         if trace not in ("none", "ops"):
             raise RecorderError(f"trace='{trace}': use 'none' or 'ops'")
         shapes = None
@@ -188,6 +196,12 @@ class Recorder:
         if trace == "ops":
             from .trace import OpTracer  # hooks the model from here on: after any hook of yours (a fault)
             self.tracer = OpTracer(model, {id(p): n for n, p in self.parameters.items()}, op_names)
+        self.audit = None
+        if audit:
+            # From here to each step() call is a step: its ops, fingerprinted (canary_harness.audit).
+            from .audit import CompileLog
+            self.audit = CompileLog()
+            self.audit.begin(0)
 
     def _state(self, name: str, param: torch.Tensor, key: str) -> torch.Tensor:
         state = self.optimizer.state.get(param, {})
@@ -203,6 +217,15 @@ class Recorder:
         or numbers; lr defaults to the first param group's. batch: the step's int32 tokens
         (B, T+1), numpy or tensor.
         """
+        compile_row = None
+        if self.audit is not None:  # the step ends here, before anything below reads a value
+            if not self.audit.active:
+                raise RecorderError(f"audit: step {self.steps_recorded} was not recorded (an earlier step() failed)")
+            from .audit import AuditError
+            try:
+                compile_row = self.audit.end()
+            except AuditError as e:
+                raise RecorderError(f"audit: step {self.steps_recorded}: {e}") from None
         grads: Dict[str, torch.Tensor] = {}
         for name, param in self.parameters.items():
             if param.grad is None:
@@ -231,8 +254,11 @@ class Recorder:
         sketches = {fam: together[f * K:(f + 1) * K] for f, fam in enumerate(SKETCH_FAMILIES)}
         trace = self._trace_row(norm_value, host["params"]) if self.tracer is not None else None
         self.writer.append_step(loss=loss, grad_norm=grad_norm, lr=lr, batch_hash=batch_hash(batch), hashes=hashes,
-                                sketches=sketches, batch_tokens=batch if self._record_batches else None, trace=trace)
+                                sketches=sketches, batch_tokens=batch if self._record_batches else None, trace=trace,
+                                compile=compile_row)
         self.steps_recorded += 1
+        if self.audit is not None and self.steps_recorded < self.writer.steps_planned:
+            self.audit.begin(self.steps_recorded)  # the next step starts here
 
     def _trace_row(self, grad_norm: Any, params: List[np.ndarray]):
         """The step's /trace row: the tracer's ops, then the optimizer's (the C++ update()):
@@ -269,7 +295,9 @@ class Recorder:
 
     def close(self) -> None:
         """Closes the receipt: complete = 1 when every planned step was recorded (and removes
-        the op tracer's hooks)."""
+        the op tracer's hooks and the audit's modes)."""
+        if self.audit is not None:
+            self.audit.abandon()
         if self.tracer is not None:
             self.tracer.close()
         self.writer.close()
@@ -278,6 +306,8 @@ class Recorder:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self.audit is not None:
+            self.audit.abandon()
         if self.tracer is not None:
             self.tracer.close()
         self.writer.__exit__(exc_type, exc, tb)

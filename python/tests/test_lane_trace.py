@@ -148,6 +148,25 @@ def test_bisect_reads_a_torch_trace_beside_cpu_refs(traced: dict, harness_bin: P
     assert (out["verdict"], out["mode"], out["budget"]) == ("equivalent", "budget", ["torch-cpu"])
 
 
+def test_bisect_against_cpu_ref_names_the_step_and_tensor_that_leave_the_budget(traced: dict, harness_bin: Path,
+                                                                                 tmp_path: Path):
+    """A fault far outside torch-cpu's budget (2**22 ulps: the value's exponent moves), bisected
+    against cpu-ref in budget mode: the fault's step, the metric that left the budget, and,
+    from the two stacks' traces, the faulted op's output as the first to leave it."""
+    big = tmp_path / "big-fault.h5"
+    lane("--pack", str(traced["pack"]), "--out", str(big), "--threads", "1", "--trace", "ops",
+         "--inject-fault", f"step={FAULT_STEP},op={FAULT_OP},ulps={2**22}")
+    result = run_harness(harness_bin, "bisect", str(big), str(traced["cpu"]), "--json", check=False)
+    assert result.returncode == 1, result.stdout + result.stderr
+    out = json.loads(result.stdout)
+    assert (out["verdict"], out["mode"], out["budget"]) == ("diverged", "budget", ["torch-cpu"])
+    assert out["first_divergent_step"] == FAULT_STEP, out
+    assert out["first_divergent_metric"] in ("loss", "grad_norm", "params_sketch"), out
+    assert out["op_trace"] == "receipts", out
+    op = out["first_divergent_op"]
+    assert (op["name"], op["tensor"], op["phase"]) == (FAULT_OP, FAULT_OP + ".out", "forward"), op
+    assert op["distance"] > op["allowed"] > 0, op
+
 # ---- in process: what the hooks see -----------------------------------------------------------------
 
 def micro(pack_path: Path):

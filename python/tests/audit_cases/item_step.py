@@ -1,0 +1,22 @@
+"""loss.item() inside the step: a host read that cuts the graph under XLA."""
+
+import torch
+
+from _net import batch_at, net_and_data
+
+LOSSES = []
+
+
+def make_step():
+    net, inputs, targets = net_and_data()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.05)
+
+    def step(i):
+        x, y = batch_at(inputs, targets, i)
+        loss = torch.nn.functional.mse_loss(net(x), y)
+        LOSSES.append(loss.item())  # ITEM_LINE
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    return step
