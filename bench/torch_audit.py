@@ -26,7 +26,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,13 +40,7 @@ from canary_harness.audit import audit_step  # noqa: E402
 from canary_harness.lane import CanaryStep  # noqa: E402
 from canary_harness.models import gpt2  # noqa: E402
 from canary_harness.pack import read_pack  # noqa: E402
-
-
-def export_pack(directory):
-    harness = os.environ.get("HARNESS_BIN", os.path.join(ROOT, "build", "bin", "harness"))
-    path = os.path.join(directory, "tiny-pack.h5")
-    subprocess.run([harness, "export", "--canary", "tiny", "--out", path], check=True, capture_output=True)
-    return path
+from tiny_pack import export_tiny_pack  # noqa: E402
 
 
 def time_bare(pack, cfg, steps):
@@ -78,7 +71,7 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
 
     with tempfile.TemporaryDirectory() as tmp:
-        pack = read_pack(args.pack or export_pack(tmp), canary="tiny")
+        pack = read_pack(args.pack or export_tiny_pack(tmp), canary="tiny")
         if args.steps > pack.steps:
             ap.error(f"--steps: the pack holds {pack.steps} batches")
         cfg = gpt2.CanaryConfig.from_json(pack.canary_json)
