@@ -1,12 +1,31 @@
 #include "receipt_writer.h"
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
 #include <fmt/format.h>
 
 namespace harness::receipt {
 namespace {
 constexpr std::size_t kContentHashWidth = 64;  // "xxh128:" and 32 hex digits, with room
+
+// The receipt reopened for writing after its SWMR phase. A reader that opens the file at
+// that moment (`harness inspect --follow`, h5py) holds HDF5's file lock for the length of
+// its open, and the reopen fails with "unable to lock file": wait that out, for a bounded
+// time, rather than fail a run whose every step is already recorded.
+h5::Handle reopen_for_writing(const std::string& path) {
+  using clock = std::chrono::steady_clock;
+  const auto give_up = clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    try {
+      return h5::open_file(path, true);
+    } catch (const h5::Hdf5Error&) {
+      if (clock::now() > give_up) throw;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+}
 }  // namespace
 
 ReceiptWriter::ReceiptWriter(const std::string& path, const Manifest& m, const std::vector<std::string>& tensor_names,
@@ -216,7 +235,7 @@ void ReceiptWriter::close() {
 // SWMR mode ends only with the file: close it, and reopen it to add what SWMR forbids.
 void ReceiptWriter::finish() {
   close();
-  file_ = h5::open_file(path_, true);
+  file_ = reopen_for_writing(path_);
   if (!pending_dumps_.empty()) {
     const h5::Handle tensors = h5::create_group(file_, "tensors");
     for (const Dump& d : pending_dumps_) {

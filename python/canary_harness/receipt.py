@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import time
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import h5py
@@ -273,14 +274,22 @@ class ReceiptWriter:
         return self._file
 
     def _reopen(self) -> h5py.File:
-        """Closes and reopens the file out of SWMR mode, for a structural change."""
+        """Closes and reopens the file out of SWMR mode, for a structural change.
+
+        A reader opening the file at that moment (`harness inspect --follow`, h5py) holds
+        HDF5's file lock for the length of its open: the reopen waits that out for up to
+        10 s, as receipt_writer.cpp does, rather than fail a run whose steps are recorded."""
         self._open_file().close()
         self._file = None
-        try:
-            self._file = h5py.File(self.path, "r+", libver=("v110", "v110"))
-        except OSError as e:
-            raise ReceiptError(f"{self.path}: cannot reopen the receipt ({e})") from None
-        return self._file
+        give_up = time.monotonic() + 10.0
+        while True:
+            try:
+                self._file = h5py.File(self.path, "r+", libver=("v110", "v110"))
+                return self._file
+            except OSError as e:
+                if time.monotonic() > give_up:
+                    raise ReceiptError(f"{self.path}: cannot reopen the receipt ({e})") from None
+                time.sleep(0.005)
 
     def _create_trace(self, f: h5py.File, columns: List[TraceColumn]) -> None:
         """/trace as receipt_writer.cpp's create_trace_group: the op identities once (R
