@@ -21,4 +21,8 @@ else
   "$root/scripts/build.sh" -DHARNESS_SANITIZE=OFF -DHARNESS_BUILD_TESTS=ON -DHARNESS_BUILD_BENCH=ON
 fi
 # --no-tests=error: a build that registered no test fails instead of passing vacuously.
+# ctest runs every suite, C++ and Python: the GoogleTest and CLI tests, the PyTorch twin,
+# and pytest on python/tests twice (python.canary_harness in-tree against this build's
+# harness, python.venv_install after `pip install ./python` into a fresh virtual
+# environment; tests/CMakeLists.txt).
 ctest --test-dir "$HARNESS_BUILD_DIR" -j 2 --output-on-failure --no-tests=error

@@ -46,7 +46,7 @@ struct FeatureBudget {
   std::string section;  // its table in the file: "bf16", or "tiny.bf16" for one canary's ("": name)
   // A feature whose bits depend on the machine (a real stack's CPU kernels): the feature
   // that budgets two receipts of it from different platforms ("" when the bits are portable).
-  std::string across_platforms;
+  std::string across_platforms = {};
 
   const std::string& key() const { return section.empty() ? name : section; }
 };

@@ -46,20 +46,8 @@ canary::CanaryConfig validated_config(const PackOptions& o) {
 std::string partial_path(const std::string& out) { return out + ".partial"; }
 
 void check_output_path(const PackOptions& o) {
-  if (o.out.empty()) throw UsageError("--out: a pack path is required (e.g. --out tiny-pack.h5)");
-  const fs::path out(o.out);
+  check_output_file(o.out, o.force, "pack", "tiny-pack.h5");
   std::error_code ec;
-  if (fs::is_directory(out, ec)) throw UsageError(fmt::format("--out: '{}' is a directory; give a file path", o.out));
-  if (fs::exists(out, ec) && !o.force) {
-    throw UsageError(fmt::format("--out: '{}' exists; pass --force to overwrite it or choose another path", o.out));
-  }
-  const fs::path dir = out.has_parent_path() ? out.parent_path() : fs::path(".");
-  if (!fs::is_directory(dir, ec)) {
-    throw UsageError(fmt::format("--out: directory '{}' does not exist; create it first", dir.string()));
-  }
-  if (access(dir.c_str(), W_OK) != 0) {
-    throw UsageError(fmt::format("--out: directory '{}' is not writable; choose another path", dir.string()));
-  }
   const fs::path partial(partial_path(o.out));
   if (fs::exists(fs::symlink_status(partial, ec)) && !fs::is_regular_file(fs::symlink_status(partial, ec))) {
     throw UsageError(fmt::format("--out: '{}' (where the pack is written before it is renamed into place) exists "

@@ -36,21 +36,10 @@ struct Validated {
 };
 
 void check_output_path(const RunOptions& o) {
-  if (o.out.empty()) throw UsageError("--out: a receipt path is required (e.g. --out tiny.h5)");
-  const fs::path out(o.out);
   std::error_code ec;
-  if (fs::is_directory(out, ec)) throw UsageError(fmt::format("--out: '{}' is a directory; give a file path", o.out));
-  if (fs::exists(out, ec)) OutputLock::check_not_busy(o.out);  // a live writer's path: say whose, even with --force
-  if (fs::exists(out, ec) && !o.force) {
-    throw UsageError(fmt::format("--out: '{}' exists; pass --force to overwrite it or choose another path", o.out));
-  }
-  const fs::path dir = out.has_parent_path() ? out.parent_path() : fs::path(".");
-  if (!fs::is_directory(dir, ec)) {
-    throw UsageError(fmt::format("--out: directory '{}' does not exist; create it first", dir.string()));
-  }
-  if (access(dir.c_str(), W_OK) != 0) {
-    throw UsageError(fmt::format("--out: directory '{}' is not writable; choose another path", dir.string()));
-  }
+  // A live writer's path: say whose, even with --force.
+  if (fs::exists(o.out, ec) && !fs::is_directory(o.out, ec)) OutputLock::check_not_busy(o.out);
+  check_output_file(o.out, o.force, "receipt", "tiny.h5");
 }
 
 // A receipt's checkpoints live in "<out>.ckpt/": a directory of this run's own. An old
@@ -300,6 +289,23 @@ RunSummary run_canary(const RunOptions& o, const std::function<void(const StepPr
   summary.steps = v.config.steps;
   summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return summary;
+}
+
+void check_output_file(const std::string& out, bool force, const std::string& kind, const std::string& example) {
+  if (out.empty()) throw UsageError(fmt::format("--out: a {} path is required (e.g. --out {})", kind, example));
+  const std::filesystem::path path(out);
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw UsageError(fmt::format("--out: '{}' is a directory; give a file path", out));
+  if (std::filesystem::exists(path, ec) && !force) {
+    throw UsageError(fmt::format("--out: '{}' exists; pass --force to overwrite it or choose another path", out));
+  }
+  const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+  if (!std::filesystem::is_directory(dir, ec)) {
+    throw UsageError(fmt::format("--out: directory '{}' does not exist; create it first", dir.string()));
+  }
+  if (access(dir.c_str(), W_OK) != 0) {
+    throw UsageError(fmt::format("--out: directory '{}' is not writable; choose another path", dir.string()));
+  }
 }
 
 }  // namespace harness::run

@@ -23,6 +23,11 @@ struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// --out of a command that writes one file (a receipt, a pack): given, not a directory, not
+// an existing file unless `force`, in an existing writable directory. Throws UsageError;
+// `kind` names the file ("receipt") and `example` is the path its message suggests.
+void check_output_file(const std::string& out, bool force, const std::string& kind, const std::string& example);
+
 struct RunOptions {
   std::string canary = "tiny";
   std::string engine = "cpu-ref";

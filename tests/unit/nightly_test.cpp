@@ -28,6 +28,24 @@ std::string write(const testing::ScratchDir& dir, const std::string& text) {
   return path;
 }
 
+// Each (matrix text, wanted) of `cases` is refused with a MatrixError that holds `wanted`
+// and names the file (and, when `one_line`, is one line).
+void expect_refused(const testing::ScratchDir& dir, const std::vector<std::pair<std::string, std::string>>& cases,
+                    bool one_line) {
+  for (const auto& [text, wanted] : cases) {
+    try {
+      load_matrix(write(dir, text));
+      ADD_FAILURE() << "accepted:\n" << text;
+    } catch (const MatrixError& e) {
+      EXPECT_NE(std::string(e.what()).find(wanted), std::string::npos) << e.what() << "\nwanted: " << wanted;
+      EXPECT_NE(std::string(e.what()).find("matrix.toml"), std::string::npos) << "the file is not named: " << e.what();
+      if (one_line) {
+        EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << "one line: " << e.what();
+      }
+    }
+  }
+}
+
 TEST(Matrix, ShippedMatrixHasTheIssuesLanesAndACpuRefReference) {
   const Matrix m = load_matrix(kShippedMatrix);
   EXPECT_EQ(m.reference, "cpu-ref");
@@ -68,15 +86,7 @@ TEST(Matrix, BadFilesNameTheirKey) {
       {std::string(kHeader).replace(std::string(kHeader).find("\"ref\""), 5, "\"zz\"") + ref, "reference: 'zz'"},
       {header + ref + "[[lanes]]\nid = \"a\"\nengine = \"tpu-mesh\"\nmesh = 2.5\n", "lanes[1] (a).mesh: must be a string"},
   };
-  for (const auto& [text, wanted] : cases) {
-    try {
-      load_matrix(write(dir, text));
-      ADD_FAILURE() << "accepted:\n" << text;
-    } catch (const MatrixError& e) {
-      EXPECT_NE(std::string(e.what()).find(wanted), std::string::npos) << e.what() << "\nwanted: " << wanted;
-      EXPECT_NE(std::string(e.what()).find("matrix.toml"), std::string::npos) << "the file is not named: " << e.what();
-    }
-  }
+  expect_refused(dir, cases, false);
 }
 
 TEST(Matrix, EngineFlagsTakeIntegersAndSwitches) {
@@ -157,16 +167,7 @@ TEST(Matrix, BadExternalLanesNameFileAndKey) {
       {head + "engine = \"accel\"\nbudget-features = \"a\"\n", "lanes[1] (x).budget-features: only an external lane"},
       {head + "engine = \"cpu-ref\"\n" + cmd, "lanes[1] (x).engine: a command lane names no engine"},
   };
-  for (const auto& [text, wanted] : cases) {
-    try {
-      load_matrix(write(dir, text));
-      ADD_FAILURE() << "accepted:\n" << text;
-    } catch (const MatrixError& e) {
-      EXPECT_NE(std::string(e.what()).find(wanted), std::string::npos) << e.what() << "\nwanted: " << wanted;
-      EXPECT_NE(std::string(e.what()).find("matrix.toml"), std::string::npos) << "the file is not named: " << e.what();
-      EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << "one line: " << e.what();
-    }
-  }
+  expect_refused(dir, cases, true);
 }
 
 // Property: for every shard count, the shards partition the lanes in matrix order.
