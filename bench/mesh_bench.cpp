@@ -9,6 +9,7 @@
 #include <benchmark/benchmark.h>
 #include <tbb/global_control.h>
 
+#include "canary_file.h"
 #include "byte_stream.h"
 #include "compile_cache.h"
 #include "compiler.h"
@@ -30,7 +31,7 @@ tpu::MeshConfig mesh_config(int mesh, int plan) {
 template <typename EngineT>
 void train_steps(benchmark::State& state, EngineT& engine) {
   const tbb::global_control threads(tbb::global_control::max_allowed_parallelism, 2);
-  const canary::Gpt2Canary model(canary::preset("tiny"));
+  const canary::Gpt2Canary model(canary::load_canary("tiny"));
   const canary::ByteStream data(model.config());
   engine.bind(model.tensors());
   model.upload_initial_parameters(engine, 1337);
@@ -61,7 +62,7 @@ BENCHMARK(BM_MeshStep)
     ->UseRealTime();
 
 struct TracedTiny {
-  canary::Gpt2Canary model{canary::preset("tiny")};
+  canary::Gpt2Canary model{canary::load_canary("tiny")};
   tpu::MeshConfig config;
   tpu::Graph graph;
   std::string fingerprint;

@@ -11,6 +11,7 @@
 #include <benchmark/benchmark.h>
 #include <tbb/global_control.h>
 
+#include "canary_file.h"
 #include "accel_engine.h"
 #include "byte_stream.h"
 #include "cpu_ref_engine.h"
@@ -24,7 +25,7 @@ using namespace harness;
 
 template <typename EngineT>
 struct TinyRun {
-  canary::Gpt2Canary model{canary::preset("tiny")};
+  canary::Gpt2Canary model{canary::load_canary("tiny")};
   canary::ByteStream data{model.config()};
   EngineT engine;
   template <typename... Args>

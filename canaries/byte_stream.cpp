@@ -6,8 +6,6 @@
 #include <string>
 #include <utility>
 
-#include <xxhash.h>
-
 #include "numerics/det_math.h"
 #include "numerics/philox.h"
 
@@ -90,22 +88,13 @@ std::vector<std::int32_t> ByteStream::row(int step, int b) const {
 }
 
 Batch ByteStream::batch(int step) const {
-  Batch batch;
-  batch.step = step;
-  batch.batch_size = config_.batch_size;
-  batch.context_length = config_.context_length;
-  const int row_length = config_.context_length + 1;
-  batch.tokens.reserve(static_cast<std::size_t>(config_.batch_size * row_length));
+  std::vector<std::int32_t> rows;
+  rows.reserve(static_cast<std::size_t>(config_.batch_size * (config_.context_length + 1)));
   for (int b = 0; b < config_.batch_size; ++b) {
     const std::vector<std::int32_t> tokens = row(step, b);
-    batch.tokens.insert(batch.tokens.end(), tokens.begin(), tokens.end());
+    rows.insert(rows.end(), tokens.begin(), tokens.end());
   }
-  for (int b = 0; b < config_.batch_size; ++b) {
-    const auto row_begin = batch.tokens.begin() + b * row_length;
-    batch.inputs.insert(batch.inputs.end(), row_begin, row_begin + config_.context_length);
-    batch.targets.insert(batch.targets.end(), row_begin + 1, row_begin + row_length);
-  }
-  return batch;
+  return assemble_batch(step, config_.batch_size, config_.context_length, std::move(rows));
 }
 
 double ByteStream::entropy_rate_nats() const {
@@ -115,11 +104,6 @@ double ByteStream::entropy_rate_nats() const {
   double total = 0.0;
   for (int x = 0; x < alphabet_; ++x) total += choice_entropy(successors(x));
   return total / alphabet_;
-}
-
-std::uint64_t batch_hash(const Batch& batch) {
-  static_assert(std::endian::native == std::endian::little, "hashes assume a little-endian host");
-  return XXH3_64bits(batch.tokens.data(), batch.tokens.size() * sizeof(std::int32_t));
 }
 
 }  // namespace harness::canary

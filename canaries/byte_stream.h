@@ -32,26 +32,17 @@
 #include <cstdint>
 #include <vector>
 
-#include "preset.h"
+#include "data_source.h"
 
 namespace harness::canary {
 
-struct Batch {
-  int step = 0;
-  int batch_size = 0;
-  int context_length = 0;
-  std::vector<std::int32_t> tokens;   // (B, T+1), row-major
-  std::vector<std::int32_t> inputs;   // (B, T)  = tokens[:, :T]
-  std::vector<std::int32_t> targets;  // (B, T)  = tokens[:, 1:]
-};
-
-class ByteStream {
+class ByteStream : public DataSource {
  public:
   static constexpr int kSuccessors = 4;
 
   explicit ByteStream(const CanaryConfig& config);
 
-  Batch batch(int step) const;
+  Batch batch(int step) const override;
   // The kSuccessors bytes that may follow `byte` (each with probability 1/kSuccessors;
   // a byte listed twice is twice as likely).
   std::array<int, kSuccessors> successors(int byte) const;
@@ -66,9 +57,5 @@ class ByteStream {
   int alphabet_ = 0;                              // n: bytes 0..n-1
   std::vector<std::vector<int>> permutations_;    // kSuccessors x n
 };
-
-// XXH3-64 (seed 0) over the batch's (B, T+1) int32 tokens as little-endian bytes: the
-// receipt's data contract.
-std::uint64_t batch_hash(const Batch& batch);
 
 }  // namespace harness::canary

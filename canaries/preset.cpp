@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "numerics/det_math.h"
@@ -9,7 +10,7 @@
 namespace harness::canary {
 
 nlohmann::json CanaryConfig::to_json() const {
-  return {{"preset", preset},
+  nlohmann::json j = {{"preset", name},
           {"vocab_size", vocab_size},
           {"context_length", context_length},
           {"channels", channels},
@@ -28,11 +29,24 @@ nlohmann::json CanaryConfig::to_json() const {
           {"init_std", init_std},
           {"layernorm_eps", layernorm_eps},
           {"data_seed", data_seed}};
+  if (architecture != "gpt2") {
+    j["architecture"] = architecture;
+    j["kv_heads"] = kv_heads;
+    j["mlp_hidden"] = mlp_hidden;
+    j["rope_theta"] = rope_theta;
+  }
+  if (data_source == DataSourceKind::kTokens) {
+    j["data_source"] = "tokens";
+    j["data_tokens_dtype"] = tokens_dtype;
+    j["data_tokens_count"] = tokens_count;
+    j["data_tokens_xxh3"] = fmt::format("{:016x}", tokens_xxh3);
+  }
+  return j;
 }
 
 CanaryConfig CanaryConfig::from_json(const nlohmann::json& j) {
   CanaryConfig c;
-  c.preset = j.at("preset").get<std::string>();
+  c.name = j.at("preset").get<std::string>();
   c.vocab_size = j.at("vocab_size").get<int>();
   c.context_length = j.at("context_length").get<int>();
   c.channels = j.at("channels").get<int>();
@@ -51,30 +65,18 @@ CanaryConfig CanaryConfig::from_json(const nlohmann::json& j) {
   c.init_std = j.at("init_std").get<double>();
   c.layernorm_eps = j.at("layernorm_eps").get<double>();
   c.data_seed = j.at("data_seed").get<std::uint64_t>();
+  c.architecture = j.value("architecture", std::string("gpt2"));
+  c.kv_heads = j.value("kv_heads", c.heads);
+  c.mlp_hidden = j.value("mlp_hidden", 4 * c.channels);
+  c.rope_theta = j.value("rope_theta", 10000.0);
+  if (j.value("data_source", std::string("builtin")) == "tokens") {
+    c.data_source = DataSourceKind::kTokens;
+    c.tokens_dtype = j.at("data_tokens_dtype").get<std::string>();
+    c.tokens_count = j.at("data_tokens_count").get<std::int64_t>();
+    c.tokens_xxh3 = std::stoull(j.at("data_tokens_xxh3").get<std::string>(), nullptr, 16);
+  }
   return c;
 }
-
-CanaryConfig preset(std::string_view name) {
-  CanaryConfig c;
-  c.preset = std::string(name);
-  if (name == "tiny") return c;  // the defaults above are docs/design.md's contract values
-  if (name == "micro") {         // fast tests: same code paths, ~100x less work
-    c.vocab_size = 128;
-    c.context_length = 16;
-    c.channels = 32;
-    c.layers = 2;
-    c.heads = 2;
-    c.batch_size = 2;
-    c.steps = 20;
-    c.warmup_steps = 4;
-    return c;
-  }
-  std::string known;
-  for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
-  throw std::invalid_argument("unknown canary preset '" + std::string(name) + "' (known: " + known + ")");
-}
-
-std::vector<std::string> preset_names() { return {"tiny", "micro"}; }
 
 double learning_rate(const CanaryConfig& c, int step) {
   const double peak = c.peak_lr;

@@ -16,7 +16,7 @@ namespace {
 inline constexpr std::int64_t kBudgetsSchemaVersion = 1;
 // The tables that are not feature entries (docs/budgets.md); every other table is a feature
 // entry ([bf16]) or one canary's feature entries ([tiny.bf16]).
-inline constexpr const char* kRuleSections[] = {"compile-stability", "memory", "data"};
+inline constexpr const char* kRuleSections[] = {"compile-stability", "memory", "data", "default-entries"};
 
 bool is_rule_section(const std::string& key) {
   return std::find(std::begin(kRuleSections), std::end(kRuleSections), key) != std::end(kRuleSections);
@@ -56,6 +56,7 @@ class Parser {
     budgets.compile_stability = compile_stability(section(root, "compile-stability"));
     budgets.memory = memory(section(root, "memory"));
     data(section(root, "data"));
+    if (root.contains("default-entries")) budgets.default_entry_canaries = default_entries(section(root, "default-entries"));
     for (auto&& [key, node] : root) {
       const std::string k(key.str());
       if (k == "schema_version" || is_rule_section(k)) continue;
@@ -234,6 +235,20 @@ class Parser {
     return MemoryBudget{non_negative(t["rtol"], "[memory].rtol")};
   }
 
+  std::set<std::string> default_entries(const toml::table& t) const {
+    only_keys(t, "[default-entries]", {"rationale", "canaries"});
+    text(t, "[default-entries]", "rationale", true);
+    const toml::array* list = t["canaries"].as_array();
+    if (!list) fail("[default-entries].canaries: must be an array of canary names, e.g. [\"tiny\"]");
+    std::set<std::string> names;
+    for (const toml::node& item : *list) {
+      const auto name = item.value_exact<std::string>();
+      if (!name || !valid_name(*name)) fail("[default-entries].canaries: every item is a canary name (letters, digits, '-', '_')");
+      names.insert(*name);
+    }
+    return names;
+  }
+
   // The data contract cannot be loosened: batch hashes are always compared exactly.
   void data(const toml::table& t) const {
     only_keys(t, "[data]", {"form", "rationale"});
@@ -254,12 +269,17 @@ const FeatureBudget& Budgets::feature(const std::string& name) const {
   return it->second;
 }
 
+bool Budgets::uses_default_entries(const std::string& canary) const {
+  return canary.empty() || default_entry_canaries.count(canary) > 0;
+}
+
 const FeatureBudget* Budgets::find(const std::string& name, const std::string& canary) const {
   if (const auto group = per_canary.find(canary); group != per_canary.end()) {
     if (const auto it = group->second.find(name); it != group->second.end()) return &it->second;
   }
   const auto it = features.find(name);
-  return it == features.end() ? nullptr : &it->second;
+  if (it == features.end() || !(it->second.bitwise || uses_default_entries(canary))) return nullptr;
+  return &it->second;
 }
 
 bool Budgets::describes(const std::string& name) const {

@@ -8,6 +8,7 @@
 
 #include <limits>
 #include <map>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -69,10 +70,19 @@ struct Budgets {
   std::map<std::string, std::map<std::string, FeatureBudget>> per_canary;   // canary -> [canary.name]
   CompileStabilityBudget compile_stability;
   MemoryBudget memory;
+  // [default-entries] canaries: the canaries that the default tolerance entries ([bf16])
+  // were calibrated on, or that the file's authors chose to judge by them. Any other
+  // canary needs its own entries ([NAME.bf16]): another model's calibration is never
+  // reused silently. Bitwise entries hold for every canary.
+  std::set<std::string> default_entry_canaries;
 
   const FeatureBudget& feature(const std::string& name) const;  // [name]; throws BudgetError if absent
+  // Whether `canary` may be judged by the default tolerance entries ("": the file's own
+  // checks, which concern every canary).
+  bool uses_default_entries(const std::string& canary) const;
   // The entry that budgets feature `name` for canary `canary`: [canary.name] when the file
-  // has one, else [name]; nullptr when it has neither.
+  // has one, else [name] when it is bitwise or the canary uses the default entries;
+  // nullptr otherwise.
   const FeatureBudget* find(const std::string& name, const std::string& canary) const;
   // Whether any entry ([name] or [C.name] for some canary C) budgets `name`.
   bool describes(const std::string& name) const;

@@ -406,10 +406,23 @@ ComposedBudget budget_between(const Budgets& budgets, const ReceiptData& a, cons
     }
   }
   std::vector<const FeatureBudget*> parts;
+  std::vector<std::string> missing;  // [canary.name] entries the canary needs and lacks
   for (const std::string& name : chosen) {
     const FeatureBudget* entry = budgets.find(name, canary);
-    if (!entry) throw ContractError("no_budget", fmt::format("no budget for feature '{}' in {}: calibrate one", name, budgets.path));
+    if (!entry && !budgets.features.count(name)) {
+      throw ContractError("no_budget", fmt::format("no budget for feature '{}' in {}: calibrate one", name, budgets.path));
+    }
+    if (!entry) missing.push_back(fmt::format("[{}.{}]", canary, name));
     parts.push_back(entry);
+  }
+  if (!missing.empty()) {
+    throw ContractError("no_budget",
+                        fmt::format("no budget for canary '{}' in {}: {} missing; the default entries are for {} "
+                                    "([default-entries]); calibrate the canary's own (harness calibrate) or list it there",
+                                    canary, budgets.path, fmt::join(missing, ", "),
+                                    budgets.default_entry_canaries.empty()
+                                        ? std::string("no canary")
+                                        : fmt::format("{}", fmt::join(budgets.default_entry_canaries, ", "))));
   }
   return ComposedBudget(std::move(parts), std::move(reason));
 }

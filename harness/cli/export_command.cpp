@@ -15,7 +15,7 @@ int export_action(const run::PackOptions& options) {
   const run::PackSummary s = run::export_pack(options);
   fmt::print("canary      {}\n", s.canary);
   fmt::print("steps       {} batches of {} x {} tokens\n", s.steps, s.batch_size, s.row_length);
-  fmt::print("init        {} tensors, {} parameters (seed {})\n", s.tensors, s.parameters, options.seed);
+  fmt::print("init        {} tensors, {} parameters (seed {})\n", s.tensors, s.parameters, s.seed);
   fmt::print("pack        {}\n", s.path);
   return kExitPass;
 }
@@ -27,8 +27,8 @@ void add_export_command(CLI::App& app, CommandRegistry& commands) {
   CLI::App* command = app.add_subcommand(
       "export", "Write a canary pack (initial parameters, every batch, the canary JSON) for another training stack");
   command->add_option("--canary", options->canary, "Canary preset (tiny, micro)")->capture_default_str();
-  command->add_option("--steps", options->steps, "Number of batches, and the schedule length (default: the preset's)");
-  command->add_option("--seed", options->seed, "Initialisation seed")->capture_default_str();
+  command->add_option("--steps", options->steps, "Number of batches, and the schedule length (default: the canary's)");
+  command->add_option("--seed", options->seed, "Initialisation seed (default: the canary's [train] seed)");
   command->add_option("--out", options->out, "Pack path (.h5)")->required();
   command->add_flag("--force", options->force, "Overwrite an existing pack");
   commands.add(command, [options] { return export_action(*options); });

@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "canary_file.h"
 #include "canary_run.h"
 #include "interrupt.h"
 #include "commands.h"
@@ -56,7 +57,12 @@ int run_action(RunFlags& f) {
     if (flag.second) o.engine_settings.options[flag.first] = *flag.second;
   }
   if (!f.dump_tensors.empty()) {
-    const int max_step = o.steps.value_or(canary::preset(o.canary).steps);
+    int max_step = 0;
+    try {
+      max_step = o.steps.value_or(canary::load_canary(o.canary).steps);
+    } catch (const std::invalid_argument& e) {
+      throw run::UsageError(fmt::format("--canary: {}", e.what()));
+    }
     o.dump_steps = run::parse_step_list(f.dump_tensors, max_step);
   }
   run::RunSummary s;
@@ -111,13 +117,13 @@ void add_mesh_flags(CLI::App& command, EngineFlagValues& values) {
 void add_run_command(CLI::App& app, CommandRegistry& commands) {
   auto flags = std::make_shared<RunFlags>();
   CLI::App* run = app.add_subcommand("run", "Run a canary on an engine and write an HDF5 receipt");
-  run->add_option("--canary", flags->options.canary, "Canary preset (tiny, micro)")->capture_default_str();
+  run->add_option("--canary", flags->options.canary, "Canary: a shipped one's name (canaries/NAME.toml) or a canary file's path")->capture_default_str();
   run->add_option("--engine", flags->options.engine, "Engine (cpu-ref, accel, tpu-mesh)")->capture_default_str();
   run->add_option("--features", flags->options.engine_settings.features,
                   "accel features: bf16[,fp8=ZONES] with zones qkv, attn_proj, mlp_fc, mlp_proj, all");
   run->add_option("--steps", flags->steps, "Number of steps (default: the preset's)");
   run->add_option("--threads", flags->options.threads, "Worker threads (0 = all cores)")->capture_default_str();
-  run->add_option("--seed", flags->options.seed, "Initialisation seed")->capture_default_str();
+  run->add_option("--seed", flags->options.seed, "Initialisation seed (default: the canary's [train] seed)");
   run->add_option("--out", flags->options.out, "Receipt path (.h5)")->required();
   run->add_flag("--force", flags->options.force, "Overwrite an existing receipt");
   run->add_option("--dump-tensors", flags->dump_tensors, "Steps whose parameters to dump, e.g. 0,50,100");

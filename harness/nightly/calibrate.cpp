@@ -261,7 +261,9 @@ Calibration calibrate(const CalibrateOptions& o, const std::function<void(const 
     const check::FeatureBudget* entry = budgets.find(name, canary);
     if (!entry) {
       check::FeatureBudget& fresh = new_entries[name];
-      fresh.name = fresh.section = name;
+      // A canary that may not use the default entries gets its own ([tiny.bf16]).
+      fresh.name = name;
+      fresh.section = budgets.uses_default_entries(canary) ? name : canary + "." + name;
       fresh.rationale = fmt::format("NEW: proposed by harness calibrate from {}; say why {} moves the numbers", spec.lane, name);
       entry = &fresh;
     }

@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <set>
 
@@ -9,6 +10,7 @@
 #include <fmt/ranges.h>
 #include <toml++/toml.h>
 
+#include "canary_file.h"
 #include "preset.h"
 #include "registry.h"
 
@@ -68,7 +70,11 @@ class Parser {
     m.content_hash = run::file_content_hash(path_);
     m.canary = text(root, "canary", "canary", true);
     try {
-      canary::preset(m.canary);
+      // A canary file's path is relative to the matrix file, like any path in it.
+      const canary::CanaryConfig config = canary::load_canary(
+          canary::is_canary_path(m.canary) ? (std::filesystem::path(path_).parent_path() / m.canary).string() : m.canary);
+      m.canary = config.spec;
+      m.canary_name = config.name;
     } catch (const std::invalid_argument& e) {
       fail(fmt::format("canary: {}", e.what()));
     }
@@ -146,7 +152,7 @@ class Parser {
     }
     try {
       const auto engine = make_engine(spec.engine, spec.settings);
-      spec.lane = run::lane_name(m.canary, engine->lane_engine(), engine->features());
+      spec.lane = run::lane_name(m.canary_name, engine->lane_engine(), engine->features());
       spec.budget_features = engine->budget_features();
     } catch (const std::invalid_argument& e) {
       fail(fmt::format("{}: {}", at, e.what()));
@@ -209,7 +215,7 @@ class Parser {
       if (precision != "fp32" && precision != "bf16") fail(fmt::format("{}.precision: '{}' is not fp32 or bf16", at, precision));
       spec.settings.options["device"] = device;
       spec.settings.options["precision"] = precision;
-      spec.lane = m.canary + "/torch" + (precision == "bf16" ? "+bf16" : "");
+      spec.lane = m.canary_name + "/torch" + (precision == "bf16" ? "+bf16" : "");
       spec.budget_features = torch_budget_features(device, precision);
       if (t.contains("budget-features") && feature_list(t, at + ".budget-features") != spec.budget_features) {
         fail(fmt::format("{}.budget-features: the torch lane on {} in {} declares {}; drop the key or make it that", at,
@@ -248,10 +254,11 @@ class Parser {
     }
     spec.budget_features = feature_list(t, at + ".budget-features");
     spec.lane = text(t, "lane", at + ".lane", false);
-    if (spec.lane.empty()) spec.lane = m.canary + "/" + spec.id;
-    if (spec.lane.rfind(m.canary + "/", 0) != 0 || spec.lane.size() == m.canary.size() + 1 ||
+    if (spec.lane.empty()) spec.lane = m.canary_name + "/" + spec.id;
+    if (spec.lane.rfind(m.canary_name + "/", 0) != 0 || spec.lane.size() == m.canary_name.size() + 1 ||
         spec.lane.find("..") != std::string::npos) {
-      fail(fmt::format("{}.lane: '{}' must be {}/NAME (the receipt's lane; it names the golden)", at, spec.lane, m.canary));
+      fail(fmt::format("{}.lane: '{}' must be {}/NAME (the receipt's lane; it names the golden)", at, spec.lane,
+                       m.canary_name));
     }
     return spec;
   }

@@ -44,7 +44,8 @@ std::vector<std::string> expand_command(const LaneSpec& spec, const std::string&
 struct Matrix {
   std::string path;
   std::string content_hash;  // of the file: shards of one job must have run the same matrix
-  std::string canary;
+  std::string canary;       // how every lane loads it: a shipped name, or a canary file's absolute path
+  std::string canary_name;  // its `name`: lane names and goldens use it
   int steps = 0;
   std::int64_t seed = 0;
   std::string reference;     // id of the reference lane

@@ -6,7 +6,8 @@
 #include <fmt/format.h>
 #include <tbb/global_control.h>
 
-#include "byte_stream.h"
+#include "canary_file.h"
+#include "data_source.h"
 #include "canary_run.h"
 #include "gpt2.h"
 #include "preset.h"
@@ -89,8 +90,10 @@ std::vector<AuditFinding> audit_findings(const std::vector<StepTrace>& steps) {
 
 AuditReport audit_canary(const AuditOptions& o) {
   canary::CanaryConfig config;
+  std::unique_ptr<canary::DataSource> data;
   try {
-    config = canary::preset(o.canary);
+    config = canary::load_canary(o.canary);
+    data = canary::make_data_source(config);
   } catch (const std::invalid_argument& e) {
     throw UsageError(fmt::format("--canary: {}", e.what()));
   }
@@ -111,13 +114,12 @@ AuditReport audit_canary(const AuditOptions& o) {
   const tbb::global_control limit(tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(threads));
   auto& mesh = static_cast<tpu::TpuMeshEngine&>(*engine);
   mesh.bind(model.tensors());
-  model.upload_initial_parameters(mesh, static_cast<std::uint64_t>(o.seed));
-  const canary::ByteStream data(config);
+  model.upload_initial_parameters(mesh, static_cast<std::uint64_t>(o.seed.value_or(config.init_seed)));
 
   AuditReport report;
-  report.lane = lane_name(o.canary, mesh.lane_engine(), mesh.features());
+  report.lane = lane_name(config.name, mesh.lane_engine(), mesh.features());
   for (int step = 0; step < kTracedSteps; ++step) {
-    model.train_step(mesh, step, data.batch(step));
+    model.train_step(mesh, step, data->batch(step));
     report.steps.push_back({mesh.step_segments(), mesh.graph_breaks()});
   }
   report.findings = audit_findings(report.steps);

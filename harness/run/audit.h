@@ -5,6 +5,7 @@
 // A clean canary compiles once and replays the same program every step.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,7 +19,7 @@ struct AuditOptions {
   std::string engine = "tpu-mesh";
   EngineSettings engine_settings;
   int threads = 0;
-  std::int64_t seed = 1337;
+  std::optional<std::int64_t> seed;  // default: the canary's [train] seed
 };
 
 struct AuditFinding {

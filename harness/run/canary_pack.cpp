@@ -14,7 +14,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "byte_stream.h"
+#include "canary_file.h"
+#include "data_source.h"
 #include "canary_run.h"
 #include "gpt2.h"
 #include "receipt/hdf5_file.h"
@@ -31,7 +32,8 @@ constexpr hsize_t kBatchChunkRows = 16;
 canary::CanaryConfig validated_config(const PackOptions& o) {
   canary::CanaryConfig config;
   try {
-    config = canary::preset(o.canary);
+    config = canary::load_canary(o.canary);
+    canary::make_data_source(config);  // a token file that changed since: refused before any file is written
   } catch (const std::invalid_argument& e) {
     throw UsageError(fmt::format("--canary: {}", e.what()));
   }
@@ -39,7 +41,8 @@ canary::CanaryConfig validated_config(const PackOptions& o) {
     if (*o.steps < 1 || *o.steps > 1000000) throw UsageError("--steps: must be between 1 and 1000000");
     config.steps = *o.steps;
   }
-  if (o.seed < 0) throw UsageError("--seed: must be between 0 and 9223372036854775807");
+  if (o.seed) config.init_seed = *o.seed;
+  if (config.init_seed < 0) throw UsageError("--seed: must be between 0 and 9223372036854775807");
   return config;
 }
 
@@ -95,12 +98,12 @@ std::int64_t write_init(hid_t file, const canary::Gpt2Canary& model, std::uint64
 }
 
 void write_batches(hid_t file, const canary::CanaryConfig& config) {
-  const canary::ByteStream data(config);
+  const std::unique_ptr<canary::DataSource> data = canary::make_data_source(config);
   const h5::Handle batches = h5::create_group(file, "batches");
   const hsize_t rows = static_cast<hsize_t>(config.batch_size), columns = static_cast<hsize_t>(config.context_length + 1);
   h5::GrowingDataset tokens(batches, "tokens", H5T_STD_I32LE, {rows, columns}, kBatchChunkRows);
   for (int step = 0; step < config.steps; ++step) {
-    const canary::Batch batch = data.batch(step);
+    const canary::Batch batch = data->batch(step);
     if (batch.tokens.size() != rows * columns) {
       throw std::logic_error(fmt::format("export: batch {} holds {} tokens, not {}", step, batch.tokens.size(), rows * columns));
     }
@@ -225,7 +228,8 @@ PackSummary export_pack(const PackOptions& o) {
 
   PackSummary summary;
   summary.path = o.out;
-  summary.canary = config.preset;
+  summary.canary = config.name;
+  summary.seed = config.init_seed;
   summary.steps = config.steps;
   summary.batch_size = config.batch_size;
   summary.row_length = config.context_length + 1;
@@ -238,8 +242,8 @@ PackSummary export_pack(const PackOptions& o) {
   std::vector<char> image;
   {
     h5::Handle file = create_in_memory(partial);
-    write_manifest(file, config, o.seed);
-    summary.parameters = write_init(file, model, static_cast<std::uint64_t>(o.seed), summary.tensors);
+    write_manifest(file, config, config.init_seed);
+    summary.parameters = write_init(file, model, static_cast<std::uint64_t>(config.init_seed), summary.tensors);
     write_batches(file, config);
     if (H5Fflush(file, H5F_SCOPE_GLOBAL) < 0) throw h5::Hdf5Error(fmt::format("{}: HDF5 cannot flush the pack", partial));
     const ssize_t size = H5Fget_file_image(file, nullptr, 0);

@@ -24,7 +24,7 @@ inline constexpr std::int64_t kPackVersion = 1;
 struct PackOptions {
   std::string canary = "tiny";
   std::optional<int> steps;  // default: the preset's
-  std::int64_t seed = 1337;
+  std::optional<std::int64_t> seed;  // default: the canary's [train] seed
   std::string out;
   bool force = false;
 };
@@ -32,6 +32,7 @@ struct PackOptions {
 struct PackSummary {
   std::string path, canary;
   int steps = 0;
+  std::int64_t seed = 0;
   std::size_t tensors = 0;
   std::int64_t parameters = 0;  // elements over every tensor
   int batch_size = 0, row_length = 0;

@@ -12,7 +12,8 @@
 #include <nlohmann/json.hpp>
 #include <tbb/global_control.h>
 
-#include "byte_stream.h"
+#include "canary_file.h"
+#include "data_source.h"
 #include "gpt2.h"
 #include "interrupt.h"
 #include "output_lock.h"
@@ -31,6 +32,8 @@ namespace fs = std::filesystem;
 
 struct Validated {
   canary::CanaryConfig config;
+  std::int64_t seed = 0;  // --seed, else the canary's
+  std::shared_ptr<const canary::DataSource> data;
   std::optional<canary::FaultSpec> fault;
   int threads = 0;
 };
@@ -69,7 +72,8 @@ void prepare_checkpoint_dir(const std::string& dir) {
 Validated validate(const RunOptions& o) {
   Validated v;
   try {
-    v.config = canary::preset(o.canary);
+    v.config = canary::load_canary(o.canary);
+    v.data = canary::make_data_source(v.config);
   } catch (const std::invalid_argument& e) {
     throw UsageError(fmt::format("--canary: {}", e.what()));
   }
@@ -80,7 +84,8 @@ Validated validate(const RunOptions& o) {
   const int hardware = static_cast<int>(std::thread::hardware_concurrency());
   if (o.threads < 0 || o.threads > 1024) throw UsageError("--threads: must be between 1 and 1024 (0 = all cores)");
   v.threads = o.threads == 0 ? std::max(1, hardware) : o.threads;
-  if (o.seed < 0) throw UsageError("--seed: must be between 0 and 9223372036854775807");
+  v.seed = o.seed.value_or(v.config.init_seed);
+  if (v.seed < 0) throw UsageError("--seed: must be between 0 and 9223372036854775807");
   try {
     // The engine's own gate too (a mesh engine's shard plan must divide the model).
     make_engine(o.engine, o.engine_settings)->check_table(canary::Gpt2Canary(v.config).tensors());
@@ -122,7 +127,7 @@ receipt::Manifest make_manifest(const RunOptions& o, const Validated& v, const E
   m.engine = o.engine;
   m.features = engine.features();
   m.canary_json = v.config.to_json().dump();
-  m.seed = o.seed;
+  m.seed = v.seed;
   m.steps_planned = v.config.steps;
   m.threads = v.threads;
   m.created_utc = utc_timestamp();
@@ -142,7 +147,11 @@ receipt::Manifest make_manifest(const RunOptions& o, const Validated& v, const E
   m.extra["budget_features"] = budget_features;
   const auto engine_attributes = engine.manifest_attributes();
   for (const auto& attribute : engine_attributes) m.extra[attribute.first] = attribute.second;
-  m.extra["run_options"] = replay_recipe(o, engine_attributes).dump();
+  // The recipe names what this run resolved: the canary's file or name and the seed.
+  RunOptions resolved = o;
+  resolved.canary = v.config.spec;
+  resolved.seed = v.seed;
+  m.extra["run_options"] = replay_recipe(resolved, engine_attributes).dump();
   return m;
 }
 
@@ -175,7 +184,7 @@ nlohmann::json replay_recipe(const RunOptions& o, const std::map<std::string, At
                            {"engine", o.engine},
                            {"features", settings.features},
                            {"engine_options", settings.options},
-                           {"seed", o.seed},
+                           {"seed", o.seed.value()},  // resolved by the run: --seed or the canary's
                            {"threads", o.threads},
                            {"trace", o.trace},
                            {"checkpoint_every", o.checkpoint_every},
@@ -230,15 +239,14 @@ RunSummary run_canary(const RunOptions& o, const std::function<void(const StepPr
   const tbb::global_control threads(tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(v.threads));
 
   const canary::Gpt2Canary model(v.config, v.fault, o.trace == "ops");
-  const canary::ByteStream data(v.config);
   std::unique_ptr<Engine> engine = make_engine(o.engine, o.engine_settings);
   engine->bind(model.tensors());
-  model.upload_initial_parameters(*engine, static_cast<std::uint64_t>(o.seed));
+  model.upload_initial_parameters(*engine, static_cast<std::uint64_t>(v.seed));
   OpTraceRecorder tracer(model.tensors());
   if (o.trace == "ops") engine->set_trace_sink(&tracer);
 
   RunSummary summary;
-  summary.lane = lane_name(o.canary, engine->lane_engine(), engine->features());
+  summary.lane = lane_name(v.config.name, engine->lane_engine(), engine->features());
   summary.receipt_path = o.out;
   summary.threads = v.threads;
   const std::string checkpoints = checkpoint_dir(o.out);
@@ -257,10 +265,10 @@ RunSummary run_canary(const RunOptions& o, const std::function<void(const StepPr
     if (should_dump(step)) dump_parameters(*engine, model, writer, step);
     if (o.checkpoint_every > 0 && step > 0 && step % o.checkpoint_every == 0) {
       const std::string path = (fs::path(checkpoints) / checkpoint_file_name(step)).string();
-      save_checkpoint(path, capture_checkpoint(*engine, model, step, summary.lane, o.seed));
+      save_checkpoint(path, capture_checkpoint(*engine, model, step, summary.lane, v.seed));
       writer.add_checkpoint(step, file_content_hash(path));
     }
-    const canary::Batch batch = data.batch(step);
+    const canary::Batch batch = v.data->batch(step);
     const canary::StepResult result = model.train_step(*engine, step, batch);
     record.loss = result.loss;
     record.grad_norm = result.grad_norm;

@@ -29,12 +29,12 @@ struct UsageError : std::runtime_error {
 void check_output_file(const std::string& out, bool force, const std::string& kind, const std::string& example);
 
 struct RunOptions {
-  std::string canary = "tiny";
+  std::string canary = "tiny";  // a shipped canary's name or a canary file's path
   std::string engine = "cpu-ref";
   EngineSettings engine_settings;  // --features and the engine's own flags
-  std::optional<int> steps;  // default: the preset's
+  std::optional<int> steps;  // default: the canary's [train] steps
   int threads = 0;           // 0: all hardware threads
-  std::int64_t seed = 1337;
+  std::optional<std::int64_t> seed;  // default: the canary's [train] seed
   std::string out;
   bool force = false;
   std::vector<int> dump_steps;
@@ -61,12 +61,13 @@ struct RunSummary {
 // Validates everything first (throws UsageError before creating any file), then runs.
 RunSummary run_canary(const RunOptions& options, const std::function<void(const StepProgress&)>& on_step = {});
 
-// Canonical lane name: "<preset>/<engine>[@mesh][+feature...]", e.g. "tiny/tpu-mesh@2x2+tp".
+// Canonical lane name: "<canary name>/<engine>[@mesh][+feature...]", e.g. "tiny/tpu-mesh@2x2+tp".
 std::string lane_name(const std::string& canary, const std::string& engine, const std::string& features);
 
 // What replays a run: everything above but the output (out, force, dump_steps,
 // record_batches), as the manifest's `run_options` JSON. A seeded accel run records the
-// noise seed it drew, so a replay draws the same orders.
+// noise seed it drew, so a replay draws the same orders. `options` as the run resolved
+// them: `canary` the canary's spec (a file's absolute path) and `seed` set.
 nlohmann::json replay_recipe(const RunOptions& options, const std::map<std::string, AttributeValue>& engine_attributes);
 // The inverse; throws UsageError naming the key when the JSON is not a recipe.
 RunOptions options_from_recipe(const nlohmann::json& recipe);

@@ -8,7 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <tbb/global_control.h>
 
-#include "byte_stream.h"
+#include "canary_file.h"
+#include "data_source.h"
 #include "canary_run.h"
 #include "checkpoint.h"
 #include "file_io.h"
@@ -165,10 +166,17 @@ ReplayResult replay(const ReplayOptions& options) {
   if (result.to < options.from || result.to >= recorded) {
     throw UsageError(fmt::format("--to: step {} is not in {}-{}", result.to, options.from, recorded - 1));
   }
-  canary::CanaryConfig config = canary::preset(o.canary);
+  canary::CanaryConfig config;
+  std::unique_ptr<canary::DataSource> data;
+  try {
+    config = canary::load_canary(o.canary);
+    data = canary::make_data_source(config);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(fmt::format("{}: its canary cannot be loaded to replay it: {}", options.receipt, e.what()));
+  }
   if (o.steps) config.steps = *o.steps;
   if (config.to_json().dump() != reader.manifest_string("canary")) {
-    throw UsageError(fmt::format("{}: the {} preset changed since the receipt was recorded; it cannot be replayed by "
+    throw UsageError(fmt::format("{}: canary {} changed since the receipt was recorded; it cannot be replayed by "
                                  "this harness",
                                  options.receipt, o.canary));
   }
@@ -188,17 +196,16 @@ ReplayResult replay(const ReplayOptions& options) {
     restore_checkpoint(*checkpoint, *engine, model);
     result.resumed_from = checkpoint->step;
   } else {
-    model.upload_initial_parameters(*engine, static_cast<std::uint64_t>(o.seed));
+    model.upload_initial_parameters(*engine, static_cast<std::uint64_t>(o.seed.value_or(config.init_seed)));
   }
   OpTraceRecorder tracer(model.tensors());
   if (tracing) engine->set_trace_sink(&tracer);
 
   const auto start = std::chrono::steady_clock::now();
-  const canary::ByteStream data(config);
   const StepDigester digester(model);
   receipt::StepRecord got;
   for (int step = result.resumed_from; step <= result.to; ++step) {
-    const canary::Batch batch = data.batch(step);
+    const canary::Batch batch = data->batch(step);
     const canary::StepResult r = model.train_step(*engine, step, batch);
     got.loss = r.loss;
     got.grad_norm = r.grad_norm;

@@ -5,7 +5,7 @@ out="$WORK/runs"; mkdir -p "$out"
 
 expect_exit 2 "--bogus"              -- "$HARNESS" run --canary micro --bogus --out "$out/a.h5"
 expect_exit 2 "unknown engine 'gpu'" -- "$HARNESS" run --canary micro --engine gpu --out "$out/a.h5"
-expect_exit 2 "unknown canary preset 'huge'" -- "$HARNESS" run --canary huge --out "$out/a.h5"
+expect_exit 2 "unknown canary 'huge'" -- "$HARNESS" run --canary huge --out "$out/a.h5"
 expect_exit 2 "--threads"            -- "$HARNESS" run --canary micro --threads -1 --out "$out/a.h5"
 expect_exit 2 "--threads"            -- "$HARNESS" run --canary micro --threads many --out "$out/a.h5"
 expect_exit 2 "--steps"              -- "$HARNESS" run --canary micro --steps 0 --out "$out/a.h5"

@@ -73,7 +73,7 @@ EOF
 
 # ---- bad flags: exit 2, one line naming the flag, nothing written ---------------------------
 out="$WORK/rejected"; mkdir -p "$out"
-expect_exit 2 "unknown canary preset 'huge'" -- "$HARNESS" export --canary huge --steps 3 --out "$out/p.h5"
+expect_exit 2 "unknown canary 'huge'" -- "$HARNESS" export --canary huge --steps 3 --out "$out/p.h5"
 expect_exit 2 "--steps"  -- "$HARNESS" export --canary micro --steps 0 --out "$out/p.h5"
 expect_exit 2 "--steps"  -- "$HARNESS" export --canary micro --steps 1000001 --out "$out/p.h5"
 expect_exit 2 "--steps"  -- "$HARNESS" export --canary micro --steps many --out "$out/p.h5"

@@ -92,6 +92,9 @@ TEST(Budgets, EveryBadEntryIsAnErrorNamingTheFileAndKey) {
        "[data].form: must be bitwise"},
       {shipped_with(R"(schema_version = 1)", "schema_version = 7"), "schema_version: 7 is not 1"},
       {shipped_with(R"(calibrated = "2026-11-21")", ""), "[noise].calibrated: missing"},
+      {shipped_with(R"(canaries = \["tiny", "micro"\])", "canaries = \"tiny\""), "[default-entries].canaries: must be an array"},
+      {shipped_with(R"(canaries = \["tiny", "micro"\])", "canaries = [\"tiny\", 3]"), "[default-entries].canaries: every item"},
+      {shipped_with(R"(canaries = \["tiny", "micro"\])", "canaries = []\ncanary = 1"), "[default-entries].canary: unknown key"},
       {shipped_text() + "\n[tpu]\nform = \"bitwise\"\n", "[tpu].rationale: must be a string"},
       {shipped_text() + "\n[torch-xla]\nrationale = \"r\"\n", "[torch-xla].form: must be a string"},
       {shipped_text() + "\n[\"bf 16\"]\nform = \"bitwise\"\nrationale = \"r\"\n",
@@ -433,6 +436,45 @@ TEST(DeclaredFeatures, APerCanaryEntryOverridesTheDefaultForItsCanaryOnly) {
   EXPECT_EQ(canary_name(named), "small");
   named.manifest["canary"] = "{}";
   EXPECT_EQ(canary_name(named), "micro");  // from the lane micro/accel+bf16+noise=off
+}
+
+// The default entries budget only the canaries [default-entries] lists: another canary's
+// calibration is never reused silently (docs/budgets.md).
+TEST(DeclaredFeatures, ACanaryOutsideTheDefaultEntriesNeedsItsOwn) {
+  const Budgets budgets = load_budgets(kShippedBudgets);
+  EXPECT_EQ(budgets.default_entry_canaries, (std::set<std::string>{"micro", "tiny"}));
+  EXPECT_NE(budgets.find("bf16", "tiny"), nullptr);
+  EXPECT_EQ(budgets.find("bf16", "mine"), nullptr);
+  ASSERT_NE(budgets.find("reference", "mine"), nullptr);  // bitwise holds for every canary
+
+  const ReceiptData ref = run("own_ref", lane("micro", 3, 2));
+  const ReceiptData bf16 = run("own_bf16", lane("micro", 3, 2, "accel", "bf16", {{"noise", "off"}}));
+  ReceiptData mine_ref = ref, mine_bf16 = bf16;
+  for (ReceiptData* r : {&mine_ref, &mine_bf16}) {
+    nlohmann::json canary = nlohmann::json::parse(r->manifest.at("canary"));
+    canary["preset"] = "mine";
+    r->manifest["canary"] = canary.dump();
+  }
+  const ContractError e = verdict_error(mine_bf16, mine_ref, budgets);
+  EXPECT_EQ(e.kind, "no_budget");
+  EXPECT_EQ(std::string(e.what()),
+            fmt::format("no budget for canary 'mine' in {}: [mine.bf16], [mine.noise] missing; the default entries are for "
+                        "micro, tiny ([default-entries]); calibrate the canary's own (harness calibrate) or list it there",
+                        kShippedBudgets));
+  // Two runs that make the same roundings need no tolerance: bitwise, for any canary.
+  EXPECT_TRUE(budget_between(budgets, mine_ref, mine_ref).bitwise());
+  // Its own entries, or a listing by choice, make it comparable.
+  const std::string own = shipped_text() +
+                          "\n[mine.bf16]\nform = \"tolerance\"\nrationale = \"mine\"\ncalibrated = \"2026-11-23\"\n"
+                          "repeats = 1\nloss = [ { steps = \"0-\", atol = 0.25 } ]\n"
+                          "\n[mine.noise]\nform = \"tolerance\"\nrationale = \"mine\"\ncalibrated = \"2026-11-23\"\n"
+                          "repeats = 1\nloss = [ { steps = \"0-\", atol = 0.5 } ]\n";
+  EXPECT_EQ(budget_between(load_budgets(write_budgets("own_entries", own)), mine_bf16, mine_ref).names(),
+            (std::vector<std::string>{"mine.bf16", "mine.noise"}));
+  std::string listed = shipped_text();
+  listed.replace(listed.find("canaries = [\"tiny\", \"micro\"]"), 28, "canaries = [\"tiny\", \"micro\", \"mine\"]");
+  EXPECT_EQ(budget_between(load_budgets(write_budgets("listed", listed)), mine_bf16, mine_ref).names(),
+            (std::vector<std::string>{"bf16", "noise"}));
 }
 
 // A stack the harness has never heard of gets the budget of what it declares.

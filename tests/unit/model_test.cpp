@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include "canary_file.h"
 #include "byte_stream.h"
 #include "cpu_ref_engine.h"
 #include "fault.h"
@@ -17,7 +18,7 @@ namespace harness::canary {
 namespace {
 
 TEST(TensorTable, TinyHasDesignNamesShapesAndSharedLayouts) {
-  const Gpt2Canary model(preset("tiny"));
+  const Gpt2Canary model(load_canary("tiny"));
   const TensorTable& t = model.tensors();
   const auto& params = model.parameters();
   ASSERT_EQ(params.size(), 4u + 12u * 4u);
@@ -44,7 +45,7 @@ TEST(TensorTable, TinyHasDesignNamesShapesAndSharedLayouts) {
 }
 
 TEST(Schedule, WarmupThenCosineToTenPercent) {
-  const CanaryConfig c = preset("tiny");
+  const CanaryConfig c = load_canary("tiny");
   EXPECT_DOUBLE_EQ(learning_rate(c, 0), 3e-4);
   EXPECT_DOUBLE_EQ(learning_rate(c, 9), 3e-3);
   EXPECT_DOUBLE_EQ(learning_rate(c, 10), 3e-3);
@@ -53,7 +54,7 @@ TEST(Schedule, WarmupThenCosineToTenPercent) {
 }
 
 TEST(ByteStream, BatchesArePureFunctionsOfTheStep) {
-  const CanaryConfig c = preset("tiny");
+  const CanaryConfig c = load_canary("tiny");
   const ByteStream a(c), b(c);
   const Batch b7 = a.batch(7);
   (void)b.batch(3);
@@ -75,7 +76,7 @@ TEST(ByteStream, BatchesArePureFunctionsOfTheStep) {
 }
 
 TEST(ByteStream, IsLearnableButNotTrivial) {
-  const ByteStream stream(preset("tiny"));
+  const ByteStream stream(load_canary("tiny"));
   const double rate = stream.entropy_rate_nats();
   EXPECT_GT(rate, 0.05);                             // not a constant stream
   EXPECT_LT(rate, 0.5 * numerics::det_log(256.0));  // far below uniform bytes
@@ -87,7 +88,7 @@ TEST(ByteStream, IsLearnableButNotTrivial) {
 }
 
 TEST(FaultSpec, ParsesAndRejectsWithTheFieldNamed) {
-  const Gpt2Canary model(preset("tiny"));
+  const Gpt2Canary model(load_canary("tiny"));
   const auto& ops = model.forward_op_names();
   const FaultSpec f = parse_fault_spec("step=37,op=blocks.2.attn.proj", ops);
   EXPECT_EQ(f.step, 37);
@@ -113,7 +114,7 @@ TEST(FaultSpec, ParsesAndRejectsWithTheFieldNamed) {
 // The whole model's backward (every op chained, tied embeddings, residuals) against
 // finite differences of its loss, on a preset small enough to check many elements.
 TEST(WholeModel, GradientsMatchFiniteDifferences) {
-  CanaryConfig c = preset("micro");
+  CanaryConfig c = load_canary("micro");
   c.vocab_size = 17;
   c.context_length = 5;
   c.channels = 8;

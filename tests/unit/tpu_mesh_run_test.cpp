@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include "canary_file.h"
 #include "audit.h"
 #include "gpt2.h"
 #include "preset.h"
@@ -192,7 +193,7 @@ TEST(TpuMeshMicroStep, CompilesThreeProgramsAtStepZeroAndNoneAfter) {
 }
 
 TEST(TpuMeshMicroStep, TheThreeProgramsAreDistinctAndStableAcrossSteps) {
-  canary::Gpt2Canary model(canary::preset("tiny"));
+  canary::Gpt2Canary model(canary::load_canary("tiny"));
   MeshConfig config;
   config.mesh = {2, 1};
   config.compile_mode = CompileMode::Microstep;
@@ -266,7 +267,7 @@ namespace {
 // Two steps whose model reads a device value inside the step: the audit names the read,
 // the tensor and the op before it, on every step, and nothing else.
 TEST(TpuMeshAudit, NamesEveryGraphBreakWithItsTensorAndOp) {
-  const canary::Gpt2Canary model(canary::preset("micro"));
+  const canary::Gpt2Canary model(canary::load_canary("micro"));
   tpu::MeshConfig config;
   config.mesh = {2, 1};
   tpu::TpuMeshEngine engine(config);

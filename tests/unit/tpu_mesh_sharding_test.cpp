@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include "canary_file.h"
 #include "byte_stream.h"
 #include "compiler.h"
 #include "gpt2.h"
@@ -89,7 +90,7 @@ TEST(TpuMeshSharding, GroupedDimensionGivesEachDeviceItsSliceOfEveryGroup) {
 }
 
 TEST(TpuMeshSharding, PlanGateRejectsWhatDoesNotDivide) {
-  const canary::Gpt2Canary tiny(canary::preset("tiny"));  // B=8, NH=4
+  const canary::Gpt2Canary tiny(canary::load_canary("tiny"));  // B=8, NH=4
   MeshConfig c;
   c.plan = ShardPlan::TensorParallel;
   c.mesh = {1, 3};
@@ -117,7 +118,7 @@ struct TracedStep {
 };
 
 TracedStep trace_and_compile(const std::string& preset, const MeshConfig& config) {
-  TracedStep t{canary::Gpt2Canary(canary::preset(preset)), {}, {}};
+  TracedStep t{canary::Gpt2Canary(canary::load_canary(preset)), {}, {}};
   TpuMeshEngine engine(config);
   engine.bind(t.model.tensors());
   t.model.upload_initial_parameters(engine, 1);
@@ -265,7 +266,7 @@ TEST(TpuMeshCompiler, FingerprintIgnoresValuesButNotShapesPlansOrConstants) {
   const std::string fp = fingerprint(t.graph, digest, c.fingerprint_flags());
   EXPECT_EQ(fp, fingerprint(t.graph, digest, c.fingerprint_flags()));
   EXPECT_NE(fp, fingerprint(t.graph, digest, mesh_config({2, 1}, ShardPlan::Zero3).fingerprint_flags()));
-  EXPECT_NE(fp, fingerprint(t.graph, table_digest(canary::Gpt2Canary(canary::preset("tiny")).tensors()),
+  EXPECT_NE(fp, fingerprint(t.graph, table_digest(canary::Gpt2Canary(canary::load_canary("tiny")).tensors()),
                             c.fingerprint_flags()));
   Graph leaked = t.graph;
   leaked.nodes.insert(leaked.nodes.begin(), Node{OpKind::Constant, "lr", -1, Phase::Optimizer, {0}, {1e-3f}});
@@ -279,7 +280,7 @@ TEST(TpuMeshCompiler, FingerprintIgnoresValuesButNotShapesPlansOrConstants) {
 
 // A host read between traced ops executes what was traced so far and counts a HostSync.
 TEST(TpuMeshEngine, HostReadInsideAStepIsAGraphBreak) {
-  const canary::Gpt2Canary model(canary::preset("micro"));
+  const canary::Gpt2Canary model(canary::load_canary("micro"));
   TpuMeshEngine engine(mesh_config({2, 1}, ShardPlan::DataParallel));
   engine.bind(model.tensors());
   model.upload_initial_parameters(engine, 1);
@@ -310,7 +311,7 @@ namespace {
 // A value produced before a graph break and used after it would be read from another
 // program's memory: the compiler refuses, naming the tensor, instead of reading it stale.
 TEST(TpuMeshEngine, ValueCarriedAcrossAGraphBreakIsRefusedNotReadStale) {
-  const canary::Gpt2Canary model(canary::preset("micro"));
+  const canary::Gpt2Canary model(canary::load_canary("micro"));
   const TensorTable& table = model.tensors();
   TpuMeshEngine engine(mesh_config({2, 1}, ShardPlan::DataParallel));
   engine.bind(table);

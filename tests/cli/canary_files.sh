@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Canary files (docs/canary-files.md) from the command line: a shipped canary by name and a
+# copy of its file by path are the same canary, bit for bit; a canary trained on a user's
+# token file is deterministic across thread counts, replays and exports its windows; a bad
+# canary file or token file is exit 2 with one line naming the file and the key.
+source "$(dirname "$0")/lib.sh"
+SHIPPED="$HERE/../../canaries"
+run() { "$HARNESS" run --force "$@" >/dev/null 2>"$WORK/run.err" || fail "run $*: $(cat "$WORK/run.err")"; }
+
+# By name and by path: one canary, one lane name, the same bits.
+cp "$SHIPPED/micro.toml" "$WORK/copy.toml"
+run --canary micro --steps 4 --out "$WORK/by-name.h5"
+run --canary "$WORK/copy.toml" --steps 4 --out "$WORK/by-path.h5"
+"$PY" "$HERE/same_bits.py" "$WORK/by-name.h5" "$WORK/by-path.h5" || fail "micro by name and by path differ"
+expect_exit 0 "" -- "$HARNESS" compare "$WORK/by-name.h5" "$WORK/by-path.h5"
+"$PY" - "$WORK/by-path.h5" "$WORK/copy.toml" <<'PY' || fail "the receipt of a canary file does not record its lane or recipe"
+import json, sys, h5py
+attrs = h5py.File(sys.argv[1], "r")["manifest"].attrs
+m = {k: v.decode() if isinstance(v, bytes) else v for k, v in attrs.items()}
+assert m["lane"] == "micro/cpu-ref", m["lane"]
+assert json.loads(m["run_options"])["canary"] == sys.argv[2], m["run_options"]
+PY
+
+# The canary's [train] seed is the run's seed unless --seed says otherwise.
+sed 's/^steps = 20$/steps = 20\nseed = 99/' "$SHIPPED/micro.toml" > "$WORK/seeded.toml"
+run --canary "$WORK/seeded.toml" --steps 2 --out "$WORK/seeded.h5"
+run --canary micro --steps 2 --seed 99 --out "$WORK/seed99.h5"
+"$PY" "$HERE/same_bits.py" "$WORK/seeded.h5" "$WORK/seed99.h5" || fail "[train] seed = 99 is not --seed 99"
+
+# Your own tokens: a vocabulary larger than a byte, uint16 ids, any thread count.
+"$PY" - "$WORK/tokens.bin" <<'PY'
+import sys, numpy as np
+rng = np.random.default_rng(5)
+walk = np.cumsum(rng.integers(-3, 4, 5000)) % 300  # learnable: small steps on a ring
+walk.astype("<u2").tofile(sys.argv[1])
+PY
+cat > "$WORK/mine.toml" <<'TOML'
+schema_version = 1
+name = "mine"
+architecture = "gpt2"
+[model]
+vocab = 300
+context = 24
+channels = 48
+layers = 2
+heads = 3
+[train]
+batch = 4
+steps = 12
+seed = 7
+[data]
+source = "tokens"
+path = "tokens.bin"
+dtype = "uint16"
+TOML
+run --canary "$WORK/mine.toml" --threads 1 --checkpoint-every 4 --out "$WORK/mine-1.h5"
+run --canary "$WORK/mine.toml" --threads 2 --out "$WORK/mine-2.h5"
+"$PY" "$HERE/same_bits.py" "$WORK/mine-1.h5" "$WORK/mine-2.h5" || fail "the token canary differs across thread counts"
+"$PY" - "$WORK/mine-1.h5" <<'PY' || fail "the token canary did not learn"
+import sys, h5py
+loss = h5py.File(sys.argv[1], "r")["steps/loss"][:]
+assert loss[-1] < loss[0] - 0.3, loss
+PY
+expect_exit 0 "" -- "$HARNESS" replay "$WORK/mine-1.h5" --from 5
+expect_exit 0 "" -- "$HARNESS" export --canary "$WORK/mine.toml" --steps 3 --out "$WORK/mine-pack.h5"
+"$PY" - "$WORK/mine-pack.h5" "$WORK/tokens.bin" <<'PY' || fail "the pack's batches are not the token file's windows"
+import json, sys, h5py, numpy as np
+pack = h5py.File(sys.argv[1], "r")
+ids = np.fromfile(sys.argv[2], dtype="<u2").astype(np.int32)
+canary = json.loads(pack["manifest"].attrs["canary"])
+assert canary["data_source"] == "tokens" and canary["data_tokens_count"] == len(ids), canary
+B, T = 4, 24
+tokens = pack["batches/tokens"][:].reshape(3, B, T + 1)
+for s in range(3):
+    for b in range(B):
+        start = ((s * B + b) * T) % (len(ids) - T - 1)
+        assert (tokens[s, b] == ids[start:start + T + 1]).all(), (s, b)
+PY
+# Budgets per canary: the default entries were calibrated on tiny; a comparison of mine
+# that needs a tolerance names the entries mine lacks, and its own entries make it pass.
+run --canary "$WORK/mine.toml" --engine accel --noise seeded --steps 4 --out "$WORK/mine-accel.h5"
+run --canary "$WORK/mine.toml" --steps 4 --out "$WORK/mine-ref.h5"
+expect_exit 2 "no budget for canary 'mine' in .*budgets.toml: \[mine.noise\] missing" -- \
+  "$HARNESS" compare "$WORK/mine-accel.h5" "$WORK/mine-ref.h5"
+{ cat "$SHIPPED/budgets.toml"; printf '\n[mine.noise]\nform = "tolerance"\nrationale = "test"\ncalibrated = "2026-11-23"\n'
+  printf 'repeats = 1\nloss = [ { steps = "0-", atol = 1e-3 } ]\ngrad_norm = [ { steps = "0-", rtol = 1e-3 } ]\n'
+  printf 'params_sketch = [ { steps = "0-", atol = 1.0, rtol = 0.1 } ]\n'; } > "$WORK/mine-budgets.toml"
+expect_exit 0 "" -- "$HARNESS" compare "$WORK/mine-accel.h5" "$WORK/mine-ref.h5" --budgets "$WORK/mine-budgets.toml"
+grep -q "mine.noise" "$WORK/stdout" || fail "compare does not name the entry it used: $(cat "$WORK/stdout")"
+
+# A token file that changed since the receipt: the replay refuses to train on other data.
+"$PY" -c "import numpy as np; np.full(5000, 1, '<u2').tofile('$WORK/tokens.bin')"
+expect_exit 2 "mine-1.h5: canary .* changed since the receipt was recorded" -- "$HARNESS" replay "$WORK/mine-1.h5" --from 5
+
+# Bad canary files: exit 2, one line with the file and the key, no receipt.
+sed 's/^heads = 2$/heads = 3/' "$SHIPPED/micro.toml" > "$WORK/bad-heads.toml"
+expect_exit 2 "bad-heads.toml: model.heads: 3 does not divide model.channels 32" -- \
+  "$HARNESS" run --canary "$WORK/bad-heads.toml" --out "$WORK/bad.h5"
+sed 's/^vocab = 300$/vocab = 200/' "$WORK/mine.toml" > "$WORK/small-vocab.toml"
+"$PY" -c "import numpy as np; a = np.zeros(500, '<u2'); a[321] = 250; a.tofile('$WORK/tokens.bin')"
+expect_exit 2 "small-vocab.toml: data.path: .*token 250 at byte offset 642 \(token 321\) is not below model.vocab 200" -- \
+  "$HARNESS" export --canary "$WORK/small-vocab.toml" --steps 2 --out "$WORK/bad-pack.h5"
+expect_exit 2 "nowhere.toml: no such canary file" -- "$HARNESS" run --canary "$WORK/nowhere.toml" --out "$WORK/bad.h5"
+[ ! -e "$WORK/bad.h5" ] && [ ! -e "$WORK/bad-pack.h5" ] || fail "a refused canary left a file behind"
+finish

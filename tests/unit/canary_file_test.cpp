@@ -1,0 +1,222 @@
+// Canary files (docs/canary-files.md): the shipped canaries keep the identity their goldens
+// were recorded with, every bad key is refused with the file and key named, and a token
+// file trains on exactly the windows the contract fixes.
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "canary_file.h"
+#include "data_source.h"
+#include "receipt/receipt_reader.h"
+#include "scratch_dir.h"
+#include "token_file.h"
+
+namespace harness::canary {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+void write_text(const fs::path& path, const std::string& text) { std::ofstream(path) << text; }
+
+void write_tokens(const fs::path& path, const std::vector<std::uint32_t>& ids, int bytes_per_token) {
+  std::ofstream out(path, std::ios::binary);
+  for (std::uint32_t id : ids) {
+    for (int b = 0; b < bytes_per_token; ++b) out.put(static_cast<char>((id >> (8 * b)) & 0xff));
+  }
+}
+
+// The goldens were recorded before canaries were files: the shipped tiny must still be the
+// canary they name, key for key, or every golden would stop comparing.
+TEST(CanaryFile, ShippedTinyIsTheCanaryOfItsGoldens) {
+  const CanaryConfig tiny = load_canary("tiny");
+  for (const auto& entry : fs::directory_iterator(fs::path(HARNESS_SOURCE_DIR) / "goldens" / "tiny")) {
+    const receipt::ReceiptReader golden(entry.path().string());
+    nlohmann::json recorded = nlohmann::json::parse(golden.manifest_string("canary"));
+    nlohmann::json now = tiny.to_json();
+    now["steps"] = recorded["steps"];  // --steps of the golden's run
+    EXPECT_EQ(now, recorded) << entry.path();
+  }
+}
+
+TEST(CanaryFile, EveryShippedCanaryLoadsUnderItsOwnName) {
+  const std::vector<std::string> names = shipped_canaries();
+  ASSERT_GE(names.size(), 2u);
+  for (const std::string& name : names) {
+    const CanaryConfig c = load_canary(name);
+    EXPECT_EQ(c.name, name);
+    EXPECT_EQ(c.spec, name);
+  }
+}
+
+// A copy of a shipped file elsewhere is the same canary: the identity holds content, not paths.
+TEST(CanaryFile, ACopyElsewhereHasTheSameIdentity) {
+  const testing::ScratchDir dir;
+  const fs::path copy = dir.path("copy.toml");
+  fs::copy_file(shipped_canary_dir() / "micro.toml", copy);
+  const CanaryConfig a = load_canary("micro"), b = load_canary(copy.string());
+  EXPECT_EQ(a.to_json(), b.to_json());
+  EXPECT_EQ(b.spec, fs::absolute(copy).lexically_normal().string());
+  EXPECT_EQ(CanaryConfig::from_json(b.to_json()).to_json(), b.to_json());
+}
+
+struct BadCase {
+  std::string from, to;  // a text replacement in micro.toml
+  std::string key;       // the key the error must name
+  std::string detail;    // and a word of the reason
+};
+
+// Each case edits one line of a valid file; the error is one line naming the file and key.
+TEST(CanaryFile, EveryBadKeyIsRefusedWithFileAndKey) {
+  const std::string valid = read_text(shipped_canary_dir() / "micro.toml");
+  const std::vector<BadCase> cases = {
+      {"schema_version = 1", "schema_version = 2", "schema_version", "must be 1"},
+      {"schema_version = 1", "schema_version = 1\ncolour = \"red\"", "colour", "unknown key"},
+      {"name = \"micro\"", "", "name", "missing"},
+      {"name = \"micro\"", "name = \"my canary\"", "name", "letters"},
+      {"architecture = \"gpt2\"", "architecture = \"mamba\"", "architecture", "not an architecture"},
+      {"architecture = \"gpt2\"", "", "architecture", "missing"},
+      {"architecture = \"gpt2\"\n\n[model]\nvocab = 128\ncontext = 16\nchannels = 32\nlayers = 2\nheads = 2",
+       "architecture = \"gpt2\"\nmodel = 3", "model", "must be a table"},
+      {"vocab = 128", "vocab = 128\nwidth = 3", "model.width", "unknown key"},
+      {"vocab = 128", "vocab = \"128\"", "model.vocab", "integer"},
+      {"vocab = 128", "vocab = 300", "model.vocab", "8..256"},
+      {"vocab = 128", "", "model.vocab", "missing"},
+      {"heads = 2", "heads = 3", "model.heads", "does not divide model.channels 32"},
+      {"heads = 2", "heads = 0", "model.heads", "outside"},
+      {"heads = 2", "heads = 2\nkv_heads = 1", "model.kv_heads", "gpt2"},
+      {"heads = 2", "heads = 2\nmlp_hidden = 100", "model.mlp_hidden", "4 \\* model.channels"},
+      {"heads = 2", "heads = 2\nrope_theta = 1e4", "model.rope_theta", "gpt2"},
+      {"heads = 2", "heads = 2\nnorm_eps = -1.0", "model.norm_eps", "outside"},
+      {"steps = 20", "steps = 0", "train.steps", "outside"},
+      {"batch = 2", "batch = 2\nseed = -4", "train.seed", "outside"},
+      {"warmup_steps = 4", "warmup_steps = 4\nlr = nan", "optimizer.lr", "outside"},
+      {"warmup_steps = 4", "warmup_steps = 4\nbeta2 = 1.0", "optimizer.beta2", "outside"},
+      {"warmup_steps = 4", "warmup_steps = 4\nclip_norm = \"1\"", "optimizer.clip_norm", "number"},
+      {"source = \"builtin\"", "source = \"web\"", "data.source", "builtin or tokens"},
+      {"source = \"builtin\"", "source = \"builtin\"\ndtype = \"uint16\"", "data.dtype", "only for source"},
+      {"source = \"builtin\"", "source = \"tokens\"\ndtype = \"uint16\"", "data.path", "missing"},
+      {"source = \"builtin\"", "source = \"tokens\"\npath = \"t.bin\"\ndtype = \"int8\"", "data.dtype", "uint16 or uint32"},
+      {"source = \"builtin\"", "source = \"tokens\"\npath = \"none.bin\"\ndtype = \"uint16\"", "data.path", "cannot read"},
+      {"source = \"builtin\"", "source = \"tokens\"\npath = \"t.bin\"\ndtype = \"uint16\"\nseed = 3", "data.seed",
+       "only for source"},
+      {"[data]", "[data", "bad.toml:", "not TOML"},
+  };
+  const testing::ScratchDir dir;
+  const fs::path file = dir.path("bad.toml");
+  write_tokens(dir.path("t.bin"), std::vector<std::uint32_t>(64, 1), 2);
+  for (const BadCase& c : cases) {
+    const std::size_t at = valid.find(c.from);
+    ASSERT_NE(at, std::string::npos) << c.from;
+    std::string text = valid;
+    text.replace(at, c.from.size(), c.to);
+    write_text(file, text);
+    try {
+      load_canary(file.string());
+      ADD_FAILURE() << "accepted: " << c.from << " -> " << c.to;
+    } catch (const CanaryFileError& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+      EXPECT_EQ(what.rfind(file.string(), 0), 0u) << what;
+      EXPECT_NE(what.find(c.key), std::string::npos) << "names not " << c.key << ": " << what;
+      EXPECT_TRUE(std::regex_search(what, std::regex(c.detail))) << "lacks /" << c.detail << "/: " << what;
+    }
+  }
+}
+
+TEST(CanaryFile, AnUnknownNameListsTheShippedCanaries) {
+  try {
+    load_canary("huge");
+    FAIL() << "accepted";
+  } catch (const CanaryFileError& e) {
+    EXPECT_NE(std::string(e.what()).find("micro, tiny"), std::string::npos) << e.what();
+  }
+}
+
+class TokenCanary : public ::testing::Test {
+ protected:
+  fs::path write_canary(const std::string& dtype, const std::vector<std::uint32_t>& ids) {
+    write_tokens(dir_.path("tokens.bin"), ids, dtype == "uint16" ? 2 : 4);
+    std::string text = read_text(shipped_canary_dir() / "micro.toml");
+    text.replace(text.find("source = \"builtin\""), 18,
+                 "source = \"tokens\"\npath = \"tokens.bin\"\ndtype = \"" + dtype + "\"");
+    const fs::path file = dir_.path("mine.toml");
+    write_text(file, text);
+    return file;
+  }
+  testing::ScratchDir dir_;
+};
+
+// Row b of batch s is the window of T+1 tokens at ((s*B + b) * T) mod (N - T - 1).
+TEST_F(TokenCanary, BatchesAreTheContractsWindows) {
+  std::mt19937 random(7);
+  for (const std::string dtype : {"uint16", "uint32"}) {
+    std::vector<std::uint32_t> ids(1001);
+    for (auto& id : ids) id = random() % 128;
+    const CanaryConfig c = load_canary(write_canary(dtype, ids).string());
+    const auto data = make_data_source(c);
+    const int B = c.batch_size, T = c.context_length, starts = static_cast<int>(ids.size()) - T - 1;
+    for (int step : {0, 1, 7, 63, 999, 123457}) {
+      const Batch batch = data->batch(step);
+      ASSERT_EQ(batch.tokens.size(), static_cast<std::size_t>(B * (T + 1)));
+      for (int b = 0; b < B; ++b) {
+        const std::int64_t start = (static_cast<std::int64_t>(step) * B + b) * T % starts;
+        for (int t = 0; t <= T; ++t) {
+          ASSERT_EQ(batch.tokens[static_cast<std::size_t>(b * (T + 1) + t)], static_cast<std::int32_t>(ids[start + t]))
+              << dtype << " step " << step << " row " << b << " t " << t;
+        }
+        EXPECT_EQ(batch.inputs[static_cast<std::size_t>(b * T)], batch.tokens[static_cast<std::size_t>(b * (T + 1))]);
+        EXPECT_EQ(batch.targets[static_cast<std::size_t>(b * T + T - 1)],
+                  batch.tokens[static_cast<std::size_t>(b * (T + 1) + T)]);
+      }
+    }
+  }
+}
+
+TEST_F(TokenCanary, TheIdentityHoldsTheTokensNotThePath) {
+  std::vector<std::uint32_t> ids(200, 5);
+  const CanaryConfig a = load_canary(write_canary("uint16", ids).string());
+  EXPECT_EQ(a.to_json().at("data_tokens_count"), 200);
+  EXPECT_EQ(a.to_json().dump().find("tokens.bin"), std::string::npos);
+  ids[150] = 6;
+  const CanaryConfig b = load_canary(write_canary("uint16", ids).string());
+  EXPECT_NE(a.to_json(), b.to_json());
+  // The data source insists on the content the canary was loaded with.
+  EXPECT_THROW(make_data_source(a), std::invalid_argument);
+  EXPECT_NO_THROW(make_data_source(b));
+}
+
+TEST_F(TokenCanary, ABadTokenFileNamesTheProblem) {
+  std::vector<std::uint32_t> ids(300, 3);
+  ids[217] = 128;  // == vocab
+  const auto refused = [&](const std::string& pattern) {
+    try {
+      load_canary(dir_.path("mine.toml"));
+      ADD_FAILURE() << "accepted; wanted /" << pattern << "/";
+    } catch (const CanaryFileError& e) {
+      EXPECT_NE(std::string(e.what()).find("data.path"), std::string::npos) << e.what();
+      EXPECT_TRUE(std::regex_search(std::string(e.what()), std::regex(pattern))) << e.what();
+    }
+  };
+  write_canary("uint32", ids);
+  refused("token 128 at byte offset 868 \\(token 217\\) is not below model.vocab 128");
+  write_canary("uint16", std::vector<std::uint32_t>(17, 1));  // T = 16 needs 18
+  refused("holds 17 tokens, fewer than model.context \\+ 2 = 18");
+  write_canary("uint16", std::vector<std::uint32_t>(100, 1));
+  std::ofstream(dir_.path("tokens.bin"), std::ios::app).put('\0');
+  refused("201 bytes, not a whole number of uint16 tokens");
+}
+
+}  // namespace
+}  // namespace harness::canary
