@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """What canary_harness.torch.Recorder costs on the tiny PyTorch CPU step (issue 14).
 
-Two copies of the PyTorch lane's training (canary_harness.models.gpt2 + CanaryAdamW, the
+Copies of the PyTorch lane's training (canary_harness.models.gpt2 + CanaryAdamW, the
 lane's own canary_harness.lane.train_step, from the pack's init and batches) run side by
-side in this process, alternating step by step so that both see the same machine load:
-one bare, one followed by Recorder.step() into a receipt. After the warm-up, N steps of
+side in this process, taking turns step by step so that all see the same machine load:
+one bare, the others followed by Recorder.step() into a receipt. After the warm-up, N steps of
 each are timed; the medians give the overhead ratio (recorded / bare - 1), and the
 recorder's own median (its step() alone) gives the same thing measured directly.
 
@@ -13,9 +13,15 @@ Then the digest alone: the Python hashing (XXH3 over params, grads, m, v) and sk
 fp32 tensor data, beside the C++ recorder's (`build/bench/step_bench`, BM_RecordStep: the
 same digests plus its HDF5 row and flush), when that benchmark is built.
 
+By default two recorded copies run beside the bare one (three lanes in turn, the order
+rotating every step): Recorder(overlap=False) (the digest inside step()) and overlap=True
+(step() copies the step's tensors and a background thread digests them beside the next
+step); the CPU time reported for overlap=True is step()'s plus the worker's, which a
+machine with no spare core pays in wall time too.
+
 Usage:
     /usr/bin/python3 bench/recorder_overhead.py [--pack PACK.h5] [--steps 30] [--warmup 5]
-        [--threads N] [--json FILE] [--no-cpp]
+        [--threads N] [--json FILE] [--no-cpp] [--overlap both|on|off]
 
 Without --pack, one is written by `build/bin/harness export --canary tiny` into a
 temporary directory. This is a benchmark, not a test: numbers depend on the machine and
@@ -30,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -65,43 +72,80 @@ class Lane:
         return tokens, lr, loss, norm
 
 
-def time_steps(pack, cfg, receipt, steps, warmup):
-    bare, recorded = Lane(pack, cfg), Lane(pack, cfg)
-    recorder = Recorder(receipt, recorded.model, recorded.optimizer, pack=pack, steps=warmup + steps,
-                        engine="torch", budget_features="torch-cpu", overwrite=True)
-    bare_ms, recorded_ms, recorder_ms, append_ms = [], [], [], []
-    cpu = {"bare": [], "recorder": []}  # process CPU time: what a loaded machine inflates least
+def time_steps(pack, cfg, tmp, steps, warmup, modes):
+    """A bare lane and one recorded lane per mode (Recorder(overlap=mode)), in turn step by step.
+
+    Every lane sees the same machine load: the order rotates every step. Returns, per mode,
+    (bare_ms, recorded_ms, recorder_ms, append_ms, cpu) and the last recorded Lane. With
+    overlap the worker's digest of step n is meant to run beside its lane's step n + 1 (what
+    it does in a real loop), never beside another lane's step, which would slow that one
+    down and flatter the ratio: a gate holds each job until its lane's next step starts.
+    The worker's CPU time is taken on its own thread (time.thread_time).
+    """
+    bare = Lane(pack, cfg)
+    lanes, recorders, gates, timings = {}, {}, {}, {}
+    for overlap in modes:
+        lanes[overlap] = Lane(pack, cfg)
+        recorders[overlap] = Recorder(os.path.join(tmp, f"bench-{int(overlap)}.h5"), lanes[overlap].model,
+                                      lanes[overlap].optimizer, pack=pack, steps=warmup + steps, engine="torch",
+                                      budget_features="torch-cpu", overwrite=True, overlap=overlap)
+        timings[overlap] = {"recorded": [], "recorder": [], "append": [], "cpu": [], "worker_cpu": {}}
+        gates[overlap] = threading.Event()
+        gates[overlap].set()
+        _instrument(recorders[overlap], gates[overlap], timings[overlap])
+    bare_ms, bare_cpu = [], []
+    order = [None, *modes]
+    for step in range(warmup + steps):
+        for which in order[step % len(order):] + order[:step % len(order)]:  # rotate who goes first
+            c0, t0 = time.process_time(), time.perf_counter()
+            if which is None:
+                bare.step(step)
+                if step >= warmup:
+                    bare_ms.append((time.perf_counter() - t0) * 1e3)
+                    bare_cpu.append((time.process_time() - c0) * 1e3)
+                continue
+            gates[which].set()  # the previous step's digest may run now, beside this step
+            tokens, lr, loss, norm = lanes[which].step(step)
+            gates[which].clear()  # this step's own digest waits for the lane's next step
+            c1, t1 = time.process_time(), time.perf_counter()
+            recorders[which].step(loss=loss, grad_norm=norm, lr=lr, batch=tokens)  # after the step
+            c2, t2 = time.process_time(), time.perf_counter()
+            if step >= warmup:
+                timings[which]["recorded"].append((t2 - t0) * 1e3)
+                timings[which]["recorder"].append((t2 - t1) * 1e3)
+                timings[which]["cpu"].append((c2 - c1) * 1e3)
+    results = {}
+    for overlap in modes:
+        gates[overlap].set()
+        recorders[overlap].close()  # with overlap: waits for the last step's row
+        t = timings[overlap]
+        worker_cpu = [ms for s, ms in sorted(t["worker_cpu"].items()) if s >= warmup] or [0.0]
+        results[overlap] = (bare_ms, t["recorded"], t["recorder"], t["append"][warmup:],
+                            {"bare": bare_cpu, "recorder": t["cpu"], "worker": worker_cpu})
+    return results, lanes[modes[-1]]
+
+
+def _instrument(recorder, gate, timings):
+    """Times the receipt's HDF5 row (ReceiptWriter.append_step) and, with overlap, gates and
+    times the worker's job (bench only: see time_steps)."""
     append_step = recorder.writer.append_step
 
-    def timed_append_step(**kwargs):  # the receipt's HDF5 row and flush, inside Recorder.step()
+    def timed_append_step(**kwargs):  # the HDF5 row and flush (on the worker with overlap)
         t0 = time.perf_counter()
         append_step(**kwargs)
-        append_ms.append((time.perf_counter() - t0) * 1e3)
+        timings["append"].append((time.perf_counter() - t0) * 1e3)
 
     recorder.writer.append_step = timed_append_step
-    for step in range(warmup + steps):
-        order = (0, 1) if step % 2 == 0 else (1, 0)  # alternate who goes first
-        for which in order:
-            c0, t0 = time.process_time(), time.perf_counter()
-            if which == 0:
-                bare.step(step)
-                t2 = t1 = time.perf_counter()
-                c2 = c1 = time.process_time()
-            else:
-                tokens, lr, loss, norm = recorded.step(step)
-                c1, t1 = time.process_time(), time.perf_counter()
-                recorder.step(loss=loss, grad_norm=norm, lr=lr, batch=tokens)  # after the step
-                c2, t2 = time.process_time(), time.perf_counter()
-            if step >= warmup:
-                if which == 0:
-                    bare_ms.append((t2 - t0) * 1e3)
-                    cpu["bare"].append((c2 - c0) * 1e3)
-                else:
-                    recorded_ms.append((t2 - t0) * 1e3)
-                    recorder_ms.append((t2 - t1) * 1e3)
-                    cpu["recorder"].append((c2 - c1) * 1e3)
-    recorder.close()
-    return bare_ms, recorded_ms, recorder_ms, append_ms[warmup:], cpu, recorded
+    if recorder.overlap:
+        write_job = recorder._write_job
+
+        def gated_write_job(job):
+            gate.wait()
+            c0 = time.thread_time()
+            write_job(job)
+            timings["worker_cpu"][job.step] = (time.thread_time() - c0) * 1e3
+
+        recorder._write_job = gated_write_job
 
 
 def time_digest(lane, names, repeats):
@@ -155,31 +199,29 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     ap.add_argument("--json", metavar="FILE", help="write the results as JSON to FILE")
     ap.add_argument("--no-cpp", action="store_true", help="skip the C++ BM_RecordStep comparison")
+    ap.add_argument("--overlap", choices=("both", "on", "off"), default="both",
+                    help="Recorder(overlap=...): both (the default: a lane for each), on or off")
     args = ap.parse_args(argv)
     if args.steps < 1 or args.warmup < 0:
         ap.error("--steps must be >= 1 and --warmup >= 0")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
 
+    modes = {"both": (False, True), "on": (True,), "off": (False,)}[args.overlap]
     with tempfile.TemporaryDirectory() as tmp:
         pack = read_pack(args.pack or export_tiny_pack(tmp), canary="tiny")
         if args.warmup + args.steps > pack.steps:
             ap.error(f"--warmup + --steps: the pack holds {pack.steps} batches")
         cfg = gpt2.CanaryConfig.from_json(pack.canary_json)
-        bare, recorded, recorder, append, cpu, lane = time_steps(pack, cfg, os.path.join(tmp, "bench.h5"), args.steps,
-                                                    args.warmup)
+        runs, lane = time_steps(pack, cfg, tmp, args.steps, args.warmup, modes)
         hash_ms, sketch_ms, digest_ms, family_mb = time_digest(lane, pack.tensor_names, max(args.steps, 20))
     cpp = None if args.no_cpp else cpp_record_step()
 
-    bare_med, rec_med, recorder_med, append_med = (statistics.median(x) for x in (bare, recorded, recorder, append))
     results = {
         "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
         "load_average": os.getloadavg(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-        "numpy": np.__version__, "steps": args.steps, "warmup": args.warmup,
-        "bare_ms": bare_med, "recorded_ms": rec_med, "recorder_step_ms": recorder_med,
-        "append_step_ms": append_med, "bare_cpu_ms": statistics.median(cpu["bare"]),
-        "recorder_cpu_ms": statistics.median(cpu["recorder"]), "overhead_ratio": rec_med / bare_med - 1,
-        "recorder_share_of_bare": recorder_med / bare_med, "python_hash_ms": hash_ms, "python_sketch_ms": sketch_ms,
+        "numpy": np.__version__, "steps": args.steps, "warmup": args.warmup, "modes": {},
+        "python_hash_ms": hash_ms, "python_sketch_ms": sketch_ms,
         "python_digest_ms": digest_ms, "family_mb": family_mb,
         "python_digest_mb_s": 4 * family_mb / (digest_ms / 1e3),
         "python_hash_mb_s": 4 * family_mb / (hash_ms / 1e3), "python_sketch_mb_s": 2 * family_mb / (sketch_ms / 1e3),
@@ -187,14 +229,29 @@ def main(argv=None):
     }
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), numpy {np.__version__}; "
           f"{os.cpu_count()} CPUs, load average {results['load_average'][0]:.2f}; tiny (pack {pack.path}), "
-          f"{args.warmup} warm-up + {args.steps} timed steps of each, alternating, median")
-    print(f"  bare step                 {bare_med:8.2f} ms")
-    print(f"  step + Recorder.step()    {rec_med:8.2f} ms   overhead {100 * results['overhead_ratio']:+.1f}%")
-    print(f"  Recorder.step() alone     {recorder_med:8.2f} ms   = {100 * results['recorder_share_of_bare']:.1f}% "
-          "of the bare step")
-    print(f"  CPU time (process), median: bare step {results['bare_cpu_ms']:.2f} ms, Recorder.step() "
-          f"{results['recorder_cpu_ms']:.2f} ms = {100 * results['recorder_cpu_ms'] / results['bare_cpu_ms']:.1f}%")
-    print(f"    of which HDF5 row+flush {append_med:8.2f} ms   (ReceiptWriter.append_step)")
+          f"{args.warmup} warm-up + {args.steps} timed steps of each lane, in turn, median")
+    for overlap, (bare, recorded, recorder, append, cpu) in runs.items():
+        bare_med, rec_med, recorder_med, append_med = (statistics.median(x) for x in (bare, recorded, recorder,
+                                                                                     append))
+        bare_cpu, main_cpu, worker_cpu = (statistics.median(cpu[k]) for k in ("bare", "recorder", "worker"))
+        mode = {
+            "bare_ms": bare_med, "recorded_ms": rec_med, "recorder_step_ms": recorder_med,
+            "append_step_ms": append_med, "bare_cpu_ms": bare_cpu, "recorder_cpu_ms": main_cpu,
+            "worker_cpu_ms": worker_cpu, "overhead_ratio": rec_med / bare_med - 1,
+            "recorder_share_of_bare": recorder_med / bare_med,
+        }
+        results["modes"]["overlap" if overlap else "sync"] = mode
+        print(f"Recorder(overlap={overlap}):")
+        print(f"  bare step                 {bare_med:8.2f} ms")
+        print(f"  step + Recorder.step()    {rec_med:8.2f} ms   overhead {100 * mode['overhead_ratio']:+.1f}%")
+        print(f"  Recorder.step() alone     {recorder_med:8.2f} ms   = {100 * mode['recorder_share_of_bare']:.1f}% "
+              "of the bare step")
+        print(f"  CPU time, median: bare step {bare_cpu:.2f} ms, Recorder.step() {main_cpu:.2f} ms = "
+              f"{100 * main_cpu / bare_cpu:.1f}%" + (f"; background digest + row {worker_cpu:.2f} ms, total "
+                                                    f"{100 * (main_cpu + worker_cpu) / bare_cpu:.1f}%"
+                                                    if overlap else ""))
+        print(f"    of which HDF5 row+flush {append_med:8.2f} ms   (ReceiptWriter.append_step"
+              + (", on the worker)" if overlap else ")"))
     print(f"digest of one step (4 families x {family_mb:.2f} MB fp32 hashed, 2 of them sketched), median:")
     print(f"  Python hash (XXH3)        {hash_ms:8.2f} ms   {results['python_hash_mb_s']:8.0f} MB/s")
     print(f"  Python sketch             {sketch_ms:8.2f} ms   {results['python_sketch_mb_s']:8.0f} MB/s")

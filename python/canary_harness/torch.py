@@ -25,6 +25,11 @@ installs no hooks (unless it traces ops) and touches nothing during the forward,
 or update, so a step stays one graph under torch_xla (call `xm.mark_step()` before
 `recorder.step()` there, as after any XLA step).
 
+By default (`overlap=True`) step() only copies what the step must record into host
+buffers it reuses, and one background thread hashes, sketches and appends the row while
+the next step trains; the receipt is bit for bit the one `overlap=False` writes, and
+close() waits for the last row (Recorder's docstring: errors, and what a crash loses).
+
 With `trace="ops"` it also writes op traces (/trace, docs/bisect.md): module hooks
 (canary_harness.trace.OpTracer) keep the device tensors of every op's forward output and
 of the gradients its backward writes during the step, and step() hashes and sketches
@@ -42,7 +47,9 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+import queue
+import threading
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -50,7 +57,7 @@ import xxhash
 
 from .digest import SketchLayout, as_float32, batch_hash
 from .philox import stream_id
-from .receipt import PathLike, ReceiptWriter, TraceColumn
+from .receipt import PathLike, ReceiptError, ReceiptWriter, TraceColumn
 from .schema import HASH_FAMILIES, SKETCH_FAMILIES
 from .stack import StackInfo
 
@@ -115,6 +122,128 @@ def _check_name_map(model: torch.nn.Module, name_map: Optional[Mapping[str, str]
     return mapped
 
 
+# Dtypes whose values convert to float32 exactly, so that torch's copy_ into a float32 buffer
+# gives the bytes as_float32 would (any other dtype goes through as_float32 and its checks).
+_EXACT_IN_FLOAT32 = (torch.float32, torch.bfloat16, torch.float16)
+
+
+class _Snapshot:
+    """Host float32 copies of one step's params, grads, Adam m and v, reused from step to step.
+
+    Why a copy: the background digest reads these while the next step runs, and on the CPU
+    that step updates params, grads and moments in place. One flat buffer holds all four
+    families (allocated once: the tiny canary's is 13.4 MB), and each tensor is a view of it,
+    so a step allocates nothing. On CUDA the buffer is pinned and filled from a device-side
+    staging buffer with one non_blocking copy, then `ready` (an event) marks when the bytes
+    have landed: the training thread never waits for the transfer, the worker does.
+    """
+
+    def __init__(self, tensors: Sequence[torch.Tensor], families: int) -> None:
+        numels = [t.numel() for t in tensors]
+        total = sum(numels) * families
+        self.device = tensors[0].device if tensors else torch.device("cpu")
+        self.cuda = self.device.type == "cuda" and all(t.device == self.device for t in tensors)
+        self.host = torch.empty(total, dtype=torch.float32, pin_memory=self.cuda)
+        self.staging = torch.empty(total, dtype=torch.float32, device=self.device) if self.cuda else None
+        target = self.staging if self.cuda else self.host
+        self.views: List[torch.Tensor] = []  # where each (family, tensor) is written, family-major
+        self.arrays: List[np.ndarray] = []  # the same bytes on the host, as the digest reads them
+        host_np = self.host.numpy()
+        offset = 0
+        for _ in range(families):
+            for n in numels:
+                self.views.append(target[offset:offset + n])
+                self.arrays.append(host_np[offset:offset + n])
+                offset += n
+        self.ready: Optional[Any] = None  # the CUDA event of the last fill, None on the host
+        # loss, grad_norm, lr of a CUDA step, copied here without a host read (Recorder._hand_over)
+        self.scalars = torch.empty(3, dtype=torch.float64, pin_memory=True) if self.cuda else None
+
+    def fill(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Copies `tensors` (family-major, as the views) in; on CUDA only enqueues the copies."""
+        with torch.no_grad():
+            for view, t in zip(self.views, tensors):
+                t = t.detach()
+                if t.dtype in _EXACT_IN_FLOAT32 and (t.device == view.device or not self.cuda):
+                    view.copy_(t.reshape(-1))  # a D2H copy when t is on another device (XLA, MPS)
+                else:  # float64 and others: as_float32 refuses what float32 cannot hold exactly
+                    exact = torch.from_numpy(as_float32(t).reshape(-1))
+                    view.copy_(exact.to(view.device) if self.cuda else exact)
+            if self.cuda:
+                self.host.copy_(self.staging, non_blocking=True)
+                self.ready = torch.cuda.Event()
+                self.ready.record()
+
+    def wait(self) -> None:
+        """Until the bytes are on the host (called by the worker, never by the training thread)."""
+        if self.ready is not None:
+            self.ready.synchronize()
+
+
+class _Job(NamedTuple):
+    """What the worker needs to write one step: everything but the tensors, read at step() time."""
+    step: int
+    scalars: Tuple[Any, Any, Any]  # loss, grad_norm, lr: floats, or a pinned float64 (3,) tensor on CUDA
+    batch_hash: int
+    batch_tokens: Optional[np.ndarray]
+    compile: Optional[Mapping[str, float]]
+
+
+class _Worker:
+    """One background thread that writes the steps the Recorder hands it, one at a time.
+
+    At most one step is in flight: step() waits for the previous one before it reuses the
+    snapshot (honest back-pressure: a digest slower than the training step slows training
+    down instead of piling up memory). An exception in the job is kept, not lost, for the
+    Recorder to raise on its next call. The thread is not a daemon, so an interpreter that
+    exits without close() still writes the step in flight; it notices the exit (the main
+    thread has ended) while idle and stops then.
+    """
+
+    def __init__(self, run: Callable[[_Job], None], name: str) -> None:
+        self._run = run
+        self._jobs: "queue.Queue[Optional[_Job]]" = queue.Queue(maxsize=1)
+        self._idle = threading.Event()
+        self._idle.set()
+        self.error: Optional[BaseException] = None
+        self.failed_step: Optional[int] = None
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=False)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        main = threading.main_thread()
+        while True:
+            try:
+                job = self._jobs.get(timeout=0.25)
+            except queue.Empty:
+                if not main.is_alive():  # interpreter shutdown, nothing pending: let it exit
+                    return
+                continue
+            if job is None:
+                return
+            try:
+                if self.error is None:  # after a failure nothing more is written (no gap in the rows)
+                    self._run(job)
+            except BaseException as e:  # noqa: B902 -- kept for the caller, whatever it is
+                self.error, self.failed_step = e, job.step
+            finally:
+                self._idle.set()
+
+    def submit(self, job: _Job) -> None:
+        self._idle.clear()
+        self._jobs.put(job)
+
+    def wait(self) -> None:
+        """Until the step in flight (if any) is written or has failed."""
+        self._idle.wait()
+
+    def stop(self) -> None:
+        """Drains (the step in flight is written) and ends the thread."""
+        self._idle.wait()
+        self._jobs.put(None)
+        self._thread.join()
+
+
 class Recorder:
     """Records a PyTorch training loop into a receipt, one step per step() call.
 
@@ -133,6 +262,23 @@ class Recorder:
     for that (left in step(), in close(), and on an exception when the recorder is used as a
     context manager), which change no number.
     `recorder.audit.findings` and `.summary()` give the audit's findings so far.
+
+    `overlap=True` (the default) digests each step while the next one trains: step() copies
+    what the step must record (params, grads, Adam m and v, as float32 on the host, into
+    buffers reused every step; on CUDA with non_blocking copies into pinned memory) and hands
+    the hashing, sketching and HDF5 append to one background thread, so the training thread
+    pays for the copy only (docs/performance.md, "Recorder overhead on the PyTorch step").
+    The receipt is bit for bit the one `overlap=False` writes (the same code digests the same
+    bytes). What that changes for you:
+      - step() returns before its row is on disk; the next step(), dump_tensors(), close()
+        and `with` wait for it. A process killed (SIGKILL, power) between a step() and the
+        next loses that one step at most: every step the worker finished is flushed;
+      - an error while writing (a full disk, say) is raised by the next step(), close() or
+        `with` exit as a RecorderError naming the step and the cause (chained); nothing
+        after the failed step is written, and every later step() raises it again;
+      - `steps_recorded` counts the steps step() accepted; `writer.steps_recorded` the rows
+        written so far.
+    `trace="ops"` always records synchronously (its op outputs are read in step()).
     """
 
     def __init__(self, path: PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -142,7 +288,7 @@ class Recorder:
                  engine: str = "torch", features: str = "", record_batches: bool = False,
                  extra: Optional[Mapping[str, Any]] = None, overwrite: bool = False,
                  stack: Optional[StackInfo] = None, trace: str = "none", op_names: Any = None,
-                 audit: bool = False) -> None:
+                 audit: bool = False, overlap: bool = True) -> None:
         if trace not in ("none", "ops"):
             raise RecorderError(f"trace='{trace}': use 'none' or 'ops'")
         shapes = None
@@ -196,6 +342,11 @@ class Recorder:
         if trace == "ops":
             from .trace import OpTracer  # hooks the model from here on: after any hook of yours (a fault)
             self.tracer = OpTracer(model, {id(p): n for n, p in self.parameters.items()}, op_names)
+        self.overlap = bool(overlap) and trace == "none"
+        self._batch_shape = tuple(batch_shape) if batch_shape is not None else None
+        self._snapshot: Optional[_Snapshot] = None  # made at the first step: the tensors' device is known then
+        self._worker: Optional[_Worker] = None  # started at the first step, ended by close()
+        self._failure: Optional[RecorderError] = None  # the worker's error, once raised: raised again
         self.audit = None
         if audit:
             # From here to each step() call is a step: its ops, fingerprinted (canary_harness.audit).
@@ -215,8 +366,11 @@ class Recorder:
 
         loss, grad_norm (before clipping) and lr may be tensors (read here, after the step)
         or numbers; lr defaults to the first param group's. batch: the step's int32 tokens
-        (B, T+1), numpy or tensor.
+        (B, T+1), numpy or tensor. With overlap (the default) the row is written in the
+        background; an error of the previous step's write is raised here (class docstring).
         """
+        if self._failure is not None:  # a failed write leaves no gap: nothing after it is recorded
+            raise self._failure
         compile_row = None
         if self.audit is not None:  # the step ends here, before anything below reads a value
             if not self.audit.active:
@@ -236,29 +390,106 @@ class Recorder:
         adam_v = {name: self._state(name, p, "exp_avg_sq") for name, p in self.parameters.items()}
         if lr is None:
             lr = self.optimizer.param_groups[0]["lr"]
-        norm_value = None
-        if self.tracer is not None:  # the traced norm: the fp32 value the update clipped with
-            norm_value = _host_float32(grad_norm.detach().to(torch.float32)).reshape(-1) \
-                if isinstance(grad_norm, torch.Tensor) else np.array([grad_norm], dtype=np.float32)
-        loss, grad_norm, lr = _host_float(loss), _host_float(grad_norm), _host_float(lr)
-        batch = batch.detach().cpu() if isinstance(batch, torch.Tensor) else batch
-        # What ReceiptWriter.record_step computes, faster: each tensor read to the host once,
-        # hashed from that buffer (no copy) and, for params and grads, sketched together.
         families = dict(zip(HASH_FAMILIES, (self.parameters, grads, adam_m, adam_v)))
-        host = {fam: [_host_float32(tensors[n]) for n in self.tensor_names] for fam, tensors in families.items()}
-        K = len(self.tensor_names)
-        hashed, together = self._sketcher.hash_and_sketch([a for fam in SKETCH_FAMILIES for a in host[fam]])
-        hashes = {fam: hashed[f * K:(f + 1) * K] for f, fam in enumerate(SKETCH_FAMILIES)}
-        hashes.update({fam: [xxhash.xxh3_64_intdigest(a, seed=0) for a in host[fam]]
-                       for fam in HASH_FAMILIES if fam not in SKETCH_FAMILIES})
-        sketches = {fam: together[f * K:(f + 1) * K] for f, fam in enumerate(SKETCH_FAMILIES)}
-        trace = self._trace_row(norm_value, host["params"]) if self.tracer is not None else None
-        self.writer.append_step(loss=loss, grad_norm=grad_norm, lr=lr, batch_hash=batch_hash(batch), hashes=hashes,
-                                sketches=sketches, batch_tokens=batch if self._record_batches else None, trace=trace,
-                                compile=compile_row)
+        if self.overlap:
+            self._hand_over(families, loss, grad_norm, lr, batch, compile_row)
+        else:
+            norm_value = None
+            if self.tracer is not None:  # the traced norm: the fp32 value the update clipped with
+                norm_value = _host_float32(grad_norm.detach().to(torch.float32)).reshape(-1) \
+                    if isinstance(grad_norm, torch.Tensor) else np.array([grad_norm], dtype=np.float32)
+            scalars = (_host_float(loss), _host_float(grad_norm), _host_float(lr))
+            batch = batch.detach().cpu() if isinstance(batch, torch.Tensor) else batch
+            # Each tensor read to the host once (a view, no copy, for fp32 CPU tensors): the
+            # step is recorded before anything can change them.
+            host = [_host_float32(tensors[n]) for tensors in families.values() for n in self.tensor_names]
+            trace = self._trace_row(norm_value, host[:len(self.tensor_names)]) if self.tracer is not None else None
+            self._write(host, scalars, batch_hash(batch), batch if self._record_batches else None, compile_row,
+                        trace)
         self.steps_recorded += 1
         if self.audit is not None and self.steps_recorded < self.writer.steps_planned:
             self.audit.begin(self.steps_recorded)  # the next step starts here
+
+    def _hand_over(self, families: Mapping[str, Mapping[str, torch.Tensor]], loss: Any, grad_norm: Any, lr: Any,
+                   batch: Any, compile_row: Optional[Mapping[str, float]]) -> None:
+        """step() with overlap: snapshot the step, queue its digest and row for the worker."""
+        # What append_step would refuse, refused here and now rather than one step late.
+        if self.writer.finished or self.steps_recorded >= self.writer.steps_planned:
+            raise ReceiptError(f"{self.path}: all {self.writer.steps_planned} planned steps are recorded; "
+                               "no step can be added")
+        batch = batch.detach().cpu() if isinstance(batch, torch.Tensor) else batch
+        tokens = None
+        if self._record_batches:
+            # A copy: the caller may reuse its batch buffer before the worker writes it.
+            tokens = np.array(batch, dtype=np.asarray(batch).dtype, copy=True)
+            if tokens.shape != self._batch_shape:
+                raise ValueError(f"batch_tokens has shape {tokens.shape}, not {self._batch_shape}")
+        hashed_batch = batch_hash(batch)  # small (B x (T+1) int32): not worth deferring
+        tensors = [tensors[n] for tensors in families.values() for n in self.tensor_names]
+        if self._worker is None:
+            self._snapshot = _Snapshot(tensors[:len(self.tensor_names)], len(HASH_FAMILIES))
+            self._worker = _Worker(self._write_job, name=f"canary-recorder:{os.path.basename(str(self.path))}")
+        self._worker.wait()  # the previous step is written: its snapshot can be overwritten
+        self._raise_worker_error()
+        self._snapshot.fill(tensors)
+        given = [v for v in (loss, grad_norm, lr) if isinstance(v, torch.Tensor)]
+        if self._snapshot.cuda and any(v.is_cuda for v in given) and all(v.numel() == 1 for v in given):
+            # No host read here: the scalars follow the tensors to pinned memory, as float64
+            # (exact from any float dtype, the value _host_float gives), read by the worker.
+            scalars: Any = self._snapshot.scalars  # the worker is done with it (waited above)
+            for i, v in enumerate((loss, grad_norm, lr)):
+                if isinstance(v, torch.Tensor):
+                    scalars[i].copy_(v.detach().reshape(()), non_blocking=True)
+                else:
+                    scalars[i] = float(v)
+            self._snapshot.ready = torch.cuda.Event()
+            self._snapshot.ready.record()  # after the scalars' copies: one event for both
+            scalars = (scalars, None, None)
+        else:
+            scalars = (_host_float(loss), _host_float(grad_norm), _host_float(lr))
+        self._worker.submit(_Job(self.steps_recorded, scalars, hashed_batch, tokens, compile_row))
+
+    def _write_job(self, job: _Job) -> None:
+        """The worker's part of a step: wait for the snapshot's bytes, digest them, append the row."""
+        self._snapshot.wait()
+        scalars = job.scalars
+        if isinstance(scalars[0], torch.Tensor):
+            scalars = tuple(float(x) for x in scalars[0].tolist())
+        self._write(self._snapshot.arrays, scalars, job.batch_hash, job.batch_tokens, job.compile, None)
+
+    def _write(self, host: Sequence[np.ndarray], scalars: Sequence[float], hashed_batch: int,
+               batch_tokens: Any, compile_row: Optional[Mapping[str, float]], trace: Any) -> None:
+        """Digest and append one step: the same code with and without overlap, so the same bits.
+
+        host: C-contiguous float32, family-major (HASH_FAMILIES), tensors in canonical order.
+        What ReceiptWriter.record_step computes, faster: each tensor hashed from its buffer
+        (no copy) and, for params and grads, sketched together in one SketchLayout pass.
+        """
+        K = len(self.tensor_names)
+        by_family = {fam: host[f * K:(f + 1) * K] for f, fam in enumerate(HASH_FAMILIES)}
+        hashed, together = self._sketcher.hash_and_sketch([a for fam in SKETCH_FAMILIES for a in by_family[fam]])
+        hashes = {fam: hashed[f * K:(f + 1) * K] for f, fam in enumerate(SKETCH_FAMILIES)}
+        hashes.update({fam: [xxhash.xxh3_64_intdigest(a, seed=0) for a in by_family[fam]]
+                       for fam in HASH_FAMILIES if fam not in SKETCH_FAMILIES})
+        sketches = {fam: together[f * K:(f + 1) * K] for f, fam in enumerate(SKETCH_FAMILIES)}
+        loss, grad_norm, lr = scalars
+        self.writer.append_step(loss=loss, grad_norm=grad_norm, lr=lr, batch_hash=hashed_batch, hashes=hashes,
+                                sketches=sketches, batch_tokens=batch_tokens, trace=trace, compile=compile_row)
+
+    def _raise_worker_error(self) -> None:
+        """The worker's error (after wait()), as a RecorderError; kept so every later call raises it."""
+        if self._failure is None and self._worker is not None and self._worker.error is not None:
+            error = self._worker.error
+            self._failure = RecorderError(
+                f"step {self._worker.failed_step} could not be recorded (in the background writer; no later "
+                f"step is recorded): {type(error).__name__}: {error}")
+            self._failure.__cause__ = error
+            raise self._failure
+
+    def _drain(self) -> None:
+        """Every step handed to the worker written (or failed), and the thread ended."""
+        if self._worker is not None:
+            self._worker.stop()
 
     def _trace_row(self, grad_norm: Any, params: List[np.ndarray]):
         """The step's /trace row: the tracer's ops, then the optimizer's (the C++ update()):
@@ -291,23 +522,44 @@ class Recorder:
 
     def dump_tensors(self, step: int) -> None:
         """/tensors/step_XXXXXX: the parameters now (at the start of `step`), by canary name."""
+        if self._worker is not None:  # the rows before it first, in order (and their error, if any)
+            self._worker.wait()
+            self._raise_worker_error()
+        if self._failure is not None:
+            raise self._failure
         self.writer.dump_tensors(step, {n: p.detach() for n, p in self.parameters.items()})
 
     def close(self) -> None:
         """Closes the receipt: complete = 1 when every planned step was recorded (and removes
-        the op tracer's hooks and the audit's modes)."""
-        if self.audit is not None:
-            self.audit.abandon()
-        if self.tracer is not None:
-            self.tracer.close()
-        self.writer.close()
+        the op tracer's hooks and the audit's modes). With overlap it first waits for the
+        step in flight, and raises its error (a RecorderError) after closing the file."""
+        try:
+            self._drain()
+        finally:
+            if self.audit is not None:
+                self.audit.abandon()
+            if self.tracer is not None:
+                self.tracer.close()
+            self.writer.close()  # complete stays 0 when a write failed: fewer rows than planned
+        self._raise_worker_error()
 
     def __enter__(self) -> "Recorder":
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if self.audit is not None:
-            self.audit.abandon()
-        if self.tracer is not None:
-            self.tracer.close()
-        self.writer.__exit__(exc_type, exc, tb)
+        try:
+            self._drain()
+        finally:
+            if self.audit is not None:
+                self.audit.abandon()
+            if self.tracer is not None:
+                self.tracer.close()
+            self.writer.__exit__(exc_type, exc, tb)
+        if exc is None:
+            self._raise_worker_error()
+        elif self._failure is None and self._worker is not None and self._worker.error is not None:
+            # The caller's exception wins, but the lost step is named on it, not dropped.
+            error = self._worker.error
+            if hasattr(exc, "add_note"):  # Python >= 3.11
+                exc.add_note(f"canary_harness.torch.Recorder: step {self._worker.failed_step} could not be "
+                             f"recorded either: {type(error).__name__}: {error}")

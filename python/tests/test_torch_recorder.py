@@ -160,3 +160,137 @@ def test_recording_at_the_wrong_moment_is_named(micro_pack: Path, tmp_path: Path
             recorder.step(loss=loss, grad_norm=1.0, batch=pack.batch(0))
     with ReceiptReader(tmp_path / "sgd.h5") as r:
         assert r.steps_recorded == 0 and not r.complete
+
+
+def _datasets(path: Path) -> dict:
+    """Every dataset of a receipt, by path, as numpy (what `harness check` compares)."""
+    import h5py
+
+    out = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda name, obj: out.__setitem__(name, obj[()]) if isinstance(obj, h5py.Dataset) else None)
+    return out
+
+
+def train_one_step(pack, cfg, model, optimizer, step):
+    for group in optimizer.param_groups:
+        group["lr"] = gpt2.lr_at(step, cfg)
+    tokens = pack.batch(step)
+    loss = model(torch.from_numpy(tokens))
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+    optimizer.step()
+    return loss, norm, tokens
+
+
+def test_overlap_writes_the_receipt_the_synchronous_recorder_writes(micro_pack: Path, tmp_path: Path,
+                                                                       harness_bin: Path):
+    """Both recorders on one loop: the background digest of step n runs while step n + 1
+    updates params, grads and moments in place (held back to make sure), so only a true
+    snapshot gives the same bytes."""
+    import time
+
+    pack = read_pack(micro_pack, canary="micro")
+    cfg, model, optimizer, name_map = user_setup(pack)
+    kwargs = dict(pack=pack, budget_features="torch-cpu", record_batches=True)
+    background = Recorder(tmp_path / "overlap.h5", model, optimizer, name_map, **kwargs)
+    inline = Recorder(tmp_path / "sync.h5", model, optimizer, name_map, overlap=False, **kwargs)
+    assert background.overlap and not inline.overlap
+    write_job = background._write_job
+
+    def late_write_job(job):
+        time.sleep(0.05)  # the training thread is well into the next step by now
+        write_job(job)
+
+    background._write_job = late_write_job
+    for step in range(pack.steps):
+        loss, norm, tokens = train_one_step(pack, cfg, model, optimizer, step)
+        background.step(loss=loss, grad_norm=norm, batch=tokens)
+        inline.step(loss=loss, grad_norm=norm, batch=tokens)
+        tokens[...] = 0  # the caller's batch buffer, reused: the recorded batch must not change
+        optimizer.zero_grad()
+    assert background.steps_recorded == pack.steps
+    background.close()
+    inline.close()
+
+    run_harness(harness_bin, "validate", str(tmp_path / "overlap.h5"))
+    with ReceiptReader(tmp_path / "overlap.h5") as r:
+        assert r.complete and r.steps_recorded == pack.steps
+    ours, theirs = _datasets(tmp_path / "overlap.h5"), _datasets(tmp_path / "sync.h5")
+    assert sorted(ours) == sorted(theirs) and "hashes/params" in ours and "batches/tokens" in ours
+    for name in ours:
+        assert ours[name].dtype == theirs[name].dtype and ours[name].tobytes() == theirs[name].tobytes(), name
+
+
+def test_a_failed_background_write_is_raised_by_the_next_call_not_lost(micro_pack: Path, tmp_path: Path):
+    pack = read_pack(micro_pack, canary="micro")
+    cfg, model, optimizer, name_map = user_setup(pack)
+    recorder = Recorder(tmp_path / "r.h5", model, optimizer, name_map, pack=pack, budget_features="torch-cpu")
+    append_step = recorder.writer.append_step
+
+    def failing_append_step(**kwargs):
+        if recorder.writer.steps_recorded == 1:
+            raise OSError("No space left on device")
+        append_step(**kwargs)
+
+    recorder.writer.append_step = failing_append_step
+    for step in range(2):
+        loss, norm, tokens = train_one_step(pack, cfg, model, optimizer, step)
+        recorder.step(loss=loss, grad_norm=norm, batch=tokens)  # step 1 fails in the background
+        optimizer.zero_grad()
+    loss, norm, tokens = train_one_step(pack, cfg, model, optimizer, 2)
+    with pytest.raises(RecorderError, match=r"step 1 could not be recorded .*OSError: No space left on device") as e:
+        recorder.step(loss=loss, grad_norm=norm, batch=tokens)
+    assert isinstance(e.value.__cause__, OSError)
+    with pytest.raises(RecorderError, match=r"step 1 could not be recorded"):  # and again: no gap in the rows
+        recorder.step(loss=loss, grad_norm=norm, batch=tokens)
+    recorder.close()  # already raised: closes quietly
+    with ReceiptReader(tmp_path / "r.h5") as r:
+        assert r.steps_recorded == 1 and not r.complete
+
+
+def test_a_failed_last_write_is_raised_by_close_and_by_with(micro_pack: Path, tmp_path: Path):
+    pack = read_pack(micro_pack, canary="micro")
+    for use_with in (False, True):
+        cfg, model, optimizer, name_map = user_setup(pack)
+        out = tmp_path / f"r{int(use_with)}.h5"
+        recorder = Recorder(out, model, optimizer, name_map, pack=pack, budget_features="torch-cpu", steps=1)
+        recorder.writer.append_step = lambda **kwargs: (_ for _ in ()).throw(ValueError("a bad row"))
+        loss, norm, tokens = train_one_step(pack, cfg, model, optimizer, 0)
+        with pytest.raises(RecorderError, match=r"step 0 could not be recorded .*ValueError: a bad row"):
+            if use_with:
+                with recorder:
+                    recorder.step(loss=loss, grad_norm=norm, batch=tokens)
+            else:
+                recorder.step(loss=loss, grad_norm=norm, batch=tokens)
+                recorder.close()
+        with ReceiptReader(out) as r:
+            assert r.steps_recorded == 0 and not r.complete
+
+
+def test_a_process_that_exits_without_close_still_writes_its_last_step(micro_pack: Path, tmp_path: Path):
+    """The worker is not a daemon: the step handed to it when the script ends is written."""
+    import subprocess
+    import sys
+    import textwrap
+
+    out = tmp_path / "unclosed.h5"
+    script = textwrap.dedent(f"""
+        import sys, time
+        sys.path[:0] = {[str(Path(__file__).parent), str(Path(__file__).parent.parent)]!r}
+        from canary_harness.pack import read_pack
+        from canary_harness.torch import Recorder
+        from test_torch_recorder import user_setup, train_one_step
+        pack = read_pack({str(micro_pack)!r}, canary="micro")
+        cfg, model, optimizer, name_map = user_setup(pack)
+        recorder = Recorder({str(out)!r}, model, optimizer, name_map, pack=pack, budget_features="torch-cpu")
+        write_job = recorder._write_job
+        recorder._write_job = lambda job: (time.sleep(0.3), write_job(job))  # still busy when the script ends
+        for step in range(2):
+            loss, norm, tokens = train_one_step(pack, cfg, model, optimizer, step)
+            recorder.step(loss=loss, grad_norm=norm, batch=tokens)
+            optimizer.zero_grad()
+        """)
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+    with ReceiptReader(out) as r:
+        assert r.steps_recorded == 2 and not r.complete
