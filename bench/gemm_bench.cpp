@@ -1,4 +1,5 @@
-// Deterministic GEMM vs OpenBLAS sgemm, single thread, at the tiny canary's shapes.
+// Deterministic GEMM (every kernel the CPU has) vs OpenBLAS sgemm, on one and two threads,
+// at the tiny canary's shapes.
 // Both compute C = A @ B (+ C) in fp32; counters report GFLOP/s (2*M*N*K per call).
 //
 //   build/bench/gemm_bench --benchmark_counters_tabular=true
@@ -41,8 +42,9 @@ void set_flops(benchmark::State& state, const Shape& s) {
                                                  benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
 }
 
-void BM_DeterministicGemm(benchmark::State& state, Shape s) {
-  const tbb::global_control one_thread(tbb::global_control::max_allowed_parallelism, 1);
+void BM_DeterministicGemm(benchmark::State& state, Shape s, std::string_view kernel, int threads) {
+  const tbb::global_control limit(tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(threads));
+  harness::kernels::select_gemm_kernel(kernel);
   const auto A = random_matrix(s.M, s.K, 1), B = random_matrix(s.K, s.N, 2);
   std::vector<float> C(static_cast<std::size_t>(s.M) * s.N);
   for (auto _ : state) {
@@ -54,8 +56,8 @@ void BM_DeterministicGemm(benchmark::State& state, Shape s) {
   state.SetLabel(std::string(harness::kernels::gemm_kernel_name()));
 }
 
-void BM_OpenBlasSgemm(benchmark::State& state, Shape s) {
-  openblas_set_num_threads(1);
+void BM_OpenBlasSgemm(benchmark::State& state, Shape s, int threads) {
+  openblas_set_num_threads(threads);
   const auto A = random_matrix(s.M, s.K, 1), B = random_matrix(s.K, s.N, 2);
   std::vector<float> C(static_cast<std::size_t>(s.M) * s.N);
   for (auto _ : state) {
@@ -70,8 +72,17 @@ int register_all() {
   for (const Shape& s : kShapes) {
     const std::string suffix = std::string(s.role) + "/" + std::to_string(s.M) + "x" + std::to_string(s.N) + "x" +
                                std::to_string(s.K);
-    benchmark::RegisterBenchmark(("deterministic_gemm/" + suffix).c_str(), BM_DeterministicGemm, s);
-    benchmark::RegisterBenchmark(("openblas_sgemm/" + suffix).c_str(), BM_OpenBlasSgemm, s);
+    // Every kernel the CPU has (all give the same bits), one thread and two, beside
+    // OpenBLAS with as many threads.
+    for (int threads : {1, 2}) {
+      const std::string t = "/threads:" + std::to_string(threads);
+      for (std::string_view kernel : harness::kernels::available_gemm_kernels()) {
+        if (kernel == "generic") continue;  // the portable path: correctness, not speed
+        benchmark::RegisterBenchmark(("deterministic_gemm/" + std::string(kernel) + "/" + suffix + t).c_str(),
+                                     BM_DeterministicGemm, s, kernel, threads);
+      }
+      benchmark::RegisterBenchmark(("openblas_sgemm/" + suffix + t).c_str(), BM_OpenBlasSgemm, s, threads);
+    }
   }
   return 0;
 }

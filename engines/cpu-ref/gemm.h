@@ -7,13 +7,15 @@
 // the old value of C. Vectorisation runs across n (output columns), never across k, so
 // the bits do not depend on the vector width, the tile shape or the thread count.
 //
-// Two kernels compute identical bits: an AVX2+FMA kernel chosen at run time when the CPU
-// has it, and a portable kernel (std::fma per product, exactly rounded by IEEE-754 on any
-// CPU). A -march=x86-64 build and a -march=native build therefore agree bit for bit.
-// HARNESS_GEMM_KERNEL=generic forces the portable kernel (tests use it).
+// Three kernels compute identical bits: AVX-512F (12x32 tiles) and AVX2+FMA (6x16 tiles),
+// chosen at run time by what the CPU has, and a portable kernel (std::fma per product,
+// exactly rounded by IEEE-754 on any CPU). A -march=x86-64 build and a -march=native
+// build therefore agree bit for bit. HARNESS_GEMM_KERNEL=generic|avx2-fma|avx512 forces
+// one (when the CPU has it; tests use it).
 #pragma once
 
 #include <string_view>
+#include <vector>
 
 namespace harness::kernels {
 
@@ -30,8 +32,13 @@ void gemm_serial(int M, int N, int K, const float* A, int lda, const float* B, i
 // Serial out (cols x rows, leading dimension ld_out) = in (rows x cols, leading dimension ld_in)^T.
 void transpose_serial(const float* in, int rows, int cols, int ld_in, float* out, int ld_out);
 
-// The kernel in use: "avx2-fma" or "generic". Recorded in receipts.
+// The kernel in use: "avx512", "avx2-fma" or "generic". Recorded in receipts.
 std::string_view gemm_kernel_name();
+// The kernels this CPU can run, fastest first.
+std::vector<std::string_view> available_gemm_kernels();
+// Switches every later GEMM of this process to `name` (tests and benchmarks compare the
+// kernels); throws std::invalid_argument when the CPU cannot run it.
+void select_gemm_kernel(std::string_view name);
 
 // out (cols x rows) = in (rows x cols)^T, parallel over blocks.
 void transpose(const float* in, int rows, int cols, float* out);

@@ -3,6 +3,9 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <stdexcept>
+#include <string_view>
 #include <sstream>
 #include <vector>
 
@@ -42,21 +45,45 @@ std::vector<float> reference(const GemmCase& c, const std::vector<float>& A, con
 
 class GemmBitwise : public ::testing::TestWithParam<GemmCase> {};
 
-TEST_P(GemmBitwise, EqualsSequentialFmaChainAtEveryThreadCount) {
+// Restores the process's kernel choice after a test that switched it.
+class KernelScope {
+ public:
+  KernelScope() : saved_(gemm_kernel_name()) {}
+  ~KernelScope() { select_gemm_kernel(saved_); }
+
+ private:
+  std::string_view saved_;
+};
+
+TEST_P(GemmBitwise, EqualsSequentialFmaChainForEveryKernelAndThreadCount) {
   const GemmCase c = GetParam();
   const auto A = values(c.M * c.K, 1), B = values(c.K * c.N, 2), C0 = values(c.M * c.N, 3), bias = values(c.N, 4);
   const std::vector<float> expected = reference(c, A, B, C0, bias);
-  for (int threads : {1, 2, 3, 8}) {
-    const tbb::global_control limit(tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(threads));
-    std::vector<float> C = C0;
-    gemm(c.M, c.N, c.K, A.data(), c.K, B.data(), c.N, C.data(), c.N, c.epilogue, bias.data());
-    for (std::size_t i = 0; i < C.size(); ++i) {
-      ASSERT_EQ(std::bit_cast<std::uint32_t>(C[i]), std::bit_cast<std::uint32_t>(expected[i]))
-          << "element " << i << " threads " << threads << " kernel " << gemm_kernel_name();
+  const KernelScope scope;
+  for (std::string_view kernel : available_gemm_kernels()) {
+    select_gemm_kernel(kernel);
+    for (int threads : {1, 2, 3, 8}) {
+      const tbb::global_control limit(tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(threads));
+      std::vector<float> C = C0;
+      gemm(c.M, c.N, c.K, A.data(), c.K, B.data(), c.N, C.data(), c.N, c.epilogue, bias.data());
+      for (std::size_t i = 0; i < C.size(); ++i) {
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(C[i]), std::bit_cast<std::uint32_t>(expected[i]))
+            << "element " << i << " threads " << threads << " kernel " << gemm_kernel_name();
+      }
+      std::vector<float> serial = C0;
+      gemm_serial(c.M, c.N, c.K, A.data(), c.K, B.data(), c.N, serial.data(), c.N, c.epilogue, bias.data());
+      ASSERT_EQ(serial, C);
     }
-    std::vector<float> serial = C0;
-    gemm_serial(c.M, c.N, c.K, A.data(), c.K, B.data(), c.N, serial.data(), c.N, c.epilogue, bias.data());
-    ASSERT_EQ(serial, C);
+  }
+}
+
+TEST(GemmKernels, TheDispatchedKernelIsTheFastestTheCpuHas) {
+  const std::vector<std::string_view> kernels = available_gemm_kernels();
+  ASSERT_FALSE(kernels.empty());
+  EXPECT_EQ(kernels.back(), "generic");  // every CPU runs the portable one
+  EXPECT_THROW(select_gemm_kernel("avx1024"), std::invalid_argument);
+  if (std::getenv("HARNESS_GEMM_KERNEL") == nullptr) {
+    EXPECT_EQ(gemm_kernel_name(), kernels.front());
   }
 }
 
@@ -75,7 +102,11 @@ INSTANTIATE_TEST_SUITE_P(OddAndCanaryShapes, GemmBitwise,
                                            GemmCase{49, 129, 7, GemmEpilogue::AddBias},
                                            GemmCase{100, 48, 64, GemmEpilogue::Accumulate},
                                            GemmCase{64, 384, 128, GemmEpilogue::AddBias},
-                                           GemmCase{128, 128, 512, GemmEpilogue::Accumulate}),
+                                           GemmCase{128, 128, 512, GemmEpilogue::Accumulate},
+                                           // 12x32 tiles: row and column edges of every size
+                                           GemmCase{25, 95, 9, GemmEpilogue::AddBias},
+                                           GemmCase{37, 67, 19, GemmEpilogue::Accumulate},
+                                           GemmCase{512, 384, 128, GemmEpilogue::Store}),
                          case_name);
 
 TEST(Transpose, SwapsIndices) {
