@@ -5,21 +5,15 @@
 
 #include <fmt/format.h>
 
-#include "numerics/philox.h"
-
 namespace harness::canary {
 namespace {
 using Shape = std::vector<std::int64_t>;
 }
 
 Gpt2Canary::Gpt2Canary(const CanaryConfig& config, std::optional<FaultSpec> fault, bool trace_ops)
-    : config_(config), fault_(std::move(fault)), trace_ops_(trace_ops) {
+    : Canary(config, std::move(fault), trace_ops) {
   if (config.channels % config.heads != 0) throw std::invalid_argument("channels must divide by heads");
   describe_tensors();
-  for (TensorId p : parameters()) {
-    const std::string& name = table_[p].name;
-    parameter_layers_.push_back(name.starts_with("blocks.") ? std::stoi(name.substr(7)) : -1);
-  }
 }
 
 // The one description of every tensor. Parameters first, in docs/design.md's canonical order:
@@ -27,48 +21,40 @@ Gpt2Canary::Gpt2Canary(const CanaryConfig& config, std::optional<FaultSpec> faul
 void Gpt2Canary::describe_tensors() {
   const std::int64_t V = config_.vocab_size, T = config_.context_length, C = config_.channels;
   const std::int64_t B = config_.batch_size, NH = config_.heads, L = config_.layers;
-  auto& t = table_;
 
-  wte_ = t.add_parameter("wte", {V, C});
-  wpe_ = t.add_parameter("wpe", {T, C});
+  // Init roles (docs/canary.md): weight matrices and embeddings ~ N(0, init_std), the
+  // residual projections scaled by 1/sqrt(2L) (GPT-2's depth scaling), biases 0, norms 1.
+  const double std_dev = config_.init_std;
+  const double residual_std_dev = config_.init_std / __builtin_sqrt(2.0 * config_.layers);
+  wte_ = add_parameter("wte", {V, C}, ParameterInit::normal(std_dev));
+  wpe_ = add_parameter("wpe", {T, C}, ParameterInit::normal(std_dev));
   for (std::int64_t l = 0; l < L; ++l) {
     const std::string p = fmt::format("blocks.{}.", l);
+    const int layer = static_cast<int>(l);
+    const ParameterInit ones = ParameterInit::ones(layer), zeros = ParameterInit::zeros(layer);
+    const ParameterInit matrix = ParameterInit::normal(std_dev, layer);
+    const ParameterInit residual_matrix = ParameterInit::normal(residual_std_dev, layer);
     LayerParams lp;
-    lp.ln1w = t.add_parameter(p + "ln1.weight", {C});
-    lp.ln1b = t.add_parameter(p + "ln1.bias", {C});
-    lp.qkvw = t.add_parameter(p + "attn.qkv.weight", {3 * C, C});
-    lp.qkvb = t.add_parameter(p + "attn.qkv.bias", {3 * C});
-    lp.attprojw = t.add_parameter(p + "attn.proj.weight", {C, C});
-    lp.attprojb = t.add_parameter(p + "attn.proj.bias", {C});
-    lp.ln2w = t.add_parameter(p + "ln2.weight", {C});
-    lp.ln2b = t.add_parameter(p + "ln2.bias", {C});
-    lp.fcw = t.add_parameter(p + "mlp.fc.weight", {4 * C, C});
-    lp.fcb = t.add_parameter(p + "mlp.fc.bias", {4 * C});
-    lp.fcprojw = t.add_parameter(p + "mlp.proj.weight", {C, 4 * C});
-    lp.fcprojb = t.add_parameter(p + "mlp.proj.bias", {C});
+    lp.ln1w = add_parameter(p + "ln1.weight", {C}, ones);
+    lp.ln1b = add_parameter(p + "ln1.bias", {C}, zeros);
+    lp.qkvw = add_parameter(p + "attn.qkv.weight", {3 * C, C}, matrix);
+    lp.qkvb = add_parameter(p + "attn.qkv.bias", {3 * C}, zeros);
+    lp.attprojw = add_parameter(p + "attn.proj.weight", {C, C}, residual_matrix);
+    lp.attprojb = add_parameter(p + "attn.proj.bias", {C}, zeros);
+    lp.ln2w = add_parameter(p + "ln2.weight", {C}, ones);
+    lp.ln2b = add_parameter(p + "ln2.bias", {C}, zeros);
+    lp.fcw = add_parameter(p + "mlp.fc.weight", {4 * C, C}, matrix);
+    lp.fcb = add_parameter(p + "mlp.fc.bias", {4 * C}, zeros);
+    lp.fcprojw = add_parameter(p + "mlp.proj.weight", {C, 4 * C}, residual_matrix);
+    lp.fcprojb = add_parameter(p + "mlp.proj.bias", {C}, zeros);
     layer_params_.push_back(lp);
   }
-  lnfw_ = t.add_parameter("lnf.weight", {C});
-  lnfb_ = t.add_parameter("lnf.bias", {C});
-
-  inputs_ = t.add({"inputs", {B, T}, DType::I32, TensorKind::Input});
-  targets_ = t.add({"targets", {B, T}, DType::I32, TensorKind::Input});
-  for (const char* name : {"lr", "bias_correction1", "bias_correction2", "loss", "grad_norm"}) {
-    t.add({name, {}, DType::F32, TensorKind::Scalar});
-  }
-  lr_ = t.find("lr", TensorKind::Scalar);
-  bias_correction1_ = t.find("bias_correction1", TensorKind::Scalar);
-  bias_correction2_ = t.find("bias_correction2", TensorKind::Scalar);
-  loss_ = t.find("loss", TensorKind::Scalar);
-  grad_norm_ = t.find("grad_norm", TensorKind::Scalar);
-  if (fault_) fault_ulps_ = t.add({"fault_ulps", {}, DType::F32, TensorKind::Scalar});
+  lnfw_ = add_parameter("lnf.weight", {C}, ParameterInit::ones());
+  lnfb_ = add_parameter("lnf.bias", {C}, ParameterInit::zeros());
+  add_step_tensors();
 
   // Activations and their gradients share names; the kind tells them apart.
-  auto act = [&](const std::string& name, Shape shape, TensorId* grad) {
-    const TensorId id = t.add({name, shape, DType::F32, TensorKind::Activation});
-    if (grad) *grad = t.add({name, shape, DType::F32, TensorKind::ActivationGrad});
-    return id;
-  };
+  auto act = [&](const std::string& name, Shape shape, TensorId* grad) { return add_activation(name, shape, grad); };
   const Shape btc{B, T, C}, bt{B, T};
   encoded_ = act("embedding.out", btc, &d_encoded_);
   forward_op_names_.push_back("embedding");
@@ -106,97 +92,6 @@ void Gpt2Canary::describe_tensors() {
   logits_ = act("lm_head.out", {B, T, V}, &d_logits_);
   probs_ = act("loss.probs", {B, T, V}, nullptr);
   for (const char* op : {"lnf", "lm_head", "loss"}) forward_op_names_.push_back(op);
-}
-
-// ---- initialisation ---------------------------------------------------------------------
-
-std::vector<float> Gpt2Canary::initial_values(TensorId parameter, std::uint64_t seed) const {
-  const TensorDesc& desc = table_[parameter];
-  const auto n = static_cast<std::size_t>(desc.numel());
-  const auto ends_with = [&](std::string_view suffix) { return desc.name.ends_with(suffix); };
-  if (ends_with(".bias")) return std::vector<float>(n, 0.0f);
-  if (desc.name.find("ln") != std::string::npos && ends_with(".weight")) return std::vector<float>(n, 1.0f);
-  // Residual projections are scaled by 1/sqrt(2L) (GPT-2's depth scaling).
-  double std_dev = config_.init_std;
-  if (ends_with("attn.proj.weight") || ends_with("mlp.proj.weight")) {
-    std_dev /= __builtin_sqrt(2.0 * config_.layers);
-  }
-  std::vector<float> values(n);
-  const std::uint64_t stream = numerics::stream_id(desc.name.c_str());
-  for (std::size_t i = 0; i < n; ++i) {
-    values[i] = static_cast<float>(std_dev * numerics::normal_at(seed, stream, i));
-  }
-  return values;
-}
-
-void Gpt2Canary::upload_initial_parameters(Engine& engine, std::uint64_t seed) const {
-  for (TensorId p : parameters()) {
-    engine.upload(p, initial_values(p, seed));
-    const std::vector<float> zeros(static_cast<std::size_t>(table_[p].numel()), 0.0f);
-    engine.upload(table_.shadow(p, TensorKind::AdamM), zeros);
-    engine.upload(table_.shadow(p, TensorKind::AdamV), zeros);
-  }
-}
-
-// ---- one step ---------------------------------------------------------------------------
-
-float Gpt2Canary::begin_step(Engine& e, int step, const Batch& batch) const {
-  e.step_begin(step);
-  e.upload_tokens(inputs_, batch.inputs);
-  e.upload_tokens(targets_, batch.targets);
-  // Per-step scalars are uploaded into 0-D tensors, never baked into an op.
-  double beta1_t = 1.0, beta2_t = 1.0;  // beta^t with t = step + 1, by repeated products
-  for (int i = 0; i <= step; ++i) {
-    beta1_t *= config_.beta1;
-    beta2_t *= config_.beta2;
-  }
-  const float scalars[3] = {static_cast<float>(learning_rate(config_, step)), static_cast<float>(1.0 - beta1_t),
-                            static_cast<float>(1.0 - beta2_t)};
-  e.upload(lr_, {&scalars[0], 1});
-  e.upload(bias_correction1_, {&scalars[1], 1});
-  e.upload(bias_correction2_, {&scalars[2], 1});
-  if (fault_) {
-    const float ulps = step == fault_->step ? static_cast<float>(fault_->ulps) : 0.0f;
-    e.upload(fault_ulps_, {&ulps, 1});
-  }
-  for (TensorId g : table_.of_kind(TensorKind::Gradient)) e.zero(g);
-  for (TensorId g : table_.of_kind(TensorKind::ActivationGrad)) e.zero(g);
-  return scalars[0];
-}
-
-StepResult Gpt2Canary::train_step(Engine& e, int step, const Batch& batch) const {
-  const float lr = begin_step(e, step, batch);
-  forward(e);
-  backward(e);
-  update(e);
-  e.step_end();
-  StepResult result;
-  result.step = step;
-  result.lr = lr;
-  result.loss = e.read(loss_)[0];
-  result.grad_norm = e.read(grad_norm_)[0];
-  return result;
-}
-
-float Gpt2Canary::evaluate_loss(Engine& e, int step, const Batch& batch) const {
-  begin_step(e, step, batch);
-  forward(e);
-  e.step_end();
-  return e.read(loss_)[0];
-}
-
-float Gpt2Canary::compute_gradients(Engine& e, int step, const Batch& batch) const {
-  begin_step(e, step, batch);
-  forward(e);
-  backward(e);
-  e.step_end();
-  return e.read(loss_)[0];
-}
-
-// The fault moves the op's output, so a trace sees what the next op reads.
-void Gpt2Canary::after_forward_op(Engine& e, const OpSite& s, TensorId out) const {
-  if (fault_ && fault_->op == s.name) e.nudge_ulps(s, out, fault_ulps_);
-  traced(e, s, {out});
 }
 
 void Gpt2Canary::forward(Engine& e) const {
@@ -257,7 +152,6 @@ void Gpt2Canary::forward(Engine& e) const {
 // then the parameter gradients.
 void Gpt2Canary::backward(Engine& e) const {
   constexpr Phase Bw = Phase::Backward;
-  auto grad = [&](TensorId param) { return table_.shadow(param, TensorKind::Gradient); };
   OpSite s = site("loss", -1, Bw);
   e.crossentropy_backward(s, d_logits_, probs_, targets_);
   traced(e, s, {d_logits_});
@@ -321,34 +215,6 @@ void Gpt2Canary::backward(Engine& e) const {
   s = site("embedding", -1, Bw);
   e.encoder_backward(s, grad(wte_), grad(wpe_), d_encoded_, inputs_);
   traced(e, s, {grad(wte_), grad(wpe_)});
-}
-
-// The optimizer: the global norm and clipping over all gradients, then AdamW per
-// parameter, whose op is named after the parameter (site "blocks.2.attn.proj.weight").
-void Gpt2Canary::update(Engine& e) const {
-  const OpSite s = site("optimizer", -1, Phase::Optimizer);
-  const auto& gradients = table_.of_kind(TensorKind::Gradient);
-  e.global_norm(s, grad_norm_, gradients);
-  traced(e, s, {grad_norm_});
-  e.clip_by_norm(s, gradients, grad_norm_, static_cast<float>(config_.max_grad_norm));
-  for (std::size_t i = 0; i < parameters().size(); ++i) {
-    const TensorId p = parameters()[i];
-    AdamWConfig adam;
-    adam.beta1 = static_cast<float>(config_.beta1);
-    adam.beta2 = static_cast<float>(config_.beta2);
-    adam.eps = static_cast<float>(config_.adam_eps);
-    // Decay only 2-D tensors: wte, wpe and the weight matrices (not biases, not LayerNorm).
-    adam.weight_decay = table_[p].rank() == 2 ? static_cast<float>(config_.weight_decay) : 0.0f;
-    const OpSite adamw = site(table_[p].name, parameter_layers_[i], Phase::Optimizer);
-    e.adamw_update(adamw, p, table_.shadow(p, TensorKind::Gradient), table_.shadow(p, TensorKind::AdamM),
-                   table_.shadow(p, TensorKind::AdamV), lr_, bias_correction1_, bias_correction2_, adam);
-    traced(e, adamw, {p});
-  }
-}
-
-void Gpt2Canary::traced(Engine& e, const OpSite& s, std::initializer_list<TensorId> outputs) const {
-  if (!trace_ops_) return;
-  for (TensorId id : outputs) e.trace(s, id);
 }
 
 }  // namespace harness::canary

@@ -9,7 +9,7 @@
 #include "canary_file.h"
 #include "data_source.h"
 #include "canary_run.h"
-#include "gpt2.h"
+#include "canary.h"
 #include "preset.h"
 #include "registry.h"
 
@@ -102,7 +102,8 @@ AuditReport audit_canary(const AuditOptions& o) {
                                  o.engine));
   }
   if (o.threads < 0 || o.threads > 1024) throw UsageError("--threads: must be between 1 and 1024 (0 = all cores)");
-  const canary::Gpt2Canary model(config);
+  const std::unique_ptr<canary::Canary> canary_model = canary::make_canary(config);
+  const canary::Canary& model = *canary_model;
   std::unique_ptr<Engine> engine;
   try {
     engine = make_engine(o.engine, o.engine_settings);

@@ -17,7 +17,7 @@
 #include "canary_file.h"
 #include "data_source.h"
 #include "canary_run.h"
-#include "gpt2.h"
+#include "canary.h"
 #include "receipt/hdf5_file.h"
 #include "registry.h"
 #include "stack_info.h"
@@ -74,7 +74,7 @@ void write_manifest(hid_t file, const canary::CanaryConfig& config, std::int64_t
 
 // The parameters at the start of step 0, exactly as a run initialises them: the model's
 // own initialisation uploaded to a cpu-ref engine and read back.
-std::int64_t write_init(hid_t file, const canary::Gpt2Canary& model, std::uint64_t seed, std::size_t& count) {
+std::int64_t write_init(hid_t file, const canary::Canary& model, std::uint64_t seed, std::size_t& count) {
   std::unique_ptr<Engine> engine = make_engine("cpu-ref");
   engine->bind(model.tensors());
   model.upload_initial_parameters(*engine, seed);
@@ -224,7 +224,8 @@ void write_file_atomically(const std::vector<char>& bytes, const std::string& pa
 PackSummary export_pack(const PackOptions& o) {
   const canary::CanaryConfig config = validated_config(o);
   check_output_path(o);
-  const canary::Gpt2Canary model(config);
+  const std::unique_ptr<canary::Canary> canary_model = canary::make_canary(config);
+  const canary::Canary& model = *canary_model;
 
   PackSummary summary;
   summary.path = o.out;

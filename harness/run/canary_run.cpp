@@ -12,9 +12,9 @@
 #include <nlohmann/json.hpp>
 #include <tbb/global_control.h>
 
+#include "canary.h"
 #include "canary_file.h"
 #include "data_source.h"
-#include "gpt2.h"
 #include "interrupt.h"
 #include "output_lock.h"
 #include "receipt/receipt_writer.h"
@@ -88,14 +88,14 @@ Validated validate(const RunOptions& o) {
   if (v.seed < 0) throw UsageError("--seed: must be between 0 and 9223372036854775807");
   try {
     // The engine's own gate too (a mesh engine's shard plan must divide the model).
-    make_engine(o.engine, o.engine_settings)->check_table(canary::Gpt2Canary(v.config).tensors());
+    make_engine(o.engine, o.engine_settings)->check_table(canary::make_canary(v.config)->tensors());
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
   if (o.inject_fault) {
-    const canary::Gpt2Canary probe(v.config);
+    const std::unique_ptr<canary::Canary> probe = canary::make_canary(v.config);
     try {
-      v.fault = canary::parse_fault_spec(*o.inject_fault, probe.forward_op_names());
+      v.fault = canary::parse_fault_spec(*o.inject_fault, probe->forward_op_names());
     } catch (const std::invalid_argument& e) {
       throw UsageError(e.what());
     }
@@ -155,13 +155,13 @@ receipt::Manifest make_manifest(const RunOptions& o, const Validated& v, const E
   return m;
 }
 
-std::vector<std::string> parameter_names(const canary::Gpt2Canary& model) {
+std::vector<std::string> parameter_names(const canary::Canary& model) {
   std::vector<std::string> names;
   for (TensorId p : model.parameters()) names.push_back(model.tensors()[p].name);
   return names;
 }
 
-void dump_parameters(Engine& engine, const canary::Gpt2Canary& model, receipt::ReceiptWriter& writer, int step) {
+void dump_parameters(Engine& engine, const canary::Canary& model, receipt::ReceiptWriter& writer, int step) {
   for (TensorId p : model.parameters()) {
     const TensorDesc& d = model.tensors()[p];
     writer.dump_tensor(step, d.name, d.shape, engine.read(p));
@@ -238,7 +238,8 @@ RunSummary run_canary(const RunOptions& o, const std::function<void(const StepPr
   const InterruptGuard interrupts;
   const tbb::global_control threads(tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(v.threads));
 
-  const canary::Gpt2Canary model(v.config, v.fault, o.trace == "ops");
+  const std::unique_ptr<canary::Canary> canary_model = canary::make_canary(v.config, v.fault, o.trace == "ops");
+  const canary::Canary& model = *canary_model;
   std::unique_ptr<Engine> engine = make_engine(o.engine, o.engine_settings);
   engine->bind(model.tensors());
   model.upload_initial_parameters(*engine, static_cast<std::uint64_t>(v.seed));

@@ -81,7 +81,7 @@ std::string checkpoint_dir(const std::string& receipt_path) { return receipt_pat
 
 std::string checkpoint_file_name(int step) { return fmt::format("step_{:06d}.h5", step); }
 
-Checkpoint capture_checkpoint(Engine& engine, const canary::Gpt2Canary& model, int step, const std::string& lane,
+Checkpoint capture_checkpoint(Engine& engine, const canary::Canary& model, int step, const std::string& lane,
                               std::int64_t seed) {
   Checkpoint c;
   c.step = step;
@@ -121,7 +121,7 @@ Checkpoint load_checkpoint(const std::string& path) {
   }
 }
 
-void restore_checkpoint(const Checkpoint& c, Engine& engine, const canary::Gpt2Canary& model) {
+void restore_checkpoint(const Checkpoint& c, Engine& engine, const canary::Canary& model) {
   const auto& params = model.parameters();
   if (c.names.size() != params.size()) {
     throw UsageError(fmt::format("checkpoint of step {}: {} parameters where the model has {}", c.step, c.names.size(),

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "api/engine.h"
-#include "gpt2.h"
+#include "canary.h"
 
 namespace harness::run {
 
@@ -36,7 +36,7 @@ std::string checkpoint_dir(const std::string& receipt_path);
 std::string checkpoint_file_name(int step);
 
 // Reads the state out of the engine (between steps).
-Checkpoint capture_checkpoint(Engine& engine, const canary::Gpt2Canary& model, int step, const std::string& lane,
+Checkpoint capture_checkpoint(Engine& engine, const canary::Canary& model, int step, const std::string& lane,
                               std::int64_t seed);
 // Writes through "<path>.partial", renamed when complete: a checkpoint is whole or absent.
 void save_checkpoint(const std::string& path, const Checkpoint& checkpoint);
@@ -44,6 +44,6 @@ void save_checkpoint(const std::string& path, const Checkpoint& checkpoint);
 Checkpoint load_checkpoint(const std::string& path);
 // Uploads parameters and moments and restores the engine's own state; throws UsageError
 // when the checkpoint's tensors do not fit the model.
-void restore_checkpoint(const Checkpoint& checkpoint, Engine& engine, const canary::Gpt2Canary& model);
+void restore_checkpoint(const Checkpoint& checkpoint, Engine& engine, const canary::Canary& model);
 
 }  // namespace harness::run

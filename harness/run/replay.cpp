@@ -13,7 +13,7 @@
 #include "canary_run.h"
 #include "checkpoint.h"
 #include "file_io.h"
-#include "gpt2.h"
+#include "canary.h"
 #include "op_trace.h"
 #include "receipt/hdf5_file.h"
 #include "receipt/receipt_reader.h"
@@ -181,10 +181,11 @@ ReplayResult replay(const ReplayOptions& options) {
                                  options.receipt, o.canary));
   }
   std::optional<canary::FaultSpec> fault;
-  const canary::Gpt2Canary probe(config);
-  if (o.inject_fault) fault = canary::parse_fault_spec(*o.inject_fault, probe.forward_op_names());
+  const std::unique_ptr<canary::Canary> probe = canary::make_canary(config);
+  if (o.inject_fault) fault = canary::parse_fault_spec(*o.inject_fault, probe->forward_op_names());
   const bool tracing = options.trace_ops || !rec.trace.empty();
-  const canary::Gpt2Canary model(config, fault, tracing);
+  const std::unique_ptr<canary::Canary> canary_model = canary::make_canary(config, fault, tracing);
+  const canary::Canary& model = *canary_model;
   const int threads = options.threads > 0 ? options.threads : o.threads > 0 ? o.threads : 0;
   std::optional<tbb::global_control> limit;
   if (threads > 0) limit.emplace(tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(threads));

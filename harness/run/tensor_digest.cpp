@@ -4,7 +4,7 @@
 
 namespace harness::run {
 
-StepDigester::StepDigester(const canary::Gpt2Canary& model) : model_(model) {
+StepDigester::StepDigester(const canary::Canary& model) : model_(model) {
   for (TensorId p : model.parameters()) {
     const TensorDesc& d = model.tensors()[p];
     sketchers_.emplace_back(static_cast<std::size_t>(d.numel()), receipt::sketch_salt(d.name.c_str()));

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "api/engine.h"
-#include "gpt2.h"
+#include "canary.h"
 #include "receipt/digest.h"
 #include "receipt/receipt_writer.h"
 
@@ -20,11 +20,11 @@ using receipt::TensorSketcher;
 // of params and grads, for every parameter in canonical order, tensors in parallel.
 class StepDigester {
  public:
-  explicit StepDigester(const canary::Gpt2Canary& model);
+  explicit StepDigester(const canary::Canary& model);
   void digest(Engine& engine, receipt::StepRecord& record) const;
 
  private:
-  const canary::Gpt2Canary& model_;
+  const canary::Canary& model_;
   std::vector<TensorSketcher> sketchers_;  // one per parameter (grads share the layout)
 };
 

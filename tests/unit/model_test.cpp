@@ -1,12 +1,16 @@
 // The canary model: its tensor table, its data, its whole-model gradient, and fault specs.
+#include <cmath>
+#include <memory>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
-#include "canary_file.h"
 #include "byte_stream.h"
+#include "canary.h"
+#include "canary_file.h"
 #include "cpu_ref_engine.h"
 #include "fault.h"
 #include "gpt2.h"
@@ -42,6 +46,38 @@ TEST(TensorTable, TinyHasDesignNamesShapesAndSharedLayouts) {
   EXPECT_EQ(t.arena_numel(TensorKind::Parameter), t.arena_numel(TensorKind::Gradient));
   // 256*128 + 64*128 + 4 * (12*128^2 + 13*128) + 2*128
   EXPECT_EQ(t.arena_numel(TensorKind::Parameter), 32768 + 8192 + 4 * (12 * 16384 + 13 * 128) + 256);
+}
+
+// Init comes from each parameter's role, set where it is described: norms 1, biases 0,
+// matrices N(0, 0.02) and the residual projections N(0, 0.02/sqrt(2L)), by their spread.
+TEST(Canary, InitialValuesFollowTheRolesAndTheRegistryKnowsGpt2) {
+  const std::unique_ptr<Canary> model = make_canary(load_canary("tiny"));
+  const TensorTable& t = model->tensors();
+  const auto spread = [&](const std::string& name) {
+    const std::vector<float> v = model->initial_values(t.find(name, TensorKind::Parameter), 1337);
+    double sum_squares = 0;
+    for (float x : v) sum_squares += static_cast<double>(x) * x;
+    return std::sqrt(sum_squares / static_cast<double>(v.size()));
+  };
+  for (const char* name : {"blocks.1.ln2.weight", "lnf.weight"}) {
+    for (float x : model->initial_values(t.find(name, TensorKind::Parameter), 7)) EXPECT_EQ(x, 1.0f) << name;
+  }
+  for (const char* name : {"blocks.3.attn.qkv.bias", "lnf.bias"}) {
+    for (float x : model->initial_values(t.find(name, TensorKind::Parameter), 7)) EXPECT_EQ(x, 0.0f) << name;
+  }
+  EXPECT_NEAR(spread("blocks.0.mlp.fc.weight"), 0.02, 0.002);
+  EXPECT_NEAR(spread("wte"), 0.02, 0.002);
+  EXPECT_NEAR(spread("blocks.2.attn.proj.weight"), 0.02 / std::sqrt(8.0), 0.001);
+  EXPECT_NEAR(spread("blocks.2.mlp.proj.weight"), 0.02 / std::sqrt(8.0), 0.001);
+  EXPECT_THROW(model->initial_values(t.find("inputs", TensorKind::Input), 7), std::invalid_argument);
+  CanaryConfig other = load_canary("micro");
+  other.architecture = "mamba";
+  try {
+    make_canary(other);
+    FAIL() << "an unknown architecture was built";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("'mamba'"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Schedule, WarmupThenCosineToTenPercent) {

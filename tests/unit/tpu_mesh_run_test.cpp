@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include "byte_stream.h"
 #include "canary_file.h"
 #include "audit.h"
 #include "gpt2.h"

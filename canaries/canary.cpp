@@ -1,0 +1,165 @@
+#include "canary.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "gpt2.h"
+#include "numerics/philox.h"
+
+namespace harness::canary {
+
+Canary::Canary(const CanaryConfig& config, std::optional<FaultSpec> fault, bool trace_ops)
+    : config_(config), fault_(std::move(fault)), trace_ops_(trace_ops) {}
+
+TensorId Canary::add_parameter(const std::string& name, std::vector<std::int64_t> shape, ParameterInit init) {
+  inits_.push_back(init);
+  return table_.add_parameter(name, std::move(shape));
+}
+
+// In the table's order after the parameters: inputs, targets, the per-step scalars, the
+// fault's ulps. (The order is part of every engine's arena layout: keep it.)
+void Canary::add_step_tensors() {
+  const std::int64_t B = config_.batch_size, T = config_.context_length;
+  inputs_ = table_.add({"inputs", {B, T}, DType::I32, TensorKind::Input});
+  targets_ = table_.add({"targets", {B, T}, DType::I32, TensorKind::Input});
+  const auto scalar = [&](const char* name) { return table_.add({name, {}, DType::F32, TensorKind::Scalar}); };
+  lr_ = scalar("lr");
+  bias_correction1_ = scalar("bias_correction1");
+  bias_correction2_ = scalar("bias_correction2");
+  loss_ = scalar("loss");
+  grad_norm_ = scalar("grad_norm");
+  if (fault_) fault_ulps_ = scalar("fault_ulps");
+}
+
+TensorId Canary::add_activation(const std::string& name, std::vector<std::int64_t> shape, TensorId* grad) {
+  const TensorId id = table_.add({name, shape, DType::F32, TensorKind::Activation});
+  if (grad) *grad = table_.add({name, std::move(shape), DType::F32, TensorKind::ActivationGrad});
+  return id;
+}
+
+// ---- initialisation ---------------------------------------------------------------------
+
+std::vector<float> Canary::initial_values(TensorId parameter, std::uint64_t seed) const {
+  const TensorDesc& desc = table_[parameter];
+  const auto n = static_cast<std::size_t>(desc.numel());
+  const auto position = static_cast<std::size_t>(std::find(parameters().begin(), parameters().end(), parameter) -
+                                                  parameters().begin());
+  if (position >= inits_.size()) throw std::invalid_argument("initial_values: '" + desc.name + "' is not a parameter");
+  const ParameterInit& init = inits_[position];
+  switch (init.kind) {
+    case ParameterInit::Kind::Zeros: return std::vector<float>(n, 0.0f);
+    case ParameterInit::Kind::Ones: return std::vector<float>(n, 1.0f);
+    case ParameterInit::Kind::Normal: break;
+  }
+  std::vector<float> values(n);
+  const std::uint64_t stream = numerics::stream_id(desc.name.c_str());
+  for (std::size_t i = 0; i < n; ++i) {
+    values[i] = static_cast<float>(init.std_dev * numerics::normal_at(seed, stream, i));
+  }
+  return values;
+}
+
+void Canary::upload_initial_parameters(Engine& engine, std::uint64_t seed) const {
+  for (TensorId p : parameters()) {
+    engine.upload(p, initial_values(p, seed));
+    const std::vector<float> zeros(static_cast<std::size_t>(table_[p].numel()), 0.0f);
+    engine.upload(table_.shadow(p, TensorKind::AdamM), zeros);
+    engine.upload(table_.shadow(p, TensorKind::AdamV), zeros);
+  }
+}
+
+// ---- one step ---------------------------------------------------------------------------
+
+float Canary::begin_step(Engine& e, int step, const Batch& batch) const {
+  e.step_begin(step);
+  e.upload_tokens(inputs_, batch.inputs);
+  e.upload_tokens(targets_, batch.targets);
+  // Per-step scalars are uploaded into 0-D tensors, never baked into an op.
+  double beta1_t = 1.0, beta2_t = 1.0;  // beta^t with t = step + 1, by repeated products
+  for (int i = 0; i <= step; ++i) {
+    beta1_t *= config_.beta1;
+    beta2_t *= config_.beta2;
+  }
+  const float scalars[3] = {static_cast<float>(learning_rate(config_, step)), static_cast<float>(1.0 - beta1_t),
+                            static_cast<float>(1.0 - beta2_t)};
+  e.upload(lr_, {&scalars[0], 1});
+  e.upload(bias_correction1_, {&scalars[1], 1});
+  e.upload(bias_correction2_, {&scalars[2], 1});
+  if (fault_) {
+    const float ulps = step == fault_->step ? static_cast<float>(fault_->ulps) : 0.0f;
+    e.upload(fault_ulps_, {&ulps, 1});
+  }
+  for (TensorId g : table_.of_kind(TensorKind::Gradient)) e.zero(g);
+  for (TensorId g : table_.of_kind(TensorKind::ActivationGrad)) e.zero(g);
+  return scalars[0];
+}
+
+StepResult Canary::train_step(Engine& e, int step, const Batch& batch) const {
+  const float lr = begin_step(e, step, batch);
+  forward(e);
+  backward(e);
+  update(e);
+  e.step_end();
+  StepResult result;
+  result.step = step;
+  result.lr = lr;
+  result.loss = e.read(loss_)[0];
+  result.grad_norm = e.read(grad_norm_)[0];
+  return result;
+}
+
+float Canary::evaluate_loss(Engine& e, int step, const Batch& batch) const {
+  begin_step(e, step, batch);
+  forward(e);
+  e.step_end();
+  return e.read(loss_)[0];
+}
+
+float Canary::compute_gradients(Engine& e, int step, const Batch& batch) const {
+  begin_step(e, step, batch);
+  forward(e);
+  backward(e);
+  e.step_end();
+  return e.read(loss_)[0];
+}
+
+// The fault moves the op's output, so a trace sees what the next op reads.
+void Canary::after_forward_op(Engine& e, const OpSite& s, TensorId out) const {
+  if (fault_ && fault_->op == s.name) e.nudge_ulps(s, out, fault_ulps_);
+  traced(e, s, {out});
+}
+
+// The optimizer: the global norm and clipping over all gradients, then AdamW per
+// parameter, whose op is named after the parameter (site "blocks.2.attn.proj.weight").
+void Canary::update(Engine& e) const {
+  const OpSite s = site("optimizer", -1, Phase::Optimizer);
+  const auto& gradients = table_.of_kind(TensorKind::Gradient);
+  e.global_norm(s, grad_norm_, gradients);
+  traced(e, s, {grad_norm_});
+  e.clip_by_norm(s, gradients, grad_norm_, static_cast<float>(config_.max_grad_norm));
+  for (std::size_t i = 0; i < parameters().size(); ++i) {
+    const TensorId p = parameters()[i];
+    AdamWConfig adam;
+    adam.beta1 = static_cast<float>(config_.beta1);
+    adam.beta2 = static_cast<float>(config_.beta2);
+    adam.eps = static_cast<float>(config_.adam_eps);
+    // Decay only 2-D tensors: embeddings and weight matrices (not biases, not norm weights).
+    adam.weight_decay = table_[p].rank() == 2 ? static_cast<float>(config_.weight_decay) : 0.0f;
+    const OpSite adamw = site(table_[p].name, inits_[i].layer, Phase::Optimizer);
+    e.adamw_update(adamw, p, grad(p), table_.shadow(p, TensorKind::AdamM), table_.shadow(p, TensorKind::AdamV), lr_,
+                   bias_correction1_, bias_correction2_, adam);
+    traced(e, adamw, {p});
+  }
+}
+
+void Canary::traced(Engine& e, const OpSite& s, std::initializer_list<TensorId> outputs) const {
+  if (!trace_ops_) return;
+  for (TensorId id : outputs) e.trace(s, id);
+}
+
+std::unique_ptr<Canary> make_canary(const CanaryConfig& config, std::optional<FaultSpec> fault, bool trace_ops) {
+  if (config.architecture == "gpt2") return std::make_unique<Gpt2Canary>(config, std::move(fault), trace_ops);
+  throw std::invalid_argument("canary architecture '" + config.architecture + "' has no model in this build (known: gpt2)");
+}
+
+}  // namespace harness::canary
