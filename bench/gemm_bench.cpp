@@ -12,7 +12,7 @@
 #include <benchmark/benchmark.h>
 #include <tbb/global_control.h>
 
-#include "gemm.h"
+#include "kernels/gemm.h"
 
 extern "C" void openblas_set_num_threads(int);
 

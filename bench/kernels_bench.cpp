@@ -8,7 +8,7 @@
 #include <benchmark/benchmark.h>
 #include <tbb/global_control.h>
 
-#include "kernels.h"
+#include "kernels/kernels.h"
 
 namespace {
 

@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "gpt2.h"
+#include "llama.h"
 #include "numerics/philox.h"
 
 namespace harness::canary {
@@ -157,9 +158,15 @@ void Canary::traced(Engine& e, const OpSite& s, std::initializer_list<TensorId> 
   for (TensorId id : outputs) e.trace(s, id);
 }
 
+std::string engine_cannot_run(const Engine& engine, const Canary& canary) {
+  return canary.needs_llama_ops() ? engine.llama_ops_missing() : std::string();
+}
+
 std::unique_ptr<Canary> make_canary(const CanaryConfig& config, std::optional<FaultSpec> fault, bool trace_ops) {
   if (config.architecture == "gpt2") return std::make_unique<Gpt2Canary>(config, std::move(fault), trace_ops);
-  throw std::invalid_argument("canary architecture '" + config.architecture + "' has no model in this build (known: gpt2)");
+  if (config.architecture == "llama") return std::make_unique<LlamaCanary>(config, std::move(fault), trace_ops);
+  throw std::invalid_argument("canary architecture '" + config.architecture +
+                              "' has no model in this build (known: gpt2, llama)");
 }
 
 }  // namespace harness::canary

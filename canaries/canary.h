@@ -50,6 +50,8 @@ class Canary {
   const TensorTable& tensors() const { return table_; }
   // Parameters in canonical order: the order of hashes, dumps and the receipt's names.
   const std::vector<TensorId>& parameters() const { return table_.of_kind(TensorKind::Parameter); }
+  // Whether its step calls the engine API's llama ops (an engine may not run them yet).
+  virtual bool needs_llama_ops() const { return false; }
   // Names of the forward ops, in execution order (valid fault-injection targets).
   const std::vector<std::string>& forward_op_names() const { return forward_op_names_; }
 
@@ -104,7 +106,11 @@ class Canary {
   std::vector<ParameterInit> inits_;  // by position in parameters()
 };
 
-// The canary of `config.architecture` (gpt2). Throws std::invalid_argument naming the
+// Why `engine` cannot run `canary` ("" when it can): a canary whose step needs ops the
+// engine does not run yet. Checked before step 0 by everything that runs a canary.
+std::string engine_cannot_run(const Engine& engine, const Canary& canary);
+
+// The canary of `config.architecture` (gpt2, llama). Throws std::invalid_argument naming the
 // architecture when this build has none.
 std::unique_ptr<Canary> make_canary(const CanaryConfig& config, std::optional<FaultSpec> fault = std::nullopt,
                                     bool trace_ops = false);

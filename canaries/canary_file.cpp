@@ -137,9 +137,6 @@ void read_identity(const Reader& r, CanaryConfig& c) {
     r.fail("architecture", fmt::format("'{}' is not an architecture (known: {})", c.architecture,
                                        fmt::join(kArchitectures, ", ")));
   }
-  if (c.architecture == "llama") {
-    r.fail("architecture", "'llama' is not implemented by this build's engines yet (docs/canary-files.md); use gpt2");
-  }
 }
 
 void read_model(const Reader& r, CanaryConfig& c) {
@@ -164,6 +161,11 @@ void read_model(const Reader& r, CanaryConfig& c) {
     r.fail("model.mlp_hidden", fmt::format("{}: gpt2's MLP is 4 * model.channels = {}", c.mlp_hidden, 4 * c.channels));
   }
   c.rope_theta = r.number("model.rope_theta", 0.0, 1e12, true, 10000.0);
+  if (!gpt2 && c.head_size() % 2 != 0) {
+    r.fail("model.heads", fmt::format("{}: llama's RoPE turns pairs of a head's channels, so the head size "
+                                      "model.channels / model.heads = {} must be even",
+                                      c.heads, c.head_size()));
+  }
   c.layernorm_eps = r.number("model.norm_eps", 0.0, 1.0, true, c.layernorm_eps);
   c.init_std = r.number("model.init_std", 0.0, 10.0, true, c.init_std);
 }

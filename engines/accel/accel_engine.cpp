@@ -9,9 +9,9 @@
 #include <tbb/parallel_for.h>
 #include <tbb/parallel_reduce.h>
 
-#include "deterministic_reduce.h"
-#include "gemm.h"
-#include "kernels.h"
+#include "kernels/deterministic_reduce.h"
+#include "kernels/gemm.h"
+#include "kernels/kernels.h"
 #include "numerics/formats.h"
 
 namespace harness::accel {

@@ -16,7 +16,7 @@
 #include "accel_config.h"
 #include "accel_kernels.h"
 #include "api/engine.h"
-#include "host_tensors.h"
+#include "kernels/host_tensors.h"
 #include "noise.h"
 #include "numerics/fp8_scaling.h"
 

@@ -4,8 +4,8 @@
 
 #include <tbb/parallel_for.h>
 
-#include "gemm.h"
-#include "kernels.h"
+#include "kernels/gemm.h"
+#include "kernels/kernels.h"
 #include "limited_accumulator_gemm.h"
 #include "numerics/formats.h"
 

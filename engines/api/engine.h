@@ -121,7 +121,8 @@ class Engine {
   // ---- ops ---------------------------------------------------------------------------
   virtual void zero(TensorId id) = 0;
 
-  // out (B,T,C) = wte[inputs] + wpe[t]
+  // out (B,T,C) = wte[inputs] + wpe[t]; wpe may be kNoTensor (no position embedding:
+  // out = wte[inputs]), and then dwpe is kNoTensor in the backward
   virtual void encoder_forward(const OpSite& site, TensorId out, TensorId inputs, TensorId wte,
                                TensorId wpe) = 0;
   virtual void encoder_backward(const OpSite& site, TensorId dwte, TensorId dwpe, TensorId dout,
@@ -144,6 +145,32 @@ class Engine {
   virtual void attention_forward(const OpSite& site, TensorId out, TensorId att, TensorId qkv) = 0;
   virtual void attention_backward(const OpSite& site, TensorId dqkv, TensorId dout, TensorId qkv,
                                   TensorId att) = 0;
+
+  // ---- the llama architecture's ops (docs/design.md, "The `llama` architecture") --------
+  // An engine that does not run them yet says so before step 0 (llama_ops_missing).
+
+  // out (N,C) = inp * rstd * weight, rstd (N) = 1/sqrt(mean(inp^2) + eps) saved for backward
+  virtual void rmsnorm_forward(const OpSite& site, TensorId out, TensorId rstd, TensorId inp, TensorId weight,
+                               float eps);
+  virtual void rmsnorm_backward(const OpSite& site, TensorId dinp, TensorId dweight, TensorId dout, TensorId inp,
+                                TensorId weight, TensorId rstd);
+  // Rotate-half RoPE over (B,T,heads*head_size): the pair (i, i+head_size/2) of position t
+  // turns by t * theta^(-2i/head_size).
+  virtual void rope_forward(const OpSite& site, TensorId out, TensorId inp, int head_size, double theta);
+  virtual void rope_backward(const OpSite& site, TensorId dinp, TensorId dout, int head_size, double theta);
+  // out = silu(gate) * up, elementwise
+  virtual void swiglu_forward(const OpSite& site, TensorId out, TensorId gate, TensorId up);
+  virtual void swiglu_backward(const OpSite& site, TensorId dgate, TensorId dup, TensorId dout, TensorId gate,
+                               TensorId up);
+  // Causal grouped-query attention: q (B,T,NH*hd), k and v (B,T,NKV*hd) -> out (B,T,NH*hd),
+  // att (B,NH,T,T) saved; NH from att, hd and NKV from the shapes.
+  virtual void gqa_attention_forward(const OpSite& site, TensorId out, TensorId att, TensorId q, TensorId k,
+                                     TensorId v);
+  virtual void gqa_attention_backward(const OpSite& site, TensorId dq, TensorId dk, TensorId dv, TensorId dout,
+                                      TensorId q, TensorId k, TensorId v, TensorId att);
+  // Whether this engine runs the llama ops above: an engine that does not names itself
+  // in the message ("" when it does); the run refuses a llama canary with it before step 0.
+  virtual std::string llama_ops_missing() const;
 
   // GELU, tanh approximation.
   virtual void gelu_forward(const OpSite& site, TensorId out, TensorId inp) = 0;

@@ -1,18 +1,20 @@
 #include "cpu_ref_engine.h"
 
-#include "deterministic_reduce.h"
-#include "kernels.h"
+#include "kernels/deterministic_reduce.h"
+#include "kernels/kernels.h"
 
 namespace harness {
 
 void CpuRefEngine::encoder_forward(const OpSite&, TensorId out, TensorId inputs, TensorId wte, TensorId wpe) {
   const TensorDesc& o = desc(out);  // (B,T,C)
-  kernels::encoder_forward(f32(out), i32(inputs), f32(wte), f32(wpe), int(o.dim(0)), int(o.dim(1)), int(o.dim(2)));
+  kernels::encoder_forward(f32(out), i32(inputs), f32(wte), wpe == kNoTensor ? nullptr : f32(wpe), int(o.dim(0)),
+                           int(o.dim(1)), int(o.dim(2)));
 }
 
 void CpuRefEngine::encoder_backward(const OpSite&, TensorId dwte, TensorId dwpe, TensorId dout, TensorId inputs) {
   const TensorDesc& o = desc(dout);
-  kernels::encoder_backward(f32(dwte), f32(dwpe), f32(dout), i32(inputs), int(o.dim(0)), int(o.dim(1)), int(o.dim(2)));
+  kernels::encoder_backward(f32(dwte), dwpe == kNoTensor ? nullptr : f32(dwpe), f32(dout), i32(inputs), int(o.dim(0)),
+                            int(o.dim(1)), int(o.dim(2)));
 }
 
 void CpuRefEngine::layernorm_forward(const OpSite&, TensorId out, TensorId mean, TensorId rstd, TensorId inp,
@@ -38,6 +40,64 @@ void CpuRefEngine::linear_backward(const OpSite&, TensorId dinp, TensorId dweigh
   const TensorDesc& w = desc(weight);
   kernels::linear_backward(f32(dinp), f32(dweight), dbias == kNoTensor ? nullptr : f32(dbias), f32(dout), f32(inp),
                            f32(weight), int(rows(inp)), int(w.dim(1)), int(w.dim(0)), t_.scratch());
+}
+
+// ---- the llama ops -----------------------------------------------------------------------
+
+void CpuRefEngine::rmsnorm_forward(const OpSite&, TensorId out, TensorId rstd, TensorId inp, TensorId weight, float eps) {
+  kernels::rmsnorm_forward(f32(out), f32(rstd), f32(inp), f32(weight), int(rows(inp)), int(desc(inp).shape.back()), eps);
+}
+
+void CpuRefEngine::rmsnorm_backward(const OpSite&, TensorId dinp, TensorId dweight, TensorId dout, TensorId inp,
+                                    TensorId weight, TensorId rstd) {
+  kernels::rmsnorm_backward(f32(dinp), f32(dweight), f32(dout), f32(inp), f32(weight), f32(rstd), int(rows(inp)),
+                            int(desc(inp).shape.back()));
+}
+
+const kernels::RopeTables& CpuRefEngine::rope_tables(int T, int head_size, double theta) {
+  for (const kernels::RopeTables& t : rope_tables_) {
+    if (t.T == T && t.head_size == head_size && t.theta == theta) return t;
+  }
+  rope_tables_.push_back(kernels::make_rope_tables(T, head_size, theta));
+  return rope_tables_.back();
+}
+
+void CpuRefEngine::rope_forward(const OpSite&, TensorId out, TensorId inp, int head_size, double theta) {
+  const TensorDesc& x = desc(inp);  // (B,T,heads*head_size)
+  const kernels::RopeTables& r = rope_tables(int(x.dim(1)), head_size, theta);
+  kernels::rope_forward(f32(out), f32(inp), r.cos.data(), r.sin.data(), int(x.dim(0)), int(x.dim(1)),
+                        int(x.dim(2) / head_size), head_size);
+}
+
+void CpuRefEngine::rope_backward(const OpSite&, TensorId dinp, TensorId dout, int head_size, double theta) {
+  const TensorDesc& x = desc(dout);
+  const kernels::RopeTables& r = rope_tables(int(x.dim(1)), head_size, theta);
+  kernels::rope_backward(f32(dinp), f32(dout), r.cos.data(), r.sin.data(), int(x.dim(0)), int(x.dim(1)),
+                         int(x.dim(2) / head_size), head_size);
+}
+
+void CpuRefEngine::swiglu_forward(const OpSite&, TensorId out, TensorId gate, TensorId up) {
+  kernels::swiglu_forward(f32(out), f32(gate), f32(up), desc(out).numel());
+}
+
+void CpuRefEngine::swiglu_backward(const OpSite&, TensorId dgate, TensorId dup, TensorId dout, TensorId gate,
+                                   TensorId up) {
+  kernels::swiglu_backward(f32(dgate), f32(dup), f32(dout), f32(gate), f32(up), desc(dout).numel());
+}
+
+void CpuRefEngine::gqa_attention_forward(const OpSite&, TensorId out, TensorId att, TensorId q, TensorId k, TensorId v) {
+  const TensorDesc& a = desc(att);  // (B,NH,T,T)
+  const int NH = int(a.dim(1)), hd = int(desc(q).dim(2)) / NH;
+  kernels::gqa_attention_forward(f32(out), f32(att), f32(q), f32(k), f32(v), int(a.dim(0)), int(a.dim(2)), NH,
+                                 int(desc(k).dim(2)) / hd, hd);
+}
+
+void CpuRefEngine::gqa_attention_backward(const OpSite&, TensorId dq, TensorId dk, TensorId dv, TensorId dout,
+                                          TensorId q, TensorId k, TensorId v, TensorId att) {
+  const TensorDesc& a = desc(att);
+  const int NH = int(a.dim(1)), hd = int(desc(q).dim(2)) / NH;
+  kernels::gqa_attention_backward(f32(dq), f32(dk), f32(dv), f32(dout), f32(q), f32(k), f32(v), f32(att), int(a.dim(0)),
+                                  int(a.dim(2)), NH, int(desc(k).dim(2)) / hd, hd);
 }
 
 void CpuRefEngine::attention_forward(const OpSite&, TensorId out, TensorId att, TensorId qkv) {

@@ -6,8 +6,8 @@
 #include <fmt/format.h>
 #include <tbb/parallel_for.h>
 
-#include "deterministic_reduce.h"
-#include "kernels.h"
+#include "kernels/deterministic_reduce.h"
+#include "kernels/kernels.h"
 #include "numerics/formats.h"
 
 namespace harness::tpu {

@@ -10,6 +10,7 @@
 #include <fmt/ranges.h>
 #include <toml++/toml.h>
 
+#include "canary.h"
 #include "canary_file.h"
 #include "preset.h"
 #include "registry.h"
@@ -75,6 +76,7 @@ class Parser {
           canary::is_canary_path(m.canary) ? (std::filesystem::path(path_).parent_path() / m.canary).string() : m.canary);
       m.canary = config.spec;
       m.canary_name = config.name;
+      canary_model_ = canary::make_canary(config);
     } catch (const std::invalid_argument& e) {
       fail(fmt::format("canary: {}", e.what()));
     }
@@ -152,6 +154,9 @@ class Parser {
     }
     try {
       const auto engine = make_engine(spec.engine, spec.settings);
+      if (const std::string why = canary::engine_cannot_run(*engine, *canary_model_); !why.empty()) {
+        fail(fmt::format("{}: {} (canary {})", at, why, m.canary_name));
+      }
       spec.lane = run::lane_name(m.canary_name, engine->lane_engine(), engine->features());
       spec.budget_features = engine->budget_features();
     } catch (const std::invalid_argument& e) {
@@ -283,6 +288,7 @@ class Parser {
   }
 
   std::string path_;
+  std::unique_ptr<canary::Canary> canary_model_;  // the matrix's canary: which ops its lanes' engines must run
 };
 
 }  // namespace

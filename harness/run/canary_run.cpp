@@ -88,7 +88,12 @@ Validated validate(const RunOptions& o) {
   if (v.seed < 0) throw UsageError("--seed: must be between 0 and 9223372036854775807");
   try {
     // The engine's own gate too (a mesh engine's shard plan must divide the model).
-    make_engine(o.engine, o.engine_settings)->check_table(canary::make_canary(v.config)->tensors());
+    const std::unique_ptr<Engine> engine = make_engine(o.engine, o.engine_settings);
+    const std::unique_ptr<canary::Canary> model = canary::make_canary(v.config);
+    if (const std::string why = canary::engine_cannot_run(*engine, *model); !why.empty()) {
+      throw UsageError(fmt::format("--engine: {} (canary {} is {})", why, v.config.name, v.config.architecture));
+    }
+    engine->check_table(model->tensors());
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }

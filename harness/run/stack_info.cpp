@@ -12,7 +12,7 @@
 #include <oneapi/tbb/version.h>
 #include <xxhash.h>
 
-#include "gemm.h"
+#include "kernels/gemm.h"
 #include "harness_build_info.h"
 
 namespace harness::run {

@@ -92,6 +92,25 @@ grep -q "mine.noise" "$WORK/stdout" || fail "compare does not name the entry it 
 "$PY" -c "import numpy as np; np.full(5000, 1, '<u2').tofile('$WORK/tokens.bin')"
 expect_exit 2 "mine-1.h5: canary .* changed since the receipt was recorded" -- "$HARNESS" replay "$WORK/mine-1.h5" --from 5
 
+# A llama canary (a small copy of llama-tiny): bitwise across thread counts on cpu-ref,
+# fault injection by op name, refused before step 0 by an engine without its ops.
+sed -e 's/^name = "llama-tiny"/name = "llama-small"/' -e 's/^context = 64/context = 16/' -e 's/^channels = 128/channels = 48/' \
+    -e 's/^layers = 4/layers = 2/' -e 's/^mlp_hidden = 352/mlp_hidden = 96/' -e 's/^batch = 8/batch = 2/' \
+    "$SHIPPED/llama-tiny.toml" > "$WORK/llama-small.toml"
+run --canary "$WORK/llama-small.toml" --steps 6 --threads 1 --trace ops --out "$WORK/llama-1.h5"
+run --canary "$WORK/llama-small.toml" --steps 6 --threads 2 --trace ops --out "$WORK/llama-2.h5"
+"$PY" "$HERE/same_bits.py" "$WORK/llama-1.h5" "$WORK/llama-2.h5" || fail "the llama canary differs across thread counts"
+expect_exit 0 "" -- "$HARNESS" validate "$WORK/llama-1.h5"
+run --canary "$WORK/llama-small.toml" --steps 6 --trace ops --inject-fault step=3,op=blocks.1.mlp.swiglu \
+  --out "$WORK/llama-fault.h5"
+expect_exit 1 "" -- "$HARNESS" bisect "$WORK/llama-fault.h5" "$WORK/llama-1.h5"
+grep -q "step 3" "$WORK/stdout" && grep -q "blocks.1.mlp.swiglu" "$WORK/stdout" \
+  || fail "bisect does not name step 3 and the faulted llama op: $(cat "$WORK/stdout")"
+expect_exit 2 "--engine: engine accel does not run the llama ops" -- \
+  "$HARNESS" run --canary "$WORK/llama-small.toml" --engine accel --out "$WORK/bad.h5"
+expect_exit 2 "--engine: engine tpu-mesh does not run the llama ops" -- \
+  "$HARNESS" run --canary llama-tiny --engine tpu-mesh --out "$WORK/bad.h5"
+
 # Bad canary files: exit 2, one line with the file and the key, no receipt.
 sed 's/^heads = 2$/heads = 3/' "$SHIPPED/micro.toml" > "$WORK/bad-heads.toml"
 expect_exit 2 "bad-heads.toml: model.heads: 3 does not divide model.channels 32" -- \

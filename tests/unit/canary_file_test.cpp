@@ -135,6 +135,40 @@ TEST(CanaryFile, EveryBadKeyIsRefusedWithFileAndKey) {
   }
 }
 
+// llama's own keys: grouped-query attention must divide, RoPE needs an even head size,
+// the SwiGLU hidden size has no default.
+TEST(CanaryFile, LlamaKeysAreValidatedToo) {
+  const std::string valid = read_text(shipped_canary_dir() / "llama-tiny.toml");
+  const std::vector<BadCase> cases = {
+      {"kv_heads = 2", "kv_heads = 3", "model.kv_heads", "does not divide model.heads 4"},
+      {"mlp_hidden = 352", "", "model.mlp_hidden", "missing"},
+      {"heads = 4", "heads = 8\nchannels_note = 1", "model.channels_note", "unknown key"},
+      {"channels = 128", "channels = 12", "model.heads", "head size .* = 3 must be even"},
+      {"rope_theta = 10000.0", "rope_theta = 0.0", "model.rope_theta", "outside"},
+  };
+  const testing::ScratchDir dir;
+  const fs::path file = dir.path("llama.toml");
+  for (const BadCase& c : cases) {
+    std::string text = valid;
+    const std::size_t at = text.find(c.from);
+    ASSERT_NE(at, std::string::npos) << c.from;
+    text.replace(at, c.from.size(), c.to);
+    write_text(file, text);
+    try {
+      load_canary(file.string());
+      ADD_FAILURE() << "accepted: " << c.from << " -> " << c.to;
+    } catch (const CanaryFileError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(c.key), std::string::npos) << "names not " << c.key << ": " << what;
+      EXPECT_TRUE(std::regex_search(what, std::regex(c.detail))) << "lacks /" << c.detail << "/: " << what;
+    }
+  }
+  const CanaryConfig llama = load_canary("llama-tiny");
+  EXPECT_EQ(llama.to_json().at("architecture"), "llama");
+  EXPECT_EQ(llama.to_json().at("kv_heads"), 2);
+  EXPECT_EQ(CanaryConfig::from_json(llama.to_json()).to_json(), llama.to_json());
+}
+
 TEST(CanaryFile, AnUnknownNameListsTheShippedCanaries) {
   try {
     load_canary("huge");

@@ -12,7 +12,7 @@
 #include <gtest/gtest.h>
 #include <tbb/global_control.h>
 
-#include "gemm.h"
+#include "kernels/gemm.h"
 #include "numerics/philox.h"
 
 namespace harness::kernels {

@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "gradient_check.h"
-#include "kernels.h"
+#include "kernels/kernels.h"
 #include "numerics/philox.h"
 
 namespace harness::kernels {

@@ -15,7 +15,7 @@
 
 namespace harness::kernels {
 
-// out (B,T,C) = wte[inp[b,t]] + wpe[t]
+// out (B,T,C) = wte[inp[b,t]] + wpe[t]; wpe (and then dwpe) may be nullptr: no position embedding
 void encoder_forward(float* out, const std::int32_t* inp, const float* wte, const float* wpe, int B, int T, int C);
 void encoder_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* inp, int B, int T, int C);
 

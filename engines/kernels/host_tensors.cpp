@@ -1,4 +1,4 @@
-#include "host_tensors.h"
+#include "kernels/host_tensors.h"
 
 #include <algorithm>
 #include <stdexcept>

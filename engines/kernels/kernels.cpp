@@ -1,4 +1,4 @@
-#include "kernels.h"
+#include "kernels/kernels.h"
 
 #include <bit>
 #include <cstring>
@@ -6,8 +6,8 @@
 
 #include <tbb/parallel_for.h>
 
-#include "deterministic_reduce.h"
-#include "gemm.h"
+#include "kernels/deterministic_reduce.h"
+#include "kernels/gemm.h"
 #include "numerics/det_math.h"
 
 namespace harness::kernels {
@@ -20,8 +20,12 @@ void encoder_forward(float* out, const std::int32_t* inp, const float* wte, cons
   tbb::parallel_for(0, B * T, [&](int bt) {
     const int t = bt % T;
     const float* wte_row = wte + static_cast<long>(inp[bt]) * C;
-    const float* wpe_row = wpe + static_cast<long>(t) * C;
     float* out_row = out + static_cast<long>(bt) * C;
+    if (wpe == nullptr) {  // no position embedding (llama): a copy, so -0.0 stays -0.0
+      for (int c = 0; c < C; ++c) out_row[c] = wte_row[c];
+      return;
+    }
+    const float* wpe_row = wpe + static_cast<long>(t) * C;
     for (int c = 0; c < C; ++c) out_row[c] = wte_row[c] + wpe_row[c];
   });
 }
@@ -39,6 +43,7 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const std::in
       for (int c = c0; c < c1; ++c) dwte_row[c] += dout_row[c];
     }
   });
+  if (dwpe == nullptr) return;  // no position embedding
   tbb::parallel_for(0, T, [&](int t) {
     float* dwpe_row = dwpe + static_cast<long>(t) * C;
     for (int b = 0; b < B; ++b) {
