@@ -1,7 +1,9 @@
 """The PyTorch canary lane: `python3 -m canary_harness.lane --pack PACK.h5 --out R.h5`.
 
 Trains the canary of a pack (`harness export`) from the pack's own initial parameters and
-batches with the package's PyTorch model (canary_harness.models.gpt2), the canary's exact
+batches with the package's PyTorch model of the canary's architecture (the canary JSON's
+`architecture` key: gpt2, canary_harness.models.gpt2, where the key is absent; llama,
+canary_harness.models.llama), the canary's exact
 schedule, clipping and AdamW in the XLA-safe pattern (canary_harness.optim), on CPU, CUDA
 or an XLA device, in fp32 or under bf16 autocast, and records every step through
 canary_harness.torch.Recorder into a receipt that the C++ harness judges like its own:
@@ -31,7 +33,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import List, NoReturn, Optional
+from typing import Any, Callable, List, NoReturn, Optional, Tuple
 
 PROG = "canary_harness.lane"
 
@@ -137,7 +139,7 @@ def budget_features(device_type: str, precision: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .pack import PackError, read_pack  # numpy/h5py only: a bad pack is named before torch loads
+    from .pack import PackError  # numpy/h5py only: a bad pack is named before torch loads
 
     if args.precision not in ("fp32", "bf16"):
         raise UsageError(f"--precision: unknown precision '{args.precision}'; use fp32 or bf16")
@@ -148,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--device: unknown device '{device_name}'; use cpu, cuda, cuda:N or xla")
     threads = _count("threads", args.threads, 1, 1024) if args.threads is not None else 1
     try:
-        pack = read_pack(args.pack, canary=args.canary)
+        pack = load_pack(args.pack, canary=args.canary)
     except PackError as e:
         raise UsageError(str(e)) from None
     steps = _count("steps", args.steps, 1, pack.steps) if args.steps is not None else pack.steps
@@ -160,14 +162,14 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from .models import gpt2
     from .torch import Recorder
 
+    model_module = architecture_module(pack)
     try:
-        cfg = gpt2.CanaryConfig.from_json(pack.canary_json)
+        cfg = model_module.config_class.from_json(pack.canary_json)
     except ValueError as e:
         raise UsageError(f"{pack.path}: {e}") from None
-    fault = parse_fault(args.inject_fault, gpt2.forward_op_names(cfg), steps) if args.inject_fault else None
+    fault = parse_fault(args.inject_fault, model_module.forward_op_names(cfg), steps) if args.inject_fault else None
 
     xm = None
     if device_name == "xla":
@@ -255,7 +257,8 @@ class CanaryStep:
     Made from a pack (canary_harness.pack.CanaryPack) and its config on `device`, with the
     lane's bf16 autocast (`autocast`: a torch.autocast, or None for fp32) and fault (a
     FaultSpec or None: a forward hook on the op's module, registered here, before any hook a
-    Recorder's op tracer adds). `model` and `optimizer` are the lane's GPT2 and CanaryAdamW.
+    Recorder's op tracer adds). `model` is the pack's architecture's module (GPT2 or Llama,
+    picked by the canary JSON's `architecture` key) and `optimizer` the lane's CanaryAdamW.
 
     The step is XLA-safe: `python3 -m canary_harness.audit` finds it clean (the audit case
     python/tests/audit_cases/canary_lane.py: `CanaryStep.from_pack(path)`).
@@ -264,12 +267,12 @@ class CanaryStep:
     def __init__(self, pack, cfg, device="cpu", autocast=None, fault: Optional[FaultSpec] = None):
         import torch
 
-        from .models import gpt2
         from .optim import CanaryAdamW
 
         self.pack, self.cfg, self.autocast, self.fault = pack, cfg, autocast, fault
+        self.architecture = architecture_module(pack)
         self.device = torch.device(device) if isinstance(device, str) else device
-        self.model = gpt2.GPT2(cfg, pack.init, device=self.device)
+        self.model = self.architecture.model_class(cfg, pack.init, device=self.device)
         self.optimizer = CanaryAdamW(self.model.named_parameters(), cfg)
         self.active = torch.zeros((), dtype=torch.bool, device=self.device)  # the fault's step, filled in place
         if fault is not None:
@@ -286,17 +289,17 @@ class CanaryStep:
         [--inject-fault SPEC]` runs it (bad values are UsageErrors, one line)."""
         import torch
 
-        from .models import gpt2
-        from .pack import PackError, read_pack
+        from .pack import PackError
 
         if precision not in ("fp32", "bf16"):
             raise UsageError(f"precision: unknown precision '{precision}'; use fp32 or bf16")
         try:
-            pack = read_pack(path)
+            pack = load_pack(path)
         except PackError as e:
             raise UsageError(str(e)) from None
-        cfg = gpt2.CanaryConfig.from_json(pack.canary_json)
-        fault = parse_fault(inject_fault, gpt2.forward_op_names(cfg), pack.steps) if inject_fault else None
+        model_module = architecture_module(pack)
+        cfg = model_module.config_class.from_json(pack.canary_json)
+        fault = parse_fault(inject_fault, model_module.forward_op_names(cfg), pack.steps) if inject_fault else None
         autocast = torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16) \
             if precision == "bf16" else None
         return cls(pack, cfg, device, autocast, fault)
@@ -305,10 +308,8 @@ class CanaryStep:
         import numpy as np
         import torch
 
-        from .models import gpt2
-
         tokens = self.pack.batch(step)
-        lr = self.optimizer.set_lr(gpt2.lr_at(step, self.cfg))
+        lr = self.optimizer.set_lr(self.architecture.lr_at(step, self.cfg))
         if self.fault is not None:
             self.active.copy_(torch.tensor(step == self.fault.step))  # data, not a constant of the graph
         inputs = torch.from_numpy(np.ascontiguousarray(tokens)).to(self.device)
@@ -336,6 +337,55 @@ def train_step(model, optimizer, inputs, autocast=None, hook=None):
     clip_grads_(grads, norm, model.cfg.max_grad_norm)
     optimizer.step()
     return loss, norm
+
+
+# ---- architectures: the canary JSON's `architecture` key picks the model -----------------------
+
+ARCHITECTURES = ("gpt2", "llama")  # what the lane runs; a canary JSON without the key is gpt2
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """What the lane needs of one architecture's PyTorch model (canary_harness.models.<name>)."""
+
+    name: str
+    config_class: Any       # .from_json(canary JSON) -> config (ValueError naming the key)
+    model_class: Any        # (config, init, device=) -> nn.Module with .cfg; forward(tokens, hook) -> loss
+    forward_op_names: Callable[[Any], List[str]]  # the C++ op names, forward order
+    tensor_table: Callable[[Any], List[Tuple[str, Tuple[int, ...]]]]  # canonical order
+    lr_at: Callable[[int, Any], float]
+
+
+def architecture_of(canary: Any) -> str:
+    """The canary JSON's `architecture` (a dict or its text), "gpt2" where the key is absent."""
+    if isinstance(canary, (str, bytes)):
+        canary = json.loads(canary)
+    return str(canary.get("architecture", "gpt2")) if isinstance(canary, dict) else "gpt2"
+
+
+def architecture_module(pack_or_canary: Any) -> Architecture:
+    """The model of a pack's (or a canary JSON's) architecture; another architecture is a UsageError."""
+    canary = getattr(pack_or_canary, "canary", pack_or_canary)
+    name = architecture_of(canary)
+    if name == "gpt2":
+        from .models import gpt2
+        return Architecture("gpt2", gpt2.CanaryConfig, gpt2.GPT2, gpt2.forward_op_names, gpt2.tensor_table,
+                            gpt2.lr_at)
+    if name == "llama":
+        from .models import llama
+        return Architecture("llama", llama.LlamaConfig, llama.Llama, llama.forward_op_names, llama.tensor_table,
+                            llama.lr_at)
+    raise UsageError(f"canary architecture '{name}' has no PyTorch implementation here "
+                     f"(known: {', '.join(ARCHITECTURES)})")
+
+
+def load_pack(path: str, canary: Optional[str] = None):
+    """A pack of any architecture the lane runs, read and checked in full by
+    canary_harness.pack.read_pack (a PackError, one line starting with the path, where it
+    is damaged or does not fit)."""
+    from .pack import read_pack
+
+    return read_pack(path, canary=canary)
 
 
 def _device_label(torch, device) -> str:

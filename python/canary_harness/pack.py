@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import h5py
 import numpy as np
 
-from .models.table import gpt2_tensor_table
+from .models.table import gpt2_tensor_table, llama_tensor_table
 from .receipt import ReceiptError
 
 PACK_VERSION = 1
@@ -39,9 +39,19 @@ class PackError(ReceiptError):
     """A pack that cannot be read or does not fit; the message starts with its path."""
 
 
+# The keys each architecture's tensor table is built from (the canary JSON's `architecture`;
+# a JSON without one is gpt2, as the C++ writes it).
+TABLE_KEYS = {
+    "gpt2": ("vocab_size", "context_length", "channels", "layers"),
+    "llama": ("vocab_size", "channels", "layers", "heads", "kv_heads", "mlp_hidden"),
+}
+
+
 def canary_tensor_table(canary: Dict[str, Any]) -> List[Tuple[str, Tuple[int, ...]]]:
-    """[(name, shape)] of a gpt2 canary JSON in canonical order (docs/design.md's tensor table)."""
-    return gpt2_tensor_table(*(int(canary[k]) for k in ("vocab_size", "context_length", "channels", "layers")))
+    """[(name, shape)] of a canary JSON in canonical order (docs/design.md's tensor tables)."""
+    architecture = canary.get("architecture", "gpt2")
+    build = {"gpt2": gpt2_tensor_table, "llama": llama_tensor_table}[architecture]
+    return build(*(int(canary[k]) for k in TABLE_KEYS[architecture]))
 
 
 @dataclass
@@ -160,10 +170,11 @@ def _read(path: str, f: h5py.File, expected: Optional[str]) -> CanaryPack:
         _fail(path, f"a pack of canary '{name}', not '{expected}'; export one with "
                     f"`harness export --canary {expected}`")
     architecture = canary.get("architecture", "gpt2")
-    if architecture != "gpt2":
-        _fail(path, f"canary architecture '{architecture}': this canary_harness reads gpt2 packs only")
-    missing = [k for k in ("vocab_size", "context_length", "channels", "layers", "batch_size", "steps")
+    if architecture not in TABLE_KEYS:
+        _fail(path, f"canary architecture '{architecture}': this canary_harness reads {', '.join(TABLE_KEYS)} packs")
+    missing = [k for k in TABLE_KEYS[architecture] + ("context_length", "batch_size", "steps")
                if not isinstance(canary.get(k), int)]
+    missing = list(dict.fromkeys(missing))
     if missing:
         _fail(path, f"/manifest canary JSON lacks {', '.join(missing)}")
     seed = _int_attr(path, attrs, "seed")

@@ -1,7 +1,8 @@
-"""The canary's tensor table (docs/design.md): names and shapes in canonical order, torch-free.
+"""The canaries' tensor tables (docs/design.md): names and shapes in canonical order, torch-free.
 
-The one place the Python side spells the table out: canary_harness.pack checks packs
-against it without torch, and canary_harness.models.gpt2 builds its module from it.
+The one place the Python side spells the tables out: canary_harness.pack checks packs
+against them without torch, and canary_harness.models.gpt2 and .llama build their
+modules from them.
 """
 
 from __future__ import annotations
@@ -32,3 +33,26 @@ def gpt2_tensor_table(vocab_size: int, context_length: int, channels: int,
         ]
     table += [("lnf.weight", (C,)), ("lnf.bias", (C,))]
     return table
+
+
+def llama_tensor_table(vocab_size: int, channels: int, layers: int, heads: int, kv_heads: int,
+                       mlp_hidden: int) -> List[Tuple[str, Tuple[int, ...]]]:
+    """[(name, shape)] in canonical order: wte, blocks.0.* .. blocks.L-1.*, norm.weight, lm_head.weight"""
+    V, C, H = vocab_size, channels, mlp_hidden
+    head_size = C // heads
+    q_rows, kv_rows = heads * head_size, kv_heads * head_size
+    table: List[Tuple[str, Tuple[int, ...]]] = [("wte", (V, C))]
+    for l in range(layers):
+        p = f"blocks.{l}."
+        table += [
+            (p + "attn_norm.weight", (C,)),
+            (p + "attn.q.weight", (q_rows, C)),
+            (p + "attn.k.weight", (kv_rows, C)),
+            (p + "attn.v.weight", (kv_rows, C)),
+            (p + "attn.o.weight", (C, q_rows)),
+            (p + "mlp_norm.weight", (C,)),
+            (p + "mlp.gate.weight", (H, C)),
+            (p + "mlp.up.weight", (H, C)),
+            (p + "mlp.down.weight", (C, H)),
+        ]
+    return table + [("norm.weight", (C,)), ("lm_head.weight", (V, C))]
