@@ -106,4 +106,12 @@ bad 'command = ["tool"]\nbudget-features = "a"\n' "command: no argument holds \{
 bad 'engine = "torch"\nprecision = "fp16"\n' "precision: 'fp16' is not fp32 or bf16"
 bad 'engine = "torch"\nmesh = "2x2"\n' "mesh: unknown key of a torch lane"
 bad 'engine = "accel"\nbudget-features = "bf16"\n' "budget-features: only an external lane"
+# llama-tiny's torch lane against cpu-ref under its own entry of the shipped budgets
+# ([llama-tiny.torch-cpu]: llama-tiny is not among the canaries the default entries budget).
+"$HARNESS" run --canary llama-tiny --steps 6 --out "$WORK/llama-ref.h5" >/dev/null 2>&1 || fail "llama-tiny cpu-ref run"
+"$HARNESS" export --canary llama-tiny --steps 6 --out "$WORK/llama-pack.h5" >/dev/null 2>&1 || fail "llama-tiny export"
+env PYTHONPATH="$SRC/python" "$PY" -m canary_harness.lane --pack "$WORK/llama-pack.h5" --out "$WORK/llama-torch.h5" \
+  >/dev/null 2>&1 || fail "llama-tiny torch lane"
+expect_exit 0 "" -- "$HARNESS" compare "$WORK/llama-torch.h5" "$WORK/llama-ref.h5"
+grep -q "budget      llama-tiny.torch-cpu" "$WORK/stdout" || fail "compare of llama-tiny's torch lane: $(cat "$WORK/stdout")"
 finish
