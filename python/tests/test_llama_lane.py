@@ -18,7 +18,7 @@ from canary_harness.lane import CanaryStep, architecture_module, load_pack, trai
 from canary_harness.models import gpt2, llama
 from canary_harness.pack import PackError
 
-from conftest import REPO, run_harness
+from conftest import run_harness
 from host_reads import HostReads
 from test_lane import lane
 
@@ -29,21 +29,43 @@ TRACE_COLUMNS = ("op_index", "op", "layer", "phase", "tensor", "kind")
 
 # canaries/llama-tiny.toml at small sizes: 6 query heads over 2 kv heads (a group of 3),
 # head size 8, and warmup 3 of 12 steps so that the run covers warmup and the cosine decay.
-SMALL = {"vocab": 64, "context": 16, "channels": 48, "layers": 2, "heads": 6, "kv_heads": 2, "mlp_hidden": 72,
-         "batch": 4, "steps": STEPS, "warmup_steps": 3}
+# Written out in full (not read from the source tree: the suite also runs from an
+# installed package, away from the sources).
+SMALL_TOML = f"""schema_version = 1
+name = "{NAME}"
+architecture = "llama"
+[model]
+vocab = 64
+context = 16
+channels = 48
+layers = 2
+heads = 6
+kv_heads = 2
+mlp_hidden = 72
+rope_theta = 10000.0
+norm_eps = 1e-5
+init_std = 0.02
+[train]
+batch = 4
+steps = {STEPS}
+seed = 1337
+[optimizer]
+lr = 3e-3
+min_lr_ratio = 0.1
+warmup_steps = 3
+beta1 = 0.9
+beta2 = 0.95
+eps = 1e-8
+weight_decay = 0.1
+clip_norm = 1.0
+[data]
+source = "builtin"
+seed = 20240611
+"""
 
 
 def small_toml(path: Path) -> Path:
-    text = (REPO / "canaries" / "llama-tiny.toml").read_text()
-    lines = []
-    for line in text.splitlines():
-        key = line.split("=")[0].strip()
-        if key == "name":
-            line = f'name = "{NAME}"'
-        elif key in SMALL:
-            line = f"{key} = {SMALL[key]}"
-        lines.append(line)
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text(SMALL_TOML)
     return path
 
 
