@@ -127,7 +127,11 @@ GoldenStatus GoldenStore::status(const Matrix& matrix) const {
     known.insert(fs::weakly_canonical(candidate_path(spec.lane)).string());
     status.lanes.push_back(g);
   }
-  for (const auto& entry : fs::recursive_directory_iterator(dir_)) {
+  // Orphans are looked for among this canary's goldens only (goldens/<canary>/): another
+  // canary's goldens belong to that canary's matrix (canaries/llama-nightly.toml).
+  const fs::path canary_dir = fs::path(dir_) / matrix.canary_name;
+  if (!fs::is_directory(canary_dir)) return status;
+  for (const auto& entry : fs::recursive_directory_iterator(canary_dir)) {
     const std::string path = entry.path().string();
     if (!entry.is_regular_file() || !ends_with(path, ".h5") || known.count(fs::weakly_canonical(path).string())) continue;
     (ends_with(path, kCandidateSuffix) ? status.orphaned_candidates : status.orphans).push_back(path);

@@ -196,9 +196,12 @@ expect_exit 2 "appears in two shards" -- "$HARNESS" merge "$WORK/s0" "$WORK/s0" 
 
 # orphaned and missing goldens are reported
 cp "$G/micro/cpu-ref.h5" "$G/micro/retired-lane.h5"
+mkdir -p "$G/other-canary" && cp "$G/micro/cpu-ref.h5" "$G/other-canary/cpu-ref.h5"  # another matrix's golden
 mv "$G/micro/tpu-mesh@2x2+tp.h5" "$WORK/tp.h5"
 expect_exit 1 "" -- golden status --matrix "$MATRIX"
 grep -q "^orphaned .*retired-lane.h5" "$WORK/stdout" || fail "status does not report the orphan: $(cat "$WORK/stdout")"
+grep -q "other-canary" "$WORK/stdout" && fail "status calls another canary's golden an orphan: $(cat "$WORK/stdout")"
+rm -r "$G/other-canary"
 grep -q "^missing .*tp " "$WORK/stdout" || fail "status does not report the missing golden: $(cat "$WORK/stdout")"
 expect_exit 2 "" -- nightly --out "$WORK/missing"
 grep -q '"kind": "missing_golden"' "$WORK/missing/summary.json" || fail "nightly does not name the missing golden"
