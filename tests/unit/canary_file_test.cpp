@@ -77,6 +77,28 @@ struct BadCase {
   std::string detail;    // and a word of the reason
 };
 
+// Each case edits one line of a valid file, written to `file`; loading it is refused with
+// one line that starts with the file and names the key and the reason.
+void expect_each_refused(const std::string& valid, const std::vector<BadCase>& cases, const fs::path& file) {
+  for (const BadCase& c : cases) {
+    const std::size_t at = valid.find(c.from);
+    ASSERT_NE(at, std::string::npos) << c.from;
+    std::string text = valid;
+    text.replace(at, c.from.size(), c.to);
+    write_text(file, text);
+    try {
+      load_canary(file.string());
+      ADD_FAILURE() << "accepted: " << c.from << " -> " << c.to;
+    } catch (const CanaryFileError& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+      EXPECT_EQ(what.rfind(file.string(), 0), 0u) << what;
+      EXPECT_NE(what.find(c.key), std::string::npos) << "names not " << c.key << ": " << what;
+      EXPECT_TRUE(std::regex_search(what, std::regex(c.detail))) << "lacks /" << c.detail << "/: " << what;
+    }
+  }
+}
+
 // Each case edits one line of a valid file; the error is one line naming the file and key.
 TEST(CanaryFile, EveryBadKeyIsRefusedWithFileAndKey) {
   const std::string valid = read_text(shipped_canary_dir() / "micro.toml");
@@ -116,23 +138,7 @@ TEST(CanaryFile, EveryBadKeyIsRefusedWithFileAndKey) {
   const testing::ScratchDir dir;
   const fs::path file = dir.path("bad.toml");
   write_tokens(dir.path("t.bin"), std::vector<std::uint32_t>(64, 1), 2);
-  for (const BadCase& c : cases) {
-    const std::size_t at = valid.find(c.from);
-    ASSERT_NE(at, std::string::npos) << c.from;
-    std::string text = valid;
-    text.replace(at, c.from.size(), c.to);
-    write_text(file, text);
-    try {
-      load_canary(file.string());
-      ADD_FAILURE() << "accepted: " << c.from << " -> " << c.to;
-    } catch (const CanaryFileError& e) {
-      const std::string what = e.what();
-      EXPECT_EQ(what.find('\n'), std::string::npos) << what;
-      EXPECT_EQ(what.rfind(file.string(), 0), 0u) << what;
-      EXPECT_NE(what.find(c.key), std::string::npos) << "names not " << c.key << ": " << what;
-      EXPECT_TRUE(std::regex_search(what, std::regex(c.detail))) << "lacks /" << c.detail << "/: " << what;
-    }
-  }
+  expect_each_refused(valid, cases, file);
 }
 
 // llama's own keys: grouped-query attention must divide, RoPE needs an even head size,
@@ -148,21 +154,7 @@ TEST(CanaryFile, LlamaKeysAreValidatedToo) {
   };
   const testing::ScratchDir dir;
   const fs::path file = dir.path("llama.toml");
-  for (const BadCase& c : cases) {
-    std::string text = valid;
-    const std::size_t at = text.find(c.from);
-    ASSERT_NE(at, std::string::npos) << c.from;
-    text.replace(at, c.from.size(), c.to);
-    write_text(file, text);
-    try {
-      load_canary(file.string());
-      ADD_FAILURE() << "accepted: " << c.from << " -> " << c.to;
-    } catch (const CanaryFileError& e) {
-      const std::string what = e.what();
-      EXPECT_NE(what.find(c.key), std::string::npos) << "names not " << c.key << ": " << what;
-      EXPECT_TRUE(std::regex_search(what, std::regex(c.detail))) << "lacks /" << c.detail << "/: " << what;
-    }
-  }
+  expect_each_refused(valid, cases, file);
   const CanaryConfig llama = load_canary("llama-tiny");
   EXPECT_EQ(llama.to_json().at("architecture"), "llama");
   EXPECT_EQ(llama.to_json().at("kv_heads"), 2);

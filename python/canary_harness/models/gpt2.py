@@ -27,15 +27,14 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, fields
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .module import CanaryModule, Hook
 from .table import gpt2_tensor_table
-
-Hook = Callable[[str, torch.Tensor], torch.Tensor]
 
 
 # ----------------------------------------------------------------------------------
@@ -330,7 +329,7 @@ class _Loss(nn.Module):
         return cross_entropy(logits, targets)
 
 
-class GPT2(nn.Module):
+class GPT2(CanaryModule):
     """The canary as a module: `loss = model(tokens)` with tokens (B, T+1).
 
     `init` ({name: array or tensor}, e.g. a pack's init) sets every parameter; without it
@@ -362,34 +361,8 @@ class GPT2(nn.Module):
         if device is not None:
             self.to(device)
 
-    @torch.no_grad()
-    def load_canary_tensors(self, values: Mapping[str, Any]) -> None:
-        """Sets every parameter from {canary name: value}; a missing name or wrong shape is a ValueError."""
-        for name, param in self.named_parameters():
-            if name not in values:
-                raise ValueError(f"no value for parameter {name}")
-            value = torch.as_tensor(values[name]).detach()
-            if tuple(value.shape) != tuple(param.shape):
-                raise ValueError(f"{name} has shape {tuple(value.shape)}, the canary's is {tuple(param.shape)}")
-            param.copy_(value.to(dtype=torch.float32))
-
-    def canary_tensors(self) -> Dict[str, torch.Tensor]:
-        """{canary name: parameter}, canonical order."""
-        return dict(self.named_parameters())
-
-    def forward(self, tokens: torch.Tensor, hook: Optional[Hook] = None) -> torch.Tensor:
-        """The loss of tokens (B, T+1). `hook(name, output) -> output`, when given, sees (and
-        may replace) every op's output, as forward_loss's hook; it is installed as forward
-        hooks on the op modules for this call only."""
-        if hook is None:
-            return self._forward(tokens)
-        handles = [self.get_submodule(op).register_forward_hook(lambda module, args, out, op=op: hook(op, out))
-                   for op in forward_op_names(self.cfg)]
-        try:
-            return self._forward(tokens)
-        finally:
-            for handle in handles:
-                handle.remove()
+    def op_names(self) -> List[str]:
+        return forward_op_names(self.cfg)
 
     def _forward(self, tokens: torch.Tensor) -> torch.Tensor:
         T = self.cfg.context_length
