@@ -122,16 +122,21 @@ __attribute__((target("avx2,fma"))) void tile_rx16(int rows, int K, const float*
   }
 }
 
-// Copies B[0:K][n0:n1) into contiguous K x 16 panels, so the tile streams through memory
-// (a row stride of 512 floats otherwise maps every k to the same cache sets). Copying
-// changes no value, so it cannot change a bit.
-void pack_b_panels(int K, const float* B, int ldb, int n0, int n1, std::vector<float>& panels) {
-  const int panel_count = (n1 - n0) / kTileCols;
-  panels.resize(static_cast<std::size_t>(panel_count) * K * kTileCols);
+// Copies the `width` columns of B[0:K] starting at `src` into one contiguous K x width
+// panel, so a tile streams through memory (a row stride of 512 floats otherwise maps every
+// k to the same cache sets). Copying changes no value, so it cannot change a bit.
+void pack_panel(int width, int K, const float* src, int ldb, float* dst) {
+  for (int k = 0; k < K; ++k) {
+    std::memcpy(dst + static_cast<long>(k) * width, src + static_cast<long>(k) * ldb, sizeof(float) * width);
+  }
+}
+
+// B[0:K][n0:n1) as contiguous K x width panels (the last n1-n0 mod width columns are left out).
+void pack_panels(int width, int K, const float* B, int ldb, int n0, int n1, std::vector<float>& panels) {
+  const int panel_count = (n1 - n0) / width;
+  panels.resize(static_cast<std::size_t>(panel_count) * K * width);
   for (int p = 0; p < panel_count; ++p) {
-    float* dst = panels.data() + static_cast<long>(p) * K * kTileCols;
-    const float* src = B + n0 + p * kTileCols;
-    for (int k = 0; k < K; ++k) std::memcpy(dst + k * kTileCols, src + static_cast<long>(k) * ldb, sizeof(float) * kTileCols);
+    pack_panel(width, K, B + n0 + p * width, ldb, panels.data() + static_cast<long>(p) * K * width);
   }
 }
 
@@ -140,7 +145,7 @@ __attribute__((target("avx2,fma"))) void gemm_block_avx2(int m0, int m1, int n0,
                                                          GemmEpilogue epilogue, const float* bias) {
   const int n_vec_end = n0 + (n1 - n0) / kTileCols * kTileCols;
   thread_local std::vector<float> panels;
-  pack_b_panels(K, B, ldb, n0, n_vec_end, panels);
+  pack_panels(kTileCols, K, B, ldb, n0, n_vec_end, panels);
   for (int n = n0; n < n_vec_end; n += kTileCols) {
     // The panel holds columns n..n+15 at offset 0; C, bias keep absolute column n.
     const float* panel = panels.data() + static_cast<long>((n - n0) / kTileCols) * K * kTileCols - n;
@@ -202,25 +207,12 @@ constexpr WideTile kWideTiles[kWideTileRows + 1] = {nullptr,        wide_tile<1>
                                                     wide_tile<5>,   wide_tile<6>,  wide_tile<7>, wide_tile<8>, wide_tile<9>,
                                                     wide_tile<10>, wide_tile<11>, wide_tile<12>};
 
-// B[0:K][n0:n1) as contiguous K x 32 panels (see pack_b_panels).
-void pack_wide_panels(int K, const float* B, int ldb, int n0, int n1, std::vector<float>& panels) {
-  const int panel_count = (n1 - n0) / kWideTileCols;
-  panels.resize(static_cast<std::size_t>(panel_count) * K * kWideTileCols);
-  for (int p = 0; p < panel_count; ++p) {
-    float* dst = panels.data() + static_cast<long>(p) * K * kWideTileCols;
-    const float* src = B + n0 + p * kWideTileCols;
-    for (int k = 0; k < K; ++k) {
-      std::memcpy(dst + k * kWideTileCols, src + static_cast<long>(k) * ldb, sizeof(float) * kWideTileCols);
-    }
-  }
-}
-
 __attribute__((target("avx512f"))) void gemm_block_avx512(int m0, int m1, int n0, int n1, int K, const float* A,
                                                           int lda, const float* B, int ldb, float* C, int ldc,
                                                           GemmEpilogue epilogue, const float* bias) {
   const int n_wide_end = n0 + (n1 - n0) / kWideTileCols * kWideTileCols;
   thread_local std::vector<float> panels;
-  pack_wide_panels(K, B, ldb, n0, n_wide_end, panels);
+  pack_panels(kWideTileCols, K, B, ldb, n0, n_wide_end, panels);
   for (int n = n0; n < n_wide_end; n += kWideTileCols) {
     const float* panel = panels.data() + static_cast<long>((n - n0) / kWideTileCols) * K * kWideTileCols;
     for (int m = m0; m < m1; m += kWideTileRows) {
@@ -270,13 +262,8 @@ void gemm_parallel_avx512(int M, int N, int K, const float* A, int lda, const fl
   const long panel_size = static_cast<long>(K) * kWideTileCols;
   PanelBuffer panels(static_cast<std::size_t>(panel_count * panel_size));
   float* packed = panels.data();
-  tbb::parallel_for(0, panel_count, [&](int p) {
-    float* dst = packed + p * panel_size;
-    const float* src = B + p * kWideTileCols;
-    for (int k = 0; k < K; ++k) {
-      std::memcpy(dst + k * kWideTileCols, src + static_cast<long>(k) * ldb, sizeof(float) * kWideTileCols);
-    }
-  });
+  tbb::parallel_for(0, panel_count,
+                    [&](int p) { pack_panel(kWideTileCols, K, B + p * kWideTileCols, ldb, packed + p * panel_size); });
   tbb::parallel_for(tbb::blocked_range2d<int>(0, M, kWideBlockRows, 0, panel_count, kWideBlockPanels),
                     [&](const tbb::blocked_range2d<int>& r) {
                       for (int p = r.cols().begin(); p < r.cols().end(); ++p) {

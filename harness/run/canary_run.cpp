@@ -86,10 +86,10 @@ Validated validate(const RunOptions& o) {
   v.threads = o.threads == 0 ? std::max(1, hardware) : o.threads;
   v.seed = o.seed.value_or(v.config.init_seed);
   if (v.seed < 0) throw UsageError("--seed: must be between 0 and 9223372036854775807");
+  const std::unique_ptr<canary::Canary> model = canary::make_canary(v.config);  // tensors and op names
   try {
     // The engine's own gate too (a mesh engine's shard plan must divide the model).
     const std::unique_ptr<Engine> engine = make_engine(o.engine, o.engine_settings);
-    const std::unique_ptr<canary::Canary> model = canary::make_canary(v.config);
     if (const std::string why = canary::engine_cannot_run(*engine, *model); !why.empty()) {
       throw UsageError(fmt::format("--engine: {} (canary {} is {})", why, v.config.name, v.config.architecture));
     }
@@ -98,9 +98,8 @@ Validated validate(const RunOptions& o) {
     throw UsageError(e.what());
   }
   if (o.inject_fault) {
-    const std::unique_ptr<canary::Canary> probe = canary::make_canary(v.config);
     try {
-      v.fault = canary::parse_fault_spec(*o.inject_fault, probe->forward_op_names());
+      v.fault = canary::parse_fault_spec(*o.inject_fault, model->forward_op_names());
     } catch (const std::invalid_argument& e) {
       throw UsageError(e.what());
     }

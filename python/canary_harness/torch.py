@@ -536,12 +536,16 @@ class Recorder:
         try:
             self._drain()
         finally:
-            if self.audit is not None:
-                self.audit.abandon()
-            if self.tracer is not None:
-                self.tracer.close()
+            self._release_hooks()
             self.writer.close()  # complete stays 0 when a write failed: fewer rows than planned
         self._raise_worker_error()
+
+    def _release_hooks(self) -> None:
+        """Removes the op tracer's hooks and the audit's modes (the model is the user's again)."""
+        if self.audit is not None:
+            self.audit.abandon()
+        if self.tracer is not None:
+            self.tracer.close()
 
     def __enter__(self) -> "Recorder":
         return self
@@ -550,10 +554,7 @@ class Recorder:
         try:
             self._drain()
         finally:
-            if self.audit is not None:
-                self.audit.abandon()
-            if self.tracer is not None:
-                self.tracer.close()
+            self._release_hooks()
             self.writer.__exit__(exc_type, exc, tb)
         if exc is None:
             self._raise_worker_error()

@@ -24,7 +24,6 @@ how the lane injects faults and traces ops (canary_harness.trace).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, fields
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
@@ -34,6 +33,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .module import CanaryModule, Hook
+from .config import canary_object, typed_fields
 from .table import gpt2_tensor_table
 
 
@@ -76,29 +76,11 @@ class CanaryConfig:
         Every key of the C++ config is required; a missing or mistyped one, another
         architecture, or sizes that do not fit raise ValueError naming the key.
         """
-        if isinstance(canary, (str, bytes)):
-            try:
-                canary = json.loads(canary)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"canary JSON does not parse ({e})") from None
-        if not isinstance(canary, Mapping):
-            raise ValueError("canary JSON is not an object")
+        canary = canary_object(canary)
         architecture = canary.get("architecture", "gpt2")
         if architecture != "gpt2":
             raise ValueError(f"canary architecture '{architecture}' has no PyTorch implementation here (known: gpt2)")
-        values = {}
-        for f in fields(cls):
-            if f.name not in canary:
-                raise ValueError(f"canary JSON lacks key '{f.name}'")
-            value = canary[f.name]
-            want = {"int": int, "float": float, "str": str}[f.type if isinstance(f.type, str) else f.type.__name__]
-            if want is float and isinstance(value, int) and not isinstance(value, bool):
-                value = float(value)
-            if not isinstance(value, want) or isinstance(value, bool):
-                raise ValueError(f"canary JSON key '{f.name}' is {value!r}, not {'an' if want is int else 'a'} "
-                                 f"{want.__name__}")
-            values[f.name] = value
-        cfg = cls(**values)
+        cfg = cls(**typed_fields(cls, canary))
         for key in ("vocab_size", "context_length", "channels", "layers", "heads", "batch_size", "steps"):
             if getattr(cfg, key) < 1:
                 raise ValueError(f"canary JSON key '{key}' must be >= 1")

@@ -28,7 +28,6 @@ device, and a step reads nothing back to the host.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, fields
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
@@ -39,6 +38,7 @@ import torch.nn.functional as F
 
 from .gpt2 import lr_at  # noqa: F401  (the schedule is gpt2's: docs/canary.md)
 from .module import CanaryModule, Hook  # noqa: F401  (Hook: the type of forward's hook, re-exported)
+from .config import canary_object, typed_fields
 from .table import llama_tensor_table
 
 ARCHITECTURE = "llama"
@@ -93,29 +93,11 @@ class LlamaConfig:
         rope_theta); a missing or mistyped one, another architecture, or sizes that do not
         fit raise ValueError naming the key.
         """
-        if isinstance(canary, (str, bytes)):
-            try:
-                canary = json.loads(canary)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"canary JSON does not parse ({e})") from None
-        if not isinstance(canary, Mapping):
-            raise ValueError("canary JSON is not an object")
+        canary = canary_object(canary)
         architecture = canary.get("architecture", "gpt2")
         if architecture != ARCHITECTURE:
             raise ValueError(f"canary JSON key 'architecture' is {architecture!r}, not '{ARCHITECTURE}'")
-        values = {}
-        for f in fields(cls):
-            if f.name not in canary:
-                raise ValueError(f"canary JSON lacks key '{f.name}'")
-            value = canary[f.name]
-            want = {"int": int, "float": float, "str": str}[f.type if isinstance(f.type, str) else f.type.__name__]
-            if want is float and isinstance(value, int) and not isinstance(value, bool):
-                value = float(value)
-            if not isinstance(value, want) or isinstance(value, bool):
-                raise ValueError(f"canary JSON key '{f.name}' is {value!r}, not {'an' if want is int else 'a'} "
-                                 f"{want.__name__}")
-            values[f.name] = value
-        cfg = cls(**values)
+        cfg = cls(**typed_fields(cls, canary))
         for key in ("vocab_size", "context_length", "channels", "layers", "heads", "kv_heads", "mlp_hidden",
                     "batch_size", "steps"):
             if getattr(cfg, key) < 1:

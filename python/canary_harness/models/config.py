@@ -1,0 +1,42 @@
+"""Reading a canary JSON (a receipt's or pack's `canary`, as the C++ writes it) into an
+architecture's config dataclass, torch-free: the parsing and key typing every architecture
+shares (canary_harness.models.gpt2, .llama); each adds its own checks of the values."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields
+from typing import Any, Dict, Mapping, Union
+
+CanaryJson = Union[str, bytes, Mapping[str, Any]]
+
+
+def canary_object(canary: CanaryJson) -> Mapping[str, Any]:
+    """The canary JSON as a mapping; text that does not parse or is not an object is a ValueError."""
+    if isinstance(canary, (str, bytes)):
+        try:
+            canary = json.loads(canary)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"canary JSON does not parse ({e})") from None
+    if not isinstance(canary, Mapping):
+        raise ValueError("canary JSON is not an object")
+    return canary
+
+
+def typed_fields(config_class: Any, canary: Mapping[str, Any]) -> Dict[str, Any]:
+    """{field: value} for every field of the dataclass `config_class`, each required and of
+    the field's type (an int is taken for a float, a bool never for a number); a ValueError
+    names the key."""
+    values = {}
+    for f in fields(config_class):
+        if f.name not in canary:
+            raise ValueError(f"canary JSON lacks key '{f.name}'")
+        value = canary[f.name]
+        want = {"int": int, "float": float, "str": str}[f.type if isinstance(f.type, str) else f.type.__name__]
+        if want is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, want) or isinstance(value, bool):
+            raise ValueError(f"canary JSON key '{f.name}' is {value!r}, not {'an' if want is int else 'a'} "
+                             f"{want.__name__}")
+        values[f.name] = value
+    return values
