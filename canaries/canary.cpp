@@ -12,9 +12,10 @@ namespace harness::canary {
 Canary::Canary(const CanaryConfig& config, std::optional<FaultSpec> fault, bool trace_ops)
     : config_(config), fault_(std::move(fault)), trace_ops_(trace_ops) {}
 
-TensorId Canary::add_parameter(const std::string& name, std::vector<std::int64_t> shape, ParameterInit init) {
+TensorId Canary::add_parameter(const std::string& name, std::vector<std::int64_t> shape, ParameterInit init,
+                               TensorRole role) {
   inits_.push_back(init);
-  return table_.add_parameter(name, std::move(shape));
+  return table_.add_parameter(name, std::move(shape), role);
 }
 
 // In the table's order after the parameters: inputs, targets, the per-step scalars, the
@@ -23,8 +24,10 @@ void Canary::add_step_tensors() {
   const std::int64_t B = config_.batch_size, T = config_.context_length;
   inputs_ = table_.add({"inputs", {B, T}, DType::I32, TensorKind::Input});
   targets_ = table_.add({"targets", {B, T}, DType::I32, TensorKind::Input});
-  const auto scalar = [&](const char* name) { return table_.add({name, {}, DType::F32, TensorKind::Scalar}); };
-  lr_ = scalar("lr");
+  const auto scalar = [&](const char* name, TensorRole role = {}) {
+    return table_.add({name, {}, DType::F32, TensorKind::Scalar, kNoTensor, role});
+  };
+  lr_ = scalar("lr", {.learning_rate = true});
   bias_correction1_ = scalar("bias_correction1");
   bias_correction2_ = scalar("bias_correction2");
   loss_ = scalar("loss");
@@ -32,9 +35,10 @@ void Canary::add_step_tensors() {
   if (fault_) fault_ulps_ = scalar("fault_ulps");
 }
 
-TensorId Canary::add_activation(const std::string& name, std::vector<std::int64_t> shape, TensorId* grad) {
-  const TensorId id = table_.add({name, shape, DType::F32, TensorKind::Activation});
-  if (grad) *grad = table_.add({name, std::move(shape), DType::F32, TensorKind::ActivationGrad});
+TensorId Canary::add_activation(const std::string& name, std::vector<std::int64_t> shape, TensorId* grad,
+                                TensorRole role) {
+  const TensorId id = table_.add({name, shape, DType::F32, TensorKind::Activation, kNoTensor, role});
+  if (grad) *grad = table_.add({name, std::move(shape), DType::F32, TensorKind::ActivationGrad, kNoTensor, role});
   return id;
 }
 

@@ -77,10 +77,22 @@ class Canary {
 
   // For describing tensors: a parameter with its init role (and its Gradient, AdamM and
   // AdamV shadows); then, after the parameters, the step's inputs and scalars.
-  TensorId add_parameter(const std::string& name, std::vector<std::int64_t> shape, ParameterInit init);
+  TensorId add_parameter(const std::string& name, std::vector<std::int64_t> shape, ParameterInit init,
+                         TensorRole role = {});
   void add_step_tensors();
-  // An activation, and its gradient when `grad` is given (they share the name).
-  TensorId add_activation(const std::string& name, std::vector<std::int64_t> shape, TensorId* grad);
+  // An activation, and its gradient when `grad` is given (they share the name and role).
+  TensorId add_activation(const std::string& name, std::vector<std::int64_t> shape, TensorId* grad,
+                          TensorRole role = {});
+  // The roles the architectures share: a linear layer's weight (its bias, when
+  // column-parallel, splits with it), a statistic kept in fp32, the attention matrix.
+  static TensorRole linear(LinearRole parallel, Fp8Zone zone, int parallel_groups = 1) {
+    return {.linear = parallel, .fp8_zone = zone, .parallel_groups = parallel_groups};
+  }
+  static TensorRole column_parallel_bias(int parallel_groups = 1) {
+    return {.linear = LinearRole::ColumnParallel, .parallel_groups = parallel_groups};
+  }
+  static TensorRole statistic() { return {.fp32_statistic = true}; }
+  static TensorRole attention_heads(int dim) { return {.heads_dim = dim}; }
 
   // After a forward op: the injected fault moves its output, then the trace sees it.
   void after_forward_op(Engine& e, const OpSite& site, TensorId out) const;

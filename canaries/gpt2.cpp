@@ -34,18 +34,19 @@ void Gpt2Canary::describe_tensors() {
     const ParameterInit ones = ParameterInit::ones(layer), zeros = ParameterInit::zeros(layer);
     const ParameterInit matrix = ParameterInit::normal(std_dev, layer);
     const ParameterInit residual_matrix = ParameterInit::normal(residual_std_dev, layer);
+    constexpr LinearRole Column = LinearRole::ColumnParallel, Row = LinearRole::RowParallel;
     LayerParams lp;
     lp.ln1w = add_parameter(p + "ln1.weight", {C}, ones);
     lp.ln1b = add_parameter(p + "ln1.bias", {C}, zeros);
-    lp.qkvw = add_parameter(p + "attn.qkv.weight", {3 * C, C}, matrix);
-    lp.qkvb = add_parameter(p + "attn.qkv.bias", {3 * C}, zeros);
-    lp.attprojw = add_parameter(p + "attn.proj.weight", {C, C}, residual_matrix);
+    lp.qkvw = add_parameter(p + "attn.qkv.weight", {3 * C, C}, matrix, linear(Column, Fp8Zone::Qkv, 3));
+    lp.qkvb = add_parameter(p + "attn.qkv.bias", {3 * C}, zeros, column_parallel_bias(3));
+    lp.attprojw = add_parameter(p + "attn.proj.weight", {C, C}, residual_matrix, linear(Row, Fp8Zone::AttnProj));
     lp.attprojb = add_parameter(p + "attn.proj.bias", {C}, zeros);
     lp.ln2w = add_parameter(p + "ln2.weight", {C}, ones);
     lp.ln2b = add_parameter(p + "ln2.bias", {C}, zeros);
-    lp.fcw = add_parameter(p + "mlp.fc.weight", {4 * C, C}, matrix);
-    lp.fcb = add_parameter(p + "mlp.fc.bias", {4 * C}, zeros);
-    lp.fcprojw = add_parameter(p + "mlp.proj.weight", {C, 4 * C}, residual_matrix);
+    lp.fcw = add_parameter(p + "mlp.fc.weight", {4 * C, C}, matrix, linear(Column, Fp8Zone::MlpFc));
+    lp.fcb = add_parameter(p + "mlp.fc.bias", {4 * C}, zeros, column_parallel_bias());
+    lp.fcprojw = add_parameter(p + "mlp.proj.weight", {C, 4 * C}, residual_matrix, linear(Row, Fp8Zone::MlpProj));
     lp.fcprojb = add_parameter(p + "mlp.proj.bias", {C}, zeros);
     layer_params_.push_back(lp);
   }
@@ -54,7 +55,9 @@ void Gpt2Canary::describe_tensors() {
   add_step_tensors();
 
   // Activations and their gradients share names; the kind tells them apart.
-  auto act = [&](const std::string& name, Shape shape, TensorId* grad) { return add_activation(name, shape, grad); };
+  auto act = [&](const std::string& name, Shape shape, TensorId* grad, TensorRole role = {}) {
+    return add_activation(name, shape, grad, role);
+  };
   const Shape btc{B, T, C}, bt{B, T};
   encoded_ = act("embedding.out", btc, &d_encoded_);
   forward_op_names_.push_back("embedding");
@@ -64,16 +67,16 @@ void Gpt2Canary::describe_tensors() {
                  p + "ln2", p + "mlp.fc", p + "mlp.gelu", p + "mlp.proj", p + "mlp.residual"};
     LayerActs a{}, g{};
     a.ln1 = act(s.ln1 + ".out", btc, &g.ln1);
-    a.ln1_mean = act(s.ln1 + ".mean", bt, nullptr);
-    a.ln1_rstd = act(s.ln1 + ".rstd", bt, nullptr);
+    a.ln1_mean = act(s.ln1 + ".mean", bt, nullptr, statistic());
+    a.ln1_rstd = act(s.ln1 + ".rstd", bt, nullptr, statistic());
     a.qkv = act(s.qkv + ".out", {B, T, 3 * C}, &g.qkv);
-    a.att = act(s.attn + ".att", {B, NH, T, T}, nullptr);
+    a.att = act(s.attn + ".att", {B, NH, T, T}, nullptr, attention_heads(1));
     a.atty = act(s.attn + ".out", btc, &g.atty);
     a.attproj = act(s.attproj + ".out", btc, &g.attproj);
     a.res2 = act(s.attres + ".out", btc, &g.res2);
     a.ln2 = act(s.ln2 + ".out", btc, &g.ln2);
-    a.ln2_mean = act(s.ln2 + ".mean", bt, nullptr);
-    a.ln2_rstd = act(s.ln2 + ".rstd", bt, nullptr);
+    a.ln2_mean = act(s.ln2 + ".mean", bt, nullptr, statistic());
+    a.ln2_rstd = act(s.ln2 + ".rstd", bt, nullptr, statistic());
     a.fch = act(s.fc + ".out", {B, T, 4 * C}, &g.fch);
     a.fch_gelu = act(s.gelu + ".out", {B, T, 4 * C}, &g.fch_gelu);
     a.fcproj = act(s.fcproj + ".out", btc, &g.fcproj);
@@ -87,10 +90,10 @@ void Gpt2Canary::describe_tensors() {
     sites_.push_back(std::move(s));
   }
   lnf_ = act("lnf.out", btc, &d_lnf_);
-  lnf_mean_ = act("lnf.mean", bt, nullptr);
-  lnf_rstd_ = act("lnf.rstd", bt, nullptr);
+  lnf_mean_ = act("lnf.mean", bt, nullptr, statistic());
+  lnf_rstd_ = act("lnf.rstd", bt, nullptr, statistic());
   logits_ = act("lm_head.out", {B, T, V}, &d_logits_);
-  probs_ = act("loss.probs", {B, T, V}, nullptr);
+  probs_ = act("loss.probs", {B, T, V}, nullptr, statistic());
   for (const char* op : {"lnf", "lm_head", "loss"}) forward_op_names_.push_back(op);
 }
 

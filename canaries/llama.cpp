@@ -31,23 +31,27 @@ void LlamaCanary::describe_tensors() {
     const std::string p = fmt::format("blocks.{}.", l);
     const int layer = static_cast<int>(l);
     const ParameterInit matrix = ParameterInit::normal(std_dev, layer);
+    const ParameterInit residual_matrix = ParameterInit::normal(residual_std_dev, layer);
+    constexpr LinearRole Column = LinearRole::ColumnParallel, Row = LinearRole::RowParallel;
     LayerParams lp;
     lp.attn_norm = add_parameter(p + "attn_norm.weight", {C}, ParameterInit::ones(layer));
-    lp.q = add_parameter(p + "attn.q.weight", {NH * hd, C}, matrix);
-    lp.k = add_parameter(p + "attn.k.weight", {NKV * hd, C}, matrix);
-    lp.v = add_parameter(p + "attn.v.weight", {NKV * hd, C}, matrix);
-    lp.o = add_parameter(p + "attn.o.weight", {C, NH * hd}, ParameterInit::normal(residual_std_dev, layer));
+    lp.q = add_parameter(p + "attn.q.weight", {NH * hd, C}, matrix, linear(Column, Fp8Zone::Qkv));
+    lp.k = add_parameter(p + "attn.k.weight", {NKV * hd, C}, matrix, linear(Column, Fp8Zone::Qkv));
+    lp.v = add_parameter(p + "attn.v.weight", {NKV * hd, C}, matrix, linear(Column, Fp8Zone::Qkv));
+    lp.o = add_parameter(p + "attn.o.weight", {C, NH * hd}, residual_matrix, linear(Row, Fp8Zone::AttnProj));
     lp.mlp_norm = add_parameter(p + "mlp_norm.weight", {C}, ParameterInit::ones(layer));
-    lp.gate = add_parameter(p + "mlp.gate.weight", {H, C}, matrix);
-    lp.up = add_parameter(p + "mlp.up.weight", {H, C}, matrix);
-    lp.down = add_parameter(p + "mlp.down.weight", {C, H}, ParameterInit::normal(residual_std_dev, layer));
+    lp.gate = add_parameter(p + "mlp.gate.weight", {H, C}, matrix, linear(Column, Fp8Zone::MlpFc));
+    lp.up = add_parameter(p + "mlp.up.weight", {H, C}, matrix, linear(Column, Fp8Zone::MlpFc));
+    lp.down = add_parameter(p + "mlp.down.weight", {C, H}, residual_matrix, linear(Row, Fp8Zone::MlpProj));
     layer_params_.push_back(lp);
   }
   norm_ = add_parameter("norm.weight", {C}, ParameterInit::ones());
   lm_head_ = add_parameter("lm_head.weight", {V, C}, ParameterInit::normal(std_dev));
   add_step_tensors();
 
-  const auto act = [&](const std::string& name, Shape shape, TensorId* grad) { return add_activation(name, shape, grad); };
+  const auto act = [&](const std::string& name, Shape shape, TensorId* grad, TensorRole role = {}) {
+    return add_activation(name, shape, grad, role);
+  };
   const Shape btc{B, T, C}, bt{B, T}, q_shape{B, T, NH * hd}, kv_shape{B, T, NKV * hd}, bth{B, T, H};
   encoded_ = act("embedding.out", btc, &d_encoded_);
   forward_op_names_.push_back("embedding");
@@ -58,18 +62,18 @@ void LlamaCanary::describe_tensors() {
                  p + "mlp.gate",  p + "mlp.up",   p + "mlp.swiglu", p + "mlp.down", p + "mlp.residual"};
     LayerActs a{}, g{};
     a.attn_norm = act(s.attn_norm + ".out", btc, &g.attn_norm);
-    a.attn_rstd = act(s.attn_norm + ".rstd", bt, nullptr);
+    a.attn_rstd = act(s.attn_norm + ".rstd", bt, nullptr, statistic());
     a.q = act(s.q + ".out", q_shape, &g.q);
     a.k = act(s.k + ".out", kv_shape, &g.k);
     a.v = act(s.v + ".out", kv_shape, &g.v);
     a.q_rope = act(s.rope_q + ".out", q_shape, &g.q_rope);
     a.k_rope = act(s.rope_k + ".out", kv_shape, &g.k_rope);
-    a.att = act(s.attn + ".att", {B, NH, T, T}, nullptr);
+    a.att = act(s.attn + ".att", {B, NH, T, T}, nullptr, attention_heads(1));
     a.atty = act(s.attn + ".out", q_shape, &g.atty);
     a.o = act(s.o + ".out", btc, &g.o);
     a.res_attn = act(s.attn_residual + ".out", btc, &g.res_attn);
     a.mlp_norm = act(s.mlp_norm + ".out", btc, &g.mlp_norm);
-    a.mlp_rstd = act(s.mlp_norm + ".rstd", bt, nullptr);
+    a.mlp_rstd = act(s.mlp_norm + ".rstd", bt, nullptr, statistic());
     a.gate = act(s.gate + ".out", bth, &g.gate);
     a.up = act(s.up + ".out", bth, &g.up);
     a.swiglu = act(s.swiglu + ".out", bth, &g.swiglu);
@@ -84,9 +88,9 @@ void LlamaCanary::describe_tensors() {
     sites_.push_back(std::move(s));
   }
   normed_ = act("norm.out", btc, &d_normed_);
-  norm_rstd_ = act("norm.rstd", bt, nullptr);
+  norm_rstd_ = act("norm.rstd", bt, nullptr, statistic());
   logits_ = act("lm_head.out", {B, T, V}, &d_logits_);
-  probs_ = act("loss.probs", {B, T, V}, nullptr);
+  probs_ = act("loss.probs", {B, T, V}, nullptr, statistic());
   for (const char* op : {"norm", "lm_head", "loss"}) forward_op_names_.push_back(op);
 }
 

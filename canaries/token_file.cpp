@@ -1,6 +1,7 @@
 #include "token_file.h"
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <stdexcept>
@@ -18,6 +19,12 @@ std::size_t element_size(const std::string& dtype) {
 }
 
 std::vector<unsigned char> read_bytes(const std::filesystem::path& path) {
+  // A device or a FIFO (/dev/zero, /dev/stdin) would be read forever or block: only a
+  // regular file is token data.
+  std::error_code error;
+  if (std::filesystem::exists(path, error) && !std::filesystem::is_regular_file(path, error)) {
+    throw std::invalid_argument(fmt::format("'{}' is not a regular file; name a token file", path.string()));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::invalid_argument(fmt::format("cannot read '{}': {}", path.string(), std::strerror(errno)));
   std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

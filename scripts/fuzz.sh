@@ -3,13 +3,14 @@
 #   fuzz_receipt  a receipt through harness validate's checks and the judging commands' reader
 #   fuzz_budgets  a budgets file (canaries/budgets.toml's format)
 #   fuzz_matrix   a nightly lane matrix (canaries/nightly.toml's format)
+#   fuzz_canary   a canary file (canaries/tiny.toml's format; its token files stay in scratch)
 #
 #   scripts/fuzz.sh [SECONDS_PER_TARGET]      (default 60)
 #
 # Configures build-fuzz/ (or $HARNESS_FUZZ_BUILD_DIR) with clang++-14 and
-# HARNESS_BUILD_FUZZERS=ON, builds the three fuzzers, then runs each for the given time on
+# HARNESS_BUILD_FUZZERS=ON, builds the four fuzzers, then runs each for the given time on
 # a scratch copy of its seed corpus (fuzz/corpus/<target>/; nothing is written into the
-# checkout). Environment: HARNESS_FUZZ_TARGETS (default "receipt budgets matrix"),
+# checkout). Environment: HARNESS_FUZZ_TARGETS (default "receipt budgets matrix canary"),
 # HARNESS_FUZZ_KEEP=1 keeps the scratch directory (new corpus entries, logs),
 # HARNESS_FUZZ_SEED (default: drawn from /dev/urandom and printed): libFuzzer's -seed, so
 # that a run's sequence of inputs can be repeated (as far as the time limit lets it go).
@@ -22,7 +23,7 @@ seconds=${1:-60}
 build=${HARNESS_FUZZ_BUILD_DIR:-$root/build-fuzz}
 seed=${HARNESS_FUZZ_SEED:-$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}
 [[ $seed =~ ^[1-9][0-9]*$ ]] || { echo "fuzz: HARNESS_FUZZ_SEED must be a positive integer, not '$seed'" >&2; exit 2; }
-targets=(${HARNESS_FUZZ_TARGETS:-receipt budgets matrix})
+targets=(${HARNESS_FUZZ_TARGETS:-receipt budgets matrix canary})
 
 "$root/scripts/install-deps.sh" >/dev/null || exit 2
 start=$SECONDS

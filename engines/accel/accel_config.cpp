@@ -143,11 +143,14 @@ void parse_noise_options(const std::map<std::string, std::string>& o, AccelConfi
 
 }  // namespace
 
-unsigned zone_of_site(const std::string& site) {
-  if (site.ends_with(".attn.qkv")) return kZoneQkv;
-  if (site.ends_with(".attn.proj")) return kZoneAttnProj;
-  if (site.ends_with(".mlp.fc")) return kZoneMlpFc;
-  if (site.ends_with(".mlp.proj")) return kZoneMlpProj;
+unsigned zone_bit(Fp8Zone zone) {
+  switch (zone) {
+    case Fp8Zone::None: return 0;
+    case Fp8Zone::Qkv: return kZoneQkv;
+    case Fp8Zone::AttnProj: return kZoneAttnProj;
+    case Fp8Zone::MlpFc: return kZoneMlpFc;
+    case Fp8Zone::MlpProj: return kZoneMlpProj;
+  }
   return 0;
 }
 

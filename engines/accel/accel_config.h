@@ -9,14 +9,16 @@
 #include <vector>
 
 #include "api/engine_settings.h"
+#include "api/tensor_table.h"
 #include "noise.h"
 #include "numerics/fp8_scaling.h"
 
 namespace harness::accel {
 
-// The linear layers FP8 can cover, one bit each. The LM head stays in bf16 (as in
-// Transformer Engine recipes: the output layer is not quantised).
-enum Fp8Zone : unsigned { kZoneQkv = 1, kZoneAttnProj = 2, kZoneMlpFc = 4, kZoneMlpProj = 8, kAllZones = 15 };
+// The linear layers FP8 can cover (the Fp8Zone roles of the tensor table), one bit each.
+// The LM head has no zone and stays in bf16 (as in Transformer Engine recipes: the output
+// layer is not quantised).
+enum Fp8ZoneBits : unsigned { kZoneQkv = 1, kZoneAttnProj = 2, kZoneMlpFc = 4, kZoneMlpProj = 8, kAllZones = 15 };
 
 struct AccelConfig {
   bool bf16 = false;
@@ -38,8 +40,8 @@ struct AccelConfig {
 // Throws std::invalid_argument with one line naming the flag (--features, --noise, ...).
 AccelConfig parse_accel_config(const EngineSettings& settings);
 
-// The zone of a linear op site ("blocks.2.mlp.fc" -> kZoneMlpFc), 0 for the LM head.
-unsigned zone_of_site(const std::string& site_name);
+// The bit of a weight's FP8 zone role (Fp8Zone::MlpFc -> kZoneMlpFc), 0 for none.
+unsigned zone_bit(Fp8Zone zone);
 std::string zone_name(unsigned zone);
 
 }  // namespace harness::accel

@@ -38,6 +38,13 @@ float parallel_amax(const float* x, std::int64_t n) {
       [](float a, float b) { return a != a || b != b ? a + b : (a > b ? a : b); });
 }
 
+// A zone's label in receipts and checkpoints: its layer, the weight's name without the
+// trailing ".weight" ("blocks.2.mlp.fc"). A label only: the zone itself is the weight's role.
+std::string layer_label(const std::string& weight_name) {
+  constexpr std::string_view suffix = ".weight";
+  return weight_name.ends_with(suffix) ? weight_name.substr(0, weight_name.size() - suffix.size()) : weight_name;
+}
+
 std::uint64_t choose_noise_seed(const AccelConfig& c) {
   if (c.noise != NoiseMode::Seeded) return 0;
   // 63 bits, so the seed fits the manifest's int64 attribute and --noise-seed reads it back.
@@ -53,12 +60,9 @@ void AccelEngine::bind(const TensorTable& table) {
   zones_.clear();
   zone_index_.clear();
   for (TensorId id : table.of_kind(TensorKind::Parameter)) {
-    const std::string& name = table[id].name;
-    if (!name.ends_with(".weight")) continue;
-    const std::string site = name.substr(0, name.size() - 7);
-    if ((zone_of_site(site) & config_.fp8_zones) == 0) continue;
-    zone_index_[site] = zones_.size();
-    zones_.push_back({site, numerics::Fp8ScalingState(Fp8Format::E4M3, config_.scaling),
+    if ((zone_bit(table[id].role.fp8_zone) & config_.fp8_zones) == 0) continue;
+    zone_index_[id] = zones_.size();
+    zones_.push_back({layer_label(table[id].name), numerics::Fp8ScalingState(Fp8Format::E4M3, config_.scaling),
                       numerics::Fp8ScalingState(Fp8Format::E4M3, config_.scaling),
                       numerics::Fp8ScalingState(Fp8Format::E5M2, config_.scaling)});
   }
@@ -154,7 +158,7 @@ bool AccelEngine::stored_as_bf16(TensorId id) const {
   // loss's probabilities, parameters, gradients and optimizer state stay fp32.
   const TensorDesc& d = t_.desc(id);
   if (d.kind != TensorKind::Activation && d.kind != TensorKind::ActivationGrad) return false;
-  return !d.name.ends_with(".mean") && !d.name.ends_with(".rstd") && d.name != "loss.probs";
+  return !d.role.fp32_statistic;
 }
 
 void AccelEngine::store(TensorId id) {
@@ -164,8 +168,8 @@ void AccelEngine::store(TensorId id) {
                     [&](const auto& r) { numerics::round_to_bf16_inplace(x + r.begin(), r.end() - r.begin()); });
 }
 
-AccelEngine::ZoneScaling* AccelEngine::zone_for(const OpSite& site) {
-  const auto it = zone_index_.find(site.name);
+AccelEngine::ZoneScaling* AccelEngine::zone_for(TensorId weight) {
+  const auto it = zone_index_.find(weight);
   return it == zone_index_.end() ? nullptr : &zones_[it->second];
 }
 
@@ -197,14 +201,15 @@ const float* AccelEngine::fp8_operand(TensorId id, float scale, Fp8Format format
 
 void AccelEngine::encoder_forward(const OpSite&, TensorId out, TensorId inputs, TensorId wte, TensorId wpe) {
   const TensorDesc& o = t_.desc(out);  // (B,T,C)
-  kernels::encoder_forward(f32(out), t_.i32(inputs), f32(wte), f32(wpe), int(o.dim(0)), int(o.dim(1)), int(o.dim(2)));
+  kernels::encoder_forward(f32(out), t_.i32(inputs), f32(wte), wpe == kNoTensor ? nullptr : f32(wpe), int(o.dim(0)),
+                           int(o.dim(1)), int(o.dim(2)));
   store(out);
 }
 
 void AccelEngine::encoder_backward(const OpSite&, TensorId dwte, TensorId dwpe, TensorId dout, TensorId inputs) {
   const TensorDesc& o = t_.desc(dout);
   ReduceContext ctx = reduce_context();
-  accel::encoder_backward(ctx, f32(dwte), f32(dwpe), f32(dout), t_.i32(inputs), int(o.dim(0)), int(o.dim(1)),
+  accel::encoder_backward(ctx, f32(dwte), dwpe == kNoTensor ? nullptr : f32(dwpe), f32(dout), t_.i32(inputs), int(o.dim(0)), int(o.dim(1)),
                           int(o.dim(2)), int(t_.desc(dwte).dim(0)));
 }
 
@@ -223,10 +228,10 @@ void AccelEngine::layernorm_backward(const OpSite&, TensorId dinp, TensorId dwei
   store(dinp);
 }
 
-void AccelEngine::linear_forward(const OpSite& site, TensorId out, TensorId inp, TensorId weight, TensorId bias) {
+void AccelEngine::linear_forward(const OpSite&, TensorId out, TensorId inp, TensorId weight, TensorId bias) {
   const TensorDesc& wd = t_.desc(weight);  // (OC,C)
   const int N = int(t_.rows(inp)), C = int(wd.dim(1)), OC = int(wd.dim(0));
-  ZoneScaling* zone = zone_for(site);
+  ZoneScaling* zone = zone_for(weight);
   const PreparedWeight& w = prepared_weight(weight, zone);
   const float* a = f32(inp);
   GemmNumerics fp8_gemm;
@@ -247,11 +252,11 @@ void AccelEngine::linear_forward(const OpSite& site, TensorId out, TensorId inp,
   store(out);
 }
 
-void AccelEngine::linear_backward(const OpSite& site, TensorId dinp, TensorId dweight, TensorId dbias, TensorId dout,
+void AccelEngine::linear_backward(const OpSite&, TensorId dinp, TensorId dweight, TensorId dbias, TensorId dout,
                                   TensorId inp, TensorId weight) {
   const TensorDesc& wd = t_.desc(weight);
   const int N = int(t_.rows(inp)), C = int(wd.dim(1)), OC = int(wd.dim(0));
-  ZoneScaling* zone = zone_for(site);
+  ZoneScaling* zone = zone_for(weight);
   const PreparedWeight& w = prepared_weight(weight, zone);
   const float* dy = f32(dout);
   const float* x = f32(inp);
@@ -276,18 +281,88 @@ void AccelEngine::linear_backward(const OpSite& site, TensorId dinp, TensorId dw
 
 void AccelEngine::attention_forward(const OpSite&, TensorId out, TensorId att, TensorId qkv) {
   const TensorDesc& a = t_.desc(att);  // (B,NH,T,T)
-  const TensorDesc& o = t_.desc(out);  // (B,T,C)
-  accel::attention_forward(f32(out), f32(att), f32(qkv), int(o.dim(0)), int(o.dim(1)), int(o.dim(2)), int(a.dim(1)),
-                           config_.bf16);
+  const int C = int(t_.desc(out).dim(2)), NH = int(a.dim(1));
+  const float* x = f32(qkv);  // (B,T,3C): [q | k | v] per token
+  const AttentionHeads heads{x, x + C, x + 2 * C, 3 * C, 3 * C, NH, NH, C / NH};
+  accel::gqa_attention_forward(f32(out), C, f32(att), heads, int(a.dim(0)), int(a.dim(2)), config_.bf16);
   store(out);
 }
 
 void AccelEngine::attention_backward(const OpSite&, TensorId dqkv, TensorId dout, TensorId qkv, TensorId att) {
   const TensorDesc& a = t_.desc(att);
-  const TensorDesc& o = t_.desc(dout);
-  accel::attention_backward(noise_, {noise_.take_reduction_index()}, f32(dqkv), f32(dout), f32(qkv), f32(att),
-                            int(o.dim(0)), int(o.dim(1)), int(o.dim(2)), int(a.dim(1)), config_.bf16);
+  const int C = int(t_.desc(dout).dim(2)), NH = int(a.dim(1));
+  const float* x = f32(qkv);
+  float* dx = f32(dqkv);
+  const AttentionHeads heads{x, x + C, x + 2 * C, 3 * C, 3 * C, NH, NH, C / NH};
+  accel::gqa_attention_backward(noise_, {noise_.take_reduction_index()}, {dx, dx + C, dx + 2 * C}, f32(dout), C, heads,
+                                f32(att), int(a.dim(0)), int(a.dim(2)), config_.bf16);
   store(dqkv);
+}
+
+// ---- the llama ops: elementwise ones reuse cpu-ref's kernels, then store in bf16 ---------
+
+void AccelEngine::rmsnorm_forward(const OpSite&, TensorId out, TensorId rstd, TensorId inp, TensorId weight, float eps) {
+  kernels::rmsnorm_forward(f32(out), f32(rstd), f32(inp), f32(weight), int(t_.rows(inp)), t_.last_dim(inp), eps);
+  store(out);
+}
+
+void AccelEngine::rmsnorm_backward(const OpSite&, TensorId dinp, TensorId dweight, TensorId dout, TensorId inp,
+                                   TensorId weight, TensorId rstd) {
+  ReduceContext ctx = reduce_context();
+  accel::rmsnorm_backward(ctx, f32(dinp), f32(dweight), f32(dout), f32(inp), f32(weight), f32(rstd),
+                          int(t_.rows(inp)), t_.last_dim(inp));
+  store(dinp);
+}
+
+void AccelEngine::rope_forward(const OpSite&, TensorId out, TensorId inp, int head_size, double theta) {
+  const TensorDesc& x = t_.desc(inp);  // (B,T,heads*head_size)
+  const kernels::RopeTables& r = rope_tables_.get(int(x.dim(1)), head_size, theta);
+  kernels::rope_forward(f32(out), f32(inp), r.cos.data(), r.sin.data(), int(x.dim(0)), int(x.dim(1)),
+                        int(x.dim(2) / head_size), head_size);
+  store(out);
+}
+
+void AccelEngine::rope_backward(const OpSite&, TensorId dinp, TensorId dout, int head_size, double theta) {
+  const TensorDesc& x = t_.desc(dout);
+  const kernels::RopeTables& r = rope_tables_.get(int(x.dim(1)), head_size, theta);
+  kernels::rope_backward(f32(dinp), f32(dout), r.cos.data(), r.sin.data(), int(x.dim(0)), int(x.dim(1)),
+                         int(x.dim(2) / head_size), head_size);
+  store(dinp);
+}
+
+void AccelEngine::swiglu_forward(const OpSite&, TensorId out, TensorId gate, TensorId up) {
+  kernels::swiglu_forward(f32(out), f32(gate), f32(up), t_.numel(out));
+  store(out);
+}
+
+void AccelEngine::swiglu_backward(const OpSite&, TensorId dgate, TensorId dup, TensorId dout, TensorId gate,
+                                  TensorId up) {
+  kernels::swiglu_backward(f32(dgate), f32(dup), f32(dout), f32(gate), f32(up), t_.numel(dout));
+  store(dgate);
+  store(dup);
+}
+
+AttentionHeads AccelEngine::gqa_heads(TensorId att, TensorId q, TensorId k, TensorId v) {
+  const int NH = int(t_.desc(att).dim(1)), q_ld = t_.last_dim(q), kv_ld = t_.last_dim(k), hd = q_ld / NH;
+  return {f32(q), f32(k), f32(v), q_ld, kv_ld, NH, kv_ld / hd, hd};
+}
+
+void AccelEngine::gqa_attention_forward(const OpSite&, TensorId out, TensorId att, TensorId q, TensorId k, TensorId v) {
+  const TensorDesc& a = t_.desc(att);  // (B,NH,T,T)
+  accel::gqa_attention_forward(f32(out), t_.last_dim(out), f32(att), gqa_heads(att, q, k, v), int(a.dim(0)),
+                               int(a.dim(2)), config_.bf16);
+  store(out);
+}
+
+void AccelEngine::gqa_attention_backward(const OpSite&, TensorId dq, TensorId dk, TensorId dv, TensorId dout,
+                                         TensorId q, TensorId k, TensorId v, TensorId att) {
+  const TensorDesc& a = t_.desc(att);
+  accel::gqa_attention_backward(noise_, {noise_.take_reduction_index()}, {f32(dq), f32(dk), f32(dv)}, f32(dout),
+                                t_.last_dim(dout), gqa_heads(att, q, k, v), f32(att), int(a.dim(0)), int(a.dim(2)),
+                                config_.bf16);
+  store(dq);
+  store(dk);
+  store(dv);
 }
 
 void AccelEngine::gelu_forward(const OpSite&, TensorId out, TensorId inp) {

@@ -17,6 +17,7 @@
 #include "accel_kernels.h"
 #include "api/engine.h"
 #include "kernels/host_tensors.h"
+#include "kernels/llama_kernels.h"
 #include "noise.h"
 #include "numerics/fp8_scaling.h"
 
@@ -54,6 +55,17 @@ class AccelEngine final : public Engine {
                        TensorId weight) override;
   void attention_forward(const OpSite&, TensorId out, TensorId att, TensorId qkv) override;
   void attention_backward(const OpSite&, TensorId dqkv, TensorId dout, TensorId qkv, TensorId att) override;
+  void rmsnorm_forward(const OpSite&, TensorId out, TensorId rstd, TensorId inp, TensorId weight, float eps) override;
+  void rmsnorm_backward(const OpSite&, TensorId dinp, TensorId dweight, TensorId dout, TensorId inp, TensorId weight,
+                        TensorId rstd) override;
+  void rope_forward(const OpSite&, TensorId out, TensorId inp, int head_size, double theta) override;
+  void rope_backward(const OpSite&, TensorId dinp, TensorId dout, int head_size, double theta) override;
+  void swiglu_forward(const OpSite&, TensorId out, TensorId gate, TensorId up) override;
+  void swiglu_backward(const OpSite&, TensorId dgate, TensorId dup, TensorId dout, TensorId gate, TensorId up) override;
+  void gqa_attention_forward(const OpSite&, TensorId out, TensorId att, TensorId q, TensorId k, TensorId v) override;
+  void gqa_attention_backward(const OpSite&, TensorId dq, TensorId dk, TensorId dv, TensorId dout, TensorId q,
+                              TensorId k, TensorId v, TensorId att) override;
+  std::string llama_ops_missing() const override { return ""; }
   void gelu_forward(const OpSite&, TensorId out, TensorId inp) override;
   void gelu_backward(const OpSite&, TensorId dinp, TensorId inp, TensorId dout) override;
   void residual_forward(const OpSite&, TensorId out, TensorId a, TensorId b) override;
@@ -78,7 +90,7 @@ class AccelEngine final : public Engine {
   };
   // The scaling state of one FP8 zone instance (a linear layer of one block).
   struct ZoneScaling {
-    std::string site;
+    std::string site;  // the layer's label in receipts and checkpoints
     numerics::Fp8ScalingState input, weight, grad_output;
     float input_scale = 1.0f;  // the scale the forward quantised the input with (reused for dW)
   };
@@ -94,7 +106,7 @@ class AccelEngine final : public Engine {
   };
 
   const PreparedWeight& prepared_weight(TensorId weight, ZoneScaling* zone);
-  ZoneScaling* zone_for(const OpSite& site);
+  ZoneScaling* zone_for(TensorId weight);  // nullptr: the weight is in no enabled zone
   // The tensor's values as a GEMM operand: copied into `buffer` and quantised to the
   // FP8 grid with `scale` (FP8 zones), or used in place (already bf16 when stored bf16).
   const float* fp8_operand(TensorId id, float scale, numerics::Fp8Format format, std::vector<float>& buffer);
@@ -102,15 +114,18 @@ class AccelEngine final : public Engine {
   void store(TensorId id);
   bool stored_as_bf16(TensorId id) const;
   ReduceContext reduce_context() { return {noise_, workspace_}; }
+  // The heads of q, k, v (gpt2: one fused qkv) as the attention kernels read them.
+  AttentionHeads gqa_heads(TensorId att, TensorId q, TensorId k, TensorId v);
   float* f32(TensorId id) { return t_.f32(id); }
   float scalar(TensorId id) { return *t_.f32(id); }
 
   AccelConfig config_;
   NoiseSource noise_;
   HostTensors t_;
+  kernels::RopeTableCache rope_tables_;
   std::unordered_map<TensorId, PreparedWeight> prepared_;  // cleared at every step_begin and upload
   std::vector<ZoneScaling> zones_;                         // in table order of their weights
-  std::map<std::string, std::size_t, std::less<>> zone_index_;
+  std::unordered_map<TensorId, std::size_t> zone_index_;   // weight -> its zone in zones_
   Fp8Record last_step_fp8_;
   std::vector<float> workspace_, operand_a_, operand_b_;
 };

@@ -6,6 +6,7 @@
 
 #include "kernels/gemm.h"
 #include "kernels/kernels.h"
+#include "kernels/llama_kernels.h"
 #include "limited_accumulator_gemm.h"
 #include "numerics/formats.h"
 
@@ -58,7 +59,8 @@ void encoder_backward(ReduceContext& ctx, float* dwte, float* dwpe, const float*
                    for (int c = 0; c < C; ++c) row[c] += dout[static_cast<long>(bt) * C + c];
                  }
                });
-  // dwpe: a sum over the batch, one part per sequence.
+  // dwpe: a sum over the batch, one part per sequence (none without position embeddings).
+  if (dwpe == nullptr) return;
   const std::int64_t tc = static_cast<std::int64_t>(T) * C;
   reduce_parts(ctx.noise, ctx.next(), B, tc, dwpe, ctx.workspace,
                [&](int b, float* partial) { std::copy_n(dout + b * tc, tc, partial); });
@@ -82,6 +84,22 @@ void layernorm_backward(ReduceContext& ctx, float* dinp, float* dweight, float* 
     dweight[c] += sums[static_cast<std::size_t>(c)];
     dbias[c] += sums[static_cast<std::size_t>(C + c)];
   }
+}
+
+void rmsnorm_backward(ReduceContext& ctx, float* dinp, float* dweight, const float* dout, const float* inp,
+                      const float* weight, const float* rstd, int N, int C) {
+  // As layernorm_backward: token blocks as the parts, each with its partial dweight.
+  std::vector<float> sums(static_cast<std::size_t>(C), 0.0f);
+  reduce_parts(ctx.noise, ctx.next(), part_count(N, kTokenChunk), C, sums.data(), ctx.workspace,
+               [&](int part, float* partial) {
+                 std::fill_n(partial, C, 0.0f);
+                 const int end = std::min(N, (part + 1) * kTokenChunk);
+                 for (int i = part * kTokenChunk; i < end; ++i) {
+                   const long row = static_cast<long>(i) * C;
+                   kernels::rmsnorm_backward_row(dinp + row, partial, dout + row, inp + row, weight, rstd[i], C);
+                 }
+               });
+  kernels::add_inplace(dweight, sums.data(), C);
 }
 
 // ---- attention ------------------------------------------------------------------------
@@ -108,57 +126,68 @@ void accumulate_over_chunks(const NoiseSource& noise, Reduction r, const float* 
 
 }  // namespace
 
-void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, bool bf16) {
-  const int hs = C / NH;
-  const float scale = 1.0f / __builtin_sqrtf(static_cast<float>(hs));
-  tbb::parallel_for(0, B * NH, [&](int bh) {
-    const int b = bh / NH, h = bh % NH;
-    const kernels::HeadView x = kernels::head_view(qkv, b, h, T, C, hs);
-    std::vector<float> k_transposed(static_cast<std::size_t>(hs) * T);
+void gqa_attention_forward(float* out, int out_ld, float* att, const AttentionHeads& x, int B, int T, bool bf16) {
+  const int hd = x.head_size, group = x.heads / x.kv_heads;
+  const float scale = 1.0f / __builtin_sqrtf(static_cast<float>(hd));
+  tbb::parallel_for(0, B * x.heads, [&](int bh) {
+    const int b = bh / x.heads, h = bh % x.heads, g = h / group;
+    const float* qh = x.q + static_cast<long>(b) * T * x.q_ld + h * hd;
+    const float* kg = x.k + static_cast<long>(b) * T * x.kv_ld + g * hd;
+    const float* vg = x.v + static_cast<long>(b) * T * x.kv_ld + g * hd;
+    std::vector<float> k_transposed(static_cast<std::size_t>(hd) * T);
     float* att_bh = att + static_cast<long>(bh) * T * T;
-    kernels::transpose_serial(x.k, T, hs, x.ld, k_transposed.data(), T);
-    kernels::gemm_serial(T, T, hs, x.q, x.ld, k_transposed.data(), T, att_bh, T, GemmEpilogue::Store);
+    kernels::transpose_serial(kg, T, hd, x.kv_ld, k_transposed.data(), T);
+    kernels::gemm_serial(T, T, hd, qh, x.q_ld, k_transposed.data(), T, att_bh, T, GemmEpilogue::Store);
     for (int t = 0; t < T; ++t) kernels::causal_softmax_row(att_bh + static_cast<long>(t) * T, t, T, scale);
     if (bf16) numerics::round_to_bf16_inplace(att_bh, static_cast<std::int64_t>(T) * T);
-    kernels::gemm_serial(T, hs, T, att_bh, T, x.v, x.ld, out + static_cast<long>(b) * T * C + h * hs, C,
+    kernels::gemm_serial(T, hd, T, att_bh, T, vg, x.kv_ld, out + static_cast<long>(b) * T * out_ld + h * hd, out_ld,
                          GemmEpilogue::Store);
   });
 }
 
-void attention_backward(const NoiseSource& noise, Reduction reduction, float* dqkv, const float* dout,
-                        const float* qkv, const float* att, int B, int T, int C, int NH, bool bf16) {
-  const int hs = C / NH;
-  const float scale = 1.0f / __builtin_sqrtf(static_cast<float>(hs));
-  const std::uint64_t segments_per_output = (static_cast<std::uint64_t>(T) * hs + kNoiseSegment - 1) / kNoiseSegment;
-  tbb::parallel_for(0, B * NH, [&](int bh) {
-    const int b = bh / NH, h = bh % NH;
-    const kernels::HeadView x = kernels::head_view(qkv, b, h, T, C, hs);
-    float* dq = dqkv + static_cast<long>(b) * T * 3 * C + h * hs;
-    float* dk = dq + C;
-    float* dv = dq + 2 * C;
-    const float* dy = dout + static_cast<long>(b) * T * C + h * hs;
-    const float* att_bh = att + static_cast<long>(bh) * T * T;
+void gqa_attention_backward(const NoiseSource& noise, Reduction reduction, const AttentionGradients& d,
+                            const float* dout, int dout_ld, const AttentionHeads& x, const float* att, int B, int T,
+                            bool bf16) {
+  const int hd = x.head_size, group = x.heads / x.kv_heads;
+  const float scale = 1.0f / __builtin_sqrtf(static_cast<float>(hd));
+  const std::uint64_t segments_per_output = (static_cast<std::uint64_t>(T) * hd + kNoiseSegment - 1) / kNoiseSegment;
+  // One task per (batch, kv head): it owns that head's dk and dv, and adds the query heads
+  // of its group in order (one query head per task without grouping).
+  tbb::parallel_for(0, B * x.kv_heads, [&](int bg) {
+    const int b = bg / x.kv_heads, g = bg % x.kv_heads;
+    const float* kg = x.k + static_cast<long>(b) * T * x.kv_ld + g * hd;
+    const float* vg = x.v + static_cast<long>(b) * T * x.kv_ld + g * hd;
+    float* dk = d.dk + static_cast<long>(b) * T * x.kv_ld + g * hd;
+    float* dv = d.dv + static_cast<long>(b) * T * x.kv_ld + g * hd;
     // Per task, never thread_local: a racy reduction below runs nested tasks, and a thread
     // waiting on them may pick up another head.
     std::vector<float> datt(static_cast<std::size_t>(T) * T), transposed(static_cast<std::size_t>(T) * T), workspace;
-    const auto part_of = [&](std::uint64_t which) {
-      return Reduction{reduction.index, reduction.first_segment + (static_cast<std::uint64_t>(bh) * 3 + which) * segments_per_output};
-    };
-    // forward: out = att @ v  =>  datt = dout @ v^T (over hs: one GEMM); dv += att^T @ dout (over queries)
-    kernels::transpose_serial(x.v, T, hs, x.ld, transposed.data(), T);
-    kernels::gemm_serial(T, T, hs, dy, C, transposed.data(), T, datt.data(), T, GemmEpilogue::Store);
-    kernels::transpose_serial(att_bh, T, T, T, transposed.data(), T);
-    accumulate_over_chunks(noise, part_of(2), transposed.data(), dy, C, dv, 3 * C, T, hs, workspace);
-    // forward: att = softmax(scale * preatt)  =>  dpreatt = scale * att * (datt - <att, datt>)
-    for (int t = 0; t < T; ++t) {
-      kernels::causal_softmax_backward_row(datt.data() + static_cast<long>(t) * T, att_bh + static_cast<long>(t) * T, t,
-                                           T, scale);
+    for (int h = g * group; h < (g + 1) * group; ++h) {
+      const int bh = b * x.heads + h;
+      const float* qh = x.q + static_cast<long>(b) * T * x.q_ld + h * hd;
+      float* dq = d.dq + static_cast<long>(b) * T * x.q_ld + h * hd;
+      const float* dy = dout + static_cast<long>(b) * T * dout_ld + h * hd;
+      const float* att_bh = att + static_cast<long>(bh) * T * T;
+      const auto part_of = [&](std::uint64_t which) {
+        return Reduction{reduction.index,
+                         reduction.first_segment + (static_cast<std::uint64_t>(bh) * 3 + which) * segments_per_output};
+      };
+      // forward: out = att @ v  =>  datt = dout @ v^T (over hd: one GEMM); dv += att^T @ dout (over queries)
+      kernels::transpose_serial(vg, T, hd, x.kv_ld, transposed.data(), T);
+      kernels::gemm_serial(T, T, hd, dy, dout_ld, transposed.data(), T, datt.data(), T, GemmEpilogue::Store);
+      kernels::transpose_serial(att_bh, T, T, T, transposed.data(), T);
+      accumulate_over_chunks(noise, part_of(2), transposed.data(), dy, dout_ld, dv, x.kv_ld, T, hd, workspace);
+      // forward: att = softmax(scale * preatt)  =>  dpreatt = scale * att * (datt - <att, datt>)
+      for (int t = 0; t < T; ++t) {
+        kernels::causal_softmax_backward_row(datt.data() + static_cast<long>(t) * T, att_bh + static_cast<long>(t) * T,
+                                             t, T, scale);
+      }
+      if (bf16) numerics::round_to_bf16_inplace(datt.data(), static_cast<std::int64_t>(T) * T);
+      // forward: preatt = q @ k^T  =>  dq += dpreatt @ k (over keys); dk += dpreatt^T @ q (over queries)
+      accumulate_over_chunks(noise, part_of(0), datt.data(), kg, x.kv_ld, dq, x.q_ld, T, hd, workspace);
+      kernels::transpose_serial(datt.data(), T, T, T, transposed.data(), T);
+      accumulate_over_chunks(noise, part_of(1), transposed.data(), qh, x.q_ld, dk, x.kv_ld, T, hd, workspace);
     }
-    if (bf16) numerics::round_to_bf16_inplace(datt.data(), static_cast<std::int64_t>(T) * T);
-    // forward: preatt = q @ k^T  =>  dq += dpreatt @ k (over keys); dk += dpreatt^T @ q (over queries)
-    accumulate_over_chunks(noise, part_of(0), datt.data(), x.k, x.ld, dq, 3 * C, T, hs, workspace);
-    kernels::transpose_serial(datt.data(), T, T, T, transposed.data(), T);
-    accumulate_over_chunks(noise, part_of(1), transposed.data(), x.q, x.ld, dk, 3 * C, T, hs, workspace);
   });
 }
 

@@ -39,18 +39,38 @@ void split_k_gemm(ReduceContext& ctx, int M, int N, int K, const float* A, int l
 // out (C) += sum over the N rows of x (N,C), rows in blocks of kTokenChunk.
 void token_sum(ReduceContext& ctx, const float* x, int N, int C, float* out);
 
+// dwpe may be nullptr (a canary without position embeddings).
 void encoder_backward(ReduceContext& ctx, float* dwte, float* dwpe, const float* dout, const std::int32_t* inp, int B,
                       int T, int C, int V);
 
 void layernorm_backward(ReduceContext& ctx, float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean, const float* rstd, int N, int C);
 
-// As cpu-ref, but with bf16 rounding where a bf16 attention kernel converts: the
-// probabilities before att @ v (forward) and dpreatt before its two GEMMs (backward).
-void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, bool bf16);
-// dq, dk, dv sum over key/query blocks of kAttentionChunk, ordered by the noise source.
-void attention_backward(const NoiseSource& noise, Reduction reduction, float* dqkv, const float* dout,
-                        const float* qkv, const float* att, int B, int T, int C, int NH, bool bf16);
+void rmsnorm_backward(ReduceContext& ctx, float* dinp, float* dweight, const float* dout, const float* inp,
+                      const float* weight, const float* rstd, int N, int C);
+
+// Where attention's heads live: head h of token t of sequence b at
+// q + (b*T + t) * q_ld + h * head_size, kv head g at k/v + (b*T + t) * kv_ld + g * head_size.
+// Query head h reads kv head h / (heads / kv_heads). gpt2's fused qkv (B,T,3C) is q = qkv,
+// k = qkv + C, v = qkv + 2C with q_ld = kv_ld = 3C and kv_heads = heads.
+struct AttentionHeads {
+  const float *q, *k, *v;
+  int q_ld, kv_ld;
+  int heads, kv_heads, head_size;
+};
+// The gradients of q, k and v, in the same layout.
+struct AttentionGradients {
+  float *dq, *dk, *dv;
+};
+
+// As cpu-ref's causal attention, but with bf16 rounding where a bf16 attention kernel
+// converts: the probabilities before att @ v. out row stride out_ld, att (B,heads,T,T).
+void gqa_attention_forward(float* out, int out_ld, float* att, const AttentionHeads& x, int B, int T, bool bf16);
+// dq, dk, dv += the gradients, each summed over key/query blocks of kAttentionChunk in the
+// noise source's order; dpreatt rounded to bf16 before its two GEMMs under bf16.
+void gqa_attention_backward(const NoiseSource& noise, Reduction reduction, const AttentionGradients& d,
+                            const float* dout, int dout_ld, const AttentionHeads& x, const float* att, int B, int T,
+                            bool bf16);
 
 // Sum of x (n) in blocks of kTokenChunk, blocks added in the noise source's order.
 float noisy_sum(ReduceContext& ctx, const float* x, std::int64_t n);

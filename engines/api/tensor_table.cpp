@@ -37,11 +37,11 @@ TensorId TensorTable::add(TensorDesc desc) {
   return id;
 }
 
-TensorId TensorTable::add_parameter(std::string name, std::vector<std::int64_t> shape) {
-  const TensorId param = add({name, shape, DType::F32, TensorKind::Parameter, kNoTensor});
+TensorId TensorTable::add_parameter(std::string name, std::vector<std::int64_t> shape, TensorRole role) {
+  const TensorId param = add({name, shape, DType::F32, TensorKind::Parameter, kNoTensor, role});
   std::vector<TensorId> shadows;
   for (TensorKind kind : {TensorKind::Gradient, TensorKind::AdamM, TensorKind::AdamV}) {
-    shadows.push_back(add({name, shape, DType::F32, kind, param}));
+    shadows.push_back(add({name, shape, DType::F32, kind, param, role}));
   }
   if (shadows_.size() <= static_cast<std::size_t>(param)) shadows_.resize(static_cast<std::size_t>(param) + 1);
   shadows_[static_cast<std::size_t>(param)] = std::move(shadows);

@@ -32,12 +32,42 @@ enum class TensorKind : std::uint8_t {
 
 std::string_view to_string(TensorKind kind);
 
+// How a weight takes part in tensor parallelism (Megatron-style): a column-parallel linear
+// splits its output dimension (dim 0 of the weight and of its bias), a row-parallel one its
+// input dimension (dim 1 of the weight; its bias is added after the all-reduce, whole).
+enum class LinearRole : std::uint8_t { None, ColumnParallel, RowParallel };
+
+// The FP8 zone of a linear layer's weight (Transformer Engine's recipe, per layer kind):
+// accel's `fp8=qkv+mlp_fc` selects the layers by these, whatever the canary calls them.
+enum class Fp8Zone : std::uint8_t { None, Qkv, AttnProj, MlpFc, MlpProj };
+
+// What a tensor is for, set once by the canary where it describes the tensor. Engines take
+// every numerics and sharding decision from the role (and the kind), never from the name.
+struct TensorRole {
+  // Activations: a statistic (a norm's mean or reciprocal std, the loss's softmax
+  // probabilities) stays fp32 where bf16 autocast stores the other activations in bf16.
+  bool fp32_statistic = false;
+  // Parameters: the linear layer's parallel role and FP8 zone.
+  LinearRole linear = LinearRole::None;
+  Fp8Zone fp8_zone = Fp8Zone::None;
+  // A column-parallel output made of equal parts ([q | k | v] of a fused qkv): tensor
+  // parallelism gives each device its slice of every part.
+  int parallel_groups = 1;
+  // Activations: the dimension that indexes attention heads (-1: none); tensor parallelism
+  // splits attention by heads, so the heads must divide over the model axis.
+  int heads_dim = -1;
+  // Scalars: the learning rate, a per-step host value (tpu-mesh's --leak-scalars bakes it
+  // into the program on purpose).
+  bool learning_rate = false;
+};
+
 struct TensorDesc {
   std::string name;
   std::vector<std::int64_t> shape;  // empty for a 0-D scalar
   DType dtype = DType::F32;
   TensorKind kind = TensorKind::Activation;
   TensorId mirrors = kNoTensor;  // for Gradient/AdamM/AdamV: the Parameter it shadows
+  TensorRole role = {};          // shadows and activation gradients share their tensor's role
 
   std::int64_t numel() const;
   std::int64_t dim(std::size_t axis) const { return shape.at(axis); }
@@ -48,7 +78,7 @@ class TensorTable {
  public:
   TensorId add(TensorDesc desc);
   // Adds a Parameter together with its Gradient, AdamM and AdamV shadows.
-  TensorId add_parameter(std::string name, std::vector<std::int64_t> shape);
+  TensorId add_parameter(std::string name, std::vector<std::int64_t> shape, TensorRole role = {});
 
   const TensorDesc& operator[](TensorId id) const { return tensors_.at(static_cast<std::size_t>(id)); }
   std::size_t size() const { return tensors_.size(); }

@@ -54,24 +54,16 @@ void CpuRefEngine::rmsnorm_backward(const OpSite&, TensorId dinp, TensorId dweig
                             int(desc(inp).shape.back()));
 }
 
-const kernels::RopeTables& CpuRefEngine::rope_tables(int T, int head_size, double theta) {
-  for (const kernels::RopeTables& t : rope_tables_) {
-    if (t.T == T && t.head_size == head_size && t.theta == theta) return t;
-  }
-  rope_tables_.push_back(kernels::make_rope_tables(T, head_size, theta));
-  return rope_tables_.back();
-}
-
 void CpuRefEngine::rope_forward(const OpSite&, TensorId out, TensorId inp, int head_size, double theta) {
   const TensorDesc& x = desc(inp);  // (B,T,heads*head_size)
-  const kernels::RopeTables& r = rope_tables(int(x.dim(1)), head_size, theta);
+  const kernels::RopeTables& r = rope_tables_.get(int(x.dim(1)), head_size, theta);
   kernels::rope_forward(f32(out), f32(inp), r.cos.data(), r.sin.data(), int(x.dim(0)), int(x.dim(1)),
                         int(x.dim(2) / head_size), head_size);
 }
 
 void CpuRefEngine::rope_backward(const OpSite&, TensorId dinp, TensorId dout, int head_size, double theta) {
   const TensorDesc& x = desc(dout);
-  const kernels::RopeTables& r = rope_tables(int(x.dim(1)), head_size, theta);
+  const kernels::RopeTables& r = rope_tables_.get(int(x.dim(1)), head_size, theta);
   kernels::rope_backward(f32(dinp), f32(dout), r.cos.data(), r.sin.data(), int(x.dim(0)), int(x.dim(1)),
                          int(x.dim(2) / head_size), head_size);
 }

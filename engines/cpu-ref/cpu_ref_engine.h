@@ -5,7 +5,6 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 
 #include "api/engine.h"
 #include "kernels/host_tensors.h"
@@ -71,11 +70,8 @@ class CpuRefEngine final : public Engine {
   float scalar(TensorId id) { return *f32(id); }
   std::int64_t rows(TensorId id) const { return t_.rows(id); }
 
-  // The RoPE tables of (T, head size, theta), made at the first use.
-  const kernels::RopeTables& rope_tables(int T, int head_size, double theta);
-
   HostTensors t_;
-  std::deque<kernels::RopeTables> rope_tables_;  // a deque: a table stays where it is
+  kernels::RopeTableCache rope_tables_;
 };
 
 }  // namespace harness

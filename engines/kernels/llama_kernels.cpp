@@ -25,9 +25,7 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* wei
   });
 }
 
-namespace {
-
-// One row: with y = x * r * w and r = (mean(x^2) + eps)^(-1/2), dr/dx_c = -r^3 x_c / C, so
+// With y = x * r * w and r = (mean(x^2) + eps)^(-1/2), dr/dx_c = -r^3 x_c / C, so
 // dx_c = r * (w_c dy_c - x_c * r^2 * <w dy, x> / C).
 void rmsnorm_backward_row(float* dx, float* dw, const float* dy, const float* x, const float* weight, float r, int C) {
   float dot = 0.0f;
@@ -38,8 +36,6 @@ void rmsnorm_backward_row(float* dx, float* dw, const float* dy, const float* x,
     dx[c] += (weight[c] * dy[c] - x[c] * coefficient) * r;
   }
 }
-
-}  // namespace
 
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
                       const float* rstd, int N, int C) {
@@ -73,6 +69,14 @@ RopeTables make_rope_tables(int T, int hd, double theta) {
                     std::vector<float>(static_cast<std::size_t>(T) * (hd / 2))};
   rope_tables(tables.cos.data(), tables.sin.data(), T, hd, theta);
   return tables;
+}
+
+const RopeTables& RopeTableCache::get(int T, int hd, double theta) {
+  for (const RopeTables& t : tables_) {
+    if (t.T == T && t.head_size == hd && t.theta == theta) return t;
+  }
+  tables_.push_back(make_rope_tables(T, hd, theta));
+  return tables_.back();
 }
 
 void rope_forward(float* out, const float* inp, const float* cos_table, const float* sin_table, int B, int T, int heads,

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <vector>
 
 namespace harness::kernels {
@@ -18,6 +19,8 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* wei
 // dinp += d/dx; dweight += sum over rows of x * rstd * dout (rows summed in fixed blocks).
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
                       const float* rstd, int N, int C);
+// One row of it: dx (C) += d/dx, dw (C) += x * r * dy. (accel sums the rows in its own order.)
+void rmsnorm_backward_row(float* dx, float* dw, const float* dy, const float* x, const float* weight, float r, int C);
 
 // RoPE tables (T, hd/2): the pair (i, i + hd/2) of position t turns by the angle
 // t * theta^(-2i/hd), evaluated in double with numerics/det_math.h and rounded once.
@@ -29,6 +32,15 @@ struct RopeTables {
   std::vector<float> cos, sin;  // (T, hd/2) each
 };
 RopeTables make_rope_tables(int T, int hd, double theta);
+// The tables of every (T, hd, theta) an engine used, made at the first use. A deque: a
+// table stays where it is while later ones are added.
+class RopeTableCache {
+ public:
+  const RopeTables& get(int T, int hd, double theta);
+
+ private:
+  std::deque<RopeTables> tables_;
+};
 
 // Rotate-half RoPE on x (B,T,heads*hd), every head: out_i = x_i cos - x_{i+hd/2} sin,
 // out_{i+hd/2} = x_{i+hd/2} cos + x_i sin. out may not alias x.

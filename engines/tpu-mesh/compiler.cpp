@@ -368,7 +368,7 @@ class Compiler {
     if (config_.precision != Precision::Bf16 || id == kNoTensor) return;
     const TensorDesc& d = table_[id];
     if (d.kind != TensorKind::Activation && d.kind != TensorKind::ActivationGrad) return;
-    if (d.name.ends_with(".mean") || d.name.ends_with(".rstd") || d.name == "loss.probs") return;
+    if (d.role.fp32_statistic) return;
     emit(InstrKind::RoundBf16, {buffer(id)}, {lnumel(id)});
   }
 

@@ -55,20 +55,15 @@ void for_each_block_run(const std::vector<std::int64_t>& global, const Partition
   }
 }
 
-bool is_tensor_parallel_weight(const std::string& name) {
-  return name.ends_with("attn.qkv.weight") || name.ends_with("attn.qkv.bias") || name.ends_with("mlp.fc.weight") ||
-         name.ends_with("mlp.fc.bias") || name.ends_with("attn.proj.weight") || name.ends_with("mlp.proj.weight");
-}
-
-// Megatron-style: qkv and mlp.fc column-parallel (output dim), attn.proj and mlp.proj
-// row-parallel (input dim); qkv's output splits per q, k and v.
+// Megatron-style, from the tensor's linear role: column-parallel weights and biases split
+// their output dimension (dim 0), row-parallel weights their input dimension (dim 1);
+// a fused output ([q | k | v]) splits per part.
 PartitionSpec tensor_parallel_spec(const TensorDesc& param) {
   PartitionSpec spec = PartitionSpec::replicated(param.rank());
-  if (!is_tensor_parallel_weight(param.name)) return spec;
-  const bool row_parallel = param.name.ends_with("proj.weight");
-  DimSharding& dim = spec.dims[row_parallel ? 1 : 0];
+  if (param.role.linear == LinearRole::None) return spec;
+  DimSharding& dim = spec.dims[param.role.linear == LinearRole::RowParallel ? 1 : 0];
   dim.axis = Axis::Model;
-  if (param.name.find("attn.qkv") != std::string::npos) dim.groups = 3;
+  dim.groups = param.role.parallel_groups;
   return spec;
 }
 
@@ -218,10 +213,11 @@ void validate_plan(const TensorTable& table, const std::vector<PartitionSpec>& s
       }
     }
     // Tensor parallelism splits attention by heads: the heads must divide over `model`.
-    if (config.plan == ShardPlan::TensorParallel && t.kind == TensorKind::Activation && t.name.ends_with(".attn.att") &&
-        t.shape[1] % config.mesh.model != 0) {
-      throw std::invalid_argument(fmt::format("{}: {} heads do not divide over {} model devices", where, t.shape[1],
-                                              config.mesh.model));
+    const int heads_dim = t.role.heads_dim;
+    if (config.plan == ShardPlan::TensorParallel && t.kind == TensorKind::Activation && heads_dim >= 0 &&
+        t.shape[static_cast<std::size_t>(heads_dim)] % config.mesh.model != 0) {
+      throw std::invalid_argument(fmt::format("{}: {} heads of {} do not divide over {} model devices", where,
+                                              t.shape[static_cast<std::size_t>(heads_dim)], t.name, config.mesh.model));
     }
     // Each data shard of the batch splits again into the micro-batches.
     if (t.kind == TensorKind::Input && t.shape[0] % (config.mesh.data * config.grad_accum) != 0) {

@@ -130,9 +130,9 @@ void TpuMeshEngine::deliver_traces() {
 
 void TpuMeshEngine::upload(TensorId id, std::span<const float> values) {
   const TensorDesc& t = (*table_)[id];
-  if (in_step_ && config_.leak_scalars && t.kind == TensorKind::Scalar && t.name == "lr") {
+  if (in_step_ && config_.leak_scalars && t.kind == TensorKind::Scalar && t.role.learning_rate) {
     // The trap, on purpose: the host value becomes a constant of the program.
-    Node node{OpKind::Constant, "lr", -1, Phase::Optimizer, {id}, {values[0]}};
+    Node node{OpKind::Constant, t.name, -1, Phase::Optimizer, {id}, {values[0]}};
     pending_.nodes.push_back(std::move(node));
     return;
   }

@@ -93,7 +93,8 @@ grep -q "mine.noise" "$WORK/stdout" || fail "compare does not name the entry it 
 expect_exit 2 "mine-1.h5: canary .* changed since the receipt was recorded" -- "$HARNESS" replay "$WORK/mine-1.h5" --from 5
 
 # A llama canary (a small copy of llama-tiny): bitwise across thread counts on cpu-ref,
-# fault injection by op name, refused before step 0 by an engine without its ops.
+# fault injection by op name, on accel with bf16 and every FP8 zone, refused before step 0
+# by an engine without its ops.
 sed -e 's/^name = "llama-tiny"/name = "llama-small"/' -e 's/^context = 64/context = 16/' -e 's/^channels = 128/channels = 48/' \
     -e 's/^layers = 4/layers = 2/' -e 's/^mlp_hidden = 352/mlp_hidden = 96/' -e 's/^batch = 8/batch = 2/' \
     "$SHIPPED/llama-tiny.toml" > "$WORK/llama-small.toml"
@@ -106,8 +107,8 @@ run --canary "$WORK/llama-small.toml" --steps 6 --trace ops --inject-fault step=
 expect_exit 1 "" -- "$HARNESS" bisect "$WORK/llama-fault.h5" "$WORK/llama-1.h5"
 grep -q "step 3" "$WORK/stdout" && grep -q "blocks.1.mlp.swiglu" "$WORK/stdout" \
   || fail "bisect does not name step 3 and the faulted llama op: $(cat "$WORK/stdout")"
-expect_exit 2 "--engine: engine accel does not run the llama ops" -- \
-  "$HARNESS" run --canary "$WORK/llama-small.toml" --engine accel --out "$WORK/bad.h5"
+run --canary "$WORK/llama-small.toml" --steps 3 --engine accel --features bf16,fp8=all --out "$WORK/llama-accel.h5"
+expect_exit 0 "" -- "$HARNESS" validate "$WORK/llama-accel.h5"
 expect_exit 2 "--engine: engine tpu-mesh does not run the llama ops" -- \
   "$HARNESS" run --canary llama-tiny --engine tpu-mesh --out "$WORK/bad.h5"
 
@@ -119,6 +120,9 @@ sed 's/^vocab = 300$/vocab = 200/' "$WORK/mine.toml" > "$WORK/small-vocab.toml"
 "$PY" -c "import numpy as np; a = np.zeros(500, '<u2'); a[321] = 250; a.tofile('$WORK/tokens.bin')"
 expect_exit 2 "small-vocab.toml: data.path: .*token 250 at byte offset 642 \(token 321\) is not below model.vocab 200" -- \
   "$HARNESS" export --canary "$WORK/small-vocab.toml" --steps 2 --out "$WORK/bad-pack.h5"
+sed 's|^path = "tokens.bin"$|path = "/dev/zero"|' "$WORK/mine.toml" > "$WORK/device-tokens.toml"
+expect_exit 2 "device-tokens.toml: data.path: '/dev/zero' is not a regular file" -- \
+  "$HARNESS" run --canary "$WORK/device-tokens.toml" --out "$WORK/bad.h5"
 expect_exit 2 "nowhere.toml: no such canary file" -- "$HARNESS" run --canary "$WORK/nowhere.toml" --out "$WORK/bad.h5"
 [ ! -e "$WORK/bad.h5" ] && [ ! -e "$WORK/bad-pack.h5" ] || fail "a refused canary left a file behind"
 finish

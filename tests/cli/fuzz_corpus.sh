@@ -46,5 +46,20 @@ for f in "$corpus"/matrix/*; do
   allowed "golden status --matrix $(basename "$f")" $?
 done
 
+# Canary files, each as canary.toml beside the two token files fuzz/fuzz_canary.cpp writes
+# (80 uint16 ids below 256, 80 uint32 ids below 8): one step of a run.
+mkdir -p "$WORK/canary"
+"$PY" -c "
+import numpy as np
+np.array([(i * 37) % 256 for i in range(80)], '<u2').tofile('$WORK/canary/tokens.u16')
+np.array([(i * 3) % 8 for i in range(80)], '<u4').tofile('$WORK/canary/tokens.u32')"
+for f in "$corpus"/canary/*; do
+  seeds=$((seeds + 1))
+  cp "$f" "$WORK/canary/canary.toml"
+  "$HARNESS" run --canary "$WORK/canary/canary.toml" --steps 1 --out "$WORK/canary/run.h5" --force \
+    >"$WORK/stdout" 2>"$WORK/stderr"
+  allowed "run --canary $(basename "$f")" $?
+done
+
 [ "$seeds" -ge 10 ] || fail "only $seeds seeds found under $corpus"
 finish

@@ -105,15 +105,18 @@ double nmse(const std::vector<float>& a, const std::vector<float>& ref) {
 // ---- case factories --------------------------------------------------------------------
 
 constexpr Phase F = Phase::Forward, Bw = Phase::Backward;
-TensorId act(TensorTable& t, const std::string& name, std::vector<std::int64_t> shape, TensorKind kind = TensorKind::Activation) {
-  return t.add({name, std::move(shape), DType::F32, kind});
+TensorId act(TensorTable& t, const std::string& name, std::vector<std::int64_t> shape,
+             TensorKind kind = TensorKind::Activation, TensorRole role = {}) {
+  return t.add({name, std::move(shape), DType::F32, kind, kNoTensor, role});
 }
+const TensorRole kStatistic{.fp32_statistic = true};
 
 OpCase linear_case(int N, int C, int OC, bool bias, const std::string& feature) {
   const std::string shape = fmt::format("N{}_C{}_OC{}{}", N, C, OC, bias ? "_bias" : "");
   return {"linear", shape, feature, [=] {
             OpGraph g;
-            const TensorId w = g.table.add_parameter("blocks.0.mlp.fc.weight", {OC, C});
+            const TensorId w = g.table.add_parameter("blocks.0.mlp.fc.weight", {OC, C},
+                                                    {.linear = LinearRole::ColumnParallel, .fp8_zone = Fp8Zone::MlpFc});
             const TensorId b = bias ? g.table.add_parameter("blocks.0.mlp.fc.bias", {OC}) : kNoTensor;
             const TensorId x = act(g.table, "x", {N, C});
             const TensorId y = act(g.table, "y", {N, OC});
@@ -156,8 +159,8 @@ OpCase layernorm_case(int N, int C, const std::string& feature) {
             const TensorId b = g.table.add_parameter("ln.bias", {C});
             const TensorId x = act(g.table, "x", {N, C});
             const TensorId y = act(g.table, "y", {N, C});
-            const TensorId mean = act(g.table, "y.mean", {N});
-            const TensorId rstd = act(g.table, "y.rstd", {N});
+            const TensorId mean = act(g.table, "y.mean", {N}, TensorKind::Activation, kStatistic);
+            const TensorId rstd = act(g.table, "y.rstd", {N}, TensorKind::Activation, kStatistic);
             const TensorId dx = act(g.table, "x", {N, C}, TensorKind::ActivationGrad);
             const TensorId dy = act(g.table, "y", {N, C}, TensorKind::ActivationGrad);
             g.outputs = {y, mean, rstd, dx, g.table.shadow(w, TensorKind::Gradient), g.table.shadow(b, TensorKind::Gradient)};
@@ -215,7 +218,7 @@ OpCase crossentropy_case(int N, int V, const std::string& feature) {
   return {"crossentropy", fmt::format("N{}_V{}", N, V), feature, [=] {
             OpGraph g;
             const TensorId logits = act(g.table, "logits", {N, V});
-            const TensorId probs = act(g.table, "loss.probs", {N, V});
+            const TensorId probs = act(g.table, "loss.probs", {N, V}, TensorKind::Activation, kStatistic);
             const TensorId dlogits = act(g.table, "logits", {N, V}, TensorKind::ActivationGrad);
             const TensorId targets = g.table.add({"targets", {N}, DType::I32, TensorKind::Input});
             const TensorId loss = g.table.add({"loss", {}, DType::F32, TensorKind::Scalar});
@@ -251,6 +254,67 @@ OpCase optimizer_case(int n, const std::string& feature) {
           }};
 }
 
+// The llama ops (docs/canary.md, "The llama architecture").
+OpCase rmsnorm_case(int N, int C, const std::string& feature) {
+  return {"rmsnorm", fmt::format("N{}_C{}", N, C), feature, [=] {
+            OpGraph g;
+            const TensorId w = g.table.add_parameter("ln.weight", {C});
+            const TensorId x = act(g.table, "x", {N, C});
+            const TensorId y = act(g.table, "y", {N, C});
+            const TensorId rstd = act(g.table, "y.rstd", {N}, TensorKind::Activation, kStatistic);
+            const TensorId dx = act(g.table, "x", {N, C}, TensorKind::ActivationGrad);
+            const TensorId dy = act(g.table, "y", {N, C}, TensorKind::ActivationGrad);
+            const TensorId dw = g.table.shadow(w, TensorKind::Gradient);
+            g.outputs = {y, rstd, dx, dw};
+            g.run = [=](Engine& e) {
+              e.rmsnorm_forward({"norm", 0, F}, y, rstd, x, w, 1e-5f);
+              e.rmsnorm_backward({"norm", 0, Bw}, dx, dw, dy, x, w, rstd);
+            };
+            return g;
+          }};
+}
+
+OpCase rope_swiglu_case(int B, int T, int heads, int hd, const std::string& feature) {
+  return {"rope_swiglu", fmt::format("B{}_T{}_heads{}_hd{}", B, T, heads, hd), feature, [=] {
+            OpGraph g;
+            const std::vector<std::int64_t> shape{B, T, heads * hd};
+            const TensorId x = act(g.table, "x", shape), y = act(g.table, "y", shape);
+            const TensorId up = act(g.table, "up", shape), z = act(g.table, "z", shape);
+            const TensorId dx = act(g.table, "x", shape, TensorKind::ActivationGrad);
+            const TensorId dy = act(g.table, "y", shape, TensorKind::ActivationGrad);
+            const TensorId dup = act(g.table, "up", shape, TensorKind::ActivationGrad);
+            const TensorId dz = act(g.table, "z", shape, TensorKind::ActivationGrad);
+            g.outputs = {y, z, dx, dy, dup};
+            g.run = [=](Engine& e) {
+              e.rope_forward({"rope", 0, F}, y, x, hd, 10000.0);
+              e.swiglu_forward({"swiglu", 0, F}, z, y, up);
+              e.swiglu_backward({"swiglu", 0, Bw}, dy, dup, dz, y, up);
+              e.rope_backward({"rope", 0, Bw}, dx, dy, hd, 10000.0);
+            };
+            return g;
+          }};
+}
+
+OpCase gqa_attention_case(int B, int T, int NH, int NKV, int hd, const std::string& feature) {
+  return {"gqa_attention", fmt::format("B{}_T{}_NH{}_NKV{}_hd{}", B, T, NH, NKV, hd), feature, [=] {
+            OpGraph g;
+            const std::vector<std::int64_t> q_shape{B, T, NH * hd}, kv_shape{B, T, NKV * hd};
+            const TensorId q = act(g.table, "q", q_shape), k = act(g.table, "k", kv_shape);
+            const TensorId v = act(g.table, "v", kv_shape), y = act(g.table, "y", q_shape);
+            const TensorId att = act(g.table, "att", {B, NH, T, T});
+            const TensorId dq = act(g.table, "q", q_shape, TensorKind::ActivationGrad);
+            const TensorId dk = act(g.table, "k", kv_shape, TensorKind::ActivationGrad);
+            const TensorId dv = act(g.table, "v", kv_shape, TensorKind::ActivationGrad);
+            const TensorId dy = act(g.table, "y", q_shape, TensorKind::ActivationGrad);
+            g.outputs = {y, att, dq, dk, dv};
+            g.run = [=](Engine& e) {
+              e.gqa_attention_forward({"blocks.0.attn", 0, F}, y, att, q, k, v);
+              e.gqa_attention_backward({"blocks.0.attn", 0, Bw}, dq, dk, dv, dy, q, k, v, att);
+            };
+            return g;
+          }};
+}
+
 std::vector<OpCase> all_cases() {
   std::vector<OpCase> cases;
   for (const std::string f : {"fp32", "bf16", "fp8"}) {
@@ -266,6 +330,10 @@ std::vector<OpCase> all_cases() {
     cases.push_back(elementwise_case(10007, f));
     cases.push_back(crossentropy_case(130, 256, f));
     cases.push_back(optimizer_case(20000, f));
+    cases.push_back(rmsnorm_case(100, 48, f));
+    cases.push_back(rope_swiglu_case(2, 24, 3, 16, f));
+    cases.push_back(gqa_attention_case(2, 16, 4, 2, 8, f));
+    cases.push_back(gqa_attention_case(1, 48, 3, 1, 32, f));
   }
   return cases;
 }

@@ -1,7 +1,11 @@
-// The llama canary on cpu-ref: its whole backward against finite differences of its loss,
-// bitwise across thread counts at odd sizes, and refused before step 0 by the engines that
-// do not run its ops yet.
+// The llama canary on cpu-ref and accel: its whole backward against finite differences of
+// its loss, cpu-ref bitwise across thread counts at odd sizes, accel's FP8 zones by role and
+// its run contract, and refused before step 0 by the engines that do not run its ops yet.
+#include <algorithm>
 #include <bit>
+#include <cmath>
+#include <map>
+#include <string>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -11,13 +15,20 @@
 
 #include "canary.h"
 #include "canary_file.h"
+#include "accel_config.h"
+#include "accel_engine.h"
 #include "cpu_ref_engine.h"
 #include "data_source.h"
 #include "gradient_check.h"
+#include "receipt_bits.h"
 #include "registry.h"
 
 namespace harness::canary {
 namespace {
+
+using harness::testing::lane;
+using harness::testing::ReceiptBits;
+using harness::testing::run_and_read;
 
 CanaryConfig llama(int vocab, int T, int C, int L, int NH, int NKV, int H, int B) {
   CanaryConfig c = load_canary("micro");
@@ -54,9 +65,8 @@ TEST(LlamaCanary, TensorTableFollowsTheContract) {
 
 // Every op of the model chained (RMSNorm, RoPE, GQA, SwiGLU, the untied head) against
 // finite differences of its loss, on sizes small enough to check many elements.
-TEST(LlamaCanary, GradientsMatchFiniteDifferences) {
+void expect_gradients_match_finite_differences(Engine& engine) {
   const std::unique_ptr<Canary> model = make_canary(llama(17, 5, 8, 2, 2, 1, 12, 2));
-  CpuRefEngine engine;
   engine.bind(model->tensors());
   model->upload_initial_parameters(engine, 3);
   Batch batch = assemble_batch(0, 2, 5, {1, 5, 16, 2, 2, 9, 0, 4, 7, 13, 3, 1});
@@ -83,6 +93,20 @@ TEST(LlamaCanary, GradientsMatchFiniteDifferences) {
     harness::testing::expect_gradient(model->tensors()[p].name, values, loss, analytic[i], {3e-2, 1e-3, 1e-3f}, 12);
     engine.upload(p, values);
   }
+}
+
+TEST(LlamaCanary, GradientsMatchFiniteDifferences) {
+  CpuRefEngine engine;
+  expect_gradients_match_finite_differences(engine);
+}
+
+// accel's own llama kernels (GQA over noisy key/query blocks, RMSNorm over token blocks)
+// in fp32 with the reductions in a fixed order: the same gradients.
+TEST(LlamaAccel, GradientsMatchFiniteDifferences) {
+  accel::AccelConfig config;
+  config.noise = accel::NoiseMode::Off;
+  accel::AccelEngine engine(config);
+  expect_gradients_match_finite_differences(engine);
 }
 
 // The odd sizes: C = 96, 3 heads over 1 kv head, T = 48, vocab 200, hidden 176.
@@ -114,12 +138,65 @@ TEST(LlamaCanary, BitwiseAcrossThreadCountsAtOddSizes) {
 TEST(LlamaCanary, EnginesWithoutItsOpsRefuseItBeforeStepZero) {
   const std::unique_ptr<Canary> llama_model = make_canary(llama(64, 8, 16, 1, 2, 1, 24, 2));
   const std::unique_ptr<Canary> gpt2_model = make_canary(load_canary("micro"));
-  EXPECT_EQ(engine_cannot_run(*make_engine("cpu-ref", {}), *llama_model), "");
-  for (const char* name : {"accel", "tpu-mesh"}) {
-    const std::string why = engine_cannot_run(*make_engine(name, {}), *llama_model);
-    EXPECT_NE(why.find(std::string("engine ") + name + " does not run the llama ops"), std::string::npos) << why;
-    EXPECT_EQ(engine_cannot_run(*make_engine(name, {}), *gpt2_model), "");
-  }
+  for (const char* name : {"cpu-ref", "accel"}) EXPECT_EQ(engine_cannot_run(*make_engine(name, {}), *llama_model), "");
+  const std::string why = engine_cannot_run(*make_engine("tpu-mesh", {}), *llama_model);
+  EXPECT_NE(why.find("engine tpu-mesh does not run the llama ops"), std::string::npos) << why;
+  EXPECT_EQ(engine_cannot_run(*make_engine("tpu-mesh", {}), *gpt2_model), "");
+}
+
+// The FP8 zones are the weights' roles (docs/engine-boundary.md): `qkv` covers q, k and v,
+// `attn_proj` o, `mlp_fc` gate and up, `mlp_proj` down; the LM head is never quantised.
+TEST(LlamaAccel, Fp8ZonesCoverTheLayersTheirRolesName) {
+  const std::unique_ptr<Canary> model = make_canary(llama(64, 8, 16, 2, 2, 1, 24, 2));
+  const auto zone_layers = [&](const std::string& zones) {
+    accel::AccelEngine engine(accel::parse_accel_config({"bf16,fp8=" + zones, {}}));
+    engine.bind(model->tensors());
+    std::vector<std::string> layers;
+    for (const StepState& state : engine.step_state()) {
+      for (const std::string& column : state.columns) {
+        if (column.ends_with("/weight")) layers.push_back(column.substr(0, column.size() - 7));
+      }
+    }
+    return layers;
+  };
+  using Layers = std::vector<std::string>;
+  EXPECT_EQ(zone_layers("qkv"), (Layers{"blocks.0.attn.q", "blocks.0.attn.k", "blocks.0.attn.v", "blocks.1.attn.q",
+                                        "blocks.1.attn.k", "blocks.1.attn.v"}));
+  EXPECT_EQ(zone_layers("attn_proj"), (Layers{"blocks.0.attn.o", "blocks.1.attn.o"}));
+  EXPECT_EQ(zone_layers("mlp_fc"), (Layers{"blocks.0.mlp.gate", "blocks.0.mlp.up", "blocks.1.mlp.gate",
+                                           "blocks.1.mlp.up"}));
+  EXPECT_EQ(zone_layers("mlp_proj"), (Layers{"blocks.0.mlp.down", "blocks.1.mlp.down"}));
+  EXPECT_EQ(zone_layers("all").size(), 14u);  // 7 linear layers per block, never lm_head
+}
+
+// The run contract of accel on llama: noise off is bitwise on any thread count, a seeded
+// run replays from its recorded seed, bf16 stays near cpu-ref and FP8 moves further.
+TEST(LlamaAccel, OffIsBitwiseAcrossThreadCountsAndSeededRunsReplay) {
+  const std::map<std::string, std::string> off{{"noise", "off"}}, seeded{{"noise-seed", "7"}};
+  const ReceiptBits one = run_and_read(lane("llama-tiny", 2, 1, "accel", "bf16,fp8=all", off), "llama_off1");
+  EXPECT_TRUE(one.same_numbers(run_and_read(lane("llama-tiny", 2, 3, "accel", "bf16,fp8=all", off), "llama_off3")));
+  const ReceiptBits noisy = run_and_read(lane("llama-tiny", 2, 2, "accel", "bf16,fp8=all", seeded), "llama_seed2");
+  EXPECT_FALSE(noisy.same_numbers(one));  // the noise is really on
+  EXPECT_TRUE(noisy.same_numbers(run_and_read(lane("llama-tiny", 2, 1, "accel", "bf16,fp8=all", seeded), "llama_seed1")));
+}
+
+TEST(LlamaAccel, Bf16StaysNearCpuRefAndFp8MovesFurther) {
+  const std::map<std::string, std::string> off{{"noise", "off"}};
+  const ReceiptBits reference = run_and_read(lane("llama-tiny", 12, 2), "llama_drift_ref");
+  const ReceiptBits bf16 = run_and_read(lane("llama-tiny", 12, 2, "accel", "bf16", off), "llama_drift_bf16");
+  const ReceiptBits fp8 = run_and_read(lane("llama-tiny", 12, 2, "accel", "bf16,fp8=all", off), "llama_drift_fp8");
+  const auto drift = [&](const ReceiptBits& run) {
+    double worst = 0;
+    for (std::size_t s = 0; s < reference.loss.size(); ++s) {
+      worst = std::max(worst, std::fabs(run.loss[s] - reference.loss[s]));
+    }
+    return worst;
+  };
+  EXPECT_GT(drift(bf16), 0.0);  // bf16 is really on
+  EXPECT_LT(drift(bf16), 1e-2);
+  EXPECT_GT(drift(fp8), drift(bf16));
+  EXPECT_LT(drift(fp8), 5e-2);
+  EXPECT_EQ(bf16.batches, reference.batches);
 }
 
 }  // namespace
