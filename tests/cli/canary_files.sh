@@ -109,6 +109,13 @@ grep -q "step 3" "$WORK/stdout" && grep -q "blocks.1.mlp.swiglu" "$WORK/stdout" 
   || fail "bisect does not name step 3 and the faulted llama op: $(cat "$WORK/stdout")"
 run --canary "$WORK/llama-small.toml" --steps 3 --engine accel --features bf16,fp8=all --out "$WORK/llama-accel.h5"
 expect_exit 0 "" -- "$HARNESS" validate "$WORK/llama-accel.h5"
+# llama-tiny on accel under its own calibrated entries of the shipped budgets (llama-tiny is
+# not among the canaries the default entries budget).
+run --canary llama-tiny --steps 4 --out "$WORK/llama-tiny-ref.h5"
+run --canary llama-tiny --steps 4 --engine accel --features bf16,fp8=all --out "$WORK/llama-tiny-fp8.h5"
+expect_exit 0 "" -- "$HARNESS" compare "$WORK/llama-tiny-fp8.h5" "$WORK/llama-tiny-ref.h5"
+grep -q "budget      llama-tiny.bf16 + llama-tiny.fp8 + llama-tiny.noise" "$WORK/stdout" \
+  || fail "llama-tiny's accel lane is not judged by its own entries: $(cat "$WORK/stdout")"
 expect_exit 2 "--engine: engine tpu-mesh does not run the llama ops" -- \
   "$HARNESS" run --canary llama-tiny --engine tpu-mesh --out "$WORK/bad.h5"
 
