@@ -16,4 +16,15 @@ namespace harness {
 std::unique_ptr<Engine> make_engine(std::string_view name, const EngineSettings& settings = {});
 std::vector<std::string> engine_names();
 
+// An engine's flag (engines/api/engine_settings.h), as the CLI offers it and the nightly
+// matrix takes it.
+struct DescribedFlag {
+  std::string engine;
+  EngineFlag flag;
+};
+// Every engine's flags, engine by engine (cpu-ref has none).
+std::vector<DescribedFlag> engine_flags();
+// The flag of that name, nullptr when no engine has one.
+const DescribedFlag* find_engine_flag(std::string_view name);
+
 }  // namespace harness

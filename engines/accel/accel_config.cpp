@@ -96,50 +96,69 @@ std::uint64_t parse_seed(const std::string& text) {
   return value;
 }
 
-void parse_fp8_options(const std::map<std::string, std::string>& o, AccelConfig& c) {
-  for (const char* flag : {"fp8-recipe", "amax-history", "amax-algo", "margin", "fp8-accumulate"}) {
-    if (o.count(flag) && !c.fp8()) fail(fmt::format("--{}: needs FP8 zones (e.g. --features bf16,fp8=all)", flag));
-  }
-  if (auto it = o.find("fp8-recipe"); it != o.end()) {
-    if (it->second == "delayed") c.scaling.recipe = numerics::Fp8Recipe::Delayed;
-    else if (it->second == "current") c.scaling.recipe = numerics::Fp8Recipe::Current;
-    else fail(fmt::format("--fp8-recipe: unknown recipe '{}' (delayed, current)", it->second));
-  }
-  if (auto it = o.find("amax-history"); it != o.end()) {
-    c.scaling.amax_history_len = parse_int("amax-history", it->second, 1, 1 << 20, "a history length in 1..1048576");
-  }
-  if (auto it = o.find("amax-algo"); it != o.end()) {
-    if (it->second == "max") c.scaling.amax_algo = numerics::AmaxAlgo::Max;
-    else if (it->second == "most_recent") c.scaling.amax_algo = numerics::AmaxAlgo::MostRecent;
-    else fail(fmt::format("--amax-algo: unknown algorithm '{}' (max, most_recent)", it->second));
-  }
-  if (auto it = o.find("margin"); it != o.end()) {
-    c.scaling.margin = parse_int("margin", it->second, 0, 64, "a margin in 0..64 (powers of two)");
-  }
-  if (auto it = o.find("fp8-accumulate"); it != o.end()) {
-    const std::string& v = it->second;
-    if (v == "full") c.accumulate_interval = 0;
-    else if (v == "limited") c.accumulate_interval = 128;
-    else if (v.rfind("limited:", 0) == 0) {
-      c.accumulate_interval = parse_int("fp8-accumulate", v.substr(8), 1, 1 << 20, "limited:N with N in 1..1048576");
-    } else {
-      fail(fmt::format("--fp8-accumulate: '{}' is not full, limited or limited:N", v));
-    }
+// Each FP8 setting needs FP8 zones (the features are parsed before the flags).
+void need_fp8(const AccelConfig& c, std::string_view flag) {
+  if (!c.fp8()) fail(fmt::format("--{}: needs FP8 zones (e.g. --features bf16,fp8=all)", flag));
+}
+
+void parse_noise(const std::string& v, AccelConfig& c) {
+  if (v == "seeded") c.noise = NoiseMode::Seeded;
+  else if (v == "racy") c.noise = NoiseMode::Racy;
+  else if (v == "off") c.noise = NoiseMode::Off;
+  else fail(fmt::format("--noise: unknown mode '{}' (seeded, racy, off)", v));
+}
+
+void parse_noise_seed(const std::string& v, AccelConfig& c) {
+  if (c.noise != NoiseMode::Seeded) fail("--noise-seed: only --noise seeded takes a seed");
+  c.noise_seed = parse_seed(v);
+}
+
+void parse_fp8_recipe(const std::string& v, AccelConfig& c) {
+  need_fp8(c, "fp8-recipe");
+  if (v == "delayed") c.scaling.recipe = numerics::Fp8Recipe::Delayed;
+  else if (v == "current") c.scaling.recipe = numerics::Fp8Recipe::Current;
+  else fail(fmt::format("--fp8-recipe: unknown recipe '{}' (delayed, current)", v));
+}
+
+void parse_amax_history(const std::string& v, AccelConfig& c) {
+  need_fp8(c, "amax-history");
+  c.scaling.amax_history_len = parse_int("amax-history", v, 1, 1 << 20, "a history length in 1..1048576");
+}
+
+void parse_amax_algo(const std::string& v, AccelConfig& c) {
+  need_fp8(c, "amax-algo");
+  if (v == "max") c.scaling.amax_algo = numerics::AmaxAlgo::Max;
+  else if (v == "most_recent") c.scaling.amax_algo = numerics::AmaxAlgo::MostRecent;
+  else fail(fmt::format("--amax-algo: unknown algorithm '{}' (max, most_recent)", v));
+}
+
+void parse_margin(const std::string& v, AccelConfig& c) {
+  need_fp8(c, "margin");
+  c.scaling.margin = parse_int("margin", v, 0, 64, "a margin in 0..64 (powers of two)");
+}
+
+void parse_fp8_accumulate(const std::string& v, AccelConfig& c) {
+  need_fp8(c, "fp8-accumulate");
+  if (v == "full") c.accumulate_interval = 0;
+  else if (v == "limited") c.accumulate_interval = 128;
+  else if (v.rfind("limited:", 0) == 0) {
+    c.accumulate_interval = parse_int("fp8-accumulate", v.substr(8), 1, 1 << 20, "limited:N with N in 1..1048576");
+  } else {
+    fail(fmt::format("--fp8-accumulate: '{}' is not full, limited or limited:N", v));
   }
 }
 
-void parse_noise_options(const std::map<std::string, std::string>& o, AccelConfig& c) {
-  if (auto it = o.find("noise"); it != o.end()) {
-    if (it->second == "seeded") c.noise = NoiseMode::Seeded;
-    else if (it->second == "racy") c.noise = NoiseMode::Racy;
-    else if (it->second == "off") c.noise = NoiseMode::Off;
-    else fail(fmt::format("--noise: unknown mode '{}' (seeded, racy, off)", it->second));
-  }
-  if (auto it = o.find("noise-seed"); it != o.end()) {
-    if (c.noise != NoiseMode::Seeded) fail("--noise-seed: only --noise seeded takes a seed");
-    c.noise_seed = parse_seed(it->second);
-  }
-}
+// accel's flags, described once; parsed in this order (--noise before --noise-seed).
+constexpr FlagParser<AccelConfig> kAccelFlags[] = {
+    {{"noise", "accel reduction order: seeded (default), racy or off"}, parse_noise},
+    {{"noise-seed", "accel: replay the noise of a seeded run (its manifest's noise_seed)"}, parse_noise_seed},
+    {{"fp8-recipe", "accel FP8 scaling: delayed (default) or current"}, parse_fp8_recipe},
+    {{"amax-history", "accel delayed scaling: amax history length (default 1024)"}, parse_amax_history},
+    {{"amax-algo", "accel delayed scaling: max (default) or most_recent"}, parse_amax_algo},
+    {{"margin", "accel FP8 scaling margin in powers of two (default 0)"}, parse_margin},
+    {{"fp8-accumulate", "accel FP8 GEMM accumulator: full (default) or limited[:N] (promote every N, default 128)"},
+     parse_fp8_accumulate},
+};
 
 }  // namespace
 
@@ -199,21 +218,12 @@ std::string AccelConfig::canonical_features() const {
   return fmt::format("{}", fmt::join(parts, "+"));
 }
 
+std::vector<EngineFlag> accel_flags() { return flags_of(kAccelFlags); }
+
 AccelConfig parse_accel_config(const EngineSettings& settings) {
-  for (const auto& option : settings.options) {
-    const bool known = std::find(std::begin(kAccelFlagNames), std::end(kAccelFlagNames), option.first) !=
-                       std::end(kAccelFlagNames);
-    if (!known) {
-      const bool mesh_flag = std::find(std::begin(kMeshFlagNames), std::end(kMeshFlagNames), option.first) !=
-                             std::end(kMeshFlagNames);
-      fail(fmt::format("--{}: not an option of engine accel{}", option.first,
-                       mesh_flag ? "; it belongs to --engine tpu-mesh" : ""));
-    }
-  }
   AccelConfig c;
   parse_features(settings.features, c);
-  parse_fp8_options(settings.options, c);
-  parse_noise_options(settings.options, c);
+  apply_flags(kAccelFlags, settings, c);
   return c;
 }
 

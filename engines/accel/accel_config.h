@@ -37,7 +37,10 @@ struct AccelConfig {
   std::vector<std::string> budget_features() const;
 };
 
+// accel's flags (--noise, --noise-seed, the FP8 scaling settings), in the CLI's order.
+std::vector<EngineFlag> accel_flags();
 // Throws std::invalid_argument with one line naming the flag (--features, --noise, ...).
+// Every option must be one of accel_flags() (make_engine checks that first).
 AccelConfig parse_accel_config(const EngineSettings& settings);
 
 // The bit of a weight's FP8 zone role (Fp8Zone::MlpFc -> kZoneMlpFc), 0 for none.

@@ -4,22 +4,52 @@
 // names the flag.
 #pragma once
 
+#include <cstddef>
 #include <map>
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace harness {
 
-// The flags of each engine, by name without dashes. The CLI offers all of them; each
-// engine accepts only its own.
-inline constexpr const char* kAccelFlagNames[] = {"noise", "noise-seed", "fp8-recipe", "amax-history",
-                                                  "amax-algo", "margin", "fp8-accumulate"};
-// "leak-scalars" is a switch: present (any value) means on.
-inline constexpr const char* kMeshFlagNames[] = {"mesh",         "shard-plan", "precision", "compile-cache",
-                                                 "compile-mode", "grad-accum", "leak-scalars"};
+// One engine flag: its name without dashes (the CLI's --NAME, the nightly matrix's lane
+// key, the replay recipe's and the manifest's engine_options key) and its help. Each engine
+// describes its flags once, with their parsers (accel_config.cpp, mesh_config.cpp); the
+// registry lists every engine's (engines/registry.h).
+struct EngineFlag {
+  std::string_view name;
+  std::string_view help;
+  bool is_switch = false;  // present means on (the CLI takes no value; the matrix any)
+};
 
 struct EngineSettings {
   std::string features;                         // --features, e.g. "bf16,fp8=mlp_fc"
   std::map<std::string, std::string> options;   // flag without dashes -> value, e.g. "noise" -> "off"
 };
+
+// A flag with its parser into an engine's config: the one description of the flag.
+template <class Config>
+struct FlagParser {
+  EngineFlag flag;
+  void (*parse)(const std::string& value, Config& config);
+};
+
+// Applies the given options to `config` in the order of `parsers` (a flag may depend on
+// one before it). The registry has checked that every option is one of `parsers`'.
+template <class Config, std::size_t N>
+void apply_flags(const FlagParser<Config> (&parsers)[N], const EngineSettings& settings, Config& config) {
+  for (const FlagParser<Config>& p : parsers) {
+    if (auto it = settings.options.find(std::string(p.flag.name)); it != settings.options.end()) {
+      p.parse(it->second, config);
+    }
+  }
+}
+
+template <class Config, std::size_t N>
+std::vector<EngineFlag> flags_of(const FlagParser<Config> (&parsers)[N]) {
+  std::vector<EngineFlag> flags;
+  for (const FlagParser<Config>& p : parsers) flags.push_back(p.flag);
+  return flags;
+}
 
 }  // namespace harness

@@ -89,41 +89,65 @@ std::string MeshConfig::fingerprint_flags() const {
                      to_string(plan));
 }
 
+namespace {
+
+void parse_mesh_flag(const std::string& v, MeshConfig& c) { c.mesh = parse_mesh(v); }
+
+void parse_shard_plan(const std::string& v, MeshConfig& c) {
+  if (v == "dp") c.plan = ShardPlan::DataParallel;
+  else if (v == "tp") c.plan = ShardPlan::TensorParallel;
+  else if (v == "zero3") c.plan = ShardPlan::Zero3;
+  else fail(fmt::format("--shard-plan: unknown plan '{}' (dp, tp, zero3)", v));
+}
+
+void parse_precision(const std::string& v, MeshConfig& c) {
+  if (v == "fp32") c.precision = Precision::Fp32;
+  else if (v == "bf16") c.precision = Precision::Bf16;
+  else fail(fmt::format("--precision: unknown precision '{}' (fp32, bf16)", v));
+}
+
+void parse_compile_cache(const std::string& v, MeshConfig& c) {
+  if (v.empty()) fail("--compile-cache: give a directory (it is created if missing)");
+  c.compile_cache_dir = v;
+}
+
+void parse_compile_mode(const std::string& v, MeshConfig& c) {
+  if (v == "step") c.compile_mode = CompileMode::Step;
+  else if (v == "microstep") c.compile_mode = CompileMode::Microstep;
+  else fail(fmt::format("--compile-mode: unknown mode '{}' (step, microstep)", v));
+}
+
+void parse_grad_accum_flag(const std::string& v, MeshConfig& c) { c.grad_accum = parse_grad_accum(v); }
+
+void parse_leak_scalars(const std::string&, MeshConfig& c) { c.leak_scalars = true; }
+
+// tpu-mesh's flags, described once.
+constexpr FlagParser<MeshConfig> kMeshFlags[] = {
+    {{"mesh", "tpu-mesh devices as DxM over the axes data x model (default 1x1)"}, parse_mesh_flag},
+    {{"shard-plan", "tpu-mesh sharding: dp (default), tp or zero3"}, parse_shard_plan},
+    {{"precision", "tpu-mesh precision: fp32 (default) or bf16"}, parse_precision},
+    {{"compile-cache", "tpu-mesh persistent compile cache directory (created if missing)"}, parse_compile_cache},
+    {{"compile-mode", "tpu-mesh programs: step (default: one per step) or microstep (forward+backward per "
+                      "micro-batch, optimizer apart)"},
+     parse_compile_mode},
+    {{"grad-accum", "tpu-mesh micro-batches per step, 1..64 (default 1); must divide each data shard's batch"},
+     parse_grad_accum_flag},
+    {{"leak-scalars", "tpu-mesh: bake the learning rate into the graph (the recompile-every-step trap, on purpose)",
+      true},
+     parse_leak_scalars},
+};
+
+}  // namespace
+
+std::vector<EngineFlag> mesh_flags() { return flags_of(kMeshFlags); }
+
 MeshConfig parse_mesh_config(const EngineSettings& settings) {
   if (!settings.features.empty()) {
     fail(fmt::format("--features: engine tpu-mesh takes no features (got '{}'); use --precision bf16 for bf16",
                      settings.features));
   }
-  for (const auto& option : settings.options) {
-    const bool known = std::find(std::begin(kMeshFlagNames), std::end(kMeshFlagNames), option.first) !=
-                       std::end(kMeshFlagNames);
-    if (!known) fail(fmt::format("--{}: not an option of engine tpu-mesh", option.first));
-  }
-  const auto& o = settings.options;
   MeshConfig c;
-  if (auto it = o.find("mesh"); it != o.end()) c.mesh = parse_mesh(it->second);
-  if (auto it = o.find("shard-plan"); it != o.end()) {
-    if (it->second == "dp") c.plan = ShardPlan::DataParallel;
-    else if (it->second == "tp") c.plan = ShardPlan::TensorParallel;
-    else if (it->second == "zero3") c.plan = ShardPlan::Zero3;
-    else fail(fmt::format("--shard-plan: unknown plan '{}' (dp, tp, zero3)", it->second));
-  }
-  if (auto it = o.find("precision"); it != o.end()) {
-    if (it->second == "fp32") c.precision = Precision::Fp32;
-    else if (it->second == "bf16") c.precision = Precision::Bf16;
-    else fail(fmt::format("--precision: unknown precision '{}' (fp32, bf16)", it->second));
-  }
-  if (auto it = o.find("compile-cache"); it != o.end()) {
-    if (it->second.empty()) fail("--compile-cache: give a directory (it is created if missing)");
-    c.compile_cache_dir = it->second;
-  }
-  if (auto it = o.find("compile-mode"); it != o.end()) {
-    if (it->second == "step") c.compile_mode = CompileMode::Step;
-    else if (it->second == "microstep") c.compile_mode = CompileMode::Microstep;
-    else fail(fmt::format("--compile-mode: unknown mode '{}' (step, microstep)", it->second));
-  }
-  if (auto it = o.find("grad-accum"); it != o.end()) c.grad_accum = parse_grad_accum(it->second);
-  c.leak_scalars = o.count("leak-scalars") != 0;
+  apply_flags(kMeshFlags, settings, c);
   return c;
 }
 

@@ -55,7 +55,10 @@ struct MeshConfig {
   std::vector<std::string> budget_features() const;
 };
 
+// tpu-mesh's flags (--mesh, --shard-plan, ...), in the CLI's order.
+std::vector<EngineFlag> mesh_flags();
 // Throws std::invalid_argument with one line naming the flag (--mesh, --shard-plan, ...).
+// Every option must be one of mesh_flags() (make_engine checks that first).
 MeshConfig parse_mesh_config(const EngineSettings& settings);
 Mesh parse_mesh(const std::string& text);
 

@@ -80,7 +80,7 @@ void add_audit_command(CLI::App& app, CommandRegistry& commands) {
   audit->add_option("--threads", flags->options.threads, "Worker threads (0 = all cores)")->capture_default_str();
   audit->add_option("--seed", flags->options.seed, "Initialisation seed (default: the canary's [train] seed)");
   audit->add_flag("--json", flags->json, "Machine-readable report");
-  add_mesh_flags(*audit, flags->engine_flags);
+  add_engine_flags(*audit, flags->engine_flags, "tpu-mesh");
   commands.add(audit, [flags] { return audit_action(*flags); });
 }
 

@@ -28,8 +28,8 @@ class CommandRegistry {
 
 // Engine flags by name without dashes; unset flags stay empty (the engine's default).
 using EngineFlagValues = std::map<std::string, std::optional<std::string>>;
-void add_accel_flags(CLI::App& command, EngineFlagValues& values);
-void add_mesh_flags(CLI::App& command, EngineFlagValues& values);
+// Every engine's flags (engines/registry.h), or only those of `only_engine`.
+void add_engine_flags(CLI::App& command, EngineFlagValues& values, std::string_view only_engine = "");
 
 // The op trace of one step of a receipt without /trace: a replay with tracing on (the
 // trace provider of `harness bisect`); throws check::TraceUnavailable saying why not.

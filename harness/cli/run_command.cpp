@@ -14,6 +14,7 @@
 #include "interrupt.h"
 #include "commands.h"
 #include "preset.h"
+#include "registry.h"
 
 namespace harness::cli {
 
@@ -83,35 +84,18 @@ int run_action(RunFlags& f) {
 
 }  // namespace
 
-// Each engine validates its own flags (cpu-ref takes none) and names the one it rejects.
-void add_accel_flags(CLI::App& command, EngineFlagValues& values) {
-  const std::map<std::string, std::string> help{
-      {"noise", "accel reduction order: seeded (default), racy or off"},
-      {"noise-seed", "accel: replay the noise of a seeded run (its manifest's noise_seed)"},
-      {"fp8-recipe", "accel FP8 scaling: delayed (default) or current"},
-      {"amax-history", "accel delayed scaling: amax history length (default 1024)"},
-      {"amax-algo", "accel delayed scaling: max (default) or most_recent"},
-      {"margin", "accel FP8 scaling margin in powers of two (default 0)"},
-      {"fp8-accumulate", "accel FP8 GEMM accumulator: full (default) or limited[:N] (promote every N, default 128)"}};
-  for (const char* name : kAccelFlagNames) command.add_option(std::string("--") + name, values[name], help.at(name));
-}
-
-void add_mesh_flags(CLI::App& command, EngineFlagValues& values) {
-  const std::map<std::string, std::string> help{
-      {"mesh", "tpu-mesh devices as DxM over the axes data x model (default 1x1)"},
-      {"shard-plan", "tpu-mesh sharding: dp (default), tp or zero3"},
-      {"precision", "tpu-mesh precision: fp32 (default) or bf16"},
-      {"compile-cache", "tpu-mesh persistent compile cache directory (created if missing)"},
-      {"compile-mode", "tpu-mesh programs: step (default: one per step) or microstep (forward+backward per "
-                       "micro-batch, optimizer apart)"},
-      {"grad-accum", "tpu-mesh micro-batches per step, 1..64 (default 1); must divide each data shard's batch"}};
-  for (const char* name : kMeshFlagNames) {
-    if (std::string_view(name) == "leak-scalars") continue;  // a switch, below
-    command.add_option(std::string("--") + name, values[name], help.at(name));
+// Each engine's flags as it describes them (engines/registry.h); each engine validates its
+// own (cpu-ref takes none) and the registry names the one it rejects.
+void add_engine_flags(CLI::App& command, EngineFlagValues& values, std::string_view only_engine) {
+  for (const DescribedFlag& f : engine_flags()) {
+    if (!only_engine.empty() && f.engine != only_engine) continue;
+    const std::string name(f.flag.name), option = "--" + name, help(f.flag.help);
+    if (f.flag.is_switch) {
+      command.add_flag_callback(option, [&values, name] { values[name] = "1"; }, help);
+    } else {
+      command.add_option(option, values[name], help);
+    }
   }
-  command.add_flag_callback(
-      "--leak-scalars", [&values] { values["leak-scalars"] = "1"; },
-      "tpu-mesh: bake the learning rate into the graph (the recompile-every-step trap, on purpose)");
 }
 
 void add_run_command(CLI::App& app, CommandRegistry& commands) {
@@ -134,8 +118,7 @@ void add_run_command(CLI::App& app, CommandRegistry& commands) {
       ->capture_default_str();
   run->add_option("--checkpoint-every", flags->options.checkpoint_every,
                   "K: save the full state at the start of steps K, 2K, ... into <out>.ckpt/, for harness replay");
-  add_accel_flags(*run, flags->engine_flags);
-  add_mesh_flags(*run, flags->engine_flags);
+  add_engine_flags(*run, flags->engine_flags);
   commands.add(run, [flags] { return run_action(*flags); });
 }
 

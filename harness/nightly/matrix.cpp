@@ -35,15 +35,7 @@ std::vector<std::string> torch_budget_features(const std::string& device, const 
   return {"torch-" + type, "torch-bf16"};
 }
 
-bool is_engine_flag(const std::string& key) {
-  for (const char* name : kAccelFlagNames) {
-    if (key == name) return true;
-  }
-  for (const char* name : kMeshFlagNames) {
-    if (key == name) return true;
-  }
-  return false;
-}
+bool is_engine_flag(const std::string& key) { return find_engine_flag(key) != nullptr; }
 
 class Parser {
  public:
