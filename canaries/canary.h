@@ -85,8 +85,8 @@ class Canary {
                           TensorRole role = {});
   // The roles the architectures share: a linear layer's weight (its bias, when
   // column-parallel, splits with it), a statistic kept in fp32, the attention matrix.
-  static TensorRole linear(LinearRole parallel, Fp8Zone zone, int parallel_groups = 1) {
-    return {.linear = parallel, .fp8_zone = zone, .parallel_groups = parallel_groups};
+  static TensorRole linear(LinearRole parallel, Fp8Zone zone, int parallel_groups = 1, int parallel_unit = 1) {
+    return {.linear = parallel, .fp8_zone = zone, .parallel_groups = parallel_groups, .parallel_unit = parallel_unit};
   }
   static TensorRole column_parallel_bias(int parallel_groups = 1) {
     return {.linear = LinearRole::ColumnParallel, .parallel_groups = parallel_groups};

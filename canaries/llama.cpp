@@ -33,12 +33,13 @@ void LlamaCanary::describe_tensors() {
     const ParameterInit matrix = ParameterInit::normal(std_dev, layer);
     const ParameterInit residual_matrix = ParameterInit::normal(residual_std_dev, layer);
     constexpr LinearRole Column = LinearRole::ColumnParallel, Row = LinearRole::RowParallel;
+    const int head = static_cast<int>(hd);  // q/k/v/o split between heads only
     LayerParams lp;
     lp.attn_norm = add_parameter(p + "attn_norm.weight", {C}, ParameterInit::ones(layer));
-    lp.q = add_parameter(p + "attn.q.weight", {NH * hd, C}, matrix, linear(Column, Fp8Zone::Qkv));
-    lp.k = add_parameter(p + "attn.k.weight", {NKV * hd, C}, matrix, linear(Column, Fp8Zone::Qkv));
-    lp.v = add_parameter(p + "attn.v.weight", {NKV * hd, C}, matrix, linear(Column, Fp8Zone::Qkv));
-    lp.o = add_parameter(p + "attn.o.weight", {C, NH * hd}, residual_matrix, linear(Row, Fp8Zone::AttnProj));
+    lp.q = add_parameter(p + "attn.q.weight", {NH * hd, C}, matrix, linear(Column, Fp8Zone::Qkv, 1, head));
+    lp.k = add_parameter(p + "attn.k.weight", {NKV * hd, C}, matrix, linear(Column, Fp8Zone::Qkv, 1, head));
+    lp.v = add_parameter(p + "attn.v.weight", {NKV * hd, C}, matrix, linear(Column, Fp8Zone::Qkv, 1, head));
+    lp.o = add_parameter(p + "attn.o.weight", {C, NH * hd}, residual_matrix, linear(Row, Fp8Zone::AttnProj, 1, head));
     lp.mlp_norm = add_parameter(p + "mlp_norm.weight", {C}, ParameterInit::ones(layer));
     lp.gate = add_parameter(p + "mlp.gate.weight", {H, C}, matrix, linear(Column, Fp8Zone::MlpFc));
     lp.up = add_parameter(p + "mlp.up.weight", {H, C}, matrix, linear(Column, Fp8Zone::MlpFc));

@@ -53,6 +53,9 @@ struct TensorRole {
   // A column-parallel output made of equal parts ([q | k | v] of a fused qkv): tensor
   // parallelism gives each device its slice of every part.
   int parallel_groups = 1;
+  // A linear's split dimension made of whole units (attention heads of this many rows or
+  // columns): tensor parallelism splits it only between units.
+  int parallel_unit = 1;
   // Activations: the dimension that indexes attention heads (-1: none); tensor parallelism
   // splits attention by heads, so the heads must divide over the model axis.
   int heads_dim = -1;

@@ -139,6 +139,15 @@ class Compiler {
         expect(n, table_[t[3]].dtype == DType::I32 && rows(shape(t[2])) == product(shape(t[3])),
                "targets must be int32 with one per logits row");
         break;
+      case OpKind::RmsNormForward:
+        expect(n, shape(t[0]) == shape(t[2]) && shape(t[3]).back() == shape(t[2]).back(),
+               "rmsnorm weight does not match the channels");
+        break;
+      case OpKind::GqaAttentionForward:
+        expect(n, shape(t[1]).size() == 4 && shape(t[2]).back() % shape(t[1])[1] == 0 &&
+                      shape(t[3]) == shape(t[4]) && shape(t[0]) == shape(t[2]),
+               "gqa attention needs q and out (B,T,NH*hd), k and v alike (B,T,NKV*hd) and att (B,NH,T,T)");
+        break;
       default: break;
     }
   }
@@ -207,6 +216,27 @@ class Compiler {
           }
           break;
         }
+        case OpKind::RmsNormForward: {  // out, rstd, inp, weight
+          if (eff(t[2]).dims.back().axis != Axis::None) reject(n, "rmsnorm over a sharded channel dimension");
+          spec_of(t[0]) = spec_of(t[2]);
+          PartitionSpec stats = spec_of(t[2]);
+          stats.dims.pop_back();
+          spec_of(t[1]) = stats;
+          break;
+        }
+        case OpKind::SwigluForward:  // out, gate, up: gate and up split alike (both column-parallel)
+          if (spec_of(t[1]) != spec_of(t[2])) reject(n, "gate and up sharded differently");
+          spec_of(t[0]) = spec_of(t[1]);
+          break;
+        case OpKind::GqaAttentionForward: {  // out, att, q, k, v: heads follow q's split
+          const PartitionSpec& q = spec_of(t[2]);
+          const DimSharding heads{q.dims[2].axis, 1};
+          if (spec_of(t[3]).dims[2] != heads || spec_of(t[4]).dims[2] != heads) reject(n, "q, k and v sharded differently");
+          spec_of(t[0]) = PartitionSpec{{q.dims[0], q.dims[1], heads}};
+          spec_of(t[1]) = PartitionSpec{{q.dims[0], heads, DimSharding{}, DimSharding{}}};
+          break;
+        }
+        case OpKind::RopeForward:
         case OpKind::GeluForward:
         case OpKind::ResidualForward: spec_of(t[0]) = spec_of(t[1]); break;
         case OpKind::CrossEntropyForward: spec_of(t[1]) = spec_of(t[2]); break;
@@ -482,6 +512,70 @@ class Compiler {
     round_activation(t[0]);
   }
 
+  void lower_rmsnorm(const Node& n) {
+    const auto& t = n.tensors;
+    if (n.op == OpKind::RmsNormForward) {  // out, rstd, inp, weight
+      const Shape in = lshape(t[2]);
+      emit(InstrKind::RmsNormForward, {buffer(t[0]), buffer(t[1]), buffer(t[2]), weight_operand(t[3], false)},
+           {rows(in), in.back()}, {n.attrs.at(0)});
+      round_activation(t[0]);
+      return;
+    }
+    // dinp, dweight, dout, inp, weight, rstd
+    const Shape in = lshape(t[3]);
+    std::vector<PendingGradient> pending;
+    const int weight = weight_operand(t[4], false);
+    const int dweight = gradient_target(t[1], pending);
+    emit(InstrKind::RmsNormBackward, {buffer(t[0]), dweight, buffer(t[2]), buffer(t[3]), weight, buffer(t[5])},
+         {rows(in), in.back()});
+    finish_gradients(pending);
+    round_activation(t[0]);
+  }
+
+  // out (dinp), inp (dout) of (B,T,heads*hd): each device turns the heads of its block.
+  void lower_rope(const Node& n) {
+    const auto& t = n.tensors;
+    const Shape x = lshape(t[1]);
+    const auto hd = static_cast<std::int64_t>(n.attrs.at(0));
+    if (x[2] % hd != 0) reject(n, "a block that splits a head");
+    emit(n.op == OpKind::RopeForward ? InstrKind::RopeForward : InstrKind::RopeBackward, {buffer(t[0]), buffer(t[1])},
+         {x[0], x[1], x[2] / hd, hd}, {n.attrs.at(1), n.attrs.at(2)});
+    round_activation(t[0]);
+  }
+
+  void lower_swiglu(const Node& n) {
+    const auto& t = n.tensors;
+    if (n.op == OpKind::SwigluForward) {  // out, gate, up
+      emit(InstrKind::SwigluForward, {buffer(t[0]), buffer(t[1]), buffer(t[2])}, {lnumel(t[0])});
+      round_activation(t[0]);
+      return;
+    }
+    // dgate, dup, dout, gate, up
+    emit(InstrKind::SwigluBackward, {buffer(t[0]), buffer(t[1]), buffer(t[2]), buffer(t[3]), buffer(t[4])},
+         {lnumel(t[2])});
+    round_activation(t[0]);
+    round_activation(t[1]);
+  }
+
+  // Each device runs its heads: NH/model query heads over NKV/model kv heads, so the
+  // grouping of query heads over kv heads is the same on every device.
+  void lower_gqa_attention(const Node& n) {
+    const auto& t = n.tensors;
+    const bool forward = n.op == OpKind::GqaAttentionForward;
+    const TensorId att = t[forward ? 1 : 7], q = t[forward ? 2 : 4], k = t[forward ? 3 : 5];
+    const Shape qs = lshape(q);
+    const std::int64_t heads = lshape(att)[1], hd = qs[2] / heads, kv_width = lshape(k)[2];
+    if (kv_width % hd != 0 || kv_width == 0 || heads % (kv_width / hd) != 0) {
+      reject(n, "a block whose query heads do not group over whole kv heads");
+    }
+    const std::int64_t kv_heads = kv_width / hd;
+    std::vector<std::int32_t> buffers;
+    for (TensorId id : t) buffers.push_back(buffer(id));
+    emit(forward ? InstrKind::GqaAttentionForward : InstrKind::GqaAttentionBackward, buffers,
+         {qs[0], qs[1], heads, kv_heads, hd});
+    for (std::size_t i = 0; i < (forward ? 2u : 3u); ++i) round_activation(t[i]);
+  }
+
   void lower_loss(const Node& n) {
     const auto& t = n.tensors;
     if (n.op == OpKind::CrossEntropyForward) {  // loss, probs, logits, targets
@@ -591,6 +685,14 @@ class Compiler {
         emit(InstrKind::Nudge, {buffer(t[0]), buffer(t[1])}, {}, {}, Axis::None, {eff(t[0])});
         break;
       case OpKind::Trace: lower_trace(n); break;
+      case OpKind::RmsNormForward:
+      case OpKind::RmsNormBackward: lower_rmsnorm(n); break;
+      case OpKind::RopeForward:
+      case OpKind::RopeBackward: lower_rope(n); break;
+      case OpKind::SwigluForward:
+      case OpKind::SwigluBackward: lower_swiglu(n); break;
+      case OpKind::GqaAttentionForward:
+      case OpKind::GqaAttentionBackward: lower_gqa_attention(n); break;
     }
     if (n.op == OpKind::LinearForward || n.op == OpKind::LinearBackward) {
       const Shape w = compute_shape(t[n.op == OpKind::LinearForward ? 2 : 5]);

@@ -8,6 +8,7 @@
 
 #include "kernels/deterministic_reduce.h"
 #include "kernels/kernels.h"
+#include "kernels/llama_kernels.h"
 #include "numerics/formats.h"
 
 namespace harness::tpu {
@@ -125,6 +126,11 @@ void MeshExecutor::run(const Executable& exe, int micro_batch) {
   }
   const int devices = mesh_.devices();
   for (const Instr& in : exe.instrs) {
+    if (in.op() == InstrKind::RopeForward || in.op() == InstrKind::RopeBackward) {
+      const std::span<const std::int64_t> n = exe.dims_of(in);
+      const std::span<const float> attrs = exe.attrs_of(in);
+      rope_tables_.get(as_int(n[1]), as_int(n[3]), attrs_double(attrs[0], attrs[1]));  // made here, read in parallel
+    }
     if (in.op() == InstrKind::Trace) {
       run_trace(exe, in);
     } else if (in.is_collective()) {
@@ -200,6 +206,33 @@ void MeshExecutor::run_kernel(int device, const Executable& exe, const Instr& in
     case InstrKind::CastBf16:
       std::copy(P(1), P(1) + n[0], P(0));
       numerics::round_to_bf16_inplace(P(0), n[0]);
+      break;
+    case InstrKind::RmsNormForward:
+      kernels::rmsnorm_forward(P(0), P(1), P(2), P(3), as_int(n[0]), as_int(n[1]), attrs[0]);
+      break;
+    case InstrKind::RmsNormBackward:
+      kernels::rmsnorm_backward(P(0), P(1), P(2), P(3), P(4), P(5), as_int(n[0]), as_int(n[1]));
+      break;
+    case InstrKind::RopeForward:
+    case InstrKind::RopeBackward: {
+      const int B = as_int(n[0]), T = as_int(n[1]), heads = as_int(n[2]), hd = as_int(n[3]);
+      const kernels::RopeTables& r = rope_tables_.get(T, hd, attrs_double(attrs[0], attrs[1]));
+      if (in.op() == InstrKind::RopeForward) {
+        kernels::rope_forward(P(0), P(1), r.cos.data(), r.sin.data(), B, T, heads, hd);
+      } else {
+        kernels::rope_backward(P(0), P(1), r.cos.data(), r.sin.data(), B, T, heads, hd);
+      }
+      break;
+    }
+    case InstrKind::SwigluForward: kernels::swiglu_forward(P(0), P(1), P(2), n[0]); break;
+    case InstrKind::SwigluBackward: kernels::swiglu_backward(P(0), P(1), P(2), P(3), P(4), n[0]); break;
+    case InstrKind::GqaAttentionForward:
+      kernels::gqa_attention_forward(P(0), P(1), P(2), P(3), P(4), as_int(n[0]), as_int(n[1]), as_int(n[2]),
+                                     as_int(n[3]), as_int(n[4]));
+      break;
+    case InstrKind::GqaAttentionBackward:
+      kernels::gqa_attention_backward(P(0), P(1), P(2), P(3), P(4), P(5), P(6), P(7), as_int(n[0]), as_int(n[1]),
+                                      as_int(n[2]), as_int(n[3]), as_int(n[4]));
       break;
     default: throw std::logic_error("tpu-mesh: a collective dispatched as a kernel");
   }

@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include "kernels/llama_kernels.h"
 #include "program.h"
 
 namespace harness::tpu {
@@ -58,6 +59,9 @@ class MeshExecutor {
   int micro_batch_ = 0;                    // of the program running
   TraceCallback on_trace_;
   std::vector<float> trace_value_;         // a Trace instruction's assembled value
+  // RoPE tables by (T, head size, theta): made by run() before the devices' kernels read
+  // them in parallel (they only look tables up, never add one).
+  kernels::RopeTableCache rope_tables_;
 };
 
 }  // namespace harness::tpu

@@ -34,6 +34,14 @@ std::string_view to_string(OpKind op) {
     case OpKind::AdamW: return "adamw";
     case OpKind::NudgeUlps: return "nudge_ulps";
     case OpKind::Trace: return "trace";
+    case OpKind::RmsNormForward: return "rmsnorm_forward";
+    case OpKind::RmsNormBackward: return "rmsnorm_backward";
+    case OpKind::RopeForward: return "rope_forward";
+    case OpKind::RopeBackward: return "rope_backward";
+    case OpKind::SwigluForward: return "swiglu_forward";
+    case OpKind::SwigluBackward: return "swiglu_backward";
+    case OpKind::GqaAttentionForward: return "gqa_attention_forward";
+    case OpKind::GqaAttentionBackward: return "gqa_attention_backward";
   }
   return "?";
 }
@@ -45,15 +53,31 @@ std::vector<TensorId> outputs_of(const Node& node) {
     case OpKind::EncoderBackward:
     case OpKind::AttentionForward:
     case OpKind::ResidualBackward:
-    case OpKind::CrossEntropyForward: return first(2);
+    case OpKind::CrossEntropyForward:
+    case OpKind::RmsNormForward:
+    case OpKind::RmsNormBackward:
+    case OpKind::SwigluBackward:
+    case OpKind::GqaAttentionForward: return first(2);
     case OpKind::LayerNormForward:
     case OpKind::LayerNormBackward:
-    case OpKind::LinearBackward: return first(3);
+    case OpKind::LinearBackward:
+    case OpKind::GqaAttentionBackward: return first(3);
     case OpKind::ClipByNorm: return std::vector<TensorId>(t.begin() + 1, t.end());
     case OpKind::AdamW: return {t[0], t[2], t[3]};
     case OpKind::Trace: return {};  // reads only
     default: return first(1);
   }
+}
+
+std::vector<float> double_attrs(double value) {
+  const auto bits = std::bit_cast<std::uint64_t>(value);
+  return {std::bit_cast<float>(static_cast<std::uint32_t>(bits >> 32)),
+          std::bit_cast<float>(static_cast<std::uint32_t>(bits))};
+}
+
+double attrs_double(float high, float low) {
+  return std::bit_cast<double>((static_cast<std::uint64_t>(std::bit_cast<std::uint32_t>(high)) << 32) |
+                               std::bit_cast<std::uint32_t>(low));
 }
 
 std::string table_digest(const TensorTable& table) {

@@ -38,6 +38,15 @@ enum class OpKind : std::uint8_t {
   AdamW,       // tensors = param, grad, m, v, lr, bias_correction1, bias_correction2
   NudgeUlps,
   Trace,  // tensors[0] is delivered to the trace sink; attrs[0] = its slot in the step's traces
+  // the llama ops (appended: the values above are part of every fingerprint)
+  RmsNormForward,         // out, rstd, inp, weight; attrs: eps
+  RmsNormBackward,        // dinp, dweight, dout, inp, weight, rstd
+  RopeForward,            // out, inp; attrs: head size, theta (as two halves of its bits)
+  RopeBackward,           // dinp, dout; attrs: as RopeForward
+  SwigluForward,          // out, gate, up
+  SwigluBackward,         // dgate, dup, dout, gate, up
+  GqaAttentionForward,    // out, att, q, k, v
+  GqaAttentionBackward,   // dq, dk, dv, dout, q, k, v, att
 };
 std::string_view to_string(OpKind op);
 

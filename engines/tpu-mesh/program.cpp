@@ -13,7 +13,7 @@ struct Schema {
 };
 
 constexpr int kPerTensor = -1;
-constexpr std::array<Schema, static_cast<std::size_t>(InstrKind::Trace) + 1> kSchemas{{
+constexpr std::array<Schema, static_cast<std::size_t>(InstrKind::kLastKind) + 1> kSchemas{{
     {1, 1, 1, 0, -1, true},                       // Fill
     {4, 3, 0, 0, -1, false},                      // EncoderForward
     {4, 3, 0, 0, -1, false},                      // EncoderBackward
@@ -41,6 +41,14 @@ constexpr std::array<Schema, static_cast<std::size_t>(InstrKind::Trace) + 1> kSc
     {2, 3, 1, 0, -1, false},                      // LossMean
     {kPerTensor, kPerTensor, 0, kPerTensor, -1, false},  // GlobalNorm
     {1, kPerTensor, 2, 1, -1, false},             // Trace: dims = the global shape
+    {4, 2, 1, 0, -1, false},                      // RmsNormForward
+    {6, 2, 0, 0, -1, false},                      // RmsNormBackward
+    {2, 4, 2, 0, -1, false},                      // RopeForward
+    {2, 4, 2, 0, -1, false},                      // RopeBackward
+    {3, 1, 0, 0, -1, true},                       // SwigluForward
+    {5, 1, 0, 0, -1, true},                       // SwigluBackward
+    {5, 5, 0, 0, -1, false},                      // GqaAttentionForward
+    {8, 5, 0, 0, -1, false},                      // GqaAttentionBackward
 }};
 
 template <typename T>

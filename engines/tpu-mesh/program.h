@@ -58,7 +58,22 @@ enum class InstrKind : std::uint8_t {
   // host transfer (--trace ops): the tensor's blocks assembled and handed to the engine
   Trace,                 // buffer; dims: global shape (one micro-batch's, for activations);
                          // attrs: trace slot, micro slice (kWholeBuffer, k or kRunMicroBatch); specs: the tensor's
+  // the llama kernels (appended: the kinds above keep their values in cached programs)
+  RmsNormForward,        // out, rstd, inp, weight; dims: N, C; attrs: eps
+  RmsNormBackward,       // dinp, dweight, dout, inp, weight, rstd; dims: N, C
+  RopeForward,           // out, inp; dims: B, T, heads, head_size; attrs: theta as two halves of its bits
+  RopeBackward,          // dinp, dout; dims: B, T, heads, head_size; attrs: theta as two halves of its bits
+  SwigluForward,         // out, gate, up; dims: n
+  SwigluBackward,        // dgate, dup, dout, gate, up; dims: n
+  GqaAttentionForward,   // out, att, q, k, v; dims: B, T, heads, kv heads, head size
+  GqaAttentionBackward,  // dq, dk, dv, dout, q, k, v, att; dims: B, T, heads, kv heads, head size
+  kLastKind = GqaAttentionBackward,
 };
+
+// A double attribute (RoPE's theta) as two float attributes holding its 64 bits, so that
+// the program computes with exactly the value the model gave, and back (graph.cpp).
+std::vector<float> double_attrs(double value);
+double attrs_double(float high, float low);
 
 // One instruction. Its operands live in the Executable's pools (buffers, dims, attrs,
 // specs): an Instr is fixed-size, so a program is a handful of flat arrays that the
@@ -74,7 +89,7 @@ struct Instr {
 
   InstrKind op() const { return static_cast<InstrKind>(kind); }
   Axis mesh_axis() const { return static_cast<Axis>(axis); }
-  bool is_collective() const { return op() >= InstrKind::AllReduce && op() != InstrKind::Trace; }
+  bool is_collective() const { return op() >= InstrKind::AllReduce && op() <= InstrKind::GlobalNorm; }
   // dims are a global shape, as long as the spec of operand 0
   bool has_global_shape() const {
     return op() == InstrKind::AllGather || op() == InstrKind::ReduceScatter || op() == InstrKind::Trace;

@@ -204,12 +204,15 @@ void validate_plan(const TensorTable& table, const std::vector<PartitionSpec>& s
     const PartitionSpec& spec = specs[static_cast<std::size_t>(&t - table.all().data())];
     for (std::size_t d = 0; d < spec.dims.size(); ++d) {
       const int parts = axis_size(config.mesh, spec.dims[d].axis) * spec.dims[d].groups;
-      if (t.shape[d] % parts != 0) {
+      // A linear split between heads: each shard holds whole heads.
+      const int unit = spec.dims[d].axis == Axis::Model ? t.role.parallel_unit : 1;
+      if (t.shape[d] % (static_cast<std::int64_t>(parts) * unit) != 0) {
+        const std::string what = unit > 1 ? fmt::format("shards of whole heads ({} wide)", unit)
+                                          : (spec.dims[d].groups > 1 ? "group slices" : "shards");
         throw std::invalid_argument(fmt::format(
             "{}: {} dimension {} has size {}, which does not divide into {} {}; choose a mesh whose {} axis "
             "divides it",
-            where, t.name, d, t.shape[d], parts, spec.dims[d].groups > 1 ? "group slices" : "shards",
-            to_string(spec.dims[d].axis)));
+            where, t.name, d, t.shape[d], parts, what, to_string(spec.dims[d].axis)));
       }
     }
     // Tensor parallelism splits attention by heads: the heads must divide over `model`.

@@ -303,6 +303,39 @@ void TpuMeshEngine::attention_forward(const OpSite& s, TensorId out, TensorId at
 void TpuMeshEngine::attention_backward(const OpSite& s, TensorId dqkv, TensorId dout, TensorId qkv, TensorId att) {
   record(OpKind::AttentionBackward, s, {dqkv, dout, qkv, att});
 }
+void TpuMeshEngine::rmsnorm_forward(const OpSite& s, TensorId out, TensorId rstd, TensorId inp, TensorId weight,
+                                    float eps) {
+  record(OpKind::RmsNormForward, s, {out, rstd, inp, weight}, {eps});
+}
+void TpuMeshEngine::rmsnorm_backward(const OpSite& s, TensorId dinp, TensorId dweight, TensorId dout, TensorId inp,
+                                     TensorId weight, TensorId rstd) {
+  record(OpKind::RmsNormBackward, s, {dinp, dweight, dout, inp, weight, rstd});
+}
+void TpuMeshEngine::rope_forward(const OpSite& s, TensorId out, TensorId inp, int head_size, double theta) {
+  std::vector<float> attrs{static_cast<float>(head_size)};
+  for (float half : double_attrs(theta)) attrs.push_back(half);
+  record(OpKind::RopeForward, s, {out, inp}, std::move(attrs));
+}
+void TpuMeshEngine::rope_backward(const OpSite& s, TensorId dinp, TensorId dout, int head_size, double theta) {
+  std::vector<float> attrs{static_cast<float>(head_size)};
+  for (float half : double_attrs(theta)) attrs.push_back(half);
+  record(OpKind::RopeBackward, s, {dinp, dout}, std::move(attrs));
+}
+void TpuMeshEngine::swiglu_forward(const OpSite& s, TensorId out, TensorId gate, TensorId up) {
+  record(OpKind::SwigluForward, s, {out, gate, up});
+}
+void TpuMeshEngine::swiglu_backward(const OpSite& s, TensorId dgate, TensorId dup, TensorId dout, TensorId gate,
+                                    TensorId up) {
+  record(OpKind::SwigluBackward, s, {dgate, dup, dout, gate, up});
+}
+void TpuMeshEngine::gqa_attention_forward(const OpSite& s, TensorId out, TensorId att, TensorId q, TensorId k,
+                                          TensorId v) {
+  record(OpKind::GqaAttentionForward, s, {out, att, q, k, v});
+}
+void TpuMeshEngine::gqa_attention_backward(const OpSite& s, TensorId dq, TensorId dk, TensorId dv, TensorId dout,
+                                           TensorId q, TensorId k, TensorId v, TensorId att) {
+  record(OpKind::GqaAttentionBackward, s, {dq, dk, dv, dout, q, k, v, att});
+}
 void TpuMeshEngine::gelu_forward(const OpSite& s, TensorId out, TensorId inp) { record(OpKind::GeluForward, s, {out, inp}); }
 void TpuMeshEngine::gelu_backward(const OpSite& s, TensorId dinp, TensorId inp, TensorId dout) {
   record(OpKind::GeluBackward, s, {dinp, inp, dout});

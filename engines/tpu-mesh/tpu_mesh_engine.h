@@ -76,6 +76,17 @@ class TpuMeshEngine final : public Engine {
                        TensorId weight) override;
   void attention_forward(const OpSite&, TensorId out, TensorId att, TensorId qkv) override;
   void attention_backward(const OpSite&, TensorId dqkv, TensorId dout, TensorId qkv, TensorId att) override;
+  void rmsnorm_forward(const OpSite&, TensorId out, TensorId rstd, TensorId inp, TensorId weight, float eps) override;
+  void rmsnorm_backward(const OpSite&, TensorId dinp, TensorId dweight, TensorId dout, TensorId inp, TensorId weight,
+                        TensorId rstd) override;
+  void rope_forward(const OpSite&, TensorId out, TensorId inp, int head_size, double theta) override;
+  void rope_backward(const OpSite&, TensorId dinp, TensorId dout, int head_size, double theta) override;
+  void swiglu_forward(const OpSite&, TensorId out, TensorId gate, TensorId up) override;
+  void swiglu_backward(const OpSite&, TensorId dgate, TensorId dup, TensorId dout, TensorId gate, TensorId up) override;
+  void gqa_attention_forward(const OpSite&, TensorId out, TensorId att, TensorId q, TensorId k, TensorId v) override;
+  void gqa_attention_backward(const OpSite&, TensorId dq, TensorId dk, TensorId dv, TensorId dout, TensorId q,
+                              TensorId k, TensorId v, TensorId att) override;
+  std::string llama_ops_missing() const override { return ""; }
   void gelu_forward(const OpSite&, TensorId out, TensorId inp) override;
   void gelu_backward(const OpSite&, TensorId dinp, TensorId inp, TensorId dout) override;
   void residual_forward(const OpSite&, TensorId out, TensorId a, TensorId b) override;

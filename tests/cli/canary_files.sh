@@ -93,8 +93,7 @@ grep -q "mine.noise" "$WORK/stdout" || fail "compare does not name the entry it 
 expect_exit 2 "mine-1.h5: canary .* changed since the receipt was recorded" -- "$HARNESS" replay "$WORK/mine-1.h5" --from 5
 
 # A llama canary (a small copy of llama-tiny): bitwise across thread counts on cpu-ref,
-# fault injection by op name, on accel with bf16 and every FP8 zone, refused before step 0
-# by an engine without its ops.
+# fault injection by op name, on accel with bf16 and every FP8 zone, on tpu-mesh.
 sed -e 's/^name = "llama-tiny"/name = "llama-small"/' -e 's/^context = 64/context = 16/' -e 's/^channels = 128/channels = 48/' \
     -e 's/^layers = 4/layers = 2/' -e 's/^mlp_hidden = 352/mlp_hidden = 96/' -e 's/^batch = 8/batch = 2/' \
     "$SHIPPED/llama-tiny.toml" > "$WORK/llama-small.toml"
@@ -116,8 +115,15 @@ run --canary llama-tiny --steps 4 --engine accel --features bf16,fp8=all --out "
 expect_exit 0 "" -- "$HARNESS" compare "$WORK/llama-tiny-fp8.h5" "$WORK/llama-tiny-ref.h5"
 grep -q "budget      llama-tiny.bf16 + llama-tiny.fp8 + llama-tiny.noise" "$WORK/stdout" \
   || fail "llama-tiny's accel lane is not judged by its own entries: $(cat "$WORK/stdout")"
-expect_exit 2 "--engine: engine tpu-mesh does not run the llama ops" -- \
-  "$HARNESS" run --canary llama-tiny --engine tpu-mesh --out "$WORK/bad.h5"
+# tpu-mesh on one device is cpu-ref bit for bit on the llama canary too; a tensor-parallel
+# mesh whose model axis would split a head is refused before step 0, naming the tensor.
+run --canary "$WORK/llama-small.toml" --steps 6 --engine tpu-mesh --shard-plan tp --trace ops \
+  --out "$WORK/llama-mesh.h5"
+"$PY" "$HERE/same_bits.py" "$WORK/llama-1.h5" "$WORK/llama-mesh.h5" || fail "tpu-mesh 1x1 differs from cpu-ref on llama"
+run --canary "$WORK/llama-small.toml" --steps 3 --engine tpu-mesh --mesh 2x2 --shard-plan tp --out "$WORK/llama-tp.h5"
+expect_exit 0 "" -- "$HARNESS" validate "$WORK/llama-tp.h5"
+expect_exit 2 "--shard-plan tp on --mesh 1x4: blocks.0.attn.k.weight dimension 0 has size 24, which does not divide into 4 shards of whole heads \(12 wide\)" -- \
+  "$HARNESS" run --canary "$WORK/llama-small.toml" --engine tpu-mesh --mesh 1x4 --shard-plan tp --out "$WORK/bad.h5"
 
 # Bad canary files: exit 2, one line with the file and the key, no receipt.
 sed 's/^heads = 2$/heads = 3/' "$SHIPPED/micro.toml" > "$WORK/bad-heads.toml"

@@ -1,6 +1,7 @@
-// The llama canary on cpu-ref and accel: its whole backward against finite differences of
-// its loss, cpu-ref bitwise across thread counts at odd sizes, accel's FP8 zones by role and
-// its run contract, and refused before step 0 by the engines that do not run its ops yet.
+// The llama canary on every engine: its whole backward against finite differences of its
+// loss (cpu-ref, accel), cpu-ref bitwise across thread counts at odd sizes, tpu-mesh on one
+// device bitwise cpu-ref on every plan and within tolerance when sharded, accel's FP8 zones
+// by role and its run contract.
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -109,6 +110,24 @@ TEST(LlamaAccel, GradientsMatchFiniteDifferences) {
   expect_gradients_match_finite_differences(engine);
 }
 
+// Two steps of training on `engine` (after its plan check): the loss, the norm and every
+// parameter's bits.
+std::vector<std::uint32_t> trained_bits(Engine& engine, const Canary& model, const DataSource& data, int steps = 2) {
+  engine.check_table(model.tensors());
+  engine.bind(model.tensors());
+  model.upload_initial_parameters(engine, 11);
+  std::vector<std::uint32_t> bits;
+  for (int step = 0; step < steps; ++step) {
+    const StepResult r = model.train_step(engine, step, data.batch(step));
+    bits.push_back(std::bit_cast<std::uint32_t>(r.loss));
+    bits.push_back(std::bit_cast<std::uint32_t>(r.grad_norm));
+  }
+  for (TensorId p : model.parameters()) {
+    for (float x : engine.read(p)) bits.push_back(std::bit_cast<std::uint32_t>(x));
+  }
+  return bits;
+}
+
 // The odd sizes: C = 96, 3 heads over 1 kv head, T = 48, vocab 200, hidden 176.
 // Two steps of training give the same loss, norm and parameter bits on 1, 2, 3, 8 threads.
 TEST(LlamaCanary, BitwiseAcrossThreadCountsAtOddSizes) {
@@ -118,30 +137,79 @@ TEST(LlamaCanary, BitwiseAcrossThreadCountsAtOddSizes) {
   const auto run = [&](int threads) {
     const tbb::global_control limit(tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(threads));
     CpuRefEngine engine;
-    engine.bind(model->tensors());
-    model->upload_initial_parameters(engine, 11);
-    std::vector<std::uint32_t> bits;
-    for (int step = 0; step < 2; ++step) {
-      const StepResult r = model->train_step(engine, step, data->batch(step));
-      bits.push_back(std::bit_cast<std::uint32_t>(r.loss));
-      bits.push_back(std::bit_cast<std::uint32_t>(r.grad_norm));
-    }
-    for (TensorId p : model->parameters()) {
-      for (float x : engine.read(p)) bits.push_back(std::bit_cast<std::uint32_t>(x));
-    }
-    return bits;
+    return trained_bits(engine, *model, *data);
   };
   const std::vector<std::uint32_t> one = run(1);
   for (int threads : {2, 3, 8}) EXPECT_EQ(run(threads), one) << threads << " threads";
 }
 
-TEST(LlamaCanary, EnginesWithoutItsOpsRefuseItBeforeStepZero) {
+// tpu-mesh on one device runs cpu-ref's kernels in cpu-ref's order on every plan: the same
+// bits at the odd sizes; a mesh whose model axis would split a head is refused before
+// step 0, naming the tensor.
+TEST(LlamaTpuMesh, OneDeviceIsBitwiseCpuRefOnEveryPlanAtOddSizes) {
+  const CanaryConfig config = llama(200, 48, 96, 2, 3, 1, 176, 4);
+  const std::unique_ptr<Canary> model = make_canary(config);
+  const std::unique_ptr<DataSource> data = make_data_source(config);
+  CpuRefEngine reference;
+  const std::vector<std::uint32_t> expected = trained_bits(reference, *model, *data);
+  for (const char* plan : {"dp", "tp", "zero3"}) {
+    const auto engine = make_engine("tpu-mesh", {"", {{"mesh", "1x1"}, {"shard-plan", plan}}});
+    EXPECT_EQ(trained_bits(*engine, *model, *data), expected) << plan;
+  }
+  const auto split_heads = make_engine("tpu-mesh", {"", {{"mesh", "1x2"}, {"shard-plan", "tp"}}});
+  try {
+    split_heads->check_table(model->tensors());
+    ADD_FAILURE() << "a tp plan splitting 3 heads over 2 devices was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("blocks.0.attn.q.weight dimension 0 has size 96, which does not divide into "
+                                         "2 shards of whole heads (32 wide)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// Sharded plans move the numbers only by the order of their sums (fp32) or by bf16, and a
+// fixed mesh and plan repeats its bits on any thread count.
+TEST(LlamaTpuMesh, ShardedPlansStayNearCpuRefAndRepeatTheirBits) {
+  const CanaryConfig config = llama(64, 16, 32, 2, 4, 2, 48, 4);
+  const std::unique_ptr<Canary> model = make_canary(config);
+  const std::unique_ptr<DataSource> data = make_data_source(config);
+  CpuRefEngine cpu_ref;
+  const std::vector<std::uint32_t> reference = trained_bits(cpu_ref, *model, *data, 3);
+  const auto loss_at = [](const std::vector<std::uint32_t>& bits, int step) {
+    return static_cast<double>(std::bit_cast<float>(bits[2 * static_cast<std::size_t>(step)]));
+  };
+  for (const char* precision : {"fp32", "bf16"}) {
+    const double tolerance = std::string(precision) == "fp32" ? 1e-5 : 5e-3;
+    bool any_moved = false;
+    for (const char* plan : {"dp", "tp", "zero3"}) {
+      for (const char* mesh : {"2x1", "1x2", "2x2"}) {
+        const EngineSettings settings{"", {{"mesh", mesh}, {"shard-plan", plan}, {"precision", precision}}};
+        const std::vector<std::uint32_t> run = trained_bits(*make_engine("tpu-mesh", settings), *model, *data, 3);
+        for (int step = 0; step < 3; ++step) {
+          EXPECT_LE(std::fabs(loss_at(run, step) - loss_at(reference, step)), tolerance)
+              << plan << " " << mesh << " " << precision << " step " << step;
+        }
+        any_moved = any_moved || run != reference;
+      }
+    }
+    EXPECT_TRUE(any_moved) << precision << ": no plan changed a bit; sharding did nothing";
+  }
+  const EngineSettings tp{"", {{"mesh", "2x2"}, {"shard-plan", "tp"}, {"precision", "bf16"}}};
+  const auto bits_on = [&](int threads) {
+    const tbb::global_control limit(tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(threads));
+    return trained_bits(*make_engine("tpu-mesh", tp), *model, *data);
+  };
+  EXPECT_EQ(bits_on(1), bits_on(3));
+}
+
+// Every registered engine runs the llama ops (an engine that does not would be refused
+// before step 0 by engine_cannot_run, naming itself).
+TEST(LlamaCanary, EveryEngineRunsItsOps) {
   const std::unique_ptr<Canary> llama_model = make_canary(llama(64, 8, 16, 1, 2, 1, 24, 2));
-  const std::unique_ptr<Canary> gpt2_model = make_canary(load_canary("micro"));
-  for (const char* name : {"cpu-ref", "accel"}) EXPECT_EQ(engine_cannot_run(*make_engine(name, {}), *llama_model), "");
-  const std::string why = engine_cannot_run(*make_engine("tpu-mesh", {}), *llama_model);
-  EXPECT_NE(why.find("engine tpu-mesh does not run the llama ops"), std::string::npos) << why;
-  EXPECT_EQ(engine_cannot_run(*make_engine("tpu-mesh", {}), *gpt2_model), "");
+  for (const std::string& name : engine_names()) {
+    EXPECT_EQ(engine_cannot_run(*make_engine(name, {}), *llama_model), "") << name;
+  }
 }
 
 // The FP8 zones are the weights' roles (docs/engine-boundary.md): `qkv` covers q, k and v,
