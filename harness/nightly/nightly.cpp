@@ -294,8 +294,9 @@ class NightlyJob::Impl {
     const json check = {{"check", "golden"}, {"against", path}};
     if (!fs::exists(path)) {
       return error_check(check, "missing_golden",
-                         fmt::format("no golden for lane {} at {}; create one with `harness golden refresh --lanes {} "
-                                     "--reason TEXT` and approve it", spec.lane, path, spec.id),
+                         fmt::format("no golden for lane {} at {}; create one with `harness golden refresh --matrix {} "
+                                     "--lanes {} --reason TEXT` and approve it",
+                                     spec.lane, path, options_.matrix_path, spec.id),
                          "no golden");
     }
     std::unique_ptr<check::ReceiptData> golden;
