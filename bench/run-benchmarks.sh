@@ -3,7 +3,8 @@
 # numbers docs/performance.md records: GEMM vs OpenBLAS, the non-GEMM kernels, the tiny
 # step at 1 and 2 threads with the recording cost, accel's step per feature and noise
 # mode (docs/engines/accel.md), tpu-mesh's step and compile cache
-# (docs/engines/tpu-mesh.md), the same step in PyTorch, and the default nightly per lane.
+# (docs/engines/tpu-mesh.md), the same step in PyTorch, llama-tiny's step beside
+# PyTorch's, and the default nightly per lane.
 #   bench/run-benchmarks.sh [OUT_DIR]     (default: a new directory under $TMPDIR)
 # Measures the build in build/ as it is (bench/lib.sh; HARNESS_BENCH_BUILD=1 builds it and
 # the benchmarks first).
@@ -29,6 +30,8 @@ PYEOF
 /usr/bin/python3 "$root/bench/torch_step.py" --steps 30 --warmup 5 --json "$out/torch_step.json" --compare-ms "$best_ms" \
   | tee "$out/torch_step.txt"
 /usr/bin/python3 "$root/bench/recorder_overhead.py" --json "$out/recorder_overhead.json" | tee "$out/recorder_overhead.txt"  # Recorder vs bare torch step (issue 14)
+# llama-tiny's step beside PyTorch's (docs/performance.md, "The llama-tiny step").
+"$root/bench/llama-step.sh" "$out/llama-step" | tee "$out/llama_step.txt"
 # The default nightly, lane by lane (docs/performance.md, "The nightly job").
 "$root/bench/nightly.sh" "$out/nightly" | tee "$out/nightly.txt"
 "$root/bench/bisect_replay.sh" "$out/bisect" | tee "$out/bisect_replay.txt"

@@ -1,5 +1,5 @@
 // The tiny canary's training step (fwd + bwd + clip + AdamW) on cpu-ref at 1 and 2
-// threads and on accel per feature and noise mode at 2 threads, and the per-step
+// threads (llama-tiny's too) and on accel per feature and noise mode at 2 threads, and the per-step
 // recording cost (hashing + sketches + HDF5 append + flush), so the recording overhead
 // can be stated as a share of the step.
 //
@@ -13,9 +13,9 @@
 
 #include "canary_file.h"
 #include "accel_engine.h"
-#include "byte_stream.h"
+#include "canary.h"
+#include "data_source.h"
 #include "cpu_ref_engine.h"
-#include "gpt2.h"
 #include "receipt/receipt_writer.h"
 #include "tensor_digest.h"
 
@@ -23,23 +23,34 @@ namespace {
 
 using namespace harness;
 
+// A shipped canary (tiny unless named) bound to one engine, from its initial parameters.
 template <typename EngineT>
-struct TinyRun {
-  canary::Gpt2Canary model{canary::load_canary("tiny")};
-  canary::ByteStream data{model.config()};
+struct CanaryRun {
+  std::unique_ptr<canary::Canary> canary;
+  std::unique_ptr<canary::DataSource> data;
+  canary::Canary& model;
   EngineT engine;
   template <typename... Args>
-  explicit TinyRun(Args&&... args) : engine(std::forward<Args>(args)...) {
+  explicit CanaryRun(const std::string& name, Args&&... args)
+      : canary(canary::make_canary(canary::load_canary(name))),
+        data(canary::make_data_source(canary->config())),
+        model(*canary),
+        engine(std::forward<Args>(args)...) {
     engine.bind(model.tensors());
     model.upload_initial_parameters(engine, 1337);
   }
 };
+template <typename EngineT>
+struct TinyRun : CanaryRun<EngineT> {
+  template <typename... Args>
+  explicit TinyRun(Args&&... args) : CanaryRun<EngineT>("tiny", std::forward<Args>(args)...) {}
+};
 
 template <typename EngineT>
-void train_steps(benchmark::State& state, TinyRun<EngineT>& run) {
+void train_steps(benchmark::State& state, CanaryRun<EngineT>& run) {
   int step = 0;
   for (auto _ : state) {
-    const canary::Batch batch = run.data.batch(step % 100);
+    const canary::Batch batch = run.data->batch(step % 100);
     benchmark::DoNotOptimize(run.model.train_step(run.engine, step % 100, batch));
     ++step;
   }
@@ -55,6 +66,14 @@ void BM_TinyTrainStep(benchmark::State& state) {
   train_steps(state, run);
 }
 BENCHMARK(BM_TinyTrainStep)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// The llama-tiny canary's step on cpu-ref (bench/llama-step.sh sets it beside PyTorch's).
+void BM_LlamaTinyTrainStep(benchmark::State& state) {
+  const tbb::global_control threads(tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(state.range(0)));
+  CanaryRun<CpuRefEngine> run("llama-tiny");
+  train_steps(state, run);
+}
+BENCHMARK(BM_LlamaTinyTrainStep)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // accel at 2 threads: features (0 fp32, 1 bf16, 2 bf16+fp8=all) x noise (0 seeded, 1 racy, 2 off).
 void BM_AccelTrainStep(benchmark::State& state) {
@@ -77,7 +96,7 @@ BENCHMARK(BM_AccelTrainStep)
 void BM_RecordStep(benchmark::State& state) {
   const tbb::global_control threads(tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(state.range(0)));
   TinyRun<CpuRefEngine> run;
-  run.model.train_step(run.engine, 0, run.data.batch(0));
+  run.model.train_step(run.engine, 0, run.data->batch(0));
   std::vector<std::string> names;
   for (TensorId p : run.model.parameters()) names.push_back(run.model.tensors()[p].name);
   const auto path = std::filesystem::temp_directory_path() / "step_bench_receipt.h5";
