@@ -122,6 +122,14 @@ run --canary "$WORK/llama-small.toml" --steps 6 --engine tpu-mesh --shard-plan t
 "$PY" "$HERE/same_bits.py" "$WORK/llama-1.h5" "$WORK/llama-mesh.h5" || fail "tpu-mesh 1x1 differs from cpu-ref on llama"
 run --canary "$WORK/llama-small.toml" --steps 3 --engine tpu-mesh --mesh 2x2 --shard-plan tp --out "$WORK/llama-tp.h5"
 expect_exit 0 "" -- "$HARNESS" validate "$WORK/llama-tp.h5"
+# Fault injection and op traces by op name on the sharded program: bisect names the op.
+run --canary "$WORK/llama-small.toml" --steps 5 --engine tpu-mesh --mesh 1x2 --shard-plan tp --trace ops \
+  --out "$WORK/llama-tp-traced.h5"
+run --canary "$WORK/llama-small.toml" --steps 5 --engine tpu-mesh --mesh 1x2 --shard-plan tp --trace ops \
+  --inject-fault step=3,op=blocks.1.attn.rope_k --out "$WORK/llama-tp-fault.h5"
+expect_exit 1 "" -- "$HARNESS" bisect "$WORK/llama-tp-fault.h5" "$WORK/llama-tp-traced.h5"
+grep -q "first op    blocks.1.attn.rope_k forward" "$WORK/stdout" \
+  || fail "bisect on tpu-mesh tp does not name the faulted llama op: $(cat "$WORK/stdout")"
 expect_exit 2 "--shard-plan tp on --mesh 1x4: blocks.0.attn.k.weight dimension 0 has size 24, which does not divide into 4 shards of whole heads \(12 wide\)" -- \
   "$HARNESS" run --canary "$WORK/llama-small.toml" --engine tpu-mesh --mesh 1x4 --shard-plan tp --out "$WORK/bad.h5"
 
