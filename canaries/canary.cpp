@@ -38,7 +38,7 @@ void Canary::add_step_tensors() {
 TensorId Canary::add_activation(const std::string& name, std::vector<std::int64_t> shape, TensorId* grad,
                                 TensorRole role) {
   const TensorId id = table_.add({name, shape, DType::F32, TensorKind::Activation, kNoTensor, role});
-  if (grad) *grad = table_.add({name, std::move(shape), DType::F32, TensorKind::ActivationGrad, kNoTensor, role});
+  if (grad) *grad = table_.add({name, std::move(shape), DType::F32, TensorKind::ActivationGrad, id, role});
   return id;
 }
 

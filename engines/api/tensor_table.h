@@ -69,7 +69,7 @@ struct TensorDesc {
   std::vector<std::int64_t> shape;  // empty for a 0-D scalar
   DType dtype = DType::F32;
   TensorKind kind = TensorKind::Activation;
-  TensorId mirrors = kNoTensor;  // for Gradient/AdamM/AdamV: the Parameter it shadows
+  TensorId mirrors = kNoTensor;  // Gradient/AdamM/AdamV: the Parameter it shadows; ActivationGrad: its Activation
   TensorRole role = {};          // shadows and activation gradients share their tensor's role
 
   std::int64_t numel() const;

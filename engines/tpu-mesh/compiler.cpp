@@ -143,6 +143,27 @@ class Compiler {
         expect(n, shape(t[0]) == shape(t[2]) && shape(t[3]).back() == shape(t[2]).back(),
                "rmsnorm weight does not match the channels");
         break;
+      case OpKind::RmsNormBackward:  // dinp, dweight, dout, inp, weight, rstd
+        expect(n, shape(t[0]) == shape(t[3]) && shape(t[2]) == shape(t[3]) && shape(t[1]) == shape(t[4]),
+               "rmsnorm gradients do not match their forward operands");
+        break;
+      case OpKind::RopeForward:
+      case OpKind::RopeBackward: {
+        const auto hd = static_cast<std::int64_t>(n.attrs.at(0));
+        expect(n, shape(t[0]) == shape(t[1]) && shape(t[1]).size() == 3 && hd > 0 && hd % 2 == 0 &&
+                      shape(t[1]).back() % hd == 0,
+               "rope needs equal (B,T,heads*hd) operands and an even head size that divides the last dimension");
+        break;
+      }
+      case OpKind::SwigluForward:
+      case OpKind::SwigluBackward:
+        for (TensorId id : t) expect(n, shape(id) == shape(t[0]), "swiglu operands differ in shape");
+        break;
+      case OpKind::GqaAttentionBackward:  // dq, dk, dv, dout, q, k, v, att
+        expect(n, shape(t[0]) == shape(t[4]) && shape(t[1]) == shape(t[5]) && shape(t[2]) == shape(t[6]) &&
+                      shape(t[3]) == shape(t[4]),
+               "gqa attention gradients do not match their forward operands");
+        break;
       case OpKind::GqaAttentionForward:
         expect(n, shape(t[1]).size() == 4 && shape(t[2]).back() % shape(t[1])[1] == 0 &&
                       shape(t[3]) == shape(t[4]) && shape(t[0]) == shape(t[2]),
@@ -244,8 +265,7 @@ class Compiler {
       }
     }
     for (TensorId g : table_.of_kind(TensorKind::ActivationGrad)) {
-      const TensorId act = table_.find(table_[g].name, TensorKind::Activation);
-      if (act != kNoTensor) spec_of(g) = spec_of(act);
+      if (const TensorId act = table_[g].mirrors; act != kNoTensor) spec_of(g) = spec_of(act);
     }
   }
 

@@ -83,8 +83,11 @@ double attrs_double(float high, float low) {
 std::string table_digest(const TensorTable& table) {
   std::string text;
   for (const TensorDesc& d : table.all()) {
-    fmt::format_to(std::back_inserter(text), "{}:{}:{}:{}\n", d.name, to_string(d.kind), fmt::join(d.shape, "x"),
-                   d.dtype == DType::F32 ? "f32" : "i32");
+    // The role decides bf16 rounding and shardings, so it is part of what a program is for.
+    const TensorRole& r = d.role;
+    fmt::format_to(std::back_inserter(text), "{}:{}:{}:{}:{}{}{}{}:{}:{}:{}\n", d.name, to_string(d.kind),
+                   fmt::join(d.shape, "x"), d.dtype == DType::F32 ? "f32" : "i32", int(r.fp32_statistic),
+                   int(r.linear), int(r.fp8_zone), int(r.learning_rate), r.parallel_groups, r.parallel_unit, r.heads_dim);
   }
   const XXH128_hash_t h = XXH3_128bits(text.data(), text.size());
   return fmt::format("{:016x}{:016x}", h.high64, h.low64);

@@ -15,8 +15,8 @@ struct Schema {
 constexpr int kPerTensor = -1;
 constexpr std::array<Schema, static_cast<std::size_t>(InstrKind::kLastKind) + 1> kSchemas{{
     {1, 1, 1, 0, -1, true},                       // Fill
-    {4, 3, 0, 0, -1, false},                      // EncoderForward
-    {4, 3, 0, 0, -1, false},                      // EncoderBackward
+    {4, 3, 0, 0, 3, false},                       // EncoderForward: wpe may be absent (llama)
+    {4, 3, 0, 0, 1, false},                       // EncoderBackward: dwpe may be absent
     {6, 2, 1, 0, -1, false},                      // LayerNormForward
     {8, 2, 0, 0, -1, false},                      // LayerNormBackward
     {4, 3, 0, 0, 3, false},                       // Linear: bias may be absent

@@ -28,8 +28,8 @@ inline constexpr std::uint32_t kProgramFormatVersion = 3;
 enum class InstrKind : std::uint8_t {
   // kernels: every device runs them on its own blocks
   Fill,                  // buffers: dst; attrs: value
-  EncoderForward,        // out, inputs, wte, wpe; dims: B, T, C
-  EncoderBackward,       // dwte, dwpe, dout, inputs; dims: B, T, C
+  EncoderForward,        // out, inputs, wte, wpe|-1; dims: B, T, C
+  EncoderBackward,       // dwte, dwpe|-1, dout, inputs; dims: B, T, C
   LayerNormForward,      // out, mean, rstd, inp, weight, bias; dims: N, C; attrs: eps
   LayerNormBackward,     // dinp, dweight, dbias, dout, inp, weight, mean, rstd; dims: N, C
   Linear,                // out, inp, weight, bias|-1; dims: N, C, OC

@@ -61,6 +61,10 @@ void for_each_block_run(const std::vector<std::int64_t>& global, const Partition
 PartitionSpec tensor_parallel_spec(const TensorDesc& param) {
   PartitionSpec spec = PartitionSpec::replicated(param.rank());
   if (param.role.linear == LinearRole::None) return spec;
+  if (param.role.linear == LinearRole::RowParallel && param.rank() < 2) {
+    throw std::logic_error(param.name + ": a row-parallel role on a tensor of rank " + std::to_string(param.rank()) +
+                           " (row-parallel splits dim 1 of a weight)");
+  }
   DimSharding& dim = spec.dims[param.role.linear == LinearRole::RowParallel ? 1 : 0];
   dim.axis = Axis::Model;
   dim.groups = param.role.parallel_groups;

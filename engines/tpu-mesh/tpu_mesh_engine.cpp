@@ -73,7 +73,8 @@ void TpuMeshEngine::bind(const TensorTable& table) {
   table_digest_ = table_digest(table);
   executor_.bind(table, config_.mesh, specs_);
   // Activations shard their batch as the tokens do (on `data`, or not at all).
-  const TensorId inputs = table.find("inputs", TensorKind::Input);
+  const auto& token_inputs = table.of_kind(TensorKind::Input);
+  const TensorId inputs = token_inputs.empty() ? kNoTensor : token_inputs.front();
   batch_shards_ = inputs == kNoTensor ? 1
                                       : axis_size(config_.mesh, effective(specs_[static_cast<std::size_t>(inputs)], config_.mesh).dims.at(0).axis);
   executor_.set_trace_callback(

@@ -11,6 +11,7 @@
 #include <fmt/ranges.h>
 #include <pugixml.hpp>
 
+#include "registry.h"
 #include "reports.h"
 
 namespace harness::nightly {
@@ -440,7 +441,8 @@ std::string run_command(const json& recipe, const std::string& out, int checkpoi
   if (recipe.contains("engine_options") && recipe["engine_options"].is_object()) {
     for (const auto& [flag, value] : recipe["engine_options"].items()) {
       words.push_back("--" + flag);
-      if (flag != "leak-scalars") words.push_back(shell_word(value.is_string() ? value.get<std::string>() : value.dump()));
+      const DescribedFlag* described = find_engine_flag(flag);
+      if (described == nullptr || !described->flag.is_switch) words.push_back(shell_word(value.is_string() ? value.get<std::string>() : value.dump()));
     }
   }
   if (recipe.contains("seed")) words.insert(words.end(), {"--seed", recipe["seed"].dump()});

@@ -1,6 +1,7 @@
 #include "audit.h"
 
 #include <algorithm>
+#include <cstring>
 #include <thread>
 
 #include <fmt/format.h>
@@ -15,6 +16,12 @@
 
 namespace harness::run {
 namespace {
+
+// Attributes compared by their bits: a double travels as two floats whose halves may be
+// NaN patterns (RoPE's theta), and a NaN never equals itself.
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
 
 constexpr int kTracedSteps = 2;  // two steps: the least that shows what varies between steps
 
@@ -51,13 +58,14 @@ void compare_graphs(const tpu::Graph& a, const tpu::Graph& b, int step, std::vec
                                  step, i, x.site, tpu::to_string(x.op), y.site, tpu::to_string(y.op))});
       return;  // everything after the first change differs too
     }
-    if (x.attrs != y.attrs && x.op == tpu::OpKind::Constant) {
+    const bool attrs_differ = !same_bits(x.attrs, y.attrs);
+    if (attrs_differ && x.op == tpu::OpKind::Constant) {
       const tpu::Node& reader = first_reader(b, i, y.tensors[0]);
       out.push_back({"varying_constant", step, reader.site, y.site, {x.attrs[0], y.attrs[0]},
                      fmt::format("constant `{}` is baked into the graph and varies: {} at step {}, {} at step {}; "
                                  "op `{}` ({}) reads it. Upload it into a 0-D device tensor instead",
                                  y.site, x.attrs[0], step - 1, y.attrs[0], step, reader.site, tpu::to_string(reader.op))});
-    } else if (x.attrs != y.attrs) {
+    } else if (attrs_differ) {
       out.push_back({"varying_constant", step, y.site, {}, {},
                      fmt::format("op `{}` ({}) has attributes that vary between steps {} and {}", y.site,
                                  tpu::to_string(y.op), step - 1, step)});

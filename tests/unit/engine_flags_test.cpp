@@ -1,6 +1,7 @@
 // Engine flags are described once (engines/api/engine_settings.h, each engine's config):
 // every described flag reaches its engine's parser and changes what the engine reports,
 // and every other engine refuses it naming the engine it belongs to.
+#include <filesystem>
 #include <map>
 #include <variant>
 #include <set>
@@ -33,7 +34,7 @@ const std::map<std::string, Example>& examples() {
       {"mesh", {"2x1", ""}},
       {"shard-plan", {"tp", ""}},
       {"precision", {"bf16", ""}},
-      {"compile-cache", {"some/cache/dir", ""}},
+      {"compile-cache", {(std::filesystem::temp_directory_path() / "harness-engine-flags-cache").string(), ""}},
       {"compile-mode", {"microstep", ""}},
       {"grad-accum", {"2", ""}},
       {"leak-scalars", {"1", ""}},

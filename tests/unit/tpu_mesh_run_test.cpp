@@ -119,6 +119,19 @@ TEST(TpuMeshRun, CompilesOnceColdAndNeverWarm) {
   }
 }
 
+// A llama program (no position embedding: operands that may be absent) passes the cache's
+// well-formedness check and loads warm, as gpt2's do.
+TEST(TpuMeshRun, LlamaProgramsLoadWarmFromThePersistentCache) {
+  const std::string cache = scratch().path("cache_llama");
+  const Flags flags{{"mesh", "1x2"}, {"shard-plan", "tp"}, {"compile-cache", cache}};
+  const ReceiptBits cold = run_and_read(mesh_lane("llama-tiny", 2, 2, flags), "llama_cold");
+  const ReceiptBits warm = run_and_read(mesh_lane("llama-tiny", 2, 2, flags), "llama_warm");
+  EXPECT_EQ(receipt_dataset("llama_warm", "/compile/UncachedCompile"), (std::vector<double>{0, 0}));
+  EXPECT_EQ(receipt_dataset("llama_warm", "/compile/PersistentCacheHit")[0], 1);
+  EXPECT_EQ(receipt_dataset("llama_warm", "/compile/PersistentCacheDeserializeFailure")[0], 0);
+  EXPECT_TRUE(cold.same_numbers(warm));
+}
+
 // The learning rate baked into the graph: a new program every step, the same numbers.
 TEST(TpuMeshRun, LeakedScalarRecompilesEveryStepWithTheSameNumerics) {
   const Flags clean{{"mesh", "2x1"}};
