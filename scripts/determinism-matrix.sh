@@ -8,8 +8,9 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${HARNESS_MATRIX_DIR:-$root/build-matrix}
 mkdir -p "$out"
-# tiny for a few steps (every op, the real shapes) and micro for a whole run.
-runs=("tiny 3" "micro 20")
+# tiny and llama-tiny for a few steps (every op of both architectures, the real shapes) and
+# micro for a whole run.
+runs=("tiny 3" "llama-tiny 3" "micro 20")
 
 build_variant() {  # name, build type, compiler, extra cmake args...
   local name=$1 type=$2 cxx=$3; shift 3

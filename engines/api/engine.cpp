@@ -1,8 +1,112 @@
 #include "engine.h"
 
 #include <stdexcept>
+#include <type_traits>
+#include <utility>
+
+#include "op_description.h"
 
 namespace harness {
+
+// ---- the Engine interface against the op descriptions -------------------------------------
+// Each op's virtual must take exactly what its description says, in order: the OpSite, a
+// TensorId per fixed operand (and a std::span<const TensorId> for a variadic op's tensors),
+// then its call attributes by type. A virtual that drifts from its description, or an
+// operand added to one but not the other, is a build error here.
+namespace {
+
+enum class CallParameter { Tensor, Tensors, Float, Int, Double, AdamW };
+
+constexpr CallParameter parameter_of(AttributeType type) {
+  switch (type) {
+    case AttributeType::Float: return CallParameter::Float;
+    case AttributeType::Int: return CallParameter::Int;
+    case AttributeType::Double: return CallParameter::Double;
+    case AttributeType::AdamW: return CallParameter::AdamW;
+  }
+  return CallParameter::Float;
+}
+
+constexpr std::size_t call_parameters(const OpDescription& d) {
+  std::size_t n = d.operands.size() + (d.variadic() ? 1 : 0);
+  for (const AttributeDescription& a : d.attributes) n += a.node_only ? 0 : 1;
+  return n;
+}
+
+// The i-th parameter after the OpSite.
+constexpr CallParameter call_parameter(const OpDescription& d, std::size_t i) {
+  if (d.variadic()) {
+    const std::size_t tensors_at = d.tensors_first_in_call ? 0 : d.operands.size();
+    if (i == tensors_at) return CallParameter::Tensors;
+    if (i > tensors_at) --i;
+  }
+  if (i < d.operands.size()) return CallParameter::Tensor;
+  i -= d.operands.size();
+  for (const AttributeDescription& a : d.attributes) {
+    if (a.node_only) continue;
+    if (i == 0) return parameter_of(a.type);
+    --i;
+  }
+  return CallParameter::Tensor;  // past the end: call_parameters() bounds every use
+}
+
+template <CallParameter P> struct ParameterType;
+template <> struct ParameterType<CallParameter::Tensor> { using type = TensorId; };
+template <> struct ParameterType<CallParameter::Tensors> { using type = std::span<const TensorId>; };
+template <> struct ParameterType<CallParameter::Float> { using type = float; };
+template <> struct ParameterType<CallParameter::Int> { using type = int; };
+template <> struct ParameterType<CallParameter::Double> { using type = double; };
+template <> struct ParameterType<CallParameter::AdamW> { using type = const AdamWConfig&; };
+
+template <OpKind K, std::size_t... I>
+auto described_call(std::index_sequence<I...>) {
+  if constexpr (describe(K).site_in_call) {
+    return static_cast<void (Engine::*)(const OpSite&, typename ParameterType<call_parameter(describe(K), I)>::type...)>(
+        nullptr);
+  } else {
+    return static_cast<void (Engine::*)(typename ParameterType<call_parameter(describe(K), I)>::type...)>(nullptr);
+  }
+}
+
+// The member-function type op K's description says its virtual has.
+template <OpKind K>
+using DescribedCall = decltype(described_call<K>(std::make_index_sequence<call_parameters(describe(K))>{}));
+
+template <OpKind K, auto Method>
+constexpr bool call_is_described() {
+  return describe(K).engine_call && std::is_same_v<decltype(Method), DescribedCall<K>>;
+}
+
+static_assert(call_is_described<OpKind::Zero, &Engine::zero>());
+static_assert(call_is_described<OpKind::EncoderForward, &Engine::encoder_forward>());
+static_assert(call_is_described<OpKind::EncoderBackward, &Engine::encoder_backward>());
+static_assert(call_is_described<OpKind::LayerNormForward, &Engine::layernorm_forward>());
+static_assert(call_is_described<OpKind::LayerNormBackward, &Engine::layernorm_backward>());
+static_assert(call_is_described<OpKind::LinearForward, &Engine::linear_forward>());
+static_assert(call_is_described<OpKind::LinearBackward, &Engine::linear_backward>());
+static_assert(call_is_described<OpKind::AttentionForward, &Engine::attention_forward>());
+static_assert(call_is_described<OpKind::AttentionBackward, &Engine::attention_backward>());
+static_assert(call_is_described<OpKind::GeluForward, &Engine::gelu_forward>());
+static_assert(call_is_described<OpKind::GeluBackward, &Engine::gelu_backward>());
+static_assert(call_is_described<OpKind::ResidualForward, &Engine::residual_forward>());
+static_assert(call_is_described<OpKind::ResidualBackward, &Engine::residual_backward>());
+static_assert(call_is_described<OpKind::CrossEntropyForward, &Engine::crossentropy_forward>());
+static_assert(call_is_described<OpKind::CrossEntropyBackward, &Engine::crossentropy_backward>());
+static_assert(call_is_described<OpKind::GlobalNorm, &Engine::global_norm>());
+static_assert(call_is_described<OpKind::ClipByNorm, &Engine::clip_by_norm>());
+static_assert(call_is_described<OpKind::AdamW, &Engine::adamw_update>());
+static_assert(call_is_described<OpKind::NudgeUlps, &Engine::nudge_ulps>());
+static_assert(call_is_described<OpKind::Trace, &Engine::trace>());
+static_assert(call_is_described<OpKind::RmsNormForward, &Engine::rmsnorm_forward>());
+static_assert(call_is_described<OpKind::RmsNormBackward, &Engine::rmsnorm_backward>());
+static_assert(call_is_described<OpKind::RopeForward, &Engine::rope_forward>());
+static_assert(call_is_described<OpKind::RopeBackward, &Engine::rope_backward>());
+static_assert(call_is_described<OpKind::SwigluForward, &Engine::swiglu_forward>());
+static_assert(call_is_described<OpKind::SwigluBackward, &Engine::swiglu_backward>());
+static_assert(call_is_described<OpKind::GqaAttentionForward, &Engine::gqa_attention_forward>());
+static_assert(call_is_described<OpKind::GqaAttentionBackward, &Engine::gqa_attention_backward>());
+
+}  // namespace
 
 std::string_view to_string(Phase phase) {
   switch (phase) {

@@ -101,10 +101,30 @@ class Compiler {
     if (!ok) reject(n, what);
   }
 
-  void verify(const Node& n) const {
+  // The node's layout against its op's description: operand and attribute counts, and a
+  // tensor wherever one is not optional; then what each op needs of the shapes.
+  void verify_layout(const Node& n) const {
+    if (static_cast<std::size_t>(n.op) >= kOpDescriptions.size()) reject(n, "unknown op");
+    const OpDescription& d = describe(n.op);
+    if (!d.takes(n.tensors.size())) {
+      reject(n, fmt::format("{} operands where the op takes {}{}", n.tensors.size(), d.operands.size(),
+                            d.variadic() ? " or more" : ""));
+    }
+    if (n.attrs.size() != d.node_attribute_floats()) {
+      reject(n, fmt::format("{} attribute values where the op takes {}", n.attrs.size(), d.node_attribute_floats()));
+    }
+    for (std::size_t i = 0; i < d.operands.size(); ++i) {
+      if (n.tensors[i] == kNoTensor && !d.operands[i].optional) {
+        reject(n, fmt::format("operand {} is not optional", d.operands[i].name));
+      }
+    }
     for (TensorId id : n.tensors) {
       if (id != kNoTensor && (id < 0 || static_cast<std::size_t>(id) >= table_.size())) reject(n, "unknown tensor");
     }
+  }
+
+  void verify(const Node& n) const {
+    verify_layout(n);
     const auto& t = n.tensors;
     for (TensorId id : t) {
       if (id == kNoTensor) continue;
@@ -180,13 +200,13 @@ class Compiler {
   void check_values_are_graph_local() const {
     std::vector<bool> written(table_.size(), false);
     for (const Node& n : graph_.nodes) {
-      const std::vector<TensorId> outputs = outputs_of(n);
+      const std::vector<TensorId> outputs = outputs_of(n), overwritten = overwritten_by(n);
       for (TensorId id : n.tensors) {
         if (id == kNoTensor) continue;
         const TensorKind kind = table_[id].kind;
         if (kind != TensorKind::Activation && kind != TensorKind::ActivationGrad) continue;
-        const bool overwrites = n.phase == Phase::Forward && n.op != OpKind::NudgeUlps &&
-                                std::find(outputs.begin(), outputs.end(), id) != outputs.end();
+        const bool overwrites = n.phase == Phase::Forward &&
+                                std::find(overwritten.begin(), overwritten.end(), id) != overwritten.end();
         if (!overwrites && !written[static_cast<std::size_t>(id)]) {
           reject(n, fmt::format("reads {} {} that this graph did not write; a graph break (a host read or upload "
                                 "inside the step) separates it from its producer. Move the read out of the step",

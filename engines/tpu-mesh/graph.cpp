@@ -12,61 +12,27 @@
 namespace harness::tpu {
 
 std::string_view to_string(OpKind op) {
-  switch (op) {
-    case OpKind::Zero: return "zero";
-    case OpKind::Constant: return "constant";
-    case OpKind::EncoderForward: return "encoder_forward";
-    case OpKind::EncoderBackward: return "encoder_backward";
-    case OpKind::LayerNormForward: return "layernorm_forward";
-    case OpKind::LayerNormBackward: return "layernorm_backward";
-    case OpKind::LinearForward: return "linear_forward";
-    case OpKind::LinearBackward: return "linear_backward";
-    case OpKind::AttentionForward: return "attention_forward";
-    case OpKind::AttentionBackward: return "attention_backward";
-    case OpKind::GeluForward: return "gelu_forward";
-    case OpKind::GeluBackward: return "gelu_backward";
-    case OpKind::ResidualForward: return "residual_forward";
-    case OpKind::ResidualBackward: return "residual_backward";
-    case OpKind::CrossEntropyForward: return "crossentropy_forward";
-    case OpKind::CrossEntropyBackward: return "crossentropy_backward";
-    case OpKind::GlobalNorm: return "global_norm";
-    case OpKind::ClipByNorm: return "clip_by_norm";
-    case OpKind::AdamW: return "adamw";
-    case OpKind::NudgeUlps: return "nudge_ulps";
-    case OpKind::Trace: return "trace";
-    case OpKind::RmsNormForward: return "rmsnorm_forward";
-    case OpKind::RmsNormBackward: return "rmsnorm_backward";
-    case OpKind::RopeForward: return "rope_forward";
-    case OpKind::RopeBackward: return "rope_backward";
-    case OpKind::SwigluForward: return "swiglu_forward";
-    case OpKind::SwigluBackward: return "swiglu_backward";
-    case OpKind::GqaAttentionForward: return "gqa_attention_forward";
-    case OpKind::GqaAttentionBackward: return "gqa_attention_backward";
-  }
-  return "?";
+  return static_cast<std::size_t>(op) < kOpDescriptions.size() ? describe(op).name : "?";
 }
 
-std::vector<TensorId> outputs_of(const Node& node) {
-  const auto& t = node.tensors;
-  auto first = [&](std::size_t n) { return std::vector<TensorId>(t.begin(), t.begin() + static_cast<long>(n)); };
-  switch (node.op) {
-    case OpKind::EncoderBackward:
-    case OpKind::AttentionForward:
-    case OpKind::ResidualBackward:
-    case OpKind::CrossEntropyForward:
-    case OpKind::RmsNormForward:
-    case OpKind::RmsNormBackward:
-    case OpKind::SwigluBackward:
-    case OpKind::GqaAttentionForward: return first(2);
-    case OpKind::LayerNormForward:
-    case OpKind::LayerNormBackward:
-    case OpKind::LinearBackward:
-    case OpKind::GqaAttentionBackward: return first(3);
-    case OpKind::ClipByNorm: return std::vector<TensorId>(t.begin() + 1, t.end());
-    case OpKind::AdamW: return {t[0], t[2], t[3]};
-    case OpKind::Trace: return {};  // reads only
-    default: return first(1);
+namespace {
+template <typename Wanted>
+std::vector<TensorId> operands_where(const Node& node, Wanted wanted) {
+  const OpDescription& d = describe(node.op);
+  std::vector<TensorId> found;
+  for (std::size_t i = 0; i < node.tensors.size(); ++i) {
+    if (wanted(d.access(i))) found.push_back(node.tensors[i]);
   }
+  return found;
+}
+}  // namespace
+
+std::vector<TensorId> outputs_of(const Node& node) {
+  return operands_where(node, [](Access a) { return a != Access::Read; });
+}
+
+std::vector<TensorId> overwritten_by(const Node& node) {
+  return operands_where(node, [](Access a) { return a == Access::Write; });
 }
 
 std::vector<float> double_attrs(double value) {

@@ -13,41 +13,13 @@
 #include <vector>
 
 #include "api/engine.h"
+#include "api/op_description.h"
 
 namespace harness::tpu {
 
-enum class OpKind : std::uint8_t {
-  Zero,
-  Constant,  // tensors[0] = attrs[0]: a host value baked into the program
-  EncoderForward,
-  EncoderBackward,
-  LayerNormForward,
-  LayerNormBackward,
-  LinearForward,
-  LinearBackward,
-  AttentionForward,
-  AttentionBackward,
-  GeluForward,
-  GeluBackward,
-  ResidualForward,
-  ResidualBackward,
-  CrossEntropyForward,
-  CrossEntropyBackward,
-  GlobalNorm,  // tensors = norm, then the tensors whose norm it is
-  ClipByNorm,  // tensors = norm, then the tensors it scales
-  AdamW,       // tensors = param, grad, m, v, lr, bias_correction1, bias_correction2
-  NudgeUlps,
-  Trace,  // tensors[0] is delivered to the trace sink; attrs[0] = its slot in the step's traces
-  // the llama ops (appended: the values above are part of every fingerprint)
-  RmsNormForward,         // out, rstd, inp, weight; attrs: eps
-  RmsNormBackward,        // dinp, dweight, dout, inp, weight, rstd
-  RopeForward,            // out, inp; attrs: head size, theta (as two halves of its bits)
-  RopeBackward,           // dinp, dout; attrs: as RopeForward
-  SwigluForward,          // out, gate, up
-  SwigluBackward,         // dgate, dup, dout, gate, up
-  GqaAttentionForward,    // out, att, q, k, v
-  GqaAttentionBackward,   // dq, dk, dv, dout, q, k, v, att
-};
+// The ops are the call boundary's (engines/api/op_description.h): a node's operands and
+// attributes are laid out as its op's description says.
+using harness::OpKind;
 std::string_view to_string(OpKind op);
 
 struct Node {
@@ -55,12 +27,14 @@ struct Node {
   std::string site;  // the model op's name, e.g. "blocks.2.attn.proj"
   int layer = -1;
   Phase phase = Phase::Forward;
-  std::vector<TensorId> tensors;  // operands in the Engine call's order; kNoTensor allowed
-  std::vector<float> attrs;       // eps; max_norm; AdamW beta1, beta2, eps, weight decay; a constant
+  std::vector<TensorId> tensors;  // operands in the op description's order; kNoTensor where optional
+  std::vector<float> attrs;       // the description's attributes, each as node_floats() floats
 };
 
-// The tensors a node writes (the others it only reads).
+// The tensors a node writes or adds into (the others it only reads), by its description.
 std::vector<TensorId> outputs_of(const Node& node);
+// The tensors a node overwrites (Access::Write): what it writes without reading first.
+std::vector<TensorId> overwritten_by(const Node& node);
 
 struct Graph {
   std::vector<Node> nodes;

@@ -96,7 +96,7 @@ EngineState TpuMeshEngine::save_state() const {
 void TpuMeshEngine::trace(const OpSite& site, TensorId tensor) {
   const auto slot = static_cast<float>(traces_.size());
   traces_.push_back({std::string(site.name), site.layer, site.phase, tensor, {}});
-  record(OpKind::Trace, site, {tensor}, {slot});
+  record<OpKind::Trace>(site, {tensor}, {slot});
 }
 
 // Micro-batch k of an activation holds, on each of the D data shards, the shard's k-th
@@ -267,110 +267,115 @@ void TpuMeshEngine::note_memory(const Executable& exe) {
 
 // ---- ops: traced, not executed -----------------------------------------------------------
 
-void TpuMeshEngine::record(OpKind op, const OpSite& site, std::vector<TensorId> tensors, std::vector<float> attrs) {
+void TpuMeshEngine::record_node(OpKind op, const OpSite& site, std::vector<TensorId> tensors, std::vector<float> attrs) {
   if (!in_step_) throw std::logic_error("tpu-mesh: an op outside step_begin()/step_end()");
+  const OpDescription& d = describe(op);
+  if (!d.takes(tensors.size()) || attrs.size() != d.node_attribute_floats()) {
+    throw std::logic_error(fmt::format("tpu-mesh: {} recorded with {} operands and {} attribute values, against its "
+                                       "description", d.name, tensors.size(), attrs.size()));
+  }
   pending_.nodes.push_back({op, std::string(site.name), site.layer, site.phase, std::move(tensors), std::move(attrs)});
 }
 
 void TpuMeshEngine::zero(TensorId id) {
   const TensorDesc& t = (*table_)[id];
-  record(OpKind::Zero, OpSite{t.name, -1, Phase::Forward}, {id});
+  record<OpKind::Zero>(OpSite{t.name, -1, Phase::Forward}, {id});
 }
 
 void TpuMeshEngine::encoder_forward(const OpSite& s, TensorId out, TensorId inputs, TensorId wte, TensorId wpe) {
-  record(OpKind::EncoderForward, s, {out, inputs, wte, wpe});
+  record<OpKind::EncoderForward>(s, {out, inputs, wte, wpe});
 }
 void TpuMeshEngine::encoder_backward(const OpSite& s, TensorId dwte, TensorId dwpe, TensorId dout, TensorId inputs) {
-  record(OpKind::EncoderBackward, s, {dwte, dwpe, dout, inputs});
+  record<OpKind::EncoderBackward>(s, {dwte, dwpe, dout, inputs});
 }
 void TpuMeshEngine::layernorm_forward(const OpSite& s, TensorId out, TensorId mean, TensorId rstd, TensorId inp,
                                       TensorId weight, TensorId bias, float eps) {
-  record(OpKind::LayerNormForward, s, {out, mean, rstd, inp, weight, bias}, {eps});
+  record<OpKind::LayerNormForward>(s, {out, mean, rstd, inp, weight, bias}, {eps});
 }
 void TpuMeshEngine::layernorm_backward(const OpSite& s, TensorId dinp, TensorId dweight, TensorId dbias, TensorId dout,
                                        TensorId inp, TensorId weight, TensorId mean, TensorId rstd) {
-  record(OpKind::LayerNormBackward, s, {dinp, dweight, dbias, dout, inp, weight, mean, rstd});
+  record<OpKind::LayerNormBackward>(s, {dinp, dweight, dbias, dout, inp, weight, mean, rstd});
 }
 void TpuMeshEngine::linear_forward(const OpSite& s, TensorId out, TensorId inp, TensorId weight, TensorId bias) {
-  record(OpKind::LinearForward, s, {out, inp, weight, bias});
+  record<OpKind::LinearForward>(s, {out, inp, weight, bias});
 }
 void TpuMeshEngine::linear_backward(const OpSite& s, TensorId dinp, TensorId dweight, TensorId dbias, TensorId dout,
                                     TensorId inp, TensorId weight) {
-  record(OpKind::LinearBackward, s, {dinp, dweight, dbias, dout, inp, weight});
+  record<OpKind::LinearBackward>(s, {dinp, dweight, dbias, dout, inp, weight});
 }
 void TpuMeshEngine::attention_forward(const OpSite& s, TensorId out, TensorId att, TensorId qkv) {
-  record(OpKind::AttentionForward, s, {out, att, qkv});
+  record<OpKind::AttentionForward>(s, {out, att, qkv});
 }
 void TpuMeshEngine::attention_backward(const OpSite& s, TensorId dqkv, TensorId dout, TensorId qkv, TensorId att) {
-  record(OpKind::AttentionBackward, s, {dqkv, dout, qkv, att});
+  record<OpKind::AttentionBackward>(s, {dqkv, dout, qkv, att});
 }
 void TpuMeshEngine::rmsnorm_forward(const OpSite& s, TensorId out, TensorId rstd, TensorId inp, TensorId weight,
                                     float eps) {
-  record(OpKind::RmsNormForward, s, {out, rstd, inp, weight}, {eps});
+  record<OpKind::RmsNormForward>(s, {out, rstd, inp, weight}, {eps});
 }
 void TpuMeshEngine::rmsnorm_backward(const OpSite& s, TensorId dinp, TensorId dweight, TensorId dout, TensorId inp,
                                      TensorId weight, TensorId rstd) {
-  record(OpKind::RmsNormBackward, s, {dinp, dweight, dout, inp, weight, rstd});
+  record<OpKind::RmsNormBackward>(s, {dinp, dweight, dout, inp, weight, rstd});
 }
 void TpuMeshEngine::rope_forward(const OpSite& s, TensorId out, TensorId inp, int head_size, double theta) {
   std::vector<float> attrs{static_cast<float>(head_size)};
   for (float half : double_attrs(theta)) attrs.push_back(half);
-  record(OpKind::RopeForward, s, {out, inp}, std::move(attrs));
+  record<OpKind::RopeForward>(s, {out, inp}, std::move(attrs));
 }
 void TpuMeshEngine::rope_backward(const OpSite& s, TensorId dinp, TensorId dout, int head_size, double theta) {
   std::vector<float> attrs{static_cast<float>(head_size)};
   for (float half : double_attrs(theta)) attrs.push_back(half);
-  record(OpKind::RopeBackward, s, {dinp, dout}, std::move(attrs));
+  record<OpKind::RopeBackward>(s, {dinp, dout}, std::move(attrs));
 }
 void TpuMeshEngine::swiglu_forward(const OpSite& s, TensorId out, TensorId gate, TensorId up) {
-  record(OpKind::SwigluForward, s, {out, gate, up});
+  record<OpKind::SwigluForward>(s, {out, gate, up});
 }
 void TpuMeshEngine::swiglu_backward(const OpSite& s, TensorId dgate, TensorId dup, TensorId dout, TensorId gate,
                                     TensorId up) {
-  record(OpKind::SwigluBackward, s, {dgate, dup, dout, gate, up});
+  record<OpKind::SwigluBackward>(s, {dgate, dup, dout, gate, up});
 }
 void TpuMeshEngine::gqa_attention_forward(const OpSite& s, TensorId out, TensorId att, TensorId q, TensorId k,
                                           TensorId v) {
-  record(OpKind::GqaAttentionForward, s, {out, att, q, k, v});
+  record<OpKind::GqaAttentionForward>(s, {out, att, q, k, v});
 }
 void TpuMeshEngine::gqa_attention_backward(const OpSite& s, TensorId dq, TensorId dk, TensorId dv, TensorId dout,
                                            TensorId q, TensorId k, TensorId v, TensorId att) {
-  record(OpKind::GqaAttentionBackward, s, {dq, dk, dv, dout, q, k, v, att});
+  record<OpKind::GqaAttentionBackward>(s, {dq, dk, dv, dout, q, k, v, att});
 }
-void TpuMeshEngine::gelu_forward(const OpSite& s, TensorId out, TensorId inp) { record(OpKind::GeluForward, s, {out, inp}); }
+void TpuMeshEngine::gelu_forward(const OpSite& s, TensorId out, TensorId inp) { record<OpKind::GeluForward>(s, {out, inp}); }
 void TpuMeshEngine::gelu_backward(const OpSite& s, TensorId dinp, TensorId inp, TensorId dout) {
-  record(OpKind::GeluBackward, s, {dinp, inp, dout});
+  record<OpKind::GeluBackward>(s, {dinp, inp, dout});
 }
 void TpuMeshEngine::residual_forward(const OpSite& s, TensorId out, TensorId a, TensorId b) {
-  record(OpKind::ResidualForward, s, {out, a, b});
+  record<OpKind::ResidualForward>(s, {out, a, b});
 }
 void TpuMeshEngine::residual_backward(const OpSite& s, TensorId da, TensorId db, TensorId dout) {
-  record(OpKind::ResidualBackward, s, {da, db, dout});
+  record<OpKind::ResidualBackward>(s, {da, db, dout});
 }
 void TpuMeshEngine::crossentropy_forward(const OpSite& s, TensorId loss, TensorId probs, TensorId logits,
                                          TensorId targets) {
-  record(OpKind::CrossEntropyForward, s, {loss, probs, logits, targets});
+  record<OpKind::CrossEntropyForward>(s, {loss, probs, logits, targets});
 }
 void TpuMeshEngine::crossentropy_backward(const OpSite& s, TensorId dlogits, TensorId probs, TensorId targets) {
-  record(OpKind::CrossEntropyBackward, s, {dlogits, probs, targets});
+  record<OpKind::CrossEntropyBackward>(s, {dlogits, probs, targets});
 }
 void TpuMeshEngine::global_norm(const OpSite& s, TensorId norm, std::span<const TensorId> tensors) {
   std::vector<TensorId> operands{norm};
   operands.insert(operands.end(), tensors.begin(), tensors.end());
-  record(OpKind::GlobalNorm, s, std::move(operands));
+  record_node(OpKind::GlobalNorm, s, std::move(operands));
 }
 void TpuMeshEngine::clip_by_norm(const OpSite& s, std::span<const TensorId> tensors, TensorId norm, float max_norm) {
   std::vector<TensorId> operands{norm};
   operands.insert(operands.end(), tensors.begin(), tensors.end());
-  record(OpKind::ClipByNorm, s, std::move(operands), {max_norm});
+  record_node(OpKind::ClipByNorm, s, std::move(operands), {max_norm});
 }
 void TpuMeshEngine::adamw_update(const OpSite& s, TensorId param, TensorId grad, TensorId m, TensorId v, TensorId lr,
                                  TensorId bias_correction1, TensorId bias_correction2, const AdamWConfig& c) {
-  record(OpKind::AdamW, s, {param, grad, m, v, lr, bias_correction1, bias_correction2},
+  record<OpKind::AdamW>(s, {param, grad, m, v, lr, bias_correction1, bias_correction2},
          {c.beta1, c.beta2, c.eps, c.weight_decay});
 }
 void TpuMeshEngine::nudge_ulps(const OpSite& s, TensorId tensor, TensorId ulps) {
-  record(OpKind::NudgeUlps, s, {tensor, ulps});
+  record<OpKind::NudgeUlps>(s, {tensor, ulps});
 }
 
 }  // namespace harness::tpu

@@ -119,7 +119,15 @@ class TpuMeshEngine final : public Engine {
 
   void collect_trace(int slot, int micro_batch, std::span<const float> value);
   void deliver_traces();  // to the sink, in the model's op order
-  void record(OpKind op, const OpSite& site, std::vector<TensorId> tensors, std::vector<float> attrs = {});
+  // One node of the step's graph, laid out as its op's description says: the operand count
+  // of a fixed-operand op is checked when this compiles, the attributes when it runs.
+  template <OpKind Op, std::size_t N>
+  void record(const OpSite& site, const TensorId (&tensors)[N], std::vector<float> attrs = {}) {
+    static_assert(!describe(Op).variadic() && N == describe(Op).operands.size(),
+                  "the recorded operands do not match the op's description (api/op_description.h)");
+    record_node(Op, site, std::vector<TensorId>(tensors, tensors + N), std::move(attrs));
+  }
+  void record_node(OpKind op, const OpSite& site, std::vector<TensorId> tensors, std::vector<float> attrs = {});
   bool pending_uses(TensorId id) const;  // whether a traced, not yet executed op uses it
   void cut_graph(const std::string& what, TensorId id);
   void flush();  // compile-or-lookup and execute the traced graph
