@@ -385,9 +385,10 @@ std::string platform_difference(const ReceiptData& a, const ReceiptData& b) {
 
 }  // namespace
 
-ComposedBudget budget_between(const Budgets& budgets, const ReceiptData& a, const ReceiptData& b, bool b_is_golden) {
-  std::string reason;
-  std::set<std::string> chosen = features_between(a, b, &reason, b_is_golden);
+std::set<std::string> budgeted_features(const Budgets& budgets, const ReceiptData& a, const ReceiptData& b,
+                                        std::string* reason, bool b_is_golden) {
+  std::string why;
+  std::set<std::string> chosen = features_between(a, b, &why, b_is_golden);
   // Both sides ran one canary definition (check_contracts), so `a`'s name keys the entries.
   const std::string canary = canary_name(a);
   // A feature whose bits depend on the machine, declared by both receipts, brings its
@@ -400,11 +401,19 @@ ComposedBudget budget_between(const Budgets& budgets, const ReceiptData& a, cons
     for (const std::string& name : both) {
       const FeatureBudget* entry = budgets.find(name, canary);
       if (!entry || entry->across_platforms.empty()) continue;
-      reason = fmt::format("{}{} for {} across platforms ({})", chosen.empty() ? "" : reason + "; ",
-                           entry->across_platforms, name, difference);
+      why = fmt::format("{}{} for {} across platforms ({})", chosen.empty() ? "" : why + "; ", entry->across_platforms,
+                        name, difference);
       chosen.insert(entry->across_platforms);
     }
   }
+  if (reason) *reason = why;
+  return chosen;
+}
+
+ComposedBudget budget_between(const Budgets& budgets, const ReceiptData& a, const ReceiptData& b, bool b_is_golden) {
+  std::string reason;
+  const std::set<std::string> chosen = budgeted_features(budgets, a, b, &reason, b_is_golden);
+  const std::string canary = canary_name(a);
   std::vector<const FeatureBudget*> parts;
   std::vector<std::string> missing;  // [canary.name] entries the canary needs and lacks
   for (const std::string& name : chosen) {

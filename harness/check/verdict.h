@@ -69,7 +69,13 @@ bool replays_of_each_other(const ReceiptData& a, const ReceiptData& b);
 // two configurations of one engine). `reason`, when given, says which case it was.
 std::set<std::string> features_between(const ReceiptData& a, const ReceiptData& b, std::string* reason = nullptr,
                                        bool b_is_golden = false);
-// The budget of features_between(a, b). Each feature's entry is
+// features_between(a, b), plus the cross-platform feature (`across_platforms` of its
+// entry) of every machine-dependent feature both declare when the receipts come from
+// different platforms (cpu, toolchain, libraries or kernels differ): the names a
+// comparison of the two is budgeted by. `reason`, when given, says why.
+std::set<std::string> budgeted_features(const Budgets& budgets, const ReceiptData& a, const ReceiptData& b,
+                                        std::string* reason = nullptr, bool b_is_golden = false);
+// The budget of budgeted_features(a, b). Each feature's entry is
 // the canary's own ([tiny.bf16]) over the default ([bf16]); a feature with neither throws
 // ContractError "no_budget" (never a silent bitwise comparison). `b_is_golden`: b is a
 // golden, for the re-recording advice when it declares no features.

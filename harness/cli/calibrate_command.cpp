@@ -1,5 +1,6 @@
 // `harness calibrate --lane L --repeats N`: a proposed budget for one feature from N runs
-// of a lane against the reference, as a candidate budgets file and a report. Exit 0 when
+// of a lane against the reference (or from receipts made elsewhere: `--receipts R.. --reference
+// REF`), as a candidate budgets file and a report. Exit 0 when
 // every repeat fits the proposal, 1 when one does not (the proposal needs a look), 2 on
 // bad input.
 #include <unistd.h>
@@ -10,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "calibrate.h"
+#include "canary_run.h"
 #include "commands.h"
 #include "defaults.h"
 
@@ -20,7 +22,13 @@ void add_calibrate_command(CLI::App& app, CommandRegistry& commands) {
   o->matrix_path = default_matrix();
   o->budgets_path = default_budgets();
   CLI::App* calibrate = app.add_subcommand("calibrate", "Propose a feature's budget from repeated runs of a lane");
-  calibrate->add_option("--lane", o->lane, "Lane id or name in the matrix")->required();
+  CLI::Option* lane = calibrate->add_option("--lane", o->lane, "Lane id or name in the matrix (runs it here)");
+  CLI::Option* receipts =
+      calibrate->add_option("--receipts", o->receipts, "Receipts made elsewhere, as the repeats (instead of --lane)")
+          ->excludes(lane);
+  calibrate->add_option("--reference", o->reference, "With --receipts: the receipt or golden they are judged against")
+      ->needs(receipts);
+  calibrate->add_flag("--widen", o->widen, "Never propose less than the current entry (cover another host)");
   calibrate->add_option("--repeats", o->repeats, "Runs of the lane (fresh noise seeds)")->capture_default_str();
   calibrate->add_option("--feature", o->feature, "Feature to propose (default: the lane's most specific)");
   calibrate->add_option("--noise-seed-base", o->noise_seed_base, "Repeat i replays noise seed BASE + i")->capture_default_str();
@@ -28,7 +36,10 @@ void add_calibrate_command(CLI::App& app, CommandRegistry& commands) {
   calibrate->add_option("--budgets", o->budgets_path, "Current budgets (read only)")->capture_default_str();
   calibrate->add_option("--out", o->out, "Candidate budgets file (default: budgets.candidate.toml beside --budgets)");
   calibrate->add_option("--threads", o->threads, "Worker threads per run (0 = all cores)")->capture_default_str();
-  commands.add(calibrate, [o] {
+  commands.add(calibrate, [o, lane, receipts] {
+    if (lane->count() == 0 && receipts->count() == 0) {
+      throw run::UsageError("--lane or --receipts: name the lane to run here, or the receipts made elsewhere");
+    }
     // Progress on a terminal only: in a log, an error stays the one line on stderr.
     const bool tty = isatty(STDERR_FILENO) != 0;
     const nightly::Calibration c = nightly::calibrate(*o, [tty](const std::string& line) {

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <set>
 #include <sstream>
 #include <variant>
 
@@ -54,9 +55,11 @@ std::string window_toml(const check::Window& w) {
   return text + " }";
 }
 
+// A TOML basic string ("..."), as every string of the budgets file is written.
 std::string toml_string(const std::string& s) {
   std::ostringstream out;
-  out << toml::value<std::string>(s);
+  const toml::table holder{{"s", s}};
+  out << toml::toml_formatter(*holder.get("s"), toml::toml_formatter::default_flags & ~toml::format_flags::allow_literal_strings);
   return out.str();
 }
 
@@ -64,7 +67,7 @@ std::string toml_string(const std::string& s) {
 // scaled so that every observed deviation, less what the other features allow, fits
 // with the margin; at least kFloorUlps ulps of the largest reference value.
 WindowProposal propose(const std::string& metric, const check::Window& current, const std::vector<check::Deviation>& deviations,
-                       const check::ComposedBudget& others) {
+                       const check::ComposedBudget& others, bool widen) {
   WindowProposal p{metric, current, current, 0, 0};
   double largest_reference = 0, largest_excess = 0;
   for (const check::Deviation& d : deviations) {
@@ -81,14 +84,26 @@ WindowProposal propose(const std::string& metric, const check::Window& current, 
   p.proposed.rtol = shaped ? kMargin * p.needed_scale * current.rtol : 0;
   p.proposed.ulp = shaped ? kMargin * p.needed_scale * current.ulp : 0;
   p.proposed.atol = std::max(p.proposed.atol, kFloorUlps * check::fp32_ulp(largest_reference));
+  if (widen) {  // each term at least the current one: the hosts it was measured on stay covered
+    p.proposed.atol = std::max(p.proposed.atol, current.atol);
+    p.proposed.rtol = std::max(p.proposed.rtol, current.rtol);
+    p.proposed.ulp = std::max(p.proposed.ulp, current.ulp);
+  }
   return p;
 }
 
 std::string section_toml(const check::FeatureBudget& f, const Calibration& c) {
-  std::string text = fmt::format("[{}]\nform = \"tolerance\"\nrationale = {}\ncalibrated = \"{}\"\nrepeats = {}\n", f.key(),
-                                 toml_string(f.rationale), run::utc_timestamp().substr(0, 10), c.repeats);
+  std::string text = fmt::format("[{}]\nform = \"tolerance\"\nrationale = {}\n", f.key(), toml_string(f.rationale));
+  if (!f.across_platforms.empty()) text += fmt::format("across_platforms = {}\n", toml_string(f.across_platforms));
+  text += fmt::format("calibrated = \"{}\"\nrepeats = {}\n", run::utc_timestamp().substr(0, 10), c.repeats);
   std::vector<std::string> observed;
-  for (const char* metric : check::kBudgetMetrics) observed.push_back(fmt::format("{} = {}", metric, number(c.observed.at(metric))));
+  for (const char* metric : check::kBudgetMetrics) {
+    // Widened: the entry keeps the largest spread any of its calibrations saw.
+    const auto before = f.provenance.observed.find(metric);
+    const double seen = c.widened && before != f.provenance.observed.end() ? std::max(before->second, c.observed.at(metric))
+                                                                           : c.observed.at(metric);
+    observed.push_back(fmt::format("{} = {}", metric, number(seen)));
+  }
   text += fmt::format("observed = {{ {} }}\n", fmt::join(observed, ", "));
   for (const char* metric : check::kBudgetMetrics) {
     std::vector<std::string> windows;
@@ -222,7 +237,7 @@ void propose_windows(const std::vector<const check::FeatureBudget*>& parts, cons
     const auto it = current.metrics.find(metric);
     const bool none = it == current.metrics.end() || it->second.empty();
     for (const check::Window& w : none ? std::vector<check::Window>{check::Window{}} : it->second) {
-      c.windows.push_back(propose(metric, w, runs.deviations, others));
+      c.windows.push_back(propose(metric, w, runs.deviations, others, c.widened));
       c.observed[metric] = std::max(c.observed[metric], c.windows.back().observed);
     }
   }
@@ -230,10 +245,13 @@ void propose_windows(const std::vector<const check::FeatureBudget*>& parts, cons
 
 }  // namespace
 
-Calibration calibrate(const CalibrateOptions& o, const std::function<void(const std::string&)>& progress) {
+namespace {
+
+// The lane's repeats, run here: the matrix's reference once and the lane `repeats` times.
+Runs runs_of_lane(const CalibrateOptions& o, const check::Budgets& budgets, Calibration& c,
+                  const std::function<void(const std::string&)>& progress) {
   if (o.repeats < 1 || o.repeats > 1000) throw run::UsageError("--repeats: must be between 1 and 1000");
   const Matrix matrix = load_matrix(o.matrix_path);
-  const check::Budgets budgets = check::load_budgets(o.budgets_path);
   const auto chosen = select_lanes(matrix, o.lane, "--lane");
   if (o.lane.empty() || chosen.size() != 1) throw run::UsageError("--lane: name one lane of the matrix (its id or name)");
   const LaneSpec& spec = *chosen.front();
@@ -244,12 +262,54 @@ Calibration calibrate(const CalibrateOptions& o, const std::function<void(const 
     throw run::UsageError(fmt::format("--feature: {} is not a feature of {} nor one {} declares", o.feature,
                                       o.budgets_path, spec.id));
   }
-  Calibration c;
   choose_outputs(o, c);
   c.lane = spec.lane;
   c.reference = matrix.lane(matrix.reference).lane;
   c.repeats = o.repeats;
-  const Runs runs = run_repeats(o, matrix, spec, c, progress);
+  c.source = "runs";
+  return run_repeats(o, matrix, spec, c, progress);
+}
+
+// Receipts written elsewhere as the repeats, each judged against the reference receipt:
+// every one must be of one lane and compose the same features against it.
+Runs runs_of_receipts(const CalibrateOptions& o, const check::Budgets& budgets, Calibration& c) {
+  if (!o.lane.empty()) throw run::UsageError("--lane: give either --lane (runs here) or --receipts (runs made elsewhere)");
+  if (o.reference.empty()) throw run::UsageError("--receipts: name the receipt they are judged against with --reference");
+  if (o.receipts.size() > 1000) throw run::UsageError("--receipts: at most 1000 receipts");
+  choose_outputs(o, c);
+  Runs runs{check::load_receipt(o.reference), {}, {}};
+  std::set<std::string> features;
+  for (const std::string& path : o.receipts) {
+    runs.repeats.push_back(check::load_receipt(path));
+    const check::ReceiptData& r = runs.repeats.back();
+    if (r.lane != runs.repeats.front().lane) {
+      throw run::UsageError(fmt::format("--receipts: {} is of lane {}, {} of lane {}: calibrate one lane at a time", path,
+                                        r.lane, o.receipts.front(), runs.repeats.front().lane));
+    }
+    const std::set<std::string> these = check::budgeted_features(budgets, r, runs.reference);
+    if (runs.repeats.size() > 1 && these != features) {
+      throw run::UsageError(fmt::format("--receipts: {} composes {} against {}, {} composes {}: one feature set at a time",
+                                        path, fmt::join(these, "+"), o.reference, o.receipts.front(),
+                                        fmt::join(features, "+")));
+    }
+    features = these;
+    const auto d = check::metric_deviations(r, runs.reference);  // checks the canary and the step ranges first
+    runs.deviations.insert(runs.deviations.end(), d.begin(), d.end());
+  }
+  c.lane = runs.repeats.front().lane;
+  c.reference = runs.reference.lane;
+  c.repeats = static_cast<int>(runs.repeats.size());
+  c.source = fmt::format("{} against {}", fmt::join(o.receipts, ", "), o.reference);
+  return runs;
+}
+
+}  // namespace
+
+Calibration calibrate(const CalibrateOptions& o, const std::function<void(const std::string&)>& progress) {
+  const check::Budgets budgets = check::load_budgets(o.budgets_path);
+  Calibration c;
+  c.widened = o.widen;
+  const Runs runs = o.receipts.empty() ? runs_of_lane(o, budgets, c, progress) : runs_of_receipts(o, budgets, c);
   // The declared features that separate the lane from the reference, each with its entry
   // (the canary's own over the default). A feature without one gets a new entry: no
   // windows yet (it allows nothing), so the proposal covers all it moves; the bitwise
@@ -257,21 +317,21 @@ Calibration calibrate(const CalibrateOptions& o, const std::function<void(const 
   const std::string canary = check::canary_name(runs.reference);
   std::map<std::string, check::FeatureBudget> new_entries;
   std::vector<const check::FeatureBudget*> parts;
-  for (const std::string& name : check::features_between(runs.repeats.front(), runs.reference)) {
+  for (const std::string& name : check::budgeted_features(budgets, runs.repeats.front(), runs.reference)) {
     const check::FeatureBudget* entry = budgets.find(name, canary);
     if (!entry) {
       check::FeatureBudget& fresh = new_entries[name];
       // A canary that may not use the default entries gets its own ([tiny.bf16]).
       fresh.name = name;
       fresh.section = budgets.uses_default_entries(canary) ? name : canary + "." + name;
-      fresh.rationale = fmt::format("NEW: proposed by harness calibrate from {}; say why {} moves the numbers", spec.lane, name);
+      fresh.rationale = fmt::format("NEW: proposed by harness calibrate from {}; say why {} moves the numbers", c.lane, name);
       entry = &fresh;
     }
     if (entry->bitwise) continue;
     parts.push_back(entry);
     c.composed.push_back(name);
   }
-  c.feature = choose_feature(o.feature, c.composed, spec.lane);
+  c.feature = choose_feature(o.feature, c.composed, c.lane);
   const check::FeatureBudget& current =
       **std::find_if(parts.begin(), parts.end(), [&](const check::FeatureBudget* p) { return p->name == c.feature; });
   c.section = current.key();
@@ -303,12 +363,16 @@ Calibration calibrate(const CalibrateOptions& o, const std::function<void(const 
 }
 
 std::string calibration_report(const Calibration& c) {
+  const std::string repeats =
+      c.source == "runs" ? fmt::format("{} repeats of {} against {}", c.repeats, c.lane, c.reference)
+                         : fmt::format("{} receipts of {} against {} ({})", c.repeats, c.lane, c.reference, c.source);
   std::string text = fmt::format(
-      "# Calibration of [{}]{}\n\n{} repeats of {} against {}{}.\nComposed budget: {}; the other features keep their "
-      "share and [{}] gets the rest, times {}, at least {} fp32 ulps.\n\n",
-      c.section, c.new_entry ? " (a new entry: write its rationale)" : "", c.repeats, c.lane, c.reference,
+      "# Calibration of [{}]{}\n\n{}{}.\nComposed budget: {}; the other features keep their "
+      "share and [{}] gets the rest, times {}, at least {} fp32 ulps{}.\n\n",
+      c.section, c.new_entry ? " (a new entry: write its rationale)" : "", repeats,
       c.noise_seeds.empty() ? "" : fmt::format(" (noise seeds {}..{})", c.noise_seeds.front(), c.noise_seeds.back()),
-      fmt::join(c.composed, " + "), c.section, kMargin, kFloorUlps);
+      fmt::join(c.composed, " + "), c.section, kMargin, kFloorUlps,
+      c.widened ? ", and no term below the current entry's (--widen)" : "");
   text += "| metric | steps | largest deviation | current | proposed |\n|---|---|---|---|---|\n";
   for (const WindowProposal& w : c.windows) {
     text += fmt::format("| {} | {} | {:.3g} | `{}` | `{}` |\n", w.metric, window_steps(w.current), w.observed,

@@ -21,6 +21,14 @@ struct CalibrateOptions {
   std::int64_t noise_seed_base = 1000;  // repeat i of a seeded lane replays noise seed base + i
   std::string out;      // candidate budgets file ("" : budgets.candidate.toml beside the budgets)
   int threads = 0;
+  // From receipts instead of runs: the repeats are these receipts (written anywhere: another
+  // host, a GPU farm, a real stack), judged against `reference` (a receipt or a golden).
+  // `lane` and the matrix are then not used.
+  std::vector<std::string> receipts;
+  std::string reference;
+  // Never propose less than the current entry: cover a new host's drift without losing the
+  // hosts the entry was calibrated on.
+  bool widen = false;
 };
 
 struct WindowProposal {
@@ -40,10 +48,13 @@ struct Calibration {
   std::map<std::string, double> observed;  // per metric, over all windows
   int repeats = 0, passing_now = 0, passing_proposed = 0;
   std::string candidate_path, report_path;
+  std::string source;  // where the repeats came from: "runs", or the receipts' paths
+  bool widened = false;
 };
 
-// Runs the reference once and the lane `repeats` times, proposes, writes the candidate and
-// the report. Throws MatrixError / check::BudgetError / run::UsageError on bad input.
+// Runs the reference once and the lane `repeats` times (or reads options.receipts and
+// options.reference), proposes, writes the candidate and the report. Throws MatrixError /
+// check::BudgetError / run::UsageError / receipt::ReceiptError on bad input.
 Calibration calibrate(const CalibrateOptions& options, const std::function<void(const std::string&)>& progress = {});
 
 std::string calibration_report(const Calibration& calibration);

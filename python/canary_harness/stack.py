@@ -53,16 +53,35 @@ def _version(distribution: str) -> Optional[str]:
         return None
 
 
-def cpu_model() -> str:
-    """The CPU model as /proc/cpuinfo names it (what the C++ records), else platform's guess."""
+# The x86 instruction-set extensions whose presence changes which kernels a math library
+# (oneDNN, MKL, OpenBLAS, ATen's dispatch) runs, and so a real stack's bits: two hosts that
+# report the same model name (a VM's "Intel(R) Xeon(R) Processor") but differ here are two
+# platforms (docs/budgets.md, "Real stacks across hosts").
+KERNEL_ISA_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+                    "avx512_fp16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
+
+
+def cpu_model(cpuinfo_path: str = "/proc/cpuinfo") -> str:
+    """The CPU model as /proc/cpuinfo names it (what the C++ records), followed by the
+    kernel-relevant ISA extensions it lists, e.g. "AMD EPYC [avx avx2 fma]"; else platform's guess."""
+    model, flags = None, set()
     try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
+        with open(cpuinfo_path, encoding="utf-8", errors="replace") as cpuinfo:
             for line in cpuinfo:
-                if line.startswith("model name") and ":" in line:
-                    return line.split(":", 1)[1].strip()
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "model name" and model is None:
+                    model = value.strip()
+                elif key == "flags" and not flags:
+                    flags = set(value.split())
+                if model is not None and flags:
+                    break
     except OSError:
         pass
-    return platform.processor() or platform.machine() or "unknown"
+    if model is None:
+        return platform.processor() or platform.machine() or "unknown"
+    isa = [f for f in KERNEL_ISA_FLAGS if f in flags]
+    return f"{model} [{' '.join(isa)}]" if isa else model
 
 
 def numerics_env() -> Dict[str, str]:

@@ -65,3 +65,28 @@ def test_cuda_stack_is_described():
     assert kernels[0] == "device=NVIDIA H100 80GB HBM3"
     assert {"deterministic_algorithms=1", "cudnn.deterministic=1", "cudnn.benchmark=0", "matmul.allow_tf32=0",
             "cudnn.allow_tf32=1", "float32_matmul_precision=highest"} <= set(kernels)
+
+
+def _cpuinfo(tmp_path, model: str, flags: str) -> str:
+    path = tmp_path / "cpuinfo"
+    processor = f"processor\t: {{}}\nmodel name\t: {model}\nflags\t\t: {flags}\n\n"
+    path.write_text(processor.format(0) + processor.format(1))
+    return str(path)
+
+
+def test_cpu_names_the_kernel_relevant_isa_so_two_hosts_of_one_model_name_differ(tmp_path):
+    # Two VMs that both report "Intel(R) Xeon(R) Processor": one with AVX-512 only, one with
+    # AMX and AVX512-FP16 too (oneDNN's bf16 kernels differ between them).
+    plain = stack.cpu_model(_cpuinfo(tmp_path, "Intel(R) Xeon(R) Processor", "fpu sse2 avx avx2 fma avx512f avx512bw"))
+    amx = stack.cpu_model(_cpuinfo(tmp_path, "Intel(R) Xeon(R) Processor",
+                                   "fpu sse2 avx avx2 fma avx512f avx512bw avx512_fp16 amx_tile amx_bf16"))
+    assert plain == "Intel(R) Xeon(R) Processor [avx avx2 fma avx512f avx512bw]"
+    assert amx.startswith("Intel(R) Xeon(R) Processor [") and "amx_bf16" in amx and "avx512_fp16" in amx
+    assert plain != amx
+    # flags that do not pick kernels (and their order in /proc/cpuinfo) change nothing
+    assert stack.cpu_model(_cpuinfo(tmp_path, "Intel(R) Xeon(R) Processor", "avx512bw fma ht avx512f avx2 avx")) == plain
+
+
+def test_cpu_without_isa_flags_is_the_model_name_and_without_cpuinfo_a_guess(tmp_path):
+    assert stack.cpu_model(_cpuinfo(tmp_path, "Some ARM core", "fp asimd")) == "Some ARM core"
+    assert stack.cpu_model(str(tmp_path / "missing")) != ""

@@ -42,6 +42,8 @@ open(sys.argv[3], "w").write(text[:head] + "\n".join(section) + text[end:])
 PY
 "$HARNESS" run --canary micro --steps 12 --seed 7 --out "$WORK/ref.h5" >/dev/null 2>&1 || fail "reference run"
 failing=0
+"$HARNESS" run --canary micro --steps 12 --seed 7 --engine tpu-mesh --mesh 2x2 --shard-plan tp \
+  --out "$WORK/tp-for-receipts.h5" >/dev/null 2>&1 || fail "tp run (receipts)"
 for seed in 1000 1001 1002; do
   "$HARNESS" run --canary micro --steps 12 --seed 7 --engine accel --features bf16 --noise-seed $seed \
     --out "$WORK/r$seed.h5" >/dev/null 2>&1 || fail "repeat $seed"
@@ -49,6 +51,48 @@ for seed in 1000 1001 1002; do
   "$HARNESS" compare "$WORK/r$seed.h5" "$WORK/ref.h5" --budgets "$WORK/halved.toml" >/dev/null 2>&1 || failing=$((failing + 1))
 done
 [ "$failing" -ge 1 ] || fail "half the proposal still fits every repeat: the proposal is not tight"
+
+# From receipts made elsewhere: the same three runs, given as receipts, propose exactly what
+# running them did (the repeats above replayed noise seeds 1000..1002, as calibrate's runs do).
+expect_exit 0 "" -- "$HARNESS" calibrate --receipts "$WORK/r1000.h5" "$WORK/r1001.h5" "$WORK/r1002.h5" \
+  --reference "$WORK/ref.h5" --budgets "$BUDGETS" --out "$WORK/from_receipts.candidate.toml"
+grep -q "^3 receipts of micro/accel+bf16 against micro/cpu-ref" "$WORK/from_receipts.candidate.md" ||
+  fail "the report does not say it calibrated from receipts: $(head -4 "$WORK/from_receipts.candidate.md")"
+"$PY" - "$WORK/budgets.candidate.toml" "$WORK/from_receipts.candidate.toml" <<'PY' || fail "receipts and runs propose differently"
+import sys, tomllib
+runs, receipts = (tomllib.load(open(p, "rb")) for p in sys.argv[1:3])
+assert runs == receipts, (runs["bf16"], receipts["bf16"])
+PY
+# --widen never proposes less than the current entry: a [bf16] ten times the proposal stays as it is
+"$PY" - "$WORK/budgets.candidate.toml" "$WORK/wide.toml" <<'PY' || fail "cannot write a wide [bf16]"
+import re, sys
+text = open(sys.argv[1]).read()
+head = text.index("[bf16]")
+end = text.index("\n[", head)
+wide = re.sub(r"(atol|rtol|ulp) = ([0-9.e+-]+)", lambda m: "%s = %.3g" % (m.group(1), 10 * float(m.group(2))), text[head:end])
+open(sys.argv[2], "w").write(text[:head] + wide + text[end:])
+PY
+expect_exit 0 "" -- "$HARNESS" calibrate --receipts "$WORK/r1000.h5" --reference "$WORK/ref.h5" --budgets "$WORK/wide.toml" \
+  --widen --out "$WORK/widened.candidate.toml"
+grep -q "no term below the current entry's (--widen)" "$WORK/widened.candidate.md" || fail "the report does not say --widen"
+"$PY" - "$WORK/wide.toml" "$WORK/widened.candidate.toml" <<'PY' || fail "--widen proposed less than the current entry"
+import sys, tomllib
+wide, widened = (tomllib.load(open(p, "rb"))["bf16"] for p in sys.argv[1:3])
+for metric in ("loss", "grad_norm", "params_sketch"):
+    assert widened[metric] == wide[metric], (metric, wide[metric], widened[metric])
+assert all(widened["observed"][m] >= wide["observed"][m] for m in wide["observed"])
+PY
+expect_exit 2 "--receipts: name the receipt they are judged against with --reference" -- \
+  "$HARNESS" calibrate --receipts "$WORK/r1000.h5" --budgets "$BUDGETS" --out "$WORK/x.toml"
+expect_exit 2 "--lane or --receipts" -- "$HARNESS" calibrate --budgets "$BUDGETS" --out "$WORK/x.toml"
+expect_exit 2 "excludes" -- "$HARNESS" calibrate --lane bf16 --receipts "$WORK/r1000.h5" --reference "$WORK/ref.h5" \
+  --matrix "$MATRIX" --budgets "$BUDGETS" --out "$WORK/x.toml"
+expect_exit 2 "--receipts: .*tp-for-receipts.h5 is of lane micro/tpu-mesh@2x2\+tp" -- "$HARNESS" calibrate --receipts "$WORK/r1000.h5" \
+  "$WORK/tp-for-receipts.h5" --reference "$WORK/ref.h5" --budgets "$BUDGETS" --out "$WORK/x.toml"
+head -c 3000 "$WORK/r1001.h5" > "$WORK/truncated.h5"
+expect_exit 2 "truncated.h5" -- "$HARNESS" calibrate --receipts "$WORK/truncated.h5" --reference "$WORK/ref.h5" \
+  --budgets "$BUDGETS" --out "$WORK/x.toml"
+[ ! -e "$WORK/x.toml" ] || fail "a refused calibration wrote a candidate"
 
 # a per-canary entry is the one calibrated for its canary: [micro.mesh-fp32] changes, [mesh-fp32] stays
 cp "$BUDGETS" "$WORK/per_canary.toml"
