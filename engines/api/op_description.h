@@ -229,6 +229,17 @@ constexpr bool op_table_is_indexed_by_kind() {
 }
 static_assert(op_table_is_indexed_by_kind(), "kOpDescriptions must list the ops in OpKind order");
 
+// An operand's name as a template argument: NodeOperands<K>::get<"weight">() (tpu-mesh's
+// graph.h) finds its index in op K's description when it compiles.
+template <std::size_t N>
+struct OperandName {
+  char text[N]{};
+  consteval OperandName(const char (&name)[N]) {  // NOLINT: implicit, so that "weight" converts
+    for (std::size_t i = 0; i < N; ++i) text[i] = name[i];
+  }
+  constexpr std::string_view view() const { return {text, N - 1}; }
+};
+
 // The fixed operand called `operand` of `op`, checked at compile time where it is used
 // as a constant (a misspelt or removed operand is a build error, not a wrong index).
 consteval std::size_t operand_index(OpKind op, std::string_view operand) {

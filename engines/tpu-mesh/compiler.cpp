@@ -132,46 +132,69 @@ class Compiler {
       if (!tokens && table_[id].dtype != DType::F32) reject(n, fmt::format("{} must be f32", table_[id].name));
     }
     switch (n.op) {
-      case OpKind::LinearForward:
-        if (shape(t[1]).back() != shape(t[2])[1] || shape(t[0]).back() != shape(t[2])[0] ||
-            rows(shape(t[0])) != rows(shape(t[1]))) {
-          reject(n, fmt::format("shapes {} = {} @ {}^T do not agree", fmt::join(shape(t[0]), "x"),
-                                fmt::join(shape(t[1]), "x"), fmt::join(shape(t[2]), "x")));
+      case OpKind::LinearForward: {
+        const NodeOperands<OpKind::LinearForward> op{n};
+        const Shape &out = shape(op.get<"out">()), &inp = shape(op.get<"inp">()), &w = shape(op.get<"weight">());
+        if (inp.back() != w[1] || out.back() != w[0] || rows(out) != rows(inp)) {
+          reject(n, fmt::format("shapes {} = {} @ {}^T do not agree", fmt::join(out, "x"), fmt::join(inp, "x"),
+                                fmt::join(w, "x")));
         }
         break;
-      case OpKind::LinearBackward:
-        expect(n, shape(t[4]).back() == shape(t[5])[1] && shape(t[3]).back() == shape(t[5])[0] &&
-                      shape(t[0]) == shape(t[4]) && shape(t[1]) == shape(t[5]),
+      }
+      case OpKind::LinearBackward: {
+        const NodeOperands<OpKind::LinearBackward> op{n};
+        const Shape &inp = shape(op.get<"inp">()), &w = shape(op.get<"weight">());
+        expect(n, inp.back() == w[1] && shape(op.get<"dout">()).back() == w[0] && shape(op.get<"dinp">()) == inp &&
+                      shape(op.get<"dweight">()) == w,
                "gradient shapes do not match their forward operands");
         break;
-      case OpKind::ResidualForward:
-        expect(n, shape(t[0]) == shape(t[1]) && shape(t[1]) == shape(t[2]), "residual operands differ in shape");
+      }
+      case OpKind::ResidualForward: {
+        const NodeOperands<OpKind::ResidualForward> op{n};
+        expect(n, shape(op.get<"out">()) == shape(op.get<"a">()) && shape(op.get<"a">()) == shape(op.get<"b">()),
+               "residual operands differ in shape");
         break;
-      case OpKind::LayerNormForward:
-        expect(n, shape(t[0]) == shape(t[3]) && shape(t[4]).back() == shape(t[3]).back(),
+      }
+      case OpKind::LayerNormForward: {
+        const NodeOperands<OpKind::LayerNormForward> op{n};
+        const Shape& inp = shape(op.get<"inp">());
+        expect(n, shape(op.get<"out">()) == inp && shape(op.get<"weight">()).back() == inp.back(),
                "layernorm weight does not match the channels");
         break;
-      case OpKind::AttentionForward:
-        expect(n, shape(t[2]).back() == 3 * shape(t[0]).back() && shape(t[1]).size() == 4,
+      }
+      case OpKind::AttentionForward: {
+        const NodeOperands<OpKind::AttentionForward> op{n};
+        expect(n, shape(op.get<"qkv">()).back() == 3 * shape(op.get<"out">()).back() && shape(op.get<"att">()).size() == 4,
                "attention needs qkv (B,T,3C) and att (B,NH,T,T)");
         break;
-      case OpKind::CrossEntropyForward:
-        expect(n, table_[t[3]].dtype == DType::I32 && rows(shape(t[2])) == product(shape(t[3])),
+      }
+      case OpKind::CrossEntropyForward: {
+        const NodeOperands<OpKind::CrossEntropyForward> op{n};
+        const TensorId targets = op.get<"targets">();
+        expect(n, table_[targets].dtype == DType::I32 && rows(shape(op.get<"logits">())) == product(shape(targets)),
                "targets must be int32 with one per logits row");
         break;
-      case OpKind::RmsNormForward:
-        expect(n, shape(t[0]) == shape(t[2]) && shape(t[3]).back() == shape(t[2]).back(),
+      }
+      case OpKind::RmsNormForward: {
+        const NodeOperands<OpKind::RmsNormForward> op{n};
+        const Shape& inp = shape(op.get<"inp">());
+        expect(n, shape(op.get<"out">()) == inp && shape(op.get<"weight">()).back() == inp.back(),
                "rmsnorm weight does not match the channels");
         break;
-      case OpKind::RmsNormBackward:  // dinp, dweight, dout, inp, weight, rstd
-        expect(n, shape(t[0]) == shape(t[3]) && shape(t[2]) == shape(t[3]) && shape(t[1]) == shape(t[4]),
+      }
+      case OpKind::RmsNormBackward: {
+        const NodeOperands<OpKind::RmsNormBackward> op{n};
+        const Shape& inp = shape(op.get<"inp">());
+        expect(n, shape(op.get<"dinp">()) == inp && shape(op.get<"dout">()) == inp &&
+                      shape(op.get<"dweight">()) == shape(op.get<"weight">()),
                "rmsnorm gradients do not match their forward operands");
         break;
+      }
       case OpKind::RopeForward:
-      case OpKind::RopeBackward: {
+      case OpKind::RopeBackward: {  // (out, inp) forward, (dinp, dout) backward: written, then read
+        const Shape &written = shape(t[0]), &read = shape(t[1]);
         const auto hd = static_cast<std::int64_t>(n.attrs.at(0));
-        expect(n, shape(t[0]) == shape(t[1]) && shape(t[1]).size() == 3 && hd > 0 && hd % 2 == 0 &&
-                      shape(t[1]).back() % hd == 0,
+        expect(n, written == read && read.size() == 3 && hd > 0 && hd % 2 == 0 && read.back() % hd == 0,
                "rope needs equal (B,T,heads*hd) operands and an even head size that divides the last dimension");
         break;
       }
@@ -179,16 +202,22 @@ class Compiler {
       case OpKind::SwigluBackward:
         for (TensorId id : t) expect(n, shape(id) == shape(t[0]), "swiglu operands differ in shape");
         break;
-      case OpKind::GqaAttentionBackward:  // dq, dk, dv, dout, q, k, v, att
-        expect(n, shape(t[0]) == shape(t[4]) && shape(t[1]) == shape(t[5]) && shape(t[2]) == shape(t[6]) &&
-                      shape(t[3]) == shape(t[4]),
+      case OpKind::GqaAttentionBackward: {
+        const NodeOperands<OpKind::GqaAttentionBackward> op{n};
+        const Shape& q = shape(op.get<"q">());
+        expect(n, shape(op.get<"dq">()) == q && shape(op.get<"dk">()) == shape(op.get<"k">()) &&
+                      shape(op.get<"dv">()) == shape(op.get<"v">()) && shape(op.get<"dout">()) == q,
                "gqa attention gradients do not match their forward operands");
         break;
-      case OpKind::GqaAttentionForward:
-        expect(n, shape(t[1]).size() == 4 && shape(t[2]).back() % shape(t[1])[1] == 0 &&
-                      shape(t[3]) == shape(t[4]) && shape(t[0]) == shape(t[2]),
+      }
+      case OpKind::GqaAttentionForward: {
+        const NodeOperands<OpKind::GqaAttentionForward> op{n};
+        const Shape &att = shape(op.get<"att">()), &q = shape(op.get<"q">());
+        expect(n, att.size() == 4 && q.back() % att[1] == 0 && shape(op.get<"k">()) == shape(op.get<"v">()) &&
+                      shape(op.get<"out">()) == q,
                "gqa attention needs q and out (B,T,NH*hd), k and v alike (B,T,NKV*hd) and att (B,NH,T,T)");
         break;
+      }
       default: break;
     }
   }
@@ -227,60 +256,80 @@ class Compiler {
     for (const Node& n : graph_.nodes) {
       const auto& t = n.tensors;
       switch (n.op) {
-        case OpKind::EncoderForward:
-          spec_of(t[0]) = PartitionSpec::replicated(3);
-          spec_of(t[0]).dims[0] = spec_of(t[1]).dims[0];  // batch follows the tokens
+        case OpKind::EncoderForward: {
+          const NodeOperands<OpKind::EncoderForward> op{n};
+          PartitionSpec& out = spec_of(op.get<"out">());
+          out = PartitionSpec::replicated(3);
+          out.dims[0] = spec_of(op.get<"inputs">()).dims[0];  // batch follows the tokens
           break;
+        }
         case OpKind::LayerNormForward: {
-          if (eff(t[3]).dims.back().axis != Axis::None) reject(n, "layernorm over a sharded channel dimension");
-          spec_of(t[0]) = spec_of(t[3]);
-          PartitionSpec stats = spec_of(t[3]);
+          const NodeOperands<OpKind::LayerNormForward> op{n};
+          const TensorId inp = op.get<"inp">();
+          if (eff(inp).dims.back().axis != Axis::None) reject(n, "layernorm over a sharded channel dimension");
+          spec_of(op.get<"out">()) = spec_of(inp);
+          PartitionSpec stats = spec_of(inp);
           stats.dims.pop_back();
-          spec_of(t[1]) = stats;
-          spec_of(t[2]) = stats;
+          spec_of(op.get<"mean">()) = stats;
+          spec_of(op.get<"rstd">()) = stats;
           break;
         }
         case OpKind::LinearForward: {
-          PartitionSpec out = spec_of(t[1]);
-          out.dims.back() = spec_of(t[2]).dims[0];
+          const NodeOperands<OpKind::LinearForward> op{n};
+          PartitionSpec out = spec_of(op.get<"inp">());
+          out.dims.back() = spec_of(op.get<"weight">()).dims[0];
           if (out.dims.back().axis == Axis::Data) out.dims.back() = DimSharding{};  // zero3: gathered before use
-          spec_of(t[0]) = out;
+          spec_of(op.get<"out">()) = out;
           break;
         }
         case OpKind::AttentionForward: {
-          const PartitionSpec& qkv = spec_of(t[2]);
+          const NodeOperands<OpKind::AttentionForward> op{n};
+          const PartitionSpec& qkv = spec_of(op.get<"qkv">());
           const DimSharding heads{qkv.dims[2].axis, 1};
-          spec_of(t[0]) = PartitionSpec{{qkv.dims[0], qkv.dims[1], heads}};
-          spec_of(t[1]) = PartitionSpec{{qkv.dims[0], heads, DimSharding{}, DimSharding{}}};
+          spec_of(op.get<"out">()) = PartitionSpec{{qkv.dims[0], qkv.dims[1], heads}};
+          spec_of(op.get<"att">()) = PartitionSpec{{qkv.dims[0], heads, DimSharding{}, DimSharding{}}};
           if (effective(qkv, mesh_).dims[2].axis != Axis::None && qkv.dims[2].groups != 3) {
             reject(n, "qkv sharded without its q|k|v grouping");
           }
           break;
         }
-        case OpKind::RmsNormForward: {  // out, rstd, inp, weight
-          if (eff(t[2]).dims.back().axis != Axis::None) reject(n, "rmsnorm over a sharded channel dimension");
-          spec_of(t[0]) = spec_of(t[2]);
-          PartitionSpec stats = spec_of(t[2]);
+        case OpKind::RmsNormForward: {
+          const NodeOperands<OpKind::RmsNormForward> op{n};
+          const TensorId inp = op.get<"inp">();
+          if (eff(inp).dims.back().axis != Axis::None) reject(n, "rmsnorm over a sharded channel dimension");
+          spec_of(op.get<"out">()) = spec_of(inp);
+          PartitionSpec stats = spec_of(inp);
           stats.dims.pop_back();
-          spec_of(t[1]) = stats;
+          spec_of(op.get<"rstd">()) = stats;
           break;
         }
-        case OpKind::SwigluForward:  // out, gate, up: gate and up split alike (both column-parallel)
-          if (spec_of(t[1]) != spec_of(t[2])) reject(n, "gate and up sharded differently");
-          spec_of(t[0]) = spec_of(t[1]);
+        case OpKind::SwigluForward: {  // gate and up split alike (both column-parallel)
+          const NodeOperands<OpKind::SwigluForward> op{n};
+          if (spec_of(op.get<"gate">()) != spec_of(op.get<"up">())) reject(n, "gate and up sharded differently");
+          spec_of(op.get<"out">()) = spec_of(op.get<"gate">());
           break;
-        case OpKind::GqaAttentionForward: {  // out, att, q, k, v: heads follow q's split
-          const PartitionSpec& q = spec_of(t[2]);
+        }
+        case OpKind::GqaAttentionForward: {  // heads follow q's split
+          const NodeOperands<OpKind::GqaAttentionForward> op{n};
+          const PartitionSpec& q = spec_of(op.get<"q">());
           const DimSharding heads{q.dims[2].axis, 1};
-          if (spec_of(t[3]).dims[2] != heads || spec_of(t[4]).dims[2] != heads) reject(n, "q, k and v sharded differently");
-          spec_of(t[0]) = PartitionSpec{{q.dims[0], q.dims[1], heads}};
-          spec_of(t[1]) = PartitionSpec{{q.dims[0], heads, DimSharding{}, DimSharding{}}};
+          if (spec_of(op.get<"k">()).dims[2] != heads || spec_of(op.get<"v">()).dims[2] != heads) {
+            reject(n, "q, k and v sharded differently");
+          }
+          spec_of(op.get<"out">()) = PartitionSpec{{q.dims[0], q.dims[1], heads}};
+          spec_of(op.get<"att">()) = PartitionSpec{{q.dims[0], heads, DimSharding{}, DimSharding{}}};
           break;
         }
         case OpKind::RopeForward:
         case OpKind::GeluForward:
-        case OpKind::ResidualForward: spec_of(t[0]) = spec_of(t[1]); break;
-        case OpKind::CrossEntropyForward: spec_of(t[1]) = spec_of(t[2]); break;
+        case OpKind::ResidualForward:  // out follows the first input
+          spec_of(t[0]) = spec_of(t[1]);
+          break;
+        case OpKind::CrossEntropyForward: {
+          const NodeOperands<OpKind::CrossEntropyForward> op{n};
+          spec_of(op.get<"probs">()) = spec_of(op.get<"logits">());
+          break;
+        }
         default: break;
       }
     }
@@ -455,202 +504,230 @@ class Compiler {
   }
 
   void lower_linear_forward(const Node& n) {
-    const auto& t = n.tensors;  // out, inp, weight, bias
-    const Shape w = compute_shape(t[2]);
-    const std::int64_t N = rows(lshape(t[1])), C = w[1], OC = w[0];
-    const Axis partial = contraction_axis(n, eff(t[1]).dims.back(), eff(t[2]).dims[1]);
-    const int weight = weight_operand(t[2], true);
-    const int bias = weight_operand(t[3], false);
+    const NodeOperands<OpKind::LinearForward> op{n};
+    const TensorId out = op.get<"out">(), inp = op.get<"inp">(), w_id = op.get<"weight">();
+    const Shape w = compute_shape(w_id);
+    const std::int64_t N = rows(lshape(inp)), C = w[1], OC = w[0];
+    const Axis partial = contraction_axis(n, eff(inp).dims.back(), eff(w_id).dims[1]);
+    const int weight = weight_operand(w_id, true);
+    const int bias = weight_operand(op.get<"bias">(), false);
     if (partial != Axis::None) {  // row-parallel: partial sums, all-reduce, then the bias once
-      emit(InstrKind::Linear, {buffer(t[0]), buffer(t[1]), weight, -1}, {N, C, OC});
-      emit(InstrKind::AllReduce, {buffer(t[0])}, {N * OC}, {}, partial);
-      if (bias >= 0) emit(InstrKind::BiasAdd, {buffer(t[0]), bias}, {N, OC});
+      emit(InstrKind::Linear, {buffer(out), buffer(inp), weight, -1}, {N, C, OC});
+      emit(InstrKind::AllReduce, {buffer(out)}, {N * OC}, {}, partial);
+      if (bias >= 0) emit(InstrKind::BiasAdd, {buffer(out), bias}, {N, OC});
     } else {
-      emit(InstrKind::Linear, {buffer(t[0]), buffer(t[1]), weight, bias}, {N, C, OC});
+      emit(InstrKind::Linear, {buffer(out), buffer(inp), weight, bias}, {N, C, OC});
     }
-    round_activation(t[0]);
+    round_activation(out);
   }
 
   void lower_linear_backward(const Node& n) {
-    const auto& t = n.tensors;  // dinp, dweight, dbias, dout, inp, weight
-    const Shape w = compute_shape(t[5]);
-    const std::int64_t N = rows(lshape(t[4])), C = w[1], OC = w[0];
-    const Axis partial = contraction_axis(n, eff(t[3]).dims.back(), eff(t[5]).dims[0]);
-    const int weight = weight_operand(t[5], true);
+    const NodeOperands<OpKind::LinearBackward> op{n};
+    const TensorId dinp_id = op.get<"dinp">(), dout = op.get<"dout">(), w_id = op.get<"weight">();
+    const Shape w = compute_shape(w_id);
+    const std::int64_t N = rows(lshape(op.get<"inp">())), C = w[1], OC = w[0];
+    const Axis partial = contraction_axis(n, eff(dout).dims.back(), eff(w_id).dims[0]);
+    const int weight = weight_operand(w_id, true);
     std::vector<PendingGradient> pending;
     const int dinp = partial != Axis::None
-                         ? zeroed_temp("partial." + table_[t[0]].name, lnumel(t[0]), MemoryCategory::Activations)
-                         : buffer(t[0]);
-    const int dweight = gradient_target(t[1], pending);
-    const int dbias = gradient_target(t[2], pending);
-    emit(InstrKind::LinearBackward, {dinp, dweight, dbias, buffer(t[3]), buffer(t[4]), weight}, {N, C, OC});
+                         ? zeroed_temp("partial." + table_[dinp_id].name, lnumel(dinp_id), MemoryCategory::Activations)
+                         : buffer(dinp_id);
+    const int dweight = gradient_target(op.get<"dweight">(), pending);
+    const int dbias = gradient_target(op.get<"dbias">(), pending);
+    emit(InstrKind::LinearBackward, {dinp, dweight, dbias, buffer(dout), buffer(op.get<"inp">()), weight}, {N, C, OC});
     if (partial != Axis::None) {  // column-parallel: dinp is a partial sum over the split outputs
-      emit(InstrKind::AllReduce, {dinp}, {lnumel(t[0])}, {}, partial);
-      emit(InstrKind::AddInPlace, {buffer(t[0]), dinp}, {lnumel(t[0])});
+      emit(InstrKind::AllReduce, {dinp}, {lnumel(dinp_id)}, {}, partial);
+      emit(InstrKind::AddInPlace, {buffer(dinp_id), dinp}, {lnumel(dinp_id)});
     }
     finish_gradients(pending);
-    round_activation(t[0]);
+    round_activation(dinp_id);
   }
 
   void lower_layernorm(const Node& n) {
-    const auto& t = n.tensors;
-    if (n.op == OpKind::LayerNormForward) {  // out, mean, rstd, inp, weight, bias
-      const Shape in = lshape(t[3]);
+    if (n.op == OpKind::LayerNormForward) {
+      const NodeOperands<OpKind::LayerNormForward> op{n};
+      const Shape in = lshape(op.get<"inp">());
       emit(InstrKind::LayerNormForward,
-           {buffer(t[0]), buffer(t[1]), buffer(t[2]), buffer(t[3]), weight_operand(t[4], false),
-            weight_operand(t[5], false)},
+           {buffer(op.get<"out">()), buffer(op.get<"mean">()), buffer(op.get<"rstd">()), buffer(op.get<"inp">()),
+            weight_operand(op.get<"weight">(), false), weight_operand(op.get<"bias">(), false)},
            {rows(in), in.back()}, {n.attrs.at(0)});
-      round_activation(t[0]);
+      round_activation(op.get<"out">());
       return;
     }
-    // dinp, dweight, dbias, dout, inp, weight, mean, rstd
-    const Shape in = lshape(t[4]);
+    const NodeOperands<OpKind::LayerNormBackward> op{n};
+    const Shape in = lshape(op.get<"inp">());
     std::vector<PendingGradient> pending;
-    const int weight = weight_operand(t[5], false);
-    const int dweight = gradient_target(t[1], pending);
-    const int dbias = gradient_target(t[2], pending);
+    const int weight = weight_operand(op.get<"weight">(), false);
+    const int dweight = gradient_target(op.get<"dweight">(), pending);
+    const int dbias = gradient_target(op.get<"dbias">(), pending);
     emit(InstrKind::LayerNormBackward,
-         {buffer(t[0]), dweight, dbias, buffer(t[3]), buffer(t[4]), weight, buffer(t[6]), buffer(t[7])},
+         {buffer(op.get<"dinp">()), dweight, dbias, buffer(op.get<"dout">()), buffer(op.get<"inp">()), weight,
+          buffer(op.get<"mean">()), buffer(op.get<"rstd">())},
          {rows(in), in.back()});
     finish_gradients(pending);
-    round_activation(t[0]);
+    round_activation(op.get<"dinp">());
   }
 
   void lower_encoder(const Node& n) {
-    const auto& t = n.tensors;
-    if (n.op == OpKind::EncoderForward) {  // out, inputs, wte, wpe
-      const Shape out = lshape(t[0]);
+    if (n.op == OpKind::EncoderForward) {
+      const NodeOperands<OpKind::EncoderForward> op{n};
+      const Shape out = lshape(op.get<"out">());
       emit(InstrKind::EncoderForward,
-           {buffer(t[0]), tokens(t[1]), weight_operand(t[2], false), weight_operand(t[3], false)},
+           {buffer(op.get<"out">()), tokens(op.get<"inputs">()), weight_operand(op.get<"wte">(), false),
+            weight_operand(op.get<"wpe">(), false)},
            {out[0], out[1], out[2]});
-      round_activation(t[0]);
+      round_activation(op.get<"out">());
       return;
     }
-    // dwte, dwpe, dout, inputs
-    const Shape dout = lshape(t[2]);
+    const NodeOperands<OpKind::EncoderBackward> op{n};
+    const Shape dout = lshape(op.get<"dout">());
     std::vector<PendingGradient> pending;
-    const int dwte = gradient_target(t[0], pending);
-    const int dwpe = gradient_target(t[1], pending);
-    emit(InstrKind::EncoderBackward, {dwte, dwpe, buffer(t[2]), tokens(t[3])}, {dout[0], dout[1], dout[2]});
+    const int dwte = gradient_target(op.get<"dwte">(), pending);
+    const int dwpe = gradient_target(op.get<"dwpe">(), pending);
+    emit(InstrKind::EncoderBackward, {dwte, dwpe, buffer(op.get<"dout">()), tokens(op.get<"inputs">())},
+         {dout[0], dout[1], dout[2]});
     finish_gradients(pending);
   }
 
   void lower_attention(const Node& n) {
-    const auto& t = n.tensors;
-    if (n.op == OpKind::AttentionForward) {  // out, att, qkv
-      const Shape out = lshape(t[0]);
-      emit(InstrKind::AttentionForward, {buffer(t[0]), buffer(t[1]), buffer(t[2])},
-           {out[0], out[1], out[2], lshape(t[1])[1]});
-      round_activation(t[0]);
-      round_activation(t[1]);
+    if (n.op == OpKind::AttentionForward) {
+      const NodeOperands<OpKind::AttentionForward> op{n};
+      const TensorId out = op.get<"out">(), att = op.get<"att">();
+      const Shape out_shape = lshape(out);
+      emit(InstrKind::AttentionForward, {buffer(out), buffer(att), buffer(op.get<"qkv">())},
+           {out_shape[0], out_shape[1], out_shape[2], lshape(att)[1]});
+      round_activation(out);
+      round_activation(att);
       return;
     }
-    // dqkv, dout, qkv, att
-    const Shape dout = lshape(t[1]);
-    emit(InstrKind::AttentionBackward, {buffer(t[0]), buffer(t[1]), buffer(t[2]), buffer(t[3])},
-         {dout[0], dout[1], dout[2], lshape(t[3])[1]});
-    round_activation(t[0]);
+    const NodeOperands<OpKind::AttentionBackward> op{n};
+    const Shape dout = lshape(op.get<"dout">());
+    emit(InstrKind::AttentionBackward,
+         {buffer(op.get<"dqkv">()), buffer(op.get<"dout">()), buffer(op.get<"qkv">()), buffer(op.get<"att">())},
+         {dout[0], dout[1], dout[2], lshape(op.get<"att">())[1]});
+    round_activation(op.get<"dqkv">());
   }
 
   void lower_rmsnorm(const Node& n) {
-    const auto& t = n.tensors;
-    if (n.op == OpKind::RmsNormForward) {  // out, rstd, inp, weight
-      const Shape in = lshape(t[2]);
-      emit(InstrKind::RmsNormForward, {buffer(t[0]), buffer(t[1]), buffer(t[2]), weight_operand(t[3], false)},
+    if (n.op == OpKind::RmsNormForward) {
+      const NodeOperands<OpKind::RmsNormForward> op{n};
+      const Shape in = lshape(op.get<"inp">());
+      emit(InstrKind::RmsNormForward,
+           {buffer(op.get<"out">()), buffer(op.get<"rstd">()), buffer(op.get<"inp">()),
+            weight_operand(op.get<"weight">(), false)},
            {rows(in), in.back()}, {n.attrs.at(0)});
-      round_activation(t[0]);
+      round_activation(op.get<"out">());
       return;
     }
-    // dinp, dweight, dout, inp, weight, rstd
-    const Shape in = lshape(t[3]);
+    const NodeOperands<OpKind::RmsNormBackward> op{n};
+    const Shape in = lshape(op.get<"inp">());
     std::vector<PendingGradient> pending;
-    const int weight = weight_operand(t[4], false);
-    const int dweight = gradient_target(t[1], pending);
-    emit(InstrKind::RmsNormBackward, {buffer(t[0]), dweight, buffer(t[2]), buffer(t[3]), weight, buffer(t[5])},
+    const int weight = weight_operand(op.get<"weight">(), false);
+    const int dweight = gradient_target(op.get<"dweight">(), pending);
+    emit(InstrKind::RmsNormBackward,
+         {buffer(op.get<"dinp">()), dweight, buffer(op.get<"dout">()), buffer(op.get<"inp">()), weight,
+          buffer(op.get<"rstd">())},
          {rows(in), in.back()});
     finish_gradients(pending);
-    round_activation(t[0]);
+    round_activation(op.get<"dinp">());
   }
 
-  // out (dinp), inp (dout) of (B,T,heads*hd): each device turns the heads of its block.
+  // out from inp (forward), dinp from dout (backward), (B,T,heads*hd): each device turns the
+  // heads of its block.
   void lower_rope(const Node& n) {
-    const auto& t = n.tensors;
-    const Shape x = lshape(t[1]);
+    const bool forward = n.op == OpKind::RopeForward;
+    const NodeOperands<OpKind::RopeForward> fwd{n};
+    const NodeOperands<OpKind::RopeBackward> bwd{n};
+    const TensorId written = forward ? fwd.get<"out">() : bwd.get<"dinp">();
+    const TensorId read = forward ? fwd.get<"inp">() : bwd.get<"dout">();
+    const Shape x = lshape(read);
     const auto hd = static_cast<std::int64_t>(n.attrs.at(0));
     if (x[2] % hd != 0) reject(n, "a block that splits a head");
-    emit(n.op == OpKind::RopeForward ? InstrKind::RopeForward : InstrKind::RopeBackward, {buffer(t[0]), buffer(t[1])},
+    emit(forward ? InstrKind::RopeForward : InstrKind::RopeBackward, {buffer(written), buffer(read)},
          {x[0], x[1], x[2] / hd, hd}, {n.attrs.at(1), n.attrs.at(2)});
-    round_activation(t[0]);
+    round_activation(written);
   }
 
   void lower_swiglu(const Node& n) {
-    const auto& t = n.tensors;
-    if (n.op == OpKind::SwigluForward) {  // out, gate, up
-      emit(InstrKind::SwigluForward, {buffer(t[0]), buffer(t[1]), buffer(t[2])}, {lnumel(t[0])});
-      round_activation(t[0]);
+    if (n.op == OpKind::SwigluForward) {
+      const NodeOperands<OpKind::SwigluForward> op{n};
+      emit(InstrKind::SwigluForward, {buffer(op.get<"out">()), buffer(op.get<"gate">()), buffer(op.get<"up">())},
+           {lnumel(op.get<"out">())});
+      round_activation(op.get<"out">());
       return;
     }
-    // dgate, dup, dout, gate, up
-    emit(InstrKind::SwigluBackward, {buffer(t[0]), buffer(t[1]), buffer(t[2]), buffer(t[3]), buffer(t[4])},
-         {lnumel(t[2])});
-    round_activation(t[0]);
-    round_activation(t[1]);
+    const NodeOperands<OpKind::SwigluBackward> op{n};
+    emit(InstrKind::SwigluBackward,
+         {buffer(op.get<"dgate">()), buffer(op.get<"dup">()), buffer(op.get<"dout">()), buffer(op.get<"gate">()),
+          buffer(op.get<"up">())},
+         {lnumel(op.get<"dout">())});
+    round_activation(op.get<"dgate">());
+    round_activation(op.get<"dup">());
   }
 
   // Each device runs its heads: NH/model query heads over NKV/model kv heads, so the
   // grouping of query heads over kv heads is the same on every device.
   void lower_gqa_attention(const Node& n) {
-    const auto& t = n.tensors;
     const bool forward = n.op == OpKind::GqaAttentionForward;
-    const TensorId att = t[forward ? 1 : 7], q = t[forward ? 2 : 4], k = t[forward ? 3 : 5];
+    const NodeOperands<OpKind::GqaAttentionForward> fwd{n};
+    const NodeOperands<OpKind::GqaAttentionBackward> bwd{n};
+    const TensorId att = forward ? fwd.get<"att">() : bwd.get<"att">();
+    const TensorId q = forward ? fwd.get<"q">() : bwd.get<"q">(), k = forward ? fwd.get<"k">() : bwd.get<"k">();
     const Shape qs = lshape(q);
     const std::int64_t heads = lshape(att)[1], hd = qs[2] / heads, kv_width = lshape(k)[2];
     if (kv_width % hd != 0 || kv_width == 0 || heads % (kv_width / hd) != 0) {
       reject(n, "a block whose query heads do not group over whole kv heads");
     }
     const std::int64_t kv_heads = kv_width / hd;
-    std::vector<std::int32_t> buffers;
-    for (TensorId id : t) buffers.push_back(buffer(id));
+    std::vector<std::int32_t> buffers;  // the instruction takes the op's operands in their order
+    for (TensorId id : n.tensors) buffers.push_back(buffer(id));
     emit(forward ? InstrKind::GqaAttentionForward : InstrKind::GqaAttentionBackward, buffers,
          {qs[0], qs[1], heads, kv_heads, hd});
-    for (std::size_t i = 0; i < (forward ? 2u : 3u); ++i) round_activation(t[i]);
+    for (TensorId id : outputs_of(n)) round_activation(id);
   }
 
   void lower_loss(const Node& n) {
-    const auto& t = n.tensors;
-    if (n.op == OpKind::CrossEntropyForward) {  // loss, probs, logits, targets
-      const Shape logits = lshape(t[2]);
-      const std::int64_t N = rows(logits), V = logits.back(), global_rows = rows(shape(t[2]));
-      const Axis batch_axis = eff(t[2]).dims[0].axis;
+    if (n.op == OpKind::CrossEntropyForward) {
+      const NodeOperands<OpKind::CrossEntropyForward> op{n};
+      const TensorId logits_id = op.get<"logits">();
+      const Shape logits = lshape(logits_id);
+      const std::int64_t N = rows(logits), V = logits.back(), global_rows = rows(shape(logits_id));
+      const Axis batch_axis = eff(logits_id).dims[0].axis;
       const int losses = temp("loss.rows", N, MemoryCategory::Activations);
-      emit(InstrKind::CrossEntropyRows, {buffer(t[1]), losses, buffer(t[2]), tokens(t[3])}, {N, V});
+      emit(InstrKind::CrossEntropyRows, {buffer(op.get<"probs">()), losses, buffer(logits_id), tokens(op.get<"targets">())},
+           {N, V});
       // Every micro-batch divides by the whole batch's rows, so the K partial means add up
       // to the step's mean loss.
-      emit(InstrKind::LossMean, {buffer(t[0]), losses}, {N, N * axis_size(mesh_, batch_axis), global_rows},
+      emit(InstrKind::LossMean, {buffer(op.get<"loss">()), losses}, {N, N * axis_size(mesh_, batch_axis), global_rows},
            {accumulating_ ? 1.0f : 0.0f}, batch_axis);
       return;
     }
-    // dlogits, probs, targets
-    const Shape probs = lshape(t[1]);
-    emit(InstrKind::CrossEntropyBackward, {buffer(t[0]), buffer(t[1]), tokens(t[2])},
-         {rows(probs), probs.back(), rows(shape(t[1]))});
-    round_activation(t[0]);
+    const NodeOperands<OpKind::CrossEntropyBackward> op{n};
+    const TensorId probs_id = op.get<"probs">();
+    const Shape probs = lshape(probs_id);
+    emit(InstrKind::CrossEntropyBackward, {buffer(op.get<"dlogits">()), buffer(probs_id), tokens(op.get<"targets">())},
+         {rows(probs), probs.back(), rows(shape(probs_id))});
+    round_activation(op.get<"dlogits">());
   }
 
   void lower_optimizer(const Node& n) {
     const auto& t = n.tensors;
     if (n.op == OpKind::AdamW) {
-      std::vector<std::int32_t> buffers;
+      const TensorId param = NodeOperands<OpKind::AdamW>{n}.get<"param">();
+      std::vector<std::int32_t> buffers;  // the instruction takes the op's operands in their order
       for (TensorId id : t) buffers.push_back(buffer(id));
-      emit(InstrKind::AdamW, buffers, {lnumel(t[0])}, n.attrs);
-      operand_cache_.erase({t[0], false});
-      operand_cache_.erase({t[0], true});
+      emit(InstrKind::AdamW, buffers, {lnumel(param)}, n.attrs);
+      operand_cache_.erase({param, false});
+      operand_cache_.erase({param, true});
       return;
     }
-    std::vector<std::int32_t> buffers{buffer(t[0])};
+    // global_norm and clip_by_norm: the norm, then the tensors (the description's variadic tail)
+    const std::size_t fixed = describe(n.op).operands.size();
+    std::vector<std::int32_t> buffers;
+    for (std::size_t i = 0; i < fixed; ++i) buffers.push_back(buffer(t[i]));
     std::vector<std::int64_t> sizes;
     std::vector<PartitionSpec> specs;
-    for (std::size_t i = 1; i < t.size(); ++i) {
+    for (std::size_t i = fixed; i < t.size(); ++i) {
       buffers.push_back(buffer(t[i]));
       sizes.push_back(lnumel(t[i]));
       specs.push_back(eff(t[i]));
@@ -680,14 +757,19 @@ class Compiler {
       operand_cache_.clear();
       cache_phase_ = n.phase;
     }
-    const auto& t = n.tensors;
     switch (n.op) {
-      case OpKind::Zero:
+      case OpKind::Zero: {
+        const TensorId id = NodeOperands<OpKind::Zero>{n}.get<"tensor">();
         // A later micro-batch adds to the gradients the first one wrote.
-        if (accumulating_ && table_[t[0]].kind == TensorKind::Gradient) break;
-        emit(InstrKind::Fill, {buffer(t[0])}, {lnumel(t[0])}, {0.0f});
+        if (accumulating_ && table_[id].kind == TensorKind::Gradient) break;
+        emit(InstrKind::Fill, {buffer(id)}, {lnumel(id)}, {0.0f});
         break;
-      case OpKind::Constant: emit(InstrKind::Fill, {buffer(t[0])}, {lnumel(t[0])}, {n.attrs.at(0)}); break;
+      }
+      case OpKind::Constant: {
+        const TensorId id = NodeOperands<OpKind::Constant>{n}.get<"tensor">();
+        emit(InstrKind::Fill, {buffer(id)}, {lnumel(id)}, {n.attrs.at(0)});
+        break;
+      }
       case OpKind::EncoderForward:
       case OpKind::EncoderBackward: lower_encoder(n); break;
       case OpKind::LayerNormForward:
@@ -696,34 +778,49 @@ class Compiler {
       case OpKind::LinearBackward: lower_linear_backward(n); break;
       case OpKind::AttentionForward:
       case OpKind::AttentionBackward: lower_attention(n); break;
-      case OpKind::GeluForward:
-        emit(InstrKind::GeluForward, {buffer(t[0]), buffer(t[1])}, {lnumel(t[0])});
-        round_activation(t[0]);
+      case OpKind::GeluForward: {
+        const NodeOperands<OpKind::GeluForward> op{n};
+        const TensorId out = op.get<"out">();
+        emit(InstrKind::GeluForward, {buffer(out), buffer(op.get<"inp">())}, {lnumel(out)});
+        round_activation(out);
         break;
-      case OpKind::GeluBackward:
-        emit(InstrKind::GeluBackward, {buffer(t[0]), buffer(t[1]), buffer(t[2])}, {lnumel(t[0])});
-        round_activation(t[0]);
+      }
+      case OpKind::GeluBackward: {
+        const NodeOperands<OpKind::GeluBackward> op{n};
+        const TensorId dinp = op.get<"dinp">();
+        emit(InstrKind::GeluBackward, {buffer(dinp), buffer(op.get<"inp">()), buffer(op.get<"dout">())}, {lnumel(dinp)});
+        round_activation(dinp);
         break;
-      case OpKind::ResidualForward:
-        emit(InstrKind::Add, {buffer(t[0]), buffer(t[1]), buffer(t[2])}, {lnumel(t[0])});
-        round_activation(t[0]);
+      }
+      case OpKind::ResidualForward: {
+        const NodeOperands<OpKind::ResidualForward> op{n};
+        const TensorId out = op.get<"out">();
+        emit(InstrKind::Add, {buffer(out), buffer(op.get<"a">()), buffer(op.get<"b">())}, {lnumel(out)});
+        round_activation(out);
         break;
-      case OpKind::ResidualBackward:
-        emit(InstrKind::AddInPlace, {buffer(t[0]), buffer(t[2])}, {lnumel(t[2])});
-        emit(InstrKind::AddInPlace, {buffer(t[1]), buffer(t[2])}, {lnumel(t[2])});
-        round_activation(t[0]);
-        round_activation(t[1]);
+      }
+      case OpKind::ResidualBackward: {
+        const NodeOperands<OpKind::ResidualBackward> op{n};
+        const TensorId da = op.get<"da">(), db = op.get<"db">(), dout = op.get<"dout">();
+        emit(InstrKind::AddInPlace, {buffer(da), buffer(dout)}, {lnumel(dout)});
+        emit(InstrKind::AddInPlace, {buffer(db), buffer(dout)}, {lnumel(dout)});
+        round_activation(da);
+        round_activation(db);
         break;
+      }
       case OpKind::CrossEntropyForward:
       case OpKind::CrossEntropyBackward: lower_loss(n); break;
       case OpKind::GlobalNorm:
       case OpKind::ClipByNorm:
       case OpKind::AdamW: lower_optimizer(n); break;
-      case OpKind::NudgeUlps:
+      case OpKind::NudgeUlps: {
         // The fault perturbs the batch's first element: micro-batch 0 holds it.
         if (accumulating_) break;
-        emit(InstrKind::Nudge, {buffer(t[0]), buffer(t[1])}, {}, {}, Axis::None, {eff(t[0])});
+        const NodeOperands<OpKind::NudgeUlps> op{n};
+        const TensorId tensor = op.get<"tensor">();
+        emit(InstrKind::Nudge, {buffer(tensor), buffer(op.get<"ulps">())}, {}, {}, Axis::None, {eff(tensor)});
         break;
+      }
       case OpKind::Trace: lower_trace(n); break;
       case OpKind::RmsNormForward:
       case OpKind::RmsNormBackward: lower_rmsnorm(n); break;
@@ -734,9 +831,12 @@ class Compiler {
       case OpKind::GqaAttentionForward:
       case OpKind::GqaAttentionBackward: lower_gqa_attention(n); break;
     }
-    if (n.op == OpKind::LinearForward || n.op == OpKind::LinearBackward) {
-      const Shape w = compute_shape(t[n.op == OpKind::LinearForward ? 2 : 5]);
-      const std::int64_t N = rows(lshape(t[n.op == OpKind::LinearForward ? 1 : 4]));
+    if (n.op == OpKind::LinearForward || n.op == OpKind::LinearBackward) {  // the GEMM's packed operands
+      const bool forward = n.op == OpKind::LinearForward;
+      const NodeOperands<OpKind::LinearForward> fwd{n};
+      const NodeOperands<OpKind::LinearBackward> bwd{n};
+      const Shape w = compute_shape(forward ? fwd.get<"weight">() : bwd.get<"weight">());
+      const std::int64_t N = rows(lshape(forward ? fwd.get<"inp">() : bwd.get<"inp">()));
       exe_.scratch_numel = std::max({exe_.scratch_numel, w[0] * w[1], N * w[0]});
     }
   }

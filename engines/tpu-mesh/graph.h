@@ -31,6 +31,19 @@ struct Node {
   std::vector<float> attrs;       // the description's attributes, each as node_floats() floats
 };
 
+// A node's operands by name, as op K's description lays them out:
+//   const NodeOperands<OpKind::LinearForward> op{n};  op.get<"weight">()
+// The index is found when this compiles: a misspelt or removed operand is a build error.
+template <OpKind K>
+struct NodeOperands {
+  const Node& node;
+  template <OperandName Name>
+  TensorId get() const {
+    static constexpr std::size_t index = operand_index(K, Name.view());
+    return node.tensors[index];
+  }
+};
+
 // The tensors a node writes or adds into (the others it only reads), by its description.
 std::vector<TensorId> outputs_of(const Node& node);
 // The tensors a node overwrites (Access::Write): what it writes without reading first.
