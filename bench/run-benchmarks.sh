@@ -4,7 +4,7 @@
 # step at 1 and 2 threads with the recording cost, accel's step per feature and noise
 # mode (docs/engines/accel.md), tpu-mesh's step and compile cache
 # (docs/engines/tpu-mesh.md), the same step in PyTorch, llama-tiny's step beside
-# PyTorch's, and the default nightly per lane.
+# PyTorch's, the scale canary beside tiny with peak memory, and both nightlies per lane.
 #   bench/run-benchmarks.sh [OUT_DIR]     (default: a new directory under $TMPDIR)
 # Measures the build in build/ as it is (bench/lib.sh; HARNESS_BENCH_BUILD=1 builds it and
 # the benchmarks first).
@@ -34,5 +34,8 @@ PYEOF
 "$root/bench/llama-step.sh" "$out/llama-step" | tee "$out/llama_step.txt"
 # The default nightly, lane by lane (docs/performance.md, "The nightly job").
 "$root/bench/nightly.sh" "$out/nightly" | tee "$out/nightly.txt"
+"$root/bench/nightly.sh" --matrix "$root/canaries/llama-nightly.toml" "$out/llama-nightly" | tee "$out/llama_nightly.txt"
+# How the step and its memory grow with the model (docs/performance.md, "Scale").
+"$root/bench/scale.sh" "$out/scale" | tee "$out/scale.txt"
 "$root/bench/bisect_replay.sh" "$out/bisect" | tee "$out/bisect_replay.txt"
 echo "results in $out"

@@ -1,5 +1,5 @@
 // The tiny canary's training step (fwd + bwd + clip + AdamW) on cpu-ref at 1 and 2
-// threads (llama-tiny's too) and on accel per feature and noise mode at 2 threads, and the per-step
+// threads (llama-tiny's and scale's too) and on accel per feature and noise mode at 2 threads, and the per-step
 // recording cost (hashing + sketches + HDF5 append + flush), so the recording overhead
 // can be stated as a share of the step.
 //
@@ -74,6 +74,15 @@ void BM_LlamaTinyTrainStep(benchmark::State& state) {
   train_steps(state, run);
 }
 BENCHMARK(BM_LlamaTinyTrainStep)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// The scale canary's step (gpt2, C=512, L=8, T=256: bench/scale.sh sets it beside PyTorch's
+// and tiny's, with the peak memory of each).
+void BM_ScaleTrainStep(benchmark::State& state) {
+  const tbb::global_control threads(tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(state.range(0)));
+  CanaryRun<CpuRefEngine> run("scale");
+  train_steps(state, run);
+}
+BENCHMARK(BM_ScaleTrainStep)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // accel at 2 threads: features (0 fp32, 1 bf16, 2 bf16+fp8=all) x noise (0 seeded, 1 racy, 2 off).
 void BM_AccelTrainStep(benchmark::State& state) {

@@ -8,7 +8,7 @@ same canary can be set beside it in one run (bench/llama-step.sh does that for l
 
 Usage:
     /usr/bin/python3 bench/torch_canary_step.py --pack PACK.h5 [--steps 30] [--warmup 5]
-        [--threads 1,2] [--json FILE] [--compare-ms X]
+        [--threads 1,2] [--json FILE] [--compare-ms X] [--memory]
 
 This is a benchmark, not a test: numbers depend on the machine and its load.
 """
@@ -16,6 +16,7 @@ This is a benchmark, not a test: numbers depend on the machine and its load.
 import argparse
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -43,6 +44,20 @@ def time_steps(pack_path, threads, steps, warmup):
     return statistics.median(times), min(times), step
 
 
+def resident_mib():
+    """This process's resident memory now (VmRSS), in MiB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def peak_resident_mib():
+    """This process's peak resident memory so far (ru_maxrss: KiB on Linux), in MiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description="Time a canary's training step in PyTorch, from its pack.")
     ap.add_argument("--pack", required=True, help="the canary's pack (harness export)")
@@ -51,6 +66,8 @@ def main(argv=None):
     ap.add_argument("--threads", default="1,2", help="comma-separated torch thread counts")
     ap.add_argument("--json", metavar="FILE", help="write results as JSON to FILE")
     ap.add_argument("--compare-ms", type=float, metavar="X", help="harness ms/step to compare with the best torch time")
+    ap.add_argument("--memory", action="store_true",
+                    help="report the process's peak resident memory, and its resident memory before the model was built")
     args = ap.parse_args(argv)
     try:
         thread_counts = [int(t) for t in args.threads.split(",") if t.strip()]
@@ -61,6 +78,7 @@ def main(argv=None):
     if args.steps < 1 or args.warmup < 0:
         ap.error("--steps must be >= 1 and --warmup >= 0")
 
+    baseline_mib = resident_mib() if args.memory else None  # torch imported, no model yet
     results = {}
     for t in thread_counts:
         med, lo, step = time_steps(args.pack, t, args.steps, args.warmup)
@@ -78,6 +96,10 @@ def main(argv=None):
     print(f"best: {best_ms:.3f} ms/step at {best_threads} thread(s)")
     out = {"torch_version": torch.__version__, "threads": {str(t): ms for t, ms in results.items()},
            "best_ms": best_ms, "best_threads": best_threads, "steps": args.steps, "warmup": args.warmup}
+    if args.memory:
+        out["peak_rss_mib"], out["baseline_rss_mib"] = peak_resident_mib(), baseline_mib
+        print(f"memory: peak resident {out['peak_rss_mib']:.0f} MiB, of which {baseline_mib:.0f} MiB before the "
+              f"model (the torch runtime)")
     if args.compare_ms is not None:
         out["compare_ms"] = args.compare_ms
         out["ratio_harness_over_torch"] = args.compare_ms / best_ms
