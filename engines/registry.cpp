@@ -7,9 +7,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "accel_engine.h"
-#include "cpu_ref_engine.h"
-#include "tpu_mesh_engine.h"
+#include "accel/accel_engine.h"
+#include "cpu-ref/cpu_ref_engine.h"
+#include "tpu-mesh/tpu_mesh_engine.h"
 
 namespace harness {
 namespace {

@@ -84,3 +84,30 @@ def test_schedule_matches_the_receipt_over_a_whole_run(harness_bin: Path, tmp_pa
         cfg = gpt2.CanaryConfig.from_json(receipt.manifest["canary"])
         lrs = receipt.steps("lr")
     assert [float(torch.tensor(gpt2.lr_at(s, cfg), dtype=torch.float32)) for s in range(len(lrs))] == list(lrs)
+
+
+@pytest.mark.parametrize("architecture", ["gpt2", "llama"])
+def test_random_init_draws_each_tensor_by_its_init_role(architecture: str):
+    # A canary of tiny's channels, big enough for the sample deviations to be within 10%.
+    from canary_harness.models import llama
+    from canary_harness.models.table import NORMAL, ONES, RESIDUAL_NORMAL, ZEROS, gpt2_tensor_specs, llama_tensor_specs
+    if architecture == "gpt2":
+        cfg = gpt2.CanaryConfig(vocab_size=256, context_length=64, channels=128, layers=4, heads=4)
+        specs = gpt2_tensor_specs(cfg.vocab_size, cfg.context_length, cfg.channels, cfg.layers)
+        params, table = gpt2.random_init(cfg, seed=3), gpt2.tensor_table(cfg)
+    else:
+        cfg = llama.LlamaConfig(vocab_size=256, context_length=64, channels=128, layers=4, heads=4, kv_heads=2,
+                                mlp_hidden=352)
+        specs = llama_tensor_specs(cfg.vocab_size, cfg.channels, cfg.layers, cfg.heads, cfg.kv_heads, cfg.mlp_hidden)
+        params, table = llama.random_init(cfg, seed=3), llama.tensor_table(cfg)
+    assert [(s.name, s.shape) for s in specs] == table and list(params) == [s.name for s in specs]
+    expected_std = {NORMAL: cfg.init_std, RESIDUAL_NORMAL: cfg.init_std / (2 * cfg.layers) ** 0.5}
+    roles = {s.init for s in specs}
+    assert roles >= {NORMAL, RESIDUAL_NORMAL, ONES}
+    for spec in specs:
+        value = params[spec.name].detach()
+        assert value.dtype == torch.float32 and tuple(value.shape) == spec.shape, spec.name
+        if spec.init in (ONES, ZEROS):
+            assert torch.equal(value, torch.full(spec.shape, 1.0 if spec.init == ONES else 0.0)), spec.name
+        else:
+            assert abs(value.std().item() / expected_std[spec.init] - 1) < 0.1, spec.name

@@ -95,6 +95,27 @@ TEST(LlamaOpGradients, SwiGlu) {
   expect_gradient("swiglu dup", up, loss, dup);
 }
 
+// SiLU has no op of its own (SwiGLU applies it to the gate): with up = 1 the op is SiLU, and
+// its gradient is checked by finite differences over both signs, the saturated tails and 0.
+TEST(LlamaOpGradients, SiluIsSwigluWithUpOne) {
+  std::vector<float> gate{-12.0f, -6.5f, -2.0f, -0.75f, -0.1f, 0.0f, 0.1f, 0.75f, 2.0f, 6.5f, 12.0f};
+  const std::size_t n = gate.size();
+  const std::vector<float> up(n, 1.0f), probe = normals(n, 4);
+  std::vector<float> out(n);
+  auto loss = [&] {
+    swiglu_forward(out.data(), gate.data(), up.data(), static_cast<int>(n));
+    return weighted_sum(out, probe);
+  };
+  loss();
+  for (std::size_t i = 0; i < n; ++i) {  // x * sigmoid(x) in double
+    const double g = gate[i];
+    EXPECT_NEAR(out[i], g / (1.0 + std::exp(-g)), 1e-5 * std::max(1.0, std::fabs(g))) << "x = " << g;
+  }
+  std::vector<float> dgate(n), dup(n);
+  swiglu_backward(dgate.data(), dup.data(), probe.data(), gate.data(), up.data(), static_cast<int>(n));
+  expect_gradient("silu", gate, loss, dgate);
+}
+
 struct GqaCase {
   int B, T, NH, NKV, hd;
 };

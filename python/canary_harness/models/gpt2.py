@@ -32,9 +32,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .module import CanaryModule, Hook
+from .module import CanaryModule, Hook, random_parameters
 from .config import canary_object, typed_fields
-from .table import gpt2_tensor_table
+from .table import gpt2_tensor_specs, gpt2_tensor_table
 
 
 # ----------------------------------------------------------------------------------
@@ -120,19 +120,8 @@ def random_init(cfg: CanaryConfig, seed: int = 0) -> Dict[str, torch.Tensor]:
     """Random parameters with the contract's init distribution (for the benchmark; the
     twin and the lane always start from the harness's own init, a dump or a pack). Uses
     torch's generator, so values differ from the C++ engine's counter-based generator."""
-    g = torch.Generator().manual_seed(seed)
-    proj_std = cfg.init_std / math.sqrt(2 * cfg.layers)
-    params = {}
-    for name, shape in tensor_table(cfg):
-        if name.endswith("ln1.weight") or name.endswith("ln2.weight") or name == "lnf.weight":
-            t = torch.ones(shape)
-        elif len(shape) == 1:
-            t = torch.zeros(shape)
-        else:
-            std = proj_std if name.endswith(".proj.weight") else cfg.init_std
-            t = torch.randn(shape, generator=g) * std
-        params[name] = t.to(torch.float32).requires_grad_(True)
-    return params
+    specs = gpt2_tensor_specs(cfg.vocab_size, cfg.context_length, cfg.channels, cfg.layers)
+    return {name: t.requires_grad_(True) for name, t in random_parameters(specs, cfg.init_std, cfg.layers, seed).items()}
 
 
 # ----------------------------------------------------------------------------------

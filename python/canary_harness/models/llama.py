@@ -37,9 +37,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .gpt2 import lr_at  # noqa: F401  (the schedule is gpt2's: docs/canary.md)
-from .module import CanaryModule, Hook  # noqa: F401  (Hook: the type of forward's hook, re-exported)
+from .module import CanaryModule, Hook, random_parameters  # noqa: F401  (Hook: the type of forward's hook, re-exported)
 from .config import canary_object, typed_fields
-from .table import llama_tensor_table
+from .table import llama_tensor_specs, llama_tensor_table
 
 ARCHITECTURE = "llama"
 
@@ -144,17 +144,8 @@ def random_init(cfg: LlamaConfig, seed: int = 0) -> Dict[str, torch.Tensor]:
     """Random parameters with the contract's init distribution (matrices and wte
     N(0, init_std), attn.o and mlp.down N(0, init_std/sqrt(2L)), norm weights 1), from
     torch's generator: not the C++ engine's values (the lane starts from a pack's init)."""
-    g = torch.Generator().manual_seed(seed)
-    residual_std = cfg.init_std / math.sqrt(2 * cfg.layers)
-    params = {}
-    for name, shape in tensor_table(cfg):
-        if len(shape) == 1:
-            t = torch.ones(shape)
-        else:
-            std = residual_std if name.endswith(("attn.o.weight", "mlp.down.weight")) else cfg.init_std
-            t = torch.randn(shape, generator=g) * std
-        params[name] = t.to(torch.float32)
-    return params
+    specs = llama_tensor_specs(cfg.vocab_size, cfg.channels, cfg.layers, cfg.heads, cfg.kv_heads, cfg.mlp_hidden)
+    return random_parameters(specs, cfg.init_std, cfg.layers, seed)
 
 
 def rope_tables(context_length: int, head_size: int, theta: float) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -5,12 +5,33 @@ forward whose optional hook sees every op's output by the C++ op names.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Mapping, Optional
+import math
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import torch
 import torch.nn as nn
 
+from .table import NORMAL, ONES, RESIDUAL_NORMAL, ZEROS, TensorSpec
+
 Hook = Callable[[str, torch.Tensor], torch.Tensor]
+
+
+def random_parameters(specs: Sequence[TensorSpec], init_std: float, layers: int, seed: int) -> Dict[str, torch.Tensor]:
+    """float32 parameters drawn by each tensor's init role (models/table.py), from torch's
+    generator: the contract's distributions, not the C++ engines' values (for benchmarks;
+    the lanes start from a pack's init)."""
+    g = torch.Generator().manual_seed(seed)
+    std = {NORMAL: init_std, RESIDUAL_NORMAL: init_std / math.sqrt(2 * layers)}
+    params = {}
+    for spec in specs:
+        if spec.init == ONES:
+            t = torch.ones(spec.shape)
+        elif spec.init == ZEROS:
+            t = torch.zeros(spec.shape)
+        else:
+            t = torch.randn(spec.shape, generator=g) * std[spec.init]
+        params[spec.name] = t.to(torch.float32)
+    return params
 
 
 class CanaryModule(nn.Module):

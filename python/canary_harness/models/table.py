@@ -1,58 +1,85 @@
-"""The canaries' tensor tables (docs/design.md): names and shapes in canonical order, torch-free.
+"""The canaries' tensor tables (docs/design.md): names, shapes and init roles in canonical
+order, torch-free.
 
 The one place the Python side spells the tables out: canary_harness.pack checks packs
 against them without torch, and canary_harness.models.gpt2 and .llama build their
-modules from them.
+modules (and, for benchmarks, a random init) from them. The init role is the C++
+canaries' ParameterInit (canaries/canary.h), set where the tensor is described, so that
+nothing picks an init by reading a tensor's name.
 """
 
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, NamedTuple, Tuple
+
+# How a parameter starts (the canary contract's init): N(0, init_std); N(0, init_std /
+# sqrt(2 L)) for the projections into the residual stream; ones (norm weights); zeros (biases).
+NORMAL, RESIDUAL_NORMAL, ONES, ZEROS = "normal", "residual_normal", "ones", "zeros"
+
+
+class TensorSpec(NamedTuple):
+    name: str
+    shape: Tuple[int, ...]
+    init: str
+
+
+def names_and_shapes(specs: List[TensorSpec]) -> List[Tuple[str, Tuple[int, ...]]]:
+    return [(s.name, s.shape) for s in specs]
+
+
+def gpt2_tensor_specs(vocab_size: int, context_length: int, channels: int, layers: int) -> List[TensorSpec]:
+    """Every gpt2 parameter in canonical order: wte, wpe, blocks.0.* .. blocks.L-1.*, lnf.*"""
+    V, T, C = vocab_size, context_length, channels
+    specs = [TensorSpec("wte", (V, C), NORMAL), TensorSpec("wpe", (T, C), NORMAL)]
+    for l in range(layers):
+        p = f"blocks.{l}."
+        specs += [
+            TensorSpec(p + "ln1.weight", (C,), ONES),
+            TensorSpec(p + "ln1.bias", (C,), ZEROS),
+            TensorSpec(p + "attn.qkv.weight", (3 * C, C), NORMAL),
+            TensorSpec(p + "attn.qkv.bias", (3 * C,), ZEROS),
+            TensorSpec(p + "attn.proj.weight", (C, C), RESIDUAL_NORMAL),
+            TensorSpec(p + "attn.proj.bias", (C,), ZEROS),
+            TensorSpec(p + "ln2.weight", (C,), ONES),
+            TensorSpec(p + "ln2.bias", (C,), ZEROS),
+            TensorSpec(p + "mlp.fc.weight", (4 * C, C), NORMAL),
+            TensorSpec(p + "mlp.fc.bias", (4 * C,), ZEROS),
+            TensorSpec(p + "mlp.proj.weight", (C, 4 * C), RESIDUAL_NORMAL),
+            TensorSpec(p + "mlp.proj.bias", (C,), ZEROS),
+        ]
+    return specs + [TensorSpec("lnf.weight", (C,), ONES), TensorSpec("lnf.bias", (C,), ZEROS)]
 
 
 def gpt2_tensor_table(vocab_size: int, context_length: int, channels: int,
                       layers: int) -> List[Tuple[str, Tuple[int, ...]]]:
     """[(name, shape)] in canonical order: wte, wpe, blocks.0.* .. blocks.L-1.*, lnf.*"""
-    V, T, C = vocab_size, context_length, channels
-    table = [("wte", (V, C)), ("wpe", (T, C))]
+    return names_and_shapes(gpt2_tensor_specs(vocab_size, context_length, channels, layers))
+
+
+def llama_tensor_specs(vocab_size: int, channels: int, layers: int, heads: int, kv_heads: int,
+                       mlp_hidden: int) -> List[TensorSpec]:
+    """Every llama parameter in canonical order: wte, blocks.0.* .. blocks.L-1.*, norm.weight, lm_head.weight"""
+    V, C, H = vocab_size, channels, mlp_hidden
+    head_size = C // heads
+    q_rows, kv_rows = heads * head_size, kv_heads * head_size
+    specs = [TensorSpec("wte", (V, C), NORMAL)]
     for l in range(layers):
         p = f"blocks.{l}."
-        table += [
-            (p + "ln1.weight", (C,)),
-            (p + "ln1.bias", (C,)),
-            (p + "attn.qkv.weight", (3 * C, C)),
-            (p + "attn.qkv.bias", (3 * C,)),
-            (p + "attn.proj.weight", (C, C)),
-            (p + "attn.proj.bias", (C,)),
-            (p + "ln2.weight", (C,)),
-            (p + "ln2.bias", (C,)),
-            (p + "mlp.fc.weight", (4 * C, C)),
-            (p + "mlp.fc.bias", (4 * C,)),
-            (p + "mlp.proj.weight", (C, 4 * C)),
-            (p + "mlp.proj.bias", (C,)),
+        specs += [
+            TensorSpec(p + "attn_norm.weight", (C,), ONES),
+            TensorSpec(p + "attn.q.weight", (q_rows, C), NORMAL),
+            TensorSpec(p + "attn.k.weight", (kv_rows, C), NORMAL),
+            TensorSpec(p + "attn.v.weight", (kv_rows, C), NORMAL),
+            TensorSpec(p + "attn.o.weight", (C, q_rows), RESIDUAL_NORMAL),
+            TensorSpec(p + "mlp_norm.weight", (C,), ONES),
+            TensorSpec(p + "mlp.gate.weight", (H, C), NORMAL),
+            TensorSpec(p + "mlp.up.weight", (H, C), NORMAL),
+            TensorSpec(p + "mlp.down.weight", (C, H), RESIDUAL_NORMAL),
         ]
-    table += [("lnf.weight", (C,)), ("lnf.bias", (C,))]
-    return table
+    return specs + [TensorSpec("norm.weight", (C,), ONES), TensorSpec("lm_head.weight", (V, C), NORMAL)]
 
 
 def llama_tensor_table(vocab_size: int, channels: int, layers: int, heads: int, kv_heads: int,
                        mlp_hidden: int) -> List[Tuple[str, Tuple[int, ...]]]:
     """[(name, shape)] in canonical order: wte, blocks.0.* .. blocks.L-1.*, norm.weight, lm_head.weight"""
-    V, C, H = vocab_size, channels, mlp_hidden
-    head_size = C // heads
-    q_rows, kv_rows = heads * head_size, kv_heads * head_size
-    table: List[Tuple[str, Tuple[int, ...]]] = [("wte", (V, C))]
-    for l in range(layers):
-        p = f"blocks.{l}."
-        table += [
-            (p + "attn_norm.weight", (C,)),
-            (p + "attn.q.weight", (q_rows, C)),
-            (p + "attn.k.weight", (kv_rows, C)),
-            (p + "attn.v.weight", (kv_rows, C)),
-            (p + "attn.o.weight", (C, q_rows)),
-            (p + "mlp_norm.weight", (C,)),
-            (p + "mlp.gate.weight", (H, C)),
-            (p + "mlp.up.weight", (H, C)),
-            (p + "mlp.down.weight", (C, H)),
-        ]
-    return table + [("norm.weight", (C,)), ("lm_head.weight", (V, C))]
+    return names_and_shapes(llama_tensor_specs(vocab_size, channels, layers, heads, kv_heads, mlp_hidden))
