@@ -8,6 +8,7 @@
 
 #include "kernels/deterministic_reduce.h"
 #include "kernels/gemm.h"
+#include "kernels/vector_lanes.h"
 #include "numerics/det_math.h"
 
 namespace harness::kernels {
@@ -140,46 +141,10 @@ void linear_backward(float* dinp, float* dweight, float* dbias, const float* dou
 }
 
 namespace {
-constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
-constexpr float kGeluCubic = 0.044715f;
 constexpr std::int64_t kElementwiseGrain = 4096;
-using numerics::Floats4;
 
-template <typename Real>
-Real gelu_value(Real x) {
-  const Real cube = kGeluCubic * x * x * x;
-  return 0.5f * x * (1.0f + numerics::tanh_rational(kGeluScale * (x + cube)));
-}
-
-// d gelu / dx; sech^2 = 1 - tanh^2
-template <typename Real>
-Real gelu_slope(Real x) {
-  const Real cube = kGeluCubic * x * x * x;
-  const Real th = numerics::tanh_rational(kGeluScale * (x + cube));
-  const Real sech2 = 1.0f - th * th;
-  return 0.5f * (1.0f + th) + x * 0.5f * sech2 * kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
-}
-
-Floats4 load4(const float* p) {
-  Floats4 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-void store4(float* p, Floats4 v) { std::memcpy(p, &v, sizeof v); }
-
-// Calls lanes(i) for i in steps of 4 and tail(i) for the rest of [begin, end).
-template <typename Lanes, typename Tail>
-void for_each_4(std::int64_t begin, std::int64_t end, Lanes lanes, Tail tail) {
-  std::int64_t i = begin;
-  for (; i + 4 <= end; i += 4) lanes(i);
-  for (; i < end; ++i) tail(i);
-}
-// e^x in place over [0, n), four lanes at a time (numerics::exp_poly).
-void exp_inplace(float* x, std::int64_t n) {
-  for_each_4(
-      0, n, [&](std::int64_t i) { store4(x + i, numerics::exp_poly(load4(x + i))); },
-      [&](std::int64_t i) { x[i] = numerics::exp_poly(x[i]); });
-}
+// e^x in place over [0, n), on the widest vectors this CPU has (kernels/vector_lanes.h).
+void exp_inplace(float* x, std::int64_t n) { lane_kernels().exp_inplace(x, n); }
 
 }  // namespace
 
@@ -283,25 +248,20 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 
 // ---- gelu (tanh approximation) -----------------------------------------------------
 //
-// Four lanes at a time with GCC vector types (SSE on a baseline build, VEX-encoded SSE on a
-// native one) and the same code on scalars for the tail: per lane, the same fp32 operations
-// in the same order, so every element gets the same bits either way.
+// Vector lanes of the widest width this CPU has (kernels/vector_lanes.h: 4, 8 or 16) and
+// the same code on scalars for the tail: per lane, the same fp32 operations in the same
+// order, so every element gets the same bits whatever the width.
 
 void gelu_forward(float* out, const float* inp, std::int64_t n) {
-  tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, n, kElementwiseGrain), [&](const auto& r) {
-    for_each_4(
-        r.begin(), r.end(), [&](std::int64_t i) { store4(out + i, gelu_value(load4(inp + i))); },
-        [&](std::int64_t i) { out[i] = gelu_value(inp[i]); });
-  });
+  const LaneKernels& lanes = lane_kernels();
+  tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, n, kElementwiseGrain),
+                    [&](const auto& r) { lanes.gelu_forward(out, inp, r.begin(), r.end()); });
 }
 
 void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n) {
-  tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, n, kElementwiseGrain), [&](const auto& r) {
-    for_each_4(
-        r.begin(), r.end(),
-        [&](std::int64_t i) { store4(dinp + i, load4(dinp + i) + gelu_slope(load4(inp + i)) * load4(dout + i)); },
-        [&](std::int64_t i) { dinp[i] += gelu_slope(inp[i]) * dout[i]; });
-  });
+  const LaneKernels& lanes = lane_kernels();
+  tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, n, kElementwiseGrain),
+                    [&](const auto& r) { lanes.gelu_backward(dinp, inp, dout, r.begin(), r.end()); });
 }
 
 // ---- elementwise -----------------------------------------------------------------------

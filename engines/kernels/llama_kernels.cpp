@@ -7,6 +7,7 @@
 #include "kernels/deterministic_reduce.h"
 #include "kernels/gemm.h"
 #include "kernels/kernels.h"
+#include "kernels/vector_lanes.h"
 #include "numerics/det_math.h"
 
 namespace harness::kernels {
@@ -121,26 +122,19 @@ namespace {
 
 constexpr std::int64_t kElementwiseGrain = 4096;
 
-inline float sigmoid(float x) { return 1.0f / (1.0f + numerics::exp_poly(-x)); }
-
 }  // namespace
 
+// On the widest vectors this CPU has (kernels/vector_lanes.h): the same bits at any width.
 void swiglu_forward(float* out, const float* gate, const float* up, std::int64_t n) {
-  tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, n, kElementwiseGrain), [&](const auto& r) {
-    for (std::int64_t i = r.begin(); i < r.end(); ++i) out[i] = gate[i] * sigmoid(gate[i]) * up[i];
-  });
+  const LaneKernels& lanes = lane_kernels();
+  tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, n, kElementwiseGrain),
+                    [&](const auto& r) { lanes.swiglu_forward(out, gate, up, r.begin(), r.end()); });
 }
 
 void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, std::int64_t n) {
-  tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, n, kElementwiseGrain), [&](const auto& r) {
-    for (std::int64_t i = r.begin(); i < r.end(); ++i) {
-      const float s = sigmoid(gate[i]);
-      const float silu = gate[i] * s;
-      // silu'(g) = s + g s (1 - s) = s (1 + g (1 - s))
-      dgate[i] += dout[i] * up[i] * (s * (1.0f + gate[i] * (1.0f - s)));
-      dup[i] += dout[i] * silu;
-    }
-  });
+  const LaneKernels& lanes = lane_kernels();
+  tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, n, kElementwiseGrain),
+                    [&](const auto& r) { lanes.swiglu_backward(dgate, dup, dout, gate, up, r.begin(), r.end()); });
 }
 
 // ---- grouped-query attention ---------------------------------------------------------------

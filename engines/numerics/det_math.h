@@ -193,7 +193,7 @@ constexpr float det_logf(float x) { return static_cast<float>(det_log(x)); }
 // absolute error below 5e-7 everywhere (the fit loses a few ulp of 0.99998 near |x| = 6).
 // `Real` is float or a GCC vector of floats (vector_size extension).
 template <typename Real>
-constexpr Real tanh_rational(Real x) {
+[[gnu::always_inline]] constexpr Real tanh_rational(Real x) {
   const Real zero = x - x;
   const Real clamp_hi = zero + 7.90531110763549805f, clamp_lo = zero - 7.90531110763549805f;
   const Real clamped = x > clamp_hi ? clamp_hi : (x < clamp_lo ? clamp_lo : x);
@@ -214,14 +214,27 @@ constexpr Real tanh_rational(Real x) {
 }
 constexpr float det_tanhf_rational(float x) { return tanh_rational(x); }
 
-// Four fp32 lanes (GCC/Clang vector extension). Lane-wise arithmetic on it is the same
-// IEEE operation as on a scalar float, so vector and scalar code agree bit for bit.
+// Four, eight and sixteen fp32 lanes (GCC/Clang vector extension). Lane-wise arithmetic on
+// them is the same IEEE operation as on a scalar float, so vector and scalar code agree bit
+// for bit at every width. Without the ISA in the function's target the compiler splits the
+// wide types into 4-lane operations: the bits are the same, only slower
+// (engines/kernels/vector_lanes.cpp runs them with their ISA, chosen at run time).
 using Floats4 = float __attribute__((vector_size(16)));
 using Ints4 = std::int32_t __attribute__((vector_size(16)));
-inline std::int32_t float_bits(float x) { return std::bit_cast<std::int32_t>(x); }
-inline float bits_float(std::int32_t b) { return std::bit_cast<float>(b); }
-inline Ints4 float_bits(Floats4 x) { return std::bit_cast<Ints4>(x); }
-inline Floats4 bits_float(Ints4 b) { return std::bit_cast<Floats4>(b); }
+using Floats8 = float __attribute__((vector_size(32)));
+using Ints8 = std::int32_t __attribute__((vector_size(32)));
+using Floats16 = float __attribute__((vector_size(64)));
+using Ints16 = std::int32_t __attribute__((vector_size(64)));
+[[gnu::always_inline]] inline std::int32_t float_bits(float x) { return std::bit_cast<std::int32_t>(x); }
+[[gnu::always_inline]] inline float bits_float(std::int32_t b) { return std::bit_cast<float>(b); }
+// The builtin, not std::bit_cast: a function template that is not inlined would pass a wide
+// vector by the baseline ABI into code built for AVX (at -O0 it is not inlined: a crash).
+[[gnu::always_inline]] inline Ints4 float_bits(Floats4 x) { return __builtin_bit_cast(Ints4, x); }
+[[gnu::always_inline]] inline Floats4 bits_float(Ints4 b) { return __builtin_bit_cast(Floats4, b); }
+[[gnu::always_inline]] inline Ints8 float_bits(Floats8 x) { return __builtin_bit_cast(Ints8, x); }
+[[gnu::always_inline]] inline Floats8 bits_float(Ints8 b) { return __builtin_bit_cast(Floats8, b); }
+[[gnu::always_inline]] inline Ints16 float_bits(Floats16 x) { return __builtin_bit_cast(Ints16, x); }
+[[gnu::always_inline]] inline Floats16 bits_float(Ints16 b) { return __builtin_bit_cast(Floats16, b); }
 
 // e^x in fp32, branch-free for vectors (softmax calls it ~400K times a step): Cody-Waite
 // reduction x = n ln2 + r with n rounded to nearest by the 1.5*2^23 shifter (an exact
@@ -230,7 +243,7 @@ inline Floats4 bits_float(Ints4 b) { return std::bit_cast<Floats4>(b); }
 // to [-87.33, 88.0]; below -87.33 the result is 0, NaN stays NaN. Within about 2 ulp of
 // the correctly rounded value (tests/unit/det_math_test.cpp measures it).
 template <typename Real>
-inline Real exp_poly(Real x) {
+[[gnu::always_inline]] inline Real exp_poly(Real x) {
   const Real zero = x - x;
   const Real lo = zero - 87.3365478515625f, hi = zero + 88.0f, shifter = zero + 12582912.0f;
   const Real xc = x > hi ? hi : (x < lo ? lo : x);

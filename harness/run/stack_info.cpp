@@ -13,6 +13,7 @@
 #include <xxhash.h>
 
 #include "kernels/gemm.h"
+#include "kernels/vector_lanes.h"
 #include "harness_build_info.h"
 
 namespace harness::run {
@@ -46,7 +47,7 @@ StackInfo collect_stack_info() {
   char host[256] = {};
   gethostname(host, sizeof host - 1);
   info.host = host;
-  info.kernels = fmt::format("gemm={}", kernels::gemm_kernel_name());
+  info.kernels = fmt::format("gemm={} elementwise={}", kernels::gemm_kernel_name(), kernels::lane_kernels().name);
   info.cpu = cpu_model();
   return info;
 }

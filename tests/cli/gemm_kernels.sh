@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Every GEMM kernel the CPU has (AVX-512F, AVX2+FMA, the portable std::fma one) gives
-# bitwise identical receipts: what makes a golden from a baseline build valid on an FMA or
-# AVX-512 machine and back, for every architecture (gpt2's tiny, llama's llama-tiny: the
-# GEMMs of q/k/v, gate/up and the untied head too). The manifest names the kernel that ran.
+# Every GEMM kernel the CPU has (AVX-512F, AVX2+FMA, the portable std::fma one) and every
+# width of the elementwise kernels (GELU, softmax's exp: 16, 8 or 4 lanes) gives bitwise
+# identical receipts: what makes a golden from a baseline build valid on an FMA or AVX-512
+# machine and back, for every architecture (gpt2's tiny, llama's llama-tiny: the GEMMs of
+# q/k/v, gate/up and the untied head too). The manifest names the kernels that ran.
 source "$(dirname "$0")/lib.sh"
 kernels="generic"
 grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo && kernels="$kernels avx2-fma"
@@ -17,5 +18,16 @@ for canary in tiny llama-tiny; do
     $PY "$HERE/same_bits.py" "$WORK/$canary-dispatch.h5" "$receipt" ||
       fail "kernel $kernel disagrees with the dispatched one on $canary"
   done
+done
+widths="sse-4"
+grep -qw avx2 /proc/cpuinfo && widths="$widths avx2-8"
+grep -qw avx512f /proc/cpuinfo && widths="$widths avx512-16"
+for width in $widths; do
+  receipt=$WORK/tiny-$width.h5
+  HARNESS_ELEMENTWISE_KERNEL=$width "$HARNESS" run --canary tiny --steps 3 --out "$receipt" >/dev/null 2>&1 ||
+    fail "run (elementwise $width)"
+  "$HARNESS" inspect "$receipt" | grep -q "elementwise=$width" || fail "elementwise kernel $width not recorded in the manifest"
+  $PY "$HERE/same_bits.py" "$WORK/tiny-dispatch.h5" "$receipt" ||
+    fail "elementwise kernel $width disagrees with the dispatched one on tiny"
 done
 finish

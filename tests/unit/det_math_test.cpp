@@ -5,9 +5,11 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 #include <gtest/gtest.h>
 
+#include "kernels/vector_lanes.h"
 #include "numerics/det_math.h"
 #include "numerics/philox.h"
 
@@ -103,6 +105,85 @@ TEST(DetMath, VectorLanesEqualScalarBitForBit) {
     }
   }
   EXPECT_GT(checked, 100000);
+}
+
+// The elementwise kernels (GELU, exp, SwiGLU) of every width this CPU runs (4, 8, 16 lanes,
+// each with its ISA) give the bits of the 4-lane kernel, which VectorLanesEqualScalarBitForBit
+// holds to the scalar code: on every length (the scalar tails of 1..15 elements included) and on inputs
+// that cover the clamps, tiny and huge magnitudes, zeros of both signs, infinities and NaN.
+TEST(DetMath, EveryLaneWidthGivesTheSameBits) {
+  const std::vector<const kernels::LaneKernels*> widths = kernels::supported_lane_kernels();
+  ASSERT_FALSE(widths.empty());
+  const kernels::LaneKernels& four = *widths.back();
+  ASSERT_EQ(four.name, "sse-4");
+  std::vector<float> values;
+  for (std::uint32_t bits = 0; bits < 0xFFFFFFFFu - 65536u; bits += 65536u * 7u + 13u) {
+    values.push_back(std::bit_cast<float>(bits));
+  }
+  for (float special : {0.0f, -0.0f, 1e-30f, -7.9f, 7.9f, 8.0f, -88.5f, 89.0f, INFINITY, -INFINITY, NAN}) {
+    values.push_back(special);
+  }
+  const auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  for (const kernels::LaneKernels* k : widths) {
+    for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{15}, std::size_t{16}, std::size_t{33}, values.size()}) {
+      const std::vector<float> inp(values.begin(), values.begin() + static_cast<long>(n));
+      std::vector<float> dout(n, 0.75f);
+      for (std::size_t i = 0; i < n; ++i) dout[i] = static_cast<float>(i % 9) - 4.0f;
+      std::vector<float> out(n), out4(n), dinp(n, 0.5f), dinp4(n, 0.5f), e(inp), e4(inp);
+      std::vector<float> s(n), s4(n), dg(n, 0.25f), dg4(n, 0.25f), du(n, -1.0f), du4(n, -1.0f);
+      k->gelu_forward(out.data(), inp.data(), 0, static_cast<std::int64_t>(n));
+      four.gelu_forward(out4.data(), inp.data(), 0, static_cast<std::int64_t>(n));
+      k->gelu_backward(dinp.data(), inp.data(), dout.data(), 0, static_cast<std::int64_t>(n));
+      four.gelu_backward(dinp4.data(), inp.data(), dout.data(), 0, static_cast<std::int64_t>(n));
+      k->exp_inplace(e.data(), static_cast<std::int64_t>(n));
+      four.exp_inplace(e4.data(), static_cast<std::int64_t>(n));
+      EXPECT_TRUE(same_bits(out, out4)) << k->name << " gelu_forward, n = " << n;
+      EXPECT_TRUE(same_bits(dinp, dinp4)) << k->name << " gelu_backward, n = " << n;
+      EXPECT_TRUE(same_bits(e, e4)) << k->name << " exp, n = " << n;
+      k->swiglu_forward(s.data(), inp.data(), dout.data(), 0, static_cast<std::int64_t>(n));
+      four.swiglu_forward(s4.data(), inp.data(), dout.data(), 0, static_cast<std::int64_t>(n));
+      k->swiglu_backward(dg.data(), du.data(), dout.data(), inp.data(), out4.data(), 0, static_cast<std::int64_t>(n));
+      four.swiglu_backward(dg4.data(), du4.data(), dout.data(), inp.data(), out4.data(), 0, static_cast<std::int64_t>(n));
+      EXPECT_TRUE(same_bits(s, s4)) << k->name << " swiglu_forward, n = " << n;
+      EXPECT_TRUE(same_bits(dg, dg4) && same_bits(du, du4)) << k->name << " swiglu_backward, n = " << n;
+      for (std::size_t i = 0; i < n; ++i) {  // a NaN result is the one quiet NaN, whatever the payloads met
+        for (float r : {out[i], dinp[i], e[i], s[i], dg[i], du[i]}) {
+          if (r != r) {
+            ASSERT_EQ(std::bit_cast<std::uint32_t>(r), 0x7FC00000u) << k->name << " at " << inp[i];
+          }
+        }
+      }
+    }
+  }
+}
+
+// The 8- and 16-lane vector types, compiled here without their ISA (split into 4-lane
+// operations), hold the same lane arithmetic as the scalar code too.
+TEST(DetMath, WideVectorTypesEqualScalarBitForBit) {
+  int checked = 0;
+  for (std::uint32_t bits = 0; bits < 0xFFFFFFFFu - 65536u * 16u; bits += 65536u * 16u + 5u) {
+    numerics::Floats16 v;
+    float lanes[16];
+    for (int l = 0; l < 16; ++l) lanes[l] = std::bit_cast<float>(bits + static_cast<std::uint32_t>(l) * 4099u);
+    std::memcpy(&v, lanes, sizeof v);
+    numerics::Floats8 half;
+    std::memcpy(&half, lanes, sizeof half);
+    const numerics::Floats16 e = exp_poly(v), t = tanh_rational(v);
+    const numerics::Floats8 e8 = exp_poly(half);
+    for (int l = 0; l < 16; ++l) {
+      const float x = lanes[l];
+      if (std::isnan(x)) continue;
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(e[l]), std::bit_cast<std::uint32_t>(exp_poly(x))) << x;
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(t[l]), std::bit_cast<std::uint32_t>(tanh_rational(x))) << x;
+      if (l < 8) {
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(e8[l]), std::bit_cast<std::uint32_t>(exp_poly(x))) << x;
+      }
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 10000);
 }
 
 // Known-answer vectors of Philox4x32-10 from the Random123 distribution (kat_vectors).

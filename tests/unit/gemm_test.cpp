@@ -109,6 +109,24 @@ INSTANTIATE_TEST_SUITE_P(OddAndCanaryShapes, GemmBitwise,
                                            GemmCase{512, 384, 128, GemmEpilogue::Store}),
                          case_name);
 
+// Every shape around the 8x8 tiles and the 64x64 blocks: full tiles, both edges, both.
+TEST(Transpose, EveryShapeAroundTheTilesSwapsIndices) {
+  for (int rows : {1, 7, 8, 9, 63, 64, 65, 130}) {
+    for (int cols : {1, 5, 8, 16, 31, 64, 67, 129}) {
+      const auto in = values(static_cast<std::size_t>(rows * cols), 11);
+      std::vector<float> out(in.size(), -1.0f), serial(in.size(), -1.0f);
+      transpose(in.data(), rows, cols, out.data());
+      transpose_serial(in.data(), rows, cols, cols, serial.data(), rows);
+      bool swapped = true;
+      for (int i = 0; i < rows; ++i) {
+        for (int j = 0; j < cols; ++j) swapped &= out[static_cast<std::size_t>(j * rows + i)] == in[static_cast<std::size_t>(i * cols + j)];
+      }
+      EXPECT_TRUE(swapped) << rows << "x" << cols;
+      EXPECT_EQ(out, serial) << rows << "x" << cols;
+    }
+  }
+}
+
 TEST(Transpose, SwapsIndices) {
   const auto in = values(5 * 7, 9);
   std::vector<float> out(35), serial(35);
