@@ -110,7 +110,9 @@ template <typename Vec>
   for (; i < end; ++i) swiglu_backward_one(dgate[i], dup[i], dout[i], gate[i], up[i]);
 }
 
-// One set per width, each compiled for its ISA (the x86-64 baseline has SSE2).
+// One set per width, each compiled for its ISA (the x86-64 baseline has SSE2). They are
+// spelled out per width because an ISA is a function attribute: the shared templates above
+// are inlined into each and compiled with its instructions.
 void gelu_forward_sse(float* out, const float* inp, std::int64_t b, std::int64_t e) { gelu_forward_lanes<Floats4>(out, inp, b, e); }
 void gelu_backward_sse(float* d, const float* inp, const float* dout, std::int64_t b, std::int64_t e) {
   gelu_backward_lanes<Floats4>(d, inp, dout, b, e);

@@ -1,5 +1,6 @@
 // Receipts: what a run writes can be read back, hashes can be recomputed from dumps,
 // and every kind of bad file is a named error, never a crash.
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cmath>
@@ -187,6 +188,44 @@ TEST_F(ReceiptFiles, SketchSeparatesNearbyTensors) {
   double moved = 0;
   for (int i = 0; i < kSketchWidth; ++i) moved += std::fabs(sb.projection[i] - sa.projection[i]);
   EXPECT_NEAR(moved, 1e-3, 1e-6);  // one block moved by 1e-3, into exactly one bucket
+}
+
+// The sketch as docs/receipt-schema.md spells it, one element at a time: four accumulators
+// (element i to lane i % 4) per block and for the squares, combined (0 + 1) + (2 + 3).
+TensorSketch reference_sketch(const std::vector<float>& values, std::uint64_t salt) {
+  TensorSketch sketch;
+  double squares[4] = {0, 0, 0, 0};
+  for (std::size_t start = 0, block = 0; start < values.size(); start += kSketchBlock, ++block) {
+    double sums[4] = {0, 0, 0, 0};
+    for (std::size_t i = start; i < std::min(values.size(), start + kSketchBlock); ++i) {
+      sums[i % 4] += values[i];
+      squares[i % 4] += static_cast<double>(values[i]) * values[i];
+    }
+    const double block_sum = (sums[0] + sums[1]) + (sums[2] + sums[3]);
+    const std::uint32_t draw = numerics::philox_at(salt, 0, block)[0];
+    sketch.projection[draw % kSketchWidth] += (draw >> 31) ? -block_sum : block_sum;
+  }
+  sketch.l2 = std::sqrt((squares[0] + squares[1]) + (squares[2] + squares[3]));
+  return sketch;
+}
+
+// The recorder's sketch (whole blocks as vectors of four) is the reference bit for bit on
+// every length around the block size, on values of every magnitude and sign.
+TEST_F(ReceiptFiles, SketchIsTheElementByElementReferenceBitForBit) {
+  for (std::size_t n : {std::size_t{1}, std::size_t{3}, std::size_t{31}, std::size_t{32}, std::size_t{33},
+                        std::size_t{100}, std::size_t{128}, std::size_t{1001}}) {
+    std::vector<float> values(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint32_t draw = numerics::philox_at(7, 1, i)[0];
+      values[i] = std::ldexp(static_cast<float>(static_cast<std::int32_t>(draw)), static_cast<int>(draw % 61) - 60);
+    }
+    const TensorSketch fast = run::TensorSketcher(n, 42)(values), reference = reference_sketch(values, 42);
+    EXPECT_EQ(std::bit_cast<std::uint64_t>(fast.l2), std::bit_cast<std::uint64_t>(reference.l2)) << n;
+    for (int b = 0; b < kSketchWidth; ++b) {
+      EXPECT_EQ(std::bit_cast<std::uint64_t>(fast.projection[b]), std::bit_cast<std::uint64_t>(reference.projection[b]))
+          << n << " bucket " << b;
+    }
+  }
 }
 
 // ---- docs/receipt-test-vectors.json: the digests as docs/receipt-schema.md ("Digests")
