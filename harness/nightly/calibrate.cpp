@@ -243,10 +243,6 @@ void propose_windows(const std::vector<const check::FeatureBudget*>& parts, cons
   }
 }
 
-}  // namespace
-
-namespace {
-
 // The lane's repeats, run here: the matrix's reference once and the lane `repeats` times.
 Runs runs_of_lane(const CalibrateOptions& o, const check::Budgets& budgets, Calibration& c,
                   const std::function<void(const std::string&)>& progress) {
