@@ -236,6 +236,25 @@ using Ints16 = std::int32_t __attribute__((vector_size(64)));
 [[gnu::always_inline]] inline Ints16 float_bits(Floats16 x) { return __builtin_bit_cast(Ints16, x); }
 [[gnu::always_inline]] inline Floats16 bits_float(Ints16 b) { return __builtin_bit_cast(Floats16, b); }
 
+// (t - s + 127) << 23 on fp32 bit patterns, in unsigned arithmetic: it wraps where a signed
+// subtraction would overflow (the NaN lanes of exp_poly, whose result is discarded), which
+// is undefined behaviour for scalars; the bits are those of two's complement either way.
+using Uints4 = std::uint32_t __attribute__((vector_size(16)));
+using Uints8 = std::uint32_t __attribute__((vector_size(32)));
+using Uints16 = std::uint32_t __attribute__((vector_size(64)));
+[[gnu::always_inline]] inline std::int32_t exponent_bits(std::int32_t t, std::int32_t s) {
+  return static_cast<std::int32_t>((static_cast<std::uint32_t>(t) - static_cast<std::uint32_t>(s) + 127u) << 23);
+}
+[[gnu::always_inline]] inline Ints4 exponent_bits(Ints4 t, Ints4 s) {
+  return __builtin_bit_cast(Ints4, (__builtin_bit_cast(Uints4, t) - __builtin_bit_cast(Uints4, s) + 127u) << 23);
+}
+[[gnu::always_inline]] inline Ints8 exponent_bits(Ints8 t, Ints8 s) {
+  return __builtin_bit_cast(Ints8, (__builtin_bit_cast(Uints8, t) - __builtin_bit_cast(Uints8, s) + 127u) << 23);
+}
+[[gnu::always_inline]] inline Ints16 exponent_bits(Ints16 t, Ints16 s) {
+  return __builtin_bit_cast(Ints16, (__builtin_bit_cast(Uints16, t) - __builtin_bit_cast(Uints16, s) + 127u) << 23);
+}
+
 // e^x in fp32, branch-free for vectors (softmax calls it ~400K times a step): Cody-Waite
 // reduction x = n ln2 + r with n rounded to nearest by the 1.5*2^23 shifter (an exact
 // IEEE addition, no rounding-mode or libm dependence), a degree-7 polynomial for e^r
@@ -257,7 +276,7 @@ template <typename Real>
   y = y * r + 1.6666665459e-1f;
   y = y * r + 5.0000001201e-1f;
   y = y * (r * r) + r + 1.0f;
-  const Real scale = bits_float((float_bits(t) - float_bits(shifter) + 127) << 23);
+  const Real scale = bits_float(exponent_bits(float_bits(t), float_bits(shifter)));
   const Real result = y * scale;
   return x < lo ? zero : (x != x ? x : result);
 }
