@@ -94,19 +94,40 @@ EngineState TpuMeshEngine::save_state() const {
 // arrives one micro-batch at a time (rows k*B/K.. of the step's batch); anything else is
 // whole each time, and its value after the last micro-batch is the step's.
 void TpuMeshEngine::trace(const OpSite& site, TensorId tensor) {
-  const auto slot = static_cast<float>(traces_.size());
-  traces_.push_back({std::string(site.name), site.layer, site.phase, tensor, {}});
-  record<OpKind::Trace>(site, {tensor}, {slot});
+  const std::size_t slot = traces_used_++;
+  if (slot == traces_.size()) traces_.emplace_back();
+  TracedValue& traced = traces_[slot];  // reused step after step: its value keeps its buffer
+  traced.site.assign(site.name);
+  traced.layer = site.layer;
+  traced.phase = site.phase;
+  traced.tensor = tensor;
+  traced.arrived = false;
+  record<OpKind::Trace>(site, {tensor}, {static_cast<float>(slot)});
+}
+
+void TpuMeshEngine::collect_trace(int slot, int micro_batch, std::span<const float> value) {
+  TracedValue& traced = traces_.at(static_cast<std::size_t>(slot));
+  if (config_.grad_accum == 1) {  // each value arrives once, whole
+    if (static_cast<std::size_t>(slot) == traces_delivered_) {
+      deliver(traced, value);  // straight from the executor's buffer, while it is in cache
+      deliver_arrived();
+    } else {
+      traced.value.assign(value.begin(), value.end());
+      traced.arrived = true;
+    }
+    return;
+  }
+  assemble_micro_batch(traced, micro_batch, value);
 }
 
 // Micro-batch k of an activation holds, on each of the D data shards, the shard's k-th
 // slice of rows: the value arrives as D blocks (device order) of B/(D*K) rows, and block d
 // belongs at global row d*B/D + k*B/(D*K).
-void TpuMeshEngine::collect_trace(int slot, int micro_batch, std::span<const float> value) {
-  TracedValue& traced = traces_.at(static_cast<std::size_t>(slot));
+void TpuMeshEngine::assemble_micro_batch(TracedValue& traced, int micro_batch, std::span<const float> value) {
+  traced.arrived = true;
   const TensorDesc& t = (*table_)[traced.tensor];
   const bool sliced = t.kind == TensorKind::Activation || t.kind == TensorKind::ActivationGrad;
-  if (!sliced || config_.grad_accum == 1) {
+  if (!sliced) {
     traced.value.assign(value.begin(), value.end());
     return;
   }
@@ -120,11 +141,24 @@ void TpuMeshEngine::collect_trace(int slot, int micro_batch, std::span<const flo
   }
 }
 
-void TpuMeshEngine::deliver_traces() {
-  if (trace_sink() != nullptr) {
-    for (const TracedValue& t : traces_) trace_sink()->on_trace(OpSite{t.site, t.layer, t.phase}, t.tensor, t.value);
+void TpuMeshEngine::deliver(const TracedValue& traced, std::span<const float> value) {
+  if (trace_sink() != nullptr) trace_sink()->on_trace(OpSite{traced.site, traced.layer, traced.phase}, traced.tensor, value);
+  ++traces_delivered_;
+}
+
+// The sink sees the model's op order: values that arrived before an earlier slot's wait.
+void TpuMeshEngine::deliver_arrived() {
+  while (traces_delivered_ < traces_used_ && traces_[traces_delivered_].arrived) {
+    deliver(traces_[traces_delivered_], traces_[traces_delivered_].value);
   }
-  traces_.clear();
+}
+
+void TpuMeshEngine::deliver_traces() {
+  deliver_arrived();
+  if (traces_delivered_ != traces_used_) {
+    throw std::logic_error(fmt::format("tpu-mesh: trace slot {} of {} never ran", traces_delivered_, traces_used_));
+  }
+  traces_used_ = traces_delivered_ = 0;
 }
 
 // ---- host <-> device ---------------------------------------------------------------------

@@ -114,11 +114,15 @@ class TpuMeshEngine final : public Engine {
     int layer = -1;
     Phase phase = Phase::Forward;
     TensorId tensor = kNoTensor;
-    std::vector<float> value;
+    std::vector<float> value;  // held until its turn (or assembled from micro-batches)
+    bool arrived = false;
   };
 
   void collect_trace(int slot, int micro_batch, std::span<const float> value);
-  void deliver_traces();  // to the sink, in the model's op order
+  void assemble_micro_batch(TracedValue& traced, int micro_batch, std::span<const float> value);
+  void deliver(const TracedValue& traced, std::span<const float> value);
+  void deliver_arrived();
+  void deliver_traces();  // the rest, to the sink, in the model's op order
   // One node of the step's graph, laid out as its op's description says: the operand count
   // of a fixed-operand op is checked when this compiles, the attributes when it runs.
   template <OpKind Op, std::size_t N>
@@ -148,7 +152,8 @@ class TpuMeshEngine final : public Engine {
   CompileCounters counters_;
   std::vector<TracedSegment> segments_;
   std::vector<GraphBreak> breaks_;
-  std::vector<TracedValue> traces_;  // by trace slot
+  std::vector<TracedValue> traces_;  // by trace slot; the first traces_used_ are this step's
+  std::size_t traces_used_ = 0, traces_delivered_ = 0;
   int batch_shards_ = 1;              // data shards of the batch dimension
   std::vector<std::int64_t> step_peak_bytes_;  // per MemoryCategory, then the total
 };

@@ -10,7 +10,8 @@
 #include <vector>
 
 #include <fmt/format.h>
-#include <xxhash.h>
+
+#include "receipt/xxh3_dispatch.h"
 
 namespace harness::run {
 

@@ -3,7 +3,7 @@
 #include <stdexcept>
 
 #include <fmt/format.h>
-#include <tbb/parallel_for.h>
+#include <tbb/parallel_invoke.h>
 
 #include "numerics/philox.h"
 
@@ -18,11 +18,16 @@ void OpTraceRecorder::on_trace(const OpSite& site, TensorId tensor, std::span<co
     const bool same_op = last.op == column.op && last.layer == column.layer && last.phase == column.phase;
     column.op_index = same_op ? last.op_index : last.op_index + 1;
   }
-  const std::size_t slot = step_columns_.size();
-  if (values_.size() <= slot) values_.resize(slot + 1);
-  values_[slot].assign(value.begin(), value.end());
   step_columns_.push_back(std::move(column));
-  tensors_.push_back(tensor);
+  // Digested now, while the op's output is in cache and with no copy (a copy of every
+  // output cost more than the digest): the sketch on this core, the hash (about half the
+  // sketch's time) on the other.
+  const TensorSketcher& sketcher = sketcher_for(tensor);
+  std::uint64_t hash = 0;
+  receipt::TensorSketch sketch;
+  tbb::parallel_invoke([&] { sketch = sketcher(value); }, [&] { hash = tensor_hash(value); });
+  step_.hashes.push_back(hash);
+  step_.sketches.push_back(sketch);
 }
 
 const TensorSketcher& OpTraceRecorder::sketcher_for(TensorId tensor) {
@@ -43,18 +48,9 @@ receipt::TraceStep OpTraceRecorder::finish_step() {
                                        "sequence must not change from step to step",
                                        step_columns_.size(), columns_.size()));
   }
-  std::vector<const TensorSketcher*> sketchers;  // built here, serially; used in parallel
-  for (TensorId t : tensors_) sketchers.push_back(&sketcher_for(t));
-  receipt::TraceStep step;
-  const std::size_t n = step_columns_.size();
-  step.hashes.assign(n, 0);
-  step.sketches.assign(n, {});
-  tbb::parallel_for(std::size_t{0}, n, [&](std::size_t i) {
-    step.hashes[i] = tensor_hash(values_[i]);
-    step.sketches[i] = (*sketchers[i])(values_[i]);
-  });
+  receipt::TraceStep step = std::move(step_);
+  step_ = {};
   step_columns_.clear();
-  tensors_.clear();
   return step;
 }
 

@@ -1,7 +1,7 @@
 // Op traces (`--trace ops`): the engine hands over every traced op output (TraceSink);
-// this recorder numbers the ops, keeps the values of the step and digests them at its
-// end into one /trace row: per output its XXH3-64 hash and value sketch, the same digest
-// the receipt's /hashes and /sketches use (docs/receipt-schema.md, "/trace").
+// this recorder numbers the ops and digests each output as it arrives into the step's
+// /trace row: per output its XXH3-64 hash and value sketch, the same digest the receipt's
+// /hashes and /sketches use (docs/receipt-schema.md, "/trace").
 #pragma once
 
 #include <cstdint>
@@ -19,10 +19,11 @@ class OpTraceRecorder final : public TraceSink {
  public:
   explicit OpTraceRecorder(const TensorTable& table) : table_(table) {}
 
-  // Copies the value; consecutive calls with one site are the outputs of one op.
+  // Digests the value during the call (it is the engine's, valid only until the call
+  // returns); consecutive calls with one site are the outputs of one op.
   void on_trace(const OpSite& site, TensorId tensor, std::span<const float> value) override;
 
-  // Digests the step's values (in parallel, deterministic) and starts the next step.
+  // The step's row; starts the next step.
   // Throws std::logic_error when a step traced other ops than the first step did.
   receipt::TraceStep finish_step();
   // The traced outputs in execution order, as the first step saw them.
@@ -34,8 +35,7 @@ class OpTraceRecorder final : public TraceSink {
   const TensorTable& table_;
   std::vector<receipt::TraceColumn> columns_;
   std::vector<receipt::TraceColumn> step_columns_;  // this step's, checked against columns_
-  std::vector<std::vector<float>> values_;          // this step's, by column (reused)
-  std::vector<TensorId> tensors_;
+  receipt::TraceStep step_;                          // this step's digests, by column
   std::map<TensorId, TensorSketcher> sketchers_;
 };
 

@@ -209,22 +209,44 @@ TensorSketch reference_sketch(const std::vector<float>& values, std::uint64_t sa
   return sketch;
 }
 
+std::vector<float> sketch_test_values(std::size_t n, std::uint64_t stream) {
+  std::vector<float> values(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint32_t draw = numerics::philox_at(7, stream, i)[0];
+    values[i] = std::ldexp(static_cast<float>(static_cast<std::int32_t>(draw)), static_cast<int>(draw % 61) - 60);
+  }
+  return values;
+}
+
+void expect_same_sketch(const TensorSketch& fast, const TensorSketch& reference, const std::string& what) {
+  EXPECT_EQ(std::bit_cast<std::uint64_t>(fast.l2), std::bit_cast<std::uint64_t>(reference.l2)) << what;
+  for (int b = 0; b < kSketchWidth; ++b) {
+    EXPECT_EQ(std::bit_cast<std::uint64_t>(fast.projection[b]), std::bit_cast<std::uint64_t>(reference.projection[b]))
+        << what << " bucket " << b;
+  }
+}
+
+const std::size_t kSketchTestLengths[] = {0, 1, 3, 31, 32, 33, 100, 128, 1001};
+
 // The recorder's sketch (whole blocks as vectors of four) is the reference bit for bit on
 // every length around the block size, on values of every magnitude and sign.
 TEST_F(ReceiptFiles, SketchIsTheElementByElementReferenceBitForBit) {
-  for (std::size_t n : {std::size_t{1}, std::size_t{3}, std::size_t{31}, std::size_t{32}, std::size_t{33},
-                        std::size_t{100}, std::size_t{128}, std::size_t{1001}}) {
-    std::vector<float> values(n);
-    for (std::size_t i = 0; i < n; ++i) {
-      const std::uint32_t draw = numerics::philox_at(7, 1, i)[0];
-      values[i] = std::ldexp(static_cast<float>(static_cast<std::int32_t>(draw)), static_cast<int>(draw % 61) - 60);
-    }
-    const TensorSketch fast = run::TensorSketcher(n, 42)(values), reference = reference_sketch(values, 42);
-    EXPECT_EQ(std::bit_cast<std::uint64_t>(fast.l2), std::bit_cast<std::uint64_t>(reference.l2)) << n;
-    for (int b = 0; b < kSketchWidth; ++b) {
-      EXPECT_EQ(std::bit_cast<std::uint64_t>(fast.projection[b]), std::bit_cast<std::uint64_t>(reference.projection[b]))
-          << n << " bucket " << b;
-    }
+  for (std::size_t n : kSketchTestLengths) {
+    const std::vector<float> values = sketch_test_values(n, 1);
+    expect_same_sketch(run::TensorSketcher(n, 42)(values), reference_sketch(values, 42), std::to_string(n));
+  }
+}
+
+// The sketch's halves, computed apart (as the op tracer does on two cores), are each the
+// reference's bit for bit.
+TEST_F(ReceiptFiles, SketchHalvesAreTheReferenceBitForBit) {
+  for (std::size_t n : kSketchTestLengths) {
+    const std::vector<float> values = sketch_test_values(n, 2);
+    const run::TensorSketcher sketcher(n, 5);
+    TensorSketch halves;
+    halves.l2 = sketcher.l2(values);
+    halves.projection = sketcher.projection(values);
+    expect_same_sketch(halves, reference_sketch(values, 5), std::to_string(n));
   }
 }
 
