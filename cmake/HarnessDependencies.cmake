@@ -15,6 +15,15 @@ pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
 if(NOT TARGET xxHash::xxhash)
   add_library(xxHash::xxhash ALIAS PkgConfig::XXHASH)
 endif()
+# Debian's x86-64 library also exports XXH3's run-time dispatch (AVX2 / AVX-512 loops);
+# harness/receipt/xxh3_dispatch.h uses it where the library has it.
+include(CheckSymbolExists)
+include(CMakePushCheckState)
+cmake_push_check_state(RESET)
+set(CMAKE_REQUIRED_INCLUDES ${XXHASH_INCLUDE_DIRS})
+set(CMAKE_REQUIRED_LIBRARIES PkgConfig::XXHASH)
+check_symbol_exists(XXH3_64bits_dispatch "xxh_x86dispatch.h" HARNESS_HAVE_XXH3_DISPATCH)
+cmake_pop_check_state()
 
 # HDF5's FindHDF5 gives variables; wrap them in one imported target.
 if(NOT TARGET harness_hdf5)
