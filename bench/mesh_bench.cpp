@@ -21,10 +21,11 @@ namespace {
 
 using namespace harness;
 
-tpu::MeshConfig mesh_config(int mesh, int plan) {
+tpu::MeshConfig mesh_config(int mesh, int plan, int bf16 = 0) {
   tpu::MeshConfig c;
   c.mesh = mesh == 0 ? tpu::Mesh{1, 1} : tpu::Mesh{2, 2};
   c.plan = static_cast<tpu::ShardPlan>(plan);
+  if (bf16 != 0) c.precision = tpu::Precision::Bf16;
   return c;
 }
 
@@ -48,16 +49,18 @@ void BM_CpuRefStep(benchmark::State& state) {
 }
 BENCHMARK(BM_CpuRefStep)->Unit(benchmark::kMillisecond)->UseRealTime();
 
-// mesh: 0 = 1x1, 1 = 2x2; plan: 0 dp, 1 tp, 2 zero3.
+// mesh: 0 = 1x1, 1 = 2x2; plan: 0 dp, 1 tp, 2 zero3; bf16: 0 fp32, 1 bf16.
 void BM_MeshStep(benchmark::State& state) {
-  tpu::TpuMeshEngine engine(mesh_config(static_cast<int>(state.range(0)), static_cast<int>(state.range(1))));
+  tpu::TpuMeshEngine engine(mesh_config(static_cast<int>(state.range(0)), static_cast<int>(state.range(1)),
+                                        static_cast<int>(state.range(2))));
   state.SetLabel(engine.lane_engine() + "+" + engine.features());
   train_steps(state, engine);
 }
 BENCHMARK(BM_MeshStep)
-    ->Args({0, 0})
-    ->ArgsProduct({{1}, {0, 1, 2}})
-    ->ArgNames({"mesh", "plan"})
+    ->Args({0, 0, 0})
+    ->ArgsProduct({{1}, {0, 1, 2}, {0}})
+    ->Args({1, 2, 1})
+    ->ArgNames({"mesh", "plan", "bf16"})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

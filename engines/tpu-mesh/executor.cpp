@@ -1,7 +1,9 @@
 #include "executor.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <stdexcept>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <tbb/parallel_for.h>
@@ -29,12 +31,41 @@ void add_bias(float* out, const float* bias, std::int64_t rows, std::int64_t cha
   });
 }
 
+// The mesh axes of size > 1 that no tensor's (effective) spec shards: pure replication.
+std::vector<Axis> replica_axes(const Mesh& mesh, const std::vector<PartitionSpec>& specs) {
+  std::vector<Axis> axes;
+  for (Axis axis : {Axis::Data, Axis::Model}) {
+    if (axis_size(mesh, axis) == 1) continue;
+    const bool sharded = std::any_of(specs.begin(), specs.end(),
+                                     [&](const PartitionSpec& s) { return effective(s, mesh).shards_on(axis); });
+    if (!sharded) axes.push_back(axis);
+  }
+  return axes;
+}
+
+bool verify_replicas_requested() {
+  const char* mode = std::getenv("HARNESS_MESH_REPLICAS");
+  if (mode == nullptr || *mode == '\0' || std::string_view(mode) == "once") return false;
+  if (std::string_view(mode) == "verify") return true;
+  throw std::invalid_argument(fmt::format("HARNESS_MESH_REPLICAS: '{}' is not a mode; use once (default) or verify", mode));
+}
+
 }  // namespace
 
 void MeshExecutor::bind(const TensorTable& table, const Mesh& mesh, std::vector<PartitionSpec> specs) {
   table_ = &table;
   mesh_ = mesh;
   specs_ = std::move(specs);
+  replica_axes_ = replica_axes(mesh_, specs_);
+  verify_replicas_ = verify_replicas_requested() && !replica_axes_.empty();
+  running_.assign(static_cast<std::size_t>(mesh.devices()), 1);
+  running_devices_.clear();
+  for (int d = 0; d < mesh.devices(); ++d) {
+    for (Axis axis : replica_axes_) {
+      if (!verify_replicas_ && axis_coord(mesh, axis, d) != 0) running_[static_cast<std::size_t>(d)] = 0;
+    }
+    if (runs(d)) running_devices_.push_back(d);
+  }
   devices_.assign(static_cast<std::size_t>(mesh.devices()), Device{});
   host_.assign(table.size(), {});
   for (Device& device : devices_) {
@@ -124,7 +155,6 @@ void MeshExecutor::run(const Executable& exe, int micro_batch) {
       d.scratch.resize(static_cast<std::size_t>(exe.scratch_numel));
     }
   }
-  const int devices = mesh_.devices();
   for (const Instr& in : exe.instrs) {
     if (in.op() == InstrKind::RopeForward || in.op() == InstrKind::RopeBackward) {
       const std::span<const std::int64_t> n = exe.dims_of(in);
@@ -134,11 +164,30 @@ void MeshExecutor::run(const Executable& exe, int micro_batch) {
     if (in.op() == InstrKind::Trace) {
       run_trace(exe, in);
     } else if (in.is_collective()) {
+      if (std::find(replica_axes_.begin(), replica_axes_.end(), in.mesh_axis()) != replica_axes_.end()) {
+        throw std::logic_error("tpu-mesh: a collective over an axis no tensor is sharded on");
+      }
       run_collective(exe, in);
-    } else if (devices == 1) {
-      run_kernel(0, exe, in);
+    } else if (running_devices_.size() == 1) {
+      run_kernel(running_devices_.front(), exe, in);
     } else {
-      tbb::parallel_for(0, devices, [&](int d) { run_kernel(d, exe, in); });
+      tbb::parallel_for(std::size_t{0}, running_devices_.size(), [&](std::size_t k) { run_kernel(running_devices_[k], exe, in); });
+    }
+  }
+  if (verify_replicas_) verify_replicas();
+}
+
+void MeshExecutor::verify_replicas() const {
+  for (std::size_t d = 0; d < devices_.size(); ++d) {
+    int twin = static_cast<int>(d);  // the replica at coordinate 0 of every replica axis
+    for (Axis axis : replica_axes_) {
+      twin -= axis_coord(mesh_, axis, static_cast<int>(d)) * (axis == Axis::Data ? mesh_.model : 1);
+    }
+    for (std::size_t id = 0; id < table_->size(); ++id) {
+      if (devices_[d].tensors[id] != devices_[static_cast<std::size_t>(twin)].tensors[id]) {
+        throw std::logic_error(fmt::format("tpu-mesh: device {} holds other values of {} than its replica {}", d,
+                                           (*table_)[static_cast<TensorId>(id)].name, twin));
+      }
     }
   }
 }
@@ -258,6 +307,7 @@ void MeshExecutor::run_collective(const Executable& exe, const Instr& in) {
   const std::vector<std::int64_t> n(exe.dims_of(in).begin(), exe.dims_of(in).end());
   const std::span<const std::int32_t> buffers = exe.buffers_of(in);
   for (int leader = 0; leader < mesh_.devices(); ++leader) {
+    if (!runs(leader)) continue;  // a replica: its group's members are replicas too
     const std::vector<int> members = group(leader, in.mesh_axis());
     if (members.front() != leader) continue;  // each group once, from its first device
     switch (in.op()) {

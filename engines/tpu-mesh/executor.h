@@ -2,6 +2,14 @@
 // all of them. Kernels run on every device at once (devices are parallel tasks on the
 // host, each kernel deterministic on its own); collectives combine devices in a fixed
 // order, so a fixed mesh and plan give the same bits on any host thread count.
+//
+// Replicas: along a mesh axis that no tensor of the plan is sharded on (`model` under dp
+// and zero3), every coordinate holds the same blocks and runs the same program on them,
+// so it computes the same bits. Only coordinate 0 of such an axis runs; every read
+// (assemble, traces, the global norm) already takes distinct blocks from coordinate 0.
+// HARNESS_MESH_REPLICAS=verify runs every replica and, after each program, checks that
+// each replica's persistent blocks equal its coordinate-0 twin's (std::logic_error
+// naming the tensor otherwise): the test that skipping them changes nothing.
 #pragma once
 
 #include <cstdint>
@@ -51,8 +59,15 @@ class MeshExecutor {
   // The devices that exchange along `axis` with `device`, in coordinate order.
   std::vector<int> group(int device, Axis axis) const;
 
+  bool runs(int device) const { return running_[static_cast<std::size_t>(device)] != 0; }
+  void verify_replicas() const;
+
   const TensorTable* table_ = nullptr;
   Mesh mesh_;
+  std::vector<char> running_;        // by device: 1 where it runs (see "Replicas" above)
+  std::vector<int> running_devices_;
+  std::vector<Axis> replica_axes_;   // axes of size > 1 that no tensor is sharded on
+  bool verify_replicas_ = false;
   std::vector<PartitionSpec> specs_;
   std::vector<Device> devices_;
   std::vector<std::vector<float>> host_;  // assembled tensors by TensorId

@@ -4,6 +4,7 @@
 // a warm persistent cache, one every step when a scalar leaks into the graph; a corrupt
 // cache entry is evicted and recompiled.
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -97,6 +98,40 @@ TEST(TpuMeshRun, Zero3HoldsOneNthOfDataParallelParameterAndOptimizerBytes) {
     for (std::size_t d = 0; d < dp.size(); ++d) EXPECT_EQ(zero3[d] * 4, dp[d]) << category << " device " << d;
   }
   EXPECT_LT(receipt_dataset("memory_zero3", "/memory/total")[0], receipt_dataset("memory_dp", "/memory/total")[0]);
+}
+
+// HARNESS_MESH_REPLICAS for the scope of one test.
+class ReplicaMode {
+ public:
+  explicit ReplicaMode(const char* mode) { ::setenv("HARNESS_MESH_REPLICAS", mode, 1); }
+  ~ReplicaMode() { ::unsetenv("HARNESS_MESH_REPLICAS"); }
+};
+
+// dp and zero3 shard nothing on `model`: its replicas are skipped by default. Run with
+// every replica (verify mode checks, after each program, that each replica holds its
+// twin's exact blocks: a difference throws and fails the run), the receipt is the same,
+// on every plan, precision and compile mode that replicates.
+TEST(TpuMeshRun, SkippedReplicasAreExactlyTheReplicasRun) {
+  const std::vector<Flags> configs = {
+      {{"mesh", "2x2"}, {"shard-plan", "dp"}},
+      {{"mesh", "2x2"}, {"shard-plan", "zero3"}, {"precision", "bf16"}},
+      {{"mesh", "1x2"}, {"shard-plan", "zero3"}, {"compile-mode", "microstep"}, {"grad-accum", "2"}},
+  };
+  for (const Flags& flags : configs) {
+    const ReceiptBits skipped = run_and_read(mesh_lane("micro", 3, 2, flags), "replicas_once");
+    const ReplicaMode verify("verify");
+    EXPECT_TRUE(skipped.same_numbers(run_and_read(mesh_lane("micro", 3, 2, flags), "replicas_verified")))
+        << flags.at("mesh") << " " << flags.at("shard-plan");
+  }
+}
+
+TEST(TpuMeshRun, AnUnknownReplicaModeIsAnError) {
+  const ReplicaMode wrong("sometimes");
+  tpu::MeshConfig config;
+  config.mesh = tpu::Mesh{2, 2};
+  TpuMeshEngine engine(config);
+  const canary::Gpt2Canary model(canary::load_canary("micro"));
+  EXPECT_THROW(engine.bind(model.tensors()), std::invalid_argument);
 }
 
 // Cold: one uncached compile at step 0, cached lookups after. Warm (same cache dir, new
