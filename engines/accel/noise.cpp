@@ -7,6 +7,7 @@
 
 #include <tbb/parallel_for.h>
 
+#include "numerics/isa_dispatch.h"
 #include "numerics/philox.h"
 
 namespace harness::accel {
@@ -14,10 +15,13 @@ namespace {
 
 void add_in_order(const std::vector<float>& partials, std::int64_t n, float* out, const int* order, int parts,
                   std::int64_t begin, std::int64_t end) {
-  for (int j = 0; j < parts; ++j) {
-    const float* p = partials.data() + static_cast<std::int64_t>(order[j]) * n;
-    for (std::int64_t i = begin; i < end; ++i) out[i] += p[i];
-  }
+  // Element by element, parts in `order`: the same additions at every vector width.
+  numerics::run_widest([&]() __attribute__((always_inline)) {
+    for (int j = 0; j < parts; ++j) {
+      const float* p = partials.data() + static_cast<std::int64_t>(order[j]) * n;
+      for (std::int64_t i = begin; i < end; ++i) out[i] += p[i];
+    }
+  });
 }
 
 // Each part, as soon as it is done, adds itself into the output segment by segment under

@@ -2,6 +2,8 @@
 
 #include <bit>
 
+#include "numerics/isa_dispatch.h"
+
 namespace harness::numerics {
 namespace {
 
@@ -11,7 +13,7 @@ constexpr std::uint32_t kFp32Inf = 0x7F800000u;
 constexpr std::uint32_t kBf16Nan = 0x7FC0u;
 constexpr std::uint8_t kFp8NanMagnitude = 0x7F;  // S.1111.111 (E4M3) and S.11111.11 (E5M2)
 
-bool is_nan_bits(std::uint32_t bits) { return (bits & kAbsMask) > kFp32Inf; }
+__attribute__((always_inline)) inline bool is_nan_bits(std::uint32_t bits) { return (bits & kAbsMask) > kFp32Inf; }
 
 // 2^e as an fp32, for e in the normal range.
 float pow2(int e) { return std::bit_cast<float>(static_cast<std::uint32_t>(e + 127) << 23); }
@@ -35,12 +37,15 @@ float bf16_to_fp32(std::uint16_t bits) { return std::bit_cast<float>(static_cast
 float round_to_bf16(float x) { return bf16_to_fp32(fp32_to_bf16(x)); }
 
 void round_to_bf16_inplace(float* x, std::int64_t n) {
-  // Branch-free so the loop vectorises: the same formula as fp32_to_bf16.
-  for (std::int64_t i = 0; i < n; ++i) {
-    const auto u = std::bit_cast<std::uint32_t>(x[i]);
-    const std::uint32_t rounded = ((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16) << 16;
-    x[i] = std::bit_cast<float>(is_nan_bits(u) ? (kBf16Nan << 16) : rounded);
-  }
+  // Branch-free so the loop vectorises (at the widest width: integer formulas): the same
+  // formula as fp32_to_bf16.
+  run_widest([&]() __attribute__((always_inline)) {
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto u = std::bit_cast<std::uint32_t>(x[i]);
+      const std::uint32_t rounded = ((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16) << 16;
+      x[i] = std::bit_cast<float>(is_nan_bits(u) ? (kBf16Nan << 16) : rounded);
+    }
+  });
 }
 
 // ---- fp8 ----------------------------------------------------------------------------
@@ -107,7 +112,7 @@ float fp8_to_fp32(std::uint8_t code, Fp8Format format) {
 // the hardware's round-to-nearest-even puts x on the fp8 grid, and the subtraction is
 // exact. Branch-free; tests check it against fp8_to_fp32(fp32_to_fp8(x)).
 namespace {
-inline float round_to_fp8_lane(float x, float max_finite, std::uint32_t least_normal_exponent, std::uint32_t mantissa_bits) {
+__attribute__((always_inline)) inline float round_to_fp8_lane(float x, float max_finite, std::uint32_t least_normal_exponent, std::uint32_t mantissa_bits) {
   const auto u = std::bit_cast<std::uint32_t>(x);
   float magnitude = std::bit_cast<float>(u & kAbsMask);
   magnitude = magnitude < 2.0f * max_finite ? magnitude : 2.0f * max_finite;  // NaN -> 2 max, fixed below
@@ -131,9 +136,12 @@ void scale_round_to_fp8(const float* x, float scale, float* out, std::int64_t n,
   const Fp8Traits t = fp8_traits(format);
   const auto least_normal_exponent = static_cast<std::uint32_t>(128 - t.bias);
   const auto mantissa_bits = static_cast<std::uint32_t>(t.mantissa_bits);
-  for (std::int64_t i = 0; i < n; ++i) {
-    out[i] = round_to_fp8_lane(x[i] * scale, t.max_finite, least_normal_exponent, mantissa_bits);
-  }
+  // Each element alone, one IEEE operation at a time: the same bits at every width.
+  run_widest([&]() __attribute__((always_inline)) {
+    for (std::int64_t i = 0; i < n; ++i) {
+      out[i] = round_to_fp8_lane(x[i] * scale, t.max_finite, least_normal_exponent, mantissa_bits);
+    }
+  });
 }
 
 }  // namespace harness::numerics

@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>
 
+#include "numerics/isa_dispatch.h"
+
 namespace harness::numerics {
 
 std::string_view to_string(Fp8Recipe recipe) { return recipe == Fp8Recipe::Delayed ? "delayed" : "current"; }
@@ -28,11 +30,14 @@ float compute_fp8_scale(float amax, float previous_scale, float fp8_max, int mar
 float tensor_amax(const float* x, std::int64_t n) {
   // On magnitudes' bit patterns, integer order is value order and every NaN is above
   // infinity: one integer max finds the amax and any NaN, and it vectorises.
+  // An integer max is the same in any grouping: at the widest width.
   std::uint32_t largest = 0;
-  for (std::int64_t i = 0; i < n; ++i) {
-    const std::uint32_t magnitude = std::bit_cast<std::uint32_t>(x[i]) & 0x7FFFFFFFu;
-    largest = magnitude > largest ? magnitude : largest;
-  }
+  run_widest([&]() __attribute__((always_inline)) {
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::uint32_t magnitude = std::bit_cast<std::uint32_t>(x[i]) & 0x7FFFFFFFu;
+      largest = magnitude > largest ? magnitude : largest;
+    }
+  });
   return largest > 0x7F800000u ? std::numeric_limits<float>::quiet_NaN() : std::bit_cast<float>(largest);
 }
 
