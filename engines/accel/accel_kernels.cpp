@@ -20,17 +20,19 @@ void split_k_gemm(ReduceContext& ctx, int M, int N, int K, const float* A, int l
   // shorter than that would hide the effect, so the chunk is at least one interval.
   chunk = std::max(chunk, numerics.limited_interval);
   const int parts = part_count(K, chunk);
-  const std::int64_t n = static_cast<std::int64_t>(M) * N;
-  reduce_parts(ctx.noise, ctx.next(), parts, n, C, ctx.workspace, [&](int part, float* partial) {
+  reduce_row_tiles(ctx.noise, ctx.next(), parts, M, N, C, [&](int part, int first, int last, float* partial) {
     const int k0 = part * chunk;
     const int kc = std::min(chunk, K - k0);
+    const int rows = last - first;
+    const float* a = A + static_cast<long>(first) * lda + k0;
+    const float* b = B + static_cast<long>(k0) * ldb;
     if (numerics.limited_interval > 0) {
-      gemm_limited_accumulator(M, N, kc, A + k0, lda, B + static_cast<long>(k0) * ldb, ldb, partial, N,
-                               numerics.limited_interval);
+      gemm_limited_accumulator(rows, N, kc, a, lda, b, ldb, partial, N, numerics.limited_interval);
     } else {
-      kernels::gemm(M, N, kc, A + k0, lda, B + static_cast<long>(k0) * ldb, ldb, partial, N, GemmEpilogue::Store);
+      kernels::gemm_serial(rows, N, kc, a, lda, b, ldb, partial, N, GemmEpilogue::Store);
     }
     if (numerics.output_scale != 1.0f) {
+      const std::int64_t n = static_cast<std::int64_t>(rows) * N;
       for (std::int64_t i = 0; i < n; ++i) partial[i] *= numerics.output_scale;
     }
   });

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <memory>
+#include <algorithm>
 #include <numeric>
 #include <random>
 
@@ -13,12 +14,12 @@
 namespace harness::accel {
 namespace {
 
-void add_in_order(const std::vector<float>& partials, std::int64_t n, float* out, const int* order, int parts,
-                  std::int64_t begin, std::int64_t end) {
+void add_in_order(const float* partials, std::int64_t n, float* out, const int* order, int parts, std::int64_t begin,
+                  std::int64_t end) {
   // Element by element, parts in `order`: the same additions at every vector width.
   numerics::run_widest([&]() __attribute__((always_inline)) {
     for (int j = 0; j < parts; ++j) {
-      const float* p = partials.data() + static_cast<std::int64_t>(order[j]) * n;
+      const float* p = partials + static_cast<std::int64_t>(order[j]) * n;
       for (std::int64_t i = begin; i < end; ++i) out[i] += p[i];
     }
   });
@@ -90,7 +91,7 @@ void reduce_parts(const NoiseSource& noise, Reduction reduction, int parts, std:
     std::vector<int> order(static_cast<std::size_t>(parts));
     noise.order(reduction.index, reduction.first_segment + static_cast<std::uint64_t>(segment), parts, order.data());
     const std::int64_t end = (segment + 1) * kNoiseSegment < n ? (segment + 1) * kNoiseSegment : n;
-    add_in_order(workspace, n, out, order.data(), parts, segment * kNoiseSegment, end);
+    add_in_order(workspace.data(), n, out, order.data(), parts, segment * kNoiseSegment, end);
   };
   const std::int64_t segments = (n + kNoiseSegment - 1) / kNoiseSegment;
   if (serial_parts) {
@@ -100,6 +101,37 @@ void reduce_parts(const NoiseSource& noise, Reduction reduction, int parts, std:
   }
   tbb::parallel_for(0, parts, produce_part);
   tbb::parallel_for(std::int64_t{0}, segments, add_segment);
+}
+
+// About this many rows a tile: its parts stay in cache, and a GEMM has tiles for every core.
+constexpr std::int64_t kTileRowsTarget = 32;
+
+void reduce_row_tiles(const NoiseSource& noise, Reduction reduction, int parts, int rows, int row_length, float* out,
+                      const RowPartFn& produce) {
+  const std::int64_t n = static_cast<std::int64_t>(rows) * row_length;
+  if (noise.mode() == NoiseMode::Racy) {
+    std::vector<float> unused;
+    reduce_parts(noise, reduction, parts, n, out, unused, [&](int part, float* partial) { produce(part, 0, rows, partial); });
+    return;
+  }
+  // A tile starts on a segment boundary: its row count is a multiple of the rows that
+  // make whole segments.
+  const std::int64_t aligned = kNoiseSegment / std::gcd(static_cast<std::int64_t>(row_length), kNoiseSegment);
+  const auto tile_rows = static_cast<int>(aligned * std::max<std::int64_t>(1, kTileRowsTarget / aligned));
+  const int tiles = (rows + tile_rows - 1) / tile_rows;
+  tbb::parallel_for(0, tiles, [&](int tile) {
+    const int first = tile * tile_rows, last = std::min(rows, first + tile_rows);
+    const std::int64_t begin = static_cast<std::int64_t>(first) * row_length;
+    const std::int64_t length = static_cast<std::int64_t>(last - first) * row_length;
+    std::vector<float> partials(static_cast<std::size_t>(parts) * static_cast<std::size_t>(length));
+    for (int part = 0; part < parts; ++part) produce(part, first, last, partials.data() + part * length);
+    std::vector<int> order(static_cast<std::size_t>(parts));
+    for (std::int64_t at = 0; at < length; at += kNoiseSegment) {
+      noise.order(reduction.index, reduction.first_segment + static_cast<std::uint64_t>((begin + at) / kNoiseSegment),
+                  parts, order.data());
+      add_in_order(partials.data(), length, out + begin, order.data(), parts, at, std::min(length, at + kNoiseSegment));
+    }
+  });
 }
 
 }  // namespace harness::accel

@@ -72,6 +72,18 @@ using PartFn = std::function<void(int part, float* partial)>;
 void reduce_parts(const NoiseSource& noise, Reduction reduction, int parts, std::int64_t n, float* out,
                   std::vector<float>& workspace, const PartFn& produce, bool serial_parts = false);
 
+// Produces rows [row_begin, row_end) of partial result `part` into `partial`
+// ((row_end - row_begin) * row_length floats, overwritten).
+using RowPartFn = std::function<void(int part, int row_begin, int row_end, float* partial)>;
+
+// reduce_parts for an output of `rows` rows of `row_length` whose parts can be produced a
+// few rows at a time (a split-K GEMM): the rows are cut into tiles of whole noise segments,
+// and each tile, a parallel task, produces its rows of every part and adds them in each
+// segment's order while they are in cache. The same additions in the same order as
+// reduce_parts; racy mode goes through reduce_parts (its noise is the parts' completion).
+void reduce_row_tiles(const NoiseSource& noise, Reduction reduction, int parts, int rows, int row_length, float* out,
+                      const RowPartFn& produce);
+
 // Outputs are permuted per segment of this many elements: a GPU's atomics and split-K
 // reductions order each output tile on its own, not the whole tensor at once.
 inline constexpr std::int64_t kNoiseSegment = 1024;
