@@ -9,6 +9,7 @@
 #include "kernels/llama_kernels.h"
 #include "limited_accumulator_gemm.h"
 #include "numerics/formats.h"
+#include "numerics/isa_dispatch.h"
 
 namespace harness::accel {
 
@@ -33,7 +34,10 @@ void split_k_gemm(ReduceContext& ctx, int M, int N, int K, const float* A, int l
     }
     if (numerics.output_scale != 1.0f) {
       const std::int64_t n = static_cast<std::int64_t>(rows) * N;
-      for (std::int64_t i = 0; i < n; ++i) partial[i] *= numerics.output_scale;
+      const float scale = numerics.output_scale;
+      harness::numerics::run_widest([&]() __attribute__((always_inline)) {
+        for (std::int64_t i = 0; i < n; ++i) partial[i] *= scale;
+      });
     }
   });
 }

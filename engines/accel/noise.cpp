@@ -123,13 +123,14 @@ void reduce_row_tiles(const NoiseSource& noise, Reduction reduction, int parts, 
     const int first = tile * tile_rows, last = std::min(rows, first + tile_rows);
     const std::int64_t begin = static_cast<std::int64_t>(first) * row_length;
     const std::int64_t length = static_cast<std::int64_t>(last - first) * row_length;
-    std::vector<float> partials(static_cast<std::size_t>(parts) * static_cast<std::size_t>(length));
-    for (int part = 0; part < parts; ++part) produce(part, first, last, partials.data() + part * length);
+    // Uninitialised: produce() overwrites every element (zeroing it cost 5% of a step).
+    const std::unique_ptr<float[]> partials(new float[static_cast<std::size_t>(parts) * static_cast<std::size_t>(length)]);
+    for (int part = 0; part < parts; ++part) produce(part, first, last, partials.get() + part * length);
     std::vector<int> order(static_cast<std::size_t>(parts));
     for (std::int64_t at = 0; at < length; at += kNoiseSegment) {
       noise.order(reduction.index, reduction.first_segment + static_cast<std::uint64_t>((begin + at) / kNoiseSegment),
                   parts, order.data());
-      add_in_order(partials.data(), length, out + begin, order.data(), parts, at, std::min(length, at + kNoiseSegment));
+      add_in_order(partials.get(), length, out + begin, order.data(), parts, at, std::min(length, at + kNoiseSegment));
     }
   });
 }
