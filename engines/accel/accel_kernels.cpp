@@ -29,6 +29,8 @@ void split_k_gemm(ReduceContext& ctx, int M, int N, int K, const float* A, int l
     const float* b = B + static_cast<long>(k0) * ldb;
     if (numerics.limited_interval > 0) {
       gemm_limited_accumulator(rows, N, kc, a, lda, b, ldb, partial, N, numerics.limited_interval);
+    } else if (rows == M) {  // whole parts (racy mode, few tiles): a parallel GEMM, the same bits
+      kernels::gemm(rows, N, kc, a, lda, b, ldb, partial, N, GemmEpilogue::Store);
     } else {
       kernels::gemm_serial(rows, N, kc, a, lda, b, ldb, partial, N, GemmEpilogue::Store);
     }

@@ -1,12 +1,13 @@
 #include "noise.h"
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
-#include <algorithm>
 #include <numeric>
 #include <random>
 
 #include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
 
 #include "numerics/isa_dispatch.h"
 #include "numerics/philox.h"
@@ -109,16 +110,19 @@ constexpr std::int64_t kTileRowsTarget = 32;
 void reduce_row_tiles(const NoiseSource& noise, Reduction reduction, int parts, int rows, int row_length, float* out,
                       const RowPartFn& produce) {
   const std::int64_t n = static_cast<std::int64_t>(rows) * row_length;
-  if (noise.mode() == NoiseMode::Racy) {
-    std::vector<float> unused;
-    reduce_parts(noise, reduction, parts, n, out, unused, [&](int part, float* partial) { produce(part, 0, rows, partial); });
-    return;
-  }
   // A tile starts on a segment boundary: its row count is a multiple of the rows that
   // make whole segments.
   const std::int64_t aligned = kNoiseSegment / std::gcd(static_cast<std::int64_t>(row_length), kNoiseSegment);
   const auto tile_rows = static_cast<int>(aligned * std::max<std::int64_t>(1, kTileRowsTarget / aligned));
   const int tiles = (rows + tile_rows - 1) / tile_rows;
+  // Racy mode's noise is the parts' completion order; and too few tiles to keep every
+  // core busy (a row length with few factors of 2 makes tiles of up to 1024 rows) would
+  // serialise the GEMM: both take whole parts, each produced by a parallel GEMM.
+  if (noise.mode() == NoiseMode::Racy || tiles < tbb::this_task_arena::max_concurrency()) {
+    std::vector<float> workspace;
+    reduce_parts(noise, reduction, parts, n, out, workspace, [&](int part, float* partial) { produce(part, 0, rows, partial); });
+    return;
+  }
   tbb::parallel_for(0, tiles, [&](int tile) {
     const int first = tile * tile_rows, last = std::min(rows, first + tile_rows);
     const std::int64_t begin = static_cast<std::int64_t>(first) * row_length;

@@ -80,7 +80,8 @@ using RowPartFn = std::function<void(int part, int row_begin, int row_end, float
 // few rows at a time (a split-K GEMM): the rows are cut into tiles of whole noise segments,
 // and each tile, a parallel task, produces its rows of every part and adds them in each
 // segment's order while they are in cache. The same additions in the same order as
-// reduce_parts; racy mode goes through reduce_parts (its noise is the parts' completion).
+// reduce_parts; racy mode, and an output with fewer tiles than cores, go through
+// reduce_parts (produce is then called with all rows).
 void reduce_row_tiles(const NoiseSource& noise, Reduction reduction, int parts, int rows, int row_length, float* out,
                       const RowPartFn& produce);
 

@@ -58,8 +58,9 @@ struct StepState {
 
 // Receives op traces (`--trace ops`): after a traced op, the full logical value of each
 // output the model names, in the model's op order. Eager engines call it at once with
-// their buffer; a lazy engine calls it when the step has executed, with the global value
-// assembled from its devices (and from its micro-batches). `value` is valid for the call only.
+// their buffer; a lazy engine calls it while or after its program runs, with the global
+// value assembled from its devices (and from its micro-batches). `value` is valid for the
+// call only, and the sink must not call back into the engine (a program may be mid-run).
 class TraceSink {
  public:
   virtual ~TraceSink() = default;

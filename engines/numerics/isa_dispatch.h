@@ -14,10 +14,12 @@ enum class VectorIsa { Baseline, Avx2, Avx512 };
 VectorIsa widest_vector_isa();
 
 namespace isa_detail {
+#if defined(__x86_64__)
 template <typename Body>
 __attribute__((target("avx512f"))) void run_avx512(const Body& body) { body(); }
 template <typename Body>
 __attribute__((target("avx2"))) void run_avx2(const Body& body) { body(); }
+#endif
 template <typename Body>
 void run_baseline(const Body& body) { body(); }
 }  // namespace isa_detail

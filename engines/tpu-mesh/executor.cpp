@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <string_view>
 
@@ -184,7 +185,10 @@ void MeshExecutor::verify_replicas() const {
       twin -= axis_coord(mesh_, axis, static_cast<int>(d)) * (axis == Axis::Data ? mesh_.model : 1);
     }
     for (std::size_t id = 0; id < table_->size(); ++id) {
-      if (devices_[d].tensors[id] != devices_[static_cast<std::size_t>(twin)].tensors[id]) {
+      const std::vector<float>& mine = devices_[d].tensors[id];
+      const std::vector<float>& twins = devices_[static_cast<std::size_t>(twin)].tensors[id];
+      // Bits, not values: a NaN equals its copy, and -0 differs from +0.
+      if (mine.size() != twins.size() || std::memcmp(mine.data(), twins.data(), mine.size() * sizeof(float)) != 0) {
         throw std::logic_error(fmt::format("tpu-mesh: device {} holds other values of {} than its replica {}", d,
                                            (*table_)[static_cast<TensorId>(id)].name, twin));
       }

@@ -106,9 +106,14 @@ void TpuMeshEngine::trace(const OpSite& site, TensorId tensor) {
 }
 
 void TpuMeshEngine::collect_trace(int slot, int micro_batch, std::span<const float> value) {
-  TracedValue& traced = traces_.at(static_cast<std::size_t>(slot));
+  const auto at = static_cast<std::size_t>(slot);
+  if (at >= traces_used_) throw std::logic_error(fmt::format("tpu-mesh: trace slot {} of {} ran", slot, traces_used_));
+  TracedValue& traced = traces_[at];
   if (config_.grad_accum == 1) {  // each value arrives once, whole
-    if (static_cast<std::size_t>(slot) == traces_delivered_) {
+    if (at < traces_delivered_ || traced.arrived) {
+      throw std::logic_error(fmt::format("tpu-mesh: trace slot {} ran twice in one step", slot));
+    }
+    if (at == traces_delivered_) {
       deliver(traced, value);  // straight from the executor's buffer, while it is in cache
       deliver_arrived();
     } else {
@@ -207,6 +212,7 @@ void TpuMeshEngine::cut_graph(const std::string& what, TensorId id) {
 
 void TpuMeshEngine::step_begin(int) {
   in_step_ = true;
+  traces_used_ = traces_delivered_ = 0;  // a step cut short by an error left its own
   counters_ = CompileCounters{};
   segments_.clear();
   breaks_.clear();

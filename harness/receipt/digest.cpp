@@ -3,6 +3,7 @@
 #include <bit>
 #include <cstring>
 
+#include "numerics/isa_dispatch.h"
 #include "numerics/philox.h"
 #include "receipt/xxh3_dispatch.h"
 
@@ -31,10 +32,8 @@ TensorSketcher::TensorSketcher(std::size_t numel, std::uint64_t salt) {
 
 namespace {
 
-// Four doubles (GCC/Clang vector extension): lane l is accumulator l of the loops below, so
-// a vector add is the four lanes' own additions, in the same order as one at a time. Each
-// vector operation is four independent IEEE double operations, so the AVX2 build of these
-// loops (one instruction per vector instead of two) gives the baseline build's bits.
+// Four doubles (GCC/Clang vector extension): lane l is accumulator l of the loop below, so
+// a vector add is the four lanes' own additions, in the same order as one at a time.
 using Doubles4 = double __attribute__((vector_size(32)));
 using Floats4 = float __attribute__((vector_size(16)));
 
@@ -48,15 +47,11 @@ __attribute__((always_inline)) inline double combine(const Doubles4& lanes) {
   return (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
 }
 
-// The two halves of the sketch. Four interleaved accumulators (element i goes to lane
-// i % 4), combined as (0 + 1) + (2 + 3): a fixed order, four times the throughput of one
-// serial chain. Whole blocks run as vectors of four (elements i..i+3 are lanes 0..3, since
-// blocks start at multiples of 4): the same additions, in the same order, as the element
-// loop of the last, partial block. (python/canary_harness/digest.py follows the same order.)
-// The halves, the L2 norm (sum of squares, lanes across the whole tensor) and the projection
-// (block sums into signed buckets, in block order), share no accumulator: computed apart
-// (on two cores) or together, they give the same bits.
-template <bool kSquares, bool kProjection>
+// Four interleaved accumulators (element i goes to lane i % 4), combined as
+// (0 + 1) + (2 + 3): a fixed order, four times the throughput of one serial chain. Whole
+// blocks run as vectors of four (elements i..i+3 are lanes 0..3, since blocks start at
+// multiples of 4): the same additions, in the same order, as the element loop of the last,
+// partial block. (python/canary_harness/digest.py follows the same order.)
 __attribute__((always_inline)) inline void sketch_pass(std::span<const float> values, const std::uint8_t* codes,
                                                        TensorSketch& sketch) {
   Doubles4 squares = {0, 0, 0, 0};
@@ -65,76 +60,35 @@ __attribute__((always_inline)) inline void sketch_pass(std::span<const float> va
     Doubles4 sums = {0, 0, 0, 0};
     for (std::size_t i = start; i < start + kSketchBlock; i += 4) {
       const Doubles4 x = load4(values.data() + i);
-      if constexpr (kProjection) sums += x;
-      if constexpr (kSquares) squares += x * x;  // exact: 24-bit significands
+      sums += x;
+      squares += x * x;  // exact: 24-bit significands
     }
-    if constexpr (kProjection) {
-      const double block_sum = combine(sums);
-      const std::uint8_t code = codes[start / kSketchBlock];
-      sketch.projection[code & 0x7F] += (code & 0x80) ? -block_sum : block_sum;
-    }
+    const double block_sum = combine(sums);
+    const std::uint8_t code = codes[start / kSketchBlock];
+    sketch.projection[code & 0x7F] += (code & 0x80) ? -block_sum : block_sum;
   }
   if (whole < n) {  // the last block, shorter than kSketchBlock
     double sums[4] = {0, 0, 0, 0};
     for (std::size_t i = whole; i < n; ++i) {
       const double x = values[i];
-      if constexpr (kProjection) sums[i % 4] += x;
-      if constexpr (kSquares) squares[i % 4] += x * x;
+      sums[i % 4] += x;
+      squares[i % 4] += x * x;
     }
-    if constexpr (kProjection) {
-      const double block_sum = (sums[0] + sums[1]) + (sums[2] + sums[3]);
-      const std::uint8_t code = codes[whole / kSketchBlock];
-      sketch.projection[code & 0x7F] += (code & 0x80) ? -block_sum : block_sum;
-    }
+    const double block_sum = (sums[0] + sums[1]) + (sums[2] + sums[3]);
+    const std::uint8_t code = codes[whole / kSketchBlock];
+    sketch.projection[code & 0x7F] += (code & 0x80) ? -block_sum : block_sum;
   }
-  if constexpr (kSquares) sketch.l2 = __builtin_sqrt(combine(squares));
+  sketch.l2 = __builtin_sqrt(combine(squares));
 }
-
-using SketchLoop = void (*)(std::span<const float>, const std::uint8_t*, TensorSketch&);
-
-template <bool kSquares, bool kProjection>
-void sketch_baseline(std::span<const float> values, const std::uint8_t* codes, TensorSketch& sketch) {
-  sketch_pass<kSquares, kProjection>(values, codes, sketch);
-}
-
-#if defined(__x86_64__)
-template <bool kSquares, bool kProjection>
-__attribute__((target("avx2"))) void sketch_avx2(std::span<const float> values, const std::uint8_t* codes,
-                                                 TensorSketch& sketch) {
-  sketch_pass<kSquares, kProjection>(values, codes, sketch);
-}
-#endif
-
-template <bool kSquares, bool kProjection>
-SketchLoop pick_sketch_loop() {
-#if defined(__x86_64__)
-  if (__builtin_cpu_supports("avx2")) return sketch_avx2<kSquares, kProjection>;
-#endif
-  return sketch_baseline<kSquares, kProjection>;
-}
-
-const SketchLoop sketch_whole = pick_sketch_loop<true, true>();
-const SketchLoop sketch_l2_only = pick_sketch_loop<true, false>();
-const SketchLoop sketch_projection_only = pick_sketch_loop<false, true>();
 
 }  // namespace
 
 TensorSketch TensorSketcher::operator()(std::span<const float> values) const {
   TensorSketch sketch;
-  sketch_whole(values, block_codes_.data(), sketch);
+  // Built for the widest ISA (numerics/isa_dispatch.h): each vector operation is four
+  // independent IEEE double operations, so every build gives the baseline's bits.
+  numerics::run_widest([&]() __attribute__((always_inline)) { sketch_pass(values, block_codes_.data(), sketch); });
   return sketch;
-}
-
-double TensorSketcher::l2(std::span<const float> values) const {
-  TensorSketch sketch;
-  sketch_l2_only(values, block_codes_.data(), sketch);
-  return sketch.l2;
-}
-
-std::array<double, kSketchWidth> TensorSketcher::projection(std::span<const float> values) const {
-  TensorSketch sketch;
-  sketch_projection_only(values, block_codes_.data(), sketch);
-  return sketch.projection;
 }
 
 }  // namespace harness::receipt

@@ -4,7 +4,6 @@
 // or CUDA training loop digests its tensors exactly as the harness does.
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -30,10 +29,6 @@ class TensorSketcher {
  public:
   TensorSketcher(std::size_t numel, std::uint64_t salt);  // draws every block's (b, s) once
   TensorSketch operator()(std::span<const float> values) const;
-  // The sketch's two halves, bitwise operator()'s: l2 and projection share no accumulator,
-  // so a caller with two cores and one tensor computes them side by side.
-  double l2(std::span<const float> values) const;
-  std::array<double, kSketchWidth> projection(std::span<const float> values) const;
 
  private:
   std::vector<std::uint8_t> block_codes_;  // bucket in bits 0..6, sign in bit 7

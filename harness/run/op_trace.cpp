@@ -18,7 +18,6 @@ void OpTraceRecorder::on_trace(const OpSite& site, TensorId tensor, std::span<co
     const bool same_op = last.op == column.op && last.layer == column.layer && last.phase == column.phase;
     column.op_index = same_op ? last.op_index : last.op_index + 1;
   }
-  step_columns_.push_back(std::move(column));
   // Digested now, while the op's output is in cache and with no copy (a copy of every
   // output cost more than the digest): the sketch on this core, the hash (about half the
   // sketch's time) on the other.
@@ -26,6 +25,7 @@ void OpTraceRecorder::on_trace(const OpSite& site, TensorId tensor, std::span<co
   std::uint64_t hash = 0;
   receipt::TensorSketch sketch;
   tbb::parallel_invoke([&] { sketch = sketcher(value); }, [&] { hash = tensor_hash(value); });
+  step_columns_.push_back(std::move(column));  // after the digest: a throw leaves the step's rows aligned
   step_.hashes.push_back(hash);
   step_.sketches.push_back(sketch);
 }

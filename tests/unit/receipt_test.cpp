@@ -237,19 +237,6 @@ TEST_F(ReceiptFiles, SketchIsTheElementByElementReferenceBitForBit) {
   }
 }
 
-// The sketch's halves, computed apart (as the op tracer does on two cores), are each the
-// reference's bit for bit.
-TEST_F(ReceiptFiles, SketchHalvesAreTheReferenceBitForBit) {
-  for (std::size_t n : kSketchTestLengths) {
-    const std::vector<float> values = sketch_test_values(n, 2);
-    const run::TensorSketcher sketcher(n, 5);
-    TensorSketch halves;
-    halves.l2 = sketcher.l2(values);
-    halves.projection = sketcher.projection(values);
-    expect_same_sketch(halves, reference_sketch(values, 5), std::to_string(n));
-  }
-}
-
 // ---- docs/receipt-test-vectors.json: the digests as docs/receipt-schema.md ("Digests")
 // specifies them, recomputed here with the functions the recorder uses and compared bit
 // for bit (python/tests/test_vectors.py does the same with canary_harness). The inputs and

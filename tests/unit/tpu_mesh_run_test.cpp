@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <string>
 
 #include <gtest/gtest.h>
 
@@ -100,11 +102,21 @@ TEST(TpuMeshRun, Zero3HoldsOneNthOfDataParallelParameterAndOptimizerBytes) {
   EXPECT_LT(receipt_dataset("memory_zero3", "/memory/total")[0], receipt_dataset("memory_dp", "/memory/total")[0]);
 }
 
-// HARNESS_MESH_REPLICAS for the scope of one test.
+// HARNESS_MESH_REPLICAS for the scope of one test; the outer value is restored after.
 class ReplicaMode {
  public:
-  explicit ReplicaMode(const char* mode) { ::setenv("HARNESS_MESH_REPLICAS", mode, 1); }
-  ~ReplicaMode() { ::unsetenv("HARNESS_MESH_REPLICAS"); }
+  explicit ReplicaMode(const char* mode) {
+    if (const char* outer = std::getenv(kVariable); outer != nullptr) outer_ = outer;
+    ::setenv(kVariable, mode, 1);
+  }
+  ~ReplicaMode() {
+    if (outer_) ::setenv(kVariable, outer_->c_str(), 1);
+    else ::unsetenv(kVariable);
+  }
+
+ private:
+  static constexpr const char* kVariable = "HARNESS_MESH_REPLICAS";
+  std::optional<std::string> outer_;
 };
 
 // dp and zero3 shard nothing on `model`: its replicas are skipped by default. Run with
