@@ -188,7 +188,9 @@ void MeshExecutor::verify_replicas() const {
       const std::vector<float>& mine = devices_[d].tensors[id];
       const std::vector<float>& twins = devices_[static_cast<std::size_t>(twin)].tensors[id];
       // Bits, not values: a NaN equals its copy, and -0 differs from +0.
-      if (mine.size() != twins.size() || std::memcmp(mine.data(), twins.data(), mine.size() * sizeof(float)) != 0) {
+      const bool same = mine.size() == twins.size() &&
+                        (mine.empty() || std::memcmp(mine.data(), twins.data(), mine.size() * sizeof(float)) == 0);
+      if (!same) {
         throw std::logic_error(fmt::format("tpu-mesh: device {} holds other values of {} than its replica {}", d,
                                            (*table_)[static_cast<TensorId>(id)].name, twin));
       }
