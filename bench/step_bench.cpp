@@ -102,40 +102,43 @@ BENCHMARK(BM_AccelTrainStep)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
+// A tiny run after one step, and a receipt in the temp directory (removed at the end).
+struct RecordedTinyRun {
+  TinyRun<CpuRefEngine> run;
+  std::filesystem::path path;
+  std::unique_ptr<receipt::ReceiptWriter> writer;
+
+  explicit RecordedTinyRun(const std::string& file) : path(std::filesystem::temp_directory_path() / file) {
+    run.model.train_step(run.engine, 0, run.data->batch(0));
+    std::vector<std::string> names;
+    for (TensorId p : run.model.parameters()) names.push_back(run.model.tensors()[p].name);
+    writer = std::make_unique<receipt::ReceiptWriter>(path.string(), receipt::Manifest{}, names, true, false,
+                                                      receipt::BatchShape{8, 65});
+  }
+  ~RecordedTinyRun() {
+    writer.reset();
+    std::filesystem::remove(path);
+  }
+};
+
 void BM_RecordStep(benchmark::State& state) {
   const tbb::global_control threads(tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(state.range(0)));
-  TinyRun<CpuRefEngine> run;
-  run.model.train_step(run.engine, 0, run.data->batch(0));
-  std::vector<std::string> names;
-  for (TensorId p : run.model.parameters()) names.push_back(run.model.tensors()[p].name);
-  const auto path = std::filesystem::temp_directory_path() / "step_bench_receipt.h5";
-  auto writer = std::make_unique<receipt::ReceiptWriter>(path.string(), receipt::Manifest{}, names, true, false,
-                                                         receipt::BatchShape{8, 65});
-  const run::StepDigester digester(run.model);
+  RecordedTinyRun recorded("step_bench_receipt.h5");
+  const run::StepDigester digester(recorded.run.model);
   receipt::StepRecord record;
   for (auto _ : state) {
-    digester.digest(run.engine, record);
-    writer->append_step(record);
+    digester.digest(recorded.run.engine, record);
+    recorded.writer->append_step(record);
   }
-  writer.reset();
-  std::filesystem::remove(path);
 }
 BENCHMARK(BM_RecordStep)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // The receipt's share of BM_RecordStep: one step's row appended to 14 datasets and flushed.
 void BM_AppendStep(benchmark::State& state) {
-  TinyRun<CpuRefEngine> run;
-  run.model.train_step(run.engine, 0, run.data->batch(0));
-  std::vector<std::string> names;
-  for (TensorId p : run.model.parameters()) names.push_back(run.model.tensors()[p].name);
-  const auto path = std::filesystem::temp_directory_path() / "step_bench_append.h5";
-  auto writer = std::make_unique<receipt::ReceiptWriter>(path.string(), receipt::Manifest{}, names, true, false,
-                                                         receipt::BatchShape{8, 65});
+  RecordedTinyRun recorded("step_bench_append.h5");
   receipt::StepRecord record;
-  run::StepDigester(run.model).digest(run.engine, record);
-  for (auto _ : state) writer->append_step(record);
-  writer.reset();
-  std::filesystem::remove(path);
+  run::StepDigester(recorded.run.model).digest(recorded.run.engine, record);
+  for (auto _ : state) recorded.writer->append_step(record);
 }
 BENCHMARK(BM_AppendStep)->Unit(benchmark::kMillisecond)->UseRealTime();
 

@@ -21,7 +21,7 @@ void split_k_gemm(ReduceContext& ctx, int M, int N, int K, const float* A, int l
   // shorter than that would hide the effect, so the chunk is at least one interval.
   chunk = std::max(chunk, numerics.limited_interval);
   const int parts = part_count(K, chunk);
-  reduce_row_tiles(ctx.noise, ctx.next(), parts, M, N, C, [&](int part, int first, int last, float* partial) {
+  reduce_row_tiles(ctx.noise, ctx.next(), parts, M, N, C, ctx.workspace, [&](int part, int first, int last, float* partial) {
     const int k0 = part * chunk;
     const int kc = std::min(chunk, K - k0);
     const int rows = last - first;

@@ -108,7 +108,7 @@ void reduce_parts(const NoiseSource& noise, Reduction reduction, int parts, std:
 constexpr std::int64_t kTileRowsTarget = 32;
 
 void reduce_row_tiles(const NoiseSource& noise, Reduction reduction, int parts, int rows, int row_length, float* out,
-                      const RowPartFn& produce) {
+                      std::vector<float>& workspace, const RowPartFn& produce) {
   const std::int64_t n = static_cast<std::int64_t>(rows) * row_length;
   // A tile starts on a segment boundary: its row count is a multiple of the rows that
   // make whole segments.
@@ -119,7 +119,6 @@ void reduce_row_tiles(const NoiseSource& noise, Reduction reduction, int parts, 
   // core busy (a row length with few factors of 2 makes tiles of up to 1024 rows) would
   // serialise the GEMM: both take whole parts, each produced by a parallel GEMM.
   if (noise.mode() == NoiseMode::Racy || tiles < tbb::this_task_arena::max_concurrency()) {
-    std::vector<float> workspace;
     reduce_parts(noise, reduction, parts, n, out, workspace, [&](int part, float* partial) { produce(part, 0, rows, partial); });
     return;
   }

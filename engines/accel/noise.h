@@ -82,8 +82,9 @@ using RowPartFn = std::function<void(int part, int row_begin, int row_end, float
 // segment's order while they are in cache. The same additions in the same order as
 // reduce_parts; racy mode, and an output with fewer tiles than cores, go through
 // reduce_parts (produce is then called with all rows).
+// `workspace` is reduce_parts's, for those whole parts.
 void reduce_row_tiles(const NoiseSource& noise, Reduction reduction, int parts, int rows, int row_length, float* out,
-                      const RowPartFn& produce);
+                      std::vector<float>& workspace, const RowPartFn& produce);
 
 // Outputs are permuted per segment of this many elements: a GPU's atomics and split-K
 // reductions order each output tile on its own, not the whole tensor at once.
