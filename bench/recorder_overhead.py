@@ -9,8 +9,9 @@ each are timed; the medians give the overhead ratio (recorded / bare - 1), and t
 recorder's own median (its step() alone) gives the same thing measured directly.
 
 Then the digest alone: the Python hashing (XXH3 over params, grads, m, v) and sketching
-(params and grads in one SketchLayout pass) of the recorded model's tensors, in MB/s of
-fp32 tensor data, beside the C++ recorder's (`build/bench/step_bench`, BM_RecordStep: the
+(params and grads in one SketchLayout pass) of the recorded model's tensors, and the digest
+library's DigestPlan over the same tensors, in MB/s of fp32 tensor data, beside the C++
+recorder's (`build/bench/step_bench`, BM_RecordStep: the
 same digests plus its HDF5 row and flush), when that benchmark is built.
 
 By default two recorded copies run beside the bare one (three lanes in turn, the order
@@ -24,8 +25,10 @@ Usage:
         [--threads N] [--json FILE] [--no-cpp] [--overlap both|on|off]
 
 Without --pack, one is written by `build/bin/harness export --canary tiny` into a
-temporary directory. This is a benchmark, not a test: numbers depend on the machine and
-its load (the report prints the load average).
+temporary directory. The Recorders digest with the digest library the build made
+(build/lib, canary_harness.native) where it is there; CANARY_HARNESS_DIGEST=python measures
+the pure-Python digest instead. The digest section times both. This is a benchmark, not a
+test: numbers depend on the machine and its load (the report prints the load average).
 """
 
 import argparse
@@ -43,11 +46,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, os.pardir)
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
+# The digest library the build made (build/lib, found next to HARNESS_BIN: canary_harness.native).
+if os.access(os.path.join(ROOT, "build", "bin", "harness"), os.X_OK):
+    os.environ.setdefault("HARNESS_BIN", os.path.join(ROOT, "build", "bin", "harness"))
+
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import xxhash  # noqa: E402
 
-from canary_harness.digest import SketchLayout  # noqa: E402
+from canary_harness.digest import DigestPlan, SketchLayout  # noqa: E402
+from canary_harness.native import NativeDigestError  # noqa: E402
 from canary_harness.lane import train_step  # noqa: E402
 from canary_harness.models import gpt2  # noqa: E402
 from canary_harness.optim import CanaryAdamW  # noqa: E402
@@ -150,11 +158,7 @@ def _instrument(recorder, gate, timings):
 
 def time_digest(lane, names, repeats):
     """Python hash + sketch of the four families (what Recorder.step computes), ms per step."""
-    params = [p.detach().numpy() for p in lane.model.parameters()]
-    grads = [p.grad.detach().numpy() for p in lane.model.parameters()]
-    state = [lane.optimizer.state[p] for p in lane.model.parameters()]
-    m = [s["exp_avg"].numpy() for s in state]
-    v = [s["exp_avg_sq"].numpy() for s in state]
+    params, grads, m, v = lane_families(lane)
     layout = SketchLayout([a.size for a in params] * 2, [stream_id(n) for n in names] * 2)
     hash_ms, sketch_ms, both_ms = [], [], []
     for _ in range(repeats):
@@ -174,6 +178,44 @@ def time_digest(lane, names, repeats):
         both_ms.append((t3 - t2) * 1e3)
     family_mb = sum(a.nbytes for a in params) / 1e6
     return statistics.median(hash_ms), statistics.median(sketch_ms), statistics.median(both_ms), family_mb
+
+
+def time_library_digest(lane, names, repeats):
+    """The digest library's DigestPlan over the four families (what Recorder.step computes with
+    it), ms per step at 1 and 2 threads; None when no library is found."""
+    tensors = [t for family in lane_families(lane) for t in family]
+    numels = [t.size for t in tensors]
+    salts = [stream_id(n) for n in names] * 4
+    sketched = [family < 2 for family in range(4) for _ in names]
+    try:
+        plan = DigestPlan(numels, salts, sketched, native=True)
+    except NativeDigestError:
+        return None
+    times = {}
+    for threads in (1, 2):
+        runs = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            plan.run(tensors, threads=threads)
+            runs.append((time.perf_counter() - t0) * 1e3)
+        times[threads] = statistics.median(runs)
+    return times
+
+
+def lane_families(lane):
+    """params, grads, Adam m and v of a trained Lane, as numpy views, in the model's order."""
+    params = list(lane.model.parameters())
+    state = [lane.optimizer.state[p] for p in params]
+    return ([p.detach().numpy() for p in params], [p.grad.detach().numpy() for p in params],
+            [s["exp_avg"].numpy() for s in state], [s["exp_avg_sq"].numpy() for s in state])
+
+
+def runs_digest_implementation():
+    """What the Recorders above digested with: the digest library's path, or "python"."""
+    try:
+        return DigestPlan([1], [1], [True]).implementation
+    except NativeDigestError as e:  # CANARY_HARNESS_DIGEST names a library that cannot be used
+        sys.exit(f"recorder_overhead: {e}")
 
 
 def cpp_record_step():
@@ -215,6 +257,8 @@ def main(argv=None):
         cfg = gpt2.CanaryConfig.from_json(pack.canary_json)
         runs, lane = time_steps(pack, cfg, tmp, args.steps, args.warmup, modes)
         hash_ms, sketch_ms, digest_ms, family_mb = time_digest(lane, pack.tensor_names, max(args.steps, 20))
+        library_ms = time_library_digest(lane, pack.tensor_names, max(args.steps, 20))
+        implementation = runs_digest_implementation()
     cpp = None if args.no_cpp else cpp_record_step()
 
     results = {
@@ -226,10 +270,12 @@ def main(argv=None):
         "python_digest_mb_s": 4 * family_mb / (digest_ms / 1e3),
         "python_hash_mb_s": 4 * family_mb / (hash_ms / 1e3), "python_sketch_mb_s": 2 * family_mb / (sketch_ms / 1e3),
         "cpp_record_step_ms": {t: real for t, (real, _) in cpp.items()} if cpp else None,
+        "library_digest_ms": library_ms, "recorder_digest": implementation,
     }
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), numpy {np.__version__}; "
           f"{os.cpu_count()} CPUs, load average {results['load_average'][0]:.2f}; tiny (pack {pack.path}), "
-          f"{args.warmup} warm-up + {args.steps} timed steps of each lane, in turn, median")
+          f"{args.warmup} warm-up + {args.steps} timed steps of each lane, in turn, median; "
+          f"the Recorder digests with {implementation}")
     for overlap, (bare, recorded, recorder, append, cpu) in runs.items():
         bare_med, rec_med, recorder_med, append_med = (statistics.median(x) for x in (bare, recorded, recorder,
                                                                                      append))
@@ -257,6 +303,12 @@ def main(argv=None):
     print(f"  Python sketch             {sketch_ms:8.2f} ms   {results['python_sketch_mb_s']:8.0f} MB/s")
     print(f"  Python digest, as Recorder {digest_ms:7.2f} ms   {results['python_digest_mb_s']:8.0f} MB/s "
           "(hash_and_sketch of params + grads, hash of m, v; hashed bytes / time)")
+    if library_ms:
+        for threads, ms in sorted(library_ms.items()):
+            print(f"  digest library, {threads} thread{'s' if threads > 1 else ' '} {ms:6.2f} ms   "
+                  f"{4 * family_mb / (ms / 1e3):8.0f} MB/s (DigestPlan: the Recorder's digest where the library is found)")
+    else:
+        print("  digest library            (not found: canary_harness.native)")
     if cpp:
         for threads, (real, cpu) in sorted(cpp.items()):
             print(f"  C++ BM_RecordStep/{threads}      {real:8.2f} ms   {4 * family_mb / (real / 1e3):8.0f} MB/s "

@@ -7,21 +7,29 @@
 #  - no fast-math style flags (value-unsafe optimisations): they reorder sums and set
 #    FTZ/DAZ process-wide.
 #  - -fno-math-errno only lets sqrt inline; sqrt is exactly rounded either way.
+#
+# harness::unsanitized_options holds those flags (numerics, warnings, ISA);
+# harness::compile_options adds the sanitizers a build asks for. Only a library loaded into
+# processes that carry no sanitizer runtime (the digest library python3 loads) links the
+# first alone.
+add_library(harness_unsanitized_options INTERFACE)
+add_library(harness::unsanitized_options ALIAS harness_unsanitized_options)
 add_library(harness_compile_options INTERFACE)
 add_library(harness::compile_options ALIAS harness_compile_options)
+target_link_libraries(harness_compile_options INTERFACE harness_unsanitized_options)
 
-target_compile_options(harness_compile_options INTERFACE
+target_compile_options(harness_unsanitized_options INTERFACE
   -ffp-contract=off
   -fno-math-errno
   -Wall -Wextra -Wpedantic -Wshadow -Wconversion -Wno-sign-conversion
   -Wno-psabi)  # internal helpers pass GCC vectors by value; no ABI crosses a library boundary
 if(HARNESS_WERROR)
-  target_compile_options(harness_compile_options INTERFACE -Werror)
+  target_compile_options(harness_unsanitized_options INTERFACE -Werror)
 endif()
 if(HARNESS_NATIVE_ISA)
-  target_compile_options(harness_compile_options INTERFACE -march=native)
+  target_compile_options(harness_unsanitized_options INTERFACE -march=native)
 else()
-  target_compile_options(harness_compile_options INTERFACE -march=x86-64)
+  target_compile_options(harness_unsanitized_options INTERFACE -march=x86-64)
 endif()
 if(HARNESS_SANITIZE)
   target_compile_options(harness_compile_options INTERFACE

@@ -4,13 +4,20 @@
 // or CUDA training loop digests its tensors exactly as the harness does.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <span>
 #include <vector>
 
-#include "receipt/receipt_writer.h"
+#include "receipt/receipt_schema.h"
 
 namespace harness::receipt {
+
+// A tensor's sketch: its L2 norm and its count sketch (what TensorSketcher computes).
+struct TensorSketch {
+  double l2 = 0;
+  std::array<double, kSketchWidth> projection{};
+};
 
 // XXH3-64, seed 0, over the tensor's logical value as little-endian fp32, row-major.
 std::uint64_t tensor_hash(std::span<const float> values);

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "api/engine.h"
+#include "receipt/digest.h"
 #include "receipt/hdf5_file.h"
 #include "receipt/receipt_schema.h"
 
@@ -32,11 +33,6 @@ struct Manifest {
   std::int64_t steps_planned = 0;
   std::int64_t threads = 0;
   std::map<std::string, AttrValue> extra;  // engine settings, fault injection, ...
-};
-
-struct TensorSketch {
-  double l2 = 0;
-  std::array<double, kSketchWidth> projection{};
 };
 
 struct StepRecord {

@@ -36,6 +36,15 @@ AttrValue = Union[str, int, float]
 SketchLike = Union[Sketch, Tuple[float, Sequence[float]]]
 
 
+class SketchRows(NamedTuple):
+    """A family's sketches as two arrays: l2 (K,) and projection (K, SKETCH_WIDTH), float64,
+    tensors in canonical order (what digest.DigestRows holds): append_step takes them as
+    they are, without a (l2, projection) pair per tensor."""
+
+    l2: np.ndarray
+    projection: np.ndarray
+
+
 class ReceiptError(Exception):
     """A receipt that cannot be written or read as asked; the message starts with its path."""
 
@@ -113,25 +122,41 @@ def _write_strings(group: h5py.Group, name: str, values: Sequence[str]) -> h5py.
 class _Growing:
     """A dataset growing one row (of `row_shape`) per step (GrowingDataset in hdf5_file.cpp).
 
-    It holds the dataset's path, not the dataset: the writer reopens the file now and then
-    (see ReceiptWriter), which invalidates every handle into it. `deflate_level` > 0:
-    byte-shuffled and deflated chunks, Fletcher32 last (the C++'s filter pipeline).
+    It holds the dataset's path, and a low-level handle to it that is valid for one open of
+    the file: the writer reopens the file now and then (see ReceiptWriter), which
+    invalidates every handle into it, so a row for another File object looks the dataset up
+    again. Rows go through h5py's low-level API (extend, select the new row, write): the
+    high-level dataset[n] = row costs about seven times as much, and the Recorder appends a
+    dozen rows every step. `deflate_level` > 0: byte-shuffled and deflated chunks,
+    Fletcher32 last (the C++'s filter pipeline).
     """
 
     def __init__(self, group: h5py.Group, name: str, dtype: str, row_shape: Tuple[int, ...], chunk_rows: int,
                  deflate_level: int = 0):
-        self.row_shape = row_shape
+        self.row_shape = tuple(row_shape)
+        self.dtype = np.dtype(dtype)
         compression = {"shuffle": True, "compression": "gzip", "compression_opts": deflate_level} \
             if deflate_level > 0 else {}
         self.path = group.create_dataset(name, shape=(0, *row_shape), maxshape=(None, *row_shape), dtype=dtype,
                                          chunks=(chunk_rows, *(max(1, d) for d in row_shape)),
                                          fletcher32=True, **compression).name
+        self._row = (1, *self.row_shape)
+        self._row_space = h5py.h5s.create_simple(self._row)
+        self._file: Optional[h5py.File] = None  # the open of the file _dataset belongs to
+        self._dataset: Any = None
+        self._rows = 0  # the dataset's rows, read from the file with each new handle
 
     def append(self, file: h5py.File, row: Any) -> None:
-        dataset = file[self.path]
-        n = dataset.shape[0]
-        dataset.resize(n + 1, axis=0)
-        dataset[n] = row
+        if self._file is not file:
+            self._dataset, self._file = file[self.path].id, file
+            self._rows = self._dataset.shape[0]
+        dataset = self._dataset
+        n = self._rows
+        dataset.set_extent((n + 1, *self.row_shape))
+        space = dataset.get_space()
+        space.select_hyperslab((n, *(0 for _ in self.row_shape)), self._row)
+        dataset.write(self._row_space, space, np.ascontiguousarray(row, dtype=self.dtype).reshape(self._row))
+        self._rows = n + 1
 
 
 def utc_timestamp() -> str:
@@ -365,14 +390,14 @@ class ReceiptWriter:
         self._compile_names = names
 
     def append_step(self, *, loss: float, grad_norm: float, lr: float, batch_hash: int,
-                    hashes: Mapping[str, Sequence[int]], sketches: Mapping[str, Sequence[SketchLike]],
+                    hashes: Mapping[str, Sequence[int]], sketches: Mapping[str, Union[Sequence[SketchLike], SketchRows]],
                     batch_tokens: Any = None, trace: Optional[TraceRow] = None,
                     compile: Optional[Mapping[str, float]] = None) -> None:
         """One step's row in every per-step dataset, then a flush.
 
-        hashes: family -> K hashes for every HASH_FAMILIES family; sketches: family -> K
-        (l2, projection) pairs for every SKETCH_FAMILIES family, tensors in tensor_names
-        order. trace: the step's op traces, (columns, hashes, sketches) with one hash and one
+        hashes: family -> K hashes (ints, or a uint64 array) for every HASH_FAMILIES family;
+        sketches: family -> K (l2, projection) pairs, or one SketchRows, for every
+        SKETCH_FAMILIES family; tensors in tensor_names order. trace: the step's op traces, (columns, hashes, sketches) with one hash and one
         (l2, projection) per TraceColumn; the first traced step (step 0) creates /trace, and
         every later step must trace the same columns. compile: the step's /compile counters
         ({name: number}, float64 (N) datasets, as tpu-mesh's: docs/receipt-schema.md); the first
@@ -388,13 +413,22 @@ class ReceiptWriter:
         for fam in HASH_FAMILIES:
             if fam not in hashes or len(hashes[fam]) != K:
                 raise ValueError(f"hashes[{fam!r}] must hold {K} hashes, one per tensor")
-            hash_rows[fam] = np.array([int(h) for h in hashes[fam]], dtype=np.uint64)
+            given = hashes[fam]
+            hash_rows[fam] = given if isinstance(given, np.ndarray) and given.dtype == np.uint64 else \
+                np.array([int(h) for h in given], dtype=np.uint64)
         l2_rows, projection_rows = {}, {}
         for fam in SKETCH_FAMILIES:
-            if fam not in sketches or len(sketches[fam]) != K:
-                raise ValueError(f"sketches[{fam!r}] must hold {K} (l2, projection) pairs, one per tensor")
-            l2_rows[fam] = np.array([float(s[0]) for s in sketches[fam]], dtype=np.float64)
-            projection_rows[fam] = np.array([np.asarray(s[1], dtype=np.float64) for s in sketches[fam]])
+            given = sketches.get(fam)
+            if isinstance(given, SketchRows):
+                l2_rows[fam] = np.asarray(given.l2, dtype=np.float64)
+                projection_rows[fam] = np.asarray(given.projection, dtype=np.float64)
+                if l2_rows[fam].shape != (K,):
+                    raise ValueError(f"sketches[{fam!r}].l2 must hold {K} numbers, one per tensor")
+            else:
+                if given is None or len(given) != K:
+                    raise ValueError(f"sketches[{fam!r}] must hold {K} (l2, projection) pairs, one per tensor")
+                l2_rows[fam] = np.array([float(s[0]) for s in given], dtype=np.float64)
+                projection_rows[fam] = np.array([np.asarray(s[1], dtype=np.float64) for s in given])
             if projection_rows[fam].shape != (K, SKETCH_WIDTH):
                 raise ValueError(f"sketches[{fam!r}]: every projection must hold {SKETCH_WIDTH} numbers")
         tokens = None

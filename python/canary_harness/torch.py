@@ -25,10 +25,13 @@ installs no hooks (unless it traces ops) and touches nothing during the forward,
 or update, so a step stays one graph under torch_xla (call `xm.mark_step()` before
 `recorder.step()` there, as after any XLA step).
 
-By default (`overlap=True`) step() only copies what the step must record into host
-buffers it reuses, and one background thread hashes, sketches and appends the row while
-the next step trains; the receipt is bit for bit the one `overlap=False` writes, and
-close() waits for the last row (Recorder's docstring: errors, and what a crash loses).
+Where the step's tensors are on an accelerator (or no digest library is found:
+canary_harness.native), step() by default (`overlap=None`) only copies what the step must
+record into host buffers it reuses, and one background thread hashes, sketches and appends
+the row while the next step trains; the receipt is bit for bit the one `overlap=False`
+writes, and close() waits for the last row (Recorder's docstring: errors, and what a crash
+loses). On the CPU with the digest library, step() digests the tensors where they are, on
+every core, which costs less than that copy.
 
 With `trace="ops"` it also writes op traces (/trace, docs/bisect.md): module hooks
 (canary_harness.trace.OpTracer) keep the device tensors of every op's forward output and
@@ -53,11 +56,10 @@ from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Seq
 
 import numpy as np
 import torch
-import xxhash
 
-from .digest import SketchLayout, as_float32, batch_hash
+from .digest import DigestPlan, DigestRows, as_float32, batch_hash
 from .philox import stream_id
-from .receipt import PathLike, ReceiptError, ReceiptWriter, TraceColumn
+from .receipt import PathLike, ReceiptError, ReceiptWriter, SketchRows, TraceColumn
 from .schema import HASH_FAMILIES, SKETCH_FAMILIES
 from .stack import StackInfo
 
@@ -263,7 +265,11 @@ class Recorder:
     context manager), which change no number.
     `recorder.audit.findings` and `.summary()` give the audit's findings so far.
 
-    `overlap=True` (the default) digests each step while the next one trains: step() copies
+    `overlap=None` (the default) is `overlap=False` when every parameter is on the CPU and
+    the harness's digest library is found (canary_harness.native: step() then digests the
+    tensors in place, in about a millisecond for `tiny`, less than the copy below costs), and
+    `overlap=True` otherwise.
+    `overlap=True` digests each step while the next one trains: step() copies
     what the step must record (params, grads, Adam m and v, as float32 on the host, into
     buffers reused every step; on CUDA with non_blocking copies into pinned memory) and hands
     the hashing, sketching and HDF5 append to one background thread, so the training thread
@@ -288,7 +294,7 @@ class Recorder:
                  engine: str = "torch", features: str = "", record_batches: bool = False,
                  extra: Optional[Mapping[str, Any]] = None, overwrite: bool = False,
                  stack: Optional[StackInfo] = None, trace: str = "none", op_names: Any = None,
-                 audit: bool = False, overlap: bool = True) -> None:
+                 audit: bool = False, overlap: Optional[bool] = None) -> None:
         if trace not in ("none", "ops"):
             raise RecorderError(f"trace='{trace}': use 'none' or 'ops'")
         shapes = None
@@ -331,17 +337,21 @@ class Recorder:
                                     batch_shape=batch_shape if record_batches else None, stack=stack)
         self.path = self.writer.path
         self._record_batches = record_batches and batch_shape is not None  # as the writer keeps batches
-        # Params and grads of every tensor sketched in one pass (digest.SketchLayout): block
-        # codes and gathers drawn here, scratch buffers at the first step, both kept.
+        # Every tensor of every family hashed, params and grads sketched, in one call a step
+        # (digest.DigestPlan: the harness's digest library where it is found, else Python).
         salts = [stream_id(n) for n in self.tensor_names]
-        self._sketcher = SketchLayout([p.numel() for p in self.parameters.values()] * len(SKETCH_FAMILIES),
-                                      salts * len(SKETCH_FAMILIES))
+        numels = [p.numel() for p in self.parameters.values()]
+        self._digest = DigestPlan(numels * len(HASH_FAMILIES), salts * len(HASH_FAMILIES),
+                                  [fam in SKETCH_FAMILIES for fam in HASH_FAMILIES for _ in numels])
         self.tracer = None
         self._trace_columns: Optional[List[TraceColumn]] = None
-        self._trace_sketcher: Optional[SketchLayout] = None
+        self._trace_digest: Optional[DigestPlan] = None
         if trace == "ops":
             from .trace import OpTracer  # hooks the model from here on: after any hook of yours (a fault)
             self.tracer = OpTracer(model, {id(p): n for n, p in self.parameters.items()}, op_names)
+        if overlap is None:  # the cheaper one for where the tensors are (class docstring)
+            on_cpu = all(p.device.type == "cpu" for p in self.parameters.values())
+            overlap = not (on_cpu and self._digest.native)
         self.overlap = bool(overlap) and trace == "none"
         self._batch_shape = tuple(batch_shape) if batch_shape is not None else None
         self._snapshot: Optional[_Snapshot] = None  # made at the first step: the tensors' device is known then
@@ -366,7 +376,7 @@ class Recorder:
 
         loss, grad_norm (before clipping) and lr may be tensors (read here, after the step)
         or numbers; lr defaults to the first param group's. batch: the step's int32 tokens
-        (B, T+1), numpy or tensor. With overlap (the default) the row is written in the
+        (B, T+1), numpy or tensor. With overlap the row is written in the
         background; an error of the previous step's write is raised here (class docstring).
         """
         if self._failure is not None:  # a failed write leaves no gap: nothing after it is recorded
@@ -400,11 +410,18 @@ class Recorder:
                     if isinstance(grad_norm, torch.Tensor) else np.array([grad_norm], dtype=np.float32)
             scalars = (_host_float(loss), _host_float(grad_norm), _host_float(lr))
             batch = batch.detach().cpu() if isinstance(batch, torch.Tensor) else batch
-            # Each tensor read to the host once (a view, no copy, for fp32 CPU tensors): the
-            # step is recorded before anything can change them.
-            host = [_host_float32(tensors[n]) for tensors in families.values() for n in self.tensor_names]
-            trace = self._trace_row(norm_value, host[:len(self.tensor_names)]) if self.tracer is not None else None
-            self._write(host, scalars, batch_hash(batch), batch if self._record_batches else None, compile_row,
+            # The step is recorded here, before anything can change its tensors.
+            recorded = [family[n] for family in families.values() for n in self.tensor_names]
+            trace = None
+            if self.tracer is not None or not self._digest.native or not self._in_place(recorded):
+                # Each tensor read to the host once (a view, no copy, for fp32 CPU tensors).
+                host = [_host_float32(t) for t in recorded]
+                digests = self._digest.rows(host)
+                if self.tracer is not None:
+                    trace = self._trace_row(norm_value, host[:len(self.tensor_names)])
+            else:  # the digest library reads the tensors' memory: not even a numpy view each
+                digests = self._digest.rows_at([t.data_ptr() for t in recorded])
+            self._write(digests, scalars, batch_hash(batch), batch if self._record_batches else None, compile_row,
                         trace)
         self.steps_recorded += 1
         if self.audit is not None and self.steps_recorded < self.writer.steps_planned:
@@ -455,23 +472,26 @@ class Recorder:
         scalars = job.scalars
         if isinstance(scalars[0], torch.Tensor):
             scalars = tuple(float(x) for x in scalars[0].tolist())
-        self._write(self._snapshot.arrays, scalars, job.batch_hash, job.batch_tokens, job.compile, None)
+        digests = self._digest.rows(self._snapshot.arrays, threads=1)  # the training thread has the other core
+        self._write(digests, scalars, job.batch_hash, job.batch_tokens, job.compile, None)
 
-    def _write(self, host: Sequence[np.ndarray], scalars: Sequence[float], hashed_batch: int,
-               batch_tokens: Any, compile_row: Optional[Mapping[str, float]], trace: Any) -> None:
-        """Digest and append one step: the same code with and without overlap, so the same bits.
+    def _in_place(self, tensors: Sequence[torch.Tensor]) -> bool:
+        """True when every tensor is contiguous fp32 in CPU memory, of the size the plan digests:
+        then the digest library may read it where it is (DigestPlan.rows_at)."""
+        return all(t.dtype is torch.float32 and t.is_cpu and t.is_contiguous() and not t.is_neg()
+                   and t.numel() == n for t, n in zip(tensors, self._digest.numels))
 
-        host: C-contiguous float32, family-major (HASH_FAMILIES), tensors in canonical order.
-        What ReceiptWriter.record_step computes, faster: each tensor hashed from its buffer
-        (no copy) and, for params and grads, sketched together in one SketchLayout pass.
+    def _write(self, digests: DigestRows, scalars: Sequence[float], hashed_batch: int, batch_tokens: Any,
+               compile_row: Optional[Mapping[str, float]], trace: Any) -> None:
+        """Appends one step's row: the same code with and without overlap, so the same bits.
+
+        digests: DigestPlan's rows for every tensor, family-major (HASH_FAMILIES), tensors in
+        canonical order: what ReceiptWriter.record_step would compute, in one call.
         """
         K = len(self.tensor_names)
-        by_family = {fam: host[f * K:(f + 1) * K] for f, fam in enumerate(HASH_FAMILIES)}
-        hashed, together = self._sketcher.hash_and_sketch([a for fam in SKETCH_FAMILIES for a in by_family[fam]])
-        hashes = {fam: hashed[f * K:(f + 1) * K] for f, fam in enumerate(SKETCH_FAMILIES)}
-        hashes.update({fam: [xxhash.xxh3_64_intdigest(a, seed=0) for a in by_family[fam]]
-                       for fam in HASH_FAMILIES if fam not in SKETCH_FAMILIES})
-        sketches = {fam: together[f * K:(f + 1) * K] for f, fam in enumerate(SKETCH_FAMILIES)}
+        hashes = {fam: digests.hashes[f * K:(f + 1) * K] for f, fam in enumerate(HASH_FAMILIES)}
+        sketches = {fam: SketchRows(digests.l2[f * K:(f + 1) * K], digests.projection[f * K:(f + 1) * K])
+                    for f, fam in enumerate(HASH_FAMILIES) if fam in SKETCH_FAMILIES}
         loss, grad_norm, lr = scalars
         self.writer.append_step(loss=loss, grad_norm=grad_norm, lr=lr, batch_hash=hashed_batch, hashes=hashes,
                                 sketches=sketches, batch_tokens=batch_tokens, trace=trace, compile=compile_row)
@@ -512,12 +532,13 @@ class Recorder:
         columns = number_ops(sites)
         if self._trace_columns is None:
             self._trace_columns = columns
-            self._trace_sketcher = SketchLayout([a.size for a in host], [stream_id(c.tensor) for c in columns])
+            self._trace_digest = DigestPlan([a.size for a in host], [stream_id(c.tensor) for c in columns],
+                                            [True] * len(host))
         elif columns != self._trace_columns:
             raise RecorderError(f"op trace: step {self.steps_recorded} traced {len(columns)} outputs, other ones "
                                 f"than step 0's {len(self._trace_columns)}; the op sequence must not change from "
                                 "step to step")
-        hashes, sketches = self._trace_sketcher.hash_and_sketch(host)
+        hashes, sketches = self._trace_digest.run(host)
         return columns, hashes, sketches
 
     def dump_tensors(self, step: int) -> None:

@@ -30,6 +30,18 @@ def harness_bin() -> Path:
     return _harness_bin()
 
 
+@pytest.fixture(scope="session")
+def digest_library(harness_bin: Path) -> str:
+    """The digest library the build made next to the harness binary (canary_harness.native)."""
+    from canary_harness.native import LIBRARY_FILE
+
+    path = harness_bin.resolve().parent.parent / "lib" / LIBRARY_FILE
+    if not path.exists():
+        pytest.fail(f"{path}: the build makes the digest library next to {harness_bin} (cmake --build build)",
+                    pytrace=False)
+    return str(path)
+
+
 def run_harness(harness_bin: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     result = subprocess.run([str(harness_bin), *args], capture_output=True, text=True, timeout=300)
     if check and result.returncode != 0:

@@ -268,9 +268,9 @@ def test_the_column_chains_are_sequential_on_this_numpy(monkeypatch):
 
 def test_the_layout_refuses_what_it_was_not_built_for():
     layout = SketchLayout([4, 8], [1, 2])
-    with pytest.raises(ValueError, match="1 tensors for a layout of 2"):
+    with pytest.raises(ValueError, match="1 tensors where 2 are expected"):
         layout.sketch([np.zeros(4, np.float32)])
-    with pytest.raises(ValueError, match="expects 8"):
+    with pytest.raises(ValueError, match="9 elements where 8 are expected"):
         layout.sketch([np.zeros(4, np.float32), np.zeros(9, np.float32)])
     with pytest.raises(ValueError, match="float32"):
         layout.sketch([np.zeros(4, np.float64), np.zeros(8, np.float32)])

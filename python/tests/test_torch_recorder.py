@@ -193,7 +193,7 @@ def test_overlap_writes_the_receipt_the_synchronous_recorder_writes(micro_pack: 
     pack = read_pack(micro_pack, canary="micro")
     cfg, model, optimizer, name_map = user_setup(pack)
     kwargs = dict(pack=pack, budget_features="torch-cpu", record_batches=True)
-    background = Recorder(tmp_path / "overlap.h5", model, optimizer, name_map, **kwargs)
+    background = Recorder(tmp_path / "overlap.h5", model, optimizer, name_map, overlap=True, **kwargs)
     inline = Recorder(tmp_path / "sync.h5", model, optimizer, name_map, overlap=False, **kwargs)
     assert background.overlap and not inline.overlap
     write_job = background._write_job
@@ -222,10 +222,48 @@ def test_overlap_writes_the_receipt_the_synchronous_recorder_writes(micro_pack: 
         assert ours[name].dtype == theirs[name].dtype and ours[name].tobytes() == theirs[name].tobytes(), name
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "a transposed parameter"])
+def test_every_digest_path_writes_the_same_receipt(micro_pack: Path, tmp_path: Path, digest_library: str,
+                                                   monkeypatch: pytest.MonkeyPatch, layout: str):
+    """One loop, four recorders: the default on the CPU with the digest library (inline, the
+    tensors read where they are), that library on the background worker, and the pure-Python
+    digest in the background (its default) and inline. Every dataset the same bytes. With a
+    non-contiguous parameter (and its moments) the library falls back to host arrays."""
+    from canary_harness import native
+
+    pack = read_pack(micro_pack, canary="micro")
+    cfg, model, optimizer, name_map = user_setup(pack)
+    if layout != "contiguous":
+        weight = next(p for p in model.parameters() if p.dim() == 2 and p.shape[0] != p.shape[1])
+        weight.data = weight.data.t().contiguous().t()  # the same values, column-major
+        assert not weight.is_contiguous()
+    kwargs = dict(pack=pack, budget_features="torch-cpu")
+    recorders = {}
+    for setting, overlap in ((digest_library, None), (digest_library, True), ("python", None), ("python", False)):
+        monkeypatch.setenv(native.ENV, setting)
+        name = f"{'library' if setting != 'python' else 'python'}-{overlap}"
+        recorders[name] = Recorder(tmp_path / f"{name}.h5", model, optimizer, name_map, overlap=overlap, **kwargs)
+    assert not recorders["library-None"].overlap and recorders["python-None"].overlap  # the defaults
+    for step in range(pack.steps):
+        loss, norm, tokens = train_one_step(pack, cfg, model, optimizer, step)
+        for recorder in recorders.values():
+            recorder.step(loss=loss, grad_norm=norm, batch=tokens)
+        optimizer.zero_grad()
+    for recorder in recorders.values():
+        recorder.close()
+    reference = _datasets(tmp_path / "python-False.h5")
+    for name in recorders:
+        ours = _datasets(tmp_path / f"{name}.h5")
+        assert sorted(ours) == sorted(reference) and "sketches/grads_projection" in ours
+        for dataset in ours:
+            assert ours[dataset].tobytes() == reference[dataset].tobytes(), (name, dataset)
+
+
 def test_a_failed_background_write_is_raised_by_the_next_call_not_lost(micro_pack: Path, tmp_path: Path):
     pack = read_pack(micro_pack, canary="micro")
     cfg, model, optimizer, name_map = user_setup(pack)
-    recorder = Recorder(tmp_path / "r.h5", model, optimizer, name_map, pack=pack, budget_features="torch-cpu")
+    recorder = Recorder(tmp_path / "r.h5", model, optimizer, name_map, pack=pack, budget_features="torch-cpu",
+                        overlap=True)
     append_step = recorder.writer.append_step
 
     def failing_append_step(**kwargs):
@@ -254,7 +292,8 @@ def test_a_failed_last_write_is_raised_by_close_and_by_with(micro_pack: Path, tm
     for use_with in (False, True):
         cfg, model, optimizer, name_map = user_setup(pack)
         out = tmp_path / f"r{int(use_with)}.h5"
-        recorder = Recorder(out, model, optimizer, name_map, pack=pack, budget_features="torch-cpu", steps=1)
+        recorder = Recorder(out, model, optimizer, name_map, pack=pack, budget_features="torch-cpu", steps=1,
+                            overlap=True)
         recorder.writer.append_step = lambda **kwargs: (_ for _ in ()).throw(ValueError("a bad row"))
         loss, norm, tokens = train_one_step(pack, cfg, model, optimizer, 0)
         with pytest.raises(RecorderError, match=r"step 0 could not be recorded .*ValueError: a bad row"):
@@ -283,7 +322,8 @@ def test_a_process_that_exits_without_close_still_writes_its_last_step(micro_pac
         from test_torch_recorder import user_setup, train_one_step
         pack = read_pack({str(micro_pack)!r}, canary="micro")
         cfg, model, optimizer, name_map = user_setup(pack)
-        recorder = Recorder({str(out)!r}, model, optimizer, name_map, pack=pack, budget_features="torch-cpu")
+        recorder = Recorder({str(out)!r}, model, optimizer, name_map, pack=pack, budget_features="torch-cpu",
+                            overlap=True)
         write_job = recorder._write_job
         recorder._write_job = lambda job: (time.sleep(0.3), write_job(job))  # still busy when the script ends
         for step in range(2):

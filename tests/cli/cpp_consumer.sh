@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # C++ users (docs/cpp.md): `cmake --install` of this build tree into a fresh prefix holds
-# the receipt library, its headers, the CanaryHarness CMake package and bin/harness, and
+# the receipt library, its headers, the CanaryHarness CMake package, bin/harness and the
+# digest library (its C ABI, loaded by python3), and
 # nothing of the tests or benchmarks; every installed header compiles on its own against
 # the package; examples/cpp-receipt configures and builds against that prefix alone, and
 # its receipt passes the installed `harness validate`, its digests equal to the Python
@@ -32,7 +33,14 @@ for h in receipt/receipt_writer.h receipt/receipt_reader.h receipt/receipt_valid
          receipt/hdf5_file.h api/engine.h api/tensor_table.h numerics/philox.h; do
   [ -f "$PREFIX/include/canary_harness/$h" ] || fail "header canary_harness/$h not installed"
 done
-extra=$(cd "$PREFIX" && find . -type f | grep -vE '^\./(bin/harness|include/canary_harness/(receipt|api|numerics)/[a-z0-9_]+\.h|.*/cmake/CanaryHarness/CanaryHarness[A-Za-z-]*\.cmake|.*/libharness_(receipt|engine_api|numerics)\.a)$')
+# The digest library behind its C ABI (docs/cpp.md): the file, its SONAME link, and that it
+# loads into Debian's python3 and passes canary_harness.native's checks (ABI, probe digests).
+digest_lib=$(cd "$PREFIX" && find . -name 'libcanary_harness_digest.so.1' | head -n 1)
+[ -n "$digest_lib" ] && [ -e "$PREFIX/$digest_lib" ] || fail "no libcanary_harness_digest.so.1 in the prefix"
+[ -z "$digest_lib" ] || PYTHONPATH="$REPO/python" CANARY_HARNESS_DIGEST="$PREFIX/$digest_lib" "$PY" -c \
+  'from canary_harness.native import native_digest; import sys; sys.exit(native_digest() is None)' ||
+  fail "the installed digest library does not load or digests differently"
+extra=$(cd "$PREFIX" && find . -type f | grep -vE '^\./(bin/harness|include/canary_harness/(receipt|api|numerics)/[a-z0-9_]+\.h|.*/cmake/CanaryHarness/CanaryHarness[A-Za-z-]*\.cmake|.*/libharness_(receipt|engine_api|numerics)\.a|.*/libcanary_harness_digest\.so\.[0-9.]+)$')
 [ -z "$extra" ] || fail "installed beyond the package: $extra"
 grep -l -F "$REPO" "$PKG"/*.cmake >/dev/null && fail "the package's CMake files name the source or build tree: $(grep -h -F "$REPO" "$PKG"/*.cmake | head -n 3)"
 
