@@ -242,11 +242,15 @@ void AccelEngine::linear_forward(const OpSite&, TensorId out, TensorId inp, Tens
   }
   // out = bias, then the split-K partial products added in the noise source's order
   float* o = f32(out);
-  if (bias == kNoTensor) {
-    std::fill_n(o, static_cast<std::int64_t>(N) * OC, 0.0f);
-  } else {
-    for (int n = 0; n < N; ++n) std::copy_n(f32(bias), OC, o + static_cast<long>(n) * OC);
-  }
+  const float* b = bias == kNoTensor ? nullptr : f32(bias);
+  tbb::parallel_for(tbb::blocked_range<int>(0, N, 32), [&](const tbb::blocked_range<int>& rows) {
+    float* first = o + static_cast<long>(rows.begin()) * OC;
+    if (b == nullptr) {
+      std::fill_n(first, static_cast<long>(rows.size()) * OC, 0.0f);
+    } else {
+      for (int n = rows.begin(); n < rows.end(); ++n) std::copy_n(b, OC, o + static_cast<long>(n) * OC);
+    }
+  });
   ReduceContext ctx = reduce_context();
   split_k_gemm(ctx, N, OC, C, a, C, w.transposed.data(), OC, o, kSplitKChunk, fp8_gemm);
   store(out);

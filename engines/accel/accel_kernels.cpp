@@ -1,6 +1,8 @@
 #include "accel_kernels.h"
 
 #include <algorithm>
+#include <optional>
+#include <vector>
 
 #include <tbb/parallel_for.h>
 
@@ -21,6 +23,14 @@ void split_k_gemm(ReduceContext& ctx, int M, int N, int K, const float* A, int l
   // shorter than that would hide the effect, so the chunk is at least one interval.
   chunk = std::max(chunk, numerics.limited_interval);
   const int parts = part_count(K, chunk);
+  // Each part's rows of B packed once, for all its row tiles (kernels::PackedMatrix).
+  std::vector<std::optional<kernels::PackedMatrix>> packed(static_cast<std::size_t>(parts));
+  if (numerics.limited_interval == 0) {
+    tbb::parallel_for(0, parts, [&](int part) {
+      const int k0 = part * chunk;
+      packed[part].emplace(std::min(chunk, K - k0), N, B + static_cast<long>(k0) * ldb, ldb);
+    });
+  }
   reduce_row_tiles(ctx.noise, ctx.next(), parts, M, N, C, ctx.workspace, [&](int part, int first, int last, float* partial) {
     const int k0 = part * chunk;
     const int kc = std::min(chunk, K - k0);
@@ -32,7 +42,7 @@ void split_k_gemm(ReduceContext& ctx, int M, int N, int K, const float* A, int l
     } else if (rows == M) {  // whole parts (racy mode, few tiles): a parallel GEMM, the same bits
       kernels::gemm(rows, N, kc, a, lda, b, ldb, partial, N, GemmEpilogue::Store);
     } else {
-      kernels::gemm_serial(rows, N, kc, a, lda, b, ldb, partial, N, GemmEpilogue::Store);
+      kernels::gemm_serial_packed(rows, a, lda, *packed[part], partial, N);
     }
     if (numerics.output_scale != 1.0f) {
       const std::int64_t n = static_cast<std::int64_t>(rows) * N;

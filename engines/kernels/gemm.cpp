@@ -140,15 +140,14 @@ void pack_panels(int width, int K, const float* B, int ldb, int n0, int n1, std:
   }
 }
 
-__attribute__((target("avx2,fma"))) void gemm_block_avx2(int m0, int m1, int n0, int n1, int K, const float* A,
-                                                         int lda, const float* B, int ldb, float* C, int ldc,
-                                                         GemmEpilogue epilogue, const float* bias) {
-  const int n_vec_end = n0 + (n1 - n0) / kTileCols * kTileCols;
-  thread_local std::vector<float> panels;
-  pack_panels(kTileCols, K, B, ldb, n0, n_vec_end, panels);
+// Columns n0..n_vec_end of C (whole 16-column panels of B, packed from column n0 by
+// pack_panels) with the 6x16 tiles.
+__attribute__((target("avx2,fma"))) void avx2_from_panels(int m0, int m1, int n0, int n_vec_end, int K,
+                                                          const float* A, int lda, const float* panels, float* C,
+                                                          int ldc, GemmEpilogue epilogue, const float* bias) {
   for (int n = n0; n < n_vec_end; n += kTileCols) {
     // The panel holds columns n..n+15 at offset 0; C, bias keep absolute column n.
-    const float* panel = panels.data() + static_cast<long>((n - n0) / kTileCols) * K * kTileCols - n;
+    const float* panel = panels + static_cast<long>((n - n0) / kTileCols) * K * kTileCols - n;
     int m = m0;
     for (; m + kTileRows <= m1; m += kTileRows) {
       tile_6x16(K, A + static_cast<long>(m) * lda, lda, panel, kTileCols, C + static_cast<long>(m) * ldc, ldc,
@@ -159,6 +158,15 @@ __attribute__((target("avx2,fma"))) void gemm_block_avx2(int m0, int m1, int n0,
                 epilogue, bias, n);
     }
   }
+}
+
+__attribute__((target("avx2,fma"))) void gemm_block_avx2(int m0, int m1, int n0, int n1, int K, const float* A,
+                                                         int lda, const float* B, int ldb, float* C, int ldc,
+                                                         GemmEpilogue epilogue, const float* bias) {
+  const int n_vec_end = n0 + (n1 - n0) / kTileCols * kTileCols;
+  thread_local std::vector<float> panels;
+  pack_panels(kTileCols, K, B, ldb, n0, n_vec_end, panels);
+  avx2_from_panels(m0, m1, n0, n_vec_end, K, A, lda, panels.data(), C, ldc, epilogue, bias);
   if (n_vec_end < n1) gemm_block_generic(m0, m1, n_vec_end, n1, K, A, lda, B, ldb, C, ldc, epilogue, bias);
 }
 
@@ -207,20 +215,28 @@ constexpr WideTile kWideTiles[kWideTileRows + 1] = {nullptr,        wide_tile<1>
                                                     wide_tile<5>,   wide_tile<6>,  wide_tile<7>, wide_tile<8>, wide_tile<9>,
                                                     wide_tile<10>, wide_tile<11>, wide_tile<12>};
 
-__attribute__((target("avx512f"))) void gemm_block_avx512(int m0, int m1, int n0, int n1, int K, const float* A,
-                                                          int lda, const float* B, int ldb, float* C, int ldc,
-                                                          GemmEpilogue epilogue, const float* bias) {
-  const int n_wide_end = n0 + (n1 - n0) / kWideTileCols * kWideTileCols;
-  thread_local std::vector<float> panels;
-  pack_panels(kWideTileCols, K, B, ldb, n0, n_wide_end, panels);
+// Columns n0..n_wide_end of C (whole 32-column panels of B, packed from column n0 by
+// pack_panels) with the 12x32 tiles.
+__attribute__((target("avx512f"))) void avx512_from_panels(int m0, int m1, int n0, int n_wide_end, int K,
+                                                           const float* A, int lda, const float* panels, float* C,
+                                                           int ldc, GemmEpilogue epilogue, const float* bias) {
   for (int n = n0; n < n_wide_end; n += kWideTileCols) {
-    const float* panel = panels.data() + static_cast<long>((n - n0) / kWideTileCols) * K * kWideTileCols;
+    const float* panel = panels + static_cast<long>((n - n0) / kWideTileCols) * K * kWideTileCols;
     for (int m = m0; m < m1; m += kWideTileRows) {
       const int rows = std::min(kWideTileRows, m1 - m);
       kWideTiles[rows](K, A + static_cast<long>(m) * lda, lda, panel, C + static_cast<long>(m) * ldc, ldc, epilogue,
                        bias, n);
     }
   }
+}
+
+__attribute__((target("avx512f"))) void gemm_block_avx512(int m0, int m1, int n0, int n1, int K, const float* A,
+                                                          int lda, const float* B, int ldb, float* C, int ldc,
+                                                          GemmEpilogue epilogue, const float* bias) {
+  const int n_wide_end = n0 + (n1 - n0) / kWideTileCols * kWideTileCols;
+  thread_local std::vector<float> panels;
+  pack_panels(kWideTileCols, K, B, ldb, n0, n_wide_end, panels);
+  avx512_from_panels(m0, m1, n0, n_wide_end, K, A, lda, panels.data(), C, ldc, epilogue, bias);
   if (n_wide_end < n1) gemm_block_avx2(m0, m1, n_wide_end, n1, K, A, lda, B, ldb, C, ldc, epilogue, bias);
 }
 
@@ -372,6 +388,32 @@ void gemm(int M, int N, int K, const float* A, int lda, const float* B, int ldb,
 void gemm_serial(int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc,
                  GemmEpilogue epilogue, const float* bias) {
   kernel().block(0, M, 0, N, K, A, lda, B, ldb, C, ldc, epilogue, bias);
+}
+
+PackedMatrix::PackedMatrix(int K, int N, const float* B, int ldb) : K_(K), N_(N), ldb_(ldb), B_(B) {
+  const BlockKernel block = kernel().block;
+  panel_width_ = block == gemm_block_avx512 ? kWideTileCols : block == gemm_block_avx2 ? kTileCols : 0;
+  packed_cols_ = panel_width_ == 0 ? 0 : N / panel_width_ * panel_width_;
+  if (packed_cols_ > 0) pack_panels(panel_width_, K, B, ldb, 0, packed_cols_, panels_);
+}
+
+void gemm_serial_packed(int M, const float* A, int lda, const PackedMatrix& B, float* C, int ldc) {
+  // What gemm_block_avx512 / gemm_block_avx2 / gemm_block_generic do for columns 0..N,
+  // with the panels packed once: the same tiles on the same values, so the same bits.
+  const int K = B.K_, N = B.N_, packed = B.packed_cols_;
+  constexpr GemmEpilogue store = GemmEpilogue::Store;
+  switch (B.panel_width_) {
+    case kWideTileCols:
+      avx512_from_panels(0, M, 0, packed, K, A, lda, B.panels_.data(), C, ldc, store, nullptr);
+      if (packed < N) gemm_block_avx2(0, M, packed, N, K, A, lda, B.B_, B.ldb_, C, ldc, store, nullptr);
+      return;
+    case kTileCols:
+      avx2_from_panels(0, M, 0, packed, K, A, lda, B.panels_.data(), C, ldc, store, nullptr);
+      if (packed < N) gemm_block_generic(0, M, packed, N, K, A, lda, B.B_, B.ldb_, C, ldc, store, nullptr);
+      return;
+    default:
+      gemm_block_generic(0, M, 0, N, K, A, lda, B.B_, B.ldb_, C, ldc, store, nullptr);
+  }
 }
 
 // ---- transposes ----------------------------------------------------------------------

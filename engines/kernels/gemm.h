@@ -29,6 +29,27 @@ void gemm(int M, int N, int K, const float* A, int lda, const float* B, int ldb,
 void gemm_serial(int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc,
                  GemmEpilogue epilogue, const float* bias = nullptr);
 
+// B (K x N, leading dimension ldb) packed once into the panels the kernel in use streams,
+// for several gemm_serial_packed calls that share it (accel's split-K computes each K part
+// in row tiles: without this every tile would pack the part's B again). B must stay alive
+// and unchanged while the packed matrix is used (the columns left after the last whole
+// panel are read from it).
+class PackedMatrix {
+ public:
+  PackedMatrix(int K, int N, const float* B, int ldb);
+
+ private:
+  friend void gemm_serial_packed(int M, const float* A, int lda, const PackedMatrix& B, float* C, int ldc);
+  int K_, N_, ldb_;
+  const float* B_;
+  int panel_width_ = 0, packed_cols_ = 0;  // 0: the portable kernel, which packs nothing
+  std::vector<float> panels_;
+};
+
+// gemm_serial(M, N, K, A, lda, B, ..., C, ldc, Store) with B packed beforehand: the same
+// bits (packing moves values only; the kernel chosen when B was packed computes).
+void gemm_serial_packed(int M, const float* A, int lda, const PackedMatrix& B, float* C, int ldc);
+
 // Serial out (cols x rows, leading dimension ld_out) = in (rows x cols, leading dimension ld_in)^T.
 void transpose_serial(const float* in, int rows, int cols, int ld_in, float* out, int ld_out);
 

@@ -1,7 +1,11 @@
 #include "kernels/host_tensors.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <stdexcept>
+
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
 
 namespace harness {
 
@@ -45,6 +49,19 @@ void HostTensors::upload_tokens(TensorId id, std::span<const std::int32_t> token
   std::copy(tokens.begin(), tokens.end(), tokens_.begin() + table_->arena_offset(id));
 }
 
-void HostTensors::zero(TensorId id) { std::fill_n(f32(id), numel(id), 0.0f); }
+void HostTensors::zero(TensorId id) {
+  // Every gradient and activation gradient is zeroed at each step's start (tens of MB for
+  // tiny, once 5% of a step on one core): large ones in parallel blocks, which moves no value.
+  float* data = f32(id);
+  const std::int64_t n = numel(id);
+  constexpr std::int64_t kBlock = std::int64_t{1} << 16;
+  if (n <= kBlock) {
+    std::fill_n(data, n, 0.0f);
+    return;
+  }
+  tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, n, kBlock), [data](const tbb::blocked_range<std::int64_t>& r) {
+    std::fill(data + r.begin(), data + r.end(), 0.0f);
+  });
+}
 
 }  // namespace harness

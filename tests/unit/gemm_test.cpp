@@ -1,5 +1,6 @@
 // The GEMM's contract: every output element equals the sequential fma chain over k,
 // bit for bit, whatever the shape, tile edges, epilogue or thread count.
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -73,6 +74,18 @@ TEST_P(GemmBitwise, EqualsSequentialFmaChainForEveryKernelAndThreadCount) {
       std::vector<float> serial = C0;
       gemm_serial(c.M, c.N, c.K, A.data(), c.K, B.data(), c.N, serial.data(), c.N, c.epilogue, bias.data());
       ASSERT_EQ(serial, C);
+    }
+    // B packed once and used by row tiles of 5 rows (accel's split-K): gemm_serial's bits.
+    std::vector<float> stored(C0.size()), from_packed(C0.size());
+    gemm_serial(c.M, c.N, c.K, A.data(), c.K, B.data(), c.N, stored.data(), c.N, GemmEpilogue::Store);
+    const PackedMatrix packed(c.K, c.N, B.data(), c.N);
+    for (int first = 0; first < c.M; first += 5) {
+      const int rows = std::min(5, c.M - first);
+      gemm_serial_packed(rows, A.data() + first * c.K, c.K, packed, from_packed.data() + first * c.N, c.N);
+    }
+    for (std::size_t i = 0; i < stored.size(); ++i) {
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(from_packed[i]), std::bit_cast<std::uint32_t>(stored[i]))
+          << "element " << i << " kernel " << gemm_kernel_name();
     }
   }
 }
