@@ -64,7 +64,7 @@ void AccelEngine::bind(const TensorTable& table) {
     zone_index_[id] = zones_.size();
     zones_.push_back({layer_label(table[id].name), numerics::Fp8ScalingState(Fp8Format::E4M3, config_.scaling),
                       numerics::Fp8ScalingState(Fp8Format::E4M3, config_.scaling),
-                      numerics::Fp8ScalingState(Fp8Format::E5M2, config_.scaling)});
+                      numerics::Fp8ScalingState(Fp8Format::E5M2, config_.scaling), 1.0f, {}});
   }
 }
 
@@ -237,7 +237,7 @@ void AccelEngine::linear_forward(const OpSite&, TensorId out, TensorId inp, Tens
   GemmNumerics fp8_gemm;
   if (zone != nullptr) {
     zone->input_scale = zone->input.scale_for(parallel_amax(a, t_.numel(inp)));
-    a = fp8_operand(inp, zone->input_scale, Fp8Format::E4M3, operand_a_);
+    a = fp8_operand(inp, zone->input_scale, Fp8Format::E4M3, zone->quantised_input);
     fp8_gemm = {(1.0f / zone->input_scale) * (1.0f / w.scale), config_.accumulate_interval};
   }
   // out = bias, then the split-K partial products added in the noise source's order
@@ -268,7 +268,10 @@ void AccelEngine::linear_backward(const OpSite&, TensorId dinp, TensorId dweight
   if (zone != nullptr) {
     const float dy_scale = zone->grad_output.scale_for(parallel_amax(dy, t_.numel(dout)));
     dy = fp8_operand(dout, dy_scale, Fp8Format::E5M2, operand_a_);
-    x = fp8_operand(inp, zone->input_scale, Fp8Format::E4M3, operand_b_);  // as the forward quantised it
+    // The input as the forward quantised it (this step's forward ran first).
+    x = zone->quantised_input.size() == static_cast<std::size_t>(t_.numel(inp))
+            ? zone->quantised_input.data()
+            : fp8_operand(inp, zone->input_scale, Fp8Format::E4M3, operand_b_);
     dgrad = {(1.0f / dy_scale) * (1.0f / w.scale), config_.accumulate_interval};
     wgrad = {(1.0f / dy_scale) * (1.0f / zone->input_scale), config_.accumulate_interval};
   }

@@ -93,6 +93,9 @@ class AccelEngine final : public Engine {
     std::string site;  // the layer's label in receipts and checkpoints
     numerics::Fp8ScalingState input, weight, grad_output;
     float input_scale = 1.0f;  // the scale the forward quantised the input with (reused for dW)
+    // The forward's fp8 input, kept for the weight gradient (as Transformer Engine keeps
+    // it): the backward would compute the same values from the same input and scale.
+    std::vector<float> quantised_input;
   };
   // A zone's three roles by name (const or not, as the zone).
   template <class Zone>
