@@ -37,14 +37,19 @@ void split_k_gemm(ReduceContext& ctx, int M, int N, int K, const float* A, int l
     const int rows = last - first;
     const float* a = A + static_cast<long>(first) * lda + k0;
     const float* b = B + static_cast<long>(k0) * ldb;
-    if (numerics.limited_interval > 0) {
-      gemm_limited_accumulator(rows, N, kc, a, lda, b, ldb, partial, N, numerics.limited_interval);
-    } else if (rows == M) {  // whole parts (racy mode, few tiles): a parallel GEMM, the same bits
-      kernels::gemm(rows, N, kc, a, lda, b, ldb, partial, N, GemmEpilogue::Store);
-    } else {
-      kernels::gemm_serial_packed(rows, a, lda, *packed[part], partial, N);
+    if (numerics.limited_interval == 0) {
+      // An fp8 GEMM's descale (output_scale) is the store's multiply: the product rounded
+      // once, as a pass over the part would round it.
+      const GemmEpilogue store = numerics.output_scale != 1.0f ? GemmEpilogue::Scale : GemmEpilogue::Store;
+      if (rows == M) {  // whole parts (racy mode, few tiles): a parallel GEMM, the same bits
+        kernels::gemm(rows, N, kc, a, lda, b, ldb, partial, N, store, &numerics.output_scale);
+      } else {
+        kernels::gemm_serial_packed(rows, a, lda, *packed[part], partial, N, store, &numerics.output_scale);
+      }
+      return;
     }
-    if (numerics.output_scale != 1.0f) {
+    gemm_limited_accumulator(rows, N, kc, a, lda, b, ldb, partial, N, numerics.limited_interval);
+    if (numerics.output_scale != 1.0f) {  // its own kernel stores unscaled: a pass
       const std::int64_t n = static_cast<std::int64_t>(rows) * N;
       const float scale = numerics.output_scale;
       harness::numerics::run_widest([&]() __attribute__((always_inline)) {

@@ -25,6 +25,7 @@ inline float epilogue_value(float acc, float old_c, GemmEpilogue epilogue, const
     case GemmEpilogue::Store: return acc;
     case GemmEpilogue::AddBias: return acc + bias[n];
     case GemmEpilogue::Accumulate: return old_c + acc;
+    case GemmEpilogue::Scale: return acc * bias[0];
   }
   return acc;
 }
@@ -56,6 +57,10 @@ __attribute__((target("avx2,fma"))) void store_tile_row(float* c_row, __m256 acc
   } else if (epilogue == GemmEpilogue::Accumulate) {
     acc0 = _mm256_add_ps(_mm256_loadu_ps(c_row + n), acc0);
     acc1 = _mm256_add_ps(_mm256_loadu_ps(c_row + n + 8), acc1);
+  } else if (epilogue == GemmEpilogue::Scale) {
+    const __m256 scale = _mm256_set1_ps(bias[0]);
+    acc0 = _mm256_mul_ps(acc0, scale);
+    acc1 = _mm256_mul_ps(acc1, scale);
   }
   _mm256_storeu_ps(c_row + n, acc0);
   _mm256_storeu_ps(c_row + n + 8, acc1);
@@ -185,6 +190,10 @@ __attribute__((target("avx512f"))) void store_wide_row(float* c_row, __m512 acc0
   } else if (epilogue == GemmEpilogue::Accumulate) {
     acc0 = _mm512_add_ps(_mm512_loadu_ps(c_row + n), acc0);
     acc1 = _mm512_add_ps(_mm512_loadu_ps(c_row + n + 16), acc1);
+  } else if (epilogue == GemmEpilogue::Scale) {
+    const __m512 scale = _mm512_set1_ps(bias[0]);
+    acc0 = _mm512_mul_ps(acc0, scale);
+    acc1 = _mm512_mul_ps(acc1, scale);
   }
   _mm512_storeu_ps(c_row + n, acc0);
   _mm512_storeu_ps(c_row + n + 16, acc1);
@@ -397,22 +406,22 @@ PackedMatrix::PackedMatrix(int K, int N, const float* B, int ldb) : K_(K), N_(N)
   if (packed_cols_ > 0) pack_panels(panel_width_, K, B, ldb, 0, packed_cols_, panels_);
 }
 
-void gemm_serial_packed(int M, const float* A, int lda, const PackedMatrix& B, float* C, int ldc) {
+void gemm_serial_packed(int M, const float* A, int lda, const PackedMatrix& B, float* C, int ldc,
+                        GemmEpilogue epilogue, const float* bias) {
   // What gemm_block_avx512 / gemm_block_avx2 / gemm_block_generic do for columns 0..N,
   // with the panels packed once: the same tiles on the same values, so the same bits.
   const int K = B.K_, N = B.N_, packed = B.packed_cols_;
-  constexpr GemmEpilogue store = GemmEpilogue::Store;
   switch (B.panel_width_) {
     case kWideTileCols:
-      avx512_from_panels(0, M, 0, packed, K, A, lda, B.panels_.data(), C, ldc, store, nullptr);
-      if (packed < N) gemm_block_avx2(0, M, packed, N, K, A, lda, B.B_, B.ldb_, C, ldc, store, nullptr);
+      avx512_from_panels(0, M, 0, packed, K, A, lda, B.panels_.data(), C, ldc, epilogue, bias);
+      if (packed < N) gemm_block_avx2(0, M, packed, N, K, A, lda, B.B_, B.ldb_, C, ldc, epilogue, bias);
       return;
     case kTileCols:
-      avx2_from_panels(0, M, 0, packed, K, A, lda, B.panels_.data(), C, ldc, store, nullptr);
-      if (packed < N) gemm_block_generic(0, M, packed, N, K, A, lda, B.B_, B.ldb_, C, ldc, store, nullptr);
+      avx2_from_panels(0, M, 0, packed, K, A, lda, B.panels_.data(), C, ldc, epilogue, bias);
+      if (packed < N) gemm_block_generic(0, M, packed, N, K, A, lda, B.B_, B.ldb_, C, ldc, epilogue, bias);
       return;
     default:
-      gemm_block_generic(0, M, 0, N, K, A, lda, B.B_, B.ldb_, C, ldc, store, nullptr);
+      gemm_block_generic(0, M, 0, N, K, A, lda, B.B_, B.ldb_, C, ldc, epilogue, bias);
   }
 }
 

@@ -19,7 +19,11 @@
 
 namespace harness::kernels {
 
-enum class GemmEpilogue { Store, AddBias, Accumulate };
+// What the store does with each finished accumulator: C = acc (Store), C = acc + bias[n]
+// (AddBias), C = C + acc (Accumulate), or C = acc * bias[0] (Scale: `bias` points at one
+// factor; accel's fp8 GEMMs descale their output this way, the product rounded once, as a
+// separate pass over C would).
+enum class GemmEpilogue { Store, AddBias, Accumulate, Scale };
 
 void gemm(int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C, int ldc,
           GemmEpilogue epilogue, const float* bias = nullptr);
@@ -39,16 +43,18 @@ class PackedMatrix {
   PackedMatrix(int K, int N, const float* B, int ldb);
 
  private:
-  friend void gemm_serial_packed(int M, const float* A, int lda, const PackedMatrix& B, float* C, int ldc);
+  friend void gemm_serial_packed(int M, const float* A, int lda, const PackedMatrix& B, float* C, int ldc,
+                                 GemmEpilogue epilogue, const float* bias);
   int K_, N_, ldb_;
   const float* B_;
   int panel_width_ = 0, packed_cols_ = 0;  // 0: the portable kernel, which packs nothing
   std::vector<float> panels_;
 };
 
-// gemm_serial(M, N, K, A, lda, B, ..., C, ldc, Store) with B packed beforehand: the same
-// bits (packing moves values only; the kernel chosen when B was packed computes).
-void gemm_serial_packed(int M, const float* A, int lda, const PackedMatrix& B, float* C, int ldc);
+// gemm_serial(M, N, K, A, lda, B, ..., C, ldc, epilogue, bias) with B packed beforehand:
+// the same bits (packing moves values only; the kernel chosen when B was packed computes).
+void gemm_serial_packed(int M, const float* A, int lda, const PackedMatrix& B, float* C, int ldc,
+                        GemmEpilogue epilogue = GemmEpilogue::Store, const float* bias = nullptr);
 
 // Serial out (cols x rows, leading dimension ld_out) = in (rows x cols, leading dimension ld_in)^T.
 void transpose_serial(const float* in, int rows, int cols, int ld_in, float* out, int ld_out);

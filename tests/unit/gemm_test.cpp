@@ -38,7 +38,12 @@ std::vector<float> reference(const GemmCase& c, const std::vector<float>& A, con
       float acc = 0.0f;
       for (int k = 0; k < c.K; ++k) acc = std::fma(A[static_cast<std::size_t>(m * c.K + k)], B[static_cast<std::size_t>(k * c.N + n)], acc);
       float& out = C[static_cast<std::size_t>(m * c.N + n)];
-      out = c.epilogue == GemmEpilogue::Store ? acc : c.epilogue == GemmEpilogue::AddBias ? acc + bias[static_cast<std::size_t>(n)] : out + acc;
+      switch (c.epilogue) {
+        case GemmEpilogue::Store: out = acc; break;
+        case GemmEpilogue::AddBias: out = acc + bias[static_cast<std::size_t>(n)]; break;
+        case GemmEpilogue::Accumulate: out = out + acc; break;
+        case GemmEpilogue::Scale: out = acc * bias[0]; break;  // bias holds the one factor
+      }
     }
   }
   return C;
@@ -75,17 +80,17 @@ TEST_P(GemmBitwise, EqualsSequentialFmaChainForEveryKernelAndThreadCount) {
       gemm_serial(c.M, c.N, c.K, A.data(), c.K, B.data(), c.N, serial.data(), c.N, c.epilogue, bias.data());
       ASSERT_EQ(serial, C);
     }
-    // B packed once and used by row tiles of 5 rows (accel's split-K): gemm_serial's bits.
-    std::vector<float> stored(C0.size()), from_packed(C0.size());
-    gemm_serial(c.M, c.N, c.K, A.data(), c.K, B.data(), c.N, stored.data(), c.N, GemmEpilogue::Store);
+    // B packed once and used by row tiles of 5 rows (accel's split-K): the reference's bits.
+    std::vector<float> from_packed = C0;
     const PackedMatrix packed(c.K, c.N, B.data(), c.N);
     for (int first = 0; first < c.M; first += 5) {
       const int rows = std::min(5, c.M - first);
-      gemm_serial_packed(rows, A.data() + first * c.K, c.K, packed, from_packed.data() + first * c.N, c.N);
+      gemm_serial_packed(rows, A.data() + first * c.K, c.K, packed, from_packed.data() + first * c.N, c.N,
+                         c.epilogue, bias.data());
     }
-    for (std::size_t i = 0; i < stored.size(); ++i) {
-      ASSERT_EQ(std::bit_cast<std::uint32_t>(from_packed[i]), std::bit_cast<std::uint32_t>(stored[i]))
-          << "element " << i << " kernel " << gemm_kernel_name();
+    for (std::size_t i = 0; i < expected.size(); ++i) {
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(from_packed[i]), std::bit_cast<std::uint32_t>(expected[i]))
+          << "element " << i << " kernel " << gemm_kernel_name() << " (packed)";
     }
   }
 }
@@ -101,7 +106,7 @@ TEST(GemmKernels, TheDispatchedKernelIsTheFastestTheCpuHas) {
 }
 
 std::string case_name(const ::testing::TestParamInfo<GemmCase>& info) {
-  const char* epilogue[] = {"store", "bias", "accumulate"};
+  const char* epilogue[] = {"store", "bias", "accumulate", "scale"};
   const GemmCase& c = info.param;
   std::ostringstream name;  // (not string operator+: GCC 12 raises a false -Wrestrict on it)
   name << "M" << c.M << "_N" << c.N << "_K" << c.K << "_" << epilogue[static_cast<int>(c.epilogue)];
@@ -119,7 +124,11 @@ INSTANTIATE_TEST_SUITE_P(OddAndCanaryShapes, GemmBitwise,
                                            // 12x32 tiles: row and column edges of every size
                                            GemmCase{25, 95, 9, GemmEpilogue::AddBias},
                                            GemmCase{37, 67, 19, GemmEpilogue::Accumulate},
-                                           GemmCase{512, 384, 128, GemmEpilogue::Store}),
+                                           GemmCase{512, 384, 128, GemmEpilogue::Store},
+                                           // accel's fp8 descale in the store: every kernel's edges
+                                           GemmCase{5, 7, 11, GemmEpilogue::Scale},
+                                           GemmCase{37, 67, 19, GemmEpilogue::Scale},
+                                           GemmCase{64, 384, 128, GemmEpilogue::Scale}),
                          case_name);
 
 // Every shape around the 8x8 tiles and the 64x64 blocks: full tiles, both edges, both.
