@@ -63,7 +63,6 @@ class NativePlan:
                                                         self.sketched.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)))
         if not self._handle:
             raise MemoryError("canary_digest_plan_new: out of memory")
-        self._pointers = (ctypes.c_void_p * self.count)()
 
     def run(self, arrays: Sequence[np.ndarray], threads: int = 0) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(hashes (count,) uint64, l2 (count,), projection (count, SKETCH_WIDTH)) of C-contiguous
@@ -77,11 +76,11 @@ class NativePlan:
         that numel), and stay valid and unchanged during the call."""
         if len(addresses) != self.count:
             raise ValueError(f"{len(addresses)} tensors for a plan of {self.count}")
-        self._pointers[:] = addresses
+        pointers = (ctypes.c_void_p * self.count)(*addresses)  # per call: a plan may run on two threads at once
         hashes = np.empty(self.count, dtype=np.uint64)
         l2 = np.zeros(self.count)
         projection = np.zeros((self.count, SKETCH_WIDTH))
-        status = self._lib.canary_digest_plan_run(self._handle, self._pointers, hashes.ctypes.data_as(_u64p),
+        status = self._lib.canary_digest_plan_run(self._handle, pointers, hashes.ctypes.data_as(_u64p),
                                                   l2.ctypes.data_as(_f64p), projection.ctypes.data_as(_f64p),
                                                   int(threads))
         if status != 0:
