@@ -27,7 +27,8 @@ Usage:
 Without --pack, one is written by `build/bin/harness export --canary tiny` into a
 temporary directory. The Recorders digest with the digest library the build made
 (build/lib, canary_harness.native) where it is there; CANARY_HARNESS_DIGEST=python measures
-the pure-Python digest instead. The digest section times both. This is a benchmark, not a
+the pure-Python digest instead. The digest section times numpy, and the library where one
+is found (not with CANARY_HARNESS_DIGEST=python). This is a benchmark, not a
 test: numbers depend on the machine and its load (the report prints the load average).
 """
 

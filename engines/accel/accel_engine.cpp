@@ -64,7 +64,7 @@ void AccelEngine::bind(const TensorTable& table) {
     zone_index_[id] = zones_.size();
     zones_.push_back({layer_label(table[id].name), numerics::Fp8ScalingState(Fp8Format::E4M3, config_.scaling),
                       numerics::Fp8ScalingState(Fp8Format::E4M3, config_.scaling),
-                      numerics::Fp8ScalingState(Fp8Format::E5M2, config_.scaling), 1.0f, {}});
+                      numerics::Fp8ScalingState(Fp8Format::E5M2, config_.scaling), 1.0f, {}, kNoTensor, -1});
   }
 }
 
@@ -74,6 +74,7 @@ void AccelEngine::upload(TensorId id, std::span<const float> values) {
 }
 
 void AccelEngine::step_begin(int step) {
+  step_ = step;
   noise_.begin_step(step);
   prepared_.clear();  // the optimizer changed the weights
 }
@@ -238,6 +239,8 @@ void AccelEngine::linear_forward(const OpSite&, TensorId out, TensorId inp, Tens
   if (zone != nullptr) {
     zone->input_scale = zone->input.scale_for(parallel_amax(a, t_.numel(inp)));
     a = fp8_operand(inp, zone->input_scale, Fp8Format::E4M3, zone->quantised_input);
+    zone->quantised_from = inp;
+    zone->quantised_step = step_;
     fp8_gemm = {(1.0f / zone->input_scale) * (1.0f / w.scale), config_.accumulate_interval};
   }
   // out = bias, then the split-K partial products added in the noise source's order
@@ -268,8 +271,9 @@ void AccelEngine::linear_backward(const OpSite&, TensorId dinp, TensorId dweight
   if (zone != nullptr) {
     const float dy_scale = zone->grad_output.scale_for(parallel_amax(dy, t_.numel(dout)));
     dy = fp8_operand(dout, dy_scale, Fp8Format::E5M2, operand_a_);
-    // The input as the forward quantised it (this step's forward ran first).
-    x = zone->quantised_input.size() == static_cast<std::size_t>(t_.numel(inp))
+    // The input as this step's forward quantised it (quantised again only when the backward
+    // runs without that forward, the same values either way).
+    x = zone->quantised_from == inp && zone->quantised_step == step_
             ? zone->quantised_input.data()
             : fp8_operand(inp, zone->input_scale, Fp8Format::E4M3, operand_b_);
     dgrad = {(1.0f / dy_scale) * (1.0f / w.scale), config_.accumulate_interval};

@@ -94,8 +94,11 @@ class AccelEngine final : public Engine {
     numerics::Fp8ScalingState input, weight, grad_output;
     float input_scale = 1.0f;  // the scale the forward quantised the input with (reused for dW)
     // The forward's fp8 input, kept for the weight gradient (as Transformer Engine keeps
-    // it): the backward would compute the same values from the same input and scale.
+    // it): the backward would compute the same values from the same input and scale. Which
+    // input and step made it: the backward uses it only for that input in that step.
     std::vector<float> quantised_input;
+    TensorId quantised_from = kNoTensor;
+    int quantised_step = -1;
   };
   // A zone's three roles by name (const or not, as the zone).
   template <class Zone>
@@ -131,6 +134,7 @@ class AccelEngine final : public Engine {
   std::unordered_map<TensorId, std::size_t> zone_index_;   // weight -> its zone in zones_
   Fp8Record last_step_fp8_;
   std::vector<float> workspace_, operand_a_, operand_b_;
+  int step_ = -1;  // the step step_begin began
 };
 
 }  // namespace harness::accel

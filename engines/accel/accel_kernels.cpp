@@ -23,9 +23,10 @@ void split_k_gemm(ReduceContext& ctx, int M, int N, int K, const float* A, int l
   // shorter than that would hide the effect, so the chunk is at least one interval.
   chunk = std::max(chunk, numerics.limited_interval);
   const int parts = part_count(K, chunk);
-  // Each part's rows of B packed once, for all its row tiles (kernels::PackedMatrix).
+  // Each part's rows of B packed once, for all its row tiles (kernels::PackedMatrix);
+  // whole parts are parallel GEMMs, which pack for themselves.
   std::vector<std::optional<kernels::PackedMatrix>> packed(static_cast<std::size_t>(parts));
-  if (numerics.limited_interval == 0) {
+  if (numerics.limited_interval == 0 && row_tiles_apply(ctx.noise, M, N)) {
     tbb::parallel_for(0, parts, [&](int part) {
       const int k0 = part * chunk;
       packed[part].emplace(std::min(chunk, K - k0), N, B + static_cast<long>(k0) * ldb, ldb);

@@ -107,18 +107,32 @@ void reduce_parts(const NoiseSource& noise, Reduction reduction, int parts, std:
 // About this many rows a tile: its parts stay in cache, and a GEMM has tiles for every core.
 constexpr std::int64_t kTileRowsTarget = 32;
 
-void reduce_row_tiles(const NoiseSource& noise, Reduction reduction, int parts, int rows, int row_length, float* out,
-                      std::vector<float>& workspace, const RowPartFn& produce) {
-  const std::int64_t n = static_cast<std::int64_t>(rows) * row_length;
-  // A tile starts on a segment boundary: its row count is a multiple of the rows that
-  // make whole segments.
+namespace {
+
+// A tile starts on a segment boundary: its row count is a multiple of the rows that make
+// whole segments.
+int tile_rows_for(int row_length) {
   const std::int64_t aligned = kNoiseSegment / std::gcd(static_cast<std::int64_t>(row_length), kNoiseSegment);
-  const auto tile_rows = static_cast<int>(aligned * std::max<std::int64_t>(1, kTileRowsTarget / aligned));
+  return static_cast<int>(aligned * std::max<std::int64_t>(1, kTileRowsTarget / aligned));
+}
+
+}  // namespace
+
+bool row_tiles_apply(const NoiseSource& noise, int rows, int row_length) {
+  const int tile_rows = tile_rows_for(row_length);
   const int tiles = (rows + tile_rows - 1) / tile_rows;
   // Racy mode's noise is the parts' completion order; and too few tiles to keep every
   // core busy (a row length with few factors of 2 makes tiles of up to 1024 rows) would
   // serialise the GEMM: both take whole parts, each produced by a parallel GEMM.
-  if (noise.mode() == NoiseMode::Racy || tiles < tbb::this_task_arena::max_concurrency()) {
+  return noise.mode() != NoiseMode::Racy && tiles >= tbb::this_task_arena::max_concurrency();
+}
+
+void reduce_row_tiles(const NoiseSource& noise, Reduction reduction, int parts, int rows, int row_length, float* out,
+                      std::vector<float>& workspace, const RowPartFn& produce) {
+  const std::int64_t n = static_cast<std::int64_t>(rows) * row_length;
+  const int tile_rows = tile_rows_for(row_length);
+  const int tiles = (rows + tile_rows - 1) / tile_rows;
+  if (!row_tiles_apply(noise, rows, row_length)) {
     reduce_parts(noise, reduction, parts, n, out, workspace, [&](int part, float* partial) { produce(part, 0, rows, partial); });
     return;
   }

@@ -85,6 +85,9 @@ using RowPartFn = std::function<void(int part, int row_begin, int row_end, float
 // `workspace` is reduce_parts's, for those whole parts.
 void reduce_row_tiles(const NoiseSource& noise, Reduction reduction, int parts, int rows, int row_length, float* out,
                       std::vector<float>& workspace, const RowPartFn& produce);
+// Whether reduce_row_tiles produces row tiles for this output (else whole parts, each
+// produced with all rows): what a caller preparing for the tiles needs to know.
+bool row_tiles_apply(const NoiseSource& noise, int rows, int row_length);
 
 // Outputs are permuted per segment of this many elements: a GPU's atomics and split-K
 // reductions order each output tile on its own, not the whole tensor at once.

@@ -57,7 +57,7 @@ canary_digest_plan* canary_digest_plan_new(size_t count, const uint64_t* numels,
       if (sketched[i] != 0) plan->sketchers[i].emplace(static_cast<std::size_t>(numels[i]), salts[i]);
     }
     return plan.release();
-  } catch (...) {  // std::bad_alloc, the only thing that can throw here
+  } catch (...) {  // std::bad_alloc or std::length_error: out of memory, in effect
     return nullptr;
   }
 }

@@ -34,16 +34,18 @@ CANARY_DIGEST_API uint64_t canary_digest_salt(const char* name);
 
 /* A plan digests a fixed list of tensors (sizes, salts, which are sketched) again and
  * again, as a recorder does every step: each sketched tensor's Philox block codes are
- * drawn once, at creation. NULL when out of memory. */
+ * drawn once, at creation. The three arrays hold `count` entries (any pointer when count
+ * is 0). NULL when out of memory. */
 typedef struct canary_digest_plan canary_digest_plan;
 CANARY_DIGEST_API canary_digest_plan* canary_digest_plan_new(size_t count, const uint64_t* numels,
                                                              const uint64_t* salts, const uint8_t* sketched);
 CANARY_DIGEST_API void canary_digest_plan_free(canary_digest_plan* plan);
 
-/* Digests tensors[0..count) (each numels[i] fp32 values): hashes[i] for every tensor;
- * l2[i] and projection[i * width .. + width) for every sketched one (others left as they
- * are). Tensors in parallel on up to `threads` threads (0: every core); the results do not
- * depend on it. Returns 0, or 1 when the work could not be run (out of memory). */
+/* Digests tensors[0..count) (each numels[i] fp32 values; a 0-element tensor's pointer may
+ * be NULL): hashes[i] for every tensor; l2[i] and projection[i * width .. + width) for
+ * every sketched one (others left as they are). Tensors in parallel on up to `threads`
+ * threads (0 or less: every core); the results do not depend on it. Returns 0, or 1 when
+ * the work could not be run (out of memory). `name` (canary_digest_salt) is a C string. */
 CANARY_DIGEST_API int canary_digest_plan_run(const canary_digest_plan* plan, const float* const* tensors,
                                              uint64_t* hashes, double* l2, double* projection, int threads);
 

@@ -160,10 +160,11 @@ def _candidates() -> List[str]:
             for libdir in ("lib", os.path.join("lib", multiarch) if multiarch else None):
                 if libdir:
                     found.append(os.path.join(prefix, libdir, LIBRARY_FILE))
-    system = ctypes.util.find_library("canary_harness_digest")
+    found = [path for i, path in enumerate(found) if path not in found[:i] and os.path.exists(path)]
+    system = ctypes.util.find_library("canary_harness_digest")  # a soname: the loader resolves it
     if system:
         found.append(system)
-    return [path for i, path in enumerate(found) if path not in found[:i] and os.path.exists(path)]
+    return found
 
 
 _lock = threading.Lock()
@@ -187,7 +188,7 @@ def _select(setting: str) -> Optional[NativeDigest]:
     if setting not in ("", "auto"):
         if not os.path.exists(setting):
             raise NativeDigestError(f"{ENV}={setting}: no such file (a path to {LIBRARY_FILE}, 'auto' or 'python')")
-        return NativeDigest(setting)
+        return NativeDigest(os.path.abspath(setting))  # a bare name would send the loader searching
     for path in _candidates():
         try:
             return NativeDigest(path)

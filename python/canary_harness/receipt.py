@@ -416,6 +416,8 @@ class ReceiptWriter:
             given = hashes[fam]
             hash_rows[fam] = given if isinstance(given, np.ndarray) and given.dtype == np.uint64 else \
                 np.array([int(h) for h in given], dtype=np.uint64)
+            if hash_rows[fam].shape != (K,):
+                raise ValueError(f"hashes[{fam!r}] must hold {K} hashes, one per tensor")
         l2_rows, projection_rows = {}, {}
         for fam in SKETCH_FAMILIES:
             given = sketches.get(fam)

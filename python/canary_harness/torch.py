@@ -266,9 +266,9 @@ class Recorder:
     `recorder.audit.findings` and `.summary()` give the audit's findings so far.
 
     `overlap=None` (the default) is `overlap=False` when every parameter is on the CPU and
-    the harness's digest library is found (canary_harness.native: step() then digests the
-    tensors in place, in about a millisecond for `tiny`, less than the copy below costs), and
-    `overlap=True` otherwise.
+    the harness's digest library is found (canary_harness.native: step() then digests
+    contiguous fp32 tensors where they are, others through a host copy, in about a
+    millisecond for `tiny`, less than the snapshot below costs), and `overlap=True` otherwise.
     `overlap=True` digests each step while the next one trains: step() copies
     what the step must record (params, grads, Adam m and v, as float32 on the host, into
     buffers reused every step; on CUDA with non_blocking copies into pinned memory) and hands
@@ -472,7 +472,7 @@ class Recorder:
         scalars = job.scalars
         if isinstance(scalars[0], torch.Tensor):
             scalars = tuple(float(x) for x in scalars[0].tolist())
-        digests = self._digest.rows(self._snapshot.arrays, threads=1)  # the training thread has the other core
+        digests = self._digest.rows(self._snapshot.arrays, threads=1)  # one thread: training runs beside it
         self._write(digests, scalars, job.batch_hash, job.batch_tokens, job.compile, None)
 
     def _in_place(self, tensors: Sequence[torch.Tensor]) -> bool:

@@ -244,6 +244,9 @@ def test_every_digest_path_writes_the_same_receipt(micro_pack: Path, tmp_path: P
         name = f"{'library' if setting != 'python' else 'python'}-{overlap}"
         recorders[name] = Recorder(tmp_path / f"{name}.h5", model, optimizer, name_map, overlap=overlap, **kwargs)
     assert not recorders["library-None"].overlap and recorders["python-None"].overlap  # the defaults
+    in_place_calls = []
+    rows_at = recorders["library-None"]._digest.rows_at
+    recorders["library-None"]._digest.rows_at = lambda addresses: in_place_calls.append(1) or rows_at(addresses)
     for step in range(pack.steps):
         loss, norm, tokens = train_one_step(pack, cfg, model, optimizer, step)
         for recorder in recorders.values():
@@ -251,6 +254,8 @@ def test_every_digest_path_writes_the_same_receipt(micro_pack: Path, tmp_path: P
         optimizer.zero_grad()
     for recorder in recorders.values():
         recorder.close()
+    # The library read the tensors where they are only when every one was contiguous fp32.
+    assert len(in_place_calls) == (pack.steps if layout == "contiguous" else 0)
     reference = _datasets(tmp_path / "python-False.h5")
     for name in recorders:
         ours = _datasets(tmp_path / f"{name}.h5")

@@ -40,6 +40,29 @@ digest_lib=$(cd "$PREFIX" && find . -name 'libcanary_harness_digest.so.1' | head
 [ -z "$digest_lib" ] || PYTHONPATH="$REPO/python" CANARY_HARNESS_DIGEST="$PREFIX/$digest_lib" "$PY" -c \
   'from canary_harness.native import native_digest; import sys; sys.exit(native_digest() is None)' ||
   fail "the installed digest library does not load or digests differently"
+# ... and a C99 program builds against the installed header and library alone, and hashes
+# as canary_harness does.
+if [ -n "$digest_lib" ]; then
+  cat >"$WORK/digest.c" <<'CSRC'
+#include <canary_harness/receipt/digest_c_api.h>
+#include <stdio.h>
+int main(void) {
+  const float values[5] = {1.0f, -2.5f, 0.0f, 3.0f, 1e-3f};
+  if (canary_digest_abi_version() != CANARY_DIGEST_ABI_VERSION) return 1;
+  printf("%llu\n", (unsigned long long)canary_digest_hash_f32(values, 5));
+  return 0;
+}
+CSRC
+  libdir=$(dirname "$PREFIX/$digest_lib")
+  if run_quiet "compiling a C program against the digest library" -- \
+      cc -std=c99 -Wall -Wextra -Wpedantic -Werror -I"$PREFIX/include" "$WORK/digest.c" -L"$libdir" \
+      -lcanary_harness_digest -Wl,-rpath,"$libdir" -o "$WORK/digest_c"; then
+    c_hash=$("$WORK/digest_c") || fail "the C program against the digest library failed"
+    py_hash=$(PYTHONPATH="$REPO/python" "$PY" -c 'import numpy as np; from canary_harness import tensor_hash
+print(tensor_hash(np.array([1.0, -2.5, 0.0, 3.0, 1e-3], dtype=np.float32)))')
+    [ "$c_hash" = "$py_hash" ] || fail "the C ABI's hash $c_hash is not canary_harness's $py_hash"
+  fi
+fi
 extra=$(cd "$PREFIX" && find . -type f | grep -vE '^\./(bin/harness|include/canary_harness/(receipt|api|numerics)/[a-z0-9_]+\.h|.*/cmake/CanaryHarness/CanaryHarness[A-Za-z-]*\.cmake|.*/libharness_(receipt|engine_api|numerics)\.a|.*/libcanary_harness_digest\.so\.[0-9.]+)$')
 [ -z "$extra" ] || fail "installed beyond the package: $extra"
 grep -l -F "$REPO" "$PKG"/*.cmake >/dev/null && fail "the package's CMake files name the source or build tree: $(grep -h -F "$REPO" "$PKG"/*.cmake | head -n 3)"

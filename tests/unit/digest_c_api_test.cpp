@@ -69,6 +69,7 @@ TEST(DigestCApi, PlanGivesTheReceiptLibrarysHashesAndSketchesAtAnyThreadCount) {
       EXPECT_EQ(hashes[i], canary_digest_hash_f32(tensors[i].data(), tensors[i].size()));
       if (!sketched[i]) {
         EXPECT_EQ(l2[i], -1.0) << "a tensor that is only hashed leaves its sketch row alone";
+        for (int b = 0; b < kSketchWidth; ++b) EXPECT_EQ(projection[i * kSketchWidth + b], -1.0);
         continue;
       }
       const TensorSketch expected = TensorSketcher(tensors[i].size(), salts[i])(tensors[i]);
@@ -76,6 +77,26 @@ TEST(DigestCApi, PlanGivesTheReceiptLibrarysHashesAndSketchesAtAnyThreadCount) {
       EXPECT_EQ(std::memcmp(&projection[i * kSketchWidth], expected.projection.data(), sizeof expected.projection), 0);
     }
   }
+  canary_digest_plan_free(plan);
+}
+
+TEST(DigestCApi, EmptyPlansAndEmptyTensorsDigest) {
+  canary_digest_plan* empty = canary_digest_plan_new(0, nullptr, nullptr, nullptr);
+  ASSERT_NE(empty, nullptr);
+  EXPECT_EQ(canary_digest_plan_run(empty, nullptr, nullptr, nullptr, nullptr, 0), 0);
+  canary_digest_plan_free(empty);
+
+  const std::uint64_t numel = 0, salt = 5;
+  const std::uint8_t sketched = 1;
+  canary_digest_plan* plan = canary_digest_plan_new(1, &numel, &salt, &sketched);
+  ASSERT_NE(plan, nullptr);
+  const float* none = nullptr;  // what torch's data_ptr() gives for an empty tensor
+  std::uint64_t hash = 0;
+  double l2 = -1.0, projection[kSketchWidth];
+  ASSERT_EQ(canary_digest_plan_run(plan, &none, &hash, &l2, projection, -1), 0);
+  EXPECT_EQ(hash, tensor_hash({}));
+  EXPECT_EQ(l2, 0.0);
+  for (double p : projection) EXPECT_EQ(p, 0.0);
   canary_digest_plan_free(plan);
 }
 

@@ -95,6 +95,29 @@ TEST_P(GemmBitwise, EqualsSequentialFmaChainForEveryKernelAndThreadCount) {
   }
 }
 
+// accel's split-K hands gemm_serial_packed a column slice of a wider A (lda > K, row tiles
+// from an offset) and the rows of B of one K part.
+TEST(GemmPacked, SlicesOfWiderOperandsGiveGemmSerialsBits) {
+  const int M = 29, N = 75, K = 13, lda = 40, k0 = 9;
+  const auto A = values(M * lda, 5), B = values((k0 + K) * N, 6);
+  const float* a = A.data() + k0;
+  const float* b = B.data() + k0 * N;
+  const KernelScope scope;
+  for (std::string_view kernel : available_gemm_kernels()) {
+    select_gemm_kernel(kernel);
+    std::vector<float> expected(static_cast<std::size_t>(M * N)), packed_result(expected.size());
+    gemm_serial(M, N, K, a, lda, b, N, expected.data(), N, GemmEpilogue::Store);
+    const PackedMatrix packed(K, N, b, N);
+    for (int first = 0; first < M; first += 7) {
+      gemm_serial_packed(std::min(7, M - first), a + first * lda, lda, packed, packed_result.data() + first * N, N);
+    }
+    for (std::size_t i = 0; i < expected.size(); ++i) {
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(packed_result[i]), std::bit_cast<std::uint32_t>(expected[i]))
+          << "element " << i << " kernel " << kernel;
+    }
+  }
+}
+
 TEST(GemmKernels, TheDispatchedKernelIsTheFastestTheCpuHas) {
   const std::vector<std::string_view> kernels = available_gemm_kernels();
   ASSERT_FALSE(kernels.empty());
