@@ -307,7 +307,8 @@ def main(argv=None):
     if library_ms:
         for threads, ms in sorted(library_ms.items()):
             print(f"  digest library, {threads} thread{'s' if threads > 1 else ' '} {ms:6.2f} ms   "
-                  f"{4 * family_mb / (ms / 1e3):8.0f} MB/s (DigestPlan: the Recorder's digest where the library is found)")
+                  f"{4 * family_mb / (ms / 1e3):8.0f} MB/s "
+                  "(DigestPlan: the Recorder's digest where the library is found)")
     else:
         print("  digest library            (not found: canary_harness.native)")
     if cpp:

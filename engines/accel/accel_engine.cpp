@@ -247,11 +247,13 @@ void AccelEngine::linear_forward(const OpSite&, TensorId out, TensorId inp, Tens
   float* o = f32(out);
   const float* b = bias == kNoTensor ? nullptr : f32(bias);
   tbb::parallel_for(tbb::blocked_range<int>(0, N, 32), [&](const tbb::blocked_range<int>& rows) {
-    float* first = o + static_cast<long>(rows.begin()) * OC;
-    if (b == nullptr) {
-      std::fill_n(first, static_cast<long>(rows.size()) * OC, 0.0f);
-    } else {
-      for (int n = rows.begin(); n < rows.end(); ++n) std::copy_n(b, OC, o + static_cast<long>(n) * OC);
+    for (int n = rows.begin(); n < rows.end(); ++n) {
+      float* row = o + static_cast<long>(n) * OC;
+      if (b == nullptr) {
+        std::fill_n(row, OC, 0.0f);
+      } else {
+        std::copy_n(b, OC, row);
+      }
     }
   });
   ReduceContext ctx = reduce_context();

@@ -32,7 +32,8 @@ void split_k_gemm(ReduceContext& ctx, int M, int N, int K, const float* A, int l
       packed[part].emplace(std::min(chunk, K - k0), N, B + static_cast<long>(k0) * ldb, ldb);
     });
   }
-  reduce_row_tiles(ctx.noise, ctx.next(), parts, M, N, C, ctx.workspace, [&](int part, int first, int last, float* partial) {
+  reduce_row_tiles(ctx.noise, ctx.next(), parts, M, N, C, ctx.workspace,
+                   [&](int part, int first, int last, float* partial) {
     const int k0 = part * chunk;
     const int kc = std::min(chunk, K - k0);
     const int rows = last - first;

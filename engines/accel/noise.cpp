@@ -133,7 +133,8 @@ void reduce_row_tiles(const NoiseSource& noise, Reduction reduction, int parts, 
   const int tile_rows = tile_rows_for(row_length);
   const int tiles = (rows + tile_rows - 1) / tile_rows;
   if (!row_tiles_apply(noise, rows, row_length)) {
-    reduce_parts(noise, reduction, parts, n, out, workspace, [&](int part, float* partial) { produce(part, 0, rows, partial); });
+    reduce_parts(noise, reduction, parts, n, out, workspace,
+                 [&](int part, float* partial) { produce(part, 0, rows, partial); });
     return;
   }
   tbb::parallel_for(0, tiles, [&](int tile) {

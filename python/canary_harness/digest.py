@@ -354,7 +354,8 @@ class DigestPlan:
     recorder's own code: several times faster, and the GIL is released while it runs), and
     on SketchLayout and xxhash otherwise: the same bits either way (python/tests/test_native.py).
     `native`: None chooses as CANARY_HARNESS_DIGEST says (canary_harness.native); False
-    forces Python; True requires the library (NativeDigestError without one). `implementation` says which one runs ("python" or the library's path).
+    forces Python; True requires the library (NativeDigestError without one).
+    `implementation` says which one runs ("python" or the library's path).
     """
 
     def __init__(self, numels: Sequence[int], salts: Sequence[int], sketched: Sequence[bool],
@@ -372,10 +373,14 @@ class DigestPlan:
                 raise NativeDigestError("no digest library found (set CANARY_HARNESS_DIGEST to its path)")
         self._native = library.plan(self.numels, salts, self.sketched) if library is not None else None
         self.implementation = library.path if library is not None else "python"
-        self.native = self._native is not None
         self._sketched_index = [i for i, s in enumerate(self.sketched) if s]
         self._layout = None if self._native is not None else SketchLayout(
             [self.numels[i] for i in self._sketched_index], [int(salts[i]) for i in self._sketched_index])
+
+    @property
+    def native(self) -> bool:
+        """True when the digest library runs this plan."""
+        return self._native is not None
 
     def rows(self, arrays: Sequence[np.ndarray], threads: int = 0) -> DigestRows:
         """The digests of `arrays` (C-contiguous float32, as as_float32 returns; the plan's sizes

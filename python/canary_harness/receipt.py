@@ -390,15 +390,16 @@ class ReceiptWriter:
         self._compile_names = names
 
     def append_step(self, *, loss: float, grad_norm: float, lr: float, batch_hash: int,
-                    hashes: Mapping[str, Sequence[int]], sketches: Mapping[str, Union[Sequence[SketchLike], SketchRows]],
+                    hashes: Mapping[str, Sequence[int]],
+                    sketches: Mapping[str, Union[Sequence[SketchLike], SketchRows]],
                     batch_tokens: Any = None, trace: Optional[TraceRow] = None,
                     compile: Optional[Mapping[str, float]] = None) -> None:
         """One step's row in every per-step dataset, then a flush.
 
         hashes: family -> K hashes (ints, or a uint64 array) for every HASH_FAMILIES family;
         sketches: family -> K (l2, projection) pairs, or one SketchRows, for every
-        SKETCH_FAMILIES family; tensors in tensor_names order. trace: the step's op traces, (columns, hashes, sketches) with one hash and one
-        (l2, projection) per TraceColumn; the first traced step (step 0) creates /trace, and
+        SKETCH_FAMILIES family; tensors in tensor_names order. trace: the step's op traces,
+        (columns, hashes, sketches) with one hash and one (l2, projection) per TraceColumn; the first traced step (step 0) creates /trace, and
         every later step must trace the same columns. compile: the step's /compile counters
         ({name: number}, float64 (N) datasets, as tpu-mesh's: docs/receipt-schema.md); the first
         step (step 0) creates /compile, and every later step must give the same names.
