@@ -162,8 +162,10 @@ bool AccelEngine::stored_as_bf16(TensorId id) const {
   return !d.role.fp32_statistic;
 }
 
+bool AccelEngine::stores_bf16(TensorId id) const { return config_.bf16 && stored_as_bf16(id); }
+
 void AccelEngine::store(TensorId id) {
-  if (!config_.bf16 || !stored_as_bf16(id)) return;
+  if (!stores_bf16(id)) return;
   float* x = f32(id);
   tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, t_.numel(id), kElementGrain),
                     [&](const auto& r) { numerics::round_to_bf16_inplace(x + r.begin(), r.end() - r.begin()); });
@@ -243,22 +245,12 @@ void AccelEngine::linear_forward(const OpSite&, TensorId out, TensorId inp, Tens
     zone->quantised_step = step_;
     fp8_gemm = {(1.0f / zone->input_scale) * (1.0f / w.scale), config_.accumulate_interval};
   }
-  // out = bias, then the split-K partial products added in the noise source's order
-  float* o = f32(out);
-  const float* b = bias == kNoTensor ? nullptr : f32(bias);
-  tbb::parallel_for(tbb::blocked_range<int>(0, N, 32), [&](const tbb::blocked_range<int>& rows) {
-    for (int n = rows.begin(); n < rows.end(); ++n) {
-      float* row = o + static_cast<long>(n) * OC;
-      if (b == nullptr) {
-        std::fill_n(row, OC, 0.0f);
-      } else {
-        std::copy_n(b, OC, row);
-      }
-    }
-  });
+  // out = bias, then the split-K partial products added in the noise source's order, then
+  // stored: each row tile in turn, while it is in cache.
+  const SplitKOutput output{bias == kNoTensor ? SplitKOutput::Start::Zero : SplitKOutput::Start::Row,
+                            bias == kNoTensor ? nullptr : f32(bias), stores_bf16(out)};
   ReduceContext ctx = reduce_context();
-  split_k_gemm(ctx, N, OC, C, a, C, w.transposed.data(), OC, o, kSplitKChunk, fp8_gemm);
-  store(out);
+  split_k_gemm(ctx, N, OC, C, a, C, w.transposed.data(), OC, f32(out), kSplitKChunk, fp8_gemm, output);
 }
 
 void AccelEngine::linear_backward(const OpSite&, TensorId dinp, TensorId dweight, TensorId dbias, TensorId dout,
@@ -284,12 +276,12 @@ void AccelEngine::linear_backward(const OpSite&, TensorId dinp, TensorId dweight
   ReduceContext ctx = reduce_context();
   // forward: out[n][o] = sum_c inp[n][c] * weight[o][c] + bias[o]
   // dinp (N,C) += dout (N,OC) @ weight (OC,C), split over OC
-  split_k_gemm(ctx, N, C, OC, dy, OC, w.rows.data(), C, f32(dinp), kSplitKChunk, dgrad);
+  split_k_gemm(ctx, N, C, OC, dy, OC, w.rows.data(), C, f32(dinp), kSplitKChunk, dgrad,
+               {SplitKOutput::Start::Accumulate, nullptr, stores_bf16(dinp)});
   // dweight (OC,C) += dout^T (OC,N) @ inp (N,C), split over tokens
   kernels::transpose(dy, N, OC, t_.scratch());
   split_k_gemm(ctx, OC, C, N, t_.scratch(), N, x, C, f32(dweight), kTokenChunk, wgrad);
   if (dbias != kNoTensor) token_sum(ctx, f32(dout), N, OC, f32(dbias));
-  store(dinp);
 }
 
 void AccelEngine::attention_forward(const OpSite&, TensorId out, TensorId att, TensorId qkv) {
@@ -413,27 +405,67 @@ void AccelEngine::crossentropy_backward(const OpSite&, TensorId dlogits, TensorI
   store(dlogits);
 }
 
+namespace {
+
+// A run of one tensor's elements whose squares global_norm sums as one fp32 partial.
+struct NormBlock {
+  const float* x;
+  std::int64_t n;
+};
+
+// How many blocks' sums sums_of_squares runs side by side.
+constexpr std::size_t kInterleavedBlocks = 8;
+
+// sums[g] = x[0]^2 + x[1]^2 + ... of blocks[g], added one element at a time in fp32, for
+// up to kInterleavedBlocks blocks. One block's sum is a chain of dependent additions, so
+// alone it runs at one element per addition latency; the blocks' chains are independent,
+// so interleaving them keeps several in flight, and every block's own additions keep
+// their order: the same bits as one block at a time.
+void sums_of_squares(const NormBlock* blocks, std::size_t count, float* sums) {
+  float s[kInterleavedBlocks] = {};
+  std::int64_t common = blocks[0].n;
+  for (std::size_t g = 1; g < count; ++g) common = std::min(common, blocks[g].n);
+  if (count == kInterleavedBlocks) {
+    for (std::int64_t i = 0; i < common; ++i) {
+      for (std::size_t g = 0; g < kInterleavedBlocks; ++g) s[g] += blocks[g].x[i] * blocks[g].x[i];
+    }
+  } else {
+    common = 0;
+  }
+  for (std::size_t g = 0; g < count; ++g) {
+    for (std::int64_t i = common; i < blocks[g].n; ++i) s[g] += blocks[g].x[i] * blocks[g].x[i];
+    sums[g] = s[g];
+  }
+}
+
+}  // namespace
+
 void AccelEngine::global_norm(const OpSite&, TensorId norm, std::span<const TensorId> tensors) {
   // fp32 sums of squares per block of every tensor (as a GPU's per-block partials), the
   // blocks added in the noise source's order.
-  struct Block {
-    const float* x;
-    std::int64_t n;
-  };
-  std::vector<Block> blocks;
+  std::vector<NormBlock> blocks;
   for (TensorId id : tensors) {
     for (std::int64_t at = 0; at < t_.numel(id); at += kernels::kElementBlock) {
       blocks.push_back({f32(id) + at, std::min<std::int64_t>(kernels::kElementBlock, t_.numel(id) - at)});
     }
   }
   float total = 0.0f;
-  reduce_parts(noise_, {noise_.take_reduction_index()}, static_cast<int>(blocks.size()), 1, &total, workspace_,
-               [&](int part, float* partial) {
-                 const Block& b = blocks[static_cast<std::size_t>(part)];
-                 float s = 0.0f;
-                 for (std::int64_t i = 0; i < b.n; ++i) s += b.x[i] * b.x[i];
-                 *partial = s;
-               });
+  const Reduction reduction{noise_.take_reduction_index()};
+  const int parts = static_cast<int>(blocks.size());
+  if (noise_.mode() == NoiseMode::Racy) {  // each block's sum is a task: their completion order is the noise
+    reduce_parts(noise_, reduction, parts, 1, &total, workspace_,
+                 [&](int part, float* partial) { sums_of_squares(&blocks[static_cast<std::size_t>(part)], 1, partial); });
+  } else {  // the blocks' sums first, interleaved, then added in the noise source's order
+    std::vector<float> block_sums(blocks.size());
+    const std::size_t groups = (blocks.size() + kInterleavedBlocks - 1) / kInterleavedBlocks;
+    tbb::parallel_for(std::size_t{0}, groups, [&](std::size_t group) {
+      const std::size_t first = group * kInterleavedBlocks;
+      sums_of_squares(&blocks[first], std::min(kInterleavedBlocks, blocks.size() - first), &block_sums[first]);
+    });
+    reduce_parts(noise_, reduction, parts, 1, &total, workspace_,
+                 [&](int part, float* partial) { *partial = block_sums[static_cast<std::size_t>(part)]; },
+                 /*serial_parts=*/true);
+  }
   *f32(norm) = __builtin_sqrtf(total);
 }
 

@@ -18,7 +18,7 @@ namespace harness::accel {
 using kernels::GemmEpilogue;
 
 void split_k_gemm(ReduceContext& ctx, int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C,
-                  int chunk, const GemmNumerics& numerics) {
+                  int chunk, const GemmNumerics& numerics, const SplitKOutput& output) {
   // A limited accumulator promotes every `limited_interval` products; a split-K chunk
   // shorter than that would hide the effect, so the chunk is at least one interval.
   chunk = std::max(chunk, numerics.limited_interval);
@@ -32,8 +32,7 @@ void split_k_gemm(ReduceContext& ctx, int M, int N, int K, const float* A, int l
       packed[part].emplace(std::min(chunk, K - k0), N, B + static_cast<long>(k0) * ldb, ldb);
     });
   }
-  reduce_row_tiles(ctx.noise, ctx.next(), parts, M, N, C, ctx.workspace,
-                   [&](int part, int first, int last, float* partial) {
+  const auto produce = [&](int part, int first, int last, float* partial) {
     const int k0 = part * chunk;
     const int kc = std::min(chunk, K - k0);
     const int rows = last - first;
@@ -58,7 +57,23 @@ void split_k_gemm(ReduceContext& ctx, int M, int N, int K, const float* A, int l
         for (std::int64_t i = 0; i < n; ++i) partial[i] *= scale;
       });
     }
-  });
+  };
+  const auto start = [&](int first, int last) {
+    for (int m = first; m < last; ++m) {
+      float* row = C + static_cast<long>(m) * N;
+      if (output.start == SplitKOutput::Start::Row) {
+        std::copy_n(output.first_row, N, row);
+      } else {
+        std::fill_n(row, N, 0.0f);
+      }
+    }
+  };
+  const auto round = [&](int first, int last) {
+    harness::numerics::round_to_bf16_inplace(C + static_cast<long>(first) * N, static_cast<std::int64_t>(last - first) * N);
+  };
+  reduce_row_tiles(ctx.noise, ctx.next(), parts, M, N, C, ctx.workspace, produce,
+                   output.start == SplitKOutput::Start::Accumulate ? RowsFn{} : RowsFn{start},
+                   output.round_to_bf16 ? RowsFn{round} : RowsFn{});
 }
 
 void token_sum(ReduceContext& ctx, const float* x, int N, int C, float* out) {

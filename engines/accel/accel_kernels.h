@@ -32,9 +32,19 @@ struct GemmNumerics {
   int limited_interval = 0;
 };
 
-// C (M,N, contiguous) += A (M,K) @ B (K,N), K split into chunks of `chunk`.
+// What split_k_gemm's output starts from and how it is stored: done on each row tile of C
+// while it is in cache, instead of as passes of their own over C.
+struct SplitKOutput {
+  enum class Start { Accumulate, Zero, Row };
+  Start start = Start::Accumulate;  // C += the product; C = 0 + ...; C = first_row (each row) + ...
+  const float* first_row = nullptr;  // N floats, for Start::Row (a bias)
+  bool round_to_bf16 = false;        // C rounded to bf16 once the parts are added (numerics::round_to_bf16_inplace)
+};
+
+// C (M,N, contiguous) = start + A (M,K) @ B (K,N), K split into chunks of `chunk`, the
+// parts added in the noise source's order onto `output.start`, then stored as `output` says.
 void split_k_gemm(ReduceContext& ctx, int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C,
-                  int chunk, const GemmNumerics& numerics);
+                  int chunk, const GemmNumerics& numerics, const SplitKOutput& output = {});
 
 // out (C) += sum over the N rows of x (N,C), rows in blocks of kTokenChunk.
 void token_sum(ReduceContext& ctx, const float* x, int N, int C, float* out);

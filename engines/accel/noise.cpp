@@ -6,6 +6,7 @@
 #include <numeric>
 #include <random>
 
+#include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
@@ -128,13 +129,19 @@ bool row_tiles_apply(const NoiseSource& noise, int rows, int row_length) {
 }
 
 void reduce_row_tiles(const NoiseSource& noise, Reduction reduction, int parts, int rows, int row_length, float* out,
-                      std::vector<float>& workspace, const RowPartFn& produce) {
+                      std::vector<float>& workspace, const RowPartFn& produce, const RowsFn& before,
+                      const RowsFn& after) {
   const std::int64_t n = static_cast<std::int64_t>(rows) * row_length;
   const int tile_rows = tile_rows_for(row_length);
   const int tiles = (rows + tile_rows - 1) / tile_rows;
   if (!row_tiles_apply(noise, rows, row_length)) {
+    const auto all_rows = [&](const RowsFn& fn) {
+      if (fn) tbb::parallel_for(tbb::blocked_range<int>(0, rows, tile_rows), [&](const auto& r) { fn(r.begin(), r.end()); });
+    };
+    all_rows(before);
     reduce_parts(noise, reduction, parts, n, out, workspace,
                  [&](int part, float* partial) { produce(part, 0, rows, partial); });
+    all_rows(after);
     return;
   }
   tbb::parallel_for(0, tiles, [&](int tile) {
@@ -144,12 +151,14 @@ void reduce_row_tiles(const NoiseSource& noise, Reduction reduction, int parts, 
     // Uninitialised: produce() overwrites every element (zeroing it cost 5% of a step).
     const std::unique_ptr<float[]> partials(new float[static_cast<std::size_t>(parts) * static_cast<std::size_t>(length)]);
     for (int part = 0; part < parts; ++part) produce(part, first, last, partials.get() + part * length);
+    if (before) before(first, last);
     std::vector<int> order(static_cast<std::size_t>(parts));
     for (std::int64_t at = 0; at < length; at += kNoiseSegment) {
       noise.order(reduction.index, reduction.first_segment + static_cast<std::uint64_t>((begin + at) / kNoiseSegment),
                   parts, order.data());
       add_in_order(partials.get(), length, out + begin, order.data(), parts, at, std::min(length, at + kNoiseSegment));
     }
+    if (after) after(first, last);
   });
 }
 

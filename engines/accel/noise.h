@@ -83,8 +83,13 @@ using RowPartFn = std::function<void(int part, int row_begin, int row_end, float
 // reduce_parts; racy mode, and an output with fewer tiles than cores, go through
 // reduce_parts (produce is then called with all rows).
 // `workspace` is reduce_parts's, for those whole parts.
+// `before` and `after` (optional) see each tile's rows [row_begin, row_end) of `out` before
+// its parts are added and after, while the tile is in cache (an output's initial value, its
+// rounding to a storage format); with whole parts they see all rows, in parallel blocks.
+using RowsFn = std::function<void(int row_begin, int row_end)>;
 void reduce_row_tiles(const NoiseSource& noise, Reduction reduction, int parts, int rows, int row_length, float* out,
-                      std::vector<float>& workspace, const RowPartFn& produce);
+                      std::vector<float>& workspace, const RowPartFn& produce, const RowsFn& before = {},
+                      const RowsFn& after = {});
 // Whether reduce_row_tiles produces row tiles for this output (else whole parts, each
 // produced with all rows): what a caller preparing for the tiles needs to know.
 bool row_tiles_apply(const NoiseSource& noise, int rows, int row_length);

@@ -136,13 +136,23 @@ void pack_panel(int width, int K, const float* src, int ldb, float* dst) {
   }
 }
 
-// B[0:K][n0:n1) as contiguous K x width panels (the last n1-n0 mod width columns are left out).
-void pack_panels(int width, int K, const float* B, int ldb, int n0, int n1, std::vector<float>& panels) {
+// How many floats pack_panels writes for B[0:K][n0:n1): whole panels only.
+std::size_t packed_size(int width, int K, int n0, int n1) {
+  return static_cast<std::size_t>((n1 - n0) / width) * static_cast<std::size_t>(K) * static_cast<std::size_t>(width);
+}
+
+// B[0:K][n0:n1) as contiguous K x width panels (the last n1-n0 mod width columns are left
+// out), written over every one of packed_size(width, K, n0, n1) floats at `panels`.
+void pack_panels(int width, int K, const float* B, int ldb, int n0, int n1, float* panels) {
   const int panel_count = (n1 - n0) / width;
-  panels.resize(static_cast<std::size_t>(panel_count) * K * width);
   for (int p = 0; p < panel_count; ++p) {
-    pack_panel(width, K, B + n0 + p * width, ldb, panels.data() + static_cast<long>(p) * K * width);
+    pack_panel(width, K, B + n0 + p * width, ldb, panels + static_cast<long>(p) * K * width);
   }
+}
+
+void pack_panels(int width, int K, const float* B, int ldb, int n0, int n1, std::vector<float>& panels) {
+  panels.resize(packed_size(width, K, n0, n1));
+  pack_panels(width, K, B, ldb, n0, n1, panels.data());
 }
 
 // Columns n0..n_vec_end of C (whole 16-column panels of B, packed from column n0 by
@@ -403,7 +413,12 @@ PackedMatrix::PackedMatrix(int K, int N, const float* B, int ldb) : K_(K), N_(N)
   const BlockKernel block = kernel().block;
   panel_width_ = block == gemm_block_avx512 ? kWideTileCols : block == gemm_block_avx2 ? kTileCols : 0;
   packed_cols_ = panel_width_ == 0 ? 0 : N / panel_width_ * panel_width_;
-  if (packed_cols_ > 0) pack_panels(panel_width_, K, B, ldb, 0, packed_cols_, panels_);
+  if (packed_cols_ > 0) {
+    // Left uninitialised (pack_panels writes every float): zero-filling it first cost as
+    // much as a quarter of the packing.
+    panels_.reset(new float[packed_size(panel_width_, K, 0, packed_cols_)]);
+    pack_panels(panel_width_, K, B, ldb, 0, packed_cols_, panels_.get());
+  }
 }
 
 void gemm_serial_packed(int M, const float* A, int lda, const PackedMatrix& B, float* C, int ldc,
@@ -413,11 +428,11 @@ void gemm_serial_packed(int M, const float* A, int lda, const PackedMatrix& B, f
   const int K = B.K_, N = B.N_, packed = B.packed_cols_;
   switch (B.panel_width_) {
     case kWideTileCols:
-      avx512_from_panels(0, M, 0, packed, K, A, lda, B.panels_.data(), C, ldc, epilogue, bias);
+      avx512_from_panels(0, M, 0, packed, K, A, lda, B.panels_.get(), C, ldc, epilogue, bias);
       if (packed < N) gemm_block_avx2(0, M, packed, N, K, A, lda, B.B_, B.ldb_, C, ldc, epilogue, bias);
       return;
     case kTileCols:
-      avx2_from_panels(0, M, 0, packed, K, A, lda, B.panels_.data(), C, ldc, epilogue, bias);
+      avx2_from_panels(0, M, 0, packed, K, A, lda, B.panels_.get(), C, ldc, epilogue, bias);
       if (packed < N) gemm_block_generic(0, M, packed, N, K, A, lda, B.B_, B.ldb_, C, ldc, epilogue, bias);
       return;
     default:

@@ -14,6 +14,7 @@
 // one (when the CPU has it; tests use it).
 #pragma once
 
+#include <memory>
 #include <string_view>
 #include <vector>
 
@@ -48,7 +49,7 @@ class PackedMatrix {
   int K_, N_, ldb_;
   const float* B_;
   int panel_width_ = 0, packed_cols_ = 0;  // 0: the portable kernel, which packs nothing
-  std::vector<float> panels_;
+  std::unique_ptr<float[]> panels_;
 };
 
 // gemm_serial(M, N, K, A, lda, B, ..., C, ldc, epilogue, bias) with B packed beforehand:
