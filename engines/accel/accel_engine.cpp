@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <stdexcept>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -27,15 +28,29 @@ void quantise(const float* x, float scale, float* out, std::int64_t n, Fp8Format
   });
 }
 
+// The larger of two amaxes; a NaN wins (it marks the step).
+float amax_of(float a, float b) { return a != a || b != b ? a + b : (a > b ? a : b); }
+
 // max |x| in parallel blocks; max is order-free, so any split gives the same bits.
 float parallel_amax(const float* x, std::int64_t n) {
   return tbb::parallel_reduce(
       tbb::blocked_range<std::int64_t>(0, n, kElementGrain), 0.0f,
       [&](const auto& r, float running) {
-        const float block = numerics::tensor_amax(x + r.begin(), r.end() - r.begin());
-        return block != block || running != running ? block + running : (block > running ? block : running);
+        return amax_of(numerics::tensor_amax(x + r.begin(), r.end() - r.begin()), running);
       },
-      [](float a, float b) { return a != a || b != b ? a + b : (a > b ? a : b); });
+      amax_of);
+}
+
+// quantise() and parallel_amax() of the same x in one pass: each block's amax and its
+// quantised values while the block is in cache (for a scale that does not wait for the amax).
+float quantise_with_amax(const float* x, float scale, float* out, std::int64_t n, Fp8Format format) {
+  return tbb::parallel_reduce(
+      tbb::blocked_range<std::int64_t>(0, n, kElementGrain), 0.0f,
+      [&](const auto& r, float running) {
+        numerics::scale_round_to_fp8(x + r.begin(), scale, out + r.begin(), r.end() - r.begin(), format);
+        return amax_of(numerics::tensor_amax(x + r.begin(), r.end() - r.begin()), running);
+      },
+      amax_of);
 }
 
 // A zone's label in receipts and checkpoints: its layer, the weight's name without the
@@ -180,13 +195,12 @@ const AccelEngine::PreparedWeight& AccelEngine::prepared_weight(TensorId weight,
   if (const auto it = prepared_.find(weight); it != prepared_.end()) return it->second;
   PreparedWeight& p = prepared_[weight];
   const TensorDesc& d = t_.desc(weight);  // (OC, C)
-  const float* w = f32(weight);
-  p.rows.assign(w, w + d.numel());
   if (zone != nullptr) {
-    p.scale = zone->weight.scale_for(parallel_amax(w, d.numel()));
-    quantise(p.rows.data(), p.scale, p.rows.data(), d.numel(), Fp8Format::E4M3);
-  } else if (config_.bf16) {
-    numerics::round_to_bf16_inplace(p.rows.data(), d.numel());
+    fp8_operand(weight, zone->weight, Fp8Format::E4M3, p.rows, p.scale);
+  } else {
+    const float* w = f32(weight);
+    p.rows.assign(w, w + d.numel());
+    if (config_.bf16) numerics::round_to_bf16_inplace(p.rows.data(), d.numel());
   }
   p.transposed.resize(p.rows.size());
   kernels::transpose(p.rows.data(), static_cast<int>(d.dim(0)), static_cast<int>(d.dim(1)), p.transposed.data());
@@ -197,6 +211,22 @@ const float* AccelEngine::fp8_operand(TensorId id, float scale, Fp8Format format
   const float* x = f32(id);
   buffer.resize(static_cast<std::size_t>(t_.numel(id)));
   quantise(x, scale, buffer.data(), t_.numel(id), format);
+  return buffer.data();
+}
+
+const float* AccelEngine::fp8_operand(TensorId id, numerics::Fp8ScalingState& role, Fp8Format format,
+                                      std::vector<float>& buffer, float& scale) {
+  const float* x = f32(id);
+  const std::int64_t n = t_.numel(id);
+  buffer.resize(static_cast<std::size_t>(n));
+  if (!role.scale_precedes_amax()) {  // the scale needs this tensor's amax: two passes
+    scale = role.scale_for(parallel_amax(x, n));
+    quantise(x, scale, buffer.data(), n, format);
+    return buffer.data();
+  }
+  scale = role.scale();
+  const float amax = quantise_with_amax(x, scale, buffer.data(), n, format);
+  if (role.scale_for(amax) != scale) throw std::logic_error("fp8: a delayed scale moved with this step's amax");
   return buffer.data();
 }
 
@@ -239,8 +269,7 @@ void AccelEngine::linear_forward(const OpSite&, TensorId out, TensorId inp, Tens
   const float* a = f32(inp);
   GemmNumerics fp8_gemm;
   if (zone != nullptr) {
-    zone->input_scale = zone->input.scale_for(parallel_amax(a, t_.numel(inp)));
-    a = fp8_operand(inp, zone->input_scale, Fp8Format::E4M3, zone->quantised_input);
+    a = fp8_operand(inp, zone->input, Fp8Format::E4M3, zone->quantised_input, zone->input_scale);
     zone->quantised_from = inp;
     zone->quantised_step = step_;
     fp8_gemm = {(1.0f / zone->input_scale) * (1.0f / w.scale), config_.accumulate_interval};
@@ -263,8 +292,8 @@ void AccelEngine::linear_backward(const OpSite&, TensorId dinp, TensorId dweight
   const float* x = f32(inp);
   GemmNumerics dgrad, wgrad;
   if (zone != nullptr) {
-    const float dy_scale = zone->grad_output.scale_for(parallel_amax(dy, t_.numel(dout)));
-    dy = fp8_operand(dout, dy_scale, Fp8Format::E5M2, operand_a_);
+    float dy_scale = 1.0f;
+    dy = fp8_operand(dout, zone->grad_output, Fp8Format::E5M2, operand_a_, dy_scale);
     // The input as this step's forward quantised it (quantised again only when the backward
     // runs without that forward, the same values either way).
     x = zone->quantised_from == inp && zone->quantised_step == step_

@@ -116,6 +116,10 @@ class AccelEngine final : public Engine {
   // The tensor's values as a GEMM operand: copied into `buffer` and quantised to the
   // FP8 grid with `scale` (FP8 zones), or used in place (already bf16 when stored bf16).
   const float* fp8_operand(TensorId id, float scale, numerics::Fp8Format format, std::vector<float>& buffer);
+  // The same with this step's scale of `role` (set in `scale`), which records the tensor's
+  // amax: one pass over the tensor under delayed scaling, amax then quantisation otherwise.
+  const float* fp8_operand(TensorId id, numerics::Fp8ScalingState& role, numerics::Fp8Format format,
+                           std::vector<float>& buffer, float& scale);
   // Rounds a freshly written tensor to its storage format (bf16 for activations under bf16).
   void store(TensorId id);
   bool stored_as_bf16(TensorId id) const;

@@ -53,6 +53,10 @@ class Fp8ScalingState {
   void end_step();
 
   float scale() const { return scale_; }               // the scale the last scale_for() returned
+  // Whether scale_for() returns scale() whatever the amax it is given: delayed scaling
+  // quantises with the scale its history made, and this step's amax only joins the history.
+  // A caller may then quantise and find the amax in one pass, and record it afterwards.
+  bool scale_precedes_amax() const { return config_.recipe == Fp8Recipe::Delayed; }
   float step_amax() const { return step_amax_; }       // the amax recorded this step (0 after end_step)
   std::span<const float> history() const { return history_; }
 

@@ -77,6 +77,23 @@ TEST(Fp8Scaling, CurrentScalingUsesTheTensorsOwnAmax) {
   EXPECT_EQ(s.step_amax(), 0.0f);
 }
 
+// What lets accel quantise a tensor and find its amax in one pass: under delayed scaling the
+// scale a step quantises with is fixed before the step's amaxes arrive (any amax, NaN and
+// infinity too, and several uses in a step); current scaling says it is not.
+TEST(Fp8Scaling, ADelayedScaleDoesNotWaitForTheAmax) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  Fp8ScalingState delayed_state(Fp8Format::E5M2, delayed(4));
+  ASSERT_TRUE(delayed_state.scale_precedes_amax());
+  for (const std::vector<float>& step : {std::vector<float>{3, 0.5f}, {1e30f}, {nan, 2}, {0}, {inf, 1e-3f}}) {
+    for (float amax : step) {
+      const float before = delayed_state.scale();
+      EXPECT_EQ(delayed_state.scale_for(amax), before) << amax;
+    }
+    delayed_state.end_step();
+  }
+  EXPECT_FALSE(Fp8ScalingState(Fp8Format::E4M3, {Fp8Recipe::Current, 16, AmaxAlgo::Max, 0}).scale_precedes_amax());
+}
+
 TEST(Fp8Scaling, SeveralUsesInOneStepRecordTheLargestAmax) {
   Fp8ScalingState s(Fp8Format::E4M3, delayed(4));
   s.scale_for(1);
