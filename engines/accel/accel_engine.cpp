@@ -28,6 +28,12 @@ void quantise(const float* x, float scale, float* out, std::int64_t n, Fp8Format
   });
 }
 
+// At least n floats in `buffer`: it only grows, so an operand buffer shared by tensors of
+// several sizes is zero-filled once, not each time a larger one follows a smaller one.
+void grow(std::vector<float>& buffer, std::int64_t n) {
+  if (buffer.size() < static_cast<std::size_t>(n)) buffer.resize(static_cast<std::size_t>(n));
+}
+
 // The larger of two amaxes; a NaN wins (it marks the step).
 float amax_of(float a, float b) { return a != a || b != b ? a + b : (a > b ? a : b); }
 
@@ -85,13 +91,13 @@ void AccelEngine::bind(const TensorTable& table) {
 
 void AccelEngine::upload(TensorId id, std::span<const float> values) {
   t_.upload(id, values);
-  prepared_.erase(id);
+  if (const auto it = prepared_.find(id); it != prepared_.end()) it->second.current = false;
 }
 
 void AccelEngine::step_begin(int step) {
   step_ = step;
   noise_.begin_step(step);
-  prepared_.clear();  // the optimizer changed the weights
+  for (auto& [weight, prepared] : prepared_) prepared.current = false;  // the optimizer changed the weights
 }
 
 void AccelEngine::step_end() {
@@ -192,8 +198,8 @@ AccelEngine::ZoneScaling* AccelEngine::zone_for(TensorId weight) {
 }
 
 const AccelEngine::PreparedWeight& AccelEngine::prepared_weight(TensorId weight, ZoneScaling* zone) {
-  if (const auto it = prepared_.find(weight); it != prepared_.end()) return it->second;
   PreparedWeight& p = prepared_[weight];
+  if (p.current) return p;
   const TensorDesc& d = t_.desc(weight);  // (OC, C)
   if (zone != nullptr) {
     fp8_operand(weight, zone->weight, Fp8Format::E4M3, p.rows, p.scale);
@@ -204,12 +210,13 @@ const AccelEngine::PreparedWeight& AccelEngine::prepared_weight(TensorId weight,
   }
   p.transposed.resize(p.rows.size());
   kernels::transpose(p.rows.data(), static_cast<int>(d.dim(0)), static_cast<int>(d.dim(1)), p.transposed.data());
+  p.current = true;
   return p;
 }
 
 const float* AccelEngine::fp8_operand(TensorId id, float scale, Fp8Format format, std::vector<float>& buffer) {
   const float* x = f32(id);
-  buffer.resize(static_cast<std::size_t>(t_.numel(id)));
+  grow(buffer, t_.numel(id));
   quantise(x, scale, buffer.data(), t_.numel(id), format);
   return buffer.data();
 }
@@ -218,7 +225,7 @@ const float* AccelEngine::fp8_operand(TensorId id, numerics::Fp8ScalingState& ro
                                       std::vector<float>& buffer, float& scale) {
   const float* x = f32(id);
   const std::int64_t n = t_.numel(id);
-  buffer.resize(static_cast<std::size_t>(n));
+  grow(buffer, n);
   if (!role.scale_precedes_amax()) {  // the scale needs this tensor's amax: two passes
     scale = role.scale_for(parallel_amax(x, n));
     quantise(x, scale, buffer.data(), n, format);
