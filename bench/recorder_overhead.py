@@ -25,7 +25,10 @@ Usage:
         [--threads N] [--json FILE] [--no-cpp] [--overlap both|on|off]
 
 Without --pack, one is written by `build/bin/harness export --canary tiny` into a
-temporary directory. The Recorders digest with the digest library the build made
+temporary directory, with a batch for every step (`--steps 300` runs 305 rounds: the longer
+run is what steadies the medians). Besides the ratio of the medians, each round's recorded
+step is set against the bare step of the same round (they share the machine's load): the
+median and quartiles of those per-round overheads are the paired figure. The Recorders digest with the digest library the build made
 (build/lib, canary_harness.native) where it is there; CANARY_HARNESS_DIGEST=python measures
 the pure-Python digest instead. The digest section times numpy, and the library where one
 is found (not with CANARY_HARNESS_DIGEST=python). This is a benchmark, not a
@@ -252,7 +255,8 @@ def main(argv=None):
 
     modes = {"both": (False, True), "on": (True,), "off": (False,)}[args.overlap]
     with tempfile.TemporaryDirectory() as tmp:
-        pack = read_pack(args.pack or export_tiny_pack(tmp), canary="tiny")
+        # Without --pack: one with a batch for every step (the canary's own 100 if that is enough).
+        pack = read_pack(args.pack or export_tiny_pack(tmp, max(100, args.warmup + args.steps)), canary="tiny")
         if args.warmup + args.steps > pack.steps:
             ap.error(f"--warmup + --steps: the pack holds {pack.steps} batches")
         cfg = gpt2.CanaryConfig.from_json(pack.canary_json)
@@ -281,16 +285,24 @@ def main(argv=None):
         bare_med, rec_med, recorder_med, append_med = (statistics.median(x) for x in (bare, recorded, recorder,
                                                                                      append))
         bare_cpu, main_cpu, worker_cpu = (statistics.median(cpu[k]) for k in ("bare", "recorder", "worker"))
+        # Paired: each round's recorded step against the bare step of the same round (the
+        # rounds share the machine's load), the median and quartiles of those overheads.
+        per_round = [r / b - 1 for r, b in zip(recorded, bare)]
+        paired_q1, paired_median, paired_q3 = statistics.quantiles(per_round, n=4) if len(per_round) > 1 \
+            else (per_round[0],) * 3
         mode = {
             "bare_ms": bare_med, "recorded_ms": rec_med, "recorder_step_ms": recorder_med,
             "append_step_ms": append_med, "bare_cpu_ms": bare_cpu, "recorder_cpu_ms": main_cpu,
             "worker_cpu_ms": worker_cpu, "overhead_ratio": rec_med / bare_med - 1,
             "recorder_share_of_bare": recorder_med / bare_med,
+            "paired_overhead": {"median": paired_median, "q1": paired_q1, "q3": paired_q3},
         }
         results["modes"]["overlap" if overlap else "sync"] = mode
         print(f"Recorder(overlap={overlap}):")
         print(f"  bare step                 {bare_med:8.2f} ms")
         print(f"  step + Recorder.step()    {rec_med:8.2f} ms   overhead {100 * mode['overhead_ratio']:+.1f}%")
+        print(f"  paired by round           overhead {100 * paired_median:+.1f}% (quartiles {100 * paired_q1:+.1f}%, "
+              f"{100 * paired_q3:+.1f}%)")
         print(f"  Recorder.step() alone     {recorder_med:8.2f} ms   = {100 * mode['recorder_share_of_bare']:.1f}% "
               "of the bare step")
         print(f"  CPU time, median: bare step {bare_cpu:.2f} ms, Recorder.step() {main_cpu:.2f} ms = "
