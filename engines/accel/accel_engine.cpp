@@ -72,12 +72,44 @@ std::uint64_t choose_noise_seed(const AccelConfig& c) {
   return c.noise_seed.value_or(entropy_seed() & static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()));
 }
 
+// A run of one tensor's elements whose squares global_norm sums as one fp32 partial.
+struct NormBlock {
+  const float* x;
+  std::int64_t n;
+};
+
+// How many blocks' sums sums_of_squares runs side by side.
+constexpr std::size_t kInterleavedBlocks = 8;
+
+// sums[g] = x[0]^2 + x[1]^2 + ... of blocks[g], added one element at a time in fp32, for
+// up to kInterleavedBlocks blocks. One block's sum is a chain of dependent additions, so
+// alone it runs at one element per addition latency; the blocks' chains are independent,
+// so interleaving them keeps several in flight, and every block's own additions keep
+// their order: the same bits as one block at a time.
+void sums_of_squares(const NormBlock* blocks, std::size_t count, float* sums) {
+  float s[kInterleavedBlocks] = {};
+  std::int64_t common = blocks[0].n;
+  for (std::size_t g = 1; g < count; ++g) common = std::min(common, blocks[g].n);
+  if (count == kInterleavedBlocks) {
+    for (std::int64_t i = 0; i < common; ++i) {
+      for (std::size_t g = 0; g < kInterleavedBlocks; ++g) s[g] += blocks[g].x[i] * blocks[g].x[i];
+    }
+  } else {
+    common = 0;
+  }
+  for (std::size_t g = 0; g < count; ++g) {
+    for (std::int64_t i = common; i < blocks[g].n; ++i) s[g] += blocks[g].x[i] * blocks[g].x[i];
+    sums[g] = s[g];
+  }
+}
+
 }  // namespace
 
 AccelEngine::AccelEngine(const AccelConfig& config) : config_(config), noise_(config.noise, choose_noise_seed(config)) {}
 
 void AccelEngine::bind(const TensorTable& table) {
   t_.bind(table);
+  prepared_.clear();  // another model's weights, maybe of other shapes
   zones_.clear();
   zone_index_.clear();
   for (TensorId id : table.of_kind(TensorKind::Parameter)) {
@@ -91,6 +123,15 @@ void AccelEngine::bind(const TensorTable& table) {
 
 void AccelEngine::upload(TensorId id, std::span<const float> values) {
   t_.upload(id, values);
+  values_changed(id);
+}
+
+void AccelEngine::zero(TensorId id) {
+  t_.zero(id);
+  values_changed(id);
+}
+
+void AccelEngine::values_changed(TensorId id) {
   if (const auto it = prepared_.find(id); it != prepared_.end()) it->second.current = false;
 }
 
@@ -127,6 +168,7 @@ EngineState AccelEngine::save_state() const {
 }
 
 void AccelEngine::restore_state(const EngineState& state) {
+  for (auto& [weight, prepared] : prepared_) prepared.current = false;  // quantised with the scales replaced here
   for (ZoneScaling& z : zones_) {
     for (const auto& [role, scaling] : roles(z)) {
       const std::string key = fmt::format("fp8/{}/{}", z.site, role);
@@ -202,7 +244,7 @@ const AccelEngine::PreparedWeight& AccelEngine::prepared_weight(TensorId weight,
   if (p.current) return p;
   const TensorDesc& d = t_.desc(weight);  // (OC, C)
   if (zone != nullptr) {
-    fp8_operand(weight, zone->weight, Fp8Format::E4M3, p.rows, p.scale);
+    p.scale = scaled_fp8_operand(weight, zone->weight, Fp8Format::E4M3, p.rows).scale;
   } else {
     const float* w = f32(weight);
     p.rows.assign(w, w + d.numel());
@@ -221,20 +263,19 @@ const float* AccelEngine::fp8_operand(TensorId id, float scale, Fp8Format format
   return buffer.data();
 }
 
-const float* AccelEngine::fp8_operand(TensorId id, numerics::Fp8ScalingState& role, Fp8Format format,
-                                      std::vector<float>& buffer, float& scale) {
+AccelEngine::ScaledOperand AccelEngine::scaled_fp8_operand(TensorId id, numerics::Fp8ScalingState& role,
+                                                           Fp8Format format, std::vector<float>& buffer) {
   const float* x = f32(id);
   const std::int64_t n = t_.numel(id);
   grow(buffer, n);
   if (!role.scale_precedes_amax()) {  // the scale needs this tensor's amax: two passes
-    scale = role.scale_for(parallel_amax(x, n));
+    const float scale = role.scale_for(parallel_amax(x, n));
     quantise(x, scale, buffer.data(), n, format);
-    return buffer.data();
+    return {buffer.data(), scale};
   }
-  scale = role.scale();
-  const float amax = quantise_with_amax(x, scale, buffer.data(), n, format);
-  if (role.scale_for(amax) != scale) throw std::logic_error("fp8: a delayed scale moved with this step's amax");
-  return buffer.data();
+  const float scale = role.scale();  // what scale_for() returns below, whatever the amax
+  role.scale_for(quantise_with_amax(x, scale, buffer.data(), n, format));
+  return {buffer.data(), scale};
 }
 
 // ---- ops ----------------------------------------------------------------------------------
@@ -276,7 +317,9 @@ void AccelEngine::linear_forward(const OpSite&, TensorId out, TensorId inp, Tens
   const float* a = f32(inp);
   GemmNumerics fp8_gemm;
   if (zone != nullptr) {
-    a = fp8_operand(inp, zone->input, Fp8Format::E4M3, zone->quantised_input, zone->input_scale);
+    const ScaledOperand input = scaled_fp8_operand(inp, zone->input, Fp8Format::E4M3, zone->quantised_input);
+    a = input.values;
+    zone->input_scale = input.scale;
     zone->quantised_from = inp;
     zone->quantised_step = step_;
     fp8_gemm = {(1.0f / zone->input_scale) * (1.0f / w.scale), config_.accumulate_interval};
@@ -299,8 +342,9 @@ void AccelEngine::linear_backward(const OpSite&, TensorId dinp, TensorId dweight
   const float* x = f32(inp);
   GemmNumerics dgrad, wgrad;
   if (zone != nullptr) {
-    float dy_scale = 1.0f;
-    dy = fp8_operand(dout, zone->grad_output, Fp8Format::E5M2, operand_a_, dy_scale);
+    const ScaledOperand grad_output = scaled_fp8_operand(dout, zone->grad_output, Fp8Format::E5M2, operand_a_);
+    dy = grad_output.values;
+    const float dy_scale = grad_output.scale;
     // The input as this step's forward quantised it (quantised again only when the backward
     // runs without that forward, the same values either way).
     x = zone->quantised_from == inp && zone->quantised_step == step_
@@ -441,41 +485,6 @@ void AccelEngine::crossentropy_backward(const OpSite&, TensorId dlogits, TensorI
   store(dlogits);
 }
 
-namespace {
-
-// A run of one tensor's elements whose squares global_norm sums as one fp32 partial.
-struct NormBlock {
-  const float* x;
-  std::int64_t n;
-};
-
-// How many blocks' sums sums_of_squares runs side by side.
-constexpr std::size_t kInterleavedBlocks = 8;
-
-// sums[g] = x[0]^2 + x[1]^2 + ... of blocks[g], added one element at a time in fp32, for
-// up to kInterleavedBlocks blocks. One block's sum is a chain of dependent additions, so
-// alone it runs at one element per addition latency; the blocks' chains are independent,
-// so interleaving them keeps several in flight, and every block's own additions keep
-// their order: the same bits as one block at a time.
-void sums_of_squares(const NormBlock* blocks, std::size_t count, float* sums) {
-  float s[kInterleavedBlocks] = {};
-  std::int64_t common = blocks[0].n;
-  for (std::size_t g = 1; g < count; ++g) common = std::min(common, blocks[g].n);
-  if (count == kInterleavedBlocks) {
-    for (std::int64_t i = 0; i < common; ++i) {
-      for (std::size_t g = 0; g < kInterleavedBlocks; ++g) s[g] += blocks[g].x[i] * blocks[g].x[i];
-    }
-  } else {
-    common = 0;
-  }
-  for (std::size_t g = 0; g < count; ++g) {
-    for (std::int64_t i = common; i < blocks[g].n; ++i) s[g] += blocks[g].x[i] * blocks[g].x[i];
-    sums[g] = s[g];
-  }
-}
-
-}  // namespace
-
 void AccelEngine::global_norm(const OpSite&, TensorId norm, std::span<const TensorId> tensors) {
   // fp32 sums of squares per block of every tensor (as a GPU's per-block partials), the
   // blocks added in the noise source's order.
@@ -523,6 +532,7 @@ void AccelEngine::adamw_update(const OpSite&, TensorId param, TensorId grad, Ten
 void AccelEngine::nudge_ulps(const OpSite&, TensorId tensor, TensorId ulps) {
   const auto n = static_cast<std::int32_t>(scalar(ulps));
   if (n > 0) *f32(tensor) = kernels::next_up(*f32(tensor), n);
+  values_changed(tensor);
 }
 
 }  // namespace harness::accel

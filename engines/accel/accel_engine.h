@@ -43,7 +43,7 @@ class AccelEngine final : public Engine {
   void step_begin(int step) override;
   void step_end() override;
 
-  void zero(TensorId id) override { t_.zero(id); }
+  void zero(TensorId id) override;
   void encoder_forward(const OpSite&, TensorId out, TensorId inputs, TensorId wte, TensorId wpe) override;
   void encoder_backward(const OpSite&, TensorId dwte, TensorId dwpe, TensorId dout, TensorId inputs) override;
   void layernorm_forward(const OpSite&, TensorId out, TensorId mean, TensorId rstd, TensorId inp, TensorId weight,
@@ -114,14 +114,19 @@ class AccelEngine final : public Engine {
   };
 
   const PreparedWeight& prepared_weight(TensorId weight, ZoneScaling* zone);
+  void values_changed(TensorId id);  // its prepared weight, if it is a weight, is built again
   ZoneScaling* zone_for(TensorId weight);  // nullptr: the weight is in no enabled zone
   // The tensor's values as a GEMM operand: copied into `buffer` and quantised to the
   // FP8 grid with `scale` (FP8 zones), or used in place (already bf16 when stored bf16).
   const float* fp8_operand(TensorId id, float scale, numerics::Fp8Format format, std::vector<float>& buffer);
-  // The same with this step's scale of `role` (set in `scale`), which records the tensor's
-  // amax: one pass over the tensor under delayed scaling, amax then quantisation otherwise.
-  const float* fp8_operand(TensorId id, numerics::Fp8ScalingState& role, numerics::Fp8Format format,
-                           std::vector<float>& buffer, float& scale);
+  // The tensor quantised with this step's scale of `role`, which records the tensor's amax:
+  // one pass over the tensor under delayed scaling, amax then quantisation otherwise.
+  struct ScaledOperand {
+    const float* values;  // in the buffer
+    float scale;
+  };
+  ScaledOperand scaled_fp8_operand(TensorId id, numerics::Fp8ScalingState& role, numerics::Fp8Format format,
+                                   std::vector<float>& buffer);
   // Rounds a freshly written tensor to its storage format (bf16 for activations under bf16).
   void store(TensorId id);
   bool stored_as_bf16(TensorId id) const;

@@ -1,6 +1,7 @@
 #include "accel_kernels.h"
 
 #include <algorithm>
+#include <cassert>
 #include <optional>
 #include <vector>
 
@@ -58,7 +59,8 @@ void split_k_gemm(ReduceContext& ctx, int M, int N, int K, const float* A, int l
       });
     }
   };
-  const auto start = [&](int first, int last) {
+  assert(output.start != SplitKOutput::Start::Row || output.first_row != nullptr);
+  const auto start_rows = [&](int first, int last) {
     for (int m = first; m < last; ++m) {
       float* row = C + static_cast<long>(m) * N;
       if (output.start == SplitKOutput::Start::Row) {
@@ -68,12 +70,12 @@ void split_k_gemm(ReduceContext& ctx, int M, int N, int K, const float* A, int l
       }
     }
   };
-  const auto round = [&](int first, int last) {
+  const auto round_rows = [&](int first, int last) {
     harness::numerics::round_to_bf16_inplace(C + static_cast<long>(first) * N, static_cast<std::int64_t>(last - first) * N);
   };
   reduce_row_tiles(ctx.noise, ctx.next(), parts, M, N, C, ctx.workspace, produce,
-                   output.start == SplitKOutput::Start::Accumulate ? RowsFn{} : RowsFn{start},
-                   output.round_to_bf16 ? RowsFn{round} : RowsFn{});
+                   output.start == SplitKOutput::Start::Accumulate ? RowsFn{} : RowsFn{start_rows},
+                   output.round_to_bf16 ? RowsFn{round_rows} : RowsFn{});
 }
 
 void token_sum(ReduceContext& ctx, const float* x, int N, int C, float* out) {

@@ -416,7 +416,7 @@ PackedMatrix::PackedMatrix(int K, int N, const float* B, int ldb) : K_(K), N_(N)
   if (packed_cols_ > 0) {
     // Left uninitialised (pack_panels writes every float): zero-filling it first cost as
     // much as a quarter of the packing.
-    panels_.reset(new float[packed_size(panel_width_, K, 0, packed_cols_)]);
+    panels_ = std::make_unique_for_overwrite<float[]>(packed_size(panel_width_, K, 0, packed_cols_));
     pack_panels(panel_width_, K, B, ldb, 0, packed_cols_, panels_.get());
   }
 }

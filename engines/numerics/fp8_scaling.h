@@ -52,7 +52,9 @@ class Fp8ScalingState {
   // The step is over: delayed scaling computes the next scale and rolls the history.
   void end_step();
 
-  float scale() const { return scale_; }               // the scale the last scale_for() returned
+  // The scale the last scale_for() returned; under delayed scaling also the one this
+  // step's scale_for() calls will return (set by end_step() or restore()).
+  float scale() const { return scale_; }
   // Whether scale_for() returns scale() whatever the amax it is given: delayed scaling
   // quantises with the scale its history made, and this step's amax only joins the history.
   // A caller may then quantise and find the amax in one pass, and record it afterwards.

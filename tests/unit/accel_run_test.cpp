@@ -10,7 +10,7 @@
 
 #include <gtest/gtest.h>
 
-#include <tbb/global_control.h>
+#include <tbb/task_arena.h>
 
 #include "accel_kernels.h"
 #include "limited_accumulator_gemm.h"
@@ -124,42 +124,57 @@ std::vector<float> random_matrix(int rows, int cols, std::uint64_t stream, bool 
 
 // The output's start (zero, a bias row, the current values) and its bf16 rounding, done on
 // each row tile inside the reduction, give what a fill before it and a rounding pass after
-// it give, bit for bit: with row tiles (M = 512) and whole parts (M = 5, too few tiles),
-// deterministic and seeded orders, FP8's descale, and 1 and 2 threads.
+// it give, bit for bit: with row tiles (M = 512) and whole parts (M = 5 on 2 threads: too few
+// tiles), deterministic and seeded orders, the fp32 and the limited accumulator, FP8's
+// descale, on 1 and 2 threads.
 TEST(SplitKOutput, TileStartAndRoundingAreThePassesBeforeAndAfterBitForBit) {
   using Start = SplitKOutput::Start;
   const int N = 96, K = 200;  // 4 split-K parts of 64, the last one short
   const auto B = random_matrix(K, N, 6, false), bias = random_matrix(1, N, 7, false);
   for (const int threads : {1, 2}) {
-    const tbb::global_control limit(tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(threads));
-    for (const int M : {5, 512}) {
-      const auto A = random_matrix(M, K, 5, false), initial = random_matrix(M, N, 8, false);
-      for (const NoiseMode mode : {NoiseMode::Off, NoiseMode::Seeded}) {
-        for (const Start start : {Start::Accumulate, Start::Zero, Start::Row}) {
-          for (const bool round : {false, true}) {
-            for (const float descale : {1.0f, 0.25f}) {
-              const GemmNumerics numerics{descale, 0};
-              NoiseSource noise(mode, 99);
-              std::vector<float> workspace;
-              ReduceContext ctx{noise, workspace};
-              std::vector<float> fused = initial, passes = initial;
-              noise.begin_step(3);
-              split_k_gemm(ctx, M, N, K, A.data(), K, B.data(), N, fused.data(), kSplitKChunk, numerics,
-                           {start, start == Start::Row ? bias.data() : nullptr, round});
-              for (int m = 0; m < M && start != Start::Accumulate; ++m) {
-                for (int n = 0; n < N; ++n) passes[m * N + n] = start == Start::Row ? bias[n] : 0.0f;
+    tbb::task_arena arena(threads);  // what row_tiles_apply reads: the arena's concurrency
+    arena.execute([&] {
+      for (const int M : {5, 512}) {
+        const auto A = random_matrix(M, K, 5, false), initial = random_matrix(M, N, 8, false);
+        const bool whole_parts = M == 5 && threads == 2;
+        ASSERT_EQ(row_tiles_apply(NoiseSource(NoiseMode::Off, 0), M, N), !whole_parts) << threads << " threads, M " << M;
+        for (const NoiseMode mode : {NoiseMode::Off, NoiseMode::Seeded}) {
+          for (const Start start : {Start::Accumulate, Start::Zero, Start::Row}) {
+            for (const bool round : {false, true}) {
+              for (const GemmNumerics gemm_numerics : {GemmNumerics{1.0f, 0}, GemmNumerics{0.25f, 0}, GemmNumerics{0.25f, 16}}) {
+                NoiseSource noise(mode, 99);
+                std::vector<float> workspace;
+                ReduceContext ctx{noise, workspace};
+                std::vector<float> fused = initial, passes = initial;
+                noise.begin_step(3);
+                split_k_gemm(ctx, M, N, K, A.data(), K, B.data(), N, fused.data(), kSplitKChunk, gemm_numerics,
+                             {start, start == Start::Row ? bias.data() : nullptr, round});
+                for (int m = 0; m < M && start != Start::Accumulate; ++m) {
+                  for (int n = 0; n < N; ++n) passes[m * N + n] = start == Start::Row ? bias[n] : 0.0f;
+                }
+                noise.begin_step(3);
+                split_k_gemm(ctx, M, N, K, A.data(), K, B.data(), N, passes.data(), kSplitKChunk, gemm_numerics);
+                if (round) numerics::round_to_bf16_inplace(passes.data(), static_cast<std::int64_t>(passes.size()));
+                ASSERT_EQ(fused, passes) << threads << " threads, M " << M << ", start " << static_cast<int>(start)
+                                         << ", round " << round << ", descale " << gemm_numerics.output_scale
+                                         << ", limited " << gemm_numerics.limited_interval;
               }
-              noise.begin_step(3);
-              split_k_gemm(ctx, M, N, K, A.data(), K, B.data(), N, passes.data(), kSplitKChunk, numerics);
-              if (round) numerics::round_to_bf16_inplace(passes.data(), static_cast<std::int64_t>(passes.size()));
-              ASSERT_EQ(fused, passes) << threads << " threads, M " << M << ", start " << static_cast<int>(start)
-                                       << ", round " << round << ", descale " << descale;
             }
           }
         }
       }
-    }
+    });
   }
+}
+
+// Current FP8 scaling quantises each operand after its amax (two passes), delayed scaling in
+// one: both are deterministic across thread counts, and they are different recipes.
+TEST(AccelFp8, CurrentScalingRunsAndReplaysAcrossThreadCounts) {
+  const std::map<std::string, std::string> current{{"noise", "off"}, {"fp8-recipe", "current"}};
+  const ReceiptBits one = run_and_read(lane("tiny", 3, 1, "accel", kAllFeatures, current), "current1");
+  EXPECT_TRUE(one.same_numbers(run_and_read(lane("tiny", 3, 2, "accel", kAllFeatures, current), "current2")));
+  const ReceiptBits delayed = run_and_read(lane("tiny", 3, 2, "accel", kAllFeatures, {{"noise", "off"}}), "delayed");
+  EXPECT_NE(one.grads, delayed.grads);
 }
 
 TEST(LimitedAccumulator, VectorAndPortableKernelsAgreeBitForBit) {
