@@ -29,7 +29,8 @@ PYEOF
 )
 /usr/bin/python3 "$root/bench/torch_step.py" --steps 30 --warmup 5 --json "$out/torch_step.json" --compare-ms "$best_ms" \
   | tee "$out/torch_step.txt"
-/usr/bin/python3 "$root/bench/recorder_overhead.py" --json "$out/recorder_overhead.json" | tee "$out/recorder_overhead.txt"  # Recorder vs bare torch step (issue 14)
+# Recorder vs bare torch step (issue 14): 300 rounds paired with the bare step, the default inline recorder
+/usr/bin/python3 "$root/bench/recorder_overhead.py" --steps 300 --overlap off --json "$out/recorder_overhead.json" | tee "$out/recorder_overhead.txt"
 # llama-tiny's step beside PyTorch's (docs/performance.md, "The llama-tiny step").
 "$root/bench/llama-step.sh" "$out/llama-step" | tee "$out/llama_step.txt"
 # The default nightly, lane by lane (docs/performance.md, "The nightly job").
