@@ -217,15 +217,14 @@ std::vector<StepState> AccelEngine::step_state() const {
 
 // ---- numerics policy --------------------------------------------------------------------
 
-bool AccelEngine::stored_as_bf16(TensorId id) const {
-  // Activations and their gradients live in bf16; softmax/LayerNorm statistics, the
-  // loss's probabilities, parameters, gradients and optimizer state stay fp32.
+bool AccelEngine::stores_bf16(TensorId id) const {
+  // Under bf16, activations and their gradients live in bf16; softmax/LayerNorm statistics,
+  // the loss's probabilities, parameters, gradients and optimizer state stay fp32.
+  if (!config_.bf16) return false;
   const TensorDesc& d = t_.desc(id);
   if (d.kind != TensorKind::Activation && d.kind != TensorKind::ActivationGrad) return false;
   return !d.role.fp32_statistic;
 }
-
-bool AccelEngine::stores_bf16(TensorId id) const { return config_.bf16 && stored_as_bf16(id); }
 
 void AccelEngine::store(TensorId id) {
   if (!stores_bf16(id)) return;

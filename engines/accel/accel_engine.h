@@ -129,8 +129,7 @@ class AccelEngine final : public Engine {
                                    std::vector<float>& buffer);
   // Rounds a freshly written tensor to its storage format (bf16 for activations under bf16).
   void store(TensorId id);
-  bool stored_as_bf16(TensorId id) const;
-  bool stores_bf16(TensorId id) const;  // what store() rounds: stored_as_bf16 under bf16
+  bool stores_bf16(TensorId id) const;  // what store() rounds
   ReduceContext reduce_context() { return {noise_, workspace_}; }
   // The heads of q, k, v (gpt2: one fused qkv) as the attention kernels read them.
   AttentionHeads gqa_heads(TensorId att, TensorId q, TensorId k, TensorId v);
