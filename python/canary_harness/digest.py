@@ -22,6 +22,7 @@ import xxhash
 from .philox import philox_words, stream_id
 from .schema import SKETCH_BLOCK, SKETCH_WIDTH
 
+_INT32_LE = np.dtype("<i4")  # a batch's tokens, as hashed
 _LANES = 4  # the C++ keeps four interleaved accumulators (element i -> lane i % 4)
 
 
@@ -57,10 +58,12 @@ def tensor_hash(values: Any) -> int:
 def batch_hash(tokens: Any) -> int:
     """XXH3-64 of a batch's int32 little-endian tokens (B, T+1): the data contract."""
     array = _to_numpy(tokens)
-    out = np.ascontiguousarray(array, dtype="<i4")
-    if not np.array_equal(out, array):
-        raise ValueError(f"batch tokens of dtype {array.dtype} do not convert to int32 exactly")
-    return xxhash.xxh3_64_intdigest(out.tobytes(), seed=0)
+    if array.dtype != _INT32_LE or not array.flags.c_contiguous:  # else: hashed as it is, no copy, no check
+        out = np.ascontiguousarray(array, dtype=_INT32_LE)
+        if not np.array_equal(out, array):
+            raise ValueError(f"batch tokens of dtype {array.dtype} do not convert to int32 exactly")
+        array = out
+    return xxhash.xxh3_64_intdigest(array, seed=0)
 
 
 class Sketch(NamedTuple):

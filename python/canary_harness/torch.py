@@ -413,14 +413,15 @@ class Recorder:
             # The step is recorded here, before anything can change its tensors.
             recorded = [family[n] for family in families.values() for n in self.tensor_names]
             trace = None
-            if self.tracer is not None or not self._digest.native or not self._in_place(recorded):
+            addresses = self._addresses_in_place(recorded) if self.tracer is None and self._digest.native else None
+            if addresses is None:
                 # Each tensor read to the host once (a view, no copy, for fp32 CPU tensors).
                 host = [_host_float32(t) for t in recorded]
                 digests = self._digest.rows(host)
                 if self.tracer is not None:
                     trace = self._trace_row(norm_value, host[:len(self.tensor_names)])
             else:  # the digest library reads the tensors' memory: not even a numpy view each
-                digests = self._digest.rows_at([t.data_ptr() for t in recorded])
+                digests = self._digest.rows_at(addresses)
             self._write(digests, scalars, batch_hash(batch), batch if self._record_batches else None, compile_row,
                         trace)
         self.steps_recorded += 1
@@ -475,11 +476,16 @@ class Recorder:
         digests = self._digest.rows(self._snapshot.arrays, threads=1)  # one thread: training runs beside it
         self._write(digests, scalars, job.batch_hash, job.batch_tokens, job.compile, None)
 
-    def _in_place(self, tensors: Sequence[torch.Tensor]) -> bool:
-        """True when every tensor is contiguous fp32 in CPU memory, of the size the plan digests:
-        then the digest library may read it where it is (DigestPlan.rows_at)."""
-        return all(t.dtype is torch.float32 and t.is_cpu and t.is_contiguous() and not t.is_neg()
-                   and t.numel() == n for t, n in zip(tensors, self._digest.numels))
+    def _addresses_in_place(self, tensors: Sequence[torch.Tensor]) -> Optional[List[int]]:
+        """The tensors' data addresses when every one is contiguous fp32 in CPU memory, of the
+        size the plan digests: then the digest library may read them where they are
+        (DigestPlan.rows_at). None when one is not. One pass: this runs on every step."""
+        addresses = []
+        for t, n in zip(tensors, self._digest.numels):
+            if not (t.dtype is torch.float32 and t.is_cpu and t.is_contiguous() and not t.is_neg() and t.numel() == n):
+                return None
+            addresses.append(t.data_ptr())
+        return addresses
 
     def _write(self, digests: DigestRows, scalars: Sequence[float], hashed_batch: int, batch_tokens: Any,
                compile_row: Optional[Mapping[str, float]], trace: Any) -> None:

@@ -106,6 +106,18 @@ def test_batch_hash_is_xxh3_64_of_int32_tokens():
     assert batch_hash(tokens) == xxhash.xxh3_64_intdigest(tokens.astype("<i4").tobytes())
 
 
+@pytest.mark.parametrize("layout", ["int32", "fortran", "strided", "big-endian", "int16", "uint8"])
+def test_batch_hash_is_the_row_major_int32_bytes_whatever_the_layout(layout: str):
+    # An int32 C-contiguous batch is hashed in place (no copy, no check); every other layout
+    # is converted first: the hash is always that of the row-major little-endian int32 values.
+    rng = np.random.default_rng(7)
+    base = rng.integers(0, 250, size=(8, 65)).astype(np.int32)
+    given = {"int32": base, "fortran": np.asfortranarray(base), "strided": np.repeat(base, 2, axis=1)[:, ::2],
+             "big-endian": base.astype(">i4"), "int16": base.astype(np.int16), "uint8": base.astype(np.uint8)}[layout]
+    assert np.array_equal(given, base)
+    assert batch_hash(given) == xxhash.xxh3_64_intdigest(base.astype("<i4").tobytes())
+
+
 def test_torch_tensors_hash_like_numpy():
     torch = pytest.importorskip("torch")
     x = torch.randn(6, 7)
