@@ -548,6 +548,18 @@ class ReceiptWriter:
             self._file.close()
             self._file = None
 
+    def discard(self) -> None:
+        """Closes the file and deletes it: for a receipt whose run could not start (its
+        owner failed before the first step). Refused once a step is recorded."""
+        if self.steps_recorded:
+            raise ReceiptError(f"{self.path}: {self.steps_recorded} steps are recorded; a receipt with steps is "
+                               "closed, never discarded")
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if os.path.lexists(self.path):
+            os.unlink(self.path)
+
     def __enter__(self) -> "ReceiptWriter":
         return self
 

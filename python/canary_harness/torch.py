@@ -333,22 +333,27 @@ class Recorder:
             manifest["pack"] = os.path.basename(pack.path)
         manifest["trace"] = trace
         manifest.update(extra or {})
-        self.writer = ReceiptWriter(path, manifest, self.tensor_names, overwrite=overwrite,
-                                    batch_shape=batch_shape if record_batches else None, stack=stack)
-        self.path = self.writer.path
-        self._record_batches = record_batches and batch_shape is not None  # as the writer keeps batches
         # Every tensor of every family hashed, params and grads sketched, in one call a step
         # (digest.DigestPlan: the harness's digest library where it is found, else Python).
+        # Made before the receipt: a digest library that cannot be used leaves no file behind.
         salts = [stream_id(n) for n in self.tensor_names]
         numels = [p.numel() for p in self.parameters.values()]
         self._digest = DigestPlan(numels * len(HASH_FAMILIES), salts * len(HASH_FAMILIES),
                                   [fam in SKETCH_FAMILIES for fam in HASH_FAMILIES for _ in numels])
+        self.writer = ReceiptWriter(path, manifest, self.tensor_names, overwrite=overwrite,
+                                    batch_shape=batch_shape if record_batches else None, stack=stack)
+        self.path = self.writer.path
+        self._record_batches = record_batches and batch_shape is not None  # as the writer keeps batches
         self.tracer = None
         self._trace_columns: Optional[List[TraceColumn]] = None
         self._trace_digest: Optional[DigestPlan] = None
         if trace == "ops":
             from .trace import OpTracer  # hooks the model from here on: after any hook of yours (a fault)
-            self.tracer = OpTracer(model, {id(p): n for n, p in self.parameters.items()}, op_names)
+            try:
+                self.tracer = OpTracer(model, {id(p): n for n, p in self.parameters.items()}, op_names)
+            except BaseException:
+                self.writer.discard()  # no step was recorded: the receipt goes with the error
+                raise
         if overlap is None:  # the cheaper one for where the tensors are (class docstring)
             on_cpu = all(p.device.type == "cpu" for p in self.parameters.values())
             overlap = not (on_cpu and self._digest.native)

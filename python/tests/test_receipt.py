@@ -101,6 +101,18 @@ def test_append_step_takes_precomputed_digests(tmp_path: Path):
         assert r.sketches("grads")[1].shape == (1, len(NAMES), SKETCH_WIDTH)
 
 
+def test_discard_removes_a_receipt_without_steps_and_refuses_one_with_steps(tmp_path: Path):
+    empty, started = tmp_path / "empty.h5", tmp_path / "started.h5"
+    ReceiptWriter(empty, manifest(), NAMES, stack=STACK).discard()
+    assert not empty.exists()
+    with ReceiptWriter(started, manifest(), NAMES, stack=STACK) as writer:
+        write_steps(writer, 1)
+        with pytest.raises(ReceiptError, match="1 steps are recorded; a receipt with steps is closed, never discarded"):
+            writer.discard()
+    with ReceiptReader(started) as r:
+        assert r.steps_recorded == 1 and not r.complete
+
+
 # ---- the file format --------------------------------------------------------------------------
 
 def test_file_format_is_hdf5_1_10_fixed_strings_and_checksummed_chunks(tmp_path: Path):

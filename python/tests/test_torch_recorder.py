@@ -126,6 +126,34 @@ def test_a_name_map_that_does_not_fit_is_named_and_writes_nothing(micro_pack, tm
     assert not out.exists()
 
 
+def test_a_digest_library_that_cannot_be_used_writes_nothing(micro_pack: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch):
+    from canary_harness import native
+    from canary_harness.native import NativeDigestError
+
+    monkeypatch.setenv(native.ENV, str(tmp_path / "nowhere.so"))
+    pack = read_pack(micro_pack)
+    _, model, optimizer, name_map = user_setup(pack)
+    out = tmp_path / "never.h5"
+    with pytest.raises(NativeDigestError, match="no such file"):
+        Recorder(out, model, optimizer, name_map, pack=pack, budget_features="torch-cpu")
+    assert not out.exists()
+
+
+def test_an_op_tracer_that_fails_to_start_takes_its_receipt_with_it(micro_pack: Path, tmp_path: Path):
+    pack = read_pack(micro_pack)
+    _, model, optimizer, name_map = user_setup(pack)
+    out = tmp_path / "never.h5"
+
+    def op_names(path: str) -> str:
+        raise KeyError(f"no op name for '{path}'")  # a user's naming function that fails
+
+    with pytest.raises(KeyError, match="no op name"):
+        Recorder(out, model, optimizer, name_map, pack=pack, budget_features="torch-cpu", trace="ops",
+                 op_names=op_names)
+    assert not out.exists()
+
+
 def test_models_that_are_not_the_canary_are_named(micro_pack: Path, tmp_path: Path):
     pack = read_pack(micro_pack)
     cfg, model, optimizer, name_map = user_setup(pack)
