@@ -1,10 +1,12 @@
 #include "replay.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 #include <tbb/global_control.h>
 
@@ -51,6 +53,15 @@ Record read_record(const receipt::ReceiptReader& r) {
 
 RunOptions recipe_of(const receipt::ReceiptReader& r) {
   const auto manifest = r.manifest_text();
+  const auto engine = manifest.find("engine");
+  const std::vector<std::string> ours = engine_names();
+  if (engine != manifest.end() && std::find(ours.begin(), ours.end(), engine->second) == ours.end()) {
+    // Another stack's receipt (the PyTorch lane's engine "torch", a team's own writer): its
+    // run_options, if any, are that stack's, and only that stack can run its steps again.
+    throw UsageError(fmt::format("{}: written by engine '{}', which the harness does not run ({}); only that "
+                                 "stack can run its steps again (to bisect it, record the run with --trace ops)",
+                                 r.path(), engine->second, fmt::join(ours, ", ")));
+  }
   const auto it = manifest.find("run_options");
   if (it == manifest.end()) {
     throw UsageError(fmt::format("{}: /manifest has no run_options (recorded before replay existed); run the lane "

@@ -167,6 +167,23 @@ def test_bisect_against_cpu_ref_names_the_step_and_tensor_that_leave_the_budget(
     assert (op["name"], op["tensor"], op["phase"]) == (FAULT_OP, FAULT_OP + ".out", "forward"), op
     assert op["distance"] > op["allowed"] > 0, op
 
+def test_bisect_of_untraced_torch_receipts_says_why_no_op_is_named(traced: dict, harness_bin: Path, tmp_path: Path):
+    """Without traces, bisect would replay the step to find the op; the harness cannot run
+    another stack's steps, and says so, naming the engine and what to record instead."""
+    big = tmp_path / "big-untraced.h5"
+    lane("--pack", str(traced["pack"]), "--out", str(big), "--threads", "1",
+         "--inject-fault", f"step={FAULT_STEP},op={FAULT_OP},ulps={2**22}")
+    result = run_harness(harness_bin, "bisect", str(big), str(traced["plain"]), "--json", check=False)
+    assert result.returncode == 1, result.stdout + result.stderr
+    out = json.loads(result.stdout)
+    assert (out["verdict"], out["first_divergent_step"], out["first_divergent_op"]) == ("diverged", FAULT_STEP, None)
+    assert "written by engine 'torch', which the harness does not run" in out["no_op_reason"], out
+    assert "--trace ops" in out["no_op_reason"] and "json" not in out["no_op_reason"], out
+    replayed = run_harness(harness_bin, "replay", str(big), "--from", "0", check=False)
+    assert replayed.returncode == 2 and len(replayed.stderr.strip().splitlines()) == 1, replayed.stderr
+    assert "engine 'torch'" in replayed.stderr
+
+
 # ---- in process: what the hooks see -----------------------------------------------------------------
 
 def micro(pack_path: Path):
