@@ -65,13 +65,17 @@ std::string toml_string(const std::string& s) {
 
 // The proposal for one window: the current window's shape (its atol : rtol : ulp)
 // scaled so that every observed deviation, less what the other features allow, fits
-// with the margin; at least kFloorUlps ulps of the largest reference value.
+// with the margin; at least kFloorUlps ulps of the largest reference value. A window that
+// no step of the repeats falls in (short runs, a window of later steps) keeps its current
+// values: nothing was measured there, and a floor-sized proposal would fail every run
+// that reaches those steps.
 WindowProposal propose(const std::string& metric, const check::Window& current, const std::vector<check::Deviation>& deviations,
                        const check::ComposedBudget& others, bool widen) {
-  WindowProposal p{metric, current, current, 0, 0};
+  WindowProposal p{metric, current, current, 0, 0, 0};
   double largest_reference = 0, largest_excess = 0;
   for (const check::Deviation& d : deviations) {
     if (d.metric != metric || d.step < current.first || d.step > current.last) continue;
+    ++p.samples;
     const double excess = std::max(0.0, d.deviation - others.allowed(metric, d.step, d.reference));
     const double unit = current.atol + current.rtol * std::fabs(d.reference) + current.ulp * check::fp32_ulp(d.reference);
     p.observed = std::max(p.observed, d.deviation);
@@ -79,6 +83,7 @@ WindowProposal propose(const std::string& metric, const check::Window& current, 
     largest_excess = std::max(largest_excess, excess);
     if (unit > 0) p.needed_scale = std::max(p.needed_scale, excess / unit);
   }
+  if (p.samples == 0) return p;  // proposed = current
   const bool shaped = current.atol > 0 || current.rtol > 0 || current.ulp > 0;
   p.proposed.atol = shaped ? kMargin * p.needed_scale * current.atol : kMargin * largest_excess;
   p.proposed.rtol = shaped ? kMargin * p.needed_scale * current.rtol : 0;
@@ -371,7 +376,9 @@ std::string calibration_report(const Calibration& c) {
       c.widened ? ", and no term below the current entry's (--widen)" : "");
   text += "| metric | steps | largest deviation | current | proposed |\n|---|---|---|---|---|\n";
   for (const WindowProposal& w : c.windows) {
-    text += fmt::format("| {} | {} | {:.3g} | `{}` | `{}` |\n", w.metric, window_steps(w.current), w.observed,
+    const std::string largest = w.samples == 0 ? "none: no step of the repeats is in it, kept as it is"
+                                               : fmt::format("{:.3g}", w.observed);
+    text += fmt::format("| {} | {} | {} | `{}` | `{}` |\n", w.metric, window_steps(w.current), largest,
                         window_toml(w.current), window_toml(w.proposed));
   }
   text += fmt::format("\nRepeats within the current budgets: {}/{}; within the proposal: {}/{}.\n", c.passing_now, c.repeats,

@@ -36,6 +36,7 @@ struct WindowProposal {
   check::Window current, proposed;
   double observed = 0;       // the largest |deviation| in the window over all repeats
   double needed_scale = 0;   // of the current window, once the other features' share is taken off
+  int samples = 0;           // deviations in the window over all repeats; 0: proposed = current
 };
 
 struct Calibration {

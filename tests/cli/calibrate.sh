@@ -63,6 +63,21 @@ import sys, tomllib
 runs, receipts = (tomllib.load(open(p, "rb")) for p in sys.argv[1:3])
 assert runs == receipts, (runs["bf16"], receipts["bf16"])
 PY
+# A window no step of the repeats reaches (12-step receipts, a window from step 40) keeps its
+# values: nothing was measured there (a floor-sized proposal would fail every longer run).
+cp "$BUDGETS" "$WORK/later.toml"
+printf '\n[micro.bf16]\nform = "tolerance"\nrationale = "micro, two windows"\ncalibrated = "2000-01-01"\nrepeats = 1\nloss = [ { steps = "0-39", atol = 1e-3 }, { steps = "40-", atol = 7e-3 } ]\ngrad_norm = [ { steps = "0-39", rtol = 1e-2 }, { steps = "40-", rtol = 3e-2 } ]\nparams_sketch = [ { steps = "0-", atol = 0.4, rtol = 0.035 } ]\n' \
+  >> "$WORK/later.toml"
+expect_exit 0 "" -- "$HARNESS" calibrate --receipts "$WORK/r1000.h5" "$WORK/r1001.h5" "$WORK/r1002.h5" \
+  --reference "$WORK/ref.h5" --budgets "$WORK/later.toml" --out "$WORK/later.candidate.toml"
+[ "$(grep -c "no step of the repeats is in it, kept as it is" "$WORK/later.candidate.md")" = 2 ] ||
+  fail "the report does not name the two windows without samples: $(cat "$WORK/later.candidate.md")"
+"$PY" - "$WORK/later.toml" "$WORK/later.candidate.toml" <<'PY' || fail "a window without samples was changed"
+import sys, tomllib
+old, new = (tomllib.load(open(p, "rb"))["micro"]["bf16"] for p in sys.argv[1:3])
+assert new["loss"][1] == old["loss"][1] and new["grad_norm"][1] == old["grad_norm"][1], (old, new)
+assert new["loss"][0] != old["loss"][0] and new["loss"][0]["atol"] > 1e-9, new["loss"]
+PY
 # --widen never proposes less than the current entry: a [bf16] ten times the proposal stays as it is
 "$PY" - "$WORK/budgets.candidate.toml" "$WORK/wide.toml" <<'PY' || fail "cannot write a wide [bf16]"
 import re, sys
