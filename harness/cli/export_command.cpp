@@ -26,7 +26,7 @@ void add_export_command(CLI::App& app, CommandRegistry& commands) {
   auto options = std::make_shared<run::PackOptions>();
   CLI::App* command = app.add_subcommand(
       "export", "Write a canary pack (initial parameters, every batch, the canary JSON) for another training stack");
-  command->add_option("--canary", options->canary, "Canary preset (tiny, micro)")->capture_default_str();
+  command->add_option("--canary", options->canary, "Canary: a shipped one's name (canaries/NAME.toml) or a canary file's path")->capture_default_str();
   command->add_option("--steps", options->steps, "Number of batches, and the schedule length (default: the canary's)");
   command->add_option("--seed", options->seed, "Initialisation seed (default: the canary's [train] seed)");
   command->add_option("--out", options->out, "Pack path (.h5)")->required();

@@ -51,7 +51,10 @@ const std::map<std::string, AttrKind>& optional_manifest() {
       {"mesh", AttrKind::kString},              {"mesh_axes", AttrKind::kString},      {"mesh_devices", AttrKind::kInteger},
       {"shard_plan", AttrKind::kString},        {"precision", AttrKind::kString},      {"compile_mode", AttrKind::kString},
       {"grad_accum", AttrKind::kInteger},       {"leak_scalars", AttrKind::kInteger},  {"compile_cache", AttrKind::kString},
-      {"program_format_version", AttrKind::kInteger}};
+      {"program_format_version", AttrKind::kInteger},
+      // the PyTorch lane and canary_harness.torch.Recorder (docs/python.md)
+      {"device", AttrKind::kString},            {"autocast", AttrKind::kString},       {"deterministic", AttrKind::kInteger},
+      {"pack", AttrKind::kString},              {"pack_git_commit", AttrKind::kString}, {"audit", AttrKind::kInteger}};
   return table;
 }
 

@@ -3,6 +3,8 @@ receipt contract, and every bad input exit 2 with one line and no file."""
 
 from __future__ import annotations
 
+import json
+
 import os
 import re
 import subprocess
@@ -50,7 +52,8 @@ def runs(harness_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 
 def test_fp32_lane_is_a_valid_receipt_that_reproduces_cpu_ref(runs: dict, harness_bin: Path):
-    run_harness(harness_bin, "validate", str(runs["fp32"]))
+    validated = run_harness(harness_bin, "validate", str(runs["fp32"]), "--json")
+    assert json.loads(validated.stdout)["unknown"] == []  # every manifest extra of the lane is in the schema
     with ReceiptReader(runs["fp32"]) as r, ReceiptReader(runs["cpu"]) as cpu:
         m = r.manifest
         assert (m["lane"], m["engine"], m["features"], m["budget_features"]) == ("micro/torch", "torch", "", "torch-cpu")
