@@ -266,14 +266,7 @@ std::optional<OpTrace> read_trace(const receipt::ReceiptReader& r) {
 ReceiptData load_receipt(const std::string& path) {
   // Whoever wrote it, a receipt is judged only once it validates: one gate, the same for
   // our engines and for any other stack, and every byte checksummed before it counts.
-  const receipt::ValidationReport validation = receipt::validate_receipt(path);
-  if (!validation.valid()) {
-    throw receipt::ReceiptError(fmt::format("{}: {}{}", path, validation.problems.front(),
-                                            validation.problems.size() > 1
-                                                ? fmt::format(" (and {} more: harness validate {})",
-                                                              validation.problems.size() - 1, path)
-                                                : ""));
-  }
+  receipt::require_valid_receipt(path);
   const receipt::ReceiptReader r(path);
   ReceiptData d;
   d.path = path;

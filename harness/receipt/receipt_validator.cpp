@@ -371,4 +371,12 @@ ValidationReport validate_receipt(const std::string& path) {
   return report;
 }
 
+void require_valid_receipt(const std::string& path) {
+  const ValidationReport report = validate_receipt(path);
+  if (report.valid()) return;
+  const std::size_t more = report.problems.size() - 1;
+  throw ReceiptError(fmt::format("{}: {}{}", path, report.problems.front(),
+                                 more ? fmt::format(" (and {} more: harness validate {})", more, path) : ""));
+}
+
 }  // namespace harness::receipt

@@ -27,4 +27,9 @@ struct ValidationReport {
 // Never throws for a bad file: every problem, corruption included, goes into the report.
 ValidationReport validate_receipt(const std::string& path);
 
+// The one gate before a receipt's numbers are used (check, compare, bisect, replay, golden
+// approve): throws ReceiptError, one line naming the file and its first problem (and how
+// many more, for `harness validate`), unless the receipt validates.
+void require_valid_receipt(const std::string& path);
+
 }  // namespace harness::receipt

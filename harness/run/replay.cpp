@@ -19,6 +19,7 @@
 #include "op_trace.h"
 #include "receipt/hdf5_file.h"
 #include "receipt/receipt_reader.h"
+#include "receipt/receipt_validator.h"
 #include "registry.h"
 #include "tensor_digest.h"
 
@@ -162,6 +163,7 @@ std::optional<ReplayMismatch> compare_step(const Record& rec, int step, const re
 }  // namespace
 
 ReplayResult replay(const ReplayOptions& options) {
+  receipt::require_valid_receipt(options.receipt);  // its rows are what the replay is checked against
   const receipt::ReceiptReader reader(options.receipt);
   RunOptions o = recipe_of(reader);
   const Record rec = read_record(reader);

@@ -95,6 +95,16 @@ with h5py.File(sys.argv[1], 'r+') as f:
 " "$WORK/racy.h5"
 expect_exit 2 "no run_options" -- "$HARNESS" replay "$WORK/racy.h5"
 expect_exit 2 "" -- "$HARNESS" replay "$WORK/none.h5"
+# a receipt that does not validate is refused before its rows are used (an empty
+# /steps/grad_norm once crashed the replay)
+cp "$WORK/ref.h5" "$WORK/empty_rows.h5"
+"$PY" -c "
+import h5py, sys
+with h5py.File(sys.argv[1], 'r+') as f:
+    del f['steps/grad_norm']
+    f.create_dataset('steps/grad_norm', shape=(0,), maxshape=(None,), dtype='<f8', chunks=(128,))
+" "$WORK/empty_rows.h5"
+expect_exit 2 "empty_rows.h5: /steps/grad_norm: has shape \\(0\\)" -- "$HARNESS" replay "$WORK/empty_rows.h5"
 
 # bisect: the faulted side has no op trace; bisect replays it with tracing on to name the op
 run --out "$WORK/traced.h5" --trace ops
