@@ -10,6 +10,7 @@
 
 #include "receipt/hdf5_file.h"
 #include "receipt/receipt_reader.h"
+#include "receipt/receipt_validator.h"
 #include "receipt/receipt_schema.h"
 #include "stack_info.h"
 
@@ -202,6 +203,7 @@ void GoldenStore::add_candidate(const Candidate& candidate) {
 }
 
 void GoldenStore::drop_candidate(const std::string& lane) {
+  check_bookkeeping();
   fs::remove(candidate_path(lane));
   write_candidates(without(candidates(), lane));
 }
@@ -216,13 +218,31 @@ void GoldenStore::verify(const Candidate& candidate) const {
     throw GoldenError(fmt::format("{}: changed since refresh ({} reviewed, {} now); refresh the lane again", from,
                                   candidate.content_hash, hash));
   }
+  std::string lane;
   try {
-    if (!receipt::ReceiptReader(from).complete()) {
-      throw GoldenError(fmt::format("{}: an incomplete receipt cannot become a golden", from));
-    }
+    receipt::require_valid_receipt(from);  // every byte checksummed, every dataset of the schema
+    const receipt::ReceiptReader r(from);
+    if (!r.complete()) throw GoldenError(fmt::format("{}: an incomplete receipt cannot become a golden", from));
+    lane = r.manifest_string("lane");
   } catch (const receipt::ReceiptError& e) {
-    throw GoldenError(e.what());
+    throw GoldenError(fmt::format("{} (a candidate must validate to become a golden: refresh the lane again)", e.what()));
   }
+  if (lane != candidate.lane) {
+    throw GoldenError(fmt::format("{}: a receipt of lane {}, not {}; refresh the lane again", from, lane, candidate.lane));
+  }
+}
+
+// The files promote() and drop_candidate() rewrite after the golden itself: checked first,
+// so that a problem with them stops the change before anything is renamed.
+void GoldenStore::check_bookkeeping() const {
+  for (const std::string& path : {log_path(), candidates_path(), review_path()}) {
+    if (fs::exists(path) && !fs::is_regular_file(path)) {
+      throw GoldenError(fmt::format("{}: not a regular file; move it away (the goldens directory keeps its log, "
+                                    "candidates and review there)",
+                                    path));
+    }
+  }
+  (void)log();  // a damaged log is refused now, not extended
 }
 
 void GoldenStore::verify_clean_build(const Candidate& candidate, bool allow_dirty) const {
@@ -238,6 +258,7 @@ void GoldenStore::verify_clean_build(const Candidate& candidate, bool allow_dirt
 void GoldenStore::promote(const Candidate& candidate, const std::string& approver, bool allow_dirty) {
   verify(candidate);
   verify_clean_build(candidate, allow_dirty);
+  check_bookkeeping();
   const std::string from = candidate_path(candidate.lane);
   const std::string to = golden_path(candidate.lane);
   std::map<std::string, std::string> manifest = receipt::ReceiptReader(from).manifest_text();

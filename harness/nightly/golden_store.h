@@ -73,7 +73,7 @@ class GoldenStore {
   // Drops a candidate's file and record.
   void drop_candidate(const std::string& lane);
   // Throws GoldenError unless the candidate is the file that was reviewed (same content
-  // hash) and a complete receipt.
+  // hash), a receipt that validates, complete, of the candidate's lane.
   void verify(const Candidate& candidate) const;
   // Promotes a verified candidate: renames it over the golden and appends a provenance
   // entry to the log. Throws GoldenError and changes nothing when verify() would.
@@ -87,6 +87,7 @@ class GoldenStore {
  private:
   void write_candidates(const std::vector<Candidate>& candidates) const;
   void write_review(const std::vector<Candidate>& candidates) const;
+  void check_bookkeeping() const;
   std::string candidates_path() const;
 
   std::string dir_;

@@ -123,6 +123,54 @@ tail -1 "$G/provenance.jsonl" | grep -q '"allow_dirty":true' || fail "the log do
 expect_exit 0 "" -- golden refresh --matrix "$MATRIX" --lanes ref --reason "back to seed 7"
 expect_exit 0 "" -- golden approve --approved-by "Grace Hopper" --allow-dirty
 
+# Never a corrupted golden: approve validates the reviewed file itself (a candidate whose
+# recorded hash was made to match is refused when it is damaged or of another lane), and a
+# damaged log or a review path it cannot rewrite stops it before anything is renamed.
+expect_exit 0 "" -- golden refresh --matrix "$MATRIX" --lanes ref --reason "guards"
+cp "$G/micro/cpu-ref.candidate.h5" "$WORK/good.candidate.h5"
+before_guards=$(hashes)
+rehash_candidate() {  # records the candidate file's current content hash, as a reviewer's would be
+  "$PY" - "$G" <<'PY' || fail "could not rehash the candidate"
+import json, pathlib, subprocess, sys
+g = pathlib.Path(sys.argv[1])
+record = json.loads((g / "candidates.json").read_text())
+digest = subprocess.run(["xxhsum", "-H2", str(g / "micro" / "cpu-ref.candidate.h5")], capture_output=True,
+                        text=True).stdout.split()[0]
+for c in record["candidates"]:
+    if c["lane"] == "micro/cpu-ref":
+        c["content_hash"] = "xxh128:" + digest
+(g / "candidates.json").write_text(json.dumps(record))
+PY
+}
+cp "$G/micro/tpu-mesh@2x2+tp.h5" "$G/micro/cpu-ref.candidate.h5" && rehash_candidate
+expect_exit 2 "cpu-ref.candidate.h5: a receipt of lane micro/tpu-mesh@2x2\\+tp, not micro/cpu-ref" -- \
+  golden approve --approved-by x --allow-dirty
+cp "$WORK/good.candidate.h5" "$G/micro/cpu-ref.candidate.h5"
+"$PY" - "$G/micro/cpu-ref.candidate.h5" <<'PY' || fail "could not damage a chunk"
+import h5py, sys
+with h5py.File(sys.argv[1], "r") as f:
+    offset = f["hashes/params"].id.get_chunk_info(0).byte_offset
+with open(sys.argv[1], "r+b") as f:
+    f.seek(offset + 8)
+    data = f.read(4)
+    f.seek(offset + 8)
+    f.write(bytes(b ^ 0xFF for b in data))
+PY
+rehash_candidate
+expect_exit 2 "cpu-ref.candidate.h5: /hashes/params: .*Fletcher32.*a candidate must validate" -- \
+  golden approve --approved-by x --allow-dirty
+cp "$WORK/good.candidate.h5" "$G/micro/cpu-ref.candidate.h5" && rehash_candidate
+rm "$G/review.md" && mkdir "$G/review.md"
+expect_exit 2 "review.md: not a regular file" -- golden approve --approved-by x --allow-dirty
+expect_exit 2 "review.md: not a regular file" -- golden reject --lanes ref
+rmdir "$G/review.md"
+cp "$G/provenance.jsonl" "$WORK/log.jsonl" && echo "not json" >> "$G/provenance.jsonl"
+expect_exit 2 "provenance.jsonl:[0-9]+: not a provenance entry" -- golden approve --approved-by x --allow-dirty
+cp "$WORK/log.jsonl" "$G/provenance.jsonl"
+[ "$(hashes)" = "$before_guards" ] || fail "a refused approve changed a golden or the log"
+[ -e "$G/micro/cpu-ref.candidate.h5" ] || fail "a refused reject dropped the candidate"
+expect_exit 0 "" -- golden approve --approved-by "Grace Hopper" --allow-dirty
+
 # a fault fails the golden check with exit 1 and names the step
 "$HARNESS" run --canary micro --steps 12 --seed 7 --inject-fault step=5,op=blocks.1.mlp.fc --out "$WORK/fault.h5" \
   >/dev/null 2>&1 || fail "fault run"
