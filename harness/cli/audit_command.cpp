@@ -6,6 +6,7 @@
 #include "audit.h"
 #include "canary_run.h"
 #include "commands.h"
+#include "json_text.h"
 
 namespace harness::cli {
 namespace {
@@ -63,7 +64,7 @@ int audit_action(AuditFlags& f) {
   }
   const run::AuditReport report = run::audit_canary(o);
   if (f.json) {
-    fmt::print("{}\n", to_json(report).dump(2));
+    fmt::print("{}\n", run::json_text(to_json(report)));
   } else {
     print_human(report);
   }

@@ -17,6 +17,7 @@
 #include "receipt/receipt_reader.h"
 #include "verdict.h"
 #include "verdict_report.h"
+#include "json_text.h"
 
 namespace harness::cli {
 namespace {
@@ -38,14 +39,14 @@ constexpr int kExitGitBisectSkip = 125;
 
 // One line on stderr (and the error as JSON on stdout with --json); exit 2.
 int report_error(const ComparisonFlags& flags, const std::string& kind, const std::string& message) {
-  if (flags.json) fmt::print("{}\n", check::error_json(kind, message).dump(2));
+  if (flags.json) fmt::print("{}\n", run::json_text(check::error_json(kind, message)));
   fmt::print(stderr, "harness: error: {}\n", message);
   return kExitBadInput;
 }
 
 int print_verdict(const ComparisonFlags& flags, const check::Verdict& verdict) {
   if (flags.json) {
-    fmt::print("{}\n", check::to_json(verdict).dump(2));
+    fmt::print("{}\n", run::json_text(check::to_json(verdict)));
   } else {
     fmt::print("{}", check::to_text(verdict, flags.verbose));
   }
@@ -145,7 +146,7 @@ int run_bisect(const ComparisonFlags& flags) {
     nightly::verify_golden_integrity(flags.b);
     const check::Bisection b = check::bisect(check::load_receipt(flags.a), check::load_receipt(flags.b),
                                              check::load_budgets(flags.budgets), replay);
-    fmt::print("{}", flags.json ? check::to_json(b).dump(2) + "\n" : check::to_text(b));
+    fmt::print("{}", flags.json ? run::json_text(check::to_json(b)) + "\n" : check::to_text(b));
     return b.diverged() ? kExitCheckFailed : kExitPass;
   });
 }

@@ -20,6 +20,7 @@
 #include "nightly.h"
 #include "stack_info.h"
 #include "verdict.h"
+#include "json_text.h"
 
 namespace harness::cli {
 namespace {
@@ -46,7 +47,7 @@ int status_action(const GoldenFlags& f) {
   const nightly::Matrix matrix = nightly::load_matrix(f.matrix);
   const nightly::GoldenStatus status = nightly::GoldenStore(f.goldens).status(matrix);
   if (f.json) {
-    fmt::print("{}\n", status.to_json().dump(2));
+    fmt::print("{}\n", run::json_text(status.to_json()));
     return status.clean() ? kExitPass : kExitCheckFailed;
   }
   fmt::print("goldens     {} ({} lanes in {})\n", f.goldens, matrix.lanes.size(), f.matrix);

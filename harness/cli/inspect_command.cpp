@@ -14,6 +14,7 @@
 #include "commands.h"
 #include "output_lock.h"
 #include "receipt/receipt_reader.h"
+#include "json_text.h"
 
 namespace harness::cli {
 namespace {
@@ -92,7 +93,7 @@ int inspect_action(const InspectFlags& f) {
   }
   const nlohmann::json j = describe(reader);
   if (f.json) {
-    fmt::print("{}\n", j.dump(2));
+    fmt::print("{}\n", run::json_text(j));
   } else {
     print_human(j);
   }

@@ -11,6 +11,7 @@
 #include "canary_run.h"
 #include "commands.h"
 #include "replay.h"
+#include "json_text.h"
 
 namespace harness::cli {
 namespace {
@@ -63,7 +64,7 @@ std::string to_text(const run::ReplayResult& r) {
 int run_replay(ReplayFlags& f) {
   f.options.to = f.to;
   const run::ReplayResult r = run::replay(f.options);
-  fmt::print("{}", f.json ? to_json(r).dump(2) + "\n" : to_text(r));
+  fmt::print("{}", f.json ? run::json_text(to_json(r)) + "\n" : to_text(r));
   return r.reproduced() ? kExitPass : kExitCheckFailed;
 }
 

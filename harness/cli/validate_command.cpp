@@ -6,6 +6,7 @@
 
 #include "commands.h"
 #include "receipt/receipt_validator.h"
+#include "json_text.h"
 
 namespace harness::cli {
 namespace {
@@ -32,7 +33,7 @@ void print_human(const receipt::ValidationReport& report) {
 int validate_action(const ValidateFlags& flags) {
   const receipt::ValidationReport report = receipt::validate_receipt(flags.path);
   if (flags.json) {
-    fmt::print("{}\n", report.to_json().dump(2));
+    fmt::print("{}\n", run::json_text(report.to_json()));
   } else {
     print_human(report);
   }

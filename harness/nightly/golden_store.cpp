@@ -13,6 +13,7 @@
 #include "receipt/receipt_validator.h"
 #include "receipt/receipt_schema.h"
 #include "stack_info.h"
+#include "json_text.h"
 
 namespace harness::nightly {
 namespace {
@@ -174,7 +175,7 @@ void GoldenStore::write_candidates(const std::vector<Candidate>& candidates) con
                     {"refreshed_utc", c.refreshed_utc},
                     {"comparison", c.comparison}});
   }
-  run::write_file_atomically(candidates_path(), nlohmann::json{{"version", kCandidatesVersion}, {"candidates", list}}.dump(2) + "\n");
+  run::write_file_atomically(candidates_path(), run::json_text(nlohmann::json{{"version", kCandidatesVersion}, {"candidates", list}}) + "\n");
   write_review(candidates);
 }
 
@@ -269,7 +270,7 @@ void GoldenStore::promote(const Candidate& candidate, const std::string& approve
   // between the renames leaves a golden the log does not record, which `status` reports.
   std::string log_text = run::read_file(log_path());
   if (!log_text.empty() && log_text.back() != '\n') log_text += '\n';
-  log_text += entry.to_json().dump() + "\n";
+  log_text += run::json_text(entry.to_json(), -1) + "\n";
   const std::string log_temp = log_path() + ".tmp";
   run::write_file_atomically(log_temp, log_text);
   fs::rename(from, to);

@@ -8,6 +8,7 @@
 #include <pugixml.hpp>
 
 #include "file_io.h"
+#include "json_text.h"
 
 namespace harness::nightly {
 namespace {
@@ -126,7 +127,7 @@ std::string json_text(const json& object, const char* key, const std::string& fa
 
 std::vector<std::string> write_reports(const json& summary, const std::string& out_dir) {
   namespace fs = std::filesystem;
-  const std::vector<std::pair<std::string, std::string>> files{{"summary.json", summary.dump(2) + "\n"},
+  const std::vector<std::pair<std::string, std::string>> files{{"summary.json", run::json_text(summary) + "\n"},
                                                                {"report.html", html_report(summary)},
                                                                {"junit.xml", junit_report(summary)},
                                                                {"summary.md", markdown_report(summary)}};

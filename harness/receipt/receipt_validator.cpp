@@ -25,6 +25,17 @@ std::string without_path(const std::string& message, const std::string& path) {
 }
 using h5::AttrKind;
 
+// Whether `text` is valid UTF-8: nlohmann::json's serialiser checks every sequence (and
+// throws type_error 316 on a bad one), so the check is the library's, not a second decoder.
+bool is_utf8(const std::string& text) {
+  try {
+    (void)nlohmann::json(text).dump();
+    return true;
+  } catch (const nlohmann::json::type_error&) {
+    return false;
+  }
+}
+
 // The manifest as docs/receipt-schema.md lists it: required attributes, then those an
 // engine or option adds. Anything else is reported as unknown, never as a problem.
 const std::map<std::string, AttrKind>& required_manifest() {
@@ -102,6 +113,9 @@ class Validator {
         if (!required_manifest().count(name)) r_.unknown.push_back("/manifest attribute " + name);
       } else if (h5::attr_kind(manifest, name) != known->second) {
         problem("/manifest/" + name, fmt::format("must be {}", kind_name(known->second)));
+      }
+      if (h5::attr_kind(manifest, name) == AttrKind::kString && !is_utf8(h5::read_attr_string(manifest, name))) {
+        problem("/manifest/" + name, "is not valid UTF-8 (the schema's strings are UTF-8)");
       }
     }
     if (present.count("canary") && h5::attr_kind(manifest, "canary") == AttrKind::kString) {
@@ -210,6 +224,7 @@ class Validator {
     std::set<std::string> seen;
     for (const std::string& name : names) {
       if (name.empty()) problem("/hashes/names", "holds an empty name");
+      if (!is_utf8(name)) problem("/hashes/names", "holds a name that is not valid UTF-8");
       if (!seen.insert(name).second) problem("/hashes/names", fmt::format("names '{}' twice", name));
     }
     for (const char* family : kHashFamilies) expect(std::string("/hashes/") + family, "uint64", {steps_, tensors_});

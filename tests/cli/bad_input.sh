@@ -116,4 +116,28 @@ for key in ["schema_version", "lane", "engine", "features", "steps_planned", "st
     assert key in j, key
 assert j["lane"] == "micro/cpu-ref" and j["complete"] is True
 ' || fail "inspect --json keys"
+# Strings that are not UTF-8: in a receipt they are a schema problem named by validate; in a
+# file name they are printed as U+FFFD, and every --json output stays a JSON document.
+run_dir="$WORK/utf8"; mkdir -p "$run_dir"
+"$HARNESS" run --canary micro --steps 2 --out "$run_dir/good.h5" >/dev/null 2>&1 || fail "utf8: run"
+cp "$run_dir/good.h5" "$run_dir/bad-cpu.h5"
+"$PY" - "$run_dir/bad-cpu.h5" <<'PY' || fail "utf8: could not write a non-UTF-8 attribute"
+import h5py, sys
+with h5py.File(sys.argv[1], "r+") as f:
+    value = b"\xff\xfeXeon"
+    del f["manifest"].attrs["cpu"]
+    f["manifest"].attrs.create("cpu", value, dtype=h5py.string_dtype("utf-8", len(value)))
+PY
+expect_exit 2 "bad-cpu.h5: /manifest/cpu: is not valid UTF-8" -- "$HARNESS" validate "$run_dir/bad-cpu.h5"
+expect_exit 2 "bad-cpu.h5: /manifest/cpu: is not valid UTF-8" -- "$HARNESS" compare "$run_dir/bad-cpu.h5" "$run_dir/good.h5"
+odd="$run_dir/$(printf 'odd-\xff.h5')"
+cp "$run_dir/good.h5" "$odd"
+for command in "validate --json" "inspect --json" "check --json --golden $run_dir/good.h5" \
+               "compare --json $run_dir/good.h5" "bisect --json $run_dir/good.h5"; do
+  # shellcheck disable=SC2086
+  set -- $command
+  "$HARNESS" "$1" "$odd" "${@:2}" >"$WORK/stdout" 2>"$WORK/stderr"
+  [ $? -eq 0 ] || fail "$1 of a non-UTF-8 file name: $(cat "$WORK/stderr")"
+  "$PY" -c 'import json, sys; json.load(open(sys.argv[1]))' "$WORK/stdout" || fail "$1 --json is not JSON"
+done
 finish
