@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -11,10 +12,11 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "canary_run.h"
 #include "commands.h"
+#include "json_text.h"
 #include "output_lock.h"
 #include "receipt/receipt_reader.h"
-#include "json_text.h"
 
 namespace harness::cli {
 namespace {
@@ -101,25 +103,31 @@ int inspect_action(const InspectFlags& f) {
 }
 
 // What a reader of a live receipt sees: nullopt while the file is not readable yet (it
-// is created, or its first step is under way: the writer enters SWMR mode after it).
-std::optional<receipt::ReceiptReader> try_open(const std::string& path) {
+// is created, or its first step is under way: the writer enters SWMR mode after it), with
+// the reason in `why`.
+std::optional<receipt::ReceiptReader> try_open(const std::string& path, std::string& why) {
   try {
     return std::optional<receipt::ReceiptReader>(std::in_place, path);
-  } catch (const receipt::ReceiptError&) {
-    return std::nullopt;
-  } catch (const h5::Hdf5Error&) {
-    return std::nullopt;
+  } catch (const receipt::ReceiptError& e) {
+    why = e.what();
+  } catch (const h5::Hdf5Error& e) {
+    why = e.what();
   }
+  return std::nullopt;
 }
 
 // `inspect --follow`: a running job's steps as its writer flushes them, read through HDF5's
 // single-writer/multiple-reader mode; ends when the run completes, or stops without
 // completing (its writer's lock is gone: interrupted or killed).
 int follow_action(const InspectFlags& f) {
+  if (!(f.interval_seconds >= 0.01 && f.interval_seconds <= 60)) {  // CLI::Range lets NaN through
+    throw run::UsageError(fmt::format("--interval: {} is not a number of seconds in 0.01..60", f.interval_seconds));
+  }
   int shown = 0;
   for (int waited = 0;; ++waited) {
     const bool writing = run::OutputLock::held(f.path);
-    if (auto reader = try_open(f.path)) {
+    std::string why;
+    if (auto reader = try_open(f.path, why)) {
       const std::vector<double> loss = reader->steps_f64("loss"), grad_norm = reader->steps_f64("grad_norm"),
                                 lr = reader->steps_f64("lr");
       const int recorded = static_cast<int>(std::min({loss.size(), grad_norm.size(), lr.size()}));
@@ -138,6 +146,10 @@ int follow_action(const InspectFlags& f) {
                    f.path, recorded, reader->steps_planned());
         return kExitCheckFailed;
       }
+    } else if (!writing && std::filesystem::exists(f.path)) {
+      // A run takes its output's lock before it creates the file: a file that no run
+      // writes will not become readable by waiting.
+      throw receipt::ReceiptError(fmt::format("{} (and no run writes it)", why));
     } else if (!writing && waited * f.interval_seconds > 30) {
       throw receipt::ReceiptError(fmt::format("{}: no run writes it and it cannot be read after 30 s", f.path));
     }

@@ -144,7 +144,7 @@ void add_nightly_command(CLI::App& app, CommandRegistry& commands) {
   nightly->add_option("--shard", flags->shard,
                       "Run shard i of N (i/N, 0 <= i < N): lanes k with k mod N == i; `auto`: i and N from the "
                       "scheduler (HARNESS_SHARD_INDEX/COUNT, a Slurm job array, a Kubernetes Indexed Job)");
-  nightly->add_option("--threads", flags->options.threads, "Worker threads per run (0 = all cores)")->capture_default_str();
+  nightly->add_option("--threads", flags->options.threads, "Worker threads per run (0 = all cores)")->check(CLI::Range(0, 1024))->capture_default_str();
   commands.add(nightly, [flags] { return nightly_action(*flags); });
 
   auto merge_flags = std::make_shared<NightlyFlags>();

@@ -2,6 +2,7 @@
 // or before K and verifies every replayed step bit for bit. Exit 0 reproduced, 1 a step
 // differs (the first named), 2 the receipt cannot be replayed or its checkpoint is not
 // trusted. Also the trace provider of `harness bisect` for receipts without /trace.
+#include <limits>
 #include <memory>
 
 #include <fmt/format.h>
@@ -98,9 +99,11 @@ void add_replay_command(CLI::App& app, CommandRegistry& commands) {
   replay->add_option("receipt", f->options.receipt, "Receipt of the run (.h5); its checkpoints in <receipt>.ckpt/")
       ->required();
   replay->add_option("--from", f->options.from, "First step to verify: resumes from the checkpoint at or before it")
+      ->check(CLI::Range(0, std::numeric_limits<int>::max()))
       ->capture_default_str();
-  replay->add_option("--to", f->to, "Last step to verify (default: the last recorded)");
+  replay->add_option("--to", f->to, "Last step to verify (default: the last recorded)")->check(CLI::Range(0, std::numeric_limits<int>::max()));
   replay->add_option("--threads", f->options.threads, "Worker threads (0 = all cores; any count gives the same bits)")
+      ->check(CLI::Range(0, 1024))
       ->capture_default_str();
   replay->add_flag("--json", f->json, "Print the result as JSON (keys in docs/cli.md)");
   commands.add(replay, [f] { return run_replay(*f); });

@@ -31,6 +31,8 @@ ReceiptReader::ReceiptReader(const std::string& path) : path_(path) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) fail("no such file");
   if (std::filesystem::is_directory(path, ec)) fail("is a directory, not a receipt");
+  // A FIFO or a device would block HDF5's open (or read forever): only files are receipts.
+  if (!std::filesystem::is_regular_file(path, ec)) fail("is not a regular file, not a receipt");
   if (H5Fis_hdf5(path.c_str()) <= 0) fail("not an HDF5 file (give a receipt written by `harness run`)");
   try {
     file_ = h5::open_file(path, false);

@@ -140,4 +140,15 @@ for command in "validate --json" "inspect --json" "check --json --golden $run_di
   [ $? -eq 0 ] || fail "$1 of a non-UTF-8 file name: $(cat "$WORK/stderr")"
   "$PY" -c 'import json, sys; json.load(open(sys.argv[1]))' "$WORK/stdout" || fail "$1 --json is not JSON"
 done
+# Inputs that are not receipts never wait: a FIFO is refused before HDF5 opens it, and
+# --follow on a file or directory no run writes ends at once (a run locks its output first).
+mkfifo "$run_dir/fifo.h5" && echo "text" > "$run_dir/text.h5" && mkdir "$run_dir/dir.h5"
+expect_exit 2 "fifo.h5: is not a regular file, not a receipt" -- timeout 20 "$HARNESS" validate "$run_dir/fifo.h5"
+expect_exit 2 "dir.h5: is a directory, not a receipt \(and no run writes it\)" -- \
+  timeout 20 "$HARNESS" inspect --follow "$run_dir/dir.h5"
+expect_exit 2 "text.h5: not an HDF5 file .*\(and no run writes it\)" -- timeout 20 "$HARNESS" inspect --follow "$run_dir/text.h5"
+expect_exit 2 "--interval: nan is not a number of seconds" -- "$HARNESS" inspect --follow --interval nan "$run_dir/good.h5"
+expect_exit 2 "--threads: Value -1 not in range 0 to 1024" -- "$HARNESS" replay "$run_dir/good.h5" --threads -1
+expect_exit 2 "--from: Value  not in range" -- "$HARNESS" replay "$run_dir/good.h5" --from ''
+expect_exit 2 "--threads: Value -1 not in range 0 to 1024" -- "$HARNESS" nightly --threads -1
 finish
