@@ -198,6 +198,7 @@ nlohmann::json replay_recipe(const RunOptions& o, const std::map<std::string, At
 }
 
 RunOptions options_from_recipe(const nlohmann::json& recipe) {
+  if (!recipe.is_object()) throw UsageError("run_options: not a replay recipe (not a JSON object)");
   RunOptions o;
   try {
     o.canary = recipe.at("canary").get<std::string>();
@@ -211,7 +212,11 @@ RunOptions options_from_recipe(const nlohmann::json& recipe) {
     if (!recipe.at("inject_fault").is_null()) o.inject_fault = recipe.at("inject_fault").get<std::string>();
     if (recipe.contains("steps")) o.steps = recipe.at("steps").get<int>();
   } catch (const nlohmann::json::exception& e) {
-    throw UsageError(fmt::format("run_options: not a replay recipe ({})", e.what()));
+    // what() is "[json.exception.<kind>.<id>] <what is wrong>": the rest names the key or type.
+    const std::string what = e.what();
+    const std::size_t end = what.find("] ");
+    throw UsageError(fmt::format("run_options: not a replay recipe ({})",
+                                 end == std::string::npos ? what : what.substr(end + 2)));
   }
   return o;
 }

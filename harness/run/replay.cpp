@@ -74,6 +74,8 @@ RunOptions recipe_of(const receipt::ReceiptReader& r) {
     o = options_from_recipe(nlohmann::json::parse(it->second));
   } catch (const nlohmann::json::exception&) {
     throw UsageError(fmt::format("{}: /manifest/run_options is not JSON; the receipt is damaged", r.path()));
+  } catch (const UsageError& e) {
+    throw UsageError(fmt::format("{}: /manifest/{}; the receipt is damaged", r.path(), e.what()));
   }
   const auto noise = o.engine_settings.options.find("noise");
   if (noise != o.engine_settings.options.end() && noise->second == "racy") {

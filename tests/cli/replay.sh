@@ -94,6 +94,15 @@ with h5py.File(sys.argv[1], 'r+') as f:
     del f['manifest'].attrs['run_options']
 " "$WORK/racy.h5"
 expect_exit 2 "no run_options" -- "$HARNESS" replay "$WORK/racy.h5"
+for recipe in '[1]' '{}'; do
+  "$PY" -c "
+import h5py, sys
+with h5py.File(sys.argv[1], 'r+') as f:
+    f['manifest'].attrs.create('run_options', sys.argv[2].encode(), dtype=h5py.string_dtype('utf-8', len(sys.argv[2])))
+" "$WORK/racy.h5" "$recipe"
+  expect_exit 2 "racy.h5: /manifest/run_options: not a replay recipe \\((not a JSON object|key 'canary' not found)\\); the receipt is damaged" -- \
+    "$HARNESS" replay "$WORK/racy.h5"
+done
 expect_exit 2 "" -- "$HARNESS" replay "$WORK/none.h5"
 # a receipt that does not validate is refused before its rows are used (an empty
 # /steps/grad_norm once crashed the replay)
