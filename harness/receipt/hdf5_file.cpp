@@ -75,11 +75,29 @@ std::vector<hsize_t> chunk_for(const std::vector<hsize_t>& shape, std::size_t el
   return chunk;
 }
 
+// A dataset's shape is a number in the file, and a damaged or crafted one can declare far
+// more elements than the file holds (a chunked dataset stores only the chunks written):
+// reading it would allocate that much. Refused unless what the file stores could hold it
+// under any compression a receipt uses (deflate gains at most about 1000x); small
+// datasets are always read.
+void check_storage_holds(hid_t parent, hid_t dataset, const std::string& path, hsize_t elements, std::size_t bytes_each) {
+  constexpr double kAlwaysRead = 64.0 * 1024 * 1024, kMostCompression = 4096;
+  const double logical = static_cast<double>(elements) * static_cast<double>(bytes_each);
+  if (logical <= kAlwaysRead) return;
+  const double stored = static_cast<double>(H5Dget_storage_size(dataset));
+  if (logical > kMostCompression * stored) {
+    throw Hdf5Error(fmt::format("{}: {} declares {} elements ({:.3g} GB) but the file stores {} bytes of it: the "
+                                "dataset is damaged",
+                                file_name(parent), path, elements, logical / 1e9, static_cast<std::uint64_t>(stored)));
+  }
+}
+
 template <typename T>
 std::vector<T> read_numeric(hid_t parent, const std::string& path, hid_t memory_type) {
   const Handle dataset(H5Dopen2(parent, path.c_str(), H5P_DEFAULT), H5Dclose, parent, "open dataset " + path);
   const std::vector<hsize_t> shape = dataset_shape(parent, path);
   const hsize_t n = std::accumulate(shape.begin(), shape.end(), hsize_t{1}, std::multiplies<>());
+  check_storage_holds(parent, dataset, path, n, sizeof(T));
   std::vector<T> values(n);
   if (n > 0) check(H5Dread(dataset, memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), parent, "read " + path);
   return values;
@@ -397,6 +415,7 @@ std::vector<std::string> read_strings(hid_t parent, const std::string& path) {
   if (shape.size() > 1) throw Hdf5Error(file_name(parent) + ": " + path + " is not a 1-D string list");
   const std::size_t n = shape.empty() ? 1 : shape[0];
   if (H5Tis_variable_str(file_type) > 0) {  // legacy receipts
+    check_storage_holds(parent, dataset, path, n, sizeof(char*));
     std::vector<char*> pointers(n, nullptr);
     const Handle type = variable_string_type();
     check(H5Dread(dataset, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, pointers.data()), parent, "read " + path);
@@ -409,6 +428,7 @@ std::vector<std::string> read_strings(hid_t parent, const std::string& path) {
   }
   const std::size_t width = H5Tget_size(file_type);
   if (width == 0) fail(parent, "read the string width of " + path);
+  check_storage_holds(parent, dataset, path, n, width);
   std::vector<char> buffer(std::max<std::size_t>(1, n * width), '\0');
   if (n > 0) check(H5Dread(dataset, file_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, buffer.data()), parent, "read " + path);
   return unpack_fixed_strings(buffer, width, n);

@@ -298,7 +298,10 @@ class CanaryStep:
         except PackError as e:
             raise UsageError(str(e)) from None
         model_module = architecture_module(pack)
-        cfg = model_module.config_class.from_json(pack.canary_json)
+        try:
+            cfg = model_module.config_class.from_json(pack.canary_json)
+        except ValueError as e:
+            raise UsageError(f"{pack.path}: {e}") from None
         fault = parse_fault(inject_fault, model_module.forward_op_names(cfg), pack.steps) if inject_fault else None
         autocast = torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16) \
             if precision == "bf16" else None

@@ -22,13 +22,14 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, NoReturn, Optional, Tuple, Union
 
 import h5py
 import numpy as np
 
+from .models.config import SIZE_RANGES, check_sizes
 from .models.table import gpt2_tensor_table, llama_tensor_table
-from .receipt import ReceiptError
+from .receipt import HDF5_READ_ERRORS, ReceiptError, hdf5_message, unstored
 
 PACK_VERSION = 1
 PathLike = Union[str, "os.PathLike[str]"]
@@ -45,6 +46,7 @@ TABLE_KEYS = {
     "gpt2": ("vocab_size", "context_length", "channels", "layers"),
     "llama": ("vocab_size", "channels", "layers", "heads", "kv_heads", "mlp_hidden"),
 }
+INT64_MAX = (1 << 63) - 1  # seeds: int64 >= 0 in a pack's manifest, as in a receipt's
 
 
 def canary_tensor_table(canary: Dict[str, Any]) -> List[Tuple[str, Tuple[int, ...]]]:
@@ -86,35 +88,108 @@ class CanaryPack:
         return self.tokens[step]
 
 
-def _fail(path: str, what: str) -> None:
+def _fail(path: str, what: str) -> NoReturn:
     raise PackError(f"{path}: {what}") from None
 
 
-def _text(value: Any) -> str:
-    if isinstance(value, (bytes, np.bytes_)):
-        return value.decode("utf-8")
+def _get(path: str, f: h5py.File, name: str) -> Any:
+    """The object at `name` (None where there is none); a link or header HDF5 cannot read is
+    a PackError naming it (File.get() would answer None for a damaged header)."""
+    try:
+        return f[name] if name in f else None
+    except HDF5_READ_ERRORS as e:
+        _fail(path, f"HDF5 cannot read {name} ({hdf5_message(e)}); {EXPORT_HINT}")
+
+
+def _attr(path: str, attrs: h5py.AttributeManager, key: str) -> Any:
+    """/manifest attribute `key`, or None where the pack has none."""
+    try:
+        return attrs[key] if key in attrs else None
+    except HDF5_READ_ERRORS as e:
+        _fail(path, f"HDF5 cannot read /manifest attribute {key} ({hdf5_message(e)}); {EXPORT_HINT}")
+
+
+def _text(path: str, value: Any, where: str) -> str:
+    """A string attribute or list entry as str; `where` names it in the error."""
     if isinstance(value, np.ndarray) and value.shape == ():
-        return _text(value[()])
-    return str(value)
+        value = value[()]
+    if isinstance(value, (bytes, np.bytes_)):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError as e:
+            _fail(path, f"{where} is not UTF-8 text ({e}); {EXPORT_HINT}")
+    if not isinstance(value, str):
+        _fail(path, f"{where} is {value!r}, not a string; {EXPORT_HINT}")
+    return value
 
 
-def _int_attr(path: str, attrs: h5py.AttributeManager, key: str) -> int:
-    if key not in attrs:
+def _str_attr(path: str, attrs: h5py.AttributeManager, key: str) -> str:
+    """A string /manifest attribute, "" where the pack has none."""
+    value = _attr(path, attrs, key)
+    return "" if value is None else _text(path, value, f"/manifest attribute {key}")
+
+
+def _int_attr(path: str, attrs: h5py.AttributeManager, key: str, bounds: Optional[Tuple[int, int]] = None) -> int:
+    value = _attr(path, attrs, key)
+    if value is None:
         _fail(path, f"/manifest has no attribute {key}: pack is damaged; {EXPORT_HINT}")
-    value = attrs[key]
     if not isinstance(value, (np.integer, int)) or isinstance(value, bool):
         _fail(path, f"/manifest attribute {key} is not an integer")
+    if bounds is not None and not bounds[0] <= int(value) <= bounds[1]:
+        _fail(path, f"/manifest attribute {key} is {int(value)}, outside {bounds[0]}..{bounds[1]}; {EXPORT_HINT}")
     return int(value)
 
 
-def _dataset(path: str, f: h5py.File, name: str) -> np.ndarray:
-    obj = f.get(name)
+def _dataset(path: str, f: h5py.File, name: str, shape: Tuple[int, ...], dtype: Optional[str],
+             what: str) -> h5py.Dataset:
+    """The dataset `name`, checked before a byte of it is read: its `shape`, its `dtype`
+    (None: strings), and storage in the file for every value. `what` says what the canary
+    has there, for the message."""
+    obj = _get(path, f, name)
     if not isinstance(obj, h5py.Dataset):
         _fail(path, f"missing dataset {name}: pack is damaged; {EXPORT_HINT}")
+    fits = h5py.check_string_dtype(obj.dtype) is not None if dtype is None else obj.dtype == np.dtype(dtype)
+    if tuple(obj.shape) != shape or not fits:
+        _fail(path, f"{name} is {obj.dtype} {tuple(obj.shape)}, {what}; {EXPORT_HINT}")
+    try:
+        why = unstored(obj, os.path.getsize(path))
+    except HDF5_READ_ERRORS as e:  # the chunk index or the layout message is damaged
+        _fail(path, f"HDF5 cannot read the storage of {name} ({hdf5_message(e)}); {EXPORT_HINT}")
+    if why is not None:
+        _fail(path, f"{name} {why}; {EXPORT_HINT}")
+    return obj
+
+
+def _values(path: str, obj: h5py.Dataset) -> np.ndarray:
     try:
         return obj[()]
-    except (OSError, ValueError) as e:  # a Fletcher32 mismatch, a truncated chunk
-        _fail(path, f"cannot read {name} ({e}); {EXPORT_HINT}")
+    except (OSError, RuntimeError, ValueError) as e:  # a Fletcher32 mismatch, a truncated chunk
+        _fail(path, f"cannot read {obj.name} ({e}); {EXPORT_HINT}")
+
+
+def _canary(path: str, canary_json: str) -> Dict[str, Any]:
+    """The canary JSON parsed and its table's sizes checked, so that nothing sized from it
+    (the tensor table, the datasets' expected shapes) is built from a value no canary has."""
+    try:
+        canary = json.loads(canary_json)
+    except json.JSONDecodeError as e:
+        _fail(path, f"/manifest attribute canary is not JSON ({e})")
+    except RecursionError:  # json's parser recurses once per nested array or object
+        _fail(path, "/manifest attribute canary is not JSON (nested too deeply)")
+    if not isinstance(canary, dict):
+        _fail(path, "/manifest attribute canary is not a JSON object")
+    for key in ("preset", "architecture"):
+        if key in canary and not isinstance(canary[key], str):
+            _fail(path, f"/manifest canary JSON key '{key}' is {canary[key]!r}, not a string; {EXPORT_HINT}")
+    return canary
+
+
+def _check_sizes(path: str, canary: Dict[str, Any], architecture: str) -> None:
+    """The sizes the tensor table and the batches are built from: ints within a canary file's ranges."""
+    try:
+        check_sizes(canary, dict.fromkeys(TABLE_KEYS[architecture] + ("context_length", "batch_size", "steps")))
+    except ValueError as e:
+        _fail(path, f"/manifest {e}; {EXPORT_HINT}")
 
 
 def read_pack(path: PathLike, canary: Optional[str] = None) -> CanaryPack:
@@ -142,12 +217,12 @@ def read_pack(path: PathLike, canary: Optional[str] = None) -> CanaryPack:
 
 
 def _read(path: str, f: h5py.File, expected: Optional[str]) -> CanaryPack:
-    manifest = f.get("manifest")
+    manifest = _get(path, f, "/manifest")
     if not isinstance(manifest, h5py.Group):
         _fail(path, "no /manifest group: not a canary pack (write one with `harness export`)")
     attrs = manifest.attrs
-    if "pack_version" not in attrs:
-        if "schema_version" in attrs:
+    if _attr(path, attrs, "pack_version") is None:
+        if _attr(path, attrs, "schema_version") is not None:
             _fail(path, "is a receipt, not a canary pack (write a pack with `harness export`)")
         _fail(path, "/manifest has no pack_version attribute: not a canary pack (write one with `harness export`)")
     version = _int_attr(path, attrs, "pack_version")
@@ -156,15 +231,10 @@ def _read(path: str, f: h5py.File, expected: Optional[str]) -> CanaryPack:
                     "upgrade canary_harness")
     if version < 1:
         _fail(path, f"pack_version {version} is not a pack version")
-    if "canary" not in attrs:
+    if _attr(path, attrs, "canary") is None:
         _fail(path, f"/manifest has no attribute canary: pack is damaged; {EXPORT_HINT}")
-    canary_json = _text(attrs["canary"])
-    try:
-        canary = json.loads(canary_json)
-    except json.JSONDecodeError as e:
-        _fail(path, f"/manifest attribute canary is not JSON ({e})")
-    if not isinstance(canary, dict):
-        _fail(path, "/manifest attribute canary is not a JSON object")
+    canary_json = _str_attr(path, attrs, "canary")
+    canary = _canary(path, canary_json)
     name = canary.get("preset")
     if expected is not None and name != expected:
         _fail(path, f"a pack of canary '{name}', not '{expected}'; export one with "
@@ -172,38 +242,31 @@ def _read(path: str, f: h5py.File, expected: Optional[str]) -> CanaryPack:
     architecture = canary.get("architecture", "gpt2")
     if architecture not in TABLE_KEYS:
         _fail(path, f"canary architecture '{architecture}': this canary_harness reads {', '.join(TABLE_KEYS)} packs")
-    missing = [k for k in TABLE_KEYS[architecture] + ("context_length", "batch_size", "steps")
-               if not isinstance(canary.get(k), int)]
-    missing = list(dict.fromkeys(missing))
-    if missing:
-        _fail(path, f"/manifest canary JSON lacks {', '.join(missing)}")
-    seed = _int_attr(path, attrs, "seed")
-    data_seed = _int_attr(path, attrs, "data_seed")
-    steps = _int_attr(path, attrs, "steps")
+    _check_sizes(path, canary, architecture)
+    seed = _int_attr(path, attrs, "seed", (0, INT64_MAX))
+    data_seed = _int_attr(path, attrs, "data_seed", (0, INT64_MAX))
+    steps = _int_attr(path, attrs, "steps", SIZE_RANGES["steps"])
     if steps != canary["steps"]:
         _fail(path, f"/manifest steps {steps} is not the canary JSON's steps {canary['steps']}")
     if data_seed != canary.get("data_seed", data_seed):
         _fail(path, f"/manifest data_seed {data_seed} is not the canary JSON's {canary.get('data_seed')}")
+    created_utc, git_commit = (_str_attr(path, attrs, key) for key in ("created_utc", "git_commit"))
 
-    table = canary_tensor_table(canary)
-    names = [_text(n) for n in np.asarray(_dataset(path, f, "/init/names")).reshape(-1)]
+    table = canary_tensor_table(canary)  # small: the sizes are within a canary file's ranges
+    names_ds = _dataset(path, f, "/init/names", (len(table),), None,
+                        f"canary '{name}' has {len(table)} tensor names")
+    names = [_text(path, n, f"/init/names[{i}]") for i, n in enumerate(_values(path, names_ds))]
     if names != [n for n, _ in table]:
-        _fail(path, f"/init/names is not canary '{name}''s tensor table ({len(names)} names, "
-                    f"{len(table)} expected); {EXPORT_HINT}")
+        _fail(path, f"/init/names is not canary '{name}''s tensor table; {EXPORT_HINT}")
     init: Dict[str, np.ndarray] = {}
     for tensor, shape in table:
-        values = _dataset(path, f, f"/init/{tensor}")
-        if values.dtype != np.float32 or tuple(values.shape) != shape:
-            _fail(path, f"/init/{tensor} is {values.dtype} {tuple(values.shape)}, canary '{name}' has float32 {shape}")
-        init[tensor] = values
+        obj = _dataset(path, f, f"/init/{tensor}", shape, "<f4", f"canary '{name}' has float32 {shape}")
+        init[tensor] = _values(path, obj)
 
-    tokens = _dataset(path, f, "/batches/tokens")
     want = (steps, int(canary["batch_size"]), int(canary["context_length"]) + 1)
-    if tokens.dtype != np.int32 or tuple(tokens.shape) != want:
-        _fail(path, f"/batches/tokens is {tokens.dtype} {tuple(tokens.shape)}, canary '{name}' has int32 {want}")
+    tokens = _values(path, _dataset(path, f, "/batches/tokens", want, "<i4", f"canary '{name}' has int32 {want}"))
     if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= int(canary["vocab_size"])):
         _fail(path, f"/batches/tokens holds token ids outside 0..{int(canary['vocab_size']) - 1}")
 
     return CanaryPack(path=path, canary_json=canary_json, canary=canary, seed=seed, data_seed=data_seed, steps=steps,
-                      created_utc=_text(attrs.get("created_utc", "")), git_commit=_text(attrs.get("git_commit", "")),
-                      tensor_names=names, init=init, tokens=tokens)
+                      created_utc=created_utc, git_commit=git_commit, tensor_names=names, init=init, tokens=tokens)

@@ -20,7 +20,7 @@ import datetime
 import json
 import os
 import time
-from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, NamedTuple, NoReturn, Optional, Sequence, Tuple, Union
 
 import h5py
 import numpy as np
@@ -573,6 +573,48 @@ class ReceiptWriter:
 
 # ---- reading ---------------------------------------------------------------------------------
 
+# What h5py raises where a file is damaged: OSError mostly, but RuntimeError for a bad
+# metadata checksum met while iterating or a soft link that loops, and KeyError for an
+# object header it cannot parse. Caught only around h5py calls on the file being read.
+HDF5_READ_ERRORS = (OSError, RuntimeError, KeyError)
+
+def hdf5_message(error: BaseException) -> str:
+    """h5py's message of one of HDF5_READ_ERRORS, without the quotes str() gives a KeyError's."""
+    return str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
+
+
+# Deflate compresses at best about 1032:1: a deflated dataset cannot hold more.
+DEFLATE_MAX_RATIO = 1032
+_UNCOMPRESSING_FILTERS = (h5py.h5z.FILTER_SHUFFLE, h5py.h5z.FILTER_FLETCHER32)
+
+
+def unstored(dataset: h5py.Dataset, file_size: int, growing: bool = False) -> Optional[str]:
+    """Why `dataset` declares more values than the file can hold, or None when it can.
+
+    h5py allocates a dataset's whole extent before it reads a byte, so a forged shape (2**40
+    rows, chunked, nothing written) would be a MemoryError, or terabytes of fill values,
+    rather than an error naming it. Every value of a receipt or a pack is written, so what
+    the dataset stores (at most the file's size; times deflate's best ratio where its chunks
+    are compressed) bounds what it may declare. `growing`: one row of chunks may be missing,
+    what a writer killed between extending a dataset and flushing its row can leave.
+    """
+    declared = int(dataset.size) * dataset.dtype.itemsize
+    if declared == 0:
+        return None
+    stored = min(dataset.id.get_storage_size(), file_size)
+    plist = dataset.id.get_create_plist()
+    filters = [plist.get_filter(i)[0] for i in range(plist.get_nfilters())]
+    ratio = 1 if all(f in _UNCOMPRESSING_FILTERS for f in filters) else DEFLATE_MAX_RATIO
+    spare = 0
+    if growing and dataset.chunks is not None:
+        chunks_per_row = np.prod([-(-d // c) for d, c in zip(dataset.shape[1:], dataset.chunks[1:])], dtype=object)
+        spare = int(chunks_per_row) * int(np.prod(dataset.chunks, dtype=object)) * dataset.dtype.itemsize
+    if declared <= stored * ratio + spare:
+        return None
+    return (f"declares shape {dataset.shape} of {dataset.dtype} ({declared} bytes), but the file stores "
+            f"{stored} bytes of it")
+
+
 def _decode(value: Any) -> Any:
     """An attribute as plain Python: fixed (bytes) and variable (str) strings both to str."""
     if isinstance(value, (bytes, np.bytes_)):
@@ -585,7 +627,12 @@ def _decode(value: Any) -> Any:
 
 
 class ReceiptReader:
-    """Reads a receipt of any schema minor of major SCHEMA_VERSION, old or new file format."""
+    """Reads a receipt of any schema minor of major SCHEMA_VERSION, old or new file format.
+
+    Every problem the file has, however it is damaged, is a ReceiptError whose one line
+    starts with the file's path and names the dataset or attribute."""
+
+    DAMAGED = "the receipt is damaged; rerun the job that wrote it"
 
     def __init__(self, path: PathLike) -> None:
         self.path = os.fspath(path)
@@ -609,7 +656,7 @@ class ReceiptReader:
             self.close()
             raise
 
-    def _fail(self, what: str) -> None:
+    def _fail(self, what: str) -> NoReturn:
         raise ReceiptError(f"{self.path}: {what}") from None
 
     def _open(self) -> h5py.File:
@@ -628,14 +675,9 @@ class ReceiptReader:
                        f"({first}); wait for the writer, or clear the mark with `h5clear -s {self.path}`")
 
     def _check(self) -> None:
-        if "manifest" not in self._file or not isinstance(self._file["manifest"], h5py.Group):
+        if not isinstance(self._get("/manifest"), h5py.Group):
             self._fail("no /manifest group: not a harness receipt")
-        self.manifest: Dict[str, Any] = {}
-        try:
-            for key in self._file["manifest"].attrs:
-                self.manifest[key] = _decode(self._file["manifest"].attrs[key])
-        except (OSError, KeyError, UnicodeDecodeError) as e:
-            self._fail(f"cannot read the /manifest attributes ({e})")
+        self.manifest: Dict[str, Any] = self._read_manifest()
         if "schema_version" not in self.manifest:
             self._fail("/manifest has no schema_version attribute: not a harness receipt")
         self.schema_version = self._manifest_int("schema_version")
@@ -647,8 +689,26 @@ class ReceiptReader:
             self._fail(f"schema_version {self.schema_version} is older than this canary_harness reads "
                        f"({SCHEMA_VERSION}): re-record the receipt with a current writer")
         for required in ("/steps/loss", "/steps/batch_hash", "/hashes/names"):
-            if required not in self._file:
+            if not isinstance(self._get(required), h5py.Dataset):
                 self._fail(f"missing dataset {required}: receipt is damaged")
+
+    def _read_manifest(self) -> Dict[str, Any]:
+        attrs = self._file["manifest"].attrs
+        try:
+            keys = list(attrs)
+        except (*HDF5_READ_ERRORS, UnicodeDecodeError) as e:
+            self._fail(f"HDF5 cannot read the /manifest attributes ({hdf5_message(e)}); {self.DAMAGED}")
+        manifest: Dict[str, Any] = {}
+        for key in keys:
+            try:
+                value = attrs[key]
+            except HDF5_READ_ERRORS as e:
+                self._fail(f"HDF5 cannot read /manifest attribute {key} ({hdf5_message(e)}); {self.DAMAGED}")
+            try:
+                manifest[key] = _decode(value)
+            except UnicodeDecodeError as e:
+                self._fail(f"/manifest attribute {key} is not UTF-8 text ({e}); {self.DAMAGED}")
+        return manifest
 
     def _manifest_int(self, key: str) -> int:
         value = self.manifest.get(key)
@@ -656,17 +716,50 @@ class ReceiptReader:
             self._fail(f"/manifest attribute {key} is not an integer")
         return value
 
-    def read(self, name: str) -> np.ndarray:
-        """Any dataset by its path in the file; a missing or damaged one is a ReceiptError."""
+    def _get(self, name: str) -> Any:
+        """The object at `name` (None where there is none); a link or header HDF5 cannot read is
+        a ReceiptError naming it."""
         if self._file is None:
             self._fail("the reader is closed")
+        try:  # not File.get(): it answers None for a header HDF5 cannot read (a KeyError)
+            return self._file[name] if name in self._file else None
+        except HDF5_READ_ERRORS as e:
+            self._fail(f"HDF5 cannot read {name} ({hdf5_message(e)}); {self.DAMAGED}")
+
+    def _members(self, group: str) -> List[str]:
+        """The names in a group; one HDF5 cannot list is a ReceiptError naming it."""
+        obj = self._get(group)
+        if not isinstance(obj, h5py.Group):
+            return []
         try:
-            obj = self._file.get(name)
-            if not isinstance(obj, h5py.Dataset):
-                self._fail(f"missing dataset {name}")
+            return list(obj)
+        except (*HDF5_READ_ERRORS, UnicodeDecodeError) as e:
+            self._fail(f"HDF5 cannot list {group} ({hdf5_message(e)}); {self.DAMAGED}")
+
+    def dataset(self, name: str, ndim: Optional[int] = None) -> h5py.Dataset:
+        """The dataset at `name`, checked (its rank where `ndim` is given, and that the file
+        stores every value its shape declares) without reading it."""
+        obj = self._get(name)
+        if not isinstance(obj, h5py.Dataset):
+            self._fail(f"missing dataset {name}")
+        if ndim is not None and obj.ndim != ndim:
+            self._fail(f"{name} has shape {obj.shape}, where a {ndim}-D dataset belongs; {self.DAMAGED}")
+        try:
+            why = unstored(obj, os.path.getsize(self.path), growing=obj.maxshape[:1] == (None,))
+        except HDF5_READ_ERRORS as e:  # the chunk index or the layout message is damaged
+            self._fail(f"HDF5 cannot read the storage of {name} ({hdf5_message(e)}); {self.DAMAGED}")
+        if why is not None:
+            self._fail(f"{name} {why}; {self.DAMAGED}")
+        return obj
+
+    def read(self, name: str, ndim: Optional[int] = None) -> np.ndarray:
+        """Any dataset by its path in the file (of `ndim` dimensions where given); a missing,
+        misshapen or damaged one is a ReceiptError."""
+        obj = self.dataset(name, ndim)
+        try:
             return obj[()]
-        except OSError as e:  # e.g. a Fletcher32 mismatch: "data error detected by Fletcher32 checksum"
-            self._fail(f"cannot read {name} ({e})")
+        except (OSError, RuntimeError, ValueError) as e:  # e.g. "data error detected by Fletcher32 checksum"
+            self._fail(f"cannot read {name} ({hdf5_message(e)}); {self.DAMAGED}")
 
     @property
     def complete(self) -> bool:
@@ -678,11 +771,20 @@ class ReceiptReader:
 
     @property
     def steps_recorded(self) -> int:
-        return int(self.read("/steps/loss").shape[0])
+        return int(self.dataset("/steps/loss", ndim=1).shape[0])
 
     def read_strings(self, name: str) -> List[str]:
         """A string list (fixed-length or, in old receipts, variable-length) as str."""
-        return [_decode(v) for v in self.read(name).reshape(-1)]
+        values = self.read(name, ndim=1)
+        if h5py.check_string_dtype(self.dataset(name).dtype) is None:
+            self._fail(f"{name} holds {values.dtype} values, not strings; {self.DAMAGED}")
+        strings = []
+        for i, value in enumerate(values):
+            try:
+                strings.append(_decode(value))
+            except UnicodeDecodeError as e:
+                self._fail(f"{name}[{i}] is not UTF-8 text ({e}); {self.DAMAGED}")
+        return strings
 
     @property
     def tensor_names(self) -> List[str]:
@@ -690,42 +792,47 @@ class ReceiptReader:
 
     def steps(self, name: str) -> np.ndarray:
         """/steps/<name>: loss, grad_norm, lr (float64) or batch_hash (uint64), one per step."""
-        return self.read(f"/steps/{name}")
+        return self.read(f"/steps/{name}", ndim=1)
 
     def hashes(self, family: str) -> np.ndarray:
         """/hashes/<family>: uint64 (N, K)."""
-        return self.read(f"/hashes/{family}")
+        return self.read(f"/hashes/{family}", ndim=2)
 
     def sketches(self, family: str) -> Tuple[np.ndarray, np.ndarray]:
         """(/sketches/<family>_l2 (N, K), /sketches/<family>_projection (N, K, 16))."""
-        return self.read(f"/sketches/{family}_l2"), self.read(f"/sketches/{family}_projection")
+        return self.read(f"/sketches/{family}_l2", ndim=2), self.read(f"/sketches/{family}_projection", ndim=3)
 
     def dumped_steps(self) -> List[int]:
         """The steps with /tensors/step_XXXXXX dumps."""
-        group = self._file.get("tensors")
-        if not isinstance(group, h5py.Group):
-            return []
-        return sorted(int(k[5:]) for k in group if k.startswith("step_") and k[5:].isdigit())
+        return sorted(int(k[5:]) for k in self._members("/tensors") if k.startswith("step_") and k[5:].isdigit())
 
     def tensors(self, step: int) -> Dict[str, np.ndarray]:
         """/tensors/step_XXXXXX: parameters at the start of `step`, by name."""
         group = f"/tensors/step_{int(step):06d}"
-        if not isinstance(self._file.get(group), h5py.Group):
+        if not isinstance(self._get(group), h5py.Group):
             self._fail(f"no tensor dump of step {step} ({group})")
-        return {name: self.read(f"{group}/{name}") for name in self._file[group]}
+        return {name: self.read(f"{group}/{name}") for name in self._members(group)}
 
     def trace_columns(self) -> Optional[List[TraceColumn]]:
         """/trace's columns (the traced op outputs in execution order), or None without op traces."""
-        if not isinstance(self._file.get("trace"), h5py.Group):
+        if not isinstance(self._get("/trace"), h5py.Group):
             return None
-        op_index, layer = self.read("/trace/op_index"), self.read("/trace/layer")
+        numbers = {name: self.read(f"/trace/{name}", ndim=1) for name in ("op_index", "layer")}
+        for name, values in numbers.items():
+            if values.dtype.kind not in "iu":
+                self._fail(f"/trace/{name} holds {values.dtype} values, not integers; {self.DAMAGED}")
         fields = {name: self.read_strings(f"/trace/{name}") for name in ("op", "phase", "tensor", "kind")}
-        return [TraceColumn(int(op_index[i]), fields["op"][i], int(layer[i]), fields["phase"][i], fields["tensor"][i],
-                            fields["kind"][i]) for i in range(len(op_index))]
+        count = len(numbers["op_index"])
+        for name, values in [*numbers.items(), *fields.items()]:
+            if len(values) != count:
+                self._fail(f"/trace/{name} has {len(values)} entries, /trace/op_index {count}: one per traced "
+                           f"output in each; {self.DAMAGED}")
+        return [TraceColumn(int(numbers["op_index"][i]), fields["op"][i], int(numbers["layer"][i]),
+                            fields["phase"][i], fields["tensor"][i], fields["kind"][i]) for i in range(count)]
 
     def batches(self) -> Optional[np.ndarray]:
         """/batches/tokens int32 (N, B, T+1), or None when batches were not recorded."""
-        return self.read("/batches/tokens") if "/batches/tokens" in self._file else None
+        return self.read("/batches/tokens", ndim=3) if self._get("/batches/tokens") is not None else None
 
     def close(self) -> None:
         if self._file is not None:

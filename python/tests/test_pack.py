@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -127,3 +128,41 @@ def test_a_flipped_byte_in_raw_data_is_an_error_not_a_value(micro_pack: Path, tm
     data[offset + 5] ^= 0x01
     path.write_bytes(bytes(data))
     expect_error(path, r"cannot read /batches/tokens \(.*[Ff]letcher32")
+
+
+def test_a_canary_json_or_manifest_no_canary_file_allows(micro_pack: Path, tmp_path: Path):
+    """Sizes and seeds are checked before anything is sized from them: a table of 10**12
+    layers is refused at once, not built."""
+    def canary_with(**changes):
+        def change(f):
+            canary = json.loads(f["manifest"].attrs["canary"])
+            canary.update(changes)
+            text = json.dumps(canary)
+            f["manifest"].attrs.create("canary", text, dtype=h5py.string_dtype("utf-8", len(text.encode())))
+        return change
+
+    expect_error(copy_with(micro_pack, tmp_path, canary_with(layers=10**12)),
+                 r"/manifest canary JSON key 'layers' must be <= 1024 \(is 1000000000000\)")
+    expect_error(copy_with(micro_pack, tmp_path, canary_with(vocab_size=True)),
+                 r"canary JSON key 'vocab_size' is True, not an int")
+    expect_error(copy_with(micro_pack, tmp_path, canary_with(preset=7)), r"canary JSON key 'preset' is 7, not a string")
+
+    def nested(f):
+        text = "[" * 100000 + "]" * 100000
+        f["manifest"].attrs.create("canary", text, dtype=h5py.string_dtype("utf-8", len(text)))
+    expect_error(copy_with(micro_pack, tmp_path, nested), r"attribute canary is not JSON \(nested too deeply\)")
+
+    def not_utf8(f):
+        f["manifest"].attrs.create("canary", b"{\xff}", dtype=h5py.string_dtype("utf-8", 3))
+    expect_error(copy_with(micro_pack, tmp_path, not_utf8), r"/manifest attribute canary is not UTF-8 text")
+
+    def huge_seed(f):
+        f["manifest"].attrs["seed"] = np.uint64(2**64 - 1)
+    expect_error(copy_with(micro_pack, tmp_path, huge_seed),
+                 r"/manifest attribute seed is 18446744073709551615, outside 0\.\.9223372036854775807")
+
+    def forged_extent(f):
+        del f["batches/tokens"]
+        f.create_dataset("batches/tokens", shape=(3, 2, 17), chunks=(1, 2, 17), dtype="<i4")
+    expect_error(copy_with(micro_pack, tmp_path, forged_extent),
+                 r"/batches/tokens declares shape \(3, 2, 17\) of int32 .* the file stores 0 bytes of it")

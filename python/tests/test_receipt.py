@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -412,3 +413,96 @@ def test_a_file_left_open_for_write_outside_swmr_is_named(tmp_path: Path):
     subprocess.run([sys.executable, "-c", KILLED_PLAIN_WRITER, str(path)], capture_output=True, timeout=60)
     with pytest.raises(ReceiptError, match=rf"^{path}: marked open for write .*h5clear -s"):
         ReceiptReader(path)
+
+
+def read_everything(path: Path) -> None:
+    """Every accessor of ReceiptReader, as a tool that reads the whole receipt calls them."""
+    with ReceiptReader(path) as r:
+        assert isinstance(r.complete, bool)
+        r.steps_recorded, r.tensor_names
+        for name in ("loss", "grad_norm", "lr", "batch_hash"):
+            r.steps(name)
+        for family in HASH_FAMILIES:
+            r.hashes(family)
+        for family in SKETCH_FAMILIES:
+            r.sketches(family)
+        for step in r.dumped_steps():
+            r.tensors(step)
+        r.trace_columns(), r.batches()
+
+
+def test_damaged_contents_are_receipt_errors_naming_the_field(tmp_path: Path):
+    good = tmp_path / "good.h5"
+    with ReceiptWriter(good, manifest(steps=2), NAMES, stack=STACK) as writer:
+        write_steps(writer, 2)
+    read_everything(good)
+
+    def changed(name: str, change) -> Path:
+        path = tmp_path / f"{name}.h5"
+        path.write_bytes(good.read_bytes())
+        with h5py.File(path, "r+") as f:
+            change(f)
+        return path
+
+    def forged_extent(f):  # chunked, nothing written: reading it would allocate 8 TB
+        del f["steps/loss"]
+        f.create_dataset("steps/loss", shape=(1 << 40,), maxshape=(None,), chunks=(16,), dtype="<f8")
+
+    def not_utf8(f):
+        value = b"\xff\xfeXeon"
+        f["manifest"].attrs.create("cpu", value, dtype=h5py.string_dtype("utf-8", len(value)))
+
+    def name_not_utf8(f):
+        names = f["hashes/names"][()]
+        names[1] = b"\xff" + names[1][1:]
+        f["hashes/names"][...] = names
+
+    def numbers_for_names(f):
+        count = len(f["hashes/names"])
+        del f["hashes/names"]
+        f.create_dataset("hashes/names", data=np.arange(count, dtype=np.int64))
+
+    def flat_hashes(f):
+        values = f["hashes/params"][()].reshape(-1)
+        del f["hashes/params"]
+        f.create_dataset("hashes/params", data=values)
+
+    with pytest.raises(ReceiptError, match=r"/steps/loss declares shape \(1099511627776,\) of float64 .* the file "
+                                           r"stores 0 bytes of it; the receipt is damaged"):
+        ReceiptReader(changed("extent", forged_extent)).steps("loss")
+    with pytest.raises(ReceiptError, match=r"/manifest attribute cpu is not UTF-8 text"):
+        ReceiptReader(changed("utf8", not_utf8))
+    for name, change, pattern in [("names", name_not_utf8, r"/hashes/names\[1\] is not UTF-8 text"),
+                                  ("numbers", numbers_for_names, r"/hashes/names holds int64 values, not strings"),
+                                  ("flat", flat_hashes, r"/hashes/params has shape \(\d+,\), where a 2-D dataset")]:
+        with pytest.raises(ReceiptError) as e:
+            read_everything(changed(name, change))
+        message = str(e.value)
+        assert message.startswith(f"{tmp_path / name}.h5: ") and "\n" not in message, message
+        assert re.search(pattern, message), message
+
+
+def test_any_flipped_byte_reads_or_is_a_receipt_error(tmp_path: Path):
+    """A property over the file's bytes: a receipt with one byte flipped, anywhere, either
+    reads whole or fails with a ReceiptError naming the file; never another exception, a
+    crash or a hang."""
+    good = tmp_path / "good.h5"
+    with ReceiptWriter(good, manifest(steps=2), NAMES, stack=STACK) as writer:
+        write_steps(writer, 2)
+    data = good.read_bytes()
+    rng = np.random.default_rng(20261124)
+    offsets = sorted(set(rng.integers(0, len(data), 400).tolist()) | set(range(0, min(len(data), 2048), 3)))
+    path = tmp_path / "flipped.h5"
+    failures = []
+    for offset in offsets:
+        flipped = bytearray(data)
+        flipped[offset] ^= 1 << int(rng.integers(0, 8))
+        path.write_bytes(bytes(flipped))
+        try:
+            read_everything(path)
+        except ReceiptError as e:
+            if not str(e).startswith(f"{path}: ") or "\n" in str(e):
+                failures.append((offset, repr(e)))
+        except Exception as e:  # noqa: BLE001  (what the property is about)
+            failures.append((offset, repr(e)))
+    assert not failures, failures[:5]

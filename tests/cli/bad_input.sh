@@ -151,4 +151,23 @@ expect_exit 2 "--interval: nan is not a number of seconds" -- "$HARNESS" inspect
 expect_exit 2 "--threads: Value -1 not in range 0 to 1024" -- "$HARNESS" replay "$run_dir/good.h5" --threads -1
 expect_exit 2 "--from: Value  not in range" -- "$HARNESS" replay "$run_dir/good.h5" --from ''
 expect_exit 2 "--threads: Value -1 not in range 0 to 1024" -- "$HARNESS" nightly --threads -1
+# A dataset whose shape declares far more than the file stores (a forged or damaged
+# extent: chunked, nothing written) is named, never allocated: no std::bad_alloc.
+cp "$run_dir/good.h5" "$run_dir/huge.h5"
+"$PY" - "$run_dir/huge.h5" <<'PY' || fail "huge: could not write a forged extent"
+import h5py, sys
+with h5py.File(sys.argv[1], "r+") as f:
+    del f["steps/loss"]
+    f.create_dataset("steps/loss", shape=(1 << 40,), maxshape=(None,), chunks=(16,), dtype="<f8")
+PY
+"$HARNESS" validate "$run_dir/huge.h5" >"$WORK/stdout" 2>"$WORK/stderr"
+[ $? -eq 2 ] || fail "validate of a forged extent: not exit 2"
+grep -qE "huge.h5: /steps/loss: unreadable \(/steps/loss declares 1099511627776 elements .* the dataset is damaged\)" \
+  "$WORK/stdout" "$WORK/stderr" || fail "validate of a forged extent: $(cat "$WORK/stdout" "$WORK/stderr")"
+for command in "check --golden $run_dir/good.h5" "compare $run_dir/good.h5" "replay" "inspect"; do
+  # shellcheck disable=SC2086
+  set -- $command
+  expect_exit 2 "huge.h5: /steps/" -- "$HARNESS" "$1" "$run_dir/huge.h5" "${@:2}"
+  grep -q "bad_alloc" "$WORK/stderr" && fail "$1 of a forged extent: $(cat "$WORK/stderr")"
+done
 finish

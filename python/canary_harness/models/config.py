@@ -6,9 +6,24 @@ from __future__ import annotations
 
 import json
 from dataclasses import fields
-from typing import Any, Dict, Mapping, Union
+from typing import Any, Dict, Iterable, Mapping, Union
 
 CanaryJson = Union[str, bytes, Mapping[str, Any]]
+
+# The ranges canaries/canary_file.cpp allows a canary's sizes (model.vocab, ...,
+# train.steps): a canary JSON outside them was not written by the harness, and a size past
+# them would have a reader build tables and allocate without end before any check.
+SIZE_RANGES = {
+    "vocab_size": (2, 1 << 20),
+    "context_length": (1, 1 << 16),
+    "channels": (1, 1 << 16),
+    "layers": (1, 1024),
+    "heads": (1, 1 << 16),
+    "kv_heads": (1, 1 << 16),
+    "mlp_hidden": (1, 1 << 20),
+    "batch_size": (1, 1 << 16),
+    "steps": (1, 1000000),
+}
 
 
 def canary_object(canary: CanaryJson) -> Mapping[str, Any]:
@@ -16,8 +31,10 @@ def canary_object(canary: CanaryJson) -> Mapping[str, Any]:
     if isinstance(canary, (str, bytes)):
         try:
             canary = json.loads(canary)
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ValueError(f"canary JSON does not parse ({e})") from None
+        except RecursionError:  # json's parser recurses once per nested array or object
+            raise ValueError("canary JSON does not parse (nested too deeply)") from None
     if not isinstance(canary, Mapping):
         raise ValueError("canary JSON is not an object")
     return canary
@@ -40,3 +57,18 @@ def typed_fields(config_class: Any, canary: Mapping[str, Any]) -> Dict[str, Any]
                              f"{want.__name__}")
         values[f.name] = value
     return values
+
+
+def check_sizes(canary: Mapping[str, Any], keys: Iterable[str]) -> None:
+    """Each of `keys` an int (never a bool) within its SIZE_RANGES; a ValueError names the key."""
+    for key in keys:
+        if key not in canary:
+            raise ValueError(f"canary JSON lacks key '{key}'")
+        value = canary[key]
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"canary JSON key '{key}' is {value!r}, not an int")
+        low, high = SIZE_RANGES[key]
+        if value < low:
+            raise ValueError(f"canary JSON key '{key}' must be >= {low} (is {value})")
+        if value > high:
+            raise ValueError(f"canary JSON key '{key}' must be <= {high} (is {value}), as canary files allow")

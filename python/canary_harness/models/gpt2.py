@@ -33,7 +33,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .module import CanaryModule, Hook, random_parameters
-from .config import canary_object, typed_fields
+from .config import canary_object, check_sizes, typed_fields
 from .table import gpt2_tensor_specs, gpt2_tensor_table
 
 
@@ -81,9 +81,7 @@ class CanaryConfig:
         if architecture != "gpt2":
             raise ValueError(f"canary architecture '{architecture}' has no PyTorch implementation here (known: gpt2)")
         cfg = cls(**typed_fields(cls, canary))
-        for key in ("vocab_size", "context_length", "channels", "layers", "heads", "batch_size", "steps"):
-            if getattr(cfg, key) < 1:
-                raise ValueError(f"canary JSON key '{key}' must be >= 1")
+        check_sizes(canary, ("vocab_size", "context_length", "channels", "layers", "heads", "batch_size", "steps"))
         if cfg.channels % cfg.heads != 0:
             raise ValueError(f"canary JSON: heads {cfg.heads} does not divide channels {cfg.channels}")
         return cfg

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 from .gpt2 import lr_at  # noqa: F401  (the schedule is gpt2's: docs/canary.md)
 from .module import CanaryModule, Hook, random_parameters  # noqa: F401  (Hook: the type of forward's hook, re-exported)
-from .config import canary_object, typed_fields
+from .config import canary_object, check_sizes, typed_fields
 from .table import llama_tensor_specs, llama_tensor_table
 
 ARCHITECTURE = "llama"
@@ -98,10 +98,8 @@ class LlamaConfig:
         if architecture != ARCHITECTURE:
             raise ValueError(f"canary JSON key 'architecture' is {architecture!r}, not '{ARCHITECTURE}'")
         cfg = cls(**typed_fields(cls, canary))
-        for key in ("vocab_size", "context_length", "channels", "layers", "heads", "kv_heads", "mlp_hidden",
-                    "batch_size", "steps"):
-            if getattr(cfg, key) < 1:
-                raise ValueError(f"canary JSON key '{key}' must be >= 1")
+        check_sizes(canary, ("vocab_size", "context_length", "channels", "layers", "heads", "kv_heads", "mlp_hidden",
+                             "batch_size", "steps"))
         if not cfg.rope_theta > 0.0:
             raise ValueError(f"canary JSON key 'rope_theta' must be > 0 (is {cfg.rope_theta})")
         if cfg.channels % cfg.heads != 0:
