@@ -166,3 +166,26 @@ def test_a_canary_json_or_manifest_no_canary_file_allows(micro_pack: Path, tmp_p
         f.create_dataset("batches/tokens", shape=(3, 2, 17), chunks=(1, 2, 17), dtype="<i4")
     expect_error(copy_with(micro_pack, tmp_path, forged_extent),
                  r"/batches/tokens declares shape \(3, 2, 17\) of int32 .* the file stores 0 bytes of it")
+
+
+def test_any_flipped_byte_reads_or_is_a_pack_error(micro_pack: Path, tmp_path: Path):
+    """A property over the file's bytes: a pack with one byte flipped, anywhere, either reads
+    (a flip in unused space) or fails with a one-line PackError naming the file; never
+    another exception, a crash or a hang."""
+    data = micro_pack.read_bytes()
+    rng = np.random.default_rng(20261124)
+    offsets = sorted(set(rng.integers(0, len(data), 300).tolist()) | set(range(0, min(len(data), 2048), 4)))
+    path = tmp_path / "flipped.h5"
+    failures = []
+    for offset in offsets:
+        flipped = bytearray(data)
+        flipped[offset] ^= 1 << int(rng.integers(0, 8))
+        path.write_bytes(bytes(flipped))
+        try:
+            read_pack(path, canary="micro")
+        except PackError as e:
+            if not str(e).startswith(f"{path}: ") or "\n" in str(e):
+                failures.append((offset, repr(e)))
+        except Exception as e:  # noqa: BLE001  (what the property is about)
+            failures.append((offset, repr(e)))
+    assert not failures, failures[:5]
