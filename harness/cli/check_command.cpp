@@ -111,15 +111,20 @@ int run_comparison(const ComparisonFlags& flags, const std::string& kind) {
     const check::Budgets budgets = check::load_budgets(flags.budgets);
     const check::ReceiptData run = check::load_receipt(flags.a);
     std::string reference_path = flags.b;
+    const nightly::GoldenStore store(flags.goldens_dir);
     if (reference_path.empty()) {
-      reference_path = nightly::GoldenStore(flags.goldens_dir).golden_path(run.lane);
+      reference_path = store.golden_path(run.lane);
       if (!std::filesystem::exists(reference_path)) {
         return report_error(flags, "missing_golden",
                             fmt::format("no golden for lane {} at {}; {}", run.lane, reference_path,
                                         how_to_get_a_golden(run.lane)));
       }
     }
-    if (kind == "golden") nightly::verify_golden_integrity(reference_path);  // a golden changed outside approve is not used
+    if (kind == "golden" && flags.b.empty()) {  // a golden changed outside approve is not used
+      nightly::verify_golden_integrity(reference_path, store);
+    } else if (kind == "golden") {
+      nightly::verify_golden_integrity(reference_path);
+    }
     const check::ReceiptData reference = check::load_receipt(reference_path);
     if (kind == "golden" && reference.lane != run.lane) {
       return report_error(flags, "another_lane",

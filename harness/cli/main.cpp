@@ -1,5 +1,6 @@
 // `harness`: the command-line shell over the harness libraries. Exit status is the
 // contract of docs/cli.md: 0 pass, 1 a check failed, 2 bad usage or bad input.
+#include <csignal>
 #include <cstdio>
 #include <exception>
 
@@ -13,7 +14,11 @@
 #include "usage_check.h"
 
 int main(int argc, char** argv) {
+  harness::h5::skip_library_cleanup_at_exit();
   harness::h5::silence_library_errors();
+  // Past a file size limit (ulimit -f) a write fails with EFBIG, which the writers report in
+  // one line and clean up after, instead of the default SIGXFSZ killing the process mid-file.
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"Deterministic replay and golden-regression harness for training numerics"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show help for every subcommand");

@@ -297,6 +297,36 @@ std::vector<ProvenanceEntry> GoldenStore::log() const {
   return entries;
 }
 
+namespace {
+// `file` (named `path` in messages), lane `lane` of `store`: its content hash must be the
+// one the store's log last recorded for the lane.
+void check_recorded_hash(const GoldenStore& store, const fs::path& file, const std::string& path,
+                         const std::string& lane, const std::map<std::string, std::string>& recorded) {
+  const auto it = recorded.find(lane);
+  const std::string hash = run::file_content_hash(file.string());
+  const std::string restore = fmt::format(
+      "restore it with `git checkout -- {}`, or re-approve it: `harness golden refresh --lanes {} --reason TEXT`, "
+      "then `harness golden approve`",
+      path, lane);
+  if (it == recorded.end()) {
+    throw GoldenError(fmt::format("{}: a golden that {} never recorded (content {}); {}", path, store.log_path(), hash,
+                                  restore));
+  }
+  if (it->second != hash) {
+    throw GoldenError(fmt::format("{}: changed outside `harness golden approve` (content {}, the log last recorded {}); {}",
+                                  path, hash, it->second, restore));
+  }
+}
+
+// The lane of `file` under `dir` ("micro/cpu-ref" for dir/micro/cpu-ref.h5), or "" when it is no .h5 file.
+std::string lane_below(const fs::path& dir, const fs::path& file) {
+  std::string lane = fs::relative(file, dir).string();
+  if (!ends_with(lane, ".h5")) return "";
+  lane.resize(lane.size() - 3);
+  return lane;
+}
+}  // namespace
+
 void verify_golden_integrity(const std::string& path) {
   const fs::path file = fs::weakly_canonical(fs::path(path));
   if (ends_with(file.string(), kCandidateSuffix)) return;  // candidates are reviewed, not trusted
@@ -305,29 +335,26 @@ void verify_golden_integrity(const std::string& path) {
   for (int level = 0; level < 3 && !dir.empty(); ++level, dir = dir.parent_path()) {
     const GoldenStore store(dir.string());
     if (!fs::exists(store.log_path())) continue;
-    std::string lane = fs::relative(file, dir).string();
-    if (!ends_with(lane, ".h5")) return;
-    lane.resize(lane.size() - 3);
+    const std::string lane = lane_below(dir, file);
+    if (lane.empty()) return;
     const std::map<std::string, std::string> recorded = last_recorded(store.log());
     // A log governs only the canaries it has recorded: a stray provenance.jsonl in a parent
     // (a temp dir, a home directory) does not turn every receipt below it into a golden.
     if (!records_canary(recorded, lane)) continue;
-    const auto it = recorded.find(lane);
-    const std::string hash = run::file_content_hash(file.string());
-    const std::string restore = fmt::format(
-        "restore it with `git checkout -- {}`, or re-approve it: `harness golden refresh --lanes {} --reason TEXT`, "
-        "then `harness golden approve`",
-        path, lane);
-    if (it == recorded.end()) {
-      throw GoldenError(fmt::format("{}: a golden that {} never recorded (content {}); {}", path, store.log_path(), hash,
-                                    restore));
-    }
-    if (it->second != hash) {
-      throw GoldenError(fmt::format("{}: changed outside `harness golden approve` (content {}, the log last recorded {}); {}",
-                                    path, hash, it->second, restore));
-    }
+    check_recorded_hash(store, file, path, lane, recorded);
     return;
   }
+}
+
+void verify_golden_integrity(const std::string& path, const GoldenStore& store) {
+  // Named as the goldens directory (check --goldens, the nightly): its log, where it has
+  // one, governs every golden in it, whatever it has recorded: an emptied log is no
+  // licence. A directory without a log holds receipts put there by hand, not goldens.
+  if (!fs::exists(store.log_path())) return;
+  const fs::path file = fs::weakly_canonical(fs::path(path));
+  const std::string lane = lane_below(fs::weakly_canonical(fs::path(store.directory())), file);
+  if (lane.empty()) return;
+  check_recorded_hash(store, file, path, lane, last_recorded(store.log()));
 }
 
 std::optional<std::int64_t> receipt_schema_version(const std::string& path) {

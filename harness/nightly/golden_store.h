@@ -100,6 +100,10 @@ class GoldenStore {
 // restore it from version control, or refresh and approve it. Files outside any goldens
 // directory are not goldens and pass.
 void verify_golden_integrity(const std::string& path);
+// The same for a golden of a goldens directory named as such (check --goldens, the
+// nightly's): the store's log, where there is one, governs every golden in it, so a
+// golden it never recorded (an emptied log included) is a GoldenError too.
+void verify_golden_integrity(const std::string& path, const GoldenStore& store);
 
 // The schema_version a receipt declares, or nullopt when the file is not a receipt.
 std::optional<std::int64_t> receipt_schema_version(const std::string& path);

@@ -301,7 +301,7 @@ class NightlyJob::Impl {
     }
     std::unique_ptr<check::ReceiptData> golden;
     try {
-      verify_golden_integrity(path);
+      verify_golden_integrity(path, store_);
     } catch (const GoldenError& e) {
       return error_check(check, "golden_integrity", e.what(), "golden changed outside approve");
     }

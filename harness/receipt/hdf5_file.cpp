@@ -163,6 +163,8 @@ Handle fixed_string_type(std::size_t bytes) {
 
 void silence_library_errors() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
 
+void skip_library_cleanup_at_exit() { H5dont_atexit(); }
+
 Handle::Handle(hid_t id, Closer closer, const std::string& what) : Handle(id, closer, H5I_INVALID_HID, what) {}
 
 Handle::Handle(hid_t id, Closer closer, hid_t where, const std::string& what) : id_(id), closer_(closer) {
@@ -264,8 +266,29 @@ bool has_attr(hid_t obj, const std::string& name) {
   return found > 0;
 }
 
+// Why attribute `name` is not one value ("" when it is): an array, or an empty dataspace.
+std::string attr_shape_problem(hid_t obj, const std::string& name) {
+  const Handle attr(H5Aopen(obj, name.c_str(), H5P_DEFAULT), H5Aclose, obj, "open attribute " + name);
+  const Handle space(H5Aget_space(attr), H5Sclose, obj, "read the dataspace of attribute " + name);
+  switch (H5Sget_simple_extent_type(space)) {
+    case H5S_SCALAR: return "";
+    case H5S_NULL: return "holds no value (an empty dataspace), where one value belongs";
+    default: return fmt::format("is an array of {} values, where one value belongs", H5Sget_simple_extent_npoints(space));
+  }
+}
+
+namespace {
+// A manifest attribute is one value: an array would be read past the one value's buffer,
+// an empty dataspace would leave it as it was. Refused before anything is read.
+void check_scalar_attr(hid_t obj, const std::string& name) {
+  const std::string problem = attr_shape_problem(obj, name);
+  if (!problem.empty()) throw Hdf5Error(file_name(obj) + ": attribute " + name + " " + problem);
+}
+}  // namespace
+
 std::string read_attr_string(hid_t obj, const std::string& name) {
   const Handle attr(H5Aopen(obj, name.c_str(), H5P_DEFAULT), H5Aclose, obj, "open attribute " + name);
+  check_scalar_attr(obj, name);
   const Handle file_type(H5Aget_type(attr), H5Tclose, obj, "read the type of attribute " + name);
   if (H5Tget_class(file_type) != H5T_STRING) throw Hdf5Error(file_name(obj) + ": attribute " + name + " is not a string");
   if (H5Tis_variable_str(file_type) > 0) {  // legacy receipts
@@ -287,6 +310,7 @@ std::int64_t read_attr_int(hid_t obj, const std::string& name) {
   const Handle attr(H5Aopen(obj, name.c_str(), H5P_DEFAULT), H5Aclose, obj, "open attribute " + name);
   const Handle file_type(H5Aget_type(attr), H5Tclose, obj, "read the type of attribute " + name);
   if (H5Tget_class(file_type) != H5T_INTEGER) throw Hdf5Error(file_name(obj) + ": attribute " + name + " is not an integer");
+  check_scalar_attr(obj, name);
   std::int64_t value = 0;
   check(H5Aread(attr, H5T_NATIVE_INT64, &value), obj, "read attribute " + name);
   return value;
@@ -294,6 +318,7 @@ std::int64_t read_attr_int(hid_t obj, const std::string& name) {
 
 double read_attr_double(hid_t obj, const std::string& name) {
   const Handle attr(H5Aopen(obj, name.c_str(), H5P_DEFAULT), H5Aclose, obj, "open attribute " + name);
+  check_scalar_attr(obj, name);
   double value = 0;
   check(H5Aread(attr, H5T_NATIVE_DOUBLE, &value), obj, "read attribute " + name);
   return value;
@@ -308,6 +333,23 @@ AttrKind attr_kind(hid_t obj, const std::string& name) {
     case H5T_FLOAT: return AttrKind::kFloat;
     default: return AttrKind::kOther;
   }
+}
+
+std::vector<std::string> links_not_hard(hid_t file) {
+  std::vector<std::string> found;
+  const herr_t status = H5Lvisit(file, H5_INDEX_NAME, H5_ITER_NATIVE,
+                                 [](hid_t, const char* name, const H5L_info_t* info, void* out) -> herr_t {
+                                   if (info->type == H5L_TYPE_HARD) return 0;
+                                   const char* kind = info->type == H5L_TYPE_SOFT       ? "a soft link"
+                                                      : info->type == H5L_TYPE_EXTERNAL ? "an external link (to another file)"
+                                                                                        : "a user-defined link";
+                                   static_cast<std::vector<std::string>*>(out)->push_back(std::string("/") + name +
+                                                                                          ": is " + kind);
+                                   return 0;
+                                 },
+                                 &found);
+  if (status < 0) fail(file, "list the links");
+  return found;
 }
 
 std::vector<std::string> attr_names(hid_t obj) {

@@ -22,6 +22,10 @@ struct Hdf5Error : std::runtime_error {
 
 // Silences HDF5's own error-stack printing; call once per process.
 void silence_library_errors();
+// Before any other HDF5 call: no H5close at exit. Every handle is closed by its owner; a
+// file whose close failed (a write past a file size limit, a full disk) would be closed
+// again at exit, where HDF5 1.10.8 crashes (H5F__close_cb) instead of giving up.
+void skip_library_cleanup_at_exit();
 
 class Handle {
  public:
@@ -66,8 +70,13 @@ std::int64_t read_attr_int(hid_t obj, const std::string& name);
 double read_attr_double(hid_t obj, const std::string& name);
 enum class AttrKind { kString, kInteger, kFloat, kOther };
 AttrKind attr_kind(hid_t obj, const std::string& name);
+// Why attribute `name` is not one value (an array, an empty dataspace); "" when it is.
+std::string attr_shape_problem(hid_t obj, const std::string& name);
 bool has_attr(hid_t obj, const std::string& name);
 std::vector<std::string> attr_names(hid_t obj);
+// Every link in the file that is not a hard link (soft, external, user-defined), as
+// "/path: is a soft link": H5Lvisit follows none of them.
+std::vector<std::string> links_not_hard(hid_t file);
 
 // ---- datasets -----------------------------------------------------------------------------
 // A dataset that grows along its first dimension, one row (a sub-array of `row_shape`) at a time.

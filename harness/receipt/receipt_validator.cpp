@@ -83,6 +83,7 @@ class Validator {
   Validator(ValidationReport& report, hid_t file) : r_(report), file_(file), file_name_(report.path) {}
 
   void run() {
+    check_links();
     read_manifest();
     check_steps();
     check_hashes();
@@ -96,11 +97,29 @@ class Validator {
  private:
   void problem(const std::string& where, const std::string& what) { r_.problems.push_back(where + ": " + what); }
 
+  // A receipt holds its data itself: a soft or external link would judge (or approve as a
+  // golden) bytes that its content hash does not cover, or another file's.
+  void check_links() {
+    for (const std::string& link : h5::links_not_hard(file_)) {
+      const auto colon = link.find(": ");
+      problem(link.substr(0, colon), link.substr(colon + 2) + ", where a receipt holds its data itself");
+    }
+  }
+
   void read_manifest() {
     const h5::Handle manifest = h5::open_group(file_, "manifest");
-    std::set<std::string> present;
-    for (const std::string& name : h5::attr_names(manifest)) present.insert(name);
+    std::set<std::string> present, misshapen;
+    for (const std::string& name : h5::attr_names(manifest)) {
+      const std::string shape_problem = h5::attr_shape_problem(manifest, name);
+      if (shape_problem.empty()) {
+        present.insert(name);
+      } else {  // named once here; not read below (it would be read past its one value)
+        problem("/manifest/" + name, shape_problem);
+        misshapen.insert(name);
+      }
+    }
     for (const auto& [name, kind] : required_manifest()) {
+      if (misshapen.count(name)) continue;
       if (!present.count(name)) {
         problem("/manifest", fmt::format("missing attribute '{}' ({})", name, kind_name(kind)));
       } else if (h5::attr_kind(manifest, name) != kind) {
@@ -161,6 +180,7 @@ class Validator {
 
   std::optional<std::int64_t> integer(hid_t group, const std::string& name) {
     if (!h5::has_attr(group, name) || h5::attr_kind(group, name) != AttrKind::kInteger) return std::nullopt;
+    if (!h5::attr_shape_problem(group, name).empty()) return std::nullopt;  // /manifest's are named in read_manifest
     return h5::read_attr_int(group, name);
   }
 

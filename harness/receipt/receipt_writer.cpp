@@ -1,7 +1,10 @@
 #include "receipt_writer.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <filesystem>
 #include <thread>
 
 #include <fmt/format.h>
@@ -254,7 +257,24 @@ void ReceiptWriter::finish() {
 
 void ReceiptWriter::flush() {
   if (!file_.valid()) return;
-  if (H5Fflush(file_, H5F_SCOPE_GLOBAL) < 0) throw h5::Hdf5Error(path_ + ": HDF5 cannot flush the receipt");
+  errno = 0;
+  if (H5Fflush(file_, H5F_SCOPE_GLOBAL) < 0) {
+    // Part of the flush may have reached the file (a full disk, a file size limit): its
+    // metadata no longer describes it, so what it holds is not a receipt any reader can
+    // trust. The destructor removes it.
+    const int error = errno;
+    damaged_ = true;
+    throw h5::Hdf5Error(fmt::format("{}: HDF5 cannot flush the receipt{}; the damaged file is removed: free space (or "
+                                    "raise the file size limit) and run again",
+                                    path_, error != 0 ? fmt::format(" ({})", std::strerror(error)) : ""));
+  }
+}
+
+ReceiptWriter::~ReceiptWriter() {
+  if (!damaged_) return;
+  close();  // its errors are ignored: the file is going
+  std::error_code ignored;
+  std::filesystem::remove(path_, ignored);
 }
 
 }  // namespace harness::receipt

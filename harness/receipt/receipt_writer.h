@@ -69,6 +69,11 @@ class ReceiptWriter {
   // Creates `path` (refusing an existing file unless overwrite) and writes the manifest.
   ReceiptWriter(const std::string& path, const Manifest& manifest, const std::vector<std::string>& tensor_names,
                 bool overwrite, bool record_batches, BatchShape batch_shape);
+  // Removes the file when a flush failed (it is no receipt then); otherwise closes it, and
+  // a writer destroyed before finish() leaves its flushed steps with complete = 0.
+  ~ReceiptWriter();
+  ReceiptWriter(const ReceiptWriter&) = delete;
+  ReceiptWriter& operator=(const ReceiptWriter&) = delete;
 
   // Engine state of the step (e.g. /fp8 amax and scale), written before append_step(),
   // which flushes both. The groups are created on the first call; later calls must name
@@ -101,7 +106,7 @@ class ReceiptWriter {
   void start_swmr();
   void close();
 
-  bool swmr_ = false, finished_ = false;
+  bool swmr_ = false, finished_ = false, damaged_ = false;
   std::vector<Dump> pending_dumps_;
   h5::GrowingDataset checkpoint_step_, checkpoint_hash_;
   std::string path_;

@@ -170,4 +170,39 @@ for command in "check --golden $run_dir/good.h5" "compare $run_dir/good.h5" "rep
   expect_exit 2 "huge.h5: /steps/" -- "$HARNESS" "$1" "$run_dir/huge.h5" "${@:2}"
   grep -q "bad_alloc" "$WORK/stderr" && fail "$1 of a forged extent: $(cat "$WORK/stderr")"
 done
+# A manifest attribute is one value: an array or an empty dataspace is named (it was read
+# past its one value's buffer, or as 0), by validate and by every judging command.
+cp "$run_dir/good.h5" "$run_dir/array.h5" && cp "$run_dir/good.h5" "$run_dir/empty-attr.h5"
+"$PY" - "$run_dir/array.h5" "$run_dir/empty-attr.h5" <<'PY' || fail "could not write odd attributes"
+import h5py, numpy as np, sys
+with h5py.File(sys.argv[1], "r+") as f:
+    del f["manifest"].attrs["complete"]
+    f["manifest"].attrs["complete"] = np.array([1, 1], dtype=np.int64)
+with h5py.File(sys.argv[2], "r+") as f:
+    del f["manifest"].attrs["seed"]
+    f["manifest"].attrs["seed"] = h5py.Empty("<i8")
+PY
+expect_exit 2 "array.h5: /manifest/complete: is an array of 2 values, where one value belongs" -- \
+  "$HARNESS" check "$run_dir/array.h5" --golden "$run_dir/good.h5"
+expect_exit 2 "empty-attr.h5: /manifest/seed: holds no value \(an empty dataspace\)" -- \
+  "$HARNESS" compare "$run_dir/good.h5" "$run_dir/empty-attr.h5"
+"$HARNESS" validate "$run_dir/array.h5" >"$WORK/stdout" 2>&1 && fail "validate passed an array-valued attribute"
+# A receipt holds its data itself: a soft or external link (whose target the golden's
+# content hash does not cover) is named.
+cp "$run_dir/good.h5" "$run_dir/linked.h5"
+"$PY" - "$run_dir/linked.h5" "$run_dir/good.h5" <<'PY' || fail "could not write links"
+import h5py, sys
+with h5py.File(sys.argv[1], "r+") as f:
+    del f["manifest"]
+    f["manifest"] = h5py.ExternalLink(sys.argv[2], "/manifest")
+PY
+expect_exit 2 "linked.h5: /manifest: is an external link \(to another file\), where a receipt holds its data itself" -- \
+  "$HARNESS" check "$run_dir/linked.h5" --golden "$run_dir/good.h5"
+# Past a file size limit a run and an export end in one line, exit 2, and leave no file.
+mkdir "$run_dir/limited"
+expect_exit 2 "limited/r.h5: HDF5 cannot flush the receipt \(File too large\); the damaged file is removed" -- \
+  bash -c "ulimit -f 50; exec \"\$0\" run --canary micro --steps 3 --out '$run_dir/limited/r.h5'" "$HARNESS"
+expect_exit 2 "limited/p.h5.partial: cannot write the pack \(File too large\); nothing was written" -- \
+  bash -c "ulimit -f 50; exec \"\$0\" export --canary micro --out '$run_dir/limited/p.h5'" "$HARNESS"
+[ -z "$(ls -A "$run_dir/limited")" ] || fail "a run or export past the file size limit left $(ls "$run_dir/limited")"
 finish

@@ -275,6 +275,15 @@ expect_exit 0 "" -- golden status --matrix "$MATRIX"
 cp "$G/provenance.jsonl" "$WORK/provenance.jsonl"
 expect_exit 0 "" -- "$HARNESS" bisect "$WORK/fault.h5" "$WORK/bf16.h5"   # within the bf16 budget, not exit 2
 rm "$WORK/provenance.jsonl"
+# ... but the log of a goldens directory named as such governs every golden in it: an
+# emptied log is no licence for a golden it never recorded
+cp "$G/provenance.jsonl" "$WORK/log.jsonl"
+: > "$G/provenance.jsonl"
+expect_exit 2 "cpu-ref.h5: a golden that .*provenance.jsonl never recorded" -- \
+  "$HARNESS" check "$WORK/fault.h5" --goldens "$G"
+expect_exit 2 "" -- nightly --out "$WORK/emptied"
+grep -q '"kind": "golden_integrity"' "$WORK/emptied/summary.json" || fail "nightly used a golden of an emptied log"
+cp "$WORK/log.jsonl" "$G/provenance.jsonl"
 
 # bad input: one line, exit 2
 head -c 4000 "$WORK/ref.h5" > "$G/micro/cpu-ref.h5"   # a corrupt golden
