@@ -1,7 +1,11 @@
 #include "canary.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <stdexcept>
+
+#include <fmt/format.h>
 
 #include "gpt2.h"
 #include "llama.h"
@@ -166,11 +170,39 @@ std::string engine_cannot_run(const Engine& engine, const Canary& canary) {
   return canary.needs_llama_ops() ? engine.llama_ops_missing() : std::string();
 }
 
+namespace {
+// Sizes within a canary file's ranges can still ask for terabytes (context 65536 is 2^32
+// attention scores a row and head). Every engine holds the table's arenas, so their sum is
+// what a run needs at least: refused here, naming the sizes, rather than std::bad_alloc
+// from whichever allocation comes first.
+void check_fits_in_memory(const CanaryConfig& config, const TensorTable& table) {
+  double bytes = 0;
+  for (int kind = 0; kind <= static_cast<int>(TensorKind::Input); ++kind) {
+    bytes += 4.0 * static_cast<double>(table.arena_numel(static_cast<TensorKind>(kind)));
+  }
+  const double memory = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  if (memory > 0 && bytes > memory) {
+    throw std::invalid_argument(fmt::format(
+        "canary '{}' needs at least {:.1f} GB for its tensors (model.context {}, model.channels {}, model.layers {}, "
+        "train.batch {}), more than this machine's {:.1f} GB of memory; make those smaller",
+        config.name, bytes / 1e9, config.context_length, config.channels, config.layers, config.batch_size,
+        memory / 1e9));
+  }
+}
+}  // namespace
+
 std::unique_ptr<Canary> make_canary(const CanaryConfig& config, std::optional<FaultSpec> fault, bool trace_ops) {
-  if (config.architecture == "gpt2") return std::make_unique<Gpt2Canary>(config, std::move(fault), trace_ops);
-  if (config.architecture == "llama") return std::make_unique<LlamaCanary>(config, std::move(fault), trace_ops);
-  throw std::invalid_argument("canary architecture '" + config.architecture +
-                              "' has no model in this build (known: gpt2, llama)");
+  std::unique_ptr<Canary> model;
+  if (config.architecture == "gpt2") {
+    model = std::make_unique<Gpt2Canary>(config, std::move(fault), trace_ops);
+  } else if (config.architecture == "llama") {
+    model = std::make_unique<LlamaCanary>(config, std::move(fault), trace_ops);
+  } else {
+    throw std::invalid_argument("canary architecture '" + config.architecture +
+                                "' has no model in this build (known: gpt2, llama)");
+  }
+  check_fits_in_memory(config, model->tensors());
+  return model;
 }
 
 }  // namespace harness::canary

@@ -6,6 +6,7 @@
 #include "audit.h"
 #include "canary_run.h"
 #include "commands.h"
+#include "usage_check.h"
 #include "json_text.h"
 
 namespace harness::cli {
@@ -79,7 +80,8 @@ void add_audit_command(CLI::App& app, CommandRegistry& commands) {
   audit->add_option("--canary", flags->options.canary, "Canary: a shipped one's name (canaries/NAME.toml) or a canary file's path")->capture_default_str();
   audit->add_option("--engine", flags->options.engine, "Engine (only tpu-mesh traces graphs)")->capture_default_str();
   audit->add_option("--threads", flags->options.threads, "Worker threads (0 = all cores)")->check(CLI::Range(0, 1024))->capture_default_str();
-  audit->add_option("--seed", flags->options.seed, "Initialisation seed (default: the canary's [train] seed)");
+  audit->add_option("--seed", flags->options.seed, "Initialisation seed (default: the canary's [train] seed)")
+      ->check(seed_check());
   audit->add_flag("--json", flags->json, "Machine-readable report");
   add_engine_flags(*audit, flags->engine_flags, "tpu-mesh");
   commands.add(audit, [flags] { return audit_action(*flags); });

@@ -7,6 +7,7 @@
 
 #include "canary_pack.h"
 #include "commands.h"
+#include "usage_check.h"
 
 namespace harness::cli {
 namespace {
@@ -28,7 +29,8 @@ void add_export_command(CLI::App& app, CommandRegistry& commands) {
       "export", "Write a canary pack (initial parameters, every batch, the canary JSON) for another training stack");
   command->add_option("--canary", options->canary, "Canary: a shipped one's name (canaries/NAME.toml) or a canary file's path")->capture_default_str();
   command->add_option("--steps", options->steps, "Number of batches, and the schedule length (default: the canary's)");
-  command->add_option("--seed", options->seed, "Initialisation seed (default: the canary's [train] seed)");
+  command->add_option("--seed", options->seed, "Initialisation seed (default: the canary's [train] seed)")
+      ->check(seed_check());
   command->add_option("--out", options->out, "Pack path (.h5)")->required();
   command->add_flag("--force", options->force, "Overwrite an existing pack");
   commands.add(command, [options] { return export_action(*options); });

@@ -13,6 +13,7 @@
 #include "canary_run.h"
 #include "interrupt.h"
 #include "commands.h"
+#include "usage_check.h"
 #include "preset.h"
 #include "registry.h"
 
@@ -107,7 +108,8 @@ void add_run_command(CLI::App& app, CommandRegistry& commands) {
                   "accel features: bf16[,fp8=ZONES] with zones qkv, attn_proj, mlp_fc, mlp_proj, all");
   run->add_option("--steps", flags->steps, "Number of steps (default: the preset's)");
   run->add_option("--threads", flags->options.threads, "Worker threads (0 = all cores)")->check(CLI::Range(0, 1024))->capture_default_str();
-  run->add_option("--seed", flags->options.seed, "Initialisation seed (default: the canary's [train] seed)");
+  run->add_option("--seed", flags->options.seed, "Initialisation seed (default: the canary's [train] seed)")
+      ->check(seed_check());
   run->add_option("--out", flags->options.out, "Receipt path (.h5)")->required();
   run->add_flag("--force", flags->options.force, "Overwrite an existing receipt");
   run->add_option("--dump-tensors", flags->dump_tensors, "Steps whose parameters to dump, e.g. 0,50,100");

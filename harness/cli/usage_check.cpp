@@ -1,6 +1,9 @@
 #include "usage_check.h"
 
 #include <algorithm>
+#include <charconv>
+#include <cstdint>
+#include <limits>
 #include <numeric>
 
 #include <fmt/format.h>
@@ -105,6 +108,20 @@ std::optional<std::string> usage_problem(CLI::App& app, const std::vector<std::s
                        fmt::join(subcommand_names(*level), ", "), where(path));
   }
   return std::nullopt;
+}
+
+CLI::Validator seed_check() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        std::int64_t value = -1;
+        const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+        if (text.empty() || error != std::errc() || end != text.data() + text.size() || value < 0) {
+          return fmt::format("'{}' is not a seed: want an integer between 0 and {}", text,
+                             std::numeric_limits<std::int64_t>::max());
+        }
+        return "";
+      },
+      "SEED");
 }
 
 }  // namespace harness::cli

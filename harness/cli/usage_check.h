@@ -15,6 +15,10 @@ namespace harness::cli {
 // subcommand and flag exists; CLI11 then parses and checks values and required flags.
 std::optional<std::string> usage_problem(CLI::App& app, const std::vector<std::string>& args);
 
+// --seed's check, on the text before CLI11 converts it: a decimal integer in
+// 0..9223372036854775807 (CLI11's conversion would clamp a larger one silently).
+CLI::Validator seed_check();
+
 // Edit distance between two names (insertions, deletions, substitutions, transpositions).
 std::size_t edit_distance(const std::string& a, const std::string& b);
 

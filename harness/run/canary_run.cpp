@@ -6,6 +6,7 @@
 #include <charconv>
 #include <chrono>
 #include <filesystem>
+#include <limits>
 #include <thread>
 
 #include <fmt/format.h>
@@ -197,20 +198,38 @@ nlohmann::json replay_recipe(const RunOptions& o, const std::map<std::string, At
   return recipe;
 }
 
+namespace {
+// Recipe key `key`: an integer (not a float, not one past int64) in lo..hi, as the run's
+// own flags allow; a UsageError names the key otherwise.
+std::int64_t recipe_integer(const nlohmann::json& recipe, const std::string& key, std::int64_t lo, std::int64_t hi) {
+  const nlohmann::json& value = recipe.at(key);
+  const bool integral = value.is_number_integer() &&
+                        !(value.is_number_unsigned() && value.get<std::uint64_t>() > static_cast<std::uint64_t>(hi));
+  if (!integral || value.get<std::int64_t>() < lo || value.get<std::int64_t>() > hi) {
+    throw UsageError(fmt::format("run_options: key '{}' is {}, not an integer in {}..{}", key, value.dump(), lo, hi));
+  }
+  return value.get<std::int64_t>();
+}
+}  // namespace
+
 RunOptions options_from_recipe(const nlohmann::json& recipe) {
   if (!recipe.is_object()) throw UsageError("run_options: not a replay recipe (not a JSON object)");
+  constexpr std::int64_t kInt64Max = std::numeric_limits<std::int64_t>::max();
   RunOptions o;
   try {
     o.canary = recipe.at("canary").get<std::string>();
     o.engine = recipe.at("engine").get<std::string>();
     o.engine_settings.features = recipe.at("features").get<std::string>();
     o.engine_settings.options = recipe.at("engine_options").get<std::map<std::string, std::string>>();
-    o.seed = recipe.at("seed").get<std::int64_t>();
-    o.threads = recipe.at("threads").get<int>();
+    o.seed = recipe_integer(recipe, "seed", 0, kInt64Max);
+    o.threads = static_cast<int>(recipe_integer(recipe, "threads", 0, 1024));  // run --threads's range
     o.trace = recipe.at("trace").get<std::string>();
-    o.checkpoint_every = recipe.at("checkpoint_every").get<int>();
+    if (o.trace != "none" && o.trace != "ops") {
+      throw UsageError(fmt::format("run_options: key 'trace' is '{}', not none or ops", o.trace));
+    }
+    o.checkpoint_every = static_cast<int>(recipe_integer(recipe, "checkpoint_every", 0, std::numeric_limits<int>::max()));
     if (!recipe.at("inject_fault").is_null()) o.inject_fault = recipe.at("inject_fault").get<std::string>();
-    if (recipe.contains("steps")) o.steps = recipe.at("steps").get<int>();
+    if (recipe.contains("steps")) o.steps = static_cast<int>(recipe_integer(recipe, "steps", 1, 1000000));
   } catch (const nlohmann::json::exception& e) {
     // what() is "[json.exception.<kind>.<id>] <what is wrong>": the rest names the key or type.
     const std::string what = e.what();

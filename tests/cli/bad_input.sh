@@ -205,4 +205,21 @@ expect_exit 2 "limited/r.h5: HDF5 cannot flush the receipt \(File too large\); t
 expect_exit 2 "limited/p.h5.partial: cannot write the pack \(File too large\); nothing was written" -- \
   bash -c "ulimit -f 50; exec \"\$0\" export --canary micro --out '$run_dir/limited/p.h5'" "$HARNESS"
 [ -z "$(ls -A "$run_dir/limited")" ] || fail "a run or export past the file size limit left $(ls "$run_dir/limited")"
+# A seed past int64 is a flag error, not clamped to 2**63-1 (run, export, audit)
+for command in "run --out $run_dir/seeded.h5" "export --out $run_dir/seeded.h5" audit; do
+  # shellcheck disable=SC2086
+  expect_exit 2 "--seed: '99999999999999999999' is not a seed: want an integer between 0 and 9223372036854775807" -- \
+    "$HARNESS" $command --canary micro --seed 99999999999999999999
+done
+[ ! -e "$run_dir/seeded.h5" ] || fail "a refused --seed left a file"
+# Sizes within a canary file's ranges that need more memory than any machine has are named
+# before anything is allocated (they ended in std::bad_alloc, naming nothing)
+sed 's/^channels = 32/channels = 65536/' "$HERE/../../canaries/micro.toml" > "$run_dir/wide.toml"
+grep -q "^channels = 65536" "$run_dir/wide.toml" || fail "micro.toml no longer has channels = 32"
+for command in "run --steps 2 --out $run_dir/wide.h5" "export --steps 2 --out $run_dir/wide.h5" audit; do
+  # shellcheck disable=SC2086
+  expect_exit 2 "canary 'micro' needs at least [0-9.]+ GB for its tensors \(model.context 16, model.channels 65536, .*\), more than this machine's" -- \
+    "$HARNESS" $command --canary "$run_dir/wide.toml"
+done
+[ ! -e "$run_dir/wide.h5" ] || fail "a canary too large for memory left a file"
 finish
