@@ -88,6 +88,8 @@ class FaultSpec:
 
 def parse_fault(text: str, ops: List[str], steps: int) -> FaultSpec:
     """step=K,op=NAME[,ulps=N] as the C++ parses it (canaries/fault.cpp)."""
+    if not text:
+        raise UsageError("--inject-fault: empty; want step=K,op=NAME[,ulps=N]")
     fields = {}
     for item in text.split(","):
         key, eq, value = item.partition("=")
@@ -95,13 +97,15 @@ def parse_fault(text: str, ops: List[str], steps: int) -> FaultSpec:
             raise UsageError(f"--inject-fault: field '{item}' is not key=value (want step=K,op=NAME[,ulps=N])")
         if key not in ("step", "op", "ulps"):
             raise UsageError(f"--inject-fault: unknown key '{key}' (known: step, op, ulps)")
+        if key in fields:
+            raise UsageError(f"--inject-fault: key '{key}' is given twice; give each of step, op, ulps once")
         fields[key] = value
     if "step" not in fields or "op" not in fields:
         raise UsageError("--inject-fault: needs both step=K and op=NAME")
     numbers = {}
     for key, minimum in (("step", 0), ("ulps", 1)):
         value = fields.get(key, "1")
-        if not value.isdigit() or int(value) < minimum or int(value) > 2**31 - 1:
+        if not _digits(value) or int(value) < minimum or int(value) > 2**31 - 1:
             raise UsageError(f"--inject-fault: {key}='{value}' is not an integer >= {minimum}")
         numbers[key] = int(value)
     if fields["op"] not in ops:
@@ -112,15 +116,22 @@ def parse_fault(text: str, ops: List[str], steps: int) -> FaultSpec:
     return FaultSpec(numbers["step"], fields["op"], numbers["ulps"])
 
 
+def _digits(text: str) -> bool:
+    """ASCII digits only: str.isdigit() also takes '²' and other Unicode digits, which int() refuses."""
+    return text.isascii() and text.isdigit()
+
+
 def _count(flag: str, text: Optional[str], low: int, high: int) -> Optional[int]:
     if text is None:
         return None
-    if not text.isdigit() or not low <= int(text) <= high:
+    if not _digits(text) or not low <= int(text) <= high:
         raise UsageError(f"--{flag}: '{text}' is not a number in {low}..{high}")
     return int(text)
 
 
 def check_out(path: str, force: bool) -> None:
+    if not path:
+        raise UsageError("--out: empty path; give the receipt's file path (.h5)")
     if os.path.isdir(path):
         raise UsageError(f"--out: '{path}' is a directory; give a file path")
     if os.path.lexists(path) and not force:
@@ -146,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     if args.trace not in ("none", "ops"):
         raise UsageError(f"--trace: unknown level '{args.trace}'; use none or ops")
     device_name = args.device
-    if not (device_name in ("cpu", "cuda", "xla") or (device_name.startswith("cuda:") and device_name[5:].isdigit())):
+    if not (device_name in ("cpu", "cuda", "xla") or (device_name.startswith("cuda:") and _digits(device_name[5:]))):
         raise UsageError(f"--device: unknown device '{device_name}'; use cpu, cuda, cuda:N or xla")
     threads = _count("threads", args.threads, 1, 1024) if args.threads is not None else 1
     try:
@@ -169,7 +180,8 @@ def run(args: argparse.Namespace) -> int:
         cfg = model_module.config_class.from_json(pack.canary_json)
     except ValueError as e:
         raise UsageError(f"{pack.path}: {e}") from None
-    fault = parse_fault(args.inject_fault, model_module.forward_op_names(cfg), steps) if args.inject_fault else None
+    fault = parse_fault(args.inject_fault, model_module.forward_op_names(cfg), steps) \
+        if args.inject_fault is not None else None
 
     xm = None
     if device_name == "xla":
@@ -302,7 +314,8 @@ class CanaryStep:
             cfg = model_module.config_class.from_json(pack.canary_json)
         except ValueError as e:
             raise UsageError(f"{pack.path}: {e}") from None
-        fault = parse_fault(inject_fault, model_module.forward_op_names(cfg), pack.steps) if inject_fault else None
+        fault = parse_fault(inject_fault, model_module.forward_op_names(cfg), pack.steps) \
+            if inject_fault is not None else None
         autocast = torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16) \
             if precision == "bf16" else None
         return cls(pack, cfg, device, autocast, fault)
@@ -397,6 +410,31 @@ def _device_label(torch, device) -> str:
     return str(device)
 
 
+# Per float dtype name: its bits' integer dtype name, its width, and +inf's bits.
+_FLOAT_BITS = {"float32": ("int32", 32, 0x7F800000), "float64": ("int64", 64, 0x7FF0000000000000),
+               "bfloat16": ("int16", 16, 0x7F80), "float16": ("int16", 16, 0x7C00)}
+
+
+def _ulps_up(torch, x, ulps: int):
+    """x moved up by `ulps` units in the last place, in one step: what `ulps` calls of
+    torch.nextafter(x, +inf) give (NaN stays, +inf stays, the largest finite value goes to
+    +inf, and -tiny -> -0.0 -> +tiny across zero), at any ulps. The bits, read as sign and
+    magnitude, map to an ordered integer line (key = magnitude, negated for a negative
+    value, so -0.0 and +0.0 both sit at 0); adding ulps there is ulps nextafters, and a key
+    of 0 reached from below is -0.0."""
+    bits_dtype, width, inf_bits = _FLOAT_BITS[str(x.dtype).replace("torch.", "")]
+    sign = 1 << (width - 1)
+    bits = x.view(getattr(torch, bits_dtype)).to(torch.int64)
+    negative = bits < 0
+    magnitude = bits & (sign - 1)  # the bits without the sign bit
+    key = torch.where(negative, -magnitude, magnitude)
+    moved = torch.clamp(key + ulps, max=inf_bits)  # nextafter(+inf, +inf) is +inf
+    below = moved <= 0  # still negative, or -0.0 (key 0 from a negative start: ulps >= 1)
+    out_bits = torch.where(below, -moved + (-sign), moved)  # the sign bit set: magnitude - 2**(width-1)
+    out = out_bits.to(getattr(torch, bits_dtype)).view(x.dtype)
+    return torch.where(torch.isnan(x), x, out)
+
+
 def _nudge_class():
     import torch
 
@@ -409,11 +447,7 @@ def _nudge_class():
         def forward(ctx, x, active, ulps):
             flat = x.reshape(-1)
             first = flat[:1]
-            moved = first
-            up = torch.full_like(first, float("inf"))
-            for _ in range(int(ulps)):
-                moved = torch.nextafter(moved, up)
-            return torch.cat([torch.where(active, moved, first), flat[1:]]).view_as(x)
+            return torch.cat([torch.where(active, _ulps_up(torch, first, int(ulps)), first), flat[1:]]).view_as(x)
 
         @staticmethod
         def backward(ctx, grad):

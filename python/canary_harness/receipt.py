@@ -45,8 +45,9 @@ class SketchRows(NamedTuple):
     projection: np.ndarray
 
 
-class ReceiptError(Exception):
-    """A receipt that cannot be written or read as asked; the message starts with its path."""
+class ReceiptError(ValueError):
+    """A receipt that cannot be written or read as asked; the message starts with its path.
+    A ValueError, as the writer's argument errors were before they named the path."""
 
 
 class TraceColumn(NamedTuple):
@@ -159,6 +160,81 @@ class _Growing:
         self._rows = n + 1
 
 
+# ---- a step's values, checked and converted before the first row is written -----------------
+
+U64_MAX = 2**64 - 1
+
+
+def _number(field: str, value: Any) -> float:
+    """A real number (int, float, numpy scalar, or a 1-element array/tensor) as float."""
+    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_)):
+        return float(value)
+    try:
+        array = np.asarray(value)
+    except Exception:  # noqa: BLE001 -- anything numpy cannot take is not a number
+        array = None
+    if array is None or array.size != 1 or array.dtype.kind not in "iuf":
+        raise ValueError(f"{field} is {value!r:.60}, not a number")
+    return float(array.reshape(()))
+
+
+def _uint64(field: str, value: Any) -> int:
+    """A hash: a Python or numpy integer in 0..2**64-1; never a float, a bool or a str."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
+            or not 0 <= int(value) <= U64_MAX:
+        raise ValueError(f"{field} is {value!r:.60}, not an integer in 0..2**64-1")
+    return int(value)
+
+
+def _uint64_row(field: str, values: Any, count: int) -> np.ndarray:
+    """`count` hashes as uint64: a uint64 array as it is, else every value checked (_uint64)."""
+    if isinstance(values, np.ndarray):
+        if values.dtype.kind not in "iu":
+            raise ValueError(f"{field} holds {values.dtype} values, not integer hashes")
+        if values.shape != (count,):
+            raise ValueError(f"{field} has shape {values.shape}: it must hold {count} hashes, one per tensor")
+        if values.dtype.kind == "i" and (values < 0).any():
+            raise ValueError(f"{field} holds a negative value, not a hash in 0..2**64-1")
+        return values.astype(np.uint64, copy=False)
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
+        raise ValueError(f"{field} is {values!r:.60}, not a sequence of {count} hashes")
+    if len(values) != count:
+        raise ValueError(f"{field} must hold {count} hashes, one per tensor, not {len(values)}")
+    return np.array([_uint64(f"{field}[{i}]", v) for i, v in enumerate(values)], dtype=np.uint64)
+
+
+def _float_rows(field: str, values: Any, shape: Tuple[int, ...]) -> np.ndarray:
+    """Numbers of `shape` as float64: ints and floats only (no str, no ragged rows)."""
+    try:
+        array = np.asarray(values)
+    except (TypeError, ValueError):  # ragged rows
+        array = None
+    if array is None or array.dtype.kind not in "iuf":
+        raise ValueError(f"{field} is not an array of numbers" +
+                         (f" ({array.dtype})" if array is not None else " (rows of different lengths)"))
+    if array.shape != shape:
+        raise ValueError(f"{field} has shape {array.shape}, not {shape}" +
+                         (f": every projection must hold {SKETCH_WIDTH} numbers" if shape[-1:] == (SKETCH_WIDTH,)
+                          else ""))
+    return array.astype(np.float64, copy=False)
+
+
+def _sketch_rows(field: str, given: Any, count: int) -> Tuple[np.ndarray, np.ndarray]:
+    """`count` sketches (a SketchRows, or (l2, projection) pairs) as l2 (count,) and projection (count, W)."""
+    if isinstance(given, SketchRows):
+        return (_float_rows(f"{field}.l2", given.l2, (count,)),
+                _float_rows(f"{field}.projection", given.projection, (count, SKETCH_WIDTH)))
+    if isinstance(given, (str, bytes)) or not hasattr(given, "__len__") or len(given) != count:
+        raise ValueError(f"{field} must hold {count} (l2, projection) pairs, one per tensor")
+    l2, projection = [], []
+    for i, pair in enumerate(given):
+        if isinstance(pair, (str, bytes)) or not hasattr(pair, "__len__") or len(pair) != 2:
+            raise ValueError(f"{field}[{i}] is not an (l2, projection) pair")
+        l2.append(_number(f"{field}[{i}] l2", pair[0]))
+        projection.append(_float_rows(f"{field}[{i}] projection", pair[1], (SKETCH_WIDTH,)))
+    return np.array(l2, dtype=np.float64), np.array(projection, dtype=np.float64).reshape(count, SKETCH_WIDTH)
+
+
 def utc_timestamp() -> str:
     """ISO 8601 to the second with a Z, as the C++ writes created_utc."""
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -172,6 +248,8 @@ _WRITER_OWNED = ("schema_version", "schema_minor", "complete")
 
 def _canary_json(canary: Union[str, Mapping[str, Any]]) -> str:
     """The canary as compact JSON text with sorted keys (as nlohmann's dump() writes it)."""
+    if not isinstance(canary, (str, Mapping)):
+        raise ValueError(f"manifest canary is a {type(canary).__name__}; give the canary JSON object (text or a dict)")
     if isinstance(canary, str):
         try:
             parsed = json.loads(canary)
@@ -180,7 +258,23 @@ def _canary_json(canary: Union[str, Mapping[str, Any]]) -> str:
         if not isinstance(parsed, dict):
             raise ValueError("manifest canary is not a JSON object")
         return canary
-    return json.dumps(dict(canary), separators=(",", ":"), sort_keys=True)
+    try:
+        return json.dumps(dict(canary), separators=(",", ":"), sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as e:  # a set, a NaN, a key that is no str/number ...
+        raise ValueError(f"manifest canary does not convert to JSON ({e})") from None
+
+
+def _check_attr_value(what: str, value: Any) -> None:
+    """A manifest attribute HDF5 stores as given: str as UTF-8 without NUL, ints in int64."""
+    if isinstance(value, str):
+        if "\0" in value:
+            raise ValueError(f"{what} holds a NUL character (a fixed-length HDF5 string ends there)")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"{what} is not UTF-8 text ({e})") from None
+    elif isinstance(value, (int, np.integer)) and not -2**63 <= int(value) < 2**63:
+        raise ValueError(f"{what} is {value}, outside int64 (-2**63..2**63-1)")
 
 
 def _manifest_attrs(manifest: Mapping[str, Any], stack: StackInfo) -> Dict[str, AttrValue]:
@@ -188,7 +282,7 @@ def _manifest_attrs(manifest: Mapping[str, Any], stack: StackInfo) -> Dict[str, 
     missing = [k for k in _REQUIRED if k not in manifest]
     if missing:
         # budget_features above all is declared, never guessed (DESIGN.md): "" for a bitwise lane.
-        raise ValueError(f"manifest lacks {', '.join(missing)}")
+        raise ValueError(f"manifest lacks {', '.join(missing)}; give every one of {', '.join(_REQUIRED)}")
     owned = [k for k in _WRITER_OWNED if k in manifest]
     if owned:
         raise ValueError(f"manifest sets {', '.join(owned)}: the writer owns these")
@@ -203,20 +297,69 @@ def _manifest_attrs(manifest: Mapping[str, Any], stack: StackInfo) -> Dict[str, 
         **stack.as_manifest(),
     }
     for key, value in manifest.items():
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"manifest key {key!r} is not a non-empty str")
         if key == "canary":
             value = _canary_json(value)
         elif key in ("seed", "steps_planned", "threads"):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
                 raise TypeError(f"manifest {key} must be an int, not {type(value).__name__}")
             value = int(value)
+            if value < 0 or value >= 2**63:
+                raise ValueError(f"manifest {key} is {value}; give an int in 0..2**63-1")
         elif key in ("lane", "engine", "features", "budget_features") and not isinstance(value, str):
             raise TypeError(f"manifest {key} must be a str, not {type(value).__name__}")
         elif not isinstance(value, (str, int, float, np.integer, np.floating)):
             raise TypeError(f"manifest {key}: {type(value).__name__} is not a str, int or float")
+        _check_attr_value(f"manifest {key}", value)
         attrs[key] = value
     if attrs["steps_planned"] < 0:
         raise ValueError("manifest steps_planned must be >= 0")
     return attrs
+
+
+def _receipt_path(path: Any) -> str:
+    """The receipt's path as str: a str or os.PathLike of str, not empty."""
+    if not isinstance(path, (str, os.PathLike)) or not isinstance(os.fspath(path), str) or not os.fspath(path):
+        raise ReceiptError(f"{path!r}: not a receipt path; give a non-empty str or os.PathLike file path")
+    return os.fspath(path)
+
+
+def _tensor_names(names: Any) -> List[str]:
+    if isinstance(names, (str, bytes)) or not hasattr(names, "__iter__"):
+        raise TypeError(f"tensor_names is {names!r:.60}; give a list of str")
+    names = list(names)
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise ValueError("tensor_names must be a non-empty list of non-empty strings")
+    if len(set(names)) != len(names):
+        raise ValueError("tensor_names has duplicates")
+    for n in names:
+        _check_attr_value(f"tensor name {n!r:.40}", n)
+    return names
+
+
+def _batch_shape(shape: Any) -> Optional[Tuple[int, int]]:
+    """batch_shape: None, or (B, T+1), two positive ints."""
+    if shape is None:
+        return None
+    if isinstance(shape, (str, bytes)) or not hasattr(shape, "__len__") or len(shape) != 2 or not all(
+            isinstance(d, (int, np.integer)) and not isinstance(d, bool) and 0 < int(d) < 2**31 for d in shape):
+        raise ValueError(f"batch_shape is {shape!r:.60}; give (B, T+1), two positive ints")
+    return (int(shape[0]), int(shape[1]))
+
+
+def _check_target(path: str, overwrite: bool) -> None:
+    """Where the receipt goes: refused, with what to do, before anything is created."""
+    if os.path.isdir(path):
+        raise ReceiptError(f"{path}: is a directory; give a file path for the receipt")
+    if os.path.islink(path) and not os.path.exists(path):
+        raise ReceiptError(f"{path}: is a symlink to a missing file ({os.readlink(path)}); remove the link or "
+                           "give another path")
+    if not overwrite and os.path.lexists(path):
+        raise ReceiptError(f"{path}: exists; pass overwrite=True to replace it")
+    directory = os.path.dirname(path) or "."
+    if not os.path.isdir(directory):
+        raise ReceiptError(f"{path}: directory {directory} does not exist; create it first")
 
 
 class ReceiptWriter:
@@ -238,20 +381,18 @@ class ReceiptWriter:
     def __init__(self, path: PathLike, manifest: Mapping[str, Any], tensor_names: Sequence[str], *,
                  overwrite: bool = False, batch_shape: Optional[Tuple[int, int]] = None,
                  stack: Optional[StackInfo] = None) -> None:
-        self.path = os.fspath(path)
-        self.tensor_names: List[str] = list(tensor_names)
-        if not self.tensor_names or not all(isinstance(n, str) and n for n in self.tensor_names):
-            raise ValueError("tensor_names must be a non-empty list of non-empty strings")
-        if len(set(self.tensor_names)) != len(self.tensor_names):
-            raise ValueError("tensor_names has duplicates")
-        attrs = _manifest_attrs(manifest, stack or collect_stack_info())
+        self._file = None
+        self.path = _receipt_path(path)
+        try:  # every argument checked before anything touches the disk
+            self.tensor_names: List[str] = _tensor_names(tensor_names)
+            attrs = _manifest_attrs(manifest, stack or collect_stack_info())
+            self._batch_shape = _batch_shape(batch_shape)
+        except (TypeError, ValueError) as e:
+            raise ReceiptError(f"{self.path}: {e}; nothing is written") from None
         self.steps_planned = int(attrs["steps_planned"])
         self.steps_recorded = 0
         self.finished = False
-        self._batch_shape = tuple(int(d) for d in batch_shape) if batch_shape is not None else None
-
-        if not overwrite and os.path.lexists(self.path):
-            raise ReceiptError(f"{self.path}: exists; pass overwrite=True to replace it")
+        _check_target(self.path, overwrite)
         try:
             self._file: Optional[h5py.File] = h5py.File(self.path, "w" if overwrite else "w-",
                                                         libver=("v110", "v110"))
@@ -338,8 +479,17 @@ class ReceiptWriter:
             if self._trace_columns is not None:
                 raise ValueError("this receipt traces ops: pass trace= at every step")
             return None
+        if isinstance(trace, (str, bytes)) or not hasattr(trace, "__len__") or len(trace) != 3:
+            raise ValueError(f"trace is {trace!r:.60}, not (columns, hashes, sketches)")
         columns, hashes, sketches = trace
-        columns = [c if isinstance(c, TraceColumn) else TraceColumn(*c) for c in columns]
+        try:
+            columns = [c if isinstance(c, TraceColumn) else TraceColumn(*c) for c in columns]
+        except TypeError as e:
+            raise ValueError(f"trace: columns are not TraceColumns ({e})") from None
+        for c in columns:
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in (c.op_index, c.layer)) or \
+                    not all(isinstance(v, str) for v in (c.op, c.phase, c.tensor, c.kind)):
+                raise ValueError(f"trace: column {tuple(c)!r:.80} is not (int, str, int, str, str, str)")
         if not columns:
             raise ValueError("trace: no traced op output")
         if self._trace_columns is None and self.steps_recorded > 0:
@@ -348,13 +498,8 @@ class ReceiptWriter:
             raise ValueError(f"trace: this step traced {len(columns)} outputs, other ones than the first step's "
                              f"{len(self._trace_columns)}; the op sequence must not change from step to step")
         R = len(columns)
-        if len(hashes) != R or len(sketches) != R:
-            raise ValueError(f"trace: {len(hashes)} hashes and {len(sketches)} sketches for {R} columns")
-        hash_row = np.array([int(h) for h in hashes], dtype=np.uint64)
-        l2_row = np.array([float(s[0]) for s in sketches], dtype=np.float64)
-        projection_row = np.array([np.asarray(s[1], dtype=np.float64) for s in sketches])
-        if projection_row.shape != (R, SKETCH_WIDTH):
-            raise ValueError(f"trace: every projection must hold {SKETCH_WIDTH} numbers")
+        hash_row = _uint64_row("trace hashes", hashes, R)
+        l2_row, projection_row = _sketch_rows("trace sketches", sketches, R)
         return columns, hash_row, l2_row, projection_row
 
     def _check_compile(self, compile: Optional[Mapping[str, float]]) -> Optional[Tuple[List[str], List[float]]]:
@@ -362,6 +507,8 @@ class ReceiptWriter:
             if self._compile_names is not None:
                 raise ValueError("this receipt records /compile: pass compile= at every step")
             return None
+        if not isinstance(compile, Mapping):
+            raise ValueError(f"compile is {compile!r:.60}, not a mapping {{counter name: number}}")
         names = list(compile)
         if not names:
             raise ValueError("compile: no counter")
@@ -409,42 +556,15 @@ class ReceiptWriter:
         f = self._open_file()
         if self.finished or self.steps_recorded >= self.steps_planned:
             raise ReceiptError(f"{self.path}: all {self.steps_planned} planned steps are recorded; no step can be added")
-        K = len(self.tensor_names)
-        hash_rows = {}
-        for fam in HASH_FAMILIES:
-            if fam not in hashes or len(hashes[fam]) != K:
-                raise ValueError(f"hashes[{fam!r}] must hold {K} hashes, one per tensor")
-            given = hashes[fam]
-            hash_rows[fam] = given if isinstance(given, np.ndarray) and given.dtype == np.uint64 else \
-                np.array([int(h) for h in given], dtype=np.uint64)
-            if hash_rows[fam].shape != (K,):
-                raise ValueError(f"hashes[{fam!r}] must hold {K} hashes, one per tensor")
-        l2_rows, projection_rows = {}, {}
-        for fam in SKETCH_FAMILIES:
-            given = sketches.get(fam)
-            if isinstance(given, SketchRows):
-                l2_rows[fam] = np.asarray(given.l2, dtype=np.float64)
-                projection_rows[fam] = np.asarray(given.projection, dtype=np.float64)
-                if l2_rows[fam].shape != (K,):
-                    raise ValueError(f"sketches[{fam!r}].l2 must hold {K} numbers, one per tensor")
-            else:
-                if given is None or len(given) != K:
-                    raise ValueError(f"sketches[{fam!r}] must hold {K} (l2, projection) pairs, one per tensor")
-                l2_rows[fam] = np.array([float(s[0]) for s in given], dtype=np.float64)
-                projection_rows[fam] = np.array([np.asarray(s[1], dtype=np.float64) for s in given])
-            if projection_rows[fam].shape != (K, SKETCH_WIDTH):
-                raise ValueError(f"sketches[{fam!r}]: every projection must hold {SKETCH_WIDTH} numbers")
-        tokens = None
-        if self._batches is not None:
-            if batch_tokens is None:
-                raise ValueError("this receipt records batches: pass batch_tokens")
-            tokens = np.asarray(batch_tokens)
-            if tokens.shape != self._batch_shape:
-                raise ValueError(f"batch_tokens has shape {tokens.shape}, not {self._batch_shape}")
-        if batch_tokens is not None and digest.batch_hash(batch_tokens) != int(batch_hash):
-            raise ValueError("batch_hash is not the hash of batch_tokens")
-        trace_rows = self._check_trace(trace)
-        compile_row = self._check_compile(compile)
+        try:  # every value converted and checked before the first dataset is touched
+            scalars, hash_rows, l2_rows, projection_rows, tokens = self._check_step(
+                loss, grad_norm, lr, batch_hash, hashes, sketches, batch_tokens)
+            trace_rows = self._check_trace(trace)
+            compile_row = self._check_compile(compile)
+        except ReceiptError:
+            raise
+        except ValueError as e:
+            raise ReceiptError(f"{self.path}: append_step {self.steps_recorded}: {e}; no row is written") from None
 
         if trace_rows is not None and self._trace_columns is None:  # SWMR allows no new objects: reopen
             f = self._reopen()
@@ -466,23 +586,53 @@ class ReceiptWriter:
                 self._trace_hash.append(f, trace_rows[1])
                 self._trace_l2.append(f, trace_rows[2])
                 self._trace_projection.append(f, trace_rows[3])
-            self._steps["loss"].append(f, float(loss))
-            self._steps["grad_norm"].append(f, float(grad_norm))
-            self._steps["lr"].append(f, float(lr))
-            self._steps["batch_hash"].append(f, np.uint64(int(batch_hash)))
+            for name, value in scalars.items():
+                self._steps[name].append(f, value)
             for fam in HASH_FAMILIES:
                 self._hashes[fam].append(f, hash_rows[fam])
             for fam in SKETCH_FAMILIES:
                 self._sketch_l2[fam].append(f, l2_rows[fam])
                 self._sketch_projection[fam].append(f, projection_rows[fam])
             if tokens is not None:
-                self._batches.append(f, tokens.astype("<i4"))
+                self._batches.append(f, tokens)
             f.flush()
             if not f.swmr_mode:
                 f.swmr_mode = True
         except OSError as e:
             raise ReceiptError(f"{self.path}: cannot append step {self.steps_recorded} ({e})") from None
         self.steps_recorded += 1
+
+    def _check_step(self, loss: Any, grad_norm: Any, lr: Any, batch_hash: Any, hashes: Any, sketches: Any,
+                    batch_tokens: Any) -> Tuple[Dict[str, Any], Dict[str, np.ndarray], Dict[str, np.ndarray],
+                                                Dict[str, np.ndarray], Optional[np.ndarray]]:
+        """append_step's values as the rows they become; a ValueError naming the field where one is bad."""
+        scalars: Dict[str, Any] = {name: _number(name, value)
+                                   for name, value in (("loss", loss), ("grad_norm", grad_norm), ("lr", lr))}
+        scalars["batch_hash"] = np.uint64(_uint64("batch_hash", batch_hash))
+        K = len(self.tensor_names)
+        if not isinstance(hashes, Mapping) or not isinstance(sketches, Mapping):
+            raise ValueError("hashes and sketches must be mappings {family: values}")
+        hash_rows = {}
+        for fam in HASH_FAMILIES:
+            if fam not in hashes:
+                raise ValueError(f"hashes[{fam!r}] must hold {K} hashes, one per tensor (the family is missing)")
+            hash_rows[fam] = _uint64_row(f"hashes[{fam!r}]", hashes[fam], K)
+        l2_rows, projection_rows = {}, {}
+        for fam in SKETCH_FAMILIES:
+            l2_rows[fam], projection_rows[fam] = _sketch_rows(f"sketches[{fam!r}]", sketches.get(fam), K)
+        tokens = None
+        if self._batches is not None:
+            if batch_tokens is None:
+                raise ValueError("this receipt records batches: pass batch_tokens")
+            tokens = np.asarray(batch_tokens)
+            if tokens.shape != self._batch_shape:
+                raise ValueError(f"batch_tokens has shape {tokens.shape}, not {self._batch_shape}")
+        if batch_tokens is not None:
+            if digest.batch_hash(batch_tokens) != int(scalars["batch_hash"]):  # also: int32 exactly, or ValueError
+                raise ValueError("batch_hash is not the hash of batch_tokens")
+            if tokens is not None:
+                tokens = tokens.astype("<i4")
+        return scalars, hash_rows, l2_rows, projection_rows, tokens
 
     def record_step(self, *, loss: float, grad_norm: float, lr: float, batch: Any,
                     params: Union[Mapping[str, Any], Sequence[Any]], grads: Union[Mapping[str, Any], Sequence[Any]],
@@ -790,17 +940,25 @@ class ReceiptReader:
     def tensor_names(self) -> List[str]:
         return self.read_strings("/hashes/names")
 
+    def _typed(self, name: str, ndim: int, dtype: str) -> np.ndarray:
+        """read(), refused unless the dataset holds `dtype` (a hash read as a float is wrong bits)."""
+        stored = self.dataset(name, ndim).dtype
+        if stored != np.dtype(dtype):
+            self._fail(f"{name} holds {stored} values, where {np.dtype(dtype)} belongs; {self.DAMAGED}")
+        return self.read(name, ndim)
+
     def steps(self, name: str) -> np.ndarray:
         """/steps/<name>: loss, grad_norm, lr (float64) or batch_hash (uint64), one per step."""
-        return self.read(f"/steps/{name}", ndim=1)
+        return self._typed(f"/steps/{name}", 1, "<u8" if name == "batch_hash" else "<f8")
 
     def hashes(self, family: str) -> np.ndarray:
         """/hashes/<family>: uint64 (N, K)."""
-        return self.read(f"/hashes/{family}", ndim=2)
+        return self._typed(f"/hashes/{family}", 2, "<u8")
 
     def sketches(self, family: str) -> Tuple[np.ndarray, np.ndarray]:
-        """(/sketches/<family>_l2 (N, K), /sketches/<family>_projection (N, K, 16))."""
-        return self.read(f"/sketches/{family}_l2", ndim=2), self.read(f"/sketches/{family}_projection", ndim=3)
+        """(/sketches/<family>_l2 (N, K), /sketches/<family>_projection (N, K, 16)), float64."""
+        return (self._typed(f"/sketches/{family}_l2", 2, "<f8"),
+                self._typed(f"/sketches/{family}_projection", 3, "<f8"))
 
     def dumped_steps(self) -> List[int]:
         """The steps with /tensors/step_XXXXXX dumps."""

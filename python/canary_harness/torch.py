@@ -44,6 +44,12 @@ your names are the canary's) is checked in full before the receipt is created: a
 tensor no parameter maps to, a parameter of the model that maps to none, a name that is
 not a parameter, two parameters on one tensor, a shape that differs, or a parameter the
 optimizer does not hold is a RecorderError naming it, and no file is written.
+
+step() refuses (RecorderError, nothing recorded) any call after close(). It does not
+tell a step apart from a second step() for the same update (a step an AMP GradScaler
+skips leaves every parameter as it was, and is a step to record), nor gradients zeroed in
+place before it (`optimizer.zero_grad(set_to_none=False)`: that step records zeros): call
+it once, after optimizer.step() and before zero_grad().
 """
 
 from __future__ import annotations
@@ -89,12 +95,83 @@ def _host_float32(tensor: torch.Tensor) -> np.ndarray:
     return as_float32(t)
 
 
+# Manifest attributes the Recorder itself sets (or the writer owns): `extra` may not set them.
+_RESERVED_EXTRA = ("lane", "engine", "budget_features", "canary", "seed", "steps_planned", "features", "threads",
+                   "data_seed", "pack", "schema_version", "schema_minor", "complete")
+
+
+def _count_arg(name: str, value: Any) -> int:
+    """seed/steps: an int in 0..2**63-1 (the manifest's int64), never a float or a bool."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= int(value) < 2**63:
+        raise RecorderError(f"{name}={value!r}: give an int in 0..2**63-1")
+    return int(value)
+
+
+def _check_extra(extra: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+    """`extra` as manifest attributes: str keys the recorder does not set, str/int/float values."""
+    if extra is None:
+        return {}
+    if not isinstance(extra, Mapping):
+        raise RecorderError(f"extra: a {type(extra).__name__}, not a mapping of manifest attributes")
+    for key, value in extra.items():
+        if not isinstance(key, str) or not key:
+            raise RecorderError(f"extra: key {key!r} is not a non-empty str")
+        if key in _RESERVED_EXTRA:
+            raise RecorderError(f"extra: '{key}' is set by the Recorder; pass it as its own argument or rename it")
+        if isinstance(value, bool) or not isinstance(value, (str, int, float, np.integer, np.floating)):
+            raise RecorderError(f"extra['{key}']: {type(value).__name__} is not a str, int or float")
+    return dict(extra)
+
+
+def _parameter_aliases(model: torch.nn.Module) -> Dict[str, torch.nn.Parameter]:
+    """Every name a parameter has, tied ones included (named_parameters() names a tied
+    parameter once, under its first name; torch 1.13 has no remove_duplicate there)."""
+    names: Dict[str, torch.nn.Parameter] = {}
+    for prefix, module in model.named_modules(remove_duplicate=False):
+        for name, param in module._parameters.items():
+            if param is not None:
+                names.setdefault(f"{prefix}.{name}" if prefix else name, param)
+    return names
+
+
+def _scalar_arg(name: str, value: Any) -> Any:
+    """loss/grad_norm/lr: a real number, or a tensor/array of one element (tensors read later,
+    after the audit's step ends); anything else is a RecorderError naming the argument."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.is_complex() or value.dtype == torch.bool:
+            raise RecorderError(f"{name}: a tensor of shape {tuple(value.shape)} and dtype {value.dtype}; give one "
+                                "real number (a 1-element tensor)")
+        return value
+    if isinstance(value, np.ndarray) and value.size == 1:
+        value = value.reshape(())[()]
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise RecorderError(f"{name}={value!r}: a {type(value).__name__}, not a number")
+    return float(value)
+
+
 def _check_name_map(model: torch.nn.Module, name_map: Optional[Mapping[str, str]], tensor_names: Sequence[str],
                     shapes: Optional[Mapping[str, Tuple[int, ...]]]) -> Dict[str, torch.nn.Parameter]:
     """{canary name: the model's parameter}, in canonical order; RecorderError naming what does not fit."""
+    if name_map is not None and not isinstance(name_map, Mapping):
+        raise RecorderError(f"name_map: a {type(name_map).__name__}; give a mapping {{model parameter name: canary "
+                            "tensor name}, or None when the model's names are the canary's")
     params = dict(model.named_parameters())  # a tied parameter appears once, under its first name
+    aliases = _parameter_aliases(model)
     if name_map is None:
         name_map = {n: n for n in params}
+    # A tied parameter may be mapped by any of its names: each is taken as its first name.
+    first_name = {id(p): n for n, p in params.items()}
+    resolved: Dict[str, str] = {}
+    for user, target in name_map.items():
+        if not isinstance(user, str) or not isinstance(target, str):
+            raise RecorderError(f"name_map: {user!r} -> {target!r}: both names must be str")
+        if user not in params and user in aliases and id(aliases[user]) in first_name:
+            first = first_name[id(aliases[user])]
+            if first in name_map or first in resolved:
+                raise RecorderError(f"name_map: '{user}' and '{first}' are one tied parameter; map only one of them")
+            user = first
+        resolved[user] = target
+    name_map = resolved
     for user in name_map:
         if user not in params:
             known = ", ".join(list(params)[:4])
@@ -240,10 +317,24 @@ class _Worker:
         self._idle.wait()
 
     def stop(self) -> None:
-        """Drains (the step in flight is written) and ends the thread."""
+        """Drains (the step in flight is written) and ends the thread; a second call does nothing."""
+        if not self._thread.is_alive():  # ended already: a put would wait for a reader forever
+            return
         self._idle.wait()
         self._jobs.put(None)
         self._thread.join()
+
+
+def _canary_name(canary: Any) -> str:
+    """The canary's preset, for the default lane name; canary not a JSON object is a RecorderError."""
+    if isinstance(canary, str):
+        try:
+            canary = json.loads(canary)
+        except json.JSONDecodeError as e:
+            raise RecorderError(f"canary: not JSON ({e}); give the canary JSON text or a dict") from None
+    if not isinstance(canary, Mapping):
+        raise RecorderError(f"canary: a {type(canary).__name__}; give the canary JSON object (text or a dict)")
+    return str(canary.get("preset", "?"))
 
 
 class Recorder:
@@ -295,16 +386,21 @@ class Recorder:
                  extra: Optional[Mapping[str, Any]] = None, overwrite: bool = False,
                  stack: Optional[StackInfo] = None, trace: str = "none", op_names: Any = None,
                  audit: bool = False, overlap: Optional[bool] = None) -> None:
+        self._closed = False  # set by close() and __exit__: no step or dump after it (RecorderError)
         if trace not in ("none", "ops"):
             raise RecorderError(f"trace='{trace}': use 'none' or 'ops'")
+        if not isinstance(budget_features, str):
+            raise RecorderError(f"budget_features={budget_features!r}: declare it as a str (\"torch-cpu\", ...; "
+                                "\"\" for a bitwise lane)")
+        extra = _check_extra(extra)
         shapes = None
         batch_shape = None
         if pack is not None:
             canary = pack.canary_json
             tensor_names = pack.tensor_names
             shapes = {n: tuple(pack.init[n].shape) for n in pack.tensor_names}
-            seed = pack.seed if seed is None else seed
-            steps = pack.steps if steps is None else steps
+            seed = pack.seed if seed is None else _count_arg("seed", seed)
+            steps = pack.steps if steps is None else _count_arg("steps", steps)
             batch_shape = pack.batch_shape
             if steps > pack.steps:
                 raise RecorderError(f"steps {steps}: the pack {pack.path} holds {pack.steps} batches")
@@ -314,9 +410,19 @@ class Recorder:
                                       ("steps", steps)) if v is None]
             if missing:
                 raise RecorderError(f"Recorder needs a pack, or {', '.join(missing)}")
-            canary_name = (canary if isinstance(canary, Mapping) else json.loads(canary)).get("preset", "?")
+            seed, steps = _count_arg("seed", seed), _count_arg("steps", steps)
+            canary_name = _canary_name(canary)
+        if isinstance(tensor_names, (str, bytes)) or not all(isinstance(n, str) and n for n in tensor_names):
+            raise RecorderError("tensor_names: give a list of non-empty str, the canary's tensors in canonical order")
         self.tensor_names: List[str] = list(tensor_names)
+        duplicates = sorted({n for n in self.tensor_names if self.tensor_names.count(n) > 1})
+        if duplicates:
+            raise RecorderError(f"tensor_names: '{duplicates[0]}' appears more than once")
         self.parameters = _check_name_map(model, name_map, self.tensor_names, shapes)
+        for name, param in self.parameters.items():
+            if param.is_meta:  # no values to record: the model was never materialized
+                raise RecorderError(f"canary tensor '{name}': its parameter is on the meta device (no values); "
+                                    "materialize the model (to_empty() and load the init) before recording")
         held = {id(p) for group in optimizer.param_groups for p in group["params"]}
         for name, param in self.parameters.items():
             if id(param) not in held:
@@ -332,7 +438,7 @@ class Recorder:
             manifest["data_seed"] = pack.data_seed
             manifest["pack"] = os.path.basename(pack.path)
         manifest["trace"] = trace
-        manifest.update(extra or {})
+        manifest.update(extra)
         # Every tensor of every family hashed, params and grads sketched, in one call a step
         # (digest.DigestPlan: the harness's digest library where it is found, else Python).
         # Made before the receipt: a digest library that cannot be used leaves no file behind.
@@ -371,21 +477,72 @@ class Recorder:
 
     def _state(self, name: str, param: torch.Tensor, key: str) -> torch.Tensor:
         state = self.optimizer.state.get(param, {})
-        if key not in state:
+        if key in state:
+            return state[key]
+        if not state:  # no state yet: an Adam-like optimizer that has not stepped
             raise RecorderError(f"canary tensor '{name}': optimizer.state has no '{key}' (an Adam-like optimizer "
                                 "keeps exp_avg and exp_avg_sq; call step() after optimizer.step())")
-        return state[key]
+        # State without Adam's moments: no later step can be recorded either.
+        removed = ""
+        if self.steps_recorded == 0:  # a receipt of no step is no use: it goes with the error
+            self._abandon()
+            removed = f"; {self.path} is removed"
+        raise RecorderError(f"canary tensor '{name}': optimizer.state has no '{key}': "
+                            f"{type(self.optimizer).__name__} keeps no Adam moments (exp_avg, exp_avg_sq), which a "
+                            f"receipt records; record an Adam-like optimizer (Adam, AdamW){removed}")
+
+    def _abandon(self) -> None:
+        """Closes the recorder and deletes its receipt (no step recorded): it cannot record this run."""
+        self._closed = True
+        self._release_hooks()
+        self.writer.discard()
+
+    def _check_open(self, call: str) -> None:
+        if self._closed:
+            raise RecorderError(f"{call}: {self.path}: the recorder is closed (after close() or its `with` block); "
+                                "make a new Recorder to record another run")
+
+    def _check_batch(self, batch: Any) -> None:
+        """batch: integer tokens (B, T+1), the pack's batch shape where a pack gives it (no value read)."""
+        if isinstance(batch, torch.Tensor):
+            shape, integer = tuple(batch.shape), not (batch.is_floating_point() or batch.is_complex()
+                                                      or batch.dtype == torch.bool)
+        elif isinstance(batch, np.ndarray):
+            shape, integer = batch.shape, batch.dtype.kind in "iu"
+        else:
+            raise RecorderError(f"batch: a {type(batch).__name__}; give the step's int32 tokens (B, T+1) as a "
+                                "numpy array or a tensor")
+        if not integer:
+            raise RecorderError(f"batch: dtype {batch.dtype}; give the step's integer (int32) tokens")
+        want = self._batch_shape
+        if len(shape) != 2 or (want is not None and tuple(shape) != want):
+            raise RecorderError(f"batch: shape {tuple(shape)}, where the step's tokens are "
+                                f"{want if want is not None else '(B, T+1)'}")
 
     def step(self, *, loss: Any, grad_norm: Any, batch: Any, lr: Any = None) -> None:
         """Records the step just taken: call it after optimizer.step() and before zero_grad().
 
-        loss, grad_norm (before clipping) and lr may be tensors (read here, after the step)
-        or numbers; lr defaults to the first param group's. batch: the step's int32 tokens
-        (B, T+1), numpy or tensor. With overlap the row is written in the
+        loss, grad_norm (before clipping) and lr may be tensors of one element (read here,
+        after the step) or numbers; lr defaults to the first param group's. batch: the step's
+        int32 tokens (B, T+1), numpy or tensor. With overlap the row is written in the
         background; an error of the previous step's write is raised here (class docstring).
+        Refused (RecorderError, nothing recorded): a bad argument, and a recorder closed.
         """
+        self._check_open("step()")
         if self._failure is not None:  # a failed write leaves no gap: nothing after it is recorded
             raise self._failure
+        # Every argument checked before the step ends: a refused call leaves it open to retry.
+        loss, grad_norm = _scalar_arg("loss", loss), _scalar_arg("grad_norm", grad_norm)
+        lr = _scalar_arg("lr", self.optimizer.param_groups[0]["lr"] if lr is None else lr)
+        self._check_batch(batch)
+        grads: Dict[str, torch.Tensor] = {}
+        for name, param in self.parameters.items():
+            if param.grad is None:
+                raise RecorderError(f"canary tensor '{name}' has no gradient at step {self.steps_recorded}: "
+                                    "call step() after optimizer.step() and before optimizer.zero_grad()")
+            grads[name] = param.grad
+        adam_m = {name: self._state(name, p, "exp_avg") for name, p in self.parameters.items()}
+        adam_v = {name: self._state(name, p, "exp_avg_sq") for name, p in self.parameters.items()}
         compile_row = None
         if self.audit is not None:  # the step ends here, before anything below reads a value
             if not self.audit.active:
@@ -395,16 +552,6 @@ class Recorder:
                 compile_row = self.audit.end()
             except AuditError as e:
                 raise RecorderError(f"audit: step {self.steps_recorded}: {e}") from None
-        grads: Dict[str, torch.Tensor] = {}
-        for name, param in self.parameters.items():
-            if param.grad is None:
-                raise RecorderError(f"canary tensor '{name}' has no gradient at step {self.steps_recorded}: "
-                                    "call step() after optimizer.step() and before optimizer.zero_grad()")
-            grads[name] = param.grad
-        adam_m = {name: self._state(name, p, "exp_avg") for name, p in self.parameters.items()}
-        adam_v = {name: self._state(name, p, "exp_avg_sq") for name, p in self.parameters.items()}
-        if lr is None:
-            lr = self.optimizer.param_groups[0]["lr"]
         families = dict(zip(HASH_FAMILIES, (self.parameters, grads, adam_m, adam_v)))
         if self.overlap:
             self._hand_over(families, loss, grad_norm, lr, batch, compile_row)
@@ -554,6 +701,7 @@ class Recorder:
 
     def dump_tensors(self, step: int) -> None:
         """/tensors/step_XXXXXX: the parameters now (at the start of `step`), by canary name."""
+        self._check_open("dump_tensors()")
         if self._worker is not None:  # the rows before it first, in order (and their error, if any)
             self._worker.wait()
             self._raise_worker_error()
@@ -564,7 +712,11 @@ class Recorder:
     def close(self) -> None:
         """Closes the receipt: complete = 1 when every planned step was recorded (and removes
         the op tracer's hooks and the audit's modes). With overlap it first waits for the
-        step in flight, and raises its error (a RecorderError) after closing the file."""
+        step in flight, and raises its error (a RecorderError) after closing the file. Closing
+        again does nothing; step() and dump_tensors() after it are RecorderErrors."""
+        if self._closed:
+            return
+        self._closed = True
         try:
             self._drain()
         finally:
@@ -583,6 +735,9 @@ class Recorder:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self._closed:  # closed already (close() in the block): its errors were raised there
+            return
+        self._closed = True
         try:
             self._drain()
         finally:

@@ -148,6 +148,29 @@ def test_nudge_moves_element_zero_by_ulps_like_the_cpp():
         assert got.item() == want and np.signbit(got.item()) == np.signbit(want)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_nudge_by_many_ulps_is_repeated_nextafter_in_one_step(dtype):
+    """The nudge adds ulps through the bit pattern (it looped nextafter ulps times, so
+    ulps=2000000000 hung): the same values as repeated nextafter, across zero and up to +inf."""
+    from canary_harness.lane import _NudgeFirst
+    fi = torch.finfo(dtype)
+    sub = torch.nextafter(torch.zeros(3, dtype=dtype), torch.ones(3, dtype=dtype))  # the smallest subnormal
+    starts = [0.0, -0.0, 1.0, -1.0, fi.tiny, -fi.tiny, fi.max, -fi.max, float("inf"), -float("inf"), -sub[0].item(),
+              -3 * sub[0].item(), float("nan")]
+    on = torch.ones((), dtype=torch.bool)
+    for start in starts:
+        for ulps in (1, 2, 3, 7):
+            expected = torch.tensor([start], dtype=dtype)
+            for _ in range(ulps):
+                expected = torch.nextafter(expected, torch.full_like(expected, float("inf")))
+            got = _NudgeFirst.apply(torch.tensor([start], dtype=dtype), on, ulps)
+            e, g = expected.item(), got.item()
+            assert (np.isnan(e) and np.isnan(g)) or (e == g and np.signbit(e) == np.signbit(g)), (start, ulps, e, g)
+    big = _NudgeFirst.apply(torch.tensor([1.0, -1.0], dtype=dtype), on, 2**31 - 1)  # at once, not 2**31 loops
+    up = float("inf") if dtype != torch.float64 else float((np.array([1.0]).view(np.int64) + 2**31 - 1).view(np.float64)[0])
+    assert big[0].item() == up and big[1].item() == -1.0  # element 0 only
+
+
 def test_bad_inputs_exit_2_with_one_line_and_write_nothing(runs: dict, micro_pack: Path, cpp_receipt: Path,
                                                           tmp_path: Path):
     out_dir = tmp_path / "out"
@@ -172,6 +195,13 @@ def test_bad_inputs_exit_2_with_one_line_and_write_nothing(runs: dict, micro_pac
         (["--pack", pack, "--out", out, "--inject-fault", "op=blocks.0.ln1"], r"needs both step=K and op=NAME"),
         (["--pack", pack, "--out", out, "--inject-fault", "step=1,op=blocks.0.ln1,ulps=0"], r"ulps='0'"),
         (["--pack", pack, "--out", out, "--trace", "all"], r"--trace: unknown level 'all'; use none or ops"),
+        (["--pack", pack, "--out", out, "--inject-fault", ""], r"--inject-fault: empty"),
+        (["--pack", pack, "--out", out, "--inject-fault", "step=1,op=blocks.0.ln1,step=2"],
+         r"--inject-fault: key 'step' is given twice"),
+        (["--pack", pack, "--out", out, "--inject-fault", "step=\u00b2,op=blocks.0.ln1"], r"--inject-fault: step="),
+        (["--pack", pack, "--out", out, "--steps", "\u00b2"], r"--steps: '\u00b2' is not a number"),
+        (["--pack", pack, "--out", out, "--threads", "\u00b3"], r"--threads: '\u00b3' is not a number"),
+        (["--pack", pack, "--out", ""], r"--out: empty path"),
         (["--pack", pack, "--out", str(tmp_path / "nowhere" / "r.h5")], r"directory .*nowhere' does not exist"),
         (["--pack", pack, "--out", str(out_dir)], r"is a directory"),
         (["--pack", pack, "--out", out, "--bogus"], r"unrecognized arguments: --bogus"),

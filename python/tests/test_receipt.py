@@ -506,3 +506,97 @@ def test_any_flipped_byte_reads_or_is_a_receipt_error(tmp_path: Path):
         except Exception as e:  # noqa: BLE001  (what the property is about)
             failures.append((offset, repr(e)))
     assert not failures, failures[:5]
+
+
+# ---- bad values: one ReceiptError naming the field, and no row -------------------------------------
+
+def _good_step(**changes) -> dict:
+    step = dict(loss=1.0, grad_norm=1.0, lr=0.1, batch_hash=5,
+                hashes={fam: [1] * len(NAMES) for fam in HASH_FAMILIES},
+                sketches={fam: [(1.0, np.zeros(SKETCH_WIDTH))] * len(NAMES) for fam in SKETCH_FAMILIES})
+    step.update(changes)
+    return step
+
+
+@pytest.mark.parametrize("changes, field", [
+    (dict(grad_norm="x"), r"grad_norm is 'x', not a number"),
+    (dict(lr=None), r"lr is None, not a number"),
+    (dict(loss="x", compile={"HostSync": 0.0}), r"loss is 'x', not a number"),
+    (dict(batch_hash=2**64), r"batch_hash is 18446744073709551616, not an integer in 0..2\*\*64-1"),
+    (dict(batch_hash=-1), r"batch_hash is -1, not an integer"),
+    (dict(batch_hash=1.5), r"batch_hash is 1.5, not an integer"),
+    (dict(batch_hash="12"), r"batch_hash is '12', not an integer"),
+    (dict(hashes={fam: [-1] + [1] * (len(NAMES) - 1) for fam in HASH_FAMILIES}), r"hashes\['params'\]\[0\] is -1"),
+    (dict(hashes={fam: [1.5] * len(NAMES) for fam in HASH_FAMILIES}), r"hashes\['params'\]\[0\] is 1.5"),
+    (dict(hashes={fam: np.full(len(NAMES), 1.0) for fam in HASH_FAMILIES}), r"hashes\['params'\] holds float64"),
+    (dict(hashes={fam: np.full(len(NAMES), -1) for fam in HASH_FAMILIES}), r"hashes\['params'\] holds a negative"),
+    (dict(sketches={fam: [("x", np.zeros(SKETCH_WIDTH))] * len(NAMES) for fam in SKETCH_FAMILIES}),
+     r"sketches\['params'\]\[0\] l2 is 'x'"),
+    (dict(trace=5), r"trace is 5, not \(columns, hashes, sketches\)"),
+    (dict(compile=5), r"compile is 5, not a mapping"),
+])
+def test_a_bad_value_is_named_before_any_row_is_written(tmp_path: Path, harness_bin: Path, changes: dict,
+                                                         field: str):
+    """Every value is checked before the first dataset is touched: a bad one (here after a
+    good compile= row, the first written) leaves every dataset as it was, and the receipt
+    completed afterwards is valid."""
+    from conftest import run_harness
+    path = tmp_path / "r.h5"
+    good = {"compile": {"HostSync": 0.0}} if "compile" in changes else {}
+    with ReceiptWriter(path, manifest(steps=1), NAMES, stack=STACK) as writer:
+        with pytest.raises(ReceiptError, match=rf"^{re.escape(str(path))}: append_step 0: {field}"):
+            writer.append_step(**_good_step(**changes))
+        assert writer.steps_recorded == 0
+        writer.append_step(**_good_step(**good))
+    run_harness(harness_bin, "validate", str(path))
+    with ReceiptReader(path) as r:
+        assert r.complete and r.steps("batch_hash").tolist() == [5] and r.hashes("params")[0].tolist() == [1] * 4
+        assert all(r.read(n).shape[0] == 1 for n in ("steps/loss", "steps/grad_norm", "steps/lr", "hashes/params",
+                                                      "sketches/params_l2"))
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda d: ReceiptWriter(d, manifest(), NAMES, stack=STACK), r"^{d}: is a directory; give a file path"),
+    (lambda d: ReceiptWriter(d / "x.h5", {k: v for k, v in manifest().items() if k != "engine"}, NAMES, stack=STACK),
+     r"^{d}/x.h5: manifest lacks engine"),
+    (lambda d: ReceiptWriter(d / "x.h5", manifest(canary="{"), NAMES, stack=STACK), r"manifest canary is not JSON"),
+    (lambda d: ReceiptWriter(d / "x.h5", manifest(canary=[1]), NAMES, stack=STACK), r"manifest canary is a list"),
+    (lambda d: ReceiptWriter(d / "x.h5", manifest(), ["a", 1], stack=STACK), r"tensor_names must be"),
+    (lambda d: ReceiptWriter(5, manifest(), NAMES, stack=STACK), r"^5: not a receipt path"),
+    (lambda d: ReceiptWriter("", manifest(), NAMES, stack=STACK), r"^'': not a receipt path"),
+    (lambda d: ReceiptWriter(d / "x.h5", {**manifest(), "seed": 2**63}, NAMES, stack=STACK), r"manifest seed is"),
+    (lambda d: ReceiptWriter(d / "x.h5", {**manifest(), "seed": -5}, NAMES, stack=STACK), r"manifest seed is -5"),
+    (lambda d: ReceiptWriter(d / "x.h5", manifest(steps=2**63), NAMES, stack=STACK), r"manifest steps_planned is"),
+    (lambda d: ReceiptWriter(d / "x.h5", manifest(x=2**64), NAMES, stack=STACK), r"manifest x is .* outside int64"),
+    (lambda d: ReceiptWriter(d / "x.h5", {**manifest(), 5: 1}, NAMES, stack=STACK), r"manifest key 5 is not"),
+    (lambda d: ReceiptWriter(d / "x.h5", manifest(x="a\x00b"), NAMES, stack=STACK), r"manifest x holds a NUL"),
+    (lambda d: ReceiptWriter(d / "x.h5", manifest(), NAMES, batch_shape=(2, -1), stack=STACK), r"batch_shape is"),
+    (lambda d: ReceiptWriter(d / "x.h5", manifest(), NAMES, batch_shape=(2, 3, 4), stack=STACK), r"batch_shape is"),
+    (lambda d: ReceiptWriter(d / "dangling.h5", manifest(), NAMES, overwrite=True, stack=STACK),
+     r"dangling.h5: is a symlink to a missing file .*remove the link"),
+    (lambda d: ReceiptWriter(d / "none" / "x.h5", manifest(), NAMES, stack=STACK), r"directory .*none does not exist"),
+])
+def test_bad_writer_arguments_are_one_receipt_error_and_no_file(tmp_path: Path, call, message: str):
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "dangling.h5").symlink_to(tmp_path / "nowhere.h5")
+    with pytest.raises(ReceiptError, match=message.replace("{d}", re.escape(str(d)))):
+        call(d)
+    assert sorted(p.name for p in d.iterdir()) == ["dangling.h5"]
+
+
+@pytest.mark.parametrize("dataset, value, read", [
+    ("hashes/params", np.zeros((3, 4)), lambda r: r.hashes("params")),
+    ("steps/batch_hash", np.zeros(3), lambda r: r.steps("batch_hash")),
+    ("steps/loss", np.zeros(3, dtype=np.int64), lambda r: r.steps("loss")),
+    ("sketches/params_l2", np.zeros((3, 4), dtype=np.float32), lambda r: r.sketches("params")),
+])
+def test_a_dataset_of_the_wrong_dtype_is_named(tmp_path: Path, dataset: str, value: np.ndarray, read):
+    path = tmp_path / "r.h5"
+    with ReceiptWriter(path, manifest(steps=3), NAMES, stack=STACK) as writer:
+        write_steps(writer, 3)
+    with h5py.File(path, "r+") as f:
+        del f[dataset]
+        f.create_dataset(dataset, data=value)
+    with ReceiptReader(path) as r, pytest.raises(ReceiptError, match=rf"/{dataset} holds .* where .* belongs"):
+        read(r)

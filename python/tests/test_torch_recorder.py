@@ -175,19 +175,162 @@ def test_models_that_are_not_the_canary_are_named(micro_pack: Path, tmp_path: Pa
 
 def test_recording_at_the_wrong_moment_is_named(micro_pack: Path, tmp_path: Path):
     pack = read_pack(micro_pack)
-    _, model, _, name_map = user_setup(pack)
-    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
-    with Recorder(tmp_path / "sgd.h5", model, sgd, name_map, pack=pack, budget_features="torch-cpu") as recorder:
+    _, model, optimizer, name_map = user_setup(pack)
+    with Recorder(tmp_path / "early.h5", model, optimizer, name_map, pack=pack,
+                  budget_features="torch-cpu") as recorder:
         loss = model(torch.from_numpy(pack.batch(0)))
         loss.backward()
-        sgd.step()
-        with pytest.raises(RecorderError, match=r"canary tensor 'wte': optimizer.state has no 'exp_avg'"):
+        with pytest.raises(RecorderError, match=r"canary tensor 'wte': optimizer.state has no 'exp_avg' .*call "
+                                                r"step\(\) after optimizer.step\(\)"):
             recorder.step(loss=loss, grad_norm=1.0, batch=pack.batch(0))
-        sgd.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=True)
         with pytest.raises(RecorderError, match=r"canary tensor 'wte' has no gradient at step 0"):
             recorder.step(loss=loss, grad_norm=1.0, batch=pack.batch(0))
-    with ReceiptReader(tmp_path / "sgd.h5") as r:
+    with ReceiptReader(tmp_path / "early.h5") as r:
         assert r.steps_recorded == 0 and not r.complete
+
+
+def test_an_optimizer_without_adam_moments_is_named_and_its_receipt_removed(micro_pack: Path, tmp_path: Path):
+    pack = read_pack(micro_pack)
+    _, model, _, name_map = user_setup(pack)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    out = tmp_path / "sgd.h5"
+    recorder = Recorder(out, model, sgd, name_map, pack=pack, budget_features="torch-cpu")
+    loss = model(torch.from_numpy(pack.batch(0)))
+    loss.backward()
+    sgd.step()
+    with pytest.raises(RecorderError, match=r"'wte': optimizer.state has no 'exp_avg': SGD keeps no Adam moments "
+                                            r".*sgd.h5 is removed"):
+        recorder.step(loss=loss, grad_norm=1.0, batch=pack.batch(0))
+    assert not out.exists()
+    with pytest.raises(RecorderError, match="the recorder is closed"):
+        recorder.step(loss=loss, grad_norm=1.0, batch=pack.batch(0))
+    recorder.close()  # nothing left to close: no error
+
+
+def _toy(tmp_path: Path, **kw):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.Adam(model.parameters())
+    recorder = Recorder(tmp_path / "toy.h5", model, optimizer, budget_features="torch-cpu",
+                        canary={"preset": "toy"}, tensor_names=["weight", "bias"], seed=1, overwrite=True,
+                        **{"steps": 3, **kw})
+    return model, optimizer, recorder
+
+
+def _train(model, optimizer):
+    loss = model(torch.randn(2, 4)).pow(2).sum()
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
+BATCH = np.zeros((2, 5), np.int32)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_closed_recorder_refuses_steps_and_closes_again_quietly(tmp_path: Path, overlap: bool):
+    """Before: with overlap, a step() after close() was accepted and the next close() waited
+    forever on the stopped worker."""
+    model, optimizer, recorder = _toy(tmp_path, overlap=overlap)
+    loss = _train(model, optimizer)
+    recorder.step(loss=loss, grad_norm=1.0, batch=BATCH)
+    recorder.close()
+    _train(model, optimizer)
+    with pytest.raises(RecorderError, match="the recorder is closed"):
+        recorder.step(loss=loss, grad_norm=1.0, batch=BATCH)
+    with pytest.raises(RecorderError, match="the recorder is closed"):
+        recorder.dump_tensors(1)
+    recorder.close()
+    with recorder:
+        pass
+    with ReceiptReader(tmp_path / "toy.h5") as r:
+        assert r.steps_recorded == 1
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(loss=torch.ones(3)), r"loss: a tensor of shape \(3,\)"),
+    (dict(loss=None), r"loss=None: a NoneType, not a number"),
+    (dict(grad_norm="abc"), r"grad_norm='abc': a str, not a number"),
+    (dict(lr="x"), r"lr='x': a str, not a number"),
+    (dict(batch=None), r"batch: a NoneType"),
+    (dict(batch=np.zeros(5, np.int32)), r"batch: shape \(5,\)"),
+    (dict(batch=np.zeros((2, 5))), r"batch: dtype float64"),
+])
+def test_bad_step_arguments_are_named_and_record_nothing(tmp_path: Path, kwargs: dict, message: str):
+    model, optimizer, recorder = _toy(tmp_path, overlap=False)
+    loss = _train(model, optimizer)
+    with pytest.raises(RecorderError, match=message):
+        recorder.step(**{"loss": loss, "grad_norm": 1.0, "batch": BATCH, **kwargs})
+    recorder.step(loss=loss, grad_norm=1.0, batch=BATCH)  # the refused call recorded nothing: this one can
+    recorder.close()
+    with ReceiptReader(tmp_path / "toy.h5") as r:
+        assert r.steps_recorded == 1
+
+
+def test_a_batch_not_of_the_packs_shape_is_named(micro_pack: Path, tmp_path: Path):
+    pack = read_pack(micro_pack)
+    _, model, optimizer, name_map = user_setup(pack)
+    with Recorder(tmp_path / "r.h5", model, optimizer, name_map, pack=pack, budget_features="torch-cpu") as recorder:
+        loss = model(torch.from_numpy(pack.batch(0)))
+        loss.backward()
+        optimizer.step()
+        with pytest.raises(RecorderError, match=rf"batch: shape \(2, 3\), where the step's tokens are "
+                                                rf"\({pack.batch_shape[0]}, {pack.batch_shape[1]}\)"):
+            recorder.step(loss=loss, grad_norm=1.0, batch=pack.batch(0)[:, :3])
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(tensor_names=["weight", "bias", "weight"]), r"tensor_names: 'weight' appears more than once"),
+    (dict(name_map=[("weight", "weight")]), r"name_map: a list; give a mapping"),
+    (dict(steps=-1), r"steps=-1: give an int"),
+    (dict(steps=2.5), r"steps=2.5: give an int"),
+    (dict(extra={"x": [1]}), r"extra\['x'\]: list is not a str, int or float"),
+    (dict(extra={"complete": 1}), r"extra: 'complete' is set by the Recorder"),
+    (dict(extra={"lane": 5}), r"extra: 'lane' is set by the Recorder"),
+    (dict(extra={5: 1}), r"extra: key 5 is not a non-empty str"),
+    (dict(budget_features=None), r"budget_features=None: declare it as a str"),
+])
+def test_bad_recorder_arguments_are_named_and_write_nothing(tmp_path: Path, kwargs: dict, message: str):
+    model = torch.nn.Linear(4, 4)
+    args = {**dict(budget_features="torch-cpu", canary={"preset": "toy"}, tensor_names=["weight", "bias"], seed=1,
+                   steps=3), **kwargs}
+    name_map = args.pop("name_map", None)
+    with pytest.raises(RecorderError, match=message):
+        Recorder(tmp_path / "r.h5", model, torch.optim.Adam(model.parameters()), name_map, **args)
+    assert not (tmp_path / "r.h5").exists()
+
+
+class Tied(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+        self.b = torch.nn.Linear(4, 4)
+        self.b.weight = self.a.weight
+
+
+@pytest.mark.parametrize("alias", ["a.weight", "b.weight"])
+def test_a_tied_parameter_maps_by_either_name(tmp_path: Path, alias: str):
+    model = Tied()
+    optimizer = torch.optim.Adam(model.parameters())
+    recorder = Recorder(tmp_path / "t.h5", model, optimizer, {alias: "w", "a.bias": "a.bias", "b.bias": "b.bias"},
+                        budget_features="torch-cpu", canary={"preset": "toy"}, tensor_names=["w", "a.bias", "b.bias"],
+                        seed=1, steps=1)
+    assert recorder.parameters["w"] is model.a.weight
+    recorder.close()
+    with pytest.raises(RecorderError, match=r"'b.weight' and 'a.weight' are one tied parameter; map only one"):
+        Recorder(tmp_path / "t2.h5", model, optimizer, {"a.weight": "w", "b.weight": "w2", "a.bias": "a.bias",
+                                                         "b.bias": "b.bias"}, budget_features="torch-cpu",
+                 canary={"preset": "toy"}, tensor_names=["w", "w2", "a.bias", "b.bias"], seed=1, steps=1)
+    assert not (tmp_path / "t2.h5").exists()
+
+
+def test_meta_device_parameters_are_named_and_write_nothing(tmp_path: Path):
+    model = torch.nn.Linear(4, 4).to("meta")
+    with pytest.raises(RecorderError, match=r"canary tensor 'weight': its parameter is on the meta device"):
+        Recorder(tmp_path / "m.h5", model, torch.optim.Adam(model.parameters()), budget_features="torch-cpu",
+                 canary={"preset": "toy"}, tensor_names=["weight", "bias"], seed=1, steps=1)
+    assert not (tmp_path / "m.h5").exists()
 
 
 def _datasets(path: Path) -> dict:
