@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <cstring>
 #include <set>
@@ -164,13 +166,29 @@ class Parser {
     return out;
   }
 
+  // A calendar date YYYY-MM-DD, as calibrate writes it: the day the numbers were measured.
+  void check_date(const std::string& date, const std::string& key) const {
+    int year = 0, month = 0, day = 0;
+    const bool shaped = date.size() == 10 && date[4] == '-' && date[7] == '-' &&
+                        std::sscanf(date.c_str(), "%4d-%2d-%2d", &year, &month, &day) == 3;
+    const std::chrono::year_month_day ymd{std::chrono::year{year}, std::chrono::month{static_cast<unsigned>(month)},
+                                          std::chrono::day{static_cast<unsigned>(day)}};
+    if (!shaped || !ymd.ok() || month < 1 || day < 1) {
+      fail(fmt::format("{}: '{}' is not a date YYYY-MM-DD (the day these numbers were measured)", key, date));
+    }
+  }
+
   Provenance provenance(const toml::table& t, const std::string& where) const {
     Provenance p;
     p.calibrated = text(t, where, "calibrated", false);
+    if (!p.calibrated.empty()) check_date(p.calibrated, where + ".calibrated");
     if (t.contains("repeats")) {
       const auto r = t["repeats"].value<std::int64_t>();
       if (!r || *r < 0) fail(fmt::format("{}.repeats: must be a non-negative integer", where));
       p.repeats = static_cast<int>(*r);
+    }
+    if (t.contains("observed") && !t["observed"].as_table()) {
+      fail(fmt::format("{}.observed: must be a table {{ metric = largest difference seen, ... }}", where));
     }
     if (const toml::table* observed = t["observed"].as_table()) {
       for (auto&& [key, node] : *observed) {

@@ -13,6 +13,7 @@
 
 #include "canary_run.h"
 #include "commands.h"
+#include "json_text.h"
 #include "output_lock.h"
 #include "shard_environment.h"
 #include "defaults.h"
@@ -119,7 +120,7 @@ nlohmann::json read_summary(const std::string& dir) {
   try {
     return nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception& e) {
-    throw run::UsageError(fmt::format("merge: {} is not JSON ({})", path, e.what()));
+    throw run::UsageError(fmt::format("merge: {} is not JSON ({})", path, run::json_error_text(e)));
   }
 }
 

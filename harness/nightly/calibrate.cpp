@@ -147,7 +147,7 @@ std::string choose_feature(const std::string& wanted, const std::vector<std::str
   }
   if (composed.size() == 1) return composed.front();  // a feature of another stack (torch-bf16, ...)
   if (composed.empty()) {
-    throw run::UsageError(fmt::format("--lane: {} has no feature to calibrate: it is bitwise against the reference", lane));
+    throw run::UsageError(fmt::format("lane {} has no feature to calibrate: it is bitwise against the reference", lane));
   }
   throw run::UsageError(fmt::format("--feature: {} composes {}; name the one to calibrate", lane, fmt::join(composed, ", ")));
 }

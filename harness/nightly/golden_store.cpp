@@ -155,7 +155,7 @@ std::vector<Candidate> GoldenStore::candidates() const {
     }
   } catch (const nlohmann::json::exception& e) {
     throw GoldenError(fmt::format("{}: not a candidates record ({}); run `harness golden reject` and refresh again",
-                                  candidates_path(), e.what()));
+                                  candidates_path(), run::json_error_text(e)));
   }
   return out;
 }
@@ -291,7 +291,7 @@ std::vector<ProvenanceEntry> GoldenStore::log() const {
                          j.at("comparison"), j.value("allow_dirty", false)});
     } catch (const nlohmann::json::exception& e) {
       throw GoldenError(fmt::format("{}:{}: not a provenance entry ({}); restore the log from version control",
-                                    log_path(), number, e.what()));
+                                    log_path(), number, run::json_error_text(e)));
     }
   }
   return entries;
@@ -302,6 +302,11 @@ namespace {
 // one the store's log last recorded for the lane.
 void check_recorded_hash(const GoldenStore& store, const fs::path& file, const std::string& path,
                          const std::string& lane, const std::map<std::string, std::string>& recorded) {
+  if (!fs::is_regular_file(file)) {  // a directory has no content to hash: never a golden
+    throw GoldenError(fmt::format("{}: is not a file, where the golden of lane {} belongs; restore it with "
+                                  "`git checkout -- {}`",
+                                  path, lane, path));
+  }
   const auto it = recorded.find(lane);
   const std::string hash = run::file_content_hash(file.string());
   const std::string restore = fmt::format(

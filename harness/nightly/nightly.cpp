@@ -13,6 +13,7 @@
 
 #include "golden_store.h"
 #include "interrupt.h"
+#include "json_text.h"
 #include "lane_run.h"
 #include "receipt/receipt_reader.h"
 #include "stack_info.h"
@@ -500,7 +501,8 @@ json merge_summaries(const std::vector<json>& shards, const std::vector<std::str
     try {
       check_summary_shape(s);
     } catch (const json::exception& e) {
-      throw MatrixError(fmt::format("merge: {}/summary.json is damaged ({}); run the shard again", shard_dirs[i], e.what()));
+      throw MatrixError(fmt::format("merge: {}/summary.json is damaged ({}); run the shard again", shard_dirs[i],
+                                    run::json_error_text(e)));
     }
     for (const char* same : {"matrix", "budgets"}) {
       if (s[same]["content_hash"] != shards.front()[same]["content_hash"]) {

@@ -153,6 +153,17 @@ class Validator {
       steps_planned_ = *planned;
       if (steps_planned_ < 0) problem("/manifest/steps_planned", "is negative");
     }
+    for (const char* name : {"seed", "data_seed", "threads"}) {  // seeds are int64 >= 0; threads 0 = all cores
+      if (const auto value = integer(manifest, name); value && *value < 0) {
+        problem(std::string("/manifest/") + name, fmt::format("{} is negative", *value));
+      }
+    }
+    for (const char* name : {"lane", "engine"}) {  // a lane names its golden and budget entries
+      if (present.count(name) && h5::attr_kind(manifest, name) == AttrKind::kString &&
+          h5::read_attr_string(manifest, name).empty()) {
+        problem(std::string("/manifest/") + name, "is empty");
+      }
+    }
   }
 
   // "" (none) or feature names joined with '+': none empty, none twice (docs/budgets.md).

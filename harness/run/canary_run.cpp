@@ -17,6 +17,7 @@
 #include "canary_file.h"
 #include "data_source.h"
 #include "interrupt.h"
+#include "json_text.h"
 #include "output_lock.h"
 #include "receipt/receipt_writer.h"
 #include "registry.h"
@@ -231,11 +232,7 @@ RunOptions options_from_recipe(const nlohmann::json& recipe) {
     if (!recipe.at("inject_fault").is_null()) o.inject_fault = recipe.at("inject_fault").get<std::string>();
     if (recipe.contains("steps")) o.steps = static_cast<int>(recipe_integer(recipe, "steps", 1, 1000000));
   } catch (const nlohmann::json::exception& e) {
-    // what() is "[json.exception.<kind>.<id>] <what is wrong>": the rest names the key or type.
-    const std::string what = e.what();
-    const std::size_t end = what.find("] ");
-    throw UsageError(fmt::format("run_options: not a replay recipe ({})",
-                                 end == std::string::npos ? what : what.substr(end + 2)));
+    throw UsageError(fmt::format("run_options: not a replay recipe ({})", json_error_text(e)));
   }
   return o;
 }

@@ -15,4 +15,13 @@ inline std::string json_text(const nlohmann::json& j, int indent = 2) {
   return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+// A JSON library error as a person reads it: what() without its "[json.exception.<kind>.<id>] "
+// prefix, which names the library's internals, not the file ("key 'lane' not found",
+// "type must be string, but is number", "syntax error while parsing value ...").
+inline std::string json_error_text(const nlohmann::json::exception& e) {
+  const std::string what = e.what();
+  const std::size_t end = what.find("] ");
+  return end == std::string::npos ? what : what.substr(end + 2);
+}
+
 }  // namespace harness::run

@@ -195,17 +195,22 @@ ReplayResult replay(const ReplayOptions& options) {
                                  "this harness",
                                  options.receipt, o.canary));
   }
-  std::optional<canary::FaultSpec> fault;
-  const std::unique_ptr<canary::Canary> probe = canary::make_canary(config);
-  if (o.inject_fault) fault = canary::parse_fault_spec(*o.inject_fault, probe->forward_op_names());
-  const bool tracing = options.trace_ops || !rec.trace.empty();
-  const std::unique_ptr<canary::Canary> canary_model = canary::make_canary(config, fault, tracing);
-  const canary::Canary& model = *canary_model;
   const int threads = options.threads > 0 ? options.threads : o.threads > 0 ? o.threads : 0;
   std::optional<tbb::global_control> limit;
   if (threads > 0) limit.emplace(tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(threads));
+  std::optional<canary::FaultSpec> fault;
+  std::unique_ptr<Engine> engine;
+  const std::unique_ptr<canary::Canary> probe = canary::make_canary(config);
+  try {  // the recipe's fault and engine, checked as run checks its flags: named as the recipe's
+    if (o.inject_fault) fault = canary::parse_fault_spec(*o.inject_fault, probe->forward_op_names());
+    engine = make_engine(o.engine, o.engine_settings);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(fmt::format("{}: /manifest/run_options: {}; the receipt is damaged", options.receipt, e.what()));
+  }
+  const bool tracing = options.trace_ops || !rec.trace.empty();
+  const std::unique_ptr<canary::Canary> canary_model = canary::make_canary(config, fault, tracing);
+  const canary::Canary& model = *canary_model;
 
-  std::unique_ptr<Engine> engine = make_engine(o.engine, o.engine_settings);
   engine->bind(model.tensors());
   const std::optional<Checkpoint> checkpoint = trusted_checkpoint(reader, rec, options.from, result.checkpoint);
   if (checkpoint) {

@@ -222,4 +222,17 @@ for command in "run --steps 2 --out $run_dir/wide.h5" "export --steps 2 --out $r
     "$HARNESS" $command --canary "$run_dir/wide.toml"
 done
 [ ! -e "$run_dir/wide.h5" ] || fail "a canary too large for memory left a file"
+# Numbers and names no writer records: a negative seed or thread count, an empty lane
+cp "$run_dir/good.h5" "$run_dir/negative.h5"
+"$PY" - "$run_dir/negative.h5" <<'PY' || fail "could not write negative attributes"
+import h5py, numpy as np, sys
+with h5py.File(sys.argv[1], "r+") as f:
+    f["manifest"].attrs["seed"] = np.int64(-1)
+    f["manifest"].attrs["threads"] = np.int64(-2)
+    f["manifest"].attrs.create("lane", b"", dtype=h5py.string_dtype("utf-8", 1))
+PY
+"$HARNESS" validate "$run_dir/negative.h5" >"$WORK/stdout" 2>&1 && fail "validate passed a negative seed"
+for problem in "/manifest/seed: -1 is negative" "/manifest/threads: -2 is negative" "/manifest/lane: is empty"; do
+  grep -qF "negative.h5: $problem" "$WORK/stdout" || fail "validate does not say '$problem': $(cat "$WORK/stdout")"
+done
 finish

@@ -92,6 +92,13 @@ TEST(Budgets, EveryBadEntryIsAnErrorNamingTheFileAndKey) {
        "[data].form: must be bitwise"},
       {shipped_with(R"(schema_version = 1)", "schema_version = 7"), "schema_version: 7 is not 1"},
       {shipped_with(R"(calibrated = "2026-11-21")", ""), "[noise].calibrated: missing"},
+      {shipped_with(R"(calibrated = "2026-11-21")", "calibrated = \"yesterday\""),
+       "[noise].calibrated: 'yesterday' is not a date YYYY-MM-DD"},
+      {shipped_with(R"(calibrated = "2026-11-21")", "calibrated = \"2026-02-30\""),
+       "[noise].calibrated: '2026-02-30' is not a date YYYY-MM-DD"},
+      {shipped_text() + "\n[tiny.bf16]\nform = \"tolerance\"\nrationale = \"r\"\ncalibrated = \"2026-11-21\"\n"
+                        "observed = \"x\"\nloss = [ { steps = \"0-\", atol = 1 } ]\n",
+       "[tiny.bf16].observed: must be a table"},
       {shipped_with(R"(canaries = \["tiny", "micro"\])", "canaries = \"tiny\""), "[default-entries].canaries: must be an array"},
       {shipped_with(R"(canaries = \["tiny", "micro"\])", "canaries = [\"tiny\", 3]"), "[default-entries].canaries: every item"},
       {shipped_with(R"(canaries = \["tiny", "micro"\])", "canaries = []\ncanary = 1"), "[default-entries].canary: unknown key"},
