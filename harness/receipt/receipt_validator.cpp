@@ -195,6 +195,59 @@ class Validator {
     return h5::read_attr_int(group, name);
   }
 
+  // The columns' contents, as bisect reads them (docs/receipt-schema.md, "/trace"): the
+  // level, op indices counting from 0 that never go back, layers from -1, and the known
+  // phases and kinds. Only where the datasets have the right type and length (expect() named the rest).
+  void check_trace_columns(hsize_t columns) {
+    try {
+      check_trace_contents(columns);
+    } catch (const h5::Hdf5Error&) {
+      // A column that cannot be read: read_every_dataset() names it.
+    }
+  }
+
+  void check_trace_contents(hsize_t columns) {
+    const h5::Handle trace = h5::open_group(file_, "trace");
+    if (!h5::has_attr(trace, "level") || !h5::attr_shape_problem(trace, "level").empty() ||
+        h5::attr_kind(trace, "level") != AttrKind::kString || h5::read_attr_string(trace, "level") != "ops") {
+      problem("/trace", "attribute level must be the string \"ops\"");
+    }
+    const auto fits = [&](const char* name, const char* dtype) {
+      const auto it = datasets_.find(std::string("/trace/") + name);
+      return it != datasets_.end() && it->second.dtype == dtype && it->second.shape == Shape{columns};
+    };
+    if (fits("op_index", "int64")) {
+      const std::vector<std::int64_t> index = h5::read_i64(file_, "/trace/op_index");
+      for (std::size_t i = 0; i < index.size(); ++i) {
+        const bool in_order = index[i] >= 0 && index[i] <= static_cast<std::int64_t>(i) && (i == 0 || index[i] >= index[i - 1]);
+        if (!in_order) {  // outputs of one op share its index: never more than the column's place
+          problem("/trace/op_index",
+                  fmt::format("[{}] is {}: op indices count the ops from 0, never go back and never pass the column", i,
+                              index[i]));
+          break;
+        }
+      }
+    }
+    if (fits("layer", "int64")) {
+      const std::vector<std::int64_t> layers = h5::read_i64(file_, "/trace/layer");
+      const auto bad = std::find_if(layers.begin(), layers.end(), [](std::int64_t l) { return l < -1 || l > 1 << 20; });
+      if (bad != layers.end()) {
+        problem("/trace/layer", fmt::format("[{}] is {}: a block index, or -1 outside the blocks", bad - layers.begin(), *bad));
+      }
+    }
+    const std::map<std::string, std::set<std::string>> known{
+        {"phase", {"forward", "backward", "optimizer"}},
+        {"kind", {"activation", "activation_grad", "gradient", "parameter", "scalar"}}};
+    for (const auto& [name, values] : known) {
+      if (!fits(name.c_str(), "string")) continue;
+      const std::vector<std::string> entries = h5::read_strings(file_, "/trace/" + name);
+      const auto bad = std::find_if(entries.begin(), entries.end(), [&](const std::string& e) { return !values.count(e); });
+      if (bad != entries.end()) {
+        problem("/trace/" + name, fmt::format("[{}] is '{}', not one of {}", bad - entries.begin(), *bad, fmt::join(values, ", ")));
+      }
+    }
+  }
+
   // A dataset of the given element type and shape; `shape` entries of 0 match any length.
   bool expect(const std::string& path, const std::string& dtype, const Shape& shape) {
     if (!h5::exists(file_, path)) {
@@ -283,6 +336,7 @@ class Validator {
       expect("/trace/hash", "uint64", {steps_, columns});
       expect("/trace/l2", "float64", {steps_, columns});
       expect("/trace/projection", "float64", {steps_, columns, kSketchWidth});
+      check_trace_columns(columns);
     }
     for (const char* group : {"/fp8", "/memory"}) {
       if (!h5::exists(file_, group)) continue;

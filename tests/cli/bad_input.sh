@@ -235,4 +235,22 @@ PY
 for problem in "/manifest/seed: -1 is negative" "/manifest/threads: -2 is negative" "/manifest/lane: is empty"; do
   grep -qF "negative.h5: $problem" "$WORK/stdout" || fail "validate does not say '$problem': $(cat "$WORK/stdout")"
 done
+# /trace's contents, as bisect reads them: the level, op indices in order, known phases
+"$HARNESS" run --canary micro --steps 2 --trace ops --out "$run_dir/traced.h5" >/dev/null 2>&1 || fail "traced run"
+"$HARNESS" validate "$run_dir/traced.h5" >/dev/null 2>&1 || fail "a traced receipt does not validate"
+cp "$run_dir/traced.h5" "$run_dir/bad-trace.h5"
+"$PY" - "$run_dir/bad-trace.h5" <<'PY' || fail "could not change /trace"
+import h5py, sys
+with h5py.File(sys.argv[1], "r+") as f:
+    f["trace/op_index"][0] = 5
+    phase = f["trace/phase"][()]
+    phase[1] = b"zz"
+    f["trace/phase"][...] = phase
+    f["trace"].attrs.create("level", b"all", dtype=h5py.string_dtype("utf-8", 3))
+PY
+"$HARNESS" validate "$run_dir/bad-trace.h5" >"$WORK/stdout" 2>&1 && fail "validate passed a damaged /trace"
+for problem in "/trace/op_index: \[0\] is 5: op indices count the ops from 0" "/trace/phase: \[1\] is 'zz', not one of" \
+               '/trace: attribute level must be the string "ops"'; do
+  grep -qE "bad-trace.h5: $problem" "$WORK/stdout" || fail "validate does not say '$problem': $(cat "$WORK/stdout")"
+done
 finish
