@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <filesystem>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -103,20 +104,22 @@ std::vector<CheckpointRef> ReceiptReader::checkpoints() const {
   const h5::Handle group = h5::open_group(file_, "checkpoints");
   const std::filesystem::path receipt_dir = std::filesystem::path(path_).parent_path();
   const std::string directory = h5::read_attr_string(group, "directory");
-  const auto add = [&](int step, std::string content_hash) {
-    if (step < 1) fail(fmt::format("/checkpoints names step {}; checkpoints start at step 1", step));
+  const auto add = [&](std::int64_t step, std::string content_hash) {
+    if (step < 1 || step > std::numeric_limits<int>::max()) {
+      fail(fmt::format("/checkpoints names step {}; checkpoints start at step 1", step));
+    }
     const std::string name = fmt::format("step_{:06d}", step);
-    out.push_back({step, (receipt_dir / directory / (name + ".h5")).string(), std::move(content_hash)});
+    out.push_back({static_cast<int>(step), (receipt_dir / directory / (name + ".h5")).string(), std::move(content_hash)});
   };
   if (h5::exists(group, "step")) {  // schema minor 1: rows of /checkpoints/step and content_hash
     const std::vector<std::int64_t> steps = h5::read_i64(group, "step");
     const std::vector<std::string> hashes = h5::read_strings(group, "content_hash");
     if (steps.size() != hashes.size()) fail("/checkpoints/step and /checkpoints/content_hash differ in length");
-    for (std::size_t i = 0; i < steps.size(); ++i) add(static_cast<int>(steps[i]), hashes[i]);
+    for (std::size_t i = 0; i < steps.size(); ++i) add(steps[i], hashes[i]);
   } else {  // schema minor 0: one attribute step_XXXXXX per checkpoint
     for (const std::string& name : h5::attr_names(group)) {
       if (!name.starts_with("step_")) continue;
-      int step = 0;
+      std::int64_t step = 0;
       const std::string digits = name.substr(5);
       const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), step);
       if (ec != std::errc() || end != digits.data() + digits.size()) {

@@ -1,6 +1,7 @@
 #include "checkpoint.h"
 
 #include <filesystem>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -56,7 +57,11 @@ Checkpoint read_checkpoint_file(const std::string& path) {
   if (h5::read_attr_int(file, "checkpoint_version") != kCheckpointVersion) {
     throw h5::Hdf5Error(fmt::format("checkpoint_version is not {}", kCheckpointVersion));
   }
-  c.step = static_cast<int>(h5::read_attr_int(file, "step"));
+  const std::int64_t step = h5::read_attr_int(file, "step");
+  if (step < 1 || step > std::numeric_limits<int>::max()) {
+    throw h5::Hdf5Error(fmt::format("step {} is not a checkpoint's step (1..{})", step, std::numeric_limits<int>::max()));
+  }
+  c.step = static_cast<int>(step);
   c.lane = h5::read_attr_string(file, "lane");
   c.seed = h5::read_attr_int(file, "seed");
   c.data_seed = static_cast<std::uint64_t>(h5::read_attr_int(file, "data_seed"));

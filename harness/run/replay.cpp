@@ -112,13 +112,17 @@ std::optional<Checkpoint> trusted_checkpoint(const receipt::ReceiptReader& r, co
   }
   const std::string content = file_content_hash(path);
   if (content != chosen->content_hash) {
-    throw UsageError(fmt::format("{}: content hash {} is not the {} the receipt recorded; the checkpoint was altered or "
-                                 "replaced, not trusted",
+    throw UsageError(fmt::format("{}: content hash {} is not the '{}' the receipt recorded; the checkpoint was altered "
+                                 "or replaced, not trusted",
                                  path, content, chosen->content_hash));
   }
   Checkpoint c = load_checkpoint(path);
-  if (c.step != chosen->step || c.data_cursor != c.step || c.names != rec.tensors) {
-    throw UsageError(fmt::format("{}: holds step {} of other tensors; not the checkpoint the receipt recorded", path, c.step));
+  const std::string mismatch = c.step != chosen->step   ? fmt::format("holds step {}, not {}", c.step, chosen->step)
+                               : c.data_cursor != c.step ? fmt::format("its data cursor {} is not its step {}", c.data_cursor, c.step)
+                               : c.names != rec.tensors  ? "holds other tensors than the receipt's"
+                                                         : "";
+  if (!mismatch.empty()) {
+    throw UsageError(fmt::format("{}: {}; not the checkpoint the receipt recorded", path, mismatch));
   }
   const std::size_t K = rec.tensors.size(), row = static_cast<std::size_t>(c.step - 1) * K;
   for (std::size_t f = 0; f < 3; ++f) {
