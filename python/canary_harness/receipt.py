@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import time
 from typing import Any, Dict, List, Mapping, NamedTuple, NoReturn, Optional, Sequence, Tuple, Union
 
@@ -362,6 +363,14 @@ def _check_target(path: str, overwrite: bool) -> None:
         raise ReceiptError(f"{path}: directory {directory} does not exist; create it first")
 
 
+def _write_failure(error: BaseException) -> str:
+    """Why HDF5 could not write, in a few words: h5py's message of a failed write spans
+    lines ("... errno = 27, error message = 'File too large', buf = ..."); its error
+    message is what a person needs."""
+    found = re.search(r"error message = '([^']*)'", str(error))
+    return found.group(1) if found else str(error).splitlines()[0]
+
+
 class ReceiptWriter:
     """Writes a receipt as the run goes: the manifest first, then one flushed row per step.
 
@@ -598,9 +607,34 @@ class ReceiptWriter:
             f.flush()
             if not f.swmr_mode:
                 f.swmr_mode = True
-        except OSError as e:
-            raise ReceiptError(f"{self.path}: cannot append step {self.steps_recorded} ({e})") from None
+        except (OSError, RuntimeError) as e:  # h5py raises RuntimeError for a flush that failed
+            self._remove_damaged()
+            raise ReceiptError(f"{self.path}: cannot append step {self.steps_recorded} ({_write_failure(e)}); the "
+                               "damaged file is removed: free space (or raise the file size limit) and run again") \
+                from None
         self.steps_recorded += 1
+
+    def _remove_damaged(self) -> None:
+        """After a write failed part-way (a full disk, a file size limit): some datasets may hold
+        a row the others lack and HDF5's metadata may no longer describe the file, so it is no
+        receipt a reader can trust; it is removed, as receipt_writer.cpp removes its own.
+        Later calls find the writer closed."""
+        file, self._file = self._file, None
+        if file is not None:
+            # Its close flushes again and fails as the write did, and HDF5 1.10.8 then crashes
+            # at exit closing it once more: its descriptor is pointed at /dev/null first, so
+            # that what HDF5 still writes goes nowhere and the close succeeds.
+            try:
+                null = os.open(os.devnull, os.O_RDWR)
+                try:
+                    os.dup2(null, file.id.get_vfd_handle())
+                finally:
+                    os.close(null)
+                file.close()
+            except (OSError, RuntimeError, ValueError):
+                pass
+        if os.path.lexists(self.path):
+            os.unlink(self.path)
 
     def _check_step(self, loss: Any, grad_norm: Any, lr: Any, batch_hash: Any, hashes: Any, sketches: Any,
                     batch_tokens: Any) -> Tuple[Dict[str, Any], Dict[str, np.ndarray], Dict[str, np.ndarray],

@@ -600,3 +600,34 @@ def test_a_dataset_of_the_wrong_dtype_is_named(tmp_path: Path, dataset: str, val
         f.create_dataset(dataset, data=value)
     with ReceiptReader(path) as r, pytest.raises(ReceiptError, match=rf"/{dataset} holds .* where .* belongs"):
         read(r)
+
+
+WRITER_PAST_A_FILE_SIZE_LIMIT = """
+import os, resource, sys
+sys.path[:0] = sys.argv[2:]
+from test_receipt import NAMES, STACK, manifest, write_steps
+from canary_harness import ReceiptError, ReceiptWriter
+resource.setrlimit(resource.RLIMIT_FSIZE, (40000, 40000))  # SIGXFSZ: Python ignores it, so a write fails with EFBIG
+writer = ReceiptWriter(sys.argv[1], manifest(steps=200), NAMES, stack=STACK)
+try:
+    write_steps(writer, 200)
+except ReceiptError as e:
+    print(e)
+writer.close()
+print("left" if os.path.lexists(sys.argv[1]) else "removed")
+"""
+
+
+def test_a_write_that_fails_part_way_removes_the_file_and_ends_cleanly(tmp_path: Path):
+    """Past a file size limit (as on a full disk) a step's flush fails part-way: the file is
+    no receipt a reader can trust, so it is removed with one line naming why, and the
+    process ends normally (HDF5 1.10.8 crashed at exit closing such a file)."""
+    path = tmp_path / "r.h5"
+    run = subprocess.run([sys.executable, "-c", WRITER_PAST_A_FILE_SIZE_LIMIT, str(path), str(Path(__file__).parent),
+                          str(PYTHON_DIR)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = run.stdout.splitlines()
+    assert len(lines) == 2 and lines[1] == "removed", run.stdout
+    assert re.fullmatch(rf"{re.escape(str(path))}: cannot append step \d+ \(File too large\); the damaged file is "
+                        r"removed: free space \(or raise the file size limit\) and run again", lines[0]), lines[0]
+    assert not path.exists()
