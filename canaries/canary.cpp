@@ -172,14 +172,18 @@ std::string engine_cannot_run(const Engine& engine, const Canary& canary) {
 
 namespace {
 // Sizes within a canary file's ranges can still ask for terabytes (context 65536 is 2^32
-// attention scores a row and head). Every engine holds the table's arenas, so their sum is
-// what a run needs at least: refused here, naming the sizes, rather than std::bad_alloc
-// from whichever allocation comes first.
+// attention scores a row and head). Every engine holds the table's arenas and a scratch
+// buffer the size of its largest tensor (HostTensors::bind), so their sum is what a run
+// needs at least: refused here, naming the sizes, rather than std::bad_alloc (or the
+// kernel's OOM kill) from whichever allocation comes first. A lower bound: a canary
+// near the machine's memory can still run out.
 void check_fits_in_memory(const CanaryConfig& config, const TensorTable& table) {
-  double bytes = 0;
+  double bytes = 0, largest = 0;
   for (int kind = 0; kind <= static_cast<int>(TensorKind::Input); ++kind) {
     bytes += 4.0 * static_cast<double>(table.arena_numel(static_cast<TensorKind>(kind)));
   }
+  for (const TensorDesc& d : table.all()) largest = std::max(largest, 4.0 * static_cast<double>(d.numel()));
+  bytes += largest;
   const double memory = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
   if (memory > 0 && bytes > memory) {
     throw std::invalid_argument(fmt::format(

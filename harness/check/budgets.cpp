@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
-#include <cstdio>
 #include <cmath>
 #include <cstring>
 #include <set>
@@ -168,12 +167,19 @@ class Parser {
 
   // A calendar date YYYY-MM-DD, as calibrate writes it: the day the numbers were measured.
   void check_date(const std::string& date, const std::string& key) const {
-    int year = 0, month = 0, day = 0;
-    const bool shaped = date.size() == 10 && date[4] == '-' && date[7] == '-' &&
-                        std::sscanf(date.c_str(), "%4d-%2d-%2d", &year, &month, &day) == 3;
+    const auto digits = [&](std::size_t from, std::size_t count) {
+      int value = 0;
+      for (std::size_t i = from; i < from + count; ++i) {
+        if (date[i] < '0' || date[i] > '9') return -1;
+        value = value * 10 + (date[i] - '0');
+      }
+      return value;
+    };
+    const bool shaped = date.size() == 10 && date[4] == '-' && date[7] == '-';
+    const int year = shaped ? digits(0, 4) : -1, month = shaped ? digits(5, 2) : -1, day = shaped ? digits(8, 2) : -1;
     const std::chrono::year_month_day ymd{std::chrono::year{year}, std::chrono::month{static_cast<unsigned>(month)},
                                           std::chrono::day{static_cast<unsigned>(day)}};
-    if (!shaped || !ymd.ok() || month < 1 || day < 1) {
+    if (year < 0 || month < 0 || day < 0 || !ymd.ok()) {
       fail(fmt::format("{}: '{}' is not a date YYYY-MM-DD (the day these numbers were measured)", key, date));
     }
   }

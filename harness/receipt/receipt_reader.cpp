@@ -106,7 +106,7 @@ std::vector<CheckpointRef> ReceiptReader::checkpoints() const {
   const std::string directory = h5::read_attr_string(group, "directory");
   const auto add = [&](std::int64_t step, std::string content_hash) {
     if (step < 1 || step > std::numeric_limits<int>::max()) {
-      fail(fmt::format("/checkpoints names step {}; checkpoints start at step 1", step));
+      fail(fmt::format("/checkpoints names step {}; a checkpoint's step is 1..{}", step, std::numeric_limits<int>::max()));
     }
     const std::string name = fmt::format("step_{:06d}", step);
     out.push_back({static_cast<int>(step), (receipt_dir / directory / (name + ".h5")).string(), std::move(content_hash)});

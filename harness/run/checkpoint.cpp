@@ -1,5 +1,7 @@
 #include "checkpoint.h"
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 
@@ -48,7 +50,13 @@ void write_checkpoint_file(const std::string& path, const Checkpoint& c) {
     h5::write_dataset(engine, dataset_name(key), H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, {values.size()}, values.data());
   }
   for (const auto& [key, value] : c.engine.facts) h5::write_attr(engine, key, value);
-  if (H5Fflush(file, H5F_SCOPE_GLOBAL) < 0) throw h5::Hdf5Error("flush " + path);
+  errno = 0;
+  if (H5Fflush(file, H5F_SCOPE_GLOBAL) < 0) {
+    const int error = errno;
+    throw h5::Hdf5Error(fmt::format("{}: HDF5 cannot flush the checkpoint{}; free space (or raise the file size limit) "
+                                    "and run again",
+                                    path, error != 0 ? fmt::format(" ({})", std::strerror(error)) : ""));
+  }
 }
 
 Checkpoint read_checkpoint_file(const std::string& path) {

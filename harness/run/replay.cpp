@@ -209,7 +209,10 @@ ReplayResult replay(const ReplayOptions& options) {
     if (o.inject_fault) fault = canary::parse_fault_spec(*o.inject_fault, probe->forward_op_names());
     engine = make_engine(o.engine, o.engine_settings);
   } catch (const std::invalid_argument& e) {
-    throw UsageError(fmt::format("{}: /manifest/run_options: {}; the receipt is damaged", options.receipt, e.what()));
+    // e.what() names the run flag the recipe key stands for (--engine, --features, ...).
+    throw UsageError(fmt::format("{}: /manifest/run_options holds what `harness run` refuses ({}); the receipt is "
+                                 "damaged",
+                                 options.receipt, e.what()));
   }
   const bool tracing = options.trace_ops || !rec.trace.empty();
   const std::unique_ptr<canary::Canary> canary_model = canary::make_canary(config, fault, tracing);

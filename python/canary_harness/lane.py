@@ -422,6 +422,8 @@ def _ulps_up(torch, x, ulps: int):
     magnitude, map to an ordered integer line (key = magnitude, negated for a negative
     value, so -0.0 and +0.0 both sit at 0); adding ulps there is ulps nextafters, and a key
     of 0 reached from below is -0.0."""
+    if ulps == 0:  # no nextafter at all (the line below would turn +0.0 into -0.0)
+        return x
     bits_dtype, width, inf_bits = _FLOAT_BITS[str(x.dtype).replace("torch.", "")]
     sign = 1 << (width - 1)
     bits = x.view(getattr(torch, bits_dtype)).to(torch.int64)

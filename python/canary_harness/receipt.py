@@ -170,6 +170,8 @@ def _number(field: str, value: Any) -> float:
     """A real number (int, float, numpy scalar, or a 1-element array/tensor) as float."""
     if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_)):
         return float(value)
+    if _is_real_scalar_tensor(value):  # the loss as the step left it: with grad, bf16, on a device
+        return float(value.detach().to(device="cpu", dtype=torch_module().float64))
     try:
         array = np.asarray(value)
     except Exception:  # noqa: BLE001 -- anything numpy cannot take is not a number
@@ -177,6 +179,23 @@ def _number(field: str, value: Any) -> float:
     if array is None or array.size != 1 or array.dtype.kind not in "iuf":
         raise ValueError(f"{field} is {value!r:.60}, not a number")
     return float(array.reshape(()))
+
+
+def torch_module() -> Any:
+    """torch, imported where a tensor is given (torch is optional for the package)."""
+    import torch
+
+    return torch
+
+
+def _is_real_scalar_tensor(value: Any) -> bool:
+    """A torch tensor of one real (floating or integer, not bool or complex) element; False
+    without importing torch when torch is not loaded (then no tensor can be given)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor) and value.numel() == 1 \
+        and not value.is_complex() and value.dtype != torch.bool
 
 
 def _uint64(field: str, value: Any) -> int:
@@ -308,7 +327,9 @@ def _manifest_attrs(manifest: Mapping[str, Any], stack: StackInfo) -> Dict[str, 
             value = int(value)
             if value < 0 or value >= 2**63:
                 raise ValueError(f"manifest {key} is {value}; give an int in 0..2**63-1")
-        elif key in ("lane", "engine", "features", "budget_features") and not isinstance(value, str):
+        elif key in ("lane", "engine") and (not isinstance(value, str) or not value):
+            raise ValueError(f"manifest {key} is {value!r}: a non-empty str (it names the lane's goldens and budgets)")
+        elif key in ("features", "budget_features") and not isinstance(value, str):
             raise TypeError(f"manifest {key} must be a str, not {type(value).__name__}")
         elif not isinstance(value, (str, int, float, np.integer, np.floating)):
             raise TypeError(f"manifest {key}: {type(value).__name__} is not a str, int or float")

@@ -159,7 +159,7 @@ def test_nudge_by_many_ulps_is_repeated_nextafter_in_one_step(dtype):
               -3 * sub[0].item(), float("nan")]
     on = torch.ones((), dtype=torch.bool)
     for start in starts:
-        for ulps in (1, 2, 3, 7):
+        for ulps in (0, 1, 2, 3, 7):
             expected = torch.tensor([start], dtype=dtype)
             for _ in range(ulps):
                 expected = torch.nextafter(expected, torch.full_like(expected, float("inf")))

@@ -631,3 +631,26 @@ def test_a_write_that_fails_part_way_removes_the_file_and_ends_cleanly(tmp_path:
     assert re.fullmatch(rf"{re.escape(str(path))}: cannot append step \d+ \(File too large\); the damaged file is "
                         r"removed: free space \(or raise the file size limit\) and run again", lines[0]), lines[0]
     assert not path.exists()
+
+
+def test_a_loss_tensor_as_the_step_left_it_is_a_number(tmp_path: Path):
+    """record_step takes the loss straight from the step: a 0-d tensor with grad, or bf16."""
+    import torch
+
+    weight = torch.ones(3, requires_grad=True)
+    losses = [(weight * 2).sum(), (weight * 2).sum().detach().to(torch.bfloat16)]
+    with ReceiptWriter(tmp_path / "r.h5", manifest(steps=2), NAMES, stack=STACK) as writer:
+        rng = np.random.default_rng(0)
+        for loss in losses:
+            state = {fam: tensors(rng) for fam in HASH_FAMILIES}
+            writer.record_step(loss=loss, grad_norm=torch.tensor(0.5), lr=1e-3, batch=rng.integers(0, 11, BATCH),
+                               **state)
+    with ReceiptReader(tmp_path / "r.h5") as r:
+        assert r.steps("loss").tolist() == [6.0, 6.0] and r.steps("grad_norm").tolist() == [0.5, 0.5]
+
+
+@pytest.mark.parametrize("key", ["lane", "engine"])
+def test_an_empty_lane_or_engine_is_refused_as_validate_refuses_it(tmp_path: Path, key: str):
+    with pytest.raises(ReceiptError, match=rf"manifest {key} is '': a non-empty str"):
+        ReceiptWriter(tmp_path / "r.h5", manifest(**{key: ""}), NAMES, stack=STACK)
+    assert not (tmp_path / "r.h5").exists()

@@ -96,6 +96,8 @@ TEST(Budgets, EveryBadEntryIsAnErrorNamingTheFileAndKey) {
        "[noise].calibrated: 'yesterday' is not a date YYYY-MM-DD"},
       {shipped_with(R"(calibrated = "2026-11-21")", "calibrated = \"2026-02-30\""),
        "[noise].calibrated: '2026-02-30' is not a date YYYY-MM-DD"},
+      {shipped_with(R"(calibrated = "2026-11-21")", "calibrated = \"2026-+1-01\""),
+       "[noise].calibrated: '2026-+1-01' is not a date YYYY-MM-DD"},
       {shipped_text() + "\n[tiny.bf16]\nform = \"tolerance\"\nrationale = \"r\"\ncalibrated = \"2026-11-21\"\n"
                         "observed = \"x\"\nloss = [ { steps = \"0-\", atol = 1 } ]\n",
        "[tiny.bf16].observed: must be a table"},
