@@ -238,8 +238,9 @@ class Validator {
     const std::map<std::string, std::set<std::string>> known{
         {"phase", {"forward", "backward", "optimizer"}},
         {"kind", {"activation", "activation_grad", "gradient", "parameter", "scalar"}}};
-    for (const auto& [name, values] : known) {
+    for (const auto& [name, allowed] : known) {
       if (!fits(name.c_str(), "string")) continue;
+      const std::set<std::string>& values = allowed;  // a plain reference: clang 14 cannot capture a structured binding
       const std::vector<std::string> entries = h5::read_strings(file_, "/trace/" + name);
       const auto bad = std::find_if(entries.begin(), entries.end(), [&](const std::string& e) { return !values.count(e); });
       if (bad != entries.end()) {
