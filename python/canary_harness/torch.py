@@ -54,7 +54,6 @@ it once, after optimizer.step() and before zero_grad().
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import threading
@@ -64,6 +63,7 @@ import numpy as np
 import torch
 
 from .digest import DigestPlan, DigestRows, as_float32, batch_hash
+from .models.config import canary_object
 from .philox import stream_id
 from .receipt import PathLike, ReceiptError, ReceiptWriter, SketchRows, TraceColumn
 from .schema import HASH_FAMILIES, SKETCH_FAMILIES
@@ -327,14 +327,10 @@ class _Worker:
 
 def _canary_name(canary: Any) -> str:
     """The canary's preset, for the default lane name; canary not a JSON object is a RecorderError."""
-    if isinstance(canary, str):
-        try:
-            canary = json.loads(canary)
-        except json.JSONDecodeError as e:
-            raise RecorderError(f"canary: not JSON ({e}); give the canary JSON text or a dict") from None
-    if not isinstance(canary, Mapping):
-        raise RecorderError(f"canary: a {type(canary).__name__}; give the canary JSON object (text or a dict)")
-    return str(canary.get("preset", "?"))
+    try:
+        return str(canary_object(canary).get("preset", "?"))
+    except ValueError as e:
+        raise RecorderError(f"canary: {e}; give the canary JSON object (text or a dict)") from None
 
 
 class Recorder:

@@ -10,6 +10,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -77,3 +78,26 @@ def export_pack(harness_bin: Path, out: Path, canary: str = "micro", steps: int 
 def micro_pack(harness_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """micro, 3 steps, seed 1337: the pack of what cpp_receipt ran."""
     return export_pack(harness_bin, tmp_path_factory.mktemp("pack") / "micro-pack.h5")
+
+
+def flipped_byte_failures(data: bytes, path: Path, read, error: type, samples: int, stride: int) -> list:
+    """The property both readers hold to (test_receipt.py, test_pack.py): `data` with one bit
+    flipped at each of `samples` seeded random offsets and every `stride`-th offset of its
+    first 2 KB (the superblock and root headers), written to `path`, is read by `read(path)`
+    or refused with one `error` line that starts with the path. Returns (offset, repr) of
+    every other outcome."""
+    rng = np.random.default_rng(20261124)
+    offsets = sorted(set(rng.integers(0, len(data), samples).tolist()) | set(range(0, min(len(data), 2048), stride)))
+    failures = []
+    for offset in offsets:
+        flipped = bytearray(data)
+        flipped[offset] ^= 1 << int(rng.integers(0, 8))
+        path.write_bytes(bytes(flipped))
+        try:
+            read(path)
+        except error as e:
+            if not str(e).startswith(f"{path}: ") or "\n" in str(e):
+                failures.append((offset, repr(e)))
+        except Exception as e:  # noqa: BLE001  (what the property is about)
+            failures.append((offset, repr(e)))
+    return failures

@@ -13,6 +13,7 @@ import pytest
 
 from canary_harness import ReceiptError, ReceiptReader, batch_hash
 from canary_harness.pack import PackError, read_pack
+from conftest import flipped_byte_failures
 
 
 def test_pack_is_what_a_run_starts_from_and_trains_on(micro_pack: Path, cpp_receipt: Path):
@@ -172,20 +173,6 @@ def test_any_flipped_byte_reads_or_is_a_pack_error(micro_pack: Path, tmp_path: P
     """A property over the file's bytes: a pack with one byte flipped, anywhere, either reads
     (a flip in unused space) or fails with a one-line PackError naming the file; never
     another exception, a crash or a hang."""
-    data = micro_pack.read_bytes()
-    rng = np.random.default_rng(20261124)
-    offsets = sorted(set(rng.integers(0, len(data), 300).tolist()) | set(range(0, min(len(data), 2048), 4)))
-    path = tmp_path / "flipped.h5"
-    failures = []
-    for offset in offsets:
-        flipped = bytearray(data)
-        flipped[offset] ^= 1 << int(rng.integers(0, 8))
-        path.write_bytes(bytes(flipped))
-        try:
-            read_pack(path, canary="micro")
-        except PackError as e:
-            if not str(e).startswith(f"{path}: ") or "\n" in str(e):
-                failures.append((offset, repr(e)))
-        except Exception as e:  # noqa: BLE001  (what the property is about)
-            failures.append((offset, repr(e)))
+    failures = flipped_byte_failures(micro_pack.read_bytes(), tmp_path / "flipped.h5",
+                                     lambda path: read_pack(path, canary="micro"), PackError, samples=300, stride=4)
     assert not failures, failures[:5]

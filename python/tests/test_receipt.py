@@ -16,6 +16,7 @@ import pytest
 from canary_harness import (HASH_FAMILIES, SCHEMA_MINOR, SCHEMA_VERSION, SKETCH_FAMILIES, SKETCH_WIDTH, ReceiptError,
                             ReceiptReader, ReceiptWriter, batch_hash, sketch, tensor_hash)
 from canary_harness.stack import StackInfo
+from conftest import flipped_byte_failures
 
 PYTHON_DIR = Path(__file__).resolve().parents[1]
 SHAPES = {"wte": (11, 7), "wpe": (5, 7), "blocks.0.ln1.weight": (7,), "lnf.bias": (7,)}
@@ -489,22 +490,8 @@ def test_any_flipped_byte_reads_or_is_a_receipt_error(tmp_path: Path):
     good = tmp_path / "good.h5"
     with ReceiptWriter(good, manifest(steps=2), NAMES, stack=STACK) as writer:
         write_steps(writer, 2)
-    data = good.read_bytes()
-    rng = np.random.default_rng(20261124)
-    offsets = sorted(set(rng.integers(0, len(data), 400).tolist()) | set(range(0, min(len(data), 2048), 3)))
-    path = tmp_path / "flipped.h5"
-    failures = []
-    for offset in offsets:
-        flipped = bytearray(data)
-        flipped[offset] ^= 1 << int(rng.integers(0, 8))
-        path.write_bytes(bytes(flipped))
-        try:
-            read_everything(path)
-        except ReceiptError as e:
-            if not str(e).startswith(f"{path}: ") or "\n" in str(e):
-                failures.append((offset, repr(e)))
-        except Exception as e:  # noqa: BLE001  (what the property is about)
-            failures.append((offset, repr(e)))
+    failures = flipped_byte_failures(good.read_bytes(), tmp_path / "flipped.h5", read_everything, ReceiptError,
+                                     samples=400, stride=3)
     assert not failures, failures[:5]
 
 
