@@ -5,9 +5,11 @@ bit, in the same HDF5 receipt format (docs/receipt-schema.md). numpy, h5py and x
 only; torch tensors are accepted when torch is installed, never imported here. Canary
 packs: canary_harness.pack (no torch). With torch: canary_harness.torch.Recorder (any
 PyTorch loop), canary_harness.models.gpt2 (the PyTorch canary), canary_harness.optim
-(its XLA-safe AdamW) and `python3 -m canary_harness.lane` (the PyTorch canary lane).
+(its XLA-safe AdamW), `python3 -m canary_harness.lane` (the PyTorch canary lane) and
+`python3 -m canary_harness run FILE.py:NAME` (a team's own model as a canary: Canary).
 """
 
+from .canary import Canary, CanaryError
 from .digest import Sketch, as_float32, batch_hash, sketch, sketch_with_salt, tensor_hash
 from .philox import philox_at, stream_id
 from .receipt import ReceiptError, ReceiptReader, ReceiptWriter
@@ -18,6 +20,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "HASH_FAMILIES", "SCHEMA_MINOR", "SCHEMA_VERSION", "SKETCH_BLOCK", "SKETCH_FAMILIES", "SKETCH_WIDTH",
-    "ReceiptError", "ReceiptReader", "ReceiptWriter", "Sketch", "StackInfo", "as_float32", "batch_hash",
+    "Canary", "CanaryError", "ReceiptError", "ReceiptReader", "ReceiptWriter", "Sketch", "StackInfo", "as_float32", "batch_hash",
     "collect_stack_info", "philox_at", "sketch", "sketch_with_salt", "stream_id", "tensor_hash",
 ]

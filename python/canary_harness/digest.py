@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import sys
 import threading
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import xxhash
@@ -64,6 +64,33 @@ def batch_hash(tokens: Any) -> int:
             raise ValueError(f"batch tokens of dtype {array.dtype} do not convert to int32 exactly")
         array = out
     return xxhash.xxh3_64_intdigest(array, seed=0)
+
+
+def batch_tree_hash(batch: Any) -> int:
+    """XXH3-64 of a Python canary's batch (canary_harness.Canary.batch): a tensor or array,
+    a number, or tuples, lists and dicts of them (dicts by sorted key). Each leaf adds its
+    place in the tree, dtype and shape, then its bytes little-endian, so two batches hash
+    alike only when they hold the same values in the same structure."""
+    state = xxhash.xxh3_64(seed=0)
+
+    def visit(node: Any, where: str) -> None:
+        if isinstance(node, Mapping):
+            for key in sorted(node, key=str):
+                visit(node[key], f"{where}.{key}")
+        elif isinstance(node, (tuple, list)):
+            for index, item in enumerate(node):
+                visit(item, f"{where}[{index}]")
+        else:
+            array = _to_numpy(node) if not isinstance(node, (bytes, str)) else None
+            if array is None or array.dtype.kind not in "biuf":
+                raise ValueError(f"batch{where}: a {type(node).__name__}; a batch holds tensors, arrays and "
+                                 "numbers (in tuples, lists and dicts)")
+            array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+            state.update(f"{where}|{array.dtype.str}|{array.shape}|".encode())
+            state.update(array)
+
+    visit(batch, "")
+    return state.intdigest()
 
 
 class Sketch(NamedTuple):

@@ -86,7 +86,7 @@ class FaultSpec:
         return f"step={self.step},op={self.op},ulps={self.ulps}"
 
 
-def parse_fault(text: str, ops: List[str], steps: int) -> FaultSpec:
+def parse_fault(text: str, ops: List[str], steps: int, where: str = "see docs/canary.md") -> FaultSpec:
     """step=K,op=NAME[,ulps=N] as the C++ parses it (canaries/fault.cpp)."""
     if not text:
         raise UsageError("--inject-fault: empty; want step=K,op=NAME[,ulps=N]")
@@ -109,8 +109,8 @@ def parse_fault(text: str, ops: List[str], steps: int) -> FaultSpec:
             raise UsageError(f"--inject-fault: {key}='{value}' is not an integer >= {minimum}")
         numbers[key] = int(value)
     if fields["op"] not in ops:
-        raise UsageError(f"--inject-fault: unknown op '{fields['op']}' (e.g. {ops[1]}, {ops[2]}, {ops[-1]}; "
-                         "see docs/canary.md)")
+        examples = ", ".join(ops[1:3] + ops[-1:])
+        raise UsageError(f"--inject-fault: unknown op '{fields['op']}' (e.g. {examples}; {where})")
     if numbers["step"] >= steps:
         raise UsageError(f"--inject-fault: step={numbers['step']} is past the last step ({steps - 1})")
     return FaultSpec(numbers["step"], fields["op"], numbers["ulps"])

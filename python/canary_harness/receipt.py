@@ -753,10 +753,12 @@ class ReceiptWriter:
             self._file.close()
             self._file = None
 
-    def discard(self) -> None:
+    def discard(self, recorded_steps_too: bool = False) -> None:
         """Closes the file and deletes it: for a receipt whose run could not start (its
-        owner failed before the first step). Refused once a step is recorded."""
-        if self.steps_recorded:
+        owner failed before the first step). Refused once a step is recorded, unless
+        `recorded_steps_too`: a run whose input broke its contract part-way (a Python
+        canary's batch that changed between calls) leaves no receipt at all."""
+        if self.steps_recorded and not recorded_steps_too:
             raise ReceiptError(f"{self.path}: {self.steps_recorded} steps are recorded; a receipt with steps is "
                                "closed, never discarded")
         if self._file is not None:

@@ -1,0 +1,121 @@
+"""`python3 -m canary_harness run FILE.py:NAME --out R.h5`: run a team's own model as a canary.
+
+FILE.py:NAME is a function in your file returning canary_harness.Canary (docs/own-model.md).
+The harness seeds, places the model and batches on --device, runs each step (under bf16
+autocast for --precision bf16), and records the receipt that `harness check`, `compare`
+and `golden` judge like any lane's.
+
+Exit status: 0 the run finished; 2 bad usage or bad input, one line on stderr and no file
+(a canary that cannot be loaded or breaks its contract: a batch that differs between two
+calls, a loss that is not a scalar); a failure inside the team's step is exit 2 too and
+leaves the receipt with its finished steps and complete = 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, NoReturn, Optional
+
+PROG = "canary_harness"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # argparse's own errors: one line, exit 2
+        print(f"{PROG}: error: {message} (see `python3 -m {PROG} run --help`)", file=sys.stderr)
+        sys.exit(2)
+
+
+def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
+    ap = _Parser(prog=f"python3 -m {PROG}", description="Run a team's own model as a canary (docs/own-model.md).")
+    commands = ap.add_subparsers(dest="command", parser_class=_Parser)
+    commands.required = True
+    run = commands.add_parser("run", help="run FILE.py:NAME and write its receipt")
+    run.add_argument("canary", help="FILE.py:NAME: a function in FILE.py returning canary_harness.Canary")
+    run.add_argument("--out", required=True, help="receipt path (.h5); its directory must exist")
+    run.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N or xla")
+    run.add_argument("--precision", default="fp32", help="fp32 (default) or bf16 (autocast around the step)")
+    run.add_argument("--steps", help="steps to run, 1..the canary's (default: the canary's): a prefix of its run")
+    run.add_argument("--threads", help="torch CPU threads, 1..1024 (default 1: torch's CPU kernels' bits depend on "
+                                       "the thread count, so a pinned count replays on any machine)")
+    run.add_argument("--seed", help="seed torch, random and numpy with this before NAME() (default: the canary's)")
+    run.add_argument("--inject-fault", help="step=K,op=PATH[,ulps=N]: move element 0 of module PATH's output up by N "
+                                            "ulps (default 1) at step K")
+    run.add_argument("--force", action="store_true", help="overwrite an existing receipt")
+    return ap.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    from .lane import UsageError, _count, check_out, parse_fault
+
+    if args.precision not in ("fp32", "bf16"):
+        raise UsageError(f"--precision: unknown precision '{args.precision}'; use fp32 or bf16")
+    threads = _count("threads", args.threads, 1, 1024) if args.threads is not None else 1
+    seed = _count("seed", args.seed, 0, 2**63 - 1)
+    check_out(args.out, args.force)
+
+    import torch
+
+    from .canary import load_canary
+    from .runner import RunOptions, print_summary, run_canary
+
+    device = _device(torch, args.device)
+    torch.set_num_threads(threads)  # before NAME(): the model's init runs on these threads too
+    loaded = load_canary(args.canary, seed=seed)
+    steps = loaded.canary.steps
+    if args.steps is not None:
+        steps = _count("steps", args.steps, 1, loaded.canary.steps)
+    fault = None
+    if args.inject_fault is not None:
+        ops = [name for name, _ in loaded.canary.model.named_modules() if name]
+        fault = parse_fault(args.inject_fault, ops, steps, where="the model's module paths")
+    options = RunOptions(out=args.out, device=args.device, precision=args.precision, steps=steps, threads=threads,
+                         fault=fault, overwrite=args.force)
+
+    def progress(i: int, total: int) -> None:
+        if (i + 1) % 25 == 0 or i + 1 == total:
+            print(f"step {i + 1}/{total}", file=sys.stderr)
+
+    summary = run_canary(loaded, options, device, progress)
+    print_summary(summary, args.out)
+    return 0
+
+
+def _device(torch, name: str):
+    from .lane import UsageError, _digits
+
+    if not (name in ("cpu", "cuda", "xla") or (name.startswith("cuda:") and _digits(name[5:]))):
+        raise UsageError(f"--device: unknown device '{name}'; use cpu, cuda, cuda:N or xla")
+    if name == "xla":
+        try:
+            import torch_xla.core.xla_model as xm
+        except ImportError:
+            raise UsageError("--device xla: torch_xla is not installed") from None
+        return xm.xla_device()
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError(f"--device {name}: no CUDA device (torch.cuda.is_available() is False)")
+    return torch.device(name)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parse_args(argv)
+    from .canary import CanaryError
+    from .lane import UsageError
+    from .receipt import ReceiptError
+
+    try:
+        return run(args)
+    except (UsageError, CanaryError, ReceiptError) as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted: {args.out} keeps its finished steps (complete = 0)", file=sys.stderr)
+        return 130
+    except Exception as e:  # the team's step failed: one line, the receipt keeps its finished steps
+        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"{PROG}: error: {args.canary}: the step raised {type(e).__name__}: {message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

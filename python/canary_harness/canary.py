@@ -1,0 +1,221 @@
+"""Python canaries: a team's own model as a canary, named `FILE.py:NAME` (docs/own-model.md).
+
+    import canary_harness as ch
+
+    def canary() -> ch.Canary:
+        model = MyModel(...)                                # any nn.Module, untouched
+        optimizer = torch.optim.AdamW(groups, lr=1e-3)      # any optimizer
+        return ch.Canary(name="mymodel-tiny", model=model, optimizer=optimizer,
+                         batch=lambda i: (x[i], y[i]), step=train_step, steps=40, seed=1337)
+
+`load_canary("my_canary.py:canary")` imports the file as a fresh module, seeds torch,
+`random` and numpy from the seed, calls NAME() and checks what it returned: every problem
+is a CanaryError naming the file, the function and the field. The harness owns the loop
+(canary_harness.runner); the model and its step stay as the team wrote them.
+
+This module imports torch only inside load_canary: `import canary_harness` stays torch-free.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import random
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+
+# The seed NAME() is first called under when the command line gives none; a canary that
+# declares another seed is built again under its own (load_canary).
+DEFAULT_BUILD_SEED = 0
+
+
+class CanaryError(ValueError):
+    """A Python canary that cannot be loaded or run as declared (one line, naming file and field)."""
+
+
+@dataclass
+class Canary:
+    """One training run of a team's own model, as the harness runs it.
+
+    name:      the canary's name; lanes are `<name>/torch[+features]`, goldens
+               goldens/<name>/torch[+features].h5.
+    model:     any torch.nn.Module (the harness moves it to the run's device).
+    optimizer: any torch.optim.Optimizer over the model's parameters (Adam and AdamW's
+               moments, exp_avg and exp_avg_sq, are recorded as the receipt's adam_m/adam_v;
+               another optimizer's are recorded as zeros and named in the manifest).
+    batch:     batch(i) -> step i's inputs (a tensor, or tuples, lists and dicts of them),
+               the same on every call: the harness hashes it (the data contract) and
+               refuses a batch that differs between two calls for one step.
+    step:      step(model, optimizer, batch, i) -> loss: one whole training step as the team
+               writes it (lr, forward, backward, clipping, optimizer.step()); the loss is a
+               one-element tensor or a number. It may return (loss, grad_norm) to have its
+               norm before clipping recorded; otherwise the receipt records the L2 norm of
+               the gradients the optimizer applied.
+    steps:     the run's length; seed: the seed the harness seeds torch, random and numpy
+               with before it calls NAME() (`--seed` overrides it).
+    config:    optional JSON-able mapping: what identifies the canary beyond its tensors
+               (sizes, hyper-parameters); it goes into the receipt's canary JSON, so two
+               receipts of different configs never compare.
+    """
+
+    name: str
+    model: Any
+    optimizer: Any
+    batch: Callable[[int], Any]
+    step: Callable[[Any, Any, Any, int], Any]
+    steps: int
+    seed: int = DEFAULT_BUILD_SEED
+    config: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class LoadedCanary:
+    """A checked Canary, with where it came from and the seed it was built under."""
+
+    canary: Canary
+    spec: str           # FILE.py:NAME as given
+    path: str           # the file, absolute
+    function: str       # NAME
+    seed: int           # what torch, random and numpy were seeded with before NAME()
+    tensor_names: List[str]
+    shapes: Dict[str, Tuple[int, ...]]
+
+    def identity(self) -> Dict[str, Any]:
+        """The receipt's canary JSON: what makes two runs runs of one canary. The file is
+        named by its base name (runs from other directories compare), the tensors by a
+        hash of their names and shapes (a changed model is another canary)."""
+        table = json.dumps([[n, list(self.shapes[n])] for n in self.tensor_names], separators=(",", ":"))
+        return {
+            "name": self.canary.name,
+            "kind": "python",
+            "source": f"{os.path.basename(self.path)}:{self.function}",
+            "steps": self.canary.steps,
+            "tensors": len(self.tensor_names),
+            "tensor_table_sha256": hashlib.sha256(table.encode()).hexdigest(),
+            "optimizer": type(self.canary.optimizer).__name__,
+            "config": dict(self.canary.config),
+        }
+
+
+def split_spec(spec: str) -> Tuple[str, str]:
+    """FILE.py:NAME -> (FILE.py, NAME); anything else is a CanaryError saying the form."""
+    path, colon, name = spec.rpartition(":")
+    if not colon or not path or not name.isidentifier() or not path.endswith(".py"):
+        raise CanaryError(f"'{spec}': name a Python canary as FILE.py:NAME (a function in the file that returns "
+                          "canary_harness.Canary)")
+    return path, name
+
+
+def seed_everything(seed: int) -> None:
+    """torch, random and numpy seeded from `seed`, as before every NAME() call and replay."""
+    import numpy as np
+    import torch
+
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+
+
+def _import_file(path: str, spec: str) -> Any:
+    """The file as a fresh module (its directory first on sys.path while it loads, so it
+    imports its neighbours); an exception while importing is a CanaryError."""
+    module_name = f"_canary_{hashlib.sha256(path.encode()).hexdigest()[:12]}"
+    module_spec = importlib.util.spec_from_file_location(module_name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise CanaryError(f"{spec}: cannot import '{path}' as a Python file")
+    module = importlib.util.module_from_spec(module_spec)
+    directory = os.path.dirname(path)
+    sys.path.insert(0, directory)
+    sys.modules[module_name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as e:
+        sys.modules.pop(module_name, None)
+        raise CanaryError(f"{spec}: importing the file raised {type(e).__name__}: {_first_line(e)}") from e
+    finally:
+        sys.path.remove(directory)
+    return module
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error)
+    return text.splitlines()[0] if text else "(no message)"
+
+
+def _call(function: Callable[[], Any], spec: str) -> Canary:
+    try:
+        made = function()
+    except Exception as e:
+        raise CanaryError(f"{spec}: calling it raised {type(e).__name__}: {_first_line(e)}") from e
+    if not isinstance(made, Canary):
+        raise CanaryError(f"{spec}: returned a {type(made).__name__}, not a canary_harness.Canary")
+    return made
+
+
+def _check(canary: Canary, spec: str) -> Tuple[List[str], Dict[str, Tuple[int, ...]]]:
+    """Every field of the canary checked; returns its tensor names (named_parameters'
+    order: a tied parameter once, under its first name) and shapes."""
+    import torch
+
+    if not isinstance(canary.name, str) or not canary.name or "/" in canary.name or canary.name != canary.name.strip():
+        raise CanaryError(f"{spec}: name={canary.name!r}: give a non-empty name without '/' or surrounding spaces "
+                          "(lanes are NAME/torch)")
+    if not isinstance(canary.model, torch.nn.Module):
+        raise CanaryError(f"{spec}: model is a {type(canary.model).__name__}, not a torch.nn.Module")
+    if not isinstance(canary.optimizer, torch.optim.Optimizer):
+        raise CanaryError(f"{spec}: optimizer is a {type(canary.optimizer).__name__}, not a torch.optim.Optimizer")
+    for what in ("batch", "step"):
+        if not callable(getattr(canary, what)):
+            raise CanaryError(f"{spec}: {what} is a {type(getattr(canary, what)).__name__}, not a function")
+    for what, low in (("steps", 1), ("seed", 0)):
+        value = getattr(canary, what)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value < 2**63:
+            raise CanaryError(f"{spec}: {what}={value!r}: give an int in {low}..2**63-1")
+    if not isinstance(canary.config, Mapping):
+        raise CanaryError(f"{spec}: config is a {type(canary.config).__name__}, not a mapping")
+    try:
+        json.dumps(dict(canary.config), allow_nan=False, sort_keys=True)
+    except (TypeError, ValueError) as e:
+        raise CanaryError(f"{spec}: config does not convert to JSON ({e})") from None
+    params = dict(canary.model.named_parameters())
+    if not params:
+        raise CanaryError(f"{spec}: the model has no parameters")
+    held = {id(p) for group in canary.optimizer.param_groups for p in group["params"]}
+    for name, param in params.items():
+        if param.is_meta:
+            raise CanaryError(f"{spec}: parameter '{name}' is on the meta device (no values); materialize the model")
+        if id(param) not in held:
+            raise CanaryError(f"{spec}: parameter '{name}' is not one the optimizer updates; give the optimizer "
+                              "every parameter (a frozen tensor belongs in a buffer)")
+    return list(params), {n: tuple(p.shape) for n, p in params.items()}
+
+
+def load_canary(spec: str, seed: Optional[int] = None) -> LoadedCanary:
+    """Imports FILE.py, seeds, calls NAME() and checks the Canary it returns.
+
+    NAME() is called under `seed` when given; otherwise under DEFAULT_BUILD_SEED, and once
+    more under the canary's own seed when it declares another one, so that the model
+    is always built under the seed the receipt records."""
+    path, function = split_spec(spec)
+    if not os.path.isfile(path):
+        raise CanaryError(f"{spec}: no file '{path}'")
+    path = os.path.abspath(path)
+    module = _import_file(path, spec)
+    target = getattr(module, function, None)
+    if target is None:
+        raise CanaryError(f"{spec}: '{os.path.basename(path)}' defines no '{function}'")
+    if not callable(target):
+        raise CanaryError(f"{spec}: '{function}' is a {type(target).__name__}, not a function")
+    build_seed = DEFAULT_BUILD_SEED if seed is None else seed
+    seed_everything(build_seed)
+    canary = _call(target, spec)
+    if seed is None and isinstance(canary.seed, int) and not isinstance(canary.seed, bool) \
+            and canary.seed != build_seed and 0 <= canary.seed < 2**63:
+        build_seed = canary.seed
+        seed_everything(build_seed)
+        canary = _call(target, spec)
+    names, shapes = _check(canary, spec)
+    return LoadedCanary(canary, spec, path, function, build_seed, names, shapes)

@@ -1,0 +1,330 @@
+"""The loop that runs a Python canary (canary_harness.canary) and records its receipt.
+
+The harness owns the loop; the canary's `step` owns the training step:
+
+    for i in range(steps):
+        batch = canary.batch(i)                  # hashed; a second call must hash alike
+        with autocast (bf16 only):
+            loss = canary.step(model, optimizer, batch on the device, i)
+        record step i                            # digests taken at the end of optimizer.step()
+
+What step i records, and when. Parameters, gradients and the optimizer's moments are
+digested at the end of the step's last optimizer.step() call (a post-hook on the
+optimizer): at that moment the parameters are updated and the gradients are the ones
+the update applied, even when the step zeroes them right after (`zero_grad()` inside the
+step, as many loops do). A step that calls no optimizer.step() (an AMP scaler that skips
+it) is digested when it returns. The loss (and the norm, if the step returns one) is read
+after the step returns: no host read happens inside the step, where a lazy device would
+have to cut its graph. The learning rate is the first parameter group's at the update.
+
+Budget features (docs/budgets.md): the run on the CPU in fp32 is the canary's own
+bitwise reference (""); bf16 autocast declares `torch-bf16`, another device
+`torch-<device>`. The lane is `<name>/torch`, with `+bf16` and `+<device>` as features.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from .canary import CanaryError, LoadedCanary
+from .digest import DigestPlan, DigestRows, batch_tree_hash
+from .philox import stream_id
+from .receipt import ReceiptWriter, SketchRows
+from .schema import HASH_FAMILIES, SKETCH_FAMILIES
+from .torch import _host_float, _host_float32
+
+# Which optimizer state is recorded as the receipt's Adam moments, in order of preference.
+# Adam, AdamW (and their fused and foreach forms) keep exp_avg / exp_avg_sq; SGD with
+# momentum keeps momentum_buffer. A family an optimizer does not keep is recorded as zeros.
+MOMENT_STATE = {"adam_m": ("exp_avg", "momentum_buffer"), "adam_v": ("exp_avg_sq",)}
+
+
+@dataclass
+class RunOptions:
+    """How to run a canary: what `python3 -m canary_harness run` takes from its flags."""
+
+    out: str
+    device: str = "cpu"
+    precision: str = "fp32"
+    steps: Optional[int] = None          # None: the canary's own
+    threads: int = 1
+    fault: Any = None                    # a canary_harness.lane.FaultSpec on a module path, or None
+    overwrite: bool = False
+
+
+def lane_features(device: torch.device, precision: str) -> List[str]:
+    """The lane's features: the device where it is not the CPU, then bf16."""
+    return ([device.type] if device.type != "cpu" else []) + (["bf16"] if precision == "bf16" else [])
+
+
+def budget_features(device: torch.device, precision: str) -> str:
+    """What separates the run from the canary's fp32 CPU run, its bitwise reference."""
+    return "+".join(f"torch-{f}" for f in lane_features(device, precision))
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """The batch with every tensor on `device` (tuples, lists and dicts kept)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch
+
+
+class StepCapture:
+    """Digests a canary's tensors at the end of each optimizer.step() call (the module docstring).
+
+    One DigestPlan over every tensor of params, grads, adam_m and adam_v in canonical order
+    (the harness's digest library where it is found); contiguous fp32 CPU tensors are read
+    where they are, anything else through one host copy each.
+    """
+
+    def __init__(self, loaded: LoadedCanary) -> None:
+        canary = loaded.canary
+        self.names = loaded.tensor_names
+        params = dict(canary.model.named_parameters())
+        self.params = [params[n] for n in self.names]
+        self.optimizer = canary.optimizer
+        salts = [stream_id(n) for n in self.names]
+        numels = [p.numel() for p in self.params]
+        self.plan = DigestPlan(numels * len(HASH_FAMILIES), salts * len(HASH_FAMILIES),
+                               [fam in SKETCH_FAMILIES for fam in HASH_FAMILIES for _ in numels])
+        self._zeros: Dict[int, torch.Tensor] = {}
+        self.digests: Optional[DigestRows] = None
+        self.lr: Optional[float] = None
+        self.updates = 0
+        self._hook = self._install()
+
+    def _install(self) -> Callable[[], None]:
+        """A post-hook on optimizer.step (torch 2.x's register_step_post_hook; on 1.13, which
+        has none, the instance's step wrapped). Returns what removes it."""
+        if hasattr(self.optimizer, "register_step_post_hook"):
+            handle = self.optimizer.register_step_post_hook(lambda optimizer, args, kwargs: self.capture())
+            return handle.remove
+        step = self.optimizer.step
+
+        def step_then_capture(*args: Any, **kwargs: Any) -> Any:
+            result = step(*args, **kwargs)
+            self.capture()
+            return result
+
+        self.optimizer.step = step_then_capture
+        return lambda: self.optimizer.__dict__.pop("step", None)
+
+    def remove(self) -> None:
+        self._hook()
+
+    def begin(self) -> None:
+        self.digests, self.lr, self.updates = None, None, 0
+
+    def capture(self) -> None:
+        """The tensors as they stand now, digested (called at the end of optimizer.step())."""
+        self.updates += 1
+        tensors = [*self.params, *(self._grad(p) for p in self.params),
+                   *(self._moment(p, "adam_m") for p in self.params), *(self._moment(p, "adam_v") for p in self.params)]
+        addresses = self._addresses(tensors)
+        if addresses is not None:
+            self.digests = self.plan.rows_at(addresses)
+        else:
+            self.digests = self.plan.rows([_host_float32(t).reshape(-1) for t in tensors])
+        self.lr = _host_float(self.optimizer.param_groups[0]["lr"])
+
+    def ensure(self) -> None:
+        """After the step: digests now if no optimizer.step() ran in it."""
+        if self.digests is None:
+            self.capture()
+            self.updates = 0
+
+    def _zeros_like(self, p: torch.Tensor) -> torch.Tensor:
+        if id(p) not in self._zeros:
+            self._zeros[id(p)] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
+        return self._zeros[id(p)]
+
+    def _grad(self, p: torch.Tensor) -> torch.Tensor:
+        return p.grad if p.grad is not None else self._zeros_like(p)
+
+    def _moment(self, p: torch.Tensor, family: str) -> torch.Tensor:
+        state = self.optimizer.state.get(p, {})
+        for key in MOMENT_STATE[family]:
+            value = state.get(key)
+            if isinstance(value, torch.Tensor) and value.shape == p.shape:
+                return value
+        return self._zeros_like(p)
+
+    def _addresses(self, tensors: Sequence[torch.Tensor]) -> Optional[List[int]]:
+        if not self.plan.native:
+            return None
+        addresses = []
+        for t, n in zip(tensors, self.plan.numels):
+            if not (t.dtype is torch.float32 and t.is_cpu and t.is_contiguous() and not t.is_neg() and t.numel() == n):
+                return None
+            addresses.append(t.data_ptr())
+        return addresses
+
+    def grad_norm(self) -> float:
+        """The L2 norm of the gradients the update applied, from their sketches' norms."""
+        K = len(self.names)
+        grads = HASH_FAMILIES.index("grads")
+        return math.sqrt(float(np.sum(np.square(self.digests.l2[grads * K:(grads + 1) * K]))))
+
+    def row(self) -> Dict[str, Any]:
+        """append_step's hashes and sketches from the captured digests."""
+        K = len(self.names)
+        d = self.digests
+        hashes = {fam: d.hashes[f * K:(f + 1) * K] for f, fam in enumerate(HASH_FAMILIES)}
+        sketches = {fam: SketchRows(d.l2[f * K:(f + 1) * K], d.projection[f * K:(f + 1) * K])
+                    for f, fam in enumerate(HASH_FAMILIES) if fam in SKETCH_FAMILIES}
+        return {"hashes": hashes, "sketches": sketches}
+
+
+def _loss_and_norm(result: Any, step: int) -> tuple:
+    """The step's return value as (loss, norm or None); CanaryError when it is not a scalar."""
+    norm = None
+    if isinstance(result, tuple) and len(result) == 2:
+        result, norm = result
+    for what, value in (("loss", result), ("grad_norm", norm)):
+        if value is None and what == "grad_norm":
+            continue
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1 or not (value.is_floating_point() or value.dtype in (torch.int32, torch.int64)):
+                raise CanaryError(f"step {step}: step() returned a {what} of shape {tuple(value.shape)} and dtype "
+                                  f"{value.dtype}; return the {what} as one number (a 1-element tensor)")
+        elif isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise CanaryError(f"step {step}: step() returned {type(value).__name__} as the {what}; return the loss "
+                              "(a 1-element tensor or a number), or (loss, grad_norm)")
+    return result, norm
+
+
+def _checked_batch(canary: Any, step: int) -> tuple:
+    """Step i's batch and its hash; CanaryError when batch(i) is not the same on a second call."""
+    try:
+        batch = canary.batch(step)
+        first = batch_tree_hash(batch)
+        second = batch_tree_hash(canary.batch(step))
+    except ValueError as e:
+        raise CanaryError(f"step {step}: {e}") from None
+    if first != second:
+        raise CanaryError(f"step {step}: batch({step}) gave two different batches on two calls; batch(i) must "
+                          "return step i's inputs, the same every time (seed any sampling from i)")
+    return batch, first
+
+
+def manifest_for(loaded: LoadedCanary, options: RunOptions, device: torch.device, steps: int) -> Dict[str, Any]:
+    features = lane_features(device, options.precision)
+    fault = str(options.fault) if options.fault is not None else "none"
+    run_options = {"canary": loaded.spec, "device": options.device, "precision": options.precision, "steps": steps,
+                   "threads": options.threads, "seed": loaded.seed,
+                   "inject_fault": str(options.fault) if options.fault is not None else None}
+    return {
+        "lane": f"{loaded.canary.name}/torch" + "".join(f"+{f}" for f in features),
+        "engine": "torch", "features": "+".join(features),
+        "budget_features": budget_features(device, options.precision),
+        "canary": loaded.identity(), "seed": loaded.seed, "steps_planned": steps, "threads": options.threads,
+        "device": str(device), "precision": options.precision,
+        "autocast": "bfloat16" if options.precision == "bf16" else "none",
+        "fault_injection": fault, "trace": "none",
+        "run_options": json.dumps(run_options, sort_keys=True),
+    }
+
+
+@dataclass
+class RunSummary:
+    lane: str
+    steps: int
+    losses: List[float]
+    seconds: float
+    grad_norm_source: str
+
+
+def run_canary(loaded: LoadedCanary, options: RunOptions, device: torch.device,
+               progress: Optional[Callable[[int, int], None]] = None) -> RunSummary:
+    """Runs the canary for its steps (or options.steps) and writes the receipt to options.out.
+
+    A CanaryError (the canary breaks its contract: a batch that differs between calls, a
+    loss that is not a scalar) removes the receipt; any other failure of the step leaves
+    the receipt with its finished steps and complete = 0 (a failure before the first step
+    removes it), and is raised."""
+    canary = loaded.canary
+    steps = options.steps or canary.steps
+    torch.set_num_threads(options.threads)
+    canary.model.to(device)  # parameters keep their identity: the optimizer still holds them
+    capture = StepCapture(loaded)
+    writer = ReceiptWriter(options.out, manifest_for(loaded, options, device, steps), loaded.tensor_names,
+                           overwrite=options.overwrite)
+    fault_active = _install_fault(canary.model, options.fault, device)
+    autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16) if options.precision == "bf16" else None
+    losses: List[float] = []
+    norm_sources = set()
+    start = time.perf_counter()
+    try:
+        for i in range(steps):
+            batch, hashed = _checked_batch(canary, i)
+            if fault_active is not None:
+                fault_active.fill_(i == options.fault.step)
+            inputs = to_device(batch, device)
+            capture.begin()
+            if autocast is not None:
+                with autocast:
+                    result = canary.step(canary.model, canary.optimizer, inputs, i)
+            else:
+                result = canary.step(canary.model, canary.optimizer, inputs, i)
+            loss, norm = _loss_and_norm(result, i)
+            capture.ensure()
+            norm_sources.add("step" if norm is not None else "applied")
+            losses.append(_host_float(loss))
+            writer.append_step(loss=losses[-1], grad_norm=_host_float(norm) if norm is not None else capture.grad_norm(),
+                               lr=capture.lr, batch_hash=hashed, **capture.row())
+            if progress is not None:
+                progress(i, steps)
+        seconds = time.perf_counter() - start
+        writer.close()
+    except CanaryError:
+        writer.discard(recorded_steps_too=True)
+        raise
+    except BaseException:
+        if writer.steps_recorded == 0:
+            writer.discard()
+        else:
+            writer.close()
+        raise
+    finally:
+        capture.remove()
+    return RunSummary(f"{canary.name}/torch", steps, losses, seconds, "+".join(sorted(norm_sources)))
+
+
+def _install_fault(model: torch.nn.Module, fault: Any, device: torch.device) -> Optional[torch.Tensor]:
+    """A forward hook on the fault's module that moves element 0 of its output up by the
+    fault's ulps at the fault's step (a 0-D device flag, filled each step: data, not a
+    constant of the graph). Returns the flag, or None without a fault."""
+    if fault is None:
+        return None
+    from .lane import _NudgeFirst
+
+    active = torch.zeros((), dtype=torch.bool, device=device)
+    ulps = fault.ulps
+    model.get_submodule(fault.op).register_forward_hook(lambda module, args, out: _NudgeFirst.apply(out, active, ulps))
+    return active
+
+
+def print_summary(summary: RunSummary, out: str, file: Any = sys.stdout) -> None:
+    from .receipt import ReceiptReader
+
+    with ReceiptReader(out) as r:
+        print(f"lane        {r.manifest['lane']}", file=file)
+        print(f"budget      {r.manifest['budget_features'] or '(bitwise reference)'}", file=file)
+    print(f"steps       {summary.steps}", file=file)
+    print(f"loss        {summary.losses[0]:.6f} (step 0) -> {summary.losses[-1]:.6f} (step {summary.steps - 1})",
+          file=file)
+    print(f"speed       {1000 * summary.seconds / summary.steps:.2f} ms/step (recording included)", file=file)
+    print(f"receipt     {os.path.abspath(out)}", file=file)

@@ -1,0 +1,122 @@
+"""Python canaries for the runner's tests: a small two-layer model, and canaries that break
+the contract one way each (python/tests/test_python_canary.py)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import canary_harness as ch
+
+STEPS = 6
+CLIP = 0.5  # below the norms of the first steps: clipping acts
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(32, 16)
+        self.hidden = nn.Linear(16, 32)
+        self.out = nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        h = F.gelu(self.hidden(self.embed(x)))
+        h = h + torch.softmax(h, dim=-1)  # functional ops between modules
+        return F.cross_entropy(self.out(h).view(-1, 32), y.view(-1))
+
+
+def batch(i: int):
+    g = torch.Generator().manual_seed(1000 + i)
+    x = torch.randint(32, (4, 8), generator=g)
+    return x, (x + 1) % 32
+
+
+def train_step(model, optimizer, batch, i):
+    x, y = batch
+    optimizer.zero_grad()
+    loss = model(x, y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+    optimizer.step()
+    return loss
+
+
+def make(step=train_step, batch_fn=batch, optimizer=None, **kwargs) -> ch.Canary:
+    model = Net()
+    opt = optimizer(model) if optimizer else torch.optim.AdamW(model.parameters(), lr=1e-2)
+    return ch.Canary(name=kwargs.pop("name", "small"), model=model, optimizer=opt, batch=batch_fn, step=step,
+                     steps=kwargs.pop("steps", STEPS), seed=kwargs.pop("seed", 7), **kwargs)
+
+
+def canary() -> ch.Canary:
+    return make()
+
+
+def zeroes_after_update() -> ch.Canary:
+    """Zeroes the gradients in place after the update, as torch 1.13's zero_grad() does."""
+    def step(model, optimizer, batch, i):
+        loss = train_step(model, optimizer, batch, i)
+        optimizer.zero_grad(set_to_none=False)
+        return loss
+    return make(step=step)
+
+
+def returns_norm() -> ch.Canary:
+    def step(model, optimizer, batch, i):
+        x, y = batch
+        optimizer.zero_grad()
+        loss = model(x, y)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        optimizer.step()
+        return loss, norm
+    return make(step=step)
+
+
+def sgd() -> ch.Canary:
+    return make(optimizer=lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9))
+
+
+def raising() -> ch.Canary:
+    raise RuntimeError("the config file is missing")
+
+
+def returns_model() -> Net:
+    return Net()
+
+
+def flaky_batch() -> ch.Canary:
+    """batch(i) draws from the global generator: two calls give two batches."""
+    def draw(i):
+        x = torch.randint(32, (4, 8))
+        return x, (x + 1) % 32
+    return make(batch_fn=draw)
+
+
+def vector_loss() -> ch.Canary:
+    def step(model, optimizer, batch, i):
+        loss = train_step(model, optimizer, batch, i)
+        return loss.expand(3)
+    return make(step=step)
+
+
+def step_fails_at_3() -> ch.Canary:
+    def step(model, optimizer, batch, i):
+        if i == 3:
+            raise FloatingPointError("loss went NaN")
+        return train_step(model, optimizer, batch, i)
+    return make(step=step)
+
+
+def bad_name() -> ch.Canary:
+    return make(name="a/b")
+
+
+def not_optimized() -> ch.Canary:
+    model = Net()
+    return ch.Canary(name="small", model=model, optimizer=torch.optim.AdamW(model.out.parameters()), batch=batch,
+                     step=train_step, steps=STEPS)
+
+
+NOT_A_FUNCTION = 3

@@ -1,0 +1,202 @@
+"""Python canaries: `python3 -m canary_harness run FILE.py:NAME` (canary_harness.canary, .runner)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from conftest import REPO, run_harness
+
+PACKAGE_ROOT = str(REPO / "python")
+SMALL = str(Path(__file__).parent / "own_canaries" / "small.py")
+# The example lives in the repository, not in the package (scripts/python-venv-check.sh names it).
+EXAMPLE = os.path.join(os.environ.get("CANARY_HARNESS_EXAMPLES", str(REPO / "examples")), "own-model", "canary.py")
+SERIES = ("steps/loss", "steps/grad_norm", "steps/lr", "steps/batch_hash",
+          "hashes/params", "hashes/grads", "hashes/adam_m", "hashes/adam_v")
+
+
+def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": PACKAGE_ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    result = subprocess.run([sys.executable, "-m", "canary_harness", "run", *args], capture_output=True, text=True,
+                            timeout=600, env=env)
+    if check and result.returncode != 0:
+        pytest.fail(f"canary_harness run {' '.join(args)} exited {result.returncode}:\n{result.stderr}", pytrace=False)
+    return result
+
+
+def series(path: Path) -> dict:
+    with h5py.File(path, "r") as f:
+        return {name: f[name][()] for name in SERIES}
+
+
+def manifest(path: Path) -> dict:
+    with h5py.File(path, "r") as f:
+        return {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f["manifest"].attrs.items()}
+
+
+def first_difference(a: dict, b: dict, name: str) -> int:
+    """The first step at which dataset `name` differs between two receipts' series, or -1."""
+    rows = np.nonzero([x.tobytes() != y.tobytes() for x, y in zip(a[name], b[name])])[0]
+    return int(rows[0]) if len(rows) else -1
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("own") / "small.h5"
+    run(f"{SMALL}:canary", "--out", str(out))
+    return out
+
+
+def test_two_runs_are_bitwise_and_validate(small_run: Path, tmp_path: Path, harness_bin) -> None:
+    again = tmp_path / "again.h5"
+    run(f"{SMALL}:canary", "--out", str(again))
+    a, b = series(small_run), series(again)
+    for name in SERIES:
+        assert a[name].tobytes() == b[name].tobytes(), name
+    assert len(a["steps/loss"]) == 6 and np.all(np.isfinite(a["steps/loss"]))
+    run_harness(harness_bin, "validate", str(small_run))
+    m = manifest(small_run)
+    assert (m["lane"], m["engine"], m["budget_features"], m["complete"], m["seed"]) == ("small/torch", "torch", "", 1, 7)
+
+
+def test_seed_flag_changes_the_init_and_the_seed_recorded(small_run: Path, tmp_path: Path) -> None:
+    other = tmp_path / "seed8.h5"
+    run(f"{SMALL}:canary", "--out", str(other), "--seed", "8", "--steps", "2")
+    assert manifest(other)["seed"] == 8
+    assert series(other)["hashes/params"][0].tobytes() != series(small_run)["hashes/params"][0].tobytes()
+
+
+def test_a_prefix_run_is_the_first_steps(small_run: Path, tmp_path: Path) -> None:
+    short = tmp_path / "short.h5"
+    run(f"{SMALL}:canary", "--out", str(short), "--steps", "3")
+    a, b = series(small_run), series(short)
+    for name in SERIES:
+        assert a[name][:3].tobytes() == b[name].tobytes(), name
+    assert manifest(short)["steps_planned"] == 3
+
+
+def test_bf16_lane_declares_its_feature(tmp_path: Path, small_run: Path) -> None:
+    out = tmp_path / "bf16.h5"
+    run(f"{SMALL}:canary", "--out", str(out), "--precision", "bf16", "--steps", "3")
+    m = manifest(out)
+    assert (m["lane"], m["features"], m["budget_features"]) == ("small/torch+bf16", "bf16", "torch-bf16")
+    a, b = series(small_run), series(out)
+    assert a["steps/batch_hash"][:3].tobytes() == b["steps/batch_hash"].tobytes()  # the same data
+    assert a["steps/loss"][0] != b["steps/loss"][0]  # other numerics
+
+
+def test_a_fault_moves_the_hashes_from_its_step_on(small_run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "fault.h5"
+    run(f"{SMALL}:canary", "--out", str(out), "--inject-fault", "step=3,op=hidden,ulps=4096")
+    a, b = series(small_run), series(out)
+    assert first_difference(a, b, "hashes/grads") == 3
+    assert first_difference(a, b, "hashes/params") == 3
+    assert all(first_difference(a, b, name) in (-1, 3, 4) for name in SERIES)  # nothing before the fault
+    assert manifest(out)["fault_injection"] == "step=3,op=hidden,ulps=4096"
+
+
+def test_gradients_zeroed_after_the_update_are_recorded_as_applied(small_run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "zeroed.h5"
+    run(f"{SMALL}:zeroes_after_update", "--out", str(out))
+    a, b = series(small_run), series(out)
+    for name in SERIES:
+        assert a[name].tobytes() == b[name].tobytes(), name
+
+
+def test_grad_norm_returned_by_the_step_is_recorded(small_run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "norm.h5"
+    run(f"{SMALL}:returns_norm", "--out", str(out))
+    returned, applied = series(out)["steps/grad_norm"], series(small_run)["steps/grad_norm"]
+    # the norm before clipping; the one applied is at most the clip (0.5, plus clip's 1e-6 guard)
+    assert np.all(applied <= 0.5 + 1e-5) and np.any(returned > 0.5)
+    assert np.allclose(np.minimum(returned, 0.5), applied, rtol=1e-5)
+    assert series(out)["hashes/params"].tobytes() == series(small_run)["hashes/params"].tobytes()
+
+
+def test_an_optimizer_without_adam_moments_records_its_momentum(tmp_path: Path) -> None:
+    from canary_harness import tensor_hash
+
+    out = tmp_path / "sgd.h5"
+    run(f"{SMALL}:sgd", "--out", str(out), "--steps", "2")
+    s = series(out)
+    assert s["hashes/adam_m"][1].tobytes() != s["hashes/adam_v"][1].tobytes()
+    with h5py.File(out, "r") as f:
+        names = [n.decode() for n in f["hashes/names"][()]]
+    shape = dict(torch.nn.Embedding(32, 16).named_parameters())["weight"].shape
+    assert s["hashes/adam_v"][0][names.index("embed.weight")] == tensor_hash(np.zeros(tuple(shape), np.float32))
+
+
+BAD = [
+    ("missing_file", f"{SMALL[:-3]}_nope.py:canary", "no file"),
+    ("missing_name", f"{SMALL}:nope", "defines no 'nope'"),
+    ("not_a_function", f"{SMALL}:NOT_A_FUNCTION", "not a function"),
+    ("raising", f"{SMALL}:raising", "RuntimeError: the config file is missing"),
+    ("returns_other", f"{SMALL}:returns_model", "returned a Net, not a canary_harness.Canary"),
+    ("flaky_batch", f"{SMALL}:flaky_batch", "two different batches"),
+    ("vector_loss", f"{SMALL}:vector_loss", "loss of shape (3,)"),
+    ("bad_name", f"{SMALL}:bad_name", "name='a/b'"),
+    ("not_optimized", f"{SMALL}:not_optimized", "'embed.weight' is not one the optimizer updates"),
+    ("no_colon", SMALL, "FILE.py:NAME"),
+]
+
+
+@pytest.mark.parametrize("case,spec,message", BAD, ids=[b[0] for b in BAD])
+def test_bad_canaries_are_one_line_exit_2_and_no_file(tmp_path: Path, case: str, spec: str, message: str) -> None:
+    out = tmp_path / f"{case}.h5"
+    result = run(spec, "--out", str(out), check=False)
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if not line.startswith("step ")]
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("flag,value,message", [
+    ("--precision", "fp16", "unknown precision"), ("--steps", "7", "1..6"), ("--threads", "0", "1..1024"),
+    ("--inject-fault", "step=9,op=hidden", "past the last step"), ("--inject-fault", "step=1,op=nope", "unknown op"),
+    ("--device", "tpu", "unknown device"), ("--seed", "-1", "--seed"),
+])
+def test_bad_flags_are_one_line_exit_2_and_no_file(tmp_path: Path, flag: str, value: str, message: str) -> None:
+    out = tmp_path / "flag.h5"
+    result = run(f"{SMALL}:canary", "--out", str(out), flag, value, check=False)
+    assert result.returncode == 2 and message in result.stderr and len(result.stderr.splitlines()) == 1, result.stderr
+    assert not out.exists()
+
+
+def test_a_step_that_fails_keeps_the_finished_steps(tmp_path: Path) -> None:
+    out = tmp_path / "fails.h5"
+    result = run(f"{SMALL}:step_fails_at_3", "--out", str(out), check=False)
+    assert result.returncode == 2 and "FloatingPointError: loss went NaN" in result.stderr
+    assert manifest(out)["complete"] == 0 and len(series(out)["steps/loss"]) == 3
+
+
+def test_the_example_runs_bitwise_and_learns(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.h5", tmp_path / "b.h5"
+    run(f"{EXAMPLE}:canary", "--out", str(a), "--steps", "12")
+    run(f"{EXAMPLE}:canary", "--out", str(b), "--steps", "12", "--threads", "1")
+    sa, sb = series(a), series(b)
+    for name in SERIES:
+        assert sa[name].tobytes() == sb[name].tobytes(), name
+    assert sa["steps/loss"][-1] < sa["steps/loss"][0] - 1.0
+    assert manifest(a)["lane"] == "own-gpt/torch"
+
+
+def test_batch_tree_hash_sees_structure_values_and_dtype() -> None:
+    from canary_harness.digest import batch_tree_hash
+
+    x = np.arange(6, dtype=np.int64).reshape(2, 3)
+    base = batch_tree_hash((x, x + 1))
+    assert base == batch_tree_hash((torch.from_numpy(x), torch.from_numpy(x + 1)))
+    assert base != batch_tree_hash((x + 1, x))
+    assert base != batch_tree_hash([x, x + 1, 0])
+    assert base != batch_tree_hash((x.astype(np.int32), x + 1))
+    assert base != batch_tree_hash((x.reshape(3, 2), x + 1))
+    assert batch_tree_hash({"b": x, "a": x + 1}) == batch_tree_hash({"a": x + 1, "b": x})
+    with pytest.raises(ValueError, match="a batch holds tensors"):
+        batch_tree_hash(("text", x))
