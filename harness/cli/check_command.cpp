@@ -101,8 +101,9 @@ std::string how_to_get_a_golden(const std::string& lane) {
   } catch (const std::exception&) {
     // An unreadable matrix: the advice below still holds.
   }
-  return fmt::format("lane {} is not in the nightly matrix {}: add it there to give it a golden, or name a receipt to "
-                     "check against with --golden FILE",
+  return fmt::format("lane {} is not in the nightly matrix {}: make a golden of one of its receipts with `harness golden "
+                     "refresh --receipt R.h5 --reason TEXT`, then approve it; or name a receipt to check against with "
+                     "--golden FILE",
                      lane, matrix_path);
 }
 

@@ -1,23 +1,30 @@
 // `harness golden status|refresh|approve|reject`: the only way goldens change. Refresh runs
-// lanes into candidates beside the goldens and writes a review report; approve promotes
+// lanes into candidates beside the goldens (or, with --receipt, takes receipts made
+// elsewhere: a Python canary's runs) and writes a review report; approve promotes
 // reviewed candidates atomically and records who, why and what changed; reject drops them.
 // With CI set, refresh and approve refuse to write unless --allow-ci (docs/goldens.md).
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "budgets.h"
 #include "canary_run.h"
 #include "commands.h"
+#include "file_io.h"
 #include "output_lock.h"
 #include "defaults.h"
 #include "golden_store.h"
 #include "lane_run.h"
 #include "matrix.h"
 #include "nightly.h"
+#include "receipt/receipt_reader.h"
+#include "receipt/receipt_validator.h"
 #include "stack_info.h"
 #include "verdict.h"
 #include "json_text.h"
@@ -32,7 +39,8 @@ struct GoldenFlags {
   std::string goldens = default_goldens();
   std::string budgets = default_budgets();
   std::string lanes, reason, approver;
-  bool allow_ci = false, allow_dirty = false, json = false;
+  std::vector<std::string> receipts;  // refresh --receipt: receipts made elsewhere, instead of running lanes
+  bool allow_ci = false, allow_dirty = false, json = false, no_matrix = false;
 };
 
 void refuse_in_ci(const GoldenFlags& f, const char* command) {
@@ -44,13 +52,17 @@ void refuse_in_ci(const GoldenFlags& f, const char* command) {
 }
 
 int status_action(const GoldenFlags& f) {
-  const nightly::Matrix matrix = nightly::load_matrix(f.matrix);
+  const nightly::Matrix matrix = f.no_matrix ? nightly::Matrix{} : nightly::load_matrix(f.matrix);
   const nightly::GoldenStatus status = nightly::GoldenStore(f.goldens).status(matrix);
   if (f.json) {
     fmt::print("{}\n", run::json_text(status.to_json()));
     return status.clean() ? kExitPass : kExitCheckFailed;
   }
-  fmt::print("goldens     {} ({} lanes in {})\n", f.goldens, matrix.lanes.size(), f.matrix);
+  if (f.no_matrix) {
+    fmt::print("goldens     {} (lanes approved from receipts)\n", f.goldens);
+  } else {
+    fmt::print("goldens     {} ({} lanes in {})\n", f.goldens, matrix.lanes.size(), f.matrix);
+  }
   for (const nightly::GoldenState& g : status.lanes) {
     fmt::print("{:<11} {:<16} {}{}\n", g.state, g.id, g.lane, g.candidate_pending ? "  (candidate awaiting approval)" : "");
     if (!g.detail.empty()) fmt::print("{:<11} {}\n", "", g.detail);
@@ -77,10 +89,63 @@ nlohmann::json review(const std::string& candidate, const std::string& golden, c
   }
 }
 
+// The lane of a receipt made elsewhere, once it has proven it can be a golden: it validates,
+// is complete, and its lane is <canary>/<name> naming a path inside the goldens directory.
+std::string lane_of_golden_receipt(const std::string& path) {
+  receipt::require_valid_receipt(path);  // every byte checksummed, every dataset of the schema
+  const receipt::ReceiptReader r(path);
+  if (!r.complete()) {
+    throw run::UsageError(fmt::format("--receipt: {}: an incomplete receipt (complete = 0) cannot become a golden; "
+                                      "give a finished run", path));
+  }
+  const std::string lane = r.manifest_string("lane");
+  const std::size_t slash = lane.find('/');
+  const bool inside = slash != std::string::npos && slash > 0 && slash + 1 < lane.size() && !lane.starts_with("/") &&
+                      std::ranges::none_of(fs::path(lane), [](const fs::path& part) { return part == ".." || part == "."; });
+  if (!inside) {
+    throw run::UsageError(fmt::format("--receipt: {}: lane '{}' is not <canary>/<name>; a golden's path comes from it",
+                                      path, lane));
+  }
+  return lane;
+}
+
+// refresh --receipt: each receipt, checked, copied beside its golden as the candidate and reviewed.
+int refresh_from_receipts(const GoldenFlags& f) {
+  const check::Budgets budgets = check::load_budgets(f.budgets);
+  std::vector<std::pair<std::string, std::string>> chosen;  // receipt, lane: all checked before any is copied
+  for (const std::string& path : f.receipts) {
+    const std::string lane = lane_of_golden_receipt(path);
+    if (std::ranges::any_of(chosen, [&](const auto& c) { return c.second == lane; })) {
+      throw run::UsageError(fmt::format("--receipt: {} and {} are both of lane {}; give one receipt a lane",
+                                        std::ranges::find_if(chosen, [&](const auto& c) { return c.second == lane; })->first,
+                                        path, lane));
+    }
+    chosen.emplace_back(path, lane);
+  }
+  nightly::GoldenStore store(f.goldens);
+  for (const auto& [path, lane] : chosen) {
+    const std::string candidate = store.candidate_path(lane);
+    fs::create_directories(fs::path(candidate).parent_path());
+    run::copy_file_atomically(path, candidate);
+    const nlohmann::json comparison = review(candidate, store.golden_path(lane), budgets);
+    store.add_candidate({lane, lane, run::file_content_hash(candidate), f.reason, run::utc_timestamp(), comparison,
+                         nightly::kSourceReceipt});
+    fmt::print("candidate   {:<16} {:<12} {}  (from {})\n", lane, comparison["verdict"].get<std::string>(),
+               comparison["summary"].get<std::string>(), path);
+  }
+  fmt::print("review      {}\nthen        harness golden approve --approved-by NAME   (or: harness golden reject)\n",
+             store.review_path());
+  return kExitPass;
+}
+
 int refresh_action(const GoldenFlags& f) {
   const run::OutputLock lock(f.goldens);  // one writer of the goldens at a time
   refuse_in_ci(f, "refresh");
   if (f.reason.empty()) throw run::UsageError("--reason: say why the goldens change (it goes to the provenance log)");
+  if (!f.receipts.empty()) {
+    if (!f.lanes.empty()) throw run::UsageError("--lanes and --receipt: give lanes to run, or receipts to take, not both");
+    return refresh_from_receipts(f);
+  }
   const nightly::Matrix matrix = nightly::load_matrix(f.matrix);
   const check::Budgets budgets = check::load_budgets(f.budgets);
   const auto lanes = nightly::select_lanes(matrix, f.lanes);
@@ -155,11 +220,16 @@ void add_golden_command(CLI::App& app, CommandRegistry& commands) {
   CLI::App* status = golden->add_subcommand("status", "Lanes with goldens, lanes missing one, orphaned and outdated goldens");
   common(status, true);
   status->add_flag("--json", flags->json, "Print the status as JSON");
+  status->add_flag("--no-matrix", flags->no_matrix,
+                   "List only the lanes whose goldens were approved from receipts (golden refresh --receipt)");
   commands.add(status, [flags] { return status_action(*flags); });
 
   CLI::App* refresh = golden->add_subcommand("refresh", "Run lanes into candidates beside the goldens, with a review report");
   common(refresh, true);
   refresh->add_option("--lanes", flags->lanes, "Lane ids or names, comma-separated (default: every lane)");
+  refresh->add_option("--receipt", flags->receipts,
+                      "Take this receipt made elsewhere (a Python canary's run, another host's) as its lane's candidate "
+                      "instead of running lanes; repeatable");
   refresh->add_option("--reason", flags->reason, "Why the goldens change (recorded)")->required();
   refresh->add_option("--budgets", flags->budgets, "Budgets file for the review")->capture_default_str();
   refresh->add_flag("--allow-ci", flags->allow_ci, "Write even though CI is set");

@@ -39,11 +39,28 @@ std::map<std::string, std::string> last_recorded(const std::vector<ProvenanceEnt
   return hashes;
 }
 
+// The lanes whose last log entry approved a receipt made elsewhere (golden refresh --receipt).
+std::vector<std::string> lanes_from_receipts(const std::vector<ProvenanceEntry>& log) {
+  std::map<std::string, bool> from_receipt;
+  for (const ProvenanceEntry& e : log) from_receipt[e.lane] = e.source == kSourceReceipt;
+  std::vector<std::string> lanes;
+  for (const auto& [lane, yes] : from_receipt) {
+    if (yes) lanes.push_back(lane);
+  }
+  return lanes;
+}
+
+// How a lane's golden is made again: its lane run by refresh, or a receipt of it refreshed from.
+std::string refresh_command(const LaneSpec& spec) {
+  return spec.engine.empty() ? fmt::format("harness golden refresh --receipt R.h5 --reason TEXT (R.h5 a run of {})", spec.lane)
+                             : fmt::format("harness golden refresh --lanes {} --reason TEXT", spec.id);
+}
+
 GoldenState inspect_golden(const LaneSpec& spec, const std::string& path, const std::map<std::string, std::string>& recorded) {
   GoldenState g{spec.id, spec.lane, path, "ok", "", "", false};
   if (!fs::exists(path)) {
     g.state = "missing";
-    g.detail = fmt::format("create it: harness golden refresh --lanes {} --reason TEXT, then approve it", spec.id);
+    g.detail = fmt::format("create it: {}, then approve it", refresh_command(spec));
     return g;
   }
   g.content_hash = run::file_content_hash(path);
@@ -79,6 +96,7 @@ nlohmann::json ProvenanceEntry::to_json() const {
           {"new_hash", new_hash}, {"reason", reason},   {"approver", approver},
           {"git_commit", git_commit}, {"toolchain", toolchain}, {"comparison", comparison}};
   if (allow_dirty) j["allow_dirty"] = true;
+  if (source != kSourceLane) j["source"] = source;  // lines of refreshed lanes stay as they were
   return j;
 }
 
@@ -119,7 +137,17 @@ GoldenStatus GoldenStore::status(const Matrix& matrix) const {
   std::set<std::string> pending;
   for (const Candidate& c : candidates()) pending.insert(c.lane);
   std::set<std::string> known;
-  for (const LaneSpec& spec : matrix.lanes) {
+  std::vector<LaneSpec> lanes = matrix.lanes;
+  for (const std::string& lane : lanes_from_receipts(log())) {
+    const bool in_matrix = std::any_of(lanes.begin(), lanes.end(), [&](const LaneSpec& s) { return s.lane == lane; });
+    if (!in_matrix) {
+      LaneSpec spec;  // no engine: a lane of no matrix, refreshed from a receipt
+      spec.id = kSourceReceipt;
+      spec.lane = lane;
+      lanes.push_back(spec);
+    }
+  }
+  for (const LaneSpec& spec : lanes) {
     GoldenState g = inspect_golden(spec, golden_path(spec.lane), recorded);
     g.candidate_pending = pending.count(spec.lane) > 0;
     if (g.candidate_pending && g.state == "missing") {
@@ -131,6 +159,7 @@ GoldenStatus GoldenStore::status(const Matrix& matrix) const {
   }
   // Orphans are looked for among this canary's goldens only (goldens/<canary>/): another
   // canary's goldens belong to that canary's matrix (canaries/llama-nightly.toml).
+  if (matrix.canary_name.empty()) return status;  // no matrix (status --no-matrix): no canary to look under
   const fs::path canary_dir = fs::path(dir_) / matrix.canary_name;
   if (!fs::is_directory(canary_dir)) return status;
   for (const auto& entry : fs::recursive_directory_iterator(canary_dir)) {
@@ -151,7 +180,8 @@ std::vector<Candidate> GoldenStore::candidates() const {
     j = nlohmann::json::parse(run::read_file(candidates_path()));
     for (const auto& c : j.at("candidates")) {
       out.push_back({c.at("id").get<std::string>(), c.at("lane").get<std::string>(), c.at("content_hash").get<std::string>(),
-                     c.at("reason").get<std::string>(), c.at("refreshed_utc").get<std::string>(), c.at("comparison")});
+                     c.at("reason").get<std::string>(), c.at("refreshed_utc").get<std::string>(), c.at("comparison"),
+                     c.value("source", std::string(kSourceLane))});
     }
   } catch (const nlohmann::json::exception& e) {
     throw GoldenError(fmt::format("{}: not a candidates record ({}); run `harness golden reject` and refresh again",
@@ -173,7 +203,8 @@ void GoldenStore::write_candidates(const std::vector<Candidate>& candidates) con
                     {"content_hash", c.content_hash},
                     {"reason", c.reason},
                     {"refreshed_utc", c.refreshed_utc},
-                    {"comparison", c.comparison}});
+                    {"comparison", c.comparison},
+                    {"source", c.source}});
   }
   run::write_file_atomically(candidates_path(), run::json_text(nlohmann::json{{"version", kCandidatesVersion}, {"candidates", list}}) + "\n");
   write_review(candidates);
@@ -265,7 +296,7 @@ void GoldenStore::promote(const Candidate& candidate, const std::string& approve
   std::map<std::string, std::string> manifest = receipt::ReceiptReader(from).manifest_text();
   ProvenanceEntry entry{run::utc_timestamp(), candidate.lane, fs::exists(to) ? run::file_content_hash(to) : "", candidate.content_hash,
                         candidate.reason, approver, manifest["git_commit"], manifest["toolchain"], candidate.comparison,
-                        allow_dirty && manifest["git_commit"].ends_with("-dirty")};
+                        allow_dirty && manifest["git_commit"].ends_with("-dirty"), candidate.source};
   // Log first into a temporary copy, then the golden, then the log: an interruption
   // between the renames leaves a golden the log does not record, which `status` reports.
   std::string log_text = run::read_file(log_path());
@@ -288,7 +319,7 @@ std::vector<ProvenanceEntry> GoldenStore::log() const {
       const nlohmann::json j = nlohmann::json::parse(line);
       entries.push_back({j.at("date_utc"), j.at("lane"), j.at("old_hash").is_null() ? "" : j.at("old_hash").get<std::string>(),
                          j.at("new_hash"), j.at("reason"), j.at("approver"), j.at("git_commit"), j.at("toolchain"),
-                         j.at("comparison"), j.value("allow_dirty", false)});
+                         j.at("comparison"), j.value("allow_dirty", false), j.value("source", std::string(kSourceLane))});
     } catch (const nlohmann::json::exception& e) {
       throw GoldenError(fmt::format("{}:{}: not a provenance entry ({}); restore the log from version control",
                                     log_path(), number, run::json_error_text(e)));

@@ -23,11 +23,17 @@ struct GoldenError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Where a candidate came from: `golden refresh` ran its lane of the matrix, or took a
+// receipt made elsewhere (`golden refresh --receipt`: a Python canary, another host).
+inline constexpr const char* kSourceLane = "lane";
+inline constexpr const char* kSourceReceipt = "receipt";
+
 // One line of goldens/provenance.jsonl: who promoted what, why, and what it changed.
 struct ProvenanceEntry {
   std::string date_utc, lane, old_hash, new_hash, reason, approver, git_commit, toolchain;
   nlohmann::json comparison;  // the candidate against the golden it replaced, at refresh
   bool allow_dirty = false;   // approved although built from a tree with uncommitted changes
+  std::string source = kSourceLane;  // kSourceLane: refreshed by running a lane; kSourceReceipt: a receipt made elsewhere
   nlohmann::json to_json() const;
 };
 
@@ -35,6 +41,7 @@ struct ProvenanceEntry {
 struct Candidate {
   std::string id, lane, content_hash, reason, refreshed_utc;
   nlohmann::json comparison;  // {"verdict": pass|fail|new|incomparable, "summary": ..., ...}
+  std::string source = kSourceLane;
 };
 
 // One lane's golden as `golden status` sees it.
@@ -64,6 +71,7 @@ class GoldenStore {
   std::string log_path() const;
   std::string review_path() const;
 
+  // The matrix's lanes, then every lane whose golden was last approved from a receipt.
   GoldenStatus status(const Matrix& matrix) const;
 
   // Pending candidates (goldens/candidates.json), by lane.

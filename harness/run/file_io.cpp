@@ -40,6 +40,8 @@ void write_file_atomically(const std::string& path, const std::string& text) {
   fs::rename(temp, path);
 }
 
+void copy_file_atomically(const std::string& from, const std::string& to) { write_file_atomically(to, read_file(from)); }
+
 std::string file_content_hash(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw FileError(fmt::format("{}: cannot read the file to hash it", path));

@@ -15,6 +15,9 @@ struct FileError : std::runtime_error {
 // and renamed over `path`: readers see the old content or the new, never a part.
 void write_file_atomically(const std::string& path, const std::string& text);
 
+// A copy of `from` at `to`, written as write_file_atomically writes (receipts are megabytes).
+void copy_file_atomically(const std::string& from, const std::string& to);
+
 // XXH3-128 of a file's bytes, as "xxh128:<32 hex digits>" (the digest `xxhsum -H2` prints).
 std::string file_content_hash(const std::string& path);
 

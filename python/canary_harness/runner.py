@@ -40,6 +40,7 @@ from .digest import DigestPlan, DigestRows, batch_tree_hash
 from .philox import stream_id
 from .receipt import ReceiptWriter, SketchRows
 from .schema import HASH_FAMILIES, SKETCH_FAMILIES
+from .stack import git_commit_of
 from .torch import _host_float, _host_float32
 
 # Which optimizer state is recorded as the receipt's Adam moments, in order of preference.
@@ -234,6 +235,8 @@ def manifest_for(loaded: LoadedCanary, options: RunOptions, device: torch.device
         "device": str(device), "precision": options.precision,
         "autocast": "bfloat16" if options.precision == "bf16" else "none",
         "fault_injection": fault, "trace": "none",
+        # The team's code is what a golden of its canary stands for: the commit of the canary file's work tree.
+        "git_commit": git_commit_of(loaded.path),
         "run_options": json.dumps(run_options, sort_keys=True),
     }
 

@@ -13,6 +13,7 @@ import importlib.metadata
 import os
 import platform
 import socket
+import subprocess
 import sys
 from dataclasses import dataclass
 from typing import Dict, List, Optional
@@ -113,6 +114,22 @@ def _torch_parts(torch) -> tuple[List[str], List[str]]:
     if hasattr(torch, "get_float32_matmul_precision"):
         kernels.append(f"float32_matmul_precision={torch.get_float32_matmul_precision()}")
     return libraries, kernels
+
+
+def git_commit_of(path: str) -> str:
+    """The commit of the git work tree holding `path`, with "-dirty" when tracked files have
+    uncommitted changes (as the C++ build stamps git_commit); "unknown" outside a work
+    tree or without git."""
+    directory = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    try:
+        head = subprocess.run(["git", "-C", directory, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return "unknown"
+        changes = subprocess.run(["git", "-C", directory, "status", "--porcelain", "--untracked-files=no"],
+                                 capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return head.stdout.strip() + ("-dirty" if changes.returncode != 0 or changes.stdout.strip() else "")
 
 
 def collect_stack_info(include_torch: Optional[bool] = None) -> StackInfo:
