@@ -100,10 +100,16 @@ std::string lane_of_golden_receipt(const std::string& path) {
   }
   const std::string lane = r.manifest_string("lane");
   const std::size_t slash = lane.find('/');
+  // The golden's path is the lane's: it must stay inside the goldens directory and never be
+  // another lane's candidate path.
   const bool inside = slash != std::string::npos && slash > 0 && slash + 1 < lane.size() && !lane.starts_with("/") &&
-                      std::ranges::none_of(fs::path(lane), [](const fs::path& part) { return part == ".." || part == "."; });
+                      !lane.ends_with("/") && !lane.ends_with(".candidate") &&
+                      std::ranges::none_of(fs::path(lane), [](const fs::path& part) {
+                        return part == ".." || part == "." || part.empty();
+                      });
   if (!inside) {
-    throw run::UsageError(fmt::format("--receipt: {}: lane '{}' is not <canary>/<name>; a golden's path comes from it",
+    throw run::UsageError(fmt::format("--receipt: {}: lane '{}' is not <canary>/<name> (no '.', '..' or empty parts, "
+                                      "no '.candidate' ending); a golden's path comes from it",
                                       path, lane));
   }
   return lane;
@@ -123,9 +129,10 @@ int refresh_from_receipts(const GoldenFlags& f) {
     chosen.emplace_back(path, lane);
   }
   nightly::GoldenStore store(f.goldens);
+  (void)store.candidates();  // a damaged candidates record stops refresh before anything is copied
+  for (const auto& [path, lane] : chosen) fs::create_directories(fs::path(store.candidate_path(lane)).parent_path());
   for (const auto& [path, lane] : chosen) {
     const std::string candidate = store.candidate_path(lane);
-    fs::create_directories(fs::path(candidate).parent_path());
     run::copy_file_atomically(path, candidate);
     const nlohmann::json comparison = review(candidate, store.golden_path(lane), budgets);
     store.add_candidate({lane, lane, run::file_content_hash(candidate), f.reason, run::utc_timestamp(), comparison,

@@ -138,11 +138,15 @@ GoldenStatus GoldenStore::status(const Matrix& matrix) const {
   for (const Candidate& c : candidates()) pending.insert(c.lane);
   std::set<std::string> known;
   std::vector<LaneSpec> lanes = matrix.lanes;
-  for (const std::string& lane : lanes_from_receipts(log())) {
-    const bool in_matrix = std::any_of(lanes.begin(), lanes.end(), [&](const LaneSpec& s) { return s.lane == lane; });
-    if (!in_matrix) {
-      LaneSpec spec;  // no engine: a lane of no matrix, refreshed from a receipt
-      spec.id = kSourceReceipt;
+  std::vector<std::string> receipt_lanes = lanes_from_receipts(log());
+  for (const Candidate& c : candidates()) {  // pending, not yet approved
+    if (c.source == kSourceReceipt) receipt_lanes.push_back(c.lane);
+  }
+  for (const std::string& lane : receipt_lanes) {
+    const bool listed = std::any_of(lanes.begin(), lanes.end(), [&](const LaneSpec& s) { return s.lane == lane; });
+    if (!listed) {
+      LaneSpec spec;  // no engine: a lane of no matrix, refreshed from a receipt; its id is its name
+      spec.id = lane;
       spec.lane = lane;
       lanes.push_back(spec);
     }

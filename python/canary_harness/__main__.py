@@ -109,7 +109,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"{PROG}: interrupted: {args.out} keeps its finished steps (complete = 0)", file=sys.stderr)
+        import os
+
+        kept = f"{args.out} keeps its finished steps (complete = 0)" if os.path.exists(args.out) else "no receipt written"
+        print(f"{PROG}: interrupted: {kept}", file=sys.stderr)
         return 130
     except Exception as e:  # the team's step failed: one line, the receipt keeps its finished steps
         message = str(e).splitlines()[0] if str(e) else type(e).__name__

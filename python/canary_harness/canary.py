@@ -120,23 +120,23 @@ def seed_everything(seed: int) -> None:
 
 
 def _import_file(path: str, spec: str) -> Any:
-    """The file as a fresh module (its directory first on sys.path while it loads, so it
-    imports its neighbours); an exception while importing is a CanaryError."""
+    """The file as a fresh module; its directory goes first on sys.path and stays there for
+    the run (the file, NAME() and the step may import their neighbours, also lazily); an
+    exception while importing is a CanaryError."""
     module_name = f"_canary_{hashlib.sha256(path.encode()).hexdigest()[:12]}"
     module_spec = importlib.util.spec_from_file_location(module_name, path)
     if module_spec is None or module_spec.loader is None:
         raise CanaryError(f"{spec}: cannot import '{path}' as a Python file")
     module = importlib.util.module_from_spec(module_spec)
     directory = os.path.dirname(path)
-    sys.path.insert(0, directory)
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
     sys.modules[module_name] = module
     try:
         module_spec.loader.exec_module(module)
-    except Exception as e:
+    except (Exception, SystemExit) as e:  # SystemExit: a training script that parses sys.argv on import
         sys.modules.pop(module_name, None)
-        raise CanaryError(f"{spec}: importing the file raised {type(e).__name__}: {_first_line(e)}") from e
-    finally:
-        sys.path.remove(directory)
+        raise CanaryError(f"{spec}: importing the file raised {type(e).__name__}: {_first_line(e)}") from None
     return module
 
 
@@ -148,7 +148,7 @@ def _first_line(error: BaseException) -> str:
 def _call(function: Callable[[], Any], spec: str) -> Canary:
     try:
         made = function()
-    except Exception as e:
+    except (Exception, SystemExit) as e:
         raise CanaryError(f"{spec}: calling it raised {type(e).__name__}: {_first_line(e)}") from e
     if not isinstance(made, Canary):
         raise CanaryError(f"{spec}: returned a {type(made).__name__}, not a canary_harness.Canary")

@@ -66,27 +66,45 @@ def batch_hash(tokens: Any) -> int:
     return xxhash.xxh3_64_intdigest(array, seed=0)
 
 
+def _raw_array(node: Any) -> Tuple[Optional[np.ndarray], str]:
+    """A batch leaf as a numpy array of its own bytes and its dtype's name: a torch tensor
+    on the host unconverted (bf16, which numpy lacks, as its 16-bit integers)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(node, torch.Tensor):
+        t = node.detach().cpu().contiguous()
+        name = str(t.dtype).replace("torch.", "")
+        if t.dtype == torch.bfloat16:
+            t = t.view(torch.int16)
+        return t.numpy(), name
+    if isinstance(node, (bytes, str)):
+        return None, ""
+    array = np.asarray(node)
+    return array, array.dtype.name
+
+
 def batch_tree_hash(batch: Any) -> int:
     """XXH3-64 of a Python canary's batch (canary_harness.Canary.batch): a tensor or array,
     a number, or tuples, lists and dicts of them (dicts by sorted key). Each leaf adds its
-    place in the tree, dtype and shape, then its bytes little-endian, so two batches hash
-    alike only when they hold the same values in the same structure."""
+    place in the tree (container kinds and key types included), its own dtype and shape,
+    then its bytes little-endian, unconverted (a bf16 tensor's 16 bits), so two batches
+    hash alike only when they hold the same values of the same dtypes in the same structure."""
     state = xxhash.xxh3_64(seed=0)
 
     def visit(node: Any, where: str) -> None:
         if isinstance(node, Mapping):
-            for key in sorted(node, key=str):
-                visit(node[key], f"{where}.{key}")
+            for key in sorted(node, key=repr):
+                visit(node[key], f"{where}{{{key!r}}}")
         elif isinstance(node, (tuple, list)):
+            opening = "(" if isinstance(node, tuple) else "["
             for index, item in enumerate(node):
-                visit(item, f"{where}[{index}]")
+                visit(item, f"{where}{opening}{index}")
         else:
-            array = _to_numpy(node) if not isinstance(node, (bytes, str)) else None
+            array, dtype = _raw_array(node)
             if array is None or array.dtype.kind not in "biuf":
                 raise ValueError(f"batch{where}: a {type(node).__name__}; a batch holds tensors, arrays and "
                                  "numbers (in tuples, lists and dicts)")
             array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
-            state.update(f"{where}|{array.dtype.str}|{array.shape}|".encode())
+            state.update(f"{where}|{dtype}|{array.shape}|".encode())
             state.update(array)
 
     visit(batch, "")

@@ -24,6 +24,7 @@ bitwise reference (""); bf16 autocast declares `torch-bf16`, another device
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -114,14 +115,22 @@ class StepCapture:
             handle = self.optimizer.register_step_post_hook(lambda optimizer, args, kwargs: self.capture())
             return handle.remove
         step = self.optimizer.step
+        replaced = self.optimizer.__dict__.get("step")  # an LR scheduler's counting wrapper, or None
 
+        @functools.wraps(step)  # keeps what wrappers mark it with (an LR scheduler's _with_counter)
         def step_then_capture(*args: Any, **kwargs: Any) -> Any:
             result = step(*args, **kwargs)
             self.capture()
             return result
 
         self.optimizer.step = step_then_capture
-        return lambda: self.optimizer.__dict__.pop("step", None)
+
+        def restore() -> None:
+            if replaced is None:
+                self.optimizer.__dict__.pop("step", None)
+            else:
+                self.optimizer.step = replaced
+        return restore
 
     def remove(self) -> None:
         self._hook()
@@ -209,10 +218,9 @@ def _loss_and_norm(result: Any, step: int) -> tuple:
 
 def _checked_batch(canary: Any, step: int) -> tuple:
     """Step i's batch and its hash; CanaryError when batch(i) is not the same on a second call."""
+    batch, again = canary.batch(step), canary.batch(step)  # the team's code: its errors are its own
     try:
-        batch = canary.batch(step)
-        first = batch_tree_hash(batch)
-        second = batch_tree_hash(canary.batch(step))
+        first, second = batch_tree_hash(batch), batch_tree_hash(again)
     except ValueError as e:
         raise CanaryError(f"step {step}: {e}") from None
     if first != second:
@@ -261,20 +269,27 @@ def run_canary(loaded: LoadedCanary, options: RunOptions, device: torch.device,
     canary = loaded.canary
     steps = options.steps or canary.steps
     torch.set_num_threads(options.threads)
-    canary.model.to(device)  # parameters keep their identity: the optimizer still holds them
+    place_on_device(canary, device)
+    try:
+        autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16) if options.precision == "bf16" else None
+    except (RuntimeError, ValueError) as e:
+        raise CanaryError(f"--precision bf16: no bf16 autocast on device {device.type} ({e})") from None
+    fault = _install_fault(canary.model, options.fault, device)
     capture = StepCapture(loaded)
-    writer = ReceiptWriter(options.out, manifest_for(loaded, options, device, steps), loaded.tensor_names,
-                           overwrite=options.overwrite)
-    fault_active = _install_fault(canary.model, options.fault, device)
-    autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16) if options.precision == "bf16" else None
+    try:
+        writer = ReceiptWriter(options.out, manifest_for(loaded, options, device, steps), loaded.tensor_names,
+                               overwrite=options.overwrite)
+    except BaseException:
+        capture.remove()
+        raise
     losses: List[float] = []
     norm_sources = set()
     start = time.perf_counter()
     try:
         for i in range(steps):
             batch, hashed = _checked_batch(canary, i)
-            if fault_active is not None:
-                fault_active.fill_(i == options.fault.step)
+            if fault is not None:
+                fault.arm(i)
             inputs = to_device(batch, device)
             capture.begin()
             if autocast is not None:
@@ -283,6 +298,8 @@ def run_canary(loaded: LoadedCanary, options: RunOptions, device: torch.device,
             else:
                 result = canary.step(canary.model, canary.optimizer, inputs, i)
             loss, norm = _loss_and_norm(result, i)
+            if fault is not None:
+                fault.check(i)
             capture.ensure()
             norm_sources.add("step" if norm is not None else "applied")
             losses.append(_host_float(loss))
@@ -306,18 +323,60 @@ def run_canary(loaded: LoadedCanary, options: RunOptions, device: torch.device,
     return RunSummary(f"{canary.name}/torch", steps, losses, seconds, "+".join(sorted(norm_sources)))
 
 
-def _install_fault(model: torch.nn.Module, fault: Any, device: torch.device) -> Optional[torch.Tensor]:
+class _Fault:
     """A forward hook on the fault's module that moves element 0 of its output up by the
     fault's ulps at the fault's step (a 0-D device flag, filled each step: data, not a
-    constant of the graph). Returns the flag, or None without a fault."""
-    if fault is None:
-        return None
-    from .lane import _NudgeFirst
+    constant of the graph). A module that never runs in the fault's step (a container such
+    as an nn.ModuleList), or whose output is not one floating-point tensor, is a CanaryError:
+    a fault recorded in the manifest must have happened."""
 
-    active = torch.zeros((), dtype=torch.bool, device=device)
-    ulps = fault.ulps
-    model.get_submodule(fault.op).register_forward_hook(lambda module, args, out: _NudgeFirst.apply(out, active, ulps))
-    return active
+    def __init__(self, model: torch.nn.Module, spec: Any, device: torch.device) -> None:
+        from .lane import _NudgeFirst
+
+        self.spec = spec
+        self.active = torch.zeros((), dtype=torch.bool, device=device)
+        self.calls = 0
+
+        def nudge(module: torch.nn.Module, args: Any, out: Any) -> Any:
+            self.calls += 1
+            if not (isinstance(out, torch.Tensor) and out.is_floating_point() and out.numel() > 0):
+                raise CanaryError(f"--inject-fault: module '{spec.op}' returns a {type(out).__name__}, not one "
+                                  "floating-point tensor; name a module whose output is one")
+            return _NudgeFirst.apply(out, self.active, spec.ulps)
+
+        model.get_submodule(spec.op).register_forward_hook(nudge)
+
+    def arm(self, step: int) -> None:
+        self.active.fill_(step == self.spec.step)
+        self.calls = 0
+
+    def check(self, step: int) -> None:
+        if step == self.spec.step and self.calls == 0:
+            raise CanaryError(f"--inject-fault: module '{self.spec.op}' did not run in step {step} (a container "
+                              "such as an nn.ModuleList is never called itself); name a module the forward calls")
+
+
+def _install_fault(model: torch.nn.Module, spec: Any, device: torch.device) -> Optional[_Fault]:
+    return _Fault(model, spec, device) if spec is not None else None
+
+
+def place_on_device(canary: Any, device: torch.device) -> None:
+    """The model on `device`, and the optimizer holding the moved parameters. On the CPU
+    and CUDA .to() keeps each Parameter object; on XLA it makes new ones, which replace the
+    old in the optimizer's groups and state (an optimizer left holding the CPU tensors
+    would train nothing)."""
+    before = dict(canary.model.named_parameters())
+    canary.model.to(device)
+    moved = {id(before[n]): p for n, p in canary.model.named_parameters() if p is not before[n]}
+    if not moved:
+        return
+    optimizer = canary.optimizer
+    for group in optimizer.param_groups:
+        group["params"] = [moved.get(id(p), p) for p in group["params"]]
+    for old_id, new in moved.items():
+        old = next((p for p in list(optimizer.state) if id(p) == old_id), None)
+        if old is not None:
+            optimizer.state[new] = optimizer.state.pop(old)
 
 
 def print_summary(summary: RunSummary, out: str, file: Any = sys.stdout) -> None:

@@ -169,6 +169,40 @@ def test_bad_flags_are_one_line_exit_2_and_no_file(tmp_path: Path, flag: str, va
     assert not out.exists()
 
 
+@pytest.mark.parametrize("spec,fault,message", [
+    ("canary", "step=2,op=embed.weight", "unknown op"),
+    ("tuple_output", "step=2,op=pair", "returns a tuple, not one floating-point tensor"),
+])
+def test_a_fault_that_cannot_happen_is_refused(tmp_path: Path, spec: str, fault: str, message: str) -> None:
+    out = tmp_path / "fault.h5"
+    result = run(f"{SMALL}:{spec}", "--out", str(out), "--inject-fault", fault, check=False)
+    lines = [line for line in result.stderr.splitlines() if not line.startswith("step ")]
+    assert result.returncode == 2 and len(lines) == 1 and message in lines[0], result.stderr
+    assert not out.exists()
+
+
+def test_a_fault_on_a_module_never_called_is_refused(tmp_path: Path) -> None:
+    """The example's nn.ModuleList `h` is a module path, never called itself."""
+    out = tmp_path / "fault.h5"
+    result = run(f"{EXAMPLE}:canary", "--out", str(out), "--steps", "3", "--inject-fault", "step=1,op=h", check=False)
+    assert result.returncode == 2 and "did not run in step 1" in result.stderr, result.stderr
+    assert not out.exists()
+
+
+def test_a_contract_breach_after_the_first_steps_leaves_no_receipt(tmp_path: Path) -> None:
+    out = tmp_path / "flaky.h5"
+    result = run(f"{SMALL}:flaky_from_step_2", "--out", str(out), check=False)
+    assert result.returncode == 2 and "step 2: batch(2) gave two different batches" in result.stderr, result.stderr
+    assert not out.exists()
+
+
+def test_the_teams_batch_error_keeps_the_finished_steps(tmp_path: Path) -> None:
+    out = tmp_path / "batch.h5"
+    result = run(f"{SMALL}:batch_fails_at_3", "--out", str(out), check=False)
+    assert result.returncode == 2 and "ValueError: shard 3 is missing" in result.stderr, result.stderr
+    assert manifest(out)["complete"] == 0 and len(series(out)["steps/loss"]) == 3
+
+
 def test_a_step_that_fails_keeps_the_finished_steps(tmp_path: Path) -> None:
     out = tmp_path / "fails.h5"
     result = run(f"{SMALL}:step_fails_at_3", "--out", str(out), check=False)
@@ -198,5 +232,13 @@ def test_batch_tree_hash_sees_structure_values_and_dtype() -> None:
     assert base != batch_tree_hash((x.astype(np.int32), x + 1))
     assert base != batch_tree_hash((x.reshape(3, 2), x + 1))
     assert batch_tree_hash({"b": x, "a": x + 1}) == batch_tree_hash({"a": x + 1, "b": x})
+    assert batch_tree_hash((x, x + 1)) != batch_tree_hash([x, x + 1])
+    assert batch_tree_hash({1: x}) != batch_tree_hash({"1": x})
+    f64 = np.array([1.0, 2.0])
+    assert batch_tree_hash(f64) != batch_tree_hash(f64 + 1e-12)  # no rounding to fp32 first
+    assert batch_tree_hash(f64) != batch_tree_hash(f64.astype(np.float32))
+    ones = torch.ones(4)
+    assert batch_tree_hash(ones.bfloat16()) != batch_tree_hash(ones)
+    assert batch_tree_hash(ones.bfloat16()) == batch_tree_hash(ones.bfloat16().clone())
     with pytest.raises(ValueError, match="a batch holds tensors"):
         batch_tree_hash(("text", x))

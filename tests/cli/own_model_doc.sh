@@ -24,7 +24,7 @@ grep -q "budget      reference (bitwise" "$WORK/page.out" || fail "two runs of t
 grep -q "^budget_features torch-bf16" "$WORK/page.out" || fail "the bf16 run does not declare torch-bf16"
 [ "$(grep -c '^exit 1' "$WORK/page.out")" -eq 2 ] || fail "the fault run did not fail its comparison and its check"
 grep -q "first failing step 20" "$WORK/page.out" || fail "the fault's comparison does not name step 20"
-grep -qE "^ok +receipt +own-gpt/torch" "$WORK/page.out" || fail "golden status does not list the approved lane"
+grep -qE "^ok +own-gpt/torch +own-gpt/torch" "$WORK/page.out" || fail "golden status does not list the approved lane"
 grep -q '"source":"receipt"' "$WORK/goldens/provenance.jsonl" || fail "the log does not record the golden's source"
 grep -q "^verdict     PASS" "$WORK/page.out" || fail "a clean run does not check PASS against its golden"
 finish

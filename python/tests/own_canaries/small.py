@@ -120,3 +120,33 @@ def not_optimized() -> ch.Canary:
 
 
 NOT_A_FUNCTION = 3
+
+
+def flaky_from_step_2() -> ch.Canary:
+    """batch(i) is stable for steps 0 and 1, then draws from the global generator."""
+    def draw(i):
+        return batch(i) if i < 2 else batch(i + int(torch.randint(1000, ())))
+    return make(batch_fn=draw)
+
+
+def batch_fails_at_3() -> ch.Canary:
+    """The team's batch() raises its own ValueError at step 3: the team's error, not a contract breach."""
+    def fails(i):
+        if i == 3:
+            raise ValueError("shard 3 is missing")
+        return batch(i)
+    return make(batch_fn=fails)
+
+
+class Pair(nn.Module):
+    def forward(self, x):
+        return x, x
+
+
+def tuple_output() -> ch.Canary:
+    """A module whose output is a tuple: no fault can nudge it."""
+    c = make()
+    c.model.pair = Pair()
+    inner = c.model.forward
+    c.model.forward = lambda x, y: inner(c.model.pair(x)[0], y)
+    return c
