@@ -1,7 +1,7 @@
 """The canary's optimizer step in PyTorch, XLA-safe (torch required).
 
 Global-norm clipping and AdamW exactly as docs/design.md writes them, in the pattern that keeps
-a step one fixed graph under torch_xla (DOMAIN.md, "the XLA-safe AdamW"):
+a step one fixed graph under torch_xla (docs/python.md, "The safe patterns"):
 - per-step scalars (the learning rate, Adam's bias corrections, the clip factor) live in
   0-D device tensors filled in place, never in Python floats baked into an op;
 - Adam's step counter lives on the device and is incremented there (what PyTorch's

@@ -301,7 +301,7 @@ def _manifest_attrs(manifest: Mapping[str, Any], stack: StackInfo) -> Dict[str, 
     """Validates the caller's manifest and completes it, before anything touches the disk."""
     missing = [k for k in _REQUIRED if k not in manifest]
     if missing:
-        # budget_features above all is declared, never guessed (DESIGN.md): "" for a bitwise lane.
+        # budget_features above all is declared, never guessed (docs/budgets.md): "" for a bitwise lane.
         raise ValueError(f"manifest lacks {', '.join(missing)}; give every one of {', '.join(_REQUIRED)}")
     owned = [k for k in _WRITER_OWNED if k in manifest]
     if owned:

@@ -1,5 +1,5 @@
 """A TorchFunctionMode that lists every host read: what must never happen inside a step
-that torch_xla is to trace as one graph (DOMAIN.md: `.item()`, `float(tensor)`, data-
+that torch_xla is to trace as one graph (docs/python.md, "The findings": `.item()`, `float(tensor)`, data-
 dependent control flow and shapes)."""
 
 from __future__ import annotations

@@ -83,7 +83,7 @@ def test_a_user_loop_in_a_few_lines(micro_pack: Path, cpp_receipt: Path, harness
 
 def test_the_recorder_reads_nothing_inside_the_step(micro_pack: Path, tmp_path: Path):
     """Attached, the recorder adds no host read to forward, backward or the update (torch
-    1.13's own AdamW reads its step counter with .item(), recorder or not: DOMAIN.md)."""
+    1.13's own AdamW reads its step counter with .item(), recorder or not: docs/python.md)."""
     pack = read_pack(micro_pack)
     tokens = torch.from_numpy(pack.batch(0))
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """External twin of the `tiny` GPT-2 canary, in PyTorch (fp32, CPU).
 
-What it is: a second, independent implementation of the canary contract in DESIGN.md
+What it is: a second, independent implementation of the canary contract in docs/canary.md
 ("The canary contract: preset tiny"). Given a receipt written by the C++ harness with
 `--dump-tensors 0 --record-batches`, it starts from the receipt's own initial weights
 (/tensors/step_000000/<name>) and replays the receipt's own batches (/batches/tokens),
@@ -11,7 +11,7 @@ later dumps (/tensors/step_S/<name> = parameters at the start of step S).
 
 Why it is independent: nothing here comes from the C++ code. The forward pass is
 PyTorch's own ops, the backward pass is PyTorch autograd, and the schedule, clipping
-and AdamW are written from the formulas in DESIGN.md (the package's PyTorch canary,
+and AdamW are written from the formulas in docs/canary.md (the package's PyTorch canary,
 python/canary_harness/models/gpt2.py, which the PyTorch lane runs too).
 Only the inputs (initial weights, token batches) are taken from the receipt, so a
 disagreement points at the engine's numerics or at a misreading of the contract.
@@ -95,7 +95,7 @@ def _attr_text(value):
 
 
 def read_config(f, path, notes):
-    """CanaryConfig from /manifest attribute `canary`, defaults from DESIGN.md."""
+    """CanaryConfig from /manifest attribute `canary`, defaults from docs/canary.md."""
     cfg = model.CanaryConfig()
     if "manifest" not in f:
         raise ReceiptError(f"{path}: missing /manifest group")
@@ -108,7 +108,7 @@ def read_config(f, path, notes):
         except json.JSONDecodeError as e:
             raise ReceiptError(f"{path}: /manifest attribute 'canary' is not JSON ({e})")
     else:
-        notes.append("no /manifest attribute 'canary': using DESIGN.md tiny defaults")
+        notes.append("no /manifest attribute 'canary': using docs/canary.md tiny defaults")
     steps_from_canary = False
     for field in cfg.field_names():
         for key in KEY_ALIASES[field]:
