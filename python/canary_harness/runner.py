@@ -31,18 +31,17 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 import torch
 
 from .canary import CanaryError, LoadedCanary
-from .digest import DigestPlan, DigestRows, batch_tree_hash
-from .philox import stream_id
-from .receipt import ReceiptWriter, SketchRows
-from .schema import HASH_FAMILIES, SKETCH_FAMILIES
+from .digest import DigestRows, batch_tree_hash
+from .receipt import ReceiptWriter
+from .schema import HASH_FAMILIES
 from .stack import git_commit_of
-from .torch import _host_float, _host_float32
+from .torch import _host_float, _host_float32, addresses_in_place, family_rows, step_digest_plan
 
 # Which optimizer state is recorded as the receipt's Adam moments, in order of preference.
 # Adam, AdamW (and their fused and foreach forms) keep exp_avg / exp_avg_sq; SGD with
@@ -98,14 +97,10 @@ class StepCapture:
         params = dict(canary.model.named_parameters())
         self.params = [params[n] for n in self.names]
         self.optimizer = canary.optimizer
-        salts = [stream_id(n) for n in self.names]
-        numels = [p.numel() for p in self.params]
-        self.plan = DigestPlan(numels * len(HASH_FAMILIES), salts * len(HASH_FAMILIES),
-                               [fam in SKETCH_FAMILIES for fam in HASH_FAMILIES for _ in numels])
+        self.plan = step_digest_plan(self.names, [p.numel() for p in self.params])
         self._zeros: Dict[int, torch.Tensor] = {}
         self.digests: Optional[DigestRows] = None
         self.lr: Optional[float] = None
-        self.updates = 0
         self._hook = self._install()
 
     def _install(self) -> Callable[[], None]:
@@ -136,14 +131,13 @@ class StepCapture:
         self._hook()
 
     def begin(self) -> None:
-        self.digests, self.lr, self.updates = None, None, 0
+        self.digests, self.lr = None, None
 
     def capture(self) -> None:
         """The tensors as they stand now, digested (called at the end of optimizer.step())."""
-        self.updates += 1
         tensors = [*self.params, *(self._grad(p) for p in self.params),
                    *(self._moment(p, "adam_m") for p in self.params), *(self._moment(p, "adam_v") for p in self.params)]
-        addresses = self._addresses(tensors)
+        addresses = addresses_in_place(tensors, self.plan.numels) if self.plan.native else None
         if addresses is not None:
             self.digests = self.plan.rows_at(addresses)
         else:
@@ -154,7 +148,6 @@ class StepCapture:
         """After the step: digests now if no optimizer.step() ran in it."""
         if self.digests is None:
             self.capture()
-            self.updates = 0
 
     def _zeros_like(self, p: torch.Tensor) -> torch.Tensor:
         if id(p) not in self._zeros:
@@ -172,16 +165,6 @@ class StepCapture:
                 return value
         return self._zeros_like(p)
 
-    def _addresses(self, tensors: Sequence[torch.Tensor]) -> Optional[List[int]]:
-        if not self.plan.native:
-            return None
-        addresses = []
-        for t, n in zip(tensors, self.plan.numels):
-            if not (t.dtype is torch.float32 and t.is_cpu and t.is_contiguous() and not t.is_neg() and t.numel() == n):
-                return None
-            addresses.append(t.data_ptr())
-        return addresses
-
     def grad_norm(self) -> float:
         """The L2 norm of the gradients the update applied, from their sketches' norms."""
         K = len(self.names)
@@ -190,11 +173,7 @@ class StepCapture:
 
     def row(self) -> Dict[str, Any]:
         """append_step's hashes and sketches from the captured digests."""
-        K = len(self.names)
-        d = self.digests
-        hashes = {fam: d.hashes[f * K:(f + 1) * K] for f, fam in enumerate(HASH_FAMILIES)}
-        sketches = {fam: SketchRows(d.l2[f * K:(f + 1) * K], d.projection[f * K:(f + 1) * K])
-                    for f, fam in enumerate(HASH_FAMILIES) if fam in SKETCH_FAMILIES}
+        hashes, sketches = family_rows(self.digests, len(self.names))
         return {"hashes": hashes, "sketches": sketches}
 
 
@@ -251,11 +230,9 @@ def manifest_for(loaded: LoadedCanary, options: RunOptions, device: torch.device
 
 @dataclass
 class RunSummary:
-    lane: str
     steps: int
     losses: List[float]
     seconds: float
-    grad_norm_source: str
 
 
 def run_canary(loaded: LoadedCanary, options: RunOptions, device: torch.device,
@@ -283,7 +260,6 @@ def run_canary(loaded: LoadedCanary, options: RunOptions, device: torch.device,
         capture.remove()
         raise
     losses: List[float] = []
-    norm_sources = set()
     start = time.perf_counter()
     try:
         for i in range(steps):
@@ -301,7 +277,6 @@ def run_canary(loaded: LoadedCanary, options: RunOptions, device: torch.device,
             if fault is not None:
                 fault.check(i)
             capture.ensure()
-            norm_sources.add("step" if norm is not None else "applied")
             losses.append(_host_float(loss))
             writer.append_step(loss=losses[-1], grad_norm=_host_float(norm) if norm is not None else capture.grad_norm(),
                                lr=capture.lr, batch_hash=hashed, **capture.row())
@@ -320,7 +295,7 @@ def run_canary(loaded: LoadedCanary, options: RunOptions, device: torch.device,
         raise
     finally:
         capture.remove()
-    return RunSummary(f"{canary.name}/torch", steps, losses, seconds, "+".join(sorted(norm_sources)))
+    return RunSummary(steps, losses, seconds)
 
 
 class _Fault:

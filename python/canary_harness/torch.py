@@ -95,6 +95,36 @@ def _host_float32(tensor: torch.Tensor) -> np.ndarray:
     return as_float32(t)
 
 
+def addresses_in_place(tensors: Sequence[torch.Tensor], numels: Sequence[int]) -> Optional[List[int]]:
+    """The tensors' data addresses when every one is contiguous fp32 in CPU memory, of the
+    size the plan digests (`numels`): then the digest library may read them where they are
+    (DigestPlan.rows_at). None when one is not. One pass: this runs on every step."""
+    addresses = []
+    for t, n in zip(tensors, numels):
+        if not (t.dtype is torch.float32 and t.is_cpu and t.is_contiguous() and not t.is_neg() and t.numel() == n):
+            return None
+        addresses.append(t.data_ptr())
+    return addresses
+
+
+def step_digest_plan(names: Sequence[str], numels: Sequence[int]) -> DigestPlan:
+    """One plan over a step's every tensor, family-major (HASH_FAMILIES), each family the
+    canary's tensors in canonical order: all hashed, the SKETCH_FAMILIES sketched."""
+    salts = [stream_id(n) for n in names]
+    return DigestPlan(list(numels) * len(HASH_FAMILIES), salts * len(HASH_FAMILIES),
+                      [fam in SKETCH_FAMILIES for fam in HASH_FAMILIES for _ in numels])
+
+
+def family_rows(digests: DigestRows, count: int) -> Tuple[Dict[str, np.ndarray], Dict[str, SketchRows]]:
+    """append_step's hashes and sketches from a DigestPlan's rows over every family,
+    family-major (HASH_FAMILIES), `count` tensors each in canonical order."""
+    K = count
+    hashes = {fam: digests.hashes[f * K:(f + 1) * K] for f, fam in enumerate(HASH_FAMILIES)}
+    sketches = {fam: SketchRows(digests.l2[f * K:(f + 1) * K], digests.projection[f * K:(f + 1) * K])
+                for f, fam in enumerate(HASH_FAMILIES) if fam in SKETCH_FAMILIES}
+    return hashes, sketches
+
+
 # Manifest attributes the Recorder itself sets (or the writer owns): `extra` may not set them.
 _RESERVED_EXTRA = ("lane", "engine", "budget_features", "canary", "seed", "steps_planned", "features", "threads",
                    "data_seed", "pack", "schema_version", "schema_minor", "complete")
@@ -438,10 +468,7 @@ class Recorder:
         # Every tensor of every family hashed, params and grads sketched, in one call a step
         # (digest.DigestPlan: the harness's digest library where it is found, else Python).
         # Made before the receipt: a digest library that cannot be used leaves no file behind.
-        salts = [stream_id(n) for n in self.tensor_names]
-        numels = [p.numel() for p in self.parameters.values()]
-        self._digest = DigestPlan(numels * len(HASH_FAMILIES), salts * len(HASH_FAMILIES),
-                                  [fam in SKETCH_FAMILIES for fam in HASH_FAMILIES for _ in numels])
+        self._digest = step_digest_plan(self.tensor_names, [p.numel() for p in self.parameters.values()])
         self.writer = ReceiptWriter(path, manifest, self.tensor_names, overwrite=overwrite,
                                     batch_shape=batch_shape if record_batches else None, stack=stack)
         self.path = self.writer.path
@@ -625,15 +652,7 @@ class Recorder:
         self._write(digests, scalars, job.batch_hash, job.batch_tokens, job.compile, None)
 
     def _addresses_in_place(self, tensors: Sequence[torch.Tensor]) -> Optional[List[int]]:
-        """The tensors' data addresses when every one is contiguous fp32 in CPU memory, of the
-        size the plan digests: then the digest library may read them where they are
-        (DigestPlan.rows_at). None when one is not. One pass: this runs on every step."""
-        addresses = []
-        for t, n in zip(tensors, self._digest.numels):
-            if not (t.dtype is torch.float32 and t.is_cpu and t.is_contiguous() and not t.is_neg() and t.numel() == n):
-                return None
-            addresses.append(t.data_ptr())
-        return addresses
+        return addresses_in_place(tensors, self._digest.numels)
 
     def _write(self, digests: DigestRows, scalars: Sequence[float], hashed_batch: int, batch_tokens: Any,
                compile_row: Optional[Mapping[str, float]], trace: Any) -> None:
@@ -642,10 +661,7 @@ class Recorder:
         digests: DigestPlan's rows for every tensor, family-major (HASH_FAMILIES), tensors in
         canonical order: what ReceiptWriter.record_step would compute, in one call.
         """
-        K = len(self.tensor_names)
-        hashes = {fam: digests.hashes[f * K:(f + 1) * K] for f, fam in enumerate(HASH_FAMILIES)}
-        sketches = {fam: SketchRows(digests.l2[f * K:(f + 1) * K], digests.projection[f * K:(f + 1) * K])
-                    for f, fam in enumerate(HASH_FAMILIES) if fam in SKETCH_FAMILIES}
+        hashes, sketches = family_rows(digests, len(self.tensor_names))
         loss, grad_norm, lr = scalars
         self.writer.append_step(loss=loss, grad_norm=grad_norm, lr=lr, batch_hash=hashed_batch, hashes=hashes,
                                 sketches=sketches, batch_tokens=batch_tokens, trace=trace, compile=compile_row)
