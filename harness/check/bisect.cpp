@@ -69,7 +69,7 @@ TraceRow row_of(const ReceiptData& run, int step, const TraceProvider& replay) {
   if (run.trace) {
     const OpTrace& t = *run.trace;
     const std::size_t r = t.columns.size(), at = static_cast<std::size_t>(step) * r;
-    OpTrace row{t.columns, {}, {}, {}};
+    OpTrace row{t.columns, {}, {}, {}, {}};
     row.hashes.assign(t.hashes.begin() + static_cast<std::ptrdiff_t>(at), t.hashes.begin() + static_cast<std::ptrdiff_t>(at + r));
     row.l2.assign(t.l2.begin() + static_cast<std::ptrdiff_t>(at), t.l2.begin() + static_cast<std::ptrdiff_t>(at + r));
     const std::size_t w = receipt::kSketchWidth;
@@ -83,7 +83,15 @@ TraceRow row_of(const ReceiptData& run, int step, const TraceProvider& replay) {
 
 DivergentOp op_at(const OpTrace& row, std::size_t c) {
   const receipt::TraceColumn& col = row.columns[c];
-  return {col.op_index, col.op, col.phase, col.tensor, col.kind, col.layer, 0, 0};
+  DivergentOp op;
+  op.index = col.op_index;
+  op.name = col.op;
+  op.phase = col.phase;
+  op.tensor = col.tensor;
+  op.kind = col.kind;
+  op.site = c < row.sites.size() ? row.sites[c] : "";
+  op.layer = col.layer;
+  return op;
 }
 
 // Within the divergent step: the first op output whose hash differs (bitwise), or whose
@@ -96,8 +104,23 @@ void find_divergent_op(const ReceiptData& a, const ReceiptData& b, const Compose
     out.op_source = !ra.replayed && !rb.replayed ? "receipts"
                     : ra.replayed && rb.replayed ? "replay of A and B"
                                                  : (ra.replayed ? "replay of A" : "replay of B");
-    if (ra.trace.columns != rb.trace.columns) throw TraceUnavailable("the two traces record different ops");
-    for (std::size_t c = 0; c < ra.trace.columns.size(); ++c) {
+    // The runs' ops in execution order: where one runs another op than the other (changed
+    // code adds, drops or swaps an op), that op is where they part.
+    const std::size_t common = std::min(ra.trace.columns.size(), rb.trace.columns.size());
+    for (std::size_t c = 0; c <= common; ++c) {
+      if (c == common) {
+        if (ra.trace.columns.size() == rb.trace.columns.size()) break;
+        const bool a_longer = ra.trace.columns.size() > common;
+        out.first_divergent_op = op_at(a_longer ? ra.trace : rb.trace, c);
+        out.first_divergent_op->other = fmt::format("{} ends its step before this op", a_longer ? "B" : "A");
+        return;
+      }
+      if (ra.trace.columns[c] != rb.trace.columns[c]) {
+        out.first_divergent_op = op_at(ra.trace, c);
+        const receipt::TraceColumn& other = rb.trace.columns[c];
+        out.first_divergent_op->other = fmt::format("B runs {} {} {} here", other.op, other.phase, other.tensor);
+        return;
+      }
       if (out.bitwise) {
         if (ra.trace.hashes[c] == rb.trace.hashes[c]) continue;
         out.first_divergent_op = op_at(ra.trace, c);
@@ -155,8 +178,10 @@ namespace {
 nlohmann::json op_json(const Bisection& b) {
   if (!b.first_divergent_op) return nullptr;
   const DivergentOp& op = *b.first_divergent_op;
-  nlohmann::json j = {{"index", op.index}, {"name", op.name},   {"layer", op.layer},
-                      {"phase", op.phase}, {"tensor", op.tensor}, {"kind", op.kind}};
+  nlohmann::json j = {{"index", op.index}, {"name", op.name},     {"layer", op.layer},
+                      {"phase", op.phase}, {"tensor", op.tensor}, {"kind", op.kind},
+                      {"site", op.site.empty() ? nlohmann::json(nullptr) : nlohmann::json(op.site)},
+                      {"other", op.other.empty() ? nlohmann::json(nullptr) : nlohmann::json(op.other)}};
   if (!b.bitwise) {
     j["distance"] = op.distance;
     j["allowed"] = op.allowed;
@@ -209,7 +234,11 @@ std::string to_text(const Bisection& b) {
     const std::string source = b.op_source == "receipts" ? "" : fmt::format("; traced by {}", b.op_source);
     out += fmt::format("{:<12}{} {}{} (op {} of the step, output {} {}{})\n", "first op", op.name, op.phase, layer,
                        op.index, op.kind, op.tensor, source);
-    if (!b.bitwise) out += fmt::format("{:<12}sketch |d| {:.3g} against {:.3g} allowed\n", "", op.distance, op.allowed);
+    if (!op.site.empty()) out += fmt::format("{:<12}{}\n", "at", op.site);
+    if (!op.other.empty()) out += fmt::format("{:<12}{}\n", "", op.other);
+    if (!b.bitwise && op.other.empty()) {
+      out += fmt::format("{:<12}sketch |d| {:.3g} against {:.3g} allowed\n", "", op.distance, op.allowed);
+    }
   } else {
     out += fmt::format("{:<12}unknown: {}\n", "first op", b.no_op);
   }

@@ -24,6 +24,8 @@ inline constexpr int kBisectJsonVersion = 2;
 struct DivergentOp {
   int index = 0;  // op_index: the op's place among the step's traced ops
   std::string name, phase, tensor, kind;
+  std::string site;   // file:line of the code that ran it, where the trace knows it (aten traces)
+  std::string other;  // where the two runs ran different ops here: what the other one ran
   int layer = -1;
   double distance = 0, allowed = 0;  // budgeted bisects: sketch distance and its budget
 };

@@ -31,6 +31,7 @@ struct OpTrace {
   std::vector<receipt::TraceColumn> columns;
   std::vector<std::uint64_t> hashes;  // (rows, columns)
   std::vector<double> l2, projection;  // (rows, columns), (rows, columns, sketch width)
+  std::vector<std::string> sites;      // per column, the code's file:line where known (aten traces); else empty
 
   int rows() const { return columns.empty() ? 0 : static_cast<int>(hashes.size() / columns.size()); }
 };

@@ -2,13 +2,19 @@
 // or before K and verifies every replayed step bit for bit. Exit 0 reproduced, 1 a step
 // differs (the first named), 2 the receipt cannot be replayed or its checkpoint is not
 // trusted. Also the trace provider of `harness bisect` for receipts without /trace.
+#include <bit>
 #include <limits>
+#include <map>
 #include <memory>
+#include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "bisect.h"
+#include "child_process.h"
+#include "python_canary.h"
+#include "receipt/receipt_reader.h"
 #include "canary_run.h"
 #include "commands.h"
 #include "replay.h"
@@ -62,16 +68,94 @@ std::string to_text(const run::ReplayResult& r) {
   return out;
 }
 
+// The receipt's manifest, or nothing where it cannot be read (run::replay then says why).
+std::optional<std::map<std::string, std::string>> manifest_of(const std::string& path) {
+  try {
+    return receipt::ReceiptReader(path).manifest_text();
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+// A Python canary's receipt is replayed by the package that wrote it; its output is ours.
+int run_python_replay(const ReplayFlags& f, const std::map<std::string, std::string>& manifest) {
+  std::vector<std::string> flags = {"--from", std::to_string(f.options.from)};
+  if (f.to) flags.insert(flags.end(), {"--to", std::to_string(*f.to)});
+  if (f.json) flags.push_back("--json");
+  const run::PythonCommand command = run::python_replay_command(f.options.receipt, manifest, flags);
+  const run::ChildResult child = run::run_child(command.argv, command.environment, run::ChildOutput::kInherit,
+                                                run::ChildOutput::kInherit);
+  return child.exit_code();
+}
+
 int run_replay(ReplayFlags& f) {
+  if (const auto manifest = manifest_of(f.options.receipt); manifest && run::is_python_canary(*manifest)) {
+    return run_python_replay(f, *manifest);
+  }
   f.options.to = f.to;
   const run::ReplayResult r = run::replay(f.options);
   fmt::print("{}", f.json ? run::json_text(to_json(r)) + "\n" : to_text(r));
   return r.reproduced() ? kExitPass : kExitCheckFailed;
 }
 
+// An aten trace of one step as `python3 -m canary_harness replay --json` prints it.
+check::OpTrace trace_of_json(const nlohmann::json& traced) {
+  check::OpTrace trace;
+  for (const nlohmann::json& c : traced.at("columns")) {
+    trace.columns.push_back({c.at("op_index").get<int>(), c.at("op").get<std::string>(), c.at("layer").get<int>(),
+                             c.at("phase").get<std::string>(), c.at("tensor").get<std::string>(),
+                             c.at("kind").get<std::string>()});
+    trace.sites.push_back(c.value("site", ""));
+  }
+  // Sketch values come as their float64 bit patterns (exact; JSON has no inf or NaN).
+  const auto as_double = [](const nlohmann::json& bits) { return std::bit_cast<double>(bits.get<std::uint64_t>()); };
+  trace.hashes = traced.at("hash").get<std::vector<std::uint64_t>>();
+  for (const nlohmann::json& bits : traced.at("l2_bits")) trace.l2.push_back(as_double(bits));
+  for (const nlohmann::json& row : traced.at("projection_bits")) {
+    for (const nlohmann::json& bits : row) trace.projection.push_back(as_double(bits));
+  }
+  if (trace.hashes.size() != trace.columns.size() || trace.l2.size() != trace.columns.size() ||
+      trace.projection.size() != trace.columns.size() * receipt::kSketchWidth) {
+    throw check::TraceUnavailable("the replay printed a trace whose columns and digests differ in number");
+  }
+  return trace;
+}
+
+// A Python canary's step, replayed by its package with every aten op traced.
+check::OpTrace python_replayed_trace(const check::ReceiptData& run, int step) {
+  const std::string at = std::to_string(step);
+  const run::PythonCommand command =
+      run::python_replay_command(run.path, run.manifest, {"--from", at, "--to", at, "--trace", "aten", "--json"});
+  run::ChildResult child;
+  try {
+    child = run::run_child(command.argv, command.environment, run::ChildOutput::kCapture, run::ChildOutput::kCapture);
+  } catch (const run::ChildProcessError& e) {
+    throw check::TraceUnavailable(fmt::format("{} has no op trace and its replay cannot start: {}", run.path, e.what()));
+  }
+  if (child.exit_code() == 2 || (!child.exited_zero() && child.exit_code() != 1)) {
+    throw check::TraceUnavailable(fmt::format("{} has no op trace and cannot be replayed: {}", run.path,
+                                              run::last_line(child.stderr_tail)));
+  }
+  const nlohmann::json result = nlohmann::json::parse(child.stdout_text, nullptr, /*allow_exceptions=*/false);
+  if (!result.is_object() || !result.contains("traces") || result["traces"].size() != 1) {
+    throw check::TraceUnavailable(fmt::format("the replay of {} printed no trace of step {}", run.path, step));
+  }
+  if (result.value("verdict", "") != "reproduced") {
+    const nlohmann::json& m = result["first_mismatch"];
+    throw check::TraceUnavailable(fmt::format("a replay of {} does not reproduce step {} ({}); its trace is not trusted",
+                                              run.path, m.value("step", step), m.value("what", "?")));
+  }
+  try {
+    return trace_of_json(result["traces"][0]);
+  } catch (const nlohmann::json::exception& e) {
+    throw check::TraceUnavailable(fmt::format("the replay of {} printed a trace that cannot be read ({})", run.path, e.what()));
+  }
+}
+
 }  // namespace
 
 check::OpTrace replayed_trace(const check::ReceiptData& run, int step) {
+  if (run::is_python_canary(run.manifest)) return python_replayed_trace(run, step);
   run::ReplayOptions options;
   options.receipt = run.path;
   options.from = step;
@@ -88,7 +172,7 @@ check::OpTrace replayed_trace(const check::ReceiptData& run, int step) {
                                               run.path, r.first_mismatch->step, r.first_mismatch->what));
   }
   const receipt::TraceStep& row = r.trace.back();
-  check::OpTrace trace{r.trace_columns, row.hashes, {}, {}};
+  check::OpTrace trace{r.trace_columns, row.hashes, {}, {}, {}};
   receipt::split_sketches(row.sketches, trace.l2, trace.projection);
   return trace;
 }
@@ -96,13 +180,13 @@ check::OpTrace replayed_trace(const check::ReceiptData& run, int step) {
 void add_replay_command(CLI::App& app, CommandRegistry& commands) {
   auto f = std::make_shared<ReplayFlags>();
   CLI::App* replay = app.add_subcommand("replay", "Replay a recorded run from a checkpoint and verify it bit for bit");
-  replay->add_option("receipt", f->options.receipt, "Receipt of the run (.h5); its checkpoints in <receipt>.ckpt/")
+  replay->add_option("receipt", f->options.receipt, "Receipt of the run (.h5); its checkpoints in <receipt>.ckpt/ (a Python canary's: in the receipt)")
       ->required();
   replay->add_option("--from", f->options.from, "First step to verify: resumes from the checkpoint at or before it")
       ->check(CLI::Range(0, std::numeric_limits<int>::max()))
       ->capture_default_str();
   replay->add_option("--to", f->to, "Last step to verify (default: the last recorded)")->check(CLI::Range(0, std::numeric_limits<int>::max()));
-  replay->add_option("--threads", f->options.threads, "Worker threads (0 = all cores; any count gives the same bits)")
+  replay->add_option("--threads", f->options.threads, "Worker threads (0 = all cores; any count gives the same bits; a Python canary replays on its recorded count)")
       ->check(CLI::Range(0, 1024))
       ->capture_default_str();
   replay->add_flag("--json", f->json, "Print the result as JSON (keys in docs/cli.md)");

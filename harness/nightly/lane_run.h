@@ -5,6 +5,7 @@
 #include <string>
 
 #include "canary_run.h"
+#include "child_process.h"
 #include "matrix.h"
 
 namespace harness::nightly {
@@ -34,6 +35,6 @@ struct LaneCommandError : std::runtime_error {
 std::string export_matrix_pack(const Matrix& matrix, const std::string& path);
 
 // The argv of `command` for messages: items joined with spaces, quoted where they hold one.
-std::string command_line(const std::vector<std::string>& argv);
+using run::command_line;
 
 }  // namespace harness::nightly

@@ -102,6 +102,7 @@ std::vector<CheckpointRef> ReceiptReader::checkpoints() const {
   std::vector<CheckpointRef> out;
   if (!h5::exists(file_, "checkpoints")) return out;
   const h5::Handle group = h5::open_group(file_, "checkpoints");
+  if (h5::has_attr(group, "storage")) return out;  // held in the receipt: a Python canary's, replayed by Python
   const std::filesystem::path receipt_dir = std::filesystem::path(path_).parent_path();
   const std::string directory = h5::read_attr_string(group, "directory");
   const auto add = [&](std::int64_t step, std::string content_hash) {

@@ -13,7 +13,11 @@ inline constexpr std::int64_t kSchemaVersion = 1;
 // the manifest's schema_minor attribute itself. Receipts without the attribute are minor 0.
 // Minor 2: the manifest's budget_features (the features that separate the run from the
 // bitwise reference; the verdict composes budgets from them and refuses a receipt without).
-inline constexpr std::int64_t kSchemaMinor = 2;
+// Minor 3: /checkpoints may be held in the receipt itself (attribute storage = "receipt",
+// datasets offset, length and state: a Python canary's state, docs/receipt-schema.md).
+inline constexpr std::int64_t kSchemaMinor = 3;
+// /checkpoints' `storage` attribute where the checkpoints are held in the receipt.
+inline constexpr const char* kCheckpointsInReceipt = "receipt";
 
 // Value sketches: per tensor, the L2 norm and a block-structured count sketch of
 // kSketchWidth numbers (docs/receipt-schema.md, "Sketches").

@@ -355,10 +355,20 @@ class Validator {
     if (h5::exists(file_, "/batches")) expect("/batches/tokens", "int32", {steps_, kAny, kAny});
     if (h5::exists(file_, "/checkpoints")) {
       const h5::Handle group = h5::open_group(file_, "checkpoints");
-      if (!h5::has_attr(group, "directory")) problem("/checkpoints", "missing attribute 'directory'");
-      if (h5::exists(group, "step")) {
-        expect("/checkpoints/step", "int64", {kAny});
-        expect("/checkpoints/content_hash", "string", {datasets_["/checkpoints/step"].shape.at(0)});
+      // Beside the receipt (`directory`), or held in it (`storage` = "receipt": a Python canary's).
+      const bool held = h5::has_attr(group, "storage");
+      if (!held && !h5::has_attr(group, "directory")) problem("/checkpoints", "missing attribute 'directory'");
+      if (held && h5::read_attr_string(group, "storage") != kCheckpointsInReceipt) {
+        problem("/checkpoints", fmt::format("attribute 'storage' is not '{}'", kCheckpointsInReceipt));
+      }
+      if (h5::exists(group, "step") && expect("/checkpoints/step", "int64", {kAny})) {
+        const hsize_t rows = datasets_["/checkpoints/step"].shape.at(0);
+        expect("/checkpoints/content_hash", "string", {rows});
+        if (held) {
+          expect("/checkpoints/offset", "int64", {rows});
+          expect("/checkpoints/length", "int64", {rows});
+          expect("/checkpoints/state", "uint8", {kAny});
+        }
       }
     }
   }

@@ -41,7 +41,17 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     run.add_argument("--seed", help="seed torch, random and numpy with this before NAME() (default: the canary's)")
     run.add_argument("--inject-fault", help="step=K,op=PATH[,ulps=N]: move element 0 of module PATH's output up by N "
                                             "ulps (default 1) at step K")
+    run.add_argument("--checkpoint-every", help="K: save the whole training state into the receipt at the start "
+                                                "of steps K, 2K, ... (what replay and bisect resume from)")
     run.add_argument("--force", action="store_true", help="overwrite an existing receipt")
+    replay = commands.add_parser("replay", help="replay a Python canary's receipt from a checkpoint and verify it")
+    replay.add_argument("receipt", help="a receipt this command's `run` wrote")
+    replay.add_argument("--from", dest="from_step", default="0",
+                        help="first step to verify: resumes from the checkpoint at or before it (default 0)")
+    replay.add_argument("--to", dest="to_step", help="last step to verify (default: the last recorded)")
+    replay.add_argument("--trace", default="none", help="none (default) or aten: trace every aten op of the "
+                                                        "steps from --from on (docs/bisect.md)")
+    replay.add_argument("--json", action="store_true", help="print the result as JSON (with the traces)")
     return ap.parse_args(argv)
 
 
@@ -69,8 +79,9 @@ def run(args: argparse.Namespace) -> int:
     if args.inject_fault is not None:
         ops = [name for name, _ in loaded.canary.model.named_modules() if name]
         fault = parse_fault(args.inject_fault, ops, steps, where="the model's module paths")
+    every = _count("checkpoint-every", args.checkpoint_every, 1, steps) if args.checkpoint_every is not None else 0
     options = RunOptions(out=args.out, device=args.device, precision=args.precision, steps=steps, threads=threads,
-                         fault=fault, overwrite=args.force)
+                         fault=fault, overwrite=args.force, checkpoint_every=every)
 
     def progress(i: int, total: int) -> None:
         if (i + 1) % 25 == 0 or i + 1 == total:
@@ -79,6 +90,22 @@ def run(args: argparse.Namespace) -> int:
     summary = run_canary(loaded, options, device, progress)
     print_summary(summary, args.out)
     return 0
+
+
+def replay(args: argparse.Namespace) -> int:
+    import json
+
+    from .lane import UsageError, _count
+    from .replay import replay as replay_receipt
+    from .replay import to_json, to_text
+
+    if args.trace not in ("none", "aten"):
+        raise UsageError(f"--trace: unknown level '{args.trace}'; use none or aten")
+    from_step = _count("from", args.from_step, 0, 2**31 - 1)
+    to_step = _count("to", args.to_step, 0, 2**31 - 1) if args.to_step is not None else None
+    result = replay_receipt(args.receipt, from_step, to_step, args.trace)
+    print(json.dumps(to_json(result)) if args.json else to_text(result), end="\n" if args.json else "")
+    return 0 if result.reproduced() else 1
 
 
 def _device(torch, name: str):
@@ -104,19 +131,23 @@ def main(argv: Optional[List[str]] = None) -> int:
     from .receipt import ReceiptError
 
     try:
-        return run(args)
+        return run(args) if args.command == "run" else replay(args)
     except (UsageError, CanaryError, ReceiptError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         import os
 
+        if args.command != "run":
+            print(f"{PROG}: interrupted", file=sys.stderr)
+            return 130
         kept = f"{args.out} keeps its finished steps (complete = 0)" if os.path.exists(args.out) else "no receipt written"
         print(f"{PROG}: interrupted: {kept}", file=sys.stderr)
         return 130
     except Exception as e:  # the team's step failed: one line, the receipt keeps its finished steps
         message = str(e).splitlines()[0] if str(e) else type(e).__name__
-        print(f"{PROG}: error: {args.canary}: the step raised {type(e).__name__}: {message}", file=sys.stderr)
+        what = args.canary if args.command == "run" else f"replay of {args.receipt}"
+        print(f"{PROG}: error: {what}: the step raised {type(e).__name__}: {message}", file=sys.stderr)
         return 2
 
 

@@ -25,6 +25,7 @@ from typing import Any, Dict, List, Mapping, NamedTuple, NoReturn, Optional, Seq
 
 import h5py
 import numpy as np
+import xxhash
 
 from . import digest
 from .digest import Sketch, as_float32, sketch, tensor_hash
@@ -44,6 +45,22 @@ class SketchRows(NamedTuple):
 
     l2: np.ndarray
     projection: np.ndarray
+
+
+class StoredCheckpoint(NamedTuple):
+    """A checkpoint held in the receipt: the state at the start of `step`."""
+
+    step: int
+    content_hash: str
+    offset: int
+    length: int
+
+
+# /checkpoints held in the receipt (Python canaries): the storage attribute's value, the
+# content hash's length ("xxh128:" and 32 hex digits) and the state dataset's chunk.
+CHECKPOINT_STORAGE = "receipt"
+CONTENT_HASH_LENGTH = 39
+CHECKPOINT_CHUNK_BYTES = 1 << 20
 
 
 class ReceiptError(ValueError):
@@ -718,6 +735,48 @@ class ReceiptWriter:
             raise ValueError(f"{family}: {len(tensors)} tensors for {len(self.tensor_names)} names")
         return tensors
 
+    def declare_checkpoints(self, every: int) -> None:
+        """/checkpoints held in the receipt itself (docs/receipt-schema.md, "Checkpoints in
+        the receipt"): a Python canary's state every `every` steps. Before the first step."""
+        if self.steps_recorded:
+            raise ReceiptError(f"{self.path}: checkpoints must be declared before the first step")
+        f = self._reopen()
+        try:
+            group = f.create_group("checkpoints")
+            _write_attr(group, "every", int(every))
+            _write_attr(group, "storage", CHECKPOINT_STORAGE)
+            self._checkpoint_rows = {name: _Growing(group, name, "<i8", (), STEP_CHUNK_ROWS)
+                                     for name in ("step", "offset", "length")}
+            self._checkpoint_hash = _Growing(group, "content_hash", _string_dtype([b"x" * CONTENT_HASH_LENGTH]), (),
+                                             STEP_CHUNK_ROWS)
+            self._checkpoint_state = group.create_dataset("state", shape=(0,), maxshape=(None,), dtype="u1",
+                                                          chunks=(CHECKPOINT_CHUNK_BYTES,), fletcher32=True).name
+            self._checkpoint_bytes = 0
+            f.flush()
+            f.swmr_mode = True
+        except (OSError, ValueError) as e:
+            raise ReceiptError(f"{self.path}: cannot create /checkpoints ({e})") from None
+
+    def append_checkpoint(self, step: int, state: bytes) -> str:
+        """The state at the start of `step` (serialized bytes), with its content hash; returns the hash."""
+        f = self._open_file()
+        content_hash = "xxh128:" + xxhash.xxh3_128_hexdigest(state)
+        try:
+            dataset = f[self._checkpoint_state]
+            start = self._checkpoint_bytes
+            dataset.resize((start + len(state),))
+            dataset[start:] = np.frombuffer(state, dtype=np.uint8)
+            for name, value in (("step", step), ("offset", start), ("length", len(state))):
+                self._checkpoint_rows[name].append(f, value)
+            self._checkpoint_hash.append(f, content_hash.encode())
+            f.flush()
+        except (OSError, RuntimeError) as e:
+            self._remove_damaged()
+            raise ReceiptError(f"{self.path}: cannot write the checkpoint of step {step} ({_write_failure(e)}); the "
+                               "damaged file is removed") from None
+        self._checkpoint_bytes = start + len(state)
+        return content_hash
+
     def dump_tensors(self, step: int, tensors: Mapping[str, Any]) -> None:
         """/tensors/step_XXXXXX/<name>: float32 values with their shapes (params at the start of `step`)."""
         arrays = {name: as_float32(values) for name, values in tensors.items()}
@@ -1044,6 +1103,38 @@ class ReceiptReader:
                            f"output in each; {self.DAMAGED}")
         return [TraceColumn(int(numbers["op_index"][i]), fields["op"][i], int(numbers["layer"][i]),
                             fields["phase"][i], fields["tensor"][i], fields["kind"][i]) for i in range(count)]
+
+    def stored_checkpoints(self) -> List[StoredCheckpoint]:
+        """The checkpoints held in the receipt (declare_checkpoints), in step order; [] when none."""
+        if "checkpoints" not in self._members("/") or self._get("checkpoints").attrs.get("storage") is None:
+            return []
+        storage = _decode(self._get("checkpoints").attrs["storage"])
+        if storage != CHECKPOINT_STORAGE:
+            self._fail(f"/checkpoints: storage '{storage}' is not '{CHECKPOINT_STORAGE}'")
+        columns = {name: self._typed(f"checkpoints/{name}", 1, "int64") for name in ("step", "offset", "length")}
+        hashes = self.read_strings("checkpoints/content_hash")
+        state_bytes = self.dataset("checkpoints/state", 1).shape[0]
+        rows = len(hashes)
+        if any(len(v) != rows for v in columns.values()):
+            self._fail("/checkpoints: step, offset, length and content_hash differ in length")
+        out = []
+        for step, offset, length, content_hash in zip(columns["step"], columns["offset"], columns["length"], hashes):
+            if offset < 0 or length < 0 or offset + length > state_bytes or (out and step <= out[-1].step):
+                self._fail(f"/checkpoints: the row of step {step} does not describe a stored state")
+            out.append(StoredCheckpoint(int(step), content_hash, int(offset), int(length)))
+        return out
+
+    def checkpoint_state(self, checkpoint: "StoredCheckpoint") -> bytes:
+        """The checkpoint's bytes, checked against its content hash (ReceiptError when they differ)."""
+        try:
+            data = self.dataset("checkpoints/state", 1)[checkpoint.offset:checkpoint.offset + checkpoint.length]
+        except HDF5_READ_ERRORS as e:
+            self._fail(f"/checkpoints/state cannot be read ({hdf5_message(e)})")
+        state = bytes(np.asarray(data, dtype=np.uint8))
+        if "xxh128:" + xxhash.xxh3_128_hexdigest(state) != checkpoint.content_hash:
+            self._fail(f"the checkpoint of step {checkpoint.step} does not hash to its recorded content hash: the "
+                       "checkpoint or the receipt was altered, not trusted")
+        return state
 
     def batches(self) -> Optional[np.ndarray]:
         """/batches/tokens int32 (N, B, T+1), or None when batches were not recorded."""

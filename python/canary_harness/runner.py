@@ -24,6 +24,7 @@ bitwise reference (""); bf16 autocast declares `torch-bf16`, another device
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -60,6 +61,7 @@ class RunOptions:
     threads: int = 1
     fault: Any = None                    # a canary_harness.lane.FaultSpec on a module path, or None
     overwrite: bool = False
+    checkpoint_every: int = 0            # 0: no checkpoints
 
 
 def lane_features(device: torch.device, precision: str) -> List[str]:
@@ -211,9 +213,11 @@ def _checked_batch(canary: Any, step: int) -> tuple:
 def manifest_for(loaded: LoadedCanary, options: RunOptions, device: torch.device, steps: int) -> Dict[str, Any]:
     features = lane_features(device, options.precision)
     fault = str(options.fault) if options.fault is not None else "none"
-    run_options = {"canary": loaded.spec, "device": options.device, "precision": options.precision, "steps": steps,
-                   "threads": options.threads, "seed": loaded.seed,
-                   "inject_fault": str(options.fault) if options.fault is not None else None}
+    # The recipe `python3 -m canary_harness replay` (and `harness replay`) runs again.
+    run_options = {"canary": f"{loaded.path}:{loaded.function}", "device": options.device,
+                   "precision": options.precision, "steps": steps, "threads": options.threads, "seed": loaded.seed,
+                   "inject_fault": str(options.fault) if options.fault is not None else None,
+                   "checkpoint_every": options.checkpoint_every, "trace": "none", "python": sys.executable}
     return {
         "lane": f"{loaded.canary.name}/torch" + "".join(f"+{f}" for f in features),
         "engine": "torch", "features": "+".join(features),
@@ -235,51 +239,97 @@ class RunSummary:
     seconds: float
 
 
+@dataclass
+class StepRecord:
+    """What one step records: append_step's arguments."""
+
+    loss: float
+    grad_norm: float
+    lr: float
+    batch_hash: int
+    hashes: Dict[str, Any]
+    sketches: Dict[str, Any]
+
+
+class CanaryLoop:
+    """One step of a canary at a time, as a run and a replay both take it (module docstring):
+    the model placed on the device, the fault armed, bf16 autocast around the step, the
+    digests taken at the end of optimizer.step(). close() removes the digest hook."""
+
+    def __init__(self, loaded: LoadedCanary, options: RunOptions, device: torch.device) -> None:
+        self.loaded = loaded
+        self.canary = loaded.canary
+        self.device = device
+        torch.set_num_threads(options.threads)
+        place_on_device(self.canary, device)
+        try:
+            self.autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16) \
+                if options.precision == "bf16" else None
+        except (RuntimeError, ValueError) as e:
+            raise CanaryError(f"--precision bf16: no bf16 autocast on device {device.type} ({e})") from None
+        self.fault = _install_fault(self.canary.model, options.fault, device)
+        self.capture = StepCapture(loaded)
+
+    def run_step(self, i: int, traced: Any = None) -> StepRecord:
+        """Runs step i (inside `traced`, a context such as AtenTracer.step(), when given)."""
+        canary = self.canary
+        batch, hashed = _checked_batch(canary, i)
+        if self.fault is not None:
+            self.fault.arm(i)
+        inputs = to_device(batch, self.device)
+        self.capture.begin()
+        with contextlib.ExitStack() as contexts:
+            if traced is not None:
+                contexts.enter_context(traced)
+            if self.autocast is not None:
+                contexts.enter_context(self.autocast)
+            result = canary.step(canary.model, canary.optimizer, inputs, i)
+        loss, norm = _loss_and_norm(result, i)
+        if self.fault is not None:
+            self.fault.check(i)
+        self.capture.ensure()
+        row = self.capture.row()
+        return StepRecord(_host_float(loss), _host_float(norm) if norm is not None else self.capture.grad_norm(),
+                          self.capture.lr, hashed, row["hashes"], row["sketches"])
+
+    def close(self) -> None:
+        self.capture.remove()
+
+
 def run_canary(loaded: LoadedCanary, options: RunOptions, device: torch.device,
                progress: Optional[Callable[[int, int], None]] = None) -> RunSummary:
-    """Runs the canary for its steps (or options.steps) and writes the receipt to options.out.
+    """Runs the canary for its steps (or options.steps) and writes the receipt to options.out,
+    with the canary's state every options.checkpoint_every steps (canary_harness.canary_state).
 
     A CanaryError (the canary breaks its contract: a batch that differs between calls, a
     loss that is not a scalar) removes the receipt; any other failure of the step leaves
     the receipt with its finished steps and complete = 0 (a failure before the first step
     removes it), and is raised."""
-    canary = loaded.canary
-    steps = options.steps or canary.steps
-    torch.set_num_threads(options.threads)
-    place_on_device(canary, device)
-    try:
-        autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16) if options.precision == "bf16" else None
-    except (RuntimeError, ValueError) as e:
-        raise CanaryError(f"--precision bf16: no bf16 autocast on device {device.type} ({e})") from None
-    fault = _install_fault(canary.model, options.fault, device)
-    capture = StepCapture(loaded)
+    from .canary_state import capture_state
+
+    steps = options.steps or loaded.canary.steps
+    loop = CanaryLoop(loaded, options, device)
+    writer: Optional[ReceiptWriter] = None
     try:
         writer = ReceiptWriter(options.out, manifest_for(loaded, options, device, steps), loaded.tensor_names,
                                overwrite=options.overwrite)
+        if options.checkpoint_every:
+            writer.declare_checkpoints(options.checkpoint_every)
     except BaseException:
-        capture.remove()
+        if writer is not None:
+            writer.discard()
+        loop.close()
         raise
     losses: List[float] = []
     start = time.perf_counter()
     try:
         for i in range(steps):
-            batch, hashed = _checked_batch(canary, i)
-            if fault is not None:
-                fault.arm(i)
-            inputs = to_device(batch, device)
-            capture.begin()
-            if autocast is not None:
-                with autocast:
-                    result = canary.step(canary.model, canary.optimizer, inputs, i)
-            else:
-                result = canary.step(canary.model, canary.optimizer, inputs, i)
-            loss, norm = _loss_and_norm(result, i)
-            if fault is not None:
-                fault.check(i)
-            capture.ensure()
-            losses.append(_host_float(loss))
-            writer.append_step(loss=losses[-1], grad_norm=_host_float(norm) if norm is not None else capture.grad_norm(),
-                               lr=capture.lr, batch_hash=hashed, **capture.row())
+            if options.checkpoint_every and i > 0 and i % options.checkpoint_every == 0:
+                writer.append_checkpoint(i, capture_state(loaded, i, device))
+            record = loop.run_step(i)
+            losses.append(record.loss)
+            writer.append_step(loss=record.loss, grad_norm=record.grad_norm, lr=record.lr,
+                               batch_hash=record.batch_hash, hashes=record.hashes, sketches=record.sketches)
             if progress is not None:
                 progress(i, steps)
         seconds = time.perf_counter() - start
@@ -294,7 +344,7 @@ def run_canary(loaded: LoadedCanary, options: RunOptions, device: torch.device,
             writer.close()
         raise
     finally:
-        capture.remove()
+        loop.close()
     return RunSummary(steps, losses, seconds)
 
 

@@ -5,7 +5,9 @@ that tests can assert the two sides agree instead of repeating literals.
 """
 
 SCHEMA_VERSION = 1  # major: a reader refuses any other
-SCHEMA_MINOR = 2  # minor 1: HDF5 1.10 format, fixed-length UTF-8 strings, Fletcher32; 2: manifest budget_features
+# minor 1: HDF5 1.10 format, fixed-length UTF-8 strings, Fletcher32; 2: manifest budget_features;
+# 3: /checkpoints held in the receipt (a Python canary's state)
+SCHEMA_MINOR = 3
 
 SKETCH_WIDTH = 16  # buckets of the count sketch
 SKETCH_BLOCK = 32  # elements per sketched block

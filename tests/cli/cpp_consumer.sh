@@ -103,7 +103,7 @@ expect_exit 0 "" -- "$PREFIX/bin/harness" validate --json "$receipt"
 import json, sys
 r = json.load(open(sys.argv[1]))
 assert r["valid"] and r["problems"] == [] and r["unknown"] == [], r
-assert (r["receipt_schema"], r["steps"], r["tensors"]) == ("1.2", 8, 2), r
+assert (r["receipt_schema"], r["steps"], r["tensors"]) == ("1.3", 8, 2), r
 EOF
 
 # The example's hashes and sketches are the harness's: the Python package (held to the C++

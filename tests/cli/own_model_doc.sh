@@ -22,9 +22,12 @@ script=$WORK/page.sh
 # What the page says the commands show.
 grep -q "budget      reference (bitwise" "$WORK/page.out" || fail "two runs of the example did not compare bitwise"
 grep -q "^budget_features torch-bf16" "$WORK/page.out" || fail "the bf16 run does not declare torch-bf16"
-[ "$(grep -c '^exit 1' "$WORK/page.out")" -eq 2 ] || fail "the fault run did not fail its comparison and its check"
+[ "$(grep -c '^exit 1' "$WORK/page.out")" -eq 3 ] || fail "the fault run did not fail its comparison and its check, or bisect did not find the regression"
 grep -q "first failing step 20" "$WORK/page.out" || fail "the fault's comparison does not name step 20"
 grep -qE "^ok +own-gpt/torch +own-gpt/torch" "$WORK/page.out" || fail "golden status does not list the approved lane"
 grep -q '"source":"receipt"' "$WORK/goldens/provenance.jsonl" || fail "the log does not record the golden's source"
 grep -q "^verdict     PASS" "$WORK/page.out" || fail "a clean run does not check PASS against its golden"
+grep -q "^verified    steps 20-39 bitwise equal to the receipt" "$WORK/page.out" || fail "the replay from step 25 did not verify"
+grep -q "^first op    h.1.mlp forward, layer 1 .*aten.mul.Tensor" "$WORK/page.out" || fail "bisect does not name h.1.mlp's aten.mul"
+grep -q "^at          model.py:" "$WORK/page.out" || fail "bisect does not name the line of the regression"
 finish

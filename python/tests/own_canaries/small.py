@@ -150,3 +150,8 @@ def tuple_output() -> ch.Canary:
     inner = c.model.forward
     c.model.forward = lambda x, y: inner(c.model.pair(x)[0], y)
     return c
+
+
+def renamed() -> ch.Canary:
+    """The same model and data under another name: another canary (a checkpoint of it is not small's)."""
+    return make(name="renamed")

@@ -1,0 +1,39 @@
+#include "python_canary.h"
+
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+namespace harness::run {
+namespace {
+
+// The JSON text of a manifest attribute, or null where it is missing or not JSON.
+nlohmann::json manifest_json(const std::map<std::string, std::string>& manifest, const std::string& key) {
+  const auto it = manifest.find(key);
+  if (it == manifest.end()) return nullptr;
+  return nlohmann::json::parse(it->second, nullptr, /*allow_exceptions=*/false);
+}
+
+}  // namespace
+
+bool is_python_canary(const std::map<std::string, std::string>& manifest) {
+  const nlohmann::json canary = manifest_json(manifest, "canary");
+  return canary.is_object() && canary.value("kind", "") == "python";
+}
+
+PythonCommand python_replay_command(const std::string& receipt, const std::map<std::string, std::string>& manifest,
+                                    const std::vector<std::string>& flags) {
+  std::string python = "/usr/bin/python3";
+  const nlohmann::json recipe = manifest_json(manifest, "run_options");
+  if (recipe.is_object() && recipe.contains("python") && recipe["python"].is_string()) {
+    const std::string recorded = recipe["python"].get<std::string>();
+    if (access(recorded.c_str(), X_OK) == 0) python = recorded;
+  }
+  PythonCommand command;
+  command.argv = {python, "-m", "canary_harness", "replay", receipt};
+  command.argv.insert(command.argv.end(), flags.begin(), flags.end());
+  command.environment["PYTHONPATH"] = std::string(HARNESS_SOURCE_DIR) + "/python";
+  return command;
+}
+
+}  // namespace harness::run

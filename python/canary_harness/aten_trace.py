@@ -1,0 +1,244 @@
+"""Aten op traces of a training step (`--trace aten`; docs/bisect.md, "Aten traces").
+
+AtenTracer records the output of every aten op a step runs: the forward, the backward the
+autograd engine runs, the step's own code (a functional softmax, a residual add, the loss,
+clipping) and the optimizer's update. It is a TorchDispatchMode, so it sees the ops below
+every module, functional call and autograd, where module hooks (canary_harness.trace) see
+only modules. Each output is named by
+
+- `op`: where it ran: the innermost module whose forward was running (its path in the
+  model, `blocks.1.attn`; `<model>` for the root module's own code), `<step>` for the
+  step's code outside any module, `<backward>` for what autograd runs (on torch 2.x with
+  the autograd node: `<backward:SoftmaxBackward0>`) and `<optimizer>` inside
+  optimizer.step();
+- `tensor`: the aten op overload (`aten._softmax.default`; `.out1` for its second output);
+- `site`: the `file:line` of the innermost frame outside torch and this package that led to
+  it: the model's line for a forward op, the step's `loss.backward()` or
+  `optimizer.step()` line for backward and optimizer ops;
+- `phase`: forward, backward (inside torch.autograd.backward or grad) or optimizer (inside
+  optimizer.step(), or the step's code after its first backward: clipping, the lr);
+- `kind`: parameter or gradient when the op wrote a parameter's or a gradient's storage,
+  else by phase: activation (scalar when 0-D), activation_grad, state.
+
+What is traced is decided from each op's schema, not its name: floating-point outputs of
+ops that compute something. A return that only aliases an input (a view: `t`, `view`,
+`expand`, `detach`) is the input's value again and is skipped; an in-place op's return
+(an alias it writes) is traced, as its value after the op. Values are cloned on the device
+as the op returns (the next in-place op would overwrite them) and read to the host at the
+end of the step: no host read happens inside the step.
+
+Cost: every output cloned and digested; this is a diagnosis mode (a replay of one step),
+not a nightly recording.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Dict, List, NamedTuple, Sequence, Tuple
+
+import numpy as np
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .digest import DigestPlan
+from .philox import stream_id
+from .receipt import TraceColumn
+from .trace import module_layers
+
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+class AtenStep(NamedTuple):
+    """One step's aten trace: columns in execution order, their call sites, and digests."""
+
+    columns: List[TraceColumn]
+    sites: List[str]
+    hashes: List[int]
+    l2: List[float]
+    projection: List[List[float]]
+
+
+def user_site(skip: Sequence[str] = (_TORCH_DIR, _PACKAGE_DIR)) -> str:
+    """`file:line` of the innermost frame outside torch and this package ("" when none)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not filename.startswith(tuple(skip)) and not filename.startswith("<"):
+            return f"{os.path.basename(filename)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return ""
+
+
+def _traced_returns(func: Any) -> List[bool]:
+    """Per return of the op's schema: True when it computes a value (no alias, or an alias the
+    op writes: an in-place or out= result); a pure view is the input's value again."""
+    flags = []
+    for ret in func._schema.returns:
+        alias = ret.alias_info
+        flags.append(alias is None or bool(alias.is_write))
+    return flags
+
+
+def _flat_outputs(out: Any) -> List[Any]:
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+class _Mode(TorchDispatchMode):
+    def __init__(self, tracer: "AtenTracer") -> None:
+        super().__init__()
+        self.tracer = tracer
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        self.tracer._record(func, out)
+        return out
+
+
+class AtenTracer:
+    """Traces the aten ops of `model`'s training steps (see the module docstring).
+
+    param_names: {id(parameter): its name} (what kind=parameter/gradient outputs are named
+    by in the text; the kind itself comes from the storage written). Use `with
+    tracer.step():` around one whole training step, then finish_step(); close() removes the
+    module hooks.
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self._layers = module_layers(model)
+        self._stack: List[Tuple[str, int]] = []  # (module path, layer) of the forwards running
+        self._handles = []
+        for path, module in model.named_modules():
+            self._handles.append(module.register_forward_pre_hook(self._enter(path or "<model>", module)))
+            self._handles.append(module.register_forward_hook(self._leave))
+        self._phase = "forward"
+        self._in_backward = 0
+        self._in_optimizer = 0
+        self._after_backward = False
+        self._records: List[Tuple[str, int, str, str, str, str, torch.Tensor]] = []
+        self._current_node = getattr(torch._C, "_current_autograd_node", None)  # torch >= 2.0
+
+    # ---- where an op runs --------------------------------------------------------------
+    def _enter(self, path: str, module: torch.nn.Module) -> Any:
+        layer = self._layers.get(module, -1)
+
+        def hook(mod: torch.nn.Module, args: Any) -> None:
+            self._stack.append((path, layer))
+        return hook
+
+    def _leave(self, module: torch.nn.Module, args: Any, out: Any) -> None:
+        if self._stack:
+            self._stack.pop()
+
+    def _where(self) -> Tuple[str, int, str]:
+        """(op, layer, phase) of the op running now."""
+        if self._in_optimizer:
+            return "<optimizer>", -1, "optimizer"
+        if self._in_backward:
+            node = self._current_node() if self._current_node is not None else None
+            return (f"<backward:{node.name()}>" if node is not None else "<backward>"), -1, "backward"
+        if self._stack:
+            path, layer = self._stack[-1]
+            return path, layer, "forward"
+        return "<step>", -1, "optimizer" if self._after_backward else "forward"
+
+    def _kind(self, tensor: torch.Tensor, phase: str) -> str:
+        storage = _storage_key(tensor)
+        if storage in self._param_storage:
+            return "parameter"
+        if storage in self._grad_storage():
+            return "gradient"
+        if phase == "forward":
+            return "scalar" if tensor.dim() == 0 else "activation"
+        return "activation_grad" if phase == "backward" else "state"
+
+    def _grad_storage(self) -> set:
+        return {_storage_key(p.grad) for p in self.model.parameters() if p.grad is not None}
+
+    # ---- recording ---------------------------------------------------------------------
+    def _record(self, func: Any, out: Any) -> None:
+        flags = _traced_returns(func)
+        outputs = _flat_outputs(out)
+        if len(flags) == 1 and len(outputs) > 1:  # a Tensor[] return: every element computed alike
+            flags = flags * len(outputs)
+        op, layer, phase = self._where()
+        site = user_site()
+        name = str(func)
+        for j, (value, traced) in enumerate(zip(outputs, flags)):
+            if not traced or not isinstance(value, torch.Tensor) or not value.is_floating_point():
+                continue
+            tensor = name if len(outputs) == 1 else f"{name}.out{j}"
+            self._records.append((op, layer, phase, tensor, self._kind(value, phase), site, value.detach().clone()))
+
+    def _patched(self, function: Any, counter: str) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            setattr(self, counter, getattr(self, counter) + 1)
+            try:
+                return function(*args, **kwargs)
+            finally:
+                setattr(self, counter, getattr(self, counter) - 1)
+                if counter == "_in_backward":
+                    self._after_backward = True
+        return wrapper
+
+    def step(self) -> "_TracedStep":
+        """The context of one traced step: the dispatch mode, and the phase boundaries
+        (torch.autograd.backward/grad and the optimizer's step wrapped for its length)."""
+        return _TracedStep(self)
+
+    def finish_step(self) -> AtenStep:
+        """The step's columns and digests (the clones read to the host here, after the step)."""
+        records, self._records = self._records, []
+        columns: List[TraceColumn] = []
+        for index, (op, layer, phase, tensor, kind, _, _) in enumerate(records):
+            columns.append(TraceColumn(index, op, layer, phase, tensor, kind))
+        arrays = [np.ascontiguousarray(r[6].float().cpu().numpy().reshape(-1)) for r in records]
+        if not arrays:
+            return AtenStep([], [], [], [], [])
+        plan = DigestPlan([a.size for a in arrays], [stream_id(c.tensor) for c in columns], [True] * len(arrays))
+        rows = plan.rows(arrays)
+        return AtenStep(columns, [r[5] for r in records], rows.hashes.tolist(), rows.l2.tolist(),
+                        rows.projection.tolist())
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+
+class _TracedStep:
+    def __init__(self, tracer: AtenTracer) -> None:
+        self.tracer = tracer
+        self._saved: Dict[str, Any] = {}
+
+    def __enter__(self) -> AtenTracer:
+        t = self.tracer
+        t._records, t._stack, t._after_backward = [], [], False
+        t._param_storage = {_storage_key(p) for p in t.model.parameters()}
+        self._saved = {"backward": torch.autograd.backward, "grad": torch.autograd.grad}
+        torch.autograd.backward = t._patched(self._saved["backward"], "_in_backward")
+        torch.autograd.grad = t._patched(self._saved["grad"], "_in_backward")
+        self._optimizer_step = t.optimizer.__dict__.get("step")
+        step = t.optimizer.step
+        t.optimizer.step = t._patched(step, "_in_optimizer")
+        self._mode = _Mode(t)
+        self._mode.__enter__()
+        return t
+
+    def __exit__(self, *exc: Any) -> None:
+        self._mode.__exit__(*exc)
+        t = self.tracer
+        torch.autograd.backward = self._saved["backward"]
+        torch.autograd.grad = self._saved["grad"]
+        if self._optimizer_step is None:
+            t.optimizer.__dict__.pop("step", None)
+        else:
+            t.optimizer.step = self._optimizer_step
+
+
+def _storage_key(tensor: torch.Tensor) -> Tuple[int, int]:
+    """Identifies the memory a tensor covers (its first element's address and its size)."""
+    return tensor.data_ptr(), tensor.numel()

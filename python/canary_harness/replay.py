@@ -1,0 +1,262 @@
+"""Replay a Python canary's receipt from its checkpoint and verify it bit for bit
+(`python3 -m canary_harness replay R.h5 --from K`; `harness replay` and `harness bisect`
+hand a Python canary's receipt to it; docs/own-model.md, "Bisect to the op").
+
+The recipe is the receipt's own: run_options names the canary (FILE.py:NAME, absolute),
+device, precision, threads, seed and fault. The canary is loaded again (its tensors must
+be the receipt's), resumed from the checkpoint at or before K (the receipt holds them:
+canary_harness.canary_state), and steps K' .. M are run and compared with the record: the
+batch hash, loss and gradient norm bit for bit, and the four hash families. Nothing is
+trusted blindly: a checkpoint whose bytes do not hash to the recorded content hash, or
+whose parameters and moments do not hash to the receipt's record of the step before it,
+is refused. With `trace="aten"` the steps from K on run under canary_harness.aten_trace,
+and the result carries their traces (what bisect compares).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import torch
+
+from .canary import CanaryError, LoadedCanary, load_canary
+from .receipt import ReceiptReader
+from .runner import CanaryLoop, RunOptions, StepRecord
+from .schema import HASH_FAMILIES
+from .stack import git_commit_of
+
+# The families a checkpoint holds (what it is verified against): gradients are not state.
+CHECKPOINT_FAMILIES = ("params", "adam_m", "adam_v")
+
+
+@dataclass
+class Mismatch:
+    step: int
+    what: str        # batch_hash, loss, grad_norm or a hash family
+    tensor: str = ""
+
+
+@dataclass
+class ReplayResult:
+    receipt: str
+    lane: str
+    from_step: int
+    to_step: int
+    resumed_from: int = 0
+    checkpoint: str = ""           # "" when resumed from the initial state
+    steps_run: int = 0
+    seconds: float = 0.0
+    first_mismatch: Optional[Mismatch] = None
+    mismatched_steps: List[int] = field(default_factory=list)
+    record_altered: bool = False
+    notes: List[str] = field(default_factory=list)
+    traces: List[Dict[str, Any]] = field(default_factory=list)  # per traced step (trace_json)
+
+    def reproduced(self) -> bool:
+        return self.first_mismatch is None
+
+    def verdict(self) -> str:
+        return "reproduced" if self.reproduced() else ("record_altered" if self.record_altered else "diverged")
+
+
+def is_python_canary_receipt(manifest: Dict[str, Any]) -> bool:
+    """True for a receipt that `python3 -m canary_harness run` wrote (its canary JSON's kind)."""
+    try:
+        return json.loads(manifest.get("canary", "{}")).get("kind") == "python"
+    except (ValueError, AttributeError):
+        return False
+
+
+def _recipe(reader: ReceiptReader) -> Dict[str, Any]:
+    manifest = reader.manifest
+    if not is_python_canary_receipt(manifest):
+        raise CanaryError(f"{reader.path}: not a Python canary's receipt (replay it with `harness replay`)")
+    try:
+        recipe = json.loads(manifest["run_options"])
+    except (KeyError, TypeError, ValueError):
+        recipe = None
+    if not isinstance(recipe, dict) or not all(key in recipe for key in ("canary", "seed", "threads", "steps")):
+        raise CanaryError(f"{reader.path}: its manifest has no run_options recipe of a Python canary run; "
+                          "it cannot be replayed")
+    return recipe
+
+
+def _load(reader: ReceiptReader, recipe: Dict[str, Any]) -> LoadedCanary:
+    loaded = load_canary(recipe["canary"], seed=int(recipe["seed"]))
+    recorded = json.loads(reader.manifest["canary"])
+    now = loaded.identity()
+    for key in ("name", "tensor_table_sha256", "config"):
+        if recorded.get(key) != now.get(key):
+            raise CanaryError(f"{recipe['canary']} no longer builds the canary of {reader.path} (its {key} differs): "
+                              "the code changed since the run; replay it from the receipt's commit "
+                              f"({reader.manifest.get('git_commit', 'unknown')})")
+    return loaded
+
+
+def _options(recipe: Dict[str, Any], loaded: LoadedCanary) -> RunOptions:
+    from .lane import parse_fault
+
+    fault = None
+    if recipe.get("inject_fault"):
+        ops = [name for name, _ in loaded.canary.model.named_modules() if name]
+        fault = parse_fault(recipe["inject_fault"], ops, int(recipe["steps"]), where="the model's module paths")
+    return RunOptions(out="", device=recipe.get("device", "cpu"), precision=recipe.get("precision", "fp32"),
+                      steps=int(recipe["steps"]), threads=int(recipe["threads"]), fault=fault)
+
+
+class _Record:
+    """The receipt's per-step record, read once."""
+
+    def __init__(self, reader: ReceiptReader) -> None:
+        self.scalars = {name: reader.steps(name) for name in ("loss", "grad_norm", "batch_hash")}
+        self.hashes = {fam: reader.hashes(fam) for fam in HASH_FAMILIES}
+
+    def row(self, step: int) -> Dict[str, Any]:
+        return {"loss": self.scalars["loss"][step], "grad_norm": self.scalars["grad_norm"][step],
+                "batch_hash": int(self.scalars["batch_hash"][step]),
+                "hashes": {fam: rows[step] for fam, rows in self.hashes.items()}}
+
+
+def _first_difference(record: StepRecord, recorded: Dict[str, Any], names: List[str]) -> Optional[Mismatch]:
+    """The first thing the replayed step records differently, in the order bisect reads them."""
+    if record.batch_hash != recorded["batch_hash"]:
+        return Mismatch(-1, "batch_hash")
+    for what in ("loss", "grad_norm"):
+        if np.float64(getattr(record, what)).tobytes() != np.float64(recorded[what]).tobytes():
+            return Mismatch(-1, what)
+    for fam in HASH_FAMILIES:
+        differs = np.nonzero(np.asarray(record.hashes[fam], dtype=np.uint64) != recorded["hashes"][fam])[0]
+        if differs.size:
+            return Mismatch(-1, fam, names[int(differs[0])])
+    return None
+
+
+def _resume(reader: ReceiptReader, record: _Record, loaded: LoadedCanary, loop: CanaryLoop, from_step: int,
+            result: ReplayResult) -> int:
+    """Loads the last checkpoint at or before from_step and verifies it; returns its step
+    (0, untouched, when there is none: the initial state is the one the loader built)."""
+    from .canary_state import restore_state
+
+    stored = [c for c in reader.stored_checkpoints() if c.step <= from_step]
+    if not stored:
+        return 0
+    checkpoint = stored[-1]
+    restore_state(loaded, reader.checkpoint_state(checkpoint), checkpoint.step, loop.device)
+    loop.capture.capture()  # the loaded state's digests, against the record of the step before
+    names = loaded.tensor_names
+    hashes = loop.capture.row()["hashes"]
+    for fam in CHECKPOINT_FAMILIES:
+        recorded = record.hashes[fam][checkpoint.step - 1]
+        differs = np.nonzero(np.asarray(hashes[fam], dtype=np.uint64) != recorded)[0]
+        if differs.size:
+            raise CanaryError(f"{reader.path}: the checkpoint of step {checkpoint.step} does not hold the receipt's "
+                              f"{fam} {names[int(differs[0])]} of step {checkpoint.step - 1}: the checkpoint or the "
+                              "receipt was altered, not trusted")
+    result.checkpoint = f"step {checkpoint.step} in the receipt ({checkpoint.content_hash[:23]}...)"
+    return checkpoint.step
+
+
+def replay(path: str, from_step: int, to_step: Optional[int] = None, trace: str = "none") -> ReplayResult:
+    """Replays the receipt at `path` from the checkpoint at or before from_step up to to_step
+    (default: its last recorded step) and compares every replayed step (module docstring)."""
+    from .aten_trace import AtenTracer
+
+    with ReceiptReader(path) as reader:
+        recipe = _recipe(reader)
+        recorded_steps = reader.steps_recorded
+        last = recorded_steps - 1 if to_step is None else to_step
+        if not 0 <= from_step <= last < recorded_steps:
+            raise CanaryError(f"--from {from_step} --to {last}: {path} records steps 0-{recorded_steps - 1}; give "
+                              "0 <= from <= to within them")
+        loaded = _load(reader, recipe)
+        options = _options(recipe, loaded)
+        device = torch.device(options.device) if options.device != "xla" else _xla_device()
+        result = ReplayResult(path, reader.manifest["lane"], from_step, last)
+        now = git_commit_of(loaded.path)
+        if reader.manifest.get("git_commit") not in (None, now):
+            result.notes.append(f"the canary's code was at commit {reader.manifest.get('git_commit')} when the run "
+                                f"was recorded and is at {now} now")
+        record = _Record(reader)
+        loop = CanaryLoop(loaded, options, device)
+        tracer = AtenTracer(loaded.canary.model, loaded.canary.optimizer) if trace == "aten" else None
+        try:
+            result.resumed_from = _resume(reader, record, loaded, loop, from_step, result)
+            start = time.perf_counter()
+            for i in range(result.resumed_from, last + 1):
+                replayed = loop.run_step(i, tracer.step() if tracer is not None and i >= from_step else None)
+                result.steps_run += 1
+                if tracer is not None and i >= from_step:
+                    result.traces.append(_trace_json(i, tracer.finish_step()))
+                mismatch = _first_difference(replayed, record.row(i), loaded.tensor_names)
+                if mismatch is not None:
+                    mismatch.step = i
+                    result.mismatched_steps.append(i)
+                    if result.first_mismatch is None:
+                        result.first_mismatch = mismatch
+            result.seconds = time.perf_counter() - start
+        finally:
+            loop.close()
+            if tracer is not None:
+                tracer.close()
+        # A real divergence never heals bit for bit: agreement again at the end means the record was altered.
+        result.record_altered = bool(result.mismatched_steps) and result.mismatched_steps[-1] != last
+        return result
+
+
+def _xla_device() -> torch.device:
+    import torch_xla.core.xla_model as xm
+
+    return xm.xla_device()
+
+
+def _trace_json(step: int, traced: Any) -> Dict[str, Any]:
+    return {"step": step, "level": "aten",
+            "columns": [{"op_index": c.op_index, "op": c.op, "layer": c.layer, "phase": c.phase, "tensor": c.tensor,
+                         "kind": c.kind, "site": site} for c, site in zip(traced.columns, traced.sites)],
+            # Sketches as their float64 bit patterns: exact, and JSON has no inf or NaN (a
+            # masked attention score is -inf).
+            "hash": [int(h) for h in traced.hashes],
+            "l2_bits": np.asarray(traced.l2, dtype=np.float64).view(np.uint64).tolist(),
+            "projection_bits": np.asarray(traced.projection, dtype=np.float64).view(np.uint64).tolist()}
+
+
+def to_json(result: ReplayResult) -> Dict[str, Any]:
+    """`replay --json` (the keys of `harness replay --json`, version 1, and `traces`)."""
+    mismatch = None
+    if result.first_mismatch is not None:
+        m = result.first_mismatch
+        mismatch = {"step": m.step, "what": m.what, "tensor": m.tensor}
+    return {"version": 1, "verdict": result.verdict(), "receipt": result.receipt, "lane": result.lane,
+            "resumed_from": result.resumed_from, "checkpoint": result.checkpoint or None, "from": result.from_step,
+            "to": result.to_step, "steps_run": result.steps_run, "seconds": result.seconds,
+            "first_mismatch": mismatch, "mismatched_steps": result.mismatched_steps, "notes": result.notes,
+            "traces": result.traces}
+
+
+def to_text(result: ReplayResult) -> str:
+    """The story `harness replay` tells, line by line."""
+    lines = [f"{'replay':<12}{result.lane} ({result.receipt})"]
+    lines.append(f"{'resumed':<12}" + (f"checkpoint of {result.checkpoint}: content and tensor hashes verified"
+                                       if result.checkpoint else
+                                       f"the initial state (no checkpoint at or before step {result.from_step})"))
+    lines.append(f"{'replayed':<12}steps {result.resumed_from}-{result.to_step} in {result.seconds:.2f} s "
+                 f"({result.steps_run} steps)")
+    lines += [f"{'note':<12}{note}" for note in result.notes]
+    for traced in result.traces:
+        lines.append(f"{'traced':<12}step {traced['step']}: {len(traced['columns'])} aten op outputs")
+    if result.reproduced():
+        lines.append(f"{'verified':<12}steps {result.resumed_from}-{result.to_step} bitwise equal to the receipt")
+        return "\n".join(lines) + "\n"
+    m = result.first_mismatch
+    lines.append(f"{'mismatch':<12}step {m.step} differs from the receipt first in {m.what}"
+                 + (f" {m.tensor}" if m.tensor else ""))
+    if result.record_altered:
+        steps = ", ".join(str(s) for s in result.mismatched_steps)
+        lines.append(f"{'diagnosis':<12}the replay agrees again at step {result.to_step}: the receipt's record of "
+                     f"step{'s' if len(result.mismatched_steps) > 1 else ''} {steps} was altered; the receipt is not "
+                     "trusted")
+    return "\n".join(lines) + "\n"
