@@ -9,6 +9,7 @@
 
 #include "gpt2.h"
 #include "llama.h"
+#include "numerics/perturbation.h"
 #include "numerics/philox.h"
 
 namespace harness::canary {
@@ -68,9 +69,11 @@ std::vector<float> Canary::initial_values(TensorId parameter, std::uint64_t seed
   return values;
 }
 
-void Canary::upload_initial_parameters(Engine& engine, std::uint64_t seed) const {
+void Canary::upload_initial_parameters(Engine& engine, std::uint64_t seed, std::optional<std::uint64_t> perturbation) const {
   for (TensorId p : parameters()) {
-    engine.upload(p, initial_values(p, seed));
+    std::vector<float> values = initial_values(p, seed);
+    if (perturbation) numerics::perturb_one_ulp(values, *perturbation, table_[p].name);
+    engine.upload(p, values);
     const std::vector<float> zeros(static_cast<std::size_t>(table_[p].numel()), 0.0f);
     engine.upload(table_.shadow(p, TensorKind::AdamM), zeros);
     engine.upload(table_.shadow(p, TensorKind::AdamV), zeros);

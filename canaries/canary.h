@@ -57,7 +57,9 @@ class Canary {
 
   // Initial parameter values (host side), from the parameter's ParameterInit.
   std::vector<float> initial_values(TensorId parameter, std::uint64_t seed) const;
-  void upload_initial_parameters(Engine& engine, std::uint64_t seed) const;
+  // `perturbation`: a seed moves every initial value one ulp (numerics/perturbation.h).
+  void upload_initial_parameters(Engine& engine, std::uint64_t seed,
+                                 std::optional<std::uint64_t> perturbation = std::nullopt) const;
 
   // One training step: batch `step` -> loss on params_step -> params_{step+1}.
   StepResult train_step(Engine& engine, int step, const Batch& batch) const;

@@ -188,6 +188,7 @@ class Parser {
     Provenance p;
     p.calibrated = text(t, where, "calibrated", false);
     if (!p.calibrated.empty()) check_date(p.calibrated, where + ".calibrated");
+    p.method = text(t, where, "method", false);
     if (t.contains("repeats")) {
       const auto r = t["repeats"].value<std::int64_t>();
       if (!r || *r < 0) fail(fmt::format("{}.repeats: must be a non-negative integer", where));
@@ -209,8 +210,8 @@ class Parser {
   FeatureBudget feature(const toml::table& t, const std::string& name, const std::string& key) const {
     const std::string where = fmt::format("[{}]", key);
     if (!valid_name(name)) fail(fmt::format("{}: a feature name is letters, digits, '-' and '_'", where));
-    only_keys(t, where, {"form", "rationale", "calibrated", "repeats", "observed", "outlier_fraction", "loss",
-                         "grad_norm", "params_sketch", "across_platforms"});
+    only_keys(t, where, {"form", "rationale", "calibrated", "repeats", "method", "observed", "outlier_fraction",
+                         "loss", "grad_norm", "params_sketch", "across_platforms"});
     FeatureBudget f;
     f.name = name;
     f.section = key;

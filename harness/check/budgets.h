@@ -35,6 +35,7 @@ struct Provenance {
   std::string calibrated;                 // date, or "" for a rule (bitwise) entry
   int repeats = 0;
   std::map<std::string, double> observed;  // largest observed spread per metric
+  std::string method;                      // how it was calibrated: runs, receipts or perturbation ("" : not said)
 };
 
 struct FeatureBudget {

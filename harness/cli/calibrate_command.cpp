@@ -1,6 +1,7 @@
 // `harness calibrate --lane L --repeats N`: a proposed budget for one feature from N runs
 // of a lane against the reference (or from receipts made elsewhere: `--receipts R.. --reference
-// REF`), as a candidate budgets file and a report. Exit 0 when
+// REF`; or from N one-ulp perturbations of its initial weights: `--perturb N`), as a
+// candidate budgets file and a report. Exit 0 when
 // every repeat fits the proposal, 1 when one does not (the proposal needs a look), 2 on
 // bad input.
 #include <unistd.h>
@@ -26,10 +27,21 @@ void add_calibrate_command(CLI::App& app, CommandRegistry& commands) {
   CLI::Option* receipts =
       calibrate->add_option("--receipts", o->receipts, "Receipts made elsewhere, as the repeats (instead of --lane)")
           ->excludes(lane);
-  calibrate->add_option("--reference", o->reference, "With --receipts: the receipt or golden they are judged against")
+  calibrate->add_option("--reference", o->reference,
+                        "With --receipts: the receipt or golden they are judged against (with --perturb: optional)")
       ->needs(receipts);
   calibrate->add_flag("--widen", o->widen, "Never propose less than the current entry (cover another host)");
-  calibrate->add_option("--repeats", o->repeats, "Runs of the lane (fresh noise seeds)")->capture_default_str();
+  CLI::Option* repeats =
+      calibrate->add_option("--repeats", o->repeats, "Runs of the lane (fresh noise seeds)")->capture_default_str();
+  CLI::Option* perturb = calibrate
+      ->add_option("--perturb", o->perturb,
+                   "N: run the lane (or the one --receipts receipt's recipe) N times with every initial weight moved "
+                   "one ulp, and propose from their spread")
+      ->check(CLI::Range(1, 1000))
+      ->excludes(repeats);
+  calibrate->add_option("--perturb-seed-base", o->perturb_seed_base, "Perturbed run i uses seed BASE + i")
+      ->capture_default_str()
+      ->needs(perturb);
   calibrate->add_option("--feature", o->feature, "Feature to propose (default: the lane's most specific)");
   calibrate->add_option("--noise-seed-base", o->noise_seed_base, "Repeat i replays noise seed BASE + i")->capture_default_str();
   calibrate->add_option("--matrix", o->matrix_path, "Lane matrix (TOML)")->capture_default_str();
@@ -47,6 +59,8 @@ void add_calibrate_command(CLI::App& app, CommandRegistry& commands) {
     });
     fmt::print("{}", nightly::calibration_report(c));
     fmt::print("report      {}\n", c.report_path);
+    if (!c.envelope_path.empty()) fmt::print("envelope    {}\n", c.envelope_path);
+    if (c.envelope_only) return kExitPass;  // an envelope, nothing proposed
     return c.passing_proposed == c.repeats ? kExitPass : kExitCheckFailed;
   });
 }

@@ -90,13 +90,18 @@ nlohmann::json review(const std::string& candidate, const std::string& golden, c
 }
 
 // The lane of a receipt made elsewhere, once it has proven it can be a golden: it validates,
-// is complete, and its lane is <canary>/<name> naming a path inside the goldens directory.
+// is complete, unperturbed, and its lane is <canary>/<name> naming a path inside the goldens directory.
 std::string lane_of_golden_receipt(const std::string& path) {
   receipt::require_valid_receipt(path);  // every byte checksummed, every dataset of the schema
   const receipt::ReceiptReader r(path);
   if (!r.complete()) {
     throw run::UsageError(fmt::format("--receipt: {}: an incomplete receipt (complete = 0) cannot become a golden; "
                                       "give a finished run", path));
+  }
+  if (const auto manifest = r.manifest_text(); manifest.count("init_perturbation_seed")) {
+    throw run::UsageError(fmt::format("--receipt: {}: its initial weights were perturbed (init_perturbation_seed {}), "
+                                      "a calibration run, not its lane's; give an unperturbed run",
+                                      path, manifest.at("init_perturbation_seed")));
   }
   const std::string lane = r.manifest_string("lane");
   const std::size_t slash = lane.find('/');

@@ -82,7 +82,7 @@ int run_python_replay(const ReplayFlags& f, const std::map<std::string, std::str
   std::vector<std::string> flags = {"--from", std::to_string(f.options.from)};
   if (f.to) flags.insert(flags.end(), {"--to", std::to_string(*f.to)});
   if (f.json) flags.push_back("--json");
-  const run::PythonCommand command = run::python_replay_command(f.options.receipt, manifest, flags);
+  const run::PythonCommand command = run::python_canary_command("replay", f.options.receipt, manifest, flags);
   const run::ChildResult child = run::run_child(command.argv, command.environment, run::ChildOutput::kInherit,
                                                 run::ChildOutput::kInherit);
   return child.exit_code();
@@ -125,7 +125,7 @@ check::OpTrace trace_of_json(const nlohmann::json& traced) {
 check::OpTrace python_replayed_trace(const check::ReceiptData& run, int step) {
   const std::string at = std::to_string(step);
   const run::PythonCommand command =
-      run::python_replay_command(run.path, run.manifest, {"--from", at, "--to", at, "--trace", "aten", "--json"});
+      run::python_canary_command("replay", run.path, run.manifest, {"--from", at, "--to", at, "--trace", "aten", "--json"});
   run::ChildResult child;
   try {
     child = run::run_child(command.argv, command.environment, run::ChildOutput::kCapture, run::ChildOutput::kCapture);

@@ -110,6 +110,9 @@ void add_run_command(CLI::App& app, CommandRegistry& commands) {
   run->add_option("--threads", flags->options.threads, "Worker threads (0 = all cores)")->check(CLI::Range(0, 1024))->capture_default_str();
   run->add_option("--seed", flags->options.seed, "Initialisation seed (default: the canary's [train] seed)")
       ->check(seed_check());
+  run->add_option("--perturb-init", flags->options.perturb_init,
+                  "SEED: move every initial weight one ulp, up or down as SEED draws (what calibrate --perturb runs)")
+      ->check(seed_check());
   run->add_option("--out", flags->options.out, "Receipt path (.h5)")->required();
   run->add_flag("--force", flags->options.force, "Overwrite an existing receipt");
   run->add_option("--dump-tensors", flags->dump_tensors, "Steps whose parameters to dump, e.g. 0,50,100");

@@ -14,12 +14,15 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 #include <toml++/toml.h>
 
 #include "canary_run.h"
+#include "child_process.h"
 #include "file_io.h"
 #include "lane_run.h"
 #include "matrix.h"
+#include "python_canary.h"
 #include "registry.h"
 #include "stack_info.h"
 #include "verdict.h"
@@ -97,10 +100,43 @@ WindowProposal propose(const std::string& metric, const check::Window& current, 
   return p;
 }
 
+// How the proposal was made, in the words the candidate and the report give it: the method,
+// N and the statistic.
+std::string method_text(const Calibration& c) {
+  const std::string rule = fmt::format("{} x the largest deviation from the reference over them, per window", kMargin);
+  if (c.envelope) {
+    return fmt::format("perturbation: the unperturbed run and {} runs with every initial weight moved one ulp "
+                       "(seeds {}..{}); {}",
+                       c.envelope->seeds.size(), c.envelope->seeds.front(), c.envelope->seeds.back(), rule);
+  }
+  if (c.source == "runs") {
+    return c.noise_seeds.empty() ? fmt::format("repeats: {} runs; {}", c.repeats, rule)
+                                 : fmt::format("repeats: {} runs (noise seeds {}..{}); {}", c.repeats,
+                                               c.noise_seeds.front(), c.noise_seeds.back(), rule);
+  }
+  return fmt::format("receipts: {} made elsewhere; {}", c.repeats, rule);
+}
+
+// The envelope per metric and step, as JSON (beside the report): what tests and plots read.
+nlohmann::json envelope_json(const Calibration& c) {
+  const PerturbationEnvelope& e = *c.envelope;
+  nlohmann::json j = {{"lane", c.lane},
+                      {"reference", c.reference},
+                      {"method", "perturbation"},
+                      {"runs", e.seeds.size()},
+                      {"seeds", e.seeds},
+                      {"ulps", 1},
+                      {"statistic", "max over the runs of |perturbed - unperturbed| per step (params_sketch: and over tensors)"},
+                      {"spread", e.spread}};
+  if (!e.drift.empty()) j["drift"] = e.drift;
+  return j;
+}
+
 std::string section_toml(const check::FeatureBudget& f, const Calibration& c) {
   std::string text = fmt::format("[{}]\nform = \"tolerance\"\nrationale = {}\n", f.key(), toml_string(f.rationale));
   if (!f.across_platforms.empty()) text += fmt::format("across_platforms = {}\n", toml_string(f.across_platforms));
-  text += fmt::format("calibrated = \"{}\"\nrepeats = {}\n", run::utc_timestamp().substr(0, 10), c.repeats);
+  text += fmt::format("calibrated = \"{}\"\nrepeats = {}\nmethod = {}\n", run::utc_timestamp().substr(0, 10), c.repeats,
+                      toml_string(method_text(c)));
   std::vector<std::string> observed;
   for (const char* metric : check::kBudgetMetrics) {
     // Widened: the entry keeps the largest spread any of its calibrations saw.
@@ -189,8 +225,9 @@ void choose_outputs(const CalibrateOptions& o, Calibration& c) {
 }
 
 struct Runs {
-  check::ReceiptData reference;
+  check::ReceiptData reference;  // path "" : none (--perturb of a receipt with no --reference)
   std::vector<check::ReceiptData> repeats;
+  std::vector<std::string> labels;  // per repeat, how the outcome lines name it
   std::vector<check::Deviation> deviations;
 };
 
@@ -212,8 +249,8 @@ Runs run_repeats(const CalibrateOptions& o, const Matrix& matrix, const LaneSpec
   if (progress) progress(fmt::format("reference {}", matrix.reference));
   run_lane(matrix, matrix.lane(matrix.reference), work.file("reference.h5"), {}, o.threads);
   // An external lane's repeats read one canary pack.
-  const std::string pack = spec.external() ? export_matrix_pack(matrix, work.file("canary-pack.h5")) : "";
-  Runs runs{check::load_receipt(work.file("reference.h5")), {}, {}};
+  const std::string pack = spec.uses_pack() ? export_matrix_pack(matrix, work.file("canary-pack.h5")) : "";
+  Runs runs{check::load_receipt(work.file("reference.h5")), {}, {}, {}};
   for (int i = 0; i < o.repeats; ++i) {
     LaneSpec repeat = spec;
     if (seeded) {
@@ -224,13 +261,19 @@ Runs run_repeats(const CalibrateOptions& o, const Matrix& matrix, const LaneSpec
     const std::string path = work.file(fmt::format("repeat-{}.h5", i));
     run_lane(matrix, repeat, path, {}, o.threads, pack);
     runs.repeats.push_back(check::load_receipt(path));
+    runs.labels.push_back(seeded ? fmt::format("repeat {} (noise seed {})", i, c.noise_seeds.back())
+                                 : fmt::format("repeat {}", i));
     const auto d = check::metric_deviations(runs.repeats.back(), runs.reference);
     runs.deviations.insert(runs.deviations.end(), d.begin(), d.end());
   }
   return runs;
 }
 
+std::vector<check::Window> doubling_windows(int steps);
+
 // Every window of the feature's entry, per metric (one open window when it has none).
+// A new entry calibrated from perturbed runs gets windows that follow the envelope
+// (doubling_windows); otherwise one open window.
 void propose_windows(const std::vector<const check::FeatureBudget*>& parts, const check::FeatureBudget& current,
                      const Runs& runs, Calibration& c) {
   std::vector<const check::FeatureBudget*> other_parts;
@@ -241,7 +284,9 @@ void propose_windows(const std::vector<const check::FeatureBudget*>& parts, cons
   for (const char* metric : check::kBudgetMetrics) {
     const auto it = current.metrics.find(metric);
     const bool none = it == current.metrics.end() || it->second.empty();
-    for (const check::Window& w : none ? std::vector<check::Window>{check::Window{}} : it->second) {
+    const std::vector<check::Window> fresh =
+        c.envelope ? doubling_windows(runs.repeats.front().steps()) : std::vector<check::Window>{check::Window{}};
+    for (const check::Window& w : none ? fresh : it->second) {
       c.windows.push_back(propose(metric, w, runs.deviations, others, c.widened));
       c.observed[metric] = std::max(c.observed[metric], c.windows.back().observed);
     }
@@ -249,14 +294,20 @@ void propose_windows(const std::vector<const check::FeatureBudget*>& parts, cons
 }
 
 // The lane's repeats, run here: the matrix's reference once and the lane `repeats` times.
+Runs perturbed_lane(const CalibrateOptions& o, const Matrix& matrix, const LaneSpec& spec, Calibration& c,
+                    const std::function<void(const std::string&)>& progress);
+Runs perturbed_receipt(const CalibrateOptions& o, Calibration& c, const std::function<void(const std::string&)>& progress);
+
 Runs runs_of_lane(const CalibrateOptions& o, const check::Budgets& budgets, Calibration& c,
                   const std::function<void(const std::string&)>& progress) {
-  if (o.repeats < 1 || o.repeats > 1000) throw run::UsageError("--repeats: must be between 1 and 1000");
+  if (!o.perturb && (o.repeats < 1 || o.repeats > 1000)) throw run::UsageError("--repeats: must be between 1 and 1000");
   const Matrix matrix = load_matrix(o.matrix_path);
   const auto chosen = select_lanes(matrix, o.lane, "--lane");
   if (o.lane.empty() || chosen.size() != 1) throw run::UsageError("--lane: name one lane of the matrix (its id or name)");
   const LaneSpec& spec = *chosen.front();
-  if (spec.id == matrix.reference) throw run::UsageError(fmt::format("--lane: {} is the reference lane itself", spec.id));
+  if (spec.id == matrix.reference && !o.perturb) {  // perturbed, the reference gives its envelope
+    throw run::UsageError(fmt::format("--lane: {} is the reference lane itself", spec.id));
+  }
   const bool declared = std::find(spec.budget_features.begin(), spec.budget_features.end(), o.feature) !=
                         spec.budget_features.end();
   if (!o.feature.empty() && !budgets.describes(o.feature) && !declared) {
@@ -265,7 +316,11 @@ Runs runs_of_lane(const CalibrateOptions& o, const check::Budgets& budgets, Cali
   }
   choose_outputs(o, c);
   c.lane = spec.lane;
-  c.reference = matrix.lane(matrix.reference).lane;
+  c.reference = spec.id == matrix.reference ? "" : matrix.lane(matrix.reference).lane;
+  if (o.perturb) {
+    c.source = "perturbations";
+    return perturbed_lane(o, matrix, spec, c, progress);
+  }
   c.repeats = o.repeats;
   c.source = "runs";
   return run_repeats(o, matrix, spec, c, progress);
@@ -273,15 +328,25 @@ Runs runs_of_lane(const CalibrateOptions& o, const check::Budgets& budgets, Cali
 
 // Receipts written elsewhere as the repeats, each judged against the reference receipt:
 // every one must be of one lane and compose the same features against it.
-Runs runs_of_receipts(const CalibrateOptions& o, const check::Budgets& budgets, Calibration& c) {
+Runs runs_of_receipts(const CalibrateOptions& o, const check::Budgets& budgets, Calibration& c,
+                      const std::function<void(const std::string&)>& progress) {
   if (!o.lane.empty()) throw run::UsageError("--lane: give either --lane (runs here) or --receipts (runs made elsewhere)");
+  if (o.perturb) {
+    choose_outputs(o, c);
+    Runs runs = perturbed_receipt(o, c, progress);
+    c.lane = runs.repeats.front().lane;
+    c.reference = runs.reference.lane;
+    c.source = "perturbations";
+    return runs;
+  }
   if (o.reference.empty()) throw run::UsageError("--receipts: name the receipt they are judged against with --reference");
   if (o.receipts.size() > 1000) throw run::UsageError("--receipts: at most 1000 receipts");
   choose_outputs(o, c);
-  Runs runs{check::load_receipt(o.reference), {}, {}};
+  Runs runs{check::load_receipt(o.reference), {}, {}, {}};
   std::set<std::string> features;
   for (const std::string& path : o.receipts) {
     runs.repeats.push_back(check::load_receipt(path));
+    runs.labels.push_back(path);
     const check::ReceiptData& r = runs.repeats.back();
     if (r.lane != runs.repeats.front().lane) {
       throw run::UsageError(fmt::format("--receipts: {} is of lane {}, {} of lane {}: calibrate one lane at a time", path,
@@ -304,13 +369,245 @@ Runs runs_of_receipts(const CalibrateOptions& o, const check::Budgets& budgets, 
   return runs;
 }
 
+// ---- perturbation calibration (--perturb N) -----------------------------------------------
+
+std::string perturb_label(std::int64_t seed) { return fmt::format("perturb seed {}", seed); }
+
+// `receipt`'s own recipe run again into `out`, with its initial weights perturbed under
+// `seed` when given: in this process for the harness's engines, through `python3 -m canary_harness
+// rerun` for a Python canary.
+void rerun_perturbed(const check::ReceiptData& receipt, const std::string& out, std::optional<std::int64_t> seed) {
+  if (run::is_python_canary(receipt.manifest)) {
+    std::vector<std::string> flags{"--out", out, "--force"};
+    if (seed) flags.insert(flags.end(), {"--perturb-init", std::to_string(*seed)});
+    const run::PythonCommand command = run::python_canary_command("rerun", receipt.path, receipt.manifest, flags);
+    const run::ChildResult child =
+        run::run_child(command.argv, command.environment, run::ChildOutput::kDiscard, run::ChildOutput::kCapture);
+    if (!child.exited_zero()) {
+      const std::string line = run::last_line(child.stderr_tail);
+      throw LaneCommandError(fmt::format("--perturb: the rerun of {} {}: {}", receipt.path, child.how(),
+                                         line.empty() ? "(nothing on stderr)" : line));
+    }
+    return;
+  }
+  const auto recipe_text = receipt.manifest.find("run_options");
+  const nlohmann::json recipe = recipe_text == receipt.manifest.end()
+                                    ? nlohmann::json(nullptr)
+                                    : nlohmann::json::parse(recipe_text->second, nullptr, /*allow_exceptions=*/false);
+  if (!recipe.is_object() || receipt.engine == "torch") {
+    throw run::UsageError(fmt::format("--perturb: {} has no recipe the harness can run again (a harness engine's or a "
+                                      "Python canary's run_options); perturb the lane that wrote it",
+                                      receipt.path));
+  }
+  run::RunOptions options = run::options_from_recipe(recipe);
+  options.out = out;
+  options.force = true;
+  options.trace = "none";  // the envelope needs the metrics only
+  options.checkpoint_every = 0;
+  options.perturb_init = seed;
+  run::run_canary(options);
+}
+
+// The largest deviation per metric and step (over tensors for params_sketch).
+std::map<std::string, std::vector<double>> largest_per_step(const std::vector<check::Deviation>& deviations, int steps,
+                                                            std::map<std::string, std::vector<double>> into = {}) {
+  for (const char* metric : check::kBudgetMetrics) into[metric].resize(static_cast<std::size_t>(steps), 0.0);
+  for (const check::Deviation& d : deviations) {
+    double& slot = into.at(d.metric).at(static_cast<std::size_t>(d.step));
+    slot = std::max(slot, d.deviation);
+  }
+  return into;
+}
+
+// The envelope of runs.repeats (the unperturbed run first, then one per seed) and the
+// unperturbed run's drift from the reference.
+PerturbationEnvelope envelope_of(const Runs& runs, const std::vector<std::int64_t>& seeds) {
+  PerturbationEnvelope e;
+  e.seeds = seeds;
+  const check::ReceiptData& unperturbed = runs.repeats.front();
+  for (std::size_t i = 1; i < runs.repeats.size(); ++i) {
+    e.spread = largest_per_step(check::metric_deviations(runs.repeats[i], unperturbed), unperturbed.steps(), e.spread);
+  }
+  if (!runs.reference.path.empty()) {
+    e.drift = largest_per_step(check::metric_deviations(unperturbed, runs.reference), unperturbed.steps());
+  }
+  return e;
+}
+
+// The unperturbed run and `count` perturbed ones (seeds base, base + 1, ...), made by `make`
+// into the temporary directory.
+Runs perturbed_runs(const CalibrateOptions& o, Runs runs, const check::ReceiptData& unperturbed, Calibration& c,
+                    const std::function<void(const check::ReceiptData&, const std::string&, std::int64_t)>& make,
+                    const std::function<void(const std::string&)>& progress) {
+  const TempDir work;
+  runs.repeats.push_back(unperturbed);
+  runs.labels.push_back("unperturbed");
+  std::vector<std::int64_t> seeds;
+  for (int i = 0; i < o.perturb; ++i) {
+    seeds.push_back(o.perturb_seed_base + i);
+    if (progress) progress(fmt::format("perturbed run {}/{} (seed {})", i + 1, o.perturb, seeds.back()));
+    const std::string path = work.file(fmt::format("perturbed-{}.h5", seeds.back()));
+    make(unperturbed, path, seeds.back());
+    runs.repeats.push_back(check::load_receipt(path));
+    runs.labels.push_back(perturb_label(seeds.back()));
+  }
+  c.repeats = static_cast<int>(runs.repeats.size());
+  c.envelope = envelope_of(runs, seeds);
+  c.envelope_only = runs.reference.path.empty();
+  for (std::size_t i = 0; i < runs.repeats.size() && !c.envelope_only; ++i) {
+    const auto d = check::metric_deviations(runs.repeats[i], runs.reference);
+    runs.deviations.insert(runs.deviations.end(), d.begin(), d.end());
+  }
+  return runs;
+}
+
+// --lane L --perturb N: the reference once (unless L is it), L once as it is and N times
+// perturbed, each run here by the harness's engines.
+Runs perturbed_lane(const CalibrateOptions& o, const Matrix& matrix, const LaneSpec& spec, Calibration& c,
+                    const std::function<void(const std::string&)>& progress) {
+  if (spec.external() && !spec.python_canary) {
+    throw run::UsageError(fmt::format("--perturb: lane {} runs a command ({}) the harness cannot perturb; perturb a "
+                                      "lane of the harness's engines or of a Python canary",
+                                      spec.id, spec.engine));
+  }
+  const TempDir work;
+  const auto run_here = [&](const LaneSpec& lane, const std::string& path, std::optional<std::int64_t> seed) {
+    if (lane.python_canary) {  // `python3 -m canary_harness run ... --perturb-init SEED`
+      LaneSpec perturbed = lane;
+      if (seed) perturbed.command.insert(perturbed.command.end(), {"--perturb-init", std::to_string(*seed)});
+      run_lane(matrix, perturbed, path, {}, o.threads);
+      return check::load_receipt(path);
+    }
+    run::RunOptions options = matrix.run_options(lane, path);
+    options.force = true;
+    options.threads = o.threads;
+    options.trace = "none";
+    options.perturb_init = seed;
+    run::run_canary(options);
+    return check::load_receipt(path);
+  };
+  // Every run of a seeded-noise lane replays one noise seed: the spread is the perturbation's alone.
+  LaneSpec lane = spec;
+  if (declares_seeded_noise(spec) && !lane.settings.options.count("noise-seed")) {
+    c.noise_seeds = {o.noise_seed_base};
+    lane.settings.options["noise-seed"] = std::to_string(o.noise_seed_base);
+  }
+  Runs runs;
+  if (spec.id != matrix.reference) {
+    if (progress) progress(fmt::format("reference {}", matrix.reference));
+    runs.reference = run_here(matrix.lane(matrix.reference), work.file("reference.h5"), std::nullopt);
+  }
+  if (progress) progress(fmt::format("{} unperturbed", spec.id));
+  const check::ReceiptData unperturbed = run_here(lane, work.file("unperturbed.h5"), std::nullopt);
+  return perturbed_runs(o, std::move(runs), unperturbed, c,
+                        [&](const check::ReceiptData&, const std::string& path, std::int64_t seed) {
+                          run_here(lane, path, seed);
+                        },
+                        progress);
+}
+
+// --receipts R --perturb N [--reference REF]: R as it is and its recipe N times perturbed.
+Runs perturbed_receipt(const CalibrateOptions& o, Calibration& c, const std::function<void(const std::string&)>& progress) {
+  if (o.receipts.size() != 1) {
+    throw run::UsageError("--perturb: give one receipt with --receipts (its recipe is what runs again, perturbed)");
+  }
+  Runs runs;
+  if (!o.reference.empty()) runs.reference = check::load_receipt(o.reference);
+  const check::ReceiptData recorded = check::load_receipt(o.receipts.front());
+  if (!recorded.complete) {
+    throw run::UsageError(fmt::format("--receipts: {} is incomplete (complete = 0); perturb a finished run", recorded.path));
+  }
+  if (recorded.manifest.count("init_perturbation_seed")) {
+    throw run::UsageError(fmt::format("--receipts: {} is itself a perturbed run (init_perturbation_seed {}); give the "
+                                      "unperturbed one", recorded.path, recorded.manifest.at("init_perturbation_seed")));
+  }
+  // The recipe must still make the receipt, bit for bit: otherwise a change of code or host
+  // since the run would pass for the perturbations' spread.
+  const TempDir work;
+  if (progress) progress(fmt::format("rerun of {} (must reproduce it)", recorded.path));
+  rerun_perturbed(recorded, work.file("rerun.h5"), std::nullopt);
+  const check::ReceiptData again = check::load_receipt(work.file("rerun.h5"));
+  const auto moved = check::metric_deviations(again, recorded);
+  const auto differs = std::find_if(moved.begin(), moved.end(), [](const check::Deviation& d) { return d.deviation != 0; });
+  if (differs != moved.end() || again.hashes != recorded.hashes) {
+    throw run::UsageError(fmt::format(
+        "--receipts: its recipe no longer reproduces {}{}: the code, the host or the stack changed since the run; "
+        "perturb a fresh run",
+        recorded.path,
+        differs == moved.end() ? " (a hash differs)" : fmt::format(" ({} differs at step {})", differs->metric, differs->step)));
+  }
+  return perturbed_runs(o, std::move(runs), recorded, c, rerun_perturbed, progress);
+}
+
+// Windows that follow an envelope step by step for a new entry: 0, 1, 2-3, 4-7, ... (the
+// last open), so that a proposal made from N perturbed runs grows with the steps as they do.
+std::vector<check::Window> doubling_windows(int steps) {
+  std::vector<check::Window> windows;
+  for (int first = 0;; first = first == 0 ? 1 : 2 * first) {
+    const int last = first == 0 ? 0 : 2 * first - 1;
+    if (last >= steps - 1) {
+      windows.push_back(check::Window{first, std::numeric_limits<int>::max()});
+      return windows;
+    }
+    windows.push_back(check::Window{first, last});
+  }
+}
+
+// ---- each repeat's outcome, in one line ---------------------------------------------------
+
+std::string verdict_line(const check::Verdict& v) {
+  if (const check::MetricVerdict* m = v.first_failure()) {
+    const std::string where = m->worst_tensor.empty() ? "" : fmt::format(" ({})", m->worst_tensor);
+    return fmt::format("FAIL {}: first failing step {}, worst step {}{}: |d| {:.3g} against {:.3g} allowed, {} step(s) "
+                       "over ({} allowed)",
+                       m->metric, m->first_failing_step, m->worst_step, where, m->max_deviation, m->allowed,
+                       m->failing_steps, m->allowed_outliers);
+  }
+  const check::MetricVerdict* tightest = nullptr;
+  for (const check::MetricVerdict& m : v.metrics) {
+    if (m.worst_step >= 0 && (!tightest || m.headroom_pct < tightest->headroom_pct)) tightest = &m;
+  }
+  if (!tightest) return v.bitwise ? "pass (bitwise)" : "pass";
+  return fmt::format("pass (least headroom {:.0f}%: {} at step {})", tightest->headroom_pct, tightest->metric,
+                     tightest->worst_step);
+}
+
+// The outcome of one repeat under `budgets`: whether it passes, and why in one line.
+std::pair<bool, std::string> outcome(const check::ReceiptData& r, const check::ReceiptData& reference,
+                                     const check::Budgets& budgets) {
+  try {
+    const check::Verdict v = check::compare_receipts(r, reference, budgets, "compare");
+    return {v.pass(), verdict_line(v)};
+  } catch (const check::ContractError& e) {
+    if (e.kind != "no_budget") throw;
+    return {false, fmt::format("FAIL: {}", e.what())};  // a feature with no entry passes nothing
+  }
+}
+
 }  // namespace
 
+// --perturb's numbers, before anything runs.
+void check_perturbation(const CalibrateOptions& o) {
+  if (o.perturb == 0) return;
+  if (o.perturb < 1 || o.perturb > 1000) throw run::UsageError("--perturb: must be between 1 and 1000");
+  if (o.perturb_seed_base < 0 || o.perturb_seed_base > std::numeric_limits<std::int64_t>::max() - o.perturb) {
+    throw run::UsageError("--perturb-seed-base: must be between 0 and 9223372036854775807 - N");
+  }
+}
+
 Calibration calibrate(const CalibrateOptions& o, const std::function<void(const std::string&)>& progress) {
+  check_perturbation(o);
   const check::Budgets budgets = check::load_budgets(o.budgets_path);
   Calibration c;
   c.widened = o.widen;
-  const Runs runs = o.receipts.empty() ? runs_of_lane(o, budgets, c, progress) : runs_of_receipts(o, budgets, c);
+  const Runs runs =
+      o.receipts.empty() ? runs_of_lane(o, budgets, c, progress) : runs_of_receipts(o, budgets, c, progress);
+  if (c.envelope) c.envelope_path = fs::path(c.candidate_path).replace_extension(".envelope.json").string();
+  if (c.envelope_only) {  // the reference's own spread: nothing separates it from a reference, nothing to propose
+    run::write_file_atomically(c.envelope_path, envelope_json(c).dump(2) + "\n");
+    run::write_file_atomically(c.report_path, calibration_report(c));
+    return c;
+  }
   // The declared features that separate the lane from the reference, each with its entry
   // (the canary's own over the default). A feature without one gets a new entry: no
   // windows yet (it allows nothing), so the proposal covers all it moves; the bitwise
@@ -345,34 +642,83 @@ Calibration calibrate(const CalibrateOptions& o, const std::function<void(const 
   const TempDir check_dir;
   run::write_file_atomically(check_dir.file("candidate.toml"), candidate_text);
   const check::Budgets proposed = check::load_budgets(check_dir.file("candidate.toml"));
-  // A feature with no entry (before, or another one still without) passes nothing.
-  const auto passes = [&](const check::ReceiptData& r, const check::Budgets& b) {
-    try {
-      return check::compare_receipts(r, runs.reference, b, "compare").pass();
-    } catch (const check::ContractError& e) {
-      if (e.kind != "no_budget") throw;
-      return false;
-    }
-  };
-  for (const check::ReceiptData& r : runs.repeats) {
-    c.passing_now += passes(r, budgets) ? 1 : 0;
-    c.passing_proposed += passes(r, proposed) ? 1 : 0;
+  for (std::size_t i = 0; i < runs.repeats.size(); ++i) {
+    RepeatOutcome r;
+    r.label = runs.labels.at(i);
+    std::tie(r.passes_now, r.now) = outcome(runs.repeats[i], runs.reference, budgets);
+    std::tie(r.passes_proposed, r.proposed) = outcome(runs.repeats[i], runs.reference, proposed);
+    c.passing_now += r.passes_now ? 1 : 0;
+    c.passing_proposed += r.passes_proposed ? 1 : 0;
+    c.outcomes.push_back(std::move(r));
   }
   run::write_file_atomically(c.candidate_path, candidate_text);
+  if (c.envelope) run::write_file_atomically(c.envelope_path, envelope_json(c).dump(2) + "\n");
   run::write_file_atomically(c.report_path, calibration_report(c));
   return c;
 }
 
+namespace {
+
+// Steps 0, 1, 2, 4, 8, ... and the last: where an envelope's growth shows.
+std::vector<int> sample_steps(int steps) {
+  std::vector<int> picked;
+  for (int s = 0; s < steps; s = s == 0 ? 1 : 2 * s) picked.push_back(s);
+  if (steps > 0 && picked.back() != steps - 1) picked.push_back(steps - 1);
+  return picked;
+}
+
+std::string envelope_section(const Calibration& c) {
+  const PerturbationEnvelope& e = *c.envelope;
+  std::string text = fmt::format(
+      "## Perturbation envelope\n\nMethod: perturbation, N = {} runs of {} with every initial weight moved one "
+      "ulp (seeds {}..{}). Statistic: per step, the largest |perturbed - unperturbed| over the N runs (params_sketch: "
+      "over the tensors too): the divergence a bitwise-irrelevant change is entitled to.{}\n\n",
+      e.seeds.size(), c.lane, e.seeds.front(), e.seeds.back(),
+      e.drift.empty() ? "" : fmt::format(" Drift: the unperturbed run against {}, per step, and its ratio to the envelope.",
+                                         c.reference));
+  const bool drift = !e.drift.empty();
+  text += "| step |";
+  for (const char* metric : check::kBudgetMetrics) {
+    text += drift ? fmt::format(" {0} envelope | {0} drift | ratio |", metric) : fmt::format(" {} envelope |", metric);
+  }
+  text += "\n|---|";
+  for (std::size_t i = 0; i < std::size(check::kBudgetMetrics); ++i) text += drift ? "---|---|---|" : "---|";
+  text += "\n";
+  const auto& any = e.spread.at(check::kBudgetMetrics[0]);
+  for (int step : sample_steps(static_cast<int>(any.size()))) {
+    text += fmt::format("| {} |", step);
+    for (const char* metric : check::kBudgetMetrics) {
+      const double spread = e.spread.at(metric).at(static_cast<std::size_t>(step));
+      text += fmt::format(" {:.3g} |", spread);
+      if (!drift) continue;
+      const double moved = e.drift.at(metric).at(static_cast<std::size_t>(step));
+      const std::string ratio = spread > 0 ? fmt::format("{:.3g}", moved / spread) : (moved > 0 ? "inf" : "-");
+      text += fmt::format(" {:.3g} | {} |", moved, ratio);
+    }
+    text += "\n";
+  }
+  return text + fmt::format("\nEvery step: {}.\n", c.envelope_path);
+}
+
+}  // namespace
+
 std::string calibration_report(const Calibration& c) {
+  if (c.envelope_only) {
+    return fmt::format("# Perturbation envelope of {}\n\n{} is the reference: nothing separates it from one, so "
+                       "nothing is proposed.\n\n{}",
+                       c.lane, c.lane, envelope_section(c));
+  }
   const std::string repeats =
       c.source == "runs" ? fmt::format("{} repeats of {} against {}", c.repeats, c.lane, c.reference)
+      : c.envelope       ? fmt::format("{} runs of {} (1 unperturbed, {} perturbed) against {}", c.repeats, c.lane,
+                                       c.envelope->seeds.size(), c.reference)
                          : fmt::format("{} receipts of {} against {} ({})", c.repeats, c.lane, c.reference, c.source);
   std::string text = fmt::format(
-      "# Calibration of [{}]{}\n\n{}{}.\nComposed budget: {}; the other features keep their "
+      "# Calibration of [{}]{}\n\n{}{}.\nMethod: {}.\nComposed budget: {}; the other features keep their "
       "share and [{}] gets the rest, times {}, at least {} fp32 ulps{}.\n\n",
       c.section, c.new_entry ? " (a new entry: write its rationale)" : "", repeats,
       c.noise_seeds.empty() ? "" : fmt::format(" (noise seeds {}..{})", c.noise_seeds.front(), c.noise_seeds.back()),
-      fmt::join(c.composed, " + "), c.section, kMargin, kFloorUlps,
+      method_text(c), fmt::join(c.composed, " + "), c.section, kMargin, kFloorUlps,
       c.widened ? ", and no term below the current entry's (--widen)" : "");
   text += "| metric | steps | largest deviation | current | proposed |\n|---|---|---|---|---|\n";
   for (const WindowProposal& w : c.windows) {
@@ -381,10 +727,13 @@ std::string calibration_report(const Calibration& c) {
     text += fmt::format("| {} | {} | {} | `{}` | `{}` |\n", w.metric, window_steps(w.current), largest,
                         window_toml(w.current), window_toml(w.proposed));
   }
+  text += "\nEach repeat, under the current budgets (now) and the proposal:\n\n";
+  for (const RepeatOutcome& r : c.outcomes) text += fmt::format("- {}: now {}; proposed {}\n", r.label, r.now, r.proposed);
   text += fmt::format("\nRepeats within the current budgets: {}/{}; within the proposal: {}/{}.\n", c.passing_now, c.repeats,
                       c.passing_proposed, c.repeats);
   text += fmt::format("Candidate: {}. Review it, then replace canaries/budgets.toml with it in a reviewed change.\n",
                       c.candidate_path);
+  if (c.envelope) text += "\n" + envelope_section(c);
   return text;
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,27 @@ struct CalibrateOptions {
   // Never propose less than the current entry: cover a new host's drift without losing the
   // hosts the entry was calibrated on.
   bool widen = false;
+  // --perturb N: perturbation calibration (docs/budgets.md). The lane (or the one receipt's
+  // recipe) runs again N times, run i with every initial weight moved one ulp under seed
+  // perturb_seed_base + i; their spread is the envelope, and with a reference the
+  // unperturbed run and the N perturbed ones are the repeats the proposal is made from.
+  int perturb = 0;
+  std::int64_t perturb_seed_base = 1;
+};
+
+// How far N one-ulp perturbations of a run's initial weights spread, step by step: what a
+// bitwise-irrelevant change is entitled to. Per metric (kBudgetMetrics), per step.
+struct PerturbationEnvelope {
+  std::vector<std::int64_t> seeds;
+  std::map<std::string, std::vector<double>> spread;  // the largest |perturbed - unperturbed| over the N runs (and tensors)
+  std::map<std::string, std::vector<double>> drift;   // |unperturbed - reference| (and over tensors); empty: no reference
+};
+
+// Each repeat's verdict under the current budgets and under the proposal, in one line each.
+struct RepeatOutcome {
+  std::string label;  // the receipt's path, or "unperturbed" / "perturb seed S"
+  bool passes_now = false, passes_proposed = false;
+  std::string now, proposed;  // why: "pass (least headroom 31%, loss)", "FAIL loss at step 3: ...", "no entry for ..."
 };
 
 struct WindowProposal {
@@ -51,10 +73,15 @@ struct Calibration {
   std::string candidate_path, report_path;
   std::string source;  // where the repeats came from: "runs", or the receipts' paths
   bool widened = false;
+  std::vector<RepeatOutcome> outcomes;
+  std::optional<PerturbationEnvelope> envelope;  // --perturb
+  bool envelope_only = false;  // --perturb of the reference itself (or with no reference): nothing to propose
+  std::string envelope_path;   // the envelope as JSON, beside the report
 };
 
 // Runs the reference once and the lane `repeats` times (or reads options.receipts and
-// options.reference), proposes, writes the candidate and the report. Throws MatrixError /
+// options.reference; or, with options.perturb, runs the lane or receipt's recipe N times
+// perturbed), proposes, writes the candidate and the report (and the envelope's JSON). Throws MatrixError /
 // check::BudgetError / run::UsageError / receipt::ReceiptError on bad input.
 Calibration calibrate(const CalibrateOptions& options, const std::function<void(const std::string&)>& progress = {});
 

@@ -434,7 +434,32 @@ void charts(pugi::xml_node section, const json& lane, int steps) {
 }
 
 // The recipe of a receipt (its manifest's run_options) as a `harness run` command line.
+// A Python canary's recipe (canary_harness.runner.manifest_for): the interpreter it ran under
+// is part of it, and it names FILE.py:NAME; a harness engine's names its engine.
+bool is_python_recipe(const json& recipe) { return recipe.contains("python") && !recipe.contains("engine"); }
+
+std::string python_run_command(const json& recipe, const std::string& out, int checkpoint_every) {
+  std::vector<std::string> words{"PYTHONPATH=" + shell_word(std::string(HARNESS_SOURCE_DIR) + "/python"),
+                                 shell_word(json_text(recipe, "python", "python3")), "-m", "canary_harness", "run",
+                                 shell_word(json_text(recipe, "canary"))};
+  for (const char* flag : {"device", "precision"}) {
+    if (recipe.contains(flag)) words.insert(words.end(), {fmt::format("--{}", flag), shell_word(json_text(recipe, flag))});
+  }
+  for (const char* flag : {"threads", "steps", "seed"}) {
+    if (recipe.contains(flag)) words.insert(words.end(), {fmt::format("--{}", flag), recipe[flag].dump()});
+  }
+  if (recipe.contains("inject_fault") && recipe["inject_fault"].is_string()) {
+    words.insert(words.end(), {"--inject-fault", shell_word(recipe["inject_fault"].get<std::string>())});
+  }
+  if (checkpoint_every > 0) words.insert(words.end(), {"--checkpoint-every", std::to_string(checkpoint_every)});
+  words.insert(words.end(), {"--out", shell_word(out)});
+  return fmt::format("{}", fmt::join(words, " "));
+}
+
+// The command that runs a lane again from its receipt's recipe: `harness run` for the
+// harness's engines, `python3 -m canary_harness run` for a Python canary.
 std::string run_command(const json& recipe, const std::string& out, int checkpoint_every = 0) {
+  if (is_python_recipe(recipe)) return python_run_command(recipe, out, checkpoint_every);
   std::vector<std::string> words{"harness", "run", "--canary", shell_word(json_text(recipe, "canary")), "--engine",
                                  shell_word(json_text(recipe, "engine"))};
   if (!json_text(recipe, "features").empty()) words.insert(words.end(), {"--features", shell_word(json_text(recipe, "features"))});
@@ -464,7 +489,7 @@ void command_block(pugi::xml_node parent, const std::string& what, const std::st
 
 // Per failing lane: the commands that reproduce the run, bisect it against what it failed
 // and replay it from its first failing step.
-void reproduce(pugi::xml_node section, const json& lane) {
+void reproduce(pugi::xml_node section, const json& lane, const json& summary) {
   if (json_text(lane, "status") != "fail") return;
   const json envelope = lane["series"].value("envelope", json::object());
   const std::string receipt = json_text(envelope, "receipt", json_text(lane, "receipt"));
@@ -484,8 +509,13 @@ void reproduce(pugi::xml_node section, const json& lane) {
                   fmt::format("Run the lane again (its receipt's recipe: seed {}{}):", recipe.value("seed", json(nullptr)).dump(),
                               options.contains("noise-seed") ? ", noise seed " + json_text(options, "noise-seed") : ""),
                   run_command(recipe, id + ".h5"));
-  } else {
-    add(box, "p", fmt::format("The receipt records no run recipe (an external lane): run lane {} of the matrix again.", id), "muted");
+  } else {  // a command lane, the PyTorch lane on the canary pack: the job's own way of running it
+    const json matrix = summary.value("matrix", json::object());
+    command_block(box, "Run the lane again (its receipt records no recipe: the nightly runs it, alone):",
+                  fmt::format("harness nightly --matrix {} --budgets {} --goldens {} --lanes {} --out {}",
+                              shell_word(json_text(matrix, "path")),
+                              shell_word(json_text(summary.value("budgets", json::object()), "path")),
+                              shell_word(json_text(summary, "goldens")), shell_word(id), shell_word(id + "-again")));
   }
   for (const json& check : lane["checks"]) {
     if (json_text(check, "status") != "fail") continue;
@@ -518,7 +548,7 @@ void reproduce(pugi::xml_node section, const json& lane) {
   }
 }
 
-void lane_section(pugi::xml_node body, const json& lane, int steps, const json& common_stack) {
+void lane_section(pugi::xml_node body, const json& lane, int steps, const json& common_stack, const json& summary) {
   pugi::xml_node section = add(body, "section", "", "lane");
   section.append_attribute("id") = ("lane-" + json_text(lane, "id")).c_str();
   section.append_attribute("data-status") = json_text(lane, "status").c_str();
@@ -532,7 +562,7 @@ void lane_section(pugi::xml_node body, const json& lane, int steps, const json& 
     add(details, "summary", fmt::format("{} check: {}: {}", json_text(check, "check"), json_text(check, "status"), json_text(check, "summary")));
     add(details, "pre", check.contains("error") ? json_text(check["error"], "message") : json_text(check, "text"), "verdict");
   }
-  reproduce(section, lane);
+  reproduce(section, lane, summary);
   if (lane.contains("stack") && lane["stack"] != common_stack) {
     add(section, "p", "Stack lines of this lane that differ from the job's:");
     stack_table(section, lane["stack"], common_stack);
@@ -582,7 +612,7 @@ std::string html_report(const json& summary) {
   add(body, "h2", "Stack");
   stack_table(body, stack, json::object());
   add(body, "h2", "Lanes");
-  for (const json& lane : summary["lanes"]) lane_section(body, lane, steps, stack);
+  for (const json& lane : summary["lanes"]) lane_section(body, lane, steps, stack, summary);
   add(body, "script", "@SCRIPT@");
   std::ostringstream out;
   doc.save(out, "  ", pugi::format_default | pugi::format_no_declaration | pugi::format_no_empty_element_tags);

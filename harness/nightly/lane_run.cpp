@@ -24,7 +24,7 @@ namespace fs = std::filesystem;
 run::RunSummary run_external(const Matrix& matrix, const LaneSpec& spec, const std::string& out, const std::string& partial,
                              const std::string& pack, int threads) {
   std::vector<std::string> argv = expand_command(spec, pack, partial, matrix.steps, matrix.seed);
-  if (spec.engine == "torch" && threads > 0) {
+  if (spec.engine == "torch" && !spec.python_canary && threads > 0) {  // a Python canary's lane pins its own
     argv.push_back("--threads");
     argv.push_back(std::to_string(threads));
   }
@@ -91,7 +91,7 @@ run::RunSummary run_lane(const Matrix& matrix, const LaneSpec& spec, const std::
       std::error_code ignored;
       fs::remove(partial, ignored);  // the command may refuse to overwrite
       std::string use = pack;
-      if (use.empty()) {  // in a temporary directory (never beside a golden), named as a job's pack
+      if (use.empty() && spec.uses_pack()) {  // in a temporary directory (never beside a golden), named as a job's pack
         std::string pattern = (fs::temp_directory_path() / "harness-lane-pack-XXXXXX").string();
         if (!mkdtemp(pattern.data())) {
           throw LaneCommandError(fmt::format("cannot create a temporary directory for the canary pack: {}", std::strerror(errno)));

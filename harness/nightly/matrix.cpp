@@ -10,8 +10,12 @@
 #include <fmt/ranges.h>
 #include <toml++/toml.h>
 
+#include <nlohmann/json.hpp>
+
 #include "canary.h"
 #include "canary_file.h"
+#include "child_process.h"
+#include "python_canary.h"
 #include "preset.h"
 #include "registry.h"
 
@@ -22,6 +26,9 @@ inline constexpr std::int64_t kMatrixSchemaVersion = 1;
 inline constexpr const char* kLaneKeys[] = {"id", "engine", "features", "why", "triage-with", "command", "budget-features", "lane"};
 inline constexpr const char* kPlaceholders[] = {"{pack}", "{out}", "{steps}", "{seed}"};
 inline constexpr const char* kTorchFlags[] = {"device", "precision"};
+inline constexpr const char* kPythonCanaryFlags[] = {"device", "precision", "threads"};
+// What runs a Python canary (docs/own-model.md): Debian's python3, this checkout's package.
+inline constexpr const char* kPython = "/usr/bin/python3";
 
 #ifndef HARNESS_SOURCE_DIR
 #define HARNESS_SOURCE_DIR "."
@@ -62,6 +69,7 @@ class Parser {
     m.path = path_;
     m.content_hash = run::file_content_hash(path_);
     m.canary = text(root, "canary", "canary", true);
+    if (is_python_canary_spec(m.canary)) return parse_python_canary(root, std::move(m));
     try {
       // A canary file's path is relative to the matrix file, like any path in it.
       const canary::CanaryConfig config = canary::load_canary(
@@ -74,15 +82,67 @@ class Parser {
     }
     m.steps = static_cast<int>(integer(root, "steps", 1, 1000000));
     m.seed = integer(root, "seed", 0, std::numeric_limits<std::int64_t>::max());
-    m.reference = text(root, "reference", "reference", true);
     m.trace = text(root, "trace", "trace", false);
     if (m.trace.empty()) m.trace = "none";
     if (m.trace != "none" && m.trace != "ops") fail(fmt::format("trace: '{}' is not a trace level; use none or ops", m.trace));
+    return with_lanes(root, std::move(m));
+  }
+
+ private:
+  Matrix with_lanes(const toml::table& root, Matrix m) {
+    m.reference = text(root, "reference", "reference", true);
     const toml::array* lanes = root["lanes"].as_array();
     if (!lanes || lanes->empty()) fail("lanes: missing; give at least one [[lanes]] table");
     for (std::size_t i = 0; i < lanes->size(); ++i) m.lanes.push_back(lane(m, (*lanes)[i], i));
     check_references(m);
     return m;
+  }
+
+  static bool is_python_canary_spec(const std::string& spec) {
+    const std::size_t colon = spec.rfind(':');
+    return colon != std::string::npos && colon >= 3 && spec.compare(colon - 3, 3, ".py") == 0;
+  }
+
+  // canary = "FILE.py:NAME" (FILE relative to the matrix file): the team's own model. Its
+  // name, steps and seed come from the canary itself (`python3 -m canary_harness describe`);
+  // `steps` may shorten its run, `seed` replace its seed. No trace: op traces are the
+  // harness's engines' (a Python canary's bisect replays with aten traces instead).
+  Matrix parse_python_canary(const toml::table& root, Matrix m) {
+    const std::size_t colon = m.canary.rfind(':');
+    const std::filesystem::path file = std::filesystem::absolute(std::filesystem::path(path_).parent_path() /
+                                                                 m.canary.substr(0, colon));
+    m.canary = file.lexically_normal().string() + m.canary.substr(colon);
+    m.python_canary = true;
+    const nlohmann::json described = describe_python_canary(m.canary);
+    m.canary_name = described.at("name").get<std::string>();
+    const int canary_steps = described.at("steps").get<int>();
+    m.steps = root.contains("steps") ? static_cast<int>(integer(root, "steps", 1, canary_steps)) : canary_steps;
+    python_seed_given_ = root.contains("seed");
+    m.seed = python_seed_given_ ? integer(root, "seed", 0, std::numeric_limits<std::int64_t>::max())
+                                : described.at("seed").get<std::int64_t>();
+    if (root.contains("trace")) fail("trace: a Python canary's lanes record no op traces (bisect replays them with aten traces)");
+    return with_lanes(root, std::move(m));
+  }
+
+  nlohmann::json describe_python_canary(const std::string& spec) const {
+    run::ChildResult child;
+    try {
+      child = run::run_child({kPython, "-m", "canary_harness", "describe", spec}, run::python_package_environment(),
+                             run::ChildOutput::kCapture, run::ChildOutput::kCapture);
+    } catch (const run::ChildProcessError& e) {
+      fail(fmt::format("canary: {}", e.what()));
+    }
+    if (!child.exited_zero()) {
+      const std::string line = run::last_line(child.stderr_tail);
+      fail(fmt::format("canary: {} {}", line.empty() ? spec : line, line.empty() ? child.how() : ""));
+    }
+    const nlohmann::json j = nlohmann::json::parse(child.stdout_text, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("name") || !j["name"].is_string() || !j.contains("steps") ||
+        !j["steps"].is_number_integer() || !j.contains("seed") || !j["seed"].is_number_integer()) {
+      fail(fmt::format("canary: `python3 -m canary_harness describe {}` did not print the canary's name, steps and seed",
+                       spec));
+    }
+    return j;
   }
 
  private:
@@ -128,6 +188,7 @@ class Parser {
     spec.settings.features = text(*t, "features", at + ".features", false);
     spec.why = text(*t, "why", at + ".why", false);
     spec.triage_with = text(*t, "triage-with", at + ".triage-with", false);
+    if (m.python_canary) return python_canary_lane(m, *t, std::move(spec), at, has_command);
     if (has_command || spec.engine == "torch") return external_lane(m, *t, std::move(spec), at, has_command);
     for (const char* key : {"command", "budget-features", "lane"}) {
       if (t->contains(key)) {
@@ -220,7 +281,7 @@ class Parser {
       }
       spec.command = {"/usr/bin/python3", "-m", "canary_harness.lane", "--pack", "{pack}", "--device", device,
                       "--precision", precision, "--out", "{out}"};
-      spec.environment["PYTHONPATH"] = std::string(HARNESS_SOURCE_DIR) + "/python";
+      spec.environment = run::python_package_environment();
       return spec;
     }
     spec.engine = "command";
@@ -260,6 +321,49 @@ class Parser {
     return spec;
   }
 
+  // A lane of a Python canary's matrix: engine = "torch" with device, precision and threads
+  // (default 1: torch's CPU bits depend on it, so the lane pins it). Its lane name and
+  // budget features are the run's own (canary_harness.runner): NAME/torch[+DEVICE][+bf16],
+  // torch-DEVICE (not cpu) and torch-bf16; the fp32 CPU lane is the canary's bitwise reference.
+  LaneSpec python_canary_lane(const Matrix& m, const toml::table& t, LaneSpec spec, const std::string& at,
+                              bool has_command) const {
+    if (has_command || spec.engine != "torch") {
+      fail(fmt::format("{}: a Python canary's lanes are engine = \"torch\" (the harness's engines and commands run "
+                       "built-in canaries and canary files)", at));
+    }
+    if (!spec.settings.features.empty()) fail(fmt::format("{}.features: a torch lane takes precision = \"bf16\"", at));
+    if (!spec.triage_with.empty()) fail(fmt::format("{}.triage-with: triage explains the harness's fp8 lanes only", at));
+    for (auto&& [key, value] : t) {
+      const std::string k(key.str());
+      if (std::find(std::begin(kPythonCanaryFlags), std::end(kPythonCanaryFlags), k) != std::end(kPythonCanaryFlags)) {
+        spec.settings.options[k] = flag_value(value, at + "." + k);
+      } else if (k != "id" && k != "engine" && k != "why") {
+        fail(fmt::format("{}.{}: unknown key of a Python canary's lane (allowed: id, engine, why, device, precision, "
+                         "threads)", at, k));
+      }
+    }
+    const std::string device = spec.settings.options.emplace("device", "cpu").first->second;
+    const std::string precision = spec.settings.options.emplace("precision", "fp32").first->second;
+    const std::string threads = spec.settings.options.emplace("threads", "1").first->second;
+    const std::string type = device.substr(0, device.find(':'));
+    if (type != "cpu" && type != "cuda" && type != "xla") fail(fmt::format("{}.device: '{}' is not cpu, cuda, cuda:N or xla", at, device));
+    if (precision != "fp32" && precision != "bf16") fail(fmt::format("{}.precision: '{}' is not fp32 or bf16", at, precision));
+    int thread_count = 0;
+    const auto [end, ec] = std::from_chars(threads.data(), threads.data() + threads.size(), thread_count);
+    if (ec != std::errc() || end != threads.data() + threads.size() || thread_count < 1 || thread_count > 1024) {
+      fail(fmt::format("{}.threads: '{}' is not a thread count in 1..1024", at, threads));
+    }
+    spec.python_canary = true;
+    spec.lane = m.canary_name + "/torch" + (type == "cpu" ? "" : "+" + type) + (precision == "bf16" ? "+bf16" : "");
+    if (type != "cpu") spec.budget_features.push_back("torch-" + type);
+    if (precision == "bf16") spec.budget_features.push_back("torch-bf16");
+    spec.command = {kPython, "-m", "canary_harness", "run", m.canary, "--device", device, "--precision", precision,
+                    "--threads", threads, "--steps", "{steps}", "--out", "{out}"};
+    if (python_seed_given_) spec.command.insert(spec.command.end() - 2, {"--seed", "{seed}"});
+    spec.environment = run::python_package_environment();
+    return spec;
+  }
+
   void check_references(const Matrix& m) const {
     std::set<std::string> ids, names;
     for (const LaneSpec& l : m.lanes) {
@@ -281,9 +385,14 @@ class Parser {
 
   std::string path_;
   std::unique_ptr<canary::Canary> canary_model_;  // the matrix's canary: which ops its lanes' engines must run
+  bool python_seed_given_ = false;  // a Python canary's matrix replaces its seed: lanes pass --seed
 };
 
 }  // namespace
+
+bool LaneSpec::uses_pack() const {
+  return std::any_of(command.begin(), command.end(), [](const std::string& a) { return a.find("{pack}") != std::string::npos; });
+}
 
 bool LaneSpec::runs_fp8() const {
   return std::find(budget_features.begin(), budget_features.end(), "fp8") != budget_features.end();

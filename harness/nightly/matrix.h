@@ -33,8 +33,13 @@ struct LaneSpec {
   std::string triage_with;  // id of the bf16-only twin of an fp8 lane ("" when none)
   std::vector<std::string> budget_features;  // what its engine declares (Engine::budget_features)
 
+  // A Python canary's lane (docs/own-model.md, "A nightly"): `python3 -m canary_harness run
+  // FILE.py:NAME` on no pack, its torch threads pinned by the lane (their bits depend on it).
+  bool python_canary = false;
+
   bool runs_fp8() const;  // it declares the fp8 budget feature
-  bool external() const { return !command.empty(); }  // runs as a child process on the canary pack
+  bool external() const { return !command.empty(); }  // runs as a child process
+  bool uses_pack() const;  // its command reads the job's canary pack ({pack})
 };
 
 // The argv of an external lane with its placeholders filled in.
@@ -44,8 +49,10 @@ std::vector<std::string> expand_command(const LaneSpec& spec, const std::string&
 struct Matrix {
   std::string path;
   std::string content_hash;  // of the file: shards of one job must have run the same matrix
-  std::string canary;       // how every lane loads it: a shipped name, or a canary file's absolute path
+  std::string canary;       // how every lane loads it: a shipped name, a canary file's absolute path, or a
+                            // Python canary's FILE.py:NAME (FILE absolute)
   std::string canary_name;  // its `name`: lane names and goldens use it
+  bool python_canary = false;  // canary is FILE.py:NAME: every lane is a torch lane running it
   int steps = 0;
   std::int64_t seed = 0;
   std::string reference;     // id of the reference lane

@@ -246,7 +246,7 @@ class NightlyJob::Impl {
     try {
       const run::RunSummary s = run_lane(matrix_, spec, path, [&](const run::StepProgress& p) {
         step_progress(index, spec.id, p);
-      }, options_.threads, spec.external() ? job_pack() : std::string());
+      }, options_.threads, spec.uses_pack() ? job_pack() : std::string());
       r.record["seconds"] = seconds_since(start);
       r.record["ms_per_step"] = 1000.0 * s.seconds / s.steps;
       r.receipt = std::make_unique<check::ReceiptData>(check::load_receipt(path));

@@ -52,7 +52,7 @@ const std::map<std::string, AttrKind>& optional_manifest() {
   static const std::map<std::string, AttrKind> table{
       {"schema_minor", AttrKind::kInteger},     {"budget_features", AttrKind::kString}, {"kernels", AttrKind::kString},
       {"data_seed", AttrKind::kInteger},        {"fault_injection", AttrKind::kString}, {"trace", AttrKind::kString},
-      {"run_options", AttrKind::kString},
+      {"run_options", AttrKind::kString},       {"init_perturbation_seed", AttrKind::kInteger},
       // accel (docs/engines/accel.md)
       {"numerics", AttrKind::kString},          {"noise_mode", AttrKind::kString},     {"noise_seed", AttrKind::kInteger},
       {"fp8_zones", AttrKind::kString},         {"fp8_format", AttrKind::kString},     {"fp8_recipe", AttrKind::kString},
@@ -153,7 +153,7 @@ class Validator {
       steps_planned_ = *planned;
       if (steps_planned_ < 0) problem("/manifest/steps_planned", "is negative");
     }
-    for (const char* name : {"seed", "data_seed", "threads"}) {  // seeds are int64 >= 0; threads 0 = all cores
+    for (const char* name : {"seed", "data_seed", "threads", "init_perturbation_seed"}) {  // seeds are int64 >= 0; threads 0 = all cores
       if (const auto value = integer(manifest, name); value && *value < 0) {
         problem(std::string("/manifest/") + name, fmt::format("{} is negative", *value));
       }

@@ -88,6 +88,7 @@ Validated validate(const RunOptions& o) {
   v.threads = o.threads == 0 ? std::max(1, hardware) : o.threads;
   v.seed = o.seed.value_or(v.config.init_seed);
   if (v.seed < 0) throw UsageError("--seed: must be between 0 and 9223372036854775807");
+  if (o.perturb_init && *o.perturb_init < 0) throw UsageError("--perturb-init: must be between 0 and 9223372036854775807");
   const std::unique_ptr<canary::Canary> model = canary::make_canary(v.config);  // tensors and op names
   try {
     // The engine's own gate too (a mesh engine's shard plan must divide the model).
@@ -146,6 +147,7 @@ receipt::Manifest make_manifest(const RunOptions& o, const Validated& v, const E
   m.extra["data_seed"] = static_cast<std::int64_t>(v.config.data_seed);
   m.extra["fault_injection"] = v.fault ? v.fault->to_string() : std::string("none");
   m.extra["trace"] = o.trace;
+  if (o.perturb_init) m.extra["init_perturbation_seed"] = *o.perturb_init;  // absent: the canary's own weights
   std::string budget_features;  // declared by the engine, '+'-joined; the verdict's budget (docs/budgets.md)
   for (const std::string& feature : engine.budget_features()) {
     budget_features += (budget_features.empty() ? "" : "+") + feature;
@@ -196,6 +198,7 @@ nlohmann::json replay_recipe(const RunOptions& o, const std::map<std::string, At
                            {"checkpoint_every", o.checkpoint_every},
                            {"inject_fault", o.inject_fault ? nlohmann::json(*o.inject_fault) : nlohmann::json(nullptr)}};
   if (o.steps) recipe["steps"] = *o.steps;
+  if (o.perturb_init) recipe["perturb_init"] = *o.perturb_init;
   return recipe;
 }
 
@@ -231,6 +234,7 @@ RunOptions options_from_recipe(const nlohmann::json& recipe) {
     o.checkpoint_every = static_cast<int>(recipe_integer(recipe, "checkpoint_every", 0, std::numeric_limits<int>::max()));
     if (!recipe.at("inject_fault").is_null()) o.inject_fault = recipe.at("inject_fault").get<std::string>();
     if (recipe.contains("steps")) o.steps = static_cast<int>(recipe_integer(recipe, "steps", 1, 1000000));
+    if (recipe.contains("perturb_init")) o.perturb_init = recipe_integer(recipe, "perturb_init", 0, kInt64Max);
   } catch (const nlohmann::json::exception& e) {
     throw UsageError(fmt::format("run_options: not a replay recipe ({})", json_error_text(e)));
   }
@@ -257,6 +261,11 @@ std::vector<int> parse_step_list(const std::string& text, int max_step) {
   return steps;
 }
 
+std::optional<std::uint64_t> init_perturbation(const RunOptions& options) {
+  if (!options.perturb_init) return std::nullopt;
+  return static_cast<std::uint64_t>(*options.perturb_init);
+}
+
 RunSummary run_canary(const RunOptions& o, const std::function<void(const StepProgress&)>& on_step) {
   const Validated v = validate(o);
   const OutputLock output_lock(o.out);  // before anything is written: a second writer is refused
@@ -267,7 +276,7 @@ RunSummary run_canary(const RunOptions& o, const std::function<void(const StepPr
   const canary::Canary& model = *canary_model;
   std::unique_ptr<Engine> engine = make_engine(o.engine, o.engine_settings);
   engine->bind(model.tensors());
-  model.upload_initial_parameters(*engine, static_cast<std::uint64_t>(v.seed));
+  model.upload_initial_parameters(*engine, static_cast<std::uint64_t>(v.seed), init_perturbation(o));
   OpTraceRecorder tracer(model.tensors());
   if (o.trace == "ops") engine->set_trace_sink(&tracer);
 

@@ -42,6 +42,9 @@ struct RunOptions {
   std::optional<std::string> inject_fault;
   std::string trace = "none";  // --trace: none or ops
   int checkpoint_every = 0;    // --checkpoint-every K: the state at the start of steps K, 2K, ...
+  // --perturb-init SEED: every initial weight moved one ulp (numerics/perturbation.h), for
+  // calibrate --perturb; recorded as the manifest's init_perturbation_seed.
+  std::optional<std::int64_t> perturb_init;
 };
 
 struct StepProgress {
@@ -57,6 +60,9 @@ struct RunSummary {
   double seconds = 0;  // wall time of the step loop, recording included
   int threads = 0;
 };
+
+// The seed of `options`' one-ulp perturbation of the initial weights, when it has one.
+std::optional<std::uint64_t> init_perturbation(const RunOptions& options);
 
 // Validates everything first (throws UsageError before creating any file), then runs.
 RunSummary run_canary(const RunOptions& options, const std::function<void(const StepProgress&)>& on_step = {});

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <filesystem>
+
 #include <nlohmann/json.hpp>
 
 namespace harness::run {
@@ -16,12 +18,21 @@ nlohmann::json manifest_json(const std::map<std::string, std::string>& manifest,
 
 }  // namespace
 
+std::map<std::string, std::string> python_package_environment() {
+  std::map<std::string, std::string> environment{{"PYTHONPATH", std::string(HARNESS_SOURCE_DIR) + "/python"}};
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) environment["HARNESS_BIN"] = self.string();
+  return environment;
+}
+
 bool is_python_canary(const std::map<std::string, std::string>& manifest) {
   const nlohmann::json canary = manifest_json(manifest, "canary");
   return canary.is_object() && canary.value("kind", "") == "python";
 }
 
-PythonCommand python_replay_command(const std::string& receipt, const std::map<std::string, std::string>& manifest,
+PythonCommand python_canary_command(const std::string& subcommand, const std::string& receipt,
+                                    const std::map<std::string, std::string>& manifest,
                                     const std::vector<std::string>& flags) {
   std::string python = "/usr/bin/python3";
   const nlohmann::json recipe = manifest_json(manifest, "run_options");
@@ -30,9 +41,9 @@ PythonCommand python_replay_command(const std::string& receipt, const std::map<s
     if (access(recorded.c_str(), X_OK) == 0) python = recorded;
   }
   PythonCommand command;
-  command.argv = {python, "-m", "canary_harness", "replay", receipt};
+  command.argv = {python, "-m", "canary_harness", subcommand, receipt};
   command.argv.insert(command.argv.end(), flags.begin(), flags.end());
-  command.environment["PYTHONPATH"] = std::string(HARNESS_SOURCE_DIR) + "/python";
+  command.environment = python_package_environment();
   return command;
 }
 

@@ -14,14 +14,21 @@ namespace harness::run {
 // Whether the manifest's canary JSON says `"kind": "python"` (manifest_text's attributes).
 bool is_python_canary(const std::map<std::string, std::string>& manifest);
 
-// The command that replays `receipt` (a Python canary's) with `flags` after it: the
-// interpreter the run recorded (run_options "python") when it is still there, else
-// /usr/bin/python3, running this checkout's python/canary_harness.
+// The environment every Python child of the harness runs with: this checkout's package
+// first on PYTHONPATH, and HARNESS_BIN naming this harness, so that the package digests
+// through the library beside it (docs/python.md, "The native digest").
+std::map<std::string, std::string> python_package_environment();
+
+// The command that runs `python3 -m canary_harness SUBCOMMAND RECEIPT FLAGS...` on `receipt`
+// (a Python canary's): `replay` (verify it from a checkpoint) or `rerun` (its recipe again,
+// into a new receipt). The interpreter the run recorded (run_options "python") when it is
+// still there, else /usr/bin/python3, running this checkout's python/canary_harness.
 struct PythonCommand {
   std::vector<std::string> argv;
   std::map<std::string, std::string> environment;
 };
-PythonCommand python_replay_command(const std::string& receipt, const std::map<std::string, std::string>& manifest,
+PythonCommand python_canary_command(const std::string& subcommand, const std::string& receipt,
+                                    const std::map<std::string, std::string>& manifest,
                                     const std::vector<std::string>& flags);
 
 }  // namespace harness::run

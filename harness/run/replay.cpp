@@ -224,7 +224,8 @@ ReplayResult replay(const ReplayOptions& options) {
     restore_checkpoint(*checkpoint, *engine, model);
     result.resumed_from = checkpoint->step;
   } else {
-    model.upload_initial_parameters(*engine, static_cast<std::uint64_t>(o.seed.value_or(config.init_seed)));
+    model.upload_initial_parameters(*engine, static_cast<std::uint64_t>(o.seed.value_or(config.init_seed)),
+                                    init_perturbation(o));
   }
   OpTraceRecorder tracer(model.tensors());
   if (tracing) engine->set_trace_sink(&tracer);

@@ -1,6 +1,9 @@
 """`python3 -m canary_harness run FILE.py:NAME --out R.h5`: run a team's own model as a canary.
 
 FILE.py:NAME is a function in your file returning canary_harness.Canary (docs/own-model.md).
+`replay R.h5 --from K` verifies a receipt from its checkpoint (docs/bisect.md); `rerun R.h5
+--out X [--perturb-init SEED]` runs its recipe again into a new receipt, the initial weights
+moved one ulp under SEED (what `harness calibrate --perturb N` runs; docs/budgets.md).
 The harness seeds, places the model and batches on --device, runs each step (under bf16
 autocast for --precision bf16), and records the receipt that `harness check`, `compare`
 and `golden` judge like any lane's.
@@ -40,9 +43,12 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
                                        "the thread count, so a pinned count replays on any machine)")
     run.add_argument("--seed", help="seed torch, random and numpy with this before NAME() (default: the canary's)")
     run.add_argument("--inject-fault", help="step=K,op=PATH[,ulps=N]: move element 0 of module PATH's output up by N "
-                                            "ulps (default 1) at step K")
+                                            "ulps (default 1) at step K; op=MODULE:ATEN[#C]: of the C-th call "
+                                            "(default 1) of aten op ATEN in MODULE (a functional softmax, a residual add)")
     run.add_argument("--checkpoint-every", help="K: save the whole training state into the receipt at the start "
                                                 "of steps K, 2K, ... (what replay and bisect resume from)")
+    run.add_argument("--perturb-init", help="SEED: move every initial weight one ulp, up or down as SEED draws "
+                                            "(what `harness calibrate --perturb N` runs; docs/budgets.md)")
     run.add_argument("--force", action="store_true", help="overwrite an existing receipt")
     replay = commands.add_parser("replay", help="replay a Python canary's receipt from a checkpoint and verify it")
     replay.add_argument("receipt", help="a receipt this command's `run` wrote")
@@ -52,22 +58,31 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     replay.add_argument("--trace", default="none", help="none (default) or aten: trace every aten op of the "
                                                         "steps from --from on (docs/bisect.md)")
     replay.add_argument("--json", action="store_true", help="print the result as JSON (with the traces)")
+    rerun = commands.add_parser("rerun", help="run a Python canary's receipt's recipe again into a new receipt")
+    rerun.add_argument("receipt", help="a receipt this command's `run` wrote")
+    rerun.add_argument("--out", required=True, help="the new receipt's path (.h5)")
+    rerun.add_argument("--perturb-init", help="SEED: move every initial weight one ulp (as run --perturb-init)")
+    rerun.add_argument("--force", action="store_true", help="overwrite an existing receipt")
+    describe = commands.add_parser("describe", help="print the canary's name, steps and seed as JSON (what a nightly "
+                                                    "matrix naming FILE.py:NAME reads)")
+    describe.add_argument("canary", help="FILE.py:NAME: a function in FILE.py returning canary_harness.Canary")
     return ap.parse_args(argv)
 
 
 def run(args: argparse.Namespace) -> int:
-    from .lane import UsageError, _count, check_out, parse_fault
+    from .lane import UsageError, _count, check_out
 
     if args.precision not in ("fp32", "bf16"):
         raise UsageError(f"--precision: unknown precision '{args.precision}'; use fp32 or bf16")
     threads = _count("threads", args.threads, 1, 1024) if args.threads is not None else 1
     seed = _count("seed", args.seed, 0, 2**63 - 1)
+    perturb = _count("perturb-init", args.perturb_init, 0, 2**63 - 1)
     check_out(args.out, args.force)
 
     import torch
 
     from .canary import load_canary
-    from .runner import RunOptions, print_summary, run_canary
+    from .runner import RunOptions, parse_canary_fault, print_summary, run_canary
 
     device = _device(torch, args.device)
     torch.set_num_threads(threads)  # before NAME(): the model's init runs on these threads too
@@ -77,11 +92,10 @@ def run(args: argparse.Namespace) -> int:
         steps = _count("steps", args.steps, 1, loaded.canary.steps)
     fault = None
     if args.inject_fault is not None:
-        ops = [name for name, _ in loaded.canary.model.named_modules() if name]
-        fault = parse_fault(args.inject_fault, ops, steps, where="the model's module paths")
+        fault = parse_canary_fault(args.inject_fault, loaded.canary.model, steps)
     every = _count("checkpoint-every", args.checkpoint_every, 1, steps) if args.checkpoint_every is not None else 0
     options = RunOptions(out=args.out, device=args.device, precision=args.precision, steps=steps, threads=threads,
-                         fault=fault, overwrite=args.force, checkpoint_every=every)
+                         fault=fault, overwrite=args.force, checkpoint_every=every, perturb_init=perturb)
 
     def progress(i: int, total: int) -> None:
         if (i + 1) % 25 == 0 or i + 1 == total:
@@ -108,6 +122,28 @@ def replay(args: argparse.Namespace) -> int:
     return 0 if result.reproduced() else 1
 
 
+def rerun(args: argparse.Namespace) -> int:
+    from .lane import _count, check_out
+    from .replay import rerun as rerun_receipt
+    from .runner import print_summary
+
+    perturb = _count("perturb-init", args.perturb_init, 0, 2**63 - 1)
+    check_out(args.out, args.force)
+    print_summary(rerun_receipt(args.receipt, args.out, perturb, args.force), args.out)
+    return 0
+
+
+def describe(args: argparse.Namespace) -> int:
+    import json
+
+    from .canary import load_canary
+
+    loaded = load_canary(args.canary)
+    print(json.dumps({"name": loaded.canary.name, "steps": loaded.canary.steps, "seed": loaded.seed,
+                      "canary": loaded.identity()}, sort_keys=True))
+    return 0
+
+
 def _device(torch, name: str):
     from .lane import UsageError, _digits
 
@@ -131,14 +167,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     from .receipt import ReceiptError
 
     try:
-        return run(args) if args.command == "run" else replay(args)
+        return {"run": run, "replay": replay, "rerun": rerun, "describe": describe}[args.command](args)
     except (UsageError, CanaryError, ReceiptError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         import os
 
-        if args.command != "run":
+        if args.command in ("replay", "describe"):
             print(f"{PROG}: interrupted", file=sys.stderr)
             return 130
         kept = f"{args.out} keeps its finished steps (complete = 0)" if os.path.exists(args.out) else "no receipt written"
@@ -146,7 +182,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 130
     except Exception as e:  # the team's step failed: one line, the receipt keeps its finished steps
         message = str(e).splitlines()[0] if str(e) else type(e).__name__
-        what = args.canary if args.command == "run" else f"replay of {args.receipt}"
+        what = args.canary if args.command in ("run", "describe") else f"{args.command} of {args.receipt}"
         print(f"{PROG}: error: {what}: the step raised {type(e).__name__}: {message}", file=sys.stderr)
         return 2
 

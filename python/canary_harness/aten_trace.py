@@ -7,7 +7,7 @@ every module, functional call and autograd, where module hooks (canary_harness.t
 only modules. Each output is named by
 
 - `op`: where it ran: the innermost module whose forward was running (its path in the
-  model, `blocks.1.attn`; `<model>` for the root module's own code), `<step>` for the
+  model, `blocks.1.attn`; `<model>` for the root module's own code; ModuleStack), `<step>` for the
   step's code outside any module, `<backward>` for what autograd runs (on torch 2.x with
   the autograd node: `<backward:SoftmaxBackward0>`) and `<optimizer>` inside
   optimizer.step();
@@ -33,9 +33,10 @@ not a nightly recording.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from typing import Any, Dict, List, NamedTuple, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, NamedTuple, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -69,6 +70,109 @@ def user_site(skip: Sequence[str] = (_TORCH_DIR, _PACKAGE_DIR)) -> str:
             return f"{os.path.basename(filename)}:{frame.f_lineno}"
         frame = frame.f_back
     return ""
+
+
+# Where an op runs outside any module: the step's own code.
+STEP = "<step>"
+ROOT = "<model>"
+
+
+class ModuleStack:
+    """The modules whose forward is running, innermost last, from forward pre-hooks and
+    hooks on every module of `model`: where an aten op runs (`h.1.attn`; ROOT for the root
+    module's own code, STEP outside any module). close() removes the hooks."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self._layers = module_layers(model)
+        self._stack: List[Tuple[str, int]] = []  # (module path, layer)
+        self._handles = []
+        for path, module in model.named_modules():
+            self._handles.append(module.register_forward_pre_hook(self._enter(path or ROOT, module)))
+            self._handles.append(module.register_forward_hook(self._leave))
+        self.paths = [path or ROOT for path, _ in model.named_modules()]
+
+    def _enter(self, path: str, module: torch.nn.Module) -> Any:
+        layer = self._layers.get(module, -1)
+
+        def hook(mod: torch.nn.Module, args: Any) -> None:
+            self._stack.append((path, layer))
+        return hook
+
+    def _leave(self, module: torch.nn.Module, args: Any, out: Any) -> None:
+        if self._stack:
+            self._stack.pop()
+
+    def innermost(self) -> Tuple[str, int]:
+        """(path, layer) of the innermost forward running; (STEP, -1) outside any."""
+        return self._stack[-1] if self._stack else (STEP, -1)
+
+    def reset(self) -> None:
+        self._stack = []  # a step that raised inside a forward leaves its modules
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+
+class StepPhases:
+    """Where an aten op runs inside a step, as traces name it (the module docstring): the
+    innermost module's forward, `<backward:NODE>` while autograd runs, `<optimizer>` inside
+    optimizer.step(), `<step>` for the step's own code (phase optimizer once backward ran).
+    step() is the context of one step: torch.autograd.backward/grad and the optimizer's
+    step wrapped for its length. close() removes the module hooks."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.modules = ModuleStack(model)
+        self.optimizer = optimizer
+        self._in_backward = 0
+        self._in_optimizer = 0
+        self._after_backward = False
+        self._current_node = getattr(torch._C, "_current_autograd_node", None)  # torch >= 2.0
+
+    def where(self) -> Tuple[str, int, str]:
+        """(op, layer, phase) of the op running now."""
+        if self._in_optimizer:
+            return "<optimizer>", -1, "optimizer"
+        if self._in_backward:
+            node = self._current_node() if self._current_node is not None else None
+            return (f"<backward:{node.name()}>" if node is not None else "<backward>"), -1, "backward"
+        path, layer = self.modules.innermost()
+        if path != STEP:
+            return path, layer, "forward"
+        return STEP, -1, "optimizer" if self._after_backward else "forward"
+
+    def _patched(self, function: Any, counter: str) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            setattr(self, counter, getattr(self, counter) + 1)
+            try:
+                return function(*args, **kwargs)
+            finally:
+                setattr(self, counter, getattr(self, counter) - 1)
+                if counter == "_in_backward":
+                    self._after_backward = True
+        return wrapper
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[None]:
+        self._after_backward = False
+        self.modules.reset()
+        saved = {"backward": torch.autograd.backward, "grad": torch.autograd.grad}
+        own_step = self.optimizer.__dict__.get("step")
+        torch.autograd.backward = self._patched(saved["backward"], "_in_backward")
+        torch.autograd.grad = self._patched(saved["grad"], "_in_backward")
+        self.optimizer.step = self._patched(self.optimizer.step, "_in_optimizer")
+        try:
+            yield
+        finally:
+            torch.autograd.backward, torch.autograd.grad = saved["backward"], saved["grad"]
+            if own_step is None:
+                self.optimizer.__dict__.pop("step", None)
+            else:
+                self.optimizer.step = own_step
+
+    def close(self) -> None:
+        self.modules.close()
 
 
 def _traced_returns(func: Any) -> List[bool]:
@@ -107,43 +211,8 @@ class AtenTracer:
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         self.model = model
-        self.optimizer = optimizer
-        self._layers = module_layers(model)
-        self._stack: List[Tuple[str, int]] = []  # (module path, layer) of the forwards running
-        self._handles = []
-        for path, module in model.named_modules():
-            self._handles.append(module.register_forward_pre_hook(self._enter(path or "<model>", module)))
-            self._handles.append(module.register_forward_hook(self._leave))
-        self._phase = "forward"
-        self._in_backward = 0
-        self._in_optimizer = 0
-        self._after_backward = False
+        self.phases = StepPhases(model, optimizer)
         self._records: List[Tuple[str, int, str, str, str, str, torch.Tensor]] = []
-        self._current_node = getattr(torch._C, "_current_autograd_node", None)  # torch >= 2.0
-
-    # ---- where an op runs --------------------------------------------------------------
-    def _enter(self, path: str, module: torch.nn.Module) -> Any:
-        layer = self._layers.get(module, -1)
-
-        def hook(mod: torch.nn.Module, args: Any) -> None:
-            self._stack.append((path, layer))
-        return hook
-
-    def _leave(self, module: torch.nn.Module, args: Any, out: Any) -> None:
-        if self._stack:
-            self._stack.pop()
-
-    def _where(self) -> Tuple[str, int, str]:
-        """(op, layer, phase) of the op running now."""
-        if self._in_optimizer:
-            return "<optimizer>", -1, "optimizer"
-        if self._in_backward:
-            node = self._current_node() if self._current_node is not None else None
-            return (f"<backward:{node.name()}>" if node is not None else "<backward>"), -1, "backward"
-        if self._stack:
-            path, layer = self._stack[-1]
-            return path, layer, "forward"
-        return "<step>", -1, "optimizer" if self._after_backward else "forward"
 
     def _kind(self, tensor: torch.Tensor, phase: str) -> str:
         storage = _storage_key(tensor)
@@ -164,7 +233,7 @@ class AtenTracer:
         outputs = _flat_outputs(out)
         if len(flags) == 1 and len(outputs) > 1:  # a Tensor[] return: every element computed alike
             flags = flags * len(outputs)
-        op, layer, phase = self._where()
+        op, layer, phase = self.phases.where()
         site = user_site()
         name = str(func)
         for j, (value, traced) in enumerate(zip(outputs, flags)):
@@ -172,17 +241,6 @@ class AtenTracer:
                 continue
             tensor = name if len(outputs) == 1 else f"{name}.out{j}"
             self._records.append((op, layer, phase, tensor, self._kind(value, phase), site, value.detach().clone()))
-
-    def _patched(self, function: Any, counter: str) -> Any:
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            setattr(self, counter, getattr(self, counter) + 1)
-            try:
-                return function(*args, **kwargs)
-            finally:
-                setattr(self, counter, getattr(self, counter) - 1)
-                if counter == "_in_backward":
-                    self._after_backward = True
-        return wrapper
 
     def step(self) -> "_TracedStep":
         """The context of one traced step: the dispatch mode, and the phase boundaries
@@ -204,39 +262,26 @@ class AtenTracer:
                         rows.projection.tolist())
 
     def close(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+        self.phases.close()
 
 
 class _TracedStep:
     def __init__(self, tracer: AtenTracer) -> None:
         self.tracer = tracer
-        self._saved: Dict[str, Any] = {}
 
     def __enter__(self) -> AtenTracer:
         t = self.tracer
-        t._records, t._stack, t._after_backward = [], [], False
+        t._records = []
         t._param_storage = {_storage_key(p) for p in t.model.parameters()}
-        self._saved = {"backward": torch.autograd.backward, "grad": torch.autograd.grad}
-        torch.autograd.backward = t._patched(self._saved["backward"], "_in_backward")
-        torch.autograd.grad = t._patched(self._saved["grad"], "_in_backward")
-        self._optimizer_step = t.optimizer.__dict__.get("step")
-        step = t.optimizer.step
-        t.optimizer.step = t._patched(step, "_in_optimizer")
+        self._phases = t.phases.step()
+        self._phases.__enter__()
         self._mode = _Mode(t)
         self._mode.__enter__()
         return t
 
     def __exit__(self, *exc: Any) -> None:
         self._mode.__exit__(*exc)
-        t = self.tracer
-        torch.autograd.backward = self._saved["backward"]
-        torch.autograd.grad = self._saved["grad"]
-        if self._optimizer_step is None:
-            t.optimizer.__dict__.pop("step", None)
-        else:
-            t.optimizer.step = self._optimizer_step
+        self._phases.__exit__(*exc)
 
 
 def _storage_key(tensor: torch.Tensor) -> Tuple[int, int]:

@@ -86,8 +86,11 @@ class FaultSpec:
         return f"step={self.step},op={self.op},ulps={self.ulps}"
 
 
-def parse_fault(text: str, ops: List[str], steps: int, where: str = "see docs/canary.md") -> FaultSpec:
-    """step=K,op=NAME[,ulps=N] as the C++ parses it (canaries/fault.cpp)."""
+def parse_fault(text: str, ops: List[str], steps: int, where: str = "see docs/canary.md",
+                op_problem: Optional[Callable[[str], Optional[str]]] = None) -> FaultSpec:
+    """step=K,op=NAME[,ulps=N] as the C++ parses it (canaries/fault.cpp). `op_problem`, when
+    given, judges an op with a ':' (a Python canary's MODULE:ATEN[#N]: why it names no op
+    call, or None) in place of the list `ops`."""
     if not text:
         raise UsageError("--inject-fault: empty; want step=K,op=NAME[,ulps=N]")
     fields = {}
@@ -108,7 +111,11 @@ def parse_fault(text: str, ops: List[str], steps: int, where: str = "see docs/ca
         if not _digits(value) or int(value) < minimum or int(value) > 2**31 - 1:
             raise UsageError(f"--inject-fault: {key}='{value}' is not an integer >= {minimum}")
         numbers[key] = int(value)
-    if fields["op"] not in ops:
+    if op_problem is not None and ":" in fields["op"]:
+        problem = op_problem(fields["op"])
+        if problem:
+            raise UsageError(f"--inject-fault: op '{fields['op']}': {problem}")
+    elif fields["op"] not in ops:
         examples = ", ".join(ops[1:3] + ops[-1:])
         raise UsageError(f"--inject-fault: unknown op '{fields['op']}' (e.g. {examples}; {where})")
     if numbers["step"] >= steps:

@@ -12,7 +12,8 @@ Which implementation runs is chosen by the environment variable CANARY_HARNESS_D
   a path               that library, or an error (NativeDigestError) naming the path and why.
 "auto" looks next to the `harness` executable found through HARNESS_BIN or PATH (its
 ../lib and ../lib/<multiarch>, where `cmake --install` and the build tree put it), then in
-the system's library path (ctypes.util.find_library). A library is used only when its ABI
+the system's library path (ctypes.util.find_library); when it finds none it says so once
+on stderr and digests in Python. A library is used only when its ABI
 version is CANARY_DIGEST_ABI_VERSION, its sketch width and block are the schema's, and it
 digests a probe tensor exactly as the Python code does; a found library that fails this is
 skipped with a warning (auto) or refused (a path).
@@ -194,4 +195,9 @@ def _select(setting: str) -> Optional[NativeDigest]:
             return NativeDigest(path)
         except NativeDigestError as e:
             warnings.warn(f"canary_harness: not using {path}: {e}; digesting in Python", RuntimeWarning, stacklevel=3)
+    # Said once per process (the selection is cached): the numpy digest gives the same bits,
+    # several times slower, which a recording's cost shows.
+    print(f"canary_harness: digesting in Python (numpy): no {LIBRARY_FILE} found next to `harness` (HARNESS_BIN "
+          f"or PATH) or on the library path; set HARNESS_BIN or {ENV}=PATH for the faster library, or "
+          f"{ENV}=python to choose this (docs/python.md)", file=sys.stderr)
     return None

@@ -86,6 +86,7 @@ def _recipe(reader: ReceiptReader) -> Dict[str, Any]:
 
 
 def _load(reader: ReceiptReader, recipe: Dict[str, Any]) -> LoadedCanary:
+    torch.set_num_threads(int(recipe["threads"]))  # before NAME(), as the run: the init runs on these threads too
     loaded = load_canary(recipe["canary"], seed=int(recipe["seed"]))
     recorded = json.loads(reader.manifest["canary"])
     now = loaded.identity()
@@ -98,14 +99,14 @@ def _load(reader: ReceiptReader, recipe: Dict[str, Any]) -> LoadedCanary:
 
 
 def _options(recipe: Dict[str, Any], loaded: LoadedCanary) -> RunOptions:
-    from .lane import parse_fault
+    from .runner import parse_canary_fault
 
     fault = None
     if recipe.get("inject_fault"):
-        ops = [name for name, _ in loaded.canary.model.named_modules() if name]
-        fault = parse_fault(recipe["inject_fault"], ops, int(recipe["steps"]), where="the model's module paths")
+        fault = parse_canary_fault(recipe["inject_fault"], loaded.canary.model, int(recipe["steps"]))
     return RunOptions(out="", device=recipe.get("device", "cpu"), precision=recipe.get("precision", "fp32"),
-                      steps=int(recipe["steps"]), threads=int(recipe["threads"]), fault=fault)
+                      steps=int(recipe["steps"]), threads=int(recipe["threads"]), fault=fault,
+                      perturb_init=recipe.get("perturb_init"))
 
 
 class _Record:
@@ -205,6 +206,21 @@ def replay(path: str, from_step: int, to_step: Optional[int] = None, trace: str 
         # A real divergence never heals bit for bit: agreement again at the end means the record was altered.
         result.record_altered = bool(result.mismatched_steps) and result.mismatched_steps[-1] != last
         return result
+
+
+def rerun(path: str, out: str, perturb_init: Optional[int] = None, overwrite: bool = False) -> Any:
+    """The receipt's own recipe run again from step 0 into a new receipt at `out` (no
+    checkpoints), its initial weights moved one ulp under seed `perturb_init` when given:
+    what `harness calibrate --perturb N` runs N times for a Python canary's receipt."""
+    from .runner import run_canary
+
+    with ReceiptReader(path) as reader:
+        recipe = _recipe(reader)
+        loaded = _load(reader, recipe)
+    options = _options(recipe, loaded)
+    options.out, options.overwrite, options.perturb_init = out, overwrite, perturb_init
+    device = torch.device(options.device) if options.device != "xla" else _xla_device()
+    return run_canary(loaded, options, device)
 
 
 def _xla_device() -> torch.device:

@@ -39,6 +39,7 @@ import torch
 
 from .canary import CanaryError, LoadedCanary
 from .digest import DigestRows, batch_tree_hash
+from .perturb import perturb_parameters
 from .receipt import ReceiptWriter
 from .schema import HASH_FAMILIES
 from .stack import git_commit_of
@@ -62,6 +63,7 @@ class RunOptions:
     fault: Any = None                    # a canary_harness.lane.FaultSpec on a module path, or None
     overwrite: bool = False
     checkpoint_every: int = 0            # 0: no checkpoints
+    perturb_init: Optional[int] = None   # a seed: every initial weight moved one ulp (perturb.py)
 
 
 def lane_features(device: torch.device, precision: str) -> List[str]:
@@ -218,6 +220,10 @@ def manifest_for(loaded: LoadedCanary, options: RunOptions, device: torch.device
                    "precision": options.precision, "steps": steps, "threads": options.threads, "seed": loaded.seed,
                    "inject_fault": str(options.fault) if options.fault is not None else None,
                    "checkpoint_every": options.checkpoint_every, "trace": "none", "python": sys.executable}
+    perturbed = {}
+    if options.perturb_init is not None:
+        run_options["perturb_init"] = options.perturb_init
+        perturbed = {"init_perturbation_seed": options.perturb_init}
     return {
         "lane": f"{loaded.canary.name}/torch" + "".join(f"+{f}" for f in features),
         "engine": "torch", "features": "+".join(features),
@@ -229,6 +235,7 @@ def manifest_for(loaded: LoadedCanary, options: RunOptions, device: torch.device
         # The team's code is what a golden of its canary stands for: the commit of the canary file's work tree.
         "git_commit": git_commit_of(loaded.path),
         "run_options": json.dumps(run_options, sort_keys=True),
+        **perturbed,
     }
 
 
@@ -261,13 +268,15 @@ class CanaryLoop:
         self.canary = loaded.canary
         self.device = device
         torch.set_num_threads(options.threads)
+        if options.perturb_init is not None:  # on the weights NAME() made, before anything runs
+            perturb_parameters(self.canary.model, options.perturb_init)
         place_on_device(self.canary, device)
         try:
             self.autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16) \
                 if options.precision == "bf16" else None
         except (RuntimeError, ValueError) as e:
             raise CanaryError(f"--precision bf16: no bf16 autocast on device {device.type} ({e})") from None
-        self.fault = _install_fault(self.canary.model, options.fault, device)
+        self.fault = _install_fault(self.canary, options.fault, device)
         self.capture = StepCapture(loaded)
 
     def run_step(self, i: int, traced: Any = None) -> StepRecord:
@@ -279,6 +288,8 @@ class CanaryLoop:
         inputs = to_device(batch, self.device)
         self.capture.begin()
         with contextlib.ExitStack() as contexts:
+            if self.fault is not None:  # before a trace: the trace sees the nudged value
+                contexts.enter_context(self.fault.during(i))
             if traced is not None:
                 contexts.enter_context(traced)
             if self.autocast is not None:
@@ -381,8 +392,30 @@ class _Fault:
                               "such as an nn.ModuleList is never called itself); name a module the forward calls")
 
 
-def _install_fault(model: torch.nn.Module, spec: Any, device: torch.device) -> Optional[_Fault]:
-    return _Fault(model, spec, device) if spec is not None else None
+    def during(self, step: int) -> Any:
+        return contextlib.nullcontext()  # the hook does it
+
+
+def _install_fault(canary: Any, spec: Any, device: torch.device) -> Any:
+    """A module fault (_Fault), an aten op call's (MODULE:ATEN[#N]: aten_fault.AtenFault), or None."""
+    if spec is None:
+        return None
+    from .aten_fault import AtenFault, split_target
+
+    if split_target(spec.op) is not None:
+        return AtenFault(canary.model, canary.optimizer, spec)
+    return _Fault(canary.model, spec, device)
+
+
+def parse_canary_fault(text: str, model: torch.nn.Module, steps: int) -> Any:
+    """--inject-fault of a Python canary: op=PATH (a module) or MODULE:ATEN[#N] (an aten op call)."""
+    from .aten_fault import target_problem
+    from .lane import parse_fault
+
+    paths = [name for name, _ in model.named_modules() if name]
+    every = set(paths) | {"<model>"}
+    return parse_fault(text, paths, steps, where="the model's module paths, or MODULE:ATEN[#N] for an aten op call",
+                       op_problem=lambda op: target_problem(op, every))
 
 
 def place_on_device(canary: Any, device: torch.device) -> None:

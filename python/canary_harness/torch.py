@@ -355,12 +355,21 @@ class _Worker:
         self._thread.join()
 
 
-def _canary_name(canary: Any) -> str:
-    """The canary's preset, for the default lane name; canary not a JSON object is a RecorderError."""
+def _canary_name(canary: Any, lane: Optional[str]) -> str:
+    """The canary JSON's `name` (a shipped canary's JSON also has `preset`, the same name: the
+    harness's canary_name reads them in that order), which the default lane and the budgets'
+    [NAME.FEATURE] entries use. Without one, and without `lane`, a RecorderError."""
     try:
-        return str(canary_object(canary).get("preset", "?"))
+        definition = canary_object(canary)
     except ValueError as e:
         raise RecorderError(f"canary: {e}; give the canary JSON object (text or a dict)") from None
+    name = definition.get("name", definition.get("preset"))
+    if isinstance(name, str) and name and "/" not in name:
+        return name
+    if lane is not None:
+        return ""
+    raise RecorderError(f"canary: the canary JSON's 'name' is {name!r}; give a non-empty name without '/' (it names "
+                        "the lane <name>/<engine>[+features] and the budgets' [<name>.FEATURE] entries), or lane=")
 
 
 class Recorder:
@@ -437,7 +446,7 @@ class Recorder:
             if missing:
                 raise RecorderError(f"Recorder needs a pack, or {', '.join(missing)}")
             seed, steps = _count_arg("seed", seed), _count_arg("steps", steps)
-            canary_name = _canary_name(canary)
+            canary_name = _canary_name(canary, lane)
         if isinstance(tensor_names, (str, bytes)) or not all(isinstance(n, str) and n for n in tensor_names):
             raise RecorderError("tensor_names: give a list of non-empty str, the canary's tensors in canonical order")
         self.tensor_names: List[str] = list(tensor_names)

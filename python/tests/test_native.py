@@ -118,3 +118,22 @@ def test_a_library_that_digests_differently_is_refused(use_library: str, monkeyp
     monkeypatch.setattr(SketchLayout, "sketch", off_by_one_bit)
     with pytest.raises(NativeDigestError, match="digests a 1-element probe tensor differently"):
         NativeDigest(use_library)
+
+
+def test_the_numpy_digest_says_so_once_when_no_library_is_found(tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from test_python_canary import PACKAGE_ROOT, SMALL
+
+    env = {k: v for k, v in os.environ.items() if k not in ("HARNESS_BIN", "CANARY_HARNESS_DIGEST")}
+    env["PATH"] = "/usr/bin:/bin"  # no `harness` on it
+    env["PYTHONPATH"] = PACKAGE_ROOT
+    command = [sys.executable, "-m", "canary_harness", "run", f"{SMALL}:canary", "--out"]
+    found = subprocess.run(command + [str(tmp_path / "a.h5")], capture_output=True, text=True, timeout=600, env=env)
+    assert found.returncode == 0, found.stderr
+    assert found.stderr.count("canary_harness: digesting in Python (numpy): no libcanary_harness_digest.so.1") == 1
+    chosen = subprocess.run(command + [str(tmp_path / "b.h5")], capture_output=True, text=True, timeout=600,
+                            env={**env, "CANARY_HARNESS_DIGEST": "python"})
+    assert chosen.returncode == 0 and "digesting in Python" not in chosen.stderr, chosen.stderr

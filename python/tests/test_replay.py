@@ -163,3 +163,36 @@ def test_harness_bisect_names_the_step_module_and_aten_op_of_untraced_runs(check
     assert op["site"].startswith("small.py:") and op["other"].startswith("B runs ")
     text = run_harness(harness_bin, "bisect", str(regressed), str(checkpointed), check=False).stdout
     assert "first op    hidden forward" in text and "aten.mul.Tensor" in text and "\nat          small.py:" in text
+
+
+# A softmax output's element 0 is about 1/32, added to activations near 1: one ulp of it
+# is lost in the add, 2**16 ulps (a relative 2**-7) is not.
+@pytest.mark.parametrize("target, tensor", [
+    ("<model>:aten._softmax.default,ulps=65536", "aten._softmax.default"),  # Net.forward's functional softmax
+    ("<model>:aten.add.Tensor", "aten.add.Tensor"),                         # its residual add
+])
+def test_a_fault_in_a_functional_op_is_found_by_bisect(checkpointed: Path, tmp_path: Path, harness_bin,
+                                                       target: str, tensor: str) -> None:
+    faulted = tmp_path / "faulted.h5"
+    run(f"{SMALL}:canary", "--out", str(faulted), "--checkpoint-every", "2", "--inject-fault", f"step=3,op={target}")
+    found = json.loads(run_harness(harness_bin, "bisect", str(faulted), str(checkpointed), "--json", check=False).stdout)
+    assert found["first_divergent_step"] == 3
+    op = found["first_divergent_op"]
+    assert (op["name"], op["phase"], op["tensor"], op["other"]) == ("<model>", "forward", tensor, None), op
+    assert op["site"].startswith("small.py:")
+    again = replay_json(str(faulted), "--from", "3")  # the recipe's fault happens again in the replay
+    assert again["verdict"] == "reproduced"
+
+
+@pytest.mark.parametrize("fault, message", [
+    ("step=3,op=<model>:aten.add_.Tensor", "returns an input"),
+    ("step=3,op=nowhere:aten.add.Tensor", "no module 'nowhere'"),
+    ("step=3,op=hidden:aten.no_such.Tensor", "is not an aten op overload"),
+    ("step=3,op=<model>:aten.add.Tensor#0", "is not a call number"),
+    ("step=3,op=<model>:aten.add.Tensor#5", "was called 1 time(s) in step 3, not 5"),
+])
+def test_a_fault_on_an_op_call_that_cannot_happen_is_refused(tmp_path: Path, fault: str, message: str) -> None:
+    out = tmp_path / "refused.h5"
+    result = run(f"{SMALL}:canary", "--out", str(out), "--inject-fault", fault, check=False)
+    assert result.returncode == 2 and message in result.stderr and result.stderr.count("\n") == 1, result.stderr
+    assert not out.exists()

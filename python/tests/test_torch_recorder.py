@@ -290,6 +290,9 @@ def test_a_batch_not_of_the_packs_shape_is_named(micro_pack: Path, tmp_path: Pat
     (dict(extra={"lane": 5}), r"extra: 'lane' is set by the Recorder"),
     (dict(extra={5: 1}), r"extra: key 5 is not a non-empty str"),
     (dict(budget_features=None), r"budget_features=None: declare it as a str"),
+    (dict(canary={"n_layer": 2}), r"canary: the canary JSON's 'name' is None; give a non-empty name without '/'"),
+    (dict(canary={"name": "a/b"}), r"canary: the canary JSON's 'name' is 'a/b'"),
+    (dict(canary="[1]"), r"canary: canary JSON is not an object"),
 ])
 def test_bad_recorder_arguments_are_named_and_write_nothing(tmp_path: Path, kwargs: dict, message: str):
     model = torch.nn.Linear(4, 4)
@@ -510,3 +513,17 @@ def test_a_process_that_exits_without_close_still_writes_its_last_step(micro_pac
     subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
     with ReceiptReader(out) as r:
         assert r.steps_recorded == 2 and not r.complete
+
+
+@pytest.mark.parametrize("canary, lane, want", [
+    ({"name": "mygpt-tiny", "preset": "tiny"}, None, "mygpt-tiny/torch"),  # name first, as the harness reads it
+    ({"preset": "toy"}, None, "toy/torch"),                                # the shipped canaries' older key
+    ({"n_layer": 2}, "mine/torch+x", "mine/torch+x"),                      # no name: the lane given
+])
+def test_the_lane_comes_from_the_canary_json_name(tmp_path: Path, canary: dict, lane, want: str):
+    model = torch.nn.Linear(4, 4)
+    recorder = Recorder(tmp_path / "r.h5", model, torch.optim.Adam(model.parameters()), None, budget_features="torch-cpu",
+                        canary=canary, tensor_names=["weight", "bias"], seed=1, steps=1, lane=lane)
+    recorder.close()
+    with ReceiptReader(tmp_path / "r.h5") as reader:
+        assert reader.manifest["lane"] == want

@@ -61,6 +61,9 @@ grep -q "^3 receipts of micro/accel+bf16 against micro/cpu-ref" "$WORK/from_rece
 "$PY" - "$WORK/budgets.candidate.toml" "$WORK/from_receipts.candidate.toml" <<'PY' || fail "receipts and runs propose differently"
 import sys, tomllib
 runs, receipts = (tomllib.load(open(p, "rb")) for p in sys.argv[1:3])
+# the same numbers; each says how it was made
+assert runs["bf16"].pop("method").startswith("repeats: 3 runs (noise seeds 1000..1002)")
+assert receipts["bf16"].pop("method").startswith("receipts: 3 made elsewhere")
 assert runs == receipts, (runs["bf16"], receipts["bf16"])
 PY
 # A window no step of the repeats reaches (12-step receipts, a window from step 40) keeps its

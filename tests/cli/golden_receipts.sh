@@ -2,7 +2,7 @@
 # Goldens of receipts made elsewhere (docs/goldens.md, "refresh --receipt"): a receipt
 # becomes its lane's candidate without running any lane, is approved and logged with
 # "source": "receipt", is listed by status with and without a matrix, and is the golden
-# `check` judges against; an incomplete, damaged or doubled receipt, --lanes beside
+# `check` judges against; an incomplete, damaged, perturbed or doubled receipt, --lanes beside
 # --receipt, and CI are refused with exit 2 and change nothing.
 source "$(dirname "$0")/lib.sh"
 G="$WORK/goldens"
@@ -19,11 +19,14 @@ with h5py.File(sys.argv[1], "r+") as f:
     f["manifest"].attrs.modify("complete", 0)
 PY
 head -c 5000 "$WORK/a.h5" >"$WORK/truncated.h5"
+"$HARNESS" run --canary micro --steps 3 --perturb-init 4 --out "$WORK/perturbed.h5" >/dev/null 2>&1 || fail "perturbed run"
 
 # refused, and nothing written
 empty=$(state)
 expect_exit 2 "incomplete receipt" -- golden refresh --receipt "$WORK/incomplete.h5" --reason x
 expect_exit 2 "truncated.h5" -- golden refresh --receipt "$WORK/truncated.h5" --reason x
+expect_exit 2 "perturbed.h5: its initial weights were perturbed \(init_perturbation_seed 4\)" -- \
+  golden refresh --receipt "$WORK/perturbed.h5" --reason x
 expect_exit 2 "both of lane micro/cpu-ref" -- golden refresh --receipt "$WORK/a.h5" --receipt "$WORK/b.h5" --reason x
 expect_exit 2 "not both" -- golden refresh --receipt "$WORK/a.h5" --lanes cpu-ref --reason x
 expect_exit 2 "CI is set" -- env CI=true "$HARNESS" golden refresh --goldens "$G" --receipt "$WORK/a.h5" --reason x

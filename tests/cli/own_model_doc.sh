@@ -27,6 +27,12 @@ grep -q "first failing step 20" "$WORK/page.out" || fail "the fault's comparison
 grep -qE "^ok +own-gpt/torch +own-gpt/torch" "$WORK/page.out" || fail "golden status does not list the approved lane"
 grep -q '"source":"receipt"' "$WORK/goldens/provenance.jsonl" || fail "the log does not record the golden's source"
 grep -q "^verdict     PASS" "$WORK/page.out" || fail "a clean run does not check PASS against its golden"
+grep -q "^nightly     pass (2 lanes)" "$WORK/page.out" || fail "the own-model nightly does not pass"
+[ ! -e "$WORK/own-nightly/canary-pack.h5" ] || fail "the own-model nightly exported a canary pack"
+grep -q "within the proposal: 9/9" "$WORK/page.out" || fail "the perturbation-calibrated bf16 budget does not cover its 9 runs"
+grep -q '^method = "perturbation: the unperturbed run and 8 runs' "$WORK/page.out" || fail "the candidate names no method"
+# own vs own-again, bf16 and bf16 on two threads under the candidate, the clean check
+[ "$(grep -c '^verdict     PASS' "$WORK/page.out")" -eq 4 ] || fail "bf16 (one or two threads) fails its calibrated budget"
 grep -q "^verified    steps 20-39 bitwise equal to the receipt" "$WORK/page.out" || fail "the replay from step 25 did not verify"
 grep -q "^first op    h.1.mlp forward, layer 1 .*aten.mul.Tensor" "$WORK/page.out" || fail "bisect does not name h.1.mlp's aten.mul"
 grep -q "^at          model.py:" "$WORK/page.out" || fail "bisect does not name the line of the regression"

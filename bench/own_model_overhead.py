@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""What recording costs a Python canary's step (docs/own-model.md, "Cost"): the example's
+small GPT (examples/own-model/canary.py) trained twice side by side in this process, from
+the same seed, taking turns step by step so that both see the same machine load: once bare
+(the team's own loop: batch(i), then step(model, optimizer, batch, i)), once through the
+harness's runner (canary_harness.runner.CanaryLoop: the batch hashed and checked, the
+digests taken at the end of optimizer.step(), the row appended to a receipt). After the
+warm-up, each round's recorded step is set against the same round's bare step: the median
+and quartiles of those per-round overheads are the paired figure; the ratio of the medians
+is printed beside it.
+
+Usage:
+    /usr/bin/python3 bench/own_model_overhead.py [--canary FILE.py:NAME] [--rounds 200] [--warmup 10]
+        [--threads 1] [--json FILE]
+
+The recorded copy digests through the digest library next to `harness` (HARNESS_BIN, else
+build/bin/harness) where it is found; CANARY_HARNESS_DIGEST=python measures the numpy
+digest. Rounds past the canary's steps start its schedule again (step i mod steps). This
+is a benchmark, not a test: the numbers depend on the machine and its load (printed).
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, os.pardir))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+os.environ.setdefault("HARNESS_BIN", os.path.join(ROOT, "build", "bin", "harness"))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--canary", default=os.path.join(ROOT, "examples", "own-model", "canary.py") + ":canary")
+    ap.add_argument("--rounds", type=int, default=200)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--json", help="write the numbers here too")
+    args = ap.parse_args()
+
+    import torch
+
+    from canary_harness.canary import load_canary
+    from canary_harness.digest import DigestPlan
+    from canary_harness.receipt import ReceiptWriter
+    from canary_harness.runner import CanaryLoop, RunOptions, manifest_for
+
+    torch.set_num_threads(args.threads)
+    bare, recorded = load_canary(args.canary), load_canary(args.canary)
+    steps = bare.canary.steps
+    work = tempfile.mkdtemp(prefix="own-model-overhead-")
+    options = RunOptions(out=os.path.join(work, "r.h5"), threads=args.threads, steps=args.rounds + args.warmup)
+    device = torch.device("cpu")
+    loop = CanaryLoop(recorded, options, device)
+    writer = ReceiptWriter(options.out, manifest_for(recorded, options, device, options.steps), recorded.tensor_names)
+    implementation = DigestPlan([1], [1], [True]).implementation
+
+    def bare_step(i: int) -> float:
+        start = time.perf_counter()
+        c = bare.canary
+        c.step(c.model, c.optimizer, c.batch(i % steps), i % steps)
+        return time.perf_counter() - start
+
+    def recorded_step(i: int) -> float:
+        start = time.perf_counter()
+        r = loop.run_step(i % steps)
+        writer.append_step(loss=r.loss, grad_norm=r.grad_norm, lr=r.lr, batch_hash=r.batch_hash, hashes=r.hashes,
+                           sketches=r.sketches)
+        return time.perf_counter() - start
+
+    times = {"bare": [], "recorded": []}
+    for i in range(args.warmup + args.rounds):
+        order = [("bare", bare_step), ("recorded", recorded_step)]
+        if i % 2:
+            order.reverse()  # neither side always follows the other
+        for name, step in order:
+            seconds = step(i)
+            if i >= args.warmup:
+                times[name].append(seconds)
+    loop.close()
+    writer.close()
+
+    paired = sorted(r / b - 1 for r, b in zip(times["recorded"], times["bare"]))
+    median = {k: statistics.median(v) for k, v in times.items()}
+    result = {
+        "canary": args.canary, "rounds": args.rounds, "threads": args.threads, "digest": implementation,
+        "bare_ms": 1e3 * median["bare"], "recorded_ms": 1e3 * median["recorded"],
+        "ratio_of_medians_pct": 100 * (median["recorded"] / median["bare"] - 1),
+        "paired_median_pct": 100 * statistics.median(paired),
+        "paired_quartiles_pct": [100 * paired[len(paired) // 4], 100 * paired[(3 * len(paired)) // 4]],
+        "torch": torch.__version__, "cpu": platform.processor() or platform.machine(), "load": os.getloadavg(),
+    }
+    print(f"canary      {args.canary} ({args.threads} thread(s), {args.rounds} rounds, digest {implementation})")
+    print(f"bare        {result['bare_ms']:.2f} ms/step (median)")
+    print(f"recorded    {result['recorded_ms']:.2f} ms/step (median)")
+    print(f"overhead    {result['paired_median_pct']:+.1f}% paired median (quartiles "
+          f"{result['paired_quartiles_pct'][0]:+.1f}% .. {result['paired_quartiles_pct'][1]:+.1f}%), "
+          f"{result['ratio_of_medians_pct']:+.1f}% ratio of medians")
+    print(f"machine     torch {torch.__version__}, load {result['load'][0]:.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# A nightly of a Python canary (docs/own-model.md, "A nightly"): a matrix whose canary is
+# FILE.py:NAME runs its torch lanes through `python3 -m canary_harness run`, with no canary
+# pack; goldens refreshed and approved from the matrix; a budget calibrated from perturbed
+# runs of the bf16 lane, under which the nightly passes; a failing lane whose report's
+# reproduce command, run as printed, makes its receipt again bit for bit; bad matrices exit
+# 2 with one line naming the file and key.
+source "$(dirname "$0")/lib.sh"
+unset CI
+SMALL=$(cd "$HERE/../../python/tests/own_canaries" && pwd)/small.py
+mkdir -p "$WORK/m" "$WORK/g"
+cp "$SMALL" "$WORK/m/small.py"
+MATRIX="$WORK/m/nightly.toml"
+cat >"$MATRIX" <<'TOML'
+schema_version = 1
+canary = "small.py:canary"
+steps = 4
+reference = "fp32"
+[[lanes]]
+id = "fp32"
+engine = "torch"
+[[lanes]]
+id = "bf16"
+engine = "torch"
+precision = "bf16"
+TOML
+
+expect_exit 0 "" -- "$HARNESS" golden refresh --matrix "$MATRIX" --goldens "$WORK/g" --reason "small: first goldens"
+expect_exit 0 "" -- "$HARNESS" golden approve --goldens "$WORK/g" --approved-by "A. Reviewer" --allow-dirty
+[ -f "$WORK/g/small/torch.h5" ] && [ -f "$WORK/g/small/torch+bf16.h5" ] || fail "no goldens at small/torch[+bf16]"
+expect_exit 0 "" -- "$HARNESS" calibrate --perturb 3 --lane bf16 --matrix "$MATRIX" --out "$WORK/budgets.toml"
+grep -q '^\[small.torch-bf16\]' "$WORK/budgets.toml" || fail "no [small.torch-bf16] proposed"
+grep -q "^4 runs of small/torch+bf16 (1 unperturbed, 3 perturbed) against small/torch" "$WORK/budgets.md" ||
+  fail "the report does not name the lane's runs: $(head -3 "$WORK/budgets.md")"
+expect_exit 0 "" -- "$HARNESS" nightly --matrix "$MATRIX" --goldens "$WORK/g" --budgets "$WORK/budgets.toml" --out "$WORK/ok"
+[ ! -e "$WORK/ok/canary-pack.h5" ] || fail "a Python canary's nightly exported a canary pack"
+"$PY" - "$WORK/ok/summary.json" <<'PY' || fail "the nightly's lanes"
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert s["verdict"] == "pass", s["verdict"]
+assert [(l["id"], l["lane"], l["status"]) for l in s["lanes"]] == [("fp32", "small/torch", "pass"), ("bf16", "small/torch+bf16", "pass")]
+PY
+
+# A lane that fails: its report's first command runs it again, bit for bit.
+sed 's/atol = [0-9.e-]*/atol = 1e-12/g' "$WORK/budgets.toml" >"$WORK/tight.toml"
+expect_exit 1 "" -- "$HARNESS" nightly --matrix "$MATRIX" --goldens "$WORK/g" --budgets "$WORK/tight.toml" --out "$WORK/fail"
+again=$("$PY" - "$WORK/fail/report.html" <<'PY'
+import html, re, sys
+commands = [html.unescape(c) for c in re.findall(r'<pre class="command">(.*?)</pre>', open(sys.argv[1]).read(), re.S)]
+print(commands[0])
+PY
+)
+case "$again" in *"-m canary_harness run "*"--precision bf16"*"--out bf16.h5") ;; *) fail "the report's rerun command: $again" ;; esac
+(cd "$WORK" && bash -c "$again" >/dev/null 2>&1) || fail "the report's rerun command failed: $again"
+expect_exit 0 "" -- "$HARNESS" compare "$WORK/bf16.h5" "$WORK/fail/receipts/bf16.h5"
+grep -q "budget      reference (bitwise" "$WORK/stdout" || fail "the rerun is not bitwise the nightly's receipt"
+
+# Bad matrices: one line naming the file and the key, exit 2.
+bad() {
+  local pattern=$1 body=$2
+  printf 'schema_version = 1\nreference = "fp32"\n%s\n' "$body" >"$WORK/m/bad.toml"
+  expect_exit 2 "bad.toml: .*$pattern" -- "$HARNESS" golden status --matrix "$WORK/m/bad.toml" --goldens "$WORK/g"
+}
+lane='[[lanes]]
+id = "fp32"
+engine = "torch"'
+bad "canary: .*no file" "canary = \"nowhere.py:canary\"
+$lane"
+bad "canary: .*defines no 'nope'" "canary = \"small.py:nope\"
+$lane"
+bad "steps: must be an integer in 1..6" "canary = \"small.py:canary\"
+steps = 7
+$lane"
+bad "lanes\[0\] \(fp32\): a Python canary's lanes are engine = \"torch\"" "canary = \"small.py:canary\"
+[[lanes]]
+id = \"fp32\"
+engine = \"cpu-ref\""
+bad "lanes\[0\] \(fp32\).threads: '0' is not a thread count" "canary = \"small.py:canary\"
+$lane
+threads = 0"
+bad "lanes\[0\] \(fp32\).noise-seed: unknown key of a Python canary's lane" "canary = \"small.py:canary\"
+$lane
+noise-seed = 3"
+bad "trace: a Python canary's lanes record no op traces" "canary = \"small.py:canary\"
+trace = \"ops\"
+$lane"
+finish
