@@ -31,6 +31,8 @@ PYEOF
   | tee "$out/torch_step.txt"
 # Recorder vs bare torch step (issue 14): 300 rounds paired with the bare step, the default inline recorder
 /usr/bin/python3 "$root/bench/recorder_overhead.py" --steps 300 --overlap off --json "$out/recorder_overhead.json" | tee "$out/recorder_overhead.txt"
+# A Python canary's recording vs its bare step (docs/own-model.md, "Cost"): the example, 200 rounds paired
+/usr/bin/python3 "$root/bench/own_model_overhead.py" --rounds 200 --json "$out/own_model_overhead.json" | tee "$out/own_model_overhead.txt"
 # llama-tiny's step beside PyTorch's (docs/performance.md, "The llama-tiny step").
 "$root/bench/llama-step.sh" "$out/llama-step" | tee "$out/llama_step.txt"
 # The default nightly, lane by lane (docs/performance.md, "The nightly job").
