@@ -105,8 +105,8 @@ class Parser {
 
   // canary = "FILE.py:NAME" (FILE relative to the matrix file): the team's own model. Its
   // name, steps and seed come from the canary itself (`python3 -m canary_harness describe`);
-  // `steps` may shorten its run, `seed` replace its seed. No trace: op traces are the
-  // harness's engines' (a Python canary's bisect replays with aten traces instead).
+  // `steps` may shorten its run, `seed` replace its seed; `trace = "ops"` records module op
+  // traces (bisect of untraced lanes replays them with aten traces).
   Matrix parse_python_canary(const toml::table& root, Matrix m) {
     const std::size_t colon = m.canary.rfind(':');
     const std::filesystem::path file = std::filesystem::absolute(std::filesystem::path(path_).parent_path() /
@@ -120,7 +120,12 @@ class Parser {
     python_seed_given_ = root.contains("seed");
     m.seed = python_seed_given_ ? integer(root, "seed", 0, std::numeric_limits<std::int64_t>::max())
                                 : described.at("seed").get<std::int64_t>();
-    if (root.contains("trace")) fail("trace: a Python canary's lanes record no op traces (bisect replays them with aten traces)");
+    m.trace = text(root, "trace", "trace", false);
+    if (m.trace.empty()) m.trace = "none";
+    if (m.trace != "none" && m.trace != "ops") {
+      fail(fmt::format("trace: '{}' is not a trace level of a Python canary's lanes; use none or ops (aten traces "
+                       "come from bisect's replay)", m.trace));
+    }
     return with_lanes(root, std::move(m));
   }
 
@@ -360,6 +365,7 @@ class Parser {
     spec.command = {kPython, "-m", "canary_harness", "run", m.canary, "--device", device, "--precision", precision,
                     "--threads", threads, "--steps", "{steps}", "--out", "{out}"};
     if (python_seed_given_) spec.command.insert(spec.command.end() - 2, {"--seed", "{seed}"});
+    if (m.trace == "ops") spec.command.insert(spec.command.end() - 2, {"--trace", "ops"});
     spec.environment = run::python_package_environment();
     return spec;
   }

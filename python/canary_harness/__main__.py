@@ -47,6 +47,9 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
                                             "(default 1) of aten op ATEN in MODULE (a functional softmax, a residual add)")
     run.add_argument("--checkpoint-every", help="K: save the whole training state into the receipt at the start "
                                                 "of steps K, 2K, ... (what replay and bisect resume from)")
+    run.add_argument("--trace", default="none", help="none (default) or ops: every module op's output and gradient, "
+                                                     "hashed and sketched into /trace (bisect reads it without a "
+                                                     "replay); aten traces come from `replay --trace aten`")
     run.add_argument("--perturb-init", help="SEED: move every initial weight one ulp, up or down as SEED draws "
                                             "(what `harness calibrate --perturb N` runs; docs/budgets.md)")
     run.add_argument("--force", action="store_true", help="overwrite an existing receipt")
@@ -74,6 +77,12 @@ def run(args: argparse.Namespace) -> int:
 
     if args.precision not in ("fp32", "bf16"):
         raise UsageError(f"--precision: unknown precision '{args.precision}'; use fp32 or bf16")
+    if args.trace == "aten":
+        raise UsageError("--trace aten: aten traces are taken by a replay (`replay --trace aten`, which `harness "
+                         "bisect` runs for you): their ops change between steps (an optimizer's first step), which "
+                         "a receipt's /trace cannot hold; use --trace ops")
+    if args.trace not in ("none", "ops"):
+        raise UsageError(f"--trace: unknown level '{args.trace}'; use none or ops")
     threads = _count("threads", args.threads, 1, 1024) if args.threads is not None else 1
     seed = _count("seed", args.seed, 0, 2**63 - 1)
     perturb = _count("perturb-init", args.perturb_init, 0, 2**63 - 1)
@@ -95,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
         fault = parse_canary_fault(args.inject_fault, loaded.canary.model, steps)
     every = _count("checkpoint-every", args.checkpoint_every, 1, steps) if args.checkpoint_every is not None else 0
     options = RunOptions(out=args.out, device=args.device, precision=args.precision, steps=steps, threads=threads,
-                         fault=fault, overwrite=args.force, checkpoint_every=every, perturb_init=perturb)
+                         fault=fault, overwrite=args.force, checkpoint_every=every, perturb_init=perturb,
+                         trace=args.trace)
 
     def progress(i: int, total: int) -> None:
         if (i + 1) % 25 == 0 or i + 1 == total:

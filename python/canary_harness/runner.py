@@ -64,6 +64,7 @@ class RunOptions:
     overwrite: bool = False
     checkpoint_every: int = 0            # 0: no checkpoints
     perturb_init: Optional[int] = None   # a seed: every initial weight moved one ulp (perturb.py)
+    trace: str = "none"                  # "ops": every module op's output into /trace (trace.StepTraces)
 
 
 def lane_features(device: torch.device, precision: str) -> List[str]:
@@ -219,7 +220,7 @@ def manifest_for(loaded: LoadedCanary, options: RunOptions, device: torch.device
     run_options = {"canary": f"{loaded.path}:{loaded.function}", "device": options.device,
                    "precision": options.precision, "steps": steps, "threads": options.threads, "seed": loaded.seed,
                    "inject_fault": str(options.fault) if options.fault is not None else None,
-                   "checkpoint_every": options.checkpoint_every, "trace": "none", "python": sys.executable}
+                   "checkpoint_every": options.checkpoint_every, "trace": options.trace, "python": sys.executable}
     perturbed = {}
     if options.perturb_init is not None:
         run_options["perturb_init"] = options.perturb_init
@@ -231,7 +232,7 @@ def manifest_for(loaded: LoadedCanary, options: RunOptions, device: torch.device
         "canary": loaded.identity(), "seed": loaded.seed, "steps_planned": steps, "threads": options.threads,
         "device": str(device), "precision": options.precision,
         "autocast": "bfloat16" if options.precision == "bf16" else "none",
-        "fault_injection": fault, "trace": "none",
+        "fault_injection": fault, "trace": options.trace,
         # The team's code is what a golden of its canary stands for: the commit of the canary file's work tree.
         "git_commit": git_commit_of(loaded.path),
         "run_options": json.dumps(run_options, sort_keys=True),
@@ -256,6 +257,7 @@ class StepRecord:
     batch_hash: int
     hashes: Dict[str, Any]
     sketches: Dict[str, Any]
+    trace: Any = None  # the step's /trace row (columns, hashes, sketches) with --trace ops
 
 
 class CanaryLoop:
@@ -278,6 +280,12 @@ class CanaryLoop:
             raise CanaryError(f"--precision bf16: no bf16 autocast on device {device.type} ({e})") from None
         self.fault = _install_fault(self.canary, options.fault, device)
         self.capture = StepCapture(loaded)
+        self.traces = None
+        if options.trace == "ops":  # hooks after the fault's: the trace sees the nudged value
+            from .trace import StepTraces
+
+            params = dict(self.canary.model.named_parameters())
+            self.traces = StepTraces(self.canary.model, {id(params[n]): n for n in loaded.tensor_names})
 
     def run_step(self, i: int, traced: Any = None) -> StepRecord:
         """Runs step i (inside `traced`, a context such as AtenTracer.step(), when given)."""
@@ -300,11 +308,26 @@ class CanaryLoop:
             self.fault.check(i)
         self.capture.ensure()
         row = self.capture.row()
-        return StepRecord(_host_float(loss), _host_float(norm) if norm is not None else self.capture.grad_norm(),
-                          self.capture.lr, hashed, row["hashes"], row["sketches"])
+        grad_norm = _host_float(norm) if norm is not None else self.capture.grad_norm()
+        return StepRecord(_host_float(loss), grad_norm, self.capture.lr, hashed, row["hashes"], row["sketches"],
+                          self._trace_row(i, grad_norm))
+
+    def _trace_row(self, step: int, grad_norm: float) -> Any:
+        if self.traces is None:
+            return None
+        from .trace import TraceError
+
+        params = self.capture.params
+        try:
+            return self.traces.row(step, np.array([grad_norm], dtype=np.float32),
+                                   [(n, p, _host_float32(p)) for n, p in zip(self.loaded.tensor_names, params)])
+        except TraceError as e:
+            raise CanaryError(f"--trace ops: {e}") from None
 
     def close(self) -> None:
         self.capture.remove()
+        if self.traces is not None:
+            self.traces.close()
 
 
 def run_canary(loaded: LoadedCanary, options: RunOptions, device: torch.device,
@@ -340,7 +363,8 @@ def run_canary(loaded: LoadedCanary, options: RunOptions, device: torch.device,
             record = loop.run_step(i)
             losses.append(record.loss)
             writer.append_step(loss=record.loss, grad_norm=record.grad_norm, lr=record.lr,
-                               batch_hash=record.batch_hash, hashes=record.hashes, sketches=record.sketches)
+                               batch_hash=record.batch_hash, hashes=record.hashes, sketches=record.sketches,
+                               trace=record.trace)
             if progress is not None:
                 progress(i, steps)
         seconds = time.perf_counter() - start

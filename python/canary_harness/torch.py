@@ -65,7 +65,7 @@ import torch
 from .digest import DigestPlan, DigestRows, as_float32, batch_hash
 from .models.config import canary_object
 from .philox import stream_id
-from .receipt import PathLike, ReceiptError, ReceiptWriter, SketchRows, TraceColumn
+from .receipt import PathLike, ReceiptError, ReceiptWriter, SketchRows
 from .schema import HASH_FAMILIES, SKETCH_FAMILIES
 from .stack import StackInfo
 
@@ -483,12 +483,10 @@ class Recorder:
         self.path = self.writer.path
         self._record_batches = record_batches and batch_shape is not None  # as the writer keeps batches
         self.tracer = None
-        self._trace_columns: Optional[List[TraceColumn]] = None
-        self._trace_digest: Optional[DigestPlan] = None
         if trace == "ops":
-            from .trace import OpTracer  # hooks the model from here on: after any hook of yours (a fault)
+            from .trace import StepTraces  # hooks the model from here on: after any hook of yours (a fault)
             try:
-                self.tracer = OpTracer(model, {id(p): n for n, p in self.parameters.items()}, op_names)
+                self.tracer = StepTraces(model, {id(p): n for n, p in self.parameters.items()}, op_names)
             except BaseException:
                 self.writer.discard()  # no step was recorded: the receipt goes with the error
                 raise
@@ -691,34 +689,14 @@ class Recorder:
             self._worker.stop()
 
     def _trace_row(self, grad_norm: Any, params: List[np.ndarray]):
-        """The step's /trace row: the tracer's ops, then the optimizer's (the C++ update()):
-        the gradient norm, and each parameter after its update (op named after it)."""
-        from .trace import TraceError, number_ops
+        """The step's /trace row (canary_harness.trace.StepTraces)."""
+        from .trace import TraceError
 
         try:
-            sites, values = self.tracer.finish_step()
+            return self.tracer.row(self.steps_recorded, grad_norm,
+                                   [(n, p, v) for (n, p), v in zip(self.parameters.items(), params)])
         except TraceError as e:
-            raise RecorderError(f"{e} (step {self.steps_recorded})") from None
-        if not sites:
-            raise RecorderError(f"op trace: no module op ran with grad enabled in step {self.steps_recorded} "
-                                "(trace='ops' needs the model's forward and backward between two step() calls)")
-        host = [_host_float32(v).reshape(-1) for v in values]
-        sites.append(("optimizer", -1, "optimizer", "grad_norm", "scalar"))
-        host.append(grad_norm)
-        for (name, param), value in zip(self.parameters.items(), params):
-            sites.append((name, self.tracer.layer_of_parameter(param), "optimizer", name, "parameter"))
-            host.append(value.reshape(-1))
-        columns = number_ops(sites)
-        if self._trace_columns is None:
-            self._trace_columns = columns
-            self._trace_digest = DigestPlan([a.size for a in host], [stream_id(c.tensor) for c in columns],
-                                            [True] * len(host))
-        elif columns != self._trace_columns:
-            raise RecorderError(f"op trace: step {self.steps_recorded} traced {len(columns)} outputs, other ones "
-                                f"than step 0's {len(self._trace_columns)}; the op sequence must not change from "
-                                "step to step")
-        hashes, sketches = self._trace_digest.run(host)
-        return columns, hashes, sketches
+            raise RecorderError(str(e)) from None
 
     def dump_tensors(self, step: int) -> None:
         """/tensors/step_XXXXXX: the parameters now (at the start of `step`), by canary name."""

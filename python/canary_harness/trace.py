@@ -47,6 +47,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 
 from .receipt import TraceColumn
@@ -290,3 +291,48 @@ class OpTracer:
             handle.remove()
         self._handles = []
         self._reset()
+
+
+class StepTraces:
+    """The /trace row of each step of a run (`--trace ops`): the OpTracer's ops, then the
+    optimizer's, as the C++ update() traces them (the gradient norm the update clipped with,
+    then each parameter after its update, op named after it), digested with one plan made at
+    the first step. Every step must trace the columns of the first (TraceError otherwise)."""
+
+    def __init__(self, model: torch.nn.Module, param_names: Mapping[int, str], op_names: OpNames = None) -> None:
+        self.tracer = OpTracer(model, param_names, op_names)
+        self.columns: Optional[List[TraceColumn]] = None
+        self._digest: Any = None
+
+    def row(self, step: int, grad_norm: np.ndarray, params: Sequence[Tuple[str, torch.Tensor, np.ndarray]]) -> Tuple:
+        """(columns, hashes, sketches) of `step`: grad_norm a 1-element float32 array, params
+        (canary name, parameter, its value now as a flat float32 host array) in canonical order."""
+        from .digest import DigestPlan
+        from .philox import stream_id
+        from .torch import _host_float32
+
+        try:
+            sites, values = self.tracer.finish_step()
+        except TraceError as e:
+            raise TraceError(f"{e} (step {step})") from None
+        if not sites:
+            raise TraceError(f"op trace: no module op ran with grad enabled in step {step} (the model's forward and "
+                             "backward must run in the step)")
+        host = [_host_float32(v).reshape(-1) for v in values]
+        sites.append(("optimizer", -1, "optimizer", "grad_norm", "scalar"))
+        host.append(grad_norm)
+        for name, param, value in params:
+            sites.append((name, self.tracer.layer_of_parameter(param), "optimizer", name, "parameter"))
+            host.append(value.reshape(-1))
+        columns = number_ops(sites)
+        if self.columns is None:
+            self.columns = columns
+            self._digest = DigestPlan([a.size for a in host], [stream_id(c.tensor) for c in columns], [True] * len(host))
+        elif columns != self.columns:
+            raise TraceError(f"op trace: step {step} traced {len(columns)} outputs, other ones than step 0's "
+                             f"{len(self.columns)}; the op sequence must not change from step to step")
+        hashes, sketches = self._digest.run(host)
+        return columns, hashes, sketches
+
+    def close(self) -> None:
+        self.tracer.close()

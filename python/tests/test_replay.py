@@ -196,3 +196,29 @@ def test_a_fault_on_an_op_call_that_cannot_happen_is_refused(tmp_path: Path, fau
     result = run(f"{SMALL}:canary", "--out", str(out), "--inject-fault", fault, check=False)
     assert result.returncode == 2 and message in result.stderr and result.stderr.count("\n") == 1, result.stderr
     assert not out.exists()
+
+
+def test_run_trace_ops_changes_no_bit_and_bisect_reads_it_without_a_replay(checkpointed: Path, tmp_path: Path,
+                                                                           harness_bin) -> None:
+    traced, regressed = tmp_path / "traced.h5", tmp_path / "regressed.h5"
+    run(f"{SMALL}:canary", "--out", str(traced), "--trace", "ops")
+    same = run_harness(harness_bin, "compare", str(traced), str(checkpointed), check=False).stdout
+    assert "budget      reference (bitwise" in same and "verdict     PASS" in same, same  # hooks change no number
+    regressed_file = tmp_path / "small.py"
+    regressed_file.write_text(Path(SMALL).read_text() + REGRESSED)
+    run(f"{regressed_file}:canary", "--out", str(regressed), "--trace", "ops")
+    found = json.loads(run_harness(harness_bin, "bisect", str(regressed), str(traced), "--json", check=False).stdout)
+    assert found["first_divergent_step"] == 3 and found["op_trace"] == "receipts"  # no replay
+    op = found["first_divergent_op"]
+    assert (op["name"], op["phase"], op["tensor"], op["kind"]) == ("hidden", "forward", "hidden.out", "activation"), op
+
+
+@pytest.mark.parametrize("level, message", [
+    ("aten", "--trace aten: aten traces are taken by a replay"),
+    ("all", "--trace: unknown level 'all'; use none or ops"),
+])
+def test_run_refuses_a_trace_it_cannot_record(tmp_path: Path, level: str, message: str) -> None:
+    out = tmp_path / "r.h5"
+    result = run(f"{SMALL}:canary", "--out", str(out), "--trace", level, check=False)
+    assert result.returncode == 2 and message in result.stderr and result.stderr.count("\n") == 1, result.stderr
+    assert not out.exists()

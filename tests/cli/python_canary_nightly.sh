@@ -41,6 +41,13 @@ assert s["verdict"] == "pass", s["verdict"]
 assert [(l["id"], l["lane"], l["status"]) for l in s["lanes"]] == [("fp32", "small/torch", "pass"), ("bf16", "small/torch+bf16", "pass")]
 PY
 
+# trace = "ops": the lanes record module op traces, and change no bit (each is bitwise its golden)
+sed 's/^reference = "fp32"/reference = "fp32"\ntrace = "ops"/' "$MATRIX" >"$WORK/m/traced.toml"
+expect_exit 0 "" -- "$HARNESS" nightly --matrix "$WORK/m/traced.toml" --goldens "$WORK/g" --budgets "$WORK/budgets.toml" \
+  --out "$WORK/traced"
+"$PY" -c 'import h5py,sys; f=h5py.File(sys.argv[1]); assert f["manifest"].attrs["trace"] in (b"ops", "ops") and "trace" in f' \
+  "$WORK/traced/receipts/bf16.h5" || fail "a traced Python canary lane wrote no /trace"
+
 # A lane that fails: its report's first command runs it again, bit for bit.
 sed 's/atol = [0-9.e-]*/atol = 1e-12/g' "$WORK/budgets.toml" >"$WORK/tight.toml"
 expect_exit 1 "" -- "$HARNESS" nightly --matrix "$MATRIX" --goldens "$WORK/g" --budgets "$WORK/tight.toml" --out "$WORK/fail"
@@ -81,7 +88,7 @@ threads = 0"
 bad "lanes\[0\] \(fp32\).noise-seed: unknown key of a Python canary's lane" "canary = \"small.py:canary\"
 $lane
 noise-seed = 3"
-bad "trace: a Python canary's lanes record no op traces" "canary = \"small.py:canary\"
-trace = \"ops\"
+bad "trace: 'aten' is not a trace level of a Python canary's lanes" "canary = \"small.py:canary\"
+trace = \"aten\"
 $lane"
 finish
