@@ -82,9 +82,7 @@ class Parser {
     }
     m.steps = static_cast<int>(integer(root, "steps", 1, 1000000));
     m.seed = integer(root, "seed", 0, std::numeric_limits<std::int64_t>::max());
-    m.trace = text(root, "trace", "trace", false);
-    if (m.trace.empty()) m.trace = "none";
-    if (m.trace != "none" && m.trace != "ops") fail(fmt::format("trace: '{}' is not a trace level; use none or ops", m.trace));
+    m.trace = trace_level(root, "");
     return with_lanes(root, std::move(m));
   }
 
@@ -96,6 +94,14 @@ class Parser {
     for (std::size_t i = 0; i < lanes->size(); ++i) m.lanes.push_back(lane(m, (*lanes)[i], i));
     check_references(m);
     return m;
+  }
+
+  // `trace`: none (the default) or ops; `which` says whose levels these are, in the error.
+  std::string trace_level(const toml::table& root, const std::string& which) const {
+    const std::string level = text(root, "trace", "trace", false);
+    if (level.empty()) return "none";
+    if (level != "none" && level != "ops") fail(fmt::format("trace: '{}' is not a trace level{}; use none or ops", level, which));
+    return level;
   }
 
   static bool is_python_canary_spec(const std::string& spec) {
@@ -120,12 +126,7 @@ class Parser {
     python_seed_given_ = root.contains("seed");
     m.seed = python_seed_given_ ? integer(root, "seed", 0, std::numeric_limits<std::int64_t>::max())
                                 : described.at("seed").get<std::int64_t>();
-    m.trace = text(root, "trace", "trace", false);
-    if (m.trace.empty()) m.trace = "none";
-    if (m.trace != "none" && m.trace != "ops") {
-      fail(fmt::format("trace: '{}' is not a trace level of a Python canary's lanes; use none or ops (aten traces "
-                       "come from bisect's replay)", m.trace));
-    }
+    m.trace = trace_level(root, " of a Python canary's lanes (aten traces come from bisect's replay)");
     return with_lanes(root, std::move(m));
   }
 

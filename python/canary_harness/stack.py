@@ -15,6 +15,7 @@ import platform
 import socket
 import subprocess
 import sys
+import warnings
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
@@ -103,13 +104,16 @@ def _torch_parts(torch) -> tuple[List[str], List[str]]:
         except Exception:  # NCCL is optional in a torch build: its absence is not an error
             pass
         kernels = [f"device={torch.cuda.get_device_name()}"]
+    with warnings.catch_warnings():  # torch 2.9 warns that the allow_tf32 flags have a newer API: still read them
+        warnings.simplefilter("ignore")
+        tf32 = (int(torch.backends.cuda.matmul.allow_tf32), int(torch.backends.cudnn.allow_tf32))
     kernels += [
         f"threads={torch.get_num_threads()}",
         f"deterministic_algorithms={int(torch.are_deterministic_algorithms_enabled())}",
         f"cudnn.deterministic={int(torch.backends.cudnn.deterministic)}",
         f"cudnn.benchmark={int(torch.backends.cudnn.benchmark)}",
-        f"matmul.allow_tf32={int(torch.backends.cuda.matmul.allow_tf32)}",
-        f"cudnn.allow_tf32={int(torch.backends.cudnn.allow_tf32)}",
+        f"matmul.allow_tf32={tf32[0]}",
+        f"cudnn.allow_tf32={tf32[1]}",
     ]
     if hasattr(torch, "get_float32_matmul_precision"):
         kernels.append(f"float32_matmul_precision={torch.get_float32_matmul_precision()}")

@@ -242,3 +242,19 @@ def test_batch_tree_hash_sees_structure_values_and_dtype() -> None:
     assert batch_tree_hash(ones.bfloat16()) == batch_tree_hash(ones.bfloat16().clone())
     with pytest.raises(ValueError, match="a batch holds tensors"):
         batch_tree_hash(("text", x))
+
+
+def test_adamw_eps_1e8_to_1e7_in_the_example_fails_at_step_0(tmp_path: Path, harness_bin) -> None:
+    import shutil
+
+    example = Path(EXAMPLE).parent
+    changed = tmp_path / "own-model"
+    shutil.copytree(example, changed)
+    model = changed / "model.py"
+    assert "eps=1e-8" in model.read_text()
+    model.write_text(model.read_text().replace("eps=1e-8", "eps=1e-7"))
+    before, after = tmp_path / "before.h5", tmp_path / "after.h5"
+    run(f"{EXAMPLE}:canary", "--out", str(before), "--steps", "3")
+    run(f"{changed / 'canary.py'}:canary", "--out", str(after), "--steps", "3")
+    result = run_harness(harness_bin, "compare", str(after), str(before), check=False)
+    assert result.returncode == 1 and "first failing step 0" in result.stdout, result.stdout

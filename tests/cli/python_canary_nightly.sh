@@ -88,7 +88,7 @@ threads = 0"
 bad "lanes\[0\] \(fp32\).noise-seed: unknown key of a Python canary's lane" "canary = \"small.py:canary\"
 $lane
 noise-seed = 3"
-bad "trace: 'aten' is not a trace level of a Python canary's lanes" "canary = \"small.py:canary\"
+bad "trace: 'aten' is not a trace level of a Python canary's lanes \\(aten traces come from bisect's replay\\); use none or ops" "canary = \"small.py:canary\"
 trace = \"aten\"
 $lane"
 finish
