@@ -27,7 +27,7 @@ namespace {
 namespace fs = std::filesystem;
 
 struct NightlyFlags {
-  nightly::NightlyOptions options{default_matrix(), default_budgets(), default_goldens(), "", {}, 0};
+  nightly::NightlyOptions options{default_matrix(), default_budgets(), default_goldens(), "", {}, "", 0};
   std::string shard;
   std::vector<std::string> merge_dirs;
 };
@@ -145,6 +145,8 @@ void add_nightly_command(CLI::App& app, CommandRegistry& commands) {
   nightly->add_option("--shard", flags->shard,
                       "Run shard i of N (i/N, 0 <= i < N): lanes k with k mod N == i; `auto`: i and N from the "
                       "scheduler (HARNESS_SHARD_INDEX/COUNT, a Slurm job array, a Kubernetes Indexed Job)");
+  nightly->add_option("--lanes", flags->options.lanes,
+                      "Run only these lanes (comma-separated ids or names; the reference runs too when a lane needs it)");
   nightly->add_option("--threads", flags->options.threads, "Worker threads per run (0 = all cores)")->check(CLI::Range(0, 1024))->capture_default_str();
   commands.add(nightly, [flags] { return nightly_action(*flags); });
 

@@ -11,6 +11,7 @@
 #include <fmt/ranges.h>
 #include <pugixml.hpp>
 
+#include "python_canary.h"
 #include "registry.h"
 #include "reports.h"
 
@@ -437,11 +438,14 @@ void charts(pugi::xml_node section, const json& lane, int steps) {
 // A Python canary's recipe (canary_harness.runner.manifest_for): the interpreter it ran under
 // is part of it, and it names FILE.py:NAME; a harness engine's names its engine.
 bool is_python_recipe(const json& recipe) { return recipe.contains("python") && !recipe.contains("engine"); }
+// A harness engine's recipe (run::replay_recipe): it names its engine and canary.
+bool is_engine_recipe(const json& recipe) { return recipe.contains("engine") && recipe.contains("canary"); }
 
 std::string python_run_command(const json& recipe, const std::string& out, int checkpoint_every) {
-  std::vector<std::string> words{"PYTHONPATH=" + shell_word(std::string(HARNESS_SOURCE_DIR) + "/python"),
-                                 shell_word(json_text(recipe, "python", "python3")), "-m", "canary_harness", "run",
-                                 shell_word(json_text(recipe, "canary"))};
+  std::vector<std::string> words;  // the environment the harness gives its own Python children
+  for (const auto& [name, value] : run::python_package_environment()) words.push_back(name + "=" + shell_word(value));
+  words.insert(words.end(), {shell_word(json_text(recipe, "python", "python3")), "-m", "canary_harness", "run",
+                             shell_word(json_text(recipe, "canary"))});
   for (const char* flag : {"device", "precision"}) {
     if (recipe.contains(flag)) words.insert(words.end(), {fmt::format("--{}", flag), shell_word(json_text(recipe, flag))});
   }
@@ -504,13 +508,13 @@ void reproduce(pugi::xml_node section, const json& lane, const json& summary) {
     const json& f = check["verdict"].value("first_failing_step", json(nullptr));
     if (f.is_number_integer() && (first_failing < 0 || f.get<int>() < first_failing)) first_failing = f.get<int>();
   }
-  if (recipe.is_object()) {
+  if (is_engine_recipe(recipe) || is_python_recipe(recipe)) {
     const json options = recipe.value("engine_options", json::object());
     command_block(box,
                   fmt::format("Run the lane again (its receipt's recipe: seed {}{}):", recipe.value("seed", json(nullptr)).dump(),
                               options.contains("noise-seed") ? ", noise seed " + json_text(options, "noise-seed") : ""),
                   run_command(recipe, id + ".h5"));
-  } else {  // a command lane, the PyTorch lane on the canary pack: the job's own way of running it
+  } else {  // a command lane, the PyTorch lane on the canary pack: the job's own way of running it, that lane alone
     const json matrix = summary.value("matrix", json::object());
     command_block(box, "Run the lane again (its receipt records no recipe: the nightly runs it, alone):",
                   fmt::format("harness nightly --matrix {} --budgets {} --goldens {} --lanes {} --out {}",
@@ -536,7 +540,7 @@ void reproduce(pugi::xml_node section, const json& lane, const json& summary) {
       add(box, "p", fmt::format("Replay resumes from a checkpoint, which this receipt lacks (the nightly runs without "
                                 "--checkpoint-every): it recomputes steps 0 to {} first. For a long run, reproduce with "
                                 "checkpoints and replay that receipt:", first_failing - 1), "muted");
-      if (recipe.is_object()) {
+      if (is_engine_recipe(recipe) || is_python_recipe(recipe)) {
         add(box, "pre",
             run_command(recipe, id + ".h5", first_failing) + "\nharness replay " + shell_word(id + ".h5") + " --from " +
                 std::to_string(first_failing),

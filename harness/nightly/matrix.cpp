@@ -140,7 +140,8 @@ class Parser {
     }
     if (!child.exited_zero()) {
       const std::string line = run::last_line(child.stderr_tail);
-      fail(fmt::format("canary: {} {}", line.empty() ? spec : line, line.empty() ? child.how() : ""));
+      fail(line.empty() ? fmt::format("canary: `python3 -m canary_harness describe {}` {}", spec, child.how())
+                        : fmt::format("canary: {}", line));
     }
     const nlohmann::json j = nlohmann::json::parse(child.stdout_text, nullptr, /*allow_exceptions=*/false);
     if (!j.is_object() || !j.contains("name") || !j["name"].is_string() || !j.contains("steps") ||

@@ -172,13 +172,15 @@ class NightlyJob::Impl {
         matrix_(load_matrix(options.matrix_path)),
         budgets_(check::load_budgets(options.budgets_path)),
         budgets_hash_(run::file_content_hash(options.budgets_path)),
-        store_(options.goldens_dir) {}
+        store_(options.goldens_dir),
+        selected_(select_lanes(matrix_, options.lanes, "--lanes")) {}
 
   json run(const std::function<void(const NightlyProgress&)>& progress) {
     progress_ = progress;
     const auto start = std::chrono::steady_clock::now();
     const std::string started = run::utc_timestamp();
-    const std::vector<const LaneSpec*> lanes = shard_lanes(matrix_, options_.shard);
+    std::vector<const LaneSpec*> lanes = shard_lanes(matrix_, options_.shard);
+    std::erase_if(lanes, [&](const LaneSpec* l) { return std::find(selected_.begin(), selected_.end(), l) == selected_.end(); });
     planned_ = static_cast<int>(lanes.size());
     const bool needs_reference = std::any_of(lanes.begin(), lanes.end(), [&](auto* l) { return l->id != matrix_.reference; });
     const bool owns_reference = std::any_of(lanes.begin(), lanes.end(), [&](auto* l) { return l->id == matrix_.reference; });
@@ -425,6 +427,7 @@ class NightlyJob::Impl {
   std::function<void(const NightlyProgress&)> progress_;
   std::map<std::string, LaneRun> runs_;
   std::string pack_, pack_error_;  // job_pack()
+  std::vector<const LaneSpec*> selected_;  // --lanes (every lane when not given)
   int planned_ = 0, started_ = 0;
   double steps_done_ = 0, elapsed_before_ = 0;
 };

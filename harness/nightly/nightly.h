@@ -21,6 +21,7 @@ inline constexpr int kSummarySchemaVersion = 1;
 struct NightlyOptions {
   std::string matrix_path, budgets_path, goldens_dir, out_dir;
   Shard shard;
+  std::string lanes;  // --lanes: a comma-separated selection of lane ids or names ("" : every lane)
   int threads = 0;  // per run; 0: all cores
 };
 

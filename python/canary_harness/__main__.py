@@ -144,11 +144,13 @@ def rerun(args: argparse.Namespace) -> int:
 
 
 def describe(args: argparse.Namespace) -> int:
+    import contextlib
     import json
 
     from .canary import load_canary
 
-    loaded = load_canary(args.canary)
+    with contextlib.redirect_stdout(sys.stderr):  # what NAME() prints (a parameter count) is not the JSON
+        loaded = load_canary(args.canary)
     print(json.dumps({"name": loaded.canary.name, "steps": loaded.canary.steps, "seed": loaded.seed,
                       "canary": loaded.identity()}, sort_keys=True))
     return 0
@@ -193,7 +195,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     except Exception as e:  # the team's step failed: one line, the receipt keeps its finished steps
         message = str(e).splitlines()[0] if str(e) else type(e).__name__
         what = args.canary if args.command in ("run", "describe") else f"{args.command} of {args.receipt}"
-        print(f"{PROG}: error: {what}: the step raised {type(e).__name__}: {message}", file=sys.stderr)
+        where = "loading the canary" if args.command == "describe" else "the step"
+        print(f"{PROG}: error: {what}: {where} raised {type(e).__name__}: {message}", file=sys.stderr)
         return 2
 
 

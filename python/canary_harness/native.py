@@ -190,14 +190,16 @@ def _select(setting: str) -> Optional[NativeDigest]:
         if not os.path.exists(setting):
             raise NativeDigestError(f"{ENV}={setting}: no such file (a path to {LIBRARY_FILE}, 'auto' or 'python')")
         return NativeDigest(os.path.abspath(setting))  # a bare name would send the loader searching
-    for path in _candidates():
+    candidates = _candidates()
+    for path in candidates:
         try:
             return NativeDigest(path)
         except NativeDigestError as e:
             warnings.warn(f"canary_harness: not using {path}: {e}; digesting in Python", RuntimeWarning, stacklevel=3)
     # Said once per process (the selection is cached): the numpy digest gives the same bits,
     # several times slower, which a recording's cost shows.
-    print(f"canary_harness: digesting in Python (numpy): no {LIBRARY_FILE} found next to `harness` (HARNESS_BIN "
-          f"or PATH) or on the library path; set HARNESS_BIN or {ENV}=PATH for the faster library, or "
-          f"{ENV}=python to choose this (docs/python.md)", file=sys.stderr)
+    why = "none of the libraries found is usable (above)" if candidates else \
+        f"no {LIBRARY_FILE} found next to `harness` (HARNESS_BIN or PATH) or on the library path"
+    print(f"canary_harness: digesting in Python (numpy): {why}; set HARNESS_BIN or {ENV}=PATH for the faster "
+          f"library, or {ENV}=python to choose this (docs/python.md)", file=sys.stderr)
     return None

@@ -322,7 +322,7 @@ class CanaryLoop:
             return self.traces.row(step, np.array([grad_norm], dtype=np.float32),
                                    [(n, p, _host_float32(p)) for n, p in zip(self.loaded.tensor_names, params)])
         except TraceError as e:
-            raise CanaryError(f"--trace ops: {e}") from None
+            raise CanaryError(f"--trace ops: {str(e).removeprefix('op trace: ')}") from None
 
     def close(self) -> None:
         self.capture.remove()

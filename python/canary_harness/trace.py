@@ -317,7 +317,7 @@ class StepTraces:
             raise TraceError(f"{e} (step {step})") from None
         if not sites:
             raise TraceError(f"op trace: no module op ran with grad enabled in step {step} (the model's forward and "
-                             "backward must run in the step)")
+                             "backward must run in the step: for the Recorder, between two step() calls)")
         host = [_host_float32(v).reshape(-1) for v in values]
         sites.append(("optimizer", -1, "optimizer", "grad_norm", "scalar"))
         host.append(grad_norm)

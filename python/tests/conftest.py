@@ -26,9 +26,13 @@ def _harness_bin() -> Path:
                 f"{REPO / 'build' / 'bin' / 'harness'} exists; tried {', '.join(candidates)}", pytrace=False)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session", autouse=True)
 def harness_bin() -> Path:
-    return _harness_bin()
+    """The harness, exported as HARNESS_BIN for every canary_harness process the tests start
+    (they find the digest library beside it, as a harness-started child does)."""
+    path = _harness_bin()
+    os.environ.setdefault("HARNESS_BIN", str(path))
+    return path
 
 
 @pytest.fixture(scope="session")

@@ -66,6 +66,25 @@ PY
 expect_exit 1 "" -- "$HARNESS" compare "$R/cmd-bf16.h5" "$R/cpu-ref.h5" --budgets "$WORK/fp32-numbers.toml"
 grep -qE "^verdict +FAIL" "$WORK/stdout" && grep -qE "^FAIL +loss" "$WORK/stdout" || fail "compare under the fp32 numbers does not say what fails: $(cat "$WORK/stdout")"
 
+# a failing lane with no recipe (a command lane): the report's "run it again" command is the
+# nightly of that lane alone, and it runs as printed (the reference beside it)
+expect_exit 1 "" -- "$HARNESS" nightly --matrix "$M" --goldens "$G" --budgets "$WORK/fp32-numbers.toml" --threads 1 \
+  --out "$WORK/regressed"
+again=$("$PY" - "$WORK/regressed/report.html" <<'PY'
+import html, re, sys
+page = open(sys.argv[1]).read()
+section = page[page.index('id="lane-cmd-bf16"'):]
+print(html.unescape(re.search(r'<pre class="command">(.*?)</pre>', section, re.S).group(1)))
+PY
+)
+case "$again" in "harness nightly --matrix "*" --lanes cmd-bf16 --out cmd-bf16-again") ;; *) fail "the rerun command: $again" ;; esac
+absolute=$(cd "$(dirname "$HARNESS")" && pwd)/$(basename "$HARNESS")
+(cd "$WORK" && eval "\"$absolute\"${again#harness}" >/dev/null 2>&1); [ $? -eq 1 ] || fail "the report's rerun command did not fail the lane again: $again"
+"$PY" -c 'import json,sys; s=json.load(open(sys.argv[1])); assert [l["id"] for l in s["lanes"]] == ["cmd-bf16"], s["lanes"]' \
+  "$WORK/cmd-bf16-again/summary.json" || fail "the rerun did not run the one lane"
+expect_exit 2 "--lanes: 'nope' is not a lane of" -- "$HARNESS" nightly --matrix "$M" --goldens "$G" --lanes nope --out "$WORK/nope"
+[ ! -e "$WORK/nope" ] || fail "a refused --lanes made the output directory"
+
 # a command that fails: the lane's run error names the lane, the status and its last stderr line
 F="$WORK/failing.toml"
 {
