@@ -16,7 +16,8 @@ cp -r "$repo/examples/own-model" "$scratch/examples/" && ln -s "$repo/python" "$
 blocks=$(awk '/^```sh$/ {on=1; next} /^```$/ {on=0} on' "$page")
 [ -n "$blocks" ] || { echo "FAIL: no sh block in $page" >&2; exit 1; }
 script=$WORK/page.sh
-{ echo 'set -euo pipefail'; printf '%s\n' "$blocks" | sed -e "s#build/bin/harness#$harness#g" -e "s#/tmp/#$WORK/#g"; } >"$script"
+# /tmp/ first: the harness path put in after it may itself lie under /tmp/ (a clone there).
+{ echo 'set -euo pipefail'; printf '%s\n' "$blocks" | sed -e "s#/tmp/#$WORK/#g" -e "s#build/bin/harness#$harness#g"; } >"$script"
 (cd "$scratch" && env -u CI PATH="$WORK/bin:$PATH" PYTHONDONTWRITEBYTECODE=1 bash "$script") >"$WORK/page.out" 2>&1 ||
   fail "a command of $page failed: $(tail -5 "$WORK/page.out")"
 # What the page says the commands show.
