@@ -192,8 +192,13 @@ def test_a_fault_in_a_functional_op_is_found_by_bisect(checkpointed: Path, tmp_p
     ("step=3,op=<model>:aten.add.Tensor#5", "was called 1 time(s) in step 3, not 5"),
 ])
 def test_a_fault_on_an_op_call_that_cannot_happen_is_refused(tmp_path: Path, fault: str, message: str) -> None:
+    assert_refused(tmp_path, message, "--inject-fault", fault)
+
+
+def assert_refused(tmp_path: Path, message: str, *flags: str) -> None:
+    """small.py run with `flags`: exit 2, one line on stderr holding `message`, no receipt."""
     out = tmp_path / "refused.h5"
-    result = run(f"{SMALL}:canary", "--out", str(out), "--inject-fault", fault, check=False)
+    result = run(f"{SMALL}:canary", "--out", str(out), *flags, check=False)
     assert result.returncode == 2 and message in result.stderr and result.stderr.count("\n") == 1, result.stderr
     assert not out.exists()
 
@@ -218,7 +223,4 @@ def test_run_trace_ops_changes_no_bit_and_bisect_reads_it_without_a_replay(check
     ("all", "--trace: unknown level 'all'; use none or ops"),
 ])
 def test_run_refuses_a_trace_it_cannot_record(tmp_path: Path, level: str, message: str) -> None:
-    out = tmp_path / "r.h5"
-    result = run(f"{SMALL}:canary", "--out", str(out), "--trace", level, check=False)
-    assert result.returncode == 2 and message in result.stderr and result.stderr.count("\n") == 1, result.stderr
-    assert not out.exists()
+    assert_refused(tmp_path, message, "--trace", level)
