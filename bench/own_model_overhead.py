@@ -46,7 +46,7 @@ def main() -> int:
     import torch
 
     from canary_harness.canary import load_canary
-    from canary_harness.digest import DigestPlan
+    from canary_harness.digest_plan import DigestPlan
     from canary_harness.receipt import ReceiptWriter
     from canary_harness.runner import CanaryLoop, RunOptions, manifest_for
 

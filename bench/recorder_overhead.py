@@ -58,7 +58,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import xxhash  # noqa: E402
 
-from canary_harness.digest import DigestPlan, SketchLayout  # noqa: E402
+from canary_harness.digest import SketchLayout  # noqa: E402
+from canary_harness.digest_plan import DigestPlan  # noqa: E402
 from canary_harness.native import NativeDigestError  # noqa: E402
 from canary_harness.lane import train_step  # noqa: E402
 from canary_harness.models import gpt2  # noqa: E402

@@ -36,13 +36,13 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import Any, Dict, Iterator, List, NamedTuple, Sequence, Tuple
+from typing import Any, Iterator, List, NamedTuple, Sequence, Tuple
 
 import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .digest import DigestPlan
+from .digest_plan import DigestPlan
 from .philox import stream_id
 from .receipt import TraceColumn
 from .trace import module_layers

@@ -82,6 +82,11 @@ class LoadedCanary:
     seed: int           # what torch, random and numpy were seeded with before NAME()
     tensor_names: List[str]
     shapes: Dict[str, Tuple[int, ...]]
+    # The data contract the batches follow. False: a Python canary's batch, any tree of
+    # tensors, hashed as a tree (digest.batch_tree_hash) and refused when a second batch(i)
+    # differs. True: a built-in canary's int32 tokens from its checksummed pack, hashed as
+    # the C++ engines hash them (digest.batch_hash): its lanes compare with theirs.
+    token_batches: bool = False
 
     def identity(self) -> Dict[str, Any]:
         """The receipt's canary JSON: what makes two runs runs of one canary. The file is

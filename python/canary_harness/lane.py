@@ -5,8 +5,9 @@ batches with the package's PyTorch model of the canary's architecture (the canar
 `architecture` key: gpt2, canary_harness.models.gpt2, where the key is absent; llama,
 canary_harness.models.llama), the canary's exact
 schedule, clipping and AdamW in the XLA-safe pattern (canary_harness.optim), on CPU, CUDA
-or an XLA device, in fp32 or under bf16 autocast, and records every step through
-canary_harness.torch.Recorder into a receipt that the C++ harness judges like its own:
+or an XLA device, in fp32 or under bf16 autocast. The pack's canary runs through the
+runner that runs a team's Python canaries (canary_harness.runner: one loop, one digest
+path), into a receipt that the C++ harness judges like its own:
 
     engine          torch
     lane            <canary>/torch (fp32) or <canary>/torch+bf16
@@ -31,7 +32,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, List, NoReturn, Optional, Tuple
 
@@ -180,8 +180,6 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from .torch import Recorder
-
     model_module = architecture_module(pack)
     try:
         cfg = model_module.config_class.from_json(pack.canary_json)
@@ -206,66 +204,99 @@ def run(args: argparse.Namespace) -> int:
         device = torch.device(device_name)
         if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
             raise UsageError(f"--device {device_name}: there are {torch.cuda.device_count()} CUDA devices")
-    if args.precision == "bf16":
+    if args.precision == "bf16":  # the runner puts it around each step; refused here as a usage error
         try:
-            autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+            torch.autocast(device_type=device.type, dtype=torch.bfloat16)
         except (RuntimeError, ValueError) as e:
             raise UsageError(f"--precision bf16: no bf16 autocast on device {device.type} ({e})") from None
-    else:
-        autocast = None
     if threads is not None:
         torch.set_num_threads(threads)
     if args.deterministic:
         torch.use_deterministic_algorithms(True)
 
-    canary_step = CanaryStep(pack, cfg, device, autocast, fault)  # the fault's hook: before the tracer's
-    model, optimizer = canary_step.model, canary_step.optimizer
+    from .optim import CanaryAdamW
+    from .runner import RunOptions, run_canary
 
-    features = "" if args.precision == "fp32" else "bf16"
-    extra = {"device": _device_label(torch, device), "precision": args.precision,
-             "autocast": "bfloat16" if autocast is not None else "none",
-             "fault_injection": str(fault) if fault else "none", "trace": args.trace,
-             "deterministic": int(bool(args.deterministic)), "pack_git_commit": pack.git_commit,
-             "run_options": json.dumps({"pack": os.path.basename(pack.path), "device": device_name,
-                                        "precision": args.precision, "steps": steps,
-                                        "inject_fault": str(fault) if fault else None,
-                                        "deterministic": bool(args.deterministic), "threads": threads,
-                                        "trace": args.trace, **({"audit": True} if args.audit else {})},
-                                       sort_keys=True)}
-    if args.audit:  # only when on: the manifests of ordinary runs stay as they were
-        extra["audit"] = 1
-    recorder = Recorder(args.out, model, optimizer, pack=pack, steps=steps, engine="torch", features=features,
-                        budget_features=budget_features(device.type, args.precision), extra=extra,
-                        overwrite=args.force, trace=args.trace, audit=args.audit)
-    start = time.perf_counter()
-    try:
-        for step in range(steps):
-            loss, norm, lr, tokens = canary_step(step)
-            if xm is not None:
-                xm.mark_step()
-            recorder.step(loss=loss, grad_norm=norm, lr=lr, batch=tokens)  # host reads: after the step
-            if (step + 1) % 25 == 0 or step + 1 == steps:
-                print(f"step {step + 1}/{steps}", file=sys.stderr)
-        recorder.close()
-    except BaseException:
-        recorder.__exit__(*sys.exc_info())
-        raise
-    seconds = time.perf_counter() - start
+    model = model_module.model_class(cfg, pack.init, device=device)
+    loaded = pack_canary(pack, model_module, cfg, model, CanaryAdamW(model.named_parameters(), cfg), steps)
+    options = RunOptions(out=args.out, device=device_name, precision=args.precision, steps=steps, threads=threads,
+                         fault=fault, overwrite=args.force, trace=args.trace, audit=args.audit)
+    manifest = lane_manifest(args, pack, steps, threads, fault, _device_label(torch, device))
+
+    def progress(step: int, total: int) -> None:
+        if (step + 1) % 25 == 0 or step + 1 == total:
+            print(f"step {step + 1}/{total}", file=sys.stderr)
+
+    summary = run_canary(loaded, options, device, progress, manifest)
     from .receipt import ReceiptReader
     with ReceiptReader(args.out) as r:
-        loss_series = r.steps("loss")
         print(f"lane        {r.manifest['lane']}")
-        print(f"device      {extra['device']} ({args.precision}), {torch.get_num_threads()} thread{'s' if torch.get_num_threads() != 1 else ''}")
+        print(f"device      {manifest['device']} ({args.precision}), {threads} thread{'s' if threads != 1 else ''}")
         print(f"steps       {steps}")
-        print(f"loss        {loss_series[0]:.6f} (step 0) -> {loss_series[-1]:.6f} (step {steps - 1})")
-        print(f"speed       {steps / seconds:.2f} steps/s, {1000 * seconds / steps:.1f} ms/step (recording included)")
+        print(f"loss        {summary.losses[0]:.6f} (step 0) -> {summary.losses[-1]:.6f} (step {steps - 1})")
+        print(f"speed       {steps / summary.seconds:.2f} steps/s, {1000 * summary.seconds / steps:.1f} ms/step "
+              "(recording included)")
         columns = r.trace_columns()
         if columns is not None:
             print(f"trace       ops: {len(columns)} outputs of {columns[-1].op_index + 1} ops per step")
-        if recorder.audit is not None:
-            print(f"audit       {recorder.audit.summary()}")
+        if summary.audit is not None:
+            print(f"audit       {summary.audit}")
         print(f"receipt     {args.out}")
     return 0
+
+
+def lane_manifest(args: argparse.Namespace, pack: Any, steps: int, threads: int, fault: Optional[FaultSpec],
+                  device_label: str) -> dict:
+    """The lane's receipt manifest (the module docstring): the pack's canary, seed and data
+    seed, the lane's features and budget, and the recipe `harness replay` runs again."""
+    run_options = {"pack": os.path.basename(pack.path), "device": args.device, "precision": args.precision,
+                   "steps": steps, "inject_fault": str(fault) if fault else None,
+                   "deterministic": bool(args.deterministic), "threads": threads, "trace": args.trace,
+                   **({"audit": True} if args.audit else {})}
+    features = "" if args.precision == "fp32" else "bf16"
+    manifest = {
+        "lane": f"{pack.name}/torch" + (f"+{features}" if features else ""), "engine": "torch", "features": features,
+        "budget_features": budget_features(args.device.partition(":")[0], args.precision),
+        "canary": pack.canary_json, "seed": pack.seed, "steps_planned": steps, "threads": threads,
+        "data_seed": pack.data_seed, "pack": os.path.basename(pack.path), "trace": args.trace,
+        "device": device_label, "precision": args.precision,
+        "autocast": "bfloat16" if args.precision == "bf16" else "none",
+        "fault_injection": str(fault) if fault else "none", "deterministic": int(bool(args.deterministic)),
+        "pack_git_commit": pack.git_commit, "run_options": json.dumps(run_options, sort_keys=True),
+    }
+    if args.audit:  # only when on: the manifests of ordinary runs stay as they were
+        manifest["audit"] = 1
+    return manifest
+
+
+def pack_canary(pack: Any, architecture: "Architecture", cfg: Any, model: Any, optimizer: Any, steps: int):
+    """The pack's canary as the runner runs it (canary_harness.runner): its batches are the
+    pack's int32 tokens (the C++ engines' data contract), its step the lane's (lane_step)."""
+    import numpy as np
+    import torch
+
+    from .canary import Canary, LoadedCanary
+
+    def batch(i: int) -> Any:
+        return torch.from_numpy(np.ascontiguousarray(pack.batch(i)))
+
+    def step(model: Any, optimizer: Any, tokens: Any, i: int) -> Tuple[Any, Any]:
+        return lane_step(model, optimizer, tokens, i, architecture, cfg)
+
+    canary = Canary(name=pack.name, model=model, optimizer=optimizer, batch=batch, step=step, steps=steps,
+                    seed=pack.seed)
+    names = list(pack.tensor_names)
+    return LoadedCanary(canary, f"{pack.path} (pack)", os.path.abspath(pack.path), "", pack.seed, names,
+                        {n: tuple(pack.init[n].shape) for n in names}, token_batches=True)
+
+
+def lane_step(model: Any, optimizer: Any, tokens: Any, step: int, architecture: "Architecture", cfg: Any,
+              autocast: Any = None) -> Tuple[Any, Any]:
+    """Step `step` of the lane on tokens already on the device: the schedule's lr set, then
+    train_step (autocast around the forward when given). Returns the loss and the norm
+    before clipping as device tensors."""
+    optimizer.set_lr(architecture.lr_at(step, cfg))
+    return train_step(model, optimizer, tokens, autocast)
 
 
 class CanaryStep:
@@ -332,12 +363,11 @@ class CanaryStep:
         import torch
 
         tokens = self.pack.batch(step)
-        lr = self.optimizer.set_lr(self.architecture.lr_at(step, self.cfg))
         if self.fault is not None:
             self.active.copy_(torch.tensor(step == self.fault.step))  # data, not a constant of the graph
         inputs = torch.from_numpy(np.ascontiguousarray(tokens)).to(self.device)
-        loss, norm = train_step(self.model, self.optimizer, inputs, self.autocast)
-        return loss, norm, lr, tokens
+        loss, norm = lane_step(self.model, self.optimizer, inputs, step, self.architecture, self.cfg, self.autocast)
+        return loss, norm, self.optimizer.param_groups[0]["lr"], tokens
 
 
 def train_step(model, optimizer, inputs, autocast=None, hook=None):

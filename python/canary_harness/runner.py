@@ -1,4 +1,6 @@
-"""The loop that runs a Python canary (canary_harness.canary) and records its receipt.
+"""The loop that runs a canary and records its receipt: a team's Python canary
+(canary_harness.canary) and the PyTorch lane of a built-in canary (canary_harness.lane,
+whose pack makes a canary of the same shape: one loop, one digest path).
 
 The harness owns the loop; the canary's `step` owns the training step:
 
@@ -6,16 +8,19 @@ The harness owns the loop; the canary's `step` owns the training step:
         batch = canary.batch(i)                  # hashed; a second call must hash alike
         with autocast (bf16 only):
             loss = canary.step(model, optimizer, batch on the device, i)
-        record step i                            # digests taken at the end of optimizer.step()
+        mark_step() (XLA only)
+        record step i                            # the tensors as they were at the end of optimizer.step()
 
 What step i records, and when. Parameters, gradients and the optimizer's moments are
-digested at the end of the step's last optimizer.step() call (a post-hook on the
-optimizer): at that moment the parameters are updated and the gradients are the ones
-the update applied, even when the step zeroes them right after (`zero_grad()` inside the
-step, as many loops do). A step that calls no optimizer.step() (an AMP scaler that skips
-it) is digested when it returns. The loss (and the norm, if the step returns one) is read
-after the step returns: no host read happens inside the step, where a lazy device would
-have to cut its graph. The learning rate is the first parameter group's at the update.
+taken at the end of the step's last optimizer.step() call (a post-hook on the optimizer):
+at that moment the parameters are updated and the gradients are the ones the update
+applied, even when the step zeroes them right after (`zero_grad()` inside the step, as
+many loops do). Fp32 CPU tensors are digested there, in place, by the digest library;
+anything else is copied there on its device and digested after the step (StepCapture).
+A step that calls no optimizer.step() (an AMP scaler that skips it) is taken when it
+returns. The loss (and the norm, if the step returns one) is read after the step returns:
+no host read happens inside the step, where a lazy device would have to cut its graph.
+The learning rate is the first parameter group's at the update.
 
 Budget features (docs/budgets.md): the run on the CPU in fp32 is the canary's own
 bitwise reference (""); bf16 autocast declares `torch-bf16`, another device
@@ -27,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import math
 import os
 import sys
 import time
@@ -38,12 +42,12 @@ import numpy as np
 import torch
 
 from .canary import CanaryError, LoadedCanary
-from .digest import DigestRows, batch_tree_hash
+from .digest import batch_hash, batch_tree_hash
+from .digest_plan import DigestRows
 from .perturb import perturb_parameters
 from .receipt import ReceiptWriter
-from .schema import HASH_FAMILIES
+from .recording import StepDigest, host_float, host_float32
 from .stack import git_commit_of
-from .torch import _host_float, _host_float32, addresses_in_place, family_rows, step_digest_plan
 
 # Which optimizer state is recorded as the receipt's Adam moments, in order of preference.
 # Adam, AdamW (and their fused and foreach forms) keep exp_avg / exp_avg_sq; SGD with
@@ -65,6 +69,7 @@ class RunOptions:
     checkpoint_every: int = 0            # 0: no checkpoints
     perturb_init: Optional[int] = None   # a seed: every initial weight moved one ulp (perturb.py)
     trace: str = "none"                  # "ops": every module op's output into /trace (trace.StepTraces)
+    audit: bool = False                  # each step's op graph and compile counters into /compile (audit.CompileLog)
 
 
 def lane_features(device: torch.device, precision: str) -> List[str]:
@@ -89,11 +94,18 @@ def to_device(batch: Any, device: torch.device) -> Any:
 
 
 class StepCapture:
-    """Digests a canary's tensors at the end of each optimizer.step() call (the module docstring).
+    """Takes a canary's tensors at the end of each optimizer.step() call (the module docstring).
 
-    One DigestPlan over every tensor of params, grads, adam_m and adam_v in canonical order
-    (the harness's digest library where it is found); contiguous fp32 CPU tensors are read
-    where they are, anything else through one host copy each.
+    One StepDigest over every tensor of params, grads, adam_m and adam_v in canonical order
+    (canary_harness.recording: the Recorder's digest path too). When it digests:
+    - inline, at the end of optimizer.step(): where every tensor is fp32 in CPU memory and
+      the digest library reads it in place. No torch op runs and nothing is copied.
+    - deferred (anywhere else: another device, the Python digest): at the end of
+      optimizer.step() it copies the tensors on their device (what the rest of the step
+      does to them, a zero_grad() say, is not recorded, as inline), and digests the copies
+      in finish(), after the step has returned (and after XLA's mark_step). No host read
+      happens inside the step, where a lazy device would cut its graph.
+    Both record the same bits (python/tests/test_python_canary.py).
     """
 
     def __init__(self, loaded: LoadedCanary) -> None:
@@ -102,10 +114,13 @@ class StepCapture:
         params = dict(canary.model.named_parameters())
         self.params = [params[n] for n in self.names]
         self.optimizer = canary.optimizer
-        self.plan = step_digest_plan(self.names, [p.numel() for p in self.params])
+        self.digest = StepDigest(self.names, [p.numel() for p in self.params])
+        on_cpu = all(p.device.type == "cpu" for p in self.params)
+        self.deferred = not (on_cpu and self.digest.native)
         self._zeros: Dict[int, torch.Tensor] = {}
         self.digests: Optional[DigestRows] = None
-        self.lr: Optional[float] = None
+        self._kept: Optional[List[torch.Tensor]] = None
+        self.lr: Any = None
         self._hook = self._install()
 
     def _install(self) -> Callable[[], None]:
@@ -136,23 +151,31 @@ class StepCapture:
         self._hook()
 
     def begin(self) -> None:
-        self.digests, self.lr = None, None
+        self.digests, self._kept, self.lr = None, None, None
 
-    def capture(self) -> None:
-        """The tensors as they stand now, digested (called at the end of optimizer.step())."""
+    def capture(self, at_end: bool = False) -> None:
+        """The step's tensors as they stand now (at the end of optimizer.step(), or at the
+        step's end when no optimizer.step() ran): digested inline, or kept (class docstring)."""
         tensors = [*self.params, *(self._grad(p) for p in self.params),
                    *(self._moment(p, "adam_m") for p in self.params), *(self._moment(p, "adam_v") for p in self.params)]
-        addresses = addresses_in_place(tensors, self.plan.numels) if self.plan.native else None
-        if addresses is not None:
-            self.digests = self.plan.rows_at(addresses)
-        else:
-            self.digests = self.plan.rows([_host_float32(t).reshape(-1) for t in tensors])
-        self.lr = _host_float(self.optimizer.param_groups[0]["lr"])
+        self.lr = self.optimizer.param_groups[0]["lr"]
+        if not self.deferred:
+            self.digests = self.digest.rows(tensors)
+            return
+        if not at_end:  # copies on the device (lazy on XLA): what the rest of the step does is not recorded
+            with torch.no_grad():
+                tensors = [t.detach().clone() for t in tensors]
+                self.lr = self.lr.detach().clone() if isinstance(self.lr, torch.Tensor) else self.lr
+        self._kept = tensors
 
-    def ensure(self) -> None:
-        """After the step: digests now if no optimizer.step() ran in it."""
-        if self.digests is None:
-            self.capture()
+    def finish(self) -> None:
+        """After the step (and the device's sync): the digests, taken now if they were deferred
+        or if no optimizer.step() ran in it; the lr read to the host."""
+        if self.digests is None and self._kept is None:
+            self.capture(at_end=True)
+        if self._kept is not None:
+            self.digests, self._kept = self.digest.rows(self._kept), None
+        self.lr = host_float(self.lr)
 
     def _zeros_like(self, p: torch.Tensor) -> torch.Tensor:
         if id(p) not in self._zeros:
@@ -172,13 +195,11 @@ class StepCapture:
 
     def grad_norm(self) -> float:
         """The L2 norm of the gradients the update applied, from their sketches' norms."""
-        K = len(self.names)
-        grads = HASH_FAMILIES.index("grads")
-        return math.sqrt(float(np.sum(np.square(self.digests.l2[grads * K:(grads + 1) * K]))))
+        return self.digest.grad_norm(self.digests)
 
     def row(self) -> Dict[str, Any]:
         """append_step's hashes and sketches from the captured digests."""
-        hashes, sketches = family_rows(self.digests, len(self.names))
+        hashes, sketches = self.digest.split(self.digests)
         return {"hashes": hashes, "sketches": sketches}
 
 
@@ -200,8 +221,13 @@ def _loss_and_norm(result: Any, step: int) -> tuple:
     return result, norm
 
 
-def _checked_batch(canary: Any, step: int) -> tuple:
-    """Step i's batch and its hash; CanaryError when batch(i) is not the same on a second call."""
+def _checked_batch(loaded: LoadedCanary, step: int) -> tuple:
+    """Step i's batch and its hash under the canary's data contract (LoadedCanary.token_batches);
+    CanaryError when a Python canary's batch(i) is not the same on a second call."""
+    canary = loaded.canary
+    if loaded.token_batches:  # a checksummed pack's tokens: read once, hashed as the C++ engines do
+        batch = canary.batch(step)
+        return batch, batch_hash(batch)
     batch, again = canary.batch(step), canary.batch(step)  # the team's code: its errors are its own
     try:
         first, second = batch_tree_hash(batch), batch_tree_hash(again)
@@ -245,6 +271,7 @@ class RunSummary:
     steps: int
     losses: List[float]
     seconds: float
+    audit: Optional[str] = None  # the audit's one-line summary (audit.CompileLog.summary()) with audit
 
 
 @dataclass
@@ -258,12 +285,15 @@ class StepRecord:
     hashes: Dict[str, Any]
     sketches: Dict[str, Any]
     trace: Any = None  # the step's /trace row (columns, hashes, sketches) with --trace ops
+    compile: Any = None  # the step's /compile row (audit.CompileLog.end()) with audit
 
 
 class CanaryLoop:
     """One step of a canary at a time, as a run and a replay both take it (module docstring):
     the model placed on the device, the fault armed, bf16 autocast around the step, the
-    digests taken at the end of optimizer.step(). close() removes the digest hook."""
+    digests taken at the end of optimizer.step(), XLA's mark_step() after the step, the
+    audit's window (when asked) from the batch on the device to that mark_step(). close()
+    removes the digest hook, the trace's hooks and the audit's modes."""
 
     def __init__(self, loaded: LoadedCanary, options: RunOptions, device: torch.device) -> None:
         self.loaded = loaded
@@ -280,6 +310,12 @@ class CanaryLoop:
             raise CanaryError(f"--precision bf16: no bf16 autocast on device {device.type} ({e})") from None
         self.fault = _install_fault(self.canary, options.fault, device)
         self.capture = StepCapture(loaded)
+        self.mark_step = _mark_step_of(device)
+        self.audit = None
+        if options.audit:
+            from .audit import CompileLog
+
+            self.audit = CompileLog()
         self.traces = None
         if options.trace == "ops":  # hooks after the fault's: the trace sees the nudged value
             from .trace import StepTraces
@@ -290,7 +326,9 @@ class CanaryLoop:
     def run_step(self, i: int, traced: Any = None) -> StepRecord:
         """Runs step i (inside `traced`, a context such as AtenTracer.step(), when given)."""
         canary = self.canary
-        batch, hashed = _checked_batch(canary, i)
+        batch, hashed = _checked_batch(self.loaded, i)
+        if self.audit is not None:  # the step starts: its ops, fingerprinted (canary_harness.audit)
+            self.audit.begin(i)
         if self.fault is not None:
             self.fault.arm(i)
         inputs = to_device(batch, self.device)
@@ -304,13 +342,26 @@ class CanaryLoop:
                 contexts.enter_context(self.autocast)
             result = canary.step(canary.model, canary.optimizer, inputs, i)
         loss, norm = _loss_and_norm(result, i)
+        if self.mark_step is not None:
+            self.mark_step()
+        compile_row = self._end_audit(i)  # the step ends: nothing before here reads a value
         if self.fault is not None:
             self.fault.check(i)
-        self.capture.ensure()
+        self.capture.finish()
         row = self.capture.row()
-        grad_norm = _host_float(norm) if norm is not None else self.capture.grad_norm()
-        return StepRecord(_host_float(loss), grad_norm, self.capture.lr, hashed, row["hashes"], row["sketches"],
-                          self._trace_row(i, grad_norm))
+        grad_norm = host_float(norm) if norm is not None else self.capture.grad_norm()
+        return StepRecord(host_float(loss), grad_norm, self.capture.lr, hashed, row["hashes"], row["sketches"],
+                          self._trace_row(i, grad_norm), compile_row)
+
+    def _end_audit(self, step: int) -> Any:
+        if self.audit is None:
+            return None
+        from .audit import AuditError
+
+        try:
+            return self.audit.end()
+        except AuditError as e:
+            raise CanaryError(f"audit: step {step}: {e}") from None
 
     def _trace_row(self, step: int, grad_norm: float) -> Any:
         if self.traces is None:
@@ -320,7 +371,7 @@ class CanaryLoop:
         params = self.capture.params
         try:
             return self.traces.row(step, np.array([grad_norm], dtype=np.float32),
-                                   [(n, p, _host_float32(p)) for n, p in zip(self.loaded.tensor_names, params)])
+                                   [(n, p, host_float32(p)) for n, p in zip(self.loaded.tensor_names, params)])
         except TraceError as e:
             raise CanaryError(f"--trace ops: {str(e).removeprefix('op trace: ')}") from None
 
@@ -328,12 +379,26 @@ class CanaryLoop:
         self.capture.remove()
         if self.traces is not None:
             self.traces.close()
+        if self.audit is not None:
+            self.audit.abandon()
+
+
+def _mark_step_of(device: torch.device) -> Optional[Callable[[], None]]:
+    """XLA's mark_step (the step's graph cut and run there), None on an eager device."""
+    if device.type != "xla":
+        return None
+    import torch_xla.core.xla_model as xm
+
+    return xm.mark_step
 
 
 def run_canary(loaded: LoadedCanary, options: RunOptions, device: torch.device,
-               progress: Optional[Callable[[int, int], None]] = None) -> RunSummary:
+               progress: Optional[Callable[[int, int], None]] = None,
+               manifest: Optional[Dict[str, Any]] = None) -> RunSummary:
     """Runs the canary for its steps (or options.steps) and writes the receipt to options.out,
     with the canary's state every options.checkpoint_every steps (canary_harness.canary_state).
+    `manifest`: the receipt's manifest where the caller makes it (the PyTorch lane of a
+    built-in canary: canary_harness.lane), else manifest_for()'s.
 
     A CanaryError (the canary breaks its contract: a batch that differs between calls, a
     loss that is not a scalar) removes the receipt; any other failure of the step leaves
@@ -345,8 +410,8 @@ def run_canary(loaded: LoadedCanary, options: RunOptions, device: torch.device,
     loop = CanaryLoop(loaded, options, device)
     writer: Optional[ReceiptWriter] = None
     try:
-        writer = ReceiptWriter(options.out, manifest_for(loaded, options, device, steps), loaded.tensor_names,
-                               overwrite=options.overwrite)
+        writer = ReceiptWriter(options.out, manifest or manifest_for(loaded, options, device, steps),
+                               loaded.tensor_names, overwrite=options.overwrite)
         if options.checkpoint_every:
             writer.declare_checkpoints(options.checkpoint_every)
     except BaseException:
@@ -364,7 +429,7 @@ def run_canary(loaded: LoadedCanary, options: RunOptions, device: torch.device,
             losses.append(record.loss)
             writer.append_step(loss=record.loss, grad_norm=record.grad_norm, lr=record.lr,
                                batch_hash=record.batch_hash, hashes=record.hashes, sketches=record.sketches,
-                               trace=record.trace)
+                               trace=record.trace, compile=record.compile)
             if progress is not None:
                 progress(i, steps)
         seconds = time.perf_counter() - start
@@ -380,7 +445,7 @@ def run_canary(loaded: LoadedCanary, options: RunOptions, device: torch.device,
         raise
     finally:
         loop.close()
-    return RunSummary(steps, losses, seconds)
+    return RunSummary(steps, losses, seconds, loop.audit.summary() if loop.audit is not None else None)
 
 
 class _Fault:

@@ -55,74 +55,22 @@ it once, after optimizer.step() and before zero_grad().
 from __future__ import annotations
 
 import os
-import queue
-import threading
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
-from .digest import DigestPlan, DigestRows, as_float32, batch_hash
+from .digest import batch_hash
+from .digest_plan import DigestRows
 from .models.config import canary_object
-from .philox import stream_id
-from .receipt import PathLike, ReceiptError, ReceiptWriter, SketchRows
-from .schema import HASH_FAMILIES, SKETCH_FAMILIES
+from .receipt import PathLike, ReceiptError, ReceiptWriter
+from .recording import Overlap, StepDigest, host_float, host_float32
+from .schema import HASH_FAMILIES
 from .stack import StackInfo
 
 
 class RecorderError(ValueError):
     """A recorder that cannot record this model/optimizer as asked (one line, naming the tensor)."""
-
-
-def _host_float(value: Any) -> float:
-    if isinstance(value, torch.Tensor):
-        return float(value.detach().to(device="cpu", dtype=torch.float64))
-    return float(value)
-
-
-def _host_float32(tensor: torch.Tensor) -> np.ndarray:
-    """The tensor's values on the host as C-contiguous float32, copied only when they must be.
-
-    A contiguous fp32 CPU tensor is its own numpy view (no copy); another device is read
-    once (one transfer per tensor), and the hash and the sketch are then both taken from
-    that one host copy. Anything else goes through as_float32 (its checks included).
-    """
-    t = tensor.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    if t.dtype == torch.float32 and t.is_contiguous() and not t.is_conj() and not t.is_neg():
-        return t.numpy()
-    return as_float32(t)
-
-
-def addresses_in_place(tensors: Sequence[torch.Tensor], numels: Sequence[int]) -> Optional[List[int]]:
-    """The tensors' data addresses when every one is contiguous fp32 in CPU memory, of the
-    size the plan digests (`numels`): then the digest library may read them where they are
-    (DigestPlan.rows_at). None when one is not. One pass: this runs on every step."""
-    addresses = []
-    for t, n in zip(tensors, numels):
-        if not (t.dtype is torch.float32 and t.is_cpu and t.is_contiguous() and not t.is_neg() and t.numel() == n):
-            return None
-        addresses.append(t.data_ptr())
-    return addresses
-
-
-def step_digest_plan(names: Sequence[str], numels: Sequence[int]) -> DigestPlan:
-    """One plan over a step's every tensor, family-major (HASH_FAMILIES), each family the
-    canary's tensors in canonical order: all hashed, the SKETCH_FAMILIES sketched."""
-    salts = [stream_id(n) for n in names]
-    return DigestPlan(list(numels) * len(HASH_FAMILIES), salts * len(HASH_FAMILIES),
-                      [fam in SKETCH_FAMILIES for fam in HASH_FAMILIES for _ in numels])
-
-
-def family_rows(digests: DigestRows, count: int) -> Tuple[Dict[str, np.ndarray], Dict[str, SketchRows]]:
-    """append_step's hashes and sketches from a DigestPlan's rows over every family,
-    family-major (HASH_FAMILIES), `count` tensors each in canonical order."""
-    K = count
-    hashes = {fam: digests.hashes[f * K:(f + 1) * K] for f, fam in enumerate(HASH_FAMILIES)}
-    sketches = {fam: SketchRows(digests.l2[f * K:(f + 1) * K], digests.projection[f * K:(f + 1) * K])
-                for f, fam in enumerate(HASH_FAMILIES) if fam in SKETCH_FAMILIES}
-    return hashes, sketches
 
 
 # Manifest attributes the Recorder itself sets (or the writer owns): `extra` may not set them.
@@ -229,130 +177,6 @@ def _check_name_map(model: torch.nn.Module, name_map: Optional[Mapping[str, str]
                 raise RecorderError(f"parameter '{by_canary[name]}' has shape {tuple(param.shape)}, canary tensor "
                                     f"'{name}' has {tuple(shapes[name])}")
     return mapped
-
-
-# Dtypes whose values convert to float32 exactly, so that torch's copy_ into a float32 buffer
-# gives the bytes as_float32 would (any other dtype goes through as_float32 and its checks).
-_EXACT_IN_FLOAT32 = (torch.float32, torch.bfloat16, torch.float16)
-
-
-class _Snapshot:
-    """Host float32 copies of one step's params, grads, Adam m and v, reused from step to step.
-
-    Why a copy: the background digest reads these while the next step runs, and on the CPU
-    that step updates params, grads and moments in place. One flat buffer holds all four
-    families (allocated once: the tiny canary's is 13.4 MB), and each tensor is a view of it,
-    so a step allocates nothing. On CUDA the buffer is pinned and filled from a device-side
-    staging buffer with one non_blocking copy, then `ready` (an event) marks when the bytes
-    have landed: the training thread never waits for the transfer, the worker does.
-    """
-
-    def __init__(self, tensors: Sequence[torch.Tensor], families: int) -> None:
-        numels = [t.numel() for t in tensors]
-        total = sum(numels) * families
-        self.device = tensors[0].device if tensors else torch.device("cpu")
-        self.cuda = self.device.type == "cuda" and all(t.device == self.device for t in tensors)
-        self.host = torch.empty(total, dtype=torch.float32, pin_memory=self.cuda)
-        self.staging = torch.empty(total, dtype=torch.float32, device=self.device) if self.cuda else None
-        target = self.staging if self.cuda else self.host
-        self.views: List[torch.Tensor] = []  # where each (family, tensor) is written, family-major
-        self.arrays: List[np.ndarray] = []  # the same bytes on the host, as the digest reads them
-        host_np = self.host.numpy()
-        offset = 0
-        for _ in range(families):
-            for n in numels:
-                self.views.append(target[offset:offset + n])
-                self.arrays.append(host_np[offset:offset + n])
-                offset += n
-        self.ready: Optional[Any] = None  # the CUDA event of the last fill, None on the host
-        # loss, grad_norm, lr of a CUDA step, copied here without a host read (Recorder._hand_over)
-        self.scalars = torch.empty(3, dtype=torch.float64, pin_memory=True) if self.cuda else None
-
-    def fill(self, tensors: Sequence[torch.Tensor]) -> None:
-        """Copies `tensors` (family-major, as the views) in; on CUDA only enqueues the copies."""
-        with torch.no_grad():
-            for view, t in zip(self.views, tensors):
-                t = t.detach()
-                if t.dtype in _EXACT_IN_FLOAT32 and (t.device == view.device or not self.cuda):
-                    view.copy_(t.reshape(-1))  # a D2H copy when t is on another device (XLA, MPS)
-                else:  # float64 and others: as_float32 refuses what float32 cannot hold exactly
-                    exact = torch.from_numpy(as_float32(t).reshape(-1))
-                    view.copy_(exact.to(view.device) if self.cuda else exact)
-            if self.cuda:
-                self.host.copy_(self.staging, non_blocking=True)
-                self.ready = torch.cuda.Event()
-                self.ready.record()
-
-    def wait(self) -> None:
-        """Until the bytes are on the host (called by the worker, never by the training thread)."""
-        if self.ready is not None:
-            self.ready.synchronize()
-
-
-class _Job(NamedTuple):
-    """What the worker needs to write one step: everything but the tensors, read at step() time."""
-    step: int
-    scalars: Tuple[Any, Any, Any]  # loss, grad_norm, lr: floats, or a pinned float64 (3,) tensor on CUDA
-    batch_hash: int
-    batch_tokens: Optional[np.ndarray]
-    compile: Optional[Mapping[str, float]]
-
-
-class _Worker:
-    """One background thread that writes the steps the Recorder hands it, one at a time.
-
-    At most one step is in flight: step() waits for the previous one before it reuses the
-    snapshot (honest back-pressure: a digest slower than the training step slows training
-    down instead of piling up memory). An exception in the job is kept, not lost, for the
-    Recorder to raise on its next call. The thread is not a daemon, so an interpreter that
-    exits without close() still writes the step in flight; it notices the exit (the main
-    thread has ended) while idle and stops then.
-    """
-
-    def __init__(self, run: Callable[[_Job], None], name: str) -> None:
-        self._run = run
-        self._jobs: "queue.Queue[Optional[_Job]]" = queue.Queue(maxsize=1)
-        self._idle = threading.Event()
-        self._idle.set()
-        self.error: Optional[BaseException] = None
-        self.failed_step: Optional[int] = None
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=False)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        main = threading.main_thread()
-        while True:
-            try:
-                job = self._jobs.get(timeout=0.25)
-            except queue.Empty:
-                if not main.is_alive():  # interpreter shutdown, nothing pending: let it exit
-                    return
-                continue
-            if job is None:
-                return
-            try:
-                if self.error is None:  # after a failure nothing more is written (no gap in the rows)
-                    self._run(job)
-            except BaseException as e:  # noqa: B902 -- kept for the caller, whatever it is
-                self.error, self.failed_step = e, job.step
-            finally:
-                self._idle.set()
-
-    def submit(self, job: _Job) -> None:
-        self._idle.clear()
-        self._jobs.put(job)
-
-    def wait(self) -> None:
-        """Until the step in flight (if any) is written or has failed."""
-        self._idle.wait()
-
-    def stop(self) -> None:
-        """Drains (the step in flight is written) and ends the thread; a second call does nothing."""
-        if not self._thread.is_alive():  # ended already: a put would wait for a reader forever
-            return
-        self._idle.wait()
-        self._jobs.put(None)
-        self._thread.join()
 
 
 def _canary_name(canary: Any, lane: Optional[str]) -> str:
@@ -477,7 +301,7 @@ class Recorder:
         # Every tensor of every family hashed, params and grads sketched, in one call a step
         # (digest.DigestPlan: the harness's digest library where it is found, else Python).
         # Made before the receipt: a digest library that cannot be used leaves no file behind.
-        self._digest = step_digest_plan(self.tensor_names, [p.numel() for p in self.parameters.values()])
+        self._digest = StepDigest(self.tensor_names, [p.numel() for p in self.parameters.values()])
         self.writer = ReceiptWriter(path, manifest, self.tensor_names, overwrite=overwrite,
                                     batch_shape=batch_shape if record_batches else None, stack=stack)
         self.path = self.writer.path
@@ -495,8 +319,9 @@ class Recorder:
             overlap = not (on_cpu and self._digest.native)
         self.overlap = bool(overlap) and trace == "none"
         self._batch_shape = tuple(batch_shape) if batch_shape is not None else None
-        self._snapshot: Optional[_Snapshot] = None  # made at the first step: the tensors' device is known then
-        self._worker: Optional[_Worker] = None  # started at the first step, ended by close()
+        # The background digest and writer (with overlap): its thread starts at the first step, close() ends it.
+        self._overlap = Overlap(self._digest, lambda digests, scalars, hashed, tokens, compile_row: self._write(
+            digests, scalars, hashed, tokens, compile_row, None), name=f"canary-recorder:{os.path.basename(str(self.path))}")
         self._failure: Optional[RecorderError] = None  # the worker's error, once raised: raised again
         self.audit = None
         if audit:
@@ -588,22 +413,13 @@ class Recorder:
         else:
             norm_value = None
             if self.tracer is not None:  # the traced norm: the fp32 value the update clipped with
-                norm_value = _host_float32(grad_norm.detach().to(torch.float32)).reshape(-1) \
+                norm_value = host_float32(grad_norm.detach().to(torch.float32)).reshape(-1) \
                     if isinstance(grad_norm, torch.Tensor) else np.array([grad_norm], dtype=np.float32)
-            scalars = (_host_float(loss), _host_float(grad_norm), _host_float(lr))
+            scalars = (host_float(loss), host_float(grad_norm), host_float(lr))
             batch = batch.detach().cpu() if isinstance(batch, torch.Tensor) else batch
             # The step is recorded here, before anything can change its tensors.
-            recorded = [family[n] for family in families.values() for n in self.tensor_names]
-            trace = None
-            addresses = self._addresses_in_place(recorded) if self.tracer is None and self._digest.native else None
-            if addresses is None:
-                # Each tensor read to the host once (a view, no copy, for fp32 CPU tensors).
-                host = [_host_float32(t) for t in recorded]
-                digests = self._digest.rows(host)
-                if self.tracer is not None:
-                    trace = self._trace_row(norm_value, host[:len(self.tensor_names)])
-            else:  # the digest library reads the tensors' memory: not even a numpy view each
-                digests = self._digest.rows_at(addresses)
+            digests = self._digest.rows([family[n] for family in families.values() for n in self.tensor_names])
+            trace = self._trace_row(norm_value) if self.tracer is not None else None
             self._write(digests, scalars, batch_hash(batch), batch if self._record_batches else None, compile_row,
                         trace)
         self.steps_recorded += 1
@@ -626,40 +442,9 @@ class Recorder:
                 raise ValueError(f"batch_tokens has shape {tokens.shape}, not {self._batch_shape}")
         hashed_batch = batch_hash(batch)  # small (B x (T+1) int32): not worth deferring
         tensors = [tensors[n] for tensors in families.values() for n in self.tensor_names]
-        if self._worker is None:
-            self._snapshot = _Snapshot(tensors[:len(self.tensor_names)], len(HASH_FAMILIES))
-            self._worker = _Worker(self._write_job, name=f"canary-recorder:{os.path.basename(str(self.path))}")
-        self._worker.wait()  # the previous step is written: its snapshot can be overwritten
+        self._overlap.wait()  # the previous step is written: its snapshot can be overwritten
         self._raise_worker_error()
-        self._snapshot.fill(tensors)
-        given = [v for v in (loss, grad_norm, lr) if isinstance(v, torch.Tensor)]
-        if self._snapshot.cuda and any(v.is_cuda for v in given) and all(v.numel() == 1 for v in given):
-            # No host read here: the scalars follow the tensors to pinned memory, as float64
-            # (exact from any float dtype, the value _host_float gives), read by the worker.
-            scalars: Any = self._snapshot.scalars  # the worker is done with it (waited above)
-            for i, v in enumerate((loss, grad_norm, lr)):
-                if isinstance(v, torch.Tensor):
-                    scalars[i].copy_(v.detach().reshape(()), non_blocking=True)
-                else:
-                    scalars[i] = float(v)
-            self._snapshot.ready = torch.cuda.Event()
-            self._snapshot.ready.record()  # after the scalars' copies: one event for both
-            scalars = (scalars, None, None)
-        else:
-            scalars = (_host_float(loss), _host_float(grad_norm), _host_float(lr))
-        self._worker.submit(_Job(self.steps_recorded, scalars, hashed_batch, tokens, compile_row))
-
-    def _write_job(self, job: _Job) -> None:
-        """The worker's part of a step: wait for the snapshot's bytes, digest them, append the row."""
-        self._snapshot.wait()
-        scalars = job.scalars
-        if isinstance(scalars[0], torch.Tensor):
-            scalars = tuple(float(x) for x in scalars[0].tolist())
-        digests = self._digest.rows(self._snapshot.arrays, threads=1)  # one thread: training runs beside it
-        self._write(digests, scalars, job.batch_hash, job.batch_tokens, job.compile, None)
-
-    def _addresses_in_place(self, tensors: Sequence[torch.Tensor]) -> Optional[List[int]]:
-        return addresses_in_place(tensors, self._digest.numels)
+        self._overlap.submit(self.steps_recorded, tensors, (loss, grad_norm, lr), hashed_batch, tokens, compile_row)
 
     def _write(self, digests: DigestRows, scalars: Sequence[float], hashed_batch: int, batch_tokens: Any,
                compile_row: Optional[Mapping[str, float]], trace: Any) -> None:
@@ -668,42 +453,40 @@ class Recorder:
         digests: DigestPlan's rows for every tensor, family-major (HASH_FAMILIES), tensors in
         canonical order: what ReceiptWriter.record_step would compute, in one call.
         """
-        hashes, sketches = family_rows(digests, len(self.tensor_names))
+        hashes, sketches = self._digest.split(digests)
         loss, grad_norm, lr = scalars
         self.writer.append_step(loss=loss, grad_norm=grad_norm, lr=lr, batch_hash=hashed_batch, hashes=hashes,
                                 sketches=sketches, batch_tokens=batch_tokens, trace=trace, compile=compile_row)
 
     def _raise_worker_error(self) -> None:
         """The worker's error (after wait()), as a RecorderError; kept so every later call raises it."""
-        if self._failure is None and self._worker is not None and self._worker.error is not None:
-            error = self._worker.error
+        if self._failure is None and self._overlap.error is not None:
+            error = self._overlap.error
             self._failure = RecorderError(
-                f"step {self._worker.failed_step} could not be recorded (in the background writer; no later "
+                f"step {self._overlap.failed_step} could not be recorded (in the background writer; no later "
                 f"step is recorded): {type(error).__name__}: {error}")
             self._failure.__cause__ = error
             raise self._failure
 
     def _drain(self) -> None:
         """Every step handed to the worker written (or failed), and the thread ended."""
-        if self._worker is not None:
-            self._worker.stop()
+        self._overlap.stop()
 
-    def _trace_row(self, grad_norm: Any, params: List[np.ndarray]):
-        """The step's /trace row (canary_harness.trace.StepTraces)."""
+    def _trace_row(self, grad_norm: np.ndarray):
+        """The step's /trace row (canary_harness.trace.StepTraces), with the parameters after the update."""
         from .trace import TraceError
 
         try:
             return self.tracer.row(self.steps_recorded, grad_norm,
-                                   [(n, p, v) for (n, p), v in zip(self.parameters.items(), params)])
+                                   [(n, p, host_float32(p)) for n, p in self.parameters.items()])
         except TraceError as e:
             raise RecorderError(str(e)) from None
 
     def dump_tensors(self, step: int) -> None:
         """/tensors/step_XXXXXX: the parameters now (at the start of `step`), by canary name."""
         self._check_open("dump_tensors()")
-        if self._worker is not None:  # the rows before it first, in order (and their error, if any)
-            self._worker.wait()
-            self._raise_worker_error()
+        self._overlap.wait()  # the rows before it first, in order (and their error, if any)
+        self._raise_worker_error()
         if self._failure is not None:
             raise self._failure
         self.writer.dump_tensors(step, {n: p.detach() for n, p in self.parameters.items()})
@@ -744,9 +527,9 @@ class Recorder:
             self.writer.__exit__(exc_type, exc, tb)
         if exc is None:
             self._raise_worker_error()
-        elif self._failure is None and self._worker is not None and self._worker.error is not None:
+        elif self._failure is None and self._overlap.error is not None:
             # The caller's exception wins, but the lost step is named on it, not dropped.
-            error = self._worker.error
+            error = self._overlap.error
             if hasattr(exc, "add_note"):  # Python >= 3.11
-                exc.add_note(f"canary_harness.torch.Recorder: step {self._worker.failed_step} could not be "
+                exc.add_note(f"canary_harness.torch.Recorder: step {self._overlap.failed_step} could not be "
                              f"recorded either: {type(error).__name__}: {error}")

@@ -307,9 +307,9 @@ class StepTraces:
     def row(self, step: int, grad_norm: np.ndarray, params: Sequence[Tuple[str, torch.Tensor, np.ndarray]]) -> Tuple:
         """(columns, hashes, sketches) of `step`: grad_norm a 1-element float32 array, params
         (canary name, parameter, its value now as a flat float32 host array) in canonical order."""
-        from .digest import DigestPlan
+        from .digest_plan import DigestPlan
         from .philox import stream_id
-        from .torch import _host_float32
+        from .recording import host_float32
 
         try:
             sites, values = self.tracer.finish_step()
@@ -318,7 +318,7 @@ class StepTraces:
         if not sites:
             raise TraceError(f"op trace: no module op ran with grad enabled in step {step} (the model's forward and "
                              "backward must run in the step: for the Recorder, between two step() calls)")
-        host = [_host_float32(v).reshape(-1) for v in values]
+        host = [host_float32(v).reshape(-1) for v in values]
         sites.append(("optimizer", -1, "optimizer", "grad_norm", "scalar"))
         host.append(grad_norm)
         for name, param, value in params:

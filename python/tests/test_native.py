@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from canary_harness import native, stream_id
-from canary_harness.digest import DigestPlan, SketchLayout, tensor_hash
+from canary_harness.digest import SketchLayout, tensor_hash
+from canary_harness.digest_plan import DigestPlan
 from canary_harness.native import NativeDigest, NativeDigestError
 
 from test_digest import awkward_array, bits

@@ -110,6 +110,24 @@ def test_gradients_zeroed_after_the_update_are_recorded_as_applied(small_run: Pa
         assert a[name].tobytes() == b[name].tobytes(), name
 
 
+@pytest.mark.parametrize("function", ["canary", "zeroes_after_update"])
+def test_the_digest_in_place_and_from_device_copies_record_the_same_bits(small_run: Path, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch,
+                                                                        digest_library: str, function: str) -> None:
+    """The library reads the tensors in place at the end of optimizer.step(); the Python
+    digest takes copies there and digests them after the step (runner.StepCapture). Both are
+    the bits of the same moment, gradients zeroed after the update included."""
+    monkeypatch.setenv("CANARY_HARNESS_DIGEST", digest_library)
+    in_place = tmp_path / "in_place.h5"
+    run(f"{SMALL}:{function}", "--out", str(in_place))
+    monkeypatch.setenv("CANARY_HARNESS_DIGEST", "python")
+    copies = tmp_path / "copies.h5"
+    run(f"{SMALL}:{function}", "--out", str(copies))
+    a, b, reference = series(in_place), series(copies), series(small_run)
+    for name in SERIES:
+        assert a[name].tobytes() == b[name].tobytes() == reference[name].tobytes(), name
+
+
 def test_grad_norm_returned_by_the_step_is_recorded(small_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "norm.h5"
     run(f"{SMALL}:returns_norm", "--out", str(out))

@@ -370,13 +370,13 @@ def test_overlap_writes_the_receipt_the_synchronous_recorder_writes(micro_pack: 
     background = Recorder(tmp_path / "overlap.h5", model, optimizer, name_map, overlap=True, **kwargs)
     inline = Recorder(tmp_path / "sync.h5", model, optimizer, name_map, overlap=False, **kwargs)
     assert background.overlap and not inline.overlap
-    write_job = background._write_job
+    write_job = background._overlap._run
 
     def late_write_job(job):
         time.sleep(0.05)  # the training thread is well into the next step by now
         write_job(job)
 
-    background._write_job = late_write_job
+    background._overlap._run = late_write_job
     for step in range(pack.steps):
         loss, norm, tokens = train_one_step(pack, cfg, model, optimizer, step)
         background.step(loss=loss, grad_norm=norm, batch=tokens)
@@ -419,8 +419,8 @@ def test_every_digest_path_writes_the_same_receipt(micro_pack: Path, tmp_path: P
         recorders[name] = Recorder(tmp_path / f"{name}.h5", model, optimizer, name_map, overlap=overlap, **kwargs)
     assert not recorders["library-None"].overlap and recorders["python-None"].overlap  # the defaults
     in_place_calls = []
-    rows_at = recorders["library-None"]._digest.rows_at
-    recorders["library-None"]._digest.rows_at = lambda addresses: in_place_calls.append(1) or rows_at(addresses)
+    rows_at = recorders["library-None"]._digest.plan.rows_at
+    recorders["library-None"]._digest.plan.rows_at = lambda addresses: in_place_calls.append(1) or rows_at(addresses)
     for step in range(pack.steps):
         loss, norm, tokens = train_one_step(pack, cfg, model, optimizer, step)
         for recorder in recorders.values():
@@ -503,8 +503,8 @@ def test_a_process_that_exits_without_close_still_writes_its_last_step(micro_pac
         cfg, model, optimizer, name_map = user_setup(pack)
         recorder = Recorder({str(out)!r}, model, optimizer, name_map, pack=pack, budget_features="torch-cpu",
                             overlap=True)
-        write_job = recorder._write_job
-        recorder._write_job = lambda job: (time.sleep(0.3), write_job(job))  # still busy when the script ends
+        write_job = recorder._overlap._run
+        recorder._overlap._run = lambda job: (time.sleep(0.3), write_job(job))  # still busy when the script ends
         for step in range(2):
             loss, norm, tokens = train_one_step(pack, cfg, model, optimizer, step)
             recorder.step(loss=loss, grad_norm=norm, batch=tokens)
