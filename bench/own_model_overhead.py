@@ -3,15 +3,19 @@
 small GPT (examples/own-model/canary.py) trained twice side by side in this process, from
 the same seed, taking turns step by step so that both see the same machine load: once bare
 (the team's own loop: batch(i), then step(model, optimizer, batch, i)), once through the
-harness's runner (canary_harness.runner.CanaryLoop: the batch hashed and checked, the
-digests taken at the end of optimizer.step(), the row appended to a receipt). After the
+harness's runner (canary_harness.runner.ReceiptRun, as `run` records: the batch hashed
+and checked, the digests taken at the end of optimizer.step(), the row handed to the
+background writer that appends it to a receipt). After the
 warm-up, each round's recorded step is set against the same round's bare step: the median
 and quartiles of those per-round overheads are the paired figure; the ratio of the medians
 is printed beside it.
 
 Usage:
-    /usr/bin/python3 bench/own_model_overhead.py [--canary FILE.py:NAME] [--rounds 200] [--warmup 10]
-        [--threads 1] [--json FILE]
+    /usr/bin/python3 bench/own_model_overhead.py [--canary FILE.py:NAME | --pack PACK.h5] [--rounds 200]
+        [--warmup 10] [--threads 1] [--json FILE]
+
+--pack measures the built-in canary's PyTorch lane (canary_harness.lane) the same way:
+the lane's canary runs through the same runner.
 
 The recorded copy digests through the digest library next to `harness` (HARNESS_BIN, else
 build/bin/harness) where it is found; CANARY_HARNESS_DIGEST=python measures the numpy
@@ -34,9 +38,22 @@ sys.path.insert(0, os.path.join(ROOT, "python"))
 os.environ.setdefault("HARNESS_BIN", os.path.join(ROOT, "build", "bin", "harness"))
 
 
+def pack_lane_canary(path: str):
+    """The PyTorch lane's canary of a pack, as `python3 -m canary_harness.lane` runs it (fp32, CPU)."""
+    from canary_harness.lane import architecture_module, load_pack, pack_canary
+    from canary_harness.optim import CanaryAdamW
+
+    pack = load_pack(path)
+    architecture = architecture_module(pack)
+    cfg = architecture.config_class.from_json(pack.canary_json)
+    model = architecture.model_class(cfg, pack.init)
+    return pack_canary(pack, architecture, cfg, model, CanaryAdamW(model.named_parameters(), cfg), pack.steps)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--canary", default=os.path.join(ROOT, "examples", "own-model", "canary.py") + ":canary")
+    ap.add_argument("--pack", help="a canary pack (harness export): measure the built-in canary's PyTorch lane instead")
     ap.add_argument("--rounds", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--threads", type=int, default=1)
@@ -47,17 +64,18 @@ def main() -> int:
 
     from canary_harness.canary import load_canary
     from canary_harness.digest_plan import DigestPlan
-    from canary_harness.receipt import ReceiptWriter
-    from canary_harness.runner import CanaryLoop, RunOptions, manifest_for
+    from canary_harness.runner import ReceiptRun, RunOptions
 
     torch.set_num_threads(args.threads)
-    bare, recorded = load_canary(args.canary), load_canary(args.canary)
+    load = (lambda: pack_lane_canary(args.pack)) if args.pack else (lambda: load_canary(args.canary))
+    bare, recorded = load(), load()
+    if args.pack:
+        args.canary = f"{args.pack} (the PyTorch lane)"
     steps = bare.canary.steps
     work = tempfile.mkdtemp(prefix="own-model-overhead-")
     options = RunOptions(out=os.path.join(work, "r.h5"), threads=args.threads, steps=args.rounds + args.warmup)
     device = torch.device("cpu")
-    loop = CanaryLoop(recorded, options, device)
-    writer = ReceiptWriter(options.out, manifest_for(recorded, options, device, options.steps), recorded.tensor_names)
+    run = ReceiptRun(recorded, options, device, options.steps)
     implementation = DigestPlan([1], [1], [True]).implementation
 
     def bare_step(i: int) -> float:
@@ -68,9 +86,7 @@ def main() -> int:
 
     def recorded_step(i: int) -> float:
         start = time.perf_counter()
-        r = loop.run_step(i % steps)
-        writer.append_step(loss=r.loss, grad_norm=r.grad_norm, lr=r.lr, batch_hash=r.batch_hash, hashes=r.hashes,
-                           sketches=r.sketches)
+        run.step(i % steps)  # the runner's step: run, digest, its row handed to the background writer
         return time.perf_counter() - start
 
     times = {"bare": [], "recorded": []}
@@ -82,8 +98,8 @@ def main() -> int:
             seconds = step(i)
             if i >= args.warmup:
                 times[name].append(seconds)
-    loop.close()
-    writer.close()
+    run.finish()
+    run.loop.close()
 
     paired = sorted(r / b - 1 for r, b in zip(times["recorded"], times["bare"]))
     median = {k: statistics.median(v) for k, v in times.items()}

@@ -48,7 +48,8 @@ class Canary:
                another optimizer's are recorded as zeros and named in the manifest).
     batch:     batch(i) -> step i's inputs (a tensor, or tuples, lists and dicts of them),
                the same on every call: the harness hashes it (the data contract) and
-               refuses a batch that differs between two calls for one step.
+               refuses a batch that differs between two calls for one step (checked
+               at steps 0-3 and every power of two: runner.batch_checked_at).
     step:      step(model, optimizer, batch, i) -> loss: one whole training step as the team
                writes it (lr, forward, backward, clipping, optimizer.step()); the loss is a
                one-element tensor or a number. It may return (loss, grad_norm) to have its

@@ -178,17 +178,18 @@ class Job(NamedTuple):
 
 
 class Worker:
-    """One background thread that writes the steps the Recorder hands it, one at a time.
+    """One background thread that writes the steps handed to it, one at a time: the
+    Recorder's overlap (Overlap) and the runner's row appends (runner.run_canary).
 
-    At most one step is in flight: step() waits for the previous one before it reuses the
-    snapshot (honest back-pressure: a digest slower than the training step slows training
-    down instead of piling up memory). An exception in the job is kept, not lost, for the
-    Recorder to raise on its next call. The thread is not a daemon, so an interpreter that
+    At most one step is in flight: the caller waits for the previous one before it hands
+    over the next (honest back-pressure: a writer slower than the training step slows
+    training down instead of piling up memory). An exception in the job is kept, not lost,
+    for the caller to raise on its next call. The thread is not a daemon, so an interpreter that
     exits without close() still writes the step in flight; it notices the exit (the main
     thread has ended) while idle and stops then.
     """
 
-    def __init__(self, run: Callable[[Job], None], name: str) -> None:
+    def __init__(self, run: Callable[[Any], None], name: str) -> None:
         self._run = run
         self._jobs: "queue.Queue[Optional[Job]]" = queue.Queue(maxsize=1)
         self._idle = threading.Event()

@@ -5,7 +5,7 @@ whose pack makes a canary of the same shape: one loop, one digest path).
 The harness owns the loop; the canary's `step` owns the training step:
 
     for i in range(steps):
-        batch = canary.batch(i)                  # hashed; a second call must hash alike
+        batch = canary.batch(i)                  # hashed; a second call must hash alike (checked)
         with autocast (bf16 only):
             loss = canary.step(model, optimizer, batch on the device, i)
         mark_step() (XLA only)
@@ -36,7 +36,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -46,7 +46,7 @@ from .digest import batch_hash, batch_tree_hash
 from .digest_plan import DigestRows
 from .perturb import perturb_parameters
 from .receipt import ReceiptWriter
-from .recording import StepDigest, host_float, host_float32
+from .recording import StepDigest, Worker, host_float, host_float32
 from .stack import git_commit_of
 
 # Which optimizer state is recorded as the receipt's Adam moments, in order of preference.
@@ -221,16 +221,27 @@ def _loss_and_norm(result: Any, step: int) -> tuple:
     return result, norm
 
 
+def batch_checked_at(step: int) -> bool:
+    """Whether step i calls a Python canary's batch(i) a second time to hold it to the
+    contract (the same batch on every call): steps 0 to 3, then every power of two. A batch
+    drawn from an unseeded generator or an iterator differs at step 0 already; checking
+    every step would double the data's cost, and a batch that differs at another step
+    still shows in the recorded batch hash, which every comparison of two runs checks."""
+    return step < 4 or step & (step - 1) == 0
+
+
 def _checked_batch(loaded: LoadedCanary, step: int) -> tuple:
     """Step i's batch and its hash under the canary's data contract (LoadedCanary.token_batches);
-    CanaryError when a Python canary's batch(i) is not the same on a second call."""
+    CanaryError when a Python canary's batch(i) is not the same on a second call (at the
+    steps batch_checked_at names)."""
     canary = loaded.canary
     if loaded.token_batches:  # a checksummed pack's tokens: read once, hashed as the C++ engines do
         batch = canary.batch(step)
         return batch, batch_hash(batch)
-    batch, again = canary.batch(step), canary.batch(step)  # the team's code: its errors are its own
+    batch = canary.batch(step)  # the team's code: its errors are its own
     try:
-        first, second = batch_tree_hash(batch), batch_tree_hash(again)
+        first = batch_tree_hash(batch)
+        second = batch_tree_hash(canary.batch(step)) if batch_checked_at(step) else first
     except ValueError as e:
         raise CanaryError(f"step {step}: {e}") from None
     if first != second:
@@ -395,57 +406,105 @@ def _mark_step_of(device: torch.device) -> Optional[Callable[[], None]]:
 def run_canary(loaded: LoadedCanary, options: RunOptions, device: torch.device,
                progress: Optional[Callable[[int, int], None]] = None,
                manifest: Optional[Dict[str, Any]] = None) -> RunSummary:
-    """Runs the canary for its steps (or options.steps) and writes the receipt to options.out,
-    with the canary's state every options.checkpoint_every steps (canary_harness.canary_state).
-    `manifest`: the receipt's manifest where the caller makes it (the PyTorch lane of a
-    built-in canary: canary_harness.lane), else manifest_for()'s.
-
-    A CanaryError (the canary breaks its contract: a batch that differs between calls, a
-    loss that is not a scalar) removes the receipt; any other failure of the step leaves
-    the receipt with its finished steps and complete = 0 (a failure before the first step
-    removes it), and is raised."""
-    from .canary_state import capture_state
-
+    """Runs the canary for its steps (or options.steps) and writes the receipt to options.out
+    (ReceiptRun: the failure rules are its)."""
     steps = options.steps or loaded.canary.steps
-    loop = CanaryLoop(loaded, options, device)
-    writer: Optional[ReceiptWriter] = None
-    try:
-        writer = ReceiptWriter(options.out, manifest or manifest_for(loaded, options, device, steps),
-                               loaded.tensor_names, overwrite=options.overwrite)
-        if options.checkpoint_every:
-            writer.declare_checkpoints(options.checkpoint_every)
-    except BaseException:
-        if writer is not None:
-            writer.discard()
-        loop.close()
-        raise
+    run = ReceiptRun(loaded, options, device, steps, manifest)
     losses: List[float] = []
     start = time.perf_counter()
     try:
         for i in range(steps):
-            if options.checkpoint_every and i > 0 and i % options.checkpoint_every == 0:
-                writer.append_checkpoint(i, capture_state(loaded, i, device))
-            record = loop.run_step(i)
-            losses.append(record.loss)
-            writer.append_step(loss=record.loss, grad_norm=record.grad_norm, lr=record.lr,
-                               batch_hash=record.batch_hash, hashes=record.hashes, sketches=record.sketches,
-                               trace=record.trace, compile=record.compile)
+            losses.append(run.step(i).loss)
             if progress is not None:
                 progress(i, steps)
+        run.finish()
         seconds = time.perf_counter() - start
-        writer.close()
-    except CanaryError:
-        writer.discard(recorded_steps_too=True)
-        raise
-    except BaseException:
-        if writer.steps_recorded == 0:
-            writer.discard()
-        else:
-            writer.close()
+    except BaseException as e:
+        run.abandon(e)
         raise
     finally:
-        loop.close()
-    return RunSummary(steps, losses, seconds, loop.audit.summary() if loop.audit is not None else None)
+        run.loop.close()
+    audit = run.loop.audit
+    return RunSummary(steps, losses, seconds, audit.summary() if audit is not None else None)
+
+
+class ReceiptRun:
+    """A canary's run into its receipt, one step() at a time: CanaryLoop's steps, each row
+    appended on one background thread while the next step trains (recording.Worker: one row
+    in flight at most, so a process killed loses that row only), the canary's state every
+    options.checkpoint_every steps (canary_harness.canary_state). `manifest`: the receipt's
+    manifest where the caller makes it (the PyTorch lane of a built-in canary:
+    canary_harness.lane), else manifest_for()'s.
+
+    finish() writes the last row and closes the receipt. abandon(error) after a failure: a
+    CanaryError (the canary breaks its contract: a batch that differs between calls, a loss
+    that is not a scalar) removes the receipt; any other failure leaves it with its finished
+    steps and complete = 0 (a failure before the first step removes it). The caller closes
+    `loop` (run_canary)."""
+
+    def __init__(self, loaded: LoadedCanary, options: RunOptions, device: torch.device, steps: int,
+                 manifest: Optional[Dict[str, Any]] = None) -> None:
+        self.loaded, self.options, self.device = loaded, options, device
+        self.loop = CanaryLoop(loaded, options, device)
+        writer: Optional[ReceiptWriter] = None
+        try:
+            writer = ReceiptWriter(options.out, manifest or manifest_for(loaded, options, device, steps),
+                                   loaded.tensor_names, overwrite=options.overwrite)
+            if options.checkpoint_every:
+                writer.declare_checkpoints(options.checkpoint_every)
+        except BaseException:
+            if writer is not None:
+                writer.discard()
+            self.loop.close()
+            raise
+        self.writer = writer
+        self.rows = Worker(lambda job: _append_row(writer, job.record),
+                           name=f"canary-receipt:{os.path.basename(options.out)}")
+
+    def step(self, i: int) -> StepRecord:
+        """Runs and records step i (its row written in the background)."""
+        every = self.options.checkpoint_every
+        if every and i > 0 and i % every == 0:
+            from .canary_state import capture_state
+
+            _wait_for(self.rows)  # the rows before it first: a checkpoint follows its step's row
+            self.writer.append_checkpoint(i, capture_state(self.loaded, i, self.device))
+        record = self.loop.run_step(i)
+        _wait_for(self.rows)
+        self.rows.submit(RowJob(i, record))
+        return record
+
+    def finish(self) -> None:
+        self.rows.stop()
+        _wait_for(self.rows)
+        self.writer.close()
+
+    def abandon(self, error: BaseException) -> None:
+        self.rows.stop()  # every row handed over is written (or failed) first
+        if isinstance(error, CanaryError):
+            self.writer.discard(recorded_steps_too=True)
+        elif self.writer.steps_recorded == 0:
+            self.writer.discard()
+        else:
+            self.writer.close()
+
+
+class RowJob(NamedTuple):
+    """A step's row for the background writer."""
+    step: int
+    record: StepRecord
+
+
+def _append_row(writer: ReceiptWriter, record: StepRecord) -> None:
+    writer.append_step(loss=record.loss, grad_norm=record.grad_norm, lr=record.lr, batch_hash=record.batch_hash,
+                       hashes=record.hashes, sketches=record.sketches, trace=record.trace, compile=record.compile)
+
+
+def _wait_for(rows: Worker) -> None:
+    """Until the row in flight is written; its failure (a full disk, say) raised here."""
+    rows.wait()
+    if rows.error is not None:
+        raise rows.error
 
 
 class _Fault:

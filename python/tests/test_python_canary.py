@@ -276,3 +276,35 @@ def test_adamw_eps_1e8_to_1e7_in_the_example_fails_at_step_0(tmp_path: Path, har
     run(f"{changed / 'canary.py'}:canary", "--out", str(after), "--steps", "3")
     result = run_harness(harness_bin, "compare", str(after), str(before), check=False)
     assert result.returncode == 1 and "first failing step 0" in result.stdout, result.stdout
+
+
+def test_the_batch_contract_is_checked_at_the_first_steps_and_every_power_of_two() -> None:
+    from canary_harness.runner import batch_checked_at
+
+    checked = [i for i in range(1, 5000) if batch_checked_at(i)]
+    assert batch_checked_at(0) and checked[:4] == [1, 2, 3, 4]
+    assert checked[4:] == [2**k for k in range(3, 13)]
+
+
+def test_a_row_that_cannot_be_written_stops_the_run_and_keeps_the_rows_before_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows are appended on a background thread (runner.ReceiptRun): a write that fails at
+    step 3 is raised by the run (not lost), no later row is written, and the receipt keeps
+    steps 0-2 with complete = 0."""
+    from canary_harness import runner
+    from canary_harness.canary import load_canary
+
+    append = runner._append_row
+
+    def full_disk_at_3(writer, record):
+        if writer.steps_recorded == 3:
+            raise OSError(28, "No space left on device")
+        append(writer, record)
+
+    monkeypatch.setattr(runner, "_append_row", full_disk_at_3)
+    out = tmp_path / "r.h5"
+    loaded = load_canary(f"{SMALL}:canary")
+    with pytest.raises(OSError, match="No space left"):
+        runner.run_canary(loaded, runner.RunOptions(out=str(out)), torch.device("cpu"))
+    with h5py.File(out, "r") as f:
+        assert len(f["steps/loss"]) == 3 and f["manifest"].attrs["complete"] == 0
