@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Installs what this project needs from Debian 12's packages, and only what is missing.
-# Idempotent; runs apt-get directly as root and through sudo otherwise. No other downloads.
+# Installs what this project needs from Debian 12's packages, and only what is missing,
+# then the pinned Python environment .venv/ (scripts/python-env.sh: torch 2.9 from the
+# Python package index, where it is reachable). Idempotent; runs apt-get directly as root
+# and through sudo otherwise. No other downloads.
 set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
 
 packages=(
   # build
@@ -26,7 +29,7 @@ for p in "${packages[@]}"; do
 done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#packages[@]} packages present"
-  exit 0
+  exec "$root/scripts/python-env.sh"
 fi
 
 if [ "$(id -u)" -eq 0 ]; then
@@ -40,3 +43,4 @@ fi
 echo "install-deps: installing ${missing[*]}"
 "${as_root[@]}" apt-get update -qq
 DEBIAN_FRONTEND=noninteractive "${as_root[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+"$root/scripts/python-env.sh"

@@ -81,6 +81,11 @@ HOST_READ_METHODS = {
     "__array__": "numpy.asarray(tensor)",
 }
 
+# torch functions that make a tensor from Python data or a size: without a `device` argument
+# the tensor is made in host memory, and stays there on an accelerator (StepCapture.on_host).
+HOST_FACTORIES = ("tensor", "as_tensor", "scalar_tensor", "from_numpy", "zeros", "ones", "empty", "full", "arange",
+                  "linspace", "logspace", "eye", "rand", "randn", "randint", "randperm")
+
 # aten ops that hand a tensor's value to Python, by schema name: what the `data_dependent_output`
 # tag marks in torch 1.13 and later (the tag decides where it exists; this set covers builds without it).
 HOST_READ_OPS = frozenset({"aten::_local_scalar_dense", "aten::equal", "aten::allclose", "aten::is_nonzero"})
@@ -325,9 +330,21 @@ def _modes():
             return tuple(out_desc(x) for x in o)
         return type(o).__name__
 
+    factories = {getattr(torch, name) for name in HOST_FACTORIES if hasattr(torch, name)}
+
+    def tensors_in(values, into):
+        for v in values:
+            if isinstance(v, Tensor):
+                into.append(v)
+            elif isinstance(v, (list, tuple)):
+                tensors_in(v, into)
+        return into
+
     class FunctionReads(TorchFunctionMode):
         """Python-level host reads (.item(), float(t), print(t), .tolist(), .cpu(), .numpy()).
-        While one runs, the dispatch mode records nothing: its ops are the read's own."""
+        While one runs, the dispatch mode records nothing: its ops are the read's own. A
+        read of a host-resident tensor (StepCapture.on_host) is no host read. Tensors that a
+        factory makes without a `device` (torch.tensor(0.0)) are marked host-resident here."""
 
         def __init__(self, capture: "StepCapture") -> None:
             super().__init__()
@@ -335,15 +352,27 @@ def _modes():
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
             capture = self.capture
+            kwargs = kwargs or {}
+            if func in factories:
+                out = func(*args, **kwargs)
+                if kwargs.get("device") is None:
+                    capture.mark_host(tensors_in((out,), []))
+                return out
             display = HOST_READ_METHODS.get(getattr(func, "__name__", None))
             if display is None or capture.reading:
-                return func(*args, **(kwargs or {}))
+                return func(*args, **kwargs)
             capture.reading += 1
             try:
-                return func(*args, **(kwargs or {}))
+                out = func(*args, **kwargs)
             finally:
                 capture.reading -= 1
+            if capture.on_host(tensors_in(args[:1], [])):
+                capture.mark_host(tensors_in((out,), []))  # .cpu() of a host tensor stays one
+            else:
                 capture.host_read(display, sys._getframe(1))
+                if func is Tensor.cpu:
+                    capture.mark_host(tensors_in((out,), []))
+            return out
 
     class DispatchOps(TorchDispatchMode):
         """Every aten op: its structure, its Python numbers, where it was called."""
@@ -357,6 +386,10 @@ def _modes():
             out = func(*args, **kwargs)
             capture = self.capture
             if capture.reading:
+                return out
+            inputs = tensors_in(args, tensors_in(kwargs.values(), []))
+            if capture.on_host(inputs) and kwargs.get("device") is None:
+                capture.mark_host(tensors_in((out,), []))  # host arithmetic: in no device graph
                 return out
             name, kind = info(func)
             if kind == "host_read":
@@ -392,11 +425,26 @@ class StepCapture:
     runs as it would, the modes only look (and cost time: docs/python.md gives the figure)."""
 
     def __init__(self, locator: Optional[_Locator] = None) -> None:
+        import weakref
+
         self.locator = locator or _Locator()
         self.ops: List[OpCall] = []
         self.reading = 0
+        # Tensors that stay in host memory on an accelerator (made by a factory without a
+        # device, and what is computed from them alone): torch.optim's step counter, kept on
+        # the CPU unless capturable or fused, is one. Reading one is no device round trip,
+        # and arithmetic on them is in no device graph. Kept across steps (state lives on).
+        self._host = weakref.WeakSet()
         self._entered: Optional[Tuple[Any, Any]] = None
         self._step = 0
+
+    def mark_host(self, tensors: Sequence[Any]) -> None:
+        for t in tensors:
+            self._host.add(t)
+
+    def on_host(self, tensors: Sequence[Any]) -> bool:
+        """True when there are tensors and every one is host-resident."""
+        return bool(tensors) and all(t in self._host for t in tensors)
 
     def host_read(self, display: str, frame: Any) -> None:
         file, line, via = self.locator.locate(frame)

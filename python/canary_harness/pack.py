@@ -29,7 +29,7 @@ import numpy as np
 
 from .models.config import SIZE_RANGES, check_sizes
 from .models.table import gpt2_tensor_table, llama_tensor_table
-from .receipt import HDF5_READ_ERRORS, ReceiptError, hdf5_message, unstored
+from .receipt import HDF5_READ_ERRORS, ReceiptError, hdf5_message, read_failure, unstored
 
 PACK_VERSION = 1
 PathLike = Union[str, "os.PathLike[str]"]
@@ -164,7 +164,7 @@ def _values(path: str, obj: h5py.Dataset) -> np.ndarray:
     try:
         return obj[()]
     except (OSError, RuntimeError, ValueError) as e:  # a Fletcher32 mismatch, a truncated chunk
-        _fail(path, f"cannot read {obj.name} ({e}); {EXPORT_HINT}")
+        _fail(path, f"cannot read {obj.name} ({read_failure(obj, e)}); {EXPORT_HINT}")
 
 
 def _canary(path: str, canary_json: str) -> Dict[str, Any]:

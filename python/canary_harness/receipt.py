@@ -849,6 +849,16 @@ def hdf5_message(error: BaseException) -> str:
     return str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
 
 
+def read_failure(dataset: h5py.Dataset, error: BaseException) -> str:
+    """Why `dataset`'s values could not be read. Where Fletcher32 is its only filter that
+    can fail (no compression), the failure is its checksum's, and it is named so: HDF5 1.10
+    says "data error detected by Fletcher32 checksum", HDF5 2.0 only "filter returned failure
+    during read"."""
+    if dataset.fletcher32 and dataset.compression is None:
+        return f"the Fletcher32 checksum failed: {hdf5_message(error)}"
+    return hdf5_message(error)
+
+
 # Deflate compresses at best about 1032:1: a deflated dataset cannot hold more.
 DEFLATE_MAX_RATIO = 1032
 _UNCOMPRESSING_FILTERS = (h5py.h5z.FILTER_SHUFFLE, h5py.h5z.FILTER_FLETCHER32)
@@ -1024,8 +1034,8 @@ class ReceiptReader:
         obj = self.dataset(name, ndim)
         try:
             return obj[()]
-        except (OSError, RuntimeError, ValueError) as e:  # e.g. "data error detected by Fletcher32 checksum"
-            self._fail(f"cannot read {name} ({hdf5_message(e)}); {self.DAMAGED}")
+        except (OSError, RuntimeError, ValueError) as e:  # e.g. a Fletcher32 mismatch, a truncated chunk
+            self._fail(f"cannot read {name} ({read_failure(obj, e)}); {self.DAMAGED}")
 
     @property
     def complete(self) -> bool:

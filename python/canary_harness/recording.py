@@ -80,6 +80,35 @@ def family_rows(digests: DigestRows, count: int) -> Tuple[Dict[str, np.ndarray],
     return hashes, sketches
 
 
+# Which optimizer state is recorded as the receipt's Adam moments, in order of preference.
+# Adam, AdamW (and their fused and foreach forms) keep exp_avg / exp_avg_sq; SGD with
+# momentum keeps momentum_buffer. A family an optimizer does not keep is recorded as zeros.
+MOMENT_STATE = {"adam_m": ("exp_avg", "momentum_buffer"), "adam_v": ("exp_avg_sq",)}
+
+
+class MomentSource:
+    """What a step records as adam_m and adam_v for each parameter (MOMENT_STATE): the
+    optimizer's state tensor of the parameter's shape, else zeros (one tensor per parameter,
+    made once). The runner and the Recorder both record by this rule."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+        self._zeros: Dict[int, torch.Tensor] = {}
+
+    def zeros_like(self, p: torch.Tensor) -> torch.Tensor:
+        if id(p) not in self._zeros:
+            self._zeros[id(p)] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
+        return self._zeros[id(p)]
+
+    def moment(self, p: torch.Tensor, family: str) -> torch.Tensor:
+        state = self.optimizer.state.get(p, {})
+        for key in MOMENT_STATE[family]:
+            value = state.get(key)
+            if isinstance(value, torch.Tensor) and value.shape == p.shape:
+                return value
+        return self.zeros_like(p)
+
+
 class StepDigest:
     """One step's every tensor digested in one call (StepDigest.rows), and the row it makes."""
 

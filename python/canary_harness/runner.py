@@ -46,14 +46,8 @@ from .digest import batch_hash, batch_tree_hash
 from .digest_plan import DigestRows
 from .perturb import perturb_parameters
 from .receipt import ReceiptWriter
-from .recording import StepDigest, Worker, host_float, host_float32
+from .recording import MomentSource, StepDigest, Worker, host_float, host_float32
 from .stack import git_commit_of
-
-# Which optimizer state is recorded as the receipt's Adam moments, in order of preference.
-# Adam, AdamW (and their fused and foreach forms) keep exp_avg / exp_avg_sq; SGD with
-# momentum keeps momentum_buffer. A family an optimizer does not keep is recorded as zeros.
-MOMENT_STATE = {"adam_m": ("exp_avg", "momentum_buffer"), "adam_v": ("exp_avg_sq",)}
-
 
 @dataclass
 class RunOptions:
@@ -117,7 +111,7 @@ class StepCapture:
         self.digest = StepDigest(self.names, [p.numel() for p in self.params])
         on_cpu = all(p.device.type == "cpu" for p in self.params)
         self.deferred = not (on_cpu and self.digest.native)
-        self._zeros: Dict[int, torch.Tensor] = {}
+        self.moments = MomentSource(self.optimizer)
         self.digests: Optional[DigestRows] = None
         self._kept: Optional[List[torch.Tensor]] = None
         self.lr: Any = None
@@ -177,21 +171,11 @@ class StepCapture:
             self.digests, self._kept = self.digest.rows(self._kept), None
         self.lr = host_float(self.lr)
 
-    def _zeros_like(self, p: torch.Tensor) -> torch.Tensor:
-        if id(p) not in self._zeros:
-            self._zeros[id(p)] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
-        return self._zeros[id(p)]
-
     def _grad(self, p: torch.Tensor) -> torch.Tensor:
-        return p.grad if p.grad is not None else self._zeros_like(p)
+        return p.grad if p.grad is not None else self.moments.zeros_like(p)
 
     def _moment(self, p: torch.Tensor, family: str) -> torch.Tensor:
-        state = self.optimizer.state.get(p, {})
-        for key in MOMENT_STATE[family]:
-            value = state.get(key)
-            if isinstance(value, torch.Tensor) and value.shape == p.shape:
-                return value
-        return self._zeros_like(p)
+        return self.moments.moment(p, family)
 
     def grad_norm(self) -> float:
         """The L2 norm of the gradients the update applied, from their sketches' norms."""

@@ -18,7 +18,9 @@ What each step records (docs/design.md, the receipt contract): the loss, the gra
 before clipping, the learning rate, the batch hash, and the hashes and sketches of the
 parameters after the update, the gradients (after clipping: `.grad` as the optimizer used
 it) and Adam's moments (`optimizer.state[p]["exp_avg"]`, `["exp_avg_sq"]`, as PyTorch's
-Adam and AdamW keep them) of every canary tensor, in the canary's canonical order.
+Adam and AdamW keep them; SGD's `momentum_buffer` as adam_m; zeros where the optimizer keeps
+neither: recording.MOMENT_STATE, the runner's rule too) of every canary tensor, in the
+canary's canonical order.
 
 The recorder reads host values only in step(), which you call after optimizer.step(): it
 installs no hooks (unless it traces ops) and touches nothing during the forward, backward
@@ -64,7 +66,7 @@ from .digest import batch_hash
 from .digest_plan import DigestRows
 from .models.config import canary_object
 from .receipt import PathLike, ReceiptError, ReceiptWriter
-from .recording import Overlap, StepDigest, host_float, host_float32
+from .recording import MomentSource, Overlap, StepDigest, host_float, host_float32
 from .schema import HASH_FAMILIES
 from .stack import StackInfo
 
@@ -287,6 +289,7 @@ class Recorder:
             if id(param) not in held:
                 raise RecorderError(f"canary tensor '{name}': its parameter is not one the optimizer updates")
         self.optimizer = optimizer
+        self._moments = MomentSource(optimizer)  # adam_m, adam_v: the runner's rule (recording.MOMENT_STATE)
         self.steps_recorded = 0
         manifest: Dict[str, Any] = {
             "lane": lane or f"{canary_name}/{engine}" + (f"+{features}" if features else ""),
@@ -329,28 +332,6 @@ class Recorder:
             from .audit import CompileLog
             self.audit = CompileLog()
             self.audit.begin(0)
-
-    def _state(self, name: str, param: torch.Tensor, key: str) -> torch.Tensor:
-        state = self.optimizer.state.get(param, {})
-        if key in state:
-            return state[key]
-        if not state:  # no state yet: an Adam-like optimizer that has not stepped
-            raise RecorderError(f"canary tensor '{name}': optimizer.state has no '{key}' (an Adam-like optimizer "
-                                "keeps exp_avg and exp_avg_sq; call step() after optimizer.step())")
-        # State without Adam's moments: no later step can be recorded either.
-        removed = ""
-        if self.steps_recorded == 0:  # a receipt of no step is no use: it goes with the error
-            self._abandon()
-            removed = f"; {self.path} is removed"
-        raise RecorderError(f"canary tensor '{name}': optimizer.state has no '{key}': "
-                            f"{type(self.optimizer).__name__} keeps no Adam moments (exp_avg, exp_avg_sq), which a "
-                            f"receipt records; record an Adam-like optimizer (Adam, AdamW){removed}")
-
-    def _abandon(self) -> None:
-        """Closes the recorder and deletes its receipt (no step recorded): it cannot record this run."""
-        self._closed = True
-        self._release_hooks()
-        self.writer.discard()
 
     def _check_open(self, call: str) -> None:
         if self._closed:
@@ -396,8 +377,12 @@ class Recorder:
                 raise RecorderError(f"canary tensor '{name}' has no gradient at step {self.steps_recorded}: "
                                     "call step() after optimizer.step() and before optimizer.zero_grad()")
             grads[name] = param.grad
-        adam_m = {name: self._state(name, p, "exp_avg") for name, p in self.parameters.items()}
-        adam_v = {name: self._state(name, p, "exp_avg_sq") for name, p in self.parameters.items()}
+            if "betas" in self.optimizer.defaults and not self.optimizer.state.get(param):
+                # An optimizer that declares Adam's betas keeps moments once it has stepped.
+                raise RecorderError(f"canary tensor '{name}': optimizer.state has no 'exp_avg' (an Adam-like "
+                                    "optimizer keeps exp_avg and exp_avg_sq; call step() after optimizer.step())")
+        adam_m = {name: self._moments.moment(p, "adam_m") for name, p in self.parameters.items()}
+        adam_v = {name: self._moments.moment(p, "adam_v") for name, p in self.parameters.items()}
         compile_row = None
         if self.audit is not None:  # the step ends here, before anything below reads a value
             if not self.audit.active:

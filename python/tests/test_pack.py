@@ -128,7 +128,7 @@ def test_a_flipped_byte_in_raw_data_is_an_error_not_a_value(micro_pack: Path, tm
     data = bytearray(path.read_bytes())
     data[offset + 5] ^= 0x01
     path.write_bytes(bytes(data))
-    expect_error(path, r"cannot read /batches/tokens \(.*[Ff]letcher32")
+    expect_error(path, r"cannot read /batches/tokens \(the Fletcher32 checksum failed: ")
 
 
 def test_a_canary_json_or_manifest_no_canary_file_allows(micro_pack: Path, tmp_path: Path):

@@ -190,22 +190,29 @@ def test_recording_at_the_wrong_moment_is_named(micro_pack: Path, tmp_path: Path
         assert r.steps_recorded == 0 and not r.complete
 
 
-def test_an_optimizer_without_adam_moments_is_named_and_its_receipt_removed(micro_pack: Path, tmp_path: Path):
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_an_optimizer_without_adam_moments_records_what_it_keeps(micro_pack: Path, tmp_path: Path, momentum: float):
+    """The runner's rule (recording.MOMENT_STATE): SGD's momentum buffer is recorded as adam_m,
+    and zeros where the optimizer keeps no such state (SGD without momentum keeps none)."""
     pack = read_pack(micro_pack)
     _, model, _, name_map = user_setup(pack)
-    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
     out = tmp_path / "sgd.h5"
-    recorder = Recorder(out, model, sgd, name_map, pack=pack, budget_features="torch-cpu")
-    loss = model(torch.from_numpy(pack.batch(0)))
-    loss.backward()
-    sgd.step()
-    with pytest.raises(RecorderError, match=r"'wte': optimizer.state has no 'exp_avg': SGD keeps no Adam moments "
-                                            r".*sgd.h5 is removed"):
+    with Recorder(out, model, sgd, name_map, pack=pack, budget_features="torch-cpu", steps=1) as recorder:
+        loss = model(torch.from_numpy(pack.batch(0)))
+        loss.backward()
+        sgd.step()
         recorder.step(loss=loss, grad_norm=1.0, batch=pack.batch(0))
-    assert not out.exists()
-    with pytest.raises(RecorderError, match="the recorder is closed"):
-        recorder.step(loss=loss, grad_norm=1.0, batch=pack.batch(0))
-    recorder.close()  # nothing left to close: no error
+    reader = ReceiptReader(out)
+    names, adam_m, adam_v = reader.tensor_names, reader.read("hashes/adam_m")[0], reader.read("hashes/adam_v")[0]
+    by_canary = {canary: user for user, canary in name_map.items()}
+    params = dict(model.named_parameters())
+    for i, name in enumerate(names):
+        p = params[by_canary[name]]
+        zeros = tensor_hash(np.zeros(tuple(p.shape), np.float32))
+        assert adam_v[i] == zeros, name
+        expected = tensor_hash(sgd.state[p]["momentum_buffer"].detach().numpy()) if momentum else zeros
+        assert adam_m[i] == expected, name
 
 
 def _toy(tmp_path: Path, **kw):

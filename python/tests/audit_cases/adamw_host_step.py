@@ -1,6 +1,6 @@
-"""torch.optim.AdamW as it comes (torch 1.13: no device-side step counter): its step() reads
-the step counter with .item() and passes the bias-corrected step size as a Python number,
-a new value every step."""
+"""torch.optim.AdamW as it comes (not capturable): its step counter lives in host memory (its
+.item() is no device read), and its step() passes the bias-corrected step size to the update
+as a Python number, a new value every step."""
 
 import torch
 

@@ -63,6 +63,24 @@ def safe_adamw():
     return step
 
 
+def safe_clip():
+    """torch.nn.utils.clip_grad_norm_ as it comes: the norm and the clip coefficient stay
+    device tensors (no .item()), on torch 1.13 and 2.x."""
+    net, inputs, targets = net_and_data()
+    optimizer = DeviceAdamW(net.parameters(), lr=1e-3, weight_decay=0.1)
+
+    def step(i):
+        x, y = batch_at(inputs, targets, i)
+        loss = torch.nn.functional.mse_loss(net(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 0.5)
+        optimizer.step()
+        return loss
+
+    return step
+
+
 def safe_lr():
     net, inputs, targets = net_and_data()
     lr_t = torch.zeros(())

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The pinned Python environment .venv/ at the repository root (docs/python-env.md): torch
+# 2.9.0, numpy, h5py, xxhash, pytest, each version and file hash pinned in
+# python/requirements-venv.txt, and canary_harness installed editable from python/.
+#   scripts/python-env.sh          make it, or reuse it, or repair it
+#   scripts/python-env.sh --check  exit 0 when it is up to date, 1 when not; changes nothing
+# Reused while it was made from this very requirements file (its sha256 is stamped into
+# .venv/ last, so an interrupted install is never taken for a finished one) and imports;
+# anything else (another requirements file, a broken install, a missing stamp) is made
+# again from scratch. Wheels come from the Python package index into a per-machine cache
+# (~/.cache/canary-harness/wheels, or CANARY_HARNESS_WHEELS): downloaded once per machine.
+# Where neither the cache nor the index has them it says so in one line and exits 0:
+# Debian's torch 1.13 still runs every suite, and the torch 2.x suite is not registered.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+venv=$root/.venv
+requirements=$root/python/requirements-venv.txt
+stamp=$venv/.requirements.sha256
+want=$(sha256sum "$requirements" | cut -d' ' -f1)
+
+up_to_date() {
+  [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] &&
+    "$venv/bin/python" -c 'import torch, numpy, h5py, xxhash, pytest, canary_harness' >/dev/null 2>&1
+}
+
+if up_to_date; then
+  echo "python-env: .venv/ is up to date ($("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)'))"
+  exit 0
+fi
+if [ "${1:-}" = "--check" ]; then
+  echo "python-env: .venv/ is missing or out of date; run scripts/python-env.sh" >&2
+  exit 1
+fi
+# Wheels are kept in a per-machine cache: a repair, or another clone on this machine,
+# installs from it without the index; only what it lacks is downloaded.
+cache=${CANARY_HARNESS_WHEELS:-${XDG_CACHE_HOME:-$HOME/.cache}/canary-harness/wheels}
+mkdir -p "$cache"
+pip_quiet=(--quiet --disable-pip-version-check)
+install_from_cache() {
+  rm -rf "$venv"
+  /usr/bin/python3 -m venv "$venv"
+  "$venv/bin/pip" install "${pip_quiet[@]}" --no-index --find-links "$cache" --require-hashes -r "$requirements"
+}
+start=$(date +%s)
+if ! install_from_cache >/dev/null 2>&1; then
+  index=${PIP_INDEX_URL:-https://pypi.org/simple}
+  if ! /usr/bin/python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1].rstrip("/") + "/pip/", timeout=15)' \
+      "$index" >/dev/null 2>&1; then
+    rm -rf "$venv"
+    echo "python-env: the Python package index ($index) is not reachable and $cache lacks wheels:" \
+         ".venv/ (torch 2.9) is not made, and the torch 2.x suite will not run (docs/python-env.md)" >&2
+    exit 0
+  fi
+  echo "python-env: downloading python/requirements-venv.txt's wheels into $cache (about 3.9 GB the first time)"
+  "$venv/bin/pip" download "${pip_quiet[@]}" --no-deps -r "$requirements" -d "$cache"
+  install_from_cache
+fi
+# Editable: the tests and the CLI run the package in python/ as it is edited.
+"$venv/bin/pip" install "${pip_quiet[@]}" --no-deps --no-build-isolation -e "$root/python"
+version=$("$venv/bin/python" -c 'import torch, numpy, h5py, xxhash, pytest, canary_harness; print(torch.__version__)')
+echo "$want" > "$stamp"  # last: an interrupted install has no stamp, and is made again
+echo "python-env: .venv/ made in $(( $(date +%s) - start )) s: torch $version, $(du -sh "$venv" | cut -f1)"

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# docs/python-env.md, run as written: every ```sh block of the page in order, in the
+# repository root, with `build/bin/harness` as this build's harness and /tmp/ as a fresh
+# directory. Registered only where .venv/ exists (tests/CMakeLists.txt): the page's
+# `--check` must then find it up to date, and the run must be torch 2.9's.
+source "$(dirname "$0")/lib.sh"
+repo=$(cd "$HERE/../.." && pwd)
+harness=$(cd "$(dirname "$HARNESS")" && pwd)/$(basename "$HARNESS")
+page=$repo/docs/python-env.md
+blocks=$(awk '/^```sh$/ {on=1; next} /^```$/ {on=0} on' "$page")
+[ -n "$blocks" ] || { echo "FAIL: no sh block in $page" >&2; exit 1; }
+script=$WORK/page.sh
+{ echo 'set -euo pipefail'; printf '%s\n' "$blocks" | sed -e "s#/tmp/#$WORK/#g" -e "s#build/bin/harness#$harness#g"; } >"$script"
+(cd "$repo" && PYTHONDONTWRITEBYTECODE=1 bash "$script") >"$WORK/page.out" 2>&1 ||
+  fail "a command of $page failed: $(tail -5 "$WORK/page.out")"
+grep -q "^python-env: .venv/ is up to date (torch 2.9.0" "$WORK/page.out" || fail "python-env.sh did not reuse .venv/"
+"$repo/.venv/bin/python" - "$WORK/own-2x.h5" <<'PY' || fail "the receipt is not torch 2.9's"
+import sys, h5py
+attrs = h5py.File(sys.argv[1], "r")["manifest"].attrs
+libraries = attrs["libraries"].decode() if isinstance(attrs["libraries"], bytes) else attrs["libraries"]
+assert "torch 2.9.0" in libraries, libraries
+assert attrs["complete"] == 1
+PY
+finish
