@@ -456,6 +456,7 @@ std::string python_run_command(const json& recipe, const std::string& out, int c
     words.insert(words.end(), {"--inject-fault", shell_word(recipe["inject_fault"].get<std::string>())});
   }
   if (json_text(recipe, "trace") == "ops") words.insert(words.end(), {"--trace", "ops"});
+  if (recipe.value("compile", false) == true) words.push_back("--compile");
   if (checkpoint_every > 0) words.insert(words.end(), {"--checkpoint-every", std::to_string(checkpoint_every)});
   words.insert(words.end(), {"--out", shell_word(out)});
   return fmt::format("{}", fmt::join(words, " "));

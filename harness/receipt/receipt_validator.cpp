@@ -65,7 +65,8 @@ const std::map<std::string, AttrKind>& optional_manifest() {
       {"program_format_version", AttrKind::kInteger},
       // the PyTorch lane and canary_harness.torch.Recorder (docs/python.md)
       {"device", AttrKind::kString},            {"autocast", AttrKind::kString},       {"deterministic", AttrKind::kInteger},
-      {"pack", AttrKind::kString},              {"pack_git_commit", AttrKind::kString}, {"audit", AttrKind::kInteger}};
+      {"pack", AttrKind::kString},              {"pack_git_commit", AttrKind::kString}, {"audit", AttrKind::kInteger},
+      {"compile", AttrKind::kString}};
   return table;
 }
 

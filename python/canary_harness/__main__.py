@@ -50,6 +50,9 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     run.add_argument("--trace", default="none", help="none (default) or ops: every module op's output and gradient, "
                                                      "hashed and sketched into /trace (bisect reads it without a "
                                                      "replay); aten traces come from `replay --trace aten`")
+    run.add_argument("--compile", action="store_true",
+                     help="run the model under torch.compile (Inductor; torch 2.x): lane <name>/torch+compile, "
+                          "budget feature torch-compile (docs/own-model.md)")
     run.add_argument("--perturb-init", help="SEED: move every initial weight one ulp, up or down as SEED draws "
                                             "(what `harness calibrate --perturb N` runs; docs/budgets.md)")
     run.add_argument("--force", action="store_true", help="overwrite an existing receipt")
@@ -105,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     every = _count("checkpoint-every", args.checkpoint_every, 1, steps) if args.checkpoint_every is not None else 0
     options = RunOptions(out=args.out, device=args.device, precision=args.precision, steps=steps, threads=threads,
                          fault=fault, overwrite=args.force, checkpoint_every=every, perturb_init=perturb,
-                         trace=args.trace)
+                         trace=args.trace, compile=args.compile)
 
     def progress(i: int, total: int) -> None:
         if (i + 1) % 25 == 0 or i + 1 == total:

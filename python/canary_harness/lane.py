@@ -72,6 +72,9 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
                     help="record each step's op graph fingerprint and compile counters in /compile "
                          "(canary_harness.audit: UncachedCompile, CachedCompile, HostSync, Fingerprint), so that "
                          "`harness check`/`compare` judge the run's compile stability as a tpu-mesh run's")
+    ap.add_argument("--compile", action="store_true",
+                    help="run the model under torch.compile (Inductor; torch 2.x): lane <canary>/torch+compile, "
+                         "budget feature torch-compile beside the lane's own (docs/python.md)")
     ap.add_argument("--force", action="store_true", help="overwrite an existing receipt")
     return ap.parse_args(argv)
 
@@ -209,6 +212,9 @@ def run(args: argparse.Namespace) -> int:
             torch.autocast(device_type=device.type, dtype=torch.bfloat16)
         except (RuntimeError, ValueError) as e:
             raise UsageError(f"--precision bf16: no bf16 autocast on device {device.type} ({e})") from None
+    if args.compile and not hasattr(torch, "compile"):
+        raise UsageError(f"--compile: torch {torch.__version__} has no torch.compile (torch 2.x has; "
+                         "docs/python-env.md: run the lane with .venv/bin/python)")
     if threads is not None:
         torch.set_num_threads(threads)
     if args.deterministic:
@@ -220,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
     model = model_module.model_class(cfg, pack.init, device=device)
     loaded = pack_canary(pack, model_module, cfg, model, CanaryAdamW(model.named_parameters(), cfg), steps)
     options = RunOptions(out=args.out, device=device_name, precision=args.precision, steps=steps, threads=threads,
-                         fault=fault, overwrite=args.force, trace=args.trace, audit=args.audit)
+                         fault=fault, overwrite=args.force, trace=args.trace, audit=args.audit, compile=args.compile)
     manifest = lane_manifest(args, pack, steps, threads, fault, _device_label(torch, device))
 
     def progress(step: int, total: int) -> None:
@@ -252,11 +258,12 @@ def lane_manifest(args: argparse.Namespace, pack: Any, steps: int, threads: int,
     run_options = {"pack": os.path.basename(pack.path), "device": args.device, "precision": args.precision,
                    "steps": steps, "inject_fault": str(fault) if fault else None,
                    "deterministic": bool(args.deterministic), "threads": threads, "trace": args.trace,
-                   **({"audit": True} if args.audit else {})}
-    features = "" if args.precision == "fp32" else "bf16"
+                   **({"audit": True} if args.audit else {}), **({"compile": True} if args.compile else {})}
+    features = "+".join((["bf16"] if args.precision == "bf16" else []) + (["compile"] if args.compile else []))
+    budget = budget_features(args.device.partition(":")[0], args.precision) + ("+torch-compile" if args.compile else "")
     manifest = {
         "lane": f"{pack.name}/torch" + (f"+{features}" if features else ""), "engine": "torch", "features": features,
-        "budget_features": budget_features(args.device.partition(":")[0], args.precision),
+        "budget_features": budget,
         "canary": pack.canary_json, "seed": pack.seed, "steps_planned": steps, "threads": threads,
         "data_seed": pack.data_seed, "pack": os.path.basename(pack.path), "trace": args.trace,
         "device": device_label, "precision": args.precision,
@@ -266,6 +273,8 @@ def lane_manifest(args: argparse.Namespace, pack: Any, steps: int, threads: int,
     }
     if args.audit:  # only when on: the manifests of ordinary runs stay as they were
         manifest["audit"] = 1
+    if args.compile:
+        manifest["compile"] = "inductor"
     return manifest
 
 

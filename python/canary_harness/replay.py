@@ -106,7 +106,7 @@ def _options(recipe: Dict[str, Any], loaded: LoadedCanary) -> RunOptions:
         fault = parse_canary_fault(recipe["inject_fault"], loaded.canary.model, int(recipe["steps"]))
     return RunOptions(out="", device=recipe.get("device", "cpu"), precision=recipe.get("precision", "fp32"),
                       steps=int(recipe["steps"]), threads=int(recipe["threads"]), fault=fault,
-                      perturb_init=recipe.get("perturb_init"))
+                      perturb_init=recipe.get("perturb_init"), compile=bool(recipe.get("compile", False)))
 
 
 class _Record:
@@ -175,6 +175,10 @@ def replay(path: str, from_step: int, to_step: Optional[int] = None, trace: str 
                               "0 <= from <= to within them")
         loaded = _load(reader, recipe)
         options = _options(recipe, loaded)
+        if options.compile and trace == "aten":
+            raise CanaryError(f"--trace aten: {path} is a compiled run (--compile): its steps run Inductor's fused "
+                              "kernels, not the aten ops a dispatch mode sees; record both runs with --trace ops, and "
+                              "bisect names the step and the module")
         device = torch.device(options.device) if options.device != "xla" else _xla_device()
         result = ReplayResult(path, reader.manifest["lane"], from_step, last)
         now = git_commit_of(loaded.path)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import logging
 import os
 import sys
 import time
@@ -64,16 +65,33 @@ class RunOptions:
     perturb_init: Optional[int] = None   # a seed: every initial weight moved one ulp (perturb.py)
     trace: str = "none"                  # "ops": every module op's output into /trace (trace.StepTraces)
     audit: bool = False                  # each step's op graph and compile counters into /compile (audit.CompileLog)
+    compile: bool = False                # the model under torch.compile (Inductor): compiled_model()
 
 
-def lane_features(device: torch.device, precision: str) -> List[str]:
-    """The lane's features: the device where it is not the CPU, then bf16."""
-    return ([device.type] if device.type != "cpu" else []) + (["bf16"] if precision == "bf16" else [])
+def lane_features(device: torch.device, precision: str, compiled: bool = False) -> List[str]:
+    """The lane's features: the device where it is not the CPU, then bf16, then compile."""
+    return ([device.type] if device.type != "cpu" else []) + (["bf16"] if precision == "bf16" else []) + \
+        (["compile"] if compiled else [])
 
 
-def budget_features(device: torch.device, precision: str) -> str:
-    """What separates the run from the canary's fp32 CPU run, its bitwise reference."""
-    return "+".join(f"torch-{f}" for f in lane_features(device, precision))
+def budget_features(device: torch.device, precision: str, compiled: bool = False) -> str:
+    """What separates the run from the canary's fp32 eager CPU run, its bitwise reference."""
+    return "+".join(f"torch-{f}" for f in lane_features(device, precision, compiled))
+
+
+def compiled_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The model under torch.compile with its default backend (Inductor; on the CPU it
+    generates C++ kernels): forward and backward compiled, the optimizer eager. The same
+    parameters (an OptimizedModule around the model), so the optimizer, the digests and
+    the checkpoints see no difference; hooks registered before (a fault's, op traces')
+    are traced into the graph. CanaryError on a torch without torch.compile (1.13)."""
+    if not hasattr(torch, "compile"):
+        raise CanaryError(f"--compile: torch {torch.__version__} has no torch.compile (torch 2.x has; "
+                          "docs/python-env.md: run it with .venv/bin/python)")
+    # Inductor's C++ toolchain probe warns when a CUDA toolkit is installed without a GPU
+    # ("No CUDA runtime is found"): nothing a CPU run needs, and not the run's to report.
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+    return torch.compile(model)
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
@@ -235,13 +253,14 @@ def _checked_batch(loaded: LoadedCanary, step: int) -> tuple:
 
 
 def manifest_for(loaded: LoadedCanary, options: RunOptions, device: torch.device, steps: int) -> Dict[str, Any]:
-    features = lane_features(device, options.precision)
+    features = lane_features(device, options.precision, options.compile)
     fault = str(options.fault) if options.fault is not None else "none"
     # The recipe `python3 -m canary_harness replay` (and `harness replay`) runs again.
     run_options = {"canary": f"{loaded.path}:{loaded.function}", "device": options.device,
                    "precision": options.precision, "steps": steps, "threads": options.threads, "seed": loaded.seed,
                    "inject_fault": str(options.fault) if options.fault is not None else None,
-                   "checkpoint_every": options.checkpoint_every, "trace": options.trace, "python": sys.executable}
+                   "checkpoint_every": options.checkpoint_every, "trace": options.trace, "python": sys.executable,
+                   **({"compile": True} if options.compile else {})}
     perturbed = {}
     if options.perturb_init is not None:
         run_options["perturb_init"] = options.perturb_init
@@ -249,11 +268,12 @@ def manifest_for(loaded: LoadedCanary, options: RunOptions, device: torch.device
     return {
         "lane": f"{loaded.canary.name}/torch" + "".join(f"+{f}" for f in features),
         "engine": "torch", "features": "+".join(features),
-        "budget_features": budget_features(device, options.precision),
+        "budget_features": budget_features(device, options.precision, options.compile),
         "canary": loaded.identity(), "seed": loaded.seed, "steps_planned": steps, "threads": options.threads,
         "device": str(device), "precision": options.precision,
         "autocast": "bfloat16" if options.precision == "bf16" else "none",
         "fault_injection": fault, "trace": options.trace,
+        **({"compile": "inductor"} if options.compile else {}),
         # The team's code is what a golden of its canary stands for: the commit of the canary file's work tree.
         "git_commit": git_commit_of(loaded.path),
         "run_options": json.dumps(run_options, sort_keys=True),
@@ -317,6 +337,8 @@ class CanaryLoop:
 
             params = dict(self.canary.model.named_parameters())
             self.traces = StepTraces(self.canary.model, {id(params[n]): n for n in loaded.tensor_names})
+        # What the step is handed as its model: the model, or it compiled (after every hook is in place).
+        self.model = compiled_model(self.canary.model) if options.compile else self.canary.model
 
     def run_step(self, i: int, traced: Any = None) -> StepRecord:
         """Runs step i (inside `traced`, a context such as AtenTracer.step(), when given)."""
@@ -335,7 +357,7 @@ class CanaryLoop:
                 contexts.enter_context(traced)
             if self.autocast is not None:
                 contexts.enter_context(self.autocast)
-            result = canary.step(canary.model, canary.optimizer, inputs, i)
+            result = canary.step(self.model, canary.optimizer, inputs, i)
         loss, norm = _loss_and_norm(result, i)
         if self.mark_step is not None:
             self.mark_step()

@@ -71,6 +71,26 @@ def test_fp32_lane_is_a_valid_receipt_that_reproduces_cpu_ref(runs: dict, harnes
         assert not np.array_equal(r.hashes("params")[1:], cpu.hashes("params")[1:])
 
 
+def test_compiled_lane_is_within_torch_compile_of_cpu_ref(runs: dict, harness_bin: Path):
+    """--compile (torch 2.x): lane micro/torch+compile, judged against cpu-ref under torch-cpu
+    and torch-compile composed (canaries/budgets.toml). torch 1.13: exit 2, one line, no file."""
+    out = runs["dir"] / "compiled.h5"
+    result = lane("--pack", str(runs["pack"]), "--out", str(out), "--threads", "1", "--compile",
+                  check=hasattr(torch, "compile"))
+    if not hasattr(torch, "compile"):
+        assert result.returncode == 2 and "--compile: torch 1.13" in result.stderr and not out.exists()
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+        return
+    validated = run_harness(harness_bin, "validate", str(out), "--json")
+    assert json.loads(validated.stdout)["unknown"] == []
+    with ReceiptReader(out) as r:
+        m = r.manifest
+        assert (m["lane"], m["features"], m["budget_features"], m["compile"]) == \
+            ("micro/torch+compile", "compile", "torch-cpu+torch-compile", "inductor")
+        assert list(r.steps("batch_hash")) == list(ReceiptReader(runs["cpu"]).steps("batch_hash"))
+    run_harness(harness_bin, "compare", str(out), str(runs["cpu"]))  # exit 0: within the composed budget
+
+
 def test_bf16_lane_differs_from_fp32(runs: dict, harness_bin: Path):
     run_harness(harness_bin, "validate", str(runs["bf16"]))
     with ReceiptReader(runs["bf16"]) as b, ReceiptReader(runs["fp32"]) as f, ReceiptReader(runs["cpu"]) as cpu:

@@ -308,3 +308,61 @@ def test_a_row_that_cannot_be_written_stops_the_run_and_keeps_the_rows_before_it
         runner.run_canary(loaded, runner.RunOptions(out=str(out)), torch.device("cpu"))
     with h5py.File(out, "r") as f:
         assert len(f["steps/loss"]) == 3 and f["manifest"].attrs["complete"] == 0
+
+
+# ---- --compile: torch.compile (Inductor) on torch 2.x; refused on torch 1.13 ----------------------
+
+HAS_COMPILE = hasattr(torch, "compile")
+
+
+def test_compile_is_refused_where_torch_has_no_compiler_and_runs_where_it_has(tmp_path: Path, harness_bin) -> None:
+    """On torch 1.13: exit 2, one line, no file. On 2.x: lane small/torch+compile, budget
+    torch-compile, two compiled runs bit for bit, a valid receipt, apart from the eager run
+    and within the budget calibrated from the two."""
+    out = tmp_path / "compiled.h5"
+    first = run(f"{SMALL}:canary", "--out", str(out), "--compile", check=HAS_COMPILE)
+    if not HAS_COMPILE:
+        assert first.returncode == 2 and "--compile: torch 1.13" in first.stderr, first.stderr
+        assert len(first.stderr.strip().splitlines()) == 1 and not out.exists()
+        return
+    m = manifest(out)
+    assert (m["lane"], m["budget_features"], m["compile"]) == ("small/torch+compile", "torch-compile", "inductor")
+    assert "No CUDA runtime" not in first.stderr
+    again = tmp_path / "again.h5"
+    run(f"{SMALL}:canary", "--out", str(again), "--compile")
+    a, b = series(out), series(again)
+    for name in SERIES:
+        assert a[name].tobytes() == b[name].tobytes(), name
+    run_harness(harness_bin, "validate", str(out))
+    eager = tmp_path / "eager.h5"
+    run(f"{SMALL}:canary", "--out", str(eager))
+    assert series(eager)["hashes/params"].tobytes() != a["hashes/params"].tobytes()  # Inductor rounds otherwise
+    # Its own budget (no default entry covers a team's canary): calibrated, then judged under it.
+    candidate = tmp_path / "budgets.toml"
+    run_harness(harness_bin, "calibrate", "--receipts", str(out), "--reference", str(eager), "--out", str(candidate))
+    assert "[small.torch-compile]" in candidate.read_text()
+    run_harness(harness_bin, "compare", str(out), str(eager), "--budgets", str(candidate))
+    # A replay compiles again and reproduces the compiled bits; aten traces of a compiled step are refused.
+    env = {**os.environ, "PYTHONPATH": PACKAGE_ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    replay = [sys.executable, "-m", "canary_harness", "replay", str(out)]
+    replayed = subprocess.run(replay, capture_output=True, text=True, timeout=600, env=env)
+    assert replayed.returncode == 0 and "bitwise equal" in replayed.stdout, replayed.stdout + replayed.stderr
+    refused = subprocess.run(replay + ["--trace", "aten"], capture_output=True, text=True, timeout=600, env=env)
+    assert refused.returncode == 2 and "is a compiled run" in refused.stderr, refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+
+
+def test_a_fault_in_a_compiled_run_is_found_by_bisect_at_its_step_and_module(tmp_path: Path, harness_bin) -> None:
+    """Under --compile a fault's hook and the op traces' hooks are part of the compiled
+    program: two runs with the same hooks (the fault's step is data) are one program, so
+    bisect names the earlier fault's step and module. (torch 1.13: refused, as above.)"""
+    early, late = tmp_path / "early.h5", tmp_path / "late.h5"
+    for out, step in ((early, 3), (late, 5)):
+        result = run(f"{SMALL}:canary", "--out", str(out), "--compile", "--trace", "ops",
+                     "--inject-fault", f"step={step},op=hidden,ulps=4096", check=HAS_COMPILE)
+        if not HAS_COMPILE:
+            assert result.returncode == 2 and "has no torch.compile" in result.stderr and not out.exists()
+            return
+    result = run_harness(harness_bin, "bisect", str(early), str(late), check=False)
+    assert "equal       steps 0-2 bitwise equal" in result.stdout, result.stdout
+    assert "diverges    step 3" in result.stdout and "first op    hidden forward" in result.stdout, result.stdout
