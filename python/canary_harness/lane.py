@@ -153,10 +153,13 @@ def check_out(path: str, force: bool) -> None:
         raise UsageError(f"--out: directory '{directory}' is not writable; choose another path")
 
 
-def budget_features(device_type: str, precision: str) -> str:
+def budget_features(device_type: str, precision: str, compiled: bool = False) -> str:
+    """What separates the lane from cpu-ref: the device's torch, bf16, and torch.compile."""
     if precision == "fp32":
-        return f"torch-{device_type}"
-    return "torch-bf16" if device_type == "cpu" else f"torch-{device_type}+torch-bf16"
+        features = f"torch-{device_type}"
+    else:
+        features = "torch-bf16" if device_type == "cpu" else f"torch-{device_type}+torch-bf16"
+    return features + ("+torch-compile" if compiled else "")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -260,7 +263,7 @@ def lane_manifest(args: argparse.Namespace, pack: Any, steps: int, threads: int,
                    "deterministic": bool(args.deterministic), "threads": threads, "trace": args.trace,
                    **({"audit": True} if args.audit else {}), **({"compile": True} if args.compile else {})}
     features = "+".join((["bf16"] if args.precision == "bf16" else []) + (["compile"] if args.compile else []))
-    budget = budget_features(args.device.partition(":")[0], args.precision) + ("+torch-compile" if args.compile else "")
+    budget = budget_features(args.device.partition(":")[0], args.precision, args.compile)
     manifest = {
         "lane": f"{pack.name}/torch" + (f"+{features}" if features else ""), "engine": "torch", "features": features,
         "budget_features": budget,

@@ -8,8 +8,10 @@ canonical order, digested by one StepDigest. Where the tensors are contiguous fp
 memory and the harness's digest library is found, it reads them where they are; anything
 else is read to the host once per tensor.
 
-The Recorder may overlap the digest with the next step (Snapshot, Worker): the same
-StepDigest over host copies made at the step's end, on one background thread.
+What is recorded as the two moments is one rule too (MOMENT_STATE, MomentSource). The
+Recorder may overlap the digest with the next step (Overlap: the same StepDigest over host
+copies made at the step's end, a Snapshot, on one background Worker); the runner appends
+its rows on a Worker as well.
 """
 
 from __future__ import annotations
