@@ -4,9 +4,9 @@
 #  - -ffp-contract=off: GCC contracts a*b+c into an FMA by default in C++; whether it
 #    does depends on -march, so contraction would make bits depend on the ISA.
 #    Fused multiply-adds are written explicitly (std::fma / _mm256_fmadd_ps) where wanted.
-#  - no fast-math style flags (value-unsafe optimisations): they reorder sums and set
-#    FTZ/DAZ process-wide.
-#  - -fno-math-errno only lets sqrt inline; sqrt is exactly rounded either way.
+#  - none of the value-unsafe optimisation flags, nor any of their parts: they reorder sums
+#    and set FTZ/DAZ process-wide. (errno-free math was one such part; sqrt is exactly
+#    rounded with or without it, so leaving it out changes no bit.)
 #
 # harness::unsanitized_options holds those flags (numerics, warnings, ISA);
 # harness::compile_options adds the sanitizers a build asks for. Only a library loaded into
@@ -20,7 +20,6 @@ target_link_libraries(harness_compile_options INTERFACE harness_unsanitized_opti
 
 target_compile_options(harness_unsanitized_options INTERFACE
   -ffp-contract=off
-  -fno-math-errno
   -Wall -Wextra -Wpedantic -Wshadow -Wconversion -Wno-sign-conversion
   -Wno-psabi)  # internal helpers pass GCC vectors by value; no ABI crosses a library boundary
 if(HARNESS_WERROR)
