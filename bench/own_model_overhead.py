@@ -1,18 +1,19 @@
 #!/usr/bin/env python3
 """What recording costs a Python canary's step (docs/own-model.md, "Cost"): the example's
 small GPT (examples/own-model/canary.py) trained twice side by side in this process, from
-the same seed, taking turns step by step so that both see the same machine load: once bare
-(the team's own loop: batch(i), then step(model, optimizer, batch, i)), once through the
-harness's runner (canary_harness.runner.ReceiptRun, as `run` records: the batch hashed
-and checked, the digests taken at the end of optimizer.step(), the row handed to the
-background writer that appends it to a receipt). After the
-warm-up, each round's recorded step is set against the same round's bare step: the median
-and quartiles of those per-round overheads are the paired figure; the ratio of the medians
-is printed beside it.
+the same seed, in blocks of --block steps that take turns so that both see the same
+machine load: a block bare (the team's own loop: batch(i), then step(model, optimizer,
+batch, i)), a block through the harness's runner (canary_harness.runner.ReceiptRun, as
+`run` records: the batch hashed and checked, the digests taken at the end of
+optimizer.step(), each row handed to the background writer that appends it to a
+receipt), timed until its last row is written, so that no recording work runs during a
+bare block. After the warm-up, each round's recorded block is set against the same
+round's bare block: the median and quartiles of those per-round overheads are the paired
+figure; the ratio of the medians is printed beside it.
 
 Usage:
     /usr/bin/python3 bench/own_model_overhead.py [--canary FILE.py:NAME | --pack PACK.h5] [--rounds 200]
-        [--warmup 10] [--threads 1] [--json FILE]
+        [--warmup 16] [--block 8] [--threads 1] [--json FILE]
 
 --pack measures the built-in canary's PyTorch lane (canary_harness.lane) the same way:
 the lane's canary runs through the same runner.
@@ -55,7 +56,8 @@ def main() -> int:
     ap.add_argument("--canary", default=os.path.join(ROOT, "examples", "own-model", "canary.py") + ":canary")
     ap.add_argument("--pack", help="a canary pack (harness export): measure the built-in canary's PyTorch lane instead")
     ap.add_argument("--rounds", type=int, default=200)
-    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=16)
+    ap.add_argument("--block", type=int, default=8, help="steps of one kind in a row (a round: a block of each)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", help="write the numbers here too")
     args = ap.parse_args()
@@ -73,30 +75,34 @@ def main() -> int:
         args.canary = f"{args.pack} (the PyTorch lane)"
     steps = bare.canary.steps
     work = tempfile.mkdtemp(prefix="own-model-overhead-")
-    options = RunOptions(out=os.path.join(work, "r.h5"), threads=args.threads, steps=args.rounds + args.warmup)
+    options = RunOptions(out=os.path.join(work, "r.h5"), threads=args.threads, steps=-(-(args.rounds + args.warmup) // args.block) * args.block)
     device = torch.device("cpu")
     run = ReceiptRun(recorded, options, device, options.steps)
     implementation = DigestPlan([1], [1], [True]).implementation
 
-    def bare_step(i: int) -> float:
+    def bare_block(first: int) -> float:
         start = time.perf_counter()
         c = bare.canary
-        c.step(c.model, c.optimizer, c.batch(i % steps), i % steps)
-        return time.perf_counter() - start
+        for i in range(first, first + args.block):
+            c.step(c.model, c.optimizer, c.batch(i % steps), i % steps)
+        return (time.perf_counter() - start) / args.block
 
-    def recorded_step(i: int) -> float:
+    def recorded_block(first: int) -> float:
         start = time.perf_counter()
-        run.step(i % steps)  # the runner's step: run, digest, its row handed to the background writer
-        return time.perf_counter() - start
+        for i in range(first, first + args.block):
+            run.step(i % steps)  # the runner's step: run, digest, its row handed to the background writer
+        run.rows.wait()  # the last row written too: no background work of a block overlaps a bare block
+        return (time.perf_counter() - start) / args.block
 
     times = {"bare": [], "recorded": []}
-    for i in range(args.warmup + args.rounds):
-        order = [("bare", bare_step), ("recorded", recorded_step)]
-        if i % 2:
+    blocks = (args.warmup + args.rounds + args.block - 1) // args.block
+    for b in range(blocks):
+        order = [("bare", bare_block), ("recorded", recorded_block)]
+        if b % 2:
             order.reverse()  # neither side always follows the other
-        for name, step in order:
-            seconds = step(i)
-            if i >= args.warmup:
+        for name, block in order:
+            seconds = block(b * args.block)
+            if b * args.block >= args.warmup:
                 times[name].append(seconds)
     run.finish()
     run.loop.close()

@@ -33,6 +33,10 @@ PYEOF
 /usr/bin/python3 "$root/bench/recorder_overhead.py" --steps 300 --overlap off --json "$out/recorder_overhead.json" | tee "$out/recorder_overhead.txt"
 # A Python canary's recording vs its bare step (docs/own-model.md, "Cost"): the example, 200 rounds paired
 /usr/bin/python3 "$root/bench/own_model_overhead.py" --rounds 200 --json "$out/own_model_overhead.json" | tee "$out/own_model_overhead.txt"
+/usr/bin/python3 "$root/bench/own_model_overhead.py" --canary "$root/examples/own-model/canary.py:small" --rounds 400 \
+  --json "$out/own_model_overhead_small.json" | tee "$out/own_model_overhead_small.txt"
+/usr/bin/python3 "$root/bench/background_interference.py" --canary "$root/examples/own-model/canary.py:small" \
+  --blocks 100 --json "$out/background_interference.json" | tee "$out/background_interference.txt"
 # llama-tiny's step beside PyTorch's (docs/performance.md, "The llama-tiny step").
 "$root/bench/llama-step.sh" "$out/llama-step" | tee "$out/llama_step.txt"
 # The default nightly, lane by lane (docs/performance.md, "The nightly job").

@@ -34,6 +34,16 @@ def token_stream(length: int = 1 << 15, seed: int = 2026) -> torch.Tensor:
 
 
 def canary() -> ch.Canary:
+    return gpt_canary(BATCH)
+
+
+def small() -> ch.Canary:
+    """The same GPT on 2 sequences a step (about 8 ms a step on one CPU thread): the size at
+    which bench/own_model_overhead.py measures what recording costs a short step."""
+    return gpt_canary(2)
+
+
+def gpt_canary(batch_size: int) -> ch.Canary:
     cfg = GPTConfig()
     model = GPT(cfg)
     optimizer = model.configure_optimizer(lr=3e-3, weight_decay=0.1)
@@ -41,7 +51,8 @@ def canary() -> ch.Canary:
 
     def batch(i: int):
         # Step i's windows from a generator seeded by i: the same batch on every call.
-        starts = torch.randint(len(data) - cfg.block_size - 1, (BATCH,), generator=torch.Generator().manual_seed(i))
+        starts = torch.randint(len(data) - cfg.block_size - 1, (batch_size,),
+                               generator=torch.Generator().manual_seed(i))
         x = torch.stack([data[s:s + cfg.block_size] for s in starts.tolist()])
         y = torch.stack([data[s + 1:s + 1 + cfg.block_size] for s in starts.tolist()])
         return x, y
@@ -49,4 +60,4 @@ def canary() -> ch.Canary:
     return ch.Canary(name="own-gpt", model=model, optimizer=optimizer, batch=batch, step=train_step,
                      steps=STEPS, seed=1337, config={"n_layer": cfg.n_layer, "n_embd": cfg.n_embd,
                                                      "n_head": cfg.n_head, "block_size": cfg.block_size,
-                                                     "vocab_size": cfg.vocab_size, "batch": BATCH})
+                                                     "vocab_size": cfg.vocab_size, "batch": batch_size})

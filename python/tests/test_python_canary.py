@@ -239,6 +239,20 @@ def test_the_example_runs_bitwise_and_learns(tmp_path: Path) -> None:
     assert manifest(a)["lane"] == "own-gpt/torch"
 
 
+def test_the_examples_small_size_is_the_same_gpt_on_fewer_sequences() -> None:
+    """examples/own-model/canary.py:small (the cost benchmark's short step): the example's
+    model, optimizer and data on 2 sequences a step instead of 8, the same windows first."""
+    from canary_harness.canary import load_canary
+
+    full, small = load_canary(f"{EXAMPLE}:canary").canary, load_canary(f"{EXAMPLE}:small").canary
+    assert (small.config["batch"], full.config["batch"]) == (2, 8)
+    assert [p.shape for p in small.model.parameters()] == [p.shape for p in full.model.parameters()]
+    for i in (0, 7):
+        (xs, ys), (xf, yf) = small.batch(i), full.batch(i)
+        assert xs.shape == (2, 64) and xf.shape == (8, 64)
+        assert torch.equal(xs, xf[:2]) and torch.equal(ys, yf[:2])
+
+
 def test_batch_tree_hash_sees_structure_values_and_dtype() -> None:
     from canary_harness.digest import batch_tree_hash
 
