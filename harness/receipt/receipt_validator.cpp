@@ -66,7 +66,9 @@ const std::map<std::string, AttrKind>& optional_manifest() {
       // the PyTorch lane and canary_harness.torch.Recorder (docs/python.md)
       {"device", AttrKind::kString},            {"autocast", AttrKind::kString},       {"deterministic", AttrKind::kInteger},
       {"pack", AttrKind::kString},              {"pack_git_commit", AttrKind::kString}, {"audit", AttrKind::kInteger},
-      {"compile", AttrKind::kString}};
+      {"compile", AttrKind::kString},
+      // a Python canary trained on several processes (--layout ddp|fsdp --nproc N; docs/own-model.md)
+      {"layout", AttrKind::kString},            {"nproc", AttrKind::kInteger}};
   return table;
 }
 

@@ -6,7 +6,8 @@ FILE.py:NAME is a function in your file returning canary_harness.Canary (docs/ow
 moved one ulp under SEED (what `harness calibrate --perturb N` runs; docs/budgets.md).
 The harness seeds, places the model and batches on --device, runs each step (under bf16
 autocast for --precision bf16), and records the receipt that `harness check`, `compare`
-and `golden` judge like any lane's.
+and `golden` judge like any lane's. `--layout ddp|fsdp --nproc N` trains on N processes
+over gloo into one receipt (canary_harness.distributed).
 
 Exit status: 0 the run finished; 2 bad usage or bad input, one line on stderr and no file
 (a canary that cannot be loaded or breaks its contract: a batch that differs between two
@@ -53,6 +54,11 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     run.add_argument("--compile", action="store_true",
                      help="run the model under torch.compile (Inductor; torch 2.x): lane <name>/torch+compile, "
                           "budget feature torch-compile (docs/own-model.md)")
+    run.add_argument("--layout", help="ddp or fsdp: train on --nproc processes over gloo (DistributedDataParallel, "
+                                      "or FSDP2's fully_shard on torch 2.6 on), rank 0 writing the receipt: lane "
+                                      "<name>/torch+ddp (+fsdp), budget feature torch-ddp (torch-fsdp)")
+    run.add_argument("--nproc", help="processes (ranks) of --layout, 2..16 (default 2); each step's batch is split "
+                                     "among them by rows")
     run.add_argument("--perturb-init", help="SEED: move every initial weight one ulp, up or down as SEED draws "
                                             "(what `harness calibrate --perturb N` runs; docs/budgets.md)")
     run.add_argument("--force", action="store_true", help="overwrite an existing receipt")
@@ -89,11 +95,55 @@ def run(args: argparse.Namespace) -> int:
     threads = _count("threads", args.threads, 1, 1024) if args.threads is not None else 1
     seed = _count("seed", args.seed, 0, 2**63 - 1)
     perturb = _count("perturb-init", args.perturb_init, 0, 2**63 - 1)
-    check_out(args.out, args.force)
+    nproc = _layout_processes(args)
 
     import torch
 
+    from .distributed import fsdp_available, launch, rank_from_env
+
+    if args.layout == "fsdp" and not fsdp_available():
+        raise UsageError(f"--layout fsdp: torch {torch.__version__} has no FSDP2 (fully_shard: torch 2.6 on); run it "
+                         "with .venv/bin/python (docs/python-env.md)")
+    rank = rank_from_env(args.layout) if args.layout else None
+    if rank is None or rank.rank == 0:  # the launcher checked for rank 0; the other ranks write nothing
+        check_out(args.out, args.force)
+    if args.layout and rank is None:
+        return launch(args.argv, nproc, args.out, args.layout)
+    if rank is not None:
+        from .distributed import join, leave
+
+        join(rank)
+        try:
+            return _run_canary(args, torch, threads, seed, perturb, rank)
+        finally:
+            leave()
+    return _run_canary(args, torch, threads, seed, perturb, None)
+
+
+def _layout_processes(args: argparse.Namespace) -> int:
+    """--layout and --nproc checked (and what a layout cannot be run with): the process count."""
+    from .distributed import LAYOUTS, MAX_PROCESSES
+    from .lane import UsageError, _count
+
+    if args.layout is None:
+        if args.nproc is not None:
+            raise UsageError("--nproc: only with --layout ddp or fsdp")
+        return 1
+    if args.layout not in LAYOUTS:
+        raise UsageError(f"--layout: unknown layout '{args.layout}'; use ddp or fsdp")
+    for flag, given in (("--device", args.device != "cpu"), ("--checkpoint-every", args.checkpoint_every is not None),
+                        ("--trace", args.trace != "none"), ("--compile", args.compile)):
+        if given:
+            raise UsageError(f"{flag}: not with --layout (its ranks run eager on the CPU over gloo, and replay and "
+                             "traces run one process); run the layout without it")
+    return _count("nproc", args.nproc, 2, MAX_PROCESSES) if args.nproc is not None else 2
+
+
+def _run_canary(args: argparse.Namespace, torch, threads: int, seed: Optional[int], perturb: Optional[int],
+                rank) -> int:
+    """`run` in this process: the whole run, or one rank of a distributed one."""
     from .canary import load_canary
+    from .lane import _count
     from .runner import RunOptions, parse_canary_fault, print_summary, run_canary
 
     device = _device(torch, args.device)
@@ -108,14 +158,17 @@ def run(args: argparse.Namespace) -> int:
     every = _count("checkpoint-every", args.checkpoint_every, 1, steps) if args.checkpoint_every is not None else 0
     options = RunOptions(out=args.out, device=args.device, precision=args.precision, steps=steps, threads=threads,
                          fault=fault, overwrite=args.force, checkpoint_every=every, perturb_init=perturb,
-                         trace=args.trace, compile=args.compile)
+                         trace=args.trace, compile=args.compile, rank=rank)
 
     def progress(i: int, total: int) -> None:
+        if rank is not None and rank.rank != 0:
+            return
         if (i + 1) % 25 == 0 or i + 1 == total:
             print(f"step {i + 1}/{total}", file=sys.stderr)
 
     summary = run_canary(loaded, options, device, progress)
-    print_summary(summary, args.out)
+    if rank is None or rank.rank == 0:
+        print_summary(summary, args.out)
     return 0
 
 
@@ -177,6 +230,7 @@ def _device(torch, name: str):
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]  # what a distributed run's ranks are started with
     from .canary import CanaryError
     from .lane import UsageError
     from .receipt import ReceiptError

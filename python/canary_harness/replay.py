@@ -82,6 +82,10 @@ def _recipe(reader: ReceiptReader) -> Dict[str, Any]:
     if not isinstance(recipe, dict) or not all(key in recipe for key in ("canary", "seed", "threads", "steps")):
         raise CanaryError(f"{reader.path}: its manifest has no run_options recipe of a Python canary run; "
                           "it cannot be replayed")
+    if "layout" in recipe:  # its ranks kept no checkpoint, and a replay runs one process
+        raise CanaryError(f"{reader.path}: a run of --layout {recipe['layout']} on {recipe.get('nproc')} processes; "
+                          "replay and rerun run one process: run it again with `python3 -m canary_harness run "
+                          f"... --layout {recipe['layout']}`, or replay the one-process run")
     return recipe
 
 

@@ -45,6 +45,7 @@ import torch
 from .canary import CanaryError, LoadedCanary
 from .digest import batch_hash, batch_tree_hash
 from .digest_plan import DigestRows
+from .distributed import mean_over_ranks, shard_batch, shard_model, whole
 from .perturb import perturb_parameters
 from .receipt import ReceiptWriter
 from .recording import MomentSource, StepDigest, Worker, host_float, host_float32
@@ -66,17 +67,19 @@ class RunOptions:
     trace: str = "none"                  # "ops": every module op's output into /trace (trace.StepTraces)
     audit: bool = False                  # each step's op graph and compile counters into /compile (audit.CompileLog)
     compile: bool = False                # the model under torch.compile (Inductor): compiled_model()
+    rank: Any = None                     # a distributed.Rank: this process is one rank of --layout ddp|fsdp
 
 
-def lane_features(device: torch.device, precision: str, compiled: bool = False) -> List[str]:
-    """The lane's features: the device where it is not the CPU, then bf16, then compile."""
+def lane_features(device: torch.device, precision: str, compiled: bool = False, layout: Optional[str] = None) -> List[str]:
+    """The lane's features: the device where it is not the CPU, then bf16, then compile,
+    then the distributed layout (ddp, fsdp)."""
     return ([device.type] if device.type != "cpu" else []) + (["bf16"] if precision == "bf16" else []) + \
-        (["compile"] if compiled else [])
+        (["compile"] if compiled else []) + ([layout] if layout else [])
 
 
-def budget_features(device: torch.device, precision: str, compiled: bool = False) -> str:
-    """What separates the run from the canary's fp32 eager CPU run, its bitwise reference."""
-    return "+".join(f"torch-{f}" for f in lane_features(device, precision, compiled))
+def budget_features(device: torch.device, precision: str, compiled: bool = False, layout: Optional[str] = None) -> str:
+    """What separates the run from the canary's fp32 eager one-process CPU run, its bitwise reference."""
+    return "+".join(f"torch-{f}" for f in lane_features(device, precision, compiled, layout))
 
 
 def compiled_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -120,8 +123,9 @@ class StepCapture:
     Both record the same bits (python/tests/test_python_canary.py).
     """
 
-    def __init__(self, loaded: LoadedCanary) -> None:
+    def __init__(self, loaded: LoadedCanary, sharded: bool = False) -> None:
         canary = loaded.canary
+        self.sharded = sharded  # FSDP's DTensors: each gathered whole before the digest (distributed.whole)
         self.names = loaded.tensor_names
         params = dict(canary.model.named_parameters())
         self.params = [params[n] for n in self.names]
@@ -170,6 +174,8 @@ class StepCapture:
         step's end when no optimizer.step() ran): digested inline, or kept (class docstring)."""
         tensors = [*self.params, *(self._grad(p) for p in self.params),
                    *(self._moment(p, "adam_m") for p in self.params), *(self._moment(p, "adam_v") for p in self.params)]
+        if self.sharded:  # a collective: every rank gathers, in this one order
+            tensors = [whole(t) for t in tensors]
         self.lr = self.optimizer.param_groups[0]["lr"]
         if not self.deferred:
             self.digests = self.digest.rows(tensors)
@@ -253,14 +259,16 @@ def _checked_batch(loaded: LoadedCanary, step: int) -> tuple:
 
 
 def manifest_for(loaded: LoadedCanary, options: RunOptions, device: torch.device, steps: int) -> Dict[str, Any]:
-    features = lane_features(device, options.precision, options.compile)
+    layout = options.rank.layout if options.rank is not None else None
+    features = lane_features(device, options.precision, options.compile, layout)
     fault = str(options.fault) if options.fault is not None else "none"
     # The recipe `python3 -m canary_harness replay` (and `harness replay`) runs again.
     run_options = {"canary": f"{loaded.path}:{loaded.function}", "device": options.device,
                    "precision": options.precision, "steps": steps, "threads": options.threads, "seed": loaded.seed,
                    "inject_fault": str(options.fault) if options.fault is not None else None,
                    "checkpoint_every": options.checkpoint_every, "trace": options.trace, "python": sys.executable,
-                   **({"compile": True} if options.compile else {})}
+                   **({"compile": True} if options.compile else {}),
+                   **({"layout": layout, "nproc": options.rank.world} if layout else {})}
     perturbed = {}
     if options.perturb_init is not None:
         run_options["perturb_init"] = options.perturb_init
@@ -268,12 +276,13 @@ def manifest_for(loaded: LoadedCanary, options: RunOptions, device: torch.device
     return {
         "lane": f"{loaded.canary.name}/torch" + "".join(f"+{f}" for f in features),
         "engine": "torch", "features": "+".join(features),
-        "budget_features": budget_features(device, options.precision, options.compile),
+        "budget_features": budget_features(device, options.precision, options.compile, layout),
         "canary": loaded.identity(), "seed": loaded.seed, "steps_planned": steps, "threads": options.threads,
         "device": str(device), "precision": options.precision,
         "autocast": "bfloat16" if options.precision == "bf16" else "none",
         "fault_injection": fault, "trace": options.trace,
         **({"compile": "inductor"} if options.compile else {}),
+        **({"layout": layout, "nproc": options.rank.world} if layout else {}),
         # The team's code is what a golden of its canary stands for: the commit of the canary file's work tree.
         "git_commit": git_commit_of(loaded.path),
         "run_options": json.dumps(run_options, sort_keys=True),
@@ -324,7 +333,12 @@ class CanaryLoop:
         except (RuntimeError, ValueError) as e:
             raise CanaryError(f"--precision bf16: no bf16 autocast on device {device.type} ({e})") from None
         self.fault = _install_fault(self.canary, options.fault, device)
-        self.capture = StepCapture(loaded)
+        self.rank = options.rank
+        # What the step is handed as its model: the model, sharded or wrapped for the layout
+        # (before the capture, which takes FSDP's new parameters), compiled last (after every hook).
+        self.model = shard_model(self.canary.model, self.canary.optimizer, self.rank) if self.rank is not None \
+            else self.canary.model
+        self.capture = StepCapture(loaded, sharded=self.rank is not None and self.rank.layout == "fsdp")
         self.mark_step = _mark_step_of(device)
         self.audit = None
         if options.audit:
@@ -337,13 +351,15 @@ class CanaryLoop:
 
             params = dict(self.canary.model.named_parameters())
             self.traces = StepTraces(self.canary.model, {id(params[n]): n for n in loaded.tensor_names})
-        # What the step is handed as its model: the model, or it compiled (after every hook is in place).
-        self.model = compiled_model(self.canary.model) if options.compile else self.canary.model
+        if options.compile:
+            self.model = compiled_model(self.model)
 
     def run_step(self, i: int, traced: Any = None) -> StepRecord:
         """Runs step i (inside `traced`, a context such as AtenTracer.step(), when given)."""
         canary = self.canary
-        batch, hashed = _checked_batch(self.loaded, i)
+        batch, hashed = _checked_batch(self.loaded, i)  # the whole batch's hash, on every layout
+        if self.rank is not None:
+            batch = shard_batch(batch, self.rank, i)
         if self.audit is not None:  # the step starts: its ops, fingerprinted (canary_harness.audit)
             self.audit.begin(i)
         if self.fault is not None:
@@ -359,6 +375,8 @@ class CanaryLoop:
                 contexts.enter_context(self.autocast)
             result = canary.step(self.model, canary.optimizer, inputs, i)
         loss, norm = _loss_and_norm(result, i)
+        if self.rank is not None:  # every rank's loss, averaged: the whole batch's
+            loss = mean_over_ranks(loss, self.rank)
         if self.mark_step is not None:
             self.mark_step()
         compile_row = self._end_audit(i)  # the step ends: nothing before here reads a value
@@ -415,7 +433,8 @@ def run_canary(loaded: LoadedCanary, options: RunOptions, device: torch.device,
     """Runs the canary for its steps (or options.steps) and writes the receipt to options.out
     (ReceiptRun: the failure rules are its)."""
     steps = options.steps or loaded.canary.steps
-    run = ReceiptRun(loaded, options, device, steps, manifest)
+    writes = options.rank is None or options.rank.rank == 0  # rank 0 records a distributed run
+    run = ReceiptRun(loaded, options, device, steps, manifest) if writes else UnrecordedRun(loaded, options, device)
     losses: List[float] = []
     start = time.perf_counter()
     try:
@@ -432,6 +451,23 @@ def run_canary(loaded: LoadedCanary, options: RunOptions, device: torch.device,
         run.loop.close()
     audit = run.loop.audit
     return RunSummary(steps, losses, seconds, audit.summary() if audit is not None else None)
+
+
+class UnrecordedRun:
+    """A rank other than 0 of a distributed run (canary_harness.distributed): the same steps,
+    and so the same collectives (the gathers of the digest included), into no receipt."""
+
+    def __init__(self, loaded: LoadedCanary, options: RunOptions, device: torch.device) -> None:
+        self.loop = CanaryLoop(loaded, options, device)
+
+    def step(self, i: int) -> StepRecord:
+        return self.loop.run_step(i)
+
+    def finish(self) -> None:
+        pass
+
+    def abandon(self, error: BaseException) -> None:
+        pass
 
 
 class ReceiptRun:

@@ -33,7 +33,10 @@ grep -q "^nightly     pass (2 lanes)" "$WORK/page.out" || fail "the own-model ni
 grep -q "within the proposal: 9/9" "$WORK/page.out" || fail "the perturbation-calibrated bf16 budget does not cover its 9 runs"
 grep -q '^method = "perturbation: the unperturbed run and 8 runs' "$WORK/page.out" || fail "the candidate names no method"
 # own vs own-again, bf16 and bf16 on two threads under the candidate, the clean check
-[ "$(grep -c '^verdict     PASS' "$WORK/page.out")" -eq 4 ] || fail "bf16 (one or two threads) fails its calibrated budget"
+# ... and the ddp run under the budget calibrated for it
+[ "$(grep -c '^verdict     PASS' "$WORK/page.out")" -eq 5 ] || fail "bf16 (one or two threads) or ddp fails its calibrated budget"
+grep -q "no budget for feature 'torch-ddp'" "$WORK/page.out" || fail "compare did not refuse the ddp run without its budget"
+grep -q "^exit 2" "$WORK/page.out" || fail "compare without a torch-ddp budget did not exit 2"
 grep -q "^verified    steps 20-39 bitwise equal to the receipt" "$WORK/page.out" || fail "the replay from step 25 did not verify"
 grep -q "^first op    h.1.mlp forward, layer 1 .*aten.mul.Tensor" "$WORK/page.out" || fail "bisect does not name h.1.mlp's aten.mul"
 grep -q "^at          model.py:" "$WORK/page.out" || fail "bisect does not name the line of the regression"

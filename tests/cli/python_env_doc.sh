@@ -21,4 +21,6 @@ libraries = attrs["libraries"].decode() if isinstance(attrs["libraries"], bytes)
 assert "torch 2.9.0" in libraries, libraries
 assert attrs["complete"] == 1
 PY
+grep -q "^lane        own-gpt/torch+fsdp" "$WORK/page.out" || fail "the fsdp run did not record its lane"
+grep -q "^verdict     PASS" "$WORK/page.out" || fail "the fsdp run does not pass its calibrated budget"
 finish

@@ -155,3 +155,26 @@ def tuple_output() -> ch.Canary:
 def renamed() -> ch.Canary:
     """The same model and data under another name: another canary (a checkpoint of it is not small's)."""
     return make(name="renamed")
+
+
+def rank_1_dies_at_3() -> ch.Canary:
+    """Under --layout: the process of rank 1 kills itself (SIGKILL) at step 3, as a rank
+    lost to the machine would go; a one-process run is the plain canary."""
+    import os
+    import signal
+
+    def step(model, optimizer, batch, i):
+        import torch.distributed as dist
+
+        if i == 3 and dist.is_initialized() and dist.get_rank() == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return train_step(model, optimizer, batch, i)
+    return make(step=step)
+
+
+def odd_batch() -> ch.Canary:
+    """Batches of 3 rows: they do not divide among 2 ranks."""
+    def three_rows(i: int):
+        x, y = batch(i)
+        return x[:3], y[:3]
+    return make(batch_fn=three_rows)
