@@ -121,22 +121,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _layout_processes(args: argparse.Namespace) -> int:
-    """--layout and --nproc checked (and what a layout cannot be run with): the process count."""
-    from .distributed import LAYOUTS, MAX_PROCESSES
-    from .lane import UsageError, _count
+    """--layout and --nproc checked, with what a layout cannot be run with: the process count."""
+    from .distributed import layout_processes
 
-    if args.layout is None:
-        if args.nproc is not None:
-            raise UsageError("--nproc: only with --layout ddp or fsdp")
-        return 1
-    if args.layout not in LAYOUTS:
-        raise UsageError(f"--layout: unknown layout '{args.layout}'; use ddp or fsdp")
-    for flag, given in (("--device", args.device != "cpu"), ("--checkpoint-every", args.checkpoint_every is not None),
-                        ("--trace", args.trace != "none"), ("--compile", args.compile)):
-        if given:
-            raise UsageError(f"{flag}: not with --layout (its ranks run eager on the CPU over gloo, and replay and "
-                             "traces run one process); run the layout without it")
-    return _count("nproc", args.nproc, 2, MAX_PROCESSES) if args.nproc is not None else 2
+    return layout_processes(args.layout, args.nproc, {
+        "--device": args.device != "cpu", "--checkpoint-every": args.checkpoint_every is not None,
+        "--trace": args.trace != "none", "--compile": args.compile})
 
 
 def _run_canary(args: argparse.Namespace, torch, threads: int, seed: Optional[int], perturb: Optional[int],

@@ -9,8 +9,9 @@ gloo on the CPU:
 - fsdp: the model under FSDP2's fully_shard (torch.distributed.fsdp, torch 2.6 on), one
   unit over the whole model: parameters, gradients and optimizer state are sharded across
   the ranks (dim 0), gathered for forward and backward, and gradients reduce-scattered.
-  The canary's optimizer is kept: its parameter groups are pointed at the sharded
-  parameters before its first step (shard_model), so any torch.optim optimizer works.
+  The canary's optimizer is kept: its parameter groups (and any state it made already) are
+  pointed at the sharded parameters before its first step (shard_model), so any
+  torch.optim optimizer works.
 
 What makes the result one receipt, comparable with the single-process run's:
 - Every rank builds the canary from the same seed; rank r trains on rows
@@ -39,7 +40,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
@@ -76,10 +77,29 @@ def fsdp_available() -> bool:
     return True
 
 
+def layout_processes(layout: Optional[str], nproc: Optional[str], conflicts: Dict[str, bool]) -> int:
+    """The process count of --layout LAYOUT --nproc NPROC (1 without a layout); UsageError
+    for an unknown layout, --nproc without one, or a flag of `conflicts` ({flag: given})
+    that a layout cannot run with."""
+    from .lane import UsageError, _count
+
+    if layout is None:
+        if nproc is not None:
+            raise UsageError("--nproc: only with --layout ddp or fsdp")
+        return 1
+    if layout not in LAYOUTS:
+        raise UsageError(f"--layout: unknown layout '{layout}'; use ddp or fsdp")
+    for flag, given in conflicts.items():
+        if given:
+            raise UsageError(f"{flag}: not with --layout (its ranks run eager on the CPU over gloo, and replay and "
+                             "traces run one process); run the layout without it")
+    return _count("nproc", nproc, 2, MAX_PROCESSES) if nproc is not None else 2
+
+
 # ---- the launcher ---------------------------------------------------------------------------------
 
-def launch(argv: Sequence[str], nproc: int, out: str, layout: str) -> int:
-    """Runs `python -m canary_harness *argv` as ranks 0..nproc-1 and waits for them all.
+def launch(argv: Sequence[str], nproc: int, out: str, layout: str, module: str = "canary_harness") -> int:
+    """Runs `python -m MODULE *argv` as ranks 0..nproc-1 and waits for them all.
     Exit 0 when every rank finished; else 2, with one line on stderr naming the rank that
     failed first and what became of the receipt. On success rank 0's stdout (the summary)
     and stderr (progress) are passed on when the run ends, without gloo's connection lines;
@@ -92,7 +112,7 @@ def launch(argv: Sequence[str], nproc: int, out: str, layout: str) -> int:
         for r in range(nproc):
             env = dict(os.environ, **{RANK_ENV: f"{r}/{nproc}", "MASTER_ADDR": "127.0.0.1",
                                       "MASTER_PORT": str(port), "RANK": str(r), "WORLD_SIZE": str(nproc)})
-            ranks.append(subprocess.Popen([sys.executable, "-m", "canary_harness", *argv], env=env,
+            ranks.append(subprocess.Popen([sys.executable, "-m", module, *argv], env=env,
                                           stdout=summary if r == 0 else subprocess.DEVNULL, stderr=logs[r]))
         failed = _wait_all(ranks)
     except BaseException:
@@ -193,14 +213,29 @@ def shard_model(model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: 
         return torch.nn.parallel.DistributedDataParallel(model)
     from torch.distributed.fsdp import fully_shard
 
-    if any(optimizer.state.values()):
-        raise CanaryError("--layout fsdp: the optimizer has state before the first step; build it fresh in NAME()")
-    before = {id(p): name for name, p in model.named_parameters()}
+    before = {id(p): (name, p) for name, p in model.named_parameters()}
     fully_shard(model)
     after = dict(model.named_parameters())
     for group in optimizer.param_groups:
-        group["params"] = [after[before[id(p)]] for p in group["params"]]
+        group["params"] = [after[before[id(p)][0]] for p in group["params"]]
+    _shard_state(optimizer, before, after)
     return model
+
+
+def _shard_state(optimizer: torch.optim.Optimizer, before: Dict[int, tuple], after: Dict[str, Any]) -> None:
+    """State an optimizer made before its first step (the lane's AdamW makes its moments at
+    construction) follows its parameter: keyed by the sharded parameter, each tensor of the
+    parameter's shape sharded as it is (anything else, a shared step counter, kept)."""
+    from torch.distributed.tensor import distribute_tensor
+
+    state = {}
+    for key, values in list(optimizer.state.items()):
+        name, old = before[id(key)]
+        new = after[name]
+        state[new] = {k: distribute_tensor(v, new.device_mesh, new.placements)
+                      if isinstance(v, torch.Tensor) and v.shape == old.shape else v for k, v in values.items()}
+    optimizer.state.clear()
+    optimizer.state.update(state)
 
 
 def shard_batch(batch: Any, rank: Rank, step: int) -> Any:

@@ -75,6 +75,10 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     ap.add_argument("--compile", action="store_true",
                     help="run the model under torch.compile (Inductor; torch 2.x): lane <canary>/torch+compile, "
                          "budget feature torch-compile beside the lane's own (docs/python.md)")
+    ap.add_argument("--layout", help="ddp or fsdp: train on --nproc processes over gloo, rank 0 writing the receipt "
+                                      "(docs/own-model.md, \"More than one process\"): budget feature torch-ddp "
+                                      "(torch-fsdp) beside torch-cpu")
+    ap.add_argument("--nproc", help="processes (ranks) of --layout, 2..16 (default 2)")
     ap.add_argument("--force", action="store_true", help="overwrite an existing receipt")
     return ap.parse_args(argv)
 
@@ -153,13 +157,14 @@ def check_out(path: str, force: bool) -> None:
         raise UsageError(f"--out: directory '{directory}' is not writable; choose another path")
 
 
-def budget_features(device_type: str, precision: str, compiled: bool = False) -> str:
-    """What separates the lane from cpu-ref: the device's torch, bf16, and torch.compile."""
+def budget_features(device_type: str, precision: str, compiled: bool = False, layout: Optional[str] = None) -> str:
+    """What separates the lane from cpu-ref: the device's torch, bf16, torch.compile and the
+    distributed layout."""
     if precision == "fp32":
         features = f"torch-{device_type}"
     else:
         features = "torch-bf16" if device_type == "cpu" else f"torch-{device_type}+torch-bf16"
-    return features + ("+torch-compile" if compiled else "")
+    return features + ("+torch-compile" if compiled else "") + (f"+torch-{layout}" if layout else "")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -180,12 +185,39 @@ def run(args: argparse.Namespace) -> int:
     steps = _count("steps", args.steps, 1, pack.steps) if args.steps is not None else pack.steps
     if steps is None or steps < 1:
         raise UsageError(f"--steps: '{args.steps}' is not a number in 1..{pack.steps} (the pack's batches)")
-    check_out(args.out, args.force)
-    if os.path.exists(args.out) and os.path.samefile(args.out, pack.path):
-        raise UsageError(f"--out: '{args.out}' is the pack itself; choose another path")
+    from .distributed import fsdp_available, launch, layout_processes, rank_from_env
+
+    nproc = layout_processes(args.layout, args.nproc, {"--device": device_name != "cpu", "--trace": args.trace != "none",
+                                                       "--compile": args.compile, "--audit": args.audit})
+    rank = rank_from_env(args.layout) if args.layout else None
+    if rank is None or rank.rank == 0:  # the launcher checked for rank 0; the other ranks write nothing
+        check_out(args.out, args.force)
+        if os.path.exists(args.out) and os.path.samefile(args.out, pack.path):
+            raise UsageError(f"--out: '{args.out}' is the pack itself; choose another path")
 
     import torch
 
+    if args.layout == "fsdp" and not fsdp_available():
+        raise UsageError(f"--layout fsdp: torch {torch.__version__} has no FSDP2 (fully_shard: torch 2.6 on); run the "
+                         "lane with .venv/bin/python (docs/python-env.md)")
+    if args.layout and rank is None:
+        return launch(args.argv, nproc, args.out, args.layout, module="canary_harness.lane")
+    if rank is None:
+        return _run_lane(args, pack, steps, threads, None)
+    from .distributed import join, leave
+
+    join(rank)
+    try:
+        return _run_lane(args, pack, steps, threads, rank)
+    finally:
+        leave()
+
+
+def _run_lane(args: argparse.Namespace, pack: Any, steps: int, threads: int, rank: Any) -> int:
+    """The lane in this process: the whole run, or one rank of a distributed one."""
+    import torch
+
+    device_name = args.device
     model_module = architecture_module(pack)
     try:
         cfg = model_module.config_class.from_json(pack.canary_json)
@@ -229,14 +261,19 @@ def run(args: argparse.Namespace) -> int:
     model = model_module.model_class(cfg, pack.init, device=device)
     loaded = pack_canary(pack, model_module, cfg, model, CanaryAdamW(model.named_parameters(), cfg), steps)
     options = RunOptions(out=args.out, device=device_name, precision=args.precision, steps=steps, threads=threads,
-                         fault=fault, overwrite=args.force, trace=args.trace, audit=args.audit, compile=args.compile)
-    manifest = lane_manifest(args, pack, steps, threads, fault, _device_label(torch, device))
+                         fault=fault, overwrite=args.force, trace=args.trace, audit=args.audit, compile=args.compile,
+                         rank=rank)
+    manifest = lane_manifest(args, pack, steps, threads, fault, _device_label(torch, device),
+                             rank.world if rank is not None else 1)
+    writes = rank is None or rank.rank == 0
 
     def progress(step: int, total: int) -> None:
-        if (step + 1) % 25 == 0 or step + 1 == total:
+        if writes and ((step + 1) % 25 == 0 or step + 1 == total):
             print(f"step {step + 1}/{total}", file=sys.stderr)
 
     summary = run_canary(loaded, options, device, progress, manifest)
+    if not writes:
+        return 0
     from .receipt import ReceiptReader
     with ReceiptReader(args.out) as r:
         print(f"lane        {r.manifest['lane']}")
@@ -255,15 +292,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def lane_manifest(args: argparse.Namespace, pack: Any, steps: int, threads: int, fault: Optional[FaultSpec],
-                  device_label: str) -> dict:
+                  device_label: str, nproc: int = 1) -> dict:
     """The lane's receipt manifest (the module docstring): the pack's canary, seed and data
     seed, the lane's features and budget, and the recipe `harness replay` runs again."""
     run_options = {"pack": os.path.basename(pack.path), "device": args.device, "precision": args.precision,
                    "steps": steps, "inject_fault": str(fault) if fault else None,
                    "deterministic": bool(args.deterministic), "threads": threads, "trace": args.trace,
-                   **({"audit": True} if args.audit else {}), **({"compile": True} if args.compile else {})}
-    features = "+".join((["bf16"] if args.precision == "bf16" else []) + (["compile"] if args.compile else []))
-    budget = budget_features(args.device.partition(":")[0], args.precision, args.compile)
+                   **({"audit": True} if args.audit else {}), **({"compile": True} if args.compile else {}),
+                   **({"layout": args.layout, "nproc": nproc} if args.layout else {})}
+    features = "+".join((["bf16"] if args.precision == "bf16" else []) + (["compile"] if args.compile else []) +
+                        ([args.layout] if args.layout else []))
+    budget = budget_features(args.device.partition(":")[0], args.precision, args.compile, args.layout)
     manifest = {
         "lane": f"{pack.name}/torch" + (f"+{features}" if features else ""), "engine": "torch", "features": features,
         "budget_features": budget,
@@ -278,6 +317,8 @@ def lane_manifest(args: argparse.Namespace, pack: Any, steps: int, threads: int,
         manifest["audit"] = 1
     if args.compile:
         manifest["compile"] = "inductor"
+    if args.layout:
+        manifest["layout"], manifest["nproc"] = args.layout, nproc
     return manifest
 
 
@@ -386,8 +427,11 @@ def train_step(model, optimizer, inputs, autocast=None, hook=None):
     """One step of the canary on the device, with no host read: forward (under autocast
     when given), backward, the global norm, the clip, the AdamW update. optimizer.set_lr()
     comes first. Returns the loss and the norm before clipping as device tensors."""
+    import torch
+
     from .optim import clip_grads_, global_grad_norm
 
+    core = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model  # --layout ddp
     params = list(model.parameters())
     for p in params:
         p.grad = None
@@ -399,7 +443,7 @@ def train_step(model, optimizer, inputs, autocast=None, hook=None):
     loss.backward()
     grads = [p.grad for p in params]
     norm = global_grad_norm(grads)
-    clip_grads_(grads, norm, model.cfg.max_grad_norm)
+    clip_grads_(grads, norm, core.cfg.max_grad_norm)
     optimizer.step()
     return loss, norm
 
@@ -522,6 +566,7 @@ _NudgeFirst = _LazyNudge
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]  # what a distributed run's ranks are started with
     try:
         return run(args)
     except UsageError as e:

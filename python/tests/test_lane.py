@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import canary_harness
+from canary_harness.distributed import fsdp_available
 from canary_harness import ReceiptReader
 from canary_harness.lane import train_step
 from canary_harness.models import gpt2
@@ -26,6 +27,7 @@ from conftest import export_pack, run_harness
 from host_reads import HostReads
 
 STEPS = 5
+HAS_FSDP = fsdp_available()
 PACKAGE_ROOT = str(Path(canary_harness.__file__).resolve().parents[1])
 
 
@@ -89,6 +91,35 @@ def test_compiled_lane_is_within_torch_compile_of_cpu_ref(runs: dict, harness_bi
             ("micro/torch+compile", "compile", "torch-cpu+torch-compile", "inductor")
         assert list(r.steps("batch_hash")) == list(ReceiptReader(runs["cpu"]).steps("batch_hash"))
     run_harness(harness_bin, "compare", str(out), str(runs["cpu"]))  # exit 0: within the composed budget
+
+
+def test_layout_lanes_are_within_their_budgets_and_fsdp_is_ddp_bit_for_bit(runs: dict, harness_bin: Path):
+    """--layout ddp|fsdp --nproc 2: one receipt of the whole batch's data, judged against
+    cpu-ref under torch-cpu and torch-ddp (torch-fsdp) composed (canaries/budgets.toml). On
+    2 ranks FSDP2's receipt of the lane is DDP's bit for bit: both average the two halves'
+    gradients elementwise, and the lane's AdamW is elementwise. fsdp on torch 1.13: exit 2,
+    one line, no file."""
+    receipts = {}
+    for layout in ("ddp", "fsdp"):
+        out = runs["dir"] / f"{layout}.h5"
+        result = lane("--pack", str(runs["pack"]), "--out", str(out), "--layout", layout, "--nproc", "2",
+                      check=layout == "ddp" or HAS_FSDP)
+        if layout == "fsdp" and not HAS_FSDP:
+            assert result.returncode == 2 and "--layout fsdp: torch 1.13" in result.stderr and not out.exists()
+            assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+            continue
+        validated = run_harness(harness_bin, "validate", str(out), "--json")
+        assert json.loads(validated.stdout)["unknown"] == []
+        with ReceiptReader(out) as r:
+            m = r.manifest
+            assert (m["lane"], m["features"], m["budget_features"], m["layout"], m["nproc"]) == \
+                (f"micro/torch+{layout}", layout, f"torch-cpu+torch-{layout}", layout, 2)
+            assert list(r.steps("batch_hash")) == list(ReceiptReader(runs["cpu"]).steps("batch_hash"))
+            receipts[layout] = (r.steps("loss"), r.hashes("params"), r.hashes("adam_v"))
+        run_harness(harness_bin, "compare", str(out), str(runs["cpu"]))  # exit 0: within the composed budget
+    if "fsdp" in receipts:
+        for ddp, fsdp in zip(receipts["ddp"], receipts["fsdp"]):
+            assert np.asarray(ddp).tobytes() == np.asarray(fsdp).tobytes()
 
 
 def test_bf16_lane_differs_from_fp32(runs: dict, harness_bin: Path):
