@@ -25,7 +25,7 @@ namespace {
 inline constexpr std::int64_t kMatrixSchemaVersion = 1;
 inline constexpr const char* kLaneKeys[] = {"id", "engine", "features", "why", "triage-with", "command", "budget-features", "lane"};
 inline constexpr const char* kPlaceholders[] = {"{pack}", "{out}", "{steps}", "{seed}"};
-inline constexpr const char* kTorchFlags[] = {"device", "precision"};
+inline constexpr const char* kTorchFlags[] = {"device", "precision", "python", "compile"};
 inline constexpr const char* kPythonCanaryFlags[] = {"device", "precision", "threads"};
 // What runs a Python canary (docs/own-model.md): Debian's python3, this checkout's package.
 inline constexpr const char* kPython = "/usr/bin/python3";
@@ -128,6 +128,38 @@ class Parser {
                                 : described.at("seed").get<std::int64_t>();
     m.trace = trace_level(root, " of a Python canary's lanes (aten traces come from bisect's replay)");
     return with_lanes(root, std::move(m));
+  }
+
+  // A torch lane's interpreter: PATH as written when absolute, else relative to the matrix
+  // file's directory; it must exist.
+  std::string interpreter(const std::string& path, const std::string& at) const {
+    std::filesystem::path p(path);
+    if (p.is_relative()) p = std::filesystem::absolute(std::filesystem::path(path_).parent_path() / p);
+    p = p.lexically_normal();
+    std::error_code ec;
+    if (!std::filesystem::exists(p, ec)) {
+      fail(fmt::format("{}.python: '{}' does not exist (make .venv/ with scripts/python-env.sh)", at, p.string()));
+    }
+    return p.string();
+  }
+
+  // MAJOR.MINOR of the torch that `python` imports (what `--versioned` names the lane with).
+  std::string torch_release(const std::string& python, const std::string& at) const {
+    run::ChildResult child;
+    try {
+      child = run::run_child({python, "-c", "import torch; print(torch.__version__)"}, {}, run::ChildOutput::kCapture,
+                             run::ChildOutput::kCapture);
+    } catch (const run::ChildProcessError& e) {
+      fail(fmt::format("{}.python: {}", at, e.what()));
+    }
+    const std::string version = child.stdout_text.substr(0, child.stdout_text.find_first_of("\n"));
+    const std::size_t first = version.find('.');
+    const std::size_t second = first == std::string::npos ? first : version.find_first_not_of("0123456789", first + 1);
+    if (!child.exited_zero() || first == std::string::npos || first == 0 || second == first + 1) {
+      fail(fmt::format("{}.python: {} cannot import torch ({})", at, python,
+                       child.exited_zero() ? "no version" : run::last_line(child.stderr_tail)));
+    }
+    return version.substr(0, second);
   }
 
   nlohmann::json describe_python_canary(const std::string& spec) const {
@@ -266,7 +298,7 @@ class Parser {
         spec.settings.options[k] = flag_value(value, at + "." + k);
       } else if (std::find(std::begin(kLaneKeys), std::end(kLaneKeys), k) == std::end(kLaneKeys)) {
         fail(fmt::format("{}.{}: unknown key of a {} lane (allowed: {}{})", at, k, torch ? "torch" : "command",
-                         fmt::join(kLaneKeys, ", "), torch ? ", device, precision" : ""));
+                         fmt::join(kLaneKeys, ", "), torch ? ", device, precision, python, compile" : ""));
       }
     }
     if (torch) {
@@ -280,14 +312,23 @@ class Parser {
       if (precision != "fp32" && precision != "bf16") fail(fmt::format("{}.precision: '{}' is not fp32 or bf16", at, precision));
       spec.settings.options["device"] = device;
       spec.settings.options["precision"] = precision;
-      spec.lane = m.canary_name + "/torch" + (precision == "bf16" ? "+bf16" : "");
+      const bool compiled = spec.settings.options.count("compile") > 0;
+      // python = "PATH": the lane runs under that interpreter's torch, and its name says which
+      // (NAME/torch@2.9), so that it has a golden of its own beside Debian's torch lane.
+      const std::string python = spec.settings.options.count("python") ? interpreter(spec.settings.options["python"], at)
+                                                                        : std::string(kPython);
+      const std::string release = spec.settings.options.count("python") ? "@" + torch_release(python, at) : "";
+      spec.lane = m.canary_name + "/torch" + release + (precision == "bf16" ? "+bf16" : "") + (compiled ? "+compile" : "");
       spec.budget_features = torch_budget_features(device, precision);
+      if (compiled) spec.budget_features.push_back("torch-compile");
       if (t.contains("budget-features") && feature_list(t, at + ".budget-features") != spec.budget_features) {
         fail(fmt::format("{}.budget-features: the torch lane on {} in {} declares {}; drop the key or make it that", at,
                          device, precision, fmt::join(spec.budget_features, "+")));
       }
-      spec.command = {"/usr/bin/python3", "-m", "canary_harness.lane", "--pack", "{pack}", "--device", device,
+      spec.command = {python, "-m", "canary_harness.lane", "--pack", "{pack}", "--device", device,
                       "--precision", precision, "--out", "{out}"};
+      if (compiled) spec.command.insert(spec.command.end() - 2, "--compile");
+      if (!release.empty()) spec.command.insert(spec.command.end() - 2, "--versioned");
       spec.environment = run::python_package_environment();
       return spec;
     }

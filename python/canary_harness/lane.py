@@ -79,6 +79,9 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
                                       "(docs/own-model.md, \"More than one process\"): budget feature torch-ddp "
                                       "(torch-fsdp) beside torch-cpu")
     ap.add_argument("--nproc", help="processes (ranks) of --layout, 2..16 (default 2)")
+    ap.add_argument("--versioned", action="store_true",
+                    help="name the lane after torch's release too, <canary>/torch@MAJOR.MINOR (a nightly lane that runs "
+                         "another interpreter's torch beside Debian's, with a golden of its own)")
     ap.add_argument("--force", action="store_true", help="overwrite an existing receipt")
     return ap.parse_args(argv)
 
@@ -299,12 +302,14 @@ def lane_manifest(args: argparse.Namespace, pack: Any, steps: int, threads: int,
                    "steps": steps, "inject_fault": str(fault) if fault else None,
                    "deterministic": bool(args.deterministic), "threads": threads, "trace": args.trace,
                    **({"audit": True} if args.audit else {}), **({"compile": True} if args.compile else {}),
-                   **({"layout": args.layout, "nproc": nproc} if args.layout else {})}
+                   **({"layout": args.layout, "nproc": nproc} if args.layout else {}),
+                   **({"versioned": True} if args.versioned else {})}
     features = "+".join((["bf16"] if args.precision == "bf16" else []) + (["compile"] if args.compile else []) +
                         ([args.layout] if args.layout else []))
     budget = budget_features(args.device.partition(":")[0], args.precision, args.compile, args.layout)
     manifest = {
-        "lane": f"{pack.name}/torch" + (f"+{features}" if features else ""), "engine": "torch", "features": features,
+        "lane": f"{pack.name}/torch" + (f"@{torch_release()}" if args.versioned else "") + (f"+{features}" if features else ""),
+        "engine": "torch", "features": features,
         "budget_features": budget,
         "canary": pack.canary_json, "seed": pack.seed, "steps_planned": steps, "threads": threads,
         "data_seed": pack.data_seed, "pack": os.path.basename(pack.path), "trace": args.trace,
@@ -320,6 +325,16 @@ def lane_manifest(args: argparse.Namespace, pack: Any, steps: int, threads: int,
     if args.layout:
         manifest["layout"], manifest["nproc"] = args.layout, nproc
     return manifest
+
+
+def torch_release() -> str:
+    """MAJOR.MINOR of the torch this process runs ("2.9" for 2.9.0+cu128, "1.13" for 1.13.0a0)."""
+    import re
+
+    import torch
+
+    found = re.match(r"(\d+\.\d+)", torch.__version__)
+    return found.group(1) if found else torch.__version__
 
 
 def pack_canary(pack: Any, architecture: "Architecture", cfg: Any, model: Any, optimizer: Any, steps: int):

@@ -124,6 +124,34 @@ TEST(Matrix, TorchLanesExpandToThePyTorchLane) {
   EXPECT_FALSE(m.lane("ref").external());
 }
 
+// python = "PATH" (relative to the matrix file): the lane runs that interpreter's torch and
+// is named after its release (probed with `PATH -c "import torch; ..."`), compile = true
+// adds --compile and torch-compile.
+TEST(Matrix, TorchLanesOfAnotherInterpreterCarryItsRelease) {
+  const testing::ScratchDir dir;
+  const std::string fake = dir.path("fakepy");
+  std::ofstream(fake) << "#!/bin/sh\necho 2.9.0+cu128\n";
+  std::filesystem::permissions(fake, std::filesystem::perms::owner_all);
+  const Matrix m = load_matrix(write(dir, std::string(kHeader) + kRefLane +
+                                              "[[lanes]]\nid = \"t2\"\nengine = \"torch\"\npython = \"fakepy\"\n"
+                                              "precision = \"bf16\"\ncompile = true\n"));
+  const LaneSpec& t2 = m.lane("t2");
+  EXPECT_EQ(t2.lane, "micro/torch@2.9+bf16+compile");
+  EXPECT_EQ(t2.budget_features, (std::vector<std::string>{"torch-bf16", "torch-compile"}));
+  const std::vector<std::string> wanted{fake, "-m", "canary_harness.lane", "--pack", "p.h5", "--device", "cpu",
+                                        "--precision", "bf16", "--compile", "--versioned", "--out", "o.h5"};
+  EXPECT_EQ(expand_command(t2, "p.h5", "o.h5", 4, 1), wanted);
+
+  std::ofstream(fake) << "#!/bin/sh\necho no torch here >&2\nexit 1\n";
+  const std::string head = std::string(kHeader) + kRefLane + "[[lanes]]\nid = \"x\"\nengine = \"torch\"\n";
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {head + "python = \"fakepy\"\n", "lanes[1] (x).python: " + fake + " cannot import torch (no torch here)"},
+      {head + "python = \"missing/python\"\n", "lanes[1] (x).python: '" + dir.path("missing/python") + "' does not exist"},
+      {head + "compile = false\n", "lanes[1] (x).compile: a switch is on (true) or absent"},
+  };
+  expect_refused(dir, cases, true);
+}
+
 TEST(Matrix, CommandLanesFillTheirPlaceholders) {
   const testing::ScratchDir dir;
   const Matrix m = load_matrix(write(dir, std::string(kHeader) + kRefLane +
