@@ -457,6 +457,7 @@ std::string python_run_command(const json& recipe, const std::string& out, int c
   }
   if (json_text(recipe, "trace") == "ops") words.insert(words.end(), {"--trace", "ops"});
   if (recipe.value("compile", false) == true) words.push_back("--compile");
+  if (recipe.value("versioned", false) == true) words.push_back("--versioned");
   if (checkpoint_every > 0) words.insert(words.end(), {"--checkpoint-every", std::to_string(checkpoint_every)});
   words.insert(words.end(), {"--out", shell_word(out)});
   return fmt::format("{}", fmt::join(words, " "));

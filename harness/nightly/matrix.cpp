@@ -26,7 +26,7 @@ inline constexpr std::int64_t kMatrixSchemaVersion = 1;
 inline constexpr const char* kLaneKeys[] = {"id", "engine", "features", "why", "triage-with", "command", "budget-features", "lane"};
 inline constexpr const char* kPlaceholders[] = {"{pack}", "{out}", "{steps}", "{seed}"};
 inline constexpr const char* kTorchFlags[] = {"device", "precision", "python", "compile"};
-inline constexpr const char* kPythonCanaryFlags[] = {"device", "precision", "threads"};
+inline constexpr const char* kPythonCanaryFlags[] = {"device", "precision", "threads", "python", "compile"};
 // What runs a Python canary (docs/own-model.md): Debian's python3, this checkout's package.
 inline constexpr const char* kPython = "/usr/bin/python3";
 
@@ -369,10 +369,12 @@ class Parser {
     return spec;
   }
 
-  // A lane of a Python canary's matrix: engine = "torch" with device, precision and threads
-  // (default 1: torch's CPU bits depend on it, so the lane pins it). Its lane name and
-  // budget features are the run's own (canary_harness.runner): NAME/torch[+DEVICE][+bf16],
-  // torch-DEVICE (not cpu) and torch-bf16; the fp32 CPU lane is the canary's bitwise reference.
+  // A lane of a Python canary's matrix: engine = "torch" with device, precision, threads
+  // (default 1: torch's CPU bits depend on it, so the lane pins it), python (another
+  // interpreter, named in the lane as @RELEASE) and compile. Its lane name and budget
+  // features are the run's own (canary_harness.runner):
+  // NAME/torch[@RELEASE][+DEVICE][+bf16][+compile], torch-DEVICE (not cpu), torch-bf16 and
+  // torch-compile; the fp32 CPU lane is the canary's bitwise reference.
   LaneSpec python_canary_lane(const Matrix& m, const toml::table& t, LaneSpec spec, const std::string& at,
                               bool has_command) const {
     if (has_command || spec.engine != "torch") {
@@ -387,7 +389,7 @@ class Parser {
         spec.settings.options[k] = flag_value(value, at + "." + k);
       } else if (k != "id" && k != "engine" && k != "why") {
         fail(fmt::format("{}.{}: unknown key of a Python canary's lane (allowed: id, engine, why, device, precision, "
-                         "threads)", at, k));
+                         "threads, python, compile)", at, k));
       }
     }
     const std::string device = spec.settings.options.emplace("device", "cpu").first->second;
@@ -402,11 +404,20 @@ class Parser {
       fail(fmt::format("{}.threads: '{}' is not a thread count in 1..1024", at, threads));
     }
     spec.python_canary = true;
-    spec.lane = m.canary_name + "/torch" + (type == "cpu" ? "" : "+" + type) + (precision == "bf16" ? "+bf16" : "");
+    const bool compiled = spec.settings.options.count("compile") > 0;
+    // python = "PATH": the canary runs under that interpreter's torch, the lane named after its release
+    const bool other_python = spec.settings.options.count("python") > 0;
+    const std::string python = other_python ? interpreter(spec.settings.options["python"], at) : std::string(kPython);
+    const std::string release = other_python ? "@" + torch_release(python, at) : "";
+    spec.lane = m.canary_name + "/torch" + release + (type == "cpu" ? "" : "+" + type) +
+                (precision == "bf16" ? "+bf16" : "") + (compiled ? "+compile" : "");
     if (type != "cpu") spec.budget_features.push_back("torch-" + type);
     if (precision == "bf16") spec.budget_features.push_back("torch-bf16");
-    spec.command = {kPython, "-m", "canary_harness", "run", m.canary, "--device", device, "--precision", precision,
+    if (compiled) spec.budget_features.push_back("torch-compile");
+    spec.command = {python, "-m", "canary_harness", "run", m.canary, "--device", device, "--precision", precision,
                     "--threads", threads, "--steps", "{steps}", "--out", "{out}"};
+    if (compiled) spec.command.insert(spec.command.end() - 2, "--compile");
+    if (other_python) spec.command.insert(spec.command.end() - 2, "--versioned");
     if (python_seed_given_) spec.command.insert(spec.command.end() - 2, {"--seed", "{seed}"});
     if (m.trace == "ops") spec.command.insert(spec.command.end() - 2, {"--trace", "ops"});
     spec.environment = run::python_package_environment();

@@ -54,6 +54,9 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     run.add_argument("--compile", action="store_true",
                      help="run the model under torch.compile (Inductor; torch 2.x): lane <name>/torch+compile, "
                           "budget feature torch-compile (docs/own-model.md)")
+    run.add_argument("--versioned", action="store_true",
+                     help="name the lane after torch's release too, NAME/torch@MAJOR.MINOR (a nightly lane that runs "
+                          "another interpreter's torch beside Debian's, with a golden of its own)")
     run.add_argument("--layout", help="ddp or fsdp: train on --nproc processes over gloo (DistributedDataParallel, "
                                       "or FSDP2's fully_shard on torch 2.6 on), rank 0 writing the receipt: lane "
                                       "<name>/torch+ddp (+fsdp), budget feature torch-ddp (torch-fsdp)")
@@ -148,7 +151,7 @@ def _run_canary(args: argparse.Namespace, torch, threads: int, seed: Optional[in
     every = _count("checkpoint-every", args.checkpoint_every, 1, steps) if args.checkpoint_every is not None else 0
     options = RunOptions(out=args.out, device=args.device, precision=args.precision, steps=steps, threads=threads,
                          fault=fault, overwrite=args.force, checkpoint_every=every, perturb_init=perturb,
-                         trace=args.trace, compile=args.compile, rank=rank)
+                         trace=args.trace, compile=args.compile, rank=rank, versioned=args.versioned)
 
     def progress(i: int, total: int) -> None:
         if rank is not None and rank.rank != 0:

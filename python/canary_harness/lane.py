@@ -298,6 +298,8 @@ def lane_manifest(args: argparse.Namespace, pack: Any, steps: int, threads: int,
                   device_label: str, nproc: int = 1) -> dict:
     """The lane's receipt manifest (the module docstring): the pack's canary, seed and data
     seed, the lane's features and budget, and the recipe `harness replay` runs again."""
+    from .runner import torch_release
+
     run_options = {"pack": os.path.basename(pack.path), "device": args.device, "precision": args.precision,
                    "steps": steps, "inject_fault": str(fault) if fault else None,
                    "deterministic": bool(args.deterministic), "threads": threads, "trace": args.trace,
@@ -325,16 +327,6 @@ def lane_manifest(args: argparse.Namespace, pack: Any, steps: int, threads: int,
     if args.layout:
         manifest["layout"], manifest["nproc"] = args.layout, nproc
     return manifest
-
-
-def torch_release() -> str:
-    """MAJOR.MINOR of the torch this process runs ("2.9" for 2.9.0+cu128, "1.13" for 1.13.0a0)."""
-    import re
-
-    import torch
-
-    found = re.match(r"(\d+\.\d+)", torch.__version__)
-    return found.group(1) if found else torch.__version__
 
 
 def pack_canary(pack: Any, architecture: "Architecture", cfg: Any, model: Any, optimizer: Any, steps: int):

@@ -110,7 +110,8 @@ def _options(recipe: Dict[str, Any], loaded: LoadedCanary) -> RunOptions:
         fault = parse_canary_fault(recipe["inject_fault"], loaded.canary.model, int(recipe["steps"]))
     return RunOptions(out="", device=recipe.get("device", "cpu"), precision=recipe.get("precision", "fp32"),
                       steps=int(recipe["steps"]), threads=int(recipe["threads"]), fault=fault,
-                      perturb_init=recipe.get("perturb_init"), compile=bool(recipe.get("compile", False)))
+                      perturb_init=recipe.get("perturb_init"), compile=bool(recipe.get("compile", False)),
+                      versioned=bool(recipe.get("versioned", False)))
 
 
 class _Record:

@@ -34,6 +34,7 @@ import functools
 import json
 import logging
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -68,6 +69,7 @@ class RunOptions:
     audit: bool = False                  # each step's op graph and compile counters into /compile (audit.CompileLog)
     compile: bool = False                # the model under torch.compile (Inductor): compiled_model()
     rank: Any = None                     # a distributed.Rank: this process is one rank of --layout ddp|fsdp
+    versioned: bool = False              # the lane named after torch's release too: NAME/torch@2.9
 
 
 def lane_features(device: torch.device, precision: str, compiled: bool = False, layout: Optional[str] = None) -> List[str]:
@@ -80,6 +82,12 @@ def lane_features(device: torch.device, precision: str, compiled: bool = False, 
 def budget_features(device: torch.device, precision: str, compiled: bool = False, layout: Optional[str] = None) -> str:
     """What separates the run from the canary's fp32 eager one-process CPU run, its bitwise reference."""
     return "+".join(f"torch-{f}" for f in lane_features(device, precision, compiled, layout))
+
+
+def torch_release() -> str:
+    """MAJOR.MINOR of the torch this process runs ("2.9" for 2.9.0+cu128, "1.13" for 1.13.0a0)."""
+    found = re.match(r"(\d+\.\d+)", torch.__version__)
+    return found.group(1) if found else torch.__version__
 
 
 def compiled_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -268,13 +276,15 @@ def manifest_for(loaded: LoadedCanary, options: RunOptions, device: torch.device
                    "inject_fault": str(options.fault) if options.fault is not None else None,
                    "checkpoint_every": options.checkpoint_every, "trace": options.trace, "python": sys.executable,
                    **({"compile": True} if options.compile else {}),
-                   **({"layout": layout, "nproc": options.rank.world} if layout else {})}
+                   **({"layout": layout, "nproc": options.rank.world} if layout else {}),
+                   **({"versioned": True} if options.versioned else {})}
     perturbed = {}
     if options.perturb_init is not None:
         run_options["perturb_init"] = options.perturb_init
         perturbed = {"init_perturbation_seed": options.perturb_init}
     return {
-        "lane": f"{loaded.canary.name}/torch" + "".join(f"+{f}" for f in features),
+        "lane": f"{loaded.canary.name}/torch" + (f"@{torch_release()}" if options.versioned else "") +
+                "".join(f"+{f}" for f in features),
         "engine": "torch", "features": "+".join(features),
         "budget_features": budget_features(device, options.precision, options.compile, layout),
         "canary": loaded.identity(), "seed": loaded.seed, "steps_planned": steps, "threads": options.threads,

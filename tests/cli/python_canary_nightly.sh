@@ -62,6 +62,41 @@ case "$again" in *"-m canary_harness run "*"--precision bf16"*"--out bf16.h5") ;
 expect_exit 0 "" -- "$HARNESS" compare "$WORK/bf16.h5" "$WORK/fail/receipts/bf16.h5"
 grep -q "budget      reference (bitwise" "$WORK/stdout" || fail "the rerun is not bitwise the nightly's receipt"
 
+# A team on torch 2.x: every lane under .venv/'s interpreter (python = PATH), named after its
+# release, the fp32 lane the bitwise reference; goldens of their own; the compiled lane
+# within a torch-compile budget calibrated from the two.
+VENV_PY=$(cd "$HERE/../.." && pwd)/.venv/bin/python
+[ -x "$VENV_PY" ] || fail "no .venv/ (scripts/python-env.sh makes it)"
+cat >"$WORK/m/torch2.toml" <<TOML
+schema_version = 1
+canary = "small.py:canary"
+steps = 4
+reference = "fp32"
+[[lanes]]
+id = "fp32"
+engine = "torch"
+python = "$VENV_PY"
+[[lanes]]
+id = "compiled"
+engine = "torch"
+python = "$VENV_PY"
+compile = true
+TOML
+expect_exit 0 "" -- "$HARNESS" golden refresh --matrix "$WORK/m/torch2.toml" --goldens "$WORK/g" --reason "small on torch 2.9"
+expect_exit 0 "" -- "$HARNESS" golden approve --goldens "$WORK/g" --approved-by "A. Reviewer" --allow-dirty
+[ -f "$WORK/g/small/torch@2.9.h5" ] && [ -f "$WORK/g/small/torch@2.9+compile.h5" ] || fail "no goldens at small/torch@2.9[+compile]"
+expect_exit 0 "" -- "$HARNESS" calibrate --receipts "$WORK/g/small/torch@2.9+compile.h5" --reference "$WORK/g/small/torch@2.9.h5" \
+  --out "$WORK/budgets2.toml"
+expect_exit 0 "" -- "$HARNESS" nightly --matrix "$WORK/m/torch2.toml" --goldens "$WORK/g" --budgets "$WORK/budgets2.toml" \
+  --out "$WORK/torch2"
+"$PY" - "$WORK/torch2/summary.json" <<'PY' || fail "the torch 2.9 lanes of a Python canary"
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert s["verdict"] == "pass", s["verdict"]
+assert [(l["id"], l["lane"], l["status"]) for l in s["lanes"]] == \
+    [("fp32", "small/torch@2.9", "pass"), ("compiled", "small/torch@2.9+compile", "pass")], s["lanes"]
+PY
+
 # Bad matrices: one line naming the file and the key, exit 2.
 bad() {
   local pattern=$1 body=$2

@@ -3,8 +3,8 @@
 # lanes"): tiny on Debian's torch 1.13 and on .venv/'s torch 2.9 (fp32, bf16, compiled) in
 # one job. Every lane passes; the 2.9 lanes are named after their release, equal their own
 # goldens bit for bit and pass against cpu-ref under their declared budgets (torch-cpu,
-# torch-bf16, torch-cpu+torch-compile); a matrix whose interpreter is missing is refused in
-# one line naming the key.
+# torch-bf16, torch-cpu+torch-compile); 2.9 reproduces cpu-ref's losses on tiny and
+# llama-tiny; a matrix whose interpreter is missing is refused in one line naming the key.
 source "$(dirname "$0")/lib.sh"
 SRC=$(cd "$HERE/../.." && pwd)
 unset CI
@@ -34,6 +34,25 @@ attrs = h5py.File(sys.argv[1], "r")["manifest"].attrs
 libraries = attrs["libraries"].decode() if isinstance(attrs["libraries"], bytes) else attrs["libraries"]
 assert "torch 2.9" in libraries, libraries
 PY
+
+# torch 2.9 reproduces cpu-ref on tiny (the job's receipts) and on llama-tiny (its pack,
+# trained by the 2.9 lane here): step 0's loss within 1e-5 relative, every loss within
+# 2e-6 relative, and compare passes under torch-cpu.
+"$HARNESS" export --canary llama-tiny --out "$WORK/llama-pack.h5" >/dev/null || fail "cannot export llama-tiny's pack"
+"$HARNESS" run --canary llama-tiny --out "$WORK/llama-cpu-ref.h5" >/dev/null || fail "cannot run llama-tiny's cpu-ref"
+env PYTHONPATH="$SRC/python" HARNESS_BIN="$HARNESS" "$SRC/.venv/bin/python" -m canary_harness.lane \
+  --pack "$WORK/llama-pack.h5" --versioned --out "$WORK/llama-torch2.h5" >/dev/null 2>&1 || fail "llama-tiny's 2.9 lane failed"
+for pair in "$WORK/run/receipts/torch2-fp32.h5 $WORK/run/receipts/cpu-ref.h5" "$WORK/llama-torch2.h5 $WORK/llama-cpu-ref.h5"; do
+  set -- $pair
+  "$PY" - "$1" "$2" <<'PY' || fail "$1 does not reproduce cpu-ref's losses"
+import sys, h5py, numpy as np
+lane, ref = (h5py.File(p, "r")["steps/loss"][()] for p in sys.argv[1:3])
+relative = np.abs(lane - ref) / np.abs(ref)
+assert relative[0] <= 1e-5 and relative.max() <= 2e-6, (relative[0], relative.max())
+PY
+  expect_exit 0 "" -- "$HARNESS" compare "$1" "$2"
+  grep -qE "^budget +([a-z-]+\.)?torch-cpu " "$WORK/stdout" || fail "compare of $1 is not under torch-cpu: $(head -3 "$WORK/stdout")"
+done
 
 sed 's#python = "../.venv/bin/python"#python = "no-such-python"#' "$SRC/canaries/torch-nightly.toml" >"$WORK/m.toml"
 expect_exit 2 "lanes\[3\] \(torch2-fp32\)\.python: '.*/no-such-python' does not exist" -- \
