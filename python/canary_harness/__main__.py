@@ -31,6 +31,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
+    from .lane import add_layout_arguments, add_versioned_argument
+
     ap = _Parser(prog=f"python3 -m {PROG}", description="Run a team's own model as a canary (docs/own-model.md).")
     commands = ap.add_subparsers(dest="command", parser_class=_Parser)
     commands.required = True
@@ -54,14 +56,8 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     run.add_argument("--compile", action="store_true",
                      help="run the model under torch.compile (Inductor; torch 2.x): lane <name>/torch+compile, "
                           "budget feature torch-compile (docs/own-model.md)")
-    run.add_argument("--versioned", action="store_true",
-                     help="name the lane after torch's release too, NAME/torch@MAJOR.MINOR (a nightly lane that runs "
-                          "another interpreter's torch beside Debian's, with a golden of its own)")
-    run.add_argument("--layout", help="ddp or fsdp: train on --nproc processes over gloo (DistributedDataParallel, "
-                                      "or FSDP2's fully_shard on torch 2.6 on), rank 0 writing the receipt: lane "
-                                      "<name>/torch+ddp (+fsdp), budget feature torch-ddp (torch-fsdp)")
-    run.add_argument("--nproc", help="processes (ranks) of --layout, 2..16 (default 2); each step's batch is split "
-                                     "among them by rows")
+    add_versioned_argument(run)
+    add_layout_arguments(run)
     run.add_argument("--perturb-init", help="SEED: move every initial weight one ulp, up or down as SEED draws "
                                             "(what `harness calibrate --perturb N` runs; docs/budgets.md)")
     run.add_argument("--force", action="store_true", help="overwrite an existing receipt")

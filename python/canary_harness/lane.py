@@ -48,6 +48,22 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def add_layout_arguments(ap: Any) -> None:
+    """--layout and --nproc, as `canary_harness run` and `canary_harness.lane` take them."""
+    ap.add_argument("--layout", help="ddp or fsdp: train on --nproc processes over gloo (DistributedDataParallel, or "
+                                     "FSDP2's fully_shard on torch 2.6 on), rank 0 writing the receipt: lane "
+                                     "+ddp (+fsdp), budget feature torch-ddp (torch-fsdp) (docs/own-model.md)")
+    ap.add_argument("--nproc", help="processes (ranks) of --layout, 2..16 (default 2); each step's batch is split "
+                                    "among them by rows")
+
+
+def add_versioned_argument(ap: Any) -> None:
+    """--versioned, as `canary_harness run` and `canary_harness.lane` take it (torch_release)."""
+    ap.add_argument("--versioned", action="store_true",
+                    help="name the lane after torch's release too, NAME/torch@MAJOR.MINOR (a nightly lane that runs "
+                         "another interpreter's torch beside Debian's, with a golden of its own)")
+
+
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     ap = _Parser(prog=f"python3 -m {PROG}",
                  description="Train a canary pack's canary in PyTorch and write a receipt (engine torch).")
@@ -75,13 +91,8 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     ap.add_argument("--compile", action="store_true",
                     help="run the model under torch.compile (Inductor; torch 2.x): lane <canary>/torch+compile, "
                          "budget feature torch-compile beside the lane's own (docs/python.md)")
-    ap.add_argument("--layout", help="ddp or fsdp: train on --nproc processes over gloo, rank 0 writing the receipt "
-                                      "(docs/own-model.md, \"More than one process\"): budget feature torch-ddp "
-                                      "(torch-fsdp) beside torch-cpu")
-    ap.add_argument("--nproc", help="processes (ranks) of --layout, 2..16 (default 2)")
-    ap.add_argument("--versioned", action="store_true",
-                    help="name the lane after torch's release too, <canary>/torch@MAJOR.MINOR (a nightly lane that runs "
-                         "another interpreter's torch beside Debian's, with a golden of its own)")
+    add_layout_arguments(ap)
+    add_versioned_argument(ap)
     ap.add_argument("--force", action="store_true", help="overwrite an existing receipt")
     return ap.parse_args(argv)
 
