@@ -35,7 +35,7 @@ grep -q '^method = "perturbation: the unperturbed run and 8 runs' "$WORK/page.ou
 # own vs own-again, bf16 and bf16 on two threads under the candidate, the clean check
 # ... and the ddp run under the budget calibrated for it
 [ "$(grep -c '^verdict     PASS' "$WORK/page.out")" -eq 5 ] || fail "bf16 (one or two threads) or ddp fails its calibrated budget"
-grep -q "no budget for feature 'torch-ddp'" "$WORK/page.out" || fail "compare did not refuse the ddp run without its budget"
+grep -qF "[own-gpt.torch-ddp] missing" "$WORK/page.out" || fail "compare did not refuse the ddp run without its budget"
 grep -q "^exit 2" "$WORK/page.out" || fail "compare without a torch-ddp budget did not exit 2"
 grep -q "^verified    steps 20-39 bitwise equal to the receipt" "$WORK/page.out" || fail "the replay from step 25 did not verify"
 grep -q "^first op    h.1.mlp forward, layer 1 .*aten.mul.Tensor" "$WORK/page.out" || fail "bisect does not name h.1.mlp's aten.mul"
