@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# canaries/torch-nightly.toml against the repository's goldens (docs/nightly.md, "External
-# lanes"): tiny on Debian's torch 1.13 and on .venv/'s torch 2.9 (fp32, bf16, compiled) in
-# one job. Every lane passes; the 2.9 lanes are named after their release, equal their own
+# The default matrix's torch lanes against the repository's goldens (docs/nightly.md,
+# "External lanes"): tiny on Debian's torch 1.13 and on .venv/'s torch 2.9 (fp32, bf16,
+# compiled) in one job. Every lane passes; the 2.9 lanes are named after their release, equal their own
 # goldens bit for bit and pass against cpu-ref under their declared budgets (torch-cpu,
 # torch-bf16, torch-cpu+torch-compile); 2.9 reproduces cpu-ref's losses on tiny and
 # llama-tiny; a matrix whose interpreter is missing is refused in one line naming the key.
@@ -10,7 +10,8 @@ SRC=$(cd "$HERE/../.." && pwd)
 unset CI
 [ -x "$SRC/.venv/bin/python" ] || { echo "FAIL: no .venv/ (scripts/python-env.sh makes it)" >&2; exit 1; }
 
-expect_exit 0 "" -- "$HARNESS" nightly --matrix "$SRC/canaries/torch-nightly.toml" --threads 1 --out "$WORK/run"
+expect_exit 0 "" -- "$HARNESS" nightly --lanes torch-fp32,torch-bf16,torch2-fp32,torch2-bf16,torch2-compile --threads 1 \
+  --out "$WORK/run"
 "$PY" - "$WORK/run" <<'PY' || fail "the torch 2.9 lanes are not judged as the matrix says"
 import json, sys
 s = json.load(open(sys.argv[1] + "/summary.json"))
@@ -54,8 +55,8 @@ PY
   grep -qE "^budget +([a-z-]+\.)?torch-cpu " "$WORK/stdout" || fail "compare of $1 is not under torch-cpu: $(head -3 "$WORK/stdout")"
 done
 
-sed 's#python = "../.venv/bin/python"#python = "no-such-python"#' "$SRC/canaries/torch-nightly.toml" >"$WORK/m.toml"
-expect_exit 2 "lanes\[3\] \(torch2-fp32\)\.python: '.*/no-such-python' does not exist" -- \
+sed 's#python = "../.venv/bin/python"#python = "no-such-python"#' "$SRC/canaries/nightly.toml" >"$WORK/m.toml"
+expect_exit 2 "lanes\[9\] \(torch2-fp32\)\.python: '.*/no-such-python' does not exist" -- \
   "$HARNESS" nightly --matrix "$WORK/m.toml" --out "$WORK/refused"
 [ ! -e "$WORK/refused" ] || fail "a refused matrix left an output directory"
 finish
