@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 
 #include <fmt/format.h>
@@ -143,8 +144,14 @@ class Parser {
     return p.string();
   }
 
-  // MAJOR.MINOR of the torch that `python` imports (what `--versioned` names the lane with).
+  // MAJOR.MINOR of the torch that `python` imports (what `--versioned` names the lane with),
+  // asked once per interpreter and matrix: importing torch takes seconds.
   std::string torch_release(const std::string& python, const std::string& at) const {
+    if (const auto known = releases_.find(python); known != releases_.end()) return known->second;
+    return releases_[python] = probe_torch_release(python, at);
+  }
+
+  std::string probe_torch_release(const std::string& python, const std::string& at) const {
     run::ChildResult child;
     try {
       child = run::run_child({python, "-c", "import torch; print(torch.__version__)"}, {}, run::ChildOutput::kCapture,
@@ -446,6 +453,7 @@ class Parser {
   std::string path_;
   std::unique_ptr<canary::Canary> canary_model_;  // the matrix's canary: which ops its lanes' engines must run
   bool python_seed_given_ = false;  // a Python canary's matrix replaces its seed: lanes pass --seed
+  mutable std::map<std::string, std::string> releases_;  // interpreter -> its torch's MAJOR.MINOR
 };
 
 }  // namespace
