@@ -33,6 +33,7 @@ complete = 0, and the launcher exits 2 with one line naming the rank that died f
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -128,7 +129,7 @@ def launch(argv: Sequence[str], nproc: int, out: str, layout: str, module: str =
     logs[r].seek(0)
     reason = _last_line(logs[r].read().decode(errors="replace"))
     kept = f"{out} keeps its finished steps (complete = 0)" if os.path.exists(out) else "no receipt was written"
-    print(f"canary_harness: error: --layout {layout}: rank {r} of {nproc} {how}"
+    print(f"{module}: error: --layout {layout}: rank {r} of {nproc} {how}"
           f"{': ' + reason if reason else ''}; {kept}", file=sys.stderr)
     return 2
 
@@ -182,7 +183,7 @@ def _relayed(text: str) -> str:
 def _last_line(text: str) -> str:
     lines = [line.strip() for line in _relayed(text).splitlines() if line.strip()]
     line = lines[-1] if lines else ""
-    return line.removeprefix("canary_harness: error: ")
+    return re.sub(r"^[\w.]+: error: ", "", line)  # the rank's own "PROG: error: " goes: the launcher's line says it
 
 
 # ---- inside a rank --------------------------------------------------------------------------------
