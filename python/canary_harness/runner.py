@@ -24,7 +24,10 @@ The learning rate is the first parameter group's at the update.
 
 Budget features (docs/budgets.md): the run on the CPU in fp32 is the canary's own
 bitwise reference (""); bf16 autocast declares `torch-bf16`, another device
-`torch-<device>`. The lane is `<name>/torch`, with `+bf16` and `+<device>` as features.
+`torch-<device>`, --compile `torch-compile`, a distributed layout (one rank of it:
+canary_harness.distributed) `torch-ddp` or `torch-fsdp`. The lane is `<name>/torch`
+(`<name>/torch@2.9` with --versioned), with `+<device>`, `+bf16`, `+compile` and
+`+ddp`/`+fsdp` as features.
 """
 
 from __future__ import annotations
