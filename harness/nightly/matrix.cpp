@@ -131,6 +131,30 @@ class Parser {
     return with_lanes(root, std::move(m));
   }
 
+  // The torch a torch lane runs: Debian's python3, or `python = PATH` (named in the lane as
+  // @MAJOR.MINOR, passed --versioned), eager or `compile = true`.
+  struct TorchStack {
+    std::string python = kPython;
+    std::string release;  // "@2.9" for another interpreter, "" for Debian's
+    bool compiled = false;
+    std::string lane_suffix() const { return compiled ? "+compile" : ""; }
+    // The flags it adds to the lane's command, before --out.
+    void add_flags(std::vector<std::string>& command) const {
+      if (compiled) command.insert(command.end() - 2, "--compile");
+      if (!release.empty()) command.insert(command.end() - 2, "--versioned");
+    }
+  };
+
+  TorchStack torch_stack(std::map<std::string, std::string>& options, const std::string& at) const {
+    TorchStack stack;
+    stack.compiled = options.count("compile") > 0;
+    if (options.count("python")) {
+      stack.python = interpreter(options["python"], at);
+      stack.release = "@" + torch_release(stack.python, at);
+    }
+    return stack;
+  }
+
   // A torch lane's interpreter: PATH as written when absolute, else relative to the matrix
   // file's directory; it must exist.
   std::string interpreter(const std::string& path, const std::string& at) const {
@@ -319,23 +343,18 @@ class Parser {
       if (precision != "fp32" && precision != "bf16") fail(fmt::format("{}.precision: '{}' is not fp32 or bf16", at, precision));
       spec.settings.options["device"] = device;
       spec.settings.options["precision"] = precision;
-      const bool compiled = spec.settings.options.count("compile") > 0;
-      // python = "PATH": the lane runs under that interpreter's torch, and its name says which
-      // (NAME/torch@2.9), so that it has a golden of its own beside Debian's torch lane.
-      const std::string python = spec.settings.options.count("python") ? interpreter(spec.settings.options["python"], at)
-                                                                        : std::string(kPython);
-      const std::string release = spec.settings.options.count("python") ? "@" + torch_release(python, at) : "";
-      spec.lane = m.canary_name + "/torch" + release + (precision == "bf16" ? "+bf16" : "") + (compiled ? "+compile" : "");
+      // python = "PATH": its own golden beside Debian's torch lane (the name says which torch)
+      const TorchStack stack = torch_stack(spec.settings.options, at);
+      spec.lane = m.canary_name + "/torch" + stack.release + (precision == "bf16" ? "+bf16" : "") + stack.lane_suffix();
       spec.budget_features = torch_budget_features(device, precision);
-      if (compiled) spec.budget_features.push_back("torch-compile");
+      if (stack.compiled) spec.budget_features.push_back("torch-compile");
       if (t.contains("budget-features") && feature_list(t, at + ".budget-features") != spec.budget_features) {
         fail(fmt::format("{}.budget-features: the torch lane on {} in {} declares {}; drop the key or make it that", at,
                          device, precision, fmt::join(spec.budget_features, "+")));
       }
-      spec.command = {python, "-m", "canary_harness.lane", "--pack", "{pack}", "--device", device,
+      spec.command = {stack.python, "-m", "canary_harness.lane", "--pack", "{pack}", "--device", device,
                       "--precision", precision, "--out", "{out}"};
-      if (compiled) spec.command.insert(spec.command.end() - 2, "--compile");
-      if (!release.empty()) spec.command.insert(spec.command.end() - 2, "--versioned");
+      stack.add_flags(spec.command);
       spec.environment = run::python_package_environment();
       return spec;
     }
@@ -411,20 +430,15 @@ class Parser {
       fail(fmt::format("{}.threads: '{}' is not a thread count in 1..1024", at, threads));
     }
     spec.python_canary = true;
-    const bool compiled = spec.settings.options.count("compile") > 0;
-    // python = "PATH": the canary runs under that interpreter's torch, the lane named after its release
-    const bool other_python = spec.settings.options.count("python") > 0;
-    const std::string python = other_python ? interpreter(spec.settings.options["python"], at) : std::string(kPython);
-    const std::string release = other_python ? "@" + torch_release(python, at) : "";
-    spec.lane = m.canary_name + "/torch" + release + (type == "cpu" ? "" : "+" + type) +
-                (precision == "bf16" ? "+bf16" : "") + (compiled ? "+compile" : "");
+    const TorchStack stack = torch_stack(spec.settings.options, at);
+    spec.lane = m.canary_name + "/torch" + stack.release + (type == "cpu" ? "" : "+" + type) +
+                (precision == "bf16" ? "+bf16" : "") + stack.lane_suffix();
     if (type != "cpu") spec.budget_features.push_back("torch-" + type);
     if (precision == "bf16") spec.budget_features.push_back("torch-bf16");
-    if (compiled) spec.budget_features.push_back("torch-compile");
-    spec.command = {python, "-m", "canary_harness", "run", m.canary, "--device", device, "--precision", precision,
+    if (stack.compiled) spec.budget_features.push_back("torch-compile");
+    spec.command = {stack.python, "-m", "canary_harness", "run", m.canary, "--device", device, "--precision", precision,
                     "--threads", threads, "--steps", "{steps}", "--out", "{out}"};
-    if (compiled) spec.command.insert(spec.command.end() - 2, "--compile");
-    if (other_python) spec.command.insert(spec.command.end() - 2, "--versioned");
+    stack.add_flags(spec.command);
     if (python_seed_given_) spec.command.insert(spec.command.end() - 2, {"--seed", "{seed}"});
     if (m.trace == "ops") spec.command.insert(spec.command.end() - 2, {"--trace", "ops"});
     spec.environment = run::python_package_environment();
