@@ -20,4 +20,22 @@ for lane in s["lanes"]:
         features = golden["verdict"]["budget"]["features"]
         assert features and set(features) <= across and golden["status"] == "pass", (lane["id"], golden["summary"], features)
 PY
+# The torch lanes of both stacks (docs/nightly.md, "External lanes"): named after the
+# interpreter's release where the lane names one, the 2.9 lanes bitwise to their goldens
+# (recorded on this platform), each within its declared budget of cpu-ref.
+"$PY" - "$WORK/nightly/summary.json" <<'PY' || fail "the torch lanes are not judged as the matrix says"
+import json, sys
+lanes = {l["id"]: l for l in json.load(open(sys.argv[1]))["lanes"]}
+wanted = {"torch-fp32": ("tiny/torch", ["torch-cpu"]), "torch-bf16": ("tiny/torch+bf16", ["torch-bf16"]),
+          "torch2-fp32": ("tiny/torch@2.9", ["torch-cpu"]), "torch2-bf16": ("tiny/torch@2.9+bf16", ["torch-bf16"]),
+          "torch2-compile": ("tiny/torch@2.9+compile", ["torch-compile", "torch-cpu"])}
+for id, (lane, features) in wanted.items():
+    assert lanes[id]["lane"] == lane, (id, lanes[id]["lane"])
+    checks = {c["check"]: c for c in lanes[id]["checks"]}
+    assert checks["golden"]["status"] == "pass", (id, checks["golden"])
+    if id.startswith("torch2"):
+        assert checks["golden"]["verdict"]["budget"]["bitwise"] is True, (id, checks["golden"])
+    ref = checks["reference"]
+    assert ref["status"] == "pass" and sorted(ref["verdict"]["budget"]["features"]) == features, (id, ref)
+PY
 finish
