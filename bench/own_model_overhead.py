@@ -75,7 +75,8 @@ def main() -> int:
         args.canary = f"{args.pack} (the PyTorch lane)"
     steps = bare.canary.steps
     work = tempfile.mkdtemp(prefix="own-model-overhead-")
-    options = RunOptions(out=os.path.join(work, "r.h5"), threads=args.threads, steps=-(-(args.rounds + args.warmup) // args.block) * args.block)
+    blocks = (args.warmup + args.rounds + args.block - 1) // args.block
+    options = RunOptions(out=os.path.join(work, "r.h5"), threads=args.threads, steps=blocks * args.block)
     device = torch.device("cpu")
     run = ReceiptRun(recorded, options, device, options.steps)
     implementation = DigestPlan([1], [1], [True]).implementation
@@ -95,7 +96,6 @@ def main() -> int:
         return (time.perf_counter() - start) / args.block
 
     times = {"bare": [], "recorded": []}
-    blocks = (args.warmup + args.rounds + args.block - 1) // args.block
     for b in range(blocks):
         order = [("bare", bare_block), ("recorded", recorded_block)]
         if b % 2:

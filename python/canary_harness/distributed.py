@@ -32,6 +32,7 @@ complete = 0, and the launcher exits 2 with one line naming the rank that died f
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -105,9 +106,16 @@ def launch(argv: Sequence[str], nproc: int, out: str, layout: str, module: str =
     failed first and what became of the receipt. On success rank 0's stdout (the summary)
     and stderr (progress) are passed on when the run ends, without gloo's connection lines;
     every rank's stderr is kept for the failure's line."""
+    with contextlib.ExitStack() as files:
+        logs = [files.enter_context(tempfile.TemporaryFile(mode="w+b")) for _ in range(nproc)]
+        summary = files.enter_context(tempfile.TemporaryFile(mode="w+b"))
+        return _run_ranks(argv, nproc, out, layout, module, logs, summary)
+
+
+def _run_ranks(argv: Sequence[str], nproc: int, out: str, layout: str, module: str, logs: List[Any],
+               summary: Any) -> int:
+    """launch() with its ranks' output files open."""
     port = _free_port()
-    logs = [tempfile.TemporaryFile(mode="w+b") for _ in range(nproc)]
-    summary = tempfile.TemporaryFile(mode="w+b")
     ranks: List[subprocess.Popen] = []
     try:
         for r in range(nproc):
