@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The pinned Python environment .venv/ at the repository root (docs/python-env.md): torch
-# 2.9.0, numpy, h5py, xxhash, pytest, each version and file hash pinned in
+# 2.9.0, torch_xla 2.9.0, JAX 0.7.1, numpy, h5py, xxhash, pytest, each version and file hash pinned in
 # python/requirements-venv.txt, and canary_harness installed editable from python/.
 #   scripts/python-env.sh          make it, or reuse it, or repair it
 #   scripts/python-env.sh --check  exit 0 when it is up to date, 1 when not; changes nothing
@@ -20,7 +20,7 @@ want=$(sha256sum "$requirements" | cut -d' ' -f1)
 
 up_to_date() {
   [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] &&
-    "$venv/bin/python" -c 'import torch, numpy, h5py, xxhash, pytest, canary_harness' >/dev/null 2>&1
+    PJRT_DEVICE=CPU "$venv/bin/python" -c 'import torch, torch_xla, jax, numpy, h5py, xxhash, pytest, canary_harness' >/dev/null 2>&1
 }
 
 if up_to_date; then
@@ -51,12 +51,12 @@ if ! install_from_cache >/dev/null 2>&1; then
          ".venv/ (torch 2.9) is not made, and the torch 2.x suite will not run (docs/python-env.md)" >&2
     exit 0
   fi
-  echo "python-env: downloading python/requirements-venv.txt's wheels into $cache (about 3.9 GB the first time)"
+  echo "python-env: downloading python/requirements-venv.txt's wheels into $cache (about 4.3 GB the first time)"
   "$venv/bin/pip" download "${pip_quiet[@]}" --no-deps -r "$requirements" -d "$cache"
   install_from_cache
 fi
 # Editable: the tests and the CLI run the package in python/ as it is edited.
 "$venv/bin/pip" install "${pip_quiet[@]}" --no-deps --no-build-isolation -e "$root/python"
-version=$("$venv/bin/python" -c 'import torch, numpy, h5py, xxhash, pytest, canary_harness; print(torch.__version__)')
+version=$(PJRT_DEVICE=CPU "$venv/bin/python" -c 'import torch, torch_xla, jax, numpy, h5py, xxhash, pytest, canary_harness; print(torch.__version__)')
 echo "$want" > "$stamp"  # last: an interrupted install has no stamp, and is made again
 echo "python-env: .venv/ made in $(( $(date +%s) - start )) s: torch $version, $(du -sh "$venv" | cut -f1)"

@@ -137,7 +137,12 @@ class Parser {
     std::string python = kPython;
     std::string release;  // "@2.9" for another interpreter, "" for Debian's
     bool compiled = false;
-    std::string lane_suffix() const { return compiled ? "+compile" : ""; }
+    // The lane's name as the PyTorch lane and runner write it (canary_harness.runner.lane_features):
+    // NAME/torch[@RELEASE], then the device where it is not the CPU, bf16, compile.
+    std::string lane_name(const std::string& canary, const std::string& device_type, const std::string& precision) const {
+      return canary + "/torch" + release + (device_type == "cpu" ? "" : "+" + device_type) +
+             (precision == "bf16" ? "+bf16" : "") + (compiled ? "+compile" : "");
+    }
     // The flags it adds to the lane's command, before --out.
     void add_flags(std::vector<std::string>& command) const {
       if (compiled) command.insert(command.end() - 2, "--compile");
@@ -345,7 +350,7 @@ class Parser {
       spec.settings.options["precision"] = precision;
       // python = "PATH": its own golden beside Debian's torch lane (the name says which torch)
       const TorchStack stack = torch_stack(spec.settings.options, at);
-      spec.lane = m.canary_name + "/torch" + stack.release + (precision == "bf16" ? "+bf16" : "") + stack.lane_suffix();
+      spec.lane = stack.lane_name(m.canary_name, type, precision);
       spec.budget_features = torch_budget_features(device, precision);
       if (stack.compiled) spec.budget_features.push_back("torch-compile");
       if (t.contains("budget-features") && feature_list(t, at + ".budget-features") != spec.budget_features) {
@@ -431,8 +436,7 @@ class Parser {
     }
     spec.python_canary = true;
     const TorchStack stack = torch_stack(spec.settings.options, at);
-    spec.lane = m.canary_name + "/torch" + stack.release + (type == "cpu" ? "" : "+" + type) +
-                (precision == "bf16" ? "+bf16" : "") + stack.lane_suffix();
+    spec.lane = stack.lane_name(m.canary_name, type, precision);
     if (type != "cpu") spec.budget_features.push_back("torch-" + type);
     if (precision == "bf16") spec.budget_features.push_back("torch-bf16");
     if (stack.compiled) spec.budget_features.push_back("torch-compile");

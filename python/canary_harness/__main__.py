@@ -31,7 +31,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
-    from .lane import add_layout_arguments, add_versioned_argument
+    from .lane import add_device_arguments, add_layout_arguments, add_versioned_argument
 
     ap = _Parser(prog=f"python3 -m {PROG}", description="Run a team's own model as a canary (docs/own-model.md).")
     commands = ap.add_subparsers(dest="command", parser_class=_Parser)
@@ -39,7 +39,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     run = commands.add_parser("run", help="run FILE.py:NAME and write its receipt")
     run.add_argument("canary", help="FILE.py:NAME: a function in FILE.py returning canary_harness.Canary")
     run.add_argument("--out", required=True, help="receipt path (.h5); its directory must exist")
-    run.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N or xla")
+    add_device_arguments(run)
     run.add_argument("--precision", default="fp32", help="fp32 (default) or bf16 (autocast around the step)")
     run.add_argument("--steps", help="steps to run, 1..the canary's (default: the canary's): a prefix of its run")
     run.add_argument("--threads", help="torch CPU threads, 1..1024 (default 1: torch's CPU kernels' bits depend on "
@@ -132,10 +132,10 @@ def _run_canary(args: argparse.Namespace, torch, threads: int, seed: Optional[in
                 rank) -> int:
     """`run` in this process: the whole run, or one rank of a distributed one."""
     from .canary import load_canary
-    from .lane import _count
+    from .lane import _count, device_of
     from .runner import RunOptions, parse_canary_fault, print_summary, run_canary
 
-    device = _device(torch, args.device)
+    device = device_of(args.device, args.compile_cache)
     torch.set_num_threads(threads)  # before NAME(): the model's init runs on these threads too
     loaded = load_canary(args.canary, seed=seed)
     steps = loaded.canary.steps
@@ -199,22 +199,6 @@ def describe(args: argparse.Namespace) -> int:
     print(json.dumps({"name": loaded.canary.name, "steps": loaded.canary.steps, "seed": loaded.seed,
                       "canary": loaded.identity()}, sort_keys=True))
     return 0
-
-
-def _device(torch, name: str):
-    from .lane import UsageError, _digits
-
-    if not (name in ("cpu", "cuda", "xla") or (name.startswith("cuda:") and _digits(name[5:]))):
-        raise UsageError(f"--device: unknown device '{name}'; use cpu, cuda, cuda:N or xla")
-    if name == "xla":
-        try:
-            import torch_xla.core.xla_model as xm
-        except ImportError:
-            raise UsageError("--device xla: torch_xla is not installed") from None
-        return xm.xla_device()
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError(f"--device {name}: no CUDA device (torch.cuda.is_available() is False)")
-    return torch.device(name)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

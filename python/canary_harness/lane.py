@@ -57,6 +57,47 @@ def add_layout_arguments(ap: Any) -> None:
                                     "among them by rows")
 
 
+def add_device_arguments(ap: Any) -> None:
+    """--device and --compile-cache, as `canary_harness run` and `canary_harness.lane` take them."""
+    ap.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N or xla (torch_xla: a TPU where "
+                                                    "there is one, XLA's CPU client otherwise; docs/xla.md)")
+    ap.add_argument("--compile-cache", help="DIR: XLA's persistent compile cache (--device xla): a later run of the "
+                                            "same graphs loads them from DIR instead of compiling")
+
+
+def check_device_name(name: str) -> None:
+    if not (name in ("cpu", "cuda", "xla") or (name.startswith("cuda:") and _digits(name[5:]))):
+        raise UsageError(f"--device: unknown device '{name}'; use cpu, cuda, cuda:N or xla")
+
+
+def device_of(name: str, compile_cache: Optional[str] = None, deterministic: bool = False) -> Any:
+    """The torch device --device names, UsageError where it cannot be had here (no CUDA,
+    no torch_xla); on XLA with XLA's persistent compile cache in --compile-cache."""
+    import torch
+
+    check_device_name(name)
+    if compile_cache is not None and name != "xla":
+        raise UsageError(f"--compile-cache: only --device xla has a persistent compile cache (--device {name})")
+    if name == "xla":
+        from .xla import XlaUnavailable, xla_device
+
+        try:
+            return xla_device(compile_cache)
+        except XlaUnavailable as e:
+            raise UsageError(f"--device xla: {e}") from None
+        except OSError as e:
+            raise UsageError(f"--compile-cache: cannot use '{compile_cache}' ({e.strerror or e})") from None
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise UsageError(f"--device {name}: no CUDA device (torch.cuda.is_available() is False)")
+        if deterministic:
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    device = torch.device(name)
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise UsageError(f"--device {name}: there are {torch.cuda.device_count()} CUDA devices")
+    return device
+
+
 def add_versioned_argument(ap: Any) -> None:
     """--versioned, as `canary_harness run` and `canary_harness.lane` take it (torch_release)."""
     ap.add_argument("--versioned", action="store_true",
@@ -69,7 +110,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
                  description="Train a canary pack's canary in PyTorch and write a receipt (engine torch).")
     ap.add_argument("--pack", required=True, help="canary pack written by `harness export`")
     ap.add_argument("--out", required=True, help="receipt path (.h5); its directory must exist")
-    ap.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N or xla")
+    add_device_arguments(ap)
     ap.add_argument("--precision", default="fp32", help="fp32 (default) or bf16 (autocast)")
     ap.add_argument("--steps", help="steps to run, 1..the pack's (default: all of them): a prefix of the pack's run")
     ap.add_argument("--canary", help="refuse a pack of any canary but this one (e.g. tiny)")
@@ -189,8 +230,7 @@ def run(args: argparse.Namespace) -> int:
     if args.trace not in ("none", "ops"):
         raise UsageError(f"--trace: unknown level '{args.trace}'; use none or ops")
     device_name = args.device
-    if not (device_name in ("cpu", "cuda", "xla") or (device_name.startswith("cuda:") and _digits(device_name[5:]))):
-        raise UsageError(f"--device: unknown device '{device_name}'; use cpu, cuda, cuda:N or xla")
+    check_device_name(device_name)
     threads = _count("threads", args.threads, 1, 1024) if args.threads is not None else 1
     try:
         pack = load_pack(args.pack, canary=args.canary)
@@ -240,22 +280,7 @@ def _run_lane(args: argparse.Namespace, pack: Any, steps: int, threads: int, ran
     fault = parse_fault(args.inject_fault, model_module.forward_op_names(cfg), steps) \
         if args.inject_fault is not None else None
 
-    xm = None
-    if device_name == "xla":
-        try:
-            import torch_xla.core.xla_model as xm  # noqa: F811
-        except ImportError:
-            raise UsageError("--device xla: torch_xla is not installed") from None
-        device = xm.xla_device()
-    else:
-        if device_name.startswith("cuda"):
-            if not torch.cuda.is_available():
-                raise UsageError(f"--device {device_name}: no CUDA device (torch.cuda.is_available() is False)")
-            if args.deterministic:
-                os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        device = torch.device(device_name)
-        if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-            raise UsageError(f"--device {device_name}: there are {torch.cuda.device_count()} CUDA devices")
+    device = device_of(device_name, args.compile_cache, args.deterministic)
     if args.precision == "bf16":  # the runner puts it around each step; refused here as a usage error
         try:
             torch.autocast(device_type=device.type, dtype=torch.bfloat16)
@@ -309,7 +334,9 @@ def lane_manifest(args: argparse.Namespace, pack: Any, steps: int, threads: int,
                   device_label: str, nproc: int = 1) -> dict:
     """The lane's receipt manifest (the module docstring): the pack's canary, seed and data
     seed, the lane's features and budget, and the recipe `harness replay` runs again."""
-    from .runner import torch_release
+    import torch
+
+    from .runner import lane_features, torch_release
 
     run_options = {"pack": os.path.basename(pack.path), "device": args.device, "precision": args.precision,
                    "steps": steps, "inject_fault": str(fault) if fault else None,
@@ -317,8 +344,8 @@ def lane_manifest(args: argparse.Namespace, pack: Any, steps: int, threads: int,
                    **({"audit": True} if args.audit else {}), **({"compile": True} if args.compile else {}),
                    **({"layout": args.layout, "nproc": nproc} if args.layout else {}),
                    **({"versioned": True} if args.versioned else {})}
-    features = "+".join((["bf16"] if args.precision == "bf16" else []) + (["compile"] if args.compile else []) +
-                        ([args.layout] if args.layout else []))
+    features = "+".join(lane_features(torch.device(args.device.partition(":")[0]), args.precision, args.compile,
+                                      args.layout))
     budget = budget_features(args.device.partition(":")[0], args.precision, args.compile, args.layout)
     manifest = {
         "lane": f"{pack.name}/torch" + (f"@{torch_release()}" if args.versioned else "") + (f"+{features}" if features else ""),

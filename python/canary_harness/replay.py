@@ -28,6 +28,7 @@ from .receipt import ReceiptReader
 from .runner import CanaryLoop, RunOptions, StepRecord
 from .schema import HASH_FAMILIES
 from .stack import git_commit_of
+from .xla import xla_device
 
 # The families a checkpoint holds (what it is verified against): gradients are not state.
 CHECKPOINT_FAMILIES = ("params", "adam_m", "adam_v")
@@ -184,7 +185,7 @@ def replay(path: str, from_step: int, to_step: Optional[int] = None, trace: str 
             raise CanaryError(f"--trace aten: {path} is a compiled run (--compile): its steps run Inductor's fused "
                               "kernels, not the aten ops a dispatch mode sees; record both runs with --trace ops, and "
                               "bisect names the step and the module")
-        device = torch.device(options.device) if options.device != "xla" else _xla_device()
+        device = torch.device(options.device) if options.device != "xla" else xla_device()
         result = ReplayResult(path, reader.manifest["lane"], from_step, last)
         now = git_commit_of(loaded.path)
         if reader.manifest.get("git_commit") not in (None, now):
@@ -228,14 +229,8 @@ def rerun(path: str, out: str, perturb_init: Optional[int] = None, overwrite: bo
         loaded = _load(reader, recipe)
     options = _options(recipe, loaded)
     options.out, options.overwrite, options.perturb_init = out, overwrite, perturb_init
-    device = torch.device(options.device) if options.device != "xla" else _xla_device()
+    device = torch.device(options.device) if options.device != "xla" else xla_device()
     return run_canary(loaded, options, device)
-
-
-def _xla_device() -> torch.device:
-    import torch_xla.core.xla_model as xm
-
-    return xm.xla_device()
 
 
 def _trace_json(step: int, traced: Any) -> Dict[str, Any]:

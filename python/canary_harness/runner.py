@@ -358,6 +358,11 @@ class CanaryLoop:
             from .audit import CompileLog
 
             self.audit = CompileLog()
+        self.xla_counters = None
+        if device.type == "xla":  # the compiler's own counters: /compile on every XLA run
+            from .xla import XlaStepCounters
+
+            self.xla_counters = XlaStepCounters()
         self.traces = None
         if options.trace == "ops":  # hooks after the fault's: the trace sees the nudged value
             from .trace import StepTraces
@@ -366,6 +371,12 @@ class CanaryLoop:
             self.traces = StepTraces(self.canary.model, {id(params[n]): n for n in loaded.tensor_names})
         if options.compile:
             self.model = compiled_model(self.model)
+        if self.mark_step is not None:
+            # What the model's and optimizer's construction left lazy on XLA (initial
+            # weights moved over, pre-allocated state, zeros) becomes device data before
+            # step 0: otherwise step 0 builds them into its graph and step 1, which finds
+            # them as data, compiles a second one.
+            self.mark_step()
 
     def run_step(self, i: int, traced: Any = None) -> StepRecord:
         """Runs step i (inside `traced`, a context such as AtenTracer.step(), when given)."""
@@ -375,6 +386,8 @@ class CanaryLoop:
             batch = shard_batch(batch, self.rank, i)
         if self.audit is not None:  # the step starts: its ops, fingerprinted (canary_harness.audit)
             self.audit.begin(i)
+        if self.xla_counters is not None:
+            self.xla_counters.begin(i)
         if self.fault is not None:
             self.fault.arm(i)
         inputs = to_device(batch, self.device)
@@ -392,7 +405,7 @@ class CanaryLoop:
             loss = mean_over_ranks(loss, self.rank)
         if self.mark_step is not None:
             self.mark_step()
-        compile_row = self._end_audit(i)  # the step ends: nothing before here reads a value
+        compile_row = self._compile_row(i)  # the step ends: nothing before here reads a value
         if self.fault is not None:
             self.fault.check(i)
         self.capture.finish()
@@ -401,7 +414,20 @@ class CanaryLoop:
         return StepRecord(host_float(loss), grad_norm, self.capture.lr, hashed, row["hashes"], row["sketches"],
                           self._trace_row(i, grad_norm), compile_row)
 
-    def _end_audit(self, step: int) -> Any:
+    def _compile_row(self, step: int) -> Optional[Dict[str, float]]:
+        """The step's /compile row: torch_xla's own counters on XLA, the audit's static ones
+        with --audit; with both, the compiler's keep their names (what `harness check`
+        gates) and the audit's prediction sits beside them as Audit<Name> (Fingerprint
+        as it is), so that a receipt shows where the two disagree."""
+        static = self._end_audit(step)
+        if self.xla_counters is None:
+            return static
+        row = self.xla_counters.end()
+        for name, value in (static or {}).items():
+            row[name if name == "Fingerprint" else f"Audit{name}"] = value
+        return row
+
+    def _end_audit(self, step: int) -> Optional[Dict[str, float]]:
         if self.audit is None:
             return None
         from .audit import AuditError
@@ -435,9 +461,9 @@ def _mark_step_of(device: torch.device) -> Optional[Callable[[], None]]:
     """XLA's mark_step (the step's graph cut and run there), None on an eager device."""
     if device.type != "xla":
         return None
-    import torch_xla.core.xla_model as xm
+    from .xla import mark_step
 
-    return xm.mark_step
+    return mark_step
 
 
 def run_canary(loaded: LoadedCanary, options: RunOptions, device: torch.device,
@@ -625,10 +651,19 @@ def place_on_device(canary: Any, device: torch.device) -> None:
     """The model on `device`, and the optimizer holding the moved parameters. On the CPU
     and CUDA .to() keeps each Parameter object; on XLA it makes new ones, which replace the
     old in the optimizer's groups and state (an optimizer left holding the CPU tensors
-    would train nothing)."""
-    before = dict(canary.model.named_parameters())
+    would train nothing). A parameter shared by several modules (tied embeddings) is moved
+    once per module there, which would untie it: every slot that held it gets the one
+    moved Parameter, as it had one before."""
+    slots = [(module, name, p) for module in canary.model.modules() for name, p in module._parameters.items()
+             if p is not None]
     canary.model.to(device)
-    moved = {id(before[n]): p for n, p in canary.model.named_parameters() if p is not before[n]}
+    moved: Dict[int, torch.nn.Parameter] = {}  # id(the parameter before) -> the one after
+    for module, name, before in slots:
+        after = module._parameters[name]
+        if id(before) in moved:
+            module._parameters[name] = moved[id(before)]  # tied again
+        elif after is not before:
+            moved[id(before)] = after
     if not moved:
         return
     optimizer = canary.optimizer

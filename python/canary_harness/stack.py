@@ -120,6 +120,20 @@ def _torch_parts(torch) -> tuple[List[str], List[str]]:
     return libraries, kernels
 
 
+def _xla_kernels() -> List[str]:
+    """The PJRT client torch_xla runs on, where this process uses torch_xla; on XLA's CPU
+    client also the cores it may spread an op over: its results are bitwise repeatable on one
+    host at one core count, and another count splits its dots and reductions otherwise
+    (measured: docs/xla.md), so the count is part of the platform."""
+    if "torch_xla" not in sys.modules or not os.environ.get("PJRT_DEVICE"):
+        return []
+    client = os.environ["PJRT_DEVICE"]
+    kernels = [f"pjrt={client}"]
+    if client.startswith("CPU"):
+        kernels.append(f"xla_cpu_cores={len(os.sched_getaffinity(0))}")
+    return kernels
+
+
 def git_commit_of(path: str) -> str:
     """The commit of the git work tree holding `path`, with "-dirty" when tracked files have
     uncommitted changes (as the C++ build stamps git_commit); "unknown" outside a work
@@ -160,9 +174,11 @@ def collect_stack_info(include_torch: Optional[bool] = None) -> StackInfo:
 
         torch_libraries, kernels = _torch_parts(torch)
         libraries += torch_libraries
-    for distribution in ("torch_xla", "libtpu", "libtpu-nightly"):
-        version = _version(distribution)
-        if version:
-            libraries.append(f"{distribution} {version}")
+        kernels += _xla_kernels()
+        if "torch_xla" in sys.modules:  # torch's XLA backend, where the run uses it (installed is not used)
+            for distribution in ("torch_xla", "libtpu", "libtpu-nightly"):
+                version = _version(distribution)
+                if version:
+                    libraries.append(f"{distribution} {version}")
     return StackInfo(toolchain=toolchain, libraries="; ".join(libraries), host=socket.gethostname(), cpu=cpu_model(),
                      kernels=" ".join(kernels) if kernels else "none")

@@ -28,14 +28,18 @@ import json, sys
 lanes = {l["id"]: l for l in json.load(open(sys.argv[1]))["lanes"]}
 wanted = {"torch-fp32": ("tiny/torch", ["torch-cpu"]), "torch-bf16": ("tiny/torch+bf16", ["torch-bf16"]),
           "torch2-fp32": ("tiny/torch@2.9", ["torch-cpu"]), "torch2-bf16": ("tiny/torch@2.9+bf16", ["torch-bf16"]),
-          "torch2-compile": ("tiny/torch@2.9+compile", ["torch-compile", "torch-cpu"])}
+          "torch2-compile": ("tiny/torch@2.9+compile", ["torch-compile", "torch-cpu"]),
+          "torch-xla": ("tiny/torch@2.9+xla", ["torch-xla"])}
 for id, (lane, features) in wanted.items():
     assert lanes[id]["lane"] == lane, (id, lanes[id]["lane"])
     checks = {c["check"]: c for c in lanes[id]["checks"]}
     assert checks["golden"]["status"] == "pass", (id, checks["golden"])
-    if id.startswith("torch2"):
+    if id.startswith("torch2") or id == "torch-xla":
         assert checks["golden"]["verdict"]["budget"]["bitwise"] is True, (id, checks["golden"])
     ref = checks["reference"]
     assert ref["status"] == "pass" and sorted(ref["verdict"]["budget"]["features"]) == features, (id, ref)
+    if id == "torch-xla":  # torch_xla's own counters, gated: one compile at step 0, none after, no host read
+        gates = {m["metric"]: m["pass"] for m in ref["verdict"]["metrics"]}
+        assert gates["compile_stability.uncached_compiles"] is gates["compile_stability.host_syncs"] is True, gates
 PY
 finish

@@ -22,6 +22,17 @@ expect_exit() {
   fi
 }
 
+# page_script PAGE HARNESS SCRIPT: every ```sh block of a docs page, in order, as one
+# script (set -euo pipefail first) with /tmp/ made $WORK/ and build/bin/harness made
+# HARNESS: how the doc tests run a page as written. /tmp/ is replaced first: the harness
+# path put in after it may itself lie under /tmp/ (a clone there).
+page_script() {
+  local page=$1 harness=$2 script=$3 blocks
+  blocks=$(awk '/^```sh$/ {on=1; next} /^```$/ {on=0} on' "$page")
+  [ -n "$blocks" ] || { echo "FAIL: no sh block in $page" >&2; exit 1; }
+  { echo 'set -euo pipefail'; printf '%s\n' "$blocks" | sed -e "s#/tmp/#$WORK/#g" -e "s#build/bin/harness#$harness#g"; } >"$script"
+}
+
 finish() {
   if [ "$failures" -gt 0 ]; then echo "$failures failure(s)" >&2; exit 1; fi
   echo "all expectations met"

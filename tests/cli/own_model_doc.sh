@@ -13,11 +13,8 @@ page=$repo/docs/own-model.md
 scratch=$WORK/root
 mkdir -p "$WORK/bin" "$scratch/examples" && ln -s /usr/bin/python3 "$WORK/bin/python3"
 cp -r "$repo/examples/own-model" "$scratch/examples/" && ln -s "$repo/python" "$scratch/python"
-blocks=$(awk '/^```sh$/ {on=1; next} /^```$/ {on=0} on' "$page")
-[ -n "$blocks" ] || { echo "FAIL: no sh block in $page" >&2; exit 1; }
 script=$WORK/page.sh
-# /tmp/ first: the harness path put in after it may itself lie under /tmp/ (a clone there).
-{ echo 'set -euo pipefail'; printf '%s\n' "$blocks" | sed -e "s#/tmp/#$WORK/#g" -e "s#build/bin/harness#$harness#g"; } >"$script"
+page_script "$page" "$harness" "$script"
 (cd "$scratch" && env -u CI PATH="$WORK/bin:$PATH" PYTHONDONTWRITEBYTECODE=1 bash "$script") >"$WORK/page.out" 2>&1 ||
   fail "a command of $page failed: $(tail -5 "$WORK/page.out")"
 # What the page says the commands show.

@@ -7,10 +7,8 @@ source "$(dirname "$0")/lib.sh"
 repo=$(cd "$HERE/../.." && pwd)
 harness=$(cd "$(dirname "$HARNESS")" && pwd)/$(basename "$HARNESS")
 page=$repo/docs/python-env.md
-blocks=$(awk '/^```sh$/ {on=1; next} /^```$/ {on=0} on' "$page")
-[ -n "$blocks" ] || { echo "FAIL: no sh block in $page" >&2; exit 1; }
 script=$WORK/page.sh
-{ echo 'set -euo pipefail'; printf '%s\n' "$blocks" | sed -e "s#/tmp/#$WORK/#g" -e "s#build/bin/harness#$harness#g"; } >"$script"
+page_script "$page" "$harness" "$script"
 (cd "$repo" && PYTHONDONTWRITEBYTECODE=1 bash "$script") >"$WORK/page.out" 2>&1 ||
   fail "a command of $page failed: $(tail -5 "$WORK/page.out")"
 grep -q "^python-env: .venv/ is up to date (torch 2.9.0" "$WORK/page.out" || fail "python-env.sh did not reuse .venv/"

@@ -178,3 +178,43 @@ def odd_batch() -> ch.Canary:
         x, y = batch(i)
         return x[:3], y[:3]
     return make(batch_fn=three_rows)
+
+
+def reads_loss_in_step() -> ch.Canary:
+    """Reads the loss to the host before the update (`float(loss)`): under XLA the step's
+    graph is cut there and the device waited for, every step."""
+    def step(model, optimizer, batch, i):
+        x, y = batch
+        optimizer.zero_grad()
+        loss = model(x, y)
+        if float(loss) > 1e6:  # a host read inside the step: XLA's .item() trap
+            raise RuntimeError("diverged")
+        loss.backward()
+        optimizer.step()
+        return loss
+    return make(step=step, name="reads_loss_in_step")
+
+
+
+def bakes_step_into_graph() -> ch.Canary:
+    """Scales the loss by a Python float that changes every step. The static audit calls it a
+    varying constant; torch_xla uploads a Python float other than 0 and 1 as device data (its
+    "special scalars", XLA_NO_SPECIAL_SCALARS), so only the step where it is 1.0 differs."""
+    def step(model, optimizer, batch, i):
+        x, y = batch
+        optimizer.zero_grad()
+        loss = model(x, y) * (1.0 + 0.01 * i)
+        loss.backward()
+        optimizer.step()
+        return loss
+    return make(step=step, name="bakes_step_into_graph")
+
+
+def varies_batch_shape() -> ch.Canary:
+    """Trains on a prefix of the sequence whose length changes with the step: a new shape,
+    so XLA compiles the step again for each length."""
+    def step(model, optimizer, batch, i):
+        x, y = batch
+        n = 8 - i % 4
+        return train_step(model, optimizer, (x[:, :n], y[:, :n]), i)
+    return make(step=step, name="varies_batch_shape")

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# docs/xla.md, run as written: every ```sh block of the page in order, in the repository
+# root, with `build/bin/harness` as this build's harness and /tmp/ as a fresh directory.
+# Registered only where .venv/ exists (tests/CMakeLists.txt): torch_xla is .venv/'s.
+source "$(dirname "$0")/lib.sh"
+repo=$(cd "$HERE/../.." && pwd)
+harness=$(cd "$(dirname "$HARNESS")" && pwd)/$(basename "$HARNESS")
+page=$repo/docs/xla.md
+script=$WORK/page.sh
+page_script "$page" "$harness" "$script"
+(cd "$repo" && PYTHONDONTWRITEBYTECODE=1 bash "$script") >"$WORK/page.out" 2>&1 ||
+  fail "a command of $page failed: $(tail -5 "$WORK/page.out")"
+# What the page says the commands show.
+grep -q "^lane        tiny/torch+xla" "$WORK/page.out" || fail "the lane on XLA is not tiny/torch+xla"
+grep -q "^budget      torch-xla" "$WORK/page.out" || fail "compare does not judge the lane under torch-xla"
+[ "$(grep -c '^verdict     PASS' "$WORK/page.out")" -eq 1 ] || fail "the lane does not pass against cpu-ref"
+grep -q "^FAIL  compile_stability.uncached_compiles    first failing step 1" "$WORK/page.out" ||
+  fail "the example's second compile (torch.optim's lazy state) is not failed at step 1"
+grep -q "^exit 1$" "$WORK/page.out" || fail "the example's check did not exit 1"
+finish
