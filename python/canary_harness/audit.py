@@ -1,8 +1,9 @@
 """The compile-stability audit of your own PyTorch training step (torch required).
 
-    python3 -m canary_harness.audit FILE.py:FUNCTION [--steps N] [--warmup W] [--json]
+    python3 -m canary_harness.audit FILE.py:FUNCTION [--steps N] [--warmup W] [--json] [--xla]
 
-FUNCTION() returns `step(i)`, one training step on CPU tensors. The audit runs steps
+FUNCTION() returns `step(i)`, one training step on CPU tensors (--xla: also FUNCTION(device)
+on torch_xla's device, run by canary_harness.xla_audit beside this audit). The audit runs steps
 0..N-1 (default 4) under a TorchDispatchMode, which sees every aten op the step runs
 (forward, backward and optimizer) with its tensors' shapes and dtypes and its non-tensor
 arguments, and a TorchFunctionMode, which sees the Python-level reads of tensor values
@@ -863,6 +864,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                     help="warm-up steps whose graph may differ from the next one's (default 1: step 0 may create "
                          "optimizer state)")
     ap.add_argument("--json", action="store_true", help="the report as JSON on stdout (keys: docs/python.md)")
+    ap.add_argument("--xla", action="store_true",
+                    help="also run the step under torch_xla (PJRT's CPU client where there is no TPU): FUNCTION(device) "
+                         "makes it on torch_xla's device, and the report gives the real compiles and host transfers of "
+                         "each step, each recompile with its cause, beside the static findings (docs/xla.md)")
     return ap.parse_args(argv)
 
 
@@ -886,10 +891,10 @@ def parse_target(target: str) -> Tuple[str, str]:
     return path, function
 
 
-def load_step(target: str) -> Callable[[int], Any]:
-    """FILE.py:FUNCTION -> the step function FUNCTION() returns; AuditError (one line) otherwise:
-    no such file, an import that fails, no such function, a FUNCTION() that raises or returns
-    something that is not callable."""
+def load_step(target: str, *device: Any) -> Callable[[int], Any]:
+    """FILE.py:FUNCTION -> the step function FUNCTION() returns (FUNCTION(device) with a
+    device); AuditError (one line) otherwise: no such file, an import that fails, no such
+    function, a FUNCTION() that raises or returns something that is not callable."""
     path, function = parse_target(target)
     directory = os.path.dirname(os.path.abspath(path))
     if directory not in sys.path:
@@ -914,13 +919,28 @@ def load_step(target: str) -> Callable[[int], Any]:
     maker = getattr(module, function)
     if not callable(maker):
         raise AuditError(f"{target}: is {_a(type(maker).__name__)}, not a function")
+    if device and not _takes_an_argument(maker):
+        raise AuditError(f"{target}: --xla calls {function}(device), and {function}() takes no argument: give it one "
+                         f"(def {function}(device=\"cpu\")) and make the model, optimizer and tensors on it")
     try:
-        step = maker()
+        step = maker(*device)
     except Exception as e:
         raise AuditError(f"{target}: {function}() raised {type(e).__name__}: {_first_line(e)}") from None
     if not callable(step):
         raise AuditError(f"{target}: {function}() returned {_a(type(step).__name__)}, not a step function step(i)")
     return step
+
+
+def _takes_an_argument(function: Callable[..., Any]) -> bool:
+    import inspect
+
+    try:
+        inspect.signature(function).bind(None)
+    except TypeError:
+        return False
+    except ValueError:  # no signature to read (a builtin): let the call say
+        return True
+    return True
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -931,20 +951,67 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parse_target(args.target)  # before torch loads: a wrong path is named at once
         if importlib.util.find_spec("torch") is None:
             raise AuditError("torch is not installed: the audit runs the step in PyTorch")
-        with contextlib.redirect_stdout(sys.stderr):  # the step's own prints stay off the report
+        if args.xla and importlib.util.find_spec("torch_xla") is None:
+            raise AuditError("--xla: torch_xla is not installed here; run the audit with .venv/bin/python "
+                             "(docs/python-env.md)")
+        with contextlib.ExitStack() as scope:
+            scope.enter_context(contextlib.redirect_stdout(sys.stderr))  # the step's own prints stay off the report
+            xla = _XlaRun(scope) if args.xla else None  # before torch_xla is imported
             step = load_step(args.target)
             try:
                 report = audit_step(step, steps, warmup=warmup, target=args.target)
+                if xla is not None:
+                    xla.run(load_step(args.target, xla.device()), steps, report)
             except StepError as e:
                 raise AuditError(f"{args.target}: {e}") from None
     except AuditError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(report.to_json(), indent=2))
+        print(json.dumps({**report.to_json(), **(xla.to_json() if xla else {})}, indent=2))
     else:
-        print(report.format())
-    return 0 if report.clean else 1
+        print(report.format() + ("\n" + xla.format() if xla else ""))
+    return 0 if report.clean and (xla is None or xla.verdict.xla_clean) else 1
+
+
+class _XlaRun:
+    """--xla: torch_xla told to dump its graphs into a scratch directory (before it is
+    imported), the step made on its device and run (canary_harness.xla_audit)."""
+
+    def __init__(self, scope: contextlib.ExitStack) -> None:
+        from . import xla_audit
+
+        from .xla import XlaUnavailable, xla_device
+
+        self.directory = scope.enter_context(xla_audit.scratch_directory())
+        self.dump = xla_audit.GraphDump(xla_audit.prepare(self.directory))
+        try:  # before any backward on the CPU: autograd sizes its device queues on its first use
+            self._device = xla_device()
+        except XlaUnavailable as e:
+            raise AuditError(f"--xla: {e}") from None
+        self.rows: List[Any] = []
+        self.verdict: Any = None
+
+    def device(self) -> Any:
+        return self._device
+
+    def run(self, step: Callable[[int], Any], steps: int, report: "AuditReport") -> None:
+        from . import xla_audit
+
+        try:
+            self.rows = xla_audit.run_steps(step, steps, self.dump)
+        except Exception as e:
+            raise StepError(f"under torch_xla: {type(e).__name__}: {_first_line(e)}") from e
+        self.verdict = xla_audit.agreement(report.findings, self.rows, report.warmup)
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"xla": {"client": os.environ.get("PJRT_DEVICE", ""), "steps": [r.to_json() for r in self.rows],
+                        **self.verdict.to_json()}}
+
+    def format(self) -> str:
+        from . import xla_audit
+
+        return xla_audit.format_rows(self.rows, self.verdict, os.environ.get("PJRT_DEVICE", ""))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import pytest
 
@@ -26,9 +26,10 @@ PACKAGE_ROOT = str(Path(canary_harness.__file__).resolve().parents[1])
 SMALL = Path(__file__).resolve().parent / "own_canaries" / "small.py"
 
 
-def harness_python(module: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+def harness_python(module: str, *args: str, check: bool = True, env: Optional[Dict[str, str]] = None) \
+        -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": PACKAGE_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "PJRT_DEVICE": "CPU"}
+           "PJRT_DEVICE": "CPU", **(env or {})}
     result = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=600, env=env)
     if check and result.returncode != 0:
         pytest.fail(f"{module} {' '.join(args)} exited {result.returncode}:\n{result.stdout}{result.stderr}",
@@ -143,3 +144,85 @@ def test_the_real_compiler_catches_each_trap_and_the_harness_fails_it(trap: str,
     assert judged.returncode == 1, judged.stdout + judged.stderr
     gate = "host_syncs" if counter == "HostSync" else "uncached_compiles"
     assert f"FAIL  compile_stability.{gate}" in judged.stdout
+
+
+# ---- the audit held to the compiler ---------------------------------------------------------------
+
+CASES = Path(__file__).resolve().parent / "audit_cases"
+SAFE = ["safe_adamw", "safe_clip", "safe_lr", "safe_loss", "safe_mask", "safe_batch"]
+# Each case: (static stable, static host reads) as the audit predicts, (stable, host reads) as
+# torch_xla counts. Where they differ the compiler is right, and docs/xla.md says why:
+# torch_xla uploads a Python float passed to an op as device data (no recompile), so a
+# varying constant is not one there.
+AGREEMENT = {
+    "item_step.py:make_step": ((True, True), (True, True)),
+    "batch_ramp_step.py:make_step": ((False, False), (False, False)),
+    "nonzero_step.py:make_step": ((False, True), (False, True)),
+    "lr_float_step.py:make_step": ((False, False), (True, False)),
+    "adamw_host_step.py:make_step": ((False, False), (True, False)),
+    **{f"safe_steps.py:{name}": ((True, False), (True, False)) for name in SAFE},
+    "canary_lane.py:lane_step": ((True, False), (True, False)),
+}
+
+
+def line_of(case: str, marker: str) -> int:
+    lines = (CASES / case).read_text().splitlines()
+    return next(i + 1 for i, text in enumerate(lines) if text.rstrip().endswith(f"# {marker}"))
+
+
+@pytest.mark.parametrize("case", sorted(AGREEMENT))
+def test_every_audit_case_under_torch_xla(case: str, micro_pack: Path):
+    """`python3 -m canary_harness.audit CASE --xla --json`: the static verdict and torch_xla's
+    real counts, each as the table says; the exit status is the compiler's (0 only where it
+    compiled once and read nothing). Without torch_xla: exit 2, one line."""
+    steps = 3 if case.startswith("canary_lane") else 4  # the micro pack holds 3 batches
+    result = harness_python("canary_harness.audit", f"{CASES / case}", "--xla", "--json", "--steps", str(steps),
+                            check=False, env={"CANARY_AUDIT_PACK": str(micro_pack)})
+    if not HAS_XLA:
+        assert result.returncode == 2 and "--xla: torch_xla is not installed" in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1 and not result.stdout
+        return
+    assert result.returncode in (0, 1), result.stderr
+    report = json.loads(result.stdout)
+    (static_stable, static_reads), (stable, reads) = AGREEMENT[case]
+    xla = report["xla"]
+    assert (xla["static"]["stable"], xla["static"]["host_reads"]) == (static_stable, static_reads), xla
+    assert (xla["xla"]["stable"], xla["xla"]["host_reads"]) == (stable, reads), xla
+    assert xla["agrees"] is ((static_stable, static_reads) == (stable, reads))
+    assert xla["client"] == "CPU" and len(xla["steps"]) == steps
+    assert result.returncode == (0 if stable and not reads and report["clean"] else 1)
+
+
+def test_each_recompile_has_its_cause_and_each_transfer_its_line():
+    """The real compiles and transfers, located: the batch ramp's new graph at step 2 starts
+    with the 16-row batch; the item's transfer is cut at its line in every step; nonzero's
+    shape is read to the host at its line and each new size compiles a graph."""
+    if not HAS_XLA:
+        return  # the one-line refusal is asserted for every case above
+    def run(case: str) -> list:
+        result = harness_python("canary_harness.audit", f"{CASES / case}", "--xla", "--json", check=False)
+        assert result.returncode == 1, result.stderr
+        return json.loads(result.stdout)["xla"]["steps"]
+
+    ramp = run("batch_ramp_step.py:make_step")
+    assert [s["uncached_compiles"] for s in ramp] == [1, 0, 1, 0]
+    assert len(ramp[2]["causes"]) == 1 and "f32[16," in ramp[2]["causes"][0] and "f32[8," in ramp[2]["causes"][0]
+    item = run("item_step.py:make_step")
+    for s in item:
+        assert s["host_syncs"] == 1 and len(s["cuts"]) == 1
+        assert s["cuts"][0].endswith(f"item_step.py:{line_of('item_step.py', 'ITEM_LINE')})"), s["cuts"]
+    nonzero = run("nonzero_step.py:make_step")
+    line = line_of("nonzero_step.py", "NONZERO_LINE")
+    assert all(s["host_syncs"] >= 1 and s["cuts"][0].endswith(f"nonzero_step.py:{line})") for s in nonzero)
+    assert any(s["uncached_compiles"] >= 1 and f"nonzero_step.py:{line}" in " ".join(s["causes"]) for s in nonzero[1:])
+
+
+def test_a_step_maker_without_a_device_argument_is_named(tmp_path: Path):
+    maker = tmp_path / "old_style.py"
+    maker.write_text("import torch\n\ndef make_step():\n    return lambda i: None\n")
+    result = harness_python("canary_harness.audit", f"{maker}:make_step", "--xla", check=False)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    if HAS_XLA:
+        assert "--xla calls make_step(device), and make_step() takes no argument" in result.stderr
+    else:
+        assert "--xla: torch_xla is not installed" in result.stderr

@@ -16,5 +16,9 @@ grep -q "^budget      torch-xla" "$WORK/page.out" || fail "compare does not judg
 [ "$(grep -c '^verdict     PASS' "$WORK/page.out")" -eq 1 ] || fail "the lane does not pass against cpu-ref"
 grep -q "^FAIL  compile_stability.uncached_compiles    first failing step 1" "$WORK/page.out" ||
   fail "the example's second compile (torch.optim's lazy state) is not failed at step 1"
-grep -q "^exit 1$" "$WORK/page.out" || fail "the example's check did not exit 1"
+[ "$(grep -c '^exit 1$' "$WORK/page.out")" -eq 2 ] || fail "the example's check or the ramp's audit did not exit 1"
+grep -q "^  cause     graph 0: node 0: f32\[16,1\]{1,0} xla::device_data() where step 1 had f32\[8,1\]" "$WORK/page.out" ||
+  fail "the audit does not name the ramp's recompile cause"
+grep -q "^agreement   static audit: recompiles, no host read; torch_xla: recompiles, no host read: they agree" \
+  "$WORK/page.out" || fail "the audit's agreement line is not the page's"
 finish

@@ -4,15 +4,15 @@ as a Python number, a new value every step."""
 
 import torch
 
-from _net import batch_at, net_and_data
+from _net import net_and_data
 
 
-def make_step():
-    net, inputs, targets = net_and_data()
+def make_step(device="cpu"):
+    net, data = net_and_data(device=device)
     optimizer = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=0.1)
 
     def step(i):
-        x, y = batch_at(inputs, targets, i)
+        x, y = data.batch(i)
         loss = torch.nn.functional.mse_loss(net(x), y)
         optimizer.zero_grad()
         loss.backward()

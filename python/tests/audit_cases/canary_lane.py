@@ -7,9 +7,9 @@ import os
 from canary_harness.lane import CanaryStep
 
 
-def lane_step():
+def lane_step(device="cpu"):
     pack = os.environ.get("CANARY_AUDIT_PACK")
     if not pack:
         raise RuntimeError("set CANARY_AUDIT_PACK to a canary pack (harness export --canary micro --out PACK.h5)")
-    return CanaryStep.from_pack(pack, precision=os.environ.get("CANARY_AUDIT_PRECISION", "fp32"),
+    return CanaryStep.from_pack(pack, device=device, precision=os.environ.get("CANARY_AUDIT_PRECISION", "fp32"),
                                 inject_fault=os.environ.get("CANARY_AUDIT_FAULT") or None)

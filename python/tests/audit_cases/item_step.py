@@ -2,17 +2,17 @@
 
 import torch
 
-from _net import batch_at, net_and_data
+from _net import net_and_data
 
 LOSSES = []
 
 
-def make_step():
-    net, inputs, targets = net_and_data()
+def make_step(device="cpu"):
+    net, data = net_and_data(device=device)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.05)
 
     def step(i):
-        x, y = batch_at(inputs, targets, i)
+        x, y = data.batch(i)
         loss = torch.nn.functional.mse_loss(net(x), y)
         LOSSES.append(loss.item())  # ITEM_LINE
         optimizer.zero_grad()

@@ -2,18 +2,18 @@
 
 import torch
 
-from _net import batch_at, net_and_data
+from _net import net_and_data
 
 
 def lr_at(i):
     return 0.1 * (1.0 - i / 10)
 
 
-def make_step():
-    net, inputs, targets = net_and_data()
+def make_step(device="cpu"):
+    net, data = net_and_data(device=device)
 
     def step(i):
-        x, y = batch_at(inputs, targets, i)
+        x, y = data.batch(i)
         loss = torch.nn.functional.mse_loss(net(x), y)
         net.zero_grad()
         loss.backward()

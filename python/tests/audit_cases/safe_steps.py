@@ -11,7 +11,7 @@
 
 import torch
 
-from _net import batch_at, net_and_data
+from _net import net_and_data
 
 
 class DeviceAdamW(torch.optim.Optimizer):
@@ -48,12 +48,12 @@ class DeviceAdamW(torch.optim.Optimizer):
                 p.sub_(self.lr_t * (m / correction1) / ((v / correction2).sqrt() + group["eps"]))
 
 
-def safe_adamw():
-    net, inputs, targets = net_and_data()
+def safe_adamw(device="cpu"):
+    net, data = net_and_data(device=device)
     optimizer = DeviceAdamW(net.parameters(), lr=1e-3, weight_decay=0.1)
 
     def step(i):
-        x, y = batch_at(inputs, targets, i)
+        x, y = data.batch(i)
         loss = torch.nn.functional.mse_loss(net(x), y)
         optimizer.zero_grad()
         loss.backward()
@@ -63,14 +63,14 @@ def safe_adamw():
     return step
 
 
-def safe_clip():
+def safe_clip(device="cpu"):
     """torch.nn.utils.clip_grad_norm_ as it comes: the norm and the clip coefficient stay
     device tensors (no .item()), on torch 1.13 and 2.x."""
-    net, inputs, targets = net_and_data()
+    net, data = net_and_data(device=device)
     optimizer = DeviceAdamW(net.parameters(), lr=1e-3, weight_decay=0.1)
 
     def step(i):
-        x, y = batch_at(inputs, targets, i)
+        x, y = data.batch(i)
         loss = torch.nn.functional.mse_loss(net(x), y)
         optimizer.zero_grad()
         loss.backward()
@@ -81,13 +81,13 @@ def safe_clip():
     return step
 
 
-def safe_lr():
-    net, inputs, targets = net_and_data()
-    lr_t = torch.zeros(())
+def safe_lr(device="cpu"):
+    net, data = net_and_data(device=device)
+    lr_t = torch.zeros((), device=device)
 
     def step(i):
         lr_t.copy_(torch.tensor(0.1 * (1.0 - i / 10)))
-        x, y = batch_at(inputs, targets, i)
+        x, y = data.batch(i)
         loss = torch.nn.functional.mse_loss(net(x), y)
         net.zero_grad()
         loss.backward()
@@ -102,12 +102,12 @@ def safe_lr():
 LOSSES = []
 
 
-def safe_loss():
-    net, inputs, targets = net_and_data()
+def safe_loss(device="cpu"):
+    net, data = net_and_data(device=device)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.05)
 
     def step(i):
-        x, y = batch_at(inputs, targets, i)
+        x, y = data.batch(i)
         loss = torch.nn.functional.mse_loss(net(x), y)
         optimizer.zero_grad()
         loss.backward()
@@ -117,12 +117,12 @@ def safe_loss():
     return step
 
 
-def safe_mask():
-    net, inputs, targets = net_and_data()
+def safe_mask(device="cpu"):
+    net, data = net_and_data(device=device)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.05)
 
     def step(i):
-        x, y = batch_at(inputs, targets, i)
+        x, y = data.batch(i)
         keep = (y > 0).to(y.dtype)  # the mask as numbers: the shape stays (8, 1)
         loss = (((net(x) - y) ** 2) * keep).sum() / keep.sum().clamp(min=1)
         optimizer.zero_grad()
@@ -132,12 +132,12 @@ def safe_mask():
     return step
 
 
-def safe_batch():
-    net, inputs, targets = net_and_data()
+def safe_batch(device="cpu"):
+    net, data = net_and_data(device=device)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.05)
 
     def step(i):
-        x, y = batch_at(inputs, targets, i, 16)
+        x, y = data.batch(i, 16)
         loss = torch.nn.functional.mse_loss(net(x), y)
         optimizer.zero_grad()
         loss.backward()
