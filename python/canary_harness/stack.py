@@ -121,13 +121,16 @@ def _torch_parts(torch) -> tuple[List[str], List[str]]:
 
 
 def _xla_kernels() -> List[str]:
-    """The PJRT client torch_xla runs on, where this process uses torch_xla; on XLA's CPU
+    """The PJRT client torch_xla (or JAX) runs on, where this process uses it; on XLA's CPU
     client also the cores it may spread an op over: its results are bitwise repeatable on one
     host at one core count, and another count splits its dots and reductions otherwise
     (measured: docs/xla.md), so the count is part of the platform."""
-    if "torch_xla" not in sys.modules or not os.environ.get("PJRT_DEVICE"):
+    if "torch_xla" in sys.modules and os.environ.get("PJRT_DEVICE"):
+        client = os.environ["PJRT_DEVICE"]
+    elif "jax" in sys.modules:  # a JAX run (canary_harness.jax): its backend, which JAX_PLATFORMS picks
+        client = os.environ.get("JAX_PLATFORMS", "default").upper()
+    else:
         return []
-    client = os.environ["PJRT_DEVICE"]
     kernels = [f"pjrt={client}"]
     if client.startswith("CPU"):
         kernels.append(f"xla_cpu_cores={len(os.sched_getaffinity(0))}")
@@ -180,5 +183,8 @@ def collect_stack_info(include_torch: Optional[bool] = None) -> StackInfo:
                 version = _version(distribution)
                 if version:
                     libraries.append(f"{distribution} {version}")
+    if "jax" in sys.modules:  # a JAX run (canary_harness.jax)
+        libraries += [f"{distribution} {_version(distribution)}" for distribution in ("jax", "jaxlib")
+                      if _version(distribution)]
     return StackInfo(toolchain=toolchain, libraries="; ".join(libraries), host=socket.gethostname(), cpu=cpu_model(),
                      kernels=" ".join(kernels) if kernels else "none")

@@ -17,10 +17,17 @@ from typing import List, NamedTuple, Tuple
 NORMAL, RESIDUAL_NORMAL, ONES, ZEROS = "normal", "residual_normal", "ones", "zeros"
 
 
+# A linear's parallel role under a Megatron split (tpu-mesh's tp, canary_harness.jax):
+# column-parallel weights split their output dimension (0), their biases follow it;
+# row-parallel weights split their input dimension (1); "" for everything else.
+COLUMN, COLUMN_BIAS, ROW = "column", "column-bias", "row"
+
+
 class TensorSpec(NamedTuple):
     name: str
     shape: Tuple[int, ...]
     init: str
+    parallel: str = ""
 
 
 def names_and_shapes(specs: List[TensorSpec]) -> List[Tuple[str, Tuple[int, ...]]]:
@@ -36,15 +43,15 @@ def gpt2_tensor_specs(vocab_size: int, context_length: int, channels: int, layer
         specs += [
             TensorSpec(p + "ln1.weight", (C,), ONES),
             TensorSpec(p + "ln1.bias", (C,), ZEROS),
-            TensorSpec(p + "attn.qkv.weight", (3 * C, C), NORMAL),
-            TensorSpec(p + "attn.qkv.bias", (3 * C,), ZEROS),
-            TensorSpec(p + "attn.proj.weight", (C, C), RESIDUAL_NORMAL),
+            TensorSpec(p + "attn.qkv.weight", (3 * C, C), NORMAL, COLUMN),
+            TensorSpec(p + "attn.qkv.bias", (3 * C,), ZEROS, COLUMN_BIAS),
+            TensorSpec(p + "attn.proj.weight", (C, C), RESIDUAL_NORMAL, ROW),
             TensorSpec(p + "attn.proj.bias", (C,), ZEROS),
             TensorSpec(p + "ln2.weight", (C,), ONES),
             TensorSpec(p + "ln2.bias", (C,), ZEROS),
-            TensorSpec(p + "mlp.fc.weight", (4 * C, C), NORMAL),
-            TensorSpec(p + "mlp.fc.bias", (4 * C,), ZEROS),
-            TensorSpec(p + "mlp.proj.weight", (C, 4 * C), RESIDUAL_NORMAL),
+            TensorSpec(p + "mlp.fc.weight", (4 * C, C), NORMAL, COLUMN),
+            TensorSpec(p + "mlp.fc.bias", (4 * C,), ZEROS, COLUMN_BIAS),
+            TensorSpec(p + "mlp.proj.weight", (C, 4 * C), RESIDUAL_NORMAL, ROW),
             TensorSpec(p + "mlp.proj.bias", (C,), ZEROS),
         ]
     return specs + [TensorSpec("lnf.weight", (C,), ONES), TensorSpec("lnf.bias", (C,), ZEROS)]
@@ -67,14 +74,14 @@ def llama_tensor_specs(vocab_size: int, channels: int, layers: int, heads: int, 
         p = f"blocks.{l}."
         specs += [
             TensorSpec(p + "attn_norm.weight", (C,), ONES),
-            TensorSpec(p + "attn.q.weight", (q_rows, C), NORMAL),
-            TensorSpec(p + "attn.k.weight", (kv_rows, C), NORMAL),
-            TensorSpec(p + "attn.v.weight", (kv_rows, C), NORMAL),
-            TensorSpec(p + "attn.o.weight", (C, q_rows), RESIDUAL_NORMAL),
+            TensorSpec(p + "attn.q.weight", (q_rows, C), NORMAL, COLUMN),
+            TensorSpec(p + "attn.k.weight", (kv_rows, C), NORMAL, COLUMN),
+            TensorSpec(p + "attn.v.weight", (kv_rows, C), NORMAL, COLUMN),
+            TensorSpec(p + "attn.o.weight", (C, q_rows), RESIDUAL_NORMAL, ROW),
             TensorSpec(p + "mlp_norm.weight", (C,), ONES),
-            TensorSpec(p + "mlp.gate.weight", (H, C), NORMAL),
-            TensorSpec(p + "mlp.up.weight", (H, C), NORMAL),
-            TensorSpec(p + "mlp.down.weight", (C, H), RESIDUAL_NORMAL),
+            TensorSpec(p + "mlp.gate.weight", (H, C), NORMAL, COLUMN),
+            TensorSpec(p + "mlp.up.weight", (H, C), NORMAL, COLUMN),
+            TensorSpec(p + "mlp.down.weight", (C, H), RESIDUAL_NORMAL, ROW),
         ]
     return specs + [TensorSpec("norm.weight", (C,), ONES), TensorSpec("lm_head.weight", (V, C), NORMAL)]
 

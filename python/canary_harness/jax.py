@@ -1,0 +1,342 @@
+"""The canary contract in JAX, trained from a canary pack on a mesh of XLA devices, written
+as a receipt (docs/xla.md, "JAX SPMD"):
+
+    python3 -m canary_harness.jax --pack PACK.h5 --out R.h5 [--mesh DxM] [--shard-plan dp|tp|zero3]
+        [--precision fp32|bf16] [--steps N] [--force]
+
+The gpt2 canary of docs/design.md, written in jax.numpy from the contract (no code shared
+with the C++ engines or the PyTorch models): forward, jax.grad's backward, the global-norm
+clip and AdamW in one jitted step. The mesh is D x M of XLA devices named ("data",
+"model"); on a machine without accelerators they are virtual CPU devices
+(--xla_force_host_platform_device_count, set here before JAX starts), which XLA's SPMD
+partitioner shards and runs collectives over for real. The shard plans are tpu-mesh's
+(docs/engines/tpu-mesh.md, "Shard plans") as NamedShardings, chosen from each tensor's
+role in the tensor table (canary_harness.models.table: its linear's parallel role), never
+from its name:
+
+- dp: parameters replicated, the batch split on "data";
+- tp: column-parallel weights' output dimension and row-parallel weights' input dimension
+  on "model" (Megatron), the rest replicated, the batch split on "data";
+- zero3: dimension 0 of every parameter and of its moments on "data", the batch too.
+
+Everything the receipt holds is read after the step (parameters, clipped gradients, Adam's
+moments, gathered to the host): nothing inside the step leaves the devices. Lane
+`<canary>/jax@DxM+PLAN[+bf16]`; budget features `jax` (XLA's CPU kernels against
+cpu-ref's), `jax-bf16` with --precision bf16, and on more than one device `mesh-fp32`
+(`mesh-bf16`): the real partitioner is judged under the budget the emulation declares.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple
+
+import numpy as np
+
+PROG = "canary_harness.jax"
+PLANS = ("dp", "tp", "zero3")
+
+
+class UsageError(Exception):
+    """Bad usage or input: one line, exit 2, nothing written."""
+
+
+def _force_devices(count: int) -> None:
+    """XLA's CPU client makes `count` virtual devices; set before JAX is imported."""
+    if "jax" in sys.modules:
+        return
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
+    os.environ["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={count}"])
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+# ---- the model: docs/design.md's gpt2, in jax.numpy ----------------------------------------------
+
+def _linear(x, w, b, mm):
+    y = mm(x, w.T)  # w is (out, in), as the contract's tables give it
+    return y if b is None else y + b
+
+
+def _layernorm(x, w, b, eps):
+    import jax.numpy as jnp
+
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)  # biased
+    return (x - mean) / jnp.sqrt(var + eps) * w + b
+
+
+def _attention(qkv, heads):
+    import jax
+    import jax.numpy as jnp
+
+    B, T, C3 = qkv.shape
+    C = C3 // 3
+    hs = C // heads
+    q, k, v = (t.reshape(B, T, heads, hs).transpose(0, 2, 1, 3) for t in jnp.split(qkv, 3, axis=-1))
+    att = (q @ k.transpose(0, 1, 3, 2)) * np.float32(1.0 / np.sqrt(hs))
+    causal = jnp.tril(jnp.ones((T, T), dtype=bool))
+    att = jax.nn.softmax(jnp.where(causal, att, -jnp.inf), axis=-1)
+    return (att @ v).transpose(0, 2, 1, 3).reshape(B, T, C)
+
+
+def gpt2_loss(params: Dict[str, Any], tokens: Any, cfg: Any, mm) -> Any:
+    """tokens (B, T+1) int32 -> the mean cross-entropy over all B*T positions."""
+    import jax
+    import jax.numpy as jnp
+
+    T = cfg.context_length
+    inputs, targets = tokens[:, :T], tokens[:, 1:]
+    x = params["wte"][inputs] + params["wpe"][jnp.arange(T)]
+    for l in range(cfg.layers):
+        p = f"blocks.{l}."
+        h = _layernorm(x, params[p + "ln1.weight"], params[p + "ln1.bias"], cfg.layernorm_eps)
+        qkv = _linear(h, params[p + "attn.qkv.weight"], params[p + "attn.qkv.bias"], mm)
+        y = _attention(qkv, cfg.heads)
+        x = x + _linear(y, params[p + "attn.proj.weight"], params[p + "attn.proj.bias"], mm)
+        h = _layernorm(x, params[p + "ln2.weight"], params[p + "ln2.bias"], cfg.layernorm_eps)
+        h = jax.nn.gelu(_linear(h, params[p + "mlp.fc.weight"], params[p + "mlp.fc.bias"], mm), approximate=True)
+        x = x + _linear(h, params[p + "mlp.proj.weight"], params[p + "mlp.proj.bias"], mm)
+    x = _layernorm(x, params["lnf.weight"], params["lnf.bias"], cfg.layernorm_eps)
+    logits = mm(x, params["wte"].T)  # the LM head, tied to wte
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], axis=-1))
+
+
+def matmul(precision: str):
+    """fp32: XLA's fp32 dot at its highest precision; bf16: operands rounded to bf16 (round to
+    nearest even, lax.reduce_precision: an explicit op that XLA's simplifier keeps, where a
+    bf16 round trip of converts may be folded away), products accumulated in fp32 (a TPU
+    MXU's bf16 pass; a product of two bf16 values is exact in fp32). XLA's CPU dot has no
+    bf16 x bf16 = f32 kernel, so the operands stay f32 holding bf16 values."""
+    import jax
+    import jax.numpy as jnp
+
+    highest = jax.lax.Precision.HIGHEST
+    if precision == "bf16":
+        bf16 = lambda x: jax.lax.reduce_precision(x, exponent_bits=8, mantissa_bits=7)  # noqa: E731
+        return lambda a, b: jnp.matmul(bf16(a), bf16(b), precision=highest)
+    return lambda a, b: jnp.matmul(a, b, precision=highest)
+
+
+def make_step(cfg: Any, names: Sequence[str], precision: str):
+    """The jitted step: loss and gradients, the global norm (fp32: XLA on a TPU has no
+    float64), the clip, AdamW as docs/design.md writes it. Per-step numbers (lr, 1 - lr*wd,
+    the bias corrections) are traced arguments: one compile for every step."""
+    import jax
+    import jax.numpy as jnp
+
+    from .models.gpt2 import CLIP_EPS
+
+    mm = matmul(precision)
+    f32 = np.float32
+    beta1, beta2, eps = f32(cfg.beta1), f32(cfg.beta2), f32(cfg.adam_eps)
+    one_minus_beta1, one_minus_beta2 = f32(1) - beta1, f32(1) - beta2
+    max_norm, clip_eps = f32(cfg.max_grad_norm), f32(CLIP_EPS)
+
+    def step(params, m, v, tokens, lr, decay, bc1, bc2):
+        loss, grads = jax.value_and_grad(gpt2_loss)(params, tokens, cfg, mm)
+        norm = jnp.sqrt(sum(jnp.sum(jnp.square(grads[n])) for n in names))
+        factor = jnp.where(norm > max_norm, max_norm / (norm + clip_eps), f32(1))
+        grads = {n: grads[n] * factor for n in names}
+        new_p, new_m, new_v = {}, {}, {}
+        for n in names:
+            g, p = grads[n], params[n]
+            if p.ndim == 2:  # decoupled decay on the 2-D tensors (the contract's rule)
+                p = p * decay
+            new_m[n] = m[n] * beta1 + g * one_minus_beta1
+            new_v[n] = v[n] * beta2 + g * one_minus_beta2 * g
+            new_p[n] = p - lr * (new_m[n] / bc1) / (jnp.sqrt(new_v[n] / bc2) + eps)
+        return new_p, new_m, new_v, grads, loss, norm
+
+    return step
+
+
+# ---- meshes and shard plans ------------------------------------------------------------------------
+
+def parse_mesh(text: str) -> Tuple[int, int]:
+    d, x, m = text.partition("x")
+    if not x or not d.isdigit() or not m.isdigit() or not 1 <= int(d) <= 64 or not 1 <= int(m) <= 64:
+        raise UsageError(f"--mesh: '{text}' is not DxM with D and M in 1..64 (e.g. 2x2)")
+    return int(d), int(m)
+
+
+def partition_specs(specs: Sequence[Any], plan: str, mesh_shape: Tuple[int, int]) -> Dict[str, Tuple[Any, ...]]:
+    """Each tensor's PartitionSpec entries under `plan`, from its role in the table
+    (TensorSpec.parallel: "column" or "row" for a linear's weight, its bias follows its
+    weight's output dimension); UsageError where a dimension does not divide."""
+    data, model = mesh_shape
+    out: Dict[str, Tuple[Any, ...]] = {}
+    for s in specs:
+        entries: List[Any] = [None] * len(s.shape)
+        if plan == "tp" and s.parallel in ("column", "column-bias"):
+            entries[0] = "model"
+        elif plan == "tp" and s.parallel == "row":
+            entries[1] = "model"
+        elif plan == "zero3":
+            entries[0] = "data"
+        for dim, axis in enumerate(entries):
+            size = {"data": data, "model": model}.get(axis, 1)
+            if axis is not None and s.shape[dim] % size:
+                raise UsageError(f"--shard-plan {plan} on --mesh {data}x{model}: {s.name} dimension {dim} has size "
+                                 f"{s.shape[dim]}, which does not divide into {size} shards")
+        out[s.name] = tuple(entries)
+    return out
+
+
+# ---- the run ---------------------------------------------------------------------------------------
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        print(f"{PROG}: error: {message} (see `python3 -m {PROG} --help`)", file=sys.stderr)
+        sys.exit(2)
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    ap = _Parser(prog=f"python3 -m {PROG}", description="Train a canary pack's canary in JAX on a mesh of XLA devices "
+                                                         "and write a receipt (engine jax).")
+    ap.add_argument("--pack", required=True, help="canary pack written by `harness export`")
+    ap.add_argument("--out", required=True, help="receipt path (.h5); its directory must exist")
+    ap.add_argument("--mesh", default="1x1", help="DxM devices, axes data and model (default 1x1)")
+    ap.add_argument("--shard-plan", default="dp", help="dp (default), tp or zero3 (tpu-mesh's plans)")
+    ap.add_argument("--precision", default="fp32", help="fp32 (default) or bf16 (bf16 matmul operands)")
+    ap.add_argument("--steps", help="steps to run, 1..the pack's (default: all of them)")
+    ap.add_argument("--force", action="store_true", help="overwrite an existing receipt")
+    return ap.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    from .lane import _count, check_out
+    from .pack import PackError, read_pack
+
+    if args.shard_plan not in PLANS:
+        raise UsageError(f"--shard-plan: unknown plan '{args.shard_plan}'; use dp, tp or zero3")
+    if args.precision not in ("fp32", "bf16"):
+        raise UsageError(f"--precision: unknown precision '{args.precision}'; use fp32 or bf16")
+    mesh_shape = parse_mesh(args.mesh)
+    import importlib.util
+
+    if importlib.util.find_spec("jax") is None:
+        raise UsageError("JAX is not installed here; run the JAX lane with .venv/bin/python (docs/python-env.md)")
+    try:
+        pack = read_pack(args.pack)
+    except PackError as e:
+        raise UsageError(str(e)) from None
+    if pack.canary.get("architecture", "gpt2") != "gpt2":
+        raise UsageError(f"{pack.path}: the JAX lane runs the gpt2 canary so far, not "
+                         f"'{pack.canary.get('architecture')}' (docs/xla.md)")
+    steps = _count("steps", args.steps, 1, pack.steps) if args.steps is not None else pack.steps
+    check_out(args.out, args.force)
+    _force_devices(mesh_shape[0] * mesh_shape[1])
+    from .models.gpt2 import CanaryConfig
+    from .models.table import gpt2_tensor_specs
+
+    cfg = CanaryConfig.from_json(pack.canary_json)
+    specs = gpt2_tensor_specs(cfg.vocab_size, cfg.context_length, cfg.channels, cfg.layers)
+    layout = partition_specs(specs, args.shard_plan, mesh_shape)
+    if pack.batch_shape[0] % mesh_shape[0]:
+        raise UsageError(f"--mesh {args.mesh}: the batch of {pack.batch_shape[0]} sequences does not divide into "
+                         f"{mesh_shape[0]} shards on data")
+    return _train(args, pack, cfg, [s.name for s in specs], layout, mesh_shape, steps)
+
+
+def _train(args, pack, cfg, names, layout, mesh_shape, steps) -> int:
+    import jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from .digest import batch_hash
+    from .models.gpt2 import bias_corrections, lr_at
+    from .receipt import ReceiptWriter
+    from .recording import StepDigest
+
+    devices = jax.devices()
+    if len(devices) < mesh_shape[0] * mesh_shape[1]:
+        raise UsageError(f"--mesh {args.mesh}: JAX has {len(devices)} devices here")
+    mesh = Mesh(np.array(devices[:mesh_shape[0] * mesh_shape[1]]).reshape(mesh_shape), ("data", "model"))
+    shard = {n: NamedSharding(mesh, PartitionSpec(*layout[n])) for n in names}
+    scalar = NamedSharding(mesh, PartitionSpec())
+    batch = NamedSharding(mesh, PartitionSpec("data", None))
+    params = {n: jax.device_put(np.asarray(pack.init[n], dtype=np.float32), shard[n]) for n in names}
+    m = {n: jax.device_put(np.zeros(pack.init[n].shape, np.float32), shard[n]) for n in names}
+    v = {n: jax.device_put(np.zeros(pack.init[n].shape, np.float32), shard[n]) for n in names}
+    state = (shard, shard, shard)
+    step_fn = jax.jit(make_step(cfg, names, args.precision),
+                      in_shardings=state + (batch, scalar, scalar, scalar, scalar),
+                      out_shardings=state + (shard, scalar, scalar))
+    digest = StepDigest(names, [int(np.prod(pack.init[n].shape)) for n in names])
+    writer = ReceiptWriter(args.out, _manifest(args, pack, steps, mesh_shape), names, overwrite=args.force)
+    start = time.perf_counter()
+    try:
+        for i in range(steps):
+            tokens = pack.batch(i)
+            lr = np.float32(lr_at(i, cfg))
+            bc1, bc2 = (np.float32(c) for c in bias_corrections(i, cfg))
+            decay = np.float32(1) - lr * np.float32(cfg.weight_decay)
+            params, m, v, grads, loss, norm = step_fn(params, m, v, jax.device_put(tokens, batch), lr, decay, bc1, bc2)
+            host = [np.asarray(t, dtype=np.float32).reshape(-1) for family in (params, grads, m, v) for t in
+                    (family[n] for n in names)]
+            rows = digest.plan.rows(host)
+            hashes, sketches = digest.split(rows)
+            writer.append_step(loss=float(loss), grad_norm=float(norm), lr=float(lr), batch_hash=batch_hash(tokens),
+                               hashes=hashes, sketches=sketches)
+        writer.finish()
+    except BaseException:
+        writer.discard()
+        raise
+    finally:
+        writer.close()
+    seconds = time.perf_counter() - start
+    print(f"lane        {_lane(pack, args, mesh_shape)}")
+    print(f"devices     {mesh_shape[0]}x{mesh_shape[1]} of {jax.devices()[0].platform} ({args.shard_plan}, {args.precision})")
+    print(f"steps       {steps}, {1000 * seconds / steps:.1f} ms/step (compile and recording included)")
+    print(f"receipt     {os.path.abspath(args.out)}")
+    return 0
+
+
+def _lane(pack, args, mesh_shape) -> str:
+    return (f"{pack.name}/jax@{mesh_shape[0]}x{mesh_shape[1]}+{args.shard_plan}" +
+            ("+bf16" if args.precision == "bf16" else ""))
+
+
+def budget_features(precision: str, devices: int) -> str:
+    """What separates a JAX run from cpu-ref: XLA's CPU kernels (jax), bf16 matmul operands
+    (jax-bf16), and the mesh's reduction splits where there is more than one device (judged
+    under tpu-mesh's own entries, mesh-fp32 or mesh-bf16)."""
+    return "+".join(["jax"] + (["jax-bf16"] if precision == "bf16" else []) +
+                    ([f"mesh-{precision}"] if devices > 1 else []))
+
+
+def _manifest(args, pack, steps, mesh_shape) -> Dict[str, Any]:
+    import jax
+
+    features = args.shard_plan + ("+bf16" if args.precision == "bf16" else "")
+    run_options = {"pack": os.path.basename(pack.path), "mesh": args.mesh, "shard_plan": args.shard_plan,
+                   "precision": args.precision, "steps": steps}
+    return {
+        "lane": _lane(pack, args, mesh_shape), "engine": "jax", "features": features,
+        "budget_features": budget_features(args.precision, mesh_shape[0] * mesh_shape[1]),
+        "canary": pack.canary_json, "seed": pack.seed, "steps_planned": steps, "threads": 1,
+        "data_seed": pack.data_seed, "pack": os.path.basename(pack.path), "trace": "none",
+        "device": f"{jax.devices()[0].platform} x{mesh_shape[0] * mesh_shape[1]}", "precision": args.precision,
+        "autocast": "none", "fault_injection": "none", "deterministic": 1, "pack_git_commit": pack.git_commit,
+        "run_options": json.dumps(run_options, sort_keys=True),
+    }
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    from .lane import UsageError as LaneUsageError
+    from .receipt import ReceiptError
+
+    try:
+        return run(args)
+    except (UsageError, LaneUsageError, ReceiptError) as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""`python3 -m canary_harness.jax`: the canary contract in JAX on meshes of virtual CPU
+devices, through XLA's real SPMD partitioner, held to cpu-ref under its budgets (docs/xla.md,
+"JAX SPMD"). Without JAX (Debian's torch 1.13 interpreter): exit 2, one line, no file;
+asserted per interpreter, never skipped."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import canary_harness
+from canary_harness import ReceiptReader
+from canary_harness.models.table import gpt2_tensor_specs
+
+from conftest import export_pack, run_harness
+
+HAS_JAX = importlib.util.find_spec("jax") is not None
+STEPS = 6
+PACKAGE_ROOT = str(Path(canary_harness.__file__).resolve().parents[1])
+
+
+def jax_lane(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": PACKAGE_ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.pop("XLA_FLAGS", None)
+    result = subprocess.run([sys.executable, "-m", "canary_harness.jax", *args], capture_output=True, text=True,
+                            timeout=600, env=env)
+    if check and result.returncode != 0:
+        pytest.fail(f"canary_harness.jax {' '.join(args)} exited {result.returncode}:\n{result.stdout}{result.stderr}",
+                    pytrace=False)
+    return result
+
+
+@pytest.fixture(scope="module")
+def tiny(harness_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    d = tmp_path_factory.mktemp("jax")
+    pack = export_pack(harness_bin, d / "pack.h5", canary="tiny", steps=STEPS)
+    cpu = d / "cpu-ref.h5"
+    run_harness(harness_bin, "run", "--canary", "tiny", "--steps", str(STEPS), "--out", str(cpu))
+    return {"dir": d, "pack": pack, "cpu": cpu}
+
+
+@pytest.mark.parametrize("mesh,plan,precision,features", [
+    ("1x1", "dp", "fp32", "jax"),
+    ("2x2", "tp", "fp32", "jax+mesh-fp32"),
+    ("2x2", "zero3", "bf16", "jax+jax-bf16+mesh-bf16"),
+])
+def test_each_plan_is_a_valid_receipt_within_its_budget_of_cpu_ref(mesh: str, plan: str, precision: str, features: str,
+                                                                   tiny: dict, harness_bin: Path):
+    out = tiny["dir"] / f"{mesh}-{plan}-{precision}.h5"
+    result = jax_lane("--pack", str(tiny["pack"]), "--mesh", mesh, "--shard-plan", plan, "--precision", precision,
+                      "--out", str(out), check=HAS_JAX)
+    if not HAS_JAX:
+        assert result.returncode == 2 and "JAX is not installed here" in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1 and not out.exists()
+        return
+    validated = run_harness(harness_bin, "validate", str(out), "--json")
+    assert json.loads(validated.stdout)["unknown"] == []
+    with ReceiptReader(out) as r, ReceiptReader(tiny["cpu"]) as cpu:
+        m = r.manifest
+        assert (m["lane"], m["engine"], m["budget_features"]) == (f"tiny/jax@{mesh}+{plan}" +
+                                                                  ("+bf16" if precision == "bf16" else ""), "jax", features)
+        assert r.complete and r.steps_recorded == STEPS and r.tensor_names == cpu.tensor_names
+        assert list(r.steps("batch_hash")) == list(cpu.steps("batch_hash"))
+        assert "jax 0." in m["libraries"] and "jaxlib 0." in m["libraries"], m["libraries"]
+        assert f"xla_force_host_platform_device_count={4 if mesh == '2x2' else 1}" in m["toolchain"], m["toolchain"]
+    judged = run_harness(harness_bin, "compare", str(out), str(tiny["cpu"]))  # exit 0: within the composed budget
+    assert f"budget      {features.replace('+', ' + ')} (" in judged.stdout, judged.stdout
+
+
+def test_the_plans_shard_by_role_not_by_name():
+    """tp puts a column-parallel weight's output dimension and a row-parallel weight's input
+    dimension on model, zero3 every dimension 0 on data; a tensor renamed keeps its role's split."""
+    from canary_harness.jax import partition_specs
+
+    specs = gpt2_tensor_specs(256, 64, 128, 1)
+    tp = partition_specs(specs, "tp", (2, 2))
+    assert tp["blocks.0.attn.qkv.weight"] == ("model", None) and tp["blocks.0.attn.qkv.bias"] == ("model",)
+    assert tp["blocks.0.attn.proj.weight"] == (None, "model") and tp["blocks.0.mlp.proj.weight"] == (None, "model")
+    assert tp["wte"] == (None, None) and tp["blocks.0.ln1.weight"] == (None,)
+    assert all(entries[0] == "data" for entries in partition_specs(specs, "zero3", (2, 1)).values())
+    assert all(set(entries) == {None} for entries in partition_specs(specs, "dp", (4, 1)).values())
+    renamed = [s._replace(name=f"t{i}") for i, s in enumerate(specs)]
+    assert list(partition_specs(renamed, "tp", (2, 2)).values()) == list(tp.values())
+
+
+def test_bad_input_is_exit_2_with_one_line(tiny: dict):
+    out = tiny["dir"] / "bad.h5"
+    cases = [(["--mesh", "3x1"], "does not divide into 3 shards" if HAS_JAX else "JAX is not installed"),
+             (["--mesh", "2by2"], "--mesh: '2by2' is not DxM"),
+             (["--shard-plan", "fsdp"], "--shard-plan: unknown plan 'fsdp'"),
+             (["--precision", "fp8"], "--precision: unknown precision 'fp8'")]
+    for extra, message in cases:
+        result = jax_lane("--pack", str(tiny["pack"]), "--out", str(out), *extra, check=False)
+        assert result.returncode == 2 and message in result.stderr, (extra, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1 and not out.exists()
