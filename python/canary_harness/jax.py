@@ -155,6 +155,57 @@ def make_step(cfg: Any, names: Sequence[str], precision: str):
     return step
 
 
+# ---- the compiler's own counters ------------------------------------------------------------------
+
+class JaxCompileCounters:
+    """JAX's compile events (jax.monitoring) over each step, as the /compile row tpu-mesh and
+    torch_xla record: UncachedCompile (XLA compiles that no cache answered),
+    PersistentCacheHit and PersistentCacheMiss (lookups in --compile-cache), CachedCompile
+    (the step's program found in jit's in-memory cache: 1 when the step compiled nothing),
+    CompileTime (seconds tracing, lowering and compiling) and HostSync: 0, since a jitted
+    step cannot read a device value to the host (the recording reads after it)."""
+
+    _HITS = "/jax/compilation_cache/cache_hits"
+    _MISSES = "/jax/compilation_cache/cache_misses"
+    _BACKEND = "/jax/core/compile/backend_compile_duration"
+    _PHASES = "/jax/core/compile/"
+
+    def __init__(self) -> None:
+        from jax import monitoring
+
+        self._events: List[str] = []
+        self._seconds = 0.0
+        monitoring.register_event_listener(lambda event, **_: self._events.append(event))
+        monitoring.register_event_duration_secs_listener(self._duration)
+
+    def _duration(self, event: str, seconds: float, **_: Any) -> None:
+        self._events.append(event)
+        if event.startswith(self._PHASES):
+            self._seconds += seconds
+
+    def begin(self) -> None:
+        self._events.clear()
+        self._seconds = 0.0
+
+    def end(self) -> Dict[str, float]:
+        hits, misses = self._events.count(self._HITS), self._events.count(self._MISSES)
+        compiled = self._events.count(self._BACKEND) - hits  # a hit still reports a (short) backend compile
+        return {"UncachedCompile": float(compiled), "CachedCompile": float(compiled + hits == 0),
+                "PersistentCacheHit": float(hits), "PersistentCacheMiss": float(misses),
+                "CompileTime": self._seconds, "HostSync": 0.0}
+
+
+def use_compile_cache(directory: str) -> None:
+    """JAX's persistent compilation cache in `directory`, for every program however fast it
+    compiles (JAX skips programs under a second by default)."""
+    import jax
+
+    os.makedirs(directory, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", directory)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
 # ---- meshes and shard plans ------------------------------------------------------------------------
 
 def parse_mesh(text: str) -> Tuple[int, int]:
@@ -204,6 +255,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap.add_argument("--shard-plan", default="dp", help="dp (default), tp or zero3 (tpu-mesh's plans)")
     ap.add_argument("--precision", default="fp32", help="fp32 (default) or bf16 (bf16 matmul operands)")
     ap.add_argument("--steps", help="steps to run, 1..the pack's (default: all of them)")
+    ap.add_argument("--compile-cache", help="DIR: JAX's persistent compilation cache; a later run of the same program "
+                                            "loads it from DIR instead of compiling")
     ap.add_argument("--force", action="store_true", help="overwrite an existing receipt")
     return ap.parse_args(argv)
 
@@ -252,6 +305,12 @@ def _train(args, pack, cfg, names, layout, mesh_shape, steps) -> int:
     from .receipt import ReceiptWriter
     from .recording import StepDigest
 
+    if args.compile_cache is not None:
+        try:
+            use_compile_cache(args.compile_cache)
+        except OSError as e:
+            raise UsageError(f"--compile-cache: cannot use '{args.compile_cache}' ({e.strerror or e})") from None
+    counters = JaxCompileCounters()
     devices = jax.devices()
     if len(devices) < mesh_shape[0] * mesh_shape[1]:
         raise UsageError(f"--mesh {args.mesh}: JAX has {len(devices)} devices here")
@@ -275,13 +334,17 @@ def _train(args, pack, cfg, names, layout, mesh_shape, steps) -> int:
             lr = np.float32(lr_at(i, cfg))
             bc1, bc2 = (np.float32(c) for c in bias_corrections(i, cfg))
             decay = np.float32(1) - lr * np.float32(cfg.weight_decay)
-            params, m, v, grads, loss, norm = step_fn(params, m, v, jax.device_put(tokens, batch), lr, decay, bc1, bc2)
+            on_device = jax.device_put(tokens, batch)
+            counters.begin()
+            params, m, v, grads, loss, norm = step_fn(params, m, v, on_device, lr, decay, bc1, bc2)
+            jax.block_until_ready(loss)
+            compile_row = counters.end()
             host = [np.asarray(t, dtype=np.float32).reshape(-1) for family in (params, grads, m, v) for t in
                     (family[n] for n in names)]
             rows = digest.plan.rows(host)
             hashes, sketches = digest.split(rows)
             writer.append_step(loss=float(loss), grad_norm=float(norm), lr=float(lr), batch_hash=batch_hash(tokens),
-                               hashes=hashes, sketches=sketches)
+                               hashes=hashes, sketches=sketches, compile=compile_row)
         writer.finish()
     except BaseException:
         writer.discard()

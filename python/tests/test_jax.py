@@ -99,3 +99,37 @@ def test_bad_input_is_exit_2_with_one_line(tiny: dict):
         result = jax_lane("--pack", str(tiny["pack"]), "--out", str(out), *extra, check=False)
         assert result.returncode == 2 and message in result.stderr, (extra, result.stderr)
         assert len(result.stderr.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_the_persistent_cache_makes_a_second_process_compile_nothing(tiny: dict, harness_bin: Path):
+    """--compile-cache DIR: the first process misses and compiles the step at step 0; a second
+    process loads it (PersistentCacheHit 1, UncachedCompile 0 at every step); a corrupt entry
+    is a miss and a compile again, with a warning, never an error. The three receipts are the
+    same bits, and each passes the compile-stability gate (compared with the first)."""
+    cache = tiny["dir"] / "cache"
+    outs = [tiny["dir"] / f"cached{i}.h5" for i in range(3)]
+    for i, out in enumerate(outs):
+        if i == 2:
+            for entry in cache.iterdir():
+                entry.write_bytes(entry.read_bytes()[:64])
+        result = jax_lane("--pack", str(tiny["pack"]), "--steps", "3", "--compile-cache", str(cache), "--out", str(out),
+                          check=HAS_JAX)
+        if not HAS_JAX:
+            assert result.returncode == 2 and not out.exists() and not cache.exists()
+            return
+    rows = []
+    for out in outs:
+        with ReceiptReader(out) as r:
+            rows.append({k: list(r.read(f"/compile/{k}")) for k in
+                         ("UncachedCompile", "CachedCompile", "PersistentCacheHit", "PersistentCacheMiss", "HostSync")})
+    first, warm, corrupt = rows
+    assert first["UncachedCompile"] == [1.0, 0.0, 0.0] and first["PersistentCacheMiss"][0] >= 1.0
+    assert warm["UncachedCompile"] == [0.0, 0.0, 0.0] and warm["PersistentCacheHit"][0] >= 1.0
+    assert warm["PersistentCacheMiss"] == [0.0] * 3
+    assert corrupt["UncachedCompile"] == [1.0, 0.0, 0.0] and corrupt["PersistentCacheMiss"][0] >= 1.0
+    for row in rows:
+        assert row["CachedCompile"] == [0.0, 1.0, 1.0] and row["HostSync"] == [0.0] * 3
+    for out in outs[1:]:
+        judged = run_harness(harness_bin, "compare", str(out), str(outs[0]))
+        assert "budget      reference (bitwise" in judged.stdout and "PASS  compile_stability.uncached_compiles" \
+            in judged.stdout
