@@ -105,7 +105,7 @@ TEST(Budgets, EveryBadEntryIsAnErrorNamingTheFileAndKey) {
       {shipped_with(R"(canaries = \["tiny", "micro"\])", "canaries = [\"tiny\", 3]"), "[default-entries].canaries: every item"},
       {shipped_with(R"(canaries = \["tiny", "micro"\])", "canaries = []\ncanary = 1"), "[default-entries].canary: unknown key"},
       {shipped_text() + "\n[tpu]\nform = \"bitwise\"\n", "[tpu].rationale: must be a string"},
-      {shipped_text() + "\n[torch-xla]\nrationale = \"r\"\n", "[torch-xla].form: must be a string"},
+      {shipped_text() + "\n[torch-tpu]\nrationale = \"r\"\n", "[torch-tpu].form: must be a string"},
       {shipped_text() + "\n[\"bf 16\"]\nform = \"bitwise\"\nrationale = \"r\"\n",
        "[bf 16]: a feature name is letters, digits, '-' and '_'"},
       {"tolerance = 3\n" + shipped_text(), "tolerance: not a table"},
@@ -226,7 +226,7 @@ TEST(Verdict, HeadroomIsTheShareOfThePerturbedBudgetLeft) {
   }
   ASSERT_GT(worst, 0) << "tp on 2x2 should move the loss's last bits";
   for (const double scale : {2.0, 0.5}) {
-    const std::string text = shipped_with(R"(loss = \[ \{ steps = "0-9", atol = 1e-6 \}, \{ steps = "10-", atol = 1.5e-6 \} \])",
+    const std::string text = shipped_with(R"(loss = \[ \{ steps = "0-9", atol = 3.58e-06 \}, \{ steps = "10-", atol = 3.58e-06 \} \])",
                                           fmt::format("loss = [ {{ steps = \"0-\", atol = {:.17g} }} ]", worst * scale));
     const Budgets budgets = load_budgets(write_budgets("perturbed", text));
     const Verdict v = compare_receipts(mesh, ref, budgets, "compare");
@@ -417,9 +417,9 @@ TEST(DeclaredFeatures, APerCanaryEntryOverridesTheDefaultForItsCanaryOnly) {
   EXPECT_EQ(budgets.find("bf16", "micro")->key(), "micro.bf16");
   EXPECT_EQ(budgets.find("bf16", "tiny")->key(), "bf16");
   EXPECT_EQ(budgets.find("noise", "micro")->key(), "noise");  // no override: the default
-  EXPECT_EQ(budgets.find("torch-xla", "micro"), nullptr);  // a feature with no entry
+  EXPECT_EQ(budgets.find("torch-tpu", "micro"), nullptr);  // a feature with no entry
   EXPECT_TRUE(budgets.describes("bf16"));
-  EXPECT_FALSE(budgets.describes("torch-xla"));
+  EXPECT_FALSE(budgets.describes("torch-tpu"));
 
   const ReceiptData ref = run("canary_ref", lane("micro", 3, 2));
   const ReceiptData bf16 = run("canary_bf16", lane("micro", 3, 2, "accel", "bf16", {{"noise", "off"}}));
