@@ -17,20 +17,20 @@ from typing import Dict, Optional
 
 import torch
 
-# The /compile columns of a run on torch_xla: the name each has in torch_xla's metrics
-# (torch_xla.debug.metrics), as tpu-mesh records them (docs/engines/tpu-mesh.md).
-_COUNTERS = {
-    "UncachedCompile": "UncachedCompile",   # graphs compiled by XLA
-    "CachedCompile": "CachedCompile",       # graphs found in the in-memory compile cache
-    "ExecuteComputation": "ExecuteComputation",  # programs run on the device
-    "PersistentCacheHit": "PersistentCacheHit",  # graphs loaded from --compile-cache
-    "PersistentCacheMiss": "PersistentCacheMiss",
-    "PersistentCacheDeserializeFailure": "PersistentCacheDeserializeFailure",
-}
+# The /compile columns of a run on torch_xla, each under the name torch_xla's metrics
+# (torch_xla.debug.metrics) give it, which are tpu-mesh's (docs/engines/tpu-mesh.md).
+_COUNTERS = (
+    "UncachedCompile",                    # graphs compiled by XLA
+    "CachedCompile",                      # graphs found in the in-memory compile cache
+    "ExecuteComputation",                 # programs run on the device
+    "PersistentCacheHit",                 # graphs loaded from --compile-cache
+    "PersistentCacheMiss",
+    "PersistentCacheDeserializeFailure",
+)
 # Metrics counted by their samples (how many) or summed (seconds; torch_xla keeps ns).
 _TRANSFERS = "TransferFromDeviceTime"  # one sample per device-to-host transfer
-_SECONDS = {"CompileTime": "CompileTime", "ExecuteTime": "ExecuteTime"}
-COUNTERS = tuple(_COUNTERS) + ("HostSync",) + tuple(_SECONDS)
+_SECONDS = ("CompileTime", "ExecuteTime")
+COUNTERS = _COUNTERS + ("HostSync",) + _SECONDS
 
 
 class XlaUnavailable(RuntimeError):
@@ -69,11 +69,11 @@ def mark_step() -> None:
 def _totals() -> Dict[str, float]:
     import torch_xla.debug.metrics as met
 
-    totals = {name: float(met.counter_value(source) or 0) for name, source in _COUNTERS.items()}
+    totals = {name: float(met.counter_value(name) or 0) for name in _COUNTERS}
     transfers = met.metric_data(_TRANSFERS)
     totals["HostSync"] = float(transfers[0]) if transfers else 0.0
-    for name, source in _SECONDS.items():
-        data = met.metric_data(source)
+    for name in _SECONDS:
+        data = met.metric_data(name)
         totals[name] = float(data[1]) * 1e-9 if data else 0.0
     return totals
 
