@@ -2,7 +2,7 @@
 as a receipt (docs/xla.md, "JAX SPMD"):
 
     python3 -m canary_harness.jax --pack PACK.h5 --out R.h5 [--mesh DxM] [--shard-plan dp|tp|zero3]
-        [--precision fp32|bf16] [--steps N] [--force]
+        [--precision fp32|bf16] [--steps N] [--compile-cache DIR] [--inject-fault step=K,op=NAME[,ulps=N]] [--force]
 
 The gpt2 canary of docs/design.md, written in jax.numpy from the contract (no code shared
 with the C++ engines or the PyTorch models): forward, jax.grad's backward, the global-norm
@@ -83,27 +83,63 @@ def _attention(qkv, heads):
     return (att @ v).transpose(0, 2, 1, 3).reshape(B, T, C)
 
 
-def gpt2_loss(params: Dict[str, Any], tokens: Any, cfg: Any, mm) -> Any:
-    """tokens (B, T+1) int32 -> the mean cross-entropy over all B*T positions."""
+def gpt2_loss(params: Dict[str, Any], tokens: Any, cfg: Any, mm, hook=None) -> Any:
+    """tokens (B, T+1) int32 -> the mean cross-entropy over all B*T positions. `hook(name, x)`
+    sees every forward op's output under the C++ model's op name (models.gpt2.forward_op_names)."""
     import jax
     import jax.numpy as jnp
 
+    hook = hook or (lambda name, x: x)
     T = cfg.context_length
     inputs, targets = tokens[:, :T], tokens[:, 1:]
-    x = params["wte"][inputs] + params["wpe"][jnp.arange(T)]
+    x = hook("embedding", params["wte"][inputs] + params["wpe"][jnp.arange(T)])
     for l in range(cfg.layers):
         p = f"blocks.{l}."
-        h = _layernorm(x, params[p + "ln1.weight"], params[p + "ln1.bias"], cfg.layernorm_eps)
-        qkv = _linear(h, params[p + "attn.qkv.weight"], params[p + "attn.qkv.bias"], mm)
-        y = _attention(qkv, cfg.heads)
-        x = x + _linear(y, params[p + "attn.proj.weight"], params[p + "attn.proj.bias"], mm)
-        h = _layernorm(x, params[p + "ln2.weight"], params[p + "ln2.bias"], cfg.layernorm_eps)
-        h = jax.nn.gelu(_linear(h, params[p + "mlp.fc.weight"], params[p + "mlp.fc.bias"], mm), approximate=True)
-        x = x + _linear(h, params[p + "mlp.proj.weight"], params[p + "mlp.proj.bias"], mm)
-    x = _layernorm(x, params["lnf.weight"], params["lnf.bias"], cfg.layernorm_eps)
-    logits = mm(x, params["wte"].T)  # the LM head, tied to wte
+        h = hook(p + "ln1", _layernorm(x, params[p + "ln1.weight"], params[p + "ln1.bias"], cfg.layernorm_eps))
+        qkv = hook(p + "attn.qkv", _linear(h, params[p + "attn.qkv.weight"], params[p + "attn.qkv.bias"], mm))
+        y = hook(p + "attn", _attention(qkv, cfg.heads))
+        y = hook(p + "attn.proj", _linear(y, params[p + "attn.proj.weight"], params[p + "attn.proj.bias"], mm))
+        x = hook(p + "attn.residual", x + y)
+        h = hook(p + "ln2", _layernorm(x, params[p + "ln2.weight"], params[p + "ln2.bias"], cfg.layernorm_eps))
+        h = hook(p + "mlp.fc", _linear(h, params[p + "mlp.fc.weight"], params[p + "mlp.fc.bias"], mm))
+        h = hook(p + "mlp.gelu", jax.nn.gelu(h, approximate=True))
+        h = hook(p + "mlp.proj", _linear(h, params[p + "mlp.proj.weight"], params[p + "mlp.proj.bias"], mm))
+        x = hook(p + "mlp.residual", x + h)
+    x = hook("lnf", _layernorm(x, params["lnf.weight"], params["lnf.bias"], cfg.layernorm_eps))
+    logits = hook("lm_head", mm(x, params["wte"].T))  # the LM head, tied to wte
     logp = jax.nn.log_softmax(logits, axis=-1)
-    return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], axis=-1))
+    return hook("loss", -jnp.mean(jnp.take_along_axis(logp, targets[..., None], axis=-1)))
+
+
+def ulps_up(x, ulps: int):
+    """fp32 `x` moved up by `ulps` units in the last place, as canary_harness.lane._ulps_up
+    does it for torch: the bits as an ordered integer line (sign and magnitude; -0.0 and
+    +0.0 at 0), plus ulps; NaN and +inf stay."""
+    import jax
+    import jax.numpy as jnp
+
+    sign = np.int32(-0x80000000)
+    bits = jax.lax.bitcast_convert_type(x, jnp.int32)
+    magnitude = bits & np.int32(0x7FFFFFFF)
+    key = jnp.where(bits < 0, -magnitude, magnitude) + np.int32(ulps)
+    moved = jnp.where(key < 0, (-key) | sign, jnp.where((key == 0) & (bits < 0), sign, key))
+    return jnp.where(jnp.isnan(x) | (x == jnp.inf), x, jax.lax.bitcast_convert_type(moved, jnp.float32))
+
+
+def fault_hook(fault: Any, active: Any):
+    """The hook of --inject-fault: op `fault.op`'s output with element 0 moved up by
+    `fault.ulps` ulps where `active` (a traced flag, true at the fault's step: one program
+    for every step); the gradient passes through unchanged, as the torch lane's nudge."""
+    import jax
+    import jax.numpy as jnp
+
+    @jax.custom_vjp
+    def nudge(x, on):
+        flat = x.reshape(-1)
+        return flat.at[0].set(jnp.where(on, ulps_up(flat[0], fault.ulps), flat[0])).reshape(x.shape)
+
+    nudge.defvjp(lambda x, on: (nudge(x, on), None), lambda _, g: (g, None))
+    return lambda name, x: nudge(x, active) if name == fault.op else x
 
 
 def matmul(precision: str):
@@ -122,7 +158,7 @@ def matmul(precision: str):
     return lambda a, b: jnp.matmul(a, b, precision=highest)
 
 
-def make_step(cfg: Any, names: Sequence[str], precision: str):
+def make_step(cfg: Any, names: Sequence[str], precision: str, fault: Any = None):
     """The jitted step: loss and gradients, the global norm (fp32: XLA on a TPU has no
     float64), the clip, AdamW as docs/design.md writes it. Per-step numbers (lr, 1 - lr*wd,
     the bias corrections) are traced arguments: one compile for every step."""
@@ -137,8 +173,9 @@ def make_step(cfg: Any, names: Sequence[str], precision: str):
     one_minus_beta1, one_minus_beta2 = f32(1) - beta1, f32(1) - beta2
     max_norm, clip_eps = f32(cfg.max_grad_norm), f32(CLIP_EPS)
 
-    def step(params, m, v, tokens, lr, decay, bc1, bc2):
-        loss, grads = jax.value_and_grad(gpt2_loss)(params, tokens, cfg, mm)
+    def step(params, m, v, tokens, lr, decay, bc1, bc2, active):
+        hook = fault_hook(fault, active) if fault is not None else None
+        loss, grads = jax.value_and_grad(gpt2_loss)(params, tokens, cfg, mm, hook)
         norm = jnp.sqrt(sum(jnp.sum(jnp.square(grads[n])) for n in names))
         factor = jnp.where(norm > max_norm, max_norm / (norm + clip_eps), f32(1))
         grads = {n: grads[n] * factor for n in names}
@@ -257,12 +294,14 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap.add_argument("--steps", help="steps to run, 1..the pack's (default: all of them)")
     ap.add_argument("--compile-cache", help="DIR: JAX's persistent compilation cache; a later run of the same program "
                                             "loads it from DIR instead of compiling")
+    ap.add_argument("--inject-fault", help="step=K,op=NAME[,ulps=N]: move element 0 of op NAME's output up by N ulps "
+                                           "(default 1) at step K, as the other engines do (docs/canary.md)")
     ap.add_argument("--force", action="store_true", help="overwrite an existing receipt")
     return ap.parse_args(argv)
 
 
 def run(args: argparse.Namespace) -> int:
-    from .lane import _count, check_out
+    from .lane import _count, check_out, parse_fault
     from .pack import PackError, read_pack
 
     if args.shard_plan not in PLANS:
@@ -282,12 +321,14 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{pack.path}: the JAX lane runs the gpt2 canary so far, not "
                          f"'{pack.canary.get('architecture')}' (docs/xla.md)")
     steps = _count("steps", args.steps, 1, pack.steps) if args.steps is not None else pack.steps
-    check_out(args.out, args.force)
-    _force_devices(mesh_shape[0] * mesh_shape[1])
-    from .models.gpt2 import CanaryConfig
-    from .models.table import gpt2_tensor_specs
+    from .models.gpt2 import CanaryConfig, forward_op_names
 
     cfg = CanaryConfig.from_json(pack.canary_json)
+    args.fault = parse_fault(args.inject_fault, forward_op_names(cfg), steps) if args.inject_fault is not None else None
+    check_out(args.out, args.force)
+    _force_devices(mesh_shape[0] * mesh_shape[1])
+    from .models.table import gpt2_tensor_specs
+
     specs = gpt2_tensor_specs(cfg.vocab_size, cfg.context_length, cfg.channels, cfg.layers)
     layout = partition_specs(specs, args.shard_plan, mesh_shape)
     if pack.batch_shape[0] % mesh_shape[0]:
@@ -322,8 +363,8 @@ def _train(args, pack, cfg, names, layout, mesh_shape, steps) -> int:
     m = {n: jax.device_put(np.zeros(pack.init[n].shape, np.float32), shard[n]) for n in names}
     v = {n: jax.device_put(np.zeros(pack.init[n].shape, np.float32), shard[n]) for n in names}
     state = (shard, shard, shard)
-    step_fn = jax.jit(make_step(cfg, names, args.precision),
-                      in_shardings=state + (batch, scalar, scalar, scalar, scalar),
+    step_fn = jax.jit(make_step(cfg, names, args.precision, args.fault),
+                      in_shardings=state + (batch, scalar, scalar, scalar, scalar, scalar),
                       out_shardings=state + (shard, scalar, scalar))
     digest = StepDigest(names, [int(np.prod(pack.init[n].shape)) for n in names])
     writer = ReceiptWriter(args.out, _manifest(args, pack, steps, mesh_shape), names, overwrite=args.force)
@@ -336,7 +377,8 @@ def _train(args, pack, cfg, names, layout, mesh_shape, steps) -> int:
             decay = np.float32(1) - lr * np.float32(cfg.weight_decay)
             on_device = jax.device_put(tokens, batch)
             counters.begin()
-            params, m, v, grads, loss, norm = step_fn(params, m, v, on_device, lr, decay, bc1, bc2)
+            active = np.bool_(args.fault is not None and i == args.fault.step)
+            params, m, v, grads, loss, norm = step_fn(params, m, v, on_device, lr, decay, bc1, bc2, active)
             jax.block_until_ready(loss)
             compile_row = counters.end()
             host = [np.asarray(t, dtype=np.float32).reshape(-1) for family in (params, grads, m, v) for t in
@@ -377,14 +419,14 @@ def _manifest(args, pack, steps, mesh_shape) -> Dict[str, Any]:
 
     features = args.shard_plan + ("+bf16" if args.precision == "bf16" else "")
     run_options = {"pack": os.path.basename(pack.path), "mesh": args.mesh, "shard_plan": args.shard_plan,
-                   "precision": args.precision, "steps": steps}
+                   "precision": args.precision, "steps": steps, "inject_fault": str(args.fault) if args.fault else None}
     return {
         "lane": _lane(pack, args, mesh_shape), "engine": "jax", "features": features,
         "budget_features": budget_features(args.precision, mesh_shape[0] * mesh_shape[1]),
         "canary": pack.canary_json, "seed": pack.seed, "steps_planned": steps, "threads": 1,
         "data_seed": pack.data_seed, "pack": os.path.basename(pack.path), "trace": "none",
         "device": f"{jax.devices()[0].platform} x{mesh_shape[0] * mesh_shape[1]}", "precision": args.precision,
-        "autocast": "none", "fault_injection": "none", "deterministic": 1, "pack_git_commit": pack.git_commit,
+        "autocast": "none", "fault_injection": str(args.fault) if args.fault else "none", "deterministic": 1, "pack_git_commit": pack.git_commit,
         "run_options": json.dumps(run_options, sort_keys=True),
     }
 

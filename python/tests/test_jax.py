@@ -133,3 +133,26 @@ def test_the_persistent_cache_makes_a_second_process_compile_nothing(tiny: dict,
         judged = run_harness(harness_bin, "compare", str(out), str(outs[0]))
         assert "budget      reference (bitwise" in judged.stdout and "PASS  compile_stability.uncached_compiles" \
             in judged.stdout
+
+
+def test_a_one_ulp_fault_is_found_by_bisect_at_its_step(tiny: dict, harness_bin: Path):
+    """--inject-fault step=3,op=blocks.2.mlp.fc on 2x2 tp: one ulp on element 0 of that op's
+    output at step 3 (a traced flag: the same program every step). `harness bisect` finds
+    steps 0-2 bitwise equal and step 3 the first that differs, naming its tensor; the fault
+    is in the manifest."""
+    clean, moved = tiny["dir"] / "tp-clean.h5", tiny["dir"] / "tp-moved.h5"
+    for out, extra in ((clean, []), (moved, ["--inject-fault", "step=3,op=blocks.2.mlp.fc"])):
+        result = jax_lane("--pack", str(tiny["pack"]), "--mesh", "2x2", "--shard-plan", "tp", "--out", str(out), *extra,
+                          check=HAS_JAX)
+        if not HAS_JAX:
+            assert result.returncode == 2 and not out.exists()
+            return
+    with ReceiptReader(moved) as r:
+        assert r.manifest["fault_injection"] == "step=3,op=blocks.2.mlp.fc,ulps=1"
+    found = run_harness(harness_bin, "bisect", str(moved), str(clean), check=False)
+    assert found.returncode == 1, found.stdout + found.stderr
+    assert "equal       steps 0-2 bitwise equal" in found.stdout, found.stdout
+    assert "diverges    step 3 differs first in params " in found.stdout, found.stdout
+    bad = jax_lane("--pack", str(tiny["pack"]), "--inject-fault", "step=3,op=blocks.9.mlp.fc", "--out",
+                   str(tiny["dir"] / "bad-fault.h5"), check=False)
+    assert bad.returncode == 2 and "--inject-fault: unknown op 'blocks.9.mlp.fc'" in bad.stderr, bad.stderr
