@@ -4,9 +4,10 @@ as a receipt (docs/xla.md, "JAX SPMD"):
     python3 -m canary_harness.jax --pack PACK.h5 --out R.h5 [--mesh DxM] [--shard-plan dp|tp|zero3]
         [--precision fp32|bf16] [--steps N] [--compile-cache DIR] [--inject-fault step=K,op=NAME[,ulps=N]] [--force]
 
-The gpt2 canary of docs/design.md, written in jax.numpy from the contract (no code shared
-with the C++ engines or the PyTorch models): forward, jax.grad's backward, the global-norm
-clip and AdamW in one jitted step. The mesh is D x M of XLA devices named ("data",
+The gpt2 and llama canaries of docs/design.md and docs/canary.md, written in jax.numpy
+from the contract (no code shared with the C++ engines or the PyTorch models, but for the
+RoPE tables and the schedule, which the contract gives as formulas): forward, jax.grad's
+backward, the global-norm clip and AdamW in one jitted step. The mesh is D x M of XLA devices named ("data",
 "model"); on a machine without accelerators they are virtual CPU devices
 (--xla_force_host_platform_device_count, set here before JAX starts), which XLA's SPMD
 partitioner shards and runs collectives over for real. The shard plans are tpu-mesh's
@@ -33,7 +34,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, NoReturn, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -111,6 +112,108 @@ def gpt2_loss(params: Dict[str, Any], tokens: Any, cfg: Any, mm, hook=None) -> A
     return hook("loss", -jnp.mean(jnp.take_along_axis(logp, targets[..., None], axis=-1)))
 
 
+def _rmsnorm(x, w, eps):
+    import jax.numpy as jnp
+
+    return x * (1.0 / jnp.sqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + np.float32(eps))) * w
+
+
+def _rope(x, cos, sin, head_size):
+    """Rotate-half RoPE on every head of x (B, T, heads*hd) with the (T, hd/2) tables."""
+    import jax.numpy as jnp
+
+    B, T, width = x.shape
+    half = head_size // 2
+    x = x.reshape(B, T, width // head_size, head_size)
+    x1, x2 = x[..., :half], x[..., half:]
+    c, s = cos[:T, None, :], sin[:T, None, :]
+    return jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).reshape(B, T, width)
+
+
+def _gqa(q, k, v, heads, kv_heads):
+    """Causal softmax(q k^T / sqrt(hd)) v per query head h with kv head h // (NH/NKV)."""
+    import jax
+    import jax.numpy as jnp
+
+    B, T, width = q.shape
+    hd = width // heads
+    q = q.reshape(B, T, heads, hd).transpose(0, 2, 1, 3)
+    k = jnp.repeat(k.reshape(B, T, kv_heads, hd).transpose(0, 2, 1, 3), heads // kv_heads, axis=1)
+    v = jnp.repeat(v.reshape(B, T, kv_heads, hd).transpose(0, 2, 1, 3), heads // kv_heads, axis=1)
+    att = (q @ k.transpose(0, 1, 3, 2)) * np.float32(1.0 / np.sqrt(hd))
+    causal = jnp.tril(jnp.ones((T, T), dtype=bool))
+    att = jax.nn.softmax(jnp.where(causal, att, -jnp.inf), axis=-1)
+    return (att @ v).transpose(0, 2, 1, 3).reshape(B, T, width)
+
+
+def llama_loss(params: Dict[str, Any], tokens: Any, cfg: Any, mm, hook=None) -> Any:
+    """The llama canary (RMSNorm, RoPE, grouped-query attention, SwiGLU, an untied LM head;
+    docs/canary.md): tokens (B, T+1) int32 -> the mean cross-entropy, `hook` as gpt2_loss's."""
+    import jax
+    import jax.numpy as jnp
+
+    from .models.llama import rope_tables
+
+    hook = hook or (lambda name, x: x)
+    T, hd, eps = cfg.context_length, cfg.head_size, cfg.layernorm_eps
+    cos, sin = (np.asarray(table.numpy()) for table in rope_tables(T, hd, cfg.rope_theta))
+    inputs, targets = tokens[:, :T], tokens[:, 1:]
+    x = hook("embedding", params["wte"][inputs])
+    for l in range(cfg.layers):
+        p = f"blocks.{l}."
+        h = hook(p + "attn_norm", _rmsnorm(x, params[p + "attn_norm.weight"], eps))
+        q = hook(p + "attn.q", _linear(h, params[p + "attn.q.weight"], None, mm))
+        k = hook(p + "attn.k", _linear(h, params[p + "attn.k.weight"], None, mm))
+        v = hook(p + "attn.v", _linear(h, params[p + "attn.v.weight"], None, mm))
+        q = hook(p + "attn.rope_q", _rope(q, cos, sin, hd))
+        k = hook(p + "attn.rope_k", _rope(k, cos, sin, hd))
+        y = hook(p + "attn", _gqa(q, k, v, cfg.heads, cfg.kv_heads))
+        y = hook(p + "attn.o", _linear(y, params[p + "attn.o.weight"], None, mm))
+        x = hook(p + "attn.residual", x + y)
+        h = hook(p + "mlp_norm", _rmsnorm(x, params[p + "mlp_norm.weight"], eps))
+        gate = hook(p + "mlp.gate", _linear(h, params[p + "mlp.gate.weight"], None, mm))
+        up = hook(p + "mlp.up", _linear(h, params[p + "mlp.up.weight"], None, mm))
+        h = hook(p + "mlp.swiglu", jax.nn.silu(gate) * up)
+        h = hook(p + "mlp.down", _linear(h, params[p + "mlp.down.weight"], None, mm))
+        x = hook(p + "mlp.residual", x + h)
+    x = hook("norm", _rmsnorm(x, params["norm.weight"], eps))
+    logits = hook("lm_head", mm(x, params["lm_head.weight"].T))
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    return hook("loss", -jnp.mean(jnp.take_along_axis(logp, targets[..., None], axis=-1)))
+
+
+class Architecture(NamedTuple):
+    """What the JAX lane needs of a canary's architecture: its config, tensor table with the
+    parallel roles, forward op names and loss."""
+
+    config: Any
+    specs: List[Any]
+    op_names: List[str]
+    loss: Any
+
+
+def architecture(pack: Any) -> Architecture:
+    """The pack's canary (its JSON's `architecture`, gpt2 where absent) for the JAX lane;
+    UsageError for another architecture or a config that does not parse."""
+    from .models import gpt2, llama
+    from .models.table import gpt2_tensor_specs, llama_tensor_specs
+
+    name = pack.canary.get("architecture", "gpt2")
+    try:
+        if name == "gpt2":
+            cfg = gpt2.CanaryConfig.from_json(pack.canary_json)
+            specs = gpt2_tensor_specs(cfg.vocab_size, cfg.context_length, cfg.channels, cfg.layers)
+            return Architecture(cfg, specs, gpt2.forward_op_names(cfg), gpt2_loss)
+        if name == "llama":
+            cfg = llama.LlamaConfig.from_json(pack.canary_json)
+            specs = llama_tensor_specs(cfg.vocab_size, cfg.channels, cfg.layers, cfg.heads, cfg.kv_heads,
+                                       cfg.mlp_hidden)
+            return Architecture(cfg, specs, llama.forward_op_names(cfg), llama_loss)
+    except ValueError as e:
+        raise UsageError(f"{pack.path}: {e}") from None
+    raise UsageError(f"{pack.path}: the JAX lane runs gpt2 and llama canaries, not '{name}'")
+
+
 def ulps_up(x, ulps: int):
     """fp32 `x` moved up by `ulps` units in the last place, as canary_harness.lane._ulps_up
     does it for torch: the bits as an ordered integer line (sign and magnitude; -0.0 and
@@ -158,7 +261,7 @@ def matmul(precision: str):
     return lambda a, b: jnp.matmul(a, b, precision=highest)
 
 
-def make_step(cfg: Any, names: Sequence[str], precision: str, fault: Any = None):
+def make_step(cfg: Any, names: Sequence[str], precision: str, fault: Any = None, loss_fn: Any = gpt2_loss):
     """The jitted step: loss and gradients, the global norm (fp32: XLA on a TPU has no
     float64), the clip, AdamW as docs/design.md writes it. Per-step numbers (lr, 1 - lr*wd,
     the bias corrections) are traced arguments: one compile for every step."""
@@ -175,7 +278,7 @@ def make_step(cfg: Any, names: Sequence[str], precision: str, fault: Any = None)
 
     def step(params, m, v, tokens, lr, decay, bc1, bc2, active):
         hook = fault_hook(fault, active) if fault is not None else None
-        loss, grads = jax.value_and_grad(gpt2_loss)(params, tokens, cfg, mm, hook)
+        loss, grads = jax.value_and_grad(loss_fn)(params, tokens, cfg, mm, hook)
         norm = jnp.sqrt(sum(jnp.sum(jnp.square(grads[n])) for n in names))
         factor = jnp.where(norm > max_norm, max_norm / (norm + clip_eps), f32(1))
         grads = {n: grads[n] * factor for n in names}
@@ -317,32 +420,24 @@ def run(args: argparse.Namespace) -> int:
         pack = read_pack(args.pack)
     except PackError as e:
         raise UsageError(str(e)) from None
-    if pack.canary.get("architecture", "gpt2") != "gpt2":
-        raise UsageError(f"{pack.path}: the JAX lane runs the gpt2 canary so far, not "
-                         f"'{pack.canary.get('architecture')}' (docs/xla.md)")
+    arch = architecture(pack)
     steps = _count("steps", args.steps, 1, pack.steps) if args.steps is not None else pack.steps
-    from .models.gpt2 import CanaryConfig, forward_op_names
-
-    cfg = CanaryConfig.from_json(pack.canary_json)
-    args.fault = parse_fault(args.inject_fault, forward_op_names(cfg), steps) if args.inject_fault is not None else None
+    args.fault = parse_fault(args.inject_fault, arch.op_names, steps) if args.inject_fault is not None else None
     check_out(args.out, args.force)
     _force_devices(mesh_shape[0] * mesh_shape[1])
-    from .models.table import gpt2_tensor_specs
-
-    specs = gpt2_tensor_specs(cfg.vocab_size, cfg.context_length, cfg.channels, cfg.layers)
-    layout = partition_specs(specs, args.shard_plan, mesh_shape)
+    layout = partition_specs(arch.specs, args.shard_plan, mesh_shape)
     if pack.batch_shape[0] % mesh_shape[0]:
         raise UsageError(f"--mesh {args.mesh}: the batch of {pack.batch_shape[0]} sequences does not divide into "
                          f"{mesh_shape[0]} shards on data")
-    return _train(args, pack, cfg, [s.name for s in specs], layout, mesh_shape, steps)
+    return _train(args, pack, arch, layout, mesh_shape, steps)
 
 
-def _train(args, pack, cfg, names, layout, mesh_shape, steps) -> int:
+def _train(args, pack, arch, layout, mesh_shape, steps) -> int:
     import jax
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
     from .digest import batch_hash
-    from .models.gpt2 import bias_corrections, lr_at
+    from .models.gpt2 import bias_corrections, lr_at  # the schedule and AdamW of every architecture
     from .receipt import ReceiptWriter
     from .recording import StepDigest
 
@@ -352,6 +447,7 @@ def _train(args, pack, cfg, names, layout, mesh_shape, steps) -> int:
         except OSError as e:
             raise UsageError(f"--compile-cache: cannot use '{args.compile_cache}' ({e.strerror or e})") from None
     counters = JaxCompileCounters()
+    cfg, names = arch.config, [s.name for s in arch.specs]
     devices = jax.devices()
     if len(devices) < mesh_shape[0] * mesh_shape[1]:
         raise UsageError(f"--mesh {args.mesh}: JAX has {len(devices)} devices here")
@@ -363,7 +459,7 @@ def _train(args, pack, cfg, names, layout, mesh_shape, steps) -> int:
     m = {n: jax.device_put(np.zeros(pack.init[n].shape, np.float32), shard[n]) for n in names}
     v = {n: jax.device_put(np.zeros(pack.init[n].shape, np.float32), shard[n]) for n in names}
     state = (shard, shard, shard)
-    step_fn = jax.jit(make_step(cfg, names, args.precision, args.fault),
+    step_fn = jax.jit(make_step(cfg, names, args.precision, args.fault, arch.loss),
                       in_shardings=state + (batch, scalar, scalar, scalar, scalar, scalar),
                       out_shardings=state + (shard, scalar, scalar))
     digest = StepDigest(names, [int(np.prod(pack.init[n].shape)) for n in names])
