@@ -638,8 +638,10 @@ class Analysis:
                     "varying_constant", s, ob.name, ob.file, ob.line, via=ob.via, values=[va, vb],
                     message=f"{ob.name}{via} takes the Python number {_argument(label)} = {va!r} at step {s - 1} and "
                             f"{vb!r} at step {s}: a constant baked into the traced graph that changes, so a new "
-                            "graph to compile each time. Keep it in a 0-D device tensor updated in place from host "
-                            "data (t.copy_(torch.tensor(x))), or compute it on the device"))
+                            "graph to compile each time on a compiler that bakes Python numbers (tpu-mesh; torch_xla "
+                            "uploads them as data except 0 and 1: --xla shows which, docs/xla.md). Keep it in a 0-D "
+                            "device tensor updated in place from host data (t.copy_(torch.tensor(x))), or compute it "
+                            "on the device"))
 
     def _graph_change(self, a: StepGraph, b: StepGraph, sa: List[Any], sb: List[Any]) -> None:
         n = min(len(sa), len(sb))
