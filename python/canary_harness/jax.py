@@ -302,8 +302,10 @@ class JaxCompileCounters:
     torch_xla record: UncachedCompile (XLA compiles that no cache answered),
     PersistentCacheHit and PersistentCacheMiss (lookups in --compile-cache), CachedCompile
     (the step's program found in jit's in-memory cache: 1 when the step compiled nothing),
-    CompileTime (seconds tracing, lowering and compiling) and HostSync: 0, since a jitted
-    step cannot read a device value to the host (the recording reads after it)."""
+    CompileTime (seconds tracing, lowering and compiling), HostSync: 0, since a jitted step
+    cannot read a device value to the host (the recording reads after it), and
+    TracingCacheMiss: jit's own explained misses (jax_explain_cache_misses), whose
+    explanations, each naming what changed, are kept per step in `explanations`."""
 
     _HITS = "/jax/compilation_cache/cache_hits"
     _MISSES = "/jax/compilation_cache/cache_misses"
@@ -311,12 +313,28 @@ class JaxCompileCounters:
     _PHASES = "/jax/core/compile/"
 
     def __init__(self) -> None:
+        import logging
+
+        import jax
         from jax import monitoring
 
         self._events: List[str] = []
         self._seconds = 0.0
+        self._misses: List[str] = []
+        self.explanations: Dict[int, List[str]] = {}
         monitoring.register_event_listener(lambda event, **_: self._events.append(event))
         monitoring.register_event_duration_secs_listener(self._duration)
+        jax.config.update("jax_explain_cache_misses", True)
+        misses = self._misses
+
+        class Explained(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                if record.getMessage().startswith("TRACING CACHE MISS"):
+                    misses.append(record.getMessage())
+
+        pjit = logging.getLogger("jax._src.pjit")  # where JAX explains a miss, as a warning
+        pjit.addHandler(Explained())
+        pjit.propagate = False  # kept here and printed after the run, not on stderr as it happens
 
     def _duration(self, event: str, seconds: float, **_: Any) -> None:
         self._events.append(event)
@@ -325,14 +343,17 @@ class JaxCompileCounters:
 
     def begin(self) -> None:
         self._events.clear()
+        self._misses.clear()
         self._seconds = 0.0
 
-    def end(self) -> Dict[str, float]:
+    def end(self, step: int) -> Dict[str, float]:
         hits, misses = self._events.count(self._HITS), self._events.count(self._MISSES)
         compiled = self._events.count(self._BACKEND) - hits  # a hit still reports a (short) backend compile
+        if self._misses:
+            self.explanations[step] = list(self._misses)
         return {"UncachedCompile": float(compiled), "CachedCompile": float(compiled + hits == 0),
                 "PersistentCacheHit": float(hits), "PersistentCacheMiss": float(misses),
-                "CompileTime": self._seconds, "HostSync": 0.0}
+                "CompileTime": self._seconds, "HostSync": 0.0, "TracingCacheMiss": float(len(self._misses))}
 
 
 def use_compile_cache(directory: str) -> None:
@@ -476,7 +497,7 @@ def _train(args, pack, arch, layout, mesh_shape, steps) -> int:
             active = np.bool_(args.fault is not None and i == args.fault.step)
             params, m, v, grads, loss, norm = step_fn(params, m, v, on_device, lr, decay, bc1, bc2, active)
             jax.block_until_ready(loss)
-            compile_row = counters.end()
+            compile_row = counters.end(i)
             host = [np.asarray(t, dtype=np.float32).reshape(-1) for family in (params, grads, m, v) for t in
                     (family[n] for n in names)]
             rows = digest.plan.rows(host)
@@ -493,6 +514,9 @@ def _train(args, pack, arch, layout, mesh_shape, steps) -> int:
     print(f"lane        {_lane(pack, args, mesh_shape)}")
     print(f"devices     {mesh_shape[0]}x{mesh_shape[1]} of {jax.devices()[0].platform} ({args.shard_plan}, {args.precision})")
     print(f"steps       {steps}, {1000 * seconds / steps:.1f} ms/step (compile and recording included)")
+    for step, explained in sorted(counters.explanations.items()):
+        for text in explained:  # jit's own words: where the step was traced again, and what changed
+            print(f"cache miss  step {step}: " + " | ".join(line.strip() for line in text.splitlines()))
     print(f"receipt     {os.path.abspath(args.out)}")
     return 0
 

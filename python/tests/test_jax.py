@@ -81,8 +81,14 @@ def test_each_plan_is_a_valid_receipt_within_its_budget_of_cpu_ref(canary: str, 
                                                                   ("+bf16" if precision == "bf16" else ""), "jax", features)
         assert r.complete and r.steps_recorded == STEPS and r.tensor_names == cpu.tensor_names
         assert list(r.steps("batch_hash")) == list(cpu.steps("batch_hash"))
-        assert "jax 0." in m["libraries"] and "jaxlib 0." in m["libraries"], m["libraries"]
-        assert f"xla_force_host_platform_device_count={4 if mesh == '2x2' else 1}" in m["toolchain"], m["toolchain"]
+        # jit's own account: one traced program, missed once (never seen) at step 0, never again
+        assert list(r.read("/compile/TracingCacheMiss")) == [1.0] + [0.0] * (STEPS - 1)
+        assert list(r.read("/compile/UncachedCompile")) == [1.0] + [0.0] * (STEPS - 1)
+    misses = [line for line in result.stdout.splitlines() if line.startswith("cache miss  ")]
+    assert len(misses) == 1 and misses[0].startswith("cache miss  step 0: TRACING CACHE MISS") and \
+        "never seen function" in misses[0], result.stdout
+    assert "jax 0." in m["libraries"] and "jaxlib 0." in m["libraries"], m["libraries"]
+    assert f"xla_force_host_platform_device_count={4 if mesh == '2x2' else 1}" in m["toolchain"], m["toolchain"]
     judged = run_harness(harness_bin, "compare", str(out), str(tiny["cpu"]))  # exit 0: within the composed budget
     own = (lambda f: f"llama-tiny.{f}") if canary == "llama-tiny" else (lambda f: f)  # its entries, where it has them
     assert f"budget      {' + '.join(own(f) for f in features.split('+'))} (" in judged.stdout, judged.stdout
