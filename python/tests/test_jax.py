@@ -59,6 +59,7 @@ def llama_tiny(harness_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> d
     ("tiny", "2x2", "zero3", "bf16", "jax+jax-bf16+mesh-bf16"),
     ("llama-tiny", "1x1", "dp", "fp32", "jax"),
     ("llama-tiny", "2x2", "tp", "fp32", "jax+mesh-fp32"),
+    ("llama-tiny", "2x2", "zero3", "bf16", "jax+jax-bf16+mesh-bf16"),
 ])
 def test_each_plan_is_a_valid_receipt_within_its_budget_of_cpu_ref(canary: str, mesh: str, plan: str, precision: str,
                                                                    features: str, request: pytest.FixtureRequest,
