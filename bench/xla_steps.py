@@ -34,7 +34,7 @@ ROOT = os.path.abspath(os.path.join(HERE, os.pardir))
 HARNESS = os.environ.get("HARNESS_BIN", os.path.join(ROOT, "build", "bin", "harness"))
 
 
-def lanes(pack: str, out: str, cache: str):
+def lanes(pack: str, cache: str):
     """name -> argv of a run of `steps` steps writing `out` (the placeholders filled per run)."""
     lane = [sys.executable, "-m", "canary_harness.lane", "--pack", pack, "--force"]
     jax = [sys.executable, "-m", "canary_harness.jax", "--pack", pack, "--force"]
@@ -85,7 +85,7 @@ def main() -> int:
         subprocess.run([HARNESS, "export", "--canary", "tiny", "--steps", str(args.long), "--out", pack],
                        check=True, capture_output=True)
         cache = os.path.join(d, "cache")
-        for name, argv in lanes(pack, d, cache).items():
+        for name, argv in lanes(pack, cache).items():
             steady, compile0, counters = [], [], None
             for r in range(args.rounds):
                 out = os.path.join(d, "r.h5")
