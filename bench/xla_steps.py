@@ -35,7 +35,7 @@ HARNESS = os.environ.get("HARNESS_BIN", os.path.join(ROOT, "build", "bin", "harn
 
 
 def lanes(pack: str, cache: str):
-    """name -> argv of a run of `steps` steps writing `out` (the placeholders filled per run)."""
+    """name -> the argv of one lane's run; timed() adds --steps and --out."""
     lane = [sys.executable, "-m", "canary_harness.lane", "--pack", pack, "--force"]
     jax = [sys.executable, "-m", "canary_harness.jax", "--pack", pack, "--force"]
     return {
