@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <set>
 
 #include <fmt/format.h>
@@ -72,8 +73,13 @@ class Parser {
       if (!valid_name(k)) fail(fmt::format("[{}]: a canary name is letters, digits, '-' and '_'", k));
       for (auto&& [sub, entry] : *t) {
         const std::string name(sub.str());
+        if (name == "compile-stability") {  // the canary's own warm-up (its optimizer's lazy state, ...)
+          budgets.per_canary_compile_stability[k] = compile_stability(*entry.as_table(), "[" + k + ".compile-stability]");
+          continue;
+        }
         if (is_rule_section(name)) {
-          fail(fmt::format("[{}.{}]: only feature entries are keyed per canary ({} holds for every canary)", k, name, name));
+          fail(fmt::format("[{}.{}]: only feature entries and compile-stability are keyed per canary ({} holds for "
+                           "every canary)", k, name, name));
         }
         budgets.per_canary[k][name] = feature(*entry.as_table(), name, k + "." + name);
       }
@@ -238,19 +244,20 @@ class Parser {
     return f;
   }
 
-  CompileStabilityBudget compile_stability(const toml::table& t) const {
-    only_keys(t, "[compile-stability]", {"rationale", "warmup_steps", "max_uncached_compiles", "max_host_syncs"});
-    text(t, "[compile-stability]", "rationale", true);
+  // [compile-stability], or a canary's own [NAME.compile-stability] (`where`).
+  CompileStabilityBudget compile_stability(const toml::table& t, const std::string& where = "[compile-stability]") const {
+    only_keys(t, where, {"rationale", "warmup_steps", "max_uncached_compiles", "max_host_syncs"});
+    text(t, where, "rationale", true);
     CompileStabilityBudget c;
     if (t.contains("warmup_steps")) {
       const auto steps = t["warmup_steps"].value<std::int64_t>();
       if (!steps || *steps < 0 || *steps > std::numeric_limits<int>::max()) {
-        fail("[compile-stability].warmup_steps: must be a non-negative integer");
+        fail(fmt::format("{}.warmup_steps: must be a non-negative integer", where));
       }
       c.warmup_steps = static_cast<int>(*steps);
     }
-    c.max_uncached_compiles = non_negative(t["max_uncached_compiles"], "[compile-stability].max_uncached_compiles");
-    c.max_host_syncs = non_negative(t["max_host_syncs"], "[compile-stability].max_host_syncs");
+    c.max_uncached_compiles = non_negative(t["max_uncached_compiles"], where + ".max_uncached_compiles");
+    c.max_host_syncs = non_negative(t["max_host_syncs"], where + ".max_host_syncs");
     return c;
   }
 
@@ -298,6 +305,11 @@ bool Budgets::uses_default_entries(const std::string& canary) const {
   return canary.empty() || default_entry_canaries.count(canary) > 0;
 }
 
+const CompileStabilityBudget& Budgets::compile_stability_of(const std::string& canary) const {
+  const auto own = per_canary_compile_stability.find(canary);
+  return own == per_canary_compile_stability.end() ? compile_stability : own->second;
+}
+
 const FeatureBudget* Budgets::find(const std::string& name, const std::string& canary) const {
   if (const auto group = per_canary.find(canary); group != per_canary.end()) {
     if (const auto it = group->second.find(name); it != group->second.end()) return &it->second;
@@ -312,7 +324,10 @@ bool Budgets::describes(const std::string& name) const {
                                                  [&](const auto& group) { return group.second.count(name) > 0; });
 }
 
-Budgets load_budgets(const std::string& path) { return Parser(path).parse(); }
+Budgets load_budgets(const std::string& path) {
+  if (!std::ifstream(path)) throw BudgetError(fmt::format("{}: cannot read the budgets file; give one with --budgets", path));
+  return Parser(path).parse();
+}
 
 bool ComposedBudget::bitwise() const {
   return std::all_of(parts_.begin(), parts_.end(), [](const FeatureBudget* f) { return f->bitwise; });

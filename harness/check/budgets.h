@@ -70,6 +70,9 @@ struct Budgets {
   std::map<std::string, FeatureBudget> features;                            // [name]: every canary
   std::map<std::string, std::map<std::string, FeatureBudget>> per_canary;   // canary -> [canary.name]
   CompileStabilityBudget compile_stability;
+  // [NAME.compile-stability]: a canary whose loop compiles more than once before it is
+  // stable (torch.optim's state made inside the first step: two graphs) declares its own.
+  std::map<std::string, CompileStabilityBudget> per_canary_compile_stability;
   MemoryBudget memory;
   // [default-entries] canaries: the canaries that the default tolerance entries ([bf16])
   // were calibrated on, or that the file's authors chose to judge by them. Any other
@@ -85,6 +88,8 @@ struct Budgets {
   // has one, else [name] when it is bitwise or the canary uses the default entries;
   // nullptr otherwise.
   const FeatureBudget* find(const std::string& name, const std::string& canary) const;
+  // [canary.compile-stability] when the file has one, else [compile-stability].
+  const CompileStabilityBudget& compile_stability_of(const std::string& canary) const;
   // Whether any entry ([name] or [C.name] for some canary C) budgets `name`.
   bool describes(const std::string& name) const;
 };

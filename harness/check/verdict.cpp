@@ -146,7 +146,8 @@ std::optional<TensorMove> most_moved(const ReceiptData& run, const ReceiptData& 
   return best;
 }
 
-// tpu-mesh's own counters: no compile after the warm-up, no host sync at all.
+// A compiled lane's own counters (tpu-mesh, torch_xla, JAX): no compile after the canary's
+// warm-up, no host sync at all.
 void judge_compile_stability(const ReceiptData& run, const CompileStabilityBudget& budget,
                              std::vector<MetricVerdict>& out) {
   if (run.compile.empty()) return;
@@ -547,7 +548,7 @@ Verdict compare_receipts(const ReceiptData& run, const ReceiptData& ref, const B
   v.metrics.push_back(judge_scalar("loss", run.loss, ref.loss, budget, v.bitwise));
   v.metrics.push_back(judge_scalar("grad_norm", run.grad_norm, ref.grad_norm, budget, v.bitwise));
   v.metrics.push_back(v.bitwise ? judge_hashes(run, ref) : judge_sketches(run, ref, budget));
-  judge_compile_stability(run, budgets.compile_stability, v.metrics);
+  judge_compile_stability(run, budgets.compile_stability_of(canary_name(run)), v.metrics);
   if (kind == "golden") judge_memory(run, ref, budgets.memory, v.metrics);
   v.first_moved = first_moved(run, ref);
   v.most_moved = most_moved(run, ref);

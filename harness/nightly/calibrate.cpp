@@ -394,7 +394,8 @@ void rerun_perturbed(const check::ReceiptData& receipt, const std::string& out, 
   const nlohmann::json recipe = recipe_text == receipt.manifest.end()
                                     ? nlohmann::json(nullptr)
                                     : nlohmann::json::parse(recipe_text->second, nullptr, /*allow_exceptions=*/false);
-  if (!recipe.is_object() || receipt.engine == "torch") {
+  const std::vector<std::string> ours = engine_names();  // another stack's run_options are its own
+  if (!recipe.is_object() || std::find(ours.begin(), ours.end(), receipt.engine) == ours.end()) {
     throw run::UsageError(fmt::format("--perturb: {} has no recipe the harness can run again (a harness engine's or a "
                                       "Python canary's run_options); perturb the lane that wrote it",
                                       receipt.path));

@@ -15,6 +15,7 @@
 
 #include "canary.h"
 #include "canary_file.h"
+#include "mesh_config.h"
 #include "child_process.h"
 #include "python_canary.h"
 #include "preset.h"
@@ -27,6 +28,7 @@ inline constexpr std::int64_t kMatrixSchemaVersion = 1;
 inline constexpr const char* kLaneKeys[] = {"id", "engine", "features", "why", "triage-with", "command", "budget-features", "lane"};
 inline constexpr const char* kPlaceholders[] = {"{pack}", "{out}", "{steps}", "{seed}"};
 inline constexpr const char* kTorchFlags[] = {"device", "precision", "python", "compile"};
+inline constexpr const char* kJaxFlags[] = {"python", "mesh", "shard-plan", "precision"};
 inline constexpr const char* kPythonCanaryFlags[] = {"device", "precision", "threads", "python", "compile"};
 // What runs a Python canary (docs/own-model.md): Debian's python3, this checkout's package.
 inline constexpr const char* kPython = "/usr/bin/python3";
@@ -264,10 +266,11 @@ class Parser {
     spec.why = text(*t, "why", at + ".why", false);
     spec.triage_with = text(*t, "triage-with", at + ".triage-with", false);
     if (m.python_canary) return python_canary_lane(m, *t, std::move(spec), at, has_command);
+    if (spec.engine == "jax" && !has_command) return jax_lane(m, *t, std::move(spec), at);
     if (has_command || spec.engine == "torch") return external_lane(m, *t, std::move(spec), at, has_command);
     for (const char* key : {"command", "budget-features", "lane"}) {
       if (t->contains(key)) {
-        fail(fmt::format("{}.{}: only an external lane (engine = \"torch\" or a command) takes it; engine {} declares "
+        fail(fmt::format("{}.{}: only an external lane (engine = \"torch\", \"jax\" or a command) takes it; engine {} declares "
                          "its own", at, key, spec.engine));
       }
     }
@@ -397,6 +400,46 @@ class Parser {
       fail(fmt::format("{}.lane: '{}' must be {}/NAME (the receipt's lane; it names the golden)", at, spec.lane,
                        m.canary_name));
     }
+    return spec;
+  }
+
+  // engine = "jax" (flags python, mesh, shard-plan, precision): the canary in JAX
+  // (python -m canary_harness.jax, docs/xla.md) on mesh's virtual CPU devices under the
+  // shard plan's NamedShardings, trained from the job's pack. Its name and budget features
+  // are the module's own (canary_harness.jax._lane and budget_features).
+  LaneSpec jax_lane(const Matrix& m, const toml::table& t, LaneSpec spec, const std::string& at) const {
+    if (!spec.settings.features.empty()) fail(fmt::format("{}.features: a jax lane takes precision = \"bf16\"", at));
+    if (!spec.triage_with.empty()) fail(fmt::format("{}.triage-with: triage explains the harness's fp8 lanes only", at));
+    for (auto&& [key, value] : t) {
+      const std::string k(key.str());
+      if (std::find(std::begin(kJaxFlags), std::end(kJaxFlags), k) != std::end(kJaxFlags)) {
+        spec.settings.options[k] = flag_value(value, at + "." + k);
+      } else if (k != "id" && k != "engine" && k != "why") {
+        fail(fmt::format("{}.{}: unknown key of a jax lane (allowed: id, engine, why, {})", at, k, fmt::join(kJaxFlags, ", ")));
+      }
+    }
+    if (!spec.settings.options.count("python")) {
+      fail(fmt::format("{}.python: missing; a jax lane names the interpreter that has JAX (python = "
+                       "\"../.venv/bin/python\", made by scripts/python-env.sh)", at));
+    }
+    const std::string python = interpreter(spec.settings.options["python"], at);
+    tpu::Mesh mesh;  // tpu-mesh's meshes: the plans are its plans
+    try {
+      mesh = tpu::parse_mesh(spec.settings.options.emplace("mesh", "1x1").first->second);
+    } catch (const std::invalid_argument& e) {
+      fail(fmt::format("{}: {}", at, e.what()));
+    }
+    const std::string plan = spec.settings.options.emplace("shard-plan", "dp").first->second;
+    const std::string precision = spec.settings.options.emplace("precision", "fp32").first->second;
+    if (plan != "dp" && plan != "tp" && plan != "zero3") fail(fmt::format("{}.shard-plan: '{}' is not dp, tp or zero3", at, plan));
+    if (precision != "fp32" && precision != "bf16") fail(fmt::format("{}.precision: '{}' is not fp32 or bf16", at, precision));
+    spec.lane = m.canary_name + "/jax@" + mesh.to_string() + "+" + plan + (precision == "bf16" ? "+bf16" : "");
+    spec.budget_features = {"jax"};
+    if (precision == "bf16") spec.budget_features.push_back("jax-bf16");
+    if (mesh.devices() > 1) spec.budget_features.push_back("mesh-" + precision);  // the mesh's reduction splits
+    spec.command = {python, "-m", "canary_harness.jax", "--pack", "{pack}", "--mesh", mesh.to_string(), "--shard-plan", plan,
+                    "--precision", precision, "--out", "{out}"};
+    spec.environment = run::python_package_environment();
     return spec;
   }
 

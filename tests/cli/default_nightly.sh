@@ -20,21 +20,23 @@ for lane in s["lanes"]:
         features = golden["verdict"]["budget"]["features"]
         assert features and set(features) <= across and golden["status"] == "pass", (lane["id"], golden["summary"], features)
 PY
-# The torch lanes of both stacks (docs/nightly.md, "External lanes"): named after the
-# interpreter's release where the lane names one, the 2.9 lanes bitwise to their goldens
-# (recorded on this platform), each within its declared budget of cpu-ref.
+# The torch lanes of both stacks and the JAX lanes (docs/nightly.md, "External lanes"):
+# named after the interpreter's release (torch) or the mesh and plan (JAX), the .venv/ lanes
+# bitwise to their goldens (recorded on this platform), each within its declared budget of cpu-ref.
 "$PY" - "$WORK/nightly/summary.json" <<'PY' || fail "the torch lanes are not judged as the matrix says"
 import json, sys
 lanes = {l["id"]: l for l in json.load(open(sys.argv[1]))["lanes"]}
 wanted = {"torch-fp32": ("tiny/torch", ["torch-cpu"]), "torch-bf16": ("tiny/torch+bf16", ["torch-bf16"]),
           "torch2-fp32": ("tiny/torch@2.9", ["torch-cpu"]), "torch2-bf16": ("tiny/torch@2.9+bf16", ["torch-bf16"]),
           "torch2-compile": ("tiny/torch@2.9+compile", ["torch-compile", "torch-cpu"]),
-          "torch-xla": ("tiny/torch@2.9+xla", ["torch-xla"])}
+          "torch-xla": ("tiny/torch@2.9+xla", ["torch-xla"]),
+          "jax-fp32": ("tiny/jax@1x1+dp", ["jax"]), "jax-tp": ("tiny/jax@2x2+tp", ["jax", "mesh-fp32"]),
+          "jax-zero3-bf16": ("tiny/jax@2x2+zero3+bf16", ["jax", "jax-bf16", "mesh-bf16"])}
 for id, (lane, features) in wanted.items():
     assert lanes[id]["lane"] == lane, (id, lanes[id]["lane"])
     checks = {c["check"]: c for c in lanes[id]["checks"]}
     assert checks["golden"]["status"] == "pass", (id, checks["golden"])
-    if id.startswith("torch2") or id == "torch-xla":
+    if id.startswith(("torch2", "jax")) or id == "torch-xla":
         assert checks["golden"]["verdict"]["budget"]["bitwise"] is True, (id, checks["golden"])
     ref = checks["reference"]
     assert ref["status"] == "pass" and sorted(ref["verdict"]["budget"]["features"]) == features, (id, ref)

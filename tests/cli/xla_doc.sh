@@ -13,7 +13,8 @@ page_script "$page" "$harness" "$script"
 # What the page says the commands show.
 grep -q "^lane        tiny/torch+xla" "$WORK/page.out" || fail "the lane on XLA is not tiny/torch+xla"
 grep -q "^budget      torch-xla" "$WORK/page.out" || fail "compare does not judge the lane under torch-xla"
-[ "$(grep -c '^verdict     PASS' "$WORK/page.out")" -eq 2 ] || fail "the lane or JAX's tp does not pass against cpu-ref"
+[ "$(grep -c '^verdict     PASS' "$WORK/page.out")" -eq 3 ] ||
+  fail "the lane or JAX's tp does not pass against cpu-ref, or the example's declared warm-up does not pass its check"
 grep -q "^lane        tiny/jax@2x2+tp" "$WORK/page.out" || fail "the JAX run on 2x2 is not tiny/jax@2x2+tp"
 grep -q "^budget      jax + mesh-fp32 (" "$WORK/page.out" || fail "JAX's tp is not judged under jax + mesh-fp32"
 grep -q "^FAIL  compile_stability.uncached_compiles    first failing step 1" "$WORK/page.out" ||

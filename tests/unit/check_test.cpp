@@ -119,7 +119,7 @@ TEST(Budgets, EveryBadEntryIsAnErrorNamingTheFileAndKey) {
                         "loss = [ { steps = \"0-\", atl = 1 } ]\n",
        "[tiny.bf16].loss[0].atl: unknown key"},
       {shipped_text() + "\n[tiny.memory]\nrationale = \"r\"\nrtol = 0\n",
-       "[tiny.memory]: only feature entries are keyed per canary"},
+       "[tiny.memory]: only feature entries and compile-stability are keyed per canary"},
       {shipped_text() + "\n[\"my canary\".bf16]\nform = \"bitwise\"\nrationale = \"r\"\n",
        "[my canary]: a canary name is letters, digits, '-' and '_'"},
       {"schema_version = 1\n[reference\n", "line 2"},
@@ -130,6 +130,12 @@ TEST(Budgets, EveryBadEntryIsAnErrorNamingTheFileAndKey) {
     EXPECT_NE(error.find(".toml: "), std::string::npos) << error;  // the file comes first
   }
   EXPECT_NE(load_error("").find("schema_version: missing"), std::string::npos);
+  try {
+    load_budgets(scratch().path("absent.toml"));
+    ADD_FAILURE() << "a missing budgets file loaded";
+  } catch (const BudgetError& e) {
+    EXPECT_NE(std::string(e.what()).find("absent.toml: cannot read the budgets file"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Budgets, AllowancesOfSeveralFeaturesAddUpPerStepWindow) {
@@ -445,6 +451,46 @@ TEST(DeclaredFeatures, APerCanaryEntryOverridesTheDefaultForItsCanaryOnly) {
   EXPECT_EQ(canary_name(named), "small");
   named.manifest["canary"] = "{}";
   EXPECT_EQ(canary_name(named), "micro");  // from the lane micro/accel+bf16+noise=off
+}
+
+// [NAME.compile-stability]: a canary whose loop compiles twice before it is stable (torch's
+// optimizers make their state inside the first step) declares its own warm-up; the others
+// keep [compile-stability]'s.
+TEST(Budgets, ACanaryDeclaresItsOwnCompileWarmUp) {
+  const std::string text = shipped_text() +
+                           "\n[micro.compile-stability]\nrationale = \"optimizer state made in step 0\"\n"
+                           "warmup_steps = 2\nmax_uncached_compiles = 0\nmax_host_syncs = 0\n";
+  const Budgets budgets = load_budgets(write_budgets("canary_warmup", text));
+  EXPECT_EQ(budgets.compile_stability_of("micro").warmup_steps, 2);
+  EXPECT_EQ(budgets.compile_stability_of("tiny").warmup_steps, budgets.compile_stability.warmup_steps);
+  EXPECT_EQ(budgets.compile_stability.warmup_steps, 1);
+
+  ReceiptData mesh = run("warmup_mesh", lane("micro", 4, 2, "tpu-mesh", "", {{"mesh", "2x1"}}));
+  ASSERT_EQ(mesh.compile.at("UncachedCompile").size(), 4u);
+  ASSERT_GT(mesh.compile.at("UncachedCompile")[0], 0);
+  mesh.compile.at("UncachedCompile")[1] = 1;  // a second graph at step 1, as torch.optim's makes
+  const auto gate = [&](const Budgets& b) {
+    const Verdict v = compare_receipts(mesh, mesh, b, "golden");
+    return *std::find_if(v.metrics.begin(), v.metrics.end(),
+                         [](const MetricVerdict& m) { return m.metric == "compile_stability.uncached_compiles"; });
+  };
+  EXPECT_TRUE(gate(budgets).pass);
+  const MetricVerdict shipped = gate(load_budgets(kShippedBudgets));
+  EXPECT_FALSE(shipped.pass);
+  EXPECT_EQ(shipped.first_failing_step, 1);
+  mesh.compile.at("UncachedCompile")[2] = 1;  // past the canary's warm-up: fails there
+  const MetricVerdict late = gate(budgets);
+  EXPECT_FALSE(late.pass);
+  EXPECT_EQ(late.first_failing_step, 2);
+
+  const std::string entry = "\n[micro.compile-stability]\nrationale = \"r\"\nmax_uncached_compiles = 0\nmax_host_syncs = 0\n";
+  EXPECT_NE(load_error(shipped_text() + entry + "warmup_steps = -1\n").find("[micro.compile-stability].warmup_steps: must be"),
+            std::string::npos);
+  EXPECT_NE(load_error(shipped_text() + entry + "warmup = 2\n").find("[micro.compile-stability].warmup: unknown key"),
+            std::string::npos);
+  EXPECT_NE(load_error(shipped_text() + "\n[micro.compile-stability]\nwarmup_steps = 2\n")
+                .find("[micro.compile-stability].rationale: must be"),
+            std::string::npos);
 }
 
 // The default entries budget only the canaries [default-entries] lists: another canary's

@@ -53,7 +53,8 @@ TEST(Matrix, ShippedMatrixHasTheIssuesLanesAndACpuRefReference) {
   std::set<std::string> lanes;
   for (const LaneSpec& l : m.lanes) lanes.insert(l.lane);
   for (const char* wanted : {"tiny/cpu-ref", "tiny/accel+bf16", "tiny/accel+bf16+fp8=all", "tiny/tpu-mesh@2x2+tp",
-                             "tiny/tpu-mesh@2x2+zero3+bf16", "tiny/torch", "tiny/torch+bf16"}) {
+                             "tiny/tpu-mesh@2x2+zero3+bf16", "tiny/torch", "tiny/torch+bf16", "tiny/jax@1x1+dp",
+                             "tiny/jax@2x2+tp", "tiny/jax@2x2+zero3+bf16"}) {
     EXPECT_TRUE(lanes.count(wanted)) << wanted;
   }
   for (const LaneSpec& l : m.lanes) {
@@ -64,6 +65,10 @@ TEST(Matrix, ShippedMatrixHasTheIssuesLanesAndACpuRefReference) {
       EXPECT_TRUE(l.external()) << l.id;
       const std::string& device = l.settings.options.at("device");  // XLA: its CPU client where there is no TPU
       EXPECT_TRUE(device == "cpu" || device == "xla") << l.id << ": the default nightly needs no GPU";
+    }
+    if (l.engine == "jax") {  // XLA's CPU client: virtual devices, no accelerator
+      EXPECT_TRUE(l.external()) << l.id;
+      EXPECT_EQ(l.budget_features.front(), "jax") << l.id;
     }
   }
 }
@@ -149,6 +154,45 @@ TEST(Matrix, TorchLanesOfAnotherInterpreterCarryItsRelease) {
       {head + "python = \"fakepy\"\n", "lanes[1] (x).python: " + fake + " cannot import torch (no torch here)"},
       {head + "python = \"missing/python\"\n", "lanes[1] (x).python: '" + dir.path("missing/python") + "' does not exist"},
       {head + "compile = false\n", "lanes[1] (x).compile: a switch is on (true) or absent"},
+  };
+  expect_refused(dir, cases, true);
+}
+
+// engine = "jax": canary_harness.jax on the job's pack, under the interpreter named by
+// python (relative to the matrix file), named and judged as that module names its run.
+TEST(Matrix, JaxLanesExpandToTheJaxModule) {
+  const testing::ScratchDir dir;
+  const std::string py = dir.path("venvpy");
+  std::ofstream(py) << "#!/bin/sh\nexit 0\n";
+  const Matrix m = load_matrix(write(dir, std::string(kHeader) + kRefLane +
+                                              "[[lanes]]\nid = \"j\"\nengine = \"jax\"\npython = \"venvpy\"\n"
+                                              "[[lanes]]\nid = \"jt\"\nengine = \"jax\"\npython = \"venvpy\"\nmesh = \"2x2\"\n"
+                                              "shard-plan = \"zero3\"\nprecision = \"bf16\"\n"));
+  const LaneSpec& j = m.lane("j");
+  EXPECT_TRUE(j.external());
+  EXPECT_TRUE(j.uses_pack());
+  EXPECT_EQ(j.lane, "micro/jax@1x1+dp");
+  EXPECT_EQ(j.budget_features, std::vector<std::string>{"jax"});
+  const std::vector<std::string> wanted{py, "-m", "canary_harness.jax", "--pack", "p.h5", "--mesh", "1x1", "--shard-plan",
+                                        "dp", "--precision", "fp32", "--out", "o.h5"};
+  EXPECT_EQ(expand_command(j, "p.h5", "o.h5", 4, 1), wanted);
+  EXPECT_EQ(j.environment.at("PYTHONPATH"), std::string(HARNESS_SOURCE_DIR) + "/python");
+  const LaneSpec& jt = m.lane("jt");
+  EXPECT_EQ(jt.lane, "micro/jax@2x2+zero3+bf16");
+  EXPECT_EQ(jt.budget_features, (std::vector<std::string>{"jax", "jax-bf16", "mesh-bf16"}));
+
+  const std::string head = std::string(kHeader) + kRefLane + "[[lanes]]\nid = \"x\"\nengine = \"jax\"\n";
+  const std::string venv = "python = \"venvpy\"\n";
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {head, "lanes[1] (x).python: missing; a jax lane names the interpreter"},
+      {head + "python = \"nowhere/python\"\n", "lanes[1] (x).python: '" + dir.path("nowhere/python") + "' does not exist"},
+      {head + venv + "mesh = \"2by2\"\n", "lanes[1] (x): --mesh: '2by2' is not DxM"},
+      {head + venv + "mesh = \"0x4\"\n", "lanes[1] (x): --mesh: '0x4' is not DxM"},
+      {head + venv + "shard-plan = \"fsdp\"\n", "lanes[1] (x).shard-plan: 'fsdp' is not dp, tp or zero3"},
+      {head + venv + "precision = \"fp8\"\n", "lanes[1] (x).precision: 'fp8' is not fp32 or bf16"},
+      {head + venv + "device = \"xla\"\n", "lanes[1] (x).device: unknown key of a jax lane"},
+      {head + venv + "features = \"bf16\"\n", "lanes[1] (x).features: a jax lane takes precision"},
+      {head + venv + "budget-features = \"jax\"\n", "lanes[1] (x).budget-features: unknown key of a jax lane"},
   };
   expect_refused(dir, cases, true);
 }
