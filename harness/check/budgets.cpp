@@ -12,6 +12,8 @@
 #include <fmt/ranges.h>
 #include <toml++/toml.h>
 
+#include "receipt/budget_features.h"
+
 namespace harness::check {
 namespace {
 
@@ -24,12 +26,8 @@ bool is_rule_section(const std::string& key) {
   return std::find(std::begin(kRuleSections), std::end(kRuleSections), key) != std::end(kRuleSections);
 }
 
-// Feature and canary names: letters, digits, '-' and '_' ('+' joins a receipt's features).
-bool valid_name(const std::string& name) {
-  return !name.empty() && std::all_of(name.begin(), name.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_';
-  });
-}
+// Feature and canary names: a feature name's rule ('+' joins a receipt's features).
+bool valid_name(const std::string& name) { return receipt::BudgetFeatures::is_name(name); }
 
 // A canary's group: no `form` of its own, and nothing but tables ([tiny.bf16], ...).
 bool is_canary_group(const toml::table& t) {

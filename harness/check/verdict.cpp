@@ -9,6 +9,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "receipt/budget_features.h"
 #include "receipt/hdf5_file.h"
 #include "receipt/receipt_reader.h"
 #include "receipt/receipt_schema.h"
@@ -310,20 +311,11 @@ std::set<std::string> budget_features(const ReceiptData& r, bool golden) {
                              "with a writer that declares them",
                              r.path));
   }
-  std::set<std::string> features;
-  const std::string& text = it->second;
-  for (std::size_t start = 0; !text.empty();) {
-    const std::size_t end = text.find('+', start);
-    const std::string name = text.substr(start, end == std::string::npos ? std::string::npos : end - start);
-    if (name.empty() || !features.insert(name).second) {  // validate_receipt refuses these first
-      throw ContractError("receipt", fmt::format("{}: /manifest/budget_features '{}' is not feature names joined with '+', "
-                                                 "each once",
-                                                 r.path, text));
-    }
-    if (end == std::string::npos) break;
-    start = end + 1;
+  try {
+    return receipt::BudgetFeatures::parse(it->second).as_set();
+  } catch (const std::invalid_argument& e) {  // validate_receipt refuses these first
+    throw ContractError("receipt", fmt::format("{}: /manifest/budget_features {}", r.path, e.what()));
   }
-  return features;
 }
 
 std::string canary_name(const ReceiptData& r) {

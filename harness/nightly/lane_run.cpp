@@ -14,6 +14,7 @@
 
 #include "canary_pack.h"
 #include "child_process.h"
+#include "receipt/budget_features.h"
 #include "verdict.h"
 
 namespace harness::nightly {
@@ -50,10 +51,10 @@ run::RunSummary run_external(const Matrix& matrix, const LaneSpec& spec, const s
   if (receipt.lane != spec.lane) {
     throw LaneCommandError(fmt::format("{} wrote lane {}; the matrix names it {}", where, receipt.lane, spec.lane));
   }
-  const std::set<std::string> declared = check::budget_features(receipt);
-  if (declared != std::set<std::string>(spec.budget_features.begin(), spec.budget_features.end())) {
+  const receipt::BudgetFeatures wanted(spec.budget_features);
+  if (check::budget_features(receipt) != wanted.as_set()) {
     throw LaneCommandError(fmt::format("{} wrote a receipt that declares budget features '{}'; the matrix declares '{}'",
-                                       where, fmt::join(declared, "+"), fmt::join(spec.budget_features, "+")));
+                                       where, receipt.manifest.at("budget_features"), wanted.to_string()));
   }
   run::RunSummary summary;
   summary.lane = receipt.lane;

@@ -18,6 +18,7 @@
 #include "mesh_config.h"
 #include "child_process.h"
 #include "python_canary.h"
+#include "receipt/budget_features.h"
 #include "preset.h"
 #include "registry.h"
 
@@ -296,24 +297,14 @@ class Parser {
     return spec;
   }
 
-  // budget-features = "a+b": feature names joined with '+', each once.
+  // budget-features = "a+b": feature names joined with '+', each once (receipt::BudgetFeatures).
   std::vector<std::string> feature_list(const toml::table& t, const std::string& where) const {
     const std::string text_value = text(t, "budget-features", where, true);
-    std::vector<std::string> names;
-    std::size_t start = 0;
-    while (true) {
-      const std::size_t end = text_value.find('+', start);
-      const std::string name = text_value.substr(start, end == std::string::npos ? std::string::npos : end - start);
-      if (name.empty() || name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-_") != std::string::npos ||
-          std::find(names.begin(), names.end(), name) != names.end()) {
-        fail(fmt::format("{}: '{}' is not budget feature names joined with '+', each once (e.g. \"torch-cpu\")", where,
-                         text_value));
-      }
-      names.push_back(name);
-      if (end == std::string::npos) break;
-      start = end + 1;
+    try {
+      return receipt::BudgetFeatures::parse(text_value).names();
+    } catch (const std::invalid_argument& e) {
+      fail(fmt::format("{}: {} (e.g. \"torch-cpu\")", where, e.what()));
     }
-    return names;
   }
 
   // engine = "torch" (flags device, precision) or command = [...]: runs as a child process
@@ -358,7 +349,7 @@ class Parser {
       if (stack.compiled) spec.budget_features.push_back("torch-compile");
       if (t.contains("budget-features") && feature_list(t, at + ".budget-features") != spec.budget_features) {
         fail(fmt::format("{}.budget-features: the torch lane on {} in {} declares {}; drop the key or make it that", at,
-                         device, precision, fmt::join(spec.budget_features, "+")));
+                         device, precision, receipt::BudgetFeatures(spec.budget_features).to_string()));
       }
       spec.command = {stack.python, "-m", "canary_harness.lane", "--pack", "{pack}", "--device", device,
                       "--precision", precision, "--out", "{out}"};

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "receipt/budget_features.h"
 #include "receipt/hdf5_file.h"
 #include "receipt/receipt_reader.h"
 #include "receipt/receipt_schema.h"
@@ -171,24 +172,10 @@ class Validator {
 
   // "" (none) or feature names joined with '+': none empty, none twice (docs/budgets.md).
   void check_budget_features(const std::string& text) {
-    if (text.empty()) return;
-    std::set<std::string> seen;
-    std::size_t start = 0;
-    for (std::size_t index = 0;; ++index) {
-      const std::size_t end = text.find('+', start);
-      const std::string name = text.substr(start, end == std::string::npos ? std::string::npos : end - start);
-      if (name.empty()) {
-        problem("/manifest/budget_features",
-                fmt::format("'{}' has an empty feature name (item {}); give names joined with '+', or \"\" for none",
-                            text, index + 1));
-        return;
-      }
-      if (!seen.insert(name).second) {
-        problem("/manifest/budget_features", fmt::format("'{}' names feature '{}' twice", text, name));
-        return;
-      }
-      if (end == std::string::npos) return;
-      start = end + 1;
+    try {
+      BudgetFeatures::parse(text);
+    } catch (const std::invalid_argument& e) {
+      problem("/manifest/budget_features", e.what());
     }
   }
 

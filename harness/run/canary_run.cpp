@@ -19,6 +19,7 @@
 #include "interrupt.h"
 #include "json_text.h"
 #include "output_lock.h"
+#include "receipt/budget_features.h"
 #include "receipt/receipt_writer.h"
 #include "registry.h"
 #include "stack_info.h"
@@ -148,11 +149,8 @@ receipt::Manifest make_manifest(const RunOptions& o, const Validated& v, const E
   m.extra["fault_injection"] = v.fault ? v.fault->to_string() : std::string("none");
   m.extra["trace"] = o.trace;
   if (o.perturb_init) m.extra["init_perturbation_seed"] = *o.perturb_init;  // absent: the canary's own weights
-  std::string budget_features;  // declared by the engine, '+'-joined; the verdict's budget (docs/budgets.md)
-  for (const std::string& feature : engine.budget_features()) {
-    budget_features += (budget_features.empty() ? "" : "+") + feature;
-  }
-  m.extra["budget_features"] = budget_features;
+  // Declared by the engine: the verdict's budget (docs/budgets.md).
+  m.extra["budget_features"] = receipt::BudgetFeatures(engine.budget_features()).to_string();
   const auto engine_attributes = engine.manifest_attributes();
   for (const auto& attribute : engine_attributes) m.extra[attribute.first] = attribute.second;
   // The recipe names what this run resolved: the canary's file or name and the seed.

@@ -3,6 +3,7 @@
 // receipts is exact for lanes that make the same roundings, budgeted otherwise, names the
 // first failing step of an injected fault and the headroom of a perturbed budget; and
 // receipts that cannot be compared are distinct errors, never a pass.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <cstring>
@@ -18,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "budgets.h"
+#include "receipt/budget_features.h"
 #include "receipt/hdf5_file.h"
 #include "receipt/receipt_validator.h"
 #include "receipt_bits.h"
@@ -580,6 +582,34 @@ TEST(Budgets, AcrossPlatformsNamesAnEntryOfTheFile) {
       << load_error(text);
 }
 
+// Property: receipt::BudgetFeatures is the one parse and the one format of budget_features:
+// every list of distinct feature names survives format then parse, in order; every text
+// that parses is formatted back to itself.
+TEST(DeclaredFeatures, BudgetFeaturesRoundTripEveryWellFormedList) {
+  const std::vector<std::string> pool{"bf16", "noise", "fp8", "torch-cpu", "mesh_fp32", "X9"};
+  for (unsigned mask = 0; mask < (1u << pool.size()); ++mask) {
+    std::vector<std::string> names;
+    for (std::size_t i = 0; i < pool.size(); ++i) {
+      if (mask & (1u << i)) names.push_back(pool[(i + mask) % pool.size()]);  // varied orders
+    }
+    std::sort(names.begin(), names.end());
+    names.erase(std::unique(names.begin(), names.end()), names.end());
+    if (mask % 3 == 0) std::reverse(names.begin(), names.end());
+    const receipt::BudgetFeatures features(names);
+    EXPECT_EQ(features.names(), names);
+    const std::string text = features.to_string();
+    EXPECT_EQ(receipt::BudgetFeatures::parse(text).names(), names) << text;
+    EXPECT_EQ(receipt::BudgetFeatures::parse(text).to_string(), text);
+    EXPECT_EQ(features.empty(), names.empty());
+    for (const std::string& name : pool) {
+      EXPECT_EQ(features.contains(name), std::count(names.begin(), names.end(), name) == 1) << text << " " << name;
+    }
+  }
+  EXPECT_THROW(receipt::BudgetFeatures({"bf16", "bf16"}), std::invalid_argument);
+  EXPECT_THROW(receipt::BudgetFeatures({"bf16", ""}), std::invalid_argument);
+  EXPECT_THROW(receipt::BudgetFeatures::parse("bf16+fp8=all"), std::invalid_argument);
+}
+
 // The schema gate: budget_features, where present, is names joined with '+', each once.
 TEST(DeclaredFeatures, AMalformedDeclarationIsASchemaProblem) {
   const std::string good = scratch().path("malformed_good.h5");
@@ -592,6 +622,7 @@ TEST(DeclaredFeatures, AMalformedDeclarationIsASchemaProblem) {
       {"+bf16", "/manifest/budget_features: '+bf16' has an empty feature name (item 1); give names joined with '+', or \"\" for none"},
       {"bf16+", "/manifest/budget_features: 'bf16+' has an empty feature name (item 2); give names joined with '+', or \"\" for none"},
       {"bf16+noise+bf16", "/manifest/budget_features: 'bf16+noise+bf16' names feature 'bf16' twice"},
+      {"bf16+torch cpu", "/manifest/budget_features: 'bf16+torch cpu': feature name 'torch cpu' is not letters, digits, '-' and '_'"},
   };
   for (const auto& [declared, expected] : cases) {
     const std::string path = scratch().path("malformed.h5");

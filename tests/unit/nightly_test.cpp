@@ -220,8 +220,8 @@ TEST(Matrix, BadExternalLanesNameFileAndKey) {
   const std::vector<std::pair<std::string, std::string>> cases{
       {head + cmd, "lanes[1] (x).budget-features: missing"},
       {head + cmd + "budget-features = \"\"\n", "lanes[1] (x).budget-features: must be a non-empty string"},
-      {head + cmd + "budget-features = \"a++b\"\n", "lanes[1] (x).budget-features: 'a++b' is not"},
-      {head + cmd + "budget-features = \"a+a\"\n", "lanes[1] (x).budget-features: 'a+a' is not"},
+      {head + cmd + "budget-features = \"a++b\"\n", "lanes[1] (x).budget-features: 'a++b' has an empty feature name (item 2)"},
+      {head + cmd + "budget-features = \"a+a\"\n", "lanes[1] (x).budget-features: 'a+a' names feature 'a' twice"},
       {head + "command = []\nbudget-features = \"a\"\n", "lanes[1] (x).command: must be a non-empty array"},
       {head + "command = \"tool {out}\"\nbudget-features = \"a\"\n", "lanes[1] (x).command: must be a non-empty array"},
       {head + "command = [\"tool\", 3]\nbudget-features = \"a\"\n", "lanes[1] (x).command[1]: must be a non-empty string"},
