@@ -38,6 +38,8 @@ from typing import Any, Dict, List, NamedTuple, NoReturn, Optional, Sequence, Tu
 
 import numpy as np
 
+from .budget_features import format_features
+
 PROG = "canary_harness.jax"
 PLANS = ("dp", "tp", "zero3")
 
@@ -530,8 +532,8 @@ def budget_features(precision: str, devices: int) -> str:
     """What separates a JAX run from cpu-ref: XLA's CPU kernels (jax), bf16 matmul operands
     (jax-bf16), and the mesh's reduction splits where there is more than one device (judged
     under tpu-mesh's own entries, mesh-fp32 or mesh-bf16)."""
-    return "+".join(["jax"] + (["jax-bf16"] if precision == "bf16" else []) +
-                    ([f"mesh-{precision}"] if devices > 1 else []))
+    return format_features(["jax"] + (["jax-bf16"] if precision == "bf16" else []) +
+                           ([f"mesh-{precision}"] if devices > 1 else []))
 
 
 def _manifest(args, pack, steps, mesh_shape) -> Dict[str, Any]:

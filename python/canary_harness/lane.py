@@ -35,6 +35,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, List, NoReturn, Optional, Tuple
 
+from .budget_features import format_features
+
 PROG = "canary_harness.lane"
 
 
@@ -216,10 +218,10 @@ def budget_features(device_type: str, precision: str, compiled: bool = False, la
     """What separates the lane from cpu-ref: the device's torch, bf16, torch.compile and the
     distributed layout."""
     if precision == "fp32":
-        features = f"torch-{device_type}"
+        features = [f"torch-{device_type}"]
     else:
-        features = "torch-bf16" if device_type == "cpu" else f"torch-{device_type}+torch-bf16"
-    return features + ("+torch-compile" if compiled else "") + (f"+torch-{layout}" if layout else "")
+        features = ["torch-bf16"] if device_type == "cpu" else [f"torch-{device_type}", "torch-bf16"]
+    return format_features(features + (["torch-compile"] if compiled else []) + ([f"torch-{layout}"] if layout else []))
 
 
 def run(args: argparse.Namespace) -> int:

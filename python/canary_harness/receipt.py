@@ -27,6 +27,8 @@ import h5py
 import numpy as np
 import xxhash
 
+from .budget_features import parse_features
+
 from . import digest
 from .digest import Sketch, as_float32, sketch, tensor_hash
 from .schema import (HASH_FAMILIES, SCHEMA_MINOR, SCHEMA_VERSION, SKETCH_BLOCK, SKETCH_FAMILIES, SKETCH_METHOD,
@@ -348,6 +350,11 @@ def _manifest_attrs(manifest: Mapping[str, Any], stack: StackInfo) -> Dict[str, 
             raise ValueError(f"manifest {key} is {value!r}: a non-empty str (it names the lane's goldens and budgets)")
         elif key in ("features", "budget_features") and not isinstance(value, str):
             raise TypeError(f"manifest {key} must be a str, not {type(value).__name__}")
+        elif key == "budget_features":
+            try:
+                parse_features(value)
+            except ValueError as e:  # what `harness validate` refuses, refused before any file exists
+                raise ValueError(f"manifest budget_features: {e}") from None
         elif not isinstance(value, (str, int, float, np.integer, np.floating)):
             raise TypeError(f"manifest {key}: {type(value).__name__} is not a str, int or float")
         _check_attr_value(f"manifest {key}", value)

@@ -46,6 +46,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional
 import numpy as np
 import torch
 
+from .budget_features import format_features
 from .canary import CanaryError, LoadedCanary
 from .digest import batch_hash, batch_tree_hash
 from .digest_plan import DigestRows
@@ -84,7 +85,7 @@ def lane_features(device: torch.device, precision: str, compiled: bool = False, 
 
 def budget_features(device: torch.device, precision: str, compiled: bool = False, layout: Optional[str] = None) -> str:
     """What separates the run from the canary's fp32 eager one-process CPU run, its bitwise reference."""
-    return "+".join(f"torch-{f}" for f in lane_features(device, precision, compiled, layout))
+    return format_features(f"torch-{f}" for f in lane_features(device, precision, compiled, layout))
 
 
 def torch_release() -> str:

@@ -62,6 +62,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
+from .budget_features import parse_features
 from .digest import batch_hash
 from .digest_plan import DigestRows
 from .models.config import canary_object
@@ -253,6 +254,10 @@ class Recorder:
         if not isinstance(budget_features, str):
             raise RecorderError(f"budget_features={budget_features!r}: declare it as a str (\"torch-cpu\", ...; "
                                 "\"\" for a bitwise lane)")
+        try:
+            parse_features(budget_features)
+        except ValueError as e:
+            raise RecorderError(f"budget_features: {e}") from None
         extra = _check_extra(extra)
         shapes = None
         batch_shape = None

@@ -641,3 +641,29 @@ def test_an_empty_lane_or_engine_is_refused_as_validate_refuses_it(tmp_path: Pat
     with pytest.raises(ReceiptError, match=rf"manifest {key} is '': a non-empty str"):
         ReceiptWriter(tmp_path / "r.h5", manifest(**{key: ""}), NAMES, stack=STACK)
     assert not (tmp_path / "r.h5").exists()
+
+
+@pytest.mark.parametrize("declared", ["noise++bf16", "+bf16", "bf16+", "bf16+noise+bf16", "bf16+torch cpu"])
+def test_a_malformed_budget_features_is_refused_in_validates_words(tmp_path: Path, harness_bin: Path, declared: str):
+    """The package parses budget_features as the harness does (canary_harness.budget_features
+    and receipt::BudgetFeatures): the writer refuses a declaration before any file exists,
+    with the words `harness validate` uses for a file that holds it."""
+    from canary_harness.budget_features import format_features, parse_features
+    from canary_harness.receipt import _write_attr
+    from conftest import run_harness
+    with pytest.raises(ValueError) as parsed:
+        parse_features(declared)
+    with pytest.raises(ReceiptError, match=rf"manifest budget_features: {re.escape(str(parsed.value))}; nothing"):
+        ReceiptWriter(tmp_path / "r.h5", manifest(budget_features=declared), NAMES, stack=STACK)
+    assert not (tmp_path / "r.h5").exists()
+    path = tmp_path / "held.h5"
+    with ReceiptWriter(path, manifest(steps=1), NAMES, batch_shape=BATCH, stack=STACK) as writer:
+        write_steps(writer, 1)
+    with h5py.File(path, "r+") as f:
+        _write_attr(f["manifest"], "budget_features", declared)
+    validated = run_harness(harness_bin, "validate", str(path), check=False)
+    assert validated.returncode != 0
+    assert f"/manifest/budget_features: {parsed.value}" in validated.stdout + validated.stderr
+    names = [n for n in declared.split("+") if n and " " not in n]
+    assert parse_features(format_features(dict.fromkeys(names))) == list(dict.fromkeys(names))
+
