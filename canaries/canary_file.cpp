@@ -172,11 +172,11 @@ void read_model(const Reader& r, CanaryConfig& c) {
 
 void read_train(const Reader& r, CanaryConfig& c) {
   c.batch_size = r.integer("train.batch", 1, 1 << 16, std::nullopt);
-  c.steps = r.integer("train.steps", 1, 1000000, std::nullopt);
+  c.steps = r.integer("train.steps", 1, kMaxSteps, std::nullopt);
   c.init_seed = r.integer("train.seed", 0, std::numeric_limits<std::int64_t>::max()).value_or(c.init_seed);
   c.peak_lr = r.number("optimizer.lr", 0.0, 1e3, true, c.peak_lr);
   c.min_lr_ratio = r.number("optimizer.min_lr_ratio", 0.0, 1.0, false, c.min_lr_ratio);
-  c.warmup_steps = r.integer("optimizer.warmup_steps", 0, 1000000, c.warmup_steps);
+  c.warmup_steps = r.integer("optimizer.warmup_steps", 0, kMaxSteps, c.warmup_steps);
   c.beta1 = r.number("optimizer.beta1", 0.0, 0.999999, false, c.beta1);
   c.beta2 = r.number("optimizer.beta2", 0.0, 0.999999, false, c.beta2);
   c.adam_eps = r.number("optimizer.eps", 0.0, 1.0, true, c.adam_eps);

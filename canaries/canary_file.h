@@ -13,6 +13,9 @@
 
 namespace harness::canary {
 
+// A run's steps: train.steps of a canary file, --steps, a matrix's steps, a replay recipe's.
+inline constexpr int kMaxSteps = 1000000;
+
 // A canary file or spec that cannot be used. what() is one line that names the file and
 // the key ("canaries/x.toml: model.heads: 3 does not divide model.channels 128").
 class CanaryFileError : public std::invalid_argument {

@@ -47,7 +47,7 @@ void add_calibrate_command(CLI::App& app, CommandRegistry& commands) {
   calibrate->add_option("--matrix", o->matrix_path, "Lane matrix (TOML)")->capture_default_str();
   calibrate->add_option("--budgets", o->budgets_path, "Current budgets (read only)")->capture_default_str();
   calibrate->add_option("--out", o->out, "Candidate budgets file (default: budgets.candidate.toml beside --budgets)");
-  calibrate->add_option("--threads", o->threads, "Worker threads per run (0 = all cores)")->check(CLI::Range(0, 1024))->capture_default_str();
+  calibrate->add_option("--threads", o->threads, "Worker threads per run (0 = all cores)")->check(CLI::Range(0, run::kMaxThreads))->capture_default_str();
   commands.add(calibrate, [o, lane, receipts] {
     if (lane->count() == 0 && receipts->count() == 0) {
       throw run::UsageError("--lane or --receipts: name the lane to run here, or the receipts made elsewhere");

@@ -147,7 +147,7 @@ void add_nightly_command(CLI::App& app, CommandRegistry& commands) {
                       "scheduler (HARNESS_SHARD_INDEX/COUNT, a Slurm job array, a Kubernetes Indexed Job)");
   nightly->add_option("--lanes", flags->options.lanes,
                       "Run only these lanes (comma-separated ids or names; the reference runs too when a lane needs it)");
-  nightly->add_option("--threads", flags->options.threads, "Worker threads per run (0 = all cores)")->check(CLI::Range(0, 1024))->capture_default_str();
+  nightly->add_option("--threads", flags->options.threads, "Worker threads per run (0 = all cores)")->check(CLI::Range(0, run::kMaxThreads))->capture_default_str();
   commands.add(nightly, [flags] { return nightly_action(*flags); });
 
   auto merge_flags = std::make_shared<NightlyFlags>();

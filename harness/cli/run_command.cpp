@@ -107,7 +107,7 @@ void add_run_command(CLI::App& app, CommandRegistry& commands) {
   run->add_option("--features", flags->options.engine_settings.features,
                   "accel features: bf16[,fp8=ZONES] with zones qkv, attn_proj, mlp_fc, mlp_proj, all");
   run->add_option("--steps", flags->steps, "Number of steps (default: the preset's)");
-  run->add_option("--threads", flags->options.threads, "Worker threads (0 = all cores)")->check(CLI::Range(0, 1024))->capture_default_str();
+  run->add_option("--threads", flags->options.threads, "Worker threads (0 = all cores)")->check(CLI::Range(0, run::kMaxThreads))->capture_default_str();
   run->add_option("--seed", flags->options.seed, "Initialisation seed (default: the canary's [train] seed)")
       ->check(seed_check());
   run->add_option("--perturb-init", flags->options.perturb_init,

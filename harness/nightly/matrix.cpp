@@ -84,7 +84,7 @@ class Parser {
     } catch (const std::invalid_argument& e) {
       fail(fmt::format("canary: {}", e.what()));
     }
-    m.steps = static_cast<int>(integer(root, "steps", 1, 1000000));
+    m.steps = static_cast<int>(integer(root, "steps", 1, canary::kMaxSteps));
     m.seed = integer(root, "seed", 0, std::numeric_limits<std::int64_t>::max());
     m.trace = trace_level(root, "");
     return with_lanes(root, std::move(m));
@@ -465,8 +465,9 @@ class Parser {
     if (precision != "fp32" && precision != "bf16") fail(fmt::format("{}.precision: '{}' is not fp32 or bf16", at, precision));
     int thread_count = 0;
     const auto [end, ec] = std::from_chars(threads.data(), threads.data() + threads.size(), thread_count);
-    if (ec != std::errc() || end != threads.data() + threads.size() || thread_count < 1 || thread_count > 1024) {
-      fail(fmt::format("{}.threads: '{}' is not a thread count in 1..1024", at, threads));
+    if (ec != std::errc() || end != threads.data() + threads.size() || thread_count < 1 ||
+        thread_count > run::kMaxThreads) {  // pinned: 0 (every core) would make its bits the host's
+      fail(fmt::format("{}.threads: '{}' is not a thread count in 1..{}", at, threads, run::kMaxThreads));
     }
     spec.python_canary = true;
     const TorchStack stack = torch_stack(spec.settings.options, at);

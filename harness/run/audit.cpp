@@ -109,7 +109,7 @@ AuditReport audit_canary(const AuditOptions& o) {
     throw UsageError(fmt::format("--engine: audit traces compiled graphs, and only tpu-mesh compiles them (got '{}')",
                                  o.engine));
   }
-  if (o.threads < 0 || o.threads > 1024) throw UsageError("--threads: must be between 1 and 1024 (0 = all cores)");
+  const int threads = worker_threads(o.threads);
   const std::unique_ptr<canary::Canary> canary_model = canary::make_canary(config);
   const canary::Canary& model = *canary_model;
   std::unique_ptr<Engine> engine;
@@ -119,7 +119,6 @@ AuditReport audit_canary(const AuditOptions& o) {
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
-  const int threads = o.threads == 0 ? static_cast<int>(std::max(1u, std::thread::hardware_concurrency())) : o.threads;
   const tbb::global_control limit(tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(threads));
   auto& mesh = static_cast<tpu::TpuMeshEngine&>(*engine);
   mesh.bind(model.tensors());

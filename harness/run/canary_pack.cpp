@@ -37,10 +37,7 @@ canary::CanaryConfig validated_config(const PackOptions& o) {
   } catch (const std::invalid_argument& e) {
     throw UsageError(fmt::format("--canary: {}", e.what()));
   }
-  if (o.steps) {
-    if (*o.steps < 1 || *o.steps > 1000000) throw UsageError("--steps: must be between 1 and 1000000");
-    config.steps = *o.steps;
-  }
+  if (o.steps) config.steps = checked_steps(*o.steps);
   if (o.seed) config.init_seed = *o.seed;
   if (config.init_seed < 0) throw UsageError("--seed: must be between 0 and 9223372036854775807");
   return config;

@@ -80,13 +80,8 @@ Validated validate(const RunOptions& o) {
   } catch (const std::invalid_argument& e) {
     throw UsageError(fmt::format("--canary: {}", e.what()));
   }
-  if (o.steps) {
-    if (*o.steps < 1 || *o.steps > 1000000) throw UsageError("--steps: must be between 1 and 1000000");
-    v.config.steps = *o.steps;
-  }
-  const int hardware = static_cast<int>(std::thread::hardware_concurrency());
-  if (o.threads < 0 || o.threads > 1024) throw UsageError("--threads: must be between 1 and 1024 (0 = all cores)");
-  v.threads = o.threads == 0 ? std::max(1, hardware) : o.threads;
+  if (o.steps) v.config.steps = checked_steps(*o.steps);
+  v.threads = worker_threads(o.threads);
   v.seed = o.seed.value_or(v.config.init_seed);
   if (v.seed < 0) throw UsageError("--seed: must be between 0 and 9223372036854775807");
   if (o.perturb_init && *o.perturb_init < 0) throw UsageError("--perturb-init: must be between 0 and 9223372036854775807");
@@ -214,6 +209,18 @@ std::int64_t recipe_integer(const nlohmann::json& recipe, const std::string& key
 }
 }  // namespace
 
+int worker_threads(int requested) {
+  if (requested < 0 || requested > kMaxThreads) {
+    throw UsageError(fmt::format("--threads: must be in 0..{} (0 = all cores)", kMaxThreads));
+  }
+  return requested == 0 ? static_cast<int>(std::max(1u, std::thread::hardware_concurrency())) : requested;
+}
+
+int checked_steps(int steps) {
+  if (steps < 1 || steps > canary::kMaxSteps) throw UsageError(fmt::format("--steps: must be in 1..{}", canary::kMaxSteps));
+  return steps;
+}
+
 RunOptions options_from_recipe(const nlohmann::json& recipe) {
   if (!recipe.is_object()) throw UsageError("run_options: not a replay recipe (not a JSON object)");
   constexpr std::int64_t kInt64Max = std::numeric_limits<std::int64_t>::max();
@@ -224,14 +231,14 @@ RunOptions options_from_recipe(const nlohmann::json& recipe) {
     o.engine_settings.features = recipe.at("features").get<std::string>();
     o.engine_settings.options = recipe.at("engine_options").get<std::map<std::string, std::string>>();
     o.seed = recipe_integer(recipe, "seed", 0, kInt64Max);
-    o.threads = static_cast<int>(recipe_integer(recipe, "threads", 0, 1024));  // run --threads's range
+    o.threads = static_cast<int>(recipe_integer(recipe, "threads", 0, kMaxThreads));
     o.trace = recipe.at("trace").get<std::string>();
     if (o.trace != "none" && o.trace != "ops") {
       throw UsageError(fmt::format("run_options: key 'trace' is '{}', not none or ops", o.trace));
     }
     o.checkpoint_every = static_cast<int>(recipe_integer(recipe, "checkpoint_every", 0, std::numeric_limits<int>::max()));
     if (!recipe.at("inject_fault").is_null()) o.inject_fault = recipe.at("inject_fault").get<std::string>();
-    if (recipe.contains("steps")) o.steps = static_cast<int>(recipe_integer(recipe, "steps", 1, 1000000));
+    if (recipe.contains("steps")) o.steps = static_cast<int>(recipe_integer(recipe, "steps", 1, canary::kMaxSteps));
     if (recipe.contains("perturb_init")) o.perturb_init = recipe_integer(recipe, "perturb_init", 0, kInt64Max);
   } catch (const nlohmann::json::exception& e) {
     throw UsageError(fmt::format("run_options: not a replay recipe ({})", json_error_text(e)));

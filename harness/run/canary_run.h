@@ -28,6 +28,14 @@ struct UsageError : std::runtime_error {
 // `kind` names the file ("receipt") and `example` is the path its message suggests.
 void check_output_file(const std::string& out, bool force, const std::string& kind, const std::string& example);
 
+// Worker threads of a run: --threads 0..kMaxThreads, 0 = every hardware thread (the CLI,
+// the nightly, calibrate, replay recipes and audit take them so).
+inline constexpr int kMaxThreads = 1024;
+// The threads a run of `requested` uses; throws UsageError (naming --threads) outside 0..kMaxThreads.
+int worker_threads(int requested);
+// `steps` when it is in 1..canary::kMaxSteps; throws UsageError (naming --steps) otherwise.
+int checked_steps(int steps);
+
 struct RunOptions {
   std::string canary = "tiny";  // a shipped canary's name or a canary file's path
   std::string engine = "cpu-ref";

@@ -21,6 +21,8 @@ import argparse
 import sys
 from typing import List, NoReturn, Optional
 
+from .lane import MAX_THREADS
+
 PROG = "canary_harness"
 
 
@@ -42,7 +44,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     add_device_arguments(run)
     run.add_argument("--precision", default="fp32", help="fp32 (default) or bf16 (autocast around the step)")
     run.add_argument("--steps", help="steps to run, 1..the canary's (default: the canary's): a prefix of its run")
-    run.add_argument("--threads", help="torch CPU threads, 1..1024 (default 1: torch's CPU kernels' bits depend on "
+    run.add_argument("--threads", help=f"torch CPU threads, 1..{MAX_THREADS} (default 1: torch's CPU kernels' bits depend on "
                                        "the thread count, so a pinned count replays on any machine)")
     run.add_argument("--seed", help="seed torch, random and numpy with this before NAME() (default: the canary's)")
     run.add_argument("--inject-fault", help="step=K,op=PATH[,ulps=N]: move element 0 of module PATH's output up by N "
@@ -91,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
                          "a receipt's /trace cannot hold; use --trace ops")
     if args.trace not in ("none", "ops"):
         raise UsageError(f"--trace: unknown level '{args.trace}'; use none or ops")
-    threads = _count("threads", args.threads, 1, 1024) if args.threads is not None else 1
+    threads = _count("threads", args.threads, 1, MAX_THREADS) if args.threads is not None else 1
     seed = _count("seed", args.seed, 0, 2**63 - 1)
     perturb = _count("perturb-init", args.perturb_init, 0, 2**63 - 1)
     nproc = _layout_processes(args)

@@ -38,6 +38,9 @@ from typing import Any, Callable, List, NoReturn, Optional, Tuple
 from .budget_features import format_features
 
 PROG = "canary_harness.lane"
+# torch CPU threads: 1..MAX_THREADS, the harness's bound (run::kMaxThreads); a torch lane
+# pins a count (its CPU kernels' bits depend on it), so there is no "0 = all cores".
+MAX_THREADS = 1024
 
 
 class UsageError(Exception):
@@ -118,7 +121,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     ap.add_argument("--canary", help="refuse a pack of any canary but this one (e.g. tiny)")
     ap.add_argument("--inject-fault", help="step=K,op=NAME[,ulps=N]: move element 0 of op NAME's output up by N ulps "
                                            "at step K (docs/canary.md)")
-    ap.add_argument("--threads", help="torch CPU threads, 1..1024 (default 1: the bits of torch's CPU kernels "
+    ap.add_argument("--threads", help=f"torch CPU threads, 1..{MAX_THREADS} (default 1: the bits of torch's CPU kernels "
                                       "depend on the thread count, so a pinned count replays on any machine)")
     ap.add_argument("--deterministic", action="store_true",
                     help="torch.use_deterministic_algorithms(True) (and CUBLAS_WORKSPACE_CONFIG on CUDA)")
@@ -233,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--trace: unknown level '{args.trace}'; use none or ops")
     device_name = args.device
     check_device_name(device_name)
-    threads = _count("threads", args.threads, 1, 1024) if args.threads is not None else 1
+    threads = _count("threads", args.threads, 1, MAX_THREADS) if args.threads is not None else 1
     try:
         pack = load_pack(args.pack, canary=args.canary)
     except PackError as e:

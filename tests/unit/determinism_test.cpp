@@ -7,7 +7,9 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
+#include "canary_file.h"
 #include "canary_run.h"
 #include "receipt/receipt_reader.h"
 #include "receipt_bits.h"
@@ -53,6 +55,44 @@ TEST(Determinism, SeedChangesTheRun) {
   const auto other = r.hashes("params");
   fs::remove(path);
   EXPECT_NE(other, run_and_read("micro", 2, 1, "seed1337").params);
+}
+
+// Every entry point takes threads and steps by one rule (canary_run.h): threads 0..kMaxThreads
+// with 0 = every hardware thread, steps 1..canary::kMaxSteps; the recipe of a replay too.
+TEST(RunRanges, ThreadsAndStepsHaveOneRangeEverywhere) {
+  RunOptions resolved;  // as a run records it: the seed resolved
+  resolved.seed = 1337;
+  for (const int threads : {-1, 0, 1, 2, kMaxThreads, kMaxThreads + 1}) {
+    const bool ok = threads >= 0 && threads <= kMaxThreads;
+    if (ok) {
+      EXPECT_EQ(worker_threads(threads), threads == 0 ? worker_threads(0) : threads);
+      EXPECT_GE(worker_threads(threads), 1);
+    } else {
+      EXPECT_THROW(worker_threads(threads), UsageError) << threads;
+    }
+    nlohmann::json recipe = replay_recipe(resolved, {});
+    recipe["threads"] = threads;
+    if (ok) {
+      EXPECT_EQ(options_from_recipe(recipe).threads, threads);
+    } else {
+      EXPECT_THROW(options_from_recipe(recipe), UsageError) << threads;
+    }
+  }
+  for (const int steps : {-1, 0, 1, canary::kMaxSteps, canary::kMaxSteps + 1}) {
+    const bool ok = steps >= 1 && steps <= canary::kMaxSteps;
+    if (ok) {
+      EXPECT_EQ(checked_steps(steps), steps);
+    } else {
+      EXPECT_THROW(checked_steps(steps), UsageError) << steps;
+    }
+    nlohmann::json recipe = replay_recipe(resolved, {});
+    recipe["steps"] = steps;
+    if (ok) {
+      EXPECT_EQ(options_from_recipe(recipe).steps, steps);
+    } else {
+      EXPECT_THROW(options_from_recipe(recipe), UsageError) << steps;
+    }
+  }
 }
 
 }  // namespace
