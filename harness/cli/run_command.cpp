@@ -35,6 +35,7 @@ struct RunFlags {
   std::string dump_tensors;
   std::optional<int> steps;
   std::string inject_fault;
+  std::string trace = "none";
   EngineFlagValues engine_flags;
 };
 
@@ -54,6 +55,7 @@ void print_progress(const run::StepProgress& p) {
 int run_action(RunFlags& f) {
   run::RunOptions o = f.options;
   o.steps = f.steps;
+  o.trace = run::parse_trace_level(f.trace);
   if (!f.inject_fault.empty()) o.inject_fault = f.inject_fault;
   for (const auto& flag : f.engine_flags) {
     if (flag.second) o.engine_settings.options[flag.first] = *flag.second;
@@ -118,7 +120,7 @@ void add_run_command(CLI::App& app, CommandRegistry& commands) {
   run->add_option("--dump-tensors", flags->dump_tensors, "Steps whose parameters to dump, e.g. 0,50,100");
   run->add_flag("--record-batches", flags->options.record_batches, "Record every batch's tokens");
   run->add_option("--inject-fault", flags->inject_fault, "step=K,op=NAME[,ulps=N]: perturb an op's output");
-  run->add_option("--trace", flags->options.trace,
+  run->add_option("--trace", flags->trace,
                   "ops: record every op's output (hash and sketch) per step into /trace, for bisect")
       ->capture_default_str();
   run->add_option("--checkpoint-every", flags->options.checkpoint_every,

@@ -403,7 +403,7 @@ void rerun_perturbed(const check::ReceiptData& receipt, const std::string& out, 
   run::RunOptions options = run::options_from_recipe(recipe);
   options.out = out;
   options.force = true;
-  options.trace = "none";  // the envelope needs the metrics only
+  options.trace = run::TraceLevel::kNone;  // the envelope needs the metrics only
   options.checkpoint_every = 0;
   options.perturb_init = seed;
   run::run_canary(options);
@@ -482,7 +482,7 @@ Runs perturbed_lane(const CalibrateOptions& o, const Matrix& matrix, const LaneS
     run::RunOptions options = matrix.run_options(lane, path);
     options.force = true;
     options.threads = o.threads;
-    options.trace = "none";
+    options.trace = run::TraceLevel::kNone;
     options.perturb_init = seed;
     run::run_canary(options);
     return check::load_receipt(path);

@@ -101,11 +101,13 @@ class Parser {
   }
 
   // `trace`: none (the default) or ops; `which` says whose levels these are, in the error.
-  std::string trace_level(const toml::table& root, const std::string& which) const {
+  run::TraceLevel trace_level(const toml::table& root, const std::string& which) const {
     const std::string level = text(root, "trace", "trace", false);
-    if (level.empty()) return "none";
-    if (level != "none" && level != "ops") fail(fmt::format("trace: '{}' is not a trace level{}; use none or ops", level, which));
-    return level;
+    try {
+      return level.empty() ? run::TraceLevel::kNone : run::parse_trace_level(level, "trace");
+    } catch (const run::UsageError& e) {
+      fail(fmt::format("{}{}", e.what(), which));
+    }
   }
 
   static bool is_python_canary_spec(const std::string& spec) {
@@ -479,7 +481,7 @@ class Parser {
                     "--threads", threads, "--steps", "{steps}", "--out", "{out}"};
     stack.add_flags(spec.command);
     if (python_seed_given_) spec.command.insert(spec.command.end() - 2, {"--seed", "{seed}"});
-    if (m.trace == "ops") spec.command.insert(spec.command.end() - 2, {"--trace", "ops"});
+    if (m.trace == run::TraceLevel::kOps) spec.command.insert(spec.command.end() - 2, {"--trace", "ops"});
     spec.environment = run::python_package_environment();
     return spec;
   }

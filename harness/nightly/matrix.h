@@ -56,7 +56,7 @@ struct Matrix {
   int steps = 0;
   std::int64_t seed = 0;
   std::string reference;     // id of the reference lane
-  std::string trace = "none";  // --trace of every lane: none or ops
+  run::TraceLevel trace = run::TraceLevel::kNone;  // --trace of every lane
   std::vector<LaneSpec> lanes;
 
   const LaneSpec& lane(const std::string& id) const;  // throws MatrixError

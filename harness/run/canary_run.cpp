@@ -106,9 +106,6 @@ Validated validate(const RunOptions& o) {
       throw UsageError(fmt::format("--inject-fault: step={} is past the last step ({})", v.fault->step, v.config.steps - 1));
     }
   }
-  if (o.trace != "none" && o.trace != "ops") {
-    throw UsageError(fmt::format("--trace: '{}' is not a trace level; use none or ops", o.trace));
-  }
   for (int s : o.dump_steps) {
     if (s < 0 || s > v.config.steps) {
       throw UsageError(fmt::format("--dump-tensors: step {} is outside 0..{}", s, v.config.steps));
@@ -142,7 +139,7 @@ receipt::Manifest make_manifest(const RunOptions& o, const Validated& v, const E
   m.extra["kernels"] = stack.kernels;
   m.extra["data_seed"] = static_cast<std::int64_t>(v.config.data_seed);
   m.extra["fault_injection"] = v.fault ? v.fault->to_string() : std::string("none");
-  m.extra["trace"] = o.trace;
+  m.extra["trace"] = to_string(o.trace);
   if (o.perturb_init) m.extra["init_perturbation_seed"] = *o.perturb_init;  // absent: the canary's own weights
   // Declared by the engine: the verdict's budget (docs/budgets.md).
   m.extra["budget_features"] = receipt::BudgetFeatures(engine.budget_features()).to_string();
@@ -187,7 +184,7 @@ nlohmann::json replay_recipe(const RunOptions& o, const std::map<std::string, At
                            {"engine_options", settings.options},
                            {"seed", o.seed.value()},  // resolved by the run: --seed or the canary's
                            {"threads", o.threads},
-                           {"trace", o.trace},
+                           {"trace", to_string(o.trace)},
                            {"checkpoint_every", o.checkpoint_every},
                            {"inject_fault", o.inject_fault ? nlohmann::json(*o.inject_fault) : nlohmann::json(nullptr)}};
   if (o.steps) recipe["steps"] = *o.steps;
@@ -208,6 +205,14 @@ std::int64_t recipe_integer(const nlohmann::json& recipe, const std::string& key
   return value.get<std::int64_t>();
 }
 }  // namespace
+
+TraceLevel parse_trace_level(const std::string& text, const std::string& where) {
+  if (text == "none") return TraceLevel::kNone;
+  if (text == "ops") return TraceLevel::kOps;
+  throw UsageError(fmt::format("{}: '{}' is not a trace level; use none or ops", where, text));
+}
+
+std::string to_string(TraceLevel level) { return level == TraceLevel::kOps ? "ops" : "none"; }
 
 int worker_threads(int requested) {
   if (requested < 0 || requested > kMaxThreads) {
@@ -232,10 +237,7 @@ RunOptions options_from_recipe(const nlohmann::json& recipe) {
     o.engine_settings.options = recipe.at("engine_options").get<std::map<std::string, std::string>>();
     o.seed = recipe_integer(recipe, "seed", 0, kInt64Max);
     o.threads = static_cast<int>(recipe_integer(recipe, "threads", 0, kMaxThreads));
-    o.trace = recipe.at("trace").get<std::string>();
-    if (o.trace != "none" && o.trace != "ops") {
-      throw UsageError(fmt::format("run_options: key 'trace' is '{}', not none or ops", o.trace));
-    }
+    o.trace = parse_trace_level(recipe.at("trace").get<std::string>(), "run_options: key 'trace'");
     o.checkpoint_every = static_cast<int>(recipe_integer(recipe, "checkpoint_every", 0, std::numeric_limits<int>::max()));
     if (!recipe.at("inject_fault").is_null()) o.inject_fault = recipe.at("inject_fault").get<std::string>();
     if (recipe.contains("steps")) o.steps = static_cast<int>(recipe_integer(recipe, "steps", 1, canary::kMaxSteps));
@@ -277,13 +279,13 @@ RunSummary run_canary(const RunOptions& o, const std::function<void(const StepPr
   const InterruptGuard interrupts;
   const tbb::global_control threads(tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(v.threads));
 
-  const std::unique_ptr<canary::Canary> canary_model = canary::make_canary(v.config, v.fault, o.trace == "ops");
+  const std::unique_ptr<canary::Canary> canary_model = canary::make_canary(v.config, v.fault, o.trace == TraceLevel::kOps);
   const canary::Canary& model = *canary_model;
   std::unique_ptr<Engine> engine = make_engine(o.engine, o.engine_settings);
   engine->bind(model.tensors());
   model.upload_initial_parameters(*engine, static_cast<std::uint64_t>(v.seed), init_perturbation(o));
   OpTraceRecorder tracer(model.tensors());
-  if (o.trace == "ops") engine->set_trace_sink(&tracer);
+  if (o.trace == TraceLevel::kOps) engine->set_trace_sink(&tracer);
 
   RunSummary summary;
   summary.lane = lane_name(v.config.name, engine->lane_engine(), engine->features());
@@ -317,7 +319,7 @@ RunSummary run_canary(const RunOptions& o, const std::function<void(const StepPr
     digester.digest(*engine, record);
     if (o.record_batches) writer.append_batch(batch.tokens);
     writer.append_state(engine->step_state());
-    if (o.trace == "ops") {
+    if (o.trace == TraceLevel::kOps) {
       const receipt::TraceStep traced = tracer.finish_step();  // the first step fixes columns()
       writer.append_trace(tracer.columns(), traced);
     }

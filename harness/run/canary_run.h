@@ -28,6 +28,13 @@ struct UsageError : std::runtime_error {
 // `kind` names the file ("receipt") and `example` is the path its message suggests.
 void check_output_file(const std::string& out, bool force, const std::string& kind, const std::string& example);
 
+// What a run records beside its metrics (--trace, a matrix's `trace`, a recipe's "trace"):
+// nothing more, or every op's output hashed and sketched per step (/trace, docs/bisect.md).
+enum class TraceLevel { kNone, kOps };
+// "none" or "ops"; throws UsageError "WHERE: 'TEXT' is not a trace level; use none or ops".
+TraceLevel parse_trace_level(const std::string& text, const std::string& where = "--trace");
+std::string to_string(TraceLevel level);
+
 // Worker threads of a run: --threads 0..kMaxThreads, 0 = every hardware thread (the CLI,
 // the nightly, calibrate, replay recipes and audit take them so).
 inline constexpr int kMaxThreads = 1024;
@@ -48,7 +55,7 @@ struct RunOptions {
   std::vector<int> dump_steps;
   bool record_batches = false;
   std::optional<std::string> inject_fault;
-  std::string trace = "none";  // --trace: none or ops
+  TraceLevel trace = TraceLevel::kNone;
   int checkpoint_every = 0;    // --checkpoint-every K: the state at the start of steps K, 2K, ...
   // --perturb-init SEED: every initial weight moved one ulp (numerics/perturbation.h), for
   // calibrate --perturb; recorded as the manifest's init_perturbation_seed.

@@ -247,7 +247,7 @@ ReplayResult replay(const ReplayOptions& options) {
       if (!result.first_mismatch) result.first_mismatch = mismatch;
       result.mismatched_steps.push_back(step);
     }
-    if (checkpoint && step == result.resumed_from && tracing == (o.trace == "ops")) {
+    if (checkpoint && step == result.resumed_from && tracing == (o.trace == TraceLevel::kOps)) {
       for (const auto& [fact, value] : engine->save_state().facts) {
         const auto saved = checkpoint->engine.facts.find(fact);
         if (saved != checkpoint->engine.facts.end() && saved->second != value) {

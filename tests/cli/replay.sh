@@ -108,7 +108,7 @@ done
 for change in "threads=10**9:key 'threads' is 1000000000, not an integer in 0..1024" \
               "seed=2**70:key 'seed' is 1.1805916207174113e\\+21, not an integer in 0..9223372036854775807" \
               "seed=1.5:key 'seed' is 1.5, not an integer" "checkpoint_every=-1:key 'checkpoint_every' is -1" \
-              "trace='bogus':key 'trace' is 'bogus', not none or ops" \
+              "trace='bogus':key 'trace': 'bogus' is not a trace level; use none or ops" \
               "engine='bogus':holds what .harness run. refuses \\(--engine: unknown engine 'bogus'" "inject_fault='step=x':--inject-fault: step='x'"; do
   cp "$WORK/ref.h5" "$WORK/recipe.h5"
   "$PY" - "$WORK/recipe.h5" "${change%%:*}" <<'PY' || fail "could not change the recipe"

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -58,8 +59,9 @@ TEST(Determinism, SeedChangesTheRun) {
 }
 
 // Every entry point takes threads and steps by one rule (canary_run.h): threads 0..kMaxThreads
-// with 0 = every hardware thread, steps 1..canary::kMaxSteps; the recipe of a replay too.
-TEST(RunRanges, ThreadsAndStepsHaveOneRangeEverywhere) {
+// with 0 = every hardware thread, steps 1..canary::kMaxSteps, the trace level none or ops;
+// the recipe of a replay too.
+TEST(RunRanges, ThreadsStepsAndTraceLevelsHaveOneRuleEverywhere) {
   RunOptions resolved;  // as a run records it: the seed resolved
   resolved.seed = 1337;
   for (const int threads : {-1, 0, 1, 2, kMaxThreads, kMaxThreads + 1}) {
@@ -91,6 +93,20 @@ TEST(RunRanges, ThreadsAndStepsHaveOneRangeEverywhere) {
       EXPECT_EQ(options_from_recipe(recipe).steps, steps);
     } else {
       EXPECT_THROW(options_from_recipe(recipe), UsageError) << steps;
+    }
+  }
+  for (const TraceLevel level : {TraceLevel::kNone, TraceLevel::kOps}) {
+    EXPECT_EQ(parse_trace_level(to_string(level)), level);
+    nlohmann::json recipe = replay_recipe(resolved, {});
+    recipe["trace"] = to_string(level);
+    EXPECT_EQ(options_from_recipe(recipe).trace, level);
+  }
+  for (const char* text : {"", "aten", "Ops", "ops "}) {
+    try {
+      parse_trace_level(text, "trace");
+      ADD_FAILURE() << "'" << text << "' was taken as a trace level";
+    } catch (const UsageError& e) {
+      EXPECT_EQ(std::string(e.what()), fmt::format("trace: '{}' is not a trace level; use none or ops", text));
     }
   }
 }

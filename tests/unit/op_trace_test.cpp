@@ -21,7 +21,7 @@ using harness::testing::run_and_read;
 using harness::testing::scratch;
 
 RunOptions traced(RunOptions o) {
-  o.trace = "ops";
+  o.trace = TraceLevel::kOps;
   return o;
 }
 
