@@ -152,11 +152,12 @@ void parse_fp8_accumulate(const std::string& v, AccelConfig& c) {
 constexpr FlagParser<AccelConfig> kAccelFlags[] = {
     {{"noise", "accel reduction order: seeded (default), racy or off"}, parse_noise},
     {{"noise-seed", "accel: replay the noise of a seeded run (its manifest's noise_seed)"}, parse_noise_seed},
-    {{"fp8-recipe", "accel FP8 scaling: delayed (default) or current"}, parse_fp8_recipe},
-    {{"amax-history", "accel delayed scaling: amax history length (default 1024)"}, parse_amax_history},
-    {{"amax-algo", "accel delayed scaling: max (default) or most_recent"}, parse_amax_algo},
-    {{"margin", "accel FP8 scaling margin in powers of two (default 0)"}, parse_margin},
-    {{"fp8-accumulate", "accel FP8 GEMM accumulator: full (default) or limited[:N] (promote every N, default 128)"},
+    {{"fp8-recipe", "accel FP8 scaling: delayed (default) or current", false, "fp8"}, parse_fp8_recipe},
+    {{"amax-history", "accel delayed scaling: amax history length (default 1024)", false, "fp8"}, parse_amax_history},
+    {{"amax-algo", "accel delayed scaling: max (default) or most_recent", false, "fp8"}, parse_amax_algo},
+    {{"margin", "accel FP8 scaling margin in powers of two (default 0)", false, "fp8"}, parse_margin},
+    {{"fp8-accumulate", "accel FP8 GEMM accumulator: full (default) or limited[:N] (promote every N, default 128)",
+      false, "fp8"},
      parse_fp8_accumulate},
 };
 

@@ -20,6 +20,9 @@ struct EngineFlag {
   std::string_view name;
   std::string_view help;
   bool is_switch = false;  // present means on (the CLI takes no value; the matrix any)
+  // The budget feature whose numbers the flag tunes ("fp8" for FP8 scaling), or none: the
+  // nightly's triage finds an fp8 lane's bf16-only twin by dropping the fp8 flags.
+  std::string_view feature = {};
 };
 
 struct EngineSettings {

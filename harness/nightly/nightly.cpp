@@ -16,6 +16,7 @@
 #include "json_text.h"
 #include "lane_run.h"
 #include "receipt/receipt_reader.h"
+#include "registry.h"
 #include "stack_info.h"
 #include "verdict_report.h"
 
@@ -352,22 +353,30 @@ class NightlyJob::Impl {
                        twin_check["summary"].get<std::string>());
   }
 
-  // The lane named by triage-with, or the lane with the same engine and settings whose
-  // features are this lane's without the fp8 parts.
+  // The lane named by triage-with, or the lane with the same engine and settings but for
+  // the fp8 feature: its `fp8=ZONES` item of --features and the flags the engine tags fp8.
   const LaneSpec* twin_of(const LaneSpec& spec) const {
     if (!spec.triage_with.empty()) return &matrix_.lane(spec.triage_with);
-    std::vector<std::string> kept = split_list(spec.settings.features);
-    std::erase_if(kept, [](const std::string& item) { return item.starts_with("fp8"); });
-    const std::string wanted = fmt::format("{}", fmt::join(kept, ","));
+    const EngineSettings wanted = without_feature(spec.settings, "fp8");
     for (const LaneSpec& l : matrix_.lanes) {
-      if (l.engine != spec.engine || l.settings.features != wanted || l.runs_fp8()) continue;
-      auto without_fp8 = [](std::map<std::string, std::string> options) {
-        std::erase_if(options, [](const auto& kv) { return kv.first.starts_with("fp8") || kv.first.starts_with("amax") || kv.first == "margin"; });
-        return options;
-      };
-      if (without_fp8(l.settings.options) == without_fp8(spec.settings.options)) return &l;
+      if (l.engine != spec.engine || l.runs_fp8()) continue;
+      const EngineSettings other = without_feature(l.settings, "fp8");
+      if (other.features == wanted.features && other.options == wanted.options) return &l;
     }
     return nullptr;
+  }
+
+  // `settings` without feature `name`: the --features items named so (`fp8=all`: the
+  // name before '=') and the engine flags that tune it (EngineFlag::feature).
+  static EngineSettings without_feature(EngineSettings settings, std::string_view name) {
+    std::vector<std::string> kept = split_list(settings.features);
+    std::erase_if(kept, [&](const std::string& item) { return item.substr(0, item.find('=')) == name; });
+    settings.features = fmt::format("{}", fmt::join(kept, ","));
+    std::erase_if(settings.options, [&](const auto& option) {
+      const DescribedFlag* flag = find_engine_flag(option.first);
+      return flag && flag->flag.feature == name;
+    });
+    return settings;
   }
 
   json check_lane(const LaneSpec& spec) {

@@ -204,6 +204,7 @@ loss = next(m for m in ref["verdict"]["metrics"] if m["metric"] == "loss")
 assert ref["status"] == "fail" and not loss["pass"], loss
 assert abs(loss["headroom_pct"] - (-100.0)) < 1e-6, loss["headroom_pct"]
 assert lane["triage"].startswith(("shared math or plumbing", "quantisation drift")), lane["triage"]
+assert "the bf16-only lane bf16 " in lane["triage"], lane["triage"]  # its twin, found without triage-with
 PY
 grep -q 'type="regression"' "$WORK/tight/junit.xml" || fail "JUnit has no regression failure"
 
