@@ -14,34 +14,68 @@
 namespace harness {
 namespace {
 
-// Features and options `engine` does not take: one line naming the flag and, when another
-// engine takes it, that engine.
-void reject_foreign_settings(std::string_view engine, const EngineSettings& settings) {
-  if (engine == "cpu-ref" && !settings.features.empty()) {
+// One row per engine: its name, its flags and how to make it from settings it has checked
+// (each engine refuses --features it does not take, in its own words). The rules below read
+// the rows, never an engine's name.
+struct EngineRow {
+  std::string_view name;
+  std::vector<EngineFlag> (*flags)();
+  std::unique_ptr<Engine> (*make)(const EngineSettings&);
+};
+
+std::vector<EngineFlag> no_flags() { return {}; }
+
+std::unique_ptr<Engine> make_cpu_ref(const EngineSettings& settings) {
+  if (!settings.features.empty()) {
     throw std::invalid_argument(
-        fmt::format("--features: engine '{}' takes no features (got '{}'); bf16/fp8 run on --engine accel or "
+        fmt::format("--features: engine 'cpu-ref' takes no features (got '{}'); bf16/fp8 run on --engine accel or "
                     "--engine tpu-mesh --precision bf16",
-                    engine, settings.features));
+                    settings.features));
   }
+  return std::make_unique<CpuRefEngine>();
+}
+
+std::unique_ptr<Engine> make_accel(const EngineSettings& settings) {
+  return std::make_unique<accel::AccelEngine>(accel::parse_accel_config(settings));
+}
+
+std::unique_ptr<Engine> make_tpu_mesh(const EngineSettings& settings) {
+  return std::make_unique<tpu::TpuMeshEngine>(tpu::parse_mesh_config(settings));
+}
+
+constexpr EngineRow kEngines[] = {
+    {"cpu-ref", no_flags, make_cpu_ref},
+    {"accel", accel::accel_flags, make_accel},
+    {"tpu-mesh", tpu::mesh_flags, make_tpu_mesh},
+};
+
+// Options `row`'s engine does not take: one line naming the flag and, when another engine
+// takes it, that engine.
+void reject_foreign_options(const EngineRow& row, const EngineSettings& settings) {
   for (const auto& [name, value] : settings.options) {
     const DescribedFlag* flag = find_engine_flag(name);
-    if (flag != nullptr && flag->engine == engine) continue;
+    if (flag != nullptr && flag->engine == row.name) continue;
     const std::string owner = flag == nullptr ? "" : fmt::format("; it belongs to --engine {}", flag->engine);
-    if (engine == "cpu-ref") {
-      throw std::invalid_argument(fmt::format("--{}: engine '{}' has no such setting{}", name, engine, owner));
+    if (row.flags().empty()) {
+      throw std::invalid_argument(fmt::format("--{}: engine '{}' has no such setting{}", name, row.name, owner));
     }
-    throw std::invalid_argument(fmt::format("--{}: not an option of engine {}{}", name, engine, owner));
+    throw std::invalid_argument(fmt::format("--{}: not an option of engine {}{}", name, row.name, owner));
   }
 }
 
 }  // namespace
 
-std::vector<std::string> engine_names() { return {"cpu-ref", "accel", "tpu-mesh"}; }
+std::vector<std::string> engine_names() {
+  std::vector<std::string> names;
+  for (const EngineRow& row : kEngines) names.emplace_back(row.name);
+  return names;
+}
 
 std::vector<DescribedFlag> engine_flags() {
   std::vector<DescribedFlag> flags;
-  for (const EngineFlag& f : accel::accel_flags()) flags.push_back({"accel", f});
-  for (const EngineFlag& f : tpu::mesh_flags()) flags.push_back({"tpu-mesh", f});
+  for (const EngineRow& row : kEngines) {
+    for (const EngineFlag& f : row.flags()) flags.push_back({std::string(row.name), f});
+  }
   return flags;
 }
 
@@ -54,15 +88,13 @@ const DescribedFlag* find_engine_flag(std::string_view name) {
 }
 
 std::unique_ptr<Engine> make_engine(std::string_view name, const EngineSettings& settings) {
-  const std::vector<std::string> names = engine_names();
-  if (std::find(names.begin(), names.end(), name) == names.end()) {
+  const auto row = std::find_if(std::begin(kEngines), std::end(kEngines), [&](const EngineRow& r) { return r.name == name; });
+  if (row == std::end(kEngines)) {
     throw std::invalid_argument(fmt::format("--engine: unknown engine '{}' (available: {})", name,
-                                            fmt::join(names, ", ")));
+                                            fmt::join(engine_names(), ", ")));
   }
-  reject_foreign_settings(name, settings);
-  if (name == "accel") return std::make_unique<accel::AccelEngine>(accel::parse_accel_config(settings));
-  if (name == "tpu-mesh") return std::make_unique<tpu::TpuMeshEngine>(tpu::parse_mesh_config(settings));
-  return std::make_unique<CpuRefEngine>();
+  reject_foreign_options(*row, settings);
+  return row->make(settings);
 }
 
 }  // namespace harness
