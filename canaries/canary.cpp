@@ -170,7 +170,14 @@ void Canary::traced(Engine& e, const OpSite& s, std::initializer_list<TensorId> 
 }
 
 std::string engine_cannot_run(const Engine& engine, const Canary& canary) {
-  return canary.needs_llama_ops() ? engine.llama_ops_missing() : std::string();
+  for (const OpKind op : canary.step_ops()) {
+    if (!engine.implements(op)) {
+      return fmt::format("op {} is not implemented by engine {}; run canary {} on an engine that implements it "
+                         "(cpu-ref implements every op)",
+                         describe(op).name, engine.name(), canary.config().name);
+    }
+  }
+  return "";
 }
 
 namespace {

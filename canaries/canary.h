@@ -50,8 +50,9 @@ class Canary {
   const TensorTable& tensors() const { return table_; }
   // Parameters in canonical order: the order of hashes, dumps and the receipt's names.
   const std::vector<TensorId>& parameters() const { return table_.of_kind(TensorKind::Parameter); }
-  // Whether its step calls the engine API's llama ops (an engine may not run them yet).
-  virtual bool needs_llama_ops() const { return false; }
+  // The engine ops its training step calls (held to a traced step by op_description_test):
+  // an engine must implement each (Engine::implements) to run it.
+  virtual std::vector<OpKind> step_ops() const = 0;
   // Names of the forward ops, in execution order (valid fault-injection targets).
   const std::vector<std::string>& forward_op_names() const { return forward_op_names_; }
 
@@ -120,8 +121,8 @@ class Canary {
   std::vector<ParameterInit> inits_;  // by position in parameters()
 };
 
-// Why `engine` cannot run `canary` ("" when it can): a canary whose step needs ops the
-// engine does not run yet. Checked before step 0 by everything that runs a canary.
+// Why `engine` cannot run `canary` ("" when it can): the first op of its step the engine
+// does not implement. Checked before step 0 by everything that runs a canary.
 std::string engine_cannot_run(const Engine& engine, const Canary& canary);
 
 // The canary of `config.architecture` (gpt2, llama). Throws std::invalid_argument naming the

@@ -10,6 +10,14 @@ namespace {
 using Shape = std::vector<std::int64_t>;
 }
 
+std::vector<OpKind> Gpt2Canary::step_ops() const {
+  return {OpKind::Zero,           OpKind::EncoderForward,    OpKind::EncoderBackward,      OpKind::LayerNormForward,
+          OpKind::LayerNormBackward, OpKind::LinearForward,  OpKind::LinearBackward,       OpKind::AttentionForward,
+          OpKind::AttentionBackward, OpKind::GeluForward,    OpKind::GeluBackward,         OpKind::ResidualForward,
+          OpKind::ResidualBackward,  OpKind::CrossEntropyForward, OpKind::CrossEntropyBackward, OpKind::GlobalNorm,
+          OpKind::ClipByNorm,     OpKind::AdamW};
+}
+
 Gpt2Canary::Gpt2Canary(const CanaryConfig& config, std::optional<FaultSpec> fault, bool trace_ops)
     : Canary(config, std::move(fault), trace_ops) {
   if (config.channels % config.heads != 0) throw std::invalid_argument("channels must divide by heads");

@@ -20,6 +20,7 @@ class Gpt2Canary : public Canary {
   // trace_ops: call Engine::trace() after every op on its outputs (`--trace ops`).
   explicit Gpt2Canary(const CanaryConfig& config, std::optional<FaultSpec> fault = std::nullopt,
                       bool trace_ops = false);
+  std::vector<OpKind> step_ops() const override;
 
  private:
   struct LayerParams {

@@ -9,6 +9,14 @@ namespace {
 using Shape = std::vector<std::int64_t>;
 }
 
+std::vector<OpKind> LlamaCanary::step_ops() const {
+  return {OpKind::Zero,          OpKind::EncoderForward,      OpKind::EncoderBackward,      OpKind::RmsNormForward,
+          OpKind::RmsNormBackward, OpKind::LinearForward,     OpKind::LinearBackward,       OpKind::RopeForward,
+          OpKind::RopeBackward,  OpKind::GqaAttentionForward, OpKind::GqaAttentionBackward, OpKind::SwigluForward,
+          OpKind::SwigluBackward, OpKind::ResidualForward,    OpKind::ResidualBackward,     OpKind::CrossEntropyForward,
+          OpKind::CrossEntropyBackward, OpKind::GlobalNorm,   OpKind::ClipByNorm,           OpKind::AdamW};
+}
+
 LlamaCanary::LlamaCanary(const CanaryConfig& config, std::optional<FaultSpec> fault, bool trace_ops)
     : Canary(config, std::move(fault), trace_ops) {
   if (config.channels % config.heads != 0 || config.heads % config.kv_heads != 0 || head_size() % 2 != 0) {

@@ -21,7 +21,7 @@ class LlamaCanary : public Canary {
  public:
   explicit LlamaCanary(const CanaryConfig& config, std::optional<FaultSpec> fault = std::nullopt,
                        bool trace_ops = false);
-  bool needs_llama_ops() const override { return true; }
+  std::vector<OpKind> step_ops() const override;
 
  private:
   struct LayerParams {

@@ -1,5 +1,7 @@
 #include "engine.h"
 
+#include <algorithm>
+#include <iterator>
 #include <stdexcept>
 #include <type_traits>
 #include <utility>
@@ -118,21 +120,24 @@ std::string_view to_string(Phase phase) {
 }
 
 // ---- the llama ops, for engines that do not run them yet ---------------------------------
-// The run refuses a llama canary on such an engine before step 0 (llama_ops_missing), so
+// The run refuses a canary that calls them on such an engine before step 0 (implements), so
 // reaching one of these is a bug in the caller, never a user's input.
 
-std::string Engine::llama_ops_missing() const {
-  return "engine " + std::string(name()) +
-         " does not run the llama ops (RMSNorm, RoPE, SwiGLU, grouped-query attention) yet; run a llama canary on "
-         "--engine cpu-ref";
-}
-
 namespace {
+// The ops whose defaults below throw: the ones an engine may lack.
+constexpr OpKind kOpsWithDefaults[] = {OpKind::RmsNormForward,      OpKind::RmsNormBackward,     OpKind::RopeForward,
+                                       OpKind::RopeBackward,        OpKind::SwigluForward,       OpKind::SwigluBackward,
+                                       OpKind::GqaAttentionForward, OpKind::GqaAttentionBackward};
+
 [[noreturn]] void no_llama_op(const Engine& engine, const char* op) {
   throw std::logic_error(std::string(op) + " called on engine " + std::string(engine.name()) +
-                         ", which does not run the llama ops (llama_ops_missing)");
+                         ", which does not implement it (Engine::implements)");
 }
 }  // namespace
+
+bool Engine::implements(OpKind op) const {
+  return std::find(std::begin(kOpsWithDefaults), std::end(kOpsWithDefaults), op) == std::end(kOpsWithDefaults);
+}
 
 void Engine::rmsnorm_forward(const OpSite&, TensorId, TensorId, TensorId, TensorId, float) {
   no_llama_op(*this, "rmsnorm_forward");

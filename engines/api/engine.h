@@ -22,6 +22,7 @@
 #include <variant>
 #include <vector>
 
+#include "op_description.h"
 #include "tensor_table.h"
 
 namespace harness {
@@ -148,7 +149,8 @@ class Engine {
                                   TensorId att) = 0;
 
   // ---- the llama architecture's ops (docs/design.md, "The `llama` architecture") --------
-  // An engine that does not run them yet says so before step 0 (llama_ops_missing).
+  // Their defaults throw: an engine that does not run them leaves them and says so in
+  // implements(), and a canary whose step calls one is refused before step 0.
 
   // out (N,C) = inp * rstd * weight, rstd (N) = 1/sqrt(mean(inp^2) + eps) saved for backward
   virtual void rmsnorm_forward(const OpSite& site, TensorId out, TensorId rstd, TensorId inp, TensorId weight,
@@ -169,9 +171,11 @@ class Engine {
                                      TensorId v);
   virtual void gqa_attention_backward(const OpSite& site, TensorId dq, TensorId dk, TensorId dv, TensorId dout,
                                       TensorId q, TensorId k, TensorId v, TensorId att);
-  // Whether this engine runs the llama ops above: an engine that does not names itself
-  // in the message ("" when it does); the run refuses a llama canary with it before step 0.
-  virtual std::string llama_ops_missing() const;
+  // Whether this engine runs `op`. Every op without a default is; the ops with throwing
+  // defaults above are not unless the engine says so. A canary whose step calls an op its
+  // engine lacks is refused before step 0 (canary::engine_cannot_run: "op X is not
+  // implemented by engine Y").
+  virtual bool implements(OpKind op) const;
 
   // GELU, tanh approximation.
   virtual void gelu_forward(const OpSite& site, TensorId out, TensorId inp) = 0;

@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <tbb/global_control.h>
 
@@ -61,7 +62,8 @@ TEST(LlamaCanary, TensorTableFollowsTheContract) {
   EXPECT_EQ(t[p[9]].shape, (std::vector<std::int64_t>{96, 176}));
   EXPECT_EQ(t[p[p.size() - 2]].name, "norm.weight");
   EXPECT_EQ(t[p.back()].name, "lm_head.weight");  // untied
-  EXPECT_TRUE(model->needs_llama_ops());
+  const std::vector<OpKind> ops = model->step_ops();
+  EXPECT_NE(std::find(ops.begin(), ops.end(), OpKind::RmsNormForward), ops.end());
 }
 
 // Every op of the model chained (RMSNorm, RoPE, GQA, SwiGLU, the untied head) against
@@ -201,6 +203,55 @@ TEST(LlamaTpuMesh, ShardedPlansStayNearCpuRefAndRepeatTheirBits) {
     return trained_bits(*make_engine("tpu-mesh", tp), *model, *data);
   };
   EXPECT_EQ(bits_on(1), bits_on(3));
+}
+
+// An engine that implements the boundary's required ops and none with a default (the
+// llama ops): engine_cannot_run is all a test asks of it, so its ops do nothing.
+class RequiredOpsOnly final : public Engine {
+ public:
+  std::string_view name() const override { return "required-only"; }
+  std::vector<std::string> budget_features() const override { return {}; }
+  void bind(const TensorTable&) override {}
+  void upload(TensorId, std::span<const float>) override {}
+  void upload_tokens(TensorId, std::span<const std::int32_t>) override {}
+  std::span<const float> read(TensorId) override { return {}; }
+  void step_begin(int) override {}
+  void step_end() override {}
+  void zero(TensorId) override {}
+  void encoder_forward(const OpSite&, TensorId, TensorId, TensorId, TensorId) override {}
+  void encoder_backward(const OpSite&, TensorId, TensorId, TensorId, TensorId) override {}
+  void layernorm_forward(const OpSite&, TensorId, TensorId, TensorId, TensorId, TensorId, TensorId, float) override {}
+  void layernorm_backward(const OpSite&, TensorId, TensorId, TensorId, TensorId, TensorId, TensorId, TensorId,
+                          TensorId) override {}
+  void linear_forward(const OpSite&, TensorId, TensorId, TensorId, TensorId) override {}
+  void linear_backward(const OpSite&, TensorId, TensorId, TensorId, TensorId, TensorId, TensorId) override {}
+  void attention_forward(const OpSite&, TensorId, TensorId, TensorId) override {}
+  void attention_backward(const OpSite&, TensorId, TensorId, TensorId, TensorId) override {}
+  void gelu_forward(const OpSite&, TensorId, TensorId) override {}
+  void gelu_backward(const OpSite&, TensorId, TensorId, TensorId) override {}
+  void residual_forward(const OpSite&, TensorId, TensorId, TensorId) override {}
+  void residual_backward(const OpSite&, TensorId, TensorId, TensorId) override {}
+  void crossentropy_forward(const OpSite&, TensorId, TensorId, TensorId, TensorId) override {}
+  void crossentropy_backward(const OpSite&, TensorId, TensorId, TensorId) override {}
+  void global_norm(const OpSite&, TensorId, std::span<const TensorId>) override {}
+  void clip_by_norm(const OpSite&, std::span<const TensorId>, TensorId, float) override {}
+  void adamw_update(const OpSite&, TensorId, TensorId, TensorId, TensorId, TensorId, TensorId, TensorId,
+                    const AdamWConfig&) override {}
+  void nudge_ulps(const OpSite&, TensorId, TensorId) override {}
+  void trace(const OpSite&, TensorId) override {}
+};
+
+// An engine lacking an op a canary's step calls is refused before step 0, naming the op,
+// the engine and the canary; one that implements every op of the step runs it.
+TEST(LlamaCanary, AnEngineWithoutAnOpOfTheStepIsRefusedNamingTheOp) {
+  const RequiredOpsOnly engine;
+  const std::unique_ptr<Canary> llama_model = make_canary(llama(64, 8, 16, 1, 2, 1, 24, 2));
+  EXPECT_EQ(engine_cannot_run(engine, *llama_model),
+            fmt::format("op rmsnorm_forward is not implemented by engine required-only; run canary {} on an engine "
+                        "that implements it (cpu-ref implements every op)",
+                        llama_model->config().name));
+  const std::unique_ptr<Canary> gpt2_model = make_canary(load_canary("micro"));
+  EXPECT_EQ(engine_cannot_run(engine, *gpt2_model), "");
 }
 
 // Every registered engine runs the llama ops (an engine that does not would be refused

@@ -55,6 +55,19 @@ void expect_refused(const Traced& t, const Graph& graph, const std::string& op, 
   }
 }
 
+// Each architecture's step_ops() (what an engine must implement to run it) is what its
+// traced step calls: no op missing (an engine lacking it would fail mid-step), none extra.
+TEST(OpDescription, EachArchitectureDeclaresTheOpsItsStepCalls) {
+  for (const std::string canary_name : {"micro", "llama-tiny"}) {
+    const Traced t = trace_step(canary_name);
+    std::set<OpKind> called;
+    for (const Node& n : t.graph.nodes) called.insert(n.op);
+    const std::vector<OpKind> declared = t.model->step_ops();
+    EXPECT_EQ(std::set<OpKind>(declared.begin(), declared.end()), called) << canary_name;
+    EXPECT_EQ(std::set<OpKind>(declared.begin(), declared.end()).size(), declared.size()) << canary_name << ": twice";
+  }
+}
+
 TEST(OpDescription, EveryTracedNodeOfBothArchitecturesFitsItsDescription) {
   std::set<OpKind> seen;
   for (const std::string canary_name : {"micro", "llama-tiny"}) {
