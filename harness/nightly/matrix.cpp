@@ -105,8 +105,8 @@ class Parser {
     const std::string level = text(root, "trace", "trace", false);
     try {
       return level.empty() ? run::TraceLevel::kNone : run::parse_trace_level(level, "trace");
-    } catch (const run::UsageError& e) {
-      fail(fmt::format("{}{}", e.what(), which));
+    } catch (const run::UsageError&) {
+      fail(fmt::format("trace: '{}' is not a trace level{}; use none or ops", level, which));
     }
   }
 
@@ -401,16 +401,7 @@ class Parser {
   // shard plan's NamedShardings, trained from the job's pack. Its name and budget features
   // are the module's own (canary_harness.jax._lane and budget_features).
   LaneSpec jax_lane(const Matrix& m, const toml::table& t, LaneSpec spec, const std::string& at) const {
-    if (!spec.settings.features.empty()) fail(fmt::format("{}.features: a jax lane takes precision = \"bf16\"", at));
-    if (!spec.triage_with.empty()) fail(fmt::format("{}.triage-with: triage explains the harness's fp8 lanes only", at));
-    for (auto&& [key, value] : t) {
-      const std::string k(key.str());
-      if (std::find(std::begin(kJaxFlags), std::end(kJaxFlags), k) != std::end(kJaxFlags)) {
-        spec.settings.options[k] = flag_value(value, at + "." + k);
-      } else if (k != "id" && k != "engine" && k != "why") {
-        fail(fmt::format("{}.{}: unknown key of a jax lane (allowed: id, engine, why, {})", at, k, fmt::join(kJaxFlags, ", ")));
-      }
-    }
+    take_lane_flags(t, spec, kJaxFlags, at, "a jax lane", "a jax lane");
     if (!spec.settings.options.count("python")) {
       fail(fmt::format("{}.python: missing; a jax lane names the interpreter that has JAX (python = "
                        "\"../.venv/bin/python\", made by scripts/python-env.sh)", at));
@@ -436,6 +427,24 @@ class Parser {
     return spec;
   }
 
+  // The keys of a lane that runs as a child process with its own flags: id, engine, why and
+  // `flags` (into the lane's options); no harness features (`owner` takes precision
+  // instead), no triage; any other key is refused naming `kind`.
+  template <std::size_t N>
+  void take_lane_flags(const toml::table& t, LaneSpec& spec, const char* const (&flags)[N], const std::string& at,
+                       const std::string& owner, const std::string& kind) const {
+    if (!spec.settings.features.empty()) fail(fmt::format("{}.features: {} takes precision = \"bf16\"", at, owner));
+    if (!spec.triage_with.empty()) fail(fmt::format("{}.triage-with: triage explains the harness's fp8 lanes only", at));
+    for (auto&& [key, value] : t) {
+      const std::string k(key.str());
+      if (std::find(std::begin(flags), std::end(flags), k) != std::end(flags)) {
+        spec.settings.options[k] = flag_value(value, at + "." + k);
+      } else if (k != "id" && k != "engine" && k != "why") {
+        fail(fmt::format("{}.{}: unknown key of {} (allowed: id, engine, why, {})", at, k, kind, fmt::join(flags, ", ")));
+      }
+    }
+  }
+
   // A lane of a Python canary's matrix: engine = "torch" with device, precision, threads
   // (default 1: torch's CPU bits depend on it, so the lane pins it), python (another
   // interpreter, named in the lane as @RELEASE) and compile. Its lane name and budget
@@ -448,17 +457,7 @@ class Parser {
       fail(fmt::format("{}: a Python canary's lanes are engine = \"torch\" (the harness's engines and commands run "
                        "built-in canaries and canary files)", at));
     }
-    if (!spec.settings.features.empty()) fail(fmt::format("{}.features: a torch lane takes precision = \"bf16\"", at));
-    if (!spec.triage_with.empty()) fail(fmt::format("{}.triage-with: triage explains the harness's fp8 lanes only", at));
-    for (auto&& [key, value] : t) {
-      const std::string k(key.str());
-      if (std::find(std::begin(kPythonCanaryFlags), std::end(kPythonCanaryFlags), k) != std::end(kPythonCanaryFlags)) {
-        spec.settings.options[k] = flag_value(value, at + "." + k);
-      } else if (k != "id" && k != "engine" && k != "why") {
-        fail(fmt::format("{}.{}: unknown key of a Python canary's lane (allowed: id, engine, why, device, precision, "
-                         "threads, python, compile)", at, k));
-      }
-    }
+    take_lane_flags(t, spec, kPythonCanaryFlags, at, "a torch lane", "a Python canary's lane");
     const std::string device = spec.settings.options.emplace("device", "cpu").first->second;
     const std::string precision = spec.settings.options.emplace("precision", "fp32").first->second;
     const std::string threads = spec.settings.options.emplace("threads", "1").first->second;
