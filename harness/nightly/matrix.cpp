@@ -15,11 +15,11 @@
 
 #include "canary.h"
 #include "canary_file.h"
-#include "mesh_config.h"
 #include "child_process.h"
+#include "mesh_config.h"
+#include "preset.h"
 #include "python_canary.h"
 #include "receipt/budget_features.h"
-#include "preset.h"
 #include "registry.h"
 
 namespace harness::nightly {
@@ -407,21 +407,23 @@ class Parser {
                        "\"../.venv/bin/python\", made by scripts/python-env.sh)", at));
     }
     const std::string python = interpreter(spec.settings.options["python"], at);
-    tpu::Mesh mesh;  // tpu-mesh's meshes: the plans are its plans
+    EngineSettings layout;  // read by tpu-mesh's own rules: the mesh, plans and precisions are its
+    for (const char* flag : {"mesh", "shard-plan", "precision"}) {
+      if (spec.settings.options.count(flag)) layout.options[flag] = spec.settings.options[flag];
+    }
+    tpu::MeshConfig config;
     try {
-      mesh = tpu::parse_mesh(spec.settings.options.emplace("mesh", "1x1").first->second);
+      config = tpu::parse_mesh_config(layout);
     } catch (const std::invalid_argument& e) {
       fail(fmt::format("{}: {}", at, e.what()));
     }
-    const std::string plan = spec.settings.options.emplace("shard-plan", "dp").first->second;
-    const std::string precision = spec.settings.options.emplace("precision", "fp32").first->second;
-    if (plan != "dp" && plan != "tp" && plan != "zero3") fail(fmt::format("{}.shard-plan: '{}' is not dp, tp or zero3", at, plan));
-    if (precision != "fp32" && precision != "bf16") fail(fmt::format("{}.precision: '{}' is not fp32 or bf16", at, precision));
-    spec.lane = m.canary_name + "/jax@" + mesh.to_string() + "+" + plan + (precision == "bf16" ? "+bf16" : "");
+    const std::string mesh = config.mesh.to_string(), plan = tpu::to_string(config.plan);
+    const std::string precision = tpu::to_string(config.precision);
+    spec.lane = m.canary_name + "/jax@" + mesh + "+" + plan + (precision == "bf16" ? "+bf16" : "");
     spec.budget_features = {"jax"};
     if (precision == "bf16") spec.budget_features.push_back("jax-bf16");
-    if (mesh.devices() > 1) spec.budget_features.push_back("mesh-" + precision);  // the mesh's reduction splits
-    spec.command = {python, "-m", "canary_harness.jax", "--pack", "{pack}", "--mesh", mesh.to_string(), "--shard-plan", plan,
+    if (config.mesh.devices() > 1) spec.budget_features.push_back("mesh-" + precision);  // the mesh's reduction splits
+    spec.command = {python, "-m", "canary_harness.jax", "--pack", "{pack}", "--mesh", mesh, "--shard-plan", plan,
                     "--precision", precision, "--out", "{out}"};
     spec.environment = run::python_package_environment();
     return spec;
