@@ -182,6 +182,20 @@ void AccelEngine::restore_state(const EngineState& state) {
   }
 }
 
+Engine::ReductionOrder AccelEngine::reduction_order() const {
+  switch (config_.noise) {
+    case NoiseMode::Seeded: return ReductionOrder::kSeeded;
+    case NoiseMode::Racy: return ReductionOrder::kRacy;
+    case NoiseMode::Off: return ReductionOrder::kFixed;
+  }
+  return ReductionOrder::kFixed;
+}
+
+std::optional<Engine::ReductionSeed> AccelEngine::reduction_seed() const {
+  if (config_.noise != NoiseMode::Seeded) return std::nullopt;
+  return ReductionSeed{"noise-seed", static_cast<std::int64_t>(noise_.seed())};
+}
+
 std::map<std::string, AttributeValue> AccelEngine::manifest_attributes() const {
   std::map<std::string, AttributeValue> a;
   a["numerics"] = std::string(config_.bf16 ? "bf16 autocast, fp32 master weights" : "fp32");

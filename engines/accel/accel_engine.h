@@ -31,6 +31,8 @@ class AccelEngine final : public Engine {
   std::string features() const override { return config_.canonical_features(); }
   std::vector<std::string> budget_features() const override { return config_.budget_features(); }
   std::map<std::string, AttributeValue> manifest_attributes() const override;
+  ReductionOrder reduction_order() const override;
+  std::optional<ReductionSeed> reduction_seed() const override;
   std::vector<StepState> step_state() const override;
   EngineState save_state() const override;
   void restore_state(const EngineState& state) override;

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -93,6 +94,18 @@ class Engine {
   virtual std::vector<std::string> budget_features() const = 0;
   // Engine settings for the receipt manifest (noise mode and seed, FP8 recipe, ...).
   virtual std::map<std::string, AttributeValue> manifest_attributes() const { return {}; }
+  // How this engine orders its reductions (docs/determinism.md): the same order every run
+  // (fixed), one drawn from a seed that a replay passes back (seeded), or whatever the
+  // threads make it (racy: no two runs alike, nothing replays one).
+  enum class ReductionOrder { kFixed, kSeeded, kRacy };
+  virtual ReductionOrder reduction_order() const { return ReductionOrder::kFixed; }
+  // A seeded engine's seed: the engine flag that sets it and the value this run drew. A
+  // replay recipe carries it, and calibrate sets it per repeat.
+  struct ReductionSeed {
+    std::string flag;  // e.g. "noise-seed"
+    std::int64_t seed = 0;
+  };
+  virtual std::optional<ReductionSeed> reduction_seed() const { return std::nullopt; }
   // State of the step that just ended (after step_end()); empty for engines with none.
   virtual std::vector<StepState> step_state() const { return {}; }
   // Checks that this configuration can run the model (a mesh engine's shard plan must

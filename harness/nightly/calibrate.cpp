@@ -231,20 +231,19 @@ struct Runs {
   std::vector<check::Deviation> deviations;
 };
 
-// Whether the lane's engine declares seeded noise (its manifest setting noise_mode): each
-// run then draws a reduction order, and a noise-seed replays one.
-bool declares_seeded_noise(const LaneSpec& spec) {
-  if (spec.external()) return false;  // torch and command lanes: no harness engine, no noise seed
-  const auto attributes = make_engine(spec.engine, spec.settings)->manifest_attributes();
-  const auto mode = attributes.find("noise_mode");
-  return mode != attributes.end() && std::holds_alternative<std::string>(mode->second) &&
-         std::get<std::string>(mode->second) == "seeded";
+// The flag that seeds the lane's reduction order when its engine declares one (a seeded
+// engine: each run draws an order, the flag replays one); "" otherwise.
+std::string reduction_seed_flag(const LaneSpec& spec) {
+  if (spec.external()) return "";  // torch and command lanes: no harness engine, no seed
+  const auto seed = make_engine(spec.engine, spec.settings)->reduction_seed();
+  return seed ? seed->flag : "";
 }
 
 // The reference once, the lane `repeats` times (seeded lanes: a new noise seed each).
 Runs run_repeats(const CalibrateOptions& o, const Matrix& matrix, const LaneSpec& spec, Calibration& c,
                  const std::function<void(const std::string&)>& progress) {
-  const bool seeded = declares_seeded_noise(spec);
+  const std::string seed_flag = reduction_seed_flag(spec);
+  const bool seeded = !seed_flag.empty();
   const TempDir work;
   if (progress) progress(fmt::format("reference {}", matrix.reference));
   run_lane(matrix, matrix.lane(matrix.reference), work.file("reference.h5"), {}, o.threads);
@@ -255,7 +254,7 @@ Runs run_repeats(const CalibrateOptions& o, const Matrix& matrix, const LaneSpec
     LaneSpec repeat = spec;
     if (seeded) {
       c.noise_seeds.push_back(o.noise_seed_base + i);
-      repeat.settings.options["noise-seed"] = std::to_string(c.noise_seeds.back());
+      repeat.settings.options[seed_flag] = std::to_string(c.noise_seeds.back());
     }
     if (progress) progress(fmt::format("repeat {}/{} of {}", i + 1, o.repeats, spec.id));
     const std::string path = work.file(fmt::format("repeat-{}.h5", i));
@@ -489,9 +488,9 @@ Runs perturbed_lane(const CalibrateOptions& o, const Matrix& matrix, const LaneS
   };
   // Every run of a seeded-noise lane replays one noise seed: the spread is the perturbation's alone.
   LaneSpec lane = spec;
-  if (declares_seeded_noise(spec) && !lane.settings.options.count("noise-seed")) {
+  if (const std::string flag = reduction_seed_flag(spec); !flag.empty() && !lane.settings.options.count(flag)) {
     c.noise_seeds = {o.noise_seed_base};
-    lane.settings.options["noise-seed"] = std::to_string(o.noise_seed_base);
+    lane.settings.options[flag] = std::to_string(o.noise_seed_base);
   }
   Runs runs;
   if (spec.id != matrix.reference) {

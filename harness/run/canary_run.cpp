@@ -149,7 +149,7 @@ receipt::Manifest make_manifest(const RunOptions& o, const Validated& v, const E
   RunOptions resolved = o;
   resolved.canary = v.config.spec;
   resolved.seed = v.seed;
-  m.extra["run_options"] = replay_recipe(resolved, engine_attributes).dump();
+  m.extra["run_options"] = replay_recipe(resolved, engine.reduction_seed()).dump();
   return m;
 }
 
@@ -172,12 +172,9 @@ std::string lane_name(const std::string& canary, const std::string& engine, cons
   return features.empty() ? canary + "/" + engine : canary + "/" + engine + "+" + features;
 }
 
-nlohmann::json replay_recipe(const RunOptions& o, const std::map<std::string, AttributeValue>& engine_attributes) {
+nlohmann::json replay_recipe(const RunOptions& o, const std::optional<Engine::ReductionSeed>& reduction_seed) {
   EngineSettings settings = o.engine_settings;
-  const auto seed = engine_attributes.find("noise_seed");
-  if (seed != engine_attributes.end() && std::holds_alternative<std::int64_t>(seed->second)) {
-    settings.options["noise-seed"] = std::to_string(std::get<std::int64_t>(seed->second));
-  }
+  if (reduction_seed) settings.options[reduction_seed->flag] = std::to_string(reduction_seed->seed);
   nlohmann::json recipe = {{"canary", o.canary},
                            {"engine", o.engine},
                            {"features", settings.features},

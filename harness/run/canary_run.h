@@ -86,10 +86,11 @@ RunSummary run_canary(const RunOptions& options, const std::function<void(const 
 std::string lane_name(const std::string& canary, const std::string& engine, const std::string& features);
 
 // What replays a run: everything above but the output (out, force, dump_steps,
-// record_batches), as the manifest's `run_options` JSON. A seeded accel run records the
-// noise seed it drew, so a replay draws the same orders. `options` as the run resolved
-// them: `canary` the canary's spec (a file's absolute path) and `seed` set.
-nlohmann::json replay_recipe(const RunOptions& options, const std::map<std::string, AttributeValue>& engine_attributes);
+// record_batches), as the manifest's `run_options` JSON. A seeded engine's run records the
+// seed it drew (Engine::reduction_seed) as its flag, so a replay draws the same orders.
+// `options` as the run resolved them: `canary` the canary's spec (a file's absolute path)
+// and `seed` set.
+nlohmann::json replay_recipe(const RunOptions& options, const std::optional<Engine::ReductionSeed>& reduction_seed);
 // The inverse; throws UsageError naming the key when the JSON is not a recipe.
 RunOptions options_from_recipe(const nlohmann::json& recipe);
 

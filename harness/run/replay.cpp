@@ -77,11 +77,19 @@ RunOptions recipe_of(const receipt::ReceiptReader& r) {
   } catch (const UsageError& e) {
     throw UsageError(fmt::format("{}: /manifest/{}; the receipt is damaged", r.path(), e.what()));
   }
-  const auto noise = o.engine_settings.options.find("noise");
-  if (noise != o.engine_settings.options.end() && noise->second == "racy") {
-    throw UsageError(fmt::format("{}: noise=racy orders reductions by task completion and cannot be replayed; record "
-                                 "the lane with seeded noise to replay it",
-                                 r.path()));
+  // An engine whose reductions are racy draws an order no run can draw again.
+  std::unique_ptr<Engine> recorded;
+  try {
+    recorded = make_engine(o.engine, o.engine_settings);
+  } catch (const std::invalid_argument&) {
+    return o;  // the replay's run names what is wrong with the settings
+  }
+  if (recorded->reduction_order() == Engine::ReductionOrder::kRacy) {
+    std::vector<std::string> settings;
+    for (const auto& [flag, value] : o.engine_settings.options) settings.push_back(flag + "=" + value);
+    throw UsageError(fmt::format("{}: engine {} with {} orders its reductions as its threads finish and cannot be "
+                                 "replayed; record the lane with a seeded order to replay it",
+                                 r.path(), o.engine, fmt::join(settings, ",")));
   }
   return o;
 }

@@ -3,6 +3,7 @@
 // and every other engine refuses it naming the engine it belongs to.
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <variant>
 #include <set>
 #include <stdexcept>
@@ -93,6 +94,32 @@ TEST(EngineFlags, OtherEnginesRefuseAFlagNamingItsEngine) {
       }
     }
   }
+}
+
+// Each engine declares how it orders its reductions, and a seeded one names the flag and
+// seed that replay its order (what replay recipes and calibrate's repeats use, by no name).
+TEST(EngineFlags, EnginesDeclareTheirReductionOrderAndItsSeed) {
+  using Order = Engine::ReductionOrder;
+  const auto order_of = [](const std::string& engine, std::map<std::string, std::string> options) {
+    return make_engine(engine, {"", std::move(options)})->reduction_order();
+  };
+  EXPECT_EQ(order_of("cpu-ref", {}), Order::kFixed);
+  EXPECT_EQ(order_of("tpu-mesh", {}), Order::kFixed);
+  EXPECT_EQ(order_of("accel", {{"noise", "off"}}), Order::kFixed);
+  EXPECT_EQ(order_of("accel", {{"noise", "racy"}}), Order::kRacy);
+  EXPECT_EQ(order_of("accel", {}), Order::kSeeded);  // accel's default
+  for (const std::int64_t seed : {0LL, 7LL, 9223372036854775807LL}) {
+    const auto engine = make_engine("accel", {"", {{"noise-seed", std::to_string(seed)}}});
+    ASSERT_EQ(engine->reduction_order(), Order::kSeeded);
+    const std::optional<Engine::ReductionSeed> drawn = engine->reduction_seed();
+    ASSERT_TRUE(drawn.has_value());
+    EXPECT_EQ(drawn->seed, seed);
+    EXPECT_NE(find_engine_flag(drawn->flag), nullptr) << drawn->flag << " is not a flag";
+    // the seed's manifest attribute and the flag agree: a recipe replays what the receipt records
+    EXPECT_EQ(std::get<std::int64_t>(engine->manifest_attributes().at("noise_seed")), seed);
+  }
+  for (const std::string engine : {"cpu-ref", "tpu-mesh"}) EXPECT_FALSE(make_engine(engine, {})->reduction_seed()) << engine;
+  EXPECT_FALSE(make_engine("accel", {"", {{"noise", "racy"}}})->reduction_seed());
 }
 
 }  // namespace
