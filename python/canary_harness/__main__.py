@@ -21,7 +21,7 @@ import argparse
 import sys
 from typing import List, NoReturn, Optional
 
-from .lane import MAX_THREADS
+from .lane import MAX_THREADS, trace_problem
 
 PROG = "canary_harness"
 
@@ -91,8 +91,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--trace aten: aten traces are taken by a replay (`replay --trace aten`, which `harness "
                          "bisect` runs for you): their ops change between steps (an optimizer's first step), which "
                          "a receipt's /trace cannot hold; use --trace ops")
-    if args.trace not in ("none", "ops"):
-        raise UsageError(f"--trace: unknown level '{args.trace}'; use none or ops")
+    problem = trace_problem(args.trace)
+    if problem:
+        raise UsageError(problem)
     threads = _count("threads", args.threads, 1, MAX_THREADS) if args.threads is not None else 1
     seed = _count("seed", args.seed, 0, 2**63 - 1)
     perturb = _count("perturb-init", args.perturb_init, 0, 2**63 - 1)
@@ -170,8 +171,9 @@ def replay(args: argparse.Namespace) -> int:
     from .replay import replay as replay_receipt
     from .replay import to_json, to_text
 
-    if args.trace not in ("none", "aten"):
-        raise UsageError(f"--trace: unknown level '{args.trace}'; use none or aten")
+    problem = trace_problem(args.trace, ("none", "aten"))
+    if problem:
+        raise UsageError(problem)
     from_step = _count("from", args.from_step, 0, 2**31 - 1)
     to_step = _count("to", args.to_step, 0, 2**31 - 1) if args.to_step is not None else None
     result = replay_receipt(args.receipt, from_step, to_step, args.trace)

@@ -41,6 +41,14 @@ PROG = "canary_harness.lane"
 # torch CPU threads: 1..MAX_THREADS, the harness's bound (run::kMaxThreads); a torch lane
 # pins a count (its CPU kernels' bits depend on it), so there is no "0 = all cores".
 MAX_THREADS = 1024
+# What a run records beside its metrics: the harness's levels (run::TraceLevel); a replay
+# takes "aten" instead of "ops" (canary_harness.replay).
+TRACE_LEVELS = ("none", "ops")
+
+
+def trace_problem(level: str, levels: Tuple[str, ...] = TRACE_LEVELS, where: str = "--trace") -> Optional[str]:
+    """None when `level` is one of `levels`, else the harness's one-line refusal of it."""
+    return None if level in levels else f"{where}: '{level}' is not a trace level; use {' or '.join(levels)}"
 
 
 class UsageError(Exception):
@@ -232,8 +240,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.precision not in ("fp32", "bf16"):
         raise UsageError(f"--precision: unknown precision '{args.precision}'; use fp32 or bf16")
-    if args.trace not in ("none", "ops"):
-        raise UsageError(f"--trace: unknown level '{args.trace}'; use none or ops")
+    problem = trace_problem(args.trace)
+    if problem:
+        raise UsageError(problem)
     device_name = args.device
     check_device_name(device_name)
     threads = _count("threads", args.threads, 1, MAX_THREADS) if args.threads is not None else 1

@@ -63,6 +63,7 @@ import numpy as np
 import torch
 
 from .budget_features import parse_features
+from .lane import trace_problem
 from .digest import batch_hash
 from .digest_plan import DigestRows
 from .models.config import canary_object
@@ -249,8 +250,9 @@ class Recorder:
                  stack: Optional[StackInfo] = None, trace: str = "none", op_names: Any = None,
                  audit: bool = False, overlap: Optional[bool] = None) -> None:
         self._closed = False  # set by close() and __exit__: no step or dump after it (RecorderError)
-        if trace not in ("none", "ops"):
-            raise RecorderError(f"trace='{trace}': use 'none' or 'ops'")
+        problem = trace_problem(trace, where="trace")
+        if problem:
+            raise RecorderError(problem)
         if not isinstance(budget_features, str):
             raise RecorderError(f"budget_features={budget_features!r}: declare it as a str (\"torch-cpu\", ...; "
                                 "\"\" for a bitwise lane)")

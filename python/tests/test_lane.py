@@ -245,7 +245,7 @@ def test_bad_inputs_exit_2_with_one_line_and_write_nothing(runs: dict, micro_pac
         (["--pack", pack, "--out", out, "--inject-fault", "step=5,op=blocks.0.ln1"], r"step=5 is past the last step \(4\)"),
         (["--pack", pack, "--out", out, "--inject-fault", "op=blocks.0.ln1"], r"needs both step=K and op=NAME"),
         (["--pack", pack, "--out", out, "--inject-fault", "step=1,op=blocks.0.ln1,ulps=0"], r"ulps='0'"),
-        (["--pack", pack, "--out", out, "--trace", "all"], r"--trace: unknown level 'all'; use none or ops"),
+        (["--pack", pack, "--out", out, "--trace", "all"], r"--trace: 'all' is not a trace level; use none or ops"),
         (["--pack", pack, "--out", out, "--inject-fault", ""], r"--inject-fault: empty"),
         (["--pack", pack, "--out", out, "--inject-fault", "step=1,op=blocks.0.ln1,step=2"],
          r"--inject-fault: key 'step' is given twice"),

@@ -129,7 +129,7 @@ def test_a_checkpoint_whose_bytes_changed_is_not_trusted(checkpointed: Path, tmp
 @pytest.mark.parametrize("args, message", [
     (["--from", "9"], "records steps 0-5"),
     (["--from", "4", "--to", "2"], "0 <= from <= to"),
-    (["--trace", "ops"], "--trace: unknown level 'ops'"),
+    (["--trace", "ops"], "--trace: 'ops' is not a trace level; use none or aten"),
 ])
 def test_bad_replay_flags_are_one_line_exit_2(checkpointed: Path, args: list, message: str) -> None:
     result = replay(str(checkpointed), *args)
@@ -220,7 +220,7 @@ def test_run_trace_ops_changes_no_bit_and_bisect_reads_it_without_a_replay(check
 
 @pytest.mark.parametrize("level, message", [
     ("aten", "--trace aten: aten traces are taken by a replay"),
-    ("all", "--trace: unknown level 'all'; use none or ops"),
+    ("all", "--trace: 'all' is not a trace level; use none or ops"),
 ])
 def test_run_refuses_a_trace_it_cannot_record(tmp_path: Path, level: str, message: str) -> None:
     assert_refused(tmp_path, message, "--trace", level)

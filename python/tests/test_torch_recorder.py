@@ -299,6 +299,7 @@ def test_a_batch_not_of_the_packs_shape_is_named(micro_pack: Path, tmp_path: Pat
     (dict(budget_features=None), r"budget_features=None: declare it as a str"),
     (dict(budget_features="torch-cpu+torch-cpu"), r"budget_features: 'torch-cpu\+torch-cpu' names feature 'torch-cpu' twice"),
     (dict(budget_features="torch cpu"), r"budget_features: 'torch cpu': feature name 'torch cpu' is not letters"),
+    (dict(trace="all"), r"trace: 'all' is not a trace level; use none or ops"),
     (dict(canary={"n_layer": 2}), r"canary: the canary JSON's 'name' is None; give a non-empty name without '/'"),
     (dict(canary={"name": "a/b"}), r"canary: the canary JSON's 'name' is 'a/b'"),
     (dict(canary="[1]"), r"canary: canary JSON is not an object"),
