@@ -3,9 +3,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <iterator>
 #include <stdexcept>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "gpt2.h"
 #include "llama.h"
@@ -205,16 +207,39 @@ void check_fits_in_memory(const CanaryConfig& config, const TensorTable& table) 
 }
 }  // namespace
 
+namespace {
+// One row per architecture: its name (a canary file's `architecture`) and its model. The
+// rules read the rows, never an architecture's name.
+struct ArchitectureRow {
+  std::string_view name;
+  std::unique_ptr<Canary> (*make)(const CanaryConfig&, std::optional<FaultSpec>, bool trace_ops);
+};
+
+template <class Model>
+std::unique_ptr<Canary> make_model(const CanaryConfig& config, std::optional<FaultSpec> fault, bool trace_ops) {
+  return std::make_unique<Model>(config, std::move(fault), trace_ops);
+}
+
+constexpr ArchitectureRow kArchitectures[] = {
+    {"gpt2", make_model<Gpt2Canary>},
+    {"llama", make_model<LlamaCanary>},
+};
+}  // namespace
+
+std::vector<std::string> architecture_names() {
+  std::vector<std::string> names;
+  for (const ArchitectureRow& row : kArchitectures) names.emplace_back(row.name);
+  return names;
+}
+
 std::unique_ptr<Canary> make_canary(const CanaryConfig& config, std::optional<FaultSpec> fault, bool trace_ops) {
-  std::unique_ptr<Canary> model;
-  if (config.architecture == "gpt2") {
-    model = std::make_unique<Gpt2Canary>(config, std::move(fault), trace_ops);
-  } else if (config.architecture == "llama") {
-    model = std::make_unique<LlamaCanary>(config, std::move(fault), trace_ops);
-  } else {
-    throw std::invalid_argument("canary architecture '" + config.architecture +
-                                "' has no model in this build (known: gpt2, llama)");
+  const auto row = std::find_if(std::begin(kArchitectures), std::end(kArchitectures),
+                                [&](const ArchitectureRow& r) { return r.name == config.architecture; });
+  if (row == std::end(kArchitectures)) {
+    throw std::invalid_argument(fmt::format("canary architecture '{}' has no model in this build (known: {})",
+                                            config.architecture, fmt::join(architecture_names(), ", ")));
   }
+  std::unique_ptr<Canary> model = row->make(config, std::move(fault), trace_ops);
   check_fits_in_memory(config, model->tensors());
   return model;
 }

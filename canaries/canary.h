@@ -125,8 +125,10 @@ class Canary {
 // does not implement. Checked before step 0 by everything that runs a canary.
 std::string engine_cannot_run(const Engine& engine, const Canary& canary);
 
-// The canary of `config.architecture` (gpt2, llama). Throws std::invalid_argument naming the
-// architecture when this build has none.
+// The architectures this build has a model for (a canary file's `architecture`).
+std::vector<std::string> architecture_names();
+// The canary of `config.architecture` (one of architecture_names()). Throws
+// std::invalid_argument naming the architecture when this build has none.
 std::unique_ptr<Canary> make_canary(const CanaryConfig& config, std::optional<FaultSpec> fault = std::nullopt,
                                     bool trace_ops = false);
 

@@ -11,6 +11,7 @@
 #include <fmt/ranges.h>
 #include <toml++/toml.h>
 
+#include "canary.h"
 #include "token_file.h"
 
 namespace harness::canary {
@@ -19,7 +20,6 @@ namespace {
 namespace fs = std::filesystem;
 
 inline constexpr std::int64_t kCanarySchemaVersion = 1;
-inline constexpr const char* kArchitectures[] = {"gpt2", "llama"};
 
 // The keys of each table (docs/canary-files.md); "" is the top level.
 const std::map<std::string, std::set<std::string>>& known_keys() {
@@ -133,9 +133,9 @@ void read_identity(const Reader& r, CanaryConfig& c) {
   c.name = r.required_text("name");
   if (!valid_canary_name(c.name)) r.fail("name", fmt::format("'{}' must be letters, digits, '-' or '_'", c.name));
   c.architecture = r.required_text("architecture");
-  if (std::find(std::begin(kArchitectures), std::end(kArchitectures), c.architecture) == std::end(kArchitectures)) {
-    r.fail("architecture", fmt::format("'{}' is not an architecture (known: {})", c.architecture,
-                                       fmt::join(kArchitectures, ", ")));
+  const std::vector<std::string> known = architecture_names();
+  if (std::find(known.begin(), known.end(), c.architecture) == known.end()) {
+    r.fail("architecture", fmt::format("'{}' is not an architecture (known: {})", c.architecture, fmt::join(known, ", ")));
   }
 }
 

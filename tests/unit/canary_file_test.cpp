@@ -6,6 +6,7 @@
 #include <fstream>
 #include <random>
 #include <regex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "canary.h"
 #include "canary_file.h"
 #include "data_source.h"
 #include "receipt/receipt_reader.h"
@@ -161,6 +163,25 @@ TEST(CanaryFile, LlamaKeysAreValidatedToo) {
   EXPECT_EQ(llama.to_json().at("architecture"), "llama");
   EXPECT_EQ(llama.to_json().at("kv_heads"), 2);
   EXPECT_EQ(CanaryConfig::from_json(llama.to_json()).to_json(), llama.to_json());
+}
+
+// The architectures are one table (canary.cpp): every one a canary file may name has a
+// model and a shipped canary, and one it may not is refused by the factory too.
+TEST(CanaryFile, EveryArchitectureHasAModelAndAShippedCanary) {
+  std::set<std::string> shipped;
+  for (const std::string& name : shipped_canaries()) shipped.insert(load_canary(name).architecture);
+  for (const std::string& architecture : architecture_names()) {
+    EXPECT_TRUE(shipped.count(architecture)) << architecture << ": no shipped canary";
+  }
+  CanaryConfig config = load_canary("micro");
+  config.architecture = "mamba";
+  try {
+    make_canary(config);
+    ADD_FAILURE() << "a model of an unknown architecture was made";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), "canary architecture 'mamba' has no model in this build (known: " +
+                                         fmt::format("{}", fmt::join(architecture_names(), ", ")) + ")");
+  }
 }
 
 TEST(CanaryFile, AnUnknownNameListsTheShippedCanaries) {
