@@ -10,7 +10,6 @@
 #include <map>
 #include <set>
 #include <sstream>
-#include <variant>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <thread>
 
 #include <fmt/format.h>
 #include <tbb/global_control.h>

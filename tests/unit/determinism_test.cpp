@@ -64,42 +64,34 @@ TEST(Determinism, SeedChangesTheRun) {
 TEST(RunRanges, ThreadsStepsAndTraceLevelsHaveOneRuleEverywhere) {
   RunOptions resolved;  // as a run records it: the seed resolved
   resolved.seed = 1337;
+  // The options a replay reads from a recipe whose `key` is `value`.
+  const auto from_recipe = [&](const char* key, const nlohmann::json& value) {
+    nlohmann::json recipe = replay_recipe(resolved, {});
+    recipe[key] = value;
+    return options_from_recipe(recipe);
+  };
   for (const int threads : {-1, 0, 1, 2, kMaxThreads, kMaxThreads + 1}) {
-    const bool ok = threads >= 0 && threads <= kMaxThreads;
-    if (ok) {
+    if (threads >= 0 && threads <= kMaxThreads) {
       EXPECT_EQ(worker_threads(threads), threads == 0 ? worker_threads(0) : threads);
       EXPECT_GE(worker_threads(threads), 1);
+      EXPECT_EQ(from_recipe("threads", threads).threads, threads);
     } else {
       EXPECT_THROW(worker_threads(threads), UsageError) << threads;
-    }
-    nlohmann::json recipe = replay_recipe(resolved, {});
-    recipe["threads"] = threads;
-    if (ok) {
-      EXPECT_EQ(options_from_recipe(recipe).threads, threads);
-    } else {
-      EXPECT_THROW(options_from_recipe(recipe), UsageError) << threads;
+      EXPECT_THROW(from_recipe("threads", threads), UsageError) << threads;
     }
   }
   for (const int steps : {-1, 0, 1, canary::kMaxSteps, canary::kMaxSteps + 1}) {
-    const bool ok = steps >= 1 && steps <= canary::kMaxSteps;
-    if (ok) {
+    if (steps >= 1 && steps <= canary::kMaxSteps) {
       EXPECT_EQ(checked_steps(steps), steps);
+      EXPECT_EQ(from_recipe("steps", steps).steps, steps);
     } else {
       EXPECT_THROW(checked_steps(steps), UsageError) << steps;
-    }
-    nlohmann::json recipe = replay_recipe(resolved, {});
-    recipe["steps"] = steps;
-    if (ok) {
-      EXPECT_EQ(options_from_recipe(recipe).steps, steps);
-    } else {
-      EXPECT_THROW(options_from_recipe(recipe), UsageError) << steps;
+      EXPECT_THROW(from_recipe("steps", steps), UsageError) << steps;
     }
   }
   for (const TraceLevel level : {TraceLevel::kNone, TraceLevel::kOps}) {
     EXPECT_EQ(parse_trace_level(to_string(level)), level);
-    nlohmann::json recipe = replay_recipe(resolved, {});
-    recipe["trace"] = to_string(level);
-    EXPECT_EQ(options_from_recipe(recipe).trace, level);
+    EXPECT_EQ(from_recipe("trace", to_string(level)).trace, level);
   }
   for (const char* text : {"", "aten", "Ops", "ops "}) {
     try {
