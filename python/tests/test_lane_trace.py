@@ -366,6 +366,6 @@ def test_a_traced_receipt_traces_every_step(tmp_path: Path):
         w.append_step(**step)
         with pytest.raises(ValueError, match="start at step 0"):
             w.append_step(**step, trace=row)
-    with pytest.raises(RecorderError, match="trace='all'"):
+    with pytest.raises(RecorderError, match="trace: 'all' is not a trace level"):
         Recorder(tmp_path / "r.h5", torch.nn.Linear(1, 1), torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), 0.1),
                  budget_features="x", canary=canary, tensor_names=["weight", "bias"], seed=1, steps=1, trace="all")
