@@ -21,9 +21,11 @@ struct EngineRow {
   std::string_view name;
   std::vector<EngineFlag> (*flags)();
   std::unique_ptr<Engine> (*make)(const EngineSettings&);
+  ReceiptEntries (*receipt)();  // what it adds to a receipt beside the core
 };
 
 std::vector<EngineFlag> no_flags() { return {}; }
+ReceiptEntries nothing_added() { return {}; }
 
 std::unique_ptr<Engine> make_cpu_ref(const EngineSettings& settings) {
   if (!settings.features.empty()) {
@@ -44,9 +46,9 @@ std::unique_ptr<Engine> make_tpu_mesh(const EngineSettings& settings) {
 }
 
 constexpr EngineRow kEngines[] = {
-    {"cpu-ref", no_flags, make_cpu_ref},
-    {"accel", accel::accel_flags, make_accel},
-    {"tpu-mesh", tpu::mesh_flags, make_tpu_mesh},
+    {"cpu-ref", no_flags, make_cpu_ref, nothing_added},
+    {"accel", accel::accel_flags, make_accel, accel::accel_receipt_entries},
+    {"tpu-mesh", tpu::mesh_flags, make_tpu_mesh, tpu::mesh_receipt_entries},
 };
 
 // Options `row`'s engine does not take: one line naming the flag and, when another engine
@@ -69,6 +71,12 @@ std::vector<std::string> engine_names() {
   std::vector<std::string> names;
   for (const EngineRow& row : kEngines) names.emplace_back(row.name);
   return names;
+}
+
+ReceiptEntries engine_receipt_entries() {
+  ReceiptEntries entries;
+  for (const EngineRow& row : kEngines) entries.append(row.receipt());
+  return entries;
 }
 
 std::vector<DescribedFlag> engine_flags() {

@@ -8,6 +8,7 @@
 
 #include "api/engine.h"
 #include "api/engine_settings.h"
+#include "api/receipt_description.h"
 
 namespace harness {
 
@@ -15,6 +16,9 @@ namespace harness {
 // the available ones), or features and options the engine does not take.
 std::unique_ptr<Engine> make_engine(std::string_view name, const EngineSettings& settings = {});
 std::vector<std::string> engine_names();
+// What the engines add to a receipt (their manifest settings and state groups), engine by
+// engine; harness/receipt/receipt_schema.h describes the rest.
+ReceiptEntries engine_receipt_entries();
 
 // An engine's flag (engines/api/engine_settings.h), as the CLI offers it and the nightly
 // matrix takes it.

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "api/engine_settings.h"
+#include "api/receipt_description.h"
 #include "api/tensor_table.h"
 #include "noise.h"
 #include "numerics/fp8_scaling.h"
@@ -39,6 +40,8 @@ struct AccelConfig {
 
 // accel's flags (--noise, --noise-seed, the FP8 scaling settings), in the CLI's order.
 std::vector<EngineFlag> accel_flags();
+// What accel adds to a receipt: its settings in the manifest, /fp8 with FP8 zones.
+ReceiptEntries accel_receipt_entries();
 // Throws std::invalid_argument with one line naming the flag (--features, --noise, ...).
 // Every option must be one of accel_flags() (make_engine checks that first).
 AccelConfig parse_accel_config(const EngineSettings& settings);

@@ -196,6 +196,35 @@ std::optional<Engine::ReductionSeed> AccelEngine::reduction_seed() const {
   return ReductionSeed{"noise-seed", static_cast<std::int64_t>(noise_.seed())};
 }
 
+// The manifest_attributes() and step_state() below, described (docs/engines/accel.md).
+ReceiptEntries accel_receipt_entries() {
+  const std::string writer = "accel", fp8 = "accel with FP8 zones";
+  const auto setting = [](const char* name, ReceiptValue kind, const std::string& by, const char* meaning,
+                          AttributeRole role = AttributeRole::kNone) {
+    return ReceiptAttribute{fmt::format("/manifest/{}", name), kind, Presence::kOptional, 0, by, meaning, role};
+  };
+  using V = ReceiptValue;
+  ReceiptEntries e;
+  e.attributes = {setting("numerics", V::kString, writer, "fp32, or bf16 autocast with fp32 master weights"),
+                  setting("noise_mode", V::kString, writer, "seeded, racy or off (the reduction order)",
+                          AttributeRole::kReductionOrder),
+                  setting("noise_seed", V::kInteger, writer, "the seeded reduction order's seed (--noise-seed)",
+                          AttributeRole::kReductionSeed),
+                  setting("fp8_zones", V::kString, writer, "none, or the FP8 zones"),
+                  setting("fp8_format", V::kString, fp8, "the FP8 formats of each role"),
+                  setting("fp8_recipe", V::kString, fp8, "delayed or current scaling"),
+                  setting("fp8_amax_history", V::kInteger, fp8, "amax history length"),
+                  setting("fp8_amax_algo", V::kString, fp8, "max or most_recent"),
+                  setting("fp8_margin", V::kInteger, fp8, "scaling margin in powers of two"),
+                  setting("fp8_accumulate", V::kString, fp8, "full, or limited:N")};
+  e.groups = {{"/fp8", Presence::kOptional, 0, fp8, "per step, each FP8 role's amax and scale"}};
+  e.datasets = {{"/fp8/names", ReceiptDtype::kString, {ReceiptDim::kAny}, false, "", Presence::kRequired, 0, fp8,
+                 "<zone site>/<role>"},
+                {"/fp8/*", ReceiptDtype::kFloat64, {ReceiptDim::kSteps, ReceiptDim::kColumns}, false, "/fp8/names",
+                 Presence::kOptional, 0, fp8, "amax or scale of each role during step s"}};
+  return e;
+}
+
 std::map<std::string, AttributeValue> AccelEngine::manifest_attributes() const {
   std::map<std::string, AttributeValue> a;
   a["numerics"] = std::string(config_.bf16 ? "bf16 autocast, fp32 master weights" : "fp32");

@@ -10,6 +10,7 @@
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
+#include "api/receipt_description.h"
 #include "numerics/isa_dispatch.h"
 #include "numerics/philox.h"
 
@@ -53,8 +54,8 @@ void reduce_racy(int parts, std::int64_t n, float* out, const PartFn& produce) {
 
 std::string_view to_string(NoiseMode mode) {
   switch (mode) {
-    case NoiseMode::Seeded: return "seeded";
-    case NoiseMode::Racy: return "racy";
+    case NoiseMode::Seeded: return kSeededOrder;  // the receipt's words for a reduction order
+    case NoiseMode::Racy: return kRacyOrder;
     case NoiseMode::Off: return "off";
   }
   return "off";

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "api/engine_settings.h"
+#include "api/receipt_description.h"
 
 namespace harness::tpu {
 
@@ -57,6 +58,8 @@ struct MeshConfig {
 
 // tpu-mesh's flags (--mesh, --shard-plan, ...), in the CLI's order.
 std::vector<EngineFlag> mesh_flags();
+// What tpu-mesh adds to a receipt: its settings in the manifest, /compile and /memory.
+ReceiptEntries mesh_receipt_entries();
 // Throws std::invalid_argument with one line naming the flag (--mesh, --shard-plan, ...).
 // Every option must be one of mesh_flags() (make_engine checks that first).
 MeshConfig parse_mesh_config(const EngineSettings& settings);

@@ -26,6 +26,36 @@ TpuMeshEngine::TpuMeshEngine(MeshConfig config)
     : config_(std::move(config)), cache_(config_.compile_cache_dir),
       step_peak_bytes_(kMemoryCategories + 1, 0) {}
 
+// The manifest_attributes() and step_state() below, described (docs/engines/tpu-mesh.md).
+ReceiptEntries mesh_receipt_entries() {
+  const std::string writer = "tpu-mesh";
+  const auto setting = [&](const char* name, ReceiptValue kind, const char* meaning) {
+    return ReceiptAttribute{fmt::format("/manifest/{}", name), kind, Presence::kOptional, 0, writer, meaning};
+  };
+  using V = ReceiptValue;
+  ReceiptEntries e;
+  e.attributes = {setting("mesh", V::kString, "DxM"),
+                  setting("mesh_axes", V::kString, "data,model"),
+                  setting("mesh_devices", V::kInteger, "the mesh's devices"),
+                  setting("shard_plan", V::kString, "dp, tp or zero3"),
+                  setting("precision", V::kString, "fp32 or bf16"),
+                  setting("compile_mode", V::kString, "step or microstep"),
+                  setting("grad_accum", V::kInteger, "micro-batches per step"),
+                  setting("leak_scalars", V::kInteger, "1 when Python-side scalars leak into the graph"),
+                  setting("compile_cache", V::kString, "the persistent cache's directory, empty for none"),
+                  setting("program_format_version", V::kInteger, "the compiled programs' format")};
+  e.groups = {{"/compile", Presence::kOptional, 0, writer, "per step, the compiler's counters"},
+              {"/memory", Presence::kOptional, 0, writer, "per step, each device's peak bytes by category"}};
+  e.datasets = {{"/memory/names", ReceiptDtype::kString, {ReceiptDim::kAny}, false, "", Presence::kRequired, 0, writer,
+                 "device0, device1, ..."},
+                {"/memory/*", ReceiptDtype::kFloat64, {ReceiptDim::kSteps, ReceiptDim::kColumns}, false, "/memory/names",
+                 Presence::kOptional, 0, writer, "each device's peak bytes of one category during step s",
+                 CounterGate::kPeakBytes}};
+  const std::vector<ReceiptDataset> counters = compile_counters(writer);
+  e.datasets.insert(e.datasets.end(), counters.begin(), counters.end());
+  return e;
+}
+
 std::map<std::string, AttributeValue> TpuMeshEngine::manifest_attributes() const {
   return {{"mesh", config_.mesh.to_string()},
           {"mesh_axes", std::string("data,model")},

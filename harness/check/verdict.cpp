@@ -14,19 +14,33 @@
 #include "receipt/receipt_reader.h"
 #include "receipt/receipt_schema.h"
 #include "receipt/receipt_validator.h"
+#include "run/full_receipt_schema.h"
 
 namespace harness::check {
 namespace {
 
-std::map<std::string, std::vector<double>> read_group(const receipt::ReceiptReader& r, const std::string& group) {
-  std::map<std::string, std::vector<double>> out;
-  const std::string prefix = group + "/";
+// Every dataset of the receipt the description gives a gate (validated: float64 already).
+std::map<std::string, ReceiptData::GatedCounter> read_gated_counters(const receipt::ReceiptReader& r) {
+  std::map<std::string, ReceiptData::GatedCounter> out;
   for (const h5::DatasetInfo& d : h5::list_datasets(r.file())) {
-    if (!d.path.starts_with(prefix) || d.dtype != "float64") continue;
-    out[d.path.substr(d.path.rfind('/') + 1)] = h5::read_f64(r.file(), d.path);
+    const ReceiptDataset* described = run::full_receipt_schema().dataset(d.path);
+    if (described && described->gate != CounterGate::kNone) out[d.path] = {described->gate, h5::read_f64(r.file(), d.path)};
   }
   return out;
 }
+
+// The value of the manifest attribute the description gives `role`, when the receipt has one.
+std::optional<std::string> attribute_with_role(const ReceiptData& r, AttributeRole role) {
+  for (const ReceiptAttribute& a : run::full_receipt_schema().entries().attributes) {
+    if (a.role != role || !a.path.starts_with("/manifest/")) continue;
+    const auto it = r.manifest.find(a.path.substr(a.path.rfind('/') + 1));
+    if (it != r.manifest.end()) return it->second;
+  }
+  return std::nullopt;
+}
+
+// The name of a counter for reports: its dataset's last segment (/memory/total -> total).
+std::string counter_name(const std::string& path) { return path.substr(path.rfind('/') + 1); }
 
 bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
@@ -151,18 +165,21 @@ std::optional<TensorMove> most_moved(const ReceiptData& run, const ReceiptData& 
 // warm-up, no host sync at all.
 void judge_compile_stability(const ReceiptData& run, const CompileStabilityBudget& budget,
                              std::vector<MetricVerdict>& out) {
-  if (run.compile.empty()) return;
   SeriesJudge compiles("compile_stability.uncached_compiles", run.steps(), 0);
   SeriesJudge syncs("compile_stability.host_syncs", run.steps(), 0);
-  const auto& uncached = run.compile.at("UncachedCompile");
-  const auto& host = run.compile.at("HostSync");
-  for (int s = 0; s < run.steps(); ++s) {
-    const auto i = static_cast<std::size_t>(s);
-    if (s >= budget.warmup_steps) {
-      compiles.add(s, uncached[i] > budget.max_uncached_compiles ? uncached[i] : 0, budget.max_uncached_compiles);
+  bool gated = false;
+  for (const auto& [path, counter] : run.counters) {
+    const bool after_warmup = counter.gate == CounterGate::kCompilesAfterWarmup;
+    if (!after_warmup && counter.gate != CounterGate::kHostSyncs) continue;
+    gated = true;
+    SeriesJudge& judge = after_warmup ? compiles : syncs;
+    const double allowed = after_warmup ? budget.max_uncached_compiles : budget.max_host_syncs;
+    for (int s = after_warmup ? budget.warmup_steps : 0; s < run.steps(); ++s) {
+      const double v = counter.values[static_cast<std::size_t>(s)];
+      judge.add(s, v > allowed ? v : 0, allowed);
     }
-    syncs.add(s, host[i] > budget.max_host_syncs ? host[i] : 0, budget.max_host_syncs);
   }
+  if (!gated) return;
   out.push_back(compiles.finish());
   out.push_back(syncs.finish());
 }
@@ -170,15 +187,17 @@ void judge_compile_stability(const ReceiptData& run, const CompileStabilityBudge
 // Per-device peak bytes by category against the golden's.
 void judge_memory(const ReceiptData& run, const ReceiptData& golden, const MemoryBudget& budget,
                   std::vector<MetricVerdict>& out) {
-  for (const auto& [category, golden_peaks] : golden.memory) {
-    const auto it = run.memory.find(category);
-    if (it == run.memory.end() || it->second.size() != golden_peaks.size()) {
-      throw ContractError("memory", fmt::format("{} records /memory/{} for another mesh (or not at all) than its golden; "
+  for (const auto& [path, golden_counter] : golden.counters) {
+    if (golden_counter.gate != CounterGate::kPeakBytes) continue;
+    const std::vector<double>& golden_peaks = golden_counter.values;
+    const auto it = run.counters.find(path);
+    if (it == run.counters.end() || it->second.values.size() != golden_peaks.size()) {
+      throw ContractError("memory", fmt::format("{} records {} for another mesh (or not at all) than its golden; "
                                                 "compare runs of one mesh",
-                                                run.path, category));
+                                                run.path, path));
     }
-    const std::vector<double>& peaks = it->second;
-    SeriesJudge judge("memory." + category, run.steps(), 0);
+    const std::vector<double>& peaks = it->second.values;
+    SeriesJudge judge("memory." + counter_name(path), run.steps(), 0);
     const std::size_t devices = peaks.size() / static_cast<std::size_t>(std::max(1, run.steps()));
     for (int s = 0; s < run.steps(); ++s) {
       for (std::size_t d = 0; d < devices; ++d) {
@@ -207,8 +226,8 @@ std::vector<StackDifference> stack_diff(const ReceiptData& a, const ReceiptData&
 }
 
 bool is_noisy(const ReceiptData& r) {
-  const auto it = r.manifest.find("noise_mode");
-  return it != r.manifest.end() && (it->second == "seeded" || it->second == "racy");
+  const std::optional<std::string> order = attribute_with_role(r, AttributeRole::kReductionOrder);
+  return order == kSeededOrder || order == kRacyOrder;
 }
 
 // Every series as long as the steps (times tensors, sketch width, devices): a receipt
@@ -225,14 +244,8 @@ void check_shapes(const ReceiptData& d) {
   expect(d.batch_hashes.size(), n, "/steps/batch_hash");
   for (const auto& [family, hashes] : d.hashes) expect(hashes.size(), n * k, "/hashes/" + family);
   expect(d.params_sketch.size(), n * k * receipt::kSketchWidth, "/sketches/params_projection");
-  if (!d.compile.empty()) {
-    for (const char* counter : {"UncachedCompile", "HostSync"}) {
-      const auto it = d.compile.find(counter);
-      expect(it == d.compile.end() ? 0 : it->second.size(), n, fmt::format("/compile/{}", counter));
-    }
-  }
-  for (const auto& [category, peaks] : d.memory) {
-    if (n == 0 || peaks.size() % n != 0) expect(peaks.size(), n, "/memory/" + category);
+  for (const auto& [path, counter] : d.counters) {
+    if (n == 0 || counter.values.size() % n != 0) expect(counter.values.size(), n, path);
   }
   if (d.trace) {
     const std::size_t r = d.trace->columns.size();
@@ -268,7 +281,7 @@ std::optional<OpTrace> read_trace(const receipt::ReceiptReader& r) {
 ReceiptData load_receipt(const std::string& path) {
   // Whoever wrote it, a receipt is judged only once it validates: one gate, the same for
   // our engines and for any other stack, and every byte checksummed before it counts.
-  receipt::require_valid_receipt(path);
+  receipt::require_valid_receipt(path, run::full_receipt_schema());
   const receipt::ReceiptReader r(path);
   ReceiptData d;
   d.path = path;
@@ -282,8 +295,7 @@ ReceiptData load_receipt(const std::string& path) {
   d.tensors = r.tensor_names();
   for (const char* family : receipt::kHashFamilies) d.hashes[family] = r.hashes(family);
   d.params_sketch = h5::read_f64(r.file(), "/sketches/params_projection");
-  d.compile = read_group(r, "/compile");
-  d.memory = read_group(r, "/memory");
+  d.counters = read_gated_counters(r);
   d.trace = read_trace(r);
   check_shapes(d);
   return d;
@@ -329,8 +341,8 @@ std::string canary_name(const ReceiptData& r) {
 
 bool replays_of_each_other(const ReceiptData& a, const ReceiptData& b) {
   if (!is_noisy(a) && !is_noisy(b)) return true;
-  const auto sa = a.manifest.find("noise_seed"), sb = b.manifest.find("noise_seed");
-  return sa != a.manifest.end() && sb != b.manifest.end() && sa->second == sb->second;
+  const auto sa = attribute_with_role(a, AttributeRole::kReductionSeed);
+  return sa && sa == attribute_with_role(b, AttributeRole::kReductionSeed);
 }
 
 std::set<std::string> features_between(const ReceiptData& a, const ReceiptData& b, std::string* reason,

@@ -46,8 +46,14 @@ struct ReceiptData {
   std::vector<std::string> tensors;                               // canonical order
   std::map<std::string, std::vector<std::uint64_t>> hashes;       // family -> (steps, tensors)
   std::vector<double> params_sketch;                              // (steps, tensors, width)
-  std::map<std::string, std::vector<double>> compile;             // /compile counter -> (steps)
-  std::map<std::string, std::vector<double>> memory;              // /memory category -> (steps, devices)
+  // The per-step counters a verdict gates, by dataset path (/compile/UncachedCompile,
+  // /memory/total, ...): which gate the description gives each, and its (steps) or
+  // (steps, columns) values. The verdict finds them by gate, never by name.
+  struct GatedCounter {
+    CounterGate gate = CounterGate::kNone;
+    std::vector<double> values;
+  };
+  std::map<std::string, GatedCounter> counters;
   std::optional<OpTrace> trace;                                   // /trace, when the run traced ops
 
   int steps() const { return static_cast<int>(loss.size()); }

@@ -44,6 +44,7 @@ void add_nightly_command(CLI::App& app, CommandRegistry& commands);  // nightly 
 void add_calibrate_command(CLI::App& app, CommandRegistry& commands);
 void add_replay_command(CLI::App& app, CommandRegistry& commands);
 void add_validate_command(CLI::App& app, CommandRegistry& commands);
+void add_schema_command(CLI::App& app, CommandRegistry& commands);  // the receipt description, as JSON
 void add_export_command(CLI::App& app, CommandRegistry& commands);  // canary packs
 
 }  // namespace harness::cli

@@ -25,6 +25,7 @@
 #include "nightly.h"
 #include "receipt/receipt_reader.h"
 #include "receipt/receipt_validator.h"
+#include "run/full_receipt_schema.h"
 #include "stack_info.h"
 #include "verdict.h"
 #include "json_text.h"
@@ -92,7 +93,7 @@ nlohmann::json review(const std::string& candidate, const std::string& golden, c
 // The lane of a receipt made elsewhere, once it has proven it can be a golden: it validates,
 // is complete, unperturbed, and its lane is <canary>/<name> naming a path inside the goldens directory.
 std::string lane_of_golden_receipt(const std::string& path) {
-  receipt::require_valid_receipt(path);  // every byte checksummed, every dataset of the schema
+  receipt::require_valid_receipt(path, run::full_receipt_schema());  // every byte checksummed, every dataset of the schema
   const receipt::ReceiptReader r(path);
   if (!r.complete()) {
     throw run::UsageError(fmt::format("--receipt: {}: an incomplete receipt (complete = 0) cannot become a golden; "

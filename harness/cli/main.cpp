@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   harness::cli::add_calibrate_command(app, commands);
   harness::cli::add_replay_command(app, commands);
   harness::cli::add_validate_command(app, commands);
+  harness::cli::add_schema_command(app, commands);
   harness::cli::add_export_command(app, commands);
   if (const auto problem = harness::cli::usage_problem(app, std::vector<std::string>(argv + 1, argv + argc))) {
     fmt::print(stderr, "harness: error: {}\n", *problem);

@@ -6,6 +6,7 @@
 
 #include "commands.h"
 #include "receipt/receipt_validator.h"
+#include "run/full_receipt_schema.h"
 #include "json_text.h"
 
 namespace harness::cli {
@@ -31,7 +32,7 @@ void print_human(const receipt::ValidationReport& report) {
 }
 
 int validate_action(const ValidateFlags& flags) {
-  const receipt::ValidationReport report = receipt::validate_receipt(flags.path);
+  const receipt::ValidationReport report = receipt::validate_receipt(flags.path, run::full_receipt_schema());
   if (flags.json) {
     fmt::print("{}\n", run::json_text(report.to_json()));
   } else {

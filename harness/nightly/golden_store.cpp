@@ -11,6 +11,7 @@
 #include "receipt/hdf5_file.h"
 #include "receipt/receipt_reader.h"
 #include "receipt/receipt_validator.h"
+#include "run/full_receipt_schema.h"
 #include "receipt/receipt_schema.h"
 #include "stack_info.h"
 #include "json_text.h"
@@ -256,7 +257,7 @@ void GoldenStore::verify(const Candidate& candidate) const {
   }
   std::string lane;
   try {
-    receipt::require_valid_receipt(from);  // every byte checksummed, every dataset of the schema
+    receipt::require_valid_receipt(from, run::full_receipt_schema());  // every byte checksummed, every dataset of the schema
     const receipt::ReceiptReader r(from);
     if (!r.complete()) throw GoldenError(fmt::format("{}: an incomplete receipt cannot become a golden", from));
     lane = r.manifest_string("lane");

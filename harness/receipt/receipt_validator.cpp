@@ -37,41 +37,17 @@ bool is_utf8(const std::string& text) {
   }
 }
 
-// The manifest as docs/receipt-schema.md lists it: required attributes, then those an
-// engine or option adds. Anything else is reported as unknown, never as a problem.
-const std::map<std::string, AttrKind>& required_manifest() {
-  static const std::map<std::string, AttrKind> table{
-      {"schema_version", AttrKind::kInteger}, {"lane", AttrKind::kString},      {"engine", AttrKind::kString},
-      {"features", AttrKind::kString},        {"canary", AttrKind::kString},    {"seed", AttrKind::kInteger},
-      {"steps_planned", AttrKind::kInteger},  {"threads", AttrKind::kInteger},  {"complete", AttrKind::kInteger},
-      {"created_utc", AttrKind::kString},     {"git_commit", AttrKind::kString}, {"toolchain", AttrKind::kString},
-      {"libraries", AttrKind::kString},       {"host", AttrKind::kString},      {"cpu", AttrKind::kString}};
-  return table;
+AttrKind attr_kind_of(ReceiptValue kind) {
+  switch (kind) {
+    case ReceiptValue::kString: return AttrKind::kString;
+    case ReceiptValue::kInteger: return AttrKind::kInteger;
+    case ReceiptValue::kFloat: return AttrKind::kFloat;
+  }
+  return AttrKind::kOther;
 }
 
-const std::map<std::string, AttrKind>& optional_manifest() {
-  static const std::map<std::string, AttrKind> table{
-      {"schema_minor", AttrKind::kInteger},     {"budget_features", AttrKind::kString}, {"kernels", AttrKind::kString},
-      {"data_seed", AttrKind::kInteger},        {"fault_injection", AttrKind::kString}, {"trace", AttrKind::kString},
-      {"run_options", AttrKind::kString},       {"init_perturbation_seed", AttrKind::kInteger},
-      // accel (docs/engines/accel.md)
-      {"numerics", AttrKind::kString},          {"noise_mode", AttrKind::kString},     {"noise_seed", AttrKind::kInteger},
-      {"fp8_zones", AttrKind::kString},         {"fp8_format", AttrKind::kString},     {"fp8_recipe", AttrKind::kString},
-      {"fp8_amax_history", AttrKind::kInteger}, {"fp8_amax_algo", AttrKind::kString},  {"fp8_margin", AttrKind::kInteger},
-      {"fp8_accumulate", AttrKind::kString},
-      // tpu-mesh (docs/engines/tpu-mesh.md)
-      {"mesh", AttrKind::kString},              {"mesh_axes", AttrKind::kString},      {"mesh_devices", AttrKind::kInteger},
-      {"shard_plan", AttrKind::kString},        {"precision", AttrKind::kString},      {"compile_mode", AttrKind::kString},
-      {"grad_accum", AttrKind::kInteger},       {"leak_scalars", AttrKind::kInteger},  {"compile_cache", AttrKind::kString},
-      {"program_format_version", AttrKind::kInteger},
-      // the PyTorch lane and canary_harness.torch.Recorder (docs/python.md)
-      {"device", AttrKind::kString},            {"autocast", AttrKind::kString},       {"deterministic", AttrKind::kInteger},
-      {"pack", AttrKind::kString},              {"pack_git_commit", AttrKind::kString}, {"audit", AttrKind::kInteger},
-      {"compile", AttrKind::kString},
-      // a Python canary trained on several processes (--layout ddp|fsdp --nproc N; docs/own-model.md)
-      {"layout", AttrKind::kString},            {"nproc", AttrKind::kInteger}};
-  return table;
-}
+// The group part of a dataset's or attribute's path: "/trace/hash" -> "/trace".
+std::string parent_of(const std::string& path) { return path.substr(0, path.rfind('/')); }
 
 const char* kind_name(AttrKind kind) {
   switch (kind) {
@@ -84,18 +60,23 @@ const char* kind_name(AttrKind kind) {
 
 class Validator {
  public:
-  Validator(ValidationReport& report, hid_t file) : r_(report), file_(file), file_name_(report.path) {}
+  Validator(ValidationReport& report, hid_t file, const ReceiptSchema& schema)
+      : r_(report), file_(file), file_name_(report.path), schema_(schema) {}
 
   void run() {
     check_links();
+    for (const auto& d : h5::list_datasets(file_)) datasets_[d.path] = d;
     read_manifest();
+    check_group_attributes();
+    check_described_datasets();
     check_steps();
-    check_hashes();
-    check_sketches();
-    check_optional_groups();
+    check_hash_names();
+    check_sketch_constants();
+    check_trace();
+    check_checkpoints();
     check_file_format();
     read_every_dataset();
-    list_unknown_groups();
+    list_unknown_content();
   }
 
  private:
@@ -122,25 +103,50 @@ class Validator {
         misshapen.insert(name);
       }
     }
-    for (const auto& [name, kind] : required_manifest()) {
-      if (misshapen.count(name)) continue;
-      if (!present.count(name)) {
-        problem("/manifest", fmt::format("missing attribute '{}' ({})", name, kind_name(kind)));
-      } else if (h5::attr_kind(manifest, name) != kind) {
-        problem("/manifest/" + name, fmt::format("must be {}", kind_name(kind)));
-      }
-    }
+    check_attributes("/manifest", manifest, present, misshapen);
     for (const std::string& name : present) {
-      const auto known = optional_manifest().find(name);
-      if (known == optional_manifest().end()) {
-        if (!required_manifest().count(name)) r_.unknown.push_back("/manifest attribute " + name);
-      } else if (h5::attr_kind(manifest, name) != known->second) {
-        problem("/manifest/" + name, fmt::format("must be {}", kind_name(known->second)));
-      }
+      if (!schema_.attribute("/manifest", name)) r_.unknown.push_back("/manifest attribute " + name);
       if (h5::attr_kind(manifest, name) == AttrKind::kString && !is_utf8(h5::read_attr_string(manifest, name))) {
         problem("/manifest/" + name, "is not valid UTF-8 (the schema's strings are UTF-8)");
       }
     }
+    check_manifest_values(manifest, present);
+  }
+
+  // The described attributes of `group`: the required ones there, each of its kind.
+  void check_attributes(const std::string& group, hid_t handle, const std::set<std::string>& present,
+                        const std::set<std::string>& misshapen = {}) {
+    std::map<std::string, const ReceiptAttribute*> described;  // by name: problems in name order
+    for (const ReceiptAttribute& a : schema_.entries().attributes) {
+      if (parent_of(a.path) == group) described[a.path.substr(group.size() + 1)] = &a;
+    }
+    for (const auto& [name, attribute] : described) {
+      if (misshapen.count(name)) continue;
+      const AttrKind kind = attr_kind_of(attribute->kind);
+      if (!present.count(name)) {
+        if (required(attribute->presence, attribute->since_minor)) {
+          problem(group, fmt::format("missing attribute '{}' ({})", name, kind_name(kind)));
+        }
+      } else if (h5::attr_kind(handle, name) != kind) {
+        problem(group + "/" + name, fmt::format("must be {}", kind_name(kind)));
+      }
+    }
+  }
+
+  // Attributes of the other described groups that are there.
+  void check_group_attributes() {
+    for (const ReceiptGroup& g : schema_.entries().groups) {
+      if (g.path == "/manifest" || !h5::exists(file_, g.path)) continue;
+      const h5::Handle group = h5::open_group(file_, g.path.substr(1));
+      std::set<std::string> present;
+      for (const std::string& name : h5::attr_names(group)) {
+        if (h5::attr_shape_problem(group, name).empty()) present.insert(name);
+      }
+      check_attributes(g.path, group, present);
+    }
+  }
+
+  void check_manifest_values(hid_t manifest, const std::set<std::string>& present) {
     if (present.count("canary") && h5::attr_kind(manifest, "canary") == AttrKind::kString) {
       const std::string canary = h5::read_attr_string(manifest, "canary");
       const auto parsed = nlohmann::json::parse(canary, nullptr, false);
@@ -198,9 +204,9 @@ class Validator {
 
   void check_trace_contents(hsize_t columns) {
     const h5::Handle trace = h5::open_group(file_, "trace");
-    if (!h5::has_attr(trace, "level") || !h5::attr_shape_problem(trace, "level").empty() ||
-        h5::attr_kind(trace, "level") != AttrKind::kString || h5::read_attr_string(trace, "level") != "ops") {
-      problem("/trace", "attribute level must be the string \"ops\"");
+    if (h5::has_attr(trace, "level") && h5::attr_shape_problem(trace, "level").empty() &&
+        h5::attr_kind(trace, "level") == AttrKind::kString && h5::read_attr_string(trace, "level") != "ops") {
+      problem("/trace", "attribute level must be the string \"ops\"");  // a missing one is named with the attributes
     }
     const auto fits = [&](const char* name, const char* dtype) {
       const auto it = datasets_.find(std::string("/trace/") + name);
@@ -250,7 +256,6 @@ class Validator {
       problem(path, "is not a dataset");
       return false;
     }
-    known_.insert(path);
     const h5::DatasetInfo& d = found->second;
     bool ok = true;
     if (d.dtype != dtype) {
@@ -273,15 +278,54 @@ class Validator {
     return fmt::format("{}", fmt::join(dims, ", "));
   }
 
-  void check_steps() {
-    for (const auto& d : h5::list_datasets(file_)) datasets_[d.path] = d;
-    const auto loss = datasets_.find("/steps/loss");
-    if (loss != datasets_.end() && loss->second.shape.size() == 1) steps_ = loss->second.shape[0];
+  // Every described dataset where the receipt has it, and every required one of a group
+  // that is there (or must be), in its type and shape.
+  void check_described_datasets() {
+    steps_ = length_of("/steps/loss", 0);
+    tensors_ = length_of("/hashes/names", 0);
     r_.steps = static_cast<std::int64_t>(steps_);
-    expect("/steps/loss", "float64", {steps_});
-    expect("/steps/grad_norm", "float64", {steps_});
-    expect("/steps/lr", "float64", {steps_});
-    expect("/steps/batch_hash", "uint64", {steps_});
+    r_.tensors = static_cast<std::int64_t>(tensors_);
+    for (const ReceiptDataset& d : schema_.entries().datasets) {
+      if (d.path.find('*') != std::string::npos) {
+        for (const auto& [path, info] : datasets_) {
+          if (schema_.dataset(path) == &d) expect(path, std::string(to_string(d.dtype)), shape_of(d, info));
+        }
+        continue;
+      }
+      const ReceiptGroup* group = schema_.group(parent_of(d.path));
+      const bool group_there = h5::exists(file_, parent_of(d.path)) || (group && group->presence == Presence::kRequired);
+      const bool wanted = required(d.presence, d.since_minor) ? group_there : datasets_.count(d.path) > 0;
+      if (wanted) expect(d.path, std::string(to_string(d.dtype)), shape_of(d, datasets_.count(d.path) ? datasets_[d.path] : h5::DatasetInfo{}));
+    }
+  }
+
+  // Required of this receipt: a required entry its minor already has.
+  bool required(Presence presence, int since_minor) const {
+    return presence == Presence::kRequired && r_.schema_minor >= since_minor;
+  }
+
+  // The first dimension of a 1-D dataset, `otherwise` when it is not there as one.
+  hsize_t length_of(const std::string& path, hsize_t otherwise) const {
+    const auto it = datasets_.find(path);
+    return it != datasets_.end() && it->second.shape.size() == 1 ? it->second.shape[0] : otherwise;
+  }
+
+  Shape shape_of(const ReceiptDataset& d, const h5::DatasetInfo& info) const {
+    if (d.any_rank) return Shape(info.shape.size(), kAny);
+    Shape shape;
+    for (ReceiptDim dim : d.shape) {
+      switch (dim) {
+        case ReceiptDim::kSteps: shape.push_back(steps_); break;
+        case ReceiptDim::kTensors: shape.push_back(tensors_); break;
+        case ReceiptDim::kSketchWidth: shape.push_back(kSketchWidth); break;
+        case ReceiptDim::kColumns: shape.push_back(length_of(d.columns, kAny)); break;
+        case ReceiptDim::kAny: shape.push_back(kAny); break;
+      }
+    }
+    return shape;
+  }
+
+  void check_steps() {
     if (steps_planned_ >= 0 && static_cast<std::int64_t>(steps_) > steps_planned_) {
       problem("/steps/loss", fmt::format("{} steps recorded, more than the {} planned", steps_, steps_planned_));
     }
@@ -290,11 +334,10 @@ class Validator {
     }
   }
 
-  void check_hashes() {
-    if (!expect("/hashes/names", "string", {kAny})) return;
+  void check_hash_names() {
+    const auto names_info = datasets_.find("/hashes/names");
+    if (names_info == datasets_.end() || names_info->second.dtype != "string" || names_info->second.shape.size() != 1) return;
     const std::vector<std::string> names = h5::read_strings(file_, "/hashes/names");
-    tensors_ = names.size();
-    r_.tensors = static_cast<std::int64_t>(tensors_);
     if (names.empty()) problem("/hashes/names", "is empty: a receipt hashes at least one tensor");
     std::set<std::string> seen;
     for (const std::string& name : names) {
@@ -302,64 +345,36 @@ class Validator {
       if (!is_utf8(name)) problem("/hashes/names", "holds a name that is not valid UTF-8");
       if (!seen.insert(name).second) problem("/hashes/names", fmt::format("names '{}' twice", name));
     }
-    for (const char* family : kHashFamilies) expect(std::string("/hashes/") + family, "uint64", {steps_, tensors_});
   }
 
-  void check_sketches() {
-    for (const char* family : kSketchFamilies) {
-      expect(fmt::format("/sketches/{}_l2", family), "float64", {steps_, tensors_});
-      expect(fmt::format("/sketches/{}_projection", family), "float64", {steps_, tensors_, kSketchWidth});
-    }
+  void check_sketch_constants() {
     if (!h5::exists(file_, "/sketches")) return;
     const h5::Handle sketches = h5::open_group(file_, "sketches");
     for (const auto& [name, value] : {std::pair<const char*, int>{"width", kSketchWidth}, {"block", kSketchBlock}}) {
-      if (integer(sketches, name) != value) problem(std::string("/sketches/") + name, fmt::format("must be {}", value));
+      const auto given = integer(sketches, name);
+      if (given && *given != value) problem(std::string("/sketches/") + name, fmt::format("must be {}", value));
     }
   }
 
-  // Engine and option groups: checked where present, in the shapes the schema gives them.
-  void check_optional_groups() {
-    if (h5::exists(file_, "/trace")) {
-      expect("/trace/op_index", "int64", {kAny});
-      const hsize_t columns = datasets_.count("/trace/op_index") ? datasets_["/trace/op_index"].shape.at(0) : 0;
-      expect("/trace/layer", "int64", {columns});
-      for (const char* name : {"op", "phase", "tensor", "kind"}) expect(std::string("/trace/") + name, "string", {columns});
-      expect("/trace/hash", "uint64", {steps_, columns});
-      expect("/trace/l2", "float64", {steps_, columns});
-      expect("/trace/projection", "float64", {steps_, columns, kSketchWidth});
-      check_trace_columns(columns);
+  void check_trace() {
+    if (h5::exists(file_, "/trace")) check_trace_columns(length_of("/trace/op_index", 0));
+  }
+
+  // Beside the receipt (`directory`), or held in it (`storage` = "receipt": a Python canary's).
+  void check_checkpoints() {
+    if (!h5::exists(file_, "/checkpoints")) return;
+    const h5::Handle group = h5::open_group(file_, "checkpoints");
+    const bool held = h5::has_attr(group, "storage");
+    if (!held && !h5::has_attr(group, "directory")) problem("/checkpoints", "missing attribute 'directory'");
+    if (held && h5::attr_kind(group, "storage") == AttrKind::kString &&
+        h5::read_attr_string(group, "storage") != kCheckpointsInReceipt) {
+      problem("/checkpoints", fmt::format("attribute 'storage' is not '{}'", kCheckpointsInReceipt));
     }
-    for (const char* group : {"/fp8", "/memory"}) {
-      if (!h5::exists(file_, group)) continue;
-      const std::string names = std::string(group) + "/names";
-      if (!expect(names, "string", {kAny})) continue;
-      const hsize_t columns = datasets_[names].shape.at(0);
-      for (const auto& [path, info] : datasets_) {
-        if (path.starts_with(std::string(group) + "/") && path != names) expect(path, "float64", {steps_, columns});
-      }
-    }
-    for (const auto& [path, info] : datasets_) {
-      if (path.starts_with("/compile/")) expect(path, "float64", {steps_});
-      if (path.starts_with("/tensors/step_")) expect(path, "float32", Shape(info.shape.size(), kAny));
-    }
-    if (h5::exists(file_, "/batches")) expect("/batches/tokens", "int32", {steps_, kAny, kAny});
-    if (h5::exists(file_, "/checkpoints")) {
-      const h5::Handle group = h5::open_group(file_, "checkpoints");
-      // Beside the receipt (`directory`), or held in it (`storage` = "receipt": a Python canary's).
-      const bool held = h5::has_attr(group, "storage");
-      if (!held && !h5::has_attr(group, "directory")) problem("/checkpoints", "missing attribute 'directory'");
-      if (held && h5::read_attr_string(group, "storage") != kCheckpointsInReceipt) {
-        problem("/checkpoints", fmt::format("attribute 'storage' is not '{}'", kCheckpointsInReceipt));
-      }
-      if (h5::exists(group, "step") && expect("/checkpoints/step", "int64", {kAny})) {
-        const hsize_t rows = datasets_["/checkpoints/step"].shape.at(0);
-        expect("/checkpoints/content_hash", "string", {rows});
-        if (held) {
-          expect("/checkpoints/offset", "int64", {rows});
-          expect("/checkpoints/length", "int64", {rows});
-          expect("/checkpoints/state", "uint8", {kAny});
-        }
-      }
+    if (!datasets_.count("/checkpoints/step")) return;
+    std::vector<std::string> rows{"/checkpoints/content_hash"};
+    if (held) rows.insert(rows.end(), {"/checkpoints/offset", "/checkpoints/length", "/checkpoints/state"});
+    for (const std::string& path : rows) {
+      if (!h5::exists(file_, path)) problem(path, "missing");
     }
   }
 
@@ -414,17 +429,14 @@ class Validator {
     }
   }
 
-  void list_unknown_groups() {
-    static const std::set<std::string> known_roots{"manifest", "steps",   "hashes",  "sketches", "trace",  "fp8",
-                                                   "memory",   "compile", "tensors", "batches",  "checkpoints"};
+  // Groups the description does not name (top level), and undescribed datasets in the groups it does.
+  void list_unknown_content() {
     for (const std::string& group : h5::list_groups(file_)) {
-      const std::string root = group.substr(1, group.find('/', 1) == std::string::npos ? std::string::npos
-                                                                                          : group.find('/', 1) - 1);
-      if (!known_roots.count(root) && group.find('/', 1) == std::string::npos) r_.unknown.push_back("group " + group);
+      if (group.find('/', 1) == std::string::npos && !schema_.group(group)) r_.unknown.push_back("group " + group);
     }
     for (const auto& [path, info] : datasets_) {
-      const std::string root = path.substr(1, path.find('/', 1) - 1);
-      if (known_roots.count(root) && !known_.count(path)) r_.unknown.push_back("dataset " + path);
+      const std::string root = path.substr(0, path.find('/', 1));
+      if (schema_.group(root) && !schema_.dataset(path)) r_.unknown.push_back("dataset " + path);
     }
   }
 
@@ -432,8 +444,8 @@ class Validator {
   ValidationReport& r_;
   hid_t file_;
   std::string file_name_;
+  const ReceiptSchema& schema_;
   std::map<std::string, h5::DatasetInfo> datasets_;
-  std::set<std::string> known_;
   hsize_t steps_ = 0, tensors_ = 0;
   std::int64_t steps_planned_ = -1, complete_ = -1;
 };
@@ -452,7 +464,7 @@ nlohmann::json ValidationReport::to_json() const {
           {"unknown", unknown}};
 }
 
-ValidationReport validate_receipt(const std::string& path) {
+ValidationReport validate_receipt(const std::string& path, const ReceiptSchema& schema) {
   ValidationReport report;
   report.path = path;
   std::optional<ReceiptReader> reader;
@@ -465,15 +477,15 @@ ValidationReport validate_receipt(const std::string& path) {
   report.schema_major = reader->schema_version();
   report.schema_minor = reader->schema_minor();
   try {
-    Validator(report, reader->file()).run();
+    Validator(report, reader->file(), schema).run();
   } catch (const std::exception& e) {  // damage deep enough to stop the walk
     report.problems.push_back(without_path(e.what(), path));
   }
   return report;
 }
 
-void require_valid_receipt(const std::string& path) {
-  const ValidationReport report = validate_receipt(path);
+void require_valid_receipt(const std::string& path, const ReceiptSchema& schema) {
+  const ValidationReport report = validate_receipt(path, schema);
   if (report.valid()) return;
   const std::size_t more = report.problems.size() - 1;
   throw ReceiptError(fmt::format("{}: {}{}", path, report.problems.front(),

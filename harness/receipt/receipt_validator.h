@@ -10,6 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "receipt/receipt_schema.h"
+
 namespace harness::receipt {
 
 struct ValidationReport {
@@ -25,11 +27,13 @@ struct ValidationReport {
 };
 
 // Never throws for a bad file: every problem, corruption included, goes into the report.
-ValidationReport validate_receipt(const std::string& path);
+// `schema` says what a receipt may hold; the core's alone lists an engine's settings and
+// groups as unknown (the harness passes its engines' too: run/full_receipt_schema.h).
+ValidationReport validate_receipt(const std::string& path, const ReceiptSchema& schema = ReceiptSchema::core());
 
 // The one gate before a receipt's numbers are used (check, compare, bisect, replay, golden
 // approve): throws ReceiptError, one line naming the file and its first problem (and how
 // many more, for `harness validate`), unless the receipt validates.
-void require_valid_receipt(const std::string& path);
+void require_valid_receipt(const std::string& path, const ReceiptSchema& schema = ReceiptSchema::core());
 
 }  // namespace harness::receipt

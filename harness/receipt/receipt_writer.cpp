@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <stdexcept>
 #include <thread>
 
 #include <fmt/format.h>
@@ -29,11 +30,28 @@ h5::Handle reopen_for_writing(const std::string& path) {
     }
   }
 }
+
+ReceiptValue value_kind(const AttrValue& value) {
+  if (std::holds_alternative<std::string>(value)) return ReceiptValue::kString;
+  return std::holds_alternative<std::int64_t>(value) ? ReceiptValue::kInteger : ReceiptValue::kFloat;
+}
+
+// Attributes the description gives another type: a writer's bug, refused before the file exists.
+void check_attribute_kinds(const Manifest& m, const ReceiptSchema& schema) {
+  for (const auto& [name, value] : m.extra) {
+    const ReceiptAttribute* described = schema.attribute("/manifest", name);
+    if (described && described->kind != value_kind(value)) {
+      throw std::logic_error(fmt::format("receipt: /manifest/{} is {} in the receipt description, given {}", name,
+                                         to_string(described->kind), to_string(value_kind(value))));
+    }
+  }
+}
 }  // namespace
 
 ReceiptWriter::ReceiptWriter(const std::string& path, const Manifest& m, const std::vector<std::string>& tensor_names,
-                             bool overwrite, bool record_batches, BatchShape batch_shape)
-    : path_(path), tensor_count_(tensor_names.size()) {
+                             bool overwrite, bool record_batches, BatchShape batch_shape, const ReceiptSchema& schema)
+    : schema_(&schema), path_(path), tensor_count_(tensor_names.size()) {
+  check_attribute_kinds(m, schema);
   file_ = h5::create_file(path, overwrite);
   manifest_ = h5::create_group(file_, "manifest");
   h5::write_attr(manifest_, "schema_version", kSchemaVersion);
@@ -71,7 +89,7 @@ ReceiptWriter::ReceiptWriter(const std::string& path, const Manifest& m, const s
     hashes_[f] = h5::GrowingDataset(hashes, kHashFamilies[f], H5T_STD_U64LE, {K}, kRowChunk);
   }
   const h5::Handle sketches = h5::create_group(file_, "sketches");
-  h5::write_attr(sketches, "method", std::string("count-sketch over blocks"));
+  h5::write_attr(sketches, "method", std::string(kSketchMethod));
   h5::write_attr(sketches, "width", std::int64_t{kSketchWidth});
   h5::write_attr(sketches, "block", std::int64_t{kSketchBlock});
   for (std::size_t f = 0; f < 2; ++f) {
@@ -115,8 +133,26 @@ void ReceiptWriter::append_step(const StepRecord& r) {
   if (!swmr_) start_swmr();
 }
 
+// Engine state goes only where the description says an engine writes it.
+void ReceiptWriter::check_described(const std::vector<StepState>& states) const {
+  for (const StepState& state : states) {
+    const std::string group = "/" + state.group;
+    std::vector<std::string> paths;
+    if (!state.columns.empty()) paths.push_back(group + "/names");
+    for (const auto& field : state.fields) paths.push_back(group + "/" + field.first);
+    for (const std::string& path : paths) {
+      if (!schema_->group(group) || !schema_->dataset(path)) {
+        throw std::logic_error(fmt::format("receipt: engine state {} is not in the receipt description; describe it "
+                                           "with the engine's receipt entries (engines/registry.h)",
+                                           path));
+      }
+    }
+  }
+}
+
 void ReceiptWriter::append_state(const std::vector<StepState>& states) {
   if (state_fields_.empty()) {
+    check_described(states);
     for (const StepState& state : states) {
       const h5::Handle group = h5::create_group(file_, state.group);
       // No columns: one value per step, a 1-D dataset (e.g. /compile/UncachedCompile).

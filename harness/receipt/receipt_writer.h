@@ -67,8 +67,12 @@ struct BatchShape {
 class ReceiptWriter {
  public:
   // Creates `path` (refusing an existing file unless overwrite) and writes the manifest.
+  // `schema` is what the writer may write: a manifest attribute it describes must have its
+  // described type, and every engine state group and field must be described (an engine
+  // describes its own: engines/registry.h); std::logic_error otherwise, before any file.
   ReceiptWriter(const std::string& path, const Manifest& manifest, const std::vector<std::string>& tensor_names,
-                bool overwrite, bool record_batches, BatchShape batch_shape);
+                bool overwrite, bool record_batches, BatchShape batch_shape,
+                const ReceiptSchema& schema = ReceiptSchema::core());
   // Removes the file when a flush failed (it is no receipt then); otherwise closes it, and
   // a writer destroyed before finish() leaves its flushed steps with complete = 0.
   ~ReceiptWriter();
@@ -106,6 +110,9 @@ class ReceiptWriter {
   void start_swmr();
   void close();
 
+  void check_described(const std::vector<StepState>& states) const;
+
+  const ReceiptSchema* schema_;
   bool swmr_ = false, finished_ = false, damaged_ = false;
   std::vector<Dump> pending_dumps_;
   h5::GrowingDataset checkpoint_step_, checkpoint_hash_;

@@ -21,6 +21,7 @@
 #include "output_lock.h"
 #include "receipt/budget_features.h"
 #include "receipt/receipt_writer.h"
+#include "full_receipt_schema.h"
 #include "registry.h"
 #include "stack_info.h"
 #include "checkpoint.h"
@@ -291,7 +292,8 @@ RunSummary run_canary(const RunOptions& o, const std::function<void(const StepPr
   const std::string checkpoints = checkpoint_dir(o.out);
   if (o.checkpoint_every > 0) prepare_checkpoint_dir(checkpoints);  // before the receipt: a failure leaves no file
   receipt::ReceiptWriter writer(o.out, make_manifest(o, v, *engine, summary.lane), parameter_names(model), o.force,
-                                o.record_batches, {v.config.batch_size, v.config.context_length + 1});
+                                o.record_batches, {v.config.batch_size, v.config.context_length + 1},
+                                full_receipt_schema());
   if (o.checkpoint_every > 0) writer.declare_checkpoints(fs::path(checkpoints).filename().string(), o.checkpoint_every);
 
   const auto should_dump = [&](int step) {

@@ -20,6 +20,7 @@
 #include "receipt/hdf5_file.h"
 #include "receipt/receipt_reader.h"
 #include "receipt/receipt_validator.h"
+#include "run/full_receipt_schema.h"
 #include "registry.h"
 #include "tensor_digest.h"
 
@@ -177,7 +178,7 @@ std::optional<ReplayMismatch> compare_step(const Record& rec, int step, const re
 }  // namespace
 
 ReplayResult replay(const ReplayOptions& options) {
-  receipt::require_valid_receipt(options.receipt);  // its rows are what the replay is checked against
+  receipt::require_valid_receipt(options.receipt, run::full_receipt_schema());  // its rows are what the replay is checked against
   const receipt::ReceiptReader reader(options.receipt);
   RunOptions o = recipe_of(reader);
   const Record rec = read_record(reader);

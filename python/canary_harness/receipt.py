@@ -31,8 +31,8 @@ from .budget_features import parse_features
 
 from . import digest
 from .digest import Sketch, as_float32, sketch, tensor_hash
-from .schema import (HASH_FAMILIES, SCHEMA_MINOR, SCHEMA_VERSION, SKETCH_BLOCK, SKETCH_FAMILIES, SKETCH_METHOD,
-                     SKETCH_WIDTH, STEP_CHUNK_ROWS, TABLE_CHUNK_ROWS)
+from .schema import (CHECKPOINTS_IN_RECEIPT, HASH_FAMILIES, SCHEMA_MINOR, SCHEMA_VERSION, SKETCH_BLOCK, SKETCH_FAMILIES,
+                     SKETCH_METHOD, SKETCH_WIDTH, STEP_CHUNK_ROWS, TABLE_CHUNK_ROWS, attribute_entry, dataset_rank)
 from .stack import StackInfo, collect_stack_info
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -60,7 +60,7 @@ class StoredCheckpoint(NamedTuple):
 
 # /checkpoints held in the receipt (Python canaries): the storage attribute's value, the
 # content hash's length ("xxh128:" and 32 hex digits) and the state dataset's chunk.
-CHECKPOINT_STORAGE = "receipt"
+CHECKPOINT_STORAGE = CHECKPOINTS_IN_RECEIPT
 CONTENT_HASH_LENGTH = 39
 CHECKPOINT_CHUNK_BYTES = 1 << 20
 
@@ -316,6 +316,20 @@ def _check_attr_value(what: str, value: Any) -> None:
         raise ValueError(f"{what} is {value}, outside int64 (-2**63..2**63-1)")
 
 
+_KIND_WORDS = {"string": "a str", "integer": "an int", "float": "a float"}
+
+
+def _is_of_kind(value: Any, entry: Optional[Mapping[str, Any]]) -> bool:
+    """Whether `value` has the type the description gives its attribute (any, where none is described)."""
+    if entry is None:
+        return True
+    if entry["kind"] == "integer":
+        return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    if entry["kind"] == "float":
+        return isinstance(value, (float, np.floating))
+    return isinstance(value, str)
+
+
 def _manifest_attrs(manifest: Mapping[str, Any], stack: StackInfo) -> Dict[str, AttrValue]:
     """Validates the caller's manifest and completes it, before anything touches the disk."""
     missing = [k for k in _REQUIRED if k not in manifest]
@@ -355,6 +369,10 @@ def _manifest_attrs(manifest: Mapping[str, Any], stack: StackInfo) -> Dict[str, 
                 parse_features(value)
             except ValueError as e:  # what `harness validate` refuses, refused before any file exists
                 raise ValueError(f"manifest budget_features: {e}") from None
+        elif not _is_of_kind(value, attribute_entry("/manifest", key)):
+            kind = attribute_entry("/manifest", key)["kind"]  # type: ignore[index]
+            raise TypeError(f"manifest {key} must be {_KIND_WORDS[kind]} (the receipt schema's type), "
+                            f"not {type(value).__name__}")
         elif not isinstance(value, (str, int, float, np.integer, np.floating)):
             raise TypeError(f"manifest {key}: {type(value).__name__} is not a str, int or float")
         _check_attr_value(f"manifest {key}", value)
@@ -1020,11 +1038,12 @@ class ReceiptReader:
             self._fail(f"HDF5 cannot list {group} ({hdf5_message(e)}); {self.DAMAGED}")
 
     def dataset(self, name: str, ndim: Optional[int] = None) -> h5py.Dataset:
-        """The dataset at `name`, checked (its rank where `ndim` is given, and that the file
-        stores every value its shape declares) without reading it."""
+        """The dataset at `name`, checked (its rank: `ndim` where given, else the receipt
+        description's; and that the file stores every value its shape declares) without reading it."""
         obj = self._get(name)
         if not isinstance(obj, h5py.Dataset):
             self._fail(f"missing dataset {name}")
+        ndim = dataset_rank(name) if ndim is None else ndim
         if ndim is not None and obj.ndim != ndim:
             self._fail(f"{name} has shape {obj.shape}, where a {ndim}-D dataset belongs; {self.DAMAGED}")
         try:

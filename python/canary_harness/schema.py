@@ -1,21 +1,90 @@
-"""Receipt schema constants, mirrored from harness/receipt/receipt_schema.h.
+"""The receipt schema, read from its description: receipt_schema.json beside this module.
 
-They live in one module so that a schema change on the C++ side is one edit here, and so
-that tests can assert the two sides agree instead of repeating literals.
+That file is what `harness schema` prints (harness/receipt/receipt_schema.cpp and each
+engine's additions): every group, dataset and manifest attribute with its type, shape,
+presence, the minor that added it and who writes it. tests/cli/receipt_schema.sh holds
+the file equal to the harness's output, so the two sides cannot drift; the constants below
+are read from it, never repeated.
 """
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
 
-SCHEMA_VERSION = 1  # major: a reader refuses any other
-# minor 1: HDF5 1.10 format, fixed-length UTF-8 strings, Fletcher32; 2: manifest budget_features;
-# 3: /checkpoints held in the receipt (a Python canary's state)
-SCHEMA_MINOR = 3
+import h5py
 
-SKETCH_WIDTH = 16  # buckets of the count sketch
-SKETCH_BLOCK = 32  # elements per sketched block
-SKETCH_METHOD = "count-sketch over blocks"
+DESCRIPTION_FILE = Path(__file__).with_name("receipt_schema.json")
+DESCRIPTION: Dict[str, Any] = json.loads(DESCRIPTION_FILE.read_text(encoding="utf-8"))
+_CONSTANTS = DESCRIPTION["constants"]
 
-HASH_FAMILIES = ("params", "grads", "adam_m", "adam_v")  # receipt order of /hashes
-SKETCH_FAMILIES = ("params", "grads")  # receipt order of /sketches
+SCHEMA_VERSION: int = DESCRIPTION["schema_version"]  # major: a reader refuses any other
+SCHEMA_MINOR: int = DESCRIPTION["schema_minor"]  # additions an older reader may ignore
+
+SKETCH_WIDTH: int = _CONSTANTS["sketch_width"]  # buckets of the count sketch
+SKETCH_BLOCK: int = _CONSTANTS["sketch_block"]  # elements per sketched block
+SKETCH_METHOD: str = _CONSTANTS["sketch_method"]
+
+HASH_FAMILIES: Tuple[str, ...] = tuple(_CONSTANTS["hash_families"])  # receipt order of /hashes
+SKETCH_FAMILIES: Tuple[str, ...] = tuple(_CONSTANTS["sketch_families"])  # receipt order of /sketches
+CHECKPOINTS_IN_RECEIPT: str = _CONSTANTS["checkpoints_in_receipt"]  # /checkpoints' storage when held
 
 # Chunk rows of the growing datasets, as receipt_writer.cpp: 1-D step series and (N, K) tables.
 STEP_CHUNK_ROWS = 128
 TABLE_CHUNK_ROWS = 16
+
+
+def _matches(pattern: str, path: str) -> bool:
+    """Segment by segment; a '*' segment matches any one non-empty name."""
+    want, got = pattern.split("/"), path.split("/")
+    return len(want) == len(got) and all(w == g or (w == "*" and g) for w, g in zip(want, got))
+
+
+def dataset_entry(path: str) -> Optional[Dict[str, Any]]:
+    """The description of the dataset at `path`: its exact entry, else the first pattern that matches."""
+    entries = DESCRIPTION["datasets"]
+    exact = next((d for d in entries if d["path"] == path), None)
+    return exact or next((d for d in entries if "*" in d["path"] and _matches(d["path"], path)), None)
+
+
+def attribute_entry(group: str, name: str) -> Optional[Dict[str, Any]]:
+    """The description of attribute `name` of `group` ("/manifest"), None where there is none."""
+    return next((a for a in DESCRIPTION["attributes"] if a["path"] == f"{group}/{name}"), None)
+
+
+def group_entry(path: str) -> Optional[Dict[str, Any]]:
+    return next((g for g in DESCRIPTION["groups"] if g["path"] == path), None)
+
+
+def dataset_rank(path: str) -> Optional[int]:
+    """The number of dimensions the description gives the dataset, None for any (or none described)."""
+    entry = dataset_entry(path)
+    return None if entry is None or entry["shape"] is None else len(entry["shape"])
+
+
+def undescribed(file: h5py.File) -> List[str]:
+    """What the file holds that the description does not: top-level groups, the datasets of
+    described groups, and /manifest attributes (where a writer's free-form extras go)."""
+    found: List[str] = [f"group /{name}" for name in file if isinstance(file[name], h5py.Group)
+                        and group_entry(f"/{name}") is None]
+    def visit(name: str, obj: Any) -> None:
+        path = f"/{name}"
+        if isinstance(obj, h5py.Dataset) and group_entry(path[:path.find("/", 1)]) and dataset_entry(path) is None:
+            found.append(f"dataset {path}")
+    file.visititems(visit)
+    if "manifest" in file:
+        found += [f"/manifest attribute {a}" for a in file["manifest"].attrs if attribute_entry("/manifest", a) is None]
+    return found
+
+
+def missing_required(file: h5py.File) -> List[str]:
+    """The required datasets and attributes the file lacks, where their group is there (or must be)."""
+    def group_there(group: str) -> bool:
+        entry = group_entry(group)
+        return group.lstrip("/") in file or (entry is not None and entry["presence"] == "required")
+    missing = [d["path"] for d in DESCRIPTION["datasets"] if d["presence"] == "required" and "*" not in d["path"]
+               and group_there(d["path"].rsplit("/", 1)[0]) and d["path"].lstrip("/") not in file]
+    for a in DESCRIPTION["attributes"]:
+        group, name = a["path"].rsplit("/", 1)
+        if a["presence"] == "required" and group_there(group) and (
+                group.lstrip("/") not in file or name not in file[group.lstrip("/")].attrs):
+            missing.append(a["path"])
+    return missing

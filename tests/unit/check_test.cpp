@@ -468,9 +468,9 @@ TEST(Budgets, ACanaryDeclaresItsOwnCompileWarmUp) {
   EXPECT_EQ(budgets.compile_stability.warmup_steps, 1);
 
   ReceiptData mesh = run("warmup_mesh", lane("micro", 4, 2, "tpu-mesh", "", {{"mesh", "2x1"}}));
-  ASSERT_EQ(mesh.compile.at("UncachedCompile").size(), 4u);
-  ASSERT_GT(mesh.compile.at("UncachedCompile")[0], 0);
-  mesh.compile.at("UncachedCompile")[1] = 1;  // a second graph at step 1, as torch.optim's makes
+  ASSERT_EQ(mesh.counters.at("/compile/UncachedCompile").values.size(), 4u);
+  ASSERT_GT(mesh.counters.at("/compile/UncachedCompile").values[0], 0);
+  mesh.counters.at("/compile/UncachedCompile").values[1] = 1;  // a second graph at step 1, as torch.optim's makes
   const auto gate = [&](const Budgets& b) {
     const Verdict v = compare_receipts(mesh, mesh, b, "golden");
     return *std::find_if(v.metrics.begin(), v.metrics.end(),
@@ -480,7 +480,7 @@ TEST(Budgets, ACanaryDeclaresItsOwnCompileWarmUp) {
   const MetricVerdict shipped = gate(load_budgets(kShippedBudgets));
   EXPECT_FALSE(shipped.pass);
   EXPECT_EQ(shipped.first_failing_step, 1);
-  mesh.compile.at("UncachedCompile")[2] = 1;  // past the canary's warm-up: fails there
+  mesh.counters.at("/compile/UncachedCompile").values[2] = 1;  // past the canary's warm-up: fails there
   const MetricVerdict late = gate(budgets);
   EXPECT_FALSE(late.pass);
   EXPECT_EQ(late.first_failing_step, 2);
