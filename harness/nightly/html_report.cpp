@@ -14,6 +14,7 @@
 #include "python_canary.h"
 #include "registry.h"
 #include "reports.h"
+#include "run_option_fields.h"
 
 namespace harness::nightly {
 namespace {
@@ -65,15 +66,7 @@ pugi::xml_node add(pugi::xml_node parent, const char* tag, const std::string& te
 }
 
 // A number in shell words: as is when it is plain, else single-quoted.
-std::string shell_word(const std::string& word) {
-  const bool plain = !word.empty() && std::all_of(word.begin(), word.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("-_.,=/:+@%", c) != nullptr;
-  });
-  if (plain) return word;
-  std::string quoted = "'";
-  for (char c : word) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return quoted + "'";
-}
+using run::shell_word;
 
 // "Nice" tick spacing: 1, 2 or 5 times a power of ten, about `range / count`.
 double nice_step(double range, int count) {
@@ -467,25 +460,29 @@ std::string python_run_command(const json& recipe, const std::string& out, int c
 // harness's engines, `python3 -m canary_harness run` for a Python canary.
 std::string run_command(const json& recipe, const std::string& out, int checkpoint_every = 0) {
   if (is_python_recipe(recipe)) return python_run_command(recipe, out, checkpoint_every);
-  std::vector<std::string> words{"harness", "run", "--canary", shell_word(json_text(recipe, "canary")), "--engine",
-                                 shell_word(json_text(recipe, "engine"))};
-  if (!json_text(recipe, "features").empty()) words.insert(words.end(), {"--features", shell_word(json_text(recipe, "features"))});
-  if (recipe.contains("engine_options") && recipe["engine_options"].is_object()) {
-    for (const auto& [flag, value] : recipe["engine_options"].items()) {
-      words.push_back("--" + flag);
-      const DescribedFlag* described = find_engine_flag(flag);
-      if (described == nullptr || !described->flag.is_switch) words.push_back(shell_word(value.is_string() ? value.get<std::string>() : value.dump()));
-    }
+  run::RunOptions options;
+  try {
+    options = run::options_from_recipe(recipe);
+  } catch (const run::UsageError& e) {  // a damaged recipe: say so where the command would be
+    return fmt::format("# the receipt's recipe cannot be run again ({})", e.what());
   }
-  if (recipe.contains("seed")) words.insert(words.end(), {"--seed", recipe["seed"].dump()});
-  if (recipe.contains("steps")) words.insert(words.end(), {"--steps", recipe["steps"].dump()});
-  if (json_text(recipe, "trace") == "ops") words.insert(words.end(), {"--trace", "ops"});
-  if (recipe.contains("inject_fault") && recipe["inject_fault"].is_string()) {
-    words.insert(words.end(), {"--inject-fault", shell_word(recipe["inject_fault"].get<std::string>())});
-  }
-  if (checkpoint_every > 0) words.insert(words.end(), {"--checkpoint-every", std::to_string(checkpoint_every)});
+  if (checkpoint_every > 0) options.checkpoint_every = checkpoint_every;
+  std::vector<std::string> words = run::run_command_words(options);
   words.insert(words.end(), {"--out", shell_word(out)});
   return fmt::format("{}", fmt::join(words, " "));
+}
+
+// ", reduction order seed S (--FLAG)" for a recipe whose engine draws its reduction order
+// from a seed (Engine::reduction_seed), else "".
+std::string reduction_seed_note(const json& recipe) {
+  if (!is_engine_recipe(recipe)) return "";
+  try {
+    const run::RunOptions options = run::options_from_recipe(recipe);
+    const auto seed = make_engine(options.engine, options.engine_settings)->reduction_seed();
+    return seed ? fmt::format(", reduction order seed {} (--{})", seed->seed, seed->flag) : "";
+  } catch (const std::exception&) {  // a recipe no engine takes: the command below says so
+    return "";
+  }
 }
 
 void command_block(pugi::xml_node parent, const std::string& what, const std::string& command, const std::string& note = "") {
@@ -511,10 +508,9 @@ void reproduce(pugi::xml_node section, const json& lane, const json& summary) {
     if (f.is_number_integer() && (first_failing < 0 || f.get<int>() < first_failing)) first_failing = f.get<int>();
   }
   if (is_engine_recipe(recipe) || is_python_recipe(recipe)) {
-    const json options = recipe.value("engine_options", json::object());
     command_block(box,
                   fmt::format("Run the lane again (its receipt's recipe: seed {}{}):", recipe.value("seed", json(nullptr)).dump(),
-                              options.contains("noise-seed") ? ", noise seed " + json_text(options, "noise-seed") : ""),
+                              reduction_seed_note(recipe)),
                   run_command(recipe, id + ".h5"));
   } else {  // a command lane, the PyTorch lane on the canary pack: the job's own way of running it, that lane alone
     const json matrix = summary.value("matrix", json::object());

@@ -22,6 +22,7 @@
 #include "receipt/budget_features.h"
 #include "receipt/receipt_writer.h"
 #include "full_receipt_schema.h"
+#include "run_option_fields.h"
 #include "registry.h"
 #include "stack_info.h"
 #include "checkpoint.h"
@@ -174,35 +175,12 @@ std::string lane_name(const std::string& canary, const std::string& engine, cons
 }
 
 nlohmann::json replay_recipe(const RunOptions& o, const std::optional<Engine::ReductionSeed>& reduction_seed) {
-  EngineSettings settings = o.engine_settings;
-  if (reduction_seed) settings.options[reduction_seed->flag] = std::to_string(reduction_seed->seed);
-  nlohmann::json recipe = {{"canary", o.canary},
-                           {"engine", o.engine},
-                           {"features", settings.features},
-                           {"engine_options", settings.options},
-                           {"seed", o.seed.value()},  // resolved by the run: --seed or the canary's
-                           {"threads", o.threads},
-                           {"trace", to_string(o.trace)},
-                           {"checkpoint_every", o.checkpoint_every},
-                           {"inject_fault", o.inject_fault ? nlohmann::json(*o.inject_fault) : nlohmann::json(nullptr)}};
-  if (o.steps) recipe["steps"] = *o.steps;
-  if (o.perturb_init) recipe["perturb_init"] = *o.perturb_init;
+  RunOptions recorded = o;
+  if (reduction_seed) recorded.engine_settings.options[reduction_seed->flag] = std::to_string(reduction_seed->seed);
+  nlohmann::json recipe = nlohmann::json::object();
+  for (const RunOptionField& field : run_option_fields()) field.write(recorded, recipe);
   return recipe;
 }
-
-namespace {
-// Recipe key `key`: an integer (not a float, not one past int64) in lo..hi, as the run's
-// own flags allow; a UsageError names the key otherwise.
-std::int64_t recipe_integer(const nlohmann::json& recipe, const std::string& key, std::int64_t lo, std::int64_t hi) {
-  const nlohmann::json& value = recipe.at(key);
-  const bool integral = value.is_number_integer() &&
-                        !(value.is_number_unsigned() && value.get<std::uint64_t>() > static_cast<std::uint64_t>(hi));
-  if (!integral || value.get<std::int64_t>() < lo || value.get<std::int64_t>() > hi) {
-    throw UsageError(fmt::format("run_options: key '{}' is {}, not an integer in {}..{}", key, value.dump(), lo, hi));
-  }
-  return value.get<std::int64_t>();
-}
-}  // namespace
 
 TraceLevel parse_trace_level(const std::string& text, const std::string& where) {
   if (text == "none") return TraceLevel::kNone;
@@ -226,20 +204,9 @@ int checked_steps(int steps) {
 
 RunOptions options_from_recipe(const nlohmann::json& recipe) {
   if (!recipe.is_object()) throw UsageError("run_options: not a replay recipe (not a JSON object)");
-  constexpr std::int64_t kInt64Max = std::numeric_limits<std::int64_t>::max();
   RunOptions o;
   try {
-    o.canary = recipe.at("canary").get<std::string>();
-    o.engine = recipe.at("engine").get<std::string>();
-    o.engine_settings.features = recipe.at("features").get<std::string>();
-    o.engine_settings.options = recipe.at("engine_options").get<std::map<std::string, std::string>>();
-    o.seed = recipe_integer(recipe, "seed", 0, kInt64Max);
-    o.threads = static_cast<int>(recipe_integer(recipe, "threads", 0, kMaxThreads));
-    o.trace = parse_trace_level(recipe.at("trace").get<std::string>(), "run_options: key 'trace'");
-    o.checkpoint_every = static_cast<int>(recipe_integer(recipe, "checkpoint_every", 0, std::numeric_limits<int>::max()));
-    if (!recipe.at("inject_fault").is_null()) o.inject_fault = recipe.at("inject_fault").get<std::string>();
-    if (recipe.contains("steps")) o.steps = static_cast<int>(recipe_integer(recipe, "steps", 1, canary::kMaxSteps));
-    if (recipe.contains("perturb_init")) o.perturb_init = recipe_integer(recipe, "perturb_init", 0, kInt64Max);
+    for (const RunOptionField& field : run_option_fields()) field.read(recipe, o);
   } catch (const nlohmann::json::exception& e) {
     throw UsageError(fmt::format("run_options: not a replay recipe ({})", json_error_text(e)));
   }
