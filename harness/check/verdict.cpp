@@ -48,8 +48,10 @@ bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; 
 class SeriesJudge {
  public:
   SeriesJudge(std::string metric, int steps, double outlier_fraction)
-      : ratios_(static_cast<std::size_t>(steps), 0.0) {
+      : ratios_(static_cast<std::size_t>(steps), 0.0), judged_(static_cast<std::size_t>(steps), false) {
     v_.metric = std::move(metric);
+    v_.step_deviation.assign(static_cast<std::size_t>(steps), 0.0);
+    v_.step_allowed.assign(static_cast<std::size_t>(steps), 0.0);
     v_.allowed_outliers = static_cast<int>(std::floor(outlier_fraction * steps));
   }
 
@@ -57,8 +59,13 @@ class SeriesJudge {
   void add(int step, double deviation, double allowed, const std::string& where = "") {
     double ratio = deviation == 0 ? 0 : allowed > 0 ? deviation / allowed : std::numeric_limits<double>::infinity();
     if (std::isnan(ratio) || std::isnan(deviation)) ratio = std::numeric_limits<double>::infinity();  // NaN never passes
-    auto& slot = ratios_[static_cast<std::size_t>(step)];
-    slot = std::max(slot, ratio);
+    const auto at = static_cast<std::size_t>(step);
+    if (!judged_[at] || ratio > ratios_[at]) {  // the step's worst place so far
+      v_.step_deviation[at] = deviation;
+      v_.step_allowed[at] = allowed;
+    }
+    judged_[at] = true;
+    ratios_[at] = std::max(ratios_[at], ratio);
     if (v_.worst_step < 0 || ratio > worst_ratio_) {
       worst_ratio_ = ratio;
       v_.worst_step = step;
@@ -92,6 +99,7 @@ class SeriesJudge {
  private:
   MetricVerdict v_;
   std::vector<double> ratios_;
+  std::vector<bool> judged_;
   double worst_ratio_ = 0;
 };
 

@@ -100,6 +100,10 @@ struct MetricVerdict {
   int failing_steps = 0;
   int allowed_outliers = 0;
   std::string worst_tensor;   // params_sketch, hashes, memory: which tensor or device
+  // Per step, the deviation and allowance where the step came closest to (or went past)
+  // its budget: the envelope the reports draw, as the verdict judged it (0, 0 where a step
+  // is not judged, e.g. a compile in the warm-up).
+  std::vector<double> step_deviation, step_allowed;
 };
 
 struct TensorMove {

@@ -15,6 +15,11 @@ nlohmann::json move_json(const std::optional<TensorMove>& m) {
 
 // JSON has no infinity: an exact budget that was broken has no finite headroom.
 nlohmann::json finite_or_null(double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr); }
+nlohmann::json finite_or_null(const std::vector<double>& xs) {
+  nlohmann::json out = nlohmann::json::array();
+  for (double x : xs) out.push_back(finite_or_null(x));
+  return out;
+}
 
 std::string metric_line(const MetricVerdict& m) {
   if (m.pass && m.max_deviation == 0) return fmt::format("PASS  {:<38} exact", m.metric);
@@ -46,7 +51,9 @@ nlohmann::json to_json(const Verdict& v) {
                        {"headroom_pct", finite_or_null(m.headroom_pct)},
                        {"failing_steps", m.failing_steps},
                        {"allowed_outliers", m.allowed_outliers},
-                       {"worst_tensor", m.worst_tensor}});
+                       {"worst_tensor", m.worst_tensor},
+                       {"step_deviation", finite_or_null(m.step_deviation)},
+                       {"step_allowed", finite_or_null(m.step_allowed)}});
   }
   nlohmann::json stack = nlohmann::json::array();
   for (const StackDifference& d : v.stack) {

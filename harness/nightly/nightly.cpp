@@ -47,68 +47,22 @@ std::string verdict_line(const check::Verdict& v) {
   return fmt::format("within budget; tightest {} at {:.0f}% headroom", tightest->metric, tightest->headroom_pct);
 }
 
-// The divergence of `run` from `against` per step, and what the budget allows there: per
-// metric the verdict judges step by step against a tolerance (docs/nightly.md, summary.json),
-// tightest first, with the judged verdict's headroom and first failing step; and what the
-// reports need to reproduce, bisect and replay the run (its receipt and its recipe).
-json envelope(const check::ReceiptData& run, const check::ReceiptData& against, const check::Budgets& budgets,
-              const json& verdict = json()) {
-  const check::ComposedBudget budget = check::budget_between(budgets, run, against);
-  const int steps = std::min(run.steps(), against.steps());
-  const auto step_count = static_cast<std::size_t>(std::max(steps, 0));
-  const bool bitwise = budget.bitwise();
-  // As the verdict judges it (check/verdict.cpp): a non-finite value, or a bitwise budget,
-  // allows nothing; params_sketch is the step's worst tensor by deviation / allowance.
-  auto scalar = [&](const std::vector<double>& a, const std::vector<double>& b, const char* metric) {
-    json deviation = json::array(), allowed = json::array();
-    for (std::size_t s = 0; s < step_count; ++s) {
-      deviation.push_back(std::fabs(a[s] - b[s]));  // NaN becomes null
-      const bool exact = bitwise || !std::isfinite(a[s]) || !std::isfinite(b[s]);
-      allowed.push_back(exact ? 0.0 : budget.allowed(metric, static_cast<int>(s), b[s]));
-    }
-    return std::pair{deviation, allowed};
-  };
-  std::map<std::string, std::pair<json, json>> per_metric;
-  per_metric["loss"] = scalar(run.loss, against.loss, "loss");
-  per_metric["grad_norm"] = scalar(run.grad_norm, against.grad_norm, "grad_norm");
-  const std::size_t width = receipt::kSketchWidth, tensors = run.tensors.size();
-  const bool sketches = !bitwise && tensors == against.tensors.size() &&
-                        run.params_sketch.size() >= step_count * tensors * width &&
-                        against.params_sketch.size() >= step_count * tensors * width;
-  if (sketches) {
-    json deviation = json::array(), allowed = json::array();
-    for (std::size_t s = 0; s < step_count; ++s) {
-      double worst_ratio = -1, worst_d = 0, worst_a = 0;
-      for (std::size_t t = 0; t < tensors; ++t) {
-        const std::size_t at = (s * tensors + t) * width;
-        const check::SketchDistance d = check::sketch_distance(std::span(run.params_sketch).subspan(at, width),
-                                                               std::span(against.params_sketch).subspan(at, width));
-        const double a = budget.allowed("params_sketch", static_cast<int>(s), d.reference_norm);
-        double ratio = d.distance == 0 ? 0 : a > 0 ? d.distance / a : std::numeric_limits<double>::infinity();
-        if (std::isnan(ratio)) ratio = std::numeric_limits<double>::infinity();
-        if (ratio > worst_ratio) worst_ratio = ratio, worst_d = d.distance, worst_a = a;
-      }
-      deviation.push_back(worst_d);
-      allowed.push_back(worst_a);
-    }
-    per_metric["params_sketch"] = {deviation, allowed};
-  }
+// The divergence of `run` from `against` per step, and what the budget allows there, as the
+// verdict judged it (its metrics' step_deviation and step_allowed; docs/nightly.md,
+// summary.json): per metric judged against a tolerance, tightest first, with its headroom
+// and first failing step; and what the reports need to reproduce, bisect and replay the
+// run (its receipt and its recipe).
+json envelope(const check::ReceiptData& run, const check::ReceiptData& against, const json& verdict) {
   std::vector<json> metrics;
+  json loss_deviation = json::array(), loss_allowed = json::array();
   for (const char* name : check::kBudgetMetrics) {
-    const auto found = per_metric.find(name);
-    if (found == per_metric.end()) continue;
-    json m = {{"metric", name}, {"deviation", found->second.first}, {"allowed", found->second.second},
-              {"headroom_pct", nullptr}, {"pass", true}, {"first_failing_step", nullptr}, {"worst_step", nullptr},
-              {"worst_tensor", ""}};
-    if (verdict.is_object() && verdict.contains("metrics")) {
-      for (const json& v : verdict["metrics"]) {
-        if (v.value("metric", "") != name) continue;
-        for (const char* key : {"headroom_pct", "pass", "first_failing_step", "worst_step", "worst_tensor"}) {
-          if (v.contains(key)) m[key] = v[key];
-        }
-      }
+    for (const json& v : verdict.at("metrics")) {
+      if (v.value("metric", "") != name) continue;
+      json m = {{"metric", name}, {"deviation", v.at("step_deviation")}, {"allowed", v.at("step_allowed")}};
+      for (const char* key : {"headroom_pct", "pass", "first_failing_step", "worst_step", "worst_tensor"}) m[key] = v.at(key);
+      if (m["metric"] == "loss") loss_deviation = m["deviation"], loss_allowed = m["allowed"];
+      metrics.push_back(m);
     }
-    metrics.push_back(m);
   }
   // Tightest first: the least headroom (null: a broken exact budget or a NaN, the tightest).
   std::stable_sort(metrics.begin(), metrics.end(), [](const json& a, const json& b) {
@@ -121,10 +75,11 @@ json envelope(const check::ReceiptData& run, const check::ReceiptData& against, 
     recipe = json::parse(it->second, nullptr, false);
     if (recipe.is_discarded()) recipe = nullptr;
   }
+  const json& budget = verdict.at("budget");
   return {{"against", against.lane},  {"against_receipt", against.path},
           {"receipt", run.path},      {"run_options", recipe},
-          {"budget", budget.names()}, {"bitwise", bitwise},
-          {"loss_deviation", per_metric["loss"].first}, {"loss_allowed", per_metric["loss"].second},
+          {"budget", budget.at("features")}, {"bitwise", budget.at("bitwise")},
+          {"loss_deviation", loss_deviation}, {"loss_allowed", loss_allowed},
           {"metrics", json(metrics)}};
 }
 
@@ -317,7 +272,7 @@ class NightlyJob::Impl {
     series["golden_loss"] = golden->loss;
     json result = judge("golden", run, *golden, budgets_);
     if (spec.id == matrix_.reference && result["status"] != "error") {
-      series["envelope"] = envelope(run, *golden, budgets_, result.value("verdict", json()));
+      series["envelope"] = envelope(run, *golden, result.at("verdict"));
     }
     return result;
   }
@@ -330,7 +285,7 @@ class NightlyJob::Impl {
     }
     series["reference_loss"] = ref.receipt->loss;
     json result = judge("reference", run, *ref.receipt, budgets_);
-    if (result["status"] != "error") series["envelope"] = envelope(run, *ref.receipt, budgets_, result.value("verdict", json()));
+    if (result["status"] != "error") series["envelope"] = envelope(run, *ref.receipt, result.at("verdict"));
     return result;
   }
 

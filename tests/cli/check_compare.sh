@@ -33,7 +33,11 @@ assert v["first_failing_step"] == 5 and v["budget"]["bitwise"] is True
 assert v["first_moved"]["step"] == 5 and v["data"] == "equal"
 for m in v["metrics"]:
     assert set(m) >= {"metric", "pass", "first_failing_step", "worst_step", "max_deviation", "allowed",
-                      "headroom_pct", "failing_steps", "allowed_outliers", "worst_tensor"}
+                      "headroom_pct", "failing_steps", "allowed_outliers", "worst_tensor", "step_deviation",
+                      "step_allowed"}
+    assert len(m["step_deviation"]) == len(m["step_allowed"]) == v["steps"]
+hashes = next(m for m in v["metrics"] if m["metric"] == "hashes")
+assert hashes["step_deviation"][5] > 0 and hashes["step_deviation"][:5] == [0] * 5
 assert any(d["key"] == "fault_injection" for d in v["stack_diff"])
 PY
 # compare across lanes: the composed budget

@@ -221,6 +221,42 @@ TEST(Verdict, InjectedFaultFailsTheExactCheckAtItsStep) {
   EXPECT_EQ(v.first_failure()->metric, "hashes");
 }
 
+// The envelope the reports draw is the verdict's own: per step, the deviation and allowance
+// of the place (the tensor, for sketches) that came closest to its budget.
+TEST(Verdict, EachStepKeepsWhereItCameClosestToItsBudget) {
+  const Budgets budgets = load_budgets(kShippedBudgets);
+  const ReceiptData ref = run("series_ref", lane("micro", 6, 2));
+  const ReceiptData bf16 = run("series_bf16", lane("micro", 6, 2, "accel", "bf16", {{"noise", "off"}}));
+  const Verdict v = compare_receipts(bf16, ref, budgets, "compare");
+  const ComposedBudget budget = budget_between(budgets, bf16, ref);
+  ASSERT_FALSE(budget.bitwise());
+  int checked = 0;
+  for (const MetricVerdict& m : v.metrics) {
+    ASSERT_EQ(m.step_deviation.size(), 6u) << m.metric;
+    for (int s = 0; s < 6; ++s) {
+      const auto at = static_cast<std::size_t>(s);
+      if (m.metric == "loss") {
+        EXPECT_EQ(m.step_deviation[at], std::fabs(bf16.loss[at] - ref.loss[at]));
+        EXPECT_EQ(m.step_allowed[at], budget.allowed("loss", s, ref.loss[at]));
+        ++checked;
+      } else if (m.metric == "params_sketch") {
+        double worst = -1, deviation = 0, allowed = 0;
+        for (std::size_t t = 0; t < ref.tensors.size(); ++t) {
+          const std::size_t w = receipt::kSketchWidth, first = (at * ref.tensors.size() + t) * w;
+          const SketchDistance d = sketch_distance(std::span(bf16.params_sketch).subspan(first, w),
+                                                   std::span(ref.params_sketch).subspan(first, w));
+          const double a = budget.allowed("params_sketch", s, d.reference_norm);
+          if (d.distance / a > worst) worst = d.distance / a, deviation = d.distance, allowed = a;
+        }
+        EXPECT_EQ(m.step_deviation[at], deviation) << s;
+        EXPECT_EQ(m.step_allowed[at], allowed) << s;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, 12);
+}
+
 // The headroom is the share of the budget left at the worst step: measured here against a
 // budget set to exactly twice, then half, the largest loss deviation.
 TEST(Verdict, HeadroomIsTheShareOfThePerturbedBudgetLeft) {
