@@ -90,7 +90,9 @@ class Engine {
   // bitwise reference (cpu-ref), by the names of the budgets file's entries
   // (docs/budgets.md), e.g. {"noise", "bf16"}; empty for a run that rounds like cpu-ref.
   // Declared from the engine's own numerics settings, written into the receipt manifest
-  // as `budget_features` ('+'-joined): the verdict composes budgets from it alone.
+  // as `budget_features` ('+'-joined): the verdict composes budgets from it alone. In
+  // order from the most general to the most specific: calibrate proposes a budget for the
+  // last one a comparison composes unless told which.
   virtual std::vector<std::string> budget_features() const = 0;
   // Engine settings for the receipt manifest (noise mode and seed, FP8 recipe, ...).
   virtual std::map<std::string, AttributeValue> manifest_attributes() const { return {}; }

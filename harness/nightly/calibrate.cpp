@@ -22,6 +22,7 @@
 #include "lane_run.h"
 #include "matrix.h"
 #include "python_canary.h"
+#include "receipt/budget_features.h"
 #include "registry.h"
 #include "stack_info.h"
 #include "verdict.h"
@@ -33,8 +34,6 @@ namespace fs = std::filesystem;
 
 inline constexpr double kMargin = 1.5;     // proposals cover the largest need times this
 inline constexpr double kFloorUlps = 4;    // and never allow less than this many fp32 ulps
-// The feature a multi-feature lane calibrates by default: the most specific it has.
-inline constexpr const char* kFeaturePriority[] = {"fp8-limited", "fp8", "mesh-bf16", "bf16", "mesh-fp32", "noise"};
 
 // 3 significant digits, rounded up so that a proposal never shrinks in print.
 double round_up(double x) {
@@ -169,7 +168,12 @@ std::string splice_section(const std::string& text, const std::string& feature, 
   return text.substr(0, start) + section + text.substr(end);
 }
 
-std::string choose_feature(const std::string& wanted, const std::vector<std::string>& composed, const std::string& lane) {
+// The feature to calibrate: `wanted`, else the most specific the lane composes. An engine
+// declares its features from the most general to the most specific (accel: noise, bf16,
+// fp8, fp8-limited; Engine::budget_features), so that is the last of the run's declared
+// features that the comparison composes.
+std::string choose_feature(const std::string& wanted, const std::vector<std::string>& composed, const std::string& lane,
+                           const std::vector<std::string>& declared) {
   if (!wanted.empty()) {
     if (std::find(composed.begin(), composed.end(), wanted) == composed.end()) {
       throw run::UsageError(fmt::format("--feature: {} is not a feature of {} against the reference (features: {})", wanted,
@@ -177,8 +181,8 @@ std::string choose_feature(const std::string& wanted, const std::vector<std::str
     }
     return wanted;
   }
-  for (const char* f : kFeaturePriority) {
-    if (std::find(composed.begin(), composed.end(), f) != composed.end()) return f;
+  for (auto f = declared.rbegin(); f != declared.rend(); ++f) {
+    if (std::find(composed.begin(), composed.end(), *f) != composed.end()) return *f;
   }
   if (composed.size() == 1) return composed.front();  // a feature of another stack (torch-bf16, ...)
   if (composed.empty()) {
@@ -628,7 +632,12 @@ Calibration calibrate(const CalibrateOptions& o, const std::function<void(const 
     parts.push_back(entry);
     c.composed.push_back(name);
   }
-  c.feature = choose_feature(o.feature, c.composed, c.lane);
+  const check::ReceiptData& lane_run = runs.repeats.front();
+  const auto declared = lane_run.manifest.find("budget_features");
+  c.feature = choose_feature(o.feature, c.composed, c.lane,
+                             declared == lane_run.manifest.end()
+                                 ? std::vector<std::string>{}
+                                 : receipt::BudgetFeatures::parse(declared->second).names());
   const check::FeatureBudget& current =
       **std::find_if(parts.begin(), parts.end(), [&](const check::FeatureBudget* p) { return p->name == c.feature; });
   c.section = current.key();
