@@ -14,7 +14,7 @@
 #include "compile_cache.h"
 #include "compiler.h"
 #include "cpu_ref_engine.h"
-#include "gpt2.h"
+#include "gpt2/gpt2.h"
 #include "tpu_mesh_engine.h"
 
 namespace {

@@ -9,8 +9,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "gpt2.h"
-#include "llama.h"
+#include "architecture.h"
 #include "numerics/perturbation.h"
 #include "numerics/philox.h"
 
@@ -208,38 +207,39 @@ void check_fits_in_memory(const CanaryConfig& config, const TensorTable& table) 
 }  // namespace
 
 namespace {
-// One row per architecture: its name (a canary file's `architecture`) and its model. The
-// rules read the rows, never an architecture's name.
-struct ArchitectureRow {
-  std::string_view name;
-  std::unique_ptr<Canary> (*make)(const CanaryConfig&, std::optional<FaultSpec>, bool trace_ops);
-};
+// Every architecture's own description (architectures/NAME/): the rules read these, never a name.
+const ArchitectureSpec* const kArchitectures[] = {&gpt2_architecture(), &llama_architecture()};
+}  // namespace
 
-template <class Model>
-std::unique_ptr<Canary> make_model(const CanaryConfig& config, std::optional<FaultSpec> fault, bool trace_ops) {
-  return std::make_unique<Model>(config, std::move(fault), trace_ops);
+std::span<const ArchitectureSpec* const> architectures() { return kArchitectures; }
+
+const ArchitectureSpec* find_architecture(std::string_view name) {
+  for (const ArchitectureSpec* spec : kArchitectures) {
+    if (spec->name == name) return spec;
+  }
+  return nullptr;
 }
 
-constexpr ArchitectureRow kArchitectures[] = {
-    {"gpt2", make_model<Gpt2Canary>},
-    {"llama", make_model<LlamaCanary>},
-};
-}  // namespace
+const ArchitectureSpec& legacy_identity_architecture() {
+  for (const ArchitectureSpec* spec : kArchitectures) {
+    if (spec->legacy_identity) return *spec;
+  }
+  throw std::logic_error("no architecture has the legacy canary identity");  // tests/unit/canary_file_test.cpp
+}
 
 std::vector<std::string> architecture_names() {
   std::vector<std::string> names;
-  for (const ArchitectureRow& row : kArchitectures) names.emplace_back(row.name);
+  for (const ArchitectureSpec* spec : kArchitectures) names.emplace_back(spec->name);
   return names;
 }
 
 std::unique_ptr<Canary> make_canary(const CanaryConfig& config, std::optional<FaultSpec> fault, bool trace_ops) {
-  const auto row = std::find_if(std::begin(kArchitectures), std::end(kArchitectures),
-                                [&](const ArchitectureRow& r) { return r.name == config.architecture; });
-  if (row == std::end(kArchitectures)) {
+  const ArchitectureSpec* spec = find_architecture(config.architecture);
+  if (spec == nullptr) {
     throw std::invalid_argument(fmt::format("canary architecture '{}' has no model in this build (known: {})",
                                             config.architecture, fmt::join(architecture_names(), ", ")));
   }
-  std::unique_ptr<Canary> model = row->make(config, std::move(fault), trace_ops);
+  std::unique_ptr<Canary> model = spec->make(config, std::move(fault), trace_ops);
   check_fits_in_memory(config, model->tensors());
   return model;
 }

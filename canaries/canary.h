@@ -1,7 +1,7 @@
 // A canary model: the architecture-independent half of every canary (tensor table,
 // initialisation from roles, the training step's shape: batch and per-step scalars,
 // forward, backward, global-norm clipping and AdamW), written once against the Engine call
-// boundary. An architecture (gpt2.h) describes its tensors and writes its forward and
+// boundary. An architecture (architectures/gpt2/gpt2.h) describes its tensors and writes its forward and
 // backward; make_canary() picks it from the canary file's `architecture`.
 #pragma once
 

@@ -11,6 +11,7 @@
 #include <fmt/ranges.h>
 #include <toml++/toml.h>
 
+#include "architecture.h"
 #include "canary.h"
 #include "token_file.h"
 
@@ -153,18 +154,26 @@ void read_model(const Reader& r, CanaryConfig& c) {
   if (c.heads % c.kv_heads != 0) {
     r.fail("model.kv_heads", fmt::format("{} does not divide model.heads {}", c.kv_heads, c.heads));
   }
-  const bool gpt2 = c.architecture == "gpt2";
-  if (gpt2 && c.kv_heads != c.heads) r.fail("model.kv_heads", "gpt2 has no grouped-query attention: leave it out");
-  if (gpt2 && r.has("model.rope_theta")) r.fail("model.rope_theta", "gpt2 has learned positions, no RoPE: leave it out");
-  c.mlp_hidden = r.integer("model.mlp_hidden", 1, kMaxSize, gpt2 ? std::optional<int>(4 * c.channels) : std::nullopt);
-  if (gpt2 && c.mlp_hidden != 4 * c.channels) {
-    r.fail("model.mlp_hidden", fmt::format("{}: gpt2's MLP is 4 * model.channels = {}", c.mlp_hidden, 4 * c.channels));
+  // The architecture's own rules (architectures/NAME/: ModelKeyRules); read_identity checked it exists.
+  const std::string_view arch = c.architecture;
+  const ModelKeyRules& rules = find_architecture(c.architecture)->rules;
+  if (!rules.grouped_query_attention && c.kv_heads != c.heads) {
+    r.fail("model.kv_heads", fmt::format("{} has no grouped-query attention: leave it out", arch));
+  }
+  if (!rules.rope && r.has("model.rope_theta")) {
+    r.fail("model.rope_theta", fmt::format("{} has learned positions, no RoPE: leave it out", arch));
+  }
+  const int fixed_mlp = rules.mlp_ratio * c.channels;
+  c.mlp_hidden = r.integer("model.mlp_hidden", 1, kMaxSize, fixed_mlp > 0 ? std::optional<int>(fixed_mlp) : std::nullopt);
+  if (fixed_mlp > 0 && c.mlp_hidden != fixed_mlp) {
+    r.fail("model.mlp_hidden",
+           fmt::format("{}: {}'s MLP is {} * model.channels = {}", c.mlp_hidden, arch, rules.mlp_ratio, fixed_mlp));
   }
   c.rope_theta = r.number("model.rope_theta", 0.0, 1e12, true, 10000.0);
-  if (!gpt2 && c.head_size() % 2 != 0) {
-    r.fail("model.heads", fmt::format("{}: llama's RoPE turns pairs of a head's channels, so the head size "
+  if (rules.rope && c.head_size() % 2 != 0) {
+    r.fail("model.heads", fmt::format("{}: {}'s RoPE turns pairs of a head's channels, so the head size "
                                       "model.channels / model.heads = {} must be even",
-                                      c.heads, c.head_size()));
+                                      c.heads, arch, c.head_size()));
   }
   c.layernorm_eps = r.number("model.norm_eps", 0.0, 1.0, true, c.layernorm_eps);
   c.init_std = r.number("model.init_std", 0.0, 10.0, true, c.init_std);

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "architecture.h"
 #include "numerics/det_math.h"
 
 namespace harness::canary {
@@ -29,7 +30,8 @@ nlohmann::json CanaryConfig::to_json() const {
           {"init_std", init_std},
           {"layernorm_eps", layernorm_eps},
           {"data_seed", data_seed}};
-  if (architecture != "gpt2") {
+  const ArchitectureSpec* described = find_architecture(architecture);
+  if (described == nullptr || !described->legacy_identity) {  // the legacy identity leaves out what its rules fix
     j["architecture"] = architecture;
     j["kv_heads"] = kv_heads;
     j["mlp_hidden"] = mlp_hidden;
@@ -65,9 +67,10 @@ CanaryConfig CanaryConfig::from_json(const nlohmann::json& j) {
   c.init_std = j.at("init_std").get<double>();
   c.layernorm_eps = j.at("layernorm_eps").get<double>();
   c.data_seed = j.at("data_seed").get<std::uint64_t>();
-  c.architecture = j.value("architecture", std::string("gpt2"));
+  const ArchitectureSpec& legacy = legacy_identity_architecture();
+  c.architecture = j.value("architecture", std::string(legacy.name));
   c.kv_heads = j.value("kv_heads", c.heads);
-  c.mlp_hidden = j.value("mlp_hidden", 4 * c.channels);
+  c.mlp_hidden = j.value("mlp_hidden", legacy.rules.mlp_ratio * c.channels);
   c.rope_theta = j.value("rope_theta", 10000.0);
   if (j.value("data_source", std::string("builtin")) == "tokens") {
     c.data_source = DataSourceKind::kTokens;

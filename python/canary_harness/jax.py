@@ -195,25 +195,24 @@ class Architecture(NamedTuple):
 
 
 def architecture(pack: Any) -> Architecture:
-    """The pack's canary (its JSON's `architecture`, gpt2 where absent) for the JAX lane;
-    UsageError for another architecture or a config that does not parse."""
-    from .models import gpt2, llama
-    from .models.table import gpt2_tensor_specs, llama_tensor_specs
+    """The pack's canary (its JSON's `architecture`, the legacy identity's where absent) for the
+    JAX lane; UsageError for an architecture the lane has no loss for, or a config that does not parse."""
+    from .architectures import architecture_of, described, model_of
 
-    name = pack.canary.get("architecture", "gpt2")
+    name = architecture_of(pack.canary)
+    if name not in JAX_LOSSES:
+        raise UsageError(f"{pack.path}: the JAX lane runs {' and '.join(JAX_LOSSES)} canaries, not '{name}'")
     try:
-        if name == "gpt2":
-            cfg = gpt2.CanaryConfig.from_json(pack.canary_json)
-            specs = gpt2_tensor_specs(cfg.vocab_size, cfg.context_length, cfg.channels, cfg.layers)
-            return Architecture(cfg, specs, gpt2.forward_op_names(cfg), gpt2_loss)
-        if name == "llama":
-            cfg = llama.LlamaConfig.from_json(pack.canary_json)
-            specs = llama_tensor_specs(cfg.vocab_size, cfg.channels, cfg.layers, cfg.heads, cfg.kv_heads,
-                                       cfg.mlp_hidden)
-            return Architecture(cfg, specs, llama.forward_op_names(cfg), llama_loss)
+        info, model = described(name), model_of(name)
+        cfg = model.config_class.from_json(pack.canary_json)
+        specs = info.specs(*(getattr(cfg, key) for key in info.table_keys))
+        return Architecture(cfg, specs, model.forward_op_names(cfg), JAX_LOSSES[name])
     except ValueError as e:
         raise UsageError(f"{pack.path}: {e}") from None
-    raise UsageError(f"{pack.path}: the JAX lane runs gpt2 and llama canaries, not '{name}'")
+
+
+# The architectures the JAX lane implements: each one's loss in JAX, by its name.
+JAX_LOSSES = {"gpt2": gpt2_loss, "llama": llama_loss}
 
 
 def ulps_up(x, ulps: int):

@@ -35,6 +35,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, List, NoReturn, Optional, Tuple
 
+from .architectures import Architecture, architecture_of, model_of
 from .budget_features import format_features
 
 PROG = "canary_harness.lane"
@@ -509,42 +510,13 @@ def train_step(model, optimizer, inputs, autocast=None, hook=None):
 
 # ---- architectures: the canary JSON's `architecture` key picks the model -----------------------
 
-ARCHITECTURES = ("gpt2", "llama")  # what the lane runs; a canary JSON without the key is gpt2
-
-
-@dataclass(frozen=True)
-class Architecture:
-    """What the lane needs of one architecture's PyTorch model (canary_harness.models.<name>)."""
-
-    name: str
-    config_class: Any       # .from_json(canary JSON) -> config (ValueError naming the key)
-    model_class: Any        # (config, init, device=) -> nn.Module with .cfg; forward(tokens, hook) -> loss
-    forward_op_names: Callable[[Any], List[str]]  # the C++ op names, forward order
-    tensor_table: Callable[[Any], List[Tuple[str, Tuple[int, ...]]]]  # canonical order
-    lr_at: Callable[[int, Any], float]
-
-
-def architecture_of(canary: Any) -> str:
-    """The canary JSON's `architecture` (a dict or its text), "gpt2" where the key is absent."""
-    if isinstance(canary, (str, bytes)):
-        canary = json.loads(canary)
-    return str(canary.get("architecture", "gpt2")) if isinstance(canary, dict) else "gpt2"
-
-
 def architecture_module(pack_or_canary: Any) -> Architecture:
     """The model of a pack's (or a canary JSON's) architecture; another architecture is a UsageError."""
     canary = getattr(pack_or_canary, "canary", pack_or_canary)
-    name = architecture_of(canary)
-    if name == "gpt2":
-        from .models import gpt2
-        return Architecture("gpt2", gpt2.CanaryConfig, gpt2.GPT2, gpt2.forward_op_names, gpt2.tensor_table,
-                            gpt2.lr_at)
-    if name == "llama":
-        from .models import llama
-        return Architecture("llama", llama.LlamaConfig, llama.Llama, llama.forward_op_names, llama.tensor_table,
-                            llama.lr_at)
-    raise UsageError(f"canary architecture '{name}' has no PyTorch implementation here "
-                     f"(known: {', '.join(ARCHITECTURES)})")
+    try:
+        return model_of(architecture_of(canary))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def load_pack(path: str, canary: Optional[str] = None):

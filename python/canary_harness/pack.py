@@ -28,7 +28,7 @@ import h5py
 import numpy as np
 
 from .models.config import SIZE_RANGES, check_sizes
-from .models.table import gpt2_tensor_table, llama_tensor_table
+from .architectures import ARCHITECTURES, architecture_of, canary_tensor_table
 from .receipt import HDF5_READ_ERRORS, ReceiptError, hdf5_message, read_failure, unstored
 
 PACK_VERSION = 1
@@ -40,20 +40,7 @@ class PackError(ReceiptError):
     """A pack that cannot be read or does not fit; the message starts with its path."""
 
 
-# The keys each architecture's tensor table is built from (the canary JSON's `architecture`;
-# a JSON without one is gpt2, as the C++ writes it).
-TABLE_KEYS = {
-    "gpt2": ("vocab_size", "context_length", "channels", "layers"),
-    "llama": ("vocab_size", "channels", "layers", "heads", "kv_heads", "mlp_hidden"),
-}
 INT64_MAX = (1 << 63) - 1  # seeds: int64 >= 0 in a pack's manifest, as in a receipt's
-
-
-def canary_tensor_table(canary: Dict[str, Any]) -> List[Tuple[str, Tuple[int, ...]]]:
-    """[(name, shape)] of a canary JSON in canonical order (docs/design.md's tensor tables)."""
-    architecture = canary.get("architecture", "gpt2")
-    build = {"gpt2": gpt2_tensor_table, "llama": llama_tensor_table}[architecture]
-    return build(*(int(canary[k]) for k in TABLE_KEYS[architecture]))
 
 
 @dataclass
@@ -187,7 +174,7 @@ def _canary(path: str, canary_json: str) -> Dict[str, Any]:
 def _check_sizes(path: str, canary: Dict[str, Any], architecture: str) -> None:
     """The sizes the tensor table and the batches are built from: ints within a canary file's ranges."""
     try:
-        check_sizes(canary, dict.fromkeys(TABLE_KEYS[architecture] + ("context_length", "batch_size", "steps")))
+        check_sizes(canary, dict.fromkeys(ARCHITECTURES[architecture].table_keys + ("context_length", "batch_size", "steps")))
     except ValueError as e:
         _fail(path, f"/manifest {e}; {EXPORT_HINT}")
 
@@ -239,9 +226,9 @@ def _read(path: str, f: h5py.File, expected: Optional[str]) -> CanaryPack:
     if expected is not None and name != expected:
         _fail(path, f"a pack of canary '{name}', not '{expected}'; export one with "
                     f"`harness export --canary {expected}`")
-    architecture = canary.get("architecture", "gpt2")
-    if architecture not in TABLE_KEYS:
-        _fail(path, f"canary architecture '{architecture}': this canary_harness reads {', '.join(TABLE_KEYS)} packs")
+    architecture = architecture_of(canary)
+    if architecture not in ARCHITECTURES:
+        _fail(path, f"canary architecture '{architecture}': this canary_harness reads {', '.join(ARCHITECTURES)} packs")
     _check_sizes(path, canary, architecture)
     seed = _int_attr(path, attrs, "seed", (0, INT64_MAX))
     data_seed = _int_attr(path, attrs, "data_seed", (0, INT64_MAX))

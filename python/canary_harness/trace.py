@@ -1,7 +1,7 @@
 """Op traces of any PyTorch model from module hooks (`--trace ops`; docs/bisect.md, "Op traces").
 
 OpTracer hooks an nn.Module and, during each training step, keeps references to the
-device tensors the C++ model hands its engine's trace() (canaries/gpt2.cpp): every op's
+device tensors the C++ model hands its engine's trace() (canaries/architectures/gpt2/gpt2.cpp): every op's
 forward output, then, op by op in reverse, the gradients its backward writes (the input
 gradients first, then the parameter gradients), each as it stands once that op's backward
 has added to it. Nothing is read to the host during the step; finish_step(), called after

@@ -1,11 +1,13 @@
 """The llama canary in the PyTorch lane (canary_harness.models.llama): held to cpu-ref's llama
-(canaries/llama.cpp) on a small llama canary written next to the tests, and the model held to
+(canaries/architectures/llama/llama.cpp) on a small llama canary written next to the tests, and the model held to
 a plainly written reference and to finite differences at tiny sizes."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
+import subprocess
 from pathlib import Path
 
 import h5py
@@ -14,6 +16,7 @@ import pytest
 import torch
 
 from canary_harness import ReceiptReader
+from canary_harness.architectures import ARCHITECTURES, model_of
 from canary_harness.lane import CanaryStep, architecture_module, load_pack, train_step
 from canary_harness.models import gpt2, llama
 from canary_harness.pack import PackError
@@ -185,6 +188,19 @@ def test_the_lane_dispatches_on_the_architecture_key(runs: dict, micro_pack: Pat
                   "--inject-fault", "step=1,op=blocks.0.ln1", check=False)  # a gpt2 op name
     assert result.returncode == 2 and "unknown op 'blocks.0.ln1'" in result.stderr
     assert not (tmp_path / "r.h5").exists()
+
+
+def test_the_package_runs_the_architectures_the_harness_has(harness_bin: Path, tmp_path: Path):
+    """canary_harness.architectures lists the harness's architectures (canaries/architecture.h), in its order."""
+    toml = small_toml(tmp_path / "other.toml")
+    toml.write_text(re.sub(r'architecture = "llama"', 'architecture = "zzz"', toml.read_text()))
+    result = subprocess.run([str(harness_bin), "run", "--canary", str(toml), "--out", str(tmp_path / "x.h5")],
+                            capture_output=True, text=True)
+    known = re.search(r"is not an architecture \(known: ([^)]*)\)", result.stderr)
+    assert result.returncode == 2 and known, result.stderr
+    assert known.group(1).split(", ") == list(ARCHITECTURES)
+    for name in ARCHITECTURES:
+        assert model_of(name).name == name
 
 
 def test_llama_step_reads_nothing_on_the_host(runs: dict):

@@ -65,7 +65,7 @@ def test_config_from_json_names_what_is_wrong(micro_pack: Path):
     canary = read_pack(micro_pack).canary
     assert gpt2.CanaryConfig.from_json(json.dumps(canary)).preset == "micro"
     for change, message in [({"heads": 3}, "heads 3 does not divide channels 32"),
-                            ({"architecture": "llama"}, "architecture 'llama' has no PyTorch implementation"),
+                            ({"architecture": "llama"}, "architecture 'llama' is not this model's"),
                             ({"layers": "two"}, "key 'layers' is 'two', not an int"),
                             ({"layers": 0}, "'layers' must be >= 1")]:
         with pytest.raises(ValueError, match=message):

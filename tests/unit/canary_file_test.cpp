@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "architecture.h"
 #include "canary.h"
 #include "canary_file.h"
 #include "data_source.h"
@@ -181,6 +182,26 @@ TEST(CanaryFile, EveryArchitectureHasAModelAndAShippedCanary) {
   } catch (const std::invalid_argument& e) {
     EXPECT_EQ(std::string(e.what()), "canary architecture 'mamba' has no model in this build (known: " +
                                          fmt::format("{}", fmt::join(architecture_names(), ", ")) + ")");
+  }
+}
+
+// Each architecture describes itself (architectures/NAME/): found by its name, one of them
+// the identity that names no architecture, and every shipped canary's identity read back
+// as itself whatever its architecture.
+TEST(CanaryFile, ArchitecturesDescribeThemselves) {
+  int legacy = 0;
+  for (const ArchitectureSpec* spec : architectures()) {
+    EXPECT_EQ(find_architecture(spec->name), spec);
+    EXPECT_NE(spec->make, nullptr) << spec->name;
+    legacy += spec->legacy_identity ? 1 : 0;
+    // A fixed MLP width is one the file may not change; a free one the file must give.
+    EXPECT_GE(spec->rules.mlp_ratio, 0) << spec->name;
+  }
+  EXPECT_EQ(legacy, 1);
+  for (const std::string& name : shipped_canaries()) {
+    const CanaryConfig c = load_canary(name);
+    EXPECT_EQ(CanaryConfig::from_json(c.to_json()).to_json(), c.to_json()) << name;
+    EXPECT_EQ(c.to_json().contains("architecture"), !find_architecture(c.architecture)->legacy_identity) << name;
   }
 }
 

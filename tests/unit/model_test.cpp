@@ -13,7 +13,7 @@
 #include "canary_file.h"
 #include "cpu_ref_engine.h"
 #include "fault.h"
-#include "gpt2.h"
+#include "gpt2/gpt2.h"
 #include "gradient_check.h"
 #include "numerics/det_math.h"
 #include "preset.h"

@@ -15,7 +15,7 @@
 #include "byte_stream.h"
 #include "canary_file.h"
 #include "audit.h"
-#include "gpt2.h"
+#include "gpt2/gpt2.h"
 #include "preset.h"
 #include "receipt_bits.h"
 #include "tpu_mesh_engine.h"

@@ -12,7 +12,7 @@
 #include "canary_file.h"
 #include "byte_stream.h"
 #include "compiler.h"
-#include "gpt2.h"
+#include "gpt2/gpt2.h"
 #include "preset.h"
 #include "sharding.h"
 #include "tpu_mesh_engine.h"

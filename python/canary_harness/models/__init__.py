@@ -3,5 +3,5 @@
 `canary_harness.models.gpt2` is the package's one GPT-2 canary: the PyTorch lane
 (`python3 -m canary_harness.lane`), the external twin (tests/twin) and the PyTorch step
 benchmark (bench/torch_step.py) all run it. `canary_harness.models.llama` is the llama
-canary (architecture "llama", canaries/llama.cpp), which the lane runs for llama packs.
+canary (architecture "llama", canaries/architectures/llama/llama.cpp), which the lane runs for llama packs.
 """

@@ -32,6 +32,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..architectures import Architecture, architecture_of
 from .module import CanaryModule, Hook, random_parameters
 from .config import canary_object, check_sizes, typed_fields
 from .table import gpt2_tensor_specs, gpt2_tensor_table
@@ -77,9 +78,10 @@ class CanaryConfig:
         architecture, or sizes that do not fit raise ValueError naming the key.
         """
         canary = canary_object(canary)
-        architecture = canary.get("architecture", "gpt2")
+        architecture = architecture_of(canary)
         if architecture != "gpt2":
-            raise ValueError(f"canary architecture '{architecture}' has no PyTorch implementation here (known: gpt2)")
+            raise ValueError(f"canary architecture '{architecture}' is not this model's (gpt2); "
+                             f"canary_harness.architectures.model_of('{architecture}') gives its model")
         cfg = cls(**typed_fields(cls, canary))
         check_sizes(canary, ("vocab_size", "context_length", "channels", "layers", "heads", "batch_size", "steps"))
         if cfg.channels % cfg.heads != 0:
@@ -449,3 +451,7 @@ def train_step(params, opt, tokens, step, cfg):
     lr = lr_at(step, cfg)
     opt.step(params, grads, step, lr)
     return loss.item(), norm, lr
+
+
+# What the lane reads of this architecture (canary_harness.architectures, ARCHITECTURES["gpt2"]).
+MODEL = Architecture("gpt2", CanaryConfig, GPT2, forward_op_names, tensor_table, lr_at)

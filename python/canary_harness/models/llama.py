@@ -1,7 +1,7 @@
 """The llama canary in PyTorch (architecture "llama"), on any device.
 
 It follows the llama contract of docs/canary.md ("The llama architecture") and the C++ model
-(canaries/llama.cpp, engines/kernels/llama_kernels.cpp) in names, shapes and op order, and
+(canaries/architectures/llama/llama.cpp, engines/kernels/llama_kernels.cpp) in names, shapes and op order, and
 shares no code or kernels with them: the forward pass is PyTorch ops (F.embedding,
 F.linear, softmax, F.silu, F.cross_entropy, an RMSNorm written out), the backward pass is
 autograd, and the optimizer step is the same as gpt2's (canary_harness.optim). A pre-norm
@@ -36,7 +36,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .gpt2 import lr_at  # noqa: F401  (the schedule is gpt2's: docs/canary.md)
+from .gpt2 import lr_at  # the schedule is gpt2's: docs/canary.md
+from ..architectures import Architecture, architecture_of
 from .module import CanaryModule, Hook, random_parameters  # noqa: F401  (Hook: the type of forward's hook, re-exported)
 from .config import canary_object, check_sizes, typed_fields
 from .table import llama_tensor_specs, llama_tensor_table
@@ -94,7 +95,7 @@ class LlamaConfig:
         fit raise ValueError naming the key.
         """
         canary = canary_object(canary)
-        architecture = canary.get("architecture", "gpt2")
+        architecture = architecture_of(canary)
         if architecture != ARCHITECTURE:
             raise ValueError(f"canary JSON key 'architecture' is {architecture!r}, not '{ARCHITECTURE}'")
         cfg = cls(**typed_fields(cls, canary))
@@ -113,7 +114,7 @@ class LlamaConfig:
 
 
 # ----------------------------------------------------------------------------------
-# the tensor table and the op names, as canaries/llama.cpp lists them
+# the tensor table and the op names, as canaries/architectures/llama/llama.cpp lists them
 
 def tensor_table(cfg: LlamaConfig) -> List[Tuple[str, Tuple[int, ...]]]:
     """[(name, shape)] in canonical order: wte, blocks.0.* .. blocks.L-1.*, norm.weight, lm_head.weight"""
@@ -284,7 +285,7 @@ class _Block(nn.Module):
         self.mlp = _Mlp(cfg.channels, cfg.mlp_hidden)
 
     def forward(self, x, cos, sin):
-        # (B,T,C) -> (B,T,C): the ops of canaries/llama.cpp's forward, in its order
+        # (B,T,C) -> (B,T,C): the ops of canaries/architectures/llama/llama.cpp's forward, in its order
         a, m = self.attn, self.mlp
         h = self.attn_norm(x)
         q, k, v = a.q(h), a.k(h), a.v(h)
@@ -391,3 +392,7 @@ def reference_loss(params: Mapping[str, torch.Tensor], tokens: torch.Tensor, cfg
         x = x + (gate * torch.sigmoid(gate) * up) @ params[p + "mlp.down.weight"].T
     logits = rms(x, params["norm.weight"]) @ params["lm_head.weight"].T
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+# What the lane reads of this architecture (canary_harness.architectures, ARCHITECTURES["llama"]).
+MODEL = Architecture("llama", LlamaConfig, Llama, forward_op_names, tensor_table, lr_at)

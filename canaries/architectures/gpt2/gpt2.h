@@ -11,6 +11,7 @@
 
 #include "api/engine.h"
 #include "api/tensor_table.h"
+#include "architecture.h"
 #include "canary.h"
 
 namespace harness::canary {

@@ -228,4 +228,15 @@ void Gpt2Canary::backward(Engine& e) const {
   traced(e, s, {grad(wte_), grad(wpe_)});
 }
 
+const ArchitectureSpec& gpt2_architecture() {
+  static const ArchitectureSpec spec{
+      "gpt2",
+      {.grouped_query_attention = false, .rope = false, .mlp_ratio = 4},  // learned positions, a 4x GELU MLP
+      true,
+      [](const CanaryConfig& config, std::optional<FaultSpec> fault, bool trace_ops) -> std::unique_ptr<Canary> {
+        return std::make_unique<Gpt2Canary>(config, std::move(fault), trace_ops);
+      }};
+  return spec;
+}
+
 }  // namespace harness::canary

@@ -252,4 +252,15 @@ void LlamaCanary::backward_layer(Engine& e, int l) const {
   traced(e, s, {dx, grad(p.attn_norm)});
 }
 
+const ArchitectureSpec& llama_architecture() {
+  static const ArchitectureSpec spec{
+      "llama",
+      {.grouped_query_attention = true, .rope = true, .mlp_ratio = 0},  // the SwiGLU hidden size is the file's
+      false,
+      [](const CanaryConfig& config, std::optional<FaultSpec> fault, bool trace_ops) -> std::unique_ptr<Canary> {
+        return std::make_unique<LlamaCanary>(config, std::move(fault), trace_ops);
+      }};
+  return spec;
+}
+
 }  // namespace harness::canary

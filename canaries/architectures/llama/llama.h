@@ -13,6 +13,7 @@
 
 #include "api/engine.h"
 #include "api/tensor_table.h"
+#include "architecture.h"
 #include "canary.h"
 
 namespace harness::canary {

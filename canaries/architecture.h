@@ -1,0 +1,45 @@
+// An architecture as the rest of the harness knows it: its name (a canary file's
+// `architecture`), the rules its canary files' model keys follow, how its canary identity
+// is written, and its model. Each architecture describes itself in its own folder
+// (architectures/NAME/); canary.cpp lists them, and the canary-file reader, the identity
+// JSON and make_canary() read the descriptions, never an architecture's name.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <span>
+#include <string_view>
+
+#include "canary.h"
+
+namespace harness::canary {
+
+// What the model keys of a canary file may say (docs/canary-files.md).
+struct ModelKeyRules {
+  bool grouped_query_attention = false;  // model.kv_heads may be fewer than model.heads
+  bool rope = false;                     // model.rope_theta applies; a head's channels pair up (even head size)
+  int mlp_ratio = 0;                     // model.mlp_hidden is this times model.channels; 0: the file gives it
+};
+
+struct ArchitectureSpec {
+  std::string_view name;
+  ModelKeyRules rules;
+  // Its canary identity (CanaryConfig::to_json) names no architecture and none of the
+  // keys its rules fix: the identity receipts had before architectures were chosen, which
+  // an identity without `architecture` therefore means. One architecture has it.
+  bool legacy_identity = false;
+  std::unique_ptr<Canary> (*make)(const CanaryConfig&, std::optional<FaultSpec>, bool trace_ops) = nullptr;
+};
+
+// Every architecture this build has a model for, in the order they are listed.
+std::span<const ArchitectureSpec* const> architectures();
+// The architecture of that name; nullptr when this build has none.
+const ArchitectureSpec* find_architecture(std::string_view name);
+// The one whose identity names no architecture.
+const ArchitectureSpec& legacy_identity_architecture();
+
+// Each folder's description (architectures/NAME/NAME.cpp).
+const ArchitectureSpec& gpt2_architecture();
+const ArchitectureSpec& llama_architecture();
+
+}  // namespace harness::canary
