@@ -294,8 +294,11 @@ class Validator {
       }
       const ReceiptGroup* group = schema_.group(parent_of(d.path));
       const bool group_there = h5::exists(file_, parent_of(d.path)) || (group && group->presence == Presence::kRequired);
-      const bool wanted = required(d.presence, d.since_minor) ? group_there : datasets_.count(d.path) > 0;
-      if (wanted) expect(d.path, std::string(to_string(d.dtype)), shape_of(d, datasets_.count(d.path) ? datasets_[d.path] : h5::DatasetInfo{}));
+      const auto found = datasets_.find(d.path);
+      const bool wanted = required(d.presence, d.since_minor) ? group_there : found != datasets_.end();
+      if (wanted) {
+        expect(d.path, std::string(to_string(d.dtype)), shape_of(d, found != datasets_.end() ? found->second : h5::DatasetInfo{}));
+      }
     }
   }
 
@@ -336,7 +339,9 @@ class Validator {
 
   void check_hash_names() {
     const auto names_info = datasets_.find("/hashes/names");
-    if (names_info == datasets_.end() || names_info->second.dtype != "string" || names_info->second.shape.size() != 1) return;
+    if (names_info == datasets_.end() || names_info->second.dtype != "string" || names_info->second.shape.size() != 1) {
+      return;  // expect() named it
+    }
     const std::vector<std::string> names = h5::read_strings(file_, "/hashes/names");
     if (names.empty()) problem("/hashes/names", "is empty: a receipt hashes at least one tensor");
     std::set<std::string> seen;
