@@ -76,15 +76,22 @@ def undescribed(file: h5py.File) -> List[str]:
 
 
 def missing_required(file: h5py.File) -> List[str]:
-    """The required datasets and attributes the file lacks, where their group is there (or must be)."""
+    """The required datasets and attributes the file lacks, where their group is there (or must
+    be); an entry binds the receipts of its minor and later ones, as `harness validate` reads it."""
+    manifest = file["manifest"].attrs if "manifest" in file else {}
+    minor = int(manifest.get("schema_minor", 0))
+
+    def required(entry: Dict[str, Any]) -> bool:
+        return entry["presence"] == "required" and entry["since_minor"] <= minor
+
     def group_there(group: str) -> bool:
         entry = group_entry(group)
         return group.lstrip("/") in file or (entry is not None and entry["presence"] == "required")
-    missing = [d["path"] for d in DESCRIPTION["datasets"] if d["presence"] == "required" and "*" not in d["path"]
+    missing = [d["path"] for d in DESCRIPTION["datasets"] if required(d) and "*" not in d["path"]
                and group_there(d["path"].rsplit("/", 1)[0]) and d["path"].lstrip("/") not in file]
     for a in DESCRIPTION["attributes"]:
         group, name = a["path"].rsplit("/", 1)
-        if a["presence"] == "required" and group_there(group) and (
+        if required(a) and group_there(group) and (
                 group.lstrip("/") not in file or name not in file[group.lstrip("/")].attrs):
             missing.append(a["path"])
     return missing

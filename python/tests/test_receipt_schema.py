@@ -60,8 +60,9 @@ def test_a_described_dataset_that_is_not_written_is_named(tmp_path: Path, harnes
     path = tmp_path / "r.h5"
     write_everything(path)
     added = {"path": "/steps/momentum", "dtype": "float64", "shape": ["steps"], "columns": None,
-             "presence": "required", "since_minor": 3, "writer": "every writer", "meaning": "a test's"}
-    monkeypatch.setitem(schema.DESCRIPTION, "datasets", [*schema.DESCRIPTION["datasets"], added])
+             "presence": "required", "since_minor": schema.SCHEMA_MINOR, "writer": "every writer", "meaning": "a test's"}
+    later = {**added, "path": "/steps/velocity", "since_minor": schema.SCHEMA_MINOR + 1}  # binds later receipts only
+    monkeypatch.setitem(schema.DESCRIPTION, "datasets", [*schema.DESCRIPTION["datasets"], added, later])
     with h5py.File(path, "r") as f:
         assert schema.missing_required(f) == ["/steps/momentum"]
     monkeypatch.undo()
