@@ -151,7 +151,8 @@ void parse_fp8_accumulate(const std::string& v, AccelConfig& c) {
 // accel's flags, described once; parsed in this order (--noise before --noise-seed).
 constexpr FlagParser<AccelConfig> kAccelFlags[] = {
     {{"noise", "accel reduction order: seeded (default), racy or off"}, parse_noise},
-    {{"noise-seed", "accel: replay the noise of a seeded run (its manifest's noise_seed)"}, parse_noise_seed},
+    {{"noise-seed", "accel: replay the noise of a seeded run (its manifest's noise_seed)", false, {}, true},
+     parse_noise_seed},
     {{"fp8-recipe", "accel FP8 scaling: delayed (default) or current", false, "fp8"}, parse_fp8_recipe},
     {{"amax-history", "accel delayed scaling: amax history length (default 1024)", false, "fp8"}, parse_amax_history},
     {{"amax-algo", "accel delayed scaling: max (default) or most_recent", false, "fp8"}, parse_amax_algo},

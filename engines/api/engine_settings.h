@@ -23,6 +23,9 @@ struct EngineFlag {
   // The budget feature whose numbers the flag tunes ("fp8" for FP8 scaling), or none: the
   // nightly's triage finds an fp8 lane's bf16-only twin by dropping the fp8 flags.
   std::string_view feature = {};
+  // The flag that sets the seed of a seeded reduction order (Engine::reduction_seed's flag):
+  // what the report names beside a run's seed, without making the engine.
+  bool seeds_reduction_order = false;
 };
 
 struct EngineSettings {

@@ -472,17 +472,18 @@ std::string run_command(const json& recipe, const std::string& out, int checkpoi
   return fmt::format("{}", fmt::join(words, " "));
 }
 
-// ", reduction order seed S (--FLAG)" for a recipe whose engine draws its reduction order
-// from a seed (Engine::reduction_seed), else "".
+// ", reduction order seed S (--FLAG)" for a recipe that sets the seed of its engine's
+// reduction order (the flag that says so: EngineFlag::seeds_reduction_order), else "".
 std::string reduction_seed_note(const json& recipe) {
-  if (!is_engine_recipe(recipe)) return "";
-  try {
-    const run::RunOptions options = run::options_from_recipe(recipe);
-    const auto seed = make_engine(options.engine, options.engine_settings)->reduction_seed();
-    return seed ? fmt::format(", reduction order seed {} (--{})", seed->seed, seed->flag) : "";
-  } catch (const std::exception&) {  // a recipe no engine takes: the command below says so
-    return "";
+  if (!is_engine_recipe(recipe) || !recipe.contains("engine_options") || !recipe["engine_options"].is_object()) return "";
+  for (const auto& [flag, value] : recipe["engine_options"].items()) {
+    const DescribedFlag* described = find_engine_flag(flag);
+    if (described != nullptr && described->flag.seeds_reduction_order) {
+      return fmt::format(", reduction order seed {} (--{})", value.is_string() ? value.get<std::string>() : value.dump(),
+                         flag);
+    }
   }
+  return "";
 }
 
 void command_block(pugi::xml_node parent, const std::string& what, const std::string& command, const std::string& note = "") {

@@ -114,12 +114,17 @@ TEST(EngineFlags, EnginesDeclareTheirReductionOrderAndItsSeed) {
     const std::optional<Engine::ReductionSeed> drawn = engine->reduction_seed();
     ASSERT_TRUE(drawn.has_value());
     EXPECT_EQ(drawn->seed, seed);
-    EXPECT_NE(find_engine_flag(drawn->flag), nullptr) << drawn->flag << " is not a flag";
+    const DescribedFlag* flag = find_engine_flag(drawn->flag);
+    ASSERT_NE(flag, nullptr) << drawn->flag << " is not a flag";
+    EXPECT_TRUE(flag->flag.seeds_reduction_order) << drawn->flag;  // what the report names without the engine
     // the seed's manifest attribute and the flag agree: a recipe replays what the receipt records
     EXPECT_EQ(std::get<std::int64_t>(engine->manifest_attributes().at("noise_seed")), seed);
   }
   for (const std::string engine : {"cpu-ref", "tpu-mesh"}) EXPECT_FALSE(make_engine(engine, {})->reduction_seed()) << engine;
   EXPECT_FALSE(make_engine("accel", {"", {{"noise", "racy"}}})->reduction_seed());
+  int seed_flags = 0;  // one flag seeds accel's order, and no other flag claims to
+  for (const DescribedFlag& f : engine_flags()) seed_flags += f.flag.seeds_reduction_order ? 1 : 0;
+  EXPECT_EQ(seed_flags, 1);
 }
 
 }  // namespace
