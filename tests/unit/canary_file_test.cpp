@@ -194,7 +194,7 @@ TEST(CanaryFile, ArchitecturesDescribeThemselves) {
     EXPECT_EQ(find_architecture(spec->name), spec);
     EXPECT_NE(spec->make, nullptr) << spec->name;
     legacy += spec->legacy_identity ? 1 : 0;
-    // A fixed MLP width is one the file may not change; a free one the file must give.
+    // 0: the file gives model.mlp_hidden; more: the width is that multiple of model.channels.
     EXPECT_GE(spec->rules.mlp_ratio, 0) << spec->name;
   }
   EXPECT_EQ(legacy, 1);
