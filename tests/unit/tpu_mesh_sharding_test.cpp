@@ -13,6 +13,7 @@
 #include "byte_stream.h"
 #include "compiler.h"
 #include "gpt2/gpt2.h"
+#include "op_rules.h"
 #include "preset.h"
 #include "sharding.h"
 #include "tpu_mesh_engine.h"
@@ -151,6 +152,17 @@ MeshConfig mesh_config(Mesh mesh, ShardPlan plan, Precision precision = Precisio
 
 // Micro-batching runs forward and backward before the optimizer: a graph in which a forward
 // op reads what an earlier optimizer op wrote cannot be cut that way, and says so.
+// Each op's semantics are one entry of its family (engines/tpu-mesh/ops/): every op of the
+// call boundary has exactly one, with a lowering, found under its own kind.
+TEST(TpuMeshCompiler, EveryOpHasOneRuleEntryWithALowering) {
+  for (const OpDescription& d : kOpDescriptions) {
+    SCOPED_TRACE(std::string(d.name));
+    const OpRules& rules = rules_of(d.kind);
+    EXPECT_EQ(rules.op, d.kind);
+    EXPECT_NE(rules.lower, nullptr);
+  }
+}
+
 TEST(TpuMeshCompiler, PhaseSplitRefusesToReorderADependency) {
   const TracedStep t = trace_and_compile("micro", mesh_config({1, 1}, ShardPlan::DataParallel));
   const PhaseSplit split = split_phases(t.graph);

@@ -1,0 +1,44 @@
+#include "op_rules.h"
+
+#include <array>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+namespace harness::tpu {
+namespace {
+
+constexpr std::size_t kOps = static_cast<std::size_t>(OpKind::kLast) + 1;
+
+// Every family's entries by op; an op with no entry, or with two, is a build mistake that
+// the first compilation (and tpu_mesh_op_rules_test) names.
+std::array<OpRules, kOps> index_rules() {
+  std::array<OpRules, kOps> table{};
+  std::array<bool, kOps> seen{};
+  for (auto family : {embedding_rules, linear_rules, normalization_rules, attention_rules, pointwise_rules,
+                      loss_rules, optimizer_rules, step_control_rules}) {
+    for (const OpRules& rules : family()) {
+      const auto i = static_cast<std::size_t>(rules.op);
+      if (seen[i]) throw std::logic_error(fmt::format("tpu-mesh: op {} has two rule entries", describe(rules.op).name));
+      if (rules.lower == nullptr) throw std::logic_error(fmt::format("tpu-mesh: op {} has no lowering", describe(rules.op).name));
+      seen[i] = true;
+      table[i] = rules;
+    }
+  }
+  for (std::size_t i = 0; i < kOps; ++i) {
+    if (!seen[i]) {
+      throw std::logic_error(fmt::format("tpu-mesh: op {} has no rule entry (engines/tpu-mesh/ops/)",
+                                         kOpDescriptions[i].name));
+    }
+  }
+  return table;
+}
+
+}  // namespace
+
+const OpRules& rules_of(OpKind op) {
+  static const std::array<OpRules, kOps> table = index_rules();
+  return table.at(static_cast<std::size_t>(op));
+}
+
+}  // namespace harness::tpu
