@@ -109,9 +109,10 @@ float Canary::begin_step(Engine& e, int step, const Batch& batch) const {
 
 StepResult Canary::train_step(Engine& e, int step, const Batch& batch) const {
   const float lr = begin_step(e, step, batch);
-  forward(e);
-  backward(e);
-  update(e);
+  Ops ops(&e, *this, nullptr);
+  forward(ops);
+  backward(ops);
+  update(ops);
   e.step_end();
   StepResult result;
   result.step = step;
@@ -123,33 +124,52 @@ StepResult Canary::train_step(Engine& e, int step, const Batch& batch) const {
 
 float Canary::evaluate_loss(Engine& e, int step, const Batch& batch) const {
   begin_step(e, step, batch);
-  forward(e);
+  Ops ops(&e, *this, nullptr);
+  forward(ops);
   e.step_end();
   return e.read(loss_)[0];
 }
 
 float Canary::compute_gradients(Engine& e, int step, const Batch& batch) const {
   begin_step(e, step, batch);
-  forward(e);
-  backward(e);
+  Ops ops(&e, *this, nullptr);
+  forward(ops);
+  backward(ops);
   e.step_end();
   return e.read(loss_)[0];
 }
 
-// The fault moves the op's output, so a trace sees what the next op reads.
-void Canary::after_forward_op(Engine& e, const OpSite& s, TensorId out) const {
-  if (fault_ && fault_->op == s.name) e.nudge_ulps(s, out, fault_ulps_);
-  traced(e, s, {out});
+const std::vector<std::string>& Canary::forward_op_names() const {
+  if (forward_op_names_.empty()) {
+    Ops listing(nullptr, *this, &forward_op_names_);
+    forward(listing);
+  }
+  return forward_op_names_;
+}
+
+// The fault moves the forward op's first result, so a trace sees what the next op reads.
+void Ops::after(OpKind op, const OpSite& s, std::span<const TensorId> operands) {
+  const OpDescription& d = describe(op);
+  bool first_result = true;
+  for (std::size_t i = 0; i < operands.size(); ++i) {
+    if (!d.result(i) || operands[i] == kNoTensor) continue;
+    const std::optional<FaultSpec>& fault = canary_.fault_;
+    if (first_result && s.phase == Phase::Forward && fault && fault->op == s.name) {
+      engine_->nudge_ulps(s, operands[i], canary_.fault_ulps_);
+    }
+    first_result = false;
+    if (canary_.trace_ops_) engine_->trace(s, operands[i]);
+  }
 }
 
 // The optimizer: the global norm and clipping over all gradients, then AdamW per
 // parameter, whose op is named after the parameter (site "blocks.2.attn.proj.weight").
-void Canary::update(Engine& e) const {
+void Canary::update(Ops& e) const {
   const OpSite s = site("optimizer", -1, Phase::Optimizer);
   const auto& gradients = table_.of_kind(TensorKind::Gradient);
-  e.global_norm(s, grad_norm_, gradients);
-  traced(e, s, {grad_norm_});
-  e.clip_by_norm(s, gradients, grad_norm_, static_cast<float>(config_.max_grad_norm));
+  e.call<OpKind::GlobalNorm>(s, grad_norm_, std::span<const TensorId>(gradients));
+  e.call<OpKind::ClipByNorm>(s, std::span<const TensorId>(gradients), grad_norm_,
+                             static_cast<float>(config_.max_grad_norm));
   for (std::size_t i = 0; i < parameters().size(); ++i) {
     const TensorId p = parameters()[i];
     AdamWConfig adam;
@@ -159,15 +179,9 @@ void Canary::update(Engine& e) const {
     // Decay only 2-D tensors: embeddings and weight matrices (not biases, not norm weights).
     adam.weight_decay = table_[p].rank() == 2 ? static_cast<float>(config_.weight_decay) : 0.0f;
     const OpSite adamw = site(table_[p].name, inits_[i].layer, Phase::Optimizer);
-    e.adamw_update(adamw, p, grad(p), table_.shadow(p, TensorKind::AdamM), table_.shadow(p, TensorKind::AdamV), lr_,
-                   bias_correction1_, bias_correction2_, adam);
-    traced(e, adamw, {p});
+    e.call<OpKind::AdamW>(adamw, p, grad(p), table_.shadow(p, TensorKind::AdamM), table_.shadow(p, TensorKind::AdamV),
+                          lr_, bias_correction1_, bias_correction2_, adam);
   }
-}
-
-void Canary::traced(Engine& e, const OpSite& s, std::initializer_list<TensorId> outputs) const {
-  if (!trace_ops_) return;
-  for (TensorId id : outputs) e.trace(s, id);
 }
 
 std::string engine_cannot_run(const Engine& engine, const Canary& canary) {

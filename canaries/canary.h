@@ -5,12 +5,13 @@
 // backward; make_canary() picks it from the canary file's `architecture`.
 #pragma once
 
+#include <array>
 #include <cstdint>
-#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "api/engine.h"
@@ -42,6 +43,47 @@ struct ParameterInit {
   static ParameterInit ones(int layer = -1) { return {Kind::Ones, 0.0, layer}; }
 };
 
+class Canary;
+
+// What a model's forward and backward call ops through: `e.call<OpKind::LinearForward>(site,
+// out, inp, weight, bias)` takes the Engine call's own arguments. Each call reaches the
+// engine, then, read from the op's description, what the run asked for after it: the
+// injected fault moves the first result of the forward op it names (so a trace sees what
+// the next op reads), and `--trace ops` records the op's results (written operands that
+// are not saved for later: OperandDescription::saved). Models carry no fault or trace
+// code. Without an engine it only lists the forward ops' sites, in execution order: how
+// Canary::forward_op_names() is derived from the model's own forward.
+class Ops {
+ public:
+  template <OpKind K, typename... Args>
+  void call(const OpSite& site, const Args&... args) {
+    if (engine_ == nullptr) {
+      if (site.phase == Phase::Forward) forward_sites_->emplace_back(site.name);
+      return;
+    }
+    (engine_->*kEngineCall<K>)(site, args...);
+    // The call's tensor arguments in order: its fixed operands come first (a variadic op's
+    // span is not one), then an int attribute may follow, which the count leaves out.
+    std::array<TensorId, (std::size_t{std::is_same_v<Args, TensorId>} + ... + 0)> tensors{};
+    std::size_t next = 0;
+    const auto collect = [&](const auto& argument) {
+      if constexpr (std::is_same_v<std::decay_t<decltype(argument)>, TensorId>) tensors[next++] = argument;
+    };
+    (collect(args), ...);
+    after(K, site, std::span<const TensorId>(tensors).first(std::min(tensors.size(), describe(K).operands.size())));
+  }
+
+ private:
+  friend class Canary;
+  Ops(Engine* engine, const Canary& canary, std::vector<std::string>* forward_sites)
+      : engine_(engine), canary_(canary), forward_sites_(forward_sites) {}
+  void after(OpKind op, const OpSite& site, std::span<const TensorId> operands);
+
+  Engine* engine_;
+  const Canary& canary_;
+  std::vector<std::string>* forward_sites_;
+};
+
 class Canary {
  public:
   virtual ~Canary() = default;
@@ -53,8 +95,9 @@ class Canary {
   // The engine ops its training step calls (held to a traced step by op_description_test):
   // an engine must implement each (Engine::implements) to run it.
   virtual std::vector<OpKind> step_ops() const = 0;
-  // Names of the forward ops, in execution order (valid fault-injection targets).
-  const std::vector<std::string>& forward_op_names() const { return forward_op_names_; }
+  // Names of the forward ops, in execution order (valid fault-injection targets): the
+  // sites the model's forward calls its ops at, listed once by running it without an engine.
+  const std::vector<std::string>& forward_op_names() const;
 
   // Initial parameter values (host side), from the parameter's ParameterInit.
   std::vector<float> initial_values(TensorId parameter, std::uint64_t seed) const;
@@ -70,13 +113,13 @@ class Canary {
   float compute_gradients(Engine& engine, int step, const Batch& batch) const;
 
  protected:
-  // trace_ops: call Engine::trace() after every op on its outputs (`--trace ops`).
+  // trace_ops: trace every op's results after it (`--trace ops`; Ops::call).
   Canary(const CanaryConfig& config, std::optional<FaultSpec> fault, bool trace_ops);
 
   // The architecture's ops; forward ends with the loss in loss_, backward leaves every
   // parameter's gradient (the engine API's accumulation convention).
-  virtual void forward(Engine& e) const = 0;
-  virtual void backward(Engine& e) const = 0;
+  virtual void forward(Ops& e) const = 0;
+  virtual void backward(Ops& e) const = 0;
 
   // For describing tensors: a parameter with its init role (and its Gradient, AdamM and
   // AdamV shadows); then, after the parameters, the step's inputs and scalars.
@@ -97,9 +140,6 @@ class Canary {
   static TensorRole statistic() { return {.fp32_statistic = true}; }
   static TensorRole attention_heads(int dim) { return {.heads_dim = dim}; }
 
-  // After a forward op: the injected fault moves its output, then the trace sees it.
-  void after_forward_op(Engine& e, const OpSite& site, TensorId out) const;
-  void traced(Engine& e, const OpSite& site, std::initializer_list<TensorId> outputs) const;
   static OpSite site(std::string_view name, int layer, Phase phase) { return {name, layer, phase}; }
   TensorId grad(TensorId parameter) const { return table_.shadow(parameter, TensorKind::Gradient); }
 
@@ -107,18 +147,19 @@ class Canary {
   std::optional<FaultSpec> fault_;
   bool trace_ops_ = false;
   TensorTable table_;
-  std::vector<std::string> forward_op_names_;
   TensorId inputs_ = kNoTensor, targets_ = kNoTensor;
   TensorId loss_ = kNoTensor, grad_norm_ = kNoTensor, lr_ = kNoTensor;
   TensorId bias_correction1_ = kNoTensor, bias_correction2_ = kNoTensor, fault_ulps_ = kNoTensor;
 
  private:
+  friend class Ops;
   // Uploads the batch and per-step scalars, zeroes gradients; returns the uploaded lr.
   float begin_step(Engine& e, int step, const Batch& batch) const;
   // Global norm and clipping over all gradients, then AdamW per parameter.
-  void update(Engine& e) const;
+  void update(Ops& e) const;
 
   std::vector<ParameterInit> inits_;  // by position in parameters()
+  mutable std::vector<std::string> forward_op_names_;  // listed on first use
 };
 
 // Why `engine` cannot run `canary` ("" when it can): the first op of its step the engine

@@ -232,4 +232,38 @@ class Engine {
   TraceSink* trace_sink_ = nullptr;
 };
 
+// Each op's Engine member, by its kind: the one place an OpKind meets the virtual a model
+// calls. engine.cpp holds every entry to its op's description at compile time; a model
+// calls ops through them (canaries/canary.h, Ops::call<K>).
+template <OpKind K>
+inline constexpr auto kEngineCall = nullptr;  // not an engine call (Constant)
+template <> inline constexpr auto kEngineCall<OpKind::Zero> = &Engine::zero;
+template <> inline constexpr auto kEngineCall<OpKind::EncoderForward> = &Engine::encoder_forward;
+template <> inline constexpr auto kEngineCall<OpKind::EncoderBackward> = &Engine::encoder_backward;
+template <> inline constexpr auto kEngineCall<OpKind::LayerNormForward> = &Engine::layernorm_forward;
+template <> inline constexpr auto kEngineCall<OpKind::LayerNormBackward> = &Engine::layernorm_backward;
+template <> inline constexpr auto kEngineCall<OpKind::LinearForward> = &Engine::linear_forward;
+template <> inline constexpr auto kEngineCall<OpKind::LinearBackward> = &Engine::linear_backward;
+template <> inline constexpr auto kEngineCall<OpKind::AttentionForward> = &Engine::attention_forward;
+template <> inline constexpr auto kEngineCall<OpKind::AttentionBackward> = &Engine::attention_backward;
+template <> inline constexpr auto kEngineCall<OpKind::GeluForward> = &Engine::gelu_forward;
+template <> inline constexpr auto kEngineCall<OpKind::GeluBackward> = &Engine::gelu_backward;
+template <> inline constexpr auto kEngineCall<OpKind::ResidualForward> = &Engine::residual_forward;
+template <> inline constexpr auto kEngineCall<OpKind::ResidualBackward> = &Engine::residual_backward;
+template <> inline constexpr auto kEngineCall<OpKind::CrossEntropyForward> = &Engine::crossentropy_forward;
+template <> inline constexpr auto kEngineCall<OpKind::CrossEntropyBackward> = &Engine::crossentropy_backward;
+template <> inline constexpr auto kEngineCall<OpKind::GlobalNorm> = &Engine::global_norm;
+template <> inline constexpr auto kEngineCall<OpKind::ClipByNorm> = &Engine::clip_by_norm;
+template <> inline constexpr auto kEngineCall<OpKind::AdamW> = &Engine::adamw_update;
+template <> inline constexpr auto kEngineCall<OpKind::NudgeUlps> = &Engine::nudge_ulps;
+template <> inline constexpr auto kEngineCall<OpKind::Trace> = &Engine::trace;
+template <> inline constexpr auto kEngineCall<OpKind::RmsNormForward> = &Engine::rmsnorm_forward;
+template <> inline constexpr auto kEngineCall<OpKind::RmsNormBackward> = &Engine::rmsnorm_backward;
+template <> inline constexpr auto kEngineCall<OpKind::RopeForward> = &Engine::rope_forward;
+template <> inline constexpr auto kEngineCall<OpKind::RopeBackward> = &Engine::rope_backward;
+template <> inline constexpr auto kEngineCall<OpKind::SwigluForward> = &Engine::swiglu_forward;
+template <> inline constexpr auto kEngineCall<OpKind::SwigluBackward> = &Engine::swiglu_backward;
+template <> inline constexpr auto kEngineCall<OpKind::GqaAttentionForward> = &Engine::gqa_attention_forward;
+template <> inline constexpr auto kEngineCall<OpKind::GqaAttentionBackward> = &Engine::gqa_attention_backward;
+
 }  // namespace harness

@@ -4,7 +4,7 @@
 // its attributes. The Engine interface is checked against this table at compile time
 // (engine.cpp), a lazy engine records its nodes from it (tpu-mesh's record<Op>()), and the
 // graph's op names, written operands and operand checks are read from it (tpu-mesh's
-// graph.cpp and compiler.cpp). A new op is one entry here, one virtual in engine.h and one
+// graph.cpp and compiler.cpp; its own rules in ops/). A new op is one entry here, one virtual in engine.h and one
 // kernel per engine (docs/engine-boundary.md, "Adding an op").
 //
 // OpKind values are part of every compiled program's fingerprint and of the programs in a
@@ -62,6 +62,10 @@ struct OperandDescription {
   std::string_view name;
   Access access = Access::Read;
   bool optional = false;  // may be kNoTensor (no wpe for llama, no bias)
+  // Written for a later op's use rather than as the op's result: a forward's statistics
+  // for its backward, AdamW's moments. A fault moves an op's first result and `--trace
+  // ops` records its results (canary.h, Canary::call); saved operands are neither.
+  bool saved = false;
 };
 
 // A plain (non-tensor) argument of an op, and how many floats it takes in a traced node
@@ -100,6 +104,10 @@ struct OpDescription {
     return operand < operands.size() ? operands[operand].access : each_tensor.access;
   }
   constexpr bool writes(std::size_t operand) const { return access(operand) != Access::Read; }
+  // Whether fixed operand `operand` is one of the op's results: written and not saved.
+  constexpr bool result(std::size_t operand) const {
+    return operand < operands.size() && writes(operand) && !operands[operand].saved;
+  }
   // The floats a traced node of this op carries: every attribute's, in order.
   constexpr std::size_t node_attribute_floats() const {
     std::size_t n = 0;
@@ -121,12 +129,13 @@ using A = Access;
 using O = OperandDescription;
 using Attr = AttributeDescription;
 using T = AttributeType;
+constexpr O saved(std::string_view name, Access access = A::Write) { return {name, access, false, true}; }
 inline constexpr O kZero[] = {{"tensor", A::Write}};
 inline constexpr O kConstant[] = {{"tensor", A::Write}};
 inline constexpr Attr kConstantAttrs[] = {{"value", T::Float, true}};
 inline constexpr O kEncoderForward[] = {{"out", A::Write}, {"inputs"}, {"wte"}, {"wpe", A::Read, true}};
 inline constexpr O kEncoderBackward[] = {{"dwte", A::Accumulate}, {"dwpe", A::Accumulate, true}, {"dout"}, {"inputs"}};
-inline constexpr O kLayerNormForward[] = {{"out", A::Write}, {"mean", A::Write}, {"rstd", A::Write},
+inline constexpr O kLayerNormForward[] = {{"out", A::Write}, saved("mean"), saved("rstd"),
                                           {"inp"},           {"weight"},         {"bias"}};
 inline constexpr Attr kEpsAttrs[] = {{"eps"}};
 inline constexpr O kLayerNormBackward[] = {{"dinp", A::Accumulate}, {"dweight", A::Accumulate}, {"dbias", A::Accumulate},
@@ -134,24 +143,24 @@ inline constexpr O kLayerNormBackward[] = {{"dinp", A::Accumulate}, {"dweight", 
 inline constexpr O kLinearForward[] = {{"out", A::Write}, {"inp"}, {"weight"}, {"bias", A::Read, true}};
 inline constexpr O kLinearBackward[] = {{"dinp", A::Accumulate}, {"dweight", A::Accumulate},
                                         {"dbias", A::Accumulate, true}, {"dout"}, {"inp"}, {"weight"}};
-inline constexpr O kAttentionForward[] = {{"out", A::Write}, {"att", A::Write}, {"qkv"}};
+inline constexpr O kAttentionForward[] = {{"out", A::Write}, saved("att"), {"qkv"}};
 inline constexpr O kAttentionBackward[] = {{"dqkv", A::Accumulate}, {"dout"}, {"qkv"}, {"att"}};
 inline constexpr O kGeluForward[] = {{"out", A::Write}, {"inp"}};
 inline constexpr O kGeluBackward[] = {{"dinp", A::Accumulate}, {"inp"}, {"dout"}};
 inline constexpr O kResidualForward[] = {{"out", A::Write}, {"a"}, {"b"}};
 inline constexpr O kResidualBackward[] = {{"da", A::Accumulate}, {"db", A::Accumulate}, {"dout"}};
-inline constexpr O kCrossEntropyForward[] = {{"loss", A::Write}, {"probs", A::Write}, {"logits"}, {"targets"}};
+inline constexpr O kCrossEntropyForward[] = {{"loss", A::Write}, saved("probs"), {"logits"}, {"targets"}};
 inline constexpr O kCrossEntropyBackward[] = {{"dlogits", A::Accumulate}, {"probs"}, {"targets"}};
 inline constexpr O kGlobalNorm[] = {{"norm", A::Write}};
 inline constexpr O kClipByNorm[] = {{"norm"}};
 inline constexpr Attr kClipAttrs[] = {{"max_norm"}};
-inline constexpr O kAdamW[] = {{"param", A::Accumulate}, {"grad"}, {"m", A::Accumulate}, {"v", A::Accumulate},
+inline constexpr O kAdamW[] = {{"param", A::Accumulate}, {"grad"}, saved("m", A::Accumulate), saved("v", A::Accumulate),
                                {"lr"}, {"bias_correction1"}, {"bias_correction2"}};
 inline constexpr Attr kAdamWAttrs[] = {{"config", T::AdamW}};  // beta1, beta2, eps, weight_decay
 inline constexpr O kNudgeUlps[] = {{"tensor", A::Accumulate}, {"ulps"}};
 inline constexpr O kTrace[] = {{"tensor"}};
 inline constexpr Attr kTraceAttrs[] = {{"slot", T::Int, true}};  // its place among the step's traces
-inline constexpr O kRmsNormForward[] = {{"out", A::Write}, {"rstd", A::Write}, {"inp"}, {"weight"}};
+inline constexpr O kRmsNormForward[] = {{"out", A::Write}, saved("rstd"), {"inp"}, {"weight"}};
 inline constexpr O kRmsNormBackward[] = {{"dinp", A::Accumulate}, {"dweight", A::Accumulate}, {"dout"}, {"inp"},
                                          {"weight"}, {"rstd"}};
 inline constexpr O kRopeForward[] = {{"out", A::Write}, {"inp"}};
@@ -159,7 +168,7 @@ inline constexpr O kRopeBackward[] = {{"dinp", A::Accumulate}, {"dout"}};
 inline constexpr Attr kRopeAttrs[] = {{"head_size", T::Int}, {"theta", T::Double}};
 inline constexpr O kSwigluForward[] = {{"out", A::Write}, {"gate"}, {"up"}};
 inline constexpr O kSwigluBackward[] = {{"dgate", A::Accumulate}, {"dup", A::Accumulate}, {"dout"}, {"gate"}, {"up"}};
-inline constexpr O kGqaAttentionForward[] = {{"out", A::Write}, {"att", A::Write}, {"q"}, {"k"}, {"v"}};
+inline constexpr O kGqaAttentionForward[] = {{"out", A::Write}, saved("att"), {"q"}, {"k"}, {"v"}};
 inline constexpr O kGqaAttentionBackward[] = {{"dq", A::Accumulate}, {"dk", A::Accumulate}, {"dv", A::Accumulate},
                                               {"dout"}, {"q"}, {"k"}, {"v"}, {"att"}};
 }  // namespace op_tables

@@ -14,6 +14,7 @@
 #include "cpu_ref_engine.h"
 #include "fault.h"
 #include "gpt2/gpt2.h"
+#include "llama/llama.h"
 #include "gradient_check.h"
 #include "numerics/det_math.h"
 #include "preset.h"
@@ -145,6 +146,82 @@ TEST(FaultSpec, ParsesAndRejectsWithTheFieldNamed) {
   EXPECT_NE(message("op=blocks.0.ln1").find("needs both"), std::string::npos);
   EXPECT_NE(message("step=1,op=blocks.0.ln1,ulps=0").find("ulps='0'"), std::string::npos);
   EXPECT_NE(message("step=1,op=blocks.0.ln1,color=red").find("unknown key 'color'"), std::string::npos);
+}
+
+// The model calls its ops through Ops::call, which traces each op's results from its
+// description: held here to the tensor table's roles, which know nothing of the wrapper.
+// A traced step records one value per forward op, at the model's own op names in order;
+// no statistic or attention matrix (saved for the backward); every parameter's gradient
+// in the backward and every parameter after its update; and a fault moves exactly the
+// output of the op it names.
+class TraceRecorder : public TraceSink {
+ public:
+  void on_trace(const OpSite& site, TensorId tensor, std::span<const float> value) override {
+    records.push_back({std::string(site.name), site.phase, tensor, value.empty() ? 0.0f : value[0]});
+  }
+  struct Record {
+    std::string site;
+    Phase phase;
+    TensorId tensor;
+    float first;
+  };
+  std::vector<Record> records;
+};
+
+template <typename Model>
+TraceRecorder traced_step(const CanaryConfig& c, std::optional<FaultSpec> fault = std::nullopt) {
+  const Model model(c, fault, true);
+  CpuRefEngine engine;
+  engine.bind(model.tensors());
+  model.upload_initial_parameters(engine, 1);
+  TraceRecorder recorder;
+  engine.set_trace_sink(&recorder);
+  model.train_step(engine, 0, ByteStream(c).batch(0));
+  return recorder;
+}
+
+template <typename Model>
+void expect_results_traced(const CanaryConfig& c) {
+  const Model model(c);
+  const TensorTable& table = model.tensors();
+  const TraceRecorder recorder = traced_step<Model>(c);
+  std::vector<std::string> forward_sites;
+  std::set<TensorId> gradients, updated;
+  for (const TraceRecorder::Record& r : recorder.records) {
+    const TensorDesc& d = table[r.tensor];
+    EXPECT_FALSE(d.role.fp32_statistic || d.role.heads_dim >= 0) << r.site << " traced " << d.name << ", saved for the backward";
+    if (r.phase == Phase::Forward) forward_sites.push_back(r.site);
+    if (r.phase == Phase::Backward && d.kind == TensorKind::Gradient) gradients.insert(r.tensor);
+    if (r.phase == Phase::Optimizer && d.kind == TensorKind::Parameter) {
+      EXPECT_TRUE(updated.insert(r.tensor).second) << d.name << " traced twice by its update";
+      EXPECT_EQ(r.site, d.name);
+    }
+  }
+  EXPECT_EQ(forward_sites, model.forward_op_names());
+  EXPECT_EQ(gradients.size(), model.parameters().size());
+  EXPECT_EQ(updated.size(), model.parameters().size());
+}
+
+TEST(Ops, TracesEachOpsResultsAndNothingItSavesForLater) {
+  expect_results_traced<Gpt2Canary>(load_canary("micro"));
+  expect_results_traced<LlamaCanary>(load_canary("llama-tiny"));
+}
+
+TEST(Ops, AFaultMovesTheNamedOpsOutputAndNothingBeforeIt) {
+  const CanaryConfig c = load_canary("micro");
+  const FaultSpec fault = parse_fault_spec("step=0,op=blocks.0.mlp.fc,ulps=3", Gpt2Canary(c).forward_op_names());
+  const TraceRecorder clean = traced_step<Gpt2Canary>(c), faulty = traced_step<Gpt2Canary>(c, fault);
+  ASSERT_EQ(clean.records.size(), faulty.records.size());
+  std::size_t first_difference = clean.records.size();
+  for (std::size_t i = 0; i < clean.records.size() && first_difference == clean.records.size(); ++i) {
+    if (clean.records[i].first != faulty.records[i].first) first_difference = i;
+  }
+  ASSERT_LT(first_difference, clean.records.size());
+  EXPECT_EQ(faulty.records[first_difference].site, "blocks.0.mlp.fc");
+  EXPECT_EQ(faulty.records[first_difference].phase, Phase::Forward);
+  float moved = clean.records[first_difference].first;
+  for (int i = 0; i < 3; ++i) moved = std::nextafter(moved, INFINITY);
+  EXPECT_EQ(faulty.records[first_difference].first, moved);
 }
 
 // The whole model's backward (every op chained, tied embeddings, residuals) against

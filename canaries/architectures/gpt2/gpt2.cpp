@@ -24,6 +24,22 @@ Gpt2Canary::Gpt2Canary(const CanaryConfig& config, std::optional<FaultSpec> faul
   describe_tensors();
 }
 
+// The op names of block l, each spelled here once: the sites its ops are called at and
+// the prefix of its tensors' names.
+Gpt2Canary::LayerSites Gpt2Canary::layer_sites(std::int64_t l) {
+  const std::string p = fmt::format("blocks.{}.", l);
+  return {.ln1 = p + "ln1",
+          .qkv = p + "attn.qkv",
+          .attn = p + "attn",
+          .attproj = p + "attn.proj",
+          .attres = p + "attn.residual",
+          .ln2 = p + "ln2",
+          .fc = p + "mlp.fc",
+          .gelu = p + "mlp.gelu",
+          .fcproj = p + "mlp.proj",
+          .mlpres = p + "mlp.residual"};
+}
+
 // The one description of every tensor. Parameters first, in docs/design.md's canonical order:
 // that order is the receipt's /hashes/names order.
 void Gpt2Canary::describe_tensors() {
@@ -37,29 +53,29 @@ void Gpt2Canary::describe_tensors() {
   wte_ = add_parameter("wte", {V, C}, ParameterInit::normal(std_dev));
   wpe_ = add_parameter("wpe", {T, C}, ParameterInit::normal(std_dev));
   for (std::int64_t l = 0; l < L; ++l) {
-    const std::string p = fmt::format("blocks.{}.", l);
+    const LayerSites& s = sites_.emplace_back(layer_sites(l));
     const int layer = static_cast<int>(l);
     const ParameterInit ones = ParameterInit::ones(layer), zeros = ParameterInit::zeros(layer);
     const ParameterInit matrix = ParameterInit::normal(std_dev, layer);
     const ParameterInit residual_matrix = ParameterInit::normal(residual_std_dev, layer);
     constexpr LinearRole Column = LinearRole::ColumnParallel, Row = LinearRole::RowParallel;
     LayerParams lp;
-    lp.ln1w = add_parameter(p + "ln1.weight", {C}, ones);
-    lp.ln1b = add_parameter(p + "ln1.bias", {C}, zeros);
-    lp.qkvw = add_parameter(p + "attn.qkv.weight", {3 * C, C}, matrix, linear(Column, Fp8Zone::Qkv, 3));
-    lp.qkvb = add_parameter(p + "attn.qkv.bias", {3 * C}, zeros, column_parallel_bias(3));
-    lp.attprojw = add_parameter(p + "attn.proj.weight", {C, C}, residual_matrix, linear(Row, Fp8Zone::AttnProj));
-    lp.attprojb = add_parameter(p + "attn.proj.bias", {C}, zeros);
-    lp.ln2w = add_parameter(p + "ln2.weight", {C}, ones);
-    lp.ln2b = add_parameter(p + "ln2.bias", {C}, zeros);
-    lp.fcw = add_parameter(p + "mlp.fc.weight", {4 * C, C}, matrix, linear(Column, Fp8Zone::MlpFc));
-    lp.fcb = add_parameter(p + "mlp.fc.bias", {4 * C}, zeros, column_parallel_bias());
-    lp.fcprojw = add_parameter(p + "mlp.proj.weight", {C, 4 * C}, residual_matrix, linear(Row, Fp8Zone::MlpProj));
-    lp.fcprojb = add_parameter(p + "mlp.proj.bias", {C}, zeros);
+    lp.ln1w = add_parameter(s.ln1 + ".weight", {C}, ones);
+    lp.ln1b = add_parameter(s.ln1 + ".bias", {C}, zeros);
+    lp.qkvw = add_parameter(s.qkv + ".weight", {3 * C, C}, matrix, linear(Column, Fp8Zone::Qkv, 3));
+    lp.qkvb = add_parameter(s.qkv + ".bias", {3 * C}, zeros, column_parallel_bias(3));
+    lp.attprojw = add_parameter(s.attproj + ".weight", {C, C}, residual_matrix, linear(Row, Fp8Zone::AttnProj));
+    lp.attprojb = add_parameter(s.attproj + ".bias", {C}, zeros);
+    lp.ln2w = add_parameter(s.ln2 + ".weight", {C}, ones);
+    lp.ln2b = add_parameter(s.ln2 + ".bias", {C}, zeros);
+    lp.fcw = add_parameter(s.fc + ".weight", {4 * C, C}, matrix, linear(Column, Fp8Zone::MlpFc));
+    lp.fcb = add_parameter(s.fc + ".bias", {4 * C}, zeros, column_parallel_bias());
+    lp.fcprojw = add_parameter(s.fcproj + ".weight", {C, 4 * C}, residual_matrix, linear(Row, Fp8Zone::MlpProj));
+    lp.fcprojb = add_parameter(s.fcproj + ".bias", {C}, zeros);
     layer_params_.push_back(lp);
   }
-  lnfw_ = add_parameter("lnf.weight", {C}, ParameterInit::ones());
-  lnfb_ = add_parameter("lnf.bias", {C}, ParameterInit::zeros());
+  lnfw_ = add_parameter(top_.final_norm + ".weight", {C}, ParameterInit::ones());
+  lnfb_ = add_parameter(top_.final_norm + ".bias", {C}, ParameterInit::zeros());
   add_step_tensors();
 
   // Activations and their gradients share names; the kind tells them apart.
@@ -67,12 +83,9 @@ void Gpt2Canary::describe_tensors() {
     return add_activation(name, shape, grad, role);
   };
   const Shape btc{B, T, C}, bt{B, T};
-  encoded_ = act("embedding.out", btc, &d_encoded_);
-  forward_op_names_.push_back("embedding");
+  encoded_ = act(top_.embedding + ".out", btc, &d_encoded_);
   for (std::int64_t l = 0; l < L; ++l) {
-    const std::string p = fmt::format("blocks.{}.", l);
-    LayerSites s{p + "ln1", p + "attn.qkv", p + "attn", p + "attn.proj", p + "attn.residual",
-                 p + "ln2", p + "mlp.fc", p + "mlp.gelu", p + "mlp.proj", p + "mlp.residual"};
+    const LayerSites& s = sites_[static_cast<std::size_t>(l)];
     LayerActs a{}, g{};
     a.ln1 = act(s.ln1 + ".out", btc, &g.ln1);
     a.ln1_mean = act(s.ln1 + ".mean", bt, nullptr, statistic());
@@ -89,91 +102,57 @@ void Gpt2Canary::describe_tensors() {
     a.fch_gelu = act(s.gelu + ".out", {B, T, 4 * C}, &g.fch_gelu);
     a.fcproj = act(s.fcproj + ".out", btc, &g.fcproj);
     a.res3 = act(s.mlpres + ".out", btc, &g.res3);
-    for (const std::string* op : {&s.ln1, &s.qkv, &s.attn, &s.attproj, &s.attres, &s.ln2, &s.fc, &s.gelu, &s.fcproj,
-                                  &s.mlpres}) {
-      forward_op_names_.push_back(*op);
-    }
     acts_.push_back(a);
     grads_.push_back(g);
-    sites_.push_back(std::move(s));
   }
-  lnf_ = act("lnf.out", btc, &d_lnf_);
-  lnf_mean_ = act("lnf.mean", bt, nullptr, statistic());
-  lnf_rstd_ = act("lnf.rstd", bt, nullptr, statistic());
-  logits_ = act("lm_head.out", {B, T, V}, &d_logits_);
-  probs_ = act("loss.probs", {B, T, V}, nullptr, statistic());
-  for (const char* op : {"lnf", "lm_head", "loss"}) forward_op_names_.push_back(op);
+  lnf_ = act(top_.final_norm + ".out", btc, &d_lnf_);
+  lnf_mean_ = act(top_.final_norm + ".mean", bt, nullptr, statistic());
+  lnf_rstd_ = act(top_.final_norm + ".rstd", bt, nullptr, statistic());
+  logits_ = act(top_.lm_head + ".out", {B, T, V}, &d_logits_);
+  probs_ = act(top_.loss + ".probs", {B, T, V}, nullptr, statistic());
 }
 
-void Gpt2Canary::forward(Engine& e) const {
+void Gpt2Canary::forward(Ops& e) const {
+  using enum OpKind;
   constexpr Phase F = Phase::Forward;
-  OpSite s = site("embedding", -1, F);
-  e.encoder_forward(s, encoded_, inputs_, wte_, wpe_);  // (B,T,C)
-  after_forward_op(e, s, encoded_);
+  e.call<EncoderForward>(site(top_.embedding, -1, F), encoded_, inputs_, wte_, wpe_);  // (B,T,C)
   TensorId residual = encoded_;
   for (int l = 0; l < config_.layers; ++l) {
     const LayerParams& p = layer_params_[l];
     const LayerActs& a = acts_[l];
     const LayerSites& n = sites_[l];
-    s = site(n.ln1, l, F);
-    e.layernorm_forward(s, a.ln1, a.ln1_mean, a.ln1_rstd, residual, p.ln1w, p.ln1b, ln_eps());  // (B,T,C)
-    after_forward_op(e, s, a.ln1);
-    s = site(n.qkv, l, F);
-    e.linear_forward(s, a.qkv, a.ln1, p.qkvw, p.qkvb);  // (B,T,3C)
-    after_forward_op(e, s, a.qkv);
-    s = site(n.attn, l, F);
-    e.attention_forward(s, a.atty, a.att, a.qkv);  // (B,T,C), att (B,NH,T,T)
-    after_forward_op(e, s, a.atty);
-    s = site(n.attproj, l, F);
-    e.linear_forward(s, a.attproj, a.atty, p.attprojw, p.attprojb);  // (B,T,C)
-    after_forward_op(e, s, a.attproj);
-    s = site(n.attres, l, F);
-    e.residual_forward(s, a.res2, residual, a.attproj);  // (B,T,C)
-    after_forward_op(e, s, a.res2);
-    s = site(n.ln2, l, F);
-    e.layernorm_forward(s, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b, ln_eps());  // (B,T,C)
-    after_forward_op(e, s, a.ln2);
-    s = site(n.fc, l, F);
-    e.linear_forward(s, a.fch, a.ln2, p.fcw, p.fcb);  // (B,T,4C)
-    after_forward_op(e, s, a.fch);
-    s = site(n.gelu, l, F);
-    e.gelu_forward(s, a.fch_gelu, a.fch);  // (B,T,4C)
-    after_forward_op(e, s, a.fch_gelu);
-    s = site(n.fcproj, l, F);
-    e.linear_forward(s, a.fcproj, a.fch_gelu, p.fcprojw, p.fcprojb);  // (B,T,C)
-    after_forward_op(e, s, a.fcproj);
-    s = site(n.mlpres, l, F);
-    e.residual_forward(s, a.res3, a.res2, a.fcproj);  // (B,T,C)
-    after_forward_op(e, s, a.res3);
+    e.call<LayerNormForward>(site(n.ln1, l, F), a.ln1, a.ln1_mean, a.ln1_rstd, residual, p.ln1w, p.ln1b,
+                             ln_eps());  // (B,T,C)
+    e.call<LinearForward>(site(n.qkv, l, F), a.qkv, a.ln1, p.qkvw, p.qkvb);  // (B,T,3C)
+    e.call<AttentionForward>(site(n.attn, l, F), a.atty, a.att, a.qkv);  // (B,T,C), att (B,NH,T,T)
+    e.call<LinearForward>(site(n.attproj, l, F), a.attproj, a.atty, p.attprojw, p.attprojb);  // (B,T,C)
+    e.call<ResidualForward>(site(n.attres, l, F), a.res2, residual, a.attproj);  // (B,T,C)
+    e.call<LayerNormForward>(site(n.ln2, l, F), a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b,
+                             ln_eps());  // (B,T,C)
+    e.call<LinearForward>(site(n.fc, l, F), a.fch, a.ln2, p.fcw, p.fcb);  // (B,T,4C)
+    e.call<GeluForward>(site(n.gelu, l, F), a.fch_gelu, a.fch);  // (B,T,4C)
+    e.call<LinearForward>(site(n.fcproj, l, F), a.fcproj, a.fch_gelu, p.fcprojw, p.fcprojb);  // (B,T,C)
+    e.call<ResidualForward>(site(n.mlpres, l, F), a.res3, a.res2, a.fcproj);  // (B,T,C)
     residual = a.res3;
   }
-  s = site("lnf", -1, F);
-  e.layernorm_forward(s, lnf_, lnf_mean_, lnf_rstd_, residual, lnfw_, lnfb_, ln_eps());  // (B,T,C)
-  after_forward_op(e, s, lnf_);
-  s = site("lm_head", -1, F);
-  e.linear_forward(s, logits_, lnf_, wte_, kNoTensor);  // (B,T,V), tied to wte
-  after_forward_op(e, s, logits_);
-  s = site("loss", -1, F);
-  e.crossentropy_forward(s, loss_, probs_, logits_, targets_);  // 0-D
-  after_forward_op(e, s, loss_);
+  e.call<LayerNormForward>(site(top_.final_norm, -1, F), lnf_, lnf_mean_, lnf_rstd_, residual, lnfw_, lnfb_,
+                           ln_eps());  // (B,T,C)
+  e.call<LinearForward>(site(top_.lm_head, -1, F), logits_, lnf_, wte_, kNoTensor);  // (B,T,V), tied to wte
+  e.call<CrossEntropyForward>(site(top_.loss, -1, F), loss_, probs_, logits_, targets_);  // 0-D
 }
 
 // Backward: the forward calls undone in reverse order; every call adds into gradients.
-// With op tracing each call's outputs are traced after it: the input gradient first,
-// then the parameter gradients.
-void Gpt2Canary::backward(Engine& e) const {
+// (With op tracing each call's results are traced after it, in its operands' order: the
+// input gradient first, then the parameter gradients.)
+void Gpt2Canary::backward(Ops& e) const {
+  using enum OpKind;
   constexpr Phase Bw = Phase::Backward;
-  OpSite s = site("loss", -1, Bw);
-  e.crossentropy_backward(s, d_logits_, probs_, targets_);
-  traced(e, s, {d_logits_});
-  s = site("lm_head", -1, Bw);
-  e.linear_backward(s, d_lnf_, grad(wte_), kNoTensor, d_logits_, lnf_, wte_);
-  traced(e, s, {d_lnf_, grad(wte_)});
+  e.call<CrossEntropyBackward>(site(top_.loss, -1, Bw), d_logits_, probs_, targets_);
+  e.call<LinearBackward>(site(top_.lm_head, -1, Bw), d_lnf_, grad(wte_), kNoTensor, d_logits_, lnf_, wte_);
   const TensorId last_residual = config_.layers > 0 ? acts_.back().res3 : encoded_;
   const TensorId d_last_residual = config_.layers > 0 ? grads_.back().res3 : d_encoded_;
-  s = site("lnf", -1, Bw);
-  e.layernorm_backward(s, d_last_residual, grad(lnfw_), grad(lnfb_), d_lnf_, last_residual, lnfw_, lnf_mean_, lnf_rstd_);
-  traced(e, s, {d_last_residual, grad(lnfw_), grad(lnfb_)});
+  e.call<LayerNormBackward>(site(top_.final_norm, -1, Bw), d_last_residual, grad(lnfw_), grad(lnfb_), d_lnf_,
+                            last_residual, lnfw_, lnf_mean_, lnf_rstd_);
   for (int l = config_.layers - 1; l >= 0; --l) {
     const LayerParams& p = layer_params_[l];
     const LayerActs& a = acts_[l];
@@ -182,50 +161,32 @@ void Gpt2Canary::backward(Engine& e) const {
     const TensorId residual = l == 0 ? encoded_ : acts_[l - 1].res3;
     const TensorId d_residual = l == 0 ? d_encoded_ : grads_[l - 1].res3;
     // forward: res3 = res2 + fcproj
-    s = site(n.mlpres, l, Bw);
-    e.residual_backward(s, g.res2, g.fcproj, g.res3);
-    traced(e, s, {g.res2, g.fcproj});
+    e.call<ResidualBackward>(site(n.mlpres, l, Bw), g.res2, g.fcproj, g.res3);
     // forward: fcproj = fch_gelu @ fcprojw^T + fcprojb
-    s = site(n.fcproj, l, Bw);
-    e.linear_backward(s, g.fch_gelu, grad(p.fcprojw), grad(p.fcprojb), g.fcproj, a.fch_gelu, p.fcprojw);
-    traced(e, s, {g.fch_gelu, grad(p.fcprojw), grad(p.fcprojb)});
+    e.call<LinearBackward>(site(n.fcproj, l, Bw), g.fch_gelu, grad(p.fcprojw), grad(p.fcprojb), g.fcproj, a.fch_gelu,
+                           p.fcprojw);
     // forward: fch_gelu = gelu(fch)
-    s = site(n.gelu, l, Bw);
-    e.gelu_backward(s, g.fch, a.fch, g.fch_gelu);
-    traced(e, s, {g.fch});
+    e.call<GeluBackward>(site(n.gelu, l, Bw), g.fch, a.fch, g.fch_gelu);
     // forward: fch = ln2 @ fcw^T + fcb
-    s = site(n.fc, l, Bw);
-    e.linear_backward(s, g.ln2, grad(p.fcw), grad(p.fcb), g.fch, a.ln2, p.fcw);
-    traced(e, s, {g.ln2, grad(p.fcw), grad(p.fcb)});
+    e.call<LinearBackward>(site(n.fc, l, Bw), g.ln2, grad(p.fcw), grad(p.fcb), g.fch, a.ln2, p.fcw);
     // forward: ln2 = layernorm(res2)
-    s = site(n.ln2, l, Bw);
-    e.layernorm_backward(s, g.res2, grad(p.ln2w), grad(p.ln2b), g.ln2, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd);
-    traced(e, s, {g.res2, grad(p.ln2w), grad(p.ln2b)});
+    e.call<LayerNormBackward>(site(n.ln2, l, Bw), g.res2, grad(p.ln2w), grad(p.ln2b), g.ln2, a.res2, p.ln2w, a.ln2_mean,
+                              a.ln2_rstd);
     // forward: res2 = residual + attproj
-    s = site(n.attres, l, Bw);
-    e.residual_backward(s, d_residual, g.attproj, g.res2);
-    traced(e, s, {d_residual, g.attproj});
+    e.call<ResidualBackward>(site(n.attres, l, Bw), d_residual, g.attproj, g.res2);
     // forward: attproj = atty @ attprojw^T + attprojb
-    s = site(n.attproj, l, Bw);
-    e.linear_backward(s, g.atty, grad(p.attprojw), grad(p.attprojb), g.attproj, a.atty, p.attprojw);
-    traced(e, s, {g.atty, grad(p.attprojw), grad(p.attprojb)});
+    e.call<LinearBackward>(site(n.attproj, l, Bw), g.atty, grad(p.attprojw), grad(p.attprojb), g.attproj, a.atty,
+                           p.attprojw);
     // forward: atty = attention(qkv)
-    s = site(n.attn, l, Bw);
-    e.attention_backward(s, g.qkv, g.atty, a.qkv, a.att);
-    traced(e, s, {g.qkv});
+    e.call<AttentionBackward>(site(n.attn, l, Bw), g.qkv, g.atty, a.qkv, a.att);
     // forward: qkv = ln1 @ qkvw^T + qkvb
-    s = site(n.qkv, l, Bw);
-    e.linear_backward(s, g.ln1, grad(p.qkvw), grad(p.qkvb), g.qkv, a.ln1, p.qkvw);
-    traced(e, s, {g.ln1, grad(p.qkvw), grad(p.qkvb)});
+    e.call<LinearBackward>(site(n.qkv, l, Bw), g.ln1, grad(p.qkvw), grad(p.qkvb), g.qkv, a.ln1, p.qkvw);
     // forward: ln1 = layernorm(residual)
-    s = site(n.ln1, l, Bw);
-    e.layernorm_backward(s, d_residual, grad(p.ln1w), grad(p.ln1b), g.ln1, residual, p.ln1w, a.ln1_mean, a.ln1_rstd);
-    traced(e, s, {d_residual, grad(p.ln1w), grad(p.ln1b)});
+    e.call<LayerNormBackward>(site(n.ln1, l, Bw), d_residual, grad(p.ln1w), grad(p.ln1b), g.ln1, residual, p.ln1w,
+                              a.ln1_mean, a.ln1_rstd);
   }
   // forward: encoded = wte[inputs] + wpe
-  s = site("embedding", -1, Bw);
-  e.encoder_backward(s, grad(wte_), grad(wpe_), d_encoded_, inputs_);
-  traced(e, s, {grad(wte_), grad(wpe_)});
+  e.call<EncoderBackward>(site(top_.embedding, -1, Bw), grad(wte_), grad(wpe_), d_encoded_, inputs_);
 }
 
 const ArchitectureSpec& gpt2_architecture() {

@@ -18,7 +18,7 @@ namespace harness::canary {
 
 class Gpt2Canary : public Canary {
  public:
-  // trace_ops: call Engine::trace() after every op on its outputs (`--trace ops`).
+  // trace_ops: trace every op's results after it (`--trace ops`; Ops::call).
   explicit Gpt2Canary(const CanaryConfig& config, std::optional<FaultSpec> fault = std::nullopt,
                       bool trace_ops = false);
   std::vector<OpKind> step_ops() const override;
@@ -35,15 +35,22 @@ class Gpt2Canary : public Canary {
     std::string ln1, qkv, attn, attproj, attres, ln2, fc, gelu, fcproj, mlpres;
   };
 
+  // The ops outside the blocks, named once.
+  struct TopSites {
+    std::string embedding = "embedding", final_norm = "lnf", lm_head = "lm_head", loss = "loss";
+  };
+
+  static LayerSites layer_sites(std::int64_t layer);
   void describe_tensors();
-  void forward(Engine& e) const override;
-  void backward(Engine& e) const override;
+  void forward(Ops& e) const override;
+  void backward(Ops& e) const override;
 
   float ln_eps() const { return static_cast<float>(config_.layernorm_eps); }
 
   TensorId wte_, wpe_, lnfw_, lnfb_;
   std::vector<LayerParams> layer_params_;
   std::vector<LayerActs> acts_, grads_;
+  const TopSites top_;
   std::vector<LayerSites> sites_;
   TensorId encoded_, lnf_, lnf_mean_, lnf_rstd_, logits_, probs_;
   TensorId d_encoded_, d_lnf_, d_logits_;

@@ -25,6 +25,27 @@ LlamaCanary::LlamaCanary(const CanaryConfig& config, std::optional<FaultSpec> fa
   describe_tensors();
 }
 
+// The op names of block l, each spelled here once: the sites its ops are called at and
+// the prefix of its tensors' names.
+LlamaCanary::LayerSites LlamaCanary::layer_sites(std::int64_t l) {
+  const std::string p = fmt::format("blocks.{}.", l);
+  return {.attn_norm = p + "attn_norm",
+          .q = p + "attn.q",
+          .k = p + "attn.k",
+          .v = p + "attn.v",
+          .rope_q = p + "attn.rope_q",
+          .rope_k = p + "attn.rope_k",
+          .attn = p + "attn",
+          .o = p + "attn.o",
+          .attn_residual = p + "attn.residual",
+          .mlp_norm = p + "mlp_norm",
+          .gate = p + "mlp.gate",
+          .up = p + "mlp.up",
+          .swiglu = p + "mlp.swiglu",
+          .down = p + "mlp.down",
+          .mlp_residual = p + "mlp.residual"};
+}
+
 // Parameters first, in the contract's canonical order (the receipt's /hashes/names order).
 void LlamaCanary::describe_tensors() {
   const std::int64_t V = config_.vocab_size, T = config_.context_length, C = config_.channels;
@@ -36,39 +57,35 @@ void LlamaCanary::describe_tensors() {
   const double residual_std_dev = config_.init_std / __builtin_sqrt(2.0 * config_.layers);
   wte_ = add_parameter("wte", {V, C}, ParameterInit::normal(std_dev));
   for (std::int64_t l = 0; l < L; ++l) {
-    const std::string p = fmt::format("blocks.{}.", l);
+    const LayerSites& s = sites_.emplace_back(layer_sites(l));
     const int layer = static_cast<int>(l);
     const ParameterInit matrix = ParameterInit::normal(std_dev, layer);
     const ParameterInit residual_matrix = ParameterInit::normal(residual_std_dev, layer);
     constexpr LinearRole Column = LinearRole::ColumnParallel, Row = LinearRole::RowParallel;
     const int head = static_cast<int>(hd);  // q/k/v/o split between heads only
     LayerParams lp;
-    lp.attn_norm = add_parameter(p + "attn_norm.weight", {C}, ParameterInit::ones(layer));
-    lp.q = add_parameter(p + "attn.q.weight", {NH * hd, C}, matrix, linear(Column, Fp8Zone::Qkv, 1, head));
-    lp.k = add_parameter(p + "attn.k.weight", {NKV * hd, C}, matrix, linear(Column, Fp8Zone::Qkv, 1, head));
-    lp.v = add_parameter(p + "attn.v.weight", {NKV * hd, C}, matrix, linear(Column, Fp8Zone::Qkv, 1, head));
-    lp.o = add_parameter(p + "attn.o.weight", {C, NH * hd}, residual_matrix, linear(Row, Fp8Zone::AttnProj, 1, head));
-    lp.mlp_norm = add_parameter(p + "mlp_norm.weight", {C}, ParameterInit::ones(layer));
-    lp.gate = add_parameter(p + "mlp.gate.weight", {H, C}, matrix, linear(Column, Fp8Zone::MlpFc));
-    lp.up = add_parameter(p + "mlp.up.weight", {H, C}, matrix, linear(Column, Fp8Zone::MlpFc));
-    lp.down = add_parameter(p + "mlp.down.weight", {C, H}, residual_matrix, linear(Row, Fp8Zone::MlpProj));
+    lp.attn_norm = add_parameter(s.attn_norm + ".weight", {C}, ParameterInit::ones(layer));
+    lp.q = add_parameter(s.q + ".weight", {NH * hd, C}, matrix, linear(Column, Fp8Zone::Qkv, 1, head));
+    lp.k = add_parameter(s.k + ".weight", {NKV * hd, C}, matrix, linear(Column, Fp8Zone::Qkv, 1, head));
+    lp.v = add_parameter(s.v + ".weight", {NKV * hd, C}, matrix, linear(Column, Fp8Zone::Qkv, 1, head));
+    lp.o = add_parameter(s.o + ".weight", {C, NH * hd}, residual_matrix, linear(Row, Fp8Zone::AttnProj, 1, head));
+    lp.mlp_norm = add_parameter(s.mlp_norm + ".weight", {C}, ParameterInit::ones(layer));
+    lp.gate = add_parameter(s.gate + ".weight", {H, C}, matrix, linear(Column, Fp8Zone::MlpFc));
+    lp.up = add_parameter(s.up + ".weight", {H, C}, matrix, linear(Column, Fp8Zone::MlpFc));
+    lp.down = add_parameter(s.down + ".weight", {C, H}, residual_matrix, linear(Row, Fp8Zone::MlpProj));
     layer_params_.push_back(lp);
   }
-  norm_ = add_parameter("norm.weight", {C}, ParameterInit::ones());
-  lm_head_ = add_parameter("lm_head.weight", {V, C}, ParameterInit::normal(std_dev));
+  norm_ = add_parameter(top_.final_norm + ".weight", {C}, ParameterInit::ones());
+  lm_head_ = add_parameter(top_.lm_head + ".weight", {V, C}, ParameterInit::normal(std_dev));
   add_step_tensors();
 
   const auto act = [&](const std::string& name, Shape shape, TensorId* grad, TensorRole role = {}) {
     return add_activation(name, shape, grad, role);
   };
   const Shape btc{B, T, C}, bt{B, T}, q_shape{B, T, NH * hd}, kv_shape{B, T, NKV * hd}, bth{B, T, H};
-  encoded_ = act("embedding.out", btc, &d_encoded_);
-  forward_op_names_.push_back("embedding");
+  encoded_ = act(top_.embedding + ".out", btc, &d_encoded_);
   for (std::int64_t l = 0; l < L; ++l) {
-    const std::string p = fmt::format("blocks.{}.", l);
-    LayerSites s{p + "attn_norm", p + "attn.q",   p + "attn.k",   p + "attn.v",  p + "attn.rope_q",
-                 p + "attn.rope_k", p + "attn",   p + "attn.o",   p + "attn.residual", p + "mlp_norm",
-                 p + "mlp.gate",  p + "mlp.up",   p + "mlp.swiglu", p + "mlp.down", p + "mlp.residual"};
+    const LayerSites& s = sites_[static_cast<std::size_t>(l)];
     LayerActs a{}, g{};
     a.attn_norm = act(s.attn_norm + ".out", btc, &g.attn_norm);
     a.attn_rstd = act(s.attn_norm + ".rstd", bt, nullptr, statistic());
@@ -88,112 +105,66 @@ void LlamaCanary::describe_tensors() {
     a.swiglu = act(s.swiglu + ".out", bth, &g.swiglu);
     a.down = act(s.down + ".out", btc, &g.down);
     a.res_mlp = act(s.mlp_residual + ".out", btc, &g.res_mlp);
-    for (const std::string* op : {&s.attn_norm, &s.q, &s.k, &s.v, &s.rope_q, &s.rope_k, &s.attn, &s.o,
-                                  &s.attn_residual, &s.mlp_norm, &s.gate, &s.up, &s.swiglu, &s.down, &s.mlp_residual}) {
-      forward_op_names_.push_back(*op);
-    }
     acts_.push_back(a);
     grads_.push_back(g);
-    sites_.push_back(std::move(s));
   }
-  normed_ = act("norm.out", btc, &d_normed_);
-  norm_rstd_ = act("norm.rstd", bt, nullptr, statistic());
-  logits_ = act("lm_head.out", {B, T, V}, &d_logits_);
-  probs_ = act("loss.probs", {B, T, V}, nullptr, statistic());
-  for (const char* op : {"norm", "lm_head", "loss"}) forward_op_names_.push_back(op);
+  normed_ = act(top_.final_norm + ".out", btc, &d_normed_);
+  norm_rstd_ = act(top_.final_norm + ".rstd", bt, nullptr, statistic());
+  logits_ = act(top_.lm_head + ".out", {B, T, V}, &d_logits_);
+  probs_ = act(top_.loss + ".probs", {B, T, V}, nullptr, statistic());
 }
 
-void LlamaCanary::forward(Engine& e) const {
+void LlamaCanary::forward(Ops& e) const {
+  using enum OpKind;
   constexpr Phase F = Phase::Forward;
   const int hd = head_size();
   const double theta = config_.rope_theta;
-  OpSite s = site("embedding", -1, F);
-  e.encoder_forward(s, encoded_, inputs_, wte_, kNoTensor);  // (B,T,C): no position embedding
-  after_forward_op(e, s, encoded_);
+  e.call<EncoderForward>(site(top_.embedding, -1, F), encoded_, inputs_, wte_,
+                         kNoTensor);  // (B,T,C): no position embedding
   TensorId x = encoded_;
   for (int l = 0; l < config_.layers; ++l) {
     const LayerParams& p = layer_params_[l];
     const LayerActs& a = acts_[l];
     const LayerSites& n = sites_[l];
-    s = site(n.attn_norm, l, F);
-    e.rmsnorm_forward(s, a.attn_norm, a.attn_rstd, x, p.attn_norm, norm_eps());
-    after_forward_op(e, s, a.attn_norm);
-    s = site(n.q, l, F);
-    e.linear_forward(s, a.q, a.attn_norm, p.q, kNoTensor);  // (B,T,NH*hd)
-    after_forward_op(e, s, a.q);
-    s = site(n.k, l, F);
-    e.linear_forward(s, a.k, a.attn_norm, p.k, kNoTensor);  // (B,T,NKV*hd)
-    after_forward_op(e, s, a.k);
-    s = site(n.v, l, F);
-    e.linear_forward(s, a.v, a.attn_norm, p.v, kNoTensor);  // (B,T,NKV*hd)
-    after_forward_op(e, s, a.v);
-    s = site(n.rope_q, l, F);
-    e.rope_forward(s, a.q_rope, a.q, hd, theta);
-    after_forward_op(e, s, a.q_rope);
-    s = site(n.rope_k, l, F);
-    e.rope_forward(s, a.k_rope, a.k, hd, theta);
-    after_forward_op(e, s, a.k_rope);
-    s = site(n.attn, l, F);
-    e.gqa_attention_forward(s, a.atty, a.att, a.q_rope, a.k_rope, a.v);  // (B,T,NH*hd), att (B,NH,T,T)
-    after_forward_op(e, s, a.atty);
-    s = site(n.o, l, F);
-    e.linear_forward(s, a.o, a.atty, p.o, kNoTensor);  // (B,T,C)
-    after_forward_op(e, s, a.o);
-    s = site(n.attn_residual, l, F);
-    e.residual_forward(s, a.res_attn, x, a.o);
-    after_forward_op(e, s, a.res_attn);
-    s = site(n.mlp_norm, l, F);
-    e.rmsnorm_forward(s, a.mlp_norm, a.mlp_rstd, a.res_attn, p.mlp_norm, norm_eps());
-    after_forward_op(e, s, a.mlp_norm);
-    s = site(n.gate, l, F);
-    e.linear_forward(s, a.gate, a.mlp_norm, p.gate, kNoTensor);  // (B,T,H)
-    after_forward_op(e, s, a.gate);
-    s = site(n.up, l, F);
-    e.linear_forward(s, a.up, a.mlp_norm, p.up, kNoTensor);  // (B,T,H)
-    after_forward_op(e, s, a.up);
-    s = site(n.swiglu, l, F);
-    e.swiglu_forward(s, a.swiglu, a.gate, a.up);  // (B,T,H)
-    after_forward_op(e, s, a.swiglu);
-    s = site(n.down, l, F);
-    e.linear_forward(s, a.down, a.swiglu, p.down, kNoTensor);  // (B,T,C)
-    after_forward_op(e, s, a.down);
-    s = site(n.mlp_residual, l, F);
-    e.residual_forward(s, a.res_mlp, a.res_attn, a.down);
-    after_forward_op(e, s, a.res_mlp);
+    e.call<RmsNormForward>(site(n.attn_norm, l, F), a.attn_norm, a.attn_rstd, x, p.attn_norm, norm_eps());
+    e.call<LinearForward>(site(n.q, l, F), a.q, a.attn_norm, p.q, kNoTensor);  // (B,T,NH*hd)
+    e.call<LinearForward>(site(n.k, l, F), a.k, a.attn_norm, p.k, kNoTensor);  // (B,T,NKV*hd)
+    e.call<LinearForward>(site(n.v, l, F), a.v, a.attn_norm, p.v, kNoTensor);  // (B,T,NKV*hd)
+    e.call<RopeForward>(site(n.rope_q, l, F), a.q_rope, a.q, hd, theta);
+    e.call<RopeForward>(site(n.rope_k, l, F), a.k_rope, a.k, hd, theta);
+    e.call<GqaAttentionForward>(site(n.attn, l, F), a.atty, a.att, a.q_rope, a.k_rope,
+                                a.v);  // (B,T,NH*hd), att (B,NH,T,T)
+    e.call<LinearForward>(site(n.o, l, F), a.o, a.atty, p.o, kNoTensor);  // (B,T,C)
+    e.call<ResidualForward>(site(n.attn_residual, l, F), a.res_attn, x, a.o);
+    e.call<RmsNormForward>(site(n.mlp_norm, l, F), a.mlp_norm, a.mlp_rstd, a.res_attn, p.mlp_norm, norm_eps());
+    e.call<LinearForward>(site(n.gate, l, F), a.gate, a.mlp_norm, p.gate, kNoTensor);  // (B,T,H)
+    e.call<LinearForward>(site(n.up, l, F), a.up, a.mlp_norm, p.up, kNoTensor);  // (B,T,H)
+    e.call<SwigluForward>(site(n.swiglu, l, F), a.swiglu, a.gate, a.up);  // (B,T,H)
+    e.call<LinearForward>(site(n.down, l, F), a.down, a.swiglu, p.down, kNoTensor);  // (B,T,C)
+    e.call<ResidualForward>(site(n.mlp_residual, l, F), a.res_mlp, a.res_attn, a.down);
     x = a.res_mlp;
   }
-  s = site("norm", -1, F);
-  e.rmsnorm_forward(s, normed_, norm_rstd_, x, norm_, norm_eps());
-  after_forward_op(e, s, normed_);
-  s = site("lm_head", -1, F);
-  e.linear_forward(s, logits_, normed_, lm_head_, kNoTensor);  // (B,T,V), untied
-  after_forward_op(e, s, logits_);
-  s = site("loss", -1, F);
-  e.crossentropy_forward(s, loss_, probs_, logits_, targets_);
-  after_forward_op(e, s, loss_);
+  e.call<RmsNormForward>(site(top_.final_norm, -1, F), normed_, norm_rstd_, x, norm_, norm_eps());
+  e.call<LinearForward>(site(top_.lm_head, -1, F), logits_, normed_, lm_head_, kNoTensor);  // (B,T,V), untied
+  e.call<CrossEntropyForward>(site(top_.loss, -1, F), loss_, probs_, logits_, targets_);
 }
 
 // Backward: the forward calls undone in reverse order; every call adds into gradients.
-void LlamaCanary::backward(Engine& e) const {
+void LlamaCanary::backward(Ops& e) const {
+  using enum OpKind;
   constexpr Phase Bw = Phase::Backward;
-  OpSite s = site("loss", -1, Bw);
-  e.crossentropy_backward(s, d_logits_, probs_, targets_);
-  traced(e, s, {d_logits_});
-  s = site("lm_head", -1, Bw);
-  e.linear_backward(s, d_normed_, grad(lm_head_), kNoTensor, d_logits_, normed_, lm_head_);
-  traced(e, s, {d_normed_, grad(lm_head_)});
+  e.call<CrossEntropyBackward>(site(top_.loss, -1, Bw), d_logits_, probs_, targets_);
+  e.call<LinearBackward>(site(top_.lm_head, -1, Bw), d_normed_, grad(lm_head_), kNoTensor, d_logits_, normed_,
+                         lm_head_);
   const TensorId last = config_.layers > 0 ? acts_.back().res_mlp : encoded_;
   const TensorId d_last = config_.layers > 0 ? grads_.back().res_mlp : d_encoded_;
-  s = site("norm", -1, Bw);
-  e.rmsnorm_backward(s, d_last, grad(norm_), d_normed_, last, norm_, norm_rstd_);
-  traced(e, s, {d_last, grad(norm_)});
+  e.call<RmsNormBackward>(site(top_.final_norm, -1, Bw), d_last, grad(norm_), d_normed_, last, norm_, norm_rstd_);
   for (int l = config_.layers - 1; l >= 0; --l) backward_layer(e, l);
-  s = site("embedding", -1, Bw);
-  e.encoder_backward(s, grad(wte_), kNoTensor, d_encoded_, inputs_);
-  traced(e, s, {grad(wte_)});
+  e.call<EncoderBackward>(site(top_.embedding, -1, Bw), grad(wte_), kNoTensor, d_encoded_, inputs_);
 }
 
-void LlamaCanary::backward_layer(Engine& e, int l) const {
+void LlamaCanary::backward_layer(Ops& e, int l) const {
+  using enum OpKind;
   constexpr Phase Bw = Phase::Backward;
   const int hd = head_size();
   const double theta = config_.rope_theta;
@@ -204,52 +175,23 @@ void LlamaCanary::backward_layer(Engine& e, int l) const {
   const TensorId x = l == 0 ? encoded_ : acts_[l - 1].res_mlp;
   const TensorId dx = l == 0 ? d_encoded_ : grads_[l - 1].res_mlp;
   // forward: res_mlp = res_attn + down
-  OpSite s = site(n.mlp_residual, l, Bw);
-  e.residual_backward(s, g.res_attn, g.down, g.res_mlp);
-  traced(e, s, {g.res_attn, g.down});
-  s = site(n.down, l, Bw);
-  e.linear_backward(s, g.swiglu, grad(p.down), kNoTensor, g.down, a.swiglu, p.down);
-  traced(e, s, {g.swiglu, grad(p.down)});
-  s = site(n.swiglu, l, Bw);
-  e.swiglu_backward(s, g.gate, g.up, g.swiglu, a.gate, a.up);
-  traced(e, s, {g.gate, g.up});
-  s = site(n.up, l, Bw);
-  e.linear_backward(s, g.mlp_norm, grad(p.up), kNoTensor, g.up, a.mlp_norm, p.up);
-  traced(e, s, {g.mlp_norm, grad(p.up)});
-  s = site(n.gate, l, Bw);
-  e.linear_backward(s, g.mlp_norm, grad(p.gate), kNoTensor, g.gate, a.mlp_norm, p.gate);
-  traced(e, s, {g.mlp_norm, grad(p.gate)});
-  s = site(n.mlp_norm, l, Bw);
-  e.rmsnorm_backward(s, g.res_attn, grad(p.mlp_norm), g.mlp_norm, a.res_attn, p.mlp_norm, a.mlp_rstd);
-  traced(e, s, {g.res_attn, grad(p.mlp_norm)});
+  e.call<ResidualBackward>(site(n.mlp_residual, l, Bw), g.res_attn, g.down, g.res_mlp);
+  e.call<LinearBackward>(site(n.down, l, Bw), g.swiglu, grad(p.down), kNoTensor, g.down, a.swiglu, p.down);
+  e.call<SwigluBackward>(site(n.swiglu, l, Bw), g.gate, g.up, g.swiglu, a.gate, a.up);
+  e.call<LinearBackward>(site(n.up, l, Bw), g.mlp_norm, grad(p.up), kNoTensor, g.up, a.mlp_norm, p.up);
+  e.call<LinearBackward>(site(n.gate, l, Bw), g.mlp_norm, grad(p.gate), kNoTensor, g.gate, a.mlp_norm, p.gate);
+  e.call<RmsNormBackward>(site(n.mlp_norm, l, Bw), g.res_attn, grad(p.mlp_norm), g.mlp_norm, a.res_attn, p.mlp_norm,
+                          a.mlp_rstd);
   // forward: res_attn = x + o
-  s = site(n.attn_residual, l, Bw);
-  e.residual_backward(s, dx, g.o, g.res_attn);
-  traced(e, s, {dx, g.o});
-  s = site(n.o, l, Bw);
-  e.linear_backward(s, g.atty, grad(p.o), kNoTensor, g.o, a.atty, p.o);
-  traced(e, s, {g.atty, grad(p.o)});
-  s = site(n.attn, l, Bw);
-  e.gqa_attention_backward(s, g.q_rope, g.k_rope, g.v, g.atty, a.q_rope, a.k_rope, a.v, a.att);
-  traced(e, s, {g.q_rope, g.k_rope, g.v});
-  s = site(n.rope_k, l, Bw);
-  e.rope_backward(s, g.k, g.k_rope, hd, theta);
-  traced(e, s, {g.k});
-  s = site(n.rope_q, l, Bw);
-  e.rope_backward(s, g.q, g.q_rope, hd, theta);
-  traced(e, s, {g.q});
-  s = site(n.v, l, Bw);
-  e.linear_backward(s, g.attn_norm, grad(p.v), kNoTensor, g.v, a.attn_norm, p.v);
-  traced(e, s, {g.attn_norm, grad(p.v)});
-  s = site(n.k, l, Bw);
-  e.linear_backward(s, g.attn_norm, grad(p.k), kNoTensor, g.k, a.attn_norm, p.k);
-  traced(e, s, {g.attn_norm, grad(p.k)});
-  s = site(n.q, l, Bw);
-  e.linear_backward(s, g.attn_norm, grad(p.q), kNoTensor, g.q, a.attn_norm, p.q);
-  traced(e, s, {g.attn_norm, grad(p.q)});
-  s = site(n.attn_norm, l, Bw);
-  e.rmsnorm_backward(s, dx, grad(p.attn_norm), g.attn_norm, x, p.attn_norm, a.attn_rstd);
-  traced(e, s, {dx, grad(p.attn_norm)});
+  e.call<ResidualBackward>(site(n.attn_residual, l, Bw), dx, g.o, g.res_attn);
+  e.call<LinearBackward>(site(n.o, l, Bw), g.atty, grad(p.o), kNoTensor, g.o, a.atty, p.o);
+  e.call<GqaAttentionBackward>(site(n.attn, l, Bw), g.q_rope, g.k_rope, g.v, g.atty, a.q_rope, a.k_rope, a.v, a.att);
+  e.call<RopeBackward>(site(n.rope_k, l, Bw), g.k, g.k_rope, hd, theta);
+  e.call<RopeBackward>(site(n.rope_q, l, Bw), g.q, g.q_rope, hd, theta);
+  e.call<LinearBackward>(site(n.v, l, Bw), g.attn_norm, grad(p.v), kNoTensor, g.v, a.attn_norm, p.v);
+  e.call<LinearBackward>(site(n.k, l, Bw), g.attn_norm, grad(p.k), kNoTensor, g.k, a.attn_norm, p.k);
+  e.call<LinearBackward>(site(n.q, l, Bw), g.attn_norm, grad(p.q), kNoTensor, g.q, a.attn_norm, p.q);
+  e.call<RmsNormBackward>(site(n.attn_norm, l, Bw), dx, grad(p.attn_norm), g.attn_norm, x, p.attn_norm, a.attn_rstd);
 }
 
 const ArchitectureSpec& llama_architecture() {

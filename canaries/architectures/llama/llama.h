@@ -37,10 +37,16 @@ class LlamaCanary : public Canary {
         mlp_residual;
   };
 
+  // The ops outside the blocks, named once.
+  struct TopSites {
+    std::string embedding = "embedding", final_norm = "norm", lm_head = "lm_head", loss = "loss";
+  };
+
+  static LayerSites layer_sites(std::int64_t layer);
   void describe_tensors();
-  void forward(Engine& e) const override;
-  void backward(Engine& e) const override;
-  void backward_layer(Engine& e, int l) const;
+  void forward(Ops& e) const override;
+  void backward(Ops& e) const override;
+  void backward_layer(Ops& e, int l) const;
 
   float norm_eps() const { return static_cast<float>(config_.layernorm_eps); }
   int head_size() const { return config_.channels / config_.heads; }
@@ -48,6 +54,7 @@ class LlamaCanary : public Canary {
   TensorId wte_, norm_, lm_head_;
   std::vector<LayerParams> layer_params_;
   std::vector<LayerActs> acts_, grads_;
+  const TopSites top_;
   std::vector<LayerSites> sites_;
   TensorId encoded_, normed_, norm_rstd_, logits_, probs_;
   TensorId d_encoded_, d_normed_, d_logits_;

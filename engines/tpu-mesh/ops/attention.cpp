@@ -7,8 +7,9 @@ namespace {
 
 void check_attention_forward(const Compilation& c, const Node& n) {
   const NodeOperands<OpKind::AttentionForward> op{n};
-  c.expect(n, c.shape(op.get<"qkv">()).back() == 3 * c.shape(op.get<"out">()).back() && c.shape(op.get<"att">()).size() == 4,
-           "attention needs qkv (B,T,3C) and att (B,NH,T,T)");
+  c.expect(
+      n, c.shape(op.get<"qkv">()).back() == 3 * c.shape(op.get<"out">()).back() && c.shape(op.get<"att">()).size() == 4,
+      "attention needs qkv (B,T,3C) and att (B,NH,T,T)");
 }
 
 void propagate_attention(Compilation& c, const Node& n) {

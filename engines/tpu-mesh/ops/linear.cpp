@@ -67,9 +67,9 @@ void lower_linear_backward(Compilation& c, const Node& n) {
   const Axis partial = c.contraction_axis(n, c.eff(dout).dims.back(), c.eff(w_id).dims[0]);
   const int weight = c.weight_operand(w_id, true);
   std::vector<PendingGradient> pending;
-  const int dinp = partial != Axis::None
-                       ? c.zeroed_temp("partial." + c.table()[dinp_id].name, c.lnumel(dinp_id), MemoryCategory::Activations)
-                       : c.buffer(dinp_id);
+  const int dinp = partial != Axis::None ? c.zeroed_temp("partial." + c.table()[dinp_id].name, c.lnumel(dinp_id),
+                                                         MemoryCategory::Activations)
+                                         : c.buffer(dinp_id);
   const int dweight = c.gradient_target(op.get<"dweight">(), pending);
   const int dbias = c.gradient_target(op.get<"dbias">(), pending);
   c.emit(InstrKind::LinearBackward, {dinp, dweight, dbias, c.buffer(dout), c.buffer(op.get<"inp">()), weight},

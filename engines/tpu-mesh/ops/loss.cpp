@@ -28,8 +28,8 @@ void lower_crossentropy_forward(Compilation& c, const Node& n) {
   const int losses = c.temp("loss.rows", N, MemoryCategory::Activations);
   c.emit(InstrKind::CrossEntropyRows,
          {c.buffer(op.get<"probs">()), losses, c.buffer(logits_id), c.tokens(op.get<"targets">())}, {N, V});
-  c.emit(InstrKind::LossMean, {c.buffer(op.get<"loss">()), losses}, {N, N * axis_size(c.mesh(), batch_axis), global_rows},
-         {c.accumulating() ? 1.0f : 0.0f}, batch_axis);
+  c.emit(InstrKind::LossMean, {c.buffer(op.get<"loss">()), losses},
+         {N, N * axis_size(c.mesh(), batch_axis), global_rows}, {c.accumulating() ? 1.0f : 0.0f}, batch_axis);
 }
 
 void lower_crossentropy_backward(Compilation& c, const Node& n) {

@@ -93,8 +93,8 @@ void lower_swiglu_forward(Compilation& c, const Node& n) {
 void lower_swiglu_backward(Compilation& c, const Node& n) {
   const NodeOperands<OpKind::SwigluBackward> op{n};
   c.emit(InstrKind::SwigluBackward,
-         {c.buffer(op.get<"dgate">()), c.buffer(op.get<"dup">()), c.buffer(op.get<"dout">()), c.buffer(op.get<"gate">()),
-          c.buffer(op.get<"up">())},
+         {c.buffer(op.get<"dgate">()), c.buffer(op.get<"dup">()), c.buffer(op.get<"dout">()),
+          c.buffer(op.get<"gate">()), c.buffer(op.get<"up">())},
          {c.lnumel(op.get<"dout">())});
   c.round_activation(op.get<"dgate">());
   c.round_activation(op.get<"dup">());
