@@ -1,0 +1,62 @@
+// Deterministic fp32 kernels of a mixture-of-experts layer (docs/design.md, "The `moe`
+// architecture"): the top-k router with a fixed expert capacity, the dispatch of token
+// rows into per-expert buffers, the weighted combine of the experts' outputs, and the
+// Switch Transformer load-balancing term. Under kernels.h's rules: fixed orders, no libm,
+// no contraction into FMAs; backward kernels ADD into their gradient outputs.
+//
+// Routing is where MoE determinism breaks: a routing decision is a discrete function of
+// the router logits, so a 1-ulp change that flips a near tie moves a whole token to
+// another expert. Every decision here is a fixed function of its inputs: the top-k takes
+// the larger probability and, on a tie, the lower expert; capacity is filled in a fixed
+// priority (every token's first choice before any token's second, tokens in row order).
+//
+// Decisions are stored as floats (an expert index, a row in its buffer; exact below 2^24),
+// so every engine holds them like any other tensor.
+//
+// Dimension key: N = token rows (B*T), C = channels, E = experts, K = experts per token,
+// cap = each expert's capacity (rows of its buffer).
+#pragma once
+
+#include <cstdint>
+
+namespace harness::kernels {
+
+// A choice whose expert was full: its slot value.
+inline constexpr float kDroppedSlot = -1.0f;
+
+// The router's forward, per token row n:
+//   probs (N,E) = softmax(logits);
+//   expert (N,K): the K most probable experts, most probable first (ties: the lower index);
+//   weights (N,K) = their probabilities renormalised to sum to 1;
+//   slot (N,K): the choice's row in its expert's buffer, or kDroppedSlot once `cap` rows of
+//   that expert are taken (rank-major priority, as above).
+// tokens_per_expert (E) counts the placed choices; the rest (N*K minus their sum) dropped.
+void moe_route_forward(float* probs, float* weights, float* expert, float* slot, float* tokens_per_expert,
+                       const float* logits, int N, int E, int K, int cap);
+
+// The Switch Transformer load-balancing loss, coef * E * sum_e f_e * P_e, where f_e is the
+// share of the N*K choices that picked expert e (before capacity) and P_e its mean router
+// probability. 1 when routing is uniform, E when every choice picks one expert.
+float moe_balance_loss(const float* probs, const float* expert, int N, int E, int K, float coef);
+
+// dlogits (N,E) += the router's gradient: through the renormalised top-K weights (dweights,
+// the combine's gradient) and through the balance loss (its f_e a count, held constant, as
+// in Switch), both back through the softmax.
+void moe_route_backward(float* dlogits, const float* dweights, const float* probs, const float* weights,
+                        const float* expert, int N, int E, int K, float balance_coef);
+
+// expert_in (E,cap,C): each placed choice's token row at its slot, zeros in empty slots.
+void moe_dispatch_forward(float* expert_in, const float* inp, const float* expert, const float* slot, int N, int C,
+                          int E, int K, int cap);
+// dinp (N,C) += the gradient of each placed choice's slot, choices in rank order.
+void moe_dispatch_backward(float* dinp, const float* dexpert_in, const float* expert, const float* slot, int N, int C,
+                           int K, int cap);
+
+// out (N,C) = sum over placed choices, in rank order, of weight * expert_out[expert][slot].
+void moe_combine_forward(float* out, const float* expert_out, const float* weights, const float* expert,
+                         const float* slot, int N, int C, int K, int cap);
+// dexpert_out += weight * dout at each placed slot; dweights (N,K) += <dout, expert_out[slot]>.
+void moe_combine_backward(float* dexpert_out, float* dweights, const float* dout, const float* expert_out,
+                          const float* weights, const float* expert, const float* slot, int N, int C, int K, int cap);
+
+}  // namespace harness::kernels
