@@ -10,6 +10,7 @@
 #include <span>
 #include <string_view>
 
+#include "api/receipt_description.h"
 #include "canary.h"
 
 namespace harness::canary {
@@ -19,6 +20,7 @@ struct ModelKeyRules {
   bool grouped_query_attention = false;  // model.kv_heads may be fewer than model.heads
   bool rope = false;                     // model.rope_theta applies; a head's channels pair up (even head size)
   int mlp_ratio = 0;                     // model.mlp_hidden is this times model.channels; 0: the file gives it
+  bool mixture_of_experts = false;       // model.experts, experts_per_token, capacity_factor, balance_coef apply
 };
 
 struct ArchitectureSpec {
@@ -29,6 +31,8 @@ struct ArchitectureSpec {
   // an identity without `architecture` therefore means. One architecture has it.
   bool legacy_identity = false;
   std::unique_ptr<Canary> (*make)(const CanaryConfig&, std::optional<FaultSpec>, bool trace_ops) = nullptr;
+  // What its model adds to a receipt (Canary::step_state()); nullptr when nothing.
+  ReceiptEntries (*receipt_entries)() = nullptr;
 };
 
 // Every architecture this build has a model for, in the order they are listed.
@@ -37,9 +41,12 @@ std::span<const ArchitectureSpec* const> architectures();
 const ArchitectureSpec* find_architecture(std::string_view name);
 // The one whose identity names no architecture.
 const ArchitectureSpec& legacy_identity_architecture();
+// What every architecture adds to a receipt, merged.
+ReceiptEntries architecture_receipt_entries();
 
 // Each folder's description (architectures/NAME/NAME.cpp).
 const ArchitectureSpec& gpt2_architecture();
 const ArchitectureSpec& llama_architecture();
+const ArchitectureSpec& moe_architecture();
 
 }  // namespace harness::canary

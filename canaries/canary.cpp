@@ -176,8 +176,9 @@ void Canary::update(Ops& e) const {
     adam.beta1 = static_cast<float>(config_.beta1);
     adam.beta2 = static_cast<float>(config_.beta2);
     adam.eps = static_cast<float>(config_.adam_eps);
-    // Decay only 2-D tensors: embeddings and weight matrices (not biases, not norm weights).
-    adam.weight_decay = table_[p].rank() == 2 ? static_cast<float>(config_.weight_decay) : 0.0f;
+    // Decay only matrices: embeddings, weight matrices and stacks of them (moe's experts),
+    // not biases, not norm weights.
+    adam.weight_decay = table_[p].rank() >= 2 ? static_cast<float>(config_.weight_decay) : 0.0f;
     const OpSite adamw = site(table_[p].name, inits_[i].layer, Phase::Optimizer);
     e.call<OpKind::AdamW>(adamw, p, grad(p), table_.shadow(p, TensorKind::AdamM), table_.shadow(p, TensorKind::AdamV),
                           lr_, bias_correction1_, bias_correction2_, adam);
@@ -222,7 +223,8 @@ void check_fits_in_memory(const CanaryConfig& config, const TensorTable& table) 
 
 namespace {
 // Every architecture's own description (architectures/NAME/): the rules read these, never a name.
-const ArchitectureSpec* const kArchitectures[] = {&gpt2_architecture(), &llama_architecture()};
+const ArchitectureSpec* const kArchitectures[] = {&gpt2_architecture(), &llama_architecture(),
+                                                      &moe_architecture()};
 }  // namespace
 
 std::span<const ArchitectureSpec* const> architectures() { return kArchitectures; }
@@ -239,6 +241,14 @@ const ArchitectureSpec& legacy_identity_architecture() {
     if (spec->legacy_identity) return *spec;
   }
   throw std::logic_error("no architecture has the legacy canary identity");  // tests/unit/canary_file_test.cpp
+}
+
+ReceiptEntries architecture_receipt_entries() {
+  ReceiptEntries entries;
+  for (const ArchitectureSpec* spec : kArchitectures) {
+    if (spec->receipt_entries != nullptr) entries.append(spec->receipt_entries());
+  }
+  return entries;
 }
 
 std::vector<std::string> architecture_names() {

@@ -98,6 +98,9 @@ class Canary {
   // Names of the forward ops, in execution order (valid fault-injection targets): the
   // sites the model's forward calls its ops at, listed once by running it without an engine.
   const std::vector<std::string>& forward_op_names() const;
+  // What the model records of each step beside the engine's state (read after the step,
+  // e.g. moe's routing), described by its ArchitectureSpec::receipt_entries.
+  virtual std::vector<StepState> step_state(Engine& /*engine*/) const { return {}; }
 
   // Initial parameter values (host side), from the parameter's ParameterInit.
   std::vector<float> initial_values(TensorId parameter, std::uint64_t seed) const;

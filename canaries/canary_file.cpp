@@ -27,7 +27,7 @@ const std::map<std::string, std::set<std::string>>& known_keys() {
   static const std::map<std::string, std::set<std::string>> keys{
       {"", {"schema_version", "name", "architecture", "model", "train", "optimizer", "data"}},
       {"model", {"vocab", "context", "channels", "layers", "heads", "kv_heads", "mlp_hidden", "rope_theta", "norm_eps",
-                 "init_std"}},
+                 "init_std", "experts", "experts_per_token", "capacity_factor", "balance_coef"}},
       {"train", {"batch", "steps", "seed"}},
       {"optimizer", {"lr", "min_lr_ratio", "warmup_steps", "beta1", "beta2", "eps", "weight_decay", "clip_norm"}},
       {"data", {"source", "seed", "path", "dtype"}},
@@ -140,6 +140,22 @@ void read_identity(const Reader& r, CanaryConfig& c) {
   }
 }
 
+// The mixture-of-experts keys: required by an architecture whose MLP is experts, refused
+// by the others.
+void read_experts(const Reader& r, const ModelKeyRules& rules, std::string_view arch, CanaryConfig& c) {
+  if (!rules.mixture_of_experts) {
+    for (const char* key :
+         {"model.experts", "model.experts_per_token", "model.capacity_factor", "model.balance_coef"}) {
+      if (r.has(key)) r.fail(key, fmt::format("{} has no experts: leave it out", arch));
+    }
+    return;
+  }
+  c.experts = r.integer("model.experts", 2, 1024, std::nullopt);
+  c.experts_per_token = r.integer("model.experts_per_token", 1, c.experts, std::nullopt);
+  c.capacity_factor = r.number("model.capacity_factor", 0.0, 64.0, true, c.capacity_factor);
+  c.balance_coef = r.number("model.balance_coef", 0.0, 10.0, false, c.balance_coef);
+}
+
 void read_model(const Reader& r, CanaryConfig& c) {
   constexpr int kMaxSize = 1 << 20;
   c.vocab_size = r.integer("model.vocab", 2, kMaxSize, std::nullopt);
@@ -177,6 +193,7 @@ void read_model(const Reader& r, CanaryConfig& c) {
   }
   c.layernorm_eps = r.number("model.norm_eps", 0.0, 1.0, true, c.layernorm_eps);
   c.init_std = r.number("model.init_std", 0.0, 10.0, true, c.init_std);
+  read_experts(r, rules, arch, c);
 }
 
 void read_train(const Reader& r, CanaryConfig& c) {

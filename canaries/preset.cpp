@@ -37,6 +37,12 @@ nlohmann::json CanaryConfig::to_json() const {
     j["mlp_hidden"] = mlp_hidden;
     j["rope_theta"] = rope_theta;
   }
+  if (experts > 0) {
+    j["experts"] = experts;
+    j["experts_per_token"] = experts_per_token;
+    j["capacity_factor"] = capacity_factor;
+    j["balance_coef"] = balance_coef;
+  }
   if (data_source == DataSourceKind::kTokens) {
     j["data_source"] = "tokens";
     j["data_tokens_dtype"] = tokens_dtype;
@@ -72,6 +78,10 @@ CanaryConfig CanaryConfig::from_json(const nlohmann::json& j) {
   c.kv_heads = j.value("kv_heads", c.heads);
   c.mlp_hidden = j.value("mlp_hidden", legacy.rules.mlp_ratio * c.channels);
   c.rope_theta = j.value("rope_theta", 10000.0);
+  c.experts = j.value("experts", 0);
+  c.experts_per_token = j.value("experts_per_token", 0);
+  c.capacity_factor = j.value("capacity_factor", c.capacity_factor);
+  c.balance_coef = j.value("balance_coef", c.balance_coef);
   if (j.value("data_source", std::string("builtin")) == "tokens") {
     c.data_source = DataSourceKind::kTokens;
     c.tokens_dtype = j.at("data_tokens_dtype").get<std::string>();
@@ -79,6 +89,13 @@ CanaryConfig CanaryConfig::from_json(const nlohmann::json& j) {
     c.tokens_xxh3 = std::stoull(j.at("data_tokens_xxh3").get<std::string>(), nullptr, 16);
   }
   return c;
+}
+
+int CanaryConfig::expert_capacity() const {
+  if (experts <= 0) return 0;
+  const double rows = capacity_factor * static_cast<double>(batch_size) * context_length * experts_per_token / experts;
+  const auto whole = static_cast<int>(rows);
+  return whole < rows ? whole + 1 : whole;
 }
 
 double learning_rate(const CanaryConfig& c, int step) {

@@ -30,6 +30,13 @@ struct CanaryConfig {
   int kv_heads = 4;          // llama: grouped-query attention; gpt2: always heads
   int mlp_hidden = 512;      // gpt2: 4 * channels
   double rope_theta = 10000.0;  // llama only
+  // moe: each block's MLP is `experts` SwiGLU experts of mlp_hidden, `experts_per_token`
+  // of them per token; each takes capacity_factor * B*T*K/E token rows a step (rounded up,
+  // expert_capacity()); the balance loss is balance_coef * E * sum f_e P_e. 0 experts: no MoE.
+  int experts = 0;
+  int experts_per_token = 0;
+  double capacity_factor = 1.25;
+  double balance_coef = 0.01;
   int batch_size = 8;
   int steps = 100;
   std::int64_t init_seed = 1337;  // [train] seed: the run's --seed when none is given
@@ -55,6 +62,7 @@ struct CanaryConfig {
   std::uint64_t tokens_xxh3 = 0;
 
   int head_size() const { return channels / heads; }
+  int expert_capacity() const;
   // The canary's identity, the receipt's `canary` attribute: every key that changes the
   // numbers. Keys beyond gpt2's builtin-data set appear only when they are used, so the
   // identity of a gpt2 canary on builtin data is what it was before canary files existed.

@@ -106,44 +106,63 @@ std::string_view to_string(Phase phase) {
   return "unknown";
 }
 
-// ---- the llama ops, for engines that do not run them yet ---------------------------------
+// ---- the llama and MoE ops, for engines that do not run them yet -------------------------
 // The run refuses a canary that calls them on such an engine before step 0 (implements), so
 // reaching one of these is a bug in the caller, never a user's input.
 
 namespace {
-// The ops whose defaults below throw: the ones an engine may lack.
-constexpr OpKind kOpsWithDefaults[] = {OpKind::RmsNormForward,      OpKind::RmsNormBackward,     OpKind::RopeForward,
-                                       OpKind::RopeBackward,        OpKind::SwigluForward,       OpKind::SwigluBackward,
-                                       OpKind::GqaAttentionForward, OpKind::GqaAttentionBackward};
-
-[[noreturn]] void no_llama_op(const Engine& engine, const char* op) {
+[[noreturn]] void not_implemented(const Engine& engine, const char* op) {
   throw std::logic_error(std::string(op) + " called on engine " + std::string(engine.name()) +
                          ", which does not implement it (Engine::implements)");
 }
 }  // namespace
 
-bool Engine::implements(OpKind op) const {
-  return std::find(std::begin(kOpsWithDefaults), std::end(kOpsWithDefaults), op) == std::end(kOpsWithDefaults);
-}
+bool Engine::implements(OpKind op) const { return describe(op).family == OpFamily::Core; }
 
 void Engine::rmsnorm_forward(const OpSite&, TensorId, TensorId, TensorId, TensorId, float) {
-  no_llama_op(*this, "rmsnorm_forward");
+  not_implemented(*this, "rmsnorm_forward");
 }
 void Engine::rmsnorm_backward(const OpSite&, TensorId, TensorId, TensorId, TensorId, TensorId, TensorId) {
-  no_llama_op(*this, "rmsnorm_backward");
+  not_implemented(*this, "rmsnorm_backward");
 }
-void Engine::rope_forward(const OpSite&, TensorId, TensorId, int, double) { no_llama_op(*this, "rope_forward"); }
-void Engine::rope_backward(const OpSite&, TensorId, TensorId, int, double) { no_llama_op(*this, "rope_backward"); }
-void Engine::swiglu_forward(const OpSite&, TensorId, TensorId, TensorId) { no_llama_op(*this, "swiglu_forward"); }
+void Engine::rope_forward(const OpSite&, TensorId, TensorId, int, double) { not_implemented(*this, "rope_forward"); }
+void Engine::rope_backward(const OpSite&, TensorId, TensorId, int, double) { not_implemented(*this, "rope_backward"); }
+void Engine::swiglu_forward(const OpSite&, TensorId, TensorId, TensorId) { not_implemented(*this, "swiglu_forward"); }
 void Engine::swiglu_backward(const OpSite&, TensorId, TensorId, TensorId, TensorId, TensorId) {
-  no_llama_op(*this, "swiglu_backward");
+  not_implemented(*this, "swiglu_backward");
 }
 void Engine::gqa_attention_forward(const OpSite&, TensorId, TensorId, TensorId, TensorId, TensorId) {
-  no_llama_op(*this, "gqa_attention_forward");
+  not_implemented(*this, "gqa_attention_forward");
 }
 void Engine::gqa_attention_backward(const OpSite&, TensorId, TensorId, TensorId, TensorId, TensorId, TensorId,
                                     TensorId, TensorId) {
-  no_llama_op(*this, "gqa_attention_backward");
+  not_implemented(*this, "gqa_attention_backward");
+}
+
+void Engine::moe_route_forward(const OpSite&, TensorId, TensorId, TensorId, TensorId, TensorId, TensorId, int, int,
+                               float) {
+  not_implemented(*this, "moe_route_forward");
+}
+void Engine::moe_route_backward(const OpSite&, TensorId, TensorId, TensorId, TensorId, TensorId, float) {
+  not_implemented(*this, "moe_route_backward");
+}
+void Engine::moe_dispatch_forward(const OpSite&, TensorId, TensorId, TensorId, TensorId) {
+  not_implemented(*this, "moe_dispatch_forward");
+}
+void Engine::moe_dispatch_backward(const OpSite&, TensorId, TensorId, TensorId, TensorId) {
+  not_implemented(*this, "moe_dispatch_backward");
+}
+void Engine::moe_combine_forward(const OpSite&, TensorId, TensorId, TensorId, TensorId, TensorId) {
+  not_implemented(*this, "moe_combine_forward");
+}
+void Engine::moe_combine_backward(const OpSite&, TensorId, TensorId, TensorId, TensorId, TensorId, TensorId, TensorId) {
+  not_implemented(*this, "moe_combine_backward");
+}
+void Engine::expert_linear_forward(const OpSite&, TensorId, TensorId, TensorId) {
+  not_implemented(*this, "expert_linear_forward");
+}
+void Engine::expert_linear_backward(const OpSite&, TensorId, TensorId, TensorId, TensorId, TensorId) {
+  not_implemented(*this, "expert_linear_backward");
 }
 
 }  // namespace harness

@@ -165,7 +165,7 @@ class Engine {
 
   // ---- the llama architecture's ops (docs/design.md, "The `llama` architecture") --------
   // Their defaults throw: an engine that does not run them leaves them and says so in
-  // implements(), and a canary whose step calls one is refused before step 0.
+  // implements() (below), and a canary whose step calls one is refused before step 0.
 
   // out (N,C) = inp * rstd * weight, rstd (N) = 1/sqrt(mean(inp^2) + eps) saved for backward
   virtual void rmsnorm_forward(const OpSite& site, TensorId out, TensorId rstd, TensorId inp, TensorId weight,
@@ -186,10 +186,38 @@ class Engine {
                                      TensorId v);
   virtual void gqa_attention_backward(const OpSite& site, TensorId dq, TensorId dk, TensorId dv, TensorId dout,
                                       TensorId q, TensorId k, TensorId v, TensorId att);
-  // Whether this engine runs `op`. Every op without a default is; the ops with throwing
-  // defaults above are not unless the engine says so. A canary whose step calls an op its
-  // engine lacks is refused before step 0 (canary::engine_cannot_run: "op X is not
-  // implemented by engine Y").
+
+  // ---- the mixture-of-experts ops (docs/design.md, "The `moe` architecture") ----------
+  // Defaults throw, as the llama ops'. Shapes: logits and probs (B,T,E); weights, expert
+  // and slot (B,T,K); expert buffers (E,cap,C); routing (E+4), the step's record of the
+  // layer (kernels/moe_kernels.h).
+  // The router: softmax, top-K (ties to the lower expert), renormalised weights, capacity
+  // `capacity` rows per expert (every first choice before any second); routing gets the
+  // tokens per expert, the dropped choices, the balance loss (balance_coef * E * sum f_e P_e)
+  // and the decisions' hash.
+  virtual void moe_route_forward(const OpSite& site, TensorId weights, TensorId expert, TensorId slot, TensorId probs,
+                                 TensorId routing, TensorId logits, int top_k, int capacity, float balance_coef);
+  // dlogits += through the weights (dweights) and the balance loss, back through the softmax
+  virtual void moe_route_backward(const OpSite& site, TensorId dlogits, TensorId dweights, TensorId probs,
+                                  TensorId weights, TensorId expert, float balance_coef);
+  // expert_in (E,cap,C) = each placed choice's row of inp (B,T,C), zeros elsewhere
+  virtual void moe_dispatch_forward(const OpSite& site, TensorId expert_in, TensorId inp, TensorId expert,
+                                    TensorId slot);
+  virtual void moe_dispatch_backward(const OpSite& site, TensorId dinp, TensorId dexpert_in, TensorId expert,
+                                     TensorId slot);
+  // out (B,T,C) = sum over a token's placed choices of weight * expert_out[expert][slot]
+  virtual void moe_combine_forward(const OpSite& site, TensorId out, TensorId expert_out, TensorId weights,
+                                   TensorId expert, TensorId slot);
+  virtual void moe_combine_backward(const OpSite& site, TensorId dexpert_out, TensorId dweights, TensorId dout,
+                                    TensorId expert_out, TensorId weights, TensorId expert, TensorId slot);
+  // out (E,cap,OC) = inp (E,cap,C) @ weight (E,OC,C)^T, expert by expert
+  virtual void expert_linear_forward(const OpSite& site, TensorId out, TensorId inp, TensorId weight);
+  virtual void expert_linear_backward(const OpSite& site, TensorId dinp, TensorId dweight, TensorId dout, TensorId inp,
+                                      TensorId weight);
+
+  // Whether this engine runs `op`: by default the core ops (OpDescription::family), whose
+  // virtuals have no default. A canary whose step calls an op its engine lacks is refused
+  // before step 0 (canary::engine_cannot_run: "op X is not implemented by engine Y").
   virtual bool implements(OpKind op) const;
 
   // GELU, tanh approximation.
@@ -265,5 +293,13 @@ template <> inline constexpr auto kEngineCall<OpKind::SwigluForward> = &Engine::
 template <> inline constexpr auto kEngineCall<OpKind::SwigluBackward> = &Engine::swiglu_backward;
 template <> inline constexpr auto kEngineCall<OpKind::GqaAttentionForward> = &Engine::gqa_attention_forward;
 template <> inline constexpr auto kEngineCall<OpKind::GqaAttentionBackward> = &Engine::gqa_attention_backward;
+template <> inline constexpr auto kEngineCall<OpKind::MoeRouteForward> = &Engine::moe_route_forward;
+template <> inline constexpr auto kEngineCall<OpKind::MoeRouteBackward> = &Engine::moe_route_backward;
+template <> inline constexpr auto kEngineCall<OpKind::MoeDispatchForward> = &Engine::moe_dispatch_forward;
+template <> inline constexpr auto kEngineCall<OpKind::MoeDispatchBackward> = &Engine::moe_dispatch_backward;
+template <> inline constexpr auto kEngineCall<OpKind::MoeCombineForward> = &Engine::moe_combine_forward;
+template <> inline constexpr auto kEngineCall<OpKind::MoeCombineBackward> = &Engine::moe_combine_backward;
+template <> inline constexpr auto kEngineCall<OpKind::ExpertLinearForward> = &Engine::expert_linear_forward;
+template <> inline constexpr auto kEngineCall<OpKind::ExpertLinearBackward> = &Engine::expert_linear_backward;
 
 }  // namespace harness

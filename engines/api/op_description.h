@@ -50,8 +50,22 @@ enum class OpKind : std::uint8_t {
   SwigluBackward,
   GqaAttentionForward,
   GqaAttentionBackward,
-  kLast = GqaAttentionBackward,
+  // the mixture-of-experts ops
+  MoeRouteForward,
+  MoeRouteBackward,
+  MoeDispatchForward,
+  MoeDispatchBackward,
+  MoeCombineForward,
+  MoeCombineBackward,
+  ExpertLinearForward,
+  ExpertLinearBackward,
+  kLast = ExpertLinearBackward,
 };
+
+// Which architecture's ops an op belongs to. An engine runs the core ops; the others it
+// runs when it says so (Engine::implements), and a canary calling one it lacks is refused
+// before step 0.
+enum class OpFamily : std::uint8_t { Core, Llama, MixtureOfExperts };
 
 // How an op uses an operand. Write: overwritten (forward outputs). Accumulate: read and
 // added into or updated in place (backward ops add into their gradients, as llm.c; AdamW
@@ -94,6 +108,7 @@ struct OpDescription {
   bool engine_call = true;                           // false: exists in traced graphs only
   bool tensors_first_in_call = false;
   bool site_in_call = true;  // the call's first argument is the OpSite (zero() names its tensor instead)
+  OpFamily family = OpFamily::Core;
 
   constexpr bool variadic() const { return !each_tensor.name.empty(); }
   // Whether `count` operands fit: exactly the fixed ones, or (variadic) those plus any number.
@@ -171,6 +186,23 @@ inline constexpr O kSwigluBackward[] = {{"dgate", A::Accumulate}, {"dup", A::Acc
 inline constexpr O kGqaAttentionForward[] = {{"out", A::Write}, saved("att"), {"q"}, {"k"}, {"v"}};
 inline constexpr O kGqaAttentionBackward[] = {{"dq", A::Accumulate}, {"dk", A::Accumulate}, {"dv", A::Accumulate},
                                               {"dout"}, {"q"}, {"k"}, {"v"}, {"att"}};
+// Routing decisions (expert, slot) and weights are (B,T,K); probs and logits (B,T,E); the
+// routing record (E+4) holds the step's tokens per expert, dropped choices, balance loss
+// and a 48-bit hash of the decisions (kernels/moe_kernels.h).
+inline constexpr O kMoeRouteForward[] = {{"weights", A::Write}, {"expert", A::Write}, {"slot", A::Write},
+                                         saved("probs"), {"routing", A::Write}, {"logits"}};
+inline constexpr Attr kMoeRouteAttrs[] = {{"top_k", T::Int}, {"capacity", T::Int}, {"balance_coef"}};
+inline constexpr O kMoeRouteBackward[] = {{"dlogits", A::Accumulate}, {"dweights"}, {"probs"}, {"weights"}, {"expert"}};
+inline constexpr Attr kBalanceAttrs[] = {{"balance_coef"}};
+inline constexpr O kMoeDispatchForward[] = {{"expert_in", A::Write}, {"inp"}, {"expert"}, {"slot"}};
+inline constexpr O kMoeDispatchBackward[] = {{"dinp", A::Accumulate}, {"dexpert_in"}, {"expert"}, {"slot"}};
+inline constexpr O kMoeCombineForward[] = {{"out", A::Write}, {"expert_out"}, {"weights"}, {"expert"}, {"slot"}};
+inline constexpr O kMoeCombineBackward[] = {{"dexpert_out", A::Accumulate}, {"dweights", A::Accumulate}, {"dout"},
+                                            {"expert_out"}, {"weights"}, {"expert"}, {"slot"}};
+// Every expert's own linear layer: inp (E,cap,C) @ weight (E,OC,C)^T -> out (E,cap,OC).
+inline constexpr O kExpertLinearForward[] = {{"out", A::Write}, {"inp"}, {"weight"}};
+inline constexpr O kExpertLinearBackward[] = {{"dinp", A::Accumulate}, {"dweight", A::Accumulate}, {"dout"}, {"inp"},
+                                              {"weight"}};
 }  // namespace op_tables
 
 // An op that a model calls, with fixed operands (and attributes).
@@ -186,6 +218,12 @@ constexpr OpDescription over_tensors(OpDescription d, OperandDescription each_te
   return d;
 }
 
+// An op of an architecture's family rather than the core.
+constexpr OpDescription of_family(OpDescription d, OpFamily family) {
+  d.family = family;
+  return d;
+}
+
 // Indexed by OpKind.
 inline constexpr std::array<OpDescription, static_cast<std::size_t>(OpKind::kLast) + 1> kOpDescriptions = [] {
   namespace t = op_tables;
@@ -193,6 +231,8 @@ inline constexpr std::array<OpDescription, static_cast<std::size_t>(OpKind::kLas
   zero.site_in_call = false;
   OpDescription constant = op(OpKind::Constant, "constant", t::kConstant, t::kConstantAttrs);
   constant.engine_call = false;
+  const auto llama = [](OpDescription d) { return of_family(d, OpFamily::Llama); };
+  const auto moe = [](OpDescription d) { return of_family(d, OpFamily::MixtureOfExperts); };
   return std::array<OpDescription, static_cast<std::size_t>(OpKind::kLast) + 1>{
       zero,
       constant,
@@ -216,14 +256,22 @@ inline constexpr std::array<OpDescription, static_cast<std::size_t>(OpKind::kLas
       op(OpKind::AdamW, "adamw", t::kAdamW, t::kAdamWAttrs),
       op(OpKind::NudgeUlps, "nudge_ulps", t::kNudgeUlps),
       op(OpKind::Trace, "trace", t::kTrace, t::kTraceAttrs),
-      op(OpKind::RmsNormForward, "rmsnorm_forward", t::kRmsNormForward, t::kEpsAttrs),
-      op(OpKind::RmsNormBackward, "rmsnorm_backward", t::kRmsNormBackward),
-      op(OpKind::RopeForward, "rope_forward", t::kRopeForward, t::kRopeAttrs),
-      op(OpKind::RopeBackward, "rope_backward", t::kRopeBackward, t::kRopeAttrs),
-      op(OpKind::SwigluForward, "swiglu_forward", t::kSwigluForward),
-      op(OpKind::SwigluBackward, "swiglu_backward", t::kSwigluBackward),
-      op(OpKind::GqaAttentionForward, "gqa_attention_forward", t::kGqaAttentionForward),
-      op(OpKind::GqaAttentionBackward, "gqa_attention_backward", t::kGqaAttentionBackward),
+      llama(op(OpKind::RmsNormForward, "rmsnorm_forward", t::kRmsNormForward, t::kEpsAttrs)),
+      llama(op(OpKind::RmsNormBackward, "rmsnorm_backward", t::kRmsNormBackward)),
+      llama(op(OpKind::RopeForward, "rope_forward", t::kRopeForward, t::kRopeAttrs)),
+      llama(op(OpKind::RopeBackward, "rope_backward", t::kRopeBackward, t::kRopeAttrs)),
+      llama(op(OpKind::SwigluForward, "swiglu_forward", t::kSwigluForward)),
+      llama(op(OpKind::SwigluBackward, "swiglu_backward", t::kSwigluBackward)),
+      llama(op(OpKind::GqaAttentionForward, "gqa_attention_forward", t::kGqaAttentionForward)),
+      llama(op(OpKind::GqaAttentionBackward, "gqa_attention_backward", t::kGqaAttentionBackward)),
+      moe(op(OpKind::MoeRouteForward, "moe_route_forward", t::kMoeRouteForward, t::kMoeRouteAttrs)),
+      moe(op(OpKind::MoeRouteBackward, "moe_route_backward", t::kMoeRouteBackward, t::kBalanceAttrs)),
+      moe(op(OpKind::MoeDispatchForward, "moe_dispatch_forward", t::kMoeDispatchForward)),
+      moe(op(OpKind::MoeDispatchBackward, "moe_dispatch_backward", t::kMoeDispatchBackward)),
+      moe(op(OpKind::MoeCombineForward, "moe_combine_forward", t::kMoeCombineForward)),
+      moe(op(OpKind::MoeCombineBackward, "moe_combine_backward", t::kMoeCombineBackward)),
+      moe(op(OpKind::ExpertLinearForward, "expert_linear_forward", t::kExpertLinearForward)),
+      moe(op(OpKind::ExpertLinearBackward, "expert_linear_backward", t::kExpertLinearBackward)),
   };
 }();
 

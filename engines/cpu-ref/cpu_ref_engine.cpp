@@ -2,6 +2,7 @@
 
 #include "kernels/deterministic_reduce.h"
 #include "kernels/kernels.h"
+#include "kernels/moe_kernels.h"
 
 namespace harness {
 
@@ -161,6 +162,66 @@ void CpuRefEngine::adamw_update(const OpSite&, TensorId param, TensorId grad, Te
 void CpuRefEngine::nudge_ulps(const OpSite&, TensorId tensor, TensorId ulps) {
   const auto n = static_cast<std::int32_t>(scalar(ulps));
   if (n > 0) *f32(tensor) = kernels::next_up(*f32(tensor), n);
+}
+
+// ---- the mixture-of-experts ops ----------------------------------------------------------
+// Sizes from the shapes: probs (B,T,E), weights (B,T,K), expert buffers (E,cap,C).
+
+void CpuRefEngine::moe_route_forward(const OpSite&, TensorId weights, TensorId expert, TensorId slot, TensorId probs,
+                                     TensorId routing, TensorId logits, int top_k, int capacity, float balance_coef) {
+  const int N = int(rows(probs)), E = int(desc(probs).shape.back());
+  kernels::moe_route_forward(f32(probs), f32(weights), f32(expert), f32(slot), f32(routing), f32(logits), N, E, top_k,
+                             capacity);
+  const float balance = kernels::moe_balance_loss(f32(probs), f32(expert), N, E, top_k, balance_coef);
+  kernels::moe_routing_record(f32(routing), f32(expert), f32(slot), balance, N, E, top_k);
+}
+
+void CpuRefEngine::moe_route_backward(const OpSite&, TensorId dlogits, TensorId dweights, TensorId probs,
+                                      TensorId weights, TensorId expert, float balance_coef) {
+  kernels::moe_route_backward(f32(dlogits), f32(dweights), f32(probs), f32(weights), f32(expert), int(rows(probs)),
+                              int(desc(probs).shape.back()), int(desc(weights).shape.back()), balance_coef);
+}
+
+void CpuRefEngine::moe_dispatch_forward(const OpSite&, TensorId expert_in, TensorId inp, TensorId expert,
+                                        TensorId slot) {
+  const TensorDesc& buffers = desc(expert_in);  // (E,cap,C)
+  kernels::moe_dispatch_forward(f32(expert_in), f32(inp), f32(expert), f32(slot), int(rows(inp)), int(buffers.dim(2)),
+                                int(buffers.dim(0)), int(desc(expert).shape.back()), int(buffers.dim(1)));
+}
+
+void CpuRefEngine::moe_dispatch_backward(const OpSite&, TensorId dinp, TensorId dexpert_in, TensorId expert,
+                                         TensorId slot) {
+  const TensorDesc& buffers = desc(dexpert_in);
+  kernels::moe_dispatch_backward(f32(dinp), f32(dexpert_in), f32(expert), f32(slot), int(rows(dinp)),
+                                 int(buffers.dim(2)), int(desc(expert).shape.back()), int(buffers.dim(1)));
+}
+
+void CpuRefEngine::moe_combine_forward(const OpSite&, TensorId out, TensorId expert_out, TensorId weights,
+                                       TensorId expert, TensorId slot) {
+  const TensorDesc& buffers = desc(expert_out);
+  kernels::moe_combine_forward(f32(out), f32(expert_out), f32(weights), f32(expert), f32(slot), int(rows(out)),
+                               int(buffers.dim(2)), int(desc(expert).shape.back()), int(buffers.dim(1)));
+}
+
+void CpuRefEngine::moe_combine_backward(const OpSite&, TensorId dexpert_out, TensorId dweights, TensorId dout,
+                                        TensorId expert_out, TensorId weights, TensorId expert, TensorId slot) {
+  const TensorDesc& buffers = desc(expert_out);
+  kernels::moe_combine_backward(f32(dexpert_out), f32(dweights), f32(dout), f32(expert_out), f32(weights),
+                                f32(expert), f32(slot), int(rows(dout)), int(buffers.dim(2)),
+                                int(desc(expert).shape.back()), int(buffers.dim(1)));
+}
+
+void CpuRefEngine::expert_linear_forward(const OpSite&, TensorId out, TensorId inp, TensorId weight) {
+  const TensorDesc& w = desc(weight);  // (E,OC,C)
+  kernels::expert_linear_forward(f32(out), f32(inp), f32(weight), int(w.dim(0)), int(desc(inp).dim(1)), int(w.dim(2)),
+                                 int(w.dim(1)), t_.scratch());
+}
+
+void CpuRefEngine::expert_linear_backward(const OpSite&, TensorId dinp, TensorId dweight, TensorId dout, TensorId inp,
+                                          TensorId weight) {
+  const TensorDesc& w = desc(weight);
+  kernels::expert_linear_backward(f32(dinp), f32(dweight), f32(dout), f32(inp), f32(weight), int(w.dim(0)),
+                                  int(desc(inp).dim(1)), int(w.dim(2)), int(w.dim(1)), t_.scratch());
 }
 
 }  // namespace harness

@@ -5,6 +5,7 @@
 #include <tbb/parallel_for.h>
 
 #include "deterministic_reduce.h"
+#include "kernels.h"
 #include "vector_lanes.h"
 
 namespace harness::kernels {
@@ -176,6 +177,47 @@ void moe_combine_backward(float* dexpert_out, float* dweights, const float* dout
       dweights[choice] += dot;
     }
   });
+}
+
+void moe_routing_record(float* record, const float* expert, const float* slot, float balance_loss, int N, int E,
+                        int K) {
+  float placed = 0.0f;
+  for (int e = 0; e < E; ++e) placed += record[e];
+  record[E] = static_cast<float>(N) * static_cast<float>(K) - placed;
+  record[E + 1] = balance_loss;
+  std::uint64_t hash = 0xcbf29ce484222325ull;  // FNV-1a 64 over the decisions' integers
+  const auto mix = [&](std::int32_t value) {
+    const auto bits = static_cast<std::uint32_t>(value);
+    for (int byte = 0; byte < 4; ++byte) {
+      hash ^= (bits >> (8 * byte)) & 0xffu;
+      hash *= 0x100000001b3ull;
+    }
+  };
+  for (std::int64_t i = 0; i < static_cast<std::int64_t>(N) * K; ++i) {
+    mix(index_of(expert[i]));
+    mix(index_of(slot[i]));
+  }
+  record[E + 2] = static_cast<float>((hash >> 24) & 0xffffffu);
+  record[E + 3] = static_cast<float>(hash & 0xffffffu);
+}
+
+std::uint64_t routing_hash(float high, float low) {
+  return (static_cast<std::uint64_t>(high) << 24) | static_cast<std::uint64_t>(low);
+}
+
+void expert_linear_forward(float* out, const float* inp, const float* weight, int E, int cap, int C, int OC,
+                           float* scratch) {
+  for (int e = 0; e < E; ++e) {
+    linear_forward(out + at(e, cap) * OC, inp + at(e, cap) * C, weight + at(e, OC) * C, nullptr, cap, C, OC, scratch);
+  }
+}
+
+void expert_linear_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                            int E, int cap, int C, int OC, float* scratch) {
+  for (int e = 0; e < E; ++e) {
+    linear_backward(dinp + at(e, cap) * C, dweight + at(e, OC) * C, nullptr, dout + at(e, cap) * OC,
+                    inp + at(e, cap) * C, weight + at(e, OC) * C, cap, C, OC, scratch);
+  }
 }
 
 }  // namespace harness::kernels

@@ -59,4 +59,21 @@ void moe_combine_forward(float* out, const float* expert_out, const float* weigh
 void moe_combine_backward(float* dexpert_out, float* dweights, const float* dout, const float* expert_out,
                           const float* weights, const float* expert, const float* slot, int N, int C, int K, int cap);
 
+// The layer's routing record of a step (E + kRoutingRecordExtra floats): the tokens per
+// expert (E), the dropped choices, the balance loss, and a 48-bit FNV-1a hash of every
+// choice's (expert, slot) in order, as two 24-bit halves (exact in fp32). The record is
+// what a receipt keeps of routing: two runs that route alike have equal hashes.
+inline constexpr int kRoutingRecordExtra = 4;
+void moe_routing_record(float* record, const float* expert, const float* slot, float balance_loss, int N, int E,
+                        int K);
+// The hash's two halves as one integer.
+std::uint64_t routing_hash(float high, float low);
+
+// Every expert's own linear layer: out (E,cap,OC) = inp (E,cap,C) @ weight (E,OC,C)^T, each
+// expert by kernels.h's deterministic GEMM; scratch as linear_forward's.
+void expert_linear_forward(float* out, const float* inp, const float* weight, int E, int cap, int C, int OC,
+                           float* scratch);
+void expert_linear_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                            int E, int cap, int C, int OC, float* scratch);
+
 }  // namespace harness::kernels

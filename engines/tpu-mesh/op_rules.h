@@ -2,8 +2,8 @@
 // and its lowering. The operand layout (counts, optional operands, written operands) is
 // the op's description's (engines/api/op_description.h) and is checked for every node
 // before its shape rule runs. An op family's entries sit together in ops/FAMILY.cpp, next
-// to nothing but that family's semantics; rules_of() finds an op's entry and a test
-// checks that every op has exactly one.
+// to nothing but that family's semantics; rules_of() finds an op's entry. The ops with an
+// entry are the ops tpu-mesh implements (TpuMeshEngine::implements).
 #pragma once
 
 #include <span>
@@ -25,6 +25,7 @@ struct OpRules {
   void (*lower)(Compilation&, const Node&) = nullptr;
 };
 
+// The op's entry; one with a null `lower` for an op tpu-mesh does not implement.
 const OpRules& rules_of(OpKind op);
 
 // The families (ops/*.cpp): each lists the entries of its ops.

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "compiler.h"
+#include "op_rules.h"
 #include "sharding.h"
 
 namespace harness::tpu {
@@ -222,6 +223,8 @@ std::span<const float> TpuMeshEngine::read(TensorId id) {
   }
   return executor_.assemble(id);
 }
+
+bool TpuMeshEngine::implements(OpKind op) const { return rules_of(op).lower != nullptr; }
 
 bool TpuMeshEngine::pending_uses(TensorId id) const {
   for (const Node& node : pending_.nodes) {

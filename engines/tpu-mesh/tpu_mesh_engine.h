@@ -86,7 +86,7 @@ class TpuMeshEngine final : public Engine {
   void gqa_attention_forward(const OpSite&, TensorId out, TensorId att, TensorId q, TensorId k, TensorId v) override;
   void gqa_attention_backward(const OpSite&, TensorId dq, TensorId dk, TensorId dv, TensorId dout, TensorId q,
                               TensorId k, TensorId v, TensorId att) override;
-  bool implements(OpKind) const override { return true; }  // every op of the boundary
+  bool implements(OpKind op) const override;  // the ops with rules (engines/tpu-mesh/ops/)
   void gelu_forward(const OpSite&, TensorId out, TensorId inp) override;
   void gelu_backward(const OpSite&, TensorId dinp, TensorId inp, TensorId dout) override;
   void residual_forward(const OpSite&, TensorId out, TensorId a, TensorId b) override;

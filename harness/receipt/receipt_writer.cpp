@@ -142,8 +142,9 @@ void ReceiptWriter::check_described(const std::vector<StepState>& states) const 
     for (const auto& field : state.fields) paths.push_back(group + "/" + field.first);
     for (const std::string& path : paths) {
       if (!schema_->group(group) || !schema_->dataset(path)) {
-        throw std::logic_error(fmt::format("receipt: engine state {} is not in the receipt description; describe it "
-                                           "with the engine's receipt entries (engines/registry.h)",
+        throw std::logic_error(fmt::format("receipt: step state {} is not in the receipt description; describe it "
+                                           "with the engine's receipt entries (engines/registry.h) or the "
+                                           "architecture's (canaries/architecture.h)",
                                            path));
       }
     }

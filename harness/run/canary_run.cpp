@@ -284,7 +284,9 @@ RunSummary run_canary(const RunOptions& o, const std::function<void(const StepPr
     record.batch_hash = canary::batch_hash(batch);
     digester.digest(*engine, record);
     if (o.record_batches) writer.append_batch(batch.tokens);
-    writer.append_state(engine->step_state());
+    std::vector<StepState> state = engine->step_state();
+    for (StepState& more : model.step_state(*engine)) state.push_back(std::move(more));
+    writer.append_state(state);
     if (o.trace == TraceLevel::kOps) {
       const receipt::TraceStep traced = tracer.finish_step();  // the first step fixes columns()
       writer.append_trace(tracer.columns(), traced);

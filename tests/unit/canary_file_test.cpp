@@ -166,6 +166,35 @@ TEST(CanaryFile, LlamaKeysAreValidatedToo) {
   EXPECT_EQ(CanaryConfig::from_json(llama.to_json()).to_json(), llama.to_json());
 }
 
+// moe's keys: required where the MLP is experts, refused by architectures without them,
+// each within its range; the capacity is the even share of the step's choices times the
+// factor, rounded up.
+TEST(CanaryFile, MixtureOfExpertsKeysAreValidated) {
+  const std::string valid = read_text(shipped_canary_dir() / "moe-tiny.toml");
+  const std::vector<BadCase> cases = {
+      {"experts = 4", "", "model.experts", "missing"},
+      {"experts = 4", "experts = 1", "model.experts", "outside"},
+      {"experts_per_token = 2", "experts_per_token = 5", "model.experts_per_token", "outside"},
+      {"capacity_factor = 1.25", "capacity_factor = 0.0", "model.capacity_factor", "outside"},
+      {"balance_coef = 0.01", "balance_coef = -1.0", "model.balance_coef", "outside"},
+  };
+  const testing::ScratchDir dir;
+  expect_each_refused(valid, cases, dir.path("moe.toml"));
+  const std::string llama = read_text(shipped_canary_dir() / "llama-tiny.toml");
+  expect_each_refused(llama, {{"kv_heads = 2", "kv_heads = 2\nexperts = 4", "model.experts", "llama has no experts"}},
+                      dir.path("llama.toml"));
+  const CanaryConfig moe = load_canary("moe-tiny");
+  EXPECT_EQ(moe.expert_capacity(), 320);  // 1.25 * 8*64 tokens * 2 choices / 4 experts
+  CanaryConfig odd = moe;
+  odd.capacity_factor = 1.0;
+  odd.batch_size = 3;
+  EXPECT_EQ(odd.expert_capacity(), 96);  // 3*64*2/4 exactly: no rounding up
+  odd.experts = 5;
+  EXPECT_EQ(odd.expert_capacity(), 77);  // 76.8 rounds up
+  EXPECT_EQ(CanaryConfig::from_json(moe.to_json()).to_json(), moe.to_json());
+  EXPECT_EQ(moe.to_json().at("experts"), 4);
+}
+
 // The architectures are one table (canary.cpp): every one a canary file may name has a
 // model and a shipped canary, and one it may not is refused by the factory too.
 TEST(CanaryFile, EveryArchitectureHasAModelAndAShippedCanary) {

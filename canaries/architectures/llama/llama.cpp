@@ -18,11 +18,15 @@ std::vector<OpKind> LlamaCanary::step_ops() const {
 }
 
 LlamaCanary::LlamaCanary(const CanaryConfig& config, std::optional<FaultSpec> fault, bool trace_ops)
+    : LlamaCanary(config, std::move(fault), trace_ops, kDescribeLater) {
+  describe_tensors();
+}
+
+LlamaCanary::LlamaCanary(const CanaryConfig& config, std::optional<FaultSpec> fault, bool trace_ops, DescribeLater)
     : Canary(config, std::move(fault), trace_ops) {
   if (config.channels % config.heads != 0 || config.heads % config.kv_heads != 0 || head_size() % 2 != 0) {
     throw std::invalid_argument("llama needs heads | channels, kv_heads | heads and an even head size");
   }
-  describe_tensors();
 }
 
 // The op names of block l, each spelled here once: the sites its ops are called at and
@@ -50,30 +54,26 @@ LlamaCanary::LayerSites LlamaCanary::layer_sites(std::int64_t l) {
 void LlamaCanary::describe_tensors() {
   const std::int64_t V = config_.vocab_size, T = config_.context_length, C = config_.channels;
   const std::int64_t B = config_.batch_size, NH = config_.heads, NKV = config_.kv_heads, L = config_.layers;
-  const std::int64_t hd = head_size(), H = config_.mlp_hidden;
+  const std::int64_t hd = head_size();
   // Init roles: every matrix and wte ~ N(0, init_std), attn.o and mlp.down scaled by
   // 1/sqrt(2L), norm weights 1 (no biases anywhere).
   const double std_dev = config_.init_std;
-  const double residual_std_dev = config_.init_std / __builtin_sqrt(2.0 * config_.layers);
   wte_ = add_parameter("wte", {V, C}, ParameterInit::normal(std_dev));
   for (std::int64_t l = 0; l < L; ++l) {
     const LayerSites& s = sites_.emplace_back(layer_sites(l));
     const int layer = static_cast<int>(l);
     const ParameterInit matrix = ParameterInit::normal(std_dev, layer);
-    const ParameterInit residual_matrix = ParameterInit::normal(residual_std_dev, layer);
+    const ParameterInit residual_matrix = ParameterInit::normal(residual_std_dev(), layer);
     constexpr LinearRole Column = LinearRole::ColumnParallel, Row = LinearRole::RowParallel;
     const int head = static_cast<int>(hd);  // q/k/v/o split between heads only
-    LayerParams lp;
+    LayerParams& lp = layer_params_.emplace_back();
     lp.attn_norm = add_parameter(s.attn_norm + ".weight", {C}, ParameterInit::ones(layer));
     lp.q = add_parameter(s.q + ".weight", {NH * hd, C}, matrix, linear(Column, Fp8Zone::Qkv, 1, head));
     lp.k = add_parameter(s.k + ".weight", {NKV * hd, C}, matrix, linear(Column, Fp8Zone::Qkv, 1, head));
     lp.v = add_parameter(s.v + ".weight", {NKV * hd, C}, matrix, linear(Column, Fp8Zone::Qkv, 1, head));
     lp.o = add_parameter(s.o + ".weight", {C, NH * hd}, residual_matrix, linear(Row, Fp8Zone::AttnProj, 1, head));
     lp.mlp_norm = add_parameter(s.mlp_norm + ".weight", {C}, ParameterInit::ones(layer));
-    lp.gate = add_parameter(s.gate + ".weight", {H, C}, matrix, linear(Column, Fp8Zone::MlpFc));
-    lp.up = add_parameter(s.up + ".weight", {H, C}, matrix, linear(Column, Fp8Zone::MlpFc));
-    lp.down = add_parameter(s.down + ".weight", {C, H}, residual_matrix, linear(Row, Fp8Zone::MlpProj));
-    layer_params_.push_back(lp);
+    describe_mlp_parameters(layer);
   }
   norm_ = add_parameter(top_.final_norm + ".weight", {C}, ParameterInit::ones());
   lm_head_ = add_parameter(top_.lm_head + ".weight", {V, C}, ParameterInit::normal(std_dev));
@@ -82,11 +82,11 @@ void LlamaCanary::describe_tensors() {
   const auto act = [&](const std::string& name, Shape shape, TensorId* grad, TensorRole role = {}) {
     return add_activation(name, shape, grad, role);
   };
-  const Shape btc{B, T, C}, bt{B, T}, q_shape{B, T, NH * hd}, kv_shape{B, T, NKV * hd}, bth{B, T, H};
+  const Shape btc{B, T, C}, bt{B, T}, q_shape{B, T, NH * hd}, kv_shape{B, T, NKV * hd};
   encoded_ = act(top_.embedding + ".out", btc, &d_encoded_);
   for (std::int64_t l = 0; l < L; ++l) {
     const LayerSites& s = sites_[static_cast<std::size_t>(l)];
-    LayerActs a{}, g{};
+    LayerActs &a = acts_.emplace_back(), &g = grads_.emplace_back();
     a.attn_norm = act(s.attn_norm + ".out", btc, &g.attn_norm);
     a.attn_rstd = act(s.attn_norm + ".rstd", bt, nullptr, statistic());
     a.q = act(s.q + ".out", q_shape, &g.q);
@@ -100,18 +100,66 @@ void LlamaCanary::describe_tensors() {
     a.res_attn = act(s.attn_residual + ".out", btc, &g.res_attn);
     a.mlp_norm = act(s.mlp_norm + ".out", btc, &g.mlp_norm);
     a.mlp_rstd = act(s.mlp_norm + ".rstd", bt, nullptr, statistic());
-    a.gate = act(s.gate + ".out", bth, &g.gate);
-    a.up = act(s.up + ".out", bth, &g.up);
-    a.swiglu = act(s.swiglu + ".out", bth, &g.swiglu);
-    a.down = act(s.down + ".out", btc, &g.down);
+    describe_mlp_activations(static_cast<int>(l));
     a.res_mlp = act(s.mlp_residual + ".out", btc, &g.res_mlp);
-    acts_.push_back(a);
-    grads_.push_back(g);
   }
   normed_ = act(top_.final_norm + ".out", btc, &d_normed_);
   norm_rstd_ = act(top_.final_norm + ".rstd", bt, nullptr, statistic());
   logits_ = act(top_.lm_head + ".out", {B, T, V}, &d_logits_);
   probs_ = act(top_.loss + ".probs", {B, T, V}, nullptr, statistic());
+}
+
+// ---- the MLP: SwiGLU (an architecture on llama's blocks may replace it) ----------------
+
+void LlamaCanary::describe_mlp_parameters(int layer) {
+  const std::int64_t C = config_.channels, H = config_.mlp_hidden;
+  const LayerSites& s = sites_[static_cast<std::size_t>(layer)];
+  const ParameterInit matrix = ParameterInit::normal(config_.init_std, layer);
+  const ParameterInit residual_matrix = ParameterInit::normal(residual_std_dev(), layer);
+  constexpr LinearRole Column = LinearRole::ColumnParallel, Row = LinearRole::RowParallel;
+  LayerParams& lp = layer_params_[static_cast<std::size_t>(layer)];
+  lp.gate = add_parameter(s.gate + ".weight", {H, C}, matrix, linear(Column, Fp8Zone::MlpFc));
+  lp.up = add_parameter(s.up + ".weight", {H, C}, matrix, linear(Column, Fp8Zone::MlpFc));
+  lp.down = add_parameter(s.down + ".weight", {C, H}, residual_matrix, linear(Row, Fp8Zone::MlpProj));
+}
+
+void LlamaCanary::describe_mlp_activations(int layer) {
+  const std::int64_t B = config_.batch_size, T = config_.context_length, C = config_.channels, H = config_.mlp_hidden;
+  const LayerSites& s = sites_[static_cast<std::size_t>(layer)];
+  LayerActs &a = acts_[static_cast<std::size_t>(layer)], &g = grads_[static_cast<std::size_t>(layer)];
+  a.gate = add_activation(s.gate + ".out", {B, T, H}, &g.gate);
+  a.up = add_activation(s.up + ".out", {B, T, H}, &g.up);
+  a.swiglu = add_activation(s.swiglu + ".out", {B, T, H}, &g.swiglu);
+  a.down = add_activation(s.down + ".out", {B, T, C}, &g.down);
+}
+
+std::pair<TensorId, TensorId> LlamaCanary::mlp_branch(int layer) const {
+  return {acts_[static_cast<std::size_t>(layer)].down, grads_[static_cast<std::size_t>(layer)].down};
+}
+
+void LlamaCanary::mlp_forward(Ops& e, int l, TensorId in) const {
+  using enum OpKind;
+  constexpr Phase F = Phase::Forward;
+  const LayerParams& p = layer_params_[l];
+  const LayerActs& a = acts_[l];
+  const LayerSites& n = sites_[l];
+  e.call<LinearForward>(site(n.gate, l, F), a.gate, in, p.gate, kNoTensor);  // (B,T,H)
+  e.call<LinearForward>(site(n.up, l, F), a.up, in, p.up, kNoTensor);  // (B,T,H)
+  e.call<SwigluForward>(site(n.swiglu, l, F), a.swiglu, a.gate, a.up);  // (B,T,H)
+  e.call<LinearForward>(site(n.down, l, F), a.down, a.swiglu, p.down, kNoTensor);  // (B,T,C)
+}
+
+void LlamaCanary::mlp_backward(Ops& e, int l, TensorId in, TensorId d_in) const {
+  using enum OpKind;
+  constexpr Phase Bw = Phase::Backward;
+  const LayerParams& p = layer_params_[l];
+  const LayerActs& a = acts_[l];
+  const LayerActs& g = grads_[l];
+  const LayerSites& n = sites_[l];
+  e.call<LinearBackward>(site(n.down, l, Bw), g.swiglu, grad(p.down), kNoTensor, g.down, a.swiglu, p.down);
+  e.call<SwigluBackward>(site(n.swiglu, l, Bw), g.gate, g.up, g.swiglu, a.gate, a.up);
+  e.call<LinearBackward>(site(n.up, l, Bw), d_in, grad(p.up), kNoTensor, g.up, in, p.up);
+  e.call<LinearBackward>(site(n.gate, l, Bw), d_in, grad(p.gate), kNoTensor, g.gate, in, p.gate);
 }
 
 void LlamaCanary::forward(Ops& e) const {
@@ -137,11 +185,8 @@ void LlamaCanary::forward(Ops& e) const {
     e.call<LinearForward>(site(n.o, l, F), a.o, a.atty, p.o, kNoTensor);  // (B,T,C)
     e.call<ResidualForward>(site(n.attn_residual, l, F), a.res_attn, x, a.o);
     e.call<RmsNormForward>(site(n.mlp_norm, l, F), a.mlp_norm, a.mlp_rstd, a.res_attn, p.mlp_norm, norm_eps());
-    e.call<LinearForward>(site(n.gate, l, F), a.gate, a.mlp_norm, p.gate, kNoTensor);  // (B,T,H)
-    e.call<LinearForward>(site(n.up, l, F), a.up, a.mlp_norm, p.up, kNoTensor);  // (B,T,H)
-    e.call<SwigluForward>(site(n.swiglu, l, F), a.swiglu, a.gate, a.up);  // (B,T,H)
-    e.call<LinearForward>(site(n.down, l, F), a.down, a.swiglu, p.down, kNoTensor);  // (B,T,C)
-    e.call<ResidualForward>(site(n.mlp_residual, l, F), a.res_mlp, a.res_attn, a.down);
+    mlp_forward(e, l, a.mlp_norm);
+    e.call<ResidualForward>(site(n.mlp_residual, l, F), a.res_mlp, a.res_attn, mlp_branch(l).first);
     x = a.res_mlp;
   }
   e.call<RmsNormForward>(site(top_.final_norm, -1, F), normed_, norm_rstd_, x, norm_, norm_eps());
@@ -175,11 +220,8 @@ void LlamaCanary::backward_layer(Ops& e, int l) const {
   const TensorId x = l == 0 ? encoded_ : acts_[l - 1].res_mlp;
   const TensorId dx = l == 0 ? d_encoded_ : grads_[l - 1].res_mlp;
   // forward: res_mlp = res_attn + down
-  e.call<ResidualBackward>(site(n.mlp_residual, l, Bw), g.res_attn, g.down, g.res_mlp);
-  e.call<LinearBackward>(site(n.down, l, Bw), g.swiglu, grad(p.down), kNoTensor, g.down, a.swiglu, p.down);
-  e.call<SwigluBackward>(site(n.swiglu, l, Bw), g.gate, g.up, g.swiglu, a.gate, a.up);
-  e.call<LinearBackward>(site(n.up, l, Bw), g.mlp_norm, grad(p.up), kNoTensor, g.up, a.mlp_norm, p.up);
-  e.call<LinearBackward>(site(n.gate, l, Bw), g.mlp_norm, grad(p.gate), kNoTensor, g.gate, a.mlp_norm, p.gate);
+  e.call<ResidualBackward>(site(n.mlp_residual, l, Bw), g.res_attn, mlp_branch(l).second, g.res_mlp);
+  mlp_backward(e, l, a.mlp_norm, g.mlp_norm);
   e.call<RmsNormBackward>(site(n.mlp_norm, l, Bw), g.res_attn, grad(p.mlp_norm), g.mlp_norm, a.res_attn, p.mlp_norm,
                           a.mlp_rstd);
   // forward: res_attn = x + o

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <optional>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,28 @@ class LlamaCanary : public Canary {
   explicit LlamaCanary(const CanaryConfig& config, std::optional<FaultSpec> fault = std::nullopt,
                        bool trace_ops = false);
   std::vector<OpKind> step_ops() const override;
+
+ protected:
+  // For an architecture built on llama's blocks that replaces the MLP (moe/moe.h): its
+  // constructor describes the tensors once its own members exist.
+  enum DescribeLater { kDescribeLater };
+  LlamaCanary(const CanaryConfig& config, std::optional<FaultSpec> fault, bool trace_ops, DescribeLater);
+  void describe_tensors();
+
+  // The MLP of block l, from its normed input to the branch the residual adds: its
+  // parameters (described right after the block's mlp_norm.weight), its activations
+  // (after mlp_norm's), that branch and its gradient, its forward and its backward (which
+  // adds into d_in, the normed input's gradient).
+  virtual void describe_mlp_parameters(int layer);
+  virtual void describe_mlp_activations(int layer);
+  virtual std::pair<TensorId, TensorId> mlp_branch(int layer) const;
+  virtual void mlp_forward(Ops& e, int layer, TensorId in) const;
+  virtual void mlp_backward(Ops& e, int layer, TensorId in, TensorId d_in) const;
+
+  float norm_eps() const { return static_cast<float>(config_.layernorm_eps); }
+  int head_size() const { return config_.channels / config_.heads; }
+  // The init of the matrices that write into the residual stream: N(0, init_std / sqrt(2L)).
+  double residual_std_dev() const { return config_.init_std / __builtin_sqrt(2.0 * config_.layers); }
 
  private:
   struct LayerParams {
@@ -43,13 +66,9 @@ class LlamaCanary : public Canary {
   };
 
   static LayerSites layer_sites(std::int64_t layer);
-  void describe_tensors();
   void forward(Ops& e) const override;
   void backward(Ops& e) const override;
   void backward_layer(Ops& e, int l) const;
-
-  float norm_eps() const { return static_cast<float>(config_.layernorm_eps); }
-  int head_size() const { return config_.channels / config_.heads; }
 
   TensorId wte_, norm_, lm_head_;
   std::vector<LayerParams> layer_params_;
