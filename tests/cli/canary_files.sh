@@ -133,6 +133,35 @@ grep -q "first op    blocks.1.attn.rope_k forward" "$WORK/stdout" \
 expect_exit 2 "--shard-plan tp on --mesh 1x4: blocks.0.attn.k.weight dimension 0 has size 24, which does not divide into 4 shards of whole heads \(12 wide\)" -- \
   "$HARNESS" run --canary "$WORK/llama-small.toml" --engine tpu-mesh --mesh 1x4 --shard-plan tp --out "$WORK/bad.h5"
 
+# A moe canary (a small copy of moe-tiny): bitwise across thread counts on cpu-ref, its
+# routing in /routing (every choice placed or dropped), fault injection by a moe op name
+# found by bisect; an engine without the moe ops is refused before step 0, naming the op.
+sed -e 's/^name = "moe-tiny"/name = "moe-small"/' -e 's/^context = 64/context = 16/' -e 's/^channels = 128/channels = 48/' \
+    -e 's/^layers = 4/layers = 2/' -e 's/^mlp_hidden = 176/mlp_hidden = 40/' -e 's/^batch = 8/batch = 2/' \
+    "$SHIPPED/moe-tiny.toml" > "$WORK/moe-small.toml"
+run --canary "$WORK/moe-small.toml" --steps 6 --threads 1 --trace ops --out "$WORK/moe-1.h5"
+run --canary "$WORK/moe-small.toml" --steps 6 --threads 2 --trace ops --out "$WORK/moe-2.h5"
+"$PY" "$HERE/same_bits.py" "$WORK/moe-1.h5" "$WORK/moe-2.h5" || fail "the moe canary differs across thread counts"
+expect_exit 0 "" -- "$HARNESS" validate "$WORK/moe-1.h5"
+"$PY" - "$WORK/moe-1.h5" "$WORK/moe-2.h5" <<'PY' || fail "the moe canary's /routing does not account for every choice"
+import sys, h5py, numpy as np
+one, two = (h5py.File(p, "r")["routing"] for p in sys.argv[1:])
+assert [n.decode() for n in one["names"][:]] == ["blocks.0.moe.route", "blocks.1.moe.route"]
+placed = sum(one[f"tokens_expert_{e}"][:] for e in range(4))
+assert (placed + one["dropped"][:] == 2 * 16 * 2).all(), placed  # B*T tokens x 2 choices, each step and layer
+assert (one["decisions_hash"][:] == two["decisions_hash"][:]).all()
+PY
+run --canary "$WORK/moe-small.toml" --steps 6 --trace ops --inject-fault step=3,op=blocks.1.moe.experts.swiglu \
+  --out "$WORK/moe-fault.h5"
+expect_exit 1 "" -- "$HARNESS" bisect "$WORK/moe-fault.h5" "$WORK/moe-1.h5"
+grep -q "first op    blocks.1.moe.experts.swiglu forward" "$WORK/stdout" \
+  || fail "bisect does not name the faulted moe op: $(cat "$WORK/stdout")"
+for engine in accel tpu-mesh; do
+  expect_exit 2 "op moe_route_forward is not implemented by engine $engine" -- \
+    "$HARNESS" run --canary "$WORK/moe-small.toml" --engine $engine --out "$WORK/moe-$engine.h5"
+  [ ! -e "$WORK/moe-$engine.h5" ] || fail "a refused moe run left $WORK/moe-$engine.h5"
+done
+
 # Bad canary files: exit 2, one line with the file and the key, no receipt.
 sed 's/^heads = 2$/heads = 3/' "$SHIPPED/micro.toml" > "$WORK/bad-heads.toml"
 expect_exit 2 "bad-heads.toml: model.heads: 3 does not divide model.channels 32" -- \
