@@ -37,8 +37,10 @@ PYEOF
   --json "$out/own_model_overhead_small.json" | tee "$out/own_model_overhead_small.txt"
 /usr/bin/python3 "$root/bench/background_interference.py" --canary "$root/examples/own-model/canary.py:small" \
   --blocks 100 --json "$out/background_interference.json" | tee "$out/background_interference.txt"
-# llama-tiny's step beside PyTorch's (docs/performance.md, "The llama-tiny step").
-"$root/bench/llama-step.sh" "$out/llama-step" | tee "$out/llama_step.txt"
+# llama-tiny's and moe-tiny's steps beside PyTorch's (docs/performance.md, "The llama-tiny and moe-tiny steps").
+for canary in llama-tiny moe-tiny; do
+  "$root/bench/canary-step.sh" "$canary" "$out/$canary-step" | tee "$out/${canary//-/_}_step.txt"
+done
 # The default nightly, lane by lane (docs/performance.md, "The nightly job").
 "$root/bench/nightly.sh" "$out/nightly" | tee "$out/nightly.txt"
 "$root/bench/nightly.sh" --matrix "$root/canaries/llama-nightly.toml" "$out/llama-nightly" | tee "$out/llama_nightly.txt"

@@ -67,13 +67,19 @@ void BM_TinyTrainStep(benchmark::State& state) {
 }
 BENCHMARK(BM_TinyTrainStep)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 
-// The llama-tiny canary's step on cpu-ref (bench/llama-step.sh sets it beside PyTorch's).
-void BM_LlamaTinyTrainStep(benchmark::State& state) {
+// A shipped canary's step on cpu-ref (bench/canary-step.sh CANARY sets it beside PyTorch's
+// lane step on the same canary): llama-tiny and moe-tiny.
+void BM_CanaryTrainStep(benchmark::State& state, const char* canary) {
   const tbb::global_control threads(tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(state.range(0)));
-  CanaryRun<CpuRefEngine> run("llama-tiny");
+  CanaryRun<CpuRefEngine> run(canary);
   train_steps(state, run);
 }
-BENCHMARK(BM_LlamaTinyTrainStep)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_CanaryTrainStep, llama_tiny, "llama-tiny")
+    ->Arg(1)
+    ->Arg(2)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_CanaryTrainStep, moe_tiny, "moe-tiny")->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // The scale canary's step (gpt2, C=512, L=8, T=256: bench/scale.sh sets it beside PyTorch's
 // and tiny's, with the peak memory of each).

@@ -4,7 +4,7 @@
 Times the PyTorch lane's own step (canary_harness.lane.CanaryStep: forward, backward,
 global-norm clip and AdamW, on the pack's initial parameters and batches) for any
 architecture the lane runs, at each torch thread count, so that the harness's step on the
-same canary can be set beside it in one run (bench/llama-step.sh does that for llama-tiny).
+same canary can be set beside it in one run (bench/canary-step.sh does that for llama-tiny and moe-tiny).
 
 Usage:
     /usr/bin/python3 bench/torch_canary_step.py --pack PACK.h5 [--steps 30] [--warmup 5]

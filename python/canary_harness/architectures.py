@@ -13,7 +13,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Tuple
 
-from .models.table import gpt2_tensor_specs, gpt2_tensor_table, llama_tensor_specs, llama_tensor_table
+from .models.table import (gpt2_tensor_specs, gpt2_tensor_table, llama_tensor_specs, llama_tensor_table,
+                           moe_tensor_specs, moe_tensor_table)
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,9 @@ ARCHITECTURES: Dict[str, ArchitectureInfo] = {
         ArchitectureInfo("llama", "canary_harness.models.llama",
                          ("vocab_size", "channels", "layers", "heads", "kv_heads", "mlp_hidden"), llama_tensor_table,
                          llama_tensor_specs),
+        ArchitectureInfo("moe", "canary_harness.models.moe",
+                         ("vocab_size", "channels", "layers", "heads", "kv_heads", "mlp_hidden", "experts"),
+                         moe_tensor_table, moe_tensor_specs),
     )
 }
 LEGACY_IDENTITY = "gpt2"  # the architecture of a canary JSON that names none

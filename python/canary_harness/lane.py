@@ -443,7 +443,7 @@ class CanaryStep:
             # tracer's hooks, so a trace sees the nudged output, what the next op reads.
             active, ulps = self.active, fault.ulps
             self.model.get_submodule(fault.op).register_forward_hook(
-                lambda module, args, out: _NudgeFirst.apply(out, active, ulps))
+                lambda module, args, out: _nudge_first_result(out, active, ulps))
 
     @classmethod
     def from_pack(cls, path: str, device: str = "cpu", precision: str = "fp32",
@@ -593,6 +593,14 @@ class _LazyNudge:
 
 
 _NudgeFirst = _LazyNudge
+
+
+def _nudge_first_result(out, active, ulps):
+    """The fault on an op's output: on its first result where it has several (a moe route's
+    weights before its decisions), as the C++ moves an op's first written operand."""
+    if isinstance(out, tuple):
+        return (_NudgeFirst.apply(out[0], active, ulps),) + out[1:]
+    return _NudgeFirst.apply(out, active, ulps)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

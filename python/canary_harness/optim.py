@@ -64,8 +64,9 @@ class CanaryAdamW(torch.optim.Optimizer):
         named: List[Tuple[str, torch.nn.Parameter]] = list(named_parameters)
         if not named:
             raise ValueError("CanaryAdamW: no parameters")
-        decay = [p for _, p in named if p.dim() == 2]
-        other = [p for _, p in named if p.dim() != 2]
+        # Matrices and stacks of them (moe's experts) decay; vectors (norms, biases) do not.
+        decay = [p for _, p in named if p.dim() >= 2]
+        other = [p for _, p in named if p.dim() < 2]
         super().__init__([{"params": decay, "weight_decay": cfg.weight_decay},
                           {"params": other, "weight_decay": 0.0}],
                          {"lr": cfg.peak_lr, "betas": (cfg.beta1, cfg.beta2), "eps": cfg.adam_eps,

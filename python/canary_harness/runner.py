@@ -590,14 +590,14 @@ def _wait_for(rows: Worker) -> None:
 
 
 class _Fault:
-    """A forward hook on the fault's module that moves element 0 of its output up by the
-    fault's ulps at the fault's step (a 0-D device flag, filled each step: data, not a
+    """A forward hook on the fault's module that moves element 0 of its output (of its first
+    result, where it returns a tuple: a moe route's weights) up by the fault's ulps at the fault's step (a 0-D device flag, filled each step: data, not a
     constant of the graph). A module that never runs in the fault's step (a container such
-    as an nn.ModuleList), or whose output is not one floating-point tensor, is a CanaryError:
+    as an nn.ModuleList), or whose output (first result) is not a floating-point tensor, is a CanaryError:
     a fault recorded in the manifest must have happened."""
 
     def __init__(self, model: torch.nn.Module, spec: Any, device: torch.device) -> None:
-        from .lane import _NudgeFirst
+        from .lane import _nudge_first_result
 
         self.spec = spec
         self.active = torch.zeros((), dtype=torch.bool, device=device)
@@ -605,10 +605,12 @@ class _Fault:
 
         def nudge(module: torch.nn.Module, args: Any, out: Any) -> Any:
             self.calls += 1
-            if not (isinstance(out, torch.Tensor) and out.is_floating_point() and out.numel() > 0):
-                raise CanaryError(f"--inject-fault: module '{spec.op}' returns a {type(out).__name__}, not one "
-                                  "floating-point tensor; name a module whose output is one")
-            return _NudgeFirst.apply(out, self.active, spec.ulps)
+            first = out[0] if isinstance(out, tuple) and out else out
+            if not (isinstance(first, torch.Tensor) and first.is_floating_point() and first.numel() > 0):
+                what = "a tuple whose first result is" if isinstance(out, tuple) else f"a {type(out).__name__},"
+                raise CanaryError(f"--inject-fault: module '{spec.op}' returns {what} not a floating-point tensor; "
+                                  "name a module whose output (or first result) is one")
+            return _nudge_first_result(out, self.active, spec.ulps)
 
         model.get_submodule(spec.op).register_forward_hook(nudge)
 

@@ -189,7 +189,7 @@ def test_bad_flags_are_one_line_exit_2_and_no_file(tmp_path: Path, flag: str, va
 
 @pytest.mark.parametrize("spec,fault,message", [
     ("canary", "step=2,op=embed.weight", "unknown op"),
-    ("tuple_output", "step=2,op=pair", "returns a tuple, not one floating-point tensor"),
+    ("tuple_output", "step=2,op=pair", "returns a tuple whose first result is not a floating-point tensor"),
 ])
 def test_a_fault_that_cannot_happen_is_refused(tmp_path: Path, spec: str, fault: str, message: str) -> None:
     out = tmp_path / "fault.h5"

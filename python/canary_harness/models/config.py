@@ -23,6 +23,8 @@ SIZE_RANGES = {
     "mlp_hidden": (1, 1 << 20),
     "batch_size": (1, 1 << 16),
     "steps": (1, 1000000),
+    "experts": (2, 1024),
+    "experts_per_token": (1, 1024),
 }
 
 

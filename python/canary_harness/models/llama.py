@@ -96,8 +96,8 @@ class LlamaConfig:
         """
         canary = canary_object(canary)
         architecture = architecture_of(canary)
-        if architecture != ARCHITECTURE:
-            raise ValueError(f"canary JSON key 'architecture' is {architecture!r}, not '{ARCHITECTURE}'")
+        if architecture != cls.architecture:  # the class's own: "llama", or a subclass's
+            raise ValueError(f"canary JSON key 'architecture' is {architecture!r}, not '{cls.architecture}'")
         cfg = cls(**typed_fields(cls, canary))
         check_sizes(canary, ("vocab_size", "context_length", "channels", "layers", "heads", "kv_heads", "mlp_hidden",
                              "batch_size", "steps"))
@@ -319,7 +319,7 @@ class Llama(CanaryModule):
         self.cfg = cfg
         self.wte = nn.Parameter(torch.empty(cfg.vocab_size, cfg.channels))
         self.embedding = _Embedding()
-        self.blocks = nn.ModuleList(_Block(cfg) for _ in range(cfg.layers))
+        self.blocks = nn.ModuleList(self.block_class(cfg) for _ in range(cfg.layers))
         self.norm = _RMSNorm(cfg.channels, cfg.layernorm_eps)
         self.lm_head = nn.Linear(cfg.channels, cfg.vocab_size, bias=False)     # untied
         self.loss = _Loss()
@@ -327,15 +327,21 @@ class Llama(CanaryModule):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         names = [n for n, _ in self.named_parameters()]
-        assert names == [n for n, _ in tensor_table(cfg)], "module parameters are not the canary's canonical order"
+        assert names == [n for n, _ in self.canonical_table()], "module parameters are not the canary's canonical order"
         modules = dict(self.named_modules())
-        assert all(op in modules for op in forward_op_names(cfg)), "an op of the canary is not a module"
+        assert all(op in modules for op in self.op_names()), "an op of the canary is not a module"
         self.load_canary_tensors(init if init is not None else random_init(cfg))
         if device is not None:
             self.to(device)
 
+    # An architecture on llama's blocks (canary_harness.models.moe) replaces these three.
+    block_class = _Block
+
     def op_names(self) -> List[str]:
         return forward_op_names(self.cfg)
+
+    def canonical_table(self) -> List[Tuple[str, Tuple[int, ...]]]:
+        return tensor_table(self.cfg)
 
     def _forward(self, tokens: torch.Tensor) -> torch.Tensor:
         T = self.cfg.context_length

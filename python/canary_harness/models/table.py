@@ -90,3 +90,29 @@ def llama_tensor_table(vocab_size: int, channels: int, layers: int, heads: int, 
                        mlp_hidden: int) -> List[Tuple[str, Tuple[int, ...]]]:
     """[(name, shape)] in canonical order: wte, blocks.0.* .. blocks.L-1.*, norm.weight, lm_head.weight"""
     return names_and_shapes(llama_tensor_specs(vocab_size, channels, layers, heads, kv_heads, mlp_hidden))
+
+
+def moe_tensor_specs(vocab_size: int, channels: int, layers: int, heads: int, kv_heads: int, mlp_hidden: int,
+                     experts: int) -> List[TensorSpec]:
+    """Every moe parameter in canonical order: llama's, each block's mlp.* replaced by its
+    router (E, C) and its experts' gate and up (E, H, C) and down (E, C, H)."""
+    C, H, E = channels, mlp_hidden, experts
+    specs: List[TensorSpec] = []
+    for spec in llama_tensor_specs(vocab_size, channels, layers, heads, kv_heads, mlp_hidden):
+        if ".mlp." not in spec.name:
+            specs.append(spec)
+        elif spec.name.endswith(".mlp.gate.weight"):  # the block's MLP, replaced where it began
+            p = spec.name[:-len("mlp.gate.weight")]
+            specs += [
+                TensorSpec(p + "moe.router.weight", (E, C), NORMAL),
+                TensorSpec(p + "moe.experts.gate.weight", (E, H, C), NORMAL),
+                TensorSpec(p + "moe.experts.up.weight", (E, H, C), NORMAL),
+                TensorSpec(p + "moe.experts.down.weight", (E, C, H), RESIDUAL_NORMAL),
+            ]
+    return specs
+
+
+def moe_tensor_table(vocab_size: int, channels: int, layers: int, heads: int, kv_heads: int, mlp_hidden: int,
+                     experts: int) -> List[Tuple[str, Tuple[int, ...]]]:
+    """[(name, shape)] in canonical order (moe_tensor_specs)"""
+    return names_and_shapes(moe_tensor_specs(vocab_size, channels, layers, heads, kv_heads, mlp_hidden, experts))

@@ -144,7 +144,7 @@ class Pair(nn.Module):
 
 
 def tuple_output() -> ch.Canary:
-    """A module whose output is a tuple: no fault can nudge it."""
+    """A module whose output is a tuple of token ids: no fault can nudge its first result."""
     c = make()
     c.model.pair = Pair()
     inner = c.model.forward
