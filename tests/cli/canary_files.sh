@@ -156,6 +156,10 @@ run --canary "$WORK/moe-small.toml" --steps 6 --trace ops --inject-fault step=3,
 expect_exit 1 "" -- "$HARNESS" bisect "$WORK/moe-fault.h5" "$WORK/moe-1.h5"
 grep -q "first op    blocks.1.moe.experts.swiglu forward" "$WORK/stdout" \
   || fail "bisect does not name the faulted moe op: $(cat "$WORK/stdout")"
+# moe-tiny's reference lane equals its golden bit for bit (canaries/moe-nightly.toml; cpu-ref
+# bits are the same on every x86-64 CPU), its routing recorded with it.
+expect_exit 0 "" -- "$HARNESS" nightly --matrix "$SHIPPED/moe-nightly.toml" --lanes cpu-ref --out "$WORK/moe-nightly"
+grep -q "golden pass: bitwise equal" "$WORK/stderr" || fail "moe-tiny's cpu-ref is not bitwise its golden: $(cat "$WORK/stderr")"
 for engine in accel tpu-mesh; do
   expect_exit 2 "op moe_route_forward is not implemented by engine $engine" -- \
     "$HARNESS" run --canary "$WORK/moe-small.toml" --engine $engine --out "$WORK/moe-$engine.h5"
