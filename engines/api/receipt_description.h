@@ -29,6 +29,13 @@ enum class ReceiptValue { kString, kInteger, kFloat };
 // ([compile-stability]), or peak bytes against the golden's ([memory]).
 enum class CounterGate { kNone, kCompilesAfterWarmup, kHostSyncs, kPeakBytes };
 
+// A dataset that records discrete decisions a run made (moe's routing), per step and column
+// (the deciding op): kHash, one hash of a column's decisions, equal when it decided alike;
+// kCount, how many choices went to one bucket (an expert), so that the sum of two runs'
+// differences over a column's counts, halved, is how many choices at least moved. bisect
+// finds them by this role, never by name, and says where two runs first decided otherwise.
+enum class DecisionRecord { kNone, kHash, kCount };
+
 // What a manifest attribute tells the verdict besides its value: the run's reduction order
 // (its value kSeededOrder or kRacyOrder, any other a fixed order) and the seed that
 // replays a seeded one. The verdict finds them by role, never by an engine's name for them.
@@ -61,6 +68,7 @@ struct ReceiptDataset {
   int since_minor = 0;
   std::string writer, meaning;
   CounterGate gate = CounterGate::kNone;
+  DecisionRecord decision = DecisionRecord::kNone;
 };
 
 // An attribute: "GROUP/NAME" ("/manifest/lane").

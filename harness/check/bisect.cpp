@@ -1,5 +1,6 @@
 #include "bisect.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -143,6 +144,45 @@ void find_divergent_op(const ReceiptData& a, const ReceiptData& b, const Compose
   }
 }
 
+// The parent group of a dataset path ("/routing/dropped" -> "/routing").
+std::string group_of(const std::string& path) { return path.substr(0, path.rfind('/')); }
+
+// The first step, then the first column, where a decision hash both runs record differs;
+// the counts of the same group at that step and column say how many choices moved.
+void find_decision_flip(const ReceiptData& a, const ReceiptData& b, Bisection& out) {
+  for (const auto& [path, series] : a.decisions) {
+    const auto other = b.decisions.find(path);
+    if (series.record != DecisionRecord::kHash || other == b.decisions.end() || other->second.columns != series.columns)
+      continue;
+    out.decision_records.push_back(path);
+    const std::size_t width = series.columns.size();
+    for (int s = 0; s < std::min(a.steps(), b.steps()); ++s) {
+      if (out.first_decision_flip && out.first_decision_flip->step <= s) break;
+      for (std::size_t c = 0; c < width; ++c) {
+        const std::size_t at = static_cast<std::size_t>(s) * width + c;
+        if (same_bits(series.values[at], other->second.values[at])) continue;
+        out.first_decision_flip = DecisionFlip{s, series.columns[c], path, 0, {}};
+        break;
+      }
+    }
+  }
+  if (!out.first_decision_flip) return;
+  DecisionFlip& flip = *out.first_decision_flip;
+  for (const auto& [path, series] : a.decisions) {
+    const auto other = b.decisions.find(path);
+    if (series.record != DecisionRecord::kCount || group_of(path) != group_of(flip.hash_dataset) ||
+        other == b.decisions.end() || other->second.columns != series.columns)
+      continue;
+    const auto c = static_cast<std::size_t>(std::find(series.columns.begin(), series.columns.end(), flip.op) -
+                                            series.columns.begin());
+    const std::size_t at = static_cast<std::size_t>(flip.step) * series.columns.size() + c;
+    const double va = series.values[at], vb = other->second.values[at];
+    if (same_bits(va, vb)) continue;
+    flip.counts.push_back({path, va, vb});
+    flip.moved_at_least += std::fabs(va - vb) / 2;
+  }
+}
+
 }  // namespace
 
 Bisection bisect(const ReceiptData& a, const ReceiptData& b, const Budgets& budgets, const TraceProvider& replay) {
@@ -170,6 +210,7 @@ Bisection bisect(const ReceiptData& a, const ReceiptData& b, const Budgets& budg
     bisect_budgeted(a, b, budget, out);
   }
   if (out.diverged()) find_divergent_op(a, b, budget, replay, out);
+  find_decision_flip(a, b, out);
   out.equal_steps = out.diverged() ? out.first_divergent_step : out.steps;
   return out;
 }
@@ -187,6 +228,33 @@ nlohmann::json op_json(const Bisection& b) {
     j["allowed"] = op.allowed;
   }
   return j;
+}
+
+nlohmann::json decision_json(const Bisection& b) {
+  if (b.decision_records.empty()) return nullptr;
+  nlohmann::json j = {{"records", b.decision_records}, {"first_flip", nullptr}};
+  if (!b.first_decision_flip) return j;
+  const DecisionFlip& f = *b.first_decision_flip;
+  nlohmann::json counts = nlohmann::json::array();
+  for (const DecisionFlip::Count& c : f.counts) counts.push_back({{"dataset", c.dataset}, {"a", c.a}, {"b", c.b}});
+  j["first_flip"] = {{"step", f.step}, {"op", f.op}, {"hash_dataset", f.hash_dataset},
+                     {"moved_at_least", f.moved_at_least}, {"counts", counts}};
+  return j;
+}
+
+std::string decision_text(const Bisection& b) {
+  if (b.decision_records.empty()) return "";
+  if (!b.first_decision_flip) {
+    return fmt::format("{:<12}every recorded decision is equal ({})\n", "decisions", fmt::join(b.decision_records, ", "));
+  }
+  const DecisionFlip& f = *b.first_decision_flip;
+  std::vector<std::string> counts;
+  for (const DecisionFlip::Count& c : f.counts) counts.push_back(fmt::format("{} {} -> {}", c.dataset, c.a, c.b));
+  const std::string moved = f.counts.empty() ? "the same counts, other choices"
+                                             : fmt::format("at least {} choice{} moved: {}", f.moved_at_least,
+                                                           f.moved_at_least == 1 ? "" : "s", fmt::join(counts, ", "));
+  return fmt::format("{:<12}step {}: {} decided otherwise first ({}; {})\n", "decisions", f.step, f.op,
+                     f.hash_dataset, moved);
 }
 }  // namespace
 
@@ -210,6 +278,7 @@ nlohmann::json to_json(const Bisection& b) {
           {"first_divergent_op", op_json(b)},
           {"op_trace", b.op_source.empty() ? nlohmann::json(nullptr) : nlohmann::json(b.op_source)},
           {"no_op_reason", b.no_op.empty() ? nlohmann::json(nullptr) : nlohmann::json(b.no_op)},
+          {"decisions", decision_json(b)},
           {"deviation", b.bitwise || !b.diverged() ? nlohmann::json(nullptr) : nlohmann::json(b.deviation)},
           {"allowed", b.bitwise || !b.diverged() ? nlohmann::json(nullptr) : nlohmann::json(b.allowed)}};
 }
@@ -218,7 +287,10 @@ std::string to_text(const Bisection& b) {
   std::string out = fmt::format("{:<12}{} ({})\n{:<12}{} ({})\n{:<12}equal ({} batch hashes)\n", "bisect", b.a_lane,
                                 b.a_path, "against", b.b_lane, b.b_path, "data", b.steps);
   const std::string kind = b.bitwise ? "bitwise equal" : fmt::format("within {}", fmt::join(b.budget, " + "));
-  if (!b.diverged()) return out + fmt::format("{:<12}steps 0-{} {}: the runs are equivalent\n", "equal", b.steps - 1, kind);
+  if (!b.diverged()) {
+    return out + fmt::format("{:<12}steps 0-{} {}: the runs are equivalent\n", "equal", b.steps - 1, kind) +
+           decision_text(b);
+  }
   if (b.equal_steps > 0) out += fmt::format("{:<12}steps 0-{} {}\n", "equal", b.equal_steps - 1, kind);
   std::string where;
   if (b.first_divergent_tensor) {
@@ -242,7 +314,7 @@ std::string to_text(const Bisection& b) {
   } else {
     out += fmt::format("{:<12}unknown: {}\n", "first op", b.no_op);
   }
-  return out;
+  return out + decision_text(b);
 }
 
 }  // namespace harness::check

@@ -37,6 +37,21 @@ struct TraceUnavailable : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Where two runs first decided otherwise (DecisionRecord datasets, moe's routing): the step
+// and the deciding op (a column) whose decision hashes differ first, and what the counts
+// beside that hash say moved: at least half their summed differences, each choice that
+// moved leaving one bucket and joining another.
+struct DecisionFlip {
+  int step = -1;
+  std::string op, hash_dataset;
+  double moved_at_least = 0;
+  struct Count {
+    std::string dataset;
+    double a = 0, b = 0;
+  };
+  std::vector<Count> counts;  // the counts that differ at that step and op
+};
+
 struct Bisection {
   std::string a_path, b_path, a_lane, b_lane;
   int steps = 0;
@@ -50,6 +65,10 @@ struct Bisection {
   std::optional<DivergentOp> first_divergent_op;
   std::string op_source;  // where the traces came from: "receipts", "replay of A", ...
   std::string no_op;      // diverged without an op: why
+  // Both runs record decisions: where they first decided otherwise (none: every recorded
+  // decision is equal), and which hash datasets were compared.
+  std::optional<DecisionFlip> first_decision_flip;
+  std::vector<std::string> decision_records;
 
   bool diverged() const { return first_divergent_step >= 0; }
 };

@@ -29,6 +29,17 @@ std::map<std::string, ReceiptData::GatedCounter> read_gated_counters(const recei
   return out;
 }
 
+// Every dataset of the receipt the description gives a decision record, with its columns.
+std::map<std::string, ReceiptData::DecisionSeries> read_decisions(const receipt::ReceiptReader& r) {
+  std::map<std::string, ReceiptData::DecisionSeries> out;
+  for (const h5::DatasetInfo& d : h5::list_datasets(r.file())) {
+    const ReceiptDataset* described = run::full_receipt_schema().dataset(d.path);
+    if (!described || described->decision == DecisionRecord::kNone || described->columns.empty()) continue;
+    out[d.path] = {described->decision, h5::read_strings(r.file(), described->columns), h5::read_f64(r.file(), d.path)};
+  }
+  return out;
+}
+
 // The value of the manifest attribute the description gives `role`, when the receipt has one.
 std::optional<std::string> attribute_with_role(const ReceiptData& r, AttributeRole role) {
   for (const ReceiptAttribute& a : run::full_receipt_schema().entries().attributes) {
@@ -255,6 +266,7 @@ void check_shapes(const ReceiptData& d) {
   for (const auto& [path, counter] : d.counters) {
     if (n == 0 || counter.values.size() % n != 0) expect(counter.values.size(), n, path);
   }
+  for (const auto& [path, series] : d.decisions) expect(series.values.size(), n * series.columns.size(), path);
   if (d.trace) {
     const std::size_t r = d.trace->columns.size();
     expect(d.trace->hashes.size(), n * r, "/trace/hash");
@@ -304,6 +316,7 @@ ReceiptData load_receipt(const std::string& path) {
   for (const char* family : receipt::kHashFamilies) d.hashes[family] = r.hashes(family);
   d.params_sketch = h5::read_f64(r.file(), "/sketches/params_projection");
   d.counters = read_gated_counters(r);
+  d.decisions = read_decisions(r);
   d.trace = read_trace(r);
   check_shapes(d);
   return d;

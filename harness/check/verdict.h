@@ -54,6 +54,15 @@ struct ReceiptData {
     std::vector<double> values;
   };
   std::map<std::string, GatedCounter> counters;
+  // The datasets that record discrete decisions (DecisionRecord: moe's routing), by path:
+  // the record, the deciding ops (the columns) and the (steps, columns) values. bisect
+  // finds them by record, never by name.
+  struct DecisionSeries {
+    DecisionRecord record = DecisionRecord::kNone;
+    std::vector<std::string> columns;
+    std::vector<double> values;
+  };
+  std::map<std::string, DecisionSeries> decisions;
   std::optional<OpTrace> trace;                                   // /trace, when the run traced ops
 
   int steps() const { return static_cast<int>(loss.size()); }

@@ -229,6 +229,15 @@ std::string_view to_string(CounterGate gate) {
   return "?";
 }
 
+std::string_view to_string(DecisionRecord decision) {
+  switch (decision) {
+    case DecisionRecord::kNone: return "none";
+    case DecisionRecord::kHash: return "hash";
+    case DecisionRecord::kCount: return "count";
+  }
+  return "?";
+}
+
 std::string_view to_string(AttributeRole role) {
   switch (role) {
     case AttributeRole::kNone: return "none";
@@ -250,7 +259,7 @@ ReceiptSchema::ReceiptSchema(const ReceiptEntries& entries) {
   for (const ReceiptDataset& d : entries.datasets) {
     merge_into(entries_.datasets, d, [](const ReceiptDataset& a, const ReceiptDataset& b) {
       return a.dtype == b.dtype && a.shape == b.shape && a.any_rank == b.any_rank && a.columns == b.columns &&
-             a.presence == b.presence && a.gate == b.gate;
+             a.presence == b.presence && a.gate == b.gate && a.decision == b.decision;
     });
   }
   for (const ReceiptAttribute& a : entries.attributes) {
@@ -314,7 +323,7 @@ nlohmann::json ReceiptSchema::to_json() const {
     datasets.push_back({{"path", d.path}, {"dtype", to_string(d.dtype)}, {"shape", shape_json(d)},
                         {"columns", d.columns.empty() ? nlohmann::json(nullptr) : nlohmann::json(d.columns)},
                         {"presence", presence_word(d.presence)}, {"since_minor", d.since_minor}, {"writer", d.writer},
-                        {"meaning", d.meaning}, {"gate", to_string(d.gate)}});
+                        {"meaning", d.meaning}, {"gate", to_string(d.gate)}, {"decision", to_string(d.decision)}});
   }
   for (const ReceiptAttribute& a : entries_.attributes) {
     attributes.push_back({{"path", a.path}, {"kind", to_string(a.kind)}, {"presence", presence_word(a.presence)},

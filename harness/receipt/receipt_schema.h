@@ -45,6 +45,7 @@ std::string_view to_string(ReceiptDtype dtype);
 std::string_view to_string(ReceiptValue kind);
 std::string_view to_string(ReceiptDim dim);
 std::string_view to_string(CounterGate gate);
+std::string_view to_string(DecisionRecord decision);
 std::string_view to_string(AttributeRole role);
 
 // What every writer's receipt holds: the manifest, steps, hashes, sketches, and the groups

@@ -160,6 +160,26 @@ grep -q "first op    blocks.1.moe.experts.swiglu forward" "$WORK/stdout" \
 # bits are the same on every x86-64 CPU), its routing recorded with it.
 expect_exit 0 "" -- "$HARNESS" nightly --matrix "$SHIPPED/moe-nightly.toml" --lanes cpu-ref --out "$WORK/moe-nightly"
 grep -q "golden pass: bitwise equal" "$WORK/stderr" || fail "moe-tiny's cpu-ref is not bitwise its golden: $(cat "$WORK/stderr")"
+# Every initial weight of moe-tiny one ulp away: the runs part at step 0, and some step later
+# a layer routes a choice to another expert; bisect names that step and layer, as the
+# receipts' /routing says independently.
+run --canary moe-tiny --perturb-init 1 --out "$WORK/moe-perturbed.h5"
+expect_exit 1 "" -- "$HARNESS" bisect "$WORK/moe-perturbed.h5" "$WORK/moe-nightly/receipts/cpu-ref.h5"
+grep -E "^decisions   step [0-9]+: blocks\.[0-9]+\.moe\.route decided otherwise first" "$WORK/stdout" > "$WORK/flip.txt" \
+  || fail "bisect does not name the first routing flip: $(cat "$WORK/stdout")"
+"$PY" - "$WORK/moe-perturbed.h5" "$WORK/moe-nightly/receipts/cpu-ref.h5" "$WORK/flip.txt" <<'PY' || fail "bisect's routing flip is not the receipts' first"
+import re, sys, h5py, numpy as np
+a, b = (h5py.File(p, "r")["routing"] for p in sys.argv[1:3])
+differs = a["decisions_hash"][:] != b["decisions_hash"][:]
+step = int(np.argmax(differs.any(axis=1)))
+layer = a["names"][int(np.argmax(differs[step]))].decode()
+said = re.search(r"step (\d+): (\S+) decided otherwise first .*at least (\d+) choices? moved", open(sys.argv[3]).read())
+assert said and (int(said[1]), said[2]) == (step, layer), (said and said.groups(), step, layer)
+buckets = [k for k in a if k.startswith("tokens_expert_")] + ["dropped"]
+column = int(np.argmax(differs[step]))
+moved = sum(abs(a[k][step, column] - b[k][step, column]) for k in buckets) / 2
+assert int(said[3]) == moved >= 1, (said[3], moved)
+PY
 for engine in accel tpu-mesh; do
   expect_exit 2 "op moe_route_forward is not implemented by engine $engine" -- \
     "$HARNESS" run --canary "$WORK/moe-small.toml" --engine $engine --out "$WORK/moe-$engine.h5"

@@ -139,11 +139,19 @@ ReceiptEntries moe_receipt_entries() {
   ReceiptEntries e;
   e.groups = {{"/routing", Presence::kOptional, 0, writer,
                "per step and MoE layer: tokens per expert, dropped choices, the balance loss, the decisions' hash"}};
+  const auto per_layer = [&](std::string path, DecisionRecord decision, std::string meaning) {
+    ReceiptDataset d{path, ReceiptDtype::kFloat64, {ReceiptDim::kSteps, ReceiptDim::kColumns}, false,
+                     "/routing/names", Presence::kOptional, 0, writer, std::move(meaning)};
+    d.decision = decision;
+    return d;
+  };
   e.datasets = {{"/routing/names", ReceiptDtype::kString, {ReceiptDim::kAny}, false, "", Presence::kRequired, 0, writer,
                  "each MoE layer's route op"},
-                {"/routing/*", ReceiptDtype::kFloat64, {ReceiptDim::kSteps, ReceiptDim::kColumns}, false,
-                 "/routing/names", Presence::kOptional, 0, writer,
-                 "tokens_expert_E, dropped, balance_loss or decisions_hash (48-bit FNV-1a) of each layer in step s"}};
+                per_layer("/routing/*", DecisionRecord::kCount, "tokens_expert_E: the token rows expert E took"),
+                per_layer("/routing/dropped", DecisionRecord::kCount, "the choices past their expert's capacity"),
+                per_layer("/routing/balance_loss", DecisionRecord::kNone, "the layer's Switch balance loss"),
+                per_layer("/routing/decisions_hash", DecisionRecord::kHash,
+                          "a 48-bit FNV-1a hash of every choice's expert and slot")};
   return e;
 }
 
