@@ -3,6 +3,7 @@
 #include "kernels/deterministic_reduce.h"
 #include "kernels/kernels.h"
 #include "kernels/moe_kernels.h"
+#include "kernels/moe_ops.h"
 
 namespace harness {
 
@@ -164,51 +165,36 @@ void CpuRefEngine::nudge_ulps(const OpSite&, TensorId tensor, TensorId ulps) {
   if (n > 0) *f32(tensor) = kernels::next_up(*f32(tensor), n);
 }
 
-// ---- the mixture-of-experts ops ----------------------------------------------------------
-// Sizes from the shapes: probs (B,T,E), weights (B,T,K), expert buffers (E,cap,C).
+// ---- the mixture-of-experts ops (kernels/moe_ops.h) --------------------------------------
 
 void CpuRefEngine::moe_route_forward(const OpSite&, TensorId weights, TensorId expert, TensorId slot, TensorId probs,
                                      TensorId routing, TensorId logits, int top_k, int capacity, float balance_coef) {
-  const int N = int(rows(probs)), E = int(desc(probs).shape.back());
-  kernels::moe_route_forward(f32(probs), f32(weights), f32(expert), f32(slot), f32(routing), f32(logits), N, E, top_k,
-                             capacity);
-  const float balance = kernels::moe_balance_loss(f32(probs), f32(expert), N, E, top_k, balance_coef);
-  kernels::moe_routing_record(f32(routing), f32(expert), f32(slot), balance, N, E, top_k);
+  kernels::moe_ops::route_forward(t_, weights, expert, slot, probs, routing, logits, top_k, capacity, balance_coef);
 }
 
 void CpuRefEngine::moe_route_backward(const OpSite&, TensorId dlogits, TensorId dweights, TensorId probs,
                                       TensorId weights, TensorId expert, float balance_coef) {
-  kernels::moe_route_backward(f32(dlogits), f32(dweights), f32(probs), f32(weights), f32(expert), int(rows(probs)),
-                              int(desc(probs).shape.back()), int(desc(weights).shape.back()), balance_coef);
+  kernels::moe_ops::route_backward(t_, dlogits, dweights, probs, weights, expert, balance_coef);
 }
 
 void CpuRefEngine::moe_dispatch_forward(const OpSite&, TensorId expert_in, TensorId inp, TensorId expert,
                                         TensorId slot) {
-  const TensorDesc& buffers = desc(expert_in);  // (E,cap,C)
-  kernels::moe_dispatch_forward(f32(expert_in), f32(inp), f32(expert), f32(slot), int(rows(inp)), int(buffers.dim(2)),
-                                int(buffers.dim(0)), int(desc(expert).shape.back()), int(buffers.dim(1)));
+  kernels::moe_ops::dispatch_forward(t_, expert_in, inp, expert, slot);
 }
 
 void CpuRefEngine::moe_dispatch_backward(const OpSite&, TensorId dinp, TensorId dexpert_in, TensorId expert,
                                          TensorId slot) {
-  const TensorDesc& buffers = desc(dexpert_in);
-  kernels::moe_dispatch_backward(f32(dinp), f32(dexpert_in), f32(expert), f32(slot), int(rows(dinp)),
-                                 int(buffers.dim(2)), int(desc(expert).shape.back()), int(buffers.dim(1)));
+  kernels::moe_ops::dispatch_backward(t_, dinp, dexpert_in, expert, slot);
 }
 
 void CpuRefEngine::moe_combine_forward(const OpSite&, TensorId out, TensorId expert_out, TensorId weights,
                                        TensorId expert, TensorId slot) {
-  const TensorDesc& buffers = desc(expert_out);
-  kernels::moe_combine_forward(f32(out), f32(expert_out), f32(weights), f32(expert), f32(slot), int(rows(out)),
-                               int(buffers.dim(2)), int(desc(expert).shape.back()), int(buffers.dim(1)));
+  kernels::moe_ops::combine_forward(t_, out, expert_out, weights, expert, slot);
 }
 
 void CpuRefEngine::moe_combine_backward(const OpSite&, TensorId dexpert_out, TensorId dweights, TensorId dout,
                                         TensorId expert_out, TensorId weights, TensorId expert, TensorId slot) {
-  const TensorDesc& buffers = desc(expert_out);
-  kernels::moe_combine_backward(f32(dexpert_out), f32(dweights), f32(dout), f32(expert_out), f32(weights),
-                                f32(expert), f32(slot), int(rows(dout)), int(buffers.dim(2)),
-                                int(desc(expert).shape.back()), int(buffers.dim(1)));
+  kernels::moe_ops::combine_backward(t_, dexpert_out, dweights, dout, expert_out, weights, expert, slot);
 }
 
 void CpuRefEngine::expert_linear_forward(const OpSite&, TensorId out, TensorId inp, TensorId weight) {
