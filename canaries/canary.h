@@ -141,6 +141,7 @@ class Canary {
     return {.linear = LinearRole::ColumnParallel, .parallel_groups = parallel_groups};
   }
   static TensorRole statistic() { return {.fp32_statistic = true}; }
+  static TensorRole fp32_weight() { return {.fp32_weight = true}; }
   static TensorRole attention_heads(int dim) { return {.heads_dim = dim}; }
 
   static OpSite site(std::string_view name, int layer, Phase phase) { return {name, layer, phase}; }

@@ -68,7 +68,26 @@ class AccelEngine final : public Engine {
   void gqa_attention_backward(const OpSite&, TensorId dq, TensorId dk, TensorId dv, TensorId dout, TensorId q,
                               TensorId k, TensorId v, TensorId att) override;
   // The core and llama ops; not yet the mixture-of-experts ones.
-  bool implements(OpKind op) const override { return describe(op).family != OpFamily::MixtureOfExperts; }
+  // The MoE ops: the router's in fp32 (its outputs are statistics), the dispatch, combine
+  // and experts' GEMMs stored and read in bf16 under bf16, with noisy reductions; the
+  // experts are in no FP8 zone yet (check_table refuses a zone that covers no weight).
+  void moe_route_forward(const OpSite&, TensorId weights, TensorId expert, TensorId slot, TensorId probs,
+                         TensorId routing, TensorId logits, int top_k, int capacity, float balance_coef) override;
+  void moe_route_backward(const OpSite&, TensorId dlogits, TensorId dweights, TensorId probs, TensorId weights,
+                          TensorId expert, float balance_coef) override;
+  void moe_dispatch_forward(const OpSite&, TensorId expert_in, TensorId inp, TensorId expert, TensorId slot) override;
+  void moe_dispatch_backward(const OpSite&, TensorId dinp, TensorId dexpert_in, TensorId expert,
+                             TensorId slot) override;
+  void moe_combine_forward(const OpSite&, TensorId out, TensorId expert_out, TensorId weights, TensorId expert,
+                           TensorId slot) override;
+  void moe_combine_backward(const OpSite&, TensorId dexpert_out, TensorId dweights, TensorId dout,
+                            TensorId expert_out, TensorId weights, TensorId expert, TensorId slot) override;
+  void expert_linear_forward(const OpSite&, TensorId out, TensorId inp, TensorId weight) override;
+  void expert_linear_backward(const OpSite&, TensorId dinp, TensorId dweight, TensorId dout, TensorId inp,
+                              TensorId weight) override;
+  bool implements(OpKind) const override { return true; }  // every op of every family
+  // Every FP8 zone the configuration enables covers a weight of the canary.
+  void check_table(const TensorTable& table) const override;
   void gelu_forward(const OpSite&, TensorId out, TensorId inp) override;
   void gelu_backward(const OpSite&, TensorId dinp, TensorId inp, TensorId dout) override;
   void residual_forward(const OpSite&, TensorId out, TensorId a, TensorId b) override;
@@ -85,8 +104,9 @@ class AccelEngine final : public Engine {
   }
 
  private:
-  // A weight as this step's GEMMs read it: rounded to bf16 or quantised to the E4M3 grid
-  // (unscaled codes' values), as rows (OC,C) and transposed (C,OC). Built once per step,
+  // A weight as this step's GEMMs read it: rounded to bf16 (unless its role keeps it fp32)
+  // or quantised to the E4M3 grid (unscaled codes' values), as rows (OC,C) and transposed
+  // (C,OC); a stack of experts' weights (E,OC,C) as E such blocks. Built once per step,
   // into the buffers of the step before (allocating and zero-filling them cost 1% of a step).
   struct PreparedWeight {
     std::vector<float> rows, transposed;

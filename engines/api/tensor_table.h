@@ -62,6 +62,9 @@ struct TensorRole {
   // Scalars: the learning rate, a per-step host value (tpu-mesh's --leak-scalars bakes it
   // into the program on purpose).
   bool learning_rate = false;
+  // Parameters: every GEMM reads it in fp32, even under bf16 autocast (a MoE router, whose
+  // rounded weights would move its decisions; Megatron's moe_router_dtype = fp32).
+  bool fp32_weight = false;
 };
 
 struct TensorDesc {

@@ -135,7 +135,7 @@ expect_exit 2 "--shard-plan tp on --mesh 1x4: blocks.0.attn.k.weight dimension 0
 
 # A moe canary (a small copy of moe-tiny): bitwise across thread counts on cpu-ref, its
 # routing in /routing (every choice placed or dropped), fault injection by a moe op name
-# found by bisect; an engine without the moe ops is refused before step 0, naming the op.
+# found by bisect.
 sed -e 's/^name = "moe-tiny"/name = "moe-small"/' -e 's/^context = 64/context = 16/' -e 's/^channels = 128/channels = 48/' \
     -e 's/^layers = 4/layers = 2/' -e 's/^mlp_hidden = 176/mlp_hidden = 40/' -e 's/^batch = 8/batch = 2/' \
     "$SHIPPED/moe-tiny.toml" > "$WORK/moe-small.toml"
@@ -180,10 +180,16 @@ column = int(np.argmax(differs[step]))
 moved = sum(abs(a[k][step, column] - b[k][step, column]) for k in buckets) / 2
 assert int(said[3]) == moved >= 1, (said[3], moved)
 PY
-for engine in accel tpu-mesh; do
-  expect_exit 2 "op moe_route_forward is not implemented by engine $engine" -- \
-    "$HARNESS" run --canary "$WORK/moe-small.toml" --engine $engine --out "$WORK/moe-$engine.h5"
-  [ ! -e "$WORK/moe-$engine.h5" ] || fail "a refused moe run left $WORK/moe-$engine.h5"
+# accel runs moe with bf16 and FP8 in the attention's zones; a zone that covers no weight
+# (moe's experts are in none yet) is refused before step 0, as tpu-mesh is, naming the op.
+run --canary "$WORK/moe-small.toml" --steps 3 --engine accel --features bf16,fp8=qkv,attn_proj --out "$WORK/moe-accel.h5"
+expect_exit 0 "" -- "$HARNESS" validate "$WORK/moe-accel.h5"
+expect_exit 2 "--features: FP8 zone mlp_fc covers no weight of this canary" -- \
+  "$HARNESS" run --canary "$WORK/moe-small.toml" --engine accel --features bf16,fp8=all --out "$WORK/moe-fp8.h5"
+expect_exit 2 "op moe_route_forward is not implemented by engine tpu-mesh" -- \
+  "$HARNESS" run --canary "$WORK/moe-small.toml" --engine tpu-mesh --out "$WORK/moe-mesh.h5"
+for refused in moe-fp8 moe-mesh; do
+  [ ! -e "$WORK/$refused.h5" ] || fail "a refused moe run left $WORK/$refused.h5"
 done
 
 # Bad canary files: exit 2, one line with the file and the key, no receipt.

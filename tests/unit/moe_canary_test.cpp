@@ -4,6 +4,8 @@
 // engines without its ops refused before step 0, naming the op.
 #include <algorithm>
 #include <bit>
+#include <cmath>
+#include <map>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -12,15 +14,23 @@
 #include <gtest/gtest.h>
 #include <tbb/global_control.h>
 
+#include "accel_config.h"
+#include "accel_engine.h"
 #include "canary.h"
 #include "canary_file.h"
 #include "cpu_ref_engine.h"
 #include "data_source.h"
 #include "gradient_check.h"
+#include "numerics/formats.h"
+#include "receipt_bits.h"
 #include "registry.h"
 
 namespace harness::canary {
 namespace {
+
+using harness::testing::lane;
+using harness::testing::ReceiptBits;
+using harness::testing::run_and_read;
 
 CanaryConfig moe(int vocab, int T, int C, int L, int NH, int NKV, int H, int B, int E, int K, double factor) {
   CanaryConfig c = load_canary("moe-tiny");
@@ -67,11 +77,10 @@ TEST(MoeCanary, ExpertsAreStackedParametersAndTheStepCallsTheMoeOps) {
 // balance loss. A probe that flips a routing decision would measure a jump, not a slope:
 // each probe's decisions must hash as the unperturbed step's (they do, at this seed; a
 // change that breaks this says which element).
-TEST(MoeCanary, GradientsMatchFiniteDifferencesOfTheLossPlusTheBalanceLoss) {
+void expect_gradients_match_finite_differences(Engine& engine) {
   CanaryConfig config = moe(17, 5, 8, 2, 2, 1, 12, 2, 4, 2, 1.0);  // capacity 5 of 10 tokens x 2: drops
   config.balance_coef = 0.5;  // the balance path carries signal well above the fp32 noise
   const std::unique_ptr<Canary> model = make_canary(config);
-  CpuRefEngine engine;
   engine.bind(model->tensors());
   const Batch batch = assemble_batch(0, 2, 5, {1, 5, 16, 2, 2, 9, 0, 4, 7, 13, 3, 1});
   for (TensorId p : model->parameters()) {
@@ -111,6 +120,79 @@ TEST(MoeCanary, GradientsMatchFiniteDifferencesOfTheLossPlusTheBalanceLoss) {
     harness::testing::expect_gradient(name, values, loss, analytic[i], {3e-2, 1e-3, 1e-3f}, 12);
     engine.upload(p, values);
   }
+}
+
+TEST(MoeCanary, GradientsMatchFiniteDifferencesOfTheLossPlusTheBalanceLoss) {
+  CpuRefEngine engine;
+  expect_gradients_match_finite_differences(engine);
+}
+
+// accel's MoE ops in fp32 with the reductions in a fixed order (the experts' GEMMs split-K
+// as accel's linear layers): the same gradients.
+TEST(MoeAccel, GradientsMatchFiniteDifferencesOfTheLossPlusTheBalanceLoss) {
+  accel::AccelConfig config;
+  config.noise = accel::NoiseMode::Off;
+  accel::AccelEngine engine(config);
+  expect_gradients_match_finite_differences(engine);
+}
+
+// Under bf16 the router's GEMM reads its weights in fp32 (their role, fp32_weight): its
+// logits are the fp32 product of the stored (bf16) input and the fp32 weights to fp32
+// rounding, and far from the product with the weights rounded to bf16.
+TEST(MoeAccel, TheRouterReadsItsWeightsInFp32UnderBf16) {
+  const std::unique_ptr<Canary> model = make_canary(moe(64, 8, 32, 1, 2, 1, 24, 2, 4, 2, 1.0));
+  accel::AccelEngine engine(accel::parse_accel_config({"bf16", {{"noise", "off"}}}));
+  engine.bind(model->tensors());
+  model->upload_initial_parameters(engine, 3);
+  const std::unique_ptr<DataSource> data = make_data_source(model->config());
+  model->evaluate_loss(engine, 0, data->batch(0));
+  const TensorTable& t = model->tensors();
+  const auto read = [&](const std::string& name, TensorKind kind) {
+    const auto v = engine.read(t.find(name, kind));
+    return std::vector<float>(v.begin(), v.end());
+  };
+  const std::vector<float> x = read("blocks.0.mlp_norm.out", TensorKind::Activation);
+  const std::vector<float> w = read("blocks.0.moe.router.weight", TensorKind::Parameter);
+  const std::vector<float> logits = read("blocks.0.moe.router.out", TensorKind::Activation);
+  const int C = 32, E = 4;
+  double off_fp32 = 0, off_bf16 = 0;
+  for (std::size_t n = 0; n < logits.size() / E; ++n) {
+    for (int e = 0; e < E; ++e) {
+      double fp32 = 0, bf16 = 0;
+      for (int c = 0; c < C; ++c) {
+        const double xc = x[n * C + static_cast<std::size_t>(c)], wc = w[static_cast<std::size_t>(e * C + c)];
+        fp32 += xc * wc;
+        bf16 += xc * numerics::round_to_bf16(static_cast<float>(wc));
+      }
+      const double got = logits[n * E + static_cast<std::size_t>(e)];
+      off_fp32 = std::max(off_fp32, std::fabs(got - fp32) / (std::fabs(fp32) + 1e-3));
+      off_bf16 = std::max(off_bf16, std::fabs(got - bf16) / (std::fabs(bf16) + 1e-3));
+    }
+  }
+  EXPECT_LT(off_fp32, 1e-5);
+  EXPECT_GT(off_bf16, 1e-4);
+}
+
+// The run contract of accel on moe: noise off is bitwise on any thread count, a seeded run
+// replays from its recorded seed (routing records included); an FP8 zone that covers no
+// weight (moe's experts are in none yet) is refused before step 0.
+TEST(MoeAccel, OffIsBitwiseAcrossThreadCountsAndSeededRunsReplay) {
+  const std::map<std::string, std::string> off{{"noise", "off"}}, seeded{{"noise-seed", "7"}};
+  const std::string features = "bf16,fp8=qkv,attn_proj";
+  const ReceiptBits one = run_and_read(lane("moe-tiny", 2, 1, "accel", features, off), "moe_off1");
+  EXPECT_TRUE(one.same_numbers(run_and_read(lane("moe-tiny", 2, 3, "accel", features, off), "moe_off3")));
+  const ReceiptBits noisy = run_and_read(lane("moe-tiny", 2, 2, "accel", features, seeded), "moe_seed2");
+  EXPECT_FALSE(noisy.same_numbers(one));  // the noise is really on
+  EXPECT_TRUE(noisy.same_numbers(run_and_read(lane("moe-tiny", 2, 1, "accel", features, seeded), "moe_seed1")));
+  const std::unique_ptr<Canary> model = make_canary(load_canary("moe-tiny"));
+  try {
+    accel::AccelEngine(accel::parse_accel_config({"bf16,fp8=all", {}})).check_table(model->tensors());
+    ADD_FAILURE() << "fp8=all was taken on a canary whose experts are in no zone";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("FP8 zone mlp_fc covers no weight of this canary"), std::string::npos)
+        << e.what();
+  }
+  accel::AccelEngine(accel::parse_accel_config({features, {}})).check_table(model->tensors());
 }
 
 // Two steps of training: the loss, the norm, every parameter's bits and the routing records.

@@ -40,13 +40,15 @@ MoeCanary::ExpertSites MoeCanary::expert_sites(int l) {
 }
 
 // After the block's mlp_norm.weight: the router, then every expert's gate, up and down
-// stacked by expert (llama's init roles: matrices N(0, init_std), down by depth).
+// stacked by expert (llama's init roles: matrices N(0, init_std), down by depth). The
+// router is read in fp32 under bf16 (its decisions would move with its rounding); the
+// experts are in no FP8 zone yet.
 void MoeCanary::describe_mlp_parameters(int layer) {
   const std::int64_t C = config_.channels, H = config_.mlp_hidden, E = config_.experts;
   const ExpertSites& s = expert_sites_.emplace_back(expert_sites(layer));
   const ParameterInit matrix = ParameterInit::normal(config_.init_std, layer);
   ExpertParams& p = expert_params_.emplace_back();
-  p.router = add_parameter(s.router + ".weight", {E, C}, matrix);
+  p.router = add_parameter(s.router + ".weight", {E, C}, matrix, fp32_weight());  // the router's own zone
   p.gate = add_parameter(s.gate + ".weight", {E, H, C}, matrix);
   p.up = add_parameter(s.up + ".weight", {E, H, C}, matrix);
   p.down = add_parameter(s.down + ".weight", {E, C, H}, ParameterInit::normal(residual_std_dev(), layer));
