@@ -8,9 +8,9 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${HARNESS_MATRIX_DIR:-$root/build-matrix}
 mkdir -p "$out"
-# tiny and llama-tiny for a few steps (every op of both architectures, the real shapes) and
-# micro for a whole run.
-runs=("tiny 3" "llama-tiny 3" "micro 20")
+# tiny, llama-tiny and moe-tiny for a few steps (every op of the three architectures, the
+# real shapes, moe's routing decisions) and micro for a whole run.
+runs=("tiny 3" "llama-tiny 3" "moe-tiny 3" "micro 20")
 
 build_variant() {  # name, build type, compiler, extra cmake args...
   local name=$1 type=$2 cxx=$3; shift 3
