@@ -2,6 +2,8 @@
 
 #include <vector>
 
+#include <xxhash.h>
+
 #include <tbb/parallel_for.h>
 
 #include "deterministic_reduce.h"
@@ -185,18 +187,14 @@ void moe_routing_record(float* record, const float* expert, const float* slot, f
   for (int e = 0; e < E; ++e) placed += record[e];
   record[E] = static_cast<float>(N) * static_cast<float>(K) - placed;
   record[E + 1] = balance_loss;
-  std::uint64_t hash = 0xcbf29ce484222325ull;  // FNV-1a 64 over the decisions' integers
-  const auto mix = [&](std::int32_t value) {
-    const auto bits = static_cast<std::uint32_t>(value);
-    for (int byte = 0; byte < 4; ++byte) {
-      hash ^= (bits >> (8 * byte)) & 0xffu;
-      hash *= 0x100000001b3ull;
-    }
-  };
-  for (std::int64_t i = 0; i < static_cast<std::int64_t>(N) * K; ++i) {
-    mix(index_of(expert[i]));
-    mix(index_of(slot[i]));
+  // XXH3-64 (the receipt's tensor hash) of every choice's (expert, slot) as int32 pairs in
+  // choice order, little-endian; a dropped choice's slot is -1.
+  std::vector<std::int32_t> decisions(static_cast<std::size_t>(N) * static_cast<std::size_t>(K) * 2);
+  for (std::size_t i = 0; i < decisions.size() / 2; ++i) {
+    decisions[2 * i] = index_of(expert[i]);
+    decisions[2 * i + 1] = index_of(slot[i]);
   }
+  const std::uint64_t hash = XXH3_64bits(decisions.data(), decisions.size() * sizeof(std::int32_t));
   record[E + 2] = static_cast<float>((hash >> 24) & 0xffffffu);
   record[E + 3] = static_cast<float>(hash & 0xffffffu);
 }

@@ -60,8 +60,9 @@ void moe_combine_backward(float* dexpert_out, float* dweights, const float* dout
                           const float* weights, const float* expert, const float* slot, int N, int C, int K, int cap);
 
 // The layer's routing record of a step (E + kRoutingRecordExtra floats): the tokens per
-// expert (E), the dropped choices, the balance loss, and a 48-bit FNV-1a hash of every
-// choice's (expert, slot) in order, as two 24-bit halves (exact in fp32). The record is
+// expert (E), the dropped choices, the balance loss, and the low 48 bits of the XXH3-64 of
+// every choice's (expert, slot) as little-endian int32 pairs in choice order (slot -1:
+// dropped), as two 24-bit halves (exact in fp32). The record is
 // what a receipt keeps of routing: two runs that route alike have equal hashes.
 inline constexpr int kRoutingRecordExtra = 4;
 void moe_routing_record(float* record, const float* expert, const float* slot, float balance_loss, int N, int E,

@@ -32,7 +32,8 @@ from .budget_features import parse_features
 from . import digest
 from .digest import Sketch, as_float32, sketch, tensor_hash
 from .schema import (CHECKPOINTS_IN_RECEIPT, HASH_FAMILIES, SCHEMA_MINOR, SCHEMA_VERSION, SKETCH_BLOCK, SKETCH_FAMILIES,
-                     SKETCH_METHOD, SKETCH_WIDTH, STEP_CHUNK_ROWS, TABLE_CHUNK_ROWS, attribute_entry, dataset_rank)
+                     SKETCH_METHOD, SKETCH_WIDTH, STEP_CHUNK_ROWS, TABLE_CHUNK_ROWS, attribute_entry, dataset_entry,
+                     dataset_rank)
 from .stack import StackInfo, collect_stack_info
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -91,6 +92,16 @@ class TraceColumn(NamedTuple):
 # One step of /trace: the columns (the same every step), and per column the output's
 # hash and sketch (an (l2, projection) pair, as append_step's sketches).
 TraceRow = Tuple[Sequence[TraceColumn], Sequence[int], Sequence["SketchLike"]]
+
+
+class StepState(NamedTuple):
+    """A group of per-step state with columns, as the C++ writer's StepState (engine.h): the
+    group (`routing`), its columns (`names`, one per deciding op), and per field one value
+    per column (moe's routing records). Every path must be in the receipt description."""
+
+    group: str
+    columns: Sequence[str]
+    fields: Sequence[Tuple[str, Sequence[float]]]
 
 
 # ---- the file format -----------------------------------------------------------------------
@@ -505,6 +516,8 @@ class ReceiptWriter:
             self._batches = _Growing(f.create_group("batches"), "tokens", "<i4", self._batch_shape, TABLE_CHUNK_ROWS)
         self._trace_columns: Optional[List[TraceColumn]] = None  # /trace, created with the first traced step
         self._compile_names: Optional[List[str]] = None  # /compile, created with the first step that gives it
+        self._state_shape: Optional[List[Tuple[str, List[str], List[str]]]] = None  # groups, columns, fields
+        self._state: Dict[str, _Growing] = {}
 
     def _open_file(self) -> h5py.File:
         if self._file is None:
@@ -601,6 +614,43 @@ class ReceiptWriter:
             values.append(float(value))
         return names, values
 
+    def _check_state(self, state: Optional[Sequence[StepState]]) -> Optional[List[Tuple[str, np.ndarray]]]:
+        """The step's state rows by dataset path, checked against step 0's groups, columns and
+        fields and against the receipt description."""
+        if state is None:
+            if self._state_shape is not None:
+                raise ValueError("this receipt records step state: pass state= at every step")
+            return None
+        shape, rows = [], []
+        for entry in state:
+            if not isinstance(entry, StepState):
+                raise ValueError(f"state: {entry!r:.60} is not a StepState")
+            columns, names = [str(c) for c in entry.columns], [name for name, _ in entry.fields]
+            shape.append((entry.group, columns, names))
+            for name, values in entry.fields:
+                path = f"/{entry.group}/{name}"
+                if dataset_entry(path) is None or dataset_entry(f"/{entry.group}/names") is None:
+                    raise ValueError(f"state: {path} is not in the receipt description (receipt_schema.json)")
+                row = np.asarray(values, dtype="<f8")
+                if row.shape != (len(columns),):
+                    raise ValueError(f"state: {path} has {row.size} values for {len(columns)} columns")
+                rows.append((path, row))
+        if self._state_shape is None and self.steps_recorded > 0:
+            raise ValueError("state: step state starts at step 0 (a receipt records it at every step or none)")
+        if self._state_shape is not None and shape != self._state_shape:
+            raise ValueError("state: this step's groups, columns or fields are not step 0's")
+        return rows
+
+    def _create_state(self, f: h5py.File, state: Sequence[StepState]) -> None:
+        """Each state group as receipt_writer.cpp's append_state: its columns' names once, then
+        one float64 (N, columns) dataset per field, 16 rows a chunk."""
+        for entry in state:
+            group = f.create_group(entry.group)
+            _write_strings(group, "names", [str(c) for c in entry.columns])
+            for name, _ in entry.fields:
+                self._state[f"/{entry.group}/{name}"] = _Growing(group, name, "<f8", (len(entry.columns),), 16)
+        self._state_shape = [(e.group, [str(c) for c in e.columns], [n for n, _ in e.fields]) for e in state]
+
     def _create_compile(self, f: h5py.File, names: List[str]) -> None:
         """/compile as the C++ writer's engine state group (ReceiptWriter::append_state): one
         float64 (N) dataset per counter, growing a row per step, 16 rows a chunk, Fletcher32."""
@@ -612,7 +662,8 @@ class ReceiptWriter:
                     hashes: Mapping[str, Sequence[int]],
                     sketches: Mapping[str, Union[Sequence[SketchLike], SketchRows]],
                     batch_tokens: Any = None, trace: Optional[TraceRow] = None,
-                    compile: Optional[Mapping[str, float]] = None) -> None:
+                    compile: Optional[Mapping[str, float]] = None,
+                    state: Optional[Sequence[StepState]] = None) -> None:
         """One step's row in every per-step dataset, then a flush.
 
         hashes: family -> K hashes (ints, or a uint64 array) for every HASH_FAMILIES family;
@@ -621,7 +672,8 @@ class ReceiptWriter:
         (columns, hashes, sketches) with one hash and one (l2, projection) per TraceColumn; the first traced step (step 0) creates /trace, and
         every later step must trace the same columns. compile: the step's /compile counters
         ({name: number}, float64 (N) datasets, as tpu-mesh's: docs/receipt-schema.md); the first
-        step (step 0) creates /compile, and every later step must give the same names.
+        step (step 0) creates /compile, and every later step must give the same names. state:
+        the step's StepState groups (moe's /routing), described ones only, the same every step.
         Everything is checked before the first row is written, so a bad call leaves every
         dataset with the same number of rows.
         """
@@ -633,6 +685,7 @@ class ReceiptWriter:
                 loss, grad_norm, lr, batch_hash, hashes, sketches, batch_tokens)
             trace_rows = self._check_trace(trace)
             compile_row = self._check_compile(compile)
+            state_rows = self._check_state(state)
         except ReceiptError:
             raise
         except ValueError as e:
@@ -650,7 +703,15 @@ class ReceiptWriter:
                 self._create_compile(f, compile_row[0])
             except (OSError, ValueError) as e:
                 raise ReceiptError(f"{self.path}: cannot create /compile ({e})") from None
+        if state_rows is not None and self._state_shape is None:
+            f = self._reopen() if f.swmr_mode else f
+            try:
+                self._create_state(f, state)
+            except (OSError, ValueError) as e:
+                raise ReceiptError(f"{self.path}: cannot create the step state ({e})") from None
         try:
+            for path, row in state_rows or []:
+                self._state[path].append(f, row)
             if compile_row is not None:  # first, as the C++ (append_state, append_trace, then append_step)
                 for name, value in zip(*compile_row):
                     self._compile[name].append(f, value)

@@ -324,6 +324,16 @@ class StepRecord:
     sketches: Dict[str, Any]
     trace: Any = None  # the step's /trace row (columns, hashes, sketches) with --trace ops
     compile: Any = None  # the step's /compile row (audit.CompileLog.end()) with audit
+    state: Any = None  # the model's own records of the step (model_step_state: moe's /routing)
+
+
+def model_step_state(model: torch.nn.Module) -> Any:
+    """What the model records of each step beside the digests, read after the step: a module
+    that keeps such records defines step_state() -> [receipt.StepState] (canary_harness.models.moe:
+    its routing); None for any other."""
+    core = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+    records = getattr(core, "step_state", None)
+    return records() if callable(records) else None
 
 
 class CanaryLoop:
@@ -413,7 +423,7 @@ class CanaryLoop:
         row = self.capture.row()
         grad_norm = host_float(norm) if norm is not None else self.capture.grad_norm()
         return StepRecord(host_float(loss), grad_norm, self.capture.lr, hashed, row["hashes"], row["sketches"],
-                          self._trace_row(i, grad_norm), compile_row)
+                          self._trace_row(i, grad_norm), compile_row, model_step_state(self.model))
 
     def _compile_row(self, step: int) -> Optional[Dict[str, float]]:
         """The step's /compile row: torch_xla's own counters on XLA, the audit's static ones
@@ -579,7 +589,8 @@ class RowJob(NamedTuple):
 
 def _append_row(writer: ReceiptWriter, record: StepRecord) -> None:
     writer.append_step(loss=record.loss, grad_norm=record.grad_norm, lr=record.lr, batch_hash=record.batch_hash,
-                       hashes=record.hashes, sketches=record.sketches, trace=record.trace, compile=record.compile)
+                       hashes=record.hashes, sketches=record.sketches, trace=record.trace, compile=record.compile,
+                       state=record.state)
 
 
 def _wait_for(rows: Worker) -> None:

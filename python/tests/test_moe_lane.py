@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from canary_harness import ReceiptReader
+from canary_harness.schema import HASH_FAMILIES, SKETCH_FAMILIES
 from canary_harness.models import moe
 
 from conftest import run_harness
@@ -99,6 +100,15 @@ def test_moe_lane_reproduces_cpu_ref(runs: dict, harness_bin: Path):
         assert np.all(np.abs(loss - ref) <= 2e-6 * np.abs(ref)), np.abs(loss - ref) / np.abs(ref)
         norm, ref_norm = np.asarray(r.steps("grad_norm")), np.asarray(cpu.steps("grad_norm"))
         assert np.all(np.abs(norm - ref_norm) <= 1e-5 * ref_norm), np.abs(norm - ref_norm) / ref_norm
+        # The routing, recorded by both: the same decisions in every layer and step (the lane's
+        # hash computed here in numpy and xxhash, cpu-ref's in the C++ kernel), choices dropped.
+        assert r.read_strings("routing/names") == cpu.read_strings("routing/names") == \
+            ["blocks.0.moe.route", "blocks.1.moe.route"]
+        for field in ("decisions_hash", "dropped", *(f"tokens_expert_{e}" for e in range(5))):
+            assert np.array_equal(r.read(f"routing/{field}", 2), cpu.read(f"routing/{field}", 2)), field
+        assert r.read("routing/dropped", 2).sum() > 0
+        balance, ref_balance = r.read("routing/balance_loss", 2), cpu.read("routing/balance_loss", 2)
+        assert np.allclose(balance, ref_balance, rtol=1e-5, atol=0), (balance, ref_balance)
 
 
 def reference_route(probs: np.ndarray, top_k: int, capacity: int):
@@ -200,3 +210,33 @@ def test_moe_step_reads_nothing_on_the_host(runs: dict):
     with HostReads() as reads:
         train_step(step.model, step.optimizer, inputs, step.autocast)
     assert reads.reads == [], reads.reads
+
+
+def test_the_writer_takes_only_described_step_state_the_same_every_step(tmp_path: Path):
+    from canary_harness.receipt import ReceiptError, ReceiptWriter, StepState
+    from canary_harness.digest import sketch
+
+    def writer(path: Path) -> ReceiptWriter:
+        manifest = {"lane": "x/torch", "engine": "torch", "budget_features": "torch-cpu", "canary": "{}", "seed": 1,
+                    "steps_planned": 2}
+        return ReceiptWriter(str(path), manifest, ["w"])
+
+    def step(w: ReceiptWriter, state) -> None:
+        zero = np.zeros(1, np.float32)
+        w.append_step(loss=1.0, grad_norm=1.0, lr=0.1, batch_hash=1, hashes={f: [0] for f in HASH_FAMILIES},
+                      sketches={f: [sketch(zero, "w")] for f in SKETCH_FAMILIES}, state=state)
+
+    routing = StepState("routing", ["blocks.0.moe.route"], [("tokens_expert_0", [3.0]), ("dropped", [1.0])])
+    with pytest.raises(ReceiptError, match="/gating/dropped is not in the receipt description"):
+        step(writer(tmp_path / "a.h5"), [StepState("gating", ["l0"], [("dropped", [1.0])])])
+    w = writer(tmp_path / "b.h5")
+    with pytest.raises(ReceiptError, match="2 values for 1 columns"):
+        step(w, [StepState("routing", ["l0"], [("dropped", [1.0, 2.0])])])
+    step(w, [routing])
+    with pytest.raises(ReceiptError, match="not step 0's"):
+        step(w, [StepState("routing", ["blocks.0.moe.route"], [("dropped", [1.0])])])
+    step(w, [routing])
+    w.close()
+    with ReceiptReader(tmp_path / "b.h5") as r:
+        assert r.read_strings("routing/names") == ["blocks.0.moe.route"]
+        assert r.read("routing/tokens_expert_0", 2).tolist() == [[3.0], [3.0]]

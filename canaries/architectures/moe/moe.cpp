@@ -153,7 +153,7 @@ ReceiptEntries moe_receipt_entries() {
                 per_layer("/routing/dropped", DecisionRecord::kCount, "the choices past their expert's capacity"),
                 per_layer("/routing/balance_loss", DecisionRecord::kNone, "the layer's Switch balance loss"),
                 per_layer("/routing/decisions_hash", DecisionRecord::kHash,
-                          "a 48-bit FNV-1a hash of every choice's expert and slot")};
+                          "the low 48 bits of the XXH3-64 of every choice's (expert, slot) as int32 pairs")};
   return e;
 }
 

@@ -28,11 +28,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, List, Mapping, Optional, Tuple, Union
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import xxhash
 
 from ..architectures import Architecture
+from ..receipt import StepState
 from .gpt2 import lr_at  # the schedule is gpt2's: docs/canary.md
 from .llama import LlamaConfig, _Attention, _Block, _Residual, _RMSNorm, _SwiGLU, Llama, LAYER_OPS
 from .module import random_parameters
@@ -136,6 +139,19 @@ def balance_loss(probs: torch.Tensor, expert: torch.Tensor, coef: float) -> torc
     return coef * E * (share * probs.mean(dim=0)).sum()
 
 
+def routing_record(route_op: "_Route", experts: int) -> List[float]:
+    """One layer's record of its last forward (host values; kernels/moe_kernels.h,
+    moe_routing_record): the rows each expert took, the dropped choices, the balance loss,
+    and the low 48 bits of the XXH3-64 of every choice's (expert, slot) as little-endian
+    int32 pairs in choice order."""
+    expert, slot = (t.detach().reshape(-1).cpu().numpy().astype("<i4") for t in route_op.decisions)
+    placed = slot >= 0
+    counts = np.bincount(expert[placed], minlength=experts).astype(float)
+    pairs = np.stack([expert, slot], axis=1).reshape(-1)
+    decisions_hash = xxhash.xxh3_64_intdigest(pairs.tobytes()) & ((1 << 48) - 1)
+    return [*counts, float(expert.size - placed.sum()), float(route_op.balance.detach().cpu()), float(decisions_hash)]
+
+
 class _Route(nn.Module):
     """Op `blocks.l.moe.route`: router logits (B,T,E) -> (weights, expert, slot), each (B,T,K),
     and the layer's balance loss (kept on the module for the model to add)."""
@@ -150,6 +166,7 @@ class _Route(nn.Module):
         probs = torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)).view(B * T, E), dim=-1)
         weights, expert, slot = route(probs, self.top_k, self.capacity)
         self.balance = balance_loss(probs, expert, self.coef)
+        self.decisions = (expert, slot)  # for the step's routing record, read after the step
         K = self.top_k
         return weights.view(B, T, K), expert.view(B, T, K), slot.view(B, T, K)
 
@@ -280,6 +297,16 @@ class Moe(Llama):
 
     def canonical_table(self) -> List[Tuple[str, Tuple[int, ...]]]:
         return tensor_table(self.cfg)
+
+    def step_state(self) -> List[StepState]:
+        """The step's routing records, read after the step: /routing as the C++ model writes it
+        (canaries/architectures/moe/moe.cpp), one column per layer's route op."""
+        names = [n for n in forward_op_names(self.cfg) if n.endswith(".moe.route")]
+        records = [routing_record(blk.moe.route, self.cfg.experts) for blk in self.blocks]
+        fields = [(f"tokens_expert_{e}", [r[e] for r in records]) for e in range(self.cfg.experts)]
+        for i, name in enumerate(("dropped", "balance_loss", "decisions_hash")):
+            fields.append((name, [r[self.cfg.experts + i] for r in records]))
+        return [StepState("routing", names, fields)]
 
     def _forward(self, tokens: torch.Tensor) -> torch.Tensor:
         loss = super()._forward(tokens)
