@@ -270,6 +270,7 @@ def make_step(cfg: Any, names: Sequence[str], precision: str, fault: Any = None,
     import jax.numpy as jnp
 
     from .models.gpt2 import CLIP_EPS
+    from .models.table import is_decayed
 
     mm = matmul(precision)
     f32 = np.float32
@@ -286,7 +287,7 @@ def make_step(cfg: Any, names: Sequence[str], precision: str, fault: Any = None,
         new_p, new_m, new_v = {}, {}, {}
         for n in names:
             g, p = grads[n], params[n]
-            if p.ndim >= 2:  # decoupled decay on matrices and stacks of them (the contract's rule)
+            if is_decayed(p.shape):  # decoupled decay (the contract's rule)
                 p = p * decay
             new_m[n] = m[n] * beta1 + g * one_minus_beta1
             new_v[n] = v[n] * beta2 + g * one_minus_beta2 * g

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from .models.gpt2 import CLIP_EPS, CanaryConfig
+from .models.table import is_decayed
 
 
 def _f32(x: float) -> float:
@@ -64,9 +65,8 @@ class CanaryAdamW(torch.optim.Optimizer):
         named: List[Tuple[str, torch.nn.Parameter]] = list(named_parameters)
         if not named:
             raise ValueError("CanaryAdamW: no parameters")
-        # Matrices and stacks of them (moe's experts) decay; vectors (norms, biases) do not.
-        decay = [p for _, p in named if p.dim() >= 2]
-        other = [p for _, p in named if p.dim() < 2]
+        decay = [p for _, p in named if is_decayed(tuple(p.shape))]
+        other = [p for _, p in named if not is_decayed(tuple(p.shape))]
         super().__init__([{"params": decay, "weight_decay": cfg.weight_decay},
                           {"params": other, "weight_decay": 0.0}],
                          {"lr": cfg.peak_lr, "betas": (cfg.beta1, cfg.beta2), "eps": cfg.adam_eps,

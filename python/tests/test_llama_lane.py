@@ -183,7 +183,8 @@ def test_the_lane_dispatches_on_the_architecture_key(runs: dict, micro_pack: Pat
     with h5py.File(renamed, "r+") as f:
         f["manifest"].attrs["canary"] = json.dumps({**canary, "architecture": "mamba"})
     result = lane("--pack", str(renamed), "--out", str(tmp_path / "r.h5"), check=False)
-    assert result.returncode == 2 and "canary architecture 'mamba': this canary_harness reads gpt2, llama packs" in result.stderr
+    known = ", ".join(ARCHITECTURES)  # gpt2, llama, moe
+    assert result.returncode == 2 and f"canary architecture 'mamba': this canary_harness reads {known} packs" in result.stderr
     result = lane("--pack", str(runs["pack"]), "--out", str(tmp_path / "r.h5"),
                   "--inject-fault", "step=1,op=blocks.0.ln1", check=False)  # a gpt2 op name
     assert result.returncode == 2 and "unknown op 'blocks.0.ln1'" in result.stderr

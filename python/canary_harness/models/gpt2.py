@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from ..architectures import Architecture, architecture_of
 from .module import CanaryModule, Hook, random_parameters
 from .config import canary_object, check_sizes, typed_fields
-from .table import gpt2_tensor_specs, gpt2_tensor_table
+from .table import gpt2_tensor_specs, gpt2_tensor_table, is_decayed
 
 
 # ----------------------------------------------------------------------------------
@@ -108,12 +108,6 @@ def forward_op_names(cfg: CanaryConfig) -> List[str]:
         names += [p + op for op in ("ln1", "attn.qkv", "attn", "attn.proj", "attn.residual", "ln2", "mlp.fc",
                                     "mlp.gelu", "mlp.proj", "mlp.residual")]
     return names + ["lnf", "lm_head", "loss"]
-
-
-def is_decayed(name: str, shape: Tuple[int, ...]) -> bool:
-    """AdamW weight decay applies to 2-D tensors only: wte, wpe, every .weight matrix.
-    Biases and LayerNorm weights (1-D) are not decayed."""
-    return len(shape) == 2
 
 
 def random_init(cfg: CanaryConfig, seed: int = 0) -> Dict[str, torch.Tensor]:
@@ -410,7 +404,7 @@ class AdamW:
             f32 = lambda x: torch.tensor(x, dtype=torch.float32, device=p.device)  # noqa: E731
             g = grads[name]
             m, v = self.m[name], self.v[name]
-            if is_decayed(name, p.shape):
+            if is_decayed(p.shape):
                 p.mul_(f32(1.0 - lr * c.weight_decay))
             m.mul_(c.beta1).add_(g, alpha=1.0 - c.beta1)
             v.mul_(c.beta2).addcmul_(g, g, value=1.0 - c.beta2)
@@ -422,8 +416,8 @@ class TorchAdamW:
     for cross-checking the hand-written one. lr is set on the groups every step."""
 
     def __init__(self, params, cfg):
-        decay = [t for n, t in params.items() if is_decayed(n, t.shape)]
-        no_decay = [t for n, t in params.items() if not is_decayed(n, t.shape)]
+        decay = [t for n, t in params.items() if is_decayed(t.shape)]
+        no_decay = [t for n, t in params.items() if not is_decayed(t.shape)]
         self.opt = torch.optim.AdamW(
             [{"params": decay, "weight_decay": cfg.weight_decay},
              {"params": no_decay, "weight_decay": 0.0}],

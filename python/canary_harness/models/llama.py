@@ -133,12 +133,6 @@ def forward_op_names(cfg: LlamaConfig) -> List[str]:
     return names + ["norm", "lm_head", "loss"]
 
 
-def is_decayed(name: str, shape: Tuple[int, ...]) -> bool:
-    """AdamW weight decay applies to 2-D tensors only (wte, every matrix, lm_head), not to
-    the norm weights."""
-    return len(shape) == 2
-
-
 def random_init(cfg: LlamaConfig, seed: int = 0) -> Dict[str, torch.Tensor]:
     """Random parameters with the contract's init distribution (matrices and wte
     N(0, init_std), attn.o and mlp.down N(0, init_std/sqrt(2L)), norm weights 1), from

@@ -23,6 +23,13 @@ NORMAL, RESIDUAL_NORMAL, ONES, ZEROS = "normal", "residual_normal", "ones", "zer
 COLUMN, COLUMN_BIAS, ROW = "column", "column-bias", "row"
 
 
+def is_decayed(shape: Tuple[int, ...]) -> bool:
+    """The canaries' AdamW weight-decay rule (docs/design.md), as canaries/canary.cpp's
+    update(): matrices and stacks of them decay (embeddings, every weight matrix, moe's
+    experts), vectors (norm weights, biases) do not."""
+    return len(shape) >= 2
+
+
 class TensorSpec(NamedTuple):
     name: str
     shape: Tuple[int, ...]
