@@ -199,10 +199,6 @@ void moe_routing_record(float* record, const float* expert, const float* slot, f
   record[E + 3] = static_cast<float>(hash & 0xffffffu);
 }
 
-std::uint64_t routing_hash(float high, float low) {
-  return (static_cast<std::uint64_t>(high) << 24) | static_cast<std::uint64_t>(low);
-}
-
 void expert_linear_forward(float* out, const float* inp, const float* weight, int E, int cap, int C, int OC,
                            float* scratch) {
   for (int e = 0; e < E; ++e) {

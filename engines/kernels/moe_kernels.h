@@ -67,8 +67,11 @@ void moe_combine_backward(float* dexpert_out, float* dweights, const float* dout
 inline constexpr int kRoutingRecordExtra = 4;
 void moe_routing_record(float* record, const float* expert, const float* slot, float balance_loss, int N, int E,
                         int K);
-// The hash's two halves as one integer.
-std::uint64_t routing_hash(float high, float low);
+// The hash's two halves as one integer (inline: the model reads records without linking
+// the kernels).
+inline std::uint64_t routing_hash(float high, float low) {
+  return (static_cast<std::uint64_t>(high) << 24) | static_cast<std::uint64_t>(low);
+}
 
 // Every expert's own linear layer: out (E,cap,OC) = inp (E,cap,C) @ weight (E,OC,C)^T, each
 // expert by kernels.h's deterministic GEMM; scratch as linear_forward's.
