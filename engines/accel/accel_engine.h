@@ -67,7 +67,6 @@ class AccelEngine final : public Engine {
   void gqa_attention_forward(const OpSite&, TensorId out, TensorId att, TensorId q, TensorId k, TensorId v) override;
   void gqa_attention_backward(const OpSite&, TensorId dq, TensorId dk, TensorId dv, TensorId dout, TensorId q,
                               TensorId k, TensorId v, TensorId att) override;
-  // The core and llama ops; not yet the mixture-of-experts ones.
   // The MoE ops: the router's in fp32 (its outputs are statistics), the dispatch, combine
   // and experts' GEMMs stored and read in bf16 under bf16, with noisy reductions; the
   // experts are in no FP8 zone yet (check_table refuses a zone that covers no weight).

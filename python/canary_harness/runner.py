@@ -602,10 +602,11 @@ def _wait_for(rows: Worker) -> None:
 
 class _Fault:
     """A forward hook on the fault's module that moves element 0 of its output (of its first
-    result, where it returns a tuple: a moe route's weights) up by the fault's ulps at the fault's step (a 0-D device flag, filled each step: data, not a
-    constant of the graph). A module that never runs in the fault's step (a container such
-    as an nn.ModuleList), or whose output (first result) is not a floating-point tensor, is a CanaryError:
-    a fault recorded in the manifest must have happened."""
+    result, where it returns a tuple: a moe route's weights) up by the fault's ulps at the
+    fault's step (a 0-D device flag, filled each step: data, not a constant of the graph).
+    A module that never runs in the fault's step (a container such as an nn.ModuleList), or
+    whose output (first result) is not a floating-point tensor, is a CanaryError: a fault
+    recorded in the manifest must have happened."""
 
     def __init__(self, model: torch.nn.Module, spec: Any, device: torch.device) -> None:
         from .lane import _nudge_first_result

@@ -184,7 +184,8 @@ def test_the_lane_dispatches_on_the_architecture_key(runs: dict, micro_pack: Pat
         f["manifest"].attrs["canary"] = json.dumps({**canary, "architecture": "mamba"})
     result = lane("--pack", str(renamed), "--out", str(tmp_path / "r.h5"), check=False)
     known = ", ".join(ARCHITECTURES)  # gpt2, llama, moe
-    assert result.returncode == 2 and f"canary architecture 'mamba': this canary_harness reads {known} packs" in result.stderr
+    assert result.returncode == 2
+    assert f"canary architecture 'mamba': this canary_harness reads {known} packs" in result.stderr
     result = lane("--pack", str(runs["pack"]), "--out", str(tmp_path / "r.h5"),
                   "--inject-fault", "step=1,op=blocks.0.ln1", check=False)  # a gpt2 op name
     assert result.returncode == 2 and "unknown op 'blocks.0.ln1'" in result.stderr
