@@ -140,6 +140,10 @@ class Canary {
   static TensorRole column_parallel_bias(int parallel_groups = 1) {
     return {.linear = LinearRole::ColumnParallel, .parallel_groups = parallel_groups};
   }
+  // Every expert's weight of a linear role, stacked along a leading expert dimension.
+  static TensorRole stacked_experts(LinearRole parallel) { return {.linear = parallel, .stacked_dims = 1}; }
+  // Every expert's buffer of rows (E, capacity, ...), stacked like the experts' weights.
+  static TensorRole expert_rows() { return {.stacked_dims = 1}; }
   static TensorRole statistic() { return {.fp32_statistic = true}; }
   static TensorRole fp32_weight() { return {.fp32_weight = true}; }
   static TensorRole attention_heads(int dim) { return {.heads_dim = dim}; }

@@ -65,6 +65,11 @@ struct TensorRole {
   // Parameters: every GEMM reads it in fp32, even under bf16 autocast (a MoE router, whose
   // rounded weights would move its decisions; Megatron's moe_router_dtype = fp32).
   bool fp32_weight = false;
+  // Leading dimensions that stack independent layers of one shape (a MoE's experts, E of
+  // them). Parameters: the linear role splits the dimensions after them, and expert
+  // parallelism splits the first of them. Activations: rows gathered from the whole batch
+  // by expert, so their first dimension is no batch a micro-batch could split.
+  int stacked_dims = 0;
 };
 
 struct TensorDesc {

@@ -199,6 +199,13 @@ void moe_routing_record(float* record, const float* expert, const float* slot, f
   record[E + 3] = static_cast<float>(hash & 0xffffffu);
 }
 
+void moe_route_with_record(float* probs, float* weights, float* expert, float* slot, float* record, const float* logits,
+                           int N, int E, int K, int cap, float balance_coef) {
+  moe_route_forward(probs, weights, expert, slot, record, logits, N, E, K, cap);
+  const float balance = moe_balance_loss(probs, expert, N, E, K, balance_coef);
+  moe_routing_record(record, expert, slot, balance, N, E, K);
+}
+
 void expert_linear_forward(float* out, const float* inp, const float* weight, int E, int cap, int C, int OC,
                            float* scratch) {
   for (int e = 0; e < E; ++e) {

@@ -67,6 +67,10 @@ void moe_combine_backward(float* dexpert_out, float* dweights, const float* dout
 inline constexpr int kRoutingRecordExtra = 4;
 void moe_routing_record(float* record, const float* expert, const float* slot, float balance_loss, int N, int E,
                         int K);
+// The router's forward with the layer's routing record (its balance loss included), as
+// every engine runs it.
+void moe_route_with_record(float* probs, float* weights, float* expert, float* slot, float* record, const float* logits,
+                           int N, int E, int K, int cap, float balance_coef);
 // The hash's two halves as one integer (inline: the model reads records without linking
 // the kernels).
 inline std::uint64_t routing_hash(float high, float low) {

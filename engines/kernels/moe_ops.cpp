@@ -10,11 +10,8 @@ int dim(const HostTensors& t, TensorId id, int i) { return static_cast<int>(t.de
 
 void route_forward(HostTensors& t, TensorId weights, TensorId expert, TensorId slot, TensorId probs, TensorId routing,
                    TensorId logits, int top_k, int capacity, float balance_coef) {
-  const int N = rows(t, probs), E = t.last_dim(probs);
-  moe_route_forward(t.f32(probs), t.f32(weights), t.f32(expert), t.f32(slot), t.f32(routing), t.f32(logits), N, E,
-                    top_k, capacity);
-  const float balance = moe_balance_loss(t.f32(probs), t.f32(expert), N, E, top_k, balance_coef);
-  moe_routing_record(t.f32(routing), t.f32(expert), t.f32(slot), balance, N, E, top_k);
+  moe_route_with_record(t.f32(probs), t.f32(weights), t.f32(expert), t.f32(slot), t.f32(routing), t.f32(logits),
+                        rows(t, probs), t.last_dim(probs), top_k, capacity, balance_coef);
 }
 
 void route_backward(HostTensors& t, TensorId dlogits, TensorId dweights, TensorId probs, TensorId weights,

@@ -122,15 +122,15 @@ void Compilation::emit(InstrKind kind, const std::vector<std::int32_t>& buffers,
   exe_.append(kind, node_, buffers, dims, attrs, axis, specs);
 }
 
-int Compilation::weight_operand(TensorId param, bool matmul) {
+int Compilation::weight_operand(TensorId param, bool matmul, bool gather) {
   if (param == kNoTensor) return -1;
-  const bool cast = matmul && config_.precision == Precision::Bf16;
+  const bool cast = matmul && config_.precision == Precision::Bf16 && !table_[param].role.fp32_weight;
   const auto key = std::make_pair(param, cast);
   if (auto it = operand_cache_.find(key); it != operand_cache_.end()) return it->second;
   int source = buffer(param);
   const PartitionSpec s = eff(param);
-  const std::int64_t n = product(compute_shape(param));
-  if (s.shards_on(Axis::Data)) {
+  const std::int64_t n = gather ? product(compute_shape(param)) : lnumel(param);
+  if (gather && s.shards_on(Axis::Data)) {
     if (s.shards_on(Axis::Model)) reject(*current_, "a parameter sharded on both axes");
     const int gathered = temp("gathered." + table_[param].name, n, MemoryCategory::Temporaries);
     emit(InstrKind::AllGather, {gathered, source}, shape(param), {}, Axis::Data, {spec_of(param)});

@@ -49,6 +49,7 @@ class Compilation {
   // The spec as it acts on this mesh (an axis of size 1 shards nothing).
   PartitionSpec eff(TensorId id) const { return effective(spec_[static_cast<std::size_t>(id)], mesh_); }
   const Mesh& mesh() const { return mesh_; }
+  ShardPlan plan() const { return config_.plan; }
   bool active(Axis axis) const { return axis_size(mesh_, axis) > 1; }
 
   // ---- lowering (pass 3) ---------------------------------------------------------------
@@ -82,9 +83,11 @@ class Compilation {
             const std::vector<float>& attrs = {}, Axis axis = Axis::None, const std::vector<PartitionSpec>& specs = {});
 
   // A parameter as an operand of compute: gathered over `data` under zero3, cast to bf16
-  // for matmuls under bf16 precision. Reused within a phase; gathered again in the next
-  // (FSDP's memory trade: parameters are not kept whole from forward to backward).
-  int weight_operand(TensorId param, bool matmul);
+  // for matmuls under bf16 precision (unless its role keeps it fp32). Reused within a
+  // phase; gathered again in the next (FSDP's memory trade: parameters are not kept whole
+  // from forward to backward). A block computed on where it lives (an expert under ep) is
+  // never gathered: `gather` false.
+  int weight_operand(TensorId param, bool matmul, bool gather = true);
   // After an op updated a parameter: its gathered or cast copies are stale.
   void forget_operands_of(TensorId param);
   // Where an op writes its contribution to a gradient: straight into the gradient when the

@@ -12,6 +12,7 @@
 #include "kernels/deterministic_reduce.h"
 #include "kernels/kernels.h"
 #include "kernels/llama_kernels.h"
+#include "kernels/moe_kernels.h"
 #include "numerics/formats.h"
 
 namespace harness::tpu {
@@ -289,6 +290,40 @@ void MeshExecutor::run_kernel(int device, const Executable& exe, const Instr& in
       kernels::gqa_attention_backward(P(0), P(1), P(2), P(3), P(4), P(5), P(6), P(7), as_int(n[0]), as_int(n[1]),
                                       as_int(n[2]), as_int(n[3]), as_int(n[4]));
       break;
+    case InstrKind::MoeRouteForward:
+      kernels::moe_route_with_record(P(3), P(0), P(1), P(2), P(4), P(5), as_int(n[0]), as_int(n[1]), as_int(n[2]),
+                                     as_int(n[3]), attrs[0]);
+      break;
+    case InstrKind::MoeRouteBackward:
+      kernels::moe_route_backward(P(0), P(1), P(2), P(3), P(4), as_int(n[0]), as_int(n[1]), as_int(n[2]), attrs[0]);
+      break;
+    case InstrKind::MoeDispatchForward:
+      kernels::moe_dispatch_forward(P(0), P(1), P(2), P(3), as_int(n[0]), as_int(n[1]), as_int(n[2]), as_int(n[3]),
+                                    as_int(n[4]));
+      break;
+    case InstrKind::MoeDispatchBackward:
+      kernels::moe_dispatch_backward(P(0), P(1), P(2), P(3), as_int(n[0]), as_int(n[1]), as_int(n[2]), as_int(n[3]));
+      break;
+    case InstrKind::MoeCombineForward:
+      kernels::moe_combine_forward(P(0), P(1), P(2), P(3), P(4), as_int(n[0]), as_int(n[1]), as_int(n[2]),
+                                   as_int(n[3]));
+      break;
+    case InstrKind::MoeCombineBackward:
+      kernels::moe_combine_backward(P(0), P(1), P(2), P(3), P(4), P(5), P(6), as_int(n[0]), as_int(n[1]), as_int(n[2]),
+                                    as_int(n[3]));
+      break;
+    case InstrKind::ExpertLinear:
+      kernels::expert_linear_forward(P(0), P(1), P(2), as_int(n[0]), as_int(n[1]), as_int(n[2]), as_int(n[3]), scratch);
+      break;
+    case InstrKind::ExpertLinearBackward:
+      kernels::expert_linear_backward(P(0), P(1), P(2), P(3), P(4), as_int(n[0]), as_int(n[1]), as_int(n[2]),
+                                      as_int(n[3]), scratch);
+      break;
+    case InstrKind::TakeBlock: {
+      const std::vector<std::int64_t> global(n.begin(), n.end());
+      copy_block_from_global(global, exe.spec_of(in, 0), mesh_, device, P(1), P(0));
+      break;
+    }
     default: throw std::logic_error("tpu-mesh: a collective dispatched as a kernel");
   }
 }
@@ -306,6 +341,45 @@ void MeshExecutor::run_trace(const Executable& exe, const Instr& in) {
   const auto slice = static_cast<std::int32_t>(exe.attrs_of(in)[1]);
   const int micro_batch = slice == kRunMicroBatch ? micro_batch_ : std::max(slice, 0);
   on_trace_(static_cast<int>(exe.attrs_of(in)[0]), micro_batch, trace_value_);
+}
+
+// The placed rows of a group's routing choices, between the buffers indexed by (expert,
+// slot) on each token's device and the blocks of the devices that hold the expert: member
+// j holds experts [j * per_device, (j + 1) * per_device), or all of them when per_device is
+// E (each device then receives every member's rows). Towards the experts every receiving
+// block starts at zero (an empty slot holds zeros, as cpu-ref's buffers do); back towards
+// the tokens each device's whole buffer does. Members go in coordinate order and their
+// choices in order; rows move whole, so no value changes on the way.
+void MeshExecutor::exchange_expert_rows(const Executable& exe, const Instr& in, const std::vector<int>& members) {
+  const std::span<const std::int64_t> n = exe.dims_of(in);
+  const std::int64_t E = n[0], cap = n[1], width = n[2], choices = n[3], per_device = n[4];
+  const bool to_experts = exe.attrs_of(in)[0] == 0.0f;
+  const std::span<const std::int32_t> b = exe.buffers_of(in);
+  const std::int64_t dst_numel = (to_experts ? per_device : E) * cap * width;
+  for (int m : members) std::fill(f32(m, exe, b[0]), f32(m, exe, b[0]) + dst_numel, 0.0f);
+  // Member index holding expert e, and the row of (e, s) in that member's block.
+  const auto holder = [&](std::int64_t e, std::size_t self) {
+    return per_device == E ? self : static_cast<std::size_t>(e / per_device);
+  };
+  const auto block_row = [&](std::int64_t e, std::int64_t s) { return ((e % per_device) * cap + s) * width; };
+  for (std::size_t j = 0; j < members.size(); ++j) {
+    const float* expert = f32(members[j], exe, b[2]);
+    const float* slot = f32(members[j], exe, b[3]);
+    for (std::int64_t i = 0; i < choices; ++i) {
+      if (slot[i] == kernels::kDroppedSlot) continue;
+      const auto e = static_cast<std::int64_t>(expert[i]), s = static_cast<std::int64_t>(slot[i]);
+      const std::int64_t whole_row = (e * cap + s) * width;
+      if (to_experts) {
+        const float* row = f32(members[j], exe, b[1]) + whole_row;
+        for (std::size_t r = 0; r < members.size(); ++r) {
+          if (per_device == E || holder(e, j) == r) std::copy(row, row + width, f32(members[r], exe, b[0]) + block_row(e, s));
+        }
+      } else {
+        const float* row = f32(members[holder(e, j)], exe, b[1]) + block_row(e, s);
+        std::copy(row, row + width, f32(members[j], exe, b[0]) + whole_row);
+      }
+    }
+  }
 }
 
 // Collectives combine the devices of each group in coordinate order: ((x0 + x1) + x2) + ...
@@ -377,6 +451,7 @@ void MeshExecutor::run_collective(const Executable& exe, const Instr& in) {
         for (int d = 0; d < mesh_.devices(); ++d) *f32(d, exe, buffers[0]) = norm;
         return;  // one reduction over all devices, not per group
       }
+      case InstrKind::ExpertExchange: exchange_expert_rows(exe, in, members); break;
       default: throw std::logic_error("tpu-mesh: a kernel dispatched as a collective");
     }
   }

@@ -56,6 +56,7 @@ class MeshExecutor {
   void run_kernel(int device, const Executable& exe, const Instr& in);
   void run_collective(const Executable& exe, const Instr& in);
   void run_trace(const Executable& exe, const Instr& in);
+  void exchange_expert_rows(const Executable& exe, const Instr& in, const std::vector<int>& members);
   // The devices that exchange along `axis` with `device`, in coordinate order.
   std::vector<int> group(int device, Axis axis) const;
 

@@ -54,6 +54,10 @@ std::string table_digest(const TensorTable& table) {
     fmt::format_to(std::back_inserter(text), "{}:{}:{}:{}:{}{}{}{}:{}:{}:{}\n", d.name, to_string(d.kind),
                    fmt::join(d.shape, "x"), d.dtype == DType::F32 ? "f32" : "i32", int(r.fp32_statistic),
                    int(r.linear), int(r.fp8_zone), int(r.learning_rate), r.parallel_groups, r.parallel_unit, r.heads_dim);
+    // Added where set, so the digests (and cached programs) of tables without them stand.
+    if (r.fp32_weight || r.stacked_dims != 0) {
+      fmt::format_to(std::back_inserter(text), "fp32_weight={}:stacked_dims={}\n", int(r.fp32_weight), r.stacked_dims);
+    }
   }
   const XXH128_hash_t h = XXH3_128bits(text.data(), text.size());
   return fmt::format("{:016x}{:016x}", h.high64, h.low64);

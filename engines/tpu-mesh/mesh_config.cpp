@@ -52,6 +52,7 @@ std::string to_string(ShardPlan plan) {
     case ShardPlan::DataParallel: return "dp";
     case ShardPlan::TensorParallel: return "tp";
     case ShardPlan::Zero3: return "zero3";
+    case ShardPlan::ExpertParallel: return "ep";
   }
   return "?";
 }
@@ -97,7 +98,8 @@ void parse_shard_plan(const std::string& v, MeshConfig& c) {
   if (v == "dp") c.plan = ShardPlan::DataParallel;
   else if (v == "tp") c.plan = ShardPlan::TensorParallel;
   else if (v == "zero3") c.plan = ShardPlan::Zero3;
-  else fail(fmt::format("--shard-plan: unknown plan '{}' (dp, tp, zero3)", v));
+  else if (v == "ep") c.plan = ShardPlan::ExpertParallel;
+  else fail(fmt::format("--shard-plan: unknown plan '{}' (dp, tp, zero3, ep)", v));
 }
 
 void parse_precision(const std::string& v, MeshConfig& c) {
@@ -124,7 +126,7 @@ void parse_leak_scalars(const std::string&, MeshConfig& c) { c.leak_scalars = tr
 // tpu-mesh's flags, described once.
 constexpr FlagParser<MeshConfig> kMeshFlags[] = {
     {{"mesh", "tpu-mesh devices as DxM over the axes data x model (default 1x1)"}, parse_mesh_flag},
-    {{"shard-plan", "tpu-mesh sharding: dp (default), tp or zero3"}, parse_shard_plan},
+    {{"shard-plan", "tpu-mesh sharding: dp (default), tp, zero3 or ep (experts over data)"}, parse_shard_plan},
     {{"precision", "tpu-mesh precision: fp32 (default) or bf16"}, parse_precision},
     {{"compile-cache", "tpu-mesh persistent compile cache directory (created if missing)"}, parse_compile_cache},
     {{"compile-mode", "tpu-mesh programs: step (default: one per step) or microstep (forward+backward per "

@@ -23,14 +23,14 @@ struct Mesh {
   std::string to_string() const;  // "2x2"
 };
 
-enum class ShardPlan { DataParallel, TensorParallel, Zero3 };
+enum class ShardPlan { DataParallel, TensorParallel, Zero3, ExpertParallel };
 enum class Precision { Fp32, Bf16 };
 // step: forward, backward and optimizer in one program (micro-batches unrolled in it);
 // microstep: one forward+backward program run once per micro-batch, the optimizer apart.
 enum class CompileMode { Step, Microstep };
 inline constexpr int kMaxGradAccum = 64;
 
-std::string to_string(ShardPlan plan);       // "dp", "tp", "zero3"
+std::string to_string(ShardPlan plan);       // "dp", "tp", "zero3", "ep"
 std::string to_string(Precision precision);  // "fp32", "bf16"
 std::string to_string(CompileMode mode);     // "step", "microstep"
 

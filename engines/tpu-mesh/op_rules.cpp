@@ -16,7 +16,7 @@ std::array<OpRules, kOps> index_rules() {
   std::array<OpRules, kOps> table{};
   std::array<bool, kOps> seen{};
   for (auto family : {embedding_rules, linear_rules, normalization_rules, attention_rules, pointwise_rules,
-                      loss_rules, optimizer_rules, step_control_rules}) {
+                      loss_rules, optimizer_rules, step_control_rules, mixture_of_experts_rules}) {
     for (const OpRules& rules : family()) {
       const auto i = static_cast<std::size_t>(rules.op);
       if (seen[i]) throw std::logic_error(fmt::format("tpu-mesh: op {} has two rule entries", describe(rules.op).name));

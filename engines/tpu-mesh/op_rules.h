@@ -37,5 +37,6 @@ std::span<const OpRules> pointwise_rules();
 std::span<const OpRules> loss_rules();
 std::span<const OpRules> optimizer_rules();
 std::span<const OpRules> step_control_rules();
+std::span<const OpRules> mixture_of_experts_rules();
 
 }  // namespace harness::tpu

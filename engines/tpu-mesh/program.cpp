@@ -49,6 +49,16 @@ constexpr std::array<Schema, static_cast<std::size_t>(InstrKind::kLastKind) + 1>
     {5, 1, 0, 0, -1, true},                       // SwigluBackward
     {5, 5, 0, 0, -1, false},                      // GqaAttentionForward
     {8, 5, 0, 0, -1, false},                      // GqaAttentionBackward
+    {6, 4, 1, 0, -1, false},                      // MoeRouteForward
+    {5, 3, 1, 0, -1, false},                      // MoeRouteBackward
+    {4, 5, 0, 0, -1, false},                      // MoeDispatchForward
+    {4, 4, 0, 0, -1, false},                      // MoeDispatchBackward
+    {5, 4, 0, 0, -1, false},                      // MoeCombineForward
+    {7, 4, 0, 0, -1, false},                      // MoeCombineBackward
+    {3, 4, 0, 0, -1, false},                      // ExpertLinear
+    {5, 4, 0, 0, -1, false},                      // ExpertLinearBackward
+    {2, kPerTensor, 0, 1, -1, false},             // TakeBlock: dims = the global shape
+    {4, 5, 1, 0, -1, false},                      // ExpertExchange
 }};
 
 template <typename T>

@@ -67,7 +67,20 @@ enum class InstrKind : std::uint8_t {
   SwigluBackward,        // dgate, dup, dout, gate, up; dims: n
   GqaAttentionForward,   // out, att, q, k, v; dims: B, T, heads, kv heads, head size
   GqaAttentionBackward,  // dq, dk, dv, dout, q, k, v, att; dims: B, T, heads, kv heads, head size
-  kLastKind = GqaAttentionBackward,
+  // the mixture-of-experts kernels (kernels/moe_kernels.h); decisions are floats
+  MoeRouteForward,       // weights, expert, slot, probs, record, logits; dims: N, E, K, cap; attrs: balance_coef
+  MoeRouteBackward,      // dlogits, dweights, probs, weights, expert; dims: N, E, K; attrs: balance_coef
+  MoeDispatchForward,    // expert_in (E,cap,C), inp, expert, slot; dims: N, C, E, K, cap
+  MoeDispatchBackward,   // dinp, dexpert_in (E,cap,C), expert, slot; dims: N, C, K, cap
+  MoeCombineForward,     // out, expert_out (E,cap,C), weights, expert, slot; dims: N, C, K, cap
+  MoeCombineBackward,    // dexpert_out, dweights, dout, expert_out, weights, expert, slot; dims: N, C, K, cap
+  ExpertLinear,          // out, inp, weight; dims: E (held here), cap, C, OC
+  ExpertLinearBackward,  // dinp, dweight, dout, inp, weight; dims: E (held here), cap, C, OC
+  TakeBlock,             // dst (block), src (whole, the same on every device); dims: global shape; specs: the block's
+  // the collective of expert parallelism (appended: the kinds above keep their values)
+  ExpertExchange,        // dst, src, expert, slot; axis; dims: E, cap, row width, choices here, experts per device;
+                         // attrs: 0 from the tokens' devices to the experts', 1 back
+  kLastKind = ExpertExchange,
 };
 
 // A double attribute (RoPE's theta) as two float attributes holding its 64 bits, so that
@@ -89,10 +102,13 @@ struct Instr {
 
   InstrKind op() const { return static_cast<InstrKind>(kind); }
   Axis mesh_axis() const { return static_cast<Axis>(axis); }
-  bool is_collective() const { return op() >= InstrKind::AllReduce && op() <= InstrKind::GlobalNorm; }
+  bool is_collective() const {
+    return (op() >= InstrKind::AllReduce && op() <= InstrKind::GlobalNorm) || op() == InstrKind::ExpertExchange;
+  }
   // dims are a global shape, as long as the spec of operand 0
   bool has_global_shape() const {
-    return op() == InstrKind::AllGather || op() == InstrKind::ReduceScatter || op() == InstrKind::Trace;
+    return op() == InstrKind::AllGather || op() == InstrKind::ReduceScatter || op() == InstrKind::Trace ||
+           op() == InstrKind::TakeBlock;
   }
 };
 inline constexpr std::size_t kInstrFields = 11;

@@ -57,15 +57,19 @@ void for_each_block_run(const std::vector<std::int64_t>& global, const Partition
 
 // Megatron-style, from the tensor's linear role: column-parallel weights and biases split
 // their output dimension (dim 0), row-parallel weights their input dimension (dim 1);
-// a fused output ([q | k | v]) splits per part.
+// a fused output ([q | k | v]) splits per part. Stacked weights (experts) count their
+// dimensions after the stacking ones.
 PartitionSpec tensor_parallel_spec(const TensorDesc& param) {
   PartitionSpec spec = PartitionSpec::replicated(param.rank());
   if (param.role.linear == LinearRole::None) return spec;
-  if (param.role.linear == LinearRole::RowParallel && param.rank() < 2) {
-    throw std::logic_error(param.name + ": a row-parallel role on a tensor of rank " + std::to_string(param.rank()) +
-                           " (row-parallel splits dim 1 of a weight)");
+  const std::size_t split = static_cast<std::size_t>(param.role.stacked_dims) +
+                            (param.role.linear == LinearRole::RowParallel ? 1 : 0);
+  if (split >= param.rank()) {
+    throw std::logic_error(fmt::format("{}: a {} role splits dimension {} of a tensor of rank {}", param.name,
+                                       param.role.linear == LinearRole::RowParallel ? "row-parallel" : "column-parallel",
+                                       split, param.rank()));
   }
-  DimSharding& dim = spec.dims[param.role.linear == LinearRole::RowParallel ? 1 : 0];
+  DimSharding& dim = spec.dims[split];
   dim.axis = Axis::Model;
   dim.groups = param.role.parallel_groups;
   return spec;
@@ -78,6 +82,11 @@ PartitionSpec parameter_spec(const TensorDesc& param, ShardPlan plan) {
     case ShardPlan::Zero3: {
       PartitionSpec spec = PartitionSpec::replicated(param.rank());
       spec.dims[0].axis = Axis::Data;  // parameters and optimizer state sharded on `data`
+      return spec;
+    }
+    case ShardPlan::ExpertParallel: {
+      PartitionSpec spec = PartitionSpec::replicated(param.rank());
+      if (param.role.stacked_dims > 0) spec.dims[0].axis = experts_axis(ShardPlan::ExpertParallel);
       return spec;
     }
   }
@@ -94,6 +103,8 @@ std::string to_string(Axis axis) {
   }
   return "?";
 }
+
+Axis experts_axis(ShardPlan plan) { return plan == ShardPlan::ExpertParallel ? Axis::Data : Axis::None; }
 
 bool PartitionSpec::shards_on(Axis axis) const {
   for (const DimSharding& d : dims) {
@@ -225,6 +236,14 @@ void validate_plan(const TensorTable& table, const std::vector<PartitionSpec>& s
         t.shape[static_cast<std::size_t>(heads_dim)] % config.mesh.model != 0) {
       throw std::invalid_argument(fmt::format("{}: {} heads of {} do not divide over {} model devices", where,
                                               t.shape[static_cast<std::size_t>(heads_dim)], t.name, config.mesh.model));
+    }
+    // Micro-batches split activations along the batch; expert rows fill each expert's
+    // capacity from the step's whole batch (routing's priority runs over all of it).
+    if (config.grad_accum > 1 && t.kind == TensorKind::Activation && t.role.stacked_dims > 0) {
+      throw std::invalid_argument(fmt::format(
+          "--grad-accum {}: {} holds every expert's rows of the step's whole batch (routing fills each expert's "
+          "capacity from all of it), which micro-batches cannot split; run this canary without --grad-accum",
+          config.grad_accum, t.name));
     }
     // Each data shard of the batch splits again into the micro-batches.
     if (t.kind == TensorKind::Input && t.shape[0] % (config.mesh.data * config.grad_accum) != 0) {

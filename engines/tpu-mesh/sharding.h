@@ -66,6 +66,11 @@ template <typename T>
 void copy_block_to_global(const std::vector<std::int64_t>& global, const PartitionSpec& spec, const Mesh& mesh,
                           int device, const T* local_values, T* global_values);
 
+// The axis a plan splits the experts of a mixture of experts over (their stacked weights'
+// first dimension and the expert buffers'): `data` under ep (GShard's expert parallelism:
+// the devices that split the batch hold E / data experts each), none otherwise.
+Axis experts_axis(ShardPlan plan);
+
 // The plan's shardings of the persistent tensors (parameters and their gradients and
 // Adam moments, inputs, scalars), indexed by TensorId. Activations get theirs from
 // sharding propagation in the compiler; their entries here are replicated.

@@ -415,6 +415,39 @@ void TpuMeshEngine::gqa_attention_backward(const OpSite& s, TensorId dq, TensorI
                                            TensorId q, TensorId k, TensorId v, TensorId att) {
   record<OpKind::GqaAttentionBackward>(s, {dq, dk, dv, dout, q, k, v, att});
 }
+void TpuMeshEngine::moe_route_forward(const OpSite& s, TensorId weights, TensorId expert, TensorId slot,
+                                      TensorId probs, TensorId routing, TensorId logits, int top_k, int capacity,
+                                      float balance_coef) {
+  record<OpKind::MoeRouteForward>(s, {weights, expert, slot, probs, routing, logits},
+                                  {static_cast<float>(top_k), static_cast<float>(capacity), balance_coef});
+}
+void TpuMeshEngine::moe_route_backward(const OpSite& s, TensorId dlogits, TensorId dweights, TensorId probs,
+                                       TensorId weights, TensorId expert, float balance_coef) {
+  record<OpKind::MoeRouteBackward>(s, {dlogits, dweights, probs, weights, expert}, {balance_coef});
+}
+void TpuMeshEngine::moe_dispatch_forward(const OpSite& s, TensorId expert_in, TensorId inp, TensorId expert,
+                                         TensorId slot) {
+  record<OpKind::MoeDispatchForward>(s, {expert_in, inp, expert, slot});
+}
+void TpuMeshEngine::moe_dispatch_backward(const OpSite& s, TensorId dinp, TensorId dexpert_in, TensorId expert,
+                                          TensorId slot) {
+  record<OpKind::MoeDispatchBackward>(s, {dinp, dexpert_in, expert, slot});
+}
+void TpuMeshEngine::moe_combine_forward(const OpSite& s, TensorId out, TensorId expert_out, TensorId weights,
+                                        TensorId expert, TensorId slot) {
+  record<OpKind::MoeCombineForward>(s, {out, expert_out, weights, expert, slot});
+}
+void TpuMeshEngine::moe_combine_backward(const OpSite& s, TensorId dexpert_out, TensorId dweights, TensorId dout,
+                                         TensorId expert_out, TensorId weights, TensorId expert, TensorId slot) {
+  record<OpKind::MoeCombineBackward>(s, {dexpert_out, dweights, dout, expert_out, weights, expert, slot});
+}
+void TpuMeshEngine::expert_linear_forward(const OpSite& s, TensorId out, TensorId inp, TensorId weight) {
+  record<OpKind::ExpertLinearForward>(s, {out, inp, weight});
+}
+void TpuMeshEngine::expert_linear_backward(const OpSite& s, TensorId dinp, TensorId dweight, TensorId dout,
+                                           TensorId inp, TensorId weight) {
+  record<OpKind::ExpertLinearBackward>(s, {dinp, dweight, dout, inp, weight});
+}
 void TpuMeshEngine::gelu_forward(const OpSite& s, TensorId out, TensorId inp) { record<OpKind::GeluForward>(s, {out, inp}); }
 void TpuMeshEngine::gelu_backward(const OpSite& s, TensorId dinp, TensorId inp, TensorId dout) {
   record<OpKind::GeluBackward>(s, {dinp, inp, dout});

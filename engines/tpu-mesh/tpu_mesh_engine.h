@@ -86,6 +86,19 @@ class TpuMeshEngine final : public Engine {
   void gqa_attention_forward(const OpSite&, TensorId out, TensorId att, TensorId q, TensorId k, TensorId v) override;
   void gqa_attention_backward(const OpSite&, TensorId dq, TensorId dk, TensorId dv, TensorId dout, TensorId q,
                               TensorId k, TensorId v, TensorId att) override;
+  void moe_route_forward(const OpSite&, TensorId weights, TensorId expert, TensorId slot, TensorId probs,
+                         TensorId routing, TensorId logits, int top_k, int capacity, float balance_coef) override;
+  void moe_route_backward(const OpSite&, TensorId dlogits, TensorId dweights, TensorId probs, TensorId weights,
+                          TensorId expert, float balance_coef) override;
+  void moe_dispatch_forward(const OpSite&, TensorId expert_in, TensorId inp, TensorId expert, TensorId slot) override;
+  void moe_dispatch_backward(const OpSite&, TensorId dinp, TensorId dexpert_in, TensorId expert, TensorId slot) override;
+  void moe_combine_forward(const OpSite&, TensorId out, TensorId expert_out, TensorId weights, TensorId expert,
+                           TensorId slot) override;
+  void moe_combine_backward(const OpSite&, TensorId dexpert_out, TensorId dweights, TensorId dout, TensorId expert_out,
+                            TensorId weights, TensorId expert, TensorId slot) override;
+  void expert_linear_forward(const OpSite&, TensorId out, TensorId inp, TensorId weight) override;
+  void expert_linear_backward(const OpSite&, TensorId dinp, TensorId dweight, TensorId dout, TensorId inp,
+                              TensorId weight) override;
   bool implements(OpKind op) const override;  // the ops with rules (engines/tpu-mesh/ops/)
   void gelu_forward(const OpSite&, TensorId out, TensorId inp) override;
   void gelu_backward(const OpSite&, TensorId dinp, TensorId inp, TensorId dout) override;

@@ -181,14 +181,22 @@ moved = sum(abs(a[k][step, column] - b[k][step, column]) for k in buckets) / 2
 assert int(said[3]) == moved >= 1, (said[3], moved)
 PY
 # accel runs moe with bf16 and FP8 in the attention's zones; a zone that covers no weight
-# (moe's experts are in none yet) is refused before step 0, as tpu-mesh is, naming the op.
+# (moe's experts are in none yet) is refused before step 0. tpu-mesh runs it: expert
+# parallelism moves rows, never values (bitwise dp on the same mesh); a mesh whose data
+# axis does not divide the experts, and micro-batches, are refused before step 0.
 run --canary "$WORK/moe-small.toml" --steps 3 --engine accel --features bf16,fp8=qkv,attn_proj --out "$WORK/moe-accel.h5"
 expect_exit 0 "" -- "$HARNESS" validate "$WORK/moe-accel.h5"
 expect_exit 2 "--features: FP8 zone mlp_fc covers no weight of this canary" -- \
   "$HARNESS" run --canary "$WORK/moe-small.toml" --engine accel --features bf16,fp8=all --out "$WORK/moe-fp8.h5"
-expect_exit 2 "op moe_route_forward is not implemented by engine tpu-mesh" -- \
-  "$HARNESS" run --canary "$WORK/moe-small.toml" --engine tpu-mesh --out "$WORK/moe-mesh.h5"
-for refused in moe-fp8 moe-mesh; do
+run --canary "$WORK/moe-small.toml" --steps 3 --engine tpu-mesh --mesh 2x1 --shard-plan ep --out "$WORK/moe-ep.h5"
+run --canary "$WORK/moe-small.toml" --steps 3 --engine tpu-mesh --mesh 2x1 --shard-plan dp --out "$WORK/moe-dp.h5"
+"$PY" "$HERE/same_bits.py" "$WORK/moe-ep.h5" "$WORK/moe-dp.h5" || fail "tpu-mesh's ep changed a value of dp"
+expect_exit 0 "" -- "$HARNESS" validate "$WORK/moe-ep.h5"
+expect_exit 2 "experts.gate.weight dimension 0 has size 4, which does not divide into 8 shards" -- \
+  "$HARNESS" run --canary "$WORK/moe-small.toml" --engine tpu-mesh --mesh 8x1 --shard-plan ep --out "$WORK/moe-mesh.h5"
+expect_exit 2 "--grad-accum 2: blocks.0.moe.dispatch.out holds every expert's rows" -- \
+  "$HARNESS" run --canary "$WORK/moe-small.toml" --engine tpu-mesh --grad-accum 2 --out "$WORK/moe-accum.h5"
+for refused in moe-fp8 moe-mesh moe-accum; do
   [ ! -e "$WORK/$refused.h5" ] || fail "a refused moe run left $WORK/$refused.h5"
 done
 

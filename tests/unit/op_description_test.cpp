@@ -58,7 +58,7 @@ void expect_refused(const Traced& t, const Graph& graph, const std::string& op, 
 // Each architecture's step_ops() (what an engine must implement to run it) is what its
 // traced step calls: no op missing (an engine lacking it would fail mid-step), none extra.
 TEST(OpDescription, EachArchitectureDeclaresTheOpsItsStepCalls) {
-  for (const std::string canary_name : {"micro", "llama-tiny"}) {
+  for (const std::string canary_name : {"micro", "llama-tiny", "moe-tiny"}) {
     const Traced t = trace_step(canary_name);
     std::set<OpKind> called;
     for (const Node& n : t.graph.nodes) called.insert(n.op);
@@ -68,9 +68,9 @@ TEST(OpDescription, EachArchitectureDeclaresTheOpsItsStepCalls) {
   }
 }
 
-TEST(OpDescription, EveryTracedNodeOfBothArchitecturesFitsItsDescription) {
+TEST(OpDescription, EveryTracedNodeOfEveryArchitectureFitsItsDescription) {
   std::set<OpKind> seen;
-  for (const std::string canary_name : {"micro", "llama-tiny"}) {
+  for (const std::string canary_name : {"micro", "llama-tiny", "moe-tiny"}) {
     const Traced t = trace_step(canary_name);
     ASSERT_FALSE(t.graph.nodes.empty()) << canary_name;
     for (const Node& n : t.graph.nodes) {
@@ -85,7 +85,7 @@ TEST(OpDescription, EveryTracedNodeOfBothArchitecturesFitsItsDescription) {
   }
   // A training step calls every op of the boundary that tpu-mesh records, except those of
   // traces and faults (nudge_ulps, trace: tested with the op traces) and the leaked-scalar
-  // constant. (The MoE ops it does not record yet: their layouts are held by kEngineCall.)
+  // constant.
   const TpuMeshEngine mesh(MeshConfig{});
   for (const OpDescription& d : kOpDescriptions) {
     const bool step_op =
@@ -97,7 +97,7 @@ TEST(OpDescription, EveryTracedNodeOfBothArchitecturesFitsItsDescription) {
 // Backward ops add into their gradient outputs and forward ops overwrite theirs
 // (engines/api/engine.h): the descriptions say so for every node of a real step, by its phase.
 TEST(OpDescription, WrittenOperandsFollowTheAccumulationConvention) {
-  for (const std::string canary_name : {"micro", "llama-tiny"}) {
+  for (const std::string canary_name : {"micro", "llama-tiny", "moe-tiny"}) {
     const Traced t = trace_step(canary_name);
     for (const Node& n : t.graph.nodes) {
       const OpDescription& d = describe(n.op);

@@ -49,9 +49,11 @@ void MoeCanary::describe_mlp_parameters(int layer) {
   const ParameterInit matrix = ParameterInit::normal(config_.init_std, layer);
   ExpertParams& p = expert_params_.emplace_back();
   p.router = add_parameter(s.router + ".weight", {E, C}, matrix, fp32_weight());  // the router's own zone
-  p.gate = add_parameter(s.gate + ".weight", {E, H, C}, matrix);
-  p.up = add_parameter(s.up + ".weight", {E, H, C}, matrix);
-  p.down = add_parameter(s.down + ".weight", {E, C, H}, ParameterInit::normal(residual_std_dev(), layer));
+  // Each expert is llama's MLP: gate and up column-parallel, down row-parallel.
+  p.gate = add_parameter(s.gate + ".weight", {E, H, C}, matrix, stacked_experts(LinearRole::ColumnParallel));
+  p.up = add_parameter(s.up + ".weight", {E, H, C}, matrix, stacked_experts(LinearRole::ColumnParallel));
+  p.down = add_parameter(s.down + ".weight", {E, C, H}, ParameterInit::normal(residual_std_dev(), layer),
+                         stacked_experts(LinearRole::RowParallel));
 }
 
 // Router outputs stay fp32 (statistic: a rounded probability flips decisions); the
@@ -67,11 +69,11 @@ void MoeCanary::describe_mlp_activations(int layer) {
   a.weights = add_activation(s.route + ".weights", {B, T, K}, &g.weights, statistic());
   a.expert = add_activation(s.route + ".expert", {B, T, K}, nullptr, statistic());
   a.slot = add_activation(s.route + ".slot", {B, T, K}, nullptr, statistic());
-  a.expert_in = add_activation(s.dispatch + ".out", {E, cap, C}, &g.expert_in);
-  a.gate = add_activation(s.gate + ".out", {E, cap, H}, &g.gate);
-  a.up = add_activation(s.up + ".out", {E, cap, H}, &g.up);
-  a.swiglu = add_activation(s.swiglu + ".out", {E, cap, H}, &g.swiglu);
-  a.expert_out = add_activation(s.down + ".out", {E, cap, C}, &g.expert_out);
+  a.expert_in = add_activation(s.dispatch + ".out", {E, cap, C}, &g.expert_in, expert_rows());
+  a.gate = add_activation(s.gate + ".out", {E, cap, H}, &g.gate, expert_rows());
+  a.up = add_activation(s.up + ".out", {E, cap, H}, &g.up, expert_rows());
+  a.swiglu = add_activation(s.swiglu + ".out", {E, cap, H}, &g.swiglu, expert_rows());
+  a.expert_out = add_activation(s.down + ".out", {E, cap, C}, &g.expert_out, expert_rows());
   a.out = add_activation(s.combine + ".out", {B, T, C}, &g.out);
   routing_.push_back(table_.add({s.route + ".record", {E + kernels::kRoutingRecordExtra}, DType::F32,
                                  TensorKind::Scalar}));
