@@ -1,7 +1,8 @@
 // tpu-mesh: the tiny canary's training step on 1x1 (against cpu-ref in the same run) and
 // on 2x2 per shard plan, and the compile cache: a cold compile of the traced step against
 // a warm start from the persistent cache (read, checksum, deserialise), plus the
-// per-step fingerprint that both pay.
+// per-step fingerprint that both pay; and moe-tiny on cpu-ref against a 4x1 mesh under dp
+// (every device runs every expert) and ep (each runs its own after the all-to-all).
 //
 //   build/bench/mesh_bench --benchmark_counters_tabular=true
 #include <filesystem>
@@ -30,9 +31,8 @@ tpu::MeshConfig mesh_config(int mesh, int plan, int bf16 = 0) {
 }
 
 template <typename EngineT>
-void train_steps(benchmark::State& state, EngineT& engine) {
+void run_steps(benchmark::State& state, EngineT& engine, const canary::Canary& model) {
   const tbb::global_control threads(tbb::global_control::max_allowed_parallelism, 2);
-  const canary::Gpt2Canary model(canary::load_canary("tiny"));
   const canary::ByteStream data(model.config());
   engine.bind(model.tensors());
   model.upload_initial_parameters(engine, 1337);
@@ -41,6 +41,11 @@ void train_steps(benchmark::State& state, EngineT& engine) {
     benchmark::DoNotOptimize(model.train_step(engine, step % 100, data.batch(step % 100)));
     ++step;
   }
+}
+
+template <typename EngineT>
+void train_steps(benchmark::State& state, EngineT& engine) {
+  run_steps(state, engine, canary::Gpt2Canary(canary::load_canary("tiny")));
 }
 
 void BM_CpuRefStep(benchmark::State& state) {
@@ -63,6 +68,28 @@ BENCHMARK(BM_MeshStep)
     ->ArgNames({"mesh", "plan", "bf16"})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
+
+template <typename EngineT>
+void moe_steps(benchmark::State& state, EngineT& engine) {
+  run_steps(state, engine, *canary::make_canary(canary::load_canary("moe-tiny")));
+}
+
+void BM_MoeCpuRefStep(benchmark::State& state) {
+  CpuRefEngine engine;
+  moe_steps(state, engine);
+}
+BENCHMARK(BM_MoeCpuRefStep)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// plan: 0 dp, 3 ep, on 4x1.
+void BM_MoeMeshStep(benchmark::State& state) {
+  tpu::MeshConfig config;
+  config.mesh = tpu::Mesh{4, 1};
+  config.plan = static_cast<tpu::ShardPlan>(state.range(0));
+  tpu::TpuMeshEngine engine(config);
+  state.SetLabel(engine.lane_engine() + "+" + engine.features());
+  moe_steps(state, engine);
+}
+BENCHMARK(BM_MoeMeshStep)->Arg(0)->Arg(3)->ArgName("plan")->Unit(benchmark::kMillisecond)->UseRealTime();
 
 struct TracedTiny {
   canary::Gpt2Canary model{canary::load_canary("tiny")};
