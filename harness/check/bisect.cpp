@@ -152,21 +152,12 @@ std::string group_of(const std::string& path) { return path.substr(0, path.rfind
 void find_decision_flip(const ReceiptData& a, const ReceiptData& b, Bisection& out) {
   for (const auto& [path, series] : a.decisions) {
     const auto other = b.decisions.find(path);
-    if (series.record != DecisionRecord::kHash || other == b.decisions.end() || other->second.columns != series.columns)
-      continue;
-    out.decision_records.push_back(path);
-    const std::size_t width = series.columns.size();
-    for (int s = 0; s < std::min(a.steps(), b.steps()); ++s) {
-      if (out.first_decision_flip && out.first_decision_flip->step <= s) break;
-      for (std::size_t c = 0; c < width; ++c) {
-        const std::size_t at = static_cast<std::size_t>(s) * width + c;
-        if (same_bits(series.values[at], other->second.values[at])) continue;
-        out.first_decision_flip = DecisionFlip{s, series.columns[c], path, 0, {}};
-        break;
-      }
-    }
+    if (series.record == DecisionRecord::kHash && other != b.decisions.end() && other->second.columns == series.columns)
+      out.decision_records.push_back(path);
   }
-  if (!out.first_decision_flip) return;
+  const std::optional<DecisionsPart> part = decisions_part(a, b);
+  if (!part) return;
+  out.first_decision_flip = DecisionFlip{part->step, part->column, part->hash_dataset, 0, {}};
   DecisionFlip& flip = *out.first_decision_flip;
   for (const auto& [path, series] : a.decisions) {
     const auto other = b.decisions.find(path);

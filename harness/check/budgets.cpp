@@ -153,16 +153,24 @@ class Parser {
       const std::string key = fmt::format("{}[{}]", where, i);
       const toml::table* t = array[i].as_table();
       if (!t) fail(fmt::format("{}: must be a table {{ steps = \"A-B\", atol = .., rtol = .., ulp = .. }}", key));
-      only_keys(*t, key, {"steps", "atol", "rtol", "ulp"});
+      only_keys(*t, key, {"steps", "from", "atol", "rtol", "ulp"});
       const auto spec = (*t)["steps"].value<std::string>();
       if (!spec) fail(fmt::format("{}.steps: missing (a window 'A-B' or 'A-')", key));
       Window w;
       std::tie(w.first, w.last) = steps(*spec, key + ".steps");
+      const std::string from = text(*t, key, "from", false);
+      if (!from.empty() && from != kFromDecisionsPart) {
+        fail(fmt::format("{}.from: '{}' is not an anchor; the one anchor is \"{}\" (steps counted from the step "
+                         "where the runs' recorded decisions part)", key, from, kFromDecisionsPart));
+      }
+      w.from_decisions_part = !from.empty();
       w.atol = non_negative((*t)["atol"], key + ".atol");
       w.rtol = non_negative((*t)["rtol"], key + ".rtol");
       w.ulp = non_negative((*t)["ulp"], key + ".ulp");
       for (const Window& earlier : out) {
-        if (w.first <= earlier.last && earlier.first <= w.last) fail(fmt::format("{}.steps: overlaps an earlier window", key));
+        if (w.from_decisions_part == earlier.from_decisions_part && w.first <= earlier.last && earlier.first <= w.last) {
+          fail(fmt::format("{}.steps: overlaps an earlier window", key));
+        }
       }
       out.push_back(w);
     }
@@ -331,14 +339,27 @@ bool ComposedBudget::bitwise() const {
   return std::all_of(parts_.begin(), parts_.end(), [](const FeatureBudget* f) { return f->bitwise; });
 }
 
+bool Window::covers(int step, int since_part) const {
+  const int counted = from_decisions_part ? since_part : step;
+  return counted != kDecisionsNeverPart && counted >= first && counted <= last;
+}
+
+double Window::allowance(double reference) const {
+  return atol + rtol * std::fabs(reference) + (ulp != 0 ? ulp * fp32_ulp(reference) : 0.0);
+}
+
 double ComposedBudget::allowed(const std::string& metric, int step, double reference) const {
+  const bool parted = decisions_part_ && step >= *decisions_part_;
+  return allowed(metric, step, reference, parted ? step - *decisions_part_ : kDecisionsNeverPart);
+}
+
+double ComposedBudget::allowed(const std::string& metric, int step, double reference, int since_part) const {
   double total = 0;
   for (const FeatureBudget* f : parts_) {
     const auto it = f->metrics.find(metric);
     if (it == f->metrics.end()) continue;
     for (const Window& w : it->second) {
-      if (step < w.first || step > w.last) continue;
-      total += w.atol + w.rtol * std::fabs(reference) + (w.ulp != 0 ? w.ulp * fp32_ulp(reference) : 0.0);
+      if (w.covers(step, since_part)) total += w.allowance(reference);
     }
   }
   return total;

@@ -8,6 +8,7 @@
 
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -24,12 +25,25 @@ struct BudgetError : std::runtime_error {
 inline constexpr const char* kBudgetMetrics[] = {"loss", "grad_norm", "params_sketch"};
 
 // Steps first..last (inclusive) may move by atol + rtol * |reference| + ulp fp32 spacings
-// of the reference value.
+// of the reference value. A window `from_decisions_part` counts its steps from the first
+// step at which the two runs' recorded decisions part (a MoE's routing: a token moved to
+// another expert) and never applies to runs whose decisions do not part: it brings in what
+// a moved decision does only once one moved, on top of the entry's other windows.
 struct Window {
   int first = 0;
   int last = std::numeric_limits<int>::max();
   double atol = 0, rtol = 0, ulp = 0;
+  bool from_decisions_part = false;
+
+  // Whether the window covers `step`; `since_part` is step - the step the decisions parted
+  // at, or kDecisionsNeverPart.
+  bool covers(int step, int since_part) const;
+  // How far it lets a value move from `reference`.
+  double allowance(double reference) const;
 };
+inline constexpr int kDecisionsNeverPart = -1;
+// The value of a window's `from` key that anchors it to the decisions' part.
+inline constexpr const char* kFromDecisionsPart = "decisions-part";
 
 struct Provenance {
   std::string calibrated;                 // date, or "" for a rule (bitwise) entry
@@ -108,8 +122,14 @@ class ComposedBudget {
       : parts_(std::move(parts)), reason_(std::move(reason)) {}
 
   bool bitwise() const;
+  // The step at which the two runs' recorded decisions part (nullopt: they never do),
+  // which windows `from_decisions_part` count from.
+  void set_decisions_part(std::optional<int> step) { decisions_part_ = step; }
   // How far `metric` may move at `step` from a reference value `reference`.
   double allowed(const std::string& metric, int step, double reference) const;
+  // The same for a run whose decisions parted `since_part` steps before `step`
+  // (kDecisionsNeverPart: not, or not yet); calibration pools runs that part apart.
+  double allowed(const std::string& metric, int step, double reference, int since_part) const;
   double outlier_fraction() const;  // the largest of the parts'
   std::vector<std::string> names() const;  // the entries' tables ("bf16", "tiny.bf16"); "reference" when bitwise
   const std::vector<const FeatureBudget*>& parts() const { return parts_; }
@@ -118,6 +138,7 @@ class ComposedBudget {
  private:
   std::vector<const FeatureBudget*> parts_;
   std::string reason_;
+  std::optional<int> decisions_part_;
 };
 
 // The spacing of fp32 numbers at |x| (the value of one unit in the last place).

@@ -452,7 +452,9 @@ ComposedBudget budget_between(const Budgets& budgets, const ReceiptData& a, cons
                                         ? std::string("no canary")
                                         : fmt::format("{}", fmt::join(budgets.default_entry_canaries, ", "))));
   }
-  return ComposedBudget(std::move(parts), std::move(reason));
+  ComposedBudget budget(std::move(parts), std::move(reason));
+  if (const auto part = decisions_part(a, b)) budget.set_decisions_part(part->step);
+  return budget;
 }
 
 namespace {
@@ -516,16 +518,37 @@ void check_contracts(const ReceiptData& a, const ReceiptData& b) {
   }
 }
 
+std::optional<DecisionsPart> decisions_part(const ReceiptData& a, const ReceiptData& b) {
+  std::optional<DecisionsPart> first;
+  for (const auto& [path, series] : a.decisions) {
+    const auto other = b.decisions.find(path);
+    if (series.record != DecisionRecord::kHash || other == b.decisions.end() || other->second.columns != series.columns)
+      continue;
+    const std::size_t width = series.columns.size();
+    for (int s = 0; s < std::min(a.steps(), b.steps()) && (!first || s < first->step); ++s) {
+      for (std::size_t c = 0; c < width; ++c) {
+        const std::size_t at = static_cast<std::size_t>(s) * width + c;
+        if (same_bits(series.values[at], other->second.values[at])) continue;
+        first = DecisionsPart{s, series.columns[c], path};
+        break;
+      }
+    }
+  }
+  return first;
+}
+
 std::vector<Deviation> metric_deviations(const ReceiptData& run, const ReceiptData& ref) {
   check_contracts(run, ref);
+  const std::optional<DecisionsPart> part = decisions_part(run, ref);
   std::vector<Deviation> out;
   for (int s = 0; s < run.steps(); ++s) {
     const auto i = static_cast<std::size_t>(s);
-    out.push_back({"loss", s, std::fabs(run.loss[i] - ref.loss[i]), ref.loss[i], ""});
-    out.push_back({"grad_norm", s, std::fabs(run.grad_norm[i] - ref.grad_norm[i]), ref.grad_norm[i], ""});
+    const int since = part && s >= part->step ? s - part->step : kDecisionsNeverPart;
+    out.push_back({"loss", s, std::fabs(run.loss[i] - ref.loss[i]), ref.loss[i], "", since});
+    out.push_back({"grad_norm", s, std::fabs(run.grad_norm[i] - ref.grad_norm[i]), ref.grad_norm[i], "", since});
     for (std::size_t t = 0; t < run.tensors.size(); ++t) {
       const SketchDistance d = sketch_distance(run, ref, s, t);
-      out.push_back({"params_sketch", s, d.distance, d.reference_norm, run.tensors[t]});
+      out.push_back({"params_sketch", s, d.distance, d.reference_norm, run.tensors[t], since});
     }
   }
   return out;

@@ -94,9 +94,19 @@ std::set<std::string> budgeted_features(const Budgets& budgets, const ReceiptDat
 // The budget of budgeted_features(a, b). Each feature's entry is
 // the canary's own ([tiny.bf16]) over the default ([bf16]); a feature with neither throws
 // ContractError "no_budget" (never a silent bitwise comparison). `b_is_golden`: b is a
-// golden, for the re-recording advice when it declares no features.
+// golden, for the re-recording advice when it declares no features. Its windows
+// `from_decisions_part` count from decisions_part(a, b).
 ComposedBudget budget_between(const Budgets& budgets, const ReceiptData& a, const ReceiptData& b,
                               bool b_is_golden = false);
+
+// Where two runs' recorded decisions first part: the first step, then the first column, at
+// which a decision hash both record (DecisionRecord::kHash, same columns) differs.
+struct DecisionsPart {
+  int step = 0;
+  std::string column;        // the op that decided otherwise ("blocks.1.moe.route")
+  std::string hash_dataset;  // "/routing/decisions_hash"
+};
+std::optional<DecisionsPart> decisions_part(const ReceiptData& a, const ReceiptData& b);
 
 struct MetricVerdict {
   std::string metric;
@@ -156,6 +166,7 @@ struct Deviation {
   int step = 0;
   double deviation = 0, reference = 0;
   std::string tensor;  // params_sketch: the tensor; "" for the scalar metrics
+  int since_decisions_part = kDecisionsNeverPart;  // steps since the runs' decisions parted
 };
 // Every budgeted metric (kBudgetMetrics) at every step; the contracts must hold.
 std::vector<Deviation> metric_deviations(const ReceiptData& run, const ReceiptData& reference);

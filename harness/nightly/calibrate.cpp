@@ -50,6 +50,7 @@ std::string window_steps(const check::Window& w) {
 
 std::string window_toml(const check::Window& w) {
   std::string text = fmt::format("{{ steps = \"{}\"", window_steps(w));
+  if (w.from_decisions_part) text += fmt::format(", from = \"{}\"", check::kFromDecisionsPart);
   if (w.atol > 0 || (w.rtol == 0 && w.ulp == 0)) text += ", atol = " + number(w.atol);
   if (w.rtol > 0) text += ", rtol = " + number(w.rtol);
   if (w.ulp > 0) text += ", ulp = " + number(w.ulp);
@@ -64,20 +65,43 @@ std::string toml_string(const std::string& s) {
   return out.str();
 }
 
+// What the windows allow at a deviation's step.
+double allowance(const std::vector<check::Window>& windows, const check::Deviation& d) {
+  double total = 0;
+  for (const check::Window& w : windows) {
+    if (w.covers(d.step, d.since_decisions_part)) total += w.allowance(d.reference);
+  }
+  return total;
+}
+
+// The windows of one metric of the entry being calibrated, and where they stand:
+// `parted_apart` when the entry has windows from the decisions' part (the steps after a
+// run's decisions parted are then theirs to cover, on top of `base`, the entry's other
+// windows as proposed).
+struct EntryWindows {
+  bool parted_apart = false;
+  std::vector<check::Window> base;
+};
+
 // The proposal for one window: the current window's shape (its atol : rtol : ulp)
-// scaled so that every observed deviation, less what the other features allow, fits
-// with the margin; at least kFloorUlps ulps of the largest reference value. A window that
-// no step of the repeats falls in (short runs, a window of later steps) keeps its current
-// values: nothing was measured there, and a floor-sized proposal would fail every run
-// that reaches those steps.
+// scaled so that every observed deviation, less what the other features (and, for a
+// window from the decisions' part, the entry's other windows) allow, fits with the margin;
+// at least kFloorUlps ulps of the largest reference value. A window that no step of the
+// repeats falls in (short runs, a window of later steps, decisions that never parted)
+// keeps its current values: nothing was measured there, and a floor-sized proposal would
+// fail every run that reaches those steps.
 WindowProposal propose(const std::string& metric, const check::Window& current, const std::vector<check::Deviation>& deviations,
-                       const check::ComposedBudget& others, bool widen) {
+                       const check::ComposedBudget& others, bool widen, const EntryWindows& entry) {
   WindowProposal p{metric, current, current, 0, 0, 0};
   double largest_reference = 0, largest_excess = 0;
   for (const check::Deviation& d : deviations) {
-    if (d.metric != metric || d.step < current.first || d.step > current.last) continue;
+    if (d.metric != metric || !current.covers(d.step, d.since_decisions_part)) continue;
+    const bool parted = d.since_decisions_part != check::kDecisionsNeverPart;
+    if (entry.parted_apart && parted && !current.from_decisions_part) continue;  // the part's windows cover it
     ++p.samples;
-    const double excess = std::max(0.0, d.deviation - others.allowed(metric, d.step, d.reference));
+    const double own = current.from_decisions_part ? allowance(entry.base, d) : 0.0;
+    const double excess =
+        std::max(0.0, d.deviation - others.allowed(metric, d.step, d.reference, d.since_decisions_part) - own);
     const double unit = current.atol + current.rtol * std::fabs(d.reference) + current.ulp * check::fp32_ulp(d.reference);
     p.observed = std::max(p.observed, d.deviation);
     largest_reference = std::max(largest_reference, std::fabs(d.reference));
@@ -288,9 +312,16 @@ void propose_windows(const std::vector<const check::FeatureBudget*>& parts, cons
     const bool none = it == current.metrics.end() || it->second.empty();
     const std::vector<check::Window> fresh =
         c.envelope ? doubling_windows(runs.repeats.front().steps()) : std::vector<check::Window>{check::Window{}};
-    for (const check::Window& w : none ? fresh : it->second) {
-      c.windows.push_back(propose(metric, w, runs.deviations, others, c.widened));
-      c.observed[metric] = std::max(c.observed[metric], c.windows.back().observed);
+    const std::vector<check::Window>& windows = none ? fresh : it->second;
+    EntryWindows entry;
+    entry.parted_apart = std::any_of(windows.begin(), windows.end(), [](const check::Window& w) { return w.from_decisions_part; });
+    for (bool from_part : {false, true}) {  // the part's windows add to the others' proposals
+      for (const check::Window& w : windows) {
+        if (w.from_decisions_part != from_part) continue;
+        c.windows.push_back(propose(metric, w, runs.deviations, others, c.widened, entry));
+        c.observed[metric] = std::max(c.observed[metric], c.windows.back().observed);
+        if (!from_part) entry.base.push_back(c.windows.back().proposed);
+      }
     }
   }
 }
@@ -732,7 +763,7 @@ std::string calibration_report(const Calibration& c) {
   for (const WindowProposal& w : c.windows) {
     const std::string largest = w.samples == 0 ? "none: no step of the repeats is in it, kept as it is"
                                                : fmt::format("{:.3g}", w.observed);
-    text += fmt::format("| {} | {} | {} | `{}` | `{}` |\n", w.metric, window_steps(w.current), largest,
+    text += fmt::format("| {} | {} | {} | `{}` | `{}` |\n", w.metric, window_steps(w.current) + (w.current.from_decisions_part ? " from the decisions' part" : ""), largest,
                         window_toml(w.current), window_toml(w.proposed));
   }
   text += "\nEach repeat, under the current budgets (now) and the proposal:\n\n";

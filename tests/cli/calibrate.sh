@@ -158,6 +158,33 @@ expect_exit 2 "no budget for feature 'mesh-fp32' in .*no_mesh.toml: calibrate on
   "$HARNESS" compare "$WORK/tp.h5" "$WORK/ref.h5" --budgets "$WORK/no_mesh.toml"
 expect_exit 0 "" -- "$HARNESS" compare "$WORK/tp.h5" "$WORK/ref.h5" --budgets "$WORK/new_entry.candidate.toml"
 
+# Windows from the decisions' part: moe-tiny's accel-noise golden (the nightly's noise seed)
+# moves one routing choice at step 40. With [moe-tiny.noise] zeroed, the steps before the
+# part fit its first windows (the noise of sums alone) and the steps after it the windows
+# from the part, on top of those.
+GOLDENS="$HERE/../../goldens/moe-tiny"
+"$PY" - "$BUDGETS" "$WORK/zeroed.toml" <<'PY' || fail "cannot zero [moe-tiny.noise]"
+import re, sys
+text = open(sys.argv[1]).read()
+head = text.index("[moe-tiny.noise]")
+end = text.index("\n[", head)
+section = re.sub(r"atol = [0-9.e+-]+", "atol = 0", text[head:end])
+assert section.count('from = "decisions-part"') == 3, section
+open(sys.argv[2], "w").write(text[:head] + section + text[end:])
+PY
+expect_exit 0 "" -- "$HARNESS" calibrate --receipts "$GOLDENS/accel.h5" --reference "$GOLDENS/cpu-ref.h5" \
+  --feature noise --budgets "$WORK/zeroed.toml" --out "$WORK/part.candidate.toml"
+"$PY" - "$WORK/part.candidate.toml" <<'PY' || fail "the part's windows were not calibrated apart"
+import sys, tomllib
+entry = tomllib.load(open(sys.argv[1], "rb"))["moe-tiny"]["noise"]
+for metric in ("loss", "grad_norm", "params_sketch"):
+    base, part = entry[metric]
+    assert "from" not in base and part["from"] == "decisions-part", entry[metric]
+    assert part["atol"] > 100 * base["atol"] > 0, (metric, base, part)
+assert entry["loss"][0]["atol"] < 1e-5 and entry["loss"][1]["atol"] > 1e-3, entry["loss"]
+PY
+expect_exit 0 "" -- "$HARNESS" compare "$GOLDENS/accel.h5" "$GOLDENS/cpu-ref.h5" --budgets "$WORK/part.candidate.toml"
+
 expect_exit 2 "--lane: 'nope' is not a lane" -- "$HARNESS" calibrate --lane nope --matrix "$MATRIX" --budgets "$BUDGETS"
 expect_exit 2 "is the reference lane itself" -- "$HARNESS" calibrate --lane ref --matrix "$MATRIX" --budgets "$BUDGETS"
 expect_exit 2 "--feature: mesh-fp32 is not a feature" -- "$HARNESS" calibrate --lane bf16 --feature mesh-fp32 --matrix "$MATRIX" --budgets "$BUDGETS"

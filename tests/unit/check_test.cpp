@@ -125,6 +125,13 @@ TEST(Budgets, EveryBadEntryIsAnErrorNamingTheFileAndKey) {
       {shipped_text() + "\n[\"my canary\".bf16]\nform = \"bitwise\"\nrationale = \"r\"\n",
        "[my canary]: a canary name is letters, digits, '-' and '_'"},
       {"schema_version = 1\n[reference\n", "line 2"},
+      // windows from the decisions' part: one anchor, and they overlap only each other
+      {shipped_with(R"(from = "decisions-part")", R"(from = "routing")"),
+       "[moe-tiny.noise].loss[1].from: 'routing' is not an anchor; the one anchor is \"decisions-part\""},
+      {shipped_text() + "\n[tiny.bf16]\nform = \"tolerance\"\nrationale = \"r\"\ncalibrated = \"2026-11-21\"\n"
+                        "loss = [ { steps = \"0-\", atol = 1 }, { steps = \"0-9\", from = \"decisions-part\", atol = 1 }, "
+                        "{ steps = \"5-\", from = \"decisions-part\", atol = 1 } ]\n",
+       "[tiny.bf16].loss[2].steps: overlaps an earlier window"},
   };
   for (const auto& [text, expected] : cases) {
     const std::string error = load_error(text);
@@ -153,6 +160,45 @@ TEST(Budgets, AllowancesOfSeveralFeaturesAddUpPerStepWindow) {
   EXPECT_TRUE(ComposedBudget().bitwise());
   EXPECT_EQ(ComposedBudget().names(), std::vector<std::string>{"reference"});
   EXPECT_EQ(both.names(), (std::vector<std::string>{"a", "tiny.b"}));  // the entries' tables
+}
+
+// A window from the decisions' part adds its allowance from the step where the runs'
+// decisions part, counting its steps from there; before, and for runs that never part,
+// only the entry's other windows apply.
+TEST(Budgets, WindowsFromTheDecisionsPartApplyOnlyOnceTheDecisionsPart) {
+  Window base{0, std::numeric_limits<int>::max(), 1.0, 0.0, 0.0};
+  Window first_ten{0, 9, 5.0, 0.0, 0.0, true}, later{10, std::numeric_limits<int>::max(), 7.0, 0.0, 0.0, true};
+  FeatureBudget entry{"noise", false, {{"loss", {base, first_ten, later}}}, 0.0, "", {}, "moe.noise"};
+  ComposedBudget budget({&entry});
+  for (int step : {0, 39, 40, 99}) EXPECT_DOUBLE_EQ(budget.allowed("loss", step, 2.0), 1.0) << "never parted";
+  budget.set_decisions_part(40);
+  EXPECT_DOUBLE_EQ(budget.allowed("loss", 39, 2.0), 1.0);
+  EXPECT_DOUBLE_EQ(budget.allowed("loss", 40, 2.0), 1.0 + 5.0);
+  EXPECT_DOUBLE_EQ(budget.allowed("loss", 49, 2.0), 1.0 + 5.0);
+  EXPECT_DOUBLE_EQ(budget.allowed("loss", 50, 2.0), 1.0 + 7.0);
+  EXPECT_DOUBLE_EQ(budget.allowed("loss", 50, 2.0, 3), 1.0 + 5.0);  // a run that parted 3 steps before
+  EXPECT_DOUBLE_EQ(budget.allowed("loss", 50, 2.0, kDecisionsNeverPart), 1.0);
+}
+
+// moe-tiny's accel-noise lane (the nightly's seed) moves one routing choice at step 40: the
+// shipped [moe-tiny.noise] passes it, and the same numbers with cpu-ref's decisions (a run
+// whose routing never moved) fail from step 40, where only the noise of sums is allowed.
+TEST(Verdict, TheDecisionsPartBringsInTheirAllowanceFromThatStep) {
+  const Budgets shipped = load_budgets(kShippedBudgets);
+  const std::string goldens = std::string(HARNESS_SOURCE_DIR) + "/goldens/moe-tiny/";
+  const ReceiptData ref = load_receipt(goldens + "cpu-ref.h5");
+  const ReceiptData flipped = load_receipt(goldens + "accel.h5");
+  const std::optional<DecisionsPart> part = decisions_part(flipped, ref);
+  ASSERT_TRUE(part.has_value());
+  EXPECT_EQ(part->step, 40);
+  EXPECT_EQ(part->column, "blocks.1.moe.route");
+  EXPECT_TRUE(compare_receipts(flipped, ref, shipped, "compare").pass());
+  ReceiptData unflipped = flipped;
+  unflipped.decisions = ref.decisions;
+  EXPECT_FALSE(decisions_part(unflipped, ref).has_value());
+  const Verdict v = compare_receipts(unflipped, ref, shipped, "compare");
+  ASSERT_FALSE(v.pass());
+  EXPECT_GE(v.first_failure()->first_failing_step, 40);
 }
 
 // fp32_ulp is the gap to the next fp32 up, from the bits: checked against stepping the
