@@ -593,6 +593,7 @@ Verdict compare_receipts(const ReceiptData& run, const ReceiptData& ref, const B
   v.bitwise = budget.bitwise();
   v.budget = budget.names();
   v.budget_reason = budget.reason();
+  v.decisions_part = decisions_part(run, ref);
   v.metrics.push_back(judge_scalar("loss", run.loss, ref.loss, budget, v.bitwise));
   v.metrics.push_back(judge_scalar("grad_norm", run.grad_norm, ref.grad_norm, budget, v.bitwise));
   v.metrics.push_back(v.bitwise ? judge_hashes(run, ref) : judge_sketches(run, ref, budget));

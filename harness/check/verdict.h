@@ -144,6 +144,7 @@ struct Verdict {
   std::vector<std::string> budget;  // the composed features ("reference" when bitwise)
   bool bitwise = false;
   std::string budget_reason;        // why these features
+  std::optional<DecisionsPart> decisions_part;  // where the runs' decisions part (windows from it apply)
   int steps = 0;
   std::vector<MetricVerdict> metrics;
   std::optional<TensorMove> first_moved, most_moved;

@@ -68,6 +68,10 @@ nlohmann::json to_json(const Verdict& v) {
           {"steps", v.steps},
           {"data", "equal"},
           {"budget", {{"features", v.budget}, {"bitwise", v.bitwise}, {"reason", v.budget_reason}}},
+          {"decisions_part", v.decisions_part ? nlohmann::json{{"step", v.decisions_part->step},
+                                                                {"op", v.decisions_part->column},
+                                                                {"record", v.decisions_part->hash_dataset}}
+                                              : nlohmann::json(nullptr)},
           {"first_failing_step", first ? nlohmann::json(first->first_failing_step) : nlohmann::json(nullptr)},
           {"metrics", metrics},
           {"first_moved", move_json(v.first_moved)},
@@ -88,6 +92,11 @@ std::string to_text(const Verdict& v, bool verbose) {
   line(fmt::format("{:<12}{}{}", "budget", fmt::join(v.budget, " + "),
                    v.bitwise ? " (bitwise: every loss and every hash equal)" : fmt::format(" ({})", v.budget_reason)));
   line(fmt::format("{:<12}equal ({} batch hashes)", "data", v.steps));
+  if (v.decisions_part) {
+    line(fmt::format("{:<12}part at step {}: {} decided otherwise first ({}); windows from the decisions' part apply "
+                     "from there",
+                     "decisions", v.decisions_part->step, v.decisions_part->column, v.decisions_part->hash_dataset));
+  }
   for (const MetricVerdict& m : v.metrics) line(metric_line(m));
   if (v.first_moved) {
     line(fmt::format("{:<12}{} {} at step {} (first hash that differs)", "moved first", v.first_moved->family,

@@ -192,7 +192,10 @@ TEST(Verdict, TheDecisionsPartBringsInTheirAllowanceFromThatStep) {
   ASSERT_TRUE(part.has_value());
   EXPECT_EQ(part->step, 40);
   EXPECT_EQ(part->column, "blocks.1.moe.route");
-  EXPECT_TRUE(compare_receipts(flipped, ref, shipped, "compare").pass());
+  const Verdict passed = compare_receipts(flipped, ref, shipped, "compare");
+  EXPECT_TRUE(passed.pass());
+  ASSERT_TRUE(passed.decisions_part.has_value());
+  EXPECT_EQ(passed.decisions_part->step, 40);
   ReceiptData unflipped = flipped;
   unflipped.decisions = ref.decisions;
   EXPECT_FALSE(decisions_part(unflipped, ref).has_value());
