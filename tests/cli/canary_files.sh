@@ -180,6 +180,17 @@ column = int(np.argmax(differs[step]))
 moved = sum(abs(a[k][step, column] - b[k][step, column]) for k in buckets) / 2
 assert int(said[3]) == moved >= 1, (said[3], moved)
 PY
+# A 1-ulp fault in layer 0's router logits at step 5: bisect names the faulted op at step 5
+# (both receipts traced: the matrix traces ops) and, apart, the step where the fault's
+# consequences first sent a token to another expert (87: a chaotic, fixed consequence on
+# every x86-64 CPU, since cpu-ref's bits are portable).
+run --canary moe-tiny --trace ops --inject-fault step=5,op=blocks.0.moe.router,ulps=1 --out "$WORK/moe-router-fault.h5"
+expect_exit 1 "" -- "$HARNESS" bisect "$WORK/moe-router-fault.h5" "$WORK/moe-nightly/receipts/cpu-ref.h5"
+grep -q "^first op    blocks.0.moe.router forward, layer 0" "$WORK/stdout" \
+  || fail "bisect does not name the faulted router: $(cat "$WORK/stdout")"
+grep -q "^diverges    step 5 " "$WORK/stdout" || fail "bisect does not name the fault's step: $(cat "$WORK/stdout")"
+grep -q "^decisions   step 87: blocks.0.moe.route decided otherwise first" "$WORK/stdout" \
+  || fail "bisect does not name the routing flip the fault caused: $(cat "$WORK/stdout")"
 # accel runs moe with bf16 and FP8 in the attention's zones; a zone that covers no weight
 # (moe's experts are in none yet) is refused before step 0. tpu-mesh runs it: expert
 # parallelism moves rows, never values (bitwise dp on the same mesh); a mesh whose data
