@@ -111,8 +111,8 @@ std::string_view to_string(Phase phase) {
 // reaching one of these is a bug in the caller, never a user's input.
 
 namespace {
-[[noreturn]] void not_implemented(const Engine& engine, const char* op) {
-  throw std::logic_error(std::string(op) + " called on engine " + std::string(engine.name()) +
+[[noreturn]] void not_implemented(const Engine& engine, OpKind op) {
+  throw std::logic_error(std::string(describe(op).name) + " called on engine " + std::string(engine.name()) +
                          ", which does not implement it (Engine::implements)");
 }
 }  // namespace
@@ -120,49 +120,55 @@ namespace {
 bool Engine::implements(OpKind op) const { return describe(op).family == OpFamily::Core; }
 
 void Engine::rmsnorm_forward(const OpSite&, TensorId, TensorId, TensorId, TensorId, float) {
-  not_implemented(*this, "rmsnorm_forward");
+  not_implemented(*this, OpKind::RmsNormForward);
 }
 void Engine::rmsnorm_backward(const OpSite&, TensorId, TensorId, TensorId, TensorId, TensorId, TensorId) {
-  not_implemented(*this, "rmsnorm_backward");
+  not_implemented(*this, OpKind::RmsNormBackward);
 }
-void Engine::rope_forward(const OpSite&, TensorId, TensorId, int, double) { not_implemented(*this, "rope_forward"); }
-void Engine::rope_backward(const OpSite&, TensorId, TensorId, int, double) { not_implemented(*this, "rope_backward"); }
-void Engine::swiglu_forward(const OpSite&, TensorId, TensorId, TensorId) { not_implemented(*this, "swiglu_forward"); }
+void Engine::rope_forward(const OpSite&, TensorId, TensorId, int, double) {
+  not_implemented(*this, OpKind::RopeForward);
+}
+void Engine::rope_backward(const OpSite&, TensorId, TensorId, int, double) {
+  not_implemented(*this, OpKind::RopeBackward);
+}
+void Engine::swiglu_forward(const OpSite&, TensorId, TensorId, TensorId) {
+  not_implemented(*this, OpKind::SwigluForward);
+}
 void Engine::swiglu_backward(const OpSite&, TensorId, TensorId, TensorId, TensorId, TensorId) {
-  not_implemented(*this, "swiglu_backward");
+  not_implemented(*this, OpKind::SwigluBackward);
 }
 void Engine::gqa_attention_forward(const OpSite&, TensorId, TensorId, TensorId, TensorId, TensorId) {
-  not_implemented(*this, "gqa_attention_forward");
+  not_implemented(*this, OpKind::GqaAttentionForward);
 }
 void Engine::gqa_attention_backward(const OpSite&, TensorId, TensorId, TensorId, TensorId, TensorId, TensorId,
                                     TensorId, TensorId) {
-  not_implemented(*this, "gqa_attention_backward");
+  not_implemented(*this, OpKind::GqaAttentionBackward);
 }
 
 void Engine::moe_route_forward(const OpSite&, TensorId, TensorId, TensorId, TensorId, TensorId, TensorId, int, int,
                                float) {
-  not_implemented(*this, "moe_route_forward");
+  not_implemented(*this, OpKind::MoeRouteForward);
 }
 void Engine::moe_route_backward(const OpSite&, TensorId, TensorId, TensorId, TensorId, TensorId, float) {
-  not_implemented(*this, "moe_route_backward");
+  not_implemented(*this, OpKind::MoeRouteBackward);
 }
 void Engine::moe_dispatch_forward(const OpSite&, TensorId, TensorId, TensorId, TensorId) {
-  not_implemented(*this, "moe_dispatch_forward");
+  not_implemented(*this, OpKind::MoeDispatchForward);
 }
 void Engine::moe_dispatch_backward(const OpSite&, TensorId, TensorId, TensorId, TensorId) {
-  not_implemented(*this, "moe_dispatch_backward");
+  not_implemented(*this, OpKind::MoeDispatchBackward);
 }
 void Engine::moe_combine_forward(const OpSite&, TensorId, TensorId, TensorId, TensorId, TensorId) {
-  not_implemented(*this, "moe_combine_forward");
+  not_implemented(*this, OpKind::MoeCombineForward);
 }
 void Engine::moe_combine_backward(const OpSite&, TensorId, TensorId, TensorId, TensorId, TensorId, TensorId, TensorId) {
-  not_implemented(*this, "moe_combine_backward");
+  not_implemented(*this, OpKind::MoeCombineBackward);
 }
 void Engine::expert_linear_forward(const OpSite&, TensorId, TensorId, TensorId) {
-  not_implemented(*this, "expert_linear_forward");
+  not_implemented(*this, OpKind::ExpertLinearForward);
 }
 void Engine::expert_linear_backward(const OpSite&, TensorId, TensorId, TensorId, TensorId, TensorId) {
-  not_implemented(*this, "expert_linear_backward");
+  not_implemented(*this, OpKind::ExpertLinearBackward);
 }
 
 }  // namespace harness

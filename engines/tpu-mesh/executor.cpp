@@ -372,7 +372,8 @@ void MeshExecutor::exchange_expert_rows(const Executable& exe, const Instr& in, 
       if (to_experts) {
         const float* row = f32(members[j], exe, b[1]) + whole_row;
         for (std::size_t r = 0; r < members.size(); ++r) {
-          if (per_device == E || holder(e, j) == r) std::copy(row, row + width, f32(members[r], exe, b[0]) + block_row(e, s));
+          if (per_device != E && holder(e, j) != r) continue;
+          std::copy(row, row + width, f32(members[r], exe, b[0]) + block_row(e, s));
         }
       } else {
         const float* row = f32(members[holder(e, j)], exe, b[1]) + block_row(e, s);

@@ -65,9 +65,9 @@ PartitionSpec tensor_parallel_spec(const TensorDesc& param) {
   const std::size_t split = static_cast<std::size_t>(param.role.stacked_dims) +
                             (param.role.linear == LinearRole::RowParallel ? 1 : 0);
   if (split >= param.rank()) {
-    throw std::logic_error(fmt::format("{}: a {} role splits dimension {} of a tensor of rank {}", param.name,
-                                       param.role.linear == LinearRole::RowParallel ? "row-parallel" : "column-parallel",
-                                       split, param.rank()));
+    const char* role = param.role.linear == LinearRole::RowParallel ? "row-parallel" : "column-parallel";
+    throw std::logic_error(
+        fmt::format("{}: a {} role splits dimension {} of a tensor of rank {}", param.name, role, split, param.rank()));
   }
   DimSharding& dim = spec.dims[split];
   dim.axis = Axis::Model;

@@ -91,7 +91,8 @@ class TpuMeshEngine final : public Engine {
   void moe_route_backward(const OpSite&, TensorId dlogits, TensorId dweights, TensorId probs, TensorId weights,
                           TensorId expert, float balance_coef) override;
   void moe_dispatch_forward(const OpSite&, TensorId expert_in, TensorId inp, TensorId expert, TensorId slot) override;
-  void moe_dispatch_backward(const OpSite&, TensorId dinp, TensorId dexpert_in, TensorId expert, TensorId slot) override;
+  void moe_dispatch_backward(const OpSite&, TensorId dinp, TensorId dexpert_in, TensorId expert,
+                             TensorId slot) override;
   void moe_combine_forward(const OpSite&, TensorId out, TensorId expert_out, TensorId weights, TensorId expert,
                            TensorId slot) override;
   void moe_combine_backward(const OpSite&, TensorId dexpert_out, TensorId dweights, TensorId dout, TensorId expert_out,

@@ -168,7 +168,8 @@ class Parser {
       w.rtol = non_negative((*t)["rtol"], key + ".rtol");
       w.ulp = non_negative((*t)["ulp"], key + ".ulp");
       for (const Window& earlier : out) {
-        if (w.from_decisions_part == earlier.from_decisions_part && w.first <= earlier.last && earlier.first <= w.last) {
+        const bool same_anchor = w.from_decisions_part == earlier.from_decisions_part;
+        if (same_anchor && w.first <= earlier.last && earlier.first <= w.last) {
           fail(fmt::format("{}.steps: overlaps an earlier window", key));
         }
       }

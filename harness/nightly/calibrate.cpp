@@ -314,7 +314,8 @@ void propose_windows(const std::vector<const check::FeatureBudget*>& parts, cons
         c.envelope ? doubling_windows(runs.repeats.front().steps()) : std::vector<check::Window>{check::Window{}};
     const std::vector<check::Window>& windows = none ? fresh : it->second;
     EntryWindows entry;
-    entry.parted_apart = std::any_of(windows.begin(), windows.end(), [](const check::Window& w) { return w.from_decisions_part; });
+    entry.parted_apart =
+        std::any_of(windows.begin(), windows.end(), [](const check::Window& w) { return w.from_decisions_part; });
     for (bool from_part : {false, true}) {  // the part's windows add to the others' proposals
       for (const check::Window& w : windows) {
         if (w.from_decisions_part != from_part) continue;
@@ -763,7 +764,8 @@ std::string calibration_report(const Calibration& c) {
   for (const WindowProposal& w : c.windows) {
     const std::string largest = w.samples == 0 ? "none: no step of the repeats is in it, kept as it is"
                                                : fmt::format("{:.3g}", w.observed);
-    text += fmt::format("| {} | {} | {} | `{}` | `{}` |\n", w.metric, window_steps(w.current) + (w.current.from_decisions_part ? " from the decisions' part" : ""), largest,
+    const std::string anchor = w.current.from_decisions_part ? " from the decisions' part" : "";
+    text += fmt::format("| {} | {} | {} | `{}` | `{}` |\n", w.metric, window_steps(w.current) + anchor, largest,
                         window_toml(w.current), window_toml(w.proposed));
   }
   text += "\nEach repeat, under the current budgets (now) and the proposal:\n\n";

@@ -129,7 +129,8 @@ TEST(Budgets, EveryBadEntryIsAnErrorNamingTheFileAndKey) {
       {shipped_with(R"(from = "decisions-part")", R"(from = "routing")"),
        "[moe-tiny.noise].loss[1].from: 'routing' is not an anchor; the one anchor is \"decisions-part\""},
       {shipped_text() + "\n[tiny.bf16]\nform = \"tolerance\"\nrationale = \"r\"\ncalibrated = \"2026-11-21\"\n"
-                        "loss = [ { steps = \"0-\", atol = 1 }, { steps = \"0-9\", from = \"decisions-part\", atol = 1 }, "
+                        "loss = [ { steps = \"0-\", atol = 1 }, "
+                        "{ steps = \"0-9\", from = \"decisions-part\", atol = 1 }, "
                         "{ steps = \"5-\", from = \"decisions-part\", atol = 1 } ]\n",
        "[tiny.bf16].loss[2].steps: overlaps an earlier window"},
   };

@@ -198,8 +198,9 @@ void lower_combine_backward(Compilation& c, const Node& n) {
   const int mine = split ? c.zeroed_temp("send." + c.table()[dexpert_out].name, product(s), MemoryCategory::Activations)
                          : c.buffer(dexpert_out);
   c.emit(InstrKind::MoeCombineBackward,
-         {mine, c.buffer(op.get<"dweights">()), c.buffer(dout), rows_of_my_tokens(c, op.get<"expert_out">(), expert, slot),
-          c.buffer(op.get<"weights">()), c.buffer(expert), c.buffer(slot)},
+         {mine, c.buffer(op.get<"dweights">()), c.buffer(dout),
+          rows_of_my_tokens(c, op.get<"expert_out">(), expert, slot), c.buffer(op.get<"weights">()), c.buffer(expert),
+          c.buffer(slot)},
          {rows(c.lshape(dout)), s[2], c.lshape(expert).back(), s[1]});
   if (split) {
     const int received = c.temp("received." + c.table()[dexpert_out].name, c.lnumel(dexpert_out),
@@ -261,7 +262,8 @@ void lower_expert_linear_forward(Compilation& c, const Node& n) {
   const Axis partial = c.contraction_axis(n, c.eff(inp).dims.back(), c.eff(weight).dims[2]);
   const ExpertGemm g = expert_gemm(c, weight, inp);
   c.emit(InstrKind::ExpertLinear, {c.buffer(out), c.buffer(inp), g.weight}, {g.experts, g.cap, g.C, g.OC});
-  if (partial != Axis::None) c.emit(InstrKind::AllReduce, {c.buffer(out)}, {c.lnumel(out)}, {}, partial);  // row-parallel
+  // Row-parallel: partial sums over the split hidden channels.
+  if (partial != Axis::None) c.emit(InstrKind::AllReduce, {c.buffer(out)}, {c.lnumel(out)}, {}, partial);
   c.round_activation(out);
 }
 
@@ -281,7 +283,8 @@ void lower_expert_linear_backward(Compilation& c, const Node& n) {
       gathered_weight ? c.zeroed_temp("whole." + c.table()[dweight].name, product(c.compute_shape(dweight)),
                                       MemoryCategory::Gradients)
                       : c.buffer(dweight);
-  c.emit(InstrKind::ExpertLinearBackward, {dinp_target, dweight_target, c.buffer(dout), c.buffer(op.get<"inp">()), g.weight},
+  c.emit(InstrKind::ExpertLinearBackward,
+         {dinp_target, dweight_target, c.buffer(dout), c.buffer(op.get<"inp">()), g.weight},
          {g.experts, g.cap, g.C, g.OC});
   if (partial != Axis::None) {
     c.emit(InstrKind::AllReduce, {dinp_target}, {c.lnumel(dinp)}, {}, partial);
