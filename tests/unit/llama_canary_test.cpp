@@ -23,6 +23,7 @@
 #include "data_source.h"
 #include "gradient_check.h"
 #include "receipt_bits.h"
+#include "required_ops_engine.h"
 #include "registry.h"
 
 namespace harness::canary {
@@ -205,46 +206,11 @@ TEST(LlamaTpuMesh, ShardedPlansStayNearCpuRefAndRepeatTheirBits) {
   EXPECT_EQ(bits_on(1), bits_on(3));
 }
 
-// An engine that implements the boundary's required ops and none with a default (the
-// llama ops): engine_cannot_run is all a test asks of it, so its ops do nothing.
-class RequiredOpsOnly final : public Engine {
- public:
-  std::string_view name() const override { return "required-only"; }
-  std::vector<std::string> budget_features() const override { return {}; }
-  void bind(const TensorTable&) override {}
-  void upload(TensorId, std::span<const float>) override {}
-  void upload_tokens(TensorId, std::span<const std::int32_t>) override {}
-  std::span<const float> read(TensorId) override { return {}; }
-  void step_begin(int) override {}
-  void step_end() override {}
-  void zero(TensorId) override {}
-  void encoder_forward(const OpSite&, TensorId, TensorId, TensorId, TensorId) override {}
-  void encoder_backward(const OpSite&, TensorId, TensorId, TensorId, TensorId) override {}
-  void layernorm_forward(const OpSite&, TensorId, TensorId, TensorId, TensorId, TensorId, TensorId, float) override {}
-  void layernorm_backward(const OpSite&, TensorId, TensorId, TensorId, TensorId, TensorId, TensorId, TensorId,
-                          TensorId) override {}
-  void linear_forward(const OpSite&, TensorId, TensorId, TensorId, TensorId) override {}
-  void linear_backward(const OpSite&, TensorId, TensorId, TensorId, TensorId, TensorId, TensorId) override {}
-  void attention_forward(const OpSite&, TensorId, TensorId, TensorId) override {}
-  void attention_backward(const OpSite&, TensorId, TensorId, TensorId, TensorId) override {}
-  void gelu_forward(const OpSite&, TensorId, TensorId) override {}
-  void gelu_backward(const OpSite&, TensorId, TensorId, TensorId) override {}
-  void residual_forward(const OpSite&, TensorId, TensorId, TensorId) override {}
-  void residual_backward(const OpSite&, TensorId, TensorId, TensorId) override {}
-  void crossentropy_forward(const OpSite&, TensorId, TensorId, TensorId, TensorId) override {}
-  void crossentropy_backward(const OpSite&, TensorId, TensorId, TensorId) override {}
-  void global_norm(const OpSite&, TensorId, std::span<const TensorId>) override {}
-  void clip_by_norm(const OpSite&, std::span<const TensorId>, TensorId, float) override {}
-  void adamw_update(const OpSite&, TensorId, TensorId, TensorId, TensorId, TensorId, TensorId, TensorId,
-                    const AdamWConfig&) override {}
-  void nudge_ulps(const OpSite&, TensorId, TensorId) override {}
-  void trace(const OpSite&, TensorId) override {}
-};
 
 // An engine lacking an op a canary's step calls is refused before step 0, naming the op,
 // the engine and the canary; one that implements every op of the step runs it.
 TEST(LlamaCanary, AnEngineWithoutAnOpOfTheStepIsRefusedNamingTheOp) {
-  const RequiredOpsOnly engine;
+  const testing::RequiredOpsOnly engine;
   const std::unique_ptr<Canary> llama_model = make_canary(llama(64, 8, 16, 1, 2, 1, 24, 2));
   EXPECT_EQ(engine_cannot_run(engine, *llama_model),
             fmt::format("op rmsnorm_forward is not implemented by engine required-only; run canary {} on an engine "
