@@ -17,6 +17,7 @@
 #include "output_lock.h"
 #include "shard_environment.h"
 #include "defaults.h"
+#include "controls.h"
 #include "nightly.h"
 #include "reports.h"
 #include "stack_info.h"
@@ -79,7 +80,19 @@ int finish(const nlohmann::json& summary, const std::string& out_dir) {
     fmt::print("  {:<6} {:<16} {}\n", lane["status"].get<std::string>(), lane["id"].get<std::string>(),
                lane["lane"].get<std::string>());
   }
+  for (const auto& control : summary.value("controls", nlohmann::json::array())) {
+    fmt::print("  control {:<7} {:<6} {}\n", control["status"].get<std::string>(), control["control"].get<std::string>(),
+               control["summary"].get<std::string>());
+  }
   for (const std::string& path : written) fmt::print("report      {}\n", path);
+  if (nightly::controls_fail_the_job(summary.value("controls", nlohmann::json::array()))) {
+    for (const auto& control : summary["controls"]) {
+      const std::string status = control["status"];
+      if (status != "blind" && status != "error") continue;
+      fmt::print(stderr, "harness: negative control {} is {}: {}; the lanes' verdicts cannot be vouched for\n",
+                 control["control"].get<std::string>(), status, control["summary"].get<std::string>());
+    }
+  }
   if (const nlohmann::json cut = summary.value("interrupted", nlohmann::json(nullptr)); !cut.is_null()) {
     if (cut["lane"].is_string()) {
       fmt::print(stderr, "harness: interrupted in lane {} (signal {}): its receipt holds the steps it finished; reports in {}\n",

@@ -60,7 +60,8 @@ class Parser {
       fail(fmt::format("line {}: {}", e.source().begin.line, e.description()));
     }
     for (auto&& [key, node] : root) {
-      static const std::set<std::string> known{"schema_version", "canary", "steps", "seed", "reference", "trace", "lanes"};
+      static const std::set<std::string> known{"schema_version", "canary", "steps",        "seed",
+                                               "reference",      "trace",  "control-fault", "lanes"};
       if (!known.count(std::string(key.str()))) {
         fail(fmt::format("{}: unknown key (allowed: {})", key.str(), fmt::join(known, ", ")));
       }
@@ -87,6 +88,7 @@ class Parser {
     m.steps = static_cast<int>(integer(root, "steps", 1, canary::kMaxSteps));
     m.seed = integer(root, "seed", 0, std::numeric_limits<std::int64_t>::max());
     m.trace = trace_level(root, "");
+    m.control_fault = control_fault(root, m.steps);
     return with_lanes(root, std::move(m));
   }
 
@@ -98,6 +100,21 @@ class Parser {
     for (std::size_t i = 0; i < lanes->size(); ++i) m.lanes.push_back(lane(m, (*lanes)[i], i));
     check_references(m);
     return m;
+  }
+
+  // `control-fault`: the negative control's --inject-fault value; by default 1 ulp in the
+  // first op of the forward at the middle step (a recorded step of every run of the matrix).
+  canary::FaultSpec control_fault(const toml::table& root, int steps) const {
+    const std::vector<std::string>& ops = canary_model_->forward_op_names();
+    const std::string given = text(root, "control-fault", "control-fault", false);
+    if (given.empty()) return canary::FaultSpec{steps / 2, ops.front(), 1};
+    try {
+      const canary::FaultSpec fault = canary::parse_fault_spec(given, ops);
+      if (fault.step >= steps) fail(fmt::format("control-fault: step {} is past the matrix's {} steps", fault.step, steps));
+      return fault;
+    } catch (const std::invalid_argument& e) {
+      fail(fmt::format("control-fault: {}", e.what()));
+    }
   }
 
   // `trace`: none (the default) or ops; `which` says whose levels these are, in the error.
@@ -133,6 +150,9 @@ class Parser {
     m.seed = python_seed_given_ ? integer(root, "seed", 0, std::numeric_limits<std::int64_t>::max())
                                 : described.at("seed").get<std::int64_t>();
     m.trace = trace_level(root, " of a Python canary's lanes (aten traces come from bisect's replay)");
+    if (root.contains("control-fault")) {
+      fail("control-fault: a Python canary's lanes run outside the harness, which cannot inject their fault; leave it out");
+    }
     return with_lanes(root, std::move(m));
   }
 

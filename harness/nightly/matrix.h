@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "canary_run.h"
+#include "fault.h"
 #include "file_io.h"
 
 namespace harness::nightly {
@@ -57,6 +58,10 @@ struct Matrix {
   std::int64_t seed = 0;
   std::string reference;     // id of the reference lane
   run::TraceLevel trace = run::TraceLevel::kNone;  // --trace of every lane
+  // The negative control's fault (docs/nightly.md, "Negative controls"): `control-fault`,
+  // by default 1 ulp in the canary's first forward op at the middle step. None for a Python
+  // canary's matrix (the harness cannot inject its fault).
+  std::optional<canary::FaultSpec> control_fault;
   std::vector<LaneSpec> lanes;
 
   const LaneSpec& lane(const std::string& id) const;  // throws MatrixError

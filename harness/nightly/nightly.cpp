@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "controls.h"
 #include "golden_store.h"
 #include "interrupt.h"
 #include "json_text.h"
@@ -111,6 +112,12 @@ std::string worst_status(const json& items) {
   return verdict;
 }
 
+// The job's verdict: its lanes' worst, unless a negative control is blind or could not run
+// (then the job cannot vouch for its lanes: an infrastructure error).
+std::string job_verdict(const json& lanes, const json& controls) {
+  return controls_fail_the_job(controls) ? "error" : worst_status(lanes);
+}
+
 // A lane's run: its summary record, and its receipt once it ran.
 struct LaneRun {
   json record;
@@ -172,7 +179,9 @@ class NightlyJob::Impl {
                                              {"seconds", seconds_since(start)}}})},
                     {"lanes", records},
                     {"auxiliary_runs", auxiliary}};
-    summary["verdict"] = worst_status(summary["lanes"]);
+    summary["controls"] = interrupted_signal_ == 0 && (options_.shard.whole() || owns_reference) ? controls(lanes)
+                                                                                                   : json::array();
+    summary["verdict"] = job_verdict(summary["lanes"], summary["controls"]);
     // lane: the lane the signal cut, or null when it landed between lanes (after_lane: the
     // last lane that finished, null before the first).
     const auto or_null = [](const std::string& id) { return id.empty() ? json(nullptr) : json(id); };
@@ -188,6 +197,22 @@ class NightlyJob::Impl {
     json ids = json::array();
     for (const LaneSpec& l : matrix_.lanes) ids.push_back(l.id);
     return ids;
+  }
+
+  // The negative controls (controls.h), beside the reference lane's run; none when it did
+  // not run.
+  json controls(const std::vector<const LaneSpec*>& lanes) {
+    const auto ref = runs_.find(matrix_.reference);
+    if (ref == runs_.end() || !ref->second.receipt) return json::array();
+    const std::string golden = store_.golden_path(matrix_.lane(matrix_.reference).lane);
+    ControlInputs in{matrix_, budgets_, *ref->second.receipt, fs::exists(golden) ? golden : "", {},
+                     (fs::path(options_.out_dir) / "controls").string(), options_.threads};
+    for (const LaneSpec* spec : lanes) {
+      const auto run = runs_.find(spec->id);
+      if (run != runs_.end() && run->second.receipt) in.lanes.emplace_back(spec, run->second.receipt.get());
+    }
+    fs::create_directories(in.work_dir);
+    return run_controls(in);
   }
 
   // Runs a lane once per job (the reference and triage twins are shared by several lanes).
@@ -511,7 +536,11 @@ json merge_summaries(const std::vector<json>& shards, const std::vector<std::str
     lanes.push_back(it->second);
   }
   merged["lanes"] = lanes;
-  merged["verdict"] = worst_status(lanes);
+  merged["controls"] = json::array();
+  for (const json& s : shards) {
+    for (const json& c : s.value("controls", json::array())) merged["controls"].push_back(c);
+  }
+  merged["verdict"] = job_verdict(lanes, merged["controls"]);
   return merged;
 }
 

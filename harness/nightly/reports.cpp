@@ -84,6 +84,31 @@ std::string junit_report(const json& summary) {
     failures += suite_failures;
     errors += suite_errors;
   }
+  // The negative controls: a blind one (or one that could not run) is the job's error.
+  const json controls = summary.value("controls", json::array());
+  if (!controls.empty()) {
+    pugi::xml_node suite = suites.append_child("testsuite");
+    suite.append_attribute("name") = "negative controls";
+    int suite_errors = 0;
+    for (const json& control : controls) {
+      pugi::xml_node test = suite.append_child("testcase");
+      test.append_attribute("classname") = "nightly.controls";
+      test.append_attribute("name") = json_text(control, "control").c_str();
+      const std::string status = json_text(control, "status");
+      if (status == "skipped") test.append_child("skipped").append_attribute("message") = json_text(control, "summary").c_str();
+      if (status == "blind" || status == "error") {
+        pugi::xml_node problem = test.append_child("error");
+        problem.append_attribute("message") = json_text(control, "summary").c_str();
+        problem.append_attribute("type") = status == "blind" ? "blind_control" : "control_error";
+        ++suite_errors;
+      }
+    }
+    suite.append_attribute("tests") = static_cast<int>(controls.size());
+    suite.append_attribute("failures") = 0;
+    suite.append_attribute("errors") = suite_errors;
+    tests += static_cast<int>(controls.size());
+    errors += suite_errors;
+  }
   suites.append_attribute("tests") = tests;
   suites.append_attribute("failures") = failures;
   suites.append_attribute("errors") = errors;
@@ -117,6 +142,14 @@ std::string markdown_report(const json& summary) {
     }
     if (lane["triage"].is_string()) md += fmt::format("BF16-first triage: {}\n\n", markdown_cell(lane["triage"].get<std::string>()));
     md += "</details>\n";
+  }
+  const json controls = summary.value("controls", json::array());
+  if (!controls.empty()) {
+    md += "\n| negative control | status | what it showed |\n|---|---|---|\n";
+    for (const json& control : controls) {
+      md += fmt::format("| {} | {} | {} |\n", json_text(control, "control"), json_text(control, "status"),
+                        markdown_cell(json_text(control, "summary")));
+    }
   }
   return md;
 }

@@ -91,8 +91,23 @@ TEST(Matrix, BadFilesNameTheirKey) {
       {std::string(kHeader).replace(std::string(kHeader).find("steps = 4"), 9, "steps = 0") + ref, "steps: must be an integer"},
       {std::string(kHeader).replace(std::string(kHeader).find("\"ref\""), 5, "\"zz\"") + ref, "reference: 'zz'"},
       {header + ref + "[[lanes]]\nid = \"a\"\nengine = \"tpu-mesh\"\nmesh = 2.5\n", "lanes[1] (a).mesh: must be a string"},
+      {header + "control-fault = \"step=1,op=nope\"\n" + ref, "control-fault: --inject-fault: unknown op 'nope'"},
+      {header + "control-fault = \"step=4,op=embedding\"\n" + ref, "control-fault: step 4 is past the matrix's 4 steps"},
+      {header + "control-fault = 3\n" + ref, "control-fault: must be a non-empty string"},
   };
   expect_refused(dir, cases, false);
+}
+
+// The negative control's fault: by default 1 ulp in the canary's first forward op at the
+// middle step; a matrix may name its own.
+TEST(Matrix, TheControlFaultDefaultsToTheFirstOpAtTheMiddleStep) {
+  const testing::ScratchDir dir;
+  const Matrix m = load_matrix(write(dir, std::string(kHeader) + kRefLane));
+  ASSERT_TRUE(m.control_fault.has_value());
+  EXPECT_EQ(m.control_fault->to_string(), "step=2,op=embedding,ulps=1");
+  const Matrix own = load_matrix(write(dir, std::string(kHeader) + "control-fault = \"step=3,op=blocks.0.attn.qkv,ulps=2\"\n" +
+                                                kRefLane));
+  EXPECT_EQ(own.control_fault->to_string(), "step=3,op=blocks.0.attn.qkv,ulps=2");
 }
 
 TEST(Matrix, EngineFlagsTakeIntegersAndSwitches) {

@@ -1,0 +1,131 @@
+#include "controls.h"
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "bisect.h"
+#include "registry.h"
+
+namespace harness::nightly {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+json finished(json record, const std::string& status, const std::string& summary,
+              std::chrono::steady_clock::time_point start) {
+  record["status"] = status;
+  record["summary"] = summary;
+  record["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return record;
+}
+
+bool same_doubles(const std::vector<double>& a, const std::vector<double>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0);
+}
+
+// Every loss, norm and hash equal, bit for bit.
+bool bitwise_equal(const check::ReceiptData& a, const check::ReceiptData& b) {
+  return same_doubles(a.loss, b.loss) && same_doubles(a.grad_norm, b.grad_norm) && !check::first_moved(a, b);
+}
+
+// The reference lane run again into `out`, with `fault` (may be empty) and op traces.
+check::ReceiptData run_reference(const ControlInputs& in, const std::string& out, const std::string& fault) {
+  run::RunOptions o = in.matrix.run_options(in.matrix.lane(in.matrix.reference), out);
+  o.force = true;
+  o.threads = in.threads;
+  o.trace = run::TraceLevel::kOps;
+  if (!fault.empty()) o.inject_fault = fault;
+  run::run_canary(o);
+  return check::load_receipt(out);
+}
+
+// The fault control: the faulted reference must fail its golden check at the faulted step,
+// and bisect (both sides traced) must name the faulted op there.
+json fault_control(const ControlInputs& in) {
+  const auto start = std::chrono::steady_clock::now();
+  const json record = {{"control", "fault"}, {"fault", in.matrix.control_fault ? in.matrix.control_fault->to_string() : ""}};
+  const LaneSpec& reference = in.matrix.lane(in.matrix.reference);
+  if (!in.matrix.control_fault || reference.external()) {
+    return finished(record, "skipped",
+                    fmt::format("the reference lane {} runs outside the harness, which cannot inject its fault",
+                                reference.id),
+                    start);
+  }
+  const canary::FaultSpec& fault = *in.matrix.control_fault;
+  const std::string what = fmt::format("a {}-ulp fault in {} at step {}", fault.ulps, fault.op, fault.step);
+  try {
+    const check::ReceiptData faulted =
+        run_reference(in, (fs::path(in.work_dir) / "control-fault.h5").string(), fault.to_string());
+    const check::ReceiptData golden = in.golden_path.empty() ? in.reference : check::load_receipt(in.golden_path);
+    const check::Verdict v = check::compare_receipts(faulted, golden, in.budgets, "golden");
+    if (v.pass()) {
+      return finished(record, "blind",
+                      fmt::format("{} passes the golden check of {}: this nightly cannot see a 1-ulp fault", what,
+                                  reference.lane),
+                      start);
+    }
+    const int failing = v.first_failure()->first_failing_step;
+    if (failing != fault.step) {
+      return finished(record, "error",
+                      fmt::format("{} fails the golden check at step {}, not at the faulted step", what, failing), start);
+    }
+    const check::ReceiptData clean = in.reference.trace
+                                         ? in.reference
+                                         : run_reference(in, (fs::path(in.work_dir) / "control-clean.h5").string(), "");
+    const check::Bisection b = check::bisect(faulted, clean, in.budgets);
+    if (b.first_divergent_step != fault.step || !b.first_divergent_op || b.first_divergent_op->name != fault.op) {
+      const std::string said = b.first_divergent_op ? b.first_divergent_op->name : "no op (" + b.no_op + ")";
+      return finished(record, "blind",
+                      fmt::format("{}: bisect names {} at step {} instead: this nightly cannot find a fault's op",
+                                  what, said, b.first_divergent_step),
+                      start);
+    }
+    return finished(record, "seen",
+                    fmt::format("{} fails the golden check at step {}; bisect names {}", what, failing, fault.op), start);
+  } catch (const std::exception& e) {
+    return finished(record, "error", fmt::format("{} could not be checked: {}", what, e.what()), start);
+  }
+}
+
+// The noise control: a seeded reduction order that came out as the reference's would make
+// every noise budget judge nothing.
+json noise_control(const ControlInputs& in) {
+  const auto start = std::chrono::steady_clock::now();
+  const json record = {{"control", "noise"}};
+  std::vector<std::string> seen;
+  for (const auto& [spec, receipt] : in.lanes) {
+    if (spec->external() || spec->id == in.matrix.reference) continue;
+    if (make_engine(spec->engine, spec->settings)->reduction_order() != Engine::ReductionOrder::kSeeded) continue;
+    if (bitwise_equal(*receipt, in.reference)) {
+      return finished(record, "blind",
+                      fmt::format("lane {} sums in a seeded order, yet every loss and hash equals the reference "
+                                  "lane's: its noise is not applied, and its budget judges nothing",
+                                  spec->id),
+                      start);
+    }
+    seen.push_back(spec->id);
+  }
+  if (seen.empty()) return finished(record, "skipped", "no lane of this job sums in a seeded order", start);
+  return finished(record, "seen",
+                  fmt::format("{} differ bitwise from the reference lane, as a seeded order must", fmt::join(seen, ", ")),
+                  start);
+}
+
+}  // namespace
+
+json run_controls(const ControlInputs& in) { return json::array({fault_control(in), noise_control(in)}); }
+
+bool controls_fail_the_job(const json& controls) {
+  for (const json& c : controls) {
+    const std::string status = c.at("status");
+    if (status == "blind" || status == "error") return true;
+  }
+  return false;
+}
+
+}  // namespace harness::nightly

@@ -1,0 +1,42 @@
+// Negative controls: checks a nightly runs beside its lanes that must fail, so that a green
+// nightly also proves it could have been red (docs/nightly.md, "Negative controls"):
+//  - fault: the reference lane again with a 1-ulp fault at a recorded step (the matrix's
+//    `control-fault`) must fail its golden check at that step, and bisect must name the
+//    faulted op;
+//  - noise: every lane whose engine sums in a seeded order must differ bitwise from the
+//    reference lane (an order that came out as the reference's would make its budget blind).
+// A control that passes is "blind": the nightly then cannot see what it claims to, and the
+// job is an infrastructure error (exit 2), whatever its lanes say.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "budgets.h"
+#include "matrix.h"
+#include "verdict.h"
+
+namespace harness::nightly {
+
+struct ControlInputs {
+  const Matrix& matrix;
+  const check::Budgets& budgets;
+  const check::ReceiptData& reference;  // the job's run of the reference lane
+  std::string golden_path;              // the reference lane's golden ("" when there is none)
+  // Every other lane the job ran, with its receipt.
+  std::vector<std::pair<const LaneSpec*, const check::ReceiptData*>> lanes;
+  std::string work_dir;  // where the control runs' receipts go
+  int threads = 0;
+};
+
+// One record per control: {control, status, summary, seconds}; status "seen" (it failed, as
+// it must), "blind" (it passed), "skipped" (nothing to control here; summary says why) or
+// "error" (it could not run).
+nlohmann::json run_controls(const ControlInputs& in);
+
+// Whether any control is blind or could not run: the nightly cannot vouch for its verdict.
+bool controls_fail_the_job(const nlohmann::json& controls);
+
+}  // namespace harness::nightly
