@@ -331,6 +331,25 @@ void verdict_table(pugi::xml_node body, const json& summary) {
   }
 }
 
+// The negative controls (docs/nightly.md): what each showed; blind or error is the job's error.
+void controls_table(pugi::xml_node body, const json& controls) {
+  if (controls.empty()) return;
+  add(body, "h2", "Negative controls");
+  pugi::xml_node table = add(body, "table");
+  table.append_attribute("id") = "controls";
+  pugi::xml_node head = add(table, "thead").append_child("tr");
+  for (const char* h : {"control", "status", "what it showed", "seconds"}) add(head, "th", h);
+  pugi::xml_node rows = add(table, "tbody");
+  for (const json& control : controls) {
+    const std::string status = json_text(control, "status");
+    pugi::xml_node row = rows.append_child("tr");
+    add(row, "td", json_text(control, "control"));
+    add(row, "td", status, status == "seen" ? "pass" : status == "skipped" ? "muted" : "error");
+    add(row, "td", json_text(control, "summary"));
+    add(row, "td", fmt::format("{:.1f}", control.value("seconds", 0.0)));
+  }
+}
+
 std::string budget_names(const json& envelope) {
   return fmt::format("{}", fmt::join(envelope["budget"].get<std::vector<std::string>>(), " + "));
 }
@@ -612,6 +631,7 @@ std::string html_report(const json& summary) {
       "muted");
   add(body, "h2", "Verdicts");
   verdict_table(body, summary);
+  controls_table(body, summary.value("controls", json::array()));
   const json stack = common_stack(summary);
   add(body, "h2", "Stack");
   stack_table(body, stack, json::object());
