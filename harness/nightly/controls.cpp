@@ -8,7 +8,9 @@
 #include <fmt/ranges.h>
 
 #include "bisect.h"
+#include "receipt/hdf5_file.h"
 #include "registry.h"
+#include "replay.h"
 
 namespace harness::nightly {
 namespace {
@@ -92,15 +94,25 @@ json fault_control(const ControlInputs& in) {
   }
 }
 
+// The lanes of the job (not the reference) whose engine sums in a seeded order.
+std::vector<std::pair<const LaneSpec*, const check::ReceiptData*>> seeded_lanes(const ControlInputs& in) {
+  std::vector<std::pair<const LaneSpec*, const check::ReceiptData*>> out;
+  for (const auto& [spec, receipt] : in.lanes) {
+    if (spec->external() || spec->id == in.matrix.reference) continue;
+    if (make_engine(spec->engine, spec->settings)->reduction_order() == Engine::ReductionOrder::kSeeded) {
+      out.emplace_back(spec, receipt);
+    }
+  }
+  return out;
+}
+
 // The noise control: a seeded reduction order that came out as the reference's would make
 // every noise budget judge nothing.
 json noise_control(const ControlInputs& in) {
   const auto start = std::chrono::steady_clock::now();
   const json record = {{"control", "noise"}};
   std::vector<std::string> seen;
-  for (const auto& [spec, receipt] : in.lanes) {
-    if (spec->external() || spec->id == in.matrix.reference) continue;
-    if (make_engine(spec->engine, spec->settings)->reduction_order() != Engine::ReductionOrder::kSeeded) continue;
+  for (const auto& [spec, receipt] : seeded_lanes(in)) {
     if (bitwise_equal(*receipt, in.reference)) {
       return finished(record, "blind",
                       fmt::format("lane {} sums in a seeded order, yet every loss and hash equals the reference "
@@ -112,13 +124,62 @@ json noise_control(const ControlInputs& in) {
   }
   if (seen.empty()) return finished(record, "skipped", "no lane of this job sums in a seeded order", start);
   return finished(record, "seen",
-                  fmt::format("{} differ bitwise from the reference lane, as a seeded order must", fmt::join(seen, ", ")),
+                  fmt::format("{} differ{} bitwise from the reference lane, as a seeded order must", fmt::join(seen, ", "),
+                              seen.size() == 1 ? "s" : ""),
                   start);
+}
+
+// A copy of `receipt` at `out` whose replay recipe names seed + 1 for the engine's seed flag;
+// returns that wrong seed.
+std::string with_wrong_seed(const check::ReceiptData& receipt, const std::string& flag, const std::string& out) {
+  fs::copy_file(receipt.path, out, fs::copy_options::overwrite_existing);
+  const h5::Handle file = h5::open_file(out, true);
+  const h5::Handle manifest = h5::open_group(file, "/manifest");
+  json recipe = json::parse(h5::read_attr_string(manifest, "run_options"));
+  const std::string wrong = std::to_string(std::stoll(recipe.at("engine_options").at(flag).get<std::string>()) + 1);
+  recipe["engine_options"][flag] = wrong;
+  h5::write_attr(manifest, "run_options", recipe.dump());
+  return wrong;
+}
+
+// The replay control: a seeded lane replayed under another noise seed must not reproduce its
+// receipt; a replay that did would vouch for any order (or the seed moves no bit of the run,
+// and the lane's noise judges nothing).
+json replay_control(const ControlInputs& in) {
+  const auto start = std::chrono::steady_clock::now();
+  const json record = {{"control", "replay"}};
+  const auto lanes = seeded_lanes(in);
+  if (lanes.empty()) return finished(record, "skipped", "no lane of this job sums in a seeded order", start);
+  const auto& [spec, receipt] = lanes.front();
+  const auto seed = make_engine(spec->engine, spec->settings)->reduction_seed();
+  try {
+    const std::string copy = (fs::path(in.work_dir) / "control-replay.h5").string();
+    const std::string wrong = with_wrong_seed(*receipt, seed->flag, copy);
+    run::ReplayOptions o;
+    o.receipt = copy;
+    o.threads = in.threads;
+    const run::ReplayResult r = run::replay(o);
+    if (r.reproduced()) {
+      return finished(record, "blind",
+                      fmt::format("lane {} replayed with --{} {} reproduces its receipt: replay cannot tell its "
+                                  "recorded order from another, or the seed moves no bit of the run",
+                                  spec->id, seed->flag, wrong),
+                      start);
+    }
+    return finished(record, "seen",
+                    fmt::format("lane {} replayed with --{} {} is refused: {} differs at step {}", spec->id, seed->flag,
+                                wrong, r.first_mismatch->what, r.first_mismatch->step),
+                    start);
+  } catch (const std::exception& e) {
+    return finished(record, "error", fmt::format("lane {}'s replay could not be checked: {}", spec->id, e.what()), start);
+  }
 }
 
 }  // namespace
 
-json run_controls(const ControlInputs& in) { return json::array({fault_control(in), noise_control(in)}); }
+json run_controls(const ControlInputs& in) {
+  return json::array({fault_control(in), noise_control(in), replay_control(in)});
+}
 
 bool controls_fail_the_job(const json& controls) {
   for (const json& c : controls) {

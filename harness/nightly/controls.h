@@ -4,7 +4,9 @@
 //    `control-fault`) must fail its golden check at that step, and bisect must name the
 //    faulted op;
 //  - noise: every lane whose engine sums in a seeded order must differ bitwise from the
-//    reference lane (an order that came out as the reference's would make its budget blind).
+//    reference lane (an order that came out as the reference's would make its budget blind);
+//  - replay: the first such lane's receipt, its recorded noise seed replaced by another,
+//    must not replay (a replay that reproduced it would vouch for any order).
 // A control that passes is "blind": the nightly then cannot see what it claims to, and the
 // job is an infrastructure error (exit 2), whatever its lanes say.
 #pragma once

@@ -67,8 +67,8 @@ for lane in s["lanes"]:
         assert len(env["loss_deviation"]) == 12 and all(a > 0 for a in env["loss_allowed"])
 root = ET.parse(d + "/junit.xml").getroot()
 cases = root.findall(".//testcase")
-assert len(cases) == 11 and root.get("failures") == "0" and root.get("errors") == "0", ET.tostring(root)[:300]
-assert [c.get("name") for c in root.findall(".//testcase[@classname='nightly.controls']")] == ["fault", "noise"]
+assert len(cases) == 12 and root.get("failures") == "0" and root.get("errors") == "0", ET.tostring(root)[:300]
+assert [c.get("name") for c in root.findall(".//testcase[@classname='nightly.controls']")] == ["fault", "noise", "replay"]
 md = open(d + "/summary.md").read()
 assert md.startswith("## Canary nightly: ✅ pass") and md.count("| `micro/") == 5
 # the negative controls: a 1-ulp fault in micro's first op at step 6 seen, and both seeded lanes differ
@@ -76,6 +76,8 @@ controls = {c["control"]: c for c in s["controls"]}
 assert controls["fault"]["status"] == "seen" and controls["fault"]["fault"] == "step=6,op=embedding,ulps=1", controls
 assert "fails the golden check at step 6; bisect names embedding" in controls["fault"]["summary"], controls
 assert controls["noise"]["status"] == "seen" and controls["noise"]["summary"].startswith("bf16, fp8 differ"), controls
+assert controls["replay"]["status"] == "seen", controls
+assert controls["replay"]["summary"].startswith("lane bf16 replayed with --noise-seed 12 is refused"), controls
 PY
 grep -q "^  control seen    fault  a 1-ulp fault in embedding at step 6" "$WORK/stdout" \
   || fail "no control line: $(cat "$WORK/stdout")"
@@ -94,7 +96,8 @@ grep -q "^harness: negative control fault is blind: a 1-ulp fault in blocks.1.mo
 import json, sys
 s = json.load(open(sys.argv[1]))
 assert s["verdict"] == "error" and [l["status"] for l in s["lanes"]] == ["pass"], s["verdict"]
-assert [(c["control"], c["status"]) for c in s["controls"]] == [("fault", "blind"), ("noise", "skipped")], s["controls"]
+assert [(c["control"], c["status"]) for c in s["controls"]] == [("fault", "blind"), ("noise", "skipped"),
+                                                              ("replay", "skipped")], s["controls"]
 PY
 grep -q 'type="blind_control"' "$WORK/blind/junit.xml" || fail "JUnit does not report the blind control"
 grep -q "^| fault | blind | " "$WORK/blind/summary.md" || fail "summary.md does not list the blind control"
