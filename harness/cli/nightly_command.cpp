@@ -89,8 +89,9 @@ int finish(const nlohmann::json& summary, const std::string& out_dir) {
     for (const auto& control : summary["controls"]) {
       const std::string status = control["status"];
       if (status != "blind" && status != "error") continue;
-      fmt::print(stderr, "harness: negative control {} is {}: {}; the lanes' verdicts cannot be vouched for\n",
-                 control["control"].get<std::string>(), status, control["summary"].get<std::string>());
+      fmt::print(stderr, "harness: negative control {} {}: {}; the lanes' verdicts cannot be vouched for\n",
+                 control["control"].get<std::string>(), status == "blind" ? "is blind" : "could not run",
+                 control["summary"].get<std::string>());
     }
   }
   if (const nlohmann::json cut = summary.value("interrupted", nlohmann::json(nullptr)); !cut.is_null()) {

@@ -8,6 +8,8 @@
 #include <fmt/ranges.h>
 
 #include "bisect.h"
+#include "child_process.h"
+#include "lane_run.h"
 #include "receipt/hdf5_file.h"
 #include "registry.h"
 #include "replay.h"
@@ -35,8 +37,27 @@ bool bitwise_equal(const check::ReceiptData& a, const check::ReceiptData& b) {
   return same_doubles(a.loss, b.loss) && same_doubles(a.grad_norm, b.grad_norm) && !check::first_moved(a, b);
 }
 
+// A Python canary's reference lane run again into `out` by its own command, with `fault` (may
+// be empty) and module op traces.
+check::ReceiptData run_python_reference(const ControlInputs& in, const std::string& out, const std::string& fault) {
+  const LaneSpec& reference = in.matrix.lane(in.matrix.reference);
+  std::vector<std::string> argv = expand_command(reference, "", out, in.matrix.steps, in.matrix.seed);
+  argv.insert(argv.end(), {"--trace", "ops"});
+  if (!fault.empty()) argv.insert(argv.end(), {"--inject-fault", fault});
+  std::error_code ignored;
+  fs::remove(out, ignored);
+  const run::ChildResult child =
+      run::run_child(argv, reference.environment, run::ChildOutput::kDiscard, run::ChildOutput::kCapture);
+  if (!child.exited_zero()) {
+    throw std::runtime_error(
+        fmt::format("`{}` {}: {}", command_line(argv), child.how(), run::last_line(child.stderr_tail)));
+  }
+  return check::load_receipt(out);
+}
+
 // The reference lane run again into `out`, with `fault` (may be empty) and op traces.
 check::ReceiptData run_reference(const ControlInputs& in, const std::string& out, const std::string& fault) {
+  if (in.matrix.lane(in.matrix.reference).python_canary) return run_python_reference(in, out, fault);
   run::RunOptions o = in.matrix.run_options(in.matrix.lane(in.matrix.reference), out);
   o.force = true;
   o.threads = in.threads;
@@ -46,52 +67,72 @@ check::ReceiptData run_reference(const ControlInputs& in, const std::string& out
   return check::load_receipt(out);
 }
 
-// The fault control: the faulted reference must fail its golden check at the faulted step,
-// and bisect (both sides traced) must name the faulted op there.
+// A fault that moved the run: its golden check must fail at its step, and bisect (both sides
+// traced) must name the faulted op there.
+json judge_fault(const ControlInputs& in, const canary::FaultSpec& fault, const check::ReceiptData& faulted,
+                 const json& record, std::chrono::steady_clock::time_point start) {
+  const std::string what = fmt::format("a {}-ulp fault in {} at step {}", fault.ulps, fault.op, fault.step);
+  const check::ReceiptData golden = in.golden_path.empty() ? in.reference : check::load_receipt(in.golden_path);
+  const check::Verdict v = check::compare_receipts(faulted, golden, in.budgets, "golden");
+  if (v.pass()) {
+    return finished(record, "blind",
+                    fmt::format("{} passes the golden check of {}: this nightly cannot see a 1-ulp fault", what,
+                                in.matrix.lane(in.matrix.reference).lane),
+                    start);
+  }
+  const int failing = v.first_failure()->first_failing_step;
+  if (failing != fault.step) {
+    return finished(record, "error",
+                    fmt::format("{} fails the golden check at step {}, not at the faulted step", what, failing), start);
+  }
+  const check::ReceiptData clean = in.reference.trace
+                                       ? in.reference
+                                       : run_reference(in, (fs::path(in.work_dir) / "control-clean.h5").string(), "");
+  const check::Bisection b = check::bisect(faulted, clean, in.budgets);
+  if (b.first_divergent_step != fault.step || !b.first_divergent_op || b.first_divergent_op->name != fault.op) {
+    const std::string said = b.first_divergent_op ? b.first_divergent_op->name : "no op (" + b.no_op + ")";
+    return finished(record, "blind",
+                    fmt::format("{}: bisect names {} at step {} instead: this nightly cannot find a fault's op", what,
+                                said, b.first_divergent_step),
+                    start);
+  }
+  return finished(record, "seen",
+                  fmt::format("{} fails the golden check at step {}; bisect names {}", what, failing, fault.op), start);
+}
+
+// The fault control: the matrix's faults in order until one moves a recorded bit, which
+// judge_fault() judges. A fault the model absorbed (a 1-ulp move of an addend below half an
+// ulp of the sum moves nothing) shows nothing either way, so the next one is tried.
 json fault_control(const ControlInputs& in) {
   const auto start = std::chrono::steady_clock::now();
-  const json record = {{"control", "fault"}, {"fault", in.matrix.control_fault ? in.matrix.control_fault->to_string() : ""}};
+  json record = {{"control", "fault"}, {"fault", ""}, {"absorbed", json::array()}};
   const LaneSpec& reference = in.matrix.lane(in.matrix.reference);
-  if (!in.matrix.control_fault || reference.external()) {
+  if (in.matrix.control_faults.empty() || (reference.external() && !reference.python_canary)) {
     return finished(record, "skipped",
-                    fmt::format("the reference lane {} runs outside the harness, which cannot inject its fault",
+                    fmt::format("the reference lane {} runs another stack's command, which cannot inject a fault",
                                 reference.id),
                     start);
   }
-  const canary::FaultSpec& fault = *in.matrix.control_fault;
-  const std::string what = fmt::format("a {}-ulp fault in {} at step {}", fault.ulps, fault.op, fault.step);
-  try {
-    const check::ReceiptData faulted =
-        run_reference(in, (fs::path(in.work_dir) / "control-fault.h5").string(), fault.to_string());
-    const check::ReceiptData golden = in.golden_path.empty() ? in.reference : check::load_receipt(in.golden_path);
-    const check::Verdict v = check::compare_receipts(faulted, golden, in.budgets, "golden");
-    if (v.pass()) {
-      return finished(record, "blind",
-                      fmt::format("{} passes the golden check of {}: this nightly cannot see a 1-ulp fault", what,
-                                  reference.lane),
+  for (const canary::FaultSpec& fault : in.matrix.control_faults) {
+    try {
+      const check::ReceiptData faulted =
+          run_reference(in, (fs::path(in.work_dir) / "control-fault.h5").string(), fault.to_string());
+      if (bitwise_equal(faulted, in.reference)) {
+        record["absorbed"].push_back(fault.to_string());
+        continue;
+      }
+      record["fault"] = fault.to_string();
+      return judge_fault(in, fault, faulted, record, start);
+    } catch (const std::exception& e) {
+      return finished(record, "error", fmt::format("the fault {} could not be checked: {}", fault.to_string(), e.what()),
                       start);
     }
-    const int failing = v.first_failure()->first_failing_step;
-    if (failing != fault.step) {
-      return finished(record, "error",
-                      fmt::format("{} fails the golden check at step {}, not at the faulted step", what, failing), start);
-    }
-    const check::ReceiptData clean = in.reference.trace
-                                         ? in.reference
-                                         : run_reference(in, (fs::path(in.work_dir) / "control-clean.h5").string(), "");
-    const check::Bisection b = check::bisect(faulted, clean, in.budgets);
-    if (b.first_divergent_step != fault.step || !b.first_divergent_op || b.first_divergent_op->name != fault.op) {
-      const std::string said = b.first_divergent_op ? b.first_divergent_op->name : "no op (" + b.no_op + ")";
-      return finished(record, "blind",
-                      fmt::format("{}: bisect names {} at step {} instead: this nightly cannot find a fault's op",
-                                  what, said, b.first_divergent_step),
-                      start);
-    }
-    return finished(record, "seen",
-                    fmt::format("{} fails the golden check at step {}; bisect names {}", what, failing, fault.op), start);
-  } catch (const std::exception& e) {
-    return finished(record, "error", fmt::format("{} could not be checked: {}", what, e.what()), start);
   }
+  return finished(record, "error",
+                  fmt::format("every fault tried ({}) moved no recorded bit, the model absorbed it: name an op "
+                              "whose 1-ulp fault propagates with the matrix's control-fault",
+                              fmt::join(record["absorbed"].get<std::vector<std::string>>(), "; ")),
+                  start);
 }
 
 // The lanes of the job (not the reference) whose engine sums in a seeded order.

@@ -88,7 +88,8 @@ class Parser {
     m.steps = static_cast<int>(integer(root, "steps", 1, canary::kMaxSteps));
     m.seed = integer(root, "seed", 0, std::numeric_limits<std::int64_t>::max());
     m.trace = trace_level(root, "");
-    m.control_fault = control_fault(root, m.steps);
+    const std::vector<std::string>& ops = canary_model_->forward_op_names();
+    m.control_faults = control_faults(root, m.steps, ops, ops);
     return with_lanes(root, std::move(m));
   }
 
@@ -102,16 +103,23 @@ class Parser {
     return m;
   }
 
-  // `control-fault`: the negative control's --inject-fault value; by default 1 ulp in the
-  // first op of the forward at the middle step (a recorded step of every run of the matrix).
-  canary::FaultSpec control_fault(const toml::table& root, int steps) const {
-    const std::vector<std::string>& ops = canary_model_->forward_op_names();
+  // `control-fault`: the negative control's --inject-fault value, an op of `ops`; by default
+  // 1 ulp in each of the first kControlFaultOps of `first_choices` (the forward's first ops;
+  // a Python canary's first leaf modules) at the middle step, a recorded step of every run.
+  std::vector<canary::FaultSpec> control_faults(const toml::table& root, int steps, const std::vector<std::string>& ops,
+                                                const std::vector<std::string>& first_choices) const {
     const std::string given = text(root, "control-fault", "control-fault", false);
-    if (given.empty()) return canary::FaultSpec{steps / 2, ops.front(), 1};
+    if (given.empty()) {
+      std::vector<canary::FaultSpec> faults;
+      for (std::size_t i = 0; i < std::min(kControlFaultOps, first_choices.size()); ++i) {
+        faults.push_back({steps / 2, first_choices[i], 1});
+      }
+      return faults;
+    }
     try {
       const canary::FaultSpec fault = canary::parse_fault_spec(given, ops);
       if (fault.step >= steps) fail(fmt::format("control-fault: step {} is past the matrix's {} steps", fault.step, steps));
-      return fault;
+      return {fault};
     } catch (const std::invalid_argument& e) {
       fail(fmt::format("control-fault: {}", e.what()));
     }
@@ -150,9 +158,9 @@ class Parser {
     m.seed = python_seed_given_ ? integer(root, "seed", 0, std::numeric_limits<std::int64_t>::max())
                                 : described.at("seed").get<std::int64_t>();
     m.trace = trace_level(root, " of a Python canary's lanes (aten traces come from bisect's replay)");
-    if (root.contains("control-fault")) {
-      fail("control-fault: a Python canary's lanes run outside the harness, which cannot inject their fault; leave it out");
-    }
+    const auto modules = described.value("modules", std::vector<std::string>{});
+    const auto leaves = described.value("leaf_modules", std::vector<std::string>{});
+    m.control_faults = control_faults(root, m.steps, modules, leaves);
     return with_lanes(root, std::move(m));
   }
 

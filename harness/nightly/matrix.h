@@ -58,16 +58,18 @@ struct Matrix {
   std::int64_t seed = 0;
   std::string reference;     // id of the reference lane
   run::TraceLevel trace = run::TraceLevel::kNone;  // --trace of every lane
-  // The negative control's fault (docs/nightly.md, "Negative controls"): `control-fault`,
-  // by default 1 ulp in the canary's first forward op at the middle step. None for a Python
-  // canary's matrix (the harness cannot inject its fault).
-  std::optional<canary::FaultSpec> control_fault;
+  // The negative control's faults to try in order (docs/nightly.md, "Negative controls"):
+  // `control-fault`, or by default 1 ulp in each of the canary's first kControlFaultOps
+  // forward ops (a Python canary's leaf modules) at the middle step. Empty: none.
+  std::vector<canary::FaultSpec> control_faults;
   std::vector<LaneSpec> lanes;
 
   const LaneSpec& lane(const std::string& id) const;  // throws MatrixError
   // The RunOptions that run `spec` into `out` with this matrix's canary, steps and seed.
   run::RunOptions run_options(const LaneSpec& spec, const std::string& out) const;
 };
+
+inline constexpr std::size_t kControlFaultOps = 3;
 
 // Parses and validates: every key known, ids unique, lane names unique, every engine
 // accepts its settings, the reference and every triage twin exist.

@@ -200,8 +200,13 @@ def describe(args: argparse.Namespace) -> int:
 
     with contextlib.redirect_stdout(sys.stderr):  # what NAME() prints (a parameter count) is not the JSON
         loaded = load_canary(args.canary)
+    # The module paths a fault may name (--inject-fault op=PATH), in registration order; the
+    # nightly's negative control faults the first leaf module by default.
+    modules = [(name, next(module.children(), None) is None) for name, module in loaded.canary.model.named_modules()
+               if name]
     print(json.dumps({"name": loaded.canary.name, "steps": loaded.canary.steps, "seed": loaded.seed,
-                      "canary": loaded.identity()}, sort_keys=True))
+                      "canary": loaded.identity(), "modules": [name for name, _ in modules],
+                      "leaf_modules": [name for name, leaf in modules if leaf]}, sort_keys=True))
     return 0
 
 

@@ -74,6 +74,7 @@ assert md.startswith("## Canary nightly: ✅ pass") and md.count("| `micro/") ==
 # the negative controls: a 1-ulp fault in micro's first op at step 6 seen, and both seeded lanes differ
 controls = {c["control"]: c for c in s["controls"]}
 assert controls["fault"]["status"] == "seen" and controls["fault"]["fault"] == "step=6,op=embedding,ulps=1", controls
+assert controls["fault"]["absorbed"] == [], controls
 assert "fails the golden check at step 6; bisect names embedding" in controls["fault"]["summary"], controls
 assert controls["noise"]["status"] == "seen" and controls["noise"]["summary"].startswith("bf16, fp8 differ"), controls
 assert controls["replay"]["status"] == "seen", controls
@@ -82,25 +83,27 @@ PY
 grep -q "^  control seen    fault  a 1-ulp fault in embedding at step 6" "$WORK/stdout" \
   || fail "no control line: $(cat "$WORK/stdout")"
 
-# A control that cannot fail makes the nightly an infrastructure error (exit 2), whatever its
-# lanes say: 1 ulp in moe-tiny's second router at step 5 changes no bit of the run.
+# A control that cannot show anything makes the nightly an infrastructure error (exit 2),
+# whatever its lanes say: 1 ulp in moe-tiny's second router logits at step 5 changes no
+# recorded bit of the run (the softmax absorbs it), so the control cannot tell.
 printf '%s\n' 'schema_version = 1' 'canary = "moe-tiny"' 'steps = 8' 'seed = 1337' 'reference = "ref"' \
   'control-fault = "step=5,op=blocks.1.moe.router,ulps=1"' '[[lanes]]' 'id = "ref"' 'engine = "cpu-ref"' \
   > "$WORK/blind.toml"
 expect_exit 0 "" -- golden refresh --matrix "$WORK/blind.toml" --reason "the blind control's reference"
 expect_exit 0 "" -- golden approve --approved-by "Ada Lovelace" --allow-dirty
 M="$WORK/blind.toml" expect_exit 2 "" -- nightly --out "$WORK/blind"
-grep -q "^harness: negative control fault is blind: a 1-ulp fault in blocks.1.moe.router at step 5" "$WORK/stderr" \
-  || fail "the blind control is not named: $(cat "$WORK/stderr")"
+grep -q "^harness: negative control fault could not run: every fault tried (step=5,op=blocks.1.moe.router,ulps=1) moved no recorded bit" \
+  "$WORK/stderr" || fail "the absorbed control fault is not named: $(cat "$WORK/stderr")"
 "$PY" - "$WORK/blind/summary.json" <<'PY' || fail "the blind control is not the job's error"
 import json, sys
 s = json.load(open(sys.argv[1]))
 assert s["verdict"] == "error" and [l["status"] for l in s["lanes"]] == ["pass"], s["verdict"]
-assert [(c["control"], c["status"]) for c in s["controls"]] == [("fault", "blind"), ("noise", "skipped"),
+assert [(c["control"], c["status"]) for c in s["controls"]] == [("fault", "error"), ("noise", "skipped"),
                                                               ("replay", "skipped")], s["controls"]
+assert s["controls"][0]["absorbed"] == ["step=5,op=blocks.1.moe.router,ulps=1"], s["controls"][0]
 PY
-grep -q 'type="blind_control"' "$WORK/blind/junit.xml" || fail "JUnit does not report the blind control"
-grep -q "^| fault | blind | " "$WORK/blind/summary.md" || fail "summary.md does not list the blind control"
+grep -q 'type="control_error"' "$WORK/blind/junit.xml" || fail "JUnit does not report the control's error"
+grep -q "^| fault | error | " "$WORK/blind/summary.md" || fail "summary.md does not list the control's error"
 
 # refresh of a clean tree: candidates equal their goldens, goldens byte-identical; reject drops them
 before=$(hashes)

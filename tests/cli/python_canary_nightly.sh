@@ -2,7 +2,7 @@
 # A nightly of a Python canary (docs/own-model.md, "A nightly"): a matrix whose canary is
 # FILE.py:NAME runs its torch lanes through `python3 -m canary_harness run`, with no canary
 # pack; goldens refreshed and approved from the matrix; a budget calibrated from perturbed
-# runs of the bf16 lane, under which the nightly passes; a failing lane whose report's
+# runs of the bf16 lane, under which the nightly passes, its negative control seen; a failing lane whose report's
 # reproduce command, run as printed, makes its receipt again bit for bit; bad matrices exit
 # 2 with one line naming the file and key.
 source "$(dirname "$0")/lib.sh"
@@ -39,6 +39,10 @@ import json, sys
 s = json.load(open(sys.argv[1]))
 assert s["verdict"] == "pass", s["verdict"]
 assert [(l["id"], l["lane"], l["status"]) for l in s["lanes"]] == [("fp32", "small/torch", "pass"), ("bf16", "small/torch+bf16", "pass")]
+# the negative control: 1 ulp in the canary's first leaf module at step 2, seen by the golden check and bisect
+fault = s["controls"][0]
+assert fault["control"] == "fault" and fault["status"] == "seen" and fault["fault"] == "step=2,op=embed,ulps=1", fault
+assert fault["summary"].endswith("fails the golden check at step 2; bisect names embed"), fault
 PY
 
 # trace = "ops": the lanes record module op traces, and change no bit (each is bitwise its golden)

@@ -98,16 +98,19 @@ TEST(Matrix, BadFilesNameTheirKey) {
   expect_refused(dir, cases, false);
 }
 
-// The negative control's fault: by default 1 ulp in the canary's first forward op at the
-// middle step; a matrix may name its own.
-TEST(Matrix, TheControlFaultDefaultsToTheFirstOpAtTheMiddleStep) {
+// The negative control's faults: by default 1 ulp in each of the canary's first three
+// forward ops at the middle step (tried in order); a matrix may name its own.
+TEST(Matrix, TheControlFaultsDefaultToTheFirstOpsAtTheMiddleStep) {
   const testing::ScratchDir dir;
   const Matrix m = load_matrix(write(dir, std::string(kHeader) + kRefLane));
-  ASSERT_TRUE(m.control_fault.has_value());
-  EXPECT_EQ(m.control_fault->to_string(), "step=2,op=embedding,ulps=1");
+  std::vector<std::string> faults;
+  for (const canary::FaultSpec& f : m.control_faults) faults.push_back(f.to_string());
+  EXPECT_EQ(faults, (std::vector<std::string>{"step=2,op=embedding,ulps=1", "step=2,op=blocks.0.ln1,ulps=1",
+                                              "step=2,op=blocks.0.attn.qkv,ulps=1"}));
   const Matrix own = load_matrix(write(dir, std::string(kHeader) + "control-fault = \"step=3,op=blocks.0.attn.qkv,ulps=2\"\n" +
                                                 kRefLane));
-  EXPECT_EQ(own.control_fault->to_string(), "step=3,op=blocks.0.attn.qkv,ulps=2");
+  ASSERT_EQ(own.control_faults.size(), 1u);
+  EXPECT_EQ(own.control_faults.front().to_string(), "step=3,op=blocks.0.attn.qkv,ulps=2");
 }
 
 TEST(Matrix, EngineFlagsTakeIntegersAndSwitches) {
