@@ -150,11 +150,7 @@ std::string group_of(const std::string& path) { return path.substr(0, path.rfind
 // The first step, then the first column, where a decision hash both runs record differs;
 // the counts of the same group at that step and column say how many choices moved.
 void find_decision_flip(const ReceiptData& a, const ReceiptData& b, Bisection& out) {
-  for (const auto& [path, series] : a.decisions) {
-    const auto other = b.decisions.find(path);
-    if (series.record == DecisionRecord::kHash && other != b.decisions.end() && other->second.columns == series.columns)
-      out.decision_records.push_back(path);
-  }
+  out.decision_records = compared_decision_records(a, b);
   const std::optional<DecisionsPart> part = decisions_part(a, b);
   if (!part) return;
   out.first_decision_flip = DecisionFlip{part->step, part->column, part->hash_dataset, 0, {}};

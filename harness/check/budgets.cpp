@@ -349,19 +349,23 @@ double Window::allowance(double reference) const {
   return atol + rtol * std::fabs(reference) + (ulp != 0 ? ulp * fp32_ulp(reference) : 0.0);
 }
 
+double windows_allowance(const std::vector<Window>& windows, int step, int since_part, double reference) {
+  double total = 0;
+  for (const Window& w : windows) {
+    if (w.covers(step, since_part)) total += w.allowance(reference);
+  }
+  return total;
+}
+
 double ComposedBudget::allowed(const std::string& metric, int step, double reference) const {
-  const bool parted = decisions_part_ && step >= *decisions_part_;
-  return allowed(metric, step, reference, parted ? step - *decisions_part_ : kDecisionsNeverPart);
+  return allowed(metric, step, reference, steps_since_part(step, decisions_part_));
 }
 
 double ComposedBudget::allowed(const std::string& metric, int step, double reference, int since_part) const {
   double total = 0;
   for (const FeatureBudget* f : parts_) {
     const auto it = f->metrics.find(metric);
-    if (it == f->metrics.end()) continue;
-    for (const Window& w : it->second) {
-      if (w.covers(step, since_part)) total += w.allowance(reference);
-    }
+    if (it != f->metrics.end()) total += windows_allowance(it->second, step, since_part, reference);
   }
   return total;
 }

@@ -42,6 +42,12 @@ struct Window {
   double allowance(double reference) const;
 };
 inline constexpr int kDecisionsNeverPart = -1;
+// `step` - `part` from the step the decisions parted at on, else kDecisionsNeverPart.
+inline int steps_since_part(int step, std::optional<int> part) {
+  return part && step >= *part ? step - *part : kDecisionsNeverPart;
+}
+// What `windows` allow at `step` (the decisions parted `since_part` steps before) from `reference`.
+double windows_allowance(const std::vector<Window>& windows, int step, int since_part, double reference);
 // The value of a window's `from` key that anchors it to the decisions' part.
 inline constexpr const char* kFromDecisionsPart = "decisions-part";
 

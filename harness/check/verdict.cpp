@@ -518,12 +518,21 @@ void check_contracts(const ReceiptData& a, const ReceiptData& b) {
   }
 }
 
-std::optional<DecisionsPart> decisions_part(const ReceiptData& a, const ReceiptData& b) {
-  std::optional<DecisionsPart> first;
+std::vector<std::string> compared_decision_records(const ReceiptData& a, const ReceiptData& b) {
+  std::vector<std::string> paths;
   for (const auto& [path, series] : a.decisions) {
     const auto other = b.decisions.find(path);
-    if (series.record != DecisionRecord::kHash || other == b.decisions.end() || other->second.columns != series.columns)
-      continue;
+    if (series.record == DecisionRecord::kHash && other != b.decisions.end() && other->second.columns == series.columns)
+      paths.push_back(path);
+  }
+  return paths;
+}
+
+std::optional<DecisionsPart> decisions_part(const ReceiptData& a, const ReceiptData& b) {
+  std::optional<DecisionsPart> first;
+  for (const std::string& path : compared_decision_records(a, b)) {
+    const ReceiptData::DecisionSeries& series = a.decisions.at(path);
+    const auto other = b.decisions.find(path);
     const std::size_t width = series.columns.size();
     for (int s = 0; s < std::min(a.steps(), b.steps()) && (!first || s < first->step); ++s) {
       for (std::size_t c = 0; c < width; ++c) {
@@ -543,7 +552,7 @@ std::vector<Deviation> metric_deviations(const ReceiptData& run, const ReceiptDa
   std::vector<Deviation> out;
   for (int s = 0; s < run.steps(); ++s) {
     const auto i = static_cast<std::size_t>(s);
-    const int since = part && s >= part->step ? s - part->step : kDecisionsNeverPart;
+    const int since = steps_since_part(s, part ? std::optional<int>(part->step) : std::nullopt);
     out.push_back({"loss", s, std::fabs(run.loss[i] - ref.loss[i]), ref.loss[i], "", since});
     out.push_back({"grad_norm", s, std::fabs(run.grad_norm[i] - ref.grad_norm[i]), ref.grad_norm[i], "", since});
     for (std::size_t t = 0; t < run.tensors.size(); ++t) {

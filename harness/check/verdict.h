@@ -107,6 +107,8 @@ struct DecisionsPart {
   std::string hash_dataset;  // "/routing/decisions_hash"
 };
 std::optional<DecisionsPart> decisions_part(const ReceiptData& a, const ReceiptData& b);
+// The decision hash datasets both record with the same columns: what decisions_part compares.
+std::vector<std::string> compared_decision_records(const ReceiptData& a, const ReceiptData& b);
 
 struct MetricVerdict {
   std::string metric;

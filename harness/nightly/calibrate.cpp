@@ -65,22 +65,17 @@ std::string toml_string(const std::string& s) {
   return out.str();
 }
 
-// What the windows allow at a deviation's step.
-double allowance(const std::vector<check::Window>& windows, const check::Deviation& d) {
-  double total = 0;
-  for (const check::Window& w : windows) {
-    if (w.covers(d.step, d.since_decisions_part)) total += w.allowance(d.reference);
-  }
-  return total;
-}
-
-// The windows of one metric of the entry being calibrated, and where they stand:
-// `parted_apart` when the entry has windows from the decisions' part (the steps after a
-// run's decisions parted are then theirs to cover, on top of `base`, the entry's other
-// windows as proposed).
+// The windows of one metric of the entry being calibrated: those from the decisions' part
+// (a step they cover, once a run's decisions parted, is theirs to fit, on top of `base`),
+// and `base`, the entry's other windows as proposed.
 struct EntryWindows {
-  bool parted_apart = false;
+  std::vector<check::Window> from_part;
   std::vector<check::Window> base;
+
+  bool part_covers(const check::Deviation& d) const {
+    return std::any_of(from_part.begin(), from_part.end(),
+                       [&](const check::Window& w) { return w.covers(d.step, d.since_decisions_part); });
+  }
 };
 
 // The proposal for one window: the current window's shape (its atol : rtol : ulp)
@@ -96,13 +91,14 @@ WindowProposal propose(const std::string& metric, const check::Window& current, 
   double largest_reference = 0, largest_excess = 0;
   for (const check::Deviation& d : deviations) {
     if (d.metric != metric || !current.covers(d.step, d.since_decisions_part)) continue;
-    const bool parted = d.since_decisions_part != check::kDecisionsNeverPart;
-    if (entry.parted_apart && parted && !current.from_decisions_part) continue;  // the part's windows cover it
+    if (!current.from_decisions_part && entry.part_covers(d)) continue;  // the part's windows fit it
     ++p.samples;
-    const double own = current.from_decisions_part ? allowance(entry.base, d) : 0.0;
+    const double own = current.from_decisions_part
+                           ? check::windows_allowance(entry.base, d.step, d.since_decisions_part, d.reference)
+                           : 0.0;
     const double excess =
         std::max(0.0, d.deviation - others.allowed(metric, d.step, d.reference, d.since_decisions_part) - own);
-    const double unit = current.atol + current.rtol * std::fabs(d.reference) + current.ulp * check::fp32_ulp(d.reference);
+    const double unit = current.allowance(d.reference);
     p.observed = std::max(p.observed, d.deviation);
     largest_reference = std::max(largest_reference, std::fabs(d.reference));
     largest_excess = std::max(largest_excess, excess);
@@ -314,8 +310,8 @@ void propose_windows(const std::vector<const check::FeatureBudget*>& parts, cons
         c.envelope ? doubling_windows(runs.repeats.front().steps()) : std::vector<check::Window>{check::Window{}};
     const std::vector<check::Window>& windows = none ? fresh : it->second;
     EntryWindows entry;
-    entry.parted_apart =
-        std::any_of(windows.begin(), windows.end(), [](const check::Window& w) { return w.from_decisions_part; });
+    std::copy_if(windows.begin(), windows.end(), std::back_inserter(entry.from_part),
+                 [](const check::Window& w) { return w.from_decisions_part; });
     for (bool from_part : {false, true}) {  // the part's windows add to the others' proposals
       for (const check::Window& w : windows) {
         if (w.from_decisions_part != from_part) continue;

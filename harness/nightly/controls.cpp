@@ -1,14 +1,17 @@
 #include "controls.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <map>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "bisect.h"
 #include "child_process.h"
+#include "interrupt.h"
 #include "lane_run.h"
 #include "receipt/hdf5_file.h"
 #include "registry.h"
@@ -63,7 +66,9 @@ check::ReceiptData run_reference(const ControlInputs& in, const std::string& out
   o.threads = in.threads;
   o.trace = run::TraceLevel::kOps;
   if (!fault.empty()) o.inject_fault = fault;
+  o.out = out + ".partial";  // a run cut by a signal leaves no receipt that looks whole
   run::run_canary(o);
+  fs::rename(o.out, out);
   return check::load_receipt(out);
 }
 
@@ -72,8 +77,9 @@ check::ReceiptData run_reference(const ControlInputs& in, const std::string& out
 json judge_fault(const ControlInputs& in, const canary::FaultSpec& fault, const check::ReceiptData& faulted,
                  const json& record, std::chrono::steady_clock::time_point start) {
   const std::string what = fmt::format("a {}-ulp fault in {} at step {}", fault.ulps, fault.op, fault.step);
-  const check::ReceiptData golden = in.golden_path.empty() ? in.reference : check::load_receipt(in.golden_path);
-  const check::Verdict v = check::compare_receipts(faulted, golden, in.budgets, "golden");
+  // The golden check's rules, against this job's clean run of the lane: a reference lane that
+  // already fails its golden is that check's regression, not the control's.
+  const check::Verdict v = check::compare_receipts(faulted, in.reference, in.budgets, "golden");
   if (v.pass()) {
     return finished(record, "blind",
                     fmt::format("{} passes the golden check of {}: this nightly cannot see a 1-ulp fault", what,
@@ -107,7 +113,10 @@ json fault_control(const ControlInputs& in) {
   const auto start = std::chrono::steady_clock::now();
   json record = {{"control", "fault"}, {"fault", ""}, {"absorbed", json::array()}};
   const LaneSpec& reference = in.matrix.lane(in.matrix.reference);
-  if (in.matrix.control_faults.empty() || (reference.external() && !reference.python_canary)) {
+  if (in.matrix.control_faults.empty()) {
+    return finished(record, "skipped", "the matrix names no fault to inject", start);
+  }
+  if (reference.external() && !reference.python_canary) {
     return finished(record, "skipped",
                     fmt::format("the reference lane {} runs another stack's command, which cannot inject a fault",
                                 reference.id),
@@ -123,9 +132,11 @@ json fault_control(const ControlInputs& in) {
       }
       record["fault"] = fault.to_string();
       return judge_fault(in, fault, faulted, record, start);
+    } catch (const run::Interrupted&) {
+      throw;  // the job's: it reports where the signal landed
     } catch (const std::exception& e) {
-      return finished(record, "error", fmt::format("the fault {} could not be checked: {}", fault.to_string(), e.what()),
-                      start);
+      const std::string why = fmt::format("the fault {} could not be checked: {}", fault.to_string(), e.what());
+      return finished(record, "error", why, start);
     }
   }
   return finished(record, "error",
@@ -165,8 +176,8 @@ json noise_control(const ControlInputs& in) {
   }
   if (seen.empty()) return finished(record, "skipped", "no lane of this job sums in a seeded order", start);
   return finished(record, "seen",
-                  fmt::format("{} differ{} bitwise from the reference lane, as a seeded order must", fmt::join(seen, ", "),
-                              seen.size() == 1 ? "s" : ""),
+                  fmt::format("{} differ{} bitwise from the reference lane, as a seeded order must",
+                              fmt::join(seen, ", "), seen.size() == 1 ? "s" : ""),
                   start);
 }
 
@@ -211,23 +222,73 @@ json replay_control(const ControlInputs& in) {
                     fmt::format("lane {} replayed with --{} {} is refused: {} differs at step {}", spec->id, seed->flag,
                                 wrong, r.first_mismatch->what, r.first_mismatch->step),
                     start);
+  } catch (const run::Interrupted&) {
+    throw;
   } catch (const std::exception& e) {
-    return finished(record, "error", fmt::format("lane {}'s replay could not be checked: {}", spec->id, e.what()), start);
+    const std::string why = fmt::format("lane {}'s replay could not be checked: {}", spec->id, e.what());
+    return finished(record, "error", why, start);
   }
 }
 
 }  // namespace
 
 json run_controls(const ControlInputs& in) {
-  return json::array({fault_control(in), noise_control(in), replay_control(in)});
+  json controls = json::array();
+  if (in.fault) controls.push_back(fault_control(in));
+  controls.push_back(noise_control(in));
+  if (const int signal = run::pending_interrupt(); signal != 0) {
+    throw run::Interrupted(signal, 0, "the negative controls were interrupted");
+  }
+  controls.push_back(replay_control(in));
+  return controls;
+}
+
+bool control_fails_the_job(const json& control) {
+  const std::string status = control.at("status");
+  return status == "blind" || status == "error";
 }
 
 bool controls_fail_the_job(const json& controls) {
-  for (const json& c : controls) {
-    const std::string status = c.at("status");
-    if (status == "blind" || status == "error") return true;
+  return std::any_of(controls.begin(), controls.end(), [](const json& c) { return control_fails_the_job(c); });
+}
+
+json merge_controls(const std::vector<json>& shard_controls) {
+  std::vector<std::string> order;
+  std::map<std::string, std::vector<json>> by_name;
+  for (const json& controls : shard_controls) {
+    for (const json& c : controls) {
+      const std::string name = c.at("control");
+      if (!by_name.count(name)) order.push_back(name);
+      by_name[name].push_back(c);
+    }
   }
-  return false;
+  json merged = json::array();
+  for (const std::string& name : order) {
+    const std::vector<json>& records = by_name[name];
+    const auto first_with = [&](const char* status) {
+      return std::find_if(records.begin(), records.end(), [&](const json& c) { return c.at("status") == status; });
+    };
+    if (auto it = first_with("blind"); it != records.end()) {
+      merged.push_back(*it);
+    } else if (it = first_with("error"); it != records.end()) {
+      merged.push_back(*it);
+    } else if (it = first_with("seen"); it != records.end()) {
+      json seen = *it;
+      std::vector<std::string> summaries;
+      double seconds = 0;
+      for (const json& c : records) {
+        if (c.at("status") != "seen") continue;
+        summaries.push_back(c.at("summary"));
+        seconds += c.value("seconds", 0.0);
+      }
+      seen["summary"] = fmt::format("{}", fmt::join(summaries, "; "));
+      seen["seconds"] = seconds;
+      merged.push_back(seen);
+    } else {
+      merged.push_back(records.front());
+    }
+  }
+  return merged;
 }
 
 }  // namespace harness::nightly

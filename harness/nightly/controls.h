@@ -26,11 +26,13 @@ struct ControlInputs {
   const Matrix& matrix;
   const check::Budgets& budgets;
   const check::ReceiptData& reference;  // the job's run of the reference lane
-  std::string golden_path;              // the reference lane's golden ("" when there is none)
   // Every other lane the job ran, with its receipt.
   std::vector<std::pair<const LaneSpec*, const check::ReceiptData*>> lanes;
   std::string work_dir;  // where the control runs' receipts go
   int threads = 0;
+  // Whether this job runs the fault control: the shard that holds the reference lane does
+  // (every shard runs the others, on its own lanes).
+  bool fault = true;
 };
 
 // One record per control: {control, status, summary, seconds}; status "seen" (it failed, as
@@ -38,7 +40,12 @@ struct ControlInputs {
 // "error" (it could not run).
 nlohmann::json run_controls(const ControlInputs& in);
 
-// Whether any control is blind or could not run: the nightly cannot vouch for its verdict.
+// A control that is blind or could not run: the nightly cannot vouch for its verdict.
+bool control_fails_the_job(const nlohmann::json& control);
 bool controls_fail_the_job(const nlohmann::json& controls);
+
+// The controls of a job's shards as one list, one record per control: a blind one, else one
+// that could not run, else the seen ones together (their summaries joined), else skipped.
+nlohmann::json merge_controls(const std::vector<nlohmann::json>& shard_controls);
 
 }  // namespace harness::nightly

@@ -118,7 +118,9 @@ class Parser {
     }
     try {
       const canary::FaultSpec fault = canary::parse_fault_spec(given, ops);
-      if (fault.step >= steps) fail(fmt::format("control-fault: step {} is past the matrix's {} steps", fault.step, steps));
+      if (fault.step >= steps) {
+        fail(fmt::format("control-fault: step {} is past the matrix's {} steps", fault.step, steps));
+      }
       return {fault};
     } catch (const std::invalid_argument& e) {
       fail(fmt::format("control-fault: {}", e.what()));

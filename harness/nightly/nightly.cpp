@@ -162,6 +162,12 @@ class NightlyJob::Impl {
       records.push_back(interrupted_signal_ == 0 ? check_lane(*spec) : not_started(*spec));
       if (interrupted_signal_ == 0) last_finished = spec->id;
     }
+    // The negative controls: the fault control where the shard holds the reference lane
+    // (whatever --lanes selects), the others in every shard on its own lanes.
+    const std::vector<const LaneSpec*> shard = shard_lanes(matrix_, options_.shard);
+    const bool holds_reference =
+        std::any_of(shard.begin(), shard.end(), [&](auto* l) { return l->id == matrix_.reference; });
+    const json control_records = interrupted_signal_ == 0 ? controls(lanes, holds_reference) : json::array();
     json auxiliary = json::array();
     for (const auto& run : runs_) {  // (no structured binding: clang 14 cannot capture one)
       const std::string& id = run.first;
@@ -179,8 +185,7 @@ class NightlyJob::Impl {
                                              {"seconds", seconds_since(start)}}})},
                     {"lanes", records},
                     {"auxiliary_runs", auxiliary}};
-    summary["controls"] = interrupted_signal_ == 0 && (options_.shard.whole() || owns_reference) ? controls(lanes)
-                                                                                                   : json::array();
+    summary["controls"] = control_records;
     summary["verdict"] = job_verdict(summary["lanes"], summary["controls"]);
     // lane: the lane the signal cut, or null when it landed between lanes (after_lane: the
     // last lane that finished, null before the first).
@@ -200,19 +205,24 @@ class NightlyJob::Impl {
   }
 
   // The negative controls (controls.h), beside the reference lane's run; none when it did
-  // not run.
-  json controls(const std::vector<const LaneSpec*>& lanes) {
+  // not run. A signal during them is the job's interruption, after its last lane.
+  json controls(const std::vector<const LaneSpec*>& lanes, bool fault) {
     const auto ref = runs_.find(matrix_.reference);
     if (ref == runs_.end() || !ref->second.receipt) return json::array();
-    const std::string golden = store_.golden_path(matrix_.lane(matrix_.reference).lane);
-    ControlInputs in{matrix_, budgets_, *ref->second.receipt, fs::exists(golden) ? golden : "", {},
-                     (fs::path(options_.out_dir) / "controls").string(), options_.threads};
+    ControlInputs in{matrix_, budgets_, *ref->second.receipt, {}, (fs::path(options_.out_dir) / "controls").string(),
+                     options_.threads, fault};
     for (const LaneSpec* spec : lanes) {
       const auto run = runs_.find(spec->id);
       if (run != runs_.end() && run->second.receipt) in.lanes.emplace_back(spec, run->second.receipt.get());
     }
     fs::create_directories(in.work_dir);
-    return run_controls(in);
+    try {
+      return run_controls(in);
+    } catch (const run::Interrupted& e) {
+      interrupted_signal_ = e.signal;
+      interrupted_after_ = lanes.empty() ? "" : lanes.back()->id;
+      return json::array();
+    }
   }
 
   // Runs a lane once per job (the reference and triage twins are shared by several lanes).
@@ -466,6 +476,10 @@ void check_summary_shape(const json& s) {
       lane.at("seconds").get<double>();
     }
   }
+  for (const json& control : s.value("controls", json::array())) {
+    for (const char* key : {"control", "status", "summary"}) control.at(key).get<std::string>();
+    control.at("seconds").get<double>();
+  }
   for (const json& lane : s.at("lanes")) {
     lane.at("status").get<std::string>();
     lane.at("series").get<json::object_t>();
@@ -536,10 +550,9 @@ json merge_summaries(const std::vector<json>& shards, const std::vector<std::str
     lanes.push_back(it->second);
   }
   merged["lanes"] = lanes;
-  merged["controls"] = json::array();
-  for (const json& s : shards) {
-    for (const json& c : s.value("controls", json::array())) merged["controls"].push_back(c);
-  }
+  std::vector<json> shard_controls;
+  for (const json& s : shards) shard_controls.push_back(s.value("controls", json::array()));
+  merged["controls"] = merge_controls(shard_controls);
   merged["verdict"] = job_verdict(lanes, merged["controls"]);
   return merged;
 }

@@ -95,7 +95,9 @@ std::string junit_report(const json& summary) {
       test.append_attribute("classname") = "nightly.controls";
       test.append_attribute("name") = json_text(control, "control").c_str();
       const std::string status = json_text(control, "status");
-      if (status == "skipped") test.append_child("skipped").append_attribute("message") = json_text(control, "summary").c_str();
+      if (status == "skipped") {
+        test.append_child("skipped").append_attribute("message") = json_text(control, "summary").c_str();
+      }
       if (status == "blind" || status == "error") {
         pugi::xml_node problem = test.append_child("error");
         problem.append_attribute("message") = json_text(control, "summary").c_str();

@@ -256,6 +256,10 @@ def verdicts(path):
     return [(l["id"], l["status"], [strip(c) for c in l["checks"]]) for l in lanes]
 one, merged, shard0 = (json.load(open(p)) for p in sys.argv[1:])
 assert verdicts(sys.argv[1]) == verdicts(sys.argv[2])
+# the controls too: the fault control from the shard holding the reference, the others from both
+statuses = lambda s: [(c["control"], c["status"]) for c in s["controls"]]
+assert statuses(merged) == statuses(one) == [("fault", "seen"), ("noise", "seen"), ("replay", "seen")], statuses(merged)
+assert "bf16 differs" in merged["controls"][1]["summary"] and "fp8 differs" in merged["controls"][1]["summary"]
 assert [l["id"] for l in shard0["lanes"]] == ["ref", "fp8", "zero3"]
 assert len(merged["shards"]) == 2
 PY

@@ -92,7 +92,8 @@ TEST(Matrix, BadFilesNameTheirKey) {
       {std::string(kHeader).replace(std::string(kHeader).find("\"ref\""), 5, "\"zz\"") + ref, "reference: 'zz'"},
       {header + ref + "[[lanes]]\nid = \"a\"\nengine = \"tpu-mesh\"\nmesh = 2.5\n", "lanes[1] (a).mesh: must be a string"},
       {header + "control-fault = \"step=1,op=nope\"\n" + ref, "control-fault: --inject-fault: unknown op 'nope'"},
-      {header + "control-fault = \"step=4,op=embedding\"\n" + ref, "control-fault: step 4 is past the matrix's 4 steps"},
+      {header + "control-fault = \"step=4,op=embedding\"\n" + ref,
+       "control-fault: step 4 is past the matrix's 4 steps"},
       {header + "control-fault = 3\n" + ref, "control-fault: must be a non-empty string"},
   };
   expect_refused(dir, cases, false);
@@ -107,8 +108,8 @@ TEST(Matrix, TheControlFaultsDefaultToTheFirstOpsAtTheMiddleStep) {
   for (const canary::FaultSpec& f : m.control_faults) faults.push_back(f.to_string());
   EXPECT_EQ(faults, (std::vector<std::string>{"step=2,op=embedding,ulps=1", "step=2,op=blocks.0.ln1,ulps=1",
                                               "step=2,op=blocks.0.attn.qkv,ulps=1"}));
-  const Matrix own = load_matrix(write(dir, std::string(kHeader) + "control-fault = \"step=3,op=blocks.0.attn.qkv,ulps=2\"\n" +
-                                                kRefLane));
+  const std::string own_fault = "control-fault = \"step=3,op=blocks.0.attn.qkv,ulps=2\"\n";
+  const Matrix own = load_matrix(write(dir, std::string(kHeader) + own_fault + kRefLane));
   ASSERT_EQ(own.control_faults.size(), 1u);
   EXPECT_EQ(own.control_faults.front().to_string(), "step=3,op=blocks.0.attn.qkv,ulps=2");
 }
