@@ -125,7 +125,7 @@ void Compilation::emit(InstrKind kind, const std::vector<std::int32_t>& buffers,
 int Compilation::weight_operand(TensorId param, bool matmul, bool gather) {
   if (param == kNoTensor) return -1;
   const bool cast = matmul && config_.precision == Precision::Bf16 && !table_[param].role.fp32_weight;
-  const auto key = std::make_pair(param, cast);
+  const auto key = std::make_tuple(param, cast, gather);
   if (auto it = operand_cache_.find(key); it != operand_cache_.end()) return it->second;
   int source = buffer(param);
   const PartitionSpec s = eff(param);
@@ -146,8 +146,9 @@ int Compilation::weight_operand(TensorId param, bool matmul, bool gather) {
 }
 
 void Compilation::forget_operands_of(TensorId param) {
-  operand_cache_.erase({param, false});
-  operand_cache_.erase({param, true});
+  for (bool cast : {false, true}) {
+    for (bool gathered : {false, true}) operand_cache_.erase({param, cast, gathered});
+  }
 }
 
 int Compilation::gradient_target(TensorId grad, std::vector<PendingGradient>& pending) {

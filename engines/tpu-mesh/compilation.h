@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -119,7 +120,7 @@ class Compilation {
   bool accumulating_ = false;          // adding to gradients and loss (a later micro-batch)
   std::vector<int> buffer_of_;
   std::map<std::pair<TensorId, std::int32_t>, int> token_views_;
-  std::map<std::pair<TensorId, bool>, int> operand_cache_;
+  std::map<std::tuple<TensorId, bool, bool>, int> operand_cache_;  // (param, cast, gathered)
   Phase cache_phase_ = Phase::Forward;
   Executable exe_;
   int node_ = -1;

@@ -2,12 +2,15 @@
 // talk about: losses, grad norms, batch hashes and the four hash families.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "canary_run.h"
+#include "receipt/hdf5_file.h"
 #include "receipt/receipt_reader.h"
 #include "scratch_dir.h"
 
@@ -50,6 +53,19 @@ inline run::RunOptions lane(const std::string& canary, int steps, int threads, c
   o.engine = engine;
   o.engine_settings = {features, std::move(flags)};
   return o;
+}
+
+// One dataset of the scratch receipt run_and_read() wrote under `tag`, as doubles.
+inline std::vector<double> receipt_dataset(const std::string& tag, const std::string& path) {
+  const receipt::ReceiptReader r(scratch().path(tag + ".h5"));
+  return h5::read_f64(r.file(), path);
+}
+
+// The largest |loss a - loss b| over the steps.
+inline double max_loss_gap(const ReceiptBits& a, const ReceiptBits& b) {
+  double gap = 0;
+  for (std::size_t s = 0; s < a.loss.size(); ++s) gap = std::max(gap, std::fabs(a.loss[s] - b.loss[s]));
+  return gap;
 }
 
 }  // namespace harness::testing

@@ -20,6 +20,8 @@ namespace harness::tpu {
 namespace {
 
 using harness::testing::lane;
+using harness::testing::max_loss_gap;
+using harness::testing::receipt_dataset;
 using harness::testing::ReceiptBits;
 using harness::testing::run_and_read;
 using harness::testing::scratch;
@@ -28,11 +30,6 @@ using Flags = std::map<std::string, std::string>;
 
 run::RunOptions moe_lane(int steps, int threads, Flags flags) {
   return lane("moe-tiny", steps, threads, "tpu-mesh", "", std::move(flags));
-}
-
-std::vector<double> receipt_dataset(const std::string& tag, const std::string& path) {
-  const receipt::ReceiptReader r(scratch().path(tag + ".h5"));
-  return h5::read_f64(r.file(), path);
 }
 
 // A run's receipt and its routing: the decisions' hashes and tokens per expert, per step and layer.
@@ -51,12 +48,6 @@ MoeRun run_moe(run::RunOptions options, const std::string& tag) {
 
 bool same_routing(const MoeRun& a, const MoeRun& b) {
   return a.decisions == b.decisions && a.tokens0 == b.tokens0 && a.dropped == b.dropped;
-}
-
-double max_loss_gap(const ReceiptBits& a, const ReceiptBits& b) {
-  double gap = 0;
-  for (std::size_t s = 0; s < a.loss.size(); ++s) gap = std::max(gap, std::fabs(a.loss[s] - b.loss[s]));
-  return gap;
 }
 
 const MoeRun& cpu_reference() {

@@ -24,6 +24,8 @@ namespace harness::tpu {
 namespace {
 
 using harness::testing::lane;
+using harness::testing::max_loss_gap;
+using harness::testing::receipt_dataset;
 using harness::testing::ReceiptBits;
 using harness::testing::run_and_read;
 using harness::testing::scratch;
@@ -33,17 +35,6 @@ using Flags = std::map<std::string, std::string>;
 
 run::RunOptions mesh_lane(const std::string& canary, int steps, int threads, Flags flags) {
   return lane(canary, steps, threads, "tpu-mesh", "", std::move(flags));
-}
-
-std::vector<double> receipt_dataset(const std::string& tag, const std::string& path) {
-  const receipt::ReceiptReader r(scratch().path(tag + ".h5"));
-  return h5::read_f64(r.file(), path);
-}
-
-double max_loss_gap(const ReceiptBits& a, const ReceiptBits& b) {
-  double gap = 0;
-  for (std::size_t s = 0; s < a.loss.size(); ++s) gap = std::max(gap, std::fabs(a.loss[s] - b.loss[s]));
-  return gap;
 }
 
 TEST(TpuMeshRun, OneDeviceIsBitwiseCpuRefOnEveryPlan) {

@@ -65,6 +65,17 @@ void exchange(Compilation& c, int dst, int src, TensorId expert_buffer, TensorId
          Axis::Data);
 }
 
+// Where a device writes its own tokens' rows of `expert_buffer` (every expert's slots): the
+// tensor's buffer when the batch is not split, else a whole buffer the exchange then sends
+// from (zeroed first where the kernel adds into it).
+int my_rows(Compilation& c, TensorId expert_buffer, bool split, bool zeroed) {
+  if (!split) return c.buffer(expert_buffer);
+  const std::string name = "send." + c.table()[expert_buffer].name;
+  const std::int64_t numel = product(c.shape(expert_buffer));
+  return zeroed ? c.zeroed_temp(name, numel, MemoryCategory::Activations)
+                : c.temp(name, numel, MemoryCategory::Activations);
+}
+
 // The expert buffer whole (every expert, this device's rows at their slots): the buffer
 // itself when the batch is not split, else its rows brought back from the experts' devices.
 int rows_of_my_tokens(Compilation& c, TensorId expert_buffer, TensorId expert, TensorId slot) {
@@ -149,8 +160,7 @@ void lower_dispatch_forward(Compilation& c, const Node& n) {
   const TensorId slot = op.get<"slot">();
   const Shape& s = c.shape(expert_in);
   const bool split = split_over_data(c, expert);
-  const int mine = split ? c.temp("send." + c.table()[expert_in].name, product(s), MemoryCategory::Activations)
-                         : c.buffer(expert_in);
+  const int mine = my_rows(c, expert_in, split, false);  // the kernel writes every slot
   c.emit(InstrKind::MoeDispatchForward, {mine, c.buffer(inp), c.buffer(expert), c.buffer(slot)},
          {rows(c.lshape(inp)), s[2], s[0], c.lshape(expert).back(), s[1]});
   if (split) exchange(c, c.buffer(expert_in), mine, expert_in, expert, slot, true);
@@ -195,8 +205,7 @@ void lower_combine_backward(Compilation& c, const Node& n) {
   const Shape& s = c.shape(dexpert_out);
   const bool split = split_over_data(c, expert);
   // This device's rows' gradients, then to every device that runs their experts.
-  const int mine = split ? c.zeroed_temp("send." + c.table()[dexpert_out].name, product(s), MemoryCategory::Activations)
-                         : c.buffer(dexpert_out);
+  const int mine = my_rows(c, dexpert_out, split, true);
   c.emit(InstrKind::MoeCombineBackward,
          {mine, c.buffer(op.get<"dweights">()), c.buffer(dout),
           rows_of_my_tokens(c, op.get<"expert_out">(), expert, slot), c.buffer(op.get<"weights">()), c.buffer(expert),
