@@ -19,6 +19,8 @@
 namespace harness::check {
 namespace {
 
+namespace paths = receipt::paths;
+
 // Every dataset of the receipt the description gives a gate (validated: float64 already).
 std::map<std::string, ReceiptData::GatedCounter> read_gated_counters(const receipt::ReceiptReader& r) {
   std::map<std::string, ReceiptData::GatedCounter> out;
@@ -259,28 +261,31 @@ void check_shapes(const ReceiptData& d) {
                                               d.path, what, got, n, want));
     }
   };
-  expect(d.grad_norm.size(), n, "/steps/grad_norm");
-  expect(d.batch_hashes.size(), n, "/steps/batch_hash");
-  for (const auto& [family, hashes] : d.hashes) expect(hashes.size(), n * k, "/hashes/" + family);
-  expect(d.params_sketch.size(), n * k * receipt::kSketchWidth, "/sketches/params_projection");
+  expect(d.grad_norm.size(), n, paths::kGradNorm);
+  expect(d.batch_hashes.size(), n, paths::kBatchHash);
+  for (const auto& [family, hashes] : d.hashes) expect(hashes.size(), n * k, paths::hashes(family));
+  expect(d.params_sketch.size(), n * k * receipt::kSketchWidth, paths::sketch_projection("params"));
   for (const auto& [path, counter] : d.counters) {
     if (n == 0 || counter.values.size() % n != 0) expect(counter.values.size(), n, path);
   }
   for (const auto& [path, series] : d.decisions) expect(series.values.size(), n * series.columns.size(), path);
   if (d.trace) {
     const std::size_t r = d.trace->columns.size();
-    expect(d.trace->hashes.size(), n * r, "/trace/hash");
-    expect(d.trace->l2.size(), n * r, "/trace/l2");
-    expect(d.trace->projection.size(), n * r * receipt::kSketchWidth, "/trace/projection");
+    expect(d.trace->hashes.size(), n * r, paths::kTraceHash);
+    expect(d.trace->l2.size(), n * r, paths::kTraceL2);
+    expect(d.trace->projection.size(), n * r * receipt::kSketchWidth, paths::kTraceProjection);
   }
 }
 
 std::optional<OpTrace> read_trace(const receipt::ReceiptReader& r) {
-  if (!h5::exists(r.file(), "trace")) return std::nullopt;
+  if (!h5::exists(r.file(), paths::kTrace)) return std::nullopt;
   const hid_t f = r.file();
-  const std::vector<std::int64_t> op_index = h5::read_i64(f, "/trace/op_index"), layer = h5::read_i64(f, "/trace/layer");
-  const std::vector<std::string> op = h5::read_strings(f, "/trace/op"), phase = h5::read_strings(f, "/trace/phase");
-  const std::vector<std::string> tensor = h5::read_strings(f, "/trace/tensor"), kind = h5::read_strings(f, "/trace/kind");
+  const std::vector<std::int64_t> op_index = h5::read_i64(f, paths::kTraceOpIndex);
+  const std::vector<std::int64_t> layer = h5::read_i64(f, paths::kTraceLayer);
+  const std::vector<std::string> op = h5::read_strings(f, paths::kTraceOp);
+  const std::vector<std::string> phase = h5::read_strings(f, paths::kTracePhase);
+  const std::vector<std::string> tensor = h5::read_strings(f, paths::kTraceTensor);
+  const std::vector<std::string> kind = h5::read_strings(f, paths::kTraceKind);
   for (std::size_t size : {layer.size(), op.size(), phase.size(), tensor.size(), kind.size()}) {
     if (size != op_index.size()) {
       throw receipt::ReceiptError(fmt::format("{}: /trace columns disagree in length; the receipt is damaged", r.path()));
@@ -290,9 +295,9 @@ std::optional<OpTrace> read_trace(const receipt::ReceiptReader& r) {
   for (std::size_t c = 0; c < op_index.size(); ++c) {
     t.columns.push_back({static_cast<int>(op_index[c]), op[c], static_cast<int>(layer[c]), phase[c], tensor[c], kind[c]});
   }
-  t.hashes = h5::read_u64(f, "/trace/hash");
-  t.l2 = h5::read_f64(f, "/trace/l2");
-  t.projection = h5::read_f64(f, "/trace/projection");
+  t.hashes = h5::read_u64(f, paths::kTraceHash);
+  t.l2 = h5::read_f64(f, paths::kTraceL2);
+  t.projection = h5::read_f64(f, paths::kTraceProjection);
   return t;
 }
 
@@ -309,12 +314,12 @@ ReceiptData load_receipt(const std::string& path) {
   d.lane = r.manifest_string("lane");
   d.engine = r.manifest_string("engine");
   d.complete = r.complete();
-  d.loss = r.steps_f64("loss");
-  d.grad_norm = r.steps_f64("grad_norm");
+  d.loss = r.f64(paths::kLoss);
+  d.grad_norm = r.f64(paths::kGradNorm);
   d.batch_hashes = r.batch_hashes();
   d.tensors = r.tensor_names();
   for (const char* family : receipt::kHashFamilies) d.hashes[family] = r.hashes(family);
-  d.params_sketch = h5::read_f64(r.file(), "/sketches/params_projection");
+  d.params_sketch = h5::read_f64(r.file(), paths::sketch_projection("params"));
   d.counters = read_gated_counters(r);
   d.decisions = read_decisions(r);
   d.trace = read_trace(r);

@@ -34,7 +34,7 @@ std::string exact(double v) { return fmt::format("{:.17g}", v); }
 
 nlohmann::json describe(const receipt::ReceiptReader& r) {
   const auto manifest = r.manifest_text();
-  const std::vector<double> loss = r.steps_f64("loss");
+  const std::vector<double> loss = r.f64(receipt::paths::kLoss);
   nlohmann::json j;
   j["schema_version"] = r.schema_version();
   j["path"] = r.path();
@@ -128,8 +128,9 @@ int follow_action(const InspectFlags& f) {
     const bool writing = run::OutputLock::held(f.path);
     std::string why;
     if (auto reader = try_open(f.path, why)) {
-      const std::vector<double> loss = reader->steps_f64("loss"), grad_norm = reader->steps_f64("grad_norm"),
-                                lr = reader->steps_f64("lr");
+      namespace paths = receipt::paths;
+      const std::vector<double> loss = reader->f64(paths::kLoss), grad_norm = reader->f64(paths::kGradNorm),
+                                lr = reader->f64(paths::kLr);
       const int recorded = static_cast<int>(std::min({loss.size(), grad_norm.size(), lr.size()}));
       if (shown == 0 && recorded > 0) fmt::print("following   {} ({})\n", f.path, reader->manifest_string("lane"));
       for (; shown < recorded; ++shown) {

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "receipt/receipt_paths.h"
 #include "receipt/receipt_schema.h"
 
 namespace harness::receipt {
@@ -42,13 +43,13 @@ ReceiptReader::ReceiptReader(const std::string& path) : path_(path) {
                      "wrote it",
                      e.what()));
   }
-  if (!h5::exists(file_, "/manifest")) fail("no /manifest group: not a harness receipt");
-  manifest_ = h5::open_group(file_, "/manifest");
+  if (!h5::exists(file_, paths::kManifest)) fail("no /manifest group: not a harness receipt");
+  manifest_ = h5::open_group(file_, paths::kManifest);
   if (!h5::has_attr(manifest_, "schema_version")) fail("/manifest has no schema_version attribute: not a harness receipt");
   schema_version_ = h5::read_attr_int(manifest_, "schema_version");
   schema_minor_ = h5::has_attr(manifest_, "schema_minor") ? h5::read_attr_int(manifest_, "schema_minor") : 0;
   if (const std::string problem = schema_problem(schema_version_, schema_minor_); !problem.empty()) fail(problem);
-  for (const char* required : {"/steps/loss", "/steps/batch_hash", "/hashes/names"}) {
+  for (const char* required : {paths::kLoss, paths::kBatchHash, paths::kTensorNames}) {
     if (!h5::exists(file_, required)) fail(fmt::format("missing dataset {}: receipt is damaged", required));
   }
 }
@@ -56,7 +57,7 @@ ReceiptReader::ReceiptReader(const std::string& path) : path_(path) {
 bool ReceiptReader::complete() const { return manifest_int("complete") == 1; }
 
 std::int64_t ReceiptReader::steps_recorded() const {
-  return static_cast<std::int64_t>(h5::dataset_shape(file_, "/steps/loss").at(0));
+  return static_cast<std::int64_t>(h5::dataset_shape(file_, paths::kLoss).at(0));
 }
 
 std::string ReceiptReader::manifest_string(const std::string& name) const {
@@ -82,26 +83,25 @@ std::map<std::string, std::string> ReceiptReader::manifest_text() const {
   return out;
 }
 
-std::vector<double> ReceiptReader::steps_f64(const std::string& name) const {
-  const std::string path = "/steps/" + name;
+std::vector<double> ReceiptReader::f64(const std::string& path) const {
   if (!h5::exists(file_, path)) fail("missing dataset " + path);
   return h5::read_f64(file_, path);
 }
 
-std::vector<std::uint64_t> ReceiptReader::batch_hashes() const { return h5::read_u64(file_, "/steps/batch_hash"); }
+std::vector<std::uint64_t> ReceiptReader::batch_hashes() const { return h5::read_u64(file_, paths::kBatchHash); }
 
-std::vector<std::string> ReceiptReader::tensor_names() const { return h5::read_strings(file_, "/hashes/names"); }
+std::vector<std::string> ReceiptReader::tensor_names() const { return h5::read_strings(file_, paths::kTensorNames); }
 
 std::vector<std::uint64_t> ReceiptReader::hashes(const std::string& family) const {
-  const std::string path = "/hashes/" + family;
+  const std::string path = paths::hashes(family);
   if (!h5::exists(file_, path)) fail("missing dataset " + path);
   return h5::read_u64(file_, path);
 }
 
 std::vector<CheckpointRef> ReceiptReader::checkpoints() const {
   std::vector<CheckpointRef> out;
-  if (!h5::exists(file_, "checkpoints")) return out;
-  const h5::Handle group = h5::open_group(file_, "checkpoints");
+  if (!h5::exists(file_, paths::kCheckpoints)) return out;
+  const h5::Handle group = h5::open_group(file_, paths::kCheckpoints);
   if (h5::has_attr(group, "storage")) return out;  // held in the receipt: a Python canary's, replayed by Python
   const std::filesystem::path receipt_dir = std::filesystem::path(path_).parent_path();
   const std::string directory = h5::read_attr_string(group, "directory");
@@ -112,9 +112,9 @@ std::vector<CheckpointRef> ReceiptReader::checkpoints() const {
     const std::string name = fmt::format("step_{:06d}", step);
     out.push_back({static_cast<int>(step), (receipt_dir / directory / (name + ".h5")).string(), std::move(content_hash)});
   };
-  if (h5::exists(group, "step")) {  // schema minor 1: rows of /checkpoints/step and content_hash
-    const std::vector<std::int64_t> steps = h5::read_i64(group, "step");
-    const std::vector<std::string> hashes = h5::read_strings(group, "content_hash");
+  if (h5::exists(file_, paths::kCheckpointStep)) {  // schema minor 1: rows of /checkpoints/step and content_hash
+    const std::vector<std::int64_t> steps = h5::read_i64(file_, paths::kCheckpointStep);
+    const std::vector<std::string> hashes = h5::read_strings(file_, paths::kCheckpointContentHash);
     if (steps.size() != hashes.size()) fail("/checkpoints/step and /checkpoints/content_hash differ in length");
     for (std::size_t i = 0; i < steps.size(); ++i) add(steps[i], hashes[i]);
   } else {  // schema minor 0: one attribute step_XXXXXX per checkpoint

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "receipt/hdf5_file.h"
+#include "receipt/receipt_paths.h"
 
 namespace harness::receipt {
 
@@ -46,7 +47,8 @@ class ReceiptReader {
   // Every manifest attribute rendered as text (for inspect and stack-line diffs).
   std::map<std::string, std::string> manifest_text() const;
 
-  std::vector<double> steps_f64(const std::string& name) const;  // /steps/<name>
+  // A float64 series: paths::kLoss, kGradNorm or kLr (receipt_paths.h), or a described one.
+  std::vector<double> f64(const std::string& path) const;
   std::vector<std::uint64_t> batch_hashes() const;
   std::vector<std::string> tensor_names() const;
   std::vector<std::uint64_t> hashes(const std::string& family) const;  // (N, K) row-major

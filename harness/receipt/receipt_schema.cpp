@@ -4,12 +4,15 @@
 
 #include <fmt/format.h>
 
+#include "receipt/receipt_paths.h"
+
 namespace harness::receipt {
 namespace {
 
 using D = ReceiptDim;
 using T = ReceiptDtype;
 using V = ReceiptValue;
+namespace P = paths;
 constexpr Presence kRequired = Presence::kRequired;
 constexpr Presence kOptional = Presence::kOptional;
 
@@ -18,11 +21,11 @@ const char* const kPythonLanes = "canary_harness (the PyTorch lane, its Recorder
 
 ReceiptAttribute manifest(const std::string& name, V kind, Presence presence, std::string meaning, int since = 0,
                           std::string writer = kEveryWriter) {
-  return {"/manifest/" + name, kind, presence, since, std::move(writer), std::move(meaning)};
+  return {std::string(P::kManifest) + "/" + name, kind, presence, since, std::move(writer), std::move(meaning)};
 }
 
 void add_manifest(ReceiptEntries& e) {
-  e.groups.push_back({"/manifest", kRequired, 0, kEveryWriter, "the run's identity and settings, as attributes"});
+  e.groups.push_back({P::kManifest, kRequired, 0, kEveryWriter, "the run's identity and settings, as attributes"});
   e.attributes.insert(e.attributes.end(), {
       manifest("schema_version", V::kInteger, kRequired, "the schema's major version"),
       manifest("schema_minor", V::kInteger, kOptional, "the schema's minor version (absent in 1.0 receipts)", 1),
@@ -64,32 +67,32 @@ void add_manifest(ReceiptEntries& e) {
 }
 
 void add_steps_hashes_sketches(ReceiptEntries& e) {
-  e.groups.push_back({"/steps", kRequired, 0, kEveryWriter, "one row per step"});
+  e.groups.push_back({P::kSteps, kRequired, 0, kEveryWriter, "one row per step"});
   e.datasets.insert(e.datasets.end(), {
-      {"/steps/loss", T::kFloat64, {D::kSteps}, false, "", kRequired, 0, kEveryWriter, "the loss of batch s on params_s"},
-      {"/steps/grad_norm", T::kFloat64, {D::kSteps}, false, "", kRequired, 0, kEveryWriter,
+      {P::kLoss, T::kFloat64, {D::kSteps}, false, "", kRequired, 0, kEveryWriter, "the loss of batch s on params_s"},
+      {P::kGradNorm, T::kFloat64, {D::kSteps}, false, "", kRequired, 0, kEveryWriter,
        "global L2 norm of step s's gradients, before clipping"},
-      {"/steps/lr", T::kFloat64, {D::kSteps}, false, "", kRequired, 0, kEveryWriter, "the learning rate of step s"},
-      {"/steps/batch_hash", T::kUint64, {D::kSteps}, false, "", kRequired, 0, kEveryWriter,
+      {P::kLr, T::kFloat64, {D::kSteps}, false, "", kRequired, 0, kEveryWriter, "the learning rate of step s"},
+      {P::kBatchHash, T::kUint64, {D::kSteps}, false, "", kRequired, 0, kEveryWriter,
        "XXH3-64 of batch s's int32 tokens"},
   });
-  e.groups.push_back({"/hashes", kRequired, 0, kEveryWriter, "per step, one XXH3-64 per tensor and family"});
-  e.datasets.push_back({"/hashes/names", T::kString, {D::kAny}, false, "", kRequired, 0, kEveryWriter,
+  e.groups.push_back({P::kHashes, kRequired, 0, kEveryWriter, "per step, one XXH3-64 per tensor and family"});
+  e.datasets.push_back({P::kTensorNames, T::kString, {D::kAny}, false, "", kRequired, 0, kEveryWriter,
                         "the hashed tensors, in canonical order"});
   for (const char* family : kHashFamilies) {
-    e.datasets.push_back({fmt::format("/hashes/{}", family), T::kUint64, {D::kSteps, D::kTensors}, false, "", kRequired,
+    e.datasets.push_back({P::hashes(family), T::kUint64, {D::kSteps, D::kTensors}, false, "", kRequired,
                           0, kEveryWriter, fmt::format("the {} after step s", family)});
   }
-  e.groups.push_back({"/sketches", kRequired, 0, kEveryWriter, "per step, a value sketch per tensor"});
+  e.groups.push_back({P::kSketches, kRequired, 0, kEveryWriter, "per step, a value sketch per tensor"});
   e.attributes.insert(e.attributes.end(), {
       {"/sketches/method", V::kString, kOptional, 0, kEveryWriter, kSketchMethod},
       {"/sketches/width", V::kInteger, kRequired, 0, kEveryWriter, "buckets of the count sketch"},
       {"/sketches/block", V::kInteger, kRequired, 0, kEveryWriter, "elements per sketched block"},
   });
   for (const char* family : kSketchFamilies) {
-    e.datasets.push_back({fmt::format("/sketches/{}_l2", family), T::kFloat64, {D::kSteps, D::kTensors}, false, "",
+    e.datasets.push_back({P::sketch_l2(family), T::kFloat64, {D::kSteps, D::kTensors}, false, "",
                           kRequired, 0, kEveryWriter, fmt::format("L2 norm of each of the {}", family)});
-    e.datasets.push_back({fmt::format("/sketches/{}_projection", family), T::kFloat64,
+    e.datasets.push_back({P::sketch_projection(family), T::kFloat64,
                           {D::kSteps, D::kTensors, D::kSketchWidth}, false, "", kRequired, 0, kEveryWriter,
                           fmt::format("count sketch of each of the {}", family)});
   }
@@ -97,53 +100,53 @@ void add_steps_hashes_sketches(ReceiptEntries& e) {
 
 void add_trace(ReceiptEntries& e) {
   const char* const writer = "--trace ops";
-  e.groups.push_back({"/trace", kOptional, 0, writer, "per step, the hash and sketch of every traced op output"});
+  e.groups.push_back({P::kTrace, kOptional, 0, writer, "per step, the hash and sketch of every traced op output"});
   e.attributes.push_back({"/trace/level", V::kString, kRequired, 0, writer, "ops"});
-  e.datasets.push_back({"/trace/op_index", T::kInt64, {D::kAny}, false, "", kRequired, 0, writer,
+  e.datasets.push_back({P::kTraceOpIndex, T::kInt64, {D::kAny}, false, "", kRequired, 0, writer,
                         "the op's place among the step's traced ops"});
-  e.datasets.push_back({"/trace/layer", T::kInt64, {D::kColumns}, false, "/trace/op_index", kRequired, 0, writer,
+  e.datasets.push_back({P::kTraceLayer, T::kInt64, {D::kColumns}, false, P::kTraceOpIndex, kRequired, 0, writer,
                         "block index, -1 outside the blocks"});
-  for (const char* name : {"op", "phase", "tensor", "kind"}) {
-    e.datasets.push_back({fmt::format("/trace/{}", name), T::kString, {D::kColumns}, false, "/trace/op_index", kRequired,
-                          0, writer, fmt::format("each column's {}", name)});
+  for (const char* path : {P::kTraceOp, P::kTracePhase, P::kTraceTensor, P::kTraceKind}) {
+    e.datasets.push_back({path, T::kString, {D::kColumns}, false, P::kTraceOpIndex, kRequired, 0, writer,
+                          fmt::format("each column's {}", P::leaf(path))});
   }
   e.datasets.insert(e.datasets.end(), {
-      {"/trace/hash", T::kUint64, {D::kSteps, D::kColumns}, false, "/trace/op_index", kRequired, 0, writer,
+      {P::kTraceHash, T::kUint64, {D::kSteps, D::kColumns}, false, P::kTraceOpIndex, kRequired, 0, writer,
        "XXH3-64 of each traced output"},
-      {"/trace/l2", T::kFloat64, {D::kSteps, D::kColumns}, false, "/trace/op_index", kRequired, 0, writer,
+      {P::kTraceL2, T::kFloat64, {D::kSteps, D::kColumns}, false, P::kTraceOpIndex, kRequired, 0, writer,
        "L2 norm of each traced output"},
-      {"/trace/projection", T::kFloat64, {D::kSteps, D::kColumns, D::kSketchWidth}, false, "/trace/op_index", kRequired,
+      {P::kTraceProjection, T::kFloat64, {D::kSteps, D::kColumns, D::kSketchWidth}, false, P::kTraceOpIndex, kRequired,
        0, writer, "count sketch of each traced output"},
   });
 }
 
 void add_options(ReceiptEntries& e) {
-  e.groups.push_back({"/batches", kOptional, 0, "--record-batches", "every batch's tokens"});
-  e.datasets.push_back({"/batches/tokens", T::kInt32, {D::kSteps, D::kAny, D::kAny}, false, "", kRequired, 0,
+  e.groups.push_back({P::kBatches, kOptional, 0, "--record-batches", "every batch's tokens"});
+  e.datasets.push_back({P::kBatchTokens, T::kInt32, {D::kSteps, D::kAny, D::kAny}, false, "", kRequired, 0,
                         "--record-batches", "batch s's tokens (B, T+1)"});
-  e.groups.push_back({"/tensors", kOptional, 0, "--dump-tensors", "parameters at the start of chosen steps"});
+  e.groups.push_back({P::kTensors, kOptional, 0, "--dump-tensors", "parameters at the start of chosen steps"});
   e.datasets.push_back({"/tensors/*/*", T::kFloat32, {}, true, "", kOptional, 0, "--dump-tensors",
                         "step_XXXXXX/<name>: the tensor's values in its shape"});
   const char* const checkpoints = "--checkpoint-every";
-  e.groups.push_back({"/checkpoints", kOptional, 0, checkpoints, "the run's checkpoints, beside or in the receipt"});
+  e.groups.push_back({P::kCheckpoints, kOptional, 0, checkpoints, "the run's checkpoints, beside or in the receipt"});
   e.attributes.insert(e.attributes.end(), {
       {"/checkpoints/directory", V::kString, kOptional, 0, checkpoints, "where the checkpoint files are"},
       {"/checkpoints/every", V::kInteger, kOptional, 0, checkpoints, "steps between checkpoints"},
       {"/checkpoints/storage", V::kString, kOptional, 3, checkpoints, "receipt: the checkpoints are held in the receipt"},
   });
   e.datasets.insert(e.datasets.end(), {
-      {"/checkpoints/step", T::kInt64, {D::kAny}, false, "", kOptional, 0, checkpoints, "each checkpoint's step"},
-      {"/checkpoints/content_hash", T::kString, {D::kColumns}, false, "/checkpoints/step", kOptional, 0, checkpoints,
+      {P::kCheckpointStep, T::kInt64, {D::kAny}, false, "", kOptional, 0, checkpoints, "each checkpoint's step"},
+      {P::kCheckpointContentHash, T::kString, {D::kColumns}, false, P::kCheckpointStep, kOptional, 0, checkpoints,
        "each checkpoint's xxh128 content hash"},
-      {"/checkpoints/offset", T::kInt64, {D::kColumns}, false, "/checkpoints/step", kOptional, 3, checkpoints,
+      {P::kCheckpointOffset, T::kInt64, {D::kColumns}, false, P::kCheckpointStep, kOptional, 3, checkpoints,
        "each held checkpoint's first byte in state"},
-      {"/checkpoints/length", T::kInt64, {D::kColumns}, false, "/checkpoints/step", kOptional, 3, checkpoints,
+      {P::kCheckpointLength, T::kInt64, {D::kColumns}, false, P::kCheckpointStep, kOptional, 3, checkpoints,
        "each held checkpoint's length in state"},
-      {"/checkpoints/state", T::kUint8, {D::kAny}, false, "", kOptional, 3, checkpoints,
+      {P::kCheckpointState, T::kUint8, {D::kAny}, false, "", kOptional, 3, checkpoints,
        "the held checkpoints' bytes, one after the other"},
   });
   const char* const compiled = "canary_harness (its Recorder with audit=True, the XLA and JAX lanes)";
-  e.groups.push_back({"/compile", kOptional, 0, compiled, "per step, the compiler's counters"});
+  e.groups.push_back({P::kCompile, kOptional, 0, compiled, "per step, the compiler's counters"});
   const std::vector<ReceiptDataset> counters = compile_counters(compiled);
   e.datasets.insert(e.datasets.end(), counters.begin(), counters.end());
 }
@@ -332,6 +335,8 @@ nlohmann::json ReceiptSchema::to_json() const {
   }
   std::vector<std::string> hash_families(std::begin(kHashFamilies), std::end(kHashFamilies));
   std::vector<std::string> sketch_families(std::begin(kSketchFamilies), std::end(kSketchFamilies));
+  nlohmann::json named_paths = nlohmann::json::object();
+  for (const auto& [name, path] : P::named()) named_paths[std::string(name)] = std::string(path);
   return {{"schema_version", kSchemaVersion},
           {"schema_minor", kSchemaMinor},
           {"constants",
@@ -340,7 +345,8 @@ nlohmann::json ReceiptSchema::to_json() const {
             {"sketch_method", kSketchMethod},
             {"hash_families", hash_families},
             {"sketch_families", sketch_families},
-            {"checkpoints_in_receipt", kCheckpointsInReceipt}}},
+            {"checkpoints_in_receipt", kCheckpointsInReceipt},
+            {"paths", named_paths}}},
           {"groups", groups},
           {"datasets", datasets},
           {"attributes", attributes}};

@@ -10,11 +10,14 @@
 
 #include "receipt/budget_features.h"
 #include "receipt/hdf5_file.h"
+#include "receipt/receipt_paths.h"
 #include "receipt/receipt_reader.h"
 #include "receipt/receipt_schema.h"
 
 namespace harness::receipt {
 namespace {
+
+namespace paths = receipt::paths;
 
 using Shape = std::vector<hsize_t>;
 
@@ -92,22 +95,22 @@ class Validator {
   }
 
   void read_manifest() {
-    const h5::Handle manifest = h5::open_group(file_, "manifest");
+    const h5::Handle manifest = h5::open_group(file_, paths::kManifest);
     std::set<std::string> present, misshapen;
     for (const std::string& name : h5::attr_names(manifest)) {
       const std::string shape_problem = h5::attr_shape_problem(manifest, name);
       if (shape_problem.empty()) {
         present.insert(name);
       } else {  // named once here; not read below (it would be read past its one value)
-        problem("/manifest/" + name, shape_problem);
+        problem(paths::manifest_attribute(name), shape_problem);
         misshapen.insert(name);
       }
     }
-    check_attributes("/manifest", manifest, present, misshapen);
+    check_attributes(paths::kManifest, manifest, present, misshapen);
     for (const std::string& name : present) {
-      if (!schema_.attribute("/manifest", name)) r_.unknown.push_back("/manifest attribute " + name);
+      if (!schema_.attribute(paths::kManifest, name)) r_.unknown.push_back("/manifest attribute " + name);
       if (h5::attr_kind(manifest, name) == AttrKind::kString && !is_utf8(h5::read_attr_string(manifest, name))) {
-        problem("/manifest/" + name, "is not valid UTF-8 (the schema's strings are UTF-8)");
+        problem(paths::manifest_attribute(name), "is not valid UTF-8 (the schema's strings are UTF-8)");
       }
     }
     check_manifest_values(manifest, present);
@@ -136,7 +139,7 @@ class Validator {
   // Attributes of the other described groups that are there.
   void check_group_attributes() {
     for (const ReceiptGroup& g : schema_.entries().groups) {
-      if (g.path == "/manifest" || !h5::exists(file_, g.path)) continue;
+      if (g.path == paths::kManifest || !h5::exists(file_, g.path)) continue;
       const h5::Handle group = h5::open_group(file_, g.path.substr(1));
       std::set<std::string> present;
       for (const std::string& name : h5::attr_names(group)) {
@@ -150,28 +153,32 @@ class Validator {
     if (present.count("canary") && h5::attr_kind(manifest, "canary") == AttrKind::kString) {
       const std::string canary = h5::read_attr_string(manifest, "canary");
       const auto parsed = nlohmann::json::parse(canary, nullptr, false);
-      if (parsed.is_discarded() || !parsed.is_object()) problem("/manifest/canary", "must be the canary as a JSON object");
+      if (parsed.is_discarded() || !parsed.is_object()) {
+        problem(paths::manifest_attribute("canary"), "must be the canary as a JSON object");
+      }
     }
     if (present.count("budget_features") && h5::attr_kind(manifest, "budget_features") == AttrKind::kString) {
       check_budget_features(h5::read_attr_string(manifest, "budget_features"));
     }
     if (const auto complete = integer(manifest, "complete")) {
       complete_ = *complete;
-      if (complete_ != 0 && complete_ != 1) problem("/manifest/complete", fmt::format("{} is neither 0 nor 1", complete_));
+      if (complete_ != 0 && complete_ != 1) {
+        problem(paths::manifest_attribute("complete"), fmt::format("{} is neither 0 nor 1", complete_));
+      }
     }
     if (const auto planned = integer(manifest, "steps_planned")) {
       steps_planned_ = *planned;
-      if (steps_planned_ < 0) problem("/manifest/steps_planned", "is negative");
+      if (steps_planned_ < 0) problem(paths::manifest_attribute("steps_planned"), "is negative");
     }
     for (const char* name : {"seed", "data_seed", "threads", "init_perturbation_seed"}) {  // seeds are int64 >= 0; threads 0 = all cores
       if (const auto value = integer(manifest, name); value && *value < 0) {
-        problem(std::string("/manifest/") + name, fmt::format("{} is negative", *value));
+        problem(paths::manifest_attribute(name), fmt::format("{} is negative", *value));
       }
     }
     for (const char* name : {"lane", "engine"}) {  // a lane names its golden and budget entries
       if (present.count(name) && h5::attr_kind(manifest, name) == AttrKind::kString &&
           h5::read_attr_string(manifest, name).empty()) {
-        problem(std::string("/manifest/") + name, "is empty");
+        problem(paths::manifest_attribute(name), "is empty");
       }
     }
   }
@@ -181,7 +188,7 @@ class Validator {
     try {
       BudgetFeatures::parse(text);
     } catch (const std::invalid_argument& e) {
-      problem("/manifest/budget_features", e.what());
+      problem(paths::manifest_attribute("budget_features"), e.what());
     }
   }
 
@@ -203,44 +210,44 @@ class Validator {
   }
 
   void check_trace_contents(hsize_t columns) {
-    const h5::Handle trace = h5::open_group(file_, "trace");
+    const h5::Handle trace = h5::open_group(file_, paths::kTrace);
     if (h5::has_attr(trace, "level") && h5::attr_shape_problem(trace, "level").empty() &&
         h5::attr_kind(trace, "level") == AttrKind::kString && h5::read_attr_string(trace, "level") != "ops") {
-      problem("/trace", "attribute level must be the string \"ops\"");  // a missing one is named with the attributes
+      problem(paths::kTrace, "attribute level must be the string \"ops\"");  // a missing one is named with the attributes
     }
-    const auto fits = [&](const char* name, const char* dtype) {
-      const auto it = datasets_.find(std::string("/trace/") + name);
+    const auto fits = [&](const std::string& path, const char* dtype) {
+      const auto it = datasets_.find(path);
       return it != datasets_.end() && it->second.dtype == dtype && it->second.shape == Shape{columns};
     };
-    if (fits("op_index", "int64")) {
-      const std::vector<std::int64_t> index = h5::read_i64(file_, "/trace/op_index");
+    if (fits(paths::kTraceOpIndex, "int64")) {
+      const std::vector<std::int64_t> index = h5::read_i64(file_, paths::kTraceOpIndex);
       for (std::size_t i = 0; i < index.size(); ++i) {
         const bool in_order = index[i] >= 0 && index[i] <= static_cast<std::int64_t>(i) && (i == 0 || index[i] >= index[i - 1]);
         if (!in_order) {  // outputs of one op share its index: never more than the column's place
-          problem("/trace/op_index",
+          problem(paths::kTraceOpIndex,
                   fmt::format("[{}] is {}: op indices count the ops from 0, never go back and never pass the column", i,
                               index[i]));
           break;
         }
       }
     }
-    if (fits("layer", "int64")) {
-      const std::vector<std::int64_t> layers = h5::read_i64(file_, "/trace/layer");
+    if (fits(paths::kTraceLayer, "int64")) {
+      const std::vector<std::int64_t> layers = h5::read_i64(file_, paths::kTraceLayer);
       const auto bad = std::find_if(layers.begin(), layers.end(), [](std::int64_t l) { return l < -1 || l > 1 << 20; });
       if (bad != layers.end()) {
-        problem("/trace/layer", fmt::format("[{}] is {}: a block index, or -1 outside the blocks", bad - layers.begin(), *bad));
+        problem(paths::kTraceLayer, fmt::format("[{}] is {}: a block index, or -1 outside the blocks", bad - layers.begin(), *bad));
       }
     }
     const std::map<std::string, std::set<std::string>> known{
-        {"phase", {"forward", "backward", "optimizer"}},
-        {"kind", {"activation", "activation_grad", "gradient", "parameter", "scalar"}}};
-    for (const auto& [name, allowed] : known) {
-      if (!fits(name.c_str(), "string")) continue;
+        {paths::kTracePhase, {"forward", "backward", "optimizer"}},
+        {paths::kTraceKind, {"activation", "activation_grad", "gradient", "parameter", "scalar"}}};
+    for (const auto& [path, allowed] : known) {
+      if (!fits(path, "string")) continue;
       const std::set<std::string>& values = allowed;  // a plain reference: clang 14 cannot capture a structured binding
-      const std::vector<std::string> entries = h5::read_strings(file_, "/trace/" + name);
+      const std::vector<std::string> entries = h5::read_strings(file_, path);
       const auto bad = std::find_if(entries.begin(), entries.end(), [&](const std::string& e) { return !values.count(e); });
       if (bad != entries.end()) {
-        problem("/trace/" + name, fmt::format("[{}] is '{}', not one of {}", bad - entries.begin(), *bad, fmt::join(values, ", ")));
+        problem(path, fmt::format("[{}] is '{}', not one of {}", bad - entries.begin(), *bad, fmt::join(values, ", ")));
       }
     }
   }
@@ -281,8 +288,8 @@ class Validator {
   // Every described dataset where the receipt has it, and every required one of a group
   // that is there (or must be), in its type and shape.
   void check_described_datasets() {
-    steps_ = length_of("/steps/loss", 0);
-    tensors_ = length_of("/hashes/names", 0);
+    steps_ = length_of(paths::kLoss, 0);
+    tensors_ = length_of(paths::kTensorNames, 0);
     r_.steps = static_cast<std::int64_t>(steps_);
     r_.tensors = static_cast<std::int64_t>(tensors_);
     for (const ReceiptDataset& d : schema_.entries().datasets) {
@@ -330,54 +337,55 @@ class Validator {
 
   void check_steps() {
     if (steps_planned_ >= 0 && static_cast<std::int64_t>(steps_) > steps_planned_) {
-      problem("/steps/loss", fmt::format("{} steps recorded, more than the {} planned", steps_, steps_planned_));
+      problem(paths::kLoss, fmt::format("{} steps recorded, more than the {} planned", steps_, steps_planned_));
     }
     if (complete_ == 1 && static_cast<std::int64_t>(steps_) != steps_planned_) {
-      problem("/manifest/complete", fmt::format("is 1 but {} of {} planned steps are recorded", steps_, steps_planned_));
+      problem(paths::manifest_attribute("complete"),
+              fmt::format("is 1 but {} of {} planned steps are recorded", steps_, steps_planned_));
     }
   }
 
   void check_hash_names() {
-    const auto names_info = datasets_.find("/hashes/names");
+    const auto names_info = datasets_.find(paths::kTensorNames);
     if (names_info == datasets_.end() || names_info->second.dtype != "string" || names_info->second.shape.size() != 1) {
       return;  // expect() named it
     }
-    const std::vector<std::string> names = h5::read_strings(file_, "/hashes/names");
-    if (names.empty()) problem("/hashes/names", "is empty: a receipt hashes at least one tensor");
+    const std::vector<std::string> names = h5::read_strings(file_, paths::kTensorNames);
+    if (names.empty()) problem(paths::kTensorNames, "is empty: a receipt hashes at least one tensor");
     std::set<std::string> seen;
     for (const std::string& name : names) {
-      if (name.empty()) problem("/hashes/names", "holds an empty name");
-      if (!is_utf8(name)) problem("/hashes/names", "holds a name that is not valid UTF-8");
-      if (!seen.insert(name).second) problem("/hashes/names", fmt::format("names '{}' twice", name));
+      if (name.empty()) problem(paths::kTensorNames, "holds an empty name");
+      if (!is_utf8(name)) problem(paths::kTensorNames, "holds a name that is not valid UTF-8");
+      if (!seen.insert(name).second) problem(paths::kTensorNames, fmt::format("names '{}' twice", name));
     }
   }
 
   void check_sketch_constants() {
-    if (!h5::exists(file_, "/sketches")) return;
-    const h5::Handle sketches = h5::open_group(file_, "sketches");
+    if (!h5::exists(file_, paths::kSketches)) return;
+    const h5::Handle sketches = h5::open_group(file_, paths::kSketches);
     for (const auto& [name, value] : {std::pair<const char*, int>{"width", kSketchWidth}, {"block", kSketchBlock}}) {
       const auto given = integer(sketches, name);
-      if (given && *given != value) problem(std::string("/sketches/") + name, fmt::format("must be {}", value));
+      if (given && *given != value) problem(fmt::format("{}/{}", paths::kSketches, name), fmt::format("must be {}", value));
     }
   }
 
   void check_trace() {
-    if (h5::exists(file_, "/trace")) check_trace_columns(length_of("/trace/op_index", 0));
+    if (h5::exists(file_, paths::kTrace)) check_trace_columns(length_of(paths::kTraceOpIndex, 0));
   }
 
   // Beside the receipt (`directory`), or held in it (`storage` = "receipt": a Python canary's).
   void check_checkpoints() {
-    if (!h5::exists(file_, "/checkpoints")) return;
-    const h5::Handle group = h5::open_group(file_, "checkpoints");
+    if (!h5::exists(file_, paths::kCheckpoints)) return;
+    const h5::Handle group = h5::open_group(file_, paths::kCheckpoints);
     const bool held = h5::has_attr(group, "storage");
-    if (!held && !h5::has_attr(group, "directory")) problem("/checkpoints", "missing attribute 'directory'");
+    if (!held && !h5::has_attr(group, "directory")) problem(paths::kCheckpoints, "missing attribute 'directory'");
     if (held && h5::attr_kind(group, "storage") == AttrKind::kString &&
         h5::read_attr_string(group, "storage") != kCheckpointsInReceipt) {
-      problem("/checkpoints", fmt::format("attribute 'storage' is not '{}'", kCheckpointsInReceipt));
+      problem(paths::kCheckpoints, fmt::format("attribute 'storage' is not '{}'", kCheckpointsInReceipt));
     }
-    if (!datasets_.count("/checkpoints/step")) return;
-    std::vector<std::string> rows{"/checkpoints/content_hash"};
-    if (held) rows.insert(rows.end(), {"/checkpoints/offset", "/checkpoints/length", "/checkpoints/state"});
+    if (!datasets_.count(paths::kCheckpointStep)) return;
+    std::vector<std::string> rows{paths::kCheckpointContentHash};
+    if (held) rows.insert(rows.end(), {paths::kCheckpointOffset, paths::kCheckpointLength, paths::kCheckpointState});
     for (const std::string& path : rows) {
       if (!h5::exists(file_, path)) problem(path, "missing");
     }

@@ -10,6 +10,8 @@
 
 #include <fmt/format.h>
 
+#include "receipt/receipt_paths.h"
+
 namespace harness::receipt {
 namespace {
 constexpr std::size_t kContentHashWidth = 64;  // "xxh128:" and 32 hex digits, with room
@@ -39,7 +41,7 @@ ReceiptValue value_kind(const AttrValue& value) {
 // Attributes the description gives another type: a writer's bug, refused before the file exists.
 void check_attribute_kinds(const Manifest& m, const ReceiptSchema& schema) {
   for (const auto& [name, value] : m.extra) {
-    const ReceiptAttribute* described = schema.attribute("/manifest", name);
+    const ReceiptAttribute* described = schema.attribute(paths::kManifest, name);
     if (described && described->kind != value_kind(value)) {
       throw std::logic_error(fmt::format("receipt: /manifest/{} is {} in the receipt description, given {}", name,
                                          to_string(described->kind), to_string(value_kind(value))));
@@ -53,7 +55,7 @@ ReceiptWriter::ReceiptWriter(const std::string& path, const Manifest& m, const s
     : schema_(&schema), path_(path), tensor_count_(tensor_names.size()) {
   check_attribute_kinds(m, schema);
   file_ = h5::create_file(path, overwrite);
-  manifest_ = h5::create_group(file_, "manifest");
+  manifest_ = h5::create_group(file_, paths::kManifest);
   h5::write_attr(manifest_, "schema_version", kSchemaVersion);
   h5::write_attr(manifest_, "schema_minor", kSchemaMinor);
   h5::write_attr(manifest_, "lane", m.lane);
@@ -74,33 +76,33 @@ ReceiptWriter::ReceiptWriter(const std::string& path, const Manifest& m, const s
     std::visit([&](const auto& v) { h5::write_attr(manifest_, entry.first, v); }, entry.second);
   }
 
-  const h5::Handle steps = h5::create_group(file_, "steps");
+  h5::create_group(file_, paths::kSteps);
   constexpr hsize_t kChunk = 128;
-  loss_ = h5::GrowingDataset(steps, "loss", H5T_IEEE_F64LE, {}, kChunk);
-  grad_norm_ = h5::GrowingDataset(steps, "grad_norm", H5T_IEEE_F64LE, {}, kChunk);
-  lr_ = h5::GrowingDataset(steps, "lr", H5T_IEEE_F64LE, {}, kChunk);
-  batch_hash_ = h5::GrowingDataset(steps, "batch_hash", H5T_STD_U64LE, {}, kChunk);
+  loss_ = h5::GrowingDataset(file_, paths::kLoss, H5T_IEEE_F64LE, {}, kChunk);
+  grad_norm_ = h5::GrowingDataset(file_, paths::kGradNorm, H5T_IEEE_F64LE, {}, kChunk);
+  lr_ = h5::GrowingDataset(file_, paths::kLr, H5T_IEEE_F64LE, {}, kChunk);
+  batch_hash_ = h5::GrowingDataset(file_, paths::kBatchHash, H5T_STD_U64LE, {}, kChunk);
 
-  const h5::Handle hashes = h5::create_group(file_, "hashes");
-  h5::write_string_dataset(hashes, "names", tensor_names);
+  h5::create_group(file_, paths::kHashes);
+  h5::write_string_dataset(file_, paths::kTensorNames, tensor_names);
   const hsize_t K = tensor_names.size();
   constexpr hsize_t kRowChunk = 16;
   for (std::size_t f = 0; f < 4; ++f) {
-    hashes_[f] = h5::GrowingDataset(hashes, kHashFamilies[f], H5T_STD_U64LE, {K}, kRowChunk);
+    hashes_[f] = h5::GrowingDataset(file_, paths::hashes(kHashFamilies[f]), H5T_STD_U64LE, {K}, kRowChunk);
   }
-  const h5::Handle sketches = h5::create_group(file_, "sketches");
+  const h5::Handle sketches = h5::create_group(file_, paths::kSketches);
   h5::write_attr(sketches, "method", std::string(kSketchMethod));
   h5::write_attr(sketches, "width", std::int64_t{kSketchWidth});
   h5::write_attr(sketches, "block", std::int64_t{kSketchBlock});
   for (std::size_t f = 0; f < 2; ++f) {
-    const std::string family = kSketchFamilies[f];
-    sketch_l2_[f] = h5::GrowingDataset(sketches, family + "_l2", H5T_IEEE_F64LE, {K}, kRowChunk);
+    const char* family = kSketchFamilies[f];
+    sketch_l2_[f] = h5::GrowingDataset(file_, paths::sketch_l2(family), H5T_IEEE_F64LE, {K}, kRowChunk);
     sketch_projection_[f] =
-        h5::GrowingDataset(sketches, family + "_projection", H5T_IEEE_F64LE, {K, kSketchWidth}, kRowChunk);
+        h5::GrowingDataset(file_, paths::sketch_projection(family), H5T_IEEE_F64LE, {K, kSketchWidth}, kRowChunk);
   }
   if (record_batches) {
-    const h5::Handle batches = h5::create_group(file_, "batches");
-    batches_ = h5::GrowingDataset(batches, "tokens", H5T_STD_I32LE,
+    h5::create_group(file_, paths::kBatches);
+    batches_ = h5::GrowingDataset(file_, paths::kBatchTokens, H5T_STD_I32LE,
                                   {static_cast<hsize_t>(batch_shape.batch_size), static_cast<hsize_t>(batch_shape.row_length)},
                                   kRowChunk);
   }
@@ -137,10 +139,10 @@ void ReceiptWriter::append_step(const StepRecord& r) {
 void ReceiptWriter::check_described(const std::vector<StepState>& states) const {
   for (const StepState& state : states) {
     const std::string group = "/" + state.group;
-    std::vector<std::string> paths;
-    if (!state.columns.empty()) paths.push_back(group + "/names");
-    for (const auto& field : state.fields) paths.push_back(group + "/" + field.first);
-    for (const std::string& path : paths) {
+    std::vector<std::string> state_paths;
+    if (!state.columns.empty()) state_paths.push_back(group + "/names");
+    for (const auto& field : state.fields) state_paths.push_back(group + "/" + field.first);
+    for (const std::string& path : state_paths) {
       if (!schema_->group(group) || !schema_->dataset(path)) {
         throw std::logic_error(fmt::format("receipt: step state {} is not in the receipt description; describe it "
                                            "with the engine's receipt entries (engines/registry.h) or the "
@@ -194,7 +196,7 @@ void ReceiptWriter::append_trace(const std::vector<TraceColumn>& columns, const 
 
 // The op identities once (R columns), then per step one row of R hashes and sketches.
 void ReceiptWriter::create_trace_group(const std::vector<TraceColumn>& columns) {
-  const h5::Handle trace = h5::create_group(file_, "trace");
+  const h5::Handle trace = h5::create_group(file_, paths::kTrace);
   h5::write_attr(trace, "level", std::string("ops"));
   std::vector<std::int64_t> op_index, layer;
   std::vector<std::string> op, phase, tensor, kind;
@@ -207,19 +209,19 @@ void ReceiptWriter::create_trace_group(const std::vector<TraceColumn>& columns) 
     kind.push_back(c.kind);
   }
   const std::vector<hsize_t> dims{columns.size()};
-  h5::write_dataset(trace, "op_index", H5T_STD_I64LE, H5T_NATIVE_INT64, dims, op_index.data());
-  h5::write_dataset(trace, "layer", H5T_STD_I64LE, H5T_NATIVE_INT64, dims, layer.data());
-  h5::write_string_dataset(trace, "op", op);
-  h5::write_string_dataset(trace, "phase", phase);
-  h5::write_string_dataset(trace, "tensor", tensor);
-  h5::write_string_dataset(trace, "kind", kind);
+  h5::write_dataset(file_, paths::kTraceOpIndex, H5T_STD_I64LE, H5T_NATIVE_INT64, dims, op_index.data());
+  h5::write_dataset(file_, paths::kTraceLayer, H5T_STD_I64LE, H5T_NATIVE_INT64, dims, layer.data());
+  h5::write_string_dataset(file_, paths::kTraceOp, op);
+  h5::write_string_dataset(file_, paths::kTracePhase, phase);
+  h5::write_string_dataset(file_, paths::kTraceTensor, tensor);
+  h5::write_string_dataset(file_, paths::kTraceKind, kind);
   const hsize_t R = columns.size();
   // One row per chunk, compressed: a chunk is written once (rows are flushed one by one,
   // and a chunk rewritten as it fills would leave dead space behind). Shuffle + deflate
   // halves the sketches; hashes are random bits and stay as they are.
-  trace_hash_ = h5::GrowingDataset(trace, "hash", H5T_STD_U64LE, {R}, 1);
-  trace_l2_ = h5::GrowingDataset(trace, "l2", H5T_IEEE_F64LE, {R}, 1, 4);
-  trace_projection_ = h5::GrowingDataset(trace, "projection", H5T_IEEE_F64LE, {R, kSketchWidth}, 1, 4);
+  trace_hash_ = h5::GrowingDataset(file_, paths::kTraceHash, H5T_STD_U64LE, {R}, 1);
+  trace_l2_ = h5::GrowingDataset(file_, paths::kTraceL2, H5T_IEEE_F64LE, {R}, 1, 4);
+  trace_projection_ = h5::GrowingDataset(file_, paths::kTraceProjection, H5T_IEEE_F64LE, {R, kSketchWidth}, 1, 4);
   trace_columns_ = columns.size();
   trace_started_ = true;
 }
@@ -234,11 +236,12 @@ void ReceiptWriter::dump_tensor(int step, const std::string& name, const std::ve
 
 void ReceiptWriter::declare_checkpoints(const std::string& directory, int every) {
   if (swmr_) throw h5::Hdf5Error(path_ + ": checkpoints must be declared before the first step");
-  const h5::Handle group = h5::create_group(file_, "checkpoints");
+  const h5::Handle group = h5::create_group(file_, paths::kCheckpoints);
   h5::write_attr(group, "directory", directory);
   h5::write_attr(group, "every", std::int64_t{every});
-  checkpoint_step_ = h5::GrowingDataset(group, "step", H5T_STD_I64LE, {}, 16);
-  checkpoint_hash_ = h5::GrowingDataset(group, "content_hash", h5::fixed_string_type(kContentHashWidth), {}, 16);
+  checkpoint_step_ = h5::GrowingDataset(file_, paths::kCheckpointStep, H5T_STD_I64LE, {}, 16);
+  checkpoint_hash_ =
+      h5::GrowingDataset(file_, paths::kCheckpointContentHash, h5::fixed_string_type(kContentHashWidth), {}, 16);
   flush();
 }
 
@@ -277,14 +280,14 @@ void ReceiptWriter::finish() {
   close();
   file_ = reopen_for_writing(path_);
   if (!pending_dumps_.empty()) {
-    const h5::Handle tensors = h5::create_group(file_, "tensors");
+    const h5::Handle tensors = h5::create_group(file_, paths::kTensors);
     for (const Dump& d : pending_dumps_) {
       const h5::Handle group = h5::exists(tensors, d.group) ? h5::open_group(tensors, d.group) : h5::create_group(tensors, d.group);
       h5::write_dataset(group, d.name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, d.shape, d.values.data());
     }
     pending_dumps_.clear();
   }
-  manifest_ = h5::open_group(file_, "manifest");
+  manifest_ = h5::open_group(file_, paths::kManifest);
   h5::write_attr(manifest_, "complete", std::int64_t{1});
   flush();
   manifest_.reset();

@@ -38,12 +38,13 @@ struct Record {
 };
 
 Record read_record(const receipt::ReceiptReader& r) {
-  Record rec{r.steps_f64("loss"), r.steps_f64("grad_norm"), r.batch_hashes(), r.tensor_names(), {}, {}, {}, {}};
+  namespace paths = receipt::paths;
+  Record rec{r.f64(paths::kLoss), r.f64(paths::kGradNorm), r.batch_hashes(), r.tensor_names(), {}, {}, {}, {}};
   for (std::size_t f = 0; f < 4; ++f) rec.hashes[f] = r.hashes(receipt::kHashFamilies[f]);
-  if (h5::exists(r.file(), "trace")) {
-    rec.trace = h5::read_u64(r.file(), "/trace/hash");
-    rec.trace_ops = h5::read_strings(r.file(), "/trace/op");
-    rec.trace_tensors = h5::read_strings(r.file(), "/trace/tensor");
+  if (h5::exists(r.file(), paths::kTrace)) {
+    rec.trace = h5::read_u64(r.file(), paths::kTraceHash);
+    rec.trace_ops = h5::read_strings(r.file(), paths::kTraceOp);
+    rec.trace_tensors = h5::read_strings(r.file(), paths::kTraceTensor);
     if (rec.trace_ops.empty() || rec.trace_tensors.size() != rec.trace_ops.size() ||
         rec.trace.size() != rec.loss.size() * rec.trace_ops.size()) {
       throw UsageError(fmt::format("{}: /trace does not hold one row of {} outputs per step; the receipt is damaged",

@@ -31,9 +31,9 @@ from .budget_features import parse_features
 
 from . import digest
 from .digest import Sketch, as_float32, sketch, tensor_hash
-from .schema import (CHECKPOINTS_IN_RECEIPT, HASH_FAMILIES, SCHEMA_MINOR, SCHEMA_VERSION, SKETCH_BLOCK, SKETCH_FAMILIES,
-                     SKETCH_METHOD, SKETCH_WIDTH, STEP_CHUNK_ROWS, TABLE_CHUNK_ROWS, attribute_entry, dataset_entry,
-                     dataset_rank)
+from .schema import (CHECKPOINTS_IN_RECEIPT, HASH_FAMILIES, PATHS, SCHEMA_MINOR, SCHEMA_VERSION, SKETCH_BLOCK,
+                     SKETCH_FAMILIES, SKETCH_METHOD, SKETCH_WIDTH, STEP_CHUNK_ROWS, TABLE_CHUNK_ROWS, attribute_entry,
+                     dataset_entry, dataset_rank, hashes_path, sketch_paths)
 from .stack import StackInfo, collect_stack_info
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -63,6 +63,7 @@ class StoredCheckpoint(NamedTuple):
 # content hash's length ("xxh128:" and 32 hex digits) and the state dataset's chunk.
 CHECKPOINT_STORAGE = CHECKPOINTS_IN_RECEIPT
 CONTENT_HASH_LENGTH = 39
+TRACE_TEXT_FIELDS = ("op", "phase", "tensor", "kind")  # /trace's string columns, PATHS["trace_<field>"]
 CHECKPOINT_CHUNK_BYTES = 1 << 20
 
 
@@ -493,27 +494,29 @@ class ReceiptWriter:
 
     def _create_layout(self, attrs: Mapping[str, AttrValue]) -> None:
         f = self._file
-        manifest = f.create_group("manifest")
+        manifest = f.create_group(PATHS["manifest"])
         for key, value in attrs.items():
             _write_attr(manifest, key, value)
-        steps = f.create_group("steps")
-        self._steps = {name: _Growing(steps, name, "<f8", (), STEP_CHUNK_ROWS) for name in ("loss", "grad_norm", "lr")}
-        self._steps["batch_hash"] = _Growing(steps, "batch_hash", "<u8", (), STEP_CHUNK_ROWS)
-        hashes = f.create_group("hashes")
-        _write_strings(hashes, "names", self.tensor_names)
+        f.create_group(PATHS["steps"])
+        self._steps = {name: _Growing(f, PATHS[name], "<f8", (), STEP_CHUNK_ROWS)
+                       for name in ("loss", "grad_norm", "lr")}
+        self._steps["batch_hash"] = _Growing(f, PATHS["batch_hash"], "<u8", (), STEP_CHUNK_ROWS)
+        f.create_group(PATHS["hashes"])
+        _write_strings(f, PATHS["tensor_names"], self.tensor_names)
         K = len(self.tensor_names)
-        self._hashes = {fam: _Growing(hashes, fam, "<u8", (K,), TABLE_CHUNK_ROWS) for fam in HASH_FAMILIES}
-        sketches = f.create_group("sketches")
+        self._hashes = {fam: _Growing(f, hashes_path(fam), "<u8", (K,), TABLE_CHUNK_ROWS) for fam in HASH_FAMILIES}
+        sketches = f.create_group(PATHS["sketches"])
         _write_attr(sketches, "method", SKETCH_METHOD)
         _write_attr(sketches, "width", SKETCH_WIDTH)
         _write_attr(sketches, "block", SKETCH_BLOCK)
-        self._sketch_l2 = {fam: _Growing(sketches, f"{fam}_l2", "<f8", (K,), TABLE_CHUNK_ROWS)
+        self._sketch_l2 = {fam: _Growing(f, sketch_paths(fam)[0], "<f8", (K,), TABLE_CHUNK_ROWS)
                            for fam in SKETCH_FAMILIES}
-        self._sketch_projection = {fam: _Growing(sketches, f"{fam}_projection", "<f8", (K, SKETCH_WIDTH),
+        self._sketch_projection = {fam: _Growing(f, sketch_paths(fam)[1], "<f8", (K, SKETCH_WIDTH),
                                                  TABLE_CHUNK_ROWS) for fam in SKETCH_FAMILIES}
         self._batches = None
         if self._batch_shape is not None:
-            self._batches = _Growing(f.create_group("batches"), "tokens", "<i4", self._batch_shape, TABLE_CHUNK_ROWS)
+            f.create_group(PATHS["batches"])
+            self._batches = _Growing(f, PATHS["batch_tokens"], "<i4", self._batch_shape, TABLE_CHUNK_ROWS)
         self._trace_columns: Optional[List[TraceColumn]] = None  # /trace, created with the first traced step
         self._compile_names: Optional[List[str]] = None  # /compile, created with the first step that gives it
         self._state_shape: Optional[List[Tuple[str, List[str], List[str]]]] = None  # groups, columns, fields
@@ -546,16 +549,16 @@ class ReceiptWriter:
         """/trace as receipt_writer.cpp's create_trace_group: the op identities once (R
         columns), then per step one row of R hashes (uncompressed: random bits) and sketches
         (one row per chunk, shuffled and deflated)."""
-        trace = f.create_group("trace")
+        trace = f.create_group(PATHS["trace"])
         _write_attr(trace, "level", "ops")
-        _write_dataset(trace, "op_index", np.array([c.op_index for c in columns], dtype="<i8"))
-        _write_dataset(trace, "layer", np.array([c.layer for c in columns], dtype="<i8"))
-        for field in ("op", "phase", "tensor", "kind"):
-            _write_strings(trace, field, [getattr(c, field) for c in columns])
+        _write_dataset(f, PATHS["trace_op_index"], np.array([c.op_index for c in columns], dtype="<i8"))
+        _write_dataset(f, PATHS["trace_layer"], np.array([c.layer for c in columns], dtype="<i8"))
+        for field in TRACE_TEXT_FIELDS:
+            _write_strings(f, PATHS[f"trace_{field}"], [getattr(c, field) for c in columns])
         R = len(columns)
-        self._trace_hash = _Growing(trace, "hash", "<u8", (R,), 1)
-        self._trace_l2 = _Growing(trace, "l2", "<f8", (R,), 1, deflate_level=4)
-        self._trace_projection = _Growing(trace, "projection", "<f8", (R, SKETCH_WIDTH), 1, deflate_level=4)
+        self._trace_hash = _Growing(f, PATHS["trace_hash"], "<u8", (R,), 1)
+        self._trace_l2 = _Growing(f, PATHS["trace_l2"], "<f8", (R,), 1, deflate_level=4)
+        self._trace_projection = _Growing(f, PATHS["trace_projection"], "<f8", (R, SKETCH_WIDTH), 1, deflate_level=4)
         self._trace_columns = columns
 
     def _check_trace(self, trace: Optional[TraceRow]) -> Optional[Tuple[List[TraceColumn], np.ndarray, np.ndarray,
@@ -654,7 +657,7 @@ class ReceiptWriter:
     def _create_compile(self, f: h5py.File, names: List[str]) -> None:
         """/compile as the C++ writer's engine state group (ReceiptWriter::append_state): one
         float64 (N) dataset per counter, growing a row per step, 16 rows a chunk, Fletcher32."""
-        group = f.create_group("compile")
+        group = f.create_group(PATHS["compile"])
         self._compile = {name: _Growing(group, name, "<f8", (), 16) for name in names}
         self._compile_names = names
 
@@ -828,15 +831,16 @@ class ReceiptWriter:
             raise ReceiptError(f"{self.path}: checkpoints must be declared before the first step")
         f = self._reopen()
         try:
-            group = f.create_group("checkpoints")
+            group = f.create_group(PATHS["checkpoints"])
             _write_attr(group, "every", int(every))
             _write_attr(group, "storage", CHECKPOINT_STORAGE)
-            self._checkpoint_rows = {name: _Growing(group, name, "<i8", (), STEP_CHUNK_ROWS)
+            self._checkpoint_rows = {name: _Growing(f, PATHS[f"checkpoint_{name}"], "<i8", (), STEP_CHUNK_ROWS)
                                      for name in ("step", "offset", "length")}
-            self._checkpoint_hash = _Growing(group, "content_hash", _string_dtype([b"x" * CONTENT_HASH_LENGTH]), (),
-                                             STEP_CHUNK_ROWS)
-            self._checkpoint_state = group.create_dataset("state", shape=(0,), maxshape=(None,), dtype="u1",
-                                                          chunks=(CHECKPOINT_CHUNK_BYTES,), fletcher32=True).name
+            self._checkpoint_hash = _Growing(f, PATHS["checkpoint_content_hash"],
+                                             _string_dtype([b"x" * CONTENT_HASH_LENGTH]), (), STEP_CHUNK_ROWS)
+            self._checkpoint_state = f.create_dataset(PATHS["checkpoint_state"], shape=(0,), maxshape=(None,),
+                                                      dtype="u1", chunks=(CHECKPOINT_CHUNK_BYTES,),
+                                                      fletcher32=True).name
             self._checkpoint_bytes = 0
             f.flush()
             f.swmr_mode = True
@@ -868,7 +872,7 @@ class ReceiptWriter:
         arrays = {name: as_float32(values) for name, values in tensors.items()}
         f = self._reopen()
         try:
-            group = f.require_group("tensors").require_group(f"step_{int(step):06d}")
+            group = f.require_group(PATHS["tensors"]).require_group(f"step_{int(step):06d}")
             for name, values in arrays.items():
                 _write_dataset(group, name, values)
             f.flush()
@@ -883,7 +887,7 @@ class ReceiptWriter:
             raise ReceiptError(f"{self.path}: {self.steps_recorded} of {self.steps_planned} planned steps recorded; "
                                "a receipt is complete only when every planned step is")
         f = self._reopen()
-        _write_attr(f["manifest"], "complete", 1)
+        _write_attr(f[PATHS["manifest"]], "complete", 1)
         f.flush()
         self.finished = True
 
@@ -1037,7 +1041,7 @@ class ReceiptReader:
                        f"({first}); wait for the writer, or clear the mark with `h5clear -s {self.path}`")
 
     def _check(self) -> None:
-        if not isinstance(self._get("/manifest"), h5py.Group):
+        if not isinstance(self._get(PATHS["manifest"]), h5py.Group):
             self._fail("no /manifest group: not a harness receipt")
         self.manifest: Dict[str, Any] = self._read_manifest()
         if "schema_version" not in self.manifest:
@@ -1050,12 +1054,12 @@ class ReceiptReader:
         if self.schema_version < SCHEMA_VERSION:
             self._fail(f"schema_version {self.schema_version} is older than this canary_harness reads "
                        f"({SCHEMA_VERSION}): re-record the receipt with a current writer")
-        for required in ("/steps/loss", "/steps/batch_hash", "/hashes/names"):
+        for required in (PATHS["loss"], PATHS["batch_hash"], PATHS["tensor_names"]):
             if not isinstance(self._get(required), h5py.Dataset):
                 self._fail(f"missing dataset {required}: receipt is damaged")
 
     def _read_manifest(self) -> Dict[str, Any]:
-        attrs = self._file["manifest"].attrs
+        attrs = self._file[PATHS["manifest"]].attrs
         try:
             keys = list(attrs)
         except (*HDF5_READ_ERRORS, UnicodeDecodeError) as e:
@@ -1134,7 +1138,7 @@ class ReceiptReader:
 
     @property
     def steps_recorded(self) -> int:
-        return int(self.dataset("/steps/loss", ndim=1).shape[0])
+        return int(self.dataset(PATHS["loss"], ndim=1).shape[0])
 
     def read_strings(self, name: str) -> List[str]:
         """A string list (fixed-length or, in old receipts, variable-length) as str."""
@@ -1151,7 +1155,7 @@ class ReceiptReader:
 
     @property
     def tensor_names(self) -> List[str]:
-        return self.read_strings("/hashes/names")
+        return self.read_strings(PATHS["tensor_names"])
 
     def _typed(self, name: str, ndim: int, dtype: str) -> np.ndarray:
         """read(), refused unless the dataset holds `dtype` (a hash read as a float is wrong bits)."""
@@ -1162,55 +1166,56 @@ class ReceiptReader:
 
     def steps(self, name: str) -> np.ndarray:
         """/steps/<name>: loss, grad_norm, lr (float64) or batch_hash (uint64), one per step."""
-        return self._typed(f"/steps/{name}", 1, "<u8" if name == "batch_hash" else "<f8")
+        return self._typed(f"{PATHS['steps']}/{name}", 1, "<u8" if name == "batch_hash" else "<f8")
 
     def hashes(self, family: str) -> np.ndarray:
         """/hashes/<family>: uint64 (N, K)."""
-        return self._typed(f"/hashes/{family}", 2, "<u8")
+        return self._typed(hashes_path(family), 2, "<u8")
 
     def sketches(self, family: str) -> Tuple[np.ndarray, np.ndarray]:
         """(/sketches/<family>_l2 (N, K), /sketches/<family>_projection (N, K, 16)), float64."""
-        return (self._typed(f"/sketches/{family}_l2", 2, "<f8"),
-                self._typed(f"/sketches/{family}_projection", 3, "<f8"))
+        l2, projection = sketch_paths(family)
+        return self._typed(l2, 2, "<f8"), self._typed(projection, 3, "<f8")
 
     def dumped_steps(self) -> List[int]:
         """The steps with /tensors/step_XXXXXX dumps."""
-        return sorted(int(k[5:]) for k in self._members("/tensors") if k.startswith("step_") and k[5:].isdigit())
+        return sorted(int(k[5:]) for k in self._members(PATHS["tensors"]) if k.startswith("step_") and k[5:].isdigit())
 
     def tensors(self, step: int) -> Dict[str, np.ndarray]:
         """/tensors/step_XXXXXX: parameters at the start of `step`, by name."""
-        group = f"/tensors/step_{int(step):06d}"
+        group = f"{PATHS['tensors']}/step_{int(step):06d}"
         if not isinstance(self._get(group), h5py.Group):
             self._fail(f"no tensor dump of step {step} ({group})")
         return {name: self.read(f"{group}/{name}") for name in self._members(group)}
 
     def trace_columns(self) -> Optional[List[TraceColumn]]:
         """/trace's columns (the traced op outputs in execution order), or None without op traces."""
-        if not isinstance(self._get("/trace"), h5py.Group):
+        if not isinstance(self._get(PATHS["trace"]), h5py.Group):
             return None
-        numbers = {name: self.read(f"/trace/{name}", ndim=1) for name in ("op_index", "layer")}
+        numbers = {name: self.read(PATHS[f"trace_{name}"], ndim=1) for name in ("op_index", "layer")}
         for name, values in numbers.items():
             if values.dtype.kind not in "iu":
-                self._fail(f"/trace/{name} holds {values.dtype} values, not integers; {self.DAMAGED}")
-        fields = {name: self.read_strings(f"/trace/{name}") for name in ("op", "phase", "tensor", "kind")}
+                self._fail(f"{PATHS[f'trace_{name}']} holds {values.dtype} values, not integers; {self.DAMAGED}")
+        fields = {name: self.read_strings(PATHS[f"trace_{name}"]) for name in TRACE_TEXT_FIELDS}
         count = len(numbers["op_index"])
         for name, values in [*numbers.items(), *fields.items()]:
             if len(values) != count:
-                self._fail(f"/trace/{name} has {len(values)} entries, /trace/op_index {count}: one per traced "
-                           f"output in each; {self.DAMAGED}")
+                self._fail(f"{PATHS[f'trace_{name}']} has {len(values)} entries, {PATHS['trace_op_index']} {count}: "
+                           f"one per traced output in each; {self.DAMAGED}")
         return [TraceColumn(int(numbers["op_index"][i]), fields["op"][i], int(numbers["layer"][i]),
                             fields["phase"][i], fields["tensor"][i], fields["kind"][i]) for i in range(count)]
 
     def stored_checkpoints(self) -> List[StoredCheckpoint]:
         """The checkpoints held in the receipt (declare_checkpoints), in step order; [] when none."""
-        if "checkpoints" not in self._members("/") or self._get("checkpoints").attrs.get("storage") is None:
+        group = self._get(PATHS["checkpoints"])
+        if not isinstance(group, h5py.Group) or group.attrs.get("storage") is None:
             return []
-        storage = _decode(self._get("checkpoints").attrs["storage"])
+        storage = _decode(group.attrs["storage"])
         if storage != CHECKPOINT_STORAGE:
             self._fail(f"/checkpoints: storage '{storage}' is not '{CHECKPOINT_STORAGE}'")
-        columns = {name: self._typed(f"checkpoints/{name}", 1, "int64") for name in ("step", "offset", "length")}
-        hashes = self.read_strings("checkpoints/content_hash")
-        state_bytes = self.dataset("checkpoints/state", 1).shape[0]
+        columns = {name: self._typed(PATHS[f"checkpoint_{name}"], 1, "int64") for name in ("step", "offset", "length")}
+        hashes = self.read_strings(PATHS["checkpoint_content_hash"])
+        state_bytes = self.dataset(PATHS["checkpoint_state"], 1).shape[0]
         rows = len(hashes)
         if any(len(v) != rows for v in columns.values()):
             self._fail("/checkpoints: step, offset, length and content_hash differ in length")
@@ -1224,7 +1229,7 @@ class ReceiptReader:
     def checkpoint_state(self, checkpoint: "StoredCheckpoint") -> bytes:
         """The checkpoint's bytes, checked against its content hash (ReceiptError when they differ)."""
         try:
-            data = self.dataset("checkpoints/state", 1)[checkpoint.offset:checkpoint.offset + checkpoint.length]
+            data = self.dataset(PATHS["checkpoint_state"], 1)[checkpoint.offset:checkpoint.offset + checkpoint.length]
         except HDF5_READ_ERRORS as e:
             self._fail(f"/checkpoints/state cannot be read ({hdf5_message(e)})")
         state = bytes(np.asarray(data, dtype=np.uint8))
@@ -1235,7 +1240,7 @@ class ReceiptReader:
 
     def batches(self) -> Optional[np.ndarray]:
         """/batches/tokens int32 (N, B, T+1), or None when batches were not recorded."""
-        return self.read("/batches/tokens", ndim=3) if self._get("/batches/tokens") is not None else None
+        return self.read(PATHS["batch_tokens"], ndim=3) if self._get(PATHS["batch_tokens"]) is not None else None
 
     def close(self) -> None:
         if self._file is not None:

@@ -2,9 +2,9 @@
 
 That file is what `harness schema` prints (harness/receipt/receipt_schema.cpp and each
 engine's additions): every group, dataset and manifest attribute with its type, shape,
-presence, the minor that added it and who writes it. tests/cli/receipt_schema.sh holds
-the file equal to the harness's output, so the two sides cannot drift; the constants below
-are read from it, never repeated.
+presence, the minor that added it and who writes it. python/tests/test_receipt_schema.py
+holds the file equal to the harness's output, so the two sides cannot drift; the constants
+and named paths below are read from it, never repeated.
 """
 import json
 from pathlib import Path
@@ -26,6 +26,25 @@ SKETCH_METHOD: str = _CONSTANTS["sketch_method"]
 HASH_FAMILIES: Tuple[str, ...] = tuple(_CONSTANTS["hash_families"])  # receipt order of /hashes
 SKETCH_FAMILIES: Tuple[str, ...] = tuple(_CONSTANTS["sketch_families"])  # receipt order of /sketches
 CHECKPOINTS_IN_RECEIPT: str = _CONSTANTS["checkpoints_in_receipt"]  # /checkpoints' storage when held
+
+# The core's groups and datasets by name ("loss": "/steps/loss"), spelled once in
+# harness/receipt/receipt_paths.h: the reader and writer below name paths only through these.
+PATHS: Dict[str, str] = _CONSTANTS["paths"]
+
+
+def hashes_path(family: str) -> str:
+    """/hashes/<family>: one XXH3-64 per step and tensor."""
+    return f"{PATHS['hashes']}/{family}"
+
+
+def sketch_paths(family: str) -> Tuple[str, str]:
+    """(/sketches/<family>_l2, /sketches/<family>_projection)."""
+    return f"{PATHS['sketches']}/{family}_l2", f"{PATHS['sketches']}/{family}_projection"
+
+
+def leaf(path: str) -> str:
+    """A path's last segment, as a group creates it: "/steps/loss" -> "loss"."""
+    return path.rsplit("/", 1)[-1]
 
 # Chunk rows of the growing datasets, as receipt_writer.cpp: 1-D step series and (N, K) tables.
 STEP_CHUNK_ROWS = 128

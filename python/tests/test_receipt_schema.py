@@ -84,6 +84,22 @@ def test_the_package_reads_what_the_harness_describes(harness_bin: Path):
     assert {"/steps/loss", "/fp8/*", "/memory/*", "/compile/*"} <= described  # the core and the engines'
 
 
+def test_every_named_path_is_described_and_written_where_it_is_named(tmp_path: Path):
+    for key, path in schema.PATHS.items():
+        assert schema.group_entry(path) or schema.dataset_entry(path), f"PATHS[{key!r}] = {path} is not described"
+    for family in HASH_FAMILIES:
+        assert schema.dataset_entry(schema.hashes_path(family))
+    for family in SKETCH_FAMILIES:
+        assert all(schema.dataset_entry(p) for p in schema.sketch_paths(family))
+    path = tmp_path / "named.h5"
+    with ReceiptWriter(path, MANIFEST, NAMES, stack=STACK) as w:
+        w.append_step(**_step())
+    with h5py.File(path, "r") as f:
+        for key in ("loss", "grad_norm", "lr", "batch_hash", "tensor_names"):
+            assert isinstance(f[schema.PATHS[key]], h5py.Dataset), key
+        assert schema.leaf(schema.PATHS["loss"]) == "loss"
+
+
 def test_an_engine_setting_of_the_wrong_type_is_refused_before_any_file(tmp_path: Path):
     with pytest.raises(ReceiptError, match=r"manifest noise_seed must be an int \(the receipt schema's type\), not str"):
         ReceiptWriter(tmp_path / "x.h5", {**MANIFEST, "noise_seed": "5"}, NAMES, stack=STACK)

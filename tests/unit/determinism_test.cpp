@@ -124,7 +124,7 @@ void expect_fault_moves_hashes_from_step_5(const std::string& spec, const std::s
   const receipt::ReceiptReader r(path.string());
   EXPECT_EQ(r.manifest_string("fault_injection"), recorded);
   const auto faulty = r.hashes("params");
-  const auto faulty_loss = r.steps_f64("loss");
+  const auto faulty_loss = r.f64(harness::receipt::paths::kLoss);
   fs::remove(path);
   const ReceiptBits clean = run_and_read("micro", 8, 2, "clean");
   const std::size_t K = faulty.size() / 8;

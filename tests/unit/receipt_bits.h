@@ -37,7 +37,7 @@ inline ReceiptBits run_and_read(run::RunOptions options, const std::string& tag)
   options.force = true;
   run::run_canary(options);
   const receipt::ReceiptReader r(options.out);
-  ReceiptBits bits{r.steps_f64("loss"), r.steps_f64("grad_norm"), r.batch_hashes(), r.hashes("params"),
+  ReceiptBits bits{r.f64(harness::receipt::paths::kLoss), r.f64(harness::receipt::paths::kGradNorm), r.batch_hashes(), r.hashes("params"),
                    r.hashes("grads"),   r.hashes("adam_m"),       r.hashes("adam_v"), {}};
   const auto manifest = r.manifest_text();
   if (manifest.count("noise_seed")) bits.noise_seed = manifest.at("noise_seed");

@@ -4,12 +4,15 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <set>
 #include <stdexcept>
 #include <string>
 
 #include "accel/noise.h"
 #include "canary_run.h"
 #include "receipt/hdf5_file.h"
+#include "receipt/receipt_paths.h"
+#include "receipt/receipt_schema.h"
 #include "receipt/receipt_validator.h"
 #include "receipt/receipt_writer.h"
 #include "run/full_receipt_schema.h"
@@ -85,6 +88,24 @@ TEST_F(ReceiptSchemaTest, TheWriterWritesOnlyWhatTheDescriptionAllows) {
   EXPECT_NO_THROW(writer.append_state({{"fp8", {"a/input"}, {{"amax", {1.0}}}}}));
   ReceiptWriter other(scratch_.path("o.h5"), m, {"w"}, false, false, {}, run::full_receipt_schema());
   EXPECT_THROW(other.append_state({{"gpu_clock", {}, {{"mhz", {1.0}}}}}), std::logic_error);
+}
+
+// Code names paths only through receipt_paths.h: each is a group or dataset of the core
+// description, and the families' paths are the datasets the description gives them.
+TEST(ReceiptDescription, EveryNamedPathIsDescribed) {
+  const ReceiptSchema& core = ReceiptSchema::core();
+  std::set<std::string_view> keys;
+  for (const auto& [key, path] : paths::named()) {
+    EXPECT_TRUE(keys.insert(key).second) << key << " is named twice";
+    EXPECT_TRUE(core.group(path) != nullptr || core.dataset(path) != nullptr) << key << ": " << path;
+  }
+  for (const char* family : kHashFamilies) EXPECT_NE(core.dataset(paths::hashes(family)), nullptr) << family;
+  for (const char* family : kSketchFamilies) {
+    EXPECT_NE(core.dataset(paths::sketch_l2(family)), nullptr) << family;
+    EXPECT_NE(core.dataset(paths::sketch_projection(family)), nullptr) << family;
+  }
+  EXPECT_EQ(core.to_json().at("constants").at("paths").size(), keys.size());
+  EXPECT_EQ(paths::leaf(paths::kTraceL2), "l2");
 }
 
 TEST(ReceiptDescription, EntriesThatDisagreeAreRefusedAndAgreeingOnesMerged) {

@@ -74,7 +74,7 @@ TEST_F(ReceiptFiles, RoundTripsManifestStepsAndHashes) {
   EXPECT_EQ(names.front(), "wte");
   EXPECT_EQ(names.back(), "lnf.bias");
   EXPECT_EQ(r.hashes("params").size(), 5 * names.size());
-  const auto loss = r.steps_f64("loss");
+  const auto loss = r.f64(harness::receipt::paths::kLoss);
   EXPECT_GT(loss.front(), 4.0);  // about ln 128 at init
   EXPECT_EQ(h5::dataset_shape(r.file(), "/batches/tokens"), (std::vector<hsize_t>{5, 2, 17}));
   EXPECT_EQ(h5::dataset_shape(r.file(), "/sketches/params_projection"), (std::vector<hsize_t>{5, names.size(), 16}));
