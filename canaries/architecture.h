@@ -15,12 +15,26 @@
 
 namespace harness::canary {
 
-// What the model keys of a canary file may say (docs/canary-files.md).
+// What the model keys every architecture shares may say (docs/canary-files.md).
 struct ModelKeyRules {
   bool grouped_query_attention = false;  // model.kv_heads may be fewer than model.heads
   bool rope = false;                     // model.rope_theta applies; a head's channels pair up (even head size)
   int mlp_ratio = 0;                     // model.mlp_hidden is this times model.channels; 0: the file gives it
-  bool mixture_of_experts = false;       // model.experts, experts_per_token, capacity_factor, balance_coef apply
+};
+
+// A [model] key of its own that an architecture declares (docs/canary-files.md): read
+// after the shared keys, in declaration order, into its CanaryConfig field; carried by the
+// identity JSON under the same name; refused in the canary file of an architecture that
+// does not declare it ("llama has no experts: leave it out").
+struct ModelKey {
+  std::string_view name;                     // under [model], and in the identity JSON
+  std::string_view feature;                  // what an architecture without it lacks: "experts"
+  int CanaryConfig::*integer = nullptr;      // an integer key's field, in [low, high] ...
+  double CanaryConfig::*number = nullptr;    // ... or a number key's
+  double low = 0.0, high = 0.0;
+  bool open_low = false;                     // (low, high]
+  int CanaryConfig::*high_field = nullptr;   // the range ends at this field, read before it (1..experts)
+  bool required = false;                     // else the field keeps CanaryConfig's default
 };
 
 struct ArchitectureSpec {
@@ -33,6 +47,8 @@ struct ArchitectureSpec {
   std::unique_ptr<Canary> (*make)(const CanaryConfig&, std::optional<FaultSpec>, bool trace_ops) = nullptr;
   // What its model adds to a receipt (Canary::step_state()); nullptr when nothing.
   ReceiptEntries (*receipt_entries)() = nullptr;
+  // Its own [model] keys, beside the shared ones.
+  std::span<const ModelKey> model_keys = {};
 };
 
 // Every architecture this build has a model for, in the order they are listed.

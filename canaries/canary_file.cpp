@@ -22,16 +22,23 @@ namespace fs = std::filesystem;
 
 inline constexpr std::int64_t kCanarySchemaVersion = 1;
 
-// The keys of each table (docs/canary-files.md); "" is the top level.
+// The keys of each table (docs/canary-files.md); "" is the top level. [model] holds the
+// shared keys and every architecture's own (ArchitectureSpec::model_keys).
 const std::map<std::string, std::set<std::string>>& known_keys() {
-  static const std::map<std::string, std::set<std::string>> keys{
-      {"", {"schema_version", "name", "architecture", "model", "train", "optimizer", "data"}},
-      {"model", {"vocab", "context", "channels", "layers", "heads", "kv_heads", "mlp_hidden", "rope_theta", "norm_eps",
-                 "init_std", "experts", "experts_per_token", "capacity_factor", "balance_coef"}},
-      {"train", {"batch", "steps", "seed"}},
-      {"optimizer", {"lr", "min_lr_ratio", "warmup_steps", "beta1", "beta2", "eps", "weight_decay", "clip_norm"}},
-      {"data", {"source", "seed", "path", "dtype"}},
-  };
+  static const std::map<std::string, std::set<std::string>> keys = [] {
+    std::map<std::string, std::set<std::string>> k{
+        {"", {"schema_version", "name", "architecture", "model", "train", "optimizer", "data"}},
+        {"model", {"vocab", "context", "channels", "layers", "heads", "kv_heads", "mlp_hidden", "rope_theta",
+                   "norm_eps", "init_std"}},
+        {"train", {"batch", "steps", "seed"}},
+        {"optimizer", {"lr", "min_lr_ratio", "warmup_steps", "beta1", "beta2", "eps", "weight_decay", "clip_norm"}},
+        {"data", {"source", "seed", "path", "dtype"}},
+    };
+    for (const ArchitectureSpec* spec : architectures()) {
+      for (const ModelKey& key : spec->model_keys) k["model"].emplace(key.name);
+    }
+    return k;
+  }();
   return keys;
 }
 
@@ -140,20 +147,32 @@ void read_identity(const Reader& r, CanaryConfig& c) {
   }
 }
 
-// The mixture-of-experts keys: required by an architecture whose MLP is experts, refused
-// by the others.
-void read_experts(const Reader& r, const ModelKeyRules& rules, std::string_view arch, CanaryConfig& c) {
-  if (!rules.mixture_of_experts) {
-    for (const char* key :
-         {"model.experts", "model.experts_per_token", "model.capacity_factor", "model.balance_coef"}) {
-      if (r.has(key)) r.fail(key, fmt::format("{} has no experts: leave it out", arch));
+// The keys architectures declare (ArchitectureSpec::model_keys): this one's are read, each
+// in its range; another's are refused by what this one lacks.
+void read_declared_keys(const Reader& r, const ArchitectureSpec& arch, CanaryConfig& c) {
+  const auto declares = [&](std::string_view name) {
+    const auto named = [&](const ModelKey& k) { return k.name == name; };
+    return std::any_of(arch.model_keys.begin(), arch.model_keys.end(), named);
+  };
+  for (const ArchitectureSpec* other : architectures()) {
+    for (const ModelKey& key : other->model_keys) {
+      const std::string where = fmt::format("model.{}", key.name);
+      if (!declares(key.name) && r.has(where)) {
+        r.fail(where, fmt::format("{} has no {}: leave it out", arch.name, key.feature));
+      }
     }
-    return;
   }
-  c.experts = r.integer("model.experts", 2, 1024, std::nullopt);
-  c.experts_per_token = r.integer("model.experts_per_token", 1, c.experts, std::nullopt);
-  c.capacity_factor = r.number("model.capacity_factor", 0.0, 64.0, true, c.capacity_factor);
-  c.balance_coef = r.number("model.balance_coef", 0.0, 10.0, false, c.balance_coef);
+  for (const ModelKey& key : arch.model_keys) {
+    const std::string where = fmt::format("model.{}", key.name);
+    if (key.integer != nullptr) {
+      const auto high = key.high_field != nullptr ? c.*key.high_field : static_cast<std::int64_t>(key.high);
+      c.*key.integer = r.integer(where, static_cast<std::int64_t>(key.low), high,
+                                 key.required ? std::nullopt : std::optional<int>(c.*key.integer));
+    } else {
+      if (key.required && !r.has(where)) r.fail(where, "missing (required)");
+      c.*key.number = r.number(where, key.low, key.high, key.open_low, c.*key.number);
+    }
+  }
 }
 
 void read_model(const Reader& r, CanaryConfig& c) {
@@ -172,7 +191,8 @@ void read_model(const Reader& r, CanaryConfig& c) {
   }
   // The architecture's own rules (architectures/NAME/: ModelKeyRules); read_identity checked it exists.
   const std::string_view arch = c.architecture;
-  const ModelKeyRules& rules = find_architecture(c.architecture)->rules;
+  const ArchitectureSpec& spec = *find_architecture(c.architecture);
+  const ModelKeyRules& rules = spec.rules;
   if (!rules.grouped_query_attention && c.kv_heads != c.heads) {
     r.fail("model.kv_heads", fmt::format("{} has no grouped-query attention: leave it out", arch));
   }
@@ -193,7 +213,7 @@ void read_model(const Reader& r, CanaryConfig& c) {
   }
   c.layernorm_eps = r.number("model.norm_eps", 0.0, 1.0, true, c.layernorm_eps);
   c.init_std = r.number("model.init_std", 0.0, 10.0, true, c.init_std);
-  read_experts(r, rules, arch, c);
+  read_declared_keys(r, spec, c);
 }
 
 void read_train(const Reader& r, CanaryConfig& c) {

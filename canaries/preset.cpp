@@ -37,11 +37,14 @@ nlohmann::json CanaryConfig::to_json() const {
     j["mlp_hidden"] = mlp_hidden;
     j["rope_theta"] = rope_theta;
   }
-  if (experts > 0) {
-    j["experts"] = experts;
-    j["experts_per_token"] = experts_per_token;
-    j["capacity_factor"] = capacity_factor;
-    j["balance_coef"] = balance_coef;
+  if (described != nullptr) {  // its own model keys, under their names
+    for (const ModelKey& key : described->model_keys) {
+      if (key.integer != nullptr) {
+        j[std::string(key.name)] = this->*key.integer;
+      } else {
+        j[std::string(key.name)] = this->*key.number;
+      }
+    }
   }
   if (data_source == DataSourceKind::kTokens) {
     j["data_source"] = "tokens";
@@ -78,10 +81,16 @@ CanaryConfig CanaryConfig::from_json(const nlohmann::json& j) {
   c.kv_heads = j.value("kv_heads", c.heads);
   c.mlp_hidden = j.value("mlp_hidden", legacy.rules.mlp_ratio * c.channels);
   c.rope_theta = j.value("rope_theta", 10000.0);
-  c.experts = j.value("experts", 0);
-  c.experts_per_token = j.value("experts_per_token", 0);
-  c.capacity_factor = j.value("capacity_factor", c.capacity_factor);
-  c.balance_coef = j.value("balance_coef", c.balance_coef);
+  for (const ArchitectureSpec* spec : architectures()) {  // declared keys: absent ones keep their defaults
+    for (const ModelKey& key : spec->model_keys) {
+      const std::string name(key.name);
+      if (key.integer != nullptr) {
+        c.*key.integer = j.value(name, c.*key.integer);
+      } else {
+        c.*key.number = j.value(name, c.*key.number);
+      }
+    }
+  }
   if (j.value("data_source", std::string("builtin")) == "tokens") {
     c.data_source = DataSourceKind::kTokens;
     c.tokens_dtype = j.at("data_tokens_dtype").get<std::string>();

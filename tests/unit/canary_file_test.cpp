@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <regex>
 #include <set>
@@ -183,6 +184,10 @@ TEST(CanaryFile, MixtureOfExpertsKeysAreValidated) {
   const std::string llama = read_text(shipped_canary_dir() / "llama-tiny.toml");
   expect_each_refused(llama, {{"kv_heads = 2", "kv_heads = 2\nexperts = 4", "model.experts", "llama has no experts"}},
                       dir.path("llama.toml"));
+  const std::string gpt2 = read_text(shipped_canary_dir() / "tiny.toml");
+  expect_each_refused(gpt2,
+                      {{"heads = 4", "heads = 4\nbalance_coef = 0.5", "model.balance_coef", "gpt2 has no experts"}},
+                      dir.path("gpt2.toml"));
   const CanaryConfig moe = load_canary("moe-tiny");
   EXPECT_EQ(moe.expert_capacity(), 320);  // 1.25 * 8*64 tokens * 2 choices / 4 experts
   CanaryConfig odd = moe;
@@ -219,14 +224,27 @@ TEST(CanaryFile, EveryArchitectureHasAModelAndAShippedCanary) {
 // as itself whatever its architecture.
 TEST(CanaryFile, ArchitecturesDescribeThemselves) {
   int legacy = 0;
+  std::map<std::string, int> declared;
   for (const ArchitectureSpec* spec : architectures()) {
     EXPECT_EQ(find_architecture(spec->name), spec);
     EXPECT_NE(spec->make, nullptr) << spec->name;
     legacy += spec->legacy_identity ? 1 : 0;
     // 0: the file gives model.mlp_hidden; more: the width is that multiple of model.channels.
     EXPECT_GE(spec->rules.mlp_ratio, 0) << spec->name;
+    for (const ModelKey& key : spec->model_keys) {  // one field, a range, a word for its absence
+      EXPECT_NE(key.integer == nullptr, key.number == nullptr) << key.name;
+      EXPECT_FALSE(key.feature.empty()) << key.name;
+      EXPECT_TRUE(key.high_field != nullptr || key.low <= key.high) << key.name;
+      declared[std::string(key.name)] += 1;
+    }
   }
   EXPECT_EQ(legacy, 1);
+  CanaryConfig probe;
+  const nlohmann::json shared = probe.to_json();
+  for (const auto& [name, count] : declared) {
+    EXPECT_EQ(count, 1) << name << " is declared by two architectures";
+    EXPECT_FALSE(shared.contains(name)) << name << " is a shared identity key";
+  }
   for (const std::string& name : shipped_canaries()) {
     const CanaryConfig c = load_canary(name);
     EXPECT_EQ(CanaryConfig::from_json(c.to_json()).to_json(), c.to_json()) << name;

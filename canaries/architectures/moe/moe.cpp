@@ -159,15 +159,28 @@ ReceiptEntries moe_receipt_entries() {
   return e;
 }
 
+// E experts per block, K of them per token, each taking capacity_factor * B*T*K/E rows a
+// step, the balance loss weighted by balance_coef (docs/canary-files.md).
+constexpr ModelKey kMoeKeys[] = {
+    {.name = "experts", .feature = "experts", .integer = &CanaryConfig::experts, .low = 2, .high = 1024,
+     .required = true},
+    {.name = "experts_per_token", .feature = "experts", .integer = &CanaryConfig::experts_per_token, .low = 1,
+     .high_field = &CanaryConfig::experts, .required = true},
+    {.name = "capacity_factor", .feature = "experts", .number = &CanaryConfig::capacity_factor, .low = 0.0,
+     .high = 64.0, .open_low = true},
+    {.name = "balance_coef", .feature = "experts", .number = &CanaryConfig::balance_coef, .low = 0.0, .high = 10.0},
+};
+
 const ArchitectureSpec& moe_architecture() {
   static const ArchitectureSpec spec{
       "moe",
-      {.grouped_query_attention = true, .rope = true, .mlp_ratio = 0, .mixture_of_experts = true},
+      {.grouped_query_attention = true, .rope = true, .mlp_ratio = 0},
       false,
       [](const CanaryConfig& config, std::optional<FaultSpec> fault, bool trace_ops) -> std::unique_ptr<Canary> {
         return std::make_unique<MoeCanary>(config, std::move(fault), trace_ops);
       },
-      moe_receipt_entries};
+      moe_receipt_entries,
+      kMoeKeys};
   return spec;
 }
 
