@@ -6,16 +6,17 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <variant>
 
 #include <fmt/format.h>
 
-#include "canary_file.h"
 #include "canary_run.h"
 #include "interrupt.h"
 #include "commands.h"
 #include "usage_check.h"
-#include "preset.h"
 #include "registry.h"
+#include "run_option_fields.h"
 
 namespace harness::cli {
 
@@ -32,10 +33,7 @@ namespace {
 
 struct RunFlags {
   run::RunOptions options;
-  std::string dump_tensors;
-  std::optional<int> steps;
-  std::string inject_fault;
-  std::string trace = "none";
+  std::map<std::string, std::string> texts;  // each TextFlag's text, by flag (a map: references stay)
   EngineFlagValues engine_flags;
 };
 
@@ -54,20 +52,12 @@ void print_progress(const run::StepProgress& p) {
 
 int run_action(RunFlags& f) {
   run::RunOptions o = f.options;
-  o.steps = f.steps;
-  o.trace = run::parse_trace_level(f.trace);
-  if (!f.inject_fault.empty()) o.inject_fault = f.inject_fault;
   for (const auto& flag : f.engine_flags) {
     if (flag.second) o.engine_settings.options[flag.first] = *flag.second;
   }
-  if (!f.dump_tensors.empty()) {
-    int max_step = 0;
-    try {
-      max_step = o.steps.value_or(canary::load_canary(o.canary).steps);
-    } catch (const std::invalid_argument& e) {
-      throw run::UsageError(fmt::format("--canary: {}", e.what()));
-    }
-    o.dump_steps = run::parse_step_list(f.dump_tensors, max_step);
+  for (const run::RunOptionField& field : run::run_option_fields()) {  // text turned into options, in order
+    const auto* text = std::get_if<run::TextFlag>(&field.target);
+    if (text != nullptr) text->apply(f.texts.at(std::string(field.flag)), o);
   }
   run::RunSummary s;
   try {
@@ -101,31 +91,42 @@ void add_engine_flags(CLI::App& command, EngineFlagValues& values, std::string_v
   }
 }
 
+// One option of the table (harness/run/run_option_fields.h) as a flag of `harness run`;
+// the engines' own flags where the table places them.
+void add_run_option(CLI::App& run, RunFlags& f, const run::RunOptionField& field) {
+  const std::string flag(field.flag), help(field.help);
+  CLI::Option* option = nullptr;
+  if (std::holds_alternative<std::monostate>(field.target)) {
+    add_engine_flags(run, f.engine_flags);
+    return;
+  }
+  if (const auto* text = std::get_if<run::TextFlag>(&field.target)) {
+    std::string& slot = f.texts[flag];
+    slot = std::string(text->default_text);
+    option = run.add_option(flag, slot, help);
+  } else if (const auto* toggle = std::get_if<bool& (*)(run::RunOptions&)>(&field.target)) {
+    option = run.add_flag(flag, (*toggle)(f.options), help);
+  } else {
+    option = std::visit(
+        [&](auto&& slot) -> CLI::Option* {
+          if constexpr (std::is_invocable_v<decltype(slot), run::RunOptions&>) {
+            return run.add_option(flag, slot(f.options), help);
+          } else {
+            return nullptr;  // monostate and TextFlag: taken above
+          }
+        },
+        field.target);
+  }
+  if (field.check == run::FlagCheck::kThreads) option->check(CLI::Range(0, run::kMaxThreads));
+  if (field.check == run::FlagCheck::kSeed) option->check(seed_check());
+  if (field.show_default) option->capture_default_str();
+  if (field.required) option->required();
+}
+
 void add_run_command(CLI::App& app, CommandRegistry& commands) {
   auto flags = std::make_shared<RunFlags>();
   CLI::App* run = app.add_subcommand("run", "Run a canary on an engine and write an HDF5 receipt");
-  run->add_option("--canary", flags->options.canary, "Canary: a shipped one's name (canaries/NAME.toml) or a canary file's path")->capture_default_str();
-  run->add_option("--engine", flags->options.engine, "Engine (cpu-ref, accel, tpu-mesh)")->capture_default_str();
-  run->add_option("--features", flags->options.engine_settings.features,
-                  "accel features: bf16[,fp8=ZONES] with zones qkv, attn_proj, mlp_fc, mlp_proj, all");
-  run->add_option("--steps", flags->steps, "Number of steps (default: the preset's)");
-  run->add_option("--threads", flags->options.threads, "Worker threads (0 = all cores)")->check(CLI::Range(0, run::kMaxThreads))->capture_default_str();
-  run->add_option("--seed", flags->options.seed, "Initialisation seed (default: the canary's [train] seed)")
-      ->check(seed_check());
-  run->add_option("--perturb-init", flags->options.perturb_init,
-                  "SEED: move every initial weight one ulp, up or down as SEED draws (what calibrate --perturb runs)")
-      ->check(seed_check());
-  run->add_option("--out", flags->options.out, "Receipt path (.h5)")->required();
-  run->add_flag("--force", flags->options.force, "Overwrite an existing receipt");
-  run->add_option("--dump-tensors", flags->dump_tensors, "Steps whose parameters to dump, e.g. 0,50,100");
-  run->add_flag("--record-batches", flags->options.record_batches, "Record every batch's tokens");
-  run->add_option("--inject-fault", flags->inject_fault, "step=K,op=NAME[,ulps=N]: perturb an op's output");
-  run->add_option("--trace", flags->trace,
-                  "ops: record every op's output (hash and sketch) per step into /trace, for bisect")
-      ->capture_default_str();
-  run->add_option("--checkpoint-every", flags->options.checkpoint_every,
-                  "K: save the full state at the start of steps K, 2K, ... into <out>.ckpt/, for harness replay");
-  add_engine_flags(*run, flags->engine_flags);
+  for (const run::RunOptionField& field : run::run_option_fields()) add_run_option(*run, *flags, field);
   commands.add(run, [flags] { return run_action(*flags); });
 }
 

@@ -178,7 +178,9 @@ nlohmann::json replay_recipe(const RunOptions& o, const std::optional<Engine::Re
   RunOptions recorded = o;
   if (reduction_seed) recorded.engine_settings.options[reduction_seed->flag] = std::to_string(reduction_seed->seed);
   nlohmann::json recipe = nlohmann::json::object();
-  for (const RunOptionField& field : run_option_fields()) field.write(recorded, recipe);
+  for (const RunOptionField& field : run_option_fields()) {
+    if (field.recorded()) field.write(recorded, recipe);
+  }
   return recipe;
 }
 
@@ -206,7 +208,9 @@ RunOptions options_from_recipe(const nlohmann::json& recipe) {
   if (!recipe.is_object()) throw UsageError("run_options: not a replay recipe (not a JSON object)");
   RunOptions o;
   try {
-    for (const RunOptionField& field : run_option_fields()) field.read(recipe, o);
+    for (const RunOptionField& field : run_option_fields()) {
+      if (field.recorded()) field.read(recipe, o);
+    }
   } catch (const nlohmann::json::exception& e) {
     throw UsageError(fmt::format("run_options: not a replay recipe ({})", json_error_text(e)));
   }

@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <set>
+#include <string_view>
+#include <variant>
 #include <string>
 #include <vector>
 
@@ -49,10 +52,31 @@ TEST(RunOptions, EveryOptionSurvivesItsRecipe) {
   expect_same_run(options_from_recipe(replay_recipe(plain, std::nullopt)), plain);
   // Each key the table writes is one it reads: a mistyped one is refused.
   for (const RunOptionField& field : run_option_fields()) {
+    if (!field.recorded()) continue;
     nlohmann::json recipe = replay_recipe(set, std::nullopt);
     ASSERT_TRUE(recipe.contains(std::string(field.key))) << field.key;
     recipe[std::string(field.key)] = nlohmann::json::array();
     EXPECT_THROW(options_from_recipe(recipe), UsageError) << field.key;
+  }
+}
+
+// The table is `harness run`'s command line: every row a flag with its help; a recorded
+// row has a recipe key and all three recipe functions, an output setting none of them.
+TEST(RunOptions, EveryRowIsAFlagAndARecordedOneHasItsRecipeForms) {
+  std::set<std::string_view> flags, keys;
+  for (const RunOptionField& field : run_option_fields()) {
+    EXPECT_TRUE(field.flag.starts_with("--")) << field.flag;
+    EXPECT_FALSE(field.help.empty()) << field.flag;
+    EXPECT_TRUE(flags.insert(field.flag).second) << field.flag << " twice";
+    const int recipe_forms = (field.write != nullptr) + (field.read != nullptr) + (field.words != nullptr);
+    EXPECT_EQ(recipe_forms, field.recorded() ? 3 : 0) << field.flag;
+    if (field.recorded()) EXPECT_TRUE(keys.insert(field.key).second) << field.key << " twice";
+    if (field.check != FlagCheck::kNone) {  // a checked value is a number the parser converts
+      EXPECT_FALSE(std::holds_alternative<TextFlag>(field.target)) << field.flag;
+    }
+  }
+  for (const char* output : {"--out", "--force", "--dump-tensors", "--record-batches"}) {
+    EXPECT_TRUE(flags.count(output)) << output;
   }
 }
 
