@@ -10,6 +10,8 @@
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
+#include "kernels/gemm.h"
+
 namespace harness::accel {
 namespace {
 
@@ -60,7 +62,7 @@ __attribute__((target("avx2,fma"))) void rows_avx2(int m0, int m1, int N, int K,
 
 // As the main GEMM: AVX2+FMA when the CPU has it, unless HARNESS_GEMM_KERNEL=generic.
 bool use_avx2_fma() {
-  const char* forced = std::getenv("HARNESS_GEMM_KERNEL");
+  const char* forced = std::getenv(kernels::kGemmKernelVariable);
   if (forced != nullptr && std::strcmp(forced, "generic") == 0) return false;
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");

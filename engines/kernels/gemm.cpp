@@ -352,7 +352,7 @@ const KernelChoice* find_kernel(std::string_view name) {
 // HARNESS_GEMM_KERNEL=NAME forces a kernel (generic, avx2-fma, avx512; tests and the
 // kernel-choice CLI test use it); otherwise the fastest this CPU supports.
 const KernelChoice* choose_kernel() {
-  if (const char* forced = std::getenv("HARNESS_GEMM_KERNEL"); forced != nullptr && *forced != '\0') {
+  if (const char* forced = std::getenv(kGemmKernelVariable); forced != nullptr && *forced != '\0') {
     if (const KernelChoice* k = find_kernel(forced)) return k;
   }
   __builtin_cpu_init();

@@ -20,6 +20,10 @@
 
 namespace harness::kernels {
 
+// The environment variable that forces the GEMM kernel (and, read by
+// harness/run/stack_info.cpp, what reruns a lane with another recorded choice).
+inline constexpr const char* kGemmKernelVariable = "HARNESS_GEMM_KERNEL";
+
 // What the store does with each finished accumulator: C = acc (Store), C = acc + bias[n]
 // (AddBias), C = C + acc (Accumulate), or C = acc * bias[0] (Scale: `bias` points at one
 // factor; accel's fp8 GEMMs descale their output this way, the product rounded once, as a

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "numerics/det_math.h"
+#include "numerics/isa_dispatch.h"
 
 namespace harness::kernels {
 namespace {
@@ -179,7 +180,8 @@ const std::vector<LaneEntry>& lane_entries() {
 
 const LaneKernels& choose_lane_kernels() {
   __builtin_cpu_init();
-  if (const char* forced = std::getenv("HARNESS_ELEMENTWISE_KERNEL"); forced != nullptr && *forced != '\0') {
+  const char* forced = std::getenv(numerics::kElementwiseKernelVariable);
+  if (forced != nullptr && *forced != '\0') {
     for (const LaneEntry& e : lane_entries()) {
       if (e.kernels.name == forced && e.supported()) return e.kernels;
     }

@@ -16,7 +16,7 @@ bool runs(VectorIsa isa) {
 }
 
 VectorIsa choose() {
-  if (const char* forced = std::getenv("HARNESS_ELEMENTWISE_KERNEL"); forced != nullptr) {
+  if (const char* forced = std::getenv(kElementwiseKernelVariable); forced != nullptr) {
     const std::string_view name(forced);
     if (name == "sse-4") return VectorIsa::Baseline;
     if (name == "avx2-8" && runs(VectorIsa::Avx2)) return VectorIsa::Avx2;

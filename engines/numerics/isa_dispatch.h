@@ -8,6 +8,10 @@ namespace harness::numerics {
 
 enum class VectorIsa { Baseline, Avx2, Avx512 };
 
+// The environment variable that forces the element-wise width (and, read by
+// harness/run/stack_info.cpp, what reruns a lane with another recorded choice).
+inline constexpr const char* kElementwiseKernelVariable = "HARNESS_ELEMENTWISE_KERNEL";
+
 // The widest this CPU runs, or the one HARNESS_ELEMENTWISE_KERNEL names (sse-4, avx2-8,
 // avx512-16: the names of kernels/vector_lanes.h, so one variable forces every
 // element-wise width), when the CPU runs it.

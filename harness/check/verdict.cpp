@@ -239,8 +239,8 @@ std::vector<StackDifference> stack_diff(const ReceiptData& a, const ReceiptData&
     // created_utc always differs; run_options repeats the keys that say what differs
     if (k == "created_utc" || k == "run_options") continue;
     const auto ia = a.manifest.find(k), ib = b.manifest.find(k);
-    const std::string va = ia == a.manifest.end() ? "(absent)" : ia->second;
-    const std::string vb = ib == b.manifest.end() ? "(absent)" : ib->second;
+    const std::string va = ia == a.manifest.end() ? kAbsent : ia->second;
+    const std::string vb = ib == b.manifest.end() ? kAbsent : ib->second;
     if (va != vb) out.push_back({k, va, vb, ia == a.manifest.end() || ib == b.manifest.end()});
   }
   return out;

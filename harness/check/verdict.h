@@ -133,6 +133,9 @@ struct TensorMove {
   double distance = 0;  // relative sketch distance (most moved)
 };
 
+// The value a stack difference gives the side that lacks the manifest key.
+inline constexpr const char* kAbsent = "(absent)";
+
 // One manifest line that differs. A setting only one side has (an engine's own, such as
 // accel's noise_mode against cpu-ref) is one-sided: expected when the engines differ.
 struct StackDifference {

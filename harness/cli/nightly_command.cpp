@@ -84,6 +84,9 @@ int finish(const nlohmann::json& summary, const std::string& out_dir) {
     fmt::print("  control {:<7} {:<6} {}\n", control["status"].get<std::string>(),
                control["control"].get<std::string>(), control["summary"].get<std::string>());
   }
+  if (const nlohmann::json drift = summary.value("environment_drift", nlohmann::json(nullptr)); drift.is_object()) {
+    fmt::print("  {}\n", drift["summary"].get<std::string>());
+  }
   for (const std::string& path : written) fmt::print("report      {}\n", path);
   for (const auto& control : summary.value("controls", nlohmann::json::array())) {
     if (!nightly::control_fails_the_job(control)) continue;

@@ -511,6 +511,35 @@ void command_block(pugi::xml_node parent, const std::string& what, const std::st
   if (!note.empty()) add(parent, "p", note, "muted");
 }
 
+// Environment drift (docs/nightly.md): the moved stack entries by how they group with the
+// failing lanes, the reruns with the golden's value, the whole-matrix refresh.
+void drift_section(pugi::xml_node body, const json& drift) {
+  if (!drift.is_object()) return;
+  add(body, "h2", "Environment drift");
+  add(body, "p", json_text(drift, "summary"));
+  pugi::xml_node table = add(body, "table");
+  table.append_attribute("id") = "drift";
+  pugi::xml_node head = add(table, "thead").append_child("tr");
+  for (const char* h : {"stack entry", "golden -> run", "failing lanes", "passing lanes", "set by"}) add(head, "th", h);
+  pugi::xml_node rows = add(table, "tbody");
+  for (const json& entry : drift["entries"]) {
+    pugi::xml_node row = rows.append_child("tr");
+    add(row, "td", json_text(entry, "entry"), entry.value("explains", false) ? "fail" : "");
+    add(row, "td", fmt::format("{}", fmt::join(entry["moves"].get<std::vector<std::string>>(), "; ")));
+    add(row, "td", fmt::format("{} ({})", entry["failing"].get<int>(),
+                               fmt::join(entry["lanes"].get<std::vector<std::string>>(), ", ")));
+    add(row, "td", std::to_string(entry["passing"].get<int>()));
+    const json& set_by = entry["set_by"];
+    add(row, "td", set_by.is_object() ? set_by.begin().value().get<std::string>() : "no rerun can set it", "muted");
+  }
+  for (const json& rerun : drift["reruns"]) {
+    command_block(body, fmt::format("Rerun the lanes where {} moved, with the golden's value:", json_text(rerun, "entry")),
+                  json_text(rerun, "command"));
+  }
+  command_block(body, "Or make the new stack the goldens': one refresh of the whole matrix, one candidate set to review:",
+                fmt::format("{}", fmt::join(drift["refresh"].get<std::vector<std::string>>(), "\n")));
+}
+
 // Per failing lane: the commands that reproduce the run, bisect it against what it failed
 // and replay it from its first failing step.
 void reproduce(pugi::xml_node section, const json& lane, const json& summary) {
@@ -632,6 +661,7 @@ std::string html_report(const json& summary) {
   add(body, "h2", "Verdicts");
   verdict_table(body, summary);
   controls_table(body, summary.value("controls", json::array()));
+  drift_section(body, summary.value("environment_drift", json(nullptr)));
   const json stack = common_stack(summary);
   add(body, "h2", "Stack");
   stack_table(body, stack, json::object());

@@ -12,6 +12,7 @@
 #include <fmt/ranges.h>
 
 #include "controls.h"
+#include "environment_drift.h"
 #include "golden_store.h"
 #include "interrupt.h"
 #include "json_text.h"
@@ -26,9 +27,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-// Manifest keys that describe the stack a lane ran on (shown in the reports).
-inline constexpr const char* kStackKeys[] = {"git_commit", "toolchain", "libraries", "kernels", "host", "cpu", "threads"};
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -186,6 +184,7 @@ class NightlyJob::Impl {
                     {"lanes", records},
                     {"auxiliary_runs", auxiliary}};
     summary["controls"] = control_records;
+    summary["environment_drift"] = environment_drift(summary);
     summary["verdict"] = job_verdict(summary["lanes"], summary["controls"]);
     // lane: the lane the signal cut, or null when it landed between lanes (after_lane: the
     // last lane that finished, null before the first).
@@ -553,6 +552,7 @@ json merge_summaries(const std::vector<json>& shards, const std::vector<std::str
   std::vector<json> shard_controls;
   for (const json& s : shards) shard_controls.push_back(s.value("controls", json::array()));
   merged["controls"] = merge_controls(shard_controls);
+  merged["environment_drift"] = environment_drift(merged);  // over every shard's lanes
   merged["verdict"] = job_verdict(lanes, merged["controls"]);
   return merged;
 }

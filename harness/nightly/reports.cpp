@@ -145,6 +145,21 @@ std::string markdown_report(const json& summary) {
     if (lane["triage"].is_string()) md += fmt::format("BF16-first triage: {}\n\n", markdown_cell(lane["triage"].get<std::string>()));
     md += "</details>\n";
   }
+  const json drift = summary.value("environment_drift", json(nullptr));
+  if (drift.is_object()) {
+    md += fmt::format("\n**{}**\n\n| stack entry | golden -> run | failing lanes | passing lanes |\n|---|---|---|---|\n",
+                      markdown_cell(json_text(drift, "summary")));
+    for (const json& entry : drift["entries"]) {
+      md += fmt::format("| `{}` | {} | {} | {} |\n", json_text(entry, "entry"),
+                        markdown_cell(fmt::format("{}", fmt::join(entry["moves"].get<std::vector<std::string>>(), "; "))),
+                        entry["failing"].get<int>(), entry["passing"].get<int>());
+    }
+    std::string commands;
+    for (const json& rerun : drift["reruns"]) commands += json_text(rerun, "command") + "\n";
+    for (const json& line : drift["refresh"]) commands += line.get<std::string>() + "\n";
+    md += '\n';
+    md += code_block(commands);
+  }
   const json controls = summary.value("controls", json::array());
   if (!controls.empty()) {
     md += "\n| negative control | status | what it showed |\n|---|---|---|\n";

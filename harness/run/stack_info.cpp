@@ -14,6 +14,7 @@
 
 #include "kernels/gemm.h"
 #include "kernels/vector_lanes.h"
+#include "numerics/isa_dispatch.h"
 #include "harness_build_info.h"
 
 namespace harness::run {
@@ -50,6 +51,15 @@ StackInfo collect_stack_info() {
   info.kernels = fmt::format("gemm={} elementwise={}", kernels::gemm_kernel_name(), kernels::lane_kernels().name);
   info.cpu = cpu_model();
   return info;
+}
+
+std::span<const StackSetting> stack_settings() {
+  static constexpr StackSetting kSettings[] = {
+      {"kernels.gemm", kernels::kGemmKernelVariable, ""},
+      {"kernels.elementwise", numerics::kElementwiseKernelVariable, ""},
+      {"threads", "", "--threads"},
+  };
+  return kSettings;
 }
 
 std::string utc_timestamp() {
