@@ -98,6 +98,9 @@ class Canary {
   // Names of the forward ops, in execution order (valid fault-injection targets): the
   // sites the model's forward calls its ops at, listed once by running it without an engine.
   const std::vector<std::string>& forward_op_names() const;
+  // The (B, T, V) logits the forward's cross-entropy reads: each token's output
+  // distribution, what `harness invariance` turns into log-probabilities per sequence.
+  virtual TensorId token_logits() const = 0;
   // What the model records of each step beside the engine's state (read after the step,
   // e.g. moe's routing), described by its ArchitectureSpec::receipt_entries.
   virtual std::vector<StepState> step_state(Engine& /*engine*/) const { return {}; }

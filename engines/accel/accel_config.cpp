@@ -113,6 +113,12 @@ void parse_noise_seed(const std::string& v, AccelConfig& c) {
   c.noise_seed = parse_seed(v);
 }
 
+void parse_split_k(const std::string& v, AccelConfig& c) {
+  if (v == "fixed") c.split_k = SplitK::Fixed;
+  else if (v == "rows") c.split_k = SplitK::Rows;
+  else fail(fmt::format("--split-k: unknown choice '{}' (fixed, rows)", v));
+}
+
 void parse_fp8_recipe(const std::string& v, AccelConfig& c) {
   need_fp8(c, "fp8-recipe");
   if (v == "delayed") c.scaling.recipe = numerics::Fp8Recipe::Delayed;
@@ -153,6 +159,9 @@ constexpr FlagParser<AccelConfig> kAccelFlags[] = {
     {{"noise", "accel reduction order: seeded (default), racy or off"}, parse_noise},
     {{"noise-seed", "accel: replay the noise of a seeded run (its manifest's noise_seed)", false, {}, true},
      parse_noise_seed},
+    {{"split-k", "accel GEMM split-K: fixed (default, chunks of 64) or rows (chosen by the row count: batch-variant)",
+      false, "noise"},
+     parse_split_k},
     {{"fp8-recipe", "accel FP8 scaling: delayed (default) or current", false, "fp8"}, parse_fp8_recipe},
     {{"amax-history", "accel delayed scaling: amax history length (default 1024)", false, "fp8"}, parse_amax_history},
     {{"amax-algo", "accel delayed scaling: max (default) or most_recent", false, "fp8"}, parse_amax_algo},
@@ -217,6 +226,7 @@ std::string AccelConfig::canonical_features() const {
     if (accumulate_interval != 0) parts.push_back(fmt::format("fp8-accumulate=limited:{}", accumulate_interval));
   }
   if (noise != NoiseMode::Seeded) parts.push_back(fmt::format("noise={}", to_string(noise)));
+  if (split_k == SplitK::Rows) parts.emplace_back("split-k=rows");
   return fmt::format("{}", fmt::join(parts, "+"));
 }
 

@@ -21,6 +21,11 @@ namespace harness::accel {
 // layer is not quantised).
 enum Fp8ZoneBits : unsigned { kZoneQkv = 1, kZoneAttnProj = 2, kZoneMlpFc = 4, kZoneMlpProj = 8, kAllZones = 15 };
 
+// How the GEMMs split K: in fixed chunks (kSplitKChunk, the default), or as a GEMM
+// library's heuristic picks by the output's shape (row_split_k_chunk), which makes the
+// association order, and so the bits of a row, depend on how many rows the batch has.
+enum class SplitK : std::uint8_t { Fixed, Rows };
+
 struct AccelConfig {
   bool bf16 = false;
   unsigned fp8_zones = 0;
@@ -28,6 +33,7 @@ struct AccelConfig {
   int accumulate_interval = 0;  // 0: fp32 accumulation; N: limited accumulator promoted every N products
   NoiseMode noise = NoiseMode::Seeded;
   std::optional<std::uint64_t> noise_seed;  // seeded mode: replay this seed
+  SplitK split_k = SplitK::Fixed;
 
   bool fp8() const { return fp8_zones != 0; }
   // "bf16+fp8=qkv,mlp_fc+noise=off": features and non-default settings, in a fixed order.

@@ -389,7 +389,7 @@ void AccelEngine::linear_forward(const OpSite&, TensorId out, TensorId inp, Tens
   const SplitKOutput output{bias == kNoTensor ? SplitKOutput::Start::Zero : SplitKOutput::Start::Row,
                             bias == kNoTensor ? nullptr : f32(bias), stores_bf16(out)};
   ReduceContext ctx = reduce_context();
-  split_k_gemm(ctx, N, OC, C, a, C, w.transposed.data(), OC, f32(out), kSplitKChunk, fp8_gemm, output);
+  split_k_gemm(ctx, N, OC, C, a, C, w.transposed.data(), OC, f32(out), split_k_chunk(N, OC, C), fp8_gemm, output);
 }
 
 void AccelEngine::linear_backward(const OpSite&, TensorId dinp, TensorId dweight, TensorId dbias, TensorId dout,
@@ -416,7 +416,7 @@ void AccelEngine::linear_backward(const OpSite&, TensorId dinp, TensorId dweight
   ReduceContext ctx = reduce_context();
   // forward: out[n][o] = sum_c inp[n][c] * weight[o][c] + bias[o]
   // dinp (N,C) += dout (N,OC) @ weight (OC,C), split over OC
-  split_k_gemm(ctx, N, C, OC, dy, OC, w.rows.data(), C, f32(dinp), kSplitKChunk, dgrad,
+  split_k_gemm(ctx, N, C, OC, dy, OC, w.rows.data(), C, f32(dinp), split_k_chunk(N, C, OC), dgrad,
                {SplitKOutput::Start::Accumulate, nullptr, stores_bf16(dinp)});
   // dweight (OC,C) += dout^T (OC,N) @ inp (N,C), split over tokens
   kernels::transpose(dy, N, OC, t_.scratch());
@@ -642,7 +642,7 @@ void AccelEngine::expert_linear_forward(const OpSite&, TensorId out, TensorId in
   for (int e = 0; e < E; ++e) {
     split_k_gemm(ctx, cap, OC, C, f32(inp) + std::int64_t{e} * cap * C, C,
                  w.transposed.data() + std::int64_t{e} * OC * C, OC, f32(out) + std::int64_t{e} * cap * OC,
-                 kSplitKChunk, {}, {SplitKOutput::Start::Zero, nullptr, stores_bf16(out)});
+                 split_k_chunk(cap, OC, C), {}, {SplitKOutput::Start::Zero, nullptr, stores_bf16(out)});
   }
 }
 
@@ -657,7 +657,7 @@ void AccelEngine::expert_linear_backward(const OpSite&, TensorId dinp, TensorId 
     const float* x = f32(inp) + std::int64_t{e} * cap * C;
     // dinp_e (cap,C) += dout_e (cap,OC) @ weight_e (OC,C), split over OC
     split_k_gemm(ctx, cap, C, OC, dy, OC, w.rows.data() + std::int64_t{e} * OC * C, C,
-                 f32(dinp) + std::int64_t{e} * cap * C, kSplitKChunk, {},
+                 f32(dinp) + std::int64_t{e} * cap * C, split_k_chunk(cap, C, OC), {},
                  {SplitKOutput::Start::Accumulate, nullptr, stores_bf16(dinp)});
     // dweight_e (OC,C) += dout_e^T (OC,cap) @ inp_e (cap,C), split over the rows
     kernels::transpose(dy, cap, OC, t_.scratch());

@@ -153,6 +153,10 @@ class AccelEngine final : public Engine {
   void store(TensorId id);
   bool stores_bf16(TensorId id) const;  // what store() rounds
   ReduceContext reduce_context() { return {noise_, workspace_}; }
+  // The K chunk of an (M,N) = (M,K) @ (K,N) GEMM: fixed, or by the row count (--split-k).
+  int split_k_chunk(int M, int N, int K) const {
+    return config_.split_k == SplitK::Rows ? row_split_k_chunk(M, N, K) : kSplitKChunk;
+  }
   // The heads of q, k, v (gpt2: one fused qkv) as the attention kernels read them.
   AttentionHeads gqa_heads(TensorId att, TensorId q, TensorId k, TensorId v);
   float* f32(TensorId id) { return t_.f32(id); }

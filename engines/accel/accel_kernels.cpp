@@ -18,6 +18,14 @@ namespace harness::accel {
 
 using kernels::GemmEpilogue;
 
+int row_split_k_chunk(int M, int N, int K) {
+  constexpr int kMultiprocessors = 108, kTile = 128, kDepth = 16;
+  const auto ceil_div = [](int a, int b) { return (a + b - 1) / b; };
+  const int tiles = ceil_div(M, kTile) * ceil_div(N, kTile);
+  const int splits = std::clamp(ceil_div(kMultiprocessors, tiles), 1, std::max(1, K / kDepth));
+  return ceil_div(ceil_div(K, splits), kDepth) * kDepth;
+}
+
 void split_k_gemm(ReduceContext& ctx, int M, int N, int K, const float* A, int lda, const float* B, int ldb, float* C,
                   int chunk, const GemmNumerics& numerics, const SplitKOutput& output) {
   // A limited accumulator promotes every `limited_interval` products; a split-K chunk

@@ -18,6 +18,12 @@ inline constexpr int kSplitKChunk = 64;
 inline constexpr int kTokenChunk = 64;
 inline constexpr int kAttentionChunk = 16;
 
+// The split-K chunk a GEMM library's heuristic picks for an (M,N) output over K (--split-k
+// rows): enough K splits to give each of an emulated GPU's 108 multiprocessors one
+// 128x128 output tile, at most K/16 of them, each chunk a multiple of 16 deep. Fewer rows
+// (a smaller batch) mean fewer tiles and more, shorter splits: another association order.
+int row_split_k_chunk(int M, int N, int K);
+
 // Shared state of one op's reductions: the noise source and a workspace for partials.
 struct ReduceContext {
   NoiseSource& noise;

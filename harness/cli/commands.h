@@ -46,5 +46,6 @@ void add_replay_command(CLI::App& app, CommandRegistry& commands);
 void add_validate_command(CLI::App& app, CommandRegistry& commands);
 void add_schema_command(CLI::App& app, CommandRegistry& commands);  // the receipt description, as JSON
 void add_export_command(CLI::App& app, CommandRegistry& commands);  // canary packs
+void add_invariance_command(CLI::App& app, CommandRegistry& commands);  // batch invariance
 
 }  // namespace harness::cli

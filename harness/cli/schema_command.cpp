@@ -1,7 +1,7 @@
 // `harness schema`: the receipt description this harness writes and validates against (the
 // core and every engine's additions), as JSON on stdout. Its export is
 // python/canary_harness/receipt_schema.json, what the Python package reads; a test holds
-// the two equal (tests/cli/receipt_schema.sh).
+// the two equal (python/tests/test_receipt_schema.py).
 #include <memory>
 
 #include <fmt/format.h>

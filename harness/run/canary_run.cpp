@@ -76,8 +76,8 @@ void prepare_checkpoint_dir(const std::string& dir) {
 
 Validated validate(const RunOptions& o) {
   Validated v;
+  v.config = load_run_canary(o.canary);
   try {
-    v.config = canary::load_canary(o.canary);
     v.data = canary::make_data_source(v.config);
   } catch (const std::invalid_argument& e) {
     throw UsageError(fmt::format("--canary: {}", e.what()));
@@ -88,16 +88,7 @@ Validated validate(const RunOptions& o) {
   if (v.seed < 0) throw UsageError("--seed: must be between 0 and 9223372036854775807");
   if (o.perturb_init && *o.perturb_init < 0) throw UsageError("--perturb-init: must be between 0 and 9223372036854775807");
   const std::unique_ptr<canary::Canary> model = canary::make_canary(v.config);  // tensors and op names
-  try {
-    // The engine's own gate too (a mesh engine's shard plan must divide the model).
-    const std::unique_ptr<Engine> engine = make_engine(o.engine, o.engine_settings);
-    if (const std::string why = canary::engine_cannot_run(*engine, *model); !why.empty()) {
-      throw UsageError(fmt::format("--engine: {} (canary {} is {})", why, v.config.name, v.config.architecture));
-    }
-    engine->check_table(model->tensors());
-  } catch (const std::invalid_argument& e) {
-    throw UsageError(e.what());
-  }
+  check_engine_can_run(o.engine, o.engine_settings, *model);
   if (o.inject_fault) {
     try {
       v.fault = canary::parse_fault_spec(*o.inject_fault, model->forward_op_names());
@@ -240,6 +231,28 @@ std::vector<int> parse_step_list(const std::string& text, int max_step) {
 std::optional<std::uint64_t> init_perturbation(const RunOptions& options) {
   if (!options.perturb_init) return std::nullopt;
   return static_cast<std::uint64_t>(*options.perturb_init);
+}
+
+canary::CanaryConfig load_run_canary(const std::string& canary) {
+  try {
+    return canary::load_canary(canary);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(fmt::format("--canary: {}", e.what()));
+  }
+}
+
+void check_engine_can_run(const std::string& engine_name, const EngineSettings& settings, const canary::Canary& model) {
+  const canary::CanaryConfig& config = model.config();
+  try {
+    // The engine's own gate too (a mesh engine's shard plan must divide the model).
+    const std::unique_ptr<Engine> engine = make_engine(engine_name, settings);
+    if (const std::string why = canary::engine_cannot_run(*engine, model); !why.empty()) {
+      throw UsageError(fmt::format("--engine: {} (canary {} is {})", why, config.name, config.architecture));
+    }
+    engine->check_table(model.tensors());
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
 }
 
 RunSummary run_canary(const RunOptions& o, const std::function<void(const StepProgress&)>& on_step) {

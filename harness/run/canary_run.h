@@ -14,6 +14,11 @@
 
 #include "api/engine.h"
 #include "api/engine_settings.h"
+#include "preset.h"
+
+namespace harness::canary {
+class Canary;
+}
 
 namespace harness::run {
 
@@ -78,6 +83,12 @@ struct RunSummary {
 
 // The seed of `options`' one-ulp perturbation of the initial weights, when it has one.
 std::optional<std::uint64_t> init_perturbation(const RunOptions& options);
+
+// The canary a run names (a shipped one or a canary file), or UsageError naming --canary.
+canary::CanaryConfig load_run_canary(const std::string& canary);
+// The engine's gate for `model` (its ops implemented, its table accepted: a mesh engine's
+// shard plan must divide the model), or UsageError naming what stops it.
+void check_engine_can_run(const std::string& engine, const EngineSettings& settings, const canary::Canary& model);
 
 // Validates everything first (throws UsageError before creating any file), then runs.
 RunSummary run_canary(const RunOptions& options, const std::function<void(const StepProgress&)>& on_step = {});

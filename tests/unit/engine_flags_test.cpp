@@ -27,6 +27,7 @@ const std::map<std::string, Example>& examples() {
   static const std::map<std::string, Example> e{
       {"noise", {"off", ""}},
       {"noise-seed", {"7", ""}},
+      {"split-k", {"rows", ""}},
       {"fp8-recipe", {"current", "bf16,fp8=all"}},
       {"amax-history", {"16", "bf16,fp8=all"}},
       {"amax-algo", {"most_recent", "bf16,fp8=all"}},

@@ -70,7 +70,9 @@ TEST(RunOptions, EveryRowIsAFlagAndARecordedOneHasItsRecipeForms) {
     EXPECT_TRUE(flags.insert(field.flag).second) << field.flag << " twice";
     const int recipe_forms = (field.write != nullptr) + (field.read != nullptr) + (field.words != nullptr);
     EXPECT_EQ(recipe_forms, field.recorded() ? 3 : 0) << field.flag;
-    if (field.recorded()) EXPECT_TRUE(keys.insert(field.key).second) << field.key << " twice";
+    if (field.recorded()) {
+      EXPECT_TRUE(keys.insert(field.key).second) << field.key << " twice";
+    }
     if (field.check != FlagCheck::kNone) {  // a checked value is a number the parser converts
       EXPECT_FALSE(std::holds_alternative<TextFlag>(field.target)) << field.flag;
     }

@@ -22,6 +22,7 @@ class Gpt2Canary : public Canary {
   explicit Gpt2Canary(const CanaryConfig& config, std::optional<FaultSpec> fault = std::nullopt,
                       bool trace_ops = false);
   std::vector<OpKind> step_ops() const override;
+  TensorId token_logits() const override { return logits_; }
 
  private:
   struct LayerParams {

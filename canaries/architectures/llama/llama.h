@@ -24,6 +24,7 @@ class LlamaCanary : public Canary {
   explicit LlamaCanary(const CanaryConfig& config, std::optional<FaultSpec> fault = std::nullopt,
                        bool trace_ops = false);
   std::vector<OpKind> step_ops() const override;
+  TensorId token_logits() const override { return logits_; }
 
  protected:
   // For an architecture built on llama's blocks that replaces the MLP (moe/moe.h): its
