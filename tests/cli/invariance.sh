@@ -3,10 +3,14 @@
 # batch-invariant, 1 not, 2 bad input with one line) and its JSON's own consistency.
 source "$(dirname "$0")/lib.sh"
 repo=$(cd "$HERE/../.." && pwd)
+harness=$(cd "$(dirname "$HARNESS")" && pwd)/$(basename "$HARNESS")  # the page runs from the repository root
 script=$WORK/page.sh
-page_script "$repo/docs/invariance.md" "$HARNESS" "$script"
-bash "$script" >"$WORK/page.out" 2>&1 || fail "a command of docs/invariance.md failed: $(tail -5 "$WORK/page.out")"
-[ "$(grep -c '^verdict     batch-invariant' "$WORK/page.out")" -eq 3 ] ||
+page_script "$repo/docs/invariance.md" "$harness" "$script"
+mkdir -p "$WORK/bin" && ln -s "$PY" "$WORK/bin/python3"  # the page's python3: Debian's, with python3-torch
+(cd "$repo" && PATH="$WORK/bin:$PATH" PYTHONDONTWRITEBYTECODE=1 bash "$script") >"$WORK/page.out" 2>&1 ||
+  fail "a command of docs/invariance.md failed: $(tail -5 "$WORK/page.out")"
+grep -q '^invariance  tiny/torch: ' "$WORK/page.out" || fail "the PyTorch lane's check did not run"
+[ "$(grep -c '^verdict     batch-invariant' "$WORK/page.out")" -ge 3 ] ||
   fail "cpu-ref, accel --noise off and tpu-mesh tp are not all batch-invariant: $(cat "$WORK/page.out")"
 grep -qE '^verdict     not batch-invariant: smallest breaking batch size 2, first at op blocks\.' "$WORK/page.out" ||
   fail "accel's seeded noise is not caught at batch size 2"

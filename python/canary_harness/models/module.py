@@ -38,6 +38,9 @@ class CanaryModule(nn.Module):
     """Base of GPT2 and Llama: a subclass builds its op modules (named as the C++ ops), and
     defines op_names() (the forward ops in order) and _forward(tokens) -> loss."""
 
+    # The op whose output is the (B, T, V) logits the loss reads (Canary::token_logits in C++).
+    LOGITS_OP = "lm_head"
+
     def op_names(self) -> List[str]:
         raise NotImplementedError
 

@@ -1,0 +1,72 @@
+"""Batch invariance of the PyTorch lane (canary_harness.invariance, docs/invariance.md): the
+same sequence and rows as `harness invariance`, the first op that breaks named, and the
+CLI's error discipline. What torch's own kernels do is measured, not assumed: these tests
+hold on any torch that runs them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from canary_harness.invariance import batch_rows, check_batch_invariance, main, position_of
+from canary_harness.lane import architecture_module, load_pack
+
+from conftest import export_pack, run_harness
+
+
+@pytest.fixture(scope="module")
+def tiny_model(harness_bin: Path, tmp_path_factory: pytest.TempPathFactory):
+    pack = load_pack(str(export_pack(harness_bin, tmp_path_factory.mktemp("inv") / "micro.h5", steps=8)))
+    architecture = architecture_module(pack)
+    model = architecture.model_class(architecture.config_class.from_json(pack.canary_json), pack.init)
+    rows = [row for step in range(pack.steps) for row in pack.batch(step)]
+    return model, rows
+
+
+def test_the_rows_are_the_harness_rows(harness_bin: Path):
+    out = run_harness(harness_bin, "invariance", "--canary", "micro", "--max-batch", "9", "--position-seed", "5",
+                      "--json").stdout
+    positions = [c["position"] for c in json.loads(out)["checks"]]
+    assert positions == [position_of(5, b) for b in range(2, 10)]
+    rows = [np.full(4, i) for i in range(5)]
+    placed = batch_rows(rows[0], rows[1:], 4, 2)
+    assert [int(r[0]) for r in placed] == [1, 2, 0, 3]
+
+
+def test_an_op_that_reads_the_batch_size_is_named_from_its_size(tiny_model):
+    """A hook that moves the embedding's output only in batches of 4 or more: those sizes
+    break first at `embedding`, the smaller ones never there, whatever torch's GEMMs do."""
+    model, rows = tiny_model
+    handle = model.get_submodule("embedding").register_forward_hook(
+        lambda module, args, out: out + 1e-3 if out.shape[0] >= 4 else out)
+    try:
+        report = check_batch_invariance(model, rows[0], rows[1:], 6, position_seed=3)
+    finally:
+        handle.remove()
+    for c in report["checks"]:
+        assert (c["first_op"] == "embedding") == (c["batch_size"] >= 4), c
+        assert c["bitwise"] == (c["first_op"] is None) and (c["max_logprob_delta"] == 0) == c["bitwise"], c
+    assert report["smallest_breaking_batch"] is not None and report["smallest_breaking_batch"] <= 4
+    assert not report["invariant"]
+
+
+def test_the_command_line_reports_and_refuses_as_documented(tmp_path: Path, harness_bin: Path, capsys):
+    pack = export_pack(harness_bin, tmp_path / "micro.h5", steps=4)
+    code = main(["--pack", str(pack), "--max-batch", "3", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == (0 if report["invariant"] else 1)
+    assert report["lane"] == "micro/torch" and [c["batch_size"] for c in report["checks"]] == [2, 3]
+    for argv, words in ((["--max-batch", "1"], "--max-batch: 1 is not in 2..64"),
+                        (["--max-batch", "99"], "--max-batch: 99 is not in 2..64"),
+                        (["--device", "tpu"], "--device: unknown device 'tpu'")):
+        assert main(["--pack", str(pack), *argv]) == 2
+        err = capsys.readouterr().err.strip()
+        assert words in err and len(err.splitlines()) == 1, err
+    missing = subprocess.run([sys.executable, "-m", "canary_harness.invariance", "--pack", str(tmp_path / "no.h5")],
+                             capture_output=True, text=True)
+    assert missing.returncode == 2 and "no.h5" in missing.stderr and len(missing.stderr.strip().splitlines()) == 1
