@@ -79,6 +79,14 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     describe = commands.add_parser("describe", help="print the canary's name, steps and seed as JSON (what a nightly "
                                                     "matrix naming FILE.py:NAME reads)")
     describe.add_argument("canary", help="FILE.py:NAME: a function in FILE.py returning canary_harness.Canary")
+    invariance = commands.add_parser("invariance", help="batch invariance: batch(0)'s first row alone and at a drawn "
+                                                        "row of batches of 2..N, module by module (docs/invariance.md)")
+    invariance.add_argument("canary", help="FILE.py:NAME: a function in FILE.py returning canary_harness.Canary")
+    invariance.add_argument("--max-batch", default="8", help="largest batch size, 2..64 (default 8)")
+    invariance.add_argument("--position-seed", default="0", help="draws the row's place in each batch (default 0)")
+    invariance.add_argument("--precision", default="fp32", help="fp32 (default) or bf16 (autocast around the step)")
+    invariance.add_argument("--threads", help=f"torch CPU threads, 1..{MAX_THREADS} (default 1)")
+    invariance.add_argument("--json", action="store_true", help="print the report as JSON")
     return ap.parse_args(argv)
 
 
@@ -210,6 +218,33 @@ def describe(args: argparse.Namespace) -> int:
     return 0
 
 
+def invariance(args: argparse.Namespace) -> int:
+    import contextlib
+    import json
+
+    import torch
+
+    from .canary import load_canary
+    from .invariance import check_canary_invariance, to_text
+    from .lane import UsageError, _count
+
+    max_batch = _count("max-batch", args.max_batch, 2, 64)
+    position_seed = _count("position-seed", args.position_seed, 0, 2**64 - 1)
+    threads = _count("threads", args.threads, 1, MAX_THREADS) if args.threads is not None else 1
+    if args.precision not in ("fp32", "bf16"):
+        raise UsageError(f"--precision: unknown precision '{args.precision}'; use fp32 or bf16")
+    torch.set_num_threads(threads)
+    with contextlib.redirect_stdout(sys.stderr):
+        loaded = load_canary(args.canary)
+    try:
+        report = check_canary_invariance(loaded.canary, max_batch, position_seed, args.precision)
+    except ValueError as e:
+        raise UsageError(f"{args.canary}: {e}") from None
+    report = {"lane": f"{loaded.canary.name}/torch{'' if args.precision == 'fp32' else '+bf16'}", **report}
+    print(json.dumps(report, indent=2, sort_keys=True) if args.json else to_text(report), end="\n" if args.json else "")
+    return 0 if report["invariant"] else 1
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     args.argv = list(argv) if argv is not None else sys.argv[1:]  # what a distributed run's ranks are started with
@@ -218,14 +253,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     from .receipt import ReceiptError
 
     try:
-        return {"run": run, "replay": replay, "rerun": rerun, "describe": describe}[args.command](args)
+        commands = {"run": run, "replay": replay, "rerun": rerun, "describe": describe, "invariance": invariance}
+        return commands[args.command](args)
     except (UsageError, CanaryError, ReceiptError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         import os
 
-        if args.command in ("replay", "describe"):
+        if args.command in ("replay", "describe", "invariance"):
             print(f"{PROG}: interrupted", file=sys.stderr)
             return 130
         kept = f"{args.out} keeps its finished steps (complete = 0)" if os.path.exists(args.out) else "no receipt written"
@@ -233,7 +269,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 130
     except Exception as e:  # the team's step failed: one line, the receipt keeps its finished steps
         message = str(e).splitlines()[0] if str(e) else type(e).__name__
-        what = args.canary if args.command in ("run", "describe") else f"{args.command} of {args.receipt}"
+        named = args.command in ("run", "describe", "invariance")
+        what = args.canary if named else f"{args.command} of {args.receipt}"
         where = "loading the canary" if args.command == "describe" else "the step"
         print(f"{PROG}: error: {what}: {where} raised {type(e).__name__}: {message}", file=sys.stderr)
         return 2

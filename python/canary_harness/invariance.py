@@ -94,9 +94,106 @@ def check_batch_invariance(model: Any, sequence: np.ndarray, others: List[np.nda
             "smallest_breaking_batch": broken[0] if broken else None, "checks": checks}
 
 
+def _tensor_rows(tree: Any, where: str) -> List[Any]:
+    """A batch tree split into one tree per row: every tensor leaf along its leading dimension
+    (all leaves must share it); anything else is a ValueError naming where it is."""
+    import torch
+
+    if isinstance(tree, torch.Tensor):
+        if tree.dim() == 0:
+            raise ValueError(f"{where} is a 0-D tensor: a batch's tensors lead with the batch dimension")
+        return [tree[i:i + 1] for i in range(int(tree.shape[0]))]
+    if isinstance(tree, (tuple, list)):
+        parts = [_tensor_rows(item, f"{where}[{i}]") for i, item in enumerate(tree)]
+    elif isinstance(tree, dict):
+        parts = [_tensor_rows(tree[k], f"{where}[{k!r}]") for k in tree]
+    else:
+        raise ValueError(f"{where} is a {type(tree).__name__}: only tensors split into rows")
+    if not parts or len({len(p) for p in parts}) != 1:
+        raise ValueError(f"{where}: its tensors do not share one batch dimension")
+    rebuild = (lambda xs: dict(zip(tree.keys(), xs))) if isinstance(tree, dict) else type(tree)
+    return [rebuild([p[r] for p in parts]) for r in range(len(parts[0]))]
+
+
+def _stack_rows(rows: List[Any]) -> Any:
+    """The batch tree of these rows (each leaf concatenated along its leading dimension)."""
+    import torch
+
+    first = rows[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat(rows)
+    if isinstance(first, dict):
+        return {k: _stack_rows([r[k] for r in rows]) for k in first}
+    return type(first)(_stack_rows([r[i] for r in rows]) for i in range(len(first)))
+
+
+def check_canary_invariance(canary: Any, max_batch: int, position_seed: int = 0,
+                            precision: str = "fp32") -> Dict[str, Any]:
+    """A Python canary's batch invariance: its step run on copies of its model and optimizer
+    (the canary is never trained), the leaf modules' forward outputs compared row by row in
+    call order. The sequence is batch(0)'s first row, the others the rows after it."""
+    import copy
+
+    import torch
+
+    rows: List[Any] = []
+    for i in range(canary.steps):
+        rows += _tensor_rows(canary.batch(i), f"batch({i})")
+        if len(rows) >= max_batch:
+            break
+    if len(rows) < max_batch:
+        raise ValueError(f"--max-batch: the canary's batches hold {len(rows)} rows, fewer than {max_batch}")
+
+    def run(batch: int, position: int) -> List[Any]:
+        placed = [rows[0] if r == position else None for r in range(batch)]
+        rest = iter(rows[1:])
+        tree = _stack_rows([row if row is not None else next(rest) for row in placed])
+        model, optimizer = copy.deepcopy((canary.model, canary.optimizer))
+        calls: List[Any] = []
+
+        def keep(name: str):
+            def hook(module: Any, args: Any, out: Any) -> None:
+                if isinstance(out, torch.Tensor) and out.dim() > 0 and out.shape[0] == batch:
+                    calls.append((name, out[position].detach().float().cpu().clone()))
+            return hook
+
+        handles = [m.register_forward_hook(keep(n)) for n, m in model.named_modules()
+                   if n and not any(True for _ in m.children())]
+        try:
+            if precision == "bf16":
+                with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+                    canary.step(model, optimizer, tree, 0)
+            else:
+                canary.step(model, optimizer, tree, 0)
+        finally:
+            for h in handles:
+                h.remove()
+        return calls
+
+    alone = run(1, 0)
+    checks = []
+    for batch in range(2, max_batch + 1):
+        position = position_of(position_seed, batch)
+        out = run(batch, position)
+        first = next((a[0] for a, b in zip(alone, out) if a[0] != b[0] or not torch.equal(a[1], b[1])), None)
+        if first is None and len(alone) != len(out):
+            first = "(another sequence of module calls)"
+        last_alone, last = alone[-1][1], out[-1][1] if out else None
+        delta = 0.0
+        if last is not None and last.shape == last_alone.shape and last.dim() >= 1:
+            moved = torch.log_softmax(last.double(), -1) - torch.log_softmax(last_alone.double(), -1)
+            delta = float(moved.abs().max())
+        checks.append({"batch_size": batch, "position": position, "bitwise": first is None,
+                       "max_logprob_delta": delta, "first_op": first})
+    broken = [c["batch_size"] for c in checks if not c["bitwise"]]
+    return {"sequence_tokens": None, "invariant": not broken,
+            "smallest_breaking_batch": broken[0] if broken else None, "checks": checks}
+
+
 def to_text(report: Dict[str, Any]) -> str:
-    lines = [f"invariance  {report['lane']}: one sequence of {report['sequence_tokens']} tokens alone, then at a "
-             f"drawn row of batches of 2..{report['checks'][-1]['batch_size']}"]
+    what = "one row" if report["sequence_tokens"] is None else f"one sequence of {report['sequence_tokens']} tokens"
+    lines = [f"invariance  {report['lane']}: {what} alone, then at a drawn row of batches of "
+             f"2..{report['checks'][-1]['batch_size']}"]
     for c in report["checks"]:
         head = f"batch {c['batch_size']:>2} row {c['position']:>2}  "
         lines.append(head + ("bitwise" if c["bitwise"] else

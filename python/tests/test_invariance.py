@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from canary_harness.invariance import batch_rows, check_batch_invariance, main, position_of
+from canary_harness.canary import load_canary
+from canary_harness.invariance import batch_rows, check_batch_invariance, check_canary_invariance, main, position_of
 from canary_harness.lane import architecture_module, load_pack
 
 from conftest import export_pack, run_harness
@@ -70,3 +71,34 @@ def test_the_command_line_reports_and_refuses_as_documented(tmp_path: Path, harn
     missing = subprocess.run([sys.executable, "-m", "canary_harness.invariance", "--pack", str(tmp_path / "no.h5")],
                              capture_output=True, text=True)
     assert missing.returncode == 2 and "no.h5" in missing.stderr and len(missing.stderr.strip().splitlines()) == 1
+
+
+OWN = Path(__file__).resolve().parent / "own_canaries"
+
+
+def test_a_python_canary_is_checked_module_by_module_on_copies():
+    """The canary's own step on copies of its model: a hook that moves `embed` in batches of
+    3 or more is named there from size 3 on, and the canary's weights never move."""
+    import torch
+
+    canary = load_canary(f"{OWN / 'small.py'}:canary").canary
+    before = {k: v.clone() for k, v in canary.model.state_dict().items()}
+    canary.model.embed.register_forward_hook(lambda module, args, out: out + 1e-3 if out.shape[0] >= 3 else out)
+    report = check_canary_invariance(canary, 5, position_seed=1)
+    for c in report["checks"]:
+        assert (c["first_op"] == "embed") == (c["batch_size"] >= 3), c
+        assert c["bitwise"] == (c["first_op"] is None), c
+    assert all(torch.equal(before[k], v) for k, v in canary.model.state_dict().items())
+
+
+def test_the_python_canary_command_refuses_as_documented():
+    spec = f"{OWN / 'small.py'}:canary"
+    for args, words in ((["--max-batch", "1"], "--max-batch"), (["--max-batch", "64"], "fewer than 64"),
+                        (["--precision", "fp8"], "--precision: unknown precision 'fp8'")):
+        out = subprocess.run([sys.executable, "-m", "canary_harness", "invariance", spec, *args],
+                             capture_output=True, text=True)
+        assert out.returncode == 2 and words in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    out = subprocess.run([sys.executable, "-m", "canary_harness", "invariance", spec, "--max-batch", "3", "--json"],
+                         capture_output=True, text=True)
+    report = json.loads(out.stdout)
+    assert out.returncode == (0 if report["invariant"] else 1) and report["lane"] == "small/torch", out.stderr

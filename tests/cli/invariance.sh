@@ -10,6 +10,7 @@ mkdir -p "$WORK/bin" && ln -s "$PY" "$WORK/bin/python3"  # the page's python3: D
 (cd "$repo" && PATH="$WORK/bin:$PATH" PYTHONDONTWRITEBYTECODE=1 bash "$script") >"$WORK/page.out" 2>&1 ||
   fail "a command of docs/invariance.md failed: $(tail -5 "$WORK/page.out")"
 grep -q '^invariance  tiny/torch: ' "$WORK/page.out" || fail "the PyTorch lane's check did not run"
+grep -q '^invariance  own-gpt/torch: ' "$WORK/page.out" || fail "the Python canary's check did not run"
 [ "$(grep -c '^verdict     batch-invariant' "$WORK/page.out")" -ge 3 ] ||
   fail "cpu-ref, accel --noise off and tpu-mesh tp are not all batch-invariant: $(cat "$WORK/page.out")"
 grep -qE '^verdict     not batch-invariant: smallest breaking batch size 2, first at op blocks\.' "$WORK/page.out" ||
