@@ -119,6 +119,28 @@ void parse_split_k(const std::string& v, AccelConfig& c) {
   else fail(fmt::format("--split-k: unknown choice '{}' (fixed, rows)", v));
 }
 
+// "ZONE@BLOCK,...": each a zone of --features' FP8 zones in one block.
+std::set<Fp8Unit> parse_units(const std::string& flag, const std::string& v, const AccelConfig& c) {
+  need_fp8(c, flag);
+  std::set<Fp8Unit> units;
+  for (const std::string& item : split(v, ",")) {
+    const std::size_t at = item.find('@');
+    const unsigned zone = at == std::string::npos ? 0 : zone_bits(item.substr(0, at));
+    if (zone == 0 || zone == kAllZones) {
+      fail(fmt::format("--{}: '{}' is not ZONE@BLOCK (zones qkv, attn_proj, mlp_fc, mlp_proj; e.g. mlp_fc@1)", flag,
+                       item));
+    }
+    if ((c.fp8_zones & zone) == 0) {
+      fail(fmt::format("--{}: zone {} is not one of --features' FP8 zones", flag, item.substr(0, at)));
+    }
+    units.insert({zone, parse_int(flag, item.substr(at + 1), 0, 1023, "a block index in 0..1023 after '@'")});
+  }
+  return units;
+}
+
+void parse_fp8_off(const std::string& v, AccelConfig& c) { c.fp8_off = parse_units("fp8-off", v, c); }
+void parse_fp8_e5m2(const std::string& v, AccelConfig& c) { c.fp8_e5m2 = parse_units("fp8-e5m2", v, c); }
+
 void parse_fp8_recipe(const std::string& v, AccelConfig& c) {
   need_fp8(c, "fp8-recipe");
   if (v == "delayed") c.scaling.recipe = numerics::Fp8Recipe::Delayed;
@@ -169,6 +191,12 @@ constexpr FlagParser<AccelConfig> kAccelFlags[] = {
     {{"fp8-accumulate", "accel FP8 GEMM accumulator: full (default) or limited[:N] (promote every N, default 128)",
       false, "fp8"},
      parse_fp8_accumulate},
+    {{"fp8-off", "accel: FP8 units kept in bf16, ZONE@BLOCK,... (e.g. mlp_fc@1; what harness triage switches)", false,
+      "fp8"},
+     parse_fp8_off},
+    {{"fp8-e5m2", "accel: FP8 units whose forward operands are cast to E5M2 (coarser), ZONE@BLOCK,...", false,
+      "fp8"},
+     parse_fp8_e5m2},
 };
 
 }  // namespace
@@ -182,6 +210,16 @@ unsigned zone_bit(Fp8Zone zone) {
     case Fp8Zone::MlpProj: return kZoneMlpProj;
   }
   return 0;
+}
+
+std::string units_text(const std::set<Fp8Unit>& units) {
+  std::vector<std::string> words;
+  for (const ZoneName& z : kZones) {
+    for (const auto& [zone, block] : units) {
+      if (zone == z.zone) words.push_back(fmt::format("{}@{}", z.name, block));
+    }
+  }
+  return fmt::format("{}", fmt::join(words, ","));
 }
 
 std::string zone_name(unsigned zone) {
@@ -224,6 +262,8 @@ std::string AccelConfig::canonical_features() const {
     if (scaling.amax_algo != defaults.amax_algo) parts.push_back(fmt::format("amax-algo={}", to_string(scaling.amax_algo)));
     if (scaling.margin != defaults.margin) parts.push_back(fmt::format("margin={}", scaling.margin));
     if (accumulate_interval != 0) parts.push_back(fmt::format("fp8-accumulate=limited:{}", accumulate_interval));
+    if (!fp8_off.empty()) parts.push_back(fmt::format("fp8-off={}", units_text(fp8_off)));
+    if (!fp8_e5m2.empty()) parts.push_back(fmt::format("fp8-e5m2={}", units_text(fp8_e5m2)));
   }
   if (noise != NoiseMode::Seeded) parts.push_back(fmt::format("noise={}", to_string(noise)));
   if (split_k == SplitK::Rows) parts.emplace_back("split-k=rows");

@@ -5,7 +5,9 @@
 
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "api/engine_settings.h"
@@ -26,9 +28,14 @@ enum Fp8ZoneBits : unsigned { kZoneQkv = 1, kZoneAttnProj = 2, kZoneMlpFc = 4, k
 // association order, and so the bits of a row, depend on how many rows the batch has.
 enum class SplitK : std::uint8_t { Fixed, Rows };
 
+// One FP8 unit: a zone's weight in one block, e.g. mlp_fc@1 = (kZoneMlpFc, 1).
+using Fp8Unit = std::pair<unsigned, int>;
+
 struct AccelConfig {
   bool bf16 = false;
   unsigned fp8_zones = 0;
+  std::set<Fp8Unit> fp8_off;   // --fp8-off: units of the zones kept in bf16 (what triage switches)
+  std::set<Fp8Unit> fp8_e5m2;  // --fp8-e5m2: units whose forward operands are cast to E5M2, a coarser format
   numerics::Fp8ScalingConfig scaling;
   int accumulate_interval = 0;  // 0: fp32 accumulation; N: limited accumulator promoted every N products
   NoiseMode noise = NoiseMode::Seeded;
@@ -55,5 +62,7 @@ AccelConfig parse_accel_config(const EngineSettings& settings);
 // The bit of a weight's FP8 zone role (Fp8Zone::MlpFc -> kZoneMlpFc), 0 for none.
 unsigned zone_bit(Fp8Zone zone);
 std::string zone_name(unsigned zone);
+// "qkv@0,mlp_fc@1": units in zone order, then block order (the flags' and lanes' spelling).
+std::string units_text(const std::set<Fp8Unit>& units);
 
 }  // namespace harness::accel

@@ -290,17 +290,24 @@ void AccelEngine::store(TensorId id) {
                     [&](const auto& r) { numerics::round_to_bf16_inplace(x + r.begin(), r.end() - r.begin()); });
 }
 
-AccelEngine::ZoneScaling* AccelEngine::zone_for(TensorId weight) {
+AccelEngine::ZoneScaling* AccelEngine::zone_for(const OpSite& site, TensorId weight) {
   const auto it = zone_index_.find(weight);
-  return it == zone_index_.end() ? nullptr : &zones_[it->second];
+  if (it == zone_index_.end()) return nullptr;
+  const bool kept_in_bf16 = config_.fp8_off.count({zone_bit(t_.desc(weight).role.fp8_zone), site.layer}) != 0;
+  return kept_in_bf16 ? nullptr : &zones_[it->second];
 }
 
-const AccelEngine::PreparedWeight& AccelEngine::prepared_weight(TensorId weight, ZoneScaling* zone) {
+Fp8Format AccelEngine::forward_format(const OpSite& site, TensorId weight) const {
+  const bool coarse = config_.fp8_e5m2.count({zone_bit(t_.desc(weight).role.fp8_zone), site.layer}) != 0;
+  return coarse ? Fp8Format::E5M2 : Fp8Format::E4M3;
+}
+
+const AccelEngine::PreparedWeight& AccelEngine::prepared_weight(TensorId weight, ZoneScaling* zone, Fp8Format format) {
   PreparedWeight& p = prepared_[weight];
   if (p.current) return p;
   const TensorDesc& d = t_.desc(weight);  // (OC, C), or (E, OC, C)
   if (zone != nullptr) {
-    p.scale = scaled_fp8_operand(weight, zone->weight, Fp8Format::E4M3, p.rows).scale;
+    p.scale = scaled_fp8_operand(weight, zone->weight, format, p.rows).scale;
   } else {
     const float* w = f32(weight);
     p.rows.assign(w, w + d.numel());
@@ -369,15 +376,16 @@ void AccelEngine::layernorm_backward(const OpSite&, TensorId dinp, TensorId dwei
   store(dinp);
 }
 
-void AccelEngine::linear_forward(const OpSite&, TensorId out, TensorId inp, TensorId weight, TensorId bias) {
+void AccelEngine::linear_forward(const OpSite& site, TensorId out, TensorId inp, TensorId weight, TensorId bias) {
   const TensorDesc& wd = t_.desc(weight);  // (OC,C)
   const int N = int(t_.rows(inp)), C = int(wd.dim(1)), OC = int(wd.dim(0));
-  ZoneScaling* zone = zone_for(weight);
-  const PreparedWeight& w = prepared_weight(weight, zone);
+  ZoneScaling* zone = zone_for(site, weight);
+  const Fp8Format format = forward_format(site, weight);
+  const PreparedWeight& w = prepared_weight(weight, zone, format);
   const float* a = f32(inp);
   GemmNumerics fp8_gemm;
   if (zone != nullptr) {
-    const ScaledOperand input = scaled_fp8_operand(inp, zone->input, Fp8Format::E4M3, zone->quantised_input);
+    const ScaledOperand input = scaled_fp8_operand(inp, zone->input, format, zone->quantised_input);
     a = input.values;
     zone->input_scale = input.scale;
     zone->quantised_from = inp;
@@ -392,12 +400,13 @@ void AccelEngine::linear_forward(const OpSite&, TensorId out, TensorId inp, Tens
   split_k_gemm(ctx, N, OC, C, a, C, w.transposed.data(), OC, f32(out), split_k_chunk(N, OC, C), fp8_gemm, output);
 }
 
-void AccelEngine::linear_backward(const OpSite&, TensorId dinp, TensorId dweight, TensorId dbias, TensorId dout,
-                                  TensorId inp, TensorId weight) {
+void AccelEngine::linear_backward(const OpSite& site, TensorId dinp, TensorId dweight, TensorId dbias,
+                                  TensorId dout, TensorId inp, TensorId weight) {
   const TensorDesc& wd = t_.desc(weight);
   const int N = int(t_.rows(inp)), C = int(wd.dim(1)), OC = int(wd.dim(0));
-  ZoneScaling* zone = zone_for(weight);
-  const PreparedWeight& w = prepared_weight(weight, zone);
+  ZoneScaling* zone = zone_for(site, weight);
+  const Fp8Format format = forward_format(site, weight);
+  const PreparedWeight& w = prepared_weight(weight, zone, format);
   const float* dy = f32(dout);
   const float* x = f32(inp);
   GemmNumerics dgrad, wgrad;
@@ -409,7 +418,7 @@ void AccelEngine::linear_backward(const OpSite&, TensorId dinp, TensorId dweight
     // runs without that forward, the same values either way).
     x = zone->quantised_from == inp && zone->quantised_step == step_
             ? zone->quantised_input.data()
-            : fp8_operand(inp, zone->input_scale, Fp8Format::E4M3, operand_b_);
+            : fp8_operand(inp, zone->input_scale, format, operand_b_);
     dgrad = {(1.0f / dy_scale) * (1.0f / w.scale), config_.accumulate_interval};
     wgrad = {(1.0f / dy_scale) * (1.0f / zone->input_scale), config_.accumulate_interval};
   }

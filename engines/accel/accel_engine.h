@@ -135,9 +135,13 @@ class AccelEngine final : public Engine {
     std::vector<double> amax, scale;
   };
 
-  const PreparedWeight& prepared_weight(TensorId weight, ZoneScaling* zone);
+  const PreparedWeight& prepared_weight(TensorId weight, ZoneScaling* zone,
+                                        numerics::Fp8Format format = numerics::Fp8Format::E4M3);
   void values_changed(TensorId id);  // its prepared weight, if it is a weight, is built again
-  ZoneScaling* zone_for(TensorId weight);  // nullptr: the weight is in no enabled zone
+  // nullptr: the weight is in no enabled zone, or its unit (zone@block) is kept in bf16 (--fp8-off).
+  ZoneScaling* zone_for(const OpSite& site, TensorId weight);
+  // The format the unit's forward operands are cast to: E4M3, or E5M2 (--fp8-e5m2).
+  numerics::Fp8Format forward_format(const OpSite& site, TensorId weight) const;
   // The tensor's values as a GEMM operand: copied into `buffer` and quantised to the
   // FP8 grid with `scale` (FP8 zones), or used in place (already bf16 when stored bf16).
   const float* fp8_operand(TensorId id, float scale, numerics::Fp8Format format, std::vector<float>& buffer);

@@ -177,6 +177,42 @@ TEST(AccelFp8, CurrentScalingRunsAndReplaysAcrossThreadCounts) {
   EXPECT_NE(one.grads, delayed.grads);
 }
 
+// --fp8-off keeps units (zone@block) in bf16: every unit off is the bf16 lane bit for bit;
+// one unit off, or one unit in E5M2 (--fp8-e5m2), moves the bits of fp8=all, and each
+// replays itself across thread counts.
+TEST(AccelFp8, UnitsOffAreBf16AndCoarseUnitsMoveBits) {
+  const std::map<std::string, std::string> off = {{"noise", "off"}};
+  const ReceiptBits bf16 = run_and_read(lane("micro", 4, 2, "accel", "bf16", off), "units-bf16");
+  const ReceiptBits fp8 = run_and_read(lane("micro", 4, 2, "accel", "bf16,fp8=all", off), "units-fp8");
+  std::map<std::string, std::string> all_off = off, one_off = off, coarse = off;
+  all_off["fp8-off"] = "qkv@0,qkv@1,attn_proj@0,attn_proj@1,mlp_fc@0,mlp_fc@1,mlp_proj@0,mlp_proj@1";
+  one_off["fp8-off"] = "mlp_fc@1";
+  coarse["fp8-e5m2"] = "mlp_fc@1";
+  EXPECT_TRUE(run_and_read(lane("micro", 4, 2, "accel", "bf16,fp8=all", all_off), "units-all-off").same_numbers(bf16));
+  const ReceiptBits one = run_and_read(lane("micro", 4, 2, "accel", "bf16,fp8=all", one_off), "units-one-off");
+  EXPECT_FALSE(one.same_numbers(fp8));
+  EXPECT_FALSE(one.same_numbers(bf16));
+  EXPECT_TRUE(run_and_read(lane("micro", 4, 3, "accel", "bf16,fp8=all", one_off), "units-one-off-3").same_numbers(one));
+  const ReceiptBits e5m2 = run_and_read(lane("micro", 4, 2, "accel", "bf16,fp8=all", coarse), "units-e5m2");
+  EXPECT_FALSE(e5m2.same_numbers(fp8));
+  EXPECT_TRUE(run_and_read(lane("micro", 4, 1, "accel", "bf16,fp8=all", coarse), "units-e5m2-1").same_numbers(e5m2));
+}
+
+TEST(AccelFp8, UnitsMustBeZonesOfTheLane) {
+  for (const auto& [flag, value] : std::map<std::string, std::string>{{"fp8-off", "mlp_fc"},
+                                                                       {"fp8-off", "all@0"},
+                                                                       {"fp8-e5m2", "qkv@-1"},
+                                                                       {"fp8-e5m2", "qkv@x"}}) {
+    EXPECT_THROW(run_and_read(lane("micro", 1, 1, "accel", "bf16,fp8=all", {{flag, value}}), "units-bad"),
+                 run::UsageError)
+        << flag << "=" << value;
+  }
+  EXPECT_THROW(run_and_read(lane("micro", 1, 1, "accel", "bf16,fp8=qkv", {{"fp8-off", "mlp_fc@0"}}), "units-zone"),
+               run::UsageError);
+  EXPECT_THROW(run_and_read(lane("micro", 1, 1, "accel", "bf16", {{"fp8-off", "qkv@0"}}), "units-no-fp8"),
+               run::UsageError);
+}
+
 TEST(LimitedAccumulator, VectorAndPortableKernelsAgreeBitForBit) {
   const int M = 13, N = 37, K = 300;
   const auto A = random_matrix(M, K, 1, false), B = random_matrix(K, N, 2, false);

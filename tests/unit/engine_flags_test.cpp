@@ -33,6 +33,8 @@ const std::map<std::string, Example>& examples() {
       {"amax-algo", {"most_recent", "bf16,fp8=all"}},
       {"margin", {"1", "bf16,fp8=all"}},
       {"fp8-accumulate", {"limited", "bf16,fp8=all"}},
+      {"fp8-off", {"mlp_fc@1", "bf16,fp8=all"}},
+      {"fp8-e5m2", {"qkv@0", "bf16,fp8=all"}},
       {"mesh", {"2x1", ""}},
       {"shard-plan", {"tp", ""}},
       {"precision", {"bf16", ""}},
