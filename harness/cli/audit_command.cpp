@@ -60,9 +60,7 @@ void print_human(const run::AuditReport& report) {
 
 int audit_action(AuditFlags& f) {
   run::AuditOptions o = f.options;
-  for (const auto& flag : f.engine_flags) {
-    if (flag.second) o.engine_settings.options[flag.first] = *flag.second;
-  }
+  apply_engine_flags(f.engine_flags, o.engine_settings);
   const run::AuditReport report = run::audit_canary(o);
   if (f.json) {
     fmt::print("{}\n", run::json_text(to_json(report)));

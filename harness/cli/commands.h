@@ -9,6 +9,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "api/engine_settings.h"
 #include "verdict.h"
 
 namespace harness::cli {
@@ -30,6 +31,8 @@ class CommandRegistry {
 using EngineFlagValues = std::map<std::string, std::optional<std::string>>;
 // Every engine's flags (engines/registry.h), or only those of `only_engine`.
 void add_engine_flags(CLI::App& command, EngineFlagValues& values, std::string_view only_engine = "");
+// The engine flags given on the command line, into the settings an engine is made with.
+void apply_engine_flags(const EngineFlagValues& values, EngineSettings& settings);
 
 // The op trace of one step of a receipt without /trace: a replay with tracing on (the
 // trace provider of `harness bisect`); throws check::TraceUnavailable saying why not.

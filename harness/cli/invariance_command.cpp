@@ -22,9 +22,7 @@ struct InvarianceFlags {
 
 int invariance_action(InvarianceFlags& f) {
   run::InvarianceOptions o = f.options;
-  for (const auto& flag : f.engine_flags) {
-    if (flag.second) o.engine_settings.options[flag.first] = *flag.second;
-  }
+  apply_engine_flags(f.engine_flags, o.engine_settings);
   const run::InvarianceReport report = run::check_batch_invariance(o);
   if (f.json) {
     fmt::print("{}\n", run::json_text(run::to_json(report)));

@@ -52,9 +52,7 @@ void print_progress(const run::StepProgress& p) {
 
 int run_action(RunFlags& f) {
   run::RunOptions o = f.options;
-  for (const auto& flag : f.engine_flags) {
-    if (flag.second) o.engine_settings.options[flag.first] = *flag.second;
-  }
+  apply_engine_flags(f.engine_flags, o.engine_settings);
   for (const run::RunOptionField& field : run::run_option_fields()) {  // text turned into options, in order
     const auto* text = std::get_if<run::TextFlag>(&field.target);
     if (text != nullptr) text->apply(f.texts.at(std::string(field.flag)), o);
@@ -121,6 +119,12 @@ void add_run_option(CLI::App& run, RunFlags& f, const run::RunOptionField& field
   if (field.check == run::FlagCheck::kSeed) option->check(seed_check());
   if (field.show_default) option->capture_default_str();
   if (field.required) option->required();
+}
+
+void apply_engine_flags(const EngineFlagValues& values, EngineSettings& settings) {
+  for (const auto& [name, value] : values) {
+    if (value) settings.options[name] = *value;
+  }
 }
 
 void add_run_command(CLI::App& app, CommandRegistry& commands) {
