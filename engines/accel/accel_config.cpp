@@ -276,6 +276,12 @@ AccelConfig parse_accel_config(const EngineSettings& settings) {
   AccelConfig c;
   parse_features(settings.features, c);
   apply_flags(kAccelFlags, settings, c);
+  for (const Fp8Unit& unit : c.fp8_e5m2) {
+    if (c.fp8_off.count(unit) != 0) {
+      fail(fmt::format("--fp8-e5m2: {} is also kept in bf16 by --fp8-off; name each unit in one of them",
+                       units_text({unit})));
+    }
+  }
   return c;
 }
 

@@ -38,19 +38,28 @@ std::vector<std::string_view> words(std::string_view text) {
   return out;
 }
 
-// NAME=VALUE words, every one of them.
-bool all_assignments(const std::vector<std::string_view>& ws) {
-  return !ws.empty() && std::all_of(ws.begin(), ws.end(), [](std::string_view w) {
-    const std::size_t eq = w.find('=');
-    return eq != std::string_view::npos && eq > 0;
-  });
+// A word that starts NAME=VALUE, NAME an identifier (an environment variable's, a kernel
+// setting's): a word without one continues the value before it ("XLA_FLAGS=--a=1 --b=2").
+bool is_assignment(std::string_view w) {
+  const std::size_t eq = w.find('=');
+  if (eq == 0 || eq == std::string_view::npos || std::isdigit(static_cast<unsigned char>(w.front()))) return false;
+  return std::all_of(w.begin(), w.begin() + static_cast<std::ptrdiff_t>(eq),
+                     [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
 }
+
+// Words that start with an assignment: a list of NAME=VALUE entries.
+bool all_assignments(const std::vector<std::string_view>& ws) { return !ws.empty() && is_assignment(ws.front()); }
 
 void add_assignments(std::map<std::string, std::string>& out, const std::string& prefix,
                      const std::vector<std::string_view>& ws) {
+  std::string* value = nullptr;
   for (std::string_view w : ws) {
-    const std::size_t eq = w.find('=');
-    out[fmt::format("{}.{}", prefix, w.substr(0, eq))] = std::string(w.substr(eq + 1));
+    if (is_assignment(w)) {
+      const std::size_t eq = w.find('=');
+      value = &(out[fmt::format("{}.{}", prefix, w.substr(0, eq))] = std::string(w.substr(eq + 1)));
+    } else {
+      *value += fmt::format(" {}", w);
+    }
   }
 }
 
@@ -169,7 +178,9 @@ json rerun(const json& summary, const EntryStats& s, const json& setting) {
   const std::string golden = most_common(s.golden_values), command = nightly_words(summary, s.lanes, out);
   std::string line;
   if (setting.contains("flag")) {
-    line = golden == check::kAbsent ? "" : fmt::format("{} {} {}", command, setting["flag"].get<std::string>(), golden);
+    line = golden == check::kAbsent
+               ? ""
+               : fmt::format("{} {} {}", command, setting["flag"].get<std::string>(), run::shell_word(golden));
   } else {
     const std::string variable = setting["variable"];
     line = golden == check::kAbsent ? fmt::format("env -u {} {}", variable, command)

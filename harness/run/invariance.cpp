@@ -198,13 +198,20 @@ InvarianceReport check_batch_invariance(const InvarianceOptions& o) {
   const Setup s = make_setup(o);
   const std::unique_ptr<Engine> named = make_engine(o.engine, o.engine_settings);
   InvarianceReport report{lane_name(s.config.name, named->lane_engine(), named->features()),
-                          s.config.context_length, {}};
-  const SequenceRun alone = run_batch(o, s, 1, 0);
+                          s.config.context_length, {}, std::nullopt};
+  // A seeded reduction order is drawn once and pinned for every run: the runs differ only
+  // in where the sequence sits, never in the seed (an engine made per run would draw anew).
+  InvarianceOptions pinned = o;
+  if (const std::optional<Engine::ReductionSeed> seed = named->reduction_seed()) {
+    pinned.engine_settings.options[std::string(seed->flag)] = std::to_string(seed->seed);
+    report.reduction_seed = seed->seed;
+  }
+  const SequenceRun alone = run_batch(pinned, s, 1, 0);
   const std::uint64_t stream = numerics::stream_id("invariance/position");
   for (int batch = 2; batch <= o.max_batch; ++batch) {
     const std::uint32_t draw = numerics::philox_at(o.position_seed, stream, static_cast<std::uint64_t>(batch))[0];
     const int position = static_cast<int>(draw % static_cast<std::uint32_t>(batch));
-    report.checks.push_back(compare(batch, position, alone, run_batch(o, s, batch, position), s.sequence));
+    report.checks.push_back(compare(batch, position, alone, run_batch(pinned, s, batch, position), s.sequence));
   }
   return report;
 }
@@ -224,6 +231,7 @@ nlohmann::json to_json(const InvarianceReport& r) {
   const std::optional<int> smallest = r.smallest_breaking();
   return {{"lane", r.lane},
           {"sequence_tokens", r.sequence_tokens},
+          {"reduction_seed", r.reduction_seed ? nlohmann::json(*r.reduction_seed) : nlohmann::json(nullptr)},
           {"invariant", !smallest.has_value()},
           {"smallest_breaking_batch", smallest ? nlohmann::json(*smallest) : nlohmann::json(nullptr)},
           {"checks", checks}};
@@ -231,8 +239,11 @@ nlohmann::json to_json(const InvarianceReport& r) {
 
 std::string to_text(const InvarianceReport& r) {
   std::string out = fmt::format("invariance  {}: one sequence of {} tokens alone, then at a drawn row of batches of "
-                                "2..{}\n",
-                                r.lane, r.sequence_tokens, r.checks.empty() ? 1 : r.checks.back().batch_size);
+                                "2..{}{}\n",
+                                r.lane, r.sequence_tokens, r.checks.empty() ? 1 : r.checks.back().batch_size,
+                                r.reduction_seed ? fmt::format(" (reduction order seed {} for every run)",
+                                                               *r.reduction_seed)
+                                                 : "");
   for (const InvarianceCheck& c : r.checks) {
     out += fmt::format("batch {:>2} row {:>2}  ", c.batch_size, c.position);
     if (c.bitwise) {

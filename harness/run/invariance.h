@@ -43,6 +43,7 @@ struct InvarianceReport {
   std::string lane;  // <canary>/<engine>[+features]
   int sequence_tokens = 0;
   std::vector<InvarianceCheck> checks;
+  std::optional<std::uint64_t> reduction_seed;  // a seeded engine's, pinned for every run
   // The smallest batch size that is not bitwise, when one is not.
   std::optional<int> smallest_breaking() const;
 };

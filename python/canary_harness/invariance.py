@@ -79,13 +79,15 @@ def check_batch_invariance(model: Any, sequence: np.ndarray, others: List[np.nda
     device = next(model.parameters()).device
     run = lambda rows, p: _sequence_outputs(model, torch.as_tensor(rows, device=device), p, precision)  # noqa: E731
     alone = run(sequence[None, :], 0)
-    ops = [op for op in model.op_names() if op in alone]
     logits_op = model.LOGITS_OP
     checks = []
     for batch in range(2, max_batch + 1):
         position = position_of(position_seed, batch)
         out = run(batch_rows(sequence, others, batch, position), position)
-        first = next((op for op in ops if op not in out or not torch.equal(out[op], alone[op])), None)
+        # The ops whose output leads with the batch in both runs (a broadcast (1, T, C) output
+        # leads with 1 alone too, and is no row of the sequence's).
+        ops = [op for op in model.op_names() if op in alone and op in out]
+        first = next((op for op in ops if not torch.equal(out[op], alone[op])), None)
         delta = np.abs(_target_logprobs(out[logits_op], sequence) - _target_logprobs(alone[logits_op], sequence))
         checks.append({"batch_size": batch, "position": position, "bitwise": first is None,
                        "max_logprob_delta": float(delta.max()), "first_op": first})
@@ -168,19 +170,25 @@ def check_canary_invariance(canary: Any, max_batch: int, position_seed: int = 0,
         finally:
             for h in handles:
                 h.remove()
-        return calls
+        counted: Dict[Any, Any] = {}  # (module, its k-th call) -> the rows: a module may run twice
+        for name, values in calls:
+            counted[(name, sum(1 for key in counted if key[0] == name))] = values
+        return counted
 
     alone = run(1, 0)
+    if not alone:
+        raise ValueError("no module's output leads with the batch dimension: nothing to compare row by row")
     checks = []
     for batch in range(2, max_batch + 1):
         position = position_of(position_seed, batch)
         out = run(batch, position)
-        first = next((a[0] for a, b in zip(alone, out) if a[0] != b[0] or not torch.equal(a[1], b[1])), None)
-        if first is None and len(alone) != len(out):
-            first = "(another sequence of module calls)"
-        last_alone, last = alone[-1][1], out[-1][1] if out else None
+        # The calls whose output leads with the batch in both runs, in the order they ran alone.
+        shared = [key for key in alone if key in out]
+        first = next((key[0] for key in shared if not torch.equal(alone[key], out[key])), None)
+        last_key = shared[-1] if shared else None
         delta = 0.0
-        if last is not None and last.shape == last_alone.shape and last.dim() >= 1:
+        if last_key is not None:
+            last_alone, last = alone[last_key], out[last_key]
             moved = torch.log_softmax(last.double(), -1) - torch.log_softmax(last_alone.double(), -1)
             delta = float(moved.abs().max())
         checks.append({"batch_size": batch, "position": position, "bitwise": first is None,
@@ -259,6 +267,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     except (ValueError, OSError) as e:  # a damaged pack: one line naming it
         print(f"{PROG}: error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # torch missing or failing: one line, never the "not invariant" exit 1
+        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"{PROG}: error: {type(e).__name__}: {message}", file=sys.stderr)
         return 2
 
 

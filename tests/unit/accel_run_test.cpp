@@ -211,6 +211,9 @@ TEST(AccelFp8, UnitsMustBeZonesOfTheLane) {
                run::UsageError);
   EXPECT_THROW(run_and_read(lane("micro", 1, 1, "accel", "bf16", {{"fp8-off", "qkv@0"}}), "units-no-fp8"),
                run::UsageError);
+  EXPECT_THROW(run_and_read(lane("micro", 1, 1, "accel", "bf16,fp8=all", {{"fp8-off", "qkv@0"}, {"fp8-e5m2", "qkv@0"}}),
+                            "units-both"),
+               run::UsageError);
 }
 
 TEST(LimitedAccumulator, VectorAndPortableKernelsAgreeBitForBit) {
