@@ -57,7 +57,8 @@ TEST(StackEntries, EachLineSplitsByItsOwnGrammar) {
   EXPECT_EQ(python.at("toolchain.CPython"), "3.11.2 (GCC 12.2.0)");
   EXPECT_EQ(python.at("toolchain.numerics env.XLA_FLAGS"), "--xla_cpu_enable_fast_math=false");
   EXPECT_EQ(python.at("toolchain.numerics env.OMP_NUM_THREADS"), "2");
-  const auto flags = stack_entries("toolchain", "CPython 3.11.2; numerics env: XLA_FLAGS=--xla_a=1 --xla_b=2 PJRT_DEVICE=CPU");
+  const auto flags =
+      stack_entries("toolchain", "CPython 3.11.2; numerics env: XLA_FLAGS=--xla_a=1 --xla_b=2 PJRT_DEVICE=CPU");
   EXPECT_EQ(flags.at("toolchain.numerics env.XLA_FLAGS"), "--xla_a=1 --xla_b=2");  // a value of several words
   EXPECT_EQ(flags.at("toolchain.numerics env.PJRT_DEVICE"), "CPU");
   EXPECT_EQ(flags.size(), 3u);
