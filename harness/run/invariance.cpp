@@ -58,6 +58,12 @@ class SequenceRows : public TraceSink {
   void on_trace(const OpSite& site, TensorId tensor, std::span<const float> value) override {
     const std::int64_t n = layout_.per_sequence.at(static_cast<std::size_t>(tensor));
     if (site.phase != Phase::Forward || n == 0) return;
+    // A tensor whose other dimensions grow with the batch too (moe's capacity) has no rows of
+    // one sequence's size: only those whose value is whole rows of it are compared.
+    if (value.size() % static_cast<std::size_t>(n) != 0 ||
+        value.size() < static_cast<std::size_t>((position_ + 1) * n)) {
+      return;
+    }
     const auto rows = value.subspan(static_cast<std::size_t>(position_ * n), static_cast<std::size_t>(n));
     traced_.push_back({std::string(site.name), table_[tensor].name, site.layer, {rows.begin(), rows.end()}});
   }
