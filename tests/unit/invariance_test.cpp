@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <memory>
 #include <string>
 
 #include "accel/accel_kernels.h"
@@ -82,7 +83,8 @@ TEST(BatchInvariance, RowCountSplitKBreaksAtItsGemmAndItsSmallestSize) {
     EXPECT_EQ(!c.bitwise, gemm_moved) << "batch " << c.batch_size;
   }
   const InvarianceCheck& first = r.checks.at(static_cast<std::size_t>(*smallest - 2));
-  const std::vector<std::string>& ops = canary::make_canary(config)->forward_op_names();
+  const std::unique_ptr<canary::Canary> model = canary::make_canary(config);  // owns the names below
+  const std::vector<std::string>& ops = model->forward_op_names();
   EXPECT_NE(std::find(ops.begin(), ops.end(), first.first_op), ops.end()) << first.first_op;
   EXPECT_GT(first.max_logprob_delta, 0.0);
   EXPECT_EQ(first.first_op, "blocks.0.mlp.fc");  // 4C columns: its tiles grow first
