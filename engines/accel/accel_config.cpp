@@ -120,9 +120,12 @@ void parse_split_k(const std::string& v, AccelConfig& c) {
 }
 
 // "ZONE@BLOCK,...": each a zone of --features' FP8 zones in one block.
-std::set<Fp8Unit> parse_units(const std::string& flag, const std::string& v, const AccelConfig& c) {
-  need_fp8(c, flag);
-  std::set<Fp8Unit> units;
+// `fp8_only`: the zone must be one of --features' FP8 zones (else any zone, under bf16).
+std::set<ZoneUnit> parse_units(const std::string& flag, const std::string& v, const AccelConfig& c,
+                               bool fp8_only = true) {
+  if (fp8_only) need_fp8(c, flag);
+  if (!c.bf16) fail(fmt::format("--{}: needs bf16 (e.g. --features bf16)", flag));
+  std::set<ZoneUnit> units;
   for (const std::string& item : split(v, ",")) {
     const std::size_t at = item.find('@');
     const unsigned zone = at == std::string::npos ? 0 : zone_bits(item.substr(0, at));
@@ -130,7 +133,7 @@ std::set<Fp8Unit> parse_units(const std::string& flag, const std::string& v, con
       fail(fmt::format("--{}: '{}' is not ZONE@BLOCK (zones qkv, attn_proj, mlp_fc, mlp_proj; e.g. mlp_fc@1)", flag,
                        item));
     }
-    if ((c.fp8_zones & zone) == 0) {
+    if (fp8_only && (c.fp8_zones & zone) == 0) {
       fail(fmt::format("--{}: zone {} is not one of --features' FP8 zones", flag, item.substr(0, at)));
     }
     units.insert({zone, parse_int(flag, item.substr(at + 1), 0, 1023, "a block index in 0..1023 after '@'")});
@@ -140,6 +143,10 @@ std::set<Fp8Unit> parse_units(const std::string& flag, const std::string& v, con
 
 void parse_fp8_off(const std::string& v, AccelConfig& c) { c.fp8_off = parse_units("fp8-off", v, c); }
 void parse_fp8_e5m2(const std::string& v, AccelConfig& c) { c.fp8_e5m2 = parse_units("fp8-e5m2", v, c); }
+void parse_fp8_saturate(const std::string& v, AccelConfig& c) {
+  c.fp8_saturate = parse_units("fp8-saturate", v, c);
+}
+void parse_bf16_off(const std::string& v, AccelConfig& c) { c.bf16_off = parse_units("bf16-off", v, c, false); }
 
 void parse_fp8_recipe(const std::string& v, AccelConfig& c) {
   need_fp8(c, "fp8-recipe");
@@ -194,9 +201,15 @@ constexpr FlagParser<AccelConfig> kAccelFlags[] = {
     {{"fp8-off", "accel: FP8 units kept in bf16, ZONE@BLOCK,... (e.g. mlp_fc@1; what harness triage switches)", false,
       "fp8"},
      parse_fp8_off},
-    {{"fp8-e5m2", "accel: FP8 units whose forward operands are cast to E5M2 (coarser), ZONE@BLOCK,...", false,
+    {{"bf16-off", "accel: units computed in fp32 (FP8 included), ZONE@BLOCK,... (what harness triage switches)",
+      false, "bf16"},
+     parse_bf16_off},
+    {{"fp8-e5m2", "accel fault: FP8 units whose forward operands are cast to E5M2 (coarser), ZONE@BLOCK,...", false,
       "fp8"},
      parse_fp8_e5m2},
+    {{"fp8-saturate", "accel fault: FP8 units quantised with a scale 2^10 too large (operands clip), ZONE@BLOCK,...",
+      false, "fp8"},
+     parse_fp8_saturate},
 };
 
 }  // namespace
@@ -212,7 +225,7 @@ unsigned zone_bit(Fp8Zone zone) {
   return 0;
 }
 
-std::string units_text(const std::set<Fp8Unit>& units) {
+std::string units_text(const std::set<ZoneUnit>& units) {
   std::vector<std::string> words;
   for (const ZoneName& z : kZones) {
     for (const auto& [zone, block] : units) {
@@ -264,7 +277,9 @@ std::string AccelConfig::canonical_features() const {
     if (accumulate_interval != 0) parts.push_back(fmt::format("fp8-accumulate=limited:{}", accumulate_interval));
     if (!fp8_off.empty()) parts.push_back(fmt::format("fp8-off={}", units_text(fp8_off)));
     if (!fp8_e5m2.empty()) parts.push_back(fmt::format("fp8-e5m2={}", units_text(fp8_e5m2)));
+    if (!fp8_saturate.empty()) parts.push_back(fmt::format("fp8-saturate={}", units_text(fp8_saturate)));
   }
+  if (!bf16_off.empty()) parts.push_back(fmt::format("bf16-off={}", units_text(bf16_off)));
   if (noise != NoiseMode::Seeded) parts.push_back(fmt::format("noise={}", to_string(noise)));
   if (split_k == SplitK::Rows) parts.emplace_back("split-k=rows");
   return fmt::format("{}", fmt::join(parts, "+"));
@@ -276,13 +291,34 @@ AccelConfig parse_accel_config(const EngineSettings& settings) {
   AccelConfig c;
   parse_features(settings.features, c);
   apply_flags(kAccelFlags, settings, c);
-  for (const Fp8Unit& unit : c.fp8_e5m2) {
-    if (c.fp8_off.count(unit) != 0) {
-      fail(fmt::format("--fp8-e5m2: {} is also kept in bf16 by --fp8-off; name each unit in one of them",
-                       units_text({unit})));
+  return c;
+}
+
+namespace {
+
+// `config`'s units of the zones `zones` over `layers` blocks, less those in `off`.
+std::vector<PrecisionUnit> switchable_units(unsigned zones, int layers, const std::set<ZoneUnit>& off) {
+  std::vector<PrecisionUnit> units;
+  for (const ZoneName& z : kZones) {
+    if ((zones & z.zone) == 0) continue;
+    for (int block = 0; block < layers; ++block) {
+      if (off.count({z.zone, block}) == 0) units.push_back({std::string(z.name), block, units_text({{z.zone, block}})});
     }
   }
-  return c;
+  return units;
+}
+
+}  // namespace
+
+std::vector<PrecisionSwitch> precision_switches(const AccelConfig& config, int layers) {
+  std::vector<PrecisionSwitch> switches;
+  if (config.fp8()) {
+    switches.push_back({"fp8", "fp8-off", "bf16", switchable_units(config.fp8_zones, layers, config.fp8_off)});
+  }
+  if (config.bf16) {
+    switches.push_back({"bf16", "bf16-off", "fp32", switchable_units(kAllZones, layers, config.bf16_off)});
+  }
+  return switches;
 }
 
 }  // namespace harness::accel

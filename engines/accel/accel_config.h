@@ -28,14 +28,22 @@ enum Fp8ZoneBits : unsigned { kZoneQkv = 1, kZoneAttnProj = 2, kZoneMlpFc = 4, k
 // association order, and so the bits of a row, depend on how many rows the batch has.
 enum class SplitK : std::uint8_t { Fixed, Rows };
 
-// One FP8 unit: a zone's weight in one block, e.g. mlp_fc@1 = (kZoneMlpFc, 1).
-using Fp8Unit = std::pair<unsigned, int>;
+// One unit of reduced precision: a zone's linear layer in one block, e.g. mlp_fc@1 =
+// (kZoneMlpFc, 1). The unit switches below name units; triage switches them
+// (precision_switches()).
+using ZoneUnit = std::pair<unsigned, int>;
 
 struct AccelConfig {
   bool bf16 = false;
   unsigned fp8_zones = 0;
-  std::set<Fp8Unit> fp8_off;   // --fp8-off: units of the zones kept in bf16 (what triage switches)
-  std::set<Fp8Unit> fp8_e5m2;  // --fp8-e5m2: units whose forward operands are cast to E5M2, a coarser format
+  std::set<ZoneUnit> fp8_off;   // --fp8-off: units of the zones kept in bf16 (what triage switches)
+  std::set<ZoneUnit> bf16_off;  // --bf16-off: units computed in fp32, FP8 included (what triage switches next)
+  // Deliberate faults, for triage's own tests and drills: --fp8-e5m2 casts a unit's forward
+  // operands to E5M2, a coarser format; --fp8-saturate quantises a unit with a scale 2^10
+  // too large (a stale amax), so that its operands clip. A unit switched off by
+  // --fp8-off or --bf16-off takes neither: it is not in FP8.
+  std::set<ZoneUnit> fp8_e5m2;
+  std::set<ZoneUnit> fp8_saturate;
   numerics::Fp8ScalingConfig scaling;
   int accumulate_interval = 0;  // 0: fp32 accumulation; N: limited accumulator promoted every N products
   NoiseMode noise = NoiseMode::Seeded;
@@ -63,6 +71,11 @@ AccelConfig parse_accel_config(const EngineSettings& settings);
 unsigned zone_bit(Fp8Zone zone);
 std::string zone_name(unsigned zone);
 // "qkv@0,mlp_fc@1": units in zone order, then block order (the flags' and lanes' spelling).
-std::string units_text(const std::set<Fp8Unit>& units);
+std::string units_text(const std::set<ZoneUnit>& units);
+
+// The units triage can switch, narrowest format first: the FP8 units of --features' zones
+// (flag fp8-off), then every zone's unit in bf16 (flag bf16-off), in `layers` blocks;
+// units already switched off are left out.
+std::vector<PrecisionSwitch> precision_switches(const AccelConfig& config, int layers);
 
 }  // namespace harness::accel

@@ -290,28 +290,28 @@ void AccelEngine::store(TensorId id) {
                     [&](const auto& r) { numerics::round_to_bf16_inplace(x + r.begin(), r.end() - r.begin()); });
 }
 
-AccelEngine::ZoneScaling* AccelEngine::zone_for(const OpSite& site, TensorId weight) {
+AccelEngine::UnitNumerics AccelEngine::unit_numerics(const OpSite& site, TensorId weight) {
+  const ZoneUnit unit{zone_bit(t_.desc(weight).role.fp8_zone), site.layer};
+  UnitNumerics u;
+  u.fp32 = config_.bf16_off.count(unit) != 0;
   const auto it = zone_index_.find(weight);
-  if (it == zone_index_.end()) return nullptr;
-  const bool kept_in_bf16 = config_.fp8_off.count({zone_bit(t_.desc(weight).role.fp8_zone), site.layer}) != 0;
-  return kept_in_bf16 ? nullptr : &zones_[it->second];
+  if (it == zone_index_.end() || u.fp32 || config_.fp8_off.count(unit) != 0) return u;
+  u.zone = &zones_[it->second];
+  u.format = config_.fp8_e5m2.count(unit) != 0 ? Fp8Format::E5M2 : Fp8Format::E4M3;
+  u.saturate = config_.fp8_saturate.count(unit) != 0;
+  return u;
 }
 
-Fp8Format AccelEngine::forward_format(const OpSite& site, TensorId weight) const {
-  const bool coarse = config_.fp8_e5m2.count({zone_bit(t_.desc(weight).role.fp8_zone), site.layer}) != 0;
-  return coarse ? Fp8Format::E5M2 : Fp8Format::E4M3;
-}
-
-const AccelEngine::PreparedWeight& AccelEngine::prepared_weight(TensorId weight, ZoneScaling* zone, Fp8Format format) {
+const AccelEngine::PreparedWeight& AccelEngine::prepared_weight(TensorId weight, const UnitNumerics& unit) {
   PreparedWeight& p = prepared_[weight];
   if (p.current) return p;
   const TensorDesc& d = t_.desc(weight);  // (OC, C), or (E, OC, C)
-  if (zone != nullptr) {
-    p.scale = scaled_fp8_operand(weight, zone->weight, format, p.rows).scale;
+  if (unit.zone != nullptr) {
+    p.scale = scaled_fp8_operand(weight, unit.zone->weight, unit.format, unit.saturate, p.rows).scale;
   } else {
     const float* w = f32(weight);
     p.rows.assign(w, w + d.numel());
-    if (config_.bf16 && !d.role.fp32_weight) numerics::round_to_bf16_inplace(p.rows.data(), d.numel());
+    if (config_.bf16 && !d.role.fp32_weight && !unit.fp32) numerics::round_to_bf16_inplace(p.rows.data(), d.numel());
   }
   p.transposed.resize(p.rows.size());
   const int OC = static_cast<int>(d.dim(d.rank() - 2)), C = static_cast<int>(d.dim(d.rank() - 1));
@@ -331,16 +331,18 @@ const float* AccelEngine::fp8_operand(TensorId id, float scale, Fp8Format format
 }
 
 AccelEngine::ScaledOperand AccelEngine::scaled_fp8_operand(TensorId id, numerics::Fp8ScalingState& role,
-                                                           Fp8Format format, std::vector<float>& buffer) {
+                                                           Fp8Format format, bool saturate,
+                                                           std::vector<float>& buffer) {
   const float* x = f32(id);
   const std::int64_t n = t_.numel(id);
   grow(buffer, n);
+  const float overscale = saturate ? kSaturatingOverscale : 1.0f;
   if (!role.scale_precedes_amax()) {  // the scale needs this tensor's amax: two passes
-    const float scale = role.scale_for(parallel_amax(x, n));
+    const float scale = role.scale_for(parallel_amax(x, n)) * overscale;
     quantise(x, scale, buffer.data(), n, format);
     return {buffer.data(), scale};
   }
-  const float scale = role.scale();  // what scale_for() returns below, whatever the amax
+  const float scale = role.scale() * overscale;  // what scale_for() returns below, whatever the amax
   role.scale_for(quantise_with_amax(x, scale, buffer.data(), n, format));
   return {buffer.data(), scale};
 }
@@ -379,13 +381,13 @@ void AccelEngine::layernorm_backward(const OpSite&, TensorId dinp, TensorId dwei
 void AccelEngine::linear_forward(const OpSite& site, TensorId out, TensorId inp, TensorId weight, TensorId bias) {
   const TensorDesc& wd = t_.desc(weight);  // (OC,C)
   const int N = int(t_.rows(inp)), C = int(wd.dim(1)), OC = int(wd.dim(0));
-  ZoneScaling* zone = zone_for(site, weight);
-  const Fp8Format format = forward_format(site, weight);
-  const PreparedWeight& w = prepared_weight(weight, zone, format);
+  const UnitNumerics unit = unit_numerics(site, weight);
+  ZoneScaling* zone = unit.zone;
+  const PreparedWeight& w = prepared_weight(weight, unit);
   const float* a = f32(inp);
   GemmNumerics fp8_gemm;
   if (zone != nullptr) {
-    const ScaledOperand input = scaled_fp8_operand(inp, zone->input, format, zone->quantised_input);
+    const ScaledOperand input = scaled_fp8_operand(inp, zone->input, unit.format, unit.saturate, zone->quantised_input);
     a = input.values;
     zone->input_scale = input.scale;
     zone->quantised_from = inp;
@@ -395,7 +397,7 @@ void AccelEngine::linear_forward(const OpSite& site, TensorId out, TensorId inp,
   // out = bias, then the split-K partial products added in the noise source's order, then
   // stored: each row tile in turn, while it is in cache.
   const SplitKOutput output{bias == kNoTensor ? SplitKOutput::Start::Zero : SplitKOutput::Start::Row,
-                            bias == kNoTensor ? nullptr : f32(bias), stores_bf16(out)};
+                            bias == kNoTensor ? nullptr : f32(bias), stores_bf16(out) && !unit.fp32};
   ReduceContext ctx = reduce_context();
   split_k_gemm(ctx, N, OC, C, a, C, w.transposed.data(), OC, f32(out), split_k_chunk(N, OC, C), fp8_gemm, output);
 }
@@ -404,21 +406,22 @@ void AccelEngine::linear_backward(const OpSite& site, TensorId dinp, TensorId dw
                                   TensorId dout, TensorId inp, TensorId weight) {
   const TensorDesc& wd = t_.desc(weight);
   const int N = int(t_.rows(inp)), C = int(wd.dim(1)), OC = int(wd.dim(0));
-  ZoneScaling* zone = zone_for(site, weight);
-  const Fp8Format format = forward_format(site, weight);
-  const PreparedWeight& w = prepared_weight(weight, zone, format);
+  const UnitNumerics unit = unit_numerics(site, weight);
+  ZoneScaling* zone = unit.zone;
+  const PreparedWeight& w = prepared_weight(weight, unit);
   const float* dy = f32(dout);
   const float* x = f32(inp);
   GemmNumerics dgrad, wgrad;
   if (zone != nullptr) {
-    const ScaledOperand grad_output = scaled_fp8_operand(dout, zone->grad_output, Fp8Format::E5M2, operand_a_);
+    const ScaledOperand grad_output =
+        scaled_fp8_operand(dout, zone->grad_output, Fp8Format::E5M2, unit.saturate, operand_a_);
     dy = grad_output.values;
     const float dy_scale = grad_output.scale;
     // The input as this step's forward quantised it (quantised again only when the backward
     // runs without that forward, the same values either way).
     x = zone->quantised_from == inp && zone->quantised_step == step_
             ? zone->quantised_input.data()
-            : fp8_operand(inp, zone->input_scale, format, operand_b_);
+            : fp8_operand(inp, zone->input_scale, unit.format, operand_b_);
     dgrad = {(1.0f / dy_scale) * (1.0f / w.scale), config_.accumulate_interval};
     wgrad = {(1.0f / dy_scale) * (1.0f / zone->input_scale), config_.accumulate_interval};
   }
@@ -426,7 +429,7 @@ void AccelEngine::linear_backward(const OpSite& site, TensorId dinp, TensorId dw
   // forward: out[n][o] = sum_c inp[n][c] * weight[o][c] + bias[o]
   // dinp (N,C) += dout (N,OC) @ weight (OC,C), split over OC
   split_k_gemm(ctx, N, C, OC, dy, OC, w.rows.data(), C, f32(dinp), split_k_chunk(N, C, OC), dgrad,
-               {SplitKOutput::Start::Accumulate, nullptr, stores_bf16(dinp)});
+               {SplitKOutput::Start::Accumulate, nullptr, stores_bf16(dinp) && !unit.fp32});
   // dweight (OC,C) += dout^T (OC,N) @ inp (N,C), split over tokens
   kernels::transpose(dy, N, OC, t_.scratch());
   split_k_gemm(ctx, OC, C, N, t_.scratch(), N, x, C, f32(dweight), kTokenChunk, wgrad);
@@ -646,7 +649,7 @@ void AccelEngine::moe_combine_backward(const OpSite&, TensorId dexpert_out, Tens
 void AccelEngine::expert_linear_forward(const OpSite&, TensorId out, TensorId inp, TensorId weight) {
   const TensorDesc& wd = t_.desc(weight);  // (E,OC,C)
   const int E = int(wd.dim(0)), OC = int(wd.dim(1)), C = int(wd.dim(2)), cap = int(t_.desc(inp).dim(1));
-  const PreparedWeight& w = prepared_weight(weight, nullptr);
+  const PreparedWeight& w = prepared_weight(weight);
   ReduceContext ctx = reduce_context();
   for (int e = 0; e < E; ++e) {
     split_k_gemm(ctx, cap, OC, C, f32(inp) + std::int64_t{e} * cap * C, C,
@@ -659,7 +662,7 @@ void AccelEngine::expert_linear_backward(const OpSite&, TensorId dinp, TensorId 
                                          TensorId weight) {
   const TensorDesc& wd = t_.desc(weight);
   const int E = int(wd.dim(0)), OC = int(wd.dim(1)), C = int(wd.dim(2)), cap = int(t_.desc(inp).dim(1));
-  const PreparedWeight& w = prepared_weight(weight, nullptr);
+  const PreparedWeight& w = prepared_weight(weight);
   ReduceContext ctx = reduce_context();
   for (int e = 0; e < E; ++e) {
     const float* dy = f32(dout) + std::int64_t{e} * cap * OC;

@@ -30,6 +30,9 @@ class AccelEngine final : public Engine {
   std::string_view name() const override { return "accel"; }
   std::string features() const override { return config_.canonical_features(); }
   std::vector<std::string> budget_features() const override { return config_.budget_features(); }
+  std::vector<PrecisionSwitch> precision_switches(int layers) const override {
+    return accel::precision_switches(config_, layers);
+  }
   std::map<std::string, AttributeValue> manifest_attributes() const override;
   ReductionOrder reduction_order() const override;
   std::optional<ReductionSeed> reduction_seed() const override;
@@ -135,13 +138,18 @@ class AccelEngine final : public Engine {
     std::vector<double> amax, scale;
   };
 
-  const PreparedWeight& prepared_weight(TensorId weight, ZoneScaling* zone,
-                                        numerics::Fp8Format format = numerics::Fp8Format::E4M3);
+  // How one linear layer computes, from its unit (zone@block) and the unit switches.
+  struct UnitNumerics {
+    ZoneScaling* zone = nullptr;  // nullptr: not in FP8 (no enabled zone, --fp8-off or --bf16-off)
+    numerics::Fp8Format format = numerics::Fp8Format::E4M3;  // its forward operands' (E5M2: --fp8-e5m2)
+    bool saturate = false;     // --fp8-saturate: quantised with a scale kSaturatingOverscale too large
+    bool fp32 = false;         // --bf16-off: fp32 weight and outputs under bf16
+  };
+  UnitNumerics unit_numerics(const OpSite& site, TensorId weight);
+  // The weight as the unit's GEMMs read it (the expert GEMMs: no unit, bf16 under bf16).
+  const PreparedWeight& prepared_weight(TensorId weight, const UnitNumerics& unit);
+  const PreparedWeight& prepared_weight(TensorId weight) { return prepared_weight(weight, UnitNumerics()); }
   void values_changed(TensorId id);  // its prepared weight, if it is a weight, is built again
-  // nullptr: the weight is in no enabled zone, or its unit (zone@block) is kept in bf16 (--fp8-off).
-  ZoneScaling* zone_for(const OpSite& site, TensorId weight);
-  // The format the unit's forward operands are cast to: E4M3, or E5M2 (--fp8-e5m2).
-  numerics::Fp8Format forward_format(const OpSite& site, TensorId weight) const;
   // The tensor's values as a GEMM operand: copied into `buffer` and quantised to the
   // FP8 grid with `scale` (FP8 zones), or used in place (already bf16 when stored bf16).
   const float* fp8_operand(TensorId id, float scale, numerics::Fp8Format format, std::vector<float>& buffer);
@@ -151,8 +159,9 @@ class AccelEngine final : public Engine {
     const float* values;  // in the buffer
     float scale;
   };
+  // `saturate` (--fp8-saturate): the scale is kSaturatingOverscale times too large.
   ScaledOperand scaled_fp8_operand(TensorId id, numerics::Fp8ScalingState& role, numerics::Fp8Format format,
-                                   std::vector<float>& buffer);
+                                   bool saturate, std::vector<float>& buffer);
   // Rounds a freshly written tensor to its storage format (bf16 for activations under bf16).
   void store(TensorId id);
   bool stores_bf16(TensorId id) const;  // what store() rounds

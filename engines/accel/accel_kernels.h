@@ -15,6 +15,9 @@ namespace harness::accel {
 // Sizes of the partial results. GPUs split K for skinny GEMMs and reduce weight gradients
 // over token tiles; these chunk sizes give 2-8 parts on the canary's shapes.
 inline constexpr int kSplitKChunk = 64;
+// --fp8-saturate's fault: a scale 2^10 too large, as a stale amax 1024 times too small
+// makes it; operands past the format's largest value clip there.
+inline constexpr float kSaturatingOverscale = 1024.0f;
 inline constexpr int kTokenChunk = 64;
 inline constexpr int kAttentionChunk = 16;
 

@@ -23,6 +23,7 @@
 #include <variant>
 #include <vector>
 
+#include "engine_settings.h"
 #include "op_description.h"
 #include "tensor_table.h"
 
@@ -108,6 +109,10 @@ class Engine {
     std::int64_t seed = 0;
   };
   virtual std::optional<ReductionSeed> reduction_seed() const { return std::nullopt; }
+  // The parts of this configuration's reduced precision that can go back to a wider format
+  // one at a time, for `harness triage` (docs/triage.md), narrowest format first; empty for
+  // an engine with none. `layers`: the canary's blocks.
+  virtual std::vector<PrecisionSwitch> precision_switches(int /*layers*/) const { return {}; }
   // State of the step that just ended (after step_end()); empty for engines with none.
   virtual std::vector<StepState> step_state() const { return {}; }
   // Checks that this configuration can run the model (a mesh engine's shard plan must

@@ -28,6 +28,23 @@ struct EngineFlag {
   bool seeds_reduction_order = false;
 };
 
+// One unit of an engine's reduced precision that triage can switch to a wider format on
+// its own: a layer kind (its group across blocks) in one block.
+struct PrecisionUnit {
+  std::string group;  // "mlp_fc": the zone, what triage tries whole before single blocks
+  int layer = 0;      // the block
+  std::string value;  // its word in the switch flag's list: "mlp_fc@1"
+};
+
+// A reduced format and the engine flag that switches units of it to `wider`: the flag takes
+// the units' values joined with ','. Each engine describes its own (Engine::precision_switches).
+struct PrecisionSwitch {
+  std::string format;  // "fp8"
+  std::string flag;    // "fp8-off", without dashes
+  std::string wider;   // what a switched unit computes in: "bf16"
+  std::vector<PrecisionUnit> units;
+};
+
 struct EngineSettings {
   std::string features;                         // --features, e.g. "bf16,fp8=mlp_fc"
   std::map<std::string, std::string> options;   // flag without dashes -> value, e.g. "noise" -> "off"

@@ -123,4 +123,26 @@ std::string to_text(const Verdict& v, bool verbose) {
   return out;
 }
 
+const MetricVerdict* tightest_metric(const Verdict& v) {
+  const MetricVerdict* tightest = nullptr;
+  for (const MetricVerdict& m : v.metrics) {
+    if (m.worst_step >= 0 && (!tightest || m.headroom_pct < tightest->headroom_pct)) tightest = &m;
+  }
+  return tightest;
+}
+
+std::string one_line(const Verdict& v) {
+  if (const MetricVerdict* m = v.first_failure()) {
+    const std::string where = m->worst_tensor.empty() ? "" : fmt::format(" ({})", m->worst_tensor);
+    return fmt::format("FAIL {}: first failing step {}, worst step {}{}: |d| {:.3g} against {:.3g} allowed, {} step(s) "
+                       "over ({} allowed)",
+                       m->metric, m->first_failing_step, m->worst_step, where, m->max_deviation, m->allowed,
+                       m->failing_steps, m->allowed_outliers);
+  }
+  const MetricVerdict* tightest = tightest_metric(v);
+  if (!tightest) return v.bitwise ? "pass (bitwise)" : "pass";
+  return fmt::format("pass (least headroom {:.0f}%: {} at step {})", tightest->headroom_pct, tightest->metric,
+                     tightest->worst_step);
+}
+
 }  // namespace harness::check

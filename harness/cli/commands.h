@@ -50,5 +50,6 @@ void add_validate_command(CLI::App& app, CommandRegistry& commands);
 void add_schema_command(CLI::App& app, CommandRegistry& commands);  // the receipt description, as JSON
 void add_export_command(CLI::App& app, CommandRegistry& commands);  // canary packs
 void add_invariance_command(CLI::App& app, CommandRegistry& commands);  // batch invariance
+void add_triage_command(CLI::App& app, CommandRegistry& commands);      // precision triage
 
 }  // namespace harness::cli

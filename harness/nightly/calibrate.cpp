@@ -1,6 +1,5 @@
 #include "calibrate.h"
 
-#include <stdlib.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,6 +25,7 @@
 #include "registry.h"
 #include "stack_info.h"
 #include "verdict.h"
+#include "verdict_report.h"
 
 namespace harness::nightly {
 namespace {
@@ -211,23 +211,10 @@ std::string choose_feature(const std::string& wanted, const std::vector<std::str
   throw run::UsageError(fmt::format("--feature: {} composes {}; name the one to calibrate", lane, fmt::join(composed, ", ")));
 }
 
-class TempDir {
+// The calibration runs' directory.
+class TempDir : public run::TempDir {
  public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "harness-calibrate-XXXXXX").string();
-    if (!mkdtemp(pattern.data())) throw run::FileError("cannot create a temporary directory for the calibration runs");
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
+  TempDir() : run::TempDir("calibrate", "the calibration runs") {}
 };
 
 // The candidate's paths: beside the budgets by default; never the budgets file itself.
@@ -407,36 +394,10 @@ std::string perturb_label(std::int64_t seed) { return fmt::format("perturb seed 
 // `seed` when given: in this process for the harness's engines, through `python3 -m canary_harness
 // rerun` for a Python canary.
 void rerun_perturbed(const check::ReceiptData& receipt, const std::string& out, std::optional<std::int64_t> seed) {
-  if (run::is_python_canary(receipt.manifest)) {
-    std::vector<std::string> flags{"--out", out, "--force"};
-    if (seed) flags.insert(flags.end(), {"--perturb-init", std::to_string(*seed)});
-    const run::PythonCommand command = run::python_canary_command("rerun", receipt.path, receipt.manifest, flags);
-    const run::ChildResult child =
-        run::run_child(command.argv, command.environment, run::ChildOutput::kDiscard, run::ChildOutput::kCapture);
-    if (!child.exited_zero()) {
-      const std::string line = run::last_line(child.stderr_tail);
-      throw LaneCommandError(fmt::format("--perturb: the rerun of {} {}: {}", receipt.path, child.how(),
-                                         line.empty() ? "(nothing on stderr)" : line));
-    }
-    return;
-  }
-  const auto recipe_text = receipt.manifest.find("run_options");
-  const nlohmann::json recipe = recipe_text == receipt.manifest.end()
-                                    ? nlohmann::json(nullptr)
-                                    : nlohmann::json::parse(recipe_text->second, nullptr, /*allow_exceptions=*/false);
-  const std::vector<std::string> ours = engine_names();  // another stack's run_options are its own
-  if (!recipe.is_object() || std::find(ours.begin(), ours.end(), receipt.engine) == ours.end()) {
-    throw run::UsageError(fmt::format("--perturb: {} has no recipe the harness can run again (a harness engine's or a "
-                                      "Python canary's run_options); perturb the lane that wrote it",
-                                      receipt.path));
-  }
-  run::RunOptions options = run::options_from_recipe(recipe);
-  options.out = out;
-  options.force = true;
-  options.trace = run::TraceLevel::kNone;  // the envelope needs the metrics only
-  options.checkpoint_every = 0;
-  options.perturb_init = seed;
-  run::run_canary(options);
+  std::vector<std::string> python_flags;
+  if (seed) python_flags = {"--perturb-init", std::to_string(*seed)};
+  const auto perturb = [seed](run::RunOptions& options) { options.perturb_init = seed; };
+  rerun_recipe(receipt, out, "--perturb", perturb, python_flags);
 }
 
 // The largest deviation per metric and step (over tensors for params_sketch).
@@ -557,16 +518,7 @@ Runs perturbed_receipt(const CalibrateOptions& o, Calibration& c, const std::fun
   const TempDir work;
   if (progress) progress(fmt::format("rerun of {} (must reproduce it)", recorded.path));
   rerun_perturbed(recorded, work.file("rerun.h5"), std::nullopt);
-  const check::ReceiptData again = check::load_receipt(work.file("rerun.h5"));
-  const auto moved = check::metric_deviations(again, recorded);
-  const auto differs = std::find_if(moved.begin(), moved.end(), [](const check::Deviation& d) { return d.deviation != 0; });
-  if (differs != moved.end() || again.hashes != recorded.hashes) {
-    throw run::UsageError(fmt::format(
-        "--receipts: its recipe no longer reproduces {}{}: the code, the host or the stack changed since the run; "
-        "perturb a fresh run",
-        recorded.path,
-        differs == moved.end() ? " (a hash differs)" : fmt::format(" ({} differs at step {})", differs->metric, differs->step)));
-  }
+  require_reproduced(recorded, check::load_receipt(work.file("rerun.h5")), "--receipts", "perturb a fresh run");
   return perturbed_runs(o, std::move(runs), recorded, c, rerun_perturbed, progress);
 }
 
@@ -586,29 +538,12 @@ std::vector<check::Window> doubling_windows(int steps) {
 
 // ---- each repeat's outcome, in one line ---------------------------------------------------
 
-std::string verdict_line(const check::Verdict& v) {
-  if (const check::MetricVerdict* m = v.first_failure()) {
-    const std::string where = m->worst_tensor.empty() ? "" : fmt::format(" ({})", m->worst_tensor);
-    return fmt::format("FAIL {}: first failing step {}, worst step {}{}: |d| {:.3g} against {:.3g} allowed, {} step(s) "
-                       "over ({} allowed)",
-                       m->metric, m->first_failing_step, m->worst_step, where, m->max_deviation, m->allowed,
-                       m->failing_steps, m->allowed_outliers);
-  }
-  const check::MetricVerdict* tightest = nullptr;
-  for (const check::MetricVerdict& m : v.metrics) {
-    if (m.worst_step >= 0 && (!tightest || m.headroom_pct < tightest->headroom_pct)) tightest = &m;
-  }
-  if (!tightest) return v.bitwise ? "pass (bitwise)" : "pass";
-  return fmt::format("pass (least headroom {:.0f}%: {} at step {})", tightest->headroom_pct, tightest->metric,
-                     tightest->worst_step);
-}
-
 // The outcome of one repeat under `budgets`: whether it passes, and why in one line.
 std::pair<bool, std::string> outcome(const check::ReceiptData& r, const check::ReceiptData& reference,
                                      const check::Budgets& budgets) {
   try {
     const check::Verdict v = check::compare_receipts(r, reference, budgets, "compare");
-    return {v.pass(), verdict_line(v)};
+    return {v.pass(), check::one_line(v)};
   } catch (const check::ContractError& e) {
     if (e.kind != "no_budget") throw;
     return {false, fmt::format("FAIL: {}", e.what())};  // a feature with no entry passes nothing

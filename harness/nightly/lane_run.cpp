@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <chrono>
@@ -12,8 +13,12 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <nlohmann/json.hpp>
+
 #include "canary_pack.h"
 #include "child_process.h"
+#include "python_canary.h"
+#include "registry.h"
 #include "receipt/budget_features.h"
 #include "verdict.h"
 
@@ -120,6 +125,58 @@ run::RunSummary run_lane(const Matrix& matrix, const LaneSpec& spec, const std::
     if (!own_pack.empty()) std::filesystem::remove_all(own_pack, ignored);
     throw;
   }
+}
+
+run::RunOptions recipe_options(const check::ReceiptData& receipt, std::string_view flag) {
+  const auto recipe_text = receipt.manifest.find("run_options");
+  const nlohmann::json recipe = recipe_text == receipt.manifest.end()
+                                    ? nlohmann::json(nullptr)
+                                    : nlohmann::json::parse(recipe_text->second, nullptr, /*allow_exceptions=*/false);
+  const std::vector<std::string> ours = engine_names();  // another stack's run_options are its own
+  if (!recipe.is_object() || std::find(ours.begin(), ours.end(), receipt.engine) == ours.end()) {
+    throw run::UsageError(fmt::format("{}: {} has no recipe the harness can run again (a harness engine's or a "
+                                      "Python canary's run_options); use the lane that wrote it",
+                                      flag, receipt.path));
+  }
+  return run::options_from_recipe(recipe);
+}
+
+void require_reproduced(const check::ReceiptData& recorded, const check::ReceiptData& again, std::string_view prefix,
+                        std::string_view advice) {
+  const auto moved = check::metric_deviations(again, recorded);
+  const auto differs =
+      std::find_if(moved.begin(), moved.end(), [](const check::Deviation& d) { return d.deviation != 0; });
+  if (differs == moved.end() && again.hashes == recorded.hashes) return;
+  const std::string what = differs == moved.end()
+                               ? "a hash differs"
+                               : fmt::format("{} differs at step {}", differs->metric, differs->step);
+  throw run::UsageError(fmt::format("{}: its recipe no longer reproduces {} ({}): the code, the host or the stack "
+                                    "changed since the run; {}",
+                                    prefix, recorded.path, what, advice));
+}
+
+void rerun_recipe(const check::ReceiptData& receipt, const std::string& out, std::string_view flag,
+                  const std::function<void(run::RunOptions&)>& adjust, const std::vector<std::string>& python_flags) {
+  if (run::is_python_canary(receipt.manifest)) {
+    std::vector<std::string> flags{"--out", out, "--force"};
+    flags.insert(flags.end(), python_flags.begin(), python_flags.end());
+    const run::PythonCommand command = run::python_canary_command("rerun", receipt.path, receipt.manifest, flags);
+    const run::ChildResult child =
+        run::run_child(command.argv, command.environment, run::ChildOutput::kDiscard, run::ChildOutput::kCapture);
+    if (!child.exited_zero()) {
+      const std::string line = run::last_line(child.stderr_tail);
+      throw LaneCommandError(fmt::format("{}: the rerun of {} {}: {}", flag, receipt.path, child.how(),
+                                         line.empty() ? "(nothing on stderr)" : line));
+    }
+    return;
+  }
+  run::RunOptions options = recipe_options(receipt, flag);
+  options.out = out;
+  options.force = true;
+  options.trace = run::TraceLevel::kNone;  // metrics and hashes only
+  options.checkpoint_every = 0;
+  if (adjust) adjust(options);
+  run::run_canary(options);
 }
 
 }  // namespace harness::nightly

@@ -7,6 +7,7 @@
 #include "canary_run.h"
 #include "child_process.h"
 #include "matrix.h"
+#include "verdict.h"
 
 namespace harness::nightly {
 
@@ -29,6 +30,25 @@ run::RunSummary run_lane(const Matrix& matrix, const LaneSpec& spec, const std::
 struct LaneCommandError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+// `receipt`'s recipe (its manifest's run_options) as the options that run it here; throws
+// run::UsageError naming `flag` when it has none the harness can run: another stack's, or
+// a Python canary's (rerun_recipe runs those).
+run::RunOptions recipe_options(const check::ReceiptData& receipt, std::string_view flag);
+
+// `receipt`'s own recipe run again into `out` (overwritten), metrics only (no trace, no
+// checkpoints): in this process for the harness's engines, with `adjust` applied to the
+// recipe's options; through `python3 -m canary_harness rerun` for a Python canary, with
+// `python_flags` added. Errors name `flag`: UsageError for no recipe, LaneCommandError for
+// a Python rerun that fails.
+void rerun_recipe(const check::ReceiptData& receipt, const std::string& out, std::string_view flag,
+                  const std::function<void(run::RunOptions&)>& adjust, const std::vector<std::string>& python_flags);
+
+// Throws run::UsageError "PREFIX: its recipe no longer reproduces PATH (loss differs at step
+// 3): the code, the host or the stack changed since the run; ADVICE" when `again`, a rerun of
+// `recorded`'s recipe, differs from it in a metric or a hash.
+void require_reproduced(const check::ReceiptData& recorded, const check::ReceiptData& again, std::string_view prefix,
+                        std::string_view advice);
 
 // Exports the matrix's canary pack (canary, seed, steps) to `path` (overwriting it), the
 // pack every external lane of a job reads. Returns `path`.

@@ -1,6 +1,7 @@
 #include "file_io.h"
 
 #include <fcntl.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -16,6 +17,17 @@
 namespace harness::run {
 
 namespace fs = std::filesystem;
+
+TempDir::TempDir(const std::string& kind, const std::string& what) {
+  std::string pattern = (fs::temp_directory_path() / ("harness-" + kind + "-XXXXXX")).string();
+  if (!mkdtemp(pattern.data())) throw FileError(fmt::format("cannot create a temporary directory for {}", what));
+  path_ = pattern;
+}
+
+TempDir::~TempDir() {
+  std::error_code ignored;
+  fs::remove_all(path_, ignored);
+}
 
 void write_file_atomically(const std::string& path, const std::string& text) {
   const std::string temp = path + ".partial";

@@ -1,6 +1,7 @@
 // Files written whole or not at all, and fingerprinted: goldens, reports, checkpoints.
 #pragma once
 
+#include <filesystem>
 #include <stdexcept>
 #include <string>
 
@@ -23,5 +24,20 @@ std::string file_content_hash(const std::string& path);
 
 // The whole file; "" when it does not exist. Throws FileError when it exists but cannot be read.
 std::string read_file(const std::string& path);
+
+// A fresh directory under the system's temporary one, removed with everything in it when
+// the object goes: where a command's own runs write their receipts.
+class TempDir {
+ public:
+  // "harness-<kind>-XXXXXX"; `what` names its use in the error when it cannot be made.
+  TempDir(const std::string& kind, const std::string& what);
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
 
 }  // namespace harness::run

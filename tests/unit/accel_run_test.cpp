@@ -17,6 +17,7 @@
 #include "numerics/formats.h"
 #include "numerics/philox.h"
 #include "receipt_bits.h"
+#include "registry.h"
 
 namespace harness::accel {
 namespace {
@@ -211,9 +212,69 @@ TEST(AccelFp8, UnitsMustBeZonesOfTheLane) {
                run::UsageError);
   EXPECT_THROW(run_and_read(lane("micro", 1, 1, "accel", "bf16", {{"fp8-off", "qkv@0"}}), "units-no-fp8"),
                run::UsageError);
-  EXPECT_THROW(run_and_read(lane("micro", 1, 1, "accel", "bf16,fp8=all", {{"fp8-off", "qkv@0"}, {"fp8-e5m2", "qkv@0"}}),
-                            "units-both"),
+  EXPECT_THROW(run_and_read(lane("micro", 1, 1, "accel", "", {{"bf16-off", "qkv@0"}}), "units-no-bf16"),
                run::UsageError);
+}
+
+// A unit switched off takes no FP8 fault: --fp8-off or --bf16-off wins over --fp8-e5m2 and
+// --fp8-saturate on the same unit (triage switches a faulty unit off and must see it gone).
+TEST(AccelFp8, UnitsSwitchedOffTakeNoFault) {
+  const std::map<std::string, std::string> off{{"noise", "off"}, {"fp8-off", "qkv@0"}};
+  const ReceiptBits kept = run_and_read(lane("micro", 3, 2, "accel", "bf16,fp8=all", off), "units-kept");
+  for (const char* fault : {"fp8-e5m2", "fp8-saturate"}) {
+    std::map<std::string, std::string> faulty = off;
+    faulty[fault] = "qkv@0";
+    EXPECT_TRUE(run_and_read(lane("micro", 3, 2, "accel", "bf16,fp8=all", faulty), "units-faulty").same_numbers(kept))
+        << fault;
+  }
+}
+
+// --bf16-off computes units in fp32, their FP8 included: with every FP8 unit off, an fp8
+// lane's bf16-off units are the bf16 lane's bit for bit; a unit in fp32 moves the bits of
+// bf16 and replays itself across thread counts. --fp8-saturate (scale 2^10 too large) moves
+// the bits of fp8 and replays.
+TEST(AccelFp8, Bf16OffUnitsAreFp32AndSaturatedUnitsMoveBits) {
+  const std::string every_unit = "qkv@0,qkv@1,attn_proj@0,attn_proj@1,mlp_fc@0,mlp_fc@1,mlp_proj@0,mlp_proj@1";
+  const std::map<std::string, std::string> off{{"noise", "off"}};
+  std::map<std::string, std::string> fp32_unit = off, fp8_lane = off, saturated = off;
+  fp32_unit["bf16-off"] = "attn_proj@1";
+  fp8_lane["bf16-off"] = "attn_proj@1";
+  fp8_lane["fp8-off"] = every_unit;
+  saturated["fp8-saturate"] = "mlp_fc@0";
+  const ReceiptBits bf16 = run_and_read(lane("micro", 4, 2, "accel", "bf16", off), "bf16-lane");
+  const ReceiptBits one = run_and_read(lane("micro", 4, 2, "accel", "bf16", fp32_unit), "bf16-one-off");
+  EXPECT_FALSE(one.same_numbers(bf16));
+  EXPECT_TRUE(run_and_read(lane("micro", 4, 3, "accel", "bf16", fp32_unit), "bf16-one-off-3").same_numbers(one));
+  EXPECT_TRUE(run_and_read(lane("micro", 4, 2, "accel", "bf16,fp8=all", fp8_lane), "fp8-bf16-off").same_numbers(one));
+  const ReceiptBits fp8 = run_and_read(lane("micro", 4, 2, "accel", "bf16,fp8=all", off), "sat-fp8");
+  const ReceiptBits sat = run_and_read(lane("micro", 4, 2, "accel", "bf16,fp8=all", saturated), "sat");
+  EXPECT_FALSE(sat.same_numbers(fp8));
+  EXPECT_TRUE(run_and_read(lane("micro", 4, 1, "accel", "bf16,fp8=all", saturated), "sat-1").same_numbers(sat));
+}
+
+// The units triage switches: the FP8 zones' units, then every zone's in bf16, one per
+// block, less those already off; none for an engine without reduced precision.
+TEST(AccelFp8, PrecisionSwitchesListTheLanesUnitsNarrowestFirst) {
+  const auto units_of = [](const PrecisionSwitch& s) {
+    std::vector<std::string> values;
+    for (const PrecisionUnit& u : s.units) values.push_back(u.value);
+    return values;
+  };
+  const auto switches =
+      make_engine("accel", {"bf16,fp8=qkv,mlp_fc", {{"fp8-off", "qkv@1"}, {"bf16-off", "mlp_proj@0"}}})
+          ->precision_switches(2);
+  ASSERT_EQ(switches.size(), 2u);
+  EXPECT_EQ(switches[0].format, "fp8");
+  EXPECT_EQ(switches[0].flag, "fp8-off");
+  EXPECT_EQ(units_of(switches[0]), (std::vector<std::string>{"qkv@0", "mlp_fc@0", "mlp_fc@1"}));
+  EXPECT_EQ(switches[0].units[2].group, "mlp_fc");
+  EXPECT_EQ(switches[0].units[2].layer, 1);
+  EXPECT_EQ(switches[1].format, "bf16");
+  EXPECT_EQ(switches[1].wider, "fp32");
+  EXPECT_EQ(units_of(switches[1]).size(), 7u);
+  EXPECT_EQ(make_engine("accel", {"bf16", {}})->precision_switches(2).size(), 1u);
+  EXPECT_TRUE(make_engine("accel", {})->precision_switches(2).empty());
+  EXPECT_TRUE(make_engine("cpu-ref", {})->precision_switches(2).empty());
 }
 
 TEST(LimitedAccumulator, VectorAndPortableKernelsAgreeBitForBit) {

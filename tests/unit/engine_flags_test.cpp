@@ -35,6 +35,8 @@ const std::map<std::string, Example>& examples() {
       {"fp8-accumulate", {"limited", "bf16,fp8=all"}},
       {"fp8-off", {"mlp_fc@1", "bf16,fp8=all"}},
       {"fp8-e5m2", {"qkv@0", "bf16,fp8=all"}},
+      {"fp8-saturate", {"attn_proj@1", "bf16,fp8=all"}},
+      {"bf16-off", {"mlp_proj@0", "bf16"}},
       {"mesh", {"2x1", ""}},
       {"shard-plan", {"tp", ""}},
       {"precision", {"bf16", ""}},
