@@ -10,7 +10,9 @@
 #include "budgets.h"
 #include "canary_run.h"
 #include "file_io.h"
+#include "child_process.h"
 #include "lane_run.h"
+#include "python_canary.h"
 #include "registry.h"
 #include "run_option_fields.h"
 #include "verdict.h"
@@ -53,16 +55,46 @@ double least_headroom(const check::Verdict& v) {
   return tightest ? tightest->headroom_pct : 100.0;
 }
 
-// A's switches: its engine's, for the canary's blocks.
-std::vector<PrecisionSwitch> switches_of(const check::ReceiptData& lane, const run::RunOptions& recipe) {
-  const canary::CanaryConfig canary = run::load_run_canary(recipe.canary);
-  std::vector<PrecisionSwitch> switches =
-      make_engine(recipe.engine, recipe.engine_settings)->precision_switches(canary.layers);
+// A Python canary's switches, as `python3 -m canary_harness units A` prints them.
+std::vector<PrecisionSwitch> python_switches(const check::ReceiptData& lane) {
+  const run::PythonCommand command = run::python_canary_command("units", lane.path, lane.manifest, {});
+  const run::ChildResult child =
+      run::run_child(command.argv, command.environment, run::ChildOutput::kCapture, run::ChildOutput::kCapture);
+  if (!child.exited_zero()) {
+    const std::string line = run::last_line(child.stderr_tail);
+    throw LaneCommandError(fmt::format("triage: the units of {} could not be listed: {} {}: {}", lane.path,
+                                       run::command_line(command.argv), child.how(),
+                                       line.empty() ? "(nothing on stderr)" : line));
+  }
+  const nlohmann::json found = nlohmann::json::parse(child.stdout_text, nullptr, /*allow_exceptions=*/false);
+  std::vector<PrecisionSwitch> switches;
+  if (!found.is_array()) throw LaneCommandError(fmt::format("triage: the units of {} are not JSON", lane.path));
+  for (const nlohmann::json& s : found) {
+    PrecisionSwitch into{s.at("format"), s.at("flag"), s.at("wider"), {}};
+    for (const nlohmann::json& u : s.at("units")) into.units.push_back({u.at("group"), u.at("layer"), u.at("value")});
+    switches.push_back(std::move(into));
+  }
+  return switches;
+}
+
+// A's switches: its engine's for the canary's blocks, or its Python canary's modules.
+std::vector<PrecisionSwitch> switches_of(const check::ReceiptData& lane) {
+  std::vector<PrecisionSwitch> switches;
+  std::string runs;  // what A runs, for the message
+  if (run::is_python_canary(lane.manifest)) {
+    switches = python_switches(lane);
+    runs = "a Python canary in fp32";
+  } else {
+    const run::RunOptions recipe = recipe_options(lane, "triage");
+    const canary::CanaryConfig canary = run::load_run_canary(recipe.canary);
+    switches = make_engine(recipe.engine, recipe.engine_settings)->precision_switches(canary.layers);
+    runs = fmt::format("engine {}, features '{}'", recipe.engine, recipe.engine_settings.features);
+  }
   std::erase_if(switches, [](const PrecisionSwitch& s) { return s.units.empty(); });
   if (switches.empty()) {
-    throw run::UsageError(fmt::format("{}: lane {} runs in no reduced precision that can be switched per unit (engine "
-                                      "{}, features '{}'); triage explains bf16 and fp8 lanes",
-                                      lane.path, lane.lane, recipe.engine, recipe.engine_settings.features));
+    throw run::UsageError(fmt::format("{}: lane {} runs in no reduced precision that can be switched per unit ({}); "
+                                      "triage explains bf16 and fp8 lanes",
+                                      lane.path, lane.lane, runs));
   }
   return switches;
 }
@@ -77,11 +109,21 @@ class Trials {
 
   const check::Budgets& budgets() const { return budgets_; }
 
-  // The recipe's options with `switched` added to its engine flags.
-  run::RunOptions options_with(const Switched& switched) const {
-    run::RunOptions options = recipe_options(lane_, "triage");
-    add_switched(switched, options.engine_settings);
-    return options;
+  // The command that runs A's recipe with `switched` into triaged.h5: `harness run` with
+  // the switched engine flags, or a Python canary's rerun with them.
+  std::vector<std::string> rerun_words(const Switched& switched) const {
+    std::vector<std::string> words;
+    if (run::is_python_canary(lane_.manifest)) {
+      words = {"python3", "-m", "canary_harness", "rerun", lane_.path};
+      const std::vector<std::string> flags = flag_words(switched);
+      words.insert(words.end(), flags.begin(), flags.end());
+    } else {
+      run::RunOptions options = recipe_options(lane_, "triage");
+      add_switched(switched, options.engine_settings);
+      words = run::run_command_words(options);
+    }
+    words.insert(words.end(), {"--out", "triaged.h5"});
+    return words;
   }
 
   // The recipe unchanged must make A again, bit for bit: else the reruns explain another run.
@@ -209,7 +251,7 @@ Triage triage(const TriageOptions& o, const std::function<void(const std::string
     t.already_passes = true;
     return t;
   }
-  const std::vector<PrecisionSwitch> switches = switches_of(lane, recipe_options(lane, "triage"));
+  const std::vector<PrecisionSwitch> switches = switches_of(lane);
   trials.check_reproduces();
   Switched off;  // formats switched off whole, before the one that brings A back
   for (const PrecisionSwitch& s : switches) {
@@ -226,8 +268,7 @@ Triage triage(const TriageOptions& o, const std::function<void(const std::string
     t.culprits = smallest_set(trials, s, off);
     const Switched found = with_units(off, s.flag, t.culprits);
     t.headroom_after = trials.run(fmt::format("{} off: {}", s.format, units_label(t.culprits)), found).least_headroom;
-    t.rerun = run::run_command_words(trials.options_with(found));
-    t.rerun.insert(t.rerun.end(), {"--out", "triaged.h5"});
+    t.rerun = trials.rerun_words(found);
     return t;
   }
   t.headroom_after = t.trials.back().least_headroom;

@@ -3,7 +3,9 @@
 FILE.py:NAME is a function in your file returning canary_harness.Canary (docs/own-model.md).
 `replay R.h5 --from K` verifies a receipt from its checkpoint (docs/bisect.md); `rerun R.h5
 --out X [--perturb-init SEED]` runs its recipe again into a new receipt, the initial weights
-moved one ulp under SEED (what `harness calibrate --perturb N` runs; docs/budgets.md).
+moved one ulp under SEED (what `harness calibrate --perturb N` runs; docs/budgets.md),
+and with `--autocast-off M,...` modules out of bf16 autocast (what `harness triage` runs);
+`units R.h5` prints the modules triage may switch (docs/triage.md).
 The harness seeds, places the model and batches on --device, runs each step (under bf16
 autocast for --precision bf16), and records the receipt that `harness check`, `compare`
 and `golden` judge like any lane's. `--layout ddp|fsdp --nproc N` trains on N processes
@@ -62,6 +64,9 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     add_layout_arguments(run)
     run.add_argument("--perturb-init", help="SEED: move every initial weight one ulp, up or down as SEED draws "
                                             "(what `harness calibrate --perturb N` runs; docs/budgets.md)")
+    run.add_argument("--autocast-off", help="MODULE,...: with --precision bf16, run these modules (paths of "
+                                            "model.named_modules()) in fp32 outside autocast (what `harness triage` "
+                                            "switches; docs/triage.md)")
     run.add_argument("--force", action="store_true", help="overwrite an existing receipt")
     replay = commands.add_parser("replay", help="replay a Python canary's receipt from a checkpoint and verify it")
     replay.add_argument("receipt", help="a receipt this command's `run` wrote")
@@ -75,7 +80,12 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     rerun.add_argument("receipt", help="a receipt this command's `run` wrote")
     rerun.add_argument("--out", required=True, help="the new receipt's path (.h5)")
     rerun.add_argument("--perturb-init", help="SEED: move every initial weight one ulp (as run --perturb-init)")
+    rerun.add_argument("--autocast-off", help="MODULE,...: these modules in fp32 outside autocast, besides the "
+                                              "recipe's own (as run --autocast-off)")
     rerun.add_argument("--force", action="store_true", help="overwrite an existing receipt")
+    units = commands.add_parser("units", help="print the units `harness triage` may switch in a receipt's recipe "
+                                              "(modules autocast runs in bf16) as JSON")
+    units.add_argument("receipt", help="a receipt this command's `run` wrote")
     describe = commands.add_parser("describe", help="print the canary's name, steps and seed as JSON (what a nightly "
                                                     "matrix naming FILE.py:NAME reads)")
     describe.add_argument("canary", help="FILE.py:NAME: a function in FILE.py returning canary_harness.Canary")
@@ -158,7 +168,8 @@ def _run_canary(args: argparse.Namespace, torch, threads: int, seed: Optional[in
     every = _count("checkpoint-every", args.checkpoint_every, 1, steps) if args.checkpoint_every is not None else 0
     options = RunOptions(out=args.out, device=args.device, precision=args.precision, steps=steps, threads=threads,
                          fault=fault, overwrite=args.force, checkpoint_every=every, perturb_init=perturb,
-                         trace=args.trace, compile=args.compile, rank=rank, versioned=args.versioned)
+                         trace=args.trace, compile=args.compile, rank=rank, versioned=args.versioned,
+                         autocast_off=_modules(args.autocast_off))
 
     def progress(i: int, total: int) -> None:
         if rank is not None and rank.rank != 0:
@@ -195,8 +206,32 @@ def rerun(args: argparse.Namespace) -> int:
     from .runner import print_summary
 
     perturb = _count("perturb-init", args.perturb_init, 0, 2**63 - 1)
+    modules = _modules(args.autocast_off)
     check_out(args.out, args.force)
-    print_summary(rerun_receipt(args.receipt, args.out, perturb, args.force), args.out)
+    print_summary(rerun_receipt(args.receipt, args.out, perturb, args.force, modules), args.out)
+    return 0
+
+
+def _modules(text: Optional[str]) -> List[str]:
+    """--autocast-off's module paths (UsageError for a malformed list)."""
+    from .lane import UsageError
+    from .precision import parse_modules
+
+    try:
+        return parse_modules(text)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def units(args: argparse.Namespace) -> int:
+    import contextlib
+    import json
+
+    from .replay import precision_switches
+
+    with contextlib.redirect_stdout(sys.stderr):  # the canary's own prints; stdout is the JSON
+        found = precision_switches(args.receipt)
+    print(json.dumps(found))
     return 0
 
 
@@ -253,7 +288,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     from .receipt import ReceiptError
 
     try:
-        commands = {"run": run, "replay": replay, "rerun": rerun, "describe": describe, "invariance": invariance}
+        commands = {"run": run, "replay": replay, "rerun": rerun, "describe": describe, "invariance": invariance,
+                    "units": units}
         return commands[args.command](args)
     except (UsageError, CanaryError, ReceiptError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -112,7 +112,8 @@ def _options(recipe: Dict[str, Any], loaded: LoadedCanary) -> RunOptions:
     return RunOptions(out="", device=recipe.get("device", "cpu"), precision=recipe.get("precision", "fp32"),
                       steps=int(recipe["steps"]), threads=int(recipe["threads"]), fault=fault,
                       perturb_init=recipe.get("perturb_init"), compile=bool(recipe.get("compile", False)),
-                      versioned=bool(recipe.get("versioned", False)))
+                      versioned=bool(recipe.get("versioned", False)),
+                      autocast_off=list(recipe.get("autocast_off", [])))
 
 
 class _Record:
@@ -218,10 +219,13 @@ def replay(path: str, from_step: int, to_step: Optional[int] = None, trace: str 
         return result
 
 
-def rerun(path: str, out: str, perturb_init: Optional[int] = None, overwrite: bool = False) -> Any:
+def rerun(path: str, out: str, perturb_init: Optional[int] = None, overwrite: bool = False,
+          autocast_off: Sequence[str] = ()) -> Any:
     """The receipt's own recipe run again from step 0 into a new receipt at `out` (no
-    checkpoints), its initial weights moved one ulp under seed `perturb_init` when given:
-    what `harness calibrate --perturb N` runs N times for a Python canary's receipt."""
+    checkpoints), its initial weights moved one ulp under seed `perturb_init` when given
+    (what `harness calibrate --perturb N` runs N times for a Python canary's receipt), with
+    the modules `autocast_off` out of autocast besides the recipe's own (what `harness
+    triage` runs)."""
     from .runner import run_canary
 
     with ReceiptReader(path) as reader:
@@ -229,8 +233,29 @@ def rerun(path: str, out: str, perturb_init: Optional[int] = None, overwrite: bo
         loaded = _load(reader, recipe)
     options = _options(recipe, loaded)
     options.out, options.overwrite, options.perturb_init = out, overwrite, perturb_init
+    options.autocast_off = list(dict.fromkeys([*options.autocast_off, *autocast_off]))
     device = torch.device(options.device) if options.device != "xla" else xla_device()
     return run_canary(loaded, options, device)
+
+
+def precision_switches(path: str) -> List[Dict[str, Any]]:
+    """What `harness triage` may switch in the receipt's recipe (precision.switches): the
+    modules autocast runs in bf16 (observed in step 0) less those the recipe keeps out;
+    none for an fp32 run."""
+    from .precision import autocast_units, switches
+    from .runner import to_device
+
+    with ReceiptReader(path) as reader:
+        recipe = _recipe(reader)
+        loaded = _load(reader, recipe)
+    options = _options(recipe, loaded)
+    if options.precision != "bf16":
+        return []
+    device = torch.device(options.device) if options.device != "xla" else xla_device()
+    torch.set_num_threads(options.threads)
+    batch = to_device(loaded.canary.batch(0), device)
+    loaded.canary.model.to(device)
+    return switches(autocast_units(loaded.canary, batch, device, options.autocast_off))
 
 
 def _trace_json(step: int, traced: Any) -> Dict[str, Any]:

@@ -40,7 +40,7 @@ import os
 import re
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 import numpy as np
@@ -74,6 +74,7 @@ class RunOptions:
     compile: bool = False                # the model under torch.compile (Inductor): compiled_model()
     rank: Any = None                     # a distributed.Rank: this process is one rank of --layout ddp|fsdp
     versioned: bool = False              # the lane named after torch's release too: NAME/torch@2.9
+    autocast_off: List[str] = field(default_factory=list)  # modules run in fp32 outside bf16 autocast (precision.py)
 
 
 def lane_features(device: torch.device, precision: str, compiled: bool = False, layout: Optional[str] = None) -> List[str]:
@@ -270,6 +271,13 @@ def _checked_batch(loaded: LoadedCanary, step: int) -> tuple:
     return batch, first
 
 
+def _autocast_text(options: RunOptions) -> str:
+    """The manifest's autocast: "none", "bfloat16", or "bfloat16 (off in: a, b)"."""
+    if options.precision != "bf16":
+        return "none"
+    return "bfloat16" + (f" (off in: {', '.join(options.autocast_off)})" if options.autocast_off else "")
+
+
 def manifest_for(loaded: LoadedCanary, options: RunOptions, device: torch.device, steps: int) -> Dict[str, Any]:
     layout = options.rank.layout if options.rank is not None else None
     features = lane_features(device, options.precision, options.compile, layout)
@@ -281,7 +289,8 @@ def manifest_for(loaded: LoadedCanary, options: RunOptions, device: torch.device
                    "checkpoint_every": options.checkpoint_every, "trace": options.trace, "python": sys.executable,
                    **({"compile": True} if options.compile else {}),
                    **({"layout": layout, "nproc": options.rank.world} if layout else {}),
-                   **({"versioned": True} if options.versioned else {})}
+                   **({"versioned": True} if options.versioned else {}),
+                   **({"autocast_off": list(options.autocast_off)} if options.autocast_off else {})}
     perturbed = {}
     if options.perturb_init is not None:
         run_options["perturb_init"] = options.perturb_init
@@ -293,7 +302,7 @@ def manifest_for(loaded: LoadedCanary, options: RunOptions, device: torch.device
         "budget_features": budget_features(device, options.precision, options.compile, layout),
         "canary": loaded.identity(), "seed": loaded.seed, "steps_planned": steps, "threads": options.threads,
         "device": str(device), "precision": options.precision,
-        "autocast": "bfloat16" if options.precision == "bf16" else "none",
+        "autocast": _autocast_text(options),
         "fault_injection": fault, "trace": options.trace,
         **({"compile": "inductor"} if options.compile else {}),
         **({"layout": layout, "nproc": options.rank.world} if layout else {}),
@@ -357,6 +366,7 @@ class CanaryLoop:
         except (RuntimeError, ValueError) as e:
             raise CanaryError(f"--precision bf16: no bf16 autocast on device {device.type} ({e})") from None
         self.fault = _install_fault(self.canary, options.fault, device)
+        self.autocast_off = _autocast_off(self.canary.model, options, device)
         self.rank = options.rank
         # What the step is handed as its model: the model, sharded or wrapped for the layout
         # (before the capture, which takes FSDP's new parameters), compiled last (after every hook).
@@ -462,6 +472,8 @@ class CanaryLoop:
 
     def close(self) -> None:
         self.capture.remove()
+        if self.autocast_off is not None:
+            self.autocast_off.close()
         if self.traces is not None:
             self.traces.close()
         if self.audit is not None:
@@ -638,6 +650,21 @@ class _Fault:
 
     def during(self, step: int) -> Any:
         return contextlib.nullcontext()  # the hook does it
+
+
+def _autocast_off(model: torch.nn.Module, options: RunOptions, device: torch.device) -> Any:
+    """The modules options.autocast_off run in fp32 outside autocast (precision.AutocastOff),
+    None with none; CanaryError for a module the model lacks, or with no autocast to leave."""
+    if not options.autocast_off:
+        return None
+    if options.precision != "bf16":
+        raise CanaryError("--autocast-off: needs --precision bf16 (there is no autocast to switch off)")
+    from .precision import AutocastOff, UnknownModule
+
+    try:
+        return AutocastOff(model, options.autocast_off, device.type)
+    except UnknownModule as e:
+        raise CanaryError(str(e)) from None
 
 
 def _install_fault(canary: Any, spec: Any, device: torch.device) -> Any:
