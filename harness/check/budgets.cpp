@@ -224,7 +224,7 @@ class Parser {
     const std::string where = fmt::format("[{}]", key);
     if (!valid_name(name)) fail(fmt::format("{}: a feature name is letters, digits, '-' and '_'", where));
     only_keys(t, where, {"form", "rationale", "calibrated", "repeats", "method", "observed", "outlier_fraction",
-                         "loss", "grad_norm", "params_sketch", "across_platforms"});
+                         "loss", "grad_norm", "params_sketch", "across_platforms", "bias"});
     FeatureBudget f;
     f.name = name;
     f.section = key;
@@ -239,6 +239,11 @@ class Parser {
     }
     f.outlier_fraction = non_negative(t["outlier_fraction"], where + ".outlier_fraction");
     if (f.outlier_fraction >= 1) fail(fmt::format("{}.outlier_fraction: must be below 1", where));
+    const std::string bias = text(t, where, "bias", false);
+    if (!bias.empty() && bias != "warn" && bias != "fail") {
+      fail(fmt::format("{}.bias: '{}' is not warn or fail (what one-sided drift over repeats does)", where, bias));
+    }
+    f.bias_fails = bias == "fail";
     for (const char* metric : kBudgetMetrics) {
       if (!t.contains(metric)) continue;
       const toml::array* array = t[metric].as_array();

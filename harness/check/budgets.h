@@ -69,6 +69,9 @@ struct FeatureBudget {
   // A feature whose bits depend on the machine (a real stack's CPU kernels): the feature
   // that budgets two receipts of it from different platforms ("" when the bits are portable).
   std::string across_platforms = {};
+  // bias = "fail": one-sided drift over a calibration's repeats fails it (calibrate exits 1);
+  // by default it is a warning (check/drift_bias.h, docs/budgets.md "One-sided drift").
+  bool bias_fails = false;
 
   const std::string& key() const { return section.empty() ? name : section; }
 };

@@ -61,7 +61,12 @@ void add_calibrate_command(CLI::App& app, CommandRegistry& commands) {
     fmt::print("report      {}\n", c.report_path);
     if (!c.envelope_path.empty()) fmt::print("envelope    {}\n", c.envelope_path);
     if (c.envelope_only) return kExitPass;  // an envelope, nothing proposed
-    return c.passing_proposed == c.repeats ? kExitPass : kExitCheckFailed;
+    if (c.biased()) {
+      fmt::print("bias        one-sided drift over the repeats{} (the report's last section)\n",
+                 c.bias_fails ? ": the entry says bias = \"fail\"" : ", a warning");
+    }
+    const bool bias_fails = c.bias_fails && c.biased();
+    return c.passing_proposed == c.repeats && !bias_fails ? kExitPass : kExitCheckFailed;
   });
 }
 

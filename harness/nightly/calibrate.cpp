@@ -26,12 +26,15 @@
 #include "stack_info.h"
 #include "verdict.h"
 #include "verdict_report.h"
+#include "drift_bias.h"
 
 namespace harness::nightly {
 namespace {
 
 namespace fs = std::filesystem;
 
+// One-sided drift: the family-wise level of the sign and mean-residual tests over repeats.
+inline constexpr double kBiasAlpha = 0.01;
 inline constexpr double kMargin = 1.5;     // proposals cover the largest need times this
 inline constexpr double kFloorUlps = 4;    // and never allow less than this many fp32 ulps
 
@@ -172,6 +175,7 @@ std::string section_toml(const check::FeatureBudget& f, const Calibration& c) {
     text += fmt::format("{} = [ {} ]\n", metric, fmt::join(windows, ", "));
   }
   if (f.outlier_fraction > 0) text += fmt::format("outlier_fraction = {}\n", f.outlier_fraction);
+  if (f.bias_fails) text += "bias = \"fail\"\n";
   return text + "\n";
 }
 
@@ -536,6 +540,18 @@ std::vector<check::Window> doubling_windows(int steps) {
   }
 }
 
+// ---- one-sided drift over the repeats ------------------------------------------------------
+
+// The repeats' one-sided drift in the proposed windows. Perturbation calibration's repeats
+// are its perturbed runs (the unperturbed one is not independent of them); the others' are
+// all of them (other noise seeds, or receipts made elsewhere).
+std::vector<check::DriftBias> one_sided_drift_of(const Runs& runs, const Calibration& c) {
+  std::map<std::string, std::vector<check::Window>> windows;
+  for (const WindowProposal& w : c.windows) windows[w.metric].push_back(w.proposed);
+  const auto first = runs.repeats.begin() + (c.envelope ? 1 : 0);
+  return check::one_sided_drift({first, runs.repeats.end()}, runs.reference, windows, kBiasAlpha);
+}
+
 // ---- each repeat's outcome, in one line ---------------------------------------------------
 
 // The outcome of one repeat under `budgets`: whether it passes, and why in one line.
@@ -622,6 +638,8 @@ Calibration calibrate(const CalibrateOptions& o, const std::function<void(const 
     c.passing_proposed += r.passes_proposed ? 1 : 0;
     c.outcomes.push_back(std::move(r));
   }
+  c.bias = one_sided_drift_of(runs, c);
+  c.bias_fails = current.bias_fails;
   run::write_file_atomically(c.candidate_path, candidate_text);
   if (c.envelope) run::write_file_atomically(c.envelope_path, envelope_json(c).dump(2) + "\n");
   run::write_file_atomically(c.report_path, calibration_report(c));
@@ -673,6 +691,21 @@ std::string envelope_section(const Calibration& c) {
 
 }  // namespace
 
+// One-sided drift, per metric and proposed window, and what the entry makes of it.
+std::string bias_section(const Calibration& c) {
+  if (c.bias.empty()) return "";
+  std::string text = fmt::format(
+      "\nOne-sided drift over the repeats (per metric and window, each repeat's mean signed residual; "
+      "family-wise level {}; bias = \"{}\" in [{}]):\n\n",
+      kBiasAlpha, c.bias_fails ? "fail" : "warn", c.section);
+  for (const check::DriftBias& b : c.bias) text += fmt::format("- {}\n", check::drift_bias_line(b));
+  return text;
+}
+
+bool Calibration::biased() const {
+  return std::any_of(bias.begin(), bias.end(), [](const check::DriftBias& b) { return b.biased; });
+}
+
 std::string calibration_report(const Calibration& c) {
   if (c.envelope_only) {
     return fmt::format("# Perturbation envelope of {}\n\n{} is the reference: nothing separates it from one, so "
@@ -703,6 +736,7 @@ std::string calibration_report(const Calibration& c) {
   for (const RepeatOutcome& r : c.outcomes) text += fmt::format("- {}: now {}; proposed {}\n", r.label, r.now, r.proposed);
   text += fmt::format("\nRepeats within the current budgets: {}/{}; within the proposal: {}/{}.\n", c.passing_now, c.repeats,
                       c.passing_proposed, c.repeats);
+  text += bias_section(c);
   text += fmt::format("Candidate: {}. Review it, then replace canaries/budgets.toml with it in a reviewed change.\n",
                       c.candidate_path);
   if (c.envelope) text += "\n" + envelope_section(c);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "budgets.h"
+#include "drift_bias.h"
 
 namespace harness::nightly {
 
@@ -77,6 +78,11 @@ struct Calibration {
   std::optional<PerturbationEnvelope> envelope;  // --perturb
   bool envelope_only = false;  // --perturb of the reference itself (or with no reference): nothing to propose
   std::string envelope_path;   // the envelope as JSON, beside the report
+  // One-sided drift over the repeats, per signed metric and proposed window; a biased one
+  // fails the calibration where the entry says bias = "fail".
+  std::vector<check::DriftBias> bias;
+  bool bias_fails = false;
+  bool biased() const;
 };
 
 // Runs the reference once and the lane `repeats` times (or reads options.receipts and

@@ -185,6 +185,26 @@ assert entry["loss"][0]["atol"] < 1e-5 and entry["loss"][1]["atol"] > 1e-3, entr
 PY
 expect_exit 0 "" -- "$HARNESS" compare "$GOLDENS/accel.h5" "$GOLDENS/cpu-ref.h5" --budgets "$WORK/part.candidate.toml"
 
+# One-sided drift over the repeats: bf16 raises micro's loss on every noise seed (a real,
+# one-signed effect of rounding), a warning by default, a failure where the entry says so.
+expect_exit 0 "" -- "$HARNESS" calibrate --lane bf16 --repeats 8 --matrix "$MATRIX" --budgets "$BUDGETS" \
+  --out "$WORK/bias.toml"
+grep -qE '^- loss steps 10-: 8 of 8 repeats above the reference, 0 below, .*: biased$' "$WORK/stdout" ||
+  fail "bf16's one-signed loss is not reported biased: $(cat "$WORK/stdout")"
+grep -q '^bias        one-sided drift over the repeats, a warning' "$WORK/stdout" || fail "no bias warning line"
+"$PY" - "$BUDGETS" "$WORK/bias-fail.toml" <<'PY'
+import sys
+text = open(sys.argv[1]).read()
+head = text.index("[bf16]\n")
+text = text[:head] + "[bf16]\nbias = \"fail\"\n" + text[head + len("[bf16]\n"):]
+open(sys.argv[2], "w").write(text)
+PY
+expect_exit 1 "" -- "$HARNESS" calibrate --lane bf16 --repeats 8 --matrix "$MATRIX" --budgets "$WORK/bias-fail.toml" \
+  --out "$WORK/bias-fail.candidate.toml"
+grep -q 'bias = "fail"' "$WORK/bias-fail.candidate.toml" || fail "the candidate dropped the entry's bias = \"fail\""
+grep -q '^bias        one-sided drift over the repeats: the entry says bias = "fail"' "$WORK/stdout" ||
+  fail "no bias failure line: $(cat "$WORK/stdout")"
+
 expect_exit 2 "--lane: 'nope' is not a lane" -- "$HARNESS" calibrate --lane nope --matrix "$MATRIX" --budgets "$BUDGETS"
 expect_exit 2 "is the reference lane itself" -- "$HARNESS" calibrate --lane ref --matrix "$MATRIX" --budgets "$BUDGETS"
 expect_exit 2 "--feature: mesh-fp32 is not a feature" -- "$HARNESS" calibrate --lane bf16 --feature mesh-fp32 --matrix "$MATRIX" --budgets "$BUDGETS"

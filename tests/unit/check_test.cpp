@@ -106,6 +106,8 @@ TEST(Budgets, EveryBadEntryIsAnErrorNamingTheFileAndKey) {
       {shipped_with(R"(canaries = \["tiny", "micro"\])", "canaries = \"tiny\""), "[default-entries].canaries: must be an array"},
       {shipped_with(R"(canaries = \["tiny", "micro"\])", "canaries = [\"tiny\", 3]"), "[default-entries].canaries: every item"},
       {shipped_with(R"(canaries = \["tiny", "micro"\])", "canaries = []\ncanary = 1"), "[default-entries].canary: unknown key"},
+      {shipped_with(R"(calibrated = "2026-11-21")", "calibrated = \"2026-11-21\"\nbias = \"loud\""),
+       "[noise].bias: 'loud' is not warn or fail"},
       {shipped_text() + "\n[tpu]\nform = \"bitwise\"\n", "[tpu].rationale: must be a string"},
       {shipped_text() + "\n[torch-tpu]\nrationale = \"r\"\n", "[torch-tpu].form: must be a string"},
       {shipped_text() + "\n[\"bf 16\"]\nform = \"bitwise\"\nrationale = \"r\"\n",
@@ -660,6 +662,16 @@ TEST(DeclaredFeatures, AMachineDependentFeatureIsBudgetedAcrossPlatformsOnlyWhen
   ReceiptData ref_there = ref;
   ref_there.manifest["cpu"] = "another CPU";
   EXPECT_EQ(budget_between(budgets, here, ref_there).names(), std::vector<std::string>{"torch-cpu"});
+}
+
+// bias = "fail" marks an entry whose one-sided drift over repeats fails a calibration; the
+// default (no key, or "warn") warns.
+TEST(Budgets, BiasFailsOnlyWhereTheEntrySaysSo) {
+  const std::string text = shipped_with(R"(calibrated = "2026-11-21")", "calibrated = \"2026-11-21\"\nbias = \"fail\"");
+  const Budgets budgets = load_budgets(write_budgets("bias-fail", text));
+  EXPECT_TRUE(budgets.feature("noise").bias_fails);
+  EXPECT_FALSE(budgets.feature("bf16").bias_fails);
+  EXPECT_FALSE(load_budgets(kShippedBudgets).feature("noise").bias_fails);
 }
 
 TEST(Budgets, AcrossPlatformsNamesAnEntryOfTheFile) {
