@@ -213,7 +213,7 @@ Units smallest_set(Trials& trials, const PrecisionSwitch& s, const Switched& bef
   for (const std::string& group : groups) {
     if (groups.size() == 1) break;  // the one group is every unit
     const Units units = group_units(s.units, group);
-    if (trials.run(fmt::format("{} off: zone {} ({} units)", s.format, group, units.size()),
+    if (trials.run(fmt::format("{} off: group {} ({} units)", s.format, group, units.size()),
                    with_units(before, s.flag, units))
             .pass) {
       set = units;

@@ -1,9 +1,10 @@
 // `harness triage A B`: a precision lane A that fails against its reference B is run again
 // with units of its reduced precision switched to a wider format (FP8 to bf16 first, then
 // bf16 to fp32), and the smallest set of units that brings it back inside its budget is
-// found: a zone whole when that suffices, then one unit at a time (docs/triage.md). The
-// units come from the engine (Engine::precision_switches) or, for a Python canary, from its
-// autocast modules; the judge is A's own comparison against B.
+// found: a group whole (an FP8 zone, a layer across blocks) when that suffices, then one
+// unit at a time (docs/triage.md). The units come from the engine
+// (Engine::precision_switches) or, for a Python canary, from its modules under autocast;
+// the judge is A's own comparison against B.
 #pragma once
 
 #include <functional>
@@ -26,7 +27,7 @@ struct TriageOptions {
 
 // One rerun of A's recipe with units switched off, as B judged it.
 struct TriageTrial {
-  std::string what;  // "fp8 off: every unit (16)", "fp8 off: zone mlp_fc (4)", "fp8 off: all but mlp_fc@0"
+  std::string what;  // "fp8 off: every unit (16)", "fp8 off: group mlp_fc (4 units)", "fp8 off: all but mlp_fc@0"
   std::vector<std::string> switched;  // the flags as the rerun took them: "--fp8-off", "mlp_fc@1", ...
   bool pass = false;
   double least_headroom = 0;  // % of the budget, negative where it fails

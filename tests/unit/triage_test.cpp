@@ -85,7 +85,7 @@ TEST(Triage, AZoneWholeIsTriedBeforeItsBlocks) {
   ASSERT_TRUE(t.found()) << triage_report(t);
   EXPECT_EQ(values_of(t.culprits), std::vector<std::string>{"mlp_fc@0"});
   const auto zone = std::find_if(t.trials.begin(), t.trials.end(), [](const TriageTrial& trial) {
-    return trial.what.find("zone mlp_fc") != std::string::npos;
+    return trial.what.find("group mlp_fc") != std::string::npos;
   });
   ASSERT_NE(zone, t.trials.end()) << triage_report(t);
   EXPECT_TRUE(zone->pass);
