@@ -110,13 +110,12 @@ class Trials {
   const check::Budgets& budgets() const { return budgets_; }
 
   // The command that runs A's recipe with `switched` into triaged.h5: `harness run` with
-  // the switched engine flags, or a Python canary's rerun with them.
+  // the switched engine flags, or a Python canary's rerun with them (by the interpreter
+  // its run recorded).
   std::vector<std::string> rerun_words(const Switched& switched) const {
     std::vector<std::string> words;
     if (run::is_python_canary(lane_.manifest)) {
-      words = {"python3", "-m", "canary_harness", "rerun", lane_.path};
-      const std::vector<std::string> flags = flag_words(switched);
-      words.insert(words.end(), flags.begin(), flags.end());
+      words = run::python_canary_command("rerun", lane_.path, lane_.manifest, flag_words(switched)).argv;
     } else {
       run::RunOptions options = recipe_options(lane_, "triage");
       add_switched(switched, options.engine_settings);

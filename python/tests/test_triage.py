@@ -236,7 +236,7 @@ def test_triage_names_the_module_whose_bf16_path_broke(harness_bin: Path, demo: 
     assert t["status"] == "found" and t["flag"] == "autocast-off" and t["wider"] == "fp32", t
     assert t["culprits"] == [{"unit": "blocks.1.fc", "group": "blocks.*.fc", "layer": 1}], t["trials"]
     assert t["units_of_format"] == len(UNITS) and t["headroom_before_pct"] < 0 < t["headroom_after_pct"], t
-    assert t["rerun"][:4] == ["python3", "-m", "canary_harness", "rerun"], t["rerun"]
+    assert t["rerun"][:5] == [sys.executable, "-m", "canary_harness", "rerun", str(demo["regressed"])], t["rerun"]
     # The command it prints makes a run that passes.
     triaged = tmp_path / "triaged.h5"
     again = _cli("rerun", str(demo["regressed"]), "--autocast-off", "blocks.1.fc", "--out", str(triaged))
