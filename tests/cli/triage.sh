@@ -1,20 +1,9 @@
 #!/usr/bin/env bash
-# harness triage (docs/triage.md): the page run as written, then its exit codes on micro:
-# 0 found or nothing to triage, 1 no set of units explains the drift, 2 bad input with one
-# line, and the JSON's own consistency.
+# harness triage's exit codes on micro: 0 found or nothing to triage, 1 no set of units
+# explains the drift, 2 bad input with one line, and the JSON's own consistency. The page,
+# docs/triage.md, runs in cli.triage_doc.
 source "$(dirname "$0")/lib.sh"
 repo=$(cd "$HERE/../.." && pwd)
-harness=$(cd "$(dirname "$HARNESS")" && pwd)/$(basename "$HARNESS")  # the page runs from the repository root
-script=$WORK/page.sh
-page_script "$repo/docs/triage.md" "$harness" "$script"
-mkdir -p "$WORK/bin" && ln -s "$PY" "$WORK/bin/python3"  # the page's python3: Debian's, with python3-torch
-(cd "$repo" && PATH="$WORK/bin:$PATH" PYTHONDONTWRITEBYTECODE=1 bash "$script") >"$WORK/page.out" 2>&1 ||
-  fail "a command of docs/triage.md failed: $(tail -5 "$WORK/page.out")"
-grep -q '^culprits    fp8 at mlp_fc@1 (1 of 16 units): in bf16, the lane passes$' "$WORK/page.out" ||
-  fail "the page's saturated unit is not the one named: $(cat "$WORK/page.out")"
-[ "$(grep -c '^verdict     FOUND$' "$WORK/page.out")" -eq 2 ] || fail "the page's triages did not both find their unit"
-grep -q '^culprits    bf16 at h.1.mlp.c_fc (1 of 13 units): in fp32, the lane passes$' "$WORK/page.out" ||
-  fail "the regressed example's broken layer is not the one named: $(cat "$WORK/page.out")"
 
 run() { "$HARNESS" run --canary micro --steps 20 --threads 2 "$@" >/dev/null 2>&1 || fail "harness run $*"; }
 run --out "$WORK/ref.h5"
