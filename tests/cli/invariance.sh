@@ -2,13 +2,7 @@
 # harness invariance (docs/invariance.md): the page run as written, its exit codes (0
 # batch-invariant, 1 not, 2 bad input with one line) and its JSON's own consistency.
 source "$(dirname "$0")/lib.sh"
-repo=$(cd "$HERE/../.." && pwd)
-harness=$(cd "$(dirname "$HARNESS")" && pwd)/$(basename "$HARNESS")  # the page runs from the repository root
-script=$WORK/page.sh
-page_script "$repo/docs/invariance.md" "$harness" "$script"
-mkdir -p "$WORK/bin" && ln -s "$PY" "$WORK/bin/python3"  # the page's python3: Debian's, with python3-torch
-(cd "$repo" && PATH="$WORK/bin:$PATH" PYTHONDONTWRITEBYTECODE=1 bash "$script") >"$WORK/page.out" 2>&1 ||
-  fail "a command of docs/invariance.md failed: $(tail -5 "$WORK/page.out")"
+run_page invariance.md
 grep -q '^invariance  tiny/torch: ' "$WORK/page.out" || fail "the PyTorch lane's check did not run"
 grep -q '^invariance  own-gpt/torch: ' "$WORK/page.out" || fail "the Python canary's check did not run"
 [ "$(grep -c '^verdict     batch-invariant' "$WORK/page.out")" -ge 3 ] ||

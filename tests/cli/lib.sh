@@ -33,6 +33,19 @@ page_script() {
   { echo 'set -euo pipefail'; printf '%s\n' "$blocks" | sed -e "s#/tmp/#$WORK/#g" -e "s#build/bin/harness#$harness#g"; } >"$script"
 }
 
+# run_page PAGE: docs/PAGE's sh blocks run from the repository root as page_script makes
+# them, with `python3` Debian's (where python3-torch lives); their output in $WORK/page.out.
+# A command that fails fails the test.
+run_page() {
+  local repo harness script=$WORK/page.sh
+  repo=$(cd "$HERE/../.." && pwd)
+  harness=$(cd "$(dirname "$HARNESS")" && pwd)/$(basename "$HARNESS")  # the page runs from the repository root
+  page_script "$repo/docs/$1" "$harness" "$script"
+  mkdir -p "$WORK/bin" && ln -sf "$PY" "$WORK/bin/python3"
+  (cd "$repo" && PATH="$WORK/bin:$PATH" PYTHONDONTWRITEBYTECODE=1 bash "$script") >"$WORK/page.out" 2>&1 ||
+    fail "a command of docs/$1 failed: $(tail -5 "$WORK/page.out")"
+}
+
 finish() {
   if [ "$failures" -gt 0 ]; then echo "$failures failure(s)" >&2; exit 1; fi
   echo "all expectations met"

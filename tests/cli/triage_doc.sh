@@ -4,13 +4,7 @@
 # under the sanitizers take minutes and add nothing that cli.triage and Triage.* (micro)
 # do not run there.
 source "$(dirname "$0")/lib.sh"
-repo=$(cd "$HERE/../.." && pwd)
-harness=$(cd "$(dirname "$HARNESS")" && pwd)/$(basename "$HARNESS")  # the page runs from the repository root
-script=$WORK/page.sh
-page_script "$repo/docs/triage.md" "$harness" "$script"
-mkdir -p "$WORK/bin" && ln -s "$PY" "$WORK/bin/python3"  # the page's python3: Debian's, with python3-torch
-(cd "$repo" && PATH="$WORK/bin:$PATH" PYTHONDONTWRITEBYTECODE=1 bash "$script") >"$WORK/page.out" 2>&1 ||
-  fail "a command of docs/triage.md failed: $(tail -5 "$WORK/page.out")"
+run_page triage.md
 grep -q '^culprits    fp8 at mlp_fc@1 (1 of 16 units): in bf16, the lane passes$' "$WORK/page.out" ||
   fail "the page's saturated unit is not the one named: $(cat "$WORK/page.out")"
 [ "$(grep -c '^verdict     FOUND$' "$WORK/page.out")" -eq 2 ] || fail "the page's triages did not both find their unit"
