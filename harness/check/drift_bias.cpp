@@ -36,15 +36,15 @@ double incomplete_beta(double x, double a, double b) {
   return front * (f - 1);
 }
 
-// The signed residual of `metric` at `step`.
-double residual(const ReceiptData& run, const ReceiptData& reference, const std::string& metric, int step) {
-  const std::vector<double>& a = metric == "loss" ? run.loss : run.grad_norm;
-  const std::vector<double>& b = metric == "loss" ? reference.loss : reference.grad_norm;
-  return a[static_cast<std::size_t>(step)] - b[static_cast<std::size_t>(step)];
-}
-
+// A signed metric's per-step values (kSignedMetrics).
 const std::vector<double>& series(const ReceiptData& r, const std::string& metric) {
   return metric == "loss" ? r.loss : r.grad_norm;
+}
+
+// The signed residual of `metric` at `step`.
+double residual(const ReceiptData& run, const ReceiptData& reference, const std::string& metric, int step) {
+  const auto at = static_cast<std::size_t>(step);
+  return series(run, metric)[at] - series(reference, metric)[at];
 }
 
 // One window's test over the repeats; `tests` is the Bonferroni count.

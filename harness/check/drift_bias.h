@@ -5,8 +5,8 @@
 // The tests run across repeats, never across the steps of one run: within a run, the steps'
 // residuals share one trajectory (a run that drifted to a slightly worse model has a higher
 // loss on every later batch), so a one-ulp perturbation of the initial weights alone looks
-// biased to a per-step test (12 of 16 perturbed tiny runs at p < 0.0025, bench measurements
-// in docs/budgets.md). Each repeat (another noise seed, another perturbation) contributes
+// biased to a per-step test (12 of 16 perturbed tiny runs at p < 0.0025, measured once:
+// docs/budgets.md, "One-sided drift"). Each repeat (another noise seed, another perturbation) contributes
 // one number per metric and window: its mean signed residual (run - reference) there.
 #pragma once
 
