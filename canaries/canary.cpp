@@ -130,6 +130,14 @@ float Canary::evaluate_loss(Engine& e, int step, const Batch& batch) const {
   return e.read(loss_)[0];
 }
 
+float Canary::evaluate_held_out(Engine& e, int step, const Batch& batch) const {
+  begin_step(e, step, batch);
+  Ops ops(&e, *this, nullptr, /*held_out=*/true);
+  forward(ops);
+  e.step_end();
+  return e.read(loss_)[0];
+}
+
 float Canary::compute_gradients(Engine& e, int step, const Batch& batch) const {
   begin_step(e, step, batch);
   Ops ops(&e, *this, nullptr);
@@ -154,11 +162,12 @@ void Ops::after(OpKind op, const OpSite& s, std::span<const TensorId> operands) 
   for (std::size_t i = 0; i < operands.size(); ++i) {
     if (!d.result(i) || operands[i] == kNoTensor) continue;
     const std::optional<FaultSpec>& fault = canary_.fault_;
-    if (first_result && s.phase == Phase::Forward && fault && fault->op == s.name) {
+    if (first_result && !held_out_ && s.phase == Phase::Forward && fault && fault->op == s.name) {
       engine_->nudge_ulps(s, operands[i], canary_.fault_ulps_);
     }
     first_result = false;
-    if (canary_.trace_ops_) engine_->trace(s, operands[i]);
+    const bool traced = held_out_ ? operands[i] == canary_.token_logits() : canary_.trace_ops_;
+    if (traced) engine_->trace(s, operands[i]);
   }
 }
 

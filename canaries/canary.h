@@ -75,13 +75,15 @@ class Ops {
 
  private:
   friend class Canary;
-  Ops(Engine* engine, const Canary& canary, std::vector<std::string>* forward_sites)
-      : engine_(engine), canary_(canary), forward_sites_(forward_sites) {}
+  Ops(Engine* engine, const Canary& canary, std::vector<std::string>* forward_sites, bool held_out = false)
+      : engine_(engine), canary_(canary), forward_sites_(forward_sites), held_out_(held_out) {}
   void after(OpKind op, const OpSite& site, std::span<const TensorId> operands);
 
   Engine* engine_;
   const Canary& canary_;
   std::vector<std::string>* forward_sites_;
+  // The held-out evaluation's forward: no fault, and only the token logits traced.
+  bool held_out_ = false;
 };
 
 class Canary {
@@ -117,6 +119,11 @@ class Canary {
   // computed (forward + backward, no clipping, no update). Parameters do not change.
   float evaluate_loss(Engine& engine, int step, const Batch& batch) const;
   float compute_gradients(Engine& engine, int step, const Batch& batch) const;
+  // The held-out evaluation (docs/logit-kl.md): the forward alone on `batch`, with the
+  // parameters of the start of `step`, injecting no fault; the token logits (and nothing
+  // else) go to the engine's trace sink, whole. Returns the batch's mean loss. The engine's
+  // own state (FP8 scaling) moves as in any forward: the caller saves and restores it.
+  float evaluate_held_out(Engine& engine, int step, const Batch& batch) const;
 
  protected:
   // trace_ops: trace every op's results after it (`--trace ops`; Ops::call).

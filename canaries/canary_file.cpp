@@ -27,12 +27,13 @@ inline constexpr std::int64_t kCanarySchemaVersion = 1;
 const std::map<std::string, std::set<std::string>>& known_keys() {
   static const std::map<std::string, std::set<std::string>> keys = [] {
     std::map<std::string, std::set<std::string>> k{
-        {"", {"schema_version", "name", "architecture", "model", "train", "optimizer", "data"}},
+        {"", {"schema_version", "name", "architecture", "model", "train", "optimizer", "data", "eval"}},
         {"model", {"vocab", "context", "channels", "layers", "heads", "kv_heads", "mlp_hidden", "rope_theta",
                    "norm_eps", "init_std"}},
         {"train", {"batch", "steps", "seed"}},
         {"optimizer", {"lr", "min_lr_ratio", "warmup_steps", "beta1", "beta2", "eps", "weight_decay", "clip_norm"}},
         {"data", {"source", "seed", "path", "dtype"}},
+        {"eval", {"every", "rows"}},
     };
     for (const ArchitectureSpec* spec : architectures()) {
       for (const ModelKey& key : spec->model_keys) k["model"].emplace(key.name);
@@ -230,6 +231,13 @@ void read_train(const Reader& r, CanaryConfig& c) {
   c.max_grad_norm = r.number("optimizer.clip_norm", 0.0, 1e12, true, c.max_grad_norm);
 }
 
+// The held-out evaluation (docs/logit-kl.md): off unless [eval] every is given.
+void read_eval(const Reader& r, CanaryConfig& c) {
+  c.eval_every = r.integer("eval.every", 0, kMaxSteps, 0);
+  if (c.eval_every == 0 && r.has("eval.rows")) r.fail("eval.rows", "only with eval.every > 0");
+  c.eval_rows = c.eval_every == 0 ? 0 : r.integer("eval.rows", 1, c.batch_size, std::min(2, c.batch_size));
+}
+
 void read_data(const Reader& r, CanaryConfig& c) {
   const std::string source = r.required_text("data.source");
   if (source == "builtin") {
@@ -293,6 +301,7 @@ CanaryConfig load_canary_file(const fs::path& path) {
   read_model(r, c);
   read_train(r, c);
   read_data(r, c);
+  read_eval(r, c);
   return c;
 }
 

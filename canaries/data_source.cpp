@@ -5,6 +5,7 @@
 #include <xxhash.h>
 
 #include "byte_stream.h"
+#include "canary_file.h"
 #include "token_file.h"
 
 namespace harness::canary {
@@ -30,6 +31,11 @@ std::unique_ptr<DataSource> make_data_source(const CanaryConfig& config) {
     case DataSourceKind::kBuiltin: break;
   }
   return std::make_unique<ByteStream>(config);
+}
+
+Batch held_out_batch(const DataSource& data) {
+  static_assert(kHeldOutBatch >= kMaxSteps, "a run may train on every batch below kMaxSteps");
+  return data.batch(kHeldOutBatch);
 }
 
 std::uint64_t batch_hash(const Batch& batch) {

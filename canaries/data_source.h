@@ -33,6 +33,13 @@ class DataSource {
 // built (a token file that changed since the canary was loaded).
 std::unique_ptr<DataSource> make_data_source(const CanaryConfig& config);
 
+// The held-out batch that [eval] evaluates (docs/logit-kl.md): batch kHeldOutBatch of the
+// canary's data, past the last step a run may train (kMaxSteps). The builtin stream's rows
+// there are never trained on; a token file's windows wrap, so its held-out windows are
+// fixed but may overlap the text a long run trains on.
+inline constexpr int kHeldOutBatch = 1000000;
+Batch held_out_batch(const DataSource& data);
+
 // XXH3-64 (seed 0) over the batch's (B, T+1) int32 tokens as little-endian bytes: the
 // receipt's data contract.
 std::uint64_t batch_hash(const Batch& batch);

@@ -60,6 +60,11 @@ struct CanaryConfig {
   std::string tokens_dtype;
   std::int64_t tokens_count = 0;
   std::uint64_t tokens_xxh3 = 0;
+  // [eval] (docs/logit-kl.md): every `eval_every` steps (0: never) a forward-only pass over
+  // the held-out batch records the logits of its first `eval_rows` rows. Not part of the
+  // identity: the pass changes no trained bit (the engine's state is restored after it).
+  int eval_every = 0;
+  int eval_rows = 0;
 
   int head_size() const { return channels / heads; }
   int expert_capacity() const;

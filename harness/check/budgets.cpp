@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fstream>
 #include <set>
+#include <span>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -224,7 +225,8 @@ class Parser {
     const std::string where = fmt::format("[{}]", key);
     if (!valid_name(name)) fail(fmt::format("{}: a feature name is letters, digits, '-' and '_'", where));
     only_keys(t, where, {"form", "rationale", "calibrated", "repeats", "method", "observed", "outlier_fraction",
-                         "loss", "grad_norm", "params_sketch", "across_platforms", "bias"});
+                         "loss", "grad_norm", "params_sketch", "logit_kl", "logprob_delta", "top1_mismatch",
+                         "across_platforms", "bias"});
     FeatureBudget f;
     f.name = name;
     f.section = key;
@@ -244,14 +246,21 @@ class Parser {
       fail(fmt::format("{}.bias: '{}' is not warn or fail (what one-sided drift over repeats does)", where, bias));
     }
     f.bias_fails = bias == "fail";
-    for (const char* metric : kBudgetMetrics) {
-      if (!t.contains(metric)) continue;
-      const toml::array* array = t[metric].as_array();
-      if (!array) fail(fmt::format("{}.{}: must be an array of step windows", where, metric));
-      if (f.bitwise) fail(fmt::format("{}.{}: a bitwise entry takes no windows", where, metric));
-      f.metrics[metric] = windows(*array, where + "." + metric);
+    using Metrics = std::span<const char* const>;
+    for (const Metrics metrics : {Metrics(kBudgetMetrics), Metrics(kEvalMetrics)}) {
+      for (const char* metric : metrics) {
+        if (!t.contains(metric)) continue;
+        const toml::array* array = t[metric].as_array();
+        if (!array) fail(fmt::format("{}.{}: must be an array of step windows", where, metric));
+        if (f.bitwise) fail(fmt::format("{}.{}: a bitwise entry takes no windows", where, metric));
+        f.metrics[metric] = windows(*array, where + "." + metric);
+      }
     }
-    if (!f.bitwise && f.metrics.empty()) fail(fmt::format("{}: a tolerance entry needs windows for loss, grad_norm or params_sketch", where));
+    const bool steps_bounded = std::any_of(std::begin(kBudgetMetrics), std::end(kBudgetMetrics),
+                                           [&](const char* m) { return f.metrics.count(m) > 0; });
+    if (!f.bitwise && !steps_bounded) {
+      fail(fmt::format("{}: a tolerance entry needs windows for loss, grad_norm or params_sketch", where));
+    }
     if (!f.bitwise && f.provenance.calibrated.empty()) fail(fmt::format("{}.calibrated: missing (when were these numbers measured?)", where));
     return f;
   }
@@ -373,6 +382,11 @@ double ComposedBudget::allowed(const std::string& metric, int step, double refer
     if (it != f->metrics.end()) total += windows_allowance(it->second, step, since_part, reference);
   }
   return total;
+}
+
+bool ComposedBudget::bounds(const std::string& metric) const {
+  return std::all_of(parts_.begin(), parts_.end(),
+                     [&](const FeatureBudget* f) { return f->bitwise || f->metrics.count(metric) > 0; });
 }
 
 double ComposedBudget::outlier_fraction() const {

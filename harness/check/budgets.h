@@ -23,6 +23,11 @@ struct BudgetError : std::runtime_error {
 
 // The metrics a tolerance budget bounds, per step.
 inline constexpr const char* kBudgetMetrics[] = {"loss", "grad_norm", "params_sketch"};
+// The metrics of the held-out evaluation (/eval, check/logit_compare.h), per evaluation
+// step: KL(reference || run), max |d log p(target)|, the fraction of tokens whose top-1
+// differs. An entry may leave them out: a comparison whose tolerance entries do not all
+// bound one reports it unjudged (ComposedBudget::bounds).
+inline constexpr const char* kEvalMetrics[] = {"logit_kl", "logprob_delta", "top1_mismatch"};
 
 // Steps first..last (inclusive) may move by atol + rtol * |reference| + ulp fp32 spacings
 // of the reference value. A window `from_decisions_part` counts its steps from the first
@@ -139,6 +144,9 @@ class ComposedBudget {
   // The same for a run whose decisions parted `since_part` steps before `step`
   // (kDecisionsNeverPart: not, or not yet); calibration pools runs that part apart.
   double allowed(const std::string& metric, int step, double reference, int since_part) const;
+  // Whether the budget judges `metric`: bitwise (nothing may move), or every tolerance part
+  // has windows for it.
+  bool bounds(const std::string& metric) const;
   double outlier_fraction() const;  // the largest of the parts'
   std::vector<std::string> names() const;  // the entries' tables ("bf16", "tiny.bf16"); "reference" when bitwise
   const std::vector<const FeatureBudget*>& parts() const { return parts_; }

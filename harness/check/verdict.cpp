@@ -116,6 +116,43 @@ class SeriesJudge {
   double worst_ratio_ = 0;
 };
 
+// The held-out logits (docs/logit-kl.md) at the steps both runs evaluated: under a bitwise
+// budget every logit bit for bit (a KL of exactly 0); otherwise each metric the budget's
+// entries bound, and the others reported unjudged.
+void judge_logits(const ReceiptData& run, const ReceiptData& ref, const ComposedBudget& budget, Verdict& v) {
+  const EvalComparison c = compare_evals(run.eval, ref.eval);
+  if (run.eval || ref.eval) v.logits_not_compared = c.not_compared;
+  if (c.steps.empty()) return;
+  const int length = std::max(run.steps(), c.steps.back() + 1);
+  for (const char* metric : kEvalMetrics) {
+    const bool judged = v.bitwise || budget.bounds(metric);
+    SeriesJudge judge(metric, length, 0.0);
+    for (std::size_t i = 0; i < c.steps.size(); ++i) {
+      const LogitDistance& d = c.distances[i];
+      const double value = d.value(metric);
+      if (v.bitwise) {
+        // Any differing bit fails, even where the metric rounds to 0 (a top-1 that held).
+        judge.add(c.steps[i], d.identical ? 0.0 : std::max(value, std::numeric_limits<double>::denorm_min()), 0.0);
+      } else {
+        judge.add(c.steps[i], value, judged ? budget.allowed(metric, c.steps[i], 0.0) : 0.0);
+      }
+    }
+    MetricVerdict m = judge.finish();
+    if (!judged) {  // reported: the largest value and its step, judged against nothing
+      m = MetricVerdict{};
+      m.metric = metric;
+      m.judged = false;
+      for (std::size_t i = 0; i < c.steps.size(); ++i) {
+        if (m.worst_step < 0 || c.distances[i].value(metric) > m.max_deviation) {
+          m.worst_step = c.steps[i];
+          m.max_deviation = c.distances[i].value(metric);
+        }
+      }
+    }
+    v.metrics.push_back(std::move(m));
+  }
+}
+
 MetricVerdict judge_scalar(const std::string& metric, const std::vector<double>& run, const std::vector<double>& ref,
                            const ComposedBudget& budget, bool bitwise) {
   SeriesJudge judge(metric, static_cast<int>(run.size()), bitwise ? 0 : budget.outlier_fraction());
@@ -201,6 +238,15 @@ void judge_compile_stability(const ReceiptData& run, const CompileStabilityBudge
     }
   }
   if (!gated) return;
+  // A held-out evaluation compiles its forward-only program once; every later one reuses it.
+  if (run.eval) {
+    for (std::size_t i = 1; i < run.eval->compiles.size(); ++i) {
+      // The last evaluation, after the last step, counts at the last step.
+      const int step = std::min(static_cast<int>(run.eval->steps[i]), run.steps() - 1);
+      const double v = run.eval->compiles[i];
+      compiles.add(step, v > budget.max_uncached_compiles ? v : 0, budget.max_uncached_compiles);
+    }
+  }
   out.push_back(compiles.finish());
   out.push_back(syncs.finish());
 }
@@ -323,6 +369,7 @@ ReceiptData load_receipt(const std::string& path) {
   d.counters = read_gated_counters(r);
   d.decisions = read_decisions(r);
   d.trace = read_trace(r);
+  d.eval = read_eval(r);
   check_shapes(d);
   return d;
 }
@@ -565,6 +612,16 @@ std::vector<Deviation> metric_deviations(const ReceiptData& run, const ReceiptDa
       out.push_back({"params_sketch", s, d.distance, d.reference_norm, run.tensors[t], since});
     }
   }
+  // The held-out logits: each distance is itself the deviation, from a reference of 0.
+  const EvalComparison evals = compare_evals(run.eval, ref.eval);
+  for (std::size_t i = 0; i < evals.steps.size(); ++i) {
+    const int step = evals.steps[i];
+    const int since = steps_since_part(step, part ? std::optional<int>(part->step) : std::nullopt);
+    for (const char* metric : kEvalMetrics) {
+      const double resolution = LogitDistance::resolution(metric, ref.eval->targets.size());
+      out.push_back({metric, step, evals.distances[i].value(metric), 0.0, "", since, resolution});
+    }
+  }
   return out;
 }
 
@@ -611,6 +668,7 @@ Verdict compare_receipts(const ReceiptData& run, const ReceiptData& ref, const B
   v.metrics.push_back(judge_scalar("loss", run.loss, ref.loss, budget, v.bitwise));
   v.metrics.push_back(judge_scalar("grad_norm", run.grad_norm, ref.grad_norm, budget, v.bitwise));
   v.metrics.push_back(v.bitwise ? judge_hashes(run, ref) : judge_sketches(run, ref, budget));
+  judge_logits(run, ref, budget, v);
   judge_compile_stability(run, budgets.compile_stability_of(canary_name(run)), v.metrics);
   if (kind == "golden") judge_memory(run, ref, budgets.memory, v.metrics);
   v.first_moved = first_moved(run, ref);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "budgets.h"
+#include "logit_compare.h"
 #include "receipt/receipt_writer.h"
 
 namespace harness::check {
@@ -64,6 +65,7 @@ struct ReceiptData {
   };
   std::map<std::string, DecisionSeries> decisions;
   std::optional<OpTrace> trace;                                   // /trace, when the run traced ops
+  std::optional<EvalRecord> eval;                                 // /eval, when the run evaluated a held-out batch
 
   int steps() const { return static_cast<int>(loss.size()); }
 };
@@ -121,6 +123,9 @@ struct MetricVerdict {
   int failing_steps = 0;
   int allowed_outliers = 0;
   std::string worst_tensor;   // params_sketch, hashes, memory: which tensor or device
+  // false: no entry of the budget bounds this metric (an /eval metric, kEvalMetrics), so it
+  // is reported and never fails.
+  bool judged = true;
   // Per step, the deviation and allowance where the step came closest to (or went past)
   // its budget: the envelope the reports draw, as the verdict judged it (0, 0 where a step
   // is not judged, e.g. a compile in the warm-up).
@@ -155,6 +160,9 @@ struct Verdict {
   std::optional<TensorMove> first_moved, most_moved;
   std::vector<StackDifference> stack;
   std::string triage;  // BF16-first triage of an fp8 failure, when evaluated
+  // Why the runs' held-out logits were not compared, when one of them has /eval but they
+  // cannot be ("" when they were, or when neither evaluated).
+  std::string logits_not_compared;
 
   bool pass() const;
   const MetricVerdict* first_failure() const;
@@ -173,8 +181,12 @@ struct Deviation {
   double deviation = 0, reference = 0;
   std::string tensor;  // params_sketch: the tensor; "" for the scalar metrics
   int since_decisions_part = kDecisionsNeverPart;  // steps since the runs' decisions parted
+  // The metric's smallest nonzero value, where it moves in steps (top1_mismatch: one of the
+  // recorded tokens); 0 for a continuous one. A proposed budget never goes below it.
+  double resolution = 0;
 };
-// Every budgeted metric (kBudgetMetrics) at every step; the contracts must hold.
+// Every budgeted metric (kBudgetMetrics) at every step, then the held-out evaluation's
+// (kEvalMetrics) at every step both runs evaluated; the contracts must hold.
 std::vector<Deviation> metric_deviations(const ReceiptData& run, const ReceiptData& reference);
 
 // Two value sketches (docs/receipt-schema.md, "Sketches"): how far apart, and the size

@@ -22,6 +22,11 @@ nlohmann::json finite_or_null(const std::vector<double>& xs) {
 }
 
 std::string metric_line(const MetricVerdict& m) {
+  if (!m.judged) {
+    return fmt::format("INFO  {:<38} {:.3g} at worst step {}: not judged (no budget entry bounds it; harness calibrate "
+                       "proposes windows)",
+                       m.metric, m.max_deviation, m.worst_step);
+  }
   if (m.pass && m.max_deviation == 0) return fmt::format("PASS  {:<38} exact", m.metric);
   const std::string where = m.worst_tensor.empty() ? "" : fmt::format(" ({})", m.worst_tensor);
   if (m.pass) {
@@ -52,6 +57,7 @@ nlohmann::json to_json(const Verdict& v) {
                        {"failing_steps", m.failing_steps},
                        {"allowed_outliers", m.allowed_outliers},
                        {"worst_tensor", m.worst_tensor},
+                       {"judged", m.judged},
                        {"step_deviation", finite_or_null(m.step_deviation)},
                        {"step_allowed", finite_or_null(m.step_allowed)}});
   }
@@ -77,7 +83,9 @@ nlohmann::json to_json(const Verdict& v) {
           {"first_moved", move_json(v.first_moved)},
           {"most_moved", move_json(v.most_moved)},
           {"stack_diff", stack},
-          {"triage", v.triage.empty() ? nlohmann::json(nullptr) : nlohmann::json(v.triage)}};
+          {"triage", v.triage.empty() ? nlohmann::json(nullptr) : nlohmann::json(v.triage)},
+          {"logits_not_compared",
+           v.logits_not_compared.empty() ? nlohmann::json(nullptr) : nlohmann::json(v.logits_not_compared)}};
 }
 
 nlohmann::json error_json(const std::string& kind, const std::string& message) {
@@ -98,6 +106,7 @@ std::string to_text(const Verdict& v, bool verbose) {
                      "decisions", v.decisions_part->step, v.decisions_part->column, v.decisions_part->hash_dataset));
   }
   for (const MetricVerdict& m : v.metrics) line(metric_line(m));
+  if (!v.logits_not_compared.empty()) line(fmt::format("{:<12}not compared: {}", "logits", v.logits_not_compared));
   if (v.first_moved) {
     line(fmt::format("{:<12}{} {} at step {} (first hash that differs)", "moved first", v.first_moved->family,
                      v.first_moved->tensor, v.first_moved->step));
@@ -126,7 +135,7 @@ std::string to_text(const Verdict& v, bool verbose) {
 const MetricVerdict* tightest_metric(const Verdict& v) {
   const MetricVerdict* tightest = nullptr;
   for (const MetricVerdict& m : v.metrics) {
-    if (m.worst_step >= 0 && (!tightest || m.headroom_pct < tightest->headroom_pct)) tightest = &m;
+    if (m.judged && m.worst_step >= 0 && (!tightest || m.headroom_pct < tightest->headroom_pct)) tightest = &m;
   }
   return tightest;
 }

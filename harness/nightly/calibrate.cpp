@@ -91,11 +91,12 @@ struct EntryWindows {
 WindowProposal propose(const std::string& metric, const check::Window& current, const std::vector<check::Deviation>& deviations,
                        const check::ComposedBudget& others, bool widen, const EntryWindows& entry) {
   WindowProposal p{metric, current, current, 0, 0, 0};
-  double largest_reference = 0, largest_excess = 0;
+  double largest_reference = 0, largest_excess = 0, resolution = 0;
   for (const check::Deviation& d : deviations) {
     if (d.metric != metric || !current.covers(d.step, d.since_decisions_part)) continue;
     if (!current.from_decisions_part && entry.part_covers(d)) continue;  // the part's windows fit it
     ++p.samples;
+    resolution = std::max(resolution, d.resolution);
     const double own = current.from_decisions_part
                            ? check::windows_allowance(entry.base, d.step, d.since_decisions_part, d.reference)
                            : 0.0;
@@ -112,7 +113,7 @@ WindowProposal propose(const std::string& metric, const check::Window& current, 
   p.proposed.atol = shaped ? kMargin * p.needed_scale * current.atol : kMargin * largest_excess;
   p.proposed.rtol = shaped ? kMargin * p.needed_scale * current.rtol : 0;
   p.proposed.ulp = shaped ? kMargin * p.needed_scale * current.ulp : 0;
-  p.proposed.atol = std::max(p.proposed.atol, kFloorUlps * check::fp32_ulp(largest_reference));
+  p.proposed.atol = std::max({p.proposed.atol, kFloorUlps * check::fp32_ulp(largest_reference), resolution});
   if (widen) {  // each term at least the current one: the hosts it was measured on stay covered
     p.proposed.atol = std::max(p.proposed.atol, current.atol);
     p.proposed.rtol = std::max(p.proposed.rtol, current.rtol);
@@ -159,7 +160,7 @@ std::string section_toml(const check::FeatureBudget& f, const Calibration& c) {
   text += fmt::format("calibrated = \"{}\"\nrepeats = {}\nmethod = {}\n", run::utc_timestamp().substr(0, 10), c.repeats,
                       toml_string(method_text(c)));
   std::vector<std::string> observed;
-  for (const char* metric : check::kBudgetMetrics) {
+  for (const std::string& metric : c.metrics) {
     // Widened: the entry keeps the largest spread any of its calibrations saw.
     const auto before = f.provenance.observed.find(metric);
     const double seen = c.widened && before != f.provenance.observed.end() ? std::max(before->second, c.observed.at(metric))
@@ -167,7 +168,7 @@ std::string section_toml(const check::FeatureBudget& f, const Calibration& c) {
     observed.push_back(fmt::format("{} = {}", metric, number(seen)));
   }
   text += fmt::format("observed = {{ {} }}\n", fmt::join(observed, ", "));
-  for (const char* metric : check::kBudgetMetrics) {
+  for (const std::string& metric : c.metrics) {
     std::vector<std::string> windows;
     for (const WindowProposal& w : c.windows) {
       if (w.metric == metric) windows.push_back(window_toml(w.proposed));
@@ -238,6 +239,17 @@ void choose_outputs(const CalibrateOptions& o, Calibration& c) {
   }
 }
 
+// The metrics the deviations measure: every per-step one, then the held-out evaluation's
+// when the runs evaluated one (a metric proposed from no sample would budget nothing).
+std::vector<std::string> measured_metrics(const std::vector<check::Deviation>& deviations) {
+  std::vector<std::string> metrics(std::begin(check::kBudgetMetrics), std::end(check::kBudgetMetrics));
+  for (const char* metric : check::kEvalMetrics) {
+    const auto measures = [&](const check::Deviation& d) { return d.metric == metric; };
+    if (std::any_of(deviations.begin(), deviations.end(), measures)) metrics.emplace_back(metric);
+  }
+  return metrics;
+}
+
 struct Runs {
   check::ReceiptData reference;  // path "" : none (--perturb of a receipt with no --reference)
   std::vector<check::ReceiptData> repeats;
@@ -294,7 +306,7 @@ void propose_windows(const std::vector<const check::FeatureBudget*>& parts, cons
     if (part != &current) other_parts.push_back(part);
   }
   const check::ComposedBudget others(other_parts);
-  for (const char* metric : check::kBudgetMetrics) {
+  for (const std::string& metric : c.metrics) {
     const auto it = current.metrics.find(metric);
     const bool none = it == current.metrics.end() || it->second.empty();
     const std::vector<check::Window> fresh =
@@ -409,6 +421,7 @@ std::map<std::string, std::vector<double>> largest_per_step(const std::vector<ch
                                                             std::map<std::string, std::vector<double>> into = {}) {
   for (const char* metric : check::kBudgetMetrics) into[metric].resize(static_cast<std::size_t>(steps), 0.0);
   for (const check::Deviation& d : deviations) {
+    if (!into.count(d.metric)) continue;  // the held-out evaluation's metrics: not per step
     double& slot = into.at(d.metric).at(static_cast<std::size_t>(d.step));
     slot = std::max(slot, d.deviation);
   }
@@ -621,6 +634,7 @@ Calibration calibrate(const CalibrateOptions& o, const std::function<void(const 
       **std::find_if(parts.begin(), parts.end(), [&](const check::FeatureBudget* p) { return p->name == c.feature; });
   c.section = current.key();
   c.new_entry = new_entries.count(c.feature) > 0;
+  c.metrics = measured_metrics(runs.deviations);
   propose_windows(parts, current, runs, c);
 
   // Validated before it is written: a proposal the parser refuses is a bug, and no file.

@@ -69,6 +69,9 @@ struct Calibration {
   std::vector<std::string> composed;  // every declared feature the comparison budgets; `feature` is the one proposed
   std::vector<std::int64_t> noise_seeds;  // per repeat; empty when the lane has no seeded noise
   std::vector<WindowProposal> windows;
+  // The metrics proposed: kBudgetMetrics, and kEvalMetrics when the runs and the reference
+  // evaluated a held-out batch (docs/logit-kl.md).
+  std::vector<std::string> metrics;
   std::map<std::string, double> observed;  // per metric, over all windows
   int repeats = 0, passing_now = 0, passing_proposed = 0;
   std::string candidate_path, report_path;

@@ -48,6 +48,13 @@ inline constexpr const char* kCheckpointState = "/checkpoints/state";
 
 inline constexpr const char* kCompile = "/compile";
 
+inline constexpr const char* kEval = "/eval";
+inline constexpr const char* kEvalStep = "/eval/step";
+inline constexpr const char* kEvalLoss = "/eval/loss";
+inline constexpr const char* kEvalLogits = "/eval/logits";
+inline constexpr const char* kEvalTargets = "/eval/targets";
+inline constexpr const char* kEvalCompiles = "/eval/compiles";
+
 // A family's datasets: /hashes/params, /sketches/grads_l2, /sketches/params_projection.
 inline std::string hashes(std::string_view family) { return std::string(kHashes) + "/" + std::string(family); }
 inline std::string sketch_l2(std::string_view family) {
@@ -96,7 +103,13 @@ inline std::vector<std::pair<std::string_view, std::string_view>> named() {
           {"checkpoint_offset", kCheckpointOffset},
           {"checkpoint_length", kCheckpointLength},
           {"checkpoint_state", kCheckpointState},
-          {"compile", kCompile}};
+          {"compile", kCompile},
+          {"eval", kEval},
+          {"eval_step", kEvalStep},
+          {"eval_loss", kEvalLoss},
+          {"eval_logits", kEvalLogits},
+          {"eval_targets", kEvalTargets},
+          {"eval_compiles", kEvalCompiles}};
 }
 
 }  // namespace harness::receipt::paths

@@ -151,12 +151,37 @@ void add_options(ReceiptEntries& e) {
   e.datasets.insert(e.datasets.end(), counters.begin(), counters.end());
 }
 
+// The held-out evaluation (docs/logit-kl.md).
+void add_eval(ReceiptEntries& e) {
+  const char* const writer = "a canary's [eval] every (harness run); a Python canary's eval_batch";
+  e.groups.push_back({P::kEval, kOptional, 4, writer, "every few steps, the logits of a fixed held-out batch"});
+  e.attributes.insert(e.attributes.end(), {
+      {"/eval/every", V::kInteger, kRequired, 4, writer, "steps between evaluations"},
+      {"/eval/held_out_hash", V::kString, kRequired, 4, writer,
+       "XXH3-64 of the held-out batch's int32 tokens (16 hex digits): the evaluations compared must share it"},
+      {"/eval/source", V::kString, kRequired, 4, writer, "where the held-out batch comes from"},
+  });
+  e.datasets.insert(e.datasets.end(), {
+      {P::kEvalStep, T::kInt64, {D::kAny}, false, "", kRequired, 4, writer,
+       "each evaluation's step: it evaluates the parameters at the start of that step"},
+      {P::kEvalLoss, T::kFloat64, {D::kColumns}, false, P::kEvalStep, kRequired, 4, writer,
+       "each evaluation's mean loss over the whole held-out batch"},
+      {P::kEvalLogits, T::kFloat32, {D::kColumns, D::kAny, D::kAny, D::kAny}, false, P::kEvalStep, kRequired, 4, writer,
+       "each evaluation's logits (rows, T, V) of the held-out batch's first rows, as the forward computed them"},
+      {P::kEvalTargets, T::kInt32, {D::kAny, D::kAny}, false, "", kRequired, 4, writer,
+       "the recorded rows' next tokens (rows, T)"},
+      {P::kEvalCompiles, T::kFloat64, {D::kColumns}, false, P::kEvalStep, kOptional, 4, writer,
+       "programs each evaluation compiled (found in no cache): its forward-only program, once"},
+  });
+}
+
 ReceiptEntries make_core() {
   ReceiptEntries e;
   add_manifest(e);
   add_steps_hashes_sketches(e);
   add_trace(e);
   add_options(e);
+  add_eval(e);
   return e;
 }
 

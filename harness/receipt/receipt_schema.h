@@ -24,7 +24,8 @@ inline constexpr std::int64_t kSchemaVersion = 1;
 // bitwise reference; the verdict composes budgets from them and refuses a receipt without).
 // Minor 3: /checkpoints may be held in the receipt itself (attribute storage = "receipt",
 // datasets offset, length and state: a Python canary's state, docs/receipt-schema.md).
-inline constexpr std::int64_t kSchemaMinor = 3;
+// Minor 4: /eval, the logits of a held-out batch every few steps (docs/logit-kl.md).
+inline constexpr std::int64_t kSchemaMinor = 4;
 // /checkpoints' `storage` attribute where the checkpoints are held in the receipt.
 inline constexpr const char* kCheckpointsInReceipt = "receipt";
 

@@ -256,6 +256,36 @@ void ReceiptWriter::add_checkpoint(int step, const std::string& content_hash) {
   flush();
 }
 
+void ReceiptWriter::declare_eval(const EvalDeclaration& eval) {
+  if (swmr_) throw h5::Hdf5Error(path_ + ": the evaluation must be declared before the first step");
+  const auto rows = static_cast<hsize_t>(eval.rows), tokens = static_cast<hsize_t>(eval.tokens);
+  if (eval.targets.size() != rows * tokens) throw std::logic_error("declare_eval: targets are not (rows, tokens)");
+  const h5::Handle group = h5::create_group(file_, paths::kEval);
+  h5::write_attr(group, "every", std::int64_t{eval.every});
+  h5::write_attr(group, "held_out_hash", fmt::format("{:016x}", eval.held_out_hash));
+  h5::write_attr(group, "source", eval.source);
+  h5::write_dataset(file_, paths::kEvalTargets, H5T_STD_I32LE, H5T_NATIVE_INT32, {rows, tokens}, eval.targets.data());
+  eval_step_ = h5::GrowingDataset(file_, paths::kEvalStep, H5T_STD_I64LE, {}, 16);
+  eval_loss_ = h5::GrowingDataset(file_, paths::kEvalLoss, H5T_IEEE_F64LE, {}, 16);
+  eval_compiles_ = h5::GrowingDataset(file_, paths::kEvalCompiles, H5T_IEEE_F64LE, {}, 16);
+  eval_logits_ = h5::GrowingDataset(file_, paths::kEvalLogits, H5T_IEEE_F32LE,
+                                    {rows, tokens, static_cast<hsize_t>(eval.vocab)}, 1);
+  eval_logits_size_ = static_cast<std::size_t>(rows * tokens * static_cast<hsize_t>(eval.vocab));
+  flush();
+}
+
+void ReceiptWriter::add_eval(int step, double loss, std::span<const float> logits, double compiles) {
+  if (logits.size() != eval_logits_size_) {
+    throw std::logic_error("add_eval: logits are not the declared (rows, tokens, vocab)");
+  }
+  const std::int64_t row = step;
+  eval_step_.append(&row, H5T_NATIVE_INT64);
+  eval_loss_.append(&loss, H5T_NATIVE_DOUBLE);
+  eval_logits_.append(logits.data(), H5T_NATIVE_FLOAT);
+  eval_compiles_.append(&compiles, H5T_NATIVE_DOUBLE);
+  flush();
+}
+
 // Once the first step's groups exist: from here on the file only grows.
 void ReceiptWriter::start_swmr() {
   if (H5Fstart_swmr_write(file_) < 0) throw h5::Hdf5Error(path_ + ": HDF5 cannot start single-writer/multiple-reader mode");
@@ -264,7 +294,8 @@ void ReceiptWriter::start_swmr() {
 
 void ReceiptWriter::close() {
   for (h5::GrowingDataset* d : {&loss_, &grad_norm_, &lr_, &batch_hash_, &batches_, &trace_hash_, &trace_l2_,
-                                &trace_projection_, &checkpoint_step_, &checkpoint_hash_}) {
+                                &trace_projection_, &checkpoint_step_, &checkpoint_hash_, &eval_step_,
+                                &eval_loss_, &eval_logits_, &eval_compiles_}) {
     *d = h5::GrowingDataset();
   }
   for (auto& d : hashes_) d = h5::GrowingDataset();

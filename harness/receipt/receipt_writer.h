@@ -64,6 +64,15 @@ struct BatchShape {
   int batch_size = 0, row_length = 0;
 };
 
+// /eval (docs/logit-kl.md): what every evaluation of a run shares.
+struct EvalDeclaration {
+  int every = 0;
+  std::uint64_t held_out_hash = 0;  // canary::batch_hash of the held-out batch
+  std::string source;               // where the held-out batch comes from
+  int rows = 0, tokens = 0, vocab = 0;
+  std::vector<std::int32_t> targets;  // (rows, tokens): the recorded rows' next tokens
+};
+
 class ReceiptWriter {
  public:
   // Creates `path` (refusing an existing file unless overwrite) and writes the manifest.
@@ -97,6 +106,11 @@ class ReceiptWriter {
   // (its file's content hash), flushed at once.
   void declare_checkpoints(const std::string& directory, int every);
   void add_checkpoint(int step, const std::string& content_hash);
+  // /eval: declared before the first step; then one row per evaluation (the logits of the
+  // declared rows, (rows, tokens, vocab)), flushed at once.
+  void declare_eval(const EvalDeclaration& eval);
+  // `compiles`: the programs the evaluation compiled (0 for an eager engine).
+  void add_eval(int step, double loss, std::span<const float> logits, double compiles);
   void finish();  // dumps written, complete = 1, file closed
   void flush();
 
@@ -116,6 +130,8 @@ class ReceiptWriter {
   bool swmr_ = false, finished_ = false, damaged_ = false;
   std::vector<Dump> pending_dumps_;
   h5::GrowingDataset checkpoint_step_, checkpoint_hash_;
+  h5::GrowingDataset eval_step_, eval_loss_, eval_logits_, eval_compiles_;
+  std::size_t eval_logits_size_ = 0;
   std::string path_;
   h5::Handle file_, manifest_;
   std::size_t tensor_count_;

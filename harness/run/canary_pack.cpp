@@ -108,6 +108,19 @@ void write_batches(hid_t file, const canary::CanaryConfig& config) {
   }
 }
 
+// The canary's held-out batch, when it evaluates one ([eval]; docs/logit-kl.md): another
+// stack's lane evaluates the same tokens at the same steps, and its /eval compares.
+void write_held_out(hid_t file, const canary::CanaryConfig& config) {
+  if (config.eval_every == 0) return;
+  const canary::Batch batch = canary::held_out_batch(*canary::make_data_source(config));
+  const h5::Handle eval = h5::create_group(file, "eval");
+  h5::write_attr(eval, "every", std::int64_t{config.eval_every});
+  h5::write_attr(eval, "rows", std::int64_t{config.eval_rows});
+  h5::write_attr(eval, "held_out_hash", fmt::format("{:016x}", canary::batch_hash(batch)));
+  h5::write_attr(eval, "source", fmt::format("batch {} of the canary's data", canary::kHeldOutBatch));
+  const auto rows = static_cast<hsize_t>(config.batch_size), columns = static_cast<hsize_t>(config.context_length + 1);
+  h5::write_dataset(eval, "tokens", H5T_STD_I32LE, H5T_NATIVE_INT32, {rows, columns}, batch.tokens.data());
+}
 
 // A file of HDF5's core driver that never touches the disk, in the checksummed 1.10 format
 // of every receipt (hdf5_file.h's create_file, in memory). `name` only names it in errors.
@@ -243,6 +256,7 @@ PackSummary export_pack(const PackOptions& o) {
     write_manifest(file, config, config.init_seed);
     summary.parameters = write_init(file, model, static_cast<std::uint64_t>(config.init_seed), summary.tensors);
     write_batches(file, config);
+    write_held_out(file, config);
     if (H5Fflush(file, H5F_SCOPE_GLOBAL) < 0) throw h5::Hdf5Error(fmt::format("{}: HDF5 cannot flush the pack", partial));
     const ssize_t size = H5Fget_file_image(file, nullptr, 0);
     if (size <= 0) throw h5::Hdf5Error(fmt::format("{}: HDF5 cannot size the pack's file image", partial));

@@ -8,6 +8,8 @@
 //   /init/<name>     float32 with the tensor's shape: the parameters at the start of step 0
 //                    (the model's own initialisation, read back from a cpu-ref engine)
 //   /batches/tokens  int32 (N, B, T+1): batch s of the canary's own data generator
+//   /eval/tokens     int32 (B, T+1): the held-out batch, when the canary has [eval]
+//                    (docs/logit-kl.md); attributes every, rows, held_out_hash, source
 //
 // The file is written as `<out>.partial` and renamed into place when complete: a failed
 // or killed export never leaves a file under the requested name.

@@ -22,6 +22,7 @@
 #include "receipt/budget_features.h"
 #include "receipt/receipt_writer.h"
 #include "full_receipt_schema.h"
+#include "held_out_eval.h"
 #include "run_option_fields.h"
 #include "registry.h"
 #include "stack_info.h"
@@ -279,6 +280,9 @@ RunSummary run_canary(const RunOptions& o, const std::function<void(const StepPr
                                 o.record_batches, {v.config.batch_size, v.config.context_length + 1},
                                 full_receipt_schema());
   if (o.checkpoint_every > 0) writer.declare_checkpoints(fs::path(checkpoints).filename().string(), o.checkpoint_every);
+  const HeldOutEval held_out(model, *v.data);
+  if (held_out.enabled()) writer.declare_eval(held_out.declaration());
+  TraceSink* const run_sink = o.trace == TraceLevel::kOps ? &tracer : nullptr;
 
   const auto should_dump = [&](int step) {
     return std::binary_search(o.dump_steps.begin(), o.dump_steps.end(), step);
@@ -293,6 +297,7 @@ RunSummary run_canary(const RunOptions& o, const std::function<void(const StepPr
       save_checkpoint(path, capture_checkpoint(*engine, model, step, summary.lane, v.seed));
       writer.add_checkpoint(step, file_content_hash(path));
     }
+    if (held_out.due(step)) held_out.evaluate(*engine, step, run_sink, writer);
     const canary::Batch batch = v.data->batch(step);
     const canary::StepResult result = model.train_step(*engine, step, batch);
     record.loss = result.loss;
@@ -320,6 +325,7 @@ RunSummary run_canary(const RunOptions& o, const std::function<void(const StepPr
     }
   }
   if (should_dump(v.config.steps)) dump_parameters(*engine, model, writer, v.config.steps);
+  if (held_out.due(v.config.steps)) held_out.evaluate(*engine, v.config.steps, run_sink, writer);
   writer.finish();
   summary.steps = v.config.steps;
   summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

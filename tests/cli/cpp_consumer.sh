@@ -98,12 +98,15 @@ expect_exit 0 "" -- "$example/cpp_receipt" "$receipt"
 [ "$(grep -c '^step ' "$WORK/stdout")" -eq 8 ] || fail "the example did not train 8 steps: $(cat "$WORK/stdout")"
 awk '/^step 0 /{first=$4} /^step 7 /{last=$4} END{exit !(last < first)}' "$WORK/stdout" ||
   fail "the toy loss did not go down: $(cat "$WORK/stdout")"
+"$PREFIX/bin/harness" schema > "$WORK/schema.json" || fail "harness schema of the installed harness"
 expect_exit 0 "" -- "$PREFIX/bin/harness" validate --json "$receipt"
-"$PY" - "$WORK/stdout" <<'EOF' || fail "validate --json of the example's receipt: $(cat "$WORK/stdout")"
+"$PY" - "$WORK/stdout" "$WORK/schema.json" <<'EOF' || fail "validate --json of the example's receipt: $(cat "$WORK/stdout")"
 import json, sys
 r = json.load(open(sys.argv[1]))
+schema = json.load(open(sys.argv[2]))  # the installed harness's own version: the example writes it
 assert r["valid"] and r["problems"] == [] and r["unknown"] == [], r
-assert (r["receipt_schema"], r["steps"], r["tensors"]) == ("1.3", 8, 2), r
+version = "%d.%d" % (schema["schema_version"], schema["schema_minor"])
+assert (r["receipt_schema"], r["steps"], r["tensors"]) == (version, 8, 2), (r, version)
 EOF
 
 # The example's hashes and sketches are the harness's: the Python package (held to the C++

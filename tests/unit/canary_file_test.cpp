@@ -140,6 +140,10 @@ TEST(CanaryFile, EveryBadKeyIsRefusedWithFileAndKey) {
       {"source = \"builtin\"", "source = \"tokens\"\npath = \"t.bin\"\ndtype = \"uint16\"\nseed = 3", "data.seed",
        "only for source"},
       {"[data]", "[data", "bad.toml:", "not TOML"},
+      {"[data]", "[eval]\nrows = 1\n\n[data]", "eval.rows", "only with eval.every"},
+      {"[data]", "[eval]\nevery = 5\nrows = 3\n\n[data]", "eval.rows", "outside"},
+      {"[data]", "[eval]\nevery = -1\n\n[data]", "eval.every", "outside"},
+      {"[data]", "[eval]\nevery = 5\nbatch = 1\n\n[data]", "eval.batch", "unknown key"},
   };
   const testing::ScratchDir dir;
   const fs::path file = dir.path("bad.toml");
