@@ -57,7 +57,14 @@ def gpt_canary(batch_size: int) -> ch.Canary:
         y = torch.stack([data[s + 1:s + 1 + cfg.block_size] for s in starts.tolist()])
         return x, y
 
+    # The held-out batch (docs/logit-kl.md): windows of a generator no step uses. The GPT's
+    # forward returns its loss only, so its logits are what its lm_head outputs.
+    held_out = torch.Generator().manual_seed(1_000_000)
+    starts = torch.randint(len(data) - cfg.block_size - 1, (2,), generator=held_out).tolist()
+    eval_batch = (torch.stack([data[s:s + cfg.block_size] for s in starts]),
+                  torch.stack([data[s + 1:s + 1 + cfg.block_size] for s in starts]))
+
     return ch.Canary(name="own-gpt", model=model, optimizer=optimizer, batch=batch, step=train_step,
-                     steps=STEPS, seed=1337, config={"n_layer": cfg.n_layer, "n_embd": cfg.n_embd,
-                                                     "n_head": cfg.n_head, "block_size": cfg.block_size,
-                                                     "vocab_size": cfg.vocab_size, "batch": batch_size})
+                     steps=STEPS, seed=1337, eval_batch=eval_batch, eval_logits=ch.output_of("lm_head"),
+                     config={"n_layer": cfg.n_layer, "n_embd": cfg.n_embd, "n_head": cfg.n_head,
+                             "block_size": cfg.block_size, "vocab_size": cfg.vocab_size, "batch": batch_size})

@@ -9,7 +9,7 @@ PyTorch loop), canary_harness.models.gpt2 (the PyTorch canary), canary_harness.o
 `python3 -m canary_harness run FILE.py:NAME` (a team's own model as a canary: Canary).
 """
 
-from .canary import Canary, CanaryError
+from .canary import Canary, CanaryError, output_of
 from .digest import Sketch, as_float32, batch_hash, sketch, sketch_with_salt, tensor_hash
 from .philox import philox_at, stream_id
 from .receipt import ReceiptError, ReceiptReader, ReceiptWriter
@@ -21,5 +21,5 @@ __version__ = "0.1.0"
 __all__ = [
     "HASH_FAMILIES", "SCHEMA_MINOR", "SCHEMA_VERSION", "SKETCH_BLOCK", "SKETCH_FAMILIES", "SKETCH_WIDTH",
     "Canary", "CanaryError", "ReceiptError", "ReceiptReader", "ReceiptWriter", "Sketch", "StackInfo", "as_float32", "batch_hash",
-    "collect_stack_info", "philox_at", "sketch", "sketch_with_salt", "stream_id", "tensor_hash",
+    "collect_stack_info", "output_of", "philox_at", "sketch", "sketch_with_salt", "stream_id", "tensor_hash",
 ]

@@ -60,6 +60,12 @@ class Canary:
     config:    optional JSON-able mapping: what identifies the canary beyond its tensors
                (sizes, hyper-parameters); it goes into the receipt's canary JSON, so two
                receipts of different configs never compare.
+    eval_batch: optional held-out inputs (the form batch(i) returns), fixed: every
+               `eval_every` steps (default steps // 4) the model's logits on it are recorded
+               (docs/logit-kl.md). The logits are eval_logits(model, batch) (default: the
+               model called on the batch as a step would, its first output or `.logits`);
+               the targets eval_targets (default: the batch's last integer tensor); the
+               first `eval_rows` rows are recorded.
     """
 
     name: str
@@ -70,6 +76,11 @@ class Canary:
     steps: int
     seed: int = DEFAULT_BUILD_SEED
     config: Mapping[str, Any] = field(default_factory=dict)
+    eval_batch: Any = None
+    eval_every: int = 0
+    eval_rows: int = 2
+    eval_logits: Optional[Callable[[Any, Any], Any]] = None
+    eval_targets: Any = None
 
 
 @dataclass
@@ -104,6 +115,45 @@ class LoadedCanary:
             "optimizer": type(self.canary.optimizer).__name__,
             "config": dict(self.canary.config),
         }
+
+
+def call_model(model: Any, batch: Any) -> Any:
+    """The model called on a batch as a step would: a tuple or list spread as arguments, a
+    dict as keywords, anything else as the one argument."""
+    if isinstance(batch, (tuple, list)):
+        return model(*batch)
+    if isinstance(batch, dict):
+        return model(**batch)
+    return model(batch)
+
+
+def output_of(module: str) -> Callable[[Any, Any], Any]:
+    """An `eval_logits` for a model whose forward returns only its loss (docs/logit-kl.md):
+    the model called on the batch (call_model), and what its submodule `module` (a
+    named_modules() name, e.g. "lm_head") output, taken with a forward hook."""
+
+    def submodule(model: Any) -> Any:
+        # The model as the step is handed it may be wrapped: DDP's .module, torch.compile's _orig_mod.
+        for candidate in (model, getattr(model, "module", None), getattr(model, "_orig_mod", None)):
+            try:
+                return candidate.get_submodule(module)
+            except AttributeError:
+                continue
+        raise CanaryError(f"eval_logits: the model has no module '{module}' (named_modules() names it)")
+
+    def logits(model: Any, batch: Any) -> Any:
+        target = submodule(model)
+        seen: List[Any] = []
+        handle = target.register_forward_hook(lambda _module, _args, out: seen.append(out))
+        try:
+            call_model(model, batch)
+        finally:
+            handle.remove()
+        if not seen:
+            raise CanaryError(f"eval_logits: module '{module}' did not run in the model's forward")
+        return seen[-1]
+
+    return logits
 
 
 def split_spec(spec: str) -> Tuple[str, str]:
@@ -186,6 +236,7 @@ def _check(canary: Canary, spec: str) -> Tuple[List[str], Dict[str, Tuple[int, .
         json.dumps(dict(canary.config), allow_nan=False, sort_keys=True)
     except (TypeError, ValueError) as e:
         raise CanaryError(f"{spec}: config does not convert to JSON ({e})") from None
+    _check_eval(canary, spec)
     params = dict(canary.model.named_parameters())
     if not params:
         raise CanaryError(f"{spec}: the model has no parameters")
@@ -197,6 +248,26 @@ def _check(canary: Canary, spec: str) -> Tuple[List[str], Dict[str, Tuple[int, .
             raise CanaryError(f"{spec}: parameter '{name}' is not one the optimizer updates; give the optimizer "
                               "every parameter (a frozen tensor belongs in a buffer)")
     return list(params), {n: tuple(p.shape) for n, p in params.items()}
+
+
+def _check_eval(canary: Canary, spec: str) -> None:
+    """The held-out evaluation's fields (docs/logit-kl.md); eval_every defaults to steps // 4."""
+    for what, low in (("eval_every", 0), ("eval_rows", 1)):
+        value = getattr(canary, what)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= 2**31:
+            raise CanaryError(f"{spec}: {what}={value!r}: give an int in {low}..2**31")
+    if canary.eval_batch is None:
+        for what in ("eval_logits", "eval_targets"):
+            if getattr(canary, what) is not None:
+                raise CanaryError(f"{spec}: {what} is given without eval_batch: give the held-out batch too")
+        if canary.eval_every:
+            raise CanaryError(f"{spec}: eval_every={canary.eval_every} is given without eval_batch: give the held-out "
+                              "batch too")
+        return
+    if canary.eval_logits is not None and not callable(canary.eval_logits):
+        raise CanaryError(f"{spec}: eval_logits is a {type(canary.eval_logits).__name__}, not a function")
+    if canary.eval_every == 0:
+        canary.eval_every = max(1, canary.steps // 4)
 
 
 def load_canary(spec: str, seed: Optional[int] = None) -> LoadedCanary:

@@ -396,11 +396,31 @@ def pack_canary(pack: Any, architecture: "Architecture", cfg: Any, model: Any, o
     def step(model: Any, optimizer: Any, tokens: Any, i: int) -> Tuple[Any, Any]:
         return lane_step(model, optimizer, tokens, i, architecture, cfg)
 
+    held_out = pack.held_out
+    evaluation = {}
+    if held_out is not None:  # docs/logit-kl.md: the logits the loss reads (the model's LOGITS_OP)
+        tokens = torch.from_numpy(np.ascontiguousarray(held_out.tokens))
+        evaluation = dict(eval_batch=tokens, eval_every=held_out.every, eval_rows=held_out.rows,
+                          eval_logits=held_out_logits, eval_targets=tokens[:, 1:])
     canary = Canary(name=pack.name, model=model, optimizer=optimizer, batch=batch, step=step, steps=steps,
-                    seed=pack.seed)
+                    seed=pack.seed, **evaluation)
     names = list(pack.tensor_names)
     return LoadedCanary(canary, f"{pack.path} (pack)", os.path.abspath(pack.path), "", pack.seed, names,
                         {n: tuple(pack.init[n].shape) for n in names}, token_batches=True)
+
+
+def held_out_logits(model: Any, tokens: Any) -> Any:
+    """The (B, T, V) logits of the model's forward on `tokens`: its LOGITS_OP's output."""
+    core = getattr(model, "module", model)  # --layout ddp wraps it
+    seen = []
+
+    def keep(op: str, out: Any) -> Any:
+        if op == core.LOGITS_OP:
+            seen.append(out)
+        return out
+
+    model(tokens, keep)
+    return seen[-1]
 
 
 def lane_step(model: Any, optimizer: Any, tokens: Any, step: int, architecture: "Architecture", cfg: Any,

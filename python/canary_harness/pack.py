@@ -10,6 +10,8 @@ carries the same `batch_hash` per step by construction.
     /init/names      the parameter names in canonical order
     /init/<name>     float32 with the tensor's shape: the parameters at the start of step 0
     /batches/tokens  int32 (N, B, T+1)
+    /eval/tokens     int32 (B, T+1), when the canary has [eval]: the held-out batch, attributes
+                     every, rows, held_out_hash, source (docs/logit-kl.md)
 
 read_pack() checks all of it against the canary JSON (names, shapes, dtypes, the batch
 shape, token ids below the vocabulary) and reads every dataset in full, so a damaged pack
@@ -58,6 +60,7 @@ class CanaryPack:
     tensor_names: List[str]
     init: Dict[str, np.ndarray] = field(repr=False)
     tokens: np.ndarray = field(repr=False)
+    held_out: Optional["HeldOut"] = None  # /eval, when the canary evaluates a held-out batch
 
     @property
     def name(self) -> str:
@@ -73,6 +76,16 @@ class CanaryPack:
         if not 0 <= step < self.steps:
             raise IndexError(f"{self.path}: no batch {step}; the pack holds batches 0..{self.steps - 1}")
         return self.tokens[step]
+
+
+@dataclass
+class HeldOut:
+    """A pack's held-out batch (/eval): its tokens (B, T+1) int32 and when to evaluate them."""
+
+    tokens: np.ndarray = field(repr=False)
+    every: int
+    rows: int
+    held_out_hash: str
 
 
 def _fail(path: str, what: str) -> NoReturn:
@@ -256,4 +269,20 @@ def _read(path: str, f: h5py.File, expected: Optional[str]) -> CanaryPack:
         _fail(path, f"/batches/tokens holds token ids outside 0..{int(canary['vocab_size']) - 1}")
 
     return CanaryPack(path=path, canary_json=canary_json, canary=canary, seed=seed, data_seed=data_seed, steps=steps,
-                      created_utc=created_utc, git_commit=git_commit, tensor_names=names, init=init, tokens=tokens)
+                      created_utc=created_utc, git_commit=git_commit, tensor_names=names, init=init, tokens=tokens,
+                      held_out=_held_out(path, f, canary, want[1:]))
+
+
+def _held_out(path: str, f: h5py.File, canary: Dict[str, Any], shape: Tuple[int, int]) -> Optional[HeldOut]:
+    """/eval, checked as the batches are; None where the pack has none (no [eval])."""
+    group = _get(path, f, "/eval")
+    if group is None:
+        return None
+    if not isinstance(group, h5py.Group):
+        _fail(path, f"/eval is not a group: pack is damaged; {EXPORT_HINT}")
+    tokens = _values(path, _dataset(path, f, "/eval/tokens", shape, "<i4", f"the held-out batch is int32 {shape}"))
+    if int(tokens.min()) < 0 or int(tokens.max()) >= int(canary["vocab_size"]):
+        _fail(path, f"/eval/tokens holds token ids outside 0..{int(canary['vocab_size']) - 1}")
+    every = _int_attr(path, group.attrs, "every", (1, SIZE_RANGES["steps"][1]))
+    rows = _int_attr(path, group.attrs, "rows", (1, shape[0]))
+    return HeldOut(tokens, every, rows, _str_attr(path, group.attrs, "held_out_hash"))

@@ -867,6 +867,44 @@ class ReceiptWriter:
         self._checkpoint_bytes = start + len(state)
         return content_hash
 
+    def declare_eval(self, every: int, held_out_hash: str, source: str, targets: Any, vocab: int) -> None:
+        """/eval (docs/receipt-schema.md, schema 1.4): the held-out evaluation's attributes
+        and targets (rows, T) int32; then append_eval() once per evaluation."""
+        targets = np.ascontiguousarray(targets, dtype="<i4")
+        if targets.ndim != 2 or not 0 < vocab or targets.min(initial=0) < 0 or targets.max(initial=0) >= vocab:
+            raise ReceiptError(f"{self.path}: /eval: targets must be (rows, T) ids below the vocabulary {vocab}")
+        f = self._reopen()
+        try:
+            group = f.create_group(PATHS["eval"])
+            _write_attr(group, "every", int(every))
+            _write_attr(group, "held_out_hash", str(held_out_hash))
+            _write_attr(group, "source", str(source))
+            _write_dataset(f, PATHS["eval_targets"], targets, np.dtype("<i4"))
+            self._eval_rows = {name: _Growing(f, PATHS[f"eval_{name}"], dtype, (), STEP_CHUNK_ROWS)
+                               for name, dtype in (("step", "<i8"), ("loss", "<f8"), ("compiles", "<f8"))}
+            self._eval_logits = _Growing(f, PATHS["eval_logits"], "<f4", (*targets.shape, int(vocab)), 1)
+            f.flush()
+            f.swmr_mode = True
+        except (OSError, ValueError) as e:
+            raise ReceiptError(f"{self.path}: cannot create /eval ({e})") from None
+
+    def append_eval(self, step: int, loss: float, logits: Any, compiles: float = 0.0) -> None:
+        """One evaluation: its step, the held-out loss, the recorded rows' logits (rows, T, V)."""
+        f = self._open_file()
+        logits = np.asarray(logits, dtype="<f4")
+        if logits.shape != self._eval_logits.row_shape:
+            raise ReceiptError(f"{self.path}: /eval: logits of shape {logits.shape}, declared "
+                               f"{self._eval_logits.row_shape}")
+        try:
+            for name, value in (("step", step), ("loss", loss), ("compiles", compiles)):
+                self._eval_rows[name].append(f, value)
+            self._eval_logits.append(f, logits)
+            f.flush()
+        except (OSError, RuntimeError) as e:
+            self._remove_damaged()
+            raise ReceiptError(f"{self.path}: cannot write the evaluation of step {step} ({_write_failure(e)}); the "
+                               "damaged file is removed") from None
+
     def dump_tensors(self, step: int, tensors: Mapping[str, Any]) -> None:
         """/tensors/step_XXXXXX/<name>: float32 values with their shapes (params at the start of `step`)."""
         arrays = {name: as_float32(values) for name, values in tensors.items()}

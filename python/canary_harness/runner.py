@@ -392,6 +392,16 @@ class CanaryLoop:
             self.traces = StepTraces(self.canary.model, {id(params[n]): n for n in loaded.tensor_names})
         if options.compile:
             self.model = compiled_model(self.model)
+        self.held_out = None
+        if self.canary.eval_batch is not None:  # docs/logit-kl.md
+            from .held_out import HeldOutEval
+
+            counters = None
+            if device.type == "xla":
+                from .xla import XlaStepCounters
+
+                counters = XlaStepCounters()
+            self.held_out = HeldOutEval(loaded, device, self.autocast, counters)
         if self.mark_step is not None:
             # What the model's and optimizer's construction left lazy on XLA (initial
             # weights moved over, pre-allocated state, zeros) becomes device data before
@@ -434,6 +444,10 @@ class CanaryLoop:
         grad_norm = host_float(norm) if norm is not None else self.capture.grad_norm()
         return StepRecord(host_float(loss), grad_norm, self.capture.lr, hashed, row["hashes"], row["sketches"],
                           self._trace_row(i, grad_norm), compile_row, model_step_state(self.model))
+
+    def evaluate(self, step: int) -> Any:
+        """The held-out evaluation at the start of `step` (held_out.EvalRow), outside any step."""
+        return self.held_out.evaluate(self.model, step)
 
     def _compile_row(self, step: int) -> Optional[Dict[str, float]]:
         """The step's /compile row: torch_xla's own counters on XLA, the audit's static ones
@@ -496,7 +510,7 @@ def run_canary(loaded: LoadedCanary, options: RunOptions, device: torch.device,
     (ReceiptRun: the failure rules are its)."""
     steps = options.steps or loaded.canary.steps
     writes = options.rank is None or options.rank.rank == 0  # rank 0 records a distributed run
-    run = ReceiptRun(loaded, options, device, steps, manifest) if writes else UnrecordedRun(loaded, options, device)
+    run = ReceiptRun(loaded, options, device, steps, manifest) if writes else UnrecordedRun(loaded, options, device, steps)
     losses: List[float] = []
     start = time.perf_counter()
     try:
@@ -519,14 +533,21 @@ class UnrecordedRun:
     """A rank other than 0 of a distributed run (canary_harness.distributed): the same steps,
     and so the same collectives (the gathers of the digest included), into no receipt."""
 
-    def __init__(self, loaded: LoadedCanary, options: RunOptions, device: torch.device) -> None:
+    def __init__(self, loaded: LoadedCanary, options: RunOptions, device: torch.device, steps: int) -> None:
         self.loop = CanaryLoop(loaded, options, device)
+        self.steps = steps
 
     def step(self, i: int) -> StepRecord:
+        self._evaluate_if_due(i)
         return self.loop.run_step(i)
 
     def finish(self) -> None:
-        pass
+        self._evaluate_if_due(self.steps)
+
+    def _evaluate_if_due(self, step: int) -> None:
+        """Rank 0's held-out evaluations, run here too: a sharded forward needs every rank."""
+        if self.loop.held_out is not None and self.loop.held_out.due(step):
+            self.loop.evaluate(step)
 
     def abandon(self, error: BaseException) -> None:
         pass
@@ -548,7 +569,7 @@ class ReceiptRun:
 
     def __init__(self, loaded: LoadedCanary, options: RunOptions, device: torch.device, steps: int,
                  manifest: Optional[Dict[str, Any]] = None) -> None:
-        self.loaded, self.options, self.device = loaded, options, device
+        self.loaded, self.options, self.device, self.steps = loaded, options, device, steps
         self.loop = CanaryLoop(loaded, options, device)
         writer: Optional[ReceiptWriter] = None
         try:
@@ -567,6 +588,7 @@ class ReceiptRun:
 
     def step(self, i: int) -> StepRecord:
         """Runs and records step i (its row written in the background)."""
+        self._evaluate_if_due(i)
         every = self.options.checkpoint_every
         if every and i > 0 and i % every == 0:
             from .canary_state import capture_state
@@ -581,7 +603,21 @@ class ReceiptRun:
     def finish(self) -> None:
         self.rows.stop()
         _wait_for(self.rows)
+        self._evaluate_if_due(self.steps)  # the final parameters
         self.writer.close()
+
+    def _evaluate_if_due(self, step: int) -> None:
+        """The held-out evaluation at the start of `step` into /eval, declared at the first
+        (docs/logit-kl.md); the rows before it written first."""
+        held_out = self.loop.held_out
+        if held_out is None or not held_out.due(step):
+            return
+        _wait_for(self.rows)
+        row = self.loop.evaluate(step)
+        if step == held_out.every:
+            d = held_out.declaration
+            self.writer.declare_eval(d.every, d.held_out_hash, d.source, d.targets, d.vocab)
+        self.writer.append_eval(row.step, row.loss, row.logits, row.compiles)
 
     def abandon(self, error: BaseException) -> None:
         self.rows.stop()  # every row handed over is written (or failed) first

@@ -20,10 +20,13 @@ class Net(nn.Module):
         self.hidden = nn.Linear(16, 32)
         self.out = nn.Linear(32, 32)
 
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
         h = F.gelu(self.hidden(self.embed(x)))
         h = h + torch.softmax(h, dim=-1)  # functional ops between modules
-        return F.cross_entropy(self.out(h).view(-1, 32), y.view(-1))
+        return self.out(h)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.logits(x).view(-1, 32), y.view(-1))
 
 
 def batch(i: int):
@@ -150,6 +153,36 @@ def tuple_output() -> ch.Canary:
     inner = c.model.forward
     c.model.forward = lambda x, y: inner(c.model.pair(x)[0], y)
     return c
+
+
+def held_out():
+    """A batch no step trains on (its own generator seed): the evaluation's."""
+    g = torch.Generator().manual_seed(99)
+    x = torch.randint(32, (3, 8), generator=g)
+    return x, (x + 1) % 32
+
+
+def with_eval(**kwargs) -> ch.Canary:
+    """small with a held-out batch: its logits every 2 steps (docs/logit-kl.md)."""
+    kwargs.setdefault("eval_rows", 3)
+    return make(eval_batch=held_out(), eval_every=2, eval_logits=lambda model, batch: model.logits(batch[0]), **kwargs)
+
+
+def with_eval_one_row() -> ch.Canary:
+    return with_eval(eval_rows=1)
+
+
+def eval_without_batch() -> ch.Canary:
+    return make(eval_every=2)
+
+
+def eval_float_targets() -> ch.Canary:
+    x, y = held_out()
+    return make(eval_batch=(x, y.float()), eval_logits=lambda model, batch: model.logits(batch[0]))
+
+
+def eval_no_such_module() -> ch.Canary:
+    return make(eval_batch=held_out(), eval_logits=ch.output_of("lm_head"))
 
 
 def renamed() -> ch.Canary:
