@@ -446,8 +446,10 @@ class CanaryLoop:
                           self._trace_row(i, grad_norm), compile_row, model_step_state(self.model))
 
     def evaluate(self, step: int) -> Any:
-        """The held-out evaluation at the start of `step` (held_out.EvalRow), outside any step."""
-        return self.held_out.evaluate(self.model, step)
+        """The held-out evaluation at the start of `step` (held_out.EvalRow), outside any step:
+        on the model the step is handed, torch.compile's wrapper aside (the evaluation's hooks
+        and its other call would recompile the step's graph; the module runs eagerly)."""
+        return self.held_out.evaluate(getattr(self.model, "_orig_mod", self.model), step)
 
     def _compile_row(self, step: int) -> Optional[Dict[str, float]]:
         """The step's /compile row: torch_xla's own counters on XLA, the audit's static ones

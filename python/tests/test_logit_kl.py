@@ -13,6 +13,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+import torch
 
 import canary_harness
 from conftest import export_pack, run_harness
@@ -168,3 +169,8 @@ def test_the_lane_evaluates_the_packs_held_out_batch_as_cpu_ref_does(tmp_path: P
     metrics = logit_verdicts(harness_bin, lane, cpu)
     assert set(metrics) == set(LOGIT_METRICS) and metrics["logit_kl"]["max_deviation"] < 1e-9, metrics
     assert all(m["max_deviation"] == 0 for m in logit_verdicts(harness_bin, again, lane).values())
+    if hasattr(torch, "compile"):  # torch 2.x: a compiled lane evaluates its module eagerly, beside its graph
+        compiled = tmp_path / "compiled.h5"
+        python("canary_harness.lane", "--pack", str(pack), "--out", str(compiled), "--threads", "1", "--compile")
+        assert list(evaluation(compiled)["step"]) == [2, 4]
+        assert logit_verdicts(harness_bin, compiled, cpu)["logit_kl"]["max_deviation"] < 1e-9
