@@ -116,6 +116,21 @@ class SeriesJudge {
   double worst_ratio_ = 0;
 };
 
+// A held-out logit metric no entry of the budget bounds: its largest value and that step,
+// reported and judged against nothing.
+MetricVerdict reported_only(const char* metric, const EvalComparison& c) {
+  MetricVerdict m;
+  m.metric = metric;
+  m.judged = false;
+  for (std::size_t i = 0; i < c.steps.size(); ++i) {
+    if (m.worst_step < 0 || c.distances[i].value(metric) > m.max_deviation) {
+      m.worst_step = c.steps[i];
+      m.max_deviation = c.distances[i].value(metric);
+    }
+  }
+  return m;
+}
+
 // The held-out logits (docs/logit-kl.md) at the steps both runs evaluated: under a bitwise
 // budget every logit bit for bit (a KL of exactly 0); otherwise each metric the budget's
 // entries bound, and the others reported unjudged.
@@ -125,7 +140,10 @@ void judge_logits(const ReceiptData& run, const ReceiptData& ref, const Composed
   if (c.steps.empty()) return;
   const int length = std::max(run.steps(), c.steps.back() + 1);
   for (const char* metric : kEvalMetrics) {
-    const bool judged = v.bitwise || budget.bounds(metric);
+    if (!v.bitwise && !budget.bounds(metric)) {
+      v.metrics.push_back(reported_only(metric, c));
+      continue;
+    }
     SeriesJudge judge(metric, length, 0.0);
     for (std::size_t i = 0; i < c.steps.size(); ++i) {
       const LogitDistance& d = c.distances[i];
@@ -134,22 +152,10 @@ void judge_logits(const ReceiptData& run, const ReceiptData& ref, const Composed
         // Any differing bit fails, even where the metric rounds to 0 (a top-1 that held).
         judge.add(c.steps[i], d.identical ? 0.0 : std::max(value, std::numeric_limits<double>::denorm_min()), 0.0);
       } else {
-        judge.add(c.steps[i], value, judged ? budget.allowed(metric, c.steps[i], 0.0) : 0.0);
+        judge.add(c.steps[i], value, budget.allowed(metric, c.steps[i], 0.0));
       }
     }
-    MetricVerdict m = judge.finish();
-    if (!judged) {  // reported: the largest value and its step, judged against nothing
-      m = MetricVerdict{};
-      m.metric = metric;
-      m.judged = false;
-      for (std::size_t i = 0; i < c.steps.size(); ++i) {
-        if (m.worst_step < 0 || c.distances[i].value(metric) > m.max_deviation) {
-          m.worst_step = c.steps[i];
-          m.max_deviation = c.distances[i].value(metric);
-        }
-      }
-    }
-    v.metrics.push_back(std::move(m));
+    v.metrics.push_back(judge.finish());
   }
 }
 

@@ -169,7 +169,7 @@ text = open(sys.argv[1]).read()
 head = text.index("[moe-tiny.noise]")
 end = text.index("\n[", head)
 section = re.sub(r"atol = [0-9.e+-]+", "atol = 0", text[head:end])
-assert section.count('from = "decisions-part"') == 3, section
+assert section.count('from = "decisions-part"') == 6, section  # loss, grad_norm, params_sketch and the logit metrics
 open(sys.argv[2], "w").write(text[:head] + section + text[end:])
 PY
 expect_exit 0 "" -- "$HARNESS" calibrate --receipts "$GOLDENS/accel.h5" --reference "$GOLDENS/cpu-ref.h5" \
@@ -177,7 +177,7 @@ expect_exit 0 "" -- "$HARNESS" calibrate --receipts "$GOLDENS/accel.h5" --refere
 "$PY" - "$WORK/part.candidate.toml" <<'PY' || fail "the part's windows were not calibrated apart"
 import sys, tomllib
 entry = tomllib.load(open(sys.argv[1], "rb"))["moe-tiny"]["noise"]
-for metric in ("loss", "grad_norm", "params_sketch"):
+for metric in ("loss", "grad_norm", "params_sketch", "logit_kl", "logprob_delta"):
     base, part = entry[metric]
     assert "from" not in base and part["from"] == "decisions-part", entry[metric]
     assert part["atol"] > 100 * base["atol"] > 0, (metric, base, part)
