@@ -48,4 +48,21 @@ for id, (lane, features) in wanted.items():
         gates = {m["metric"]: m["pass"] for m in ref["verdict"]["metrics"]}
         assert gates["compile_stability.uncached_compiles"] is gates["compile_stability.host_syncs"] is True, gates
 PY
+# Logit KL (docs/logit-kl.md): tiny's held-out logits judged in every lane that records them,
+# exactly equal for cpu-ref against its golden, and inside their budget (not merely reported)
+# for the bf16 lanes of accel and of real PyTorch.
+"$PY" - "$WORK/nightly/summary.json" <<'PY' || fail "the held-out logits are not judged as docs/logit-kl.md says"
+import json, sys
+lanes = {l["id"]: l for l in json.load(open(sys.argv[1]))["lanes"]}
+def logits(id, check):
+    c = next(c for c in lanes[id]["checks"] if c["check"] == check)
+    assert c["verdict"]["logits_not_compared"] is None, (id, check, c["verdict"]["logits_not_compared"])
+    return {m["metric"]: m for m in c["verdict"]["metrics"] if m["metric"] in ("logit_kl", "logprob_delta", "top1_mismatch")}
+exact = logits("cpu-ref", "golden")
+assert len(exact) == 3 and all(m["judged"] and m["pass"] and m["max_deviation"] == 0 for m in exact.values()), exact
+for id in ("accel-bf16", "torch-bf16", "torch2-bf16"):
+    judged = logits(id, "reference")
+    assert len(judged) == 3 and all(m["judged"] and m["pass"] for m in judged.values()), (id, judged)
+    assert judged["logit_kl"]["max_deviation"] > 0, (id, judged["logit_kl"])
+PY
 finish
