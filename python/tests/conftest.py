@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +46,25 @@ def digest_library(harness_bin: Path) -> str:
         pytest.fail(f"{path}: the build makes the digest library next to {harness_bin} (cmake --build build)",
                     pytrace=False)
     return str(path)
+
+
+def run_module(module: str, *args: str, check: bool = True, unset: tuple = ()) -> subprocess.CompletedProcess:
+    """`python -m MODULE ARGS` with this interpreter and the canary_harness under test first on
+    its path (the checkout's, or the installed copy in the virtual-environment check);
+    `unset`: environment variables the child must not see. A non-zero exit fails the test
+    with the child's output unless check is False."""
+    import canary_harness
+
+    package_root = str(Path(canary_harness.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": package_root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    for name in unset:
+        env.pop(name, None)
+    result = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=600,
+                            env=env)
+    if check and result.returncode != 0:
+        pytest.fail(f"{module} {' '.join(args)} exited {result.returncode}:\n{result.stdout}{result.stderr}",
+                    pytrace=False)
+    return result
 
 
 def run_harness(harness_bin: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:

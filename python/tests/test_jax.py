@@ -7,33 +7,22 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-import canary_harness
 from canary_harness import ReceiptReader
 from canary_harness.models.table import gpt2_tensor_specs
 
-from conftest import export_pack, run_harness
+from conftest import export_pack, run_harness, run_module
 
 HAS_JAX = importlib.util.find_spec("jax") is not None
 STEPS = 6
-PACKAGE_ROOT = str(Path(canary_harness.__file__).resolve().parents[1])
 
 
 def jax_lane(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": PACKAGE_ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    env.pop("XLA_FLAGS", None)
-    result = subprocess.run([sys.executable, "-m", "canary_harness.jax", *args], capture_output=True, text=True,
-                            timeout=600, env=env)
-    if check and result.returncode != 0:
-        pytest.fail(f"canary_harness.jax {' '.join(args)} exited {result.returncode}:\n{result.stdout}{result.stderr}",
-                    pytrace=False)
-    return result
+    return run_module("canary_harness.jax", *args, check=check, unset=("XLA_FLAGS",))
 
 
 def canary_runs(harness_bin: Path, d: Path, canary: str) -> dict:

@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import json
 
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-import canary_harness
 from canary_harness.distributed import fsdp_available
 from canary_harness import ReceiptReader
 from canary_harness.lane import train_step
@@ -23,21 +20,15 @@ from canary_harness.models import gpt2
 from canary_harness.optim import CanaryAdamW
 from canary_harness.pack import read_pack
 
-from conftest import export_pack, run_harness
+from conftest import export_pack, run_harness, run_module
 from host_reads import HostReads
 
 STEPS = 5
 HAS_FSDP = fsdp_available()
-PACKAGE_ROOT = str(Path(canary_harness.__file__).resolve().parents[1])
 
 
 def lane(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": PACKAGE_ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    result = subprocess.run([sys.executable, "-m", "canary_harness.lane", *args], capture_output=True, text=True,
-                            timeout=600, env=env)
-    if check and result.returncode != 0:
-        pytest.fail(f"lane {' '.join(args)} exited {result.returncode}:\n{result.stdout}{result.stderr}", pytrace=False)
-    return result
+    return run_module("canary_harness.lane", *args, check=check)
 
 
 @pytest.fixture(scope="module")

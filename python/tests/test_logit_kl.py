@@ -5,9 +5,6 @@ the logits: exactly equal for two runs of one lane, compared with cpu-ref's for 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import h5py
@@ -15,10 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-import canary_harness
-from conftest import export_pack, run_harness
+from conftest import export_pack, run_harness, run_module
 
-PACKAGE_ROOT = str(Path(canary_harness.__file__).resolve().parents[1])
 SMALL = str(Path(__file__).parent / "own_canaries" / "small.py")
 TRAINED = ("steps/loss", "steps/grad_norm", "hashes/params", "hashes/grads", "hashes/adam_m", "hashes/adam_v")
 LOGIT_METRICS = ("logit_kl", "logprob_delta", "top1_mismatch")
@@ -48,15 +43,6 @@ every = 2
 """
 
 
-def python(module: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": PACKAGE_ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    result = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=600,
-                            env=env)
-    if check and result.returncode != 0:
-        pytest.fail(f"{module} {' '.join(args)} exited {result.returncode}:\n{result.stderr}", pytrace=False)
-    return result
-
-
 def trained(path: Path) -> dict:
     with h5py.File(path, "r") as f:
         return {name: f[name][()] for name in TRAINED}
@@ -78,8 +64,8 @@ def logit_verdicts(harness_bin: Path, a: Path, b: Path, *more: str) -> dict:
 
 def test_a_python_canary_records_its_held_out_logits_and_trains_alike(tmp_path: Path, harness_bin: Path) -> None:
     with_eval, plain = tmp_path / "eval.h5", tmp_path / "plain.h5"
-    python("canary_harness", "run", f"{SMALL}:with_eval", "--out", str(with_eval))
-    python("canary_harness", "run", f"{SMALL}:canary", "--out", str(plain))
+    run_module("canary_harness", "run", f"{SMALL}:with_eval", "--out", str(with_eval))
+    run_module("canary_harness", "run", f"{SMALL}:canary", "--out", str(plain))
     a, b = trained(with_eval), trained(plain)
     assert all(a[k].tobytes() == b[k].tobytes() for k in TRAINED)  # the evaluation moved no trained bit
     e = evaluation(with_eval)
@@ -93,14 +79,14 @@ def test_a_python_canary_records_its_held_out_logits_and_trains_alike(tmp_path: 
     assert e["loss"][-1] < e["loss"][0]  # it learns
     run_harness(harness_bin, "validate", str(with_eval))
     one_row = tmp_path / "one-row.h5"
-    python("canary_harness", "run", f"{SMALL}:with_eval_one_row", "--out", str(one_row))
+    run_module("canary_harness", "run", f"{SMALL}:with_eval_one_row", "--out", str(one_row))
     assert np.array_equal(evaluation(one_row)["logits"], e["logits"][:, :1])  # the first rows, bit for bit
 
 
 def test_two_runs_of_a_python_canary_have_exactly_equal_logits(tmp_path: Path, harness_bin: Path) -> None:
     a, b = tmp_path / "a.h5", tmp_path / "b.h5"
     for out in (a, b):
-        python("canary_harness", "run", f"{SMALL}:with_eval", "--out", str(out))
+        run_module("canary_harness", "run", f"{SMALL}:with_eval", "--out", str(out))
     metrics = logit_verdicts(harness_bin, a, b)
     assert set(metrics) == set(LOGIT_METRICS)
     assert all(m["judged"] and m["pass"] and m["max_deviation"] == 0 for m in metrics.values()), metrics
@@ -108,8 +94,8 @@ def test_two_runs_of_a_python_canary_have_exactly_equal_logits(tmp_path: Path, h
 
 def test_the_bf16_lane_of_a_python_canary_moves_its_logits(tmp_path: Path, harness_bin: Path) -> None:
     fp32, bf16 = tmp_path / "fp32.h5", tmp_path / "bf16.h5"
-    python("canary_harness", "run", f"{SMALL}:with_eval", "--out", str(fp32))
-    python("canary_harness", "run", f"{SMALL}:with_eval", "--out", str(bf16), "--precision", "bf16")
+    run_module("canary_harness", "run", f"{SMALL}:with_eval", "--out", str(fp32))
+    run_module("canary_harness", "run", f"{SMALL}:with_eval", "--out", str(bf16), "--precision", "bf16")
     assert evaluation(fp32)["held_out_hash"] == evaluation(bf16)["held_out_hash"]
     # small's own bf16 entry, with no logit windows: the logit metrics are reported, not judged.
     budgets = tmp_path / "budgets.toml"
@@ -148,7 +134,7 @@ loss = [ { steps = "0-", atol = 1e9 } ]
 ])
 def test_a_bad_evaluation_is_one_line_exit_2_and_no_file(tmp_path: Path, spec: str, message: str) -> None:
     out = tmp_path / "bad.h5"
-    result = python("canary_harness", "run", f"{SMALL}:{spec}", "--out", str(out), check=False)
+    result = run_module("canary_harness", "run", f"{SMALL}:{spec}", "--out", str(out), check=False)
     lines = [line for line in result.stderr.splitlines() if not line.startswith("step ")]
     assert result.returncode == 2 and len(lines) == 1 and message in lines[0], result.stderr
     assert not out.exists()
@@ -161,7 +147,7 @@ def test_the_lane_evaluates_the_packs_held_out_batch_as_cpu_ref_does(tmp_path: P
     cpu, lane, again = tmp_path / "cpu.h5", tmp_path / "lane.h5", tmp_path / "again.h5"
     run_harness(harness_bin, "run", "--canary", str(canary), "--steps", "4", "--threads", "1", "--out", str(cpu))
     for out in (lane, again):
-        python("canary_harness.lane", "--pack", str(pack), "--out", str(out), "--threads", "1")
+        run_module("canary_harness.lane", "--pack", str(pack), "--out", str(out), "--threads", "1")
     ours, theirs = evaluation(lane), evaluation(cpu)
     assert ours["held_out_hash"] == theirs["held_out_hash"] and list(ours["step"]) == list(theirs["step"]) == [2, 4]
     assert np.array_equal(ours["targets"], theirs["targets"])
@@ -171,6 +157,6 @@ def test_the_lane_evaluates_the_packs_held_out_batch_as_cpu_ref_does(tmp_path: P
     assert all(m["max_deviation"] == 0 for m in logit_verdicts(harness_bin, again, lane).values())
     if hasattr(torch, "compile"):  # torch 2.x: a compiled lane evaluates its module eagerly, beside its graph
         compiled = tmp_path / "compiled.h5"
-        python("canary_harness.lane", "--pack", str(pack), "--out", str(compiled), "--threads", "1", "--compile")
+        run_module("canary_harness.lane", "--pack", str(pack), "--out", str(compiled), "--threads", "1", "--compile")
         assert list(evaluation(compiled)["step"]) == [2, 4]
         assert logit_verdicts(harness_bin, compiled, cpu)["logit_kl"]["max_deviation"] < 1e-9

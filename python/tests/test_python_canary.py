@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import REPO, run_harness
+from conftest import REPO, run_harness, run_module
 
 PACKAGE_ROOT = str(REPO / "python")
 SMALL = str(Path(__file__).parent / "own_canaries" / "small.py")
@@ -23,12 +23,7 @@ SERIES = ("steps/loss", "steps/grad_norm", "steps/lr", "steps/batch_hash",
 
 
 def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": PACKAGE_ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    result = subprocess.run([sys.executable, "-m", "canary_harness", "run", *args], capture_output=True, text=True,
-                            timeout=600, env=env)
-    if check and result.returncode != 0:
-        pytest.fail(f"canary_harness run {' '.join(args)} exited {result.returncode}:\n{result.stderr}", pytrace=False)
-    return result
+    return run_module("canary_harness", "run", *args, check=check)
 
 
 def series(path: Path) -> dict:
