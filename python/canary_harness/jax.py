@@ -297,6 +297,57 @@ def make_step(cfg: Any, names: Sequence[str], precision: str, fault: Any = None,
     return step
 
 
+def make_eval(cfg: Any, precision: str, loss_fn: Any = gpt2_loss):
+    """The jitted held-out evaluation (docs/logit-kl.md): the loss and the (B, T, V) logits the
+    loss reads (its `lm_head` op) of one batch, forward only: a second program, compiled at
+    the first evaluation."""
+    mm = matmul(precision)
+
+    def evaluate(params, tokens):
+        seen = {}
+
+        def keep(name, x):
+            if name == "lm_head":
+                seen["logits"] = x
+            return x
+
+        loss = loss_fn(params, tokens, cfg, mm, keep)
+        return loss, seen["logits"]
+
+    return evaluate
+
+
+class HeldOut:
+    """The pack's held-out batch evaluated into the receipt's /eval at the steps its canary's
+    [eval] names (the C++ engines' and the PyTorch lane's held_out_hash), its compiles counted
+    apart from the step's."""
+
+    def __init__(self, pack: Any, cfg: Any, precision: str, loss_fn: Any, batch: Any, replicated: Any) -> None:
+        import jax
+
+        self.pack, self.every, self.rows = pack, pack.held_out.every, pack.held_out.rows
+        self.tokens = pack.held_out.tokens
+        self.fn = jax.jit(make_eval(cfg, precision, loss_fn), out_shardings=(replicated, replicated))
+        self.batch = batch
+        self.declared = False
+
+    def due(self, step: int) -> bool:
+        return step > 0 and step % self.every == 0
+
+    def record(self, step: int, params: Any, writer: Any, counters: Any) -> None:
+        import jax
+
+        counters.begin()
+        loss, logits = self.fn(params, jax.device_put(self.tokens, self.batch))
+        jax.block_until_ready(logits)
+        compiles = counters.end(step)["UncachedCompile"]
+        if not self.declared:
+            writer.declare_eval(self.every, self.pack.held_out.held_out_hash, "the canary pack's held-out batch",
+                                self.tokens[:self.rows, 1:], int(logits.shape[-1]))
+            self.declared = True
+        writer.append_eval(step, float(loss), np.asarray(logits, dtype=np.float32)[:self.rows], compiles)
+
+
 # ---- the compiler's own counters ------------------------------------------------------------------
 
 class JaxCompileCounters:
@@ -486,10 +537,15 @@ def _train(args, pack, arch, layout, mesh_shape, steps) -> int:
                       in_shardings=state + (batch, scalar, scalar, scalar, scalar, scalar),
                       out_shardings=state + (shard, scalar, scalar))
     digest = StepDigest(names, [int(np.prod(pack.init[n].shape)) for n in names])
+    held_out = HeldOut(pack, cfg, args.precision, arch.loss, batch, scalar) if pack.held_out is not None else None
     writer = ReceiptWriter(args.out, _manifest(args, pack, steps, mesh_shape), names, overwrite=args.force)
     start = time.perf_counter()
     try:
-        for i in range(steps):
+        for i in range(steps + 1):
+            if held_out is not None and held_out.due(i):  # before the step: the parameters at its start
+                held_out.record(i, params, writer, counters)
+            if i == steps:
+                break
             tokens = pack.batch(i)
             lr = np.float32(lr_at(i, cfg))
             bc1, bc2 = (np.float32(c) for c in bias_corrections(i, cfg))

@@ -4,6 +4,7 @@ the logits: exactly equal for two runs of one lane, compared with cpu-ref's for 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -155,6 +156,18 @@ def test_the_lane_evaluates_the_packs_held_out_batch_as_cpu_ref_does(tmp_path: P
     metrics = logit_verdicts(harness_bin, lane, cpu)
     assert set(metrics) == set(LOGIT_METRICS) and metrics["logit_kl"]["max_deviation"] < 1e-9, metrics
     assert all(m["max_deviation"] == 0 for m in logit_verdicts(harness_bin, again, lane).values())
+    jax_out = tmp_path / "jax.h5"  # JAX SPMD over 2 virtual CPU devices: a second jitted program, once
+    result = run_module("canary_harness.jax", "--pack", str(pack), "--mesh", "2x1", "--shard-plan", "dp",
+                        "--out", str(jax_out), check=False, unset=("XLA_FLAGS",))
+    if importlib.util.find_spec("jax") is None:
+        assert result.returncode == 2 and "JAX is not installed here" in result.stderr, result.stderr
+    else:
+        assert result.returncode == 0, result.stderr
+        evaluated = evaluation(jax_out)
+        assert evaluated["held_out_hash"] == theirs["held_out_hash"] and list(evaluated["step"]) == [2, 4]
+        with h5py.File(jax_out, "r") as f:
+            assert f["eval/compiles"][()].tolist()[1:] == [0.0]  # the first evaluation compiles, the next reuses
+        assert logit_verdicts(harness_bin, jax_out, cpu)["logit_kl"]["max_deviation"] < 1e-9
     if hasattr(torch, "compile"):  # torch 2.x: a compiled lane evaluates its module eagerly, beside its graph
         compiled = tmp_path / "compiled.h5"
         run_module("canary_harness.lane", "--pack", str(pack), "--out", str(compiled), "--threads", "1", "--compile")
