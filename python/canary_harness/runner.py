@@ -512,7 +512,8 @@ def run_canary(loaded: LoadedCanary, options: RunOptions, device: torch.device,
     (ReceiptRun: the failure rules are its)."""
     steps = options.steps or loaded.canary.steps
     writes = options.rank is None or options.rank.rank == 0  # rank 0 records a distributed run
-    run = ReceiptRun(loaded, options, device, steps, manifest) if writes else UnrecordedRun(loaded, options, device, steps)
+    run = ReceiptRun(loaded, options, device, steps, manifest) if writes \
+        else UnrecordedRun(loaded, options, device, steps)
     losses: List[float] = []
     start = time.perf_counter()
     try:
