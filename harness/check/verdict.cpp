@@ -607,10 +607,11 @@ std::optional<DecisionsPart> decisions_part(const ReceiptData& a, const ReceiptD
 std::vector<Deviation> metric_deviations(const ReceiptData& run, const ReceiptData& ref) {
   check_contracts(run, ref);
   const std::optional<DecisionsPart> part = decisions_part(run, ref);
+  const std::optional<int> part_step = part ? std::optional<int>(part->step) : std::nullopt;
   std::vector<Deviation> out;
   for (int s = 0; s < run.steps(); ++s) {
     const auto i = static_cast<std::size_t>(s);
-    const int since = steps_since_part(s, part ? std::optional<int>(part->step) : std::nullopt);
+    const int since = steps_since_part(s, part_step);
     out.push_back({"loss", s, std::fabs(run.loss[i] - ref.loss[i]), ref.loss[i], "", since});
     out.push_back({"grad_norm", s, std::fabs(run.grad_norm[i] - ref.grad_norm[i]), ref.grad_norm[i], "", since});
     for (std::size_t t = 0; t < run.tensors.size(); ++t) {
@@ -622,7 +623,7 @@ std::vector<Deviation> metric_deviations(const ReceiptData& run, const ReceiptDa
   const EvalComparison evals = compare_evals(run.eval, ref.eval);
   for (std::size_t i = 0; i < evals.steps.size(); ++i) {
     const int step = evals.steps[i];
-    const int since = steps_since_part(step, part ? std::optional<int>(part->step) : std::nullopt);
+    const int since = steps_since_part(step, part_step);
     for (const char* metric : kEvalMetrics) {
       const double resolution = LogitDistance::resolution(metric, ref.eval->targets.size());
       out.push_back({metric, step, evals.distances[i].value(metric), 0.0, "", since, resolution});

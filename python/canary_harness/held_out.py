@@ -100,6 +100,7 @@ class HeldOutEval:
 
         if self.batch is None:
             self.batch = to_device(self.host_batch, self.device)
+            self.targets = self.targets.to(self.device)  # once: every evaluation reads them
         if self.counters is not None:
             self.counters.begin(step)
         devices = [self.device] if self.device.type == "cuda" else []
@@ -124,7 +125,7 @@ class HeldOutEval:
         if not isinstance(logits, torch.Tensor) or not logits.is_floating_point() or logits.dim() < 2:
             raise CanaryError(f"{self.spec}: eval_logits: the model gave {type(logits).__name__}, not a tensor of "
                               "logits (..., V); give eval_logits=lambda model, batch: LOGITS")
-        targets = self.targets.to(logits.device)
+        targets = self.targets
         if tuple(targets.shape) != tuple(logits.shape[:-1]):
             raise CanaryError(f"{self.spec}: eval_targets: shape {tuple(targets.shape)} is not the logits' "
                               f"{tuple(logits.shape[:-1])} without the vocabulary")
