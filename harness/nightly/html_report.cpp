@@ -85,10 +85,16 @@ class Chart {
  public:
   Chart(int steps, bool log_y, std::string y_label) : steps_(std::max(steps, 2)), log_y_(log_y), y_label_(std::move(y_label)) {}
 
-  void series(const std::string& name, const json& values, const std::string& colour, bool dashed = false) {
+  // `values` per step from 0, or at `steps` (a series sampled at some steps: each a dot).
+  void series(const std::string& name, const json& values, const std::string& colour, bool dashed = false,
+              const json& steps = json()) {
     std::vector<double> v;
     for (const json& x : values) v.push_back(x.is_number() ? x.get<double>() : std::nan(""));
-    lines_.push_back({name, colour, dashed, v});
+    std::vector<int> at;
+    if (steps.is_array()) {
+      for (const json& s : steps) at.push_back(s.is_number_integer() ? s.get<int>() : -1);
+    }
+    lines_.push_back({name, colour, dashed, v, at});
   }
   // A vertical marker at `step` (the first failing step).
   void marker(int step, const std::string& text) { markers_.push_back({step, text}); }
@@ -131,6 +137,8 @@ class Chart {
     std::string name, colour;
     bool dashed;
     std::vector<double> values;
+    std::vector<int> steps;  // empty: values[s] is step s
+    int step_of(std::size_t i) const { return steps.empty() ? static_cast<int>(i) : steps.at(i); }
   };
 
   double y_of(double v) const { return log_y_ ? std::log10(v) : v; }
@@ -238,12 +246,15 @@ class Chart {
 
   void polyline(pugi::xml_node svg, const Line& l, double lo, double hi) const {
     std::string points;
-    for (std::size_t s = 0; s < l.values.size(); ++s) {
-      const double v = l.values[s];
-      if (!std::isfinite(v)) continue;
+    const std::size_t n = l.steps.empty() ? l.values.size() : std::min(l.values.size(), l.steps.size());
+    for (std::size_t i = 0; i < n; ++i) {
+      const double v = l.values[i];
+      const int step = l.step_of(i);
+      if (!std::isfinite(v) || step < 0 || step >= steps_) continue;
       // Zero on a log scale (an exact step) sits on the bottom edge.
       const double y = log_y_ && v <= 0 ? lo : std::clamp(y_of(v), lo, hi);
-      points += fmt::format("{:.1f},{:.1f} ", px(static_cast<int>(s)), py(y, lo, hi));
+      points += fmt::format("{:.1f},{:.1f} ", px(step), py(y, lo, hi));
+      if (!l.steps.empty()) dot(svg, px(step), py(y, lo, hi), l);
     }
     pugi::xml_node p = svg.append_child("polyline");
     p.append_attribute("points") = points.c_str();
@@ -254,6 +265,17 @@ class Chart {
     if (!l.dashed) p.append_attribute("stroke-opacity") = 0.75;
     if (l.dashed) p.append_attribute("stroke-dasharray") = "6 3";
     add(p, "title", l.name);
+  }
+
+  // A sampled series' point: a dot, so that one evaluation shows, and each is told apart.
+  static void dot(pugi::xml_node svg, double x, double y, const Line& l) {
+    pugi::xml_node c = svg.append_child("circle");
+    c.append_attribute("class") = "sample";
+    c.append_attribute("cx") = fmt::format("{:.1f}", x).c_str();
+    c.append_attribute("cy") = fmt::format("{:.1f}", y).c_str();
+    c.append_attribute("r") = l.dashed ? 2.5 : 3.5;
+    c.append_attribute("fill") = l.dashed ? "none" : l.colour.c_str();
+    c.append_attribute("stroke") = l.colour.c_str();
   }
 
   // The legend: one swatch (the series' line, dashed as drawn) and its name per series.
@@ -359,6 +381,9 @@ std::string deviation_label(const std::string& metric) {
   if (metric == "params_sketch") return "|Δ params sketch| (L2)";
   if (metric == "grad_norm") return "|Δ grad norm|";
   if (metric == "loss") return "|Δ loss| (nats)";
+  if (metric == "logit_kl") return "KL(reference ‖ run) (nats)";
+  if (metric == "logprob_delta") return "max |Δ log p(target)|";
+  if (metric == "top1_mismatch") return "top-1 mismatch (fraction)";
   return "|Δ " + metric + "|";
 }
 
@@ -422,19 +447,35 @@ void charts(pugi::xml_node section, const json& lane, int steps) {
     const bool has_envelope = std::any_of(allowed.begin(), allowed.end(), [](const json& a) { return a.is_number() && a.get<double>() > 0; });
     const bool failing = m.contains("pass") && m["pass"].is_boolean() && !m["pass"].get<bool>();
     const std::string title = fmt::format("{}: {}", name, headroom_text(m));
+    // A held-out logit metric is a value at each evaluation (`steps`), not a difference per step.
+    const json& sampled_at = m.value("steps", json());
     pugi::xml_node figure;
     if (exact) {
       figure = add(grid, "figure", "", "divergence exact");
-      add(figure, "p", fmt::format("{}: equal to {} at every step (budget: {}).", name, against, budget_names(envelope)), "muted");
+      std::string where = "at every step";
+      if (sampled_at.is_array()) {
+        std::vector<std::string> at;
+        for (const json& step : sampled_at) at.push_back(step.dump());
+        where = fmt::format("at every held-out evaluation (steps {})", fmt::join(at, ", "));
+      }
+      add(figure, "p", fmt::format("{}: equal to {} {} (budget: {}).", name, against, where, budget_names(envelope)),
+          "muted");
     } else {
-      Chart chart(steps, true, deviation_label(name));
-      chart.series(fmt::format("|{} − {}|", name, against), deviation, "#b3261e");
-      if (has_envelope) chart.series("budget envelope (allowed)", allowed, "#137333", true);
+      int last = steps - 1;  // the evaluation after a run's last step is at step `steps`
+      for (const json& step : sampled_at) last = std::max(last, step.is_number_integer() ? step.get<int>() : last);
+      Chart chart(last + 1, true, deviation_label(name));
+      const std::string shown = sampled_at.is_array() ? fmt::format("{} against {}", name, against)
+                                                      : fmt::format("|{} − {}|", name, against);
+      chart.series(shown, deviation, "#b3261e", false, sampled_at);
+      if (has_envelope) chart.series("budget envelope (allowed)", allowed, "#137333", true, sampled_at);
       const json& first = m.value("first_failing_step", json(nullptr));
       if (first.is_number_integer()) chart.marker(first.get<int>(), fmt::format("first failing step {}", first.get<int>()));
       const std::string tensor = json_text(m, "worst_tensor");
       figure = chart.draw(grid,
-                          fmt::format("{} divergence from {}{}{}.", name, against,
+                          fmt::format("{} {} {}{}{}.", name,
+                                      sampled_at.is_array() ? "of the held-out logits, at each evaluation, against"
+                                                            : "divergence from",
+                                      against,
                                       has_envelope ? " against the budget envelope" : " (the budget is exact: any deviation fails)",
                                       tensor.empty() ? "" : fmt::format("; per step its worst tensor (worst step: {})", tensor)),
                           failing ? "divergence failing" : "divergence");

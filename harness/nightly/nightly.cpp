@@ -54,13 +54,39 @@ std::string verdict_line(const check::Verdict& v) {
 json envelope(const check::ReceiptData& run, const check::ReceiptData& against, const json& verdict) {
   std::vector<json> metrics;
   json loss_deviation = json::array(), loss_allowed = json::array();
-  for (const char* name : check::kBudgetMetrics) {
+  const auto judged = [&](const char* name) {
+    std::vector<json> found;
     for (const json& v : verdict.at("metrics")) {
-      if (v.value("metric", "") != name) continue;
-      json m = {{"metric", name}, {"deviation", v.at("step_deviation")}, {"allowed", v.at("step_allowed")}};
-      for (const char* key : {"headroom_pct", "pass", "first_failing_step", "worst_step", "worst_tensor"}) m[key] = v.at(key);
+      if (v.value("metric", "") == name && v.value("judged", true)) found.push_back(v);
+    }
+    return found;
+  };
+  const auto verdict_of = [](const json& v, json m) {
+    for (const char* key : {"headroom_pct", "pass", "first_failing_step", "worst_step", "worst_tensor"}) {
+      m[key] = v.at(key);
+    }
+    return m;
+  };
+  for (const char* name : check::kBudgetMetrics) {
+    for (const json& v : judged(name)) {
+      json m = verdict_of(v, {{"metric", name}, {"deviation", v.at("step_deviation")},
+                              {"allowed", v.at("step_allowed")}});
       if (m["metric"] == "loss") loss_deviation = m["deviation"], loss_allowed = m["allowed"];
       metrics.push_back(m);
+    }
+  }
+  // The held-out logit metrics a budget judged, at the evaluations both runs made (the
+  // verdict's per-step series hold 0 between them): `steps` places each point.
+  const std::vector<int> evaluated = check::compare_evals(run.eval, against.eval).steps;
+  for (const char* name : check::kEvalMetrics) {
+    for (const json& v : judged(name)) {
+      json deviation = json::array(), allowed = json::array();
+      for (const int step : evaluated) {
+        deviation.push_back(v.at("step_deviation").at(step));
+        allowed.push_back(v.at("step_allowed").at(step));
+      }
+      metrics.push_back(
+          verdict_of(v, {{"metric", name}, {"steps", evaluated}, {"deviation", deviation}, {"allowed", allowed}}));
     }
   }
   // Tightest first: the least headroom (null: a broken exact budget or a NaN, the tightest).

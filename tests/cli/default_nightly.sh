@@ -64,5 +64,12 @@ for id in ("accel-bf16", "torch-bf16", "torch2-bf16"):
     judged = logits(id, "reference")
     assert len(judged) == 3 and all(m["judged"] and m["pass"] for m in judged.values()), (id, judged)
     assert judged["logit_kl"]["max_deviation"] > 0, (id, judged["logit_kl"])
+    # the envelope the report charts: each judged logit metric at tiny's evaluations (every 25 of 100 steps)
+    charted = {m["metric"]: m for m in lanes[id]["series"]["envelope"]["metrics"] if "steps" in m}
+    assert sorted(charted) == sorted(judged), (id, sorted(charted))
+    for m in charted.values():
+        assert m["steps"] == [25, 50, 75, 100] and len(m["deviation"]) == len(m["allowed"]) == 4, (id, m)
+        assert all(0 <= d <= a for d, a in zip(m["deviation"], m["allowed"])), (id, m)
 PY
+grep -q 'data-metric="logit_kl"' "$WORK/nightly/report.html" || fail "report.html does not chart logit_kl"
 finish

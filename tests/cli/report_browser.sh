@@ -5,8 +5,13 @@
 # saved for people to look at. Broken pages prove the checks bite.
 source "$(dirname "$0")/lib.sh"
 SHOT=${2:?usage: $0 path/to/harness screenshot.png}
-MATRIX="$HERE/data/micro_nightly.toml"
 unset CI
+# micro_nightly.toml's lanes on micro evaluating its held-out batch every 4 steps
+# (docs/logit-kl.md): the report charts the logit metrics at the evaluations.
+{ cat "$HERE/../../canaries/micro.toml"; printf '\n[eval]\nevery = 4\n'; } > "$WORK/micro-eval.toml"
+sed 's|^canary = "micro"|canary = "micro-eval.toml"|' "$HERE/data/micro_nightly.toml" > "$WORK/nightly.toml"
+MATRIX="$WORK/nightly.toml"
+cmp -s "$MATRIX" "$HERE/data/micro_nightly.toml" && fail "the matrix does not name the evaluating canary"
 
 # chromium FILE ARGS...: dump the DOM of FILE to $WORK/dom, the browser's log to $WORK/log
 chromium_open() {
@@ -47,9 +52,13 @@ grep -q 'data-status="fail"' "$WORK/dom" || fail "the bf16 lanes are not shown f
 expected=$("$PY" -c '
 import json, sys
 s = json.load(open(sys.argv[1]))
-print(json.dumps({l["id"]: {"status": l["status"], "metrics": [m["metric"] for m in l["series"].get("envelope", {}).get("metrics", [])]}
+metrics = lambda l: l["series"].get("envelope", {}).get("metrics", [])
+print(json.dumps({l["id"]: {"status": l["status"], "metrics": [m["metric"] for m in metrics(l)],
+                            "evaluations": {m["metric"]: len(m["steps"]) for m in metrics(l) if "steps" in m}}
                   for l in s["lanes"]}))' "$WORK/report/summary.json") || fail "summary.json unreadable"
 [ "$(printf '%s' "$expected" | grep -o '"params_sketch"' | wc -l)" -ge 3 ] || fail "the summary's envelopes lack params_sketch: $expected"
+[ "$(printf '%s' "$expected" | grep -o '"logit_kl": 3' | wc -l)" -ge 3 ] ||
+  fail "the envelopes lack logit_kl at 3 evaluations: $expected"
 cat > "$WORK/checks.js" <<JS
 (function () {
   var expected = $expected, problems = [], count = 0;
@@ -67,6 +76,14 @@ cat > "$WORK/checks.js" <<JS
       check(h >= last, id + ': ' + f.dataset.metric + ' is not in tightest-first order');
       last = h;
       check(f.classList.contains('exact') || f.querySelector('svg.chart.log'), id + ': ' + f.dataset.metric + ' has no log chart');
+      var evaluations = want.evaluations[f.dataset.metric];  // a logit metric: a dot per evaluation and series
+      if (evaluations && !f.classList.contains('exact')) {
+        var dots = f.querySelectorAll('svg.chart circle.sample').length;
+        var series = f.querySelectorAll('svg.chart polyline').length;
+        check(series > 0 && dots === series * evaluations,
+              id + ': ' + f.dataset.metric + ' has ' + dots + ' dots for ' + evaluations + ' evaluations of ' +
+              series + ' series');
+      }
     });
     var commands = lane.querySelector('.commands'), text = commands ? commands.textContent : '';
     if (want.status === 'fail') {
