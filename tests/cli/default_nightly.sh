@@ -58,6 +58,8 @@ def logits(id, check):
     c = next(c for c in lanes[id]["checks"] if c["check"] == check)
     assert c["verdict"]["logits_not_compared"] is None, (id, check, c["verdict"]["logits_not_compared"])
     return {m["metric"]: m for m in c["verdict"]["metrics"] if m["metric"] in ("logit_kl", "logprob_delta", "top1_mismatch")}
+for id in lanes:  # every golden of the default matrix records its lane's logits
+    logits(id, "golden")
 exact = logits("cpu-ref", "golden")
 assert len(exact) == 3 and all(m["judged"] and m["pass"] and m["max_deviation"] == 0 for m in exact.values()), exact
 for id in ("accel-bf16", "torch-bf16", "torch2-bf16"):
