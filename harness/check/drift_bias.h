@@ -20,6 +20,9 @@ namespace harness::check {
 
 // The scalar metrics the tests run on (a sketch has no sign to speak of).
 inline constexpr const char* kSignedMetrics[] = {"loss"};
+// The family-wise level of the sign and mean-residual tests over repeats (calibrate's and
+// the nightly's `bias-repeats`).
+inline constexpr double kBiasAlpha = 0.01;
 
 struct DriftBias {
   std::string metric;

@@ -79,6 +79,11 @@ int finish(const nlohmann::json& summary, const std::string& out_dir) {
   for (const auto& lane : summary["lanes"]) {
     fmt::print("  {:<6} {:<16} {}\n", lane["status"].get<std::string>(), lane["id"].get<std::string>(),
                lane["lane"].get<std::string>());
+    for (const auto& check : lane["checks"]) {  // a finding that passes the lane (a bias check's default)
+      if (check["status"] != "warn") continue;
+      fmt::print("  {:<6} {:<16} {} check: {}\n", "warn", lane["id"].get<std::string>(), check["check"].get<std::string>(),
+                 check["summary"].get<std::string>());
+    }
   }
   for (const auto& control : summary.value("controls", nlohmann::json::array())) {
     fmt::print("  control {:<7} {:<6} {}\n", control["status"].get<std::string>(),

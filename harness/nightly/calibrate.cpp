@@ -33,8 +33,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// One-sided drift: the family-wise level of the sign and mean-residual tests over repeats.
-inline constexpr double kBiasAlpha = 0.01;
 inline constexpr double kMargin = 1.5;     // proposals cover the largest need times this
 inline constexpr double kFloorUlps = 4;    // and never allow less than this many fp32 ulps
 
@@ -562,7 +560,7 @@ std::vector<check::DriftBias> one_sided_drift_of(const Runs& runs, const Calibra
   std::map<std::string, std::vector<check::Window>> windows;
   for (const WindowProposal& w : c.windows) windows[w.metric].push_back(w.proposed);
   const auto first = runs.repeats.begin() + (c.envelope ? 1 : 0);
-  return check::one_sided_drift({first, runs.repeats.end()}, runs.reference, windows, kBiasAlpha);
+  return check::one_sided_drift({first, runs.repeats.end()}, runs.reference, windows, check::kBiasAlpha);
 }
 
 // ---- each repeat's outcome, in one line ---------------------------------------------------
@@ -711,7 +709,7 @@ std::string bias_section(const Calibration& c) {
   std::string text = fmt::format(
       "\nOne-sided drift over the repeats (per metric and window, each repeat's mean signed residual; "
       "family-wise level {}; bias = \"{}\" in [{}]):\n\n",
-      kBiasAlpha, c.bias_fails ? "fail" : "warn", c.section);
+      check::kBiasAlpha, c.bias_fails ? "fail" : "warn", c.section);
   for (const check::DriftBias& b : c.bias) text += fmt::format("- {}\n", check::drift_bias_line(b));
   return text;
 }

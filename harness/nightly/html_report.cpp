@@ -611,7 +611,7 @@ void reproduce(pugi::xml_node section, const json& lane, const json& summary) {
                               shell_word(json_text(summary, "goldens")), shell_word(id), shell_word(id + "-again")));
   }
   for (const json& check : lane["checks"]) {
-    if (json_text(check, "status") != "fail") continue;
+    if (json_text(check, "status") != "fail" || !check.contains("verdict")) continue;  // a comparison's: bisect it
     command_block(box,
                   fmt::format("Bisect against the {} ({}): the first step, tensor and op where the two part:", json_text(check, "check"),
                               json_text(check, "check") == "golden" ? "golden" : json_text(envelope, "against", "reference lane")),

@@ -26,7 +26,10 @@ namespace harness::nightly {
 namespace {
 
 inline constexpr std::int64_t kMatrixSchemaVersion = 1;
-inline constexpr const char* kLaneKeys[] = {"id", "engine", "features", "why", "triage-with", "command", "budget-features", "lane"};
+inline constexpr const char* kLaneKeys[] = {"id",      "engine",          "features", "why",
+                                            "triage-with", "bias-repeats", "command", "budget-features", "lane"};
+// bias-repeats: enough repeats for the tests to reach their level, few enough for a nightly.
+inline constexpr std::int64_t kMinBiasRepeats = 3, kMaxBiasRepeats = 100;
 inline constexpr const char* kPlaceholders[] = {"{pack}", "{out}", "{steps}", "{seed}"};
 inline constexpr const char* kTorchFlags[] = {"device", "precision", "python", "compile"};
 inline constexpr const char* kJaxFlags[] = {"python", "mesh", "shard-plan", "precision"};
@@ -323,10 +326,35 @@ class Parser {
       }
       spec.lane = run::lane_name(m.canary_name, engine->lane_engine(), engine->features());
       spec.budget_features = engine->budget_features();
+      spec.bias_repeats = bias_repeats(*t, *engine, spec, at);
     } catch (const std::invalid_argument& e) {
       fail(fmt::format("{}: {}", at, e.what()));
     }
     return spec;
+  }
+
+  // bias-repeats = N: only for a lane whose engine sums in an order its seed flag sets, and
+  // that sets it (the repeats take the next seeds: every one replayable).
+  int bias_repeats(const toml::table& t, const Engine& engine, const LaneSpec& spec, const std::string& at) const {
+    if (!t.contains("bias-repeats")) return 0;
+    const auto n = t["bias-repeats"].value<std::int64_t>();
+    if (!n || !t["bias-repeats"].is_integer() || *n < kMinBiasRepeats || *n > kMaxBiasRepeats) {
+      fail(fmt::format("{}.bias-repeats: must be an integer in {}..{} (8 or more let the sign test reach its level)", at,
+                       kMinBiasRepeats, kMaxBiasRepeats));
+    }
+    const auto seed = engine.reduction_seed();
+    if (!seed) {
+      fail(fmt::format("{}.bias-repeats: engine {} sums in a fixed order, so its repeats would be one run; test a lane "
+                       "with a seeded order (accel)", at, spec.engine));
+    }
+    const auto given = spec.settings.options.find(seed->flag);
+    if (given == spec.settings.options.end()) {
+      fail(fmt::format("{}.bias-repeats: set the lane's {}: the repeats run under it and the seeds after it", at, seed->flag));
+    }
+    if (std::stoll(given->second) > std::numeric_limits<std::int64_t>::max() - *n) {
+      fail(fmt::format("{}.{}: too large for {} repeats after it", at, seed->flag, *n));
+    }
+    return static_cast<int>(*n);
   }
 
   // budget-features = "a+b": feature names joined with '+', each once (receipt::BudgetFeatures).
@@ -526,6 +554,10 @@ class Parser {
       }
     }
     if (!ids.count(m.reference)) fail(fmt::format("reference: '{}' is not the id of a lane", m.reference));
+    if (m.lane(m.reference).bias_repeats > 0) {
+      fail(fmt::format("lanes ({}).bias-repeats: the reference lane is what the repeats are judged against; give it to "
+                       "another lane", m.reference));
+    }
     for (const LaneSpec& l : m.lanes) {
       if (l.triage_with.empty()) continue;
       if (!l.runs_fp8()) fail(fmt::format("lanes ({}).triage-with: the lane runs no fp8; triage explains fp8 lanes", l.id));

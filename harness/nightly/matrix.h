@@ -38,6 +38,11 @@ struct LaneSpec {
   // FILE.py:NAME` on no pack, its torch threads pinned by the lane (their bits depend on it).
   bool python_canary = false;
 
+  // bias-repeats = N (docs/nightly.md, "One-sided drift"): the lane runs N times, under its
+  // noise seed S and S+1 .. S+N-1, and the nightly tests the N runs for one-sided drift from
+  // the reference lane (check/drift_bias.h). 0: not tested. Only a seeded harness lane.
+  int bias_repeats = 0;
+
   bool runs_fp8() const;  // it declares the fp8 budget feature
   bool external() const { return !command.empty(); }  // runs as a child process
   bool uses_pack() const;  // its command reads the job's canary pack ({pack})

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "bias_check.h"
 #include "controls.h"
 #include "environment_drift.h"
 #include "golden_store.h"
@@ -349,6 +350,14 @@ class NightlyJob::Impl {
     return result;
   }
 
+  // One-sided drift over the lane's repeats (bias_check.h); the reference lane has run.
+  json bias(const LaneSpec& spec, const check::ReceiptData& run) {
+    const LaneRun& ref = ensure_run(matrix_.lane(matrix_.reference));
+    const BiasInputs in{matrix_,         spec, run, *ref.receipt, budgets_, options_.out_dir,
+                        (fs::path(options_.out_dir) / "bias").string(), options_.threads};
+    return bias_check(in);
+  }
+
   // BF16-first triage of an fp8 lane that fails against the reference.
   std::string triage(const LaneSpec& spec) {
     const LaneSpec* twin = twin_of(spec);
@@ -406,6 +415,7 @@ class NightlyJob::Impl {
       series["loss"] = r.receipt->loss;
       checks.push_back(golden_check(*r.receipt, spec, series));
       if (spec.id != matrix_.reference) checks.push_back(reference_check(*r.receipt, series));
+      if (spec.bias_repeats > 0 && checks.back()["status"] != "error") checks.push_back(bias(spec, *r.receipt));
     }
     record["checks"] = checks;
     record["series"] = series;
@@ -558,6 +568,10 @@ json merge_summaries(const std::vector<json>& shards, const std::vector<std::str
       const std::string id = lane["id"];
       if (lanes_by_id.count(id)) throw MatrixError(fmt::format("merge: lane {} appears in two shards (again in {})", id, dir));
       lane["receipt"] = rebase(lane["receipt"], dir, out_dir);
+      for (json& check : lane["checks"]) {  // a bias check's repeats
+        if (!check.contains("receipts")) continue;
+        for (json& receipt : check["receipts"]) receipt = rebase(receipt, dir, out_dir);
+      }
       lanes_by_id[id] = lane;
     }
     for (json run : shards[i]["auxiliary_runs"]) {  // the reference, run by several shards: once

@@ -45,6 +45,7 @@ std::string code_block(const std::string& text) {
 }
 
 std::string status_mark(const std::string& status) {
+  if (status == "warn") return "🔶 warn";  // a finding that passes (a bias check's default)
   return status == "pass" ? "✅ pass" : status == "fail" ? "❌ fail" : "⚠️ error";
 }
 
@@ -67,7 +68,7 @@ std::string junit_report(const json& summary) {
       test.append_attribute("classname") = fmt::format("nightly.{}", json_text(lane, "id")).c_str();
       test.append_attribute("name") = json_text(check, "check").c_str();
       const std::string status = json_text(check, "status");
-      if (status != "pass") {
+      if (status == "fail" || status == "error") {  // a warning passes: its text is in system-out
         pugi::xml_node problem = test.append_child(status == "fail" ? "failure" : "error");
         problem.append_attribute("message") = check_message(check).c_str();
         problem.append_attribute("type") = status == "fail" ? "regression" : json_text(check.value("error", json::object()), "kind").c_str();
@@ -130,9 +131,18 @@ std::string markdown_report(const json& summary) {
     std::string golden = "—", reference = "—";
     for (const json& check : lane["checks"]) {
       const std::string cell = markdown_cell(fmt::format("{}: {}", status_mark(json_text(check, "status")), json_text(check, "summary")));
-      (json_text(check, "check") == "reference" ? reference : golden) = cell;
+      const std::string name = json_text(check, "check");
+      if (name == "reference") reference = cell;
+      if (name == "golden" || name == "run") golden = cell;
     }
     md += fmt::format("| `{}` | {} | {} | {:.1f} s |\n", json_text(lane, "lane"), golden, reference, lane.value("seconds", 0.0));
+  }
+  for (const json& lane : summary["lanes"]) {  // the bias checks (`bias-repeats`), a line each
+    for (const json& check : lane["checks"]) {
+      if (json_text(check, "check") != "bias") continue;
+      md += fmt::format("\nOne-sided drift of `{}`: {}: {}\n", json_text(lane, "lane"), status_mark(json_text(check, "status")),
+                        markdown_cell(json_text(check, "summary")));
+    }
   }
   for (const json& lane : summary["lanes"]) {
     if (json_text(lane, "status") == "pass") continue;
