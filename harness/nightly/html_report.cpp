@@ -25,7 +25,7 @@ using nlohmann::json;
 // the XML writer cannot escape their characters.
 constexpr const char* kStyle = R"(
 body { font: 14px/1.45 system-ui, sans-serif; margin: 24px; color: #1d2430; max-width: 1200px; overflow-wrap: anywhere; }
-h1 .pass, td.pass { color: #137333; } h1 .fail, td.fail { color: #b3261e; } h1 .error, td.error { color: #a05a00; }
+h1 .pass, td.pass { color: #137333; } h1 .fail, td.fail { color: #b3261e; } h1 .error, td.error, div.warn { color: #a05a00; } div.fail { color: #b3261e; }
 table { border-collapse: collapse; margin: 8px 0 16px; max-width: 100%; }
 th, td { border: 1px solid #d5d9e0; padding: 4px 8px; text-align: left; vertical-align: top; overflow-wrap: anywhere; }
 th { background: #f3f5f8; }
@@ -348,7 +348,10 @@ void verdict_table(pugi::xml_node body, const json& summary) {
     add(row, "td", json_text(lane, "id"));
     add(row, "td", status, status);
     add(row, "td", check_cell(lane, "golden"));
-    add(row, "td", check_cell(lane, "reference"));
+    pugi::xml_node reference = add(row, "td", check_cell(lane, "reference"));
+    for (const json& c : lane["checks"]) {  // a bias check: its line under the reference's
+      if (json_text(c, "check") == "bias") add(reference, "div", "bias " + check_cell(lane, "bias"), json_text(c, "status"));
+    }
     add(row, "td", fmt::format("{:.1f}", lane.value("seconds", 0.0)));
   }
 }

@@ -9,7 +9,10 @@ unset CI
 # micro_nightly.toml's lanes on micro evaluating its held-out batch every 4 steps
 # (docs/logit-kl.md): the report charts the logit metrics at the evaluations.
 { cat "$HERE/../../canaries/micro.toml"; printf '\n[eval]\nevery = 4\n'; } > "$WORK/micro-eval.toml"
-sed 's|^canary = "micro"|canary = "micro-eval.toml"|' "$HERE/data/micro_nightly.toml" > "$WORK/nightly.toml"
+# and its bf16 lane tested for one-sided drift over 8 noise seeds (docs/nightly.md)
+sed -e 's|^canary = "micro"|canary = "micro-eval.toml"|' -e '0,/^noise-seed = 11$/s//noise-seed = 11\nbias-repeats = 8/' \
+  "$HERE/data/micro_nightly.toml" > "$WORK/nightly.toml"
+grep -q '^bias-repeats = 8' "$WORK/nightly.toml" || fail "the matrix tests no lane for one-sided drift"
 MATRIX="$WORK/nightly.toml"
 cmp -s "$MATRIX" "$HERE/data/micro_nightly.toml" && fail "the matrix does not name the evaluating canary"
 
@@ -96,6 +99,9 @@ cat > "$WORK/checks.js" <<JS
     }
   });
   check(failing > 0, 'no failing lane to check the commands on');
+  var bias = document.querySelector('#verdicts tr a[href="#lane-bf16"]');
+  bias = bias && bias.closest('tr').querySelector('div.warn');
+  check(bias && bias.textContent.indexOf('bias warn: biased') === 0, 'the verdict table lacks the bf16 lane\'s bias line');
   var bf16 = document.querySelector('#lane-bf16 .commands');
   check(bf16 && bf16.textContent.indexOf('--noise-seed 11') >= 0, 'the bf16 lane command lacks its noise seed');
   var charts = document.querySelectorAll('svg.chart');
