@@ -61,6 +61,47 @@ std::string failing_entry(const check::ComposedBudget& budget) {
   return "";
 }
 
+// The lane's runs: the job's, then one per seed after its own, each a receipt in work_dir.
+struct Repeats {
+  std::vector<check::ReceiptData> runs;
+  json seeds = json::array(), receipts = json::array();  // receipts relative to the job's directory
+};
+
+// Fills `out` as it goes: on a throw, out.runs.size() says which repeat failed.
+void run_repeats(const BiasInputs& in, const std::string& flag, std::int64_t seed, Repeats& out) {
+  const auto relative = [&](const std::string& path) { return fs::relative(path, in.out_dir).string(); };
+  out.runs.push_back(in.run);
+  out.seeds.push_back(seed);
+  out.receipts.push_back(relative(in.run.path));
+  fs::create_directories(in.work_dir);
+  for (int k = 1; k < in.spec.bias_repeats; ++k) {
+    LaneSpec repeat = in.spec;
+    repeat.settings.options[flag] = std::to_string(seed + k);
+    const std::string path = (fs::path(in.work_dir) / fmt::format("{}-{}.h5", in.spec.id, k)).string();
+    run_lane(in.matrix, repeat, path, {}, in.threads);
+    out.runs.push_back(check::load_receipt(path));
+    out.seeds.push_back(seed + k);
+    out.receipts.push_back(relative(path));
+  }
+}
+
+// status and summary: pass when no window is biased, else warn, or fail where `fails_by`
+// (an entry of the lane's budget) says bias = "fail".
+void set_verdict(json& check, const std::vector<check::DriftBias>& tests, const std::string& fails_by) {
+  const auto biased = std::find_if(tests.begin(), tests.end(), [](const check::DriftBias& b) { return b.biased; });
+  if (tests.empty()) {
+    check["status"] = "pass";
+    check["summary"] = "no window of the budget to test (it is bitwise)";
+  } else if (biased == tests.end()) {
+    check["status"] = "pass";
+    check["summary"] = fmt::format("no one-sided drift over {} repeats", tests.front().repeats);
+  } else {
+    check["status"] = fails_by.empty() ? "warn" : "fail";
+    const std::string why = fails_by.empty() ? "" : fmt::format(" ([{}] says bias = \"fail\")", fails_by);
+    check["summary"] = fmt::format("biased{}: {}", why, check::drift_bias_line(*biased));
+  }
+}
+
 }  // namespace
 
 json bias_check(const BiasInputs& in) {
@@ -74,24 +115,13 @@ json bias_check(const BiasInputs& in) {
   };
   const std::string flag = make_engine(in.spec.engine, in.spec.settings)->reduction_seed()->flag;
   const std::int64_t seed = std::stoll(in.spec.settings.options.at(flag));
-  std::vector<check::ReceiptData> repeats = {in.run};
-  const auto relative = [&](const std::string& path) { return fs::relative(path, in.out_dir).string(); };
-  json seeds = json::array({seed}), receipts = json::array({relative(in.run.path)});
+  Repeats repeats;
   try {
-    fs::create_directories(in.work_dir);
-    for (int k = 1; k < in.spec.bias_repeats; ++k) {
-      LaneSpec repeat = in.spec;
-      repeat.settings.options[flag] = std::to_string(seed + k);
-      const std::string path = (fs::path(in.work_dir) / fmt::format("{}-{}.h5", in.spec.id, k)).string();
-      run_lane(in.matrix, repeat, path, {}, in.threads);
-      repeats.push_back(check::load_receipt(path));
-      seeds.push_back(seed + k);
-      receipts.push_back(relative(path));
-    }
+    run_repeats(in, flag, seed, repeats);
   } catch (const run::Interrupted&) {
     throw;
   } catch (const std::exception& e) {
-    const std::int64_t failed = seed + static_cast<std::int64_t>(repeats.size());
+    const std::int64_t failed = seed + static_cast<std::int64_t>(repeats.runs.size());
     return error("repeat", fmt::format("lane {} under --{} {}: {}", in.spec.id, flag, failed, e.what()));
   }
   check::ComposedBudget budget;
@@ -101,35 +131,23 @@ json bias_check(const BiasInputs& in) {
     return error("budgets", e.what());
   }
   const std::vector<check::DriftBias> tests =
-      check::one_sided_drift(repeats, in.reference, tested_windows(budget), check::kBiasAlpha);
+      check::one_sided_drift(repeats.runs, in.reference, tested_windows(budget), check::kBiasAlpha);
   json windows = json::array();
-  std::vector<std::string> lines, biased;
+  std::vector<std::string> lines;
   for (const check::DriftBias& b : tests) {
     windows.push_back(window_record(b));
     lines.push_back(check::drift_bias_line(b));
-    if (b.biased) biased.push_back(lines.back());
   }
   const std::string fails_by = failing_entry(budget);
   check["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  check["seeds"] = seeds;
-  check["receipts"] = receipts;
+  check["seeds"] = repeats.seeds;
+  check["receipts"] = repeats.receipts;
   check["windows"] = windows;
   check["bias_fails"] = fails_by.empty() ? json(nullptr) : json(fails_by);
-  const std::int64_t last_seed = seed + static_cast<std::int64_t>(repeats.size()) - 1;
   check["text"] = fmt::format("{} repeats of lane {} (--{} {}..{}) against {}, family-wise level {}:\n{}\n",
-                              repeats.size(), in.spec.id, flag, seed, last_seed, in.reference.lane, check::kBiasAlpha,
-                              fmt::join(lines, "\n"));
-  if (tests.empty()) {
-    check["status"] = "pass";
-    check["summary"] = "no window of the budget to test (it is bitwise)";
-  } else if (biased.empty()) {
-    check["status"] = "pass";
-    check["summary"] = fmt::format("no one-sided drift over {} repeats", repeats.size());
-  } else {
-    check["status"] = fails_by.empty() ? "warn" : "fail";
-    const std::string why = fails_by.empty() ? "" : fmt::format(" ([{}] says bias = \"fail\")", fails_by);
-    check["summary"] = fmt::format("biased{}: {}", why, biased.front());
-  }
+                              repeats.runs.size(), in.spec.id, flag, seed, repeats.seeds.back().get<std::int64_t>(),
+                              in.reference.lane, check::kBiasAlpha, fmt::join(lines, "\n"));
+  set_verdict(check, tests, fails_by);
   return check;
 }
 
