@@ -339,8 +339,8 @@ class Parser {
     if (!t.contains("bias-repeats")) return 0;
     const auto n = t["bias-repeats"].value<std::int64_t>();
     if (!n || !t["bias-repeats"].is_integer() || *n < kMinBiasRepeats || *n > kMaxBiasRepeats) {
-      fail(fmt::format("{}.bias-repeats: must be an integer in {}..{} (the sign test alone needs 9 or more for one window)", at,
-                       kMinBiasRepeats, kMaxBiasRepeats));
+      fail(fmt::format("{}.bias-repeats: must be an integer in {}..{} (the sign test alone needs 9 or more for one "
+                       "window)", at, kMinBiasRepeats, kMaxBiasRepeats));
     }
     const auto seed = engine.reduction_seed();
     if (!seed) {
