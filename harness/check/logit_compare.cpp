@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -108,32 +109,53 @@ LogitDistance logit_distance(std::span<const float> run, std::span<const float> 
   return d;
 }
 
-EvalComparison compare_evals(const std::optional<EvalRecord>& run, const std::optional<EvalRecord>& ref) {
-  EvalComparison c;
+namespace {
+
+// The evaluations of `run` and `ref` at the same step, as (run's index, ref's index), when
+// their logits compare at all; else none, and `not_compared` says why.
+std::vector<std::pair<std::size_t, std::size_t>> common_evaluations(const std::optional<EvalRecord>& run,
+                                                                    const std::optional<EvalRecord>& ref,
+                                                                    std::string& not_compared) {
   if (!run || !ref) {
-    c.not_compared = !run && !ref ? "neither run evaluated a held-out batch ([eval] every)"
-                     : !run       ? "the run has no /eval (its canary's [eval] every is 0)"
-                                  : "the reference has no /eval (recorded before [eval], or with every = 0)";
-    return c;
+    not_compared = !run && !ref ? "neither run evaluated a held-out batch ([eval] every)"
+                   : !run       ? "the run has no /eval (its canary's [eval] every is 0)"
+                                : "the reference has no /eval (recorded before [eval], or with every = 0)";
+    return {};
   }
   if (run->held_out_hash != ref->held_out_hash) {
-    c.not_compared = fmt::format("the held-out batches differ ({} against {})", run->held_out_hash, ref->held_out_hash);
-    return c;
+    not_compared = fmt::format("the held-out batches differ ({} against {})", run->held_out_hash, ref->held_out_hash);
+    return {};
   }
   if (run->rows != ref->rows || run->tokens != ref->tokens || run->vocab != ref->vocab) {
-    c.not_compared = fmt::format("the recorded logits differ in shape ({}x{}x{} against {}x{}x{})", run->rows,
-                                 run->tokens, run->vocab, ref->rows, ref->tokens, ref->vocab);
-    return c;
+    not_compared = fmt::format("the recorded logits differ in shape ({}x{}x{} against {}x{}x{})", run->rows,
+                               run->tokens, run->vocab, ref->rows, ref->tokens, ref->vocab);
+    return {};
   }
+  std::vector<std::pair<std::size_t, std::size_t>> pairs;
   for (std::size_t i = 0; i < run->steps.size(); ++i) {
     const auto at = std::find(ref->steps.begin(), ref->steps.end(), run->steps[i]);
-    if (at == ref->steps.end()) continue;
-    const auto j = static_cast<std::size_t>(at - ref->steps.begin());
+    if (at != ref->steps.end()) pairs.emplace_back(i, static_cast<std::size_t>(at - ref->steps.begin()));
+  }
+  if (pairs.empty()) not_compared = "the runs evaluated at no common step";
+  return pairs;
+}
+
+}  // namespace
+
+EvalComparison compare_evals(const std::optional<EvalRecord>& run, const std::optional<EvalRecord>& ref) {
+  EvalComparison c;
+  for (const auto& [i, j] : common_evaluations(run, ref, c.not_compared)) {
     c.steps.push_back(static_cast<int>(run->steps[i]));
     c.distances.push_back(logit_distance(run->logits_at(i), ref->logits_at(j), ref->targets, ref->vocab));
   }
-  if (c.steps.empty()) c.not_compared = "the runs evaluated at no common step";
   return c;
+}
+
+std::vector<int> compared_eval_steps(const std::optional<EvalRecord>& run, const std::optional<EvalRecord>& ref) {
+  std::string not_compared;
+  std::vector<int> steps;
+  for (const auto& [i, j] : common_evaluations(run, ref, not_compared)) steps.push_back(static_cast<int>(run->steps[i]));
+  return steps;
 }
 
 }  // namespace harness::check

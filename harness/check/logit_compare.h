@@ -68,5 +68,7 @@ struct EvalComparison {
   std::string not_compared;
 };
 EvalComparison compare_evals(const std::optional<EvalRecord>& run, const std::optional<EvalRecord>& reference);
+// compare_evals(run, reference).steps without computing the distances.
+std::vector<int> compared_eval_steps(const std::optional<EvalRecord>& run, const std::optional<EvalRecord>& reference);
 
 }  // namespace harness::check

@@ -14,7 +14,6 @@
 #include "drift_bias.h"
 #include "interrupt.h"
 #include "lane_run.h"
-#include "registry.h"
 
 namespace harness::nightly {
 namespace {
@@ -113,7 +112,7 @@ json bias_check(const BiasInputs& in) {
     check["error"] = {{"kind", kind}, {"message", message}};
     return check;
   };
-  const std::string flag = make_engine(in.spec.engine, in.spec.settings)->reduction_seed()->flag;
+  const std::string flag = in.spec.reduction_seed_flag();  // set, and its value given (load_matrix checked)
   const std::int64_t seed = std::stoll(in.spec.settings.options.at(flag));
   Repeats repeats;
   try {

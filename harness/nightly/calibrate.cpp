@@ -22,7 +22,6 @@
 #include "matrix.h"
 #include "python_canary.h"
 #include "receipt/budget_features.h"
-#include "registry.h"
 #include "stack_info.h"
 #include "verdict.h"
 #include "verdict_report.h"
@@ -255,18 +254,10 @@ struct Runs {
   std::vector<check::Deviation> deviations;
 };
 
-// The flag that seeds the lane's reduction order when its engine declares one (a seeded
-// engine: each run draws an order, the flag replays one); "" otherwise.
-std::string reduction_seed_flag(const LaneSpec& spec) {
-  if (spec.external()) return "";  // torch and command lanes: no harness engine, no seed
-  const auto seed = make_engine(spec.engine, spec.settings)->reduction_seed();
-  return seed ? seed->flag : "";
-}
-
 // The reference once, the lane `repeats` times (seeded lanes: a new noise seed each).
 Runs run_repeats(const CalibrateOptions& o, const Matrix& matrix, const LaneSpec& spec, Calibration& c,
                  const std::function<void(const std::string&)>& progress) {
-  const std::string seed_flag = reduction_seed_flag(spec);
+  const std::string seed_flag = spec.reduction_seed_flag();
   const bool seeded = !seed_flag.empty();
   const TempDir work;
   if (progress) progress(fmt::format("reference {}", matrix.reference));
@@ -495,7 +486,7 @@ Runs perturbed_lane(const CalibrateOptions& o, const Matrix& matrix, const LaneS
   };
   // Every run of a seeded-noise lane replays one noise seed: the spread is the perturbation's alone.
   LaneSpec lane = spec;
-  if (const std::string flag = reduction_seed_flag(spec); !flag.empty() && !lane.settings.options.count(flag)) {
+  if (const std::string flag = spec.reduction_seed_flag(); !flag.empty() && !lane.settings.options.count(flag)) {
     c.noise_seeds = {o.noise_seed_base};
     lane.settings.options[flag] = std::to_string(o.noise_seed_base);
   }

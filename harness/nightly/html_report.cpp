@@ -350,7 +350,9 @@ void verdict_table(pugi::xml_node body, const json& summary) {
     add(row, "td", check_cell(lane, "golden"));
     pugi::xml_node reference = add(row, "td", check_cell(lane, "reference"));
     for (const json& c : lane["checks"]) {  // a bias check: its line under the reference's
-      if (json_text(c, "check") == "bias") add(reference, "div", "bias " + check_cell(lane, "bias"), json_text(c, "status"));
+      if (json_text(c, "check") != "bias") continue;
+      const std::string bias = json_text(c, "status");
+      add(reference, "div", fmt::format("bias {}: {}", bias, json_text(c, "summary")), bias);
     }
     add(row, "td", fmt::format("{:.1f}", lane.value("seconds", 0.0)));
   }

@@ -326,7 +326,7 @@ class Parser {
       }
       spec.lane = run::lane_name(m.canary_name, engine->lane_engine(), engine->features());
       spec.budget_features = engine->budget_features();
-      spec.bias_repeats = bias_repeats(*t, *engine, spec, at);
+      spec.bias_repeats = bias_repeats(*t, spec, at);
     } catch (const std::invalid_argument& e) {
       fail(fmt::format("{}: {}", at, e.what()));
     }
@@ -335,24 +335,24 @@ class Parser {
 
   // bias-repeats = N: only for a lane whose engine sums in an order its seed flag sets, and
   // that sets it (the repeats take the next seeds: every one replayable).
-  int bias_repeats(const toml::table& t, const Engine& engine, const LaneSpec& spec, const std::string& at) const {
+  int bias_repeats(const toml::table& t, const LaneSpec& spec, const std::string& at) const {
     if (!t.contains("bias-repeats")) return 0;
     const auto n = t["bias-repeats"].value<std::int64_t>();
     if (!n || !t["bias-repeats"].is_integer() || *n < kMinBiasRepeats || *n > kMaxBiasRepeats) {
       fail(fmt::format("{}.bias-repeats: must be an integer in {}..{} (the sign test alone needs 9 or more for one "
                        "window)", at, kMinBiasRepeats, kMaxBiasRepeats));
     }
-    const auto seed = engine.reduction_seed();
-    if (!seed) {
+    const std::string flag = spec.reduction_seed_flag();
+    if (flag.empty()) {
       fail(fmt::format("{}.bias-repeats: engine {} sums in a fixed order, so its repeats would be one run; test a lane "
                        "with a seeded order (accel)", at, spec.engine));
     }
-    const auto given = spec.settings.options.find(seed->flag);
+    const auto given = spec.settings.options.find(flag);
     if (given == spec.settings.options.end()) {
-      fail(fmt::format("{}.bias-repeats: set the lane's {}: the repeats run under it and the seeds after it", at, seed->flag));
+      fail(fmt::format("{}.bias-repeats: set the lane's {}: the repeats run under it and the seeds after it", at, flag));
     }
     if (std::stoll(given->second) > std::numeric_limits<std::int64_t>::max() - *n) {
-      fail(fmt::format("{}.{}: too large for {} repeats after it", at, seed->flag, *n));
+      fail(fmt::format("{}.{}: too large for {} repeats after it", at, flag, *n));
     }
     return static_cast<int>(*n);
   }
@@ -582,6 +582,12 @@ bool LaneSpec::uses_pack() const {
 
 bool LaneSpec::runs_fp8() const {
   return std::find(budget_features.begin(), budget_features.end(), "fp8") != budget_features.end();
+}
+
+std::string LaneSpec::reduction_seed_flag() const {
+  if (external()) return "";  // torch and command lanes: no harness engine, no seed
+  const auto seed = make_engine(engine, settings)->reduction_seed();
+  return seed ? seed->flag : "";
 }
 
 std::vector<std::string> expand_command(const LaneSpec& spec, const std::string& pack, const std::string& out, int steps,

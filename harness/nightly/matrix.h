@@ -44,6 +44,9 @@ struct LaneSpec {
   int bias_repeats = 0;
 
   bool runs_fp8() const;  // it declares the fp8 budget feature
+  // The flag that seeds the lane's reduction order when its engine declares one (a seeded
+  // engine: each run draws an order, the flag replays one); "" otherwise.
+  std::string reduction_seed_flag() const;
   bool external() const { return !command.empty(); }  // runs as a child process
   bool uses_pack() const;  // its command reads the job's canary pack ({pack})
 };

@@ -78,7 +78,7 @@ json envelope(const check::ReceiptData& run, const check::ReceiptData& against, 
   }
   // The held-out logit metrics a budget judged, at the evaluations both runs made (the
   // verdict's per-step series hold 0 between them): `steps` places each point.
-  const std::vector<int> evaluated = check::compare_evals(run.eval, against.eval).steps;
+  const std::vector<int> evaluated = check::compared_eval_steps(run.eval, against.eval);
   for (const char* name : check::kEvalMetrics) {
     for (const json& v : judged(name)) {
       json deviation = json::array(), allowed = json::array();
