@@ -20,11 +20,15 @@ the lane's canary runs through the same runner.
 
 The recorded copy digests through the digest library next to `harness` (HARNESS_BIN, else
 build/bin/harness) where it is found; CANARY_HARNESS_DIGEST=python measures the numpy
-digest. Rounds past the canary's steps start its schedule again (step i mod steps). This
-is a benchmark, not a test: the numbers depend on the machine and its load (printed).
+digest. Rounds past the canary's steps start its schedule again (step i mod steps). A
+canary's held-out evaluation (eval_batch) is left out of the recorded copy: it runs
+between steps, not in one, and the bare loop runs none. The receipt is written in a
+temporary directory, removed however the bench ends. This is a benchmark, not a test: the
+numbers depend on the machine and its load (printed).
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -32,6 +36,7 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Any, Dict, List, Optional, Sequence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, os.pardir))
@@ -51,7 +56,7 @@ def pack_lane_canary(path: str):
     return pack_canary(pack, architecture, cfg, model, CanaryAdamW(model.named_parameters(), cfg), pack.steps)
 
 
-def main() -> int:
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--canary", default=os.path.join(ROOT, "examples", "own-model", "canary.py") + ":canary")
     ap.add_argument("--pack", help="a canary pack (harness export): measure the built-in canary's PyTorch lane instead")
@@ -60,26 +65,29 @@ def main() -> int:
     ap.add_argument("--block", type=int, default=8, help="steps of one kind in a row (a round: a block of each)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", help="write the numbers here too")
-    args = ap.parse_args()
+    return ap.parse_args(argv)
 
+
+def without_held_out(loaded: Any) -> Any:
+    """`loaded` with no held-out evaluation. The bench times a step's recording: an
+    evaluation runs between steps, not in one, and the bare loop runs none. Kept, it would
+    also run again each time the bench's schedule wraps (step i mod steps) and declare the
+    receipt's /eval a second time."""
+    return dataclasses.replace(loaded, canary=dataclasses.replace(
+        loaded.canary, eval_batch=None, eval_every=0, eval_logits=None, eval_targets=None))
+
+
+def measure(args: argparse.Namespace, bare: Any, recorded: Any, receipt: str) -> Dict[str, List[float]]:
+    """Seconds per step of each block after the warm-up, {"bare": [...], "recorded": [...]}:
+    `bare` trained by its own loop, `recorded` through the runner into `receipt`."""
     import torch
 
-    from canary_harness.canary import load_canary
-    from canary_harness.digest_plan import DigestPlan
     from canary_harness.runner import ReceiptRun, RunOptions
 
-    torch.set_num_threads(args.threads)
-    load = (lambda: pack_lane_canary(args.pack)) if args.pack else (lambda: load_canary(args.canary))
-    bare, recorded = load(), load()
-    if args.pack:
-        args.canary = f"{args.pack} (the PyTorch lane)"
     steps = bare.canary.steps
-    work = tempfile.mkdtemp(prefix="own-model-overhead-")
     blocks = (args.warmup + args.rounds + args.block - 1) // args.block
-    options = RunOptions(out=os.path.join(work, "r.h5"), threads=args.threads, steps=blocks * args.block)
-    device = torch.device("cpu")
-    run = ReceiptRun(recorded, options, device, options.steps)
-    implementation = DigestPlan([1], [1], [True]).implementation
+    options = RunOptions(out=receipt, threads=args.threads, steps=blocks * args.block)
+    run = ReceiptRun(without_held_out(recorded), options, torch.device("cpu"), options.steps)
 
     def bare_block(first: int) -> float:
         start = time.perf_counter()
@@ -95,21 +103,31 @@ def main() -> int:
         run.rows.wait()  # the last row written too: no background work of a block overlaps a bare block
         return (time.perf_counter() - start) / args.block
 
-    times = {"bare": [], "recorded": []}
-    for b in range(blocks):
-        order = [("bare", bare_block), ("recorded", recorded_block)]
-        if b % 2:
-            order.reverse()  # neither side always follows the other
-        for name, block in order:
-            seconds = block(b * args.block)
-            if b * args.block >= args.warmup:
-                times[name].append(seconds)
-    run.finish()
-    run.loop.close()
+    times: Dict[str, List[float]] = {"bare": [], "recorded": []}
+    try:
+        for b in range(blocks):
+            order = [("bare", bare_block), ("recorded", recorded_block)]
+            if b % 2:
+                order.reverse()  # neither side always follows the other
+            for name, block in order:
+                seconds = block(b * args.block)
+                if b * args.block >= args.warmup:
+                    times[name].append(seconds)
+        run.finish()
+    except BaseException as error:
+        run.abandon(error)  # the receipt closed: its directory can go
+        raise
+    finally:
+        run.loop.close()
+    return times
+
+
+def summary(args: argparse.Namespace, times: Dict[str, List[float]], implementation: str) -> Dict[str, Any]:
+    import torch
 
     paired = sorted(r / b - 1 for r, b in zip(times["recorded"], times["bare"]))
     median = {k: statistics.median(v) for k, v in times.items()}
-    result = {
+    return {
         "canary": args.canary, "rounds": args.rounds, "threads": args.threads, "digest": implementation,
         "bare_ms": 1e3 * median["bare"], "recorded_ms": 1e3 * median["recorded"],
         "ratio_of_medians_pct": 100 * (median["recorded"] / median["bare"] - 1),
@@ -117,6 +135,25 @@ def main() -> int:
         "paired_quartiles_pct": [100 * paired[len(paired) // 4], 100 * paired[(3 * len(paired)) // 4]],
         "torch": torch.__version__, "cpu": platform.processor() or platform.machine(), "load": os.getloadavg(),
     }
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+
+    import torch
+
+    from canary_harness.canary import load_canary
+    from canary_harness.digest_plan import DigestPlan
+
+    torch.set_num_threads(args.threads)
+    load = (lambda: pack_lane_canary(args.pack)) if args.pack else (lambda: load_canary(args.canary))
+    bare, recorded = load(), load()
+    if args.pack:
+        args.canary = f"{args.pack} (the PyTorch lane)"
+    implementation = DigestPlan([1], [1], [True]).implementation
+    with tempfile.TemporaryDirectory(prefix="own-model-overhead-") as work:  # removed however the bench ends
+        times = measure(args, bare, recorded, os.path.join(work, "r.h5"))
+    result = summary(args, times, implementation)
     print(f"canary      {args.canary} ({args.threads} thread(s), {args.rounds} rounds, digest {implementation})")
     print(f"bare        {result['bare_ms']:.2f} ms/step (median)")
     print(f"recorded    {result['recorded_ms']:.2f} ms/step (median)")

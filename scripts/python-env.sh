@@ -20,7 +20,7 @@ want=$(sha256sum "$requirements" | cut -d' ' -f1)
 
 up_to_date() {
   [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] &&
-    PJRT_DEVICE=CPU "$venv/bin/python" -c 'import torch, torch_xla, jax, numpy, h5py, xxhash, pytest, canary_harness' >/dev/null 2>&1
+    PJRT_DEVICE=CPU "$venv/bin/python" -c 'import torch, torch_xla, jax, transformers, accelerate, numpy, h5py, xxhash, pytest, canary_harness' >/dev/null 2>&1
 }
 
 if up_to_date; then
@@ -43,20 +43,21 @@ install_from_cache() {
 }
 start=$(date +%s)
 if ! install_from_cache >/dev/null 2>&1; then
-  index=${PIP_INDEX_URL:-https://pypi.org/simple}
-  if ! /usr/bin/python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1].rstrip("/") + "/pip/", timeout=15)' \
-      "$index" >/dev/null 2>&1; then
+  # pip's own configuration (PIP_INDEX_URL, pip.conf) decides which index it asks.
+  echo "python-env: downloading python/requirements-venv.txt's wheels into $cache (about 4.5 GB the first time)"
+  if ! "$venv/bin/pip" download "${pip_quiet[@]}" --retries 2 --no-deps -r "$requirements" -d "$cache" >"$venv.download.log" 2>&1; then
     rm -rf "$venv"
-    echo "python-env: the Python package index ($index) is not reachable and $cache lacks wheels:" \
-         ".venv/ (torch 2.9) is not made, and the torch 2.x suite will not run (docs/python-env.md)" >&2
+    echo "python-env: the Python package index that pip is configured with is not reachable and $cache lacks" \
+         "wheels ($(tail -n 1 "$venv.download.log")): .venv/ (torch 2.9) is not made, and the torch 2.x suite will not run" \
+         "(docs/python-env.md)" >&2
+    rm -f "$venv.download.log"
     exit 0
   fi
-  echo "python-env: downloading python/requirements-venv.txt's wheels into $cache (about 4.3 GB the first time)"
-  "$venv/bin/pip" download "${pip_quiet[@]}" --no-deps -r "$requirements" -d "$cache"
+  rm -f "$venv.download.log"
   install_from_cache
 fi
 # Editable: the tests and the CLI run the package in python/ as it is edited.
 "$venv/bin/pip" install "${pip_quiet[@]}" --no-deps --no-build-isolation -e "$root/python"
-version=$(PJRT_DEVICE=CPU "$venv/bin/python" -c 'import torch, torch_xla, jax, numpy, h5py, xxhash, pytest, canary_harness; print(torch.__version__)')
+version=$(PJRT_DEVICE=CPU "$venv/bin/python" -c 'import torch, torch_xla, jax, transformers, accelerate, numpy, h5py, xxhash, pytest, canary_harness; print(torch.__version__)')
 echo "$want" > "$stamp"  # last: an interrupted install has no stamp, and is made again
 echo "python-env: .venv/ made in $(( $(date +%s) - start )) s: torch $version, $(du -sh "$venv" | cut -f1)"

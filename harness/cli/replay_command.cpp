@@ -78,14 +78,27 @@ std::optional<std::map<std::string, std::string>> manifest_of(const std::string&
 }
 
 // A Python canary's receipt is replayed by the package that wrote it; its output is ours.
+// With --json the result comes back in a file and is printed here: the canary's own prints
+// go to stderr, never into the JSON.
 int run_python_replay(const ReplayFlags& f, const std::map<std::string, std::string>& manifest) {
   std::vector<std::string> flags = {"--from", std::to_string(f.options.from)};
   if (f.to) flags.insert(flags.end(), {"--to", std::to_string(*f.to)});
-  if (f.json) flags.push_back("--json");
   const run::PythonCommand command = run::python_canary_command("replay", f.options.receipt, manifest, flags);
-  const run::ChildResult child = run::run_child(command.argv, command.environment, run::ChildOutput::kInherit,
-                                                run::ChildOutput::kInherit);
-  return child.exit_code();
+  if (!f.json) {
+    return run::run_child(command.argv, command.environment, run::ChildOutput::kInherit, run::ChildOutput::kInherit)
+        .exit_code();
+  }
+  const run::PythonJsonResult replayed =
+      run::run_python_for_json(command.argv, command.environment, run::ChildOutput::kStderr, run::ChildOutput::kInherit);
+  const int code = replayed.child.exit_code();
+  if ((code == 0 || code == 1) && replayed.result.is_object()) {
+    fmt::print("{}\n", run::json_text(replayed.result));
+    return code;
+  }
+  if (code == 0 || code == 1) {
+    throw run::UsageError(fmt::format("{}: its replay {} but wrote no result", f.options.receipt, replayed.child.how()));
+  }
+  return code;  // the replay's own error is on stderr
 }
 
 int run_replay(ReplayFlags& f) {
@@ -98,7 +111,7 @@ int run_replay(ReplayFlags& f) {
   return r.reproduced() ? kExitPass : kExitCheckFailed;
 }
 
-// An aten trace of one step as `python3 -m canary_harness replay --json` prints it.
+// An aten trace of one step as `python3 -m canary_harness replay --json-out PATH` writes it.
 check::OpTrace trace_of_json(const nlohmann::json& traced) {
   check::OpTrace trace;
   for (const nlohmann::json& c : traced.at("columns")) {
@@ -116,29 +129,32 @@ check::OpTrace trace_of_json(const nlohmann::json& traced) {
   }
   if (trace.hashes.size() != trace.columns.size() || trace.l2.size() != trace.columns.size() ||
       trace.projection.size() != trace.columns.size() * receipt::kSketchWidth) {
-    throw check::TraceUnavailable("the replay printed a trace whose columns and digests differ in number");
+    throw check::TraceUnavailable("the replay wrote a trace whose columns and digests differ in number");
   }
   return trace;
 }
 
-// A Python canary's step, replayed by its package with every aten op traced.
+// A Python canary's step, replayed by its package with every aten op traced. The result
+// comes back in a file (--json-out): the replay's stdout is the canary's own, whatever its
+// model prints while it is built or stepped.
 check::OpTrace python_replayed_trace(const check::ReceiptData& run, int step) {
   const std::string at = std::to_string(step);
   const run::PythonCommand command =
-      run::python_canary_command("replay", run.path, run.manifest, {"--from", at, "--to", at, "--trace", "aten", "--json"});
-  run::ChildResult child;
+      run::python_canary_command("replay", run.path, run.manifest, {"--from", at, "--to", at, "--trace", "aten"});
+  run::PythonJsonResult replayed;
   try {
-    child = run::run_child(command.argv, command.environment, run::ChildOutput::kCapture, run::ChildOutput::kCapture);
-  } catch (const run::ChildProcessError& e) {
+    replayed = run::run_python_for_json(command.argv, command.environment);
+  } catch (const std::exception& e) {  // it cannot start, or its result cannot be read
     throw check::TraceUnavailable(fmt::format("{} has no op trace and its replay cannot start: {}", run.path, e.what()));
   }
+  const run::ChildResult& child = replayed.child;
   if (child.exit_code() == 2 || (!child.exited_zero() && child.exit_code() != 1)) {
     throw check::TraceUnavailable(fmt::format("{} has no op trace and cannot be replayed: {}", run.path,
                                               run::last_line(child.stderr_tail)));
   }
-  const nlohmann::json result = nlohmann::json::parse(child.stdout_text, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json& result = replayed.result;
   if (!result.is_object() || !result.contains("traces") || result["traces"].size() != 1) {
-    throw check::TraceUnavailable(fmt::format("the replay of {} printed no trace of step {}", run.path, step));
+    throw check::TraceUnavailable(fmt::format("the replay of {} wrote no trace of step {}", run.path, step));
   }
   if (result.value("verdict", "") != "reproduced") {
     const nlohmann::json& m = result["first_mismatch"];
@@ -148,7 +164,7 @@ check::OpTrace python_replayed_trace(const check::ReceiptData& run, int step) {
   try {
     return trace_of_json(result["traces"][0]);
   } catch (const nlohmann::json::exception& e) {
-    throw check::TraceUnavailable(fmt::format("the replay of {} printed a trace that cannot be read ({})", run.path, e.what()));
+    throw check::TraceUnavailable(fmt::format("the replay of {} wrote a trace that cannot be read ({})", run.path, e.what()));
   }
 }
 

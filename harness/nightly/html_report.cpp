@@ -499,11 +499,18 @@ bool is_python_recipe(const json& recipe) { return recipe.contains("python") && 
 // A harness engine's recipe (run::replay_recipe): it names its engine and canary.
 bool is_engine_recipe(const json& recipe) { return recipe.contains("engine") && recipe.contains("canary"); }
 
-std::string python_run_command(const json& recipe, const std::string& out, int checkpoint_every) {
+// `python`: the interpreter the lane ran under as the matrix named it ("" for the one the
+// recipe recorded, sys.executable: a wrapper script that sets up its environment and execs
+// another interpreter records that other one).
+std::string python_run_command(const json& recipe, const std::string& out, int checkpoint_every,
+                               const std::string& python) {
   std::vector<std::string> words;  // the environment the harness gives its own Python children
-  for (const auto& [name, value] : run::python_package_environment()) words.push_back(name + "=" + shell_word(value));
-  words.insert(words.end(), {shell_word(json_text(recipe, "python", "python3")), "-m", "canary_harness", "run",
-                             shell_word(json_text(recipe, "canary"))});
+  for (const auto& [name, value] : run::python_package_environment()) {
+    // PYTHONPATH: the package first, then the caller's own, as run::run_child sets it
+    words.push_back(name + "=" + shell_word(value) + (name == "PYTHONPATH" ? "${PYTHONPATH:+:$PYTHONPATH}" : ""));
+  }
+  words.insert(words.end(), {shell_word(python.empty() ? json_text(recipe, "python", "python3") : python), "-m",
+                             "canary_harness", "run", shell_word(json_text(recipe, "canary"))});
   for (const char* flag : {"device", "precision"}) {
     if (recipe.contains(flag)) words.insert(words.end(), {fmt::format("--{}", flag), shell_word(json_text(recipe, flag))});
   }
@@ -523,8 +530,9 @@ std::string python_run_command(const json& recipe, const std::string& out, int c
 
 // The command that runs a lane again from its receipt's recipe: `harness run` for the
 // harness's engines, `python3 -m canary_harness run` for a Python canary.
-std::string run_command(const json& recipe, const std::string& out, int checkpoint_every = 0) {
-  if (is_python_recipe(recipe)) return python_run_command(recipe, out, checkpoint_every);
+std::string run_command(const json& recipe, const std::string& out, int checkpoint_every = 0,
+                        const std::string& python = "") {
+  if (is_python_recipe(recipe)) return python_run_command(recipe, out, checkpoint_every, python);
   run::RunOptions options;
   try {
     options = run::options_from_recipe(recipe);
@@ -596,6 +604,7 @@ void reproduce(pugi::xml_node section, const json& lane, const json& summary) {
   pugi::xml_node box = add(section, "div", "", "commands");
   add(box, "h4", "Reproduce, bisect, replay");
   const std::string id = json_text(lane, "id");
+  const std::string python = json_text(lane, "python");  // a Python canary lane's interpreter, as the matrix names it
   int first_failing = -1;
   for (const json& check : lane["checks"]) {
     if (json_text(check, "status") != "fail" || !check.contains("verdict")) continue;
@@ -606,7 +615,7 @@ void reproduce(pugi::xml_node section, const json& lane, const json& summary) {
     command_block(box,
                   fmt::format("Run the lane again (its receipt's recipe: seed {}{}):", recipe.value("seed", json(nullptr)).dump(),
                               reduction_seed_note(recipe)),
-                  run_command(recipe, id + ".h5"));
+                  run_command(recipe, id + ".h5", 0, python));
   } else {  // a command lane, the PyTorch lane on the canary pack: the job's own way of running it, that lane alone
     const json matrix = summary.value("matrix", json::object());
     command_block(box, "Run the lane again (its receipt records no recipe: the nightly runs it, alone):",
@@ -635,7 +644,7 @@ void reproduce(pugi::xml_node section, const json& lane, const json& summary) {
                                 "checkpoints and replay that receipt:", first_failing - 1), "muted");
       if (is_engine_recipe(recipe) || is_python_recipe(recipe)) {
         add(box, "pre",
-            run_command(recipe, id + ".h5", first_failing) + "\nharness replay " + shell_word(id + ".h5") + " --from " +
+            run_command(recipe, id + ".h5", first_failing, python) + "\nharness replay " + shell_word(id + ".h5") + " --from " +
                 std::to_string(first_failing),
             "command");
       }

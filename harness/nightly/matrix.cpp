@@ -34,7 +34,8 @@ inline constexpr const char* kPlaceholders[] = {"{pack}", "{out}", "{steps}", "{
 inline constexpr const char* kTorchFlags[] = {"device", "precision", "python", "compile"};
 inline constexpr const char* kJaxFlags[] = {"python", "mesh", "shard-plan", "precision"};
 inline constexpr const char* kPythonCanaryFlags[] = {"device", "precision", "threads", "python", "compile"};
-// What runs a Python canary (docs/own-model.md): Debian's python3, this checkout's package.
+// What runs a Python lane where neither the matrix nor the lane names an interpreter
+// (`python = PATH`): Debian's python3, with this checkout's package.
 inline constexpr const char* kPython = "/usr/bin/python3";
 
 #ifndef HARNESS_SOURCE_DIR
@@ -63,8 +64,8 @@ class Parser {
       fail(fmt::format("line {}: {}", e.source().begin.line, e.description()));
     }
     for (auto&& [key, node] : root) {
-      static const std::set<std::string> known{"schema_version", "canary", "steps",        "seed",
-                                               "reference",      "trace",  "control-fault", "lanes"};
+      static const std::set<std::string> known{"schema_version", "canary", "steps",         "seed",  "reference",
+                                               "trace",          "python", "control-fault", "lanes"};
       if (!known.count(std::string(key.str()))) {
         fail(fmt::format("{}: unknown key (allowed: {})", key.str(), fmt::join(known, ", ")));
       }
@@ -77,6 +78,9 @@ class Parser {
     m.path = path_;
     m.content_hash = run::file_content_hash(path_);
     m.canary = text(root, "canary", "canary", true);
+    // python = PATH: the interpreter of every Python lane that names none, and the one that
+    // reads a Python canary.
+    if (root.contains("python")) matrix_python_ = interpreter(text(root, "python", "python", true), "python");
     if (is_python_canary_spec(m.canary)) return parse_python_canary(root, std::move(m));
     try {
       // A canary file's path is relative to the matrix file, like any path in it.
@@ -154,8 +158,10 @@ class Parser {
     const std::filesystem::path file = std::filesystem::absolute(std::filesystem::path(path_).parent_path() /
                                                                  m.canary.substr(0, colon));
     m.canary = file.lexically_normal().string() + m.canary.substr(colon);
+    python_canary_spec_ = m.canary;
     m.python_canary = true;
-    const nlohmann::json described = describe_python_canary(m.canary);
+    const auto [python, key] = reading_interpreter(root);
+    const nlohmann::json& described = describe_python_canary(m.canary, python, key);
     m.canary_name = described.at("name").get<std::string>();
     const int canary_steps = described.at("steps").get<int>();
     m.steps = root.contains("steps") ? static_cast<int>(integer(root, "steps", 1, canary_steps)) : canary_steps;
@@ -169,8 +175,25 @@ class Parser {
     return with_lanes(root, std::move(m));
   }
 
-  // The torch a torch lane runs: Debian's python3, or `python = PATH` (named in the lane as
-  // @MAJOR.MINOR, passed --versioned), eager or `compile = true`.
+  // The interpreter that reads a Python canary (`describe`), and the key that names it: the
+  // matrix's `python`, else the reference lane's, else Debian's (the key is then `canary`).
+  std::pair<std::string, std::string> reading_interpreter(const toml::table& root) const {
+    if (!matrix_python_.empty()) return {matrix_python_, "python"};
+    const auto reference = root["reference"].value<std::string>();
+    if (const toml::array* lanes = root["lanes"].as_array(); lanes && reference) {
+      for (std::size_t i = 0; i < lanes->size(); ++i) {
+        const toml::table* t = (*lanes)[i].as_table();
+        if (!t || (*t)["id"].value<std::string>() != reference || !t->contains("python")) continue;
+        const std::string key = fmt::format("lanes[{}] ({}).python", i, *reference);
+        return {interpreter(text(*t, "python", key, true), key), key};
+      }
+    }
+    return {kPython, "canary"};
+  }
+
+  // The torch a torch lane runs: Debian's python3, or `python = PATH` of the lane or else of
+  // the matrix (named in the lane as @MAJOR.MINOR, passed --versioned), eager or
+  // `compile = true`.
   struct TorchStack {
     std::string python = kPython;
     std::string release;  // "@2.9" for another interpreter, "" for Debian's
@@ -188,74 +211,110 @@ class Parser {
     }
   };
 
+  // `at`: the lane ("lanes[0] (fp32)"), whose `python` is its own, else the matrix's.
   TorchStack torch_stack(std::map<std::string, std::string>& options, const std::string& at) const {
     TorchStack stack;
     stack.compiled = options.count("compile") > 0;
-    if (options.count("python")) {
-      stack.python = interpreter(options["python"], at);
-      stack.release = "@" + torch_release(stack.python, at);
+    const std::string key = options.count("python") ? at + ".python" : "python";
+    const std::string python = options.count("python") ? interpreter(options["python"], key) : matrix_python_;
+    if (!python.empty()) {
+      stack.python = python;
+      stack.release = "@" + torch_release(stack.python, key);
     }
     return stack;
   }
 
-  // A torch lane's interpreter: PATH as written when absolute, else relative to the matrix
-  // file's directory; it must exist.
-  std::string interpreter(const std::string& path, const std::string& at) const {
+  // An interpreter named by `key` (`python`, `lanes[0] (fp32).python`): PATH as written when
+  // absolute, else relative to the matrix file's directory; it must exist and not be a
+  // directory (one that cannot be started is said by the first command that starts it).
+  std::string interpreter(const std::string& path, const std::string& key) const {
     std::filesystem::path p(path);
     if (p.is_relative()) p = std::filesystem::absolute(std::filesystem::path(path_).parent_path() / p);
     p = p.lexically_normal();
     std::error_code ec;
     if (!std::filesystem::exists(p, ec)) {
-      fail(fmt::format("{}.python: '{}' does not exist (make .venv/ with scripts/python-env.sh)", at, p.string()));
+      fail(fmt::format("{}: '{}' does not exist (make .venv/ with scripts/python-env.sh)", key, p.string()));
+    }
+    if (std::filesystem::is_directory(p, ec)) {
+      fail(fmt::format("{}: '{}' is a directory (name the interpreter, e.g. .venv/bin/python)", key, p.string()));
     }
     return p.string();
   }
 
   // MAJOR.MINOR of the torch that `python` imports (what `--versioned` names the lane with),
-  // asked once per interpreter and matrix: importing torch takes seconds.
-  std::string torch_release(const std::string& python, const std::string& at) const {
+  // asked once per interpreter and matrix: importing torch takes seconds. A Python canary's
+  // matrix has it from the canary's description under that interpreter.
+  std::string torch_release(const std::string& python, const std::string& key) const {
     if (const auto known = releases_.find(python); known != releases_.end()) return known->second;
-    return releases_[python] = probe_torch_release(python, at);
+    if (python_canary_spec_.empty()) return releases_[python] = probe_torch_release(python, key);
+    const nlohmann::json& described = describe_python_canary(python_canary_spec_, python, key);
+    const std::string version = described.value("torch", "");
+    const std::string release = release_of(version);
+    if (release.empty()) fail(fmt::format("{}: {} imports a torch of no version ('{}')", key, python, version));
+    return releases_[python] = release;
   }
 
-  std::string probe_torch_release(const std::string& python, const std::string& at) const {
-    run::ChildResult child;
-    try {
-      child = run::run_child({python, "-c", "import torch; print(torch.__version__)"}, {}, run::ChildOutput::kCapture,
-                             run::ChildOutput::kCapture);
-    } catch (const run::ChildProcessError& e) {
-      fail(fmt::format("{}.python: {}", at, e.what()));
-    }
-    const std::string version = child.stdout_text.substr(0, child.stdout_text.find_first_of("\n"));
+  // "2.9.0+cpu" -> "2.9"; "" when it is no version.
+  static std::string release_of(const std::string& version) {
     const std::size_t first = version.find('.');
     const std::size_t second = first == std::string::npos ? first : version.find_first_not_of("0123456789", first + 1);
-    if (!child.exited_zero() || first == std::string::npos || first == 0 || second == first + 1) {
-      fail(fmt::format("{}.python: {} cannot import torch ({})", at, python,
-                       child.exited_zero() ? "no version" : run::last_line(child.stderr_tail)));
-    }
+    if (first == std::string::npos || first == 0 || second == first + 1) return "";
     return version.substr(0, second);
   }
 
-  nlohmann::json describe_python_canary(const std::string& spec) const {
+  std::string probe_torch_release(const std::string& python, const std::string& key) const {
     run::ChildResult child;
-    try {
-      child = run::run_child({kPython, "-m", "canary_harness", "describe", spec}, run::python_package_environment(),
-                             run::ChildOutput::kCapture, run::ChildOutput::kCapture);
+    try {  // not a canary: the one line it prints is torch's version
+      child = run::run_child({python, "-c", "import torch; print(torch.__version__)"}, {}, run::ChildOutput::kCapture,
+                             run::ChildOutput::kCapture);
     } catch (const run::ChildProcessError& e) {
-      fail(fmt::format("canary: {}", e.what()));
+      fail(fmt::format("{}: {}", key, e.what()));
     }
+    const std::string release = release_of(child.stdout_text.substr(0, child.stdout_text.find_first_of("\n")));
+    if (!child.exited_zero() || release.empty()) {
+      fail(fmt::format("{}: {} cannot import torch ({})", key, python,
+                       child.exited_zero() ? "no version" : run::last_line(child.stderr_tail)));
+    }
+    return release;
+  }
+
+  // `python -m canary_harness describe FILE.py:NAME --json-out PATH` under `python` (named by
+  // `key`), once per interpreter: the canary's name, steps, seed, modules and the torch that
+  // interpreter imports. Its stdout is the canary's own (a model that prints while it is
+  // built), never read. Every interpreter a lane runs reads it: one that cannot load it
+  // (torch, transformers, canary_harness missing) is the matrix's error, naming the key.
+  const nlohmann::json& describe_python_canary(const std::string& spec, const std::string& python,
+                                               const std::string& key) const {
+    if (const auto known = described_.find(python); known != described_.end()) return known->second;
+    const std::vector<std::string> argv{python, "-m", "canary_harness", "describe", spec};
+    run::PythonJsonResult described;
+    try {
+      described = run::run_python_for_json(argv, run::python_package_environment());
+    } catch (const std::exception& e) {  // it cannot start, or its result cannot be read
+      fail(fmt::format("{}: {}", key, e.what()));
+    }
+    const run::ChildResult& child = described.child;
     if (!child.exited_zero()) {
       const std::string line = run::last_line(child.stderr_tail);
-      fail(line.empty() ? fmt::format("canary: `python3 -m canary_harness describe {}` {}", spec, child.how())
-                        : fmt::format("canary: {}", line));
+      const bool missing = line.find("No module named") != std::string::npos ||
+                           line.find("ImportError") != std::string::npos ||
+                           line.find("numpy.dtype size changed") != std::string::npos;
+      const std::string why = line.empty() ? fmt::format("`{}` {}", run::command_line(argv), child.how()) : line;
+      if (key != "canary") fail(fmt::format("{}: {} cannot load {}: {}", key, python, spec, why));
+      fail(missing ? fmt::format("canary: {} cannot load it ({}); name the interpreter that can with python = \"PATH\" "
+                                 "(e.g. \"../.venv/bin/python\"), in the matrix or the reference lane", python, why)
+                   : fmt::format("canary: {}", why));
     }
-    const nlohmann::json j = nlohmann::json::parse(child.stdout_text, nullptr, /*allow_exceptions=*/false);
+    const nlohmann::json& j = described.result;
     if (!j.is_object() || !j.contains("name") || !j["name"].is_string() || !j.contains("steps") ||
         !j["steps"].is_number_integer() || !j.contains("seed") || !j["seed"].is_number_integer()) {
-      fail(fmt::format("canary: `python3 -m canary_harness describe {}` did not print the canary's name, steps and seed",
-                       spec));
+      fail(fmt::format("{}: `{}` did not write the canary's name, steps and seed", key, run::command_line(argv)));
     }
-    return j;
+    if (!described_.empty() && described_.begin()->second.at("name") != j["name"]) {
+      fail(fmt::format("{}: under {} the canary is named {}, under {} {}", key, python, j["name"].get<std::string>(),
+                       described_.begin()->first, described_.begin()->second.at("name").get<std::string>()));
+    }
+    return described_[python] = j;
   }
 
  private:
@@ -460,11 +519,13 @@ class Parser {
   // are the module's own (canary_harness.jax._lane and budget_features).
   LaneSpec jax_lane(const Matrix& m, const toml::table& t, LaneSpec spec, const std::string& at) const {
     take_lane_flags(t, spec, kJaxFlags, at, "a jax lane", "a jax lane");
-    if (!spec.settings.options.count("python")) {
+    if (!spec.settings.options.count("python") && matrix_python_.empty()) {
       fail(fmt::format("{}.python: missing; a jax lane names the interpreter that has JAX (python = "
-                       "\"../.venv/bin/python\", made by scripts/python-env.sh)", at));
+                       "\"../.venv/bin/python\", made by scripts/python-env.sh), or the matrix does", at));
     }
-    const std::string python = interpreter(spec.settings.options["python"], at);
+    const std::string python = spec.settings.options.count("python")
+                                   ? interpreter(spec.settings.options["python"], at + ".python")
+                                   : matrix_python_;
     EngineSettings layout;  // read by tpu-mesh's own rules: the mesh, plans and precisions are its
     for (const char* flag : {"mesh", "shard-plan", "precision"}) {
       if (spec.settings.options.count(flag)) layout.options[flag] = spec.settings.options[flag];
@@ -532,6 +593,7 @@ class Parser {
     }
     spec.python_canary = true;
     const TorchStack stack = torch_stack(spec.settings.options, at);
+    describe_python_canary(m.canary, stack.python, at + ".python");  // this lane's interpreter loads it too
     spec.lane = stack.lane_name(m.canary_name, type, precision);
     if (type != "cpu") spec.budget_features.push_back("torch-" + type);
     if (precision == "bf16") spec.budget_features.push_back("torch-bf16");
@@ -571,7 +633,10 @@ class Parser {
   std::string path_;
   std::unique_ptr<canary::Canary> canary_model_;  // the matrix's canary: which ops its lanes' engines must run
   bool python_seed_given_ = false;  // a Python canary's matrix replaces its seed: lanes pass --seed
+  std::string matrix_python_;       // `python`: absolute; "" when the matrix names none
+  std::string python_canary_spec_;  // FILE.py:NAME (FILE absolute) of a Python canary's matrix
   mutable std::map<std::string, std::string> releases_;  // interpreter -> its torch's MAJOR.MINOR
+  mutable std::map<std::string, nlohmann::json> described_;  // interpreter -> the Python canary as it reads it
 };
 
 }  // namespace

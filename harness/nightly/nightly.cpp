@@ -109,6 +109,12 @@ json envelope(const check::ReceiptData& run, const check::ReceiptData& against, 
           {"metrics", json(metrics)}};
 }
 
+// The interpreter a Python canary's lane runs under, as the matrix or the lane names it (the
+// reports' commands run it again with it); null for the other lanes.
+json lane_python(const LaneSpec& spec) {
+  return spec.python_canary && !spec.command.empty() ? json(spec.command.front()) : json(nullptr);
+}
+
 json stack_of(const check::ReceiptData& r) {
   json stack = json::object();
   for (const char* key : kStackKeys) {
@@ -259,7 +265,7 @@ class NightlyJob::Impl {
     const std::string relative = (fs::path("receipts") / (spec.id + ".h5")).string();
     const std::string path = (fs::path(options_.out_dir) / relative).string();
     r.record = {{"id", spec.id}, {"lane", spec.lane}, {"engine", spec.engine}, {"features", spec.settings.features},
-                {"why", spec.why}, {"receipt", relative}};
+                {"why", spec.why}, {"receipt", relative}, {"python", lane_python(spec)}};
     const int index = ++started_;
     const auto start = std::chrono::steady_clock::now();
     try {
@@ -446,7 +452,8 @@ class NightlyJob::Impl {
                                    fmt::format("not started: the job was interrupted (signal {})", interrupted_signal_),
                                    "not started: the job was interrupted");
     return {{"id", spec.id}, {"lane", spec.lane}, {"engine", spec.engine}, {"features", spec.settings.features},
-            {"why", spec.why}, {"receipt", nullptr}, {"seconds", 0.0}, {"checks", json::array({check})},
+            {"why", spec.why}, {"receipt", nullptr}, {"python", lane_python(spec)}, {"seconds", 0.0},
+            {"checks", json::array({check})},
             {"series", json::object()}, {"status", "error"}, {"triage", nullptr}};
   }
 

@@ -55,18 +55,19 @@ double least_headroom(const check::Verdict& v) {
   return tightest ? tightest->headroom_pct : 100.0;
 }
 
-// A Python canary's switches, as `python3 -m canary_harness units A` prints them.
+// A Python canary's switches, as `python3 -m canary_harness units A --json-out PATH` writes
+// them (its stdout is the canary's own).
 std::vector<PrecisionSwitch> python_switches(const check::ReceiptData& lane) {
   const run::PythonCommand command = run::python_canary_command("units", lane.path, lane.manifest, {});
-  const run::ChildResult child =
-      run::run_child(command.argv, command.environment, run::ChildOutput::kCapture, run::ChildOutput::kCapture);
+  const run::PythonJsonResult listed = run::run_python_for_json(command.argv, command.environment);
+  const run::ChildResult& child = listed.child;
   if (!child.exited_zero()) {
     const std::string line = run::last_line(child.stderr_tail);
     throw LaneCommandError(fmt::format("triage: the units of {} could not be listed: {} {}: {}", lane.path,
                                        run::command_line(command.argv), child.how(),
                                        line.empty() ? "(nothing on stderr)" : line));
   }
-  const nlohmann::json found = nlohmann::json::parse(child.stdout_text, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json& found = listed.result;
   std::vector<PrecisionSwitch> switches;
   if (!found.is_array()) throw LaneCommandError(fmt::format("triage: the units of {} are not JSON", lane.path));
   for (const nlohmann::json& s : found) {

@@ -109,6 +109,7 @@ ChildResult run_child(const std::vector<std::string>& argv, const std::map<std::
     err = open_pipe();
     posix_spawn_file_actions_adddup2(&actions, err.write, 2);
   }
+  if (stdout_mode == ChildOutput::kStderr) posix_spawn_file_actions_adddup2(&actions, 2, 1);  // after stderr's
   pid_t pid = 0;
   const int rc = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);

@@ -14,6 +14,7 @@ enum class ChildOutput {
   kDiscard,  // stdout to /dev/null
   kCapture,  // read back whole (stdout) or its last 64 KiB (stderr)
   kInherit,  // ours
+  kStderr,   // stdout only: where the child's stderr goes (a child's prints kept off our stdout)
 };
 
 struct ChildResult {

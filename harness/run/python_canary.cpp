@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "file_io.h"
+
 namespace harness::run {
 namespace {
 
@@ -45,6 +47,18 @@ PythonCommand python_canary_command(const std::string& subcommand, const std::st
   command.argv.insert(command.argv.end(), flags.begin(), flags.end());
   command.environment = python_package_environment();
   return command;
+}
+
+PythonJsonResult run_python_for_json(std::vector<std::string> argv, const std::map<std::string, std::string>& environment,
+                                     ChildOutput stdout_mode, ChildOutput stderr_mode) {
+  const TempDir work("python-json", "a Python child's result");
+  const std::string out = work.file("result.json");
+  argv.insert(argv.end(), {"--json-out", out});
+  PythonJsonResult r;
+  r.child = run_child(argv, environment, stdout_mode, stderr_mode);
+  const std::string text = read_file(out);  // "" when the child wrote none: discarded below
+  r.result = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  return r;
 }
 
 }  // namespace harness::run

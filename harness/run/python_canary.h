@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "child_process.h"
 
 namespace harness::run {
@@ -30,5 +32,20 @@ struct PythonCommand {
 PythonCommand python_canary_command(const std::string& subcommand, const std::string& receipt,
                                     const std::map<std::string, std::string>& manifest,
                                     const std::vector<std::string>& flags);
+
+// A Python child whose result is data (`replay`, `units`, `describe`): `argv` run with
+// `--json-out PATH` added, PATH a file in a fresh temporary directory, and the JSON read
+// from that file. The child's stdout is the canary's own (a model that prints its
+// parameter count while it is built) and is never parsed: discarded by default, or where
+// `stdout_mode` sends it; its stderr is captured for the error line by default. `result`
+// is discarded (is_discarded()) where the child wrote no file or no JSON. Throws
+// ChildProcessError when the child cannot start.
+struct PythonJsonResult {
+  ChildResult child;
+  nlohmann::json result;
+};
+PythonJsonResult run_python_for_json(std::vector<std::string> argv, const std::map<std::string, std::string>& environment,
+                                     ChildOutput stdout_mode = ChildOutput::kDiscard,
+                                     ChildOutput stderr_mode = ChildOutput::kCapture);
 
 }  // namespace harness::run

@@ -5,7 +5,9 @@ FILE.py:NAME is a function in your file returning canary_harness.Canary (docs/ow
 --out X [--perturb-init SEED]` runs its recipe again into a new receipt, the initial weights
 moved one ulp under SEED (what `harness calibrate --perturb N` runs; docs/budgets.md),
 and with `--autocast-off M,...` modules out of bf16 autocast (what `harness triage` runs);
-`units R.h5` prints the modules triage may switch (docs/triage.md).
+`units R.h5` prints the modules triage may switch (docs/triage.md). `replay`, `units` and
+`describe` take `--json-out PATH`: the result as JSON in that file (written whole), stdout
+left to whatever the canary prints; what the harness reads (docs/bisect.md).
 The harness seeds, places the model and batches on --device, runs each step (under bf16
 autocast for --precision bf16), and records the receipt that `harness check`, `compare`
 and `golden` judge like any lane's. `--layout ddp|fsdp --nproc N` trains on N processes
@@ -32,6 +34,45 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # argparse's own errors: one line, exit 2
         print(f"{PROG}: error: {message} (see `python3 -m {PROG} run --help`)", file=sys.stderr)
         sys.exit(2)
+
+
+def add_json_out_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json-out", metavar="PATH",
+                        help="write the result as JSON to PATH (whole: a temporary file renamed) instead of "
+                             "printing it; stdout is left to what the canary prints. What the harness reads")
+
+
+def write_json_atomically(path: str, value: object) -> None:
+    """`value` as JSON at `path`, whole or not at all: a temporary file beside it, renamed."""
+    import json
+    import os
+    import tempfile
+
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, temp = tempfile.mkstemp(prefix=".json-out-", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(value, f, sort_keys=True)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        try:
+            os.unlink(temp)
+        except OSError:
+            pass
+        raise
+
+
+def check_json_out(path: Optional[str]) -> None:
+    """--json-out's directory exists before the work starts (UsageError otherwise)."""
+    import os
+
+    from .lane import UsageError
+
+    if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        raise UsageError(f"--json-out: no directory for '{path}'")
 
 
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
@@ -76,6 +117,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     replay.add_argument("--trace", default="none", help="none (default) or aten: trace every aten op of the "
                                                         "steps from --from on (docs/bisect.md)")
     replay.add_argument("--json", action="store_true", help="print the result as JSON (with the traces)")
+    add_json_out_argument(replay)
     rerun = commands.add_parser("rerun", help="run a Python canary's receipt's recipe again into a new receipt")
     rerun.add_argument("receipt", help="a receipt this command's `run` wrote")
     rerun.add_argument("--out", required=True, help="the new receipt's path (.h5)")
@@ -86,9 +128,11 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     units = commands.add_parser("units", help="print the units `harness triage` may switch in a receipt's recipe "
                                               "(modules autocast runs in bf16) as JSON")
     units.add_argument("receipt", help="a receipt this command's `run` wrote")
+    add_json_out_argument(units)
     describe = commands.add_parser("describe", help="print the canary's name, steps and seed as JSON (what a nightly "
                                                     "matrix naming FILE.py:NAME reads)")
     describe.add_argument("canary", help="FILE.py:NAME: a function in FILE.py returning canary_harness.Canary")
+    add_json_out_argument(describe)
     invariance = commands.add_parser("invariance", help="batch invariance: batch(0)'s first row alone and at a drawn "
                                                         "row of batches of 2..N, module by module (docs/invariance.md)")
     invariance.add_argument("canary", help="FILE.py:NAME: a function in FILE.py returning canary_harness.Canary")
@@ -195,8 +239,14 @@ def replay(args: argparse.Namespace) -> int:
         raise UsageError(problem)
     from_step = _count("from", args.from_step, 0, 2**31 - 1)
     to_step = _count("to", args.to_step, 0, 2**31 - 1) if args.to_step is not None else None
+    check_json_out(args.json_out)
     result = replay_receipt(args.receipt, from_step, to_step, args.trace)
-    print(json.dumps(to_json(result)) if args.json else to_text(result), end="\n" if args.json else "")
+    if args.json_out is not None:  # what the harness reads: stdout stays the canary's own
+        write_json_atomically(args.json_out, to_json(result))
+    if args.json:
+        print(json.dumps(to_json(result)))
+    elif args.json_out is None:
+        print(to_text(result), end="")
     return 0 if result.reproduced() else 1
 
 
@@ -229,6 +279,10 @@ def units(args: argparse.Namespace) -> int:
 
     from .replay import precision_switches
 
+    check_json_out(args.json_out)
+    if args.json_out is not None:  # stdout is the canary's own
+        write_json_atomically(args.json_out, precision_switches(args.receipt))
+        return 0
     with contextlib.redirect_stdout(sys.stderr):  # the canary's own prints; stdout is the JSON
         found = precision_switches(args.receipt)
     print(json.dumps(found))
@@ -239,17 +293,28 @@ def describe(args: argparse.Namespace) -> int:
     import contextlib
     import json
 
+    import torch
+
     from .canary import load_canary
 
-    with contextlib.redirect_stdout(sys.stderr):  # what NAME() prints (a parameter count) is not the JSON
+    check_json_out(args.json_out)
+    if args.json_out is not None:  # stdout is the canary's own
         loaded = load_canary(args.canary)
+    else:
+        with contextlib.redirect_stdout(sys.stderr):  # what NAME() prints (a parameter count) is not the JSON
+            loaded = load_canary(args.canary)
     # The module paths a fault may name (--inject-fault op=PATH), in registration order; the
-    # nightly's negative control faults the first leaf module by default.
+    # nightly's negative control faults the first leaf module by default. `torch`: the
+    # version this interpreter imports (a lane under it is named after its release).
     modules = [(name, next(module.children(), None) is None) for name, module in loaded.canary.model.named_modules()
                if name]
-    print(json.dumps({"name": loaded.canary.name, "steps": loaded.canary.steps, "seed": loaded.seed,
-                      "canary": loaded.identity(), "modules": [name for name, _ in modules],
-                      "leaf_modules": [name for name, leaf in modules if leaf]}, sort_keys=True))
+    described = {"name": loaded.canary.name, "steps": loaded.canary.steps, "seed": loaded.seed,
+                 "canary": loaded.identity(), "modules": [name for name, _ in modules],
+                 "leaf_modules": [name for name, leaf in modules if leaf], "torch": torch.__version__}
+    if args.json_out is not None:
+        write_json_atomically(args.json_out, described)
+    else:
+        print(json.dumps(described, sort_keys=True))
     return 0
 
 

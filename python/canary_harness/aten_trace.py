@@ -23,9 +23,12 @@ only modules. Each output is named by
 What is traced is decided from each op's schema, not its name: floating-point outputs of
 ops that compute something. A return that only aliases an input (a view: `t`, `view`,
 `expand`, `detach`) is the input's value again and is skipped; an in-place op's return
-(an alias it writes) is traced, as its value after the op. Values are cloned on the device
-as the op returns (the next in-place op would overwrite them) and read to the host at the
-end of the step: no host read happens inside the step.
+(an alias it writes) is traced, as its value after the op. An allocation's output
+(`empty_like`: ALLOCATION_OPS, the one list of op names, as no torch tag marks them) and a
+metadata-only op's (tagged inplace_view: `resize_`) hold memory the op did not write, and
+are no observation: they are skipped, and the op that fills the memory is traced. Values
+are cloned on the device as the op returns (the next in-place op would overwrite them) and
+read to the host at the end of the step: no host read happens inside the step.
 
 Cost: every output cloned and digested; this is a diagnosis mode (a replay of one step),
 not a nightly recording.
@@ -175,9 +178,36 @@ class StepPhases:
         self.modules.close()
 
 
+# Ops whose outputs hold memory the op did not write: allocations. Their values are
+# whatever the allocator's block held before (a freed activation of this step, or bytes of
+# another run), so hashing them makes two runs of one step differ where nothing computed
+# differs: dropout's mask is an empty_like that bernoulli_ then fills (the fill is traced).
+# No torch tag marks an allocation (empty_like's are pt2_compliant_tag and, on some
+# overloads, core or generated; zeros_like's the same), so they are named here by schema
+# name, every overload of each (out= included); a name a torch build lacks never matches.
+ALLOCATION_OPS = frozenset({
+    "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::empty_permuted",
+    "aten::new_empty", "aten::new_empty_strided",
+})
+
+# Ops tagged inplace_view change only a tensor's metadata (resize_, set_, as_strided_,
+# squeeze_): they compute no value, and a resize_ that grows a tensor leaves memory unwritten.
+_METADATA_ONLY = getattr(getattr(torch, "Tag", None), "inplace_view", None)
+
+
+def _computes_nothing(func: Any) -> bool:
+    """Whether the op writes no value of its outputs (an allocation, a metadata change)."""
+    if func._schema.name in ALLOCATION_OPS:
+        return True
+    return _METADATA_ONLY is not None and _METADATA_ONLY in getattr(func, "tags", ())
+
+
 def _traced_returns(func: Any) -> List[bool]:
     """Per return of the op's schema: True when it computes a value (no alias, or an alias the
-    op writes: an in-place or out= result); a pure view is the input's value again."""
+    op writes: an in-place or out= result); a pure view is the input's value again, and an
+    allocation's or metadata change's output holds no value the op wrote."""
+    if _computes_nothing(func):
+        return [False] * len(func._schema.returns)
     flags = []
     for ret in func._schema.returns:
         alias = ret.alias_info

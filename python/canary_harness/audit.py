@@ -3,7 +3,13 @@
     python3 -m canary_harness.audit FILE.py:FUNCTION [--steps N] [--warmup W] [--json] [--xla]
 
 FUNCTION() returns `step(i)`, one training step on CPU tensors (--xla: also FUNCTION(device)
-on torch_xla's device, run by canary_harness.xla_audit beside this audit). The audit runs steps
+on torch_xla's device, run by canary_harness.xla_audit beside this audit), or a
+`canary_harness.Canary`, as `python3 -m canary_harness run FILE.py:NAME` takes it: the file is
+then loaded as `run` loads it (canary.load_canary: seeded, NAME() called, checked) and step i
+is `canary.step(model, optimizer, canary.batch(i), i)`, batch(i) made before the step's
+window opens, as the runner makes it (under --xla the model is placed on the device and
+each batch moved there in the step, as `run --device xla` does). What FUNCTION() returns
+decides, not its name. The audit runs steps
 0..N-1 (default 4) under a TorchDispatchMode, which sees every aten op the step runs
 (forward, backward and optimizer) with its tensors' shapes and dtypes and its non-tensor
 arguments, and a TorchFunctionMode, which sees the Python-level reads of tensor values
@@ -56,10 +62,13 @@ import json
 import os
 import sys
 import sysconfig
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, NoReturn, Optional, Sequence, Tuple
 
 import xxhash
+
+from .canary import Canary  # torch-free: the type a FILE.py:NAME may return
 
 PROG = "canary_harness.audit"
 FINDING_KINDS = ("host_read", "varying_constant", "graph_change", "dynamic_shape")
@@ -420,14 +429,42 @@ def _modes():
 _MODES = None
 
 
+class _IdentitySet:
+    """Objects held weakly and told apart by identity alone. A weakref.WeakSet finds its
+    members by hash and ==, and == of two tensors is a tensor, whose truth raises where it
+    has more than one element: a set of tensors must never compare them. Each entry is
+    keyed by id() and holds a weak reference whose callback drops it when the object dies;
+    contains() also checks that the reference still points at the object asked about, so
+    an id that a dead object's successor reuses is never taken for the dead one's."""
+
+    def __init__(self) -> None:
+        self._refs: Dict[int, Any] = {}
+
+    def add(self, obj: Any) -> None:
+        key = id(obj)
+        if self.contains(obj):
+            return
+        refs = self._refs
+
+        def forget(ref: Any) -> None:
+            if refs.get(key) is ref:  # not a newer object's entry under a reused id
+                del refs[key]
+        refs[key] = weakref.ref(obj, forget)
+
+    def contains(self, obj: Any) -> bool:
+        ref = self._refs.get(id(obj))
+        return ref is not None and ref() is obj
+
+    def __len__(self) -> int:
+        return len(self._refs)
+
+
 class StepCapture:
     """Records what one step runs: begin() enters the two torch modes, end() leaves them and
     returns the step's StepGraph. Between begin() and end() nothing changes a number: every op
     runs as it would, the modes only look (and cost time: docs/python.md gives the figure)."""
 
     def __init__(self, locator: Optional[_Locator] = None) -> None:
-        import weakref
-
         self.locator = locator or _Locator()
         self.ops: List[OpCall] = []
         self.reading = 0
@@ -435,7 +472,7 @@ class StepCapture:
         # device, and what is computed from them alone): torch.optim's step counter, kept on
         # the CPU unless capturable or fused, is one. Reading one is no device round trip,
         # and arithmetic on them is in no device graph. Kept across steps (state lives on).
-        self._host = weakref.WeakSet()
+        self._host = _IdentitySet()
         self._entered: Optional[Tuple[Any, Any]] = None
         self._step = 0
 
@@ -445,7 +482,7 @@ class StepCapture:
 
     def on_host(self, tensors: Sequence[Any]) -> bool:
         """True when there are tensors and every one is host-resident."""
-        return bool(tensors) and all(t in self._host for t in tensors)
+        return bool(tensors) and all(self._host.contains(t) for t in tensors)
 
     def host_read(self, display: str, frame: Any) -> None:
         file, line, via = self.locator.locate(frame)
@@ -810,6 +847,8 @@ def audit_step(step: Callable[[int], Any], steps: int = 4, *, warmup: int = 1, t
     analysis = Analysis(warmup)
     graphs: List[StepGraph] = []
     for i in range(steps):
+        if isinstance(step, PythonCanaryStep):
+            _prepare(step, i)  # the canary's batch(i), outside the step's window
         capture.begin(i)
         try:
             step(i)
@@ -823,6 +862,13 @@ def audit_step(step: Callable[[int], Any], steps: int = 4, *, warmup: int = 1, t
         analysis.add(graph)
         graphs.append(graph)
     return AuditReport(target or getattr(step, "__qualname__", repr(step)), graphs, analysis.findings, warmup)
+
+
+def _prepare(step: "PythonCanaryStep", i: int) -> None:
+    try:
+        step.prepare(i)
+    except Exception as e:
+        raise StepError(f"batch({i}) raised {type(e).__name__}: {_first_line(e)}{_where(e, _Locator())}") from e
 
 
 def _n(count: int, noun: str) -> str:
@@ -860,7 +906,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap = _Parser(prog=f"python3 -m {PROG}",
                  description="Audit a PyTorch training step for what makes a tracing compiler (XLA) recompile: "
                              "host reads, varying Python constants, graph changes, data-dependent shapes.")
-    ap.add_argument("target", help="FILE.py:FUNCTION, where FUNCTION() returns step(i), one training step on CPU")
+    ap.add_argument("target", help="FILE.py:FUNCTION, where FUNCTION() returns step(i), one training step on CPU, "
+                                   "or a canary_harness.Canary (its step on its batches, as `canary_harness run` "
+                                   "runs it)")
     ap.add_argument("--steps", default="4", help="steps to run, at least 2 (default 4)")
     ap.add_argument("--warmup", default="1",
                     help="warm-up steps whose graph may differ from the next one's (default 1: step 0 may create "
@@ -883,7 +931,7 @@ def parse_target(target: str) -> Tuple[str, str]:
     """FILE.py:FUNCTION -> (FILE.py, FUNCTION), the file there; AuditError (one line) otherwise."""
     path, colon, function = target.rpartition(":")
     if not colon or not path or not function:
-        raise AuditError(f"'{target}': give FILE.py:FUNCTION (FUNCTION() returns step(i))")
+        raise AuditError(f"'{target}': give FILE.py:FUNCTION (FUNCTION() returns step(i) or a canary_harness.Canary)")
     if not os.path.exists(path):
         raise AuditError(f"{path}: no such file")
     if os.path.isdir(path):
@@ -895,8 +943,10 @@ def parse_target(target: str) -> Tuple[str, str]:
 
 def load_step(target: str, *device: Any) -> Callable[[int], Any]:
     """FILE.py:FUNCTION -> the step function FUNCTION() returns (FUNCTION(device) with a
-    device); AuditError (one line) otherwise: no such file, an import that fails, no such
-    function, a FUNCTION() that raises or returns something that is not callable."""
+    device), or, where FUNCTION() returns a canary_harness.Canary, its PythonCanaryStep (the file
+    loaded again as `canary_harness run` loads it: canary.load_canary); AuditError (one
+    line) otherwise: no such file, an import that fails, no such function, a FUNCTION() that
+    raises or returns neither, a Canary that does not load."""
     path, function = parse_target(target)
     directory = os.path.dirname(os.path.abspath(path))
     if directory not in sys.path:
@@ -921,16 +971,67 @@ def load_step(target: str, *device: Any) -> Callable[[int], Any]:
     maker = getattr(module, function)
     if not callable(maker):
         raise AuditError(f"{target}: is {_a(type(maker).__name__)}, not a function")
+    # A function without an argument is called as it is, also under --xla: what it returns
+    # decides (a Canary is placed on the device by the audit; a step function needs FUNCTION(device)).
+    made = _make(maker, target, function, *(device if _takes_an_argument(maker) else ()))
+    if isinstance(made, Canary):
+        return PythonCanaryStep(_load_canary(target), *device)
     if device and not _takes_an_argument(maker):
         raise AuditError(f"{target}: --xla calls {function}(device), and {function}() takes no argument: give it one "
                          f"(def {function}(device=\"cpu\")) and make the model, optimizer and tensors on it")
+    if not callable(made):
+        raise AuditError(f"{target}: {function}() returned {_a(type(made).__name__)}, not a step function step(i) "
+                         "or a canary_harness.Canary")
+    return made
+
+
+def _make(maker: Callable[..., Any], target: str, function: str, *device: Any) -> Any:
+    """FUNCTION(*device); an exception it raises is an AuditError naming it."""
     try:
-        step = maker(*device)
+        return maker(*device)
     except Exception as e:
         raise AuditError(f"{target}: {function}() raised {type(e).__name__}: {_first_line(e)}") from None
-    if not callable(step):
-        raise AuditError(f"{target}: {function}() returned {_a(type(step).__name__)}, not a step function step(i)")
-    return step
+
+
+def _load_canary(target: str) -> Any:
+    """The Canary FILE.py:NAME returns, as `canary_harness run` loads it (canary.load_canary:
+    the file imported afresh, torch, random and numpy seeded, NAME() called, every field
+    checked); a CanaryError is an AuditError."""
+    from .canary import CanaryError, load_canary
+
+    try:
+        return load_canary(target)
+    except CanaryError as e:
+        raise AuditError(str(e)) from None
+
+
+class PythonCanaryStep:
+    """step(i) of a canary_harness.Canary as `canary_harness run` runs it:
+    canary.step(model, optimizer, batch, i) on canary.batch(i). audit_step makes the batch
+    before the step's window opens (prepare), as the runner makes it before its audit's
+    window: the data pipeline is not the training step. Under --xla the model is placed on
+    the device (runner.place_on_device) and each batch moved there inside the step, as the
+    runner moves it."""
+
+    def __init__(self, loaded: Any, device: Any = None) -> None:
+        self.canary = loaded.canary
+        self.device = device
+        self._prepared: Dict[int, Any] = {}
+        if device is not None:
+            from .runner import place_on_device
+
+            place_on_device(self.canary, device)
+
+    def prepare(self, i: int) -> None:
+        self._prepared[i] = self.canary.batch(i)
+
+    def __call__(self, i: int) -> Any:
+        batch = self._prepared.pop(i) if i in self._prepared else self.canary.batch(i)
+        if self.device is not None:
+            from .runner import to_device
+
+            batch = to_device(batch, self.device)
+        return self.canary.step(self.canary.model, self.canary.optimizer, batch, i)
 
 
 def _takes_an_argument(function: Callable[..., Any]) -> bool:

@@ -25,7 +25,7 @@ import os
 import random
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 # The seed NAME() is first called under when the command line gives none; a canary that
 # declares another seed is built again under its own (load_canary).
@@ -58,8 +58,17 @@ class Canary:
     steps:     the run's length; seed: the seed the harness seeds torch, random and numpy
                with before it calls NAME() (`--seed` overrides it).
     config:    optional JSON-able mapping: what identifies the canary beyond its tensors
-               (sizes, hyper-parameters); it goes into the receipt's canary JSON, so two
-               receipts of different configs never compare.
+               (sizes, hyper-parameters; an HF config's to_dict()); it goes into the
+               receipt's canary JSON, so two receipts of different configs never compare.
+               It is compared as JSON gives it back (canonical_json: int keys become
+               strings, tuples lists), on the receipt's side and the live one alike.
+    schedulers: optional list of learning-rate schedulers the step steps (HF's LambdaLRs,
+               any torch.optim.lr_scheduler), and
+    state:     optional {name: object}: anything else the step uses that keeps state across
+               steps. Every one needs state_dict() and load_state_dict(); their state is
+               checkpointed and restored with the model's and the optimizer's
+               (canary_harness.canary_state), so that a replay from a checkpoint resumes the
+               schedule where the run was.
     eval_batch: optional held-out inputs (the form batch(i) returns), fixed: every
                `eval_every` steps (default steps // 4) the model's logits on it are recorded
                (docs/logit-kl.md). The logits are eval_logits(model, batch) (default: the
@@ -81,6 +90,8 @@ class Canary:
     eval_rows: int = 2
     eval_logits: Optional[Callable[[Any, Any], Any]] = None
     eval_targets: Any = None
+    schedulers: Sequence[Any] = ()
+    state: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -99,13 +110,15 @@ class LoadedCanary:
     # differs. True: a built-in canary's int32 tokens from its checksummed pack, hashed as
     # the C++ engines hash them (digest.batch_hash): its lanes compare with theirs.
     token_batches: bool = False
+    module: Any = None  # the imported FILE.py (what the stack line reads its imports from); None for a pack
 
     def identity(self) -> Dict[str, Any]:
         """The receipt's canary JSON: what makes two runs runs of one canary. The file is
         named by its base name (runs from other directories compare), the tensors by a
-        hash of their names and shapes (a changed model is another canary)."""
+        hash of their names and shapes (a changed model is another canary). Returned as
+        JSON gives it back (canonical_json), the form the receipt's copy is read in."""
         table = json.dumps([[n, list(self.shapes[n])] for n in self.tensor_names], separators=(",", ":"))
-        return {
+        return canonical_json({
             "name": self.canary.name,
             "kind": "python",
             "source": f"{os.path.basename(self.path)}:{self.function}",
@@ -114,7 +127,27 @@ class LoadedCanary:
             "tensor_table_sha256": hashlib.sha256(table.encode()).hexdigest(),
             "optimizer": type(self.canary.optimizer).__name__,
             "config": dict(self.canary.config),
-        }
+        })
+
+
+def canonical_json(value: Any) -> Any:
+    """`value` as one JSON round trip gives it back: what every comparison of a canary's
+    identity compares, on both sides. A receipt stores its canary JSON as text, so its copy
+    comes back with string keys ({0: "a"} -> {"0": "a"}) and lists for tuples; the live
+    value has to take the same trip, or an HF config's int-keyed id2label never equals its
+    own record again. ValueError (TypeError for an unsupported type) when `value` is no
+    JSON, or two of a mapping's keys become one string ({1: .., "1": ..})."""
+    return json.loads(json.dumps(value, allow_nan=False), object_pairs_hook=_unique_keys)
+
+
+def _unique_keys(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
+    """A JSON object's pairs as a dict; ValueError where a key repeats (json would keep the last silently)."""
+    made: Dict[str, Any] = {}
+    for key, value in pairs:
+        if key in made:
+            raise ValueError(f"two keys of one mapping are both '{key}' in JSON")
+        made[key] = value
+    return made
 
 
 def call_model(model: Any, batch: Any) -> Any:
@@ -233,10 +266,12 @@ def _check(canary: Canary, spec: str) -> Tuple[List[str], Dict[str, Tuple[int, .
     if not isinstance(canary.config, Mapping):
         raise CanaryError(f"{spec}: config is a {type(canary.config).__name__}, not a mapping")
     try:
-        json.dumps(dict(canary.config), allow_nan=False, sort_keys=True)
-    except (TypeError, ValueError) as e:
-        raise CanaryError(f"{spec}: config does not convert to JSON ({e})") from None
+        canonical_json(dict(canary.config))
+    except (TypeError, ValueError, RecursionError) as e:
+        raise CanaryError(f"{spec}: config does not convert to JSON ({e}); give numbers, strings, lists and "
+                          "mappings") from None
     _check_eval(canary, spec)
+    _check_state(canary, spec)
     params = dict(canary.model.named_parameters())
     if not params:
         raise CanaryError(f"{spec}: the model has no parameters")
@@ -270,6 +305,27 @@ def _check_eval(canary: Canary, spec: str) -> None:
         canary.eval_every = max(1, canary.steps // 4)
 
 
+def _check_state(canary: Canary, spec: str) -> None:
+    """schedulers and state: what the checkpoints hold beyond the model and optimizer (stateful_objects)."""
+    if not isinstance(canary.schedulers, (list, tuple)):
+        raise CanaryError(f"{spec}: schedulers is a {type(canary.schedulers).__name__}; give a list of the "
+                          "schedulers the step steps (schedulers=[scheduler])")
+    if not isinstance(canary.state, Mapping) or not all(isinstance(k, str) and k for k in canary.state):
+        raise CanaryError(f"{spec}: state must map non-empty string names to objects (state={{'ema': ema}})")
+    for label, obj in stateful_objects(canary).items():
+        if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
+            raise CanaryError(f"{spec}: {label} is a {type(obj).__name__}, which has no state_dict() and "
+                              "load_state_dict(); declare only objects that have both")
+
+
+def stateful_objects(canary: Canary) -> Dict[str, Any]:
+    """The canary's declared state beyond model and optimizer, by the label its checkpoint
+    stores it under: schedulers[0], ..., state['name']."""
+    found = {f"schedulers[{i}]": obj for i, obj in enumerate(canary.schedulers)}
+    found.update({f"state[{name!r}]": obj for name, obj in canary.state.items()})
+    return found
+
+
 def load_canary(spec: str, seed: Optional[int] = None) -> LoadedCanary:
     """Imports FILE.py, seeds, calls NAME() and checks the Canary it returns.
 
@@ -283,7 +339,8 @@ def load_canary(spec: str, seed: Optional[int] = None) -> LoadedCanary:
     module = _import_file(path, spec)
     target = getattr(module, function, None)
     if target is None:
-        raise CanaryError(f"{spec}: '{os.path.basename(path)}' defines no '{function}'")
+        raise CanaryError(f"{spec}: '{os.path.basename(path)}' defines no '{function}'; its functions: "
+                          f"{', '.join(functions_of(module)) or 'none'}")
     if not callable(target):
         raise CanaryError(f"{spec}: '{function}' is a {type(target).__name__}, not a function")
     build_seed = DEFAULT_BUILD_SEED if seed is None else seed
@@ -295,4 +352,12 @@ def load_canary(spec: str, seed: Optional[int] = None) -> LoadedCanary:
         seed_everything(build_seed)
         canary = _call(target, spec)
     names, shapes = _check(canary, spec)
-    return LoadedCanary(canary, spec, path, function, build_seed, names, shapes)
+    return LoadedCanary(canary, spec, path, function, build_seed, names, shapes, module=module)
+
+
+def functions_of(module: Any) -> List[str]:
+    """The functions `module` defines itself (not those it imports), in the file's order:
+    what a misspelled NAME could have meant."""
+    return [name for name, value in vars(module).items()
+            if callable(value) and getattr(value, "__module__", None) == module.__name__
+            and not isinstance(value, type) and not name.startswith("_")]

@@ -1,7 +1,9 @@
 """A Python canary's whole training state at the start of a step: what its checkpoints hold.
 
 `capture_state` takes, at the start of step K: the model's and the optimizer's state_dict
-(parameters, buffers, the moments, step counters and param groups with their lr), the RNG
+(parameters, buffers, the moments, step counters and param groups with their lr), the
+state_dict of every object the canary declares beyond them (its `schedulers` and `state`:
+a LambdaLR's step count and base lrs; its lr_lambdas, code, stay the canary's), the RNG
 states (torch's CPU generator, every CUDA device's when the run is on CUDA, Python's
 `random` and numpy's global generator) and the data position (K: batch(i) is indexed by
 step, so the position is the step). It is stored in the receipt
@@ -23,24 +25,34 @@ from typing import Any, Dict, List
 import numpy as np
 import torch
 
-from .canary import CanaryError, LoadedCanary
+from .canary import CanaryError, LoadedCanary, stateful_objects
 
 STATE_VERSION = 1
 
 
-def _flatten(value: Any, tensors: List[torch.Tensor]) -> Any:
-    """`value` as JSON-able data, its tensors appended to `tensors` and named by index."""
+class _Flat:
+    """A value _flatten made already (a state_dict flattened under its owner's name)."""
+
+    def __init__(self, data: Any) -> None:
+        self.data = data
+
+
+def _flatten(value: Any, tensors: List[torch.Tensor], where: str) -> Any:
+    """`value` as JSON-able data, its tensors appended to `tensors` and named by index;
+    `where`: whose state_dict it is in, for the error."""
+    if isinstance(value, _Flat):
+        return value.data
     if isinstance(value, torch.Tensor):
         tensors.append(value)
         return {"tensor": len(tensors) - 1}
     if isinstance(value, dict):
-        return {"dict": [[_flatten(k, tensors), _flatten(v, tensors)] for k, v in value.items()]}
+        return {"dict": [[_flatten(k, tensors, where), _flatten(v, tensors, where)] for k, v in value.items()]}
     if isinstance(value, (list, tuple)):
-        return {"tuple" if isinstance(value, tuple) else "list": [_flatten(v, tensors) for v in value]}
+        return {"tuple" if isinstance(value, tuple) else "list": [_flatten(v, tensors, where) for v in value]}
     if value is None or isinstance(value, (bool, int, float, str)):
         return {"value": value}
-    raise CanaryError(f"a checkpoint cannot hold a {type(value).__name__} (in the model's or the optimizer's "
-                      "state_dict); keep tensors, numbers, strings, lists and dicts there")
+    raise CanaryError(f"a checkpoint cannot hold a {type(value).__name__} (in {where}'s state_dict); keep tensors, "
+                      "numbers, strings, lists and dicts there")
 
 
 def _unflatten(data: Any, tensors: Dict[str, torch.Tensor]) -> Any:
@@ -70,23 +82,32 @@ def capture_state(loaded: LoadedCanary, step: int, device: torch.device) -> byte
     """The canary's state at the start of `step`, serialized (module docstring)."""
     canary = loaded.canary
     identity = loaded.identity()
+    tensors: List[torch.Tensor] = []
+
+    def owned(label: str, obj: Any) -> _Flat:  # flattened on its own: an error names whose state_dict it is
+        return _Flat(_flatten(obj.state_dict(), tensors, label))
+
     state = {
         "version": STATE_VERSION, "canary": identity["name"], "tensor_table_sha256": identity["tensor_table_sha256"],
         "step": int(step), "data_position": int(step),
-        "model": canary.model.state_dict(), "optimizer": canary.optimizer.state_dict(),
+        "model": owned("the model", canary.model), "optimizer": owned("the optimizer", canary.optimizer),
         "rng": {"torch": torch.get_rng_state(), "python": _python_rng(), "numpy": _numpy_rng(),
                 "cuda": torch.cuda.get_rng_state_all() if device.type == "cuda" else []},
     }
-    tensors: List[torch.Tensor] = []
-    meta = json.dumps(_flatten(state, tensors))
+    declared = stateful_objects(canary)
+    if declared:  # absent otherwise: a canary that declares nothing keeps its checkpoints' bytes
+        state["declared"] = {label: owned(label, obj) for label, obj in declared.items()}
+    meta = json.dumps(_flatten(state, tensors, "the harness"))
     buffer = io.BytesIO()
     torch.save({"tensors": {str(i): t for i, t in enumerate(tensors)}, "meta": meta}, buffer)
     return buffer.getvalue()
 
 
-def restore_state(loaded: LoadedCanary, blob: bytes, step: int, device: torch.device) -> None:
+def restore_state(loaded: LoadedCanary, blob: bytes, step: int, device: torch.device) -> List[str]:
     """Loads a checkpoint taken at the start of `step` into the loaded canary (model,
-    optimizer, RNG states). CanaryError when it is another canary's or another step's."""
+    optimizer, the declared schedulers and state, RNG states); returns the labels of the
+    declared objects it loaded (stateful_objects). CanaryError when it is another canary's
+    or another step's."""
     try:
         stored = torch.load(io.BytesIO(blob), map_location=device, weights_only=True)
         state = _unflatten(json.loads(stored["meta"]), stored["tensors"])
@@ -103,6 +124,7 @@ def restore_state(loaded: LoadedCanary, blob: bytes, step: int, device: torch.de
     canary = loaded.canary
     canary.model.load_state_dict(state["model"])
     canary.optimizer.load_state_dict(state["optimizer"])
+    restored = _restore_declared(loaded, state.get("declared", {}))
     rng = state["rng"]
     torch.set_rng_state(rng["torch"].cpu())
     if device.type == "cuda" and rng["cuda"]:
@@ -112,3 +134,18 @@ def restore_state(loaded: LoadedCanary, blob: bytes, step: int, device: torch.de
     npr = rng["numpy"]
     np.random.set_state((npr["kind"], npr["keys"].cpu().numpy().astype(np.uint32), npr["position"],
                          npr["has_gauss"], npr["cached_gaussian"]))
+    return restored
+
+
+def _restore_declared(loaded: LoadedCanary, held: Dict[str, Any]) -> List[str]:
+    """The declared objects' state loaded from the checkpoint's (held: label -> state_dict);
+    returns the labels loaded. An object the checkpoint holds no state of (it was recorded
+    before the declaration) stays as NAME() built it, and state held for an object no longer
+    declared is unused: if the step depends on either, the replay differs, and says so where
+    the lr does (canary_harness.replay)."""
+    restored = []
+    for label, obj in stateful_objects(loaded.canary).items():
+        if label in held:
+            obj.load_state_dict(held[label])
+            restored.append(label)
+    return restored

@@ -18,12 +18,12 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
-from .canary import CanaryError, LoadedCanary, load_canary
+from .canary import CanaryError, LoadedCanary, canonical_json, load_canary, stateful_objects
 from .receipt import ReceiptReader
 from .runner import CanaryLoop, RunOptions, StepRecord
 from .schema import HASH_FAMILIES
@@ -37,8 +37,9 @@ CHECKPOINT_FAMILIES = ("params", "adam_m", "adam_v")
 @dataclass
 class Mismatch:
     step: int
-    what: str        # batch_hash, loss, grad_norm or a hash family
+    what: str        # lr, batch_hash, loss, grad_norm or a hash family
     tensor: str = ""
+    values: Tuple[Any, ...] = ()  # a scalar's (replayed, recorded)
 
 
 @dataclass
@@ -54,7 +55,9 @@ class ReplayResult:
     first_mismatch: Optional[Mismatch] = None
     mismatched_steps: List[int] = field(default_factory=list)
     record_altered: bool = False
+    diagnosis: str = ""            # one line on why the first mismatch happened, where the data says
     notes: List[str] = field(default_factory=list)
+    restored: List[str] = field(default_factory=list)  # the declared objects the checkpoint's state was loaded into
     traces: List[Dict[str, Any]] = field(default_factory=list)  # per traced step (trace_json)
 
     def reproduced(self) -> bool:
@@ -93,8 +96,8 @@ def _recipe(reader: ReceiptReader) -> Dict[str, Any]:
 def _load(reader: ReceiptReader, recipe: Dict[str, Any]) -> LoadedCanary:
     torch.set_num_threads(int(recipe["threads"]))  # before NAME(), as the run: the init runs on these threads too
     loaded = load_canary(recipe["canary"], seed=int(recipe["seed"]))
-    recorded = json.loads(reader.manifest["canary"])
-    now = loaded.identity()
+    recorded = canonical_json(json.loads(reader.manifest["canary"]))
+    now = loaded.identity()  # canonical_json too: both sides as JSON gives them back
     for key in ("name", "tensor_table_sha256", "config"):
         if recorded.get(key) != now.get(key):
             raise CanaryError(f"{recipe['canary']} no longer builds the canary of {reader.path} (its {key} differs): "
@@ -120,27 +123,55 @@ class _Record:
     """The receipt's per-step record, read once."""
 
     def __init__(self, reader: ReceiptReader) -> None:
-        self.scalars = {name: reader.steps(name) for name in ("loss", "grad_norm", "batch_hash")}
+        self.scalars = {name: reader.steps(name) for name in ("lr", "loss", "grad_norm", "batch_hash")}
         self.hashes = {fam: reader.hashes(fam) for fam in HASH_FAMILIES}
 
     def row(self, step: int) -> Dict[str, Any]:
-        return {"loss": self.scalars["loss"][step], "grad_norm": self.scalars["grad_norm"][step],
+        return {"lr": self.scalars["lr"][step], "loss": self.scalars["loss"][step],
+                "grad_norm": self.scalars["grad_norm"][step],
                 "batch_hash": int(self.scalars["batch_hash"][step]),
                 "hashes": {fam: rows[step] for fam, rows in self.hashes.items()}}
 
 
 def _first_difference(record: StepRecord, recorded: Dict[str, Any], names: List[str]) -> Optional[Mismatch]:
-    """The first thing the replayed step records differently, in the order bisect reads them."""
+    """The first thing the replayed step records differently: the lr first (a schedule
+    resumed wrongly changes everything after it, and is then the cause: _diagnose), then
+    in the order bisect reads them."""
+    if not _same_bits(record.lr, recorded["lr"]):
+        return Mismatch(-1, "lr", values=(record.lr, recorded["lr"]))
     if record.batch_hash != recorded["batch_hash"]:
         return Mismatch(-1, "batch_hash")
     for what in ("loss", "grad_norm"):
-        if np.float64(getattr(record, what)).tobytes() != np.float64(recorded[what]).tobytes():
-            return Mismatch(-1, what)
+        if not _same_bits(getattr(record, what), recorded[what]):
+            return Mismatch(-1, what, values=(getattr(record, what), recorded[what]))
     for fam in HASH_FAMILIES:
         differs = np.nonzero(np.asarray(record.hashes[fam], dtype=np.uint64) != recorded["hashes"][fam])[0]
         if differs.size:
             return Mismatch(-1, fam, names[int(differs[0])])
     return None
+
+
+def _same_bits(a: float, b: float) -> bool:
+    return np.float64(a).tobytes() == np.float64(b).tobytes()
+
+
+def _diagnose(result: ReplayResult) -> str:
+    """The one line that says why a replay from a checkpoint first differs in the lr: the
+    step's lr came from state the checkpoint did not hold. (The optimizer's state_dict holds
+    the lr of the checkpoint's step, so that step agrees, and the steps after it run with
+    the lr a restarted schedule sets.) "" when the replay started from the initial state,
+    where nothing was restored and an lr that differs is the code's, and when the record
+    was altered."""
+    m = result.first_mismatch
+    if m is None or m.what != "lr" or not result.checkpoint or result.record_altered:
+        return ""
+    held = ", ".join(["the model", "the optimizer", *result.restored, "the RNG states"])
+    replayed, recorded = (float(v) for v in m.values)  # repr: every digit that tells them apart
+    return (f"step {m.step} replays lr {replayed!r} where the receipt records {recorded!r}: a learning-rate "
+            f"schedule's state is missing from the checkpoint of step {result.resumed_from} (it holds {held}); "
+            "declare it on the Canary, schedulers=[scheduler] for the schedulers the step steps and "
+            "state={'name': obj} for any other object with state_dict() and load_state_dict(), and record the run "
+            "again")
 
 
 def _resume(reader: ReceiptReader, record: _Record, loaded: LoadedCanary, loop: CanaryLoop, from_step: int,
@@ -153,10 +184,13 @@ def _resume(reader: ReceiptReader, record: _Record, loaded: LoadedCanary, loop: 
     if not stored:
         return 0
     checkpoint = stored[-1]
-    restore_state(loaded, reader.checkpoint_state(checkpoint), checkpoint.step, loop.device)
-    loop.capture.capture()  # the loaded state's digests, against the record of the step before
+    result.restored = restore_state(loaded, reader.checkpoint_state(checkpoint), checkpoint.step, loop.device)
+    unheld = [label for label in stateful_objects(loaded.canary) if label not in result.restored]
+    if unheld:
+        result.notes.append(f"the checkpoint of step {checkpoint.step} holds no state of {', '.join(unheld)} (it was "
+                            "recorded before the canary declared it): resumed as the canary builds it")
     names = loaded.tensor_names
-    hashes = loop.capture.row()["hashes"]
+    hashes = loop.capture.state_now()["hashes"]  # the loaded state's, against the record of the step before
     for fam in CHECKPOINT_FAMILIES:
         recorded = record.hashes[fam][checkpoint.step - 1]
         differs = np.nonzero(np.asarray(hashes[fam], dtype=np.uint64) != recorded)[0]
@@ -192,31 +226,39 @@ def replay(path: str, from_step: int, to_step: Optional[int] = None, trace: str 
         if reader.manifest.get("git_commit") not in (None, now):
             result.notes.append(f"the canary's code was at commit {reader.manifest.get('git_commit')} when the run "
                                 f"was recorded and is at {now} now")
-        record = _Record(reader)
         loop = CanaryLoop(loaded, options, device)
         tracer = AtenTracer(loaded.canary.model, loaded.canary.optimizer) if trace == "aten" else None
         try:
-            result.resumed_from = _resume(reader, record, loaded, loop, from_step, result)
-            start = time.perf_counter()
-            for i in range(result.resumed_from, last + 1):
-                replayed = loop.run_step(i, tracer.step() if tracer is not None and i >= from_step else None)
-                result.steps_run += 1
-                if tracer is not None and i >= from_step:
-                    result.traces.append(_trace_json(i, tracer.finish_step()))
-                mismatch = _first_difference(replayed, record.row(i), loaded.tensor_names)
-                if mismatch is not None:
-                    mismatch.step = i
-                    result.mismatched_steps.append(i)
-                    if result.first_mismatch is None:
-                        result.first_mismatch = mismatch
-            result.seconds = time.perf_counter() - start
+            _replay_steps(reader, loaded, loop, tracer, result)
         finally:
             loop.close()
             if tracer is not None:
                 tracer.close()
         # A real divergence never heals bit for bit: agreement again at the end means the record was altered.
         result.record_altered = bool(result.mismatched_steps) and result.mismatched_steps[-1] != last
+        result.diagnosis = _diagnose(result)
         return result
+
+
+def _replay_steps(reader: ReceiptReader, loaded: LoadedCanary, loop: CanaryLoop, tracer: Any,
+                  result: ReplayResult) -> None:
+    """Resumes (_resume) and runs steps resumed_from .. to_step, each compared with the
+    record; the steps from from_step on traced when `tracer` is given."""
+    record = _Record(reader)
+    result.resumed_from = _resume(reader, record, loaded, loop, result.from_step, result)
+    start = time.perf_counter()
+    for i in range(result.resumed_from, result.to_step + 1):
+        traced = tracer is not None and i >= result.from_step
+        replayed = loop.run_step(i, tracer.step() if traced else None)
+        result.steps_run += 1
+        if traced:
+            result.traces.append(_trace_json(i, tracer.finish_step()))
+        mismatch = _first_difference(replayed, record.row(i), loaded.tensor_names)
+        if mismatch is not None:
+            mismatch.step = i
+            result.mismatched_steps.append(i)
+            result.first_mismatch = result.first_mismatch or mismatch
+    result.seconds = time.perf_counter() - start
 
 
 def rerun(path: str, out: str, perturb_init: Optional[int] = None, overwrite: bool = False,
@@ -279,7 +321,7 @@ def to_json(result: ReplayResult) -> Dict[str, Any]:
             "resumed_from": result.resumed_from, "checkpoint": result.checkpoint or None, "from": result.from_step,
             "to": result.to_step, "steps_run": result.steps_run, "seconds": result.seconds,
             "first_mismatch": mismatch, "mismatched_steps": result.mismatched_steps, "notes": result.notes,
-            "traces": result.traces}
+            "diagnosis": result.diagnosis or None, "traces": result.traces}
 
 
 def to_text(result: ReplayResult) -> str:
@@ -299,6 +341,8 @@ def to_text(result: ReplayResult) -> str:
     m = result.first_mismatch
     lines.append(f"{'mismatch':<12}step {m.step} differs from the receipt first in {m.what}"
                  + (f" {m.tensor}" if m.tensor else ""))
+    if result.diagnosis:
+        lines.append(f"{'diagnosis':<12}{result.diagnosis}")
     if result.record_altered:
         steps = ", ".join(str(s) for s in result.mismatched_steps)
         lines.append(f"{'diagnosis':<12}the replay agrees again at step {result.to_step}: the receipt's record of "

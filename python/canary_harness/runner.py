@@ -40,7 +40,7 @@ import os
 import re
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 import numpy as np
@@ -54,7 +54,8 @@ from .distributed import mean_over_ranks, shard_batch, shard_model, whole
 from .perturb import perturb_parameters
 from .receipt import ReceiptWriter
 from .recording import MomentSource, StepDigest, Worker, host_float, host_float32
-from .stack import git_commit_of
+from .stack import (StackInfo, attention_implementations, collect_stack_info, git_commit_of,
+                    imported_distributions)
 
 @dataclass
 class RunOptions:
@@ -208,6 +209,14 @@ class StepCapture:
             self.digests, self._kept = self.digest.rows(self._kept), None
         self.lr = host_float(self.lr)
 
+    def state_now(self) -> Dict[str, Any]:
+        """row() of the tensors as they stand now, outside any step (what replay verifies a
+        loaded checkpoint with), on either digest path: capture() alone leaves the deferred
+        path's copies undigested, so it is taken as a step that ran no optimizer.step()."""
+        self.begin()
+        self.finish()
+        return self.row()
+
     def _grad(self, p: torch.Tensor) -> torch.Tensor:
         return p.grad if p.grad is not None else self.moments.zeros_like(p)
 
@@ -276,6 +285,18 @@ def _autocast_text(options: RunOptions) -> str:
     if options.precision != "bf16":
         return "none"
     return "bfloat16" + (f" (off in: {', '.join(options.autocast_off)})" if options.autocast_off else "")
+
+
+def stack_of(loaded: LoadedCanary) -> StackInfo:
+    """The run's stack line: collect_stack_info's, with the distributions the canary's file
+    imports (transformers and the like: what its model's code is) among the libraries, and the
+    attention implementation its modules declare among the kernels (sdpa and eager differ in
+    the bits from step 0)."""
+    stack = collect_stack_info(include_torch=True)
+    libraries = [stack.libraries, *(imported_distributions(loaded.module) if loaded.module is not None else [])]
+    attention = attention_implementations(loaded.canary.model)
+    kernels = stack.kernels + (f" attention={','.join(attention)}" if attention else "")
+    return replace(stack, libraries="; ".join(libraries), kernels=kernels)
 
 
 def manifest_for(loaded: LoadedCanary, options: RunOptions, device: torch.device, steps: int) -> Dict[str, Any]:
@@ -577,7 +598,7 @@ class ReceiptRun:
         writer: Optional[ReceiptWriter] = None
         try:
             writer = ReceiptWriter(options.out, manifest or manifest_for(loaded, options, device, steps),
-                                   loaded.tensor_names, overwrite=options.overwrite)
+                                   loaded.tensor_names, overwrite=options.overwrite, stack=stack_of(loaded))
             if options.checkpoint_every:
                 writer.declare_checkpoints(options.checkpoint_every)
         except BaseException:

@@ -15,9 +15,10 @@ import platform
 import socket
 import subprocess
 import sys
+import types
 import warnings
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Any, Dict, Iterable, List, Optional
 
 # Environment variables that change numerics (or how XLA/cuBLAS pick kernels) when set.
 NUMERICS_ENV = (
@@ -151,6 +152,59 @@ def git_commit_of(path: str) -> str:
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     return head.stdout.strip() + ("-dirty" if changes.returncode != 0 or changes.stdout.strip() else "")
+
+
+def imported_distributions(module: types.ModuleType) -> List[str]:
+    """"NAME VERSION" of every installed distribution that `module` (a canary file) imports
+    from, sorted: what the team's code put on the numerics path (transformers, ...), found from
+    the names its globals hold (modules, and the classes and functions it imported from them)
+    and, through the team's own modules it imports (files of no installed distribution),
+    theirs. The packages the stack line names anyway are left out."""
+    owners = importlib.metadata.packages_distributions()
+    found: set = set()
+    seen: set = set()
+    pending = [module]
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        for value in list(vars(current).values()):
+            origin = value if isinstance(value, types.ModuleType) else sys.modules.get(getattr(value, "__module__", None) or "")
+            if origin is None:
+                continue
+            distributions = owners.get(origin.__name__.partition(".")[0], [])
+            if distributions:
+                found.update(d for d in distributions if d.lower().replace("_", "-") not in _NAMED_ANYWAY)
+            elif _is_team_module(origin):
+                pending.append(origin)
+    return sorted((f"{d} {_version(d)}" for d in found if _version(d)), key=str.lower)
+
+
+def _is_team_module(module: types.ModuleType) -> bool:
+    """A module from a file outside the standard library and site-packages: the team's own."""
+    path = getattr(module, "__file__", None)
+    top = module.__name__.partition(".")[0]
+    if not path or top in sys.stdlib_module_names or top == __name__.partition(".")[0]:  # this package: not the team's
+        return False
+    return "site-packages" not in path and "dist-packages" not in path
+
+
+# Named by collect_stack_info itself (or the package under test): not repeated.
+_NAMED_ANYWAY = {"torch", "numpy", "h5py", "xxhash", "torch-xla", "jax", "jaxlib", "canary-harness"}
+
+
+def attention_implementations(model: Any) -> List[str]:
+    """The attention implementations `model`'s modules declare they run, sorted: the
+    `_attn_implementation` their `config` carries (transformers sets it per model: "sdpa",
+    "eager", "flash_attention_2", ...; sdpa and eager move a run's bits from step 0), read
+    from the modules whatever the model is. Empty when no module declares one."""
+    found = set()
+    for module in model.modules():
+        declared = getattr(getattr(module, "config", None), "_attn_implementation", None)
+        if isinstance(declared, str) and declared:
+            found.add(declared)
+    return sorted(found)
 
 
 def collect_stack_info(include_torch: Optional[bool] = None) -> StackInfo:

@@ -148,7 +148,7 @@ def test_an_optimizer_without_adam_moments_records_its_momentum(tmp_path: Path) 
 
 BAD = [
     ("missing_file", f"{SMALL[:-3]}_nope.py:canary", "no file"),
-    ("missing_name", f"{SMALL}:nope", "defines no 'nope'"),
+    ("missing_name", f"{SMALL}:nope", "defines no 'nope'; its functions: batch, train_step, make, canary,"),
     ("not_a_function", f"{SMALL}:NOT_A_FUNCTION", "not a function"),
     ("raising", f"{SMALL}:raising", "RuntimeError: the config file is missing"),
     ("returns_other", f"{SMALL}:returns_model", "returned a Net, not a canary_harness.Canary"),

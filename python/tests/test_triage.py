@@ -89,9 +89,12 @@ def step(model, optimizer, batch, i):
 
 
 def canary():
+    # 12 steps: past about 15, the group blocks.*.fc switched off drifts from the clean bf16
+    # run by more than the one-run budget allows on some hosts' bf16 kernels (AMD EPYC
+    # without AVX-512: 7% over at step 16 of 20), and triage stops at the coarser blocks.1.
     model = Net()
     return ch.Canary(name="triage-demo", model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=3e-3),
-                     batch=batch, step=step, steps=20, seed=3)
+                     batch=batch, step=step, steps=12, seed=3)
 '''
 # The Linear layers: with them in fp32 nothing runs in bf16 (the blocks' GELU gets fp32 inputs).
 EVERY_LINEAR = "blocks.0.fc,blocks.0.proj,blocks.1.fc,blocks.1.proj,blocks.2.fc,blocks.2.proj,head"

@@ -1,0 +1,158 @@
+"""The zoo: public model families (tests/zoo/*.py, docs/zoo.md), each unmodified and built from
+a config, trained by the loop a team writes (team.py), through every own-model feature.
+
+Run by ctest as `zoo` with .venv/'s torch 2.9 and transformers (tests/CMakeLists.txt):
+    HARNESS_BIN=build/bin/harness .venv/bin/python -m pytest tests/zoo -q
+Each member is run once (fp32, checkpoints every 4 steps) and that receipt is shared by the
+member's tests.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import shared
+
+ZOO = Path(__file__).resolve().parent
+MEMBERS = ["gpt2", "llama", "mixtral", "bert", "t5", "accumulation"]
+CHECKPOINT_EVERY = 4
+
+
+@dataclass
+class Member:
+    name: str
+    spec: str        # FILE.py:canary
+    receipt: Path    # its fp32 run, checkpointed
+    work: Path       # the member's scratch directory
+
+
+def canary_run(spec: str, out: Path, *flags: str, check: bool = True) -> subprocess.CompletedProcess:
+    """`python -m canary_harness run` with this interpreter, its lane named by its torch
+    (--versioned: zoo-NAME/torch@2.9, as a nightly names a lane whose matrix names `python`)."""
+    return shared.run_module("canary_harness", "run", spec, "--out", str(out), "--versioned", *flags, check=check)
+
+
+def harness(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return shared.run_harness(shared._harness_bin(), *args, check=check)
+
+
+@pytest.fixture(scope="session")
+def team_checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The zoo's files as a team has them: in a directory of its own, outside this
+    repository's work tree (a receipt records the git commit of its canary's tree: here none,
+    never this checkout's, which a developer's edits make dirty and goldens refuse)."""
+    checkout = tmp_path_factory.mktemp("team") / "zoo"
+    shutil.copytree(ZOO, checkout, ignore=shutil.ignore_patterns("__pycache__", "test_*", "conftest.py", "*.sh"))
+    return checkout
+
+
+@pytest.fixture(scope="module", params=MEMBERS)
+def member(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, team_checkout: Path) -> Member:
+    work = tmp_path_factory.mktemp(request.param)
+    spec = f"{team_checkout / request.param}.py:canary"
+    receipt = work / "fp32.h5"
+    canary_run(spec, receipt, "--checkpoint-every", str(CHECKPOINT_EVERY))
+    return Member(request.param, spec, receipt, work)
+
+
+def test_the_run_learns_and_validates(member: Member) -> None:
+    with h5py.File(member.receipt, "r") as f:
+        loss = f["steps/loss"][()]
+    assert np.all(np.isfinite(loss)) and loss[-3:].mean() < loss[:3].mean(), loss
+    harness("validate", str(member.receipt))
+
+
+def test_two_runs_are_bitwise_logits_included(member: Member) -> None:
+    again = member.work / "again.h5"
+    canary_run(member.spec, again)
+    shown = harness("compare", str(again), str(member.receipt)).stdout
+    assert "reference (bitwise" in shown, shown
+    with h5py.File(member.receipt, "r") as a, h5py.File(again, "r") as b:
+        assert "eval" in a and a["eval"].keys() == b["eval"].keys()
+        for name, dataset in a["eval"].items():
+            if isinstance(dataset, h5py.Dataset):
+                assert dataset[()].tobytes() == b["eval"][name][()].tobytes(), name
+
+
+def test_replay_from_a_checkpoint_is_bitwise_schedule_included(member: Member) -> None:
+    # From step 6: resumes at the checkpoint of step 4, the HF schedule's state with it.
+    shown = harness("replay", str(member.receipt), "--from", "6").stdout
+    assert "bitwise equal to the receipt" in shown, shown
+
+
+def test_a_regression_in_the_teams_code_is_caught_at_its_step(member: Member) -> None:
+    # The same FILE.py:NAME with its code changed: the schedule's warm-up from 3 steps to 2.
+    # lr is 0 at step 0 under both, so step 0 is bitwise and step 1's update differs.
+    regressed = member.work / "regressed"
+    shutil.copytree(Path(member.spec.rpartition(":")[0]).parent, regressed)
+    team = regressed / "team.py"
+    team.write_text(team.read_text().replace("WARMUP = 3\n", "WARMUP = 2\n"))
+    out = member.work / "regressed.h5"
+    canary_run(f"{regressed / member.name}.py:canary", out)
+    shown = harness("compare", str(out), str(member.receipt), check=False)
+    assert shown.returncode == 1, shown.stdout + shown.stderr
+    assert "first failing step 1" in shown.stdout, shown.stdout
+
+
+def test_the_stack_line_names_transformers_and_the_attention_that_ran(member: Member) -> None:
+    import transformers
+
+    shown = harness("inspect", str(member.receipt)).stdout
+    libraries = next(line for line in shown.splitlines() if line.startswith("libraries"))
+    kernels = next(line for line in shown.splitlines() if line.startswith("kernels"))
+    assert f"transformers {transformers.__version__}" in libraries, libraries
+    assert "attention=sdpa" in kernels.split(), kernels  # HF's default on torch 2.x
+
+
+def test_eager_attention_is_told_apart_from_sdpa() -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from canary_harness.stack import attention_implementations
+
+    for implementation in ("eager", "sdpa"):
+        model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, attn_implementation=implementation))
+        assert attention_implementations(model) == [implementation]
+
+
+def test_a_misspelled_name_lists_the_files_functions(tmp_path: Path) -> None:
+    shown = canary_run(f"{ZOO / 'gpt2'}.py:canry", tmp_path / "x.h5", check=False)
+    assert shown.returncode == 2 and not (tmp_path / "x.h5").exists()
+    assert shown.stderr.strip().endswith("defines no 'canry'; its functions: config, canary"), shown.stderr
+
+
+def test_a_golden_approved_from_the_receipt_holds_in_a_nightly(member: Member) -> None:
+    """The member's receipt approved as the golden of its fp32 lane; a nightly of the member
+    (a matrix naming .venv/'s interpreter) runs the lane bitwise to it, and its negative
+    controls (a 1-ulp fault that the golden check must see and bisect must place) pass."""
+    goldens, matrix = member.work / "goldens", member.work / "nightly.toml"
+    matrix.write_text(f'schema_version = 1\ncanary = "{member.spec}"\npython = "{sys.executable}"\n'
+                      'reference = "fp32"\n\n[[lanes]]\nid = "fp32"\nengine = "torch"\n'
+                      'why = "the member\'s bitwise reference"\n')
+    person = {k: v for k, v in os.environ.items() if k != "CI"}  # goldens change on a person's machine only
+    for args in (("refresh", "--receipt", str(member.receipt), "--reason", f"zoo {member.name}: first golden"),
+                 ("approve", "--approved-by", "the zoo test")):
+        done = subprocess.run([str(shared._harness_bin()), "golden", *args, "--goldens", str(goldens)],
+                              capture_output=True, text=True, env=person, timeout=600)
+        assert done.returncode == 0, done.stdout + done.stderr
+    shown = harness("nightly", "--matrix", str(matrix), "--goldens", str(goldens), "--out", str(member.work / "night"))
+    assert "nightly     pass (1 lanes)" in shown.stdout or "nightly     pass (1 lane)" in shown.stdout, shown.stdout
+
+
+def test_bf16_drifts_from_fp32_within_its_perturbation_calibrated_budget(member: Member) -> None:
+    """bf16 autocast around the team's step, judged against the fp32 run under the member's
+    shipped [zoo-MEMBER.torch-bf16] entry (canaries/budgets.toml: `harness calibrate --perturb 8`
+    on this host kind, tests/zoo/calibrate.sh), logits included."""
+    bf16 = member.work / "bf16.h5"
+    canary_run(member.spec, bf16, "--precision", "bf16")
+    shown = harness("compare", str(bf16), str(member.receipt), check=False)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert f"zoo-{member.name}.torch-bf16" in shown.stdout and "logit_kl" in shown.stdout, shown.stdout
