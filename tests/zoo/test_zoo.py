@@ -101,6 +101,20 @@ def test_a_regression_in_the_teams_code_is_caught_at_its_step(member: Member) ->
     shown = harness("compare", str(out), str(member.receipt), check=False)
     assert shown.returncode == 1, shown.stdout + shown.stderr
     assert "first failing step 1" in shown.stdout, shown.stdout
+    # Untraced bisect replays both runs' step 1 with aten traces: the first op that differs is
+    # the optimizer's first use of the learning rate, at the team's optimizer.step() line.
+    bisect = harness("bisect", str(out), str(member.receipt), check=False)
+    assert bisect.returncode == 1, bisect.stdout + bisect.stderr
+    lines = {line[:12].strip(): line[12:] for line in bisect.stdout.splitlines()}
+    assert lines["diverges"].startswith("step 1 "), bisect.stdout
+    assert lines["first op"].startswith("<optimizer> optimizer") and "aten." in lines["first op"], bisect.stdout
+    assert lines["at"] == f"team.py:{_line_of('optimizer.step()')}", bisect.stdout
+
+
+def _line_of(code: str) -> int:
+    """The line of team.py that holds `code` (the one that does)."""
+    (number,) = [n for n, line in enumerate((ZOO / "team.py").read_text().splitlines(), 1) if code in line]
+    return number
 
 
 def test_the_stack_line_names_transformers_and_the_attention_that_ran(member: Member) -> None:
