@@ -170,3 +170,23 @@ def test_bf16_drifts_from_fp32_within_its_perturbation_calibrated_budget(member:
     shown = harness("compare", str(bf16), str(member.receipt), check=False)
     assert shown.returncode == 0, shown.stdout + shown.stderr
     assert f"zoo-{member.name}.torch-bf16" in shown.stdout and "logit_kl" in shown.stdout, shown.stdout
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_on_torch_xla_a_member_is_compile_stable_after_its_declared_warm_up(name: str, team_checkout: Path,
+                                                                            tmp_path: Path) -> None:
+    """--device xla on PJRT's CPU client: AdamW's lazy state makes steps 0 and 1 compile, no
+    step after them compiles or reads the host, which [zoo-NAME.compile-stability]'s warm-up of
+    2 declares; the check holds the receipt to it."""
+    out = tmp_path / "xla.h5"
+    xla = {k: v for k, v in os.environ.items() if k != "USE_TORCH_XLA"}  # transformers on XLA as a TPU user runs it
+    done = subprocess.run([sys.executable, "-m", "canary_harness", "run", f"{team_checkout / name}.py:canary",
+                           "--device", "xla", "--out", str(out)], capture_output=True, text=True, timeout=900,
+                          env={**xla, "PJRT_DEVICE": "CPU"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    with h5py.File(out, "r") as f:
+        compiles = f["compile/UncachedCompile"][()]
+        assert compiles[:2].tolist() == [1, 1] and not compiles[2:].any(), compiles
+        assert not f["compile/HostSync"][()].any()
+    shown = harness("check", str(out), "--golden", str(out))
+    assert "PASS  compile_stability.uncached_compiles" in shown.stdout, shown.stdout
