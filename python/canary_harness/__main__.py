@@ -85,7 +85,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     run.add_argument("canary", help="FILE.py:NAME: a function in FILE.py returning canary_harness.Canary")
     run.add_argument("--out", required=True, help="receipt path (.h5); its directory must exist")
     add_device_arguments(run)
-    run.add_argument("--precision", default="fp32", help="fp32 (default) or bf16 (autocast around the step)")
+    run.add_argument("--precision", default="fp32", help="fp32 (default) or bf16 (autocast around the forward)")
     run.add_argument("--steps", help="steps to run, 1..the canary's (default: the canary's): a prefix of its run")
     run.add_argument("--threads", help=f"torch CPU threads, 1..{MAX_THREADS} (default 1: torch's CPU kernels' bits depend on "
                                        "the thread count, so a pinned count replays on any machine)")
@@ -138,7 +138,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     invariance.add_argument("canary", help="FILE.py:NAME: a function in FILE.py returning canary_harness.Canary")
     invariance.add_argument("--max-batch", default="8", help="largest batch size, 2..64 (default 8)")
     invariance.add_argument("--position-seed", default="0", help="draws the row's place in each batch (default 0)")
-    invariance.add_argument("--precision", default="fp32", help="fp32 (default) or bf16 (autocast around the step)")
+    invariance.add_argument("--precision", default="fp32", help="fp32 (default) or bf16 (autocast around the forward)")
     invariance.add_argument("--threads", help=f"torch CPU threads, 1..{MAX_THREADS} (default 1)")
     invariance.add_argument("--json", action="store_true", help="print the report as JSON")
     return ap.parse_args(argv)

@@ -9,6 +9,12 @@ batch) are compared bit for bit with the sequence alone, in op order: the first 
 differs names the op that breaks invariance. Each token's log-probability of its target is
 the log-softmax of the logits in float64.
 
+`python3 -m canary_harness.invariance FILE.py:NAME` checks a team's own Python canary the
+same way (check_canary_invariance): the rows are batch(0)'s, then batch(1)'s, ... (every
+tensor of the batch tree split along its shared leading size), the model's forward runs in
+eval mode (dropout off) under no_grad, and every module's output (its named_modules name;
+a tuple or ModelOutput by its tensors) is compared in the order the modules returned.
+
 Exit status: 0 bitwise for every batch size, 1 a size breaks it, 2 bad usage or input.
 """
 
@@ -17,7 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Dict, List, NoReturn, Optional
+from collections import Counter
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple
 
 import numpy as np
 
@@ -96,25 +103,47 @@ def check_batch_invariance(model: Any, sequence: np.ndarray, others: List[np.nda
             "smallest_breaking_batch": broken[0] if broken else None, "checks": checks}
 
 
+Key = Tuple[str, int, str]  # (module's named_modules name, its k-th call, the output leaf's path)
+MODEL = "(model)"  # how the root module (named "" by named_modules) is reported
+
+
+def _leaves(tree: Any, path: str = "") -> List[Tuple[str, Any]]:
+    """(path, value) of every leaf of a tree of dicts (ModelOutput included), tuples and lists."""
+    if isinstance(tree, dict):
+        return [leaf for k, v in tree.items() for leaf in _leaves(v, f"{path}[{k!r}]")]
+    if isinstance(tree, (tuple, list)):
+        return [leaf for i, v in enumerate(tree) for leaf in _leaves(v, f"{path}[{i}]")]
+    return [(path, tree)]
+
+
+def _rebuild(tree: Any, leaf: Callable[[Any], Any]) -> Any:
+    """The tree with `leaf` applied to each leaf, containers kept (a namedtuple included)."""
+    if isinstance(tree, dict):
+        return {k: _rebuild(v, leaf) for k, v in tree.items()}
+    if isinstance(tree, (tuple, list)):
+        items = [_rebuild(v, leaf) for v in tree]
+        return type(tree)(*items) if hasattr(tree, "_fields") else type(tree)(items)
+    return leaf(tree)
+
+
 def _tensor_rows(tree: Any, where: str) -> List[Any]:
-    """A batch tree split into one tree per row: every tensor leaf along its leading dimension
-    (all leaves must share it); anything else is a ValueError naming where it is."""
+    """A batch tree split into one tree per row. The rows are what the data says: every
+    tensor leaf leads with the same size B (no name is read); a leaf that is no tensor, a
+    0-D tensor or a leaf of another leading size is a ValueError naming them."""
     import torch
 
-    if isinstance(tree, torch.Tensor):
-        if tree.dim() == 0:
-            raise ValueError(f"{where} is a 0-D tensor: a batch's tensors lead with the batch dimension")
-        return [tree[i:i + 1] for i in range(int(tree.shape[0]))]
-    if isinstance(tree, (tuple, list)):
-        parts = [_tensor_rows(item, f"{where}[{i}]") for i, item in enumerate(tree)]
-    elif isinstance(tree, dict):
-        parts = [_tensor_rows(tree[k], f"{where}[{k!r}]") for k in tree]
-    else:
-        raise ValueError(f"{where} is a {type(tree).__name__}: only tensors split into rows")
-    if not parts or len({len(p) for p in parts}) != 1:
-        raise ValueError(f"{where}: its tensors do not share one batch dimension")
-    rebuild = (lambda xs: dict(zip(tree.keys(), xs))) if isinstance(tree, dict) else type(tree)
-    return [rebuild([p[r] for p in parts]) for r in range(len(parts[0]))]
+    sizes: Dict[str, int] = {}
+    for path, leaf in _leaves(tree):
+        if not isinstance(leaf, torch.Tensor):
+            raise ValueError(f"{where}{path} is a {type(leaf).__name__}: a batch is a tree of tensors split into rows")
+        if leaf.dim() == 0:
+            raise ValueError(f"{where}{path} is a 0-D tensor: every tensor of a batch leads with its rows")
+        sizes[path or "(the tensor)"] = int(leaf.shape[0])
+    if len(set(sizes.values())) != 1:
+        told = ", ".join(f"{path} {size}" for path, size in sizes.items())
+        raise ValueError(f"{where}: its tensors disagree on the leading (batch) size ({told}); every tensor of a "
+                         "batch leads with its rows")
+    return [_rebuild(tree, lambda t, r=r: t[r:r + 1]) for r in range(next(iter(sizes.values())))]
 
 
 def _stack_rows(rows: List[Any]) -> Any:
@@ -126,92 +155,133 @@ def _stack_rows(rows: List[Any]) -> Any:
         return torch.cat(rows)
     if isinstance(first, dict):
         return {k: _stack_rows([r[k] for r in rows]) for k in first}
-    return type(first)(_stack_rows([r[i] for r in rows]) for i in range(len(first)))
+    items = [_stack_rows([r[i] for r in rows]) for i in range(len(first))]
+    return type(first)(*items) if hasattr(first, "_fields") else type(first)(items)
 
 
-def check_canary_invariance(canary: Any, max_batch: int, position_seed: int = 0,
-                            precision: str = "fp32") -> Dict[str, Any]:
-    """A Python canary's batch invariance: its step run on copies of its model and optimizer
-    (the canary is never trained), the leaf modules' forward outputs compared row by row in
-    call order. The sequence is batch(0)'s first row, the others the rows after it."""
-    import copy
-
-    import torch
-
+def _canary_rows(canary: Any, max_batch: int) -> List[Any]:
+    """batch(0)'s rows, then batch(1)'s, ... until there are max_batch of them."""
     rows: List[Any] = []
     for i in range(canary.steps):
         rows += _tensor_rows(canary.batch(i), f"batch({i})")
         if len(rows) >= max_batch:
-            break
-    if len(rows) < max_batch:
-        raise ValueError(f"--max-batch: the canary's batches hold {len(rows)} rows, fewer than {max_batch}")
+            return rows[:max_batch]
+    raise ValueError(f"--max-batch: the canary's batches hold {len(rows)} rows, fewer than {max_batch}")
 
-    def run(batch: int, position: int) -> List[Any]:
-        placed = [rows[0] if r == position else None for r in range(batch)]
-        rest = iter(rows[1:])
-        tree = _stack_rows([row if row is not None else next(rest) for row in placed])
-        model, optimizer = copy.deepcopy((canary.model, canary.optimizer))
-        calls: List[Any] = []
 
-        def keep(name: str):
-            def hook(module: Any, args: Any, out: Any) -> None:
-                if isinstance(out, torch.Tensor) and out.dim() > 0 and out.shape[0] == batch:
-                    calls.append((name, out[position].detach().float().cpu().clone()))
-            return hook
+def _logits_of(out: Any) -> Any:
+    """The model output's logits: its `logits` field, or the output itself when it is a
+    tensor; None otherwise (a model that returns only its loss has none to read)."""
+    if isinstance(out, dict):
+        return out.get("logits")
+    return out if hasattr(out, "dim") else getattr(out, "logits", None)
 
-        handles = [m.register_forward_hook(keep(n)) for n, m in model.named_modules()
-                   if n and not any(True for _ in m.children())]
-        try:
-            if precision == "bf16":
-                with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
-                    canary.step(model, optimizer, tree, 0)
-            else:
-                canary.step(model, optimizer, tree, 0)
-        finally:
-            for h in handles:
-                h.remove()
-        counted: Dict[Any, Any] = {}  # (module, its k-th call) -> the rows: a module may run twice
-        for name, values in calls:
-            counted[(name, sum(1 for key in counted if key[0] == name))] = values
-        return counted
 
-    alone = run(1, 0)
-    if not alone:
-        raise ValueError("no module's output leads with the batch dimension: nothing to compare row by row")
-    checks = []
-    for batch in range(2, max_batch + 1):
-        position = position_of(position_seed, batch)
-        out = run(batch, position)
-        # The calls whose output leads with the batch in both runs, in the order they ran alone.
-        shared = [key for key in alone if key in out]
-        first = next((key[0] for key in shared if not torch.equal(alone[key], out[key])), None)
-        last_key = shared[-1] if shared else None
-        delta = 0.0
-        if last_key is not None:
-            last_alone, last = alone[last_key], out[last_key]
-            moved = torch.log_softmax(last.double(), -1) - torch.log_softmax(last_alone.double(), -1)
-            delta = float(moved.abs().max())
-        checks.append({"batch_size": batch, "position": position, "bitwise": first is None,
-                       "max_logprob_delta": delta, "first_op": first})
+def _forward_rows(model: Any, tree: Any, batch: int, position: int,
+                  precision: str) -> Tuple[Dict[Key, Any], Optional[Any]]:
+    """One forward of the model on `tree` (call_model, no grad): {(module, call, leaf): the
+    sequence's row} for every tensor a module output whose leading size is the batch, in
+    the order the modules returned; and the sequence's row of the logits, if any."""
+    import torch
+
+    from .canary import call_model
+
+    rows: Dict[Key, Any] = {}
+    calls: Counter = Counter()
+
+    def keep(name: str) -> Callable[..., None]:
+        def hook(module: Any, args: Any, out: Any) -> None:
+            call = calls[name]
+            calls[name] += 1
+            for path, leaf in _leaves(out):
+                if isinstance(leaf, torch.Tensor) and leaf.dim() > 0 and leaf.shape[0] == batch:
+                    rows[(name or MODEL, call, path)] = leaf[position].detach().cpu().clone()
+        return hook
+
+    handles = [m.register_forward_hook(keep(n)) for n, m in model.named_modules()]
+    try:
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            out = call_model(model, tree)
+    finally:
+        for h in handles:
+            h.remove()
+    logits = _logits_of(out)
+    usable = isinstance(logits, torch.Tensor) and logits.dim() > 1 and logits.shape[0] == batch
+    return rows, logits[position].detach().cpu() if usable else None
+
+
+def _logprob_delta(alone: Any, out: Any) -> Optional[float]:
+    """max |d log p| over every class of the sequence's logits; None without logits."""
+    import torch
+
+    if alone is None or out is None or alone.shape != out.shape:
+        return None
+    return float((torch.log_softmax(out.double(), -1) - torch.log_softmax(alone.double(), -1)).abs().max())
+
+
+def check_canary_invariance(canary: Any, max_batch: int, position_seed: int = 0,
+                            precision: str = "fp32") -> Dict[str, Any]:
+    """A Python canary's batch invariance: its model's forward (eval mode: dropout off;
+    invariance is a property of the forward, not of dropout's draws), batch(0)'s first row
+    alone and at a drawn row of batches of 2..max_batch, every module's output rows
+    compared bit for bit in the order the modules returned. The model's train/eval flags
+    are restored and its weights untouched."""
+    import torch
+
+    rows = _canary_rows(canary, max_batch)
+    model = canary.model
+    modes = {m: m.training for m in model.modules()}
+    model.eval()
+    try:
+        def run(batch: int, position: int) -> Tuple[Dict[Key, Any], Optional[Any]]:
+            others = iter(rows[1:])
+            placed = [rows[0] if r == position else next(others) for r in range(batch)]
+            return _forward_rows(model, _stack_rows(placed), batch, position, precision)
+
+        alone, alone_logits = run(1, 0)
+        if not alone:
+            raise ValueError("no module's output leads with the batch dimension: nothing to compare row by row")
+        checks = []
+        for batch in range(2, max_batch + 1):
+            position = position_of(position_seed, batch)
+            out, logits = run(batch, position)
+            # The outputs that lead with the batch in both runs (a broadcast (1, ...) output
+            # leads with 1 alone too, and is no row of the sequence's), in the order alone.
+            first = next((key for key in alone if key in out and not torch.equal(alone[key], out[key])), None)
+            checks.append({"batch_size": batch, "position": position, "bitwise": first is None,
+                           "max_logprob_delta": _logprob_delta(alone_logits, logits),
+                           "first_op": first and first[0], "first_output": first and first[2]})
+    finally:
+        for m, training in modes.items():
+            m.train(training)
     broken = [c["batch_size"] for c in checks if not c["bitwise"]]
-    return {"sequence_tokens": None, "invariant": not broken,
-            "smallest_breaking_batch": broken[0] if broken else None, "checks": checks}
+    # outputs_compared: what "bitwise" covers (the module outputs that lead with the batch alone).
+    return {"sequence_tokens": None, "forward": "eval mode, dropout off, no grad", "outputs_compared": len(alone),
+            "invariant": not broken, "smallest_breaking_batch": broken[0] if broken else None, "checks": checks}
+
+
+def _first_at(c: Dict[str, Any]) -> str:
+    leaf = c.get("first_output")
+    return f"first at op {c['first_op']}" + (f" (output {leaf})" if leaf else "")
 
 
 def to_text(report: Dict[str, Any]) -> str:
     what = "one row" if report["sequence_tokens"] is None else f"one sequence of {report['sequence_tokens']} tokens"
+    forward = f" (forward in {report['forward']}; {report['outputs_compared']} module outputs)" \
+        if "forward" in report else ""
     lines = [f"invariance  {report['lane']}: {what} alone, then at a drawn row of batches of "
-             f"2..{report['checks'][-1]['batch_size']}"]
+             f"2..{report['checks'][-1]['batch_size']}{forward}"]
     for c in report["checks"]:
         head = f"batch {c['batch_size']:>2} row {c['position']:>2}  "
-        lines.append(head + ("bitwise" if c["bitwise"] else
-                             f"differs: max |d log p| {c['max_logprob_delta']:.3g}; first at op {c['first_op']}"))
+        delta = c["max_logprob_delta"]
+        moved = "" if delta is None else f"max |d log p| {delta:.3g}; "
+        lines.append(head + ("bitwise" if c["bitwise"] else f"differs: {moved}{_first_at(c)}"))
     smallest = report["smallest_breaking_batch"]
     if smallest is None:
         lines.append("verdict     batch-invariant: bitwise for every batch size")
     else:
-        first = report["checks"][smallest - 2]["first_op"]
-        lines.append(f"verdict     not batch-invariant: smallest breaking batch size {smallest}, first at op {first}")
+        first = _first_at(report["checks"][smallest - 2])
+        lines.append(f"verdict     not batch-invariant: smallest breaking batch size {smallest}, {first}")
     return "\n".join(lines) + "\n"
 
 
@@ -222,8 +292,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
-    ap = _Parser(prog=f"python3 -m {PROG}", description="Batch invariance of the PyTorch lane (docs/invariance.md).")
-    ap.add_argument("--pack", required=True, help="the canary pack (`harness export --canary NAME --out PACK.h5`)")
+    ap = _Parser(prog=f"python3 -m {PROG}", description="Batch invariance of the PyTorch lane or of a Python "
+                                                         "canary's forward (docs/invariance.md).")
+    ap.add_argument("canary", nargs="?", help="FILE.py:NAME: a function in FILE.py returning canary_harness.Canary")
+    ap.add_argument("--pack", help="the canary pack (`harness export --canary NAME --out PACK.h5`)")
     add_device_arguments(ap)
     ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"), help="fp32 (default) or bf16 autocast")
     ap.add_argument("--max-batch", type=int, default=8, help="largest batch size (2..64, default 8)")
@@ -233,15 +305,20 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def run(args: argparse.Namespace) -> int:
-    import torch
-
+def _check_counts(args: argparse.Namespace) -> None:
     if not 2 <= args.max_batch <= 64:
         raise UsageError(f"--max-batch: {args.max_batch} is not in 2..64")
     if not 1 <= args.threads <= MAX_THREADS:
         raise UsageError(f"--threads: {args.threads} is not in 1..{MAX_THREADS}")
     if not 0 <= args.position_seed < 2 ** 64:
         raise UsageError(f"--position-seed: {args.position_seed} is not in 0..2^64-1")
+    if (args.pack is None) == (args.canary is None):
+        raise UsageError("name one of --pack PACK.h5 or FILE.py:NAME")
+
+
+def _pack_report(args: argparse.Namespace) -> Dict[str, Any]:
+    import torch
+
     check_device_name(args.device)
     pack = load_pack(args.pack)
     architecture = architecture_module(pack)
@@ -249,12 +326,35 @@ def run(args: argparse.Namespace) -> int:
     rows = [row for step in range(pack.steps) for row in pack.batch(step)][:args.max_batch]
     if len(rows) < args.max_batch:
         raise UsageError(f"--max-batch: {args.pack} holds {len(rows)} sequences, fewer than {args.max_batch}")
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)  # a CPU reduction's order, so the bits, depend on it
     device = device_of(args.device)
     model = architecture.model_class(cfg, pack.init, device=device)
     report = check_batch_invariance(model, rows[0], rows[1:], args.max_batch, args.position_seed, args.precision)
-    features = "" if args.precision == "fp32" else "+bf16"
-    report = {"lane": f"{pack.name}/torch{features}", **report}
+    return {"lane": f"{pack.name}/torch{'' if args.precision == 'fp32' else '+bf16'}", **report}
+
+
+def _canary_report(args: argparse.Namespace) -> Dict[str, Any]:
+    import contextlib
+
+    import torch
+
+    from .canary import load_canary
+
+    if args.device != "cpu":
+        raise UsageError(f"--device: a Python canary is checked on the CPU; '{args.device}' is for --pack")
+    torch.set_num_threads(args.threads)  # a CPU reduction's order, so the bits, depend on it
+    with contextlib.redirect_stdout(sys.stderr):  # a model that prints while it is built keeps stdout clean
+        loaded = load_canary(args.canary)
+    try:
+        report = check_canary_invariance(loaded.canary, args.max_batch, args.position_seed, args.precision)
+    except ValueError as e:
+        raise UsageError(f"{args.canary}: {e}") from None
+    return {"lane": f"{loaded.canary.name}/torch{'' if args.precision == 'fp32' else '+bf16'}", **report}
+
+
+def run(args: argparse.Namespace) -> int:
+    _check_counts(args)
+    report = _pack_report(args) if args.pack is not None else _canary_report(args)
     print(json.dumps(report, indent=2, sort_keys=True) if args.json else to_text(report), end="\n" if args.json else "")
     return 0 if report["invariant"] else 1
 
@@ -265,7 +365,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
-    except (ValueError, OSError) as e:  # a damaged pack: one line naming it
+    except (ValueError, OSError) as e:  # a damaged pack, a canary that cannot load: one line naming it
         print(f"{PROG}: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +16,7 @@ from canary_harness.canary import load_canary
 from canary_harness.invariance import batch_rows, check_batch_invariance, check_canary_invariance, main, position_of
 from canary_harness.lane import architecture_module, load_pack
 
-from conftest import export_pack, run_harness
+from conftest import export_pack, run_harness, run_module
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +67,7 @@ def test_the_command_line_reports_and_refuses_as_documented(tmp_path: Path, harn
         assert main(["--pack", str(pack), *argv]) == 2
         err = capsys.readouterr().err.strip()
         assert words in err and len(err.splitlines()) == 1, err
-    missing = subprocess.run([sys.executable, "-m", "canary_harness.invariance", "--pack", str(tmp_path / "no.h5")],
-                             capture_output=True, text=True)
+    missing = run_module("canary_harness.invariance", "--pack", str(tmp_path / "no.h5"), check=False)
     assert missing.returncode == 2 and "no.h5" in missing.stderr and len(missing.stderr.strip().splitlines()) == 1
 
 
@@ -77,8 +75,8 @@ OWN = Path(__file__).resolve().parent / "own_canaries"
 
 
 def test_a_python_canary_is_checked_module_by_module_on_copies():
-    """The canary's own step on copies of its model: a hook that moves `embed` in batches of
-    3 or more is named there from size 3 on, and the canary's weights never move."""
+    """The canary's forward, module by module: a hook that moves `embed` in batches of 3 or
+    more is named there from size 3 on, and the canary's weights never move."""
     import torch
 
     canary = load_canary(f"{OWN / 'small.py'}:canary").canary
@@ -95,10 +93,76 @@ def test_the_python_canary_command_refuses_as_documented():
     spec = f"{OWN / 'small.py'}:canary"
     for args, words in ((["--max-batch", "1"], "--max-batch"), (["--max-batch", "64"], "fewer than 64"),
                         (["--precision", "fp8"], "--precision: unknown precision 'fp8'")):
-        out = subprocess.run([sys.executable, "-m", "canary_harness", "invariance", spec, *args],
-                             capture_output=True, text=True)
+        out = run_module("canary_harness", "invariance", spec, *args, check=False)
         assert out.returncode == 2 and words in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
-    out = subprocess.run([sys.executable, "-m", "canary_harness", "invariance", spec, "--max-batch", "3", "--json"],
-                         capture_output=True, text=True)
+    out = run_module("canary_harness", "invariance", spec, "--max-batch", "3", "--json", check=False)
     report = json.loads(out.stdout)
     assert out.returncode == (0 if report["invariant"] else 1) and report["lane"] == "small/torch", out.stderr
+
+
+def invariance_cli(*args: str) -> subprocess.CompletedProcess:
+    return run_module("canary_harness.invariance", *args, check=False)
+
+
+# What this machine's torch does with small.py's forward (docs/invariance.md, "Your own model"):
+# torch 1.13's CPU linear layer takes another path for one row than for several (except a
+# batch of 4 with the row last); torch 2.9's does not. Observed, and held so a change shows.
+SMALL_OBSERVED = {
+    "1.13": {"smallest_breaking_batch": 2, "first_op": "hidden", "bitwise_sizes": [4]},
+    "2.9": {"smallest_breaking_batch": None, "first_op": None, "bitwise_sizes": [2, 3, 4, 5, 6, 7, 8]},
+}
+
+
+def test_a_python_canary_gives_one_verdict_on_every_invocation():
+    import torch
+
+    spec = f"{OWN / 'small.py'}:canary"
+    first, second = (invariance_cli(spec, "--max-batch", "8", "--json") for _ in range(2))
+    assert first.stdout == second.stdout and first.returncode == second.returncode, (first.stderr, second.stderr)
+    report = json.loads(first.stdout)
+    assert report["lane"] == "small/torch" and report["forward"] == "eval mode, dropout off, no grad"
+    assert first.returncode == (0 if report["invariant"] else 1)
+    observed = SMALL_OBSERVED.get(".".join(torch.__version__.split(".")[:2]))
+    if observed is not None:
+        smallest = report["smallest_breaking_batch"]
+        assert smallest == observed["smallest_breaking_batch"], report
+        assert (smallest and report["checks"][smallest - 2]["first_op"]) == observed["first_op"], report
+        assert [c["batch_size"] for c in report["checks"] if c["bitwise"]] == observed["bitwise_sizes"], report
+
+
+def test_a_module_that_mixes_rows_is_named_at_batch_size_2():
+    """`center` subtracts the batch's mean row: named first at every size, from 2, whatever
+    torch's GEMMs do (it runs before any of them); dropout is off, the flags come back."""
+    import torch
+
+    canary = load_canary(f"{OWN / 'mixing.py'}:canary").canary
+    before = {k: v.clone() for k, v in canary.model.state_dict().items()}
+    report = check_canary_invariance(canary, 5, position_seed=2)
+    assert report["smallest_breaking_batch"] == 2 and not report["invariant"]
+    assert [c["first_op"] for c in report["checks"]] == ["center"] * 4, report
+    assert all(m.training for m in canary.model.modules())
+    assert all(torch.equal(before[k], v) for k, v in canary.model.state_dict().items())
+    out = invariance_cli(f"{OWN / 'mixing.py'}:canary", "--max-batch", "3")
+    assert out.returncode == 1, out.stderr
+    assert out.stdout.splitlines()[-1] == "verdict     not batch-invariant: smallest breaking batch size 2, " \
+                                          "first at op center", out.stdout
+
+
+def test_a_batch_without_one_leading_size_is_refused_in_one_line():
+    out = invariance_cli(f"{OWN / 'mixing.py'}:ragged")
+    err = out.stderr.strip()
+    assert out.returncode == 2 and len(err.splitlines()) == 1 and not out.stdout, err
+    assert "batch(0): its tensors disagree on the leading (batch) size (['x'] 3, ['y'] 2)" in err, err
+
+
+def test_the_module_command_refuses_bad_usage_in_one_line(tmp_path: Path):
+    spec = f"{OWN / 'small.py'}:canary"
+    for argv, words in (([], "name one of --pack PACK.h5 or FILE.py:NAME"),
+                        ([spec, "--pack", str(tmp_path / "p.h5")], "name one of --pack PACK.h5 or FILE.py:NAME"),
+                        ([spec, "--device", "cuda"], "--device: a Python canary is checked on the CPU"),
+                        ([spec, "--threads", "0"], "--threads: 0 is not in"),
+                        ([f"{OWN / 'small.py'}:nothing"], "defines no 'nothing'"),
+                        ([str(tmp_path / "absent.py") + ":canary"], "absent.py")):
+        out = invariance_cli(*argv)
+        err = out.stderr.strip()
+        assert out.returncode == 2 and words in err and len(err.splitlines()) == 1, (argv, err)
