@@ -13,8 +13,8 @@ trap 'rm -rf "$out"' EXIT
 export USE_TORCH_XLA=0 HARNESS_BIN=${HARNESS_BIN:-$root/build/bin/harness} PYTHONPATH=$root/python
 for member in gpt2 llama mixtral bert t5 accumulation; do
   "$root/.venv/bin/python" "$root/bench/own_model_overhead.py" --canary "$root/tests/zoo/$member.py:canary" \
-    --rounds "$rounds" --warmup 8 --block 4 --json "$out/$member.json" >/dev/null 2>&1 ||
-    { echo "zoo bench: $member failed" >&2; exit 1; }
+    --rounds "$rounds" --warmup 8 --block 4 --json "$out/$member.json" >/dev/null 2>"$out/$member.err" ||
+    { echo "zoo bench: $member failed: $(tail -n 3 "$out/$member.err")" >&2; exit 1; }
 done
 "$root/.venv/bin/python" - "$out" <<'PY'
 import json, os, sys

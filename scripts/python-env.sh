@@ -45,15 +45,15 @@ start=$(date +%s)
 if ! install_from_cache >/dev/null 2>&1; then
   # pip's own configuration (PIP_INDEX_URL, pip.conf) decides which index it asks.
   echo "python-env: downloading python/requirements-venv.txt's wheels into $cache (about 4.5 GB the first time)"
-  if ! "$venv/bin/pip" download "${pip_quiet[@]}" --retries 2 --no-deps -r "$requirements" -d "$cache" >"$venv.download.log" 2>&1; then
+  log=$(mktemp)
+  trap 'rm -f "$log"' EXIT
+  if ! "$venv/bin/pip" download "${pip_quiet[@]}" --retries 2 --no-deps -r "$requirements" -d "$cache" >"$log" 2>&1; then
     rm -rf "$venv"
     echo "python-env: the Python package index that pip is configured with is not reachable and $cache lacks" \
-         "wheels ($(tail -n 1 "$venv.download.log")): .venv/ (torch 2.9) is not made, and the torch 2.x suite will not run" \
+         "wheels ($(tail -n 1 "$log")): .venv/ (torch 2.9) is not made, and the torch 2.x suite will not run" \
          "(docs/python-env.md)" >&2
-    rm -f "$venv.download.log"
     exit 0
   fi
-  rm -f "$venv.download.log"
   install_from_cache
 fi
 # Editable: the tests and the CLI run the package in python/ as it is edited.

@@ -362,7 +362,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt:
         import os
 
-        if args.command in ("replay", "describe", "invariance"):
+        if args.command in ("replay", "describe", "invariance", "units"):
             print(f"{PROG}: interrupted", file=sys.stderr)
             return 130
         kept = f"{args.out} keeps its finished steps (complete = 0)" if os.path.exists(args.out) else "no receipt written"

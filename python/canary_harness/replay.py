@@ -58,6 +58,7 @@ class ReplayResult:
     diagnosis: str = ""            # one line on why the first mismatch happened, where the data says
     notes: List[str] = field(default_factory=list)
     restored: List[str] = field(default_factory=list)  # the declared objects the checkpoint's state was loaded into
+    schedules_restored: bool = False  # the canary declares schedulers, and the checkpoint held every one
     traces: List[Dict[str, Any]] = field(default_factory=list)  # per traced step (trace_json)
 
     def reproduced(self) -> bool:
@@ -167,6 +168,10 @@ def _diagnose(result: ReplayResult) -> str:
         return ""
     held = ", ".join(["the model", "the optimizer", *result.restored, "the RNG states"])
     replayed, recorded = (float(v) for v in m.values)  # repr: every digit that tells them apart
+    if result.schedules_restored:  # the schedule resumed where the run was: what computes the lr changed
+        return (f"step {m.step} replays lr {replayed!r} where the receipt records {recorded!r}, though the checkpoint "
+                f"of step {result.resumed_from} restored the declared schedulers (it holds {held}): the schedule's "
+                "code or settings changed since the run")
     return (f"step {m.step} replays lr {replayed!r} where the receipt records {recorded!r}: a learning-rate "
             f"schedule's state is missing from the checkpoint of step {result.resumed_from} (it holds {held}); "
             "declare it on the Canary, schedulers=[scheduler] for the schedulers the step steps and "
@@ -186,6 +191,7 @@ def _resume(reader: ReceiptReader, record: _Record, loaded: LoadedCanary, loop: 
     checkpoint = stored[-1]
     result.restored = restore_state(loaded, reader.checkpoint_state(checkpoint), checkpoint.step, loop.device)
     unheld = [label for label in stateful_objects(loaded.canary) if label not in result.restored]
+    result.schedules_restored = bool(loaded.canary.schedulers) and not unheld
     if unheld:
         result.notes.append(f"the checkpoint of step {checkpoint.step} holds no state of {', '.join(unheld)} (it was "
                             "recorded before the canary declared it): resumed as the canary builds it")

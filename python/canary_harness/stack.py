@@ -170,7 +170,8 @@ def imported_distributions(module: types.ModuleType) -> List[str]:
             continue
         seen.add(id(current))
         for value in list(vars(current).values()):
-            origin = value if isinstance(value, types.ModuleType) else sys.modules.get(getattr(value, "__module__", None) or "")
+            origin = value if isinstance(value, types.ModuleType) else \
+                sys.modules.get(getattr(value, "__module__", None) or "")
             if origin is None:
                 continue
             distributions = owners.get(origin.__name__.partition(".")[0], [])

@@ -153,6 +153,22 @@ def test_an_undeclared_schedule_is_named_in_one_line_with_the_lr_at_the_step(tmp
     assert len(lines) == 1 and diagnosis in lines[0], text.stdout
 
 
+def test_a_declared_schedule_whose_code_changed_is_not_called_missing(tmp_path: Path) -> None:
+    """The schedule was declared and restored, then its code changed (warm-up 2 -> 3 in the
+    canary's file, in place): the lr still differs after the checkpoint, and the line says the
+    schedule changed, never that its state is missing."""
+    canary = tmp_path / "scheduled.py"
+    canary.write_text(Path(SCHEDULED).read_text())
+    out = tmp_path / "declared.h5"
+    run_ok(f"{canary}:cosine_declared", "--out", str(out), "--checkpoint-every", "3")
+    canary.write_text(canary.read_text().replace("WARMUP = 2\n", "WARMUP = 3\n"))
+    result = replay_json(out, "--from", "4")
+    assert result["verdict"] == "diverged" and result["first_mismatch"]["what"] == "lr", result
+    diagnosis = result["diagnosis"]
+    assert "restored the declared schedulers" in diagnosis and "code or settings changed" in diagnosis, diagnosis
+    assert "missing" not in diagnosis, diagnosis
+
+
 def test_the_replayed_lr_is_the_restarted_schedules(tmp_path: Path) -> None:
     """The lr named is the one the replay ran: the cosine schedule one step after its start."""
     out = tmp_path / "undeclared.h5"

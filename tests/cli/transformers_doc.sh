@@ -12,8 +12,10 @@ page_script "$page" "$harness" "$script"
   fail "a command of $page failed: $(tail -5 "$WORK/page.out")"
 # What the page says the commands show.
 grep -q "^budget      reference (bitwise" "$WORK/page.out" || fail "two runs of the member did not compare bitwise"
-grep -q "^result      3 findings: 3 varying_constant" "$WORK/page.out" || fail "the audit's findings are not AdamW's three constants"
-[ "$(grep -c '^verdict     PASS' "$WORK/page.out")" -ge 2 ] || fail "the Trainer's receipt does not pass against the run's"
+grep -q "^result      3 findings: 3 varying_constant" "$WORK/page.out" ||
+  fail "the audit's findings are not AdamW's three constants"
+[ "$(grep -c '^verdict     PASS' "$WORK/page.out")" -ge 2 ] ||
+  fail "the Trainer's receipt does not pass against the run's"
 grep -q "^diverges    step 6 " "$WORK/page.out" || fail "bisect does not name step 6"
 grep -q "^first op    transformer.h.1.mlp forward, layer 1 .*aten.mul.Tensor" "$WORK/page.out" ||
   fail "bisect does not name h.1.mlp's aten.mul"

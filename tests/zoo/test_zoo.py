@@ -90,8 +90,9 @@ def test_replay_from_a_checkpoint_is_bitwise_schedule_included(member: Member) -
 
 
 def test_a_regression_in_the_teams_code_is_caught_at_its_step(member: Member) -> None:
-    # The same FILE.py:NAME with its code changed: the schedule's warm-up from 3 steps to 2.
-    # lr is 0 at step 0 under both, so step 0 is bitwise and step 1's update differs.
+    # A copy of the member's files with the team's code changed: the schedule's warm-up from 3
+    # steps to 2 (the clean files stay on disk: bisect replays both). lr is 0 at step 0 under
+    # both, so step 0 is bitwise and step 1's update differs.
     regressed = member.work / "regressed"
     shutil.copytree(Path(member.spec.rpartition(":")[0]).parent, regressed)
     team = regressed / "team.py"
