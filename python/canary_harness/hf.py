@@ -175,6 +175,14 @@ class ReceiptCallback(TrainerCallback):
         if self.writer is not None:
             self.writer.close()  # complete = 1 when every one of max_steps was recorded
 
+    def close(self) -> None:
+        """Removes the forward hook from the model and closes the receipt, complete = 0 unless
+        the run ended: for a `trainer.train()` that raised, after which the Trainer calls no
+        `on_train_end` (`try: trainer.train() finally: callback.close()`). Idempotent."""
+        self._release()
+        if self.writer is not None:
+            self.writer.__exit__(ReceiptCallbackError, None, None)  # a finished receipt is closed already
+
     # ---- helpers ----------------------------------------------------------------------------
 
     def _keep_batch(self, module: Any, args: tuple, kwargs: Dict[str, Any]) -> None:

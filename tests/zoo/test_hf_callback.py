@@ -211,3 +211,26 @@ def test_the_audit_of_gpt2_finds_adamws_constants_and_nothing_in_transformers() 
     assert {f["op"] for f in findings} == {"aten.mul_.Tensor", "aten.div.Tensor", "aten.addcdiv_"}
     assert all(s["host_reads"] == 0 for s in report["steps"])
     assert not any("transformers" in f["file"] or "transformers" in f["via"] for f in findings)
+
+
+def test_close_after_a_failed_train_removes_the_hook_and_leaves_an_incomplete_receipt(tmp_path: Path) -> None:
+    """A Trainer whose train() raises calls no on_train_end: close() (in the caller's finally)
+    takes the forward hook off the model and closes the receipt with complete = 0; twice is fine."""
+    from types import SimpleNamespace
+
+    from transformers import TrainingArguments
+
+    from canary_harness.hf import ReceiptCallback
+
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    arguments = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], logging_steps=1,
+                                  logging_nan_inf_filter=False)
+    callback = ReceiptCallback(tmp_path / "r.h5", name="failed")
+    callback.on_train_begin(arguments, SimpleNamespace(max_steps=3), None, model=model, optimizer=optimizer)
+    assert len(model._forward_pre_hooks) == 1
+    callback.close()
+    callback.close()
+    assert not model._forward_pre_hooks
+    with h5py.File(tmp_path / "r.h5", "r") as f:
+        assert int(f["manifest"].attrs["complete"]) == 0
