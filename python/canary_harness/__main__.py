@@ -319,30 +319,18 @@ def describe(args: argparse.Namespace) -> int:
 
 
 def invariance(args: argparse.Namespace) -> int:
-    import contextlib
-    import json
-
-    import torch
-
-    from .canary import load_canary
-    from .invariance import check_canary_invariance, to_text
+    """`python3 -m canary_harness invariance FILE.py:NAME`: canary_harness.invariance's check
+    of a Python canary (the flags read here, the work there)."""
+    from .invariance import run as run_invariance
     from .lane import UsageError, _count
 
-    max_batch = _count("max-batch", args.max_batch, 2, 64)
-    position_seed = _count("position-seed", args.position_seed, 0, 2**64 - 1)
-    threads = _count("threads", args.threads, 1, MAX_THREADS) if args.threads is not None else 1
     if args.precision not in ("fp32", "bf16"):
         raise UsageError(f"--precision: unknown precision '{args.precision}'; use fp32 or bf16")
-    torch.set_num_threads(threads)
-    with contextlib.redirect_stdout(sys.stderr):
-        loaded = load_canary(args.canary)
-    try:
-        report = check_canary_invariance(loaded.canary, max_batch, position_seed, args.precision)
-    except ValueError as e:
-        raise UsageError(f"{args.canary}: {e}") from None
-    report = {"lane": f"{loaded.canary.name}/torch{'' if args.precision == 'fp32' else '+bf16'}", **report}
-    print(json.dumps(report, indent=2, sort_keys=True) if args.json else to_text(report), end="\n" if args.json else "")
-    return 0 if report["invariant"] else 1
+    return run_invariance(argparse.Namespace(
+        canary=args.canary, pack=None, device="cpu", precision=args.precision, json=args.json,
+        max_batch=_count("max-batch", args.max_batch, 2, 64),
+        position_seed=_count("position-seed", args.position_seed, 0, 2**64 - 1),
+        threads=_count("threads", args.threads, 1, MAX_THREADS) if args.threads is not None else 1))
 
 
 def main(argv: Optional[List[str]] = None) -> int:

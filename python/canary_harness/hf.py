@@ -46,9 +46,7 @@ transformers is imported here, never by `import canary_harness`.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import importlib.metadata
 import json
 import os
 import sys
@@ -295,14 +293,12 @@ def _lane_features(args: Any, device: torch.device) -> List[str]:
 
 
 def _stack(model: Any) -> stack_info.StackInfo:
-    """The stack line, with transformers (and accelerate) and the attention the model's modules run."""
-    info = stack_info.collect_stack_info(include_torch=True)
-    libraries = [info.libraries] + [f"{d} {importlib.metadata.version(d)}" for d in ("transformers", "accelerate")]
-    kernels = info.kernels
-    found = stack_info.attention_implementations(model)  # from the modules' configs, whatever the model
-    if found:
-        kernels = f"{kernels} attention={','.join(found)}" if kernels != "none" else f"attention={','.join(found)}"
-    return dataclasses.replace(info, libraries="; ".join(libraries), kernels=kernels)
+    """The stack line as a run of the same model writes it (stack.with_model): the
+    distributions the training script (the __main__ module) imports, and the attention the
+    model's modules declare."""
+    main = sys.modules.get("__main__")
+    imported = stack_info.imported_distributions(main) if main is not None else []
+    return stack_info.with_model(stack_info.collect_stack_info(include_torch=True), model, imported)
 
 
 def _script_path() -> str:

@@ -40,7 +40,7 @@ import os
 import re
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 import numpy as np
@@ -54,8 +54,7 @@ from .distributed import mean_over_ranks, shard_batch, shard_model, whole
 from .perturb import perturb_parameters
 from .receipt import ReceiptWriter
 from .recording import MomentSource, StepDigest, Worker, host_float, host_float32
-from .stack import (StackInfo, attention_implementations, collect_stack_info, git_commit_of,
-                    imported_distributions)
+from .stack import StackInfo, collect_stack_info, git_commit_of, imported_distributions, with_model
 
 @dataclass
 class RunOptions:
@@ -289,14 +288,10 @@ def _autocast_text(options: RunOptions) -> str:
 
 def stack_of(loaded: LoadedCanary) -> StackInfo:
     """The run's stack line: collect_stack_info's, with the distributions the canary's file
-    imports (transformers and the like: what its model's code is) among the libraries, and the
-    attention implementation its modules declare among the kernels (sdpa and eager differ in
-    the bits from step 0)."""
-    stack = collect_stack_info(include_torch=True)
-    libraries = [stack.libraries, *(imported_distributions(loaded.module) if loaded.module is not None else [])]
-    attention = attention_implementations(loaded.canary.model)
-    kernels = stack.kernels + (f" attention={','.join(attention)}" if attention else "")
-    return replace(stack, libraries="; ".join(libraries), kernels=kernels)
+    imports (transformers and the like: what its model's code is) and the attention its
+    modules declare (stack.with_model)."""
+    imported = imported_distributions(loaded.module) if loaded.module is not None else []
+    return with_model(collect_stack_info(include_torch=True), loaded.canary.model, imported)
 
 
 def manifest_for(loaded: LoadedCanary, options: RunOptions, device: torch.device, steps: int) -> Dict[str, Any]:

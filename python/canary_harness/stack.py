@@ -9,6 +9,7 @@ matter (for torch: the device and its determinism switches).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import os
 import platform
@@ -18,7 +19,7 @@ import sys
 import types
 import warnings
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 # Environment variables that change numerics (or how XLA/cuBLAS pick kernels) when set.
 NUMERICS_ENV = (
@@ -206,6 +207,19 @@ def attention_implementations(model: Any) -> List[str]:
         if isinstance(declared, str) and declared:
             found.add(declared)
     return sorted(found)
+
+
+def with_model(stack: StackInfo, model: Any, distributions: Sequence[str]) -> StackInfo:
+    """`stack` with `distributions` ("NAME VERSION": imported_distributions') among its
+    libraries and the attention implementations `model`'s modules declare among its kernels
+    (sdpa and eager differ in the bits from step 0): a team's model's stack line."""
+    libraries = "; ".join([stack.libraries, *distributions])
+    attention = attention_implementations(model)
+    kernels = stack.kernels
+    if attention:
+        declared = f"attention={','.join(attention)}"
+        kernels = declared if kernels == "none" else f"{kernels} {declared}"
+    return dataclasses.replace(stack, libraries=libraries, kernels=kernels)
 
 
 def collect_stack_info(include_torch: Optional[bool] = None) -> StackInfo:
