@@ -69,6 +69,7 @@ from typing import Any, Callable, Dict, Iterable, List, NoReturn, Optional, Sequ
 import xxhash
 
 from .canary import Canary  # torch-free: the type a FILE.py:NAME may return
+from .devices import place_on_device, to_device  # torch-free at import
 
 PROG = "canary_harness.audit"
 FINDING_KINDS = ("host_read", "varying_constant", "graph_change", "dynamic_shape")
@@ -1010,7 +1011,7 @@ class PythonCanaryStep:
     canary.step(model, optimizer, batch, i) on canary.batch(i). audit_step makes the batch
     before the step's window opens (prepare), as the runner makes it before its audit's
     window: the data pipeline is not the training step. Under --xla the model is placed on
-    the device (runner.place_on_device) and each batch moved there inside the step, as the
+    the device (devices.place_on_device) and each batch moved there inside the step, as the
     runner moves it."""
 
     def __init__(self, loaded: Any, device: Any = None) -> None:
@@ -1018,8 +1019,6 @@ class PythonCanaryStep:
         self.device = device
         self._prepared: Dict[int, Any] = {}
         if device is not None:
-            from .runner import place_on_device
-
             place_on_device(self.canary, device)
 
     def prepare(self, i: int) -> None:
@@ -1028,8 +1027,6 @@ class PythonCanaryStep:
     def __call__(self, i: int) -> Any:
         batch = self._prepared.pop(i) if i in self._prepared else self.canary.batch(i)
         if self.device is not None:
-            from .runner import to_device
-
             batch = to_device(batch, self.device)
         return self.canary.step(self.canary.model, self.canary.optimizer, batch, i)
 

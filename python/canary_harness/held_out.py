@@ -96,7 +96,7 @@ class HeldOutEval:
         return step > 0 and step % self.every == 0
 
     def evaluate(self, model: torch.nn.Module, step: int) -> EvalRow:
-        from .runner import to_device
+        from .devices import to_device
 
         if self.batch is None:
             self.batch = to_device(self.host_batch, self.device)

@@ -291,7 +291,7 @@ def precision_switches(path: str) -> List[Dict[str, Any]]:
     modules autocast runs in bf16 (observed in step 0) less those the recipe keeps out;
     none for an fp32 run."""
     from .precision import autocast_units, switches
-    from .runner import to_device
+    from .devices import to_device
 
     with ReceiptReader(path) as reader:
         recipe = _recipe(reader)

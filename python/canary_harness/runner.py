@@ -49,6 +49,7 @@ import torch
 from .budget_features import format_features
 from .canary import CanaryError, LoadedCanary
 from .digest import batch_hash, batch_tree_hash
+from .devices import place_on_device, to_device
 from .digest_plan import DigestRows
 from .distributed import mean_over_ranks, shard_batch, shard_model, whole
 from .perturb import perturb_parameters
@@ -108,17 +109,6 @@ def compiled_model(model: torch.nn.Module) -> torch.nn.Module:
     # ("No CUDA runtime is found"): nothing a CPU run needs, and not the run's to report.
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     return torch.compile(model)
-
-
-def to_device(batch: Any, device: torch.device) -> Any:
-    """The batch with every tensor on `device` (tuples, lists and dicts kept)."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device)
-    if isinstance(batch, dict):
-        return {k: to_device(v, device) for k, v in batch.items()}
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(to_device(v, device) for v in batch)
-    return batch
 
 
 class StepCapture:
@@ -742,34 +732,6 @@ def parse_canary_fault(text: str, model: torch.nn.Module, steps: int) -> Any:
     every = set(paths) | {"<model>"}
     return parse_fault(text, paths, steps, where="the model's module paths, or MODULE:ATEN[#N] for an aten op call",
                        op_problem=lambda op: target_problem(op, every))
-
-
-def place_on_device(canary: Any, device: torch.device) -> None:
-    """The model on `device`, and the optimizer holding the moved parameters. On the CPU
-    and CUDA .to() keeps each Parameter object; on XLA it makes new ones, which replace the
-    old in the optimizer's groups and state (an optimizer left holding the CPU tensors
-    would train nothing). A parameter shared by several modules (tied embeddings) is moved
-    once per module there, which would untie it: every slot that held it gets the one
-    moved Parameter, as it had one before."""
-    slots = [(module, name, p) for module in canary.model.modules() for name, p in module._parameters.items()
-             if p is not None]
-    canary.model.to(device)
-    moved: Dict[int, torch.nn.Parameter] = {}  # id(the parameter before) -> the one after
-    for module, name, before in slots:
-        after = module._parameters[name]
-        if id(before) in moved:
-            module._parameters[name] = moved[id(before)]  # tied again
-        elif after is not before:
-            moved[id(before)] = after
-    if not moved:
-        return
-    optimizer = canary.optimizer
-    for group in optimizer.param_groups:
-        group["params"] = [moved.get(id(p), p) for p in group["params"]]
-    for old_id, new in moved.items():
-        old = next((p for p in list(optimizer.state) if id(p) == old_id), None)
-        if old is not None:
-            optimizer.state[new] = optimizer.state.pop(old)
 
 
 def print_summary(summary: RunSummary, out: str, file: Any = sys.stdout) -> None:
