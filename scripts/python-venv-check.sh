@@ -18,5 +18,5 @@ cp -r "$root/python/tests" "$venv/tests"
 cd "$venv"
 "$venv/bin/python" -c 'import canary_harness, sys; sys.exit(0 if canary_harness.__file__.startswith(sys.prefix) else 1)' \
   || { echo "python-venv-check: canary_harness did not import from the virtual environment" >&2; exit 1; }
-HARNESS_BIN=$harness CANARY_HARNESS_EXAMPLES=$root/examples CANARY_HARNESS_VECTORS=$root/docs/receipt-test-vectors.json CANARY_HARNESS_DOCS=$root/docs PYTHONDONTWRITEBYTECODE=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider -c /dev/null \
+HARNESS_BIN=$harness CANARY_HARNESS_EXAMPLES=$root/examples CANARY_HARNESS_BENCH=$root/bench CANARY_HARNESS_VECTORS=$root/docs/receipt-test-vectors.json CANARY_HARNESS_DOCS=$root/docs PYTHONDONTWRITEBYTECODE=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider -c /dev/null \
   --rootdir "$venv/tests" "$venv/tests"

@@ -19,9 +19,10 @@ import canary_harness
 from canary_harness.audit import AuditError, PythonCanaryStep, audit_step, load_step
 from canary_harness.canary import load_canary
 
-REPO = Path(__file__).resolve().parents[2]
-SMALL = REPO / "python" / "tests" / "own_canaries" / "small.py"
-EXAMPLE = REPO / "examples" / "own-model" / "canary.py"
+HERE = Path(__file__).resolve().parent
+SMALL = HERE / "own_canaries" / "small.py"
+# The example lives in the repository, not in the package (scripts/python-venv-check.sh names it).
+EXAMPLE = Path(os.environ.get("CANARY_HARNESS_EXAMPLES", str(HERE.parents[1] / "examples"))) / "own-model" / "canary.py"
 PACKAGE_ROOT = str(Path(canary_harness.__file__).resolve().parents[1])
 
 
@@ -35,7 +36,7 @@ def line_of(path: Path, text: str, after: str = "") -> int:
 def audit_cli(target: str, *flags: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": PACKAGE_ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     return subprocess.run([sys.executable, "-m", "canary_harness.audit", target, *flags], capture_output=True,
-                          text=True, timeout=600, env=env, cwd=REPO)
+                          text=True, timeout=600, env=env, cwd=HERE)
 
 
 def test_a_canary_whose_step_is_stable_audits_clean():
@@ -120,7 +121,7 @@ def test_a_canary_under_xla_is_placed_on_the_device_and_agrees():
     model on torch_xla's device and moves each batch there, as `run --device xla` does.
     Without torch_xla (Debian's torch 1.13): exit 2, one line."""
     result = subprocess.run([sys.executable, "-m", "canary_harness.audit", f"{SMALL}:sgd", "--xla", "--json"],
-                            capture_output=True, text=True, timeout=600, cwd=REPO,
+                            capture_output=True, text=True, timeout=600, cwd=HERE,
                             env={**os.environ, "PJRT_DEVICE": "CPU",
                                  "PYTHONPATH": PACKAGE_ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")})
     if importlib.util.find_spec("torch_xla") is None:
