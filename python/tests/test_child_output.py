@@ -1,4 +1,4 @@
-"""A Python canary's children print what they like (DESIGN.md, "Python canaries", Children):
+"""A Python canary's children print what they like (docs/bisect.md, the child's output):
 the harness reads their results from a file (`--json-out PATH`), never from their stdout.
 The canary here prints while its model is built and during every step, through Python's
 print and below it (os.write on descriptor 1, as C extensions and subprocesses do), lines
