@@ -83,7 +83,7 @@ def layout_processes(layout: Optional[str], nproc: Optional[str], conflicts: Dic
     """The process count of --layout LAYOUT --nproc NPROC (1 without a layout); UsageError
     for an unknown layout, --nproc without one, or a flag of `conflicts` ({flag: given})
     that a layout cannot run with."""
-    from .lane import UsageError, _count
+    from .usage import UsageError, _count
 
     if layout is None:
         if nproc is not None:

@@ -35,6 +35,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, List, NoReturn, Optional, Tuple
 
+from .usage import UsageError, _count, _digits  # noqa: F401 (callers import UsageError, _count from here)
 from .architectures import Architecture, architecture_of, model_of
 from .budget_features import format_features
 
@@ -50,10 +51,6 @@ TRACE_LEVELS = ("none", "ops")
 def trace_problem(level: str, levels: Tuple[str, ...] = TRACE_LEVELS, where: str = "--trace") -> Optional[str]:
     """None when `level` is one of `levels`, else the harness's one-line refusal of it."""
     return None if level in levels else f"{where}: '{level}' is not a trace level; use {' or '.join(levels)}"
-
-
-class UsageError(Exception):
-    """Bad usage or bad input: one line, exit 2, nothing written."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -197,19 +194,6 @@ def parse_fault(text: str, ops: List[str], steps: int, where: str = "see docs/ca
     if numbers["step"] >= steps:
         raise UsageError(f"--inject-fault: step={numbers['step']} is past the last step ({steps - 1})")
     return FaultSpec(numbers["step"], fields["op"], numbers["ulps"])
-
-
-def _digits(text: str) -> bool:
-    """ASCII digits only: str.isdigit() also takes '²' and other Unicode digits, which int() refuses."""
-    return text.isascii() and text.isdigit()
-
-
-def _count(flag: str, text: Optional[str], low: int, high: int) -> Optional[int]:
-    if text is None:
-        return None
-    if not _digits(text) or not low <= int(text) <= high:
-        raise UsageError(f"--{flag}: '{text}' is not a number in {low}..{high}")
-    return int(text)
 
 
 def check_out(path: str, force: bool) -> None:
