@@ -57,7 +57,7 @@ class AtenFault:
     """Nudges the output of one aten op call at the fault's step (module docstring)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, spec: Any) -> None:
-        from .lane import _ulps_up
+        from .faults import _ulps_up
 
         self.spec = spec
         self.module, self.name, self.occurrence = split_target(spec.op)

@@ -666,7 +666,7 @@ class _Fault:
     recorded in the manifest must have happened."""
 
     def __init__(self, model: torch.nn.Module, spec: Any, device: torch.device) -> None:
-        from .lane import _nudge_first_result
+        from .faults import _nudge_first_result
 
         self.spec = spec
         self.active = torch.zeros((), dtype=torch.bool, device=device)
@@ -726,7 +726,7 @@ def _install_fault(canary: Any, spec: Any, device: torch.device) -> Any:
 def parse_canary_fault(text: str, model: torch.nn.Module, steps: int) -> Any:
     """--inject-fault of a Python canary: op=PATH (a module) or MODULE:ATEN[#N] (an aten op call)."""
     from .aten_fault import target_problem
-    from .lane import parse_fault
+    from .faults import parse_fault
 
     paths = [name for name, _ in model.named_modules() if name]
     every = set(paths) | {"<model>"}
