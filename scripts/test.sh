@@ -23,7 +23,7 @@ else
 fi
 # --no-tests=error: a build that registered no test fails instead of passing vacuously.
 # ctest runs every suite, C++ and Python: the GoogleTest and CLI tests, the PyTorch twin,
-# and pytest on python/tests twice (python.canary_harness in-tree against this build's
-# harness, python.venv_install after `pip install ./python` into a fresh virtual
-# environment; tests/CMakeLists.txt).
+# and pytest on python/tests (python.canary_harness on Debian's torch after `pip install
+# ./python` into a fresh virtual environment, python.torch2 on .venv/'s torch 2.9 in-tree,
+# the zoo; tests/CMakeLists.txt).
 ctest --test-dir "$HARNESS_BUILD_DIR" -j 2 --output-on-failure --no-tests=error

@@ -153,7 +153,7 @@ def test_an_injected_fault_moves_its_step_and_not_before(runs: dict):
 def test_the_lane_step_reads_nothing_on_the_host(micro_pack: Path, precision: str, fault):
     """The XLA-safe step: forward, backward, norm, clip and AdamW with no .item(), float(),
     bool() or .cpu() of a tensor, fault hook and autocast included."""
-    from canary_harness.lane import _NudgeFirst, parse_fault
+    from canary_harness.faults import _NudgeFirst, parse_fault
     pack = read_pack(micro_pack)
     cfg = gpt2.CanaryConfig.from_json(pack.canary_json)
     model = gpt2.GPT2(cfg, pack.init)
@@ -174,7 +174,7 @@ def test_the_lane_step_reads_nothing_on_the_host(micro_pack: Path, precision: st
 
 
 def test_nudge_moves_element_zero_by_ulps_like_the_cpp():
-    from canary_harness.lane import _NudgeFirst
+    from canary_harness.faults import _NudgeFirst
     x = torch.tensor([1.0, -2.0, 3.0], requires_grad=True)
     on, off = torch.ones((), dtype=torch.bool), torch.zeros((), dtype=torch.bool)
     y = _NudgeFirst.apply(x, on, 2)
@@ -194,7 +194,7 @@ def test_nudge_moves_element_zero_by_ulps_like_the_cpp():
 def test_nudge_by_many_ulps_is_repeated_nextafter_in_one_step(dtype):
     """The nudge adds ulps through the bit pattern (it looped nextafter ulps times, so
     ulps=2000000000 hung): the same values as repeated nextafter, across zero and up to +inf."""
-    from canary_harness.lane import _NudgeFirst
+    from canary_harness.faults import _NudgeFirst
     fi = torch.finfo(dtype)
     sub = torch.nextafter(torch.zeros(3, dtype=dtype), torch.ones(3, dtype=dtype))  # the smallest subnormal
     starts = [0.0, -0.0, 1.0, -1.0, fi.tiny, -fi.tiny, fi.max, -fi.max, float("inf"), -float("inf"), -sub[0].item(),

@@ -14,7 +14,8 @@ import torch
 
 from canary_harness import ReceiptReader, tensor_hash
 from canary_harness.digest import sketch
-from canary_harness.lane import _NudgeFirst, train_step
+from canary_harness.faults import _NudgeFirst
+from canary_harness.lane import train_step
 from canary_harness.models import gpt2
 from canary_harness.optim import CanaryAdamW
 from canary_harness.pack import read_pack
@@ -339,6 +340,70 @@ def test_any_module_tree_is_traced_by_its_structure():
     with pytest.raises(TraceError, match="output of op '0' was modified in place"):
         tracer.finish_step()
     tracer.close()
+
+
+class _RMSNorm(torch.nn.Module):
+    """Reads its argument twice (x * rsqrt(mean(x^2))), as Llama's, T5's and Mixtral's norms do."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.norm, self.proj, self.drop = _RMSNorm(channels), torch.nn.Linear(channels, channels), torch.nn.Dropout(0.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.drop(self.proj(self.norm(x)))  # x read three times: the residual, pow, mul
+
+
+class _Residual(torch.nn.Module):
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(16, channels)
+        self.blocks = torch.nn.ModuleList([_Block(channels) for _ in range(2)])
+        self.head = torch.nn.Linear(channels, 1)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x).square().mean()
+
+
+def test_tracing_an_op_that_reads_its_argument_twice_changes_no_gradient():
+    """Found by the zoo's nightly fault control (Llama, Mixtral, BERT, T5 failed at step 0): an op
+    handed a view of its argument summed its own reads of it first, so a gradient of three reads
+    (residual, pow, mul) was added in another order and the traced run's bits left the untraced
+    run's. Every gradient is now bitwise the untraced one; the norm's traced contribution is its
+    two reads' parts, and a dropout of p=0 (its argument returned as it came) passes its whole
+    output gradient on."""
+
+    def run(trace: bool):
+        torch.manual_seed(0)
+        net, ids = _Residual(24), torch.randint(16, (8, 13))
+        tracer = OpTracer(net) if trace else None
+        net(ids).backward()
+        traced = tracer.finish_step() if tracer else ([], [])
+        if tracer:
+            tracer.close()
+        return {n: p.grad for n, p in net.named_parameters()}, traced
+
+    plain, _ = run(False)
+    grads, (sites, values) = run(True)
+    assert [n for n in plain if not torch.equal(plain[n], grads[n])] == []
+    at = {(op, phase, tensor): i for i, (op, _, phase, tensor, _) in enumerate(sites)}
+    norm_part = values[at[("blocks.1.norm", "backward", "blocks.0.drop.out")]]
+    whole = values[at[("blocks.1.proj", "backward", "blocks.1.norm.out")]]
+    assert norm_part.shape == (8, 13, 24) and torch.count_nonzero(norm_part) > 0
+    drop_part = values[at[("blocks.1.drop", "backward", "blocks.1.proj.out")]]
+    assert torch.equal(drop_part, whole.new_tensor(0).expand_as(whole) + 0) is False  # a real gradient
+    assert torch.equal(drop_part, values[at[("blocks.1.drop", "forward", "blocks.1.drop.out")]].new_zeros(1)) is False
 
 
 def test_a_traced_receipt_traces_every_step(tmp_path: Path):
