@@ -7,6 +7,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "receipt/aten_trace.h"
+
 namespace harness::check {
 namespace {
 
@@ -60,26 +62,94 @@ int first_trace_step(const OpTrace& a, const OpTrace& b) {
   return -1;
 }
 
-// One step of a trace: the receipt's row, or a replay's.
+// Where a step's trace came from: the receipt's /trace, the aten trace a golden holds
+// (/aten_trace, made at refresh), or a replay of the run now.
+enum class TraceFrom { kReceipt, kStored, kReplay };
+
+// One step of a trace, and where it came from.
 struct TraceRow {
   OpTrace trace;  // one row
-  bool replayed = false;
+  TraceFrom from = TraceFrom::kReceipt;
 };
 
-TraceRow row_of(const ReceiptData& run, int step, const TraceProvider& replay) {
-  if (run.trace) {
-    const OpTrace& t = *run.trace;
-    const std::size_t r = t.columns.size(), at = static_cast<std::size_t>(step) * r;
-    OpTrace row{t.columns, {}, {}, {}, {}};
-    row.hashes.assign(t.hashes.begin() + static_cast<std::ptrdiff_t>(at), t.hashes.begin() + static_cast<std::ptrdiff_t>(at + r));
-    row.l2.assign(t.l2.begin() + static_cast<std::ptrdiff_t>(at), t.l2.begin() + static_cast<std::ptrdiff_t>(at + r));
-    const std::size_t w = receipt::kSketchWidth;
-    row.projection.assign(t.projection.begin() + static_cast<std::ptrdiff_t>(at * w),
-                          t.projection.begin() + static_cast<std::ptrdiff_t>((at + r) * w));
-    return {std::move(row), false};
+OpTrace receipt_row(const ReceiptData& run, int step) {
+  const OpTrace& t = *run.trace;
+  const std::size_t r = t.columns.size(), at = static_cast<std::size_t>(step) * r;
+  OpTrace row{t.columns, {}, {}, {}, {}};
+  row.hashes.assign(t.hashes.begin() + static_cast<std::ptrdiff_t>(at), t.hashes.begin() + static_cast<std::ptrdiff_t>(at + r));
+  row.l2.assign(t.l2.begin() + static_cast<std::ptrdiff_t>(at), t.l2.begin() + static_cast<std::ptrdiff_t>(at + r));
+  const std::size_t w = receipt::kSketchWidth;
+  row.projection.assign(t.projection.begin() + static_cast<std::ptrdiff_t>(at * w),
+                        t.projection.begin() + static_cast<std::ptrdiff_t>((at + r) * w));
+  return row;
+}
+
+OpTrace stored_aten_row(const ReceiptData& run, int step) {
+  receipt::AtenTraceStep stored = receipt::read_aten_trace_step(receipt::ReceiptReader(run.path), step);
+  return {std::move(stored.columns), std::move(stored.hashes), std::move(stored.l2), std::move(stored.projection),
+          std::move(stored.sites), kAtenLevel};
+}
+
+// Whether the run holds traces of `level` itself: /trace (ops) or /aten_trace.
+bool holds(const ReceiptData& run, const std::string& level) {
+  return level == kOpsLevel ? run.trace.has_value() : level == kAtenLevel && run.aten_trace;
+}
+
+// The run's own trace of `step` at `level`, where it holds one.
+std::optional<TraceRow> own_row(const ReceiptData& run, int step, const std::string& level) {
+  if (!holds(run, level)) return std::nullopt;
+  if (level == kOpsLevel) return TraceRow{receipt_row(run, step), TraceFrom::kReceipt};
+  return TraceRow{stored_aten_row(run, step), TraceFrom::kStored};
+}
+
+// Both runs' traces of `step`, of one level: only like traces compare (a module's output
+// is no aten op's). Traces the receipts hold first; otherwise a replay of the run that
+// holds none (or only module ops, where the other holds aten traces: a Python canary's
+// replay traces aten ops), and of the other too unless it holds a trace of the replay's level.
+std::pair<TraceRow, TraceRow> rows_of(const ReceiptData& a, const ReceiptData& b, int step, const TraceProvider& replay) {
+  for (const char* level : {kOpsLevel, kAtenLevel}) {
+    if (holds(a, level) && holds(b, level)) return {*own_row(a, step, level), *own_row(b, step, level)};
   }
-  if (!replay) throw TraceUnavailable(fmt::format("{} has no op trace (run it with --trace ops)", run.path));
-  return {replay(run, step), true};
+  const bool a_first = !(a.trace || a.aten_trace) || (b.aten_trace && !a.aten_trace);
+  const ReceiptData& first = a_first ? a : b;
+  const ReceiptData& other = a_first ? b : a;
+  if (!replay) {
+    throw TraceUnavailable(first.trace || first.aten_trace
+                               ? fmt::format("{} and {} hold traces of other levels (module ops, aten ops); bisect "
+                                             "without --no-replay replays {} with aten traces",
+                                             first.path, other.path, first.path)
+                               : fmt::format("{} has no op trace (run it with --trace ops)", first.path));
+  }
+  TraceRow replayed{replay(first, step), TraceFrom::kReplay};
+  std::optional<TraceRow> kept = own_row(other, step, replayed.trace.level);
+  TraceRow second = kept ? std::move(*kept) : TraceRow{replay(other, step), TraceFrom::kReplay};
+  if (second.trace.level != replayed.trace.level) {
+    throw TraceUnavailable(fmt::format("the traces of {} ({}) and {} ({}) are of other levels and do not compare",
+                                       first.path, replayed.trace.level, other.path, second.trace.level));
+  }
+  return a_first ? std::pair{std::move(replayed), std::move(second)} : std::pair{std::move(second), std::move(replayed)};
+}
+
+// Where the traces came from, as bisect says it: "receipts", "replay of A", "replay of A
+// and the aten trace B holds (recorded at golden refresh)", ...
+std::string op_source(const TraceRow& a, const TraceRow& b) {
+  if (a.from == b.from) {
+    switch (a.from) {
+      case TraceFrom::kReceipt: return "receipts";
+      case TraceFrom::kReplay: return "replay of A and B";
+      case TraceFrom::kStored: return "the aten traces A and B hold (recorded at golden refresh)";
+    }
+  }
+  const auto part = [](const TraceRow& row, const char* side) -> std::string {
+    switch (row.from) {
+      case TraceFrom::kReceipt: return "";
+      case TraceFrom::kReplay: return fmt::format("replay of {}", side);
+      case TraceFrom::kStored: return fmt::format("the aten trace {} holds (recorded at golden refresh)", side);
+    }
+    return "";
+  };
+  const std::string pa = part(a, "A"), pb = part(b, "B");
+  return pa.empty() ? pb : pb.empty() ? pa : pa + " and " + pb;
 }
 
 DivergentOp op_at(const OpTrace& row, std::size_t c) {
@@ -101,10 +171,8 @@ void find_divergent_op(const ReceiptData& a, const ReceiptData& b, const Compose
                        const TraceProvider& replay, Bisection& out) {
   const int s = out.first_divergent_step;
   try {
-    const TraceRow ra = row_of(a, s, replay), rb = row_of(b, s, replay);
-    out.op_source = !ra.replayed && !rb.replayed ? "receipts"
-                    : ra.replayed && rb.replayed ? "replay of A and B"
-                                                 : (ra.replayed ? "replay of A" : "replay of B");
+    const auto [ra, rb] = rows_of(a, b, s, replay);
+    out.op_source = op_source(ra, rb);
     // The runs' ops in execution order: where one runs another op than the other (changed
     // code adds, drops or swaps an op), that op is where they part.
     const std::size_t common = std::min(ra.trace.columns.size(), rb.trace.columns.size());

@@ -30,7 +30,8 @@ struct DivergentOp {
   double distance = 0, allowed = 0;  // budgeted bisects: sketch distance and its budget
 };
 
-// A run's op trace of one step when its receipt has none: a replay with tracing on.
+// A run's op trace of one step when its receipt has none of the level the other run's has:
+// a replay with tracing on (level ops for a harness engine, aten for a Python canary).
 // Throws TraceUnavailable saying why when there can be none (the lane is not replayable).
 using TraceProvider = std::function<OpTrace(const ReceiptData& run, int step)>;
 struct TraceUnavailable : std::runtime_error {
@@ -63,7 +64,7 @@ struct Bisection {
   std::string first_divergent_metric;  // loss, grad_norm, hashes or params_sketch
   double deviation = 0, allowed = 0;   // at the first divergent step (budgeted bisects)
   std::optional<DivergentOp> first_divergent_op;
-  std::string op_source;  // where the traces came from: "receipts", "replay of A", ...
+  std::string op_source;  // where the traces came from: "receipts", "replay of A", "the aten trace B holds ...", ...
   std::string no_op;      // diverged without an op: why
   // Both runs record decisions: where they first decided otherwise (none: every recorded
   // decision is equal), and which hash datasets were compared.
@@ -73,8 +74,9 @@ struct Bisection {
   bool diverged() const { return first_divergent_step >= 0; }
 };
 
-// Throws ContractError when the two cannot be compared (different data first). A side
-// without /trace is traced by `replay` (when given) at the divergent step.
+// Throws ContractError when the two cannot be compared (different data first). At the
+// divergent step, traces the receipts hold (/trace, a golden's /aten_trace) are read; a side
+// without one of the other's level is traced by `replay` (when given).
 Bisection bisect(const ReceiptData& a, const ReceiptData& b, const Budgets& budgets, const TraceProvider& replay = {});
 
 nlohmann::json to_json(const Bisection& bisection);

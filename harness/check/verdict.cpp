@@ -9,6 +9,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "receipt/aten_trace.h"
 #include "receipt/budget_features.h"
 #include "receipt/hdf5_file.h"
 #include "receipt/receipt_reader.h"
@@ -375,6 +376,7 @@ ReceiptData load_receipt(const std::string& path) {
   d.counters = read_gated_counters(r);
   d.decisions = read_decisions(r);
   d.trace = read_trace(r);
+  d.aten_trace = receipt::has_aten_traces(r);
   d.eval = read_eval(r);
   check_shapes(d);
   return d;

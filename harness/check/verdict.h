@@ -27,12 +27,16 @@ struct ContractError : std::runtime_error {
 };
 
 // Op traces (/trace, `--trace ops`): the traced outputs, then per step one row of hashes
-// and sketches. A replay that traces one step gives a trace of one row.
+// and sketches. A replay that traces one step gives a trace of one row; so does a golden's
+// stored aten trace of one step (/aten_trace).
+inline constexpr const char* kOpsLevel = "ops";    // module outputs (/trace, a harness engine's replay)
+inline constexpr const char* kAtenLevel = "aten";  // aten op outputs (a Python canary's replay, /aten_trace)
 struct OpTrace {
   std::vector<receipt::TraceColumn> columns;
   std::vector<std::uint64_t> hashes;  // (rows, columns)
   std::vector<double> l2, projection;  // (rows, columns), (rows, columns, sketch width)
   std::vector<std::string> sites;      // per column, the code's file:line where known (aten traces); else empty
+  std::string level = kOpsLevel;       // only traces of one level compare
 
   int rows() const { return columns.empty() ? 0 : static_cast<int>(hashes.size() / columns.size()); }
 };
@@ -65,6 +69,7 @@ struct ReceiptData {
   };
   std::map<std::string, DecisionSeries> decisions;
   std::optional<OpTrace> trace;                                   // /trace, when the run traced ops
+  bool aten_trace = false;  // /aten_trace: a golden's aten traces of every step (read a step at a time by bisect)
   std::optional<EvalRecord> eval;                                 // /eval, when the run evaluated a held-out batch
 
   int steps() const { return static_cast<int>(loss.size()); }

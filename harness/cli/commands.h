@@ -37,6 +37,11 @@ void apply_engine_flags(const EngineFlagValues& values, EngineSettings& settings
 // The op trace of one step of a receipt without /trace: a replay with tracing on (the
 // trace provider of `harness bisect`); throws check::TraceUnavailable saying why not.
 check::OpTrace replayed_trace(const check::ReceiptData& run, int step);
+// Steps from..to of a Python canary's receipt replayed by its package with every aten op
+// traced, one trace per step; throws check::TraceUnavailable saying why there are none (the
+// replay cannot start, or does not reproduce the receipt bit for bit).
+std::vector<check::OpTrace> python_aten_traces(const std::string& receipt,
+                                               const std::map<std::string, std::string>& manifest, int from, int to);
 
 void add_run_command(CLI::App& app, CommandRegistry& commands);
 void add_audit_command(CLI::App& app, CommandRegistry& commands);

@@ -1,11 +1,14 @@
 // `harness golden status|refresh|approve|reject`: the only way goldens change. Refresh runs
 // lanes into candidates beside the goldens (or, with --receipt, takes receipts made
-// elsewhere: a Python canary's runs) and writes a review report; approve promotes
-// reviewed candidates atomically and records who, why and what changed; reject drops them.
+// elsewhere: a Python canary's runs), stores a Python canary's aten traces in its candidate
+// (docs/bisect.md), and writes a review report; approve promotes reviewed candidates
+// atomically and records who, why and what changed; reject drops them.
 // With CI set, refresh and approve refuse to write unless --allow-ci (docs/goldens.md).
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -13,16 +16,19 @@
 
 #include <fmt/format.h>
 
+#include "bisect.h"
 #include "budgets.h"
 #include "canary_run.h"
 #include "commands.h"
 #include "file_io.h"
 #include "output_lock.h"
+#include "python_canary.h"
 #include "defaults.h"
 #include "golden_store.h"
 #include "lane_run.h"
 #include "matrix.h"
 #include "nightly.h"
+#include "receipt/aten_trace.h"
 #include "receipt/receipt_reader.h"
 #include "receipt/receipt_validator.h"
 #include "run/full_receipt_schema.h"
@@ -121,6 +127,63 @@ std::string lane_of_golden_receipt(const std::string& path) {
   return lane;
 }
 
+// A Python canary's aten traces of every step, replayed while the code that ran it is on
+// disk, stored in the staged candidate before its content hash is taken: bisect against the
+// golden then replays only the other run, whatever has become of this code (docs/bisect.md).
+// Returns what the candidate carries, as refresh prints it and the review shows it; "" for a
+// run of no Python canary, or one that holds its op traces already (--trace ops).
+std::string store_aten_traces(const std::string& staged) {
+  std::map<std::string, std::string> manifest;
+  int steps = 0;
+  {
+    const receipt::ReceiptReader r(staged);  // closed before the file is opened to add to it
+    manifest = r.manifest_text();
+    if (!run::is_python_canary(manifest) || h5::exists(r.file(), receipt::paths::kTrace) || receipt::has_aten_traces(r)) {
+      return "";
+    }
+    steps = static_cast<int>(r.steps_recorded());
+  }
+  if (steps < 1) return "";
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<check::OpTrace> traces;
+  try {
+    traces = python_aten_traces(staged, manifest, 0, steps - 1);
+  } catch (const check::TraceUnavailable& e) {
+    return fmt::format("no aten trace: {}; bisect against this golden needs its code on disk", e.what());
+  }
+  std::vector<receipt::AtenTraceStep> stored;
+  std::size_t outputs = 0;
+  for (check::OpTrace& t : traces) {
+    outputs += t.columns.size();
+    stored.push_back({std::move(t.columns), std::move(t.sites), std::move(t.hashes), std::move(t.l2), std::move(t.projection)});
+  }
+  receipt::write_aten_traces(staged, stored);
+  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+  return fmt::format("aten traces of steps 0-{} stored: {} op outputs, replayed in {:.1f} s", steps - 1, outputs,
+                     took.count());
+}
+
+// The candidate made whole under a staged name (`make` writes the run's receipt there, then
+// its aten traces are added) and renamed into place: never a half-written candidate.
+// Returns store_aten_traces()'s account.
+std::string stage_candidate(const std::string& candidate, const std::function<void(const std::string&)>& make) {
+  const std::string staged = candidate + ".partial";
+  try {
+    make(staged);
+    const std::string aten_trace = store_aten_traces(staged);
+    fs::rename(staged, candidate);
+    return aten_trace;
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove(staged, ignored);
+    throw;
+  }
+}
+
+void print_aten_trace(const std::string& aten_trace) {
+  if (!aten_trace.empty()) fmt::print("{:<12}{}\n", "", aten_trace);
+}
+
 // refresh --receipt: each receipt, checked, copied beside its golden as the candidate and reviewed.
 int refresh_from_receipts(const GoldenFlags& f) {
   const check::Budgets budgets = check::load_budgets(f.budgets);
@@ -139,12 +202,14 @@ int refresh_from_receipts(const GoldenFlags& f) {
   for (const auto& [path, lane] : chosen) fs::create_directories(fs::path(store.candidate_path(lane)).parent_path());
   for (const auto& [path, lane] : chosen) {
     const std::string candidate = store.candidate_path(lane);
-    run::copy_file_atomically(path, candidate);
+    const std::string aten_trace =
+        stage_candidate(candidate, [&](const std::string& staged) { run::copy_file_atomically(path, staged); });
     const nlohmann::json comparison = review(candidate, store.golden_path(lane), budgets);
     store.add_candidate({lane, lane, run::file_content_hash(candidate), f.reason, run::utc_timestamp(), comparison,
-                         nightly::kSourceReceipt});
+                         nightly::kSourceReceipt, aten_trace});
     fmt::print("candidate   {:<16} {:<12} {}  (from {})\n", lane, comparison["verdict"].get<std::string>(),
                comparison["summary"].get<std::string>(), path);
+    print_aten_trace(aten_trace);
   }
   fmt::print("review      {}\nthen        harness golden approve --approved-by NAME   (or: harness golden reject)\n",
              store.review_path());
@@ -166,11 +231,14 @@ int refresh_action(const GoldenFlags& f) {
   for (const nightly::LaneSpec* spec : lanes) {
     const std::string candidate = store.candidate_path(spec->lane);
     fs::create_directories(fs::path(candidate).parent_path());
-    nightly::run_lane(matrix, *spec, candidate);
+    const std::string aten_trace =
+        stage_candidate(candidate, [&](const std::string& staged) { nightly::run_lane(matrix, *spec, staged); });
     const nlohmann::json comparison = review(candidate, store.golden_path(spec->lane), budgets);
-    store.add_candidate({spec->id, spec->lane, run::file_content_hash(candidate), f.reason, run::utc_timestamp(), comparison});
+    store.add_candidate({spec->id, spec->lane, run::file_content_hash(candidate), f.reason, run::utc_timestamp(), comparison,
+                         nightly::kSourceLane, aten_trace});
     fmt::print("candidate   {:<16} {:<12} {}\n", spec->id, comparison["verdict"].get<std::string>(),
                comparison["summary"].get<std::string>());
+    print_aten_trace(aten_trace);
   }
   fmt::print("review      {}\nthen        harness golden approve --approved-by NAME   (or: harness golden reject)\n",
              store.review_path());

@@ -127,6 +127,7 @@ check::OpTrace trace_of_json(const nlohmann::json& traced) {
   for (const nlohmann::json& row : traced.at("projection_bits")) {
     for (const nlohmann::json& bits : row) trace.projection.push_back(as_double(bits));
   }
+  trace.level = check::kAtenLevel;
   if (trace.hashes.size() != trace.columns.size() || trace.l2.size() != trace.columns.size() ||
       trace.projection.size() != trace.columns.size() * receipt::kSketchWidth) {
     throw check::TraceUnavailable("the replay wrote a trace whose columns and digests differ in number");
@@ -134,44 +135,51 @@ check::OpTrace trace_of_json(const nlohmann::json& traced) {
   return trace;
 }
 
-// A Python canary's step, replayed by its package with every aten op traced. The result
-// comes back in a file (--json-out): the replay's stdout is the canary's own, whatever its
-// model prints while it is built or stepped.
-check::OpTrace python_replayed_trace(const check::ReceiptData& run, int step) {
-  const std::string at = std::to_string(step);
-  const run::PythonCommand command =
-      run::python_canary_command("replay", run.path, run.manifest, {"--from", at, "--to", at, "--trace", "aten"});
+}  // namespace
+
+std::vector<check::OpTrace> python_aten_traces(const std::string& receipt,
+                                               const std::map<std::string, std::string>& manifest, int from, int to) {
+  const run::PythonCommand command = run::python_canary_command(
+      "replay", receipt, manifest, {"--from", std::to_string(from), "--to", std::to_string(to), "--trace", "aten"});
   run::PythonJsonResult replayed;
   try {
     replayed = run::run_python_for_json(command.argv, command.environment);
   } catch (const std::exception& e) {  // it cannot start, or its result cannot be read
-    throw check::TraceUnavailable(fmt::format("{} has no op trace and its replay cannot start: {}", run.path, e.what()));
+    throw check::TraceUnavailable(fmt::format("its replay cannot start: {}", e.what()));
   }
   const run::ChildResult& child = replayed.child;
   if (child.exit_code() == 2 || (!child.exited_zero() && child.exit_code() != 1)) {
-    throw check::TraceUnavailable(fmt::format("{} has no op trace and cannot be replayed: {}", run.path,
-                                              run::last_line(child.stderr_tail)));
+    throw check::TraceUnavailable(fmt::format("it cannot be replayed: {}", run::last_line(child.stderr_tail)));
   }
   const nlohmann::json& result = replayed.result;
-  if (!result.is_object() || !result.contains("traces") || result["traces"].size() != 1) {
-    throw check::TraceUnavailable(fmt::format("the replay of {} wrote no trace of step {}", run.path, step));
-  }
-  if (result.value("verdict", "") != "reproduced") {
+  if (result.is_object() && result.value("first_mismatch", nlohmann::json()).is_object()) {
     const nlohmann::json& m = result["first_mismatch"];
-    throw check::TraceUnavailable(fmt::format("a replay of {} does not reproduce step {} ({}); its trace is not trusted",
-                                              run.path, m.value("step", step), m.value("what", "?")));
+    throw check::TraceUnavailable(fmt::format("a replay with today's code does not reproduce step {} ({}); its trace "
+                                              "is not trusted",
+                                              m.value("step", from), m.value("what", "?")));
   }
+  const std::size_t steps = static_cast<std::size_t>(to - from + 1);
+  if (!result.is_object() || result.value("verdict", "") != "reproduced" || !result.contains("traces") ||
+      result["traces"].size() != steps) {
+    throw check::TraceUnavailable(fmt::format("its replay wrote no trace of steps {}-{}", from, to));
+  }
+  std::vector<check::OpTrace> traces;
   try {
-    return trace_of_json(result["traces"][0]);
+    for (const nlohmann::json& traced : result["traces"]) traces.push_back(trace_of_json(traced));
   } catch (const nlohmann::json::exception& e) {
-    throw check::TraceUnavailable(fmt::format("the replay of {} wrote a trace that cannot be read ({})", run.path, e.what()));
+    throw check::TraceUnavailable(fmt::format("its replay wrote a trace that cannot be read ({})", e.what()));
   }
+  return traces;
 }
 
-}  // namespace
-
 check::OpTrace replayed_trace(const check::ReceiptData& run, int step) {
-  if (run::is_python_canary(run.manifest)) return python_replayed_trace(run, step);
+  if (run::is_python_canary(run.manifest)) {
+    try {  // a Python canary's step, replayed by its package with every aten op traced
+      return python_aten_traces(run.path, run.manifest, step, step).front();
+    } catch (const check::TraceUnavailable& e) {
+      throw check::TraceUnavailable(fmt::format("{} has no op trace: {}", run.path, e.what()));
+    }
+  }
   run::ReplayOptions options;
   options.receipt = run.path;
   options.from = step;

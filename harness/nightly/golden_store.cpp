@@ -186,7 +186,7 @@ std::vector<Candidate> GoldenStore::candidates() const {
     for (const auto& c : j.at("candidates")) {
       out.push_back({c.at("id").get<std::string>(), c.at("lane").get<std::string>(), c.at("content_hash").get<std::string>(),
                      c.at("reason").get<std::string>(), c.at("refreshed_utc").get<std::string>(), c.at("comparison"),
-                     c.value("source", std::string(kSourceLane))});
+                     c.value("source", std::string(kSourceLane)), c.value("aten_trace", std::string())});
     }
   } catch (const nlohmann::json::exception& e) {
     throw GoldenError(fmt::format("{}: not a candidates record ({}); run `harness golden reject` and refresh again",
@@ -210,6 +210,7 @@ void GoldenStore::write_candidates(const std::vector<Candidate>& candidates) con
                     {"refreshed_utc", c.refreshed_utc},
                     {"comparison", c.comparison},
                     {"source", c.source}});
+    if (!c.aten_trace.empty()) list.back()["aten_trace"] = c.aten_trace;
   }
   run::write_file_atomically(candidates_path(), run::json_text(nlohmann::json{{"version", kCandidatesVersion}, {"candidates", list}}) + "\n");
   write_review(candidates);
@@ -228,6 +229,7 @@ void GoldenStore::write_review(const std::vector<Candidate>& candidates) const {
                         c.content_hash, fs::relative(golden, dir_).string(),
                         fs::exists(golden) ? run::file_content_hash(golden) : "none yet",
                         c.comparison.value("verdict", "unknown"));
+    if (!c.aten_trace.empty()) text += fmt::format("- aten trace: {}\n", c.aten_trace);
     if (c.comparison.contains("text")) text += fmt::format("\n```\n{}```\n", c.comparison["text"].get<std::string>());
   }
   run::write_file_atomically(review_path(), text);

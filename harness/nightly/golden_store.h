@@ -42,6 +42,8 @@ struct Candidate {
   std::string id, lane, content_hash, reason, refreshed_utc;
   nlohmann::json comparison;  // {"verdict": pass|fail|new|incomparable, "summary": ..., ...}
   std::string source = kSourceLane;
+  // A Python canary's: the aten traces refresh stored in it, or why there are none ("" for others).
+  std::string aten_trace;
 };
 
 // One lane's golden as `golden status` sees it.

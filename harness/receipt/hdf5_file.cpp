@@ -215,6 +215,17 @@ Handle open_file(const std::string& path, bool writable) {
   return Handle(id, H5Fclose, "open " + path);
 }
 
+Handle open_file_for_update(const std::string& path) {
+  const Handle access(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "file access properties");
+  check(H5Pset_libver_bounds(access, H5F_LIBVER_V110, H5F_LIBVER_V110), -1, "set format bounds for " + path);
+  const hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDWR, access);
+  if (id < 0) {
+    const std::string reason = library_reason();
+    throw Hdf5Error(fmt::format("{}: HDF5 cannot open the file to add to it{}", path, reason.empty() ? "" : " (" + reason + ")"));
+  }
+  return Handle(id, H5Fclose, "open " + path);
+}
+
 Handle create_group(hid_t parent, const std::string& name) {
   return Handle(H5Gcreate2(parent, name.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose, parent,
                 "create group " + name);
@@ -399,7 +410,7 @@ void GrowingDataset::append(const void* row, hid_t memory_type) {
 }
 
 void write_dataset(hid_t parent, const std::string& name, hid_t file_type, hid_t memory_type,
-                   const std::vector<hsize_t>& shape, const void* data) {
+                   const std::vector<hsize_t>& shape, const void* data, int deflate_level) {
   if (shape.empty()) throw Hdf5Error("write_dataset " + name + ": a scalar cannot be chunked; give it shape {1}");
   const std::vector<hsize_t> chunk = chunk_for(shape, H5Tget_size(file_type));
   // A zero-length dimension is stored as growable, the only way HDF5 chunks an empty dataset.
@@ -407,19 +418,20 @@ void write_dataset(hid_t parent, const std::string& name, hid_t file_type, hid_t
   for (hsize_t& d : max_dims) if (d == 0) d = H5S_UNLIMITED;
   const Handle space(H5Screate_simple(static_cast<int>(shape.size()), shape.data(), max_dims.data()), H5Sclose,
                      "dataspace for " + name);
-  const Handle props = checksummed_layout(chunk, 0, name);
+  const Handle props = checksummed_layout(chunk, deflate_level, name);
   const Handle dataset(H5Dcreate2(parent, name.c_str(), file_type, space, H5P_DEFAULT, props, H5P_DEFAULT), H5Dclose,
                        parent, "create dataset " + name);
   check(H5Dwrite(dataset, memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), parent, "write dataset " + name);
 }
 
-void write_string_dataset(hid_t parent, const std::string& name, const std::vector<std::string>& values) {
+void write_string_dataset(hid_t parent, const std::string& name, const std::vector<std::string>& values,
+                          int deflate_level) {
   std::size_t width = 1;
   for (const auto& v : values) width = std::max(width, v.size());
   std::vector<char> buffer(std::max<std::size_t>(1, values.size() * width), '\0');
   for (std::size_t i = 0; i < values.size(); ++i) std::copy(values[i].begin(), values[i].end(), buffer.begin() + i * width);
   const Handle type = fixed_string_type(width);
-  write_dataset(parent, name, type, type, {values.size()}, buffer.data());
+  write_dataset(parent, name, type, type, {values.size()}, buffer.data(), deflate_level);
 }
 
 std::vector<hsize_t> dataset_shape(hid_t parent, const std::string& path) {

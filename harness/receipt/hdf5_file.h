@@ -57,6 +57,9 @@ Handle create_file(const std::string& path, bool overwrite);  // fails if it exi
 // Read-only opens fall back to SWMR reading, so a receipt whose run is still writing it,
 // or was killed while writing it, opens too.
 Handle open_file(const std::string& path, bool writable);
+// A finished receipt opened to add to it (`golden refresh` adds a golden's aten traces to its
+// candidate): what it adds is written in the HDF5 1.10 format, as create_file's file.
+Handle open_file_for_update(const std::string& path);
 Handle create_group(hid_t parent, const std::string& name);
 Handle open_group(hid_t parent, const std::string& name);
 bool exists(hid_t parent, const std::string& path);  // every link of the path
@@ -95,9 +98,11 @@ class GrowingDataset {
   hsize_t rows_ = 0;
 };
 
+// deflate_level > 0: byte-shuffled and deflated chunks, as GrowingDataset's.
 void write_dataset(hid_t parent, const std::string& name, hid_t file_type, hid_t memory_type,
-                   const std::vector<hsize_t>& shape, const void* data);
-void write_string_dataset(hid_t parent, const std::string& name, const std::vector<std::string>& values);
+                   const std::vector<hsize_t>& shape, const void* data, int deflate_level = 0);
+void write_string_dataset(hid_t parent, const std::string& name, const std::vector<std::string>& values,
+                          int deflate_level = 0);
 
 std::vector<hsize_t> dataset_shape(hid_t parent, const std::string& path);
 std::vector<double> read_f64(hid_t parent, const std::string& path);

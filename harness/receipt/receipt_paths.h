@@ -35,6 +35,22 @@ inline constexpr const char* kTraceHash = "/trace/hash";
 inline constexpr const char* kTraceL2 = "/trace/l2";
 inline constexpr const char* kTraceProjection = "/trace/projection";
 
+// A golden's aten traces (`golden refresh` of a Python canary): per step, rows of the flat
+// datasets below, step s's from offset[s], length[s] of them.
+inline constexpr const char* kAtenTrace = "/aten_trace";
+inline constexpr const char* kAtenTraceOffset = "/aten_trace/offset";
+inline constexpr const char* kAtenTraceLength = "/aten_trace/length";
+inline constexpr const char* kAtenTraceOpIndex = "/aten_trace/op_index";
+inline constexpr const char* kAtenTraceLayer = "/aten_trace/layer";
+inline constexpr const char* kAtenTraceOp = "/aten_trace/op";
+inline constexpr const char* kAtenTracePhase = "/aten_trace/phase";
+inline constexpr const char* kAtenTraceTensor = "/aten_trace/tensor";
+inline constexpr const char* kAtenTraceKind = "/aten_trace/kind";
+inline constexpr const char* kAtenTraceSite = "/aten_trace/site";
+inline constexpr const char* kAtenTraceHash = "/aten_trace/hash";
+inline constexpr const char* kAtenTraceL2 = "/aten_trace/l2";
+inline constexpr const char* kAtenTraceProjection = "/aten_trace/projection";
+
 inline constexpr const char* kBatches = "/batches";
 inline constexpr const char* kBatchTokens = "/batches/tokens";
 inline constexpr const char* kTensors = "/tensors";
@@ -94,6 +110,19 @@ inline std::vector<std::pair<std::string_view, std::string_view>> named() {
           {"trace_hash", kTraceHash},
           {"trace_l2", kTraceL2},
           {"trace_projection", kTraceProjection},
+          {"aten_trace", kAtenTrace},
+          {"aten_trace_offset", kAtenTraceOffset},
+          {"aten_trace_length", kAtenTraceLength},
+          {"aten_trace_op_index", kAtenTraceOpIndex},
+          {"aten_trace_layer", kAtenTraceLayer},
+          {"aten_trace_op", kAtenTraceOp},
+          {"aten_trace_phase", kAtenTracePhase},
+          {"aten_trace_tensor", kAtenTraceTensor},
+          {"aten_trace_kind", kAtenTraceKind},
+          {"aten_trace_site", kAtenTraceSite},
+          {"aten_trace_hash", kAtenTraceHash},
+          {"aten_trace_l2", kAtenTraceL2},
+          {"aten_trace_projection", kAtenTraceProjection},
           {"batches", kBatches},
           {"batch_tokens", kBatchTokens},
           {"tensors", kTensors},

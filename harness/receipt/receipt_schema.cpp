@@ -120,6 +120,37 @@ void add_trace(ReceiptEntries& e) {
   });
 }
 
+// A golden's aten traces (docs/bisect.md): a step's aten ops change between steps (an
+// optimizer's first step makes its state), so each step is a run of rows of flat datasets.
+void add_aten_trace(ReceiptEntries& e) {
+  const char* const writer = "harness golden refresh (a Python canary's candidate)";
+  constexpr int since = 5;
+  e.groups.push_back({P::kAtenTrace, kOptional, since, writer,
+                      "per step, the hash and sketch of every aten op output, traced by a replay at refresh"});
+  e.attributes.push_back({"/aten_trace/level", V::kString, kRequired, since, writer, "aten"});
+  e.datasets.insert(e.datasets.end(), {
+      {P::kAtenTraceOffset, T::kInt64, {D::kSteps}, false, "", kRequired, since, writer,
+       "step s's first row in the datasets below"},
+      {P::kAtenTraceLength, T::kInt64, {D::kSteps}, false, "", kRequired, since, writer, "step s's rows"},
+      {P::kAtenTraceOpIndex, T::kInt64, {D::kAny}, false, "", kRequired, since, writer,
+       "each row's op's place among its step's traced ops"},
+      {P::kAtenTraceLayer, T::kInt64, {D::kColumns}, false, P::kAtenTraceOpIndex, kRequired, since, writer,
+       "block index, -1 outside the blocks"},
+  });
+  for (const char* path : {P::kAtenTraceOp, P::kAtenTracePhase, P::kAtenTraceTensor, P::kAtenTraceKind, P::kAtenTraceSite}) {
+    e.datasets.push_back({path, T::kString, {D::kColumns}, false, P::kAtenTraceOpIndex, kRequired, since, writer,
+                          fmt::format("each row's {}", P::leaf(path))});
+  }
+  e.datasets.insert(e.datasets.end(), {
+      {P::kAtenTraceHash, T::kUint64, {D::kColumns}, false, P::kAtenTraceOpIndex, kRequired, since, writer,
+       "XXH3-64 of each traced output"},
+      {P::kAtenTraceL2, T::kFloat64, {D::kColumns}, false, P::kAtenTraceOpIndex, kRequired, since, writer,
+       "L2 norm of each traced output"},
+      {P::kAtenTraceProjection, T::kFloat64, {D::kColumns, D::kSketchWidth}, false, P::kAtenTraceOpIndex, kRequired,
+       since, writer, "count sketch of each traced output"},
+  });
+}
+
 void add_options(ReceiptEntries& e) {
   e.groups.push_back({P::kBatches, kOptional, 0, "--record-batches", "every batch's tokens"});
   e.datasets.push_back({P::kBatchTokens, T::kInt32, {D::kSteps, D::kAny, D::kAny}, false, "", kRequired, 0,
@@ -180,6 +211,7 @@ ReceiptEntries make_core() {
   add_manifest(e);
   add_steps_hashes_sketches(e);
   add_trace(e);
+  add_aten_trace(e);
   add_options(e);
   add_eval(e);
   return e;

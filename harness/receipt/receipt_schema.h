@@ -25,7 +25,9 @@ inline constexpr std::int64_t kSchemaVersion = 1;
 // Minor 3: /checkpoints may be held in the receipt itself (attribute storage = "receipt",
 // datasets offset, length and state: a Python canary's state, docs/receipt-schema.md).
 // Minor 4: /eval, the logits of a held-out batch every few steps (docs/logit-kl.md).
-inline constexpr std::int64_t kSchemaMinor = 4;
+// Minor 5: /aten_trace, a golden's aten traces of every step, made at `golden refresh` of
+// a Python canary (docs/bisect.md, "A golden carries its aten traces").
+inline constexpr std::int64_t kSchemaMinor = 5;
 // /checkpoints' `storage` attribute where the checkpoints are held in the receipt.
 inline constexpr const char* kCheckpointsInReceipt = "receipt";
 

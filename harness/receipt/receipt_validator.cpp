@@ -76,6 +76,7 @@ class Validator {
     check_hash_names();
     check_sketch_constants();
     check_trace();
+    check_aten_trace();
     check_checkpoints();
     check_file_format();
     read_every_dataset();
@@ -211,45 +212,99 @@ class Validator {
 
   void check_trace_contents(hsize_t columns) {
     const h5::Handle trace = h5::open_group(file_, paths::kTrace);
-    if (h5::has_attr(trace, "level") && h5::attr_shape_problem(trace, "level").empty() &&
-        h5::attr_kind(trace, "level") == AttrKind::kString && h5::read_attr_string(trace, "level") != "ops") {
-      problem(paths::kTrace, "attribute level must be the string \"ops\"");  // a missing one is named with the attributes
+    check_level(trace, paths::kTrace, "ops");
+    if (fits(paths::kTraceOpIndex, "int64", columns)) check_op_indices(paths::kTraceOpIndex, {{0, columns}});
+    if (fits(paths::kTraceLayer, "int64", columns)) check_layers(paths::kTraceLayer);
+    check_known(paths::kTracePhase, columns, {"forward", "backward", "optimizer"});
+    check_known(paths::kTraceKind, columns, {"activation", "activation_grad", "gradient", "parameter", "scalar"});
+  }
+
+  // A group's `level` attribute, where it is one string (a missing one is named with the attributes).
+  void check_level(hid_t group, const std::string& path, const std::string& level) {
+    if (h5::has_attr(group, "level") && h5::attr_shape_problem(group, "level").empty() &&
+        h5::attr_kind(group, "level") == AttrKind::kString && h5::read_attr_string(group, "level") != level) {
+      problem(path, fmt::format("attribute level must be the string \"{}\"", level));
     }
-    const auto fits = [&](const std::string& path, const char* dtype) {
-      const auto it = datasets_.find(path);
-      return it != datasets_.end() && it->second.dtype == dtype && it->second.shape == Shape{columns};
-    };
-    if (fits(paths::kTraceOpIndex, "int64")) {
-      const std::vector<std::int64_t> index = h5::read_i64(file_, paths::kTraceOpIndex);
-      for (std::size_t i = 0; i < index.size(); ++i) {
-        const bool in_order = index[i] >= 0 && index[i] <= static_cast<std::int64_t>(i) && (i == 0 || index[i] >= index[i - 1]);
-        if (!in_order) {  // outputs of one op share its index: never more than the column's place
-          problem(paths::kTraceOpIndex,
-                  fmt::format("[{}] is {}: op indices count the ops from 0, never go back and never pass the column", i,
-                              index[i]));
-          break;
+  }
+
+  // A 1-D dataset of this type and length (expect() named any other).
+  bool fits(const std::string& path, const char* dtype, hsize_t length) const {
+    const auto it = datasets_.find(path);
+    return it != datasets_.end() && it->second.dtype == dtype && it->second.shape == Shape{length};
+  }
+
+  // Within each step's rows (begin, count): op indices count the ops from 0, never go back,
+  // and never pass the row's place (outputs of one op share its index).
+  void check_op_indices(const std::string& path, const std::vector<std::pair<hsize_t, hsize_t>>& steps) {
+    const std::vector<std::int64_t> index = h5::read_i64(file_, path);
+    for (const auto& [begin, count] : steps) {
+      for (hsize_t i = begin; i < begin + count; ++i) {
+        const auto place = static_cast<std::int64_t>(i - begin);
+        const bool in_order = index[i] >= 0 && index[i] <= place && (i == begin || index[i] >= index[i - 1]);
+        if (!in_order) {
+          problem(path, fmt::format("[{}] is {}: op indices count the ops from 0, never go back and never pass the column",
+                                    i, index[i]));
+          return;
         }
       }
     }
-    if (fits(paths::kTraceLayer, "int64")) {
-      const std::vector<std::int64_t> layers = h5::read_i64(file_, paths::kTraceLayer);
-      const auto bad = std::find_if(layers.begin(), layers.end(), [](std::int64_t l) { return l < -1 || l > 1 << 20; });
-      if (bad != layers.end()) {
-        problem(paths::kTraceLayer, fmt::format("[{}] is {}: a block index, or -1 outside the blocks", bad - layers.begin(), *bad));
-      }
+  }
+
+  void check_layers(const std::string& path) {
+    const std::vector<std::int64_t> layers = h5::read_i64(file_, path);
+    const auto bad = std::find_if(layers.begin(), layers.end(), [](std::int64_t l) { return l < -1 || l > 1 << 20; });
+    if (bad != layers.end()) {
+      problem(path, fmt::format("[{}] is {}: a block index, or -1 outside the blocks", bad - layers.begin(), *bad));
     }
-    const std::map<std::string, std::set<std::string>> known{
-        {paths::kTracePhase, {"forward", "backward", "optimizer"}},
-        {paths::kTraceKind, {"activation", "activation_grad", "gradient", "parameter", "scalar"}}};
-    for (const auto& [path, allowed] : known) {
-      if (!fits(path, "string")) continue;
-      const std::set<std::string>& values = allowed;  // a plain reference: clang 14 cannot capture a structured binding
-      const std::vector<std::string> entries = h5::read_strings(file_, path);
-      const auto bad = std::find_if(entries.begin(), entries.end(), [&](const std::string& e) { return !values.count(e); });
-      if (bad != entries.end()) {
-        problem(path, fmt::format("[{}] is '{}', not one of {}", bad - entries.begin(), *bad, fmt::join(values, ", ")));
-      }
+  }
+
+  void check_known(const std::string& path, hsize_t columns, const std::set<std::string>& allowed) {
+    if (!fits(path, "string", columns)) return;
+    const std::vector<std::string> entries = h5::read_strings(file_, path);
+    const auto bad = std::find_if(entries.begin(), entries.end(), [&](const std::string& e) { return !allowed.count(e); });
+    if (bad != entries.end()) {
+      problem(path, fmt::format("[{}] is '{}', not one of {}", bad - entries.begin(), *bad, fmt::join(allowed, ", ")));
     }
+  }
+
+  // A golden's aten traces (docs/receipt-schema.md, "/aten_trace"): each step's rows follow
+  // the last's, together they are every row, and each step's columns read as /trace's do.
+  void check_aten_trace() {
+    if (!h5::exists(file_, paths::kAtenTrace)) return;
+    try {
+      check_aten_trace_contents(length_of(paths::kAtenTraceOpIndex, 0));
+    } catch (const h5::Hdf5Error&) {
+      // A dataset that cannot be read: read_every_dataset() names it.
+    }
+  }
+
+  void check_aten_trace_contents(hsize_t columns) {
+    const h5::Handle group = h5::open_group(file_, paths::kAtenTrace);
+    check_level(group, paths::kAtenTrace, "aten");
+    check_known(paths::kAtenTracePhase, columns, {"forward", "backward", "optimizer"});
+    check_known(paths::kAtenTraceKind, columns,
+                {"activation", "activation_grad", "gradient", "parameter", "scalar", "state"});
+    if (fits(paths::kAtenTraceLayer, "int64", columns)) check_layers(paths::kAtenTraceLayer);
+    if (!fits(paths::kAtenTraceOffset, "int64", steps_) || !fits(paths::kAtenTraceLength, "int64", steps_)) return;
+    const std::vector<std::int64_t> offset = h5::read_i64(file_, paths::kAtenTraceOffset);
+    const std::vector<std::int64_t> length = h5::read_i64(file_, paths::kAtenTraceLength);
+    std::vector<std::pair<hsize_t, hsize_t>> steps;
+    std::int64_t next = 0;
+    for (std::size_t s = 0; s < offset.size(); ++s) {
+      if (offset[s] != next || length[s] < 0) {
+        problem(paths::kAtenTraceOffset,
+                fmt::format("[{}] is {} with length {}: each step's rows start where the last step's end ({})", s,
+                            offset[s], length[s], next));
+        return;
+      }
+      steps.emplace_back(static_cast<hsize_t>(next), static_cast<hsize_t>(length[s]));
+      next += length[s];
+    }
+    if (static_cast<hsize_t>(next) != columns) {
+      problem(paths::kAtenTraceLength, fmt::format("the steps' rows add up to {}, but the datasets hold {}", next, columns));
+      return;
+    }
+    if (fits(paths::kAtenTraceOpIndex, "int64", columns)) check_op_indices(paths::kAtenTraceOpIndex, steps);
   }
 
   // A dataset of the given element type and shape; `shape` entries of 0 match any length.

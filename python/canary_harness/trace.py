@@ -26,10 +26,12 @@ What an op is, from the module tree alone (no name matching):
   kind `activation_grad` under its producer's `<op>.out`; then the op's own parameters
   (kind `gradient`). A tensor that several ops read (the residual stream, a tied
   weight) has its gradient summed in backward order: the first op to add to it traces its
-  own contribution (taken from a hook on a view of the argument that only this op reads),
-  the last one the whole gradient (a hook on the tensor itself, or on the parameter), so
-  every traced value is one autograd computed. (With three or more readers the ones in
-  between are partial sums added here, after the step.)
+  own contribution, the last one the whole gradient (a hook on the tensor itself, or on
+  the parameter). An op's contribution is what the autograd nodes it made send to the
+  argument (post-hooks on those nodes, found from the op's outputs when the op returns);
+  where an op reads its argument more than once (an RMSNorm: x * rsqrt(mean(x^2))) its
+  parts are added here, after the step, in the order autograd made them, as are the
+  partial sums of the readers in between where three or more ops read a tensor.
 
 Limits: one forward and one backward per step (no gradient accumulation over
 micro-batches); the op sequence must be the same every step; an op output modified in
@@ -37,8 +39,10 @@ place after the op (an `inplace=True` activation after it) is refused at finish_
 the value the op produced is gone; a parameter a module owns and another module also
 reads is traced with its whole gradient at the owner.
 
-Hooks cost no host read and change no number: the argument views are views (a gradient
-through them is passed on as it is), hooks only keep references, and the parameters'
+Hooks cost no host read and change no number: the graph autograd runs is the model's own
+(no node is added: an argument handed to an op as a view of it would make the op's reads
+of it one subtotal, and a gradient summed from three or more reads, the op's and others',
+would be added in another order), hooks only keep references, and the parameters'
 gradients are copied on the device (the update's clipping scales .grad in place).
 """
 
@@ -108,6 +112,12 @@ class _Call:
         self.outputs: List[Tuple[_Root, torch.Tensor, int]] = []  # (root, tensor, its version)
 
 
+def _grad_edge(t: torch.Tensor) -> Tuple[Any, int]:
+    """Where a gradient for `t` goes: (its grad_fn, its output index), or (t, -1) for a leaf,
+    whose AccumulateGrad node names it as .variable."""
+    return (t.grad_fn, t.output_nr) if t.grad_fn is not None else (t, -1)
+
+
 class OpTracer:
     """Traces the ops of `model`'s training steps (see the module docstring).
 
@@ -153,8 +163,14 @@ class OpTracer:
         self._stack: List[_Call] = []
         self._roots: Dict[int, _Root] = {}  # id(tensor) -> root; _keep holds the tensors alive
         self._keep: List[torch.Tensor] = []
-        self._contributions: List[Optional[torch.Tensor]] = []
+        self._parts: List[List[torch.Tensor]] = []  # per contribution slot: what the op's nodes sent
         self._param_grads: Dict[int, torch.Tensor] = {}
+        # Autograd nodes that existed before the op being returned from (grad_fns of the tensors
+        # seen so far, nodes of earlier ops): held, so that id() names each one, and never walked again.
+        self._known: Dict[int, Any] = {}
+        for handle in getattr(self, "_node_handles", []):
+            handle.remove()
+        self._node_handles: List[Any] = []
 
     def layer_of_parameter(self, param: torch.Tensor) -> int:
         owner = self._owner.get(id(param))
@@ -171,7 +187,12 @@ class OpTracer:
             t.register_hook(functools.partial(self._on_total, root))
         self._roots[id(t)] = root
         self._keep.append(t)
+        self._know(t)
         return root
+
+    def _know(self, t: torch.Tensor) -> None:
+        if t.grad_fn is not None:
+            self._known.setdefault(id(t.grad_fn), t.grad_fn)
 
     def _before(self, module: torch.nn.Module, args: Tuple[Any, ...]) -> Optional[Tuple[Any, ...]]:
         if self._stack:
@@ -181,20 +202,17 @@ class OpTracer:
         call = _Call(module)
         self._stack.append(call)
         self._calls.append(call)
-        replaced = list(args)
+        # The arguments are handed on as they are (never a view: see the module docstring); the
+        # op's contribution to each is found from its nodes when it returns (_hook_readers).
         for i, a in enumerate(args):
             if not (isinstance(a, torch.Tensor) and a.requires_grad and a.is_floating_point()):
                 continue
             root = self._root_of(a, call, i)
-            view = a.view_as(a)  # read by this call only: its gradient is this call's contribution
-            slot = len(self._contributions)
-            self._contributions.append(None)
-            view.register_hook(functools.partial(self._on_contribution, slot))
-            self._roots[id(view)] = root
-            self._keep.append(view)
-            call.inputs.append((i, root, slot))
-            replaced[i] = view
-        return tuple(replaced) if call.inputs else None
+            if any(r is root for _, r, _ in call.inputs):
+                continue  # the same tensor again: one contribution, under its first argument
+            call.inputs.append((i, root, len(self._parts)))
+            self._parts.append([])
+        return None
 
     def _after(self, module: torch.nn.Module, args: Tuple[Any, ...], output: Any) -> None:
         if not self._stack or self._stack[-1].module is not module:
@@ -204,19 +222,49 @@ class OpTracer:
             return None
         outputs = output if isinstance(output, (tuple, list)) else (output,)
         tensors = [t for t in outputs if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        self._hook_readers(call, [t for t in tensors if t.requires_grad])
         name = self._op_name[module]
         for j, t in enumerate(tensors):
             tensor = name if t.dim() == 0 else (f"{name}.out" if len(tensors) == 1 else f"{name}.out{j}")
             root = _Root(t, tensor, False)
-            if t.requires_grad:
-                t.register_hook(functools.partial(self._on_total, root))
-            self._roots[id(t)] = root
-            self._keep.append(t)
+            # An argument returned as it came (an identity, a dropout of p=0) stays its argument's
+            # root: the ops that read it add to that gradient, after this op in backward order.
+            if not any(argument.tensor is t for _, argument, _ in call.inputs):
+                if t.requires_grad:
+                    t.register_hook(functools.partial(self._on_total, root))
+                self._roots[id(t)] = root
+                self._keep.append(t)
+                self._know(t)
             call.outputs.append((root, t, t._version))
         return None
 
-    def _on_contribution(self, slot: int, grad: torch.Tensor) -> None:
-        self._contributions[slot] = grad
+    def _hook_readers(self, call: _Call, outputs: Sequence[torch.Tensor]) -> None:
+        """Hooks each autograd node the op made that reads one of its arguments, so that the
+        gradient that node sends the argument is kept as a part of the op's contribution. The
+        op's nodes are those reached from its outputs before a node that existed before it."""
+        slots = {}
+        for _, root, slot in call.inputs:
+            node, index = _grad_edge(root.tensor)
+            slots[(id(node), index)] = slot
+        pending = [t.grad_fn for t in outputs if t.grad_fn is not None]
+        while pending:
+            node = pending.pop()
+            if id(node) in self._known:
+                continue
+            self._known[id(node)] = node  # once walked, an earlier op's for every later op
+            for k, (nxt, index) in enumerate(node.next_functions):
+                if nxt is None:
+                    continue
+                variable = getattr(nxt, "variable", None)  # an AccumulateGrad: the leaf it adds to
+                slot = slots.get((id(variable), -1) if variable is not None else (id(nxt), index))
+                if slot is not None:
+                    self._node_handles.append(node.register_hook(functools.partial(self._on_part, slot, k)))
+                elif id(nxt) not in self._known:
+                    pending.append(nxt)
+
+    def _on_part(self, slot: int, k: int, grad_inputs: Sequence[Optional[torch.Tensor]], _: Any) -> None:
+        if grad_inputs[k] is not None:
+            self._parts[slot].append(grad_inputs[k])
 
     @staticmethod
     def _on_total(root: _Root, grad: torch.Tensor) -> None:
@@ -230,6 +278,14 @@ class OpTracer:
 
     def _total(self, root: _Root) -> Optional[torch.Tensor]:
         return self._param_grads.get(id(root.tensor)) if root.param else root.total
+
+    def _contribution(self, slot: int) -> Optional[torch.Tensor]:
+        """What one op added to one argument's gradient: its nodes' parts, summed in the order
+        autograd made them (None where it made none: an op that returned its argument)."""
+        value = None
+        for part in self._parts[slot]:
+            value = part if value is None else value + part
+        return value
 
     def finish_step(self) -> Tuple[List[Site], List[torch.Tensor]]:
         """The step's traced outputs (op, layer, phase, tensor, kind) and their device tensors,
@@ -274,11 +330,11 @@ class OpTracer:
         if k == len(backward) - 1:
             value = self._total(root)
         elif k == 0:
-            value = self._contributions[slot]
+            value = self._contribution(slot)
         else:
             value = None
             for s in backward[:k + 1]:
-                part = self._contributions[s]
+                part = self._contribution(s)
                 if part is not None:
                     value = part if value is None else value + part
         if value is None:  # nothing flowed back into it: the C++ traces the zeroed gradient
