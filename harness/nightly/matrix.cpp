@@ -296,9 +296,14 @@ class Parser {
     const run::ChildResult& child = described.child;
     if (!child.exited_zero()) {
       const std::string line = run::last_line(child.stderr_tail);
-      const bool missing = line.find("No module named") != std::string::npos ||
-                           line.find("ImportError") != std::string::npos ||
-                           line.find("numpy.dtype size changed") != std::string::npos;
+      // Another interpreter may load it where this one lacks what it imports: the package
+      // itself did not start (an unhandled exit 1 with no result: canary_harness, numpy or h5py
+      // missing or built for another numpy), or describe's result says the canary's imports
+      // failed. Decided from the exit status and the result, never from the message's words.
+      const nlohmann::json& result = described.result;
+      const bool missing = (child.exit_code() == 1 && result.is_discarded()) ||
+                           (result.is_object() && result.contains("error") && result["error"].is_object() &&
+                            result["error"].value("kind", "") == "missing_module");
       const std::string why = line.empty() ? fmt::format("`{}` {}", run::command_line(argv), child.how()) : line;
       if (key != "canary") fail(fmt::format("{}: {} cannot load {}: {}", key, python, spec, why));
       fail(missing ? fmt::format("canary: {} cannot load it ({}); name the interpreter that can with python = \"PATH\" "

@@ -7,7 +7,9 @@ moved one ulp under SEED (what `harness calibrate --perturb N` runs; docs/budget
 and with `--autocast-off M,...` modules out of bf16 autocast (what `harness triage` runs);
 `units R.h5` prints the modules triage may switch (docs/triage.md). `replay`, `units` and
 `describe` take `--json-out PATH`: the result as JSON in that file (written whole), stdout
-left to whatever the canary prints; what the harness reads (docs/bisect.md).
+left to whatever the canary prints; what the harness reads (docs/bisect.md). A `describe`
+whose canary imports a module this interpreter lacks writes {"error": {"kind":
+"missing_module", "module": ..., "message": ...}} there before it exits 2.
 The harness seeds, places the model and batches on --device, runs each step (under bf16
 autocast for --precision bf16), and records the receipt that `harness check`, `compare`
 and `golden` judge like any lane's. `--layout ddp|fsdp --nproc N` trains on N processes
@@ -295,14 +297,21 @@ def describe(args: argparse.Namespace) -> int:
 
     import torch
 
-    from .canary import load_canary
+    from .canary import CanaryImportError, load_canary
 
     check_json_out(args.json_out)
-    if args.json_out is not None:  # stdout is the canary's own
-        loaded = load_canary(args.canary)
-    else:
-        with contextlib.redirect_stdout(sys.stderr):  # what NAME() prints (a parameter count) is not the JSON
+    try:
+        if args.json_out is not None:  # stdout is the canary's own
             loaded = load_canary(args.canary)
+        else:
+            with contextlib.redirect_stdout(sys.stderr):  # what NAME() prints (a parameter count) is not the JSON
+                loaded = load_canary(args.canary)
+    except CanaryImportError as e:
+        # What the reader decides on (a nightly: "name the interpreter that can"), as data.
+        if args.json_out is not None:
+            write_json_atomically(args.json_out, {"error": {"kind": "missing_module", "module": e.module,
+                                                            "message": str(e)}})
+        raise
     # The module paths a fault may name (--inject-fault op=PATH), in registration order; the
     # nightly's negative control faults the first leaf module by default. `torch`: the
     # version this interpreter imports (a lane under it is named after its release).

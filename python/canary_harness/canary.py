@@ -36,6 +36,23 @@ class CanaryError(ValueError):
     """A Python canary that cannot be loaded or run as declared (one line, naming file and field)."""
 
 
+class CanaryImportError(CanaryError):
+    """The canary's file, or NAME(), imports a module this interpreter cannot import: another
+    interpreter may load it (a matrix's `python =`). `module`: the one missing, where known."""
+
+    def __init__(self, message: str, module: Optional[str]) -> None:
+        super().__init__(message)
+        self.module = module
+
+
+def _load_error(message: str, error: BaseException) -> CanaryError:
+    """The CanaryError for an exception raised while the canary loads: an ImportError (and
+    ModuleNotFoundError) is the interpreter's lack, told apart by its type."""
+    if isinstance(error, ImportError):
+        return CanaryImportError(message, error.name)
+    return CanaryError(message)
+
+
 @dataclass
 class Canary:
     """One training run of a team's own model, as the harness runs it.
@@ -225,7 +242,7 @@ def _import_file(path: str, spec: str) -> Any:
         module_spec.loader.exec_module(module)
     except (Exception, SystemExit) as e:  # SystemExit: a training script that parses sys.argv on import
         sys.modules.pop(module_name, None)
-        raise CanaryError(f"{spec}: importing the file raised {type(e).__name__}: {_first_line(e)}") from None
+        raise _load_error(f"{spec}: importing the file raised {type(e).__name__}: {_first_line(e)}", e) from None
     return module
 
 
@@ -238,7 +255,7 @@ def _call(function: Callable[[], Any], spec: str) -> Canary:
     try:
         made = function()
     except (Exception, SystemExit) as e:
-        raise CanaryError(f"{spec}: calling it raised {type(e).__name__}: {_first_line(e)}") from e
+        raise _load_error(f"{spec}: calling it raised {type(e).__name__}: {_first_line(e)}", e) from e
     if not isinstance(made, Canary):
         raise CanaryError(f"{spec}: returned a {type(made).__name__}, not a canary_harness.Canary")
     return made

@@ -147,3 +147,22 @@ def test_json_out_holds_the_result_and_stdout_is_the_canarys(runs: dict, tmp_pat
 def test_json_out_into_no_directory_is_refused_first(runs: dict, tmp_path: Path) -> None:
     result = _cli("describe", runs["spec"], "--json-out", str(tmp_path / "nowhere" / "r.json"))
     assert result.returncode == 2 and "--json-out: no directory" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("where", ["file", "function"])
+def test_describe_says_in_its_result_which_module_the_interpreter_lacks(tmp_path: Path, where: str) -> None:
+    """The matrix tells "name another interpreter" from this result, not from stderr's words:
+    an import of a module this interpreter lacks, in the file or in NAME(), is said as data;
+    an error that merely quotes one is not."""
+    lacking = "import zoomod_nowhere\n\n\ndef canary():\n    pass\n" if where == "file" else \
+        "def canary():\n    import zoomod_nowhere\n"
+    (tmp_path / "lacking.py").write_text(lacking)
+    (tmp_path / "quoting.py").write_text("def canary():\n    raise ValueError(\"No module named 'zoomod_nowhere'\")\n")
+    out = tmp_path / "result.json"
+    result = _cli("describe", f"{tmp_path / 'lacking.py'}:canary", "--json-out", str(out))
+    assert result.returncode == 2 and "zoomod_nowhere" in result.stderr, result.stderr
+    error = json.loads(out.read_text())["error"]
+    assert (error["kind"], error["module"]) == ("missing_module", "zoomod_nowhere"), error
+    out.unlink()
+    result = _cli("describe", f"{tmp_path / 'quoting.py'}:canary", "--json-out", str(out))
+    assert result.returncode == 2 and "ValueError" in result.stderr and not out.exists(), result.stderr

@@ -94,6 +94,18 @@ bad() {
 }
 # Debian's python3 cannot load it: said, with the way out.
 bad "canary: /usr/bin/python3 cannot load it \(.*No module named 'zoomod'\); name the interpreter that can with python = " ""
+# Only what the interpreter lacks earns that way out, told from describe's result and exit
+# status, never from the message's words: a NAME() whose ValueError quotes an import error's
+# text is the canary's own error, said as it is.
+cat >"$WORK/m/quoting.py" <<'PY'
+def canary():
+    raise ValueError("No module named 'zoomod' is what the last run said")
+PY
+printf 'schema_version = 1\ncanary = "quoting.py:canary"\nreference = "fp32"\n[[lanes]]\nid = "fp32"\nengine = "torch"\n' \
+  >"$WORK/m/quoting.toml"
+expect_exit 2 "quoting.toml: canary: .*quoting.py:canary: calling it raised ValueError: No module named 'zoomod' is what the last run said$" \
+  -- "$HARNESS" golden status --matrix "$WORK/m/quoting.toml" --goldens "$WORK/g"
+! grep -q "name the interpreter" "$WORK/stderr" || fail "a ValueError is told to name another interpreter: $(cat "$WORK/stderr")"
 bad "python: '.*/m/nowhere/python' does not exist" 'python = "nowhere/python"'
 bad "python: '.*/m/?' is a directory" 'python = "."'
 echo 'not an interpreter' >"$WORK/bin/plain-file"
