@@ -89,33 +89,42 @@ def test_replay_from_a_checkpoint_is_bitwise_schedule_included(member: Member) -
     assert "bitwise equal to the receipt" in shown, shown
 
 
-def test_a_regression_in_the_teams_code_is_caught_at_its_step(member: Member) -> None:
-    # The team's checkout, its clean run approved as the golden (refresh stores the golden's
-    # aten traces: docs/bisect.md), then the team's code changed in place: the schedule's
-    # warm-up from 3 steps to 2. lr is 0 at step 0 under both, so step 0 is bitwise and step
-    # 1's update differs. The code the golden was recorded with is gone.
-    checkout, goldens = member.work / "team", member.work / "team-goldens"
-    shutil.copytree(Path(member.spec.rpartition(":")[0]).parent, checkout)
-    spec, clean, out = f"{checkout / member.name}.py:canary", member.work / "team-clean.h5", member.work / "regressed.h5"
-    canary_run(spec, clean)
+@pytest.fixture(scope="module")
+def goldens(member: Member) -> Path:
+    """The member's fp32 receipt approved as its lane's golden, in a goldens directory of its
+    own (on a person's machine: CI unset). Refresh replays the run with aten traces while its
+    code is on disk and stores them in the golden (docs/bisect.md)."""
+    directory = member.work / "goldens"
     person = {k: v for k, v in os.environ.items() if k != "CI"}  # goldens change on a person's machine only
-    for args in (("refresh", "--receipt", str(clean), "--reason", f"zoo {member.name}: the team's golden"),
+    for args in (("refresh", "--receipt", str(member.receipt), "--reason", f"zoo {member.name}: first golden"),
                  ("approve", "--approved-by", "the zoo test")):
-        done = subprocess.run([str(shared._harness_bin()), "golden", *args, "--goldens", str(goldens)],
+        done = subprocess.run([str(shared._harness_bin()), "golden", *args, "--goldens", str(directory)],
                               capture_output=True, text=True, env=person, timeout=900)
         assert done.returncode == 0, done.stdout + done.stderr
         assert args[0] != "refresh" or "aten traces of steps 0-11 stored" in done.stdout, done.stdout
-    (golden,) = goldens.rglob("*.h5")
-    team = checkout / "team.py"
-    team.write_text(team.read_text().replace("WARMUP = 3\n", "WARMUP = 2\n"))
-    canary_run(spec, out)
-    shown = harness("check", str(out), "--goldens", str(goldens), check=False)
+    return directory
+
+
+def test_a_regression_in_the_teams_code_is_caught_at_its_step(member: Member, goldens: Path) -> None:
+    # The team's code changed in place, in the checkout the golden was recorded from: the
+    # schedule's warm-up from 3 steps to 2. The code the golden was recorded with is gone
+    # (put back afterwards, for the tests that follow). lr is 0 at step 0 under both, so step
+    # 0 is bitwise and step 1's update differs.
+    team = Path(member.spec.rpartition(":")[0]).parent / "team.py"
+    clean, out = team.read_text(), member.work / "regressed.h5"
+    try:
+        team.write_text(clean.replace("WARMUP = 3\n", "WARMUP = 2\n"))
+        canary_run(member.spec, out)
+        shown = harness("check", str(out), "--goldens", str(goldens), check=False)
+        # bisect replays only the new run's step 1 with aten traces and reads the golden's
+        # stored one: the first op that differs is the optimizer's first use of the learning
+        # rate, at the team's optimizer.step() line.
+        (golden,) = goldens.rglob("*.h5")
+        bisect = harness("bisect", str(out), str(golden), check=False)
+    finally:
+        team.write_text(clean)
     assert shown.returncode == 1, shown.stdout + shown.stderr
     assert "first failing step 1" in shown.stdout, shown.stdout
-    # bisect replays only the new run's step 1 with aten traces and reads the golden's stored
-    # one: the first op that differs is the optimizer's first use of the learning rate, at
-    # the team's optimizer.step() line.
-    bisect = harness("bisect", str(out), str(golden), check=False)
     assert bisect.returncode == 1, bisect.stdout + bisect.stderr
     lines = {line[:12].strip(): line[12:] for line in bisect.stdout.splitlines()}
     assert lines["diverges"].startswith("step 1 "), bisect.stdout
@@ -157,7 +166,7 @@ def test_a_misspelled_name_lists_the_files_functions(tmp_path: Path) -> None:
     assert shown.stderr.strip().endswith("defines no 'canry'; its functions: config, canary"), shown.stderr
 
 
-def test_a_golden_approved_from_the_receipt_holds_in_a_nightly(member: Member) -> None:
+def test_a_golden_approved_from_the_receipt_holds_in_a_nightly(member: Member, goldens: Path) -> None:
     """The member's receipt approved as the golden of its fp32 lane; a nightly of the member
     (a matrix naming .venv/'s interpreter) runs the lane bitwise to it, and its negative
     controls (a 1-ulp fault that the golden check must see and bisect must place) pass. The
@@ -165,16 +174,10 @@ def test_a_golden_approved_from_the_receipt_holds_in_a_nightly(member: Member) -
     must change no bit (found here on Llama, Mixtral, BERT and T5, whose norms and attention
     read one tensor several times: python/tests/test_lane_trace.py holds the mechanism), and
     a default fault on a module the forward never calls (T5's `shared`) is passed over."""
-    goldens, matrix = member.work / "goldens", member.work / "nightly.toml"
+    matrix = member.work / "nightly.toml"
     matrix.write_text(f'schema_version = 1\ncanary = "{member.spec}"\npython = "{sys.executable}"\n'
                       'reference = "fp32"\n\n[[lanes]]\nid = "fp32"\nengine = "torch"\n'
                       'why = "the member\'s bitwise reference"\n')
-    person = {k: v for k, v in os.environ.items() if k != "CI"}  # goldens change on a person's machine only
-    for args in (("refresh", "--receipt", str(member.receipt), "--reason", f"zoo {member.name}: first golden"),
-                 ("approve", "--approved-by", "the zoo test")):
-        done = subprocess.run([str(shared._harness_bin()), "golden", *args, "--goldens", str(goldens)],
-                              capture_output=True, text=True, env=person, timeout=600)
-        assert done.returncode == 0, done.stdout + done.stderr
     shown = harness("nightly", "--matrix", str(matrix), "--goldens", str(goldens), "--out", str(member.work / "night"))
     assert "nightly     pass (1 lanes)" in shown.stdout or "nightly     pass (1 lane)" in shown.stdout, shown.stdout
 
