@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "canary_run.h"
 #include "commands.h"
@@ -18,6 +19,7 @@
 #include "shard_environment.h"
 #include "defaults.h"
 #include "controls.h"
+#include "headroom.h"
 #include "nightly.h"
 #include "reports.h"
 #include "stack_info.h"
@@ -31,6 +33,7 @@ struct NightlyFlags {
   nightly::NightlyOptions options{default_matrix(), default_budgets(), default_goldens(), "", {}, "", 0};
   std::string shard;
   std::vector<std::string> merge_dirs;
+  std::string history;  // --history: the directory of previous nightlies' --out directories
 };
 
 // reports/2026-11-21T09-30-00Z: sortable, and no ':' (artifact stores refuse it).
@@ -73,6 +76,22 @@ class ProgressPrinter {
   int finished_ = 0;
 };
 
+// "fragile     tp (9% headroom: reference loss at step 7), ...": the lanes that passed
+// with under kFragileHeadroomPct of their budget left, in one line ("" when none did).
+std::string fragile_line(const nlohmann::json& summary) {
+  std::vector<std::string> lanes;
+  for (const auto& lane : summary["lanes"]) {
+    if (!lane.value("fragile", false)) continue;
+    const nlohmann::json& h = lane["headroom"];
+    lanes.push_back(fmt::format("{} ({:.0f}% headroom: {} {} at step {})", lane["id"].get<std::string>(),
+                                h["headroom_pct"].get<double>(), h["check"].get<std::string>(),
+                                h["metric"].get<std::string>(), h["step"].dump()));
+  }
+  if (lanes.empty()) return "";
+  return fmt::format("fragile     {}: passed with under {:.0f}% of the budget left", fmt::join(lanes, ", "),
+                     nightly::kFragileHeadroomPct);
+}
+
 int finish(const nlohmann::json& summary, const std::string& out_dir) {
   const std::vector<std::string> written = nightly::write_reports(summary, out_dir);
   fmt::print("nightly     {} ({} lanes)\n", summary["verdict"].get<std::string>(), summary["lanes"].size());
@@ -85,6 +104,7 @@ int finish(const nlohmann::json& summary, const std::string& out_dir) {
                  check["summary"].get<std::string>());
     }
   }
+  if (const std::string fragile = fragile_line(summary); !fragile.empty()) fmt::print("{}\n", fragile);
   for (const auto& control : summary.value("controls", nlohmann::json::array())) {
     fmt::print("  control {:<7} {:<6} {}\n", control["status"].get<std::string>(),
                control["control"].get<std::string>(), control["summary"].get<std::string>());
@@ -122,13 +142,17 @@ int nightly_action(NightlyFlags& f) {
   }
   if (o.out_dir.empty()) o.out_dir = default_out_dir();
   nightly::NightlyJob job(o);  // a bad matrix or budgets file exits 2 before any directory is made
+  // So does a bad --history: it is read before any lane runs.
+  const std::vector<nightly::PastNightly> past =
+      f.history.empty() ? std::vector<nightly::PastNightly>{} : nightly::read_history(f.history, o.out_dir);
   // One job per output directory: a second nightly of the same --out is refused, naming
   // the first, before it can touch the directory.
   fs::create_directories(fs::path(o.out_dir).parent_path().empty() ? fs::path(".") : fs::path(o.out_dir).parent_path());
   const run::OutputLock lock(o.out_dir);
   prepare_out_dir(o.out_dir);
   ProgressPrinter printer;
-  const nlohmann::json summary = job.run(std::ref(printer));
+  nlohmann::json summary = job.run(std::ref(printer));
+  if (!f.history.empty()) summary["history"] = nightly::headroom_history(past, summary);
   return finish(summary, o.out_dir);
 }
 
@@ -166,6 +190,9 @@ void add_nightly_command(CLI::App& app, CommandRegistry& commands) {
                       "scheduler (HARNESS_SHARD_INDEX/COUNT, a Slurm job array, a Kubernetes Indexed Job)");
   nightly->add_option("--lanes", flags->options.lanes,
                       "Run only these lanes (comma-separated ids or names; the reference runs too when a lane needs it)");
+  nightly->add_option("--history", flags->history,
+                      "Directory of previous nightlies' --out directories: the report draws each lane's least "
+                      "headroom over them and this one");
   nightly->add_option("--threads", flags->options.threads, "Worker threads per run (0 = all cores)")->check(CLI::Range(0, run::kMaxThreads))->capture_default_str();
   commands.add(nightly, [flags] { return nightly_action(*flags); });
 

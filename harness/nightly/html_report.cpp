@@ -11,6 +11,7 @@
 #include <fmt/ranges.h>
 #include <pugixml.hpp>
 
+#include "headroom.h"
 #include "python_canary.h"
 #include "registry.h"
 #include "reports.h"
@@ -46,6 +47,7 @@ div.commands { border: 1px solid #e3c4c1; background: #fdf6f5; padding: 4px 12px
 div.commands h4 { margin: 6px 0; }
 div.commands p { margin: 6px 0 2px; }
 .muted { color: #5f6b7a; }
+strong.fragile { color: #a05a00; margin-left: 6px; }
 tr.hidden { display: none; }
 )";
 
@@ -83,7 +85,8 @@ double nice_step(double range, int count) {
 // legend of colour swatches under the plot.
 class Chart {
  public:
-  Chart(int steps, bool log_y, std::string y_label) : steps_(std::max(steps, 2)), log_y_(log_y), y_label_(std::move(y_label)) {}
+  Chart(int steps, bool log_y, std::string y_label, std::string x_label = "step")
+      : steps_(std::max(steps, 2)), log_y_(log_y), y_label_(std::move(y_label)), x_label_(std::move(x_label)) {}
 
   // `values` per step from 0, or at `steps` (a series sampled at some steps: each a dot).
   void series(const std::string& name, const json& values, const std::string& colour, bool dashed = false,
@@ -225,7 +228,7 @@ class Chart {
     if ((steps_ - 1) % x_step != 0 && (steps_ - 1) % x_step > x_step / 2) {
       label(svg, px(steps_ - 1), kHeight - kBottom + 14, std::to_string(steps_ - 1), "middle", "tick x");
     }
-    label(svg, (kLeft + kWidth - kRight) / 2.0, kHeight - 8, "step", "middle", "axis-label x");
+    label(svg, (kLeft + kWidth - kRight) / 2.0, kHeight - 8, x_label_, "middle", "axis-label x");
     const double mid = kTop + (kHeight - kTop - kBottom) / 2.0;
     pugi::xml_node y = label(svg, 14, mid, y_label_, "middle", "axis-label y");
     y.append_attribute("transform") = fmt::format("rotate(-90 14 {:.1f})", mid).c_str();
@@ -303,7 +306,7 @@ class Chart {
 
   int steps_;
   bool log_y_;
-  std::string y_label_;
+  std::string y_label_, x_label_;
   std::vector<Line> lines_;
   std::vector<std::pair<int, std::string>> markers_;
 };
@@ -327,6 +330,30 @@ json common_stack(const json& summary) {
   return json::object();
 }
 
+// "12%: reference loss at step 7 (noise + bf16)", the lane's least headroom over the
+// checks judged against a tolerance, marked fragile when the lane passed with under
+// kFragileHeadroomPct; "—" where no check was (a bitwise lane, an error).
+void headroom_cell(pugi::xml_node row, const json& lane) {
+  const json headroom = lane.value("headroom", json(nullptr));
+  pugi::xml_node cell = add(row, "td", "", "headroom");
+  if (!headroom.is_object()) {
+    cell.text().set("—");
+    return;
+  }
+  const json& pct = headroom["headroom_pct"];
+  std::vector<std::string> features;
+  for (const json& f : headroom.value("features", json::array())) features.push_back(f.is_string() ? f.get<std::string>() : f.dump());
+  cell.append_child(pugi::node_pcdata)
+      .set_value(fmt::format("{}: {} {} at step {} ({}) ", pct.is_number() ? fmt::format("{:.0f}%", pct.get<double>()) : "none",
+                             json_text(headroom, "check"), json_text(headroom, "metric"), headroom.value("step", json(nullptr)).dump(),
+                             fmt::join(features, " + "))
+                     .c_str());
+  if (lane.value("fragile", false)) {
+    add(cell, "strong", "fragile", "fragile")
+        .append_attribute("title") = fmt::format("passed with under {:.0f}% of its budget left", kFragileHeadroomPct).c_str();
+  }
+}
+
 void verdict_table(pugi::xml_node body, const json& summary) {
   pugi::xml_node filter = add(body, "label");
   pugi::xml_node box = filter.append_child("input");
@@ -336,7 +363,7 @@ void verdict_table(pugi::xml_node body, const json& summary) {
   pugi::xml_node table = add(body, "table");
   table.append_attribute("id") = "verdicts";
   pugi::xml_node head = add(table, "thead").append_child("tr");
-  for (const char* h : {"lane", "id", "status", "golden", "reference", "seconds"}) add(head, "th", h);
+  for (const char* h : {"lane", "id", "status", "golden", "reference", "least headroom", "seconds"}) add(head, "th", h);
   pugi::xml_node rows = add(table, "tbody");
   for (const json& lane : summary["lanes"]) {
     const std::string status = json_text(lane, "status");
@@ -354,6 +381,7 @@ void verdict_table(pugi::xml_node body, const json& summary) {
       const std::string bias = json_text(c, "status");
       add(reference, "div", fmt::format("bias {}: {}", bias, json_text(c, "summary")), bias);
     }
+    headroom_cell(row, lane);
     add(row, "td", fmt::format("{:.1f}", lane.value("seconds", 0.0)));
   }
 }
@@ -489,6 +517,52 @@ void charts(pugi::xml_node section, const json& lane, int steps) {
     figure.append_attribute("data-metric") = name.c_str();
     const json& h = m.value("headroom_pct", json(nullptr));
     figure.append_attribute("data-headroom") = h.is_number() ? fmt::format("{:.6g}", h.get<double>()).c_str() : "none";
+  }
+}
+
+// Each lane's least headroom over the previous nightlies (--history) and this one, last,
+// against the fragile line: a lane drifting toward its budget shows before it fails.
+void history_section(pugi::xml_node body, const json& summary) {
+  const json history = summary.value("history", json(nullptr));
+  if (!history.is_object() || history.empty()) return;
+  constexpr double kFloor = -100;  // a failing nightly at many times its allowance would flatten the rest
+  add(body, "h2", "Headroom over time");
+  add(body, "p",
+      fmt::format("Each lane's least headroom (over its checks judged against a tolerance) in the previous nightlies "
+                  "read with --history, oldest first, and in this one, last; below the dashed line at {:.0f}% a "
+                  "passing lane is fragile. A failing nightly shows at {:.0f}% or above; a nightly without a "
+                  "tolerance-judged check for the lane has no point.",
+                  kFragileHeadroomPct, kFloor),
+      "muted");
+  pugi::xml_node grid = add(body, "div", "", "charts history");
+  grid.append_attribute("id") = "history";
+  for (const json& lane : summary["lanes"]) {
+    const std::string id = json_text(lane, "id");
+    if (!history.contains(id) || !history[id].is_array() || history[id].empty()) continue;
+    const json& points = history[id];
+    const int count = static_cast<int>(points.size());
+    json values = json::array(), at = json::array(), line = json::array();
+    for (int i = 0; i < count; ++i) {
+      const json pct = points[i].value("headroom_pct", json(nullptr));
+      values.push_back(pct.is_number() ? json(std::max(pct.get<double>(), kFloor)) : json(nullptr));
+      at.push_back(i);
+    }
+    if (std::none_of(values.begin(), values.end(), [](const json& v) { return v.is_number(); })) {
+      add(grid, "p", fmt::format("{}: no check judged against a tolerance in any of these {} nightlies.", id, count),
+          "muted history-none");
+      continue;
+    }
+    for (int i = 0; i < std::max(count, 2); ++i) line.push_back(kFragileHeadroomPct);
+    Chart chart(count, false, "least headroom (%)", "nightly (oldest first)");
+    chart.series("least headroom", values, "#1f5fbf", false, at);
+    chart.series(fmt::format("fragile below {:.0f}%", kFragileHeadroomPct), line, "#a05a00", true);
+    pugi::xml_node figure =
+        chart.draw(grid,
+                   fmt::format("{} ({}): least headroom in {} nightlies, {} to {} (this one).", json_text(lane, "lane"), id,
+                               count, json_text(points.front(), "started_utc"), json_text(points.back(), "started_utc")),
+                   "history");
+    figure.insert_child_before("h4", figure.first_child()).text().set(id.c_str());
+    figure.append_attribute("data-lane") = id.c_str();
   }
 }
 
@@ -717,6 +791,7 @@ std::string html_report(const json& summary) {
   verdict_table(body, summary);
   controls_table(body, summary.value("controls", json::array()));
   drift_section(body, summary.value("environment_drift", json(nullptr)));
+  history_section(body, summary);
   const json stack = common_stack(summary);
   add(body, "h2", "Stack");
   stack_table(body, stack, json::object());

@@ -15,6 +15,7 @@
 #include "controls.h"
 #include "environment_drift.h"
 #include "golden_store.h"
+#include "headroom.h"
 #include "interrupt.h"
 #include "json_text.h"
 #include "lane_run.h"
@@ -217,6 +218,8 @@ class NightlyJob::Impl {
                     {"lanes", records},
                     {"auxiliary_runs", auxiliary}};
     summary["controls"] = control_records;
+    mark_fragile_lanes(summary);
+    summary["history"] = nullptr;  // the CLI's --history fills it in
     summary["environment_drift"] = environment_drift(summary);
     summary["verdict"] = job_verdict(summary["lanes"], summary["controls"]);
     // lane: the lane the signal cut, or null when it landed between lanes (after_lane: the
@@ -596,6 +599,8 @@ json merge_summaries(const std::vector<json>& shards, const std::vector<std::str
     lanes.push_back(it->second);
   }
   merged["lanes"] = lanes;
+  mark_fragile_lanes(merged);
+  merged["history"] = merge_histories(shards);
   std::vector<json> shard_controls;
   for (const json& s : shards) shard_controls.push_back(s.value("controls", json::array()));
   merged["controls"] = merge_controls(shard_controls);

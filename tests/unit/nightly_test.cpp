@@ -10,8 +10,10 @@
 #include <gtest/gtest.h>
 
 #include "file_io.h"
+#include "headroom.h"
 #include "reports.h"
 #include "matrix.h"
+#include "canary_run.h"
 #include "scratch_dir.h"
 
 namespace harness::nightly {
@@ -327,6 +329,93 @@ TEST(Reports, MessagesCannotBreakTheirReport) {
   const std::string junit = junit_report(summary);
   EXPECT_EQ(junit.find("<script>"), std::string::npos);
   EXPECT_NE(junit.find("failures=\"1\""), std::string::npos) << junit;
+}
+
+
+// A verdict metric as summary.json records it: `allowed` at every one of 3 steps.
+nlohmann::json metric(const std::string& name, nlohmann::json headroom, double deviation, double allowed, int worst = 1) {
+  return {{"metric", name}, {"judged", true}, {"headroom_pct", headroom}, {"max_deviation", deviation},
+          {"worst_step", worst}, {"step_allowed", {allowed, allowed, allowed}}};
+}
+
+nlohmann::json judged_check(const std::string& name, const std::vector<nlohmann::json>& metrics,
+                            const std::vector<std::string>& features, const std::string& status = "pass") {
+  return {{"check", name}, {"status", status},
+          {"verdict", {{"budget", {{"features", features}}}, {"metrics", metrics}}}};
+}
+
+nlohmann::json lane_of(const std::string& id, const std::string& status, const std::vector<nlohmann::json>& checks) {
+  return {{"id", id}, {"status", status}, {"checks", checks}};
+}
+
+// Only metrics judged against a tolerance count: a bitwise golden check and an exact metric
+// that did not move have none to use up; a broken exact budget (null) is below any number.
+TEST(Headroom, LeastOverTheChecksJudgedAgainstATolerance) {
+  const nlohmann::json bitwise = judged_check("golden", {metric("loss", 100.0, 0, 0), metric("params", 100.0, 0, 0)}, {"reference"});
+  const nlohmann::json reference = judged_check(
+      "reference",
+      {metric("loss", 40.0, 1e-6, 2e-6), metric("grad_norm", 12.5, 1e-6, 1e-6, 7), metric("compiles", 100.0, 0, 0),
+       {{"metric", "logit_kl"}, {"judged", false}, {"headroom_pct", 0.0}, {"max_deviation", 1.0}}},
+      {"noise", "bf16"});
+  const nlohmann::json least = least_headroom(lane_of("bf16", "pass", {bitwise, reference}));
+  EXPECT_EQ(least, nlohmann::json({{"headroom_pct", 12.5}, {"check", "reference"}, {"metric", "grad_norm"}, {"step", 7},
+                                   {"features", {"noise", "bf16"}}}));
+  EXPECT_TRUE(least_headroom(lane_of("ref", "pass", {bitwise})).is_null());
+  const nlohmann::json error = {{"check", "reference"}, {"status", "error"}, {"error", {{"kind", "x"}}}};
+  EXPECT_TRUE(least_headroom(lane_of("ref", "error", {bitwise, error})).is_null());
+  const nlohmann::json broken = judged_check("golden", {metric("loss", nullptr, 1e-9, 0)}, {"reference"}, "fail");
+  EXPECT_TRUE(least_headroom(lane_of("tp", "fail", {broken, reference}))["headroom_pct"].is_null());
+  EXPECT_EQ(least_headroom(lane_of("tp", "fail", {broken, reference}))["check"], "golden");
+}
+
+// Fragile: a pass under 20% headroom; a failure under it is a failure, not fragile.
+TEST(Headroom, FragileLanesPassUnderAFifthOfTheirBudget) {
+  const auto with = [](double headroom) {
+    return judged_check("reference", {metric("loss", headroom, 1, 2)}, {"noise"});
+  };
+  nlohmann::json summary = {{"lanes",
+                             {lane_of("a", "pass", {with(19.9)}), lane_of("b", "pass", {with(20.0)}),
+                              lane_of("c", "fail", {with(-50.0)}), lane_of("d", "pass", {})}}};
+  mark_fragile_lanes(summary);
+  EXPECT_EQ(summary["fragile_lanes"], nlohmann::json({"a"}));
+  std::vector<bool> fragile;
+  for (const auto& lane : summary["lanes"]) fragile.push_back(lane["fragile"]);
+  EXPECT_EQ(fragile, std::vector<bool>({true, false, false, false}));
+  EXPECT_TRUE(summary["lanes"][3]["headroom"].is_null());
+}
+
+// --history: oldest first by start time (not by name), the job's own --out skipped, this
+// nightly last; a file that is not a summary is refused naming it, in one line.
+TEST(Headroom, HistoryIsOrderedByStartTime) {
+  const testing::ScratchDir dir;
+  const auto write_summary = [&](const std::string& name, const std::string& started, double headroom) {
+    std::filesystem::create_directories(dir.path(name));
+    nlohmann::json s = {{"kind", "nightly"}, {"shards", {{{"started_utc", started}}}},
+                        {"lanes", {lane_of("tp", "pass", {judged_check("reference", {metric("loss", headroom, 1, 2)}, {"noise"})})}}};
+    std::ofstream(dir.path(name + "/summary.json")) << s.dump();
+  };
+  write_summary("a", "2026-11-02T00:00:00Z", 30);
+  write_summary("b", "2026-11-01T00:00:00Z", 50);
+  write_summary("now", "2026-11-03T00:00:00Z", 0);  // this job's own --out
+  const std::vector<PastNightly> past = read_history(dir.path(""), dir.path("now"));
+  ASSERT_EQ(past.size(), 2u);
+  EXPECT_EQ(past[0].started_utc, "2026-11-01T00:00:00Z");
+  nlohmann::json summary = {{"shards", {{{"started_utc", "2026-11-03T00:00:00Z"}}, {{"started_utc", "2026-11-02T12:00:00Z"}}}},
+                            {"lanes", {lane_of("tp", "pass", {judged_check("reference", {metric("loss", 10.0, 1, 2)}, {"noise"})})}}};
+  mark_fragile_lanes(summary);
+  const nlohmann::json history = headroom_history(past, summary);
+  EXPECT_EQ(history["tp"], nlohmann::json::parse(R"([{"started_utc": "2026-11-01T00:00:00Z", "headroom_pct": 50.0},
+      {"started_utc": "2026-11-02T00:00:00Z", "headroom_pct": 30.0}, {"started_utc": "2026-11-02T12:00:00Z", "headroom_pct": 10.0}])"));
+  std::ofstream(dir.path("a/summary.json")) << R"({"kind": "nightly", "shards": [{}], "lanes": []})";
+  try {
+    read_history(dir.path(""), dir.path("now"));
+    ADD_FAILURE() << "a summary without started_utc was read";
+  } catch (const run::UsageError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("a/summary.json is not a nightly summary (it lacks shards[0].started_utc)"), std::string::npos) << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+  }
+  EXPECT_THROW(read_history(dir.path("missing"), ""), run::UsageError);
 }
 
 }  // namespace
