@@ -1,5 +1,5 @@
 """`canary_harness.hf.ReceiptCallback` on a `transformers.Trainer` run of a zoo member, and the
-audit of a member (a FILE.py:NAME returning a Canary), docs/transformers.md.
+audit of every member (a FILE.py:NAME returning a Canary), docs/transformers.md.
 
 The Trainer's run of gpt2 (tests/zoo/trainer.py: the member's model, AdamW groups, cosine
 schedule, clipping and batches) records the receipt `canary_harness run` writes, bit for bit;
@@ -196,23 +196,46 @@ def test_importing_canary_harness_imports_no_transformers() -> None:
 
 # ---- the audit of a member ------------------------------------------------------------------------
 
-def test_the_audit_of_gpt2_finds_adamws_constants_and_nothing_in_transformers() -> None:
-    """gpt2.py:canary returns a Canary: the audit loads it as `run` does and audits its step.
-    HF's GPT-2 forward and backward read nothing to the host and keep one graph; what it finds
-    is torch.optim.AdamW's (not capturable) Python numbers, which the schedule changes every step
-    (weight decay's 1 - lr*wd, the bias-corrected step size), at team.py's optimizer.step()."""
-    shown = shared.run_module("canary_harness.audit", GPT2, "--json", check=False)
+MEMBERS = ["gpt2", "llama", "mixtral", "bert", "t5", "accumulation"]
+
+
+def _takes_an_attention_mask(member: str) -> bool:
+    """Whether the member's batches carry an attention mask (found from a batch, not the name)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"_zoo_{member}", ZOO / f"{member}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    canary = module.canary()
+    return "attention_mask" in canary.batch(0)
+
+
+@pytest.mark.parametrize("member", MEMBERS)
+def test_the_audit_of_a_member_finds_adamws_constants_and_the_masks_host_read(member: str) -> None:
+    """MEMBER.py:canary returns a Canary: the audit loads it as `run` does and audits its step.
+    On every member it finds torch.optim.AdamW's (not capturable) Python numbers, which the
+    schedule changes every step (weight decay's 1 - lr*wd, the bias-corrected step size), at
+    team.py's optimizer.step(). Where the batch carries an attention mask (BERT), it finds one
+    host read a step in transformers: the check whether the mask can be skipped
+    (`padding_mask.all()` in an `if`, masking_utils), a sync a compiled step would break on.
+    Nothing else: the models' forward and backward keep one graph."""
+    shown = shared.run_module("canary_harness.audit", f"{ZOO / member}.py:canary", "--json", check=False)
     assert shown.returncode == 1, shown.stdout + shown.stderr
     report = json.loads(shown.stdout)
     team = (ZOO / "team.py").read_text().splitlines()
     line = next(i + 1 for i, text in enumerate(team) if text.strip() == "optimizer.step()")
-    findings = report["findings"]
-    assert findings and {f["kind"] for f in findings} == {"varying_constant"}, findings
-    assert {(Path(f["file"]).name, f["line"]) for f in findings} == {("team.py", line)}
-    assert all(f["via"].startswith("torch/optim/adam") for f in findings)
-    assert {f["op"] for f in findings} == {"aten.mul_.Tensor", "aten.div.Tensor", "aten.addcdiv_"}
-    assert all(s["host_reads"] == 0 for s in report["steps"])
-    assert not any("transformers" in f["file"] or "transformers" in f["via"] for f in findings)
+    constants = [f for f in report["findings"] if f["kind"] == "varying_constant"]
+    reads = [f for f in report["findings"] if f["kind"] == "host_read"]
+    assert {(Path(f["file"]).name, f["line"]) for f in constants} == {("team.py", line)}, constants
+    assert all(f["via"].startswith("torch/optim/adam") for f in constants)
+    assert {f["op"] for f in constants} == {"aten.mul_.Tensor", "aten.div.Tensor", "aten.addcdiv_"}
+    assert len(constants) + len(reads) == len(report["findings"]), report["findings"]
+    if _takes_an_attention_mask(member):
+        assert [(Path(f["file"]).name, f["op"]) for f in reads] == [("masking_utils.py", "bool(tensor)")], reads
+        assert "transformers" in Path(reads[0]["file"]).parts
+        assert all(s["host_reads"] == 1 for s in report["steps"]), report["steps"]
+    else:
+        assert not reads and all(s["host_reads"] == 0 for s in report["steps"]), reads
 
 
 def test_close_after_a_failed_train_removes_the_hook_and_leaves_an_incomplete_receipt(tmp_path: Path) -> None:
