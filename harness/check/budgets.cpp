@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <set>
 #include <span>
 
@@ -198,16 +199,21 @@ class Parser {
     }
   }
 
+  // A non-negative integer key (0 when absent).
+  int non_negative_int(const toml::table& t, const std::string& where, const char* key) const {
+    if (!t.contains(key)) return 0;
+    const auto n = t[key].value<std::int64_t>();
+    if (!n || *n < 0 || *n > std::numeric_limits<int>::max()) fail(fmt::format("{}.{}: must be a non-negative integer", where, key));
+    return static_cast<int>(*n);
+  }
+
   Provenance provenance(const toml::table& t, const std::string& where) const {
     Provenance p;
     p.calibrated = text(t, where, "calibrated", false);
     if (!p.calibrated.empty()) check_date(p.calibrated, where + ".calibrated");
     p.method = text(t, where, "method", false);
-    if (t.contains("repeats")) {
-      const auto r = t["repeats"].value<std::int64_t>();
-      if (!r || *r < 0) fail(fmt::format("{}.repeats: must be a non-negative integer", where));
-      p.repeats = static_cast<int>(*r);
-    }
+    p.repeats = non_negative_int(t, where, "repeats");
+    p.samples = t.contains("samples") ? non_negative_int(t, where, "samples") : p.repeats;  // older files say repeats
     if (t.contains("observed") && !t["observed"].as_table()) {
       fail(fmt::format("{}.observed: must be a table {{ metric = largest difference seen, ... }}", where));
     }
@@ -224,7 +230,7 @@ class Parser {
   FeatureBudget feature(const toml::table& t, const std::string& name, const std::string& key) const {
     const std::string where = fmt::format("[{}]", key);
     if (!valid_name(name)) fail(fmt::format("{}: a feature name is letters, digits, '-' and '_'", where));
-    only_keys(t, where, {"form", "rationale", "calibrated", "repeats", "method", "observed", "outlier_fraction",
+    only_keys(t, where, {"form", "rationale", "calibrated", "repeats", "samples", "method", "observed", "outlier_fraction",
                          "loss", "grad_norm", "params_sketch", "logit_kl", "logprob_delta", "top1_mismatch",
                          "across_platforms", "bias"});
     FeatureBudget f;
@@ -401,6 +407,12 @@ std::vector<std::string> ComposedBudget::names() const {
     if (!f->bitwise) out.push_back(f->key());
   }
   if (out.empty()) out.emplace_back("reference");
+  return out;
+}
+
+std::vector<const FeatureBudget*> ComposedBudget::provisional_parts() const {
+  std::vector<const FeatureBudget*> out;
+  std::copy_if(parts_.begin(), parts_.end(), std::back_inserter(out), [](const FeatureBudget* f) { return f->provisional(); });
   return out;
 }
 

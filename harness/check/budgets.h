@@ -56,9 +56,16 @@ double windows_allowance(const std::vector<Window>& windows, int step, int since
 // The value of a window's `from` key that anchors it to the decisions' part.
 inline constexpr const char* kFromDecisionsPart = "decisions-part";
 
+// An entry calibrated from fewer independent samples of the lane's deviation from the
+// reference (runs, receipts or perturbed runs) is provisional: its windows are a guess at
+// the spread, not a measure of it (issue 47; docs/budgets.md, "Samples"). Calibrate and
+// check share this one number.
+inline constexpr int kMinCalibrationSamples = 8;
+
 struct Provenance {
   std::string calibrated;                 // date, or "" for a rule (bitwise) entry
-  int repeats = 0;
+  int repeats = 0;                        // `repeats`, the key files written before `samples` have
+  int samples = 0;                        // `samples`, else `repeats`: the independent runs measured
   std::map<std::string, double> observed;  // largest observed spread per metric
   std::string method;                      // how it was calibrated: runs, receipts or perturbation ("" : not said)
 };
@@ -79,6 +86,9 @@ struct FeatureBudget {
   bool bias_fails = false;
 
   const std::string& key() const { return section.empty() ? name : section; }
+  int samples() const { return provenance.samples; }
+  // A tolerance entry from fewer than kMinCalibrationSamples samples; the rule never is.
+  bool provisional() const { return !bitwise && samples() < kMinCalibrationSamples; }
 };
 
 // Checks of a tpu-mesh lane's own counters (form: counts after the warm-up steps).
@@ -149,6 +159,7 @@ class ComposedBudget {
   bool bounds(const std::string& metric) const;
   double outlier_fraction() const;  // the largest of the parts'
   std::vector<std::string> names() const;  // the entries' tables ("bf16", "tiny.bf16"); "reference" when bitwise
+  std::vector<const FeatureBudget*> provisional_parts() const;  // the parts that are provisional()
   const std::vector<const FeatureBudget*>& parts() const { return parts_; }
   const std::string& reason() const { return reason_; }  // why these parts (docs/budgets.md)
 

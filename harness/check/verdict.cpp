@@ -673,6 +673,10 @@ Verdict compare_receipts(const ReceiptData& run, const ReceiptData& ref, const B
   v.bitwise = budget.bitwise();
   v.budget = budget.names();
   v.budget_reason = budget.reason();
+  for (const FeatureBudget* f : budget.parts()) {
+    if (!f->bitwise) v.budget_samples[f->key()] = f->samples();
+  }
+  for (const FeatureBudget* f : budget.provisional_parts()) v.provisional.push_back(f->key());
   v.decisions_part = decisions_part(run, ref);
   v.metrics.push_back(judge_scalar("loss", run.loss, ref.loss, budget, v.bitwise));
   v.metrics.push_back(judge_scalar("grad_norm", run.grad_norm, ref.grad_norm, budget, v.bitwise));

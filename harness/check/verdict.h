@@ -159,6 +159,10 @@ struct Verdict {
   std::vector<std::string> budget;  // the composed features ("reference" when bitwise)
   bool bitwise = false;
   std::string budget_reason;        // why these features
+  // Each composed tolerance entry's samples, and those from fewer than kMinCalibrationSamples
+  // (provisional, in the budget's order): docs/budgets.md, "Samples".
+  std::map<std::string, int> budget_samples;
+  std::vector<std::string> provisional;
   std::optional<DecisionsPart> decisions_part;  // where the runs' decisions part (windows from it apply)
   int steps = 0;
   std::vector<MetricVerdict> metrics;

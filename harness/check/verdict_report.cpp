@@ -42,6 +42,18 @@ std::string metric_line(const MetricVerdict& m) {
                      m.failing_steps, m.allowed_outliers);
 }
 
+// " (provisional: [bf16] from 3 samples)": the composed entries calibrated from fewer than
+// kMinCalibrationSamples samples, which the verdict is only as good as; "" when none is.
+std::string provisional_text(const Verdict& v) {
+  if (v.provisional.empty()) return "";
+  std::vector<std::string> entries;
+  for (const std::string& key : v.provisional) {
+    const int samples = v.budget_samples.count(key) ? v.budget_samples.at(key) : 0;
+    entries.push_back(fmt::format("[{}] from {} sample{}", key, samples, samples == 1 ? "" : "s"));
+  }
+  return fmt::format(" (provisional: {})", fmt::join(entries, ", "));
+}
+
 }  // namespace
 
 nlohmann::json to_json(const Verdict& v) {
@@ -73,7 +85,11 @@ nlohmann::json to_json(const Verdict& v) {
           {"b", {{"path", v.b_path}, {"lane", v.b_lane}}},
           {"steps", v.steps},
           {"data", "equal"},
-          {"budget", {{"features", v.budget}, {"bitwise", v.bitwise}, {"reason", v.budget_reason}}},
+          {"budget", {{"features", v.budget},
+                      {"bitwise", v.bitwise},
+                      {"reason", v.budget_reason},
+                      {"samples", v.budget_samples},
+                      {"provisional", v.provisional}}},
           {"decisions_part", v.decisions_part ? nlohmann::json{{"step", v.decisions_part->step},
                                                                 {"op", v.decisions_part->column},
                                                                 {"record", v.decisions_part->hash_dataset}}
@@ -97,8 +113,9 @@ std::string to_text(const Verdict& v, bool verbose) {
   auto line = [&out](const std::string& s) { out += s + "\n"; };
   line(fmt::format("{:<12}{} ({})", v.kind == "golden" ? "check" : "compare", v.a_lane, v.a_path));
   line(fmt::format("{:<12}{} ({})", "against", v.b_lane, v.b_path));
-  line(fmt::format("{:<12}{}{}", "budget", fmt::join(v.budget, " + "),
-                   v.bitwise ? " (bitwise: every loss and every hash equal)" : fmt::format(" ({})", v.budget_reason)));
+  line(fmt::format("{:<12}{}{}{}", "budget", fmt::join(v.budget, " + "),
+                   v.bitwise ? " (bitwise: every loss and every hash equal)" : fmt::format(" ({})", v.budget_reason),
+                   provisional_text(v)));
   line(fmt::format("{:<12}equal ({} batch hashes)", "data", v.steps));
   if (v.decisions_part) {
     line(fmt::format("{:<12}part at step {}: {} decided otherwise first ({}); windows from the decisions' part apply "

@@ -1,7 +1,8 @@
 // `harness calibrate --lane L --repeats N`: a proposed budget for one feature from N runs
 // of a lane against the reference (or from receipts made elsewhere: `--receipts R.. --reference
 // REF`; or from N one-ulp perturbations of its initial weights: `--perturb N`), as a
-// candidate budgets file and a report. Exit 0 when
+// candidate budgets file and a report. Fewer than check::kMinCalibrationSamples samples
+// without --provisional: exit 2 before anything runs. Exit 0 when
 // every repeat fits the proposal, 1 when one does not (the proposal needs a look), 2 on
 // bad input.
 #include <unistd.h>
@@ -33,6 +34,10 @@ void add_calibrate_command(CLI::App& app, CommandRegistry& commands) {
   calibrate->add_flag("--widen", o->widen, "Never propose less than the current entry (cover another host)");
   CLI::Option* repeats =
       calibrate->add_option("--repeats", o->repeats, "Runs of the lane (fresh noise seeds)")->capture_default_str();
+  calibrate->add_flag("--provisional", o->provisional,
+                      fmt::format("Write an entry from fewer than {} samples (runs, receipts or perturbed runs); check and "
+                                  "the nightly mark it provisional",
+                                  check::kMinCalibrationSamples));
   CLI::Option* perturb = calibrate
       ->add_option("--perturb", o->perturb,
                    "N: run the lane (or the one --receipts receipt's recipe) N times with every initial weight moved "
@@ -61,6 +66,10 @@ void add_calibrate_command(CLI::App& app, CommandRegistry& commands) {
     fmt::print("report      {}\n", c.report_path);
     if (!c.envelope_path.empty()) fmt::print("envelope    {}\n", c.envelope_path);
     if (c.envelope_only) return kExitPass;  // an envelope, nothing proposed
+    if (c.provisional()) {
+      fmt::print("provisional [{}] from {} samples (fewer than {}): check and the nightly say so until it is recalibrated\n",
+                 c.section, c.samples, check::kMinCalibrationSamples);
+    }
     if (c.biased()) {
       fmt::print("bias        one-sided drift over the repeats{} (the report's last section)\n",
                  c.bias_fails ? ": the entry says bias = \"fail\"" : ", a warning");

@@ -154,7 +154,7 @@ nlohmann::json envelope_json(const Calibration& c) {
 std::string section_toml(const check::FeatureBudget& f, const Calibration& c) {
   std::string text = fmt::format("[{}]\nform = \"tolerance\"\nrationale = {}\n", f.key(), toml_string(f.rationale));
   if (!f.across_platforms.empty()) text += fmt::format("across_platforms = {}\n", toml_string(f.across_platforms));
-  text += fmt::format("calibrated = \"{}\"\nrepeats = {}\nmethod = {}\n", run::utc_timestamp().substr(0, 10), c.repeats,
+  text += fmt::format("calibrated = \"{}\"\nsamples = {}\nmethod = {}\n", run::utc_timestamp().substr(0, 10), c.samples,
                       toml_string(method_text(c)));
   std::vector<std::string> observed;
   for (const std::string& metric : c.metrics) {
@@ -211,6 +211,15 @@ std::string choose_feature(const std::string& wanted, const std::vector<std::str
     throw run::UsageError(fmt::format("lane {} has no feature to calibrate: it is bitwise against the reference", lane));
   }
   throw run::UsageError(fmt::format("--feature: {} composes {}; name the one to calibrate", lane, fmt::join(composed, ", ")));
+}
+
+// Refuses, before anything runs, an entry from fewer than kMinCalibrationSamples samples
+// unless --provisional; `samples` is what the options give, `flag` names how ("--repeats 3").
+void require_samples(const CalibrateOptions& o, int samples, const std::string& flag) {
+  if (o.provisional || samples >= check::kMinCalibrationSamples) return;
+  throw run::UsageError(fmt::format("{}: an entry needs at least {} samples of the lane's deviation (docs/budgets.md, "
+                                    "\"Samples\"); give {} or more, or --provisional to write an entry marked provisional",
+                                    flag, check::kMinCalibrationSamples, check::kMinCalibrationSamples));
 }
 
 // The calibration runs' directory.
@@ -337,6 +346,11 @@ Runs runs_of_lane(const CalibrateOptions& o, const check::Budgets& budgets, Cali
                                       o.budgets_path, spec.id));
   }
   choose_outputs(o, c);
+  const bool envelope_only = spec.id == matrix.reference;  // proposes no entry
+  if (!envelope_only) {
+    c.samples = o.perturb ? o.perturb : o.repeats;
+    require_samples(o, c.samples, o.perturb ? fmt::format("--perturb {}", o.perturb) : fmt::format("--repeats {}", o.repeats));
+  }
   c.lane = spec.lane;
   c.reference = spec.id == matrix.reference ? "" : matrix.lane(matrix.reference).lane;
   if (o.perturb) {
@@ -355,6 +369,8 @@ Runs runs_of_receipts(const CalibrateOptions& o, const check::Budgets& budgets, 
   if (!o.lane.empty()) throw run::UsageError("--lane: give either --lane (runs here) or --receipts (runs made elsewhere)");
   if (o.perturb) {
     choose_outputs(o, c);
+    c.samples = o.perturb;
+    if (!o.reference.empty()) require_samples(o, c.samples, fmt::format("--perturb {}", o.perturb));  // else an envelope
     Runs runs = perturbed_receipt(o, c, progress);
     c.lane = runs.repeats.front().lane;
     c.reference = runs.reference.lane;
@@ -364,6 +380,8 @@ Runs runs_of_receipts(const CalibrateOptions& o, const check::Budgets& budgets, 
   if (o.reference.empty()) throw run::UsageError("--receipts: name the receipt they are judged against with --reference");
   if (o.receipts.size() > 1000) throw run::UsageError("--receipts: at most 1000 receipts");
   choose_outputs(o, c);
+  c.samples = static_cast<int>(o.receipts.size());
+  require_samples(o, c.samples, fmt::format("--receipts ({} receipt{})", c.samples, c.samples == 1 ? "" : "s"));
   Runs runs{check::load_receipt(o.reference), {}, {}, {}};
   std::set<std::string> features;
   for (const std::string& path : o.receipts) {
@@ -727,6 +745,11 @@ std::string calibration_report(const Calibration& c) {
       c.noise_seeds.empty() ? "" : fmt::format(" (noise seeds {}..{})", c.noise_seeds.front(), c.noise_seeds.back()),
       method_text(c), fmt::join(c.composed, " + "), c.section, kMargin, kFloorUlps,
       c.widened ? ", and no term below the current entry's (--widen)" : "");
+  if (c.provisional()) {
+    text += fmt::format("**Provisional**: {} samples, fewer than {} (docs/budgets.md, \"Samples\"); check and the nightly "
+                        "say so until [{}] is recalibrated from {} or more.\n\n",
+                        c.samples, check::kMinCalibrationSamples, c.section, check::kMinCalibrationSamples);
+  }
   text += "| metric | steps | largest deviation | current | proposed |\n|---|---|---|---|---|\n";
   for (const WindowProposal& w : c.windows) {
     const std::string largest = w.samples == 0 ? "none: no step of the repeats is in it, kept as it is"

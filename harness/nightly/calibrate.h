@@ -19,7 +19,10 @@ struct CalibrateOptions {
   std::string matrix_path, budgets_path;
   std::string lane;     // id or lane name in the matrix
   std::string feature;  // "" : the lane's most specific feature (fp8-limited, fp8, mesh-bf16, bf16, mesh-fp32, noise)
-  int repeats = 3;
+  int repeats = check::kMinCalibrationSamples;
+  // Write an entry from fewer than kMinCalibrationSamples samples, which then reads as
+  // provisional (check and the nightly say so); without it calibrate refuses, exit 2.
+  bool provisional = false;
   std::int64_t noise_seed_base = 1000;  // repeat i of a seeded lane replays noise seed base + i
   std::string out;      // candidate budgets file ("" : budgets.candidate.toml beside the budgets)
   int threads = 0;
@@ -74,6 +77,11 @@ struct Calibration {
   std::vector<std::string> metrics;
   std::map<std::string, double> observed;  // per metric, over all windows
   int repeats = 0, passing_now = 0, passing_proposed = 0;
+  // Independent deviations from the reference the entry rests on (the candidate's `samples`):
+  // the repeats, but the perturbed runs only under --perturb (the unperturbed one is not
+  // independent of them).
+  int samples = 0;
+  bool provisional() const { return samples < check::kMinCalibrationSamples; }
   std::string candidate_path, report_path;
   std::string source;  // where the repeats came from: "runs", or the receipts' paths
   bool widened = false;

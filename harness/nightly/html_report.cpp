@@ -5,12 +5,14 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <sstream>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <pugixml.hpp>
 
+#include "budgets.h"
 #include "headroom.h"
 #include "python_canary.h"
 #include "registry.h"
@@ -48,6 +50,7 @@ div.commands h4 { margin: 6px 0; }
 div.commands p { margin: 6px 0 2px; }
 .muted { color: #5f6b7a; }
 strong.fragile { color: #a05a00; margin-left: 6px; }
+strong.provisional { display: block; color: #a05a00; font-weight: normal; font-size: 12px; }
 tr.hidden { display: none; }
 )";
 
@@ -354,6 +357,28 @@ void headroom_cell(pugi::xml_node row, const json& lane) {
   }
 }
 
+// "provisional: [bf16] from 3 samples" under the lane's name when a check judged it under an
+// entry calibrated from fewer than kMinCalibrationSamples samples (docs/budgets.md, "Samples").
+void provisional_mark(pugi::xml_node cell, const json& lane) {
+  std::map<std::string, std::string> entries;  // one per entry, whichever checks used it
+  for (const json& c : lane["checks"]) {
+    const json verdict = c.value("verdict", json(nullptr));  // an error judged nothing
+    const json budget = verdict.is_object() ? verdict.value("budget", json::object()) : json::object();
+    const json samples = budget.value("samples", json::object());
+    for (const json& key : budget.value("provisional", json::array())) {
+      const std::string name = key.get<std::string>();
+      const int n = samples.value(name, 0);
+      entries[name] = fmt::format("[{}] from {} sample{}", name, n, n == 1 ? "" : "s");
+    }
+  }
+  if (entries.empty()) return;
+  std::vector<std::string> named;
+  for (const auto& [name, text] : entries) named.push_back(text);
+  add(cell, "strong", fmt::format("provisional: {}", fmt::join(named, ", ")), "provisional")
+      .append_attribute("title") = fmt::format("judged under an entry calibrated from fewer than {} samples",
+                                               check::kMinCalibrationSamples).c_str();
+}
+
 void verdict_table(pugi::xml_node body, const json& summary) {
   pugi::xml_node filter = add(body, "label");
   pugi::xml_node box = filter.append_child("input");
@@ -369,9 +394,11 @@ void verdict_table(pugi::xml_node body, const json& summary) {
     const std::string status = json_text(lane, "status");
     pugi::xml_node row = rows.append_child("tr");
     row.append_attribute("data-status") = status.c_str();
-    pugi::xml_node link = add(row, "td").append_child("a");
+    pugi::xml_node name = add(row, "td");
+    pugi::xml_node link = name.append_child("a");
     link.append_attribute("href") = ("#lane-" + json_text(lane, "id")).c_str();
     add(link, "code", json_text(lane, "lane"));
+    provisional_mark(name, lane);
     add(row, "td", json_text(lane, "id"));
     add(row, "td", status, status);
     add(row, "td", check_cell(lane, "golden"));

@@ -62,7 +62,7 @@ def test_ddp_sees_the_same_data_and_stays_within_its_calibrated_budget(ddp_run: 
     assert refused.returncode == 2 and "torch-ddp" in refused.stderr, refused.stderr
     candidate = tmp_path / "budgets.toml"
     run_harness(harness_bin, "calibrate", "--receipts", str(ddp_run), "--reference", str(one_process),
-                "--out", str(candidate))
+                "--out", str(candidate), "--provisional")
     assert "[small.torch-ddp]" in candidate.read_text()
     run_harness(harness_bin, "compare", str(ddp_run), str(one_process), "--budgets", str(candidate))
 

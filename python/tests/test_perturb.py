@@ -138,7 +138,7 @@ def test_calibrate_perturb_proposes_a_budget_that_a_bitwise_irrelevant_change_pa
     run(f"{SMALL}:canary", "--out", str(bf16_2), "--precision", "bf16", "--threads", "2")
     candidate = tmp_path / "candidate.toml"
     result = run_harness(harness_bin, "calibrate", "--perturb", "4", "--receipts", str(bf16), "--reference", str(fp32),
-                         "--out", str(candidate), check=False)
+                         "--out", str(candidate), "--provisional", check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     text = candidate.read_text()
     assert "[small.torch-bf16]" in text and 'method = "perturbation: the unperturbed run and 4 runs' in text

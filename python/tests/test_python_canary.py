@@ -348,7 +348,8 @@ def test_compile_is_refused_where_torch_has_no_compiler_and_runs_where_it_has(tm
     assert series(eager)["hashes/params"].tobytes() != a["hashes/params"].tobytes()  # Inductor rounds otherwise
     # Its own budget (no default entry covers a team's canary): calibrated, then judged under it.
     candidate = tmp_path / "budgets.toml"
-    run_harness(harness_bin, "calibrate", "--receipts", str(out), "--reference", str(eager), "--out", str(candidate))
+    run_harness(harness_bin, "calibrate", "--receipts", str(out), "--reference", str(eager), "--out", str(candidate),
+                "--provisional")
     assert "[small.torch-compile]" in candidate.read_text()
     run_harness(harness_bin, "compare", str(out), str(eager), "--budgets", str(candidate))
     # A replay compiles again and reproduces the compiled bits; aten traces of a compiled step are refused.

@@ -2,14 +2,15 @@
 # harness calibrate: the proposal fits every repeat with its margin and no more (halving
 # it fails a repeat), only the calibrated feature's section changes (a canary's own
 # [micro.X] when the file has one), the budgets file is never written, bad input exits 2
-# with one line.
+# with one line, and fewer than 8 samples need --provisional, which check then reports.
 source "$(dirname "$0")/lib.sh"
 MATRIX="$HERE/data/micro_nightly.toml"
 BUDGETS="$WORK/budgets.toml"
 cp "$HERE/../../canaries/budgets.toml" "$BUDGETS"
 before=$(sha256sum "$BUDGETS")
 
-expect_exit 0 "" -- "$HARNESS" calibrate --lane bf16 --repeats 3 --matrix "$MATRIX" --budgets "$BUDGETS"
+expect_exit 0 "" -- "$HARNESS" calibrate --lane bf16 --repeats 3 --provisional --matrix "$MATRIX" --budgets "$BUDGETS"
+grep -q "^provisional \[bf16\] from 3 samples (fewer than 8)" "$WORK/stdout" || fail "calibrate does not say the entry is provisional"
 grep -q "within the proposal: 3/3" "$WORK/stdout" || fail "not every repeat fits the proposal: $(cat "$WORK/stdout")"
 [ "$before" = "$(sha256sum "$BUDGETS")" ] || fail "calibrate wrote the budgets file"
 [ -s "$WORK/budgets.candidate.toml" ] && [ -s "$WORK/budgets.candidate.md" ] || fail "no candidate or report beside the budgets"
@@ -21,7 +22,7 @@ assert set(old) == set(new)
 for key in old:
     if key != "bf16":
         assert old[key] == new[key], key
-assert new["bf16"]["repeats"] == 3 and new["bf16"]["rationale"] == old["bf16"]["rationale"]
+assert new["bf16"]["samples"] == 3 and "repeats" not in new["bf16"] and new["bf16"]["rationale"] == old["bf16"]["rationale"]
 assert new["bf16"]["calibrated"] and set(new["bf16"]["observed"]) == {"loss", "grad_norm", "params_sketch"}
 assert [w["steps"] for w in new["bf16"]["loss"]] == [w["steps"] for w in old["bf16"]["loss"]]
 # halve the proposal of every metric: below the largest need, so some repeat must fail
@@ -55,7 +56,7 @@ done
 # From receipts made elsewhere: the same three runs, given as receipts, propose exactly what
 # running them did (the repeats above replayed noise seeds 1000..1002, as calibrate's runs do).
 expect_exit 0 "" -- "$HARNESS" calibrate --receipts "$WORK/r1000.h5" "$WORK/r1001.h5" "$WORK/r1002.h5" \
-  --reference "$WORK/ref.h5" --budgets "$BUDGETS" --out "$WORK/from_receipts.candidate.toml"
+  --reference "$WORK/ref.h5" --budgets "$BUDGETS" --out "$WORK/from_receipts.candidate.toml" --provisional
 grep -q "^3 receipts of micro/accel+bf16 against micro/cpu-ref" "$WORK/from_receipts.candidate.md" ||
   fail "the report does not say it calibrated from receipts: $(head -4 "$WORK/from_receipts.candidate.md")"
 "$PY" - "$WORK/budgets.candidate.toml" "$WORK/from_receipts.candidate.toml" <<'PY' || fail "receipts and runs propose differently"
@@ -72,7 +73,7 @@ cp "$BUDGETS" "$WORK/later.toml"
 printf '\n[micro.bf16]\nform = "tolerance"\nrationale = "micro, two windows"\ncalibrated = "2000-01-01"\nrepeats = 1\nloss = [ { steps = "0-39", atol = 1e-3 }, { steps = "40-", atol = 7e-3 } ]\ngrad_norm = [ { steps = "0-39", rtol = 1e-2 }, { steps = "40-", rtol = 3e-2 } ]\nparams_sketch = [ { steps = "0-", atol = 0.4, rtol = 0.035 } ]\n' \
   >> "$WORK/later.toml"
 expect_exit 0 "" -- "$HARNESS" calibrate --receipts "$WORK/r1000.h5" "$WORK/r1001.h5" "$WORK/r1002.h5" \
-  --reference "$WORK/ref.h5" --budgets "$WORK/later.toml" --out "$WORK/later.candidate.toml"
+  --reference "$WORK/ref.h5" --budgets "$WORK/later.toml" --out "$WORK/later.candidate.toml" --provisional
 [ "$(grep -c "no step of the repeats is in it, kept as it is" "$WORK/later.candidate.md")" = 2 ] ||
   fail "the report does not name the two windows without samples: $(cat "$WORK/later.candidate.md")"
 "$PY" - "$WORK/later.toml" "$WORK/later.candidate.toml" <<'PY' || fail "a window without samples was changed"
@@ -91,7 +92,7 @@ wide = re.sub(r"(atol|rtol|ulp) = ([0-9.e+-]+)", lambda m: "%s = %.3g" % (m.grou
 open(sys.argv[2], "w").write(text[:head] + wide + text[end:])
 PY
 expect_exit 0 "" -- "$HARNESS" calibrate --receipts "$WORK/r1000.h5" --reference "$WORK/ref.h5" --budgets "$WORK/wide.toml" \
-  --widen --out "$WORK/widened.candidate.toml"
+  --widen --provisional --out "$WORK/widened.candidate.toml"
 grep -q "no term below the current entry's (--widen)" "$WORK/widened.candidate.md" || fail "the report does not say --widen"
 "$PY" - "$WORK/wide.toml" "$WORK/widened.candidate.toml" <<'PY' || fail "--widen proposed less than the current entry"
 import sys, tomllib
@@ -106,17 +107,17 @@ expect_exit 2 "--lane or --receipts" -- "$HARNESS" calibrate --budgets "$BUDGETS
 expect_exit 2 "excludes" -- "$HARNESS" calibrate --lane bf16 --receipts "$WORK/r1000.h5" --reference "$WORK/ref.h5" \
   --matrix "$MATRIX" --budgets "$BUDGETS" --out "$WORK/x.toml"
 expect_exit 2 "--receipts: .*tp-for-receipts.h5 is of lane micro/tpu-mesh@2x2\+tp" -- "$HARNESS" calibrate --receipts "$WORK/r1000.h5" \
-  "$WORK/tp-for-receipts.h5" --reference "$WORK/ref.h5" --budgets "$BUDGETS" --out "$WORK/x.toml"
+  "$WORK/tp-for-receipts.h5" --reference "$WORK/ref.h5" --budgets "$BUDGETS" --out "$WORK/x.toml" --provisional
 head -c 3000 "$WORK/r1001.h5" > "$WORK/truncated.h5"
 expect_exit 2 "truncated.h5" -- "$HARNESS" calibrate --receipts "$WORK/truncated.h5" --reference "$WORK/ref.h5" \
-  --budgets "$BUDGETS" --out "$WORK/x.toml"
+  --budgets "$BUDGETS" --out "$WORK/x.toml" --provisional
 [ ! -e "$WORK/x.toml" ] || fail "a refused calibration wrote a candidate"
 
 # a per-canary entry is the one calibrated for its canary: [micro.mesh-fp32] changes, [mesh-fp32] stays
 cp "$BUDGETS" "$WORK/per_canary.toml"
 printf '\n[micro.mesh-fp32]\nform = "tolerance"\nrationale = "micro only"\ncalibrated = "2000-01-01"\nrepeats = 1\nloss = [ { steps = "0-", atol = 1e-6 } ]\ngrad_norm = [ { steps = "0-", rtol = 1e-5 } ]\nparams_sketch = [ { steps = "0-", atol = 5e-4, rtol = 2e-5 } ]\n' \
   >> "$WORK/per_canary.toml"
-expect_exit 0 "" -- "$HARNESS" calibrate --lane tp --repeats 1 --matrix "$MATRIX" --budgets "$WORK/per_canary.toml" \
+expect_exit 0 "" -- "$HARNESS" calibrate --lane tp --repeats 1 --provisional --matrix "$MATRIX" --budgets "$WORK/per_canary.toml" \
   --out "$WORK/per_canary.candidate.toml"
 grep -q "^# Calibration of \[micro.mesh-fp32\]" "$WORK/per_canary.candidate.md" || fail "the report does not name [micro.mesh-fp32]"
 "$PY" - "$WORK/per_canary.toml" "$WORK/per_canary.candidate.toml" <<'PY' || fail "the candidate does not replace [micro.mesh-fp32] alone"
@@ -139,7 +140,7 @@ head = text.index("\n[mesh-fp32]\n") + 1
 end = text.index("\n[", head) + 1
 open(sys.argv[2], "w").write(text[:head] + text[end:])
 PY
-expect_exit 0 "" -- "$HARNESS" calibrate --lane tp --repeats 1 --matrix "$MATRIX" --budgets "$WORK/no_mesh.toml" \
+expect_exit 0 "" -- "$HARNESS" calibrate --lane tp --repeats 1 --provisional --matrix "$MATRIX" --budgets "$WORK/no_mesh.toml" \
   --out "$WORK/new_entry.candidate.toml"
 grep -q "^# Calibration of \[mesh-fp32\] (a new entry" "$WORK/new_entry.candidate.md" || fail "the report does not say the entry is new"
 grep -q "within the current budgets: 0/1; within the proposal: 1/1" "$WORK/new_entry.candidate.md" \
@@ -150,7 +151,7 @@ old, new = (tomllib.load(open(p, "rb")) for p in sys.argv[1:3])
 assert set(new) - set(old) == {"mesh-fp32"} and all(old[k] == new[k] for k in old)
 entry = new["mesh-fp32"]
 assert entry["form"] == "tolerance" and entry["rationale"].startswith("NEW: proposed by harness calibrate"), entry
-assert entry["repeats"] == 1 and [w["steps"] for w in entry["loss"]] == ["0-"] and entry["loss"][0]["atol"] > 0, entry
+assert entry["samples"] == 1 and [w["steps"] for w in entry["loss"]] == ["0-"] and entry["loss"][0]["atol"] > 0, entry
 PY
 "$HARNESS" run --canary micro --steps 12 --seed 7 --engine tpu-mesh --mesh 2x2 --shard-plan tp --out "$WORK/tp.h5" \
   >/dev/null 2>&1 || fail "tp run"
@@ -173,7 +174,7 @@ assert section.count('from = "decisions-part"') == 6, section  # loss, grad_norm
 open(sys.argv[2], "w").write(text[:head] + section + text[end:])
 PY
 expect_exit 0 "" -- "$HARNESS" calibrate --receipts "$GOLDENS/accel.h5" --reference "$GOLDENS/cpu-ref.h5" \
-  --feature noise --budgets "$WORK/zeroed.toml" --out "$WORK/part.candidate.toml"
+  --feature noise --provisional --budgets "$WORK/zeroed.toml" --out "$WORK/part.candidate.toml"
 "$PY" - "$WORK/part.candidate.toml" <<'PY' || fail "the part's windows were not calibrated apart"
 import sys, tomllib
 entry = tomllib.load(open(sys.argv[1], "rb"))["moe-tiny"]["noise"]
@@ -204,6 +205,44 @@ expect_exit 1 "" -- "$HARNESS" calibrate --lane bf16 --repeats 8 --matrix "$MATR
 grep -q 'bias = "fail"' "$WORK/bias-fail.candidate.toml" || fail "the candidate dropped the entry's bias = \"fail\""
 grep -q '^bias        one-sided drift over the repeats: the entry says bias = "fail"' "$WORK/stdout" ||
   fail "no bias failure line: $(cat "$WORK/stdout")"
+
+# Samples (docs/budgets.md): fewer than 8 without --provisional is refused before anything
+# runs, one line naming the flag, no candidate; with it, check says which entry is provisional.
+for given in "--lane bf16 --repeats 3:--repeats 3" \
+             "--receipts $WORK/r1000.h5 $WORK/r1001.h5 $WORK/r1002.h5 --reference $WORK/ref.h5:--receipts \(3 receipts\)" \
+             "--perturb 3 --lane bf16:--perturb 3" \
+             "--perturb 7 --receipts $WORK/r1000.h5 --reference $WORK/ref.h5:--perturb 7"; do
+  # shellcheck disable=SC2086
+  expect_exit 2 "^harness: error: ${given#*:}: an entry needs at least 8 samples of the lane's deviation \(docs/budgets.md, \"Samples\"\); give 8 or more, or --provisional to write an entry marked provisional$" -- \
+    "$HARNESS" calibrate ${given%%:*} --matrix "$MATRIX" --budgets "$BUDGETS" --out "$WORK/few.toml"
+  [ "$(wc -l < "$WORK/stderr")" -eq 1 ] && [ ! -s "$WORK/stdout" ] || fail "a refusal is not one line on stderr: $(cat "$WORK/stderr")"
+  [ ! -e "$WORK/few.toml" ] && [ ! -e "$WORK/few.md" ] || fail "a refused calibration ($given) wrote a candidate"
+done
+# [noise], which the bf16 lane composes too, from 8 samples; [bf16] from the 3 above (few) or 8
+"$PY" - "$WORK/budgets.candidate.toml" "$WORK/few.toml" "$WORK/eight.toml" <<'PY' || fail "cannot write entries from 8 samples"
+import sys
+text = open(sys.argv[1]).read()
+head = text.index("[noise]\n")
+text = text[:head] + text[head:].replace("repeats = 3\n", "samples = 8\n", 1)
+open(sys.argv[2], "w").write(text)
+head = text.index("[bf16]\n")
+open(sys.argv[3], "w").write(text[:head] + text[head:].replace("samples = 3\n", "samples = 8\n", 1))
+PY
+for budgets in few.toml eight.toml; do
+  expect_exit 0 "" -- "$HARNESS" compare "$WORK/r1000.h5" "$WORK/ref.h5" --budgets "$WORK/$budgets"
+  cp "$WORK/stdout" "$WORK/$budgets.out"
+  expect_exit 0 "" -- "$HARNESS" compare "$WORK/r1000.h5" "$WORK/ref.h5" --budgets "$WORK/$budgets" --json
+  cp "$WORK/stdout" "$WORK/$budgets.json"
+done
+grep -qE '^budget      bf16 \+ noise \(.*\) \(provisional: \[bf16\] from 3 samples\)$' "$WORK/few.toml.out" ||
+  fail "check does not say [bf16] is provisional: $(cat "$WORK/few.toml.out")"
+! grep -q "provisional" "$WORK/eight.toml.out" || fail "an entry from 8 samples reads as provisional"
+"$PY" - "$WORK/few.toml.json" "$WORK/eight.toml.json" <<'PY' || fail "the JSON verdict's provisional entries"
+import json, sys
+few, eight = (json.load(open(p))["budget"] for p in sys.argv[1:])
+assert few["provisional"] == ["bf16"] and few["samples"] == {"bf16": 3, "noise": 8}, few
+assert eight["provisional"] == [] and eight["samples"] == {"bf16": 8, "noise": 8}, eight
+PY
 
 expect_exit 2 "--lane: 'nope' is not a lane" -- "$HARNESS" calibrate --lane nope --matrix "$MATRIX" --budgets "$BUDGETS"
 expect_exit 2 "is the reference lane itself" -- "$HARNESS" calibrate --lane ref --matrix "$MATRIX" --budgets "$BUDGETS"

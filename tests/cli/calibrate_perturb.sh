@@ -58,6 +58,7 @@ expect_exit 0 "" -- "$HARNESS" calibrate --perturb 8 --lane ref --matrix "$MATRI
 expect_exit 0 "" -- "$HARNESS" calibrate --perturb 8 --lane noise --matrix "$MATRIX" --budgets "$BUDGETS" \
   --out "$WORK/noise.toml"
 grep -q '^method = "perturbation: the unperturbed run and 8 runs' "$WORK/noise.toml" || fail "the candidate names no method"
+grep -q '^samples = 8$' "$WORK/noise.toml" || fail "the candidate does not count the 8 perturbed runs as its samples"
 grep -q "within the proposal: 9/9" "$WORK/noise.md" || fail "not every run fits the proposal: $(cat "$WORK/noise.md")"
 [ "$(grep -c '^- perturb seed [0-9]*: now .*; proposed pass' "$WORK/noise.md")" -eq 8 ] ||
   fail "not one line per perturbed run: $(cat "$WORK/noise.md")"
@@ -67,10 +68,12 @@ for seed in 1000 1001 1002 1003; do
     --out "$WORK/n$seed.h5" >/dev/null 2>&1 || fail "noise run $seed"
   expect_exit 0 "" -- "$HARNESS" compare "$WORK/n$seed.h5" "$WORK/plain.h5" --budgets "$WORK/noise.toml"
 done
+! grep -q provisional "$WORK/stdout" || fail "an entry from 8 perturbed runs reads as provisional: $(cat "$WORK/stdout")"
 
 # 3. bf16: its drift against its envelope, per step.
-expect_exit 0 "" -- "$HARNESS" calibrate --perturb 3 --lane bf16 --matrix "$MATRIX" --budgets "$BUDGETS" \
+expect_exit 0 "" -- "$HARNESS" calibrate --perturb 3 --provisional --lane bf16 --matrix "$MATRIX" --budgets "$BUDGETS" \
   --out "$WORK/bf16.toml"
+grep -q "^samples = 3$" "$WORK/bf16.toml" || fail "the candidate does not count the 3 perturbed runs as its samples"
 grep -q "| step | loss envelope | loss drift | ratio |" "$WORK/bf16.md" || fail "no drift against the envelope"
 "$PY" -c 'import json,sys; e=json.load(open(sys.argv[1])); assert len(e["drift"]["loss"])==12 and max(e["drift"]["loss"])>0' \
   "$WORK/bf16.envelope.json" || fail "the bf16 envelope has no drift"
@@ -88,9 +91,9 @@ expect_exit 2 "--perturb: Value 0 not in range 1 to 1000" -- "$HARNESS" calibrat
   --matrix "$MATRIX" --budgets "$BUDGETS" --out "$WORK/bad.toml"
 expect_exit 2 "excludes" -- "$HARNESS" calibrate --perturb 2 --repeats 2 --lane noise --matrix "$MATRIX" \
   --budgets "$BUDGETS" --out "$WORK/bad.toml"
-expect_exit 2 "--perturb: give one receipt" -- "$HARNESS" calibrate --perturb 2 --receipts "$WORK/n1000.h5" \
+expect_exit 2 "--perturb: give one receipt" -- "$HARNESS" calibrate --perturb 8 --receipts "$WORK/n1000.h5" \
   "$WORK/n1001.h5" --reference "$WORK/plain.h5" --budgets "$BUDGETS" --out "$WORK/bad.toml"
-expect_exit 2 "--perturb: lane torch runs a command \(torch\) the harness cannot perturb" -- "$HARNESS" calibrate --perturb 2 --lane torch \
+expect_exit 2 "--perturb: lane torch runs a command \(torch\) the harness cannot perturb" -- "$HARNESS" calibrate --perturb 8 --lane torch \
   --matrix "$MATRIX" --budgets "$BUDGETS" --out "$WORK/bad.toml"
 expect_exit 2 "--perturb-init: '-1' is not a seed" -- "$HARNESS" run --canary micro --perturb-init -1 --out "$WORK/bad.h5"
 [ ! -e "$WORK/bad.toml" ] && [ ! -e "$WORK/bad.h5" ] || fail "a refused calibration or run left a file"

@@ -28,7 +28,7 @@ TOML
 expect_exit 0 "" -- "$HARNESS" golden refresh --matrix "$MATRIX" --goldens "$WORK/g" --reason "small: first goldens"
 expect_exit 0 "" -- "$HARNESS" golden approve --goldens "$WORK/g" --approved-by "A. Reviewer" --allow-dirty
 [ -f "$WORK/g/small/torch.h5" ] && [ -f "$WORK/g/small/torch+bf16.h5" ] || fail "no goldens at small/torch[+bf16]"
-expect_exit 0 "" -- "$HARNESS" calibrate --perturb 3 --lane bf16 --matrix "$MATRIX" --out "$WORK/budgets.toml"
+expect_exit 0 "" -- "$HARNESS" calibrate --perturb 3 --provisional --lane bf16 --matrix "$MATRIX" --out "$WORK/budgets.toml"
 grep -q '^\[small.torch-bf16\]' "$WORK/budgets.toml" || fail "no [small.torch-bf16] proposed"
 grep -q "^4 runs of small/torch+bf16 (1 unperturbed, 3 perturbed) against small/torch" "$WORK/budgets.md" ||
   fail "the report does not name the lane's runs: $(head -3 "$WORK/budgets.md")"
@@ -43,7 +43,13 @@ assert [(l["id"], l["lane"], l["status"]) for l in s["lanes"]] == [("fp32", "sma
 fault = s["controls"][0]
 assert fault["control"] == "fault" and fault["status"] == "seen" and fault["fault"] == "step=2,op=embed,ulps=1", fault
 assert fault["summary"].endswith("fails the golden check at step 2; bisect names embed"), fault
+# the bf16 lane is judged under an entry from 3 perturbed runs: provisional, in its verdict
+budget = {c["check"]: c for c in s["lanes"][1]["checks"]}["reference"]["verdict"]["budget"]
+assert budget["provisional"] == ["small.torch-bf16"] and budget["samples"] == {"small.torch-bf16": 3}, budget
 PY
+grep -q '<strong class="provisional" title="[^"]*">provisional: \[small.torch-bf16\] from 3 samples</strong>' "$WORK/ok/report.html" ||
+  fail "report.html does not mark the bf16 lane provisional"
+[ "$(grep -o 'class="provisional"' "$WORK/ok/report.html" | wc -l)" -eq 1 ] || fail "report.html marks more than the bf16 lane provisional"
 
 # trace = "ops": the lanes record module op traces, and change no bit (each is bitwise its golden)
 sed 's/^reference = "fp32"/reference = "fp32"\ntrace = "ops"/' "$MATRIX" >"$WORK/m/traced.toml"
@@ -90,7 +96,7 @@ expect_exit 0 "" -- "$HARNESS" golden refresh --matrix "$WORK/m/torch2.toml" --g
 expect_exit 0 "" -- "$HARNESS" golden approve --goldens "$WORK/g" --approved-by "A. Reviewer" --allow-dirty
 [ -f "$WORK/g/small/torch@2.9.h5" ] && [ -f "$WORK/g/small/torch@2.9+compile.h5" ] || fail "no goldens at small/torch@2.9[+compile]"
 expect_exit 0 "" -- "$HARNESS" calibrate --receipts "$WORK/g/small/torch@2.9+compile.h5" --reference "$WORK/g/small/torch@2.9.h5" \
-  --out "$WORK/budgets2.toml"
+  --provisional --out "$WORK/budgets2.toml"
 expect_exit 0 "" -- "$HARNESS" nightly --matrix "$WORK/m/torch2.toml" --goldens "$WORK/g" --budgets "$WORK/budgets2.toml" \
   --out "$WORK/torch2"
 "$PY" - "$WORK/torch2/summary.json" <<'PY' || fail "the torch 2.9 lanes of a Python canary"

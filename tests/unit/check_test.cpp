@@ -108,6 +108,8 @@ TEST(Budgets, EveryBadEntryIsAnErrorNamingTheFileAndKey) {
       {shipped_with(R"(canaries = \["tiny", "micro"\])", "canaries = []\ncanary = 1"), "[default-entries].canary: unknown key"},
       {shipped_with(R"(calibrated = "2026-11-21")", "calibrated = \"2026-11-21\"\nbias = \"loud\""),
        "[noise].bias: 'loud' is not warn or fail"},
+      {shipped_with(R"(calibrated = "2026-11-21")", "calibrated = \"2026-11-21\"\nsamples = -8"),
+       "[noise].samples: must be a non-negative integer"},
       {shipped_text() + "\n[tpu]\nform = \"bitwise\"\n", "[tpu].rationale: must be a string"},
       {shipped_text() + "\n[torch-tpu]\nrationale = \"r\"\n", "[torch-tpu].form: must be a string"},
       {shipped_text() + "\n[\"bf 16\"]\nform = \"bitwise\"\nrationale = \"r\"\n",
@@ -148,6 +150,29 @@ TEST(Budgets, EveryBadEntryIsAnErrorNamingTheFileAndKey) {
   } catch (const BudgetError& e) {
     EXPECT_NE(std::string(e.what()).find("absent.toml: cannot read the budgets file"), std::string::npos) << e.what();
   }
+}
+
+// An entry from fewer than kMinCalibrationSamples samples is provisional: `samples` when the
+// entry has it, else (files written before it) `repeats`; the bitwise rule never is.
+TEST(Budgets, AnEntryFromFewerThanEightSamplesIsProvisional) {
+  const auto entry = [](const std::string& name, const std::string& count) {
+    return "\n[" + name + "]\nform = \"tolerance\"\nrationale = \"r\"\ncalibrated = \"2026-11-28\"\n" + count +
+           "\nloss = [ { steps = \"0-\", atol = 1 } ]\n";
+  };
+  const Budgets b = load_budgets(write_budgets(
+      "samples", shipped_text() + entry("eight", "samples = 8") + entry("three", "repeats = 3") +
+                     entry("both", "repeats = 1\nsamples = 8") + entry("none", "")));
+  EXPECT_EQ(kMinCalibrationSamples, 8);
+  EXPECT_EQ(b.feature("eight").samples(), 8);
+  EXPECT_FALSE(b.feature("eight").provisional());
+  EXPECT_EQ(b.feature("three").samples(), 3);
+  EXPECT_TRUE(b.feature("three").provisional());
+  EXPECT_FALSE(b.feature("both").provisional());  // samples over repeats
+  EXPECT_TRUE(b.feature("none").provisional());   // no count: nothing says it was measured
+  EXPECT_FALSE(b.feature("reference").provisional());
+  const ComposedBudget composed({&b.feature("eight"), &b.feature("three"), &b.feature("reference")});
+  ASSERT_EQ(composed.provisional_parts().size(), 1u);
+  EXPECT_EQ(composed.provisional_parts().front()->key(), "three");
 }
 
 TEST(Budgets, AllowancesOfSeveralFeaturesAddUpPerStepWindow) {

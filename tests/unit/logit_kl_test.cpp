@@ -270,6 +270,7 @@ TEST(LogitKl, CalibrationProposesLogitWindowsFromRepeatsThatEvaluated) {
     nightly::CalibrateOptions o;
     o.budgets_path = kShippedBudgets;
     o.feature = "noise";
+    o.provisional = true;  // two receipts: fewer than kMinCalibrationSamples
     o.reference = run_receipt(lane(canary, 10, 2), fmt::format("cal-ref-{}", every));
     for (const int seed : {11, 12}) {
       const run::RunOptions noisy = lane(canary, 10, 2, "accel", "", {{"noise-seed", std::to_string(seed)}});
