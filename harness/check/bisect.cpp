@@ -84,8 +84,14 @@ OpTrace receipt_row(const ReceiptData& run, int step) {
   return row;
 }
 
+// A damaged /aten_trace leaves bisect's step and tensor standing: the op is unknown, and why.
 OpTrace stored_aten_row(const ReceiptData& run, int step) {
-  receipt::AtenTraceStep stored = receipt::read_aten_trace_step(receipt::ReceiptReader(run.path), step);
+  receipt::AtenTraceStep stored;
+  try {
+    stored = receipt::read_aten_trace_step(receipt::ReceiptReader(run.path), step);
+  } catch (const std::exception& e) {  // ReceiptError, h5::Hdf5Error
+    throw TraceUnavailable(e.what());
+  }
   return {std::move(stored.columns), std::move(stored.hashes), std::move(stored.l2), std::move(stored.projection),
           std::move(stored.sites), kAtenLevel};
 }

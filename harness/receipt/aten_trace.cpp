@@ -101,8 +101,10 @@ AtenTraceStep read_aten_trace_step(const ReceiptReader& reader, int step) {
   const std::vector<std::uint64_t> hashes = h5::read_u64(f, P::kAtenTraceHash);
   const std::vector<double> l2 = h5::read_f64(f, P::kAtenTraceL2), projection = h5::read_f64(f, P::kAtenTraceProjection);
   const std::size_t total = op_index.size(), s = static_cast<std::size_t>(step);
+  // Both numbers come from the file: compared one at a time, so that no sum of them overflows.
   const bool fits = s < offset.size() && s < length.size() && offset[s] >= 0 && length[s] >= 0 &&
-                    static_cast<std::size_t>(offset[s] + length[s]) <= total;
+                    static_cast<std::size_t>(offset[s]) <= total &&
+                    static_cast<std::size_t>(length[s]) <= total - static_cast<std::size_t>(offset[s]);
   bool same_rows = projection.size() == total * kSketchWidth;
   for (std::size_t size : {layer.size(), op.size(), phase.size(), tensor.size(), kind.size(), site.size(), hashes.size(), l2.size()}) {
     same_rows = same_rows && size == total;

@@ -297,6 +297,12 @@ class Validator {
                             offset[s], length[s], next));
         return;
       }
+      // Compared with the rows left, never added first: a length from the file may be any int64.
+      if (static_cast<hsize_t>(length[s]) > columns - static_cast<hsize_t>(next)) {
+        problem(paths::kAtenTraceLength,
+                fmt::format("[{}] is {}: past the {} rows the datasets hold", s, length[s], columns));
+        return;
+      }
       steps.emplace_back(static_cast<hsize_t>(next), static_cast<hsize_t>(length[s]));
       next += length[s];
     }

@@ -2,6 +2,7 @@
 // canary; docs/bisect.md): they validate and read back a step at a time, rows that do not
 // follow each other are named, and bisect reads them instead of replaying the golden,
 // replaying only the other run (with aten traces, whatever module traces it holds).
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -109,6 +110,29 @@ TEST(BisectAtenTrace, RowsThatDoNotFollowTheLastStepsAreNamed) {
   ASSERT_EQ(report.problems.size(), 1u);
   EXPECT_EQ(report.problems[0],
             "/aten_trace/offset: [1] is 2 with length 4: each step's rows start where the last step's end (3)");
+}
+
+// A length that runs past the rows (the largest int64: an offset plus it overflows) is named
+// by the validator, and bisect reading such a trace keeps its step and says why no op.
+TEST(BisectAtenTrace, ALengthPastTheRowsIsNamedAndBisectStillNamesTheStep) {
+  const auto [golden, moved] = golden_and_run("past_the_rows", run::TraceLevel::kNone);
+  {
+    const h5::Handle file = h5::open_file_for_update(golden.path);
+    const h5::Handle length(H5Dopen2(file, receipt::paths::kAtenTraceLength, H5P_DEFAULT), H5Dclose, "open length");
+    const std::int64_t lengths[] = {3, 4, std::numeric_limits<std::int64_t>::max(), 6};
+    ASSERT_GE(H5Dwrite(length, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, lengths), 0);
+  }
+  const receipt::ValidationReport report = receipt::validate_receipt(golden.path, run::full_receipt_schema());
+  ASSERT_FALSE(report.problems.empty());
+  EXPECT_NE(report.problems.back().find("/aten_trace/length: [2] is 9223372036854775807: past the"), std::string::npos)
+      << report.problems.back();
+  EXPECT_THROW(load_receipt(golden.path), std::exception);  // what `harness bisect` loads: refused, exit 2
+  // Damaged after it was loaded (or read by a caller that does not validate): bisect still ends.
+  std::vector<std::string> replayed;
+  const Bisection b = bisect(moved, golden, load_budgets(kShippedBudgets), aten_replay(replayed));
+  EXPECT_EQ(b.first_divergent_step, 2);
+  EXPECT_FALSE(b.first_divergent_op.has_value());
+  EXPECT_NE(b.no_op.find("the golden is damaged"), std::string::npos) << b.no_op;
 }
 
 TEST(BisectAtenTrace, BisectReadsTheGoldensTraceAndReplaysOnlyTheOtherRun) {
