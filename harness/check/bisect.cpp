@@ -75,13 +75,8 @@ struct TraceRow {
 OpTrace receipt_row(const ReceiptData& run, int step) {
   const OpTrace& t = *run.trace;
   const std::size_t r = t.columns.size(), at = static_cast<std::size_t>(step) * r;
-  OpTrace row{t.columns, {}, {}, {}, {}};
-  row.hashes.assign(t.hashes.begin() + static_cast<std::ptrdiff_t>(at), t.hashes.begin() + static_cast<std::ptrdiff_t>(at + r));
-  row.l2.assign(t.l2.begin() + static_cast<std::ptrdiff_t>(at), t.l2.begin() + static_cast<std::ptrdiff_t>(at + r));
-  const std::size_t w = receipt::kSketchWidth;
-  row.projection.assign(t.projection.begin() + static_cast<std::ptrdiff_t>(at * w),
-                        t.projection.begin() + static_cast<std::ptrdiff_t>((at + r) * w));
-  return row;
+  return {t.columns, receipt::rows(t.hashes, at, r), receipt::rows(t.l2, at, r),
+          receipt::rows(t.projection, at, r, receipt::kSketchWidth), {}};
 }
 
 // A damaged /aten_trace leaves bisect's step and tensor standing: the op is unknown, and why.

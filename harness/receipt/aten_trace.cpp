@@ -56,13 +56,6 @@ void write_i64(hid_t group, const char* path, const std::vector<std::int64_t>& v
   h5::write_dataset(group, P::leaf(path), H5T_STD_I64LE, H5T_NATIVE_INT64, {values.size()}, values.data(), kDeflate);
 }
 
-// Rows [begin, begin + count) of a flat dataset of `width` values per row.
-template <typename T>
-std::vector<T> rows(const std::vector<T>& all, std::size_t begin, std::size_t count, std::size_t width = 1) {
-  return {all.begin() + static_cast<std::ptrdiff_t>(begin * width),
-          all.begin() + static_cast<std::ptrdiff_t>((begin + count) * width)};
-}
-
 }  // namespace
 
 void write_aten_traces(const std::string& path, const std::vector<AtenTraceStep>& steps) {

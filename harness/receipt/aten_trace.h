@@ -6,6 +6,7 @@
 // and are length[s] long.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -28,6 +29,14 @@ struct AtenTraceStep {
 // leaves it half-written. Throws h5::Hdf5Error, or std::invalid_argument when the steps
 // do not match the receipt's or a step's digests do not match its columns.
 void write_aten_traces(const std::string& path, const std::vector<AtenTraceStep>& steps);
+
+// Rows [begin, begin + count) of a flat dataset of `width` values per row: one step of a
+// trace, stored (/aten_trace) or per step (/trace).
+template <typename T>
+std::vector<T> rows(const std::vector<T>& all, std::size_t begin, std::size_t count, std::size_t width = 1) {
+  return {all.begin() + static_cast<std::ptrdiff_t>(begin * width),
+          all.begin() + static_cast<std::ptrdiff_t>((begin + count) * width)};
+}
 
 bool has_aten_traces(const ReceiptReader& reader);
 // Step `step`'s stored aten trace; throws ReceiptError when the group is damaged.
