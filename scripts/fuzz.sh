@@ -7,7 +7,8 @@
 #
 #   scripts/fuzz.sh [SECONDS_PER_TARGET]      (default 60)
 #
-# Configures build-fuzz/ (or $HARNESS_FUZZ_BUILD_DIR) with clang++-14 and
+# Configures build-fuzz/ (or $HARNESS_FUZZ_BUILD_DIR; one configured with the fuzzers
+# already, as scripts/test.sh --sanitize makes build-asan/, is used as it is) with clang++-14 and
 # HARNESS_BUILD_FUZZERS=ON, builds the four fuzzers, then runs each for the given time on
 # a scratch copy of its seed corpus (fuzz/corpus/<target>/; nothing is written into the
 # checkout). Environment: HARNESS_FUZZ_TARGETS (default "receipt budgets matrix canary"),
@@ -31,12 +32,18 @@ mkdir -p "$build"
 # ccache (when installed) hits across clones and build directories: paths under the
 # checkout are hashed relative to it, and the working directory is not hashed.
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$root} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
-# -O1: libFuzzer's recommendation, and a quarter less compile time than -O3 under ASan.
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_FLAGS_RELEASE=-O1 -DCMAKE_CXX_FLAGS_RELEASE=-O1 \
-  -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
-  -DHARNESS_BUILD_FUZZERS=ON -DHARNESS_SANITIZE=OFF -DHARNESS_TSAN=OFF \
-  -DHARNESS_BUILD_TESTS=OFF -DHARNESS_BUILD_BENCH=OFF >"$build/fuzz-configure.log" 2>&1 ||
-  { cat "$build/fuzz-configure.log" >&2; echo "fuzz: configuring $build failed" >&2; exit 2; }
+# A build directory configured with the fuzzers already (scripts/test.sh --sanitize's
+# build-asan/, the same instrumentation with the tests beside it) is used as it is.
+if grep -qsx 'HARNESS_BUILD_FUZZERS:BOOL=ON' "$build/CMakeCache.txt"; then
+  echo "fuzz: using the fuzzers' build in $build (configured with HARNESS_BUILD_FUZZERS=ON)"
+else
+  # -O1: libFuzzer's recommendation, and a quarter less compile time than -O3 under ASan.
+  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_FLAGS_RELEASE=-O1 -DCMAKE_CXX_FLAGS_RELEASE=-O1 \
+    -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
+    -DHARNESS_BUILD_FUZZERS=ON -DHARNESS_SANITIZE=OFF -DHARNESS_TSAN=OFF \
+    -DHARNESS_BUILD_TESTS=OFF -DHARNESS_BUILD_BENCH=OFF >"$build/fuzz-configure.log" 2>&1 ||
+    { cat "$build/fuzz-configure.log" >&2; echo "fuzz: configuring $build failed" >&2; exit 2; }
+fi
 cmake --build "$build" -j "${HARNESS_JOBS:-2}" --target "${targets[@]/#/fuzz_}" >"$build/fuzz-build.log" 2>&1 ||
   { tail -n 40 "$build/fuzz-build.log" >&2; echo "fuzz: building the fuzzers failed (log: $build/fuzz-build.log)" >&2; exit 2; }
 echo "fuzz: built ${targets[*]} in $((SECONDS - start)) s; seed $seed (repeat with HARNESS_FUZZ_SEED=$seed)"

@@ -202,8 +202,9 @@ int refresh_from_receipts(const GoldenFlags& f) {
   for (const auto& [path, lane] : chosen) fs::create_directories(fs::path(store.candidate_path(lane)).parent_path());
   for (const auto& [path, lane] : chosen) {
     const std::string candidate = store.candidate_path(lane);
+    const std::string& source = path;  // clang 14 cannot capture a structured binding
     const std::string aten_trace =
-        stage_candidate(candidate, [&](const std::string& staged) { run::copy_file_atomically(path, staged); });
+        stage_candidate(candidate, [&](const std::string& staged) { run::copy_file_atomically(source, staged); });
     const nlohmann::json comparison = review(candidate, store.golden_path(lane), budgets);
     store.add_candidate({lane, lane, run::file_content_hash(candidate), f.reason, run::utc_timestamp(), comparison,
                          nightly::kSourceReceipt, aten_trace});

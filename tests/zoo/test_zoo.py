@@ -71,18 +71,6 @@ def test_the_run_learns_and_validates(member: Member) -> None:
     harness("validate", str(member.receipt))
 
 
-def test_two_runs_are_bitwise_logits_included(member: Member) -> None:
-    again = member.work / "again.h5"
-    canary_run(member.spec, again)
-    shown = harness("compare", str(again), str(member.receipt)).stdout
-    assert "reference (bitwise" in shown, shown
-    with h5py.File(member.receipt, "r") as a, h5py.File(again, "r") as b:
-        assert "eval" in a and a["eval"].keys() == b["eval"].keys()
-        for name, dataset in a["eval"].items():
-            if isinstance(dataset, h5py.Dataset):
-                assert dataset[()].tobytes() == b["eval"][name][()].tobytes(), name
-
-
 def test_replay_from_a_checkpoint_is_bitwise_schedule_included(member: Member) -> None:
     # From step 6: resumes at the checkpoint of step 4, the HF schedule's state with it.
     shown = harness("replay", str(member.receipt), "--from", "6").stdout
@@ -168,7 +156,8 @@ def test_a_misspelled_name_lists_the_files_functions(tmp_path: Path) -> None:
 
 def test_a_golden_approved_from_the_receipt_holds_in_a_nightly(member: Member, goldens: Path) -> None:
     """The member's receipt approved as the golden of its fp32 lane; a nightly of the member
-    (a matrix naming .venv/'s interpreter) runs the lane bitwise to it, and its negative
+    (a matrix naming .venv/'s interpreter) runs the lane bitwise to it (two runs of a member
+    are bitwise, its held-out logits included), and its negative
     controls (a 1-ulp fault that the golden check must see and bisect must place) pass. The
     fault control compares its traced, faulted run with the untraced lane: `--trace ops`
     must change no bit (found here on Llama, Mixtral, BERT and T5, whose norms and attention
@@ -178,8 +167,17 @@ def test_a_golden_approved_from_the_receipt_holds_in_a_nightly(member: Member, g
     matrix.write_text(f'schema_version = 1\ncanary = "{member.spec}"\npython = "{sys.executable}"\n'
                       'reference = "fp32"\n\n[[lanes]]\nid = "fp32"\nengine = "torch"\n'
                       'why = "the member\'s bitwise reference"\n')
-    shown = harness("nightly", "--matrix", str(matrix), "--goldens", str(goldens), "--out", str(member.work / "night"))
+    night = member.work / "night"
+    shown = harness("nightly", "--matrix", str(matrix), "--goldens", str(goldens), "--out", str(night))
     assert "nightly     pass (1 lanes)" in shown.stdout or "nightly     pass (1 lane)" in shown.stdout, shown.stdout
+    # The lane is a second run of the member: bitwise the first, its held-out logits included.
+    again = night / "receipts" / "fp32.h5"
+    assert "reference (bitwise" in harness("compare", str(again), str(member.receipt)).stdout
+    with h5py.File(member.receipt, "r") as a, h5py.File(again, "r") as b:
+        assert "eval" in a and a["eval"].keys() == b["eval"].keys()
+        for name, dataset in a["eval"].items():
+            if isinstance(dataset, h5py.Dataset):
+                assert dataset[()].tobytes() == b["eval"][name][()].tobytes(), name
 
 
 def test_bf16_drifts_from_fp32_within_its_perturbation_calibrated_budget(member: Member) -> None:
