@@ -17,10 +17,10 @@ void require_probability(double value, const char* what) {
 double binomial_cdf(int k, int n, double p) {
   if (p <= 0.0) return 1.0;
   if (p >= 1.0) return k >= n ? 1.0 : 0.0;
-  const double log_p = std::log(p), log_q = std::log1p(-p);
+  const double log_p = std::log(p), log_q = std::log1p(-p), log_n_factorial = std::lgamma(n + 1.0);
   double sum = 0.0;
   for (int i = 0; i <= k; ++i) {
-    const double log_choose = std::lgamma(n + 1.0) - std::lgamma(i + 1.0) - std::lgamma(n - i + 1.0);
+    const double log_choose = log_n_factorial - std::lgamma(i + 1.0) - std::lgamma(n - i + 1.0);
     sum += std::exp(log_choose + i * log_p + (n - i) * log_q);
   }
   return std::min(sum, 1.0);
@@ -47,11 +47,11 @@ double false_alarm_upper_bound(int outside, int held_out, double confidence) {
 int held_out_samples_needed(double rate, double confidence) {
   require_probability(rate, "rate");
   require_probability(confidence, "confidence");
-  // 1 - alpha^(1/n) <= rate  <=>  n >= ln(alpha) / ln(1 - rate)
+  // 1 - alpha^(1/n) <= rate  <=>  n >= ln(alpha) / ln(1 - rate), a positive ratio: n >= 1
   int n = static_cast<int>(std::ceil(std::log(1.0 - confidence) / std::log1p(-rate)));
   while (n > 1 && false_alarm_upper_bound(0, n - 1, confidence) <= rate) --n;  // rounding of the log ratio
   while (false_alarm_upper_bound(0, n, confidence) > rate) ++n;
-  return std::max(n, 1);
+  return n;
 }
 
 double any_false_alarm_bound(std::span<const double> bounds) {
