@@ -14,6 +14,7 @@
 #include <fmt/ranges.h>
 #include <toml++/toml.h>
 
+#include "false_alarm.h"
 #include "receipt/budget_features.h"
 
 namespace harness::check {
@@ -214,6 +215,12 @@ class Parser {
     p.method = text(t, where, "method", false);
     p.repeats = non_negative_int(t, where, "repeats");
     p.samples = t.contains("samples") ? non_negative_int(t, where, "samples") : p.repeats;  // older files say repeats
+    p.held_out = non_negative_int(t, where, "held_out");
+    p.held_out_outside = non_negative_int(t, where, "held_out_outside");
+    if (p.held_out_outside > p.held_out) {
+      fail(fmt::format("{}.held_out_outside: {} of {} held-out samples; it counts some of them", where,
+                       p.held_out_outside, p.held_out));
+    }
     if (t.contains("observed") && !t["observed"].as_table()) {
       fail(fmt::format("{}.observed: must be a table {{ metric = largest difference seen, ... }}", where));
     }
@@ -230,7 +237,8 @@ class Parser {
   FeatureBudget feature(const toml::table& t, const std::string& name, const std::string& key) const {
     const std::string where = fmt::format("[{}]", key);
     if (!valid_name(name)) fail(fmt::format("{}: a feature name is letters, digits, '-' and '_'", where));
-    only_keys(t, where, {"form", "rationale", "calibrated", "repeats", "samples", "method", "observed", "outlier_fraction",
+    only_keys(t, where, {"form", "rationale", "calibrated", "repeats", "samples", "method", "observed", "held_out",
+                         "held_out_outside", "outlier_fraction",
                          "loss", "grad_norm", "params_sketch", "logit_kl", "logprob_delta", "top1_mismatch",
                          "across_platforms", "bias"});
     FeatureBudget f;
@@ -408,6 +416,12 @@ std::vector<std::string> ComposedBudget::names() const {
   }
   if (out.empty()) out.emplace_back("reference");
   return out;
+}
+
+std::optional<double> FeatureBudget::false_alarm_bound() const {
+  if (bitwise) return 0.0;
+  if (provenance.held_out == 0) return std::nullopt;
+  return false_alarm_upper_bound(provenance.held_out_outside, provenance.held_out);
 }
 
 std::vector<const FeatureBudget*> ComposedBudget::provisional_parts() const {

@@ -68,6 +68,10 @@ struct Provenance {
   int samples = 0;                        // `samples`, else `repeats`: the independent runs measured
   std::map<std::string, double> observed;  // largest observed spread per metric
   std::string method;                      // how it was calibrated: runs, receipts or perturbation ("" : not said)
+  // Samples held out of the proposal and checked against it (calibrate --held-out), and how
+  // many of them the entry failed: what its false-alarm bound is made from (0: none held out).
+  int held_out = 0;
+  int held_out_outside = 0;
 };
 
 struct FeatureBudget {
@@ -89,6 +93,10 @@ struct FeatureBudget {
   int samples() const { return provenance.samples; }
   // A tolerance entry from fewer than kMinCalibrationSamples samples; the rule never is.
   bool provisional() const { return !bitwise && samples() < kMinCalibrationSamples; }
+  // The upper bound on how often it fails a bitwise-irrelevant change, at
+  // kFalseAlarmConfidence, from its held-out samples (false_alarm.h); nullopt when none were
+  // held out. The bitwise rule's is 0: a deterministic lane's bits move only when something did.
+  std::optional<double> false_alarm_bound() const;
 };
 
 // Checks of a tpu-mesh lane's own counters (form: counts after the warm-up steps).

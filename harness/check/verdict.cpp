@@ -9,6 +9,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "false_alarm.h"
 #include "receipt/aten_trace.h"
 #include "receipt/budget_features.h"
 #include "receipt/hdf5_file.h"
@@ -651,6 +652,17 @@ bool Verdict::pass() const {
   return std::all_of(metrics.begin(), metrics.end(), [](const MetricVerdict& m) { return m.pass; });
 }
 
+std::optional<double> Verdict::false_alarm_bound() const {
+  if (bitwise) return 0.0;
+  std::vector<double> bounds;
+  for (const auto& [key, samples] : budget_samples) {
+    const auto bound = budget_false_alarm.find(key);
+    if (bound == budget_false_alarm.end()) return std::nullopt;
+    bounds.push_back(bound->second);
+  }
+  return any_false_alarm_bound(bounds);
+}
+
 const MetricVerdict* Verdict::first_failure() const {
   const MetricVerdict* first = nullptr;
   for (const MetricVerdict& m : metrics) {
@@ -677,6 +689,9 @@ Verdict compare_receipts(const ReceiptData& run, const ReceiptData& ref, const B
     if (!f->bitwise) v.budget_samples[f->key()] = f->samples();
   }
   for (const FeatureBudget* f : budget.provisional_parts()) v.provisional.push_back(f->key());
+  for (const FeatureBudget* f : budget.parts()) {
+    if (const auto bound = f->false_alarm_bound(); bound && !f->bitwise) v.budget_false_alarm[f->key()] = *bound;
+  }
   v.decisions_part = decisions_part(run, ref);
   v.metrics.push_back(judge_scalar("loss", run.loss, ref.loss, budget, v.bitwise));
   v.metrics.push_back(judge_scalar("grad_norm", run.grad_norm, ref.grad_norm, budget, v.bitwise));

@@ -163,6 +163,12 @@ struct Verdict {
   // (provisional, in the budget's order): docs/budgets.md, "Samples".
   std::map<std::string, int> budget_samples;
   std::vector<std::string> provisional;
+  // Each composed tolerance entry's false-alarm bound, for those calibrated with held-out
+  // samples (docs/budgets.md, "False alarms").
+  std::map<std::string, double> budget_false_alarm;
+  // This check's: the sum of its entries' bounds, capped at 1 (any of them may be the one that
+  // fails); 0 when bitwise; nullopt when an entry has no held-out samples.
+  std::optional<double> false_alarm_bound() const;
   std::optional<DecisionsPart> decisions_part;  // where the runs' decisions part (windows from it apply)
   int steps = 0;
   std::vector<MetricVerdict> metrics;

@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "false_alarm.h"
+
 namespace harness::check {
 namespace {
 
@@ -15,6 +17,7 @@ nlohmann::json move_json(const std::optional<TensorMove>& m) {
 
 // JSON has no infinity: an exact budget that was broken has no finite headroom.
 nlohmann::json finite_or_null(double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr); }
+nlohmann::json optional_json(const std::optional<double>& x) { return x ? nlohmann::json(*x) : nlohmann::json(nullptr); }
 nlohmann::json finite_or_null(const std::vector<double>& xs) {
   nlohmann::json out = nlohmann::json::array();
   for (double x : xs) out.push_back(finite_or_null(x));
@@ -54,6 +57,14 @@ std::string provisional_text(const Verdict& v) {
   return fmt::format(" (provisional: {})", fmt::join(entries, ", "));
 }
 
+// " (false alarms below 17.1% at 95%)" for a tolerance check whose every entry was calibrated
+// with held-out samples; "" otherwise.
+std::string false_alarm_text(const Verdict& v) {
+  const auto bound = v.false_alarm_bound();
+  if (v.bitwise || !bound) return "";
+  return fmt::format(" (false alarms below {:.3g}% at {:.0f}%)", 100 * *bound, 100 * kFalseAlarmConfidence);
+}
+
 }  // namespace
 
 nlohmann::json to_json(const Verdict& v) {
@@ -89,7 +100,10 @@ nlohmann::json to_json(const Verdict& v) {
                       {"bitwise", v.bitwise},
                       {"reason", v.budget_reason},
                       {"samples", v.budget_samples},
-                      {"provisional", v.provisional}}},
+                      {"provisional", v.provisional},
+                      {"false_alarm", {{"entries", v.budget_false_alarm},
+                                       {"bound", optional_json(v.false_alarm_bound())},
+                                       {"confidence", kFalseAlarmConfidence}}}}},
           {"decisions_part", v.decisions_part ? nlohmann::json{{"step", v.decisions_part->step},
                                                                 {"op", v.decisions_part->column},
                                                                 {"record", v.decisions_part->hash_dataset}}
@@ -113,9 +127,9 @@ std::string to_text(const Verdict& v, bool verbose) {
   auto line = [&out](const std::string& s) { out += s + "\n"; };
   line(fmt::format("{:<12}{} ({})", v.kind == "golden" ? "check" : "compare", v.a_lane, v.a_path));
   line(fmt::format("{:<12}{} ({})", "against", v.b_lane, v.b_path));
-  line(fmt::format("{:<12}{}{}{}", "budget", fmt::join(v.budget, " + "),
+  line(fmt::format("{:<12}{}{}{}{}", "budget", fmt::join(v.budget, " + "),
                    v.bitwise ? " (bitwise: every loss and every hash equal)" : fmt::format(" ({})", v.budget_reason),
-                   provisional_text(v)));
+                   provisional_text(v), false_alarm_text(v)));
   line(fmt::format("{:<12}equal ({} batch hashes)", "data", v.steps));
   if (v.decisions_part) {
     line(fmt::format("{:<12}part at step {}: {} decided otherwise first ({}); windows from the decisions' part apply "

@@ -2,9 +2,9 @@
 // of a lane against the reference (or from receipts made elsewhere: `--receipts R.. --reference
 // REF`; or from N one-ulp perturbations of its initial weights: `--perturb N`), as a
 // candidate budgets file and a report. Fewer than check::kMinCalibrationSamples samples
-// without --provisional: exit 2 before anything runs. Exit 0 when
-// every repeat fits the proposal, 1 when one does not (the proposal needs a look), 2 on
-// bad input.
+// (besides those --held-out H holds out of the proposal) without --provisional: exit 2 before
+// anything runs. Exit 0 when every repeat, held out or not, fits the proposal, 1 when one
+// does not (the proposal needs a look), 2 on bad input.
 #include <unistd.h>
 
 #include <memory>
@@ -47,6 +47,10 @@ void add_calibrate_command(CLI::App& app, CommandRegistry& commands) {
   calibrate->add_option("--perturb-seed-base", o->perturb_seed_base, "Perturbed run i uses seed BASE + i")
       ->capture_default_str()
       ->needs(perturb);
+  calibrate->add_option("--held-out", o->held_out,
+                        "H: hold the last H samples out of the proposal and count how many fall outside it (the "
+                        "entry's false-alarm bound)")
+      ->check(CLI::Range(1, 1000));
   calibrate->add_option("--feature", o->feature, "Feature to propose (default: the lane's most specific)");
   calibrate->add_option("--noise-seed-base", o->noise_seed_base, "Repeat i replays noise seed BASE + i")->capture_default_str();
   calibrate->add_option("--matrix", o->matrix_path, "Lane matrix (TOML)")->capture_default_str();
@@ -70,6 +74,7 @@ void add_calibrate_command(CLI::App& app, CommandRegistry& commands) {
       fmt::print("provisional [{}] from {} samples (fewer than {}): check and the nightly say so until it is recalibrated\n",
                  c.section, c.samples, check::kMinCalibrationSamples);
     }
+    if (c.held_out > 0) fmt::print("false alarm {}\n", nightly::false_alarm_summary(c));
     if (c.biased()) {
       fmt::print("bias        one-sided drift over the repeats{} (the report's last section)\n",
                  c.bias_fails ? ": the entry says bias = \"fail\"" : ", a warning");

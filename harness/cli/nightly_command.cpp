@@ -105,6 +105,9 @@ int finish(const nlohmann::json& summary, const std::string& out_dir) {
     }
   }
   if (const std::string fragile = fragile_line(summary); !fragile.empty()) fmt::print("{}\n", fragile);
+  if (const nlohmann::json estimate = summary.value("false_alarm", nlohmann::json(nullptr)); estimate.is_object()) {
+    fmt::print("  {}\n", estimate["summary"].get<std::string>());
+  }
   for (const auto& control : summary.value("controls", nlohmann::json::array())) {
     fmt::print("  control {:<7} {:<6} {}\n", control["status"].get<std::string>(),
                control["control"].get<std::string>(), control["summary"].get<std::string>());

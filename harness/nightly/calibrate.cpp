@@ -26,6 +26,7 @@
 #include "verdict.h"
 #include "verdict_report.h"
 #include "drift_bias.h"
+#include "false_alarm.h"
 
 namespace harness::nightly {
 namespace {
@@ -122,7 +123,8 @@ WindowProposal propose(const std::string& metric, const check::Window& current, 
 // How the proposal was made, in the words the candidate and the report give it: the method,
 // N and the statistic.
 std::string method_text(const Calibration& c) {
-  const std::string rule = fmt::format("{} x the largest deviation from the reference over them, per window", kMargin);
+  std::string rule = fmt::format("{} x the largest deviation from the reference over them, per window", kMargin);
+  if (c.held_out > 0) rule += fmt::format("; the last {} held out of the proposal and checked against it", c.held_out);
   if (c.envelope) {
     return fmt::format("perturbation: the unperturbed run and {} runs with every initial weight moved one ulp "
                        "(seeds {}..{}); {}",
@@ -151,6 +153,17 @@ nlohmann::json envelope_json(const Calibration& c) {
   return j;
 }
 
+// The entry's held-out samples and how many fell outside it (what its false-alarm bound is
+// made of): this calibration's; or, widened without any held out, the entry's own, which
+// still hold since no window shrank; else none.
+std::string held_out_toml(const check::FeatureBudget& f, const Calibration& c) {
+  int held_out = c.held_out, outside = c.held_out_outside;
+  if (held_out == 0 && c.widened) std::tie(held_out, outside) = std::pair(f.provenance.held_out, f.provenance.held_out_outside);
+  if (held_out == 0) return "";
+  return fmt::format("held_out = {}\nheld_out_outside = {}  # false alarms below {:.3g}% at {:.0f}% confidence\n", held_out,
+                     outside, 100 * check::false_alarm_upper_bound(outside, held_out), 100 * check::kFalseAlarmConfidence);
+}
+
 std::string section_toml(const check::FeatureBudget& f, const Calibration& c) {
   std::string text = fmt::format("[{}]\nform = \"tolerance\"\nrationale = {}\n", f.key(), toml_string(f.rationale));
   if (!f.across_platforms.empty()) text += fmt::format("across_platforms = {}\n", toml_string(f.across_platforms));
@@ -165,6 +178,7 @@ std::string section_toml(const check::FeatureBudget& f, const Calibration& c) {
     observed.push_back(fmt::format("{} = {}", metric, number(seen)));
   }
   text += fmt::format("observed = {{ {} }}\n", fmt::join(observed, ", "));
+  text += held_out_toml(f, c);
   for (const std::string& metric : c.metrics) {
     std::vector<std::string> windows;
     for (const WindowProposal& w : c.windows) {
@@ -213,13 +227,30 @@ std::string choose_feature(const std::string& wanted, const std::vector<std::str
   throw run::UsageError(fmt::format("--feature: {} composes {}; name the one to calibrate", lane, fmt::join(composed, ", ")));
 }
 
-// Refuses, before anything runs, an entry from fewer than kMinCalibrationSamples samples
-// unless --provisional; `samples` is what the options give, `flag` names how ("--repeats 3").
-void require_samples(const CalibrateOptions& o, int samples, const std::string& flag) {
-  if (o.provisional || samples >= check::kMinCalibrationSamples) return;
-  throw run::UsageError(fmt::format("{}: an entry needs at least {} samples of the lane's deviation (docs/budgets.md, "
+// The samples the proposal rests on, checked before anything runs: the `samples` the
+// options give (`flag` names how: "--repeats 3") less those held out (--held-out), at least
+// kMinCalibrationSamples of them unless --provisional; sets c.samples and c.held_out.
+void take_samples(const CalibrateOptions& o, int samples, const std::string& flag, Calibration& c) {
+  if (o.held_out < 0 || (o.held_out > 0 && o.held_out >= samples)) {
+    throw run::UsageError(fmt::format("--held-out {}: {} gives {} sample{}; hold out fewer, so that some remain to "
+                                      "propose from", o.held_out, flag, samples, samples == 1 ? "" : "s"));
+  }
+  c.held_out = o.held_out;
+  c.samples = samples - o.held_out;
+  if (o.provisional || c.samples >= check::kMinCalibrationSamples) return;
+  const std::string besides = o.held_out > 0 ? fmt::format(" besides the {} held out", o.held_out) : "";
+  throw run::UsageError(fmt::format("{}: an entry needs at least {} samples of the lane's deviation{} (docs/budgets.md, "
                                     "\"Samples\"); give {} or more, or --provisional to write an entry marked provisional",
-                                    flag, check::kMinCalibrationSamples, check::kMinCalibrationSamples));
+                                    flag, check::kMinCalibrationSamples, besides, check::kMinCalibrationSamples));
+}
+
+// --held-out where nothing is proposed (the envelope of the reference, or of a receipt
+// with no --reference): refused before anything runs.
+void refuse_held_out_without_proposal(const CalibrateOptions& o) {
+  if (o.held_out > 0) {
+    throw run::UsageError("--held-out: an envelope proposes no entry, so nothing can be held out of it; give a lane "
+                          "other than the reference (or --reference)");
+  }
 }
 
 // The calibration runs' directory.
@@ -260,7 +291,14 @@ struct Runs {
   check::ReceiptData reference;  // path "" : none (--perturb of a receipt with no --reference)
   std::vector<check::ReceiptData> repeats;
   std::vector<std::string> labels;  // per repeat, how the outcome lines name it
-  std::vector<check::Deviation> deviations;
+  std::vector<std::vector<check::Deviation>> deviations;  // per repeat, from the reference
+
+  // The deviations of the first `count` repeats, in one list: what a proposal is made from.
+  std::vector<check::Deviation> deviations_of_first(std::size_t count) const {
+    std::vector<check::Deviation> out;
+    for (std::size_t i = 0; i < count && i < deviations.size(); ++i) out.insert(out.end(), deviations[i].begin(), deviations[i].end());
+    return out;
+  }
 };
 
 // The reference once, the lane `repeats` times (seeded lanes: a new noise seed each).
@@ -286,19 +324,18 @@ Runs run_repeats(const CalibrateOptions& o, const Matrix& matrix, const LaneSpec
     runs.repeats.push_back(check::load_receipt(path));
     runs.labels.push_back(seeded ? fmt::format("repeat {} (noise seed {})", i, c.noise_seeds.back())
                                  : fmt::format("repeat {}", i));
-    const auto d = check::metric_deviations(runs.repeats.back(), runs.reference);
-    runs.deviations.insert(runs.deviations.end(), d.begin(), d.end());
+    runs.deviations.push_back(check::metric_deviations(runs.repeats.back(), runs.reference));
   }
   return runs;
 }
 
 std::vector<check::Window> doubling_windows(int steps);
 
-// Every window of the feature's entry, per metric (one open window when it has none).
-// A new entry calibrated from perturbed runs gets windows that follow the envelope
-// (doubling_windows); otherwise one open window.
+// Every window of the feature's entry, per metric (one open window when it has none), from
+// `deviations` (the repeats' not held out). A new entry calibrated from perturbed runs gets
+// windows that follow the envelope (doubling_windows); otherwise one open window.
 void propose_windows(const std::vector<const check::FeatureBudget*>& parts, const check::FeatureBudget& current,
-                     const Runs& runs, Calibration& c) {
+                     const Runs& runs, const std::vector<check::Deviation>& deviations, Calibration& c) {
   std::vector<const check::FeatureBudget*> other_parts;
   for (const check::FeatureBudget* part : parts) {
     if (part != &current) other_parts.push_back(part);
@@ -316,7 +353,7 @@ void propose_windows(const std::vector<const check::FeatureBudget*>& parts, cons
     for (bool from_part : {false, true}) {  // the part's windows add to the others' proposals
       for (const check::Window& w : windows) {
         if (w.from_decisions_part != from_part) continue;
-        c.windows.push_back(propose(metric, w, runs.deviations, others, c.widened, entry));
+        c.windows.push_back(propose(metric, w, deviations, others, c.widened, entry));
         c.observed[metric] = std::max(c.observed[metric], c.windows.back().observed);
         if (!from_part) entry.base.push_back(c.windows.back().proposed);
       }
@@ -347,9 +384,11 @@ Runs runs_of_lane(const CalibrateOptions& o, const check::Budgets& budgets, Cali
   }
   choose_outputs(o, c);
   const bool envelope_only = spec.id == matrix.reference;  // proposes no entry
-  if (!envelope_only) {
-    c.samples = o.perturb ? o.perturb : o.repeats;
-    require_samples(o, c.samples, o.perturb ? fmt::format("--perturb {}", o.perturb) : fmt::format("--repeats {}", o.repeats));
+  if (envelope_only) {
+    refuse_held_out_without_proposal(o);
+  } else {
+    take_samples(o, o.perturb ? o.perturb : o.repeats,
+                 o.perturb ? fmt::format("--perturb {}", o.perturb) : fmt::format("--repeats {}", o.repeats), c);
   }
   c.lane = spec.lane;
   c.reference = spec.id == matrix.reference ? "" : matrix.lane(matrix.reference).lane;
@@ -369,8 +408,11 @@ Runs runs_of_receipts(const CalibrateOptions& o, const check::Budgets& budgets, 
   if (!o.lane.empty()) throw run::UsageError("--lane: give either --lane (runs here) or --receipts (runs made elsewhere)");
   if (o.perturb) {
     choose_outputs(o, c);
-    c.samples = o.perturb;
-    if (!o.reference.empty()) require_samples(o, c.samples, fmt::format("--perturb {}", o.perturb));  // else an envelope
+    if (o.reference.empty()) {
+      refuse_held_out_without_proposal(o);  // an envelope
+    } else {
+      take_samples(o, o.perturb, fmt::format("--perturb {}", o.perturb), c);
+    }
     Runs runs = perturbed_receipt(o, c, progress);
     c.lane = runs.repeats.front().lane;
     c.reference = runs.reference.lane;
@@ -380,8 +422,8 @@ Runs runs_of_receipts(const CalibrateOptions& o, const check::Budgets& budgets, 
   if (o.reference.empty()) throw run::UsageError("--receipts: name the receipt they are judged against with --reference");
   if (o.receipts.size() > 1000) throw run::UsageError("--receipts: at most 1000 receipts");
   choose_outputs(o, c);
-  c.samples = static_cast<int>(o.receipts.size());
-  require_samples(o, c.samples, fmt::format("--receipts ({} receipt{})", c.samples, c.samples == 1 ? "" : "s"));
+  const int receipts = static_cast<int>(o.receipts.size());
+  take_samples(o, receipts, fmt::format("--receipts ({} receipt{})", receipts, receipts == 1 ? "" : "s"), c);
   Runs runs{check::load_receipt(o.reference), {}, {}, {}};
   std::set<std::string> features;
   for (const std::string& path : o.receipts) {
@@ -399,8 +441,8 @@ Runs runs_of_receipts(const CalibrateOptions& o, const check::Budgets& budgets, 
                                         fmt::join(features, "+")));
     }
     features = these;
-    const auto d = check::metric_deviations(r, runs.reference);  // checks the canary and the step ranges first
-    runs.deviations.insert(runs.deviations.end(), d.begin(), d.end());
+    // Checks the canary and the step ranges first.
+    runs.deviations.push_back(check::metric_deviations(r, runs.reference));
   }
   c.lane = runs.repeats.front().lane;
   c.reference = runs.reference.lane;
@@ -471,8 +513,7 @@ Runs perturbed_runs(const CalibrateOptions& o, Runs runs, const check::ReceiptDa
   c.envelope = envelope_of(runs, seeds);
   c.envelope_only = runs.reference.path.empty();
   for (std::size_t i = 0; i < runs.repeats.size() && !c.envelope_only; ++i) {
-    const auto d = check::metric_deviations(runs.repeats[i], runs.reference);
-    runs.deviations.insert(runs.deviations.end(), d.begin(), d.end());
+    runs.deviations.push_back(check::metric_deviations(runs.repeats[i], runs.reference));
   }
   return runs;
 }
@@ -586,6 +627,30 @@ std::pair<bool, std::string> outcome(const check::ReceiptData& r, const check::R
   }
 }
 
+// The candidate's text parsed as the budgets are: a proposal the parser refuses is a bug, and
+// no file is written.
+check::Budgets parse_candidate(const std::string& text) {
+  const TempDir check_dir;
+  run::write_file_atomically(check_dir.file("candidate.toml"), text);
+  return check::load_budgets(check_dir.file("candidate.toml"));
+}
+
+// Each repeat under the current budgets and under the proposal; the held-out ones (the last
+// c.held_out) outside the proposal are counted: what the entry's false-alarm bound is made of.
+void judge_repeats(const Runs& runs, const check::Budgets& budgets, const check::Budgets& proposed, Calibration& c) {
+  for (std::size_t i = 0; i < runs.repeats.size(); ++i) {
+    RepeatOutcome r;
+    r.held_out = i >= runs.repeats.size() - static_cast<std::size_t>(c.held_out);
+    r.label = runs.labels.at(i) + (r.held_out ? " (held out)" : "");
+    std::tie(r.passes_now, r.now) = outcome(runs.repeats[i], runs.reference, budgets);
+    std::tie(r.passes_proposed, r.proposed) = outcome(runs.repeats[i], runs.reference, proposed);
+    c.passing_now += r.passes_now ? 1 : 0;
+    c.passing_proposed += r.passes_proposed ? 1 : 0;
+    c.held_out_outside += r.held_out && !r.passes_proposed ? 1 : 0;
+    c.outcomes.push_back(std::move(r));
+  }
+}
+
 }  // namespace
 
 // --perturb's numbers, before anything runs.
@@ -641,24 +706,18 @@ Calibration calibrate(const CalibrateOptions& o, const std::function<void(const 
       **std::find_if(parts.begin(), parts.end(), [&](const check::FeatureBudget* p) { return p->name == c.feature; });
   c.section = current.key();
   c.new_entry = new_entries.count(c.feature) > 0;
-  c.metrics = measured_metrics(runs.deviations);
-  propose_windows(parts, current, runs, c);
+  // The last held_out repeats are held out of the proposal and only checked against it.
+  const std::vector<check::Deviation> proposal_deviations =
+      runs.deviations_of_first(runs.repeats.size() - static_cast<std::size_t>(c.held_out));
+  c.metrics = measured_metrics(proposal_deviations);
+  propose_windows(parts, current, runs, proposal_deviations, c);
 
-  // Validated before it is written: a proposal the parser refuses is a bug, and no file.
-  const std::string candidate_text =
-      splice_section(run::read_file(o.budgets_path), c.section, section_toml(current, c), c.new_entry);
-  const TempDir check_dir;
-  run::write_file_atomically(check_dir.file("candidate.toml"), candidate_text);
-  const check::Budgets proposed = check::load_budgets(check_dir.file("candidate.toml"));
-  for (std::size_t i = 0; i < runs.repeats.size(); ++i) {
-    RepeatOutcome r;
-    r.label = runs.labels.at(i);
-    std::tie(r.passes_now, r.now) = outcome(runs.repeats[i], runs.reference, budgets);
-    std::tie(r.passes_proposed, r.proposed) = outcome(runs.repeats[i], runs.reference, proposed);
-    c.passing_now += r.passes_now ? 1 : 0;
-    c.passing_proposed += r.passes_proposed ? 1 : 0;
-    c.outcomes.push_back(std::move(r));
-  }
+  const std::string budgets_text = run::read_file(o.budgets_path);
+  const auto candidate = [&] { return splice_section(budgets_text, c.section, section_toml(current, c), c.new_entry); };
+  judge_repeats(runs, budgets, parse_candidate(candidate()), c);
+  // The held-out samples' count is known only now: the candidate is made again with it.
+  const std::string candidate_text = candidate();
+  parse_candidate(candidate_text);
   c.bias = one_sided_drift_of(runs, c);
   c.bias_fails = current.bias_fails;
   run::write_file_atomically(c.candidate_path, candidate_text);
@@ -723,6 +782,19 @@ std::string bias_section(const Calibration& c) {
   return text;
 }
 
+std::string false_alarm_summary(const Calibration& c) {
+  if (c.held_out == 0) return "";
+  constexpr double kTighterRate = 0.05;  // the claim the summary says the cost of
+  const double bound = check::false_alarm_upper_bound(c.held_out_outside, c.held_out);
+  const std::string tighter =
+      bound > kTighterRate ? fmt::format("; below {:.0f}% needs {} held out, none outside", 100 * kTighterRate,
+                                         check::held_out_samples_needed(kTighterRate))
+                           : "";
+  return fmt::format("{} of {} held-out samples outside the proposal: false-alarm rate below {:.3g}% at {:.0f}% "
+                     "confidence{}",
+                     c.held_out_outside, c.held_out, 100 * bound, 100 * check::kFalseAlarmConfidence, tighter);
+}
+
 bool Calibration::biased() const {
   return std::any_of(bias.begin(), bias.end(), [](const check::DriftBias& b) { return b.biased; });
 }
@@ -762,6 +834,7 @@ std::string calibration_report(const Calibration& c) {
   for (const RepeatOutcome& r : c.outcomes) text += fmt::format("- {}: now {}; proposed {}\n", r.label, r.now, r.proposed);
   text += fmt::format("\nRepeats within the current budgets: {}/{}; within the proposal: {}/{}.\n", c.passing_now, c.repeats,
                       c.passing_proposed, c.repeats);
+  if (c.held_out > 0) text += fmt::format("\nFalse alarms: {}.\n", false_alarm_summary(c));
   text += bias_section(c);
   text += fmt::format("Candidate: {}. Review it, then replace canaries/budgets.toml with it in a reviewed change.\n",
                       c.candidate_path);

@@ -40,6 +40,10 @@ struct CalibrateOptions {
   // unperturbed run and the N perturbed ones are the repeats the proposal is made from.
   int perturb = 0;
   std::int64_t perturb_seed_base = 1;
+  // --held-out H: the last H samples (repeats, receipts or perturbed runs) are held out of the
+  // proposal and only checked against it; how many fall outside bounds the entry's
+  // false-alarm rate (check/false_alarm.h, docs/budgets.md "False alarms").
+  int held_out = 0;
 };
 
 // How far N one-ulp perturbations of a run's initial weights spread, step by step: what a
@@ -54,6 +58,7 @@ struct PerturbationEnvelope {
 struct RepeatOutcome {
   std::string label;  // the receipt's path, or "unperturbed" / "perturb seed S"
   bool passes_now = false, passes_proposed = false;
+  bool held_out = false;  // not among the samples the proposal was made from
   std::string now, proposed;  // why: "pass (least headroom 31%, loss)", "FAIL loss at step 3: ...", "no entry for ..."
 };
 
@@ -82,6 +87,8 @@ struct Calibration {
   // independent of them).
   int samples = 0;
   bool provisional() const { return samples < check::kMinCalibrationSamples; }
+  // Samples held out of the proposal (besides `samples`), and how many the proposal fails.
+  int held_out = 0, held_out_outside = 0;
   std::string candidate_path, report_path;
   std::string source;  // where the repeats came from: "runs", or the receipts' paths
   bool widened = false;
@@ -103,5 +110,9 @@ struct Calibration {
 Calibration calibrate(const CalibrateOptions& options, const std::function<void(const std::string&)>& progress = {});
 
 std::string calibration_report(const Calibration& calibration);
+
+// "0 of 16 held-out samples outside the proposal: false-alarm rate below 17.1% at 95%
+// confidence; below 5% needs 59 held out, none outside"; "" when none were held out.
+std::string false_alarm_summary(const Calibration& calibration);
 
 }  // namespace harness::nightly

@@ -815,6 +815,9 @@ std::string html_report(const json& summary) {
                              summary["shards"].size(), json_text(summary["shards"][0], "started_utc"), seconds),
       "muted");
   add(body, "h2", "Verdicts");
+  if (const json estimate = summary.value("false_alarm", json(nullptr)); estimate.is_object()) {
+    add(body, "p", json_text(estimate, "summary"), "false-alarm");  // docs/budgets.md, "False alarms"
+  }
   verdict_table(body, summary);
   controls_table(body, summary.value("controls", json::array()));
   drift_section(body, summary.value("environment_drift", json(nullptr)));

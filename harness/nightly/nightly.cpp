@@ -15,6 +15,7 @@
 #include "controls.h"
 #include "environment_drift.h"
 #include "golden_store.h"
+#include "false_alarms.h"
 #include "headroom.h"
 #include "interrupt.h"
 #include "json_text.h"
@@ -219,6 +220,7 @@ class NightlyJob::Impl {
                     {"auxiliary_runs", auxiliary}};
     summary["controls"] = control_records;
     mark_fragile_lanes(summary);
+    summary["false_alarm"] = matrix_false_alarm(summary);
     summary["history"] = nullptr;  // the CLI's --history fills it in
     summary["environment_drift"] = environment_drift(summary);
     summary["verdict"] = job_verdict(summary["lanes"], summary["controls"]);
@@ -600,6 +602,7 @@ json merge_summaries(const std::vector<json>& shards, const std::vector<std::str
   }
   merged["lanes"] = lanes;
   mark_fragile_lanes(merged);
+  merged["false_alarm"] = matrix_false_alarm(merged);  // over every shard's checks
   merged["history"] = merge_histories(shards);
   std::vector<json> shard_controls;
   for (const json& s : shards) shard_controls.push_back(s.value("controls", json::array()));

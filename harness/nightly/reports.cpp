@@ -155,6 +155,9 @@ std::string markdown_report(const json& summary) {
     if (lane["triage"].is_string()) md += fmt::format("BF16-first triage: {}\n\n", markdown_cell(lane["triage"].get<std::string>()));
     md += "</details>\n";
   }
+  if (const json estimate = summary.value("false_alarm", json(nullptr)); estimate.is_object()) {
+    md += fmt::format("\n{}\n", markdown_cell(json_text(estimate, "summary")));
+  }
   const json drift = summary.value("environment_drift", json(nullptr));
   if (drift.is_object()) {
     md += fmt::format("\n**{}**\n\n| stack entry | golden -> run | failing lanes | passing lanes |\n|---|---|---|---|\n",

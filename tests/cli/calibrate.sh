@@ -206,6 +206,59 @@ grep -q 'bias = "fail"' "$WORK/bias-fail.candidate.toml" || fail "the candidate 
 grep -q '^bias        one-sided drift over the repeats: the entry says bias = "fail"' "$WORK/stdout" ||
   fail "no bias failure line: $(cat "$WORK/stdout")"
 
+# Held-out samples (docs/budgets.md, "False alarms"): the proposal is made from the others
+# alone (the same windows as from those runs without any held out), the candidate records
+# how many were held out and how many fell outside, and check states the bound.
+expect_exit 0 "" -- "$HARNESS" calibrate --lane bf16 --repeats 12 --held-out 4 --matrix "$MATRIX" --budgets "$BUDGETS" \
+  --out "$WORK/held.toml"
+grep -q '^false alarm 0 of 4 held-out samples outside the proposal: false-alarm rate below 52.7% at 95% confidence' \
+  "$WORK/stdout" || fail "no false-alarm line: $(cat "$WORK/stdout")"
+[ "$(grep -c '(held out): now' "$WORK/held.md")" -eq 4 ] || fail "the report does not mark the 4 held-out repeats"
+# A held-out receipt that a real fault moved (one op 1e8 ulps off at step 6) is counted outside.
+for seed in 1003 1004 1005 1006 1007 1008 1009 1010; do
+  "$HARNESS" run --canary micro --steps 12 --seed 7 --engine accel --features bf16 --noise-seed $seed \
+    --out "$WORK/r$seed.h5" >/dev/null 2>&1 || fail "repeat $seed"
+done
+"$HARNESS" run --canary micro --steps 12 --seed 7 --engine accel --features bf16 --noise-seed 1011 \
+  --inject-fault step=6,op=blocks.0.ln1,ulps=100000000 --out "$WORK/faulted.h5" >/dev/null 2>&1 || fail "faulted run"
+expect_exit 1 "" -- "$HARNESS" calibrate --receipts "$WORK"/r100[0-9].h5 "$WORK/r1010.h5" "$WORK/faulted.h5" \
+  --reference "$WORK/ref.h5" --held-out 4 --budgets "$BUDGETS" --out "$WORK/held-receipts.toml"
+grep -q '^false alarm 1 of 4 held-out samples outside the proposal: false-alarm rate below 75.1% at 95%' "$WORK/stdout" ||
+  fail "the faulted held-out receipt is not counted outside: $(grep -i 'false alarm\|held out' "$WORK/stdout")"
+"$PY" - "$WORK/bias.toml" "$WORK/held.toml" "$WORK/held-receipts.toml" "$WORK/held-both.toml" <<'PY' || fail "the held-out entries"
+import sys, tomllib
+eight, held, receipts = (tomllib.load(open(p, "rb"))["bf16"] for p in sys.argv[1:4])
+for metric in ("loss", "grad_norm", "params_sketch"):
+    assert held[metric] == eight[metric], (metric, held[metric], eight[metric])  # the 4 held out proposed nothing
+assert held["samples"] == 8 and held["held_out"] == 4 and held["held_out_outside"] == 0, held
+assert receipts["samples"] == 8 and receipts["held_out"] == 4 and receipts["held_out_outside"] == 1, receipts
+text = open(sys.argv[2]).read()
+head = text.index("[noise]\n")
+open(sys.argv[4], "w").write(text[:head] + text[head:].replace("repeats = 3\n", "samples = 8\nheld_out = 16\n", 1))
+PY
+for budgets in held.toml held-both.toml; do
+  expect_exit 0 "" -- "$HARNESS" compare "$WORK/r1000.h5" "$WORK/ref.h5" --budgets "$WORK/$budgets" --json
+  cp "$WORK/stdout" "$WORK/$budgets.json"
+done
+expect_exit 0 "" -- "$HARNESS" compare "$WORK/r1000.h5" "$WORK/ref.h5" --budgets "$WORK/held-both.toml"
+grep -qE '^budget      bf16 \+ noise \(.*\) \(false alarms below 69.8% at 95%\)$' "$WORK/stdout" ||
+  fail "check does not state the bound: $(grep '^budget' "$WORK/stdout")"
+"$PY" - "$WORK/held.toml.json" "$WORK/held-both.toml.json" <<'PY' || fail "the JSON verdict's false-alarm bound"
+import json, sys
+one, both = (json.load(open(p))["budget"]["false_alarm"] for p in sys.argv[1:])
+assert one["bound"] is None and set(one["entries"]) == {"bf16"}, one  # [noise] has no held-out samples
+assert abs(both["bound"] - (1 - 0.05 ** (1 / 4)) - (1 - 0.05 ** (1 / 16))) < 1e-12 and both["confidence"] == 0.95, both
+PY
+# Refused before anything runs: nothing left to propose from, too few besides the held out,
+# and an envelope (nothing proposed to hold samples out of).
+expect_exit 2 "^harness: error: --held-out 12: --repeats 12 gives 12 samples; hold out fewer" -- \
+  "$HARNESS" calibrate --lane bf16 --repeats 12 --held-out 12 --matrix "$MATRIX" --budgets "$BUDGETS" --out "$WORK/few.toml"
+expect_exit 2 "^harness: error: --repeats 10: an entry needs at least 8 samples of the lane's deviation besides the 4 held out" -- \
+  "$HARNESS" calibrate --lane bf16 --repeats 10 --held-out 4 --matrix "$MATRIX" --budgets "$BUDGETS" --out "$WORK/few.toml"
+expect_exit 2 "^harness: error: --held-out: an envelope proposes no entry" -- \
+  "$HARNESS" calibrate --lane ref --perturb 8 --held-out 2 --matrix "$MATRIX" --budgets "$BUDGETS" --out "$WORK/few.toml"
+[ ! -e "$WORK/few.toml" ] || fail "a refused held-out calibration wrote a candidate"
+
 # Samples (docs/budgets.md): fewer than 8 without --provisional is refused before anything
 # runs, one line naming the flag, no candidate; with it, check says which entry is provisional.
 for given in "--lane bf16 --repeats 3:--repeats 3" \

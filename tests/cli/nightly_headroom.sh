@@ -30,8 +30,13 @@ metrics = lanes["tp"]["checks"][1]["verdict"]["metrics"]
 judged = [m["headroom_pct"] for m in metrics if any(a > 0 for a in m["step_allowed"])]
 assert h["headroom_pct"] == min(judged) and h["metric"] in [m["metric"] for m in metrics], (h, judged)
 assert lanes["tp"]["fragile"] is False and s["fragile_lanes"] == [] and s["history"] is None
+# No estimate while an entry that judged has no held-out samples (docs/budgets.md, "False alarms").
+f = s["false_alarm"]
+assert f["bound"] is None and f["unmeasured"] == ["mesh-fp32"] and f["checks"] == 3 and f["measured"] == 2, f
 PY
 grep -q "^fragile" "$WORK/stdout" && fail "a lane with headroom is called fragile: $(cat "$WORK/stdout")"
+grep -q "^  false alarms not estimated: 1 of 3 checks are judged by entries without held-out samples (mesh-fp32)" \
+  "$WORK/stdout" || fail "the console does not say why there is no false-alarm estimate: $(cat "$WORK/stdout")"
 
 # (b) mesh-fp32's loss entry at 1.1x the loss deviation tp showed: it passes with 9% left
 "$PY" - "$BUDGETS" "$WORK/past/one/summary.json" "$WORK/tight.toml" <<'PY' || fail "could not write the tightened budgets"
@@ -43,7 +48,7 @@ text = open(budgets).read()
 head = text.index("[mesh-fp32]")
 end = text.index("\n[", head + 1)
 section = re.sub(r"^loss = .*$", 'loss = [ { steps = "0-", atol = %r } ]' % (1.1 * max(loss["step_deviation"])),
-                 text[head:end], flags=re.M)
+                 text[head:end], flags=re.M) + "\nheld_out = 16\nheld_out_outside = 0"  # every entry now has a bound
 open(out, "w").write(text[:head] + section + text[end:])
 PY
 B="$WORK/tight.toml" expect_exit 0 "" -- nightly --out "$WORK/past/two"
@@ -54,7 +59,14 @@ tp = next(l for l in s["lanes"] if l["id"] == "tp")
 h = tp["headroom"]
 assert tp["status"] == "pass" and tp["fragile"] is True and s["fragile_lanes"] == ["tp"], (tp["status"], s["fragile_lanes"])
 assert h["check"] == "reference" and h["metric"] == "loss" and abs(h["headroom_pct"] - 100 / 11) < 0.5, h
+# The bitwise checks' bound is 0, tp's reference check's [mesh-fp32]'s: 0 of 16 held out, 1 - 0.05^(1/16).
+f = s["false_alarm"]
+assert f["measured"] == f["checks"] == 3 and f["unmeasured"] == [] and abs(f["bound"] - (1 - 0.05 ** (1 / 16))) < 1e-12, f
 PY
+grep -q "^  false alarms below 17.1% per nightly at 95% confidence (3 checks)$" "$WORK/stdout" ||
+  fail "the console does not give the matrix's false-alarm bound: $(cat "$WORK/stdout")"
+grep -q '<p class="false-alarm">false alarms below 17.1% per nightly' "$WORK/past/two/report.html" ||
+  fail "report.html does not give the matrix's false-alarm bound"
 grep -q "^nightly     pass (2 lanes)$" "$WORK/stdout" || fail "the verdict line changed: $(cat "$WORK/stdout")"
 grep -qE "^fragile     tp \(9% headroom: reference loss at step [0-9]+\): passed with under 20% of the budget left$" \
   "$WORK/stdout" || fail "the console does not name the fragile lane: $(cat "$WORK/stdout")"

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "budgets.h"
+#include "false_alarm.h"
 #include "receipt/budget_features.h"
 #include "receipt/hdf5_file.h"
 #include "receipt/receipt_validator.h"
@@ -110,6 +111,10 @@ TEST(Budgets, EveryBadEntryIsAnErrorNamingTheFileAndKey) {
        "[noise].bias: 'loud' is not warn or fail"},
       {shipped_with(R"(calibrated = "2026-11-21")", "calibrated = \"2026-11-21\"\nsamples = -8"),
        "[noise].samples: must be a non-negative integer"},
+      {shipped_with(R"(calibrated = "2026-11-21")", "calibrated = \"2026-11-21\"\nheld_out = 4\nheld_out_outside = 5"),
+       "[noise].held_out_outside: 5 of 4 held-out samples"},
+      {shipped_with(R"(calibrated = "2026-11-21")", "calibrated = \"2026-11-21\"\nheld_out = 2.5"),
+       "[noise].held_out: must be a non-negative integer"},
       {shipped_text() + "\n[tpu]\nform = \"bitwise\"\n", "[tpu].rationale: must be a string"},
       {shipped_text() + "\n[torch-tpu]\nrationale = \"r\"\n", "[torch-tpu].form: must be a string"},
       {shipped_text() + "\n[\"bf 16\"]\nform = \"bitwise\"\nrationale = \"r\"\n",
@@ -173,6 +178,24 @@ TEST(Budgets, AnEntryFromFewerThanEightSamplesIsProvisional) {
   const ComposedBudget composed({&b.feature("eight"), &b.feature("three"), &b.feature("reference")});
   ASSERT_EQ(composed.provisional_parts().size(), 1u);
   EXPECT_EQ(composed.provisional_parts().front()->key(), "three");
+}
+
+// An entry's false-alarm bound comes from its held-out samples (k of n outside: the one-sided
+// Clopper-Pearson bound); none held out, none; the bitwise rule's is 0.
+TEST(Budgets, AnEntryBoundsItsFalseAlarmsFromItsHeldOutSamples) {
+  const auto entry = [](const std::string& name, const std::string& held) {
+    return "\n[" + name + "]\nform = \"tolerance\"\nrationale = \"r\"\ncalibrated = \"2026-11-28\"\nsamples = 8\n" + held +
+           "\nloss = [ { steps = \"0-\", atol = 1 } ]\n";
+  };
+  const Budgets b = load_budgets(write_budgets(
+      "held_out", shipped_text() + entry("none", "") + entry("clean", "held_out = 16\nheld_out_outside = 0") +
+                      entry("one", "held_out = 16\nheld_out_outside = 1")));
+  EXPECT_FALSE(b.feature("none").false_alarm_bound().has_value());
+  ASSERT_TRUE(b.feature("clean").false_alarm_bound().has_value());
+  EXPECT_NEAR(*b.feature("clean").false_alarm_bound(), 1 - std::pow(0.05, 1.0 / 16), 1e-12);
+  EXPECT_NEAR(*b.feature("one").false_alarm_bound(), false_alarm_upper_bound(1, 16), 1e-15);
+  EXPECT_GT(*b.feature("one").false_alarm_bound(), *b.feature("clean").false_alarm_bound());
+  EXPECT_EQ(b.feature("reference").false_alarm_bound(), 0.0);
 }
 
 TEST(Budgets, AllowancesOfSeveralFeaturesAddUpPerStepWindow) {
