@@ -38,7 +38,7 @@ void Canary::add_step_tensors() {
   bias_correction2_ = scalar("bias_correction2");
   loss_ = scalar("loss");
   grad_norm_ = scalar("grad_norm");
-  if (fault_) fault_ulps_ = scalar("fault_ulps");
+  if (fault_of(FaultKind::kNudge)) fault_ulps_ = scalar("fault_ulps");
 }
 
 TensorId Canary::add_activation(const std::string& name, std::vector<std::int64_t> shape, TensorId* grad,
@@ -74,6 +74,9 @@ void Canary::upload_initial_parameters(Engine& engine, std::uint64_t seed, std::
   for (TensorId p : parameters()) {
     std::vector<float> values = initial_values(p, seed);
     if (perturbation) numerics::perturb_one_ulp(values, *perturbation, table_[p].name);
+    if (const FaultSpec* f = fault_of(FaultKind::kWeightUlps); f && f->tensor == table_[p].name) {
+      for (std::int32_t i = 0; i < f->ulps; ++i) values.front() = numerics::one_ulp_step(values.front(), /*up=*/true);
+    }
     engine.upload(p, values);
     const std::vector<float> zeros(static_cast<std::size_t>(table_[p].numel()), 0.0f);
     engine.upload(table_.shadow(p, TensorKind::AdamM), zeros);
@@ -93,13 +96,15 @@ float Canary::begin_step(Engine& e, int step, const Batch& batch) const {
     beta1_t *= config_.beta1;
     beta2_t *= config_.beta2;
   }
-  const float scalars[3] = {static_cast<float>(learning_rate(config_, step)), static_cast<float>(1.0 - beta1_t),
-                            static_cast<float>(1.0 - beta2_t)};
+  const FaultSpec* lr_fault = fault_of(FaultKind::kLrScale);
+  const double lr_scale = lr_fault && step >= lr_fault->step ? 1.0 + lr_fault->by : 1.0;
+  const float scalars[3] = {static_cast<float>(learning_rate(config_, step) * lr_scale),
+                            static_cast<float>(1.0 - beta1_t), static_cast<float>(1.0 - beta2_t)};
   e.upload(lr_, {&scalars[0], 1});
   e.upload(bias_correction1_, {&scalars[1], 1});
   e.upload(bias_correction2_, {&scalars[2], 1});
-  if (fault_) {
-    const float ulps = step == fault_->step ? static_cast<float>(fault_->ulps) : 0.0f;
+  if (const FaultSpec* nudge = fault_of(FaultKind::kNudge)) {
+    const float ulps = step == nudge->step ? static_cast<float>(nudge->ulps) : 0.0f;
     e.upload(fault_ulps_, {&ulps, 1});
   }
   for (TensorId g : table_.of_kind(TensorKind::Gradient)) e.zero(g);
@@ -108,6 +113,7 @@ float Canary::begin_step(Engine& e, int step, const Batch& batch) const {
 }
 
 StepResult Canary::train_step(Engine& e, int step, const Batch& batch) const {
+  scale_weight_at(e, step);
   const float lr = begin_step(e, step, batch);
   Ops ops(&e, *this, nullptr);
   forward(ops);
@@ -120,6 +126,30 @@ StepResult Canary::train_step(Engine& e, int step, const Batch& batch) const {
   result.loss = e.read(loss_)[0];
   result.grad_norm = e.read(grad_norm_)[0];
   return result;
+}
+
+std::vector<std::string> Canary::parameter_names() const {
+  std::vector<std::string> names;
+  for (TensorId p : parameters()) names.push_back(table_[p].name);
+  return names;
+}
+
+const FaultSpec* Canary::fault_of(FaultKind kind) const {
+  return fault_ && fault_->kind == kind ? &*fault_ : nullptr;
+}
+
+// A weight-scale fault, before its step begins (a read is a synchronisation point): the
+// parameter's values times (1 + by), each product rounded once to fp32 from its exact double.
+void Canary::scale_weight_at(Engine& e, int step) const {
+  const FaultSpec* f = fault_of(FaultKind::kWeightScale);
+  if (!f || step != f->step) return;
+  const auto p = std::find_if(parameters().begin(), parameters().end(),
+                              [&](TensorId id) { return table_[id].name == f->tensor; });
+  if (p == parameters().end()) throw std::invalid_argument("--inject-fault: unknown parameter '" + f->tensor + "'");
+  const std::span<const float> current = e.read(*p);
+  std::vector<float> scaled(current.begin(), current.end());
+  for (float& v : scaled) v = static_cast<float>(static_cast<double>(v) * (1.0 + f->by));
+  e.upload(*p, scaled);
 }
 
 float Canary::evaluate_loss(Engine& e, int step, const Batch& batch) const {
@@ -162,7 +192,8 @@ void Ops::after(OpKind op, const OpSite& s, std::span<const TensorId> operands) 
   for (std::size_t i = 0; i < operands.size(); ++i) {
     if (!d.result(i) || operands[i] == kNoTensor) continue;
     const std::optional<FaultSpec>& fault = canary_.fault_;
-    if (first_result && !held_out_ && s.phase == Phase::Forward && fault && fault->op == s.name) {
+    if (first_result && !held_out_ && s.phase == Phase::Forward && fault && fault->kind == FaultKind::kNudge &&
+        fault->op == s.name) {
       engine_->nudge_ulps(s, operands[i], canary_.fault_ulps_);
     }
     first_result = false;
@@ -184,7 +215,8 @@ void Canary::update(Ops& e) const {
     AdamWConfig adam;
     adam.beta1 = static_cast<float>(config_.beta1);
     adam.beta2 = static_cast<float>(config_.beta2);
-    adam.eps = static_cast<float>(config_.adam_eps);
+    const FaultSpec* eps_fault = fault_of(FaultKind::kEpsScale);
+    adam.eps = static_cast<float>(config_.adam_eps * (eps_fault ? eps_fault->by : 1.0));
     // Decay only matrices: embeddings, weight matrices and stacks of them (moe's experts),
     // not biases, not norm weights.
     adam.weight_decay = table_[p].rank() >= 2 ? static_cast<float>(config_.weight_decay) : 0.0f;

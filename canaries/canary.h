@@ -94,6 +94,7 @@ class Canary {
   const TensorTable& tensors() const { return table_; }
   // Parameters in canonical order: the order of hashes, dumps and the receipt's names.
   const std::vector<TensorId>& parameters() const { return table_.of_kind(TensorKind::Parameter); }
+  std::vector<std::string> parameter_names() const;  // in parameters()' order
   // The engine ops its training step calls (held to a traced step by op_description_test):
   // an engine must implement each (Engine::implements) to run it.
   virtual std::vector<OpKind> step_ops() const = 0;
@@ -175,6 +176,10 @@ class Canary {
   float begin_step(Engine& e, int step, const Batch& batch) const;
   // Global norm and clipping over all gradients, then AdamW per parameter.
   void update(Ops& e) const;
+  // The run's fault when it is of `kind`, else nullptr.
+  const FaultSpec* fault_of(FaultKind kind) const;
+  // A weight-scale fault's parameter scaled, at the start of its step.
+  void scale_weight_at(Engine& e, int step) const;
 
   std::vector<ParameterInit> inits_;  // by position in parameters()
   mutable std::vector<std::string> forward_op_names_;  // listed on first use

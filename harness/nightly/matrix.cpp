@@ -119,12 +119,18 @@ class Parser {
     if (given.empty()) {
       std::vector<canary::FaultSpec> faults;
       for (std::size_t i = 0; i < std::min(kControlFaultOps, first_choices.size()); ++i) {
-        faults.push_back({steps / 2, first_choices[i], 1});
+        canary::FaultSpec fault;
+        fault.step = steps / 2;
+        fault.op = first_choices[i];
+        faults.push_back(fault);
       }
       return faults;
     }
     try {
       const canary::FaultSpec fault = canary::parse_fault_spec(given, ops);
+      if (fault.kind != canary::FaultKind::kNudge) {  // the control names the op its fault moved
+        fail(fmt::format("control-fault: '{}' is not an op's nudge; give step=K,op=NAME[,ulps=N]", given));
+      }
       if (fault.step >= steps) {
         fail(fmt::format("control-fault: step {} is past the matrix's {} steps", fault.step, steps));
       }

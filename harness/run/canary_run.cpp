@@ -92,7 +92,7 @@ Validated validate(const RunOptions& o) {
   check_engine_can_run(o.engine, o.engine_settings, *model);
   if (o.inject_fault) {
     try {
-      v.fault = canary::parse_fault_spec(*o.inject_fault, model->forward_op_names());
+      v.fault = canary::parse_fault_spec(*o.inject_fault, model->forward_op_names(), model->parameter_names());
     } catch (const std::invalid_argument& e) {
       throw UsageError(e.what());
     }

@@ -216,7 +216,9 @@ ReplayResult replay(const ReplayOptions& options) {
   std::unique_ptr<Engine> engine;
   const std::unique_ptr<canary::Canary> probe = canary::make_canary(config);
   try {  // the recipe's fault and engine, checked as run checks its flags: named as the recipe's
-    if (o.inject_fault) fault = canary::parse_fault_spec(*o.inject_fault, probe->forward_op_names());
+    if (o.inject_fault) {
+      fault = canary::parse_fault_spec(*o.inject_fault, probe->forward_op_names(), probe->parameter_names());
+    }
     engine = make_engine(o.engine, o.engine_settings);
   } catch (const std::invalid_argument& e) {
     // e.what() names the run flag the recipe key stands for (--engine, --features, ...).

@@ -143,9 +143,44 @@ TEST(FaultSpec, ParsesAndRejectsWithTheFieldNamed) {
   };
   EXPECT_NE(message("step=1,op=blocks.9.ln1").find("unknown op 'blocks.9.ln1'"), std::string::npos);
   EXPECT_NE(message("step=x,op=blocks.0.ln1").find("step='x'"), std::string::npos);
-  EXPECT_NE(message("op=blocks.0.ln1").find("needs both"), std::string::npos);
+  EXPECT_NE(message("op=blocks.0.ln1").find("nudge needs step="), std::string::npos);
+  EXPECT_NE(message("step=1,step=2,op=blocks.0.ln1").find("step given twice"), std::string::npos);
   EXPECT_NE(message("step=1,op=blocks.0.ln1,ulps=0").find("ulps='0'"), std::string::npos);
   EXPECT_NE(message("step=1,op=blocks.0.ln1,color=red").find("unknown key 'color'"), std::string::npos);
+}
+
+// The regressions calibrate --power injects: each kind parses from its canonical text back to
+// itself, takes exactly its keys, and names what is wrong.
+TEST(FaultSpec, EveryKindRoundTripsAndTakesOnlyItsKeys) {
+  const Gpt2Canary model(load_canary("tiny"));
+  const auto& ops = model.forward_op_names();
+  const std::vector<std::string> parameters = model.parameter_names();
+  const std::string weight = parameters.at(2);
+  for (const std::string& text : std::vector<std::string>{"step=3,op=blocks.0.ln1,ulps=2", "kind=weight-scale,step=4,tensor=" + weight + ",by=1e-05",
+                                 "kind=weight-ulps,tensor=" + weight + ",ulps=4096", "kind=lr-scale,step=5,by=0.001",
+                                 "kind=eps-scale,by=10", "kind=weight-scale,step=0,tensor=" + weight + ",by=-0.3"}) {
+    EXPECT_EQ(parse_fault_spec(text, ops, parameters).to_string(), text);
+  }
+  const FaultSpec scale = parse_fault_spec("by=1e-4,tensor=" + weight + ",kind=weight-scale,step=7", ops, parameters);
+  EXPECT_EQ(scale.kind, FaultKind::kWeightScale);
+  EXPECT_EQ(scale.by, 1e-4);
+  EXPECT_EQ(scale.step, 7);
+  const auto message = [&](const std::string& text) {
+    try {
+      parse_fault_spec(text, ops, parameters);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(message("kind=lr-scale,step=1").find("lr-scale needs by="), std::string::npos);
+  EXPECT_NE(message("kind=lr-scale,step=1,by=0").find("by='0' is not a relative change"), std::string::npos);
+  EXPECT_NE(message("kind=lr-scale,step=1,by=-1").find("by='-1'"), std::string::npos);
+  EXPECT_NE(message("kind=eps-scale,by=0").find("by='0' is not a factor > 0"), std::string::npos);
+  EXPECT_NE(message("kind=eps-scale,by=nan").find("by='nan'"), std::string::npos);
+  EXPECT_NE(message("kind=eps-scale,by=10,op=blocks.0.ln1").find("unknown key 'op' for eps-scale"), std::string::npos);
+  EXPECT_NE(message("kind=weight-ulps,tensor=nope,ulps=1").find("unknown parameter 'nope'"), std::string::npos);
+  EXPECT_NE(message("kind=shift,by=1").find("kind='shift' is not a fault kind (nudge, weight-scale"), std::string::npos);
 }
 
 // The model calls its ops through Ops::call, which traces each op's results from its
