@@ -3,8 +3,9 @@
 // REF`; or from N one-ulp perturbations of its initial weights: `--perturb N`), as a
 // candidate budgets file and a report. Fewer than check::kMinCalibrationSamples samples
 // (besides those --held-out H holds out of the proposal) without --provisional: exit 2 before
-// anything runs. Exit 0 when every repeat, held out or not, fits the proposal, 1 when one
-// does not (the proposal needs a look), 2 on bad input.
+// anything runs. Exit 0 when every repeat, held out or not, fits the proposal (and, with
+// --power, the proposal catches a 1e-4 scale of a layer), 1 when not (the proposal needs a
+// look), 2 on bad input.
 #include <unistd.h>
 
 #include <memory>
@@ -51,6 +52,8 @@ void add_calibrate_command(CLI::App& app, CommandRegistry& commands) {
                         "H: hold the last H samples out of the proposal and count how many fall outside it (the "
                         "entry's false-alarm bound)")
       ->check(CLI::Range(1, 1000));
+  calibrate->add_flag("--power", o->power,
+                     "With --lane: measure what the lane's check catches under the proposal (harness power), in the report");
   calibrate->add_option("--feature", o->feature, "Feature to propose (default: the lane's most specific)");
   calibrate->add_option("--noise-seed-base", o->noise_seed_base, "Repeat i replays noise seed BASE + i")->capture_default_str();
   calibrate->add_option("--matrix", o->matrix_path, "Lane matrix (TOML)")->capture_default_str();
@@ -74,13 +77,19 @@ void add_calibrate_command(CLI::App& app, CommandRegistry& commands) {
       fmt::print("provisional [{}] from {} samples (fewer than {}): check and the nightly say so until it is recalibrated\n",
                  c.section, c.samples, check::kMinCalibrationSamples);
     }
+    if (c.power) {
+      fmt::print("power       {}\n", c.power->too_loose() ? "TOO LOOSE under the proposal: misses a 1e-4 scale of a layer "
+                                                            "within its run (the report's last section)"
+                                                          : "the proposal catches a 1e-4 scale of a layer within its run");
+    }
     if (c.held_out > 0) fmt::print("false alarm {}\n", nightly::false_alarm_summary(c));
     if (c.biased()) {
       fmt::print("bias        one-sided drift over the repeats{} (the report's last section)\n",
                  c.bias_fails ? ": the entry says bias = \"fail\"" : ", a warning");
     }
     const bool bias_fails = c.bias_fails && c.biased();
-    return c.passing_proposed == c.repeats && !bias_fails ? kExitPass : kExitCheckFailed;
+    const bool too_loose = c.power && c.power->too_loose();
+    return c.passing_proposed == c.repeats && !bias_fails && !too_loose ? kExitPass : kExitCheckFailed;
   });
 }
 

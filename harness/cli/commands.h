@@ -50,6 +50,7 @@ void add_check_command(CLI::App& app, CommandRegistry& commands);    // check, c
 void add_golden_command(CLI::App& app, CommandRegistry& commands);   // golden status|refresh|approve|reject
 void add_nightly_command(CLI::App& app, CommandRegistry& commands);  // nightly and merge
 void add_calibrate_command(CLI::App& app, CommandRegistry& commands);
+void add_power_command(CLI::App& app, CommandRegistry& commands);      // detection power of a lane's check
 void add_replay_command(CLI::App& app, CommandRegistry& commands);
 void add_validate_command(CLI::App& app, CommandRegistry& commands);
 void add_schema_command(CLI::App& app, CommandRegistry& commands);  // the receipt description, as JSON

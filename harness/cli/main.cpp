@@ -33,6 +33,7 @@ int main(int argc, char** argv) {
   harness::cli::add_golden_command(app, commands);
   harness::cli::add_nightly_command(app, commands);
   harness::cli::add_calibrate_command(app, commands);
+  harness::cli::add_power_command(app, commands);
   harness::cli::add_replay_command(app, commands);
   harness::cli::add_validate_command(app, commands);
   harness::cli::add_schema_command(app, commands);

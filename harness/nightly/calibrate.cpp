@@ -373,6 +373,10 @@ Runs runs_of_lane(const CalibrateOptions& o, const check::Budgets& budgets, Cali
   const auto chosen = select_lanes(matrix, o.lane, "--lane");
   if (o.lane.empty() || chosen.size() != 1) throw run::UsageError("--lane: name one lane of the matrix (its id or name)");
   const LaneSpec& spec = *chosen.front();
+  if (o.power && spec.external()) {
+    throw run::UsageError(fmt::format("--power: {} runs a command; the ladder injects its regressions into the harness's "
+                                      "engines", spec.id));
+  }
   if (spec.id == matrix.reference && !o.perturb) {  // perturbed, the reference gives its envelope
     throw run::UsageError(fmt::format("--lane: {} is the reference lane itself", spec.id));
   }
@@ -664,6 +668,7 @@ void check_perturbation(const CalibrateOptions& o) {
 
 Calibration calibrate(const CalibrateOptions& o, const std::function<void(const std::string&)>& progress) {
   check_perturbation(o);
+  if (o.power && o.lane.empty()) throw run::UsageError("--power: needs --lane (the lane whose check it measures)");
   const check::Budgets budgets = check::load_budgets(o.budgets_path);
   Calibration c;
   c.widened = o.widen;
@@ -721,6 +726,7 @@ Calibration calibrate(const CalibrateOptions& o, const std::function<void(const 
   c.bias = one_sided_drift_of(runs, c);
   c.bias_fails = current.bias_fails;
   run::write_file_atomically(c.candidate_path, candidate_text);
+  if (o.power) c.power = measure_power({o.matrix_path, c.candidate_path, o.lane, -1, "", o.threads}, progress);
   if (c.envelope) run::write_file_atomically(c.envelope_path, envelope_json(c).dump(2) + "\n");
   run::write_file_atomically(c.report_path, calibration_report(c));
   return c;
@@ -839,6 +845,12 @@ std::string calibration_report(const Calibration& c) {
   text += fmt::format("Candidate: {}. Review it, then replace canaries/budgets.toml with it in a reviewed change.\n",
                       c.candidate_path);
   if (c.envelope) text += "\n" + envelope_section(c);
+  if (c.power) {
+    text += fmt::format("\n## Detection power under the proposal\n\n{}```\n{}```\n",
+                        c.power->too_loose() ? "**Too loose**: the proposal misses a 1e-4 scale of a layer within its run.\n\n"
+                                             : "",
+                        power_text(*c.power));
+  }
   return text;
 }
 

@@ -12,6 +12,7 @@
 
 #include "budgets.h"
 #include "drift_bias.h"
+#include "power.h"
 
 namespace harness::nightly {
 
@@ -44,6 +45,9 @@ struct CalibrateOptions {
   // proposal and only checked against it; how many fall outside bounds the entry's
   // false-alarm rate (check/false_alarm.h, docs/budgets.md "False alarms").
   int held_out = 0;
+  // --power (with --lane): the lane's detection power under the candidate (power.h), in the
+  // report: whether the proposal is too loose.
+  bool power = false;
 };
 
 // How far N one-ulp perturbations of a run's initial weights spread, step by step: what a
@@ -101,6 +105,7 @@ struct Calibration {
   std::vector<check::DriftBias> bias;
   bool bias_fails = false;
   bool biased() const;
+  std::optional<PowerReport> power;  // --power: measured under the candidate
 };
 
 // Runs the reference once and the lane `repeats` times (or reads options.receipts and

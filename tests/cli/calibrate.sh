@@ -259,6 +259,16 @@ expect_exit 2 "^harness: error: --held-out: an envelope proposes no entry" -- \
   "$HARNESS" calibrate --lane ref --perturb 8 --held-out 2 --matrix "$MATRIX" --budgets "$BUDGETS" --out "$WORK/few.toml"
 [ ! -e "$WORK/few.toml" ] || fail "a refused held-out calibration wrote a candidate"
 
+# --power: the lane's detection power under the proposal (harness power, docs/budgets.md);
+# micro's 12 steps of bf16 miss a 1e-4 scale of the layer even under the proposal: exit 1.
+expect_exit 1 "" -- "$HARNESS" calibrate --lane bf16 --repeats 8 --power --matrix "$MATRIX" --budgets "$BUDGETS" \
+  --out "$WORK/power.toml"
+grep -q "^power       TOO LOOSE under the proposal" "$WORK/stdout" || fail "no power line: $(cat "$WORK/stdout")"
+grep -q "^## Detection power under the proposal" "$WORK/power.md" || fail "the report has no power section"
+grep -qE "^ladder      weight-scale: E = [0-9.e-]+ caught" "$WORK/power.md" || fail "the proposal catches no weight scale"
+expect_exit 2 "^harness: error: --power: needs --lane" -- "$HARNESS" calibrate --receipts "$WORK"/r100[0-7].h5 \
+  --reference "$WORK/ref.h5" --power --budgets "$BUDGETS" --out "$WORK/few.toml"
+
 # Samples (docs/budgets.md): fewer than 8 without --provisional is refused before anything
 # runs, one line naming the flag, no candidate; with it, check says which entry is provisional.
 for given in "--lane bf16 --repeats 3:--repeats 3" \

@@ -1,0 +1,247 @@
+#include "power.h"
+
+#include <algorithm>
+#include <limits>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "canary.h"
+#include "canary_run.h"
+#include "fault.h"
+#include "file_io.h"
+#include "matrix.h"
+#include "verdict.h"
+#include "verdict_report.h"
+
+namespace harness::nightly {
+namespace {
+
+using canary::FaultKind;
+using canary::FaultSpec;
+
+// Each kind's sizes, smallest first: a decade apart (ulps: a factor 16), from below what any
+// budget should notice to what every one must.
+struct Ladder {
+  FaultKind kind;
+  std::vector<double> sizes;
+};
+const std::vector<Ladder>& ladders() {
+  static const std::vector<Ladder> all = {
+      {FaultKind::kWeightScale, {1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2}},
+      {FaultKind::kWeightUlps, {1, 16, 256, 4096, 65536, 1048576}},
+      {FaultKind::kLrScale, {1e-5, 1e-4, 1e-3, 1e-2}},
+      {FaultKind::kEpsScale, {10, 100, 1000}},
+  };
+  return all;
+}
+
+FaultSpec fault_of(FaultKind kind, double size, int step, const std::string& tensor) {
+  FaultSpec f;
+  f.kind = kind;
+  if (kind == FaultKind::kWeightScale || kind == FaultKind::kLrScale) f.step = step;
+  if (kind == FaultKind::kWeightScale || kind == FaultKind::kWeightUlps) f.tensor = tensor;
+  if (kind == FaultKind::kWeightUlps) f.ulps = static_cast<std::int32_t>(size);
+  if (kind != FaultKind::kWeightUlps) f.by = size;
+  return f;
+}
+
+std::string ladder_what(FaultKind kind, int step, const std::string& tensor) {
+  switch (kind) {
+    case FaultKind::kWeightScale: return fmt::format("{} times 1 + E from step {}", tensor, step);
+    case FaultKind::kWeightUlps: return fmt::format("{}'s first initial value N ulps up", tensor);
+    case FaultKind::kLrScale: return fmt::format("the learning rate times 1 + E from step {}", step);
+    case FaultKind::kEpsScale: return "AdamW's eps times F";
+    case FaultKind::kNudge: break;
+  }
+  return "";
+}
+
+// The parameter the weight faults move: the one named, or the canary's first linear
+// layer's weight (from the tensors' roles: the layer a scaled output comes from).
+std::string weight_to_move(const canary::Canary& model, const std::string& wanted) {
+  const std::vector<std::string> names = model.parameter_names();
+  if (!wanted.empty()) {
+    if (std::find(names.begin(), names.end(), wanted) == names.end()) {
+      throw run::UsageError(fmt::format("--tensor: {} is not a parameter of {} (e.g. {}, {})", wanted,
+                                        model.config().name, names.front(), names.back()));
+    }
+    return wanted;
+  }
+  for (TensorId p : model.parameters()) {
+    const TensorDesc& d = model.tensors()[p];
+    if (d.role.linear != LinearRole::None && d.rank() >= 2) return d.name;
+  }
+  throw run::UsageError(fmt::format("--tensor: {} has no linear layer's weight; name the parameter to move", model.config().name));
+}
+
+// The lane's runs, here, without trace or checkpoints: clean or with `fault`. A seeded lane
+// replays one noise seed, so that the fault is all that differs from its clean run.
+class LaneRunner {
+ public:
+  LaneRunner(const Matrix& matrix, const LaneSpec& spec, int threads) : matrix_(matrix), spec_(spec), threads_(threads) {
+    if (const std::string flag = spec.reduction_seed_flag(); !flag.empty() && !spec_.settings.options.count(flag)) {
+      spec_.settings.options[flag] = "1000";
+    }
+  }
+
+  check::ReceiptData run(const LaneSpec& spec, const std::string& name, const std::optional<FaultSpec>& fault) const {
+    run::RunOptions options = matrix_.run_options(spec, work_.file(name));
+    options.force = true;
+    options.threads = threads_;
+    options.trace = run::TraceLevel::kNone;
+    if (fault) options.inject_fault = fault->to_string();
+    run::run_canary(options);
+    return check::load_receipt(work_.file(name));
+  }
+  check::ReceiptData run_lane(const std::string& name, const std::optional<FaultSpec>& fault) const {
+    return run(spec_, name, fault);
+  }
+
+ private:
+  const Matrix& matrix_;
+  LaneSpec spec_;
+  int threads_;
+  run::TempDir work_{"power", "the power ladder's runs"};
+};
+
+// The check's first failure as a rung's outcome.
+void judge(const check::Verdict& v, PowerRung& rung) {
+  rung.caught = !v.pass();
+  if (const check::MetricVerdict* first = v.first_failure()) {
+    rung.metric = first->metric;
+    rung.step = first->first_failing_step;
+  }
+}
+
+}  // namespace
+
+const PowerRung* PowerLadder::smallest_caught() const {
+  const auto caught = std::find_if(rungs.begin(), rungs.end(), [](const PowerRung& r) { return r.caught; });
+  return caught == rungs.end() ? nullptr : &*caught;
+}
+
+bool PowerReport::too_loose() const {
+  for (const PowerLadder& l : ladders) {
+    if (l.kind != canary::fault_kind_name(FaultKind::kWeightScale)) continue;
+    const PowerRung* caught = l.smallest_caught();
+    return !caught || caught->size > kLooseScale;
+  }
+  return false;
+}
+
+PowerReport measure_power(const PowerOptions& o, const std::function<void(const std::string&)>& progress) {
+  const Matrix matrix = load_matrix(o.matrix_path);
+  const auto chosen = select_lanes(matrix, o.lane, "--lane");
+  if (o.lane.empty() || chosen.size() != 1) throw run::UsageError("--lane: name one lane of the matrix (its id or name)");
+  const LaneSpec& spec = *chosen.front();
+  if (spec.external()) {
+    throw run::UsageError(fmt::format("--lane: {} runs a command ({}); the ladder injects its regressions into the "
+                                      "harness's engines, so measure a lane of cpu-ref, accel or tpu-mesh",
+                                      spec.id, spec.engine));
+  }
+  const check::Budgets budgets = check::load_budgets(o.budgets_path);
+  const std::unique_ptr<canary::Canary> model = canary::make_canary(run::load_run_canary(matrix.canary));
+  PowerReport r;
+  r.lane = spec.lane;
+  r.steps = matrix.steps;
+  r.step = o.step < 0 ? matrix.steps / 4 : o.step;
+  if (r.step >= matrix.steps) {
+    throw run::UsageError(fmt::format("--step: {} is past the matrix's last step ({})", r.step, matrix.steps - 1));
+  }
+  r.tensor = weight_to_move(*model, o.tensor);
+
+  const LaneRunner runner(matrix, spec, o.threads);
+  const bool is_reference = spec.id == matrix.reference;
+  if (progress) progress(is_reference ? fmt::format("{} clean", spec.id) : fmt::format("reference {}", matrix.reference));
+  const check::ReceiptData against = is_reference ? runner.run_lane("clean.h5", std::nullopt)
+                                                  : runner.run(matrix.lane(matrix.reference), "reference.h5", std::nullopt);
+  r.against = is_reference ? fmt::format("its own clean run") : fmt::format("the reference lane {}", against.lane);
+  if (!is_reference) {
+    if (progress) progress(fmt::format("{} clean", spec.id));
+    const check::Verdict clean = check::compare_receipts(runner.run_lane("clean.h5", std::nullopt), against, budgets, "compare");
+    r.budget = clean.budget;
+    r.bitwise = clean.bitwise;
+    if (!clean.pass()) {
+      r.clean_failure = check::one_line(clean);
+      return r;
+    }
+  } else {
+    r.bitwise = true;
+    r.budget = {"reference"};
+  }
+  for (const Ladder& ladder : ladders()) {
+    PowerLadder& l = r.ladders.emplace_back();
+    l.kind = canary::fault_kind_name(ladder.kind);
+    l.what = ladder_what(ladder.kind, r.step, r.tensor);
+    l.sizes = ladder.sizes;
+    for (const double size : ladder.sizes) {
+      PowerRung& rung = l.rungs.emplace_back();
+      rung.size = size;
+      const FaultSpec fault = fault_of(ladder.kind, size, r.step, r.tensor);
+      rung.fault = fault.to_string();
+      if (progress) progress(fmt::format("{} {}", spec.id, rung.fault));
+      judge(check::compare_receipts(runner.run_lane("faulted.h5", fault), against, budgets, "compare"), rung);
+      if (rung.caught) break;
+    }
+  }
+  return r;
+}
+
+std::string power_text(const PowerReport& r) {
+  std::string text = fmt::format("{:<12}{} against {}, {} steps\n", "power", r.lane, r.against, r.steps);
+  text += fmt::format("{:<12}{}\n", "budget",
+                      r.bitwise ? "bitwise (every loss and every hash equal)" : fmt::format("{}", fmt::join(r.budget, " + ")));
+  if (!r.clean_failure.empty()) {
+    return text + fmt::format("{:<12}the clean lane already fails its check ({}); its power is not defined\n", "FAIL",
+                              r.clean_failure);
+  }
+  for (const PowerLadder& l : r.ladders) {
+    const PowerRung* caught = l.smallest_caught();
+    const std::string sizes = fmt::format("{}", fmt::join(l.sizes, ", "));
+    const std::string symbol = l.kind == "weight-ulps" ? "N" : l.kind == "eps-scale" ? "F" : "E";
+    text += caught ? fmt::format("{:<12}{}: {} = {} caught, {} at step {} ({}; tried {})\n", "ladder", l.kind, symbol,
+                                 caught->size, caught->metric, caught->step, l.what, sizes)
+                   : fmt::format("{:<12}{}: none caught up to {} = {} ({}; tried {})\n", "ladder", l.kind, symbol,
+                                 l.sizes.back(), l.what, sizes);
+  }
+  text += r.too_loose()
+              ? fmt::format("{:<12}TOO LOOSE: misses a {} scale of {} within its {} steps\n", "verdict", kLooseScale, r.tensor,
+                            r.steps)
+              : fmt::format("{:<12}catches a {} scale of {} within its run\n", "verdict", kLooseScale, r.tensor);
+  return text;
+}
+
+nlohmann::json power_json(const PowerReport& r) {
+  nlohmann::json ladders = nlohmann::json::array();
+  for (const PowerLadder& l : r.ladders) {
+    nlohmann::json rungs = nlohmann::json::array();
+    for (const PowerRung& rung : l.rungs) {
+      rungs.push_back({{"size", rung.size},
+                       {"fault", rung.fault},
+                       {"caught", rung.caught},
+                       {"metric", rung.metric.empty() ? nlohmann::json(nullptr) : nlohmann::json(rung.metric)},
+                       {"step", rung.step < 0 ? nlohmann::json(nullptr) : nlohmann::json(rung.step)}});
+    }
+    const PowerRung* caught = l.smallest_caught();
+    ladders.push_back({{"kind", l.kind},
+                       {"what", l.what},
+                       {"sizes", l.sizes},
+                       {"smallest_caught", caught ? nlohmann::json(caught->size) : nlohmann::json(nullptr)},
+                       {"step", caught ? nlohmann::json(caught->step) : nlohmann::json(nullptr)},
+                       {"rungs", rungs}});
+  }
+  return {{"lane", r.lane},
+          {"against", r.against},
+          {"bitwise", r.bitwise},
+          {"budget", r.budget},
+          {"steps", r.steps},
+          {"step", r.step},
+          {"tensor", r.tensor},
+          {"clean_failure", r.clean_failure.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.clean_failure)},
+          {"ladders", ladders},
+          {"too_loose", r.clean_failure.empty() ? nlohmann::json(r.too_loose()) : nlohmann::json(nullptr)},
+          {"loose_scale", kLooseScale}};
+}
+
+}  // namespace harness::nightly

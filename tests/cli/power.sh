@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# harness power (docs/budgets.md, "Detection power"): on the bitwise reference lane every
+# ladder is caught at its smallest size and at its step (a 1-ulp weight at step 0); on a
+# budgeted lane each ladder stops at the first size its check fails, and that size, run by
+# hand with `run --inject-fault`, fails `compare` where the size below passes; a check that
+# misses a 1e-4 scale of a layer is called too loose (exit 1); bad input exits 2, one line.
+source "$(dirname "$0")/lib.sh"
+MATRIX="$HERE/data/micro_nightly.toml"
+BUDGETS="$HERE/../../canaries/budgets.toml"
+power() { "$HARNESS" power --matrix "$MATRIX" --budgets "$BUDGETS" "$@"; }
+
+expect_exit 0 "" -- power --lane ref --json
+"$PY" - "$WORK/stdout" <<'PY' || fail "the bitwise lane does not catch every smallest regression at its step"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["bitwise"] and r["too_loose"] is False and r["step"] == 3 and r["tensor"] == "blocks.0.attn.qkv.weight", r
+at = {"weight-scale": 3, "weight-ulps": 0, "lr-scale": 3, "eps-scale": 0}
+for l in r["ladders"]:
+    assert len(l["rungs"]) == 1 and l["smallest_caught"] == l["sizes"][0] and l["step"] == at[l["kind"]], l
+    assert l["rungs"][0]["metric"] == "hashes", l
+PY
+expect_exit 0 "" -- power --lane ref
+grep -q "^verdict     catches a 0.0001 scale of blocks.0.attn.qkv.weight within its run$" "$WORK/stdout" ||
+  fail "no verdict line: $(cat "$WORK/stdout")"
+
+# tp under [mesh-fp32]: a 12-step run misses a 1e-4 scale of the layer (measured: caught at 1e-3)
+expect_exit 1 "" -- power --lane tp --json
+cp "$WORK/stdout" "$WORK/tp.json"
+"$PY" - "$WORK/tp.json" "$WORK/cases" <<'PY' || fail "tp's ladders are not climbed to their first catch"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert not r["bitwise"] and r["budget"] == ["mesh-fp32"] and r["too_loose"] is True, r
+ladders = {l["kind"]: l for l in r["ladders"]}
+assert ladders["weight-scale"]["smallest_caught"] == 1e-3, ladders["weight-scale"]
+cases = []
+for l in r["ladders"]:
+    rungs = l["rungs"]
+    assert [x["size"] for x in rungs] == l["sizes"][:len(rungs)], l  # smallest first, none skipped
+    assert all(not x["caught"] for x in rungs[:-1]) and (rungs[-1]["caught"] or len(rungs) == len(l["sizes"])), l
+    if rungs[-1]["caught"]:
+        cases.append("%s %s" % (rungs[-1]["fault"], "1"))
+        if len(rungs) > 1:
+            cases.append("%s %s" % (rungs[-2]["fault"], "0"))
+open(sys.argv[2], "w").write("\n".join(cases) + "\n")
+PY
+"$HARNESS" run --canary micro --steps 12 --seed 7 --out "$WORK/ref.h5" >/dev/null 2>&1 || fail "reference run"
+while read -r fault want; do  # each size the ladder judged, judged again by run and compare
+  "$HARNESS" run --canary micro --steps 12 --seed 7 --engine tpu-mesh --mesh 2x2 --shard-plan tp --inject-fault "$fault" \
+    --out "$WORK/f.h5" --force >/dev/null 2>&1 || fail "run --inject-fault $fault"
+  expect_exit "$want" "" -- "$HARNESS" compare "$WORK/f.h5" "$WORK/ref.h5" --budgets "$BUDGETS"
+done <"$WORK/cases"
+[ "$(wc -l <"$WORK/cases")" -ge 6 ] || fail "too few ladders caught on tp: $(cat "$WORK/cases")"
+expect_exit 1 "" -- power --lane tp
+grep -q "^verdict     TOO LOOSE: misses a 0.0001 scale of blocks.0.attn.qkv.weight within its 12 steps$" "$WORK/stdout" ||
+  fail "tp is not called too loose: $(cat "$WORK/stdout")"
+grep -qE "^ladder      weight-scale: E = 0.001 caught, [a-z_]+ at step 3 " "$WORK/stdout" || fail "no weight-scale line"
+
+# bad input: exit 2, one line, before anything runs
+expect_exit 2 "--lane: 'nope' is not a lane" -- power --lane nope
+expect_exit 2 "--tensor: blocks.0.nope is not a parameter of micro" -- power --lane tp --tensor blocks.0.nope
+expect_exit 2 "--step: 12 is past the matrix's last step \(11\)" -- power --lane tp --step 12
+printf '%s\n' 'schema_version = 1' 'canary = "micro"' 'steps = 12' 'seed = 7' 'reference = "ref"' \
+  '[[lanes]]' 'id = "ref"' 'engine = "cpu-ref"' '[[lanes]]' 'id = "ext"' \
+  'command = ["/bin/true", "{out}"]' 'budget-features = "torch-cpu"' > "$WORK/external.toml"
+expect_exit 2 "--lane: ext runs a command" -- "$HARNESS" power --matrix "$WORK/external.toml" --lane ext
+finish
