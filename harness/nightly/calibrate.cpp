@@ -27,13 +27,13 @@
 #include "verdict_report.h"
 #include "drift_bias.h"
 #include "false_alarm.h"
+#include "margin.h"
 
 namespace harness::nightly {
 namespace {
 
 namespace fs = std::filesystem;
 
-inline constexpr double kMargin = 1.5;     // proposals cover the largest need times this
 inline constexpr double kFloorUlps = 4;    // and never allow less than this many fp32 ulps
 
 // 3 significant digits, rounded up so that a proposal never shrinks in print.
@@ -81,36 +81,52 @@ struct EntryWindows {
 
 // The proposal for one window: the current window's shape (its atol : rtol : ulp)
 // scaled so that every observed deviation, less what the other features (and, for a
-// window from the decisions' part, the entry's other windows) allow, fits with the margin;
-// at least kFloorUlps ulps of the largest reference value. A window that no step of the
-// repeats falls in (short runs, a window of later steps, decisions that never parted)
-// keeps its current values: nothing was measured there, and a floor-sized proposal would
-// fail every run that reaches those steps.
-WindowProposal propose(const std::string& metric, const check::Window& current, const std::vector<check::Deviation>& deviations,
-                       const check::ComposedBudget& others, bool widen, const EntryWindows& entry) {
-  WindowProposal p{metric, current, current, 0, 0, 0};
-  double largest_reference = 0, largest_excess = 0, resolution = 0;
-  for (const check::Deviation& d : deviations) {
-    if (d.metric != metric || !current.covers(d.step, d.since_decisions_part)) continue;
-    if (!current.from_decisions_part && entry.part_covers(d)) continue;  // the part's windows fit it
-    ++p.samples;
-    resolution = std::max(resolution, d.resolution);
-    const double own = current.from_decisions_part
-                           ? check::windows_allowance(entry.base, d.step, d.since_decisions_part, d.reference)
-                           : 0.0;
-    const double excess =
-        std::max(0.0, d.deviation - others.allowed(metric, d.step, d.reference, d.since_decisions_part) - own);
-    const double unit = current.allowance(d.reference);
-    p.observed = std::max(p.observed, d.deviation);
-    largest_reference = std::max(largest_reference, std::fabs(d.reference));
-    largest_excess = std::max(largest_excess, excess);
-    if (unit > 0) p.needed_scale = std::max(p.needed_scale, excess / unit);
+// window from the decisions' part, the entry's other windows) allow, fits with the margin
+// the repeats' spread justifies (check/margin.h: each repeat's largest need in the window
+// is one sample); at least kFloorUlps ulps of the largest reference value. A window that no
+// step of the repeats falls in (short runs, a window of later steps, decisions that never
+// parted) keeps its current values: nothing was measured there, and a floor-sized proposal
+// would fail every run that reaches those steps.
+WindowProposal propose(const std::string& metric, const check::Window& current,
+                       const std::vector<std::vector<check::Deviation>>& repeats, const check::ComposedBudget& others,
+                       bool widen, const EntryWindows& entry) {
+  WindowProposal p{metric, current, current};
+  double largest_reference = 0, resolution = 0;
+  std::vector<double> scale_needs, excess_needs;  // per repeat that reaches the window
+  for (const std::vector<check::Deviation>& deviations : repeats) {
+    double scale_need = 0, excess_need = 0;
+    int reached = 0;
+    for (const check::Deviation& d : deviations) {
+      if (d.metric != metric || !current.covers(d.step, d.since_decisions_part)) continue;
+      if (!current.from_decisions_part && entry.part_covers(d)) continue;  // the part's windows fit it
+      ++reached;
+      resolution = std::max(resolution, d.resolution);
+      const double own = current.from_decisions_part
+                             ? check::windows_allowance(entry.base, d.step, d.since_decisions_part, d.reference)
+                             : 0.0;
+      const double excess =
+          std::max(0.0, d.deviation - others.allowed(metric, d.step, d.reference, d.since_decisions_part) - own);
+      const double unit = current.allowance(d.reference);
+      p.observed = std::max(p.observed, d.deviation);
+      largest_reference = std::max(largest_reference, std::fabs(d.reference));
+      excess_need = std::max(excess_need, excess);
+      if (unit > 0) scale_need = std::max(scale_need, excess / unit);
+    }
+    if (reached == 0) continue;
+    p.samples += reached;
+    scale_needs.push_back(scale_need);
+    excess_needs.push_back(excess_need);
   }
   if (p.samples == 0) return p;  // proposed = current
   const bool shaped = current.atol > 0 || current.rtol > 0 || current.ulp > 0;
-  p.proposed.atol = shaped ? kMargin * p.needed_scale * current.atol : kMargin * largest_excess;
-  p.proposed.rtol = shaped ? kMargin * p.needed_scale * current.rtol : 0;
-  p.proposed.ulp = shaped ? kMargin * p.needed_scale * current.ulp : 0;
+  const std::vector<double>& needs = shaped ? scale_needs : excess_needs;
+  const double largest = *std::max_element(needs.begin(), needs.end());
+  const check::Margin margin = check::margin_from_spread(needs);
+  p.margin = margin.factor;
+  p.needed_scale = *std::max_element(scale_needs.begin(), scale_needs.end());
+  p.proposed.atol = shaped ? p.margin * largest * current.atol : p.margin * largest;
+  p.proposed.rtol = shaped ? p.margin * largest * current.rtol : 0;
+  p.proposed.ulp = shaped ? p.margin * largest * current.ulp : 0;
   p.proposed.atol = std::max({p.proposed.atol, kFloorUlps * check::fp32_ulp(largest_reference), resolution});
   if (widen) {  // each term at least the current one: the hosts it was measured on stay covered
     p.proposed.atol = std::max(p.proposed.atol, current.atol);
@@ -123,7 +139,10 @@ WindowProposal propose(const std::string& metric, const check::Window& current, 
 // How the proposal was made, in the words the candidate and the report give it: the method,
 // N and the statistic.
 std::string method_text(const Calibration& c) {
-  std::string rule = fmt::format("{} x the largest deviation from the reference over them, per window", kMargin);
+  std::string rule = fmt::format("per window, the largest deviation from the reference over them times the margin their "
+                                 "spread justifies (a log-normal tolerance bound covering {:.0f}% of runs at {:.0f}% "
+                                 "confidence, at least {})",
+                                 100 * check::kMarginCoverage, 100 * check::kMarginConfidence, check::kMinMargin);
   if (c.held_out > 0) rule += fmt::format("; the last {} held out of the proposal and checked against it", c.held_out);
   if (c.envelope) {
     return fmt::format("perturbation: the unperturbed run and {} runs with every initial weight moved one ulp "
@@ -299,6 +318,10 @@ struct Runs {
     for (std::size_t i = 0; i < count && i < deviations.size(); ++i) out.insert(out.end(), deviations[i].begin(), deviations[i].end());
     return out;
   }
+  // The same, each repeat's apart: the samples a margin is measured from.
+  std::vector<std::vector<check::Deviation>> per_repeat_of_first(std::size_t count) const {
+    return {deviations.begin(), deviations.begin() + static_cast<std::ptrdiff_t>(std::min(count, deviations.size()))};
+  }
 };
 
 // The reference once, the lane `repeats` times (seeded lanes: a new noise seed each).
@@ -335,7 +358,7 @@ std::vector<check::Window> doubling_windows(int steps);
 // `deviations` (the repeats' not held out). A new entry calibrated from perturbed runs gets
 // windows that follow the envelope (doubling_windows); otherwise one open window.
 void propose_windows(const std::vector<const check::FeatureBudget*>& parts, const check::FeatureBudget& current,
-                     const Runs& runs, const std::vector<check::Deviation>& deviations, Calibration& c) {
+                     const Runs& runs, const std::vector<std::vector<check::Deviation>>& repeats, Calibration& c) {
   std::vector<const check::FeatureBudget*> other_parts;
   for (const check::FeatureBudget* part : parts) {
     if (part != &current) other_parts.push_back(part);
@@ -353,7 +376,7 @@ void propose_windows(const std::vector<const check::FeatureBudget*>& parts, cons
     for (bool from_part : {false, true}) {  // the part's windows add to the others' proposals
       for (const check::Window& w : windows) {
         if (w.from_decisions_part != from_part) continue;
-        c.windows.push_back(propose(metric, w, deviations, others, c.widened, entry));
+        c.windows.push_back(propose(metric, w, repeats, others, c.widened, entry));
         c.observed[metric] = std::max(c.observed[metric], c.windows.back().observed);
         if (!from_part) entry.base.push_back(c.windows.back().proposed);
       }
@@ -712,10 +735,9 @@ Calibration calibrate(const CalibrateOptions& o, const std::function<void(const 
   c.section = current.key();
   c.new_entry = new_entries.count(c.feature) > 0;
   // The last held_out repeats are held out of the proposal and only checked against it.
-  const std::vector<check::Deviation> proposal_deviations =
-      runs.deviations_of_first(runs.repeats.size() - static_cast<std::size_t>(c.held_out));
-  c.metrics = measured_metrics(proposal_deviations);
-  propose_windows(parts, current, runs, proposal_deviations, c);
+  const std::size_t proposing = runs.repeats.size() - static_cast<std::size_t>(c.held_out);
+  c.metrics = measured_metrics(runs.deviations_of_first(proposing));
+  propose_windows(parts, current, runs, runs.per_repeat_of_first(proposing), c);
 
   const std::string budgets_text = run::read_file(o.budgets_path);
   const auto candidate = [&] { return splice_section(budgets_text, c.section, section_toml(current, c), c.new_entry); };
@@ -818,22 +840,23 @@ std::string calibration_report(const Calibration& c) {
                          : fmt::format("{} receipts of {} against {} ({})", c.repeats, c.lane, c.reference, c.source);
   std::string text = fmt::format(
       "# Calibration of [{}]{}\n\n{}{}.\nMethod: {}.\nComposed budget: {}; the other features keep their "
-      "share and [{}] gets the rest, times {}, at least {} fp32 ulps{}.\n\n",
+      "share and [{}] gets the rest, times each window's margin, at least {} fp32 ulps{}.\n\n",
       c.section, c.new_entry ? " (a new entry: write its rationale)" : "", repeats,
       c.noise_seeds.empty() ? "" : fmt::format(" (noise seeds {}..{})", c.noise_seeds.front(), c.noise_seeds.back()),
-      method_text(c), fmt::join(c.composed, " + "), c.section, kMargin, kFloorUlps,
+      method_text(c), fmt::join(c.composed, " + "), c.section, kFloorUlps,
       c.widened ? ", and no term below the current entry's (--widen)" : "");
   if (c.provisional()) {
     text += fmt::format("**Provisional**: {} samples, fewer than {} (docs/budgets.md, \"Samples\"); check and the nightly "
                         "say so until [{}] is recalibrated from {} or more.\n\n",
                         c.samples, check::kMinCalibrationSamples, c.section, check::kMinCalibrationSamples);
   }
-  text += "| metric | steps | largest deviation | current | proposed |\n|---|---|---|---|---|\n";
+  text += "| metric | steps | largest deviation | margin | current | proposed |\n|---|---|---|---|---|---|\n";
   for (const WindowProposal& w : c.windows) {
     const std::string largest = w.samples == 0 ? "none: no step of the repeats is in it, kept as it is"
                                                : fmt::format("{:.3g}", w.observed);
     const std::string anchor = w.current.from_decisions_part ? " from the decisions' part" : "";
-    text += fmt::format("| {} | {} | {} | `{}` | `{}` |\n", w.metric, window_steps(w.current) + anchor, largest,
+    const std::string margin = w.samples == 0 ? "-" : fmt::format("{:.3g}", w.margin);
+    text += fmt::format("| {} | {} | {} | {} | `{}` | `{}` |\n", w.metric, window_steps(w.current) + anchor, largest, margin,
                         window_toml(w.current), window_toml(w.proposed));
   }
   text += "\nEach repeat, under the current budgets (now) and the proposal:\n\n";

@@ -71,6 +71,7 @@ struct WindowProposal {
   check::Window current, proposed;
   double observed = 0;       // the largest |deviation| in the window over all repeats
   double needed_scale = 0;   // of the current window, once the other features' share is taken off
+  double margin = 0;         // the proposal over the largest need (check/margin.h); 0: nothing measured
   int samples = 0;           // deviations in the window over all repeats; 0: proposed = current
 };
 

@@ -1,0 +1,37 @@
+// How far past the largest of N samples a proposed window reaches (docs/budgets.md, "The
+// margin"): the samples' own spread decides. Each sample is one independent run's largest
+// need in the window (in units of the window's shape); their logarithms are taken as normal,
+// and the window is the one-sided upper tolerance bound that covers kMarginCoverage of the
+// lane's runs with kMarginConfidence: exp(mean + k(N) * sd) of the logs, k from N. Wide
+// spread or few samples give a large margin, a tight cluster a small one; never below
+// kMinMargin, the factor calibrate used alone before: the largest sample keeps a third of its
+// window, well clear of the fifth under which the nightly calls a lane fragile
+// (nightly/headroom.h), and no entry calibrated by the rule is narrower than it was.
+#pragma once
+
+#include <span>
+
+namespace harness::check {
+
+inline constexpr double kMarginCoverage = 0.99;    // of the lane's runs, a window covers this many
+inline constexpr double kMarginConfidence = 0.95;  // with this confidence
+// The largest sample keeps a third of its window.
+inline constexpr double kMinMargin = 1.5;
+
+// The one-sided normal tolerance factor k for n samples, coverage p and confidence gamma
+// (Natrella's approximation: within 2% of the exact noncentral-t value from n = 4 on).
+// Throws std::invalid_argument for n < 2 or p, gamma outside (0.5, 1).
+double tolerance_factor(int n, double coverage = kMarginCoverage, double confidence = kMarginConfidence);
+
+struct Margin {
+  double factor = kMinMargin;  // the window over the largest sample
+  double bound = 0;            // the tolerance bound itself (0: the spread could not be measured)
+  int samples = 0;             // the positive samples it was measured from
+};
+
+// The margin over max(needs) from the needs' spread (each >= 0; a zero need, a sample the
+// other features cover whole, carries no spread and is left out). Fewer than 2 positive
+// needs: kMinMargin.
+Margin margin_from_spread(std::span<const double> needs);
+
+}  // namespace harness::check
