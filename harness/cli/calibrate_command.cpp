@@ -78,7 +78,7 @@ void add_calibrate_command(CLI::App& app, CommandRegistry& commands) {
                  c.section, c.samples, check::kMinCalibrationSamples);
     }
     if (c.power) {
-      fmt::print("power       {}\n", c.power->too_loose() ? "TOO LOOSE under the proposal: misses a 1e-4 scale of a layer "
+      fmt::print("power       {}\n", c.power->too_loose().value_or(false) ? "TOO LOOSE under the proposal: misses a 1e-4 scale of a layer "
                                                             "within its run (the report's last section)"
                                                           : "the proposal catches a 1e-4 scale of a layer within its run");
     }
@@ -88,7 +88,7 @@ void add_calibrate_command(CLI::App& app, CommandRegistry& commands) {
                  c.bias_fails ? ": the entry says bias = \"fail\"" : ", a warning");
     }
     const bool bias_fails = c.bias_fails && c.biased();
-    const bool too_loose = c.power && c.power->too_loose();
+    const bool too_loose = c.power && c.power->too_loose().value_or(false);
     return c.passing_proposed == c.repeats && !bias_fails && !too_loose ? kExitPass : kExitCheckFailed;
   });
 }

@@ -748,7 +748,14 @@ Calibration calibrate(const CalibrateOptions& o, const std::function<void(const 
   c.bias = one_sided_drift_of(runs, c);
   c.bias_fails = current.bias_fails;
   run::write_file_atomically(c.candidate_path, candidate_text);
-  if (o.power) c.power = measure_power({o.matrix_path, c.candidate_path, o.lane, -1, "", o.threads}, progress);
+  if (o.power) {
+    PowerOptions power;
+    power.matrix_path = o.matrix_path;
+    power.budgets_path = c.candidate_path;
+    power.lane = o.lane;
+    power.threads = o.threads;
+    c.power = measure_power(power, progress);
+  }
   if (c.envelope) run::write_file_atomically(c.envelope_path, envelope_json(c).dump(2) + "\n");
   run::write_file_atomically(c.report_path, calibration_report(c));
   return c;
@@ -870,7 +877,7 @@ std::string calibration_report(const Calibration& c) {
   if (c.envelope) text += "\n" + envelope_section(c);
   if (c.power) {
     text += fmt::format("\n## Detection power under the proposal\n\n{}```\n{}```\n",
-                        c.power->too_loose() ? "**Too loose**: the proposal misses a 1e-4 scale of a layer within its run.\n\n"
+                        c.power->too_loose().value_or(false) ? "**Too loose**: the proposal misses a 1e-4 scale of a layer within its run.\n\n"
                                              : "",
                         power_text(*c.power));
   }

@@ -121,14 +121,35 @@ const PowerRung* PowerLadder::smallest_caught() const {
   return caught == rungs.end() ? nullptr : &*caught;
 }
 
-bool PowerReport::too_loose() const {
+std::optional<bool> PowerReport::too_loose() const {
   for (const PowerLadder& l : ladders) {
     if (l.kind != canary::fault_kind_name(FaultKind::kWeightScale)) continue;
     const PowerRung* caught = l.smallest_caught();
     return !caught || caught->size > kLooseScale;
   }
-  return false;
+  return std::nullopt;
 }
+
+namespace {
+
+// The ladders --kinds names (all when empty), in the table's order; UsageError for a name
+// that is none.
+std::vector<Ladder> chosen_ladders(const std::vector<std::string>& kinds) {
+  std::vector<std::string> names;
+  for (const Ladder& l : ladders()) names.emplace_back(canary::fault_kind_name(l.kind));
+  for (const std::string& kind : kinds) {
+    if (std::find(names.begin(), names.end(), kind) == names.end()) {
+      throw run::UsageError(fmt::format("--kinds: '{}' is not a ladder ({})", kind, fmt::join(names, ", ")));
+    }
+  }
+  std::vector<Ladder> chosen;
+  for (const Ladder& l : ladders()) {
+    if (kinds.empty() || std::count(kinds.begin(), kinds.end(), canary::fault_kind_name(l.kind)) > 0) chosen.push_back(l);
+  }
+  return chosen;
+}
+
+}  // namespace
 
 PowerReport measure_power(const PowerOptions& o, const std::function<void(const std::string&)>& progress) {
   const Matrix matrix = load_matrix(o.matrix_path);
@@ -140,6 +161,7 @@ PowerReport measure_power(const PowerOptions& o, const std::function<void(const 
                                       "harness's engines, so measure a lane of cpu-ref, accel or tpu-mesh",
                                       spec.id, spec.engine));
   }
+  const std::vector<Ladder> climbed = chosen_ladders(o.kinds);
   const check::Budgets budgets = check::load_budgets(o.budgets_path);
   const std::unique_ptr<canary::Canary> model = canary::make_canary(run::load_run_canary(matrix.canary));
   PowerReport r;
@@ -170,7 +192,7 @@ PowerReport measure_power(const PowerOptions& o, const std::function<void(const 
     r.bitwise = true;
     r.budget = {"reference"};
   }
-  for (const Ladder& ladder : ladders()) {
+  for (const Ladder& ladder : climbed) {
     PowerLadder& l = r.ladders.emplace_back();
     l.kind = canary::fault_kind_name(ladder.kind);
     l.what = ladder_what(ladder.kind, r.step, r.tensor);
@@ -205,11 +227,11 @@ std::string power_text(const PowerReport& r) {
                    : fmt::format("{:<12}{}: none caught up to {} = {} ({}; tried {})\n", "ladder", l.kind, symbol,
                                  l.sizes.back(), l.what, sizes);
   }
-  text += r.too_loose()
-              ? fmt::format("{:<12}TOO LOOSE: misses a {} scale of {} within its {} steps\n", "verdict", kLooseScale, r.tensor,
-                            r.steps)
-              : fmt::format("{:<12}catches a {} scale of {} within its run\n", "verdict", kLooseScale, r.tensor);
-  return text;
+  const std::optional<bool> loose = r.too_loose();
+  if (!loose) return text + fmt::format("{:<12}the weight-scale ladder was not climbed (--kinds)\n", "verdict");
+  return text + (*loose ? fmt::format("{:<12}TOO LOOSE: misses a {} scale of {} within its {} steps\n", "verdict",
+                                      kLooseScale, r.tensor, r.steps)
+                        : fmt::format("{:<12}catches a {} scale of {} within its run\n", "verdict", kLooseScale, r.tensor));
 }
 
 nlohmann::json power_json(const PowerReport& r) {
@@ -240,7 +262,7 @@ nlohmann::json power_json(const PowerReport& r) {
           {"tensor", r.tensor},
           {"clean_failure", r.clean_failure.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.clean_failure)},
           {"ladders", ladders},
-          {"too_loose", r.clean_failure.empty() ? nlohmann::json(r.too_loose()) : nlohmann::json(nullptr)},
+          {"too_loose", r.too_loose() ? nlohmann::json(*r.too_loose()) : nlohmann::json(nullptr)},
           {"loose_scale", kLooseScale}};
 }
 

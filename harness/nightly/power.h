@@ -25,6 +25,7 @@ struct PowerOptions {
   int step = -1;       // where weight-scale and lr-scale start (-1: a quarter of the matrix's steps)
   std::string tensor;  // the parameter the weight faults move ("": the canary's first linear layer's weight)
   int threads = 0;
+  std::vector<std::string> kinds;  // the ladders to climb (fault kinds); empty: every one
 };
 
 // One regression tried: its size, the --inject-fault text, and what the check made of it.
@@ -55,8 +56,9 @@ struct PowerReport {
   // Why the clean lane already fails its check ("" when it passes): its power is then not
   // defined, and no ladder is climbed.
   std::string clean_failure;
-  // Misses a kLooseScale scale of the layer within its run.
-  bool too_loose() const;
+  // Misses a kLooseScale scale of the layer within its run; nullopt when the weight-scale
+  // ladder was not climbed (--kinds) or the clean lane failed.
+  std::optional<bool> too_loose() const;
 };
 
 // Runs the lane clean (and the reference lane, unless it is the one measured), checks the

@@ -55,7 +55,20 @@ grep -q "^verdict     TOO LOOSE: misses a 0.0001 scale of blocks.0.attn.qkv.weig
   fail "tp is not called too loose: $(cat "$WORK/stdout")"
 grep -qE "^ladder      weight-scale: E = 0.001 caught, [a-z_]+ at step 3 " "$WORK/stdout" || fail "no weight-scale line"
 
+# The power of the shipped [bf16] on tiny, held to its measured value (docs/budgets.md, "Detection
+# power"): its lane catches the learning rate 1% high from step 25 at step 32, and nothing smaller.
+expect_exit 0 "" -- "$HARNESS" power --lane accel-bf16 --kinds lr-scale --budgets "$BUDGETS" --json
+"$PY" - "$WORK/stdout" <<'PY' || fail "the power of [bf16] on tiny moved"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["lane"] == "tiny/accel+bf16" and r["budget"] == ["bf16", "noise"] and r["step"] == 25, r
+[l] = r["ladders"]
+assert l["kind"] == "lr-scale" and l["smallest_caught"] == 0.01 and l["step"] == 32, l
+assert r["too_loose"] is None, r  # the weight-scale ladder was not climbed
+PY
+
 # bad input: exit 2, one line, before anything runs
+expect_exit 2 "--kinds: 'lr' is not a ladder \(weight-scale, weight-ulps, lr-scale, eps-scale\)" -- power --lane tp --kinds lr
 expect_exit 2 "--lane: 'nope' is not a lane" -- power --lane nope
 expect_exit 2 "--tensor: blocks.0.nope is not a parameter of micro" -- power --lane tp --tensor blocks.0.nope
 expect_exit 2 "--step: 12 is past the matrix's last step \(11\)" -- power --lane tp --step 12
