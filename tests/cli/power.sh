@@ -3,7 +3,8 @@
 # ladder is caught at its smallest size and at its step (a 1-ulp weight at step 0); on a
 # budgeted lane each ladder stops at the first size its check fails, and that size, run by
 # hand with `run --inject-fault`, fails `compare` where the size below passes; a check that
-# misses a 1e-4 scale of a layer is called too loose (exit 1); bad input exits 2, one line.
+# misses a 1e-4 scale of a layer is called too loose (exit 1); scripts/power-table.sh tabulates
+# a matrix; bad input exits 2, one line.
 source "$(dirname "$0")/lib.sh"
 MATRIX="$HERE/data/micro_nightly.toml"
 BUDGETS="$HERE/../../canaries/budgets.toml"
@@ -54,6 +55,14 @@ expect_exit 1 "" -- power --lane tp
 grep -q "^verdict     TOO LOOSE: misses a 0.0001 scale of blocks.0.attn.qkv.weight within its 12 steps$" "$WORK/stdout" ||
   fail "tp is not called too loose: $(cat "$WORK/stdout")"
 grep -qE "^ladder      weight-scale: E = 0.001 caught, [a-z_]+ at step 3 " "$WORK/stdout" || fail "no weight-scale line"
+
+# scripts/power-table.sh (docs/budgets.md's table) on the micro matrix: a row per lane of the
+# harness's engines, tp's as measured above
+HARNESS="$HARNESS" bash "$HERE/../../scripts/power-table.sh" "$MATRIX" "$BUDGETS" >"$WORK/table.md" 2>"$WORK/table.err" ||
+  fail "power-table.sh failed: $(cat "$WORK/table.err")"
+[ "$(grep -c '^| `' "$WORK/table.md")" -eq 5 ] || fail "the table has not one row per lane: $(cat "$WORK/table.md")"
+grep -qE '^\| `tp` \| \[mesh-fp32\] \| 0.001 \(step 3\) \|' "$WORK/table.md" || fail "tp's row: $(cat "$WORK/table.md")"
+grep -qE '^\| `ref` \| bitwise \| 1e-07 \(step 3\) \| 1 \(step 0\) \|' "$WORK/table.md" || fail "ref's row: $(cat "$WORK/table.md")"
 
 # The power of the shipped [bf16] on tiny, held to its measured value (docs/budgets.md, "Detection
 # power"): its lane catches the learning rate 1% high from step 25 at step 32, and nothing smaller.
