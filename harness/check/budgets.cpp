@@ -200,6 +200,20 @@ class Parser {
     }
   }
 
+  // An array of non-empty strings (none when absent).
+  std::vector<std::string> strings(const toml::table& t, const std::string& where, const char* key) const {
+    if (!t.contains(key)) return {};
+    const toml::array* list = t[key].as_array();
+    if (!list) fail(fmt::format("{}.{}: must be an array of strings", where, key));
+    std::vector<std::string> out;
+    for (const toml::node& item : *list) {
+      const auto value = item.value_exact<std::string>();
+      if (!value || value->empty()) fail(fmt::format("{}.{}: every item is a non-empty string", where, key));
+      out.push_back(*value);
+    }
+    return out;
+  }
+
   // A non-negative integer key (0 when absent).
   int non_negative_int(const toml::table& t, const std::string& where, const char* key) const {
     if (!t.contains(key)) return 0;
@@ -215,6 +229,8 @@ class Parser {
     p.method = text(t, where, "method", false);
     p.repeats = non_negative_int(t, where, "repeats");
     p.samples = t.contains("samples") ? non_negative_int(t, where, "samples") : p.repeats;  // older files say repeats
+    p.host_variants = strings(t, where, "host_variants");
+    p.host_cpus = strings(t, where, "host_cpus");
     p.held_out = non_negative_int(t, where, "held_out");
     p.held_out_outside = non_negative_int(t, where, "held_out_outside");
     if (p.held_out_outside > p.held_out) {
@@ -238,7 +254,7 @@ class Parser {
     const std::string where = fmt::format("[{}]", key);
     if (!valid_name(name)) fail(fmt::format("{}: a feature name is letters, digits, '-' and '_'", where));
     only_keys(t, where, {"form", "rationale", "calibrated", "repeats", "samples", "method", "observed", "held_out",
-                         "held_out_outside", "outlier_fraction",
+                         "held_out_outside", "host_variants", "host_cpus", "outlier_fraction",
                          "loss", "grad_norm", "params_sketch", "logit_kl", "logprob_delta", "top1_mismatch",
                          "across_platforms", "bias"});
     FeatureBudget f;

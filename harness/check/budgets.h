@@ -72,6 +72,9 @@ struct Provenance {
   // many of them the entry failed: what its false-alarm bound is made from (0: none held out).
   int held_out = 0;
   int held_out_outside = 0;
+  // The emulated hosts its samples ran under (calibrate --hosts, docs/budgets.md "Hosts"), and
+  // the real CPUs (receipts' `cpu`) they ran on: what the entry was checked across.
+  std::vector<std::string> host_variants, host_cpus;
 };
 
 struct FeatureBudget {

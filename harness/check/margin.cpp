@@ -21,14 +21,14 @@ double normal_quantile(double p) {
 }  // namespace
 
 double tolerance_factor(int n, double coverage, double confidence) {
-  if (n < 2) throw std::invalid_argument("tolerance_factor: needs at least 2 samples");
+  if (n < kMinSpreadSamples) throw std::invalid_argument("tolerance_factor: needs at least 3 samples");
   if (!(coverage > 0.5 && coverage < 1) || !(confidence > 0.5 && confidence < 1)) {
     throw std::invalid_argument("tolerance_factor: coverage and confidence must lie in (0.5, 1)");
   }
   const double zp = normal_quantile(coverage), zg = normal_quantile(confidence);
   const double a = 1 - zg * zg / (2.0 * (n - 1));
   const double b = zp * zp - zg * zg / n;
-  if (a <= 0) throw std::invalid_argument("tolerance_factor: too few samples for this confidence");
+  if (a <= 0) throw std::invalid_argument("tolerance_factor: too few samples for this confidence");  // a high gamma, few n
   return (zp + std::sqrt(zp * zp - a * b)) / a;
 }
 
@@ -41,7 +41,7 @@ Margin margin_from_spread(std::span<const double> needs) {
   }
   Margin m;
   m.samples = static_cast<int>(logs.size());
-  if (logs.size() < 2 || largest <= 0) return m;
+  if (m.samples < kMinSpreadSamples || largest <= 0) return m;
   double mean = 0;
   for (const double l : logs) mean += l;
   mean /= static_cast<double>(logs.size());

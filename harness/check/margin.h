@@ -19,8 +19,8 @@ inline constexpr double kMarginConfidence = 0.95;  // with this confidence
 inline constexpr double kMinMargin = 1.5;
 
 // The one-sided normal tolerance factor k for n samples, coverage p and confidence gamma
-// (Natrella's approximation: within 2% of the exact noncentral-t value from n = 4 on).
-// Throws std::invalid_argument for n < 2 or p, gamma outside (0.5, 1).
+// (Natrella's approximation: within 2% of the exact noncentral-t value from n = 4 on; it has
+// no value below 3 samples). Throws std::invalid_argument for n < 3 or p, gamma outside (0.5, 1).
 double tolerance_factor(int n, double coverage = kMarginCoverage, double confidence = kMarginConfidence);
 
 struct Margin {
@@ -30,8 +30,9 @@ struct Margin {
 };
 
 // The margin over max(needs) from the needs' spread (each >= 0; a zero need, a sample the
-// other features cover whole, carries no spread and is left out). Fewer than 2 positive
-// needs: kMinMargin.
+// other features cover whole, carries no spread and is left out). Fewer than
+// kMinSpreadSamples positive needs: kMinMargin (an entry from so few is provisional anyway).
+inline constexpr int kMinSpreadSamples = 3;
 Margin margin_from_spread(std::span<const double> needs);
 
 }  // namespace harness::check

@@ -52,6 +52,9 @@ void add_calibrate_command(CLI::App& app, CommandRegistry& commands) {
                         "H: hold the last H samples out of the proposal and count how many fall outside it (the "
                         "entry's false-alarm bound)")
       ->check(CLI::Range(1, 1000));
+  CLI::Option* hosts = calibrate->add_option(
+      "--hosts", o->hosts,
+      "V,...: run the lane's repeats on each emulated host (presets such as aten-avx2, gemm-generic, or VAR=VALUE)");
   calibrate->add_flag("--power", o->power,
                      "With --lane: measure what the lane's check catches under the proposal (harness power), in the report");
   calibrate->add_option("--feature", o->feature, "Feature to propose (default: the lane's most specific)");
@@ -60,7 +63,8 @@ void add_calibrate_command(CLI::App& app, CommandRegistry& commands) {
   calibrate->add_option("--budgets", o->budgets_path, "Current budgets (read only)")->capture_default_str();
   calibrate->add_option("--out", o->out, "Candidate budgets file (default: budgets.candidate.toml beside --budgets)");
   calibrate->add_option("--threads", o->threads, "Worker threads per run (0 = all cores)")->check(CLI::Range(0, run::kMaxThreads))->capture_default_str();
-  commands.add(calibrate, [o, lane, receipts] {
+  commands.add(calibrate, [o, lane, receipts, repeats, hosts] {
+    if (hosts->count() > 0 && repeats->count() == 0) o->repeats = 1;  // each host one sample unless --repeats says more
     if (lane->count() == 0 && receipts->count() == 0) {
       throw run::UsageError("--lane or --receipts: name the lane to run here, or the receipts made elsewhere");
     }

@@ -21,12 +21,14 @@
 #include "lane_run.h"
 #include "matrix.h"
 #include "python_canary.h"
+#include "run_option_fields.h"
 #include "receipt/budget_features.h"
 #include "stack_info.h"
 #include "verdict.h"
 #include "verdict_report.h"
 #include "drift_bias.h"
 #include "false_alarm.h"
+#include "host_variants.h"
 #include "margin.h"
 
 namespace harness::nightly {
@@ -150,9 +152,11 @@ std::string method_text(const Calibration& c) {
                        c.envelope->seeds.size(), c.envelope->seeds.front(), c.envelope->seeds.back(), rule);
   }
   if (c.source == "runs") {
-    return c.noise_seeds.empty() ? fmt::format("repeats: {} runs; {}", c.repeats, rule)
-                                 : fmt::format("repeats: {} runs (noise seeds {}..{}); {}", c.repeats,
-                                               c.noise_seeds.front(), c.noise_seeds.back(), rule);
+    const std::string hosts =
+        c.host_variants.empty() ? "" : fmt::format(" on {} emulated hosts ({})", c.host_variants.size(), fmt::join(c.host_variants, ", "));
+    return c.noise_seeds.empty() ? fmt::format("repeats: {} runs{}; {}", c.repeats, hosts, rule)
+                                 : fmt::format("repeats: {} runs (noise seeds {}..{}){}; {}", c.repeats,
+                                               c.noise_seeds.front(), c.noise_seeds.back(), hosts, rule);
   }
   return fmt::format("receipts: {} made elsewhere; {}", c.repeats, rule);
 }
@@ -183,6 +187,31 @@ std::string held_out_toml(const check::FeatureBudget& f, const Calibration& c) {
                      outside, 100 * check::false_alarm_upper_bound(outside, held_out), 100 * check::kFalseAlarmConfidence);
 }
 
+// A TOML array of strings.
+std::string toml_strings(const std::vector<std::string>& items) {
+  std::vector<std::string> quoted;
+  for (const std::string& item : items) quoted.push_back(toml_string(item));
+  return fmt::format("[{}]", fmt::join(quoted, ", "));
+}
+
+// The emulated hosts and real CPUs the samples ran on; widened, with the entry's own (the
+// hosts it was checked on before still hold: no window shrank).
+std::string hosts_toml(const check::FeatureBudget& f, const Calibration& c) {
+  const auto merged = [&](std::vector<std::string> before, const std::vector<std::string>& now) {
+    if (!c.widened) before.clear();
+    for (const std::string& item : now) {
+      if (std::find(before.begin(), before.end(), item) == before.end()) before.push_back(item);
+    }
+    return before;
+  };
+  const std::vector<std::string> variants = merged(f.provenance.host_variants, c.host_variants);
+  const std::vector<std::string> cpus = merged(f.provenance.host_cpus, c.host_cpus);
+  std::string text;
+  if (!variants.empty()) text += fmt::format("host_variants = {}\n", toml_strings(variants));
+  if (!cpus.empty()) text += fmt::format("host_cpus = {}\n", toml_strings(cpus));
+  return text;
+}
+
 std::string section_toml(const check::FeatureBudget& f, const Calibration& c) {
   std::string text = fmt::format("[{}]\nform = \"tolerance\"\nrationale = {}\n", f.key(), toml_string(f.rationale));
   if (!f.across_platforms.empty()) text += fmt::format("across_platforms = {}\n", toml_string(f.across_platforms));
@@ -198,6 +227,7 @@ std::string section_toml(const check::FeatureBudget& f, const Calibration& c) {
   }
   text += fmt::format("observed = {{ {} }}\n", fmt::join(observed, ", "));
   text += held_out_toml(f, c);
+  text += hosts_toml(f, c);
   for (const std::string& metric : c.metrics) {
     std::vector<std::string> windows;
     for (const WindowProposal& w : c.windows) {
@@ -324,7 +354,43 @@ struct Runs {
   }
 };
 
-// The reference once, the lane `repeats` times (seeded lanes: a new noise seed each).
+// `spec` run into `out` on an emulated host: an external lane's command with the variant's
+// environment, a lane of the harness's engines as `harness run` in a child process (the
+// kernels are chosen once per process), no trace. Throws LaneCommandError when it fails.
+void run_on_host(const Matrix& matrix, const LaneSpec& spec, const std::string& out, const HostVariant& host, int threads,
+                 const std::string& pack) {
+  if (spec.external()) {
+    LaneSpec on_host = spec;
+    for (const auto& [name, value] : host.environment) on_host.environment[name] = value;
+    run_lane(matrix, on_host, out, {}, threads, pack);
+    return;
+  }
+  run::RunOptions options = matrix.run_options(spec, out);
+  options.threads = threads;
+  options.trace = run::TraceLevel::kNone;
+  std::vector<std::string> argv = run::run_command_argv(options);
+  argv.insert(argv.begin(), fs::read_symlink("/proc/self/exe").string());
+  argv.insert(argv.end(), {"--out", out, "--force"});
+  const run::ChildResult r = run::run_child(argv, host.environment, run::ChildOutput::kDiscard, run::ChildOutput::kCapture);
+  if (!r.exited_zero()) {
+    throw LaneCommandError(fmt::format("lane {} on host {}: {} {}: {}", spec.id, host.name, run::command_line(argv), r.how(),
+                                       run::last_line(r.stderr_tail)));
+  }
+}
+
+// "repeat 2 (noise seed 1002) on aten-avx2 (kernels gemm=generic ...)": a repeat's label.
+std::string repeat_label(int i, const std::optional<std::int64_t>& seed, const HostVariant* host,
+                         const check::ReceiptData& r) {
+  std::string label = fmt::format("repeat {}", i);
+  if (seed) label += fmt::format(" (noise seed {})", *seed);
+  if (!host) return label;
+  label += " on " + host->name;
+  if (const auto kernels = r.manifest.find("kernels"); kernels != r.manifest.end()) label += " (kernels " + kernels->second + ")";
+  return label;
+}
+
+// The reference once, the lane `repeats` times (seeded lanes: a new noise seed each), on each
+// emulated host in turn when --hosts names some.
 Runs run_repeats(const CalibrateOptions& o, const Matrix& matrix, const LaneSpec& spec, Calibration& c,
                  const std::function<void(const std::string&)>& progress) {
   const std::string seed_flag = spec.reduction_seed_flag();
@@ -335,19 +401,38 @@ Runs run_repeats(const CalibrateOptions& o, const Matrix& matrix, const LaneSpec
   // An external lane's repeats read one canary pack.
   const std::string pack = spec.uses_pack() ? export_matrix_pack(matrix, work.file("canary-pack.h5")) : "";
   Runs runs{check::load_receipt(work.file("reference.h5")), {}, {}, {}};
-  for (int i = 0; i < o.repeats; ++i) {
-    LaneSpec repeat = spec;
-    if (seeded) {
-      c.noise_seeds.push_back(o.noise_seed_base + i);
-      repeat.settings.options[seed_flag] = std::to_string(c.noise_seeds.back());
+  const std::vector<HostVariant> hosts = o.hosts.empty() ? std::vector<HostVariant>{} : parse_host_variants(o.hosts);
+  const std::size_t host_count = std::max<std::size_t>(1, hosts.size());
+  for (std::size_t h = 0; h < host_count; ++h) {
+    const HostVariant* host = hosts.empty() ? nullptr : &hosts[h];
+    for (int i = 0; i < o.repeats; ++i) {
+      LaneSpec repeat = spec;
+      std::optional<std::int64_t> seed;
+      if (seeded) {  // every run its own seed: each sample an independent draw, on some host
+        seed = o.noise_seed_base + static_cast<std::int64_t>(h) * o.repeats + i;
+        c.noise_seeds.push_back(*seed);
+        repeat.settings.options[seed_flag] = std::to_string(*seed);
+      }
+      if (progress) {
+        progress(fmt::format("repeat {}/{} of {}{}", i + 1, o.repeats, spec.id, host ? " on " + host->name : ""));
+      }
+      const std::string path = work.file(fmt::format("repeat-{}-{}.h5", h, i));
+      if (host) {
+        run_on_host(matrix, repeat, path, *host, o.threads, pack);
+      } else {
+        run_lane(matrix, repeat, path, {}, o.threads, pack);
+      }
+      runs.repeats.push_back(check::load_receipt(path));
+      runs.labels.push_back(repeat_label(i, seed, host, runs.repeats.back()));
+      runs.deviations.push_back(check::metric_deviations(runs.repeats.back(), runs.reference));
     }
-    if (progress) progress(fmt::format("repeat {}/{} of {}", i + 1, o.repeats, spec.id));
-    const std::string path = work.file(fmt::format("repeat-{}.h5", i));
-    run_lane(matrix, repeat, path, {}, o.threads, pack);
-    runs.repeats.push_back(check::load_receipt(path));
-    runs.labels.push_back(seeded ? fmt::format("repeat {} (noise seed {})", i, c.noise_seeds.back())
-                                 : fmt::format("repeat {}", i));
-    runs.deviations.push_back(check::metric_deviations(runs.repeats.back(), runs.reference));
+  }
+  for (const HostVariant& host : hosts) c.host_variants.push_back(host.name);
+  for (const check::ReceiptData& r : runs.repeats) {
+    const auto cpu = r.manifest.find("cpu");
+    if (cpu != r.manifest.end() && std::find(c.host_cpus.begin(), c.host_cpus.end(), cpu->second) == c.host_cpus.end()) {
+      c.host_cpus.push_back(cpu->second);
+    }
   }
   return runs;
 }
@@ -409,13 +494,21 @@ Runs runs_of_lane(const CalibrateOptions& o, const check::Budgets& budgets, Cali
     throw run::UsageError(fmt::format("--feature: {} is not a feature of {} nor one {} declares", o.feature,
                                       o.budgets_path, spec.id));
   }
+  if (!o.hosts.empty() && o.perturb) {
+    throw run::UsageError("--hosts: runs the lane's repeats on each host; give --repeats, not --perturb");
+  }
+  const int hosts = o.hosts.empty() ? 1 : static_cast<int>(parse_host_variants(o.hosts).size());  // checked before any run
   choose_outputs(o, c);
   const bool envelope_only = spec.id == matrix.reference;  // proposes no entry
   if (envelope_only) {
     refuse_held_out_without_proposal(o);
+  } else if (o.perturb) {
+    take_samples(o, o.perturb, fmt::format("--perturb {}", o.perturb), c);
   } else {
-    take_samples(o, o.perturb ? o.perturb : o.repeats,
-                 o.perturb ? fmt::format("--perturb {}", o.perturb) : fmt::format("--repeats {}", o.repeats), c);
+    take_samples(o, o.repeats * hosts,
+                 hosts > 1 || !o.hosts.empty() ? fmt::format("--repeats {} on {} host{}", o.repeats, hosts, hosts == 1 ? "" : "s")
+                                                : fmt::format("--repeats {}", o.repeats),
+                 c);
   }
   c.lane = spec.lane;
   c.reference = spec.id == matrix.reference ? "" : matrix.lane(matrix.reference).lane;
@@ -423,7 +516,7 @@ Runs runs_of_lane(const CalibrateOptions& o, const check::Budgets& budgets, Cali
     c.source = "perturbations";
     return perturbed_lane(o, matrix, spec, c, progress);
   }
-  c.repeats = o.repeats;
+  c.repeats = o.repeats * hosts;
   c.source = "runs";
   return run_repeats(o, matrix, spec, c, progress);
 }
@@ -433,6 +526,7 @@ Runs runs_of_lane(const CalibrateOptions& o, const check::Budgets& budgets, Cali
 Runs runs_of_receipts(const CalibrateOptions& o, const check::Budgets& budgets, Calibration& c,
                       const std::function<void(const std::string&)>& progress) {
   if (!o.lane.empty()) throw run::UsageError("--lane: give either --lane (runs here) or --receipts (runs made elsewhere)");
+  if (!o.hosts.empty()) throw run::UsageError("--hosts: runs a lane here on each host; receipts were made on their own");
   if (o.perturb) {
     choose_outputs(o, c);
     if (o.reference.empty()) {

@@ -48,6 +48,9 @@ struct CalibrateOptions {
   // --power (with --lane): the lane's detection power under the candidate (power.h), in the
   // report: whether the proposal is too loose.
   bool power = false;
+  // --hosts V,...: the lane's repeats run on each emulated host in turn (host_variants.h);
+  // each run is a sample, so `repeats` counts per host. "": this host as it is.
+  std::string hosts;
 };
 
 // How far N one-ulp perturbations of a run's initial weights spread, step by step: what a
@@ -107,6 +110,9 @@ struct Calibration {
   bool bias_fails = false;
   bool biased() const;
   std::optional<PowerReport> power;  // --power: measured under the candidate
+  // --hosts: the variants the samples ran under, and the real CPUs (receipts' `cpu`) of every
+  // run: what the entry records it was checked across.
+  std::vector<std::string> host_variants, host_cpus;
 };
 
 // Runs the reference once and the lane `repeats` times (or reads options.receipts and

@@ -734,10 +734,10 @@ std::vector<const LaneSpec*> select_lanes(const Matrix& matrix, const std::strin
   return selected;
 }
 
-std::vector<std::string> split_list(const std::string& text) {
+std::vector<std::string> split_list(const std::string& text, char separator) {
   std::vector<std::string> items;
   std::size_t start = 0;
-  for (std::size_t comma = text.find(','); comma != std::string::npos; comma = text.find(',', start)) {
+  for (std::size_t comma = text.find(separator); comma != std::string::npos; comma = text.find(separator, start)) {
     items.push_back(text.substr(start, comma - start));
     start = comma + 1;
   }

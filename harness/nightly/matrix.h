@@ -87,8 +87,8 @@ Matrix load_matrix(const std::string& path);
 // Errors name `flag`.
 std::vector<const LaneSpec*> select_lanes(const Matrix& matrix, const std::string& text, const std::string& flag = "--lanes");
 
-// "a,b,c" -> {"a", "b", "c"} (an empty text gives one empty item).
-std::vector<std::string> split_list(const std::string& text);
+// "a,b,c" -> {"a", "b", "c"} (an empty text gives one empty item); `separator` another than ','.
+std::vector<std::string> split_list(const std::string& text, char separator = ',');
 
 // --shard i/N: lanes k with k mod N == i, in matrix order (i in 0..N-1).
 struct Shard {

@@ -31,7 +31,7 @@ std::int64_t recipe_integer(const json& recipe, std::string_view key, std::int64
 
 void flag_and_value(std::vector<std::string>& out, std::string_view flag, const std::string& value) {
   out.emplace_back(flag);
-  out.push_back(shell_word(value));
+  out.push_back(value);
 }
 
 // Engine flags as given; a switch is the flag alone (engines/api/engine_settings.h).
@@ -39,7 +39,7 @@ void engine_option_words(const RunOptions& o, std::vector<std::string>& out) {
   for (const auto& [flag, value] : o.engine_settings.options) {
     const DescribedFlag* described = find_engine_flag(flag);
     out.push_back("--" + flag);
-    if (described == nullptr || !described->flag.is_switch) out.push_back(shell_word(value));
+    if (described == nullptr || !described->flag.is_switch) out.push_back(value);
   }
 }
 
@@ -217,11 +217,17 @@ constexpr RunOptionField kFields[] = {
 
 std::span<const RunOptionField> run_option_fields() { return kFields; }
 
-std::vector<std::string> run_command_words(const RunOptions& options) {
-  std::vector<std::string> words{"harness", "run"};
+std::vector<std::string> run_command_argv(const RunOptions& options) {
+  std::vector<std::string> argv{"run"};
   for (const RunOptionField& field : kFields) {
-    if (field.recorded()) field.words(options, words);
+    if (field.recorded()) field.words(options, argv);
   }
+  return argv;
+}
+
+std::vector<std::string> run_command_words(const RunOptions& options) {
+  std::vector<std::string> words{"harness"};
+  for (const std::string& word : run_command_argv(options)) words.push_back(shell_word(word));
   return words;
 }
 

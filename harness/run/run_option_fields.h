@@ -60,6 +60,9 @@ struct RunOptionField {
 // the order a recipe and the rerun command give them.
 std::span<const RunOptionField> run_option_fields();
 
+// `run ...` for `options`, without --out: the arguments after the harness's own path that
+// rerun the run (each an argv item, unquoted).
+std::vector<std::string> run_command_argv(const RunOptions& options);
 // `harness run ...` for `options`, without --out: what reruns the run (shell-quoted words).
 std::vector<std::string> run_command_words(const RunOptions& options);
 

@@ -20,7 +20,7 @@ TEST(Margin, ToleranceFactorIsWithinTwoPercentOfTheExactValue) {
   const std::vector<std::pair<int, double>> exact = {{8, 4.354}, {10, 3.981}, {15, 3.520}, {20, 3.295}, {30, 3.064}, {50, 2.863}};
   for (const auto& [n, k] : exact) EXPECT_NEAR(tolerance_factor(n), k, 0.02 * k) << n;
   for (int n = 3; n < 60; ++n) EXPECT_GT(tolerance_factor(n), tolerance_factor(n + 1)) << n;  // more samples, less margin
-  EXPECT_THROW(tolerance_factor(1), std::invalid_argument);
+  EXPECT_THROW(tolerance_factor(2), std::invalid_argument);  // Natrella's form has no value there
   EXPECT_THROW(tolerance_factor(8, 1.0), std::invalid_argument);
 }
 
@@ -52,9 +52,9 @@ TEST(Margin, NoSpreadGivesTheFloorAndSpreadGivesMore) {
   const std::vector<double> same(8, 3e-6);
   EXPECT_EQ(margin_from_spread(same).factor, kMinMargin);
   EXPECT_NEAR(margin_from_spread(same).bound, 3e-6, 1e-18);
-  const std::vector<double> one = {5e-6};
-  EXPECT_EQ(margin_from_spread(one).factor, kMinMargin);
-  EXPECT_EQ(margin_from_spread(one).bound, 0);
+  const std::vector<double> two = {5e-6, 9e-6};  // too few to measure a spread
+  EXPECT_EQ(margin_from_spread(two).factor, kMinMargin);
+  EXPECT_EQ(margin_from_spread(two).bound, 0);
   const std::vector<double> zeros = {0, 0, 4e-6, 0};  // a zero need carries no spread
   EXPECT_EQ(margin_from_spread(zeros).samples, 1);
   const std::vector<double> spread = {1e-6, 2e-6, 1.5e-6, 3e-6, 1.2e-6, 2.5e-6, 1.8e-6, 2.2e-6};

@@ -1,0 +1,77 @@
+#include "host_variants.h"
+
+#include <algorithm>
+#include <cctype>
+#include <set>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "canary_run.h"
+#include "kernels/gemm.h"
+#include "matrix.h"
+#include "numerics/isa_dispatch.h"
+
+namespace harness::nightly {
+namespace {
+
+// An environment variable's name: letters, digits and '_', not starting with a digit.
+bool variable_name(const std::string& name) {
+  return !name.empty() && !std::isdigit(static_cast<unsigned char>(name.front())) &&
+         std::all_of(name.begin(), name.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+}
+
+std::string preset_names() {
+  std::vector<std::string> names;
+  for (const HostVariant& v : host_variant_presets()) names.push_back(v.name);
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
+// "VAR=VALUE+VAR=VALUE" as a variant named by its text.
+HostVariant assignments(const std::string& item) {
+  HostVariant v{item, {}, ""};
+  for (const std::string& assignment : split_list(item, '+')) {
+    const auto eq = assignment.find('=');
+    const std::string name = assignment.substr(0, eq);
+    if (eq == std::string::npos || !variable_name(name) || eq + 1 == assignment.size()) {
+      throw run::UsageError(fmt::format("--hosts: '{}' is neither a preset ({}) nor VAR=VALUE[+VAR=VALUE...]", item,
+                                        preset_names()));
+    }
+    if (!v.environment.emplace(name, assignment.substr(eq + 1)).second) {
+      throw run::UsageError(fmt::format("--hosts: '{}' sets {} twice", item, name));
+    }
+  }
+  return v;
+}
+
+}  // namespace
+
+const std::vector<HostVariant>& host_variant_presets() {
+  static const std::vector<HostVariant> presets = {
+      {"gemm-generic", {{kernels::kGemmKernelVariable, "generic"}}, "the harness's portable GEMM kernel: a host without AVX2 and FMA"},
+      {"gemm-avx2", {{kernels::kGemmKernelVariable, "avx2-fma"}}, "the harness's AVX2+FMA GEMM kernel: a host without AVX-512"},
+      {"elementwise-sse", {{numerics::kElementwiseKernelVariable, "sse-4"}}, "the harness's 4-wide element-wise loops: a host without AVX2"},
+      {"aten-default", {{"ATEN_CPU_CAPABILITY", "default"}}, "PyTorch's ATen kernels without vector ISA"},
+      {"aten-avx2", {{"ATEN_CPU_CAPABILITY", "avx2"}}, "PyTorch's ATen kernels for AVX2: a host without AVX-512"},
+      {"aten-avx512", {{"ATEN_CPU_CAPABILITY", "avx512"}}, "PyTorch's ATen kernels for AVX-512 (where the CPU has it)"},
+      {"onednn-sse41", {{"ONEDNN_MAX_CPU_ISA", "SSE41"}}, "oneDNN's kernels up to SSE4.1"},
+      {"onednn-avx2", {{"ONEDNN_MAX_CPU_ISA", "AVX2"}}, "oneDNN's kernels up to AVX2"},
+      {"onednn-avx512", {{"ONEDNN_MAX_CPU_ISA", "AVX512_CORE"}}, "oneDNN's kernels up to AVX-512 (where the CPU has it)"},
+  };
+  return presets;
+}
+
+std::vector<HostVariant> parse_host_variants(const std::string& text) {
+  std::vector<HostVariant> variants;
+  std::set<std::string> seen;
+  for (const std::string& item : split_list(text)) {
+    if (item.empty()) throw run::UsageError(fmt::format("--hosts: '{}' has an empty item; give presets ({}) or VAR=VALUE", text, preset_names()));
+    if (!seen.insert(item).second) throw run::UsageError(fmt::format("--hosts: {} is given twice", item));
+    const auto& presets = host_variant_presets();
+    const auto preset = std::find_if(presets.begin(), presets.end(), [&](const HostVariant& v) { return v.name == item; });
+    variants.push_back(preset != presets.end() ? *preset : assignments(item));
+  }
+  return variants;
+}
+
+}  // namespace harness::nightly
