@@ -428,12 +428,6 @@ Runs run_repeats(const CalibrateOptions& o, const Matrix& matrix, const LaneSpec
     }
   }
   for (const HostVariant& host : hosts) c.host_variants.push_back(host.name);
-  for (const check::ReceiptData& r : runs.repeats) {
-    const auto cpu = r.manifest.find("cpu");
-    if (cpu != r.manifest.end() && std::find(c.host_cpus.begin(), c.host_cpus.end(), cpu->second) == c.host_cpus.end()) {
-      c.host_cpus.push_back(cpu->second);
-    }
-  }
   return runs;
 }
 
@@ -792,6 +786,12 @@ Calibration calibrate(const CalibrateOptions& o, const std::function<void(const 
   const Runs runs =
       o.receipts.empty() ? runs_of_lane(o, budgets, c, progress) : runs_of_receipts(o, budgets, c, progress);
   if (c.envelope) c.envelope_path = fs::path(c.candidate_path).replace_extension(".envelope.json").string();
+  for (const check::ReceiptData& r : runs.repeats) {  // the real hosts: each receipt's CPU model
+    const auto cpu = r.manifest.find("cpu");
+    if (cpu != r.manifest.end() && std::find(c.host_cpus.begin(), c.host_cpus.end(), cpu->second) == c.host_cpus.end()) {
+      c.host_cpus.push_back(cpu->second);
+    }
+  }
   if (c.envelope_only) {  // the reference's own spread: nothing separates it from a reference, nothing to propose
     run::write_file_atomically(c.envelope_path, envelope_json(c).dump(2) + "\n");
     run::write_file_atomically(c.report_path, calibration_report(c));

@@ -110,8 +110,8 @@ struct Calibration {
   bool bias_fails = false;
   bool biased() const;
   std::optional<PowerReport> power;  // --power: measured under the candidate
-  // --hosts: the variants the samples ran under, and the real CPUs (receipts' `cpu`) of every
-  // run: what the entry records it was checked across.
+  // --hosts: the variants the samples ran under; and the real CPUs (receipts' `cpu`) of every
+  // sample, however made: what the entry records it was checked across.
   std::vector<std::string> host_variants, host_cpus;
 };
 

@@ -75,13 +75,16 @@ std::string weight_to_move(const canary::Canary& model, const std::string& wante
   throw run::UsageError(fmt::format("--tensor: {} has no linear layer's weight; name the parameter to move", model.config().name));
 }
 
+// The noise seed of a seeded lane whose matrix pins none (calibrate's default seed base).
+inline constexpr const char* kUnpinnedNoiseSeed = "1000";
+
 // The lane's runs, here, without trace or checkpoints: clean or with `fault`. A seeded lane
 // replays one noise seed, so that the fault is all that differs from its clean run.
 class LaneRunner {
  public:
   LaneRunner(const Matrix& matrix, const LaneSpec& spec, int threads) : matrix_(matrix), spec_(spec), threads_(threads) {
     if (const std::string flag = spec.reduction_seed_flag(); !flag.empty() && !spec_.settings.options.count(flag)) {
-      spec_.settings.options[flag] = "1000";
+      spec_.settings.options[flag] = kUnpinnedNoiseSeed;
     }
   }
 
