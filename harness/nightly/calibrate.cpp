@@ -152,8 +152,9 @@ std::string method_text(const Calibration& c) {
                        c.envelope->seeds.size(), c.envelope->seeds.front(), c.envelope->seeds.back(), rule);
   }
   if (c.source == "runs") {
-    const std::string hosts =
-        c.host_variants.empty() ? "" : fmt::format(" on {} emulated hosts ({})", c.host_variants.size(), fmt::join(c.host_variants, ", "));
+    const std::string hosts = c.host_variants.empty() ? ""
+                                                      : fmt::format(" on {} emulated hosts ({})", c.host_variants.size(),
+                                                                    fmt::join(c.host_variants, ", "));
     return c.noise_seeds.empty() ? fmt::format("repeats: {} runs{}; {}", c.repeats, hosts, rule)
                                  : fmt::format("repeats: {} runs (noise seeds {}..{}){}; {}", c.repeats,
                                                c.noise_seeds.front(), c.noise_seeds.back(), hosts, rule);
@@ -345,7 +346,9 @@ struct Runs {
   // The deviations of the first `count` repeats, in one list: what a proposal is made from.
   std::vector<check::Deviation> deviations_of_first(std::size_t count) const {
     std::vector<check::Deviation> out;
-    for (std::size_t i = 0; i < count && i < deviations.size(); ++i) out.insert(out.end(), deviations[i].begin(), deviations[i].end());
+    for (std::size_t i = 0; i < count && i < deviations.size(); ++i) {
+      out.insert(out.end(), deviations[i].begin(), deviations[i].end());
+    }
     return out;
   }
   // The same, each repeat's apart: the samples a margin is measured from.
@@ -385,7 +388,8 @@ std::string repeat_label(int i, const std::optional<std::int64_t>& seed, const H
   if (seed) label += fmt::format(" (noise seed {})", *seed);
   if (!host) return label;
   label += " on " + host->name;
-  if (const auto kernels = r.manifest.find("kernels"); kernels != r.manifest.end()) label += " (kernels " + kernels->second + ")";
+  const auto kernels = r.manifest.find("kernels");
+  if (kernels != r.manifest.end()) label += " (kernels " + kernels->second + ")";
   return label;
 }
 
@@ -434,7 +438,7 @@ Runs run_repeats(const CalibrateOptions& o, const Matrix& matrix, const LaneSpec
 std::vector<check::Window> doubling_windows(int steps);
 
 // Every window of the feature's entry, per metric (one open window when it has none), from
-// `deviations` (the repeats' not held out). A new entry calibrated from perturbed runs gets
+// `repeats`' deviations (those not held out, each repeat's apart). A new entry calibrated from perturbed runs gets
 // windows that follow the envelope (doubling_windows); otherwise one open window.
 void propose_windows(const std::vector<const check::FeatureBudget*>& parts, const check::FeatureBudget& current,
                      const Runs& runs, const std::vector<std::vector<check::Deviation>>& repeats, Calibration& c) {
@@ -499,10 +503,8 @@ Runs runs_of_lane(const CalibrateOptions& o, const check::Budgets& budgets, Cali
   } else if (o.perturb) {
     take_samples(o, o.perturb, fmt::format("--perturb {}", o.perturb), c);
   } else {
-    take_samples(o, o.repeats * hosts,
-                 hosts > 1 || !o.hosts.empty() ? fmt::format("--repeats {} on {} host{}", o.repeats, hosts, hosts == 1 ? "" : "s")
-                                                : fmt::format("--repeats {}", o.repeats),
-                 c);
+    const std::string on_hosts = o.hosts.empty() ? "" : fmt::format(" on {} host{}", hosts, hosts == 1 ? "" : "s");
+    take_samples(o, o.repeats * hosts, fmt::format("--repeats {}{}", o.repeats, on_hosts), c);
   }
   c.lane = spec.lane;
   c.reference = spec.id == matrix.reference ? "" : matrix.lane(matrix.reference).lane;

@@ -48,9 +48,11 @@ HostVariant assignments(const std::string& item) {
 
 const std::vector<HostVariant>& host_variant_presets() {
   static const std::vector<HostVariant> presets = {
-      {"gemm-generic", {{kernels::kGemmKernelVariable, "generic"}}, "the harness's portable GEMM kernel: a host without AVX2 and FMA"},
+      {"gemm-generic", {{kernels::kGemmKernelVariable, "generic"}},
+       "the harness's portable GEMM kernel: a host without AVX2 and FMA"},
       {"gemm-avx2", {{kernels::kGemmKernelVariable, "avx2-fma"}}, "the harness's AVX2+FMA GEMM kernel: a host without AVX-512"},
-      {"elementwise-sse", {{numerics::kElementwiseKernelVariable, "sse-4"}}, "the harness's 4-wide element-wise loops: a host without AVX2"},
+      {"elementwise-sse", {{numerics::kElementwiseKernelVariable, "sse-4"}},
+       "the harness's 4-wide element-wise loops: a host without AVX2"},
       {"aten-default", {{"ATEN_CPU_CAPABILITY", "default"}}, "PyTorch's ATen kernels without vector ISA"},
       {"aten-avx2", {{"ATEN_CPU_CAPABILITY", "avx2"}}, "PyTorch's ATen kernels for AVX2: a host without AVX-512"},
       {"aten-avx512", {{"ATEN_CPU_CAPABILITY", "avx512"}}, "PyTorch's ATen kernels for AVX-512 (where the CPU has it)"},
@@ -65,7 +67,9 @@ std::vector<HostVariant> parse_host_variants(const std::string& text) {
   std::vector<HostVariant> variants;
   std::set<std::string> seen;
   for (const std::string& item : split_list(text)) {
-    if (item.empty()) throw run::UsageError(fmt::format("--hosts: '{}' has an empty item; give presets ({}) or VAR=VALUE", text, preset_names()));
+    if (item.empty()) {
+      throw run::UsageError(fmt::format("--hosts: '{}' has an empty item; give presets ({}) or VAR=VALUE", text, preset_names()));
+    }
     if (!seen.insert(item).second) throw run::UsageError(fmt::format("--hosts: {} is given twice", item));
     const auto& presets = host_variant_presets();
     const auto preset = std::find_if(presets.begin(), presets.end(), [&](const HostVariant& v) { return v.name == item; });

@@ -72,7 +72,8 @@ std::string weight_to_move(const canary::Canary& model, const std::string& wante
     const TensorDesc& d = model.tensors()[p];
     if (d.role.linear != LinearRole::None && d.rank() >= 2) return d.name;
   }
-  throw run::UsageError(fmt::format("--tensor: {} has no linear layer's weight; name the parameter to move", model.config().name));
+  throw run::UsageError(
+      fmt::format("--tensor: {} has no linear layer's weight; name the parameter to move", model.config().name));
 }
 
 // The noise seed of a seeded lane whose matrix pins none (calibrate's default seed base).
