@@ -200,6 +200,22 @@ class Parser {
     }
   }
 
+  // `power` (harness calibrate --power): what the lane's check caught under the entry, a
+  // record for readers; checked for its shape only.
+  void check_power(const toml::table& t, const std::string& where) const {
+    if (!t.contains("power")) return;
+    const toml::table* power = t["power"].as_table();
+    if (!power) fail(fmt::format("{}.power: must be a table {{ lane = ..., weight_scale = ..., ... }}", where));
+    only_keys(*power, where + ".power",
+              {"lane", "step", "tensor", "weight_scale", "weight_ulps", "lr_scale", "eps_scale", "too_loose"});
+    for (const char* key : {"weight_scale", "weight_ulps", "lr_scale", "eps_scale"}) {
+      const toml::node_view<const toml::node> v = (*power)[key];
+      if (v && !v.is_number() && !(v.is_string() && v.value<std::string>()->starts_with("none up to "))) {
+        fail(fmt::format("{}.power.{}: the smallest size caught, or \"none up to X\"", where, key));
+      }
+    }
+  }
+
   // An array of non-empty strings (none when absent).
   std::vector<std::string> strings(const toml::table& t, const std::string& where, const char* key) const {
     if (!t.contains(key)) return {};
@@ -229,6 +245,7 @@ class Parser {
     p.method = text(t, where, "method", false);
     p.repeats = non_negative_int(t, where, "repeats");
     p.samples = t.contains("samples") ? non_negative_int(t, where, "samples") : p.repeats;  // older files say repeats
+    check_power(t, where);
     p.host_variants = strings(t, where, "host_variants");
     p.host_cpus = strings(t, where, "host_cpus");
     p.held_out = non_negative_int(t, where, "held_out");
@@ -254,7 +271,7 @@ class Parser {
     const std::string where = fmt::format("[{}]", key);
     if (!valid_name(name)) fail(fmt::format("{}: a feature name is letters, digits, '-' and '_'", where));
     only_keys(t, where, {"form", "rationale", "calibrated", "repeats", "samples", "method", "observed", "held_out",
-                         "held_out_outside", "host_variants", "host_cpus", "outlier_fraction",
+                         "held_out_outside", "host_variants", "host_cpus", "power", "outlier_fraction",
                          "loss", "grad_norm", "params_sketch", "logit_kl", "logprob_delta", "top1_mismatch",
                          "across_platforms", "bias"});
     FeatureBudget f;

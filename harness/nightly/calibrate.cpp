@@ -213,6 +213,25 @@ std::string hosts_toml(const check::FeatureBudget& f, const Calibration& c) {
   return text;
 }
 
+// What the lane's check caught under the proposal (--power): per ladder the smallest size, or
+// "none up to" its largest. Not kept from the entry when not measured again: wider windows
+// catch less, so an old measure would overstate.
+std::string power_toml(const Calibration& c) {
+  if (!c.power || c.power->ladders.empty()) return "";
+  const PowerReport& p = *c.power;
+  std::vector<std::string> items = {fmt::format("lane = {}", toml_string(p.lane)), fmt::format("step = {}", p.step),
+                                    fmt::format("tensor = {}", toml_string(p.tensor))};
+  for (const PowerLadder& l : p.ladders) {
+    std::string key = l.kind;
+    std::replace(key.begin(), key.end(), '-', '_');
+    const PowerRung* caught = l.smallest_caught();
+    items.push_back(caught ? fmt::format("{} = {}", key, caught->size)
+                           : fmt::format("{} = {}", key, toml_string(fmt::format("none up to {}", l.sizes.back()))));
+  }
+  if (const std::optional<bool> loose = p.too_loose()) items.push_back(fmt::format("too_loose = {}", *loose));
+  return fmt::format("power = {{ {} }}\n", fmt::join(items, ", "));
+}
+
 std::string section_toml(const check::FeatureBudget& f, const Calibration& c) {
   std::string text = fmt::format("[{}]\nform = \"tolerance\"\nrationale = {}\n", f.key(), toml_string(f.rationale));
   if (!f.across_platforms.empty()) text += fmt::format("across_platforms = {}\n", toml_string(f.across_platforms));
@@ -229,6 +248,7 @@ std::string section_toml(const check::FeatureBudget& f, const Calibration& c) {
   text += fmt::format("observed = {{ {} }}\n", fmt::join(observed, ", "));
   text += held_out_toml(f, c);
   text += hosts_toml(f, c);
+  text += power_toml(c);
   for (const std::string& metric : c.metrics) {
     std::vector<std::string> windows;
     for (const WindowProposal& w : c.windows) {
@@ -752,6 +772,20 @@ check::Budgets parse_candidate(const std::string& text) {
   return check::load_budgets(check_dir.file("candidate.toml"));
 }
 
+// The lane's detection power (power.h) under the candidate `text`, from a copy of it: the
+// candidate itself is written once, with the power in it.
+PowerReport power_under(const std::string& text, const CalibrateOptions& o,
+                        const std::function<void(const std::string&)>& progress) {
+  const TempDir dir;
+  run::write_file_atomically(dir.file("candidate.toml"), text);
+  PowerOptions power;
+  power.matrix_path = o.matrix_path;
+  power.budgets_path = dir.file("candidate.toml");
+  power.lane = o.lane;
+  power.threads = o.threads;
+  return measure_power(power, progress);
+}
+
 // Each repeat under the current budgets and under the proposal; the held-out ones (the last
 // c.held_out) outside the proposal are counted: what the entry's false-alarm bound is made of.
 void judge_repeats(const Runs& runs, const check::Budgets& budgets, const check::Budgets& proposed, Calibration& c) {
@@ -838,20 +872,14 @@ Calibration calibrate(const CalibrateOptions& o, const std::function<void(const 
   const std::string budgets_text = run::read_file(o.budgets_path);
   const auto candidate = [&] { return splice_section(budgets_text, c.section, section_toml(current, c), c.new_entry); };
   judge_repeats(runs, budgets, parse_candidate(candidate()), c);
-  // The held-out samples' count is known only now: the candidate is made again with it.
+  if (o.power) c.power = power_under(candidate(), o, progress);
+  // The held-out samples' count and the power are known only now: the candidate is made
+  // again with them.
   const std::string candidate_text = candidate();
   parse_candidate(candidate_text);
   c.bias = one_sided_drift_of(runs, c);
   c.bias_fails = current.bias_fails;
   run::write_file_atomically(c.candidate_path, candidate_text);
-  if (o.power) {
-    PowerOptions power;
-    power.matrix_path = o.matrix_path;
-    power.budgets_path = c.candidate_path;
-    power.lane = o.lane;
-    power.threads = o.threads;
-    c.power = measure_power(power, progress);
-  }
   if (c.envelope) run::write_file_atomically(c.envelope_path, envelope_json(c).dump(2) + "\n");
   run::write_file_atomically(c.report_path, calibration_report(c));
   return c;

@@ -266,6 +266,16 @@ expect_exit 1 "" -- "$HARNESS" calibrate --lane bf16 --repeats 8 --power --matri
 grep -q "^power       TOO LOOSE under the proposal" "$WORK/stdout" || fail "no power line: $(cat "$WORK/stdout")"
 grep -q "^## Detection power under the proposal" "$WORK/power.md" || fail "the report has no power section"
 [ "$(grep -c '^ladder      ' "$WORK/power.md")" -eq 4 ] || fail "the report lacks a ladder: $(cat "$WORK/power.md")"
+"$PY" - "$WORK/power.toml" "$WORK/power.md" <<'PY' || fail "the entry does not record the power the report gives"
+import re, sys, tomllib
+power = tomllib.load(open(sys.argv[1], "rb"))["bf16"]["power"]
+assert power["lane"] == "micro/accel+bf16" and power["too_loose"] is True and power["step"] == 3, power
+report = open(sys.argv[2]).read()
+for kind in ("weight-scale", "weight-ulps", "lr-scale", "eps-scale"):
+    line = re.search(r"^ladder      %s: (.*)$" % kind, report, re.M).group(1)
+    value = power[kind.replace("-", "_")]
+    assert (line.startswith("none caught") if isinstance(value, str) else ("= %g caught" % value) in line), (kind, value, line)
+PY
 expect_exit 2 "^harness: error: --power: needs --lane" -- "$HARNESS" calibrate --receipts "$WORK"/r100[0-7].h5 \
   --reference "$WORK/ref.h5" --power --budgets "$BUDGETS" --out "$WORK/few.toml"
 
