@@ -56,7 +56,8 @@ void add_calibrate_command(CLI::App& app, CommandRegistry& commands) {
       "--hosts", o->hosts,
       "V,...: run the lane's repeats on each emulated host (presets such as aten-avx2, gemm-generic, or VAR=VALUE)");
   calibrate->add_flag("--power", o->power,
-                     "With --lane: measure what the lane's check catches under the proposal (harness power), in the report");
+                     "With --lane: measure what the lane's check catches under the proposal (harness power), in the report "
+                     "and the entry");
   calibrate->add_option("--feature", o->feature, "Feature to propose (default: the lane's most specific)");
   calibrate->add_option("--noise-seed-base", o->noise_seed_base, "Repeat i replays noise seed BASE + i")->capture_default_str();
   calibrate->add_option("--matrix", o->matrix_path, "Lane matrix (TOML)")->capture_default_str();
