@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "file_io.h"
+#include "false_alarms.h"
 #include "headroom.h"
 #include "reports.h"
 #include "matrix.h"
@@ -382,6 +383,36 @@ TEST(Headroom, FragileLanesPassUnderAFifthOfTheirBudget) {
   for (const auto& lane : summary["lanes"]) fragile.push_back(lane["fragile"]);
   EXPECT_EQ(fragile, std::vector<bool>({true, false, false, false}));
   EXPECT_TRUE(summary["lanes"][3]["headroom"].is_null());
+}
+
+// The matrix's false-alarm bound: the sum of its checks' (Boole), a bitwise check's 0; none
+// while a check's entry has no held-out samples, naming it; an error judged nothing.
+TEST(FalseAlarms, TheMatrixBoundIsTheSumOfItsChecksOrNoneWhileOneIsUnmeasured) {
+  const auto check = [](const nlohmann::json& samples, const nlohmann::json& entries, const nlohmann::json& bound) {
+    return nlohmann::json{{"check", "reference"},
+                          {"status", "pass"},
+                          {"verdict", {{"budget", {{"samples", samples},
+                                                   {"false_alarm", {{"entries", entries}, {"bound", bound}}}}}}}};
+  };
+  const nlohmann::json bitwise = check(nlohmann::json::object(), nlohmann::json::object(), 0.0);
+  const nlohmann::json noise = check({{"noise", 8}}, {{"noise", 0.171}}, 0.171);
+  const nlohmann::json bf16 = check({{"bf16", 8}, {"noise", 8}}, {{"bf16", 0.1}, {"noise", 0.171}}, 0.271);
+  const nlohmann::json error = {{"check", "reference"}, {"status", "error"}, {"error", {{"kind", "x"}}}};
+  nlohmann::json summary = {{"lanes", {lane_of("ref", "pass", {bitwise}), lane_of("a", "pass", {noise, error}),
+                                       lane_of("b", "pass", {bf16})}}};
+  const nlohmann::json measured = matrix_false_alarm(summary);
+  EXPECT_EQ(measured["checks"], 3);
+  EXPECT_EQ(measured["measured"], 3);
+  EXPECT_NEAR(measured["bound"].get<double>(), 0.171 + 0.271, 1e-15);
+  EXPECT_EQ(measured["unmeasured"], nlohmann::json::array());
+  summary["lanes"].push_back(lane_of("c", "pass", {check({{"fp8", 3}, {"bf16", 8}}, {{"bf16", 0.1}}, nullptr)}));
+  const nlohmann::json partial = matrix_false_alarm(summary);
+  EXPECT_TRUE(partial["bound"].is_null());
+  EXPECT_EQ(partial["unmeasured"], nlohmann::json({"fp8"}));
+  EXPECT_NE(partial["summary"].get<std::string>().find("1 of 4 checks are judged by entries without held-out samples (fp8)"),
+            std::string::npos) << partial["summary"];
+  summary["lanes"] = {lane_of("a", "pass", {noise, noise, noise, noise, noise, noise, noise})};
+  EXPECT_EQ(matrix_false_alarm(summary)["bound"], 1.0);  // capped: a probability
 }
 
 // --history: oldest first by start time (not by name), the job's own --out skipped, this
