@@ -161,13 +161,15 @@ TEST(Budgets, EveryBadEntryIsAnErrorNamingTheFileAndKey) {
   }
 }
 
+// A tolerance entry [name] with one loss window and `keys` (its provenance) in between.
+std::string entry(const std::string& name, const std::string& keys) {
+  return "\n[" + name + "]\nform = \"tolerance\"\nrationale = \"r\"\ncalibrated = \"2026-11-28\"\n" + keys +
+         "\nloss = [ { steps = \"0-\", atol = 1 } ]\n";
+}
+
 // An entry from fewer than kMinCalibrationSamples samples is provisional: `samples` when the
 // entry has it, else (files written before it) `repeats`; the bitwise rule never is.
 TEST(Budgets, AnEntryFromFewerThanEightSamplesIsProvisional) {
-  const auto entry = [](const std::string& name, const std::string& count) {
-    return "\n[" + name + "]\nform = \"tolerance\"\nrationale = \"r\"\ncalibrated = \"2026-11-28\"\n" + count +
-           "\nloss = [ { steps = \"0-\", atol = 1 } ]\n";
-  };
   const Budgets b = load_budgets(write_budgets(
       "samples", shipped_text() + entry("eight", "samples = 8") + entry("three", "repeats = 3") +
                      entry("both", "repeats = 1\nsamples = 8") + entry("none", "")));
@@ -187,13 +189,10 @@ TEST(Budgets, AnEntryFromFewerThanEightSamplesIsProvisional) {
 // An entry's false-alarm bound comes from its held-out samples (k of n outside: the one-sided
 // Clopper-Pearson bound); none held out, none; the bitwise rule's is 0.
 TEST(Budgets, AnEntryBoundsItsFalseAlarmsFromItsHeldOutSamples) {
-  const auto entry = [](const std::string& name, const std::string& held) {
-    return "\n[" + name + "]\nform = \"tolerance\"\nrationale = \"r\"\ncalibrated = \"2026-11-28\"\nsamples = 8\n" + held +
-           "\nloss = [ { steps = \"0-\", atol = 1 } ]\n";
-  };
   const Budgets b = load_budgets(write_budgets(
-      "held_out", shipped_text() + entry("none", "") + entry("clean", "held_out = 16\nheld_out_outside = 0") +
-                      entry("one", "held_out = 16\nheld_out_outside = 1")));
+      "held_out", shipped_text() + entry("none", "samples = 8") +
+                      entry("clean", "samples = 8\nheld_out = 16\nheld_out_outside = 0") +
+                      entry("one", "samples = 8\nheld_out = 16\nheld_out_outside = 1")));
   EXPECT_FALSE(b.feature("none").false_alarm_bound().has_value());
   ASSERT_TRUE(b.feature("clean").false_alarm_bound().has_value());
   EXPECT_NEAR(*b.feature("clean").false_alarm_bound(), 1 - std::pow(0.05, 1.0 / 16), 1e-12);
