@@ -348,11 +348,12 @@ void choose_outputs(const CalibrateOptions& o, Calibration& c) {
 
 // The metrics the deviations measure: every per-step one, then the held-out evaluation's
 // when the runs evaluated one (a metric proposed from no sample would budget nothing).
-std::vector<std::string> measured_metrics(const std::vector<check::Deviation>& deviations) {
+std::vector<std::string> measured_metrics(const std::vector<std::vector<check::Deviation>>& repeats) {
   std::vector<std::string> metrics(std::begin(check::kBudgetMetrics), std::end(check::kBudgetMetrics));
   for (const char* metric : check::kEvalMetrics) {
     const auto measures = [&](const check::Deviation& d) { return d.metric == metric; };
-    if (std::any_of(deviations.begin(), deviations.end(), measures)) metrics.emplace_back(metric);
+    const auto any = [&](const std::vector<check::Deviation>& r) { return std::any_of(r.begin(), r.end(), measures); };
+    if (std::any_of(repeats.begin(), repeats.end(), any)) metrics.emplace_back(metric);
   }
   return metrics;
 }
@@ -363,15 +364,8 @@ struct Runs {
   std::vector<std::string> labels;  // per repeat, how the outcome lines name it
   std::vector<std::vector<check::Deviation>> deviations;  // per repeat, from the reference
 
-  // The deviations of the first `count` repeats, in one list: what a proposal is made from.
-  std::vector<check::Deviation> deviations_of_first(std::size_t count) const {
-    std::vector<check::Deviation> out;
-    for (std::size_t i = 0; i < count && i < deviations.size(); ++i) {
-      out.insert(out.end(), deviations[i].begin(), deviations[i].end());
-    }
-    return out;
-  }
-  // The same, each repeat's apart: the samples a margin is measured from.
+  // The deviations of the first `count` repeats, each repeat's apart: what a proposal is made
+  // from (each repeat one sample of the margin).
   std::vector<std::vector<check::Deviation>> per_repeat_of_first(std::size_t count) const {
     return {deviations.begin(), deviations.begin() + static_cast<std::ptrdiff_t>(std::min(count, deviations.size()))};
   }
@@ -414,8 +408,9 @@ std::string repeat_label(int i, const std::optional<std::int64_t>& seed, const H
 }
 
 // The reference once, the lane `repeats` times (seeded lanes: a new noise seed each), on each
-// emulated host in turn when --hosts names some.
-Runs run_repeats(const CalibrateOptions& o, const Matrix& matrix, const LaneSpec& spec, Calibration& c,
+// of `hosts` in turn (none: this host as it is).
+Runs run_repeats(const CalibrateOptions& o, const Matrix& matrix, const LaneSpec& spec,
+                 const std::vector<HostVariant>& hosts, Calibration& c,
                  const std::function<void(const std::string&)>& progress) {
   const std::string seed_flag = spec.reduction_seed_flag();
   const bool seeded = !seed_flag.empty();
@@ -425,7 +420,6 @@ Runs run_repeats(const CalibrateOptions& o, const Matrix& matrix, const LaneSpec
   // An external lane's repeats read one canary pack.
   const std::string pack = spec.uses_pack() ? export_matrix_pack(matrix, work.file("canary-pack.h5")) : "";
   Runs runs{check::load_receipt(work.file("reference.h5")), {}, {}, {}};
-  const std::vector<HostVariant> hosts = o.hosts.empty() ? std::vector<HostVariant>{} : parse_host_variants(o.hosts);
   const std::size_t host_count = std::max<std::size_t>(1, hosts.size());
   for (std::size_t h = 0; h < host_count; ++h) {
     const HostVariant* host = hosts.empty() ? nullptr : &hosts[h];
@@ -515,7 +509,9 @@ Runs runs_of_lane(const CalibrateOptions& o, const check::Budgets& budgets, Cali
   if (!o.hosts.empty() && o.perturb) {
     throw run::UsageError("--hosts: runs the lane's repeats on each host; give --repeats, not --perturb");
   }
-  const int hosts = o.hosts.empty() ? 1 : static_cast<int>(parse_host_variants(o.hosts).size());  // checked before any run
+  // Checked before any run: --hosts once, each variant a host the repeats run on.
+  const std::vector<HostVariant> variants = o.hosts.empty() ? std::vector<HostVariant>{} : parse_host_variants(o.hosts);
+  const int hosts = std::max(1, static_cast<int>(variants.size()));
   choose_outputs(o, c);
   const bool envelope_only = spec.id == matrix.reference;  // proposes no entry
   if (envelope_only) {
@@ -534,7 +530,7 @@ Runs runs_of_lane(const CalibrateOptions& o, const check::Budgets& budgets, Cali
   }
   c.repeats = o.repeats * hosts;
   c.source = "runs";
-  return run_repeats(o, matrix, spec, c, progress);
+  return run_repeats(o, matrix, spec, variants, c, progress);
 }
 
 // Receipts written elsewhere as the repeats, each judged against the reference receipt:
@@ -866,8 +862,9 @@ Calibration calibrate(const CalibrateOptions& o, const std::function<void(const 
   c.new_entry = new_entries.count(c.feature) > 0;
   // The last held_out repeats are held out of the proposal and only checked against it.
   const std::size_t proposing = runs.repeats.size() - static_cast<std::size_t>(c.held_out);
-  c.metrics = measured_metrics(runs.deviations_of_first(proposing));
-  propose_windows(parts, current, runs, runs.per_repeat_of_first(proposing), c);
+  const std::vector<std::vector<check::Deviation>> proposal = runs.per_repeat_of_first(proposing);
+  c.metrics = measured_metrics(proposal);
+  propose_windows(parts, current, runs, proposal, c);
 
   const std::string budgets_text = run::read_file(o.budgets_path);
   const auto candidate = [&] { return splice_section(budgets_text, c.section, section_toml(current, c), c.new_entry); };

@@ -36,7 +36,8 @@ const std::vector<Ladder>& ladders() {
   return all;
 }
 
-FaultSpec fault_of(FaultKind kind, double size, int step, const std::string& tensor) {
+// The regression of `kind` and `size` that a ladder's rung injects.
+FaultSpec regression(FaultKind kind, double size, int step, const std::string& tensor) {
   FaultSpec f;
   f.kind = kind;
   if (kind == FaultKind::kWeightScale || kind == FaultKind::kLrScale) f.step = step;
@@ -204,7 +205,7 @@ PowerReport measure_power(const PowerOptions& o, const std::function<void(const 
     for (const double size : ladder.sizes) {
       PowerRung& rung = l.rungs.emplace_back();
       rung.size = size;
-      const FaultSpec fault = fault_of(ladder.kind, size, r.step, r.tensor);
+      const FaultSpec fault = regression(ladder.kind, size, r.step, r.tensor);
       rung.fault = fault.to_string();
       if (progress) progress(fmt::format("{} {}", spec.id, rung.fault));
       judge(check::compare_receipts(runner.run_lane("faulted.h5", fault), against, budgets, "compare"), rung);

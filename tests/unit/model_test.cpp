@@ -124,6 +124,17 @@ TEST(ByteStream, IsLearnableButNotTrivial) {
   EXPECT_GE(symbols.size(), 10u);
 }
 
+// What parse_fault_spec refuses `text` with, or "accepted".
+std::string fault_error(const std::string& text, const std::vector<std::string>& ops,
+                        const std::vector<std::string>& parameters = {}) {
+  try {
+    parse_fault_spec(text, ops, parameters);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "accepted";
+}
+
 TEST(FaultSpec, ParsesAndRejectsWithTheFieldNamed) {
   const Gpt2Canary model(load_canary("tiny"));
   const auto& ops = model.forward_op_names();
@@ -133,14 +144,7 @@ TEST(FaultSpec, ParsesAndRejectsWithTheFieldNamed) {
   EXPECT_EQ(f.ulps, 1);
   EXPECT_EQ(parse_fault_spec("op=blocks.0.ln1,step=3,ulps=4", ops).ulps, 4);
   EXPECT_EQ(f.to_string(), "step=37,op=blocks.2.attn.proj,ulps=1");
-  const auto message = [&](const char* text) {
-    try {
-      parse_fault_spec(text, ops);
-    } catch (const std::invalid_argument& e) {
-      return std::string(e.what());
-    }
-    return std::string("accepted");
-  };
+  const auto message = [&](const std::string& text) { return fault_error(text, ops); };
   EXPECT_NE(message("step=1,op=blocks.9.ln1").find("unknown op 'blocks.9.ln1'"), std::string::npos);
   EXPECT_NE(message("step=x,op=blocks.0.ln1").find("step='x'"), std::string::npos);
   EXPECT_NE(message("op=blocks.0.ln1").find("nudge needs step="), std::string::npos);
@@ -165,14 +169,7 @@ TEST(FaultSpec, EveryKindRoundTripsAndTakesOnlyItsKeys) {
   EXPECT_EQ(scale.kind, FaultKind::kWeightScale);
   EXPECT_EQ(scale.by, 1e-4);
   EXPECT_EQ(scale.step, 7);
-  const auto message = [&](const std::string& text) {
-    try {
-      parse_fault_spec(text, ops, parameters);
-    } catch (const std::invalid_argument& e) {
-      return std::string(e.what());
-    }
-    return std::string("accepted");
-  };
+  const auto message = [&](const std::string& text) { return fault_error(text, ops, parameters); };
   EXPECT_NE(message("kind=lr-scale,step=1").find("lr-scale needs by="), std::string::npos);
   EXPECT_NE(message("kind=lr-scale,step=1,by=0").find("by='0' is not a relative change"), std::string::npos);
   EXPECT_NE(message("kind=lr-scale,step=1,by=-1").find("by='-1'"), std::string::npos);
