@@ -47,17 +47,20 @@ double residual(const ReceiptData& run, const ReceiptData& reference, const std:
   return series(run, metric)[at] - series(reference, metric)[at];
 }
 
-// One window's test over the repeats; `tests` is the Bonferroni count.
-DriftBias window_test(const std::vector<ReceiptData>& repeats, const ReceiptData& reference, const std::string& metric,
-                      const Window& window, double alpha, int tests) {
+// One window's test over the repeats, each against its reference; `tests` is the Bonferroni
+// count.
+DriftBias window_test(const std::vector<const ReceiptData*>& repeats, const std::vector<const ReceiptData*>& references,
+                      const std::string& metric, const Window& window, double alpha, int tests) {
   DriftBias b{metric, window};
-  const int last = std::min(window.last, reference.steps() - 1);
+  const ReceiptData& first_reference = *references.front();
+  const int last = std::min(window.last, first_reference.steps() - 1);
   std::vector<double> means;
-  for (const ReceiptData& run : repeats) {
-    const int end = std::min(last, run.steps() - 1);
+  for (std::size_t i = 0; i < repeats.size(); ++i) {
+    const ReceiptData& run = *repeats[i];
+    const int end = std::min({last, run.steps() - 1, references[i]->steps() - 1});
     if (end < window.first) continue;
     double sum = 0;
-    for (int step = window.first; step <= end; ++step) sum += residual(run, reference, metric, step);
+    for (int step = window.first; step <= end; ++step) sum += residual(run, *references[i], metric, step);
     const double mean = sum / (end - window.first + 1);
     if (mean > 0) ++b.above;
     if (mean < 0) ++b.below;
@@ -66,7 +69,7 @@ DriftBias window_test(const std::vector<ReceiptData>& repeats, const ReceiptData
   b.repeats = static_cast<int>(means.size());
   if (means.empty()) return b;
   double reference_mean = 0;
-  for (int step = window.first; step <= last; ++step) reference_mean += series(reference, metric)[step];
+  for (int step = window.first; step <= last; ++step) reference_mean += series(first_reference, metric)[step];
   b.allowed = window.allowance(reference_mean / std::max(1, last - window.first + 1));
   for (double m : means) b.mean += m;
   b.mean /= static_cast<double>(means.size());
@@ -101,21 +104,30 @@ double student_t_p(double t, int dof) {
   return incomplete_beta(dof / (dof + t * t), dof / 2.0, 0.5);
 }
 
-std::vector<DriftBias> one_sided_drift(const std::vector<ReceiptData>& repeats, const ReceiptData& reference,
+std::vector<DriftBias> one_sided_drift(const std::vector<const ReceiptData*>& repeats,
+                                       const std::vector<const ReceiptData*>& references,
                                        const std::map<std::string, std::vector<Window>>& windows, double alpha) {
+  if (repeats.empty() || references.size() != repeats.size()) return {};
   std::vector<std::pair<std::string, Window>> tested;
   for (const char* metric : kSignedMetrics) {
     const auto it = windows.find(metric);
     if (it == windows.end()) continue;
     for (const Window& w : it->second) {
-      if (!w.from_decisions_part && w.first < reference.steps()) tested.emplace_back(metric, w);
+      if (!w.from_decisions_part && w.first < references.front()->steps()) tested.emplace_back(metric, w);
     }
   }
   std::vector<DriftBias> out;
   for (const auto& [metric, window] : tested) {
-    out.push_back(window_test(repeats, reference, metric, window, alpha, static_cast<int>(tested.size())));
+    out.push_back(window_test(repeats, references, metric, window, alpha, static_cast<int>(tested.size())));
   }
   return out;
+}
+
+std::vector<DriftBias> one_sided_drift(const std::vector<ReceiptData>& repeats, const ReceiptData& reference,
+                                       const std::map<std::string, std::vector<Window>>& windows, double alpha) {
+  std::vector<const ReceiptData*> runs;
+  for (const ReceiptData& r : repeats) runs.push_back(&r);
+  return one_sided_drift(runs, std::vector<const ReceiptData*>(runs.size(), &reference), windows, alpha);
 }
 
 std::string drift_bias_line(const DriftBias& b) {

@@ -46,6 +46,12 @@ double student_t_p(double t, int dof);
 // windows and both tests). Windows anchored to the decisions' part are skipped.
 std::vector<DriftBias> one_sided_drift(const std::vector<ReceiptData>& repeats, const ReceiptData& reference,
                                        const std::map<std::string, std::vector<Window>>& windows, double alpha);
+// The same, each repeat against its own reference (references[i] for repeats[i]: pairs made
+// side by side, e.g. a layout and the one-process run of the same weights); the first
+// reference's values size the budget share.
+std::vector<DriftBias> one_sided_drift(const std::vector<const ReceiptData*>& repeats,
+                                       const std::vector<const ReceiptData*>& references,
+                                       const std::map<std::string, std::vector<Window>>& windows, double alpha);
 
 // "loss steps 10-: 8 of 8 repeats above the reference, mean +3.1e-07 (8% of the budget);
 // sign p 0.0078, t 9.1 p 1.6e-05: biased".

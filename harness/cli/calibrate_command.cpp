@@ -29,8 +29,9 @@ void add_calibrate_command(CLI::App& app, CommandRegistry& commands) {
   CLI::Option* receipts =
       calibrate->add_option("--receipts", o->receipts, "Receipts made elsewhere, as the repeats (instead of --lane)")
           ->excludes(lane);
-  calibrate->add_option("--reference", o->reference,
-                        "With --receipts: the receipt or golden they are judged against (with --perturb: optional)")
+  calibrate->add_option("--reference", o->references,
+                        "With --receipts: the receipt or golden they are judged against, or one per receipt in their "
+                        "order (pairs; with --perturb: optional)")
       ->needs(receipts);
   calibrate->add_flag("--widen", o->widen, "Never propose less than the current entry (cover another host)");
   CLI::Option* repeats =

@@ -54,6 +54,7 @@ void add_power_command(CLI::App& app, CommandRegistry& commands);      // detect
 void add_replay_command(CLI::App& app, CommandRegistry& commands);
 void add_validate_command(CLI::App& app, CommandRegistry& commands);
 void add_schema_command(CLI::App& app, CommandRegistry& commands);  // the receipt description, as JSON
+void add_hosts_command(CLI::App& app, CommandRegistry& commands);   // the emulated hosts of calibrate --hosts
 void add_export_command(CLI::App& app, CommandRegistry& commands);  // canary packs
 void add_invariance_command(CLI::App& app, CommandRegistry& commands);  // batch invariance
 void add_triage_command(CLI::App& app, CommandRegistry& commands);      // precision triage

@@ -37,6 +37,7 @@ int main(int argc, char** argv) {
   harness::cli::add_replay_command(app, commands);
   harness::cli::add_validate_command(app, commands);
   harness::cli::add_schema_command(app, commands);
+  harness::cli::add_hosts_command(app, commands);
   harness::cli::add_export_command(app, commands);
   harness::cli::add_invariance_command(app, commands);
   harness::cli::add_triage_command(app, commands);

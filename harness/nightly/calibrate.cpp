@@ -362,7 +362,13 @@ struct Runs {
   check::ReceiptData reference;  // path "" : none (--perturb of a receipt with no --reference)
   std::vector<check::ReceiptData> repeats;
   std::vector<std::string> labels;  // per repeat, how the outcome lines name it
-  std::vector<std::vector<check::Deviation>> deviations;  // per repeat, from the reference
+  std::vector<std::vector<check::Deviation>> deviations;  // per repeat, from its reference
+  // --reference per receipt: repeat i's own reference; empty: `reference` is every repeat's.
+  std::vector<check::ReceiptData> paired_references;
+
+  const check::ReceiptData& reference_of(std::size_t repeat) const {
+    return paired_references.empty() ? reference : paired_references.at(repeat);
+  }
 
   // The deviations of the first `count` repeats, each repeat's apart: what a proposal is made
   // from (each repeat one sample of the margin).
@@ -419,7 +425,7 @@ Runs run_repeats(const CalibrateOptions& o, const Matrix& matrix, const LaneSpec
   run_lane(matrix, matrix.lane(matrix.reference), work.file("reference.h5"), {}, o.threads);
   // An external lane's repeats read one canary pack.
   const std::string pack = spec.uses_pack() ? export_matrix_pack(matrix, work.file("canary-pack.h5")) : "";
-  Runs runs{check::load_receipt(work.file("reference.h5")), {}, {}, {}};
+  Runs runs{check::load_receipt(work.file("reference.h5")), {}, {}, {}, {}};
   const std::size_t host_count = std::max<std::size_t>(1, hosts.size());
   for (std::size_t h = 0; h < host_count; ++h) {
     const HostVariant* host = hosts.empty() ? nullptr : &hosts[h];
@@ -541,7 +547,10 @@ Runs runs_of_receipts(const CalibrateOptions& o, const check::Budgets& budgets, 
   if (!o.hosts.empty()) throw run::UsageError("--hosts: runs a lane here on each host; receipts were made on their own");
   if (o.perturb) {
     choose_outputs(o, c);
-    if (o.reference.empty()) {
+    if (o.references.size() > 1) {
+      throw run::UsageError("--reference: --perturb judges its runs against one reference; give one");
+    }
+    if (o.references.empty()) {
       refuse_held_out_without_proposal(o);  // an envelope
     } else {
       take_samples(o, o.perturb, fmt::format("--perturb {}", o.perturb), c);
@@ -552,35 +561,51 @@ Runs runs_of_receipts(const CalibrateOptions& o, const check::Budgets& budgets, 
     c.source = "perturbations";
     return runs;
   }
-  if (o.reference.empty()) throw run::UsageError("--receipts: name the receipt they are judged against with --reference");
+  if (o.references.empty()) throw run::UsageError("--receipts: name the receipt they are judged against with --reference");
   if (o.receipts.size() > 1000) throw run::UsageError("--receipts: at most 1000 receipts");
+  const bool paired = o.references.size() > 1;
+  if (paired && o.references.size() != o.receipts.size()) {
+    throw run::UsageError(fmt::format("--reference: give one reference, or one per receipt in their order ({} receipts, "
+                                      "{} references)",
+                                      o.receipts.size(), o.references.size()));
+  }
   choose_outputs(o, c);
   const int receipts = static_cast<int>(o.receipts.size());
   take_samples(o, receipts, fmt::format("--receipts ({} receipt{})", receipts, receipts == 1 ? "" : "s"), c);
-  Runs runs{check::load_receipt(o.reference), {}, {}, {}};
+  Runs runs{check::load_receipt(o.references.front()), {}, {}, {}, {}};
   std::set<std::string> features;
-  for (const std::string& path : o.receipts) {
+  for (std::size_t i = 0; i < o.receipts.size(); ++i) {
+    const std::string& path = o.receipts[i];
+    if (paired && i > 0) runs.paired_references.push_back(check::load_receipt(o.references[i]));
+    if (paired && i == 0) runs.paired_references.push_back(runs.reference);
+    const check::ReceiptData& reference = runs.reference_of(i);
+    if (reference.lane != runs.reference.lane) {
+      throw run::UsageError(fmt::format("--reference: {} is of lane {}, {} of lane {}: pairs of one lane against one "
+                                        "reference lane at a time",
+                                        o.references[i], reference.lane, o.references.front(), runs.reference.lane));
+    }
     runs.repeats.push_back(check::load_receipt(path));
-    runs.labels.push_back(path);
+    runs.labels.push_back(paired ? fmt::format("{} (against {})", path, o.references[i]) : path);
     const check::ReceiptData& r = runs.repeats.back();
     if (r.lane != runs.repeats.front().lane) {
       throw run::UsageError(fmt::format("--receipts: {} is of lane {}, {} of lane {}: calibrate one lane at a time", path,
                                         r.lane, o.receipts.front(), runs.repeats.front().lane));
     }
-    const std::set<std::string> these = check::budgeted_features(budgets, r, runs.reference);
+    const std::set<std::string> these = check::budgeted_features(budgets, r, reference);
     if (runs.repeats.size() > 1 && these != features) {
       throw run::UsageError(fmt::format("--receipts: {} composes {} against {}, {} composes {}: one feature set at a time",
-                                        path, fmt::join(these, "+"), o.reference, o.receipts.front(),
+                                        path, fmt::join(these, "+"), o.references[paired ? i : 0], o.receipts.front(),
                                         fmt::join(features, "+")));
     }
     features = these;
     // Checks the canary and the step ranges first.
-    runs.deviations.push_back(check::metric_deviations(r, runs.reference));
+    runs.deviations.push_back(check::metric_deviations(r, reference));
   }
   c.lane = runs.repeats.front().lane;
   c.reference = runs.reference.lane;
   c.repeats = static_cast<int>(runs.repeats.size());
-  c.source = fmt::format("{} against {}", fmt::join(o.receipts, ", "), o.reference);
+  c.source = paired ? fmt::format("{} pairs, each receipt against the reference made beside it", receipts)
+                    : fmt::format("{} against {}", fmt::join(o.receipts, ", "), o.references.front());
   return runs;
 }
 
@@ -702,7 +727,7 @@ Runs perturbed_receipt(const CalibrateOptions& o, Calibration& c, const std::fun
     throw run::UsageError("--perturb: give one receipt with --receipts (its recipe is what runs again, perturbed)");
   }
   Runs runs;
-  if (!o.reference.empty()) runs.reference = check::load_receipt(o.reference);
+  if (!o.references.empty()) runs.reference = check::load_receipt(o.references.front());
   const check::ReceiptData recorded = check::load_receipt(o.receipts.front());
   if (!recorded.complete) {
     throw run::UsageError(fmt::format("--receipts: {} is incomplete (complete = 0); perturb a finished run", recorded.path));
@@ -742,8 +767,13 @@ std::vector<check::Window> doubling_windows(int steps) {
 std::vector<check::DriftBias> one_sided_drift_of(const Runs& runs, const Calibration& c) {
   std::map<std::string, std::vector<check::Window>> windows;
   for (const WindowProposal& w : c.windows) windows[w.metric].push_back(w.proposed);
-  const auto first = runs.repeats.begin() + (c.envelope ? 1 : 0);
-  return check::one_sided_drift({first, runs.repeats.end()}, runs.reference, windows, check::kBiasAlpha);
+  const std::size_t first = c.envelope ? 1 : 0;
+  std::vector<const check::ReceiptData*> repeats, references;
+  for (std::size_t i = first; i < runs.repeats.size(); ++i) {
+    repeats.push_back(&runs.repeats[i]);
+    references.push_back(&runs.reference_of(i));
+  }
+  return check::one_sided_drift(repeats, references, windows, check::kBiasAlpha);
 }
 
 // ---- each repeat's outcome, in one line ---------------------------------------------------
@@ -789,8 +819,8 @@ void judge_repeats(const Runs& runs, const check::Budgets& budgets, const check:
     RepeatOutcome r;
     r.held_out = i >= runs.repeats.size() - static_cast<std::size_t>(c.held_out);
     r.label = runs.labels.at(i) + (r.held_out ? " (held out)" : "");
-    std::tie(r.passes_now, r.now) = outcome(runs.repeats[i], runs.reference, budgets);
-    std::tie(r.passes_proposed, r.proposed) = outcome(runs.repeats[i], runs.reference, proposed);
+    std::tie(r.passes_now, r.now) = outcome(runs.repeats[i], runs.reference_of(i), budgets);
+    std::tie(r.passes_proposed, r.proposed) = outcome(runs.repeats[i], runs.reference_of(i), proposed);
     c.passing_now += r.passes_now ? 1 : 0;
     c.passing_proposed += r.passes_proposed ? 1 : 0;
     c.held_out_outside += r.held_out && !r.passes_proposed ? 1 : 0;

@@ -28,10 +28,12 @@ struct CalibrateOptions {
   std::string out;      // candidate budgets file ("" : budgets.candidate.toml beside the budgets)
   int threads = 0;
   // From receipts instead of runs: the repeats are these receipts (written anywhere: another
-  // host, a GPU farm, a real stack), judged against `reference` (a receipt or a golden).
-  // `lane` and the matrix are then not used.
+  // host, a GPU farm, a real stack), judged against `references`: one receipt or golden for
+  // all of them, or one per receipt, in order (pairs: each receipt against the run made
+  // beside it, e.g. a ddp run against the one-process run of the same initial weights on the
+  // same host). `lane` and the matrix are then not used.
   std::vector<std::string> receipts;
-  std::string reference;
+  std::vector<std::string> references;
   // Never propose less than the current entry: cover a new host's drift without losing the
   // hosts the entry was calibrated on.
   bool widen = false;

@@ -59,6 +59,14 @@ const std::vector<HostVariant>& host_variant_presets() {
       {"onednn-sse41", {{"ONEDNN_MAX_CPU_ISA", "SSE41"}}, "oneDNN's kernels up to SSE4.1"},
       {"onednn-avx2", {{"ONEDNN_MAX_CPU_ISA", "AVX2"}}, "oneDNN's kernels up to AVX2"},
       {"onednn-avx512", {{"ONEDNN_MAX_CPU_ISA", "AVX512_CORE"}}, "oneDNN's kernels up to AVX-512 (where the CPU has it)"},
+      // The fp32 GEMM of a real stack is its BLAS's: MKL in the torch wheels, OpenBLAS in
+      // Debian's torch. Each picks its kernels from the CPU; these pin another CPU's branch.
+      {"mkl-compatible", {{"MKL_CBWR", "COMPATIBLE"}}, "MKL's kernels for any x86 CPU (torch wheels' fp32 GEMM)"},
+      {"mkl-avx2", {{"MKL_CBWR", "AVX2"}}, "MKL's AVX2 kernels: a host without AVX-512"},
+      {"mkl-avx512", {{"MKL_CBWR", "AVX512"}}, "MKL's AVX-512 kernels (where the CPU has it)"},
+      {"openblas-prescott", {{"OPENBLAS_CORETYPE", "Prescott"}}, "OpenBLAS's SSE3 kernels (Debian's torch's fp32 GEMM)"},
+      {"openblas-sandybridge", {{"OPENBLAS_CORETYPE", "Sandybridge"}}, "OpenBLAS's AVX kernels: a host without AVX2"},
+      {"openblas-haswell", {{"OPENBLAS_CORETYPE", "Haswell"}}, "OpenBLAS's AVX2 kernels"},
   };
   return presets;
 }

@@ -67,6 +67,37 @@ assert runs["bf16"].pop("method").startswith("repeats: 3 runs (noise seeds 1000.
 assert receipts["bf16"].pop("method").startswith("receipts: 3 made elsewhere")
 assert runs == receipts, (runs["bf16"], receipts["bf16"])
 PY
+# Pairs (--reference per receipt): each receipt against the run made beside it, here the
+# bf16 lane and cpu-ref from the same perturbed initial weights. The proposal rests on each
+# pair's own deviation: `observed` is the largest of the three pairs' compare.
+for s in 1 2 3; do
+  "$HARNESS" run --canary micro --steps 12 --seed 7 --perturb-init $s --out "$WORK/pair-ref$s.h5" >/dev/null 2>&1 ||
+    fail "paired reference $s"
+  "$HARNESS" run --canary micro --steps 12 --seed 7 --perturb-init $s --engine accel --features bf16 --noise-seed 1000 \
+    --out "$WORK/pair$s.h5" >/dev/null 2>&1 || fail "paired receipt $s"
+  "$HARNESS" compare "$WORK/pair$s.h5" "$WORK/pair-ref$s.h5" --budgets "$BUDGETS" --json > "$WORK/pair$s.json" 2>/dev/null
+done
+expect_exit 0 "" -- "$HARNESS" calibrate --receipts "$WORK/pair1.h5" "$WORK/pair2.h5" "$WORK/pair3.h5" \
+  --reference "$WORK/pair-ref1.h5" "$WORK/pair-ref2.h5" "$WORK/pair-ref3.h5" --budgets "$BUDGETS" \
+  --out "$WORK/pairs.candidate.toml" --provisional
+grep -q "^3 receipts of micro/accel+bf16 against micro/cpu-ref (3 pairs, each receipt against the reference made beside it)" \
+  "$WORK/pairs.candidate.md" || fail "the report does not say it calibrated from pairs: $(head -4 "$WORK/pairs.candidate.md")"
+grep -q "pair2.h5 (against .*pair-ref2.h5): now pass" "$WORK/pairs.candidate.md" || fail "repeat 2 is not judged against its pair"
+"$PY" - "$WORK/pairs.candidate.toml" "$WORK"/pair?.json <<'PY' || fail "the pairs' proposal is not made from each pair's deviation"
+import json, math, sys, tomllib
+observed = tomllib.load(open(sys.argv[1], "rb"))["bf16"]["observed"]
+for metric in ("loss", "grad_norm"):
+    largest = max(max(next(m["step_deviation"] for m in json.load(open(p))["metrics"] if m["metric"] == metric))
+                  for p in sys.argv[2:])
+    assert math.isclose(observed[metric], largest, rel_tol=5e-3), (metric, observed[metric], largest)
+PY
+expect_exit 2 "--reference: give one reference, or one per receipt in their order \\(3 receipts, 2 references\\)" -- \
+  "$HARNESS" calibrate --receipts "$WORK/pair1.h5" "$WORK/pair2.h5" "$WORK/pair3.h5" \
+  --reference "$WORK/pair-ref1.h5" "$WORK/pair-ref2.h5" --budgets "$BUDGETS" --out "$WORK/x.toml" --provisional
+expect_exit 2 "--reference: .*pair3.h5 is of lane micro/accel\+bf16" -- \
+  "$HARNESS" calibrate --receipts "$WORK/pair1.h5" "$WORK/pair2.h5" \
+  --reference "$WORK/pair-ref1.h5" "$WORK/pair3.h5" --budgets "$BUDGETS" --out "$WORK/x.toml" --provisional
+
 # A window no step of the repeats reaches (12-step receipts, a window from step 40) keeps its
 # values: nothing was measured there (a floor-sized proposal would fail every longer run).
 cp "$BUDGETS" "$WORK/later.toml"

@@ -3,8 +3,8 @@
 # run's receipt records the kernels the variant chose, so the variant is seen to reach the
 # run; the harness's engines are bitwise across their kernel variants (every host's
 # deviation the same); an entry calibrated on some hosts holds on the held-out ones and
-# names the hosts and the real CPU; PyTorch's ATen ISA moves a torch lane's bits; bad input
-# exits 2 with one line before anything runs.
+# names the hosts and the real CPU; PyTorch's ATen ISA and its BLAS's kernels move a torch
+# lane's bits; bad input exits 2 with one line before anything runs.
 source "$(dirname "$0")/lib.sh"
 MATRIX="$HERE/data/micro_nightly.toml"
 BUDGETS="$HERE/../../canaries/budgets.toml"
@@ -43,6 +43,35 @@ printf '%s\n' 'schema_version = 1' 'canary = "micro"' 'steps = 12' 'seed = 7' 'r
 expect_exit 0 "" -- calibrate --lane torch --hosts aten-default,aten-avx2 --matrix "$WORK/torch.toml" --out "$WORK/torch-hosts.toml"
 [ "$(grep '^- repeat' "$WORK/torch-hosts.md" | sed 's/^.*: now //' | sort -u | wc -l)" -eq 2 ] ||
   fail "ATen's default kernels did not move the torch lane: $(grep '^- repeat' "$WORK/torch-hosts.md")"
+# Debian's torch does its fp32 GEMMs in OpenBLAS: its SSE3 kernels move the fp32 lane's bits
+sed -i 's/precision = "bf16"/precision = "fp32"/' "$WORK/torch.toml"
+expect_exit 0 "" -- calibrate --lane torch --hosts openblas-prescott,openblas-haswell --matrix "$WORK/torch.toml" \
+  --out "$WORK/torch-blas.toml"
+[ "$(grep '^- repeat' "$WORK/torch-blas.md" | sed 's/^.*: now //' | sort -u | wc -l)" -eq 2 ] ||
+  fail "OpenBLAS's SSE3 kernels did not move the fp32 torch lane: $(grep '^- repeat' "$WORK/torch-blas.md")"
+
+# A layout entry from pairs (scripts/calibrate-layout.sh): ddp against one process of the same
+# initialisation on the same host, 2 seeds x 2 hosts; the last host's pairs held out, every
+# receipt judged against its own pair.
+LAYOUT="$HERE/../../scripts/calibrate-layout.sh"
+export HARNESS  # the script runs this harness
+expect_exit 0 "" -- "$LAYOUT" --canary micro --layouts ddp --python "$PY" --hosts aten-avx2,openblas-prescott \
+  --seeds 2 --provisional --budgets "$BUDGETS" --out "$WORK/layout"
+grep -q "^4 receipts of micro/torch+ddp against micro/torch (4 pairs," "$WORK/layout/ddp.candidate.md" ||
+  fail "the layout calibration is not made of 4 pairs: $(head -3 "$WORK/layout/ddp.candidate.md")"
+for host in aten-avx2 openblas-prescott; do
+  for seed in 1 2; do
+    tag="$host-torch[0-9a-z.]*-seed$seed"
+    grep -qE "^- \S*/ddp-$tag.h5 \(against \S*/one-$tag.h5\)" "$WORK/layout/ddp.candidate.md" ||
+      fail "no pair of $host, seed $seed: $(grep '^- ' "$WORK/layout/ddp.candidate.md")"
+  done
+done
+[ "$(grep -c '(held out)' "$WORK/layout/ddp.candidate.md")" -eq 2 ] &&
+  ! grep '(held out)' "$WORK/layout/ddp.candidate.md" | grep -q aten-avx2 || fail "the held-out pairs are not the last host's"
+expect_exit 2 "calibrate-layout.sh: --layouts: ddp or fsdp, not 'pp'" -- "$LAYOUT" --layouts pp --python "$PY" \
+  --out "$WORK/bad-layout"
+expect_exit 2 "^harness: error: --hosts: 'aten-avx3' is neither a preset" -- "$LAYOUT" --python "$PY" \
+  --hosts aten-avx3 --out "$WORK/bad-layout"
 
 # bad input: one line, exit 2, no candidate
 for bad in "--lane tp --hosts aten-avx3:--hosts: 'aten-avx3' is neither a preset \(gemm-generic, " \

@@ -108,5 +108,32 @@ TEST(DriftBias, BitwiseRepeatsAreNeitherSideAndTheLineSaysWhy) {
       << drift_bias_line(tests[1]);
 }
 
+// Pairs (calibrate --receipts R.. --reference per receipt): each repeat is judged against its
+// own reference. Repeats equal to their references are neither side, though they differ
+// from one another; the same repeats shifted by kBias are all above theirs.
+TEST(DriftBias, PairedRepeatsAreJudgedEachAgainstItsOwnReference) {
+  std::vector<ReceiptData> references;
+  for (int seed = 1; seed <= 8; ++seed) references.push_back(micro_run(seed, fmt::format("bias-pair{}", seed)));
+  std::vector<const ReceiptData*> own;
+  for (const ReceiptData& r : references) own.push_back(&r);
+  const auto equal = one_sided_drift(own, own, noise_windows(), 0.01);
+  ASSERT_EQ(equal.size(), 2u);
+  EXPECT_EQ(equal[1].above + equal[1].below, 0) << drift_bias_line(equal[1]);
+  const auto against_first = one_sided_drift(own, std::vector<const ReceiptData*>(own.size(), own.front()),
+                                             noise_windows(), 0.01);
+  EXPECT_GT(against_first[1].above + against_first[1].below, 0) << "the perturbed runs differ from one another";
+
+  std::vector<ReceiptData> shifted = references;
+  for (ReceiptData& r : shifted) {
+    for (double& loss : r.loss) loss += kBias;
+  }
+  std::vector<const ReceiptData*> repeats;
+  for (const ReceiptData& r : shifted) repeats.push_back(&r);
+  const auto biased = one_sided_drift(repeats, own, noise_windows(), 0.01);
+  EXPECT_EQ(biased[1].above, 8) << drift_bias_line(biased[1]);
+  EXPECT_TRUE(biased[1].biased) << drift_bias_line(biased[1]);
+  EXPECT_NEAR(biased[1].mean, kBias, 1e-12);
+}
+
 }  // namespace
 }  // namespace harness::check

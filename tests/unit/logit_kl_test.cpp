@@ -271,7 +271,7 @@ TEST(LogitKl, CalibrationProposesLogitWindowsFromRepeatsThatEvaluated) {
     o.budgets_path = kShippedBudgets;
     o.feature = "noise";
     o.provisional = true;  // two receipts: fewer than kMinCalibrationSamples
-    o.reference = run_receipt(lane(canary, 10, 2), fmt::format("cal-ref-{}", every));
+    o.references = {run_receipt(lane(canary, 10, 2), fmt::format("cal-ref-{}", every))};
     for (const int seed : {11, 12}) {
       const run::RunOptions noisy = lane(canary, 10, 2, "accel", "", {{"noise-seed", std::to_string(seed)}});
       o.receipts.push_back(run_receipt(noisy, fmt::format("cal-{}-{}", every, seed)));
