@@ -31,6 +31,14 @@ NUMERICS_ENV = (
     "NVIDIA_TF32_OVERRIDE",
     "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
     "OMP_NUM_THREADS",
+    # The CPU kernels a torch picks (the emulated hosts of `harness calibrate --hosts`): ATen's
+    # ISA, oneDNN's, and the fp32 GEMM's BLAS (MKL in the wheels, OpenBLAS in Debian's). Set,
+    # a run is another platform than one without them (docs/budgets.md, "Hosts").
+    "ATEN_CPU_CAPABILITY",
+    "ONEDNN_MAX_CPU_ISA",
+    "DNNL_MAX_CPU_ISA",
+    "MKL_CBWR",
+    "OPENBLAS_CORETYPE",
 )
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -31,6 +33,20 @@ def test_numerics_environment_is_recorded(monkeypatch: pytest.MonkeyPatch):
     toolchain = collect_stack_info(include_torch=False).toolchain
     assert "XLA_FLAGS=--xla_cpu_enable_fast_math=false" in toolchain and "OMP_NUM_THREADS=3" in toolchain
     assert "UNRELATED" not in toolchain
+
+
+def test_every_host_a_python_stack_reads_is_recorded(harness_bin: Path, monkeypatch: pytest.MonkeyPatch):
+    """Each variable the emulated hosts set (`harness hosts`) is in the stack line when set,
+    but the harness engines' own (HARNESS_*, recorded in their receipts' kernels): a run under
+    a host is another platform than its golden's."""
+    listing = subprocess.run([str(harness_bin), "hosts"], capture_output=True, text=True, check=True).stdout
+    variables = {assignment.split("=")[0] for line in listing.splitlines() for assignment in line.split("\t")[1].split()}
+    python_read = {name for name in variables if not name.startswith("HARNESS_")}
+    assert {"ATEN_CPU_CAPABILITY", "MKL_CBWR", "OPENBLAS_CORETYPE"} <= python_read, listing
+    for name in python_read:
+        monkeypatch.setenv(name, "X1")
+        assert f"{name}=X1" in collect_stack_info(include_torch=False).toolchain, name
+        monkeypatch.delenv(name)
 
 
 def test_torch_versions_and_determinism_settings():
