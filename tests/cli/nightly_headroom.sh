@@ -118,4 +118,21 @@ echo '{"kind": "nightly", "lanes": []}' > "$WORK/bad/broken/summary.json"
 expect_exit 2 "--history: .*/bad/broken/summary.json is not a nightly summary \(it lacks shards\[\]\)" -- \
   nightly --history "$WORK/bad" --out "$WORK/x3"
 for x in x1 x2 x3; do [ ! -e "$WORK/$x" ] || fail "a bad --history left $x behind"; done
+
+# Headroom on every host (scripts/host-headroom.sh): the nightly under each host's environment;
+# the harness's engines are bitwise across their kernel hosts, so tp keeps one headroom,
+# the summary's; under the tightened budget the table marks it fragile.
+export HARNESS  # the script runs this harness
+expect_exit 0 "" -- "$HERE/../../scripts/host-headroom.sh" --matrix "$WORK/matrix.toml" --goldens "$G" \
+  --hosts gemm-generic,elementwise-sse --out "$WORK/hosts"
+tp=$("$PY" -c 'import json,sys; print("%.0f" % json.load(open(sys.argv[1]))["lanes"][1]["headroom"]["headroom_pct"])' \
+  "$WORK/past/one/summary.json")
+grep -qx "| \`tp\` | $tp% (reference loss) | $tp% (reference loss) |" "$WORK/hosts/headroom.md" ||
+  fail "tp's headroom moved across kernel hosts, or is not $tp%: $(cat "$WORK/hosts/headroom.md")"
+grep -qx "| \`ref\` | bitwise | bitwise |" "$WORK/hosts/headroom.md" || fail "ref is not bitwise: $(cat "$WORK/hosts/headroom.md")"
+expect_exit 0 "" -- "$HERE/../../scripts/host-headroom.sh" --matrix "$WORK/matrix.toml" --goldens "$G" \
+  --budgets "$WORK/tight.toml" --hosts gemm-generic --out "$WORK/hosts-tight"
+grep -qE '^\| `tp` \| [0-9]+% \(reference loss\) fragile \|$' "$WORK/hosts-tight/headroom.md" ||
+  fail "tp under the tightened budget is not marked fragile: $(cat "$WORK/hosts-tight/headroom.md")"
+expect_exit 2 "host-headroom.sh: --out: name the directory" -- "$HERE/../../scripts/host-headroom.sh" --hosts gemm-generic
 finish
