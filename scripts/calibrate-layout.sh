@@ -53,9 +53,12 @@ done
 run_lane() {
   local python=$1 pack=$2 receipt=$3 assignments=$4 layout=${5:-}
   [ -f "$receipt" ] && return 0  # a pair already made: the receipts are kept in DIR
+  # Written beside and moved in when complete: a failed run leaves no receipt to be reused.
   # shellcheck disable=SC2086
-  env $assignments "$python" -m canary_harness.lane --pack "$pack" --out "$receipt" --canary "$canary" \
-    ${layout:+--layout "$layout"} >"$receipt.log" 2>&1 || { echo "calibrate-layout.sh: $receipt failed ($receipt.log)" >&2; exit 1; }
+  env $assignments "$python" -m canary_harness.lane --pack "$pack" --out "${receipt%.h5}.partial.h5" --force \
+    --canary "$canary" ${layout:+--layout "$layout"} >"$receipt.log" 2>&1 ||
+    { echo "calibrate-layout.sh: $receipt failed ($receipt.log)" >&2; exit 1; }
+  mv "${receipt%.h5}.partial.h5" "$receipt"
 }
 
 declare -A receipts references held

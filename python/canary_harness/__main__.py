@@ -298,6 +298,7 @@ def describe(args: argparse.Namespace) -> int:
     import torch
 
     from .canary import CanaryImportError, load_canary
+    from .regressions import linear_weights
 
     check_json_out(args.json_out)
     try:
@@ -317,9 +318,13 @@ def describe(args: argparse.Namespace) -> int:
     # version this interpreter imports (a lane under it is named after its release).
     modules = [(name, next(module.children(), None) is None) for name, module in loaded.canary.model.named_modules()
                if name]
+    # The parameters a regression may move (kind=weight-scale,tensor=P: harness power), and the
+    # linear layers' weights among them, in registration order (the first is power's default).
     described = {"name": loaded.canary.name, "steps": loaded.canary.steps, "seed": loaded.seed,
                  "canary": loaded.identity(), "modules": [name for name, _ in modules],
-                 "leaf_modules": [name for name, leaf in modules if leaf], "torch": torch.__version__}
+                 "leaf_modules": [name for name, leaf in modules if leaf], "torch": torch.__version__,
+                 "parameters": [name for name, _ in loaded.canary.model.named_parameters()],
+                 "linear_weights": linear_weights(loaded.canary.model)}
     if args.json_out is not None:
         write_json_atomically(args.json_out, described)
     else:

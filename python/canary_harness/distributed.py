@@ -42,7 +42,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import torch
 
@@ -229,6 +229,29 @@ def shard_model(model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: 
         group["params"] = [after[before[id(p)][0]] for p in group["params"]]
     _shard_state(optimizer, before, after)
     return model
+
+
+@contextlib.contextmanager
+def whole_for_evaluation(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """The model an evaluation between steps runs on, whole: DDP's own module (the wrapper has
+    only forward, and an evaluation may call another method: eval_logits=lambda model,
+    batch: model.logits(...)); FSDP2's with its parameters gathered, sharded again after.
+    FSDP2 gathers a module's parameters in its forward's hooks, which such a method never
+    runs, and keeps the root's gathered after a forward for the backward that follows, which
+    an evaluation has none of: left so, the next step would read the gathered parameters'
+    gradients (None) while its own are reduced into the shards."""
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        yield model.module
+        return
+    unshard = getattr(model, "unshard", None)  # FSDPModule's (fully_shard's class)
+    if not callable(unshard):
+        yield model
+        return
+    unshard()
+    try:
+        yield model
+    finally:
+        model.reshard()
 
 
 def _shard_state(optimizer: torch.optim.Optimizer, before: Dict[int, tuple], after: Dict[str, Any]) -> None:

@@ -51,9 +51,10 @@ from .canary import CanaryError, LoadedCanary
 from .digest import batch_hash, batch_tree_hash
 from .devices import place_on_device, to_device
 from .digest_plan import DigestRows
-from .distributed import mean_over_ranks, shard_batch, shard_model, whole
+from .distributed import mean_over_ranks, shard_batch, shard_model, whole, whole_for_evaluation
 from .perturb import perturb_parameters
 from .receipt import ReceiptWriter
+from .regressions import RegressionFault, RegressionSpec, is_regression, parse_regression
 from .recording import MomentSource, StepDigest, Worker, host_float, host_float32
 from .stack import StackInfo, collect_stack_info, git_commit_of, imported_distributions, with_model
 
@@ -374,6 +375,10 @@ class CanaryLoop:
         self.fault = _install_fault(self.canary, options.fault, device)
         self.autocast_off = _autocast_off(self.canary.model, options, device)
         self.rank = options.rank
+        if isinstance(options.fault, RegressionSpec) and options.fault.kind == "weight-scale" and \
+                self.rank is not None and self.rank.layout == "fsdp":
+            raise CanaryError("--inject-fault: kind=weight-scale: not with --layout fsdp (its shards replace the "
+                              "parameters the fault would scale); run it in one process or with --layout ddp")
         # What the step is handed as its model: the model, sharded or wrapped for the layout
         # (before the capture, which takes FSDP's new parameters), compiled last (after every hook).
         self.model = shard_model(self.canary.model, self.canary.optimizer, self.rank) if self.rank is not None \
@@ -455,7 +460,11 @@ class CanaryLoop:
         """The held-out evaluation at the start of `step` (held_out.EvalRow), outside any step:
         on the model the step is handed, torch.compile's wrapper aside (the evaluation's hooks
         and its other call would recompile the step's graph; the module runs eagerly)."""
-        return self.held_out.evaluate(getattr(self.model, "_orig_mod", self.model), step)
+        model = getattr(self.model, "_orig_mod", self.model)
+        if self.rank is None:
+            return self.held_out.evaluate(model, step)
+        with whole_for_evaluation(model) as whole_model:  # a layout's: docs/own-model.md, "More than one process"
+            return self.held_out.evaluate(whole_model, step)
 
     def _compile_row(self, step: int) -> Optional[Dict[str, float]]:
         """The step's /compile row: torch_xla's own counters on XLA, the audit's static ones
@@ -713,9 +722,12 @@ def _autocast_off(model: torch.nn.Module, options: RunOptions, device: torch.dev
 
 
 def _install_fault(canary: Any, spec: Any, device: torch.device) -> Any:
-    """A module fault (_Fault), an aten op call's (MODULE:ATEN[#N]: aten_fault.AtenFault), or None."""
+    """A module fault (_Fault), an aten op call's (MODULE:ATEN[#N]: aten_fault.AtenFault), a
+    regression (kind=...: regressions.RegressionFault), or None."""
     if spec is None:
         return None
+    if isinstance(spec, RegressionSpec):
+        return RegressionFault(canary.model, canary.optimizer, spec)
     from .aten_fault import AtenFault, split_target
 
     if split_target(spec.op) is not None:
@@ -724,7 +736,10 @@ def _install_fault(canary: Any, spec: Any, device: torch.device) -> Any:
 
 
 def parse_canary_fault(text: str, model: torch.nn.Module, steps: int) -> Any:
-    """--inject-fault of a Python canary: op=PATH (a module) or MODULE:ATEN[#N] (an aten op call)."""
+    """--inject-fault of a Python canary: op=PATH (a module), MODULE:ATEN[#N] (an aten op call)
+    or a regression (kind=weight-scale|weight-ulps|lr-scale|eps-scale,...: regressions.py)."""
+    if is_regression(text):
+        return parse_regression(text, [name for name, _ in model.named_parameters()], steps)
     from .aten_fault import target_problem
     from .faults import parse_fault
 

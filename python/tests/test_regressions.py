@@ -1,0 +1,116 @@
+"""Regressions injected into a Python canary (canary_harness.regressions: harness power's
+ladders, docs/budgets.md "Detection power"): the text parsed as canaries/fault.cpp parses it
+and written back in its canonical form; each kind moves the run from its step and not
+before; lr-scale scales the team's own schedule without compounding it; a regressed receipt
+replays bit for bit from checkpoints before and after the regression's step."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import run_module
+from test_python_canary import SMALL, first_difference, manifest, run, series
+
+from canary_harness.regressions import parse_regression
+from canary_harness.usage import UsageError
+
+SCHEDULED = str(Path(__file__).parent / "own_canaries" / "scheduled.py")
+PARAMETERS = ["embed.weight", "hidden.weight", "hidden.bias", "out.weight", "out.bias"]
+
+
+@pytest.mark.parametrize("text, canonical", [
+    ("kind=weight-scale,step=2,tensor=out.weight,by=1e-4", "kind=weight-scale,step=2,tensor=out.weight,by=0.0001"),
+    ("by=0.01,tensor=hidden.weight,step=0,kind=weight-scale", "kind=weight-scale,step=0,tensor=hidden.weight,by=0.01"),
+    ("kind=weight-ulps,tensor=out.bias,ulps=65536", "kind=weight-ulps,tensor=out.bias,ulps=65536"),
+    ("kind=lr-scale,step=5,by=1e-05", "kind=lr-scale,step=5,by=1e-05"),
+    ("kind=lr-scale,step=1,by=-0.5", "kind=lr-scale,step=1,by=-0.5"),
+    ("kind=eps-scale,by=10.0", "kind=eps-scale,by=10"),
+    ("kind=eps-scale,by=1e-7", "kind=eps-scale,by=1e-07"),
+])
+def test_a_regression_is_written_back_as_the_cpp_writes_it(text: str, canonical: str) -> None:
+    spec = parse_regression(text, PARAMETERS, 6)
+    assert str(spec) == canonical
+    assert parse_regression(str(spec), PARAMETERS, 6) == spec
+
+
+@pytest.mark.parametrize("text, says", [
+    ("kind=weight-tilt,by=1", "kind='weight-tilt' is not a fault kind (nudge, weight-scale"),
+    ("kind=weight-scale,step=1,by=0.1", "weight-scale needs tensor=... (it takes step, tensor, by)"),
+    ("kind=lr-scale,step=1,by=0.1,tensor=out.weight", "unknown key 'tensor' for lr-scale (known: step, by)"),
+    ("kind=lr-scale,step=6,by=0.1", "step=6 is past the last step (5)"),
+    ("kind=lr-scale,step=1,by=-1", "by='-1' is not a relative change E > -1, E != 0"),
+    ("kind=lr-scale,step=1,by=0", "by='0' is not a relative change"),
+    ("kind=eps-scale,by=0", "by='0' is not a factor > 0"),
+    ("kind=eps-scale,by=1_0", "by='1_0' is not a factor > 0"),
+    ("kind=eps-scale,by=inf", "by='inf' is not a factor > 0"),
+    ("kind=weight-ulps,tensor=out.weight,ulps=0", "ulps='0' is not an integer >= 1"),
+    ("kind=weight-ulps,tensor=lm_head.weight,ulps=1", "unknown tensor 'lm_head.weight' (the model's parameters, e.g."),
+    ("kind=eps-scale,by=2,by=3", "by given twice"),
+    ("kind=eps-scale,by", "field 'by' is not key=value"),
+])
+def test_a_bad_regression_is_refused_naming_its_field(text: str, says: str) -> None:
+    with pytest.raises(UsageError) as refused:
+        parse_regression(text, PARAMETERS, 6)
+    assert says in str(refused.value)
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("regressions") / "clean.h5"
+    run(f"{SMALL}:canary", "--out", str(out))
+    return out
+
+
+@pytest.mark.parametrize("fault, params_from, loss_from", [
+    ("kind=weight-scale,step=2,tensor=hidden.weight,by=0.001", 2, 2),  # scaled before step 2's forward
+    ("kind=weight-ulps,tensor=hidden.weight,ulps=4096", 0, 0),            # an initial weight
+    ("kind=lr-scale,step=2,by=0.01", 2, 3),                               # step 2's update, step 3's loss
+    ("kind=eps-scale,by=1000", 0, 1),                                     # every update, from step 0's
+])
+def test_each_kind_moves_the_run_from_its_step_and_not_before(clean: Path, tmp_path: Path, fault: str, params_from: int,
+                                                              loss_from: int) -> None:
+    out = tmp_path / "regressed.h5"
+    run(f"{SMALL}:canary", "--out", str(out), "--inject-fault", fault)
+    assert manifest(out)["fault_injection"] == str(parse_regression(fault, PARAMETERS, 6))
+    a, b = series(clean), series(out)
+    assert first_difference(a, b, "hashes/params") == params_from
+    assert first_difference(a, b, "steps/loss") == loss_from
+
+
+def test_lr_scale_scales_the_teams_schedule_without_compounding_it(tmp_path: Path) -> None:
+    """transformers' cosine schedule with warmup (a LambdaLR stepped inside the step): from
+    step 3 every recorded lr is the schedule's own times 1.25, never 1.25 squared."""
+    clean, scaled = tmp_path / "clean.h5", tmp_path / "scaled.h5"
+    run(f"{SCHEDULED}:cosine_declared", "--out", str(clean))
+    run(f"{SCHEDULED}:cosine_declared", "--out", str(scaled), "--inject-fault", "kind=lr-scale,step=3,by=0.25")
+    lr, lr_scaled = series(clean)["steps/lr"], series(scaled)["steps/lr"]
+    assert np.array_equal(lr[:3], lr_scaled[:3])
+    assert lr[3:].max() > 0 and np.allclose(lr_scaled[3:], lr[3:] * 1.25, rtol=1e-7, atol=0)
+
+
+@pytest.mark.parametrize("fault", ["kind=weight-scale,step=3,tensor=out.weight,by=0.01", "kind=lr-scale,step=3,by=0.01",
+                                   "kind=eps-scale,by=100", "kind=weight-ulps,tensor=out.weight,ulps=256"])
+def test_a_regressed_receipt_replays_bit_for_bit_from_before_and_after_its_step(tmp_path: Path, fault: str) -> None:
+    out = tmp_path / "regressed.h5"
+    run(f"{SMALL}:canary", "--out", str(out), "--inject-fault", fault, "--checkpoint-every", "2")
+    for start in ("0", "2", "4"):
+        replayed = run_module("canary_harness", "replay", str(out), "--from", start)
+        assert f"steps {start}-5 bitwise equal to the receipt" in replayed.stdout, replayed.stdout
+
+
+def test_describe_lists_the_parameters_and_the_linear_weights() -> None:
+    described = json.loads(run_module("canary_harness", "describe", f"{SMALL}:canary").stdout)
+    assert described["parameters"] == PARAMETERS
+    assert described["linear_weights"] == ["hidden.weight", "out.weight"]  # not the embedding's table
+
+
+def test_eps_scale_of_an_optimizer_without_eps_exits_2_in_one_line(tmp_path: Path) -> None:
+    result = run(f"{SMALL}:sgd", "--out", str(tmp_path / "r.h5"), "--inject-fault", "kind=eps-scale,by=10", check=False)
+    assert result.returncode == 2, result.stderr
+    assert "kind=eps-scale: the canary's optimizer (SGD) has no eps" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not (tmp_path / "r.h5").exists()
