@@ -499,9 +499,9 @@ Runs runs_of_lane(const CalibrateOptions& o, const check::Budgets& budgets, Cali
   const auto chosen = select_lanes(matrix, o.lane, "--lane");
   if (o.lane.empty() || chosen.size() != 1) throw run::UsageError("--lane: name one lane of the matrix (its id or name)");
   const LaneSpec& spec = *chosen.front();
-  if (o.power && spec.external()) {
+  if (o.power && spec.external() && !spec.python_canary) {
     throw run::UsageError(fmt::format("--power: {} runs a command; the ladder injects its regressions into the harness's "
-                                      "engines", spec.id));
+                                      "engines and Python canaries", spec.id));
   }
   if (spec.id == matrix.reference && !o.perturb) {  // perturbed, the reference gives its envelope
     throw run::UsageError(fmt::format("--lane: {} is the reference lane itself", spec.id));

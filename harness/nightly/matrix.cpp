@@ -178,6 +178,8 @@ class Parser {
     const auto modules = described.value("modules", std::vector<std::string>{});
     const auto leaves = described.value("leaf_modules", std::vector<std::string>{});
     m.control_faults = control_faults(root, m.steps, modules, leaves);
+    m.python_parameters = described.value("parameters", std::vector<std::string>{});
+    m.python_linear_weights = described.value("linear_weights", std::vector<std::string>{});
     return with_lanes(root, std::move(m));
   }
 

@@ -70,6 +70,9 @@ struct Matrix {
   // `control-fault`, or by default 1 ulp in each of the canary's first kControlFaultOps
   // forward ops (a Python canary's leaf modules) at the middle step. Empty: none.
   std::vector<canary::FaultSpec> control_faults;
+  // A Python canary's parameters and, among them, its linear layers' weights, in registration
+  // order (`describe`): what harness power may move, and moves by default. Empty otherwise.
+  std::vector<std::string> python_parameters, python_linear_weights;
   std::vector<LaneSpec> lanes;
 
   const LaneSpec& lane(const std::string& id) const;  // throws MatrixError

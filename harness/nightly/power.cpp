@@ -10,6 +10,7 @@
 #include "canary_run.h"
 #include "fault.h"
 #include "file_io.h"
+#include "lane_run.h"
 #include "matrix.h"
 #include "verdict.h"
 #include "verdict_report.h"
@@ -58,23 +59,40 @@ std::string ladder_what(FaultKind kind, int step, const std::string& tensor) {
   return "";
 }
 
-// The parameter the weight faults move: the one named, or the canary's first linear
-// layer's weight (from the tensors' roles: the layer a scaled output comes from).
-std::string weight_to_move(const canary::Canary& model, const std::string& wanted) {
-  const std::vector<std::string> names = model.parameter_names();
+// The parameter the weight faults move: the one named (one of `parameters`), or the
+// canary's first linear layer's weight (`first_linear`, "" when it has none).
+std::string weight_to_move(const std::vector<std::string>& parameters, const std::string& first_linear,
+                           const std::string& canary, const std::string& wanted) {
   if (!wanted.empty()) {
-    if (std::find(names.begin(), names.end(), wanted) == names.end()) {
-      throw run::UsageError(fmt::format("--tensor: {} is not a parameter of {} (e.g. {}, {})", wanted,
-                                        model.config().name, names.front(), names.back()));
+    if (std::find(parameters.begin(), parameters.end(), wanted) == parameters.end()) {
+      throw run::UsageError(fmt::format("--tensor: {} is not a parameter of {} (e.g. {}, {})", wanted, canary,
+                                        parameters.front(), parameters.back()));
     }
     return wanted;
   }
-  for (TensorId p : model.parameters()) {
-    const TensorDesc& d = model.tensors()[p];
-    if (d.role.linear != LinearRole::None && d.rank() >= 2) return d.name;
+  if (first_linear.empty()) {
+    throw run::UsageError(fmt::format("--tensor: {} has no linear layer's weight; name the parameter to move", canary));
   }
-  throw run::UsageError(
-      fmt::format("--tensor: {} has no linear layer's weight; name the parameter to move", model.config().name));
+  return first_linear;
+}
+
+// The matrix canary's weight to move: a built-in or canary file's from its tensors' roles (the
+// layer a scaled output comes from), a Python canary's from what `describe` found.
+std::string weight_to_move(const Matrix& matrix, const std::string& wanted) {
+  if (matrix.python_canary) {
+    const std::vector<std::string>& linear = matrix.python_linear_weights;
+    return weight_to_move(matrix.python_parameters, linear.empty() ? "" : linear.front(), matrix.canary_name, wanted);
+  }
+  const std::unique_ptr<canary::Canary> model = canary::make_canary(run::load_run_canary(matrix.canary));
+  std::string first_linear;
+  for (TensorId p : model->parameters()) {
+    const TensorDesc& d = model->tensors()[p];
+    if (d.role.linear != LinearRole::None && d.rank() >= 2) {
+      first_linear = d.name;
+      break;
+    }
+  }
+  return weight_to_move(model->parameter_names(), first_linear, matrix.canary_name, wanted);
 }
 
 // The noise seed of a seeded lane whose matrix pins none (calibrate's default seed base).
@@ -91,6 +109,12 @@ class LaneRunner {
   }
 
   check::ReceiptData run(const LaneSpec& spec, const std::string& name, const std::optional<FaultSpec>& fault) const {
+    if (spec.python_canary) {  // `python3 -m canary_harness run ... --inject-fault TEXT` (its regressions.py)
+      LaneSpec faulted = spec;
+      if (fault) faulted.command.insert(faulted.command.end(), {"--inject-fault", fault->to_string()});
+      nightly::run_lane(matrix_, faulted, work_.file(name), {}, threads_);
+      return check::load_receipt(work_.file(name));
+    }
     run::RunOptions options = matrix_.run_options(spec, work_.file(name));
     options.force = true;
     options.threads = threads_;
@@ -161,14 +185,14 @@ PowerReport measure_power(const PowerOptions& o, const std::function<void(const 
   const auto chosen = select_lanes(matrix, o.lane, "--lane");
   if (o.lane.empty() || chosen.size() != 1) throw run::UsageError("--lane: name one lane of the matrix (its id or name)");
   const LaneSpec& spec = *chosen.front();
-  if (spec.external()) {
+  if (spec.external() && !spec.python_canary) {
     throw run::UsageError(fmt::format("--lane: {} runs a command ({}); the ladder injects its regressions into the "
-                                      "harness's engines, so measure a lane of cpu-ref, accel or tpu-mesh",
+                                      "harness's engines and Python canaries, so measure a lane of cpu-ref, accel, "
+                                      "tpu-mesh or a Python canary's matrix",
                                       spec.id, spec.engine));
   }
   const std::vector<Ladder> climbed = chosen_ladders(o.kinds);
   const check::Budgets budgets = check::load_budgets(o.budgets_path);
-  const std::unique_ptr<canary::Canary> model = canary::make_canary(run::load_run_canary(matrix.canary));
   PowerReport r;
   r.lane = spec.lane;
   r.steps = matrix.steps;
@@ -176,7 +200,7 @@ PowerReport measure_power(const PowerOptions& o, const std::function<void(const 
   if (r.step >= matrix.steps) {
     throw run::UsageError(fmt::format("--step: {} is past the matrix's last step ({})", r.step, matrix.steps - 1));
   }
-  r.tensor = weight_to_move(*model, o.tensor);
+  r.tensor = weight_to_move(matrix, o.tensor);
 
   const LaneRunner runner(matrix, spec, o.threads);
   const bool is_reference = spec.id == matrix.reference;

@@ -97,7 +97,7 @@ def test_lr_scale_scales_the_teams_schedule_without_compounding_it(tmp_path: Pat
 def test_a_regressed_receipt_replays_bit_for_bit_from_before_and_after_its_step(tmp_path: Path, fault: str) -> None:
     out = tmp_path / "regressed.h5"
     run(f"{SMALL}:canary", "--out", str(out), "--inject-fault", fault, "--checkpoint-every", "2")
-    for start in ("0", "2", "4"):
+    for start in ("2", "4"):  # a checkpoint before step 3 and one after it
         replayed = run_module("canary_harness", "replay", str(out), "--from", start)
         assert f"steps {start}-5 bitwise equal to the receipt" in replayed.stdout, replayed.stdout
 

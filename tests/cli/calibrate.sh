@@ -256,28 +256,32 @@ expect_exit 1 "" -- "$HARNESS" calibrate --receipts "$WORK"/r100[0-9].h5 "$WORK/
   --reference "$WORK/ref.h5" --held-out 4 --budgets "$BUDGETS" --out "$WORK/held-receipts.toml"
 grep -q '^false alarm 1 of 4 held-out samples outside the proposal: false-alarm rate below 75.1% at 95%' "$WORK/stdout" ||
   fail "the faulted held-out receipt is not counted outside: $(grep -i 'false alarm\|held out' "$WORK/stdout")"
-"$PY" - "$WORK/bias.toml" "$WORK/held.toml" "$WORK/held-receipts.toml" "$WORK/held-both.toml" <<'PY' || fail "the held-out entries"
-import sys, tomllib
+"$PY" - "$WORK/bias.toml" "$WORK/held.toml" "$WORK/held-receipts.toml" "$WORK/held-none.toml" <<'PY' || fail "the held-out entries"
+import re, sys, tomllib
 eight, held, receipts = (tomllib.load(open(p, "rb"))["bf16"] for p in sys.argv[1:4])
 for metric in ("loss", "grad_norm", "params_sketch"):
     assert held[metric] == eight[metric], (metric, held[metric], eight[metric])  # the 4 held out proposed nothing
 assert held["samples"] == 8 and held["held_out"] == 4 and held["held_out_outside"] == 0, held
 assert receipts["samples"] == 8 and receipts["held_out"] == 4 and receipts["held_out_outside"] == 1, receipts
+# held-none: [noise] without its held-out samples (the shipped entry has 16, none outside)
 text = open(sys.argv[2]).read()
-head = text.index("[noise]\n")
-open(sys.argv[4], "w").write(text[:head] + text[head:].replace("repeats = 3\n", "samples = 8\nheld_out = 16\n", 1))
+head = text.index("\n[noise]\n") + 1
+end = text.index("\n[", head)
+assert "held_out = 16\n" in text[head:end]
+body = re.sub(r"(?m)^held_out(_outside)? = .*\n", "", text[head:end])
+open(sys.argv[4], "w").write(text[:head] + body + text[end:])
 PY
-for budgets in held.toml held-both.toml; do
+for budgets in held-none.toml held.toml; do
   expect_exit 0 "" -- "$HARNESS" compare "$WORK/r1000.h5" "$WORK/ref.h5" --budgets "$WORK/$budgets" --json
   cp "$WORK/stdout" "$WORK/$budgets.json"
 done
-expect_exit 0 "" -- "$HARNESS" compare "$WORK/r1000.h5" "$WORK/ref.h5" --budgets "$WORK/held-both.toml"
+expect_exit 0 "" -- "$HARNESS" compare "$WORK/r1000.h5" "$WORK/ref.h5" --budgets "$WORK/held.toml"
 grep -qE '^budget      bf16 \+ noise \(.*\) \(false alarms below 69.8% at 95%\)$' "$WORK/stdout" ||
   fail "check does not state the bound: $(grep '^budget' "$WORK/stdout")"
-"$PY" - "$WORK/held.toml.json" "$WORK/held-both.toml.json" <<'PY' || fail "the JSON verdict's false-alarm bound"
+"$PY" - "$WORK/held-none.toml.json" "$WORK/held.toml.json" <<'PY' || fail "the JSON verdict's false-alarm bound"
 import json, sys
 one, both = (json.load(open(p))["budget"]["false_alarm"] for p in sys.argv[1:])
-assert one["bound"] is None and set(one["entries"]) == {"bf16"}, one  # [noise] has no held-out samples
+assert one["bound"] is None and set(one["entries"]) == {"bf16"}, one  # [noise] has no held-out samples there
 assert abs(both["bound"] - (1 - 0.05 ** (1 / 4)) - (1 - 0.05 ** (1 / 16))) < 1e-12 and both["confidence"] == 0.95, both
 PY
 # Refused before anything runs: nothing left to propose from, too few besides the held out,
@@ -324,13 +328,16 @@ for given in "--lane bf16 --repeats 3:--repeats 3" \
 done
 # [noise], which the bf16 lane composes too, from 8 samples; [bf16] from the 3 above (few) or 8
 "$PY" - "$WORK/budgets.candidate.toml" "$WORK/few.toml" "$WORK/eight.toml" <<'PY' || fail "cannot write entries from 8 samples"
-import sys
-text = open(sys.argv[1]).read()
-head = text.index("[noise]\n")
-text = text[:head] + text[head:].replace("repeats = 3\n", "samples = 8\n", 1)
+import re, sys
+def with_samples(text, section, n):
+    head = text.index("\n[%s]\n" % section) + 1
+    end = text.index("\n[", head)
+    body, count = re.subn(r"(?m)^(repeats|samples) = \d+$", "samples = %d" % n, text[head:end], count=1)
+    assert count == 1, section
+    return text[:head] + body + text[end:]
+text = with_samples(open(sys.argv[1]).read(), "noise", 8)
 open(sys.argv[2], "w").write(text)
-head = text.index("[bf16]\n")
-open(sys.argv[3], "w").write(text[:head] + text[head:].replace("samples = 3\n", "samples = 8\n", 1))
+open(sys.argv[3], "w").write(with_samples(text, "bf16", 8))
 PY
 for budgets in few.toml eight.toml; do
   expect_exit 0 "" -- "$HARNESS" compare "$WORK/r1000.h5" "$WORK/ref.h5" --budgets "$WORK/$budgets"

@@ -334,7 +334,7 @@ grep -q '"kind": "step_range"' "$WORK/short/summary.json" || fail "a step-range 
 sed 's/^shard-plan = "tp"/shard-plan = "tp"\nmesh-size = 4/' "$MATRIX" > "$WORK/badkey.toml"
 M="$WORK/badkey.toml" expect_exit 2 "badkey.toml: lanes\[3\] \(tp\)\.mesh-size: unknown key" -- nightly --out "$WORK/x1"
 [ ! -e "$WORK/x1" ] || fail "a bad matrix left a report directory"
-sed 's/\[bf16\]/[bf16]\nwindow = 3/' "$BUDGETS" > "$WORK/badbudget.toml"
+sed 's/^\[bf16\]$/[bf16]\nwindow = 3/' "$BUDGETS" > "$WORK/badbudget.toml"
 B="$WORK/badbudget.toml" expect_exit 2 "badbudget.toml: \[bf16\]\.window: unknown key" -- nightly --out "$WORK/x2"
 [ ! -e "$WORK/x2" ] || fail "bad budgets left a report directory"
 expect_exit 2 "--shard: '2/2' is not i/N" -- nightly --shard 2/2 --out "$WORK/x3"

@@ -3,8 +3,8 @@
 # FILE.py:NAME runs its torch lanes through `python3 -m canary_harness run`, with no canary
 # pack; goldens refreshed and approved from the matrix; a budget calibrated from perturbed
 # runs of the bf16 lane, under which the nightly passes, its negative control seen; a failing lane whose report's
-# reproduce command, run as printed, makes its receipt again bit for bit; bad matrices exit
-# 2 with one line naming the file and key.
+# reproduce command, run as printed, makes its receipt again bit for bit; the lanes' detection
+# power; bad matrices exit 2 with one line naming the file and key.
 source "$(dirname "$0")/lib.sh"
 unset CI
 SMALL=$(cd "$HERE/../../python/tests/own_canaries" && pwd)/small.py
@@ -71,6 +71,27 @@ case "$again" in *"-m canary_harness run "*"--precision bf16"*"--out bf16.h5") ;
 (cd "$WORK" && bash -c "$again" >/dev/null 2>&1) || fail "the report's rerun command failed: $again"
 expect_exit 0 "" -- "$HARNESS" compare "$WORK/bf16.h5" "$WORK/fail/receipts/bf16.h5"
 grep -q "budget      reference (bitwise" "$WORK/stdout" || fail "the rerun is not bitwise the nightly's receipt"
+
+# Detection power of a Python canary's lanes (docs/own-model.md, "What the budget catches"):
+# the regressions go in through `python3 -m canary_harness run --inject-fault kind=...`. The
+# bitwise reference lane catches the smallest rung of every ladder at its step, in the
+# first linear layer's weight (hidden.weight: the embedding's table is not one); a rung run
+# by hand as its --json names it fails the golden check at that step.
+expect_exit 0 "" -- "$HARNESS" power --lane fp32 --matrix "$MATRIX" --json
+"$PY" - "$WORK/stdout" <<'PY' || fail "the reference lane's power"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert (r["lane"], r["tensor"], r["step"], r["bitwise"], r["too_loose"]) == ("small/torch", "hidden.weight", 1, True, False), r
+caught = {l["kind"]: (l["smallest_caught"], l["step"], len(l["rungs"])) for l in r["ladders"]}
+assert caught == {"weight-scale": (1e-07, 1, 1), "weight-ulps": (1, 0, 1), "lr-scale": (1e-05, 1, 1),
+                  "eps-scale": (10, 0, 1)}, caught
+PY
+(cd "$WORK/m" && PYTHONPATH="$HERE/../../python" "$PY" -m canary_harness run small.py:canary --steps 4 --out "$WORK/lr-rung.h5" \
+  --inject-fault kind=lr-scale,step=1,by=1e-05 >/dev/null 2>&1) || fail "the lr-scale rung, run by hand"
+expect_exit 1 "" -- "$HARNESS" check "$WORK/lr-rung.h5" --goldens "$WORK/g"
+grep -q "first failing step 1" "$WORK/stdout" || fail "the lr-scale rung does not fail its golden check at step 1: $(cat "$WORK/stdout")"
+expect_exit 2 "--tensor: nope is not a parameter of small \\(e.g. embed.weight, out.bias\\)" -- \
+  "$HARNESS" power --lane fp32 --matrix "$MATRIX" --tensor nope
 
 # A team on torch 2.x: every lane under .venv/'s interpreter (python = PATH), named after its
 # release, the fp32 lane the bitwise reference; goldens of their own; the compiled lane
