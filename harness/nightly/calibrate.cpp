@@ -159,6 +159,11 @@ std::string method_text(const Calibration& c) {
                                  : fmt::format("repeats: {} runs (noise seeds {}..{}){}; {}", c.repeats,
                                                c.noise_seeds.front(), c.noise_seeds.back(), hosts, rule);
   }
+  if (c.paired) {
+    return fmt::format("pairs: {} receipts, each against the reference run made beside it (the same weights, stack and "
+                       "host); {}",
+                       c.repeats, rule);
+  }
   return fmt::format("receipts: {} made elsewhere; {}", c.repeats, rule);
 }
 
@@ -604,6 +609,7 @@ Runs runs_of_receipts(const CalibrateOptions& o, const check::Budgets& budgets, 
   c.lane = runs.repeats.front().lane;
   c.reference = runs.reference.lane;
   c.repeats = static_cast<int>(runs.repeats.size());
+  c.paired = paired;
   c.source = paired ? fmt::format("{} pairs, each receipt against the reference made beside it", receipts)
                     : fmt::format("{} against {}", fmt::join(o.receipts, ", "), o.references.front());
   return runs;

@@ -101,6 +101,7 @@ struct Calibration {
   int held_out = 0, held_out_outside = 0;
   std::string candidate_path, report_path;
   std::string source;  // where the repeats came from: "runs", or the receipts' paths
+  bool paired = false;  // receipts each judged against its own reference (--reference per receipt)
   bool widened = false;
   std::vector<RepeatOutcome> outcomes;
   std::optional<PerturbationEnvelope> envelope;  // --perturb

@@ -85,7 +85,9 @@ grep -q "^3 receipts of micro/accel+bf16 against micro/cpu-ref (3 pairs, each re
 grep -q "pair2.h5 (against .*pair-ref2.h5): now pass" "$WORK/pairs.candidate.md" || fail "repeat 2 is not judged against its pair"
 "$PY" - "$WORK/pairs.candidate.toml" "$WORK"/pair?.json <<'PY' || fail "the pairs' proposal is not made from each pair's deviation"
 import json, math, sys, tomllib
-observed = tomllib.load(open(sys.argv[1], "rb"))["bf16"]["observed"]
+entry = tomllib.load(open(sys.argv[1], "rb"))["bf16"]
+assert entry["method"].startswith("pairs: 3 receipts, each against the reference run made beside it"), entry["method"]
+observed = entry["observed"]
 for metric in ("loss", "grad_norm"):
     largest = max(max(next(m["step_deviation"] for m in json.load(open(p))["metrics"] if m["metric"] == metric))
                   for p in sys.argv[2:])
