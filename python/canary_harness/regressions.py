@@ -144,7 +144,8 @@ class RegressionFault:
                 flat = self.parameter.view(-1)
                 flat[:1] = _ulps_up(torch, flat[:1], spec.ulps)
         if spec.kind == "eps-scale":
-            groups = [g for g in optimizer.param_groups if isinstance(g.get("eps"), float)]
+            groups = [g for g in optimizer.param_groups
+                      if isinstance(g.get("eps"), (int, float)) and not isinstance(g.get("eps"), bool)]
             if not groups:
                 raise CanaryError(f"--inject-fault: kind=eps-scale: the canary's optimizer "
                                   f"({type(optimizer).__name__}) has no eps in its param groups")
