@@ -581,8 +581,7 @@ Runs runs_of_receipts(const CalibrateOptions& o, const check::Budgets& budgets, 
   std::set<std::string> features;
   for (std::size_t i = 0; i < o.receipts.size(); ++i) {
     const std::string& path = o.receipts[i];
-    if (paired && i > 0) runs.paired_references.push_back(check::load_receipt(o.references[i]));
-    if (paired && i == 0) runs.paired_references.push_back(runs.reference);
+    if (paired) runs.paired_references.push_back(i == 0 ? runs.reference : check::load_receipt(o.references[i]));
     const check::ReceiptData& reference = runs.reference_of(i);
     if (reference.lane != runs.reference.lane) {
       throw run::UsageError(fmt::format("--reference: {} is of lane {}, {} of lane {}: pairs of one lane against one "
