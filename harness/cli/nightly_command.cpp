@@ -1,18 +1,24 @@
 // `harness nightly`: run the lane matrix, check every lane against its golden and the
-// reference lane, write the reports. `harness merge`: the reports of several shards as one.
+// reference lane, write the reports (`--jobs N`: as N shards at once, merged). `harness
+// merge`: the reports of several shards as one.
 // Exit 0 every check passed, 1 a regression, 2 an infrastructure error (docs/nightly.md).
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <mutex>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "canary_run.h"
+#include "child_process.h"
 #include "commands.h"
 #include "json_text.h"
 #include "output_lock.h"
@@ -20,6 +26,7 @@
 #include "defaults.h"
 #include "controls.h"
 #include "headroom.h"
+#include "interrupt.h"
 #include "nightly.h"
 #include "reports.h"
 #include "stack_info.h"
@@ -32,6 +39,7 @@ namespace fs = std::filesystem;
 struct NightlyFlags {
   nightly::NightlyOptions options{default_matrix(), default_budgets(), default_goldens(), "", {}, "", 0};
   std::string shard;
+  int jobs = 1;  // --jobs: shards run at once by this process
   std::vector<std::string> merge_dirs;
   std::string history;  // --history: the directory of previous nightlies' --out directories
 };
@@ -135,8 +143,74 @@ int finish(const nlohmann::json& summary, const std::string& out_dir) {
   return nightly::summary_exit_code(summary);
 }
 
+nlohmann::json read_summary(const std::string& dir) {
+  const std::string path = (fs::path(dir) / "summary.json").string();
+  std::ifstream in(path);
+  if (!in) throw run::UsageError(fmt::format("merge: {} is missing; give the --out directories of the shards", path));
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw run::UsageError(fmt::format("merge: {} is not JSON ({})", path, run::json_error_text(e)));
+  }
+}
+
+// Shard i of `o` in a child process (`harness nightly --shard i/N` with the job's flags),
+// its console kept in DIR/console.log. Returns "" or why it left no summary.
+std::string run_shard_child(const nightly::NightlyOptions& o, int index, int count, const std::string& dir) {
+  std::vector<std::string> argv = {fs::read_symlink("/proc/self/exe").string(), "nightly",
+                                   "--shard", fmt::format("{}/{}", index, count), "--out", dir,
+                                   "--matrix", o.matrix_path, "--budgets", o.budgets_path, "--goldens", o.goldens_dir,
+                                   "--threads", std::to_string(o.threads)};
+  if (!o.lanes.empty()) argv.insert(argv.end(), {"--lanes", o.lanes});
+  run::ChildResult r;
+  try {
+    r = run::run_child(argv, {}, run::ChildOutput::kCapture, run::ChildOutput::kCapture);
+  } catch (const run::ChildProcessError& e) {
+    return e.what();
+  }
+  std::ofstream(fs::path(dir) / "console.log") << r.stderr_tail << r.stdout_text;
+  if (fs::exists(fs::path(dir) / "summary.json")) return "";
+  return fmt::format("{} and wrote no summary: {}", r.how(), run::last_line(r.stderr_tail));
+}
+
+// --jobs N: the job as N shards at once, each a child process (the engines' kernels and the
+// HDF5 library are per process, not shared by threads), its reports in OUT/shards/i, merged
+// into OUT as `harness merge` merges them. A shard that leaves no summary is an
+// infrastructure error (exit 2). Signals reach the shards (one process group): each cuts its
+// lane and reports it, and the merge says so.
+nlohmann::json run_shards_at_once(const nightly::NightlyOptions& o, int jobs) {
+  const run::InterruptGuard interrupts;  // this process waits for its shards' reports
+  const auto count = static_cast<std::size_t>(jobs);
+  std::vector<std::string> dirs(count), errors(count);
+  std::vector<std::thread> shards;
+  std::mutex console;
+  for (std::size_t i = 0; i < count; ++i) {
+    dirs[i] = (fs::path(o.out_dir) / "shards" / std::to_string(i)).string();
+    shards.emplace_back([&, i] {
+      const auto start = std::chrono::steady_clock::now();
+      errors[i] = run_shard_child(o, static_cast<int>(i), jobs, dirs[i]);
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const std::lock_guard<std::mutex> lock(console);
+      fmt::print(stderr, "shard {}/{} done in {:.0f} s ({}/console.log)\n", i, jobs, seconds, dirs[i]);
+    });
+  }
+  for (std::thread& t : shards) t.join();
+  std::vector<nlohmann::json> summaries;
+  for (std::size_t i = 0; i < count; ++i) {
+    if (!errors[i].empty()) {
+      throw std::runtime_error(
+          fmt::format("--jobs: shard {}/{} {} (its console: {}/console.log)", i, jobs, errors[i], dirs[i]));
+    }
+    summaries.push_back(read_summary(dirs[i]));
+  }
+  return nightly::merge_summaries(summaries, dirs, o.out_dir);
+}
+
 int nightly_action(NightlyFlags& f) {
   nightly::NightlyOptions o = f.options;
+  if (f.jobs > 1 && !f.shard.empty()) {
+    throw run::UsageError("--jobs: runs the job's shards itself; give either --jobs or --shard");
+  }
   if (f.shard == "auto") {
     o.shard = nightly::shard_from_environment(nightly::process_environment());
     fmt::print(stderr, "shard       {}/{} (from the scheduler's environment)\n", o.shard.index, o.shard.count);
@@ -153,21 +227,15 @@ int nightly_action(NightlyFlags& f) {
   fs::create_directories(fs::path(o.out_dir).parent_path().empty() ? fs::path(".") : fs::path(o.out_dir).parent_path());
   const run::OutputLock lock(o.out_dir);
   prepare_out_dir(o.out_dir);
-  ProgressPrinter printer;
-  nlohmann::json summary = job.run(std::ref(printer));
+  nlohmann::json summary;
+  if (f.jobs > 1) {
+    summary = run_shards_at_once(o, f.jobs);
+  } else {
+    ProgressPrinter printer;
+    summary = job.run(std::ref(printer));
+  }
   if (!f.history.empty()) summary["history"] = nightly::headroom_history(past, summary);
   return finish(summary, o.out_dir);
-}
-
-nlohmann::json read_summary(const std::string& dir) {
-  const std::string path = (fs::path(dir) / "summary.json").string();
-  std::ifstream in(path);
-  if (!in) throw run::UsageError(fmt::format("merge: {} is missing; give the --out directories of the shards", path));
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw run::UsageError(fmt::format("merge: {} is not JSON ({})", path, run::json_error_text(e)));
-  }
 }
 
 int merge_action(NightlyFlags& f) {
@@ -196,6 +264,11 @@ void add_nightly_command(CLI::App& app, CommandRegistry& commands) {
   nightly->add_option("--history", flags->history,
                       "Directory of previous nightlies' --out directories: the report draws each lane's least "
                       "headroom over them and this one");
+  nightly->add_option("--jobs", flags->jobs,
+                      "Run the job as N shards at once, each a process of its own, merged into one report (the "
+                      "shards' own reports in OUT/shards/i); each run still takes --threads")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   nightly->add_option("--threads", flags->options.threads, "Worker threads per run (0 = all cores)")->check(CLI::Range(0, run::kMaxThreads))->capture_default_str();
   commands.add(nightly, [flags] { return nightly_action(*flags); });
 

@@ -609,6 +609,12 @@ json merge_summaries(const std::vector<json>& shards, const std::vector<std::str
   merged["controls"] = merge_controls(shard_controls);
   merged["environment_drift"] = environment_drift(merged);  // over every shard's lanes
   merged["verdict"] = job_verdict(lanes, merged["controls"]);
+  for (const json& s : shards) {  // a signal cut the job: the first shard it cut says where
+    if (!s.value("interrupted", json(nullptr)).is_null()) {
+      merged["interrupted"] = s["interrupted"];
+      break;
+    }
+  }
   return merged;
 }
 

@@ -20,7 +20,7 @@ if [ -n "${HARNESS_DEFAULT_NIGHTLY_REPORT:-}" ] && [ -n "$commit" ] &&
    "$PY" - "$HARNESS_DEFAULT_NIGHTLY_REPORT" "$commit" <<'PY'
 import h5py, pathlib, sys
 report, commit = pathlib.Path(sys.argv[1]), sys.argv[2]
-receipts = sorted((report / "receipts").glob("*.h5"))
+receipts = sorted(report.glob("**/receipts/*.h5"))  # --jobs: each shard's under shards/i/
 assert (report / "summary.json").is_file() and receipts, "no summary or no receipts"
 commits = set()
 for path in receipts:
@@ -33,7 +33,7 @@ then
   report=$HARNESS_DEFAULT_NIGHTLY_REPORT
   echo "judging command 1's report $report (commit $commit)"
 else
-  expect_exit 0 "" -- "$HARNESS" nightly --out "$report"
+  expect_exit 0 "" -- "$HARNESS" nightly --out "$report" --jobs 2
 fi
 "$PY" - "$report/summary.json" "$HERE/../../canaries/budgets.toml" <<'PY' || fail "the default nightly is not a bitwise pass against its goldens"
 import json, sys, tomllib

@@ -263,6 +263,41 @@ assert "bf16 differs" in merged["controls"][1]["summary"] and "fp8 differs" in m
 assert [l["id"] for l in shard0["lanes"]] == ["ref", "fp8", "zero3"]
 assert len(merged["shards"]) == 2
 PY
+# A shard cut by a signal: the merge says so (exit 130, the cut lane named) whichever shard it was
+cp -r "$WORK/s1" "$WORK/s1-cut"
+"$PY" - "$WORK/s1-cut/summary.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+s["interrupted"] = {"signal": 2, "lane": "tp", "after_lane": None}
+json.dump(s, open(sys.argv[1], "w"))
+PY
+expect_exit 130 "harness: interrupted in lane tp \(signal 2\)" -- "$HARNESS" merge "$WORK/s0" "$WORK/s1-cut" --out "$WORK/merged-cut"
+# --jobs 2: the same shards at once in child processes, merged into one report with the
+# verdicts of the unsharded run; the shards' reports and consoles under shards/i, each
+# receipt path of the summary a file under the report
+expect_exit 0 "" -- nightly --out "$WORK/jobs" --jobs 2
+grep -q "^shard 1/2 done in" "$WORK/stderr" || fail "--jobs 2 did not say when shard 1/2 was done"
+"$PY" - "$WORK/run/summary.json" "$WORK/jobs" <<'PY' || fail "--jobs 2 differs from one run"
+import json, pathlib, sys
+one, out = json.load(open(sys.argv[1])), pathlib.Path(sys.argv[2])
+jobs = json.load(open(out / "summary.json"))
+strip = lambda s: [(l["id"], l["status"], [(c["check"], c["status"], c["summary"]) for c in l["checks"]]) for l in s["lanes"]]
+assert strip(jobs) == strip(one), (strip(jobs), strip(one))
+assert [(c["control"], c["status"]) for c in jobs["controls"]] == [(c["control"], c["status"]) for c in one["controls"]]
+assert len(jobs["shards"]) == 2 and jobs["verdict"] == one["verdict"] == "pass"
+for lane in jobs["lanes"]:
+    assert (out / lane["receipt"]).is_file() and lane["receipt"].startswith("shards/"), lane["receipt"]
+for i in (0, 1):
+    assert (out / f"shards/{i}/summary.json").is_file() and "nightly" in (out / f"shards/{i}/console.log").read_text()
+assert (out / "report.html").is_file()
+PY
+expect_exit 2 "--jobs: runs the job's shards itself; give either --jobs or --shard" -- \
+  nightly --out "$WORK/jobs-shard" --jobs 2 --shard 0/2
+[ ! -e "$WORK/jobs-shard" ] || fail "--jobs with --shard left a report directory"
+# An --out already in use is refused before any shard starts
+mkdir -p "$WORK/jobs-bad/shards/1" && touch "$WORK/jobs-bad/shards/1/taken"
+expect_exit 2 "--out: .*jobs-bad' exists and is not an empty directory" -- nightly --out "$WORK/jobs-bad" --jobs 2
+[ "$(find "$WORK/jobs-bad" -type f)" = "$WORK/jobs-bad/shards/1/taken" ] || fail "--jobs wrote into a taken --out"
 # --shard auto: the shard from the scheduler's environment, the same lanes as the explicit one
 expect_exit 0 "" -- env HARNESS_SHARD_INDEX=1 HARNESS_SHARD_COUNT=2 "$HARNESS" nightly --matrix "$MATRIX" --goldens "$G" \
   --budgets "$BUDGETS" --shard auto --out "$WORK/s1-auto"
