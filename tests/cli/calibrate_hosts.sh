@@ -68,7 +68,23 @@ for host in aten-avx2 openblas-prescott; do
 done
 [ "$(grep -c '(held out)' "$WORK/layout/ddp.candidate.md")" -eq 2 ] &&
   ! grep '(held out)' "$WORK/layout/ddp.candidate.md" | grep -q aten-avx2 || fail "the held-out pairs are not the last host's"
-expect_exit 2 "calibrate-layout.sh: --layouts: ddp or fsdp, not 'pp'" -- "$LAYOUT" --layouts pp --python "$PY" \
+# The stack's own entries from the same kind of pairs: cpu, the one-process lane against
+# cpu-ref of its seed; host, the lane on the second host against the lane on the first
+expect_exit 0 "" -- "$LAYOUT" --canary micro --layouts cpu,host --python "$PY" --hosts aten-avx2,openblas-prescott \
+  --seeds 2 --held-out-hosts 0 --provisional --budgets "$BUDGETS" --out "$WORK/layout"
+grep -q "^4 receipts of micro/torch against micro/cpu-ref (4 pairs," "$WORK/layout/cpu.candidate.md" ||
+  fail "the cpu calibration is not made of 4 pairs: $(head -3 "$WORK/layout/cpu.candidate.md")"
+for seed in 1 2; do
+  grep -qE "^- \S*/one-openblas-prescott-torch[0-9a-z.]*-seed$seed.h5 \(against \S*/cpu-ref-seed$seed.h5\)" \
+    "$WORK/layout/cpu.candidate.md" || fail "no cpu pair of seed $seed: $(grep '^- ' "$WORK/layout/cpu.candidate.md")"
+  grep -qE "^- \S*/one-openblas-prescott-(torch[0-9a-z.]*)-seed$seed.h5 \(against \S*/one-aten-avx2-\1-seed$seed.h5\)" \
+    "$WORK/layout/host.candidate.md" || fail "no host pair of seed $seed: $(grep '^- ' "$WORK/layout/host.candidate.md")"
+done
+grep -q "^\[torch-host\]" "$WORK/layout/host.candidate.toml" && grep -q "^\[torch-cpu\]" "$WORK/layout/host.candidate.toml" ||
+  fail "the host candidate does not carry both entries"
+expect_exit 2 "calibrate-layout.sh: --layouts: host pairs each host with the first; give two or more --hosts" -- \
+  "$LAYOUT" --layouts host --python "$PY" --out "$WORK/bad-layout"
+expect_exit 2 "calibrate-layout.sh: --layouts: ddp, fsdp, cpu or host, not 'pp'" -- "$LAYOUT" --layouts pp --python "$PY" \
   --out "$WORK/bad-layout"
 expect_exit 2 "^harness: error: --hosts: 'aten-avx3' is neither a preset" -- "$LAYOUT" --python "$PY" \
   --hosts aten-avx3 --out "$WORK/bad-layout"
