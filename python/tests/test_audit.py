@@ -175,6 +175,7 @@ def test_the_command_exits_1_with_a_report_and_json_keys():
     assert clean.returncode == 0 and json.loads(clean.stdout)["findings"] == []
 
 
+@pytest.mark.torch_agnostic
 def test_bad_input_is_exit_2_with_one_line(tmp_path: Path):
     bad = CASES / "bad_steps.py"
     raise_line = line_of("bad_steps.py", "RAISE_LINE")

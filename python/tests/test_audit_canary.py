@@ -99,6 +99,7 @@ def test_the_examples_canary_audits_with_only_adamws_constants_its_batch_outside
     assert all(s["host_reads"] == 0 for s in report["steps"])
 
 
+@pytest.mark.torch_agnostic
 @pytest.mark.parametrize("name, says", [
     ("bad_name", "name='a/b'"),
     ("not_optimized", "is not one the optimizer updates"),

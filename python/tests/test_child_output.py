@@ -144,6 +144,7 @@ def test_json_out_holds_the_result_and_stdout_is_the_canarys(runs: dict, tmp_pat
     assert os.listdir(tmp_path) == ["result.json"]  # written whole, no temporary left beside it
 
 
+@pytest.mark.torch_agnostic
 def test_json_out_into_no_directory_is_refused_first(runs: dict, tmp_path: Path) -> None:
     result = _cli("describe", runs["spec"], "--json-out", str(tmp_path / "nowhere" / "r.json"))
     assert result.returncode == 2 and "--json-out: no directory" in result.stderr, result.stderr

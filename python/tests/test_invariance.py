@@ -89,6 +89,7 @@ def test_a_python_canary_is_checked_module_by_module_on_copies():
     assert all(torch.equal(before[k], v) for k, v in canary.model.state_dict().items())
 
 
+@pytest.mark.torch_agnostic
 def test_the_python_canary_command_refuses_as_documented():
     spec = f"{OWN / 'small.py'}:canary"
     for args, words in ((["--max-batch", "1"], "--max-batch"), (["--max-batch", "64"], "fewer than 64"),
@@ -148,6 +149,7 @@ def test_a_module_that_mixes_rows_is_named_at_batch_size_2():
                                           "first at op center", out.stdout
 
 
+@pytest.mark.torch_agnostic
 def test_a_batch_without_one_leading_size_is_refused_in_one_line():
     out = invariance_cli(f"{OWN / 'mixing.py'}:ragged")
     err = out.stderr.strip()
@@ -155,6 +157,7 @@ def test_a_batch_without_one_leading_size_is_refused_in_one_line():
     assert "batch(0): its tensors disagree on the leading (batch) size (['x'] 3, ['y'] 2)" in err, err
 
 
+@pytest.mark.torch_agnostic
 def test_the_module_command_refuses_bad_usage_in_one_line(tmp_path: Path):
     spec = f"{OWN / 'small.py'}:canary"
     for argv, words in (([], "name one of --pack PACK.h5 or FILE.py:NAME"),

@@ -232,6 +232,7 @@ def test_nudge_by_many_ulps_is_repeated_nextafter_in_one_step(dtype):
     assert big[0].item() == up and big[1].item() == -1.0  # element 0 only
 
 
+@pytest.mark.torch_agnostic
 def test_bad_inputs_exit_2_with_one_line_and_write_nothing(runs: dict, micro_pack: Path, cpp_receipt: Path,
                                                           tmp_path: Path):
     out_dir = tmp_path / "out"

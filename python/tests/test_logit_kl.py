@@ -128,6 +128,7 @@ loss = [ { steps = "0-", atol = 1e9 } ]
     assert metrics["logit_kl"]["max_deviation"] > 0 and metrics["logprob_delta"]["max_deviation"] > 0, metrics
 
 
+@pytest.mark.torch_agnostic
 @pytest.mark.parametrize("spec,message", [
     ("eval_without_batch", "eval_every=2 is given without eval_batch"),
     ("eval_float_targets", "eval_targets: give the held-out batch's next tokens as an integer tensor"),

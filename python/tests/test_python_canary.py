@@ -160,6 +160,7 @@ BAD = [
 ]
 
 
+@pytest.mark.torch_agnostic
 @pytest.mark.parametrize("case,spec,message", BAD, ids=[b[0] for b in BAD])
 def test_bad_canaries_are_one_line_exit_2_and_no_file(tmp_path: Path, case: str, spec: str, message: str) -> None:
     out = tmp_path / f"{case}.h5"
@@ -170,6 +171,7 @@ def test_bad_canaries_are_one_line_exit_2_and_no_file(tmp_path: Path, case: str,
     assert not out.exists()
 
 
+@pytest.mark.torch_agnostic
 @pytest.mark.parametrize("flag,value,message", [
     ("--precision", "fp16", "unknown precision"), ("--steps", "7", "1..6"), ("--threads", "0", "1..1024"),
     ("--inject-fault", "step=9,op=hidden", "past the last step"), ("--inject-fault", "step=1,op=nope", "unknown op"),
@@ -182,6 +184,7 @@ def test_bad_flags_are_one_line_exit_2_and_no_file(tmp_path: Path, flag: str, va
     assert not out.exists()
 
 
+@pytest.mark.torch_agnostic
 @pytest.mark.parametrize("spec,fault,message", [
     ("canary", "step=2,op=embed.weight", "unknown op"),
     ("tuple_output", "step=2,op=pair", "returns a tuple whose first result is not a floating-point tensor"),
@@ -194,6 +197,7 @@ def test_a_fault_that_cannot_happen_is_refused(tmp_path: Path, spec: str, fault:
     assert not out.exists()
 
 
+@pytest.mark.torch_agnostic
 def test_a_fault_on_a_module_never_called_is_refused(tmp_path: Path) -> None:
     """The example's nn.ModuleList `h` is a module path, never called itself."""
     out = tmp_path / "fault.h5"

@@ -108,6 +108,7 @@ def test_describe_lists_the_parameters_and_the_linear_weights() -> None:
     assert described["linear_weights"] == ["hidden.weight", "out.weight"]  # not the embedding's table
 
 
+@pytest.mark.torch_agnostic
 def test_eps_scale_of_an_optimizer_without_eps_exits_2_in_one_line(tmp_path: Path) -> None:
     result = run(f"{SMALL}:sgd", "--out", str(tmp_path / "r.h5"), "--inject-fault", "kind=eps-scale,by=10", check=False)
     assert result.returncode == 2, result.stderr

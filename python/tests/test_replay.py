@@ -102,6 +102,7 @@ def test_an_altered_record_is_found_and_called_altered(checkpointed: Path, tmp_p
     assert result["mismatched_steps"] == [4]
 
 
+@pytest.mark.torch_agnostic
 def test_a_checkpoint_of_another_canary_is_refused(checkpointed: Path, tmp_path: Path) -> None:
     other = tmp_path / "renamed.h5"
     run(f"{SMALL}:renamed", "--out", str(other), "--checkpoint-every", "2")
@@ -126,6 +127,7 @@ def test_a_checkpoint_whose_bytes_changed_is_not_trusted(checkpointed: Path, tmp
     assert result.returncode == 2 and "not trusted" in result.stderr and result.stderr.count("\n") == 1
 
 
+@pytest.mark.torch_agnostic
 @pytest.mark.parametrize("args, message", [
     (["--from", "9"], "records steps 0-5"),
     (["--from", "4", "--to", "2"], "0 <= from <= to"),

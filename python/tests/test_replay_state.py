@@ -76,6 +76,7 @@ def test_a_changed_config_is_still_another_canary(tmp_path: Path) -> None:
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
+@pytest.mark.torch_agnostic
 def test_a_config_whose_keys_collide_in_json_is_refused(tmp_path: Path) -> None:
     out = tmp_path / "collide.h5"
     result = harness_python("run", f"{SCHEDULED}:colliding_keys", "--out", str(out))
@@ -192,6 +193,7 @@ def test_a_receipt_without_the_declared_state_says_so_and_diverges(tmp_path: Pat
     assert any("holds no state of schedulers[0]" in note for note in result["notes"]), result["notes"]
 
 
+@pytest.mark.torch_agnostic
 def test_a_declared_object_without_state_dict_is_refused(tmp_path: Path) -> None:
     out = tmp_path / "bad.h5"
     result = harness_python("run", f"{SCHEDULED}:not_stateful", "--out", str(out))
