@@ -3,8 +3,15 @@
 # then the pinned Python environment .venv/ (scripts/python-env.sh: torch 2.9 from the
 # Python package index, where it is reachable). Idempotent; runs apt-get directly as root
 # and through sudo otherwise. No other downloads.
+#   scripts/install-deps.sh [--debian-only]   (--debian-only: the packages; the caller makes .venv/)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+python_env=("$root/scripts/python-env.sh")
+case "${1:-}" in
+  "") ;;
+  --debian-only) python_env=(true) ;;
+  *) echo "install-deps: unknown argument '$1'; use --debian-only or nothing" >&2; exit 2 ;;
+esac
 
 packages=(
   # build
@@ -29,7 +36,7 @@ for p in "${packages[@]}"; do
 done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#packages[@]} packages present"
-  exec "$root/scripts/python-env.sh"
+  exec "${python_env[@]}"
 fi
 
 if [ "$(id -u)" -eq 0 ]; then
@@ -43,4 +50,4 @@ fi
 echo "install-deps: installing ${missing[*]}"
 "${as_root[@]}" apt-get update -qq
 DEBIAN_FRONTEND=noninteractive "${as_root[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
-"$root/scripts/python-env.sh"
+"${python_env[@]}"

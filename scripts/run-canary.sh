@@ -8,8 +8,18 @@
 # Exit status is the nightly's: 0 all pass, 1 a regression, 2 an infrastructure error.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-"$root/scripts/install-deps.sh"
+"$root/scripts/install-deps.sh" --debian-only
+# .venv/ (pip: one core, about 2 minutes when made) is made while the harness builds (the
+# other core's idle moments and its own): the nightly's torch 2.x lanes need both.
+venv_log=$(mktemp)
+"$root/scripts/python-env.sh" >"$venv_log" 2>&1 &
+venv_job=$!
+trap 'kill "$venv_job" 2>/dev/null || true; rm -f "$venv_log"' EXIT
 HARNESS_TARGET=harness "$root/scripts/build.sh" -DHARNESS_BUILD_TESTS=OFF -DHARNESS_BUILD_BENCH=OFF
+venv_status=0
+wait "$venv_job" || venv_status=$?
+cat "$venv_log"
+[ "$venv_status" -eq 0 ] || exit "$venv_status"
 mkdir -p "$root/reports"
 stamp=$(date -u +%Y-%m-%dT%H-%M-%SZ)
 status=0

@@ -210,7 +210,7 @@ class NightlyJob::Impl {
                     {"kind", "nightly"},
                     {"matrix", {{"path", matrix_.path}, {"content_hash", matrix_.content_hash}, {"canary", matrix_.canary},
                                 {"steps", matrix_.steps}, {"seed", matrix_.seed}, {"reference", matrix_.reference},
-                                {"lanes", lane_ids()}}},
+                                {"lanes", lane_ids()}, {"selected", selected_ids()}}},
                     {"budgets", {{"path", budgets_.path}, {"content_hash", budgets_hash_}}},
                     {"goldens", options_.goldens_dir},
                     {"shards", json::array({{{"index", options_.shard.index}, {"count", options_.shard.count},
@@ -238,6 +238,16 @@ class NightlyJob::Impl {
   json lane_ids() const {
     json ids = json::array();
     for (const LaneSpec& l : matrix_.lanes) ids.push_back(l.id);
+    return ids;
+  }
+
+  // The lanes --lanes chose, in the matrix's order (every lane without it): what the job's
+  // shards hold between them, and so what a merge of them must find.
+  json selected_ids() const {
+    json ids = json::array();
+    for (const LaneSpec& l : matrix_.lanes) {
+      if (std::find(selected_.begin(), selected_.end(), &l) != selected_.end()) ids.push_back(l.id);
+    }
     return ids;
   }
 
@@ -536,6 +546,13 @@ void check_summary_shape(const json& s) {
   }
 }
 
+// The lanes a shard's job selected (--lanes); a summary written before it recorded them
+// selected every lane of the matrix.
+const json& job_lanes(const json& summary) {
+  const json& matrix = summary["matrix"];
+  return matrix.contains("selected") ? matrix["selected"] : matrix["lanes"];
+}
+
 // A receipt path of a shard's summary, relative to the merged report directory.
 json rebase(const std::string& receipt, const std::string& shard_dir, const std::string& out_dir) {
   return fs::relative(fs::absolute(fs::path(shard_dir) / receipt), fs::absolute(out_dir)).string();
@@ -562,6 +579,10 @@ json merge_summaries(const std::vector<json>& shards, const std::vector<std::str
         throw MatrixError(fmt::format("merge: {} ran another {} file than {}; merge the shards of one job", shard_dirs[i], same,
                                       shard_dirs.front()));
       }
+    }
+    if (job_lanes(s) != job_lanes(shards.front())) {
+      throw MatrixError(fmt::format("merge: {} ran other lanes (--lanes {}) than {} (--lanes {}); merge the shards of one job",
+                                    shard_dirs[i], job_lanes(s).dump(), shard_dirs.front(), job_lanes(shards.front()).dump()));
     }
     if (s["goldens"] != shards.front()["goldens"]) {
       throw MatrixError(fmt::format("merge: {} checked against other goldens ({}) than {}", shard_dirs[i],
@@ -593,7 +614,7 @@ json merge_summaries(const std::vector<json>& shards, const std::vector<std::str
     }
   }
   json lanes = json::array();
-  for (const json& id : shards.front()["matrix"]["lanes"]) {
+  for (const json& id : job_lanes(shards.front())) {
     const auto it = lanes_by_id.find(id.get<std::string>());
     if (it == lanes_by_id.end()) {
       throw MatrixError(fmt::format("merge: lane {} is in no shard; give every shard's directory", id.get<std::string>()));

@@ -291,6 +291,19 @@ for i in (0, 1):
     assert (out / f"shards/{i}/summary.json").is_file() and "nightly" in (out / f"shards/{i}/console.log").read_text()
 assert (out / "report.html").is_file()
 PY
+# --jobs with --lanes: the shards hold the chosen lanes between them, and the merge finds
+# those (it once asked for every lane of the matrix and failed)
+expect_exit 0 "" -- nightly --out "$WORK/jobs-lanes" --jobs 2 --lanes zero3,bf16
+"$PY" - "$WORK/jobs-lanes/summary.json" <<'PY' || fail "--jobs 2 --lanes did not merge the chosen lanes"
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert [l["id"] for l in s["lanes"]] == s["matrix"]["selected"] == ["bf16", "zero3"], s["lanes"]
+assert s["verdict"] == "pass" and len(s["shards"]) == 2
+PY
+# shards of jobs that chose other lanes are not one job
+expect_exit 0 "" -- nightly --out "$WORK/lanes-s0" --shard 0/2 --lanes bf16
+expect_exit 2 "merge: .*/s1 ran other lanes" -- "$HARNESS" merge "$WORK/lanes-s0" "$WORK/s1" --out "$WORK/lanes-merged"
+[ ! -e "$WORK/lanes-merged" ] || fail "a refused merge left a report directory"
 expect_exit 2 "--jobs: runs the job's shards itself; give either --jobs or --shard" -- \
   nightly --out "$WORK/jobs-shard" --jobs 2 --shard 0/2
 [ ! -e "$WORK/jobs-shard" ] || fail "--jobs with --shard left a report directory"
