@@ -6,8 +6,9 @@
 #   cpu        the one-process lane against the harness's cpu-ref engine ([torch-cpu]);
 #   host       the one-process lane on each host but the first against the same lane on the
 #              first host ([torch-host]: what another CPU moves a real stack by).
-# A sample is one pair; the pairs differ in the initial weights (`harness export --seed`), the
-# torch (each --python) and the host (each --hosts variant, from `harness hosts`); the pairs
+# A sample is one pair; the pairs differ in the initial weights (the canary's own, which its
+# nightly and goldens run, and --seeds N others, `harness export --seed`), the torch (each
+# --python) and the host (each --hosts variant, from `harness hosts`); the pairs
 # of the last --held-out-hosts K hosts (default 1 of 2 or more) are held out of the proposal
 # and checked against it: an entry calibrated on some hosts, verified on the others.
 #
@@ -36,7 +37,7 @@ done
 [ -x "$harness" ] || usage "$harness is not built; run scripts/build.sh first"
 [ -n "$out" ] || usage "--out: name the directory for the receipts and candidates"
 [ -n "$pythons" ] || usage "--python: name the interpreters with torch (e.g. .venv/bin/python,/usr/bin/python3)"
-[[ "$seeds" =~ ^[1-9][0-9]*$ ]] || usage "--seeds: a positive count, not '$seeds'"
+[[ "$seeds" =~ ^[0-9]+$ ]] || usage "--seeds: how many initialisations besides the canary's own (0 or more), not '$seeds'"
 for layout in ${layouts//,/ }; do
   [[ "$layout" =~ ^(ddp|fsdp|cpu|host)$ ]] || usage "--layouts: ddp, fsdp, cpu or host, not '$layout'"
 done
@@ -54,12 +55,21 @@ host_count=$(grep -c . <<<"$host_lines")
 mkdir -p "$out"
 export PYTHONPATH=$root/python${PYTHONPATH:+:$PYTHONPATH}
 
-# One pack per initial-weight seed: the canary's data and schedule, another initialisation;
-# for cpu pairs, the cpu-ref run of that seed (the harness's own engine: host-independent).
-for ((s = 1; s <= seeds; s++)); do
-  [ -f "$out/pack-$s.h5" ] || "$harness" export --canary "$canary" --seed "$s" --out "$out/pack-$s.h5" >/dev/null
-  [[ ",$layouts," != *,cpu,* ]] || [ -f "$out/cpu-ref-seed$s.h5" ] ||
-    "$harness" run --engine cpu-ref --canary "$canary" --seed "$s" --out "$out/cpu-ref-seed$s.h5" >/dev/null
+# The initialisations: the canary's own (its [train] seed: the weights its nightly runs, which
+# may drift further than any other seed's) and seeds 1..N.
+inits=(own)
+for ((s = 1; s <= seeds; s++)); do inits+=("seed$s"); done
+# init_flags INIT: the flags that make INIT's weights (none: the canary's own)
+init_flags() { [ "$1" = own ] || echo "--seed ${1#seed}"; }
+# One pack per initialisation: the canary's data and schedule, those weights; for cpu pairs,
+# the cpu-ref run of it (the harness's own engine: host-independent).
+for init in "${inits[@]}"; do
+  # shellcheck disable=SC2046
+  [ -f "$out/pack-$init.h5" ] ||
+    "$harness" export --canary "$canary" $(init_flags "$init") --out "$out/pack-$init.h5" >/dev/null
+  # shellcheck disable=SC2046
+  [[ ",$layouts," != *,cpu,* ]] || [ -f "$out/cpu-ref-$init.h5" ] ||
+    "$harness" run --engine cpu-ref --canary "$canary" $(init_flags "$init") --out "$out/cpu-ref-$init.h5" >/dev/null
 done
 
 # run_lane PYTHON PACK OUT ENV [LAYOUT]: the torch lane (1 thread a rank), under ENV.
@@ -82,11 +92,11 @@ while IFS=$'\t' read -r -u 3 host assignments _; do  # fd 3: the runs below read
     version=$("$python" -c 'import torch; print(torch.__version__.split("+")[0])') ||
       usage "--python: $python cannot import torch"
     fsdp=$("$python" -c 'from canary_harness.distributed import fsdp_available; print(int(fsdp_available()))')
-    for ((s = 1; s <= seeds; s++)); do
-      tag="$host-torch$version-seed$s"
+    for init in "${inits[@]}"; do
+      tag="$host-torch$version-$init"
       one=$out/one-$tag.h5
-      [ "$host_index" -gt 1 ] || first_host_one[$version-$s]=$one  # host pairs' reference: same torch, seed
-      run_lane "$python" "$out/pack-$s.h5" "$one" "$assignments"
+      [ "$host_index" -gt 1 ] || first_host_one[$version-$init]=$one  # host pairs' reference: same torch, weights
+      run_lane "$python" "$out/pack-$init.h5" "$one" "$assignments"
       for layout in ${layouts//,/ }; do
         case $layout in
           fsdp) [ "$fsdp" = 1 ] || continue ;;  # FSDP2 needs torch 2.6 on
@@ -94,10 +104,10 @@ while IFS=$'\t' read -r -u 3 host assignments _; do  # fd 3: the runs below read
         esac
         case $layout in
           ddp | fsdp)
-            run_lane "$python" "$out/pack-$s.h5" "$out/$layout-$tag.h5" "$assignments" "$layout"
+            run_lane "$python" "$out/pack-$init.h5" "$out/$layout-$tag.h5" "$assignments" "$layout"
             receipts[$layout]+="$out/$layout-$tag.h5 " references[$layout]+="$one " ;;
-          cpu) receipts[$layout]+="$one " references[$layout]+="$out/cpu-ref-seed$s.h5 " ;;
-          host) receipts[$layout]+="$one " references[$layout]+="${first_host_one[$version-$s]} " ;;
+          cpu) receipts[$layout]+="$one " references[$layout]+="$out/cpu-ref-$init.h5 " ;;
+          host) receipts[$layout]+="$one " references[$layout]+="${first_host_one[$version-$init]} " ;;
         esac
         [ "$host_index" -le $((host_count - held_out_hosts)) ] || held[$layout]=$((${held[$layout]:-0} + 1))
       done

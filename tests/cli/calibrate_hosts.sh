@@ -51,35 +51,44 @@ expect_exit 0 "" -- calibrate --lane torch --hosts openblas-prescott,openblas-ha
   fail "OpenBLAS's SSE3 kernels did not move the fp32 torch lane: $(grep '^- repeat' "$WORK/torch-blas.md")"
 
 # A layout entry from pairs (scripts/calibrate-layout.sh): ddp against one process of the same
-# initialisation on the same host, 2 seeds x 2 hosts; the last host's pairs held out, every
-# receipt judged against its own pair.
+# initialisation on the same host, 3 initialisations (the canary's own and seeds 1, 2) x 2 hosts;
+# the last host's pairs held out, every receipt judged against its own pair.
 LAYOUT="$HERE/../../scripts/calibrate-layout.sh"
 export HARNESS  # the script runs this harness
 expect_exit 0 "" -- "$LAYOUT" --canary micro --layouts ddp --python "$PY" --hosts aten-avx2,openblas-prescott \
   --seeds 2 --provisional --budgets "$BUDGETS" --out "$WORK/layout"
-grep -q "^4 receipts of micro/torch+ddp against micro/torch (4 pairs," "$WORK/layout/ddp.candidate.md" ||
-  fail "the layout calibration is not made of 4 pairs: $(head -3 "$WORK/layout/ddp.candidate.md")"
+grep -q "^6 receipts of micro/torch+ddp against micro/torch (6 pairs," "$WORK/layout/ddp.candidate.md" ||
+  fail "the layout calibration is not made of 6 pairs: $(head -3 "$WORK/layout/ddp.candidate.md")"
 for host in aten-avx2 openblas-prescott; do
-  for seed in 1 2; do
-    tag="$host-torch[0-9a-z.]*-seed$seed"
+  for init in own seed1 seed2; do
+    tag="$host-torch[0-9a-z.]*-$init"
     grep -qE "^- \S*/ddp-$tag.h5 \(against \S*/one-$tag.h5\)" "$WORK/layout/ddp.candidate.md" ||
-      fail "no pair of $host, seed $seed: $(grep '^- ' "$WORK/layout/ddp.candidate.md")"
+      fail "no pair of $host, $init: $(grep '^- ' "$WORK/layout/ddp.candidate.md")"
   done
 done
-[ "$(grep -c '(held out)' "$WORK/layout/ddp.candidate.md")" -eq 2 ] &&
+[ "$(grep -c '(held out)' "$WORK/layout/ddp.candidate.md")" -eq 3 ] &&
   ! grep '(held out)' "$WORK/layout/ddp.candidate.md" | grep -q aten-avx2 || fail "the held-out pairs are not the last host's"
 # The stack's own entries from the same kind of pairs: cpu, the one-process lane against
 # cpu-ref of its seed; host, the lane on the second host against the lane on the first
 expect_exit 0 "" -- "$LAYOUT" --canary micro --layouts cpu,host --python "$PY" --hosts aten-avx2,openblas-prescott \
   --seeds 2 --held-out-hosts 0 --provisional --budgets "$BUDGETS" --out "$WORK/layout"
-grep -q "^4 receipts of micro/torch against micro/cpu-ref (4 pairs," "$WORK/layout/cpu.candidate.md" ||
-  fail "the cpu calibration is not made of 4 pairs: $(head -3 "$WORK/layout/cpu.candidate.md")"
-for seed in 1 2; do
-  grep -qE "^- \S*/one-openblas-prescott-torch[0-9a-z.]*-seed$seed.h5 \(against \S*/cpu-ref-seed$seed.h5\)" \
-    "$WORK/layout/cpu.candidate.md" || fail "no cpu pair of seed $seed: $(grep '^- ' "$WORK/layout/cpu.candidate.md")"
-  grep -qE "^- \S*/one-openblas-prescott-(torch[0-9a-z.]*)-seed$seed.h5 \(against \S*/one-aten-avx2-\1-seed$seed.h5\)" \
-    "$WORK/layout/host.candidate.md" || fail "no host pair of seed $seed: $(grep '^- ' "$WORK/layout/host.candidate.md")"
+grep -q "^6 receipts of micro/torch against micro/cpu-ref (6 pairs," "$WORK/layout/cpu.candidate.md" ||
+  fail "the cpu calibration is not made of 6 pairs: $(head -3 "$WORK/layout/cpu.candidate.md")"
+for init in own seed1 seed2; do
+  grep -qE "^- \S*/one-openblas-prescott-torch[0-9a-z.]*-$init.h5 \(against \S*/cpu-ref-$init.h5\)" \
+    "$WORK/layout/cpu.candidate.md" || fail "no cpu pair of $init: $(grep '^- ' "$WORK/layout/cpu.candidate.md")"
+  grep -qE "^- \S*/one-openblas-prescott-(torch[0-9a-z.]*)-$init.h5 \(against \S*/one-aten-avx2-\1-$init.h5\)" \
+    "$WORK/layout/host.candidate.md" || fail "no host pair of $init: $(grep '^- ' "$WORK/layout/host.candidate.md")"
 done
+# The canary's own weights are among the pairs: its pack is the one `harness export` makes
+# without --seed, and its cpu-ref run the canary's own
+"$PY" - "$WORK/layout" <<'PY' || fail "the own initialisation is not the canary's own"
+import sys, h5py
+d = sys.argv[1]
+with h5py.File(f"{d}/cpu-ref-own.h5", "r") as own, h5py.File(f"{d}/cpu-ref-seed1.h5", "r") as seed1:
+    seeds = own["manifest"].attrs["seed"], seed1["manifest"].attrs["seed"]
+    assert seeds[0] != seeds[1] == 1, seeds
+PY
 grep -q "^\[torch-host\]" "$WORK/layout/host.candidate.toml" && grep -q "^\[torch-cpu\]" "$WORK/layout/host.candidate.toml" ||
   fail "the host candidate does not carry both entries"
 expect_exit 2 "calibrate-layout.sh: --layouts: host pairs each host with the first; give two or more --hosts" -- \
