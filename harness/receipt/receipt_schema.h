@@ -27,7 +27,9 @@ inline constexpr std::int64_t kSchemaVersion = 1;
 // Minor 4: /eval, the logits of a held-out batch every few steps (docs/logit-kl.md).
 // Minor 5: /aten_trace, a golden's aten traces of every step, made at `golden refresh` of
 // a Python canary (docs/bisect.md, "A golden carries its aten traces").
-inline constexpr std::int64_t kSchemaMinor = 5;
+// Minor 6: the manifest's cpu_capability, the CPU kernels' ISA ATen dispatched to in a
+// PyTorch run (docs/budgets.md, "Hosts": another host's real stack runs other kernels).
+inline constexpr std::int64_t kSchemaMinor = 6;
 // /checkpoints' `storage` attribute where the checkpoints are held in the receipt.
 inline constexpr const char* kCheckpointsInReceipt = "receipt";
 

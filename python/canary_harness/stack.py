@@ -51,10 +51,17 @@ class StackInfo:
     host: str
     cpu: str
     kernels: str
+    # The CPU kernels' ISA ATen dispatched to ("" without torch). Not part of the platform that
+    # `check` compares (the cpu, toolchain, libraries and kernels are): the CPU and the numerics
+    # env decide it, and goldens recorded before it was would all become another platform.
+    cpu_capability: str = ""
 
     def as_manifest(self) -> Dict[str, str]:
-        return {"toolchain": self.toolchain, "libraries": self.libraries, "host": self.host, "cpu": self.cpu,
-                "kernels": self.kernels}
+        manifest = {"toolchain": self.toolchain, "libraries": self.libraries, "host": self.host, "cpu": self.cpu,
+                    "kernels": self.kernels}
+        if self.cpu_capability:
+            manifest["cpu_capability"] = self.cpu_capability
+        return manifest
 
 
 def _version(distribution: str) -> Optional[str]:
@@ -94,6 +101,21 @@ def cpu_model(cpuinfo_path: str = "/proc/cpuinfo") -> str:
         return platform.processor() or platform.machine() or "unknown"
     isa = [f for f in KERNEL_ISA_FLAGS if f in flags]
     return f"{model} [{' '.join(isa)}]" if isa else model
+
+
+def aten_cpu_capability(torch: types.ModuleType) -> str:
+    """The CPU kernels' ISA a loaded torch's ATen dispatches to, as torch names it: on 2.x
+    torch.backends.cpu says it (AVX2, AVX512, DEFAULT, ...); torch 1.13 only in its build
+    summary ("CPU capability usage: AVX2", or "NO AVX" under ATEN_CPU_CAPABILITY=default).
+    "" where neither does."""
+    get_capability = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", None)
+    if get_capability is not None:
+        return str(get_capability())
+    for line in torch.__config__.show().splitlines():
+        key, _, value = line.strip().lstrip("- ").partition(":")
+        if key == "CPU capability usage":
+            return value.strip()
+    return ""
 
 
 def numerics_env() -> Dict[str, str]:
@@ -247,12 +269,14 @@ def collect_stack_info(include_torch: Optional[bool] = None) -> StackInfo:
     libraries = [f"numpy {numpy.__version__}", f"h5py {h5py.__version__} (HDF5 {h5py.version.hdf5_version})",
                  f"xxhash {xxhash.VERSION}"]
     kernels: List[str] = []
+    cpu_capability = ""
     if include_torch is None:
         include_torch = "torch" in sys.modules
     if include_torch:
         import torch
 
         torch_libraries, kernels = _torch_parts(torch)
+        cpu_capability = aten_cpu_capability(torch)
         libraries += torch_libraries
         kernels += _xla_kernels()
         if "torch_xla" in sys.modules:  # torch's XLA backend, where the run uses it (installed is not used)
@@ -264,4 +288,4 @@ def collect_stack_info(include_torch: Optional[bool] = None) -> StackInfo:
         libraries += [f"{distribution} {_version(distribution)}" for distribution in ("jax", "jaxlib")
                       if _version(distribution)]
     return StackInfo(toolchain=toolchain, libraries="; ".join(libraries), host=socket.gethostname(), cpu=cpu_model(),
-                     kernels=" ".join(kernels) if kernels else "none")
+                     kernels=" ".join(kernels) if kernels else "none", cpu_capability=cpu_capability)

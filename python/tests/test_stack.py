@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -60,6 +61,28 @@ def test_torch_versions_and_determinism_settings():
     finally:
         torch.use_deterministic_algorithms(False)
     assert ("torch " in collect_stack_info().libraries) == ("torch" in sys.modules)  # None: only if imported
+
+
+def test_the_aten_capability_is_recorded_and_follows_the_emulated_host():
+    """ATen picks its CPU kernels at start-up from the CPU and ATEN_CPU_CAPABILITY; the
+    manifest's cpu_capability says what it picked, on torch 1.13 as on 2.x, and a run
+    without torch records none."""
+    script = ("import torch; from canary_harness.stack import collect_stack_info; "
+              "print(collect_stack_info(include_torch=True).as_manifest()['cpu_capability'])")
+    env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
+    env["PYTHONPATH"] = str(Path(stack.__file__).resolve().parents[1])
+
+    def capability(**assignments: str) -> str:
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                              env={**env, **assignments})
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    scalar = {"DEFAULT", "NO AVX"}  # 2.x's name of ATen's scalar kernels, and 1.13's
+    assert capability(ATEN_CPU_CAPABILITY="default") in scalar
+    if "avx2" in stack.cpu_model().split("[")[-1].split():
+        assert capability() in {"AVX2", "AVX512"}, capability()
+    assert "cpu_capability" not in collect_stack_info(include_torch=False).as_manifest()
 
 
 def test_cuda_stack_is_described():
