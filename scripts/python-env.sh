@@ -35,6 +35,27 @@ fi
 # installs from it without the index; only what it lacks is downloaded.
 cache=${CANARY_HARNESS_WHEELS:-${XDG_CACHE_HOME:-$HOME/.cache}/canary-harness/wheels}
 mkdir -p "$cache"
+# Room first. A disk that fills during the install fails whatever else writes to it (command
+# 1's build beside this: "No space left on device" from the compiler, naming neither), so
+# nothing starts without it: .venv/ is 7.8 GB installed, the wheels 4.1 GB (a cache without
+# torch's wheel is taken to need them all). room PATH GB WHAT: PATH's disk has GB free,
+# or WHAT is refused in one line (exit 2).
+room() {
+  local free
+  free=$(df -P -k "$1" | awk 'NR == 2 { print int($4 / 1048576) }')
+  [ "$free" -ge "$2" ] || {
+    echo "python-env: $3 needs about $2 GB free at $1, and $free GB is: free space there" \
+         "(the wheels may go elsewhere: CANARY_HARNESS_WHEELS, docs/python-env.md); nothing was changed" >&2
+    exit 2
+  }
+}
+need_venv=9 need_wheels=0
+compgen -G "$cache/torch-*.whl" >/dev/null || need_wheels=5
+if [ "$(stat -c %d "$root")" = "$(stat -c %d "$cache")" ]; then  # one disk: both on it
+  need_venv=$((need_venv + need_wheels)) need_wheels=0
+fi
+room "$root" "$need_venv" "making .venv/"
+room "$cache" "$need_wheels" "downloading the wheels"
 pip_quiet=(--quiet --disable-pip-version-check)
 install_from_cache() {
   rm -rf "$venv"

@@ -91,10 +91,29 @@ with h5py.File(f"{d}/cpu-ref-own.h5", "r") as own, h5py.File(f"{d}/cpu-ref-seed1
 PY
 grep -q "^\[torch-host\]" "$WORK/layout/host.candidate.toml" && grep -q "^\[torch-cpu\]" "$WORK/layout/host.candidate.toml" ||
   fail "the host candidate does not carry both entries"
+# bf16 autocast's entries from the same packs: bf16, the bf16 lane against cpu-ref of its seed;
+# host-bf16, the bf16 lane on the second host against it on the first (the fp32 runs are reused)
+expect_exit 0 "" -- "$LAYOUT" --canary micro --layouts bf16,host-bf16 --python "$PY" --hosts aten-avx2,openblas-prescott \
+  --seeds 2 --held-out-hosts 0 --provisional --budgets "$BUDGETS" --out "$WORK/layout"
+grep -q "^6 receipts of micro/torch+bf16 against micro/cpu-ref (6 pairs," "$WORK/layout/bf16.candidate.md" ||
+  fail "the bf16 calibration is not made of 6 pairs: $(head -3 "$WORK/layout/bf16.candidate.md")"
+for init in own seed1 seed2; do
+  grep -qE "^- \S*/bf16-openblas-prescott-(torch[0-9a-z.]*)-$init.h5 \(against \S*/bf16-aten-avx2-\1-$init.h5\)" \
+    "$WORK/layout/host-bf16.candidate.md" || fail "no host-bf16 pair of $init: $(grep '^- ' "$WORK/layout/host-bf16.candidate.md")"
+done
+grep -q "^\[torch-host-bf16\]" "$WORK/layout/host-bf16.candidate.toml" && grep -q "^\[torch-bf16\]" "$WORK/layout/host-bf16.candidate.toml" ||
+  fail "the host-bf16 candidate does not carry both entries"
 expect_exit 2 "calibrate-layout.sh: --layouts: host pairs each host with the first; give two or more --hosts" -- \
   "$LAYOUT" --layouts host --python "$PY" --out "$WORK/bad-layout"
-expect_exit 2 "calibrate-layout.sh: --layouts: ddp, fsdp, cpu or host, not 'pp'" -- "$LAYOUT" --layouts pp --python "$PY" \
-  --out "$WORK/bad-layout"
+expect_exit 2 "calibrate-layout.sh: --layouts: host pairs each host with the first; give two or more --hosts" -- \
+  "$LAYOUT" --layouts bf16,host-bf16 --python "$PY" --out "$WORK/bad-layout"
+expect_exit 2 "calibrate-layout.sh: --layouts: ddp, fsdp, cpu, host, bf16, host-bf16 or compile, not 'pp'" -- \
+  "$LAYOUT" --layouts pp --python "$PY" --out "$WORK/bad-layout"
+# a kind that no interpreter's torch has (Debian's torch 1.13 has no torch.compile): refused before any run
+if ! "$PY" -c 'import torch; assert hasattr(torch, "compile")' 2>/dev/null; then
+  expect_exit 2 "calibrate-layout.sh: --layouts compile: no --python interpreter's torch has it" -- \
+    "$LAYOUT" --layouts compile --python "$PY" --out "$WORK/bad-layout"
+fi
 expect_exit 2 "^harness: error: --hosts: 'aten-avx3' is neither a preset" -- "$LAYOUT" --python "$PY" \
   --hosts aten-avx3 --out "$WORK/bad-layout"
 
