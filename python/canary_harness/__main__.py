@@ -147,7 +147,8 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .lane import UsageError, _count, check_out
+    from .lane import check_out
+    from .usage import UsageError, count_flag
 
     if args.precision not in ("fp32", "bf16"):
         raise UsageError(f"--precision: unknown precision '{args.precision}'; use fp32 or bf16")
@@ -158,9 +159,9 @@ def run(args: argparse.Namespace) -> int:
     problem = trace_problem(args.trace)
     if problem:
         raise UsageError(problem)
-    threads = _count("threads", args.threads, 1, MAX_THREADS) if args.threads is not None else 1
-    seed = _count("seed", args.seed, 0, 2**63 - 1)
-    perturb = _count("perturb-init", args.perturb_init, 0, 2**63 - 1)
+    threads = count_flag("threads", args.threads, 1, MAX_THREADS) if args.threads is not None else 1
+    seed = count_flag("seed", args.seed, 0, 2**63 - 1)
+    perturb = count_flag("perturb-init", args.perturb_init, 0, 2**63 - 1)
     nproc = _layout_processes(args)
 
     import torch
@@ -199,7 +200,8 @@ def _run_canary(args: argparse.Namespace, torch, threads: int, seed: Optional[in
                 rank) -> int:
     """`run` in this process: the whole run, or one rank of a distributed one."""
     from .canary import load_canary
-    from .lane import _count, device_of
+    from .lane import device_of
+    from .usage import count_flag
     from .runner import RunOptions, parse_canary_fault, print_summary, run_canary
 
     device = device_of(args.device, args.compile_cache)
@@ -207,11 +209,11 @@ def _run_canary(args: argparse.Namespace, torch, threads: int, seed: Optional[in
     loaded = load_canary(args.canary, seed=seed)
     steps = loaded.canary.steps
     if args.steps is not None:
-        steps = _count("steps", args.steps, 1, loaded.canary.steps)
+        steps = count_flag("steps", args.steps, 1, loaded.canary.steps)
     fault = None
     if args.inject_fault is not None:
         fault = parse_canary_fault(args.inject_fault, loaded.canary.model, steps)
-    every = _count("checkpoint-every", args.checkpoint_every, 1, steps) if args.checkpoint_every is not None else 0
+    every = count_flag("checkpoint-every", args.checkpoint_every, 1, steps) if args.checkpoint_every is not None else 0
     options = RunOptions(out=args.out, device=args.device, precision=args.precision, steps=steps, threads=threads,
                          fault=fault, overwrite=args.force, checkpoint_every=every, perturb_init=perturb,
                          trace=args.trace, compile=args.compile, rank=rank, versioned=args.versioned,
@@ -232,15 +234,15 @@ def _run_canary(args: argparse.Namespace, torch, threads: int, seed: Optional[in
 def replay(args: argparse.Namespace) -> int:
     import json
 
-    from .lane import UsageError, _count
+    from .usage import UsageError, count_flag
     from .replay import replay as replay_receipt
     from .replay import to_json, to_text
 
     problem = trace_problem(args.trace, ("none", "aten"))
     if problem:
         raise UsageError(problem)
-    from_step = _count("from", args.from_step, 0, 2**31 - 1)
-    to_step = _count("to", args.to_step, 0, 2**31 - 1) if args.to_step is not None else None
+    from_step = count_flag("from", args.from_step, 0, 2**31 - 1)
+    to_step = count_flag("to", args.to_step, 0, 2**31 - 1) if args.to_step is not None else None
     check_json_out(args.json_out)
     result = replay_receipt(args.receipt, from_step, to_step, args.trace)
     if args.json_out is not None:  # what the harness reads: stdout stays the canary's own
@@ -253,11 +255,12 @@ def replay(args: argparse.Namespace) -> int:
 
 
 def rerun(args: argparse.Namespace) -> int:
-    from .lane import _count, check_out
+    from .lane import check_out
+    from .usage import count_flag
     from .replay import rerun as rerun_receipt
     from .runner import print_summary
 
-    perturb = _count("perturb-init", args.perturb_init, 0, 2**63 - 1)
+    perturb = count_flag("perturb-init", args.perturb_init, 0, 2**63 - 1)
     modules = _modules(args.autocast_off)
     check_out(args.out, args.force)
     print_summary(rerun_receipt(args.receipt, args.out, perturb, args.force, modules), args.out)
@@ -336,15 +339,15 @@ def invariance(args: argparse.Namespace) -> int:
     """`python3 -m canary_harness invariance FILE.py:NAME`: canary_harness.invariance's check
     of a Python canary (the flags read here, the work there)."""
     from .invariance import run as run_invariance
-    from .lane import UsageError, _count
+    from .usage import UsageError, count_flag
 
     if args.precision not in ("fp32", "bf16"):
         raise UsageError(f"--precision: unknown precision '{args.precision}'; use fp32 or bf16")
     return run_invariance(argparse.Namespace(
         canary=args.canary, pack=None, device="cpu", precision=args.precision, json=args.json,
-        max_batch=_count("max-batch", args.max_batch, 2, 64),
-        position_seed=_count("position-seed", args.position_seed, 0, 2**64 - 1),
-        threads=_count("threads", args.threads, 1, MAX_THREADS) if args.threads is not None else 1))
+        max_batch=count_flag("max-batch", args.max_batch, 2, 64),
+        position_seed=count_flag("position-seed", args.position_seed, 0, 2**64 - 1),
+        threads=count_flag("threads", args.threads, 1, MAX_THREADS) if args.threads is not None else 1))
 
 
 def main(argv: Optional[List[str]] = None) -> int:

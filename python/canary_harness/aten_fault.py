@@ -57,12 +57,12 @@ class AtenFault:
     """Nudges the output of one aten op call at the fault's step (module docstring)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, spec: Any) -> None:
-        from .faults import _ulps_up
+        from .faults import ulps_up
 
         self.spec = spec
         self.module, self.name, self.occurrence = split_target(spec.op)
         self.phases = StepPhases(model, optimizer)  # where an op runs, named as the aten trace names it
-        self._ulps_up = _ulps_up
+        self.ulps_up = ulps_up
         self.calls = 0
         self.fired = False
 
@@ -89,7 +89,7 @@ class AtenFault:
                               "floating-point tensor; name an op whose output is one")
         self.fired = True
         flat = out.reshape(-1)
-        return torch.cat([self._ulps_up(torch, flat[:1], self.spec.ulps), flat[1:]]).view_as(out)
+        return torch.cat([self.ulps_up(torch, flat[:1], self.spec.ulps), flat[1:]]).view_as(out)
 
     def check(self, step: int) -> None:
         if step == self.spec.step and not self.fired:

@@ -202,7 +202,7 @@ def _computes_nothing(func: Any) -> bool:
     return _METADATA_ONLY is not None and _METADATA_ONLY in getattr(func, "tags", ())
 
 
-def _traced_returns(func: Any) -> List[bool]:
+def traced_returns(func: Any) -> List[bool]:
     """Per return of the op's schema: True when it computes a value (no alias, or an alias the
     op writes: an in-place or out= result); a pure view is the input's value again, and an
     allocation's or metadata change's output holds no value the op wrote."""
@@ -259,7 +259,7 @@ class AtenTracer:
 
     # ---- recording ---------------------------------------------------------------------
     def _record(self, func: Any, out: Any) -> None:
-        flags = _traced_returns(func)
+        flags = traced_returns(func)
         outputs = _flat_outputs(out)
         if len(flags) == 1 and len(outputs) > 1:  # a Tensor[] return: every element computed alike
             flags = flags * len(outputs)

@@ -83,7 +83,7 @@ def layout_processes(layout: Optional[str], nproc: Optional[str], conflicts: Dic
     """The process count of --layout LAYOUT --nproc NPROC (1 without a layout); UsageError
     for an unknown layout, --nproc without one, or a flag of `conflicts` ({flag: given})
     that a layout cannot run with."""
-    from .usage import UsageError, _count
+    from .usage import UsageError, count_flag
 
     if layout is None:
         if nproc is not None:
@@ -95,7 +95,7 @@ def layout_processes(layout: Optional[str], nproc: Optional[str], conflicts: Dic
         if given:
             raise UsageError(f"{flag}: not with --layout (its ranks run eager on the CPU over gloo, and replay and "
                              "traces run one process); run the layout without it")
-    return _count("nproc", nproc, 2, MAX_PROCESSES) if nproc is not None else 2
+    return count_flag("nproc", nproc, 2, MAX_PROCESSES) if nproc is not None else 2
 
 
 # ---- the launcher ---------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, List, Optional
 
-from .usage import UsageError, _digits
+from .usage import UsageError, all_digits
 
 
 @dataclass
@@ -44,7 +44,7 @@ def parse_fault(text: str, ops: List[str], steps: int, where: str = "see docs/ca
     numbers = {}
     for key, minimum in (("step", 0), ("ulps", 1)):
         value = fields.get(key, "1")
-        if not _digits(value) or int(value) < minimum or int(value) > 2**31 - 1:
+        if not all_digits(value) or int(value) < minimum or int(value) > 2**31 - 1:
             raise UsageError(f"--inject-fault: {key}='{value}' is not an integer >= {minimum}")
         numbers[key] = int(value)
     if op_problem is not None and ":" in fields["op"]:
@@ -64,7 +64,7 @@ _FLOAT_BITS = {"float32": ("int32", 32, 0x7F800000), "float64": ("int64", 64, 0x
                "bfloat16": ("int16", 16, 0x7F80), "float16": ("int16", 16, 0x7C00)}
 
 
-def _ulps_up(torch, x, ulps: int):
+def ulps_up(torch, x, ulps: int):
     """x moved up by `ulps` units in the last place, in one step: what `ulps` calls of
     torch.nextafter(x, +inf) give (NaN stays, +inf stays, the largest finite value goes to
     +inf, and -tiny -> -0.0 -> +tiny across zero), at any ulps. The bits, read as sign and
@@ -98,7 +98,7 @@ def _nudge_class():
         def forward(ctx, x, active, ulps):
             flat = x.reshape(-1)
             first = flat[:1]
-            return torch.cat([torch.where(active, _ulps_up(torch, first, int(ulps)), first), flat[1:]]).view_as(x)
+            return torch.cat([torch.where(active, ulps_up(torch, first, int(ulps)), first), flat[1:]]).view_as(x)
 
         @staticmethod
         def backward(ctx, grad):
@@ -120,7 +120,7 @@ class _LazyNudge:
 _NudgeFirst = _LazyNudge
 
 
-def _nudge_first_result(out, active, ulps):
+def nudge_first_result(out, active, ulps):
     """The fault on an op's output: on its first result where it has several (a moe route's
     weights before its decisions), as the C++ moves an op's first written operand."""
     if isinstance(out, tuple):

@@ -216,7 +216,7 @@ JAX_LOSSES = {"gpt2": gpt2_loss, "llama": llama_loss}
 
 
 def ulps_up(x, ulps: int):
-    """fp32 `x` moved up by `ulps` units in the last place, as canary_harness.lane._ulps_up
+    """fp32 `x` moved up by `ulps` units in the last place, as canary_harness.lane.ulps_up
     does it for torch: the bits as an ordered integer line (sign and magnitude; -0.0 and
     +0.0 at 0), plus ulps; NaN and +inf stay."""
     import jax
@@ -478,7 +478,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .lane import _count, check_out, parse_fault
+    from .lane import check_out, parse_fault
+    from .usage import count_flag
     from .pack import PackError, read_pack
 
     if args.shard_plan not in PLANS:
@@ -495,7 +496,7 @@ def run(args: argparse.Namespace) -> int:
     except PackError as e:
         raise UsageError(str(e)) from None
     arch = architecture(pack)
-    steps = _count("steps", args.steps, 1, pack.steps) if args.steps is not None else pack.steps
+    steps = count_flag("steps", args.steps, 1, pack.steps) if args.steps is not None else pack.steps
     args.fault = parse_fault(args.inject_fault, arch.op_names, steps) if args.inject_fault is not None else None
     check_out(args.out, args.force)
     _force_devices(mesh_shape[0] * mesh_shape[1])

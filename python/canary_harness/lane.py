@@ -34,8 +34,8 @@ import os
 import sys
 from typing import Any, List, NoReturn, Optional, Tuple
 
-from .faults import FaultSpec, _nudge_first_result, _ulps_up, parse_fault  # noqa: F401 (callers import them here)
-from .usage import UsageError, _count, _digits  # noqa: F401 (callers import UsageError, _count from here)
+from .faults import FaultSpec, nudge_first_result, parse_fault  # noqa: F401 (parse_fault: jax.py imports it here)
+from .usage import UsageError, count_flag, all_digits  # noqa: F401 (UsageError: the CLI modules import it here)
 from .architectures import Architecture, architecture_of, model_of
 from .budget_features import format_features
 
@@ -77,7 +77,7 @@ def add_device_arguments(ap: Any) -> None:
 
 
 def check_device_name(name: str) -> None:
-    if not (name in ("cpu", "cuda", "xla") or (name.startswith("cuda:") and _digits(name[5:]))):
+    if not (name in ("cpu", "cuda", "xla") or (name.startswith("cuda:") and all_digits(name[5:]))):
         raise UsageError(f"--device: unknown device '{name}'; use cpu, cuda, cuda:N or xla")
 
 
@@ -183,12 +183,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(problem)
     device_name = args.device
     check_device_name(device_name)
-    threads = _count("threads", args.threads, 1, MAX_THREADS) if args.threads is not None else 1
+    threads = count_flag("threads", args.threads, 1, MAX_THREADS) if args.threads is not None else 1
     try:
         pack = load_pack(args.pack, canary=args.canary)
     except PackError as e:
         raise UsageError(str(e)) from None
-    steps = _count("steps", args.steps, 1, pack.steps) if args.steps is not None else pack.steps
+    steps = count_flag("steps", args.steps, 1, pack.steps) if args.steps is not None else pack.steps
     if steps is None or steps < 1:
         raise UsageError(f"--steps: '{args.steps}' is not a number in 1..{pack.steps} (the pack's batches)")
     from .distributed import fsdp_available, launch, layout_processes, rank_from_env
@@ -400,7 +400,7 @@ class CanaryStep:
             # tracer's hooks, so a trace sees the nudged output, what the next op reads.
             active, ulps = self.active, fault.ulps
             self.model.get_submodule(fault.op).register_forward_hook(
-                lambda module, args, out: _nudge_first_result(out, active, ulps))
+                lambda module, args, out: nudge_first_result(out, active, ulps))
 
     @classmethod
     def from_pack(cls, path: str, device: str = "cpu", precision: str = "fp32",

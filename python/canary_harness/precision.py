@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .aten_trace import ROOT, STEP, ModuleStack, _traced_returns
+from .aten_trace import ROOT, STEP, ModuleStack, traced_returns
 
 # What triage's rerun passes (`python3 -m canary_harness rerun --autocast-off M,...`).
 SWITCH_FLAG = "autocast-off"
@@ -195,7 +195,7 @@ class _ReducedOps(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         outputs = out if isinstance(out, (tuple, list)) else [out]
-        computed = [o for o, traced in zip(outputs, _traced_returns(func)) if traced]
+        computed = [o for o, traced in zip(outputs, traced_returns(func)) if traced]
         if any(isinstance(o, torch.Tensor) and o.dtype in REDUCED for o in computed):
             path = self.stack.innermost()[0]
             if path not in (ROOT, STEP) and path not in self.seen:

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Tuple
 
 from .canary import CanaryError
-from .faults import _ulps_up
-from .usage import UsageError, _digits
+from .faults import ulps_up
+from .usage import UsageError, all_digits
 
 # Each kind's keys, in its canonical order.
 KIND_KEYS: Dict[str, Tuple[str, ...]] = {
@@ -96,7 +96,7 @@ def parse_regression(text: str, parameters: List[str], steps: int) -> Regression
     for key, minimum in (("step", 0), ("ulps", 1)):
         if key in fields:
             value = fields[key]
-            if not _digits(value) or int(value) < minimum or int(value) > 2**31 - 1:
+            if not all_digits(value) or int(value) < minimum or int(value) > 2**31 - 1:
                 raise UsageError(f"--inject-fault: {key}='{value}' is not an integer >= {minimum}")
             numbers[key] = int(value)
     if numbers.get("step", 0) >= steps:
@@ -142,7 +142,7 @@ class RegressionFault:
         if spec.kind == "weight-ulps":
             with torch.no_grad():
                 flat = self.parameter.view(-1)
-                flat[:1] = _ulps_up(torch, flat[:1], spec.ulps)
+                flat[:1] = ulps_up(torch, flat[:1], spec.ulps)
         if spec.kind == "eps-scale":
             groups = [g for g in optimizer.param_groups
                       if isinstance(g.get("eps"), (int, float)) and not isinstance(g.get("eps"), bool)]

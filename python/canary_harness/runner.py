@@ -675,7 +675,7 @@ class _Fault:
     recorded in the manifest must have happened."""
 
     def __init__(self, model: torch.nn.Module, spec: Any, device: torch.device) -> None:
-        from .faults import _nudge_first_result
+        from .faults import nudge_first_result
 
         self.spec = spec
         self.active = torch.zeros((), dtype=torch.bool, device=device)
@@ -688,7 +688,7 @@ class _Fault:
                 what = "a tuple whose first result is" if isinstance(out, tuple) else f"a {type(out).__name__},"
                 raise CanaryError(f"--inject-fault: module '{spec.op}' returns {what} not a floating-point tensor; "
                                   "name a module whose output (or first result) is one")
-            return _nudge_first_result(out, self.active, spec.ulps)
+            return nudge_first_result(out, self.active, spec.ulps)
 
         model.get_submodule(spec.op).register_forward_hook(nudge)
 

@@ -12,14 +12,14 @@ class UsageError(Exception):
     """Bad usage or bad input: one line, exit 2, nothing written."""
 
 
-def _digits(text: str) -> bool:
+def all_digits(text: str) -> bool:
     """ASCII digits only: str.isdigit() also takes '²' and other Unicode digits, which int() refuses."""
     return text.isascii() and text.isdigit()
 
 
-def _count(flag: str, text: Optional[str], low: int, high: int) -> Optional[int]:
+def count_flag(flag: str, text: Optional[str], low: int, high: int) -> Optional[int]:
     if text is None:
         return None
-    if not _digits(text) or not low <= int(text) <= high:
+    if not all_digits(text) or not low <= int(text) <= high:
         raise UsageError(f"--{flag}: '{text}' is not a number in {low}..{high}")
     return int(text)

@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 import torch
 
-from canary_harness.lane import _ulps_up
+from canary_harness.faults import ulps_up
 from canary_harness.perturb import directions_up, one_ulp_step
 from conftest import run_harness
 from test_python_canary import PACKAGE_ROOT, SMALL, run
 
 def _down(x: torch.Tensor) -> torch.Tensor:
-    return -_ulps_up(torch, -x, 1)
+    return -ulps_up(torch, -x, 1)
 
 
 @pytest.mark.parametrize("up", [True, False])
@@ -32,7 +32,7 @@ def test_the_step_is_nextafter_on_every_finite_bf16_value(up: bool) -> None:
     x = bits.view(torch.bfloat16)
     finite = torch.isfinite(x.float())
     got = one_ulp_step(x, torch.full(x.shape, up))
-    want = _ulps_up(torch, x, 1) if up else _down(x)
+    want = ulps_up(torch, x, 1) if up else _down(x)
     same = got[finite].view(torch.int16) == want[finite].view(torch.int16)
     # -0.0 and +0.0 moved down both land on -tiny; nextafter's two zeros agree, so compare values there
     assert bool(torch.all(same | (got[finite].float() == want[finite].float()))), x[finite][~same][:5]
@@ -45,7 +45,7 @@ def test_the_step_is_nextafter_in_every_width(dtype: torch.dtype) -> None:
     x = torch.tensor([0.0, -0.0, 1.0, -1.0, 3.0, -0.1, info.max, -info.max, info.tiny, -info.tiny], dtype=dtype)
     for up in (True, False):
         got = one_ulp_step(x, torch.full(x.shape, up))
-        want = (_ulps_up(torch, x, 1) if up else _down(x)).to(dtype)
+        want = (ulps_up(torch, x, 1) if up else _down(x)).to(dtype)
         assert torch.equal(got, want), (dtype, up, got, want)
 
 

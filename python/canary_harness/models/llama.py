@@ -172,7 +172,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (xf * rstd) * weight
 
 
-class _RMSNorm(nn.Module):
+class RMSNorm(nn.Module):
     """Ops `blocks.l.attn_norm`, `blocks.l.mlp_norm`, `norm`: RMSNorm with its weight."""
 
     def __init__(self, C: int, eps: float):
@@ -209,7 +209,7 @@ class _Rope(nn.Module):
         return y.view(B, T, width)
 
 
-class _Residual(nn.Module):
+class Residual(nn.Module):
     """Ops `blocks.l.attn.residual` / `blocks.l.mlp.residual`: the stream plus the branch."""
 
     def forward(self, x, branch):
@@ -231,7 +231,7 @@ def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int,
     return y.transpose(1, 2).contiguous().view(B, T, width)
 
 
-class _Attention(nn.Module):
+class Attention(nn.Module):
     """Op `blocks.l.attn`: grouped-query attention from the rotated q, k and v. It also holds
     the ops around it (`q`, `k`, `v`, `rope_q`, `rope_k`, `o`, `residual`), which the block calls."""
 
@@ -245,13 +245,13 @@ class _Attention(nn.Module):
         self.o = nn.Linear(cfg.heads * hd, C, bias=False)
         self.rope_q = _Rope(hd)
         self.rope_k = _Rope(hd)
-        self.residual = _Residual()
+        self.residual = Residual()
 
     def forward(self, q, k, v):
         return gqa_attention(q, k, v, self.heads, self.kv_heads)
 
 
-class _SwiGLU(nn.Module):
+class SwiGLU(nn.Module):
     """Op `blocks.l.mlp.swiglu`: silu(gate) * up."""
 
     def forward(self, gate, up):
@@ -266,16 +266,16 @@ class _Mlp(nn.Module):
         self.gate = nn.Linear(C, H, bias=False)
         self.up = nn.Linear(C, H, bias=False)
         self.down = nn.Linear(H, C, bias=False)
-        self.swiglu = _SwiGLU()
-        self.residual = _Residual()
+        self.swiglu = SwiGLU()
+        self.residual = Residual()
 
 
-class _Block(nn.Module):
+class Block(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
-        self.attn_norm = _RMSNorm(cfg.channels, cfg.layernorm_eps)
-        self.attn = _Attention(cfg)
-        self.mlp_norm = _RMSNorm(cfg.channels, cfg.layernorm_eps)
+        self.attn_norm = RMSNorm(cfg.channels, cfg.layernorm_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.channels, cfg.layernorm_eps)
         self.mlp = _Mlp(cfg.channels, cfg.mlp_hidden)
 
     def forward(self, x, cos, sin):
@@ -314,7 +314,7 @@ class Llama(CanaryModule):
         self.wte = nn.Parameter(torch.empty(cfg.vocab_size, cfg.channels))
         self.embedding = _Embedding()
         self.blocks = nn.ModuleList(self.block_class(cfg) for _ in range(cfg.layers))
-        self.norm = _RMSNorm(cfg.channels, cfg.layernorm_eps)
+        self.norm = RMSNorm(cfg.channels, cfg.layernorm_eps)
         self.lm_head = nn.Linear(cfg.channels, cfg.vocab_size, bias=False)     # untied
         self.loss = _Loss()
         cos, sin = rope_tables(cfg.context_length, cfg.head_size, cfg.rope_theta)
@@ -329,7 +329,7 @@ class Llama(CanaryModule):
             self.to(device)
 
     # An architecture on llama's blocks (canary_harness.models.moe) replaces these three.
-    block_class = _Block
+    block_class = Block
 
     def op_names(self) -> List[str]:
         return forward_op_names(self.cfg)

@@ -37,7 +37,7 @@ import xxhash
 from ..architectures import Architecture
 from ..receipt import StepState
 from .gpt2 import lr_at  # the schedule is gpt2's: docs/canary.md
-from .llama import LlamaConfig, _Attention, _Block, _Residual, _RMSNorm, _SwiGLU, Llama, LAYER_OPS
+from .llama import LlamaConfig, Attention, Block, Residual, RMSNorm, SwiGLU, Llama, LAYER_OPS
 from .module import random_parameters
 from .table import moe_tensor_specs, names_and_shapes
 
@@ -233,7 +233,7 @@ class _Experts(nn.Module):
         self.gate = _ExpertLinear(E, C, H)
         self.up = _ExpertLinear(E, C, H)
         self.down = _ExpertLinear(E, H, C)
-        self.swiglu = _SwiGLU()
+        self.swiglu = SwiGLU()
 
 
 class _Moe(nn.Module):
@@ -260,16 +260,16 @@ class _MlpResidual(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.residual = _Residual()
+        self.residual = Residual()
 
 
-class _MoeBlock(_Block):
+class _MoeBlock(Block):
     def __init__(self, cfg: MoeConfig):
         nn.Module.__init__(self)
         # Registration order is the canonical parameter order: attn_norm, attn.*, mlp_norm, moe.*
-        self.attn_norm = _RMSNorm(cfg.channels, cfg.layernorm_eps)
-        self.attn = _Attention(cfg)
-        self.mlp_norm = _RMSNorm(cfg.channels, cfg.layernorm_eps)
+        self.attn_norm = RMSNorm(cfg.channels, cfg.layernorm_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.channels, cfg.layernorm_eps)
         self.moe = _Moe(cfg)
         self.mlp = _MlpResidual()
 

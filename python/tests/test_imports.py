@@ -1,0 +1,110 @@
+"""The package's imports (issue 48, "the Python package in rooms"): no import circle among its
+modules, counting the imports inside functions too (a circle hidden in a function is still a
+circle: each module needs the other to be whole), and no private name (`_x`) imported from
+another module: what a module lends is public, or it stays in the module."""
+import ast
+import pathlib
+from typing import Dict, List, Set, Tuple
+
+import pytest
+
+import canary_harness
+
+pytestmark = pytest.mark.torch_agnostic  # read from the sources: no torch runs
+
+PACKAGE = pathlib.Path(canary_harness.__file__).parent
+
+
+def modules(package: pathlib.Path) -> Dict[str, pathlib.Path]:
+    """Every module of the package by its dotted name (a folder's __init__ by the folder's)."""
+    found = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = path.relative_to(package.parent).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def imports(package: pathlib.Path) -> Tuple[Dict[str, Set[str]], List[Tuple[str, str, str]]]:
+    """The package's import graph (module -> the package's modules it imports, anywhere in
+    it) and its private imports (importer, module, name)."""
+    known = modules(package)
+    graph: Dict[str, Set[str]] = {name: set() for name in known}
+    private = []
+    for name, path in known.items():
+        here = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                graph[name].update(a.name for a in node.names if a.name in known)
+            elif isinstance(node, ast.ImportFrom):
+                parts = here.split(".")[:len(here.split(".")) - max(node.level - 1, 0)] if node.level else []
+                source = ".".join(parts + ([node.module] if node.module else []))
+                if source.split(".")[0] != package.name:
+                    continue
+                for alias in node.names:
+                    submodule = f"{source}.{alias.name}"
+                    if submodule in known:
+                        graph[name].add(submodule)
+                        continue
+                    graph[name].add(source)
+                    if alias.name.startswith("_"):
+                        private.append((name, source, alias.name))
+        graph[name].discard(name)
+    return graph, private
+
+
+def circles(graph: Dict[str, Set[str]]) -> List[List[str]]:
+    """The graph's strongly connected components of more than one module (Tarjan's)."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    found: List[List[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_package_has_no_import_circle():
+    graph, _ = imports(PACKAGE)
+    assert len(graph) > 30, "the package's modules were not found"
+    assert circles(graph) == []
+
+
+def test_no_private_name_is_imported_from_another_module():
+    _, private = imports(PACKAGE)
+    assert private == []
+
+
+def test_the_checks_see_a_circle_inside_a_function_and_a_private_import(tmp_path):
+    package = tmp_path / "canary_harness"
+    (package / "models").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "models" / "__init__.py").write_text("")
+    (package / "a.py").write_text("from .b import helper\n")
+    (package / "b.py").write_text("def helper():\n    from . import c\n")
+    (package / "c.py").write_text("import canary_harness.a\n")
+    (package / "models" / "m.py").write_text("from ..a import _secret\nfrom .. import b\n")
+    graph, private = imports(package)
+    assert circles(graph) == [["canary_harness.a", "canary_harness.b", "canary_harness.c"]]
+    assert graph["canary_harness.models.m"] == {"canary_harness.a", "canary_harness.b"}
+    assert private == [("canary_harness.models.m", "canary_harness.a", "_secret")]
