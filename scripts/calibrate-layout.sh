@@ -1,21 +1,27 @@
 #!/usr/bin/env bash
-# Calibrate a PyTorch lane's entries from pairs (docs/budgets.md, "Layouts: pairs of runs"),
-# each pair two runs of the same initial weights, and each entry the feature torch-KIND:
-#   ddp, fsdp  the layout against the one-process lane of the same torch on the same host
-#              ([torch-ddp], [torch-fsdp], [llama-tiny.torch-ddp], ...);
-#   cpu        the one-process lane against the harness's cpu-ref engine ([torch-cpu]);
-#   host       the one-process lane on each host but the first against the same lane on the
-#              first host ([torch-host]: what another CPU moves a real stack by);
-#   bf16       the one-process lane under bf16 autocast against cpu-ref ([torch-bf16]);
-#   host-bf16  the bf16 lane on each host but the first against it on the first host
-#              ([torch-host-bf16]);
-#   compile    the lane under torch.compile against the eager lane of the same torch and
-#              host ([torch-compile]; interpreters without torch.compile give none).
+# Calibrate a real stack's entries from pairs (docs/budgets.md, "Layouts: pairs of runs"),
+# each pair two runs of the same initial weights, one KIND of pair per entry:
+#   ddp, fsdp      the PyTorch lane on 2 processes against its one-process run of the same
+#                  torch on the same host ([torch-ddp], [torch-fsdp]; FSDP2: torch 2.6 on);
+#   compile        the lane under torch.compile against the eager run of the same torch and
+#                  host ([torch-compile]; torch 2.0 on);
+#   cpu            the one-process lane against the harness's cpu-ref engine ([torch-cpu]);
+#   bf16           the lane under bf16 autocast against cpu-ref ([torch-bf16]);
+#   xla            the lane on torch_xla's CPU client (--device xla) against cpu-ref ([torch-xla]);
+#   jax, jax-bf16  the JAX lane (canary_harness.jax, 1x1 dp; fp32, or bf16 matmul operands)
+#                  against cpu-ref ([jax], [jax-bf16]);
+#   host, host-bf16, xla-host, jax-host, jax-bf16-host
+#                  the run of cpu, bf16, xla, jax or jax-bf16 on each host but the first
+#                  against the same run on the first host ([torch-host], [torch-host-bf16],
+#                  [torch-xla-host], [jax-host], [jax-bf16-host]: what another CPU moves a
+#                  real stack by).
 # A sample is one pair; the pairs differ in the initial weights (the canary's own, which its
-# nightly and goldens run, and --seeds N others, `harness export --seed`), the torch (each
-# --python) and the host (each --hosts variant, from `harness hosts`); the pairs
+# nightly and goldens run, and --seeds N others, `harness export --seed`), the interpreter
+# (each --python) and the host (each --hosts variant, from `harness hosts`); the pairs
 # of the last --held-out-hosts K hosts (default 1 of 2 or more) are held out of the proposal
 # and checked against it: an entry calibrated on some hosts, verified on the others.
+# A kind runs on the interpreters that have what it needs (torch_xla, JAX, a torch version);
+# one that none has is refused before any run.
 #
 # Usage: scripts/calibrate-layout.sh --canary C --layouts KIND[,KIND...] --python PY[,PY...]
 #          [--hosts V,...] [--seeds N] [--held-out-hosts K] [--budgets B] [--provisional] [--widen] --out DIR
@@ -43,9 +49,44 @@ done
 [ -n "$out" ] || usage "--out: name the directory for the receipts and candidates"
 [ -n "$pythons" ] || usage "--python: name the interpreters with torch (e.g. .venv/bin/python,/usr/bin/python3)"
 [[ "$seeds" =~ ^[0-9]+$ ]] || usage "--seeds: how many initialisations besides the canary's own (0 or more), not '$seeds'"
+
+# Each kind: the run it pairs (a name of run_argv below), what that run is judged against
+# (cpu-ref, the same run on the first host, or another run of the same host), and its feature.
+declare -A pair_run=(
+  [ddp]=ddp [fsdp]=fsdp [compile]=compile [cpu]=one [bf16]=bf16 [xla]=xla [jax]=jax [jax-bf16]=jax-bf16
+  [host]=one [host-bf16]=bf16 [xla-host]=xla [jax-host]=jax [jax-bf16-host]=jax-bf16)
+declare -A pair_reference=(
+  [ddp]=one [fsdp]=one [compile]=one [cpu]=cpu-ref [bf16]=cpu-ref [xla]=cpu-ref [jax]=cpu-ref [jax-bf16]=cpu-ref
+  [host]=first-host [host-bf16]=first-host [xla-host]=first-host [jax-host]=first-host [jax-bf16-host]=first-host)
+declare -A pair_feature=(
+  [ddp]=torch-ddp [fsdp]=torch-fsdp [compile]=torch-compile [cpu]=torch-cpu [bf16]=torch-bf16 [xla]=torch-xla
+  [jax]=jax [jax-bf16]=jax-bf16 [host]=torch-host [host-bf16]=torch-host-bf16 [xla-host]=torch-xla-host
+  [jax-host]=jax-host [jax-bf16-host]=jax-bf16-host)
+kinds="ddp, fsdp, compile, cpu, bf16, xla, jax, jax-bf16, host, host-bf16, xla-host, jax-host or jax-bf16-host"
+# run_argv RUN: the module and flags of RUN (1 thread a rank: the lanes' default)
+run_argv() {
+  case $1 in
+    one) echo "-m canary_harness.lane --canary $canary" ;;
+    bf16) echo "-m canary_harness.lane --canary $canary --precision bf16" ;;
+    xla) echo "-m canary_harness.lane --canary $canary --device xla" ;;
+    ddp | fsdp) echo "-m canary_harness.lane --canary $canary --layout $1" ;;
+    compile) echo "-m canary_harness.lane --canary $canary --compile" ;;
+    jax) echo "-m canary_harness.jax" ;;
+    jax-bf16) echo "-m canary_harness.jax --precision bf16" ;;
+  esac
+}
+# run_probe RUN: Python that prints 1 where the interpreter can make RUN
+run_probe() {
+  case $1 in
+    compile) echo 'import torch; print(int(hasattr(torch, "compile")))' ;;
+    fsdp) echo 'from canary_harness.distributed import fsdp_available; print(int(fsdp_available()))' ;;
+    xla) echo 'import importlib.util as u; print(int(u.find_spec("torch_xla") is not None))' ;;
+    jax | jax-bf16) echo 'import importlib.util as u; print(int(u.find_spec("jax") is not None))' ;;
+    *) echo 'import torch; print(1)' ;;
+  esac
+}
 for layout in ${layouts//,/ }; do
-  [[ "$layout" =~ ^(ddp|fsdp|cpu|host|bf16|host-bf16|compile)$ ]] ||
-    usage "--layouts: ddp, fsdp, cpu, host, bf16, host-bf16 or compile, not '$layout'"
+  [ -n "${pair_run[$layout]:-}" ] || usage "--layouts: $kinds, not '$layout'"
 done
 # Each host's environment assignments, from the harness's one table of presets ("" : as it is).
 host_lines=$'as-is\t\t'
@@ -54,28 +95,29 @@ host_count=$(grep -c . <<<"$host_lines")
 [ -n "$held_out_hosts" ] || held_out_hosts=$((host_count > 1 ? 1 : 0))
 [[ "$held_out_hosts" =~ ^[0-9]+$ ]] && [ "$held_out_hosts" -lt "$host_count" ] ||
   usage "--held-out-hosts: fewer than the $host_count host(s), not '$held_out_hosts'"
-if [[ ",$layouts," == *,host,* || ",$layouts," == *,host-bf16,* ]]; then
-  [ "$host_count" -ge 2 ] || usage "--layouts: host pairs each host with the first; give two or more --hosts"
+for layout in ${layouts//,/ }; do
+  [ "${pair_reference[$layout]}" = first-host ] || continue
+  [ "$host_count" -ge 2 ] || usage "--layouts: $layout pairs each host with the first; give two or more --hosts"
   [ "$held_out_hosts" -lt $((host_count - 1)) ] ||
-    usage "--held-out-hosts: host pairs need one host besides the first that is not held out"
-fi
+    usage "--held-out-hosts: $layout pairs need one host besides the first that is not held out"
+done
 # HARNESS_BIN: the lanes digest their tensors with the harness's library, not numpy's loops.
 export PYTHONPATH=$root/python${PYTHONPATH:+:$PYTHONPATH} HARNESS_BIN=$harness
-# supported[PYTHON,KIND]: 1 where PYTHON's torch has what KIND needs (compile: torch.compile,
-# torch 2.0 on; fsdp: FSDP2, torch 2.6 on; every other kind: any torch). A kind needs one.
+# supported[PYTHON,KIND]: 1 where PYTHON can make KIND's runs; each kind needs one such PYTHON.
 declare -A supported
 for layout in ${layouts//,/ }; do
   found=0
   for python in ${pythons//,/ }; do
-    case $layout in
-      compile) probe='import torch; print(int(hasattr(torch, "compile")))' ;;
-      fsdp) probe='from canary_harness.distributed import fsdp_available; print(int(fsdp_available()))' ;;
-      *) probe='import torch; print(1)' ;;
-    esac
-    supported[$python,$layout]=$("$python" -c "$probe" 2>/dev/null) || usage "--python: $python cannot import torch"
+    supported[$python,$layout]=1
+    for run in "${pair_run[$layout]}" "${pair_reference[$layout]}"; do
+      [ "$run" != cpu-ref ] && [ "$run" != first-host ] || continue
+      answer=$("$python" -c "$(run_probe "$run")" 2>/dev/null) || usage "--python: $python cannot import torch"
+      [ "$answer" = 1 ] || supported[$python,$layout]=0
+    done
     [ "${supported[$python,$layout]}" != 1 ] || found=1
   done
-  [ "$found" = 1 ] || usage "--layouts $layout: no --python interpreter's torch has it (compile: 2.0 on; fsdp: 2.6 on)"
+  [ "$found" = 1 ] ||
+    usage "--layouts $layout: no --python interpreter has what it needs (compile: torch 2.0 on; fsdp: 2.6 on; xla: torch_xla; jax: JAX)"
 done
 mkdir -p "$out"
 
@@ -85,31 +127,31 @@ inits=(own)
 for ((s = 1; s <= seeds; s++)); do inits+=("seed$s"); done
 # init_flags INIT: the flags that make INIT's weights (none: the canary's own)
 init_flags() { [ "$1" = own ] || echo "--seed ${1#seed}"; }
-# One pack per initialisation: the canary's data and schedule, those weights; for cpu and bf16 pairs,
-# the cpu-ref run of it (the harness's own engine: host-independent).
+# One pack per initialisation: the canary's data and schedule, those weights; where a kind is
+# judged against cpu-ref, the cpu-ref run of it (the harness's own engine: host-independent).
+needs_cpu_ref=0
+for layout in ${layouts//,/ }; do [ "${pair_reference[$layout]}" != cpu-ref ] || needs_cpu_ref=1; done
 for init in "${inits[@]}"; do
   # shellcheck disable=SC2046
   [ -f "$out/pack-$init.h5" ] ||
     "$harness" export --canary "$canary" $(init_flags "$init") --out "$out/pack-$init.h5" >/dev/null
   # shellcheck disable=SC2046
-  [[ ",$layouts," != *,cpu,* && ",$layouts," != *,bf16,* ]] || [ -f "$out/cpu-ref-$init.h5" ] ||
+  [ "$needs_cpu_ref" = 0 ] || [ -f "$out/cpu-ref-$init.h5" ] ||
     "$harness" run --engine cpu-ref --canary "$canary" $(init_flags "$init") --out "$out/cpu-ref-$init.h5" >/dev/null
 done
 
-# run_lane PYTHON PACK OUT ENV [LANE FLAGS...]: the torch lane (1 thread a rank), under ENV.
-run_lane() {
-  local python=$1 pack=$2 receipt=$3 assignments=$4
-  shift 4
+# make_run PYTHON RUN PACK OUT ENV: RUN of PACK into OUT under ENV, unless OUT was made before.
+make_run() {
+  local python=$1 run=$2 pack=$3 receipt=$4 assignments=$5
   [ -f "$receipt" ] && return 0  # a pair already made: the receipts are kept in DIR
   # Written beside and moved in when complete: a failed run leaves no receipt to be reused.
-  # shellcheck disable=SC2086
-  env $assignments "$python" -m canary_harness.lane --pack "$pack" --out "${receipt%.h5}.partial.h5" --force \
-    --canary "$canary" "$@" >"$receipt.log" 2>&1 ||
-    { echo "calibrate-layout.sh: $receipt failed ($receipt.log)" >&2; exit 1; }
+  # shellcheck disable=SC2086,SC2046
+  env $assignments "$python" $(run_argv "$run") --pack "$pack" --out "${receipt%.h5}.partial.h5" --force \
+    >"$receipt.log" 2>&1 || { echo "calibrate-layout.sh: $receipt failed ($receipt.log)" >&2; exit 1; }
   mv "${receipt%.h5}.partial.h5" "$receipt"
 }
 
-declare -A receipts references held first_host_one first_host_bf16
+declare -A receipts references held first_host
 host_index=0
 while IFS=$'\t' read -r -u 3 host assignments _; do  # fd 3: the runs below read stdin
   host_index=$((host_index + 1))
@@ -118,26 +160,20 @@ while IFS=$'\t' read -r -u 3 host assignments _; do  # fd 3: the runs below read
       usage "--python: $python cannot import torch"
     for init in "${inits[@]}"; do
       tag="$host-torch$version-$init" pack=$out/pack-$init.h5
-      one=$out/one-$tag.h5 bf16=$out/bf16-$tag.h5
-      run_lane "$python" "$pack" "$one" "$assignments"
-      [[ ",$layouts," != *bf16,* ]] || run_lane "$python" "$pack" "$bf16" "$assignments" --precision bf16
-      # host pairs' references: the same torch and weights on the first host
-      [ "$host_index" -gt 1 ] || { first_host_one[$version-$init]=$one; first_host_bf16[$version-$init]=$bf16; }
       for layout in ${layouts//,/ }; do
         [ "${supported[$python,$layout]}" = 1 ] || continue
-        case $layout in host | host-bf16) [ "$host_index" -gt 1 ] || continue ;; esac
-        case $layout in
-          ddp | fsdp)
-            run_lane "$python" "$pack" "$out/$layout-$tag.h5" "$assignments" --layout "$layout"
-            receipts[$layout]+="$out/$layout-$tag.h5 " references[$layout]+="$one " ;;
-          compile)
-            run_lane "$python" "$pack" "$out/compile-$tag.h5" "$assignments" --compile
-            receipts[$layout]+="$out/compile-$tag.h5 " references[$layout]+="$one " ;;
-          cpu) receipts[$layout]+="$one " references[$layout]+="$out/cpu-ref-$init.h5 " ;;
-          bf16) receipts[$layout]+="$bf16 " references[$layout]+="$out/cpu-ref-$init.h5 " ;;
-          host) receipts[$layout]+="$one " references[$layout]+="${first_host_one[$version-$init]} " ;;
-          host-bf16) receipts[$layout]+="$bf16 " references[$layout]+="${first_host_bf16[$version-$init]} " ;;
+        run=${pair_run[$layout]} reference=${pair_reference[$layout]}
+        receipt=$out/$run-$tag.h5
+        make_run "$python" "$run" "$pack" "$receipt" "$assignments"
+        # the first host's run: the reference of the host kinds (same interpreter and weights)
+        [ "$host_index" -gt 1 ] || first_host[$run-$version-$init]=$receipt
+        case $reference in
+          cpu-ref) reference=$out/cpu-ref-$init.h5 ;;
+          first-host) [ "$host_index" -gt 1 ] || continue; reference=${first_host[$run-$version-$init]} ;;
+          *) make_run "$python" "$reference" "$pack" "$out/$reference-$tag.h5" "$assignments"
+             reference=$out/$reference-$tag.h5 ;;
         esac
+        receipts[$layout]+="$receipt " references[$layout]+="$reference "
         [ "$host_index" -le $((host_count - held_out_hosts)) ] || held[$layout]=$((${held[$layout]:-0} + 1))
       done
     done
@@ -150,7 +186,7 @@ for layout in ${layouts//,/ }; do
   held_out=()
   [ "${held[$layout]:-0}" -eq 0 ] || held_out=(--held-out "${held[$layout]}")
   # shellcheck disable=SC2086
-  "$harness" calibrate --receipts ${receipts[$layout]} --reference ${references[$layout]} --feature "torch-$layout" \
+  "$harness" calibrate --receipts ${receipts[$layout]} --reference ${references[$layout]} --feature "${pair_feature[$layout]}" \
     "${held_out[@]}" "${flags[@]}" --budgets "$candidate" --out "$out/$layout.candidate.toml" || status=$?
   [ "$status" -le 1 ] || exit "$status"
   candidate=$out/$layout.candidate.toml

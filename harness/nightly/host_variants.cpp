@@ -67,6 +67,11 @@ const std::vector<HostVariant>& host_variant_presets() {
       {"openblas-prescott", {{"OPENBLAS_CORETYPE", "Prescott"}}, "OpenBLAS's SSE3 kernels (Debian's torch's fp32 GEMM)"},
       {"openblas-sandybridge", {{"OPENBLAS_CORETYPE", "Sandybridge"}}, "OpenBLAS's AVX kernels: a host without AVX2"},
       {"openblas-haswell", {{"OPENBLAS_CORETYPE", "Haswell"}}, "OpenBLAS's AVX2 kernels"},
+      // XLA's CPU client (JAX, torch_xla) compiles its loops for the host's ISA through LLVM;
+      // this caps it (the whole XLA_FLAGS: a lane's own flags are appended by the lane).
+      {"xla-sse42", {{"XLA_FLAGS", "--xla_cpu_max_isa=SSE4_2"}}, "XLA's CPU code without AVX: a host without AVX2 and FMA"},
+      {"xla-avx2", {{"XLA_FLAGS", "--xla_cpu_max_isa=AVX2"}}, "XLA's CPU code up to AVX2: a host without AVX-512"},
+      {"xla-avx512", {{"XLA_FLAGS", "--xla_cpu_max_isa=AVX512"}}, "XLA's CPU code up to AVX-512 (where the CPU has it)"},
   };
   return presets;
 }

@@ -105,14 +105,36 @@ grep -q "^\[torch-host-bf16\]" "$WORK/layout/host-bf16.candidate.toml" && grep -
   fail "the host-bf16 candidate does not carry both entries"
 expect_exit 2 "calibrate-layout.sh: --layouts: host pairs each host with the first; give two or more --hosts" -- \
   "$LAYOUT" --layouts host --python "$PY" --out "$WORK/bad-layout"
-expect_exit 2 "calibrate-layout.sh: --layouts: host pairs each host with the first; give two or more --hosts" -- \
+expect_exit 2 "calibrate-layout.sh: --layouts: host-bf16 pairs each host with the first; give two or more --hosts" -- \
   "$LAYOUT" --layouts bf16,host-bf16 --python "$PY" --out "$WORK/bad-layout"
-expect_exit 2 "calibrate-layout.sh: --layouts: ddp, fsdp, cpu, host, bf16, host-bf16 or compile, not 'pp'" -- \
+expect_exit 2 "calibrate-layout.sh: --layouts: ddp, fsdp, compile, cpu, bf16, xla, jax, jax-bf16, host, .* not 'pp'" -- \
   "$LAYOUT" --layouts pp --python "$PY" --out "$WORK/bad-layout"
-# a kind that no interpreter's torch has (Debian's torch 1.13 has no torch.compile): refused before any run
+# a kind that no interpreter has what it needs for (Debian's torch 1.13: no torch.compile,
+# torch_xla or JAX): refused before any run
 if ! "$PY" -c 'import torch; assert hasattr(torch, "compile")' 2>/dev/null; then
-  expect_exit 2 "calibrate-layout.sh: --layouts compile: no --python interpreter's torch has it" -- \
+  expect_exit 2 "calibrate-layout.sh: --layouts compile: no --python interpreter has what it needs" -- \
     "$LAYOUT" --layouts compile --python "$PY" --out "$WORK/bad-layout"
+fi
+if ! "$PY" -c 'import jax' 2>/dev/null; then
+  expect_exit 2 "calibrate-layout.sh: --layouts jax: no --python interpreter has what it needs" -- \
+    "$LAYOUT" --layouts jax --python "$PY" --out "$WORK/bad-layout"
+fi
+[ ! -e "$WORK/bad-layout" ] || fail "a refused calibrate-layout.sh made its --out directory"
+
+# JAX's pairs (.venv/'s JAX): jax against cpu-ref on each host, jax-host the second host
+# against the first; xla-sse42 caps XLA's CPU code below this CPU's AVX2, and moves the bits.
+VENV_PY="$HERE/../../.venv/bin/python"
+if [ -x "$VENV_PY" ]; then
+  expect_exit 0 "" -- "$LAYOUT" --canary micro --layouts jax,jax-host --python "$VENV_PY" --hosts xla-avx2,xla-sse42 \
+    --seeds 0 --held-out-hosts 0 --provisional --budgets "$BUDGETS" --out "$WORK/jax"
+  grep -q "^2 receipts of micro/jax@1x1+dp against micro/cpu-ref (2 pairs," "$WORK/jax/jax.candidate.md" ||
+    fail "the jax calibration is not made of 2 pairs: $(head -3 "$WORK/jax/jax.candidate.md")"
+  grep -qE "/jax-xla-sse42-(torch[0-9a-z.]*)-own\.h5 \(?against \S*/jax-xla-avx2-\1-own\.h5" \
+    "$WORK/jax/jax-host.candidate.md" || fail "no jax-host pair: $(head -3 "$WORK/jax/jax-host.candidate.md")"
+  ! "$HARNESS" compare "$WORK"/jax/jax-xla-sse42-*-own.h5 "$WORK"/jax/jax-xla-avx2-*-own.h5 | grep -q "^PASS  loss .*exact" ||
+    fail "xla-sse42 did not move JAX's bits on micro"
+elif [ -n "${CI:-}" ]; then
+  fail "no .venv/ (scripts/python-env.sh): JAX's pairs were not tested"
 fi
 expect_exit 2 "^harness: error: --hosts: 'aten-avx3' is neither a preset" -- "$LAYOUT" --python "$PY" \
   --hosts aten-avx3 --out "$WORK/bad-layout"
