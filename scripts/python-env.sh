@@ -38,7 +38,7 @@ mkdir -p "$cache"
 # Room first. A disk that fills during the install fails whatever else writes to it (command
 # 1's build beside this: "No space left on device" from the compiler, naming neither), so
 # nothing starts without it: .venv/ is 7.8 GB installed, the wheels 4.1 GB (a cache without
-# torch's wheel is taken to need them all). room PATH GB WHAT: PATH's disk has GB free,
+# torch's wheel is taken to need them all). The sizes themselves: less cannot hold them. room PATH GB WHAT: PATH's disk has GB free,
 # or WHAT is refused in one line (exit 2).
 room() {
   local free
@@ -49,8 +49,8 @@ room() {
     exit 2
   }
 }
-need_venv=9 need_wheels=0
-compgen -G "$cache/torch-*.whl" >/dev/null || need_wheels=5
+need_venv=8 need_wheels=0
+compgen -G "$cache/torch-*.whl" >/dev/null || need_wheels=4
 if [ "$(stat -c %d "$root")" = "$(stat -c %d "$cache")" ]; then  # one disk: both on it
   need_venv=$((need_venv + need_wheels)) need_wheels=0
 fi

@@ -15,13 +15,13 @@ echo "Filesystem 1024-blocks Used Available Capacity Mounted on"
 echo "/dev/small 2097152 1048576 1048576 50% /"
 DF
 chmod +x "$WORK/bin/df"
-expect_exit 2 "^python-env: making .venv/ needs about 14 GB free at $root, and 1 GB is: free space there" -- \
+expect_exit 2 "^python-env: making .venv/ needs about 12 GB free at $root, and 1 GB is: free space there" -- \
   env PATH="$WORK/bin:$PATH" CANARY_HARNESS_WHEELS="$WORK/wheels" timeout 60 bash "$root/scripts/python-env.sh"
 [ ! -e "$root/.venv" ] || fail "the refusal made $root/.venv"
 [ -z "$(ls -A "$WORK/wheels")" ] || fail "the refusal wrote into the wheel cache"
-# With torch's wheel cached, only .venv/'s 9 GB is asked for.
+# With torch's wheel cached, only .venv/'s 8 GB is asked for.
 touch "$WORK/wheels/torch-2.9.0-cp311-cp311-manylinux_2_28_x86_64.whl"
-expect_exit 2 "^python-env: making .venv/ needs about 9 GB free at $root, and 1 GB is" -- \
+expect_exit 2 "^python-env: making .venv/ needs about 8 GB free at $root, and 1 GB is" -- \
   env PATH="$WORK/bin:$PATH" CANARY_HARNESS_WHEELS="$WORK/wheels" timeout 60 bash "$root/scripts/python-env.sh"
 [ ! -e "$root/.venv" ] || fail "the refusal made $root/.venv"
 finish
