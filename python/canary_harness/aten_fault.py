@@ -62,7 +62,7 @@ class AtenFault:
         self.spec = spec
         self.module, self.name, self.occurrence = split_target(spec.op)
         self.phases = StepPhases(model, optimizer)  # where an op runs, named as the aten trace names it
-        self.ulps_up = ulps_up
+        self._ulps_up = ulps_up
         self.calls = 0
         self.fired = False
 
@@ -89,7 +89,7 @@ class AtenFault:
                               "floating-point tensor; name an op whose output is one")
         self.fired = True
         flat = out.reshape(-1)
-        return torch.cat([self.ulps_up(torch, flat[:1], self.spec.ulps), flat[1:]]).view_as(out)
+        return torch.cat([self._ulps_up(torch, flat[:1], self.spec.ulps), flat[1:]]).view_as(out)
 
     def check(self, step: int) -> None:
         if step == self.spec.step and not self.fired:
