@@ -104,15 +104,16 @@ done
 # HARNESS_BIN: the lanes digest their tensors with the harness's library, not numpy's loops.
 export PYTHONPATH=$root/python${PYTHONPATH:+:$PYTHONPATH} HARNESS_BIN=$harness
 # supported[PYTHON,KIND]: 1 where PYTHON can make KIND's runs; each kind needs one such PYTHON.
-declare -A supported
+declare -A supported can_make  # can_make[PYTHON,RUN]: each probe once (an import of torch each)
 for layout in ${layouts//,/ }; do
   found=0
   for python in ${pythons//,/ }; do
     supported[$python,$layout]=1
     for run in "${pair_run[$layout]}" "${pair_reference[$layout]}"; do
       [ "$run" != cpu-ref ] && [ "$run" != first-host ] || continue
-      answer=$("$python" -c "$(run_probe "$run")" 2>/dev/null) || usage "--python: $python cannot import torch"
-      [ "$answer" = 1 ] || supported[$python,$layout]=0
+      [ -n "${can_make[$python,$run]:-}" ] || can_make[$python,$run]=$("$python" -c "$(run_probe "$run")" 2>/dev/null) ||
+        usage "--python: $python cannot import torch"
+      [ "${can_make[$python,$run]}" = 1 ] || supported[$python,$layout]=0
     done
     [ "${supported[$python,$layout]}" != 1 ] || found=1
   done
