@@ -40,9 +40,17 @@ done
 # A torch lane (Debian's torch): ATen's ISA is a host, and it moves the lane's bits
 printf '%s\n' 'schema_version = 1' 'canary = "micro"' 'steps = 12' 'seed = 7' 'reference = "ref"' '[[lanes]]' 'id = "ref"' \
   'engine = "cpu-ref"' '[[lanes]]' 'id = "torch"' 'engine = "torch"' 'device = "cpu"' 'precision = "bf16"' >"$WORK/torch.toml"
+# where the CPU lacks AVX512_BF16. Where it has it, oneDNN's native bf16 kernels do the bf16
+# lane's work whatever ATen's ISA, and no knob lowers them (ONEDNN_MAX_CPU_ISA below
+# AVX512_CORE makes torch 1.13's bf16 primitives fail): the two hosts give one deviation
+# (docs/budgets.md, "Hosts: --hosts").
 expect_exit 0 "" -- calibrate --lane torch --hosts aten-default,aten-avx2 --matrix "$WORK/torch.toml" --out "$WORK/torch-hosts.toml"
-[ "$(grep '^- repeat' "$WORK/torch-hosts.md" | sed 's/^.*: now //' | sort -u | wc -l)" -eq 2 ] ||
-  fail "ATen's default kernels did not move the torch lane: $(grep '^- repeat' "$WORK/torch-hosts.md")"
+deviations=$(grep '^- repeat' "$WORK/torch-hosts.md" | sed 's/^.*: now //' | sort -u | wc -l)
+if grep -qw avx512_bf16 /proc/cpuinfo; then
+  [ "$deviations" -eq 1 ] || fail "ATen's ISA moved the bf16 lane on an AVX512_BF16 host: $(grep '^- repeat' "$WORK/torch-hosts.md")"
+else
+  [ "$deviations" -eq 2 ] || fail "ATen's default kernels did not move the torch lane: $(grep '^- repeat' "$WORK/torch-hosts.md")"
+fi
 # Debian's torch does its fp32 GEMMs in OpenBLAS: its SSE3 kernels move the fp32 lane's bits
 sed -i 's/precision = "bf16"/precision = "fp32"/' "$WORK/torch.toml"
 expect_exit 0 "" -- calibrate --lane torch --hosts openblas-prescott,openblas-haswell --matrix "$WORK/torch.toml" \

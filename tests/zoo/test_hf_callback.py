@@ -123,11 +123,15 @@ def test_the_trainers_loss_scaling_is_15_16ths_of_the_models_mean(run_receipt: P
 
 def test_use_cache_false_moves_the_backward_and_the_config(run_receipt: Path, work: Path) -> None:
     """With use_cache=True the keys and values go through DynamicCache's torch.cat, and SDPA
-    gets contiguous copies; without, strided views: the forward's bits agree here, the
-    backward's do not. And the model's config is another one (use_cache), so another canary."""
+    gets contiguous copies; without, strided views: the forward on equal weights agrees bit for
+    bit (step 0), the backward does not. From step 1 the weights differ by that rounding, and
+    whether a later loss shows it depends on the host (bitwise at all 12 steps on an AVX2 EPYC,
+    1e-7 apart at step 8 on an AVX-512 one), so later losses are held to the rounding's size.
+    And the model's config is another one (use_cache), so another canary."""
     out = trainer_run(work / "use_cache.h5", "use_cache")
     a, b = read(out), read(run_receipt)
-    assert a["steps/loss"].tobytes() == b["steps/loss"].tobytes()
+    assert a["steps/loss"][0] == b["steps/loss"][0]
+    np.testing.assert_allclose(a["steps/loss"], b["steps/loss"], rtol=1e-6)
     assert np.any(a["hashes/grads"][0] != b["hashes/grads"][0])
     np.testing.assert_allclose(a["sketches/grads_l2"][0], b["sketches/grads_l2"][0], rtol=1e-7)
     config = json.loads(str(a["canary"].item().decode()))["config"]
