@@ -34,11 +34,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import getpass
 import json
 import logging
 import os
 import re
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, NamedTuple, Optional
@@ -109,7 +111,25 @@ def compiled_model(model: torch.nn.Module) -> torch.nn.Module:
     # Inductor's C++ toolchain probe warns when a CUDA toolkit is installed without a GPU
     # ("No CUDA runtime is found"): nothing a CPU run needs, and not the run's to report.
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+    os.environ.update(inductor_cache_of_the_aten_isa(os.environ))
     return torch.compile(model)
+
+
+def inductor_cache_of_the_aten_isa(env: Dict[str, str]) -> Dict[str, str]:
+    """The TORCHINDUCTOR_CACHE_DIR a compiled run under ATEN_CPU_CAPABILITY=ISA takes: a
+    directory of that ISA inside the one it would use (env's, or Inductor's default,
+    TMPDIR/torchinductor_USER); {} without the variable or when env already points there.
+    Inductor generates its kernels for ATen's ISA but does not key its caches on it: on an
+    AVX-512 CPU, a run under `aten-avx2` (docs/budgets.md, "Hosts") loaded kernels a native
+    run had cached and failed in them ("index out of bounds", torch 2.9)."""
+    isa = env.get("ATEN_CPU_CAPABILITY")
+    if not isa:
+        return {}
+    base = env.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(tempfile.gettempdir(),
+                                                              "torchinductor_" + getpass.getuser())
+    if os.path.basename(os.path.normpath(base)) == f"aten-{isa}":
+        return {}
+    return {"TORCHINDUCTOR_CACHE_DIR": os.path.join(base, f"aten-{isa}")}
 
 
 class StepCapture:

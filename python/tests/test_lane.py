@@ -84,6 +84,36 @@ def test_compiled_lane_is_within_torch_compile_of_cpu_ref(runs: dict, harness_bi
     run_harness(harness_bin, "compare", str(out), str(runs["cpu"]))  # exit 0: within the composed budget
 
 
+def test_inductor_keeps_each_aten_isa_in_a_cache_of_its_own(tmp_path: Path):
+    from canary_harness.runner import inductor_cache_of_the_aten_isa
+
+    assert inductor_cache_of_the_aten_isa({"TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}) == {}  # a native run: as it was
+    theirs = {"ATEN_CPU_CAPABILITY": "avx2", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
+    moved = inductor_cache_of_the_aten_isa(theirs)
+    assert moved == {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "aten-avx2")}
+    assert inductor_cache_of_the_aten_isa({**theirs, **moved}) == {}  # once, however often a process compiles
+    default = inductor_cache_of_the_aten_isa({"ATEN_CPU_CAPABILITY": "default"})["TORCHINDUCTOR_CACHE_DIR"]
+    assert Path(default).name == "aten-default" and Path(default).parent.name.startswith("torchinductor_")
+
+
+AVX512 = "avx512f" in (Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else "")
+
+
+@pytest.mark.skipif(not (hasattr(torch, "compile") and AVX512),
+                    reason="only an AVX-512 CPU has an ATen ISA below its own that Inductor compiles for")
+def test_a_compiled_run_under_aten_avx2_after_a_native_one_runs(runs: dict, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch):
+    """On an AVX-512 CPU Inductor compiles for AVX-512 natively and for AVX2 under `aten-avx2`,
+    but keyed its caches on neither: the second run loaded the first's kernels and failed in
+    them (torch 2.9: "index out of bounds")."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    for isa in ("", "avx2"):
+        if isa:
+            monkeypatch.setenv("ATEN_CPU_CAPABILITY", isa)
+        lane("--pack", str(runs["pack"]), "--out", str(tmp_path / f"compiled{isa}.h5"), "--threads", "1", "--compile")
+    assert (tmp_path / "inductor" / "aten-avx2").is_dir()
+
+
 def test_layout_lanes_are_within_their_budgets_and_fsdp_is_ddp_bit_for_bit(runs: dict, harness_bin: Path):
     """--layout ddp|fsdp --nproc 2: one receipt of the whole batch's data, judged against
     cpu-ref under torch-cpu and torch-ddp (torch-fsdp) composed (canaries/budgets.toml). On
