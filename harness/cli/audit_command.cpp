@@ -8,6 +8,7 @@
 #include "commands.h"
 #include "usage_check.h"
 #include "json_text.h"
+#include "thread_flag.h"
 
 namespace harness::cli {
 namespace {
@@ -77,7 +78,7 @@ void add_audit_command(CLI::App& app, CommandRegistry& commands) {
   CLI::App* audit = app.add_subcommand("audit", "Trace two steps on tpu-mesh and report compile-stability traps");
   audit->add_option("--canary", flags->options.canary, "Canary: a shipped one's name (canaries/NAME.toml) or a canary file's path")->capture_default_str();
   audit->add_option("--engine", flags->options.engine, "Engine (only tpu-mesh traces graphs)")->capture_default_str();
-  audit->add_option("--threads", flags->options.threads, "Worker threads (0 = all cores)")->check(CLI::Range(0, run::kMaxThreads))->capture_default_str();
+  add_threads_flag(*audit, flags->options.threads, "Worker threads (0 = all cores)");
   audit->add_option("--seed", flags->options.seed, "Initialisation seed (default: the canary's [train] seed)")
       ->check(seed_check());
   audit->add_flag("--json", flags->json, "Machine-readable report");

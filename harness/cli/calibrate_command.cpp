@@ -17,6 +17,7 @@
 #include "canary_run.h"
 #include "commands.h"
 #include "defaults.h"
+#include "thread_flag.h"
 
 namespace harness::cli {
 
@@ -64,7 +65,7 @@ void add_calibrate_command(CLI::App& app, CommandRegistry& commands) {
   calibrate->add_option("--matrix", o->matrix_path, "Lane matrix (TOML)")->capture_default_str();
   calibrate->add_option("--budgets", o->budgets_path, "Current budgets (read only)")->capture_default_str();
   calibrate->add_option("--out", o->out, "Candidate budgets file (default: budgets.candidate.toml beside --budgets)");
-  calibrate->add_option("--threads", o->threads, "Worker threads per run (0 = all cores)")->check(CLI::Range(0, run::kMaxThreads))->capture_default_str();
+  add_threads_flag(*calibrate, o->threads, "Worker threads per run (0 = all cores)");
   commands.add(calibrate, [o, lane, receipts, repeats, hosts] {
     if (hosts->count() > 0 && repeats->count() == 0) o->repeats = 1;  // each host one sample unless --repeats says more
     if (lane->count() == 0 && receipts->count() == 0) {

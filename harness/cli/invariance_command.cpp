@@ -10,6 +10,7 @@
 #include "invariance.h"
 #include "json_text.h"
 #include "usage_check.h"
+#include "thread_flag.h"
 
 namespace harness::cli {
 namespace {
@@ -49,9 +50,7 @@ void add_invariance_command(CLI::App& app, CommandRegistry& commands) {
       ->check(seed_check());
   cmd->add_option("--position-seed", flags->options.position_seed, "Draws the sequence's row in each batch")
       ->capture_default_str();
-  cmd->add_option("--threads", flags->options.threads, "Worker threads (0 = all cores)")
-      ->check(CLI::Range(0, run::kMaxThreads))
-      ->capture_default_str();
+  add_threads_flag(*cmd, flags->options.threads, "Worker threads (0 = all cores)");
   cmd->add_flag("--json", flags->json, "Print the report as JSON");
   add_engine_flags(*cmd, flags->engine_flags);
   commands.add(cmd, [flags] { return invariance_action(*flags); });

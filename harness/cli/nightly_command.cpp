@@ -30,6 +30,7 @@
 #include "nightly.h"
 #include "reports.h"
 #include "stack_info.h"
+#include "thread_flag.h"
 
 namespace harness::cli {
 namespace {
@@ -269,7 +270,7 @@ void add_nightly_command(CLI::App& app, CommandRegistry& commands) {
                       "shards' own reports in OUT/shards/i); each run still takes --threads")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
-  nightly->add_option("--threads", flags->options.threads, "Worker threads per run (0 = all cores)")->check(CLI::Range(0, run::kMaxThreads))->capture_default_str();
+  add_threads_flag(*nightly, flags->options.threads, "Worker threads per run (0 = all cores)");
   commands.add(nightly, [flags] { return nightly_action(*flags); });
 
   auto merge_flags = std::make_shared<NightlyFlags>();

@@ -13,6 +13,7 @@
 #include "commands.h"
 #include "defaults.h"
 #include "power.h"
+#include "thread_flag.h"
 
 namespace harness::cli {
 
@@ -28,9 +29,7 @@ void add_power_command(CLI::App& app, CommandRegistry& commands) {
   power->add_option("--tensor", o->tensor, "Parameter the weight regressions move (default: the first linear layer's weight)");
   power->add_option("--matrix", o->matrix_path, "Lane matrix (TOML)")->capture_default_str();
   power->add_option("--budgets", o->budgets_path, "Budgets the lane's check is judged by")->capture_default_str();
-  power->add_option("--threads", o->threads, "Worker threads per run (0 = all cores)")
-      ->check(CLI::Range(0, run::kMaxThreads))
-      ->capture_default_str();
+  add_threads_flag(*power, o->threads, "Worker threads per run (0 = all cores)");
   power->add_option("--kinds", o->kinds, "Ladders to climb (weight-scale, weight-ulps, lr-scale, eps-scale; default all)")
       ->delimiter(',');
   power->add_flag("--json", *json, "Print the ladders as JSON");

@@ -19,6 +19,7 @@
 #include "commands.h"
 #include "replay.h"
 #include "json_text.h"
+#include "thread_flag.h"
 
 namespace harness::cli {
 namespace {
@@ -210,9 +211,8 @@ void add_replay_command(CLI::App& app, CommandRegistry& commands) {
       ->check(CLI::Range(0, std::numeric_limits<int>::max()))
       ->capture_default_str();
   replay->add_option("--to", f->to, "Last step to verify (default: the last recorded)")->check(CLI::Range(0, std::numeric_limits<int>::max()));
-  replay->add_option("--threads", f->options.threads, "Worker threads (0 = all cores; any count gives the same bits; a Python canary replays on its recorded count)")
-      ->check(CLI::Range(0, run::kMaxThreads))
-      ->capture_default_str();
+  add_threads_flag(*replay, f->options.threads,
+                   "Worker threads (0 = all cores; any count gives the same bits; a Python canary replays on its recorded count)");
   replay->add_flag("--json", f->json, "Print the result as JSON (keys in docs/cli.md)");
   commands.add(replay, [f] { return run_replay(*f); });
 }

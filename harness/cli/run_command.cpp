@@ -17,6 +17,7 @@
 #include "usage_check.h"
 #include "registry.h"
 #include "run_option_fields.h"
+#include "thread_flag.h"
 
 namespace harness::cli {
 
@@ -115,7 +116,7 @@ void add_run_option(CLI::App& run, RunFlags& f, const run::RunOptionField& field
         },
         field.target);
   }
-  if (field.check == run::FlagCheck::kThreads) option->check(CLI::Range(0, run::kMaxThreads));
+  if (field.check == run::FlagCheck::kThreads) option->check(thread_count_check());
   if (field.check == run::FlagCheck::kSeed) option->check(seed_check());
   if (field.show_default) option->capture_default_str();
   if (field.required) option->required();

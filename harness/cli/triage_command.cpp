@@ -13,6 +13,7 @@
 #include "defaults.h"
 #include "json_text.h"
 #include "triage.h"
+#include "thread_flag.h"
 
 namespace harness::cli {
 
@@ -26,11 +27,9 @@ void add_triage_command(CLI::App& app, CommandRegistry& commands) {
       ->required();
   cmd->add_option("b", o->reference, "Receipt of its reference (.h5, a golden too)")->required();
   cmd->add_option("--budgets", o->budgets_path, "Budgets file (TOML)")->capture_default_str();
-  cmd->add_option("--threads", o->threads,
-                  "Worker threads per rerun of a harness engine's lane (0 = all cores; a Python canary's rerun keeps "
-                  "its recipe's)")
-      ->check(CLI::Range(0, run::kMaxThreads))
-      ->capture_default_str();
+  add_threads_flag(*cmd, o->threads,
+                   "Worker threads per rerun of a harness engine's lane (0 = all cores; a Python canary's rerun keeps "
+                   "its recipe's)");
   cmd->add_flag("--json", *json, "Print the triage as JSON (keys in docs/triage.md)");
   commands.add(cmd, [o, json] {
     // Progress on a terminal only: in a log, an error stays the one line on stderr.

@@ -151,6 +151,15 @@ expect_exit 2 "--interval: nan is not a number of seconds" -- "$HARNESS" inspect
 expect_exit 2 "--threads: Value -1 not in range 0 to 1024" -- "$HARNESS" replay "$run_dir/good.h5" --threads -1
 expect_exit 2 "--from: Value  not in range" -- "$HARNESS" replay "$run_dir/good.h5" --from ''
 expect_exit 2 "--threads: Value -1 not in range 0 to 1024" -- "$HARNESS" nightly --threads -1
+# Every command that takes --threads takes the one range (harness/cli/thread_flag.h): the
+# commands are read from --help, so a new one that writes its own range fails here.
+threaded=0
+for command in $("$HARNESS" --help | sed -n '/^Subcommands:/,$s/^  \([a-z]\+\) .*/\1/p'); do
+  "$HARNESS" "$command" --help | grep -q -- "--threads" || continue
+  threaded=$((threaded + 1))
+  expect_exit 2 "--threads: Value 1025 not in range 0 to 1024" -- "$HARNESS" "$command" --threads 1025
+done
+[ "$threaded" -ge 8 ] || fail "only $threaded commands take --threads (run, replay, audit, nightly, calibrate, power, invariance, triage do)"
 # A dataset whose shape declares far more than the file stores (a forged or damaged
 # extent: chunked, nothing written) is named, never allocated: no std::bad_alloc.
 cp "$run_dir/good.h5" "$run_dir/huge.h5"
