@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "bf16_first.h"
 #include "bisect.h"
 #include "budgets.h"
 #include "commands.h"
@@ -57,15 +58,14 @@ int print_verdict(const ComparisonFlags& flags, const check::Verdict& verdict) {
 // bf16-only twin. If the twin fails too the cause is shared; if not, it is fp8's own.
 std::string triage(const check::Verdict& failed, const check::ReceiptData& bf16_twin, const check::ReceiptData& reference,
                    const check::Budgets& budgets) {
-  if (check::budget_features(bf16_twin).count("fp8")) {
-    throw std::invalid_argument(fmt::format("--triage-with: {} declares fp8 itself; give the bf16-only lane", bf16_twin.path));
+  if (check::declares_triaged_feature(check::budget_features(bf16_twin))) {
+    throw std::invalid_argument(fmt::format("--triage-with: {} declares {} itself; give the bf16-only lane", bf16_twin.path,
+                                            check::kTriagedFeature));
   }
   const check::Verdict twin = check::compare_receipts(bf16_twin, reference, budgets, failed.kind);
-  if (!twin.pass()) {
-    return fmt::format("shared math or plumbing: the bf16-only lane {} fails too (first at step {})", bf16_twin.lane,
-                       twin.first_failure()->first_failing_step);
-  }
-  return fmt::format("quantisation drift: only the fp8 lane moves; the bf16-only lane {} passes", bf16_twin.lane);
+  return check::bf16_first_advice(
+      bf16_twin.lane, twin.pass(),
+      twin.pass() ? "" : fmt::format("first at step {}", twin.first_failure()->first_failing_step));
 }
 
 // Runs `action`; every way two receipts cannot be compared is one line and exit 2.
@@ -133,7 +133,7 @@ int run_comparison(const ComparisonFlags& flags, const std::string& kind) {
                                       reference_path, reference.lane, run.lane));
     }
     check::Verdict verdict = check::compare_receipts(run, reference, budgets, kind);
-    if (!flags.triage_with.empty() && !check::budget_features(run).count("fp8")) {
+    if (!flags.triage_with.empty() && !check::declares_triaged_feature(check::budget_features(run))) {
       throw std::invalid_argument(fmt::format("--triage-with: {} declares no fp8 budget feature; triage explains fp8 lanes",
                                               run.lane));
     }

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bf16_first.h"
 #include "canary.h"
 #include "canary_file.h"
 #include "child_process.h"
@@ -659,7 +660,7 @@ bool LaneSpec::uses_pack() const {
 }
 
 bool LaneSpec::runs_fp8() const {
-  return std::find(budget_features.begin(), budget_features.end(), "fp8") != budget_features.end();
+  return check::declares_triaged_feature({budget_features.begin(), budget_features.end()});
 }
 
 std::string LaneSpec::reduction_seed_flag() const {

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "bf16_first.h"
 #include "bias_check.h"
 #include "controls.h"
 #include "environment_drift.h"
@@ -387,12 +388,8 @@ class NightlyJob::Impl {
     LaneRun& ref = ensure_run(matrix_.lane(matrix_.reference));
     if (!twin_run.receipt) return fmt::format("the bf16-only twin {} did not run: {}", twin->id, twin_run.error);
     const json twin_check = judge("reference", *twin_run.receipt, *ref.receipt, budgets_);
-    if (twin_check["status"] == "fail") {
-      return fmt::format("shared math or plumbing: the bf16-only lane {} fails too ({})", twin->id,
-                         twin_check["summary"].get<std::string>());
-    }
-    if (twin_check["status"] == "pass") {
-      return fmt::format("quantisation drift: only the fp8 lane moves; the bf16-only lane {} passes", twin->id);
+    if (twin_check["status"] == "fail" || twin_check["status"] == "pass") {
+      return check::bf16_first_advice(twin->id, twin_check["status"] == "pass", twin_check["summary"].get<std::string>());
     }
     return fmt::format("inconclusive: the bf16-only lane {} could not be compared ({})", twin->id,
                        twin_check["summary"].get<std::string>());
@@ -402,10 +399,10 @@ class NightlyJob::Impl {
   // the fp8 feature: its `fp8=ZONES` item of --features and the flags the engine tags fp8.
   const LaneSpec* twin_of(const LaneSpec& spec) const {
     if (!spec.triage_with.empty()) return &matrix_.lane(spec.triage_with);
-    const EngineSettings wanted = without_feature(spec.settings, "fp8");
+    const EngineSettings wanted = without_feature(spec.settings, check::kTriagedFeature);
     for (const LaneSpec& l : matrix_.lanes) {
       if (l.engine != spec.engine || l.runs_fp8()) continue;
-      const EngineSettings other = without_feature(l.settings, "fp8");
+      const EngineSettings other = without_feature(l.settings, check::kTriagedFeature);
       if (other.features == wanted.features && other.options == wanted.options) return &l;
     }
     return nullptr;
@@ -444,7 +441,7 @@ class NightlyJob::Impl {
     record["status"] = status;
     record["triage"] = nullptr;
     // A judged receipt declared its features: triage explains the lanes that declare fp8.
-    if (checks.size() > 1 && checks[1]["status"] == "fail" && check::budget_features(*r.receipt).count("fp8")) {
+    if (checks.size() > 1 && checks[1]["status"] == "fail" && check::declares_triaged_feature(check::budget_features(*r.receipt))) {
       record["triage"] = triage(spec);
     }
     if (progress_) {

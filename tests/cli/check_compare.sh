@@ -125,5 +125,27 @@ sed 's/atol = 1e-5/atol = -1e-5/' "$WORK/micro_budgets.toml" > "$WORK/bad_micro_
 expect_exit 2 "bad_micro_budgets.toml: \[micro.mesh-fp32\].loss\[0\].atol: must be a non-negative number" -- \
   "$HARNESS" compare "$WORK/mesh.h5" "$G/micro/cpu-ref.h5" --budgets "$WORK/bad_micro_budgets.toml"
 
+# BF16-first triage (harness/check/bf16_first.h): an fp8 lane failing a window tightened to
+# nothing is explained by its bf16-only twin, which passes: fp8's own drift. A twin that
+# declares fp8 itself, or triage of a lane without fp8, is one line and exit 2.
+run --steps 8 --out "$WORK/fp8.h5" --engine accel --features bf16,fp8=all
+run --steps 8 --out "$WORK/bf16.h5" --engine accel --features bf16
+"$PY" - "$BUDGETS" "$WORK/tight_fp8.toml" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+head = text.index("\n[fp8]\n")
+end = text.index("\n[", head + 1)
+section = re.sub(r"^loss = .*$", 'loss = [ { steps = "0-", atol = 1e-12 } ]', text[head:end], flags=re.M)
+open(sys.argv[2], "w").write(text[:head] + section + text[end:])
+PY
+expect_exit 1 "" -- "$HARNESS" compare "$WORK/fp8.h5" "$G/micro/cpu-ref.h5" --budgets "$WORK/tight_fp8.toml" \
+  --triage-with "$WORK/bf16.h5"
+grep -q "^triage      quantisation drift: only the fp8 lane moves; the bf16-only lane micro/accel+bf16 passes" \
+  "$WORK/stdout" || fail "no BF16-first triage: $(cat "$WORK/stdout")"
+expect_exit 2 "fp8.h5 declares fp8 itself; give the bf16-only lane" -- "$HARNESS" compare "$WORK/fp8.h5" \
+  "$G/micro/cpu-ref.h5" --budgets "$WORK/tight_fp8.toml" --triage-with "$WORK/fp8.h5"
+expect_exit 2 "declares no fp8 budget feature" -- "$HARNESS" compare "$WORK/bf16.h5" "$G/micro/cpu-ref.h5" \
+  --budgets "$WORK/tight_fp8.toml" --triage-with "$WORK/bf16.h5"
+
 [ "$(sha256sum "$G/micro/cpu-ref.h5")" = "$golden_sum" ] || fail "a check wrote to the golden"
 finish
