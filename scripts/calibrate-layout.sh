@@ -10,9 +10,10 @@
 #   xla            the lane on torch_xla's CPU client (--device xla) against cpu-ref ([torch-xla]);
 #   jax, jax-bf16  the JAX lane (canary_harness.jax, 1x1 dp; fp32, or bf16 matmul operands)
 #                  against cpu-ref ([jax], [jax-bf16]);
-#   host, host-bf16, xla-host, jax-host, jax-bf16-host
-#                  the run of cpu, bf16, xla, jax or jax-bf16 on each host but the first
-#                  against the same run on the first host ([torch-host], [torch-host-bf16],
+#   host, host-bf16, compile-host, xla-host, jax-host, jax-bf16-host
+#                  the run of cpu, bf16, compile, xla, jax or jax-bf16 on each host but the
+#                  first against the same run on the first host ([torch-host],
+#                  [torch-host-bf16], [torch-host] again for the compiled lane,
 #                  [torch-xla-host], [jax-host], [jax-bf16-host]: what another CPU moves a
 #                  real stack by).
 # A sample is one pair; the pairs differ in the initial weights (the canary's own, which its
@@ -54,15 +55,17 @@ done
 # (cpu-ref, the same run on the first host, or another run of the same host), and its feature.
 declare -A pair_run=(
   [ddp]=ddp [fsdp]=fsdp [compile]=compile [cpu]=one [bf16]=bf16 [xla]=xla [jax]=jax [jax-bf16]=jax-bf16
-  [host]=one [host-bf16]=bf16 [xla-host]=xla [jax-host]=jax [jax-bf16-host]=jax-bf16)
+  [host]=one [host-bf16]=bf16 [compile-host]=compile [xla-host]=xla [jax-host]=jax [jax-bf16-host]=jax-bf16)
 declare -A pair_reference=(
   [ddp]=one [fsdp]=one [compile]=one [cpu]=cpu-ref [bf16]=cpu-ref [xla]=cpu-ref [jax]=cpu-ref [jax-bf16]=cpu-ref
-  [host]=first-host [host-bf16]=first-host [xla-host]=first-host [jax-host]=first-host [jax-bf16-host]=first-host)
+  [host]=first-host [host-bf16]=first-host [compile-host]=first-host [xla-host]=first-host [jax-host]=first-host
+  [jax-bf16-host]=first-host)
 declare -A pair_feature=(
   [ddp]=torch-ddp [fsdp]=torch-fsdp [compile]=torch-compile [cpu]=torch-cpu [bf16]=torch-bf16 [xla]=torch-xla
-  [jax]=jax [jax-bf16]=jax-bf16 [host]=torch-host [host-bf16]=torch-host-bf16 [xla-host]=torch-xla-host
+  [jax]=jax [jax-bf16]=jax-bf16 [host]=torch-host [host-bf16]=torch-host-bf16 [compile-host]=torch-host
+  [xla-host]=torch-xla-host
   [jax-host]=jax-host [jax-bf16-host]=jax-bf16-host)
-kinds="ddp, fsdp, compile, cpu, bf16, xla, jax, jax-bf16, host, host-bf16, xla-host, jax-host or jax-bf16-host"
+kinds="ddp, fsdp, compile, cpu, bf16, xla, jax, jax-bf16, host, host-bf16, compile-host, xla-host, jax-host or jax-bf16-host"
 # run_argv RUN: the module and flags of RUN (1 thread a rank: the lanes' default)
 run_argv() {
   case $1 in
