@@ -389,7 +389,8 @@ class NightlyJob::Impl {
     if (!twin_run.receipt) return fmt::format("the bf16-only twin {} did not run: {}", twin->id, twin_run.error);
     const json twin_check = judge("reference", *twin_run.receipt, *ref.receipt, budgets_);
     if (twin_check["status"] == "fail" || twin_check["status"] == "pass") {
-      return check::bf16_first_advice(twin->id, twin_check["status"] == "pass", twin_check["summary"].get<std::string>());
+      const bool passes = twin_check["status"] == "pass";
+      return check::bf16_first_advice(twin->id, passes, twin_check["summary"].get<std::string>());
     }
     return fmt::format("inconclusive: the bf16-only lane {} could not be compared ({})", twin->id,
                        twin_check["summary"].get<std::string>());
@@ -441,7 +442,8 @@ class NightlyJob::Impl {
     record["status"] = status;
     record["triage"] = nullptr;
     // A judged receipt declared its features: triage explains the lanes that declare fp8.
-    if (checks.size() > 1 && checks[1]["status"] == "fail" && check::declares_triaged_feature(check::budget_features(*r.receipt))) {
+    if (checks.size() > 1 && checks[1]["status"] == "fail" &&
+        check::declares_triaged_feature(check::budget_features(*r.receipt))) {
       record["triage"] = triage(spec);
     }
     if (progress_) {
