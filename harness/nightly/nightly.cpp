@@ -388,9 +388,9 @@ class NightlyJob::Impl {
     LaneRun& ref = ensure_run(matrix_.lane(matrix_.reference));
     if (!twin_run.receipt) return fmt::format("the bf16-only twin {} did not run: {}", twin->id, twin_run.error);
     const json twin_check = judge("reference", *twin_run.receipt, *ref.receipt, budgets_);
-    if (twin_check["status"] == "fail" || twin_check["status"] == "pass") {
-      const bool passes = twin_check["status"] == "pass";
-      return check::bf16_first_advice(twin->id, passes, twin_check["summary"].get<std::string>());
+    const std::string status = twin_check["status"];
+    if (status == "fail" || status == "pass") {
+      return check::bf16_first_advice(twin->id, status == "pass", twin_check["summary"].get<std::string>());
     }
     return fmt::format("inconclusive: the bf16-only lane {} could not be compared ({})", twin->id,
                        twin_check["summary"].get<std::string>());
