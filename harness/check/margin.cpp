@@ -53,4 +53,25 @@ Margin margin_from_spread(std::span<const double> needs) {
   return m;
 }
 
+ScaleProposal propose_scale(const std::vector<std::vector<NeedSample>>& repeats) {
+  std::vector<double> largest_deviations;  // per repeat, in units of the shape
+  for (const std::vector<NeedSample>& repeat : repeats) {
+    double largest = 0;
+    for (const NeedSample& s : repeat) {
+      if (s.unit > 0) largest = std::max(largest, s.deviation / s.unit);
+    }
+    largest_deviations.push_back(largest);
+  }
+  ScaleProposal p;
+  p.margin = margin_from_spread(largest_deviations);
+  for (const std::vector<NeedSample>& repeat : repeats) {
+    for (const NeedSample& s : repeat) {
+      if (s.unit <= 0) continue;
+      p.needed = std::max(p.needed, std::max(0.0, s.deviation - s.covered) / s.unit);
+      p.scale = std::max(p.scale, std::max(0.0, p.margin.factor * s.deviation - s.covered) / s.unit);
+    }
+  }
+  return p;
+}
+
 }  // namespace harness::check

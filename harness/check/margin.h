@@ -10,6 +10,7 @@
 #pragma once
 
 #include <span>
+#include <vector>
 
 namespace harness::check {
 
@@ -34,5 +35,27 @@ struct Margin {
 // kMinSpreadSamples positive needs: kMinMargin (an entry from so few is provisional anyway).
 inline constexpr int kMinSpreadSamples = 3;
 Margin margin_from_spread(std::span<const double> needs);
+
+// One deviation of a window as calibration sees it.
+struct NeedSample {
+  double deviation = 0;  // |lane - reference| at one step
+  double covered = 0;    // what the other features (and the entry's other windows) allow there
+  double unit = 1;       // the window's shape at this reference: atol + rtol |ref| + ulp spacing (1: unshaped)
+};
+
+struct ScaleProposal {
+  double scale = 0;   // the window's shape times this fits every deviation times the margin
+  double needed = 0;  // the scale that fits every deviation as it is (no margin)
+  Margin margin;
+};
+
+// The scale a window's shape is proposed at, from each repeat's deviations in the window.
+// The margin is the spread of the *deviations* (each repeat's largest, in units of the
+// shape): the lane's deviation is what the runs sample, and what the other features cover is
+// a fixed amount taken off afterwards. Taken from each deviation's need beyond those shares
+// instead, most needs are a few ulps where the shares nearly cover them and one or two are
+// large, their logarithms spread over decades and the margin explodes (docs/budgets.md,
+// "Where the rule proposed nonsense"). Where nothing is covered, both are the same rule.
+ScaleProposal propose_scale(const std::vector<std::vector<NeedSample>>& repeats);
 
 }  // namespace harness::check

@@ -82,53 +82,44 @@ struct EntryWindows {
 };
 
 // The proposal for one window: the current window's shape (its atol : rtol : ulp)
-// scaled so that every observed deviation, less what the other features (and, for a
-// window from the decisions' part, the entry's other windows) allow, fits with the margin
-// the repeats' spread justifies (check/margin.h: each repeat's largest need in the window
-// is one sample); at least kFloorUlps ulps of the largest reference value. A window that no
-// step of the repeats falls in (short runs, a window of later steps, decisions that never
-// parted) keeps its current values: nothing was measured there, and a floor-sized proposal
-// would fail every run that reaches those steps.
+// scaled so that every observed deviation times the margin its spread justifies, less what
+// the other features (and, for a window from the decisions' part, the entry's other windows)
+// allow, fits (check/margin.h: propose_scale); at least kFloorUlps ulps of the largest
+// reference value. A window that no step of the repeats falls in (short runs, a window of
+// later steps, decisions that never parted) keeps its current values: nothing was measured
+// there, and a floor-sized proposal would fail every run that reaches those steps.
 WindowProposal propose(const std::string& metric, const check::Window& current,
                        const std::vector<std::vector<check::Deviation>>& repeats, const check::ComposedBudget& others,
                        bool widen, const EntryWindows& entry) {
   WindowProposal p{metric, current, current};
+  const bool shaped = current.atol > 0 || current.rtol > 0 || current.ulp > 0;
   double largest_reference = 0, resolution = 0;
-  std::vector<double> scale_needs, excess_needs;  // per repeat that reaches the window
+  std::vector<std::vector<check::NeedSample>> samples;  // per repeat that reaches the window
   for (const std::vector<check::Deviation>& deviations : repeats) {
-    double scale_need = 0, excess_need = 0;
-    int reached = 0;
+    std::vector<check::NeedSample> repeat;
     for (const check::Deviation& d : deviations) {
       if (d.metric != metric || !current.covers(d.step, d.since_decisions_part)) continue;
       if (!current.from_decisions_part && entry.part_covers(d)) continue;  // the part's windows fit it
-      ++reached;
       resolution = std::max(resolution, d.resolution);
       const double own = current.from_decisions_part
                              ? check::windows_allowance(entry.base, d.step, d.since_decisions_part, d.reference)
                              : 0.0;
-      const double excess =
-          std::max(0.0, d.deviation - others.allowed(metric, d.step, d.reference, d.since_decisions_part) - own);
-      const double unit = current.allowance(d.reference);
+      repeat.push_back({d.deviation, others.allowed(metric, d.step, d.reference, d.since_decisions_part) + own,
+                        shaped ? current.allowance(d.reference) : 1.0});
       p.observed = std::max(p.observed, d.deviation);
       largest_reference = std::max(largest_reference, std::fabs(d.reference));
-      excess_need = std::max(excess_need, excess);
-      if (unit > 0) scale_need = std::max(scale_need, excess / unit);
     }
-    if (reached == 0) continue;
-    p.samples += reached;
-    scale_needs.push_back(scale_need);
-    excess_needs.push_back(excess_need);
+    if (repeat.empty()) continue;
+    p.samples += static_cast<int>(repeat.size());
+    samples.push_back(std::move(repeat));
   }
   if (p.samples == 0) return p;  // proposed = current
-  const bool shaped = current.atol > 0 || current.rtol > 0 || current.ulp > 0;
-  const std::vector<double>& needs = shaped ? scale_needs : excess_needs;
-  const double largest = *std::max_element(needs.begin(), needs.end());
-  const check::Margin margin = check::margin_from_spread(needs);
-  p.margin = margin.factor;
-  p.needed_scale = *std::max_element(scale_needs.begin(), scale_needs.end());
-  p.proposed.atol = shaped ? p.margin * largest * current.atol : p.margin * largest;
-  p.proposed.rtol = shaped ? p.margin * largest * current.rtol : 0;
-  p.proposed.ulp = shaped ? p.margin * largest * current.ulp : 0;
+  const check::ScaleProposal scale = check::propose_scale(samples);
+  p.margin = scale.margin.factor;
+  p.needed_scale = scale.needed;
+  p.proposed.atol = shaped ? scale.scale * current.atol : scale.scale;
+  p.proposed.rtol = shaped ? scale.scale * current.rtol : 0;
+  p.proposed.ulp = shaped ? scale.scale * current.ulp : 0;
   p.proposed.atol = std::max({p.proposed.atol, kFloorUlps * check::fp32_ulp(largest_reference), resolution});
   if (widen) {  // each term at least the current one: the hosts it was measured on stay covered
     p.proposed.atol = std::max(p.proposed.atol, current.atol);

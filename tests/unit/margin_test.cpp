@@ -1,10 +1,11 @@
 // The margin a proposed window gets over its largest sample (harness/check/margin.h): the
 // tolerance factor against published exact values, the bound's coverage by simulation, and
-// the rule's edges (no spread, a zero need, scale).
+// the rule's edges (no spread, a zero need, scale), and the scale a window is proposed at.
 #include "margin.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -64,6 +65,56 @@ TEST(Margin, NoSpreadGivesTheFloorAndSpreadGivesMore) {
   std::vector<double> scaled;  // the rule reads ratios: scaling every need scales nothing else
   for (const double need : spread) scaled.push_back(1e4 * need);
   EXPECT_NEAR(margin_from_spread(scaled).factor, m.factor, 1e-12);
+}
+
+// With nothing covered by other features, the proposal is the margin of the repeats'
+// largest deviations times the largest: the rule above, unchanged.
+TEST(ProposeScale, WithNothingCoveredIsTheMarginTimesTheLargest) {
+  const std::vector<double> largest = {1.0, 2.0, 1.5, 3.0, 1.2, 2.5, 1.8, 2.2};
+  std::vector<std::vector<NeedSample>> repeats;
+  for (const double d : largest) repeats.push_back({{d / 4, 0, 0.5}, {d, 0, 0.5}});  // unit 0.5: in units, 2d
+  const ScaleProposal p = propose_scale(repeats);
+  EXPECT_NEAR(p.margin.factor, margin_from_spread(std::vector<double>{2, 4, 3, 6, 2.4, 5, 3.6, 4.4}).factor, 1e-12);
+  EXPECT_NEAR(p.needed, 6.0, 1e-12);
+  EXPECT_NEAR(p.scale, p.margin.factor * 6.0, 1e-12);
+}
+
+// moe-tiny's fp8 over bf16 (2026-11-29): the lane's deviations cluster within 10% of each
+// other, and the other features' shares cover all but a sliver of most of them (two
+// repeats peak where the shares are smaller). The needs beyond the shares spread over
+// decades, so a margin taken from them explodes (it proposed 2,910 there); taken from the
+// deviations, it is that of a tight cluster, and the proposal is its reach less the shares:
+// the largest deviation keeps a third of the whole window, as kMinMargin intends.
+TEST(ProposeScale, AMarginFromTheDeviationsDoesNotExplodeWhereOtherSharesCoverMost) {
+  const std::vector<double> deviations = {4.00, 4.05, 3.98, 4.10, 4.02, 4.21, 3.95, 4.07,
+                                          4.01, 4.12, 3.99, 4.03, 4.06, 3.97, 4.09, 4.04};
+  std::vector<std::vector<NeedSample>> repeats;
+  std::vector<double> needs;
+  for (std::size_t i = 0; i < deviations.size(); ++i) {
+    const double covered = i == 5 || i == 9 ? 3.0 : deviations[i] - 1e-6;
+    repeats.push_back({{deviations[i], covered, 1.0}});
+    needs.push_back(deviations[i] - covered);
+  }
+  EXPECT_GT(margin_from_spread(needs).factor, 30);  // the old reading of the same samples: 63
+  const ScaleProposal p = propose_scale(repeats);
+  EXPECT_LT(p.margin.factor, 2);
+  EXPECT_NEAR(p.needed, 1.21, 1e-12);
+  EXPECT_NEAR(p.scale, p.margin.factor * 4.21 - 3.0, 1e-12);
+  for (const auto& repeat : repeats) {
+    for (const NeedSample& s : repeat) {
+      EXPECT_LE(s.deviation, s.covered + p.scale * s.unit);                  // every one fits
+      EXPECT_LE(s.deviation, (s.covered + p.scale * s.unit) / kMinMargin + 1e-12);  // with a third to spare
+    }
+  }
+}
+
+// A window the shares cover whole, with room to spare after the margin, needs nothing.
+TEST(ProposeScale, SharesThatCoverTheMarginsReachNeedNothing) {
+  std::vector<std::vector<NeedSample>> repeats;
+  for (const double d : {1.0, 1.1, 0.9, 1.05}) repeats.push_back({{d, 10.0, 1.0}});
+  const ScaleProposal p = propose_scale(repeats);
+  EXPECT_EQ(p.needed, 0);
+  EXPECT_EQ(p.scale, 0);
 }
 
 }  // namespace
