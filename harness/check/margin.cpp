@@ -56,9 +56,9 @@ Margin margin_from_spread(std::span<const double> needs) {
 ScaleProposal propose_scale(const std::vector<std::vector<NeedSample>>& repeats) {
   std::vector<double> largest_deviations;  // per repeat, in units of the shape
   for (const std::vector<NeedSample>& repeat : repeats) {
-    double largest = 0;
+    double largest = 0;  // of the deviations the shares do not cover whole: this window's to answer for
     for (const NeedSample& s : repeat) {
-      if (s.unit > 0) largest = std::max(largest, s.deviation / s.unit);
+      if (s.unit > 0 && s.deviation > s.covered) largest = std::max(largest, s.deviation / s.unit);
     }
     largest_deviations.push_back(largest);
   }

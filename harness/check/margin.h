@@ -51,11 +51,14 @@ struct ScaleProposal {
 
 // The scale a window's shape is proposed at, from each repeat's deviations in the window.
 // The margin is the spread of the *deviations* (each repeat's largest, in units of the
-// shape): the lane's deviation is what the runs sample, and what the other features cover is
-// a fixed amount taken off afterwards. Taken from each deviation's need beyond those shares
-// instead, most needs are a few ulps where the shares nearly cover them and one or two are
-// large, their logarithms spread over decades and the margin explodes (docs/budgets.md,
-// "Where the rule proposed nonsense"). Where nothing is covered, both are the same rule.
+// shape, of those the shares do not cover whole): the lane's deviation is what the runs
+// sample, and what the other features cover is a fixed amount taken off afterwards. Taken
+// from each deviation's need beyond those shares instead, most needs are a few ulps where
+// the shares nearly cover them and one or two are large, their logarithms spread over
+// decades and the margin explodes (docs/budgets.md, "Where the rule proposed nonsense"). A
+// repeat the shares cover whole is left out: it samples the others' population (a run whose
+// decisions parted without moving past the entry's first windows), not this window's.
+// Where nothing is covered, both readings are the same rule.
 ScaleProposal propose_scale(const std::vector<std::vector<NeedSample>>& repeats);
 
 }  // namespace harness::check

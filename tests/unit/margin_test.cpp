@@ -108,6 +108,22 @@ TEST(ProposeScale, AMarginFromTheDeviationsDoesNotExplodeWhereOtherSharesCoverMo
   }
 }
 
+// A window from the decisions' part (moe-tiny's mesh lanes, 2026-11-29): some perturbed runs
+// part and move far (a token takes another expert), others part and stay inside the entry's
+// first windows. Those are the first windows' population: counted, their deviations of a
+// few ulps beside the flips' 1e-3 spread the logarithms over decades.
+TEST(ProposeScale, ARepeatTheSharesCoverWholeIsLeftOutOfTheSpread) {
+  std::vector<std::vector<NeedSample>> flips;
+  for (const double d : {2.9e-3, 2.1e-3, 2.6e-3, 3.1e-3, 2.4e-3, 2.8e-3, 2.2e-3, 2.7e-3}) flips.push_back({{d, 2e-6, 1e-6}});
+  std::vector<std::vector<NeedSample>> with_quiet = flips;
+  for (const double d : {1.2e-6, 1.7e-6, 0.9e-6}) with_quiet.push_back({{d, 2e-6, 1e-6}});  // inside the first windows
+  const ScaleProposal p = propose_scale(flips), q = propose_scale(with_quiet);
+  EXPECT_EQ(q.margin.samples, 8);
+  EXPECT_DOUBLE_EQ(q.margin.factor, p.margin.factor);
+  EXPECT_DOUBLE_EQ(q.scale, p.scale);
+  EXPECT_LT(q.margin.factor, 2);
+}
+
 // A window the shares cover whole, with room to spare after the margin, needs nothing.
 TEST(ProposeScale, SharesThatCoverTheMarginsReachNeedNothing) {
   std::vector<std::vector<NeedSample>> repeats;

@@ -182,7 +182,7 @@ def test_a_golden_approved_from_the_receipt_holds_in_a_nightly(member: Member, g
 
 def test_bf16_drifts_from_fp32_within_its_perturbation_calibrated_budget(member: Member) -> None:
     """bf16 autocast around the team's step, judged against the fp32 run under the member's
-    shipped [zoo-MEMBER.torch-bf16] entry (canaries/budgets.toml: `harness calibrate --perturb 8`
+    shipped [zoo-MEMBER.torch-bf16] entry (canaries/budgets.toml: `harness calibrate --perturb 24 --held-out 8`
     on this host kind, tests/zoo/calibrate.sh), logits included."""
     bf16 = member.work / "bf16.h5"
     canary_run(member.spec, bf16, "--precision", "bf16")
