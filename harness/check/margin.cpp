@@ -77,21 +77,12 @@ ScaleProposal propose_scale(const std::vector<std::vector<NeedSample>>& repeats)
 
 void windows_from_the_part_at_equal_exposure(std::vector<std::vector<NeedSample>>& repeats,
                                              const std::vector<std::vector<int>>& since_part) {
-  // Exposure counts the metric's own records after the part: every step for the loss, every
-  // eval_every steps for the logits' metrics (a run that parted at step 86 has one, at 100).
-  std::vector<std::vector<int>> records(since_part.size());  // each step after the part, once, in order
-  int common = std::numeric_limits<int>::max();              // the records every repeat reached
-  for (std::size_t r = 0; r < since_part.size(); ++r) {
-    records[r] = since_part[r];
-    std::sort(records[r].begin(), records[r].end());
-    records[r].erase(std::unique(records[r].begin(), records[r].end()), records[r].end());
-    if (!records[r].empty()) common = std::min(common, static_cast<int>(records[r].size()));
+  int common = std::numeric_limits<int>::max();  // the steps after the part every repeat reached
+  for (const std::vector<int>& steps : since_part) {
+    if (!steps.empty()) common = std::min(common, *std::max_element(steps.begin(), steps.end()));
   }
   for (std::size_t r = 0; r < repeats.size(); ++r) {
-    for (std::size_t i = 0; i < repeats[r].size(); ++i) {
-      const auto rank = std::lower_bound(records[r].begin(), records[r].end(), since_part[r][i]) - records[r].begin();
-      repeats[r][i].in_spread = rank < common;
-    }
+    for (std::size_t i = 0; i < repeats[r].size(); ++i) repeats[r][i].in_spread = since_part[r][i] <= common;
   }
 }
 

@@ -68,10 +68,9 @@ ScaleProposal propose_scale(const std::vector<std::vector<NeedSample>>& repeats)
 // expert's output, one that parted 3 before its end only 3, and the spread of their
 // largest deviations measures how long each ran after its flip, not how far flips move a
 // run (moe-tiny's mesh lanes: margins of 300 to 16,000). So its samples are taken at equal
-// exposure: each repeat's deviations at its first K records after the part (the distinct
-// `since_part` of its deviations, in order: every step for the loss, every eval for the
-// logits' metrics), K the number every repeat in the window reached; the later records
-// are fitted with the margin, not sampled. Marks `in_spread` accordingly.
+// exposure: each repeat's deviations up to the number of steps after the part that every
+// repeat in the window reached (`since_part` of each deviation, per repeat); the later
+// steps are fitted with the margin, not sampled. Marks `in_spread` accordingly.
 void windows_from_the_part_at_equal_exposure(std::vector<std::vector<NeedSample>>& repeats,
                                              const std::vector<std::vector<int>>& since_part);
 

@@ -153,18 +153,6 @@ TEST(ProposeScale, WindowsFromThePartAreSampledAtEqualExposure) {
   EXPECT_TRUE(repeats[0][3].in_spread);       // 3 steps after: every repeat reached it
 }
 
-// The logits' metrics are recorded every eval_every steps: a run that parted at step 10 has
-// records 15, 40, 65 and 90 steps after its part, one that parted at step 86 only 14 after.
-// Exposure counts records, so each run's first record after its part is a sample.
-TEST(ProposeScale, ExposureCountsTheMetricsOwnRecords) {
-  std::vector<std::vector<NeedSample>> repeats = {{{1e-4, 0, 1e-6}, {4e-4, 0, 1e-6}, {7e-4, 0, 1e-6}, {9e-4, 0, 1e-6}},
-                                                  {{1.2e-4, 0, 1e-6}}};
-  windows_from_the_part_at_equal_exposure(repeats, {{15, 40, 65, 90}, {14}});
-  EXPECT_TRUE(repeats[0][0].in_spread);
-  EXPECT_FALSE(repeats[0][1].in_spread);
-  EXPECT_TRUE(repeats[1][0].in_spread);
-}
-
 // A window the shares cover whole, with room to spare after the margin, needs nothing.
 TEST(ProposeScale, SharesThatCoverTheMarginsReachNeedNothing) {
   std::vector<std::vector<NeedSample>> repeats;
