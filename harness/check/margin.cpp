@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <stdexcept>
 #include <vector>
 
@@ -59,7 +58,7 @@ ScaleProposal propose_scale(const std::vector<std::vector<NeedSample>>& repeats)
   for (const std::vector<NeedSample>& repeat : repeats) {
     double largest = 0;  // of the deviations the shares do not cover whole: this window's to answer for
     for (const NeedSample& s : repeat) {
-      if (s.in_spread && s.unit > 0 && s.deviation > s.covered) largest = std::max(largest, s.deviation / s.unit);
+      if (s.unit > 0 && s.deviation > s.covered) largest = std::max(largest, s.deviation / s.unit);
     }
     largest_deviations.push_back(largest);
   }
@@ -73,17 +72,6 @@ ScaleProposal propose_scale(const std::vector<std::vector<NeedSample>>& repeats)
     }
   }
   return p;
-}
-
-void windows_from_the_part_at_equal_exposure(std::vector<std::vector<NeedSample>>& repeats,
-                                             const std::vector<std::vector<int>>& since_part) {
-  int common = std::numeric_limits<int>::max();  // the steps after the part every repeat reached
-  for (const std::vector<int>& steps : since_part) {
-    if (!steps.empty()) common = std::min(common, *std::max_element(steps.begin(), steps.end()));
-  }
-  for (std::size_t r = 0; r < repeats.size(); ++r) {
-    for (std::size_t i = 0; i < repeats[r].size(); ++i) repeats[r][i].in_spread = since_part[r][i] <= common;
-  }
 }
 
 }  // namespace harness::check

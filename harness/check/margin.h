@@ -41,7 +41,6 @@ struct NeedSample {
   double deviation = 0;  // |lane - reference| at one step
   double covered = 0;    // what the other features (and the entry's other windows) allow there
   double unit = 1;       // the window's shape at this reference: atol + rtol |ref| + ulp spacing (1: unshaped)
-  bool in_spread = true;  // false: fitted, but no sample of the spread (a step past the repeats' common exposure)
 };
 
 struct ScaleProposal {
@@ -59,19 +58,7 @@ struct ScaleProposal {
 // decades and the margin explodes (docs/budgets.md, "Where the rule proposed nonsense"). A
 // repeat the shares cover whole is left out: it samples the others' population (a run whose
 // decisions parted without moving past the entry's first windows), not this window's.
-// Where nothing is covered, both readings are the same rule. Deviations marked out of the
-// spread are fitted with its margin but are no samples of it (windows_from_the_part_at_equal_exposure).
+// Where nothing is covered, both readings are the same rule.
 ScaleProposal propose_scale(const std::vector<std::vector<NeedSample>>& repeats);
-
-// A window counted from the decisions' part compares repeats whose decisions parted at
-// different steps: one that parted 80 steps before its end has drifted 80 steps on another
-// expert's output, one that parted 3 before its end only 3, and the spread of their
-// largest deviations measures how long each ran after its flip, not how far flips move a
-// run (moe-tiny's mesh lanes: margins of 300 to 16,000). So its samples are taken at equal
-// exposure: each repeat's deviations up to the number of steps after the part that every
-// repeat in the window reached (`since_part` of each deviation, per repeat); the later
-// steps are fitted with the margin, not sampled. Marks `in_spread` accordingly.
-void windows_from_the_part_at_equal_exposure(std::vector<std::vector<NeedSample>>& repeats,
-                                             const std::vector<std::vector<int>>& since_part);
 
 }  // namespace harness::check

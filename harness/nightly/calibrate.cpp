@@ -95,10 +95,8 @@ WindowProposal propose(const std::string& metric, const check::Window& current,
   const bool shaped = current.atol > 0 || current.rtol > 0 || current.ulp > 0;
   double largest_reference = 0, resolution = 0;
   std::vector<std::vector<check::NeedSample>> samples;  // per repeat that reaches the window
-  std::vector<std::vector<int>> since_part;             // of each sample
   for (const std::vector<check::Deviation>& deviations : repeats) {
     std::vector<check::NeedSample> repeat;
-    std::vector<int> repeat_since_part;
     for (const check::Deviation& d : deviations) {
       if (d.metric != metric || !current.covers(d.step, d.since_decisions_part)) continue;
       if (!current.from_decisions_part && entry.part_covers(d)) continue;  // the part's windows fit it
@@ -108,17 +106,14 @@ WindowProposal propose(const std::string& metric, const check::Window& current,
                              : 0.0;
       repeat.push_back({d.deviation, others.allowed(metric, d.step, d.reference, d.since_decisions_part) + own,
                         shaped ? current.allowance(d.reference) : 1.0});
-      repeat_since_part.push_back(d.since_decisions_part);
       p.observed = std::max(p.observed, d.deviation);
       largest_reference = std::max(largest_reference, std::fabs(d.reference));
     }
     if (repeat.empty()) continue;
     p.samples += static_cast<int>(repeat.size());
     samples.push_back(std::move(repeat));
-    since_part.push_back(std::move(repeat_since_part));
   }
   if (p.samples == 0) return p;  // proposed = current
-  if (current.from_decisions_part) check::windows_from_the_part_at_equal_exposure(samples, since_part);
   const check::ScaleProposal scale = check::propose_scale(samples);
   p.margin = scale.margin.factor;
   p.needed_scale = scale.needed;

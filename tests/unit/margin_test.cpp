@@ -124,35 +124,6 @@ TEST(ProposeScale, ARepeatTheSharesCoverWholeIsLeftOutOfTheSpread) {
   EXPECT_LT(q.margin.factor, 2);
 }
 
-// Flips of moe-tiny's mesh lanes: each flip moves the run by about the same amount per step
-// after it, so a run that parted 90 steps before its end has drifted 30 times as far as one
-// that parted 3 before. Sampled at the exposure every repeat reached, the spread is the
-// flips' own; every deviation, however late, is still fitted.
-TEST(ProposeScale, WindowsFromThePartAreSampledAtEqualExposure) {
-  std::vector<std::vector<NeedSample>> repeats;
-  std::vector<std::vector<int>> since_part;
-  const std::vector<std::pair<double, int>> flips = {{1.0e-4, 90}, {1.1e-4, 3}, {0.9e-4, 60}, {1.05e-4, 5},
-                                                     {0.95e-4, 30}, {1.02e-4, 12}, {0.98e-4, 80}, {1.08e-4, 4}};
-  for (const auto& [rate, reach] : flips) {
-    repeats.emplace_back();
-    since_part.emplace_back();
-    for (int k = 0; k <= reach; ++k) {
-      repeats.back().push_back({rate * (k + 1), 2e-6, 1e-6});
-      since_part.back().push_back(k);
-    }
-  }
-  const ScaleProposal pooled = propose_scale(repeats);
-  EXPECT_GT(pooled.margin.factor, 10);  // the spread of exposures
-  windows_from_the_part_at_equal_exposure(repeats, since_part);
-  const ScaleProposal equal = propose_scale(repeats);
-  EXPECT_LT(equal.margin.factor, 2);
-  for (const auto& repeat : repeats) {
-    for (const NeedSample& s : repeat) EXPECT_LE(s.deviation, s.covered + equal.scale * s.unit);
-  }
-  EXPECT_FALSE(repeats[0].back().in_spread);  // step 90 after its part: fitted, not sampled
-  EXPECT_TRUE(repeats[0][3].in_spread);       // 3 steps after: every repeat reached it
-}
-
 // A window the shares cover whole, with room to spare after the margin, needs nothing.
 TEST(ProposeScale, SharesThatCoverTheMarginsReachNeedNothing) {
   std::vector<std::vector<NeedSample>> repeats;
