@@ -53,7 +53,7 @@ Margin margin_from_spread(std::span<const double> needs) {
   return m;
 }
 
-ScaleProposal propose_scale(const std::vector<std::vector<NeedSample>>& repeats) {
+ScaleProposal propose_scale(const std::vector<std::vector<NeedSample>>& repeats, MarginFrom from) {
   std::vector<double> largest_deviations;  // per repeat, in units of the shape
   for (const std::vector<NeedSample>& repeat : repeats) {
     double largest = 0;  // of the deviations the shares do not cover whole: this window's to answer for
@@ -64,6 +64,7 @@ ScaleProposal propose_scale(const std::vector<std::vector<NeedSample>>& repeats)
   }
   ScaleProposal p;
   p.margin = margin_from_spread(largest_deviations);
+  if (from == MarginFrom::kLargestEvent) p.margin = {kMinMargin, 0, p.margin.samples};
   for (const std::vector<NeedSample>& repeat : repeats) {
     for (const NeedSample& s : repeat) {
       if (s.unit <= 0) continue;
@@ -72,6 +73,11 @@ ScaleProposal propose_scale(const std::vector<std::vector<NeedSample>>& repeats)
     }
   }
   return p;
+}
+
+double distribution_free_coverage(int n, double confidence) {
+  if (n < 1) return 0;
+  return std::pow(1 - confidence, 1.0 / n);
 }
 
 }  // namespace harness::check

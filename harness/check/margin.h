@@ -43,6 +43,12 @@ struct NeedSample {
   double unit = 1;       // the window's shape at this reference: atol + rtol |ref| + ulp spacing (1: unshaped)
 };
 
+// How the margin is read from the samples: their spread (a log-normal tolerance bound), or,
+// for samples of discrete events that are no one population (the flips of a window from the
+// decisions' part: each flip its own consequence), distribution-free: kMinMargin over the
+// largest, which covers a share p of such events with confidence 1 - p^N (Wilks).
+enum class MarginFrom { kSpread, kLargestEvent };
+
 struct ScaleProposal {
   double scale = 0;   // the window's shape times this fits every deviation times the margin
   double needed = 0;  // the scale that fits every deviation as it is (no margin)
@@ -59,6 +65,11 @@ struct ScaleProposal {
 // repeat the shares cover whole is left out: it samples the others' population (a run whose
 // decisions parted without moving past the entry's first windows), not this window's.
 // Where nothing is covered, both readings are the same rule.
-ScaleProposal propose_scale(const std::vector<std::vector<NeedSample>>& repeats);
+ScaleProposal propose_scale(const std::vector<std::vector<NeedSample>>& repeats,
+                            MarginFrom from = MarginFrom::kSpread);
+
+// The share of a population the largest of n independent samples covers with `confidence`,
+// whatever the distribution (Wilks: p with 1 - p^n = confidence).
+double distribution_free_coverage(int n, double confidence = kMarginConfidence);
 
 }  // namespace harness::check

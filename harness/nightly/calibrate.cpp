@@ -114,8 +114,12 @@ WindowProposal propose(const std::string& metric, const check::Window& current,
     samples.push_back(std::move(repeat));
   }
   if (p.samples == 0) return p;  // proposed = current
-  const check::ScaleProposal scale = check::propose_scale(samples);
+  // A window from the decisions' part fits flips: discrete events, each with its own
+  // consequence, whose sizes are no one log-normal population (check/margin.h).
+  const check::ScaleProposal scale = check::propose_scale(
+      samples, current.from_decisions_part ? check::MarginFrom::kLargestEvent : check::MarginFrom::kSpread);
   p.margin = scale.margin.factor;
+  p.margin_samples = scale.margin.samples;
   p.needed_scale = scale.needed;
   p.proposed.atol = shaped ? scale.scale * current.atol : scale.scale;
   p.proposed.rtol = shaped ? scale.scale * current.rtol : 0;
@@ -136,6 +140,16 @@ std::string method_text(const Calibration& c) {
                                  "spread justifies (a log-normal tolerance bound covering {:.0f}% of runs at {:.0f}% "
                                  "confidence, at least {})",
                                  100 * check::kMarginCoverage, 100 * check::kMarginConfidence, check::kMinMargin);
+  int flips = 0;  // the repeats whose decisions parted, as a window from the part saw them
+  for (const WindowProposal& w : c.windows) {
+    if (w.current.from_decisions_part) flips = std::max(flips, w.margin_samples);
+  }
+  if (flips > 0) {
+    rule += fmt::format("; windows from the decisions' part: the largest flip times {} (flips are discrete events, no "
+                        "one population: the largest of {} covers {:.0f}% of flips at {:.0f}% confidence)",
+                        check::kMinMargin, flips, 100 * check::distribution_free_coverage(flips),
+                        100 * check::kMarginConfidence);
+  }
   if (c.held_out > 0) rule += fmt::format("; the last {} held out of the proposal and checked against it", c.held_out);
   if (c.envelope) {
     return fmt::format("perturbation: the unperturbed run and {} runs with every initial weight moved one ulp "
@@ -1009,7 +1023,9 @@ std::string calibration_report(const Calibration& c) {
     const std::string largest = w.samples == 0 ? "none: no step of the repeats is in it, kept as it is"
                                                : fmt::format("{:.3g}", w.observed);
     const std::string anchor = w.current.from_decisions_part ? " from the decisions' part" : "";
-    const std::string margin = w.samples == 0 ? "-" : fmt::format("{:.3g}", w.margin);
+    const std::string margin = w.samples == 0                  ? "-"
+                               : w.current.from_decisions_part ? fmt::format("{:.3g} (the largest flip)", w.margin)
+                                                               : fmt::format("{:.3g}", w.margin);
     text += fmt::format("| {} | {} | {} | {} | `{}` | `{}` |\n", w.metric, window_steps(w.current) + anchor, largest, margin,
                         window_toml(w.current), window_toml(w.proposed));
   }

@@ -78,6 +78,7 @@ struct WindowProposal {
   double needed_scale = 0;   // of the current window, once the other features' share is taken off
   double margin = 0;         // the proposal over the largest need (check/margin.h); 0: nothing measured
   int samples = 0;           // deviations in the window over all repeats; 0: proposed = current
+  int margin_samples = 0;    // the repeats the margin was read from (check/margin.h)
 };
 
 struct Calibration {

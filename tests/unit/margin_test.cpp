@@ -124,6 +124,39 @@ TEST(ProposeScale, ARepeatTheSharesCoverWholeIsLeftOutOfTheSpread) {
   EXPECT_LT(q.margin.factor, 2);
 }
 
+// Flips of moe-tiny's mesh lanes (2026-11-29): three flips among 16 perturbed runs, parting at
+// steps 10 to 86, their largest deviations 1.7e-4 to 2.9e-3 as long as each ran after its
+// flip. Read as one log-normal the margin was 375 on grad_norm; as discrete events the window
+// is the largest times kMinMargin, every flip fits with a third to spare.
+TEST(ProposeScale, FlipsAreFittedAsDiscreteEvents) {
+  std::vector<std::vector<NeedSample>> repeats;
+  for (const double d : {2.9e-3, 1.66e-4, 1.66e-4, 1.19e-3, 1.66e-4, 2.9e-3}) repeats.push_back({{d, 2e-6, 1e-6}});
+  EXPECT_GT(propose_scale(repeats).margin.factor, 10);
+  const ScaleProposal p = propose_scale(repeats, MarginFrom::kLargestEvent);
+  EXPECT_EQ(p.margin.factor, kMinMargin);
+  EXPECT_EQ(p.margin.samples, 6);
+  EXPECT_NEAR(p.scale, (kMinMargin * 2.9e-3 - 2e-6) / 1e-6, 1e-6);
+}
+
+// Wilks: the largest of n samples covers a share p of any continuous population with
+// confidence 1 - p^n; checked by simulation on a heavy-tailed one.
+TEST(ProposeScale, TheLargestOfNCoversWhatWilksSays) {
+  EXPECT_NEAR(distribution_free_coverage(16), 0.829, 0.001);  // 0.05^(1/16)
+  EXPECT_NEAR(distribution_free_coverage(59), 0.950, 0.001);
+  std::mt19937_64 bits(7);
+  std::cauchy_distribution<double> heavy(0, 1);  // a simulation's draws, not a proposal's
+  const double p = distribution_free_coverage(16);
+  const double quantile = std::tan(3.141592653589793 * (p - 0.5));  // Cauchy's p-quantile
+  int covering = 0;
+  const int trials = 4000;
+  for (int t = 0; t < trials; ++t) {
+    double largest = -1e300;
+    for (int i = 0; i < 16; ++i) largest = std::max(largest, heavy(bits));
+    covering += largest >= quantile ? 1 : 0;
+  }
+  EXPECT_NEAR(static_cast<double>(covering) / trials, kMarginConfidence, 0.015);
+}
+
 // A window the shares cover whole, with room to spare after the margin, needs nothing.
 TEST(ProposeScale, SharesThatCoverTheMarginsReachNeedNothing) {
   std::vector<std::vector<NeedSample>> repeats;
