@@ -37,7 +37,7 @@ PY
 done
 
 sed 's#python = "../.venv/bin/python"#python = "no-such-python"#' "$SRC/canaries/nightly.toml" >"$WORK/m.toml"
-expect_exit 2 "lanes\[9\] \(torch2-bf16\)\.python: '.*/no-such-python' does not exist" -- \
+expect_exit 2 "lanes\[[0-9]+\] \(torch2-bf16\)\.python: '.*/no-such-python' does not exist" -- \
   "$HARNESS" nightly --matrix "$WORK/m.toml" --out "$WORK/refused"
 [ ! -e "$WORK/refused" ] || fail "a refused matrix left an output directory"
 finish
