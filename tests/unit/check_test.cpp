@@ -153,8 +153,9 @@ TEST(Budgets, EveryBadEntryIsAnErrorNamingTheFileAndKey) {
        "[my canary]: a canary name is letters, digits, '-' and '_'"},
       {"schema_version = 1\n[reference\n", "line 2"},
       // windows from the decisions' part: one anchor, and they overlap only each other
-      {shipped_with(R"(from = "decisions-part")", R"(from = "routing")"),
-       "[moe-tiny.noise].loss[1].from: 'routing' is not an anchor; the one anchor is \"decisions-part\""},
+      {shipped_text() + "\n[tiny.bf16]\nform = \"tolerance\"\nrationale = \"r\"\ncalibrated = \"2026-11-21\"\n"
+                        "loss = [ { steps = \"0-\", atol = 1 }, { steps = \"0-\", from = \"routing\", atol = 1 } ]\n",
+       "[tiny.bf16].loss[1].from: 'routing' is not an anchor; the one anchor is \"decisions-part\""},
       {shipped_text() + "\n[tiny.bf16]\nform = \"tolerance\"\nrationale = \"r\"\ncalibrated = \"2026-11-21\"\n"
                         "loss = [ { steps = \"0-\", atol = 1 }, "
                         "{ steps = \"0-9\", from = \"decisions-part\", atol = 1 }, "
