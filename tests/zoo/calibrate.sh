@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The zoo's bf16 budget entries (canaries/budgets.toml, [zoo-MEMBER.torch-bf16]) measured
-# again on this host, as issue 47 asks of every entry: each member's bf16 lane (a matrix of
+# again on this host: each member's bf16 lane (a matrix of
 # its fp32 and bf16 lanes on .venv/'s torch, written here) run PERTURB times with every
 # initial weight moved one ulp (seeds 1..PERTURB) against the fp32 lane, the last HELD_OUT
 # samples held out of the proposal and checked against it (the entry's false-alarm bound),
