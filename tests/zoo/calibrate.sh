@@ -44,6 +44,10 @@ engine = "torch"
 precision = "bf16"
 why = "bf16 autocast around the team's step: what [zoo-$member.torch-bf16] budgets."
 TOML
+  # calibrate exits 1 when its report has a finding (a repeat outside the proposal, a window
+  # too loose, a one-sided drift); the candidate is still written. Exit 2 writes none: one left from an
+  # earlier run in OUT must not pass for this one's.
+  rm -f "$work/$member.toml"
   "$harness" calibrate --perturb "$perturb" --held-out "$held_out" --power --widen --lane bf16 \
     --matrix "$work/$member.nightly.toml" --out "$work/$member.toml" > "$work/$member.log" 2>&1 ||
     [ -s "$work/$member.toml" ] || { cat "$work/$member.log" >&2; exit 1; }
