@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The detection power of every lane of a matrix that runs on the harness's engines, as the
+# The detection power of every lane of a matrix that takes the ladders, as the
 # markdown table of docs/budgets.md ("Detection power"): `harness power --json` per lane,
 # then one row each. Usage: scripts/power-table.sh [MATRIX] [BUDGETS]  (defaults: the
 # shipped canaries/nightly.toml and canaries/budgets.toml; build/bin/harness, or $HARNESS).
@@ -11,11 +11,12 @@ budgets=${2:-$root/canaries/budgets.toml}
 [ -x "$harness" ] || { echo "power-table.sh: $harness is not built; run scripts/build.sh first" >&2; exit 2; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-# The lanes of the harness's engines (cpu-ref, accel, tpu-mesh), in matrix order.
+# The lanes that take the ladders: the harness's engines (cpu-ref, accel, tpu-mesh) and the
+# package's PyTorch and JAX lanes (not a command lane of the team's own), in matrix order.
 python3 - "$matrix" >"$work/lanes" <<'PY'
 import sys, tomllib
 for lane in tomllib.load(open(sys.argv[1], "rb"))["lanes"]:
-    if lane.get("engine") in ("cpu-ref", "accel", "tpu-mesh") and "command" not in lane:
+    if lane.get("engine") in ("cpu-ref", "accel", "tpu-mesh", "torch", "jax") and "command" not in lane:
         print(lane["id"])
 PY
 while read -r lane; do

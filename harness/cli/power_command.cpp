@@ -12,6 +12,7 @@
 #include "canary_run.h"
 #include "commands.h"
 #include "defaults.h"
+#include "calibrate.h"
 #include "power.h"
 #include "thread_flag.h"
 
@@ -23,7 +24,8 @@ void add_power_command(CLI::App& app, CommandRegistry& commands) {
   o->matrix_path = default_matrix();
   o->budgets_path = default_budgets();
   CLI::App* power = app.add_subcommand("power", "Measure what a lane's check catches: a ladder of injected regressions");
-  power->add_option("--lane", o->lane, "Lane id or name in the matrix (a lane of the harness's engines)")->required();
+  power->add_option("--lane", o->lane, "Lane id or name in the matrix (of the harness's engines, or a PyTorch or JAX lane)")
+      ->required();
   power->add_option("--step", o->step, "Step the weight and learning-rate regressions start at (default: a quarter of the run)")
       ->check(CLI::NonNegativeNumber);
   power->add_option("--tensor", o->tensor, "Parameter the weight regressions move (default: the first linear layer's weight)");
@@ -39,7 +41,14 @@ void add_power_command(CLI::App& app, CommandRegistry& commands) {
     const nightly::PowerReport r = nightly::measure_power(*o, [tty](const std::string& line) {
       if (tty) fmt::print(stderr, "run         {}\n", line);
     });
-    fmt::print("{}", *json ? nightly::power_json(r).dump(2) + "\n" : nightly::power_text(r));
+    const std::string record = nightly::power_record(r);  // what calibrate --power writes under the entry
+    if (*json) {
+      nlohmann::json j = nightly::power_json(r);
+      j["record"] = record.empty() ? nlohmann::json(nullptr) : nlohmann::json(record);
+      fmt::print("{}\n", j.dump(2));
+    } else {
+      fmt::print("{}{}", nightly::power_text(r), record.empty() ? "" : fmt::format("{:<12}{}\n", "record", record));
+    }
     return r.clean_failure.empty() && !r.too_loose().value_or(false) ? kExitPass : kExitCheckFailed;
   });
 }

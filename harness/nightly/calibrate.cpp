@@ -223,12 +223,10 @@ std::string hosts_toml(const check::FeatureBudget& f, const Calibration& c) {
   return text;
 }
 
-// What the lane's check caught under the proposal (--power): per ladder the smallest size, or
-// "none up to" its largest. Not kept from the entry when not measured again: wider windows
-// catch less, so an old measure would overstate.
-std::string power_toml(const Calibration& c) {
-  if (!c.power || c.power->ladders.empty()) return "";
-  const PowerReport& p = *c.power;
+}  // namespace
+
+std::string power_record(const PowerReport& p) {
+  if (p.ladders.empty()) return "";
   std::vector<std::string> items = {fmt::format("lane = {}", toml_string(p.lane)), fmt::format("step = {}", p.step),
                                     fmt::format("tensor = {}", toml_string(p.tensor))};
   for (const PowerLadder& l : p.ladders) {
@@ -239,7 +237,16 @@ std::string power_toml(const Calibration& c) {
                            : fmt::format("{} = {}", key, toml_string(fmt::format("none up to {}", l.sizes.back()))));
   }
   if (const std::optional<bool> loose = p.too_loose()) items.push_back(fmt::format("too_loose = {}", *loose));
-  return fmt::format("power = {{ {} }}\n", fmt::join(items, ", "));
+  return fmt::format("power = {{ {} }}", fmt::join(items, ", "));
+}
+
+namespace {
+
+// What the lane's check caught under the proposal (--power). Not kept from the entry when
+// not measured again: wider windows catch less, so an old measure would overstate.
+std::string power_toml(const Calibration& c) {
+  const std::string record = c.power ? power_record(*c.power) : "";
+  return record.empty() ? "" : record + "\n";
 }
 
 std::string section_toml(const check::FeatureBudget& f, const Calibration& c) {
@@ -509,10 +516,7 @@ Runs runs_of_lane(const CalibrateOptions& o, const check::Budgets& budgets, Cali
   const auto chosen = select_lanes(matrix, o.lane, "--lane");
   if (o.lane.empty() || chosen.size() != 1) throw run::UsageError("--lane: name one lane of the matrix (its id or name)");
   const LaneSpec& spec = *chosen.front();
-  if (o.power && spec.external() && !spec.python_canary) {
-    throw run::UsageError(fmt::format("--power: {} runs a command; the ladder injects its regressions into the harness's "
-                                      "engines and Python canaries", spec.id));
-  }
+  if (o.power) require_regressions(spec, "--power");
   if (spec.id == matrix.reference && !o.perturb) {  // perturbed, the reference gives its envelope
     throw run::UsageError(fmt::format("--lane: {} is the reference lane itself", spec.id));
   }

@@ -123,6 +123,12 @@ struct Calibration {
 // options.reference; or, with options.perturb, runs the lane or receipt's recipe N times
 // perturbed), proposes, writes the candidate and the report (and the envelope's JSON). Throws MatrixError /
 // check::BudgetError / run::UsageError / receipt::ReceiptError on bad input.
+// The entry's record of a lane's power, as `calibrate --power` writes it under the entry:
+// `power = { lane = ..., step = ..., tensor = ..., weight_scale = ..., ... }`, per ladder the
+// smallest size caught or "none up to" its largest; "" when no ladder was climbed (the clean
+// lane failed its check). `harness power` prints it too, for an entry measured on its own.
+std::string power_record(const PowerReport& report);
+
 Calibration calibrate(const CalibrateOptions& options, const std::function<void(const std::string&)>& progress = {});
 
 std::string calibration_report(const Calibration& calibration);

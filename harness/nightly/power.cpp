@@ -109,7 +109,7 @@ class LaneRunner {
   }
 
   check::ReceiptData run(const LaneSpec& spec, const std::string& name, const std::optional<FaultSpec>& fault) const {
-    if (spec.python_canary) {  // `python3 -m canary_harness run ... --inject-fault TEXT` (its regressions.py)
+    if (spec.external()) {  // its command with --inject-fault TEXT (python/canary_harness/regressions.py)
       LaneSpec faulted = spec;
       if (fault) faulted.command.insert(faulted.command.end(), {"--inject-fault", fault->to_string()});
       nightly::run_lane(matrix_, faulted, work_.file(name), {}, threads_);
@@ -180,17 +180,21 @@ std::vector<Ladder> chosen_ladders(const std::vector<std::string>& kinds) {
 
 }  // namespace
 
+void require_regressions(const LaneSpec& spec, std::string_view flag) {
+  if (spec.external() && !spec.takes_regressions()) {
+    throw run::UsageError(fmt::format("{}: {} runs a command of its own ({}); the ladder injects its regressions "
+                                      "into the harness's engines and the package's PyTorch and JAX lanes, so "
+                                      "measure one of those",
+                                      flag, spec.id, command_line(spec.command)));
+  }
+}
+
 PowerReport measure_power(const PowerOptions& o, const std::function<void(const std::string&)>& progress) {
   const Matrix matrix = load_matrix(o.matrix_path);
   const auto chosen = select_lanes(matrix, o.lane, "--lane");
   if (o.lane.empty() || chosen.size() != 1) throw run::UsageError("--lane: name one lane of the matrix (its id or name)");
   const LaneSpec& spec = *chosen.front();
-  if (spec.external() && !spec.python_canary) {
-    throw run::UsageError(fmt::format("--lane: {} runs a command ({}); the ladder injects its regressions into the "
-                                      "harness's engines and Python canaries, so measure a lane of cpu-ref, accel, "
-                                      "tpu-mesh or a Python canary's matrix",
-                                      spec.id, spec.engine));
-  }
+  require_regressions(spec, "--lane");
   const std::vector<Ladder> climbed = chosen_ladders(o.kinds);
   const check::Budgets budgets = check::load_budgets(o.budgets_path);
   PowerReport r;

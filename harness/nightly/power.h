@@ -10,9 +10,12 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "matrix.h"
 
 namespace harness::nightly {
 
@@ -60,6 +63,10 @@ struct PowerReport {
   // ladder was not climbed (--kinds) or the clean lane failed.
   std::optional<bool> too_loose() const;
 };
+
+// Throws run::UsageError naming `flag` where the lane's command takes no regressions
+// (LaneSpec::takes_regressions): a command lane of the team's own.
+void require_regressions(const LaneSpec& spec, std::string_view flag);
 
 // Runs the lane clean (and the reference lane, unless it is the one measured), checks the
 // clean run passes (else the report says why, with no ladder), then climbs each ladder.

@@ -66,6 +66,9 @@ class AtenFault:
         self.calls = 0
         self.fired = False
 
+    def between_steps(self, step: int) -> bool:
+        return False  # it acts inside the step only
+
     def arm(self, step: int) -> None:
         self.calls, self.fired = 0, False
 

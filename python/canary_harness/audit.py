@@ -403,13 +403,16 @@ def _modes():
                 capture.mark_host(tensors_in((out,), []))  # host arithmetic: in no device graph
                 return out
             name, kind = info(func)
+            # The frame that called the op: None on autograd's device thread (XLA's backward
+            # runs there, with no Python frame below the dispatch), which locate() allows.
+            caller = sys._getframe(0).f_back
             if kind == "host_read":
-                capture.host_read(name, sys._getframe(1))
+                capture.host_read(name, caller)
                 return out
             consts: List[Tuple[str, Any]] = []
             sig = (name, tuple(arg(a, labels[i] if i < 64 else str(i), consts) for i, a in enumerate(args)),
                    tuple((k, arg(v, k, consts)) for k, v in kwargs.items()), out_desc(out))
-            file, line, via = capture.locator.locate(sys._getframe(1))
+            file, line, via = capture.locator.locate(caller)
             call_kind, detail = "op", ""
             if kind == "index":
                 indices = args[1] if len(args) > 1 else kwargs.get("indices", ())

@@ -4,6 +4,9 @@ as a receipt (docs/xla.md, "JAX SPMD"):
     python3 -m canary_harness.jax --pack PACK.h5 --out R.h5 [--mesh DxM] [--shard-plan dp|tp|zero3]
         [--precision fp32|bf16] [--steps N] [--compile-cache DIR] [--inject-fault step=K,op=NAME[,ulps=N]] [--force]
 
+`--inject-fault kind=weight-scale|weight-ulps|lr-scale|eps-scale,...` injects a regression of
+`harness power` instead (LaneRegression; docs/budgets.md, "Detection power").
+
 The gpt2 and llama canaries of docs/design.md and docs/canary.md, written in jax.numpy
 from the contract (no code shared with the C++ engines or the PyTorch models, but for the
 RoPE tables and the schedule, which the contract gives as formulas): forward, jax.grad's
@@ -262,10 +265,12 @@ def matmul(precision: str):
     return lambda a, b: jnp.matmul(a, b, precision=highest)
 
 
-def make_step(cfg: Any, names: Sequence[str], precision: str, fault: Any = None, loss_fn: Any = gpt2_loss):
+def make_step(cfg: Any, names: Sequence[str], precision: str, fault: Any = None, loss_fn: Any = gpt2_loss,
+              eps_factor: float = 1.0):
     """The jitted step: loss and gradients, the global norm (fp32: XLA on a TPU has no
-    float64), the clip, AdamW as docs/design.md writes it. Per-step numbers (lr, 1 - lr*wd,
-    the bias corrections) are traced arguments: one compile for every step."""
+    float64), the clip, AdamW as docs/design.md writes it (its eps times `eps_factor`, a
+    regression's). Per-step numbers (lr, 1 - lr*wd, the bias corrections) are traced
+    arguments: one compile for every step."""
     import jax
     import jax.numpy as jnp
 
@@ -274,7 +279,7 @@ def make_step(cfg: Any, names: Sequence[str], precision: str, fault: Any = None,
 
     mm = matmul(precision)
     f32 = np.float32
-    beta1, beta2, eps = f32(cfg.beta1), f32(cfg.beta2), f32(cfg.adam_eps)
+    beta1, beta2, eps = f32(cfg.beta1), f32(cfg.beta2), f32(cfg.adam_eps * eps_factor)
     one_minus_beta1, one_minus_beta2 = f32(1) - beta1, f32(1) - beta2
     max_norm, clip_eps = f32(cfg.max_grad_norm), f32(CLIP_EPS)
 
@@ -315,6 +320,45 @@ def make_eval(cfg: Any, precision: str, loss_fn: Any = gpt2_loss):
         return loss, seen["logits"]
 
     return evaluate
+
+
+class LaneRegression:
+    """A regression of `harness power` (a canary_harness.regressions.RegressionSpec, or None
+    for none) in the JAX lane, each kind as the C++ canary injects it (canaries/canary.cpp):
+    weight-ulps on the tensor's first initial value, eps-scale in AdamW's eps (fp32 of eps x F),
+    lr-scale in the rate of every step from K (fp32 of lr x (1 + E); 1 - lr*wd follows it),
+    weight-scale on the parameter between steps K-1 and K, on the host (each value's exact
+    double product rounded once to fp32), so that the jitted step stays one program."""
+
+    def __init__(self, spec: Any) -> None:
+        self.spec = spec
+        self.kind = spec.kind if spec is not None else None
+
+    def initial(self, name: str, values: Any) -> Any:
+        """The tensor's initial fp32 values, its first moved up by weight-ulps' N."""
+        values = np.array(values, dtype=np.float32)
+        if self.kind == "weight-ulps" and name == self.spec.tensor:
+            flat = values.reshape(-1)
+            flat[0] = np.asarray(ulps_up(flat[0], self.spec.ulps))
+        return values
+
+    def eps_factor(self) -> float:
+        return self.spec.by if self.kind == "eps-scale" else 1.0
+
+    def lr(self, step: int, rate: float) -> Any:
+        """The step's fp32 rate from the schedule's `rate` (a double)."""
+        scaled = self.kind == "lr-scale" and step >= self.spec.step
+        return np.float32(rate * (1.0 + self.spec.by) if scaled else rate)
+
+    def between_steps(self, step: int, params: Dict[str, Any], sharding: Dict[str, Any]) -> None:
+        """weight-scale at its step: the parameter times 1 + E, put back with its sharding."""
+        if self.kind != "weight-scale" or step != self.spec.step:
+            return
+        import jax
+
+        name = self.spec.tensor
+        scaled = np.asarray(params[name], dtype=np.float64) * (1.0 + self.spec.by)
+        params[name] = jax.device_put(scaled.astype(np.float32), sharding[name])
 
 
 class HeldOut:
@@ -472,13 +516,15 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap.add_argument("--compile-cache", help="DIR: JAX's persistent compilation cache; a later run of the same program "
                                             "loads it from DIR instead of compiling")
     ap.add_argument("--inject-fault", help="step=K,op=NAME[,ulps=N]: move element 0 of op NAME's output up by N ulps "
-                                           "(default 1) at step K, as the other engines do (docs/canary.md)")
+                                           "(default 1) at step K, as the other engines do (docs/canary.md); or a "
+                                           "regression of `harness power`, kind=weight-scale|weight-ulps|lr-scale|"
+                                           "eps-scale,... (docs/budgets.md)")
     ap.add_argument("--force", action="store_true", help="overwrite an existing receipt")
     return ap.parse_args(argv)
 
 
 def run(args: argparse.Namespace) -> int:
-    from .lane import check_out, parse_fault
+    from .lane import check_out, parse_lane_fault
     from .usage import count_flag
     from .pack import PackError, read_pack
 
@@ -497,7 +543,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     arch = architecture(pack)
     steps = count_flag("steps", args.steps, 1, pack.steps) if args.steps is not None else pack.steps
-    args.fault = parse_fault(args.inject_fault, arch.op_names, steps) if args.inject_fault is not None else None
+    args.fault = parse_lane_fault(args.inject_fault, arch.op_names, [s.name for s in arch.specs], steps) \
+        if args.inject_fault is not None else None
     check_out(args.out, args.force)
     _force_devices(mesh_shape[0] * mesh_shape[1])
     layout = partition_specs(arch.specs, args.shard_plan, mesh_shape)
@@ -512,6 +559,7 @@ def _train(args, pack, arch, layout, mesh_shape, steps) -> int:
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
     from .digest import batch_hash
+    from .faults import FaultSpec
     from .models.gpt2 import bias_corrections, lr_at  # the schedule and AdamW of every architecture
     from .receipt import ReceiptWriter
     from .recording import StepDigest
@@ -530,11 +578,13 @@ def _train(args, pack, arch, layout, mesh_shape, steps) -> int:
     shard = {n: NamedSharding(mesh, PartitionSpec(*layout[n])) for n in names}
     scalar = NamedSharding(mesh, PartitionSpec())
     batch = NamedSharding(mesh, PartitionSpec("data", None))
-    params = {n: jax.device_put(np.asarray(pack.init[n], dtype=np.float32), shard[n]) for n in names}
+    nudge = args.fault if isinstance(args.fault, FaultSpec) else None
+    regression = LaneRegression(None if nudge is not None else args.fault)
+    params = {n: jax.device_put(regression.initial(n, pack.init[n]), shard[n]) for n in names}
     m = {n: jax.device_put(np.zeros(pack.init[n].shape, np.float32), shard[n]) for n in names}
     v = {n: jax.device_put(np.zeros(pack.init[n].shape, np.float32), shard[n]) for n in names}
     state = (shard, shard, shard)
-    step_fn = jax.jit(make_step(cfg, names, args.precision, args.fault, arch.loss),
+    step_fn = jax.jit(make_step(cfg, names, args.precision, nudge, arch.loss, regression.eps_factor()),
                       in_shardings=state + (batch, scalar, scalar, scalar, scalar, scalar),
                       out_shardings=state + (shard, scalar, scalar))
     digest = StepDigest(names, [int(np.prod(pack.init[n].shape)) for n in names])
@@ -548,12 +598,13 @@ def _train(args, pack, arch, layout, mesh_shape, steps) -> int:
             if i == steps:
                 break
             tokens = pack.batch(i)
-            lr = np.float32(lr_at(i, cfg))
+            regression.between_steps(i, params, shard)
+            lr = regression.lr(i, lr_at(i, cfg))
             bc1, bc2 = (np.float32(c) for c in bias_corrections(i, cfg))
             decay = np.float32(1) - lr * np.float32(cfg.weight_decay)
             on_device = jax.device_put(tokens, batch)
             counters.begin()
-            active = np.bool_(args.fault is not None and i == args.fault.step)
+            active = np.bool_(nudge is not None and i == nudge.step)
             params, m, v, grads, loss, norm = step_fn(params, m, v, on_device, lr, decay, bc1, bc2, active)
             jax.block_until_ready(loss)
             compile_row = counters.end(i)

@@ -32,9 +32,10 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, List, NoReturn, Optional, Tuple
+from typing import Any, List, NoReturn, Optional, Tuple, Union
 
-from .faults import FaultSpec, nudge_first_result, parse_fault  # noqa: F401 (parse_fault: jax.py imports it here)
+from .faults import FaultSpec, nudge_first_result, parse_fault
+from .regressions import RegressionSpec, is_regression, parse_regression
 from .usage import UsageError, count_flag, all_digits  # noqa: F401 (UsageError: the CLI modules import it here)
 from .architectures import Architecture, architecture_of, model_of
 from .budget_features import format_features
@@ -126,7 +127,8 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     ap.add_argument("--steps", help="steps to run, 1..the pack's (default: all of them): a prefix of the pack's run")
     ap.add_argument("--canary", help="refuse a pack of any canary but this one (e.g. tiny)")
     ap.add_argument("--inject-fault", help="step=K,op=NAME[,ulps=N]: move element 0 of op NAME's output up by N ulps "
-                                           "at step K (docs/canary.md)")
+                                           "at step K (docs/canary.md); or a regression of `harness power`, "
+                                           "kind=weight-scale|weight-ulps|lr-scale|eps-scale,... (docs/budgets.md)")
     ap.add_argument("--threads", help=f"torch CPU threads, 1..{MAX_THREADS} (default 1: the bits of torch's CPU kernels "
                                       "depend on the thread count, so a pinned count replays on any machine)")
     ap.add_argument("--deterministic", action="store_true",
@@ -161,6 +163,16 @@ def check_out(path: str, force: bool) -> None:
         raise UsageError(f"--out: directory '{directory}' does not exist; create it first")
     if not os.access(directory, os.W_OK):
         raise UsageError(f"--out: directory '{directory}' is not writable; choose another path")
+
+
+def parse_lane_fault(text: str, op_names: List[str], parameters: List[str], steps: int) -> Any:
+    """--inject-fault of a pack's lane (this one, the JAX lane): a nudge of an op's output
+    (step=K,op=NAME[,ulps=N]: a FaultSpec) or a regression of `harness power` (kind=...: a
+    RegressionSpec on one of `parameters`, the canary's tensor names); UsageError, one line,
+    for anything else."""
+    if is_regression(text):
+        return parse_regression(text, list(parameters), steps)
+    return parse_fault(text, op_names, steps)
 
 
 def budget_features(device_type: str, precision: str, compiled: bool = False, layout: Optional[str] = None) -> str:
@@ -229,7 +241,7 @@ def _run_lane(args: argparse.Namespace, pack: Any, steps: int, threads: int, ran
         cfg = model_module.config_class.from_json(pack.canary_json)
     except ValueError as e:
         raise UsageError(f"{pack.path}: {e}") from None
-    fault = parse_fault(args.inject_fault, model_module.forward_op_names(cfg), steps) \
+    fault = parse_lane_fault(args.inject_fault, model_module.forward_op_names(cfg), pack.tensor_names, steps) \
         if args.inject_fault is not None else None
 
     device = device_of(device_name, args.compile_cache, args.deterministic)
@@ -282,7 +294,8 @@ def _run_lane(args: argparse.Namespace, pack: Any, steps: int, threads: int, ran
     return 0
 
 
-def lane_manifest(args: argparse.Namespace, pack: Any, steps: int, threads: int, fault: Optional[FaultSpec],
+def lane_manifest(args: argparse.Namespace, pack: Any, steps: int, threads: int,
+                  fault: Optional[Union[FaultSpec, RegressionSpec]],
                   device_label: str, nproc: int = 1) -> dict:
     """The lane's receipt manifest (the module docstring): the pack's canary, seed and data
     seed, the lane's features and budget, and the recipe `harness replay` runs again."""

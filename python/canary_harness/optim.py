@@ -59,6 +59,12 @@ class CanaryAdamW(torch.optim.Optimizer):
     copy of data, not a constant in the graph). state[p] holds "step" (the shared device
     counter), "exp_avg" and "exp_avg_sq", as torch.optim.AdamW names them, so
     canary_harness.torch.Recorder records the moments of this optimizer like any other.
+
+    The param groups' "lr" and "eps" are honoured as torch.optim's are, so that what changes
+    them from outside (a regression of `harness power`: canary_harness.regressions) changes
+    the update: step() uses each group's eps (rounded to fp32), and a rate written into the
+    groups after set_lr() (every group's, the canary's one rate) is copied into the lr
+    tensor before the update.
     """
 
     def __init__(self, named_parameters: Iterable[Tuple[str, torch.nn.Parameter]], cfg: CanaryConfig):
@@ -81,7 +87,8 @@ class CanaryAdamW(torch.optim.Optimizer):
         self.beta1, self.beta2 = _f32(cfg.beta1), _f32(cfg.beta2)
         self.one_minus_beta1 = float(np.float32(1) - np.float32(cfg.beta1))
         self.one_minus_beta2 = float(np.float32(1) - np.float32(cfg.beta2))
-        self.eps, self.weight_decay = _f32(cfg.adam_eps), _f32(cfg.weight_decay)
+        self.weight_decay = _f32(cfg.weight_decay)
+        self._lr_set = None  # the fp32 rate set_lr() last wrote into the groups
         for _, p in named:
             self.state[p] = {"step": self.step_t, "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
                              "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
@@ -93,18 +100,31 @@ class CanaryAdamW(torch.optim.Optimizer):
         self.lr_t.copy_(torch.from_numpy(np.array(lr32)), non_blocking=False)
         for group in self.param_groups:
             group["lr"] = float(lr32)
+        self._lr_set = float(lr32)
         return float(lr32)
+
+    def _lr_from_groups(self) -> None:
+        """The groups' rate into the lr tensor where it is no longer the one set_lr() wrote
+        (a host comparison of Python floats: nothing read from the device)."""
+        rate = self.param_groups[0]["lr"]
+        if any(group["lr"] != rate for group in self.param_groups):
+            raise ValueError("CanaryAdamW: its param groups share one learning rate; they hold "
+                             f"{[group['lr'] for group in self.param_groups]}")
+        if rate != self._lr_set:
+            self.set_lr(rate)
 
     @torch.no_grad()
     def step(self, closure=None):
         if closure is not None:
             raise ValueError("CanaryAdamW.step takes no closure")
+        self._lr_from_groups()
         self.step_t.add_(1.0)
         self.bias_correction1.copy_(1.0 - torch.pow(self.beta1, self.step_t))
         self.bias_correction2.copy_(1.0 - torch.pow(self.beta2, self.step_t))
         self.decay_t.copy_(1.0 - self.lr_t * self.weight_decay)
         for group in self.param_groups:
             decayed = group["weight_decay"] != 0.0
+            eps = _f32(group["eps"])
             for p in group["params"]:
                 g = p.grad
                 if g is None:
@@ -117,5 +137,5 @@ class CanaryAdamW(torch.optim.Optimizer):
                 v.mul_(self.beta2).add_(g * self.one_minus_beta2 * g)  # b2 v + ((1-b2) g) g
                 m_hat = m / self.bias_correction1
                 v_hat = v / self.bias_correction2
-                p.sub_(self.lr_t * m_hat / (v_hat.sqrt() + self.eps))
+                p.sub_(self.lr_t * m_hat / (v_hat.sqrt() + eps))
         return None

@@ -130,8 +130,10 @@ def linear_weights(model: Any) -> List[str]:
 
 class RegressionFault:
     """A RegressionSpec on a canary's model and optimizer, with the interface of the runner's
-    faults: arm(step) before the step, during(step) around it, check(step) after it. The
-    initial-state kinds (weight-ulps, eps-scale) act when it is made, before step 0."""
+    faults: between_steps(step) before the step's window (weight-scale: what a bad checkpoint
+    or a reloaded layer would do, not an op of the step's graph), arm(step) at its start,
+    during(step) around it, check(step) after it. The initial-state kinds (weight-ulps,
+    eps-scale) act when it is made, before step 0."""
 
     def __init__(self, model: Any, optimizer: Any, spec: RegressionSpec) -> None:
         import torch  # only here: parsing a spec stays torch-free
@@ -152,12 +154,19 @@ class RegressionFault:
             for group in groups:
                 group["eps"] = group["eps"] * spec.by
 
-    def arm(self, step: int) -> None:
-        if self.spec.kind == "weight-scale" and step == self.spec.step:
-            import torch
+    def between_steps(self, step: int) -> bool:
+        """weight-scale at its step: the parameter times 1 + E. Returns whether it changed
+        anything (the runner then cuts XLA's lazy graph, so the change is data to the step)."""
+        if self.spec.kind != "weight-scale" or step != self.spec.step:
+            return False
+        import torch
 
-            with torch.no_grad():
-                self.parameter.mul_(1 + self.spec.by)
+        with torch.no_grad():
+            self.parameter.mul_(1 + self.spec.by)
+        return True
+
+    def arm(self, step: int) -> None:
+        pass  # nothing to reset at a step's start
 
     def during(self, step: int) -> Any:
         if self.spec.kind == "lr-scale" and step >= self.spec.step:

@@ -446,6 +446,10 @@ class CanaryLoop:
         batch, hashed = _checked_batch(self.loaded, i)  # the whole batch's hash, on every layout
         if self.rank is not None:
             batch = shard_batch(batch, self.rank, i)
+        if self.fault is not None and self.fault.between_steps(i) and self.mark_step is not None:
+            # What a regression changed before the step (a scaled weight) becomes device data
+            # outside the step's window: the step's graph, fingerprint and compiles stay its own.
+            self.mark_step()
         if self.audit is not None:  # the step starts: its ops, fingerprinted (canary_harness.audit)
             self.audit.begin(i)
         if self.xla_counters is not None:
@@ -711,6 +715,9 @@ class _Fault:
             return nudge_first_result(out, self.active, spec.ulps)
 
         model.get_submodule(spec.op).register_forward_hook(nudge)
+
+    def between_steps(self, step: int) -> bool:
+        return False  # a nudge acts inside the step only
 
     def arm(self, step: int) -> None:
         self.active.fill_(step == self.spec.step)

@@ -6,13 +6,14 @@ replays bit for bit from checkpoints before and after the regression's step."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import run_module
+from conftest import export_pack, run_module
 from test_python_canary import SMALL, first_difference, manifest, run, series
 
 from canary_harness.regressions import parse_regression
@@ -115,3 +116,74 @@ def test_eps_scale_of_an_optimizer_without_eps_exits_2_in_one_line(tmp_path: Pat
     assert "kind=eps-scale: the canary's optimizer (SGD) has no eps" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not (tmp_path / "r.h5").exists()
+
+
+# ---- the package's lanes of a canary pack --------------------------------------------------------
+# canary_harness.lane (PyTorch) and canary_harness.jax take the same regressions through their
+# --inject-fault, so that `harness power` measures a nightly's real-stack lanes (docs/budgets.md,
+# "Detection power"). Without JAX (Debian's torch 1.13 interpreter) the JAX lane's refusal is
+# asserted instead, never skipped.
+HAS_JAX = importlib.util.find_spec("jax") is not None
+LANE_STEPS = 6
+LAYER = "blocks.0.attn.qkv.weight"
+PACK_LANES = {"canary_harness.lane": (), "canary_harness.jax": ("--mesh", "2x1", "--shard-plan", "zero3")}
+
+
+def pack_lane(module: str, pack: Path, out: Path, *args: str, check: bool = True):
+    return run_module(module, "--pack", str(pack), "--out", str(out), *PACK_LANES[module], *args, check=check,
+                      unset=("XLA_FLAGS",))
+
+
+@pytest.fixture(scope="module")
+def lane_pack(harness_bin: Path, tmp_path_factory) -> Path:
+    return export_pack(harness_bin, tmp_path_factory.mktemp("lanes") / "micro.h5", steps=LANE_STEPS)
+
+
+@pytest.fixture(scope="module")
+def clean_lanes(lane_pack: Path) -> dict:
+    runs = {}
+    for module in PACK_LANES:
+        if module == "canary_harness.jax" and not HAS_JAX:
+            continue
+        runs[module] = lane_pack.parent / f"{module}.h5"
+        pack_lane(module, lane_pack, runs[module])
+    return runs
+
+
+@pytest.mark.parametrize("module", list(PACK_LANES))
+@pytest.mark.parametrize("fault, params_from, moved, moved_from", [
+    (f"kind=weight-scale,step=2,tensor={LAYER},by=0.001", 2, "steps/loss", 2),
+    (f"kind=weight-ulps,tensor={LAYER},ulps=65536", 0, "hashes/grads", 0),  # too small to move micro's loss
+    ("kind=lr-scale,step=2,by=0.01", 2, "steps/loss", 3),                    # step 2's update, step 3's loss
+    ("kind=eps-scale,by=1000", 0, "steps/loss", 1),
+])
+def test_the_pack_lanes_take_each_regression_from_its_step(module: str, fault: str, params_from: int, moved: str,
+                                                            moved_from: int, lane_pack: Path, clean_lanes: dict,
+                                                            tmp_path: Path) -> None:
+    out = tmp_path / "regressed.h5"
+    if module == "canary_harness.jax" and not HAS_JAX:
+        refused = pack_lane(module, lane_pack, out, "--inject-fault", fault, check=False)
+        assert refused.returncode == 2 and "JAX is not installed" in refused.stderr and not out.exists()
+        return
+    pack_lane(module, lane_pack, out, "--inject-fault", fault)
+    assert manifest(out)["fault_injection"] == fault  # written in its canonical form already
+    a, b = series(clean_lanes[module]), series(out)
+    assert first_difference(a, b, "hashes/params") == params_from
+    assert first_difference(a, b, moved) == moved_from
+    lr, lr_regressed = a["steps/lr"], b["steps/lr"]
+    if fault.startswith("kind=lr-scale"):  # the recorded rate is the scaled one, from its step
+        assert np.array_equal(lr[:2], lr_regressed[:2]) and lr[2:].min() > 0
+        assert np.allclose(lr_regressed[2:], lr[2:] * 1.01, rtol=1e-6, atol=0)
+    else:
+        assert np.array_equal(lr, lr_regressed)
+
+
+@pytest.mark.parametrize("module", list(PACK_LANES))
+def test_a_pack_lanes_regression_of_an_unknown_tensor_exits_2_in_one_line(module: str, lane_pack: Path,
+                                                                          tmp_path: Path) -> None:
+    out = tmp_path / "r.h5"
+    refused = pack_lane(module, lane_pack, out, "--inject-fault", "kind=weight-ulps,tensor=lm_head.weight,ulps=1",
+                        check=False)
+    says = "unknown tensor 'lm_head.weight'" if module == "canary_harness.lane" or HAS_JAX else "JAX is not installed"
+    assert refused.returncode == 2 and says in refused.stderr, refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1 and not out.exists()

@@ -124,6 +124,29 @@ def test_a_second_process_finds_the_persistent_cache_entry(lanes: dict, harness_
         run_harness(harness_bin, "compare", str(later), str(receipts[0]))  # bitwise: same platform, same graph
 
 
+def test_a_weight_scale_regression_is_data_to_the_steps_one_graph(lanes: dict, harness_bin: Path, tmp_path: Path):
+    """`harness power`'s weight-scale on the XLA lane, with --audit (whose dispatch mode once
+    failed on autograd's device thread, where XLA's backward runs: "call stack is not deep
+    enough"): the scaled weight is made device data between the steps, so the step stays one
+    graph (one compile at step 0, none after) and the run moves from the regression's step."""
+    fault = "kind=weight-scale,step=1,tensor=blocks.0.attn.qkv.weight,by=0.001"
+    out = tmp_path / "scaled.h5"
+    if not HAS_XLA:
+        pack = export_pack(harness_bin, tmp_path / "pack.h5", canary="tiny", steps=STEPS)
+        result = harness_python("canary_harness.lane", "--pack", str(pack), "--device", "xla", "--audit",
+                                "--inject-fault", fault, "--out", str(out), check=False)
+        assert result.returncode == 2 and "--device xla: torch_xla is not importable" in result.stderr
+        assert not out.exists()
+        return
+    harness_python("canary_harness.lane", "--pack", str(lanes["tiny"]["pack"]), "--device", "xla", "--audit",
+                   "--inject-fault", fault, "--out", str(out))
+    c = counters(out)
+    assert c["UncachedCompile"] == [1.0] + [0.0] * (STEPS - 1) and c["HostSync"] == [0.0] * STEPS
+    with ReceiptReader(out) as scaled, ReceiptReader(lanes["tiny"]["xla"]) as clean:
+        losses, clean_losses = list(scaled.read("/steps/loss")), list(clean.read("/steps/loss"))
+    assert losses[0] == clean_losses[0] and losses[1] != clean_losses[1]
+
+
 @pytest.mark.parametrize("trap,counter", [("reads_loss_in_step", "HostSync"),
                                           ("varies_batch_shape", "UncachedCompile")])
 def test_the_real_compiler_catches_each_trap_and_the_harness_fails_it(trap: str, counter: str, harness_bin: Path,

@@ -3,8 +3,8 @@
 # ladder is caught at its smallest size and at its step (a 1-ulp weight at step 0); on a
 # budgeted lane each ladder stops at the first size its check fails, and that size, run by
 # hand with `run --inject-fault`, fails `compare` where the size below passes; a check that
-# misses a 1e-4 scale of a layer is called too loose (exit 1); scripts/power-table.sh tabulates
-# a matrix; bad input exits 2, one line.
+# misses a 1e-4 scale of a layer is called too loose (exit 1); a PyTorch lane takes the same
+# ladders; scripts/power-table.sh tabulates a matrix; bad input exits 2, one line.
 source "$(dirname "$0")/lib.sh"
 MATRIX="$HERE/data/micro_nightly.toml"
 BUDGETS="$HERE/../../canaries/budgets.toml"
@@ -55,6 +55,18 @@ expect_exit 1 "" -- power --lane tp
 grep -q "^verdict     TOO LOOSE: misses a 0.0001 scale of blocks.0.attn.qkv.weight within its 12 steps$" "$WORK/stdout" ||
   fail "tp is not called too loose: $(cat "$WORK/stdout")"
 grep -qE "^ladder      weight-scale: E = 0.001 caught, [a-z_]+ at step 3 " "$WORK/stdout" || fail "no weight-scale line"
+# its record, as calibrate --power writes it under an entry, is one the budgets file takes
+grep -q '^record      power = { lane = "micro/tpu-mesh@2x2+tp", step = 3, tensor = "blocks.0.attn.qkv.weight", weight_scale = 0.001, ' \
+  "$WORK/stdout" || fail "no record line: $(cat "$WORK/stdout")"
+"$PY" - "$WORK/tp.json" "$BUDGETS" "$WORK/recorded.toml" <<'PY' || fail "the record does not replace [mesh-fp32]'s"
+import json, re, sys
+record = json.load(open(sys.argv[1]))["record"]
+text, n = re.subn(r"(?m)(^\[mesh-fp32\]\n(?:(?!\[).*\n)*?)power = .*\n", lambda m: m.group(1) + record + "\n",
+                  open(sys.argv[2]).read(), count=1)
+assert n == 1 and record.startswith("power = { lane = "), record
+open(sys.argv[3], "w").write(text)
+PY
+expect_exit 0 "" -- "$HARNESS" power --matrix "$MATRIX" --budgets "$WORK/recorded.toml" --lane ref --kinds eps-scale
 
 # scripts/power-table.sh (docs/budgets.md's table) on the micro matrix: a row per lane of the
 # harness's engines, tp's as measured above
@@ -75,6 +87,35 @@ assert r["lane"] == "tiny/accel+bf16" and r["budget"] == ["bf16", "noise"] and r
 assert l["kind"] == "lr-scale" and l["smallest_caught"] == 0.01 and l["step"] == 34, l
 assert r["too_loose"] is None, r  # the weight-scale ladder was not climbed
 PY
+
+# A PyTorch lane (canary_harness.lane on the job's pack) climbs the same ladders through its
+# own --inject-fault: each stops at its first catch, and that size, run by hand on the same
+# pack, fails compare where the size below passes.
+{ cat "$MATRIX"; printf '%s\n' '[[lanes]]' 'id = "torch"' 'engine = "torch"'; } >"$WORK/torch.toml"
+status=0
+"$HARNESS" power --matrix "$WORK/torch.toml" --budgets "$BUDGETS" --lane torch --json >"$WORK/torch.json" \
+  2>"$WORK/torch.err" || status=$?
+[ "$status" -le 1 ] || fail "power --lane torch exited $status: $(cat "$WORK/torch.err")"
+"$PY" - "$WORK/torch.json" "$WORK/torch-cases" <<'PY' || fail "the torch lane's ladders are not climbed"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["lane"] == "micro/torch" and r["budget"] == ["torch-cpu"] and r["clean_failure"] is None, r
+cases = []
+for l in r["ladders"]:
+    rungs = l["rungs"]
+    assert all(not x["caught"] for x in rungs[:-1]) and rungs[-1]["caught"], l  # every kind caught by 2^20 / 1e-2 / 1000
+    cases.append("%s 1" % rungs[-1]["fault"])
+    if len(rungs) > 1:
+        cases.append("%s 0" % rungs[-2]["fault"])
+open(sys.argv[2], "w").write("\n".join(cases) + "\n")
+PY
+"$HARNESS" export --canary micro --steps 12 --seed 7 --out "$WORK/micro-pack.h5" >/dev/null 2>&1 || fail "export"
+while read -r fault want; do
+  PYTHONPATH="$HERE/../../python" "$PY" -m canary_harness.lane --pack "$WORK/micro-pack.h5" --inject-fault "$fault" \
+    --out "$WORK/t.h5" --force >/dev/null 2>&1 || fail "canary_harness.lane --inject-fault $fault"
+  expect_exit "$want" "" -- "$HARNESS" compare "$WORK/t.h5" "$WORK/ref.h5" --budgets "$BUDGETS"
+done <"$WORK/torch-cases"
+[ "$(wc -l <"$WORK/torch-cases")" -ge 7 ] || fail "too few torch rungs: $(cat "$WORK/torch-cases")"
 
 # bad input: exit 2, one line, before anything runs
 expect_exit 2 "--kinds: 'lr' is not a ladder \(weight-scale, weight-ulps, lr-scale, eps-scale\)" -- power --lane tp --kinds lr
