@@ -34,6 +34,11 @@ void add_power_command(CLI::App& app, CommandRegistry& commands) {
   add_threads_flag(*power, o->threads, "Worker threads per run (0 = all cores)");
   power->add_option("--kinds", o->kinds, "Ladders to climb (weight-scale, weight-ulps, lr-scale, eps-scale; default all)")
       ->delimiter(',');
+  power->add_flag("--against-golden", o->against_golden,
+                  "Check the lane against its golden (the nightly's golden check: bitwise on the golden's platform, "
+                  "its across_platforms entry on another) instead of the reference lane");
+  o->goldens_path = default_goldens();
+  power->add_option("--goldens", o->goldens_path, "Goldens directory (--against-golden)")->capture_default_str();
   power->add_flag("--json", *json, "Print the ladders as JSON");
   commands.add(power, [o, json] {
     // Progress on a terminal only: in a log, an error stays the one line on stderr.

@@ -32,7 +32,7 @@ inline constexpr const char* kLaneKeys[] = {"id",      "engine",          "featu
 // bias-repeats: enough repeats for the tests to reach their level, few enough for a nightly.
 inline constexpr std::int64_t kMinBiasRepeats = 3, kMaxBiasRepeats = 100;
 inline constexpr const char* kPlaceholders[] = {"{pack}", "{out}", "{steps}", "{seed}"};
-inline constexpr const char* kTorchFlags[] = {"device", "precision", "python", "compile"};
+inline constexpr const char* kTorchFlags[] = {"device", "precision", "python", "compile", "layout"};
 inline constexpr const char* kJaxFlags[] = {"python", "mesh", "shard-plan", "precision"};
 inline constexpr const char* kPythonCanaryFlags[] = {"device", "precision", "threads", "python", "compile"};
 // What runs a Python lane where neither the matrix nor the lane names an interpreter
@@ -202,21 +202,23 @@ class Parser {
 
   // The torch a torch lane runs: Debian's python3, or `python = PATH` of the lane or else of
   // the matrix (named in the lane as @MAJOR.MINOR, passed --versioned), eager or
-  // `compile = true`.
+  // `compile = true`, in one process or `layout = "ddp"` / `"fsdp"` (two, over gloo).
   struct TorchStack {
     std::string python = kPython;
     std::string release;  // "@2.9" for another interpreter, "" for Debian's
     bool compiled = false;
+    std::string layout;   // "", "ddp" or "fsdp"
     // The lane's name as the PyTorch lane and runner write it (canary_harness.runner.lane_features):
-    // NAME/torch[@RELEASE], then the device where it is not the CPU, bf16, compile.
+    // NAME/torch[@RELEASE], then the device where it is not the CPU, bf16, compile, the layout.
     std::string lane_name(const std::string& canary, const std::string& device_type, const std::string& precision) const {
       return canary + "/torch" + release + (device_type == "cpu" ? "" : "+" + device_type) +
-             (precision == "bf16" ? "+bf16" : "") + (compiled ? "+compile" : "");
+             (precision == "bf16" ? "+bf16" : "") + (compiled ? "+compile" : "") + (layout.empty() ? "" : "+" + layout);
     }
     // The flags it adds to the lane's command, before --out.
     void add_flags(std::vector<std::string>& command) const {
       if (compiled) command.insert(command.end() - 2, "--compile");
       if (!release.empty()) command.insert(command.end() - 2, "--versioned");
+      if (!layout.empty()) command.insert(command.end() - 2, {"--layout", layout});
     }
   };
 
@@ -224,6 +226,12 @@ class Parser {
   TorchStack torch_stack(std::map<std::string, std::string>& options, const std::string& at) const {
     TorchStack stack;
     stack.compiled = options.count("compile") > 0;
+    if (options.count("layout")) {
+      stack.layout = options["layout"];
+      if (stack.layout != "ddp" && stack.layout != "fsdp") {
+        fail(fmt::format("{}.layout: '{}' is not ddp or fsdp", at, stack.layout));
+      }
+    }
     const std::string key = options.count("python") ? at + ".python" : "python";
     const std::string python = options.count("python") ? interpreter(options["python"], key) : matrix_python_;
     if (!python.empty()) {
@@ -461,7 +469,7 @@ class Parser {
         spec.settings.options[k] = flag_value(value, at + "." + k);
       } else if (std::find(std::begin(kLaneKeys), std::end(kLaneKeys), k) == std::end(kLaneKeys)) {
         fail(fmt::format("{}.{}: unknown key of a {} lane (allowed: {}{})", at, k, torch ? "torch" : "command",
-                         fmt::join(kLaneKeys, ", "), torch ? ", device, precision, python, compile" : ""));
+                         fmt::join(kLaneKeys, ", "), torch ? ", device, precision, python, compile, layout" : ""));
       }
     }
     if (torch) {
@@ -480,6 +488,10 @@ class Parser {
       spec.lane = stack.lane_name(m.canary_name, type, precision);
       spec.budget_features = torch_budget_features(device, precision);
       if (stack.compiled) spec.budget_features.push_back("torch-compile");
+      if (!stack.layout.empty()) {
+        if (type != "cpu") fail(fmt::format("{}.layout: a layout runs on the CPU (gloo); drop device or layout", at));
+        spec.budget_features.push_back("torch-" + stack.layout);
+      }
       if (t.contains("budget-features") && feature_list(t, at + ".budget-features") != spec.budget_features) {
         fail(fmt::format("{}.budget-features: the torch lane on {} in {} declares {}; drop the key or make it that", at,
                          device, precision, receipt::BudgetFeatures(spec.budget_features).to_string()));

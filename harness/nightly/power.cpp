@@ -1,6 +1,7 @@
 #include "power.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <limits>
 
 #include <fmt/format.h>
@@ -10,6 +11,7 @@
 #include "canary_run.h"
 #include "fault.h"
 #include "file_io.h"
+#include "golden_store.h"
 #include "lane_run.h"
 #include "matrix.h"
 #include "verdict.h"
@@ -134,6 +136,57 @@ class LaneRunner {
   run::TempDir work_{"power", "the power ladder's runs"};
 };
 
+// What the lane's runs are checked against, and how.
+struct Against {
+  check::ReceiptData receipt;
+  std::string what;            // "the reference lane tiny/cpu-ref", "its golden PATH", "its own clean run"
+  std::string kind;            // compare_receipts's: "compare" (lane against lane) or "golden"
+  bool own_clean_run = false;  // the reference lane against itself: bitwise, no clean check
+  check::Budgets budgets;
+};
+
+// The lane's golden in `goldens` (verified against the store's log): what a nightly's golden
+// check compares the lane with, under the entry its platform difference names.
+check::ReceiptData golden_of(const LaneSpec& spec, const std::string& goldens) {
+  const GoldenStore store(goldens);
+  const std::string path = store.golden_path(spec.lane);
+  if (!std::filesystem::exists(path)) {
+    throw run::UsageError(fmt::format("--against golden: {} has no golden ({}); refresh and approve one first "
+                                      "(docs/goldens.md)", spec.lane, path));
+  }
+  verify_golden_integrity(path, store);
+  return check::load_receipt(path);
+}
+
+Against against_of(const PowerOptions& o, const Matrix& matrix, const LaneSpec& spec, const LaneRunner& runner,
+                   const std::function<void(const std::string&)>& progress) {
+  Against a;
+  a.budgets = check::load_budgets(o.budgets_path);
+  if (o.against_golden) {
+    a.receipt = golden_of(spec, o.goldens_path);
+    a.what = fmt::format("its golden {}", a.receipt.path);
+    a.kind = "golden";
+    return a;
+  }
+  a.kind = "compare";
+  a.own_clean_run = spec.id == matrix.reference;
+  if (progress) progress(a.own_clean_run ? fmt::format("{} clean", spec.id) : fmt::format("reference {}", matrix.reference));
+  a.receipt = a.own_clean_run ? runner.run_lane("clean.h5", std::nullopt)
+                              : runner.run(matrix.lane(matrix.reference), "reference.h5", std::nullopt);
+  a.what = a.own_clean_run ? "its own clean run" : fmt::format("the reference lane {}", a.receipt.lane);
+  return a;
+}
+
+// A run of the lane checked against `against`; a pair that cannot be compared (a golden of
+// other steps) is bad input, named.
+check::Verdict compared(const check::ReceiptData& run, const Against& against) {
+  try {
+    return check::compare_receipts(run, against.receipt, against.budgets, against.kind);
+  } catch (const check::ContractError& e) {
+    throw run::UsageError(fmt::format("the lane's run cannot be checked against {}: {}", against.what, e.what()));
+  }
+}
+
 // The check's first failure as a rung's outcome.
 void judge(const check::Verdict& v, PowerRung& rung) {
   rung.caught = !v.pass();
@@ -196,7 +249,6 @@ PowerReport measure_power(const PowerOptions& o, const std::function<void(const 
   const LaneSpec& spec = *chosen.front();
   require_regressions(spec, "--lane");
   const std::vector<Ladder> climbed = chosen_ladders(o.kinds);
-  const check::Budgets budgets = check::load_budgets(o.budgets_path);
   PowerReport r;
   r.lane = spec.lane;
   r.steps = matrix.steps;
@@ -207,14 +259,11 @@ PowerReport measure_power(const PowerOptions& o, const std::function<void(const 
   r.tensor = weight_to_move(matrix, o.tensor);
 
   const LaneRunner runner(matrix, spec, o.threads);
-  const bool is_reference = spec.id == matrix.reference;
-  if (progress) progress(is_reference ? fmt::format("{} clean", spec.id) : fmt::format("reference {}", matrix.reference));
-  const check::ReceiptData against = is_reference ? runner.run_lane("clean.h5", std::nullopt)
-                                                  : runner.run(matrix.lane(matrix.reference), "reference.h5", std::nullopt);
-  r.against = is_reference ? fmt::format("its own clean run") : fmt::format("the reference lane {}", against.lane);
-  if (!is_reference) {
+  const Against against = against_of(o, matrix, spec, runner, progress);
+  r.against = against.what;
+  if (!against.own_clean_run) {
     if (progress) progress(fmt::format("{} clean", spec.id));
-    const check::Verdict clean = check::compare_receipts(runner.run_lane("clean.h5", std::nullopt), against, budgets, "compare");
+    const check::Verdict clean = compared(runner.run_lane("clean.h5", std::nullopt), against);
     r.budget = clean.budget;
     r.bitwise = clean.bitwise;
     if (!clean.pass()) {
@@ -236,7 +285,7 @@ PowerReport measure_power(const PowerOptions& o, const std::function<void(const 
       const FaultSpec fault = regression(ladder.kind, size, r.step, r.tensor);
       rung.fault = fault.to_string();
       if (progress) progress(fmt::format("{} {}", spec.id, rung.fault));
-      judge(check::compare_receipts(runner.run_lane("faulted.h5", fault), against, budgets, "compare"), rung);
+      judge(compared(runner.run_lane("faulted.h5", fault), against), rung);
       if (rung.caught) break;
     }
   }

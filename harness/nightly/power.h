@@ -29,6 +29,11 @@ struct PowerOptions {
   std::string tensor;  // the parameter the weight faults move ("": the canary's first linear layer's weight)
   int threads = 0;
   std::vector<std::string> kinds;  // the ladders to climb (fault kinds); empty: every one
+  // Check the lane against its golden in `goldens_path` (the nightly's golden check: bitwise
+  // on the golden's platform, its across_platforms entry on another) instead of against the
+  // matrix's reference lane.
+  bool against_golden = false;
+  std::string goldens_path;
 };
 
 // One regression tried: its size, the --inject-fault text, and what the check made of it.
@@ -68,8 +73,9 @@ struct PowerReport {
 // (LaneSpec::takes_regressions): a command lane of the team's own.
 void require_regressions(const LaneSpec& spec, std::string_view flag);
 
-// Runs the lane clean (and the reference lane, unless it is the one measured), checks the
-// clean run passes (else the report says why, with no ladder), then climbs each ladder.
+// Runs the lane clean (and the reference lane, unless it is the one measured or the lane is
+// checked against its golden), checks the clean run passes (else the report says why, with
+// no ladder), then climbs each ladder.
 // Throws MatrixError / run::UsageError / check::BudgetError on bad input.
 PowerReport measure_power(const PowerOptions& options, const std::function<void(const std::string&)>& progress = {});
 

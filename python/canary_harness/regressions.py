@@ -139,11 +139,11 @@ class RegressionFault:
         import torch  # only here: parsing a spec stays torch-free
 
         self.spec = spec
+        self.model = model
         self.optimizer = optimizer
-        self.parameter = dict(model.named_parameters()).get(spec.tensor)
         if spec.kind == "weight-ulps":
             with torch.no_grad():
-                flat = self.parameter.view(-1)
+                flat = dict(model.named_parameters())[spec.tensor].view(-1)
                 flat[:1] = ulps_up(torch, flat[:1], spec.ulps)
         if spec.kind == "eps-scale":
             groups = [g for g in optimizer.param_groups
@@ -161,8 +161,10 @@ class RegressionFault:
             return False
         import torch
 
+        # Looked up now, by its name: a layout may have replaced the parameter since (FSDP2's
+        # fully_shard: a sharded DTensor, which scales shard by shard).
         with torch.no_grad():
-            self.parameter.mul_(1 + self.spec.by)
+            dict(self.model.named_parameters())[self.spec.tensor].mul_(1 + self.spec.by)
         return True
 
     def arm(self, step: int) -> None:

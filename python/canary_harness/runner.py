@@ -395,10 +395,6 @@ class CanaryLoop:
         self.fault = _install_fault(self.canary, options.fault, device)
         self.autocast_off = _autocast_off(self.canary.model, options, device)
         self.rank = options.rank
-        if isinstance(options.fault, RegressionSpec) and options.fault.kind == "weight-scale" and \
-                self.rank is not None and self.rank.layout == "fsdp":
-            raise CanaryError("--inject-fault: kind=weight-scale: not with --layout fsdp (its shards replace the "
-                              "parameters the fault would scale); run it in one process or with --layout ddp")
         # What the step is handed as its model: the model, sharded or wrapped for the layout
         # (before the capture, which takes FSDP's new parameters), compiled last (after every hook).
         self.model = shard_model(self.canary.model, self.canary.optimizer, self.rank) if self.rank is not None \

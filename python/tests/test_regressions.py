@@ -187,3 +187,20 @@ def test_a_pack_lanes_regression_of_an_unknown_tensor_exits_2_in_one_line(module
     says = "unknown tensor 'lm_head.weight'" if module == "canary_harness.lane" or HAS_JAX else "JAX is not installed"
     assert refused.returncode == 2 and says in refused.stderr, refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_weight_scale_scales_an_fsdp_shard_from_its_step(tmp_path: Path) -> None:
+    """FSDP2 replaces the parameters with sharded ones: the weight is found by its name at
+    the regression's step and scaled shard by shard (it was refused before). Torch 1.13 has
+    no FSDP2: its refusal is asserted instead."""
+    from canary_harness.distributed import fsdp_available
+
+    clean, scaled = tmp_path / "clean.h5", tmp_path / "scaled.h5"
+    result = run(f"{SMALL}:canary", "--out", str(clean), "--layout", "fsdp", check=fsdp_available())
+    if not fsdp_available():
+        assert result.returncode == 2 and "--layout fsdp: torch 1.13" in result.stderr, result.stderr
+        return
+    run(f"{SMALL}:canary", "--out", str(scaled), "--layout", "fsdp", "--inject-fault",
+        "kind=weight-scale,step=2,tensor=hidden.weight,by=0.001")
+    a, b = series(clean), series(scaled)
+    assert first_difference(a, b, "hashes/params") == 2 and first_difference(a, b, "steps/loss") == 2

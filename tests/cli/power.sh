@@ -3,8 +3,8 @@
 # ladder is caught at its smallest size and at its step (a 1-ulp weight at step 0); on a
 # budgeted lane each ladder stops at the first size its check fails, and that size, run by
 # hand with `run --inject-fault`, fails `compare` where the size below passes; a check that
-# misses a 1e-4 scale of a layer is called too loose (exit 1); a PyTorch lane takes the same
-# ladders; scripts/power-table.sh tabulates a matrix; bad input exits 2, one line.
+# misses a 1e-4 scale of a layer is called too loose (exit 1); --against-golden checks the
+# lane against its golden instead; a PyTorch lane takes the same ladders; scripts/power-table.sh tabulates a matrix; bad input exits 2, one line.
 source "$(dirname "$0")/lib.sh"
 MATRIX="$HERE/data/micro_nightly.toml"
 BUDGETS="$HERE/../../canaries/budgets.toml"
@@ -87,6 +87,24 @@ assert r["lane"] == "tiny/accel+bf16" and r["budget"] == ["bf16", "noise"] and r
 assert l["kind"] == "lr-scale" and l["smallest_caught"] == 0.01 and l["step"] == 34, l
 assert r["too_loose"] is None, r  # the weight-scale ladder was not climbed
 PY
+
+# --against-golden: the nightly's golden check instead of the reference lane. On the
+# golden's own platform it is bitwise, so every ladder is caught at its first rung; a lane
+# with no golden, or a golden its log does not know, exits 2 before anything runs.
+G="$WORK/goldens"
+"$HARNESS" golden refresh --matrix "$MATRIX" --goldens "$G" --reason test >/dev/null 2>&1 &&
+  "$HARNESS" golden approve --goldens "$G" --approved-by test --allow-dirty >/dev/null 2>&1 || fail "goldens"
+expect_exit 0 "" -- power --lane tp --against-golden --goldens "$G" --kinds weight-ulps,eps-scale --json
+"$PY" - "$WORK/stdout" "$G" <<'PY' || fail "tp against its golden is not bitwise, or misses a first rung"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["against"] == "its golden %s/micro/tpu-mesh@2x2+tp.h5" % sys.argv[2] and r["bitwise"], r
+for l in r["ladders"]:
+    assert len(l["rungs"]) == 1 and l["smallest_caught"] == l["sizes"][0] and l["step"] == 0, l
+PY
+expect_exit 2 "--against golden: micro/tpu-mesh@2x2\+tp has no golden" -- power --lane tp --against-golden --goldens "$WORK/none"
+printf 'x' >>"$G/micro/tpu-mesh@2x2+tp.h5"
+expect_exit 2 "tpu-mesh@2x2\+tp.h5" -- power --lane tp --against-golden --goldens "$G"
 
 # A PyTorch lane (canary_harness.lane on the job's pack) climbs the same ladders through its
 # own --inject-fault: each stops at its first catch, and that size, run by hand on the same

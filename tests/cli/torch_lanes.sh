@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Real-stack lanes in the nightly (docs/nightly.md, "External lanes"): a torch lane and a
-# command lane run on the job's canary pack, are validated and checked against their
+# Real-stack lanes in the nightly (docs/nightly.md, "External lanes"): a torch lane (one
+# process, and two under layout = "ddp") and a command lane run on the job's canary pack, are validated and checked against their
 # goldens and the reference; a failing command is the lane's run error naming its last
 # stderr line; bad keys exit 2; compare of the torch lanes against cpu-ref passes under
 # their declared budgets, and the bf16 lane fails under the fp32 one.
@@ -20,6 +20,7 @@ M="$WORK/matrix.toml"
 {
   header
   printf '[[lanes]]\nid = "torch-fp32"\nengine = "torch"\ndevice = "cpu"\n\n'
+  printf '[[lanes]]\nid = "torch-ddp"\nengine = "torch"\nlayout = "ddp"\n\n'
   printf '[[lanes]]\nid = "cmd-bf16"\nlane = "tiny/torch+bf16"\nbudget-features = "torch-bf16"\n'
   printf 'command = ["/usr/bin/env", "PYTHONPATH=%s/python", "%s", "-m", "canary_harness.lane", "--pack", "{pack}", "--precision", "bf16", "--out", "{out}", "--steps", "{steps}"]\n' "$SRC" "$PY"
 } > "$M"
@@ -27,7 +28,7 @@ nightly() { "$HARNESS" nightly --matrix "$1" --goldens "$G" --budgets "$BUDGETS"
 
 # goldens of the external lanes: refresh runs them through the same code, approve keeps them
 expect_exit 0 "" -- "$HARNESS" golden refresh --matrix "$M" --goldens "$G" --reason "torch lanes test"
-[ "$(find "$G" -name '*.candidate.h5' | wc -l)" -eq 3 ] || fail "refresh did not write 3 candidates"
+[ "$(find "$G" -name '*.candidate.h5' | wc -l)" -eq 4 ] || fail "refresh did not write 4 candidates"
 expect_exit 0 "" -- "$HARNESS" golden approve --goldens "$G" --approved-by test --allow-dirty
 
 # the job: one pack, every lane validated and judged against its golden and cpu-ref
@@ -40,12 +41,13 @@ assert s["verdict"] == "pass", s["verdict"]
 lanes = {l["id"]: l for l in s["lanes"]}
 assert lanes["torch-fp32"]["lane"] == "tiny/torch" and lanes["torch-fp32"]["engine"] == "torch"
 assert lanes["cmd-bf16"]["lane"] == "tiny/torch+bf16" and lanes["cmd-bf16"]["engine"] == "command"
-for id, feature in (("torch-fp32", "torch-cpu"), ("cmd-bf16", "torch-bf16")):
+assert lanes["torch-ddp"]["lane"] == "tiny/torch+ddp"  # layout = "ddp": two processes over gloo
+for id, features in (("torch-fp32", ["torch-cpu"]), ("cmd-bf16", ["torch-bf16"]), ("torch-ddp", ["torch-cpu", "torch-ddp"])):
     checks = {c["check"]: c for c in lanes[id]["checks"]}
     assert checks["golden"]["status"] == "pass" and checks["golden"]["verdict"]["budget"]["bitwise"] is True, checks["golden"]
     ref = checks["reference"]
     assert ref["status"] == "pass" and not ref["verdict"]["budget"]["bitwise"], ref
-    assert ref["verdict"]["budget"]["features"] == [feature], ref["verdict"]["budget"]
+    assert ref["verdict"]["budget"]["features"] == features, ref["verdict"]["budget"]
 PY
 
 # compare: fp32 under torch-cpu, bf16 under torch-bf16; bf16 under the fp32 numbers fails

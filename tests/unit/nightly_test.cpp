@@ -152,6 +152,24 @@ TEST(Matrix, TorchLanesExpandToThePyTorchLane) {
   EXPECT_FALSE(m.lane("ref").external());
 }
 
+// layout = "ddp" | "fsdp": the PyTorch lane on two processes, named +ddp, under torch-ddp
+// beside torch-cpu; another layout, or one on a device, is refused naming the key.
+TEST(Matrix, TorchLanesTakeALayout) {
+  const testing::ScratchDir dir;
+  const Matrix m = load_matrix(write(dir, std::string(kHeader) + kRefLane +
+                                              "[[lanes]]\nid = \"d\"\nengine = \"torch\"\nlayout = \"ddp\"\n"));
+  const LaneSpec& d = m.lane("d");
+  EXPECT_EQ(d.lane, "micro/torch+ddp");
+  EXPECT_EQ(d.budget_features, (std::vector<std::string>{"torch-cpu", "torch-ddp"}));
+  const std::vector<std::string> wanted{"/usr/bin/python3", "-m", "canary_harness.lane", "--pack", "p.h5", "--device",
+                                        "cpu", "--precision", "fp32", "--layout", "ddp", "--out", "o.h5"};
+  EXPECT_EQ(expand_command(d, "p.h5", "o.h5", 4, 1), wanted);
+  const std::string head = std::string(kHeader) + kRefLane + "[[lanes]]\nid = \"x\"\nengine = \"torch\"\n";
+  expect_refused(dir, {{head + "layout = \"zero\"\n", "lanes[1] (x).layout: 'zero' is not ddp or fsdp"},
+                       {head + "layout = \"ddp\"\ndevice = \"xla\"\n", "lanes[1] (x).layout: a layout runs on the CPU"}},
+                 true);
+}
+
 // python = "PATH" (relative to the matrix file): the lane runs that interpreter's torch and
 // is named after its release (probed with `PATH -c "import torch; ..."`), compile = true
 // adds --compile and torch-compile.
