@@ -16,6 +16,7 @@
 #include "bf16_first.h"
 #include "canary.h"
 #include "canary_file.h"
+#include "lane_stacks.h"
 #include "child_process.h"
 #include "mesh_config.h"
 #include "preset.h"
@@ -42,14 +43,6 @@ inline constexpr const char* kPython = "/usr/bin/python3";
 #ifndef HARNESS_SOURCE_DIR
 #define HARNESS_SOURCE_DIR "."
 #endif
-
-// The budget features the PyTorch lane declares (canary_harness.lane.budget_features).
-std::vector<std::string> torch_budget_features(const std::string& device, const std::string& precision) {
-  const std::string type = device.substr(0, device.find(':'));
-  if (precision == "fp32") return {"torch-" + type};
-  if (type == "cpu") return {"torch-bf16"};
-  return {"torch-" + type, "torch-bf16"};
-}
 
 bool is_engine_flag(const std::string& key) { return find_engine_flag(key) != nullptr; }
 
@@ -208,11 +201,10 @@ class Parser {
     std::string release;  // "@2.9" for another interpreter, "" for Debian's
     bool compiled = false;
     std::string layout;   // "", "ddp" or "fsdp"
-    // The lane's name as the PyTorch lane and runner write it (canary_harness.runner.lane_features):
-    // NAME/torch[@RELEASE], then the device where it is not the CPU, bf16, compile, the layout.
-    std::string lane_name(const std::string& canary, const std::string& device_type, const std::string& precision) const {
-      return canary + "/torch" + release + (device_type == "cpu" ? "" : "+" + device_type) +
-             (precision == "bf16" ? "+bf16" : "") + (compiled ? "+compile" : "") + (layout.empty() ? "" : "+" + layout);
+    // What its lane stack's name and budget features are made from (lane_stacks.h).
+    StackOptions options(const std::string& canary, const std::string& device_type, const std::string& precision) const {
+      return {{"canary", canary}, {"release", release},          {"device", device_type},
+              {"precision", precision}, {"compile", compiled ? "true" : ""}, {"layout", layout}};
     }
     // The flags it adds to the lane's command, before --out.
     void add_flags(std::vector<std::string>& command) const {
@@ -485,13 +477,12 @@ class Parser {
       spec.settings.options["precision"] = precision;
       // python = "PATH": its own golden beside Debian's torch lane (the name says which torch)
       const TorchStack stack = torch_stack(spec.settings.options, at);
-      spec.lane = stack.lane_name(m.canary_name, type, precision);
-      spec.budget_features = torch_budget_features(device, precision);
-      if (stack.compiled) spec.budget_features.push_back("torch-compile");
-      if (!stack.layout.empty()) {
-        if (type != "cpu") fail(fmt::format("{}.layout: a layout runs on the CPU (gloo); drop device or layout", at));
-        spec.budget_features.push_back("torch-" + stack.layout);
+      if (!stack.layout.empty() && type != "cpu") {
+        fail(fmt::format("{}.layout: a layout runs on the CPU (gloo); drop device or layout", at));
       }
+      const LaneStack& described = lane_stack("torch-pack");
+      spec.lane = stack_lane_name(described, stack.options(m.canary_name, type, precision));
+      spec.budget_features = stack_budget_features(described, stack.options(m.canary_name, type, precision));
       if (t.contains("budget-features") && feature_list(t, at + ".budget-features") != spec.budget_features) {
         fail(fmt::format("{}.budget-features: the torch lane on {} in {} declares {}; drop the key or make it that", at,
                          device, precision, receipt::BudgetFeatures(spec.budget_features).to_string()));
@@ -564,10 +555,9 @@ class Parser {
     }
     const std::string mesh = config.mesh.to_string(), plan = tpu::to_string(config.plan);
     const std::string precision = tpu::to_string(config.precision);
-    spec.lane = m.canary_name + "/jax@" + mesh + "+" + plan + (precision == "bf16" ? "+bf16" : "");
-    spec.budget_features = {"jax"};
-    if (precision == "bf16") spec.budget_features.push_back("jax-bf16");
-    if (config.mesh.devices() > 1) spec.budget_features.push_back("mesh-" + precision);  // the mesh's reduction splits
+    const StackOptions options{{"canary", m.canary_name}, {"mesh", mesh}, {"shard_plan", plan}, {"precision", precision}};
+    spec.lane = stack_lane_name(lane_stack("jax"), options);
+    spec.budget_features = stack_budget_features(lane_stack("jax"), options);
     spec.command = {python, "-m", "canary_harness.jax", "--pack", "{pack}", "--mesh", mesh, "--shard-plan", plan,
                     "--precision", precision, "--out", "{out}"};
     spec.environment = run::python_package_environment();
@@ -620,10 +610,9 @@ class Parser {
     spec.python_canary = true;
     const TorchStack stack = torch_stack(spec.settings.options, at);
     describe_python_canary(m.canary, stack.python, at + ".python");  // this lane's interpreter loads it too
-    spec.lane = stack.lane_name(m.canary_name, type, precision);
-    if (type != "cpu") spec.budget_features.push_back("torch-" + type);
-    if (precision == "bf16") spec.budget_features.push_back("torch-bf16");
-    if (stack.compiled) spec.budget_features.push_back("torch-compile");
+    const LaneStack& described = lane_stack("torch-canary");
+    spec.lane = stack_lane_name(described, stack.options(m.canary_name, type, precision));
+    spec.budget_features = stack_budget_features(described, stack.options(m.canary_name, type, precision));
     spec.command = {stack.python, "-m", "canary_harness", "run", m.canary, "--device", device, "--precision", precision,
                     "--threads", threads, "--steps", "{steps}", "--out", "{out}"};
     stack.add_flags(spec.command);

@@ -60,6 +60,7 @@ except ImportError as _missing:  # one line naming what to install
                       "(docs/transformers.md)") from None
 
 from .budget_features import format_features, parse_features
+from .lane_stacks import budget_features as stack_budget_features, lane_name as stack_lane_name, stack_options
 from .canary import canonical_json
 from .digest import batch_tree_hash
 from .receipt import ReceiptWriter
@@ -196,14 +197,16 @@ class ReceiptCallback(TrainerCallback):
         device = torch.device(args.device) if hasattr(args, "device") else self._params[0].device
         features = _lane_features(args, device)
         bf16 = bool(getattr(args, "bf16", False))
+        described = stack_options(self.name, device=device.type, precision="bf16" if bf16 else "fp32",
+                                  compiled=bool(getattr(args, "torch_compile", False)))
         budget = self.budget_features if self.budget_features is not None else format_features(
-            f"torch-{f}" for f in features)
+            stack_budget_features("torch-canary", described))
         seed = self.seed if self.seed is not None else int(args.seed)
         steps = int(state.max_steps)
         shapes = {n: tuple(p.shape) for n, p in zip(names, self._params)}
         identity = _identity(self.name, self.source, steps, names, shapes, type(self._optimizer).__name__,
                              self._config(model))
-        made = {"lane": f"{self.name}/torch" + "".join(f"+{f}" for f in features), "engine": "torch",
+        made = {"lane": stack_lane_name("torch-canary", described), "engine": "torch",
                 "features": "+".join(features), "budget_features": budget, "canary": identity, "seed": seed,
                 "steps_planned": steps, "threads": torch.get_num_threads(), "device": str(device),
                 "precision": "bf16" if bf16 else "fp32", "autocast": "bfloat16" if bf16 else "none",

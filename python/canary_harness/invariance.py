@@ -30,6 +30,7 @@ import numpy as np
 
 from .lane import MAX_THREADS, UsageError, add_device_arguments, architecture_module, check_device_name, device_of, \
     load_pack
+from .lane_stacks import lane_name, stack_options
 from .philox import philox_at, stream_id
 
 PROG = "canary_harness.invariance"
@@ -330,7 +331,7 @@ def _pack_report(args: argparse.Namespace) -> Dict[str, Any]:
     device = device_of(args.device)
     model = architecture.model_class(cfg, pack.init, device=device)
     report = check_batch_invariance(model, rows[0], rows[1:], args.max_batch, args.position_seed, args.precision)
-    return {"lane": f"{pack.name}/torch{'' if args.precision == 'fp32' else '+bf16'}", **report}
+    return {"lane": lane_name("torch-pack", stack_options(pack.name, device="cpu", precision=args.precision)), **report}
 
 
 def _canary_report(args: argparse.Namespace) -> Dict[str, Any]:
@@ -349,7 +350,8 @@ def _canary_report(args: argparse.Namespace) -> Dict[str, Any]:
         report = check_canary_invariance(loaded.canary, args.max_batch, args.position_seed, args.precision)
     except ValueError as e:
         raise UsageError(f"{args.canary}: {e}") from None
-    return {"lane": f"{loaded.canary.name}/torch{'' if args.precision == 'fp32' else '+bf16'}", **report}
+    return {"lane": lane_name("torch-canary", stack_options(loaded.canary.name, device="cpu", precision=args.precision)),
+            **report}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -42,6 +42,7 @@ from typing import Any, Dict, List, NamedTuple, NoReturn, Optional, Sequence, Tu
 import numpy as np
 
 from .budget_features import format_features
+from .lane_stacks import budget_features as stack_budget_features, lane_name, stack_options
 
 PROG = "canary_harness.jax"
 PLANS = ("dp", "tp", "zero3")
@@ -631,17 +632,21 @@ def _train(args, pack, arch, layout, mesh_shape, steps) -> int:
     return 0
 
 
+def _described(pack, args, mesh_shape) -> Dict[str, str]:
+    """The lane's options as its stack's description takes them (lane_stacks.py)."""
+    return stack_options(pack.name, mesh=f"{mesh_shape[0]}x{mesh_shape[1]}", shard_plan=args.shard_plan,
+                         precision=args.precision)
+
+
 def _lane(pack, args, mesh_shape) -> str:
-    return (f"{pack.name}/jax@{mesh_shape[0]}x{mesh_shape[1]}+{args.shard_plan}" +
-            ("+bf16" if args.precision == "bf16" else ""))
+    return lane_name("jax", _described(pack, args, mesh_shape))
 
 
-def budget_features(precision: str, devices: int) -> str:
+def budget_features(pack, args, mesh_shape) -> str:
     """What separates a JAX run from cpu-ref: XLA's CPU kernels (jax), bf16 matmul operands
     (jax-bf16), and the mesh's reduction splits where there is more than one device (judged
     under tpu-mesh's own entries, mesh-fp32 or mesh-bf16)."""
-    return format_features(["jax"] + (["jax-bf16"] if precision == "bf16" else []) +
-                           ([f"mesh-{precision}"] if devices > 1 else []))
+    return format_features(stack_budget_features("jax", _described(pack, args, mesh_shape)))
 
 
 def _manifest(args, pack, steps, mesh_shape) -> Dict[str, Any]:
@@ -652,7 +657,7 @@ def _manifest(args, pack, steps, mesh_shape) -> Dict[str, Any]:
                    "precision": args.precision, "steps": steps, "inject_fault": str(args.fault) if args.fault else None}
     return {
         "lane": _lane(pack, args, mesh_shape), "engine": "jax", "features": features,
-        "budget_features": budget_features(args.precision, mesh_shape[0] * mesh_shape[1]),
+        "budget_features": budget_features(pack, args, mesh_shape),
         "canary": pack.canary_json, "seed": pack.seed, "steps_planned": steps, "threads": 1,
         "data_seed": pack.data_seed, "pack": os.path.basename(pack.path), "trace": "none",
         "device": f"{jax.devices()[0].platform} x{mesh_shape[0] * mesh_shape[1]}", "precision": args.precision,

@@ -39,6 +39,7 @@ from .regressions import RegressionSpec, is_regression, parse_regression
 from .usage import UsageError, count_flag, all_digits  # noqa: F401 (UsageError: the CLI modules import it here)
 from .architectures import Architecture, architecture_of, model_of
 from .budget_features import format_features
+from .lane_stacks import budget_features as stack_budget_features, lane_name as stack_lane_name, stack_options
 
 PROG = "canary_harness.lane"
 # torch CPU threads: 1..MAX_THREADS, the harness's bound (run::kMaxThreads); a torch lane
@@ -176,13 +177,10 @@ def parse_lane_fault(text: str, op_names: List[str], parameters: List[str], step
 
 
 def budget_features(device_type: str, precision: str, compiled: bool = False, layout: Optional[str] = None) -> str:
-    """What separates the lane from cpu-ref: the device's torch, bf16, torch.compile and the
-    distributed layout."""
-    if precision == "fp32":
-        features = [f"torch-{device_type}"]
-    else:
-        features = ["torch-bf16"] if device_type == "cpu" else [f"torch-{device_type}", "torch-bf16"]
-    return format_features(features + (["torch-compile"] if compiled else []) + ([f"torch-{layout}"] if layout else []))
+    """What separates the lane from cpu-ref (its stack's description, lane_stacks.py): the
+    device's torch, bf16, torch.compile and the distributed layout."""
+    options = stack_options("", device=device_type, precision=precision, compiled=compiled, layout=layout)
+    return format_features(stack_budget_features("torch-pack", options))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -309,11 +307,13 @@ def lane_manifest(args: argparse.Namespace, pack: Any, steps: int, threads: int,
                    **({"audit": True} if args.audit else {}), **({"compile": True} if args.compile else {}),
                    **({"layout": args.layout, "nproc": nproc} if args.layout else {}),
                    **({"versioned": True} if args.versioned else {})}
-    features = "+".join(lane_features(torch.device(args.device.partition(":")[0]), args.precision, args.compile,
-                                      args.layout))
-    budget = budget_features(args.device.partition(":")[0], args.precision, args.compile, args.layout)
+    device_type = args.device.partition(":")[0]
+    features = "+".join(lane_features(torch.device(device_type), args.precision, args.compile, args.layout))
+    budget = budget_features(device_type, args.precision, args.compile, args.layout)
+    described = stack_options(pack.name, release=torch_release() if args.versioned else None, device=device_type,
+                              precision=args.precision, compiled=args.compile, layout=args.layout)
     manifest = {
-        "lane": f"{pack.name}/torch" + (f"@{torch_release()}" if args.versioned else "") + (f"+{features}" if features else ""),
+        "lane": stack_lane_name("torch-pack", described),
         "engine": "torch", "features": features,
         "budget_features": budget,
         "canary": pack.canary_json, "seed": pack.seed, "steps_planned": steps, "threads": threads,

@@ -49,6 +49,7 @@ import numpy as np
 import torch
 
 from .budget_features import format_features
+from .lane_stacks import budget_features, lane_name, stack_options
 from .canary import CanaryError, LoadedCanary
 from .digest import batch_hash, batch_tree_hash
 from .devices import place_on_device, to_device
@@ -86,11 +87,6 @@ def lane_features(device: torch.device, precision: str, compiled: bool = False, 
     then the distributed layout (ddp, fsdp)."""
     return ([device.type] if device.type != "cpu" else []) + (["bf16"] if precision == "bf16" else []) + \
         (["compile"] if compiled else []) + ([layout] if layout else [])
-
-
-def budget_features(device: torch.device, precision: str, compiled: bool = False, layout: Optional[str] = None) -> str:
-    """What separates the run from the canary's fp32 eager one-process CPU run, its bitwise reference."""
-    return format_features(f"torch-{f}" for f in lane_features(device, precision, compiled, layout))
 
 
 def torch_release() -> str:
@@ -322,11 +318,15 @@ def manifest_for(loaded: LoadedCanary, options: RunOptions, device: torch.device
     if options.perturb_init is not None:
         run_options["perturb_init"] = options.perturb_init
         perturbed = {"init_perturbation_seed": options.perturb_init}
+    # Its name, and what separates it from the canary's fp32 eager one-process CPU run, its
+    # bitwise reference: the stack's description (lane_stacks.py).
+    described = stack_options(loaded.canary.name, release=torch_release() if options.versioned else None,
+                              device=device.type, precision=options.precision, compiled=options.compile,
+                              layout=layout)
     return {
-        "lane": f"{loaded.canary.name}/torch" + (f"@{torch_release()}" if options.versioned else "") +
-                "".join(f"+{f}" for f in features),
+        "lane": lane_name("torch-canary", described),
         "engine": "torch", "features": "+".join(features),
-        "budget_features": budget_features(device, options.precision, options.compile, layout),
+        "budget_features": format_features(budget_features("torch-canary", described)),
         "canary": loaded.identity(), "seed": loaded.seed, "steps_planned": steps, "threads": options.threads,
         "device": str(device), "precision": options.precision,
         "autocast": _autocast_text(options),

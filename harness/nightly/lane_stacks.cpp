@@ -1,0 +1,182 @@
+#include "lane_stacks.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+namespace harness::nightly {
+namespace {
+
+// The name a PyTorch lane adds to its base: the device where it is not the CPU, bf16,
+// compile, the distributed layout (canary_harness.runner.lane_features writes the same).
+std::vector<StackPart> torch_name_parts() {
+  return {{"+{device}", {{"device", "*"}}, {{"device", "cpu"}}},
+          {"+bf16", {{"precision", "bf16"}}, {}},
+          {"+compile", {{"compile", "true"}}, {}},
+          {"+{layout}", {{"layout", "*"}}, {}}};
+}
+
+// The options a torch lane's examples combine.
+std::map<std::string, std::vector<std::string>> torch_example_values() {
+  return {{"release", {"", "@2.9"}},
+          {"device", {"cpu", "cuda", "xla"}},
+          {"precision", {"fp32", "bf16"}},
+          {"compile", {"", "true"}},
+          {"layout", {"", "ddp"}}};
+}
+
+std::vector<LaneStack> make_stacks() {
+  std::vector<LaneStack> stacks;
+  // A built-in canary's pack trained by the package's model of its architecture, judged
+  // against cpu-ref: the device's torch separates it even on the CPU (torch-cpu), but under
+  // bf16 on the CPU, where torch-bf16 holds both.
+  stacks.push_back({"torch-pack",
+                    "the PyTorch lane of a built-in canary's pack (docs/python.md)",
+                    "torch",
+                    "canary_harness.lane",
+                    "{canary}/torch{release}",
+                    torch_name_parts(),
+                    {{"torch-{device}", {{"device", "*"}}, {{"device", "cpu"}, {"precision", "bf16"}}},
+                     {"torch-bf16", {{"precision", "bf16"}}, {}},
+                     {"torch-compile", {{"compile", "true"}}, {}},
+                     {"torch-{layout}", {{"layout", "*"}}, {}}},
+                    torch_example_values()});
+  // A team's Python canary, judged against its own fp32 eager one-process CPU run: the CPU
+  // itself separates nothing.
+  stacks.push_back({"torch-canary",
+                    "a Python canary's lane (docs/own-model.md)",
+                    "torch",
+                    "canary_harness",
+                    "{canary}/torch{release}",
+                    torch_name_parts(),
+                    {{"torch-{device}", {{"device", "*"}}, {{"device", "cpu"}}},
+                     {"torch-bf16", {{"precision", "bf16"}}, {}},
+                     {"torch-compile", {{"compile", "true"}}, {}},
+                     {"torch-{layout}", {{"layout", "*"}}, {}}},
+                    torch_example_values()});
+  // A built-in canary in JAX on a mesh of XLA devices: XLA's kernels (jax), bf16 matmul
+  // operands (jax-bf16), and on more than one device the mesh's reduction splits, judged
+  // under tpu-mesh's own entries.
+  stacks.push_back({"jax",
+                    "the JAX lane of a built-in canary's pack (docs/xla.md)",
+                    "jax",
+                    "canary_harness.jax",
+                    "{canary}/jax@{mesh}+{shard_plan}",
+                    {{"+bf16", {{"precision", "bf16"}}, {}}},
+                    {{"jax", {}, {}},
+                     {"jax-bf16", {{"precision", "bf16"}}, {}},
+                     {"mesh-{precision}", {{"mesh", "*"}}, {{"mesh", "1x1"}}}},
+                    {{"mesh", {"1x1", "2x2"}}, {"shard_plan", {"dp", "zero3"}}, {"precision", {"fp32", "bf16"}}}});
+  return stacks;
+}
+
+bool holds(const StackCondition& condition, const StackOptions& options) {
+  return std::all_of(condition.begin(), condition.end(), [&](const auto& item) {
+    const auto found = options.find(item.first);
+    const bool set = found != options.end() && !found->second.empty();
+    return item.second == "*" ? set : set && found->second == item.second;
+  });
+}
+
+bool taken(const StackPart& part, const StackOptions& options) {
+  return holds(part.when, options) && (part.unless.empty() || !holds(part.unless, options));
+}
+
+// `text` with each {option} replaced by the option's value ("" when not set).
+std::string filled(const std::string& text, const StackOptions& options) {
+  std::string out;
+  for (std::size_t at = 0; at < text.size();) {
+    const std::size_t open = text.find('{', at);
+    if (open == std::string::npos) return out + text.substr(at);
+    const std::size_t close = text.find('}', open);
+    if (close == std::string::npos) throw std::logic_error("lane stack text '" + text + "': an unclosed {");
+    out += text.substr(at, open - at);
+    const auto value = options.find(text.substr(open + 1, close - open - 1));
+    if (value != options.end()) out += value->second;
+    at = close + 1;
+  }
+  return out;
+}
+
+nlohmann::json condition_json(const StackCondition& c) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [key, value] : c) out[key] = value;
+  return out;
+}
+
+nlohmann::json parts_json(const std::vector<StackPart>& parts) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const StackPart& p : parts) {
+    out.push_back({{"text", p.text}, {"when", condition_json(p.when)}, {"unless", condition_json(p.unless)}});
+  }
+  return out;
+}
+
+// Every combination of the stack's example values, each with what the description makes of it.
+nlohmann::json examples_json(const LaneStack& stack) {
+  std::vector<StackOptions> combinations{{{"canary", "c"}}};
+  for (const auto& [key, values] : stack.example_values) {
+    std::vector<StackOptions> more;
+    for (const StackOptions& base : combinations) {
+      for (const std::string& value : values) {
+        StackOptions o = base;
+        o[key] = value;
+        more.push_back(std::move(o));
+      }
+    }
+    combinations = std::move(more);
+  }
+  nlohmann::json out = nlohmann::json::array();
+  for (const StackOptions& o : combinations) {
+    out.push_back({{"options", o}, {"lane", stack_lane_name(stack, o)}, {"budget_features", stack_budget_features(stack, o)}});
+  }
+  return out;
+}
+
+}  // namespace
+
+const std::vector<LaneStack>& lane_stacks() {
+  static const std::vector<LaneStack> stacks = make_stacks();
+  return stacks;
+}
+
+const LaneStack& lane_stack(std::string_view id) {
+  for (const LaneStack& s : lane_stacks()) {
+    if (s.id == id) return s;
+  }
+  throw std::invalid_argument(fmt::format("no lane stack '{}'", id));
+}
+
+std::string stack_lane_name(const LaneStack& stack, const StackOptions& options) {
+  std::string name = filled(stack.name, options);
+  for (const StackPart& part : stack.name_parts) {
+    if (taken(part, options)) name += filled(part.text, options);
+  }
+  return name;
+}
+
+std::vector<std::string> stack_budget_features(const LaneStack& stack, const StackOptions& options) {
+  std::vector<std::string> features;
+  for (const StackPart& part : stack.budget_features) {
+    if (taken(part, options)) features.push_back(filled(part.text, options));
+  }
+  return features;
+}
+
+nlohmann::json lane_stacks_json() {
+  nlohmann::json stacks = nlohmann::json::array();
+  for (const LaneStack& s : lane_stacks()) {
+    stacks.push_back({{"id", s.id},
+                      {"what", s.what},
+                      {"engine", s.engine},
+                      {"module", s.module},
+                      {"name", s.name},
+                      {"name_parts", parts_json(s.name_parts)},
+                      {"budget_features", parts_json(s.budget_features)},
+                      {"examples", examples_json(s)}});
+  }
+  return {{"lane_stacks", stacks}};
+}
+
+}  // namespace harness::nightly

@@ -1,0 +1,59 @@
+// The lane stacks that run as child processes, as descriptions (docs/lane-stacks.md): for
+// each, the lane's name and the budget features it declares, made from the options the lane
+// is set up with. The one description the C++ matrix and the Python package both read: the
+// package's copy is what `harness schema --lane-stacks` prints
+// (python/canary_harness/lane_stacks.json; python/tests/test_lane_stacks.py holds the two
+// equal and the package's lanes to it).
+#pragma once
+
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace harness::nightly {
+
+// The options a lane of a stack is set up with, as text: canary, release ("@2.9" for a
+// versioned torch, "" otherwise), device (its type: cpu, cuda, xla), precision, compile
+// ("true" when on), layout, mesh, shard_plan. An option not set is absent (or "").
+using StackOptions = std::map<std::string, std::string>;
+
+// Options that must all hold: each key's value, or "*" for any value set.
+using StackCondition = std::map<std::string, std::string>;
+
+// One piece of a lane's name, or one budget feature: `text` with {option} placeholders,
+// taken when every option of `when` holds and not every one of `unless` does (an empty
+// `unless` never excludes).
+struct StackPart {
+  std::string text;
+  StackCondition when, unless;
+};
+
+struct LaneStack {
+  std::string id;      // torch-pack, torch-canary, jax
+  std::string what;    // one line: what runs
+  std::string engine;  // the receipt's /manifest/engine
+  std::string module;  // python -m MODULE runs it
+  std::string name;    // the lane name's base, "{canary}/torch{release}"
+  std::vector<StackPart> name_parts;       // appended to the base, in order
+  std::vector<StackPart> budget_features;  // in the order the receipt declares them
+  // Values of each option the export's examples combine (every combination, canary "c"):
+  // the lane name and budget features this description gives for each, which the Python
+  // package's reading of the description must give too.
+  std::map<std::string, std::vector<std::string>> example_values;
+};
+
+const std::vector<LaneStack>& lane_stacks();
+// The stack `id`; std::invalid_argument for none.
+const LaneStack& lane_stack(std::string_view id);
+
+// The lane's name and budget features under `options`.
+std::string stack_lane_name(const LaneStack& stack, const StackOptions& options);
+std::vector<std::string> stack_budget_features(const LaneStack& stack, const StackOptions& options);
+
+// Every stack, with its examples, as `harness schema --lane-stacks` prints it.
+nlohmann::json lane_stacks_json();
+
+}  // namespace harness::nightly

@@ -1,0 +1,68 @@
+"""The lane stacks' descriptions: lane_stacks.json beside this module, what `harness schema
+--lane-stacks` prints (harness/nightly/lane_stacks.h). Each stack (the PyTorch lane of a
+built-in canary's pack, a Python canary's lane, the JAX lane) says how its lane's name and
+budget features are made from the options the lane is set up with; the C++ matrix reads the
+same description, so a lane is named once, in data (python/tests/test_lane_stacks.py holds
+the copy to the harness and the package's lanes to it).
+
+A part (a piece of the name, or a budget feature) is taken when every option of its `when`
+holds ("*": any value set) and not every option of its `unless` does; `{option}` in its text
+is the option's value."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional
+
+DESCRIPTION_FILE = Path(__file__).with_name("lane_stacks.json")
+
+
+@lru_cache(maxsize=None)
+def _stacks() -> Dict[str, Dict[str, Any]]:
+    described = json.loads(DESCRIPTION_FILE.read_text())
+    return {stack["id"]: stack for stack in described["lane_stacks"]}
+
+
+def stack(stack_id: str) -> Dict[str, Any]:
+    """The description of stack `stack_id` (torch-pack, torch-canary, jax); KeyError for none."""
+    return _stacks()[stack_id]
+
+
+def stack_options(canary: str, *, release: Optional[str] = None, device: str = "", precision: str = "",
+                  compiled: bool = False, layout: Optional[str] = None, mesh: str = "",
+                  shard_plan: str = "") -> Dict[str, str]:
+    """The options a lane is described by: `release` MAJOR.MINOR of a versioned torch (None:
+    not versioned), `device` a torch device's type, the rest as the lane's flags give them."""
+    return {"canary": canary, "release": f"@{release}" if release else "", "device": device, "precision": precision,
+            "compile": "true" if compiled else "", "layout": layout or "", "mesh": mesh, "shard_plan": shard_plan}
+
+
+def _holds(condition: Mapping[str, str], options: Mapping[str, str]) -> bool:
+    return all(options.get(key) and (value == "*" or options[key] == value) for key, value in condition.items())
+
+
+def _taken(part: Mapping[str, Any], options: Mapping[str, str]) -> bool:
+    return _holds(part["when"], options) and not (part["unless"] and _holds(part["unless"], options))
+
+
+def _filled(text: str, options: Mapping[str, str]) -> str:
+    out, at = [], 0
+    while True:
+        start = text.find("{", at)
+        if start < 0:
+            return "".join(out) + text[at:]
+        end = text.index("}", start)
+        out += [text[at:start], options.get(text[start + 1:end], "")]
+        at = end + 1
+
+
+def lane_name(stack_id: str, options: Mapping[str, str]) -> str:
+    described = stack(stack_id)
+    return _filled(described["name"], options) + "".join(
+        _filled(part["text"], options) for part in described["name_parts"] if _taken(part, options))
+
+
+def budget_features(stack_id: str, options: Mapping[str, str]) -> List[str]:
+    return [_filled(part["text"], options) for part in stack(stack_id)["budget_features"] if _taken(part, options)]
