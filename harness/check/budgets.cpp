@@ -207,7 +207,11 @@ class Parser {
     const toml::table* power = t["power"].as_table();
     if (!power) fail(fmt::format("{}.power: must be a table {{ lane = ..., weight_scale = ..., ... }}", where));
     only_keys(*power, where + ".power",
-              {"lane", "step", "tensor", "weight_scale", "weight_ulps", "lr_scale", "eps_scale", "too_loose"});
+              {"lane", "against", "step", "tensor", "weight_scale", "weight_ulps", "lr_scale", "eps_scale", "too_loose"});
+    if (const auto against = (*power)["against"].value<std::string>(); (*power)["against"] && against != "golden") {
+      fail(fmt::format("{}.power.against: \"golden\" (measured against the lane's golden) or absent (against the "
+                       "reference lane)", where));
+    }
     for (const char* key : {"weight_scale", "weight_ulps", "lr_scale", "eps_scale"}) {
       const toml::node_view<const toml::node> v = (*power)[key];
       if (v && !v.is_number() && !(v.is_string() && v.value<std::string>()->starts_with("none up to "))) {

@@ -227,8 +227,10 @@ std::string hosts_toml(const check::FeatureBudget& f, const Calibration& c) {
 
 std::string power_record(const PowerReport& p) {
   if (p.ladders.empty()) return "";
-  std::vector<std::string> items = {fmt::format("lane = {}", toml_string(p.lane)), fmt::format("step = {}", p.step),
-                                    fmt::format("tensor = {}", toml_string(p.tensor))};
+  std::vector<std::string> items = {fmt::format("lane = {}", toml_string(p.lane))};
+  if (p.against_golden) items.emplace_back("against = \"golden\"");
+  items.push_back(fmt::format("step = {}", p.step));
+  items.push_back(fmt::format("tensor = {}", toml_string(p.tensor)));
   for (const PowerLadder& l : p.ladders) {
     std::string key = l.kind;
     std::replace(key.begin(), key.end(), '-', '_');

@@ -261,6 +261,7 @@ PowerReport measure_power(const PowerOptions& o, const std::function<void(const 
   const LaneRunner runner(matrix, spec, o.threads);
   const Against against = against_of(o, matrix, spec, runner, progress);
   r.against = against.what;
+  r.against_golden = o.against_golden;
   if (!against.own_clean_run) {
     if (progress) progress(fmt::format("{} clean", spec.id));
     const check::Verdict clean = compared(runner.run_lane("clean.h5", std::nullopt), against);

@@ -56,6 +56,7 @@ struct PowerLadder {
 
 struct PowerReport {
   std::string lane, against;  // the lane, and what its check compares it with
+  bool against_golden = false;  // its golden check (--against-golden), not the reference lane's
   bool bitwise = false;       // the check is bitwise (the reference lane against its own clean run)
   std::vector<std::string> budget;  // the composed entries the check is judged by
   int steps = 0, step = 0;

@@ -101,7 +101,12 @@ r = json.load(open(sys.argv[1]))
 assert r["against"] == "its golden %s/micro/tpu-mesh@2x2+tp.h5" % sys.argv[2] and r["bitwise"], r
 for l in r["ladders"]:
     assert len(l["rungs"]) == 1 and l["smallest_caught"] == l["sizes"][0] and l["step"] == 0, l
+assert r["record"].startswith('power = { lane = "micro/tpu-mesh@2x2+tp", against = "golden", step = 3, '), r["record"]
 PY
+sed 's/^power = { lane = "tiny\/tpu-mesh@2x2+tp", /power = { lane = "tiny\/tpu-mesh@2x2+tp", against = "gold", /' "$BUDGETS" \
+  >"$WORK/bad-against.toml"
+expect_exit 2 "\\[mesh-fp32\\].power.against: \"golden\" \(measured against the lane's golden\) or absent" -- \
+  "$HARNESS" power --matrix "$MATRIX" --lane ref --kinds eps-scale --budgets "$WORK/bad-against.toml"
 expect_exit 2 "--against golden: micro/tpu-mesh@2x2\+tp has no golden" -- power --lane tp --against-golden --goldens "$WORK/none"
 printf 'x' >>"$G/micro/tpu-mesh@2x2+tp.h5"
 expect_exit 2 "tpu-mesh@2x2\+tp.h5" -- power --lane tp --against-golden --goldens "$G"
