@@ -151,7 +151,7 @@ check::ReceiptData golden_of(const LaneSpec& spec, const std::string& goldens) {
   const GoldenStore store(goldens);
   const std::string path = store.golden_path(spec.lane);
   if (!std::filesystem::exists(path)) {
-    throw run::UsageError(fmt::format("--against golden: {} has no golden ({}); refresh and approve one first "
+    throw run::UsageError(fmt::format("--against-golden: {} has no golden ({}); refresh and approve one first "
                                       "(docs/goldens.md)", spec.lane, path));
   }
   verify_golden_integrity(path, store);

@@ -107,7 +107,7 @@ sed 's/^power = { lane = "tiny\/tpu-mesh@2x2+tp", /power = { lane = "tiny\/tpu-m
   >"$WORK/bad-against.toml"
 expect_exit 2 "\\[mesh-fp32\\].power.against: \"golden\" \(measured against the lane's golden\) or absent" -- \
   "$HARNESS" power --matrix "$MATRIX" --lane ref --kinds eps-scale --budgets "$WORK/bad-against.toml"
-expect_exit 2 "--against golden: micro/tpu-mesh@2x2\+tp has no golden" -- power --lane tp --against-golden --goldens "$WORK/none"
+expect_exit 2 "--against-golden: micro/tpu-mesh@2x2\+tp has no golden" -- power --lane tp --against-golden --goldens "$WORK/none"
 printf 'x' >>"$G/micro/tpu-mesh@2x2+tp.h5"
 expect_exit 2 "tpu-mesh@2x2\+tp.h5" -- power --lane tp --against-golden --goldens "$G"
 
