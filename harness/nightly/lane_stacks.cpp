@@ -17,6 +17,15 @@ std::vector<StackPart> torch_name_parts() {
           {"+{layout}", {{"layout", "*"}}, {}}};
 }
 
+// The budget features of a PyTorch lane: its device's torch (but where `device_separates_not`
+// holds), bf16, compile, the layout.
+std::vector<StackPart> torch_budget_parts(const StackCondition& device_separates_not) {
+  return {{"torch-{device}", {{"device", "*"}}, device_separates_not},
+          {"torch-bf16", {{"precision", "bf16"}}, {}},
+          {"torch-compile", {{"compile", "true"}}, {}},
+          {"torch-{layout}", {{"layout", "*"}}, {}}};
+}
+
 // The options a torch lane's examples combine.
 std::map<std::string, std::vector<std::string>> torch_example_values() {
   return {{"release", {"", "@2.9"}},
@@ -37,10 +46,7 @@ std::vector<LaneStack> make_stacks() {
                     "canary_harness.lane",
                     "{canary}/torch{release}",
                     torch_name_parts(),
-                    {{"torch-{device}", {{"device", "*"}}, {{"device", "cpu"}, {"precision", "bf16"}}},
-                     {"torch-bf16", {{"precision", "bf16"}}, {}},
-                     {"torch-compile", {{"compile", "true"}}, {}},
-                     {"torch-{layout}", {{"layout", "*"}}, {}}},
+                    torch_budget_parts({{"device", "cpu"}, {"precision", "bf16"}}),
                     torch_example_values()});
   // A team's Python canary, judged against its own fp32 eager one-process CPU run: the CPU
   // itself separates nothing.
@@ -50,10 +56,7 @@ std::vector<LaneStack> make_stacks() {
                     "canary_harness",
                     "{canary}/torch{release}",
                     torch_name_parts(),
-                    {{"torch-{device}", {{"device", "*"}}, {{"device", "cpu"}}},
-                     {"torch-bf16", {{"precision", "bf16"}}, {}},
-                     {"torch-compile", {{"compile", "true"}}, {}},
-                     {"torch-{layout}", {{"layout", "*"}}, {}}},
+                    torch_budget_parts({{"device", "cpu"}}),
                     torch_example_values()});
   // A built-in canary in JAX on a mesh of XLA devices: XLA's kernels (jax), bf16 matmul
   // operands (jax-bf16), and on more than one device the mesh's reduction splits, judged
