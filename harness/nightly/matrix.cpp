@@ -46,6 +46,12 @@ inline constexpr const char* kPython = "/usr/bin/python3";
 
 bool is_engine_flag(const std::string& key) { return find_engine_flag(key) != nullptr; }
 
+// The lane's name and budget features, as its stack's description makes them from `options`.
+void name_from_stack(const LaneStack& stack, const StackOptions& options, LaneSpec& spec) {
+  spec.lane = stack_lane_name(stack, options);
+  spec.budget_features = stack_budget_features(stack, options);
+}
+
 class Parser {
  public:
   explicit Parser(std::string path) : path_(std::move(path)) {}
@@ -480,9 +486,7 @@ class Parser {
       if (!stack.layout.empty() && type != "cpu") {
         fail(fmt::format("{}.layout: a layout runs on the CPU (gloo); drop device or layout", at));
       }
-      const LaneStack& described = lane_stack("torch-pack");
-      spec.lane = stack_lane_name(described, stack.options(m.canary_name, type, precision));
-      spec.budget_features = stack_budget_features(described, stack.options(m.canary_name, type, precision));
+      name_from_stack(lane_stack("torch-pack"), stack.options(m.canary_name, type, precision), spec);
       if (t.contains("budget-features") && feature_list(t, at + ".budget-features") != spec.budget_features) {
         fail(fmt::format("{}.budget-features: the torch lane on {} in {} declares {}; drop the key or make it that", at,
                          device, precision, receipt::BudgetFeatures(spec.budget_features).to_string()));
@@ -556,8 +560,7 @@ class Parser {
     const std::string mesh = config.mesh.to_string(), plan = tpu::to_string(config.plan);
     const std::string precision = tpu::to_string(config.precision);
     const StackOptions options{{"canary", m.canary_name}, {"mesh", mesh}, {"shard_plan", plan}, {"precision", precision}};
-    spec.lane = stack_lane_name(lane_stack("jax"), options);
-    spec.budget_features = stack_budget_features(lane_stack("jax"), options);
+    name_from_stack(lane_stack("jax"), options, spec);
     spec.command = {python, "-m", "canary_harness.jax", "--pack", "{pack}", "--mesh", mesh, "--shard-plan", plan,
                     "--precision", precision, "--out", "{out}"};
     spec.environment = run::python_package_environment();
@@ -610,9 +613,7 @@ class Parser {
     spec.python_canary = true;
     const TorchStack stack = torch_stack(spec.settings.options, at);
     describe_python_canary(m.canary, stack.python, at + ".python");  // this lane's interpreter loads it too
-    const LaneStack& described = lane_stack("torch-canary");
-    spec.lane = stack_lane_name(described, stack.options(m.canary_name, type, precision));
-    spec.budget_features = stack_budget_features(described, stack.options(m.canary_name, type, precision));
+    name_from_stack(lane_stack("torch-canary"), stack.options(m.canary_name, type, precision), spec);
     spec.command = {stack.python, "-m", "canary_harness", "run", m.canary, "--device", device, "--precision", precision,
                     "--threads", threads, "--steps", "{steps}", "--out", "{out}"};
     stack.add_flags(spec.command);
