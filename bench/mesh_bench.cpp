@@ -102,8 +102,8 @@ struct TracedTiny {
     engine.bind(model.tensors());
     model.upload_initial_parameters(engine, 1337);
     model.train_step(engine, 0, canary::ByteStream(model.config()).batch(0));
-    graph = engine.step_segments().front().graph;
-    fingerprint = engine.step_segments().front().fingerprint;
+    graph = engine.step_programs().front().graph;
+    fingerprint = engine.step_programs().front().fingerprint;
   }
 };
 

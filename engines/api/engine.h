@@ -29,6 +29,8 @@
 
 namespace harness {
 
+class StepCompilation;  // step_compilation.h
+
 enum class Phase : std::uint8_t { Forward, Backward, Optimizer };
 std::string_view to_string(Phase phase);
 
@@ -115,6 +117,9 @@ class Engine {
   virtual std::vector<PrecisionSwitch> precision_switches(int /*layers*/) const { return {}; }
   // State of the step that just ended (after step_end()); empty for engines with none.
   virtual std::vector<StepState> step_state() const { return {}; }
+  // What an engine that compiles its steps traced and ran in the last one; nullptr for an
+  // engine that runs each op as it is called. `harness audit` needs one.
+  virtual const StepCompilation* step_compilation() const { return nullptr; }
   // Checks that this configuration can run the model (a mesh engine's shard plan must
   // divide it); throws std::invalid_argument naming the flag. Allocates nothing.
   virtual void check_table(const TensorTable&) const {}

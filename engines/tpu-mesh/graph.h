@@ -14,6 +14,7 @@
 
 #include "api/engine.h"
 #include "api/op_description.h"
+#include "api/step_compilation.h"
 
 namespace harness::tpu {
 
@@ -22,14 +23,9 @@ namespace harness::tpu {
 using harness::OpKind;
 std::string_view to_string(OpKind op);
 
-struct Node {
-  OpKind op = OpKind::Zero;
-  std::string site;  // the model op's name, e.g. "blocks.2.attn.proj"
-  int layer = -1;
-  Phase phase = Phase::Forward;
-  std::vector<TensorId> tensors;  // operands in the op description's order; kNoTensor where optional
-  std::vector<float> attrs;       // the description's attributes, each as node_floats() floats
-};
+// The call boundary's traced graph (engines/api/step_compilation.h): what audit reads.
+using Node = GraphNode;
+using Graph = OpGraph;
 
 // A node's operands by name, as op K's description lays them out:
 //   const NodeOperands<OpKind::LinearForward> op{n};  op.get<"weight">()
@@ -48,10 +44,6 @@ struct NodeOperands {
 std::vector<TensorId> outputs_of(const Node& node);
 // The tensors a node overwrites (Access::Write): what it writes without reading first.
 std::vector<TensorId> overwritten_by(const Node& node);
-
-struct Graph {
-  std::vector<Node> nodes;
-};
 
 // XXH3-128 of the tensor table's description (names, kinds, shapes, dtypes: computed once
 // per table), hashed first into every fingerprint.

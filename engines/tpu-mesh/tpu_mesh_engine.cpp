@@ -115,7 +115,7 @@ void TpuMeshEngine::bind(const TensorTable& table) {
 // The programs the last step ran: a resumed run must run the same ones.
 EngineState TpuMeshEngine::save_state() const {
   std::string fingerprints;
-  for (const TracedSegment& s : segments_) fingerprints += (fingerprints.empty() ? "" : ",") + s.fingerprint;
+  for (const TracedProgram& s : segments_) fingerprints += (fingerprints.empty() ? "" : ",") + s.fingerprint;
   return {{}, {{"compile_fingerprints", fingerprints}}};
 }
 
@@ -327,7 +327,7 @@ void TpuMeshEngine::execute(Graph graph, ProgramRole role, int runs) {
   for (int k = 0; k < runs; ++k) executor_.run(*exe, first_micro_batch + k);
   counters_.execute_seconds += seconds_since(run_start);
   note_memory(*exe);
-  segments_.push_back({std::move(graph), fp, role});
+  segments_.push_back({std::move(graph), fp, std::string(to_string(role))});
 }
 
 void TpuMeshEngine::note_memory(const Executable& exe) {

@@ -27,24 +27,9 @@ struct CompileCounters {
   std::int64_t host_sync = 0;
 };
 
-// One program a step ran: its graph and fingerprint. A step has one in step mode, more
-// after a graph break, and two or three (its roles) in micro-step mode.
-struct TracedSegment {
-  Graph graph;
-  std::string fingerprint;
-  ProgramRole role = ProgramRole::Step;
-};
-
-// Something that cut a step's graph: a host read of a device value, or an upload of a
-// tensor that traced, not yet executed ops use.
-struct GraphBreak {
-  std::string what;        // "read" or "upload"
-  std::string tensor;      // the tensor read or uploaded
-  std::string after_site;  // the last traced op before it
-  Phase after_phase = Phase::Forward;
-};
-
-class TpuMeshEngine final : public Engine {
+// A step runs one program in step mode, more after a graph break, and two or three (its
+// roles, engines/tpu-mesh/compiler.h) in micro-step mode: each is a TracedProgram.
+class TpuMeshEngine final : public Engine, public StepCompilation {
  public:
   explicit TpuMeshEngine(MeshConfig config);
 
@@ -116,8 +101,9 @@ class TpuMeshEngine final : public Engine {
   EngineState save_state() const override;
 
   // What the last step traced and counted (for `harness audit` and the tests).
-  const std::vector<TracedSegment>& step_segments() const { return segments_; }
-  const std::vector<GraphBreak>& graph_breaks() const { return breaks_; }
+  const StepCompilation* step_compilation() const override { return this; }
+  const std::vector<TracedProgram>& step_programs() const override { return segments_; }
+  const std::vector<GraphBreak>& graph_breaks() const override { return breaks_; }
   const CompileCounters& counters() const { return counters_; }
   const MeshConfig& config() const { return config_; }
 
@@ -164,7 +150,7 @@ class TpuMeshEngine final : public Engine {
   Graph pending_;
   bool in_step_ = false;
   CompileCounters counters_;
-  std::vector<TracedSegment> segments_;
+  std::vector<TracedProgram> segments_;
   std::vector<GraphBreak> breaks_;
   std::vector<TracedValue> traces_;  // by trace slot; the first traces_used_ are this step's
   std::size_t traces_used_ = 0, traces_delivered_ = 0;

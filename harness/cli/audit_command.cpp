@@ -1,4 +1,5 @@
-// `harness audit`: is the canary compile-stable on tpu-mesh? Exit 0 clean, 1 findings,
+// `harness audit`: is the canary compile-stable on an engine that compiles its steps
+// (tpu-mesh)? Exit 0 clean, 1 findings,
 // 2 bad usage. docs/cli.md documents the --json keys.
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -28,7 +29,7 @@ nlohmann::json to_json(const run::AuditReport& report) {
     nlohmann::json graphs = nlohmann::json::array();
     for (const auto& segment : report.steps[s].segments) {
       graphs.push_back({{"fingerprint", segment.fingerprint},
-                        {"program", tpu::to_string(segment.role)},
+                        {"program", segment.part},
                         {"ops", segment.graph.nodes.size()}});
     }
     j["steps"].push_back({{"step", s}, {"graphs", graphs}});
@@ -47,7 +48,7 @@ void print_human(const run::AuditReport& report) {
     const auto& segments = report.steps[s].segments;
     fmt::print("step {}      {} graph{}", s, segments.size(), segments.size() == 1 ? "" : "s");
     for (const auto& segment : segments) {
-      fmt::print("  {} {} ({} ops)", tpu::to_string(segment.role), segment.fingerprint.substr(0, 16),
+      fmt::print("  {} {} ({} ops)", segment.part, segment.fingerprint.substr(0, 16),
                  segment.graph.nodes.size());
     }
     fmt::print("\n");
@@ -75,14 +76,14 @@ int audit_action(AuditFlags& f) {
 
 void add_audit_command(CLI::App& app, CommandRegistry& commands) {
   auto flags = std::make_shared<AuditFlags>();
-  CLI::App* audit = app.add_subcommand("audit", "Trace two steps on tpu-mesh and report compile-stability traps");
+  CLI::App* audit = app.add_subcommand("audit", "Trace two steps on an engine that compiles them (tpu-mesh) and report compile-stability traps");
   audit->add_option("--canary", flags->options.canary, "Canary: a shipped one's name (canaries/NAME.toml) or a canary file's path")->capture_default_str();
-  audit->add_option("--engine", flags->options.engine, "Engine (only tpu-mesh traces graphs)")->capture_default_str();
+  audit->add_option("--engine", flags->options.engine, "Engine: one that compiles its steps")->capture_default_str();
   add_threads_flag(*audit, flags->options.threads, "Worker threads (0 = all cores)");
   audit->add_option("--seed", flags->options.seed, "Initialisation seed (default: the canary's [train] seed)")
       ->check(seed_check());
   audit->add_flag("--json", flags->json, "Machine-readable report");
-  add_engine_flags(*audit, flags->engine_flags, "tpu-mesh");
+  add_engine_flags(*audit, flags->engine_flags);
   commands.add(audit, [flags] { return audit_action(*flags); });
 }
 

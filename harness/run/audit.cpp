@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <tbb/global_control.h>
 
 #include "canary_file.h"
@@ -12,6 +13,7 @@
 #include "canary.h"
 #include "preset.h"
 #include "registry.h"
+#include "run_setup.h"
 
 namespace harness::run {
 namespace {
@@ -26,7 +28,7 @@ constexpr int kTracedSteps = 2;  // two steps: the least that shows what varies 
 
 void find_graph_breaks(const std::vector<StepTrace>& steps, std::vector<AuditFinding>& out) {
   for (std::size_t s = 0; s < steps.size(); ++s) {
-    for (const tpu::GraphBreak& b : steps[s].breaks) {
+    for (const GraphBreak& b : steps[s].breaks) {
       const std::string what = b.what == "read" ? "host read of" : "upload of";
       out.push_back({"graph_break", static_cast<int>(s), b.after_site, b.tensor, {},
                      fmt::format("graph break at step {}: {} `{}` after op `{}` ({}); move it out of the step or "
@@ -37,7 +39,7 @@ void find_graph_breaks(const std::vector<StepTrace>& steps, std::vector<AuditFin
 }
 
 // The node that reads a tensor first after node `from` (to name where a constant is used).
-const tpu::Node& first_reader(const tpu::Graph& graph, std::size_t from, TensorId tensor) {
+const GraphNode& first_reader(const OpGraph& graph, std::size_t from, TensorId tensor) {
   for (std::size_t i = from + 1; i < graph.nodes.size(); ++i) {
     const auto& t = graph.nodes[i].tensors;
     if (std::find(t.begin(), t.end(), tensor) != t.end()) return graph.nodes[i];
@@ -45,29 +47,29 @@ const tpu::Node& first_reader(const tpu::Graph& graph, std::size_t from, TensorI
   return graph.nodes[from];
 }
 
-void compare_graphs(const tpu::Graph& a, const tpu::Graph& b, int step, std::vector<AuditFinding>& out) {
+void compare_graphs(const OpGraph& a, const OpGraph& b, int step, std::vector<AuditFinding>& out) {
   const std::size_t common = std::min(a.nodes.size(), b.nodes.size());
   for (std::size_t i = 0; i < common; ++i) {
-    const tpu::Node& x = a.nodes[i];
-    const tpu::Node& y = b.nodes[i];
+    const GraphNode& x = a.nodes[i];
+    const GraphNode& y = b.nodes[i];
     if (x.op != y.op || x.tensors != y.tensors || x.site != y.site) {
       out.push_back({"graph_change", step, y.site, {}, {},
                      fmt::format("the traced graph changes at step {}, node {}: `{}` {} became `{}` {} (shapes or "
                                  "control flow vary between steps)",
-                                 step, i, x.site, tpu::to_string(x.op), y.site, tpu::to_string(y.op))});
+                                 step, i, x.site, describe(x.op).name, y.site, describe(y.op).name)});
       return;  // everything after the first change differs too
     }
     const bool attrs_differ = !same_bits(x.attrs, y.attrs);
-    if (attrs_differ && x.op == tpu::OpKind::Constant) {
-      const tpu::Node& reader = first_reader(b, i, y.tensors[0]);
+    if (attrs_differ && x.op == OpKind::Constant) {
+      const GraphNode& reader = first_reader(b, i, y.tensors[0]);
       out.push_back({"varying_constant", step, reader.site, y.site, {x.attrs[0], y.attrs[0]},
                      fmt::format("constant `{}` is baked into the graph and varies: {} at step {}, {} at step {}; "
                                  "op `{}` ({}) reads it. Upload it into a 0-D device tensor instead",
-                                 y.site, x.attrs[0], step - 1, y.attrs[0], step, reader.site, tpu::to_string(reader.op))});
+                                 y.site, x.attrs[0], step - 1, y.attrs[0], step, reader.site, describe(reader.op).name)});
     } else if (attrs_differ) {
       out.push_back({"varying_constant", step, y.site, {}, {},
                      fmt::format("op `{}` ({}) has attributes that vary between steps {} and {}", y.site,
-                                 tpu::to_string(y.op), step - 1, step)});
+                                 describe(y.op).name, step - 1, step)});
     }
   }
   if (a.nodes.size() != b.nodes.size()) {
@@ -75,6 +77,15 @@ void compare_graphs(const tpu::Graph& a, const tpu::Graph& b, int step, std::vec
                    fmt::format("the traced graph has {} ops at step {} and {} at step {}", a.nodes.size(), step - 1,
                                b.nodes.size(), step)});
   }
+}
+
+// The engines `audit` can trace: those whose default configuration compiles its steps.
+std::vector<std::string> compiling_engines() {
+  std::vector<std::string> names;
+  for (const std::string& name : engine_names()) {
+    if (make_engine(name)->step_compilation() != nullptr) names.push_back(name);
+  }
+  return names;
 }
 
 }  // namespace
@@ -104,30 +115,24 @@ AuditReport audit_canary(const AuditOptions& o) {
   } catch (const std::invalid_argument& e) {
     throw UsageError(fmt::format("--canary: {}", e.what()));
   }
-  if (o.engine != "tpu-mesh") {
-    throw UsageError(fmt::format("--engine: audit traces compiled graphs, and only tpu-mesh compiles them (got '{}')",
-                                 o.engine));
-  }
   const int threads = worker_threads(o.threads);
-  const std::unique_ptr<canary::Canary> canary_model = canary::make_canary(config);
-  const canary::Canary& model = *canary_model;
-  std::unique_ptr<Engine> engine;
-  try {
-    engine = make_engine(o.engine, o.engine_settings);
-    engine->check_table(model.tensors());
-  } catch (const std::invalid_argument& e) {
-    throw UsageError(e.what());
+  check_engine_can_run(o.engine, o.engine_settings, *canary::make_canary(config));
+  std::unique_ptr<Engine> engine = make_engine(o.engine, o.engine_settings);
+  if (engine->step_compilation() == nullptr) {
+    throw UsageError(fmt::format("--engine: {} runs each op as it is called and compiles no graph to audit; choose an "
+                                 "engine that compiles its steps ({})",
+                                 o.engine, fmt::join(compiling_engines(), ", ")));
   }
   const tbb::global_control limit(tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(threads));
-  auto& mesh = static_cast<tpu::TpuMeshEngine&>(*engine);
-  mesh.bind(model.tensors());
-  model.upload_initial_parameters(mesh, static_cast<std::uint64_t>(o.seed.value_or(config.init_seed)));
+  const RunSetup setup = set_up_run(config, std::move(engine));
+  upload_initial_parameters(setup, static_cast<std::uint64_t>(o.seed.value_or(config.init_seed)));
+  const StepCompilation& compiled = *setup.engine->step_compilation();
 
   AuditReport report;
-  report.lane = lane_name(config.name, mesh.lane_engine(), mesh.features());
+  report.lane = setup.lane;
   for (int step = 0; step < kTracedSteps; ++step) {
-    model.train_step(mesh, step, data->batch(step));
-    report.steps.push_back({mesh.step_segments(), mesh.graph_breaks()});
+    setup.model->train_step(*setup.engine, step, data->batch(step));
+    report.steps.push_back({compiled.step_programs(), compiled.graph_breaks()});
   }
   report.findings = audit_findings(report.steps);
   return report;

@@ -1,4 +1,5 @@
-// `harness audit`: traces two training steps of a canary on the tpu-mesh engine and
+// `harness audit`: traces two training steps of a canary on an engine that compiles its
+// steps (engines/api/step_compilation.h: tpu-mesh here) and
 // reports what would make the compiled program unstable: graph breaks (host reads or
 // uploads between traced ops), constants whose value differs between the two steps (a
 // host scalar baked into the graph), and graphs whose structure differs between steps.
@@ -10,7 +11,7 @@
 #include <vector>
 
 #include "api/engine_settings.h"
-#include "tpu_mesh_engine.h"
+#include "api/step_compilation.h"
 
 namespace harness::run {
 
@@ -33,8 +34,8 @@ struct AuditFinding {
 
 // What one traced step produced: its graphs (more than one after a break) and breaks.
 struct StepTrace {
-  std::vector<tpu::TracedSegment> segments;
-  std::vector<tpu::GraphBreak> breaks;
+  std::vector<TracedProgram> segments;
+  std::vector<GraphBreak> breaks;
 };
 
 struct AuditReport {

@@ -20,6 +20,7 @@
 #include "canary.h"
 #include "receipt/hdf5_file.h"
 #include "registry.h"
+#include "run_setup.h"
 #include "stack_info.h"
 
 namespace harness::run {
@@ -71,10 +72,11 @@ void write_manifest(hid_t file, const canary::CanaryConfig& config, std::int64_t
 
 // The parameters at the start of step 0, exactly as a run initialises them: the model's
 // own initialisation uploaded to a cpu-ref engine and read back.
-std::int64_t write_init(hid_t file, const canary::Canary& model, std::uint64_t seed, std::size_t& count) {
-  std::unique_ptr<Engine> engine = make_engine("cpu-ref");
-  engine->bind(model.tensors());
-  model.upload_initial_parameters(*engine, seed);
+std::int64_t write_init(hid_t file, const canary::CanaryConfig& config, std::uint64_t seed, std::size_t& count) {
+  const RunSetup setup = set_up_run(config, make_engine("cpu-ref"));
+  upload_initial_parameters(setup, seed);
+  const canary::Canary& model = *setup.model;
+  Engine* const engine = setup.engine.get();
   const h5::Handle init = h5::create_group(file, "init");
   std::vector<std::string> names;
   std::int64_t elements = 0;
@@ -234,8 +236,6 @@ void write_file_atomically(const std::vector<char>& bytes, const std::string& pa
 PackSummary export_pack(const PackOptions& o) {
   const canary::CanaryConfig config = validated_config(o);
   check_output_path(o);
-  const std::unique_ptr<canary::Canary> canary_model = canary::make_canary(config);
-  const canary::Canary& model = *canary_model;
 
   PackSummary summary;
   summary.path = o.out;
@@ -254,7 +254,7 @@ PackSummary export_pack(const PackOptions& o) {
   {
     h5::Handle file = create_in_memory(partial);
     write_manifest(file, config, config.init_seed);
-    summary.parameters = write_init(file, model, static_cast<std::uint64_t>(config.init_seed), summary.tensors);
+    summary.parameters = write_init(file, config, static_cast<std::uint64_t>(config.init_seed), summary.tensors);
     write_batches(file, config);
     write_held_out(file, config);
     if (H5Fflush(file, H5F_SCOPE_GLOBAL) < 0) throw h5::Hdf5Error(fmt::format("{}: HDF5 cannot flush the pack", partial));

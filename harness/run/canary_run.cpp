@@ -25,6 +25,7 @@
 #include "held_out_eval.h"
 #include "run_option_fields.h"
 #include "registry.h"
+#include "run_setup.h"
 #include "stack_info.h"
 #include "checkpoint.h"
 #include "file_io.h"
@@ -262,16 +263,16 @@ RunSummary run_canary(const RunOptions& o, const std::function<void(const StepPr
   const InterruptGuard interrupts;
   const tbb::global_control threads(tbb::global_control::max_allowed_parallelism, static_cast<std::size_t>(v.threads));
 
-  const std::unique_ptr<canary::Canary> canary_model = canary::make_canary(v.config, v.fault, o.trace == TraceLevel::kOps);
-  const canary::Canary& model = *canary_model;
-  std::unique_ptr<Engine> engine = make_engine(o.engine, o.engine_settings);
-  engine->bind(model.tensors());
-  model.upload_initial_parameters(*engine, static_cast<std::uint64_t>(v.seed), init_perturbation(o));
+  const RunSetup setup = set_up_run(v.config, make_engine(o.engine, o.engine_settings),
+                                    {v.fault, o.trace == TraceLevel::kOps});
+  const canary::Canary& model = *setup.model;
+  Engine* const engine = setup.engine.get();
+  upload_initial_parameters(setup, static_cast<std::uint64_t>(v.seed), init_perturbation(o));
   OpTraceRecorder tracer(model.tensors());
   if (o.trace == TraceLevel::kOps) engine->set_trace_sink(&tracer);
 
   RunSummary summary;
-  summary.lane = lane_name(v.config.name, engine->lane_engine(), engine->features());
+  summary.lane = setup.lane;
   summary.receipt_path = o.out;
   summary.threads = v.threads;
   const std::string checkpoints = checkpoint_dir(o.out);
@@ -298,14 +299,9 @@ RunSummary run_canary(const RunOptions& o, const std::function<void(const StepPr
       writer.add_checkpoint(step, file_content_hash(path));
     }
     if (held_out.due(step)) held_out.evaluate(*engine, step, run_sink, writer);
-    const canary::Batch batch = v.data->batch(step);
-    const canary::StepResult result = model.train_step(*engine, step, batch);
-    record.loss = result.loss;
-    record.grad_norm = result.grad_norm;
-    record.lr = result.lr;
-    record.batch_hash = canary::batch_hash(batch);
-    digester.digest(*engine, record);
-    if (o.record_batches) writer.append_batch(batch.tokens);
+    const TakenStep taken = take_step(setup, *v.data, step, digester, record);
+    const canary::StepResult& result = taken.result;
+    if (o.record_batches) writer.append_batch(taken.batch.tokens);
     std::vector<StepState> state = engine->step_state();
     for (StepState& more : model.step_state(*engine)) state.push_back(std::move(more));
     writer.append_state(state);

@@ -14,6 +14,7 @@
 #include "numerics/det_math.h"
 #include "numerics/philox.h"
 #include "registry.h"
+#include "run_setup.h"
 
 namespace harness::run {
 namespace {
@@ -127,10 +128,10 @@ Setup make_setup(const InvarianceOptions& o) {
 SequenceRun run_batch(const InvarianceOptions& o, const Setup& s, int batch, int position) {
   CanaryConfig config = s.config;
   config.batch_size = batch;
-  const auto model = canary::make_canary(config, std::nullopt, /*trace_ops=*/true);
-  const std::unique_ptr<Engine> engine = make_engine(o.engine, o.engine_settings);
-  engine->bind(model->tensors());
-  model->upload_initial_parameters(*engine, static_cast<std::uint64_t>(s.seed));
+  const RunSetup setup = set_up_run(config, make_engine(o.engine, o.engine_settings), {std::nullopt, /*trace_ops=*/true});
+  upload_initial_parameters(setup, static_cast<std::uint64_t>(s.seed));
+  const std::unique_ptr<canary::Canary>& model = setup.model;
+  Engine* const engine = setup.engine.get();
   std::vector<std::int32_t> tokens;
   for (int r = 0, other = 0; r < batch; ++r) {
     const std::vector<std::int32_t>& row = r == position ? s.sequence : s.others.at(static_cast<std::size_t>(other++));

@@ -22,6 +22,7 @@
 #include "receipt/receipt_validator.h"
 #include "run/full_receipt_schema.h"
 #include "registry.h"
+#include "run_setup.h"
 #include "tensor_digest.h"
 
 namespace harness::run {
@@ -227,31 +228,24 @@ ReplayResult replay(const ReplayOptions& options) {
                                  options.receipt, e.what()));
   }
   const bool tracing = options.trace_ops || !rec.trace.empty();
-  const std::unique_ptr<canary::Canary> canary_model = canary::make_canary(config, fault, tracing);
-  const canary::Canary& model = *canary_model;
-
-  engine->bind(model.tensors());
+  const RunSetup setup = set_up_run(config, std::move(engine), {fault, tracing});
+  const canary::Canary& model = *setup.model;
+  Engine* const replaying = setup.engine.get();
   const std::optional<Checkpoint> checkpoint = trusted_checkpoint(reader, rec, options.from, result.checkpoint);
   if (checkpoint) {
-    restore_checkpoint(*checkpoint, *engine, model);
+    restore_checkpoint(*checkpoint, *replaying, model);
     result.resumed_from = checkpoint->step;
   } else {
-    model.upload_initial_parameters(*engine, static_cast<std::uint64_t>(o.seed.value_or(config.init_seed)),
-                                    init_perturbation(o));
+    upload_initial_parameters(setup, static_cast<std::uint64_t>(o.seed.value_or(config.init_seed)), init_perturbation(o));
   }
   OpTraceRecorder tracer(model.tensors());
-  if (tracing) engine->set_trace_sink(&tracer);
+  if (tracing) replaying->set_trace_sink(&tracer);
 
   const auto start = std::chrono::steady_clock::now();
   const StepDigester digester(model);
   receipt::StepRecord got;
   for (int step = result.resumed_from; step <= result.to; ++step) {
-    const canary::Batch batch = data->batch(step);
-    const canary::StepResult r = model.train_step(*engine, step, batch);
-    got.loss = r.loss;
-    got.grad_norm = r.grad_norm;
-    got.batch_hash = canary::batch_hash(batch);
-    digester.digest(*engine, got);
+    take_step(setup, *data, step, digester, got);
     if (tracing) result.trace.push_back(tracer.finish_step());
     const std::optional<ReplayMismatch> mismatch =
         compare_step(rec, step, got, tracing ? &result.trace.back() : nullptr, tracer.columns());
@@ -260,7 +254,7 @@ ReplayResult replay(const ReplayOptions& options) {
       result.mismatched_steps.push_back(step);
     }
     if (checkpoint && step == result.resumed_from && tracing == (o.trace == TraceLevel::kOps)) {
-      for (const auto& [fact, value] : engine->save_state().facts) {
+      for (const auto& [fact, value] : replaying->save_state().facts) {
         const auto saved = checkpoint->engine.facts.find(fact);
         if (saved != checkpoint->engine.facts.end() && saved->second != value) {
           result.notes.push_back(fmt::format("{} differs from the checkpoint's ({} now, {} then)", fact, value, saved->second));

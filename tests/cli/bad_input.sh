@@ -59,8 +59,13 @@ expect_exit 2 "--grad-accum 3: the batch of 8 sequences does not split into 2 da
 expect_exit 2 "--noise: not an option of engine tpu-mesh" -- "${M[@]}" --noise off
 expect_exit 2 "--mesh: engine 'cpu-ref' has no such setting; it belongs to --engine tpu-mesh" -- \
   "$HARNESS" run --canary micro --mesh 2x1 --out "$out/a.h5"
-# audit: only tpu-mesh traces graphs; its engine flags are checked like run's
-expect_exit 2 "audit traces compiled graphs" -- "$HARNESS" audit --canary micro --engine cpu-ref
+# audit: an engine that compiles its steps (tpu-mesh); one that runs each op as it is called
+# is refused, naming those that compile. The engine flags are checked like run's.
+expect_exit 2 "^harness: error: --engine: cpu-ref runs each op as it is called and compiles no graph to audit; choose an engine that compiles its steps \(tpu-mesh\)$" -- \
+  "$HARNESS" audit --canary micro --engine cpu-ref
+expect_exit 2 "--engine: accel runs each op as it is called" -- "$HARNESS" audit --canary micro --engine accel --noise off
+expect_exit 2 "--mesh: not an option of engine accel; it belongs to --engine tpu-mesh" -- \
+  "$HARNESS" audit --canary micro --engine accel --mesh 2x1
 expect_exit 2 "--shard-plan: unknown plan 'x'" -- "$HARNESS" audit --canary micro --engine tpu-mesh --shard-plan x
 [ -z "$(ls -A "$out")" ] || fail "rejected runs left files: $(ls "$out")"
 

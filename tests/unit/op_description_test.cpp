@@ -38,7 +38,7 @@ Traced trace_step(const std::string& canary_name) {
   engine.bind(t.model->tensors());
   t.model->upload_initial_parameters(engine, 1);
   t.model->train_step(engine, 0, canary::make_data_source(t.model->config())->batch(0));
-  for (const auto& segment : engine.step_segments()) {
+  for (const auto& segment : engine.step_programs()) {
     t.graph.nodes.insert(t.graph.nodes.end(), segment.graph.nodes.begin(), segment.graph.nodes.end());
   }
   return t;

@@ -258,7 +258,7 @@ TEST(TpuMeshMicroStep, TheThreeProgramsAreDistinctAndStableAcrossSteps) {
   for (int step = 0; step < 2; ++step) {
     model.train_step(engine, step, data.batch(step));
     std::vector<std::string> fingerprints;
-    for (const TracedSegment& s : engine.step_segments()) fingerprints.push_back(s.fingerprint);
+    for (const TracedProgram& s : engine.step_programs()) fingerprints.push_back(s.fingerprint);
     ASSERT_EQ(fingerprints.size(), 3u);  // grad create, grad accumulate, optimizer
     EXPECT_NE(fingerprints[0], fingerprints[1]);
     EXPECT_NE(fingerprints[1], fingerprints[2]);
@@ -334,7 +334,7 @@ TEST(TpuMeshAudit, NamesEveryGraphBreakWithItsTensorAndOp) {
     (void)engine.read(table.find("grad_norm", TensorKind::Scalar));  // the `.item()` trap
     engine.zero(grad);
     engine.step_end();
-    steps.push_back({engine.step_segments(), engine.graph_breaks()});
+    steps.push_back({engine.step_programs(), engine.graph_breaks()});
   }
   const std::vector<AuditFinding> findings = audit_findings(steps);
   ASSERT_EQ(findings.size(), 2u);

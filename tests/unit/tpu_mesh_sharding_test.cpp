@@ -124,8 +124,8 @@ TracedStep trace_and_compile(const std::string& preset, const MeshConfig& config
   engine.bind(t.model.tensors());
   t.model.upload_initial_parameters(engine, 1);
   t.model.train_step(engine, 0, canary::ByteStream(t.model.config()).batch(0));
-  EXPECT_EQ(engine.step_segments().size(), 1u);
-  t.graph = engine.step_segments().front().graph;
+  EXPECT_EQ(engine.step_programs().size(), 1u);
+  t.graph = engine.step_programs().front().graph;
   t.exe = compile(t.graph, t.model.tensors(), config, plan_shardings(t.model.tensors(), config), "test");
   return t;
 }
@@ -314,7 +314,7 @@ TEST(TpuMeshEngine, HostReadInsideAStepIsAGraphBreak) {
   EXPECT_EQ(engine.graph_breaks()[0].what, "read");
   EXPECT_EQ(engine.graph_breaks()[0].tensor, "wte");
   EXPECT_EQ(engine.graph_breaks()[0].after_site, table[grad].name);
-  EXPECT_EQ(engine.step_segments().size(), 2u);
+  EXPECT_EQ(engine.step_programs().size(), 2u);
   EXPECT_THROW(engine.read(table.find("lnf.out", TensorKind::Activation)), std::logic_error);
 }
 
