@@ -30,7 +30,11 @@ struct ModelKey {
   std::string_view name;                     // under [model], and in the identity JSON
   std::string_view feature;                  // what an architecture without it lacks: "experts"
   int CanaryConfig::*integer = nullptr;      // an integer key's field, in [low, high] ...
-  double CanaryConfig::*number = nullptr;    // ... or a number key's
+  double CanaryConfig::*number = nullptr;    // ... or a number key's ...
+  // ... or a choice key's: one of `choices`, the first its default. The identity JSON
+  // carries it only when it is not the default, so identities from before it existed stay.
+  std::string CanaryConfig::*choice = nullptr;
+  std::span<const std::string_view> choices = {};
   double low = 0.0, high = 0.0;
   bool open_low = false;                     // (low, high]
   int CanaryConfig::*high_field = nullptr;   // the range ends at this field, read before it (1..experts)

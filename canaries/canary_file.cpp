@@ -97,6 +97,15 @@ class Reader {
     if (!value) fail(key, "must be a string");
     return *value;
   }
+  // One of `choices`; the first when the key is absent.
+  std::string choice(const std::string& key, std::span<const std::string_view> choices) const {
+    const auto value = text(key);
+    if (!value) return std::string(choices.front());
+    if (std::find(choices.begin(), choices.end(), *value) == choices.end()) {
+      fail(key, fmt::format("'{}' is not one of {}", *value, fmt::join(choices, ", ")));
+    }
+    return *value;
+  }
   std::string required_text(const std::string& key) const {
     const auto value = text(key);
     if (!value) fail(key, "missing (required)");
@@ -165,7 +174,9 @@ void read_declared_keys(const Reader& r, const ArchitectureSpec& arch, CanaryCon
   }
   for (const ModelKey& key : arch.model_keys) {
     const std::string where = fmt::format("model.{}", key.name);
-    if (key.integer != nullptr) {
+    if (key.choice != nullptr) {
+      c.*key.choice = r.choice(where, key.choices);
+    } else if (key.integer != nullptr) {
       const auto high = key.high_field != nullptr ? c.*key.high_field : static_cast<std::int64_t>(key.high);
       c.*key.integer = r.integer(where, static_cast<std::int64_t>(key.low), high,
                                  key.required ? std::nullopt : std::optional<int>(c.*key.integer));

@@ -39,7 +39,9 @@ nlohmann::json CanaryConfig::to_json() const {
   }
   if (described != nullptr) {  // its own model keys, under their names
     for (const ModelKey& key : described->model_keys) {
-      if (key.integer != nullptr) {
+      if (key.choice != nullptr) {
+        if (this->*key.choice != key.choices.front()) j[std::string(key.name)] = this->*key.choice;
+      } else if (key.integer != nullptr) {
         j[std::string(key.name)] = this->*key.integer;
       } else {
         j[std::string(key.name)] = this->*key.number;
@@ -84,7 +86,9 @@ CanaryConfig CanaryConfig::from_json(const nlohmann::json& j) {
   for (const ArchitectureSpec* spec : architectures()) {  // declared keys: absent ones keep their defaults
     for (const ModelKey& key : spec->model_keys) {
       const std::string name(key.name);
-      if (key.integer != nullptr) {
+      if (key.choice != nullptr) {
+        c.*key.choice = j.value(name, std::string(key.choices.front()));
+      } else if (key.integer != nullptr) {
         c.*key.integer = j.value(name, c.*key.integer);
       } else {
         c.*key.number = j.value(name, c.*key.number);

@@ -30,6 +30,7 @@ struct CanaryConfig {
   int kv_heads = 4;          // llama: grouped-query attention; gpt2: always heads
   int mlp_hidden = 512;      // gpt2: 4 * channels
   double rope_theta = 10000.0;  // llama only
+  std::string gelu = "tanh";    // gpt2: the MLP's GELU, "tanh" (GPT-2's approximation) or "erf" (exact)
   // moe: each block's MLP is `experts` SwiGLU experts of mlp_hidden, `experts_per_token`
   // of them per token; each takes capacity_factor * B*T*K/E token rows a step (rounded up,
   // expert_capacity()); the balance loss is balance_coef * E * sum f_e P_e. 0 experts: no MoE.

@@ -532,6 +532,16 @@ void AccelEngine::gelu_backward(const OpSite&, TensorId dinp, TensorId inp, Tens
   store(dinp);
 }
 
+void AccelEngine::gelu_erf_forward(const OpSite&, TensorId out, TensorId inp) {
+  kernels::gelu_erf_forward(f32(out), f32(inp), t_.numel(inp));
+  store(out);
+}
+
+void AccelEngine::gelu_erf_backward(const OpSite&, TensorId dinp, TensorId inp, TensorId dout) {
+  kernels::gelu_erf_backward(f32(dinp), f32(inp), f32(dout), t_.numel(inp));
+  store(dinp);
+}
+
 void AccelEngine::residual_forward(const OpSite&, TensorId out, TensorId a, TensorId b) {
   kernels::residual_forward(f32(out), f32(a), f32(b), t_.numel(out));
   store(out);

@@ -233,6 +233,9 @@ class Engine {
   // GELU, tanh approximation.
   virtual void gelu_forward(const OpSite& site, TensorId out, TensorId inp) = 0;
   virtual void gelu_backward(const OpSite& site, TensorId dinp, TensorId inp, TensorId dout) = 0;
+  // out = x Phi(x), the exact GELU (erf), elementwise
+  virtual void gelu_erf_forward(const OpSite& site, TensorId out, TensorId inp) = 0;
+  virtual void gelu_erf_backward(const OpSite& site, TensorId dinp, TensorId inp, TensorId dout) = 0;
 
   // out = a + b; backward adds dout to both da and db
   virtual void residual_forward(const OpSite& site, TensorId out, TensorId a, TensorId b) = 0;
@@ -311,5 +314,7 @@ template <> inline constexpr auto kEngineCall<OpKind::MoeCombineForward> = &Engi
 template <> inline constexpr auto kEngineCall<OpKind::MoeCombineBackward> = &Engine::moe_combine_backward;
 template <> inline constexpr auto kEngineCall<OpKind::ExpertLinearForward> = &Engine::expert_linear_forward;
 template <> inline constexpr auto kEngineCall<OpKind::ExpertLinearBackward> = &Engine::expert_linear_backward;
+template <> inline constexpr auto kEngineCall<OpKind::GeluErfForward> = &Engine::gelu_erf_forward;
+template <> inline constexpr auto kEngineCall<OpKind::GeluErfBackward> = &Engine::gelu_erf_backward;
 
 }  // namespace harness

@@ -59,7 +59,10 @@ enum class OpKind : std::uint8_t {
   MoeCombineBackward,
   ExpertLinearForward,
   ExpertLinearBackward,
-  kLast = ExpertLinearBackward,
+  // exact GELU (a canary's `gelu = "erf"`), appended: the kinds above keep their values
+  GeluErfForward,
+  GeluErfBackward,
+  kLast = GeluErfBackward,
 };
 
 // Which architecture's ops an op belongs to. An engine runs the core ops; the others it
@@ -272,6 +275,8 @@ inline constexpr std::array<OpDescription, static_cast<std::size_t>(OpKind::kLas
       moe(op(OpKind::MoeCombineBackward, "moe_combine_backward", t::kMoeCombineBackward)),
       moe(op(OpKind::ExpertLinearForward, "expert_linear_forward", t::kExpertLinearForward)),
       moe(op(OpKind::ExpertLinearBackward, "expert_linear_backward", t::kExpertLinearBackward)),
+      op(OpKind::GeluErfForward, "gelu_erf_forward", t::kGeluForward),
+      op(OpKind::GeluErfBackward, "gelu_erf_backward", t::kGeluBackward),
   };
 }();
 

@@ -115,6 +115,14 @@ void CpuRefEngine::gelu_backward(const OpSite&, TensorId dinp, TensorId inp, Ten
   kernels::gelu_backward(f32(dinp), f32(inp), f32(dout), desc(inp).numel());
 }
 
+void CpuRefEngine::gelu_erf_forward(const OpSite&, TensorId out, TensorId inp) {
+  kernels::gelu_erf_forward(f32(out), f32(inp), desc(inp).numel());
+}
+
+void CpuRefEngine::gelu_erf_backward(const OpSite&, TensorId dinp, TensorId inp, TensorId dout) {
+  kernels::gelu_erf_backward(f32(dinp), f32(inp), f32(dout), desc(inp).numel());
+}
+
 void CpuRefEngine::residual_forward(const OpSite&, TensorId out, TensorId a, TensorId b) {
   kernels::residual_forward(f32(out), f32(a), f32(b), desc(out).numel());
 }

@@ -64,6 +64,8 @@ class CpuRefEngine final : public Engine {
   bool implements(OpKind) const override { return true; }  // every op of the boundary
   void gelu_forward(const OpSite&, TensorId out, TensorId inp) override;
   void gelu_backward(const OpSite&, TensorId dinp, TensorId inp, TensorId dout) override;
+  void gelu_erf_forward(const OpSite&, TensorId out, TensorId inp) override;
+  void gelu_erf_backward(const OpSite&, TensorId dinp, TensorId inp, TensorId dout) override;
   void residual_forward(const OpSite&, TensorId out, TensorId a, TensorId b) override;
   void residual_backward(const OpSite&, TensorId da, TensorId db, TensorId dout) override;
   void crossentropy_forward(const OpSite&, TensorId loss, TensorId probs, TensorId logits, TensorId targets) override;

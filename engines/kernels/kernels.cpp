@@ -264,6 +264,36 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_
                     [&](const auto& r) { lanes.gelu_backward(dinp, inp, dout, r.begin(), r.end()); });
 }
 
+// ---- gelu (exact, with erf) ----------------------------------------------------------
+//
+// Scalar double per element (erfc has no vector form here): every element's bits depend
+// on its input alone, so the thread count and the blocking cannot move them.
+
+namespace {
+constexpr double kSqrtHalf = 0.70710678118654752440;     // 1/sqrt(2)
+constexpr double kInvSqrt2Pi = 0.39894228040143267794;  // 1/sqrt(2 pi)
+}  // namespace
+
+void gelu_erf_forward(float* out, const float* inp, std::int64_t n) {
+  tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, n, kElementwiseGrain), [&](const auto& r) {
+    for (std::int64_t i = r.begin(); i < r.end(); ++i) {
+      const double x = inp[i];
+      out[i] = static_cast<float>(0.5 * x * numerics::det_erfc(-x * kSqrtHalf));
+    }
+  });
+}
+
+void gelu_erf_backward(float* dinp, const float* inp, const float* dout, std::int64_t n) {
+  tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, n, kElementwiseGrain), [&](const auto& r) {
+    for (std::int64_t i = r.begin(); i < r.end(); ++i) {
+      const double x = inp[i];
+      const double cdf = 0.5 * numerics::det_erfc(-x * kSqrtHalf);
+      const double pdf = kInvSqrt2Pi * numerics::det_exp(-0.5 * x * x);
+      dinp[i] += static_cast<float>((cdf + x * pdf) * static_cast<double>(dout[i]));
+    }
+  });
+}
+
 // ---- elementwise -----------------------------------------------------------------------
 
 void residual_forward(float* out, const float* a, const float* b, std::int64_t n) {

@@ -56,8 +56,13 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
                         int NH);
 
+// GELU, tanh approximation (GPT-2's): out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 void gelu_forward(float* out, const float* inp, std::int64_t n);
 void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n);
+// GELU, exact: out = x Phi(x) = 0.5 x erfc(-x / sqrt(2)), each element in double with
+// det_erfc and rounded once; dinp += (Phi(x) + x phi(x)) dout, the product rounded once.
+void gelu_erf_forward(float* out, const float* inp, std::int64_t n);
+void gelu_erf_backward(float* dinp, const float* inp, const float* dout, std::int64_t n);
 
 void residual_forward(float* out, const float* a, const float* b, std::int64_t n);
 void add_inplace(float* dst, const float* src, std::int64_t n);  // dst += src

@@ -1,4 +1,4 @@
-// Deterministic elementary functions: exp, log, tanh, sin, cos.
+// Deterministic elementary functions: exp, log, tanh, sin, cos, erf, erfc.
 //
 // Why not libm: glibc's exp/log/tanh differ between versions and between CPU dispatch
 // paths (FMA vs non-FMA code), so a libm result that reaches a tensor makes the bits
@@ -13,6 +13,7 @@
 #pragma once
 
 #include <bit>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 
@@ -179,6 +180,98 @@ constexpr double det_cos(double x) {
     case 2: return -detail::cos_kernel(r);
     default: return detail::sin_kernel(r);
   }
+}
+
+// erf and erfc in double, by the method and coefficients of FDLIBM's s_erf.c (Sun
+// Microsystems, 1993: "Permission to use, copy, modify, and distribute this software is
+// freely granted, provided that this notice is preserved"): rational fits on [0, 0.84375),
+// [0.84375, 1.25) and, for erfc, x*erfc(x) = exp(-x^2 - 0.5625 + R(1/x^2)/S(1/x^2)) beyond;
+// its error is below 1 ulp. Its exp is det_exp, so the bits are the same everywhere.
+// Exact GELU (docs/canary-files.md, `gelu = "erf"`) needs erfc: relative accuracy of
+// 0.5 * x * erfc(-x/sqrt(2)) where x is very negative.
+namespace detail {
+// Coefficients named as in s_erf.c; each pair of comments is its IEEE bits (high, low).
+inline constexpr double kErx = 8.45062911510467529297e-01;   // 3FEB0AC1 60000000
+inline constexpr double kEfx8 = 1.02703333676410069053e+00;  // 3FF06EBA 8214DB69
+// erf(x) = x + x * P(x^2) / Q(x^2) on |x| < 0.84375
+inline constexpr double kPp[] = {1.28379167095512558561e-01, -3.25042107247001499370e-01, -2.84817495755985104766e-02,
+                                 -5.77027029648944159157e-03, -2.37630166566501626084e-05};
+inline constexpr double kQq[] = {1.0, 3.97917223959155352819e-01, 6.50222499887672944485e-02,
+                                 5.08130628187576562776e-03, 1.32494738004321644526e-04, -3.96022827877536812320e-06};
+// erf(x) = erx + P(x - 1) / Q(x - 1) on 0.84375 <= x < 1.25
+inline constexpr double kPa[] = {-2.36211856075265944077e-03, 4.14856118683748331666e-01, -3.72207876035701323847e-01,
+                                 3.18346619901161753674e-01,  -1.10894694282396677476e-01, 3.54783043256182359371e-02,
+                                 -2.16637559486879084300e-03};
+inline constexpr double kQa[] = {1.0, 1.06420880400844228286e-01, 5.40397917702171048937e-01, 7.18286544141962662868e-02,
+                                 1.26171219808761642112e-01, 1.36370839120290507362e-02, 1.19844998467991074170e-02};
+// x * erfc(x) = exp(-x^2 - 0.5625 + R(1/x^2) / S(1/x^2)) on 1.25 <= x < 1/0.35 (a) and beyond (b)
+inline constexpr double kRa[] = {-9.86494403484714822705e-03, -6.93858572707181764372e-01, -1.05586262253232909814e+01,
+                                 -6.23753324503260060396e+01, -1.62396669462573470355e+02, -1.84605092906711035994e+02,
+                                 -8.12874355063065934246e+01, -9.81432934416914548592e+00};
+inline constexpr double kSa[] = {1.0, 1.96512716674392571292e+01, 1.37657754143519042600e+02, 4.34565877475229228821e+02,
+                                 6.45387271733267880336e+02, 4.29008140027567833386e+02, 1.08635005541779435134e+02,
+                                 6.57024977031928170135e+00, -6.04244152148580987438e-02};
+inline constexpr double kRb[] = {-9.86494292470009928597e-03, -7.99283237680523006574e-01, -1.77579549177547519889e+01,
+                                 -1.60636384855821916062e+02, -6.37566443368389627722e+02, -1.02509513161107724954e+03,
+                                 -4.83519191608651397019e+02};
+inline constexpr double kSb[] = {1.0, 3.03380607434824582924e+01, 3.25792512996573918826e+02, 1.53672958608443695994e+03,
+                                 3.19985821950859553908e+03, 2.55305040643316442583e+03, 4.74528541206955367215e+02,
+                                 -2.24409524465858183362e+01};
+
+// c[0] + x * (c[1] + x * (... + x * c[N-1])), Horner's order.
+template <std::size_t N>
+constexpr double horner(const double (&c)[N], double x) {
+  double p = c[N - 1];
+  for (std::size_t i = N - 1; i-- > 0;) p = p * x + c[i];
+  return p;
+}
+
+// erfc(x) for 1.25 <= x < 28. z is x with its low 32 bits cleared, so z * z is exact.
+constexpr double erfc_tail(double x) {
+  const double s = 1.0 / (x * x);
+  const bool near = x < 1.0 / 0.35;
+  const double ratio = near ? horner(kRa, s) / horner(kSa, s) : horner(kRb, s) / horner(kSb, s);
+  const double z = std::bit_cast<double>(std::bit_cast<std::uint64_t>(x) & 0xFFFFFFFF00000000ull);
+  return det_exp(-z * z - 0.5625) * det_exp((z - x) * (z + x) + ratio) / x;
+}
+}  // namespace detail
+
+constexpr double det_erf(double x) {
+  if (x != x) return x;
+  const double ax = x < 0 ? -x : x;
+  if (ax < 0.84375) {
+    if (ax < 0x1p-28) return 0.125 * (8.0 * x + detail::kEfx8 * x);
+    const double z = x * x;
+    return x + x * (detail::horner(detail::kPp, z) / detail::horner(detail::kQq, z));
+  }
+  double y = 1.0;  // |x| >= 6: erf rounds to +-1
+  if (ax < 1.25) {
+    const double s = ax - 1.0;
+    y = detail::kErx + detail::horner(detail::kPa, s) / detail::horner(detail::kQa, s);
+  } else if (ax < 6.0) {
+    y = 1.0 - detail::erfc_tail(ax);
+  }
+  return x < 0 ? -y : y;
+}
+
+constexpr double det_erfc(double x) {
+  if (x != x) return x;
+  const double ax = x < 0 ? -x : x;
+  if (ax < 0.84375) {
+    if (ax < 0x1p-56) return 1.0 - x;
+    const double z = x * x;
+    const double y = detail::horner(detail::kPp, z) / detail::horner(detail::kQq, z);
+    return x < 0.25 ? 1.0 - (x + x * y) : 0.5 - ((x - 0.5) + x * y);
+  }
+  if (ax < 1.25) {
+    const double s = ax - 1.0;
+    const double pq = detail::horner(detail::kPa, s) / detail::horner(detail::kQa, s);
+    return x >= 0 ? (1.0 - detail::kErx) - pq : 1.0 + (detail::kErx + pq);
+  }
+  if (x <= -6.0) return 2.0;  // 2 - erfc(|x|) rounds to 2
+  if (ax >= 28.0) return 0.0;  // below the smallest double
+  const double tail = detail::erfc_tail(ax);
+  return x >= 0 ? tail : 2.0 - tail;
 }
 
 // fp32 entry point used by kernels: evaluate in double, round once to fp32.

@@ -234,6 +234,8 @@ void MeshExecutor::run_kernel(int device, const Executable& exe, const Instr& in
       break;
     case InstrKind::GeluForward: kernels::gelu_forward(P(0), P(1), n[0]); break;
     case InstrKind::GeluBackward: kernels::gelu_backward(P(0), P(1), P(2), n[0]); break;
+    case InstrKind::GeluErfForward: kernels::gelu_erf_forward(P(0), P(1), n[0]); break;
+    case InstrKind::GeluErfBackward: kernels::gelu_erf_backward(P(0), P(1), P(2), n[0]); break;
     case InstrKind::Add: kernels::residual_forward(P(0), P(1), P(2), n[0]); break;
     case InstrKind::AddInPlace: kernels::add_inplace(P(0), P(1), n[0]); break;
     case InstrKind::BiasAdd: add_bias(P(0), P(1), n[0], n[1]); break;

@@ -59,6 +59,8 @@ constexpr std::array<Schema, static_cast<std::size_t>(InstrKind::kLastKind) + 1>
     {5, 4, 0, 0, -1, false},                      // ExpertLinearBackward
     {2, kPerTensor, 0, 1, -1, false},             // TakeBlock: dims = the global shape
     {4, 5, 1, 0, -1, false},                      // ExpertExchange
+    {2, 1, 0, 0, -1, true},                       // GeluErfForward
+    {3, 1, 0, 0, -1, true},                       // GeluErfBackward
 }};
 
 template <typename T>

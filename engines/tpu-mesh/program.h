@@ -80,7 +80,10 @@ enum class InstrKind : std::uint8_t {
   // the collective of expert parallelism (appended: the kinds above keep their values)
   ExpertExchange,        // dst, src, expert, slot; axis; dims: E, cap, row width, choices here, experts per device;
                          // attrs: 0 from the tokens' devices to the experts', 1 back
-  kLastKind = ExpertExchange,
+  // exact GELU (appended)
+  GeluErfForward,        // out, inp; dims: n
+  GeluErfBackward,       // dinp, inp, dout; dims: n
+  kLastKind = GeluErfBackward,
 };
 
 // A double attribute (RoPE's theta) as two float attributes holding its 64 bits, so that

@@ -452,6 +452,12 @@ void TpuMeshEngine::gelu_forward(const OpSite& s, TensorId out, TensorId inp) { 
 void TpuMeshEngine::gelu_backward(const OpSite& s, TensorId dinp, TensorId inp, TensorId dout) {
   record<OpKind::GeluBackward>(s, {dinp, inp, dout});
 }
+void TpuMeshEngine::gelu_erf_forward(const OpSite& s, TensorId out, TensorId inp) {
+  record<OpKind::GeluErfForward>(s, {out, inp});
+}
+void TpuMeshEngine::gelu_erf_backward(const OpSite& s, TensorId dinp, TensorId inp, TensorId dout) {
+  record<OpKind::GeluErfBackward>(s, {dinp, inp, dout});
+}
 void TpuMeshEngine::residual_forward(const OpSite& s, TensorId out, TensorId a, TensorId b) {
   record<OpKind::ResidualForward>(s, {out, a, b});
 }

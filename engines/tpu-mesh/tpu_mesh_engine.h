@@ -88,6 +88,8 @@ class TpuMeshEngine final : public Engine, public StepCompilation {
   bool implements(OpKind op) const override;  // the ops with rules (engines/tpu-mesh/ops/)
   void gelu_forward(const OpSite&, TensorId out, TensorId inp) override;
   void gelu_backward(const OpSite&, TensorId dinp, TensorId inp, TensorId dout) override;
+  void gelu_erf_forward(const OpSite&, TensorId out, TensorId inp) override;
+  void gelu_erf_backward(const OpSite&, TensorId dinp, TensorId inp, TensorId dout) override;
   void residual_forward(const OpSite&, TensorId out, TensorId a, TensorId b) override;
   void residual_backward(const OpSite&, TensorId da, TensorId db, TensorId dout) override;
   void crossentropy_forward(const OpSite&, TensorId loss, TensorId probs, TensorId logits, TensorId targets) override;

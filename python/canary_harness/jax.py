@@ -109,7 +109,7 @@ def gpt2_loss(params: Dict[str, Any], tokens: Any, cfg: Any, mm, hook=None) -> A
         x = hook(p + "attn.residual", x + y)
         h = hook(p + "ln2", _layernorm(x, params[p + "ln2.weight"], params[p + "ln2.bias"], cfg.layernorm_eps))
         h = hook(p + "mlp.fc", _linear(h, params[p + "mlp.fc.weight"], params[p + "mlp.fc.bias"], mm))
-        h = hook(p + "mlp.gelu", jax.nn.gelu(h, approximate=True))
+        h = hook(p + "mlp.gelu", jax.nn.gelu(h, approximate=cfg.gelu == "tanh"))
         h = hook(p + "mlp.proj", _linear(h, params[p + "mlp.proj.weight"], params[p + "mlp.proj.bias"], mm))
         x = hook(p + "mlp.residual", x + h)
     x = hook("lnf", _layernorm(x, params["lnf.weight"], params["lnf.bias"], cfg.layernorm_eps))

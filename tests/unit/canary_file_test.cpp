@@ -161,6 +161,7 @@ TEST(CanaryFile, LlamaKeysAreValidatedToo) {
       {"heads = 4", "heads = 8\nchannels_note = 1", "model.channels_note", "unknown key"},
       {"channels = 128", "channels = 12", "model.heads", "head size .* = 3 must be even"},
       {"rope_theta = 10000.0", "rope_theta = 0.0", "model.rope_theta", "outside"},
+      {"kv_heads = 2", "kv_heads = 2\ngelu = \"erf\"", "model.gelu", "llama has no GELU choice: leave it out"},
   };
   const testing::ScratchDir dir;
   const fs::path file = dir.path("llama.toml");
@@ -235,8 +236,10 @@ TEST(CanaryFile, ArchitecturesDescribeThemselves) {
     legacy += spec->legacy_identity ? 1 : 0;
     // 0: the file gives model.mlp_hidden; more: the width is that multiple of model.channels.
     EXPECT_GE(spec->rules.mlp_ratio, 0) << spec->name;
-    for (const ModelKey& key : spec->model_keys) {  // one field, a range, a word for its absence
-      EXPECT_NE(key.integer == nullptr, key.number == nullptr) << key.name;
+    for (const ModelKey& key : spec->model_keys) {  // one field, a range or choices, a word for its absence
+      const int fields = (key.integer != nullptr) + (key.number != nullptr) + (key.choice != nullptr);
+      EXPECT_EQ(fields, 1) << key.name;
+      EXPECT_EQ(key.choice != nullptr, !key.choices.empty()) << key.name << ": a choice lists its choices";
       EXPECT_FALSE(key.feature.empty()) << key.name;
       EXPECT_TRUE(key.high_field != nullptr || key.low <= key.high) << key.name;
       declared[std::string(key.name)] += 1;

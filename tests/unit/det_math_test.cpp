@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include "kernels/kernels.h"
 #include "kernels/vector_lanes.h"
 #include "numerics/det_math.h"
 #include "numerics/philox.h"
@@ -47,6 +48,55 @@ TEST(DetMath, DoubleFunctionsMatchLibmToAFewUlpOfDouble) {
   EXPECT_TRUE(std::isnan(det_log(-1.0)));
   EXPECT_EQ(det_exp(-1000.0), 0.0);
   EXPECT_TRUE(std::isinf(det_exp(1000.0)));
+}
+
+// erf and erfc against libm's long double: erf within 2 ulp of double everywhere, erfc
+// within 8 ulp where it is a normal double (its exp is det_exp's), and the identities
+// erf(-x) = -erf(x), erfc(-x) = 2 - erfc(x) bit for bit.
+TEST(DetMath, ErfAndErfcMatchLibmToAFewUlpOfDouble) {
+  const auto ulps = [](double a, double b) {
+    const auto key = [](double v) {
+      const auto bits = std::bit_cast<std::int64_t>(v);
+      return bits < 0 ? std::numeric_limits<std::int64_t>::min() - bits : bits;
+    };
+    return std::abs(key(a) - key(b));
+  };
+  std::int64_t worst_erf = 0, worst_erfc = 0;
+  for (double x = -30.0; x <= 30.0; x += 0.000731) {
+    worst_erf = std::max(worst_erf, ulps(det_erf(x), static_cast<double>(std::erf(static_cast<long double>(x)))));
+    const auto exact = static_cast<double>(std::erfc(static_cast<long double>(x)));
+    if (exact > std::numeric_limits<double>::min()) worst_erfc = std::max(worst_erfc, ulps(det_erfc(x), exact));
+    ASSERT_EQ(std::bit_cast<std::uint64_t>(det_erf(-x)), std::bit_cast<std::uint64_t>(-det_erf(x))) << x;
+  }
+  EXPECT_LE(worst_erf, 2);
+  EXPECT_LE(worst_erfc, 8);
+  EXPECT_EQ(det_erf(0.0), 0.0);
+  EXPECT_EQ(det_erfc(0.0), 1.0);
+  EXPECT_EQ(det_erf(1e-300), std::erf(1e-300));
+  EXPECT_EQ(det_erfc(30.0), 0.0);
+  EXPECT_EQ(det_erfc(-30.0), 2.0);
+  EXPECT_TRUE(std::isnan(det_erf(std::numeric_limits<double>::quiet_NaN())));
+  static_assert(det_erf(0.5) > 0.52 && det_erf(0.5) < 0.521, "usable in constant expressions");
+}
+
+// Exact GELU in fp32 is the correctly rounded x Phi(x) (or one ulp off) over the range a
+// model's activations take, including the far negative tail where Phi(x) underflows.
+TEST(DetMath, ExactGeluIsWithinOneUlpOfLongDoubleGelu) {
+  std::int64_t worst = 0;
+  std::vector<float> inp, out;
+  sweep(-20.0f, 20.0f, 400003, [&](float x) { inp.push_back(x); });
+  out.resize(inp.size());
+  kernels::gelu_erf_forward(out.data(), inp.data(), static_cast<std::int64_t>(inp.size()));
+  for (std::size_t i = 0; i < inp.size(); ++i) {
+    const long double x = inp[i];
+    const auto exact = static_cast<float>(0.5L * x * std::erfc(-x / std::sqrt(2.0L)));
+    if (exact == 0.0f) {
+      EXPECT_EQ(out[i], 0.0f) << inp[i];
+      continue;
+    }
+    worst = std::max(worst, ulp_distance(out[i], exact));
+  }
+  EXPECT_LE(worst, 1);
 }
 
 TEST(DetMath, SubnormalLogIsAccurate) {

@@ -71,18 +71,28 @@ TEST(OpGradients, AttentionCausal) {
   for (int t2 = 1; t2 < T; ++t2) EXPECT_EQ(att[static_cast<std::size_t>(t2)], 0.0f);
 }
 
+// Both GELUs, tanh and exact (erf): elementwise, with the same signatures.
 TEST(OpGradients, Gelu) {
-  constexpr int n = 13;
-  auto x = normals(n, 1, 2.0f);
-  const auto probe = normals(n, 2);
-  std::vector<float> out(n);
-  auto loss = [&] {
-    gelu_forward(out.data(), x.data(), n);
-    return weighted_sum(out, probe);
-  };
-  std::vector<float> dx(n);
-  gelu_backward(dx.data(), x.data(), probe.data(), n);
-  expect_gradient("gelu dinp", x, loss, dx, {1e-2, 1e-3});
+  using Forward = void (*)(float*, const float*, std::int64_t);
+  using Backward = void (*)(float*, const float*, const float*, std::int64_t);
+  const struct {
+    const char* name;
+    Forward forward;
+    Backward backward;
+  } gelus[] = {{"gelu dinp", gelu_forward, gelu_backward}, {"gelu_erf dinp", gelu_erf_forward, gelu_erf_backward}};
+  for (const auto& gelu : gelus) {
+    constexpr int n = 13;
+    auto x = normals(n, 1, 2.0f);
+    const auto probe = normals(n, 2);
+    std::vector<float> out(n);
+    auto loss = [&] {
+      gelu.forward(out.data(), x.data(), n);
+      return weighted_sum(out, probe);
+    };
+    std::vector<float> dx(n);
+    gelu.backward(dx.data(), x.data(), probe.data(), n);
+    expect_gradient(gelu.name, x, loss, dx, {1e-2, 1e-3});
+  }
 }
 
 TEST(OpGradients, EncoderWithRepeatedTokens) {

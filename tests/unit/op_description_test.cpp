@@ -13,6 +13,7 @@
 #include "canary_file.h"
 #include "compiler.h"
 #include "data_source.h"
+#include "exact_gelu_canary.h"
 #include "sharding.h"
 #include "tpu_mesh_engine.h"
 
@@ -58,7 +59,7 @@ void expect_refused(const Traced& t, const Graph& graph, const std::string& op, 
 // Each architecture's step_ops() (what an engine must implement to run it) is what its
 // traced step calls: no op missing (an engine lacking it would fail mid-step), none extra.
 TEST(OpDescription, EachArchitectureDeclaresTheOpsItsStepCalls) {
-  for (const std::string canary_name : {"micro", "llama-tiny", "moe-tiny"}) {
+  for (const std::string canary_name : {"micro", "llama-tiny", "moe-tiny", testing::micro_with_exact_gelu().c_str()}) {
     const Traced t = trace_step(canary_name);
     std::set<OpKind> called;
     for (const Node& n : t.graph.nodes) called.insert(n.op);
@@ -70,7 +71,7 @@ TEST(OpDescription, EachArchitectureDeclaresTheOpsItsStepCalls) {
 
 TEST(OpDescription, EveryTracedNodeOfEveryArchitectureFitsItsDescription) {
   std::set<OpKind> seen;
-  for (const std::string canary_name : {"micro", "llama-tiny", "moe-tiny"}) {
+  for (const std::string canary_name : {"micro", "llama-tiny", "moe-tiny", testing::micro_with_exact_gelu().c_str()}) {
     const Traced t = trace_step(canary_name);
     ASSERT_FALSE(t.graph.nodes.empty()) << canary_name;
     for (const Node& n : t.graph.nodes) {
@@ -97,7 +98,7 @@ TEST(OpDescription, EveryTracedNodeOfEveryArchitectureFitsItsDescription) {
 // Backward ops add into their gradient outputs and forward ops overwrite theirs
 // (engines/api/engine.h): the descriptions say so for every node of a real step, by its phase.
 TEST(OpDescription, WrittenOperandsFollowTheAccumulationConvention) {
-  for (const std::string canary_name : {"micro", "llama-tiny", "moe-tiny"}) {
+  for (const std::string canary_name : {"micro", "llama-tiny", "moe-tiny", testing::micro_with_exact_gelu().c_str()}) {
     const Traced t = trace_step(canary_name);
     for (const Node& n : t.graph.nodes) {
       const OpDescription& d = describe(n.op);

@@ -41,6 +41,8 @@ class RequiredOpsOnly final : public Engine {
   void attention_backward(const OpSite&, TensorId, TensorId, TensorId, TensorId) override {}
   void gelu_forward(const OpSite&, TensorId, TensorId) override {}
   void gelu_backward(const OpSite&, TensorId, TensorId, TensorId) override {}
+  void gelu_erf_forward(const OpSite&, TensorId, TensorId) override {}
+  void gelu_erf_backward(const OpSite&, TensorId, TensorId, TensorId) override {}
   void residual_forward(const OpSite&, TensorId, TensorId, TensorId) override {}
   void residual_backward(const OpSite&, TensorId, TensorId, TensorId) override {}
   void crossentropy_forward(const OpSite&, TensorId, TensorId, TensorId, TensorId) override {}

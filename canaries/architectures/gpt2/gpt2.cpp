@@ -11,12 +11,16 @@ using Shape = std::vector<std::int64_t>;
 }
 
 std::vector<OpKind> Gpt2Canary::step_ops() const {
+  const bool erf = exact_gelu();
   return {OpKind::Zero,           OpKind::EncoderForward,    OpKind::EncoderBackward,      OpKind::LayerNormForward,
           OpKind::LayerNormBackward, OpKind::LinearForward,  OpKind::LinearBackward,       OpKind::AttentionForward,
-          OpKind::AttentionBackward, OpKind::GeluForward,    OpKind::GeluBackward,         OpKind::ResidualForward,
+          OpKind::AttentionBackward, erf ? OpKind::GeluErfForward : OpKind::GeluForward,
+          erf ? OpKind::GeluErfBackward : OpKind::GeluBackward, OpKind::ResidualForward,
           OpKind::ResidualBackward,  OpKind::CrossEntropyForward, OpKind::CrossEntropyBackward, OpKind::GlobalNorm,
           OpKind::ClipByNorm,     OpKind::AdamW};
 }
+
+bool Gpt2Canary::exact_gelu() const { return config_.gelu == kGeluChoices[1]; }
 
 Gpt2Canary::Gpt2Canary(const CanaryConfig& config, std::optional<FaultSpec> fault, bool trace_ops)
     : Canary(config, std::move(fault), trace_ops) {
@@ -130,7 +134,11 @@ void Gpt2Canary::forward(Ops& e) const {
     e.call<LayerNormForward>(site(n.ln2, l, F), a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b,
                              ln_eps());  // (B,T,C)
     e.call<LinearForward>(site(n.fc, l, F), a.fch, a.ln2, p.fcw, p.fcb);  // (B,T,4C)
-    e.call<GeluForward>(site(n.gelu, l, F), a.fch_gelu, a.fch);  // (B,T,4C)
+    if (exact_gelu()) {
+      e.call<GeluErfForward>(site(n.gelu, l, F), a.fch_gelu, a.fch);  // (B,T,4C)
+    } else {
+      e.call<GeluForward>(site(n.gelu, l, F), a.fch_gelu, a.fch);  // (B,T,4C)
+    }
     e.call<LinearForward>(site(n.fcproj, l, F), a.fcproj, a.fch_gelu, p.fcprojw, p.fcprojb);  // (B,T,C)
     e.call<ResidualForward>(site(n.mlpres, l, F), a.res3, a.res2, a.fcproj);  // (B,T,C)
     residual = a.res3;
@@ -166,7 +174,11 @@ void Gpt2Canary::backward(Ops& e) const {
     e.call<LinearBackward>(site(n.fcproj, l, Bw), g.fch_gelu, grad(p.fcprojw), grad(p.fcprojb), g.fcproj, a.fch_gelu,
                            p.fcprojw);
     // forward: fch_gelu = gelu(fch)
-    e.call<GeluBackward>(site(n.gelu, l, Bw), g.fch, a.fch, g.fch_gelu);
+    if (exact_gelu()) {
+      e.call<GeluErfBackward>(site(n.gelu, l, Bw), g.fch, a.fch, g.fch_gelu);
+    } else {
+      e.call<GeluBackward>(site(n.gelu, l, Bw), g.fch, a.fch, g.fch_gelu);
+    }
     // forward: fch = ln2 @ fcw^T + fcb
     e.call<LinearBackward>(site(n.fc, l, Bw), g.ln2, grad(p.fcw), grad(p.fcb), g.fch, a.ln2, p.fcw);
     // forward: ln2 = layernorm(res2)
@@ -189,6 +201,11 @@ void Gpt2Canary::backward(Ops& e) const {
   e.call<EncoderBackward>(site(top_.embedding, -1, Bw), grad(wte_), grad(wpe_), d_encoded_, inputs_);
 }
 
+// The MLP's GELU: GPT-2's tanh approximation (the default), or the exact one with erf.
+constexpr ModelKey kGpt2Keys[] = {
+    {.name = "gelu", .feature = "GELU choice", .choice = &CanaryConfig::gelu, .choices = kGeluChoices},
+};
+
 const ArchitectureSpec& gpt2_architecture() {
   static const ArchitectureSpec spec{
       "gpt2",
@@ -196,7 +213,9 @@ const ArchitectureSpec& gpt2_architecture() {
       true,
       [](const CanaryConfig& config, std::optional<FaultSpec> fault, bool trace_ops) -> std::unique_ptr<Canary> {
         return std::make_unique<Gpt2Canary>(config, std::move(fault), trace_ops);
-      }};
+      },
+      nullptr,
+      kGpt2Keys};
   return spec;
 }
 

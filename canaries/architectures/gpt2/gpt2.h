@@ -7,6 +7,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "api/engine.h"
@@ -15,6 +16,9 @@
 #include "canary.h"
 
 namespace harness::canary {
+
+// A gpt2 canary file's `model.gelu`: the first is the default (docs/canary-files.md).
+inline constexpr std::string_view kGeluChoices[] = {"tanh", "erf"};
 
 class Gpt2Canary : public Canary {
  public:
@@ -25,6 +29,8 @@ class Gpt2Canary : public Canary {
   TensorId token_logits() const override { return logits_; }
 
  private:
+  bool exact_gelu() const;  // model.gelu = "erf": the MLP calls gelu_erf_*, else gelu_*
+
   struct LayerParams {
     TensorId ln1w, ln1b, qkvw, qkvb, attprojw, attprojb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
   };

@@ -1,4 +1,4 @@
-// Element-wise ops (GELU, the residual add, SwiGLU) and RoPE, which turns pairs within
+// Element-wise ops (both GELUs, the residual add, SwiGLU) and RoPE, which turns pairs within
 // each head: every device computes its own block, no collective.
 #include "op_rules.h"
 
@@ -8,17 +8,20 @@ namespace {
 // The output (the first operand) is sharded as the first input (the second).
 void output_follows_first_input(Compilation& c, const Node& n) { c.spec_of(n.tensors[0]) = c.spec_of(n.tensors[1]); }
 
+// Both GELUs (tanh and erf) lay out their operands alike: only the instruction differs.
+template <OpKind K, InstrKind I>
 void lower_gelu_forward(Compilation& c, const Node& n) {
-  const NodeOperands<OpKind::GeluForward> op{n};
-  const TensorId out = op.get<"out">();
-  c.emit(InstrKind::GeluForward, {c.buffer(out), c.buffer(op.get<"inp">())}, {c.lnumel(out)});
+  const NodeOperands<K> op{n};
+  const TensorId out = op.template get<"out">();
+  c.emit(I, {c.buffer(out), c.buffer(op.template get<"inp">())}, {c.lnumel(out)});
   c.round_activation(out);
 }
 
+template <OpKind K, InstrKind I>
 void lower_gelu_backward(Compilation& c, const Node& n) {
-  const NodeOperands<OpKind::GeluBackward> op{n};
-  const TensorId dinp = op.get<"dinp">();
-  c.emit(InstrKind::GeluBackward, {c.buffer(dinp), c.buffer(op.get<"inp">()), c.buffer(op.get<"dout">())},
+  const NodeOperands<K> op{n};
+  const TensorId dinp = op.template get<"dinp">();
+  c.emit(I, {c.buffer(dinp), c.buffer(op.template get<"inp">()), c.buffer(op.template get<"dout">())},
          {c.lnumel(dinp)});
   c.round_activation(dinp);
 }
@@ -101,8 +104,11 @@ void lower_swiglu_backward(Compilation& c, const Node& n) {
 }
 
 constexpr OpRules kRules[] = {
-    {OpKind::GeluForward, nullptr, output_follows_first_input, lower_gelu_forward},
-    {OpKind::GeluBackward, nullptr, nullptr, lower_gelu_backward},
+    {OpKind::GeluForward, nullptr, output_follows_first_input, lower_gelu_forward<OpKind::GeluForward, InstrKind::GeluForward>},
+    {OpKind::GeluBackward, nullptr, nullptr, lower_gelu_backward<OpKind::GeluBackward, InstrKind::GeluBackward>},
+    {OpKind::GeluErfForward, nullptr, output_follows_first_input,
+     lower_gelu_forward<OpKind::GeluErfForward, InstrKind::GeluErfForward>},
+    {OpKind::GeluErfBackward, nullptr, nullptr, lower_gelu_backward<OpKind::GeluErfBackward, InstrKind::GeluErfBackward>},
     {OpKind::ResidualForward, check_residual_forward, output_follows_first_input, lower_residual_forward},
     {OpKind::ResidualBackward, nullptr, nullptr, lower_residual_backward},
     {OpKind::RopeForward, check_rope, output_follows_first_input, lower_rope_forward},

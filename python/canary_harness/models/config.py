@@ -43,11 +43,15 @@ def canary_object(canary: CanaryJson) -> Mapping[str, Any]:
 
 
 def typed_fields(config_class: Any, canary: Mapping[str, Any]) -> Dict[str, Any]:
-    """{field: value} for every field of the dataclass `config_class`, each required and of
-    the field's type (an int is taken for a float, a bool never for a number); a ValueError
-    names the key."""
+    """{field: value} for every field of the dataclass `config_class`, each required (but a
+    field whose metadata says `absent_means_default`: a key the C++ identity writes only when
+    it is not the default) and of the field's type (an int is taken for a float, a bool never
+    for a number); a ValueError names the key."""
     values = {}
     for f in fields(config_class):
+        if f.name not in canary and f.metadata.get("absent_means_default"):
+            values[f.name] = f.default
+            continue
         if f.name not in canary:
             raise ValueError(f"canary JSON lacks key '{f.name}'")
         value = canary[f.name]

@@ -25,7 +25,7 @@ how the lane injects faults and traces ops (canary_harness.trace).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import torch
@@ -62,6 +62,9 @@ class CanaryConfig:
     preset: str = "tiny"         # the canary's name: lane names use it
     init_std: float = 0.02
     data_seed: int = 20240611
+    # the MLP's GELU: "tanh" (GPT-2's approximation) or "erf" (exact); a canary JSON names
+    # it only when it is not the default (docs/canary-files.md, model.gelu)
+    gelu: str = field(default="tanh", metadata={"absent_means_default": True})
 
     @property
     def head_size(self) -> int:
@@ -86,7 +89,13 @@ class CanaryConfig:
         check_sizes(canary, ("vocab_size", "context_length", "channels", "layers", "heads", "batch_size", "steps"))
         if cfg.channels % cfg.heads != 0:
             raise ValueError(f"canary JSON: heads {cfg.heads} does not divide channels {cfg.channels}")
+        if cfg.gelu not in TORCH_GELU:
+            raise ValueError(f"canary JSON key 'gelu' is {cfg.gelu!r}, not one of {', '.join(TORCH_GELU)}")
         return cfg
+
+
+# A canary's `gelu` as torch's `approximate` argument (F.gelu, nn.GELU).
+TORCH_GELU = {"tanh": "tanh", "erf": "none"}
 
 
 CLIP_EPS = 1e-6    # clip factor = max_grad_norm / (norm + CLIP_EPS)
@@ -157,9 +166,9 @@ def attention_core(qkv, heads: int):
     return y.transpose(1, 2).contiguous().view(B, T, C)    # (B,T,C) heads re-joined
 
 
-def gelu(x):
-    # 0.5x(1+tanh(sqrt(2/pi)(x+0.044715x^3)))
-    return F.gelu(x, approximate="tanh")
+def gelu(x, cfg):
+    # tanh: 0.5x(1+tanh(sqrt(2/pi)(x+0.044715x^3))); erf: x Phi(x)
+    return F.gelu(x, approximate=TORCH_GELU[cfg.gelu])
 
 
 def residual(x, branch):
@@ -185,10 +194,10 @@ def attention(x, p, prefix, cfg, hook: Hook = _identity):
     return hook(prefix + "attn.proj", F.linear(y, p[prefix + "attn.proj.weight"], p[prefix + "attn.proj.bias"]))
 
 
-def mlp(x, p, prefix, hook: Hook = _identity):
+def mlp(x, p, prefix, cfg, hook: Hook = _identity):
     # x (B,T,C) -> (B,T,4C) -> gelu -> (B,T,C)
     h = hook(prefix + "mlp.fc", F.linear(x, p[prefix + "mlp.fc.weight"], p[prefix + "mlp.fc.bias"]))  # (B,T,4C)
-    h = hook(prefix + "mlp.gelu", gelu(h))
+    h = hook(prefix + "mlp.gelu", gelu(h, cfg))
     return hook(prefix + "mlp.proj", F.linear(h, p[prefix + "mlp.proj.weight"], p[prefix + "mlp.proj.bias"]))
 
 
@@ -198,7 +207,7 @@ def block(x, p, l, cfg, hook: Hook = _identity):
     h = hook(prefix + "ln1", layernorm(x, p[prefix + "ln1.weight"], p[prefix + "ln1.bias"], cfg))
     x = hook(prefix + "attn.residual", residual(x, attention(h, p, prefix, cfg, hook)))
     h = hook(prefix + "ln2", layernorm(x, p[prefix + "ln2.weight"], p[prefix + "ln2.bias"], cfg))
-    x = hook(prefix + "mlp.residual", residual(x, mlp(h, p, prefix, hook)))
+    x = hook(prefix + "mlp.residual", residual(x, mlp(h, p, prefix, cfg, hook)))
     return x
 
 
@@ -256,10 +265,10 @@ class _Attention(nn.Module):
 class _Mlp(nn.Module):
     """The MLP's ops `fc`, `gelu`, `proj` and `residual` (a container; the block calls them)."""
 
-    def __init__(self, C: int):
+    def __init__(self, C: int, gelu: str):
         super().__init__()
         self.fc = nn.Linear(C, 4 * C)
-        self.gelu = nn.GELU(approximate="tanh")
+        self.gelu = nn.GELU(approximate=TORCH_GELU[gelu])
         self.proj = nn.Linear(4 * C, C)
         self.residual = _Residual()
 
@@ -271,7 +280,7 @@ class _Block(nn.Module):
         self.ln1 = nn.LayerNorm(C, eps=cfg.layernorm_eps)
         self.attn = _Attention(C, cfg.heads)
         self.ln2 = nn.LayerNorm(C, eps=cfg.layernorm_eps)
-        self.mlp = _Mlp(C)
+        self.mlp = _Mlp(C, cfg.gelu)
 
     def forward(self, x):
         # pre-LN transformer block: (B,T,C) -> (B,T,C), the ops of block() in its order
