@@ -1,6 +1,7 @@
 #include "lane_stacks.h"
 
 #include <algorithm>
+#include <iterator>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -35,6 +36,48 @@ std::map<std::string, std::vector<std::string>> torch_example_values() {
           {"layout", {"", "ddp"}}};
 }
 
+// The flags a PyTorch lane's command takes from the stack's options, in this order.
+std::vector<StackPart> torch_flag_arguments() {
+  return {{"--compile", {{"compile", "true"}}, {}},
+          {"--versioned", {{"release", "*"}}, {}},
+          {"--layout {layout}", {{"layout", "*"}}, {}}};
+}
+
+// The lane's receipt: the last two words of every stack's command (the job fills {out}).
+StackPart out_argument() { return {"--out {out}", {}, {}}; }
+
+std::vector<StackPart> torch_pack_arguments() {
+  std::vector<StackPart> args{{"--pack {pack} --device {device}{device_index} --precision {precision}", {}, {}}};
+  for (StackPart& flag : torch_flag_arguments()) args.push_back(std::move(flag));
+  args.push_back(out_argument());
+  return args;
+}
+
+std::vector<StackPart> torch_canary_arguments() {
+  std::vector<StackPart> args{
+      {"run {canary_spec} --device {device}{device_index} --precision {precision} --threads {threads} --steps {steps}",
+       {},
+       {}}};
+  for (StackPart& flag : torch_flag_arguments()) args.push_back(std::move(flag));
+  args.push_back({"--seed {seed}", {{"seeded", "true"}}, {}});
+  args.push_back({"--trace {trace}", {{"trace", "*"}}, {}});
+  args.push_back(out_argument());
+  return args;
+}
+
+// A Python canary's: its own flags both ways, on fewer devices and precisions than
+// torch_example_values (which the pack's lanes cover with the same name parts).
+std::map<std::string, std::vector<std::string>> torch_canary_example_values() {
+  std::map<std::string, std::vector<std::string>> values = torch_example_values();
+  values["device"] = {"cpu", "cuda"};
+  values["precision"] = {"fp32"};
+  values["canary_spec"] = {"model.py:make_canary"};
+  values["threads"] = {"1"};
+  values["seeded"] = {"", "true"};
+  values["trace"] = {"", "ops"};
+  return values;
+}
+
 std::vector<LaneStack> make_stacks() {
   std::vector<LaneStack> stacks;
   // A built-in canary's pack trained by the package's model of its architecture, judged
@@ -47,6 +90,7 @@ std::vector<LaneStack> make_stacks() {
                     "{canary}/torch{release}",
                     torch_name_parts(),
                     torch_budget_parts({{"device", "cpu"}, {"precision", "bf16"}}),
+                    torch_pack_arguments(),
                     torch_example_values()});
   // A team's Python canary, judged against its own fp32 eager one-process CPU run: the CPU
   // itself separates nothing.
@@ -57,7 +101,8 @@ std::vector<LaneStack> make_stacks() {
                     "{canary}/torch{release}",
                     torch_name_parts(),
                     torch_budget_parts({{"device", "cpu"}}),
-                    torch_example_values()});
+                    torch_canary_arguments(),
+                    torch_canary_example_values()});
   // A built-in canary in JAX on a mesh of XLA devices: XLA's kernels (jax), bf16 matmul
   // operands (jax-bf16), and on more than one device the mesh's reduction splits, judged
   // under tpu-mesh's own entries.
@@ -70,6 +115,8 @@ std::vector<LaneStack> make_stacks() {
                     {{"jax", {}, {}},
                      {"jax-bf16", {{"precision", "bf16"}}, {}},
                      {"mesh-{precision}", {{"mesh", "*"}}, {{"mesh", "1x1"}}}},
+                    {{"--pack {pack} --mesh {mesh} --shard-plan {shard_plan} --precision {precision}", {}, {}},
+                     out_argument()},
                     {{"mesh", {"1x1", "2x2"}}, {"shard_plan", {"dp", "zero3"}}, {"precision", {"fp32", "bf16"}}}});
   return stacks;
 }
@@ -86,7 +133,8 @@ bool taken(const StackPart& part, const StackOptions& options) {
   return holds(part.when, options) && (part.unless.empty() || !holds(part.unless, options));
 }
 
-// `text` with each {option} replaced by the option's value ("" when not set).
+// `text` with each {option} replaced by the option's value ("" when not set); the job's
+// placeholders (kJobPlaceholders) stay as written.
 std::string filled(const std::string& text, const StackOptions& options) {
   std::string out;
   for (std::size_t at = 0; at < text.size();) {
@@ -95,8 +143,13 @@ std::string filled(const std::string& text, const StackOptions& options) {
     const std::size_t close = text.find('}', open);
     if (close == std::string::npos) throw std::logic_error("lane stack text '" + text + "': an unclosed {");
     out += text.substr(at, open - at);
-    const auto value = options.find(text.substr(open + 1, close - open - 1));
-    if (value != options.end()) out += value->second;
+    const std::string placeholder = text.substr(open, close - open + 1);
+    const auto value = options.find(placeholder.substr(1, placeholder.size() - 2));
+    if (std::find(std::begin(kJobPlaceholders), std::end(kJobPlaceholders), placeholder) != std::end(kJobPlaceholders)) {
+      out += placeholder;
+    } else if (value != options.end()) {
+      out += value->second;
+    }
     at = close + 1;
   }
   return out;
@@ -132,7 +185,10 @@ nlohmann::json examples_json(const LaneStack& stack) {
   }
   nlohmann::json out = nlohmann::json::array();
   for (const StackOptions& o : combinations) {
-    out.push_back({{"options", o}, {"lane", stack_lane_name(stack, o)}, {"budget_features", stack_budget_features(stack, o)}});
+    out.push_back({{"options", o},
+                   {"lane", stack_lane_name(stack, o)},
+                   {"budget_features", stack_budget_features(stack, o)},
+                   {"command", stack_command(stack, o)}});
   }
   return out;
 }
@@ -167,6 +223,19 @@ std::vector<std::string> stack_budget_features(const LaneStack& stack, const Sta
   return features;
 }
 
+std::vector<std::string> stack_command(const LaneStack& stack, const StackOptions& options) {
+  std::vector<std::string> argv{"-m", stack.module};
+  for (const StackPart& part : stack.arguments) {
+    if (!taken(part, options)) continue;
+    for (std::size_t at = 0; at <= part.text.size();) {
+      const std::size_t space = std::min(part.text.find(' ', at), part.text.size());
+      argv.push_back(filled(part.text.substr(at, space - at), options));
+      at = space + 1;
+    }
+  }
+  return argv;
+}
+
 nlohmann::json lane_stacks_json() {
   nlohmann::json stacks = nlohmann::json::array();
   for (const LaneStack& s : lane_stacks()) {
@@ -177,9 +246,10 @@ nlohmann::json lane_stacks_json() {
                       {"name", s.name},
                       {"name_parts", parts_json(s.name_parts)},
                       {"budget_features", parts_json(s.budget_features)},
+                      {"arguments", parts_json(s.arguments)},
                       {"examples", examples_json(s)}});
   }
-  return {{"lane_stacks", stacks}};
+  return {{"job_placeholders", kJobPlaceholders}, {"lane_stacks", stacks}};
 }
 
 }  // namespace harness::nightly

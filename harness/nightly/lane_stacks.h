@@ -16,9 +16,15 @@
 namespace harness::nightly {
 
 // The options a lane of a stack is set up with, as text: canary, release ("@2.9" for a
-// versioned torch, "" otherwise), device (its type: cpu, cuda, xla), precision, compile
-// ("true" when on), layout, mesh, shard_plan. An option not set is absent (or "").
+// versioned torch, "" otherwise), device (its type: cpu, cuda, xla), device_index (":1" of
+// cuda:1, "" otherwise), precision, compile ("true" when on), layout, mesh, shard_plan; a
+// Python canary's canary_spec (what `canary_harness run` loads), threads, seeded ("true":
+// the job's {seed} is passed) and trace ("ops"). An option not set is absent (or "").
 using StackOptions = std::map<std::string, std::string>;
+
+// What the job fills in a lane's command when it runs it (never an option's name): the
+// pack, the receipt to write, the steps and the seed.
+inline constexpr const char* kJobPlaceholders[] = {"{pack}", "{out}", "{steps}", "{seed}"};
 
 // Options that must all hold: each key's value, or "*" for any value set.
 using StackCondition = std::map<std::string, std::string>;
@@ -39,9 +45,13 @@ struct LaneStack {
   std::string name;    // the lane name's base, "{canary}/torch{release}"
   std::vector<StackPart> name_parts;       // appended to the base, in order
   std::vector<StackPart> budget_features;  // in the order the receipt declares them
+  // The command after `python -m MODULE`, in order: each part's text is split at spaces
+  // into words before its options are filled ("--layout {layout}" is two words, whatever
+  // the value holds); the job's placeholders stay for the job (kJobPlaceholders).
+  std::vector<StackPart> arguments;
   // Values of each option the export's examples combine (every combination, canary "c"):
-  // the lane name and budget features this description gives for each, which the Python
-  // package's reading of the description must give too.
+  // the lane name, budget features and command this description gives for each, which the
+  // Python package's reading of the description must give too.
   std::map<std::string, std::vector<std::string>> example_values;
 };
 
@@ -52,6 +62,9 @@ const LaneStack& lane_stack(std::string_view id);
 // The lane's name and budget features under `options`.
 std::string stack_lane_name(const LaneStack& stack, const StackOptions& options);
 std::vector<std::string> stack_budget_features(const LaneStack& stack, const StackOptions& options);
+
+// The lane's argv after the interpreter: "-m", the module, then the arguments' words.
+std::vector<std::string> stack_command(const LaneStack& stack, const StackOptions& options);
 
 // Every stack, with its examples, as `harness schema --lane-stacks` prints it.
 nlohmann::json lane_stacks_json();

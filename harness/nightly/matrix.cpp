@@ -32,7 +32,6 @@ inline constexpr const char* kLaneKeys[] = {"id",      "engine",          "featu
                                             "triage-with", "bias-repeats", "command", "budget-features", "lane"};
 // bias-repeats: enough repeats for the tests to reach their level, few enough for a nightly.
 inline constexpr std::int64_t kMinBiasRepeats = 3, kMaxBiasRepeats = 100;
-inline constexpr const char* kPlaceholders[] = {"{pack}", "{out}", "{steps}", "{seed}"};
 inline constexpr const char* kTorchFlags[] = {"device", "precision", "python", "compile", "layout"};
 inline constexpr const char* kJaxFlags[] = {"python", "mesh", "shard-plan", "precision"};
 inline constexpr const char* kPythonCanaryFlags[] = {"device", "precision", "threads", "python", "compile"};
@@ -46,10 +45,13 @@ inline constexpr const char* kPython = "/usr/bin/python3";
 
 bool is_engine_flag(const std::string& key) { return find_engine_flag(key) != nullptr; }
 
-// The lane's name and budget features, as its stack's description makes them from `options`.
-void name_from_stack(const LaneStack& stack, const StackOptions& options, LaneSpec& spec) {
+// The lane's name, budget features and command (run by `python`), as its stack's
+// description makes them from `options`.
+void from_stack(const LaneStack& stack, const StackOptions& options, const std::string& python, LaneSpec& spec) {
   spec.lane = stack_lane_name(stack, options);
   spec.budget_features = stack_budget_features(stack, options);
+  spec.command = {python};
+  for (std::string& word : stack_command(stack, options)) spec.command.push_back(std::move(word));
 }
 
 class Parser {
@@ -208,15 +210,12 @@ class Parser {
     bool compiled = false;
     std::string layout;   // "", "ddp" or "fsdp"
     // What its lane stack's name and budget features are made from (lane_stacks.h).
-    StackOptions options(const std::string& canary, const std::string& device_type, const std::string& precision) const {
-      return {{"canary", canary}, {"release", release},          {"device", device_type},
-              {"precision", precision}, {"compile", compiled ? "true" : ""}, {"layout", layout}};
-    }
-    // The flags it adds to the lane's command, before --out.
-    void add_flags(std::vector<std::string>& command) const {
-      if (compiled) command.insert(command.end() - 2, "--compile");
-      if (!release.empty()) command.insert(command.end() - 2, "--versioned");
-      if (!layout.empty()) command.insert(command.end() - 2, {"--layout", layout});
+    // `device`: as the lane gives it (cuda:1): its type and index are options of their own.
+    StackOptions options(const std::string& canary, const std::string& device, const std::string& precision) const {
+      const std::string type = device.substr(0, device.find(':'));
+      return {{"canary", canary},       {"release", release},       {"device", type},
+              {"device_index", device.substr(type.size())}, {"precision", precision},
+              {"compile", compiled ? "true" : ""}, {"layout", layout}};
     }
   };
 
@@ -486,14 +485,11 @@ class Parser {
       if (!stack.layout.empty() && type != "cpu") {
         fail(fmt::format("{}.layout: a layout runs on the CPU (gloo); drop device or layout", at));
       }
-      name_from_stack(lane_stack("torch-pack"), stack.options(m.canary_name, type, precision), spec);
+      from_stack(lane_stack("torch-pack"), stack.options(m.canary_name, device, precision), stack.python, spec);
       if (t.contains("budget-features") && feature_list(t, at + ".budget-features") != spec.budget_features) {
         fail(fmt::format("{}.budget-features: the torch lane on {} in {} declares {}; drop the key or make it that", at,
                          device, precision, receipt::BudgetFeatures(spec.budget_features).to_string()));
       }
-      spec.command = {stack.python, "-m", "canary_harness.lane", "--pack", "{pack}", "--device", device,
-                      "--precision", precision, "--out", "{out}"};
-      stack.add_flags(spec.command);
       spec.environment = run::python_package_environment();
       return spec;
     }
@@ -509,9 +505,9 @@ class Parser {
       for (std::size_t open = item->find('{'); open != std::string::npos; open = item->find('{', open + 1)) {
         const std::size_t close = item->find('}', open);
         const std::string placeholder = item->substr(open, close == std::string::npos ? std::string::npos : close - open + 1);
-        if (std::find(std::begin(kPlaceholders), std::end(kPlaceholders), placeholder) == std::end(kPlaceholders)) {
+        if (std::find(std::begin(kJobPlaceholders), std::end(kJobPlaceholders), placeholder) == std::end(kJobPlaceholders)) {
           fail(fmt::format("{}[{}]: '{}' is not a placeholder (allowed: {})", where, i, placeholder,
-                           fmt::join(kPlaceholders, ", ")));
+                           fmt::join(kJobPlaceholders, ", ")));
         }
       }
       spec.command.push_back(*item);
@@ -560,9 +556,7 @@ class Parser {
     const std::string mesh = config.mesh.to_string(), plan = tpu::to_string(config.plan);
     const std::string precision = tpu::to_string(config.precision);
     const StackOptions options{{"canary", m.canary_name}, {"mesh", mesh}, {"shard_plan", plan}, {"precision", precision}};
-    name_from_stack(lane_stack("jax"), options, spec);
-    spec.command = {python, "-m", "canary_harness.jax", "--pack", "{pack}", "--mesh", mesh, "--shard-plan", plan,
-                    "--precision", precision, "--out", "{out}"};
+    from_stack(lane_stack("jax"), options, python, spec);
     spec.environment = run::python_package_environment();
     return spec;
   }
@@ -613,12 +607,12 @@ class Parser {
     spec.python_canary = true;
     const TorchStack stack = torch_stack(spec.settings.options, at);
     describe_python_canary(m.canary, stack.python, at + ".python");  // this lane's interpreter loads it too
-    name_from_stack(lane_stack("torch-canary"), stack.options(m.canary_name, type, precision), spec);
-    spec.command = {stack.python, "-m", "canary_harness", "run", m.canary, "--device", device, "--precision", precision,
-                    "--threads", threads, "--steps", "{steps}", "--out", "{out}"};
-    stack.add_flags(spec.command);
-    if (python_seed_given_) spec.command.insert(spec.command.end() - 2, {"--seed", "{seed}"});
-    if (m.trace == run::TraceLevel::kOps) spec.command.insert(spec.command.end() - 2, {"--trace", "ops"});
+    StackOptions options = stack.options(m.canary_name, device, precision);
+    options.insert({{"canary_spec", m.canary},
+                    {"threads", threads},
+                    {"seeded", python_seed_given_ ? "true" : ""},
+                    {"trace", m.trace == run::TraceLevel::kOps ? "ops" : ""}});
+    from_stack(lane_stack("torch-canary"), options, stack.python, spec);
     spec.environment = run::python_package_environment();
     return spec;
   }

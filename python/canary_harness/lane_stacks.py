@@ -5,9 +5,11 @@ budget features are made from the options the lane is set up with; the C++ matri
 same description, so a lane is named once, in data (python/tests/test_lane_stacks.py holds
 the copy to the harness and the package's lanes to it).
 
-A part (a piece of the name, or a budget feature) is taken when every option of its `when`
-holds ("*": any value set) and not every option of its `unless` does; `{option}` in its text
-is the option's value."""
+A part (a piece of the name, a budget feature, or some words of the command) is taken when
+every option of its `when` holds ("*": any value set) and not every option of its `unless`
+does; `{option}` in its text is the option's value, and the job's placeholders ({pack},
+{out}, ...: `job_placeholders`) stay for the job. A command part is split at spaces into
+words before its options are filled."""
 
 from __future__ import annotations
 
@@ -20,9 +22,13 @@ DESCRIPTION_FILE = Path(__file__).with_name("lane_stacks.json")
 
 
 @lru_cache(maxsize=None)
+def _description() -> Dict[str, Any]:
+    return json.loads(DESCRIPTION_FILE.read_text())
+
+
+@lru_cache(maxsize=None)
 def _stacks() -> Dict[str, Dict[str, Any]]:
-    described = json.loads(DESCRIPTION_FILE.read_text())
-    return {stack["id"]: stack for stack in described["lane_stacks"]}
+    return {stack["id"]: stack for stack in _description()["lane_stacks"]}
 
 
 def stack(stack_id: str) -> Dict[str, Any]:
@@ -32,11 +38,17 @@ def stack(stack_id: str) -> Dict[str, Any]:
 
 def stack_options(canary: str, *, release: Optional[str] = None, device: str = "", precision: str = "",
                   compiled: bool = False, layout: Optional[str] = None, mesh: str = "",
-                  shard_plan: str = "") -> Dict[str, str]:
+                  shard_plan: str = "", canary_spec: str = "", threads: str = "", seeded: bool = False,
+                  trace: str = "") -> Dict[str, str]:
     """The options a lane is described by: `release` MAJOR.MINOR of a versioned torch (None:
-    not versioned), `device` a torch device's type, the rest as the lane's flags give them."""
-    return {"canary": canary, "release": f"@{release}" if release else "", "device": device, "precision": precision,
-            "compile": "true" if compiled else "", "layout": layout or "", "mesh": mesh, "shard_plan": shard_plan}
+    not versioned), `device` a torch device as the lane gives it (its type and its index,
+    ":1" of cuda:1, are options of their own), `seeded` whether the job's seed is passed,
+    the rest as the lane's flags give them."""
+    device_type, _, index = device.partition(":")
+    return {"canary": canary, "release": f"@{release}" if release else "", "device": device_type,
+            "device_index": f":{index}" if index else "", "precision": precision,
+            "compile": "true" if compiled else "", "layout": layout or "", "mesh": mesh, "shard_plan": shard_plan,
+            "canary_spec": canary_spec, "threads": threads, "seeded": "true" if seeded else "", "trace": trace}
 
 
 def _holds(condition: Mapping[str, str], options: Mapping[str, str]) -> bool:
@@ -54,7 +66,9 @@ def _filled(text: str, options: Mapping[str, str]) -> str:
         if start < 0:
             return "".join(out) + text[at:]
         end = text.index("}", start)
-        out += [text[at:start], options.get(text[start + 1:end], "")]
+        placeholder = text[start:end + 1]
+        job = placeholder in _description()["job_placeholders"]
+        out += [text[at:start], placeholder if job else options.get(text[start + 1:end], "")]
         at = end + 1
 
 
@@ -66,3 +80,13 @@ def lane_name(stack_id: str, options: Mapping[str, str]) -> str:
 
 def budget_features(stack_id: str, options: Mapping[str, str]) -> List[str]:
     return [_filled(part["text"], options) for part in stack(stack_id)["budget_features"] if _taken(part, options)]
+
+
+def command(stack_id: str, options: Mapping[str, str]) -> List[str]:
+    """The lane's argv after the interpreter: -m, the stack's module, then its arguments."""
+    described = stack(stack_id)
+    words = ["-m", described["module"]]
+    for part in described["arguments"]:
+        if _taken(part, options):
+            words += [_filled(word, options) for word in part["text"].split(" ")]
+    return words

@@ -1,14 +1,18 @@
 """The lane stacks' descriptions (canary_harness/lane_stacks.json, `harness schema
 --lane-stacks`): the package's copy is the harness's, and the package reads it as the
 harness does: every example the C++ made from it (each combination of a stack's options,
-with the lane name and budget features the description gives) comes out the same here; the
+with the lane name, budget features and command the description gives) comes out the same
+here; every example's command is one its module takes, meaning what its options say; the
 lanes the package writes are named by it."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import subprocess
 from pathlib import Path
+from typing import Dict, List
 
 import pytest
 
@@ -34,6 +38,52 @@ def test_the_package_reads_each_stack_as_the_harness_does(stack_id: str) -> None
         options = example["options"]
         assert lane_stacks.lane_name(stack_id, options) == example["lane"], example
         assert lane_stacks.budget_features(stack_id, options) == example["budget_features"], example
+        assert lane_stacks.command(stack_id, options) == example["command"], example
+
+
+# What the job puts where the command holds its placeholders.
+JOB_VALUES = {"{pack}": "pack.h5", "{out}": "out.h5", "{steps}": "5", "{seed}": "7"}
+
+
+def parsed(module: str, argv: List[str]) -> Dict[str, object]:
+    """The parse of `argv` by what `python -m module` runs (a package's __main__): its
+    parse_args, where argparse exits 2 on what it refuses."""
+    if importlib.util.find_spec(module).submodule_search_locations is not None:
+        module += ".__main__"
+    return vars(importlib.import_module(module).parse_args([JOB_VALUES.get(word, word) for word in argv]))
+
+
+@pytest.mark.parametrize("stack_id", ["torch-pack", "torch-canary", "jax"])
+def test_every_example_command_is_one_its_module_takes(stack_id: str) -> None:
+    """The description's command is the module's CLI: each example parses, and each option
+    arrives as the flag that carries it (a flag dropped or renamed on either side fails)."""
+    described = lane_stacks.stack(stack_id)
+    for example in described["examples"]:
+        argv, options = example["command"], example["options"]
+        assert argv[:2] == ["-m", described["module"]], argv
+        args = parsed(described["module"], argv[2:])
+        assert args["out"] == "out.h5" and args["precision"] == options["precision"], (argv, args)
+        if stack_id == "jax":
+            assert (args["pack"], args["mesh"], args["shard_plan"]) == ("pack.h5", options["mesh"], options["shard_plan"])
+            continue
+        assert args["device"] == options["device"] + options.get("device_index", ""), (argv, args)
+        assert bool(args["compile"]) == (options.get("compile") == "true"), (argv, args)
+        assert bool(args["versioned"]) == bool(options.get("release")), (argv, args)
+        assert (args["layout"] or "") == options.get("layout", ""), (argv, args)
+        if stack_id == "torch-pack":
+            assert args["pack"] == "pack.h5", (argv, args)
+            continue
+        assert (args["command"], args["canary"], str(args["threads"]), str(args["steps"])) == (
+            "run", options["canary_spec"], options["threads"], "5"), (argv, args)
+        assert (str(args["seed"]) if args["seed"] is not None else "") == ("7" if options.get("seeded") else "")
+        assert (args["trace"] or "none") == (options.get("trace") or "none"), (argv, args)
+
+
+def test_a_device_index_is_an_option_of_its_own() -> None:
+    options = lane_stacks.stack_options("tiny", device="cuda:1", precision="fp32")
+    assert (options["device"], options["device_index"]) == ("cuda", ":1")
+    assert lane_stacks.lane_name("torch-pack", options) == "tiny/torch+cuda"
+    assert lane_stacks.command("torch-pack", options)[4:6] == ["--device", "cuda:1"]
 
 
 def test_stack_options_are_the_descriptions_keys() -> None:
