@@ -26,13 +26,6 @@ std::int64_t numel_of(const std::vector<std::int64_t>& shape) {
   return n;
 }
 
-void add_bias(float* out, const float* bias, std::int64_t rows, std::int64_t channels) {
-  tbb::parallel_for(std::int64_t{0}, rows, [&](std::int64_t r) {
-    float* row = out + r * channels;
-    for (std::int64_t o = 0; o < channels; ++o) row[o] += bias[o];
-  });
-}
-
 // The mesh axes of size > 1 that no tensor's (effective) spec shards: pure replication.
 std::vector<Axis> replica_axes(const Mesh& mesh, const std::vector<PartitionSpec>& specs) {
   std::vector<Axis> axes;
@@ -199,135 +192,19 @@ void MeshExecutor::verify_replicas() const {
   }
 }
 
+float* KernelCall::P(std::size_t i) const { return executor.f32(device, exe, buffers[i]); }
+const std::int32_t* KernelCall::I(std::size_t i) const { return executor.i32(device, exe, buffers[i]); }
+const Mesh& KernelCall::mesh() const { return executor.mesh_; }
+const kernels::RopeTables& KernelCall::rope_tables(int T, int head_size, double theta) const {
+  return executor.rope_tables_.get(T, head_size, theta);
+}
+
+// Every kernel is its instruction's (instructions.cpp), on this device's blocks.
 void MeshExecutor::run_kernel(int device, const Executable& exe, const Instr& in) {
-  const std::span<const std::int32_t> buffers = exe.buffers_of(in);
-  const std::span<const float> attrs = exe.attrs_of(in);
-  auto P = [&](std::size_t i) { return f32(device, exe, buffers[i]); };
-  auto I = [&](std::size_t i) { return i32(device, exe, buffers[i]); };
-  const std::span<const std::int64_t> n = exe.dims_of(in);
-  float* scratch = devices_[static_cast<std::size_t>(device)].scratch.data();
-  switch (in.op()) {
-    case InstrKind::Fill: std::fill(P(0), P(0) + n[0], attrs[0]); break;
-    case InstrKind::EncoderForward:
-      kernels::encoder_forward(P(0), I(1), P(2), P(3), as_int(n[0]), as_int(n[1]), as_int(n[2]));
-      break;
-    case InstrKind::EncoderBackward:
-      kernels::encoder_backward(P(0), P(1), P(2), I(3), as_int(n[0]), as_int(n[1]), as_int(n[2]));
-      break;
-    case InstrKind::LayerNormForward:
-      kernels::layernorm_forward(P(0), P(1), P(2), P(3), P(4), P(5), as_int(n[0]), as_int(n[1]), attrs[0]);
-      break;
-    case InstrKind::LayerNormBackward:
-      kernels::layernorm_backward(P(0), P(1), P(2), P(3), P(4), P(5), P(6), P(7), as_int(n[0]), as_int(n[1]));
-      break;
-    case InstrKind::Linear:
-      kernels::linear_forward(P(0), P(1), P(2), P(3), as_int(n[0]), as_int(n[1]), as_int(n[2]), scratch);
-      break;
-    case InstrKind::LinearBackward:
-      kernels::linear_backward(P(0), P(1), P(2), P(3), P(4), P(5), as_int(n[0]), as_int(n[1]), as_int(n[2]), scratch);
-      break;
-    case InstrKind::AttentionForward:
-      kernels::attention_forward(P(0), P(1), P(2), as_int(n[0]), as_int(n[1]), as_int(n[2]), as_int(n[3]));
-      break;
-    case InstrKind::AttentionBackward:
-      kernels::attention_backward(P(0), P(1), P(2), P(3), as_int(n[0]), as_int(n[1]), as_int(n[2]), as_int(n[3]));
-      break;
-    case InstrKind::GeluForward: kernels::gelu_forward(P(0), P(1), n[0]); break;
-    case InstrKind::GeluBackward: kernels::gelu_backward(P(0), P(1), P(2), n[0]); break;
-    case InstrKind::GeluErfForward: kernels::gelu_erf_forward(P(0), P(1), n[0]); break;
-    case InstrKind::GeluErfBackward: kernels::gelu_erf_backward(P(0), P(1), P(2), n[0]); break;
-    case InstrKind::Add: kernels::residual_forward(P(0), P(1), P(2), n[0]); break;
-    case InstrKind::AddInPlace: kernels::add_inplace(P(0), P(1), n[0]); break;
-    case InstrKind::BiasAdd: add_bias(P(0), P(1), n[0], n[1]); break;
-    case InstrKind::CrossEntropyRows: kernels::crossentropy_rows(P(0), P(1), P(2), I(3), as_int(n[0]), as_int(n[1])); break;
-    case InstrKind::CrossEntropyBackward:
-      kernels::crossentropy_backward(P(0), P(1), I(2), as_int(n[0]), as_int(n[1]), n[2]);
-      break;
-    case InstrKind::Clip: {
-      const float norm = *P(0), max_norm = attrs[0];
-      if (!(norm > max_norm)) break;
-      const float factor = max_norm / (norm + 1e-6f);
-      for (std::size_t i = 1; i < buffers.size(); ++i) kernels::scale_inplace(P(i), factor, n[i - 1]);
-      break;
-    }
-    case InstrKind::AdamW: {
-      const kernels::AdamWStep step{*P(4), attrs[0], attrs[1], attrs[2], attrs[3], *P(5), *P(6)};
-      kernels::adamw_update(P(0), P(1), P(2), P(3), n[0], step);
-      break;
-    }
-    case InstrKind::Nudge: {
-      const auto ulps = static_cast<std::int32_t>(*P(1));
-      if (ulps > 0 && holds_first_element(exe.spec_of(in, 0), mesh_, device)) *P(0) = kernels::next_up(*P(0), ulps);
-      break;
-    }
-    case InstrKind::RoundBf16: numerics::round_to_bf16_inplace(P(0), n[0]); break;
-    case InstrKind::CastBf16:
-      std::copy(P(1), P(1) + n[0], P(0));
-      numerics::round_to_bf16_inplace(P(0), n[0]);
-      break;
-    case InstrKind::RmsNormForward:
-      kernels::rmsnorm_forward(P(0), P(1), P(2), P(3), as_int(n[0]), as_int(n[1]), attrs[0]);
-      break;
-    case InstrKind::RmsNormBackward:
-      kernels::rmsnorm_backward(P(0), P(1), P(2), P(3), P(4), P(5), as_int(n[0]), as_int(n[1]));
-      break;
-    case InstrKind::RopeForward:
-    case InstrKind::RopeBackward: {
-      const int B = as_int(n[0]), T = as_int(n[1]), heads = as_int(n[2]), hd = as_int(n[3]);
-      const kernels::RopeTables& r = rope_tables_.get(T, hd, attrs_double(attrs[0], attrs[1]));
-      if (in.op() == InstrKind::RopeForward) {
-        kernels::rope_forward(P(0), P(1), r.cos.data(), r.sin.data(), B, T, heads, hd);
-      } else {
-        kernels::rope_backward(P(0), P(1), r.cos.data(), r.sin.data(), B, T, heads, hd);
-      }
-      break;
-    }
-    case InstrKind::SwigluForward: kernels::swiglu_forward(P(0), P(1), P(2), n[0]); break;
-    case InstrKind::SwigluBackward: kernels::swiglu_backward(P(0), P(1), P(2), P(3), P(4), n[0]); break;
-    case InstrKind::GqaAttentionForward:
-      kernels::gqa_attention_forward(P(0), P(1), P(2), P(3), P(4), as_int(n[0]), as_int(n[1]), as_int(n[2]),
-                                     as_int(n[3]), as_int(n[4]));
-      break;
-    case InstrKind::GqaAttentionBackward:
-      kernels::gqa_attention_backward(P(0), P(1), P(2), P(3), P(4), P(5), P(6), P(7), as_int(n[0]), as_int(n[1]),
-                                      as_int(n[2]), as_int(n[3]), as_int(n[4]));
-      break;
-    case InstrKind::MoeRouteForward:
-      kernels::moe_route_with_record(P(3), P(0), P(1), P(2), P(4), P(5), as_int(n[0]), as_int(n[1]), as_int(n[2]),
-                                     as_int(n[3]), attrs[0]);
-      break;
-    case InstrKind::MoeRouteBackward:
-      kernels::moe_route_backward(P(0), P(1), P(2), P(3), P(4), as_int(n[0]), as_int(n[1]), as_int(n[2]), attrs[0]);
-      break;
-    case InstrKind::MoeDispatchForward:
-      kernels::moe_dispatch_forward(P(0), P(1), P(2), P(3), as_int(n[0]), as_int(n[1]), as_int(n[2]), as_int(n[3]),
-                                    as_int(n[4]));
-      break;
-    case InstrKind::MoeDispatchBackward:
-      kernels::moe_dispatch_backward(P(0), P(1), P(2), P(3), as_int(n[0]), as_int(n[1]), as_int(n[2]), as_int(n[3]));
-      break;
-    case InstrKind::MoeCombineForward:
-      kernels::moe_combine_forward(P(0), P(1), P(2), P(3), P(4), as_int(n[0]), as_int(n[1]), as_int(n[2]),
-                                   as_int(n[3]));
-      break;
-    case InstrKind::MoeCombineBackward:
-      kernels::moe_combine_backward(P(0), P(1), P(2), P(3), P(4), P(5), P(6), as_int(n[0]), as_int(n[1]), as_int(n[2]),
-                                    as_int(n[3]));
-      break;
-    case InstrKind::ExpertLinear:
-      kernels::expert_linear_forward(P(0), P(1), P(2), as_int(n[0]), as_int(n[1]), as_int(n[2]), as_int(n[3]), scratch);
-      break;
-    case InstrKind::ExpertLinearBackward:
-      kernels::expert_linear_backward(P(0), P(1), P(2), P(3), P(4), as_int(n[0]), as_int(n[1]), as_int(n[2]),
-                                      as_int(n[3]), scratch);
-      break;
-    case InstrKind::TakeBlock: {
-      const std::vector<std::int64_t> global(n.begin(), n.end());
-      copy_block_from_global(global, exe.spec_of(in, 0), mesh_, device, P(1), P(0));
-      break;
-    }
-    default: throw std::logic_error("tpu-mesh: a collective dispatched as a kernel");
-  }
+  const auto kernel = instruction(in.op()).kernel;
+  if (kernel == nullptr) throw std::logic_error("tpu-mesh: a collective dispatched as a kernel");
+  kernel(KernelCall{*this, exe, in, device, exe.buffers_of(in), exe.dims_of(in), exe.attrs_of(in),
+                    devices_[static_cast<std::size_t>(device)].scratch.data()});
 }
 
 // Like assemble(), for any buffer of the program: each distinct block once, in device order.

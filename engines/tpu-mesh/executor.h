@@ -17,6 +17,7 @@
 #include <span>
 #include <vector>
 
+#include "instructions.h"
 #include "kernels/llama_kernels.h"
 #include "program.h"
 
@@ -44,6 +45,7 @@ class MeshExecutor {
   void set_trace_callback(TraceCallback callback) { on_trace_ = std::move(callback); }
 
  private:
+  friend struct KernelCall;  // resolves its operands in a device's memory
   struct Device {
     std::vector<std::vector<float>> tensors;        // persistent blocks by TensorId (empty: none)
     std::vector<std::vector<std::int32_t>> tokens;  // int32 blocks by TensorId

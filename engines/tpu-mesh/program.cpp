@@ -2,66 +2,10 @@
 
 #include <array>
 
+#include "instructions.h"
+
 namespace harness::tpu {
 namespace {
-
-// What the executor reads of each kind: exact operand counts (-1: one per tensor, for
-// GlobalNorm and Clip) and the one buffer operand that may be absent (-1 for none).
-struct Schema {
-  int buffers, dims, attrs, specs, nullable;
-  bool elementwise;  // dims[0] elements of every buffer are touched
-};
-
-constexpr int kPerTensor = -1;
-constexpr std::array<Schema, static_cast<std::size_t>(InstrKind::kLastKind) + 1> kSchemas{{
-    {1, 1, 1, 0, -1, true},                       // Fill
-    {4, 3, 0, 0, 3, false},                       // EncoderForward: wpe may be absent (llama)
-    {4, 3, 0, 0, 1, false},                       // EncoderBackward: dwpe may be absent
-    {6, 2, 1, 0, -1, false},                      // LayerNormForward
-    {8, 2, 0, 0, -1, false},                      // LayerNormBackward
-    {4, 3, 0, 0, 3, false},                       // Linear: bias may be absent
-    {6, 3, 0, 0, 2, false},                       // LinearBackward: dbias may be absent
-    {3, 4, 0, 0, -1, false},                      // AttentionForward
-    {4, 4, 0, 0, -1, false},                      // AttentionBackward
-    {2, 1, 0, 0, -1, true},                       // GeluForward
-    {3, 1, 0, 0, -1, true},                       // GeluBackward
-    {3, 1, 0, 0, -1, true},                       // Add
-    {2, 1, 0, 0, -1, true},                       // AddInPlace
-    {2, 2, 0, 0, -1, false},                      // BiasAdd
-    {4, 2, 0, 0, -1, false},                      // CrossEntropyRows
-    {3, 3, 0, 0, -1, false},                      // CrossEntropyBackward
-    {kPerTensor, kPerTensor, 1, 0, -1, false},    // Clip
-    {7, 1, 4, 0, -1, false},                      // AdamW
-    {2, 0, 0, 1, -1, false},                      // Nudge
-    {1, 1, 0, 0, -1, true},                       // RoundBf16
-    {2, 1, 0, 0, -1, true},                       // CastBf16
-    {1, 1, 0, 0, -1, true},                       // AllReduce
-    {2, kPerTensor, 0, 1, -1, false},             // AllGather: dims = the global shape
-    {2, kPerTensor, 0, 1, -1, false},             // ReduceScatter: dims = the global shape
-    {2, 3, 1, 0, -1, false},                      // LossMean
-    {kPerTensor, kPerTensor, 0, kPerTensor, -1, false},  // GlobalNorm
-    {1, kPerTensor, 2, 1, -1, false},             // Trace: dims = the global shape
-    {4, 2, 1, 0, -1, false},                      // RmsNormForward
-    {6, 2, 0, 0, -1, false},                      // RmsNormBackward
-    {2, 4, 2, 0, -1, false},                      // RopeForward
-    {2, 4, 2, 0, -1, false},                      // RopeBackward
-    {3, 1, 0, 0, -1, true},                       // SwigluForward
-    {5, 1, 0, 0, -1, true},                       // SwigluBackward
-    {5, 5, 0, 0, -1, false},                      // GqaAttentionForward
-    {8, 5, 0, 0, -1, false},                      // GqaAttentionBackward
-    {6, 4, 1, 0, -1, false},                      // MoeRouteForward
-    {5, 3, 1, 0, -1, false},                      // MoeRouteBackward
-    {4, 5, 0, 0, -1, false},                      // MoeDispatchForward
-    {4, 4, 0, 0, -1, false},                      // MoeDispatchBackward
-    {5, 4, 0, 0, -1, false},                      // MoeCombineForward
-    {7, 4, 0, 0, -1, false},                      // MoeCombineBackward
-    {3, 4, 0, 0, -1, false},                      // ExpertLinear
-    {5, 4, 0, 0, -1, false},                      // ExpertLinearBackward
-    {2, kPerTensor, 0, 1, -1, false},             // TakeBlock: dims = the global shape
-    {4, 5, 1, 0, -1, false},                      // ExpertExchange
-    {2, 1, 0, 0, -1, true},                       // GeluErfForward
-    {3, 1, 0, 0, -1, true},                       // GeluErfBackward
-}};
 
 template <typename T>
 bool in_range(std::int32_t at, std::int32_t count, const std::vector<T>& pool) {
@@ -179,13 +123,13 @@ bool Executable::well_formed() const {
   }
   for (std::size_t index = 0; index < instrs.size(); ++index) {
     const Instr& in = instrs[index];
-    if (in.kind < 0 || static_cast<std::size_t>(in.kind) >= kSchemas.size() || in.axis < 0 || in.axis > 2) return false;
+    if (!known_instruction(in.kind) || in.axis < 0 || in.axis > 2) return false;
     if (!in_range(in.buffers_at, in.buffers_count, operand_buffers) || !in_range(in.dims_at, in.dims_count, operand_dims) ||
         !in_range(in.attrs_at, in.attrs_count, operand_attrs) || in.specs_at < 0 || in.specs_count < 0 ||
         static_cast<std::size_t>(in.specs_at) + static_cast<std::size_t>(in.specs_count) + 1 > spec_offsets.size()) {
       return false;
     }
-    const Schema& schema = kSchemas[static_cast<std::size_t>(in.kind)];
+    const InstrSchema& schema = instruction(in.op()).schema;
     const int tensors = in.buffers_count - 1;  // GlobalNorm, Clip: the norm, then one buffer per tensor
     auto expected = [&](int count, int per_tensor) { return count == kPerTensor ? per_tensor : count; };
     if ((schema.buffers != kPerTensor && in.buffers_count != schema.buffers) || in.buffers_count < 1 ||

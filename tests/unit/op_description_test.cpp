@@ -14,6 +14,7 @@
 #include "compiler.h"
 #include "data_source.h"
 #include "exact_gelu_canary.h"
+#include "instructions.h"
 #include "sharding.h"
 #include "tpu_mesh_engine.h"
 
@@ -145,6 +146,22 @@ TEST(OpDescription, CompilerRefusesANodeThatDoesNotFitNamingTheOpAndTheProblem) 
     }
   }
   EXPECT_GE(tried.size(), 15u);
+}
+
+// The instruction table (engines/tpu-mesh/instructions.cpp) is the executor's only dispatch:
+// every kernel kind has its kernel there, and a collective or Trace (which combine devices,
+// run by the executor itself) has none; a kind past the table is refused, never run.
+TEST(InstructionTable, EveryKernelKindHasItsKernelAndNoCollectiveHasOne) {
+  for (std::int32_t k = 0; k <= static_cast<std::int32_t>(InstrKind::kLastKind); ++k) {
+    Instr in;
+    in.kind = k;
+    const bool combines_devices = in.is_collective() || in.op() == InstrKind::Trace;
+    EXPECT_EQ(instruction(in.op()).kernel == nullptr, combines_devices) << k;
+    EXPECT_EQ(instruction(in.op()).kind, in.op()) << k;
+  }
+  EXPECT_FALSE(known_instruction(static_cast<std::int32_t>(InstrKind::kLastKind) + 1));
+  EXPECT_FALSE(known_instruction(-1));
+  EXPECT_THROW(instruction(static_cast<InstrKind>(static_cast<int>(InstrKind::kLastKind) + 1)), std::logic_error);
 }
 
 }  // namespace
