@@ -27,7 +27,9 @@ import argparse
 import sys
 from typing import List, NoReturn, Optional
 
-from .lane import MAX_THREADS, trace_problem
+from .lane_args import (MAX_THREADS, add_device_arguments, add_layout_arguments, add_versioned_argument, check_out,
+                        device_of, trace_problem)
+from .usage import UsageError
 
 PROG = "canary_harness"
 
@@ -71,15 +73,11 @@ def check_json_out(path: Optional[str]) -> None:
     """--json-out's directory exists before the work starts (UsageError otherwise)."""
     import os
 
-    from .lane import UsageError
-
     if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
         raise UsageError(f"--json-out: no directory for '{path}'")
 
 
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
-    from .lane import add_device_arguments, add_layout_arguments, add_versioned_argument
-
     ap = _Parser(prog=f"python3 -m {PROG}", description="Run a team's own model as a canary (docs/own-model.md).")
     commands = ap.add_subparsers(dest="command", parser_class=_Parser)
     commands.required = True
@@ -147,8 +145,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .lane import check_out
-    from .usage import UsageError, count_flag
+    from .usage import count_flag
 
     if args.precision not in ("fp32", "bf16"):
         raise UsageError(f"--precision: unknown precision '{args.precision}'; use fp32 or bf16")
@@ -200,7 +197,6 @@ def _run_canary(args: argparse.Namespace, torch, threads: int, seed: Optional[in
                 rank) -> int:
     """`run` in this process: the whole run, or one rank of a distributed one."""
     from .canary import load_canary
-    from .lane import device_of
     from .usage import count_flag
     from .runner import RunOptions, parse_canary_fault, print_summary, run_canary
 
@@ -234,7 +230,7 @@ def _run_canary(args: argparse.Namespace, torch, threads: int, seed: Optional[in
 def replay(args: argparse.Namespace) -> int:
     import json
 
-    from .usage import UsageError, count_flag
+    from .usage import count_flag
     from .replay import replay as replay_receipt
     from .replay import to_json, to_text
 
@@ -255,7 +251,6 @@ def replay(args: argparse.Namespace) -> int:
 
 
 def rerun(args: argparse.Namespace) -> int:
-    from .lane import check_out
     from .usage import count_flag
     from .replay import rerun as rerun_receipt
     from .runner import print_summary
@@ -269,7 +264,6 @@ def rerun(args: argparse.Namespace) -> int:
 
 def _modules(text: Optional[str]) -> List[str]:
     """--autocast-off's module paths (UsageError for a malformed list)."""
-    from .lane import UsageError
     from .precision import parse_modules
 
     try:
@@ -339,7 +333,7 @@ def invariance(args: argparse.Namespace) -> int:
     """`python3 -m canary_harness invariance FILE.py:NAME`: canary_harness.invariance's check
     of a Python canary (the flags read here, the work there)."""
     from .invariance import run as run_invariance
-    from .usage import UsageError, count_flag
+    from .usage import count_flag
 
     if args.precision not in ("fp32", "bf16"):
         raise UsageError(f"--precision: unknown precision '{args.precision}'; use fp32 or bf16")
@@ -354,7 +348,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     args.argv = list(argv) if argv is not None else sys.argv[1:]  # what a distributed run's ranks are started with
     from .canary import CanaryError
-    from .lane import UsageError
     from .receipt import ReceiptError
 
     try:

@@ -28,9 +28,10 @@ from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple
 
 import numpy as np
 
-from .lane import MAX_THREADS, UsageError, add_device_arguments, architecture_module, check_device_name, device_of, \
-    load_pack
+from .lane_args import MAX_THREADS, add_device_arguments, check_device_name, device_of
 from .lane_stacks import lane_name, stack_options
+from .pack_step import architecture_module, load_pack
+from .usage import UsageError
 from .philox import philox_at, stream_id
 
 PROG = "canary_harness.invariance"

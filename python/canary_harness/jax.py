@@ -525,7 +525,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .lane import check_out, parse_lane_fault
+    from .lane_args import check_out, parse_lane_fault
     from .usage import count_flag
     from .pack import PackError, read_pack
 
@@ -668,7 +668,7 @@ def _manifest(args, pack, steps, mesh_shape) -> Dict[str, Any]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
-    from .lane import UsageError as LaneUsageError
+    from .usage import UsageError as LaneUsageError
     from .receipt import ReceiptError
 
     try:

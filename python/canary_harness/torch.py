@@ -63,7 +63,7 @@ import numpy as np
 import torch
 
 from .budget_features import parse_features
-from .lane import trace_problem
+from .lane_args import trace_problem
 from .digest import batch_hash
 from .digest_plan import DigestRows
 from .models.config import canary_object

@@ -15,7 +15,7 @@ import torch
 from canary_harness import ReceiptReader, tensor_hash
 from canary_harness.digest import sketch
 from canary_harness.faults import _NudgeFirst
-from canary_harness.lane import train_step
+from canary_harness.pack_step import train_step
 from canary_harness.models import gpt2
 from canary_harness.optim import CanaryAdamW
 from canary_harness.pack import read_pack
