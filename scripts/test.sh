@@ -2,8 +2,17 @@
 # README command 2: install what is missing, build everything, pass every test.
 #   scripts/test.sh             Release build in build/
 #   scripts/test.sh --sanitize  AddressSanitizer + UBSan build in build-asan/ (Clang 14, -O1, the fuzzers too)
+#   scripts/test.sh --sanitize --quick   the same build; every suite but the five longest
+#                               under ASan (label sanitizer-long): CI's sanitizer tier
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+exclude=()
+if [ "${1:-}" = "--sanitize" ] && [ "${2:-}" = "--quick" ]; then
+  exclude=(-LE sanitizer-long)
+elif [ -n "${2:-}" ] || { [ -n "${1:-}" ] && [ "$1" != "--sanitize" ]; }; then
+  echo "scripts/test.sh: error: unknown arguments '$*'; use none, --sanitize or --sanitize --quick" >&2
+  exit 2
+fi
 "$root/scripts/install-deps.sh"
 if [ "${1:-}" = "--sanitize" ]; then
   export HARNESS_BUILD_DIR=$root/build-asan
@@ -36,4 +45,4 @@ fi
 # and pytest on python/tests (python.canary_harness on Debian's torch after `pip install
 # ./python` into a fresh virtual environment, python.torch2 on .venv/'s torch 2.9 in-tree,
 # the zoo; tests/CMakeLists.txt).
-ctest --test-dir "$HARNESS_BUILD_DIR" -j 2 --output-on-failure --no-tests=error
+ctest --test-dir "$HARNESS_BUILD_DIR" -j 2 --output-on-failure --no-tests=error "${exclude[@]}"

@@ -406,18 +406,20 @@ TEST(Headroom, FragileLanesPassUnderAFifthOfTheirBudget) {
 // The matrix's false-alarm bound: the sum of its checks' (Boole), a bitwise check's 0; none
 // while a check's entry has no held-out samples, naming it; an error judged nothing.
 TEST(FalseAlarms, TheMatrixBoundIsTheSumOfItsChecksOrNoneWhileOneIsUnmeasured) {
+  // Objects and arrays spelled out: Clang reads a one-element brace list ({{"lanes", ...}})
+  // as that element, where GCC reads an object or an array of it (the sanitizer build is Clang's).
   const auto check = [](const nlohmann::json& samples, const nlohmann::json& entries, const nlohmann::json& bound) {
-    return nlohmann::json{{"check", "reference"},
-                          {"status", "pass"},
-                          {"verdict", {{"budget", {{"samples", samples},
-                                                   {"false_alarm", {{"entries", entries}, {"bound", bound}}}}}}}};
+    using object = nlohmann::json;
+    const object false_alarm = object::object({{"entries", entries}, {"bound", bound}});
+    const object budget = object::object({{"samples", samples}, {"false_alarm", false_alarm}});
+    return object::object({{"check", "reference"}, {"status", "pass"}, {"verdict", object::object({{"budget", budget}})}});
   };
   const nlohmann::json bitwise = check(nlohmann::json::object(), nlohmann::json::object(), 0.0);
   const nlohmann::json noise = check({{"noise", 8}}, {{"noise", 0.171}}, 0.171);
   const nlohmann::json bf16 = check({{"bf16", 8}, {"noise", 8}}, {{"bf16", 0.1}, {"noise", 0.171}}, 0.271);
   const nlohmann::json error = {{"check", "reference"}, {"status", "error"}, {"error", {{"kind", "x"}}}};
-  nlohmann::json summary = {{"lanes", {lane_of("ref", "pass", {bitwise}), lane_of("a", "pass", {noise, error}),
-                                       lane_of("b", "pass", {bf16})}}};
+  nlohmann::json summary = nlohmann::json::object(
+      {{"lanes", {lane_of("ref", "pass", {bitwise}), lane_of("a", "pass", {noise, error}), lane_of("b", "pass", {bf16})}}});
   const nlohmann::json measured = matrix_false_alarm(summary);
   EXPECT_EQ(measured["checks"], 3);
   EXPECT_EQ(measured["measured"], 3);
@@ -426,10 +428,10 @@ TEST(FalseAlarms, TheMatrixBoundIsTheSumOfItsChecksOrNoneWhileOneIsUnmeasured) {
   summary["lanes"].push_back(lane_of("c", "pass", {check({{"fp8", 3}, {"bf16", 8}}, {{"bf16", 0.1}}, nullptr)}));
   const nlohmann::json partial = matrix_false_alarm(summary);
   EXPECT_TRUE(partial["bound"].is_null());
-  EXPECT_EQ(partial["unmeasured"], nlohmann::json({"fp8"}));
+  EXPECT_EQ(partial["unmeasured"], nlohmann::json::array({"fp8"}));
   EXPECT_NE(partial["summary"].get<std::string>().find("1 of 4 checks are judged by entries without held-out samples (fp8)"),
             std::string::npos) << partial["summary"];
-  summary["lanes"] = {lane_of("a", "pass", {noise, noise, noise, noise, noise, noise, noise})};
+  summary["lanes"] = nlohmann::json::array({lane_of("a", "pass", {noise, noise, noise, noise, noise, noise, noise})});
   EXPECT_EQ(matrix_false_alarm(summary)["bound"], 1.0);  // capped: a probability
 }
 
