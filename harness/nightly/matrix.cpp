@@ -209,7 +209,7 @@ class Parser {
     std::string release;  // "@2.9" for another interpreter, "" for Debian's
     bool compiled = false;
     std::string layout;   // "", "ddp" or "fsdp"
-    // What its lane stack's name and budget features are made from (lane_stacks.h).
+    // What its lane stack's name, budget features and command are made from (lane_stacks.h).
     // `device`: as the lane gives it (cuda:1): its type and index are options of their own.
     StackOptions options(const std::string& canary, const std::string& device, const std::string& precision) const {
       const std::string type = device.substr(0, device.find(':'));

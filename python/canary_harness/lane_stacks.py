@@ -1,9 +1,10 @@
 """The lane stacks' descriptions: lane_stacks.json beside this module, what `harness schema
 --lane-stacks` prints (harness/nightly/lane_stacks.h). Each stack (the PyTorch lane of a
-built-in canary's pack, a Python canary's lane, the JAX lane) says how its lane's name and
-budget features are made from the options the lane is set up with; the C++ matrix reads the
-same description, so a lane is named once, in data (python/tests/test_lane_stacks.py holds
-the copy to the harness and the package's lanes to it).
+built-in canary's pack, a Python canary's lane, the JAX lane) says how its lane's name,
+budget features and command line are made from the options the lane is set up with; the C++
+matrix reads the same description, so a lane is named and started once, in data
+(python/tests/test_lane_stacks.py holds the copy to the harness, the package's lanes to it
+and each example command to its module's own parser).
 
 A part (a piece of the name, a budget feature, or some words of the command) is taken when
 every option of its `when` holds ("*": any value set) and not every option of its `unless`

@@ -72,6 +72,7 @@ KEY_ALIASES = {
     "preset": ["preset", "name"],
     "init_std": ["init_std"],
     "data_seed": ["data_seed"],
+    "gelu": ["gelu"],
 }
 
 
