@@ -13,7 +13,6 @@
 #include "kernels/kernels.h"
 #include "kernels/llama_kernels.h"
 #include "kernels/moe_kernels.h"
-#include "numerics/formats.h"
 
 namespace harness::tpu {
 namespace {
