@@ -13,14 +13,16 @@ figure; the ratio of the medians is printed beside it.
 
 Usage:
     /usr/bin/python3 bench/own_model_overhead.py [--canary FILE.py:NAME | --pack PACK.h5] [--rounds 200]
-        [--warmup 16] [--block 8] [--threads 1] [--json FILE]
+        [--warmup 16] [--block 8] [--threads 1] [--writers auto[,h5py]] [--json FILE]
 
 --pack measures the built-in canary's PyTorch lane (canary_harness.lane) the same way:
 the lane's canary runs through the same runner.
 
 The recorded copy digests through the digest library next to `harness` (HARNESS_BIN, else
 build/bin/harness) where it is found; CANARY_HARNESS_DIGEST=python measures the numpy
-digest. Rounds past the canary's steps start its schedule again (step i mod steps). A
+digest. --writers names the receipt writers to record with (CANARY_HARNESS_WRITER's
+settings: "auto", the harness's writer library where found; "h5py", the package's own),
+each a recorded copy of its own taking turns with the bare one in the same rounds. Rounds past the canary's steps start its schedule again (step i mod steps). A
 canary's held-out evaluation (eval_batch) is left out of the recorded copy: it runs
 between steps, not in one, and the bare loop runs none. The receipt is written in a
 temporary directory, removed however the bench ends. This is a benchmark, not a test: the
@@ -64,6 +66,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=16)
     ap.add_argument("--block", type=int, default=8, help="steps of one kind in a row (a round: a block of each)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--writers", default="auto",
+                    help="receipt writers to record with, comma-separated (CANARY_HARNESS_WRITER settings)")
     ap.add_argument("--json", help="write the numbers here too")
     return ap.parse_args(argv)
 
@@ -77,17 +81,30 @@ def without_held_out(loaded: Any) -> Any:
         loaded.canary, eval_batch=None, eval_every=0, eval_logits=None, eval_targets=None))
 
 
-def measure(args: argparse.Namespace, bare: Any, recorded: Any, receipt: str) -> Dict[str, List[float]]:
-    """Seconds per step of each block after the warm-up, {"bare": [...], "recorded": [...]}:
-    `bare` trained by its own loop, `recorded` through the runner into `receipt`."""
+def measure(args: argparse.Namespace, bare: Any, recorded: Dict[str, Any], work: str) -> Dict[str, List[float]]:
+    """Seconds per step of each block after the warm-up, {"bare": [...], WRITER: [...]}:
+    `bare` trained by its own loop, each of `recorded` through the runner into a receipt in
+    `work` written by its writer (a CANARY_HARNESS_WRITER setting)."""
     import torch
 
+    from canary_harness.receipt_native import ENV
     from canary_harness.runner import ReceiptRun, RunOptions
 
     steps = bare.canary.steps
     blocks = (args.warmup + args.rounds + args.block - 1) // args.block
-    options = RunOptions(out=receipt, threads=args.threads, steps=blocks * args.block)
-    run = ReceiptRun(without_held_out(recorded), options, torch.device("cpu"), options.steps)
+    runs = {}
+    setting = os.environ.get(ENV)
+    try:
+        for writer, loaded in recorded.items():
+            os.environ[ENV] = writer  # read when the run's receipt is created
+            options = RunOptions(out=os.path.join(work, f"{writer}.h5"), threads=args.threads,
+                                 steps=blocks * args.block)
+            runs[writer] = ReceiptRun(without_held_out(loaded), options, torch.device("cpu"), options.steps)
+    finally:  # the caller's setting back (the bench may run inside a test process)
+        if setting is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = setting
 
     def bare_block(first: int) -> float:
         start = time.perf_counter()
@@ -96,43 +113,52 @@ def measure(args: argparse.Namespace, bare: Any, recorded: Any, receipt: str) ->
             c.step(c.model, c.optimizer, c.batch(i % steps), i % steps)
         return (time.perf_counter() - start) / args.block
 
-    def recorded_block(first: int) -> float:
+    def recorded_block(run: Any, first: int) -> float:
         start = time.perf_counter()
         for i in range(first, first + args.block):
             run.step(i % steps)  # the runner's step: run, digest, its row handed to the background writer
         run.rows.wait()  # the last row written too: no background work of a block overlaps a bare block
         return (time.perf_counter() - start) / args.block
 
-    times: Dict[str, List[float]] = {"bare": [], "recorded": []}
+    blocks_of = [("bare", bare_block)] + [(w, lambda first, run=run: recorded_block(run, first)) for w, run in runs.items()]
+    times: Dict[str, List[float]] = {name: [] for name, _ in blocks_of}
     try:
         for b in range(blocks):
-            order = [("bare", bare_block), ("recorded", recorded_block)]
-            if b % 2:
-                order.reverse()  # neither side always follows the other
-            for name, block in order:
+            shift = b % len(blocks_of)  # the order rotates: no side always follows another
+            for name, block in blocks_of[shift:] + blocks_of[:shift]:
                 seconds = block(b * args.block)
                 if b * args.block >= args.warmup:
                     times[name].append(seconds)
-        run.finish()
+        for run in runs.values():
+            run.finish()
     except BaseException as error:
-        run.abandon(error)  # the receipt closed: its directory can go
+        for run in runs.values():
+            run.abandon(error)  # the receipt closed: its directory can go
         raise
     finally:
-        run.loop.close()
+        for run in runs.values():
+            run.loop.close()
     return times
 
 
 def summary(args: argparse.Namespace, times: Dict[str, List[float]], implementation: str) -> Dict[str, Any]:
     import torch
 
-    paired = sorted(r / b - 1 for r, b in zip(times["recorded"], times["bare"]))
-    median = {k: statistics.median(v) for k, v in times.items()}
+    bare = statistics.median(times["bare"])
+    writers = {}
+    for writer, seconds in times.items():
+        if writer == "bare":
+            continue
+        paired = sorted(r / b - 1 for r, b in zip(seconds, times["bare"]))
+        writers[writer] = {
+            "recorded_ms": 1e3 * statistics.median(seconds),
+            "ratio_of_medians_pct": 100 * (statistics.median(seconds) / bare - 1),
+            "paired_median_pct": 100 * statistics.median(paired),
+            "paired_quartiles_pct": [100 * paired[len(paired) // 4], 100 * paired[(3 * len(paired)) // 4]],
+        }
     return {
         "canary": args.canary, "rounds": args.rounds, "threads": args.threads, "digest": implementation,
-        "bare_ms": 1e3 * median["bare"], "recorded_ms": 1e3 * median["recorded"],
-        "ratio_of_medians_pct": 100 * (median["recorded"] / median["bare"] - 1),
-        "paired_median_pct": 100 * statistics.median(paired),
-        "paired_quartiles_pct": [100 * paired[len(paired) // 4], 100 * paired[(3 * len(paired)) // 4]],
+        "bare_ms": 1e3 * bare, "writers": writers,
         "torch": torch.__version__, "cpu": platform.processor() or platform.machine(), "load": os.getloadavg(),
     }
 
@@ -147,19 +173,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     torch.set_num_threads(args.threads)
     load = (lambda: pack_lane_canary(args.pack)) if args.pack else (lambda: load_canary(args.canary))
-    bare, recorded = load(), load()
+    writers = [w.strip() for w in args.writers.split(",") if w.strip()]
+    bare, recorded = load(), {writer: load() for writer in writers}
     if args.pack:
         args.canary = f"{args.pack} (the PyTorch lane)"
     implementation = DigestPlan([1], [1], [True]).implementation
     with tempfile.TemporaryDirectory(prefix="own-model-overhead-") as work:  # removed however the bench ends
-        times = measure(args, bare, recorded, os.path.join(work, "r.h5"))
+        times = measure(args, bare, recorded, work)
     result = summary(args, times, implementation)
     print(f"canary      {args.canary} ({args.threads} thread(s), {args.rounds} rounds, digest {implementation})")
     print(f"bare        {result['bare_ms']:.2f} ms/step (median)")
-    print(f"recorded    {result['recorded_ms']:.2f} ms/step (median)")
-    print(f"overhead    {result['paired_median_pct']:+.1f}% paired median (quartiles "
-          f"{result['paired_quartiles_pct'][0]:+.1f}% .. {result['paired_quartiles_pct'][1]:+.1f}%), "
-          f"{result['ratio_of_medians_pct']:+.1f}% ratio of medians")
+    for writer, w in result["writers"].items():
+        print(f"recorded    {w['recorded_ms']:.2f} ms/step (median), writer {writer}: overhead "
+              f"{w['paired_median_pct']:+.1f}% paired median (quartiles {w['paired_quartiles_pct'][0]:+.1f}% .. "
+              f"{w['paired_quartiles_pct'][1]:+.1f}%), {w['ratio_of_medians_pct']:+.1f}% ratio of medians")
     print(f"machine     torch {torch.__version__}, load {result['load'][0]:.2f}")
     if args.json:
         with open(args.json, "w") as f:

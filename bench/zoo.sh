@@ -21,8 +21,9 @@ import json, os, sys
 print(f"{'member':<14}{'bare ms/step':>14}{'recorded':>10}{'overhead (paired median, quartiles)':>40}")
 for member in ("gpt2", "llama", "mixtral", "bert", "t5", "accumulation"):
     r = json.load(open(os.path.join(sys.argv[1], member + ".json")))
-    q = r["paired_quartiles_pct"]
-    print(f"{member:<14}{r['bare_ms']:>14.2f}{r['recorded_ms']:>10.2f}"
-          f"{r['paired_median_pct']:>+19.1f}% ({q[0]:+.1f}% .. {q[1]:+.1f}%)")
+    w = r["writers"]["auto"]
+    q = w["paired_quartiles_pct"]
+    print(f"{member:<14}{r['bare_ms']:>14.2f}{w['recorded_ms']:>10.2f}"
+          f"{w['paired_median_pct']:>+19.1f}% ({q[0]:+.1f}% .. {q[1]:+.1f}%)")
 print(f"torch {r['torch']}, digest {os.path.basename(r['digest'])}, load {r['load'][0]:.2f}")
 PY

@@ -390,10 +390,19 @@ GrowingDataset::GrowingDataset(hid_t parent, const std::string& name, hid_t file
   const Handle props = checksummed_layout(chunk, deflate_level, name);
   dataset_ = Handle(H5Dcreate2(parent, name.c_str(), file_type, space, H5P_DEFAULT, props, H5P_DEFAULT), H5Dclose,
                     parent, "create dataset " + name);
+  std::string path(static_cast<std::size_t>(std::max<ssize_t>(0, H5Iget_name(dataset_, nullptr, 0))), '\0');
+  H5Iget_name(dataset_, path.data(), path.size() + 1);
+  path_ = path;
 }
 
-void GrowingDataset::append(const void* row, hid_t memory_type) {
-  std::vector<hsize_t> dims{rows_ + 1}, start{rows_}, count{1};
+void GrowingDataset::attach(hid_t file) {
+  if (path_.empty()) return;
+  dataset_ = Handle(H5Dopen2(file, path_.c_str(), H5P_DEFAULT), H5Dclose, file, "open dataset " + path_);
+}
+
+void GrowingDataset::append(const void* rows, hid_t memory_type, hsize_t row_count) {
+  if (row_count == 0) return;  // HDF5 selects no empty hyperslab
+  std::vector<hsize_t> dims{rows_ + row_count}, start{rows_}, count{row_count};
   for (hsize_t d : row_shape_) {
     dims.push_back(d);
     start.push_back(0);
@@ -405,8 +414,8 @@ void GrowingDataset::append(const void* row, hid_t memory_type) {
         "select a row");
   const Handle memory_space(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr), H5Sclose,
                             "memory space");
-  check(H5Dwrite(dataset_, memory_type, memory_space, file_space, H5P_DEFAULT, row), dataset_, "append a row");
-  ++rows_;
+  check(H5Dwrite(dataset_, memory_type, memory_space, file_space, H5P_DEFAULT, rows), dataset_, "append a row");
+  rows_ += row_count;
 }
 
 void write_dataset(hid_t parent, const std::string& name, hid_t file_type, hid_t memory_type,

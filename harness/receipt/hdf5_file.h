@@ -89,10 +89,17 @@ class GrowingDataset {
   // deflate_level > 0: byte-shuffled and deflated chunks (zlib, in every HDF5 build).
   GrowingDataset(hid_t parent, const std::string& name, hid_t file_type, std::vector<hsize_t> row_shape,
                  hsize_t chunk_rows, int deflate_level = 0);
-  void append(const void* row, hid_t memory_type);
+  // `row_count` rows back to back (one by default): a 1-D byte dataset grows by a blob.
+  void append(const void* rows, hid_t memory_type, hsize_t row_count = 1);
   hsize_t rows() const { return rows_; }
+  // For a file closed and opened again (a structural change once SWMR mode began): detach()
+  // closes the dataset's handle and keeps its path and rows; attach() opens it in `file`.
+  // Both do nothing for a dataset never created.
+  void detach() { dataset_.reset(); }
+  void attach(hid_t file);
 
  private:
+  std::string path_;  // absolute, in its file
   Handle dataset_;
   std::vector<hsize_t> row_shape_;
   hsize_t rows_ = 0;

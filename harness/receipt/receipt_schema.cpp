@@ -246,6 +246,61 @@ nlohmann::json shape_json(const ReceiptDataset& d) {
 }
 
 std::string_view presence_word(Presence p) { return p == Presence::kRequired ? "required" : "optional"; }
+using receipt::to_string;  // the words of the other enums, beside Presence's (no hiding)
+std::string_view to_string(Presence p) { return presence_word(p); }
+
+// An exported entry's field read back: the word to_string gives one of `values`.
+template <class Enum, std::size_t N>
+Enum parse_word(const nlohmann::json& word, const nlohmann::json& entry, const char* field, const Enum (&values)[N]) {
+  for (Enum value : values) {
+    if (word.is_string() && word.get<std::string>() == to_string(value)) return value;
+  }
+  throw std::invalid_argument(fmt::format("receipt description: {} of {} is {}, not a word this release knows", field,
+                                          entry.at("path").dump(), word.dump()));
+}
+template <class Enum, std::size_t N>
+Enum from_word(const nlohmann::json& entry, const char* field, const Enum (&values)[N]) {
+  return parse_word(entry.at(field), entry, field, values);
+}
+
+constexpr Presence kPresences[] = {Presence::kOptional, Presence::kRequired};
+constexpr ReceiptDtype kDtypes[] = {T::kFloat64, T::kFloat32, T::kUint64, T::kInt64, T::kInt32, T::kUint8, T::kString};
+constexpr ReceiptDim kDims[] = {D::kSteps, D::kTensors, D::kSketchWidth, D::kColumns, D::kAny};
+constexpr ReceiptValue kKinds[] = {V::kString, V::kInteger, V::kFloat};
+constexpr CounterGate kGates[] = {CounterGate::kNone, CounterGate::kCompilesAfterWarmup, CounterGate::kHostSyncs,
+                                  CounterGate::kPeakBytes};
+constexpr DecisionRecord kDecisions[] = {DecisionRecord::kNone, DecisionRecord::kHash, DecisionRecord::kCount};
+constexpr AttributeRole kRoles[] = {AttributeRole::kNone, AttributeRole::kReductionOrder, AttributeRole::kReductionSeed};
+
+ReceiptGroup group_from_json(const nlohmann::json& g) {
+  return {g.at("path").get<std::string>(), from_word(g, "presence", kPresences), g.at("since_minor").get<int>(),
+          g.at("writer").get<std::string>(), g.at("meaning").get<std::string>()};
+}
+
+ReceiptDataset dataset_from_json(const nlohmann::json& d) {
+  ReceiptDataset out;
+  out.path = d.at("path").get<std::string>();
+  out.dtype = from_word(d, "dtype", kDtypes);
+  const nlohmann::json& shape = d.at("shape");
+  out.any_rank = shape.is_null();
+  if (!out.any_rank) {
+    for (const nlohmann::json& dim : shape) out.shape.push_back(parse_word(dim, d, "shape", kDims));
+  }
+  if (!d.at("columns").is_null()) out.columns = d.at("columns").get<std::string>();
+  out.presence = from_word(d, "presence", kPresences);
+  out.since_minor = d.at("since_minor").get<int>();
+  out.writer = d.at("writer").get<std::string>();
+  out.meaning = d.at("meaning").get<std::string>();
+  out.gate = from_word(d, "gate", kGates);
+  out.decision = from_word(d, "decision", kDecisions);
+  return out;
+}
+
+ReceiptAttribute attribute_from_json(const nlohmann::json& a) {
+  return {a.at("path").get<std::string>(), from_word(a, "kind", kKinds),      from_word(a, "presence", kPresences),
+          a.at("since_minor").get<int>(),  a.at("writer").get<std::string>(), a.at("meaning").get<std::string>(),
+          from_word(a, "role", kRoles)};
+}
 
 }  // namespace
 
@@ -410,6 +465,22 @@ nlohmann::json ReceiptSchema::to_json() const {
           {"groups", groups},
           {"datasets", datasets},
           {"attributes", attributes}};
+}
+
+ReceiptSchema ReceiptSchema::from_json(const nlohmann::json& description) {
+  try {
+    if (description.at("schema_version").get<std::int64_t>() != kSchemaVersion) {
+      throw std::invalid_argument(fmt::format("receipt description: schema_version {}; this release writes {}",
+                                              description.at("schema_version").dump(), kSchemaVersion));
+    }
+    ReceiptEntries entries;
+    for (const nlohmann::json& g : description.at("groups")) entries.groups.push_back(group_from_json(g));
+    for (const nlohmann::json& d : description.at("datasets")) entries.datasets.push_back(dataset_from_json(d));
+    for (const nlohmann::json& a : description.at("attributes")) entries.attributes.push_back(attribute_from_json(a));
+    return ReceiptSchema(entries);
+  } catch (const nlohmann::json::exception& e) {  // a missing field or one of another type
+    throw std::invalid_argument(fmt::format("receipt description: {}", e.what()));
+  }
 }
 
 }  // namespace harness::receipt

@@ -75,6 +75,10 @@ class ReceiptSchema {
   // The export (`harness schema`; python/canary_harness/receipt_schema.json): version,
   // constants and every entry, in the description's order.
   nlohmann::json to_json() const;
+  // The export read back: from_json(s.to_json()) describes what s does. A description of
+  // another schema version, or an entry with a field it cannot read, is refused
+  // (std::invalid_argument naming the entry and the field).
+  static ReceiptSchema from_json(const nlohmann::json& description);
 
  private:
   ReceiptEntries entries_;

@@ -1,5 +1,8 @@
 #include "receipt_writer.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -11,26 +14,44 @@
 #include <fmt/format.h>
 
 #include "receipt/receipt_paths.h"
+#include "receipt/xxh3_dispatch.h"
 
 namespace harness::receipt {
 namespace {
 constexpr std::size_t kContentHashWidth = 64;  // "xxh128:" and 32 hex digits, with room
+// Held checkpoints (a Python canary's): the hash exactly, and the state in 1 MiB chunks.
+constexpr std::size_t kHeldContentHashWidth = 39;
+constexpr hsize_t kHeldStateChunkBytes = hsize_t{1} << 20;
 
 // The receipt reopened for writing after its SWMR phase. A reader that opens the file at
 // that moment (`harness inspect --follow`, h5py) holds HDF5's file lock for the length of
 // its open, and the reopen fails with "unable to lock file": wait that out, for a bounded
 // time, rather than fail a run whose every step is already recorded.
-h5::Handle reopen_for_writing(const std::string& path) {
+// `swmr_again`: opened with the 1.10 format's bounds, which SWMR mode needs.
+h5::Handle reopen_for_writing(const std::string& path, bool swmr_again = false) {
   using clock = std::chrono::steady_clock;
   const auto give_up = clock::now() + std::chrono::seconds(10);
   for (;;) {
     try {
-      return h5::open_file(path, true);
+      return swmr_again ? h5::open_file_for_update(path) : h5::open_file(path, true);
     } catch (const h5::Hdf5Error&) {
       if (clock::now() > give_up) throw;
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
   }
+}
+
+// A damaged file's close flushes again and fails as the write did, and HDF5 1.10.8 then
+// crashes at exit closing it once more (in a process that did not skip the library's exit
+// cleanup, as a Python interpreter using the C API): its descriptor is pointed at /dev/null
+// first, so that what HDF5 still writes goes nowhere and the close succeeds.
+void write_nowhere(hid_t file) {
+  void* handle = nullptr;
+  if (H5Fget_vfd_handle(file, H5P_DEFAULT, &handle) < 0 || handle == nullptr) return;
+  const int null = ::open("/dev/null", O_RDWR);
+  if (null < 0) return;
+  ::dup2(null, *static_cast<int*>(handle));
+  ::close(null);
 }
 
 ReceiptValue value_kind(const AttrValue& value) {
@@ -39,8 +60,8 @@ ReceiptValue value_kind(const AttrValue& value) {
 }
 
 // Attributes the description gives another type: a writer's bug, refused before the file exists.
-void check_attribute_kinds(const Manifest& m, const ReceiptSchema& schema) {
-  for (const auto& [name, value] : m.extra) {
+void check_attribute_kinds(const ManifestAttributes& manifest, const ReceiptSchema& schema) {
+  for (const auto& [name, value] : manifest) {
     const ReceiptAttribute* described = schema.attribute(paths::kManifest, name);
     if (described && described->kind != value_kind(value)) {
       throw std::logic_error(fmt::format("receipt: /manifest/{} is {} in the receipt description, given {}", name,
@@ -50,29 +71,43 @@ void check_attribute_kinds(const Manifest& m, const ReceiptSchema& schema) {
 }
 }  // namespace
 
+ManifestAttributes manifest_attributes(const Manifest& m) {
+  ManifestAttributes out{{"schema_version", kSchemaVersion},
+                         {"schema_minor", kSchemaMinor},
+                         {"lane", m.lane},
+                         {"engine", m.engine},
+                         {"features", m.features},
+                         {"canary", m.canary_json},
+                         {"seed", m.seed},
+                         {"steps_planned", m.steps_planned},
+                         {"threads", m.threads},
+                         {"complete", std::int64_t{0}},
+                         {"created_utc", m.created_utc},
+                         {"git_commit", m.git_commit},
+                         {"toolchain", m.toolchain},
+                         {"libraries", m.libraries},
+                         {"host", m.host},
+                         {"cpu", m.cpu}};
+  out.insert(out.end(), m.extra.begin(), m.extra.end());
+  return out;
+}
+
+std::string content_hash_text(std::uint64_t high64, std::uint64_t low64) {
+  return fmt::format("xxh128:{:016x}{:016x}", high64, low64);
+}
+
 ReceiptWriter::ReceiptWriter(const std::string& path, const Manifest& m, const std::vector<std::string>& tensor_names,
                              bool overwrite, bool record_batches, BatchShape batch_shape, const ReceiptSchema& schema)
+    : ReceiptWriter(path, manifest_attributes(m), tensor_names, overwrite, record_batches, batch_shape, schema) {}
+
+ReceiptWriter::ReceiptWriter(const std::string& path, const ManifestAttributes& manifest,
+                             const std::vector<std::string>& tensor_names, bool overwrite, bool record_batches,
+                             BatchShape batch_shape, const ReceiptSchema& schema)
     : schema_(&schema), path_(path), tensor_count_(tensor_names.size()) {
-  check_attribute_kinds(m, schema);
+  check_attribute_kinds(manifest, schema);
   file_ = h5::create_file(path, overwrite);
   manifest_ = h5::create_group(file_, paths::kManifest);
-  h5::write_attr(manifest_, "schema_version", kSchemaVersion);
-  h5::write_attr(manifest_, "schema_minor", kSchemaMinor);
-  h5::write_attr(manifest_, "lane", m.lane);
-  h5::write_attr(manifest_, "engine", m.engine);
-  h5::write_attr(manifest_, "features", m.features);
-  h5::write_attr(manifest_, "canary", m.canary_json);
-  h5::write_attr(manifest_, "seed", m.seed);
-  h5::write_attr(manifest_, "steps_planned", m.steps_planned);
-  h5::write_attr(manifest_, "threads", m.threads);
-  h5::write_attr(manifest_, "complete", std::int64_t{0});
-  h5::write_attr(manifest_, "created_utc", m.created_utc);
-  h5::write_attr(manifest_, "git_commit", m.git_commit);
-  h5::write_attr(manifest_, "toolchain", m.toolchain);
-  h5::write_attr(manifest_, "libraries", m.libraries);
-  h5::write_attr(manifest_, "host", m.host);
-  h5::write_attr(manifest_, "cpu", m.cpu);
-  for (const auto& entry : m.extra) {  // (no structured binding: Clang 14 cannot capture one)
+  for (const auto& entry : manifest) {  // (no structured binding: Clang 14 cannot capture one)
     std::visit([&](const auto& v) { h5::write_attr(manifest_, entry.first, v); }, entry.second);
   }
 
@@ -256,8 +291,39 @@ void ReceiptWriter::add_checkpoint(int step, const std::string& content_hash) {
   flush();
 }
 
+void ReceiptWriter::declare_held_checkpoints(int every) {
+  if (swmr_) throw h5::Hdf5Error(path_ + ": checkpoints must be declared before the first step");
+  const h5::Handle group = h5::create_group(file_, paths::kCheckpoints);
+  h5::write_attr(group, "every", std::int64_t{every});
+  h5::write_attr(group, "storage", std::string(kCheckpointsInReceipt));
+  checkpoint_step_ = h5::GrowingDataset(file_, paths::kCheckpointStep, H5T_STD_I64LE, {}, 128);
+  checkpoint_offset_ = h5::GrowingDataset(file_, paths::kCheckpointOffset, H5T_STD_I64LE, {}, 128);
+  checkpoint_length_ = h5::GrowingDataset(file_, paths::kCheckpointLength, H5T_STD_I64LE, {}, 128);
+  checkpoint_hash_ =
+      h5::GrowingDataset(file_, paths::kCheckpointContentHash, h5::fixed_string_type(kHeldContentHashWidth), {}, 128);
+  checkpoint_state_ = h5::GrowingDataset(file_, paths::kCheckpointState, H5T_STD_U8LE, {}, kHeldStateChunkBytes);
+  flush();
+}
+
+std::string ReceiptWriter::add_held_checkpoint(int step, std::span<const std::uint8_t> state) {
+  const XXH128_hash_t digest = XXH3_128bits(state.data(), state.size());
+  const std::string hash = content_hash_text(digest.high64, digest.low64);
+  const std::int64_t row[] = {step, static_cast<std::int64_t>(checkpoint_state_.rows()),
+                              static_cast<std::int64_t>(state.size())};
+  checkpoint_state_.append(state.data(), H5T_NATIVE_UINT8, state.size());
+  checkpoint_step_.append(&row[0], H5T_NATIVE_INT64);
+  checkpoint_offset_.append(&row[1], H5T_NATIVE_INT64);
+  checkpoint_length_.append(&row[2], H5T_NATIVE_INT64);
+  const h5::Handle type = h5::fixed_string_type(kHeldContentHashWidth);
+  checkpoint_hash_.append(hash.data(), type);
+  flush();
+  return hash;
+}
+
 void ReceiptWriter::declare_eval(const EvalDeclaration& eval) {
-  if (swmr_) throw h5::Hdf5Error(path_ + ": the evaluation must be declared before the first step");
+  if (eval_logits_size_ > 0) throw std::logic_error(path_ + ": the evaluation is declared once");
+  const bool resume_swmr = swmr_;
+  if (swmr_) leave_swmr();
   const auto rows = static_cast<hsize_t>(eval.rows), tokens = static_cast<hsize_t>(eval.tokens);
   if (eval.targets.size() != rows * tokens) throw std::logic_error("declare_eval: targets are not (rows, tokens)");
   const h5::Handle group = h5::create_group(file_, paths::kEval);
@@ -272,6 +338,7 @@ void ReceiptWriter::declare_eval(const EvalDeclaration& eval) {
                                     {rows, tokens, static_cast<hsize_t>(eval.vocab)}, 1);
   eval_logits_size_ = static_cast<std::size_t>(rows * tokens * static_cast<hsize_t>(eval.vocab));
   flush();
+  if (resume_swmr) start_swmr();
 }
 
 void ReceiptWriter::add_eval(int step, double loss, std::span<const float> logits, double compiles) {
@@ -292,15 +359,33 @@ void ReceiptWriter::start_swmr() {
   swmr_ = true;
 }
 
-void ReceiptWriter::close() {
-  for (h5::GrowingDataset* d : {&loss_, &grad_norm_, &lr_, &batch_hash_, &batches_, &trace_hash_, &trace_l2_,
-                                &trace_projection_, &checkpoint_step_, &checkpoint_hash_, &eval_step_,
-                                &eval_loss_, &eval_logits_, &eval_compiles_}) {
-    *d = h5::GrowingDataset();
+std::vector<h5::GrowingDataset*> ReceiptWriter::growing_datasets() {
+  std::vector<h5::GrowingDataset*> out = {&loss_, &grad_norm_, &lr_, &batch_hash_, &batches_, &trace_hash_, &trace_l2_,
+                                          &trace_projection_, &checkpoint_step_, &checkpoint_hash_, &checkpoint_offset_,
+                                          &checkpoint_length_, &checkpoint_state_, &eval_step_, &eval_loss_,
+                                          &eval_logits_, &eval_compiles_};
+  for (auto* family : {&hashes_[0], &hashes_[1], &hashes_[2], &hashes_[3], &sketch_l2_[0], &sketch_l2_[1],
+                       &sketch_projection_[0], &sketch_projection_[1]}) {
+    out.push_back(family);
   }
-  for (auto& d : hashes_) d = h5::GrowingDataset();
-  for (auto& d : sketch_l2_) d = h5::GrowingDataset();
-  for (auto& d : sketch_projection_) d = h5::GrowingDataset();
+  for (auto& group : state_fields_) {
+    for (auto& field : group) out.push_back(&field);
+  }
+  return out;
+}
+
+void ReceiptWriter::leave_swmr() {
+  for (h5::GrowingDataset* d : growing_datasets()) d->detach();
+  manifest_.reset();
+  file_.reset();
+  file_ = reopen_for_writing(path_, true);
+  manifest_ = h5::open_group(file_, paths::kManifest);
+  for (h5::GrowingDataset* d : growing_datasets()) d->attach(file_);
+  swmr_ = false;
+}
+
+void ReceiptWriter::close() {
+  for (h5::GrowingDataset* d : growing_datasets()) *d = h5::GrowingDataset();
   state_fields_.clear();
   manifest_.reset();
   file_.reset();
@@ -343,6 +428,7 @@ void ReceiptWriter::flush() {
 
 ReceiptWriter::~ReceiptWriter() {
   if (!damaged_) return;
+  if (file_.valid()) write_nowhere(file_);
   close();  // its errors are ignored: the file is going
   std::error_code ignored;
   std::filesystem::remove(path_, ignored);

@@ -15,6 +15,7 @@
 #include <map>
 #include <span>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -34,6 +35,16 @@ struct Manifest {
   std::int64_t threads = 0;
   std::map<std::string, AttrValue> extra;  // engine settings, fault injection, ...
 };
+
+// The manifest's attributes in the order they are written, as a writer of another language
+// gives them (receipt_c_api.h); manifest_attributes() gives a Manifest's, the schema
+// version and complete = 0 among them.
+using ManifestAttributes = std::vector<std::pair<std::string, AttrValue>>;
+ManifestAttributes manifest_attributes(const Manifest& manifest);
+
+// A checkpoint's content hash: "xxh128:" and the 32 hex digits of its XXH3-128 (high half
+// first, xxHash's canonical order), as checkpoint files and /checkpoints/content_hash hold it.
+std::string content_hash_text(std::uint64_t high64, std::uint64_t low64);
 
 struct StepRecord {
   double loss = 0, grad_norm = 0, lr = 0;
@@ -82,6 +93,9 @@ class ReceiptWriter {
   ReceiptWriter(const std::string& path, const Manifest& manifest, const std::vector<std::string>& tensor_names,
                 bool overwrite, bool record_batches, BatchShape batch_shape,
                 const ReceiptSchema& schema = ReceiptSchema::core());
+  // The same from the manifest's attributes themselves (every one checked as above).
+  ReceiptWriter(const std::string& path, const ManifestAttributes& manifest, const std::vector<std::string>& tensor_names,
+                bool overwrite, bool record_batches, BatchShape batch_shape, const ReceiptSchema& schema);
   // Removes the file when a flush failed (it is no receipt then); otherwise closes it, and
   // a writer destroyed before finish() leaves its flushed steps with complete = 0.
   ~ReceiptWriter();
@@ -106,12 +120,21 @@ class ReceiptWriter {
   // (its file's content hash), flushed at once.
   void declare_checkpoints(const std::string& directory, int every);
   void add_checkpoint(int step, const std::string& content_hash);
-  // /eval: declared before the first step; then one row per evaluation (the logits of the
+  // /checkpoints held in the receipt itself (storage = "receipt": a Python canary's state,
+  // docs/receipt-schema.md): declared before the first step; then per checkpoint its bytes
+  // appended to /checkpoints/state and a row of step, offset, length and content hash,
+  // flushed at once. Returns the content hash.
+  void declare_held_checkpoints(int every);
+  std::string add_held_checkpoint(int step, std::span<const std::uint8_t> state);
+  // /eval: declared before the first evaluation (after steps too: a Python canary learns
+  // the vocabulary from its first logits); then one row per evaluation (the logits of the
   // declared rows, (rows, tokens, vocab)), flushed at once.
   void declare_eval(const EvalDeclaration& eval);
   // `compiles`: the programs the evaluation compiled (0 for an eager engine).
   void add_eval(int step, double loss, std::span<const float> logits, double compiles);
+  std::size_t eval_logits_size() const { return eval_logits_size_; }  // rows x tokens x vocab once declared
   void finish();  // dumps written, complete = 1, file closed
+  bool damaged() const { return damaged_; }  // a flush failed: the destructor removes the file
   void flush();
 
  private:
@@ -122,6 +145,8 @@ class ReceiptWriter {
   };
   void create_trace_group(const std::vector<TraceColumn>& columns);
   void start_swmr();
+  void leave_swmr();  // SWMR mode allows no new object: the file closed and opened again
+  std::vector<h5::GrowingDataset*> growing_datasets();
   void close();
 
   void check_described(const std::vector<StepState>& states) const;
@@ -130,6 +155,7 @@ class ReceiptWriter {
   bool swmr_ = false, finished_ = false, damaged_ = false;
   std::vector<Dump> pending_dumps_;
   h5::GrowingDataset checkpoint_step_, checkpoint_hash_;
+  h5::GrowingDataset checkpoint_offset_, checkpoint_length_, checkpoint_state_;  // held in the receipt
   h5::GrowingDataset eval_step_, eval_loss_, eval_logits_, eval_compiles_;
   std::size_t eval_logits_size_ = 0;
   std::string path_;

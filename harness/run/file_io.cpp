@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "receipt/receipt_writer.h"
 #include "receipt/xxh3_dispatch.h"
 
 namespace harness::run {
@@ -66,11 +67,7 @@ std::string file_content_hash(const std::string& path) {
     XXH3_128bits_update(state, buffer.data(), static_cast<std::size_t>(in.gcount()));
   }
   const XXH128_hash_t digest = XXH3_128bits_digest(state);
-  XXH128_canonical_t canonical;
-  XXH128_canonicalFromHash(&canonical, digest);
-  std::string hex = "xxh128:";
-  for (unsigned char byte : canonical.digest) hex += fmt::format("{:02x}", byte);
-  return hex;
+  return receipt::content_hash_text(digest.high64, digest.low64);
 }
 
 std::string read_file(const std::string& path) {

@@ -150,8 +150,10 @@ class NativeDigest:
                                         "canary_harness.digest (a library of another release or build?)")
 
 
-def _candidates() -> List[str]:
-    """Where "auto" looks, in order (module docstring)."""
+def library_candidates(file_name: str, soname: str) -> List[str]:
+    """Where "auto" looks for one of the harness's libraries, in order (module docstring):
+    `file_name` beside the `harness` executable (HARNESS_BIN, then PATH), then `soname`
+    (e.g. "canary_harness_digest") on the system's library path."""
     found = []
     executables = [os.environ.get("HARNESS_BIN") or "", shutil.which("harness") or ""]
     multiarch = getattr(sys.implementation, "_multiarch", "") or ""
@@ -160,9 +162,9 @@ def _candidates() -> List[str]:
             prefix = os.path.dirname(os.path.dirname(os.path.realpath(executable)))
             for libdir in ("lib", os.path.join("lib", multiarch) if multiarch else None):
                 if libdir:
-                    found.append(os.path.join(prefix, libdir, LIBRARY_FILE))
+                    found.append(os.path.join(prefix, libdir, file_name))
     found = [path for i, path in enumerate(found) if path not in found[:i] and os.path.exists(path)]
-    system = ctypes.util.find_library("canary_harness_digest")  # a soname: the loader resolves it
+    system = ctypes.util.find_library(soname)  # a soname: the loader resolves it
     if system:
         found.append(system)
     return found
@@ -190,7 +192,7 @@ def _select(setting: str) -> Optional[NativeDigest]:
         if not os.path.exists(setting):
             raise NativeDigestError(f"{ENV}={setting}: no such file (a path to {LIBRARY_FILE}, 'auto' or 'python')")
         return NativeDigest(os.path.abspath(setting))  # a bare name would send the loader searching
-    candidates = _candidates()
+    candidates = library_candidates(LIBRARY_FILE, "canary_harness_digest")
     for path in candidates:
         try:
             return NativeDigest(path)

@@ -44,16 +44,29 @@ def harness_bin() -> Path:
     return path
 
 
+def _built_library(harness_bin: Path, file_name: str, what: str) -> str:
+    """A library the build made next to the harness binary, or the test fails saying so."""
+    path = harness_bin.resolve().parent.parent / "lib" / file_name
+    if not path.exists():
+        pytest.fail(f"{path}: the build makes the {what} library next to {harness_bin} (cmake --build build)",
+                    pytrace=False)
+    return str(path)
+
+
 @pytest.fixture(scope="session")
 def digest_library(harness_bin: Path) -> str:
     """The digest library the build made next to the harness binary (canary_harness.native)."""
     from canary_harness.native import LIBRARY_FILE
 
-    path = harness_bin.resolve().parent.parent / "lib" / LIBRARY_FILE
-    if not path.exists():
-        pytest.fail(f"{path}: the build makes the digest library next to {harness_bin} (cmake --build build)",
-                    pytrace=False)
-    return str(path)
+    return _built_library(harness_bin, LIBRARY_FILE, "digest")
+
+
+@pytest.fixture(scope="session")
+def writer_library(harness_bin: Path) -> str:
+    """The receipt writer library beside it (canary_harness.receipt_native)."""
+    from canary_harness.receipt_native import LIBRARY_FILE
+
+    return _built_library(harness_bin, LIBRARY_FILE, "receipt")
 
 
 def run_module(module: str, *args: str, check: bool = True, unset: tuple = ()) -> subprocess.CompletedProcess:

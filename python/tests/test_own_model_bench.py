@@ -60,9 +60,10 @@ def test_a_canary_with_eval_batch_runs_past_its_steps_and_leaves_nothing(tmp_pat
     # schedule (steps 6-9 run steps 0-3 again): its evaluation steps come round twice.
     out = tmp_path / "overhead.json"
     assert bench().main(["--canary", f"{SMALL}:with_eval", "--rounds", "10", "--warmup", "0", "--block", "2",
-                         "--json", str(out)]) == 0
+                         "--writers", "auto,h5py", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
-    assert result["bare_ms"] > 0 and result["recorded_ms"] > 0
+    assert result["bare_ms"] > 0 and sorted(result["writers"]) == ["auto", "h5py"]
+    assert all(w["recorded_ms"] > 0 for w in result["writers"].values())
     assert left_behind(made) == []
 
 

@@ -63,7 +63,64 @@ print(tensor_hash(np.array([1.0, -2.5, 0.0, 3.0, 1e-3], dtype=np.float32)))')
     [ "$c_hash" = "$py_hash" ] || fail "the C ABI's hash $c_hash is not canary_harness's $py_hash"
   fi
 fi
-extra=$(cd "$PREFIX" && find . -type f | grep -vE '^\./(bin/harness|include/canary_harness/(receipt|api|numerics)/[a-z0-9_]+\.h|.*/cmake/CanaryHarness/CanaryHarness[A-Za-z-]*\.cmake|.*/libharness_(receipt|engine_api|numerics)\.a|.*/libcanary_harness_digest\.so\.[0-9.]+)$')
+# The receipt writer behind its C ABI (docs/cpp.md): it loads into python3 and passes
+# canary_harness.receipt_native's checks (ABI, schema), and a C99 program built against the
+# installed header and library alone writes a receipt the installed harness validates.
+receipt_lib=$(cd "$PREFIX" && find . -name 'libcanary_harness_receipt.so.1' | head -n 1)
+[ -n "$receipt_lib" ] && [ -e "$PREFIX/$receipt_lib" ] || fail "no libcanary_harness_receipt.so.1 in the prefix"
+if [ -n "$receipt_lib" ]; then
+  PYTHONPATH="$REPO/python" CANARY_HARNESS_WRITER="$PREFIX/$receipt_lib" "$PY" -c \
+    'from canary_harness.receipt_native import receipt_library; import sys; sys.exit(receipt_library() is None)' ||
+    fail "the installed receipt library does not load or writes another schema"
+  "$PREFIX/bin/harness" schema >"$WORK/description.json"
+  cat >"$WORK/receipt.c" <<'CSRC'
+#include <canary_harness/receipt/receipt_c_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+/* receipt DESCRIPTION.json OUT.h5: one step of one tensor, finished. */
+int main(int argc, char** argv) {
+  char error[512];
+  FILE* f = fopen(argv[1], "rb");
+  if (argc != 3 || !f) return 2;
+  fseek(f, 0, SEEK_END);
+  long size = ftell(f);
+  rewind(f);
+  char* description = calloc((size_t)size + 1, 1);
+  if (!description || fread(description, 1, (size_t)size, f) != (size_t)size) return 2;
+  fclose(f);
+  const canary_receipt_attribute manifest[] = {
+      {"schema_version", 1, NULL, canary_receipt_schema_version(), 0}, {"schema_minor", 1, NULL, canary_receipt_schema_minor(), 0},
+      {"lane", 0, "c/consumer", 0, 0}, {"engine", 0, "consumer", 0, 0}, {"features", 0, "", 0, 0},
+      {"budget_features", 0, "", 0, 0}, {"canary", 0, "{\"name\": \"consumer\"}", 0, 0}, {"seed", 1, NULL, 1, 0},
+      {"steps_planned", 1, NULL, 1, 0}, {"threads", 1, NULL, 1, 0}, {"complete", 1, NULL, 0, 0},
+      {"created_utc", 0, "2026-11-30T00:00:00Z", 0, 0}, {"git_commit", 0, "unknown", 0, 0},
+      {"toolchain", 0, "cc", 0, 0}, {"libraries", 0, "", 0, 0}, {"host", 0, "", 0, 0}, {"cpu", 0, "", 0, 0}};
+  const char* names[] = {"w"};
+  canary_receipt_writer* w = canary_receipt_create(argv[2], 0, description, sizeof manifest / sizeof manifest[0],
+                                                   manifest, 1, names, 0, 0, error, sizeof error);
+  if (!w) { fprintf(stderr, "%s\n", error); return 1; }
+  const uint64_t hashes[4] = {1, 2, 3, 4};
+  const double l2[2] = {0.5, 0.25};
+  double projection[32] = {0};
+  if (canary_receipt_append_step(w, 2.5, 1.0, 1e-3, 7, hashes, l2, projection, NULL, error, sizeof error) != 0 ||
+      canary_receipt_finish(w, error, sizeof error) != 0) {
+    fprintf(stderr, "%s\n", error);
+    return 1;
+  }
+  canary_receipt_close(w, 0);
+  free(description);
+  return 0;
+}
+CSRC
+  libdir=$(dirname "$PREFIX/$receipt_lib")
+  if run_quiet "compiling a C program against the receipt library" -- \
+      cc -std=c99 -Wall -Wextra -Wpedantic -Werror -I"$PREFIX/include" "$WORK/receipt.c" -L"$libdir" \
+      -lcanary_harness_receipt -Wl,-rpath,"$libdir" -o "$WORK/receipt_c"; then
+    run_quiet "the C program writing a receipt" -- "$WORK/receipt_c" "$WORK/description.json" "$WORK/c.h5" &&
+      run_quiet "harness validate of the C program's receipt" -- "$PREFIX/bin/harness" validate "$WORK/c.h5"
+  fi
+fi
+extra=$(cd "$PREFIX" && find . -type f | grep -vE '^\./(bin/harness|include/canary_harness/(receipt|api|numerics)/[a-z0-9_]+\.h|.*/cmake/CanaryHarness/CanaryHarness[A-Za-z-]*\.cmake|.*/libharness_(receipt|engine_api|numerics)\.a|.*/libcanary_harness_(digest|receipt)\.so\.[0-9.]+)$')
 [ -z "$extra" ] || fail "installed beyond the package: $extra"
 grep -l -F "$REPO" "$PKG"/*.cmake >/dev/null && fail "the package's CMake files name the source or build tree: $(grep -h -F "$REPO" "$PKG"/*.cmake | head -n 3)"
 
