@@ -56,8 +56,9 @@ it once, after optimizer.step() and before zero_grad().
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -200,10 +201,131 @@ def _canary_name(canary: Any, lane: Optional[str]) -> str:
                         "the lane <name>/<engine>[+features] and the budgets' [<name>.FEATURE] entries), or lane=")
 
 
+@dataclasses.dataclass(frozen=True)
+class RecorderOptions:
+    """What a Recorder records besides the loop itself, as one object: made once, checked when
+    a Recorder takes it (a RecorderError naming the field), reusable for every run of a job
+    (`dataclasses.replace(options, seed=...)` changes a field). `Recorder(..., options=o)`;
+    Recorder's keyword arguments are the same fields, a shorthand laid over `options`.
+
+    The canary: `pack` (canary_harness.pack.CanaryPack) gives its JSON, tensor names and
+    shapes, seed and steps (`seed` and `steps` given beside it override them); without a
+    pack, `canary`, `tensor_names`, `seed` and `steps`. The receipt: `budget_features`
+    (declared, never defaulted), `lane`, `engine`, `features`, `extra`, `overwrite`,
+    `stack`, `record_batches`. Each step: `trace` and `op_names`, `audit`, `overlap`.
+    Recorder's docstring says what each does.
+    """
+
+    budget_features: Any
+    pack: Any = None
+    canary: Union[str, Mapping[str, Any], None] = None
+    tensor_names: Optional[Sequence[str]] = None
+    seed: Optional[int] = None
+    steps: Optional[int] = None
+    lane: Optional[str] = None
+    engine: str = "torch"
+    features: str = ""
+    extra: Optional[Mapping[str, Any]] = None
+    overwrite: bool = False
+    stack: Optional[StackInfo] = None
+    record_batches: bool = False
+    trace: str = "none"
+    op_names: Any = None
+    audit: bool = False
+    overlap: Optional[bool] = None
+
+
+OPTION_NAMES = tuple(f.name for f in dataclasses.fields(RecorderOptions))
+
+
+def recorder_options(options: Optional[RecorderOptions], settings: Mapping[str, Any]) -> RecorderOptions:
+    """`options` with the keyword `settings` laid over it (either may be missing); an unknown
+    name, or an options object of another type, is a RecorderError."""
+    unknown = sorted(set(settings) - set(OPTION_NAMES))
+    if unknown:
+        raise RecorderError(f"Recorder: no option '{unknown[0]}' (RecorderOptions' fields: {', '.join(OPTION_NAMES)})")
+    if options is None:
+        if "budget_features" not in settings:
+            raise RecorderError("budget_features: declare it as a str (\"torch-cpu\", ...; \"\" for a bitwise lane)")
+        return RecorderOptions(**settings)
+    if not isinstance(options, RecorderOptions):
+        raise RecorderError(f"options: a {type(options).__name__}, not a RecorderOptions")
+    return dataclasses.replace(options, **settings)
+
+
+def _check_declared(o: RecorderOptions) -> Dict[str, Any]:
+    """The options' own values checked (budget_features, trace, extra); returns the extra attributes."""
+    problem = trace_problem(o.trace, where="trace")
+    if problem:
+        raise RecorderError(problem)
+    if not isinstance(o.budget_features, str):
+        raise RecorderError(f"budget_features={o.budget_features!r}: declare it as a str (\"torch-cpu\", ...; "
+                            "\"\" for a bitwise lane)")
+    try:
+        parse_features(o.budget_features)
+    except ValueError as e:
+        raise RecorderError(f"budget_features: {e}") from None
+    return _check_extra(o.extra)
+
+
+class CanaryIdentity(NamedTuple):
+    """The canary a Recorder records, from its pack or from its options."""
+
+    canary: Any  # its JSON (text or a dict)
+    name: str  # "" where the options name the lane
+    tensor_names: List[str]
+    shapes: Optional[Dict[str, Tuple[int, ...]]]  # a pack's, checked against the model
+    seed: int
+    steps: int
+    batch_shape: Optional[Tuple[int, int]]  # a pack's (B, T+1)
+
+
+def canary_identity(o: RecorderOptions) -> CanaryIdentity:
+    """The canary of the options: the pack's (seed and steps may narrow it), else the one given."""
+    pack = o.pack
+    if pack is not None:
+        seed = pack.seed if o.seed is None else _count_arg("seed", o.seed)
+        steps = pack.steps if o.steps is None else _count_arg("steps", o.steps)
+        if steps > pack.steps:
+            raise RecorderError(f"steps {steps}: the pack {pack.path} holds {pack.steps} batches")
+        identity = CanaryIdentity(pack.canary_json, pack.name, pack.tensor_names,
+                                  {n: tuple(pack.init[n].shape) for n in pack.tensor_names}, seed, steps,
+                                  pack.batch_shape)
+    else:
+        missing = [k for k in ("canary", "tensor_names", "seed", "steps") if getattr(o, k) is None]
+        if missing:
+            raise RecorderError(f"Recorder needs a pack, or {', '.join(missing)}")
+        identity = CanaryIdentity(o.canary, _canary_name(o.canary, o.lane), o.tensor_names, None,
+                                  _count_arg("seed", o.seed), _count_arg("steps", o.steps), None)
+    names = identity.tensor_names
+    if isinstance(names, (str, bytes)) or not all(isinstance(n, str) and n for n in names):
+        raise RecorderError("tensor_names: give a list of non-empty str, the canary's tensors in canonical order")
+    duplicates = sorted({n for n in names if list(names).count(n) > 1})
+    if duplicates:
+        raise RecorderError(f"tensor_names: '{duplicates[0]}' appears more than once")
+    return identity._replace(tensor_names=list(names))
+
+
+def _manifest(o: RecorderOptions, identity: CanaryIdentity, extra: Mapping[str, Any]) -> Dict[str, Any]:
+    """The receipt's manifest: the lane, the canary and the run's settings, then `extra`."""
+    manifest: Dict[str, Any] = {
+        "lane": o.lane or f"{identity.name}/{o.engine}" + (f"+{o.features}" if o.features else ""),
+        "engine": o.engine, "features": o.features, "budget_features": o.budget_features, "canary": identity.canary,
+        "seed": identity.seed, "steps_planned": identity.steps, "threads": torch.get_num_threads(),
+    }
+    if o.pack is not None:
+        manifest["data_seed"] = o.pack.data_seed
+        manifest["pack"] = os.path.basename(o.pack.path)
+    manifest["trace"] = o.trace
+    manifest.update(extra)
+    return manifest
+
+
 class Recorder:
     """Records a PyTorch training loop into a receipt, one step per step() call.
 
-    The canary (its JSON, the tensor names and shapes, the seed and the steps) comes from
+    What it records is a RecorderOptions (`options=`), or the same fields as keyword
+    arguments laid over it. The canary (its JSON, the tensor names and shapes, the seed and the steps) comes from
     `pack` (canary_harness.pack.CanaryPack), or from `canary`, `tensor_names`, `seed` and
     `steps` when you train without one. `lane` defaults to "<canary>/<engine>[+features]".
     `budget_features` is required: what separates this run from the bitwise reference
@@ -242,50 +364,15 @@ class Recorder:
     """
 
     def __init__(self, path: PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 name_map: Optional[Mapping[str, str]] = None, *, budget_features: str, pack: Any = None,
-                 canary: Union[str, Mapping[str, Any], None] = None, tensor_names: Optional[Sequence[str]] = None,
-                 seed: Optional[int] = None, steps: Optional[int] = None, lane: Optional[str] = None,
-                 engine: str = "torch", features: str = "", record_batches: bool = False,
-                 extra: Optional[Mapping[str, Any]] = None, overwrite: bool = False,
-                 stack: Optional[StackInfo] = None, trace: str = "none", op_names: Any = None,
-                 audit: bool = False, overlap: Optional[bool] = None) -> None:
+                 name_map: Optional[Mapping[str, str]] = None, *, options: Optional[RecorderOptions] = None,
+                 **settings: Any) -> None:
         self._closed = False  # set by close() and __exit__: no step or dump after it (RecorderError)
-        problem = trace_problem(trace, where="trace")
-        if problem:
-            raise RecorderError(problem)
-        if not isinstance(budget_features, str):
-            raise RecorderError(f"budget_features={budget_features!r}: declare it as a str (\"torch-cpu\", ...; "
-                                "\"\" for a bitwise lane)")
-        try:
-            parse_features(budget_features)
-        except ValueError as e:
-            raise RecorderError(f"budget_features: {e}") from None
-        extra = _check_extra(extra)
-        shapes = None
-        batch_shape = None
-        if pack is not None:
-            canary = pack.canary_json
-            tensor_names = pack.tensor_names
-            shapes = {n: tuple(pack.init[n].shape) for n in pack.tensor_names}
-            seed = pack.seed if seed is None else _count_arg("seed", seed)
-            steps = pack.steps if steps is None else _count_arg("steps", steps)
-            batch_shape = pack.batch_shape
-            if steps > pack.steps:
-                raise RecorderError(f"steps {steps}: the pack {pack.path} holds {pack.steps} batches")
-            canary_name = pack.name
-        else:
-            missing = [k for k, v in (("canary", canary), ("tensor_names", tensor_names), ("seed", seed),
-                                      ("steps", steps)) if v is None]
-            if missing:
-                raise RecorderError(f"Recorder needs a pack, or {', '.join(missing)}")
-            seed, steps = _count_arg("seed", seed), _count_arg("steps", steps)
-            canary_name = _canary_name(canary, lane)
-        if isinstance(tensor_names, (str, bytes)) or not all(isinstance(n, str) and n for n in tensor_names):
-            raise RecorderError("tensor_names: give a list of non-empty str, the canary's tensors in canonical order")
-        self.tensor_names: List[str] = list(tensor_names)
-        duplicates = sorted({n for n in self.tensor_names if self.tensor_names.count(n) > 1})
-        if duplicates:
-            raise RecorderError(f"tensor_names: '{duplicates[0]}' appears more than once")
+        o = recorder_options(options, settings)
+        self.options = o
+        extra = _check_declared(o)
+        identity = canary_identity(o)
+        self.tensor_names: List[str] = identity.tensor_names
+        shapes, batch_shape = identity.shapes, identity.batch_shape
         self.parameters = _check_name_map(model, name_map, self.tensor_names, shapes)
         for name, param in self.parameters.items():
             if param.is_meta:  # no values to record: the model was never materialized
@@ -298,43 +385,35 @@ class Recorder:
         self.optimizer = optimizer
         self._moments = MomentSource(optimizer)  # adam_m, adam_v: the runner's rule (recording.MOMENT_STATE)
         self.steps_recorded = 0
-        manifest: Dict[str, Any] = {
-            "lane": lane or f"{canary_name}/{engine}" + (f"+{features}" if features else ""),
-            "engine": engine, "features": features, "budget_features": budget_features, "canary": canary,
-            "seed": int(seed), "steps_planned": int(steps), "threads": torch.get_num_threads(),
-        }
-        if pack is not None:
-            manifest["data_seed"] = pack.data_seed
-            manifest["pack"] = os.path.basename(pack.path)
-        manifest["trace"] = trace
-        manifest.update(extra)
+        manifest = _manifest(o, identity, extra)
         # Every tensor of every family hashed, params and grads sketched, in one call a step
         # (digest.DigestPlan: the harness's digest library where it is found, else Python).
         # Made before the receipt: a digest library that cannot be used leaves no file behind.
         self._digest = StepDigest(self.tensor_names, [p.numel() for p in self.parameters.values()])
-        self.writer = ReceiptWriter(path, manifest, self.tensor_names, overwrite=overwrite,
-                                    batch_shape=batch_shape if record_batches else None, stack=stack)
+        self.writer = ReceiptWriter(path, manifest, self.tensor_names, overwrite=o.overwrite,
+                                    batch_shape=batch_shape if o.record_batches else None, stack=o.stack)
         self.path = self.writer.path
-        self._record_batches = record_batches and batch_shape is not None  # as the writer keeps batches
+        self._record_batches = o.record_batches and batch_shape is not None  # as the writer keeps batches
         self.tracer = None
-        if trace == "ops":
+        if o.trace == "ops":
             from .trace import StepTraces  # hooks the model from here on: after any hook of yours (a fault)
             try:
-                self.tracer = StepTraces(model, {id(p): n for n, p in self.parameters.items()}, op_names)
+                self.tracer = StepTraces(model, {id(p): n for n, p in self.parameters.items()}, o.op_names)
             except BaseException:
                 self.writer.discard()  # no step was recorded: the receipt goes with the error
                 raise
+        overlap = o.overlap
         if overlap is None:  # the cheaper one for where the tensors are (class docstring)
             on_cpu = all(p.device.type == "cpu" for p in self.parameters.values())
             overlap = not (on_cpu and self._digest.native)
-        self.overlap = bool(overlap) and trace == "none"
+        self.overlap = bool(overlap) and o.trace == "none"
         self._batch_shape = tuple(batch_shape) if batch_shape is not None else None
         # The background digest and writer (with overlap): its thread starts at the first step, close() ends it.
         self._overlap = Overlap(self._digest, lambda digests, scalars, hashed, tokens, compile_row: self._write(
             digests, scalars, hashed, tokens, compile_row, None), name=f"canary-recorder:{os.path.basename(str(self.path))}")
         self._failure: Optional[RecorderError] = None  # the worker's error, once raised: raised again
         self.audit = None
-        if audit:
+        if o.audit:
             # From here to each step() call is a step: its ops, fingerprinted (canary_harness.audit).
             from .audit import CompileLog
             self.audit = CompileLog()

@@ -11,7 +11,7 @@ import torch
 from canary_harness import ReceiptReader, tensor_hash
 from canary_harness.models import gpt2
 from canary_harness.pack import read_pack
-from canary_harness.torch import Recorder, RecorderError
+from canary_harness.torch import Recorder, RecorderError, RecorderOptions
 
 from conftest import run_harness
 from host_reads import HostReads
@@ -303,6 +303,8 @@ def test_a_batch_not_of_the_packs_shape_is_named(micro_pack: Path, tmp_path: Pat
     (dict(canary={"n_layer": 2}), r"canary: the canary JSON's 'name' is None; give a non-empty name without '/'"),
     (dict(canary={"name": "a/b"}), r"canary: the canary JSON's 'name' is 'a/b'"),
     (dict(canary="[1]"), r"canary: canary JSON is not an object"),
+    (dict(colour="red"), r"Recorder: no option 'colour' \(RecorderOptions' fields: budget_features, pack, canary"),
+    (dict(options={"budget_features": ""}), r"options: a dict, not a RecorderOptions"),
 ])
 def test_bad_recorder_arguments_are_named_and_write_nothing(tmp_path: Path, kwargs: dict, message: str):
     model = torch.nn.Linear(4, 4)
@@ -311,6 +313,47 @@ def test_bad_recorder_arguments_are_named_and_write_nothing(tmp_path: Path, kwar
     name_map = args.pop("name_map", None)
     with pytest.raises(RecorderError, match=message):
         Recorder(tmp_path / "r.h5", model, torch.optim.Adam(model.parameters()), name_map, **args)
+    assert not (tmp_path / "r.h5").exists()
+
+
+def test_one_options_object_serves_many_runs_and_keywords_lay_over_it(tmp_path: Path):
+    options = RecorderOptions(budget_features="torch-cpu", canary={"preset": "toy"}, tensor_names=["weight", "bias"],
+                              seed=1, steps=1, extra={"team": "numerics"})
+
+    def record(path: Path, **settings) -> dict:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 4)
+        optimizer = torch.optim.Adam(model.parameters())
+        with Recorder(path, model, optimizer, options=options, **settings) as recorder:
+            assert recorder.options.seed == settings.get("seed", 1)
+            recorder.step(loss=_train(model, optimizer), grad_norm=1.0, batch=BATCH)
+        with ReceiptReader(path) as r:
+            return {k: r.manifest[k] for k in ("lane", "seed", "budget_features", "team")}
+
+    assert record(tmp_path / "a.h5") == {"lane": "toy/torch", "seed": 1, "budget_features": "torch-cpu",
+                                         "team": "numerics"}
+    assert record(tmp_path / "b.h5", seed=7, lane="toy/mine") == {"lane": "toy/mine", "seed": 7,
+                                                                   "budget_features": "torch-cpu", "team": "numerics"}
+    assert options.seed == 1  # frozen: a run's keywords never change the shared object
+    # The keyword form is the same object's fields: it records the same manifest.
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.Adam(model.parameters())
+    with Recorder(tmp_path / "c.h5", model, optimizer, budget_features="torch-cpu", canary={"preset": "toy"},
+                  tensor_names=["weight", "bias"], seed=1, steps=1, extra={"team": "numerics"}) as recorder:
+        assert recorder.options == options
+        recorder.step(loss=_train(model, optimizer), grad_norm=1.0, batch=BATCH)
+    with ReceiptReader(tmp_path / "a.h5") as a, ReceiptReader(tmp_path / "c.h5") as c:
+        assert np.array_equal(a.hashes("params"), c.hashes("params"))
+        assert {k: v for k, v in a.manifest.items() if k != "created_utc"} == \
+            {k: v for k, v in c.manifest.items() if k != "created_utc"}
+
+
+def test_budget_features_are_declared_even_without_an_options_object(tmp_path: Path):
+    model = torch.nn.Linear(4, 4)
+    with pytest.raises(RecorderError, match="budget_features: declare it as a str"):
+        Recorder(tmp_path / "r.h5", model, torch.optim.Adam(model.parameters()), canary={"preset": "toy"},
+                 tensor_names=["weight", "bias"], seed=1, steps=1)
     assert not (tmp_path / "r.h5").exists()
 
 
