@@ -27,9 +27,13 @@ import argparse
 import sys
 from typing import List, NoReturn, Optional
 
+from .canary import CanaryError, CanaryImportError, load_canary
+from .invariance import run as run_invariance
 from .lane_args import (MAX_THREADS, add_device_arguments, add_layout_arguments, add_versioned_argument, check_out,
                         device_of, trace_problem)
-from .usage import UsageError
+from .receipt import ReceiptError
+from .regressions import linear_weights
+from .usage import UsageError, count_flag
 
 PROG = "canary_harness"
 
@@ -145,8 +149,6 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .usage import count_flag
-
     if args.precision not in ("fp32", "bf16"):
         raise UsageError(f"--precision: unknown precision '{args.precision}'; use fp32 or bf16")
     if args.trace == "aten":
@@ -196,8 +198,6 @@ def _layout_processes(args: argparse.Namespace) -> int:
 def _run_canary(args: argparse.Namespace, torch, threads: int, seed: Optional[int], perturb: Optional[int],
                 rank) -> int:
     """`run` in this process: the whole run, or one rank of a distributed one."""
-    from .canary import load_canary
-    from .usage import count_flag
     from .runner import RunOptions, parse_canary_fault, print_summary, run_canary
 
     device = device_of(args.device, args.compile_cache)
@@ -230,7 +230,6 @@ def _run_canary(args: argparse.Namespace, torch, threads: int, seed: Optional[in
 def replay(args: argparse.Namespace) -> int:
     import json
 
-    from .usage import count_flag
     from .replay import replay as replay_receipt
     from .replay import to_json, to_text
 
@@ -251,7 +250,6 @@ def replay(args: argparse.Namespace) -> int:
 
 
 def rerun(args: argparse.Namespace) -> int:
-    from .usage import count_flag
     from .replay import rerun as rerun_receipt
     from .runner import print_summary
 
@@ -294,9 +292,6 @@ def describe(args: argparse.Namespace) -> int:
 
     import torch
 
-    from .canary import CanaryImportError, load_canary
-    from .regressions import linear_weights
-
     check_json_out(args.json_out)
     try:
         if args.json_out is not None:  # stdout is the canary's own
@@ -332,9 +327,6 @@ def describe(args: argparse.Namespace) -> int:
 def invariance(args: argparse.Namespace) -> int:
     """`python3 -m canary_harness invariance FILE.py:NAME`: canary_harness.invariance's check
     of a Python canary (the flags read here, the work there)."""
-    from .invariance import run as run_invariance
-    from .usage import count_flag
-
     if args.precision not in ("fp32", "bf16"):
         raise UsageError(f"--precision: unknown precision '{args.precision}'; use fp32 or bf16")
     return run_invariance(argparse.Namespace(
@@ -347,8 +339,6 @@ def invariance(args: argparse.Namespace) -> int:
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     args.argv = list(argv) if argv is not None else sys.argv[1:]  # what a distributed run's ranks are started with
-    from .canary import CanaryError
-    from .receipt import ReceiptError
 
     try:
         commands = {"run": run, "replay": replay, "rerun": rerun, "describe": describe, "invariance": invariance,

@@ -23,6 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .aten_trace import STEP, StepPhases
 from .canary import CanaryError
+from .faults import ulps_up
 
 
 def split_target(op: str) -> Optional[Tuple[str, str, int]]:
@@ -57,8 +58,6 @@ class AtenFault:
     """Nudges the output of one aten op call at the fault's step (module docstring)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, spec: Any) -> None:
-        from .faults import ulps_up
-
         self.spec = spec
         self.module, self.name, self.occurrence = split_target(spec.op)
         self.phases = StepPhases(model, optimizer)  # where an op runs, named as the aten trace names it

@@ -68,7 +68,8 @@ from typing import Any, Callable, Dict, Iterable, List, NoReturn, Optional, Sequ
 
 import xxhash
 
-from .canary import Canary  # torch-free: the type a FILE.py:NAME may return
+from . import xla_audit
+from .canary import Canary, CanaryError, load_canary
 from .devices import place_on_device, to_device  # torch-free at import
 
 PROG = "canary_harness.audit"
@@ -1001,8 +1002,6 @@ def _load_canary(target: str) -> Any:
     """The Canary FILE.py:NAME returns, as `canary_harness run` loads it (canary.load_canary:
     the file imported afresh, torch, random and numpy seeded, NAME() called, every field
     checked); a CanaryError is an AuditError."""
-    from .canary import CanaryError, load_canary
-
     try:
         return load_canary(target)
     except CanaryError as e:
@@ -1082,8 +1081,6 @@ class _XlaRun:
     imported), the step made on its device and run (canary_harness.xla_audit)."""
 
     def __init__(self, scope: contextlib.ExitStack) -> None:
-        from . import xla_audit
-
         from .xla import XlaUnavailable, xla_device
 
         self.directory = scope.enter_context(xla_audit.scratch_directory())
@@ -1099,8 +1096,6 @@ class _XlaRun:
         return self._device
 
     def run(self, step: Callable[[int], Any], steps: int, report: "AuditReport") -> None:
-        from . import xla_audit
-
         try:
             self.rows = xla_audit.run_steps(step, steps, self.dump)
         except Exception as e:
@@ -1112,8 +1107,6 @@ class _XlaRun:
                         **self.verdict.to_json()}}
 
     def format(self) -> str:
-        from . import xla_audit
-
         return xla_audit.format_rows(self.rows, self.verdict, os.environ.get("PJRT_DEVICE", ""))
 
 

@@ -47,6 +47,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 import torch
 
 from .canary import CanaryError
+from .usage import UsageError, count_flag
 
 LAYOUTS = ("ddp", "fsdp")
 RANK_ENV = "CANARY_HARNESS_RANK"  # set by launch() in each rank's environment: "RANK/WORLD"
@@ -83,8 +84,6 @@ def layout_processes(layout: Optional[str], nproc: Optional[str], conflicts: Dic
     """The process count of --layout LAYOUT --nproc NPROC (1 without a layout); UsageError
     for an unknown layout, --nproc without one, or a flag of `conflicts` ({flag: given})
     that a layout cannot run with."""
-    from .usage import UsageError, count_flag
-
     if layout is None:
         if nproc is not None:
             raise UsageError("--nproc: only with --layout ddp or fsdp")

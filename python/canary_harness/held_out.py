@@ -22,7 +22,9 @@ import numpy as np
 import torch
 
 from .canary import CanaryError, LoadedCanary, call_model
+from .devices import to_device
 from .digest import batch_hash, batch_tree_hash
+from .xla import mark_step
 
 
 class EvalRow(NamedTuple):
@@ -96,8 +98,6 @@ class HeldOutEval:
         return step > 0 and step % self.every == 0
 
     def evaluate(self, model: torch.nn.Module, step: int) -> EvalRow:
-        from .devices import to_device
-
         if self.batch is None:
             self.batch = to_device(self.host_batch, self.device)
             self.targets = self.targets.to(self.device)  # once: every evaluation reads them
@@ -115,8 +115,6 @@ class HeldOutEval:
             loss, recorded = self._measure(logits)
         compiles = 0.0
         if self.counters is not None:
-            from .xla import mark_step
-
             mark_step()
             compiles = float(self.counters.end().get("UncachedCompile", 0.0))
         return EvalRow(step, loss, recorded, compiles)

@@ -28,6 +28,7 @@ from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple
 
 import numpy as np
 
+from .canary import call_model, load_canary
 from .lane_args import MAX_THREADS, add_device_arguments, check_device_name, device_of
 from .lane_stacks import lane_name, stack_options
 from .pack_step import architecture_module, load_pack
@@ -186,8 +187,6 @@ def _forward_rows(model: Any, tree: Any, batch: int, position: int,
     the order the modules returned; and the sequence's row of the logits, if any."""
     import torch
 
-    from .canary import call_model
-
     rows: Dict[Key, Any] = {}
     calls: Counter = Counter()
 
@@ -339,8 +338,6 @@ def _canary_report(args: argparse.Namespace) -> Dict[str, Any]:
     import contextlib
 
     import torch
-
-    from .canary import load_canary
 
     if args.device != "cpu":
         raise UsageError(f"--device: a Python canary is checked on the CPU; '{args.device}' is for --pack")

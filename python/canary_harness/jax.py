@@ -41,15 +41,19 @@ from typing import Any, Dict, List, NamedTuple, NoReturn, Optional, Sequence, Tu
 
 import numpy as np
 
+from .architectures import architecture_of, described, model_of
 from .budget_features import format_features
+from .digest import batch_hash
+from .faults import FaultSpec
+from .lane_args import check_out, parse_lane_fault
 from .lane_stacks import budget_features as stack_budget_features, lane_name, stack_options
+from .models.table import is_decayed
+from .pack import PackError, read_pack
+from .receipt import ReceiptError, ReceiptWriter
+from .usage import UsageError, count_flag
 
 PROG = "canary_harness.jax"
 PLANS = ("dp", "tp", "zero3")
-
-
-class UsageError(Exception):
-    """Bad usage or input: one line, exit 2, nothing written."""
 
 
 def _force_devices(count: int) -> None:
@@ -201,8 +205,6 @@ class Architecture(NamedTuple):
 def architecture(pack: Any) -> Architecture:
     """The pack's canary (its JSON's `architecture`, the legacy identity's where absent) for the
     JAX lane; UsageError for an architecture the lane has no loss for, or a config that does not parse."""
-    from .architectures import architecture_of, described, model_of
-
     name = architecture_of(pack.canary)
     if name not in JAX_LOSSES:
         raise UsageError(f"{pack.path}: the JAX lane runs {' and '.join(JAX_LOSSES)} canaries, not '{name}'")
@@ -276,7 +278,6 @@ def make_step(cfg: Any, names: Sequence[str], precision: str, fault: Any = None,
     import jax.numpy as jnp
 
     from .models.gpt2 import CLIP_EPS
-    from .models.table import is_decayed
 
     mm = matmul(precision)
     f32 = np.float32
@@ -525,10 +526,6 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .lane_args import check_out, parse_lane_fault
-    from .usage import count_flag
-    from .pack import PackError, read_pack
-
     if args.shard_plan not in PLANS:
         raise UsageError(f"--shard-plan: unknown plan '{args.shard_plan}'; use dp, tp or zero3")
     if args.precision not in ("fp32", "bf16"):
@@ -559,10 +556,7 @@ def _train(args, pack, arch, layout, mesh_shape, steps) -> int:
     import jax
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    from .digest import batch_hash
-    from .faults import FaultSpec
     from .models.gpt2 import bias_corrections, lr_at  # the schedule and AdamW of every architecture
-    from .receipt import ReceiptWriter
     from .recording import StepDigest
 
     if args.compile_cache is not None:
@@ -668,12 +662,9 @@ def _manifest(args, pack, steps, mesh_shape) -> Dict[str, Any]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
-    from .usage import UsageError as LaneUsageError
-    from .receipt import ReceiptError
-
     try:
         return run(args)
-    except (UsageError, LaneUsageError, ReceiptError) as e:
+    except (UsageError, ReceiptError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
 

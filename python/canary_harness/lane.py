@@ -39,7 +39,9 @@ from .faults import FaultSpec
 from .lane_args import (MAX_THREADS, add_device_arguments, add_layout_arguments, add_versioned_argument,
                         check_device_name, check_out, device_of, parse_lane_fault, trace_problem)
 from .lane_stacks import budget_features as stack_budget_features, lane_name as stack_lane_name, stack_options
+from .pack import PackError
 from .pack_step import architecture_module, load_pack, pack_canary
+from .receipt import ReceiptReader
 from .regressions import RegressionSpec
 from .usage import UsageError, count_flag
 
@@ -94,8 +96,6 @@ def budget_features(device_type: str, precision: str, compiled: bool = False, la
 
 
 def run(args: argparse.Namespace) -> int:
-    from .pack import PackError  # numpy/h5py only: a bad pack is named before torch loads
-
     if args.precision not in ("fp32", "bf16"):
         raise UsageError(f"--precision: unknown precision '{args.precision}'; use fp32 or bf16")
     problem = trace_problem(args.trace)
@@ -185,7 +185,6 @@ def _run_lane(args: argparse.Namespace, pack: Any, steps: int, threads: int, ran
     summary = run_canary(loaded, options, device, progress, manifest)
     if not writes:
         return 0
-    from .receipt import ReceiptReader
     with ReceiptReader(args.out) as r:
         print(f"lane        {r.manifest['lane']}")
         print(f"device      {manifest['device']} ({args.precision}), {threads} thread{'s' if threads != 1 else ''}")

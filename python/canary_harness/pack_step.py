@@ -9,7 +9,9 @@ import os
 from typing import Any, Optional, Tuple
 
 from .architectures import Architecture, architecture_of, model_of
+from .canary import Canary, LoadedCanary
 from .faults import FaultSpec, nudge_first_result, parse_fault
+from .pack import PackError, read_pack
 from .usage import UsageError
 
 
@@ -18,8 +20,6 @@ def pack_canary(pack: Any, architecture: "Architecture", cfg: Any, model: Any, o
     pack's int32 tokens (the C++ engines' data contract), its step the lane's (lane_step)."""
     import numpy as np
     import torch
-
-    from .canary import Canary, LoadedCanary
 
     def batch(i: int) -> Any:
         return torch.from_numpy(np.ascontiguousarray(pack.batch(i)))
@@ -103,8 +103,6 @@ class CanaryStep:
         [--inject-fault SPEC]` runs it (bad values are UsageErrors, one line)."""
         import torch
 
-        from .pack import PackError
-
         if precision not in ("fp32", "bf16"):
             raise UsageError(f"precision: unknown precision '{precision}'; use fp32 or bf16")
         try:
@@ -174,6 +172,4 @@ def load_pack(path: str, canary: Optional[str] = None):
     """A pack of any architecture the lane runs, read and checked in full by
     canary_harness.pack.read_pack (a PackError, one line starting with the path, where it
     is damaged or does not fit)."""
-    from .pack import read_pack
-
     return read_pack(path, canary=canary)

@@ -14,6 +14,7 @@ from typing import Dict
 import numpy as np
 import torch
 
+from .canary import CanaryError
 from .philox import philox_words, stream_id
 
 # Per floating dtype: the integer dtype of its bits.
@@ -50,8 +51,6 @@ def perturb_parameters(model: torch.nn.Module, seed: int) -> int:
     """Every floating-point parameter of `model` moved one ulp of its own dtype in place (fp32
     weights: one fp32 ulp, as the C++), named as model.named_parameters() names them (a tied
     parameter once). Returns how many elements moved; a model with none is a CanaryError."""
-    from .canary import CanaryError
-
     moved = 0
     for name, parameter in model.named_parameters():
         if parameter.dtype not in _BITS:

@@ -23,9 +23,13 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from .aten_trace import AtenTracer
 from .canary import CanaryError, LoadedCanary, canonical_json, load_canary, stateful_objects
+from .canary_state import restore_state
+from .devices import to_device
+from .precision import autocast_units, switches
 from .receipt import ReceiptReader
-from .runner import CanaryLoop, RunOptions, StepRecord
+from .runner import CanaryLoop, RunOptions, StepRecord, parse_canary_fault, run_canary
 from .schema import HASH_FAMILIES
 from .stack import git_commit_of
 from .xla import xla_device
@@ -108,8 +112,6 @@ def _load(reader: ReceiptReader, recipe: Dict[str, Any]) -> LoadedCanary:
 
 
 def _options(recipe: Dict[str, Any], loaded: LoadedCanary) -> RunOptions:
-    from .runner import parse_canary_fault
-
     fault = None
     if recipe.get("inject_fault"):
         fault = parse_canary_fault(recipe["inject_fault"], loaded.canary.model, int(recipe["steps"]))
@@ -183,8 +185,6 @@ def _resume(reader: ReceiptReader, record: _Record, loaded: LoadedCanary, loop: 
             result: ReplayResult) -> int:
     """Loads the last checkpoint at or before from_step and verifies it; returns its step
     (0, untouched, when there is none: the initial state is the one the loader built)."""
-    from .canary_state import restore_state
-
     stored = [c for c in reader.stored_checkpoints() if c.step <= from_step]
     if not stored:
         return 0
@@ -211,8 +211,6 @@ def _resume(reader: ReceiptReader, record: _Record, loaded: LoadedCanary, loop: 
 def replay(path: str, from_step: int, to_step: Optional[int] = None, trace: str = "none") -> ReplayResult:
     """Replays the receipt at `path` from the checkpoint at or before from_step up to to_step
     (default: its last recorded step) and compares every replayed step (module docstring)."""
-    from .aten_trace import AtenTracer
-
     with ReceiptReader(path) as reader:
         recipe = _recipe(reader)
         recorded_steps = reader.steps_recorded
@@ -274,8 +272,6 @@ def rerun(path: str, out: str, perturb_init: Optional[int] = None, overwrite: bo
     (what `harness calibrate --perturb N` runs N times for a Python canary's receipt), with
     the modules `autocast_off` out of autocast besides the recipe's own (what `harness
     triage` runs)."""
-    from .runner import run_canary
-
     with ReceiptReader(path) as reader:
         recipe = _recipe(reader)
         loaded = _load(reader, recipe)
@@ -290,9 +286,6 @@ def precision_switches(path: str) -> List[Dict[str, Any]]:
     """What `harness triage` may switch in the receipt's recipe (precision.switches): the
     modules autocast runs in bf16 (observed in step 0) less those the recipe keeps out;
     none for an fp32 run."""
-    from .precision import autocast_units, switches
-    from .devices import to_device
-
     with ReceiptReader(path) as reader:
         recipe = _recipe(reader)
         loaded = _load(reader, recipe)

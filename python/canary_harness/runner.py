@@ -48,7 +48,12 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional
 import numpy as np
 import torch
 
+from .aten_fault import AtenFault, split_target, target_problem
+from .audit import AuditError, CompileLog
 from .budget_features import format_features
+from .canary_state import capture_state
+from .faults import nudge_first_result, parse_fault
+from .held_out import HeldOutEval
 from .lane_stacks import budget_features, lane_name, stack_options
 from .canary import CanaryError, LoadedCanary
 from .digest import batch_hash, batch_tree_hash
@@ -56,10 +61,13 @@ from .devices import place_on_device, to_device
 from .digest_plan import DigestRows
 from .distributed import mean_over_ranks, shard_batch, shard_model, whole, whole_for_evaluation
 from .perturb import perturb_parameters
-from .receipt import ReceiptWriter
+from .precision import AutocastOff, UnknownModule
+from .receipt import ReceiptReader, ReceiptWriter
 from .regressions import RegressionFault, RegressionSpec, is_regression, parse_regression
 from .recording import MomentSource, StepDigest, Worker, host_float, host_float32
 from .stack import StackInfo, collect_stack_info, git_commit_of, imported_distributions, with_model
+from .trace import StepTraces, TraceError
+from .xla import XlaStepCounters, mark_step
 
 @dataclass
 class RunOptions:
@@ -403,17 +411,13 @@ class CanaryLoop:
         self.mark_step = _mark_step_of(device)
         self.audit = None
         if options.audit:
-            from .audit import CompileLog
-
             self.audit = CompileLog()
         self.xla_counters = None
         if device.type == "xla":  # the compiler's own counters: /compile on every XLA run
-            from .xla import XlaStepCounters
 
             self.xla_counters = XlaStepCounters()
         self.traces = None
         if options.trace == "ops":  # hooks after the fault's: the trace sees the nudged value
-            from .trace import StepTraces
 
             params = dict(self.canary.model.named_parameters())
             self.traces = StepTraces(self.canary.model, {id(params[n]): n for n in loaded.tensor_names})
@@ -421,12 +425,9 @@ class CanaryLoop:
             self.model = compiled_model(self.model)
         self.held_out = None
         if self.canary.eval_batch is not None:  # docs/logit-kl.md
-            from .held_out import HeldOutEval
 
             counters = None
             if device.type == "xla":
-                from .xla import XlaStepCounters
-
                 counters = XlaStepCounters()
             self.held_out = HeldOutEval(loaded, device, self.autocast, counters)
         if self.mark_step is not None:
@@ -502,7 +503,6 @@ class CanaryLoop:
     def _end_audit(self, step: int) -> Optional[Dict[str, float]]:
         if self.audit is None:
             return None
-        from .audit import AuditError
 
         try:
             return self.audit.end()
@@ -512,7 +512,6 @@ class CanaryLoop:
     def _trace_row(self, step: int, grad_norm: float) -> Any:
         if self.traces is None:
             return None
-        from .trace import TraceError
 
         params = self.capture.params
         try:
@@ -535,7 +534,6 @@ def _mark_step_of(device: torch.device) -> Optional[Callable[[], None]]:
     """XLA's mark_step (the step's graph cut and run there), None on an eager device."""
     if device.type != "xla":
         return None
-    from .xla import mark_step
 
     return mark_step
 
@@ -629,8 +627,6 @@ class ReceiptRun:
         self._evaluate_if_due(i)
         every = self.options.checkpoint_every
         if every and i > 0 and i % every == 0:
-            from .canary_state import capture_state
-
             _wait_for(self.rows)  # the rows before it first: a checkpoint follows its step's row
             self.writer.append_checkpoint(i, capture_state(self.loaded, i, self.device))
         record = self.loop.run_step(i)
@@ -695,8 +691,6 @@ class _Fault:
     recorded in the manifest must have happened."""
 
     def __init__(self, model: torch.nn.Module, spec: Any, device: torch.device) -> None:
-        from .faults import nudge_first_result
-
         self.spec = spec
         self.active = torch.zeros((), dtype=torch.bool, device=device)
         self.calls = 0
@@ -736,7 +730,6 @@ def _autocast_off(model: torch.nn.Module, options: RunOptions, device: torch.dev
         return None
     if options.precision != "bf16":
         raise CanaryError("--autocast-off: needs --precision bf16 (there is no autocast to switch off)")
-    from .precision import AutocastOff, UnknownModule
 
     try:
         return AutocastOff(model, options.autocast_off, device.type)
@@ -751,7 +744,6 @@ def _install_fault(canary: Any, spec: Any, device: torch.device) -> Any:
         return None
     if isinstance(spec, RegressionSpec):
         return RegressionFault(canary.model, canary.optimizer, spec)
-    from .aten_fault import AtenFault, split_target
 
     if split_target(spec.op) is not None:
         return AtenFault(canary.model, canary.optimizer, spec)
@@ -763,8 +755,6 @@ def parse_canary_fault(text: str, model: torch.nn.Module, steps: int) -> Any:
     or a regression (kind=weight-scale|weight-ulps|lr-scale|eps-scale,...: regressions.py)."""
     if is_regression(text):
         return parse_regression(text, [name for name, _ in model.named_parameters()], steps)
-    from .aten_fault import target_problem
-    from .faults import parse_fault
 
     paths = [name for name, _ in model.named_modules() if name]
     every = set(paths) | {"<model>"}
@@ -773,8 +763,6 @@ def parse_canary_fault(text: str, model: torch.nn.Module, steps: int) -> Any:
 
 
 def print_summary(summary: RunSummary, out: str, file: Any = sys.stdout) -> None:
-    from .receipt import ReceiptReader
-
     with ReceiptReader(out) as r:
         print(f"lane        {r.manifest['lane']}", file=file)
         print(f"budget      {r.manifest['budget_features'] or '(bitwise reference)'}", file=file)

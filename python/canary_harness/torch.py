@@ -63,6 +63,7 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tup
 import numpy as np
 import torch
 
+from .audit import AuditError, CompileLog
 from .budget_features import parse_features
 from .lane_args import trace_problem
 from .digest import batch_hash
@@ -72,6 +73,7 @@ from .receipt import PathLike, ReceiptError, ReceiptWriter
 from .recording import MomentSource, Overlap, StepDigest, host_float, host_float32
 from .schema import HASH_FAMILIES
 from .stack import StackInfo
+from .trace import StepTraces, TraceError
 
 
 class RecorderError(ValueError):
@@ -396,7 +398,6 @@ class Recorder:
         self._record_batches = o.record_batches and batch_shape is not None  # as the writer keeps batches
         self.tracer = None
         if o.trace == "ops":
-            from .trace import StepTraces  # hooks the model from here on: after any hook of yours (a fault)
             try:
                 self.tracer = StepTraces(model, {id(p): n for n, p in self.parameters.items()}, o.op_names)
             except BaseException:
@@ -415,7 +416,6 @@ class Recorder:
         self.audit = None
         if o.audit:
             # From here to each step() call is a step: its ops, fingerprinted (canary_harness.audit).
-            from .audit import CompileLog
             self.audit = CompileLog()
             self.audit.begin(0)
 
@@ -473,7 +473,6 @@ class Recorder:
         if self.audit is not None:  # the step ends here, before anything below reads a value
             if not self.audit.active:
                 raise RecorderError(f"audit: step {self.steps_recorded} was not recorded (an earlier step() failed)")
-            from .audit import AuditError
             try:
                 compile_row = self.audit.end()
             except AuditError as e:
@@ -545,8 +544,6 @@ class Recorder:
 
     def _trace_row(self, grad_norm: np.ndarray):
         """The step's /trace row (canary_harness.trace.StepTraces), with the parameters after the update."""
-        from .trace import TraceError
-
         try:
             return self.tracer.row(self.steps_recorded, grad_norm,
                                    [(n, p, host_float32(p)) for n, p in self.parameters.items()])

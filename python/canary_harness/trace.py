@@ -54,7 +54,10 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from .digest_plan import DigestPlan
+from .philox import stream_id
 from .receipt import TraceColumn
+from .recording import host_float32
 
 Site = Tuple[str, int, str, str, str]  # op, layer, phase, tensor, kind
 OpNames = Union[Mapping[str, str], Callable[[str], str], None]
@@ -363,10 +366,6 @@ class StepTraces:
     def row(self, step: int, grad_norm: np.ndarray, params: Sequence[Tuple[str, torch.Tensor, np.ndarray]]) -> Tuple:
         """(columns, hashes, sketches) of `step`: grad_norm a 1-element float32 array, params
         (canary name, parameter, its value now as a flat float32 host array) in canonical order."""
-        from .digest_plan import DigestPlan
-        from .philox import stream_id
-        from .recording import host_float32
-
         try:
             sites, values = self.tracer.finish_step()
         except TraceError as e:

@@ -108,3 +108,93 @@ def test_the_checks_see_a_circle_inside_a_function_and_a_private_import(tmp_path
     assert circles(graph) == [["canary_harness.a", "canary_harness.b", "canary_harness.c"]]
     assert graph["canary_harness.models.m"] == {"canary_harness.a", "canary_harness.b"}
     assert private == [("canary_harness.models.m", "canary_harness.a", "_secret")]
+
+
+# ---- imports at the top, except what brings an optional dependency -----------------------------
+
+# The dependencies a module of the package may use without every user having them: a module
+# that imports one lazily keeps `import canary_harness.<module>` working without it.
+OPTIONAL = {"torch", "jax", "jaxlib", "torch_xla", "transformers", "accelerate"}
+
+
+def _resolved(name: str, path: pathlib.Path, node: ast.ImportFrom) -> str:
+    here = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    if not node.level:
+        return node.module or ""
+    parts = here.split(".")[:len(here.split(".")) - (node.level - 1)]
+    return ".".join(parts + ([node.module] if node.module else []))
+
+
+def _top_level(known: Dict[str, pathlib.Path], name: str) -> Tuple[Set[str], Set[str]]:
+    """(the package's modules, the other top-level packages) that `name` imports as it loads:
+    its module body's imports, those under `try`/`if` included."""
+    internal: Set[str] = set()
+    external: Set[str] = set()
+    statements = list(ast.parse(known[name].read_text()).body)
+    while statements:
+        node = statements.pop()
+        if isinstance(node, (ast.Try, ast.If)):
+            statements.extend(node.body + node.orelse + [s for h in getattr(node, "handlers", []) for s in h.body])
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                (internal if alias.name in known else external).add(
+                    alias.name if alias.name in known else alias.name.split(".")[0])
+        elif isinstance(node, ast.ImportFrom):
+            source = _resolved(name, known[name], node)
+            if source in known:
+                internal.add(source)
+                internal.update(f"{source}.{a.name}" for a in node.names if f"{source}.{a.name}" in known)
+            elif source.split(".")[0] != "canary_harness":
+                external.add(source.split(".")[0])
+    return internal, external
+
+
+def optional_needs(known: Dict[str, pathlib.Path]) -> Dict[str, Set[str]]:
+    """Per module, the optional dependencies that loading it loads (its top-level imports,
+    followed through the package's modules)."""
+    direct = {name: _top_level(known, name) for name in known}
+    needs: Dict[str, Set[str]] = {}
+    for name in known:
+        seen, todo, found = {name}, [name], set()
+        while todo:
+            internal, external = direct[todo.pop()]
+            found |= external & OPTIONAL
+            for other in internal - seen:
+                seen.add(other)
+                todo.append(other)
+        needs[name] = found
+    return needs
+
+
+def needless_local_imports(package: pathlib.Path) -> List[Tuple[str, int, str]]:
+    """Imports of the package's own modules inside functions that bring no optional dependency
+    their module does not load already: (module, line, imported module)."""
+    known = modules(package)
+    needs = optional_needs(known)
+    found = []
+    for name, path in known.items():
+        for function in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(function):
+                if isinstance(node, ast.ImportFrom) and node.level:
+                    source = _resolved(name, path, node)
+                    if source in known and not needs[source] - needs[name]:
+                        found.append((name, node.lineno, source))
+    return sorted(set(found))
+
+
+def test_the_package_imports_its_own_modules_at_the_top_unless_one_brings_an_optional_dependency():
+    assert needless_local_imports(PACKAGE) == []
+
+
+def test_the_check_finds_a_needless_local_import_and_allows_a_lazy_optional_one(tmp_path):
+    package = tmp_path / "canary_harness"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "plain.py").write_text("import json\n")
+    (package / "heavy.py").write_text("import torch\n")
+    (package / "user.py").write_text("def f():\n    from .plain import x\n    from .heavy import y\n")
+    (package / "torchy.py").write_text("import torch\n\ndef g():\n    from .heavy import y\n")
+    assert needless_local_imports(package) == [("canary_harness.torchy", 4, "canary_harness.heavy"),
+                                              ("canary_harness.user", 2, "canary_harness.plain")]
