@@ -4,16 +4,23 @@
 
 namespace harness::check {
 
-bool declares_triaged_feature(const std::set<std::string>& budget_features) {
-  return budget_features.count(kTriagedFeature) > 0;
+std::optional<TriagedFeature> triaged_feature(const std::set<std::string>& budget_features, const Budgets& budgets) {
+  for (const std::string& name : budget_features) {
+    const auto entry = budgets.features.find(name);
+    if (entry != budgets.features.end() && !entry->second.triage_twin.empty()) {
+      return TriagedFeature{name, entry->second.triage_twin};
+    }
+  }
+  return std::nullopt;
 }
 
-std::string bf16_first_advice(const std::string& twin_lane, bool twin_passes, const std::string& twin_failure) {
+std::string bf16_first_advice(const TriagedFeature& feature, const std::string& twin_lane, bool twin_passes,
+                              const std::string& twin_failure) {
   if (twin_passes) {
-    return fmt::format("quantisation drift: only the {} lane moves; the bf16-only lane {} passes", kTriagedFeature,
+    return fmt::format("quantisation drift: only the {} lane moves; the {} lane {} passes", feature.name, feature.twin,
                        twin_lane);
   }
-  return fmt::format("shared math or plumbing: the bf16-only lane {} fails too ({})", twin_lane, twin_failure);
+  return fmt::format("shared math or plumbing: the {} lane {} fails too ({})", feature.twin, twin_lane, twin_failure);
 }
 
 }  // namespace harness::check

@@ -1,23 +1,31 @@
-// BF16-first triage (docs/budgets.md, "The verdict"): a lane whose budget features hold fp8
-// and that fails against its reference is explained by its bf16-only twin, the same lane
-// without fp8, judged against the same reference. The twin fails too: the cause is shared
-// (math or plumbing both lanes run); it passes: the cause is fp8's quantisation. `check
-// --triage-with` and the nightly both give this advice, from here.
+// BF16-first triage (docs/budgets.md, "The verdict"): a lane whose budget features hold one
+// that triage explains (its budget entry declares triage_twin: [fp8]) and that fails against
+// its reference is explained by its twin, the same lane without that feature, judged against
+// the same reference. The twin fails too: the cause is shared (math or plumbing both lanes
+// run); it passes: the cause is the feature's quantisation. `check --triage-with` and the
+// nightly both give this advice, from here.
 #pragma once
 
+#include <optional>
 #include <set>
 #include <string>
 
+#include "budgets.h"
+
 namespace harness::check {
 
-// The budget feature BF16-first triage explains: a lane that declares it is triaged, and
-// its twin is the lane without it.
-inline constexpr const char* kTriagedFeature = "fp8";
+// A budget feature triage explains, and the words that name its twin ("bf16-only").
+struct TriagedFeature {
+  std::string name, twin;
+};
 
-bool declares_triaged_feature(const std::set<std::string>& budget_features);
+// The first of `budget_features` whose entry in `budgets` declares triage_twin; nullopt
+// when none does (the lane is not triaged).
+std::optional<TriagedFeature> triaged_feature(const std::set<std::string>& budget_features, const Budgets& budgets);
 
 // The advice, from the twin's verdict against the reference: `twin_failure` says how it
 // failed (shown when it did).
-std::string bf16_first_advice(const std::string& twin_lane, bool twin_passes, const std::string& twin_failure);
+std::string bf16_first_advice(const TriagedFeature& feature, const std::string& twin_lane, bool twin_passes,
+                              const std::string& twin_failure);
 
 }  // namespace harness::check

@@ -277,7 +277,7 @@ class Parser {
     only_keys(t, where, {"form", "rationale", "calibrated", "repeats", "samples", "method", "observed", "held_out",
                          "held_out_outside", "host_variants", "host_cpus", "power", "outlier_fraction",
                          "loss", "grad_norm", "params_sketch", "logit_kl", "logprob_delta", "top1_mismatch",
-                         "across_platforms", "bias"});
+                         "across_platforms", "bias", "triage_twin"});
     FeatureBudget f;
     f.name = name;
     f.section = key;
@@ -297,6 +297,7 @@ class Parser {
       fail(fmt::format("{}.bias: '{}' is not warn or fail (what one-sided drift over repeats does)", where, bias));
     }
     f.bias_fails = bias == "fail";
+    f.triage_twin = text(t, where, "triage_twin", false);
     using Metrics = std::span<const char* const>;
     for (const Metrics metrics : {Metrics(kBudgetMetrics), Metrics(kEvalMetrics)}) {
       for (const char* metric : metrics) {

@@ -91,6 +91,11 @@ struct FeatureBudget {
   // bias = "fail": one-sided drift over a calibration's repeats fails it (calibrate exits 1);
   // by default it is a warning (check/drift_bias.h, docs/budgets.md "One-sided drift").
   bool bias_fails = false;
+  // triage_twin = "bf16-only" ([fp8]): a lane that declares this feature and fails is
+  // triaged by its twin, the same lane without the feature (BF16-first triage,
+  // check/bf16_first.h); the words name the twin in the advice. "" where triage explains
+  // nothing of the feature.
+  std::string triage_twin = {};
 
   const std::string& key() const { return section.empty() ? name : section; }
   int samples() const { return provenance.samples; }

@@ -56,15 +56,15 @@ int print_verdict(const ComparisonFlags& flags, const check::Verdict& verdict) {
 
 // BF16-first triage: an fp8 lane that fails against the reference is explained by its
 // bf16-only twin. If the twin fails too the cause is shared; if not, it is fp8's own.
-std::string triage(const check::Verdict& failed, const check::ReceiptData& bf16_twin, const check::ReceiptData& reference,
-                   const check::Budgets& budgets) {
-  if (check::declares_triaged_feature(check::budget_features(bf16_twin))) {
-    throw std::invalid_argument(fmt::format("--triage-with: {} declares {} itself; give the bf16-only lane", bf16_twin.path,
-                                            check::kTriagedFeature));
+std::string triage(const check::Verdict& failed, const check::TriagedFeature& feature, const check::ReceiptData& bf16_twin,
+                   const check::ReceiptData& reference, const check::Budgets& budgets) {
+  if (check::budget_features(bf16_twin).count(feature.name)) {
+    throw std::invalid_argument(fmt::format("--triage-with: {} declares {} itself; give the {} lane", bf16_twin.path,
+                                            feature.name, feature.twin));
   }
   const check::Verdict twin = check::compare_receipts(bf16_twin, reference, budgets, failed.kind);
   return check::bf16_first_advice(
-      bf16_twin.lane, twin.pass(),
+      feature, bf16_twin.lane, twin.pass(),
       twin.pass() ? "" : fmt::format("first at step {}", twin.first_failure()->first_failing_step));
 }
 
@@ -133,12 +133,14 @@ int run_comparison(const ComparisonFlags& flags, const std::string& kind) {
                                       reference_path, reference.lane, run.lane));
     }
     check::Verdict verdict = check::compare_receipts(run, reference, budgets, kind);
-    if (!flags.triage_with.empty() && !check::declares_triaged_feature(check::budget_features(run))) {
-      throw std::invalid_argument(fmt::format("--triage-with: {} declares no fp8 budget feature; triage explains fp8 lanes",
-                                              run.lane));
+    const auto triaged = check::triaged_feature(check::budget_features(run), budgets);
+    if (!flags.triage_with.empty() && !triaged) {
+      throw std::invalid_argument(fmt::format("--triage-with: {} declares no budget feature triage explains (one "
+                                              "whose entry in {} has triage_twin, as [fp8])",
+                                              run.lane, budgets.path));
     }
     if (!verdict.pass() && !flags.triage_with.empty()) {
-      verdict.triage = triage(verdict, check::load_receipt(flags.triage_with), reference, budgets);
+      verdict.triage = triage(verdict, *triaged, check::load_receipt(flags.triage_with), reference, budgets);
     }
     return print_verdict(flags, verdict);
   });

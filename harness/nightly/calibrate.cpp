@@ -254,6 +254,7 @@ std::string power_toml(const Calibration& c) {
 std::string section_toml(const check::FeatureBudget& f, const Calibration& c) {
   std::string text = fmt::format("[{}]\nform = \"tolerance\"\nrationale = {}\n", f.key(), toml_string(f.rationale));
   if (!f.across_platforms.empty()) text += fmt::format("across_platforms = {}\n", toml_string(f.across_platforms));
+  if (!f.triage_twin.empty()) text += fmt::format("triage_twin = {}\n", toml_string(f.triage_twin));  // kept as declared
   text += fmt::format("calibrated = \"{}\"\nsamples = {}\nmethod = {}\n", run::utc_timestamp().substr(0, 10), c.samples,
                       toml_string(method_text(c)));
   std::vector<std::string> observed;

@@ -1,5 +1,6 @@
 #include "matrix.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstring>
 #include <filesystem>
@@ -630,12 +631,9 @@ class Parser {
       fail(fmt::format("lanes ({}).bias-repeats: the reference lane is what the repeats are judged against; give it to "
                        "another lane", m.reference));
     }
-    for (const LaneSpec& l : m.lanes) {
-      if (l.triage_with.empty()) continue;
-      if (!l.runs_fp8()) fail(fmt::format("lanes ({}).triage-with: the lane runs no fp8; triage explains fp8 lanes", l.id));
-      if (!ids.count(l.triage_with)) fail(fmt::format("lanes ({}).triage-with: '{}' is not a lane id", l.id, l.triage_with));
-      if (m.lane(l.triage_with).runs_fp8()) {
-        fail(fmt::format("lanes ({}).triage-with: '{}' runs fp8 itself; name the bf16-only twin", l.id, l.triage_with));
+    for (const LaneSpec& l : m.lanes) {  // what the twins declare: check_triage_pairs, with the budgets
+      if (!l.triage_with.empty() && !ids.count(l.triage_with)) {
+        fail(fmt::format("lanes ({}).triage-with: '{}' is not a lane id", l.id, l.triage_with));
       }
     }
   }
@@ -655,8 +653,24 @@ bool LaneSpec::uses_pack() const {
   return std::any_of(command.begin(), command.end(), [](const std::string& a) { return a.find("{pack}") != std::string::npos; });
 }
 
-bool LaneSpec::runs_fp8() const {
-  return check::declares_triaged_feature({budget_features.begin(), budget_features.end()});
+bool LaneSpec::declares(const std::string& budget_feature) const {
+  return std::find(budget_features.begin(), budget_features.end(), budget_feature) != budget_features.end();
+}
+
+void check_triage_pairs(const Matrix& matrix, const check::Budgets& budgets) {
+  for (const LaneSpec& l : matrix.lanes) {
+    if (l.triage_with.empty()) continue;
+    const auto feature = check::triaged_feature({l.budget_features.begin(), l.budget_features.end()}, budgets);
+    if (!feature) {
+      throw MatrixError(fmt::format("{}: lanes ({}).triage-with: the lane declares no budget feature triage explains "
+                                    "(an entry of {} with triage_twin, as [fp8])",
+                                    matrix.path, l.id, budgets.path));
+    }
+    if (matrix.lane(l.triage_with).declares(feature->name)) {
+      throw MatrixError(fmt::format("{}: lanes ({}).triage-with: '{}' declares {} itself; name the {} twin", matrix.path,
+                                    l.id, l.triage_with, feature->name, feature->twin));
+    }
+  }
 }
 
 std::string LaneSpec::reduction_seed_flag() const {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "canary_run.h"
+#include "budgets.h"
 #include "fault.h"
 #include "file_io.h"
 
@@ -43,7 +44,7 @@ struct LaneSpec {
   // the reference lane (check/drift_bias.h). 0: not tested. Only a seeded harness lane.
   int bias_repeats = 0;
 
-  bool runs_fp8() const;  // it declares the fp8 budget feature
+  bool declares(const std::string& budget_feature) const;
   // The flag that seeds the lane's reduction order when its engine declares one (a seeded
   // engine: each run draws an order, the flag replays one); "" otherwise.
   std::string reduction_seed_flag() const;
@@ -89,6 +90,11 @@ inline constexpr std::size_t kControlFaultOps = 3;
 // Parses and validates: every key known, ids unique, lane names unique, every engine
 // accepts its settings, the reference and every triage twin exist.
 Matrix load_matrix(const std::string& path);
+
+// Every triage-with pair against the budgets (check/bf16_first.h): the lane declares a
+// feature triage explains, and its twin does not declare that one. MatrixError naming the
+// matrix and the lane.
+void check_triage_pairs(const Matrix& matrix, const check::Budgets& budgets);
 
 // --lanes: a comma-separated list of lane ids or lane names; empty text selects every lane.
 // Errors name `flag`.

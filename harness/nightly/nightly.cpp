@@ -170,7 +170,9 @@ class NightlyJob::Impl {
         budgets_(check::load_budgets(options.budgets_path)),
         budgets_hash_(run::file_content_hash(options.budgets_path)),
         store_(options.goldens_dir),
-        selected_(select_lanes(matrix_, options.lanes, "--lanes")) {}
+        selected_(select_lanes(matrix_, options.lanes, "--lanes")) {
+    check_triage_pairs(matrix_, budgets_);
+  }
 
   json run(const std::function<void(const NightlyProgress&)>& progress) {
     progress_ = progress;
@@ -380,30 +382,31 @@ class NightlyJob::Impl {
     return bias_check(in);
   }
 
-  // BF16-first triage of an fp8 lane that fails against the reference.
-  std::string triage(const LaneSpec& spec) {
-    const LaneSpec* twin = twin_of(spec);
-    if (!twin) return "no bf16-only twin of this lane in the matrix: add one, or set triage-with";
+  // BF16-first triage of a lane that fails against the reference and declares `feature`.
+  std::string triage(const LaneSpec& spec, const check::TriagedFeature& feature) {
+    const LaneSpec* twin = twin_of(spec, feature.name);
+    if (!twin) return fmt::format("no {} twin of this lane in the matrix: add one, or set triage-with", feature.twin);
     LaneRun& twin_run = ensure_run(*twin);
     LaneRun& ref = ensure_run(matrix_.lane(matrix_.reference));
-    if (!twin_run.receipt) return fmt::format("the bf16-only twin {} did not run: {}", twin->id, twin_run.error);
+    if (!twin_run.receipt) return fmt::format("the {} twin {} did not run: {}", feature.twin, twin->id, twin_run.error);
     const json twin_check = judge("reference", *twin_run.receipt, *ref.receipt, budgets_);
     const std::string status = twin_check["status"];
     if (status == "fail" || status == "pass") {
-      return check::bf16_first_advice(twin->id, status == "pass", twin_check["summary"].get<std::string>());
+      return check::bf16_first_advice(feature, twin->id, status == "pass", twin_check["summary"].get<std::string>());
     }
-    return fmt::format("inconclusive: the bf16-only lane {} could not be compared ({})", twin->id,
+    return fmt::format("inconclusive: the {} lane {} could not be compared ({})", feature.twin, twin->id,
                        twin_check["summary"].get<std::string>());
   }
 
   // The lane named by triage-with, or the lane with the same engine and settings but for
-  // the fp8 feature: its `fp8=ZONES` item of --features and the flags the engine tags fp8.
-  const LaneSpec* twin_of(const LaneSpec& spec) const {
+  // budget feature `name`: its `NAME=...` item of --features and the flags the engine tags
+  // with it (EngineFlag::feature).
+  const LaneSpec* twin_of(const LaneSpec& spec, const std::string& name) const {
     if (!spec.triage_with.empty()) return &matrix_.lane(spec.triage_with);
-    const EngineSettings wanted = without_feature(spec.settings, check::kTriagedFeature);
+    const EngineSettings wanted = without_feature(spec.settings, name);
     for (const LaneSpec& l : matrix_.lanes) {
-      if (l.engine != spec.engine || l.runs_fp8()) continue;
-      const EngineSettings other = without_feature(l.settings, check::kTriagedFeature);
+      if (l.engine != spec.engine || l.declares(name)) continue;
+      const EngineSettings other = without_feature(l.settings, name);
       if (other.features == wanted.features && other.options == wanted.options) return &l;
     }
     return nullptr;
@@ -441,11 +444,10 @@ class NightlyJob::Impl {
     const std::string status = worst_status(checks);
     record["status"] = status;
     record["triage"] = nullptr;
-    // A judged receipt declared its features: triage explains the lanes that declare fp8.
-    if (checks.size() > 1 && checks[1]["status"] == "fail" &&
-        check::declares_triaged_feature(check::budget_features(*r.receipt))) {
-      record["triage"] = triage(spec);
-    }
+    // A judged receipt declared its features: triage explains the lanes that declare one
+    // whose budget entry has triage_twin.
+    const auto triaged = check::triaged_feature(check::budget_features(*r.receipt), budgets_);
+    if (checks.size() > 1 && checks[1]["status"] == "fail" && triaged) record["triage"] = triage(spec, *triaged);
     if (progress_) {
       NightlyProgress done{0, std::max(planned_, started_), spec.id, 0, 0, elapsed_before_, 0, ""};
       std::vector<std::string> parts;

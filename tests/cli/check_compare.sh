@@ -144,7 +144,7 @@ grep -q "^triage      quantisation drift: only the fp8 lane moves; the bf16-only
   "$WORK/stdout" || fail "no BF16-first triage: $(cat "$WORK/stdout")"
 expect_exit 2 "fp8.h5 declares fp8 itself; give the bf16-only lane" -- "$HARNESS" compare "$WORK/fp8.h5" \
   "$G/micro/cpu-ref.h5" --budgets "$WORK/tight_fp8.toml" --triage-with "$WORK/fp8.h5"
-expect_exit 2 "declares no fp8 budget feature" -- "$HARNESS" compare "$WORK/bf16.h5" "$G/micro/cpu-ref.h5" \
+expect_exit 2 "declares no budget feature triage explains" -- "$HARNESS" compare "$WORK/bf16.h5" "$G/micro/cpu-ref.h5" \
   --budgets "$WORK/tight_fp8.toml" --triage-with "$WORK/bf16.h5"
 
 [ "$(sha256sum "$G/micro/cpu-ref.h5")" = "$golden_sum" ] || fail "a check wrote to the golden"

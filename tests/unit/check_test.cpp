@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "bf16_first.h"
 #include "budgets.h"
 #include "false_alarm.h"
 #include "receipt/budget_features.h"
@@ -708,6 +709,30 @@ TEST(DeclaredFeatures, AForeignEngineIsBudgetedByItsDeclarationWithNoSpecialCase
   EXPECT_TRUE(v.pass());
   torch.manifest["budget_features"] = "";  // declaring nothing: exact, and bf16 moved it
   EXPECT_FALSE(compare_receipts(torch, ref, budgets, "compare").pass());
+}
+
+// Which feature BF16-first triage explains is its entry's declaration (triage_twin), never
+// its name: the shipped [fp8] declares it; without the key nothing is triaged, and a
+// [bf16] that declared it would be triaged by its "fp32" twin.
+TEST(Triage, TheTriagedFeatureIsTheOneWhoseEntryDeclaresATwin) {
+  const Budgets shipped = load_budgets(kShippedBudgets);
+  const auto fp8 = triaged_feature({"bf16", "fp8"}, shipped);
+  ASSERT_TRUE(fp8.has_value());
+  EXPECT_EQ(fp8->name, "fp8");
+  EXPECT_EQ(fp8->twin, "bf16-only");
+  EXPECT_FALSE(triaged_feature({"bf16"}, shipped).has_value());
+  EXPECT_EQ(bf16_first_advice(*fp8, "micro/accel+bf16", true, ""),
+            "quantisation drift: only the fp8 lane moves; the bf16-only lane micro/accel+bf16 passes");
+
+  const Budgets undeclared = load_budgets(write_budgets("no_twin", shipped_in("fp8", R"(triage_twin = "bf16-only"  #[^\n]*\n)", "")));
+  EXPECT_FALSE(triaged_feature({"bf16", "fp8"}, undeclared).has_value());
+  const Budgets bf16 = load_budgets(write_budgets("bf16_twin", shipped_in("bf16", R"(form = "tolerance"\n)",
+                                                                        "form = \"tolerance\"\ntriage_twin = \"fp32\"\n")));
+  const auto triaged = triaged_feature({"bf16"}, bf16);
+  ASSERT_TRUE(triaged.has_value());
+  EXPECT_EQ(triaged->name, "bf16");
+  EXPECT_EQ(bf16_first_advice(*triaged, "m/accel", false, "first at step 3"),
+            "shared math or plumbing: the fp32 lane m/accel fails too (first at step 3)");
 }
 
 // A machine-dependent feature (across_platforms) declared by both receipts brings its

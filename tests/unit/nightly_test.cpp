@@ -88,7 +88,6 @@ TEST(Matrix, BadFilesNameTheirKey) {
       {header + ref + "[[lanes]]\nid = \"a\"\nengine = \"accel\"\nmesh = \"2x2\"\n", "lanes[1] (a): "},
       {header + ref + "[[lanes]]\nid = \"a\"\nengine = \"warp\"\n", "lanes[1] (a): "},
       {header + ref + "[[lanes]]\nid = \"A b\"\nengine = \"accel\"\n", "lanes[1] (A b).id: use lower-case"},
-      {header + ref + "[[lanes]]\nid = \"a\"\nengine = \"accel\"\ntriage-with = \"ref\"\n", "the lane runs no fp8"},
       {header + ref + "[[lanes]]\nid = \"a\"\nengine = \"accel\"\nfeatures = \"bf16,fp8=all\"\ntriage-with = \"x\"\n",
        "'x' is not a lane id"},
       {std::string(kHeader).replace(std::string(kHeader).find("steps = 4"), 9, "steps = 0") + ref, "steps: must be an integer"},
@@ -100,6 +99,31 @@ TEST(Matrix, BadFilesNameTheirKey) {
       {header + "control-fault = 3\n" + ref, "control-fault: must be a non-empty string"},
   };
   expect_refused(dir, cases, false);
+}
+
+// triage-with pairs are judged against the budgets: the lane declares a feature whose entry
+// declares a twin ([fp8]), and its twin does not declare that feature.
+TEST(Matrix, TriagePairsAreCheckedAgainstTheBudgetsDeclarations) {
+  const testing::ScratchDir dir;
+  const check::Budgets budgets = check::load_budgets(std::string(HARNESS_SOURCE_DIR) + "/canaries/budgets.toml");
+  const std::string header = kHeader, ref = kRefLane;
+  const std::string bf16 = "[[lanes]]\nid = \"b\"\nengine = \"accel\"\nfeatures = \"bf16\"\n";
+  const std::string fp8 = "[[lanes]]\nid = \"f\"\nengine = \"accel\"\nfeatures = \"bf16,fp8=all\"\n";
+  const auto error_of = [&](const std::string& text) -> std::string {
+    try {
+      check_triage_pairs(load_matrix(write(dir, text)), budgets);
+    } catch (const MatrixError& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  EXPECT_EQ(error_of(header + ref + bf16 + fp8 + "triage-with = \"b\"\n"), "accepted");
+  EXPECT_NE(error_of(header + ref + bf16 + "triage-with = \"ref\"\n")
+                .find("lanes (b).triage-with: the lane declares no budget feature triage explains"),
+            std::string::npos);
+  const std::string other_fp8 = "[[lanes]]\nid = \"g\"\nengine = \"accel\"\nfeatures = \"bf16,fp8=mlp_fc\"\n";
+  const std::string both_fp8 = error_of(header + ref + other_fp8 + fp8 + "triage-with = \"g\"\n");
+  EXPECT_NE(both_fp8.find("'g' declares fp8 itself; name the bf16-only twin"), std::string::npos) << both_fp8;
 }
 
 // The negative control's faults: by default 1 ulp in each of the canary's first three
