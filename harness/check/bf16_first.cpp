@@ -4,12 +4,21 @@
 
 namespace harness::check {
 
-std::optional<TriagedFeature> triaged_feature(const std::set<std::string>& budget_features, const Budgets& budgets) {
+std::vector<TriagedFeature> triaged_features(const std::set<std::string>& budget_features, const Budgets& budgets) {
+  std::vector<TriagedFeature> out;
   for (const std::string& name : budget_features) {
     const auto entry = budgets.features.find(name);
     if (entry != budgets.features.end() && !entry->second.triage_twin.empty()) {
-      return TriagedFeature{name, entry->second.triage_twin};
+      out.push_back({name, entry->second.triage_twin});
     }
+  }
+  return out;
+}
+
+std::optional<TriagedFeature> feature_the_twin_lacks(const std::vector<TriagedFeature>& features,
+                                                     const std::set<std::string>& twin_features) {
+  for (const TriagedFeature& f : features) {
+    if (!twin_features.count(f.name)) return f;
   }
   return std::nullopt;
 }

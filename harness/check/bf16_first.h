@@ -9,6 +9,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "budgets.h"
 
@@ -19,9 +20,15 @@ struct TriagedFeature {
   std::string name, twin;
 };
 
-// The first of `budget_features` whose entry in `budgets` declares triage_twin; nullopt
-// when none does (the lane is not triaged).
-std::optional<TriagedFeature> triaged_feature(const std::set<std::string>& budget_features, const Budgets& budgets);
+// Those of `budget_features` whose entry in `budgets` declares triage_twin; none: the lane
+// is not triaged.
+std::vector<TriagedFeature> triaged_features(const std::set<std::string>& budget_features, const Budgets& budgets);
+
+// The one of `features` that the twin's `twin_features` lack: what tells the lane from its
+// twin (a bf16+fp8 lane's fp8 where both entries declared a twin, against a bf16 twin).
+// nullopt when the twin declares every one.
+std::optional<TriagedFeature> feature_the_twin_lacks(const std::vector<TriagedFeature>& features,
+                                                     const std::set<std::string>& twin_features);
 
 // The advice, from the twin's verdict against the reference: `twin_failure` says how it
 // failed (shown when it did).

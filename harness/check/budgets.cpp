@@ -298,6 +298,10 @@ class Parser {
     }
     f.bias_fails = bias == "fail";
     f.triage_twin = text(t, where, "triage_twin", false);
+    if (!f.triage_twin.empty() && key != name) {
+      fail(fmt::format("{}.triage_twin: triage is declared on the feature's own entry [{}], for every canary", where,
+                       name));
+    }
     using Metrics = std::span<const char* const>;
     for (const Metrics metrics : {Metrics(kBudgetMetrics), Metrics(kEvalMetrics)}) {
       for (const char* metric : metrics) {

@@ -56,12 +56,14 @@ int print_verdict(const ComparisonFlags& flags, const check::Verdict& verdict) {
 
 // BF16-first triage: an fp8 lane that fails against the reference is explained by its
 // bf16-only twin. If the twin fails too the cause is shared; if not, it is fp8's own.
-std::string triage(const check::Verdict& failed, const check::TriagedFeature& feature, const check::ReceiptData& bf16_twin,
-                   const check::ReceiptData& reference, const check::Budgets& budgets) {
-  if (check::budget_features(bf16_twin).count(feature.name)) {
+std::string triage(const check::Verdict& failed, const std::vector<check::TriagedFeature>& features,
+                   const check::ReceiptData& bf16_twin, const check::ReceiptData& reference, const check::Budgets& budgets) {
+  const auto lacked = check::feature_the_twin_lacks(features, check::budget_features(bf16_twin));
+  if (!lacked) {
     throw std::invalid_argument(fmt::format("--triage-with: {} declares {} itself; give the {} lane", bf16_twin.path,
-                                            feature.name, feature.twin));
+                                            features.front().name, features.front().twin));
   }
+  const check::TriagedFeature& feature = *lacked;
   const check::Verdict twin = check::compare_receipts(bf16_twin, reference, budgets, failed.kind);
   return check::bf16_first_advice(
       feature, bf16_twin.lane, twin.pass(),
@@ -133,14 +135,14 @@ int run_comparison(const ComparisonFlags& flags, const std::string& kind) {
                                       reference_path, reference.lane, run.lane));
     }
     check::Verdict verdict = check::compare_receipts(run, reference, budgets, kind);
-    const auto triaged = check::triaged_feature(check::budget_features(run), budgets);
-    if (!flags.triage_with.empty() && !triaged) {
+    const auto triaged = check::triaged_features(check::budget_features(run), budgets);
+    if (!flags.triage_with.empty() && triaged.empty()) {
       throw std::invalid_argument(fmt::format("--triage-with: {} declares no budget feature triage explains (one "
                                               "whose entry in {} has triage_twin, as [fp8])",
                                               run.lane, budgets.path));
     }
     if (!verdict.pass() && !flags.triage_with.empty()) {
-      verdict.triage = triage(verdict, *triaged, check::load_receipt(flags.triage_with), reference, budgets);
+      verdict.triage = triage(verdict, triaged, check::load_receipt(flags.triage_with), reference, budgets);
     }
     return print_verdict(flags, verdict);
   });

@@ -660,15 +660,16 @@ bool LaneSpec::declares(const std::string& budget_feature) const {
 void check_triage_pairs(const Matrix& matrix, const check::Budgets& budgets) {
   for (const LaneSpec& l : matrix.lanes) {
     if (l.triage_with.empty()) continue;
-    const auto feature = check::triaged_feature({l.budget_features.begin(), l.budget_features.end()}, budgets);
-    if (!feature) {
+    const auto features = check::triaged_features({l.budget_features.begin(), l.budget_features.end()}, budgets);
+    if (features.empty()) {
       throw MatrixError(fmt::format("{}: lanes ({}).triage-with: the lane declares no budget feature triage explains "
                                     "(an entry of {} with triage_twin, as [fp8])",
                                     matrix.path, l.id, budgets.path));
     }
-    if (matrix.lane(l.triage_with).declares(feature->name)) {
+    const LaneSpec& twin = matrix.lane(l.triage_with);
+    if (!check::feature_the_twin_lacks(features, {twin.budget_features.begin(), twin.budget_features.end()})) {
       throw MatrixError(fmt::format("{}: lanes ({}).triage-with: '{}' declares {} itself; name the {} twin", matrix.path,
-                                    l.id, l.triage_with, feature->name, feature->twin));
+                                    l.id, l.triage_with, features.front().name, features.front().twin));
     }
   }
 }

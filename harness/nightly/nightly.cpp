@@ -382,9 +382,19 @@ class NightlyJob::Impl {
     return bias_check(in);
   }
 
-  // BF16-first triage of a lane that fails against the reference and declares `feature`.
-  std::string triage(const LaneSpec& spec, const check::TriagedFeature& feature) {
-    const LaneSpec* twin = twin_of(spec, feature.name);
+  // BF16-first triage of a lane that fails against the reference and declares `features`
+  // (one of them, with a twin that lacks it).
+  std::string triage(const LaneSpec& spec, const std::vector<check::TriagedFeature>& features) {
+    const LaneSpec* twin = nullptr;
+    check::TriagedFeature feature = features.front();
+    for (const check::TriagedFeature& f : features) {
+      twin = twin_of(spec, f.name);
+      if (twin && !twin->declares(f.name)) {
+        feature = f;
+        break;
+      }
+      twin = nullptr;
+    }
     if (!twin) return fmt::format("no {} twin of this lane in the matrix: add one, or set triage-with", feature.twin);
     LaneRun& twin_run = ensure_run(*twin);
     LaneRun& ref = ensure_run(matrix_.lane(matrix_.reference));
@@ -446,8 +456,8 @@ class NightlyJob::Impl {
     record["triage"] = nullptr;
     // A judged receipt declared its features: triage explains the lanes that declare one
     // whose budget entry has triage_twin.
-    const auto triaged = check::triaged_feature(check::budget_features(*r.receipt), budgets_);
-    if (checks.size() > 1 && checks[1]["status"] == "fail" && triaged) record["triage"] = triage(spec, *triaged);
+    const auto triaged = check::triaged_features(check::budget_features(*r.receipt), budgets_);
+    if (checks.size() > 1 && checks[1]["status"] == "fail" && !triaged.empty()) record["triage"] = triage(spec, triaged);
     if (progress_) {
       NightlyProgress done{0, std::max(planned_, started_), spec.id, 0, 0, elapsed_before_, 0, ""};
       std::vector<std::string> parts;

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -91,10 +92,18 @@ void write_error(char* error, std::size_t size, const std::string& message) {
   error[n] = '\0';
 }
 
+// Every call holds this: HDF5 is never entered from two threads at once through the C API,
+// whether or not the HDF5 it links was built thread-safe.
+std::mutex& hdf5_lock() {
+  static std::mutex lock;
+  return lock;
+}
+
 // Runs `body`, turning whatever it throws into the one-line message and a 1. HDF5's own
 // printing is silenced per call: its error settings are per thread in a thread-safe build.
 template <class Body>
 int guarded(const std::string& path, char* error, std::size_t error_size, Body body) {
+  const std::lock_guard<std::mutex> held(hdf5_lock());
   try {
     harness::h5::silence_library_errors();
     body();
@@ -113,9 +122,14 @@ int guarded(const std::string& path, char* error, std::size_t error_size, Body b
 // destructor removes a damaged file), so it goes at once and later calls are refused.
 template <class Body>
 int writing(canary_receipt_writer* w, char* error, std::size_t error_size, Body body) {
-  const int status = guarded(w->path, error, error_size, body);
-  if (status != 0 && w->writer && w->writer->damaged()) w->writer.reset();
-  return status;
+  return guarded(w->path, error, error_size, [&] {
+    try {
+      body();
+    } catch (...) {
+      if (w->writer && w->writer->damaged()) w->writer.reset();  // its destructor removes the file
+      throw;
+    }
+  });
 }
 
 ReceiptWriter& open_writer(canary_receipt_writer* w) {
@@ -221,10 +235,11 @@ int canary_receipt_append_step(canary_receipt_writer* w, double loss, double gra
     record.batch_hash = batch_hash;
     for (std::size_t f = 0; f < 4; ++f) record.hashes[f].assign(hashes + f * K, hashes + (f + 1) * K);
     for (std::size_t f = 0; f < 2; ++f) record.sketches[f] = sketches_of(l2 + f * K, projection + f * K * kSketchWidth, K);
-    // The order of `harness run` (canary_run.cpp): batch, state, trace, then the step's flush.
-    if (batch_tokens != nullptr) writer.append_batch({batch_tokens, w->batch_values});
+    // What can be refused (state groups or traced ops that changed) before any row; then
+    // the batch and the step's rows, and the step's flush.
     if (!w->staged_state.empty()) writer.append_state(w->staged_state);
     if (w->staged_trace) writer.append_trace(w->trace_columns, *w->staged_trace);
+    if (batch_tokens != nullptr) writer.append_batch({batch_tokens, w->batch_values});
     writer.append_step(record);
   });
   w->staged_state.clear();  // a step that failed takes its staging with it
@@ -233,17 +248,18 @@ int canary_receipt_append_step(canary_receipt_writer* w, double loss, double gra
 }
 
 int canary_receipt_declare_checkpoints(canary_receipt_writer* w, int64_t every, char* error, size_t error_size) {
-  return guarded(w->path, error, error_size, [&] { open_writer(w).declare_held_checkpoints(static_cast<int>(every)); });
+  return writing(w, error, error_size, [&] { open_writer(w).declare_held_checkpoints(static_cast<int>(every)); });
 }
 
 int canary_receipt_add_checkpoint(canary_receipt_writer* w, int64_t step, const uint8_t* state, size_t length,
                                   char* content_hash, size_t content_hash_size, char* error, size_t error_size) {
   return writing(w, error, error_size, [&] {
     values_of(state, length, "state");
-    const std::string hash = open_writer(w).add_held_checkpoint(static_cast<int>(step), {state, length});
-    if (content_hash == nullptr || content_hash_size <= hash.size()) {
-      throw std::invalid_argument(fmt::format("content_hash holds {} bytes; give {}", content_hash_size, hash.size() + 1));
+    constexpr std::size_t kHashBytes = 40;  // "xxh128:", 32 hex digits and the NUL
+    if (content_hash == nullptr || content_hash_size < kHashBytes) {
+      throw std::invalid_argument(fmt::format("content_hash holds {} bytes; give {}", content_hash_size, kHashBytes));
     }
+    const std::string hash = open_writer(w).add_held_checkpoint(static_cast<int>(step), {state, length});
     write_error(content_hash, content_hash_size, hash);
   });
 }
@@ -251,7 +267,7 @@ int canary_receipt_add_checkpoint(canary_receipt_writer* w, int64_t step, const 
 int canary_receipt_declare_eval(canary_receipt_writer* w, int64_t every, uint64_t held_out_hash, const char* source,
                                 int32_t rows, int32_t tokens, int32_t vocab, const int32_t* targets, char* error,
                                 size_t error_size) {
-  return guarded(w->path, error, error_size, [&] {
+  return writing(w, error, error_size, [&] {
     if (rows <= 0 || tokens <= 0 || vocab <= 0) {
       throw std::invalid_argument(fmt::format("/eval of {} rows, {} tokens, vocabulary {}: give positive sizes", rows,
                                               tokens, vocab));
@@ -296,6 +312,7 @@ int canary_receipt_finish(canary_receipt_writer* w, char* error, size_t error_si
 
 void canary_receipt_close(canary_receipt_writer* w, int discard) {
   if (w == nullptr) return;
+  const std::lock_guard<std::mutex> held(hdf5_lock());
   try {
     harness::h5::silence_library_errors();
     w->writer.reset();  // flushed steps stay (complete = 0); a damaged file goes

@@ -3,8 +3,8 @@
  * its receipts with the very code `harness run` writes with, so one writer holds the format
  * (docs/receipt-schema.md). A call never throws and never aborts: it returns 0, or 1 with a
  * one-line message in `error` (at most error_size bytes, NUL-terminated) naming the receipt
- * and what to do. Calls on one writer must not overlap; writers on different files may run
- * on different threads at once (HDF5 serializes them: the library is built thread-safe). */
+ * and what to do. Calls may come from any thread: the library runs one at a time (HDF5 is
+ * entered by one thread at once, whether or not it was built thread-safe). */
 #ifndef CANARY_HARNESS_RECEIPT_C_API_H
 #define CANARY_HARNESS_RECEIPT_C_API_H
 

@@ -106,6 +106,20 @@ ReceiptWriter::ReceiptWriter(const std::string& path, const ManifestAttributes& 
     : schema_(&schema), path_(path), tensor_count_(tensor_names.size()) {
   check_attribute_kinds(manifest, schema);
   file_ = h5::create_file(path, overwrite);
+  try {
+    write_layout(manifest, tensor_names, record_batches, batch_shape);
+  } catch (...) {  // no half-made receipt: the file goes with the error
+    write_nowhere(file_);
+    close();
+    std::error_code ignored;
+    std::filesystem::remove(path_, ignored);
+    throw;
+  }
+}
+
+// The manifest and every dataset a step appends to, flushed.
+void ReceiptWriter::write_layout(const ManifestAttributes& manifest, const std::vector<std::string>& tensor_names,
+                                 bool record_batches, BatchShape batch_shape) {
   manifest_ = h5::create_group(file_, paths::kManifest);
   for (const auto& entry : manifest) {  // (no structured binding: Clang 14 cannot capture one)
     std::visit([&](const auto& v) { h5::write_attr(manifest_, entry.first, v); }, entry.second);

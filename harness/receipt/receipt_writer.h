@@ -143,6 +143,8 @@ class ReceiptWriter {
     std::vector<hsize_t> shape;
     std::vector<float> values;
   };
+  void write_layout(const ManifestAttributes& manifest, const std::vector<std::string>& tensor_names,
+                    bool record_batches, BatchShape batch_shape);
   void create_trace_group(const std::vector<TraceColumn>& columns);
   void start_swmr();
   void leave_swmr();  // SWMR mode allows no new object: the file closed and opened again

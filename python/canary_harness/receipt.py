@@ -650,6 +650,9 @@ class ReceiptWriter:
             if not isinstance(entry, StepState):
                 raise ValueError(f"state: {entry!r:.60} is not a StepState")
             columns, names = [str(c) for c in entry.columns], [name for name, _ in entry.fields]
+            if not columns or not names:  # the library stages values per field and column
+                raise ValueError(f"state: group {entry.group!r} has {len(columns)} columns and {len(names)} fields; "
+                                 "give at least one of each")
             shape.append((entry.group, columns, names))
             for name, values in entry.fields:
                 path = f"/{entry.group}/{name}"

@@ -144,6 +144,7 @@ class NativeReceipt:
 
     def __init__(self, library: ReceiptLibrary, path: str, overwrite: bool, attrs: Mapping[str, AttrValue],
                  tensor_names: Sequence[str], batch_shape: Optional[Tuple[int, int]], error: Type[Exception]) -> None:
+        self._handle: Optional[int] = None  # (set first: __del__ runs after a failed create too)
         self._lib = library.lib
         self._error_type = error
         self._message = ctypes.create_string_buffer(ERROR_BYTES)
@@ -154,7 +155,7 @@ class NativeReceipt:
                                                  _c_strings(tensor_names), rows, length, self._message, ERROR_BYTES)
         if not handle:
             raise error(self._message.value.decode("utf-8", "replace"))
-        self._handle: Optional[int] = handle
+        self._handle = handle
 
     def _call(self, function: Callable[..., int], *args: Any) -> None:
         if self._handle is None:

@@ -716,23 +716,33 @@ TEST(DeclaredFeatures, AForeignEngineIsBudgetedByItsDeclarationWithNoSpecialCase
 // [bf16] that declared it would be triaged by its "fp32" twin.
 TEST(Triage, TheTriagedFeatureIsTheOneWhoseEntryDeclaresATwin) {
   const Budgets shipped = load_budgets(kShippedBudgets);
-  const auto fp8 = triaged_feature({"bf16", "fp8"}, shipped);
-  ASSERT_TRUE(fp8.has_value());
-  EXPECT_EQ(fp8->name, "fp8");
-  EXPECT_EQ(fp8->twin, "bf16-only");
-  EXPECT_FALSE(triaged_feature({"bf16"}, shipped).has_value());
-  EXPECT_EQ(bf16_first_advice(*fp8, "micro/accel+bf16", true, ""),
+  const auto fp8 = triaged_features({"bf16", "fp8"}, shipped);
+  ASSERT_EQ(fp8.size(), 1u);
+  EXPECT_EQ(fp8[0].name, "fp8");
+  EXPECT_EQ(fp8[0].twin, "bf16-only");
+  EXPECT_TRUE(triaged_features({"bf16"}, shipped).empty());
+  EXPECT_EQ(bf16_first_advice(fp8[0], "micro/accel+bf16", true, ""),
             "quantisation drift: only the fp8 lane moves; the bf16-only lane micro/accel+bf16 passes");
 
   const Budgets undeclared = load_budgets(write_budgets("no_twin", shipped_in("fp8", R"(triage_twin = "bf16-only"  #[^\n]*\n)", "")));
-  EXPECT_FALSE(triaged_feature({"bf16", "fp8"}, undeclared).has_value());
-  const Budgets bf16 = load_budgets(write_budgets("bf16_twin", shipped_in("bf16", R"(form = "tolerance"\n)",
+  EXPECT_TRUE(triaged_features({"bf16", "fp8"}, undeclared).empty());
+  const Budgets both = load_budgets(write_budgets("bf16_twin", shipped_in("bf16", R"(form = "tolerance"\n)",
                                                                         "form = \"tolerance\"\ntriage_twin = \"fp32\"\n")));
-  const auto triaged = triaged_feature({"bf16"}, bf16);
-  ASSERT_TRUE(triaged.has_value());
-  EXPECT_EQ(triaged->name, "bf16");
-  EXPECT_EQ(bf16_first_advice(*triaged, "m/accel", false, "first at step 3"),
+  const auto bf16 = triaged_features({"bf16"}, both);
+  ASSERT_EQ(bf16.size(), 1u);
+  EXPECT_EQ(bf16_first_advice(bf16[0], "m/accel", false, "first at step 3"),
             "shared math or plumbing: the fp32 lane m/accel fails too (first at step 3)");
+  // Both declared: a bf16+fp8 lane against its bf16 twin is told apart by fp8, against an
+  // fp32 twin by bf16 (the first its twin lacks); a twin with both explains nothing.
+  const auto lane = triaged_features({"bf16", "fp8"}, both);
+  ASSERT_EQ(lane.size(), 2u);
+  EXPECT_EQ(feature_the_twin_lacks(lane, {"bf16"})->name, "fp8");
+  EXPECT_EQ(feature_the_twin_lacks(lane, {})->name, "bf16");
+  EXPECT_FALSE(feature_the_twin_lacks(lane, {"bf16", "fp8"}).has_value());
+  // A canary's own entry cannot declare it: triage is the feature's, for every canary.
+  EXPECT_NE(load_error(shipped_text() + "\n[tiny.fp8]\nform = \"bitwise\"\nrationale = \"x\"\ntriage_twin = \"bf16-only\"\n")
+                .find("[tiny.fp8].triage_twin: triage is declared on the feature's own entry [fp8]"),
+            std::string::npos);
 }
 
 // A machine-dependent feature (across_platforms) declared by both receipts brings its

@@ -364,6 +364,14 @@ TEST(ReceiptCApi, BadCallsAreOneLineErrorsAndLeaveNoFile) {
             nullptr);
   EXPECT_NE(std::string(error).find("cpu_capability"), std::string::npos) << error;
   EXPECT_FALSE(fs::exists(path));
+  // One HDF5 refuses once the file exists (an attribute without a name): the file goes too.
+  c.back().name = "";
+  EXPECT_EQ(canary_receipt_create(path.c_str(), 0, description.c_str(), c.size(), c.data(), 2, names.pointers.data(),
+                                  0, 0, error, sizeof error),
+            nullptr);
+  EXPECT_EQ(std::string(error).rfind(path, 0), 0u) << error;
+  EXPECT_FALSE(fs::exists(path)) << "a create that failed part-way left its file";
+  c.back().name = "cpu_capability";
   // A description this release cannot read.
   EXPECT_EQ(canary_receipt_create(path.c_str(), 0, "{\"schema_version\": 1}", 0, nullptr, 0, nullptr, 0, 0, error,
                                   sizeof error),
