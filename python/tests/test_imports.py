@@ -177,8 +177,12 @@ def needless_local_imports(package: pathlib.Path) -> List[Tuple[str, int, str]]:
             if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
             for node in ast.walk(function):
-                if isinstance(node, ast.ImportFrom) and node.level:
-                    source = _resolved(name, path, node)
+                sources: List[str] = []
+                if isinstance(node, ast.ImportFrom):
+                    sources = [_resolved(name, path, node)]
+                elif isinstance(node, ast.Import):
+                    sources = [alias.name for alias in node.names]
+                for source in sources:
                     if source in known and not needs[source] - needs[name]:
                         found.append((name, node.lineno, source))
     return sorted(set(found))
@@ -194,7 +198,9 @@ def test_the_check_finds_a_needless_local_import_and_allows_a_lazy_optional_one(
     (package / "__init__.py").write_text("")
     (package / "plain.py").write_text("import json\n")
     (package / "heavy.py").write_text("import torch\n")
-    (package / "user.py").write_text("def f():\n    from .plain import x\n    from .heavy import y\n")
+    (package / "user.py").write_text("def f():\n    from .plain import x\n    from .heavy import y\n"
+                                     "    import canary_harness.plain\n")
     (package / "torchy.py").write_text("import torch\n\ndef g():\n    from .heavy import y\n")
     assert needless_local_imports(package) == [("canary_harness.torchy", 4, "canary_harness.heavy"),
-                                              ("canary_harness.user", 2, "canary_harness.plain")]
+                                              ("canary_harness.user", 2, "canary_harness.plain"),
+                                              ("canary_harness.user", 4, "canary_harness.plain")]
