@@ -78,6 +78,9 @@ std::map<std::string, std::vector<std::string>> torch_canary_example_values() {
   return values;
 }
 
+// Every stack's command takes a regression as `--inject-fault kind=...` (lane_args.py).
+constexpr const char* kFaultFlag = "--inject-fault";
+
 std::vector<LaneStack> make_stacks() {
   std::vector<LaneStack> stacks;
   // A built-in canary's pack trained by the package's model of its architecture, judged
@@ -91,6 +94,7 @@ std::vector<LaneStack> make_stacks() {
                     torch_name_parts(),
                     torch_budget_parts({{"device", "cpu"}, {"precision", "bf16"}}),
                     torch_pack_arguments(),
+                    kFaultFlag,
                     torch_example_values()});
   // A team's Python canary, judged against its own fp32 eager one-process CPU run: the CPU
   // itself separates nothing.
@@ -102,6 +106,7 @@ std::vector<LaneStack> make_stacks() {
                     torch_name_parts(),
                     torch_budget_parts({{"device", "cpu"}}),
                     torch_canary_arguments(),
+                    kFaultFlag,
                     torch_canary_example_values()});
   // A built-in canary in JAX on a mesh of XLA devices: XLA's kernels (jax), bf16 matmul
   // operands (jax-bf16), and on more than one device the mesh's reduction splits, judged
@@ -117,6 +122,7 @@ std::vector<LaneStack> make_stacks() {
                      {"mesh-{precision}", {{"mesh", "*"}}, {{"mesh", "1x1"}}}},
                     {{"--pack {pack} --mesh {mesh} --shard-plan {shard_plan} --precision {precision}", {}, {}},
                      out_argument()},
+                    kFaultFlag,
                     {{"mesh", {"1x1", "2x2"}}, {"shard_plan", {"dp", "zero3"}}, {"precision", {"fp32", "bf16"}}}});
   return stacks;
 }
@@ -247,6 +253,7 @@ nlohmann::json lane_stacks_json() {
                       {"name_parts", parts_json(s.name_parts)},
                       {"budget_features", parts_json(s.budget_features)},
                       {"arguments", parts_json(s.arguments)},
+                      {"fault_flag", s.fault_flag},
                       {"examples", examples_json(s)}});
   }
   return {{"job_placeholders", kJobPlaceholders}, {"lane_stacks", stacks}};

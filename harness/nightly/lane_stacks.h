@@ -49,6 +49,9 @@ struct LaneStack {
   // into words before its options are filled ("--layout {layout}" is two words, whatever
   // the value holds); the job's placeholders stay for the job (kJobPlaceholders).
   std::vector<StackPart> arguments;
+  // The flag its command takes an injected regression with (`harness power`'s ladder,
+  // python/canary_harness/regressions.py), followed by the regression's text; "" for none.
+  std::string fault_flag;
   // Values of each option the export's examples combine (every combination, canary "c"):
   // the lane name, budget features and command this description gives for each, which the
   // Python package's reading of the description must give too.

@@ -53,6 +53,7 @@ void from_stack(const LaneStack& stack, const StackOptions& options, const std::
   spec.budget_features = stack_budget_features(stack, options);
   spec.command = {python};
   for (std::string& word : stack_command(stack, options)) spec.command.push_back(std::move(word));
+  spec.fault_flag = stack.fault_flag;
 }
 
 class Parser {

@@ -50,10 +50,11 @@ struct LaneSpec {
   std::string reduction_seed_flag() const;
   bool external() const { return !command.empty(); }  // runs as a child process
   bool uses_pack() const;  // its command reads the job's canary pack ({pack})
-  // Its command takes `harness power`'s regressions (--inject-fault kind=...): the package's
-  // PyTorch and JAX lanes (canary_harness.lane, canary_harness.jax) and a Python canary's; a
-  // command lane's program is the team's, and takes what it takes.
-  bool takes_regressions() const { return python_canary || engine == "torch" || engine == "jax"; }
+  // The flag its command takes `harness power`'s regressions with, as its lane stack
+  // describes it (LaneStack::fault_flag); "" for a command lane, whose program is the team's.
+  std::string fault_flag;
+  // The ladder can inject into it: a harness engine's lane, or a stack's command that takes a fault.
+  bool takes_regressions() const { return !external() || !fault_flag.empty(); }
 };
 
 // The argv of an external lane with its placeholders filled in.

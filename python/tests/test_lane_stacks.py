@@ -63,6 +63,9 @@ def test_every_example_command_is_one_its_module_takes(stack_id: str) -> None:
         assert argv[:2] == ["-m", described["module"]], argv
         args = parsed(described["module"], argv[2:])
         assert args["out"] == "out.h5" and args["precision"] == options["precision"], (argv, args)
+        # `harness power` appends the stack's fault flag and a regression to the command.
+        regression = "step=1,kind=lr-scale,scale=1e-3"
+        assert parsed(described["module"], argv[2:] + [described["fault_flag"], regression])["inject_fault"] == regression
         if stack_id == "jax":
             assert (args["pack"], args["mesh"], args["shard_plan"]) == ("pack.h5", options["mesh"], options["shard_plan"])
             continue

@@ -163,6 +163,9 @@ TEST(Matrix, TorchLanesExpandToThePyTorchLane) {
                                               "precision = \"bf16\"\nbudget-features = \"torch-bf16\"\n"));
   const LaneSpec& t = m.lane("t");
   EXPECT_TRUE(t.external());
+  EXPECT_EQ(t.fault_flag, "--inject-fault");  // its stack's description: the ladder injects through it
+  EXPECT_TRUE(t.takes_regressions());
+  EXPECT_TRUE(m.lane("ref").takes_regressions());  // a harness engine's lane, run in-process
   EXPECT_EQ(t.lane, "micro/torch");
   EXPECT_EQ(t.budget_features, std::vector<std::string>{"torch-cpu"});
   const std::vector<std::string> argv = expand_command(t, "p.h5", "o.h5", 4, 1);
@@ -271,6 +274,7 @@ TEST(Matrix, CommandLanesFillTheirPlaceholders) {
   EXPECT_EQ(c.lane, "micro/c");
   EXPECT_EQ(c.budget_features, (std::vector<std::string>{"torch-cpu", "torch-host"}));
   EXPECT_EQ(expand_command(c, "P", "O", 4, 1), (std::vector<std::string>{"run-it", "--pack=P", "O", "4", "s1"}));
+  EXPECT_FALSE(c.takes_regressions()) << "a team's command takes what it takes: no fault flag is assumed";
   const Matrix named = load_matrix(write(dir, std::string(kHeader) + kRefLane +
                                                   "[[lanes]]\nid = \"c\"\ncommand = [\"x\", \"{out}\"]\n"
                                                   "budget-features = \"torch-cpu\"\nlane = \"micro/mine\"\n"));
