@@ -30,8 +30,8 @@ namespace fs = std::filesystem;
 run::RunSummary run_external(const Matrix& matrix, const LaneSpec& spec, const std::string& out, const std::string& partial,
                              const std::string& pack, int threads) {
   std::vector<std::string> argv = expand_command(spec, pack, partial, matrix.steps, matrix.seed);
-  if (spec.engine == "torch" && !spec.python_canary && threads > 0) {  // a Python canary's lane pins its own
-    argv.push_back("--threads");
+  if (!spec.threads_flag.empty() && threads > 0) {  // where its stack takes the job's count (lane_stacks.cpp)
+    argv.push_back(spec.threads_flag);
     argv.push_back(std::to_string(threads));
   }
   const auto start = std::chrono::steady_clock::now();

@@ -95,6 +95,7 @@ std::vector<LaneStack> make_stacks() {
                     torch_budget_parts({{"device", "cpu"}, {"precision", "bf16"}}),
                     torch_pack_arguments(),
                     kFaultFlag,
+                    "--threads",  // the job's thread count
                     torch_example_values()});
   // A team's Python canary, judged against its own fp32 eager one-process CPU run: the CPU
   // itself separates nothing.
@@ -107,6 +108,7 @@ std::vector<LaneStack> make_stacks() {
                     torch_budget_parts({{"device", "cpu"}}),
                     torch_canary_arguments(),
                     kFaultFlag,
+                    "",  // the lane pins its own (--threads {threads}): torch's CPU bits depend on it
                     torch_canary_example_values()});
   // A built-in canary in JAX on a mesh of XLA devices: XLA's kernels (jax), bf16 matmul
   // operands (jax-bf16), and on more than one device the mesh's reduction splits, judged
@@ -123,6 +125,7 @@ std::vector<LaneStack> make_stacks() {
                     {{"--pack {pack} --mesh {mesh} --shard-plan {shard_plan} --precision {precision}", {}, {}},
                      out_argument()},
                     kFaultFlag,
+                    "",  // XLA's CPU client sizes its own pool
                     {{"mesh", {"1x1", "2x2"}}, {"shard_plan", {"dp", "zero3"}}, {"precision", {"fp32", "bf16"}}}});
   return stacks;
 }
@@ -254,6 +257,7 @@ nlohmann::json lane_stacks_json() {
                       {"budget_features", parts_json(s.budget_features)},
                       {"arguments", parts_json(s.arguments)},
                       {"fault_flag", s.fault_flag},
+                      {"threads_flag", s.threads_flag},
                       {"examples", examples_json(s)}});
   }
   return {{"job_placeholders", kJobPlaceholders}, {"lane_stacks", stacks}};

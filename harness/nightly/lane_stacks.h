@@ -52,6 +52,9 @@ struct LaneStack {
   // The flag its command takes an injected regression with (`harness power`'s ladder,
   // python/canary_harness/regressions.py), followed by the regression's text; "" for none.
   std::string fault_flag;
+  // The flag its command takes the job's thread count with (`harness nightly --threads`),
+  // where the lane does not pin its own; "" for none.
+  std::string threads_flag;
   // Values of each option the export's examples combine (every combination, canary "c"):
   // the lane name, budget features and command this description gives for each, which the
   // Python package's reading of the description must give too.

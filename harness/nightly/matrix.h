@@ -53,6 +53,7 @@ struct LaneSpec {
   // The flag its command takes `harness power`'s regressions with, as its lane stack
   // describes it (LaneStack::fault_flag); "" for a command lane, whose program is the team's.
   std::string fault_flag;
+  std::string threads_flag;  // LaneStack::threads_flag: how the job's thread count reaches it
   // The ladder can inject into it: a harness engine's lane, or a stack's command that takes a fault.
   bool takes_regressions() const { return !external() || !fault_flag.empty(); }
 };

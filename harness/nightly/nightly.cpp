@@ -456,8 +456,10 @@ class NightlyJob::Impl {
     record["triage"] = nullptr;
     // A judged receipt declared its features: triage explains the lanes that declare one
     // whose budget entry has triage_twin.
-    const auto triaged = check::triaged_features(check::budget_features(*r.receipt), budgets_);
-    if (checks.size() > 1 && checks[1]["status"] == "fail" && !triaged.empty()) record["triage"] = triage(spec, triaged);
+    if (checks.size() > 1 && checks[1]["status"] == "fail") {  // judged, so its receipt was read
+      const auto triaged = check::triaged_features(check::budget_features(*r.receipt), budgets_);
+      if (!triaged.empty()) record["triage"] = triage(spec, triaged);
+    }
     if (progress_) {
       NightlyProgress done{0, std::max(planned_, started_), spec.id, 0, 0, elapsed_before_, 0, ""};
       std::vector<std::string> parts;

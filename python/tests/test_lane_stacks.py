@@ -66,6 +66,8 @@ def test_every_example_command_is_one_its_module_takes(stack_id: str) -> None:
         # `harness power` appends the stack's fault flag and a regression to the command.
         regression = "step=1,kind=lr-scale,scale=1e-3"
         assert parsed(described["module"], argv[2:] + [described["fault_flag"], regression])["inject_fault"] == regression
+        if described["threads_flag"]:  # the job's thread count, where the lane takes it
+            assert parsed(described["module"], argv[2:] + [described["threads_flag"], "2"])["threads"] in (2, "2")
         if stack_id == "jax":
             assert (args["pack"], args["mesh"], args["shard_plan"]) == ("pack.h5", options["mesh"], options["shard_plan"])
             continue

@@ -164,6 +164,7 @@ TEST(Matrix, TorchLanesExpandToThePyTorchLane) {
   const LaneSpec& t = m.lane("t");
   EXPECT_TRUE(t.external());
   EXPECT_EQ(t.fault_flag, "--inject-fault");  // its stack's description: the ladder injects through it
+  EXPECT_EQ(t.threads_flag, "--threads");     // and the job's thread count
   EXPECT_TRUE(t.takes_regressions());
   EXPECT_TRUE(m.lane("ref").takes_regressions());  // a harness engine's lane, run in-process
   EXPECT_EQ(t.lane, "micro/torch");
