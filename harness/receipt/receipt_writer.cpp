@@ -109,7 +109,7 @@ ReceiptWriter::ReceiptWriter(const std::string& path, const ManifestAttributes& 
   try {
     write_layout(manifest, tensor_names, record_batches, batch_shape);
   } catch (...) {  // no half-made receipt: the file goes with the error
-    write_nowhere(file_);
+    if (damaged_) write_nowhere(file_);  // a failed flush: its close would fail the same way
     close();
     std::error_code ignored;
     std::filesystem::remove(path_, ignored);
