@@ -246,17 +246,21 @@ nlohmann::json shape_json(const ReceiptDataset& d) {
 }
 
 std::string_view presence_word(Presence p) { return p == Presence::kRequired ? "required" : "optional"; }
-using receipt::to_string;  // the words of the other enums, beside Presence's (no hiding)
-std::string_view to_string(Presence p) { return presence_word(p); }
+// An enum's word in the export: presence_word's for Presence, to_string's for the others.
+std::string_view word(Presence p) { return presence_word(p); }
+template <class Enum>
+std::string_view word(Enum value) {
+  return receipt::to_string(value);
+}
 
 // An exported entry's field read back: the word to_string gives one of `values`.
 template <class Enum, std::size_t N>
-Enum parse_word(const nlohmann::json& word, const nlohmann::json& entry, const char* field, const Enum (&values)[N]) {
+Enum parse_word(const nlohmann::json& text, const nlohmann::json& entry, const char* field, const Enum (&values)[N]) {
   for (Enum value : values) {
-    if (word.is_string() && word.get<std::string>() == to_string(value)) return value;
+    if (text.is_string() && text.get<std::string>() == word(value)) return value;
   }
   throw std::invalid_argument(fmt::format("receipt description: {} of {} is {}, not a word this release knows", field,
-                                          entry.at("path").dump(), word.dump()));
+                                          entry.at("path").dump(), text.dump()));
 }
 template <class Enum, std::size_t N>
 Enum from_word(const nlohmann::json& entry, const char* field, const Enum (&values)[N]) {
