@@ -20,6 +20,16 @@ run_quiet() {  # run_quiet WHAT -- command...: its output only when it fails
   "$@" >"$WORK/log" 2>&1 || { fail "$what failed: $(tail -n 30 "$WORK/log")"; return 1; }
 }
 
+# compile_c NAME LIB: $WORK/NAME.c, a C99 program, against the installed headers and the
+# library LIB (a path in the prefix) alone, into $WORK/NAME_c.
+compile_c() {
+  local libdir
+  libdir=$(dirname "$PREFIX/$2")
+  run_quiet "compiling a C program against the $1 library" -- \
+    cc -std=c99 -Wall -Wextra -Wpedantic -Werror -I"$PREFIX/include" "$WORK/$1.c" -L"$libdir" \
+    -lcanary_harness_"$1" -Wl,-rpath,"$libdir" -o "$WORK/$1_c"
+}
+
 # ---- the installed prefix ---------------------------------------------------------------------
 run_quiet "cmake --install $BUILD" -- cmake --install "$BUILD" --prefix "$PREFIX" || { finish; exit 1; }
 PKG=$(dirname "$(find "$PREFIX" -name CanaryHarnessConfig.cmake | head -n 1)")
@@ -53,10 +63,7 @@ int main(void) {
   return 0;
 }
 CSRC
-  libdir=$(dirname "$PREFIX/$digest_lib")
-  if run_quiet "compiling a C program against the digest library" -- \
-      cc -std=c99 -Wall -Wextra -Wpedantic -Werror -I"$PREFIX/include" "$WORK/digest.c" -L"$libdir" \
-      -lcanary_harness_digest -Wl,-rpath,"$libdir" -o "$WORK/digest_c"; then
+  if compile_c digest "$digest_lib"; then
     c_hash=$("$WORK/digest_c") || fail "the C program against the digest library failed"
     py_hash=$(PYTHONPATH="$REPO/python" "$PY" -c 'import numpy as np; from canary_harness import tensor_hash
 print(tensor_hash(np.array([1.0, -2.5, 0.0, 3.0, 1e-3], dtype=np.float32)))')
@@ -112,10 +119,7 @@ int main(int argc, char** argv) {
   return 0;
 }
 CSRC
-  libdir=$(dirname "$PREFIX/$receipt_lib")
-  if run_quiet "compiling a C program against the receipt library" -- \
-      cc -std=c99 -Wall -Wextra -Wpedantic -Werror -I"$PREFIX/include" "$WORK/receipt.c" -L"$libdir" \
-      -lcanary_harness_receipt -Wl,-rpath,"$libdir" -o "$WORK/receipt_c"; then
+  if compile_c receipt "$receipt_lib"; then
     run_quiet "the C program writing a receipt" -- "$WORK/receipt_c" "$WORK/description.json" "$WORK/c.h5" &&
       run_quiet "harness validate of the C program's receipt" -- "$PREFIX/bin/harness" validate "$WORK/c.h5"
   fi
