@@ -77,7 +77,9 @@ if ! install_from_cache >/dev/null 2>&1; then
   fi
   install_from_cache
 fi
-# Editable: the tests and the CLI run the package in python/ as it is edited.
+# Editable: the tests and the CLI run the package in python/ as it is edited. scikit-build-core
+# (pinned above) builds its two libraries into .venv/ once; where HARNESS_BIN names a harness,
+# the package takes that harness's libraries first (docs/python.md, "Install").
 "$venv/bin/pip" install "${pip_quiet[@]}" --no-deps --no-build-isolation -e "$root/python"
 version=$(PJRT_DEVICE=CPU "$venv/bin/python" -c 'import torch, torch_xla, jax, transformers, accelerate, numpy, h5py, xxhash, pytest, canary_harness; print(torch.__version__)')
 echo "$want" > "$stamp"  # last: an interrupted install has no stamp, and is made again

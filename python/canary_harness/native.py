@@ -10,10 +10,11 @@ Which implementation runs is chosen by the environment variable CANARY_HARNESS_D
   unset, "" or "auto"  the library if one is found (below) and passes the checks, else Python;
   "python"             always the pure-Python digest;
   a path               that library, or an error (NativeDigestError) naming the path and why.
-"auto" looks next to the `harness` executable found through HARNESS_BIN or PATH (its
-../lib and ../lib/<multiarch>, where `cmake --install` and the build tree put it), then in
-the system's library path (ctypes.util.find_library); when it finds none it says so once
-on stderr and digests in Python. A library is used only when its ABI
+"auto" looks next to the `harness` executable that HARNESS_BIN names (its ../lib and
+../lib/<multiarch>, where `cmake --install` and the build tree put it), then in the package's
+own directory (where `pip install ./python` puts it), then next to the `harness` on PATH,
+then in the system's library path (ctypes.util.find_library); when it finds none it says so
+once on stderr and digests in Python. A library is used only when its ABI
 version is CANARY_DIGEST_ABI_VERSION, its sketch width and block are the schema's, and it
 digests a probe tensor exactly as the Python code does; a found library that fails this is
 skipped with a warning (auto) or refused (a path).
@@ -152,22 +153,35 @@ class NativeDigest:
 
 def library_candidates(file_name: str, soname: str) -> List[str]:
     """Where "auto" looks for one of the harness's libraries, in order (module docstring):
-    `file_name` beside the `harness` executable (HARNESS_BIN, then PATH), then `soname`
-    (e.g. "canary_harness_digest") on the system's library path."""
-    found = []
-    executables = [os.environ.get("HARNESS_BIN") or "", shutil.which("harness") or ""]
-    multiarch = getattr(sys.implementation, "_multiarch", "") or ""
-    for executable in executables:
-        if executable and os.path.isfile(executable):
-            prefix = os.path.dirname(os.path.dirname(os.path.realpath(executable)))
-            for libdir in ("lib", os.path.join("lib", multiarch) if multiarch else None):
-                if libdir:
-                    found.append(os.path.join(prefix, libdir, file_name))
+    `file_name` beside the `harness` that HARNESS_BIN names (the harness a run is judged
+    with), then in this package's own directories (where `pip install ./python` puts it),
+    then beside the `harness` on PATH, then `soname` (e.g. "canary_harness_digest") on the
+    system's library path."""
+    named, on_path = os.environ.get("HARNESS_BIN") or "", shutil.which("harness") or ""
+    found = _beside_harness(named, file_name) + _in_package(file_name) + _beside_harness(on_path, file_name)
     found = [path for i, path in enumerate(found) if path not in found[:i] and os.path.exists(path)]
     system = ctypes.util.find_library(soname)  # a soname: the loader resolves it
     if system:
         found.append(system)
     return found
+
+
+def _beside_harness(executable: str, file_name: str) -> List[str]:
+    """`file_name` in the lib directories of the prefix `executable` lies in (bin/harness:
+    the build tree's and `cmake --install`'s layout)."""
+    if not executable or not os.path.isfile(executable):
+        return []
+    prefix = os.path.dirname(os.path.dirname(os.path.realpath(executable)))
+    multiarch = getattr(sys.implementation, "_multiarch", "") or ""
+    libdirs = ["lib"] + ([os.path.join("lib", multiarch)] if multiarch else [])
+    return [os.path.join(prefix, libdir, file_name) for libdir in libdirs]
+
+
+def _in_package(file_name: str) -> List[str]:
+    """`file_name` in each directory of this package: an installed wheel's one, or, in an
+    editable install, the one its built files went to beside the sources."""
+    package = sys.modules.get(__package__ or "")
+    return [os.path.join(directory, file_name) for directory in getattr(package, "__path__", [])]
 
 
 _lock = threading.Lock()
@@ -201,7 +215,7 @@ def _select(setting: str) -> Optional[NativeDigest]:
     # Said once per process (the selection is cached): the numpy digest gives the same bits,
     # several times slower, which a recording's cost shows.
     why = "none of the libraries found is usable (above)" if candidates else \
-        f"no {LIBRARY_FILE} found next to `harness` (HARNESS_BIN or PATH) or on the library path"
+        f"no {LIBRARY_FILE} found next to `harness` (HARNESS_BIN or PATH), in the package or on the library path"
     print(f"canary_harness: digesting in Python (numpy): {why}; set HARNESS_BIN or {ENV}=PATH for the faster "
           f"library, or {ENV}=python to choose this (docs/python.md)", file=sys.stderr)
     return None

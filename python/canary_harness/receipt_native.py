@@ -272,7 +272,7 @@ def _select(setting: str) -> Optional[ReceiptLibrary]:
         except NativeWriterError as e:
             problems.append(str(e))
     why = "; ".join(problems) if problems else \
-        f"no {LIBRARY_FILE} found next to `harness` (HARNESS_BIN or PATH) or on the library path"
+        f"no {LIBRARY_FILE} found next to `harness` (HARNESS_BIN or PATH), in the package or on the library path"
     print(f"canary_harness: writing receipts with h5py: {why}; set HARNESS_BIN or {ENV}=PATH for the harness's "
           f"writer, or {ENV}=h5py to choose this (docs/python.md)", file=sys.stderr)
     return None

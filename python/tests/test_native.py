@@ -121,20 +121,42 @@ def test_a_library_that_digests_differently_is_refused(use_library: str, monkeyp
         NativeDigest(use_library)
 
 
-def test_the_numpy_digest_says_so_once_when_no_library_is_found(tmp_path) -> None:
-    import os
-    import subprocess
-    import sys
+def test_the_numpy_digest_says_so_once_when_no_library_is_found(monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.setattr(native, "library_candidates", lambda *_: [])  # none anywhere
+    monkeypatch.setattr(native, "_loaded", {})
+    monkeypatch.setenv(native.ENV, "auto")
+    plans = [DigestPlan([4], [1], [True]) for _ in range(3)]
+    assert {plan.implementation for plan in plans} == {"python"}
+    said = capsys.readouterr().err
+    assert said.count("canary_harness: digesting in Python (numpy): no libcanary_harness_digest.so.1") == 1, said
+    monkeypatch.setenv(native.ENV, "python")  # chosen, not fallen back to: nothing to say
+    assert DigestPlan([4], [1], [True]).implementation == "python"
+    assert "digesting in Python" not in capsys.readouterr().err
 
-    from test_python_canary import PACKAGE_ROOT, SMALL
 
-    env = {k: v for k, v in os.environ.items() if k not in ("HARNESS_BIN", "CANARY_HARNESS_DIGEST")}
-    env["PATH"] = "/usr/bin:/bin"  # no `harness` on it
-    env["PYTHONPATH"] = PACKAGE_ROOT
-    command = [sys.executable, "-m", "canary_harness", "run", f"{SMALL}:canary", "--out"]
-    found = subprocess.run(command + [str(tmp_path / "a.h5")], capture_output=True, text=True, timeout=600, env=env)
-    assert found.returncode == 0, found.stderr
-    assert found.stderr.count("canary_harness: digesting in Python (numpy): no libcanary_harness_digest.so.1") == 1
-    chosen = subprocess.run(command + [str(tmp_path / "b.h5")], capture_output=True, text=True, timeout=600,
-                            env={**env, "CANARY_HARNESS_DIGEST": "python"})
-    assert chosen.returncode == 0 and "digesting in Python" not in chosen.stderr, chosen.stderr
+def test_libraries_are_looked_for_beside_the_named_harness_then_in_the_package_then_on_path(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import canary_harness
+
+    name = "libcanary_harness_example.so.1"
+
+    def prefix_with_harness(where: Path) -> Path:
+        (where / "bin").mkdir(parents=True)
+        (where / "bin" / "harness").write_text("#!/bin/sh\n")
+        (where / "bin" / "harness").chmod(0o755)
+        (where / "lib").mkdir()
+        (where / "lib" / name).write_bytes(b"")
+        return where
+
+    named, on_path = prefix_with_harness(tmp_path / "named"), prefix_with_harness(tmp_path / "path")
+    package = tmp_path / "package"
+    package.mkdir()
+    (package / name).write_bytes(b"")
+    monkeypatch.setattr(canary_harness, "__path__", [str(tmp_path / "sources"), str(package)])
+    monkeypatch.setenv("PATH", f"{on_path / 'bin'}:/usr/bin:/bin")
+    monkeypatch.setenv("HARNESS_BIN", str(named / "bin" / "harness"))
+    assert native.library_candidates(name, "canary_harness_example") == [
+        str(named / "lib" / name), str(package / name), str(on_path / "lib" / name)]
+    monkeypatch.delenv("HARNESS_BIN")  # an installed package: its own first
+    assert native.library_candidates(name, "canary_harness_example") == [str(package / name), str(on_path / "lib" / name)]
