@@ -13,7 +13,7 @@ figure; the ratio of the medians is printed beside it.
 
 Usage:
     /usr/bin/python3 bench/own_model_overhead.py [--canary FILE.py:NAME | --pack PACK.h5] [--rounds 200]
-        [--warmup 16] [--block 8] [--threads 1] [--writers auto[,h5py]] [--json FILE]
+        [--warmup 16] [--block 8] [--threads 1] [--writers auto[,LIBRARY]] [--json FILE]
 
 --pack measures the built-in canary's PyTorch lane (canary_harness.lane) the same way:
 the lane's canary runs through the same runner.
@@ -21,8 +21,8 @@ the lane's canary runs through the same runner.
 The recorded copy digests through the digest library next to `harness` (HARNESS_BIN, else
 build/bin/harness) where it is found; CANARY_HARNESS_DIGEST=python measures the numpy
 digest. --writers names the receipt writers to record with (CANARY_HARNESS_WRITER's
-settings: "auto", the harness's writer library where found; "h5py", the package's own),
-each a recorded copy of its own taking turns with the bare one in the same rounds. Rounds past the canary's steps start its schedule again (step i mod steps). A
+settings: "auto", the writer library the package finds; a path, that library: two builds
+compared), each a recorded copy of its own taking turns with the bare one in the same rounds. Rounds past the canary's steps start its schedule again (step i mod steps). A
 canary's held-out evaluation (eval_batch) is left out of the recorded copy: it runs
 between steps, not in one, and the bare loop runs none. The receipt is written in a
 temporary directory, removed however the bench ends. This is a benchmark, not a test: the
@@ -67,7 +67,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--block", type=int, default=8, help="steps of one kind in a row (a round: a block of each)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--writers", default="auto",
-                    help="receipt writers to record with, comma-separated (CANARY_HARNESS_WRITER settings)")
+                    help="receipt writers to record with, comma-separated (CANARY_HARNESS_WRITER settings: "
+                         "auto, or a library's path)")
     ap.add_argument("--json", help="write the numbers here too")
     return ap.parse_args(argv)
 
@@ -95,9 +96,9 @@ def measure(args: argparse.Namespace, bare: Any, recorded: Dict[str, Any], work:
     runs = {}
     setting = os.environ.get(ENV)
     try:
-        for writer, loaded in recorded.items():
+        for i, (writer, loaded) in enumerate(recorded.items()):
             os.environ[ENV] = writer  # read when the run's receipt is created
-            options = RunOptions(out=os.path.join(work, f"{writer}.h5"), threads=args.threads,
+            options = RunOptions(out=os.path.join(work, f"writer-{i}.h5"), threads=args.threads,
                                  steps=blocks * args.block)
             runs[writer] = ReceiptRun(without_held_out(loaded), options, torch.device("cpu"), options.steps)
     finally:  # the caller's setting back (the bench may run inside a test process)

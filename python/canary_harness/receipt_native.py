@@ -6,11 +6,9 @@ values and hands them here, so one writer holds the file format. ctypes releases
 around every foreign call, so the HDF5 write of a step runs beside the training thread's
 Python (the Recorder writes from a background thread).
 
-Which writer runs is chosen by the environment variable CANARY_HARNESS_WRITER:
-  unset, "" or "auto"  the library if one is found and passes the checks, else h5py (said
-                       once on stderr);
-  "h5py"               the package's own h5py writer, until the library ships with the
-                       package (docs/python.md, "One receipt writer");
+Which library writes is chosen by the environment variable CANARY_HARNESS_WRITER:
+  unset, "" or "auto"  the first one found that passes the checks, or an error naming where
+                       it looked (an installed package carries one: docs/python.md, "Install");
   a path               that library, or an error naming the path and why.
 "auto" looks where the digest library is looked for (native.library_candidates). A library
 is used only when its ABI version is CANARY_RECEIPT_ABI_VERSION and it writes the schema
@@ -21,7 +19,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import sys
 import threading
 from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple, Type, Union
 
@@ -243,13 +240,12 @@ class NativeReceipt:
 
 
 _lock = threading.Lock()
-_loaded: dict = {}  # setting of CANARY_HARNESS_WRITER -> Optional[ReceiptLibrary]
+_loaded: dict = {}  # setting of CANARY_HARNESS_WRITER -> ReceiptLibrary
 
 
-def receipt_library() -> Optional[ReceiptLibrary]:
-    """The library CANARY_HARNESS_WRITER selects (module docstring), or None for the h5py
-    writer; loaded and checked once per setting. Raises NativeWriterError when the variable
-    names a library that cannot be used."""
+def receipt_library() -> ReceiptLibrary:
+    """The library CANARY_HARNESS_WRITER selects (module docstring), loaded and checked once
+    per setting. Raises NativeWriterError when none is found or the one named cannot be used."""
     setting = os.environ.get(ENV, "").strip()
     with _lock:
         if setting not in _loaded:
@@ -257,12 +253,10 @@ def receipt_library() -> Optional[ReceiptLibrary]:
         return _loaded[setting]
 
 
-def _select(setting: str) -> Optional[ReceiptLibrary]:
-    if setting == "h5py":
-        return None
+def _select(setting: str) -> ReceiptLibrary:
     if setting not in ("", "auto"):
         if not os.path.exists(setting):
-            raise NativeWriterError(f"{ENV}={setting}: no such file (a path to {LIBRARY_FILE}, 'auto' or 'h5py')")
+            raise NativeWriterError(f"{ENV}={setting}: no such file (a path to {LIBRARY_FILE}, or 'auto')")
         return ReceiptLibrary(os.path.abspath(setting))
     candidates = library_candidates(LIBRARY_FILE, "canary_harness_receipt")
     problems = []
@@ -273,6 +267,6 @@ def _select(setting: str) -> Optional[ReceiptLibrary]:
             problems.append(str(e))
     why = "; ".join(problems) if problems else \
         f"no {LIBRARY_FILE} found next to `harness` (HARNESS_BIN or PATH), in the package or on the library path"
-    print(f"canary_harness: writing receipts with h5py: {why}; set HARNESS_BIN or {ENV}=PATH for the harness's "
-          f"writer, or {ENV}=h5py to choose this (docs/python.md)", file=sys.stderr)
-    return None
+    raise NativeWriterError(f"no receipt writer: {why}; install the package with pip (it carries the library), "
+                            f"or set HARNESS_BIN to a built harness or {ENV} to the library (docs/python.md, "
+                            "\"Install\")")

@@ -46,10 +46,6 @@ def leaf(path: str) -> str:
     """A path's last segment, as a group creates it: "/steps/loss" -> "loss"."""
     return path.rsplit("/", 1)[-1]
 
-# Chunk rows of the growing datasets, as receipt_writer.cpp: 1-D step series and (N, K) tables.
-STEP_CHUNK_ROWS = 128
-TABLE_CHUNK_ROWS = 16
-
 
 def _matches(pattern: str, path: str) -> bool:
     """Segment by segment; a '*' segment matches any one non-empty name."""

@@ -650,7 +650,6 @@ def test_a_malformed_budget_features_is_refused_in_validates_words(tmp_path: Pat
     and receipt::BudgetFeatures): the writer refuses a declaration before any file exists,
     with the words `harness validate` uses for a file that holds it."""
     from canary_harness.budget_features import format_features, parse_features
-    from canary_harness.receipt import _write_attr
     from conftest import run_harness
     with pytest.raises(ValueError) as parsed:
         parse_features(declared)
@@ -660,8 +659,10 @@ def test_a_malformed_budget_features_is_refused_in_validates_words(tmp_path: Pat
     path = tmp_path / "held.h5"
     with ReceiptWriter(path, manifest(steps=1), NAMES, batch_shape=BATCH, stack=STACK) as writer:
         write_steps(writer, 1)
-    with h5py.File(path, "r+") as f:
-        _write_attr(f["manifest"], "budget_features", declared)
+    with h5py.File(path, "r+") as f:  # as the writer stores a string: fixed-length UTF-8
+        encoded = declared.encode("utf-8")
+        dtype = h5py.string_dtype("utf-8", len(encoded))
+        f["manifest"].attrs.create("budget_features", np.array(encoded, dtype=dtype), dtype=dtype)
     validated = run_harness(harness_bin, "validate", str(path), check=False)
     assert validated.returncode != 0
     assert f"/manifest/budget_features: {parsed.value}" in validated.stdout + validated.stderr

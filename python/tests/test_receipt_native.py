@@ -1,21 +1,22 @@
 """One receipt writer: ReceiptWriter writes through the harness's own (libcanary_harness_receipt,
-canary_harness.receipt_native) wherever the library is found, and the receipts are those the
-package's h5py writer wrote, bit for bit, every kind of content included."""
+canary_harness.receipt_native), and what the package hands it is what the receipt holds, every
+kind of content included; without a library nothing is written."""
 
 from __future__ import annotations
 
 import ctypes
 from pathlib import Path
-from typing import Dict
+from typing import Any, Dict
 
-import h5py
 import numpy as np
 import pytest
 
-from canary_harness import ReceiptError, ReceiptReader, ReceiptWriter
+from canary_harness import ReceiptError, ReceiptReader, ReceiptWriter, receipt_native
 from canary_harness.receipt import StepState, TraceColumn
 from canary_harness.receipt_native import ENV, receipt_library
+from canary_harness.schema import PATHS
 
+from conftest import run_harness
 from test_receipt import BATCH, NAMES, STACK, manifest, tensors
 
 
@@ -23,67 +24,81 @@ COLUMNS = [TraceColumn(0, "blocks.0.attn", 0, "forward", "out", "activation"),
            TraceColumn(1, "lm_head", -1, "backward", "grad", "gradient")]
 
 
-def write_everything(path: Path, steps: int = 4) -> Dict[str, str]:
-    """A receipt with every kind of content the writer takes: batches, op traces, /compile,
-    held checkpoints, /eval, tensor dumps. Returns the checkpoints' content hashes."""
+def write_everything(path: Path, steps: int = 4) -> Dict[str, Any]:
+    """A receipt with every kind of content record_step takes (batches, op traces) and held
+    checkpoints, /eval and tensor dumps (/compile and step state: test_receipt.py). Returns what was handed to the writer."""
     rng = np.random.default_rng(5)
-    hashes = {}
+    given: Dict[str, Any] = {"checkpoints": {}, "hashes": {}, "batches": [], "losses": [], "trace_hash": [],
+                             "eval": []}
     with ReceiptWriter(path, manifest(steps=steps, learning_rate=0.5), NAMES, batch_shape=BATCH, stack=STACK) as w:
         w.declare_checkpoints(2)
-        targets = rng.integers(0, 7, size=(2, 3))
-        w.declare_eval(2, "00000000feedbeef", "held-out rows", targets, 7)
+        given["targets"] = rng.integers(0, 7, size=(2, 3))
+        w.declare_eval(2, "00000000feedbeef", "held-out rows", given["targets"], 7)
         for s in range(steps):
             if s % 2 == 0:
-                hashes[s] = w.append_checkpoint(s, rng.bytes(100 + 50 * s))
+                state_bytes = rng.bytes(100 + 50 * s)
+                given["checkpoints"][s] = state_bytes
+                given["hashes"][s] = w.append_checkpoint(s, state_bytes)
             batch = rng.integers(0, 50, size=BATCH).astype(np.int32)
             state = {fam: tensors(rng) for fam in ("params", "grads", "adam_m", "adam_v")}
-            trace = (COLUMNS, rng.integers(0, 2**63, size=len(COLUMNS)).astype(np.uint64),
-                     [(float(s + c), rng.standard_normal(16)) for c in range(len(COLUMNS))])
+            trace_hashes = rng.integers(0, 2**63, size=len(COLUMNS)).astype(np.uint64)
+            trace = (COLUMNS, trace_hashes, [(float(s + c), rng.standard_normal(16)) for c in range(len(COLUMNS))])
             w.record_step(loss=2.0 - 0.1 * s, grad_norm=1.0 + s, lr=1e-3, batch=batch, trace=trace, **state)
+            given["batches"].append(batch)
+            given["losses"].append(2.0 - 0.1 * s)
+            given["trace_hash"].append(trace_hashes)
             if s % 2 == 0:
-                w.append_eval(s, 3.0 - s, rng.standard_normal((2, 3, 7)).astype(np.float32), float(s == 0))
-        w.dump_tensors(0, tensors(rng))
-    return {str(k): v for k, v in hashes.items()}
-
-
-def contents(path: Path) -> Dict[str, bytes]:
-    """Every dataset's values and every attribute, by path (created_utc aside: a clock)."""
-    out: Dict[str, bytes] = {}
-
-    def visit(name: str, obj) -> None:
-        if isinstance(obj, h5py.Dataset):
-            out[f"/{name}"] = obj.dtype.str.encode() + repr(obj.shape).encode() + obj[()].tobytes()
-        for key, value in obj.attrs.items():
-            if key != "created_utc":
-                out[f"/{name}@{key}"] = np.asarray(value).tobytes()
-
-    with h5py.File(path, "r") as f:
-        f.visititems(visit)
-    return out
+                logits = rng.standard_normal((2, 3, 7)).astype(np.float32)
+                w.append_eval(s, 3.0 - s, logits, float(s == 0))
+                given["eval"].append((s, 3.0 - s, logits))
+        given["dump"] = tensors(rng)
+        w.dump_tensors(0, given["dump"])
+    return given
 
 
 def test_the_library_is_what_writes_where_it_is_found(writer_library: str, monkeypatch, tmp_path: Path):
     monkeypatch.setenv(ENV, "auto")
     library = receipt_library()
-    assert library is not None and Path(library.path).resolve() == Path(writer_library).resolve()
+    assert Path(library.path).resolve() == Path(writer_library).resolve()
     with ReceiptWriter(tmp_path / "r.h5", manifest(steps=1), NAMES, stack=STACK) as w:
-        assert w._native is not None
+        assert w._native._lib is library.lib
 
 
-def test_the_library_writes_what_the_h5py_writer_wrote_bit_for_bit(writer_library: str, monkeypatch,
-                                                                     tmp_path: Path):
+def test_what_the_package_hands_the_library_is_what_the_receipt_holds(writer_library: str, monkeypatch,
+                                                                       tmp_path: Path, harness_bin: Path):
+    """Every kind of content, handed over through ctypes and read back with h5py: the same
+    values, bit for bit, and a receipt `harness validate` accepts. (That the library writes
+    what `harness run`'s writer writes, byte for byte, is tests/unit/receipt_c_api_test.cpp.)"""
     monkeypatch.setenv(ENV, writer_library)
-    native_hashes = write_everything(tmp_path / "native.h5")
-    monkeypatch.setenv(ENV, "h5py")
-    h5py_hashes = write_everything(tmp_path / "h5py.h5")
-    assert native_hashes == h5py_hashes and len(native_hashes) == 2
-    native, ours = contents(tmp_path / "native.h5"), contents(tmp_path / "h5py.h5")
-    assert sorted(native) == sorted(ours)
-    assert [name for name in native if native[name] != ours[name]] == []
-    with ReceiptReader(tmp_path / "native.h5") as r:  # and what the test itself wrote is there
+    path = tmp_path / "everything.h5"
+    given = write_everything(path)
+    with ReceiptReader(path) as r:
         assert r.complete and r.steps_recorded == 4 and r.dumped_steps() == [0]
-        assert [c.step for c in r.stored_checkpoints()] == [0, 2]
+        assert np.array_equal(r.read(PATHS["loss"], 1), np.array(given["losses"]))
+        assert np.array_equal(r.batches(), np.stack(given["batches"]))
         assert r.trace_columns() == COLUMNS
+        assert np.array_equal(r.read(PATHS["trace_hash"], 2), np.stack(given["trace_hash"]))
+        checkpoints = r.stored_checkpoints()
+        assert [c.step for c in checkpoints] == [0, 2]
+        for c in checkpoints:  # checkpoint_state checks the content hash the library computed
+            assert r.checkpoint_state(c) == given["checkpoints"][c.step] and c.content_hash == given["hashes"][c.step]
+        assert np.array_equal(r.read(PATHS["eval_targets"], 2), given["targets"])
+        assert np.array_equal(r.read(PATHS["eval_step"], 1), np.array([s for s, _, _ in given["eval"]]))
+        assert np.array_equal(r.read(PATHS["eval_logits"], 4), np.stack([logits for _, _, logits in given["eval"]]))
+        dumped = r.tensors(0)
+        assert sorted(dumped) == sorted(given["dump"])
+        assert all(np.array_equal(dumped[name], values) for name, values in given["dump"].items())
+    run_harness(harness_bin, "validate", str(path))
+
+
+def test_with_no_library_found_nothing_is_written_and_the_error_says_where_to_get_one(monkeypatch, tmp_path: Path):
+    monkeypatch.setenv(ENV, "auto")
+    monkeypatch.setattr(receipt_native, "library_candidates", lambda *_: [])
+    monkeypatch.setattr(receipt_native, "_loaded", {})
+    with pytest.raises(ReceiptError, match=r"r\.h5: no receipt writer: no libcanary_harness_receipt\.so\.1 found .*"
+                                           r"install the package with pip .*HARNESS_BIN.*; nothing is written"):
+        ReceiptWriter(tmp_path / "r.h5", manifest(), NAMES, stack=STACK)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_library_that_cannot_be_used_is_refused_by_name_and_nothing_is_written(digest_library: str, monkeypatch,
@@ -114,5 +129,4 @@ def test_each_write_is_one_foreign_call_that_releases_the_gil(writer_library: st
     bound on a CDLL, so a step's HDF5 write never holds the training thread."""
     monkeypatch.setenv(ENV, writer_library)
     library = receipt_library()
-    assert library is not None
     assert isinstance(library.lib, ctypes.CDLL) and not isinstance(library.lib, ctypes.PyDLL)
