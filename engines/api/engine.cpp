@@ -95,6 +95,14 @@ constexpr bool every_call_is_described(std::index_sequence<I...>) {
 }
 static_assert(every_call_is_described(std::make_index_sequence<kOpDescriptions.size()>{}));
 
+// Each entry of engine_ops.inc names its op's family (which decides whether its virtual is
+// pure) as the op's description does.
+#define HARNESS_ENGINE_OP(op_family, op_kind, member, parameters)       \
+  static_assert(describe(OpKind::op_kind).family == OpFamily::op_family, \
+                #member ": engine_ops.inc gives another family than its description");
+#include "engine_ops.inc"
+#undef HARNESS_ENGINE_OP
+
 }  // namespace
 
 std::string_view to_string(Phase phase) {
@@ -119,56 +127,20 @@ namespace {
 
 bool Engine::implements(OpKind op) const { return describe(op).family == OpFamily::Core; }
 
-void Engine::rmsnorm_forward(const OpSite&, TensorId, TensorId, TensorId, TensorId, float) {
-  not_implemented(*this, OpKind::RmsNormForward);
-}
-void Engine::rmsnorm_backward(const OpSite&, TensorId, TensorId, TensorId, TensorId, TensorId, TensorId) {
-  not_implemented(*this, OpKind::RmsNormBackward);
-}
-void Engine::rope_forward(const OpSite&, TensorId, TensorId, int, double) {
-  not_implemented(*this, OpKind::RopeForward);
-}
-void Engine::rope_backward(const OpSite&, TensorId, TensorId, int, double) {
-  not_implemented(*this, OpKind::RopeBackward);
-}
-void Engine::swiglu_forward(const OpSite&, TensorId, TensorId, TensorId) {
-  not_implemented(*this, OpKind::SwigluForward);
-}
-void Engine::swiglu_backward(const OpSite&, TensorId, TensorId, TensorId, TensorId, TensorId) {
-  not_implemented(*this, OpKind::SwigluBackward);
-}
-void Engine::gqa_attention_forward(const OpSite&, TensorId, TensorId, TensorId, TensorId, TensorId) {
-  not_implemented(*this, OpKind::GqaAttentionForward);
-}
-void Engine::gqa_attention_backward(const OpSite&, TensorId, TensorId, TensorId, TensorId, TensorId, TensorId,
-                                    TensorId, TensorId) {
-  not_implemented(*this, OpKind::GqaAttentionBackward);
-}
-
-void Engine::moe_route_forward(const OpSite&, TensorId, TensorId, TensorId, TensorId, TensorId, TensorId, int, int,
-                               float) {
-  not_implemented(*this, OpKind::MoeRouteForward);
-}
-void Engine::moe_route_backward(const OpSite&, TensorId, TensorId, TensorId, TensorId, TensorId, float) {
-  not_implemented(*this, OpKind::MoeRouteBackward);
-}
-void Engine::moe_dispatch_forward(const OpSite&, TensorId, TensorId, TensorId, TensorId) {
-  not_implemented(*this, OpKind::MoeDispatchForward);
-}
-void Engine::moe_dispatch_backward(const OpSite&, TensorId, TensorId, TensorId, TensorId) {
-  not_implemented(*this, OpKind::MoeDispatchBackward);
-}
-void Engine::moe_combine_forward(const OpSite&, TensorId, TensorId, TensorId, TensorId, TensorId) {
-  not_implemented(*this, OpKind::MoeCombineForward);
-}
-void Engine::moe_combine_backward(const OpSite&, TensorId, TensorId, TensorId, TensorId, TensorId, TensorId, TensorId) {
-  not_implemented(*this, OpKind::MoeCombineBackward);
-}
-void Engine::expert_linear_forward(const OpSite&, TensorId, TensorId, TensorId) {
-  not_implemented(*this, OpKind::ExpertLinearForward);
-}
-void Engine::expert_linear_backward(const OpSite&, TensorId, TensorId, TensorId, TensorId, TensorId) {
-  not_implemented(*this, OpKind::ExpertLinearBackward);
-}
+// Each llama or mixture-of-experts op's default, from engine_ops.inc; the core ops have
+// none (pure). The parameters are named in the list and unused here.
+#define HARNESS_ENGINE_OP_DEFAULT_Core(kind, member, parameters)
+#define HARNESS_ENGINE_OP_DEFAULT_Llama(kind, member, parameters) \
+  void Engine::member parameters { not_implemented(*this, OpKind::kind); }
+#define HARNESS_ENGINE_OP_DEFAULT_MixtureOfExperts HARNESS_ENGINE_OP_DEFAULT_Llama
+#define HARNESS_ENGINE_OP(family, kind, member, parameters) HARNESS_ENGINE_OP_DEFAULT_##family(kind, member, parameters)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-parameter"
+#include "engine_ops.inc"
+#pragma GCC diagnostic pop
+#undef HARNESS_ENGINE_OP
+#undef HARNESS_ENGINE_OP_DEFAULT_Core
+#undef HARNESS_ENGINE_OP_DEFAULT_Llama
+#undef HARNESS_ENGINE_OP_DEFAULT_MixtureOfExperts
 
 }  // namespace harness

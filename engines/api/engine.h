@@ -148,119 +148,24 @@ class Engine {
   // ---- ops ---------------------------------------------------------------------------
   virtual void zero(TensorId id) = 0;
 
-  // out (B,T,C) = wte[inputs] + wpe[t]; wpe may be kNoTensor (no position embedding:
-  // out = wte[inputs]), and then dwpe is kNoTensor in the backward
-  virtual void encoder_forward(const OpSite& site, TensorId out, TensorId inputs, TensorId wte,
-                               TensorId wpe) = 0;
-  virtual void encoder_backward(const OpSite& site, TensorId dwte, TensorId dwpe, TensorId dout,
-                                TensorId inputs) = 0;
-
-  // out (N,C) = (inp - mean) * rstd * weight + bias; mean, rstd (N) saved for backward
-  virtual void layernorm_forward(const OpSite& site, TensorId out, TensorId mean, TensorId rstd,
-                                 TensorId inp, TensorId weight, TensorId bias, float eps) = 0;
-  virtual void layernorm_backward(const OpSite& site, TensorId dinp, TensorId dweight, TensorId dbias,
-                                  TensorId dout, TensorId inp, TensorId weight, TensorId mean,
-                                  TensorId rstd) = 0;
-
-  // out (N,OC) = inp (N,C) @ weight (OC,C)^T + bias (OC); bias may be kNoTensor
-  virtual void linear_forward(const OpSite& site, TensorId out, TensorId inp, TensorId weight,
-                              TensorId bias) = 0;
-  virtual void linear_backward(const OpSite& site, TensorId dinp, TensorId dweight, TensorId dbias,
-                               TensorId dout, TensorId inp, TensorId weight) = 0;
-
-  // Causal multi-head attention. qkv (B,T,3C) -> out (B,T,C); att (B,NH,T,T) saved.
-  virtual void attention_forward(const OpSite& site, TensorId out, TensorId att, TensorId qkv) = 0;
-  virtual void attention_backward(const OpSite& site, TensorId dqkv, TensorId dout, TensorId qkv,
-                                  TensorId att) = 0;
-
-  // ---- the llama architecture's ops (docs/design.md, "The `llama` architecture") --------
-  // Their defaults throw: an engine that does not run them leaves them and says so in
-  // implements() (below), and a canary whose step calls one is refused before step 0.
-
-  // out (N,C) = inp * rstd * weight, rstd (N) = 1/sqrt(mean(inp^2) + eps) saved for backward
-  virtual void rmsnorm_forward(const OpSite& site, TensorId out, TensorId rstd, TensorId inp, TensorId weight,
-                               float eps);
-  virtual void rmsnorm_backward(const OpSite& site, TensorId dinp, TensorId dweight, TensorId dout, TensorId inp,
-                                TensorId weight, TensorId rstd);
-  // Rotate-half RoPE over (B,T,heads*head_size): the pair (i, i+head_size/2) of position t
-  // turns by t * theta^(-2i/head_size).
-  virtual void rope_forward(const OpSite& site, TensorId out, TensorId inp, int head_size, double theta);
-  virtual void rope_backward(const OpSite& site, TensorId dinp, TensorId dout, int head_size, double theta);
-  // out = silu(gate) * up, elementwise
-  virtual void swiglu_forward(const OpSite& site, TensorId out, TensorId gate, TensorId up);
-  virtual void swiglu_backward(const OpSite& site, TensorId dgate, TensorId dup, TensorId dout, TensorId gate,
-                               TensorId up);
-  // Causal grouped-query attention: q (B,T,NH*hd), k and v (B,T,NKV*hd) -> out (B,T,NH*hd),
-  // att (B,NH,T,T) saved; NH from att, hd and NKV from the shapes.
-  virtual void gqa_attention_forward(const OpSite& site, TensorId out, TensorId att, TensorId q, TensorId k,
-                                     TensorId v);
-  virtual void gqa_attention_backward(const OpSite& site, TensorId dq, TensorId dk, TensorId dv, TensorId dout,
-                                      TensorId q, TensorId k, TensorId v, TensorId att);
-
-  // ---- the mixture-of-experts ops (docs/design.md, "The `moe` architecture") ----------
-  // Defaults throw, as the llama ops'. Shapes: logits and probs (B,T,E); weights, expert
-  // and slot (B,T,K); expert buffers (E,cap,C); routing (E+4), the step's record of the
-  // layer (kernels/moe_kernels.h).
-  // The router: softmax, top-K (ties to the lower expert), renormalised weights, capacity
-  // `capacity` rows per expert (every first choice before any second); routing gets the
-  // tokens per expert, the dropped choices, the balance loss (balance_coef * E * sum f_e P_e)
-  // and the decisions' hash.
-  virtual void moe_route_forward(const OpSite& site, TensorId weights, TensorId expert, TensorId slot, TensorId probs,
-                                 TensorId routing, TensorId logits, int top_k, int capacity, float balance_coef);
-  // dlogits += through the weights (dweights) and the balance loss, back through the softmax
-  virtual void moe_route_backward(const OpSite& site, TensorId dlogits, TensorId dweights, TensorId probs,
-                                  TensorId weights, TensorId expert, float balance_coef);
-  // expert_in (E,cap,C) = each placed choice's row of inp (B,T,C), zeros elsewhere
-  virtual void moe_dispatch_forward(const OpSite& site, TensorId expert_in, TensorId inp, TensorId expert,
-                                    TensorId slot);
-  virtual void moe_dispatch_backward(const OpSite& site, TensorId dinp, TensorId dexpert_in, TensorId expert,
-                                     TensorId slot);
-  // out (B,T,C) = sum over a token's placed choices of weight * expert_out[expert][slot]
-  virtual void moe_combine_forward(const OpSite& site, TensorId out, TensorId expert_out, TensorId weights,
-                                   TensorId expert, TensorId slot);
-  virtual void moe_combine_backward(const OpSite& site, TensorId dexpert_out, TensorId dweights, TensorId dout,
-                                    TensorId expert_out, TensorId weights, TensorId expert, TensorId slot);
-  // out (E,cap,OC) = inp (E,cap,C) @ weight (E,OC,C)^T, expert by expert
-  virtual void expert_linear_forward(const OpSite& site, TensorId out, TensorId inp, TensorId weight);
-  virtual void expert_linear_backward(const OpSite& site, TensorId dinp, TensorId dweight, TensorId dout, TensorId inp,
-                                      TensorId weight);
+  // Every compute op, from its one list (engine_ops.inc: what each computes, with its
+  // parameters): a core op's virtual is pure; a llama or mixture-of-experts op's throws
+  // by default (engine.cpp), for an engine that does not run it and says so in implements().
+#define HARNESS_ENGINE_OP_DEFAULT_Core = 0
+#define HARNESS_ENGINE_OP_DEFAULT_Llama
+#define HARNESS_ENGINE_OP_DEFAULT_MixtureOfExperts
+#define HARNESS_ENGINE_OP(family, kind, member, parameters) \
+  virtual void member parameters HARNESS_ENGINE_OP_DEFAULT_##family;
+#include "engine_ops.inc"
+#undef HARNESS_ENGINE_OP
+#undef HARNESS_ENGINE_OP_DEFAULT_Core
+#undef HARNESS_ENGINE_OP_DEFAULT_Llama
+#undef HARNESS_ENGINE_OP_DEFAULT_MixtureOfExperts
 
   // Whether this engine runs `op`: by default the core ops (OpDescription::family), whose
   // virtuals have no default. A canary whose step calls an op its engine lacks is refused
   // before step 0 (canary::engine_cannot_run: "op X is not implemented by engine Y").
   virtual bool implements(OpKind op) const;
-
-  // GELU, tanh approximation.
-  virtual void gelu_forward(const OpSite& site, TensorId out, TensorId inp) = 0;
-  virtual void gelu_backward(const OpSite& site, TensorId dinp, TensorId inp, TensorId dout) = 0;
-  // out = x Phi(x), the exact GELU (erf), elementwise
-  virtual void gelu_erf_forward(const OpSite& site, TensorId out, TensorId inp) = 0;
-  virtual void gelu_erf_backward(const OpSite& site, TensorId dinp, TensorId inp, TensorId dout) = 0;
-
-  // out = a + b; backward adds dout to both da and db
-  virtual void residual_forward(const OpSite& site, TensorId out, TensorId a, TensorId b) = 0;
-  virtual void residual_backward(const OpSite& site, TensorId da, TensorId db, TensorId dout) = 0;
-
-  // loss (0-D) = mean over (B,T) of -log softmax(logits)[target]; probs (B,T,V) saved
-  virtual void crossentropy_forward(const OpSite& site, TensorId loss, TensorId probs, TensorId logits,
-                                    TensorId targets) = 0;
-  // dlogits += (probs - onehot(targets)) / (B*T)
-  virtual void crossentropy_backward(const OpSite& site, TensorId dlogits, TensorId probs,
-                                     TensorId targets) = 0;
-
-  // norm (0-D) = sqrt(sum of squares over all tensors)
-  virtual void global_norm(const OpSite& site, TensorId norm, std::span<const TensorId> tensors) = 0;
-  // if norm > max_norm: every tensor *= max_norm / (norm + 1e-6)
-  virtual void clip_by_norm(const OpSite& site, std::span<const TensorId> tensors, TensorId norm,
-                            float max_norm) = 0;
-  // AdamW (PyTorch semantics) on one parameter; lr, bias_correction1/2 are 0-D tensors.
-  virtual void adamw_update(const OpSite& site, TensorId param, TensorId grad, TensorId m, TensorId v,
-                            TensorId lr, TensorId bias_correction1, TensorId bias_correction2,
-                            const AdamWConfig& config) = 0;
-
-  // Fault injection: move element 0 of `tensor` up by `ulps` (a 0-D tensor, usually 0)
-  // units in the last place. See docs/canary.md, "Fault injection".
-  virtual void nudge_ulps(const OpSite& site, TensorId tensor, TensorId ulps) = 0;
 
   // Op tracing: deliver `tensor`'s value as it is now (after the op `site`, which the
   // model calls it after) to the trace sink. See docs/bisect.md, "Op traces".
@@ -279,42 +184,10 @@ class Engine {
 template <OpKind K>
 inline constexpr auto kEngineCall = nullptr;  // not an engine call (Constant)
 template <> inline constexpr auto kEngineCall<OpKind::Zero> = &Engine::zero;
-template <> inline constexpr auto kEngineCall<OpKind::EncoderForward> = &Engine::encoder_forward;
-template <> inline constexpr auto kEngineCall<OpKind::EncoderBackward> = &Engine::encoder_backward;
-template <> inline constexpr auto kEngineCall<OpKind::LayerNormForward> = &Engine::layernorm_forward;
-template <> inline constexpr auto kEngineCall<OpKind::LayerNormBackward> = &Engine::layernorm_backward;
-template <> inline constexpr auto kEngineCall<OpKind::LinearForward> = &Engine::linear_forward;
-template <> inline constexpr auto kEngineCall<OpKind::LinearBackward> = &Engine::linear_backward;
-template <> inline constexpr auto kEngineCall<OpKind::AttentionForward> = &Engine::attention_forward;
-template <> inline constexpr auto kEngineCall<OpKind::AttentionBackward> = &Engine::attention_backward;
-template <> inline constexpr auto kEngineCall<OpKind::GeluForward> = &Engine::gelu_forward;
-template <> inline constexpr auto kEngineCall<OpKind::GeluBackward> = &Engine::gelu_backward;
-template <> inline constexpr auto kEngineCall<OpKind::ResidualForward> = &Engine::residual_forward;
-template <> inline constexpr auto kEngineCall<OpKind::ResidualBackward> = &Engine::residual_backward;
-template <> inline constexpr auto kEngineCall<OpKind::CrossEntropyForward> = &Engine::crossentropy_forward;
-template <> inline constexpr auto kEngineCall<OpKind::CrossEntropyBackward> = &Engine::crossentropy_backward;
-template <> inline constexpr auto kEngineCall<OpKind::GlobalNorm> = &Engine::global_norm;
-template <> inline constexpr auto kEngineCall<OpKind::ClipByNorm> = &Engine::clip_by_norm;
-template <> inline constexpr auto kEngineCall<OpKind::AdamW> = &Engine::adamw_update;
-template <> inline constexpr auto kEngineCall<OpKind::NudgeUlps> = &Engine::nudge_ulps;
 template <> inline constexpr auto kEngineCall<OpKind::Trace> = &Engine::trace;
-template <> inline constexpr auto kEngineCall<OpKind::RmsNormForward> = &Engine::rmsnorm_forward;
-template <> inline constexpr auto kEngineCall<OpKind::RmsNormBackward> = &Engine::rmsnorm_backward;
-template <> inline constexpr auto kEngineCall<OpKind::RopeForward> = &Engine::rope_forward;
-template <> inline constexpr auto kEngineCall<OpKind::RopeBackward> = &Engine::rope_backward;
-template <> inline constexpr auto kEngineCall<OpKind::SwigluForward> = &Engine::swiglu_forward;
-template <> inline constexpr auto kEngineCall<OpKind::SwigluBackward> = &Engine::swiglu_backward;
-template <> inline constexpr auto kEngineCall<OpKind::GqaAttentionForward> = &Engine::gqa_attention_forward;
-template <> inline constexpr auto kEngineCall<OpKind::GqaAttentionBackward> = &Engine::gqa_attention_backward;
-template <> inline constexpr auto kEngineCall<OpKind::MoeRouteForward> = &Engine::moe_route_forward;
-template <> inline constexpr auto kEngineCall<OpKind::MoeRouteBackward> = &Engine::moe_route_backward;
-template <> inline constexpr auto kEngineCall<OpKind::MoeDispatchForward> = &Engine::moe_dispatch_forward;
-template <> inline constexpr auto kEngineCall<OpKind::MoeDispatchBackward> = &Engine::moe_dispatch_backward;
-template <> inline constexpr auto kEngineCall<OpKind::MoeCombineForward> = &Engine::moe_combine_forward;
-template <> inline constexpr auto kEngineCall<OpKind::MoeCombineBackward> = &Engine::moe_combine_backward;
-template <> inline constexpr auto kEngineCall<OpKind::ExpertLinearForward> = &Engine::expert_linear_forward;
-template <> inline constexpr auto kEngineCall<OpKind::ExpertLinearBackward> = &Engine::expert_linear_backward;
-template <> inline constexpr auto kEngineCall<OpKind::GeluErfForward> = &Engine::gelu_erf_forward;
-template <> inline constexpr auto kEngineCall<OpKind::GeluErfBackward> = &Engine::gelu_erf_backward;
+#define HARNESS_ENGINE_OP(family, kind, member, parameters) \
+  template <> inline constexpr auto kEngineCall<OpKind::kind> = &Engine::member;
+#include "engine_ops.inc"
+#undef HARNESS_ENGINE_OP
 
 }  // namespace harness

@@ -50,55 +50,11 @@ class TpuMeshEngine final : public Engine, public StepCompilation {
   void step_end() override;
 
   void zero(TensorId id) override;
-  void encoder_forward(const OpSite&, TensorId out, TensorId inputs, TensorId wte, TensorId wpe) override;
-  void encoder_backward(const OpSite&, TensorId dwte, TensorId dwpe, TensorId dout, TensorId inputs) override;
-  void layernorm_forward(const OpSite&, TensorId out, TensorId mean, TensorId rstd, TensorId inp, TensorId weight,
-                         TensorId bias, float eps) override;
-  void layernorm_backward(const OpSite&, TensorId dinp, TensorId dweight, TensorId dbias, TensorId dout, TensorId inp,
-                          TensorId weight, TensorId mean, TensorId rstd) override;
-  void linear_forward(const OpSite&, TensorId out, TensorId inp, TensorId weight, TensorId bias) override;
-  void linear_backward(const OpSite&, TensorId dinp, TensorId dweight, TensorId dbias, TensorId dout, TensorId inp,
-                       TensorId weight) override;
-  void attention_forward(const OpSite&, TensorId out, TensorId att, TensorId qkv) override;
-  void attention_backward(const OpSite&, TensorId dqkv, TensorId dout, TensorId qkv, TensorId att) override;
-  void rmsnorm_forward(const OpSite&, TensorId out, TensorId rstd, TensorId inp, TensorId weight, float eps) override;
-  void rmsnorm_backward(const OpSite&, TensorId dinp, TensorId dweight, TensorId dout, TensorId inp, TensorId weight,
-                        TensorId rstd) override;
-  void rope_forward(const OpSite&, TensorId out, TensorId inp, int head_size, double theta) override;
-  void rope_backward(const OpSite&, TensorId dinp, TensorId dout, int head_size, double theta) override;
-  void swiglu_forward(const OpSite&, TensorId out, TensorId gate, TensorId up) override;
-  void swiglu_backward(const OpSite&, TensorId dgate, TensorId dup, TensorId dout, TensorId gate, TensorId up) override;
-  void gqa_attention_forward(const OpSite&, TensorId out, TensorId att, TensorId q, TensorId k, TensorId v) override;
-  void gqa_attention_backward(const OpSite&, TensorId dq, TensorId dk, TensorId dv, TensorId dout, TensorId q,
-                              TensorId k, TensorId v, TensorId att) override;
-  void moe_route_forward(const OpSite&, TensorId weights, TensorId expert, TensorId slot, TensorId probs,
-                         TensorId routing, TensorId logits, int top_k, int capacity, float balance_coef) override;
-  void moe_route_backward(const OpSite&, TensorId dlogits, TensorId dweights, TensorId probs, TensorId weights,
-                          TensorId expert, float balance_coef) override;
-  void moe_dispatch_forward(const OpSite&, TensorId expert_in, TensorId inp, TensorId expert, TensorId slot) override;
-  void moe_dispatch_backward(const OpSite&, TensorId dinp, TensorId dexpert_in, TensorId expert,
-                             TensorId slot) override;
-  void moe_combine_forward(const OpSite&, TensorId out, TensorId expert_out, TensorId weights, TensorId expert,
-                           TensorId slot) override;
-  void moe_combine_backward(const OpSite&, TensorId dexpert_out, TensorId dweights, TensorId dout, TensorId expert_out,
-                            TensorId weights, TensorId expert, TensorId slot) override;
-  void expert_linear_forward(const OpSite&, TensorId out, TensorId inp, TensorId weight) override;
-  void expert_linear_backward(const OpSite&, TensorId dinp, TensorId dweight, TensorId dout, TensorId inp,
-                              TensorId weight) override;
+  // Every compute op of the boundary (engines/api/engine_ops.inc), each defined in tpu_mesh_engine.cpp.
+#define HARNESS_ENGINE_OP(family, kind, member, parameters) void member parameters override;
+#include "api/engine_ops.inc"
+#undef HARNESS_ENGINE_OP
   bool implements(OpKind op) const override;  // the ops with rules (engines/tpu-mesh/ops/)
-  void gelu_forward(const OpSite&, TensorId out, TensorId inp) override;
-  void gelu_backward(const OpSite&, TensorId dinp, TensorId inp, TensorId dout) override;
-  void gelu_erf_forward(const OpSite&, TensorId out, TensorId inp) override;
-  void gelu_erf_backward(const OpSite&, TensorId dinp, TensorId inp, TensorId dout) override;
-  void residual_forward(const OpSite&, TensorId out, TensorId a, TensorId b) override;
-  void residual_backward(const OpSite&, TensorId da, TensorId db, TensorId dout) override;
-  void crossentropy_forward(const OpSite&, TensorId loss, TensorId probs, TensorId logits, TensorId targets) override;
-  void crossentropy_backward(const OpSite&, TensorId dlogits, TensorId probs, TensorId targets) override;
-  void global_norm(const OpSite&, TensorId norm, std::span<const TensorId> tensors) override;
-  void clip_by_norm(const OpSite&, std::span<const TensorId> tensors, TensorId norm, float max_norm) override;
-  void adamw_update(const OpSite&, TensorId param, TensorId grad, TensorId m, TensorId v, TensorId lr,
-                    TensorId bias_correction1, TensorId bias_correction2, const AdamWConfig& config) override;
-  void nudge_ulps(const OpSite&, TensorId tensor, TensorId ulps) override;
   void trace(const OpSite& site, TensorId tensor) override;
   EngineState save_state() const override;
 

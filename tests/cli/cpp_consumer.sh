@@ -124,7 +124,7 @@ CSRC
       run_quiet "harness validate of the C program's receipt" -- "$PREFIX/bin/harness" validate "$WORK/c.h5"
   fi
 fi
-extra=$(cd "$PREFIX" && find . -type f | grep -vE '^\./(bin/harness|include/canary_harness/(receipt|api|numerics)/[a-z0-9_]+\.h|.*/cmake/CanaryHarness/CanaryHarness[A-Za-z-]*\.cmake|.*/libharness_(receipt|engine_api|numerics)\.a|.*/libcanary_harness_(digest|receipt)\.so\.[0-9.]+)$')
+extra=$(cd "$PREFIX" && find . -type f | grep -vE '^\./(bin/harness|include/canary_harness/(receipt|api|numerics)/[a-z0-9_]+\.h|include/canary_harness/api/engine_ops\.inc|.*/cmake/CanaryHarness/CanaryHarness[A-Za-z-]*\.cmake|.*/libharness_(receipt|engine_api|numerics)\.a|.*/libcanary_harness_(digest|receipt)\.so\.[0-9.]+)$')
 [ -z "$extra" ] || fail "installed beyond the package: $extra"
 grep -l -F "$REPO" "$PKG"/*.cmake >/dev/null && fail "the package's CMake files name the source or build tree: $(grep -h -F "$REPO" "$PKG"/*.cmake | head -n 3)"
 
