@@ -81,8 +81,8 @@ void add_calibrate_command(CLI::App& app, CommandRegistry& commands) {
     if (!c.envelope_path.empty()) fmt::print("envelope    {}\n", c.envelope_path);
     if (c.envelope_only) return kExitPass;  // an envelope, nothing proposed
     if (c.provisional()) {
-      fmt::print("provisional [{}] from {} samples (fewer than {}): check and the nightly say so until it is recalibrated\n",
-                 c.section, c.samples, check::kMinCalibrationSamples);
+      fmt::print("provisional [{}] from {} sample{} (fewer than {}): check and the nightly say so until it is recalibrated\n",
+                 c.section, c.samples, c.samples == 1 ? "" : "s", check::kMinCalibrationSamples);
     }
     if (c.power) {
       fmt::print("power       {}\n", c.power->too_loose().value_or(false) ? "TOO LOOSE under the proposal: misses a 1e-4 scale of a layer "

@@ -319,6 +319,7 @@ expect_exit 2 "^harness: error: --power: needs --lane" -- "$HARNESS" calibrate -
 # Samples (docs/budgets.md): fewer than 8 without --provisional is refused before anything
 # runs, one line naming the flag, no candidate; with it, check says which entry is provisional.
 for given in "--lane bf16 --repeats 3:--repeats 3" \
+             "--receipts $WORK/r1000.h5 --reference $WORK/ref.h5:--receipts \(1 receipt\)" \
              "--receipts $WORK/r1000.h5 $WORK/r1001.h5 $WORK/r1002.h5 --reference $WORK/ref.h5:--receipts \(3 receipts\)" \
              "--perturb 3 --lane bf16:--perturb 3" \
              "--perturb 7 --receipts $WORK/r1000.h5 --reference $WORK/ref.h5:--perturb 7"; do
@@ -328,6 +329,15 @@ for given in "--lane bf16 --repeats 3:--repeats 3" \
   [ "$(wc -l < "$WORK/stderr")" -eq 1 ] && [ ! -s "$WORK/stdout" ] || fail "a refusal is not one line on stderr: $(cat "$WORK/stderr")"
   [ ! -e "$WORK/few.toml" ] && [ ! -e "$WORK/few.md" ] || fail "a refused calibration ($given) wrote a candidate"
 done
+# One receipt with --provisional: written, and marked so in the entry and by check.
+expect_exit 0 "" -- "$HARNESS" calibrate --receipts "$WORK/r1000.h5" --reference "$WORK/ref.h5" --budgets "$BUDGETS" \
+  --out "$WORK/one.toml" --provisional
+grep -q "^provisional \[bf16\] from 1 sample (fewer than 8)" "$WORK/stdout" ||
+  fail "calibrate from one receipt does not say the entry is provisional: $(cat "$WORK/stdout")"
+grep -qE '^(samples|repeats) = 1$' "$WORK/one.toml" || fail "the entry from one receipt does not record 1 sample"
+expect_exit 0 "" -- "$HARNESS" compare "$WORK/r1000.h5" "$WORK/ref.h5" --budgets "$WORK/one.toml"
+grep -qE '^budget .*\(provisional: (.*, )?\[bf16\] from 1 sample[,)]' "$WORK/stdout" ||
+  fail "check does not say [bf16] is provisional from 1 sample: $(cat "$WORK/stdout")"
 # [noise], which the bf16 lane composes too, from 8 samples; [bf16] from the 3 above (few) or 8
 "$PY" - "$WORK/budgets.candidate.toml" "$WORK/few.toml" "$WORK/eight.toml" <<'PY' || fail "cannot write entries from 8 samples"
 import re, sys
