@@ -96,6 +96,8 @@ std::vector<LaneStack> make_stacks() {
                     torch_pack_arguments(),
                     kFaultFlag,
                     "--threads",  // the job's thread count
+                    kPackCanaries,
+                    {"device", "precision", "python", "compile", "layout"},
                     torch_example_values()});
   // A team's Python canary, judged against its own fp32 eager one-process CPU run: the CPU
   // itself separates nothing.
@@ -109,6 +111,8 @@ std::vector<LaneStack> make_stacks() {
                     torch_canary_arguments(),
                     kFaultFlag,
                     "",  // the lane pins its own (--threads {threads}): torch's CPU bits depend on it
+                    kPythonCanaries,
+                    {"device", "precision", "threads", "python", "compile"},
                     torch_canary_example_values()});
   // A built-in canary in JAX on a mesh of XLA devices: XLA's kernels (jax), bf16 matmul
   // operands (jax-bf16), and on more than one device the mesh's reduction splits, judged
@@ -126,6 +130,8 @@ std::vector<LaneStack> make_stacks() {
                      out_argument()},
                     kFaultFlag,
                     "",  // XLA's CPU client sizes its own pool
+                    kPackCanaries,
+                    {"python", "mesh", "shard-plan", "precision"},
                     {{"mesh", {"1x1", "2x2"}}, {"shard_plan", {"dp", "zero3"}}, {"precision", {"fp32", "bf16"}}}});
   return stacks;
 }
@@ -216,6 +222,21 @@ const LaneStack& lane_stack(std::string_view id) {
   throw std::invalid_argument(fmt::format("no lane stack '{}'", id));
 }
 
+const LaneStack* find_lane_stack(std::string_view engine, std::string_view canaries) {
+  for (const LaneStack& s : lane_stacks()) {
+    if (s.engine == engine && s.canaries == canaries) return &s;
+  }
+  return nullptr;
+}
+
+std::vector<std::string> lane_stack_engines(std::string_view canaries) {
+  std::vector<std::string> engines;
+  for (const LaneStack& s : lane_stacks()) {
+    if (s.canaries == canaries) engines.push_back(s.engine);
+  }
+  return engines;
+}
+
 std::string stack_lane_name(const LaneStack& stack, const StackOptions& options) {
   std::string name = filled(stack.name, options);
   for (const StackPart& part : stack.name_parts) {
@@ -258,6 +279,8 @@ nlohmann::json lane_stacks_json() {
                       {"arguments", parts_json(s.arguments)},
                       {"fault_flag", s.fault_flag},
                       {"threads_flag", s.threads_flag},
+                      {"canaries", s.canaries},
+                      {"lane_keys", s.lane_keys},
                       {"examples", examples_json(s)}});
   }
   return {{"job_placeholders", kJobPlaceholders}, {"lane_stacks", stacks}};

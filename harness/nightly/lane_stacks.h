@@ -55,15 +55,30 @@ struct LaneStack {
   // The flag its command takes the job's thread count with (`harness nightly --threads`),
   // where the lane does not pin its own; "" for none.
   std::string threads_flag;
+  // Which canaries its lanes run: kPackCanaries (a built-in canary or canary file, from the
+  // job's pack) or kPythonCanaries (a Python canary's own file). A matrix lane's `engine`
+  // picks the stack of its canary's kind that has that engine (find_lane_stack).
+  std::string canaries;
+  // The keys a matrix lane of this stack takes besides id, engine and why (nightly.toml:
+  // `device = "cuda"`, `mesh = "2x2"`), each an option its runner in matrix.cpp reads.
+  std::vector<std::string> lane_keys;
   // Values of each option the export's examples combine (every combination, canary "c"):
   // the lane name, budget features and command this description gives for each, which the
   // Python package's reading of the description must give too.
   std::map<std::string, std::vector<std::string>> example_values;
 };
 
+inline constexpr const char* kPackCanaries = "pack";
+inline constexpr const char* kPythonCanaries = "python";
+
 const std::vector<LaneStack>& lane_stacks();
 // The stack `id`; std::invalid_argument for none.
 const LaneStack& lane_stack(std::string_view id);
+// The stack whose lanes run `canaries` (kPackCanaries, kPythonCanaries) on `engine`;
+// nullptr for none (a harness engine's lane, or a mistake the matrix names).
+const LaneStack* find_lane_stack(std::string_view engine, std::string_view canaries);
+// The engines of the stacks that run `canaries`, in the description's order.
+std::vector<std::string> lane_stack_engines(std::string_view canaries);
 
 // The lane's name and budget features under `options`.
 std::string stack_lane_name(const LaneStack& stack, const StackOptions& options);

@@ -33,9 +33,6 @@ inline constexpr const char* kLaneKeys[] = {"id",      "engine",          "featu
                                             "triage-with", "bias-repeats", "command", "budget-features", "lane"};
 // bias-repeats: enough repeats for the tests to reach their level, few enough for a nightly.
 inline constexpr std::int64_t kMinBiasRepeats = 3, kMaxBiasRepeats = 100;
-inline constexpr const char* kTorchFlags[] = {"device", "precision", "python", "compile", "layout"};
-inline constexpr const char* kJaxFlags[] = {"python", "mesh", "shard-plan", "precision"};
-inline constexpr const char* kPythonCanaryFlags[] = {"device", "precision", "threads", "python", "compile"};
 // What runs a Python lane where neither the matrix nor the lane names an interpreter
 // (`python = PATH`): Debian's python3, with this checkout's package.
 inline constexpr const char* kPython = "/usr/bin/python3";
@@ -383,12 +380,15 @@ class Parser {
     spec.why = text(*t, "why", at + ".why", false);
     spec.triage_with = text(*t, "triage-with", at + ".triage-with", false);
     if (m.python_canary) return python_canary_lane(m, *t, std::move(spec), at, has_command);
-    if (spec.engine == "jax" && !has_command) return jax_lane(m, *t, std::move(spec), at);
-    if (has_command || spec.engine == "torch") return external_lane(m, *t, std::move(spec), at, has_command);
+    // A lane stack's engine (lane_stacks.h) runs as a child process; a command is its own.
+    if (const LaneStack* stack = find_lane_stack(spec.engine, kPackCanaries); stack && !has_command) {
+      return stack_lane(m, *t, *stack, std::move(spec), at);
+    }
+    if (has_command) return command_lane(m, *t, std::move(spec), at);
     for (const char* key : {"command", "budget-features", "lane"}) {
       if (t->contains(key)) {
-        fail(fmt::format("{}.{}: only an external lane (engine = \"torch\", \"jax\" or a command) takes it; engine {} declares "
-                         "its own", at, key, spec.engine));
+        fail(fmt::format("{}.{}: only an external lane (engine = {} or a command) takes it; engine {} declares its own",
+                         at, key, engine_choices(kPackCanaries), spec.engine));
       }
     }
     for (auto&& [key, value] : *t) {
@@ -448,55 +448,85 @@ class Parser {
     }
   }
 
-  // engine = "torch" (flags device, precision) or command = [...]: runs as a child process
-  // on the job's canary pack and writes a receipt at {out}.
-  LaneSpec external_lane(const Matrix& m, const toml::table& t, LaneSpec spec, const std::string& at, bool has_command) {
-    const bool torch = spec.engine == "torch";
-    if (torch && has_command) fail(fmt::format("{}.command: a torch lane's command is the PyTorch lane itself", at));
-    if (has_command && !spec.engine.empty()) {
-      fail(fmt::format("{}.engine: a command lane names no engine (the command is the engine); drop engine, or drop "
-                       "command for engine = \"torch\"", at));
-    }
+  // The engines of the stacks that run `canaries`, quoted for a message: "torch", "jax".
+  static std::string engine_choices(const char* canaries) {
+    std::vector<std::string> quoted;
+    for (const std::string& engine : lane_stack_engines(canaries)) quoted.push_back(fmt::format("\"{}\"", engine));
+    return fmt::format("{}", fmt::join(quoted, ", "));
+  }
+
+  // A lane of a stack that runs a built-in canary's pack: its runner, which reads the keys the
+  // description gives it (LaneStack::lane_keys). A new stack is its entry and its runner here.
+  LaneSpec stack_lane(const Matrix& m, const toml::table& t, const LaneStack& stack, LaneSpec spec,
+                      const std::string& at) const {
+    if (stack.id == "torch-pack") return torch_pack_lane(m, t, stack, std::move(spec), at);
+    if (stack.id == "jax") return jax_lane(m, t, stack, std::move(spec), at);
+    throw std::logic_error(fmt::format("lane stack {} has no runner in matrix.cpp", stack.id));
+  }
+
+  // engine = "torch" (device, precision, python, compile, layout): the PyTorch lane of the
+  // job's pack (python -m canary_harness.lane), its name and features the stack's.
+  LaneSpec torch_pack_lane(const Matrix& m, const toml::table& t, const LaneStack& stack, LaneSpec spec,
+                           const std::string& at) const {
     if (!spec.settings.features.empty()) {
-      fail(fmt::format("{}.features: an external lane takes no harness features; {}", at,
-                       torch ? "use precision = \"bf16\"" : "declare what it runs with budget-features"));
+      fail(fmt::format("{}.features: an external lane takes no harness features; use precision = \"bf16\"", at));
     }
     if (!spec.triage_with.empty()) fail(fmt::format("{}.triage-with: triage explains the harness's fp8 lanes only", at));
     for (auto&& [key, value] : t) {
       const std::string k(key.str());
-      const bool torch_flag = std::find(std::begin(kTorchFlags), std::end(kTorchFlags), k) != std::end(kTorchFlags);
-      if (torch && torch_flag) {
+      if (std::find(stack.lane_keys.begin(), stack.lane_keys.end(), k) != stack.lane_keys.end()) {
         spec.settings.options[k] = flag_value(value, at + "." + k);
       } else if (std::find(std::begin(kLaneKeys), std::end(kLaneKeys), k) == std::end(kLaneKeys)) {
-        fail(fmt::format("{}.{}: unknown key of a {} lane (allowed: {}{})", at, k, torch ? "torch" : "command",
-                         fmt::join(kLaneKeys, ", "), torch ? ", device, precision, python, compile, layout" : ""));
+        fail(fmt::format("{}.{}: unknown key of a {} lane (allowed: {}, {})", at, k, stack.engine, fmt::join(kLaneKeys, ", "),
+                         fmt::join(stack.lane_keys, ", ")));
       }
     }
-    if (torch) {
-      if (t.contains("lane")) fail(fmt::format("{}.lane: a torch lane's name is the PyTorch lane's own", at));
-      const std::string device = spec.settings.options.count("device") ? spec.settings.options["device"] : "cpu";
-      const std::string precision = spec.settings.options.count("precision") ? spec.settings.options["precision"] : "fp32";
-      const std::string type = device.substr(0, device.find(':'));
-      if (type != "cpu" && type != "cuda" && type != "xla") {
-        fail(fmt::format("{}.device: '{}' is not cpu, cuda, cuda:N or xla", at, device));
+    if (t.contains("lane")) fail(fmt::format("{}.lane: a torch lane's name is the PyTorch lane's own", at));
+    const std::string device = spec.settings.options.count("device") ? spec.settings.options["device"] : "cpu";
+    const std::string precision = spec.settings.options.count("precision") ? spec.settings.options["precision"] : "fp32";
+    const std::string type = device.substr(0, device.find(':'));
+    if (type != "cpu" && type != "cuda" && type != "xla") {
+      fail(fmt::format("{}.device: '{}' is not cpu, cuda, cuda:N or xla", at, device));
+    }
+    if (precision != "fp32" && precision != "bf16") fail(fmt::format("{}.precision: '{}' is not fp32 or bf16", at, precision));
+    spec.settings.options["device"] = device;
+    spec.settings.options["precision"] = precision;
+    // python = "PATH": its own golden beside Debian's torch lane (the name says which torch)
+    const TorchStack torch = torch_stack(spec.settings.options, at);
+    if (!torch.layout.empty() && type != "cpu") {
+      fail(fmt::format("{}.layout: a layout runs on the CPU (gloo); drop device or layout", at));
+    }
+    from_stack(stack, torch.options(m.canary_name, device, precision), torch.python, spec);
+    if (t.contains("budget-features") && feature_list(t, at + ".budget-features") != spec.budget_features) {
+      fail(fmt::format("{}.budget-features: the torch lane on {} in {} declares {}; drop the key or make it that", at,
+                       device, precision, receipt::BudgetFeatures(spec.budget_features).to_string()));
+    }
+    spec.environment = run::python_package_environment();
+    return spec;
+  }
+
+  // command = [...]: a team's own program, run as a child process on the job's canary pack;
+  // it writes a receipt at {out} and declares its budget features.
+  LaneSpec command_lane(const Matrix& m, const toml::table& t, LaneSpec spec, const std::string& at) const {
+    if (const LaneStack* stack = find_lane_stack(spec.engine, kPackCanaries)) {
+      fail(fmt::format("{}.command: a {} lane's command is its stack's own (python -m {})", at, stack->engine, stack->module));
+    }
+    if (!spec.engine.empty()) {
+      fail(fmt::format("{}.engine: a command lane names no engine (the command is the engine); drop engine, or drop "
+                       "command for engine = {}", at, engine_choices(kPackCanaries)));
+    }
+    if (!spec.settings.features.empty()) {
+      fail(fmt::format("{}.features: an external lane takes no harness features; declare what it runs with budget-features", at));
+    }
+    if (!spec.triage_with.empty()) fail(fmt::format("{}.triage-with: triage explains the harness's fp8 lanes only", at));
+    for (auto&& [key, value] : t) {
+      const std::string k(key.str());
+      if (std::find(std::begin(kLaneKeys), std::end(kLaneKeys), k) == std::end(kLaneKeys)) {
+        fail(fmt::format("{}.{}: unknown key of a command lane (allowed: {})", at, k, fmt::join(kLaneKeys, ", ")));
       }
-      if (precision != "fp32" && precision != "bf16") fail(fmt::format("{}.precision: '{}' is not fp32 or bf16", at, precision));
-      spec.settings.options["device"] = device;
-      spec.settings.options["precision"] = precision;
-      // python = "PATH": its own golden beside Debian's torch lane (the name says which torch)
-      const TorchStack stack = torch_stack(spec.settings.options, at);
-      if (!stack.layout.empty() && type != "cpu") {
-        fail(fmt::format("{}.layout: a layout runs on the CPU (gloo); drop device or layout", at));
-      }
-      from_stack(lane_stack("torch-pack"), stack.options(m.canary_name, device, precision), stack.python, spec);
-      if (t.contains("budget-features") && feature_list(t, at + ".budget-features") != spec.budget_features) {
-        fail(fmt::format("{}.budget-features: the torch lane on {} in {} declares {}; drop the key or make it that", at,
-                         device, precision, receipt::BudgetFeatures(spec.budget_features).to_string()));
-      }
-      spec.environment = run::python_package_environment();
-      return spec;
     }
     spec.engine = "command";
+    spec.environment = run::harness_environment();  // the package, where the command uses it, finds our libraries
     const toml::array* argv = t["command"].as_array();
     const std::string where = at + ".command";
     if (!argv || argv->empty()) fail(fmt::format("{}: must be a non-empty array of strings (argv, no shell)", where));
@@ -537,8 +567,9 @@ class Parser {
   // (python -m canary_harness.jax, docs/xla.md) on mesh's virtual CPU devices under the
   // shard plan's NamedShardings, trained from the job's pack. Its name and budget features
   // are the module's own (canary_harness.jax._lane and budget_features).
-  LaneSpec jax_lane(const Matrix& m, const toml::table& t, LaneSpec spec, const std::string& at) const {
-    take_lane_flags(t, spec, kJaxFlags, at, "a jax lane", "a jax lane");
+  LaneSpec jax_lane(const Matrix& m, const toml::table& t, const LaneStack& stack, LaneSpec spec,
+                    const std::string& at) const {
+    take_lane_flags(t, spec, stack.lane_keys, at, "a jax lane", "a jax lane");
     if (!spec.settings.options.count("python") && matrix_python_.empty()) {
       fail(fmt::format("{}.python: missing; a jax lane names the interpreter that has JAX (python = "
                        "\"../.venv/bin/python\", made by scripts/python-env.sh), or the matrix does", at));
@@ -559,7 +590,7 @@ class Parser {
     const std::string mesh = config.mesh.to_string(), plan = tpu::to_string(config.plan);
     const std::string precision = tpu::to_string(config.precision);
     const StackOptions options{{"canary", m.canary_name}, {"mesh", mesh}, {"shard_plan", plan}, {"precision", precision}};
-    from_stack(lane_stack("jax"), options, python, spec);
+    from_stack(stack, options, python, spec);
     spec.environment = run::python_package_environment();
     return spec;
   }
@@ -567,14 +598,13 @@ class Parser {
   // The keys of a lane that runs as a child process with its own flags: id, engine, why and
   // `flags` (into the lane's options); no harness features (`owner` takes precision
   // instead), no triage; any other key is refused naming `kind`.
-  template <std::size_t N>
-  void take_lane_flags(const toml::table& t, LaneSpec& spec, const char* const (&flags)[N], const std::string& at,
+  void take_lane_flags(const toml::table& t, LaneSpec& spec, const std::vector<std::string>& flags, const std::string& at,
                        const std::string& owner, const std::string& kind) const {
     if (!spec.settings.features.empty()) fail(fmt::format("{}.features: {} takes precision = \"bf16\"", at, owner));
     if (!spec.triage_with.empty()) fail(fmt::format("{}.triage-with: triage explains the harness's fp8 lanes only", at));
     for (auto&& [key, value] : t) {
       const std::string k(key.str());
-      if (std::find(std::begin(flags), std::end(flags), k) != std::end(flags)) {
+      if (std::find(flags.begin(), flags.end(), k) != flags.end()) {
         spec.settings.options[k] = flag_value(value, at + "." + k);
       } else if (k != "id" && k != "engine" && k != "why") {
         fail(fmt::format("{}.{}: unknown key of {} (allowed: id, engine, why, {})", at, k, kind, fmt::join(flags, ", ")));
@@ -590,11 +620,12 @@ class Parser {
   // torch-compile; the fp32 CPU lane is the canary's bitwise reference.
   LaneSpec python_canary_lane(const Matrix& m, const toml::table& t, LaneSpec spec, const std::string& at,
                               bool has_command) const {
-    if (has_command || spec.engine != "torch") {
-      fail(fmt::format("{}: a Python canary's lanes are engine = \"torch\" (the harness's engines and commands run "
-                       "built-in canaries and canary files)", at));
+    const LaneStack* stack = find_lane_stack(spec.engine, kPythonCanaries);
+    if (has_command || !stack) {
+      fail(fmt::format("{}: a Python canary's lanes are engine = {} (the harness's engines and commands run built-in "
+                       "canaries and canary files)", at, engine_choices(kPythonCanaries)));
     }
-    take_lane_flags(t, spec, kPythonCanaryFlags, at, "a torch lane", "a Python canary's lane");
+    take_lane_flags(t, spec, stack->lane_keys, at, "a torch lane", "a Python canary's lane");
     const std::string device = spec.settings.options.emplace("device", "cpu").first->second;
     const std::string precision = spec.settings.options.emplace("precision", "fp32").first->second;
     const std::string threads = spec.settings.options.emplace("threads", "1").first->second;
@@ -608,14 +639,14 @@ class Parser {
       fail(fmt::format("{}.threads: '{}' is not a thread count in 1..{}", at, threads, run::kMaxThreads));
     }
     spec.python_canary = true;
-    const TorchStack stack = torch_stack(spec.settings.options, at);
-    describe_python_canary(m.canary, stack.python, at + ".python");  // this lane's interpreter loads it too
-    StackOptions options = stack.options(m.canary_name, device, precision);
+    const TorchStack torch = torch_stack(spec.settings.options, at);
+    describe_python_canary(m.canary, torch.python, at + ".python");  // this lane's interpreter loads it too
+    StackOptions options = torch.options(m.canary_name, device, precision);
     options.insert({{"canary_spec", m.canary},
                     {"threads", threads},
                     {"seeded", python_seed_given_ ? "true" : ""},
                     {"trace", m.trace == run::TraceLevel::kOps ? "ops" : ""}});
-    from_stack(lane_stack("torch-canary"), options, stack.python, spec);
+    from_stack(*stack, options, torch.python, spec);
     spec.environment = run::python_package_environment();
     return spec;
   }

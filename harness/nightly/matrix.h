@@ -30,7 +30,7 @@ struct LaneSpec {
   // An external lane (engine torch, or a `command`): argv with the placeholders {pack},
   // {out}, {steps} and {seed}, run without a shell. Empty for the harness's own engines.
   std::vector<std::string> command;
-  std::map<std::string, std::string> environment;  // set for the command (torch: PYTHONPATH)
+  std::map<std::string, std::string> environment;  // set for the command: HARNESS_BIN (a Python stack: PYTHONPATH too)
   std::string why;        // what the lane guards (shown in reports)
   std::string triage_with;  // id of the bf16-only twin of an fp8 lane ("" when none)
   std::vector<std::string> budget_features;  // what its engine declares (Engine::budget_features)

@@ -20,11 +20,17 @@ nlohmann::json manifest_json(const std::map<std::string, std::string>& manifest,
 
 }  // namespace
 
-std::map<std::string, std::string> python_package_environment() {
-  std::map<std::string, std::string> environment{{"PYTHONPATH", std::string(HARNESS_SOURCE_DIR) + "/python"}};
+std::map<std::string, std::string> harness_environment() {
+  std::map<std::string, std::string> environment;
   std::error_code ec;
   const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (!ec) environment["HARNESS_BIN"] = self.string();
+  return environment;
+}
+
+std::map<std::string, std::string> python_package_environment() {
+  std::map<std::string, std::string> environment = harness_environment();
+  environment["PYTHONPATH"] = std::string(HARNESS_SOURCE_DIR) + "/python";
   return environment;
 }
 

@@ -16,9 +16,13 @@ namespace harness::run {
 // Whether the manifest's canary JSON says `"kind": "python"` (manifest_text's attributes).
 bool is_python_canary(const std::map<std::string, std::string>& manifest);
 
-// The environment every Python child of the harness runs with: this checkout's package
-// first on PYTHONPATH, and HARNESS_BIN naming this harness, so that the package digests
-// through the library beside it (docs/python.md, "The native digest").
+// HARNESS_BIN naming this harness: what every child the harness starts runs with (a team's
+// command lane too), so that the package, wherever it is loaded from, digests and writes
+// its receipt through the libraries built with this harness (docs/python.md, "Install").
+std::map<std::string, std::string> harness_environment();
+
+// The environment every Python child of the harness runs with: harness_environment(), and
+// this checkout's package first on PYTHONPATH.
 std::map<std::string, std::string> python_package_environment();
 
 // The command that runs `python3 -m canary_harness SUBCOMMAND RECEIPT FLAGS...` on `receipt`

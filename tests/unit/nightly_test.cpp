@@ -14,6 +14,7 @@
 #include "headroom.h"
 #include "reports.h"
 #include "matrix.h"
+#include "lane_stacks.h"
 #include "canary_run.h"
 #include "scratch_dir.h"
 
@@ -228,6 +229,31 @@ TEST(Matrix, TorchLanesOfAnotherInterpreterCarryItsRelease) {
 
 // engine = "jax": canary_harness.jax on the job's pack, under the interpreter named by
 // python (relative to the matrix file), named and judged as that module names its run.
+// A matrix lane's engine picks its stack from the descriptions (lane_stacks.h): every stack
+// of built-in canaries is one engine, reached by it, with a runner that makes the lane its
+// description says; no two stacks of one kind of canary share an engine.
+TEST(Matrix, EachLaneStackIsReachedByItsEngineAndRunsAsDescribed) {
+  const testing::ScratchDir dir;
+  std::ofstream(dir.path("fakepy")) << "#!/bin/sh\necho 2.9.0+cu128\n";  // an interpreter with torch 2.9
+  std::filesystem::permissions(dir.path("fakepy"), std::filesystem::perms::owner_all);
+  std::set<std::pair<std::string, std::string>> kinds;
+  for (const LaneStack& stack : lane_stacks()) {
+    EXPECT_TRUE(kinds.insert({stack.engine, stack.canaries}).second) << stack.id;
+    EXPECT_TRUE(stack.canaries == kPackCanaries || stack.canaries == kPythonCanaries) << stack.id;
+    if (stack.canaries != kPackCanaries) continue;
+    const Matrix m = load_matrix(write(dir, std::string(kHeader) + kRefLane + "[[lanes]]\nid = \"s\"\nengine = \"" +
+                                                stack.engine + "\"\npython = \"fakepy\"\n"));
+    const LaneSpec& lane = m.lane("s");
+    EXPECT_EQ(&find_lane_stack(lane.engine, kPackCanaries)->id, &stack.id);
+    ASSERT_TRUE(lane.external()) << stack.id;
+    const std::vector<std::string> argv = expand_command(lane, "p.h5", "o.h5", 4, 1);
+    ASSERT_GE(argv.size(), 3u);
+    EXPECT_EQ(argv[2], stack.module) << stack.id;
+    EXPECT_EQ(lane.lane.rfind("micro/" + stack.engine, 0), 0u) << lane.lane;
+  }
+  EXPECT_EQ(find_lane_stack("cpu-ref", kPackCanaries), nullptr);  // a harness engine's lane
+}
+
 TEST(Matrix, JaxLanesExpandToTheJaxModule) {
   const testing::ScratchDir dir;
   const std::string py = dir.path("venvpy");
