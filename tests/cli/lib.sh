@@ -8,9 +8,6 @@ PY=/usr/bin/python3   # Debian's python, where python3-h5py lives
 # CI sets CI (golden approve refuses to write there): a test runs as CI runs it unless its
 # caller says otherwise, so a test that forgets `unset CI` fails here, not first in CI.
 export CI=${CI-true}
-# The package used in place (PYTHONPATH=python) finds the harness's libraries through
-# HARNESS_BIN, as the docs tell a user to set it (docs/python.md, "Install").
-export HARNESS_BIN=$HARNESS
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 failures=0
 

@@ -135,7 +135,7 @@ open(sys.argv[2], "w").write("\n".join(cases) + "\n")
 PY
 "$HARNESS" export --canary micro --steps 12 --seed 7 --out "$WORK/micro-pack.h5" >/dev/null 2>&1 || fail "export"
 while read -r fault want; do
-  PYTHONPATH="$HERE/../../python" "$PY" -m canary_harness.lane --pack "$WORK/micro-pack.h5" --inject-fault "$fault" \
+  PYTHONPATH="$HERE/../../python" HARNESS_BIN="$HARNESS" "$PY" -m canary_harness.lane --pack "$WORK/micro-pack.h5" --inject-fault "$fault" \
     --out "$WORK/t.h5" --force >/dev/null 2>&1 || fail "canary_harness.lane --inject-fault $fault"
   expect_exit "$want" "" -- "$HARNESS" compare "$WORK/t.h5" "$WORK/ref.h5" --budgets "$BUDGETS"
 done <"$WORK/torch-cases"

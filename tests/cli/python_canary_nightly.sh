@@ -86,7 +86,7 @@ caught = {l["kind"]: (l["smallest_caught"], l["step"], len(l["rungs"])) for l in
 assert caught == {"weight-scale": (1e-07, 1, 1), "weight-ulps": (1, 0, 1), "lr-scale": (1e-05, 1, 1),
                   "eps-scale": (10, 0, 1)}, caught
 PY
-(cd "$WORK/m" && PYTHONPATH="$HERE/../../python" "$PY" -m canary_harness run small.py:canary --steps 4 --out "$WORK/lr-rung.h5" \
+(cd "$WORK/m" && PYTHONPATH="$HERE/../../python" HARNESS_BIN="$HARNESS" "$PY" -m canary_harness run small.py:canary --steps 4 --out "$WORK/lr-rung.h5" \
   --inject-fault kind=lr-scale,step=1,by=1e-05 >/dev/null 2>&1) || fail "the lr-scale rung, run by hand"
 expect_exit 1 "" -- "$HARNESS" check "$WORK/lr-rung.h5" --goldens "$WORK/g"
 grep -q "first failing step 1" "$WORK/stdout" || fail "the lr-scale rung does not fail its golden check at step 1: $(cat "$WORK/stdout")"

@@ -131,7 +131,7 @@ bad 'engine = "accel"\nbudget-features = "bf16"\n' "budget-features: only an ext
 # ([llama-tiny.torch-cpu]: llama-tiny is not among the canaries the default entries budget).
 "$HARNESS" run --canary llama-tiny --steps 6 --out "$WORK/llama-ref.h5" >/dev/null 2>&1 || fail "llama-tiny cpu-ref run"
 "$HARNESS" export --canary llama-tiny --steps 6 --out "$WORK/llama-pack.h5" >/dev/null 2>&1 || fail "llama-tiny export"
-env PYTHONPATH="$SRC/python" "$PY" -m canary_harness.lane --pack "$WORK/llama-pack.h5" --out "$WORK/llama-torch.h5" \
+env PYTHONPATH="$SRC/python" HARNESS_BIN="$HARNESS" "$PY" -m canary_harness.lane --pack "$WORK/llama-pack.h5" --out "$WORK/llama-torch.h5" \
   >/dev/null 2>&1 || fail "llama-tiny torch lane"
 expect_exit 0 "" -- "$HARNESS" compare "$WORK/llama-torch.h5" "$WORK/llama-ref.h5"
 grep -q "budget      llama-tiny.torch-cpu" "$WORK/stdout" || fail "compare of llama-tiny's torch lane: $(cat "$WORK/stdout")"
