@@ -19,7 +19,7 @@ import sys
 import types
 import warnings
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 # Environment variables that change numerics (or how XLA/cuBLAS pick kernels) when set.
 NUMERICS_ENV = (
