@@ -29,6 +29,8 @@ grep -q "^nightly     pass (2 lanes)" "$WORK/page.out" || fail "the own-model ni
 [ ! -e "$WORK/own-nightly/canary-pack.h5" ] || fail "the own-model nightly exported a canary pack"
 grep -q "within the proposal: 9/9" "$WORK/page.out" || fail "the perturbation-calibrated bf16 budget does not cover its 9 runs"
 grep -q '^method = "perturbation: the unperturbed run and 8 runs' "$WORK/page.out" || fail "the candidate names no method"
+grep -qE '^false alarm [0-9]+ of 8 held-out samples outside the proposal: false-alarm rate below' "$WORK/page.out" ||
+  fail "the held-out calibration states no false-alarm bound: $(grep -n 'false alarm' "$WORK/page.out")"
 # own vs own-again, bf16 and bf16 on two threads under the candidate, the clean check
 # ... and the ddp run under the budget calibrated for it
 [ "$(grep -c '^verdict     PASS' "$WORK/page.out")" -eq 5 ] || fail "bf16 (one or two threads) or ddp fails its calibrated budget"
