@@ -1,8 +1,9 @@
 """canary_harness: write and read canary receipts that the C++ harness judges like its own.
 
 The same XXH3 hashes and the same count sketches as harness/run/tensor_digest.cpp, bit for
-bit, in the same HDF5 receipt format (docs/receipt-schema.md). numpy, h5py and xxhash
-only; torch tensors are accepted when torch is installed, never imported here. Canary
+bit, in the same HDF5 receipt format (docs/receipt-schema.md), written by the harness's
+own writer library (receipt_native; an installed package carries it). numpy, h5py and
+xxhash besides; torch tensors are accepted when torch is installed, never imported here. Canary
 packs: canary_harness.pack (no torch). With torch: canary_harness.torch.Recorder (any
 PyTorch loop), canary_harness.models.gpt2 (the PyTorch canary), canary_harness.optim
 (its XLA-safe AdamW), `python3 -m canary_harness.lane` (the PyTorch canary lane) and

@@ -227,8 +227,6 @@ TEST(Matrix, TorchLanesOfAnotherInterpreterCarryItsRelease) {
   expect_refused(dir, cases, true);
 }
 
-// engine = "jax": canary_harness.jax on the job's pack, under the interpreter named by
-// python (relative to the matrix file), named and judged as that module names its run.
 // A matrix lane's engine picks its stack from the descriptions (lane_stacks.h): every stack
 // of built-in canaries is one engine, reached by it, with a runner that makes the lane its
 // description says; no two stacks of one kind of canary share an engine.
@@ -254,6 +252,8 @@ TEST(Matrix, EachLaneStackIsReachedByItsEngineAndRunsAsDescribed) {
   EXPECT_EQ(find_lane_stack("cpu-ref", kPackCanaries), nullptr);  // a harness engine's lane
 }
 
+// engine = "jax": canary_harness.jax on the job's pack, under the interpreter named by
+// python (relative to the matrix file), named and judged as that module names its run.
 TEST(Matrix, JaxLanesExpandToTheJaxModule) {
   const testing::ScratchDir dir;
   const std::string py = dir.path("venvpy");
