@@ -30,11 +30,10 @@ from . import digest
 from .digest import Sketch, as_float32, sketch, tensor_hash
 from .schema import (CHECKPOINTS_IN_RECEIPT, HASH_FAMILIES, PATHS, SCHEMA_MINOR, SCHEMA_VERSION, SKETCH_FAMILIES,
                      SKETCH_WIDTH, attribute_entry, dataset_entry, dataset_rank, hashes_path, sketch_paths)
-from .receipt_native import NativeReceipt, NativeWriterError, receipt_library
+from .receipt_native import AttrValue, NativeReceipt, NativeWriterError, receipt_library
 from .stack import StackInfo, collect_stack_info
 
 PathLike = Union[str, "os.PathLike[str]"]
-AttrValue = Union[str, int, float]
 SketchLike = Union[Sketch, Tuple[float, Sequence[float]]]
 
 
