@@ -27,6 +27,7 @@
 #include "verdict.h"
 #include "verdict_report.h"
 #include "drift_bias.h"
+#include "environment_drift.h"
 #include "false_alarm.h"
 #include "host_variants.h"
 #include "margin.h"
@@ -156,20 +157,21 @@ std::string method_text(const Calibration& c) {
                        "(seeds {}..{}); {}",
                        c.envelope->seeds.size(), c.envelope->seeds.front(), c.envelope->seeds.back(), rule);
   }
+  const std::string hosts = c.host_variants.empty() ? ""
+                                                    : fmt::format(" on {} emulated host{} ({})", c.host_variants.size(),
+                                                                  c.host_variants.size() == 1 ? "" : "s",
+                                                                  fmt::join(c.host_variants, ", "));
   if (c.source == "runs") {
-    const std::string hosts = c.host_variants.empty() ? ""
-                                                      : fmt::format(" on {} emulated hosts ({})", c.host_variants.size(),
-                                                                    fmt::join(c.host_variants, ", "));
     return c.noise_seeds.empty() ? fmt::format("repeats: {} runs{}; {}", c.repeats, hosts, rule)
                                  : fmt::format("repeats: {} runs (noise seeds {}..{}){}; {}", c.repeats,
                                                c.noise_seeds.front(), c.noise_seeds.back(), hosts, rule);
   }
   if (c.paired) {
     return fmt::format("pairs: {} receipts, each against the reference run made beside it (the same weights, stack and "
-                       "host); {}",
-                       c.repeats, rule);
+                       "host){}; {}",
+                       c.repeats, hosts, rule);
   }
-  return fmt::format("receipts: {} made elsewhere; {}", c.repeats, rule);
+  return fmt::format("receipts: {} made elsewhere{}; {}", c.repeats, hosts, rule);
 }
 
 // The envelope per metric and step, as JSON (beside the report): what tests and plots read.
@@ -856,6 +858,38 @@ void check_perturbation(const CalibrateOptions& o) {
   }
 }
 
+namespace {
+
+// The emulated host a receipt ran under, from the numerics env its stack line records ("": none).
+std::string receipt_host_variant(const check::ReceiptData& r) {
+  const auto toolchain = r.manifest.find("toolchain");
+  if (toolchain == r.manifest.end()) return "";
+  const std::string prefix = fmt::format("toolchain.{}.", run::kEnvironmentLabel);
+  std::map<std::string, std::string> environment;
+  for (const auto& [entry, value] : stack_entries("toolchain", toolchain->second)) {
+    if (entry.starts_with(prefix)) environment.emplace(entry.substr(prefix.size()), value);
+  }
+  return host_variant_of(environment);
+}
+
+// The hosts the samples ran on: each receipt's CPU model (the real hosts) and, for receipts
+// made elsewhere, the emulated host each of them and its reference recorded (runs made here
+// under --hosts are named by their variants as given).
+void record_hosts(const CalibrateOptions& o, const Runs& runs, Calibration& c) {
+  const auto add = [](std::vector<std::string>& list, const std::string& item) {
+    if (!item.empty() && std::find(list.begin(), list.end(), item) == list.end()) list.push_back(item);
+  };
+  for (std::size_t i = 0; i < runs.repeats.size(); ++i) {
+    const check::ReceiptData& r = runs.repeats[i];
+    if (const auto cpu = r.manifest.find("cpu"); cpu != r.manifest.end()) add(c.host_cpus, cpu->second);
+    if (o.receipts.empty()) continue;
+    if (!runs.reference_of(i).path.empty()) add(c.host_variants, receipt_host_variant(runs.reference_of(i)));
+    add(c.host_variants, receipt_host_variant(r));
+  }
+}
+
+}  // namespace
+
 Calibration calibrate(const CalibrateOptions& o, const std::function<void(const std::string&)>& progress) {
   check_perturbation(o);
   if (o.power && o.lane.empty()) throw run::UsageError("--power: needs --lane (the lane whose check it measures)");
@@ -865,12 +899,7 @@ Calibration calibrate(const CalibrateOptions& o, const std::function<void(const 
   const Runs runs =
       o.receipts.empty() ? runs_of_lane(o, budgets, c, progress) : runs_of_receipts(o, budgets, c, progress);
   if (c.envelope) c.envelope_path = fs::path(c.candidate_path).replace_extension(".envelope.json").string();
-  for (const check::ReceiptData& r : runs.repeats) {  // the real hosts: each receipt's CPU model
-    const auto cpu = r.manifest.find("cpu");
-    if (cpu != r.manifest.end() && std::find(c.host_cpus.begin(), c.host_cpus.end(), cpu->second) == c.host_cpus.end()) {
-      c.host_cpus.push_back(cpu->second);
-    }
-  }
+  record_hosts(o, runs, c);
   if (c.envelope_only) {  // the reference's own spread: nothing separates it from a reference, nothing to propose
     run::write_file_atomically(c.envelope_path, envelope_json(c).dump(2) + "\n");
     run::write_file_atomically(c.report_path, calibration_report(c));

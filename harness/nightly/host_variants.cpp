@@ -44,6 +44,42 @@ HostVariant assignments(const std::string& item) {
   return v;
 }
 
+std::vector<std::string> words(const std::string& text) {
+  std::vector<std::string> out;
+  for (const std::string& w : split_list(text, ' ')) {
+    if (!w.empty()) out.push_back(w);
+  }
+  return out;
+}
+
+// A flag's name: a word's text up to its '=' ("--xla_cpu_max_isa"); "" for a word without one.
+std::string flag_name(const std::string& word) {
+  const auto eq = word.find('=');
+  return eq == std::string::npos ? "" : word.substr(0, eq);
+}
+
+// The part of `variable`'s `value` that is a host's knob, "" for none: the whole value where
+// the presets set the variable to one value, the flags they set where they set flags.
+std::string knob_of(const std::string& variable, const std::string& value) {
+  bool preset_sets_it = false;
+  std::set<std::string> flags;
+  for (const HostVariant& preset : host_variant_presets()) {
+    const auto it = preset.environment.find(variable);
+    if (it == preset.environment.end()) continue;
+    preset_sets_it = true;
+    for (const std::string& word : words(it->second)) {
+      if (!flag_name(word).empty()) flags.insert(flag_name(word));
+    }
+  }
+  if (!preset_sets_it) return "";
+  if (flags.empty()) return value;
+  std::vector<std::string> kept;
+  for (const std::string& word : words(value)) {
+    if (flags.count(flag_name(word))) kept.push_back(word);
+  }
+  return fmt::format("{}", fmt::join(kept, " "));
+}
+
 }  // namespace
 
 const std::vector<HostVariant>& host_variant_presets() {
@@ -89,6 +125,20 @@ std::vector<HostVariant> parse_host_variants(const std::string& text) {
     variants.push_back(preset != presets.end() ? *preset : assignments(item));
   }
   return variants;
+}
+
+std::string host_variant_of(const std::map<std::string, std::string>& environment) {
+  std::map<std::string, std::string> knobs;
+  for (const auto& [variable, value] : environment) {
+    if (std::string knob = knob_of(variable, value); !knob.empty()) knobs.emplace(variable, std::move(knob));
+  }
+  if (knobs.empty()) return "";
+  for (const HostVariant& preset : host_variant_presets()) {
+    if (preset.environment == knobs) return preset.name;
+  }
+  std::vector<std::string> assignments;
+  for (const auto& [variable, knob] : knobs) assignments.push_back(variable + "=" + knob);
+  return fmt::format("{}", fmt::join(assignments, "+"));
 }
 
 }  // namespace harness::nightly

@@ -22,4 +22,11 @@ const std::vector<HostVariant>& host_variant_presets();
 // the item and listing the presets.
 std::vector<HostVariant> parse_host_variants(const std::string& text);
 
+// The emulated host a run's environment stands for ("" where it stands for none): of its
+// variables, only those a preset sets are a host's knobs (a lane's own PJRT_DEVICE is not),
+// and of a flags value only the flags a preset sets (XLA_FLAGS' --xla_cpu_max_isa, not the
+// JAX lane's own device count). The preset's name where the knobs are exactly a preset's,
+// else the assignments as --hosts takes them (VAR=VALUE+VAR=VALUE, by variable).
+std::string host_variant_of(const std::map<std::string, std::string>& environment);
+
 }  // namespace harness::nightly

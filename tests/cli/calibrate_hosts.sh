@@ -76,6 +76,17 @@ for host in aten-avx2 openblas-prescott; do
 done
 [ "$(grep -c '(held out)' "$WORK/layout/ddp.candidate.md")" -eq 3 ] &&
   ! grep '(held out)' "$WORK/layout/ddp.candidate.md" | grep -q aten-avx2 || fail "the held-out pairs are not the last host's"
+# The entry names the emulated hosts its pairs ran under, read from each receipt's numerics env
+# (a knob the machine's own environment sets, as OPENBLAS_CORETYPE on some runners, is part of
+# the first host; the second host's openblas-prescott overrides it)
+"$PY" - "$WORK/layout/ddp.candidate.toml" <<'PY' || fail "the pairs' entry does not name their hosts"
+import sys, tomllib
+entry = tomllib.load(open(sys.argv[1], "rb"))["torch-ddp"]
+first, second = entry["host_variants"]
+assert first == "aten-avx2" or "ATEN_CPU_CAPABILITY=avx2" in first.split("+"), entry["host_variants"]
+assert second == "openblas-prescott", entry["host_variants"]
+assert f"on 2 emulated hosts ({first}, {second})" in entry["method"], entry["method"]
+PY
 # The stack's own entries from the same kind of pairs: cpu, the one-process lane against
 # cpu-ref of its seed; host, the lane on the second host against the lane on the first
 expect_exit 0 "" -- "$LAYOUT" --canary micro --layouts cpu,host --python "$PY" --hosts aten-avx2,openblas-prescott \
