@@ -88,7 +88,7 @@ def measure(args: argparse.Namespace, bare: Any, recorded: Dict[str, Any], work:
     `work` written by its writer (a CANARY_HARNESS_WRITER setting)."""
     import torch
 
-    from canary_harness.receipt_native import ENV
+    from canary_harness.receipts.receipt_native import ENV
     from canary_harness.runner import ReceiptRun, RunOptions
 
     steps = bare.canary.steps
@@ -170,7 +170,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     import torch
 
     from canary_harness.canary import load_canary
-    from canary_harness.digest_plan import DigestPlan
+    from canary_harness.receipts.digest_plan import DigestPlan
 
     torch.set_num_threads(args.threads)
     load = (lambda: pack_lane_canary(args.pack)) if args.pack else (lambda: load_canary(args.canary))

@@ -29,7 +29,7 @@ temporary directory, with a batch for every step (`--steps 300` runs 305 rounds:
 run is what steadies the medians). Besides the ratio of the medians, each round's recorded
 step is set against the bare step of the same round (they share the machine's load): the
 median and quartiles of those per-round overheads are the paired figure. The Recorders digest with the digest library the build made
-(build/lib, canary_harness.native) where it is there; CANARY_HARNESS_DIGEST=python measures
+(build/lib, canary_harness.receipts.native) where it is there; CANARY_HARNESS_DIGEST=python measures
 the pure-Python digest instead. The digest section times numpy, and the library where one
 is found (not with CANARY_HARNESS_DIGEST=python). This is a benchmark, not a
 test: numbers depend on the machine and its load (the report prints the load average).
@@ -50,7 +50,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, os.pardir)
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
-# The digest library the build made (build/lib, found next to HARNESS_BIN: canary_harness.native).
+# The digest library the build made (build/lib, found next to HARNESS_BIN: canary_harness.receipts.native).
 if os.access(os.path.join(ROOT, "build", "bin", "harness"), os.X_OK):
     os.environ.setdefault("HARNESS_BIN", os.path.join(ROOT, "build", "bin", "harness"))
 
@@ -58,15 +58,15 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import xxhash  # noqa: E402
 
-from canary_harness.digest import SketchLayout  # noqa: E402
-from canary_harness.digest_plan import DigestPlan  # noqa: E402
-from canary_harness.native import NativeDigestError  # noqa: E402
+from canary_harness.receipts.digest import SketchLayout  # noqa: E402
+from canary_harness.receipts.digest_plan import DigestPlan  # noqa: E402
+from canary_harness.receipts.native import NativeDigestError  # noqa: E402
 from canary_harness.lane import train_step  # noqa: E402
 from canary_harness.models import gpt2  # noqa: E402
 from canary_harness.optim import CanaryAdamW  # noqa: E402
 from canary_harness.pack import read_pack  # noqa: E402
 from tiny_pack import export_tiny_pack  # noqa: E402
-from canary_harness.philox import stream_id  # noqa: E402
+from canary_harness.receipts.philox import stream_id  # noqa: E402
 from canary_harness.torch import Recorder  # noqa: E402
 
 
@@ -323,7 +323,7 @@ def main(argv=None):
                   f"{4 * family_mb / (ms / 1e3):8.0f} MB/s "
                   "(DigestPlan: the Recorder's digest where the library is found)")
     else:
-        print("  digest library            (not found: canary_harness.native)")
+        print("  digest library            (not found: canary_harness.receipts.native)")
     if cpp:
         for threads, (real, cpu) in sorted(cpp.items()):
             print(f"  C++ BM_RecordStep/{threads}      {real:8.2f} ms   {4 * family_mb / (real / 1e3):8.0f} MB/s "

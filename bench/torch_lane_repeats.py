@@ -37,7 +37,7 @@ sys.path.insert(0, PYTHON_DIR)
 
 import numpy as np  # noqa: E402
 
-from canary_harness.receipt import ReceiptReader  # noqa: E402
+from canary_harness.receipts.receipt import ReceiptReader  # noqa: E402
 
 HASH_FAMILIES = ("params", "grads", "adam_m", "adam_v")
 

@@ -29,8 +29,8 @@ cd "$venv"
 libraries=$(env -u HARNESS_BIN PATH=/usr/bin:/bin "$venv/bin/python" - <<'EOF'
 import sys
 import canary_harness
-from canary_harness.native import native_digest
-from canary_harness.receipt_native import receipt_library
+from canary_harness.receipts.native import native_digest
+from canary_harness.receipts.receipt_native import receipt_library
 paths = [canary_harness.__file__] + [library.path if library else "(none)" for library in (native_digest(), receipt_library())]
 outside = [path for path in paths if not path.startswith(sys.prefix)]
 if outside:

@@ -1,6 +1,6 @@
 // `harness schema`: the receipt description this harness writes and validates against (the
 // core and every engine's additions), as JSON on stdout. Its export is
-// python/canary_harness/receipt_schema.json, what the Python package reads; a test holds
+// python/canary_harness/receipts/receipt_schema.json, what the Python package reads; a test holds
 // the two equal (python/tests/test_receipt_schema.py). `--lane-stacks`: the lane stacks'
 // descriptions instead (nightly/lane_stacks.h), exported as
 // python/canary_harness/lane_stacks.json (python/tests/test_lane_stacks.py).

@@ -58,7 +58,7 @@ constexpr std::size_t kPrefetchAhead = 1024;
 // (0 + 1) + (2 + 3): a fixed order, four times the throughput of one serial chain. Whole
 // blocks run as vectors of four (elements i..i+3 are lanes 0..3, since blocks start at
 // multiples of 4): the same additions, in the same order, as the element loop of the last,
-// partial block. (python/canary_harness/digest.py follows the same order.)
+// partial block. (python/canary_harness/receipts/digest.py follows the same order.)
 __attribute__((always_inline)) inline void sketch_pass(std::span<const float> values, const std::uint8_t* codes,
                                                        TensorSketch& sketch) {
   Doubles4 squares = {0, 0, 0, 0};

@@ -72,7 +72,7 @@ class ReceiptSchema {
   const ReceiptDataset* dataset(std::string_view path) const;
   const ReceiptAttribute* attribute(std::string_view group, std::string_view name) const;
 
-  // The export (`harness schema`; python/canary_harness/receipt_schema.json): version,
+  // The export (`harness schema`; python/canary_harness/receipts/receipt_schema.json): version,
   // constants and every entry, in the description's order.
   nlohmann::json to_json() const;
   // The export read back: from_json(s.to_json()) describes what s does. A description of

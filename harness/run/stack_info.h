@@ -23,7 +23,7 @@ struct StackSetting {
 std::span<const StackSetting> stack_settings();
 
 // A stack line's part with this label lists environment variables as NAME=VALUE
-// (python/canary_harness/stack.py's toolchain line): each is set by the variable it names.
+// (python/canary_harness/receipts/stack.py's toolchain line): each is set by the variable it names.
 inline constexpr std::string_view kEnvironmentLabel = "numerics env";
 
 StackInfo collect_stack_info();

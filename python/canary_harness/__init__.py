@@ -11,11 +11,11 @@ PyTorch loop), canary_harness.models.gpt2 (the PyTorch canary), canary_harness.o
 """
 
 from .canary import Canary, CanaryError, output_of
-from .digest import Sketch, as_float32, batch_hash, sketch, sketch_with_salt, tensor_hash
-from .philox import philox_at, stream_id
-from .receipt import ReceiptError, ReceiptReader, ReceiptWriter
-from .schema import HASH_FAMILIES, SCHEMA_MINOR, SCHEMA_VERSION, SKETCH_BLOCK, SKETCH_FAMILIES, SKETCH_WIDTH
-from .stack import StackInfo, collect_stack_info
+from .receipts.digest import Sketch, as_float32, batch_hash, sketch, sketch_with_salt, tensor_hash
+from .receipts.philox import philox_at, stream_id
+from .receipts.receipt import ReceiptError, ReceiptReader, ReceiptWriter
+from .receipts.schema import HASH_FAMILIES, SCHEMA_MINOR, SCHEMA_VERSION, SKETCH_BLOCK, SKETCH_FAMILIES, SKETCH_WIDTH
+from .receipts.stack import StackInfo, collect_stack_info
 
 __version__ = "0.1.0"
 

@@ -31,7 +31,7 @@ from .canary import CanaryError, CanaryImportError, load_canary
 from .invariance import run as run_invariance
 from .lane_args import (MAX_THREADS, add_device_arguments, add_layout_arguments, add_versioned_argument, check_out,
                         device_of, trace_problem)
-from .receipt import ReceiptError
+from .receipts.receipt import ReceiptError
 from .regressions import linear_weights
 from .usage import UsageError, count_flag
 

@@ -45,9 +45,9 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .digest_plan import DigestPlan
-from .philox import stream_id
-from .receipt import TraceColumn
+from .receipts.digest_plan import DigestPlan
+from .receipts.philox import stream_id
+from .receipts.receipt import TraceColumn
 from .trace import module_layers
 
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep

@@ -23,7 +23,7 @@ import torch
 
 from .canary import CanaryError, LoadedCanary, call_model
 from .devices import to_device
-from .digest import batch_hash, batch_tree_hash
+from .receipts.digest import batch_hash, batch_tree_hash
 from .xla import mark_step
 
 

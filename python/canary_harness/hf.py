@@ -18,7 +18,7 @@ Where each comes from, and why there:
 - tensors and lr: `on_optimizer_step`, which the Trainer calls right after
   `optimizer.step()`, before the schedule steps and `model.zero_grad()`: the point where
   the runner takes them (the end of optimizer.step()). Fp32 tensors on the CPU are digested
-  there in place by the digest library (canary_harness.native); anything else is read to
+  there in place by the digest library (canary_harness.receipts.native); anything else is read to
   the host there, inside the Trainer's step.
 - loss and grad_norm: `on_log`. The Trainer hands callbacks its per-step loss and
   pre-clipping norm only in its logs, so the callback needs `logging_steps=1` (a log each
@@ -59,13 +59,13 @@ except ImportError as _missing:  # one line naming what to install
     raise ImportError(f"canary_harness.hf needs torch and transformers ({_missing}); run it with .venv/bin/python "
                       "(docs/transformers.md)") from None
 
-from .budget_features import format_features, parse_features
+from .receipts.budget_features import format_features, parse_features
 from .lane_stacks import budget_features as stack_budget_features, lane_name as stack_lane_name, stack_options
 from .canary import canonical_json
-from .digest import batch_tree_hash
-from .receipt import ReceiptWriter
+from .receipts.digest import batch_tree_hash
+from .receipts.receipt import ReceiptWriter
 from .recording import MomentSource, StepDigest
-from . import stack as stack_info
+from .receipts import stack as stack_info
 
 # Keywords the Trainer adds to the model's call that are not the batch's (its loss scaling).
 _TRAINER_KWARGS = ("num_items_in_batch",)

@@ -33,7 +33,7 @@ from .lane_args import MAX_THREADS, add_device_arguments, check_device_name, dev
 from .lane_stacks import lane_name, stack_options
 from .pack_step import architecture_module, load_pack
 from .usage import UsageError
-from .philox import philox_at, stream_id
+from .receipts.philox import philox_at, stream_id
 
 PROG = "canary_harness.invariance"
 POSITION_STREAM = stream_id("invariance/position")  # harness/run/invariance.cpp draws from the same stream

@@ -42,14 +42,14 @@ from typing import Any, Dict, List, NamedTuple, NoReturn, Optional, Sequence, Tu
 import numpy as np
 
 from .architectures import architecture_of, described, model_of
-from .budget_features import format_features
-from .digest import batch_hash
+from .receipts.budget_features import format_features
+from .receipts.digest import batch_hash
 from .faults import FaultSpec
 from .lane_args import check_out, parse_lane_fault
 from .lane_stacks import budget_features as stack_budget_features, lane_name, stack_options
 from .models.table import is_decayed
 from .pack import PackError, read_pack
-from .receipt import ReceiptError, ReceiptWriter
+from .receipts.receipt import ReceiptError, ReceiptWriter
 from .usage import UsageError, count_flag
 
 PROG = "canary_harness.jax"

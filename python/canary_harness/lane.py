@@ -34,14 +34,14 @@ import os
 import sys
 from typing import Any, List, NoReturn, Optional, Union
 
-from .budget_features import format_features
+from .receipts.budget_features import format_features
 from .faults import FaultSpec
 from .lane_args import (MAX_THREADS, add_device_arguments, add_layout_arguments, add_versioned_argument,
                         check_device_name, check_out, device_of, parse_lane_fault, trace_problem)
 from .lane_stacks import budget_features as stack_budget_features, lane_name as stack_lane_name, stack_options
 from .pack import PackError
 from .pack_step import architecture_module, load_pack, pack_canary
-from .receipt import ReceiptReader
+from .receipts.receipt import ReceiptReader
 from .regressions import RegressionSpec
 from .usage import UsageError, count_flag
 

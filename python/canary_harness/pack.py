@@ -31,7 +31,7 @@ import numpy as np
 
 from .models.config import SIZE_RANGES, check_sizes
 from .architectures import ARCHITECTURES, architecture_of, canary_tensor_table
-from .receipt import HDF5_READ_ERRORS, ReceiptError, hdf5_message, read_failure, unstored
+from .receipts.receipt import HDF5_READ_ERRORS, ReceiptError, hdf5_message, read_failure, unstored
 
 PACK_VERSION = 1
 PathLike = Union[str, "os.PathLike[str]"]

@@ -24,11 +24,11 @@ from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Seq
 import numpy as np
 import torch
 
-from .digest import as_float32
-from .digest_plan import DigestPlan, DigestRows
-from .philox import stream_id
-from .receipt import SketchRows
-from .schema import HASH_FAMILIES, SKETCH_FAMILIES
+from .receipts.digest import as_float32
+from .receipts.digest_plan import DigestPlan, DigestRows
+from .receipts.philox import stream_id
+from .receipts.receipt import SketchRows
+from .receipts.schema import HASH_FAMILIES, SKETCH_FAMILIES
 
 
 def host_float(value: Any) -> float:

@@ -28,10 +28,10 @@ from .canary import CanaryError, LoadedCanary, canonical_json, load_canary, stat
 from .canary_state import restore_state
 from .devices import to_device
 from .precision import autocast_units, switches
-from .receipt import ReceiptReader
+from .receipts.receipt import ReceiptReader
 from .runner import CanaryLoop, RunOptions, StepRecord, parse_canary_fault, run_canary
-from .schema import HASH_FAMILIES
-from .stack import git_commit_of
+from .receipts.schema import HASH_FAMILIES
+from .receipts.stack import git_commit_of
 from .xla import xla_device
 
 # The families a checkpoint holds (what it is verified against): gradients are not state.

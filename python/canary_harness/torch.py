@@ -28,7 +28,7 @@ or update, so a step stays one graph under torch_xla (call `xm.mark_step()` befo
 `recorder.step()` there, as after any XLA step).
 
 Where the step's tensors are on an accelerator (or no digest library is found:
-canary_harness.native), step() by default (`overlap=None`) only copies what the step must
+canary_harness.receipts.native), step() by default (`overlap=None`) only copies what the step must
 record into host buffers it reuses, and one background thread hashes, sketches and appends
 the row while the next step trains; the receipt is bit for bit the one `overlap=False`
 writes, and close() waits for the last row (Recorder's docstring: errors, and what a crash
@@ -64,15 +64,15 @@ import numpy as np
 import torch
 
 from .audit import AuditError, CompileLog
-from .budget_features import parse_features
+from .receipts.budget_features import parse_features
 from .lane_args import trace_problem
-from .digest import batch_hash
-from .digest_plan import DigestRows
+from .receipts.digest import batch_hash
+from .receipts.digest_plan import DigestRows
 from .models.config import canary_object
-from .receipt import PathLike, ReceiptError, ReceiptWriter
+from .receipts.receipt import PathLike, ReceiptError, ReceiptWriter
 from .recording import MomentSource, Overlap, StepDigest, host_float, host_float32
-from .schema import HASH_FAMILIES
-from .stack import StackInfo
+from .receipts.schema import HASH_FAMILIES
+from .receipts.stack import StackInfo
 from .trace import StepTraces, TraceError
 
 
@@ -344,7 +344,7 @@ class Recorder:
     `recorder.audit.findings` and `.summary()` give the audit's findings so far.
 
     `overlap=None` (the default) is `overlap=False` when every parameter is on the CPU and
-    the harness's digest library is found (canary_harness.native: step() then digests
+    the harness's digest library is found (canary_harness.receipts.native: step() then digests
     contiguous fp32 tensors where they are, others through a host copy, in about a
     millisecond for `tiny`, less than the snapshot below costs), and `overlap=True` otherwise.
     `overlap=True` digests each step while the next one trains: step() copies

@@ -54,9 +54,9 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from .digest_plan import DigestPlan
-from .philox import stream_id
-from .receipt import TraceColumn
+from .receipts.digest_plan import DigestPlan
+from .receipts.philox import stream_id
+from .receipts.receipt import TraceColumn
 from .recording import host_float32
 
 Site = Tuple[str, int, str, str, str]  # op, layer, phase, tensor, kind

@@ -55,16 +55,16 @@ def _built_library(harness_bin: Path, file_name: str, what: str) -> str:
 
 @pytest.fixture(scope="session")
 def digest_library(harness_bin: Path) -> str:
-    """The digest library the build made next to the harness binary (canary_harness.native)."""
-    from canary_harness.native import LIBRARY_FILE
+    """The digest library the build made next to the harness binary (canary_harness.receipts.native)."""
+    from canary_harness.receipts.native import LIBRARY_FILE
 
     return _built_library(harness_bin, LIBRARY_FILE, "digest")
 
 
 @pytest.fixture(scope="session")
 def writer_library(harness_bin: Path) -> str:
-    """The receipt writer library beside it (canary_harness.receipt_native)."""
-    from canary_harness.receipt_native import LIBRARY_FILE
+    """The receipt writer library beside it (canary_harness.receipts.receipt_native)."""
+    from canary_harness.receipts.receipt_native import LIBRARY_FILE
 
     return _built_library(harness_bin, LIBRARY_FILE, "receipt")
 

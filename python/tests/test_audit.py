@@ -23,8 +23,8 @@ from canary_harness.audit import AuditError, StepError, audit_step, fingerprint_
 from canary_harness.pack_step import CanaryStep
 from canary_harness.models import gpt2
 from canary_harness.pack import read_pack
-from canary_harness.schema import HASH_FAMILIES, SKETCH_FAMILIES, SKETCH_WIDTH
-from canary_harness.stack import StackInfo
+from canary_harness.receipts.schema import HASH_FAMILIES, SKETCH_FAMILIES, SKETCH_WIDTH
+from canary_harness.receipts.stack import StackInfo
 from canary_harness.torch import Recorder
 
 from conftest import export_pack, run_harness

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from canary_harness import HASH_FAMILIES, SCHEMA_MINOR, SCHEMA_VERSION, ReceiptReader, ReceiptWriter, batch_hash, sketch, tensor_hash
-from canary_harness.stack import collect_stack_info
+from canary_harness.receipts.stack import collect_stack_info
 
 from conftest import run_harness
 

@@ -10,9 +10,9 @@ import pytest
 import xxhash
 
 from canary_harness import SKETCH_WIDTH, as_float32, batch_hash, philox_at, sketch, stream_id, tensor_hash
-from canary_harness import digest
-from canary_harness.digest import SketchLayout, block_codes, sketch_many
-from canary_harness.philox import philox4x32_10, philox_words
+from canary_harness.receipts import digest
+from canary_harness.receipts.digest import SketchLayout, block_codes, sketch_many
+from canary_harness.receipts.philox import philox4x32_10, philox_words
 
 SIZES = (1, 5, 31, 32, 33, 1000, 4097)
 

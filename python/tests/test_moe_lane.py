@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from canary_harness import ReceiptReader
-from canary_harness.schema import HASH_FAMILIES, SKETCH_FAMILIES
+from canary_harness.receipts.schema import HASH_FAMILIES, SKETCH_FAMILIES
 from canary_harness.models import moe
 
 from conftest import run_harness
@@ -213,8 +213,8 @@ def test_moe_step_reads_nothing_on_the_host(runs: dict):
 
 
 def test_the_writer_takes_only_described_step_state_the_same_every_step(tmp_path: Path):
-    from canary_harness.receipt import ReceiptError, ReceiptWriter, StepState
-    from canary_harness.digest import sketch
+    from canary_harness.receipts.receipt import ReceiptError, ReceiptWriter, StepState
+    from canary_harness.receipts.digest import sketch
 
     def writer(path: Path) -> ReceiptWriter:
         manifest = {"lane": "x/torch", "engine": "torch", "budget_features": "torch-cpu", "canary": "{}", "seed": 1,

@@ -1,4 +1,4 @@
-"""The harness's digest library through ctypes (canary_harness.native) against the pure-Python
+"""The harness's digest library through ctypes (canary_harness.receipts.native) against the pure-Python
 digest: the same hashes and the same sketch bits for every size around the block and lane
 boundaries and for awkward values, and the selection rules of CANARY_HARNESS_DIGEST.
 
@@ -14,10 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from canary_harness import native, stream_id
-from canary_harness.digest import SketchLayout, tensor_hash
-from canary_harness.digest_plan import DigestPlan
-from canary_harness.native import NativeDigest, NativeDigestError
+from canary_harness import stream_id
+from canary_harness.receipts import native
+from canary_harness.receipts.digest import SketchLayout, tensor_hash
+from canary_harness.receipts.digest_plan import DigestPlan
+from canary_harness.receipts.native import NativeDigest, NativeDigestError
 
 from test_digest import awkward_array, bits
 

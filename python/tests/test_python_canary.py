@@ -253,7 +253,7 @@ def test_the_examples_small_size_is_the_same_gpt_on_fewer_sequences() -> None:
 
 
 def test_batch_tree_hash_sees_structure_values_and_dtype() -> None:
-    from canary_harness.digest import batch_tree_hash
+    from canary_harness.receipts.digest import batch_tree_hash
 
     x = np.arange(6, dtype=np.int64).reshape(2, 3)
     base = batch_tree_hash((x, x + 1))

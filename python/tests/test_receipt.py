@@ -14,7 +14,7 @@ import pytest
 
 from canary_harness import (HASH_FAMILIES, SCHEMA_MINOR, SCHEMA_VERSION, SKETCH_FAMILIES, SKETCH_WIDTH, ReceiptError,
                             ReceiptReader, ReceiptWriter, batch_hash, sketch, tensor_hash)
-from canary_harness.stack import StackInfo
+from canary_harness.receipts.stack import StackInfo
 from conftest import flipped_byte_failures
 
 PYTHON_DIR = Path(__file__).resolve().parents[1]
@@ -645,10 +645,10 @@ def test_an_empty_lane_or_engine_is_refused_as_validate_refuses_it(tmp_path: Pat
 
 @pytest.mark.parametrize("declared", ["noise++bf16", "+bf16", "bf16+", "bf16+noise+bf16", "bf16+torch cpu"])
 def test_a_malformed_budget_features_is_refused_in_validates_words(tmp_path: Path, harness_bin: Path, declared: str):
-    """The package parses budget_features as the harness does (canary_harness.budget_features
+    """The package parses budget_features as the harness does (canary_harness.receipts.budget_features
     and receipt::BudgetFeatures): the writer refuses a declaration before any file exists,
     with the words `harness validate` uses for a file that holds it."""
-    from canary_harness.budget_features import format_features, parse_features
+    from canary_harness.receipts.budget_features import format_features, parse_features
     from conftest import run_harness
     with pytest.raises(ValueError) as parsed:
         parse_features(declared)

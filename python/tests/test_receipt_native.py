@@ -1,5 +1,5 @@
 """One receipt writer: ReceiptWriter writes through the harness's own (libcanary_harness_receipt,
-canary_harness.receipt_native), and what the package hands it is what the receipt holds, every
+canary_harness.receipts.receipt_native), and what the package hands it is what the receipt holds, every
 kind of content included; without a library nothing is written."""
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ from typing import Any, Dict
 import numpy as np
 import pytest
 
-from canary_harness import ReceiptError, ReceiptReader, ReceiptWriter, receipt_native
-from canary_harness.receipt import StepState, TraceColumn
-from canary_harness.receipt_native import ENV, receipt_library
-from canary_harness.schema import PATHS
+from canary_harness import ReceiptError, ReceiptReader, ReceiptWriter
+from canary_harness.receipts import receipt_native
+from canary_harness.receipts.receipt import StepState, TraceColumn
+from canary_harness.receipts.receipt_native import ENV, receipt_library
+from canary_harness.receipts.schema import PATHS
 
 from conftest import run_harness
 from test_receipt import BATCH, NAMES, STACK, manifest, tensors

@@ -1,4 +1,4 @@
-"""The receipt description (canary_harness/receipt_schema.json, `harness schema`) is what
+"""The receipt description (canary_harness/receipts/receipt_schema.json, `harness schema`) is what
 every writer writes: nothing undescribed, nothing required left out, and the harness's
 export and the package's file are one."""
 
@@ -14,9 +14,10 @@ import h5py
 import numpy as np
 import pytest
 
-from canary_harness import HASH_FAMILIES, SKETCH_FAMILIES, SKETCH_WIDTH, ReceiptError, ReceiptWriter, batch_hash, schema
-from canary_harness.receipt import TraceColumn
-from canary_harness.stack import StackInfo
+from canary_harness import HASH_FAMILIES, SKETCH_FAMILIES, SKETCH_WIDTH, ReceiptError, ReceiptWriter, batch_hash
+from canary_harness.receipts import schema
+from canary_harness.receipts.receipt import TraceColumn
+from canary_harness.receipts.stack import StackInfo
 
 # The repository's docs; a copy of the tests away from the checkout (the virtual-environment check) is told where.
 DOCS = Path(os.environ.get("CANARY_HARNESS_DOCS", Path(__file__).resolve().parents[2] / "docs"))
@@ -78,8 +79,8 @@ def test_a_described_dataset_that_is_not_written_is_named(tmp_path: Path, harnes
 def test_the_package_reads_what_the_harness_describes(harness_bin: Path):
     exported = subprocess.run([str(harness_bin), "schema"], capture_output=True, text=True, check=True).stdout
     assert json.loads(exported) == schema.DESCRIPTION, (
-        "python/canary_harness/receipt_schema.json is not `harness schema`'s output: regenerate it with "
-        "`build/bin/harness schema > python/canary_harness/receipt_schema.json`")
+        "python/canary_harness/receipts/receipt_schema.json is not `harness schema`'s output: regenerate it with "
+        "`build/bin/harness schema > python/canary_harness/receipts/receipt_schema.json`")
     described = {d["path"] for d in schema.DESCRIPTION["datasets"]}
     assert {"/steps/loss", "/fp8/*", "/memory/*", "/compile/*"} <= described  # the core and the engines'
 

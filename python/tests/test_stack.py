@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from canary_harness import stack
-from canary_harness.stack import collect_stack_info
+from canary_harness.receipts import stack
+from canary_harness.receipts.stack import collect_stack_info
 
 
 def test_stack_line_names_python_libraries_host_and_cpu():
@@ -67,10 +67,10 @@ def test_the_aten_capability_is_recorded_and_follows_the_emulated_host():
     """ATen picks its CPU kernels at start-up from the CPU and ATEN_CPU_CAPABILITY; the
     manifest's cpu_capability says what it picked, on torch 1.13 as on 2.x, and a run
     without torch records none."""
-    script = ("import torch; from canary_harness.stack import collect_stack_info; "
+    script = ("import torch; from canary_harness.receipts.stack import collect_stack_info; "
               "print(collect_stack_info(include_torch=True).as_manifest()['cpu_capability'])")
     env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
-    env["PYTHONPATH"] = str(Path(stack.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = str(Path(stack.__file__).resolve().parents[2])
 
     def capability(**assignments: str) -> str:
         done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,

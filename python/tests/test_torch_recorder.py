@@ -128,8 +128,8 @@ def test_a_name_map_that_does_not_fit_is_named_and_writes_nothing(micro_pack, tm
 
 def test_a_digest_library_that_cannot_be_used_writes_nothing(micro_pack: Path, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch):
-    from canary_harness import native
-    from canary_harness.native import NativeDigestError
+    from canary_harness.receipts import native
+    from canary_harness.receipts.native import NativeDigestError
 
     monkeypatch.setenv(native.ENV, str(tmp_path / "nowhere.so"))
     pack = read_pack(micro_pack)
@@ -456,7 +456,7 @@ def test_every_digest_path_writes_the_same_receipt(micro_pack: Path, tmp_path: P
     tensors read where they are), that library on the background worker, and the pure-Python
     digest in the background (its default) and inline. Every dataset the same bytes. With a
     non-contiguous parameter (and its moments) the library falls back to host arrays."""
-    from canary_harness import native
+    from canary_harness.receipts import native
 
     pack = read_pack(micro_pack, canary="micro")
     cfg, model, optimizer, name_map = user_setup(pack)

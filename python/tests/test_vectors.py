@@ -36,9 +36,9 @@ import xxhash
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # canary_harness, when run as a script
 
-from canary_harness import digest  # noqa: E402
-from canary_harness.philox import philox4x32_10, philox_at, philox_words, stream_id  # noqa: E402
-from canary_harness.schema import SKETCH_BLOCK, SKETCH_WIDTH  # noqa: E402
+from canary_harness.receipts import digest  # noqa: E402
+from canary_harness.receipts.philox import philox4x32_10, philox_at, philox_words, stream_id  # noqa: E402
+from canary_harness.receipts.schema import SKETCH_BLOCK, SKETCH_WIDTH  # noqa: E402
 
 # The repository's file; a copy of the tests away from the checkout (the virtual-environment
 # check) is told where it is.

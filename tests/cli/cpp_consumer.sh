@@ -44,11 +44,11 @@ for h in receipt/receipt_writer.h receipt/receipt_reader.h receipt/receipt_valid
   [ -f "$PREFIX/include/canary_harness/$h" ] || fail "header canary_harness/$h not installed"
 done
 # The digest library behind its C ABI (docs/cpp.md): the file, its SONAME link, and that it
-# loads into Debian's python3 and passes canary_harness.native's checks (ABI, probe digests).
+# loads into Debian's python3 and passes canary_harness.receipts.native's checks (ABI, probe digests).
 digest_lib=$(cd "$PREFIX" && find . -name 'libcanary_harness_digest.so.1' | head -n 1)
 [ -n "$digest_lib" ] && [ -e "$PREFIX/$digest_lib" ] || fail "no libcanary_harness_digest.so.1 in the prefix"
 [ -z "$digest_lib" ] || PYTHONPATH="$REPO/python" CANARY_HARNESS_DIGEST="$PREFIX/$digest_lib" "$PY" -c \
-  'from canary_harness.native import native_digest; import sys; sys.exit(native_digest() is None)' ||
+  'from canary_harness.receipts.native import native_digest; import sys; sys.exit(native_digest() is None)' ||
   fail "the installed digest library does not load or digests differently"
 # ... and a C99 program builds against the installed header and library alone, and hashes
 # as canary_harness does.
@@ -71,13 +71,13 @@ print(tensor_hash(np.array([1.0, -2.5, 0.0, 3.0, 1e-3], dtype=np.float32)))')
   fi
 fi
 # The receipt writer behind its C ABI (docs/cpp.md): it loads into python3 and passes
-# canary_harness.receipt_native's checks (ABI, schema), and a C99 program built against the
+# canary_harness.receipts.receipt_native's checks (ABI, schema), and a C99 program built against the
 # installed header and library alone writes a receipt the installed harness validates.
 receipt_lib=$(cd "$PREFIX" && find . -name 'libcanary_harness_receipt.so.1' | head -n 1)
 [ -n "$receipt_lib" ] && [ -e "$PREFIX/$receipt_lib" ] || fail "no libcanary_harness_receipt.so.1 in the prefix"
 if [ -n "$receipt_lib" ]; then
   PYTHONPATH="$REPO/python" CANARY_HARNESS_WRITER="$PREFIX/$receipt_lib" "$PY" -c \
-    'from canary_harness.receipt_native import receipt_library; import sys; sys.exit(receipt_library() is None)' ||
+    'from canary_harness.receipts.receipt_native import receipt_library; import sys; sys.exit(receipt_library() is None)' ||
     fail "the installed receipt library does not load or writes another schema"
   "$PREFIX/bin/harness" schema >"$WORK/description.json"
   cat >"$WORK/receipt.c" <<'CSRC'
@@ -172,10 +172,10 @@ EOF
 
 # The example's hashes and sketches are the harness's: the Python package (held to the C++
 # recorder by its own tests) recomputes them from the dumped final parameters and batches.
-PYTHONPATH="$REPO/python" "$PY" - "$receipt" <<'EOF' || fail "the example's digests differ from canary_harness.digest"
+PYTHONPATH="$REPO/python" "$PY" - "$receipt" <<'EOF' || fail "the example's digests differ from canary_harness.receipts.digest"
 import sys
 import h5py, numpy as np
-from canary_harness.digest import batch_hash, sketch, tensor_hash
+from canary_harness.receipts.digest import batch_hash, sketch, tensor_hash
 with h5py.File(sys.argv[1], "r") as f:
     m = f["manifest"].attrs
     assert m["complete"] == 1 and m["budget_features"] == b"", dict(m)

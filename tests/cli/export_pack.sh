@@ -19,7 +19,7 @@ check_pack() {  # check_pack CANARY STEPS SEED
   PYTHONPATH="$REPO/python" "$PY" - "$pack" "$receipt" "$steps" "$seed" <<'EOF' || fail "pack $canary seed $3 differs from its run"
 import json, sys
 import h5py, numpy as np
-from canary_harness.digest import batch_hash
+from canary_harness.receipts.digest import batch_hash
 pack_path, receipt_path, steps, seed = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 problems = []
 with h5py.File(pack_path, "r") as pack, h5py.File(receipt_path, "r") as receipt:

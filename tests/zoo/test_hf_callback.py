@@ -148,7 +148,7 @@ def test_gradient_accumulation_is_recorded_per_optimizer_step(tmp_path: Path) ->
     from transformers import Trainer, TrainingArguments
 
     from canary_harness.canary import load_canary
-    from canary_harness.digest import batch_tree_hash
+    from canary_harness.receipts.digest import batch_tree_hash
     from canary_harness.hf import ReceiptCallback
 
     sys.path.insert(0, str(ZOO))

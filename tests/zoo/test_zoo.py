@@ -141,7 +141,7 @@ def test_the_stack_line_names_transformers_and_the_attention_that_ran(member: Me
 def test_eager_attention_is_told_apart_from_sdpa() -> None:
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from canary_harness.stack import attention_implementations
+    from canary_harness.receipts.stack import attention_implementations
 
     for implementation in ("eager", "sdpa"):
         model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, attn_implementation=implementation))

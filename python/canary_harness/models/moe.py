@@ -35,7 +35,7 @@ import torch.nn.functional as F
 import xxhash
 
 from ..architectures import Architecture
-from ..receipt import StepState
+from ..receipts.receipt import StepState
 from .gpt2 import lr_at  # the schedule is gpt2's: docs/canary.md
 from .llama import LlamaConfig, Attention, Block, Residual, RMSNorm, SwiGLU, Llama, LAYER_OPS
 from .module import random_parameters

@@ -2,7 +2,7 @@
 
 The shared library that the C++ build makes (harness/receipt/digest_c_api.h) computes the
 receipt's hashes and sketches with the very code the C++ recorder records with: the same
-bits as canary_harness.digest, several times faster, and with the GIL released while it
+bits as canary_harness.receipts.digest, several times faster, and with the GIL released while it
 runs (ctypes drops it around every foreign call). The package works without it; where it is
 found, digest.DigestPlan (what the Recorder digests each step with) uses it.
 
@@ -148,7 +148,7 @@ class NativeDigest:
                            and projection[i].tobytes() == python[i].projection.tobytes())
             if hashes[i] != expected or not same_sketch:
                 raise NativeDigestError(f"{self.path}: digests a {a.size}-element probe tensor differently from "
-                                        "canary_harness.digest (a library of another release or build?)")
+                                        "canary_harness.receipts.digest (a library of another release or build?)")
 
 
 def library_candidates(file_name: str, soname: str) -> List[str]:
@@ -178,9 +178,10 @@ def _beside_harness(executable: str, file_name: str) -> List[str]:
 
 
 def _in_package(file_name: str) -> List[str]:
-    """`file_name` in each directory of this package: an installed wheel's one, or, in an
+    """`file_name` in each directory of the package (canary_harness, where the build installs
+    the libraries; this module lies in one of its rooms): an installed wheel's one, or, in an
     editable install, the one its built files went to beside the sources."""
-    package = sys.modules.get(__package__ or "")
+    package = sys.modules.get((__package__ or "").partition(".")[0])
     return [os.path.join(directory, file_name) for directory in getattr(package, "__path__", [])]
 
 

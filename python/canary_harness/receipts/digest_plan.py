@@ -1,6 +1,6 @@
 """One digest call a step: DigestPlan, the hashes of a fixed list of tensors and the sketches
-of the flagged ones, on the harness's digest library (canary_harness.native) where it is
-found and on canary_harness.digest's Python code otherwise, the same bits either way.
+of the flagged ones, on the harness's digest library (canary_harness.receipts.native) where it is
+found and on canary_harness.receipts.digest's Python code otherwise, the same bits either way.
 
 Its own module so that the imports run one way: digest (pure Python) <- native (the
 library, checked against digest) <- digest_plan (which picks one of the two).
@@ -32,10 +32,10 @@ class DigestPlan:
     step: what a recorder does (every tensor of params, grads, adam_m and adam_v hashed;
     params and grads sketched).
 
-    It runs on the harness's digest library where canary_harness.native finds one (the C++
+    It runs on the harness's digest library where canary_harness.receipts.native finds one (the C++
     recorder's own code: several times faster, and the GIL is released while it runs), and
     on SketchLayout and xxhash otherwise: the same bits either way (python/tests/test_native.py).
-    `native`: None chooses as CANARY_HARNESS_DIGEST says (canary_harness.native); False
+    `native`: None chooses as CANARY_HARNESS_DIGEST says (canary_harness.receipts.native); False
     forces Python; True requires the library (NativeDigestError without one).
     `implementation` says which one runs ("python" or the library's path).
     """
