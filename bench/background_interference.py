@@ -50,7 +50,7 @@ def main() -> int:
 
     import torch
 
-    from canary_harness.canary import load_canary
+    from canary_harness.runs.canary import load_canary
 
     torch.set_num_threads(1)
     canary = load_canary(args.canary).canary

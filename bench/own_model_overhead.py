@@ -3,7 +3,7 @@
 small GPT (examples/own-model/canary.py) trained twice side by side in this process, from
 the same seed, in blocks of --block steps that take turns so that both see the same
 machine load: a block bare (the team's own loop: batch(i), then step(model, optimizer,
-batch, i)), a block through the harness's runner (canary_harness.runner.ReceiptRun, as
+batch, i)), a block through the harness's runner (canary_harness.runs.runner.ReceiptRun, as
 `run` records: the batch hashed and checked, the digests taken at the end of
 optimizer.step(), each row handed to the background writer that appends it to a
 receipt), timed until its last row is written, so that no recording work runs during a
@@ -49,7 +49,7 @@ os.environ.setdefault("HARNESS_BIN", os.path.join(ROOT, "build", "bin", "harness
 def pack_lane_canary(path: str):
     """The PyTorch lane's canary of a pack, as `python3 -m canary_harness.lane` runs it (fp32, CPU)."""
     from canary_harness.lane import architecture_module, load_pack, pack_canary
-    from canary_harness.optim import CanaryAdamW
+    from canary_harness.runs.optim import CanaryAdamW
 
     pack = load_pack(path)
     architecture = architecture_module(pack)
@@ -89,7 +89,7 @@ def measure(args: argparse.Namespace, bare: Any, recorded: Dict[str, Any], work:
     import torch
 
     from canary_harness.receipts.receipt_native import ENV
-    from canary_harness.runner import ReceiptRun, RunOptions
+    from canary_harness.runs.runner import ReceiptRun, RunOptions
 
     steps = bare.canary.steps
     blocks = (args.warmup + args.rounds + args.block - 1) // args.block
@@ -169,7 +169,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     import torch
 
-    from canary_harness.canary import load_canary
+    from canary_harness.runs.canary import load_canary
     from canary_harness.receipts.digest_plan import DigestPlan
 
     torch.set_num_threads(args.threads)

@@ -63,7 +63,7 @@ from canary_harness.receipts.digest_plan import DigestPlan  # noqa: E402
 from canary_harness.receipts.native import NativeDigestError  # noqa: E402
 from canary_harness.lane import train_step  # noqa: E402
 from canary_harness.models import gpt2  # noqa: E402
-from canary_harness.optim import CanaryAdamW  # noqa: E402
+from canary_harness.runs.optim import CanaryAdamW  # noqa: E402
 from canary_harness.pack import read_pack  # noqa: E402
 from tiny_pack import export_tiny_pack  # noqa: E402
 from canary_harness.receipts.philox import stream_id  # noqa: E402

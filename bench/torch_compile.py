@@ -4,7 +4,7 @@ the harness's cpu-ref beside them, in one run (docs/python.md, "Compiled steps")
 
 - cpu-ref: `harness run --canary C --threads T`, its own "ms/step (recording included)";
 - eager and compiled: the lane's canary (the pack's model, schedule and AdamW) run through
-  the harness's runner with recording (canary_harness.runner.ReceiptRun), two copies in
+  the harness's runner with recording (canary_harness.runs.runner.ReceiptRun), two copies in
   this process taking turns step by step so that both see the same machine load. The
   compiled copy's first step holds the compilation (forward and backward, Inductor's C++
   kernels built with the system compiler): reported as the compile time, less the
@@ -55,7 +55,7 @@ def main() -> int:
 
     import torch
 
-    from canary_harness.runner import ReceiptRun, RunOptions
+    from canary_harness.runs.runner import ReceiptRun, RunOptions
     from own_model_overhead import pack_lane_canary
 
     harness = os.environ["HARNESS_BIN"]

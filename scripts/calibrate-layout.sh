@@ -82,7 +82,7 @@ run_argv() {
 run_probe() {
   case $1 in
     compile) echo 'import torch; print(int(hasattr(torch, "compile")))' ;;
-    fsdp) echo 'from canary_harness.distributed import fsdp_available; print(int(fsdp_available()))' ;;
+    fsdp) echo 'from canary_harness.runs.distributed import fsdp_available; print(int(fsdp_available()))' ;;
     xla) echo 'import importlib.util as u; print(int(u.find_spec("torch_xla") is not None))' ;;
     jax | jax-bf16) echo 'import importlib.util as u; print(int(u.find_spec("jax") is not None))' ;;
     *) echo 'import torch; print(1)' ;;

@@ -7,7 +7,7 @@
 //
 // Element i of parameter NAME moves up when bit 0 of philox_at(SEED, stream_id("perturb/"
 // NAME), i)'s first word is 1, down when it is 0: a pure function of seed, name and index,
-// bit for bit the same in the Python package (canary_harness/perturb.py), no libm.
+// bit for bit the same in the Python package (canary_harness/runs/perturb.py), no libm.
 #pragma once
 
 #include <cstdint>

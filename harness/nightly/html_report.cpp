@@ -594,7 +594,7 @@ void history_section(pugi::xml_node body, const json& summary) {
 }
 
 // The recipe of a receipt (its manifest's run_options) as a `harness run` command line.
-// A Python canary's recipe (canary_harness.runner.manifest_for): the interpreter it ran under
+// A Python canary's recipe (canary_harness.runs.runner.manifest_for): the interpreter it ran under
 // is part of it, and it names FILE.py:NAME; a harness engine's names its engine.
 bool is_python_recipe(const json& recipe) { return recipe.contains("python") && !recipe.contains("engine"); }
 // A harness engine's recipe (run::replay_recipe): it names its engine and canary.

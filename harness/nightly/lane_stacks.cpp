@@ -10,7 +10,7 @@ namespace harness::nightly {
 namespace {
 
 // The name a PyTorch lane adds to its base: the device where it is not the CPU, bf16,
-// compile, the distributed layout (canary_harness.runner.lane_features writes the same).
+// compile, the distributed layout (canary_harness.runs.runner.lane_features writes the same).
 std::vector<StackPart> torch_name_parts() {
   return {{"+{device}", {{"device", "*"}}, {{"device", "cpu"}}},
           {"+bf16", {{"precision", "bf16"}}, {}},

@@ -50,7 +50,7 @@ struct LaneStack {
   // the value holds); the job's placeholders stay for the job (kJobPlaceholders).
   std::vector<StackPart> arguments;
   // The flag its command takes an injected regression with (`harness power`'s ladder,
-  // python/canary_harness/regressions.py), followed by the regression's text; "" for none.
+  // python/canary_harness/runs/regressions.py), followed by the regression's text; "" for none.
   std::string fault_flag;
   // The flag its command takes the job's thread count with (`harness nightly --threads`),
   // where the lane does not pin its own; "" for none.

@@ -615,7 +615,7 @@ class Parser {
   // A lane of a Python canary's matrix: engine = "torch" with device, precision, threads
   // (default 1: torch's CPU bits depend on it, so the lane pins it), python (another
   // interpreter, named in the lane as @RELEASE) and compile. Its lane name and budget
-  // features are the run's own (canary_harness.runner):
+  // features are the run's own (canary_harness.runs.runner):
   // NAME/torch[@RELEASE][+DEVICE][+bf16][+compile], torch-DEVICE (not cpu), torch-bf16 and
   // torch-compile; the fp32 CPU lane is the canary's bitwise reference.
   LaneSpec python_canary_lane(const Matrix& m, const toml::table& t, LaneSpec spec, const std::string& at,

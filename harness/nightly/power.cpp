@@ -111,7 +111,7 @@ class LaneRunner {
   }
 
   check::ReceiptData run(const LaneSpec& spec, const std::string& name, const std::optional<FaultSpec>& fault) const {
-    if (spec.external()) {  // its command with its stack's fault flag and TEXT (python/canary_harness/regressions.py)
+    if (spec.external()) {  // its command with its stack's fault flag and TEXT (python/canary_harness/runs/regressions.py)
       LaneSpec faulted = spec;
       if (fault) faulted.command.insert(faulted.command.end(), {spec.fault_flag, fault->to_string()});
       nightly::run_lane(matrix_, faulted, work_.file(name), {}, threads_);

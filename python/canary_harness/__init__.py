@@ -5,12 +5,12 @@ bit, in the same HDF5 receipt format (docs/receipt-schema.md), written by the ha
 own writer library (receipt_native; an installed package carries it). numpy, h5py and
 xxhash besides; torch tensors are accepted when torch is installed, never imported here. Canary
 packs: canary_harness.pack (no torch). With torch: canary_harness.torch.Recorder (any
-PyTorch loop), canary_harness.models.gpt2 (the PyTorch canary), canary_harness.optim
+PyTorch loop), canary_harness.models.gpt2 (the PyTorch canary), canary_harness.runs.optim
 (its XLA-safe AdamW), `python3 -m canary_harness.lane` (the PyTorch canary lane) and
 `python3 -m canary_harness run FILE.py:NAME` (a team's own model as a canary: Canary).
 """
 
-from .canary import Canary, CanaryError, output_of
+from .runs.canary import Canary, CanaryError, output_of
 from .receipts.digest import Sketch, as_float32, batch_hash, sketch, sketch_with_salt, tensor_hash
 from .receipts.philox import philox_at, stream_id
 from .receipts.receipt import ReceiptError, ReceiptReader, ReceiptWriter

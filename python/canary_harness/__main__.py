@@ -13,7 +13,7 @@ whose canary imports a module this interpreter lacks writes {"error": {"kind":
 The harness seeds, places the model and batches on --device, runs each step (under bf16
 autocast for --precision bf16), and records the receipt that `harness check`, `compare`
 and `golden` judge like any lane's. `--layout ddp|fsdp --nproc N` trains on N processes
-over gloo into one receipt (canary_harness.distributed).
+over gloo into one receipt (canary_harness.runs.distributed).
 
 Exit status: 0 the run finished; 2 bad usage or bad input, one line on stderr and no file
 (a canary that cannot be loaded or breaks its contract: a batch that differs between two
@@ -27,12 +27,12 @@ import argparse
 import sys
 from typing import List, NoReturn, Optional
 
-from .canary import CanaryError, CanaryImportError, load_canary
+from .runs.canary import CanaryError, CanaryImportError, load_canary
 from .invariance import run as run_invariance
 from .lane_args import (MAX_THREADS, add_device_arguments, add_layout_arguments, add_versioned_argument, check_out,
                         device_of, trace_problem)
 from .receipts.receipt import ReceiptError
-from .regressions import linear_weights
+from .runs.regressions import linear_weights
 from .usage import UsageError, count_flag
 
 PROG = "canary_harness"
@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from .distributed import fsdp_available, launch, rank_from_env
+    from .runs.distributed import fsdp_available, launch, rank_from_env
 
     if args.layout == "fsdp" and not fsdp_available():
         raise UsageError(f"--layout fsdp: torch {torch.__version__} has no FSDP2 (fully_shard: torch 2.6 on); run it "
@@ -176,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
     if args.layout and rank is None:
         return launch(args.argv, nproc, args.out, args.layout)
     if rank is not None:
-        from .distributed import join, leave
+        from .runs.distributed import join, leave
 
         join(rank)
         try:
@@ -188,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _layout_processes(args: argparse.Namespace) -> int:
     """--layout and --nproc checked, with what a layout cannot be run with: the process count."""
-    from .distributed import layout_processes
+    from .runs.distributed import layout_processes
 
     return layout_processes(args.layout, args.nproc, {
         "--device": args.device != "cpu", "--checkpoint-every": args.checkpoint_every is not None,
@@ -198,7 +198,7 @@ def _layout_processes(args: argparse.Namespace) -> int:
 def _run_canary(args: argparse.Namespace, torch, threads: int, seed: Optional[int], perturb: Optional[int],
                 rank) -> int:
     """`run` in this process: the whole run, or one rank of a distributed one."""
-    from .runner import RunOptions, parse_canary_fault, print_summary, run_canary
+    from .runs.runner import RunOptions, parse_canary_fault, print_summary, run_canary
 
     device = device_of(args.device, args.compile_cache)
     torch.set_num_threads(threads)  # before NAME(): the model's init runs on these threads too
@@ -230,8 +230,8 @@ def _run_canary(args: argparse.Namespace, torch, threads: int, seed: Optional[in
 def replay(args: argparse.Namespace) -> int:
     import json
 
-    from .replay import replay as replay_receipt
-    from .replay import to_json, to_text
+    from .runs.replay import replay as replay_receipt
+    from .runs.replay import to_json, to_text
 
     problem = trace_problem(args.trace, ("none", "aten"))
     if problem:
@@ -250,8 +250,8 @@ def replay(args: argparse.Namespace) -> int:
 
 
 def rerun(args: argparse.Namespace) -> int:
-    from .replay import rerun as rerun_receipt
-    from .runner import print_summary
+    from .runs.replay import rerun as rerun_receipt
+    from .runs.runner import print_summary
 
     perturb = count_flag("perturb-init", args.perturb_init, 0, 2**63 - 1)
     modules = _modules(args.autocast_off)
@@ -262,7 +262,7 @@ def rerun(args: argparse.Namespace) -> int:
 
 def _modules(text: Optional[str]) -> List[str]:
     """--autocast-off's module paths (UsageError for a malformed list)."""
-    from .precision import parse_modules
+    from .runs.precision import parse_modules
 
     try:
         return parse_modules(text)
@@ -274,7 +274,7 @@ def units(args: argparse.Namespace) -> int:
     import contextlib
     import json
 
-    from .replay import precision_switches
+    from .runs.replay import precision_switches
 
     check_json_out(args.json_out)
     if args.json_out is not None:  # stdout is the canary's own

@@ -69,8 +69,8 @@ from typing import Any, Callable, Dict, Iterable, List, NoReturn, Optional, Sequ
 import xxhash
 
 from . import xla_audit
-from .canary import Canary, CanaryError, load_canary
-from .devices import place_on_device, to_device  # torch-free at import
+from .runs.canary import Canary, CanaryError, load_canary
+from .runs.devices import place_on_device, to_device  # torch-free at import
 
 PROG = "canary_harness.audit"
 FINDING_KINDS = ("host_read", "varying_constant", "graph_change", "dynamic_shape")

@@ -61,10 +61,10 @@ except ImportError as _missing:  # one line naming what to install
 
 from .receipts.budget_features import format_features, parse_features
 from .lane_stacks import budget_features as stack_budget_features, lane_name as stack_lane_name, stack_options
-from .canary import canonical_json
+from .runs.canary import canonical_json
 from .receipts.digest import batch_tree_hash
 from .receipts.receipt import ReceiptWriter
-from .recording import MomentSource, StepDigest
+from .runs.recording import MomentSource, StepDigest
 from .receipts import stack as stack_info
 
 # Keywords the Trainer adds to the model's call that are not the batch's (its loss scaling).

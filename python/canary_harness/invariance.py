@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple
 
 import numpy as np
 
-from .canary import call_model, load_canary
+from .runs.canary import call_model, load_canary
 from .lane_args import MAX_THREADS, add_device_arguments, check_device_name, device_of
 from .lane_stacks import lane_name, stack_options
 from .pack_step import architecture_module, load_pack

@@ -41,10 +41,10 @@ from typing import Any, Dict, List, NamedTuple, NoReturn, Optional, Sequence, Tu
 
 import numpy as np
 
-from .architectures import architecture_of, described, model_of
+from .runs.architectures import architecture_of, described, model_of
 from .receipts.budget_features import format_features
 from .receipts.digest import batch_hash
-from .faults import FaultSpec
+from .runs.faults import FaultSpec
 from .lane_args import check_out, parse_lane_fault
 from .lane_stacks import budget_features as stack_budget_features, lane_name, stack_options
 from .models.table import is_decayed
@@ -325,7 +325,7 @@ def make_eval(cfg: Any, precision: str, loss_fn: Any = gpt2_loss):
 
 
 class LaneRegression:
-    """A regression of `harness power` (a canary_harness.regressions.RegressionSpec, or None
+    """A regression of `harness power` (a canary_harness.runs.regressions.RegressionSpec, or None
     for none) in the JAX lane, each kind as the C++ canary injects it (canaries/canary.cpp):
     weight-ulps on the tensor's first initial value, eps-scale in AdamW's eps (fp32 of eps x F),
     lr-scale in the rate of every step from K (fp32 of lr x (1 + E); 1 - lr*wd follows it),
@@ -557,7 +557,7 @@ def _train(args, pack, arch, layout, mesh_shape, steps) -> int:
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
     from .models.gpt2 import bias_corrections, lr_at  # the schedule and AdamW of every architecture
-    from .recording import StepDigest
+    from .runs.recording import StepDigest
 
     if args.compile_cache is not None:
         try:

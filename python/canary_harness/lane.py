@@ -4,9 +4,9 @@ Trains the canary of a pack (`harness export`) from the pack's own initial param
 batches with the package's PyTorch model of the canary's architecture (the canary JSON's
 `architecture` key: gpt2, canary_harness.models.gpt2, where the key is absent; llama,
 canary_harness.models.llama), the canary's exact
-schedule, clipping and AdamW in the XLA-safe pattern (canary_harness.optim), on CPU, CUDA
+schedule, clipping and AdamW in the XLA-safe pattern (canary_harness.runs.optim), on CPU, CUDA
 or an XLA device, in fp32 or under bf16 autocast. The pack's canary runs through the
-runner that runs a team's Python canaries (canary_harness.runner: one loop, one digest
+runner that runs a team's Python canaries (canary_harness.runs.runner: one loop, one digest
 path), into a receipt that the C++ harness judges like its own:
 
     engine          torch
@@ -35,14 +35,14 @@ import sys
 from typing import Any, List, NoReturn, Optional, Union
 
 from .receipts.budget_features import format_features
-from .faults import FaultSpec
+from .runs.faults import FaultSpec
 from .lane_args import (MAX_THREADS, add_device_arguments, add_layout_arguments, add_versioned_argument,
                         check_device_name, check_out, device_of, parse_lane_fault, trace_problem)
 from .lane_stacks import budget_features as stack_budget_features, lane_name as stack_lane_name, stack_options
 from .pack import PackError
 from .pack_step import architecture_module, load_pack, pack_canary
 from .receipts.receipt import ReceiptReader
-from .regressions import RegressionSpec
+from .runs.regressions import RegressionSpec
 from .usage import UsageError, count_flag
 
 PROG = "canary_harness.lane"
@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     steps = count_flag("steps", args.steps, 1, pack.steps) if args.steps is not None else pack.steps
     if steps is None or steps < 1:
         raise UsageError(f"--steps: '{args.steps}' is not a number in 1..{pack.steps} (the pack's batches)")
-    from .distributed import fsdp_available, launch, layout_processes, rank_from_env
+    from .runs.distributed import fsdp_available, launch, layout_processes, rank_from_env
 
     nproc = layout_processes(args.layout, args.nproc, {"--device": device_name != "cpu", "--trace": args.trace != "none",
                                                        "--compile": args.compile, "--audit": args.audit})
@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         return launch(args.argv, nproc, args.out, args.layout, module="canary_harness.lane")
     if rank is None:
         return _run_lane(args, pack, steps, threads, None)
-    from .distributed import join, leave
+    from .runs.distributed import join, leave
 
     join(rank)
     try:
@@ -166,8 +166,8 @@ def _run_lane(args: argparse.Namespace, pack: Any, steps: int, threads: int, ran
     if args.deterministic:
         torch.use_deterministic_algorithms(True)
 
-    from .optim import CanaryAdamW
-    from .runner import RunOptions, run_canary
+    from .runs.optim import CanaryAdamW
+    from .runs.runner import RunOptions, run_canary
 
     model = model_module.model_class(cfg, pack.init, device=device)
     loaded = pack_canary(pack, model_module, cfg, model, CanaryAdamW(model.named_parameters(), cfg), steps)
@@ -208,7 +208,7 @@ def lane_manifest(args: argparse.Namespace, pack: Any, steps: int, threads: int,
     seed, the lane's features and budget, and the recipe `harness replay` runs again."""
     import torch
 
-    from .runner import lane_features, torch_release
+    from .runs.runner import lane_features, torch_release
 
     run_options = {"pack": os.path.basename(pack.path), "device": args.device, "precision": args.precision,
                    "steps": steps, "inject_fault": str(fault) if fault else None,

@@ -8,15 +8,15 @@ from __future__ import annotations
 import os
 from typing import Any, List, Optional, Tuple
 
-from .faults import parse_fault
-from .regressions import is_regression, parse_regression
+from .runs.faults import parse_fault
+from .runs.regressions import is_regression, parse_regression
 from .usage import UsageError, all_digits
 
 # torch CPU threads: 1..MAX_THREADS, the harness's bound (run::kMaxThreads); a torch lane
 # pins a count (its CPU kernels' bits depend on it), so there is no "0 = all cores".
 MAX_THREADS = 1024
 # What a run records beside its metrics: the harness's levels (run::TraceLevel); a replay
-# takes "aten" instead of "ops" (canary_harness.replay).
+# takes "aten" instead of "ops" (canary_harness.runs.replay).
 TRACE_LEVELS = ("none", "ops")
 
 

@@ -30,7 +30,7 @@ import h5py
 import numpy as np
 
 from .models.config import SIZE_RANGES, check_sizes
-from .architectures import ARCHITECTURES, architecture_of, canary_tensor_table
+from .runs.architectures import ARCHITECTURES, architecture_of, canary_tensor_table
 from .receipts.receipt import HDF5_READ_ERRORS, ReceiptError, hdf5_message, read_failure, unstored
 
 PACK_VERSION = 1

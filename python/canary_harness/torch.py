@@ -70,7 +70,7 @@ from .receipts.digest import batch_hash
 from .receipts.digest_plan import DigestRows
 from .models.config import canary_object
 from .receipts.receipt import PathLike, ReceiptError, ReceiptWriter
-from .recording import MomentSource, Overlap, StepDigest, host_float, host_float32
+from .runs.recording import MomentSource, Overlap, StepDigest, host_float, host_float32
 from .receipts.schema import HASH_FAMILIES
 from .receipts.stack import StackInfo
 from .trace import StepTraces, TraceError

@@ -57,7 +57,7 @@ import torch
 from .receipts.digest_plan import DigestPlan
 from .receipts.philox import stream_id
 from .receipts.receipt import TraceColumn
-from .recording import host_float32
+from .runs.recording import host_float32
 
 Site = Tuple[str, int, str, str, str]  # op, layer, phase, tensor, kind
 OpNames = Union[Mapping[str, str], Callable[[str], str], None]

@@ -19,7 +19,7 @@ import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from canary_harness.aten_trace import ALLOCATION_OPS, AtenStep, AtenTracer
-from canary_harness.canary import load_canary
+from canary_harness.runs.canary import load_canary
 
 from test_python_canary import PACKAGE_ROOT, run
 

@@ -17,7 +17,7 @@ import torch
 
 import canary_harness
 from canary_harness.audit import AuditError, PythonCanaryStep, audit_step, load_step
-from canary_harness.canary import load_canary
+from canary_harness.runs.canary import load_canary
 
 HERE = Path(__file__).resolve().parent
 SMALL = HERE / "own_canaries" / "small.py"

@@ -1,4 +1,4 @@
-"""Distributed layouts: `run FILE.py:NAME --layout ddp|fsdp --nproc N` (canary_harness.distributed).
+"""Distributed layouts: `run FILE.py:NAME --layout ddp|fsdp --nproc N` (canary_harness.runs.distributed).
 
 Run on each torch the suite runs on: DDP on 1.13 and 2.x; FSDP2 (fully_shard) on 2.x, and
 refused in one line on 1.13 (asserted per version, never skipped)."""
@@ -17,7 +17,7 @@ import pytest
 from conftest import run_harness
 from test_python_canary import PACKAGE_ROOT, SMALL, manifest, run, series
 
-from canary_harness.distributed import fsdp_available
+from canary_harness.runs.distributed import fsdp_available
 
 HAS_FSDP = fsdp_available()
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from canary_harness.canary import load_canary
+from canary_harness.runs.canary import load_canary
 from canary_harness.invariance import batch_rows, check_batch_invariance, check_canary_invariance, main, position_of
 from canary_harness.pack_step import architecture_module, load_pack
 

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-from canary_harness.distributed import fsdp_available
+from canary_harness.runs.distributed import fsdp_available
 from canary_harness import ReceiptReader
 from canary_harness.pack_step import train_step
 from canary_harness.models import gpt2
-from canary_harness.optim import CanaryAdamW
+from canary_harness.runs.optim import CanaryAdamW
 from canary_harness.pack import read_pack
 
 from conftest import export_pack, run_harness, run_module
@@ -85,7 +85,7 @@ def test_compiled_lane_is_within_torch_compile_of_cpu_ref(runs: dict, harness_bi
 
 
 def test_inductor_keeps_each_aten_isa_in_a_cache_of_its_own(tmp_path: Path):
-    from canary_harness.runner import inductor_cache_of_the_aten_isa
+    from canary_harness.runs.runner import inductor_cache_of_the_aten_isa
 
     assert inductor_cache_of_the_aten_isa({"TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}) == {}  # a native run: as it was
     theirs = {"ATEN_CPU_CAPABILITY": "avx2", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
@@ -204,7 +204,7 @@ def test_an_injected_fault_moves_its_step_and_not_before(runs: dict):
 def test_the_lane_step_reads_nothing_on_the_host(micro_pack: Path, precision: str, fault):
     """The XLA-safe step: forward, backward, norm, clip and AdamW with no .item(), float(),
     bool() or .cpu() of a tensor, fault hook and autocast included."""
-    from canary_harness.faults import _NudgeFirst, parse_fault
+    from canary_harness.runs.faults import _NudgeFirst, parse_fault
     pack = read_pack(micro_pack)
     cfg = gpt2.CanaryConfig.from_json(pack.canary_json)
     model = gpt2.GPT2(cfg, pack.init)
@@ -225,7 +225,7 @@ def test_the_lane_step_reads_nothing_on_the_host(micro_pack: Path, precision: st
 
 
 def test_nudge_moves_element_zero_by_ulps_like_the_cpp():
-    from canary_harness.faults import _NudgeFirst
+    from canary_harness.runs.faults import _NudgeFirst
     x = torch.tensor([1.0, -2.0, 3.0], requires_grad=True)
     on, off = torch.ones((), dtype=torch.bool), torch.zeros((), dtype=torch.bool)
     y = _NudgeFirst.apply(x, on, 2)
@@ -245,7 +245,7 @@ def test_nudge_moves_element_zero_by_ulps_like_the_cpp():
 def test_nudge_by_many_ulps_is_repeated_nextafter_in_one_step(dtype):
     """The nudge adds ulps through the bit pattern (it looped nextafter ulps times, so
     ulps=2000000000 hung): the same values as repeated nextafter, across zero and up to +inf."""
-    from canary_harness.faults import _NudgeFirst
+    from canary_harness.runs.faults import _NudgeFirst
     fi = torch.finfo(dtype)
     sub = torch.nextafter(torch.zeros(3, dtype=dtype), torch.ones(3, dtype=dtype))  # the smallest subnormal
     starts = [0.0, -0.0, 1.0, -1.0, fi.tiny, -fi.tiny, fi.max, -fi.max, float("inf"), -float("inf"), -sub[0].item(),

@@ -14,10 +14,10 @@ import torch
 
 from canary_harness import ReceiptReader, tensor_hash
 from canary_harness.receipts.digest import sketch
-from canary_harness.faults import _NudgeFirst
+from canary_harness.runs.faults import _NudgeFirst
 from canary_harness.pack_step import train_step
 from canary_harness.models import gpt2
-from canary_harness.optim import CanaryAdamW
+from canary_harness.runs.optim import CanaryAdamW
 from canary_harness.pack import read_pack
 from canary_harness.receipts.receipt import ReceiptWriter, TraceColumn
 from canary_harness.torch import Recorder, RecorderError

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from canary_harness import ReceiptReader
-from canary_harness.architectures import ARCHITECTURES, model_of
+from canary_harness.runs.architectures import ARCHITECTURES, model_of
 from canary_harness.pack_step import CanaryStep, architecture_module, load_pack, train_step
 from canary_harness.models import gpt2, llama
 from canary_harness.pack import PackError
@@ -193,7 +193,7 @@ def test_the_lane_dispatches_on_the_architecture_key(runs: dict, micro_pack: Pat
 
 
 def test_the_package_runs_the_architectures_the_harness_has(harness_bin: Path, tmp_path: Path):
-    """canary_harness.architectures lists the harness's architectures (canaries/architecture.h), in its order."""
+    """canary_harness.runs.architectures lists the harness's architectures (canaries/architecture.h), in its order."""
     toml = small_toml(tmp_path / "other.toml")
     toml.write_text(re.sub(r'architecture = "llama"', 'architecture = "zzz"', toml.read_text()))
     result = subprocess.run([str(harness_bin), "run", "--canary", str(toml), "--out", str(tmp_path / "x.h5")],

@@ -1,4 +1,4 @@
-"""One-ulp perturbations of initial weights (canary_harness.perturb, `run --perturb-init`,
+"""One-ulp perturbations of initial weights (canary_harness.runs.perturb, `run --perturb-init`,
 `rerun`) and perturbation calibration (`harness calibrate --perturb N`) of a Python canary:
 the ulp step against nextafter on every bf16 value and a million fp32 ones, bit for bit the
 C++ rule (engines/numerics/perturbation.h), recorded and replayed, and a budget proposed
@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from canary_harness.faults import ulps_up
-from canary_harness.perturb import directions_up, one_ulp_step
+from canary_harness.runs.faults import ulps_up
+from canary_harness.runs.perturb import directions_up, one_ulp_step
 from conftest import run_harness
 from test_python_canary import PACKAGE_ROOT, SMALL, run
 

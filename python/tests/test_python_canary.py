@@ -1,4 +1,4 @@
-"""Python canaries: `python3 -m canary_harness run FILE.py:NAME` (canary_harness.canary, .runner)."""
+"""Python canaries: `python3 -m canary_harness run FILE.py:NAME` (canary_harness.runs.canary, .runner)."""
 
 from __future__ import annotations
 
@@ -241,7 +241,7 @@ def test_the_example_runs_bitwise_and_learns(tmp_path: Path) -> None:
 def test_the_examples_small_size_is_the_same_gpt_on_fewer_sequences() -> None:
     """examples/own-model/canary.py:small (the cost benchmark's short step): the example's
     model, optimizer and data on 2 sequences a step instead of 8, the same windows first."""
-    from canary_harness.canary import load_canary
+    from canary_harness.runs.canary import load_canary
 
     full, small = load_canary(f"{EXAMPLE}:canary").canary, load_canary(f"{EXAMPLE}:small").canary
     assert (small.config["batch"], full.config["batch"]) == (2, 8)
@@ -292,7 +292,7 @@ def test_adamw_eps_1e8_to_1e7_in_the_example_fails_at_step_0(tmp_path: Path, har
 
 
 def test_the_batch_contract_is_checked_at_the_first_steps_and_every_power_of_two() -> None:
-    from canary_harness.runner import batch_checked_at
+    from canary_harness.runs.runner import batch_checked_at
 
     checked = [i for i in range(1, 5000) if batch_checked_at(i)]
     assert batch_checked_at(0) and checked[:4] == [1, 2, 3, 4]
@@ -304,8 +304,8 @@ def test_a_row_that_cannot_be_written_stops_the_run_and_keeps_the_rows_before_it
     """Rows are appended on a background thread (runner.ReceiptRun): a write that fails at
     step 3 is raised by the run (not lost), no later row is written, and the receipt keeps
     steps 0-2 with complete = 0."""
-    from canary_harness import runner
-    from canary_harness.canary import load_canary
+    from canary_harness.runs import runner
+    from canary_harness.runs.canary import load_canary
 
     append = runner._append_row
 

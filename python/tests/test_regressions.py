@@ -1,4 +1,4 @@
-"""Regressions injected into a Python canary (canary_harness.regressions: harness power's
+"""Regressions injected into a Python canary (canary_harness.runs.regressions: harness power's
 ladders, docs/budgets.md "Detection power"): the text parsed as canaries/fault.cpp parses it
 and written back in its canonical form; each kind moves the run from its step and not
 before; lr-scale scales the team's own schedule without compounding it; a regressed receipt
@@ -16,7 +16,7 @@ import pytest
 from conftest import export_pack, run_module
 from test_python_canary import SMALL, first_difference, manifest, run, series
 
-from canary_harness.regressions import parse_regression
+from canary_harness.runs.regressions import parse_regression
 from canary_harness.usage import UsageError
 
 SCHEDULED = str(Path(__file__).parent / "own_canaries" / "scheduled.py")
@@ -193,7 +193,7 @@ def test_weight_scale_scales_an_fsdp_shard_from_its_step(tmp_path: Path) -> None
     """FSDP2 replaces the parameters with sharded ones: the weight is found by its name at
     the regression's step and scaled shard by shard (it was refused before). Torch 1.13 has
     no FSDP2: its refusal is asserted instead."""
-    from canary_harness.distributed import fsdp_available
+    from canary_harness.runs.distributed import fsdp_available
 
     clean, scaled = tmp_path / "clean.h5", tmp_path / "scaled.h5"
     result = run(f"{SMALL}:canary", "--out", str(clean), "--layout", "fsdp", check=fsdp_available())

@@ -1,4 +1,4 @@
-"""Checkpoints, replay and aten traces of Python canaries (canary_harness.canary_state,
+"""Checkpoints, replay and aten traces of Python canaries (canary_harness.runs.canary_state,
 .replay, .aten_trace), and `harness replay` / `harness bisect` handing them to Python."""
 
 from __future__ import annotations

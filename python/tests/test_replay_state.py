@@ -1,5 +1,5 @@
 """What a Python canary's replay resumes and compares beyond the model and optimizer
-(canary_harness.canary_state, .replay): a canary identity that survives the receipt's JSON,
+(canary_harness.runs.canary_state, .replay): a canary identity that survives the receipt's JSON,
 replay from a checkpoint on every digest path, and the state of the schedules the step
 steps (docs/own-model.md, "Bisect to the aten op" and "State beyond model and optimizer")."""
 
@@ -86,7 +86,7 @@ def test_a_config_whose_keys_collide_in_json_is_refused(tmp_path: Path) -> None:
 
 
 def test_canonical_json_is_what_json_gives_back() -> None:
-    from canary_harness.canary import canonical_json
+    from canary_harness.runs.canary import canonical_json
 
     assert canonical_json({0: "a", "n": (1, 2.5e-5), "d": {3: None}}) == {"0": "a", "n": [1, 2.5e-5], "d": {"3": None}}
     with pytest.raises(ValueError, match="both '1'"):

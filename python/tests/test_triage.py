@@ -1,4 +1,4 @@
-"""Autocast switched off per module (canary_harness.precision, `run --autocast-off`, `units`)
+"""Autocast switched off per module (canary_harness.runs.precision, `run --autocast-off`, `units`)
 and `harness triage` on a Python canary: every unit off is the fp32 run bit for bit, forward
 and backward; the units are the modules whose own code runs in bf16, innermost first; and
 triage names the one module whose bf16 path a canary breaks on purpose (docs/triage.md)."""
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from canary_harness.precision import AutocastOff, UnknownModule, autocast_units
+from canary_harness.runs.precision import AutocastOff, UnknownModule, autocast_units
 from conftest import run_harness
 from test_python_canary import PACKAGE_ROOT, SERIES, manifest, run, series
 

@@ -147,7 +147,7 @@ def test_gradient_accumulation_is_recorded_per_optimizer_step(tmp_path: Path) ->
     the list of the micro-batches the model was called with."""
     from transformers import Trainer, TrainingArguments
 
-    from canary_harness.canary import load_canary
+    from canary_harness.runs.canary import load_canary
     from canary_harness.receipts.digest import batch_tree_hash
     from canary_harness.hf import ReceiptCallback
 

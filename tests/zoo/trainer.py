@@ -35,7 +35,7 @@ from typing import Any, Dict, List, Sequence
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
-from canary_harness.canary import LoadedCanary, load_canary
+from canary_harness.runs.canary import LoadedCanary, load_canary
 from canary_harness.hf import ReceiptCallback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -32,7 +32,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..architectures import Architecture, architecture_of
+from ..runs.architectures import Architecture, architecture_of
 from .module import CanaryModule, Hook, random_parameters
 from .config import canary_object, check_sizes, typed_fields
 from .table import gpt2_tensor_specs, gpt2_tensor_table, is_decayed
@@ -84,7 +84,7 @@ class CanaryConfig:
         architecture = architecture_of(canary)
         if architecture != "gpt2":
             raise ValueError(f"canary architecture '{architecture}' is not this model's (gpt2); "
-                             f"canary_harness.architectures.model_of('{architecture}') gives its model")
+                             f"canary_harness.runs.architectures.model_of('{architecture}') gives its model")
         cfg = cls(**typed_fields(cls, canary))
         check_sizes(canary, ("vocab_size", "context_length", "channels", "layers", "heads", "batch_size", "steps"))
         if cfg.channels % cfg.heads != 0:
@@ -393,7 +393,7 @@ def clip_grads_(grads, norm, cfg):
 
 class AdamW:
     """AdamW exactly as docs/design.md writes it (= PyTorch's AdamW), with host scalars (the
-    twin's optimizer; the lane's XLA-safe one is canary_harness.optim.CanaryAdamW):
+    twin's optimizer; the lane's XLA-safe one is canary_harness.runs.optim.CanaryAdamW):
         p *= 1 - lr*wd                      (2-D tensors only)
         m  = b1 m + (1-b1) g
         v  = b2 v + (1-b2) g^2
@@ -456,5 +456,5 @@ def train_step(params, opt, tokens, step, cfg):
     return loss.item(), norm, lr
 
 
-# What the lane reads of this architecture (canary_harness.architectures, ARCHITECTURES["gpt2"]).
+# What the lane reads of this architecture (canary_harness.runs.architectures, ARCHITECTURES["gpt2"]).
 MODEL = Architecture("gpt2", CanaryConfig, GPT2, forward_op_names, tensor_table, lr_at)

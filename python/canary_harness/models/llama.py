@@ -4,7 +4,7 @@ It follows the llama contract of docs/canary.md ("The llama architecture") and t
 (canaries/architectures/llama/llama.cpp, engines/kernels/llama_kernels.cpp) in names, shapes and op order, and
 shares no code or kernels with them: the forward pass is PyTorch ops (F.embedding,
 F.linear, softmax, F.silu, F.cross_entropy, an RMSNorm written out), the backward pass is
-autograd, and the optimizer step is the same as gpt2's (canary_harness.optim). A pre-norm
+autograd, and the optimizer step is the same as gpt2's (canary_harness.runs.optim). A pre-norm
 decoder with no biases:
 
     x = wte[tok]
@@ -37,7 +37,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .gpt2 import lr_at  # the schedule is gpt2's: docs/canary.md
-from ..architectures import Architecture, architecture_of
+from ..runs.architectures import Architecture, architecture_of
 from .module import CanaryModule, Hook, random_parameters  # noqa: F401  (Hook: the type of forward's hook, re-exported)
 from .config import canary_object, check_sizes, typed_fields
 from .table import llama_tensor_specs, llama_tensor_table
@@ -394,5 +394,5 @@ def reference_loss(params: Mapping[str, torch.Tensor], tokens: torch.Tensor, cfg
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-# What the lane reads of this architecture (canary_harness.architectures, ARCHITECTURES["llama"]).
+# What the lane reads of this architecture (canary_harness.runs.architectures, ARCHITECTURES["llama"]).
 MODEL = Architecture("llama", LlamaConfig, Llama, forward_op_names, tensor_table, lr_at)

@@ -34,7 +34,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import xxhash
 
-from ..architectures import Architecture
+from ..runs.architectures import Architecture
 from ..receipts.receipt import StepState
 from .gpt2 import lr_at  # the schedule is gpt2's: docs/canary.md
 from .llama import LlamaConfig, Attention, Block, Residual, RMSNorm, SwiGLU, Llama, LAYER_OPS
@@ -314,5 +314,5 @@ class Moe(Llama):
         return loss + (balance - balance.detach())  # the LM loss's value, the balance loss's gradient
 
 
-# What the lane reads of this architecture (canary_harness.architectures, ARCHITECTURES["moe"]).
+# What the lane reads of this architecture (canary_harness.runs.architectures, ARCHITECTURES["moe"]).
 MODEL = Architecture("moe", MoeConfig, Moe, forward_op_names, tensor_table, lr_at)

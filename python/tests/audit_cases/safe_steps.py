@@ -1,7 +1,7 @@
 """The same steps as the positive cases, written the XLA-safe way: each audits clean.
 
 - AdamW with its step counter, bias corrections and learning rate in 0-D device tensors,
-  updated in place on the device (the pattern of canary_harness.optim.CanaryAdamW);
+  updated in place on the device (the pattern of canary_harness.runs.optim.CanaryAdamW);
 - the learning rate of a schedule copied into a 0-D device tensor from host data
   (lr_t.copy_(torch.tensor(lr))), never passed to an op as a Python float;
 - the loss returned as a device tensor and read after the step;

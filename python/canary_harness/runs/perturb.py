@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from .canary import CanaryError
-from .receipts.philox import philox_words, stream_id
+from ..receipts.philox import philox_words, stream_id
 
 # Per floating dtype: the integer dtype of its bits.
 _BITS: Dict[torch.dtype, torch.dtype] = {

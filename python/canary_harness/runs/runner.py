@@ -1,5 +1,5 @@
 """The loop that runs a canary and records its receipt: a team's Python canary
-(canary_harness.canary) and the PyTorch lane of a built-in canary (canary_harness.lane,
+(canary_harness.runs.canary) and the PyTorch lane of a built-in canary (canary_harness.lane,
 whose pack makes a canary of the same shape: one loop, one digest path).
 
 The harness owns the loop; the canary's `step` owns the training step:
@@ -25,7 +25,7 @@ The learning rate is the first parameter group's at the update.
 Budget features (docs/budgets.md): the run on the CPU in fp32 is the canary's own
 bitwise reference (""); bf16 autocast declares `torch-bf16`, another device
 `torch-<device>`, --compile `torch-compile`, a distributed layout (one rank of it:
-canary_harness.distributed) `torch-ddp` or `torch-fsdp`. The lane is `<name>/torch`
+canary_harness.runs.distributed) `torch-ddp` or `torch-fsdp`. The lane is `<name>/torch`
 (`<name>/torch@2.9` with --versioned), with `+<device>`, `+bf16`, `+compile` and
 `+ddp`/`+fsdp` as features.
 """
@@ -48,26 +48,26 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional
 import numpy as np
 import torch
 
-from .aten_fault import AtenFault, split_target, target_problem
-from .audit import AuditError, CompileLog
-from .receipts.budget_features import format_features
+from ..aten_fault import AtenFault, split_target, target_problem
+from ..audit import AuditError, CompileLog
+from ..receipts.budget_features import format_features
 from .canary_state import capture_state
 from .faults import nudge_first_result, parse_fault
 from .held_out import HeldOutEval
-from .lane_stacks import budget_features, lane_name, stack_options
+from ..lane_stacks import budget_features, lane_name, stack_options
 from .canary import CanaryError, LoadedCanary
-from .receipts.digest import batch_hash, batch_tree_hash
+from ..receipts.digest import batch_hash, batch_tree_hash
 from .devices import place_on_device, to_device
-from .receipts.digest_plan import DigestRows
+from ..receipts.digest_plan import DigestRows
 from .distributed import mean_over_ranks, shard_batch, shard_model, whole, whole_for_evaluation
 from .perturb import perturb_parameters
 from .precision import AutocastOff, UnknownModule
-from .receipts.receipt import ReceiptReader, ReceiptWriter
+from ..receipts.receipt import ReceiptReader, ReceiptWriter
 from .regressions import RegressionFault, RegressionSpec, is_regression, parse_regression
 from .recording import MomentSource, StepDigest, Worker, host_float, host_float32
-from .receipts.stack import StackInfo, collect_stack_info, git_commit_of, imported_distributions, with_model
-from .trace import StepTraces, TraceError
-from .xla import XlaStepCounters, mark_step
+from ..receipts.stack import StackInfo, collect_stack_info, git_commit_of, imported_distributions, with_model
+from ..trace import StepTraces, TraceError
+from ..xla import XlaStepCounters, mark_step
 
 @dataclass
 class RunOptions:
@@ -140,7 +140,7 @@ class StepCapture:
     """Takes a canary's tensors at the end of each optimizer.step() call (the module docstring).
 
     One StepDigest over every tensor of params, grads, adam_m and adam_v in canonical order
-    (canary_harness.recording: the Recorder's digest path too). When it digests:
+    (canary_harness.runs.recording: the Recorder's digest path too). When it digests:
     - inline, at the end of optimizer.step(): where every tensor is fp32 in CPU memory and
       the digest library reads it in place. No torch op runs and nothing is copied.
     - deferred (anywhere else: another device, the Python digest): at the end of
@@ -566,7 +566,7 @@ def run_canary(loaded: LoadedCanary, options: RunOptions, device: torch.device,
 
 
 class UnrecordedRun:
-    """A rank other than 0 of a distributed run (canary_harness.distributed): the same steps,
+    """A rank other than 0 of a distributed run (canary_harness.runs.distributed): the same steps,
     and so the same collectives (the gathers of the digest included), into no receipt."""
 
     def __init__(self, loaded: LoadedCanary, options: RunOptions, device: torch.device, steps: int) -> None:
@@ -593,7 +593,7 @@ class ReceiptRun:
     """A canary's run into its receipt, one step() at a time: CanaryLoop's steps, each row
     appended on one background thread while the next step trains (recording.Worker: one row
     in flight at most, so a process killed loses that row only), the canary's state every
-    options.checkpoint_every steps (canary_harness.canary_state). `manifest`: the receipt's
+    options.checkpoint_every steps (canary_harness.runs.canary_state). `manifest`: the receipt's
     manifest where the caller makes it (the PyTorch lane of a built-in canary:
     canary_harness.lane), else manifest_for()'s.
 

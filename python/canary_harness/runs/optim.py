@@ -18,8 +18,8 @@ from typing import Iterable, List, Sequence, Tuple
 import numpy as np
 import torch
 
-from .models.gpt2 import CLIP_EPS, CanaryConfig
-from .models.table import is_decayed
+from ..models.gpt2 import CLIP_EPS, CanaryConfig
+from ..models.table import is_decayed
 
 
 def _f32(x: float) -> float:
@@ -61,7 +61,7 @@ class CanaryAdamW(torch.optim.Optimizer):
     canary_harness.torch.Recorder records the moments of this optimizer like any other.
 
     The param groups' "lr" and "eps" are honoured as torch.optim's are, so that what changes
-    them from outside (a regression of `harness power`: canary_harness.regressions) changes
+    them from outside (a regression of `harness power`: canary_harness.runs.regressions) changes
     the update: step() uses each group's eps (rounded to fp32), and a rate written into the
     groups after set_lr() (every group's, the canary's one rate) is copied into the lr
     tensor before the update.

@@ -1,6 +1,6 @@
 """How a PyTorch step's tensors become a receipt row: the one digest path of every PyTorch run.
 
-The runner (canary_harness.runner: Python canaries and the built-in canaries' PyTorch
+The runner (canary_harness.runs.runner: Python canaries and the built-in canaries' PyTorch
 lane) and the Recorder (canary_harness.torch: a team's own loop) both record a step as
 the params after the update, the gradients the update applied and the optimizer's two
 moments, family-major (schema.HASH_FAMILIES), each family the canary's tensors in
@@ -24,11 +24,11 @@ from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Seq
 import numpy as np
 import torch
 
-from .receipts.digest import as_float32
-from .receipts.digest_plan import DigestPlan, DigestRows
-from .receipts.philox import stream_id
-from .receipts.receipt import SketchRows
-from .receipts.schema import HASH_FAMILIES, SKETCH_FAMILIES
+from ..receipts.digest import as_float32
+from ..receipts.digest_plan import DigestPlan, DigestRows
+from ..receipts.philox import stream_id
+from ..receipts.receipt import SketchRows
+from ..receipts.schema import HASH_FAMILIES, SKETCH_FAMILIES
 
 
 def host_float(value: Any) -> float:

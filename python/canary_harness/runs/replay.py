@@ -5,7 +5,7 @@ hand a Python canary's receipt to it; docs/own-model.md, "Bisect to the op").
 The recipe is the receipt's own: run_options names the canary (FILE.py:NAME, absolute),
 device, precision, threads, seed and fault. The canary is loaded again (its tensors must
 be the receipt's), resumed from the checkpoint at or before K (the receipt holds them:
-canary_harness.canary_state), and steps K' .. M are run and compared with the record: the
+canary_harness.runs.canary_state), and steps K' .. M are run and compared with the record: the
 batch hash, loss and gradient norm bit for bit, and the four hash families. Nothing is
 trusted blindly: a checkpoint whose bytes do not hash to the recorded content hash, or
 whose parameters and moments do not hash to the receipt's record of the step before it,
@@ -23,16 +23,16 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from .aten_trace import AtenTracer
+from ..aten_trace import AtenTracer
 from .canary import CanaryError, LoadedCanary, canonical_json, load_canary, stateful_objects
 from .canary_state import restore_state
 from .devices import to_device
 from .precision import autocast_units, switches
-from .receipts.receipt import ReceiptReader
+from ..receipts.receipt import ReceiptReader
 from .runner import CanaryLoop, RunOptions, StepRecord, parse_canary_fault, run_canary
-from .receipts.schema import HASH_FAMILIES
-from .receipts.stack import git_commit_of
-from .xla import xla_device
+from ..receipts.schema import HASH_FAMILIES
+from ..receipts.stack import git_commit_of
+from ..xla import xla_device
 
 # The families a checkpoint holds (what it is verified against): gradients are not state.
 CHECKPOINT_FAMILIES = ("params", "adam_m", "adam_v")

@@ -142,7 +142,7 @@ def _restore_declared(loaded: LoadedCanary, held: Dict[str, Any]) -> List[str]:
     returns the labels loaded. An object the checkpoint holds no state of (it was recorded
     before the declaration) stays as NAME() built it, and state held for an object no longer
     declared is unused: if the step depends on either, the replay differs, and says so where
-    the lr does (canary_harness.replay)."""
+    the lr does (canary_harness.runs.replay)."""
     restored = []
     for label, obj in stateful_objects(loaded.canary).items():
         if label in held:

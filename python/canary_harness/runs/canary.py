@@ -11,7 +11,7 @@
 `load_canary("my_canary.py:canary")` imports the file as a fresh module, seeds torch,
 `random` and numpy from the seed, calls NAME() and checks what it returned: every problem
 is a CanaryError naming the file, the function and the field. The harness owns the loop
-(canary_harness.runner); the model and its step stay as the team wrote them.
+(canary_harness.runs.runner); the model and its step stay as the team wrote them.
 
 This module imports torch only inside load_canary: `import canary_harness` stays torch-free.
 """
@@ -84,7 +84,7 @@ class Canary:
     state:     optional {name: object}: anything else the step uses that keeps state across
                steps. Every one needs state_dict() and load_state_dict(); their state is
                checkpointed and restored with the model's and the optimizer's
-               (canary_harness.canary_state), so that a replay from a checkpoint resumes the
+               (canary_harness.runs.canary_state), so that a replay from a checkpoint resumes the
                schedule where the run was.
     eval_batch: optional held-out inputs (the form batch(i) returns), fixed: every
                `eval_every` steps (default steps // 4) the model's logits on it are recorded

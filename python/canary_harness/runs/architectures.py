@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Tuple
 
-from .models.table import (gpt2_tensor_specs, gpt2_tensor_table, llama_tensor_specs, llama_tensor_table,
+from ..models.table import (gpt2_tensor_specs, gpt2_tensor_table, llama_tensor_specs, llama_tensor_table,
                            moe_tensor_specs, moe_tensor_table)
 
 

@@ -1,0 +1,1 @@
+"""Canaries and their runs: a canary file loaded and checked, the run loop that trains it and records every step, its layouts (devices, DDP, FSDP) and optimizer, its held-out evaluation and replay, and what a run can inject (faults, regressions, perturbations, precision)."""
