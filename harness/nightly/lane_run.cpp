@@ -20,12 +20,19 @@
 #include "python_canary.h"
 #include "registry.h"
 #include "receipt/budget_features.h"
+#include "receipt/hdf5_file.h"
 #include "verdict.h"
 
 namespace harness::nightly {
 namespace {
 
 namespace fs = std::filesystem;
+
+// Whether the receipt at `path` (validated already) holds the group or dataset `group`.
+bool receipt_holds(const std::string& path, const std::string& group) {
+  const h5::Handle file = h5::open_file(path, false);
+  return h5::exists(file, group);
+}
 
 run::RunSummary run_external(const Matrix& matrix, const LaneSpec& spec, const std::string& out, const std::string& partial,
                              const std::string& pack, int threads) {
@@ -60,6 +67,13 @@ run::RunSummary run_external(const Matrix& matrix, const LaneSpec& spec, const s
   if (check::budget_features(receipt) != wanted.as_set()) {
     throw LaneCommandError(fmt::format("{} wrote a receipt that declares budget features '{}'; the matrix declares '{}'",
                                        where, receipt.manifest.at("budget_features"), wanted.to_string()));
+  }
+  for (const std::string& group : spec.records) {
+    if (!receipt_holds(partial, group)) {
+      throw LaneCommandError(fmt::format("{} wrote a receipt without {}, which its lane stack records "
+                                         "(harness/nightly/lane_stacks.cpp, docs/lane-stacks.md)",
+                                         where, group));
+    }
   }
   run::RunSummary summary;
   summary.lane = receipt.lane;

@@ -78,6 +78,10 @@ std::map<std::string, std::vector<std::string>> torch_canary_example_values() {
   return values;
 }
 
+// A torch lane on torch_xla's device records the compiler's own counters (/compile:
+// canary_harness.xla.device.XlaStepCounters).
+StackPart xla_compile_record() { return {"/compile", {{"device", "xla"}}, {}}; }
+
 // Every stack's command takes a regression as `--inject-fault kind=...` (lane_args.py).
 constexpr const char* kFaultFlag = "--inject-fault";
 
@@ -98,6 +102,7 @@ std::vector<LaneStack> make_stacks() {
                     "--threads",  // the job's thread count
                     kPackCanaries,
                     {"device", "precision", "python", "compile", "layout"},
+                    {xla_compile_record()},
                     torch_example_values()});
   // A team's Python canary, judged against its own fp32 eager one-process CPU run: the CPU
   // itself separates nothing.
@@ -113,6 +118,7 @@ std::vector<LaneStack> make_stacks() {
                     "",  // the lane pins its own (--threads {threads}): torch's CPU bits depend on it
                     kPythonCanaries,
                     {"device", "precision", "threads", "python", "compile"},
+                    {xla_compile_record(), {"/trace", {{"trace", "*"}}, {}}},
                     torch_canary_example_values()});
   // A built-in canary in JAX on a mesh of XLA devices: XLA's kernels (jax), bf16 matmul
   // operands (jax-bf16), and on more than one device the mesh's reduction splits, judged
@@ -132,6 +138,7 @@ std::vector<LaneStack> make_stacks() {
                     "",  // XLA's CPU client sizes its own pool
                     kPackCanaries,
                     {"python", "mesh", "shard-plan", "precision"},
+                    {{"/compile", {}, {}}},  // XLA's own counters, every run
                     {{"mesh", {"1x1", "2x2"}}, {"shard_plan", {"dp", "zero3"}}, {"precision", {"fp32", "bf16"}}}});
   return stacks;
 }
@@ -146,6 +153,17 @@ bool holds(const StackCondition& condition, const StackOptions& options) {
 
 bool taken(const StackPart& part, const StackOptions& options) {
   return holds(part.when, options) && (part.unless.empty() || !holds(part.unless, options));
+}
+
+std::string filled(const std::string& text, const StackOptions& options);
+
+// The texts of the parts taken under `options`, filled, in order.
+std::vector<std::string> taken_texts(const std::vector<StackPart>& parts, const StackOptions& options) {
+  std::vector<std::string> texts;
+  for (const StackPart& part : parts) {
+    if (taken(part, options)) texts.push_back(filled(part.text, options));
+  }
+  return texts;
 }
 
 // `text` with each {option} replaced by the option's value ("" when not set); the job's
@@ -203,6 +221,7 @@ nlohmann::json examples_json(const LaneStack& stack) {
     out.push_back({{"options", o},
                    {"lane", stack_lane_name(stack, o)},
                    {"budget_features", stack_budget_features(stack, o)},
+                   {"records", stack_records(stack, o)},
                    {"command", stack_command(stack, o)}});
   }
   return out;
@@ -246,11 +265,11 @@ std::string stack_lane_name(const LaneStack& stack, const StackOptions& options)
 }
 
 std::vector<std::string> stack_budget_features(const LaneStack& stack, const StackOptions& options) {
-  std::vector<std::string> features;
-  for (const StackPart& part : stack.budget_features) {
-    if (taken(part, options)) features.push_back(filled(part.text, options));
-  }
-  return features;
+  return taken_texts(stack.budget_features, options);
+}
+
+std::vector<std::string> stack_records(const LaneStack& stack, const StackOptions& options) {
+  return taken_texts(stack.records, options);
 }
 
 std::vector<std::string> stack_command(const LaneStack& stack, const StackOptions& options) {
@@ -281,6 +300,7 @@ nlohmann::json lane_stacks_json() {
                       {"threads_flag", s.threads_flag},
                       {"canaries", s.canaries},
                       {"lane_keys", s.lane_keys},
+                      {"records", parts_json(s.records)},
                       {"examples", examples_json(s)}});
   }
   return {{"job_placeholders", kJobPlaceholders}, {"lane_stacks", stacks}};

@@ -62,6 +62,12 @@ struct LaneStack {
   // The keys a matrix lane of this stack takes besides id, engine and why (nightly.toml:
   // `device = "cuda"`, `mesh = "2x2"`), each an option its runner in matrix.cpp reads.
   std::vector<std::string> lane_keys;
+  // What its lanes' receipts hold besides the core every receipt has (docs/receipt-schema.md):
+  // each part a group's path ("/compile"), taken under its conditions. The nightly refuses a
+  // lane's receipt that lacks one (lane_run.cpp). What a canary adds of its own (moe's
+  // /routing, the held-out evaluation's /eval at the steps its [eval] names) is the
+  // canary's, not the stack's.
+  std::vector<StackPart> records;
   // Values of each option the export's examples combine (every combination, canary "c"):
   // the lane name, budget features and command this description gives for each, which the
   // Python package's reading of the description must give too.
@@ -83,6 +89,8 @@ std::vector<std::string> lane_stack_engines(std::string_view canaries);
 // The lane's name and budget features under `options`.
 std::string stack_lane_name(const LaneStack& stack, const StackOptions& options);
 std::vector<std::string> stack_budget_features(const LaneStack& stack, const StackOptions& options);
+// The receipt groups its lane writes under `options` (LaneStack::records).
+std::vector<std::string> stack_records(const LaneStack& stack, const StackOptions& options);
 
 // The lane's argv after the interpreter: "-m", the module, then the arguments' words.
 std::vector<std::string> stack_command(const LaneStack& stack, const StackOptions& options);

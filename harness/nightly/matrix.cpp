@@ -52,6 +52,7 @@ void from_stack(const LaneStack& stack, const StackOptions& options, const std::
   for (std::string& word : stack_command(stack, options)) spec.command.push_back(std::move(word));
   spec.fault_flag = stack.fault_flag;
   spec.threads_flag = stack.threads_flag;
+  spec.records = stack_records(stack, options);
 }
 
 class Parser {

@@ -54,6 +54,9 @@ struct LaneSpec {
   // describes it (LaneStack::fault_flag); "" for a command lane, whose program is the team's.
   std::string fault_flag;
   std::string threads_flag;  // LaneStack::threads_flag: how the job's thread count reaches it
+  // The receipt groups its stack records under its options (LaneStack::records), which its
+  // receipt must hold; none for the harness's engines and a team's command lane.
+  std::vector<std::string> records;
   // The ladder can inject into it: a harness engine's lane, or a stack's command that takes a fault.
   bool takes_regressions() const { return !external() || !fault_flag.empty(); }
 };

@@ -85,6 +85,28 @@ python = "../bin/zoo-python"
 TOML
 expect_exit 0 "" -- "$HARNESS" golden status --matrix "$WORK/m/lane.toml" --goldens "$WORK/g"
 
+# A lane whose receipt lacks what its stack records: traced (trace = "ops"), a Python canary's
+# lane writes /trace; this interpreter runs the lane, then drops /trace from its receipt. The
+# nightly names the group and the description: the lane's run error (exit 2), no receipt kept.
+cat >"$WORK/bin/untraced-python" <<SH
+#!/bin/sh
+"$WORK/bin/zoo-python" "\$@" || exit \$?
+out= previous=
+for arg; do [ "\$previous" != --out ] || out=\$arg; previous=\$arg; done  # the receipt, where one is written
+[ -z "\$out" ] || /usr/bin/python3 -c 'import h5py, sys; f = h5py.File(sys.argv[1], "a"); del f["trace"]; f.close()' "\$out"
+SH
+chmod +x "$WORK/bin/untraced-python"
+sed -e 's|^python = .*|python = "../bin/untraced-python"|' -e 's|^reference = "fp32"|reference = "fp32"\ntrace = "ops"|' \
+  "$MATRIX" >"$WORK/m/untraced.toml"
+expect_exit 2 "" -- "$HARNESS" nightly --matrix "$WORK/m/untraced.toml" --goldens "$WORK/g" --out "$WORK/untraced"
+"$PY" - "$WORK/untraced/summary.json" <<'PY' || fail "a traced lane's receipt without /trace was not its run error"
+import json, sys
+lane = json.load(open(sys.argv[1]))["lanes"][0]
+assert lane["status"] == "error", lane["status"]
+assert "wrote a receipt without /trace, which its lane stack records" in json.dumps(lane), lane
+PY
+[ ! -e "$WORK/untraced/receipts/fp32.h5" ] || fail "the receipt without /trace was kept"
+
 # Bad matrices: one line naming the file and the key, exit 2.
 bad() {
   local pattern=$1 body=$2
