@@ -3,7 +3,7 @@
 // python/canary_harness/receipts/receipt_schema.json, what the Python package reads; a test holds
 // the two equal (python/tests/test_receipt_schema.py). `--lane-stacks`: the lane stacks'
 // descriptions instead (nightly/lane_stacks.h), exported as
-// python/canary_harness/lane_stacks.json (python/tests/test_lane_stacks.py).
+// python/canary_harness/cli/lane_stacks.json (python/tests/test_lane_stacks.py).
 #include <memory>
 
 #include <fmt/format.h>

@@ -2,7 +2,7 @@
 // each, the lane's name, the budget features it declares and its command line, made from
 // the options the lane is set up with. The one description the C++ matrix and the Python package both read: the
 // package's copy is what `harness schema --lane-stacks` prints
-// (python/canary_harness/lane_stacks.json; python/tests/test_lane_stacks.py holds the two
+// (python/canary_harness/cli/lane_stacks.json; python/tests/test_lane_stacks.py holds the two
 // equal and the package's lanes to it).
 #pragma once
 

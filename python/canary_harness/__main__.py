@@ -29,11 +29,11 @@ from typing import List, NoReturn, Optional
 
 from .runs.canary import CanaryError, CanaryImportError, load_canary
 from .invariance import run as run_invariance
-from .lane_args import (MAX_THREADS, add_device_arguments, add_layout_arguments, add_versioned_argument, check_out,
+from .cli.lane_args import (MAX_THREADS, add_device_arguments, add_layout_arguments, add_versioned_argument, check_out,
                         device_of, trace_problem)
 from .receipts.receipt import ReceiptError
 from .runs.regressions import linear_weights
-from .usage import UsageError, count_flag
+from .cli.usage import UsageError, count_flag
 
 PROG = "canary_harness"
 

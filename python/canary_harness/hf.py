@@ -60,7 +60,7 @@ except ImportError as _missing:  # one line naming what to install
                       "(docs/transformers.md)") from None
 
 from .receipts.budget_features import format_features, parse_features
-from .lane_stacks import budget_features as stack_budget_features, lane_name as stack_lane_name, stack_options
+from .cli.lane_stacks import budget_features as stack_budget_features, lane_name as stack_lane_name, stack_options
 from .runs.canary import canonical_json
 from .receipts.digest import batch_tree_hash
 from .receipts.receipt import ReceiptWriter

@@ -29,10 +29,10 @@ from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple
 import numpy as np
 
 from .runs.canary import call_model, load_canary
-from .lane_args import MAX_THREADS, add_device_arguments, check_device_name, device_of
-from .lane_stacks import lane_name, stack_options
-from .pack_step import architecture_module, load_pack
-from .usage import UsageError
+from .cli.lane_args import MAX_THREADS, add_device_arguments, check_device_name, device_of
+from .cli.lane_stacks import lane_name, stack_options
+from .runs.pack_step import architecture_module, load_pack
+from .cli.usage import UsageError
 from .receipts.philox import philox_at, stream_id
 
 PROG = "canary_harness.invariance"

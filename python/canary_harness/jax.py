@@ -45,12 +45,12 @@ from .runs.architectures import architecture_of, described, model_of
 from .receipts.budget_features import format_features
 from .receipts.digest import batch_hash
 from .runs.faults import FaultSpec
-from .lane_args import check_out, parse_lane_fault
-from .lane_stacks import budget_features as stack_budget_features, lane_name, stack_options
+from .cli.lane_args import check_out, parse_lane_fault
+from .cli.lane_stacks import budget_features as stack_budget_features, lane_name, stack_options
 from .models.table import is_decayed
 from .pack import PackError, read_pack
 from .receipts.receipt import ReceiptError, ReceiptWriter
-from .usage import UsageError, count_flag
+from .cli.usage import UsageError, count_flag
 
 PROG = "canary_harness.jax"
 PLANS = ("dp", "tp", "zero3")

@@ -14,7 +14,7 @@ path), into a receipt that the C++ harness judges like its own:
     budget_features torch-<device> for fp32 (torch-cpu on CPU), torch-bf16 for bf16 on CPU,
                     torch-<device>+torch-bf16 for bf16 elsewhere
 
-`--trace ops` adds op traces (/trace) from module hooks (canary_harness.trace), in the C++
+`--trace ops` adds op traces (/trace) from module hooks (canary_harness.tracing.trace), in the C++
 engines' layout and op names, so that `harness bisect` names the first divergent op.
 `--audit` records each step's op graph fingerprint and compile counters in /compile
 (canary_harness.audit), so that `harness check`/`compare` judge its compile stability; the
@@ -36,14 +36,14 @@ from typing import Any, List, NoReturn, Optional, Union
 
 from .receipts.budget_features import format_features
 from .runs.faults import FaultSpec
-from .lane_args import (MAX_THREADS, add_device_arguments, add_layout_arguments, add_versioned_argument,
+from .cli.lane_args import (MAX_THREADS, add_device_arguments, add_layout_arguments, add_versioned_argument,
                         check_device_name, check_out, device_of, parse_lane_fault, trace_problem)
-from .lane_stacks import budget_features as stack_budget_features, lane_name as stack_lane_name, stack_options
+from .cli.lane_stacks import budget_features as stack_budget_features, lane_name as stack_lane_name, stack_options
 from .pack import PackError
-from .pack_step import architecture_module, load_pack, pack_canary
+from .runs.pack_step import architecture_module, load_pack, pack_canary
 from .receipts.receipt import ReceiptReader
 from .runs.regressions import RegressionSpec
-from .usage import UsageError, count_flag
+from .cli.usage import UsageError, count_flag
 
 PROG = "canary_harness.lane"
 

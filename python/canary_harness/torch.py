@@ -36,7 +36,7 @@ loses). On the CPU with the digest library, step() digests the tensors where the
 every core, which costs less than that copy.
 
 With `trace="ops"` it also writes op traces (/trace, docs/bisect.md): module hooks
-(canary_harness.trace.OpTracer) keep the device tensors of every op's forward output and
+(canary_harness.tracing.trace.OpTracer) keep the device tensors of every op's forward output and
 of the gradients its backward writes during the step, and step() hashes and sketches
 them, then the optimizer's: the gradient norm and every parameter after its update. Op
 names are module paths (the package's GPT2's are the C++ op names), or `op_names`'s.
@@ -65,7 +65,7 @@ import torch
 
 from .audit import AuditError, CompileLog
 from .receipts.budget_features import parse_features
-from .lane_args import trace_problem
+from .cli.lane_args import trace_problem
 from .receipts.digest import batch_hash
 from .receipts.digest_plan import DigestRows
 from .models.config import canary_object
@@ -73,7 +73,7 @@ from .receipts.receipt import PathLike, ReceiptError, ReceiptWriter
 from .runs.recording import MomentSource, Overlap, StepDigest, host_float, host_float32
 from .receipts.schema import HASH_FAMILIES
 from .receipts.stack import StackInfo
-from .trace import StepTraces, TraceError
+from .tracing.trace import StepTraces, TraceError
 
 
 class RecorderError(ValueError):
@@ -334,7 +334,7 @@ class Recorder:
     ("torch-cpu", "torch-bf16", ...; docs/design.md, "Budget features are declared").
     `extra` adds manifest attributes (str, int or float); `record_batches` keeps every
     batch's tokens in /batches/tokens. `trace="ops"` writes op traces (the module docstring;
-    `op_names`: module path -> op name, a mapping or a function, for canary_harness.trace).
+    `op_names`: module path -> op name, a mapping or a function, for canary_harness.tracing.trace).
     `audit=True` records, per step, the step's op graph fingerprint and compile counters in
     /compile (canary_harness.audit.CompileLog: UncachedCompile, CachedCompile, HostSync,
     Fingerprint): from the recorder's creation to the first step() call is step 0, from
@@ -543,7 +543,7 @@ class Recorder:
         self._overlap.stop()
 
     def _trace_row(self, grad_norm: np.ndarray):
-        """The step's /trace row (canary_harness.trace.StepTraces), with the parameters after the update."""
+        """The step's /trace row (canary_harness.tracing.trace.StepTraces), with the parameters after the update."""
         try:
             return self.tracer.row(self.steps_recorded, grad_norm,
                                    [(n, p, host_float32(p)) for n, p in self.parameters.items()])

@@ -1,4 +1,4 @@
-"""Aten traces never hash memory an op did not write (canary_harness.aten_trace): what an
+"""Aten traces never hash memory an op did not write (canary_harness.tracing.aten_trace): what an
 allocation (`empty_like`, ...) returns is whatever its memory held before, so it is no
 trace column, and two traces of one step with dropout on (which draws its mask into an
 empty_like) are identical whatever the allocator hands out."""
@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from canary_harness.aten_trace import ALLOCATION_OPS, AtenStep, AtenTracer
+from canary_harness.tracing.aten_trace import ALLOCATION_OPS, AtenStep, AtenTracer
 from canary_harness.runs.canary import load_canary
 
 from test_python_canary import PACKAGE_ROOT, run

@@ -20,7 +20,7 @@ import torch
 import canary_harness
 from canary_harness import ReceiptReader, ReceiptWriter
 from canary_harness.audit import AuditError, StepError, audit_step, fingerprint_value, load_step
-from canary_harness.pack_step import CanaryStep
+from canary_harness.runs.pack_step import CanaryStep
 from canary_harness.models import gpt2
 from canary_harness.pack import read_pack
 from canary_harness.receipts.schema import HASH_FAMILIES, SKETCH_FAMILIES, SKETCH_WIDTH

@@ -14,7 +14,7 @@ import pytest
 
 from canary_harness.runs.canary import load_canary
 from canary_harness.invariance import batch_rows, check_batch_invariance, check_canary_invariance, main, position_of
-from canary_harness.pack_step import architecture_module, load_pack
+from canary_harness.runs.pack_step import architecture_module, load_pack
 
 from conftest import export_pack, run_harness, run_module
 

@@ -15,7 +15,7 @@ import torch
 
 from canary_harness.runs.distributed import fsdp_available
 from canary_harness import ReceiptReader
-from canary_harness.pack_step import train_step
+from canary_harness.runs.pack_step import train_step
 from canary_harness.models import gpt2
 from canary_harness.runs.optim import CanaryAdamW
 from canary_harness.pack import read_pack

@@ -1,4 +1,4 @@
-"""The lane stacks' descriptions (canary_harness/lane_stacks.json, `harness schema
+"""The lane stacks' descriptions (canary_harness/cli/lane_stacks.json, `harness schema
 --lane-stacks`): the package's copy is the harness's, and the package reads it as the
 harness does: every example the C++ made from it (each combination of a stack's options,
 with the lane name, budget features and command the description gives) comes out the same
@@ -16,7 +16,7 @@ from typing import Dict, List
 
 import pytest
 
-from canary_harness import lane_stacks
+from canary_harness.cli import lane_stacks
 from canary_harness.lane import budget_features as pack_lane_budget_features
 
 pytestmark = pytest.mark.torch_agnostic  # read from the description: no torch runs
@@ -26,8 +26,8 @@ def test_the_package_holds_what_the_harness_describes(harness_bin: Path) -> None
     exported = subprocess.run([str(harness_bin), "schema", "--lane-stacks"], capture_output=True, text=True,
                               check=True).stdout
     assert json.loads(exported) == json.loads(lane_stacks.DESCRIPTION_FILE.read_text()), (
-        "python/canary_harness/lane_stacks.json is not `harness schema --lane-stacks`'s output: regenerate it with "
-        "`build/bin/harness schema --lane-stacks > python/canary_harness/lane_stacks.json`")
+        "python/canary_harness/cli/lane_stacks.json is not `harness schema --lane-stacks`'s output: regenerate it with "
+        "`build/bin/harness schema --lane-stacks > python/canary_harness/cli/lane_stacks.json`")
 
 
 @pytest.mark.parametrize("stack_id", ["torch-pack", "torch-canary", "jax"])

@@ -15,13 +15,13 @@ import torch
 from canary_harness import ReceiptReader, tensor_hash
 from canary_harness.receipts.digest import sketch
 from canary_harness.runs.faults import _NudgeFirst
-from canary_harness.pack_step import train_step
+from canary_harness.runs.pack_step import train_step
 from canary_harness.models import gpt2
 from canary_harness.runs.optim import CanaryAdamW
 from canary_harness.pack import read_pack
 from canary_harness.receipts.receipt import ReceiptWriter, TraceColumn
 from canary_harness.torch import Recorder, RecorderError
-from canary_harness.trace import OpTracer, TraceError
+from canary_harness.tracing.trace import OpTracer, TraceError
 
 from conftest import export_pack, run_harness
 from host_reads import HostReads

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from canary_harness.lane_args import MAX_THREADS
+from canary_harness.cli.lane_args import MAX_THREADS
 from canary_harness.models.config import SIZE_RANGES
 
 from conftest import run_harness

@@ -17,7 +17,7 @@ import torch
 
 from canary_harness import ReceiptReader
 from canary_harness.runs.architectures import ARCHITECTURES, model_of
-from canary_harness.pack_step import CanaryStep, architecture_module, load_pack, train_step
+from canary_harness.runs.pack_step import CanaryStep, architecture_module, load_pack, train_step
 from canary_harness.models import gpt2, llama
 from canary_harness.pack import PackError
 

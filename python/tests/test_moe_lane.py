@@ -202,7 +202,7 @@ def test_a_fault_on_the_route_op_moves_its_weights_from_its_step(runs: dict):
 
 
 def test_moe_step_reads_nothing_on_the_host(runs: dict):
-    from canary_harness.pack_step import CanaryStep, train_step
+    from canary_harness.runs.pack_step import CanaryStep, train_step
     step = CanaryStep.from_pack(str(runs["pack"]))
     assert isinstance(step.model, moe.Moe)
     step.optimizer.set_lr(moe.lr_at(0, step.cfg))

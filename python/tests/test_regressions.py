@@ -17,7 +17,7 @@ from conftest import export_pack, run_module
 from test_python_canary import SMALL, first_difference, manifest, run, series
 
 from canary_harness.runs.regressions import parse_regression
-from canary_harness.usage import UsageError
+from canary_harness.cli.usage import UsageError
 
 SCHEDULED = str(Path(__file__).parent / "own_canaries" / "scheduled.py")
 PARAMETERS = ["embed.weight", "hidden.weight", "hidden.bias", "out.weight", "out.bias"]

@@ -19,7 +19,7 @@ CPU, CUDA and XLA.
 Forward ops carry the C++ model's op names (docs/canary.md, "Fault injection"): in
 forward_loss an optional `hook(name, tensor) -> tensor` sees every op's output; in `GPT2`
 every op is a module whose path is its name, so module hooks see the same ops, which is
-how the lane injects faults and traces ops (canary_harness.trace).
+how the lane injects faults and traces ops (canary_harness.tracing.trace).
 """
 
 from __future__ import annotations
@@ -230,7 +230,7 @@ def forward_loss(p, tokens, cfg, hook: Optional[Hook] = None):
 # and every op of the C++ model is a module whose path is the op's name (`embedding`,
 # `blocks.2.attn.qkv`, `blocks.2.attn`, ..., `lm_head`, `loss`). Containers (the blocks,
 # `mlp`) only call their op modules; an op module calls no other module. Op tracing
-# (canary_harness.trace) and fault injection hook these modules.
+# (canary_harness.tracing.trace) and fault injection hook these modules.
 
 class _Embedding(nn.Module):
     """Op `embedding`: wte[tokens] + wpe[positions]. wte and wpe are the model's (wte is tied

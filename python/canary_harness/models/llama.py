@@ -21,7 +21,7 @@ grouped-query (query head h reads kv head h // (NH/NKV)), causal, scale 1/sqrt(h
 As in canary_harness.models.gpt2, the nn.Module `Llama` has named_parameters() equal to
 the canary's tensor names in canonical order, and every forward op of the C++ model is a
 module whose path is the op's name, so module hooks (fault injection, op traces in
-canary_harness.trace) see the C++ ops under the C++ names. Nothing assumes a device: the
+canary_harness.tracing.trace) see the C++ ops under the C++ names. Nothing assumes a device: the
 RoPE tables are buffers moved with the module, the causal mask is made on the scores'
 device, and a step reads nothing back to the host.
 """
@@ -165,7 +165,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
     x is read twice (the mean of squares, the scaling), so its gradient here is a sum of two
     terms; taken through one view, that sum reaches x as one term, and the residual stream's
-    gradient is the same two-term sum whether or not the op tracer (canary_harness.trace)
+    gradient is the same two-term sum whether or not the op tracer (canary_harness.tracing.trace)
     hands this op a view of x: tracing changes no bit."""
     xf = x.to(torch.promote_types(x.dtype, torch.float32)).view_as(x)
     rstd = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)

@@ -47,7 +47,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 import torch
 
 from .canary import CanaryError
-from ..usage import UsageError, count_flag
+from ..cli.usage import UsageError, count_flag
 
 LAYOUTS = ("ddp", "fsdp")
 RANK_ENV = "CANARY_HARNESS_RANK"  # set by launch() in each rank's environment: "RANK/WORLD"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, List, Optional
 
-from ..usage import UsageError, all_digits
+from ..cli.usage import UsageError, all_digits
 
 
 @dataclass

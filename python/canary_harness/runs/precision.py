@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..aten_trace import ROOT, STEP, ModuleStack, traced_returns
+from ..tracing.aten_trace import ROOT, STEP, ModuleStack, traced_returns
 
 # What triage's rerun passes (`python3 -m canary_harness rerun --autocast-off M,...`).
 SWITCH_FLAG = "autocast-off"

@@ -25,7 +25,7 @@ from typing import Any, Dict, Iterator, List, Tuple
 
 from .canary import CanaryError
 from .faults import ulps_up
-from ..usage import UsageError, all_digits
+from ..cli.usage import UsageError, all_digits
 
 # Each kind's keys, in its canonical order.
 KIND_KEYS: Dict[str, Tuple[str, ...]] = {

@@ -9,7 +9,7 @@ canary_harness.runs.canary_state), and steps K' .. M are run and compared with t
 batch hash, loss and gradient norm bit for bit, and the four hash families. Nothing is
 trusted blindly: a checkpoint whose bytes do not hash to the recorded content hash, or
 whose parameters and moments do not hash to the receipt's record of the step before it,
-is refused. With `trace="aten"` the steps from K on run under canary_harness.aten_trace,
+is refused. With `trace="aten"` the steps from K on run under canary_harness.tracing.aten_trace,
 and the result carries their traces (what bisect compares).
 """
 
@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from ..aten_trace import AtenTracer
+from ..tracing.aten_trace import AtenTracer
 from .canary import CanaryError, LoadedCanary, canonical_json, load_canary, stateful_objects
 from .canary_state import restore_state
 from .devices import to_device

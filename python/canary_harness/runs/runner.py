@@ -48,13 +48,13 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional
 import numpy as np
 import torch
 
-from ..aten_fault import AtenFault, split_target, target_problem
+from ..tracing.aten_fault import AtenFault, split_target, target_problem
 from ..audit import AuditError, CompileLog
 from ..receipts.budget_features import format_features
 from .canary_state import capture_state
 from .faults import nudge_first_result, parse_fault
 from .held_out import HeldOutEval
-from ..lane_stacks import budget_features, lane_name, stack_options
+from ..cli.lane_stacks import budget_features, lane_name, stack_options
 from .canary import CanaryError, LoadedCanary
 from ..receipts.digest import batch_hash, batch_tree_hash
 from .devices import place_on_device, to_device
@@ -66,7 +66,7 @@ from ..receipts.receipt import ReceiptReader, ReceiptWriter
 from .regressions import RegressionFault, RegressionSpec, is_regression, parse_regression
 from .recording import MomentSource, StepDigest, Worker, host_float, host_float32
 from ..receipts.stack import StackInfo, collect_stack_info, git_commit_of, imported_distributions, with_model
-from ..trace import StepTraces, TraceError
+from ..tracing.trace import StepTraces, TraceError
 from ..xla import XlaStepCounters, mark_step
 
 @dataclass

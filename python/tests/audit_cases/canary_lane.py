@@ -1,10 +1,10 @@
-"""The PyTorch canary lane's own step (canary_harness.pack_step.CanaryStep), on the pack that
+"""The PyTorch canary lane's own step (canary_harness.runs.pack_step.CanaryStep), on the pack that
 CANARY_AUDIT_PACK names (`harness export --canary micro --out PACK.h5`), with
 CANARY_AUDIT_PRECISION (fp32 or bf16) and CANARY_AUDIT_FAULT (an --inject-fault spec)."""
 
 import os
 
-from canary_harness.pack_step import CanaryStep
+from canary_harness.runs.pack_step import CanaryStep
 
 
 def lane_step(device="cpu"):

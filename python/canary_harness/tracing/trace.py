@@ -54,10 +54,10 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from .receipts.digest_plan import DigestPlan
-from .receipts.philox import stream_id
-from .receipts.receipt import TraceColumn
-from .runs.recording import host_float32
+from ..receipts.digest_plan import DigestPlan
+from ..receipts.philox import stream_id
+from ..receipts.receipt import TraceColumn
+from ..runs.recording import host_float32
 
 Site = Tuple[str, int, str, str, str]  # op, layer, phase, tensor, kind
 OpNames = Union[Mapping[str, str], Callable[[str], str], None]

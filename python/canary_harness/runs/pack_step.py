@@ -8,11 +8,11 @@ from __future__ import annotations
 import os
 from typing import Any, Optional, Tuple
 
-from .runs.architectures import Architecture, architecture_of, model_of
-from .runs.canary import Canary, LoadedCanary
-from .runs.faults import FaultSpec, nudge_first_result, parse_fault
-from .pack import PackError, read_pack
-from .usage import UsageError
+from .architectures import Architecture, architecture_of, model_of
+from .canary import Canary, LoadedCanary
+from .faults import FaultSpec, nudge_first_result, parse_fault
+from ..pack import PackError, read_pack
+from ..cli.usage import UsageError
 
 
 def pack_canary(pack: Any, architecture: "Architecture", cfg: Any, model: Any, optimizer: Any, steps: int):
@@ -81,7 +81,7 @@ class CanaryStep:
     def __init__(self, pack, cfg, device="cpu", autocast=None, fault: Optional[FaultSpec] = None):
         import torch
 
-        from .runs.optim import CanaryAdamW
+        from .optim import CanaryAdamW
 
         self.pack, self.cfg, self.autocast, self.fault = pack, cfg, autocast, fault
         self.architecture = architecture_module(pack)
@@ -138,7 +138,7 @@ def train_step(model, optimizer, inputs, autocast=None, hook=None):
     comes first. Returns the loss and the norm before clipping as device tensors."""
     import torch
 
-    from .runs.optim import clip_grads_, global_grad_norm
+    from .optim import clip_grads_, global_grad_norm
 
     core = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model  # --layout ddp
     params = list(model.parameters())

@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 from typing import Any, List, Optional, Tuple
 
-from .runs.faults import parse_fault
-from .runs.regressions import is_regression, parse_regression
+from ..runs.faults import parse_fault
+from ..runs.regressions import is_regression, parse_regression
 from .usage import UsageError, all_digits
 
 # torch CPU threads: 1..MAX_THREADS, the harness's bound (run::kMaxThreads); a torch lane
@@ -56,7 +56,7 @@ def device_of(name: str, compile_cache: Optional[str] = None, deterministic: boo
     if compile_cache is not None and name != "xla":
         raise UsageError(f"--compile-cache: only --device xla has a persistent compile cache (--device {name})")
     if name == "xla":
-        from .xla import XlaUnavailable, xla_device
+        from ..xla import XlaUnavailable, xla_device
 
         try:
             return xla_device(compile_cache)

@@ -22,8 +22,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .aten_trace import STEP, StepPhases
-from .runs.canary import CanaryError
-from .runs.faults import ulps_up
+from ..runs.canary import CanaryError
+from ..runs.faults import ulps_up
 
 
 def split_target(op: str) -> Optional[Tuple[str, str, int]]:

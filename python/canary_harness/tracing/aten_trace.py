@@ -3,7 +3,7 @@
 AtenTracer records the output of every aten op a step runs: the forward, the backward the
 autograd engine runs, the step's own code (a functional softmax, a residual add, the loss,
 clipping) and the optimizer's update. It is a TorchDispatchMode, so it sees the ops below
-every module, functional call and autograd, where module hooks (canary_harness.trace) see
+every module, functional call and autograd, where module hooks (canary_harness.tracing.trace) see
 only modules. Each output is named by
 
 - `op`: where it ran: the innermost module whose forward was running (its path in the
@@ -45,13 +45,14 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .receipts.digest_plan import DigestPlan
-from .receipts.philox import stream_id
-from .receipts.receipt import TraceColumn
+from ..receipts.digest_plan import DigestPlan
+from ..receipts.philox import stream_id
+from ..receipts.receipt import TraceColumn
 from .trace import module_layers
 
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# The package's own frames (every room of it) are no call site of the team's.
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 class AtenStep(NamedTuple):

@@ -1,0 +1,1 @@
+"""What the command lines share: the lanes' common arguments (lane_args), the lane stacks' descriptions (lane_stacks, lane_stacks.json from `harness schema --lane-stacks`), and the usage error every entry point exits 2 with (usage)."""
