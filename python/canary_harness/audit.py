@@ -3,7 +3,7 @@
     python3 -m canary_harness.audit FILE.py:FUNCTION [--steps N] [--warmup W] [--json] [--xla]
 
 FUNCTION() returns `step(i)`, one training step on CPU tensors (--xla: also FUNCTION(device)
-on torch_xla's device, run by canary_harness.xla_audit beside this audit), or a
+on torch_xla's device, run by canary_harness.xla.graphs beside this audit), or a
 `canary_harness.Canary`, as `python3 -m canary_harness run FILE.py:NAME` takes it: the file is
 then loaded as `run` loads it (canary.load_canary: seeded, NAME() called, checked) and step i
 is `canary.step(model, optimizer, canary.batch(i), i)`, batch(i) made before the step's
@@ -68,7 +68,7 @@ from typing import Any, Callable, Dict, Iterable, List, NoReturn, Optional, Sequ
 
 import xxhash
 
-from . import xla_audit
+from .xla import graphs as xla_graphs
 from .runs.canary import Canary, CanaryError, load_canary
 from .runs.devices import place_on_device, to_device  # torch-free at import
 
@@ -1078,13 +1078,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 class _XlaRun:
     """--xla: torch_xla told to dump its graphs into a scratch directory (before it is
-    imported), the step made on its device and run (canary_harness.xla_audit)."""
+    imported), the step made on its device and run (canary_harness.xla.graphs)."""
 
     def __init__(self, scope: contextlib.ExitStack) -> None:
-        from .xla import XlaUnavailable, xla_device
+        from .xla.device import XlaUnavailable, xla_device
 
-        self.directory = scope.enter_context(xla_audit.scratch_directory())
-        self.dump = xla_audit.GraphDump(xla_audit.prepare(self.directory))
+        self.directory = scope.enter_context(xla_graphs.scratch_directory())
+        self.dump = xla_graphs.GraphDump(xla_graphs.prepare(self.directory))
         try:  # before any backward on the CPU: autograd sizes its device queues on its first use
             self._device = xla_device()
         except XlaUnavailable as e:
@@ -1097,17 +1097,17 @@ class _XlaRun:
 
     def run(self, step: Callable[[int], Any], steps: int, report: "AuditReport") -> None:
         try:
-            self.rows = xla_audit.run_steps(step, steps, self.dump)
+            self.rows = xla_graphs.run_steps(step, steps, self.dump)
         except Exception as e:
             raise StepError(f"under torch_xla: {type(e).__name__}: {_first_line(e)}") from e
-        self.verdict = xla_audit.agreement(report.findings, self.rows, report.warmup)
+        self.verdict = xla_graphs.agreement(report.findings, self.rows, report.warmup)
 
     def to_json(self) -> Dict[str, Any]:
         return {"xla": {"client": os.environ.get("PJRT_DEVICE", ""), "steps": [r.to_json() for r in self.rows],
                         **self.verdict.to_json()}}
 
     def format(self) -> str:
-        return xla_audit.format_rows(self.rows, self.verdict, os.environ.get("PJRT_DEVICE", ""))
+        return xla_graphs.format_rows(self.rows, self.verdict, os.environ.get("PJRT_DEVICE", ""))
 
 
 if __name__ == "__main__":

@@ -204,3 +204,73 @@ def test_the_check_finds_a_needless_local_import_and_allows_a_lazy_optional_one(
     assert needless_local_imports(package) == [("canary_harness.torchy", 4, "canary_harness.heavy"),
                                               ("canary_harness.user", 2, "canary_harness.plain"),
                                               ("canary_harness.user", 4, "canary_harness.plain")]
+
+
+# ---- the rooms: docs/python.md's table is the package's layout ----------------------------------
+
+def documented_layout(page: pathlib.Path) -> Dict[str, Set[str]]:
+    """docs/python.md's "The package's modules, by concern" table: where ("" for the top level,
+    else the room's dotted name) -> the modules it lists there (each item's first `name`)."""
+    layout: Dict[str, Set[str]] = {}
+    for line in page.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or not (cells[0] == "top level" or cells[0].startswith("`canary_harness.")):
+            continue
+        where = "" if cells[0] == "top level" else cells[0].strip("`")
+        for item in _items(cells[2]):
+            layout.setdefault(where, set()).add(item)
+    return layout
+
+
+def _items(cell: str) -> List[str]:
+    """The first `name` of each comma-separated item, commas inside parentheses not counted."""
+    items, depth, current = [], 0, ""
+    for ch in cell + ",":
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            names = current.split("`")
+            if len(names) > 1:
+                items.append(names[1])
+            current = ""
+        else:
+            current += ch
+    return items
+
+
+def actual_layout(package: pathlib.Path) -> Dict[str, Set[str]]:
+    """Where each module of the package lies: "" (the top level) or its room's dotted name."""
+    layout: Dict[str, Set[str]] = {}
+    for path in package.iterdir():
+        if path.suffix == ".py":
+            layout.setdefault("", set()).add(path.stem)
+        elif (path / "__init__.py").is_file():
+            room = f"{package.name}.{path.name}"
+            layout.setdefault(room, set()).update(p.stem for p in path.glob("*.py") if p.stem != "__init__")
+    return layout
+
+
+def test_the_package_is_laid_out_as_docs_python_md_says():
+    page = pathlib.Path(__file__).resolve().parents[2] / "docs" / "python.md"
+    documented = documented_layout(page)
+    assert len(documented) >= 6, documented
+    assert actual_layout(PACKAGE) == documented
+
+
+def test_every_room_says_what_it_holds():
+    for init in PACKAGE.glob("*/__init__.py"):
+        docstring = ast.get_docstring(ast.parse(init.read_text()))
+        assert docstring and len(docstring) > 40, f"{init} has no docstring saying what the room holds"
+
+
+def test_the_layout_check_reads_items_with_parentheses_and_sees_a_module_out_of_place(tmp_path):
+    assert _items("`a` (`-m x`, `y`), `b`, `c` (d, e)") == ["a", "b", "c"]
+    page = tmp_path / "python.md"
+    page.write_text("| where | concern | modules |\n|---|---|---|\n| top level | entry | `__init__`, `__main__`, `lane` (`-m x`) |\n"
+                    "| `canary_harness.runs` | runs | `runner` |\n")
+    package = tmp_path / "canary_harness"
+    (package / "runs").mkdir(parents=True)
+    for name in ("__init__.py", "__main__.py", "lane.py", "runs/__init__.py", "runs/runner.py"):
+        (package / name).write_text("")
+    assert actual_layout(package) == documented_layout(page)
+    (package / "stray.py").write_text("")
+    assert actual_layout(package) != documented_layout(page)

@@ -56,7 +56,7 @@ def device_of(name: str, compile_cache: Optional[str] = None, deterministic: boo
     if compile_cache is not None and name != "xla":
         raise UsageError(f"--compile-cache: only --device xla has a persistent compile cache (--device {name})")
     if name == "xla":
-        from ..xla import XlaUnavailable, xla_device
+        from ..xla.device import XlaUnavailable, xla_device
 
         try:
             return xla_device(compile_cache)

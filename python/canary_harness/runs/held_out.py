@@ -24,7 +24,7 @@ import torch
 from .canary import CanaryError, LoadedCanary, call_model
 from .devices import to_device
 from ..receipts.digest import batch_hash, batch_tree_hash
-from ..xla import mark_step
+from ..xla.device import mark_step
 
 
 class EvalRow(NamedTuple):

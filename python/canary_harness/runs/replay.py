@@ -32,7 +32,7 @@ from ..receipts.receipt import ReceiptReader
 from .runner import CanaryLoop, RunOptions, StepRecord, parse_canary_fault, run_canary
 from ..receipts.schema import HASH_FAMILIES
 from ..receipts.stack import git_commit_of
-from ..xla import xla_device
+from ..xla.device import xla_device
 
 # The families a checkpoint holds (what it is verified against): gradients are not state.
 CHECKPOINT_FAMILIES = ("params", "adam_m", "adam_v")

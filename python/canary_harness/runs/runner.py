@@ -67,7 +67,7 @@ from .regressions import RegressionFault, RegressionSpec, is_regression, parse_r
 from .recording import MomentSource, StepDigest, Worker, host_float, host_float32
 from ..receipts.stack import StackInfo, collect_stack_info, git_commit_of, imported_distributions, with_model
 from ..tracing.trace import StepTraces, TraceError
-from ..xla import XlaStepCounters, mark_step
+from ..xla.device import XlaStepCounters, mark_step
 
 @dataclass
 class RunOptions:

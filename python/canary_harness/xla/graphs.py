@@ -6,7 +6,7 @@ torch_xla writes every graph it syncs to XLA_SAVE_TENSORS_FILE (its IR as text, 
 with the Python `function@file:line` that made it when XLA_IR_DEBUG=1, the graph's hash,
 and the Python frames that cut it). Both are set before torch_xla is imported (prepare()),
 and the file is read after each step: the step's graphs, in order. The counts are
-torch_xla's metrics (canary_harness.xla.XlaStepCounters); the cause of a graph compiled
+torch_xla's metrics (canary_harness.xla.device.XlaStepCounters); the cause of a graph compiled
 after the first step is the first IR node where it differs from the graph at the same
 place of the step before (or, where no graph was there, the line that cut it).
 """
@@ -142,7 +142,7 @@ def user_frame(frames: List[str]) -> str:
 def run_steps(step: Callable[[int], Any], steps: int, dump: GraphDump) -> List[XlaStep]:
     """Runs step(0..steps-1) on torch_xla: what the construction left lazy made device data
     first (as the runner does), then each step cut by mark_step() and the device waited for."""
-    from .xla import XlaStepCounters, mark_step
+    from .device import XlaStepCounters, mark_step
 
     mark_step()
     dump.new_graphs()  # the construction's graph is no step's
@@ -156,7 +156,7 @@ def run_steps(step: Callable[[int], Any], steps: int, dump: GraphDump) -> List[X
         row = XlaStep(i, counters.end(), dump.new_graphs())
         previous = result[-1] if result else None
         for index, graph in enumerate(row.graphs):
-            if not any("canary_harness/xla.py" in frame for frame in graph.frames):  # not the step's own mark_step
+            if not any("canary_harness/xla/device.py" in frame for frame in graph.frames):  # not the step's own mark_step
                 row.cuts.append(user_frame(graph.frames))
             if graph.hash in seen or previous is None:
                 seen.setdefault(graph.hash, i)

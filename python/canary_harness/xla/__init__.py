@@ -1,0 +1,1 @@
+"""torch_xla's side of the package: the device, its compile cache and the compiler's per-step counters (device), and the graphs XLA compiled read back for the audit's --xla (graphs). The JAX lane is canary_harness.jax."""
