@@ -86,6 +86,8 @@ class TraceColumn(NamedTuple):
 # One step of /trace: the columns (the same every step), and per column the output's
 # hash and sketch (an (l2, projection) pair, as append_step's sketches).
 TraceRow = Tuple[Sequence[TraceColumn], Sequence[int], Sequence["SketchLike"]]
+# One state group as the rows the library stages: (group, columns, [(field, float64 row)]).
+StateRows = Tuple[str, List[str], List[Tuple[str, np.ndarray]]]
 
 
 class StepState(NamedTuple):
@@ -449,14 +451,15 @@ class ReceiptWriter:
             values.append(float(value))
         return names, values
 
-    def _check_state(self, state: Optional[Sequence[StepState]]) -> None:
-        """The step's state groups, checked against step 0's groups, columns and fields and
-        against the receipt description."""
+    def _check_state(self, state: Optional[Sequence[StepState]]) -> Optional[List[StateRows]]:
+        """The step's state groups as the rows they become (group, columns, [(field, float64
+        row)]), checked against step 0's groups, columns and fields and against the receipt
+        description; None where the step gives none."""
         if state is None:
             if self._state_shape is not None:
                 raise ValueError("this receipt records step state: pass state= at every step")
-            return
-        shape = []
+            return None
+        shape, rows = [], []
         for entry in state:
             if not isinstance(entry, StepState):
                 raise ValueError(f"state: {entry!r:.60} is not a StepState")
@@ -465,6 +468,7 @@ class ReceiptWriter:
                 raise ValueError(f"state: group {entry.group!r} has {len(columns)} columns and {len(names)} fields; "
                                  "give at least one of each")
             shape.append((entry.group, columns, names))
+            rows.append((entry.group, columns, []))
             for name, values in entry.fields:
                 path = f"/{entry.group}/{name}"
                 if dataset_entry(path) is None or dataset_entry(f"/{entry.group}/names") is None:
@@ -472,10 +476,12 @@ class ReceiptWriter:
                 row = np.asarray(values, dtype="<f8")
                 if row.shape != (len(columns),):
                     raise ValueError(f"state: {path} has {row.size} values for {len(columns)} columns")
+                rows[-1][2].append((name, row))
         if self._state_shape is None and self.steps_recorded > 0:
             raise ValueError("state: step state starts at step 0 (a receipt records it at every step or none)")
         if self._state_shape is not None and shape != self._state_shape:
             raise ValueError("state: this step's groups, columns or fields are not step 0's")
+        return rows
 
     def append_step(self, *, loss: float, grad_norm: float, lr: float, batch_hash: int,
                     hashes: Mapping[str, Sequence[int]],
@@ -504,24 +510,23 @@ class ReceiptWriter:
                 loss, grad_norm, lr, batch_hash, hashes, sketches, batch_tokens)
             trace_rows = self._check_trace(trace)
             compile_row = self._check_compile(compile)
-            self._check_state(state)
+            state_rows = self._check_state(state)
         except ReceiptError:
             raise
         except ValueError as e:
             raise ReceiptError(f"{self.path}: append_step {self.steps_recorded}: {e}; no row is written") from None
         self._append_native(native, scalars, hash_rows, l2_rows, projection_rows, tokens, trace_rows, compile_row,
-                            state)
+                            state_rows)
         self.steps_recorded += 1
 
     def _append_native(self, native: NativeReceipt, scalars: Dict[str, Any], hash_rows: Dict[str, np.ndarray],
                        l2_rows: Dict[str, np.ndarray], projection_rows: Dict[str, np.ndarray],
                        tokens: Optional[np.ndarray], trace_rows: Any, compile_row: Optional[Tuple[List[str], List[float]]],
-                       state: Optional[Sequence[StepState]]) -> None:
+                       state_rows: Optional[List[StateRows]]) -> None:
         """append_step's checked rows through the library: the step's state, /compile and trace
         staged, then the step written and flushed (a write that failed removes the file)."""
-        for entry in state or []:
-            native.stage_state(entry.group, [str(c) for c in entry.columns],
-                               [(name, np.asarray(values, dtype="<f8")) for name, values in entry.fields])
+        for group, columns, fields in state_rows or []:
+            native.stage_state(group, columns, fields)
         if compile_row is not None:
             native.stage_state(PATHS["compile"].lstrip("/"), [],
                                [(name, np.array([value])) for name, value in zip(*compile_row)])
@@ -534,8 +539,8 @@ class ReceiptWriter:
                            np.stack([projection_rows[fam] for fam in SKETCH_FAMILIES]), tokens)
         if compile_row is not None:
             self._compile_names = compile_row[0]
-        if state is not None:
-            self._state_shape = [(e.group, [str(c) for c in e.columns], [n for n, _ in e.fields]) for e in state]
+        if state_rows is not None:
+            self._state_shape = [(group, columns, [name for name, _ in fields]) for group, columns, fields in state_rows]
 
     def _check_step(self, loss: Any, grad_norm: Any, lr: Any, batch_hash: Any, hashes: Any, sketches: Any,
                     batch_tokens: Any) -> Tuple[Dict[str, Any], Dict[str, np.ndarray], Dict[str, np.ndarray],
