@@ -18,18 +18,39 @@ requirements=$root/python/requirements-venv.txt
 stamp=$venv/.requirements.sha256
 want=$(sha256sum "$requirements" | cut -d' ' -f1)
 
-up_to_date() {
+# The editable install maps each module the package had when it was installed to its file
+# (scikit-build-core's redirecting finder): a module that became a room of the same name
+# (canary_harness.xla) is then looked for at the old file. So the install is stamped with the
+# package's layout, and made again, alone, when the layout moved.
+layout_stamp=$venv/.package-layout.sha256
+layout=$({ (cd "$root/python" && find canary_harness -name '*.py') 2>/dev/null || true; } | LC_ALL=C sort | sha256sum | cut -d' ' -f1)
+
+requirements_installed() {
   [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] &&
     PJRT_DEVICE=CPU "$venv/bin/python" -c 'import torch, torch_xla, jax, transformers, accelerate, numpy, h5py, xxhash, pytest, canary_harness' >/dev/null 2>&1
 }
 
-if up_to_date; then
+if requirements_installed && [ "$(cat "$layout_stamp" 2>/dev/null)" = "$layout" ]; then
   echo "python-env: .venv/ is up to date ($("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)'))"
   exit 0
 fi
 if [ "${1:-}" = "--check" ]; then
   echo "python-env: .venv/ is missing or out of date; run scripts/python-env.sh" >&2
   exit 1
+fi
+start=$(date +%s)
+pip_quiet=(--quiet --disable-pip-version-check)
+# Editable: the tests and the CLI run the package in python/ as it is edited. scikit-build-core
+# (pinned in the requirements) builds its two libraries into .venv/ once; where HARNESS_BIN
+# names a harness, the package takes that harness's libraries first (docs/python.md, "Install").
+install_package() {
+  "$venv/bin/pip" install "${pip_quiet[@]}" --no-deps --no-build-isolation -e "$root/python"
+  echo "$layout" > "$layout_stamp"
+}
+if requirements_installed; then  # only the package's layout moved
+  install_package
+  echo "python-env: canary_harness installed again into .venv/ for its new layout in $(( $(date +%s) - start )) s"
+  exit 0
 fi
 # Wheels are kept in a per-machine cache: a repair, or another clone on this machine,
 # installs from it without the index; only what it lacks is downloaded.
@@ -56,13 +77,11 @@ if [ "$(stat -c %d "$root")" = "$(stat -c %d "$cache")" ]; then  # one disk: bot
 fi
 room "$root" "$need_venv" "making .venv/"
 room "$cache" "$need_wheels" "downloading the wheels"
-pip_quiet=(--quiet --disable-pip-version-check)
 install_from_cache() {
   rm -rf "$venv"
   /usr/bin/python3 -m venv "$venv"
   "$venv/bin/pip" install "${pip_quiet[@]}" --no-index --find-links "$cache" --require-hashes -r "$requirements"
 }
-start=$(date +%s)
 if ! install_from_cache >/dev/null 2>&1; then
   # pip's own configuration (PIP_INDEX_URL, pip.conf) decides which index it asks.
   echo "python-env: downloading python/requirements-venv.txt's wheels into $cache (about 4.5 GB the first time)"
@@ -77,10 +96,7 @@ if ! install_from_cache >/dev/null 2>&1; then
   fi
   install_from_cache
 fi
-# Editable: the tests and the CLI run the package in python/ as it is edited. scikit-build-core
-# (pinned above) builds its two libraries into .venv/ once; where HARNESS_BIN names a harness,
-# the package takes that harness's libraries first (docs/python.md, "Install").
-"$venv/bin/pip" install "${pip_quiet[@]}" --no-deps --no-build-isolation -e "$root/python"
+install_package
 version=$(PJRT_DEVICE=CPU "$venv/bin/python" -c 'import torch, torch_xla, jax, transformers, accelerate, numpy, h5py, xxhash, pytest, canary_harness; print(torch.__version__)')
 echo "$want" > "$stamp"  # last: an interrupted install has no stamp, and is made again
 echo "python-env: .venv/ made in $(( $(date +%s) - start )) s: torch $version, $(du -sh "$venv" | cut -f1)"
