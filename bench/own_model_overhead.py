@@ -48,7 +48,7 @@ os.environ.setdefault("HARNESS_BIN", os.path.join(ROOT, "build", "bin", "harness
 
 def pack_lane_canary(path: str):
     """The PyTorch lane's canary of a pack, as `python3 -m canary_harness.lane` runs it (fp32, CPU)."""
-    from canary_harness.lane import architecture_module, load_pack, pack_canary
+    from canary_harness.runs.pack_step import architecture_module, load_pack, pack_canary
     from canary_harness.runs.optim import CanaryAdamW
 
     pack = load_pack(path)

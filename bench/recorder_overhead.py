@@ -2,7 +2,7 @@
 """What canary_harness.torch.Recorder costs on the tiny PyTorch CPU step (issue 14).
 
 Copies of the PyTorch lane's training (canary_harness.models.gpt2 + CanaryAdamW, the
-lane's own canary_harness.lane.train_step, from the pack's init and batches) run side by
+lane's own canary_harness.runs.pack_step.train_step, from the pack's init and batches) run side by
 side in this process, taking turns step by step so that all see the same machine load:
 one bare, the others followed by Recorder.step() into a receipt. After the warm-up, N steps of
 each are timed; the medians give the overhead ratio (recorded / bare - 1), and the
@@ -61,7 +61,7 @@ import xxhash  # noqa: E402
 from canary_harness.receipts.digest import SketchLayout  # noqa: E402
 from canary_harness.receipts.digest_plan import DigestPlan  # noqa: E402
 from canary_harness.receipts.native import NativeDigestError  # noqa: E402
-from canary_harness.lane import train_step  # noqa: E402
+from canary_harness.runs.pack_step import train_step  # noqa: E402
 from canary_harness.models import gpt2  # noqa: E402
 from canary_harness.runs.optim import CanaryAdamW  # noqa: E402
 from canary_harness.pack import read_pack  # noqa: E402

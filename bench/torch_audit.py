@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What the compile-stability audit costs on the tiny PyTorch lane's step (issue 15).
 
-The PyTorch canary lane's own step (canary_harness.lane.CanaryStep: the GPT2 model,
+The PyTorch canary lane's own step (canary_harness.runs.pack_step.CanaryStep: the GPT2 model,
 CanaryAdamW, the lane's train_step, the pack's init and batches) on CPU, in two fresh
 copies per repetition:
 - bare: steps 0..N-1 (default 4) run as they are;
@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.join(ROOT, "python"))
 import torch  # noqa: E402
 
 from canary_harness.audit import audit_step  # noqa: E402
-from canary_harness.lane import CanaryStep  # noqa: E402
+from canary_harness.runs.pack_step import CanaryStep  # noqa: E402
 from canary_harness.models import gpt2  # noqa: E402
 from canary_harness.pack import read_pack  # noqa: E402
 from tiny_pack import export_tiny_pack  # noqa: E402

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch timing of a canary's training step, from the canary's pack (fp32, CPU).
 
-Times the PyTorch lane's own step (canary_harness.lane.CanaryStep: forward, backward,
+Times the PyTorch lane's own step (canary_harness.runs.pack_step.CanaryStep: forward, backward,
 global-norm clip and AdamW, on the pack's initial parameters and batches) for any
 architecture the lane runs, at each torch thread count, so that the harness's step on the
 same canary can be set beside it in one run (bench/canary-step.sh does that for llama-tiny and moe-tiny).
@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.join(HERE, os.pardir, "python"))
 
 import torch  # noqa: E402
 
-from canary_harness.lane import CanaryStep  # noqa: E402
+from canary_harness.runs.pack_step import CanaryStep  # noqa: E402
 
 
 def time_steps(pack_path, threads, steps, warmup):

@@ -7,7 +7,7 @@
 # Reused while it was made from this very requirements file (its sha256 is stamped into
 # .venv/ last, so an interrupted install is never taken for a finished one) and imports;
 # anything else (another requirements file, a broken install, a missing stamp) is made
-# again from scratch. Wheels come from the Python package index into a per-machine cache
+# again from scratch, but a package whose layout alone moved is installed again by itself. Wheels come from the Python package index into a per-machine cache
 # (~/.cache/canary-harness/wheels, or CANARY_HARNESS_WHEELS): downloaded once per machine.
 # Where neither the cache nor the index has them it says so in one line and exits 0:
 # Debian's torch 1.13 still runs every suite, and the torch 2.x suite is not registered.
@@ -30,7 +30,9 @@ requirements_installed() {
     PJRT_DEVICE=CPU "$venv/bin/python" -c 'import torch, torch_xla, jax, transformers, accelerate, numpy, h5py, xxhash, pytest, canary_harness' >/dev/null 2>&1
 }
 
-if requirements_installed && [ "$(cat "$layout_stamp" 2>/dev/null)" = "$layout" ]; then
+installed=0
+requirements_installed && installed=1
+if [ "$installed" = 1 ] && [ "$(cat "$layout_stamp" 2>/dev/null)" = "$layout" ]; then
   echo "python-env: .venv/ is up to date ($("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)'))"
   exit 0
 fi
@@ -47,7 +49,7 @@ install_package() {
   "$venv/bin/pip" install "${pip_quiet[@]}" --no-deps --no-build-isolation -e "$root/python"
   echo "$layout" > "$layout_stamp"
 }
-if requirements_installed; then  # only the package's layout moved
+if [ "$installed" = 1 ]; then  # only the package's layout moved (or it has no stamp yet)
   install_package
   echo "python-env: canary_harness installed again into .venv/ for its new layout in $(( $(date +%s) - start )) s"
   exit 0

@@ -874,17 +874,24 @@ std::string receipt_host_variant(const check::ReceiptData& r) {
 
 // The hosts the samples ran on: each receipt's CPU model (the real hosts) and, for receipts
 // made elsewhere, the emulated host each of them and its reference recorded (runs made here
-// under --hosts are named by their variants as given).
+// under --hosts are named by their variants as given). Receipts that all name one host (or
+// none) were not made across hosts: a knob they share is the machine's own environment
+// (OPENBLAS_CORETYPE set for every process), and no variant is recorded.
 void record_hosts(const CalibrateOptions& o, const Runs& runs, Calibration& c) {
   const auto add = [](std::vector<std::string>& list, const std::string& item) {
-    if (!item.empty() && std::find(list.begin(), list.end(), item) == list.end()) list.push_back(item);
+    if (std::find(list.begin(), list.end(), item) == list.end()) list.push_back(item);
   };
+  std::vector<std::string> hosts;  // "" for a receipt that names none
   for (std::size_t i = 0; i < runs.repeats.size(); ++i) {
     const check::ReceiptData& r = runs.repeats[i];
     if (const auto cpu = r.manifest.find("cpu"); cpu != r.manifest.end()) add(c.host_cpus, cpu->second);
     if (o.receipts.empty()) continue;
-    if (!runs.reference_of(i).path.empty()) add(c.host_variants, receipt_host_variant(runs.reference_of(i)));
-    add(c.host_variants, receipt_host_variant(r));
+    if (!runs.reference_of(i).path.empty()) add(hosts, receipt_host_variant(runs.reference_of(i)));
+    add(hosts, receipt_host_variant(r));
+  }
+  if (hosts.size() < 2) return;
+  for (const std::string& host : hosts) {
+    if (!host.empty()) add(c.host_variants, host);
   }
 }
 

@@ -1,6 +1,6 @@
 // The lane stacks that run as child processes, as descriptions (docs/lane-stacks.md): for
-// each, the lane's name, the budget features it declares and its command line, made from
-// the options the lane is set up with. The one description the C++ matrix and the Python package both read: the
+// each, the lane's name, the budget features it declares, its command line and what its
+// receipts record, made from the options the lane is set up with. The one description the C++ matrix and the Python package both read: the
 // package's copy is what `harness schema --lane-stacks` prints
 // (python/canary_harness/cli/lane_stacks.json; python/tests/test_lane_stacks.py holds the two
 // equal and the package's lanes to it).

@@ -222,7 +222,7 @@ JAX_LOSSES = {"gpt2": gpt2_loss, "llama": llama_loss}
 
 
 def ulps_up(x, ulps: int):
-    """fp32 `x` moved up by `ulps` units in the last place, as canary_harness.lane.ulps_up
+    """fp32 `x` moved up by `ulps` units in the last place, as canary_harness.runs.faults.ulps_up
     does it for torch: the bits as an ordered integer line (sign and magnitude; -0.0 and
     +0.0 at 0), plus ulps; NaN and +inf stay."""
     import jax

@@ -87,6 +87,17 @@ assert first == "aten-avx2" or "ATEN_CPU_CAPABILITY=avx2" in first.split("+"), e
 assert second == "openblas-prescott", entry["host_variants"]
 assert f"on 2 emulated hosts ({first}, {second})" in entry["method"], entry["method"]
 PY
+# Pairs of one host name none: a knob they all share is the machine's own environment
+mapfile -t one_host < <(ls "$WORK"/layout/ddp-aten-avx2-*.h5)
+references=()
+for receipt in "${one_host[@]}"; do references+=("${receipt/\/ddp-//one-}"); done
+expect_exit 0 "" -- calibrate --receipts "${one_host[@]}" --reference "${references[@]}" --out "$WORK/one-host.toml"
+"$PY" - "$WORK/one-host.toml" <<'PY' || fail "pairs of one host name a host"
+import sys, tomllib
+entry = tomllib.load(open(sys.argv[1], "rb"))["torch-ddp"]
+assert "host_variants" not in entry and "emulated host" not in entry["method"], entry
+assert entry["samples"] == 3 and entry["host_cpus"], entry
+PY
 # The stack's own entries from the same kind of pairs: cpu, the one-process lane against
 # cpu-ref of its seed; host, the lane on the second host against the lane on the first
 expect_exit 0 "" -- "$LAYOUT" --canary micro --layouts cpu,host --python "$PY" --hosts aten-avx2,openblas-prescott \
