@@ -6,6 +6,9 @@
 
 #include <fmt/format.h>
 
+#include "canary_run.h"
+#include "registry.h"
+
 namespace harness::nightly {
 namespace {
 
@@ -41,6 +44,71 @@ std::vector<StackPart> torch_flag_arguments() {
   return {{"--compile", {{"compile", "true"}}, {}},
           {"--versioned", {{"release", "*"}}, {}},
           {"--layout {layout}", {{"layout", "*"}}, {}}};
+}
+
+// The keys of a PyTorch lane, what each means (the device's type and index, the precision,
+// another interpreter's torch, torch.compile): the two torch stacks share them.
+LaneKey device_key() {
+  return {.key = "device",
+          .what = "the torch device the lane trains on (cuda:N: that GPU)",
+          .kind = LaneKeyKind::kChoice,
+          .values = {"cpu", "cuda", "cuda:N", "xla"},
+          .default_value = "cpu"};
+}
+LaneKey precision_key() {
+  return {.key = "precision", .what = "fp32, or bf16 autocast", .kind = LaneKeyKind::kChoice, .values = {"fp32", "bf16"},
+          .default_value = "fp32"};
+}
+LaneKey torch_python_key() {
+  return {.key = "python",
+          .what = "another interpreter (.venv/bin/python): its torch names the lane @MAJOR.MINOR beside Debian's",
+          .kind = LaneKeyKind::kInterpreter};
+}
+LaneKey compile_key() { return {.key = "compile", .what = "torch.compile the step (inductor)", .kind = LaneKeyKind::kSwitch}; }
+
+std::vector<LaneKey> torch_pack_keys() {
+  return {device_key(),
+          precision_key(),
+          torch_python_key(),
+          compile_key(),
+          {.key = "layout",
+           .what = "the distributed layout: two processes over gloo (DDP or FSDP)",
+           .kind = LaneKeyKind::kChoice,
+           .values = {"ddp", "fsdp"},
+           .only_with = {{"device", "cpu"}},
+           .only_with_why = "a layout runs on the CPU (gloo)"},
+          {.key = "budget-features",
+           .what = "the budget features the lane declares, given to be checked ('+'-joined)",
+           .kind = LaneKeyKind::kDeclared}};
+}
+
+std::vector<LaneKey> torch_canary_keys() {
+  return {device_key(),
+          precision_key(),
+          {.key = "threads",
+           .what = "torch's CPU threads, pinned (torch's CPU bits depend on the count)",
+           .kind = LaneKeyKind::kCount,
+           .default_value = "1",
+           .min = 1,
+           .max = run::kMaxThreads},
+          torch_python_key(),
+          compile_key()};
+}
+
+// A jax lane's: the interpreter that has JAX, and the mesh, its shard plan and the matmul
+// precision, read by tpu-mesh's own flags (the JAX lane runs tpu-mesh's layouts).
+std::vector<LaneKey> jax_keys() {
+  std::vector<LaneKey> keys{
+      {.key = "python",
+       .what = "the interpreter that has JAX (python = \"../.venv/bin/python\", made by scripts/python-env.sh)",
+       .kind = LaneKeyKind::kInterpreter,
+       .required = true}};
+  for (const auto& [key, what] : {std::pair<const char*, const char*>{"mesh", "the mesh of virtual XLA CPU devices, DxM"},
+                                  {"shard-plan", "how the mesh shards the canary (dp, tp, zero3, ep)"},
+                                  {"precision", "the matmul operands' precision (fp32, bf16)"}}) {
+    keys.push_back({.key = key, .what = what, .kind = LaneKeyKind::kEngineFlag, .engine = "tpu-mesh"});
+  }
+  return keys;
 }
 
 // The lane's receipt: the last two words of every stack's command (the job fills {out}).
@@ -101,7 +169,7 @@ std::vector<LaneStack> make_stacks() {
                     kFaultFlag,
                     "--threads",  // the job's thread count
                     kPackCanaries,
-                    {"device", "precision", "python", "compile", "layout"},
+                    torch_pack_keys(),
                     {xla_compile_record()},
                     torch_example_values()});
   // A team's Python canary, judged against its own fp32 eager one-process CPU run: the CPU
@@ -117,7 +185,7 @@ std::vector<LaneStack> make_stacks() {
                     kFaultFlag,
                     "",  // the lane pins its own (--threads {threads}): torch's CPU bits depend on it
                     kPythonCanaries,
-                    {"device", "precision", "threads", "python", "compile"},
+                    torch_canary_keys(),
                     {xla_compile_record(), {"/trace", {{"trace", "*"}}, {}}},
                     torch_canary_example_values()});
   // A built-in canary in JAX on a mesh of XLA devices: XLA's kernels (jax), bf16 matmul
@@ -137,7 +205,7 @@ std::vector<LaneStack> make_stacks() {
                     kFaultFlag,
                     "",  // XLA's CPU client sizes its own pool
                     kPackCanaries,
-                    {"python", "mesh", "shard-plan", "precision"},
+                    jax_keys(),
                     {{"/compile", {}, {}}},  // XLA's own counters, every run
                     {{"mesh", {"1x1", "2x2"}}, {"shard_plan", {"dp", "zero3"}}, {"precision", {"fp32", "bf16"}}}});
   return stacks;
@@ -155,20 +223,18 @@ bool taken(const StackPart& part, const StackOptions& options) {
   return holds(part.when, options) && (part.unless.empty() || !holds(part.unless, options));
 }
 
-std::string filled(const std::string& text, const StackOptions& options);
-
 // The texts of the parts taken under `options`, filled, in order.
 std::vector<std::string> taken_texts(const std::vector<StackPart>& parts, const StackOptions& options) {
   std::vector<std::string> texts;
   for (const StackPart& part : parts) {
-    if (taken(part, options)) texts.push_back(filled(part.text, options));
+    if (taken(part, options)) texts.push_back(fill_options(part.text, options));
   }
   return texts;
 }
 
-// `text` with each {option} replaced by the option's value ("" when not set); the job's
-// placeholders (kJobPlaceholders) stay as written.
-std::string filled(const std::string& text, const StackOptions& options) {
+}  // namespace
+
+std::string fill_options(const std::string& text, const StackOptions& options) {
   std::string out;
   for (std::size_t at = 0; at < text.size();) {
     const std::size_t open = text.find('{', at);
@@ -188,6 +254,8 @@ std::string filled(const std::string& text, const StackOptions& options) {
   return out;
 }
 
+namespace {
+
 nlohmann::json condition_json(const StackCondition& c) {
   nlohmann::json out = nlohmann::json::object();
   for (const auto& [key, value] : c) out[key] = value;
@@ -198,6 +266,18 @@ nlohmann::json parts_json(const std::vector<StackPart>& parts) {
   nlohmann::json out = nlohmann::json::array();
   for (const StackPart& p : parts) {
     out.push_back({{"text", p.text}, {"when", condition_json(p.when)}, {"unless", condition_json(p.unless)}});
+  }
+  return out;
+}
+
+nlohmann::json keys_json(const std::vector<LaneKey>& keys) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const LaneKey& k : keys) {
+    nlohmann::json key{{"key", k.key}, {"what", k.what}, {"kind", to_string(k.kind)}, {"values", k.values},
+                       {"default", k.default_value}, {"required", k.required}, {"engine", k.engine},
+                       {"only_with", condition_json(k.only_with)}, {"only_with_why", k.only_with_why}};
+    if (k.kind == LaneKeyKind::kCount) key["range"] = {k.min, k.max};
+    out.push_back(std::move(key));
   }
   return out;
 }
@@ -256,10 +336,77 @@ std::vector<std::string> lane_stack_engines(std::string_view canaries) {
   return engines;
 }
 
+std::string_view to_string(LaneKeyKind kind) {
+  switch (kind) {
+    case LaneKeyKind::kChoice: return "choice";
+    case LaneKeyKind::kSwitch: return "switch";
+    case LaneKeyKind::kCount: return "count";
+    case LaneKeyKind::kInterpreter: return "interpreter";
+    case LaneKeyKind::kEngineFlag: return "engine-flag";
+    case LaneKeyKind::kDeclared: return "declared";
+    case LaneKeyKind::kArgv: return "argv";
+    case LaneKeyKind::kFeatures: return "budget-features";
+    case LaneKeyKind::kLaneName: return "lane-name";
+    case LaneKeyKind::kLaneId: return "lane-id";
+    case LaneKeyKind::kHarnessFeatures: return "harness-features";
+  }
+  throw std::logic_error("a lane key kind without a name");
+}
+
+const LaneKey* find_lane_key(const std::vector<LaneKey>& keys, std::string_view key) {
+  for (const LaneKey& k : keys) {
+    if (k.key == key) return &k;
+  }
+  return nullptr;
+}
+
+const LaneKey* find_lane_key(const LaneStack& stack, std::string_view key) { return find_lane_key(stack.lane_keys, key); }
+
+std::vector<std::string> lane_key_names(const std::vector<LaneKey>& keys) {
+  std::vector<std::string> names;
+  for (const LaneKey& k : keys) names.push_back(k.key);
+  return names;
+}
+
+std::vector<std::string> lane_key_names(const LaneStack& stack) { return lane_key_names(stack.lane_keys); }
+
+const std::vector<LaneKey>& harness_lane_keys() {
+  static const std::vector<LaneKey> keys{
+      {.key = "features",
+       .what = "the engine's reduced precisions and their zones, as --features takes them (bf16, fp8=mlp_fc)",
+       .kind = LaneKeyKind::kHarnessFeatures},
+      {.key = "triage-with",
+       .what = "the id of the lane's bf16-only twin, which triage switches FP8 units back to (an fp8 lane)",
+       .kind = LaneKeyKind::kLaneId},
+      {.key = "bias-repeats",
+       .what = "runs under the lane's reduction seed and the next ones, tested for one-sided drift (a seeded lane)",
+       .kind = LaneKeyKind::kCount,
+       .min = 3,
+       .max = 100}};
+  return keys;
+}
+
+const std::vector<LaneKey>& command_lane_keys() {
+  static const std::vector<LaneKey> keys{
+      {.key = "command",
+       .what = "the program and its arguments (no shell); one argument holds {out}, the receipt it must write",
+       .kind = LaneKeyKind::kArgv,
+       .required = true},
+      {.key = "budget-features",
+       .what = "the budget features its receipt declares (e.g. budget-features = \"torch-cpu\")",
+       .kind = LaneKeyKind::kFeatures,
+       .required = true},
+      {.key = "lane",
+       .what = "the receipt's lane, CANARY/NAME: it names the golden",
+       .kind = LaneKeyKind::kLaneName,
+       .default_value = "{canary}/{id}"}};
+  return keys;
+}
+
 std::string stack_lane_name(const LaneStack& stack, const StackOptions& options) {
-  std::string name = filled(stack.name, options);
+  std::string name = fill_options(stack.name, options);
   for (const StackPart& part : stack.name_parts) {
-    if (taken(part, options)) name += filled(part.text, options);
+    if (taken(part, options)) name += fill_options(part.text, options);
   }
   return name;
 }
@@ -278,12 +425,58 @@ std::vector<std::string> stack_command(const LaneStack& stack, const StackOption
     if (!taken(part, options)) continue;
     for (std::size_t at = 0; at <= part.text.size();) {
       const std::size_t space = std::min(part.text.find(' ', at), part.text.size());
-      argv.push_back(filled(part.text.substr(at, space - at), options));
+      argv.push_back(fill_options(part.text.substr(at, space - at), options));
       at = space + 1;
     }
   }
   return argv;
 }
+
+namespace {
+
+// A harness engine's flags as the keys of its lanes: a switch, or a value its engine reads.
+std::vector<LaneKey> engine_flag_keys(const std::string& engine) {
+  std::vector<LaneKey> keys;
+  for (const DescribedFlag& f : engine_flags()) {
+    if (f.engine != engine) continue;
+    keys.push_back({.key = std::string(f.flag.name),
+                    .what = std::string(f.flag.help),
+                    .kind = f.flag.is_switch ? LaneKeyKind::kSwitch : LaneKeyKind::kEngineFlag,
+                    .engine = engine});
+  }
+  return keys;
+}
+
+// The lanes of the harness's own engines: each engine's flags, and the name and budget
+// features a lane of it under its default settings has (canary "c").
+nlohmann::json harness_lanes_json() {
+  nlohmann::json engines = nlohmann::json::array();
+  for (const std::string& name : engine_names()) {
+    const auto engine = make_engine(name);
+    engines.push_back({{"engine", name},
+                       {"lane_keys", keys_json(engine_flag_keys(name))},
+                       {"example",
+                        {{"lane", run::lane_name("c", engine->lane_engine(), engine->features())},
+                         {"budget_features", engine->budget_features()}}}});
+  }
+  return {{"what", "a harness engine's lane, run in the nightly's own process (docs/engine-boundary.md)"},
+          {"canaries", kPackCanaries},
+          {"name", "{canary}/{lane_engine}"},
+          {"name_parts", parts_json({{"+{features}", {{"features", "*"}}, {}}})},
+          {"budget_features", "its engine's own (Engine::budget_features, under the lane's features and flags)"},
+          {"lane_keys", keys_json(harness_lane_keys())},
+          {"engines", engines}};
+}
+
+nlohmann::json command_lanes_json() {
+  return {{"what", "a team's own program, run as a child process on the job's canary pack (docs/nightly.md)"},
+          {"canaries", kPackCanaries},
+          {"name", "{lane}"},
+          {"budget_features", "its budget-features key"},
+          {"lane_keys", keys_json(command_lane_keys())}};
+}
+
+}  // namespace
 
 nlohmann::json lane_stacks_json() {
   nlohmann::json stacks = nlohmann::json::array();
@@ -299,11 +492,14 @@ nlohmann::json lane_stacks_json() {
                       {"fault_flag", s.fault_flag},
                       {"threads_flag", s.threads_flag},
                       {"canaries", s.canaries},
-                      {"lane_keys", s.lane_keys},
+                      {"lane_keys", keys_json(s.lane_keys)},
                       {"records", parts_json(s.records)},
                       {"examples", examples_json(s)}});
   }
-  return {{"job_placeholders", kJobPlaceholders}, {"lane_stacks", stacks}};
+  return {{"job_placeholders", kJobPlaceholders},
+          {"lane_stacks", stacks},
+          {"harness_lanes", harness_lanes_json()},
+          {"command_lanes", command_lanes_json()}};
 }
 
 }  // namespace harness::nightly

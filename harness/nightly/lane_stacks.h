@@ -6,6 +6,7 @@
 // equal and the package's lanes to it).
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <string_view>
@@ -37,6 +38,40 @@ struct StackPart {
   StackCondition when, unless;
 };
 
+// What kind of value a lane key takes, which says how the matrix reads it (read_lane_keys
+// in matrix.cpp) and what the export tells the package.
+enum class LaneKeyKind {
+  kChoice,       // one of `values`; "cuda:N" stands for cuda with any device index
+  kSwitch,       // present means on (true); its option is then "true"
+  kCount,        // an integer in min..max
+  kInterpreter,  // a Python interpreter's path (relative to the matrix file); the matrix's `python` stands in
+  kEngineFlag,   // read by the flag of that name of `engine` (tpu-mesh's mesh, shard-plan, precision)
+  kDeclared,     // what the lane declares of itself, given to be checked: it must equal the description's
+  kArgv,         // a program's argv (no shell), the job's placeholders filled when it runs
+  kFeatures,     // budget features, '+'-joined: what the lane's receipt declares
+  kLaneName,     // the lane's name, CANARY/NAME (it names the golden)
+  kLaneId,       // the id of another lane of the matrix
+  kHarnessFeatures,  // a harness engine's --features (bf16, fp8=..., its zones)
+};
+std::string_view to_string(LaneKeyKind kind);
+
+// One key a matrix lane of the stack takes (nightly.toml: `device = "cuda"`): what it
+// chooses, the values it takes, its default and where it may be given. The one place each
+// key's meaning is written: the matrix reads lanes by it, the export carries it.
+struct LaneKey {
+  std::string key{};   // as the matrix writes it: "shard-plan"
+  std::string what{};  // what it chooses, one line (the error for a missing required key ends with it)
+  LaneKeyKind kind = LaneKeyKind::kChoice;
+  std::vector<std::string> values{};  // kChoice: every value it takes
+  std::string default_value{};        // taken when the lane gives none ("" for none)
+  std::int64_t min = 0, max = 0;    // kCount: the range
+  bool required = false;            // a lane must give it (an interpreter: or the matrix its `python`)
+  std::string engine{};               // kEngineFlag: the engine whose flag reads it
+  // It may be given only where these keys hold (layout: device = cpu), and why not elsewhere.
+  StackCondition only_with{};
+  std::string only_with_why{};
+};
+
 struct LaneStack {
   std::string id;      // torch-pack, torch-canary, jax
   std::string what;    // one line: what runs
@@ -60,8 +95,9 @@ struct LaneStack {
   // picks the stack of its canary's kind that has that engine (find_lane_stack).
   std::string canaries;
   // The keys a matrix lane of this stack takes besides id, engine and why (nightly.toml:
-  // `device = "cuda"`, `mesh = "2x2"`), each an option its runner in matrix.cpp reads.
-  std::vector<std::string> lane_keys;
+  // `device = "cuda"`, `mesh = "2x2"`), each with its meaning; the matrix checks a lane's
+  // keys by them and its runner in matrix.cpp makes the stack's options of their values.
+  std::vector<LaneKey> lane_keys;
   // What its lanes' receipts hold besides the core every receipt has (docs/receipt-schema.md):
   // each part a group's path ("/compile"), taken under its conditions. The nightly refuses a
   // lane's receipt that lacks one (lane_run.cpp). What a canary adds of its own (moe's
@@ -85,6 +121,27 @@ const LaneStack& lane_stack(std::string_view id);
 const LaneStack* find_lane_stack(std::string_view engine, std::string_view canaries);
 // The engines of the stacks that run `canaries`, in the description's order.
 std::vector<std::string> lane_stack_engines(std::string_view canaries);
+
+// The lanes that run no stack, described as the stacks are (docs/lane-stacks.md): a harness
+// engine's, run in the nightly's own process, named `{canary}/{lane engine}[+{features}]`
+// and declaring its engine's budget features; and a team's command, named by its `lane` and
+// declaring its `budget-features`. Their keys besides id, engine and why: the keys every
+// harness engine's lane takes (its engine's flags besides, engines/registry.h), and a command
+// lane's.
+const std::vector<LaneKey>& harness_lane_keys();
+const std::vector<LaneKey>& command_lane_keys();
+// The key `key` of `keys`; nullptr for none.
+const LaneKey* find_lane_key(const std::vector<LaneKey>& keys, std::string_view key);
+std::vector<std::string> lane_key_names(const std::vector<LaneKey>& keys);
+
+// The stack's key `key`; nullptr for none.
+const LaneKey* find_lane_key(const LaneStack& stack, std::string_view key);
+// The keys' names, in the description's order ("device, precision, ...").
+std::vector<std::string> lane_key_names(const LaneStack& stack);
+
+// `text` with each {option} replaced by the option's value ("" when not set); the job's
+// placeholders (kJobPlaceholders) stay as written.
+std::string fill_options(const std::string& text, const StackOptions& options);
 
 // The lane's name and budget features under `options`.
 std::string stack_lane_name(const LaneStack& stack, const StackOptions& options);

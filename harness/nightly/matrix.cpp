@@ -29,10 +29,6 @@ namespace harness::nightly {
 namespace {
 
 inline constexpr std::int64_t kMatrixSchemaVersion = 1;
-inline constexpr const char* kLaneKeys[] = {"id",      "engine",          "features", "why",
-                                            "triage-with", "bias-repeats", "command", "budget-features", "lane"};
-// bias-repeats: enough repeats for the tests to reach their level, few enough for a nightly.
-inline constexpr std::int64_t kMinBiasRepeats = 3, kMaxBiasRepeats = 100;
 // What runs a Python lane where neither the matrix nor the lane names an interpreter
 // (`python = PATH`): Debian's python3, with this checkout's package.
 inline constexpr const char* kPython = "/usr/bin/python3";
@@ -42,6 +38,8 @@ inline constexpr const char* kPython = "/usr/bin/python3";
 #endif
 
 bool is_engine_flag(const std::string& key) { return find_engine_flag(key) != nullptr; }
+// The keys every lane takes, whatever runs it: its id, its engine (none for a command) and why.
+bool is_common_key(const std::string& key) { return key == "id" || key == "engine" || key == "why"; }
 
 // The lane's name, budget features and command (run by `python`), as its stack's
 // description makes them from `options`.
@@ -224,12 +222,7 @@ class Parser {
   TorchStack torch_stack(std::map<std::string, std::string>& options, const std::string& at) const {
     TorchStack stack;
     stack.compiled = options.count("compile") > 0;
-    if (options.count("layout")) {
-      stack.layout = options["layout"];
-      if (stack.layout != "ddp" && stack.layout != "fsdp") {
-        fail(fmt::format("{}.layout: '{}' is not ddp or fsdp", at, stack.layout));
-      }
-    }
+    if (options.count("layout")) stack.layout = options["layout"];
     const std::string key = options.count("python") ? at + ".python" : "python";
     const std::string python = options.count("python") ? interpreter(options["python"], key) : matrix_python_;
     if (!python.empty()) {
@@ -386,19 +379,19 @@ class Parser {
       return stack_lane(m, *t, *stack, std::move(spec), at);
     }
     if (has_command) return command_lane(m, *t, std::move(spec), at);
-    for (const char* key : {"command", "budget-features", "lane"}) {
-      if (t->contains(key)) {
+    for (const LaneKey& key : command_lane_keys()) {
+      if (t->contains(key.key)) {
         fail(fmt::format("{}.{}: only an external lane (engine = {} or a command) takes it; engine {} declares its own",
-                         at, key, engine_choices(kPackCanaries), spec.engine));
+                         at, key.key, engine_choices(kPackCanaries), spec.engine));
       }
     }
-    for (auto&& [key, value] : *t) {
+    for (auto&& [key, value] : *t) {  // the keys of harness_lane_keys() are read above and in bias_repeats
       const std::string k(key.str());
       if (is_engine_flag(k)) {
         spec.settings.options[k] = flag_value(value, at + "." + k);
-      } else if (std::find(std::begin(kLaneKeys), std::end(kLaneKeys), k) == std::end(kLaneKeys)) {
-        fail(fmt::format("{}.{}: unknown key (allowed: {} and the engine's flags, e.g. mesh, noise-seed)", at, k,
-                         fmt::join(kLaneKeys, ", ")));
+      } else if (!is_common_key(k) && !find_lane_key(harness_lane_keys(), k)) {
+        fail(fmt::format("{}.{}: unknown key (allowed: id, engine, why, {} and the engine's flags, e.g. mesh, noise-seed)",
+                         at, k, fmt::join(lane_key_names(harness_lane_keys()), ", ")));
       }
     }
     try {
@@ -419,10 +412,11 @@ class Parser {
   // that sets it (the repeats take the next seeds: every one replayable).
   int bias_repeats(const toml::table& t, const LaneSpec& spec, const std::string& at) const {
     if (!t.contains("bias-repeats")) return 0;
+    const LaneKey& described = *find_lane_key(harness_lane_keys(), "bias-repeats");
     const auto n = t["bias-repeats"].value<std::int64_t>();
-    if (!n || !t["bias-repeats"].is_integer() || *n < kMinBiasRepeats || *n > kMaxBiasRepeats) {
+    if (!n || !t["bias-repeats"].is_integer() || *n < described.min || *n > described.max) {
       fail(fmt::format("{}.bias-repeats: must be an integer in {}..{} (the sign test alone needs 9 or more for one "
-                       "window)", at, kMinBiasRepeats, kMaxBiasRepeats));
+                       "window)", at, described.min, described.max));
     }
     const std::string flag = spec.reduction_seed_flag();
     if (flag.empty()) {
@@ -465,42 +459,18 @@ class Parser {
     throw std::logic_error(fmt::format("lane stack {} has no runner in matrix.cpp", stack.id));
   }
 
-  // engine = "torch" (device, precision, python, compile, layout): the PyTorch lane of the
-  // job's pack (python -m canary_harness.lane), its name and features the stack's.
+  // engine = "torch": the PyTorch lane of the job's pack (python -m canary_harness.lane), its
+  // keys, name and features the stack's.
   LaneSpec torch_pack_lane(const Matrix& m, const toml::table& t, const LaneStack& stack, LaneSpec spec,
                            const std::string& at) const {
-    if (!spec.settings.features.empty()) {
-      fail(fmt::format("{}.features: an external lane takes no harness features; use precision = \"bf16\"", at));
-    }
-    if (!spec.triage_with.empty()) fail(fmt::format("{}.triage-with: triage explains the harness's fp8 lanes only", at));
-    for (auto&& [key, value] : t) {
-      const std::string k(key.str());
-      if (std::find(stack.lane_keys.begin(), stack.lane_keys.end(), k) != stack.lane_keys.end()) {
-        spec.settings.options[k] = flag_value(value, at + "." + k);
-      } else if (std::find(std::begin(kLaneKeys), std::end(kLaneKeys), k) == std::end(kLaneKeys)) {
-        fail(fmt::format("{}.{}: unknown key of a {} lane (allowed: {}, {})", at, k, stack.engine, fmt::join(kLaneKeys, ", "),
-                         fmt::join(stack.lane_keys, ", ")));
-      }
-    }
-    if (t.contains("lane")) fail(fmt::format("{}.lane: a torch lane's name is the PyTorch lane's own", at));
-    const std::string device = spec.settings.options.count("device") ? spec.settings.options["device"] : "cpu";
-    const std::string precision = spec.settings.options.count("precision") ? spec.settings.options["precision"] : "fp32";
-    const std::string type = device.substr(0, device.find(':'));
-    if (type != "cpu" && type != "cuda" && type != "xla") {
-      fail(fmt::format("{}.device: '{}' is not cpu, cuda, cuda:N or xla", at, device));
-    }
-    if (precision != "fp32" && precision != "bf16") fail(fmt::format("{}.precision: '{}' is not fp32 or bf16", at, precision));
-    spec.settings.options["device"] = device;
-    spec.settings.options["precision"] = precision;
+    read_lane_keys(t, stack, spec, at);
+    std::map<std::string, std::string>& options = spec.settings.options;
     // python = "PATH": its own golden beside Debian's torch lane (the name says which torch)
-    const TorchStack torch = torch_stack(spec.settings.options, at);
-    if (!torch.layout.empty() && type != "cpu") {
-      fail(fmt::format("{}.layout: a layout runs on the CPU (gloo); drop device or layout", at));
-    }
-    from_stack(stack, torch.options(m.canary_name, device, precision), torch.python, spec);
+    const TorchStack torch = torch_stack(options, at);
+    from_stack(stack, torch.options(m.canary_name, options["device"], options["precision"]), torch.python, spec);
     if (t.contains("budget-features") && feature_list(t, at + ".budget-features") != spec.budget_features) {
       fail(fmt::format("{}.budget-features: the torch lane on {} in {} declares {}; drop the key or make it that", at,
-                       device, precision, receipt::BudgetFeatures(spec.budget_features).to_string()));
+                       options["device"], options["precision"], receipt::BudgetFeatures(spec.budget_features).to_string()));
     }
     spec.environment = run::python_package_environment();
     return spec;
@@ -522,8 +492,9 @@ class Parser {
     if (!spec.triage_with.empty()) fail(fmt::format("{}.triage-with: triage explains the harness's fp8 lanes only", at));
     for (auto&& [key, value] : t) {
       const std::string k(key.str());
-      if (std::find(std::begin(kLaneKeys), std::end(kLaneKeys), k) == std::end(kLaneKeys)) {
-        fail(fmt::format("{}.{}: unknown key of a command lane (allowed: {})", at, k, fmt::join(kLaneKeys, ", ")));
+      if (!is_common_key(k) && !find_lane_key(command_lane_keys(), k)) {
+        fail(fmt::format("{}.{}: unknown key of a command lane (allowed: id, engine, why, {})", at, k,
+                         fmt::join(lane_key_names(command_lane_keys()), ", ")));
       }
     }
     spec.engine = "command";
@@ -549,13 +520,15 @@ class Parser {
     if (std::none_of(spec.command.begin(), spec.command.end(), [](const std::string& a) { return a.find("{out}") != std::string::npos; })) {
       fail(fmt::format("{}: no argument holds {{out}}, the receipt the command must write", where));
     }
-    if (!t.contains("budget-features")) {
-      fail(fmt::format("{}.budget-features: missing; a command lane declares the budget features its receipt declares "
-                       "(e.g. budget-features = \"torch-cpu\")", at));
+    for (const LaneKey& key : command_lane_keys()) {
+      if (key.required && !t.contains(key.key)) fail(fmt::format("{}.{}: missing; a command lane names {}", at, key.key, key.what));
     }
     spec.budget_features = feature_list(t, at + ".budget-features");
     spec.lane = text(t, "lane", at + ".lane", false);
-    if (spec.lane.empty()) spec.lane = m.canary_name + "/" + spec.id;
+    if (spec.lane.empty()) {
+      spec.lane = fill_options(find_lane_key(command_lane_keys(), "lane")->default_value,
+                               {{"canary", m.canary_name}, {"id", spec.id}});
+    }
     if (spec.lane.rfind(m.canary_name + "/", 0) != 0 || spec.lane.size() == m.canary_name.size() + 1 ||
         spec.lane.find("..") != std::string::npos) {
       fail(fmt::format("{}.lane: '{}' must be {}/NAME (the receipt's lane; it names the golden)", at, spec.lane,
@@ -570,14 +543,8 @@ class Parser {
   // are the module's own (canary_harness.jax._lane and budget_features).
   LaneSpec jax_lane(const Matrix& m, const toml::table& t, const LaneStack& stack, LaneSpec spec,
                     const std::string& at) const {
-    take_lane_flags(t, spec, stack.lane_keys, at, "a jax lane", "a jax lane");
-    if (!spec.settings.options.count("python") && matrix_python_.empty()) {
-      fail(fmt::format("{}.python: missing; a jax lane names the interpreter that has JAX (python = "
-                       "\"../.venv/bin/python\", made by scripts/python-env.sh), or the matrix does", at));
-    }
-    const std::string python = spec.settings.options.count("python")
-                                   ? interpreter(spec.settings.options["python"], at + ".python")
-                                   : matrix_python_;
+    read_lane_keys(t, stack, spec, at);
+    const std::string python = spec.settings.options.count("python") ? spec.settings.options["python"] : matrix_python_;
     EngineSettings layout;  // read by tpu-mesh's own rules: the mesh, plans and precisions are its
     for (const char* flag : {"mesh", "shard-plan", "precision"}) {
       if (spec.settings.options.count(flag)) layout.options[flag] = spec.settings.options[flag];
@@ -596,21 +563,90 @@ class Parser {
     return spec;
   }
 
-  // The keys of a lane that runs as a child process with its own flags: id, engine, why and
-  // `flags` (into the lane's options); no harness features (`owner` takes precision
-  // instead), no triage; any other key is refused naming `kind`.
-  void take_lane_flags(const toml::table& t, LaneSpec& spec, const std::vector<std::string>& flags, const std::string& at,
-                       const std::string& owner, const std::string& kind) const {
-    if (!spec.settings.features.empty()) fail(fmt::format("{}.features: {} takes precision = \"bf16\"", at, owner));
+  // The keys of a stack's lane, read by their descriptions (LaneStack::lane_keys), into the
+  // lane's options: id, engine and why besides, no harness features, no triage; each value
+  // as its kind takes it, defaults filled in, a required key missing and a key given where
+  // its `only_with` does not hold refused naming the key.
+  void read_lane_keys(const toml::table& t, const LaneStack& stack, LaneSpec& spec, const std::string& at) const {
+    const std::string kind = fmt::format("a {} lane", stack.id);
+    if (!spec.settings.features.empty()) {
+      fail(fmt::format("{}.features: {} takes no harness features; its keys say what it runs ({})", at, kind,
+                       fmt::join(lane_key_names(stack), ", ")));
+    }
     if (!spec.triage_with.empty()) fail(fmt::format("{}.triage-with: triage explains the harness's fp8 lanes only", at));
+    std::map<std::string, std::string>& options = spec.settings.options;
     for (auto&& [key, value] : t) {
       const std::string k(key.str());
-      if (std::find(flags.begin(), flags.end(), k) != flags.end()) {
-        spec.settings.options[k] = flag_value(value, at + "." + k);
-      } else if (k != "id" && k != "engine" && k != "why") {
-        fail(fmt::format("{}.{}: unknown key of {} (allowed: id, engine, why, {})", at, k, kind, fmt::join(flags, ", ")));
+      if (is_common_key(k)) continue;
+      const LaneKey* described = find_lane_key(stack, k);
+      if (!described) {
+        fail(fmt::format("{}.{}: unknown key of {} (allowed: id, engine, why, {})", at, k, kind,
+                         fmt::join(lane_key_names(stack), ", ")));
       }
+      if (described->kind != LaneKeyKind::kDeclared) options[k] = lane_key_value(*described, value, at + "." + k);
     }
+    for (const LaneKey& k : stack.lane_keys) {
+      if (!options.count(k.key) && !k.default_value.empty()) options[k.key] = k.default_value;
+      const bool stood_in = k.kind == LaneKeyKind::kInterpreter && !matrix_python_.empty();
+      if (k.required && !options.count(k.key) && !stood_in) {
+        fail(fmt::format("{}.{}: missing; {} names {}, or the matrix does", at, k.key, kind, k.what));
+      }
+      if (!t.contains(k.key) || k.only_with.empty()) continue;
+      std::vector<std::string> others;
+      for (const auto& [other, wanted] : k.only_with) {
+        others.push_back(other);
+        if (options.count(other) && options[other] == wanted) others.pop_back();
+      }
+      if (!others.empty()) fail(fmt::format("{}.{}: {}; drop {} or {}", at, k.key, k.only_with_why, fmt::join(others, ", "), k.key));
+    }
+  }
+
+  // A lane key's value as its kind takes it (LaneKey): a choice among its values, a switch,
+  // a count in its range, an interpreter that exists; an engine's flag as the engine reads it.
+  std::string lane_key_value(const LaneKey& k, const toml::node& node, const std::string& where) const {
+    const std::string value = flag_value(node, where);
+    switch (k.kind) {
+      case LaneKeyKind::kChoice:
+        if (!is_choice(k, value)) fail(fmt::format("{}: '{}' is not {}", where, value, or_list(k.values)));
+        return value;
+      case LaneKeyKind::kCount: {
+        std::int64_t n = 0;
+        const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+        if (ec != std::errc() || end != value.data() + value.size() || n < k.min || n > k.max) {
+          fail(fmt::format("{}: '{}' is not in {}..{}: {}", where, value, k.min, k.max, k.what));
+        }
+        return value;
+      }
+      case LaneKeyKind::kInterpreter: return interpreter(value, where);
+      case LaneKeyKind::kSwitch:  // flag_value refused false: present means on
+      case LaneKeyKind::kEngineFlag:
+      case LaneKeyKind::kDeclared:
+      case LaneKeyKind::kArgv:  // the kinds below are a harness or a command lane's, read where those are
+      case LaneKeyKind::kFeatures:
+      case LaneKeyKind::kLaneName:
+      case LaneKeyKind::kLaneId:
+      case LaneKeyKind::kHarnessFeatures: return value;
+    }
+    throw std::logic_error("a lane key of no kind");
+  }
+
+  // `value` is one of the key's values, where "NAME:N" stands for NAME:0, NAME:1, ...
+  static bool is_choice(const LaneKey& k, const std::string& value) {
+    return std::any_of(k.values.begin(), k.values.end(), [&](const std::string& choice) {
+      if (choice == value) return true;
+      const std::size_t colon = choice.find(':');
+      if (colon == std::string::npos || choice.substr(colon) != ":N" || value.compare(0, colon + 1, choice, 0, colon + 1) != 0) {
+        return false;
+      }
+      const std::string index = value.substr(colon + 1);
+      return !index.empty() && index.find_first_not_of("0123456789") == std::string::npos;
+    });
+  }
+
+  // "a, b or c"
+  static std::string or_list(const std::vector<std::string>& values) {
+    if (values.size() < 2) return fmt::format("{}", fmt::join(values, ""));
+    return fmt::format("{} or {}", fmt::join(values.begin(), values.end() - 1, ", "), values.back());
   }
 
   // A lane of a Python canary's matrix: engine = "torch" with device, precision, threads
@@ -626,19 +662,9 @@ class Parser {
       fail(fmt::format("{}: a Python canary's lanes are engine = {} (the harness's engines and commands run built-in "
                        "canaries and canary files)", at, engine_choices(kPythonCanaries)));
     }
-    take_lane_flags(t, spec, stack->lane_keys, at, "a torch lane", "a Python canary's lane");
-    const std::string device = spec.settings.options.emplace("device", "cpu").first->second;
-    const std::string precision = spec.settings.options.emplace("precision", "fp32").first->second;
-    const std::string threads = spec.settings.options.emplace("threads", "1").first->second;
-    const std::string type = device.substr(0, device.find(':'));
-    if (type != "cpu" && type != "cuda" && type != "xla") fail(fmt::format("{}.device: '{}' is not cpu, cuda, cuda:N or xla", at, device));
-    if (precision != "fp32" && precision != "bf16") fail(fmt::format("{}.precision: '{}' is not fp32 or bf16", at, precision));
-    int thread_count = 0;
-    const auto [end, ec] = std::from_chars(threads.data(), threads.data() + threads.size(), thread_count);
-    if (ec != std::errc() || end != threads.data() + threads.size() || thread_count < 1 ||
-        thread_count > run::kMaxThreads) {  // pinned: 0 (every core) would make its bits the host's
-      fail(fmt::format("{}.threads: '{}' is not a thread count in 1..{}", at, threads, run::kMaxThreads));
-    }
+    read_lane_keys(t, *stack, spec, at);
+    const std::string device = spec.settings.options["device"], precision = spec.settings.options["precision"];
+    const std::string threads = spec.settings.options["threads"];
     spec.python_canary = true;
     const TorchStack torch = torch_stack(spec.settings.options, at);
     describe_python_canary(m.canary, torch.python, at + ".python");  // this lane's interpreter loads it too

@@ -30,7 +30,7 @@ from typing import List, NoReturn, Optional
 from .runs.canary import CanaryError, CanaryImportError, load_canary
 from .invariance import run as run_invariance
 from .cli.lane_args import (MAX_THREADS, add_device_arguments, add_layout_arguments, add_versioned_argument, check_out,
-                        device_of, trace_problem)
+                        check_precision, device_of, trace_problem)
 from .receipts.receipt import ReceiptError
 from .runs.regressions import linear_weights
 from .cli.usage import UsageError, count_flag
@@ -149,8 +149,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.precision not in ("fp32", "bf16"):
-        raise UsageError(f"--precision: unknown precision '{args.precision}'; use fp32 or bf16")
+    check_precision(args.precision)
     if args.trace == "aten":
         raise UsageError("--trace aten: aten traces are taken by a replay (`replay --trace aten`, which `harness "
                          "bisect` runs for you): their ops change between steps (an optimizer's first step), which "
@@ -327,8 +326,7 @@ def describe(args: argparse.Namespace) -> int:
 def invariance(args: argparse.Namespace) -> int:
     """`python3 -m canary_harness invariance FILE.py:NAME`: canary_harness.invariance's check
     of a Python canary (the flags read here, the work there)."""
-    if args.precision not in ("fp32", "bf16"):
-        raise UsageError(f"--precision: unknown precision '{args.precision}'; use fp32 or bf16")
+    check_precision(args.precision)
     return run_invariance(argparse.Namespace(
         canary=args.canary, pack=None, device="cpu", precision=args.precision, json=args.json,
         max_batch=count_flag("max-batch", args.max_batch, 2, 64),

@@ -37,7 +37,7 @@ from typing import Any, List, NoReturn, Optional, Union
 from .receipts.budget_features import format_features
 from .runs.faults import FaultSpec
 from .cli.lane_args import (MAX_THREADS, add_device_arguments, add_layout_arguments, add_versioned_argument,
-                        check_device_name, check_out, device_of, parse_lane_fault, trace_problem)
+                        check_device_name, check_out, check_precision, device_of, parse_lane_fault, trace_problem)
 from .cli.lane_stacks import budget_features as stack_budget_features, lane_name as stack_lane_name, stack_options
 from .pack import PackError
 from .runs.pack_step import architecture_module, load_pack, pack_canary
@@ -96,8 +96,7 @@ def budget_features(device_type: str, precision: str, compiled: bool = False, la
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.precision not in ("fp32", "bf16"):
-        raise UsageError(f"--precision: unknown precision '{args.precision}'; use fp32 or bf16")
+    check_precision(args.precision)
     problem = trace_problem(args.trace)
     if problem:
         raise UsageError(problem)

@@ -17,6 +17,7 @@ from typing import Dict, List
 import pytest
 
 from canary_harness.cli import lane_stacks
+from canary_harness.cli.usage import UsageError
 from canary_harness.lane import budget_features as pack_lane_budget_features
 
 pytestmark = pytest.mark.torch_agnostic  # read from the description: no torch runs
@@ -105,3 +106,63 @@ def test_stack_options_are_the_descriptions_keys() -> None:
     # the PyTorch lane's manifest takes its budget features from the description
     assert pack_lane_budget_features("cpu", "fp32") == "torch-cpu"
     assert pack_lane_budget_features("cuda", "bf16", layout=None) == "torch-cuda+torch-bf16"
+
+
+def _options_with(base: Dict[str, str], key: str, value: str) -> Dict[str, str]:
+    """`base` with a matrix lane's `key = value` as the options it fills (matrix.cpp's
+    runners: a device is its type and its index, a switch is "true")."""
+    options = dict(base)
+    if key == "device":
+        device_type, _, index = value.partition(":")
+        options.update(device=device_type, device_index=f":{index}" if index else "")
+    elif key == "compile":
+        options["compile"] = "true"
+    else:
+        options[key.replace("-", "_")] = value
+    return options
+
+
+@pytest.mark.parametrize("stack_id", ["torch-pack", "torch-canary"])  # jax's keys are tpu-mesh's flags
+def test_every_value_a_lane_key_takes_is_one_its_module_takes(stack_id: str) -> None:
+    """Each value a stack's lane key takes by its description (a choice's values, "cuda:N" as
+    cuda:2, a count's range ends, a switch on) makes a command its module parses to that
+    value: a value the matrix takes and the lane refuses, or reads otherwise, fails here."""
+    described = lane_stacks.stack(stack_id)
+    base = described["examples"][0]["options"]
+    checked = 0
+    for key in described["lane_keys"]:
+        kind = key["kind"]
+        values = ([v.replace(":N", ":2") for v in key["values"]] if kind == "choice" else
+                  [str(n) for n in key["range"]] if kind == "count" else ["true"] if kind == "switch" else [])
+        for value in values:
+            argv = lane_stacks.command(stack_id, _options_with(base, key["key"], value))
+            got = parsed(described["module"], argv[2:])[key["key"].replace("-", "_")]
+            assert (bool(got) if kind == "switch" else str(got)) == (True if kind == "switch" else value), (key, argv)
+            checked += 1
+    assert checked >= 9, checked  # devices, precisions, a switch and a layout or a count
+
+
+def _takes(check: object, value: str) -> bool:
+    try:
+        check(value)  # type: ignore[operator]
+        return True
+    except UsageError:
+        return False
+
+
+def test_the_lanes_check_their_flags_by_the_description() -> None:
+    """The package's lanes refuse what the matrix refuses: their device, precision, layout
+    and thread checks read the torch stacks' keys (lane_args, distributed.LAYOUTS)."""
+    from canary_harness.cli.lane_args import MAX_THREADS, check_device_name, check_precision
+    from canary_harness.runs.distributed import LAYOUTS
+
+    for key, check, values in (("device", check_device_name, ["cpu", "cuda", "cuda:0", "cuda:12", "xla", "tpu", "cuda:",
+                                                               "cuda:x", "CPU", "cuda:1:2", "xla:0"]),
+                               ("precision", check_precision, ["fp32", "bf16", "fp16", "FP32", ""])):
+        described = lane_stacks.lane_key("torch-pack", key)
+        for value in values:
+            assert _takes(check, value) == lane_stacks.takes(described, value), (key, value)
+    assert list(LAYOUTS) == lane_stacks.lane_key("torch-pack", "layout")["values"]
+    assert MAX_THREADS == lane_stacks.lane_key("torch-canary", "threads")["range"][1]
+    with pytest.raises(UsageError, match=r"--device: unknown device 'tpu'; use cpu, cuda, cuda:N or xla"):
+        check_device_name("tpu")

@@ -148,10 +148,10 @@ bad "lanes\[0\] \(fp32\): a Python canary's lanes are engine = \"torch\"" "canar
 [[lanes]]
 id = \"fp32\"
 engine = \"cpu-ref\""
-bad "lanes\[0\] \(fp32\).threads: '0' is not a thread count" "canary = \"small.py:canary\"
+bad "lanes\[0\] \(fp32\).threads: '0' is not in 1..1024: torch's CPU threads" "canary = \"small.py:canary\"
 $lane
 threads = 0"
-bad "lanes\[0\] \(fp32\).noise-seed: unknown key of a Python canary's lane" "canary = \"small.py:canary\"
+bad "lanes\[0\] \(fp32\).noise-seed: unknown key of a torch-canary lane" "canary = \"small.py:canary\"
 $lane
 noise-seed = 3"
 bad "trace: 'aten' is not a trace level of a Python canary's lanes \\(aten traces come from bisect's replay\\); use none or ops" "canary = \"small.py:canary\"

@@ -125,7 +125,7 @@ bad 'command = ["tool", "{out}"]\n' "budget-features: missing"
 bad 'command = ["tool", "{out}", "{where}"]\nbudget-features = "a"\n' "command\[2\]: '\{where\}' is not a placeholder"
 bad 'command = ["tool"]\nbudget-features = "a"\n' "command: no argument holds \{out\}"
 bad 'engine = "torch"\nprecision = "fp16"\n' "precision: 'fp16' is not fp32 or bf16"
-bad 'engine = "torch"\nmesh = "2x2"\n' "mesh: unknown key of a torch lane"
+bad 'engine = "torch"\nmesh = "2x2"\n' "mesh: unknown key of a torch-pack lane"
 bad 'engine = "accel"\nbudget-features = "bf16"\n' "budget-features: only an external lane"
 # llama-tiny's torch lane against cpu-ref under its own entry of the shipped budgets
 # ([llama-tiny.torch-cpu]: llama-tiny is not among the canaries the default entries budget).

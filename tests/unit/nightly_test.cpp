@@ -7,7 +7,10 @@
 #include <utility>
 #include <vector>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "file_io.h"
 #include "false_alarms.h"
@@ -15,6 +18,7 @@
 #include "reports.h"
 #include "matrix.h"
 #include "lane_stacks.h"
+#include "registry.h"
 #include "canary_run.h"
 #include "scratch_dir.h"
 
@@ -252,6 +256,102 @@ TEST(Matrix, EachLaneStackIsReachedByItsEngineAndRunsAsDescribed) {
   EXPECT_EQ(find_lane_stack("cpu-ref", kPackCanaries), nullptr);  // a harness engine's lane
 }
 
+// Each key of every pack stack is read as its description says (LaneStack::lane_keys):
+// every value of a choice taken ("cuda:N" as cuda:2) and one outside refused naming the key,
+// a switch on or refused off, an interpreter that is not there refused, a default filled
+// where the lane gives none, a key given where its only_with does not hold refused with its
+// reason. A new key, or a value, is held here by its description alone.
+TEST(Matrix, EveryLaneKeyIsReadAsItsDescriptionSays) {
+  const testing::ScratchDir dir;
+  std::ofstream(dir.path("fakepy")) << "#!/bin/sh\necho 2.9.0+cpu\n";  // an interpreter with torch 2.9
+  std::filesystem::permissions(dir.path("fakepy"), std::filesystem::perms::owner_all);
+  for (const LaneStack& stack : lane_stacks()) {
+    if (stack.canaries != kPackCanaries) continue;
+    const std::string head = std::string(kHeader) + "python = \"fakepy\"\n" + kRefLane +
+                             "[[lanes]]\nid = \"s\"\nengine = \"" + stack.engine + "\"\n";
+    const auto option_of = [&](const std::string& lines, const std::string& key) {
+      const auto& options = load_matrix(write(dir, head + lines)).lane("s").settings.options;
+      return options.count(key) ? options.at(key) : std::string("(none)");
+    };
+    for (const LaneKey& k : stack.lane_keys) {
+      SCOPED_TRACE(stack.id + "." + k.key);
+      std::string with;  // what its only_with asks of the other keys
+      for (const auto& [other, wanted] : k.only_with) with += other + " = \"" + wanted + "\"\n";
+      const std::string at = "lanes[1] (s)." + k.key + ": ";
+      if (!k.default_value.empty()) {
+        EXPECT_EQ(option_of("", k.key), k.default_value);
+      }
+      switch (k.kind) {
+        case LaneKeyKind::kChoice:
+          for (std::string value : k.values) {
+            if (value.size() > 2 && value.substr(value.size() - 2) == ":N") value.replace(value.size() - 1, 1, "2");
+            EXPECT_EQ(option_of(with + k.key + " = \"" + value + "\"\n", k.key), value);
+          }
+          expect_refused(dir, {{head + with + k.key + " = \"nonsense\"\n", at + "'nonsense' is not "}}, true);
+          break;
+        case LaneKeyKind::kSwitch:
+          EXPECT_NE(option_of(with + k.key + " = true\n", k.key), "(none)");
+          expect_refused(dir, {{head + with + k.key + " = false\n", at + "a switch is on (true) or absent"}}, true);
+          break;
+        case LaneKeyKind::kInterpreter:
+          expect_refused(dir, {{head + k.key + " = \"nowhere/python\"\n", at + "'" + dir.path("nowhere/python") + "' does not exist"}},
+                         true);
+          break;
+        case LaneKeyKind::kCount:
+        case LaneKeyKind::kEngineFlag:
+        case LaneKeyKind::kDeclared:  // a Python canary's (cli.python_canary_nightly), tpu-mesh's, the runner's
+        case LaneKeyKind::kArgv:
+        case LaneKeyKind::kFeatures:
+        case LaneKeyKind::kLaneName:
+        case LaneKeyKind::kLaneId:
+        case LaneKeyKind::kHarnessFeatures: break;  // no stack's: a harness or a command lane's
+      }
+      for (const auto& [other, wanted] : k.only_with) {  // another value of that key: refused with the reason
+        const LaneKey* described = find_lane_key(stack, other);
+        ASSERT_NE(described, nullptr) << other;
+        const auto elsewhere = std::find_if(described->values.begin(), described->values.end(),
+                                            [&](const std::string& v) { return v != wanted && v.find(':') == std::string::npos; });
+        ASSERT_NE(elsewhere, described->values.end());
+        const std::string value = k.kind == LaneKeyKind::kSwitch ? "true" : "\"" + k.values.front() + "\"";
+        expect_refused(dir, {{head + other + " = \"" + *elsewhere + "\"\n" + k.key + " = " + value + "\n",
+                              at + k.only_with_why + "; drop " + other + " or " + k.key}},
+                       true);
+      }
+    }
+  }
+}
+
+// The lanes that run no stack are described too (lane_stacks_json: harness_lanes,
+// command_lanes): a lane of each harness engine is named and declares what its description's
+// example says, and a command lane takes its described keys and no other, the required ones
+// refused missing with what they mean.
+TEST(Matrix, HarnessAndCommandLanesAreWhatTheirDescriptionsSay) {
+  const testing::ScratchDir dir;
+  const nlohmann::json described = lane_stacks_json();
+  for (const nlohmann::json& engine : described["harness_lanes"]["engines"]) {
+    const std::string name = engine["engine"];
+    SCOPED_TRACE(name);
+    const Matrix m = load_matrix(write(dir, std::string(kHeader) + "[[lanes]]\nid = \"ref\"\nengine = \"" + name + "\"\n"));
+    const std::string example = engine["example"]["lane"];
+    EXPECT_EQ(m.lane("ref").lane, "micro" + example.substr(example.find('/')));
+    EXPECT_EQ(m.lane("ref").budget_features, engine["example"]["budget_features"].get<std::vector<std::string>>());
+    for (const nlohmann::json& key : engine["lane_keys"]) EXPECT_NE(find_engine_flag(key["key"].get<std::string>()), nullptr);
+  }
+  EXPECT_EQ(described["harness_lanes"]["engines"].size(), engine_names().size());
+  const std::string head = std::string(kHeader) + kRefLane + "[[lanes]]\nid = \"x\"\ncommand = [\"tool\", \"{out}\"]\n";
+  std::vector<std::pair<std::string, std::string>> cases{
+      {head + "budget-features = \"a\"\nbias-repeats = 5\n",
+       "lanes[1] (x).bias-repeats: unknown key of a command lane (allowed: id, engine, why, " +
+           fmt::format("{}", fmt::join(lane_key_names(command_lane_keys()), ", ")) + ")"}};
+  for (const LaneKey& key : command_lane_keys()) {
+    if (key.required && key.key != "command") {  // a lane without its command is no command lane
+      cases.push_back({head, "lanes[1] (x)." + key.key + ": missing; a command lane names " + key.what});
+    }
+  }
+  ASSERT_GE(cases.size(), 2u);
+  expect_refused(dir, cases, true);
+}
+
 // engine = "jax": canary_harness.jax on the job's pack, under the interpreter named by
 // python (relative to the matrix file), named and judged as that module names its run.
 TEST(Matrix, JaxLanesExpandToTheJaxModule) {
@@ -285,7 +385,7 @@ TEST(Matrix, JaxLanesExpandToTheJaxModule) {
       {head + venv + "shard-plan = \"fsdp\"\n", "lanes[1] (x): --shard-plan: unknown plan 'fsdp' (dp, tp, zero3, ep)"},
       {head + venv + "precision = \"fp8\"\n", "lanes[1] (x): --precision: unknown precision 'fp8' (fp32, bf16)"},
       {head + venv + "device = \"xla\"\n", "lanes[1] (x).device: unknown key of a jax lane"},
-      {head + venv + "features = \"bf16\"\n", "lanes[1] (x).features: a jax lane takes precision"},
+      {head + venv + "features = \"bf16\"\n", "lanes[1] (x).features: a jax lane takes no harness features"},
       {head + venv + "budget-features = \"jax\"\n", "lanes[1] (x).budget-features: unknown key of a jax lane"},
   };
   expect_refused(dir, cases, true);
@@ -329,7 +429,7 @@ TEST(Matrix, BadExternalLanesNameFileAndKey) {
       {head + cmd + "budget-features = \"a\"\nfeatures = \"bf16\"\n", "lanes[1] (x).features: an external lane"},
       {head + "engine = \"torch\"\nprecision = \"fp16\"\n", "lanes[1] (x).precision: 'fp16' is not fp32 or bf16"},
       {head + "engine = \"torch\"\ndevice = \"tpu\"\n", "lanes[1] (x).device: 'tpu' is not cpu"},
-      {head + "engine = \"torch\"\nnoise-seed = 3\n", "lanes[1] (x).noise-seed: unknown key of a torch lane"},
+      {head + "engine = \"torch\"\nnoise-seed = 3\n", "lanes[1] (x).noise-seed: unknown key of a torch-pack lane"},
       {head + "engine = \"torch\"\nbudget-features = \"torch-bf16\"\n", "lanes[1] (x).budget-features: the torch lane"},
       {head + "engine = \"torch\"\n" + cmd, "lanes[1] (x).command: a torch lane's command"},
       {head + "engine = \"accel\"\nbudget-features = \"a\"\n", "lanes[1] (x).budget-features: only an external lane"},

@@ -10,11 +10,13 @@ from typing import Any, List, Optional, Tuple
 
 from ..runs.faults import parse_fault
 from ..runs.regressions import is_regression, parse_regression
-from .usage import UsageError, all_digits
+from .lane_stacks import lane_key, or_list, takes
+from .usage import UsageError
 
-# torch CPU threads: 1..MAX_THREADS, the harness's bound (run::kMaxThreads); a torch lane
-# pins a count (its CPU kernels' bits depend on it), so there is no "0 = all cores".
-MAX_THREADS = 1024
+# torch CPU threads: 1..MAX_THREADS, the range of a Python canary's `threads` key (the
+# harness's run::kMaxThreads); a torch lane pins a count (its CPU kernels' bits depend on
+# it), so there is no "0 = all cores".
+MAX_THREADS = int(lane_key("torch-canary", "threads")["range"][1])
 # What a run records beside its metrics: the harness's levels (run::TraceLevel); a replay
 # takes "aten" instead of "ops" (canary_harness.runs.replay).
 TRACE_LEVELS = ("none", "ops")
@@ -42,9 +44,20 @@ def add_device_arguments(ap: Any) -> None:
                                             "same graphs loads them from DIR instead of compiling")
 
 
+def check_choice(key: str, value: str, noun: str) -> None:
+    """UsageError naming --KEY unless a torch lane's key `key` takes `value` (its stack's
+    description: the values the matrix takes too)."""
+    described = lane_key("torch-pack", key)
+    if not takes(described, value):
+        raise UsageError(f"--{key}: unknown {noun} '{value}'; use {or_list(described['values'])}")
+
+
 def check_device_name(name: str) -> None:
-    if not (name in ("cpu", "cuda", "xla") or (name.startswith("cuda:") and all_digits(name[5:]))):
-        raise UsageError(f"--device: unknown device '{name}'; use cpu, cuda, cuda:N or xla")
+    check_choice("device", name, "device")
+
+
+def check_precision(precision: str) -> None:
+    check_choice("precision", precision, "precision")
 
 
 def device_of(name: str, compile_cache: Optional[str] = None, deterministic: bool = False) -> Any:

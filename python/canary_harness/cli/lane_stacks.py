@@ -10,7 +10,15 @@ A part (a piece of the name, a budget feature, or some words of the command) is 
 every option of its `when` holds ("*": any value set) and not every option of its `unless`
 does; `{option}` in its text is the option's value, and the job's placeholders ({pack},
 {out}, ...: `job_placeholders`) stay for the job. A command part is split at spaces into
-words before its options are filled."""
+words before its options are filled.
+
+Each stack's `lane_keys` say what a matrix lane's keys mean: their kind, the values a choice
+takes, a default, a count's range. The package's lanes check their flags by the same
+entries (`lane_key`, `takes`), so a value means the same to the matrix and to the lane.
+
+The lanes that run no stack are described beside them (`harness_lanes`: a harness engine's,
+run in the nightly's own process; `command_lanes`: a team's own program): what names them,
+what they declare and the keys they take."""
 
 from __future__ import annotations
 
@@ -91,3 +99,27 @@ def command(stack_id: str, options: Mapping[str, str]) -> List[str]:
         if _taken(part, options):
             words += [_filled(word, options) for word in part["text"].split(" ")]
     return words
+
+
+def lane_key(stack_id: str, key: str) -> Dict[str, Any]:
+    """What the stack's lane key `key` means (kind, values, default, range, ...); KeyError for none."""
+    for described in stack(stack_id)["lane_keys"]:
+        if described["key"] == key:
+            return described
+    raise KeyError(f"lane stack {stack_id} has no key {key}")
+
+
+def takes(described: Mapping[str, Any], value: str) -> bool:
+    """Whether a choice key takes `value`, where a value "NAME:N" stands for NAME:0, NAME:1, ..."""
+    for choice in described["values"]:
+        name, colon, index = choice.partition(":")
+        suffix = value[len(name) + 1:]
+        if choice == value or (colon and index == "N" and value.startswith(name + ":") and suffix
+                               and all("0" <= c <= "9" for c in suffix)):
+            return True
+    return False
+
+
+def or_list(values: List[str]) -> str:
+    """"a, b or c", as the harness lists a key's values in its refusals."""
+    return values[0] if len(values) == 1 else ", ".join(values[:-1]) + " or " + values[-1]

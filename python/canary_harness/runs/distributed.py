@@ -47,9 +47,10 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 import torch
 
 from .canary import CanaryError
+from ..cli.lane_stacks import lane_key
 from ..cli.usage import UsageError, count_flag
 
-LAYOUTS = ("ddp", "fsdp")
+LAYOUTS = tuple(lane_key("torch-pack", "layout")["values"])  # the matrix's layout key takes the same
 RANK_ENV = "CANARY_HARNESS_RANK"  # set by launch() in each rank's environment: "RANK/WORLD"
 MAX_PROCESSES = 16
 GRACE_SECONDS = 30.0  # how long the other ranks get to fail on their own after one died
