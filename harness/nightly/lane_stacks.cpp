@@ -95,20 +95,25 @@ std::vector<LaneKey> torch_canary_keys() {
           compile_key()};
 }
 
-// A jax lane's: the interpreter that has JAX, and the mesh, its shard plan and the matmul
-// precision, read by tpu-mesh's own flags (the JAX lane runs tpu-mesh's layouts).
+// A jax lane's: the interpreter that has JAX; the plans the JAX module runs (tpu-mesh's but
+// ep) and the matmul precisions, as choices the module reads too; the mesh, read by
+// tpu-mesh's own flag (the JAX lane runs tpu-mesh's layouts).
 std::vector<LaneKey> jax_keys() {
-  std::vector<LaneKey> keys{
-      {.key = "python",
-       .what = "the interpreter that has JAX (python = \"../.venv/bin/python\", made by scripts/python-env.sh)",
-       .kind = LaneKeyKind::kInterpreter,
-       .required = true}};
-  for (const auto& [key, what] : {std::pair<const char*, const char*>{"mesh", "the mesh of virtual XLA CPU devices, DxM"},
-                                  {"shard-plan", "how the mesh shards the canary (dp, tp, zero3, ep)"},
-                                  {"precision", "the matmul operands' precision (fp32, bf16)"}}) {
-    keys.push_back({.key = key, .what = what, .kind = LaneKeyKind::kEngineFlag, .engine = "tpu-mesh"});
-  }
-  return keys;
+  return {{.key = "python",
+           .what = "the interpreter that has JAX (python = \"../.venv/bin/python\", made by scripts/python-env.sh)",
+           .kind = LaneKeyKind::kInterpreter,
+           .required = true},
+          {.key = "mesh", .what = "the mesh of virtual XLA CPU devices, DxM", .kind = LaneKeyKind::kEngineFlag, .engine = "tpu-mesh"},
+          {.key = "shard-plan",
+           .what = "how the mesh shards the canary: data parallel, tensor parallel or ZeRO-3",
+           .kind = LaneKeyKind::kChoice,
+           .values = {"dp", "tp", "zero3"},
+           .default_value = "dp"},
+          {.key = "precision",
+           .what = "the matmul operands' precision",
+           .kind = LaneKeyKind::kChoice,
+           .values = {"fp32", "bf16"},
+           .default_value = "fp32"}};
 }
 
 // The lane's receipt: the last two words of every stack's command (the job fills {out}).

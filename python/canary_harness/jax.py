@@ -45,7 +45,7 @@ from .runs.architectures import architecture_of, described, model_of
 from .receipts.budget_features import format_features
 from .receipts.digest import batch_hash
 from .runs.faults import FaultSpec
-from .cli.lane_args import check_out, parse_lane_fault
+from .cli.lane_args import check_choice, check_out, parse_lane_fault
 from .cli.lane_stacks import budget_features as stack_budget_features, lane_name, stack_options
 from .models.table import is_decayed
 from .pack import PackError, read_pack
@@ -53,7 +53,6 @@ from .receipts.receipt import ReceiptError, ReceiptWriter
 from .cli.usage import UsageError, count_flag
 
 PROG = "canary_harness.jax"
-PLANS = ("dp", "tp", "zero3")
 
 
 def _force_devices(count: int) -> None:
@@ -526,10 +525,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.shard_plan not in PLANS:
-        raise UsageError(f"--shard-plan: unknown plan '{args.shard_plan}'; use dp, tp or zero3")
-    if args.precision not in ("fp32", "bf16"):
-        raise UsageError(f"--precision: unknown precision '{args.precision}'; use fp32 or bf16")
+    check_choice("shard-plan", args.shard_plan, "plan", stack_id="jax")
+    check_choice("precision", args.precision, "precision", stack_id="jax")
     mesh_shape = parse_mesh(args.mesh)
     import importlib.util
 

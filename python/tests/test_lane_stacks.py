@@ -122,7 +122,7 @@ def _options_with(base: Dict[str, str], key: str, value: str) -> Dict[str, str]:
     return options
 
 
-@pytest.mark.parametrize("stack_id", ["torch-pack", "torch-canary"])  # jax's keys are tpu-mesh's flags
+@pytest.mark.parametrize("stack_id", ["torch-pack", "torch-canary", "jax"])
 def test_every_value_a_lane_key_takes_is_one_its_module_takes(stack_id: str) -> None:
     """Each value a stack's lane key takes by its description (a choice's values, "cuda:N" as
     cuda:2, a count's range ends, a switch on) makes a command its module parses to that
@@ -139,7 +139,7 @@ def test_every_value_a_lane_key_takes_is_one_its_module_takes(stack_id: str) -> 
             got = parsed(described["module"], argv[2:])[key["key"].replace("-", "_")]
             assert (bool(got) if kind == "switch" else str(got)) == (True if kind == "switch" else value), (key, argv)
             checked += 1
-    assert checked >= 9, checked  # devices, precisions, a switch and a layout or a count
+    assert checked >= (5 if stack_id == "jax" else 9), checked  # every choice's values, a switch, a count
 
 
 def _takes(check: object, value: str) -> bool:
@@ -153,7 +153,7 @@ def _takes(check: object, value: str) -> bool:
 def test_the_lanes_check_their_flags_by_the_description() -> None:
     """The package's lanes refuse what the matrix refuses: their device, precision, layout
     and thread checks read the torch stacks' keys (lane_args, distributed.LAYOUTS)."""
-    from canary_harness.cli.lane_args import MAX_THREADS, check_device_name, check_precision
+    from canary_harness.cli.lane_args import MAX_THREADS, check_choice, check_device_name, check_precision
     from canary_harness.runs.distributed import LAYOUTS
 
     for key, check, values in (("device", check_device_name, ["cpu", "cuda", "cuda:0", "cuda:12", "xla", "tpu", "cuda:",
@@ -162,6 +162,10 @@ def test_the_lanes_check_their_flags_by_the_description() -> None:
         described = lane_stacks.lane_key("torch-pack", key)
         for value in values:
             assert _takes(check, value) == lane_stacks.takes(described, value), (key, value)
+    for key, noun in (("shard-plan", "plan"), ("precision", "precision")):  # the JAX lane's, by its own stack
+        described = lane_stacks.lane_key("jax", key)
+        for value in described["values"] + ["ep", "fp8", ""]:
+            assert _takes(lambda v: check_choice(key, v, noun, stack_id="jax"), value) == lane_stacks.takes(described, value)
     assert list(LAYOUTS) == lane_stacks.lane_key("torch-pack", "layout")["values"]
     assert MAX_THREADS == lane_stacks.lane_key("torch-canary", "threads")["range"][1]
     with pytest.raises(UsageError, match=r"--device: unknown device 'tpu'; use cpu, cuda, cuda:N or xla"):

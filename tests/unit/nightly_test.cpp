@@ -382,8 +382,10 @@ TEST(Matrix, JaxLanesExpandToTheJaxModule) {
       {head + "python = \"nowhere/python\"\n", "lanes[1] (x).python: '" + dir.path("nowhere/python") + "' does not exist"},
       {head + venv + "mesh = \"2by2\"\n", "lanes[1] (x): --mesh: '2by2' is not DxM"},
       {head + venv + "mesh = \"0x4\"\n", "lanes[1] (x): --mesh: '0x4' is not DxM"},
-      {head + venv + "shard-plan = \"fsdp\"\n", "lanes[1] (x): --shard-plan: unknown plan 'fsdp' (dp, tp, zero3, ep)"},
-      {head + venv + "precision = \"fp8\"\n", "lanes[1] (x): --precision: unknown precision 'fp8' (fp32, bf16)"},
+      {head + venv + "shard-plan = \"fsdp\"\n", "lanes[1] (x).shard-plan: 'fsdp' is not dp, tp or zero3"},
+      // tpu-mesh's expert plan, which the JAX module does not run: refused here, not when the lane runs
+      {head + venv + "shard-plan = \"ep\"\n", "lanes[1] (x).shard-plan: 'ep' is not dp, tp or zero3"},
+      {head + venv + "precision = \"fp8\"\n", "lanes[1] (x).precision: 'fp8' is not fp32 or bf16"},
       {head + venv + "device = \"xla\"\n", "lanes[1] (x).device: unknown key of a jax lane"},
       {head + venv + "features = \"bf16\"\n", "lanes[1] (x).features: a jax lane takes no harness features"},
       {head + venv + "budget-features = \"jax\"\n", "lanes[1] (x).budget-features: unknown key of a jax lane"},

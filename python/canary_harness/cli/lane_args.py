@@ -44,10 +44,10 @@ def add_device_arguments(ap: Any) -> None:
                                             "same graphs loads them from DIR instead of compiling")
 
 
-def check_choice(key: str, value: str, noun: str) -> None:
-    """UsageError naming --KEY unless a torch lane's key `key` takes `value` (its stack's
-    description: the values the matrix takes too)."""
-    described = lane_key("torch-pack", key)
+def check_choice(key: str, value: str, noun: str, stack_id: str = "torch-pack") -> None:
+    """UsageError naming --KEY unless the lane key `key` of stack `stack_id` takes `value`
+    (its description: the values the matrix takes too)."""
+    described = lane_key(stack_id, key)
     if not takes(described, value):
         raise UsageError(f"--{key}: unknown {noun} '{value}'; use {or_list(described['values'])}")
 
