@@ -1,0 +1,114 @@
+#include "rounding_bounds.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace harness::numerics {
+namespace {
+
+// One set of traits from the two numbers that define a binary format's grid; u, the
+// subnormal step and the least normal follow from them exactly (ldexp is exact).
+PrecisionTraits traits_from(int mantissa_bits, int min_normal_exponent, double max_finite) {
+  return {mantissa_bits, min_normal_exponent, std::ldexp(1.0, -(mantissa_bits + 1)),
+          std::ldexp(1.0, min_normal_exponent - mantissa_bits), max_finite};
+}
+
+std::string describe(double value) {
+  std::ostringstream out;
+  out.precision(17);
+  out << value;
+  return out.str();
+}
+
+// ceil(log2 n) for n >= 1, from the bit width of n - 1: no libm, exact for every n.
+std::int64_t ceil_log2(std::int64_t n) {
+  return n <= 1 ? 0 : static_cast<std::int64_t>(std::bit_width(static_cast<std::uint64_t>(n - 1)));
+}
+
+}  // namespace
+
+std::string_view to_string(Precision precision) {
+  switch (precision) {
+    case Precision::Fp32: return "fp32";
+    case Precision::Bf16: return "bf16";
+    case Precision::Fp8E4M3: return "e4m3";
+    case Precision::Fp8E5M2: return "e5m2";
+  }
+  return "unknown";
+}
+
+Precision fp8_precision(Fp8Format format) {
+  return format == Fp8Format::E4M3 ? Precision::Fp8E4M3 : Precision::Fp8E5M2;
+}
+
+PrecisionTraits precision_traits(Precision precision) {
+  switch (precision) {
+    case Precision::Fp32: return traits_from(23, -126, std::numeric_limits<float>::max());
+    // bf16 is fp32's top 16 bits: fp32's exponent range with 7 fraction bits.
+    case Precision::Bf16: return traits_from(7, -126, bf16_to_fp32(0x7F7F));
+    case Precision::Fp8E4M3:
+    case Precision::Fp8E5M2: {
+      const Fp8Format format = precision == Precision::Fp8E4M3 ? Fp8Format::E4M3 : Fp8Format::E5M2;
+      const Fp8Traits t = fp8_traits(format);
+      return traits_from(t.mantissa_bits, 1 - t.bias, t.max_finite);
+    }
+  }
+  throw std::invalid_argument("precision_traits: unknown precision " +
+                              std::to_string(static_cast<int>(precision)));
+}
+
+double gamma(std::int64_t n, double u) {
+  if (n < 0) throw std::invalid_argument("gamma: n = " + std::to_string(n) + " is negative; n counts roundings");
+  const double nu = static_cast<double>(n) * u;
+  if (!(nu < 1.0)) {
+    throw std::invalid_argument("gamma: n*u = " + std::to_string(n) + " * " + describe(u) + " = " + describe(nu) +
+                                " is not below 1, so n*u/(1 - n*u) bounds nothing (Higham, Lemma 3.1); "
+                                "use a wider accumulator or fewer terms per rounding chain");
+  }
+  return nu / (1.0 - nu);
+}
+
+double ulp_of(double value, Precision precision) {
+  if (!std::isfinite(value)) return std::numeric_limits<double>::quiet_NaN();
+  const PrecisionTraits t = precision_traits(precision);
+  if (value == 0.0) return t.smallest_spacing;
+  int exponent = 0;
+  std::frexp(value, &exponent);  // |value| = m 2^exponent, m in [0.5, 1): the binade is exponent - 1
+  const int binade = std::max(exponent - 1, t.min_normal_exponent);
+  return std::ldexp(1.0, binade - t.mantissa_bits);
+}
+
+double error_in_ulps(double computed, double exact, Precision precision) {
+  return std::fabs(computed - exact) / ulp_of(exact, precision);
+}
+
+double dot_product_bound(std::int64_t k, double sum_abs_products, Precision accumulate) {
+  return gamma(k, precision_traits(accumulate).unit_roundoff) * sum_abs_products;
+}
+
+double recursive_sum_bound(std::int64_t n, double sum_abs, Precision precision) {
+  return gamma(std::max<std::int64_t>(n - 1, 0), precision_traits(precision).unit_roundoff) * sum_abs;
+}
+
+double pairwise_sum_bound(std::int64_t n, double sum_abs, Precision precision) {
+  return gamma(ceil_log2(n), precision_traits(precision).unit_roundoff) * sum_abs;
+}
+
+double rounding_bound(double exact, Precision precision, double scale) {
+  if (scale == 0.0 || !std::isfinite(scale)) {
+    throw std::invalid_argument("rounding_bound: scale = " + describe(scale) +
+                                " must be finite and nonzero (it divides the rounded value)");
+  }
+  const PrecisionTraits t = precision_traits(precision);
+  if (!(std::fabs(exact * scale) <= t.max_finite)) return std::numeric_limits<double>::infinity();
+  // The relative term in x's own units (u |x s| / |s|), plus the underflow term, which the
+  // division by s scales: a large scale shrinks it, which is what scaling is for.
+  return t.unit_roundoff * std::fabs(exact) + 0.5 * t.smallest_spacing / std::fabs(scale);
+}
+
+}  // namespace harness::numerics

@@ -1,0 +1,79 @@
+// Rounding-error bounds an op's output must satisfy: the first piece of a float64 oracle
+// that says which of two engines is right. Each bound is an absolute error bound, worst
+// case over every input that has the stated sums, for one op on its own inputs.
+//
+// The model is the standard one (Higham, "Accuracy and Stability of Numerical Algorithms",
+// 2nd ed., §2.2): rounding to nearest in a format with unit roundoff u gives
+//   fl(x) = x (1 + d) + e,   |d| <= u,   |e| <= half the subnormal step,
+// and at most one of d, e is nonzero (e only below the least normal). The formats are
+// the ones engines/numerics/formats.h converts to; tests/unit/rounding_bounds_test.cpp
+// checks every bound against that code, exhaustively for fp8.
+//
+// Limits: no bound here covers overflow (rounding_bound says +inf), and the sum and dot
+// product bounds assume no underflow in the partial sums (Higham's assumption too). They
+// bound one op; errors carried in from earlier ops are the caller's to add.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "formats.h"
+
+namespace harness::numerics {
+
+// The precision an op rounds its output (or its accumulator) to.
+enum class Precision : std::uint8_t { Fp32, Bf16, Fp8E4M3, Fp8E5M2 };
+std::string_view to_string(Precision precision);
+Precision fp8_precision(Fp8Format format);
+
+struct PrecisionTraits {
+  int mantissa_bits;         // fraction bits stored; the significand has one more
+  int min_normal_exponent;   // the least normal value is 2^min_normal_exponent
+  double unit_roundoff;      // u = 2^-(mantissa_bits + 1), half the spacing at 1
+  double smallest_spacing;   // the least subnormal, and the grid's step below the least normal
+  double max_finite;
+};
+// fp32: u 2^-24, step 2^-149; bf16: u 2^-8, step 2^-133 (fp32's exponent range, 7 fraction
+// bits); e4m3: u 2^-4, step 2^-9, max 448; e5m2: u 2^-3, step 2^-16, max 57344.
+PrecisionTraits precision_traits(Precision precision);
+
+// gamma_n = n u / (1 - n u), for n u < 1 (Higham §3.1, Lemma 3.1): the product of n
+// factors (1 + d_i)^(+-1) with |d_i| <= u is 1 + theta with |theta| <= gamma_n.
+// Throws std::invalid_argument when n < 0 or n u >= 1 (the lemma says nothing there).
+double gamma(std::int64_t n, double u);
+
+// The spacing of the precision's grid at |value|: 2^(e - mantissa_bits) for
+// 2^e <= |value| < 2^(e+1), and the subnormal step below the least normal (so also at 0).
+// Beyond max finite it continues as if the exponent range were unbounded. NaN for a
+// non-finite value.
+double ulp_of(double value, Precision precision);
+
+// |computed - exact| / ulp_of(exact): a rounding to nearest is within 0.5.
+double error_in_ulps(double computed, double exact, Precision precision);
+
+// Recursive (sequential) dot product of k terms: each product rounded to `accumulate`,
+// then added left to right in it. Higham §3.1:
+//   |sum a_i b_i - fl(sum a_i b_i)| <= gamma_k(u) * sum |a_i b_i|.
+// An fp32 kernel that forms the product in fp32 and adds it to an fp32 accumulator is
+// this case; so is an FMA chain (one rounding fewer per term, the bound still holds).
+double dot_product_bound(std::int64_t k, double sum_abs_products, Precision accumulate);
+
+// Recursive summation of n terms, each add rounded to the precision (Higham §4.2):
+//   |sum x_i - fl(sum x_i)| <= gamma_{n-1}(u) * sum |x_i|.   (0 for n <= 1)
+double recursive_sum_bound(std::int64_t n, double sum_abs, Precision precision);
+
+// Pairwise summation (halves summed recursively, then added; Higham §4.2): each term
+// goes through at most ceil(log2 n) roundings, so
+//   |sum x_i - fl(sum x_i)| <= gamma_{ceil(log2 n)}(u) * sum |x_i|.   (0 for n <= 1)
+double pairwise_sum_bound(std::int64_t n, double sum_abs, Precision precision);
+
+// Rounding exact * scale to the precision, to nearest, then dividing by scale (the
+// quantise/dequantise of engines/numerics/fp8_scaling.h). Higham §2.2 with gradual
+// underflow: |fl(x s)/s - x| <= u |x| + (smallest_spacing / 2) / |s|.
+// The multiply and divide by scale are exact here; a power-of-two scale makes them exact
+// in fp32 code too, any other scale adds fp32 roundings (~2^-24 |x| each) not included.
+// +inf when |exact * scale| > max_finite: fp8 saturates and bf16/fp32 overflow, and no
+// relative bound holds there. Throws std::invalid_argument for a zero or non-finite scale.
+double rounding_bound(double exact, Precision precision, double scale = 1.0);
+
+}  // namespace harness::numerics

@@ -1,0 +1,667 @@
+// Rounding bounds against the code that runs: every fp8 code and the midpoints between
+// codes, a million bf16 roundings, sequential and pairwise fp32/bf16 reductions against a
+// double-double reference. Each bound must hold, and must be nearly attained where the
+// theory says it is, so that a vacuous bound fails too. A negative control checks that
+// the fp32 dot product bound rejects an accumulation that rounded its products to bf16.
+// Random inputs come from Philox keyed by the case, so any failure replays.
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "numerics/formats.h"
+#include "numerics/philox.h"
+#include "numerics/rounding_bounds.h"
+
+namespace harness::numerics {
+namespace {
+
+float from_bits(std::uint32_t u) { return std::bit_cast<float>(u); }
+std::uint32_t bits(float x) { return std::bit_cast<std::uint32_t>(x); }
+double pow2(int e) { return std::ldexp(1.0, e); }
+float pow2f(int e) { return from_bits(static_cast<std::uint32_t>(e + 127) << 23); }  // normal range only
+
+constexpr Precision kAllPrecisions[] = {Precision::Fp32, Precision::Bf16, Precision::Fp8E4M3, Precision::Fp8E5M2};
+constexpr double kUnitRoundoffFp32 = 0x1p-24;
+
+// The largest error / bound seen, and where: the tightness a test reports and asserts.
+struct WorstRatio {
+  double ratio = 0, at = 0;
+  void observe(double error, double bound, double x) {
+    if (error / bound > ratio) ratio = error / bound, at = x;
+  }
+};
+
+std::string number(double value) {
+  std::ostringstream out;
+  out.precision(7);
+  out << value;
+  return out.str();
+}
+
+std::string describe(const WorstRatio& worst) { return number(worst.ratio) + " at " + number(worst.at); }
+
+// ---- exact reference -------------------------------------------------------------------
+
+// A sum kept as an unevaluated pair hi + lo, added to with Knuth's TwoSum (exact under
+// round-to-nearest without contraction): its error is ~n 2^-106 sum|x|, far below any
+// fp32 bound. Products of two floats are exact in double (48 significant bits).
+struct DoubleDouble {
+  double hi = 0, lo = 0;
+  void add(double x) {
+    const double sum = hi + x;
+    const double x_part = sum - hi;
+    lo += (hi - (sum - x_part)) + (x - x_part);
+    hi = sum;
+  }
+  double value() const { return hi + lo; }
+};
+
+// ---- seeded inputs ---------------------------------------------------------------------
+
+enum class Distribution { UniformSigned, AllPositive, WideExponents, HeavyCancellation };
+constexpr Distribution kAllDistributions[] = {Distribution::UniformSigned, Distribution::AllPositive,
+                                              Distribution::WideExponents, Distribution::HeavyCancellation};
+
+const char* name(Distribution distribution) {
+  switch (distribution) {
+    case Distribution::UniformSigned: return "uniform_signed";
+    case Distribution::AllPositive: return "all_positive";
+    case Distribution::WideExponents: return "wide_exponents";
+    case Distribution::HeavyCancellation: return "heavy_cancellation";
+  }
+  return "unknown";
+}
+
+// Uniform floats from integer bits, exact: 24 random bits times a power of two.
+float uniform_signed(std::uint32_t word) {
+  return static_cast<float>(static_cast<std::int32_t>(word >> 8) - (1 << 23)) * 0x1p-23f;
+}
+float uniform_positive(std::uint32_t word) { return static_cast<float>((word >> 8) + 1) * 0x1p-24f; }
+float wide_signed(std::uint32_t mantissa_word, std::uint32_t exponent_word) {
+  return uniform_signed(mantissa_word) * pow2f(static_cast<int>(exponent_word % 33u) - 16);
+}
+
+struct Operands {
+  std::vector<float> a, b;
+};
+
+// Heavy cancellation: pairs a_j b_j and -a_j b_j' with b_j' one fp32 ulp above b_j, the
+// second of each pair in reverse order, so partial sums climb to ~sum|a b| / 2 and then
+// cancel down to ~2^-23 of it; an odd k adds one small middle term.
+Operands draw_cancelling(std::int64_t k, std::uint64_t seed, std::uint64_t stream) {
+  Operands ops{std::vector<float>(static_cast<std::size_t>(k)), std::vector<float>(static_cast<std::size_t>(k))};
+  const std::int64_t pairs = k / 2;
+  for (std::int64_t j = 0; j < pairs; ++j) {
+    const PhiloxBlock w = philox_at(seed, stream, static_cast<std::uint64_t>(j));
+    const auto first = static_cast<std::size_t>(j), second = static_cast<std::size_t>(k - 1 - j);
+    ops.a[first] = wide_signed(w[0], w[2]);
+    ops.b[first] = uniform_positive(w[1]);
+    ops.a[second] = -ops.a[first];
+    ops.b[second] = from_bits(bits(ops.b[first]) + 1);
+  }
+  if (k % 2 == 1) {
+    const PhiloxBlock w = philox_at(seed, stream, static_cast<std::uint64_t>(k));
+    ops.a[static_cast<std::size_t>(pairs)] = uniform_signed(w[0]) * 0x1p-12f;
+    ops.b[static_cast<std::size_t>(pairs)] = uniform_positive(w[1]);
+  }
+  return ops;
+}
+
+// k operand pairs of trial `trial`, a pure function of (distribution, k, trial).
+Operands draw_operands(Distribution distribution, std::int64_t k, std::uint64_t trial) {
+  const std::uint64_t seed = static_cast<std::uint64_t>(k) * 1000 + trial;
+  const std::uint64_t stream = stream_id(name(distribution));
+  if (distribution == Distribution::HeavyCancellation) return draw_cancelling(k, seed, stream);
+  Operands ops{std::vector<float>(static_cast<std::size_t>(k)), std::vector<float>(static_cast<std::size_t>(k))};
+  for (std::int64_t i = 0; i < k; ++i) {
+    const PhiloxBlock w = philox_at(seed, stream, static_cast<std::uint64_t>(i));
+    const auto at = static_cast<std::size_t>(i);
+    switch (distribution) {
+      case Distribution::UniformSigned: ops.a[at] = uniform_signed(w[0]), ops.b[at] = uniform_signed(w[1]); break;
+      case Distribution::AllPositive: ops.a[at] = uniform_positive(w[0]), ops.b[at] = uniform_positive(w[1]); break;
+      default: ops.a[at] = wide_signed(w[0], w[2]), ops.b[at] = wide_signed(w[1], w[3]); break;
+    }
+  }
+  return ops;
+}
+
+constexpr std::int64_t kDotLengths[] = {1, 2, 3, 7, 64, 1000, 4097};
+constexpr std::uint64_t kTrials = 16;
+
+std::string case_id(std::string_view op, std::int64_t k, Distribution distribution, std::uint64_t trial) {
+  return std::string(op) + "(k=" + std::to_string(k) + "," + name(distribution) + ",trial=" + std::to_string(trial) + ")";
+}
+
+// ---- the reductions under test -----------------------------------------------------------
+
+// An fp32 kernel's inner loop: each product rounded to float, then added in order.
+// (The product is a named float and the build uses -ffp-contract=off: no FMA.)
+float sequential_dot_fp32(const Operands& ops) {
+  float sum = 0.0f;
+  for (std::size_t i = 0; i < ops.a.size(); ++i) {
+    const float product = ops.a[i] * ops.b[i];
+    sum = sum + product;
+  }
+  return sum;
+}
+
+// engines/kernels/gemm.h's inner loop: one FMA chain, one rounding per term.
+float fma_chain_dot_fp32(const Operands& ops) {
+  float sum = 0.0f;
+  for (std::size_t i = 0; i < ops.a.size(); ++i) sum = std::fma(ops.a[i], ops.b[i], sum);
+  return sum;
+}
+
+// What "an fp32 matmul that silently ran in bf16" computes: products rounded to bf16.
+float sequential_dot_bf16_products(const Operands& ops) {
+  float sum = 0.0f;
+  for (std::size_t i = 0; i < ops.a.size(); ++i) {
+    const float product = round_to_bf16(ops.a[i] * ops.b[i]);
+    sum = sum + product;
+  }
+  return sum;
+}
+
+// A bf16 accumulator: the fp32 add then rounded to bf16. That rounds twice, yet each step
+// stays within u_bf16 |s + x| in the normal range: the fp32 rounding can move a sum only
+// 2^-24 relative, and the one place it matters (a bf16 tie) lies at least 2^-16 relative
+// inside the bound.
+float sequential_sum_bf16(const std::vector<float>& x) {
+  float sum = 0.0f;
+  for (float value : x) sum = round_to_bf16(sum + value);
+  return sum;
+}
+
+float pairwise_sum_fp32(const float* x, std::size_t n) {
+  if (n == 0) return 0.0f;
+  if (n == 1) return x[0];
+  const std::size_t half = n / 2;
+  return pairwise_sum_fp32(x, half) + pairwise_sum_fp32(x + half, n - half);
+}
+
+float pairwise_sum_bf16(const float* x, std::size_t n) {
+  if (n == 0) return 0.0f;
+  if (n == 1) return x[0];
+  const std::size_t half = n / 2;
+  return round_to_bf16(pairwise_sum_bf16(x, half) + pairwise_sum_bf16(x + half, n - half));
+}
+
+struct ExactDot {
+  double value, sum_abs;
+};
+
+ExactDot exact_dot(const Operands& ops) {
+  DoubleDouble sum, sum_abs;
+  for (std::size_t i = 0; i < ops.a.size(); ++i) {
+    const double product = static_cast<double>(ops.a[i]) * static_cast<double>(ops.b[i]);
+    sum.add(product);
+    sum_abs.add(std::fabs(product));
+  }
+  return {sum.value(), sum_abs.value()};
+}
+
+ExactDot exact_sum(const std::vector<float>& x) {
+  DoubleDouble sum, sum_abs;
+  for (float value : x) sum.add(value), sum_abs.add(std::fabs(static_cast<double>(value)));
+  return {sum.value(), sum_abs.value()};
+}
+
+std::vector<float> to_bf16(const std::vector<float>& x) {
+  std::vector<float> rounded(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) rounded[i] = round_to_bf16(x[i]);
+  return rounded;
+}
+
+// ---- gamma, ulp_of, error_in_ulps ----------------------------------------------------------
+
+TEST(Gamma, IsHighamsFormulaBelowOne) {
+  EXPECT_EQ(gamma(0, kUnitRoundoffFp32), 0.0);
+  EXPECT_EQ(gamma(1, kUnitRoundoffFp32), 0x1p-24 / (1.0 - 0x1p-24));
+  EXPECT_EQ(gamma(std::int64_t{1} << 23, kUnitRoundoffFp32), 1.0);  // n u = 1/2
+  EXPECT_EQ(gamma(15, 0x1p-4), 15.0);                                  // e4m3, n u = 15/16
+}
+
+TEST(Gamma, RefusesWhenNuReachesOneAndSaysWhy) {
+  const std::pair<std::int64_t, double> n_and_u[] = {{std::int64_t{1} << 24, 0x1p-24}, {16, 0x1p-4}, {8, 0x1p-3}, {300, 0x1p-8}};
+  for (const auto& [n, u] : n_and_u) {
+    try {
+      gamma(n, u);
+      ADD_FAILURE() << "gamma(" << n << ", " << u << ") returned";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("n*u"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(std::to_string(n)), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(gamma(-1, kUnitRoundoffFp32), std::invalid_argument);
+  // A bf16 accumulator has a sequential bound for at most 256 terms; pairwise for far more.
+  EXPECT_EQ(recursive_sum_bound(256, 1.0, Precision::Bf16), 255.0);
+  EXPECT_THROW(recursive_sum_bound(257, 1.0, Precision::Bf16), std::invalid_argument);
+  EXPECT_THROW(dot_product_bound(256, 1.0, Precision::Bf16), std::invalid_argument);
+  EXPECT_EQ(pairwise_sum_bound(4097, 1.0, Precision::Bf16), gamma(13, 0x1p-8));
+}
+
+TEST(Gamma, PairwiseDepthIsCeilLog2) {
+  const std::pair<std::int64_t, std::int64_t> n_and_depth[] = {
+      {0, 0}, {1, 0}, {2, 1}, {3, 2}, {4, 2}, {5, 3}, {1024, 10}, {1025, 11}, {(std::int64_t{1} << 40) + 1, 41}};
+  for (const auto& [n, depth] : n_and_depth) {
+    EXPECT_EQ(pairwise_sum_bound(n, 1.0, Precision::Fp32), gamma(depth, kUnitRoundoffFp32)) << n;
+  }
+  EXPECT_EQ(recursive_sum_bound(0, 1.0, Precision::Fp32), 0.0);
+  EXPECT_EQ(recursive_sum_bound(1, 1.0, Precision::Fp32), 0.0);
+  EXPECT_EQ(recursive_sum_bound(1001, 2.0, Precision::Fp32), gamma(1000, kUnitRoundoffFp32) * 2.0);
+  EXPECT_EQ(dot_product_bound(64, 2.0, Precision::Fp32), gamma(64, kUnitRoundoffFp32) * 2.0);
+}
+
+TEST(PrecisionTraits, MatchTheFormatsCode) {
+  const PrecisionTraits fp32 = precision_traits(Precision::Fp32), bf16 = precision_traits(Precision::Bf16);
+  const PrecisionTraits e4m3 = precision_traits(Precision::Fp8E4M3), e5m2 = precision_traits(Precision::Fp8E5M2);
+  EXPECT_EQ(fp32.unit_roundoff, 0x1p-24);
+  EXPECT_EQ(bf16.unit_roundoff, 0x1p-8);
+  EXPECT_EQ(e4m3.unit_roundoff, 0x1p-4);
+  EXPECT_EQ(e5m2.unit_roundoff, 0x1p-3);
+  // The least positive code of each format, decoded by formats.h.
+  EXPECT_EQ(fp32.smallest_spacing, static_cast<double>(from_bits(1)));  // 2^-149
+  EXPECT_EQ(bf16.smallest_spacing, static_cast<double>(bf16_to_fp32(1)));
+  EXPECT_EQ(bf16.smallest_spacing, 0x1p-133);  // fp32's exponent range with 7 fraction bits
+  EXPECT_EQ(e4m3.smallest_spacing, static_cast<double>(fp8_to_fp32(1, Fp8Format::E4M3)));
+  EXPECT_EQ(e4m3.smallest_spacing, 0x1p-9);
+  EXPECT_EQ(e5m2.smallest_spacing, static_cast<double>(fp8_to_fp32(1, Fp8Format::E5M2)));
+  EXPECT_EQ(e5m2.smallest_spacing, 0x1p-16);
+  EXPECT_EQ(fp32.max_finite, static_cast<double>(std::numeric_limits<float>::max()));
+  EXPECT_EQ(bf16.max_finite, static_cast<double>(bf16_to_fp32(0x7F7F)));
+  EXPECT_EQ(e4m3.max_finite, 448.0);
+  EXPECT_EQ(e5m2.max_finite, 57344.0);
+  EXPECT_EQ(fp8_precision(Fp8Format::E4M3), Precision::Fp8E4M3);
+  EXPECT_EQ(fp8_precision(Fp8Format::E5M2), Precision::Fp8E5M2);
+  EXPECT_EQ(to_string(Precision::Fp8E5M2), "e5m2");
+}
+
+TEST(UlpOf, AtOneAndAcrossTheNormalSubnormalBoundary) {
+  EXPECT_EQ(ulp_of(1.0, Precision::Fp32), 0x1p-23);
+  EXPECT_EQ(ulp_of(1.0, Precision::Bf16), 0x1p-7);
+  EXPECT_EQ(ulp_of(1.0, Precision::Fp8E4M3), 0x1p-3);
+  EXPECT_EQ(ulp_of(1.0, Precision::Fp8E5M2), 0x1p-2);
+  EXPECT_EQ(ulp_of(-1.0, Precision::Fp8E5M2), 0x1p-2);
+  EXPECT_EQ(ulp_of(2.0 - 0x1p-30, Precision::Fp32), 0x1p-23);
+  EXPECT_EQ(ulp_of(2.0, Precision::Fp32), 0x1p-22);
+  for (Precision p : kAllPrecisions) {
+    const PrecisionTraits t = precision_traits(p);
+    const double least_normal = pow2(t.min_normal_exponent);
+    // The spacing is the subnormal step from zero up to and including the least normal's binade.
+    EXPECT_EQ(ulp_of(0.0, p), t.smallest_spacing) << to_string(p);
+    EXPECT_EQ(ulp_of(t.smallest_spacing, p), t.smallest_spacing) << to_string(p);
+    EXPECT_EQ(ulp_of(least_normal / 2, p), t.smallest_spacing) << to_string(p);
+    EXPECT_EQ(ulp_of(least_normal, p), t.smallest_spacing) << to_string(p);
+    EXPECT_EQ(ulp_of(2 * least_normal, p), 2 * t.smallest_spacing) << to_string(p);
+    EXPECT_TRUE(std::isnan(ulp_of(std::numeric_limits<double>::infinity(), p)));
+  }
+  EXPECT_EQ(ulp_of(448.0, Precision::Fp8E4M3), 32.0);
+  EXPECT_EQ(ulp_of(57344.0, Precision::Fp8E5M2), 8192.0);
+}
+
+// ulp_of(v) is the distance to the next code up, for every finite fp8 and bf16 code.
+TEST(UlpOf, IsTheGapToTheNextCodeForEveryCode) {
+  for (Fp8Format format : {Fp8Format::E4M3, Fp8Format::E5M2}) {
+    const Precision p = fp8_precision(format);
+    for (int code = 0; code < 0x7F; ++code) {
+      const double v = fp8_to_fp32(static_cast<std::uint8_t>(code), format);
+      const double next = fp8_to_fp32(static_cast<std::uint8_t>(code + 1), format);
+      if (!std::isfinite(next)) break;
+      ASSERT_EQ(ulp_of(v, p), next - v) << to_string(format) << " code " << code;
+      ASSERT_EQ(ulp_of(-v, p), next - v) << to_string(format) << " code " << code;
+    }
+  }
+  for (std::uint32_t code = 0; code < 0x7F7F; ++code) {
+    const double v = bf16_to_fp32(static_cast<std::uint16_t>(code));
+    ASSERT_EQ(ulp_of(v, Precision::Bf16), bf16_to_fp32(static_cast<std::uint16_t>(code + 1)) - v) << code;
+  }
+  for (std::uint64_t i = 0; i < 100000; ++i) {
+    const std::uint32_t u = philox_at(3, stream_id("ulp_of/fp32"), i)[0] & 0x7FFFFFFFu;
+    if (u >= 0x7F7FFFFFu) continue;  // the largest finite and inf/NaN have no finite next code
+    const double v = from_bits(u);
+    ASSERT_EQ(ulp_of(v, Precision::Fp32), static_cast<double>(from_bits(u + 1)) - v) << std::hex << u;
+  }
+}
+
+TEST(ErrorInUlps, MeasuresAgainstTheExactValuesSpacing) {
+  EXPECT_EQ(error_in_ulps(1.0 + 0x1p-23, 1.0, Precision::Fp32), 1.0);
+  EXPECT_EQ(error_in_ulps(1.0, 1.0 + 0x1p-4, Precision::Fp8E4M3), 0.5);
+  EXPECT_EQ(error_in_ulps(0x1p-149, 0.0, Precision::Fp32), 1.0);   // exact zero: the least spacing
+  EXPECT_EQ(error_in_ulps(0x1p-10, 0.0, Precision::Fp8E4M3), 0.5);
+  EXPECT_EQ(error_in_ulps(-0x1p-16, 0.0, Precision::Fp8E5M2), 1.0);
+}
+
+// ---- rounding to a format ------------------------------------------------------------------
+
+// Checks |fl(x) - x| <= rounding_bound(x) and error_in_ulps <= 1/2 for one input, and
+// records the ratio separately for normal and subnormal x (the two terms of the bound).
+struct RoundingCheck {
+  explicit RoundingCheck(Precision checked_precision) : precision(checked_precision) {}
+
+  Precision precision;
+  WorstRatio normal, subnormal;
+  std::int64_t checked = 0, beyond_max = 0;
+
+  void check(float x, float rounded) {
+    const double bound = rounding_bound(x, precision);
+    const PrecisionTraits t = precision_traits(precision);
+    if (std::fabs(static_cast<double>(x)) > t.max_finite) {
+      ASSERT_TRUE(std::isinf(bound)) << x;  // the format does not hold x: no bound
+      ++beyond_max;
+      return;
+    }
+    const double error = std::fabs(static_cast<double>(rounded) - static_cast<double>(x));  // exact: nearby floats
+    ASSERT_LE(error, bound) << to_string(precision) << " x=" << x << " rounded=" << rounded;
+    ASSERT_LE(error_in_ulps(rounded, x, precision), 0.5) << to_string(precision) << " x=" << x;
+    (std::fabs(static_cast<double>(x)) < pow2(t.min_normal_exponent) ? subnormal : normal).observe(error, bound, x);
+    ++checked;
+  }
+};
+
+// The worst case of rounding to nearest: the midpoint just above a power of two has
+// error u 2^e against a bound u 2^e (1 + u); the first subnormal midpoint has error s/2
+// against u s/2 + s/2. Either way error/bound reaches 1/(1 + u).
+double attainable_ratio(Precision p) { return 1.0 / (1.0 + precision_traits(p).unit_roundoff); }
+
+TEST(RoundingBound, EveryFp8CodeMidpointAndNeighbourIsWithinTheBoundAndTheBoundIsAttained) {
+  for (Fp8Format format : {Fp8Format::E4M3, Fp8Format::E5M2}) {
+    RoundingCheck check{fp8_precision(format)};
+    for (int code = 0; code < 0x7F; ++code) {
+      const float v = fp8_to_fp32(static_cast<std::uint8_t>(code), format);
+      const float next = fp8_to_fp32(static_cast<std::uint8_t>(code + 1), format);
+      if (!std::isfinite(next)) break;  // v is the largest finite code
+      const float midpoint = (v + next) / 2;  // exact: one bit more than the format holds
+      const std::uint32_t m = bits(midpoint);
+      for (float x : {v, midpoint, from_bits(m - 1), from_bits(m + 1), from_bits(bits(v) + 1), from_bits(bits(next) - 1)}) {
+        ASSERT_NO_FATAL_FAILURE(check.check(x, round_to_fp8(x, format)));
+        ASSERT_NO_FATAL_FAILURE(check.check(-x, round_to_fp8(-x, format)));
+      }
+    }
+    const double max_finite = fp8_traits(format).max_finite;
+    check.check(from_bits(bits(static_cast<float>(max_finite)) + 1), 0.0f);  // beyond max: +inf bound
+    EXPECT_EQ(check.beyond_max, 1);
+    EXPECT_GE(check.checked, 6 * 2 * 100);
+    // Tight: the worst case reaches 1/(1 + u) in both ranges (up to the other term).
+    EXPECT_GE(check.normal.ratio, attainable_ratio(check.precision) * (1 - 0x1p-12)) << to_string(format);
+    EXPECT_EQ(check.subnormal.ratio, attainable_ratio(check.precision)) << to_string(format);
+    RecordProperty(std::string(to_string(format)) + "_normal_worst_error_over_bound", describe(check.normal));
+    RecordProperty(std::string(to_string(format)) + "_subnormal_worst_error_over_bound", describe(check.subnormal));
+  }
+}
+
+TEST(RoundingBound, Bf16OverEveryExponentWithRandomMantissasIsWithinTheBoundAndAttained) {
+  RoundingCheck check{Precision::Bf16};
+  // 255 fp32 exponents (all but inf/NaN) x 4096 random sign and mantissa patterns.
+  for (std::uint32_t exponent = 0; exponent < 255; ++exponent) {
+    for (std::uint64_t i = 0; i < 4096; ++i) {
+      const std::uint32_t w = philox_at(exponent, stream_id("rounding_bound/bf16"), i)[0];
+      const float x = from_bits((w & 0x80000000u) | exponent << 23 | (w & 0x7FFFFFu));
+      ASSERT_NO_FATAL_FAILURE(check.check(x, round_to_bf16(x)));
+    }
+  }
+  // Every bf16 tie, where the bound is attained.
+  for (std::uint32_t code = 0; code < 0x7F80; ++code) {
+    const float tie = from_bits(code << 16 | 0x8000u);
+    ASSERT_NO_FATAL_FAILURE(check.check(tie, round_to_bf16(tie)));
+  }
+  EXPECT_GE(check.checked, 1000000);
+  EXPECT_GE(check.normal.ratio, attainable_ratio(Precision::Bf16) * (1 - 0x1p-20));
+  EXPECT_EQ(check.subnormal.ratio, attainable_ratio(Precision::Bf16));
+  RecordProperty("bf16_normal_worst_error_over_bound", describe(check.normal));
+  RecordProperty("bf16_subnormal_worst_error_over_bound", describe(check.subnormal));
+  RecordProperty("bf16_values_checked", std::to_string(check.checked));
+}
+
+TEST(RoundingBound, Fp32FromRandomDoublesIsWithinTheBound) {
+  WorstRatio worst;
+  for (std::uint64_t i = 0; i < 200000; ++i) {
+    const PhiloxBlock w = philox_at(5, stream_id("rounding_bound/fp32"), i);
+    const std::uint64_t bits53 = (static_cast<std::uint64_t>(w[0]) << 21 | w[1] >> 11) | (std::uint64_t{1} << 52);
+    const double mantissa = static_cast<double>(bits53) * 0x1p-52;  // [1, 2), all 53 bits random
+    const double x = std::ldexp(mantissa, static_cast<int>(w[2] % 280u) - 152) * ((w[3] & 1) ? -1 : 1);  // 2^-152 .. 2^128
+    const auto rounded = static_cast<float>(x);
+    const double bound = rounding_bound(x, Precision::Fp32);
+    if (std::isinf(bound)) continue;
+    const double error = std::fabs(static_cast<double>(rounded) - x);
+    ASSERT_LE(error, bound) << x;
+    worst.observe(error, bound, x);
+  }
+  EXPECT_GE(worst.ratio, 0.5);
+  RecordProperty("fp32_worst_error_over_bound", describe(worst));
+}
+
+TEST(RoundingBound, ScaleDividesTheUnderflowTermAndMaxFiniteIsTheEdge) {
+  EXPECT_EQ(rounding_bound(0.0, Precision::Fp8E4M3), 0x1p-10);
+  EXPECT_EQ(rounding_bound(0.0, Precision::Fp8E4M3, 0x1p10), 0x1p-20);
+  EXPECT_EQ(rounding_bound(1.0, Precision::Fp8E5M2), 0x1p-3 + 0x1p-17);
+  EXPECT_EQ(rounding_bound(448.0, Precision::Fp8E4M3), 28.0 + 0x1p-10);
+  EXPECT_TRUE(std::isinf(rounding_bound(448.5, Precision::Fp8E4M3)));
+  EXPECT_TRUE(std::isinf(rounding_bound(-448.5, Precision::Fp8E4M3)));
+  EXPECT_TRUE(std::isinf(rounding_bound(1.0, Precision::Fp8E4M3, 449.0)));
+  EXPECT_TRUE(std::isinf(rounding_bound(std::numeric_limits<double>::quiet_NaN(), Precision::Fp32)));
+  EXPECT_THROW(rounding_bound(1.0, Precision::Fp8E4M3, 0.0), std::invalid_argument);
+  EXPECT_THROW(rounding_bound(1.0, Precision::Fp8E4M3, std::numeric_limits<double>::infinity()), std::invalid_argument);
+}
+
+// scale_round_to_fp8 then an exact division: with a power-of-two scale the code's own
+// multiply is exact, so the bound applies as stated.
+TEST(RoundingBound, PowerOfTwoScalesThroughScaleRoundToFp8) {
+  for (Fp8Format format : {Fp8Format::E4M3, Fp8Format::E5M2}) {
+    const Precision p = fp8_precision(format);
+    WorstRatio worst;
+    std::int64_t in_range = 0;
+    for (int k = -20; k <= 20; ++k) {
+      const float scale = pow2f(k);
+      for (std::uint64_t i = 0; i < 2000; ++i) {
+        const PhiloxBlock w = philox_at(static_cast<std::uint64_t>(k + 100), stream_id(to_string(format).data()), i);
+        const float x = wide_signed(w[0], w[1]) * pow2f(static_cast<int>(w[2] % 21u) - 10);
+        float quantised = 0;
+        scale_round_to_fp8(&x, scale, &quantised, 1, format);
+        const float dequantised = quantised / scale;  // exact: a power of two, no underflow here
+        const double bound = rounding_bound(x, p, scale);
+        if (std::isinf(bound)) continue;  // saturated
+        const double error = std::fabs(static_cast<double>(dequantised) - static_cast<double>(x));
+        ASSERT_LE(error, bound) << to_string(format) << " x=" << x << " scale=2^" << k;
+        worst.observe(error, bound, x);
+        ++in_range;
+      }
+    }
+    EXPECT_GE(in_range, 20000);
+    EXPECT_GE(worst.ratio, 0.85);
+    RecordProperty(std::string(to_string(format)) + "_scaled_worst_error_over_bound", describe(worst));
+  }
+}
+
+// Transformer Engine's scales (fp8_max / amax) are not powers of two: the code's multiply
+// fl(x s), the inverse fl(1/s) and the dequantising multiply each round in fp32. With
+// fl(x s) = x s (1+d1), q = fl8(.) (1+d2) + e, out = q fl(1/s) (1+d4), fl(1/s) = (1+d3)/s:
+//   |out - x| <= rounding_bound(x, s) (1+u32)^2 + (1 + u8) gamma_3(u32) |x|.
+TEST(RoundingBound, TransformerEngineScalesWithinTheBoundPlusTheFp32Roundings) {
+  for (Fp8Format format : {Fp8Format::E4M3, Fp8Format::E5M2}) {
+    const Precision p = fp8_precision(format);
+    const double u8 = precision_traits(p).unit_roundoff;
+    const float fp8_max = fp8_traits(format).max_finite;
+    WorstRatio worst;
+    for (std::uint64_t i = 0; i < 50000; ++i) {
+      const PhiloxBlock w = philox_at(9, stream_id(to_string(format).data()), i);
+      const float amax = uniform_positive(w[0]) * pow2f(static_cast<int>(w[1] % 21u) - 10);
+      const float x = uniform_signed(w[2]) * amax * uniform_positive(w[3]);
+      const float scale = fp8_max / amax;
+      float quantised = 0;
+      scale_round_to_fp8(&x, scale, &quantised, 1, format);
+      const float dequantised = quantised * (1.0f / scale);
+      const double stated = rounding_bound(x, p, scale);
+      if (std::isinf(stated)) continue;
+      const double bound = stated * (1 + kUnitRoundoffFp32) * (1 + kUnitRoundoffFp32) +
+                           (1 + u8) * gamma(3, kUnitRoundoffFp32) * std::fabs(static_cast<double>(x));
+      const double error = std::fabs(static_cast<double>(dequantised) - static_cast<double>(x));
+      ASSERT_LE(error, bound) << to_string(format) << " x=" << x << " amax=" << amax;
+      worst.observe(error, bound, x);
+    }
+    EXPECT_GE(worst.ratio, 0.85);
+    RecordProperty(std::string(to_string(format)) + "_te_scale_worst_error_over_bound", describe(worst));
+  }
+}
+
+// ---- dot products and sums ------------------------------------------------------------------
+
+TEST(DotProductBound, SequentialFp32DotAndFmaChainAreWithinGammaK) {
+  std::ostringstream tightness;
+  tightness.precision(3);
+  for (Distribution distribution : kAllDistributions) {
+    for (std::int64_t k : kDotLengths) {
+      WorstRatio worst, worst_fma;
+      for (std::uint64_t trial = 0; trial < kTrials; ++trial) {
+        const Operands ops = draw_operands(distribution, k, trial);
+        const ExactDot exact = exact_dot(ops);
+        const double bound = dot_product_bound(k, exact.sum_abs, Precision::Fp32);
+        const double error = std::fabs(static_cast<double>(sequential_dot_fp32(ops)) - exact.value);
+        ASSERT_LE(error, bound) << case_id("dot_fp32", k, distribution, trial);
+        worst.observe(error, bound, static_cast<double>(trial));
+        const double error_fma = std::fabs(static_cast<double>(fma_chain_dot_fp32(ops)) - exact.value);
+        ASSERT_LE(error_fma, bound) << case_id("dot_fp32_fma", k, distribution, trial);
+        worst_fma.observe(error_fma, bound, static_cast<double>(trial));
+      }
+      tightness << name(distribution) << "/k=" << k << ":" << worst.ratio << ",fma " << worst_fma.ratio << " ";
+    }
+  }
+  RecordProperty("worst_error_over_bound", tightness.str());
+}
+
+// The bound can tell precisions apart: products rounded to bf16 leave errors of order
+// 2^-9 |a b| each, far beyond gamma_64(2^-24), yet within the bf16 bound.
+TEST(DotProductBound, Fp32BoundRejectsProductsRoundedToBf16) {
+  constexpr std::int64_t k = 64;
+  std::int64_t rejected = 0;
+  WorstRatio smallest_excess{1e300, 0};
+  for (std::uint64_t trial = 0; trial < kTrials; ++trial) {
+    const Operands ops = draw_operands(Distribution::UniformSigned, k, trial);
+    const ExactDot exact = exact_dot(ops);
+    const double error = std::fabs(static_cast<double>(sequential_dot_bf16_products(ops)) - exact.value);
+    const double fp32_bound = dot_product_bound(k, exact.sum_abs, Precision::Fp32);
+    ASSERT_LE(error, dot_product_bound(k, exact.sum_abs, Precision::Bf16))
+        << case_id("dot_bf16_products", k, Distribution::UniformSigned, trial);
+    if (error > fp32_bound) ++rejected;
+    if (error / fp32_bound < smallest_excess.ratio) smallest_excess = {error / fp32_bound, static_cast<double>(trial)};
+  }
+  EXPECT_EQ(rejected, static_cast<std::int64_t>(kTrials));
+  RecordProperty("rejected_trials", std::to_string(rejected) + "/" + std::to_string(kTrials));
+  RecordProperty("least_error_over_fp32_bound", describe(smallest_excess));
+}
+
+TEST(SumBound, SequentialBf16SumIsWithinGammaNMinus1AndRefusesPast256Terms) {
+  std::ostringstream tightness;
+  tightness.precision(3);
+  for (Distribution distribution : kAllDistributions) {
+    for (std::int64_t n : kDotLengths) {
+      if (n > 256) {
+        EXPECT_THROW(recursive_sum_bound(n, 1.0, Precision::Bf16), std::invalid_argument) << n;
+        continue;
+      }
+      WorstRatio worst;
+      for (std::uint64_t trial = 0; trial < kTrials; ++trial) {
+        const std::vector<float> x = to_bf16(draw_operands(distribution, n, trial).a);
+        const ExactDot exact = exact_sum(x);
+        const double error = std::fabs(static_cast<double>(sequential_sum_bf16(x)) - exact.value);
+        const double bound = recursive_sum_bound(n, exact.sum_abs, Precision::Bf16);
+        ASSERT_LE(error, bound) << case_id("sum_bf16", n, distribution, trial);
+        if (bound > 0) worst.observe(error, bound, static_cast<double>(trial));
+      }
+      tightness << name(distribution) << "/n=" << n << ":" << worst.ratio << " ";
+    }
+  }
+  RecordProperty("worst_error_over_bound", tightness.str());
+}
+
+// The sequential bound is attained to first order: 1 + u + u + ... rounds back to 1 at
+// every add (each is a tie, to even), an error of (n-1) u against gamma_{n-1} (1 + (n-1) u).
+TEST(SumBound, HalfUlpsAddedToOneAttainTheSequentialBound) {
+  for (const auto& [p, n] : {std::pair<Precision, std::int64_t>{Precision::Fp32, 1001}, {Precision::Bf16, 11}}) {
+    const double u = precision_traits(p).unit_roundoff;
+    std::vector<float> x(static_cast<std::size_t>(n), static_cast<float>(u));
+    x[0] = 1.0f;
+    float sum = 0.0f;
+    for (float value : x) sum = p == Precision::Fp32 ? sum + value : round_to_bf16(sum + value);
+    const ExactDot exact = exact_sum(x);
+    const double error = std::fabs(static_cast<double>(sum) - exact.value);
+    const double bound = recursive_sum_bound(n, exact.sum_abs, p);
+    const double nu = static_cast<double>(n - 1) * u;
+    EXPECT_EQ(sum, 1.0f) << to_string(p);
+    EXPECT_EQ(error, nu) << to_string(p);
+    EXPECT_LE(error, bound) << to_string(p);
+    EXPECT_GE(error / bound, (1 - nu) / (1 + nu) * (1 - 0x1p-40)) << to_string(p);
+    RecordProperty(std::string(to_string(p)) + "_error_over_bound", number(error / bound));
+  }
+}
+
+// Puts 1 at the end of the deepest path of pairwise_sum's tree (the second half is the
+// larger) and exactly u first in each sibling subtree on that path, zeros elsewhere: every
+// add on the path is 1 + u, a tie that rounds to even (1), so each level loses u.
+void place_ties_on_the_deepest_path(float* x, std::size_t n, float u) {
+  if (n == 1) {
+    x[0] = 1.0f;
+    return;
+  }
+  const std::size_t half = n / 2;
+  x[0] = u;
+  place_ties_on_the_deepest_path(x + half, n - half, u);
+}
+
+// The pairwise bound is attained to first order, so its depth is ceil(log2 n), not less.
+TEST(SumBound, TiesOnTheDeepestPathAttainThePairwiseBound) {
+  for (Precision p : {Precision::Fp32, Precision::Bf16}) {
+    const double u = precision_traits(p).unit_roundoff;
+    for (std::int64_t n : {3, 7, 1000, 4097}) {
+      std::vector<float> x(static_cast<std::size_t>(n), 0.0f);
+      place_ties_on_the_deepest_path(x.data(), x.size(), static_cast<float>(u));
+      const float sum = p == Precision::Fp32 ? pairwise_sum_fp32(x.data(), x.size()) : pairwise_sum_bf16(x.data(), x.size());
+      const ExactDot exact = exact_sum(x);
+      const double error = std::fabs(static_cast<double>(sum) - exact.value);
+      const double bound = pairwise_sum_bound(n, exact.sum_abs, p);
+      const double depth_u = exact.sum_abs - 1.0;  // one u per level
+      EXPECT_EQ(sum, 1.0f) << to_string(p) << " n=" << n;
+      EXPECT_LE(error, bound) << to_string(p) << " n=" << n;
+      EXPECT_GE(error / bound, (1 - depth_u) / (1 + depth_u) * (1 - 0x1p-40)) << to_string(p) << " n=" << n;
+      RecordProperty(std::string(to_string(p)) + "_n" + std::to_string(n) + "_error_over_bound", number(error / bound));
+    }
+  }
+}
+
+TEST(SumBound, PairwiseSumsAreWithinGammaCeilLog2N) {
+  std::ostringstream tightness;
+  tightness.precision(3);
+  for (Distribution distribution : kAllDistributions) {
+    for (std::int64_t n : kDotLengths) {
+      WorstRatio worst_fp32, worst_bf16;
+      for (std::uint64_t trial = 0; trial < kTrials; ++trial) {
+        const std::vector<float> x = draw_operands(distribution, n, trial).a;
+        const ExactDot exact = exact_sum(x);
+        const double error = std::fabs(static_cast<double>(pairwise_sum_fp32(x.data(), x.size())) - exact.value);
+        const double bound = pairwise_sum_bound(n, exact.sum_abs, Precision::Fp32);
+        ASSERT_LE(error, bound) << case_id("pairwise_fp32", n, distribution, trial);
+        if (bound > 0) worst_fp32.observe(error, bound, static_cast<double>(trial));
+
+        const std::vector<float> x_bf16 = to_bf16(x);
+        const ExactDot exact_bf16 = exact_sum(x_bf16);
+        const float sum_bf16 = pairwise_sum_bf16(x_bf16.data(), x_bf16.size());
+        const double error_bf16 = std::fabs(static_cast<double>(sum_bf16) - exact_bf16.value);
+        const double bound_bf16 = pairwise_sum_bound(n, exact_bf16.sum_abs, Precision::Bf16);
+        ASSERT_LE(error_bf16, bound_bf16) << case_id("pairwise_bf16", n, distribution, trial);
+        if (bound_bf16 > 0) worst_bf16.observe(error_bf16, bound_bf16, static_cast<double>(trial));
+      }
+      tightness << name(distribution) << "/n=" << n << ":fp32 " << worst_fp32.ratio << ",bf16 " << worst_bf16.ratio << " ";
+    }
+  }
+  RecordProperty("worst_error_over_bound", tightness.str());
+}
+
+}  // namespace
+}  // namespace harness::numerics
