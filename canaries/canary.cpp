@@ -185,6 +185,8 @@ const std::vector<std::string>& Canary::forward_op_names() const {
   return forward_op_names_;
 }
 
+OpObserver* Ops::observer_of_canary() const { return canary_.observer_; }
+
 // The fault moves the forward op's first result, so a trace sees what the next op reads.
 void Ops::after(OpKind op, const OpSite& s, std::span<const TensorId> operands) {
   const OpDescription& d = describe(op);

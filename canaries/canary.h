@@ -45,6 +45,17 @@ struct ParameterInit {
 
 class Canary;
 
+// Sees every op of a training step as the engine runs it: before, its operands as the op
+// will read them; after, its results as the next op reads them (an injected fault's nudge
+// included). The precision audit's op oracle is one (harness/run/op_oracle.h). Reading a
+// tensor inside a step is for an engine that runs each op as it is called.
+class OpObserver {
+ public:
+  virtual ~OpObserver() = default;
+  virtual void before_op(OpKind op, const OpSite& site, std::span<const TensorId> operands) = 0;
+  virtual void after_op(OpKind op, const OpSite& site, std::span<const TensorId> operands) = 0;
+};
+
 // What a model's forward and backward call ops through: `e.call<OpKind::LinearForward>(site,
 // out, inp, weight, bias)` takes the Engine call's own arguments. Each call reaches the
 // engine, then, read from the op's description, what the run asked for after it: the
@@ -61,7 +72,6 @@ class Ops {
       if (site.phase == Phase::Forward) forward_sites_->emplace_back(site.name);
       return;
     }
-    (engine_->*kEngineCall<K>)(site, args...);
     // The call's tensor arguments in order: its fixed operands come first (a variadic op's
     // span is not one), then an int attribute may follow, which the count leaves out.
     std::array<TensorId, (std::size_t{std::is_same_v<Args, TensorId>} + ... + 0)> tensors{};
@@ -70,7 +80,12 @@ class Ops {
       if constexpr (std::is_same_v<std::decay_t<decltype(argument)>, TensorId>) tensors[next++] = argument;
     };
     (collect(args), ...);
-    after(K, site, std::span<const TensorId>(tensors).first(std::min(tensors.size(), describe(K).operands.size())));
+    const auto operands = std::span<const TensorId>(tensors).first(std::min(tensors.size(), describe(K).operands.size()));
+    OpObserver* const observer = held_out_ ? nullptr : observer_of_canary();
+    if (observer != nullptr) observer->before_op(K, site, operands);
+    (engine_->*kEngineCall<K>)(site, args...);
+    after(K, site, operands);
+    if (observer != nullptr) observer->after_op(K, site, operands);
   }
 
  private:
@@ -78,6 +93,7 @@ class Ops {
   Ops(Engine* engine, const Canary& canary, std::vector<std::string>* forward_sites, bool held_out = false)
       : engine_(engine), canary_(canary), forward_sites_(forward_sites), held_out_(held_out) {}
   void after(OpKind op, const OpSite& site, std::span<const TensorId> operands);
+  OpObserver* observer_of_canary() const;
 
   Engine* engine_;
   const Canary& canary_;
@@ -125,6 +141,8 @@ class Canary {
   // else) go to the engine's trace sink, whole. Returns the batch's mean loss. The engine's
   // own state (FP8 scaling) moves as in any forward: the caller saves and restores it.
   float evaluate_held_out(Engine& engine, int step, const Batch& batch) const;
+  // Every op of the training steps that follow goes past `observer` too (nullptr: none).
+  void set_op_observer(OpObserver* observer) { observer_ = observer; }
 
  protected:
   // trace_ops: trace every op's results after it (`--trace ops`; Ops::call).
@@ -165,6 +183,7 @@ class Canary {
   CanaryConfig config_;
   std::optional<FaultSpec> fault_;
   bool trace_ops_ = false;
+  OpObserver* observer_ = nullptr;
   TensorTable table_;
   TensorId inputs_ = kNoTensor, targets_ = kNoTensor;
   TensorId loss_ = kNoTensor, grad_norm_ = kNoTensor, lr_ = kNoTensor;

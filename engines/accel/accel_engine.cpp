@@ -290,6 +290,30 @@ void AccelEngine::store(TensorId id) {
                     [&](const auto& r) { numerics::round_to_bf16_inplace(x + r.begin(), r.end() - r.begin()); });
 }
 
+Engine::OpNumerics AccelEngine::op_numerics(OpKind op, const OpSite& site, std::span<const TensorId> operands) {
+  const OpDescription& d = describe(op);
+  OpNumerics n;
+  bool unit_fp32 = false;
+  // The ops whose GEMMs read a prepared weight under its unit's numerics (linear_forward,
+  // linear_backward): the products' operands are the weight as prepared_weight makes it
+  // and activations as stored.
+  if (op == OpKind::LinearForward || op == OpKind::LinearBackward) {
+    const TensorId weight = operands[d.index_of("weight")];
+    const UnitNumerics unit = unit_numerics(site, weight);
+    unit_fp32 = unit.fp32;
+    if (unit.zone != nullptr) {
+      n.bounded = false;
+      n.why_not_bounded = fmt::format("its FP8 unit's scaled {} operands", numerics::to_string(unit.format));
+    }
+    if (config_.bf16 && !t_.desc(weight).role.fp32_weight && !unit.fp32) n.operands = numerics::Precision::Bf16;
+  }
+  for (std::size_t i = 0; i < operands.size(); ++i) {
+    const bool bf16 = d.result(i) && operands[i] != kNoTensor && stores_bf16(operands[i]) && !unit_fp32;
+    n.results.push_back(bf16 ? numerics::Precision::Bf16 : numerics::Precision::Fp32);
+  }
+  return n;
+}
+
 AccelEngine::UnitNumerics AccelEngine::unit_numerics(const OpSite& site, TensorId weight) {
   const ZoneUnit unit{zone_bit(t_.desc(weight).role.fp8_zone), site.layer};
   UnitNumerics u;

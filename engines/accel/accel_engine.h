@@ -58,6 +58,10 @@ class AccelEngine final : public Engine {
 #include "api/engine_ops.inc"
 #undef HARNESS_ENGINE_OP
   bool implements(OpKind) const override { return true; }  // every op of every family
+  // Under bf16: a linear's weight rounded to bf16 (unless its role or a switched-off unit
+  // keeps it fp32; an FP8 unit's scaled operands are not bounded yet), activations and
+  // their gradients stored in bf16 (stores_bf16), a switched-off unit's linear output not.
+  OpNumerics op_numerics(OpKind op, const OpSite& site, std::span<const TensorId> operands) override;
   // Every FP8 zone the configuration enables covers a weight of the canary.
   void check_table(const TensorTable& table) const override;
   void trace(const OpSite& site, TensorId tensor) override {

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "engine_settings.h"
+#include "numerics/rounding_bounds.h"
 #include "op_description.h"
 #include "tensor_table.h"
 
@@ -120,6 +121,20 @@ class Engine {
   // What an engine that compiles its steps traced and ran in the last one; nullptr for an
   // engine that runs each op as it is called. `harness audit` needs one.
   virtual const StepCompilation* step_compilation() const { return nullptr; }
+  // How this configuration computes an op on these operands (the call's tensors, in its
+  // description's order), as the op oracle bounds it (docs/oracle.md): the precision its
+  // products' operands are rounded to, what each result is rounded to when stored, and
+  // whether these bounds describe it at all. The default: everything in fp32, as cpu-ref.
+  struct OpNumerics {
+    numerics::Precision operands = numerics::Precision::Fp32;
+    std::vector<numerics::Precision> results;  // per operand; fp32 where not a result (empty: all fp32)
+    bool bounded = true;  // false: a way of computing the bounds do not model yet (an FP8 unit's scales)
+    std::string why_not_bounded;
+    numerics::Precision result(std::size_t operand) const {
+      return operand < results.size() ? results[operand] : numerics::Precision::Fp32;
+    }
+  };
+  virtual OpNumerics op_numerics(OpKind, const OpSite&, std::span<const TensorId>) { return {}; }
   // Checks that this configuration can run the model (a mesh engine's shard plan must
   // divide it); throws std::invalid_argument naming the flag. Allocates nothing.
   virtual void check_table(const TensorTable&) const {}

@@ -58,5 +58,6 @@ void add_hosts_command(CLI::App& app, CommandRegistry& commands);   // the emula
 void add_export_command(CLI::App& app, CommandRegistry& commands);  // canary packs
 void add_invariance_command(CLI::App& app, CommandRegistry& commands);  // batch invariance
 void add_triage_command(CLI::App& app, CommandRegistry& commands);      // precision triage
+void add_precision_command(CLI::App& app, CommandRegistry& commands);   // the op oracle on a recorded step
 
 }  // namespace harness::cli

@@ -240,12 +240,25 @@ ReplayResult replay(const ReplayOptions& options) {
   }
   OpTraceRecorder tracer(model.tensors());
   if (tracing) replaying->set_trace_sink(&tracer);
+  std::optional<OpOracle> oracle;
+  if (options.oracle_step >= 0) {
+    if (options.oracle_step < options.from || options.oracle_step > result.to) {
+      throw UsageError(fmt::format("--step: step {} is not replayed ({}-{})", options.oracle_step, options.from, result.to));
+    }
+    try {
+      oracle.emplace(*replaying, model.tensors(), options.oracle_against);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(fmt::format("{}: {}", options.receipt, e.what()));
+    }
+  }
 
   const auto start = std::chrono::steady_clock::now();
   const StepDigester digester(model);
   receipt::StepRecord got;
   for (int step = result.resumed_from; step <= result.to; ++step) {
+    setup.model->set_op_observer(oracle && step == options.oracle_step ? &*oracle : nullptr);
     take_step(setup, *data, step, digester, got);
+    setup.model->set_op_observer(nullptr);
     if (tracing) result.trace.push_back(tracer.finish_step());
     const std::optional<ReplayMismatch> mismatch =
         compare_step(rec, step, got, tracing ? &result.trace.back() : nullptr, tracer.columns());
@@ -266,6 +279,7 @@ ReplayResult replay(const ReplayOptions& options) {
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   result.trace_columns = tracer.columns();
   result.record_altered = !result.mismatched_steps.empty() && result.mismatched_steps.back() < result.to;
+  if (oracle) result.oracle = oracle->report();
   return result;
 }
 

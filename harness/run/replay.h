@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "op_oracle.h"
 #include "receipt/receipt_writer.h"
 
 namespace harness::run {
@@ -19,6 +20,10 @@ struct ReplayOptions {
   std::optional<int> to;  // default: the last recorded step
   int threads = 0;        // 0: all cores (any count gives the same bits)
   bool trace_ops = false;  // trace every replayed step (their rows land in ReplayResult::trace)
+  // Judge every op of this step by the float64 op oracle (op_oracle.h; `harness precision`):
+  // a step in from..to, on an engine that runs each op as it is called. -1: none.
+  int oracle_step = -1;
+  std::optional<numerics::Precision> oracle_against;  // OpOracle's `against`
 };
 
 // The first thing a replayed step did not reproduce.
@@ -43,6 +48,7 @@ struct ReplayResult {
   double seconds = 0;
   std::vector<receipt::TraceColumn> trace_columns;  // with trace_ops
   std::vector<receipt::TraceStep> trace;            // per replayed step, resumed_from first
+  std::optional<OracleReport> oracle;               // with oracle_step
 
   bool reproduced() const { return !first_mismatch.has_value(); }
 };

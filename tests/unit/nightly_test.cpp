@@ -306,7 +306,8 @@ TEST(Matrix, EveryLaneKeyIsReadAsItsDescriptionSays) {
         case LaneKeyKind::kLaneId:
         case LaneKeyKind::kHarnessFeatures: break;  // no stack's: a harness or a command lane's
       }
-      for (const auto& [other, wanted] : k.only_with) {  // another value of that key: refused with the reason
+      for (const auto& condition : k.only_with) {  // another value of that key: refused with the reason
+        const std::string &other = condition.first, &wanted = condition.second;  // (Clang 14 captures no binding)
         const LaneKey* described = find_lane_key(stack, other);
         ASSERT_NE(described, nullptr) << other;
         const auto elsewhere = std::find_if(described->values.begin(), described->values.end(),

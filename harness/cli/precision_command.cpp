@@ -1,0 +1,167 @@
+// `harness precision RECEIPT --step K`: replays step K of a recorded run and judges every
+// op of it by the float64 op oracle (harness/run/op_oracle.h, docs/oracle.md): each
+// result against the rounding bound of the precision its engine declares. No second run
+// and no golden. Exit 0 every judged op within its bound, 1 one or more over (each named),
+// 2 the receipt cannot be replayed there (a Python canary's, an engine that compiles its
+// steps, a step the replay does not reproduce bit for bit).
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "json_text.h"
+#include "python_canary.h"
+#include "receipt/receipt_paths.h"
+#include "receipt/receipt_reader.h"
+#include "replay.h"
+#include "thread_flag.h"
+
+namespace harness::cli {
+namespace {
+
+struct PrecisionFlags {
+  std::string receipt;
+  int step = 0;
+  int threads = 0;
+  std::string against;
+  bool json = false;
+};
+
+constexpr numerics::Precision kPrecisions[] = {numerics::Precision::Fp32, numerics::Precision::Bf16,
+                                               numerics::Precision::Fp8E4M3, numerics::Precision::Fp8E5M2};
+
+// --against NAME: one of kPrecisions by its name; none when not given.
+std::optional<numerics::Precision> against(const std::string& name) {
+  if (name.empty()) return std::nullopt;
+  std::vector<std::string_view> names;
+  for (const numerics::Precision p : kPrecisions) {
+    if (numerics::to_string(p) == name) return p;
+    names.push_back(numerics::to_string(p));
+  }
+  throw run::UsageError(fmt::format("--against: '{}' is not a precision ({})", name, fmt::join(names, ", ")));
+}
+
+nlohmann::json judgement_json(const run::OpJudgement& j) {
+  return {{"site", j.site},           {"op", j.op},
+          {"phase", j.phase},         {"result", j.result},
+          {"stored", j.stored},       {"operands", j.operands},
+          {"elements", j.elements},   {"over", j.over},
+          {"within", j.within()},     {"worst_ratio", j.worst_ratio},
+          {"worst_index", j.worst_index}, {"value", j.value},
+          {"exact", j.exact},         {"error_ulps", j.error_ulps},
+          {"bound_ulps", j.bound_ulps}};
+}
+
+nlohmann::json to_json(const run::ReplayResult& r, int step) {
+  const run::OracleReport& o = *r.oracle;
+  nlohmann::json judged = nlohmann::json::array(), over = nlohmann::json::array();
+  for (const run::OpJudgement& j : o.judged) {
+    judged.push_back(judgement_json(j));
+    if (!j.within()) over.push_back(judgement_json(j));
+  }
+  return {{"version", 1},
+          {"verdict", o.ops_over() == 0 ? "within" : "over"},
+          {"receipt", r.receipt},
+          {"lane", r.lane},
+          {"step", step},
+          {"judged", judged},
+          {"over", over},
+          {"not_judged", o.not_judged},
+          {"not_bounded", o.not_bounded},
+          {"seconds", r.seconds}};
+}
+
+// "blocks.1.mlp.fc linear_forward out: 3.1e4 x its bound (error 1.0e6 ulps of fp32, bound 33 ulps; operands fp32)"
+std::string over_line(const run::OpJudgement& j) {
+  return fmt::format("{} {} {}: {:.3g} x its bound at element {} (error {:.3g} ulps of {}, bound {:.3g}; {} of {} "
+                     "elements over; operands {})",
+                     j.site, j.op, j.result, j.worst_ratio, j.worst_index, j.error_ulps, j.stored, j.bound_ulps, j.over,
+                     j.elements, j.operands);
+}
+
+std::string to_text(const run::ReplayResult& r, int step) {
+  const run::OracleReport& o = *r.oracle;
+  std::string out = fmt::format("{:<12}{} ({}), step {}\n", "precision", r.lane, r.receipt, step);
+  double worst = 0;
+  for (const run::OpJudgement& j : o.judged) worst = std::max(worst, j.within() ? j.worst_ratio : 0.0);
+  out += fmt::format("{:<12}{} op results against float64; {} over their bounds\n", "judged", o.judged.size(), o.ops_over());
+  for (const run::OpJudgement& j : o.judged) {
+    if (!j.within()) out += fmt::format("{:<12}{}\n", "over", over_line(j));
+  }
+  if (o.ops_over() == 0) out += fmt::format("{:<12}every judged result within its bound (the closest at {:.4g} of it)\n", "within", worst);
+  std::string skipped;
+  for (const auto& [op, calls] : o.not_judged) skipped += fmt::format("{}{} x{}", skipped.empty() ? "" : ", ", op, calls);
+  if (!skipped.empty()) out += fmt::format("{:<12}{} (no bound yet: docs/oracle.md)\n", "not judged", skipped);
+  for (const std::string& call : o.not_bounded) out += fmt::format("{:<12}{}\n", "not bounded", call);
+  return out;
+}
+
+// Whether the receipt is a Python canary's; false where it cannot be read (run::replay then
+// says why, naming the file).
+bool is_python_receipt(const std::string& path) {
+  try {
+    return run::is_python_canary(receipt::ReceiptReader(path).manifest_text());
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+// The steps the receipt records; none where it cannot be read (run::replay says why).
+std::optional<int> recorded_steps(const std::string& path) {
+  try {
+    return static_cast<int>(receipt::ReceiptReader(path).f64(receipt::paths::kLoss).size());
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+int run_precision(const PrecisionFlags& f) {
+  if (const std::optional<int> recorded = recorded_steps(f.receipt); recorded && f.step >= *recorded) {
+    throw run::UsageError(fmt::format("--step: step {} is not recorded in {} (steps 0-{})", f.step, f.receipt, *recorded - 1));
+  }
+  if (is_python_receipt(f.receipt)) {
+    throw run::UsageError(fmt::format("{}: a Python canary's receipt; the op oracle judges the harness's engines so far "
+                                      "(docs/oracle.md)", f.receipt));
+  }
+  run::ReplayOptions options;
+  options.receipt = f.receipt;
+  options.from = f.step;
+  options.to = f.step;
+  options.threads = f.threads;
+  options.oracle_step = f.step;
+  options.oracle_against = against(f.against);
+  const run::ReplayResult r = run::replay(options);
+  if (!r.reproduced()) {
+    throw run::UsageError(fmt::format("{}: a replay does not reproduce step {} ({}); its ops cannot be judged as they ran",
+                                      f.receipt, r.first_mismatch->step, r.first_mismatch->what));
+  }
+  fmt::print("{}", f.json ? run::json_text(to_json(r, f.step)) + "\n" : to_text(r, f.step));
+  return r.oracle->ops_over() == 0 ? kExitPass : kExitCheckFailed;
+}
+
+}  // namespace
+
+void add_precision_command(CLI::App& app, CommandRegistry& commands) {
+  auto f = std::make_shared<PrecisionFlags>();
+  CLI::App* precision =
+      app.add_subcommand("precision", "Judge every op of a recorded step against float64 and its precision's rounding bound");
+  precision->add_option("receipt", f->receipt, "Receipt of the run (.h5), made by a harness engine that runs each op as it is called")
+      ->required();
+  precision->add_option("--step", f->step, "The step to replay and judge")
+      ->check(CLI::Range(0, std::numeric_limits<int>::max()))
+      ->capture_default_str();
+  add_threads_flag(*precision, f->threads, "Worker threads (0 = all cores; any count gives the same bits)");
+  precision->add_option("--against", f->against,
+                        "Judge every op as if computed and stored in this precision (fp32, bf16, e4m3, e5m2), whatever "
+                        "its engine declares: is the lane fp32 at all?");
+  precision->add_flag("--json", f->json, "Print the result as JSON (keys in docs/oracle.md)");
+  commands.add(precision, [f] { return run_precision(*f); });
+}
+
+}  // namespace harness::cli

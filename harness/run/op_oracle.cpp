@@ -1,0 +1,244 @@
+#include "op_oracle.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
+#include "numerics/rounding_bounds.h"
+
+namespace harness::run {
+namespace {
+
+using numerics::Precision;
+
+double unit_roundoff(Precision p) { return numerics::precision_traits(p).unit_roundoff; }
+
+// A dot product of k products, each operand rounded to `operands` before it (at most a
+// factor (1 + u_p)^2 - 1 of the product), plus `extra` (the bias, or the value accumulated
+// into), added in fp32 in any order: each of the k + 1 terms goes through at most k + 1
+// roundings (gamma_{k+1}; docs/oracle.md, "Dot products and sums").
+double dot_bound(std::int64_t k, double sum_abs_products, double abs_extra, Precision operands) {
+  const double grow = (1 + unit_roundoff(operands)) * (1 + unit_roundoff(operands));
+  return (grow - 1) * sum_abs_products + numerics::dot_product_bound(k + 1, grow * sum_abs_products + abs_extra, Precision::Fp32);
+}
+
+// A matrix over a flat span: element (i, j) at i * di + j * dj; 0 everywhere when empty
+// (no bias).
+struct View {
+  std::span<const float> values;
+  std::int64_t di = 0, dj = 0;
+  double at(std::int64_t i, std::int64_t j) const { return values.empty() ? 0.0 : values[i * di + j * dj]; }
+};
+
+// out (rows, cols) = extra + a (rows, k) @ b (k, cols): each element in double (the
+// products of floats exact, the sum's error far below any fp32 bound) and its bound.
+// Row-parallel: each element is computed by one thread, in one order, whatever the threads.
+void dot_products(std::int64_t rows, std::int64_t cols, std::int64_t k, View a, View b, View extra, Precision operands,
+                  std::vector<double>& exact, std::vector<double>& bound) {
+  exact.assign(rows * cols, 0.0);
+  bound.assign(rows * cols, 0.0);
+  tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, rows, 8), [&](const auto& r) {
+    for (std::int64_t i = r.begin(); i < r.end(); ++i) {
+      for (std::int64_t j = 0; j < cols; ++j) {
+        double sum = 0, abs_sum = 0;
+        for (std::int64_t t = 0; t < k; ++t) {
+          const double product = a.at(i, t) * b.at(t, j);
+          sum += product;
+          abs_sum += std::fabs(product);
+        }
+        const double e = extra.at(i, j);
+        exact[i * cols + j] = e + sum;
+        bound[i * cols + j] = dot_bound(k, abs_sum, std::fabs(e), operands);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+bool oracle_judges(OpKind op) {
+  switch (op) {
+    case OpKind::LinearForward:
+    case OpKind::LinearBackward:
+    case OpKind::ResidualForward:
+    case OpKind::ResidualBackward:
+    case OpKind::GeluErfForward: return true;
+    default: return false;
+  }
+}
+
+std::int64_t OracleReport::ops_over() const {
+  return std::count_if(judged.begin(), judged.end(), [](const OpJudgement& j) { return !j.within(); });
+}
+
+OpOracle::OpOracle(Engine& engine, const TensorTable& table, std::optional<numerics::Precision> against)
+    : engine_(engine), table_(table), against_(against) {
+  if (engine.step_compilation() != nullptr) {
+    throw std::invalid_argument(fmt::format("engine {} compiles its steps: its ops run when a step ends, so the oracle "
+                                            "cannot read an op's operands as it ran (it judges engines that run each op "
+                                            "as it is called: cpu-ref, accel)",
+                                            engine.name()));
+  }
+}
+
+std::span<const float> OpOracle::Call::operand(std::string_view name) const {
+  const std::size_t i = describe(op).index_of(name);
+  if (i >= before.size()) throw std::logic_error(fmt::format("op oracle: {} has no operand {}", describe(op).name, name));
+  return before[i];
+}
+
+void OpOracle::before_op(OpKind op, const OpSite& site, std::span<const TensorId> operands) {
+  const OpDescription& d = describe(op);
+  call_ = Call{op, std::string(site.name), site.phase, {operands.begin(), operands.end()}, {}, {}};
+  if (!oracle_judges(op)) {
+    ++report_.not_judged[std::string(d.name)];
+    return;
+  }
+  call_.numerics = engine_.op_numerics(op, site, operands);
+  if (against_) call_.numerics = {*against_, std::vector<Precision>(operands.size(), *against_), true, ""};
+  if (!call_.numerics.bounded) {
+    report_.not_bounded.push_back(fmt::format("{} {}: {}", site.name, d.name, call_.numerics.why_not_bounded));
+    return;
+  }
+  call_.before.resize(operands.size());
+  for (std::size_t i = 0; i < operands.size(); ++i) {
+    if (operands[i] == kNoTensor || d.access(i) == Access::Write) continue;  // a pure result: its old value is not read
+    const std::span<const float> value = engine_.read(operands[i]);
+    call_.before[i].assign(value.begin(), value.end());
+  }
+}
+
+void OpOracle::after_op(OpKind op, const OpSite&, std::span<const TensorId>) {
+  if (!oracle_judges(op) || call_.before.empty()) return;
+  switch (op) {
+    case OpKind::LinearForward: judge_linear_forward(call_); break;
+    case OpKind::LinearBackward: judge_linear_backward(call_); break;
+    default: judge_elementwise(call_); break;
+  }
+}
+
+// out (N,OC) = inp (N,C) @ weight (OC,C)^T + bias (OC)
+void OpOracle::judge_linear_forward(const Call& call) {
+  const OpDescription& d = describe(call.op);
+  const TensorDesc& w = table_[call.operands[d.index_of("weight")]];
+  const std::int64_t OC = w.dim(0), C = w.dim(1);
+  const std::span<const float> x = call.operand("inp");
+  const std::span<const float> bias = call.operands[d.index_of("bias")] == kNoTensor ? std::span<const float>() : call.operand("bias");
+  std::vector<double> exact, bound;
+  dot_products(static_cast<std::int64_t>(x.size()) / C, OC, C, {x, C, 1}, {call.operand("weight"), 1, C}, {bias, 0, 1},
+               call.numerics.operands, exact, bound);
+  add(call, d.index_of("out"), engine_.read(call.operands[d.index_of("out")]), exact, bound);
+}
+
+// dinp (N,C) += dout (N,OC) @ weight (OC,C); dweight (OC,C) += dout^T @ inp; dbias (OC) += sum over N of dout
+void OpOracle::judge_linear_backward(const Call& call) {
+  const OpDescription& d = describe(call.op);
+  const TensorDesc& w = table_[call.operands[d.index_of("weight")]];
+  const std::int64_t OC = w.dim(0), C = w.dim(1);
+  const std::span<const float> dy = call.operand("dout"), x = call.operand("inp");
+  const std::int64_t N = static_cast<std::int64_t>(x.size()) / C;
+  std::vector<double> exact, bound;
+  const auto judge = [&](std::string_view result) {
+    add(call, d.index_of(result), engine_.read(call.operands[d.index_of(result)]), exact, bound);
+  };
+  dot_products(N, C, OC, {dy, OC, 1}, {call.operand("weight"), C, 1}, {call.operand("dinp"), C, 1}, call.numerics.operands,
+               exact, bound);
+  judge("dinp");
+  dot_products(OC, C, N, {dy, 1, OC}, {x, C, 1}, {call.operand("dweight"), C, 1}, call.numerics.operands, exact, bound);
+  judge("dweight");
+  if (call.operands[d.index_of("dbias")] == kNoTensor) return;
+  const std::span<const float> dbias_old = call.operand("dbias");
+  exact.assign(OC, 0.0);
+  bound.assign(OC, 0.0);
+  for (std::int64_t o = 0; o < OC; ++o) {  // N + 1 terms in any order: gamma_N
+    double sum = dbias_old[o], abs_sum = std::fabs(dbias_old[o]);
+    for (std::int64_t n = 0; n < N; ++n) {
+      sum += dy[n * OC + o];
+      abs_sum += std::fabs(dy[n * OC + o]);
+    }
+    exact[o] = sum;
+    bound[o] = numerics::recursive_sum_bound(N + 1, abs_sum, Precision::Fp32);
+  }
+  judge("dbias");
+}
+
+// residual_forward: out = a + b; residual_backward: da += dout, db += dout (one fp32
+// rounding each); gelu_erf_forward: out = x Phi(x), the kernel's measured 1 ulp of fp32
+// (tests/unit/det_math_test.cpp), against libm's erfc, a reference the kernel does not use.
+void OpOracle::judge_elementwise(const Call& call) {
+  const OpDescription& d = describe(call.op);
+  const auto one_rounding = [](double y) { return numerics::rounding_bound(y, Precision::Fp32); };
+  const auto judge = [&](std::string_view result, const auto& value_of, const auto& bound_of) {
+    const std::size_t at = d.index_of(result);
+    const std::span<const float> got = engine_.read(call.operands[at]);
+    std::vector<double> exact(got.size()), bound(got.size());
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      exact[i] = value_of(i);
+      bound[i] = bound_of(exact[i]);
+    }
+    add(call, at, got, exact, bound);
+  };
+  switch (call.op) {
+    case OpKind::ResidualForward: {
+      const std::span<const float> a = call.operand("a"), b = call.operand("b");
+      judge("out", [&](std::size_t i) { return static_cast<double>(a[i]) + b[i]; }, one_rounding);
+      break;
+    }
+    case OpKind::ResidualBackward: {
+      const std::span<const float> dout = call.operand("dout");
+      for (const char* result : {"da", "db"}) {
+        const std::span<const float> old = call.operand(result);
+        judge(result, [&](std::size_t i) { return static_cast<double>(old[i]) + dout[i]; }, one_rounding);
+      }
+      break;
+    }
+    case OpKind::GeluErfForward: {
+      const std::span<const float> x = call.operand("inp");
+      judge(
+          "out", [&](std::size_t i) { return 0.5 * x[i] * std::erfc(-static_cast<double>(x[i]) / std::sqrt(2.0)); },
+          [](double y) { return numerics::ulp_of(y, Precision::Fp32); });
+      break;
+    }
+    default: throw std::logic_error(fmt::format("op oracle: no elementwise judgement of {}", d.name));
+  }
+}
+
+void OpOracle::add(const Call& call, std::size_t result, std::span<const float> got, const std::vector<double>& exact,
+                   const std::vector<double>& compute_bound) {
+  const Precision stored = call.numerics.result(result);
+  OpJudgement j;
+  j.site = call.site;
+  j.op = std::string(describe(call.op).name);
+  j.phase = std::string(to_string(call.phase));
+  j.result = std::string(describe(call.op).operands[result].name);
+  j.stored = std::string(numerics::to_string(stored));
+  j.operands = std::string(numerics::to_string(call.numerics.operands));
+  j.elements = static_cast<std::int64_t>(got.size());
+  double worst_bound = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double y = exact[i], e = compute_bound[i];
+    // The fp32 result rounded once more where it is stored narrower (docs/oracle.md).
+    const double bound = stored == Precision::Fp32 ? e : e + numerics::rounding_bound(std::fabs(y) + e, stored);
+    const double error = std::fabs(static_cast<double>(got[i]) - y);
+    if (error > bound) ++j.over;
+    const double ratio = error == 0 ? 0.0 : error / bound;
+    if (ratio > j.worst_ratio || i == 0) {
+      j.worst_ratio = ratio;
+      j.worst_index = static_cast<std::int64_t>(i);
+      worst_bound = bound;
+    }
+  }
+  if (!got.empty()) {
+    j.value = got[j.worst_index];
+    j.exact = exact[j.worst_index];
+    j.error_ulps = numerics::error_in_ulps(j.value, j.exact, stored);
+    j.bound_ulps = worst_bound / numerics::ulp_of(j.exact, stored);
+  }
+  report_.judged.push_back(std::move(j));
+}
+
+}  // namespace harness::run
