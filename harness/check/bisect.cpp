@@ -241,7 +241,26 @@ void find_decision_flip(const ReceiptData& a, const ReceiptData& b, Bisection& o
 
 }  // namespace
 
-Bisection bisect(const ReceiptData& a, const ReceiptData& b, const Budgets& budgets, const TraceProvider& replay) {
+std::string oracle_verdict(const OracleSide& a, const OracleSide& b) {
+  const auto over = [](const char* side, const OracleSide& s) {
+    return fmt::format("{} exceeds its bound by {:.3g}x: {}'s op is wrong", side, s.ratio, side);
+  };
+  if (a.judged && b.judged) {
+    if (a.within && b.within) return "both within their bounds: rounding";
+    if (!a.within && !b.within) {
+      return fmt::format("both exceed their bounds (A {:.3g}x, B {:.3g}x): both ops are wrong", a.ratio, b.ratio);
+    }
+    return a.within ? over("B", b) : over("A", a);
+  }
+  if (!a.judged && !b.judged) return fmt::format("neither side is judged (A: {}; B: {})", a.why_not, b.why_not);
+  const OracleSide& judged = a.judged ? a : b;
+  const char* name = a.judged ? "A" : "B";
+  const std::string unjudged = fmt::format("{} is not judged ({})", a.judged ? "B" : "A", a.judged ? b.why_not : a.why_not);
+  return judged.within ? fmt::format("{} within its bound; {}", name, unjudged) : over(name, judged) + "; " + unjudged;
+}
+
+Bisection bisect(const ReceiptData& a, const ReceiptData& b, const Budgets& budgets, const TraceProvider& replay,
+                 const OracleProvider& oracle) {
   check_contracts(a, b);
   Bisection out;
   out.a_path = a.path;
@@ -266,6 +285,12 @@ Bisection bisect(const ReceiptData& a, const ReceiptData& b, const Budgets& budg
     bisect_budgeted(a, b, budget, out);
   }
   if (out.diverged()) find_divergent_op(a, b, budget, replay, out);
+  if (out.first_divergent_op && oracle) {
+    OracleVerdict v{oracle(a, out.first_divergent_step, *out.first_divergent_op),
+                    oracle(b, out.first_divergent_step, *out.first_divergent_op), ""};
+    v.verdict = oracle_verdict(v.a, v.b);
+    out.oracle = std::move(v);
+  }
   find_decision_flip(a, b, out);
   out.equal_steps = out.diverged() ? out.first_divergent_step : out.steps;
   return out;
@@ -284,6 +309,16 @@ nlohmann::json op_json(const Bisection& b) {
     j["allowed"] = op.allowed;
   }
   return j;
+}
+
+nlohmann::json oracle_json(const Bisection& b) {
+  if (!b.oracle) return nullptr;
+  const auto side = [](const OracleSide& s) -> nlohmann::json {
+    if (!s.judged) return {{"judged", false}, {"why_not", s.why_not}};
+    return {{"judged", true},         {"within", s.within}, {"error_ulps", s.error_ulps},
+            {"bound_ulps", s.bound_ulps}, {"ratio", s.ratio},   {"stored", s.stored}};
+  };
+  return {{"a", side(b.oracle->a)}, {"b", side(b.oracle->b)}, {"verdict", b.oracle->verdict}};
 }
 
 nlohmann::json decision_json(const Bisection& b) {
@@ -332,6 +367,7 @@ nlohmann::json to_json(const Bisection& b) {
           {"first_divergent_metric", b.diverged() ? nlohmann::json(b.first_divergent_metric) : nlohmann::json(nullptr)},
           {"first_divergent_tensor", tensor},
           {"first_divergent_op", op_json(b)},
+          {"oracle", oracle_json(b)},
           {"op_trace", b.op_source.empty() ? nlohmann::json(nullptr) : nlohmann::json(b.op_source)},
           {"no_op_reason", b.no_op.empty() ? nlohmann::json(nullptr) : nlohmann::json(b.no_op)},
           {"decisions", decision_json(b)},
@@ -370,6 +406,7 @@ std::string to_text(const Bisection& b) {
   } else {
     out += fmt::format("{:<12}unknown: {}\n", "first op", b.no_op);
   }
+  if (b.oracle) out += fmt::format("{:<12}{}\n", "oracle", b.oracle->verdict);
   return out + decision_text(b);
 }
 

@@ -38,6 +38,25 @@ struct TraceUnavailable : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// One side's first divergent op against the float64 op oracle on that side's own operands
+// (harness/run/op_oracle.h, docs/oracle.md): its error and bound, or why it is not judged.
+struct OracleSide {
+  bool judged = false;
+  std::string why_not;  // when not judged
+  bool within = false;
+  double ratio = 0, error_ulps = 0, bound_ulps = 0;  // error / bound; both in ulps of `stored`
+  std::string stored;
+};
+// Who is right at the first divergent op: each side judged, and the verdict in words.
+struct OracleVerdict {
+  OracleSide a, b;
+  std::string verdict;
+};
+// A run's op `op` at step `step`, judged (a replay of that step under the oracle).
+using OracleProvider = std::function<OracleSide(const ReceiptData& run, int step, const DivergentOp& op)>;
+// "both within their bounds: rounding", "B exceeds its bound by 40x: B's op is wrong", ...
+std::string oracle_verdict(const OracleSide& a, const OracleSide& b);
+
 // Where two runs first decided otherwise (DecisionRecord datasets, moe's routing): the step
 // and the deciding op (a column) whose decision hashes differ first, and what the counts
 // beside that hash say moved: at least half their summed differences, each choice that
@@ -64,6 +83,7 @@ struct Bisection {
   std::string first_divergent_metric;  // loss, grad_norm, hashes or params_sketch
   double deviation = 0, allowed = 0;   // at the first divergent step (budgeted bisects)
   std::optional<DivergentOp> first_divergent_op;
+  std::optional<OracleVerdict> oracle;  // at the first divergent op, where an OracleProvider was given
   std::string op_source;  // where the traces came from: "receipts", "replay of A", "the aten trace B holds ...", ...
   std::string no_op;      // diverged without an op: why
   // Both runs record decisions: where they first decided otherwise (none: every recorded
@@ -76,8 +96,10 @@ struct Bisection {
 
 // Throws ContractError when the two cannot be compared (different data first). At the
 // divergent step, traces the receipts hold (/trace, a golden's /aten_trace) are read; a side
-// without one of the other's level is traced by `replay` (when given).
-Bisection bisect(const ReceiptData& a, const ReceiptData& b, const Budgets& budgets, const TraceProvider& replay = {});
+// without one of the other's level is traced by `replay` (when given). With `oracle`, each
+// side's first divergent op is judged by the float64 op oracle.
+Bisection bisect(const ReceiptData& a, const ReceiptData& b, const Budgets& budgets, const TraceProvider& replay = {},
+                 const OracleProvider& oracle = {});
 
 nlohmann::json to_json(const Bisection& bisection);
 std::string to_text(const Bisection& bisection);  // a short story

@@ -152,10 +152,11 @@ int run_comparison(const ComparisonFlags& flags, const std::string& kind) {
 int run_bisect(const ComparisonFlags& flags) {
   return guarded(flags, [&] {
     const check::TraceProvider replay = flags.no_replay ? check::TraceProvider{} : check::TraceProvider{replayed_trace};
+    const check::OracleProvider oracle = flags.no_replay ? check::OracleProvider{} : check::OracleProvider{judged_op};
     nightly::verify_golden_integrity(flags.a);  // either side may be a golden
     nightly::verify_golden_integrity(flags.b);
     const check::Bisection b = check::bisect(check::load_receipt(flags.a), check::load_receipt(flags.b),
-                                             check::load_budgets(flags.budgets), replay);
+                                             check::load_budgets(flags.budgets), replay, oracle);
     fmt::print("{}", flags.json ? run::json_text(check::to_json(b)) + "\n" : check::to_text(b));
     return b.diverged() ? kExitCheckFailed : kExitPass;
   });

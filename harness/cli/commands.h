@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 
 #include "api/engine_settings.h"
+#include "bisect.h"
 #include "verdict.h"
 
 namespace harness::cli {
@@ -37,6 +38,9 @@ void apply_engine_flags(const EngineFlagValues& values, EngineSettings& settings
 // The op trace of one step of a receipt without /trace: a replay with tracing on (the
 // trace provider of `harness bisect`); throws check::TraceUnavailable saying why not.
 check::OpTrace replayed_trace(const check::ReceiptData& run, int step);
+// A run's op at `step` judged by the float64 op oracle (a replay of the step): bisect's
+// OracleProvider (harness/check/bisect.h).
+check::OracleSide judged_op(const check::ReceiptData& run, int step, const check::DivergentOp& op);
 // Steps from..to of a Python canary's receipt replayed by its package with every aten op
 // traced, one trace per step; throws check::TraceUnavailable saying why there are none (the
 // replay cannot start, or does not reproduce the receipt bit for bit).

@@ -202,6 +202,45 @@ check::OpTrace replayed_trace(const check::ReceiptData& run, int step) {
   return trace;
 }
 
+check::OracleSide judged_op(const check::ReceiptData& run, int step, const check::DivergentOp& op) {
+  check::OracleSide side;
+  if (run::is_python_canary(run.manifest)) {
+    side.why_not = "a Python canary's op: the oracle judges the harness's engines so far";
+    return side;
+  }
+  run::ReplayOptions options;
+  options.receipt = run.path;
+  options.from = step;
+  options.to = step;
+  options.oracle_step = step;
+  run::ReplayResult r;
+  try {
+    r = run::replay(options);
+  } catch (const std::exception& e) {  // an engine that compiles its steps, no recipe, a racy run
+    side.why_not = e.what();
+    return side;
+  }
+  if (!r.reproduced()) {
+    side.why_not = fmt::format("a replay does not reproduce step {}", r.first_mismatch->step);
+    return side;
+  }
+  for (const run::OpJudgement& j : r.oracle->judged) {
+    if (j.site != op.name || j.phase != op.phase || j.tensor != op.tensor) continue;
+    side.judged = true;
+    side.within = j.within();
+    side.ratio = j.worst_ratio;
+    side.error_ulps = j.error_ulps;
+    side.bound_ulps = j.bound_ulps;
+    side.stored = j.stored;
+    return side;
+  }
+  side.why_not = fmt::format("{}'s op has no bound yet (docs/oracle.md)", op.name);
+  for (const std::string& call : r.oracle->not_bounded) {
+    if (call.rfind(op.name + " ", 0) == 0) side.why_not = "not bounded: " + call;
+  }
+  return side;
+}
+
 void add_replay_command(CLI::App& app, CommandRegistry& commands) {
   auto f = std::make_shared<ReplayFlags>();
   CLI::App* replay = app.add_subcommand("replay", "Replay a recorded run from a checkpoint and verify it bit for bit");

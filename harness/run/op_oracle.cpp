@@ -215,6 +215,7 @@ void OpOracle::add(const Call& call, std::size_t result, std::span<const float> 
   j.op = std::string(describe(call.op).name);
   j.phase = std::string(to_string(call.phase));
   j.result = std::string(describe(call.op).operands[result].name);
+  j.tensor = table_[call.operands[result]].name;
   j.stored = std::string(numerics::to_string(stored));
   j.operands = std::string(numerics::to_string(call.numerics.operands));
   j.elements = static_cast<std::int64_t>(got.size());

@@ -30,6 +30,7 @@ struct OpJudgement {
   std::string op;         // its engine call: linear_forward
   std::string phase;      // forward, backward, optimizer
   std::string result;     // the result operand: out, dinp, dweight, ...
+  std::string tensor;     // the tensor it is, by the table's name (what an op trace names)
   std::string stored;     // the precision the result is stored in: fp32, bf16
   std::string operands;   // the precision the products' operands were rounded to
   std::int64_t elements = 0;

@@ -38,9 +38,40 @@ assert r["verdict"] == "over", r["verdict"]
 assert all(not j["within"] for j in r["judged"] if j["op"] == "linear_forward"), "a bf16 linear within fp32's bound"
 PY
 
+# Who is right, in bisect: at the first divergent op each side's output against the oracle
+# on its own operands. The nudged side is wrong; accel's reduction order against cpu-ref's,
+# under a budget too tight for it, is rounding; a side that cannot be judged says why.
+expect_exit 1 "" -- "$HARNESS" bisect "$WORK/ref.h5" "$WORK/nudged.h5" --json
+"$PY" - "$WORK/stdout" <<'PY' || fail "bisect of the nudged run: $(head -c 600 "$WORK/stdout")"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["first_divergent_op"]["name"] == "blocks.0.attn.proj", r["first_divergent_op"]
+o = r["oracle"]
+assert o["a"]["judged"] and o["a"]["within"] and o["b"]["judged"] and not o["b"]["within"], o
+assert o["b"]["error_ulps"] > o["b"]["bound_ulps"] and o["a"]["error_ulps"] <= o["a"]["bound_ulps"], o
+assert o["verdict"].startswith("B exceeds its bound by ") and o["verdict"].endswith("x: B's op is wrong"), o["verdict"]
+PY
+"$PY" - "$(dirname "$0")/../../canaries/budgets.toml" "$WORK/tight.toml" <<'PY'
+import re, sys  # the shipped budgets with [noise]'s tolerances a millionth of themselves
+out, section = [], None
+for line in open(sys.argv[1]).read().splitlines(keepends=True):
+    header = re.match(r"^\[([^\]]+)\]", line)
+    section = header.group(1) if header else section
+    if section == "noise":
+        line = re.sub(r"(atol|rtol) = ([0-9.e+-]+)", lambda g: f"{g.group(1)} = {float(g.group(2)) * 1e-6:.3g}", line)
+    out.append(line)
+open(sys.argv[2], "w").write("".join(out))
+PY
+run --out "$WORK/noise.h5" --engine accel --noise-seed 5
+expect_exit 1 "" -- "$HARNESS" bisect "$WORK/noise.h5" "$WORK/ref.h5" --budgets "$WORK/tight.toml"
+grep -q "^oracle      both within their bounds: rounding$" "$WORK/stdout" || fail "accel's order is not rounding: $(cat "$WORK/stdout")"
+run --out "$WORK/mesh.h5" --engine tpu-mesh
+expect_exit 1 "" -- "$HARNESS" bisect "$WORK/mesh.h5" "$WORK/nudged.h5"
+grep -q "^oracle      .*A is not judged (.*engine tpu-mesh compiles its steps" "$WORK/stdout" ||
+  fail "the mesh side's reason is not said: $(cat "$WORK/stdout")"
+
 # Refused, one line, exit 2: no such step, an engine that compiles its steps, a bad flag, no file
 expect_exit 2 "--step: step 5 is not recorded in" -- "$HARNESS" precision "$WORK/ref.h5" --step 5
-run --out "$WORK/mesh.h5" --engine tpu-mesh
 expect_exit 2 "mesh.h5: engine tpu-mesh compiles its steps" -- "$HARNESS" precision "$WORK/mesh.h5" --step 1
 expect_exit 2 "--against: 'fp16' is not a precision \\(fp32, bf16, e4m3, e5m2\\)" -- "$HARNESS" precision "$WORK/ref.h5" --against fp16
 expect_exit 2 "nowhere.h5" -- "$HARNESS" precision "$WORK/nowhere.h5" --step 1
