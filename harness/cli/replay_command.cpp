@@ -136,6 +136,15 @@ check::OpTrace trace_of_json(const nlohmann::json& traced) {
   return trace;
 }
 
+// A replay of step `step` of `receipt` alone.
+run::ReplayOptions one_step(const std::string& receipt, int step) {
+  run::ReplayOptions options;
+  options.receipt = receipt;
+  options.from = step;
+  options.to = step;
+  return options;
+}
+
 }  // namespace
 
 std::vector<check::OpTrace> python_aten_traces(const std::string& receipt,
@@ -181,10 +190,7 @@ check::OpTrace replayed_trace(const check::ReceiptData& run, int step) {
       throw check::TraceUnavailable(fmt::format("{} has no op trace: {}", run.path, e.what()));
     }
   }
-  run::ReplayOptions options;
-  options.receipt = run.path;
-  options.from = step;
-  options.to = step;
+  run::ReplayOptions options = one_step(run.path, step);
   options.trace_ops = true;
   run::ReplayResult r;
   try {
@@ -208,10 +214,7 @@ check::OracleSide judged_op(const check::ReceiptData& run, int step, const check
     side.why_not = "a Python canary's op: the oracle judges the harness's engines so far";
     return side;
   }
-  run::ReplayOptions options;
-  options.receipt = run.path;
-  options.from = step;
-  options.to = step;
+  run::ReplayOptions options = one_step(run.path, step);
   options.oracle_step = step;
   run::ReplayResult r;
   try {
