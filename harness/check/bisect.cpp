@@ -316,7 +316,8 @@ nlohmann::json oracle_json(const Bisection& b) {
   const auto side = [](const OracleSide& s) -> nlohmann::json {
     if (!s.judged) return {{"judged", false}, {"why_not", s.why_not}};
     return {{"judged", true},         {"within", s.within}, {"error_ulps", s.error_ulps},
-            {"bound_ulps", s.bound_ulps}, {"ratio", s.ratio},   {"stored", s.stored}};
+            {"bound_ulps", s.bound_ulps}, {"ratio", s.ratio},   {"stored", s.stored},
+            {"worst_index", s.worst_index}};
   };
   return {{"a", side(b.oracle->a)}, {"b", side(b.oracle->b)}, {"verdict", b.oracle->verdict}};
 }

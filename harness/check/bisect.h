@@ -46,6 +46,7 @@ struct OracleSide {
   bool within = false;
   double ratio = 0, error_ulps = 0, bound_ulps = 0;  // error / bound; both in ulps of `stored`
   std::string stored;
+  std::int64_t worst_index = 0;  // the element of the largest error / bound
 };
 // Who is right at the first divergent op: each side judged, and the verdict in words.
 struct OracleVerdict {

@@ -63,5 +63,6 @@ void add_export_command(CLI::App& app, CommandRegistry& commands);  // canary pa
 void add_invariance_command(CLI::App& app, CommandRegistry& commands);  // batch invariance
 void add_triage_command(CLI::App& app, CommandRegistry& commands);      // precision triage
 void add_precision_command(CLI::App& app, CommandRegistry& commands);   // the op oracle on a recorded step
+void add_repro_command(CLI::App& app, CommandRegistry& commands);       // the first divergent op as numpy files
 
 }  // namespace harness::cli

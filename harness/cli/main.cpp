@@ -42,6 +42,7 @@ int main(int argc, char** argv) {
   harness::cli::add_invariance_command(app, commands);
   harness::cli::add_triage_command(app, commands);
   harness::cli::add_precision_command(app, commands);
+  harness::cli::add_repro_command(app, commands);
   if (const auto problem = harness::cli::usage_problem(app, std::vector<std::string>(argv + 1, argv + argc))) {
     fmt::print(stderr, "harness: error: {}\n", *problem);
     return harness::cli::kExitBadInput;

@@ -235,6 +235,7 @@ check::OracleSide judged_op(const check::ReceiptData& run, int step, const check
     side.error_ulps = j.error_ulps;
     side.bound_ulps = j.bound_ulps;
     side.stored = j.stored;
+    side.worst_index = j.worst_index;
     return side;
   }
   side.why_not = fmt::format("{}'s op has no bound yet (docs/oracle.md)", op.name);

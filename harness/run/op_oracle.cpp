@@ -114,6 +114,7 @@ void OpOracle::before_op(OpKind op, const OpSite& site, std::span<const TensorId
 
 void OpOracle::after_op(OpKind op, const OpSite&, std::span<const TensorId>) {
   if (!oracle_judges(op) || call_.before.empty()) return;
+  if (!captured_ && call_.site == capture_site_ && call_.phase == capture_phase_) keep(call_);
   switch (op) {
     case OpKind::LinearForward: judge_linear_forward(call_); break;
     case OpKind::LinearBackward: judge_linear_backward(call_); break;
@@ -205,6 +206,24 @@ void OpOracle::judge_elementwise(const Call& call) {
     }
     default: throw std::logic_error(fmt::format("op oracle: no elementwise judgement of {}", d.name));
   }
+}
+
+void OpOracle::keep(const Call& call) {
+  const OpDescription& d = describe(call.op);
+  CapturedOp c{call.op, call.site, std::string(to_string(call.phase)), std::string(numerics::to_string(call.numerics.operands)),
+               {}, {}, {}};
+  for (std::size_t i = 0; i < call.operands.size(); ++i) {
+    if (call.operands[i] == kNoTensor) continue;
+    const std::string name(d.operands[i].name);
+    const TensorDesc& desc = table_[call.operands[i]];
+    if (!call.before[i].empty()) c.inputs.push_back({name, desc.name, desc.shape, call.before[i]});
+    if (d.result(i)) {
+      const std::span<const float> after = engine_.read(call.operands[i]);
+      c.results.push_back({name, desc.name, desc.shape, {after.begin(), after.end()}});
+      c.stored.emplace_back(numerics::to_string(call.numerics.result(i)));
+    }
+  }
+  captured_ = std::move(c);
 }
 
 void OpOracle::add(const Call& call, std::size_t result, std::span<const float> got, const std::vector<double>& exact,

@@ -52,6 +52,22 @@ struct OracleReport {
   std::int64_t ops_over() const;
 };
 
+// One op call as the oracle saw it, kept for a standalone repro (`harness repro`): each
+// operand it read, as it was before the op, and each result after it, with its shape.
+struct CapturedOp {
+  struct Tensor {
+    std::string operand;  // the description's name: inp, weight, out, ...
+    std::string tensor;   // the table's name: blocks.0.attn.proj.out
+    std::vector<std::int64_t> shape;
+    std::vector<float> values;
+  };
+  OpKind op = OpKind::LinearForward;
+  std::string site, phase;
+  std::string operands_precision;           // what its products' operands were rounded to
+  std::vector<Tensor> inputs, results;      // results: with `stored` below, per result
+  std::vector<std::string> stored;          // each result's stored precision
+};
+
 // Observes a step's ops on `engine` (an engine that runs each op as it is called) and
 // judges them; `table` describes the tensors.
 class OpOracle final : public canary::OpObserver {
@@ -66,6 +82,9 @@ class OpOracle final : public canary::OpObserver {
   void after_op(OpKind op, const OpSite& site, std::span<const TensorId> operands) override;
 
   const OracleReport& report() const { return report_; }
+  // Keep the judged op at `site` in `phase` (its first call) for captured().
+  void capture(std::string site, Phase phase) { capture_site_ = std::move(site), capture_phase_ = phase; }
+  const std::optional<CapturedOp>& captured() const { return captured_; }
 
  private:
   // The op being run: its kind, site and operands, each operand's values as read before it
@@ -87,9 +106,14 @@ class OpOracle final : public canary::OpObserver {
 
   Engine& engine_;
   const TensorTable& table_;
+  void keep(const Call& call);
+
   std::optional<numerics::Precision> against_;
   OracleReport report_;
   Call call_;
+  std::string capture_site_;
+  Phase capture_phase_ = Phase::Forward;
+  std::optional<CapturedOp> captured_;
 };
 
 // Whether the oracle judges op `op` (docs/oracle.md lists them).

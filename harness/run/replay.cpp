@@ -247,6 +247,7 @@ ReplayResult replay(const ReplayOptions& options) {
     }
     try {
       oracle.emplace(*replaying, model.tensors(), options.oracle_against);
+      if (!options.capture_site.empty()) oracle->capture(options.capture_site, options.capture_phase);
     } catch (const std::invalid_argument& e) {
       throw UsageError(fmt::format("{}: {}", options.receipt, e.what()));
     }
@@ -279,7 +280,10 @@ ReplayResult replay(const ReplayOptions& options) {
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   result.trace_columns = tracer.columns();
   result.record_altered = !result.mismatched_steps.empty() && result.mismatched_steps.back() < result.to;
-  if (oracle) result.oracle = oracle->report();
+  if (oracle) {
+    result.oracle = oracle->report();
+    result.captured = oracle->captured();
+  }
   return result;
 }
 

@@ -24,6 +24,9 @@ struct ReplayOptions {
   // a step in from..to, on an engine that runs each op as it is called. -1: none.
   int oracle_step = -1;
   std::optional<numerics::Precision> oracle_against;  // OpOracle's `against`
+  // With oracle_step: keep the judged op at this site in this phase (OpOracle::capture).
+  std::string capture_site;
+  Phase capture_phase = Phase::Forward;
 };
 
 // The first thing a replayed step did not reproduce.
@@ -49,6 +52,7 @@ struct ReplayResult {
   std::vector<receipt::TraceColumn> trace_columns;  // with trace_ops
   std::vector<receipt::TraceStep> trace;            // per replayed step, resumed_from first
   std::optional<OracleReport> oracle;               // with oracle_step
+  std::optional<CapturedOp> captured;               // with capture_site, where that op was judged
 
   bool reproduced() const { return !first_mismatch.has_value(); }
 };

@@ -1,0 +1,275 @@
+// `harness repro A B --out DIR`: the first op where two runs part, as files a kernel team can
+// run without the harness (docs/oracle.md, "A standalone repro"): each side's operands as
+// that side's op read them and its results, as .npy (numpy and torch read them), op.json
+// (the op, its site and step, each side's precisions and what bisect's oracle said), and
+// repro.py, which recomputes the op in float64 and in the diverging side's precision with
+// numpy alone and prints each side's distance from float64 and from the other. Exit 0
+// written, 2 nothing to reproduce (the runs do not part at an op the oracle judges) or bad
+// input. DIR is made whole or not at all.
+#include <cstring>
+#include <filesystem>
+#include <memory>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "bisect.h"
+#include "commands.h"
+#include "defaults.h"
+#include "file_io.h"
+#include "golden_store.h"
+#include "json_text.h"
+#include "replay.h"
+
+namespace harness::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct ReproFlags {
+  std::string a, b, budgets = default_budgets(), out;
+  bool force = false;
+};
+
+// A float32 array in numpy's .npy format (version 1.0): the magic, a header dict padded with
+// spaces to a multiple of 64 bytes and ending in '\n', then the little-endian values.
+std::string npy(const std::vector<std::int64_t>& shape, const std::vector<float>& values) {
+  std::string dims = fmt::format("{}", fmt::join(shape, ", "));
+  if (shape.size() == 1) dims += ",";  // (4,): a tuple of one axis
+  std::string header = fmt::format("{{'descr': '<f4', 'fortran_order': False, 'shape': ({}), }}", dims);
+  const std::size_t preamble = 10;  // magic (6), version (2), header length (2)
+  header.append(64 - (preamble + header.size() + 1) % 64, ' ');
+  header += '\n';
+  std::string out("\x93NUMPY\x01\x00", 8);
+  out += static_cast<char>(header.size() & 0xff);
+  out += static_cast<char>(header.size() >> 8);
+  out += header;
+  const std::size_t at = out.size();
+  out.resize(at + values.size() * sizeof(float));
+  std::memcpy(out.data() + at, values.data(), values.size() * sizeof(float));  // x86-64 and aarch64: little-endian
+  return out;
+}
+
+// repro.py: numpy only, no import of the harness. The float64 reference of each op the oracle
+// judges (harness/run/op_oracle.cpp computes the same in C++), each side's recorded result
+// against it at every element and at the element bisect's oracle named, and the diverging
+// side's op recomputed in its own precision (operands rounded as it declared, fp32 products
+// and sums in numpy's order, the result rounded to what it stores).
+constexpr const char* kScript = R"py(#!/usr/bin/env python3
+"""The first divergent op of two runs, run again with numpy alone (written by `harness repro`).
+Prints one JSON object: per side its distance from float64 (at every element and at the one
+bisect's oracle named, in ulps of the precision it stores) and from the other side; and the
+diverging side's op recomputed in its declared precision."""
+import json
+import math
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OP = json.load(open(os.path.join(HERE, "op.json")))
+FRACTION_BITS = {"fp32": 23, "bf16": 7, "e4m3": 3, "e5m2": 2}
+LEAST_NORMAL = {"fp32": -126, "bf16": -126, "e4m3": -6, "e5m2": -14}
+
+
+def load(side, name):
+    return np.load(os.path.join(HERE, side, name + ".npy"))
+
+
+def ulp(x, precision):
+    """The spacing of the precision's grid at |x| (its least spacing below the least normal)."""
+    _, exponent = np.frexp(np.abs(x).astype(np.float64))
+    binade = np.maximum(exponent - 1, LEAST_NORMAL[precision])
+    return np.ldexp(1.0, binade - FRACTION_BITS[precision])
+
+
+def to_bf16(x):
+    """x rounded to bf16 (nearest, ties to even), as float32."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
+    return rounded.view(np.float32)
+
+
+def rounded(x, precision):
+    return to_bf16(x) if precision == "bf16" else np.asarray(x, dtype=np.float32)
+
+
+def exact(side):
+    """The op's results in float64 on this side's own operands."""
+    f64 = lambda name: load(side, name).astype(np.float64)
+    kind = OP["op"]
+    if kind == "linear_forward":
+        x, w = f64("inp"), f64("weight")
+        out = x.reshape(-1, w.shape[1]) @ w.T
+        if os.path.exists(os.path.join(HERE, side, "bias.npy")):
+            out = out + f64("bias")
+        return {"out": out}
+    if kind == "linear_backward":
+        dy, x, w = f64("dout"), f64("inp"), f64("weight")
+        dy, x = dy.reshape(-1, w.shape[0]), x.reshape(-1, w.shape[1])
+        out = {"dinp": f64("dinp").reshape(dy.shape[0], -1) + dy @ w, "dweight": f64("dweight") + dy.T @ x}
+        if os.path.exists(os.path.join(HERE, side, "dbias.npy")):
+            out["dbias"] = f64("dbias") + dy.sum(axis=0)
+        return out
+    if kind == "residual_forward":
+        return {"out": f64("a") + f64("b")}
+    if kind == "residual_backward":
+        return {"da": f64("da") + f64("dout"), "db": f64("db") + f64("dout")}
+    if kind == "gelu_erf_forward":
+        x = f64("inp")
+        return {"out": 0.5 * x * np.vectorize(math.erfc)(-x / math.sqrt(2.0))}
+    sys.exit(f"repro.py: no float64 reference of {kind}")
+
+
+def recomputed(side):
+    """The op as the side declared it: operands rounded to its products' precision, then
+    float32 arithmetic in numpy's order, each result rounded to what it stores."""
+    p = OP["sides"][side]["operands"]
+    f32 = lambda name: load(side, name).astype(np.float32)
+    kind = OP["op"]
+    if kind == "linear_forward":
+        x, w = rounded(f32("inp"), p), rounded(f32("weight"), p)
+        out = x.reshape(-1, w.shape[1]) @ w.T
+        if os.path.exists(os.path.join(HERE, side, "bias.npy")):
+            out = out + f32("bias")
+        return {"out": out}
+    if kind == "linear_backward":
+        dy, x, w = rounded(f32("dout"), p), rounded(f32("inp"), p), rounded(f32("weight"), p)
+        dy, x = dy.reshape(-1, w.shape[0]), x.reshape(-1, w.shape[1])
+        out = {"dinp": f32("dinp").reshape(dy.shape[0], -1) + dy @ w, "dweight": f32("dweight") + dy.T @ x}
+        if os.path.exists(os.path.join(HERE, side, "dbias.npy")):
+            out["dbias"] = f32("dbias") + dy.sum(axis=0, dtype=np.float32)
+        return out
+    return {name: value.astype(np.float32) for name, value in exact(side).items()}  # elementwise: one rounding
+
+
+def distance(got, reference, precision):
+    got, reference = got.astype(np.float64).reshape(-1), reference.astype(np.float64).reshape(-1)
+    error = np.abs(got - reference)
+    ulps = error / ulp(reference, precision)
+    return {"max_abs": float(error.max()), "max_ulps": float(ulps.max())}
+
+
+report = {"op": OP["op"], "site": OP["site"], "step": OP["step"], "result": OP["result"], "sides": {}}
+for side in ("a", "b"):
+    stored = OP["sides"][side]["stored"]
+    reference = exact(side)[OP["result"]].reshape(-1)
+    got = load(side, OP["result"] + ".out").astype(np.float64).reshape(-1)
+    other = load("b" if side == "a" else "a", OP["result"] + ".out").astype(np.float64).reshape(-1)
+    at = OP["sides"][side].get("worst_index")
+    entry = {"from_float64": distance(got, reference, stored), "from_other_side": distance(got, other, stored)}
+    if at is not None:
+        entry["error_ulps_at_oracle_element"] = float(abs(got[at] - reference[at]) / ulp(reference[at], stored))
+    entry["recomputed_from_float64"] = distance(
+        rounded(recomputed(side)[OP["result"]], stored), reference, stored)
+    report["sides"][side] = entry
+print(json.dumps(report, indent=1, sort_keys=True))
+)py";
+
+// What bisect found and what each side's oracle said, or a UsageError saying why there is
+// nothing to reproduce.
+check::Bisection divergence(const ReproFlags& f) {
+  nightly::verify_golden_integrity(f.a);
+  nightly::verify_golden_integrity(f.b);
+  check::Bisection b = check::bisect(check::load_receipt(f.a), check::load_receipt(f.b), check::load_budgets(f.budgets),
+                                     replayed_trace, judged_op);
+  if (!b.diverged()) throw run::UsageError(fmt::format("{} and {} do not part: nothing to reproduce", f.a, f.b));
+  if (!b.first_divergent_op) throw run::UsageError(fmt::format("no first divergent op ({}): nothing to reproduce", b.no_op));
+  if (!b.oracle || !b.oracle->a.judged || !b.oracle->b.judged) {
+    throw run::UsageError(fmt::format("{} {}: {}; only an op the oracle judges on both sides can be reproduced",
+                                      b.first_divergent_op->name, b.first_divergent_op->phase,
+                                      b.oracle ? b.oracle->verdict : "not judged"));
+  }
+  return b;
+}
+
+// Step `step` of `receipt` replayed, its op at `op`'s site and phase kept.
+run::CapturedOp captured_op(const std::string& receipt, int step, const check::DivergentOp& op) {
+  run::ReplayOptions options;
+  options.receipt = receipt;
+  options.from = step;
+  options.to = step;
+  options.oracle_step = step;
+  options.capture_site = op.name;
+  for (const Phase p : {Phase::Forward, Phase::Backward, Phase::Optimizer}) {
+    if (to_string(p) == op.phase) options.capture_phase = p;
+  }
+  const run::ReplayResult r = run::replay(options);
+  if (!r.captured) throw run::UsageError(fmt::format("{}: a replay of step {} did not run {} again", receipt, step, op.name));
+  return *r.captured;
+}
+
+// The result the traces named: the captured op's result whose tensor bisect saw part.
+std::string result_of(const run::CapturedOp& c, const check::DivergentOp& op) {
+  for (const run::CapturedOp::Tensor& t : c.results) {
+    if (t.tensor == op.tensor) return t.operand;
+  }
+  throw run::UsageError(fmt::format("{}: the traced output {} is none of the op's results", op.name, op.tensor));
+}
+
+// DIR's files: each side's operands and results as .npy, op.json, repro.py.
+void write_repro(const std::string& dir, const check::Bisection& b, const run::CapturedOp (&sides)[2]) {
+  const check::DivergentOp& op = *b.first_divergent_op;
+  nlohmann::json description{{"op", describe(sides[0].op).name}, {"site", op.name}, {"phase", op.phase},
+                             {"step", b.first_divergent_step}, {"result", result_of(sides[0], op)},
+                             {"verdict", b.oracle->verdict}, {"receipts", {b.a_path, b.b_path}}};
+  const check::OracleSide* judged[] = {&b.oracle->a, &b.oracle->b};
+  for (int s = 0; s < 2; ++s) {
+    const std::string side = s == 0 ? "a" : "b";
+    fs::create_directories(fs::path(dir) / side);
+    for (const run::CapturedOp::Tensor& t : sides[s].inputs) {
+      run::write_file_atomically((fs::path(dir) / side / (t.operand + ".npy")).string(), npy(t.shape, t.values));
+    }
+    for (const run::CapturedOp::Tensor& t : sides[s].results) {
+      run::write_file_atomically((fs::path(dir) / side / (t.operand + ".out.npy")).string(), npy(t.shape, t.values));
+    }
+    const auto stored = std::find_if(sides[s].results.begin(), sides[s].results.end(),
+                                     [&](const run::CapturedOp::Tensor& t) { return t.operand == description["result"]; });
+    description["sides"][side] = {{"operands", sides[s].operands_precision},
+                                  {"stored", sides[s].stored[stored - sides[s].results.begin()]},
+                                  {"worst_index", judged[s]->worst_index},
+                                  {"oracle_error_ulps", judged[s]->error_ulps},
+                                  {"within", judged[s]->within}};
+  }
+  run::write_file_atomically((fs::path(dir) / "op.json").string(), run::json_text(description) + "\n");
+  run::write_file_atomically((fs::path(dir) / "repro.py").string(), kScript);
+}
+
+int run_repro(const ReproFlags& f) {
+  const check::Bisection b = divergence(f);
+  const check::DivergentOp& op = *b.first_divergent_op;
+  const run::CapturedOp sides[] = {captured_op(f.a, b.first_divergent_step, op), captured_op(f.b, b.first_divergent_step, op)};
+  if (fs::exists(f.out) && !f.force) {
+    throw run::UsageError(fmt::format("--out: {} exists; give --force to replace it", f.out));
+  }
+  const std::string building = f.out + ".partial";
+  fs::remove_all(building);
+  try {
+    write_repro(building, b, sides);
+  } catch (...) {  // nothing half-written is left
+    fs::remove_all(building);
+    throw;
+  }
+  fs::remove_all(f.out);
+  fs::rename(building, f.out);
+  fmt::print("{:<12}{} {} at step {} ({})\n{:<12}{}\n{:<12}python3 {}/repro.py\n", "repro", op.name, op.phase,
+             b.first_divergent_step, describe(sides[0].op).name, "oracle", b.oracle->verdict, "run", f.out);
+  return kExitPass;
+}
+
+}  // namespace
+
+void add_repro_command(CLI::App& app, CommandRegistry& commands) {
+  auto f = std::make_shared<ReproFlags>();
+  CLI::App* repro = app.add_subcommand("repro", "Write the first op where two runs part as files numpy runs alone");
+  repro->add_option("a", f->a, "Receipt of one run (.h5)")->required();
+  repro->add_option("b", f->b, "Receipt of the other (.h5)")->required();
+  repro->add_option("--out", f->out, "Directory to write (made whole or not at all)")->required();
+  repro->add_option("--budgets", f->budgets, "Budgets file (TOML), as bisect takes it")->capture_default_str();
+  repro->add_flag("--force", f->force, "Replace --out when it exists");
+  commands.add(repro, [f] { return run_repro(*f); });
+}
+
+}  // namespace harness::cli
