@@ -145,7 +145,44 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     invariance.add_argument("--precision", default="fp32", help="fp32 (default) or bf16 (autocast around the forward)")
     invariance.add_argument("--threads", help=f"torch CPU threads, 1..{MAX_THREADS} (default 1)")
     invariance.add_argument("--json", action="store_true", help="print the report as JSON")
+    resume = commands.add_parser("resume-check", help="the restart gate: stop after step --at K, save with the "
+                                                      "canary's save, load with its load in a new process, and hold "
+                                                      "the rest bitwise to the uninterrupted run (docs/own-model.md)")
+    resume.add_argument("canary", help="FILE.py:NAME: a function in FILE.py returning canary_harness.Canary with "
+                                       "save and load")
+    resume.add_argument("--at", required=True, help="K: the last step before the stop, 0..steps-2")
+    resume.add_argument("--steps", help="steps to run, 2..the canary's (default: the canary's)")
+    resume.add_argument("--threads", help=f"torch CPU threads, 1..{MAX_THREADS} (default 1)")
+    resume.add_argument("--seed", help="seed torch, random and numpy with this before NAME() (default: the canary's)")
+    resume.add_argument("--json", action="store_true", help="print the result as JSON")
+    resume.add_argument("--resume-from", help=argparse.SUPPRESS)  # the new process's part: the state dir to load
+    add_json_out_argument(resume)
     return ap.parse_args(argv)
+
+
+def resume_check(args: argparse.Namespace) -> int:
+    import json
+
+    from .runs.resume_check import resume_check as check, resumed_run, to_json, to_text
+
+    threads = count_flag("threads", args.threads, 1, MAX_THREADS) if args.threads is not None else 1
+    seed = count_flag("seed", args.seed, 0, 2**63 - 1) if args.seed is not None else None
+    at = count_flag("at", args.at, 0, 2**31 - 1)
+    steps = count_flag("steps", args.steps, 2, 2**31 - 1) if args.steps is not None else None
+    check_json_out(args.json_out)
+    if args.resume_from is not None:  # the new process of a check: its records, for the parent to compare
+        if args.json_out is None or steps is None:
+            raise UsageError("--resume-from: the new process of a resume-check takes --steps and --json-out")
+        write_json_atomically(args.json_out, resumed_run(args.canary, seed, threads, at, steps, args.resume_from))
+        return 0
+    result = check(args.canary, at, steps, threads, seed)
+    if args.json_out is not None:
+        write_json_atomically(args.json_out, to_json(result))
+    if args.json:
+        print(json.dumps(to_json(result)))
+    elif args.json_out is None:
+        print(to_text(result), end="")
+    return 0 if result.equal() else 1
 
 
 def run(args: argparse.Namespace) -> int:
@@ -340,7 +377,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     try:
         commands = {"run": run, "replay": replay, "rerun": rerun, "describe": describe, "invariance": invariance,
-                    "units": units}
+                    "units": units, "resume-check": resume_check}
         return commands[args.command](args)
     except (UsageError, CanaryError, ReceiptError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
@@ -348,7 +385,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt:
         import os
 
-        if args.command in ("replay", "describe", "invariance", "units"):
+        if args.command in ("replay", "describe", "invariance", "units", "resume-check"):
             print(f"{PROG}: interrupted", file=sys.stderr)
             return 130
         kept = f"{args.out} keeps its finished steps (complete = 0)" if os.path.exists(args.out) else "no receipt written"
@@ -356,7 +393,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 130
     except Exception as e:  # the team's step failed: one line, the receipt keeps its finished steps
         message = str(e).splitlines()[0] if str(e) else type(e).__name__
-        named = args.command in ("run", "describe", "invariance")
+        named = args.command in ("run", "describe", "invariance", "resume-check")
         what = args.canary if named else f"{args.command} of {args.receipt}"
         where = "loading the canary" if args.command == "describe" else "the step"
         print(f"{PROG}: error: {what}: {where} raised {type(e).__name__}: {message}", file=sys.stderr)

@@ -12,7 +12,7 @@ harness=$(cd "$(dirname "$HARNESS")" && pwd)/$(basename "$HARNESS")  # the page 
 page=$repo/docs/own-model.md
 scratch=$WORK/root
 mkdir -p "$WORK/bin" "$scratch/examples" && ln -s /usr/bin/python3 "$WORK/bin/python3"
-cp -r "$repo/examples/own-model" "$scratch/examples/" && ln -s "$repo/python" "$scratch/python"
+cp -r "$repo/examples/own-model" "$repo/examples/restart-gate" "$scratch/examples/" && ln -s "$repo/python" "$scratch/python"
 script=$WORK/page.sh
 page_script "$page" "$harness" "$script"
 (cd "$scratch" && env -u CI PATH="$WORK/bin:$PATH" PYTHONDONTWRITEBYTECODE=1 bash "$script") >"$WORK/page.out" 2>&1 ||
@@ -20,7 +20,10 @@ page_script "$page" "$harness" "$script"
 # What the page says the commands show.
 grep -q "budget      reference (bitwise" "$WORK/page.out" || fail "two runs of the example did not compare bitwise"
 grep -q "^budget_features torch-bf16" "$WORK/page.out" || fail "the bf16 run does not declare torch-bf16"
-[ "$(grep -c '^exit 1' "$WORK/page.out")" -eq 3 ] || fail "the fault run did not fail its comparison and its check, or bisect did not find the regression"
+[ "$(grep -c '^exit 1' "$WORK/page.out")" -eq 5 ] || fail "the fault run did not fail its comparison and its check, bisect did not find the regression, or the restart gate passed an omission"
+grep -q "^equal       steps 3-7 bitwise equal to the uninterrupted run$" "$WORK/page.out" || fail "the restart gate's full save did not resume bitwise"
+grep -q "^omission    a learning-rate schedule" "$WORK/page.out" || fail "the restart gate did not name the schedule"
+grep -q "^omission    an RNG state" "$WORK/page.out" || fail "the restart gate did not name the RNG state"
 grep -q "first failing step 20" "$WORK/page.out" || fail "the fault's comparison does not name step 20"
 grep -qE "^ok +own-gpt/torch +own-gpt/torch" "$WORK/page.out" || fail "golden status does not list the approved lane"
 grep -q '"source":"receipt"' "$WORK/goldens/provenance.jsonl" || fail "the log does not record the golden's source"

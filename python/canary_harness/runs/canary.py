@@ -86,6 +86,9 @@ class Canary:
                checkpointed and restored with the model's and the optimizer's
                (canary_harness.runs.canary_state), so that a replay from a checkpoint resumes the
                schedule where the run was.
+    save, load: optional save(state_dir) and load(state_dir): the team's own checkpointing,
+               as its training code does it, which `python3 -m canary_harness resume-check`
+               holds to the uninterrupted run (canary_harness.runs.resume_check).
     eval_batch: optional held-out inputs (the form batch(i) returns), fixed: every
                `eval_every` steps (default steps // 4) the model's logits on it are recorded
                (docs/logit-kl.md). The logits are eval_logits(model, batch) (default: the
@@ -109,6 +112,8 @@ class Canary:
     eval_targets: Any = None
     schedulers: Sequence[Any] = ()
     state: Mapping[str, Any] = field(default_factory=dict)
+    save: Optional[Callable[[str], None]] = None
+    load: Optional[Callable[[str], None]] = None
 
 
 @dataclass
@@ -323,7 +328,13 @@ def _check_eval(canary: Canary, spec: str) -> None:
 
 
 def _check_state(canary: Canary, spec: str) -> None:
-    """schedulers and state: what the checkpoints hold beyond the model and optimizer (stateful_objects)."""
+    """schedulers and state: what the checkpoints hold beyond the model and optimizer (stateful_objects);
+    save and load: callables, both or neither."""
+    for what in ("save", "load"):
+        if getattr(canary, what) is not None and not callable(getattr(canary, what)):
+            raise CanaryError(f"{spec}: {what} is a {type(getattr(canary, what)).__name__}, not a function of a directory")
+    if (canary.save is None) != (canary.load is None):
+        raise CanaryError(f"{spec}: give save and load together (load reads what save writes)")
     if not isinstance(canary.schedulers, (list, tuple)):
         raise CanaryError(f"{spec}: schedulers is a {type(canary.schedulers).__name__}; give a list of the "
                           "schedulers the step steps (schedulers=[scheduler])")

@@ -1,0 +1,70 @@
+"""The restart gate (`python3 -m canary_harness resume-check`, canary_harness.runs.resume_check)
+on examples/restart-gate/canary.py: a canary whose save keeps everything resumes bitwise; one
+whose save leaves out the HF-style LambdaLR is named at `lr`, the optimizer at the moments,
+the model at the parameters, the RNG (dropout's draws) as an RNG state; a canary without
+save and load is refused."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import run_module
+
+
+@pytest.fixture(scope="module")
+def canary_file() -> Path:
+    """examples/restart-gate/canary.py (CANARY_HARNESS_EXAMPLES where the tests run away from the checkout)."""
+    examples = Path(os.environ.get("CANARY_HARNESS_EXAMPLES", str(Path(__file__).resolve().parents[2] / "examples")))
+    return examples / "restart-gate" / "canary.py"
+
+
+def check(canary_file: Path, name: str, at: int = 2) -> dict:
+    result = run_module("canary_harness", "resume-check", f"{canary_file}:{name}", "--at", str(at), "--json",
+                        check=False)
+    assert result.returncode in (0, 1), result.stderr
+    return json.loads(result.stdout)
+
+
+def test_a_save_of_everything_resumes_bitwise(canary_file: Path) -> None:
+    result = check(canary_file, "everything")
+    assert result["verdict"] == "equal" and result["first_difference"] is None, result
+    assert (result["canary"], result["at"], result["steps"]) == ("resume-demo", 2, 8)
+
+
+@pytest.mark.parametrize("name, what, omission", [
+    ("no_scheduler", "lr", "a learning-rate schedule"),
+    ("no_optimizer", "adam_m", "the moments"),
+    ("no_model", "params", "the model's weights"),
+    ("no_rng", "loss", "an RNG state"),
+])
+def test_each_omission_is_named(canary_file: Path, name: str, what: str, omission: str) -> None:
+    result = check(canary_file, name)
+    difference = result["first_difference"]
+    assert result["verdict"] == "differs" and difference["what"] == what, result
+    assert difference["omission"].startswith(omission), difference
+    assert difference["step"] >= 3, "nothing before the resume can differ"
+
+
+def test_the_text_names_the_step_and_the_omission(canary_file: Path) -> None:
+    result = run_module("canary_harness", "resume-check", f"{canary_file}:no_scheduler", "--at", "2", check=False)
+    assert result.returncode == 1, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[1].startswith("differs     step 4: lr "), lines
+    assert lines[2].startswith("omission    a learning-rate schedule: its scheduler's state is not saved"), lines
+
+
+@pytest.mark.torch_agnostic
+@pytest.mark.parametrize("args, message", [
+    (["no_save", "--at", "2"], "the canary gives no save and load"),
+    (["save_only", "--at", "2"], "give save and load together"),
+    (["everything", "--at", "7"], "--at: step 7 is not in 0..6"),
+    (["everything", "--at", "x"], "--at"),
+])
+def test_refusals_are_one_line_and_exit_2(canary_file: Path, args: list, message: str) -> None:
+    result = run_module("canary_harness", "resume-check", f"{canary_file}:{args[0]}", *args[1:], check=False)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
