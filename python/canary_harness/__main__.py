@@ -24,6 +24,7 @@ leaves the receipt with its finished steps and complete = 0.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import List, NoReturn, Optional
 
@@ -52,7 +53,6 @@ def add_json_out_argument(parser: argparse.ArgumentParser) -> None:
 
 def write_json_atomically(path: str, value: object) -> None:
     """`value` as JSON at `path`, whole or not at all: a temporary file beside it, renamed."""
-    import json
     import os
     import tempfile
 
@@ -71,6 +71,17 @@ def write_json_atomically(path: str, value: object) -> None:
         except OSError:
             pass
         raise
+
+
+def print_result(args: argparse.Namespace, as_json: object, as_text: str) -> None:
+    """A command's result: into --json-out's file (what the harness reads: stdout stays the
+    canary's own), as JSON on stdout with --json, else as text when neither is asked."""
+    if args.json_out is not None:
+        write_json_atomically(args.json_out, as_json)
+    if args.json:
+        print(json.dumps(as_json))
+    elif args.json_out is None:
+        print(as_text, end="")
 
 
 def check_json_out(path: Optional[str]) -> None:
@@ -161,8 +172,6 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
 
 
 def resume_check(args: argparse.Namespace) -> int:
-    import json
-
     from .runs.resume_check import resume_check as check, resumed_run, to_json, to_text
 
     threads = count_flag("threads", args.threads, 1, MAX_THREADS) if args.threads is not None else 1
@@ -176,12 +185,7 @@ def resume_check(args: argparse.Namespace) -> int:
         write_json_atomically(args.json_out, resumed_run(args.canary, seed, threads, at, steps, args.resume_from))
         return 0
     result = check(args.canary, at, steps, threads, seed)
-    if args.json_out is not None:
-        write_json_atomically(args.json_out, to_json(result))
-    if args.json:
-        print(json.dumps(to_json(result)))
-    elif args.json_out is None:
-        print(to_text(result), end="")
+    print_result(args, to_json(result), to_text(result))
     return 0 if result.equal() else 1
 
 
@@ -264,8 +268,6 @@ def _run_canary(args: argparse.Namespace, torch, threads: int, seed: Optional[in
 
 
 def replay(args: argparse.Namespace) -> int:
-    import json
-
     from .runs.replay import replay as replay_receipt
     from .runs.replay import to_json, to_text
 
@@ -276,12 +278,7 @@ def replay(args: argparse.Namespace) -> int:
     to_step = count_flag("to", args.to_step, 0, 2**31 - 1) if args.to_step is not None else None
     check_json_out(args.json_out)
     result = replay_receipt(args.receipt, from_step, to_step, args.trace)
-    if args.json_out is not None:  # what the harness reads: stdout stays the canary's own
-        write_json_atomically(args.json_out, to_json(result))
-    if args.json:
-        print(json.dumps(to_json(result)))
-    elif args.json_out is None:
-        print(to_text(result), end="")
+    print_result(args, to_json(result), to_text(result))
     return 0 if result.reproduced() else 1
 
 
@@ -308,7 +305,6 @@ def _modules(text: Optional[str]) -> List[str]:
 
 def units(args: argparse.Namespace) -> int:
     import contextlib
-    import json
 
     from .runs.replay import precision_switches
 
@@ -324,7 +320,6 @@ def units(args: argparse.Namespace) -> int:
 
 def describe(args: argparse.Namespace) -> int:
     import contextlib
-    import json
 
     import torch
 
