@@ -52,7 +52,9 @@ class Canary;
 class OpObserver {
  public:
   virtual ~OpObserver() = default;
-  virtual void before_op(OpKind op, const OpSite& site, std::span<const TensorId> operands) = 0;
+  // `attributes`: the call's floating-point arguments, in order (layernorm's eps), as doubles.
+  virtual void before_op(OpKind op, const OpSite& site, std::span<const TensorId> operands,
+                         std::span<const double> attributes) = 0;
   virtual void after_op(OpKind op, const OpSite& site, std::span<const TensorId> operands) = 0;
 };
 
@@ -82,7 +84,15 @@ class Ops {
     (collect(args), ...);
     const auto operands = std::span<const TensorId>(tensors).first(std::min(tensors.size(), describe(K).operands.size()));
     OpObserver* const observer = held_out_ ? nullptr : observer_of_canary();
-    if (observer != nullptr) observer->before_op(K, site, operands);
+    if (observer != nullptr) {
+      std::array<double, (std::size_t{std::is_floating_point_v<Args>} + ... + 0)> numbers{};
+      std::size_t at = 0;
+      const auto number = [&](const auto& argument) {
+        if constexpr (std::is_floating_point_v<std::decay_t<decltype(argument)>>) numbers[at++] = argument;
+      };
+      (number(args), ...);
+      observer->before_op(K, site, operands, numbers);
+    }
     (engine_->*kEngineCall<K>)(site, args...);
     after(K, site, operands);
     if (observer != nullptr) observer->after_op(K, site, operands);

@@ -117,6 +117,14 @@ def exact(side):
         return {"out": f64("a") + f64("b")}
     if kind == "residual_backward":
         return {"da": f64("da") + f64("dout"), "db": f64("db") + f64("dout")}
+    if kind == "layernorm_forward":  # mean; rstd given the op's own mean; out given its own mean and rstd
+        w, b = f64("weight"), f64("bias")
+        x = f64("inp").reshape(-1, w.shape[0])
+        mean = load(side, "mean.out").astype(np.float64).reshape(-1, 1)
+        rstd = load(side, "rstd.out").astype(np.float64).reshape(-1, 1)
+        eps = OP["attributes"][0]
+        return {"mean": x.mean(axis=1), "rstd": 1.0 / np.sqrt(((x - mean) ** 2).mean(axis=1) + eps),
+                "out": (x - mean) * rstd * w + b}
     if kind == "gelu_erf_forward":
         x = f64("inp")
         return {"out": 0.5 * x * np.vectorize(math.erfc)(-x / math.sqrt(2.0))}
@@ -214,7 +222,8 @@ void write_repro(const std::string& dir, const check::Bisection& b, const run::C
   const check::DivergentOp& op = *b.first_divergent_op;
   nlohmann::json description{{"op", describe(sides[0].op).name}, {"site", op.name}, {"phase", op.phase},
                              {"step", b.first_divergent_step}, {"result", result_of(sides[0], op)},
-                             {"verdict", b.oracle->verdict}, {"receipts", {b.a_path, b.b_path}}};
+                             {"attributes", sides[0].attributes}, {"verdict", b.oracle->verdict},
+                             {"receipts", {b.a_path, b.b_path}}};
   const check::OracleSide* judged[] = {&b.oracle->a, &b.oracle->b};
   for (int s = 0; s < 2; ++s) {
     const std::string side = s == 0 ? "a" : "b";

@@ -66,7 +66,8 @@ bool oracle_judges(OpKind op) {
     case OpKind::LinearBackward:
     case OpKind::ResidualForward:
     case OpKind::ResidualBackward:
-    case OpKind::GeluErfForward: return true;
+    case OpKind::GeluErfForward:
+    case OpKind::LayerNormForward: return true;
     default: return false;
   }
 }
@@ -91,9 +92,11 @@ std::span<const float> OpOracle::Call::operand(std::string_view name) const {
   return before[i];
 }
 
-void OpOracle::before_op(OpKind op, const OpSite& site, std::span<const TensorId> operands) {
+void OpOracle::before_op(OpKind op, const OpSite& site, std::span<const TensorId> operands,
+                         std::span<const double> attributes) {
   const OpDescription& d = describe(op);
-  call_ = Call{op, std::string(site.name), site.phase, {operands.begin(), operands.end()}, {}, {}};
+  call_ = Call{op, std::string(site.name), site.phase, {operands.begin(), operands.end()},
+               {attributes.begin(), attributes.end()}, {}, {}};
   if (!oracle_judges(op)) {
     ++report_.not_judged[std::string(d.name)];
     return;
@@ -118,6 +121,7 @@ void OpOracle::after_op(OpKind op, const OpSite&, std::span<const TensorId>) {
   switch (op) {
     case OpKind::LinearForward: judge_linear_forward(call_); break;
     case OpKind::LinearBackward: judge_linear_backward(call_); break;
+    case OpKind::LayerNormForward: judge_layernorm_forward(call_); break;
     default: judge_elementwise(call_); break;
   }
 }
@@ -167,6 +171,48 @@ void OpOracle::judge_linear_backward(const Call& call) {
   judge("dbias");
 }
 
+// out (N,C) = (inp - mean) * rstd * weight + bias, mean and rstd (N) saved, each judged on
+// what the op computed it from (docs/oracle.md, "Layer norm"): the mean, a sum of C terms
+// divided by C; rstd = 1/sqrt(sum((x - mean)^2)/C + eps) given the op's own mean; the output
+// given the op's own mean and rstd, four roundings.
+void OpOracle::judge_layernorm_forward(const Call& call) {
+  const OpDescription& d = describe(call.op);
+  const std::span<const float> x = call.operand("inp"), w = call.operand("weight"), b = call.operand("bias");
+  const std::int64_t C = static_cast<std::int64_t>(w.size()), N = static_cast<std::int64_t>(x.size()) / C;
+  const double u = unit_roundoff(Precision::Fp32), eps = call.attributes.at(0);
+  const std::span<const float> mean = engine_.read(call.operands[d.index_of("mean")]);
+  std::vector<double> exact_mean(N), bound_mean(N), exact_rstd(N), bound_rstd(N);
+  for (std::int64_t n = 0; n < N; ++n) {
+    double sum = 0, abs_sum = 0, squares = 0;
+    for (std::int64_t c = 0; c < C; ++c) {
+      sum += x[n * C + c];
+      abs_sum += std::fabs(x[n * C + c]);
+      const double deviation = static_cast<double>(x[n * C + c]) - mean[n];
+      squares += deviation * deviation;
+    }
+    exact_mean[n] = sum / static_cast<double>(C);
+    const double sum_error = numerics::recursive_sum_bound(C, abs_sum, Precision::Fp32);
+    bound_mean[n] = sum_error / static_cast<double>(C) * (1 + u) + u * std::fabs(exact_mean[n]);
+    // var + eps: each deviation and its square rounded, C of them summed (gamma_C), /C, +eps:
+    // a relative error ev; the square root halves it, then the root and the reciprocal round.
+    const double ev = (1 + u) * (1 + u) * (1 + numerics::gamma(C, u)) * (1 + u) * (1 + u) - 1;
+    exact_rstd[n] = 1.0 / std::sqrt(squares / static_cast<double>(C) + eps);
+    bound_rstd[n] = exact_rstd[n] * ((1 + ev / (2 * (1 - ev))) * (1 + u) * (1 + u) - 1);
+  }
+  add(call, d.index_of("mean"), mean, exact_mean, bound_mean);
+  const std::span<const float> rstd = engine_.read(call.operands[d.index_of("rstd")]);
+  add(call, d.index_of("rstd"), rstd, exact_rstd, bound_rstd);
+  std::vector<double> exact(N * C), bound(N * C);
+  for (std::int64_t n = 0; n < N; ++n) {
+    for (std::int64_t c = 0; c < C; ++c) {
+      const double scaled = (static_cast<double>(x[n * C + c]) - mean[n]) * rstd[n] * w[c];
+      exact[n * C + c] = scaled + b[c];
+      bound[n * C + c] = numerics::gamma(4, u) * (std::fabs(scaled) + std::fabs(b[c]));
+    }
+  }
+  add(call, d.index_of("out"), engine_.read(call.operands[d.index_of("out")]), exact, bound);
+}
+
 // residual_forward: out = a + b; residual_backward: da += dout, db += dout (one fp32
 // rounding each); gelu_erf_forward: out = x Phi(x), the kernel's measured 1 ulp of fp32
 // (tests/unit/det_math_test.cpp), against libm's erfc, a reference the kernel does not use.
@@ -210,14 +256,14 @@ void OpOracle::judge_elementwise(const Call& call) {
 
 void OpOracle::keep(const Call& call) {
   const OpDescription& d = describe(call.op);
-  CapturedOp c{call.op, call.site, std::string(to_string(call.phase)), std::string(numerics::to_string(call.numerics.operands)),
-               {}, {}, {}};
+  CapturedOp c{call.op,      call.site, std::string(to_string(call.phase)), std::string(numerics::to_string(call.numerics.operands)),
+               call.attributes, {}, {}, {}};
   for (std::size_t i = 0; i < call.operands.size(); ++i) {
     if (call.operands[i] == kNoTensor) continue;
     const std::string name(d.operands[i].name);
     const TensorDesc& desc = table_[call.operands[i]];
     if (!call.before[i].empty()) c.inputs.push_back({name, desc.name, desc.shape, call.before[i]});
-    if (d.result(i)) {
+    if (d.writes(i)) {  // its results and what it saves (layernorm's mean and rstd), as the op left them
       const std::span<const float> after = engine_.read(call.operands[i]);
       c.results.push_back({name, desc.name, desc.shape, {after.begin(), after.end()}});
       c.stored.emplace_back(numerics::to_string(call.numerics.result(i)));

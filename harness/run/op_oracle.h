@@ -7,8 +7,9 @@
 //
 // Judged ops: linear_forward and linear_backward (dot products of length K, gamma_{K+1}
 // with the bias or the accumulated value), residual_forward and residual_backward (one
-// rounding), gelu_erf_forward (the kernel's measured 1 ulp). The others are listed as not
-// judged, never counted as within.
+// rounding), gelu_erf_forward (the kernel's measured 1 ulp), layernorm_forward (its mean,
+// its rstd given its mean, its output given both). The others are listed as not judged,
+// never counted as within.
 #pragma once
 
 #include <cstdint>
@@ -64,7 +65,8 @@ struct CapturedOp {
   OpKind op = OpKind::LinearForward;
   std::string site, phase;
   std::string operands_precision;           // what its products' operands were rounded to
-  std::vector<Tensor> inputs, results;      // results: with `stored` below, per result
+  std::vector<double> attributes;           // its floating-point arguments (layernorm's eps)
+  std::vector<Tensor> inputs, results;      // results: every operand it wrote, `stored` below per result
   std::vector<std::string> stored;          // each result's stored precision
 };
 
@@ -78,7 +80,8 @@ class OpOracle final : public canary::OpObserver {
   // declares (is this lane fp32 at all?); by default each op by its engine's declaration.
   OpOracle(Engine& engine, const TensorTable& table, std::optional<numerics::Precision> against = std::nullopt);
 
-  void before_op(OpKind op, const OpSite& site, std::span<const TensorId> operands) override;
+  void before_op(OpKind op, const OpSite& site, std::span<const TensorId> operands,
+                 std::span<const double> attributes) override;
   void after_op(OpKind op, const OpSite& site, std::span<const TensorId> operands) override;
 
   const OracleReport& report() const { return report_; }
@@ -94,6 +97,7 @@ class OpOracle final : public canary::OpObserver {
     std::string site;
     Phase phase = Phase::Forward;
     std::vector<TensorId> operands;
+    std::vector<double> attributes;  // its floating-point arguments (layernorm's eps)
     std::vector<std::vector<float>> before;
     Engine::OpNumerics numerics;
     std::span<const float> operand(std::string_view name) const;
@@ -101,6 +105,7 @@ class OpOracle final : public canary::OpObserver {
   void judge_linear_forward(const Call& call);
   void judge_linear_backward(const Call& call);
   void judge_elementwise(const Call& call);
+  void judge_layernorm_forward(const Call& call);
   void add(const Call& call, std::size_t result, std::span<const float> got, const std::vector<double>& exact,
            const std::vector<double>& compute_bound);
 

@@ -107,6 +107,21 @@ for side in ("a", "b"):
                         rel_tol=1e-9), side
 PY
 
+# a layer norm's (its mean and rstd are in the files too; its eps in op.json)
+run --out "$WORK/ln.h5" --inject-fault "step=1,op=blocks.0.ln2,ulps=1048576"
+expect_exit 0 "" -- "$HARNESS" repro "$WORK/ref.h5" "$WORK/ln.h5" --out "$WORK/repro-ln"
+(cd / && "$PY" -I "$WORK/repro-ln/repro.py") >"$WORK/repro-ln.json" || fail "repro.py (layer norm) did not run"
+"$PY" - "$WORK/repro-ln/op.json" "$WORK/repro-ln.json" <<'PY' || fail "layer norm repro: $(cat "$WORK/repro-ln.json")"
+import json, math, sys
+import numpy as np
+op, repro = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert op["op"] == "layernorm_forward" and op["attributes"] == [float(np.float32(1e-5))], op  # the model's fp32 eps
+assert not op["sides"]["b"]["within"] and op["sides"]["a"]["within"], op["sides"]
+for side in ("a", "b"):
+    assert math.isclose(repro["sides"][side]["error_ulps_at_oracle_element"], op["sides"][side]["oracle_error_ulps"],
+                        rel_tol=1e-9), side
+PY
+
 # Refused, one line, exit 2: no such step, an engine that compiles its steps, a bad flag, no file
 expect_exit 2 "--step: step 5 is not recorded in" -- "$HARNESS" precision "$WORK/ref.h5" --step 5
 expect_exit 2 "mesh.h5: engine tpu-mesh compiles its steps" -- "$HARNESS" precision "$WORK/mesh.h5" --step 1

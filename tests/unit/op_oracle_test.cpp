@@ -68,7 +68,7 @@ TEST(OpOracle, CleanStepsOfEveryEagerEngineAreWithinTheirBounds) {
     EXPECT_EQ(over(report), std::vector<std::string>{}) << tag;
     EXPECT_TRUE(report.not_bounded.empty()) << tag;
     const std::set<std::string> ops = judged_ops(report);
-    for (const char* op : {"linear_forward", "linear_backward", "residual_forward", "residual_backward"}) {
+    for (const char* op : {"linear_forward", "linear_backward", "residual_forward", "residual_backward", "layernorm_forward"}) {
       EXPECT_TRUE(ops.count(op)) << tag << " judged no " << op;
     }
     EXPECT_EQ(ops.count("gelu_erf_forward"), tag == "cpu-ref-erf" ? 1u : 0u) << tag;
@@ -88,20 +88,23 @@ TEST(OpOracle, CleanStepsOfEveryEagerEngineAreWithinTheirBounds) {
 
 // A 2^20-ulp nudge of one forward op's output (accel bf16: 2^13 bf16 ulps) is named at
 // that op, its result and element 0, and no other op is over: each op is judged on the
-// operands it was given, so the ops after it are clean.
+// operands it was given, so the ops after it are clean. A linear's and a layer norm's.
 TEST(OpOracle, AnInjectedFaultIsNamedAndNothingElse) {
-  for (const std::string features : {"", "bf16"}) {
+  for (const auto& [op, features] : std::vector<std::pair<std::string, std::string>>{
+           {"blocks.1.mlp.fc linear_forward", ""}, {"blocks.1.mlp.fc linear_forward", "bf16"},
+           {"blocks.0.ln2 layernorm_forward", ""}, {"blocks.0.ln2 layernorm_forward", "bf16"}}) {
     RunOptions o = lane("micro", 3, 0, features.empty() ? "cpu-ref" : "accel", features);
-    o.inject_fault = "step=1,op=blocks.1.mlp.fc,ulps=1048576";
-    const ReplayResult r = judged(o, "fault" + features);
-    EXPECT_EQ(over(*r.oracle), std::vector<std::string>{"blocks.1.mlp.fc linear_forward out"}) << features;
+    const std::string site = op.substr(0, op.find(' '));
+    o.inject_fault = "step=1,op=" + site + ",ulps=1048576";
+    const ReplayResult r = judged(o, "fault" + site + features);
+    EXPECT_EQ(over(*r.oracle), std::vector<std::string>{op + " out"}) << features;
     for (const OpJudgement& j : r.oracle->judged) {
       if (!j.within()) {
         EXPECT_EQ(j.worst_index, 0) << "the nudge moves element 0";
       }
     }
     // The same run's step 2, which the fault did not touch, is clean.
-    EXPECT_EQ(over(*judged(o, "fault-after" + features, 2).oracle), std::vector<std::string>{}) << features;
+    EXPECT_EQ(over(*judged(o, "fault-after" + site + features, 2).oracle), std::vector<std::string>{}) << features;
   }
 }
 
