@@ -79,3 +79,16 @@ def save_only():
     canary = everything()
     canary.load = None
     return canary
+
+
+def unrepeatable():
+    """A step that reseeds its dropout from the OS: no two runs of it repeat, restarted or not."""
+    canary = everything()
+    step = canary.step
+
+    def reseeded(model, optimizer, batch, i):
+        torch.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
+        return step(model, optimizer, batch, i)
+
+    canary.step = reseeded
+    return canary

@@ -79,9 +79,9 @@ def load(side, name):
 
 
 def ulp(x, precision):
-    """The spacing of the precision's grid at |x| (its least spacing below the least normal)."""
+    """The spacing of the precision's grid at |x| (its least spacing below the least normal, at 0 too)."""
     _, exponent = np.frexp(np.abs(x).astype(np.float64))
-    binade = np.maximum(exponent - 1, LEAST_NORMAL[precision])
+    binade = np.where(x == 0, LEAST_NORMAL[precision], np.maximum(exponent - 1, LEAST_NORMAL[precision]))
     return np.ldexp(1.0, binade - FRACTION_BITS[precision])
 
 
@@ -217,6 +217,14 @@ std::string result_of(const run::CapturedOp& c, const check::DivergentOp& op) {
   throw run::UsageError(fmt::format("{}: the traced output {} is none of the op's results", op.name, op.tensor));
 }
 
+// The precision the captured op stores its result `result` in.
+std::string stored_precision(const run::CapturedOp& c, const std::string& result) {
+  for (std::size_t i = 0; i < c.results.size(); ++i) {
+    if (c.results[i].operand == result) return c.stored.at(i);
+  }
+  throw run::UsageError(fmt::format("{}: the replay captured no result {}", c.site, result));
+}
+
 // DIR's files: each side's operands and results as .npy, op.json, repro.py.
 void write_repro(const std::string& dir, const check::Bisection& b, const run::CapturedOp (&sides)[2]) {
   const check::DivergentOp& op = *b.first_divergent_op;
@@ -234,10 +242,8 @@ void write_repro(const std::string& dir, const check::Bisection& b, const run::C
     for (const run::CapturedOp::Tensor& t : sides[s].results) {
       run::write_file_atomically((fs::path(dir) / side / (t.operand + ".out.npy")).string(), npy(t.shape, t.values));
     }
-    const auto stored = std::find_if(sides[s].results.begin(), sides[s].results.end(),
-                                     [&](const run::CapturedOp::Tensor& t) { return t.operand == description["result"]; });
     description["sides"][side] = {{"operands", sides[s].operands_precision},
-                                  {"stored", sides[s].stored[stored - sides[s].results.begin()]},
+                                  {"stored", stored_precision(sides[s], description["result"])},
                                   {"worst_index", judged[s]->worst_index},
                                   {"oracle_error_ulps", judged[s]->error_ulps},
                                   {"within", judged[s]->within}};
@@ -246,25 +252,39 @@ void write_repro(const std::string& dir, const check::Bisection& b, const run::C
   run::write_file_atomically((fs::path(dir) / "repro.py").string(), kScript);
 }
 
+// --out as a directory path without a trailing separator ("DIR/" is "DIR").
+fs::path out_dir(const std::string& out) {
+  fs::path p = fs::path(out).lexically_normal();
+  return p.filename().empty() ? p.parent_path() : p;
+}
+
+// Where DIR is made before it is renamed into place: beside it, never inside it, and never a
+// directory of the user's own.
+fs::path building_dir(const fs::path& out) {
+  const fs::path building = out.parent_path() / (out.filename().string() + ".repro-partial");
+  if (fs::exists(building)) {
+    throw run::UsageError(fmt::format("--out: {} exists (a repro interrupted while it wrote?); remove it", building.string()));
+  }
+  return building;
+}
+
 int run_repro(const ReproFlags& f) {
+  const fs::path out = out_dir(f.out);
+  if (fs::exists(out) && !f.force) throw run::UsageError(fmt::format("--out: {} exists; give --force to replace it", f.out));
+  const fs::path building = building_dir(out);
   const check::Bisection b = divergence(f);
   const check::DivergentOp& op = *b.first_divergent_op;
   const run::CapturedOp sides[] = {captured_op(f.a, b.first_divergent_step, op), captured_op(f.b, b.first_divergent_step, op)};
-  if (fs::exists(f.out) && !f.force) {
-    throw run::UsageError(fmt::format("--out: {} exists; give --force to replace it", f.out));
-  }
-  const std::string building = f.out + ".partial";
-  fs::remove_all(building);
   try {
-    write_repro(building, b, sides);
+    write_repro(building.string(), b, sides);
   } catch (...) {  // nothing half-written is left
     fs::remove_all(building);
     throw;
   }
-  fs::remove_all(f.out);
-  fs::rename(building, f.out);
+  fs::remove_all(out);
+  fs::rename(building, out);
   fmt::print("{:<12}{} {} at step {} ({})\n{:<12}{}\n{:<12}python3 {}/repro.py\n", "repro", op.name, op.phase,
-             b.first_divergent_step, describe(sides[0].op).name, "oracle", b.oracle->verdict, "run", f.out);
+             b.first_divergent_step, describe(sides[0].op).name, "oracle", b.oracle->verdict, "run", out.string());
   return kExitPass;
 }
 

@@ -45,7 +45,7 @@ enum class LaneKeyKind {
   kSwitch,       // present means on (true); its option is then "true"
   kCount,        // an integer in min..max
   kInterpreter,  // a Python interpreter's path (relative to the matrix file); the matrix's `python` stands in
-  kEngineFlag,   // read by the flag of that name of `engine` (tpu-mesh's mesh, shard-plan, precision)
+  kEngineFlag,   // read by the flag of that name of `engine` (tpu-mesh's mesh)
   kDeclared,     // what the lane declares of itself, given to be checked: it must equal the description's
   kArgv,         // a program's argv (no shell), the job's placeholders filled when it runs
   kFeatures,     // budget features, '+'-joined: what the lane's receipt declares

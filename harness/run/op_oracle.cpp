@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -194,10 +195,11 @@ void OpOracle::judge_layernorm_forward(const Call& call) {
     const double sum_error = numerics::recursive_sum_bound(C, abs_sum, Precision::Fp32);
     bound_mean[n] = sum_error / static_cast<double>(C) * (1 + u) + u * std::fabs(exact_mean[n]);
     // var + eps: each deviation and its square rounded, C of them summed (gamma_C), /C, +eps:
-    // a relative error ev; the square root halves it, then the root and the reciprocal round.
+    // a relative error ev; the square root halves it. The root's rounding is in the
+    // denominator, (1+u)/(1-u); the reciprocal's, (1+u).
     const double ev = (1 + u) * (1 + u) * (1 + numerics::gamma(C, u)) * (1 + u) * (1 + u) - 1;
     exact_rstd[n] = 1.0 / std::sqrt(squares / static_cast<double>(C) + eps);
-    bound_rstd[n] = exact_rstd[n] * ((1 + ev / (2 * (1 - ev))) * (1 + u) * (1 + u) - 1);
+    bound_rstd[n] = exact_rstd[n] * ((1 + ev / (2 * (1 - ev))) * (1 + u) / (1 - u) * (1 + u) - 1);
   }
   add(call, d.index_of("mean"), mean, exact_mean, bound_mean);
   const std::span<const float> rstd = engine_.read(call.operands[d.index_of("rstd")]);
@@ -214,7 +216,7 @@ void OpOracle::judge_layernorm_forward(const Call& call) {
 }
 
 // residual_forward: out = a + b; residual_backward: da += dout, db += dout (one fp32
-// rounding each); gelu_erf_forward: out = x Phi(x), the kernel's measured 1 ulp of fp32
+// rounding each); gelu_erf_forward: out = x Phi(x), 1.5 ulp of fp32: its test's one grid step
 // (tests/unit/det_math_test.cpp), against libm's erfc, a reference the kernel does not use.
 void OpOracle::judge_elementwise(const Call& call) {
   const OpDescription& d = describe(call.op);
@@ -247,7 +249,8 @@ void OpOracle::judge_elementwise(const Call& call) {
       const std::span<const float> x = call.operand("inp");
       judge(
           "out", [&](std::size_t i) { return 0.5 * x[i] * std::erfc(-static_cast<double>(x[i]) / std::sqrt(2.0)); },
-          [](double y) { return numerics::ulp_of(y, Precision::Fp32); });
+          // the test allows one grid step from the correctly rounded value: 1.5 ulp from the exact one
+          [](double y) { return 1.5 * numerics::ulp_of(y, Precision::Fp32); });
       break;
     }
     default: throw std::logic_error(fmt::format("op oracle: no elementwise judgement of {}", d.name));
@@ -289,9 +292,14 @@ void OpOracle::add(const Call& call, std::size_t result, std::span<const float> 
     const double y = exact[i], e = compute_bound[i];
     // The fp32 result rounded once more where it is stored narrower (docs/oracle.md).
     const double bound = stored == Precision::Fp32 ? e : e + numerics::rounding_bound(std::fabs(y) + e, stored);
-    const double error = std::fabs(static_cast<double>(got[i]) - y);
-    if (error > bound) ++j.over;
-    const double ratio = error == 0 ? 0.0 : error / bound;
+    if (!std::isfinite(y) || !std::isfinite(bound)) {  // non-finite operands, or past the format's range: no bound
+      ++j.unbounded;
+      continue;
+    }
+    const double error = std::fabs(static_cast<double>(got[i]) - y);  // NaN or infinite for a non-finite result
+    const bool within = std::isfinite(error) && error <= bound;
+    if (!within) ++j.over;
+    const double ratio = within ? (error == 0 ? 0.0 : error / bound) : std::numeric_limits<double>::infinity();
     if (ratio > j.worst_ratio || i == 0) {
       j.worst_ratio = ratio;
       j.worst_index = static_cast<std::int64_t>(i);

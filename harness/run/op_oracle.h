@@ -7,7 +7,7 @@
 //
 // Judged ops: linear_forward and linear_backward (dot products of length K, gamma_{K+1}
 // with the bias or the accumulated value), residual_forward and residual_backward (one
-// rounding), gelu_erf_forward (the kernel's measured 1 ulp), layernorm_forward (its mean,
+// rounding), gelu_erf_forward (1.5 ulp: its test's one grid step from the rounded value), layernorm_forward (its mean,
 // its rstd given its mean, its output given both). The others are listed as not judged,
 // never counted as within.
 #pragma once
@@ -35,7 +35,8 @@ struct OpJudgement {
   std::string stored;     // the precision the result is stored in: fp32, bf16
   std::string operands;   // the precision the products' operands were rounded to
   std::int64_t elements = 0;
-  std::int64_t over = 0;      // elements whose error exceeds their bound
+  std::int64_t over = 0;       // elements whose error exceeds their bound (a non-finite result's too)
+  std::int64_t unbounded = 0;  // elements with no bound: non-finite operands, or past the stored format's range
   double worst_ratio = 0;     // the largest error / bound (0 where every element is exact)
   std::int64_t worst_index = 0;
   double value = 0, exact = 0;            // the run's value and the oracle's at that element

@@ -63,8 +63,15 @@ def test_the_text_names_the_step_and_the_omission(canary_file: Path) -> None:
     (["save_only", "--at", "2"], "give save and load together"),
     (["everything", "--at", "7"], "--at: step 7 is not in 0..6"),
     (["everything", "--at", "x"], "--at"),
+    (["everything", "--at", "2", "--steps", "9"], "--steps: 9 is past the canary's 8 steps"),
 ])
 def test_refusals_are_one_line_and_exit_2(canary_file: Path, args: list, message: str) -> None:
     result = run_module("canary_harness", "resume-check", f"{canary_file}:{args[0]}", *args[1:], check=False)
     assert result.returncode == 2 and message in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_a_run_that_does_not_repeat_is_refused_not_blamed_on_the_save(canary_file: Path) -> None:
+    """Its steps 0..K differ between two runs in one process: no omission is named."""
+    result = run_module("canary_harness", "resume-check", f"{canary_file}:unrepeatable", "--at", "2", check=False)
+    assert result.returncode == 2 and "the run itself does not repeat" in result.stderr, result.stderr

@@ -93,7 +93,12 @@ expect_exit 0 "" -- "$HARNESS" repro "$WORK/ref.h5" "$WORK/nudged.h5" --out "$WO
 expect_exit 2 "do not part: nothing to reproduce" -- "$HARNESS" repro "$WORK/ref.h5" "$WORK/ref.h5" --out "$WORK/none"
 expect_exit 2 "only an op the oracle judges on both sides can be reproduced" -- \
   "$HARNESS" repro "$WORK/mesh.h5" "$WORK/nudged.h5" --out "$WORK/none"
-[ ! -e "$WORK/none" ] && [ ! -e "$WORK/none.partial" ] || fail "a refused repro left files"
+[ ! -e "$WORK/none" ] && [ ! -e "$WORK/none.repro-partial" ] || fail "a refused repro left files"
+expect_exit 0 "" -- "$HARNESS" repro "$WORK/ref.h5" "$WORK/nudged.h5" --out "$WORK/slash/"  # a trailing separator
+[ -f "$WORK/slash/repro.py" ] && [ ! -e "$WORK/slash.repro-partial" ] || fail "--out DIR/ did not make DIR"
+mkdir "$WORK/mine.repro-partial"
+expect_exit 2 "--out: .*mine.repro-partial exists" -- "$HARNESS" repro "$WORK/ref.h5" "$WORK/nudged.h5" --out "$WORK/mine"
+[ -d "$WORK/mine.repro-partial" ] || fail "a directory of the user's own was removed"
 # accel bf16 against its own seed's replay with the nudge: the script rounds its operands to bf16 as the side declared
 run --out "$WORK/bf16-nudged.h5" --engine accel --features bf16 --noise-seed 3 --inject-fault "step=1,op=blocks.1.mlp.fc,ulps=1048576"
 expect_exit 0 "" -- "$HARNESS" repro "$WORK/bf16.h5" "$WORK/bf16-nudged.h5" --out "$WORK/repro-bf16"
@@ -125,7 +130,7 @@ PY
 # Refused, one line, exit 2: no such step, an engine that compiles its steps, a bad flag, no file
 expect_exit 2 "--step: step 5 is not recorded in" -- "$HARNESS" precision "$WORK/ref.h5" --step 5
 expect_exit 2 "mesh.h5: engine tpu-mesh compiles its steps" -- "$HARNESS" precision "$WORK/mesh.h5" --step 1
-expect_exit 2 "--against: 'fp16' is not a precision \\(fp32, bf16, e4m3, e5m2\\)" -- "$HARNESS" precision "$WORK/ref.h5" --against fp16
+expect_exit 2 "--against: 'e4m3' is not a precision \\(fp32, bf16\\)" -- "$HARNESS" precision "$WORK/ref.h5" --step 1 --against e4m3
 expect_exit 2 "nowhere.h5" -- "$HARNESS" precision "$WORK/nowhere.h5" --step 1
 
 finish

@@ -4,13 +4,20 @@
 // does not depend on the thread count, and an engine that compiles its steps is refused.
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <memory>
+#include <span>
 #include <set>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "canary.h"
+#include "canary_file.h"
 #include "canary_run.h"
+#include "data_source.h"
+#include "registry.h"
 #include "exact_gelu_canary.h"
 #include "receipt_bits.h"
 #include "replay.h"
@@ -144,6 +151,53 @@ TEST(OpOracle, ItsReportIsTheSameOnAnyThreadCount) {
     EXPECT_EQ(one.judged[i].site + one.judged[i].result, three.judged[i].site + three.judged[i].result);
     EXPECT_EQ(one.judged[i].worst_ratio, three.judged[i].worst_ratio) << one.judged[i].site;
     EXPECT_EQ(one.judged[i].worst_index, three.judged[i].worst_index) << one.judged[i].site;
+  }
+}
+
+// Stands between the canary and the oracle and puts a NaN into element 0 of one op's first
+// result after the op ran: what the oracle then reads, as a kernel that produced it.
+class NanAfter final : public canary::OpObserver {
+ public:
+  NanAfter(OpOracle& oracle, Engine& engine, std::string site) : oracle_(oracle), engine_(engine), site_(std::move(site)) {}
+  void before_op(OpKind op, const OpSite& site, std::span<const TensorId> operands,
+                 std::span<const double> attributes) override {
+    oracle_.before_op(op, site, operands, attributes);
+  }
+  void after_op(OpKind op, const OpSite& site, std::span<const TensorId> operands) override {
+    if (site.name == site_ && site.phase == Phase::Forward) {
+      const std::span<const float> out = engine_.read(operands[0]);
+      std::vector<float> poisoned(out.begin(), out.end());
+      poisoned[0] = std::numeric_limits<float>::quiet_NaN();
+      engine_.upload(operands[0], poisoned);
+    }
+    oracle_.after_op(op, site, operands);
+  }
+
+ private:
+  OpOracle& oracle_;
+  Engine& engine_;
+  std::string site_;
+};
+
+// A NaN where float64 has a finite value is over its bound (error NaN > bound is false: it
+// was counted within before), and named as its op's alone.
+TEST(OpOracle, ANanResultIsOverItsBound) {
+  const canary::CanaryConfig config = canary::load_canary("micro");
+  const std::unique_ptr<canary::Canary> model = canary::make_canary(config);
+  const std::unique_ptr<canary::DataSource> data = canary::make_data_source(config);
+  const std::unique_ptr<Engine> engine = make_engine("cpu-ref");
+  engine->bind(model->tensors());
+  model->upload_initial_parameters(*engine, 1);
+  OpOracle oracle(*engine, model->tensors());
+  NanAfter nan(oracle, *engine, "blocks.0.attn.proj");
+  model->set_op_observer(&nan);
+  model->train_step(*engine, 0, data->batch(0));
+  model->set_op_observer(nullptr);
+  EXPECT_EQ(over(oracle.report()), std::vector<std::string>{"blocks.0.attn.proj linear_forward out"});
+  for (const OpJudgement& j : oracle.report().judged) {
+    if (!j.within()) {
+      EXPECT_EQ(j.over, 1) << j.site;
+    }
   }
 }
 

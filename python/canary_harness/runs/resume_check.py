@@ -143,6 +143,8 @@ def resume_check(spec: str, at: int, steps: Optional[int] = None, threads: int =
     """The gate (module docstring). `steps`: the run's length (default the canary's); `at` in
     0 .. steps-2. Raises CanaryError for a canary without save and load, or a step out of range."""
     loaded = _load(spec, seed, threads)
+    if steps is not None and steps > loaded.canary.steps:
+        raise CanaryError(f"--steps: {steps} is past the canary's {loaded.canary.steps} steps")
     total = loaded.canary.steps if steps is None else steps
     if not 0 <= at <= total - 2:
         raise CanaryError(f"--at: step {at} is not in 0..{total - 2} (a step the run goes on after)")
@@ -151,7 +153,9 @@ def resume_check(spec: str, at: int, steps: Optional[int] = None, threads: int =
         state_dir = os.path.join(work, "state")
         os.makedirs(state_dir)
         stopped = _load(spec, seed, threads)
-        _run(stopped, threads, range(at + 1))
+        if _run(stopped, threads, range(at + 1)) != straight[:at + 1]:  # no gate can hold a run that does not repeat
+            raise CanaryError(f"{spec}: two runs of steps 0-{at} in one process differ: the run itself does not "
+                              "repeat (state kept between loads, or nondeterminism), so no restart can be held to it")
         stopped.canary.save(state_dir)
         resumed = _resume_in_new_process(spec, seed, threads, at, total, state_dir, os.path.join(work, "resumed.json"))
     return ResumeCheck(loaded.canary.name, at, total, first_difference(loaded.tensor_names, straight, resumed, at))
