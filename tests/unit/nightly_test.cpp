@@ -270,7 +270,8 @@ TEST(Matrix, EveryLaneKeyIsReadAsItsDescriptionSays) {
     const std::string head = std::string(kHeader) + "python = \"fakepy\"\n" + kRefLane +
                              "[[lanes]]\nid = \"s\"\nengine = \"" + stack.engine + "\"\n";
     const auto option_of = [&](const std::string& lines, const std::string& key) {
-      const auto& options = load_matrix(write(dir, head + lines)).lane("s").settings.options;
+      const Matrix m = load_matrix(write(dir, head + lines));  // kept: the options are its lane's
+      const auto& options = m.lane("s").settings.options;
       return options.count(key) ? options.at(key) : std::string("(none)");
     };
     for (const LaneKey& k : stack.lane_keys) {
