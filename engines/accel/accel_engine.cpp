@@ -293,25 +293,28 @@ void AccelEngine::store(TensorId id) {
 Engine::OpNumerics AccelEngine::op_numerics(OpKind op, const OpSite& site, std::span<const TensorId> operands) {
   const OpDescription& d = describe(op);
   OpNumerics n;
-  bool unit_fp32 = false;
+  UnitNumerics unit;  // a unit's numerics apply to the linears' GEMMs; any other op's: none (bf16 stores)
   // The ops whose GEMMs read a prepared weight under its unit's numerics (linear_forward,
   // linear_backward): the products' operands are the weight as prepared_weight makes it
   // and activations as stored.
   if (op == OpKind::LinearForward || op == OpKind::LinearBackward) {
     const TensorId weight = operands[d.index_of("weight")];
-    const UnitNumerics unit = unit_numerics(site, weight);
-    unit_fp32 = unit.fp32;
+    unit = unit_numerics(site, weight);
     if (unit.zone != nullptr) {
       n.bounded = false;
       n.why_not_bounded = fmt::format("its FP8 unit's scaled {} operands", numerics::to_string(unit.format));
     }
-    if (config_.bf16 && !t_.desc(weight).role.fp32_weight && !unit.fp32) n.operands = numerics::Precision::Bf16;
+    if (weight_in_bf16(weight, unit)) n.operands = numerics::Precision::Bf16;
   }
   for (std::size_t i = 0; i < operands.size(); ++i) {
-    const bool bf16 = d.result(i) && operands[i] != kNoTensor && stores_bf16(operands[i]) && !unit_fp32;
+    const bool bf16 = d.result(i) && operands[i] != kNoTensor && result_in_bf16(operands[i], unit);
     n.results.push_back(bf16 ? numerics::Precision::Bf16 : numerics::Precision::Fp32);
   }
   return n;
+}
+
+bool AccelEngine::weight_in_bf16(TensorId weight, const UnitNumerics& unit) const {
+  return config_.bf16 && !t_.desc(weight).role.fp32_weight && !unit.fp32;
 }
 
 AccelEngine::UnitNumerics AccelEngine::unit_numerics(const OpSite& site, TensorId weight) {
@@ -335,7 +338,7 @@ const AccelEngine::PreparedWeight& AccelEngine::prepared_weight(TensorId weight,
   } else {
     const float* w = f32(weight);
     p.rows.assign(w, w + d.numel());
-    if (config_.bf16 && !d.role.fp32_weight && !unit.fp32) numerics::round_to_bf16_inplace(p.rows.data(), d.numel());
+    if (weight_in_bf16(weight, unit)) numerics::round_to_bf16_inplace(p.rows.data(), d.numel());
   }
   p.transposed.resize(p.rows.size());
   const int OC = static_cast<int>(d.dim(d.rank() - 2)), C = static_cast<int>(d.dim(d.rank() - 1));
@@ -421,7 +424,7 @@ void AccelEngine::linear_forward(const OpSite& site, TensorId out, TensorId inp,
   // out = bias, then the split-K partial products added in the noise source's order, then
   // stored: each row tile in turn, while it is in cache.
   const SplitKOutput output{bias == kNoTensor ? SplitKOutput::Start::Zero : SplitKOutput::Start::Row,
-                            bias == kNoTensor ? nullptr : f32(bias), stores_bf16(out) && !unit.fp32};
+                            bias == kNoTensor ? nullptr : f32(bias), result_in_bf16(out, unit)};
   ReduceContext ctx = reduce_context();
   split_k_gemm(ctx, N, OC, C, a, C, w.transposed.data(), OC, f32(out), split_k_chunk(N, OC, C), fp8_gemm, output);
 }
@@ -453,7 +456,7 @@ void AccelEngine::linear_backward(const OpSite& site, TensorId dinp, TensorId dw
   // forward: out[n][o] = sum_c inp[n][c] * weight[o][c] + bias[o]
   // dinp (N,C) += dout (N,OC) @ weight (OC,C), split over OC
   split_k_gemm(ctx, N, C, OC, dy, OC, w.rows.data(), C, f32(dinp), split_k_chunk(N, C, OC), dgrad,
-               {SplitKOutput::Start::Accumulate, nullptr, stores_bf16(dinp) && !unit.fp32});
+               {SplitKOutput::Start::Accumulate, nullptr, result_in_bf16(dinp, unit)});
   // dweight (OC,C) += dout^T (OC,N) @ inp (N,C), split over tokens
   kernels::transpose(dy, N, OC, t_.scratch());
   split_k_gemm(ctx, OC, C, N, t_.scratch(), N, x, C, f32(dweight), kTokenChunk, wgrad);

@@ -128,6 +128,10 @@ class AccelEngine final : public Engine {
   // Rounds a freshly written tensor to its storage format (bf16 for activations under bf16).
   void store(TensorId id);
   bool stores_bf16(TensorId id) const;  // what store() rounds
+  // A linear's GEMM under its unit's numerics: its weight rounded to bf16 (prepared_weight),
+  // and its result `id` rounded to bf16 as the GEMM stores it (none in a unit switched to fp32).
+  bool weight_in_bf16(TensorId weight, const UnitNumerics& unit) const;
+  bool result_in_bf16(TensorId id, const UnitNumerics& unit) const { return stores_bf16(id) && !unit.fp32; }
   ReduceContext reduce_context() { return {noise_, workspace_}; }
   // The K chunk of an (M,N) = (M,K) @ (K,N) GEMM: fixed, or by the row count (--split-k).
   int split_k_chunk(int M, int N, int K) const {
