@@ -58,6 +58,12 @@ nlohmann::json judgement_json(const run::OpJudgement& j) {
           {"bound_ulps", j.bound_ulps}};
 }
 
+nlohmann::json not_bounded_json(const run::OracleReport& o) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const run::OracleReport::Unbounded& call : o.not_bounded) out.push_back(call.text());
+  return out;
+}
+
 nlohmann::json to_json(const run::ReplayResult& r, int step) {
   const run::OracleReport& o = *r.oracle;
   nlohmann::json judged = nlohmann::json::array(), over = nlohmann::json::array();
@@ -73,7 +79,7 @@ nlohmann::json to_json(const run::ReplayResult& r, int step) {
           {"judged", judged},
           {"over", over},
           {"not_judged", o.not_judged},
-          {"not_bounded", o.not_bounded},
+          {"not_bounded", not_bounded_json(o)},
           {"seconds", r.seconds}};
 }
 
@@ -98,7 +104,7 @@ std::string to_text(const run::ReplayResult& r, int step) {
   std::string skipped;
   for (const auto& [op, calls] : o.not_judged) skipped += fmt::format("{}{} x{}", skipped.empty() ? "" : ", ", op, calls);
   if (!skipped.empty()) out += fmt::format("{:<12}{} (no bound yet: docs/oracle.md)\n", "not judged", skipped);
-  for (const std::string& call : o.not_bounded) out += fmt::format("{:<12}{}\n", "not bounded", call);
+  for (const run::OracleReport::Unbounded& call : o.not_bounded) out += fmt::format("{:<12}{}\n", "not bounded", call.text());
   return out;
 }
 

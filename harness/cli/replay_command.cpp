@@ -239,8 +239,8 @@ check::OracleSide judged_op(const check::ReceiptData& run, int step, const check
     return side;
   }
   side.why_not = fmt::format("{}'s op has no bound yet (docs/oracle.md)", op.name);
-  for (const std::string& call : r.oracle->not_bounded) {
-    if (call.rfind(op.name + " ", 0) == 0) side.why_not = "not bounded: " + call;
+  for (const run::OracleReport::Unbounded& call : r.oracle->not_bounded) {
+    if (call.site == op.name && call.phase == op.phase) side.why_not = "not bounded: " + call.text();
   }
   return side;
 }

@@ -105,7 +105,8 @@ void OpOracle::before_op(OpKind op, const OpSite& site, std::span<const TensorId
   call_.numerics = engine_.op_numerics(op, site, operands);
   if (against_) call_.numerics = {*against_, std::vector<Precision>(operands.size(), *against_), true, ""};
   if (!call_.numerics.bounded) {
-    report_.not_bounded.push_back(fmt::format("{} {}: {}", site.name, d.name, call_.numerics.why_not_bounded));
+    report_.not_bounded.push_back({std::string(site.name), std::string(to_string(site.phase)), std::string(d.name),
+                                   call_.numerics.why_not_bounded});
     return;
   }
   call_.before.resize(operands.size());

@@ -48,9 +48,14 @@ struct OpJudgement {
 // judge (by engine call, with their count) and the calls the engine computes in a way the
 // bounds do not model yet (site and op, with why).
 struct OracleReport {
+  // A call the engine computes in a way the bounds do not model yet.
+  struct Unbounded {
+    std::string site, phase, op, why;
+    std::string text() const { return site + " " + op + ": " + why; }  // "SITE OP: why", as --json lists it
+  };
   std::vector<OpJudgement> judged;
   std::map<std::string, int> not_judged;
-  std::vector<std::string> not_bounded;
+  std::vector<Unbounded> not_bounded;
   std::int64_t ops_over() const;
 };
 

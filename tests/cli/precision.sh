@@ -21,6 +21,20 @@ linears = [j for j in r["judged"] if j["op"] == "linear_forward"]
 assert linears and all(j["operands"] == "bf16" and j["stored"] == "bf16" and j["within"] for j in linears), linears
 PY
 
+# accel's FP8 units: their linears are listed as not bounded (their scaled operands have no
+# bound yet), never counted within; the rest of the step is judged
+run --out "$WORK/fp8.h5" --engine accel --features bf16,fp8=all --noise-seed 3
+expect_exit 0 "" -- "$HARNESS" precision "$WORK/fp8.h5" --step 1 --json
+"$PY" - "$WORK/stdout" <<'PY' || fail "accel fp8: $(head -c 600 "$WORK/stdout")"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["not_bounded"] and all("FP8 unit's scaled" in call for call in r["not_bounded"]), r["not_bounded"]
+unbounded = {call.split(" ")[0] for call in r["not_bounded"]}
+judged_linears = {j["site"] for j in r["judged"] if j["op"].startswith("linear")}
+assert judged_linears == {"lm_head"} and not unbounded & judged_linears, (judged_linears, unbounded)  # lm_head: in no zone
+assert any(j["op"] == "layernorm_forward" for j in r["judged"]), "the rest of the step was not judged"
+PY
+
 # The issue's example: an op made to compute below its declared precision is named, with
 # how far over its bound it is; the ops after it, judged on what they were given, are not.
 run --out "$WORK/nudged.h5" --inject-fault "step=1,op=blocks.0.attn.proj,ulps=1048576"
