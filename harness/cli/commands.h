@@ -11,6 +11,7 @@
 
 #include "api/engine_settings.h"
 #include "bisect.h"
+#include "replay.h"
 #include "verdict.h"
 
 namespace harness::cli {
@@ -38,6 +39,9 @@ void apply_engine_flags(const EngineFlagValues& values, EngineSettings& settings
 // The op trace of one step of a receipt without /trace: a replay with tracing on (the
 // trace provider of `harness bisect`); throws check::TraceUnavailable saying why not.
 check::OpTrace replayed_trace(const check::ReceiptData& run, int step);
+// A replay of step `step` of `receipt` alone (replay_command.cpp): what bisect's trace, its
+// oracle and repro each ask for.
+run::ReplayOptions one_step(const std::string& receipt, int step);
 // A run's op at `step` judged by the float64 op oracle (a replay of the step): bisect's
 // OracleProvider (harness/check/bisect.h).
 check::OracleSide judged_op(const check::ReceiptData& run, int step, const check::DivergentOp& op);

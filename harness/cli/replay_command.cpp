@@ -136,6 +136,9 @@ check::OpTrace trace_of_json(const nlohmann::json& traced) {
   return trace;
 }
 
+
+}  // namespace
+
 // A replay of step `step` of `receipt` alone.
 run::ReplayOptions one_step(const std::string& receipt, int step) {
   run::ReplayOptions options;
@@ -144,8 +147,6 @@ run::ReplayOptions one_step(const std::string& receipt, int step) {
   options.to = step;
   return options;
 }
-
-}  // namespace
 
 std::vector<check::OpTrace> python_aten_traces(const std::string& receipt,
                                                const std::map<std::string, std::string>& manifest, int from, int to) {

@@ -195,10 +195,7 @@ check::Bisection divergence(const ReproFlags& f) {
 
 // Step `step` of `receipt` replayed, its op at `op`'s site and phase kept.
 run::CapturedOp captured_op(const std::string& receipt, int step, const check::DivergentOp& op) {
-  run::ReplayOptions options;
-  options.receipt = receipt;
-  options.from = step;
-  options.to = step;
+  run::ReplayOptions options = one_step(receipt, step);
   options.oracle_step = step;
   options.capture_site = op.name;
   for (const Phase p : {Phase::Forward, Phase::Backward, Phase::Optimizer}) {
