@@ -2,8 +2,9 @@
 // op of it by the float64 op oracle (harness/run/op_oracle.h, docs/oracle.md): each
 // result against the rounding bound of the precision its engine declares. No second run
 // and no golden. Exit 0 every judged op within its bound, 1 one or more over (each named),
-// 2 the receipt cannot be replayed there (a Python canary's, an engine that compiles its
-// steps, a step the replay does not reproduce bit for bit).
+// 2 the receipt cannot be replayed there (an engine that compiles its steps, a step the
+// replay does not reproduce bit for bit). A Python canary's receipt: its package replays the
+// step with every aten op captured, and each is judged here (harness/run/python_oracle.h).
 #include <limits>
 #include <memory>
 #include <optional>
@@ -15,8 +16,10 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "file_io.h"
 #include "json_text.h"
 #include "python_canary.h"
+#include "python_oracle.h"
 #include "receipt/receipt_paths.h"
 #include "receipt/receipt_reader.h"
 #include "replay.h"
@@ -47,8 +50,17 @@ std::optional<numerics::Precision> against(const std::string& name) {
   throw run::UsageError(fmt::format("--against: '{}' is not a precision ({})", name, fmt::join(names, ", ")));
 }
 
+// What one step's audit found, whoever judged it (the engine's replay or a Python canary's capture).
+struct Audit {
+  const run::OracleReport& report;
+  std::string receipt, lane;
+  int step = 0;
+  double seconds = 0;
+};
+
 nlohmann::json judgement_json(const run::OpJudgement& j) {
   return {{"site", j.site},           {"op", j.op},
+          {"source", j.source},       {"below", j.below},
           {"phase", j.phase},         {"result", j.result},
           {"stored", j.stored},       {"operands", j.operands},
           {"elements", j.elements},   {"over", j.over}, {"unbounded", j.unbounded},
@@ -64,8 +76,8 @@ nlohmann::json not_bounded_json(const run::OracleReport& o) {
   return out;
 }
 
-nlohmann::json to_json(const run::ReplayResult& r, int step) {
-  const run::OracleReport& o = *r.oracle;
+nlohmann::json to_json(const Audit& a) {
+  const run::OracleReport& o = a.report;
   nlohmann::json judged = nlohmann::json::array(), over = nlohmann::json::array();
   for (const run::OpJudgement& j : o.judged) {
     judged.push_back(judgement_json(j));
@@ -73,27 +85,30 @@ nlohmann::json to_json(const run::ReplayResult& r, int step) {
   }
   return {{"version", 1},
           {"verdict", o.ops_over() == 0 ? "within" : "over"},
-          {"receipt", r.receipt},
-          {"lane", r.lane},
-          {"step", step},
+          {"receipt", a.receipt},
+          {"lane", a.lane},
+          {"step", a.step},
           {"judged", judged},
           {"over", over},
           {"not_judged", o.not_judged},
           {"not_bounded", not_bounded_json(o)},
-          {"seconds", r.seconds}};
+          {"seconds", a.seconds}};
 }
 
-// "blocks.1.mlp.fc linear_forward out: 3.1e4 x its bound (error 1.0e6 ulps of fp32, bound 33 ulps; operands fp32)"
+// "blocks.1.mlp.fc linear_forward out: 3.1e4 x its bound (error 1.0e6 ulps of fp32, bound 33 ulps; operands fp32)";
+// a Python canary's with its file:line and, for a result below the declared precision, why.
 std::string over_line(const run::OpJudgement& j) {
-  return fmt::format("{} {} {}: {:.3g} x its bound at element {} (error {:.3g} ulps of {}, bound {:.3g}; {} of {} "
-                     "elements over; operands {})",
-                     j.site, j.op, j.result, j.worst_ratio, j.worst_index, j.error_ulps, j.stored, j.bound_ulps, j.over,
-                     j.elements, j.operands);
+  const std::string source = j.source.empty() ? "" : fmt::format(" ({})", j.source);
+  const std::string below = j.below.empty() ? "" : fmt::format(": {}", j.below);
+  return fmt::format("{} {} {}{}: {:.3g} x its {} bound at element {} (error {:.3g} ulps of {}, bound {:.3g}; {} of "
+                     "{} elements over; operands {}){}",
+                     j.site, j.op, j.result, source, j.worst_ratio, j.stored, j.worst_index, j.error_ulps, j.stored,
+                     j.bound_ulps, j.over, j.elements, j.operands, below);
 }
 
-std::string to_text(const run::ReplayResult& r, int step) {
-  const run::OracleReport& o = *r.oracle;
-  std::string out = fmt::format("{:<12}{} ({}), step {}\n", "precision", r.lane, r.receipt, step);
+std::string to_text(const Audit& a) {
+  const run::OracleReport& o = a.report;
+  std::string out = fmt::format("{:<12}{} ({}), step {}\n", "precision", a.lane, a.receipt, a.step);
   double worst = 0;
   for (const run::OpJudgement& j : o.judged) worst = std::max(worst, j.within() ? j.worst_ratio : 0.0);
   out += fmt::format("{:<12}{} op results against float64; {} over their bounds\n", "judged", o.judged.size(), o.ops_over());
@@ -108,14 +123,45 @@ std::string to_text(const run::ReplayResult& r, int step) {
   return out;
 }
 
-// Whether the receipt is a Python canary's; false where it cannot be read (run::replay then
-// says why, naming the file).
-bool is_python_receipt(const std::string& path) {
+// The receipt's manifest where it is a Python canary's; none where it is not, or cannot be
+// read (run::replay then says why, naming the file).
+std::optional<std::map<std::string, std::string>> python_manifest(const std::string& path) {
   try {
-    return run::is_python_canary(receipt::ReceiptReader(path).manifest_text());
+    std::map<std::string, std::string> manifest = receipt::ReceiptReader(path).manifest_text();
+    if (run::is_python_canary(manifest)) return manifest;
   } catch (const std::exception&) {
-    return false;
   }
+  return std::nullopt;
+}
+
+int print_audit(const PrecisionFlags& f, const Audit& audit) {
+  fmt::print("{}", f.json ? run::json_text(to_json(audit)) + "\n" : to_text(audit));
+  return audit.report.ops_over() == 0 ? kExitPass : kExitCheckFailed;
+}
+
+// A Python canary's step: the package replays it with its aten ops captured (capture-ops,
+// the canary's prints sent to stderr), and each captured result is judged here against
+// the precision the run declared, or --against's.
+int run_python_precision(const PrecisionFlags& f, const std::map<std::string, std::string>& manifest) {
+  const run::TempDir work("precision", "a Python canary's captured ops");
+  const std::string values = work.file("values.h5");
+  const run::PythonCommand command = run::python_canary_command(
+      "capture-ops", f.receipt, manifest, {"--step", std::to_string(f.step), "--values", values});
+  const run::PythonJsonResult captured =
+      run::run_python_for_json(command.argv, command.environment, run::ChildOutput::kStderr, run::ChildOutput::kInherit);
+  const int code = captured.child.exit_code();
+  if (code != 0 && code != 1) return code;  // the package's own error is on stderr
+  const nlohmann::json& c = captured.result;
+  if (!c.is_object()) throw run::UsageError(fmt::format("{}: its capture {} but wrote no result", f.receipt, captured.child.how()));
+  if (code == 1) {
+    const nlohmann::json& m = c.at("first_mismatch");
+    throw run::UsageError(fmt::format("{}: a replay does not reproduce step {} ({}); its ops cannot be judged as they ran",
+                                      f.receipt, m.at("step").get<int>(), m.at("what").get<std::string>()));
+  }
+  const std::optional<numerics::Precision> chosen = against(f.against);
+  const numerics::Precision declared = chosen ? *chosen : run::declared_precision(c.at("precision").get<std::string>());
+  const run::OracleReport report = run::judge_captured_step(c, values, declared);
+  return print_audit(f, {report, f.receipt, c.at("lane").get<std::string>(), f.step, c.at("seconds").get<double>()});
 }
 
 // The steps the receipt records; none where it cannot be read (run::replay says why).
@@ -131,10 +177,7 @@ int run_precision(const PrecisionFlags& f) {
   if (const std::optional<int> recorded = recorded_steps(f.receipt); recorded && f.step >= *recorded) {
     throw run::UsageError(fmt::format("--step: step {} is not recorded in {} (steps 0-{})", f.step, f.receipt, *recorded - 1));
   }
-  if (is_python_receipt(f.receipt)) {
-    throw run::UsageError(fmt::format("{}: a Python canary's receipt; the op oracle judges the harness's engines so far "
-                                      "(docs/oracle.md)", f.receipt));
-  }
+  if (const auto manifest = python_manifest(f.receipt)) return run_python_precision(f, *manifest);
   run::ReplayOptions options;
   options.receipt = f.receipt;
   options.from = f.step;
@@ -147,8 +190,7 @@ int run_precision(const PrecisionFlags& f) {
     throw run::UsageError(fmt::format("{}: a replay does not reproduce step {} ({}); its ops cannot be judged as they ran",
                                       f.receipt, r.first_mismatch->step, r.first_mismatch->what));
   }
-  fmt::print("{}", f.json ? run::json_text(to_json(r, f.step)) + "\n" : to_text(r, f.step));
-  return r.oracle->ops_over() == 0 ? kExitPass : kExitCheckFailed;
+  return print_audit(f, {*r.oracle, r.receipt, r.lane, f.step, r.seconds});
 }
 
 }  // namespace
@@ -157,7 +199,7 @@ void add_precision_command(CLI::App& app, CommandRegistry& commands) {
   auto f = std::make_shared<PrecisionFlags>();
   CLI::App* precision =
       app.add_subcommand("precision", "Judge every op of a recorded step against float64 and its precision's rounding bound");
-  precision->add_option("receipt", f->receipt, "Receipt of the run (.h5), made by a harness engine that runs each op as it is called")
+  precision->add_option("receipt", f->receipt, "Receipt of the run (.h5): a harness engine's that runs each op as it is called, or a Python canary's")
       ->required();
   precision->add_option("--step", f->step, "The step to replay and judge")
       ->check(CLI::Range(0, std::numeric_limits<int>::max()))

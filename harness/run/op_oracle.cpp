@@ -278,15 +278,21 @@ void OpOracle::keep(const Call& call) {
 
 void OpOracle::add(const Call& call, std::size_t result, std::span<const float> got, const std::vector<double>& exact,
                    const std::vector<double>& compute_bound) {
-  const Precision stored = call.numerics.result(result);
   OpJudgement j;
   j.site = call.site;
   j.op = std::string(describe(call.op).name);
   j.phase = std::string(to_string(call.phase));
   j.result = std::string(describe(call.op).operands[result].name);
   j.tensor = table_[call.operands[result]].name;
-  j.stored = std::string(numerics::to_string(stored));
   j.operands = std::string(numerics::to_string(call.numerics.operands));
+  const std::vector<double> values(got.begin(), got.end());
+  judge_values(j, values, exact, compute_bound, call.numerics.result(result));
+  report_.judged.push_back(std::move(j));
+}
+
+void judge_values(OpJudgement& j, std::span<const double> got, std::span<const double> exact,
+                  std::span<const double> compute_bound, Precision stored) {
+  j.stored = std::string(numerics::to_string(stored));
   j.elements = static_cast<std::int64_t>(got.size());
   double worst_bound = 0;
   for (std::size_t i = 0; i < got.size(); ++i) {
@@ -297,10 +303,12 @@ void OpOracle::add(const Call& call, std::size_t result, std::span<const float> 
       ++j.unbounded;
       continue;
     }
-    const double error = std::fabs(static_cast<double>(got[i]) - y);  // NaN or infinite for a non-finite result
+    const double error = std::fabs(got[i] - y);  // NaN or infinite for a non-finite result
     const bool within = std::isfinite(error) && error <= bound;
     if (!within) ++j.over;
-    const double ratio = within ? (error == 0 ? 0.0 : error / bound) : std::numeric_limits<double>::infinity();
+    // error / bound; a NaN or infinite error, or any error over a bound of 0, is infinitely over.
+    const double ratio = error == 0 ? 0.0 : std::isfinite(error) && bound > 0 ? error / bound
+                                                                              : std::numeric_limits<double>::infinity();
     if (ratio > j.worst_ratio || i == 0) {
       j.worst_ratio = ratio;
       j.worst_index = static_cast<std::int64_t>(i);
@@ -313,7 +321,6 @@ void OpOracle::add(const Call& call, std::size_t result, std::span<const float> 
     j.error_ulps = numerics::error_in_ulps(j.value, j.exact, stored);
     j.bound_ulps = worst_bound / numerics::ulp_of(j.exact, stored);
   }
-  report_.judged.push_back(std::move(j));
 }
 
 }  // namespace harness::run

@@ -34,6 +34,8 @@ struct OpJudgement {
   std::string tensor;     // the tensor it is, by the table's name (what an op trace names)
   std::string stored;     // the precision the result is stored in: fp32, bf16
   std::string operands;   // the precision the products' operands were rounded to
+  std::string source;     // file:line of the team's code that ran it (a Python canary's); "" for an engine's
+  std::string below;      // why it is judged in a precision other than its own (a bf16 result of an fp32 run)
   std::int64_t elements = 0;
   std::int64_t over = 0;       // elements whose error exceeds their bound (a non-finite result's too)
   std::int64_t unbounded = 0;  // elements with no bound: non-finite operands, or past the stored format's range
@@ -126,6 +128,13 @@ class OpOracle final : public canary::OpObserver {
   Phase capture_phase_ = Phase::Forward;
   std::optional<CapturedOp> captured_;
 };
+
+// Judges one result element by element into `j` (its stored precision, counts, worst
+// element): got[i] against exact[i] within compute_bound[i], plus one rounding to `stored`
+// where that is narrower than fp32 (docs/oracle.md). What every oracle's judgement goes
+// through: the harness's engines' (OpOracle) and a Python canary's captured ops'.
+void judge_values(OpJudgement& j, std::span<const double> got, std::span<const double> exact,
+                  std::span<const double> compute_bound, numerics::Precision stored);
 
 // Whether the oracle judges op `op` (docs/oracle.md lists them).
 bool oracle_judges(OpKind op);

@@ -133,6 +133,13 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
                                                         "steps from --from on (docs/bisect.md)")
     replay.add_argument("--json", action="store_true", help="print the result as JSON (with the traces)")
     add_json_out_argument(replay)
+    capture = commands.add_parser("capture-ops", help="replay one step and capture its aten ops, recomputed in float64, "
+                                                      "for `harness precision` to judge (docs/oracle.md)")
+    capture.add_argument("receipt", help="a receipt this command's `run` wrote")
+    capture.add_argument("--step", required=True, help="K: the step to replay and capture")
+    capture.add_argument("--values", required=True, help="FILE.h5: where each captured result's values go")
+    capture.add_argument("--json", action="store_true", help="print the description as JSON")
+    add_json_out_argument(capture)
     rerun = commands.add_parser("rerun", help="run a Python canary's receipt's recipe again into a new receipt")
     rerun.add_argument("receipt", help="a receipt this command's `run` wrote")
     rerun.add_argument("--out", required=True, help="the new receipt's path (.h5)")
@@ -282,6 +289,28 @@ def replay(args: argparse.Namespace) -> int:
     return 0 if result.reproduced() else 1
 
 
+def capture_ops(args: argparse.Namespace) -> int:
+    """Replays step --step with its ops captured: the description as JSON (--json-out), the
+    values into --values (tracing/op_capture.py). Exit 1 where the step does not replay."""
+    import os
+
+    from .runs.replay import replay as replay_receipt
+    from .runs.replay import to_json
+    from .tracing.op_capture import capture_json, write_values
+
+    step = count_flag("step", args.step, 0, 2**31 - 1)
+    check_json_out(args.json_out)
+    if not os.path.isdir(os.path.dirname(os.path.abspath(args.values))):
+        raise UsageError(f"--values: no directory for '{args.values}'")
+    result = replay_receipt(args.receipt, step, step, capture_ops=True)
+    summary = {**to_json(result), "precision": result.precision}
+    if result.captured is not None and result.reproduced():
+        write_values(args.values, result.captured)
+        summary.update(capture_json(result.captured))
+    print_result(args, summary, f"{len(summary.get('results', []))} results captured into {args.values}\n")
+    return 0 if result.reproduced() else 1
+
+
 def rerun(args: argparse.Namespace) -> int:
     from .runs.replay import rerun as rerun_receipt
     from .runs.runner import print_summary
@@ -372,7 +401,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     try:
         commands = {"run": run, "replay": replay, "rerun": rerun, "describe": describe, "invariance": invariance,
-                    "units": units, "resume-check": resume_check}
+                    "units": units, "resume-check": resume_check, "capture-ops": capture_ops}
         return commands[args.command](args)
     except (UsageError, CanaryError, ReceiptError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
@@ -380,7 +409,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt:
         import os
 
-        if args.command in ("replay", "describe", "invariance", "units", "resume-check"):
+        if args.command in ("replay", "describe", "invariance", "units", "resume-check", "capture-ops"):
             print(f"{PROG}: interrupted", file=sys.stderr)
             return 130
         kept = f"{args.out} keeps its finished steps (complete = 0)" if os.path.exists(args.out) else "no receipt written"

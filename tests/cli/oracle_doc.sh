@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
 # docs/oracle.md run as written, on tiny: the clean steps of cpu-ref and accel bf16 within
-# their bounds, the nudged op named and nothing else, bf16 over fp32's bounds, bisect's
+# their bounds, the nudged op named and nothing else, the same on the own-model example's
+# aten ops, bf16 over fp32's bounds, bisect's
 # verdict and repro.py's numbers. Release builds only (tests/CMakeLists.txt): cli.precision
 # runs the same code on micro under the sanitizers.
 source "$(dirname "$0")/lib.sh"
 run_page oracle.md
-[ "$(grep -c '^within      every judged result within its bound' "$WORK/page.out")" = 2 ] ||
+[ "$(grep -c '^within      every judged result within its bound' "$WORK/page.out")" = 3 ] ||
   fail "the page's clean steps are not within: $(cat "$WORK/page.out")"
-grep -q '^over        blocks.2.mlp.fc linear_forward out: .* x its bound at element 0 (error 1.05e+06 ulps of fp32' "$WORK/page.out" ||
+grep -q '^over        blocks.2.mlp.fc linear_forward out: 678 x its fp32 bound at element 0 (error 1.05e+06 ulps of fp32' "$WORK/page.out" ||
   fail "the page's nudged op is not named: $(cat "$WORK/page.out")"
-grep -q '^over        blocks.0.attn.qkv linear_forward out: .* x its bound' "$WORK/page.out" ||
+grep -q '^over        blocks.0.attn.qkv linear_forward out: .* x its fp32 bound' "$WORK/page.out" ||
   fail "the page's bf16 linear is not over fp32's bound: $(cat "$WORK/page.out")"
-[ "$(grep -c '^exit 1$' "$WORK/page.out")" = 3 ] || fail "the page's over verdicts did not exit 1: $(cat "$WORK/page.out")"
+grep -q '^over        h.0.mlp.c_fc aten.addmm.default out (model.py:[0-9]*): .* x its fp32 bound at element 0 (error 6.55e+04 ulps of fp32' "$WORK/page.out" ||
+  fail "the page's nudged aten op of a Python canary is not named: $(cat "$WORK/page.out")"
+[ "$(grep -c '^judged      .* op results against float64; 1 over their bounds$' "$WORK/page.out")" = 2 ] ||
+  fail "the page's nudged runs name more than their one op: $(cat "$WORK/page.out")"
+[ "$(grep -c '^exit 1$' "$WORK/page.out")" = 4 ] || fail "the page's over verdicts did not exit 1: $(cat "$WORK/page.out")"
 grep -q "^oracle      B exceeds its bound by .*x: B's op is wrong$" "$WORK/page.out" || fail "the page's bisect: $(cat "$WORK/page.out")"
 grep -Eq '"error_ulps_at_oracle_element": 1048[0-9]{3}\.' "$WORK/page.out" || fail "the page's repro.py: $(cat "$WORK/page.out")"
 

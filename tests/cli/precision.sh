@@ -40,7 +40,7 @@ PY
 run --out "$WORK/nudged.h5" --inject-fault "step=1,op=blocks.0.attn.proj,ulps=1048576"
 expect_exit 1 "" -- "$HARNESS" precision "$WORK/nudged.h5" --step 1
 [ "$(grep -c '^over ' "$WORK/stdout")" = 1 ] || fail "not one op over: $(cat "$WORK/stdout")"
-grep -q "^over        blocks.0.attn.proj linear_forward out: .* x its bound at element 0 (error .* ulps of fp32" "$WORK/stdout" ||
+grep -q "^over        blocks.0.attn.proj linear_forward out: [0-9.e+]* x its fp32 bound at element 0 (error .* ulps of fp32" "$WORK/stdout" ||
   fail "the nudged op is not named: $(cat "$WORK/stdout")"
 expect_exit 0 "" -- "$HARNESS" precision "$WORK/nudged.h5" --step 2  # the fault's step only
 

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from ..tracing.aten_trace import AtenTracer
+from ..tracing.op_capture import OpCapture, StepCapture
 from .canary import CanaryError, LoadedCanary, canonical_json, load_canary, stateful_objects
 from .canary_state import restore_state
 from .devices import to_device
@@ -64,6 +65,8 @@ class ReplayResult:
     restored: List[str] = field(default_factory=list)  # the declared objects the checkpoint's state was loaded into
     schedules_restored: bool = False  # the canary declares schedulers, and the checkpoint held every one
     traces: List[Dict[str, Any]] = field(default_factory=list)  # per traced step (trace_json)
+    precision: str = "fp32"        # the run's declared precision (its recipe's)
+    captured: Optional[StepCapture] = None  # the last step's ops, with capture_ops (the op oracle's)
 
     def reproduced(self) -> bool:
         return self.first_mismatch is None
@@ -208,9 +211,12 @@ def _resume(reader: ReceiptReader, record: _Record, loaded: LoadedCanary, loop: 
     return checkpoint.step
 
 
-def replay(path: str, from_step: int, to_step: Optional[int] = None, trace: str = "none") -> ReplayResult:
+def replay(path: str, from_step: int, to_step: Optional[int] = None, trace: str = "none",
+           capture_ops: bool = False) -> ReplayResult:
     """Replays the receipt at `path` from the checkpoint at or before from_step up to to_step
-    (default: its last recorded step) and compares every replayed step (module docstring)."""
+    (default: its last recorded step) and compares every replayed step (module docstring).
+    capture_ops: the last step's ops captured for the op oracle (result.captured;
+    tracing/op_capture.py)."""
     with ReceiptReader(path) as reader:
         recipe = _recipe(reader)
         recorded_steps = reader.steps_recorded
@@ -220,24 +226,29 @@ def replay(path: str, from_step: int, to_step: Optional[int] = None, trace: str 
                               "0 <= from <= to within them")
         loaded = _load(reader, recipe)
         options = _options(recipe, loaded)
+        if options.compile and capture_ops:
+            raise CanaryError(f"{path} is a compiled run (--compile): its steps run Inductor's fused kernels, whose "
+                              "operands no dispatch mode sees; judge the eager run's receipt")
         if options.compile and trace == "aten":
             raise CanaryError(f"--trace aten: {path} is a compiled run (--compile): its steps run Inductor's fused "
                               "kernels, not the aten ops a dispatch mode sees; record both runs with --trace ops, and "
                               "bisect names the step and the module")
         device = torch.device(options.device) if options.device != "xla" else xla_device()
-        result = ReplayResult(path, reader.manifest["lane"], from_step, last)
+        result = ReplayResult(path, reader.manifest["lane"], from_step, last, precision=options.precision)
         now = git_commit_of(loaded.path)
         if reader.manifest.get("git_commit") not in (None, now):
             result.notes.append(f"the canary's code was at commit {reader.manifest.get('git_commit')} when the run "
                                 f"was recorded and is at {now} now")
         loop = CanaryLoop(loaded, options, device)
         tracer = AtenTracer(loaded.canary.model, loaded.canary.optimizer) if trace == "aten" else None
+        capture = OpCapture(loaded.canary.model, loaded.canary.optimizer) if capture_ops else None
         try:
-            _replay_steps(reader, loaded, loop, tracer, result)
+            _replay_steps(reader, loaded, loop, tracer, result, capture)
         finally:
             loop.close()
-            if tracer is not None:
-                tracer.close()
+            for observer in (tracer, capture):
+                if observer is not None:
+                    observer.close()
         # A real divergence never heals bit for bit: agreement again at the end means the record was altered.
         result.record_altered = bool(result.mismatched_steps) and result.mismatched_steps[-1] != last
         result.diagnosis = _diagnose(result)
@@ -245,18 +256,22 @@ def replay(path: str, from_step: int, to_step: Optional[int] = None, trace: str 
 
 
 def _replay_steps(reader: ReceiptReader, loaded: LoadedCanary, loop: CanaryLoop, tracer: Any,
-                  result: ReplayResult) -> None:
+                  result: ReplayResult, capture: Optional[OpCapture] = None) -> None:
     """Resumes (_resume) and runs steps resumed_from .. to_step, each compared with the
-    record; the steps from from_step on traced when `tracer` is given."""
+    record; the steps from from_step on traced when `tracer` is given, the last one's ops
+    captured when `capture` is."""
     record = _Record(reader)
     result.resumed_from = _resume(reader, record, loaded, loop, result.from_step, result)
     start = time.perf_counter()
     for i in range(result.resumed_from, result.to_step + 1):
         traced = tracer is not None and i >= result.from_step
-        replayed = loop.run_step(i, tracer.step() if traced else None)
+        captured = capture is not None and i == result.to_step
+        replayed = loop.run_step(i, tracer.step() if traced else capture.step() if captured else None)
         result.steps_run += 1
         if traced:
             result.traces.append(_trace_json(i, tracer.finish_step()))
+        if captured:
+            result.captured = capture.finish()
         mismatch = _first_difference(replayed, record.row(i), loaded.tensor_names)
         if mismatch is not None:
             mismatch.step = i

@@ -251,3 +251,20 @@ def varies_batch_shape() -> ch.Canary:
         n = 8 - i % 4
         return train_step(model, optimizer, (x[:, :n], y[:, :n]), i)
     return make(step=step, name="varies_batch_shape")
+
+
+class Bf16Linear(nn.Linear):
+    """A Linear that computes through bf16 though its run is fp32: its input and weight cast
+    down, its product in bf16, cast back (what the op oracle must name, and nothing else)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x.bfloat16(), self.weight.bfloat16(), self.bias.bfloat16()).float()
+
+
+def hidden_in_bf16() -> ch.Canary:
+    canary = make(name="small-hidden-bf16")
+    fp32 = canary.model.hidden
+    canary.model.hidden = Bf16Linear(fp32.in_features, fp32.out_features)
+    canary.model.hidden.load_state_dict(fp32.state_dict())
+    canary.optimizer = torch.optim.AdamW(canary.model.parameters(), lr=1e-2)
+    return canary

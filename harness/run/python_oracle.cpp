@@ -1,0 +1,108 @@
+#include "python_oracle.h"
+
+#include <cmath>
+#include <stdexcept>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "receipt/hdf5_file.h"
+
+namespace harness::run {
+namespace {
+
+using numerics::Precision;
+
+// The formats a captured result may be stored in (capture-ops' FORMATS).
+Precision stored_format(const std::string& name, const std::string& values) {
+  for (const Precision p : {Precision::Fp32, Precision::Bf16}) {
+    if (numerics::to_string(p) == name) return p;
+  }
+  throw std::runtime_error(fmt::format("{}: a result stored in '{}', which the oracle has no bound for", values, name));
+}
+
+// Each element's bound before its result is stored, by the arithmetic capture-ops names:
+// a dot product of `count` terms, a sum of `count` terms, or `count` roundings of an exact
+// value (tracing/op_capture.py), all computed in fp32.
+std::vector<double> compute_bounds(const std::string& kind, std::int64_t count, const std::vector<double>& magnitude,
+                                   const std::string& values) {
+  std::vector<double> bound(magnitude.size());
+  const double u = numerics::precision_traits(Precision::Fp32).unit_roundoff;
+  for (std::size_t i = 0; i < magnitude.size(); ++i) {
+    const double m = magnitude[i];
+    if (kind == "dot") {
+      bound[i] = numerics::dot_product_bound(count, m, Precision::Fp32);
+    } else if (kind == "sum") {
+      bound[i] = numerics::recursive_sum_bound(count, m, Precision::Fp32);
+    } else if (kind == "rounded") {
+      bound[i] = count == 0 ? 0.0 : numerics::gamma(count, u) * m;
+    } else {
+      throw std::runtime_error(fmt::format("{}: a result of arithmetic '{}' (known: dot, sum, rounded)", values, kind));
+    }
+  }
+  return bound;
+}
+
+OpJudgement judge_result(const nlohmann::json& r, hid_t file, std::size_t index, const std::string& values,
+                         Precision declared) {
+  const std::string group = fmt::format("results/{}/", index);
+  const std::vector<double> got = h5::read_f64(file, group + "got");
+  const std::vector<double> exact = h5::read_f64(file, group + "exact");
+  const std::vector<double> magnitude = h5::read_f64(file, group + "magnitude");
+  if (exact.size() != got.size() || magnitude.size() != got.size()) {
+    throw std::runtime_error(fmt::format("{}: {} holds {}, {} and {} values where one count is wanted", values, group,
+                                         got.size(), exact.size(), magnitude.size()));
+  }
+  OpJudgement j;
+  j.site = r.at("op").get<std::string>();
+  j.op = r.at("aten").get<std::string>();
+  j.phase = r.at("phase").get<std::string>();
+  j.result = "out";
+  j.tensor = j.site + "." + j.op;
+  j.operands = r.at("operands").get<std::string>();
+  j.source = r.value("site", "");
+  const Precision stored = stored_format(r.at("stored").get<std::string>(), values);
+  // A format narrower than the declared one is no rounding the run allows: judged as if
+  // stored in the declared format (bf16 and fp32 are the only two: narrower is bf16).
+  std::vector<double> bound =
+      compute_bounds(r.at("kind").get<std::string>(), r.at("count").get<std::int64_t>(), magnitude, values);
+  if (stored == Precision::Bf16 && declared == Precision::Fp32) {
+    // One rounding to fp32 allowed, as a conversion stored in fp32 has: the ratio then says
+    // how far below fp32 it went (2^16 ulps of fp32 for bf16's 8 bits), never "infinitely".
+    for (std::size_t i = 0; i < bound.size(); ++i) bound[i] += numerics::rounding_bound(std::fabs(exact[i]) + bound[i], declared);
+    j.below = fmt::format("its result is {}, below the {} the run declares", numerics::to_string(stored),
+                          numerics::to_string(declared));
+    judge_values(j, got, exact, bound, declared);
+  } else {
+    judge_values(j, got, exact, bound, stored);
+  }
+  return j;
+}
+
+}  // namespace
+
+Precision declared_precision(const std::string& name) {
+  for (const Precision p : {Precision::Fp32, Precision::Bf16}) {
+    if (numerics::to_string(p) == name) return p;
+  }
+  throw std::invalid_argument(fmt::format("a run of precision '{}', which the oracle has no bound for (fp32, bf16)", name));
+}
+
+OracleReport judge_captured_step(const nlohmann::json& description, const std::string& values, Precision declared) {
+  OracleReport report;
+  try {
+    const h5::Handle file = h5::open_file(values, /*writable=*/false);
+    const nlohmann::json& results = description.at("results");
+    for (std::size_t i = 0; i < results.size(); ++i) {
+      report.judged.push_back(judge_result(results[i], file, i, values, declared));
+    }
+    for (const auto& [op, calls] : description.at("not_judged").items()) report.not_judged[op] = calls.get<int>();
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(fmt::format("{}: its description is not what capture-ops writes: {}", values, e.what()));
+  } catch (const h5::Hdf5Error& e) {
+    throw std::runtime_error(e.what());
+  }
+  return report;
+}
+
+}  // namespace harness::run

@@ -1,0 +1,30 @@
+// The op oracle on a Python canary (docs/oracle.md, "Python canaries"): the package replays
+// one step with its aten ops captured (`python3 -m canary_harness capture-ops`;
+// python/canary_harness/tracing/op_capture.py says what each op's arithmetic is), and the
+// harness judges each captured result here, with the bounds of
+// engines/numerics/rounding_bounds.h and the judgement every oracle uses (judge_values).
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "numerics/rounding_bounds.h"
+#include "op_oracle.h"
+
+namespace harness::run {
+
+// The precision a Python run declared (its recipe's `precision`: fp32, bf16); throws
+// std::invalid_argument naming any other.
+numerics::Precision declared_precision(const std::string& name);
+
+// Judges every result of `description` (capture-ops' JSON: `results`, `not_judged`) whose
+// values lie in the HDF5 file `values` (results/I/got, exact, magnitude). A result in a
+// format narrower than `declared` (a bf16 result of an fp32 run) is judged as if stored in
+// `declared`: its own rounding is then the error. Throws std::runtime_error naming the file
+// for a description or file that does not hold what capture-ops writes.
+OracleReport judge_captured_step(const nlohmann::json& description, const std::string& values,
+                                 numerics::Precision declared);
+
+}  // namespace harness::run

@@ -1,0 +1,301 @@
+"""The op oracle's capture of one step of a Python canary (`harness precision`; docs/oracle.md).
+
+Every aten op the step runs is seen by a TorchDispatchMode below every module, functional
+call and autograd (as aten_trace's). An op whose arithmetic ARITHMETIC describes has its
+operands cloned on the device just before it runs (an in-place op overwrites them) and its
+result just after; once the step is over, each is recomputed on the CPU in float64 from
+those operands, with the magnitude its rounding bound scales (sum |a_i b_i| for a dot
+product). Nothing here judges: the bounds live in the harness (engines/numerics/
+rounding_bounds.h, run through harness/run/python_oracle.cpp), which reads what this
+captures. This module says, per aten op, what its arithmetic is:
+
+- `dot`: a dot product of K terms per output (mm, bmm; addmm and baddbmm with their addend
+  as one more term, and one more rounding for each scaling by alpha or beta other than 1);
+- `sum`: a sum of n terms (sum; mean as n + 1: its division is one more rounding);
+- `rounded`: a few roundings of exact operations (add, sub, mul, div, reciprocal: one; sqrt
+  two, as measured;
+  addcmul and addcdiv: two; a conversion, copy, gather or fill: none, as the exact value is
+  then the result's own value rounded to its format, which the harness adds for a narrower
+  format), with one more for each scaling by alpha or value other than 1 and for each operand
+  the op must round to fp32 first (a float64 tensor, a Python float fp32 does not hold).
+
+Results in bf16 are computed by torch's CPU kernels in
+fp32 and rounded once to their format; the harness adds that rounding where the run
+declared the format and judges the result against fp32 where it did not. float64 and fp16
+results are listed with the ops ARITHMETIC does not describe:
+as not judged, by aten op, never counted as within.
+
+Cost: a clone of every judged op's operands and result on the device during the step and
+a float64 recomputation after it: a diagnosis of one step, never a recording.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
+
+import numpy as np
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map
+
+from .aten_trace import StepPhases, traced_returns, user_site
+
+# The formats a judged result may have, by the names the harness's bounds know them by
+# (fp16 has no bound there yet: its results are listed as not judged).
+FORMATS = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+
+
+class Arithmetic(NamedTuple):
+    """What an aten op computes, as its rounding bound needs it: `kind` (module docstring),
+    `count` (K, n or roundings) from the op's float64 operands and result, and the
+    magnitude the bound scales, from the op, its float64 operands and its exact result."""
+
+    kind: str
+    count: Callable[[Tuple[Any, ...], Dict[str, Any], torch.Tensor], int]
+    magnitude: Callable[[Any, Tuple[Any, ...], Dict[str, Any], torch.Tensor], torch.Tensor]
+
+
+def _absolute(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.abs()
+    return abs(value) if isinstance(value, (int, float)) else value
+
+
+def _on_absolute_values(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], exact: torch.Tensor) -> torch.Tensor:
+    """The op on |operands| (and |alpha|, |beta|): sum |a_i b_i| (plus |beta addend|) for a dot
+    product, sum |x_i| for a sum; an in-place op's first operand is a clone here."""
+    return func(*[_absolute(a) for a in args], **{k: _absolute(v) for k, v in kwargs.items()})
+
+
+def _exact_magnitude(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], exact: torch.Tensor) -> torch.Tensor:
+    return exact.abs()
+
+
+def _sum_magnitude(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], exact: torch.Tensor) -> torch.Tensor:
+    """|a| + |alpha b|: the terms an add or sub rounds (broadcast to the result's shape)."""
+    alpha = abs(kwargs.get("alpha", 1))
+    a, b = (x if isinstance(x, torch.Tensor) else torch.tensor(float(x), dtype=torch.float64) for x in args[:2])
+    return (a.abs() + alpha * b.abs()).expand_as(exact)
+
+
+def _scalings(kwargs: Dict[str, Any]) -> int:
+    """One rounding for each of alpha, beta and value that is not 1 (a scaled term is rounded)."""
+    return sum(1 for key in ("alpha", "beta", "value") if kwargs.get(key, 1) != 1)
+
+
+def _inner(index: int) -> Callable[[Tuple[Any, ...], Dict[str, Any], torch.Tensor], int]:
+    """K: the last dimension of operand `index` (mat1 of addmm, the left operand of mm)."""
+    return lambda args, kwargs, exact: int(args[index].shape[-1])
+
+
+def _with_addend(index: int) -> Callable[[Tuple[Any, ...], Dict[str, Any], torch.Tensor], int]:
+    return lambda args, kwargs, exact: int(args[index].shape[-1]) + 1 + _scalings(kwargs)
+
+
+def _summed(extra: int) -> Callable[[Tuple[Any, ...], Dict[str, Any], torch.Tensor], int]:
+    """n (+ extra): the terms per result of a reduction, from the operand's and result's sizes."""
+    return lambda args, kwargs, exact: max(1, args[0].numel() // max(1, exact.numel())) + extra
+
+
+def _rounded(base: int) -> Callable[[Tuple[Any, ...], Dict[str, Any], torch.Tensor], int]:
+    return lambda args, kwargs, exact: base + _scalings(kwargs)
+
+
+_DOT = Arithmetic("dot", _inner(0), _on_absolute_values)
+_DOT_WITH_ADDEND = Arithmetic("dot", _with_addend(1), _on_absolute_values)
+_ONE_ROUNDING = Arithmetic("rounded", _rounded(1), _exact_magnitude)
+_ADD = Arithmetic("rounded", _rounded(1), _sum_magnitude)
+_EXACT = Arithmetic("rounded", _rounded(0), _exact_magnitude)
+# self + value * (t1 * t2) or (t1 / t2): the product or quotient and the add rounded.
+_ADD_PRODUCT = Arithmetic("rounded", _rounded(2), _on_absolute_values)
+
+# By schema name (every overload but out=, whose result is a tensor the caller gave). What
+# an op computes is not in its tags, so the ops are named here, the one table of them.
+ARITHMETIC: Dict[str, Arithmetic] = {
+    "aten::mm": _DOT, "aten::bmm": _DOT,
+    "aten::addmm": _DOT_WITH_ADDEND, "aten::baddbmm": _DOT_WITH_ADDEND,
+    "aten::sum": Arithmetic("sum", _summed(0), _on_absolute_values),
+    "aten::mean": Arithmetic("sum", _summed(1), _on_absolute_values),
+    "aten::add": _ADD, "aten::add_": _ADD, "aten::sub": _ADD, "aten::sub_": _ADD,
+    "aten::mul": _ONE_ROUNDING, "aten::mul_": _ONE_ROUNDING,
+    "aten::div": _ONE_ROUNDING, "aten::div_": _ONE_ROUNDING,
+    "aten::reciprocal": _ONE_ROUNDING,  # correctly rounded on every CPU build measured
+    # Not correctly rounded on every build: torch 2.9's AVX-512 CPU kernel is within 0.75
+    # ulps (measured; 1.13's 0.5), so two roundings (gamma_2 |y| >= 1 ulp; docs/oracle.md).
+    "aten::sqrt": Arithmetic("rounded", _rounded(2), _exact_magnitude),
+    "aten::addcmul": _ADD_PRODUCT, "aten::addcmul_": _ADD_PRODUCT,
+    "aten::addcdiv": _ADD_PRODUCT, "aten::addcdiv_": _ADD_PRODUCT,
+    # Values moved, never computed: exact, or one rounding where they change format.
+    "aten::_to_copy": _EXACT, "aten::clone": _EXACT, "aten::copy_": _EXACT, "aten::_unsafe_view": _EXACT,
+    "aten::cat": _EXACT, "aten::stack": _EXACT, "aten::embedding": _EXACT, "aten::neg": _EXACT,
+    "aten::zero_": _EXACT, "aten::zeros": _EXACT, "aten::ones_like": _EXACT, "aten::fill_": _EXACT,
+}
+
+
+def arithmetic_of(func: Any, kwargs: Dict[str, Any]) -> Optional[Arithmetic]:
+    """The op's entry in ARITHMETIC; None for an op it does not describe, an out= overload, a
+    division that rounds to an integer (rounding_mode)."""
+    if "out" in func._overloadname or kwargs.get("rounding_mode") is not None:
+        return None
+    return ARITHMETIC.get(func._schema.name)
+
+
+def _rounded_to_fp32(value: Any) -> bool:
+    """Whether an operand must be rounded before an fp32 computation uses it: a float64
+    tensor, or a Python float fp32 does not hold exactly."""
+    if isinstance(value, torch.Tensor):
+        return value.dtype == torch.float64
+    return isinstance(value, float) and float(np.float32(value)) != value
+
+
+@dataclass
+class CapturedResult:
+    """One judged result: where it ran, what its arithmetic is, and its values in float64."""
+
+    op: str          # the module path it ran in, `<backward:...>`, `<optimizer>`, `<step>`
+    aten: str        # aten.addmm.default
+    phase: str
+    site: str        # file:line of the team's code that led to it
+    kind: str        # dot, sum, rounded
+    count: int       # K, n or roundings
+    stored: str      # fp32, bf16, fp16
+    operands: str    # the operands' formats, as the op saw them (bf16, fp32)
+    got: np.ndarray = field(repr=False)
+    exact: np.ndarray = field(repr=False)
+    magnitude: np.ndarray = field(repr=False)
+
+
+@dataclass
+class StepCapture:
+    """What one step's capture holds: the judged results in execution order, and the aten
+    ops with floating-point results it does not judge, with their counts."""
+
+    results: List[CapturedResult] = field(default_factory=list)
+    not_judged: Dict[str, int] = field(default_factory=dict)
+
+
+def _clone(value: Any) -> Any:
+    return value.detach().clone() if isinstance(value, torch.Tensor) else value
+
+
+def _float64_on_cpu(value: Any) -> Any:
+    """A copy on the CPU (float64 where floating): an in-place op recomputed writes its copy."""
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.detach().to("cpu", torch.float64, copy=True)
+    return value.detach().to("cpu", copy=True) if isinstance(value, torch.Tensor) else value
+
+
+class _Mode(TorchDispatchMode):
+    def __init__(self, capture: "OpCapture") -> None:
+        super().__init__()
+        self.capture = capture
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        arithmetic = arithmetic_of(func, kwargs)
+        before = tree_map(_clone, (args, kwargs)) if arithmetic is not None else None
+        out = func(*args, **kwargs)
+        self.capture._seen(func, arithmetic, before, out)
+        return out
+
+
+class OpCapture:
+    """Captures the aten ops of one training step of `model` (module docstring): `with
+    capture.step():` around the whole step, then finish() for what it saw."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.phases = StepPhases(model, optimizer)
+        self._pending: List[Tuple[Any, Arithmetic, Any, torch.Tensor, str, str, str]] = []
+        self._not_judged: Dict[str, int] = {}
+
+    def _seen(self, func: Any, arithmetic: Optional[Arithmetic], before: Any, out: Any) -> None:
+        results = [o for o, computed in zip(out if isinstance(out, (tuple, list)) else [out], traced_returns(func))
+                   if computed and isinstance(o, torch.Tensor) and o.is_floating_point()]
+        if not results:
+            return
+        if arithmetic is None or len(results) != 1 or results[0].dtype not in FORMATS:
+            name = str(func) if arithmetic is None or results[0].dtype in FORMATS else f"{func} ({results[0].dtype})"
+            self._not_judged[name] = self._not_judged.get(name, 0) + 1
+            return
+        op, _, phase = self.phases.where()
+        self._pending.append((func, arithmetic, before, results[0].detach().clone(), op, phase, user_site()))
+
+    def step(self) -> "_CapturedStep":
+        return _CapturedStep(self)
+
+    def finish(self) -> StepCapture:
+        """The step's judged results, each recomputed in float64 on the CPU (after the step:
+        no host read happens inside it)."""
+        pending, self._pending = self._pending, []
+        capture = StepCapture(not_judged=dict(sorted(self._not_judged.items())))
+        self._not_judged = {}
+        for func, arithmetic, (args, kwargs), result, op, phase, site in pending:
+            capture.results.append(_recompute(func, arithmetic, args, kwargs, result, op, phase, site))
+        return capture
+
+    def close(self) -> None:
+        self.phases.close()
+
+
+def _recompute(func: Any, arithmetic: Arithmetic, args: Tuple[Any, ...], kwargs: Dict[str, Any],
+               result: torch.Tensor, op: str, phase: str, site: str) -> CapturedResult:
+    formats = sorted({FORMATS.get(a.dtype, str(a.dtype).replace("torch.", "")) for a in args
+                      if isinstance(a, torch.Tensor) and a.is_floating_point()})
+    rounded_first = sum(1 for a in [*args, *kwargs.values()] if _rounded_to_fp32(a))
+    args64 = tuple(_float64_on_cpu(a) for a in args)
+    kwargs64 = {k: (torch.float64 if k == "dtype" else _float64_on_cpu(v)) for k, v in kwargs.items()}
+    kwargs64.pop("device", None)
+    exact = func(*tuple(_float64_on_cpu(a) for a in args), **kwargs64)
+    magnitude = arithmetic.magnitude(func, args64, kwargs64, exact)
+    count = arithmetic.count(args64, kwargs64, exact) + rounded_first
+    flat = (lambda t: np.ascontiguousarray(t.detach().to("cpu", torch.float64).numpy().reshape(-1)))
+    return CapturedResult(op, str(func), phase, site, arithmetic.kind, count, FORMATS[result.dtype],
+                          ",".join(formats), flat(result), flat(exact), flat(magnitude))
+
+
+class _CapturedStep:
+    def __init__(self, capture: OpCapture) -> None:
+        self.capture = capture
+
+    def __enter__(self) -> OpCapture:
+        self._phases = self.capture.phases.step()
+        self._phases.__enter__()
+        self._mode = _Mode(self.capture)
+        self._mode.__enter__()
+        return self.capture
+
+    def __exit__(self, *exc: Any) -> None:
+        self._mode.__exit__(*exc)
+        self._phases.__exit__(*exc)
+
+
+def capture_json(capture: StepCapture) -> Dict[str, Any]:
+    """The capture's description (what `capture-ops --json-out` writes; its values are in
+    write_values' file, result i's under results/i)."""
+    results = [{"op": r.op, "aten": r.aten, "phase": r.phase, "site": r.site, "kind": r.kind, "count": r.count,
+                "stored": r.stored, "operands": r.operands, "elements": int(r.got.size)} for r in capture.results]
+    return {"results": results, "not_judged": capture.not_judged}
+
+
+def write_values(path: str, capture: StepCapture) -> None:
+    """Each judged result's values, exact values and magnitudes (float64) into an HDF5 file at
+    `path`: results/I/got, exact, magnitude. Written beside it and renamed: whole or absent."""
+    import os
+    import tempfile
+
+    import h5py
+
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, temp = tempfile.mkstemp(prefix=".capture-", suffix=".h5", dir=directory)
+    os.close(fd)
+    try:
+        with h5py.File(temp, "w") as f:
+            for i, r in enumerate(capture.results):
+                group = f.create_group(f"results/{i}")
+                for name in ("got", "exact", "magnitude"):
+                    group.create_dataset(name, data=getattr(r, name))
+        os.replace(temp, path)
+    except BaseException:
+        os.unlink(temp)
+        raise
