@@ -118,7 +118,7 @@ void AccelEngine::bind(const TensorTable& table) {
     zone_index_[id] = zones_.size();
     zones_.push_back({layer_label(table[id].name), numerics::Fp8ScalingState(Fp8Format::E4M3, config_.scaling),
                       numerics::Fp8ScalingState(Fp8Format::E4M3, config_.scaling),
-                      numerics::Fp8ScalingState(Fp8Format::E5M2, config_.scaling), 1.0f, {}, kNoTensor, -1});
+                      numerics::Fp8ScalingState(Fp8Format::E5M2, config_.scaling), 1.0f, 1.0f, {}, kNoTensor, -1});
   }
 }
 
@@ -300,9 +300,10 @@ Engine::OpNumerics AccelEngine::op_numerics(OpKind op, const OpSite& site, std::
   if (op == OpKind::LinearForward || op == OpKind::LinearBackward) {
     const TensorId weight = operands[d.index_of("weight")];
     unit = unit_numerics(site, weight);
-    if (unit.zone != nullptr) {
+    if (unit.zone != nullptr) n.scaled = fp8_operands(op, operands, unit);
+    if (unit.zone != nullptr && config_.accumulate_interval != 0) {
       n.bounded = false;
-      n.why_not_bounded = fmt::format("its FP8 unit's scaled {} operands", numerics::to_string(unit.format));
+      n.why_not_bounded = "its FP8 GEMM's limited-precision accumulator (fp8-limited)";
     }
     if (weight_in_bf16(weight, unit)) n.operands = numerics::Precision::Bf16;
   }
@@ -311,6 +312,23 @@ Engine::OpNumerics AccelEngine::op_numerics(OpKind op, const OpSite& site, std::
     n.results.push_back(bf16 ? numerics::Precision::Bf16 : numerics::Precision::Fp32);
   }
   return n;
+}
+
+std::vector<std::optional<Engine::OpNumerics::Scaled>> AccelEngine::fp8_operands(OpKind op,
+                                                                                 std::span<const TensorId> operands,
+                                                                                 const UnitNumerics& unit) const {
+  // As declared: the forward's operands in E4M3 and the output gradient in E5M2 (hybrid),
+  // each with its role's scale; --fp8-e5m2 and --fp8-saturate are faults, undeclared.
+  const float overscale = unit.saturate ? kSaturatingOverscale : 1.0f;  // a power of two: exact
+  const auto scaled = [&](Fp8Format format, float used) {
+    return OpNumerics::Scaled{numerics::fp8_precision(format), static_cast<double>(used / overscale)};
+  };
+  const OpDescription& d = describe(op);
+  std::vector<std::optional<OpNumerics::Scaled>> s(operands.size());
+  s[d.index_of("inp")] = scaled(Fp8Format::E4M3, unit.zone->input_scale);
+  s[d.index_of("weight")] = scaled(Fp8Format::E4M3, prepared_.at(operands[d.index_of("weight")]).scale);
+  if (op == OpKind::LinearBackward) s[d.index_of("dout")] = scaled(Fp8Format::E5M2, unit.zone->grad_output_scale);
+  return s;
 }
 
 bool AccelEngine::weight_in_bf16(TensorId weight, const UnitNumerics& unit) const {
@@ -444,6 +462,7 @@ void AccelEngine::linear_backward(const OpSite& site, TensorId dinp, TensorId dw
         scaled_fp8_operand(dout, zone->grad_output, Fp8Format::E5M2, unit.saturate, operand_a_);
     dy = grad_output.values;
     const float dy_scale = grad_output.scale;
+    zone->grad_output_scale = dy_scale;
     // The input as this step's forward quantised it (quantised again only when the backward
     // runs without that forward, the same values either way).
     x = zone->quantised_from == inp && zone->quantised_step == step_

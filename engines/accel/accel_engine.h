@@ -59,7 +59,7 @@ class AccelEngine final : public Engine {
 #undef HARNESS_ENGINE_OP
   bool implements(OpKind) const override { return true; }  // every op of every family
   // Under bf16: a linear's weight rounded to bf16 (unless its role or a switched-off unit
-  // keeps it fp32; an FP8 unit's scaled operands are not bounded yet), activations and
+  // keeps it fp32; an FP8 unit's operands quantised with their declared scales), activations and
   // their gradients stored in bf16 (stores_bf16), a switched-off unit's linear output not.
   OpNumerics op_numerics(OpKind op, const OpSite& site, std::span<const TensorId> operands) override;
   // Every FP8 zone the configuration enables covers a weight of the canary.
@@ -83,6 +83,7 @@ class AccelEngine final : public Engine {
     std::string site;  // the layer's label in receipts and checkpoints
     numerics::Fp8ScalingState input, weight, grad_output;
     float input_scale = 1.0f;  // the scale the forward quantised the input with (reused for dW)
+    float grad_output_scale = 1.0f;  // the scale the last backward quantised its output gradient with
     // The forward's fp8 input, kept for the weight gradient (as Transformer Engine keeps
     // it): the backward would compute the same values from the same input and scale. Which
     // input and step made it: the backward uses it only for that input in that step.
@@ -131,6 +132,9 @@ class AccelEngine final : public Engine {
   // A linear's GEMM under its unit's numerics: its weight rounded to bf16 (prepared_weight),
   // and its result `id` rounded to bf16 as the GEMM stores it (none in a unit switched to fp32).
   bool weight_in_bf16(TensorId weight, const UnitNumerics& unit) const;
+  // The FP8 operands of a unit's linear (op_numerics), with the scales its last call used.
+  std::vector<std::optional<OpNumerics::Scaled>> fp8_operands(OpKind op, std::span<const TensorId> operands,
+                                                              const UnitNumerics& unit) const;
   bool result_in_bf16(TensorId id, const UnitNumerics& unit) const { return stores_bf16(id) && !unit.fp32; }
   ReduceContext reduce_context() { return {noise_, workspace_}; }
   // The K chunk of an (M,N) = (M,K) @ (K,N) GEMM: fixed, or by the row count (--split-k).

@@ -123,15 +123,28 @@ class Engine {
   virtual const StepCompilation* step_compilation() const { return nullptr; }
   // How this configuration computes an op on these operands (the call's tensors, in its
   // description's order), as the op oracle bounds it (docs/oracle.md): the precision its
-  // products' operands are rounded to, what each result is rounded to when stored, and
-  // whether these bounds describe it at all. The default: everything in fp32, as cpu-ref.
+  // products' operands are rounded to, the FP8 operands its products read quantised with a
+  // scale, what each result is rounded to when stored, and whether these bounds describe it
+  // at all. Asked once the op has run (a scale may come from the operand's own amax). What
+  // the configuration declares: a deliberate fault (accel's --fp8-e5m2, --fp8-saturate) is
+  // not declared, it is what the oracle must find. The default: everything in fp32, as cpu-ref.
   struct OpNumerics {
+    // An operand of the products quantised to an FP8 format with this scale, read as
+    // round(x scale) / scale (engines/numerics/fp8_scaling.h).
+    struct Scaled {
+      numerics::Precision format = numerics::Precision::Fp8E4M3;
+      double scale = 1.0;
+    };
     numerics::Precision operands = numerics::Precision::Fp32;
     std::vector<numerics::Precision> results;  // per operand; fp32 where not a result (empty: all fp32)
-    bool bounded = true;  // false: a way of computing the bounds do not model yet (an FP8 unit's scales)
+    std::vector<std::optional<Scaled>> scaled;  // per operand; none where not scaled (empty: none)
+    bool bounded = true;  // false: a way of computing the bounds do not model yet (a limited accumulator)
     std::string why_not_bounded;
     numerics::Precision result(std::size_t operand) const {
       return operand < results.size() ? results[operand] : numerics::Precision::Fp32;
+    }
+    std::optional<Scaled> scaled_operand(std::size_t operand) const {
+      return operand < scaled.size() ? scaled[operand] : std::nullopt;
     }
   };
   virtual OpNumerics op_numerics(OpKind, const OpSite&, std::span<const TensorId>) { return {}; }

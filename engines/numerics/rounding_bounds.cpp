@@ -111,4 +111,22 @@ double rounding_bound(double exact, Precision precision, double scale) {
   return t.unit_roundoff * std::fabs(exact) + 0.5 * t.smallest_spacing / std::fabs(scale);
 }
 
+OperandRounding format_rounding(Precision precision) { return {precision_traits(precision).unit_roundoff, 0.0}; }
+
+OperandRounding scaled_rounding(Precision format, double scale) {
+  if (scale == 0.0 || !std::isfinite(scale)) {
+    throw std::invalid_argument("scaled_rounding: scale = " + describe(scale) + " must be finite and nonzero");
+  }
+  const PrecisionTraits t = precision_traits(format);
+  const double u = precision_traits(Precision::Fp32).unit_roundoff;
+  return {t.unit_roundoff + u + t.unit_roundoff * u, 0.5 * t.smallest_spacing / std::fabs(scale)};
+}
+
+double rounded_operands_dot_bound(const DotSums& s, OperandRounding a, OperandRounding b, int extra_roundings) {
+  const double q = (a.relative + b.relative + a.relative * b.relative) * s.abs_products +
+                   b.absolute * (1 + a.relative) * s.abs_a + a.absolute * (1 + b.relative) * s.abs_b +
+                   static_cast<double>(s.k) * a.absolute * b.absolute;
+  return q + dot_product_bound(s.k + 1 + extra_roundings, s.abs_products + q + s.abs_extra, Precision::Fp32);
+}
+
 }  // namespace harness::numerics

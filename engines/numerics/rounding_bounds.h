@@ -76,4 +76,36 @@ double pairwise_sum_bound(std::int64_t n, double sum_abs, Precision precision);
 // relative bound holds there. Throws std::invalid_argument for a zero or non-finite scale.
 double rounding_bound(double exact, Precision precision, double scale = 1.0);
 
+// How far an operand may be from the value it was given when a product reads it: within
+// relative * |x| + absolute. {u, 0} for a rounding to a format (gradual underflow's half
+// step left out, as in the bounds above: a product of weights never comes near it).
+struct OperandRounding {
+  double relative = 0, absolute = 0;
+};
+OperandRounding format_rounding(Precision precision);
+// An FP8 quantisation in fp32 code (engines/numerics/fp8_scaling.h): x -> fl_f(fl32(x s)) / s,
+// the product x s rounded to fp32 first, then to the format: relative u_f + u + u_f u
+// (u: fp32's), absolute (least spacing / 2) / |s|. Holds while |x s| <= the format's max
+// finite (past it the format saturates: the caller checks, see max_finite). Throws
+// std::invalid_argument for a zero or non-finite scale.
+OperandRounding scaled_rounding(Precision format, double scale);
+
+// The sums a dot product's bound is made of, for one output: k terms a_i b_i,
+// S_ab = sum |a_i b_i|, S_a = sum |a_i|, S_b = sum |b_i|, and an extra term added in (a
+// bias, or the value accumulated into).
+struct DotSums {
+  std::int64_t k = 0;
+  double abs_products = 0, abs_a = 0, abs_b = 0, abs_extra = 0;
+};
+// A dot product whose operands were rounded first as `a` and `b` say, its k products and
+// the extra term then added in fp32 in any order, each term through at most
+// k + 1 + extra_roundings roundings (an FP8 GEMM's descale: 1/s_a, 1/s_b, their product,
+// the partial's multiply: 4):
+//   Q = (r_a + r_b + r_a r_b) S_ab + e_b (1 + r_a) S_a + e_a (1 + r_b) S_b + k e_a e_b
+//   bound = Q + gamma_{k + 1 + extra_roundings} (S_ab + Q + |extra|)
+// (|â b̂ - a b| <= |a| |b̂ - b| + |b̂| |â - a|, summed; the rounded products are at most
+// S_ab + Q in magnitude). With both operands {u_p, 0} and no extra roundings it is
+// ((1 + u_p)^2 - 1) S_ab + gamma_{k+1} ((1 + u_p)^2 S_ab + |extra|).
+double rounded_operands_dot_bound(const DotSums& sums, OperandRounding a, OperandRounding b, int extra_roundings = 0);
+
 }  // namespace harness::numerics

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <stdexcept>
 
@@ -18,13 +19,33 @@ using numerics::Precision;
 
 double unit_roundoff(Precision p) { return numerics::precision_traits(p).unit_roundoff; }
 
-// A dot product of k products, each operand rounded to `operands` before it (at most a
-// factor (1 + u_p)^2 - 1 of the product), plus `extra` (the bias, or the value accumulated
-// into), added in fp32 in any order: each of the k + 1 terms goes through at most k + 1
-// roundings (gamma_{k+1}; docs/oracle.md, "Dot products and sums").
-double dot_bound(std::int64_t k, double sum_abs_products, double abs_extra, Precision operands) {
-  const double grow = (1 + unit_roundoff(operands)) * (1 + unit_roundoff(operands));
-  return (grow - 1) * sum_abs_products + numerics::dot_product_bound(k + 1, grow * sum_abs_products + abs_extra, Precision::Fp32);
+// How one side of a GEMM reads its operand: rounded to the call's operand precision, or
+// quantised to an FP8 format with its scale (then the GEMM's descale adds 4 roundings:
+// rounded_operands_dot_bound). `max_scaled`: the largest |x| the format holds at that scale.
+struct GemmSide {
+  numerics::OperandRounding rounding;
+  bool scaled = false;
+  double max_scaled = std::numeric_limits<double>::infinity();
+};
+
+GemmSide gemm_side(const Engine::OpNumerics& n, std::size_t operand) {
+  if (const std::optional<Engine::OpNumerics::Scaled> s = n.scaled_operand(operand)) {
+    return {numerics::scaled_rounding(s->format, s->scale), true,
+            numerics::precision_traits(s->format).max_finite / std::fabs(s->scale)};
+  }
+  return {numerics::format_rounding(n.operands)};
+}
+
+// The precision the products' operands were read in: "fp32", "bf16", or an FP8 unit's
+// scaled formats ("e4m3,e4m3 scaled").
+std::string operands_text(const Engine::OpNumerics& n) {
+  std::string scaled;
+  for (const std::optional<Engine::OpNumerics::Scaled>& s : n.scaled) {
+    if (!s) continue;
+    if (!scaled.empty()) scaled += ',';
+    scaled += numerics::to_string(s->format);
+  }
+  return scaled.empty() ? std::string(numerics::to_string(n.operands)) : scaled + " scaled";
 }
 
 // A matrix over a flat span: element (i, j) at i * di + j * dj; 0 everywhere when empty
@@ -35,13 +56,36 @@ struct View {
   double at(std::int64_t i, std::int64_t j) const { return values.empty() ? 0.0 : values[i * di + j * dj]; }
 };
 
+// Per row of a (rows, k) or per column of b (k, cols), the line's sum |x|, and whether an
+// element of it lies past what its FP8 format holds at its scale (saturated: no bound).
+struct LineSums {
+  std::vector<double> abs;
+  std::vector<char> saturated;
+};
+LineSums line_sums(std::int64_t lines, std::int64_t k, const std::function<double(std::int64_t, std::int64_t)>& at,
+                   const GemmSide& side) {
+  LineSums s{std::vector<double>(lines, 0.0), std::vector<char>(lines, 0)};
+  for (std::int64_t line = 0; line < lines; ++line) {
+    for (std::int64_t t = 0; t < k; ++t) {
+      const double x = std::fabs(at(line, t));
+      s.abs[line] += x;
+      if (x > side.max_scaled) s.saturated[line] = 1;
+    }
+  }
+  return s;
+}
+
 // out (rows, cols) = extra + a (rows, k) @ b (k, cols): each element in double (the
-// products of floats exact, the sum's error far below any fp32 bound) and its bound.
+// products of floats exact, the sum's error far below any fp32 bound) and its bound, each
+// side's operand read as `sa` and `sb` say (docs/oracle.md, "Dot products and sums").
 // Row-parallel: each element is computed by one thread, in one order, whatever the threads.
-void dot_products(std::int64_t rows, std::int64_t cols, std::int64_t k, View a, View b, View extra, Precision operands,
-                  std::vector<double>& exact, std::vector<double>& bound) {
+void dot_products(std::int64_t rows, std::int64_t cols, std::int64_t k, View a, View b, View extra, const GemmSide& sa,
+                  const GemmSide& sb, std::vector<double>& exact, std::vector<double>& bound) {
   exact.assign(rows * cols, 0.0);
   bound.assign(rows * cols, 0.0);
+  const LineSums row = line_sums(rows, k, [&](std::int64_t i, std::int64_t t) { return a.at(i, t); }, sa);
+  const LineSums col = line_sums(cols, k, [&](std::int64_t j, std::int64_t t) { return b.at(t, j); }, sb);
+  const int descale = sa.scaled || sb.scaled ? 4 : 0;
   tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, rows, 8), [&](const auto& r) {
     for (std::int64_t i = r.begin(); i < r.end(); ++i) {
       for (std::int64_t j = 0; j < cols; ++j) {
@@ -53,7 +97,11 @@ void dot_products(std::int64_t rows, std::int64_t cols, std::int64_t k, View a, 
         }
         const double e = extra.at(i, j);
         exact[i * cols + j] = e + sum;
-        bound[i * cols + j] = dot_bound(k, abs_sum, std::fabs(e), operands);
+        bound[i * cols + j] =
+            row.saturated[i] || col.saturated[j]
+                ? std::numeric_limits<double>::infinity()
+                : numerics::rounded_operands_dot_bound({k, abs_sum, row.abs[i], col.abs[j], std::fabs(e)}, sa.rounding,
+                                                       sb.rounding, descale);
       }
     }
   });
@@ -102,13 +150,6 @@ void OpOracle::before_op(OpKind op, const OpSite& site, std::span<const TensorId
     ++report_.not_judged[std::string(d.name)];
     return;
   }
-  call_.numerics = engine_.op_numerics(op, site, operands);
-  if (against_) call_.numerics = {*against_, std::vector<Precision>(operands.size(), *against_), true, ""};
-  if (!call_.numerics.bounded) {
-    report_.not_bounded.push_back({std::string(site.name), std::string(to_string(site.phase)), std::string(d.name),
-                                   call_.numerics.why_not_bounded});
-    return;
-  }
   call_.before.resize(operands.size());
   for (std::size_t i = 0; i < operands.size(); ++i) {
     if (operands[i] == kNoTensor || d.access(i) == Access::Write) continue;  // a pure result: its old value is not read
@@ -117,8 +158,16 @@ void OpOracle::before_op(OpKind op, const OpSite& site, std::span<const TensorId
   }
 }
 
-void OpOracle::after_op(OpKind op, const OpSite&, std::span<const TensorId>) {
+void OpOracle::after_op(OpKind op, const OpSite& site, std::span<const TensorId> operands) {
   if (!oracle_judges(op) || call_.before.empty()) return;
+  // Asked now the op has run: a scale may come from the operand's own amax.
+  call_.numerics = engine_.op_numerics(op, site, operands);
+  if (against_) call_.numerics = {*against_, std::vector<Precision>(operands.size(), *against_), {}, true, ""};
+  if (!call_.numerics.bounded) {
+    report_.not_bounded.push_back({std::string(site.name), std::string(to_string(site.phase)),
+                                   std::string(describe(op).name), call_.numerics.why_not_bounded});
+    return;
+  }
   if (!captured_ && call_.site == capture_site_ && call_.phase == capture_phase_) keep(call_);
   switch (op) {
     case OpKind::LinearForward: judge_linear_forward(call_); break;
@@ -137,7 +186,7 @@ void OpOracle::judge_linear_forward(const Call& call) {
   const std::span<const float> bias = call.operands[d.index_of("bias")] == kNoTensor ? std::span<const float>() : call.operand("bias");
   std::vector<double> exact, bound;
   dot_products(static_cast<std::int64_t>(x.size()) / C, OC, C, {x, C, 1}, {call.operand("weight"), 1, C}, {bias, 0, 1},
-               call.numerics.operands, exact, bound);
+               gemm_side(call.numerics, d.index_of("inp")), gemm_side(call.numerics, d.index_of("weight")), exact, bound);
   add(call, d.index_of("out"), engine_.read(call.operands[d.index_of("out")]), exact, bound);
 }
 
@@ -152,10 +201,12 @@ void OpOracle::judge_linear_backward(const Call& call) {
   const auto judge = [&](std::string_view result) {
     add(call, d.index_of(result), engine_.read(call.operands[d.index_of(result)]), exact, bound);
   };
-  dot_products(N, C, OC, {dy, OC, 1}, {call.operand("weight"), C, 1}, {call.operand("dinp"), C, 1}, call.numerics.operands,
-               exact, bound);
+  const GemmSide output_gradient = gemm_side(call.numerics, d.index_of("dout"));
+  dot_products(N, C, OC, {dy, OC, 1}, {call.operand("weight"), C, 1}, {call.operand("dinp"), C, 1}, output_gradient,
+               gemm_side(call.numerics, d.index_of("weight")), exact, bound);
   judge("dinp");
-  dot_products(OC, C, N, {dy, 1, OC}, {x, C, 1}, {call.operand("dweight"), C, 1}, call.numerics.operands, exact, bound);
+  dot_products(OC, C, N, {dy, 1, OC}, {x, C, 1}, {call.operand("dweight"), C, 1}, output_gradient,
+               gemm_side(call.numerics, d.index_of("inp")), exact, bound);
   judge("dweight");
   if (call.operands[d.index_of("dbias")] == kNoTensor) return;
   const std::span<const float> dbias_old = call.operand("dbias");
@@ -284,7 +335,7 @@ void OpOracle::add(const Call& call, std::size_t result, std::span<const float> 
   j.phase = std::string(to_string(call.phase));
   j.result = std::string(describe(call.op).operands[result].name);
   j.tensor = table_[call.operands[result]].name;
-  j.operands = std::string(numerics::to_string(call.numerics.operands));
+  j.operands = operands_text(call.numerics);
   const std::vector<double> values(got.begin(), got.end());
   judge_values(j, values, exact, compute_bound, call.numerics.result(result));
   report_.judged.push_back(std::move(j));

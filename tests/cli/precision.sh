@@ -21,18 +21,36 @@ linears = [j for j in r["judged"] if j["op"] == "linear_forward"]
 assert linears and all(j["operands"] == "bf16" and j["stored"] == "bf16" and j["within"] for j in linears), linears
 PY
 
-# accel's FP8 units: their linears are listed as not bounded (their scaled operands have no
-# bound yet), never counted within; the rest of the step is judged
+# accel's FP8 units: their linears judged on their operands quantised with the declared
+# scales (E4M3 forward, E5M2 output gradients), within; a unit quantised with a scale 2^10
+# too large (--fp8-saturate: its operands clip) named, and no other op; a limited-precision
+# accumulator listed as not bounded, never counted within
 run --out "$WORK/fp8.h5" --engine accel --features bf16,fp8=all --noise-seed 3
 expect_exit 0 "" -- "$HARNESS" precision "$WORK/fp8.h5" --step 1 --json
 "$PY" - "$WORK/stdout" <<'PY' || fail "accel fp8: $(head -c 600 "$WORK/stdout")"
 import json, sys
 r = json.load(open(sys.argv[1]))
-assert r["not_bounded"] and all("FP8 unit's scaled" in call for call in r["not_bounded"]), r["not_bounded"]
-unbounded = {call.split(" ")[0] for call in r["not_bounded"]}
-judged_linears = {j["site"] for j in r["judged"] if j["op"].startswith("linear")}
-assert judged_linears == {"lm_head"} and not unbounded & judged_linears, (judged_linears, unbounded)  # lm_head: in no zone
-assert any(j["op"] == "layernorm_forward" for j in r["judged"]), "the rest of the step was not judged"
+assert not r["not_bounded"] and r["verdict"] == "within", r["not_bounded"]
+scaled = {(j["site"], j["result"]): j["operands"] for j in r["judged"] if j["operands"].endswith(" scaled")}
+assert scaled[("blocks.0.mlp.fc", "out")] == "e4m3,e4m3 scaled", scaled
+assert scaled[("blocks.0.mlp.fc", "dinp")] == "e5m2,e4m3,e4m3 scaled", scaled
+assert not any(site == "lm_head" for site, _ in scaled), scaled  # lm_head: in no zone
+PY
+run --out "$WORK/fp8-saturated.h5" --engine accel --features bf16,fp8=all --noise-seed 3 --fp8-saturate attn_proj@0
+expect_exit 1 "" -- "$HARNESS" precision "$WORK/fp8-saturated.h5" --step 1 --json
+"$PY" - "$WORK/stdout" <<'PY' || fail "accel fp8 saturated: $(head -c 600 "$WORK/stdout")"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert {(j["site"], j["op"]) for j in r["over"]} == {("blocks.0.attn.proj", "linear_forward"),
+                                                     ("blocks.0.attn.proj", "linear_backward")}, r["over"]
+PY
+run --out "$WORK/fp8-limited.h5" --engine accel --features bf16,fp8=all --fp8-accumulate limited
+expect_exit 0 "" -- "$HARNESS" precision "$WORK/fp8-limited.h5" --step 1 --json
+"$PY" - "$WORK/stdout" <<'PY' || fail "accel fp8 limited: $(head -c 600 "$WORK/stdout")"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["not_bounded"] and all("limited-precision accumulator" in call for call in r["not_bounded"]), r["not_bounded"]
+assert not any(j["op"].startswith("linear") and j["site"] != "lm_head" for j in r["judged"]), "an unbounded call judged"
 PY
 
 # The issue's example: an op made to compute below its declared precision is named, with

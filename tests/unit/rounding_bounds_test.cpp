@@ -557,6 +557,89 @@ TEST(DotProductBound, Fp32BoundRejectsProductsRoundedToBf16) {
   RecordProperty("least_error_over_fp32_bound", describe(smallest_excess));
 }
 
+// An FP8 GEMM as accel runs one (engines/accel/accel_engine.cpp): each operand quantised with
+// its scale (scale_round_to_fp8), the products summed in fp32, the sum multiplied by the
+// descale (1/s_a)(1/s_b) in fp32 and added to a bias. `descale_fault` multiplies the
+// descale's s_a (a scale off by a power of two between quantising and dequantising).
+float scaled_dot_fp32(const Operands& ops, float scale_a, float scale_b, float bias, Fp8Format format,
+                      float descale_fault = 1.0f) {
+  const std::size_t k = ops.a.size();
+  std::vector<float> qa(k), qb(k);
+  scale_round_to_fp8(ops.a.data(), scale_a, qa.data(), static_cast<std::int64_t>(k), format);
+  scale_round_to_fp8(ops.b.data(), scale_b, qb.data(), static_cast<std::int64_t>(k), format);
+  float partial = 0;
+  for (std::size_t i = 0; i < k; ++i) partial += qa[i] * qb[i];
+  const float descale = (1.0f / (scale_a * descale_fault)) * (1.0f / scale_b);
+  return bias + partial * descale;
+}
+
+float amax(const std::vector<float>& x) {
+  float m = 0;
+  for (float v : x) m = std::max(m, std::fabs(v));
+  return m;
+}
+
+// Scales as Transformer Engine's current scaling makes them (fp8_max / amax, no power of
+// two), and that scale times 2^-3 (the tensor far from the format's top, its small values
+// in the subnormal steps): each within the bound, the bound attained within a small factor,
+// and the descale fault over it in every trial.
+TEST(ScaledDotBound, Fp8GemmsWithTheirScalesAreWithinAndADescaleFaultIsNot) {
+  std::ostringstream tightness;
+  tightness.precision(3);
+  for (Fp8Format format : {Fp8Format::E4M3, Fp8Format::E5M2}) {
+    const Precision p = fp8_precision(format);
+    const float fp8_max = fp8_traits(format).max_finite;
+    double format_worst = 0;
+    for (Distribution distribution : kAllDistributions) {
+      WorstRatio worst;
+      for (std::int64_t k : kDotLengths) {
+        for (std::uint64_t trial = 0; trial < kTrials; ++trial) {
+          const Operands ops = draw_operands(distribution, k, trial);
+          const float bias = ops.a[0] * 0.5f;
+          for (const float under : {1.0f, 0.125f}) {
+            const float scale_a = fp8_max / amax(ops.a) * under, scale_b = fp8_max / amax(ops.b) * under;
+            DoubleDouble exact;
+            DotSums sums{k, 0, 0, 0, std::fabs(static_cast<double>(bias))};
+            for (std::size_t i = 0; i < ops.a.size(); ++i) {
+              const double product = static_cast<double>(ops.a[i]) * ops.b[i];
+              exact.add(product);
+              sums.abs_products += std::fabs(product);
+              sums.abs_a += std::fabs(static_cast<double>(ops.a[i]));
+              sums.abs_b += std::fabs(static_cast<double>(ops.b[i]));
+            }
+            exact.add(bias);
+            const double bound = rounded_operands_dot_bound(sums, scaled_rounding(p, scale_a), scaled_rounding(p, scale_b), 4);
+            const double error = std::fabs(static_cast<double>(scaled_dot_fp32(ops, scale_a, scale_b, bias, format)) - exact.value());
+            ASSERT_LE(error, bound) << case_id(to_string(format), k, distribution, trial) << " under " << under;
+            worst.observe(error, bound, static_cast<double>(k));
+            const double faulty = scaled_dot_fp32(ops, scale_a, scale_b, bias, format, 2.0f);
+            if (sums.abs_products > 0 && std::fabs(exact.value() - bias) > 4 * bound) {  // not a cancelled sum
+              EXPECT_GT(std::fabs(faulty - exact.value()), bound) << case_id("descale_fault", k, distribution, trial);
+            }
+          }
+        }
+      }
+      tightness << to_string(format) << "/" << name(distribution) << ":" << worst.ratio << " ";
+      format_worst = std::max(format_worst, worst.ratio);
+    }
+    // Attained within a small factor on some distribution (not on heavy cancellation, whose
+    // pairs quantise to the same code and cancel exactly).
+    EXPECT_GE(format_worst, 0.25) << to_string(format) << ": " << tightness.str();
+  }
+  RecordProperty("worst_error_over_bound", tightness.str());
+}
+
+// The general form reduces to the format-rounded one the oracle used before it: both
+// operands rounded to bf16, no scale, no descale.
+TEST(ScaledDotBound, WithFormatRoundingsIsTheRoundedOperandsBound) {
+  const double u = precision_traits(Precision::Bf16).unit_roundoff, grow = (1 + u) * (1 + u);
+  const DotSums sums{64, 10.0, 3.0, 5.0, 0.5};
+  const double bound = rounded_operands_dot_bound(sums, format_rounding(Precision::Bf16), format_rounding(Precision::Bf16));
+  const double before = (grow - 1) * 10.0 + dot_product_bound(65, grow * 10.0 + 0.5, Precision::Fp32);
+  EXPECT_NEAR(bound, before, 1e-15 * before);
+  EXPECT_THROW(scaled_rounding(Precision::Fp8E4M3, 0.0), std::invalid_argument);
+}
+
 TEST(SumBound, SequentialBf16SumIsWithinGammaNMinus1AndRefusesPast256Terms) {
   std::ostringstream tightness;
   tightness.precision(3);
