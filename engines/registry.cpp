@@ -24,7 +24,6 @@ struct EngineRow {
   ReceiptEntries (*receipt)();  // what it adds to a receipt beside the core
 };
 
-std::vector<EngineFlag> no_flags() { return {}; }
 ReceiptEntries nothing_added() { return {}; }
 
 std::unique_ptr<Engine> make_cpu_ref(const EngineSettings& settings) {
@@ -34,7 +33,7 @@ std::unique_ptr<Engine> make_cpu_ref(const EngineSettings& settings) {
                     "--engine tpu-mesh --precision bf16",
                     settings.features));
   }
-  return std::make_unique<CpuRefEngine>();
+  return std::make_unique<CpuRefEngine>(parse_cpu_ref_config(settings));
 }
 
 std::unique_ptr<Engine> make_accel(const EngineSettings& settings) {
@@ -46,7 +45,7 @@ std::unique_ptr<Engine> make_tpu_mesh(const EngineSettings& settings) {
 }
 
 constexpr EngineRow kEngines[] = {
-    {"cpu-ref", no_flags, make_cpu_ref, nothing_added},
+    {"cpu-ref", cpu_ref_flags, make_cpu_ref, nothing_added},
     {"accel", accel::accel_flags, make_accel, accel::accel_receipt_entries},
     {"tpu-mesh", tpu::mesh_flags, make_tpu_mesh, tpu::mesh_receipt_entries},
 };

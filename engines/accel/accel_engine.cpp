@@ -307,8 +307,11 @@ Engine::OpNumerics AccelEngine::op_numerics(OpKind op, const OpSite& site, std::
     }
     if (weight_in_bf16(weight, unit)) n.operands = numerics::Precision::Bf16;
   }
+  const bool attention = op == OpKind::AttentionForward || op == OpKind::GqaAttentionForward;
   for (std::size_t i = 0; i < operands.size(); ++i) {
-    const bool bf16 = d.result(i) && operands[i] != kNoTensor && result_in_bf16(operands[i], unit);
+    // att is saved, not a result: the kernel rounds it itself (probabilities_in_bf16).
+    const bool probabilities = attention && d.operands[i].name == "att" && probabilities_in_bf16();
+    const bool bf16 = operands[i] != kNoTensor && ((d.result(i) && result_in_bf16(operands[i], unit)) || probabilities);
     n.results.push_back(bf16 ? numerics::Precision::Bf16 : numerics::Precision::Fp32);
   }
   return n;
@@ -487,7 +490,7 @@ void AccelEngine::attention_forward(const OpSite&, TensorId out, TensorId att, T
   const int C = int(t_.desc(out).dim(2)), NH = int(a.dim(1));
   const float* x = f32(qkv);  // (B,T,3C): [q | k | v] per token
   const AttentionHeads heads{x, x + C, x + 2 * C, 3 * C, 3 * C, NH, NH, C / NH};
-  accel::gqa_attention_forward(f32(out), C, f32(att), heads, int(a.dim(0)), int(a.dim(2)), config_.bf16);
+  accel::gqa_attention_forward(f32(out), C, f32(att), heads, int(a.dim(0)), int(a.dim(2)), probabilities_in_bf16());
   store(out);
 }
 
@@ -553,7 +556,7 @@ AttentionHeads AccelEngine::gqa_heads(TensorId att, TensorId q, TensorId k, Tens
 void AccelEngine::gqa_attention_forward(const OpSite&, TensorId out, TensorId att, TensorId q, TensorId k, TensorId v) {
   const TensorDesc& a = t_.desc(att);  // (B,NH,T,T)
   accel::gqa_attention_forward(f32(out), t_.last_dim(out), f32(att), gqa_heads(att, q, k, v), int(a.dim(0)),
-                               int(a.dim(2)), config_.bf16);
+                               int(a.dim(2)), probabilities_in_bf16());
   store(out);
 }
 

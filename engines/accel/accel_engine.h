@@ -136,6 +136,9 @@ class AccelEngine final : public Engine {
   std::vector<std::optional<OpNumerics::Scaled>> fp8_operands(OpKind op, std::span<const TensorId> operands,
                                                               const UnitNumerics& unit) const;
   bool result_in_bf16(TensorId id, const UnitNumerics& unit) const { return stores_bf16(id) && !unit.fp32; }
+  // The attention kernels run P @ V in bf16 under bf16: they round the probabilities they
+  // save (att, a statistic that stores_bf16 keeps fp32) to bf16 themselves.
+  bool probabilities_in_bf16() const { return config_.bf16; }
   ReduceContext reduce_context() { return {noise_, workspace_}; }
   // The K chunk of an (M,N) = (M,K) @ (K,N) GEMM: fixed, or by the row count (--split-k).
   int split_k_chunk(int M, int N, int K) const {

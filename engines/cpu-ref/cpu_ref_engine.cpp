@@ -1,11 +1,57 @@
 #include "cpu_ref_engine.h"
 
+#include <algorithm>
+#include <charconv>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include "kernels/deterministic_reduce.h"
 #include "kernels/kernels.h"
 #include "kernels/moe_kernels.h"
 #include "kernels/moe_ops.h"
 
 namespace harness {
+namespace {
+
+// --fast-exp BLOCK,...: block indices in 0..1023.
+void parse_fast_exp(const std::string& value, CpuRefConfig& config) {
+  std::size_t at = 0;
+  while (at <= value.size()) {
+    const std::size_t end = std::min(value.find(',', at), value.size());
+    const std::string item = value.substr(at, end - at);
+    int block = -1;
+    const auto [rest, error] = std::from_chars(item.data(), item.data() + item.size(), block);
+    if (item.empty() || error != std::errc() || rest != item.data() + item.size() || block < 0 || block > 1023) {
+      throw std::invalid_argument(
+          fmt::format("--fast-exp: '{}' is not a block index in 0..1023 (give BLOCK,..., e.g. --fast-exp 1)", item));
+    }
+    config.fast_exp_blocks.insert(block);
+    at = end + 1;
+  }
+}
+
+constexpr FlagParser<CpuRefConfig> kCpuRefFlags[] = {
+    {{"fast-exp", "cpu-ref fault: these blocks' attention softmax from a fast-math-like exp (about 1e-4 relative), "
+                  "BLOCK,..."},
+     parse_fast_exp},
+};
+
+}  // namespace
+
+std::string CpuRefConfig::canonical_features() const {
+  return fast_exp_blocks.empty() ? "" : fmt::format("fast-exp={}", fmt::join(fast_exp_blocks, ","));
+}
+
+std::vector<EngineFlag> cpu_ref_flags() { return flags_of(kCpuRefFlags); }
+
+CpuRefConfig parse_cpu_ref_config(const EngineSettings& settings) {
+  CpuRefConfig config;
+  apply_flags(kCpuRefFlags, settings, config);
+  return config;
+}
+
 
 void CpuRefEngine::encoder_forward(const OpSite&, TensorId out, TensorId inputs, TensorId wte, TensorId wpe) {
   const TensorDesc& o = desc(out);  // (B,T,C)
@@ -94,10 +140,13 @@ void CpuRefEngine::gqa_attention_backward(const OpSite&, TensorId dq, TensorId d
                                   int(a.dim(2)), NH, int(desc(k).dim(2)) / hd, hd);
 }
 
-void CpuRefEngine::attention_forward(const OpSite&, TensorId out, TensorId att, TensorId qkv) {
+void CpuRefEngine::attention_forward(const OpSite& site, TensorId out, TensorId att, TensorId qkv) {
   const TensorDesc& a = desc(att);  // (B,NH,T,T)
   const TensorDesc& o = desc(out);  // (B,T,C)
-  kernels::attention_forward(f32(out), f32(att), f32(qkv), int(o.dim(0)), int(o.dim(1)), int(o.dim(2)), int(a.dim(1)));
+  const kernels::SoftmaxExp exp = config_.fast_exp_blocks.count(site.layer) != 0 ? kernels::SoftmaxExp::FastApproximation
+                                                                                 : kernels::SoftmaxExp::Deterministic;
+  kernels::attention_forward(f32(out), f32(att), f32(qkv), int(o.dim(0)), int(o.dim(1)), int(o.dim(2)), int(a.dim(1)),
+                             exp);
 }
 
 void CpuRefEngine::attention_backward(const OpSite&, TensorId dqkv, TensorId dout, TensorId qkv, TensorId att) {

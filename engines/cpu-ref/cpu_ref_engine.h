@@ -5,6 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
 
 #include "api/engine.h"
 #include "kernels/host_tensors.h"
@@ -12,9 +15,23 @@
 
 namespace harness {
 
+// cpu-ref's one setting, a deliberate fault for drills (the op oracle's test of a
+// fast-math exp, docs/oracle.md): --fast-exp BLOCK,... computes the softmax of those blocks'
+// attention with kernels::fast_exp_inplace. Part of the lane name, never of the budget
+// features: a fault is what the checks must find.
+struct CpuRefConfig {
+  std::set<int> fast_exp_blocks;
+  std::string canonical_features() const;  // "" or "fast-exp=1,3"
+};
+std::vector<EngineFlag> cpu_ref_flags();
+CpuRefConfig parse_cpu_ref_config(const EngineSettings& settings);  // throws std::invalid_argument naming the flag
+
 class CpuRefEngine final : public Engine {
  public:
+  CpuRefEngine() = default;
+  explicit CpuRefEngine(CpuRefConfig config) : config_(std::move(config)) {}
   std::string_view name() const override { return "cpu-ref"; }
+  std::string features() const override { return config_.canonical_features(); }
   std::vector<std::string> budget_features() const override { return {}; }  // the reference itself
   void bind(const TensorTable& table) override { t_.bind(table); }
 
@@ -42,6 +59,7 @@ class CpuRefEngine final : public Engine {
   float scalar(TensorId id) { return *f32(id); }
   std::int64_t rows(TensorId id) const { return t_.rows(id); }
 
+  CpuRefConfig config_;
   HostTensors t_;
   kernels::RopeTableCache rope_tables_;
 };

@@ -167,14 +167,35 @@ thread_local AttentionScratch attention_scratch;
 
 }  // namespace
 
-void causal_softmax_row(float* row, int t, int T, float scale) {
+void fast_exp_inplace(float* x, std::int64_t n) {
+  // 2^(x log2 e) as 2^i 2^f, i = floor, f in [0, 1): 2^f from a cubic fit (not minimax: the
+  // fault wants a plausible 1e-4, not the best cubic), 2^i into the exponent's bits.
+  for (std::int64_t j = 0; j < n; ++j) {
+    const float y = x[j] * 1.44269504f;
+    if (!(y > -126.0f && y < 128.0f)) {  // below the normals: 0, as a fast exp flushes; past fp32: inf; NaN stays
+      x[j] = y != y ? y : y > 0 ? __builtin_inff() : 0.0f;
+      continue;
+    }
+    const float i = static_cast<float>(static_cast<int>(y) - (y < 0 && static_cast<float>(static_cast<int>(y)) != y));
+    const float f = y - i;
+    const float two_f = 1.0f + f * (0.6960656f + f * (0.2244676f + f * 0.0794446f));
+    const std::uint32_t exponent_bits = static_cast<std::uint32_t>(static_cast<int>(i) + 127) << 23;
+    x[j] = two_f * std::bit_cast<float>(exponent_bits);
+  }
+}
+
+void causal_softmax_row(float* row, int t, int T, float scale, SoftmaxExp exp) {
   float max_score = -3.402823466e38f;
   for (int t2 = 0; t2 <= t; ++t2) {
     row[t2] *= scale;
     if (row[t2] > max_score) max_score = row[t2];
   }
   for (int t2 = 0; t2 <= t; ++t2) row[t2] -= max_score;
-  exp_inplace(row, t + 1);
+  if (exp == SoftmaxExp::FastApproximation) {
+    fast_exp_inplace(row, t + 1);
+  } else {
+    exp_inplace(row, t + 1);
+  }
   float sum = 0.0f;
   for (int t2 = 0; t2 <= t; ++t2) sum += row[t2];
   const float inv_sum = 1.0f / sum;
@@ -195,7 +216,7 @@ void causal_softmax_backward_row(float* d, const float* a, int t, int T, float s
   for (int t2 = t + 1; t2 < T; ++t2) d[t2] = 0.0f;
 }
 
-void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, SoftmaxExp exp) {
   const int hs = C / NH;
   const float scale = 1.0f / __builtin_sqrtf(static_cast<float>(hs));
   tbb::parallel_for(0, B * NH, [&](int bh) {
@@ -207,7 +228,7 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
     // preatt (T,T) = q (T,hs) @ k^T (hs,T)
     transpose_serial(x.k, T, hs, x.ld, s.b.data(), T);
     gemm_serial(T, T, hs, x.q, x.ld, s.b.data(), T, att_bh, T, GemmEpilogue::Store);
-    for (int t = 0; t < T; ++t) causal_softmax_row(att_bh + static_cast<long>(t) * T, t, T, scale);
+    for (int t = 0; t < T; ++t) causal_softmax_row(att_bh + static_cast<long>(t) * T, t, T, scale, exp);
     // out (T,hs) = att (T,T) @ v (T,hs)
     gemm_serial(T, hs, T, att_bh, T, x.v, x.ld, out + static_cast<long>(b) * T * C + h * hs, C, GemmEpilogue::Store);
   });

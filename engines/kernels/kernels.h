@@ -49,10 +49,17 @@ HeadView head_view(const float* qkv, int b, int h, int T, int C, int hs);
 // t2 <= t (a: probabilities, d: their gradient), exact zeros beyond.
 void causal_softmax_backward_row(float* d, const float* a, int t, int T, float scale);
 
+// The exp a softmax uses: the deterministic polynomial (exp_inplace, within 3 ulps), or a
+// deliberate fault for drills (cpu-ref's --fast-exp): a fast-math-like exp from the
+// exponent's bits and a cubic for the fraction, about 1e-4 relative error, deterministic.
+enum class SoftmaxExp : std::uint8_t { Deterministic, FastApproximation };
+void fast_exp_inplace(float* x, std::int64_t n);
+
 // Row t of attention scores in place: scale, softmax over t2 <= t, exact zeros beyond.
-void causal_softmax_row(float* row, int t, int T, float scale);
+void causal_softmax_row(float* row, int t, int T, float scale, SoftmaxExp exp = SoftmaxExp::Deterministic);
 // qkv (B,T,3C) -> out (B,T,C), att (B,NH,T,T) (masked entries 0)
-void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
+                       SoftmaxExp exp = SoftmaxExp::Deterministic);
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
                         int NH);
 

@@ -10,6 +10,7 @@
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
+#include "numerics/det_math.h"
 #include "numerics/rounding_bounds.h"
 
 namespace harness::run {
@@ -116,7 +117,8 @@ bool oracle_judges(OpKind op) {
     case OpKind::ResidualForward:
     case OpKind::ResidualBackward:
     case OpKind::GeluErfForward:
-    case OpKind::LayerNormForward: return true;
+    case OpKind::LayerNormForward:
+    case OpKind::AttentionForward: return true;
     default: return false;
   }
 }
@@ -173,6 +175,7 @@ void OpOracle::after_op(OpKind op, const OpSite& site, std::span<const TensorId>
     case OpKind::LinearForward: judge_linear_forward(call_); break;
     case OpKind::LinearBackward: judge_linear_backward(call_); break;
     case OpKind::LayerNormForward: judge_layernorm_forward(call_); break;
+    case OpKind::AttentionForward: judge_attention_forward(call_); break;
     default: judge_elementwise(call_); break;
   }
 }
@@ -222,6 +225,94 @@ void OpOracle::judge_linear_backward(const Call& call) {
     bound[o] = numerics::recursive_sum_bound(N + 1, abs_sum, Precision::Fp32);
   }
   judge("dbias");
+}
+
+// One causal softmax row's probabilities and their bounds (docs/oracle.md, "Attention"):
+// scores s_j = (q . k_j) / sqrt(hs) for j <= t, p_j = exp(s_j - max) / sum, each as cpu-ref's
+// kernel computes it (engines/kernels/kernels.cpp: the fp32 dot, the scale's and the
+// multiply's roundings, the subtraction, exp_poly within 3.5 ulps, the sum, 1/sum and the
+// multiply). Each score is within Delta_j of s_j; an exponent within eta_j = Delta_j + max
+// Delta + u |z_j| of its exact one; p_j within its relative factor and 2^-125 absolute (an
+// exp that fell to the subnormals; the sum is at least 1, its max term exp(0)).
+struct SoftmaxRow {
+  std::vector<double> p, bound;
+};
+SoftmaxRow softmax_row(std::int64_t t, std::int64_t hs, const std::function<double(std::int64_t, std::int64_t)>& q,
+                       const std::function<double(std::int64_t, std::int64_t)>& k) {
+  const double u = unit_roundoff(Precision::Fp32), scale = 1.0 / std::sqrt(static_cast<double>(hs));
+  const double g3 = numerics::gamma(3, u), exp_relative = 7 * u;  // 3.5 ulps <= 7 u |y|
+  const std::int64_t n = t + 1;
+  std::vector<double> s(n), delta(n);
+  double max_score = -std::numeric_limits<double>::infinity(), max_delta = 0;
+  for (std::int64_t j = 0; j < n; ++j) {
+    double dot = 0, abs_sum = 0;
+    for (std::int64_t d = 0; d < hs; ++d) {
+      const double product = q(t, d) * k(j, d);
+      dot += product;
+      abs_sum += std::fabs(product);
+    }
+    s[j] = dot * scale;
+    delta[j] = scale * (numerics::dot_product_bound(hs, abs_sum, Precision::Fp32) * (1 + g3) + g3 * std::fabs(dot));
+    max_score = std::max(max_score, s[j]);
+    max_delta = std::max(max_delta, delta[j]);
+  }
+  std::vector<double> eta(n);
+  double sum = 0, max_eta = 0;
+  for (std::int64_t j = 0; j < n; ++j) {
+    const double z = (std::fabs(s[j] - max_score) + delta[j] + max_delta) * (1 + u);  // |the computed exponent|
+    eta[j] = delta[j] + max_delta + u * z / (1 - u);
+    max_eta = std::max(max_eta, eta[j]);
+    sum += numerics::det_exp(s[j] - max_score);
+  }
+  const double low = (1 - exp_relative) * (1 - numerics::gamma(std::max<std::int64_t>(n - 1, 0), u)) -
+                     static_cast<double>(n) * 0x1p-126;
+  SoftmaxRow row{std::vector<double>(n), std::vector<double>(n)};
+  for (std::int64_t j = 0; j < n; ++j) {
+    row.p[j] = numerics::det_exp(s[j] - max_score) / sum;
+    const double factor = numerics::det_exp(eta[j] + max_eta) * (1 + exp_relative) * (1 + u) * (1 + u) / low;
+    row.bound[j] = (factor - 1) * row.p[j] + 0x1p-125;
+  }
+  return row;
+}
+
+// out (B,T,C), att (B,NH,T,T) from qkv (B,T,3C) = [q | k | v] per token: att judged on q and
+// k (softmax_row; 0 exactly past the causal mask), out on the op's own att and v, a dot
+// product of T terms per element (masked terms exact zeros).
+void OpOracle::judge_attention_forward(const Call& call) {
+  const OpDescription& d = describe(call.op);
+  const TensorDesc& a = table_[call.operands[d.index_of("att")]];
+  const std::int64_t B = a.dim(0), NH = a.dim(1), T = a.dim(2);
+  const std::span<const float> x = call.operand("qkv");
+  const std::int64_t C3 = static_cast<std::int64_t>(x.size()) / (B * T), C = C3 / 3, hs = C / NH;
+  const std::span<const float> att = engine_.read(call.operands[d.index_of("att")]);
+  std::vector<double> exact(att.size(), 0.0), bound(att.size(), 0.0);
+  std::vector<double> out_exact(static_cast<std::size_t>(B * T * C)), out_bound(out_exact.size());
+  tbb::parallel_for(std::int64_t{0}, B * NH, [&](std::int64_t bh) {
+    const std::int64_t b = bh / NH, h = bh % NH;
+    const auto at = [&](std::int64_t part) {  // q (part 0), k (1) or v (2) of head h, token r, dim c
+      return [&, part](std::int64_t r, std::int64_t c) { return static_cast<double>(x[(b * T + r) * C3 + part * C + h * hs + c]); };
+    };
+    for (std::int64_t t = 0; t < T; ++t) {
+      const SoftmaxRow row = softmax_row(t, hs, at(0), at(1));
+      const std::int64_t base = (bh * T + t) * T;
+      std::copy(row.p.begin(), row.p.end(), exact.begin() + base);
+      std::copy(row.bound.begin(), row.bound.end(), bound.begin() + base);
+      const auto v = at(2);
+      for (std::int64_t c = 0; c < hs; ++c) {
+        double sum = 0, abs_sum = 0;
+        for (std::int64_t j = 0; j < T; ++j) {
+          const double product = static_cast<double>(att[base + j]) * v(j, c);
+          sum += product;
+          abs_sum += std::fabs(product);
+        }
+        const std::size_t o = static_cast<std::size_t>((b * T + t) * C + h * hs + c);
+        out_exact[o] = sum;
+        out_bound[o] = numerics::dot_product_bound(T, abs_sum, Precision::Fp32);
+      }
+    }
+  });
+  add(call, d.index_of("att"), att, exact, bound);
+  add(call, d.index_of("out"), engine_.read(call.operands[d.index_of("out")]), out_exact, out_bound);
 }
 
 // out (N,C) = (inp - mean) * rstd * weight + bias, mean and rstd (N) saved, each judged on

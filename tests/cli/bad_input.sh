@@ -18,7 +18,7 @@ expect_exit 2 "past the last step"   -- "$HARNESS" run --canary micro --inject-f
 expect_exit 2 "--dump-tensors"       -- "$HARNESS" run --canary micro --dump-tensors 1,x --out "$out/a.h5"
 expect_exit 2 "--dump-tensors"       -- "$HARNESS" run --canary micro --dump-tensors 21 --out "$out/a.h5"
 expect_exit 2 "--features: engine 'cpu-ref' takes no features" -- "$HARNESS" run --canary micro --features bf16 --out "$out/a.h5"
-expect_exit 2 "--noise: engine 'cpu-ref'" -- "$HARNESS" run --canary micro --noise off --out "$out/a.h5"
+expect_exit 2 "--noise: not an option of engine cpu-ref; it belongs to --engine accel" -- "$HARNESS" run --canary micro --noise off --out "$out/a.h5"
 # accel: each bad setting names its flag
 A=("$HARNESS" run --canary micro --engine accel --out "$out/a.h5")
 expect_exit 2 "unknown fp8 zone 'mlp'"      -- "${A[@]}" --features bf16,fp8=mlp
@@ -57,7 +57,7 @@ expect_exit 2 "--grad-accum: '0' is not a count of micro-batches" -- "${M[@]}" -
 expect_exit 2 "--grad-accum 3: the batch of 8 sequences does not split into 2 data shards x 3 micro-batches" -- \
   "${M[@]}" --mesh 2x1 --compile-mode microstep --grad-accum 3
 expect_exit 2 "--noise: not an option of engine tpu-mesh" -- "${M[@]}" --noise off
-expect_exit 2 "--mesh: engine 'cpu-ref' has no such setting; it belongs to --engine tpu-mesh" -- \
+expect_exit 2 "--mesh: not an option of engine cpu-ref; it belongs to --engine tpu-mesh" -- \
   "$HARNESS" run --canary micro --mesh 2x1 --out "$out/a.h5"
 # audit: an engine that compiles its steps (tpu-mesh); one that runs each op as it is called
 # is refused, naming those that compile. The engine flags are checked like run's.

@@ -14,9 +14,11 @@ grep -q '^over        blocks.0.attn.qkv linear_forward out: .* x its fp32 bound'
   fail "the page's bf16 linear is not over fp32's bound: $(cat "$WORK/page.out")"
 grep -q '^over        h.0.mlp.c_fc aten.addmm.default out (model.py:[0-9]*): .* x its fp32 bound at element 0 (error 6.55e+04 ulps of fp32' "$WORK/page.out" ||
   fail "the page's nudged aten op of a Python canary is not named: $(cat "$WORK/page.out")"
-[ "$(grep -c '^judged      .* op results against float64; 1 over their bounds$' "$WORK/page.out")" = 2 ] ||
+grep -q '^over        blocks.1.attn attention_forward att: .* x its fp32 bound' "$WORK/page.out" ||
+  fail "the page's fast-math exp is not named: $(cat "$WORK/page.out")"
+[ "$(grep -c '^judged      .* op results against float64; 1 over their bounds$' "$WORK/page.out")" = 3 ] ||
   fail "the page's nudged runs name more than their one op: $(cat "$WORK/page.out")"
-[ "$(grep -c '^exit 1$' "$WORK/page.out")" = 4 ] || fail "the page's over verdicts did not exit 1: $(cat "$WORK/page.out")"
+[ "$(grep -c '^exit 1$' "$WORK/page.out")" = 5 ] || fail "the page's over verdicts did not exit 1: $(cat "$WORK/page.out")"
 grep -q "^oracle      B exceeds its bound by .*x: B's op is wrong$" "$WORK/page.out" || fail "the page's bisect: $(cat "$WORK/page.out")"
 grep -Eq '"error_ulps_at_oracle_element": 1048[0-9]{3}\.' "$WORK/page.out" || fail "the page's repro.py: $(cat "$WORK/page.out")"
 

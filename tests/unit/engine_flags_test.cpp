@@ -44,6 +44,7 @@ const std::map<std::string, Example>& examples() {
       {"compile-mode", {"microstep", ""}},
       {"grad-accum", {"2", ""}},
       {"leak-scalars", {"1", ""}},
+      {"fast-exp", {"1", ""}},
   };
   return e;
 }

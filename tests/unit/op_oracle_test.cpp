@@ -75,7 +75,8 @@ TEST(OpOracle, CleanStepsOfEveryEagerEngineAreWithinTheirBounds) {
     EXPECT_EQ(over(report), std::vector<std::string>{}) << tag;
     EXPECT_TRUE(report.not_bounded.empty()) << tag;
     const std::set<std::string> ops = judged_ops(report);
-    for (const char* op : {"linear_forward", "linear_backward", "residual_forward", "residual_backward", "layernorm_forward"}) {
+    for (const char* op : {"linear_forward", "linear_backward", "residual_forward", "residual_backward", "layernorm_forward",
+                           "attention_forward"}) {
       EXPECT_TRUE(ops.count(op)) << tag << " judged no " << op;
     }
     EXPECT_EQ(ops.count("gelu_erf_forward"), tag == "cpu-ref-erf" ? 1u : 0u) << tag;
@@ -85,7 +86,8 @@ TEST(OpOracle, CleanStepsOfEveryEagerEngineAreWithinTheirBounds) {
     const auto worst = std::max_element(report.judged.begin(), report.judged.end(),
                                         [](const OpJudgement& a, const OpJudgement& b) { return a.worst_ratio < b.worst_ratio; });
     EXPECT_GT(worst->worst_ratio, 0.1) << tag;
-    for (const char* op : {"linear_forward", "linear_backward"}) {  // nor are the dot products' (0.1-0.4 here)
+    // Nor are the dot products' (0.1-0.4 here), nor attention's (its softmax 0.05-0.1).
+    for (const char* op : {"linear_forward", "linear_backward", "attention_forward"}) {
       double closest = 0;
       for (const OpJudgement& j : report.judged) closest = j.op == op ? std::max(closest, j.worst_ratio) : closest;
       EXPECT_GT(closest, 0.02) << tag << " " << op;
@@ -112,6 +114,21 @@ TEST(OpOracle, AnInjectedFaultIsNamedAndNothingElse) {
     }
     // The same run's step 2, which the fault did not touch, is clean.
     EXPECT_EQ(over(*judged(o, "fault-after" + site + features, 2).oracle), std::vector<std::string>{}) << features;
+  }
+}
+
+// cpu-ref with one block's softmax computed by a fast-math-like exp (--fast-exp, about
+// 1.5e-4 relative): that block's attention probabilities are named, its output (judged on
+// those probabilities) and every other op are not; the other blocks' softmax are within.
+TEST(OpOracle, AFastMathExpIsNamedAndNothingElse) {
+  RunOptions o = lane("micro", 3, 0);
+  o.engine_settings.options["fast-exp"] = "1";
+  const ReplayResult r = judged(o, "fast-exp");
+  EXPECT_EQ(over(*r.oracle), std::vector<std::string>{"blocks.1.attn attention_forward att"});
+  for (const OpJudgement& j : r.oracle->judged) {
+    if (!j.within()) {
+      EXPECT_GT(j.worst_ratio, 5) << "a fault well past rounding, not at the bound's edge";
+    }
   }
 }
 
