@@ -163,6 +163,10 @@ DivergentOp op_at(const OpTrace& row, std::size_t c) {
   op.kind = col.kind;
   op.site = c < row.sites.size() ? row.sites[c] : "";
   op.layer = col.layer;
+  for (std::size_t before = 0; before < c; ++before) {
+    const receipt::TraceColumn& earlier = row.columns[before];
+    if (earlier.op == col.op && earlier.phase == col.phase && earlier.tensor == col.tensor) ++op.occurrence;
+  }
   return op;
 }
 

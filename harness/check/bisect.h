@@ -23,6 +23,7 @@ inline constexpr int kBisectJsonVersion = 2;
 // execution order.
 struct DivergentOp {
   int index = 0;  // op_index: the op's place among the step's traced ops
+  int occurrence = 0;  // how many traced ops of the step before it have its name, phase and tensor
   std::string name, phase, tensor, kind;
   std::string site;   // file:line of the code that ran it, where the trace knows it (aten traces)
   std::string other;  // where the two runs ran different ops here: what the other one ran

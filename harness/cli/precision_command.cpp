@@ -16,7 +16,6 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
-#include "file_io.h"
 #include "json_text.h"
 #include "python_canary.h"
 #include "python_oracle.h"
@@ -143,25 +142,14 @@ int print_audit(const PrecisionFlags& f, const Audit& audit) {
 // the canary's prints sent to stderr), and each captured result is judged here against
 // the precision the run declared, or --against's.
 int run_python_precision(const PrecisionFlags& f, const std::map<std::string, std::string>& manifest) {
-  const run::TempDir work("precision", "a Python canary's captured ops");
-  const std::string values = work.file("values.h5");
-  const run::PythonCommand command = run::python_canary_command(
-      "capture-ops", f.receipt, manifest, {"--step", std::to_string(f.step), "--values", values});
-  const run::PythonJsonResult captured =
-      run::run_python_for_json(command.argv, command.environment, run::ChildOutput::kStderr, run::ChildOutput::kInherit);
-  const int code = captured.child.exit_code();
-  if (code != 0 && code != 1) return code;  // the package's own error is on stderr
-  const nlohmann::json& c = captured.result;
-  if (!c.is_object()) throw run::UsageError(fmt::format("{}: its capture {} but wrote no result", f.receipt, captured.child.how()));
-  if (code == 1) {
-    const nlohmann::json& m = c.at("first_mismatch");
-    throw run::UsageError(fmt::format("{}: a replay does not reproduce step {} ({}); its ops cannot be judged as they ran",
-                                      f.receipt, m.at("step").get<int>(), m.at("what").get<std::string>()));
-  }
   const std::optional<numerics::Precision> chosen = against(f.against);
-  const numerics::Precision declared = chosen ? *chosen : run::declared_precision(c.at("precision").get<std::string>());
-  const run::OracleReport report = run::judge_captured_step(c, values, declared);
-  return print_audit(f, {report, f.receipt, c.at("lane").get<std::string>(), f.step, c.at("seconds").get<double>()});
+  try {
+    const run::PythonStepJudgement j = run::judge_python_step(f.receipt, manifest, f.step, chosen);
+    return print_audit(f, {j.report, f.receipt, j.lane, f.step, j.seconds});
+  } catch (const run::PythonCaptureError& e) {
+    if (std::string(e.what()).empty()) return e.exit_code;  // the package's own error is on stderr
+    throw run::UsageError(e.what());
+  }
 }
 
 // The steps the receipt records; none where it cannot be read (run::replay says why).

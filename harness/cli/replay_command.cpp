@@ -14,6 +14,7 @@
 #include "bisect.h"
 #include "child_process.h"
 #include "python_canary.h"
+#include "python_oracle.h"
 #include "receipt/receipt_reader.h"
 #include "canary_run.h"
 #include "commands.h"
@@ -209,27 +210,36 @@ check::OpTrace replayed_trace(const check::ReceiptData& run, int step) {
   return trace;
 }
 
-check::OracleSide judged_op(const check::ReceiptData& run, int step, const check::DivergentOp& op) {
-  check::OracleSide side;
+// Step `step` of `run` under the oracle: a harness engine's replay, or a Python canary's
+// captured aten ops (run::judge_python_step). Throws with why it cannot be judged.
+run::OracleReport step_oracle(const check::ReceiptData& run, int step) {
   if (run::is_python_canary(run.manifest)) {
-    side.why_not = "a Python canary's op: the oracle judges the harness's engines so far";
-    return side;
+    try {
+      return run::judge_python_step(run.path, run.manifest, step, std::nullopt, run::ChildOutput::kCapture).report;
+    } catch (const run::PythonCaptureError& e) {
+      throw std::runtime_error(std::string(e.what()).empty() ? fmt::format("its capture exited {}", e.exit_code)
+                                                              : std::string(e.what()));
+    }
   }
   run::ReplayOptions options = one_step(run.path, step);
   options.oracle_step = step;
-  run::ReplayResult r;
+  const run::ReplayResult r = run::replay(options);
+  if (!r.reproduced()) throw std::runtime_error(fmt::format("a replay does not reproduce step {}", r.first_mismatch->step));
+  return *r.oracle;
+}
+
+check::OracleSide judged_op(const check::ReceiptData& run, int step, const check::DivergentOp& op) {
+  check::OracleSide side;
+  run::OracleReport report;
   try {
-    r = run::replay(options);
+    report = step_oracle(run, step);
   } catch (const std::exception& e) {  // an engine that compiles its steps, no recipe, a racy run
     side.why_not = e.what();
     return side;
   }
-  if (!r.reproduced()) {
-    side.why_not = fmt::format("a replay does not reproduce step {}", r.first_mismatch->step);
-    return side;
-  }
-  for (const run::OpJudgement& j : r.oracle->judged) {
-    if (j.site != op.name || j.phase != op.phase || j.tensor != op.tensor) continue;
+  int seen = 0;  // the op's occurrence among the judged results of its site, phase and tensor
+  for (const run::OpJudgement& j : report.judged) {
+    if (j.site != op.name || j.phase != op.phase || j.tensor != op.tensor || seen++ != op.occurrence) continue;
     side.judged = true;
     side.within = j.within();
     side.ratio = j.worst_ratio;
@@ -240,7 +250,7 @@ check::OracleSide judged_op(const check::ReceiptData& run, int step, const check
     return side;
   }
   side.why_not = fmt::format("{}'s op has no bound yet (docs/oracle.md)", op.name);
-  for (const run::OracleReport::Unbounded& call : r.oracle->not_bounded) {
+  for (const run::OracleReport::Unbounded& call : report.not_bounded) {
     if (call.site == op.name && call.phase == op.phase) side.why_not = "not bounded: " + call.text();
   }
   return side;

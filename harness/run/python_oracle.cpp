@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "file_io.h"
+#include "python_canary.h"
 #include "receipt/hdf5_file.h"
 
 namespace harness::run {
@@ -58,7 +60,7 @@ OpJudgement judge_result(const nlohmann::json& r, hid_t file, std::size_t index,
   j.op = r.at("aten").get<std::string>();
   j.phase = r.at("phase").get<std::string>();
   j.result = "out";
-  j.tensor = j.site + "." + j.op;
+  j.tensor = j.op;  // as an aten trace names the output: its aten op overload
   j.operands = r.at("operands").get<std::string>();
   j.source = r.value("site", "");
   const Precision stored = stored_format(r.at("stored").get<std::string>(), values);
@@ -86,6 +88,31 @@ Precision declared_precision(const std::string& name) {
     if (numerics::to_string(p) == name) return p;
   }
   throw std::invalid_argument(fmt::format("a run of precision '{}', which the oracle has no bound for (fp32, bf16)", name));
+}
+
+PythonStepJudgement judge_python_step(const std::string& receipt, const std::map<std::string, std::string>& manifest,
+                                      int step, std::optional<Precision> against, ChildOutput stderr_mode) {
+  const TempDir work("precision", "a Python canary's captured ops");
+  const std::string values = work.file("values.h5");
+  const PythonCommand command = python_canary_command("capture-ops", receipt, manifest,
+                                                      {"--step", std::to_string(step), "--values", values});
+  const PythonJsonResult captured = run_python_for_json(command.argv, command.environment, ChildOutput::kStderr, stderr_mode);
+  const int code = captured.child.exit_code();
+  if (code != 0 && code != 1) {  // the package's own error: on stderr, or (captured) its last line here
+    throw PythonCaptureError(code, last_line(captured.child.stderr_tail));
+  }
+  const nlohmann::json& c = captured.result;
+  if (!c.is_object()) {
+    throw PythonCaptureError(2, fmt::format("{}: its capture {} but wrote no result", receipt, captured.child.how()));
+  }
+  if (code == 1) {
+    const nlohmann::json& m = c.at("first_mismatch");
+    throw PythonCaptureError(1, fmt::format("{}: a replay does not reproduce step {} ({}); its ops cannot be judged as "
+                                            "they ran",
+                                            receipt, m.at("step").get<int>(), m.at("what").get<std::string>()));
+  }
+  const Precision declared = against ? *against : declared_precision(c.at("precision").get<std::string>());
+  return {judge_captured_step(c, values, declared), c.at("lane").get<std::string>(), c.at("seconds").get<double>()};
 }
 
 OracleReport judge_captured_step(const nlohmann::json& description, const std::string& values, Precision declared) {

@@ -5,11 +5,14 @@
 // engines/numerics/rounding_bounds.h and the judgement every oracle uses (judge_values).
 #pragma once
 
+#include <map>
 #include <optional>
+#include <stdexcept>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "child_process.h"
 #include "numerics/rounding_bounds.h"
 #include "op_oracle.h"
 
@@ -26,5 +29,24 @@ numerics::Precision declared_precision(const std::string& name);
 // for a description or file that does not hold what capture-ops writes.
 OracleReport judge_captured_step(const nlohmann::json& description, const std::string& values,
                                  numerics::Precision declared);
+
+// Step `step` of a Python canary's receipt judged: the package replays it with its aten ops
+// captured (`capture-ops`, the canary's prints to stderr, the child's own stderr as
+// `stderr_mode` says) and judge_captured_step judges them against the precision the run
+// declared, or `against`.
+struct PythonStepJudgement {
+  OracleReport report;
+  std::string lane;
+  double seconds = 0;  // the replay's
+};
+// Why a step could not be judged: the child's exit code (1: the step does not replay; 2 or
+// another: the child's own error, on stderr or, captured, in the message) and one line.
+struct PythonCaptureError : std::runtime_error {
+  PythonCaptureError(int code, const std::string& message) : std::runtime_error(message), exit_code(code) {}
+  int exit_code;
+};
+PythonStepJudgement judge_python_step(const std::string& receipt, const std::map<std::string, std::string>& manifest,
+                                      int step, std::optional<numerics::Precision> against,
+                                      ChildOutput stderr_mode = ChildOutput::kInherit);
 
 }  // namespace harness::run

@@ -76,3 +76,21 @@ def test_sqrt_is_within_the_bound_its_table_entry_gives() -> None:
     ulps = ((torch.sqrt(x).double() - exact).abs().numpy() / np.spacing(exact.float().numpy()).astype(np.float64))
     roundings = ARITHMETIC["aten::sqrt"].count((x.double(),), {}, exact)
     assert roundings == 2 and ulps.max() <= 1.0
+
+
+def test_bisect_judges_each_side_of_the_first_divergent_aten_op(harness_bin: Path, tmp_path: Path) -> None:
+    """A Python canary against its own run with one aten op nudged: bisect names that op
+    and the oracle says the nudged side is wrong, the clean side within its bound."""
+    clean = _receipt(tmp_path, "canary")
+    out = tmp_path / "nudged.h5"
+    run(f"{SMALL}:canary", "--out", str(out), "--steps", str(STEPS), "--inject-fault",
+        "step=1,op=hidden:aten.addmm.default,ulps=65536")
+    result = run_harness(harness_bin, "bisect", str(clean), str(out), "--json", check=False)
+    assert result.returncode == 1, result.stderr
+    report = json.loads(result.stdout)
+    op = report["first_divergent_op"]
+    assert (op["name"], op["tensor"], op["phase"]) == ("hidden", "aten.addmm.default", "forward")
+    oracle = report["oracle"]
+    assert oracle["a"]["judged"] and oracle["a"]["within"], oracle
+    assert oracle["b"]["judged"] and not oracle["b"]["within"] and oracle["b"]["worst_index"] == 0, oracle
+    assert oracle["verdict"].startswith("B exceeds its bound by") and oracle["verdict"].endswith("B's op is wrong")
