@@ -118,7 +118,8 @@ bool oracle_judges(OpKind op) {
     case OpKind::ResidualBackward:
     case OpKind::GeluErfForward:
     case OpKind::LayerNormForward:
-    case OpKind::AttentionForward: return true;
+    case OpKind::AttentionForward:
+    case OpKind::CrossEntropyForward: return true;
     default: return false;
   }
 }
@@ -154,7 +155,8 @@ void OpOracle::before_op(OpKind op, const OpSite& site, std::span<const TensorId
   }
   call_.before.resize(operands.size());
   for (std::size_t i = 0; i < operands.size(); ++i) {
-    if (operands[i] == kNoTensor || d.access(i) == Access::Write) continue;  // a pure result: its old value is not read
+    // A pure result's old value is not read; nor are tokens (the oracle reads floats).
+    if (operands[i] == kNoTensor || d.access(i) == Access::Write || table_[operands[i]].dtype != DType::F32) continue;
     const std::span<const float> value = engine_.read(operands[i]);
     call_.before[i].assign(value.begin(), value.end());
   }
@@ -176,6 +178,7 @@ void OpOracle::after_op(OpKind op, const OpSite& site, std::span<const TensorId>
     case OpKind::LinearBackward: judge_linear_backward(call_); break;
     case OpKind::LayerNormForward: judge_layernorm_forward(call_); break;
     case OpKind::AttentionForward: judge_attention_forward(call_); break;
+    case OpKind::CrossEntropyForward: judge_crossentropy_forward(call_); break;
     default: judge_elementwise(call_); break;
   }
 }
@@ -227,24 +230,48 @@ void OpOracle::judge_linear_backward(const Call& call) {
   judge("dbias");
 }
 
-// One causal softmax row's probabilities and their bounds (docs/oracle.md, "Attention"):
-// scores s_j = (q . k_j) / sqrt(hs) for j <= t, p_j = exp(s_j - max) / sum, each as cpu-ref's
-// kernel computes it (engines/kernels/kernels.cpp: the fp32 dot, the scale's and the
-// multiply's roundings, the subtraction, exp_poly within 3.5 ulps, the sum, 1/sum and the
-// multiply). Each score is within Delta_j of s_j; an exponent within eta_j = Delta_j + max
-// Delta + u |z_j| of its exact one; p_j within its relative factor and 2^-125 absolute (an
-// exp that fell to the subnormals; the sum is at least 1, its max term exp(0)).
-struct SoftmaxRow {
+// A softmax's probabilities and their bounds (docs/oracle.md, "Attention"), as the kernels
+// compute one (engines/kernels/kernels.cpp: causal_softmax_row, crossentropy_rows): the
+// max subtracted and rounded, exp_poly within 3.5 ulps, the sum of the n positive terms,
+// 1/sum and the multiply. s: the exact scores; delta: how far the op's own fp32 scores may
+// be from them (0 for scores it was given). The exponent is then within eta_j = delta_j +
+// max delta + u |z_j| / (1 - u) of its exact one, and p_j within its relative factor and
+// 2^-125 absolute (an exp that fell to the subnormals; the sum is at least exp(0) = 1).
+struct SoftmaxBounds {
   std::vector<double> p, bound;
 };
-SoftmaxRow softmax_row(std::int64_t t, std::int64_t hs, const std::function<double(std::int64_t, std::int64_t)>& q,
-                       const std::function<double(std::int64_t, std::int64_t)>& k) {
+SoftmaxBounds softmax_bounds(std::span<const double> s, std::span<const double> delta) {
+  const double u = unit_roundoff(Precision::Fp32), exp_relative = 7 * u;  // 3.5 ulps <= 7 u |y|
+  const std::size_t n = s.size();
+  const double max_score = *std::max_element(s.begin(), s.end());
+  const double max_delta = *std::max_element(delta.begin(), delta.end());
+  std::vector<double> eta(n);
+  double sum = 0, max_eta = 0;
+  for (std::size_t j = 0; j < n; ++j) {
+    const double z = (std::fabs(s[j] - max_score) + delta[j] + max_delta) * (1 + u);  // |the computed exponent|
+    eta[j] = delta[j] + max_delta + u * z / (1 - u);
+    max_eta = std::max(max_eta, eta[j]);
+    sum += numerics::det_exp(s[j] - max_score);
+  }
+  const double low = (1 - exp_relative) * (1 - numerics::gamma(static_cast<std::int64_t>(n) - 1, u)) -
+                     static_cast<double>(n) * 0x1p-126;
+  SoftmaxBounds b{std::vector<double>(n), std::vector<double>(n)};
+  for (std::size_t j = 0; j < n; ++j) {
+    b.p[j] = numerics::det_exp(s[j] - max_score) / sum;
+    const double factor = numerics::det_exp(eta[j] + max_eta) * (1 + exp_relative) * (1 + u) * (1 + u) / low;
+    b.bound[j] = (factor - 1) * b.p[j] + 0x1p-125;
+  }
+  return b;
+}
+
+// Row t of causal attention: scores s_j = (q . k_j) / sqrt(hs) for j <= t, each within
+// Delta_j of the op's fp32 one (the dot, the scale's two roundings, its multiply).
+SoftmaxBounds attention_row(std::int64_t t, std::int64_t hs, const std::function<double(std::int64_t, std::int64_t)>& q,
+                            const std::function<double(std::int64_t, std::int64_t)>& k) {
   const double u = unit_roundoff(Precision::Fp32), scale = 1.0 / std::sqrt(static_cast<double>(hs));
-  const double g3 = numerics::gamma(3, u), exp_relative = 7 * u;  // 3.5 ulps <= 7 u |y|
-  const std::int64_t n = t + 1;
-  std::vector<double> s(n), delta(n);
-  double max_score = -std::numeric_limits<double>::infinity(), max_delta = 0;
-  for (std::int64_t j = 0; j < n; ++j) {
+  const double g3 = numerics::gamma(3, u);
+  std::vector<double> s(static_cast<std::size_t>(t + 1)), delta(s.size());
+  for (std::int64_t j = 0; j <= t; ++j) {
     double dot = 0, abs_sum = 0;
     for (std::int64_t d = 0; d < hs; ++d) {
       const double product = q(t, d) * k(j, d);
@@ -253,30 +280,12 @@ SoftmaxRow softmax_row(std::int64_t t, std::int64_t hs, const std::function<doub
     }
     s[j] = dot * scale;
     delta[j] = scale * (numerics::dot_product_bound(hs, abs_sum, Precision::Fp32) * (1 + g3) + g3 * std::fabs(dot));
-    max_score = std::max(max_score, s[j]);
-    max_delta = std::max(max_delta, delta[j]);
   }
-  std::vector<double> eta(n);
-  double sum = 0, max_eta = 0;
-  for (std::int64_t j = 0; j < n; ++j) {
-    const double z = (std::fabs(s[j] - max_score) + delta[j] + max_delta) * (1 + u);  // |the computed exponent|
-    eta[j] = delta[j] + max_delta + u * z / (1 - u);
-    max_eta = std::max(max_eta, eta[j]);
-    sum += numerics::det_exp(s[j] - max_score);
-  }
-  const double low = (1 - exp_relative) * (1 - numerics::gamma(std::max<std::int64_t>(n - 1, 0), u)) -
-                     static_cast<double>(n) * 0x1p-126;
-  SoftmaxRow row{std::vector<double>(n), std::vector<double>(n)};
-  for (std::int64_t j = 0; j < n; ++j) {
-    row.p[j] = numerics::det_exp(s[j] - max_score) / sum;
-    const double factor = numerics::det_exp(eta[j] + max_eta) * (1 + exp_relative) * (1 + u) * (1 + u) / low;
-    row.bound[j] = (factor - 1) * row.p[j] + 0x1p-125;
-  }
-  return row;
+  return softmax_bounds(s, delta);
 }
 
 // out (B,T,C), att (B,NH,T,T) from qkv (B,T,3C) = [q | k | v] per token: att judged on q and
-// k (softmax_row; 0 exactly past the causal mask), out on the op's own att and v, a dot
+// k (attention_row; 0 exactly past the causal mask), out on the op's own att and v, a dot
 // product of T terms per element (masked terms exact zeros).
 void OpOracle::judge_attention_forward(const Call& call) {
   const OpDescription& d = describe(call.op);
@@ -293,7 +302,7 @@ void OpOracle::judge_attention_forward(const Call& call) {
       return [&, part](std::int64_t r, std::int64_t c) { return static_cast<double>(x[(b * T + r) * C3 + part * C + h * hs + c]); };
     };
     for (std::int64_t t = 0; t < T; ++t) {
-      const SoftmaxRow row = softmax_row(t, hs, at(0), at(1));
+      const SoftmaxBounds row = attention_row(t, hs, at(0), at(1));
       const std::int64_t base = (bh * T + t) * T;
       std::copy(row.p.begin(), row.p.end(), exact.begin() + base);
       std::copy(row.bound.begin(), row.bound.end(), bound.begin() + base);
@@ -313,6 +322,24 @@ void OpOracle::judge_attention_forward(const Call& call) {
   });
   add(call, d.index_of("att"), att, exact, bound);
   add(call, d.index_of("out"), engine_.read(call.operands[d.index_of("out")]), out_exact, out_bound);
+}
+
+// probs (N,V) = softmax of each row of logits (N,V), which the op was given: softmax_bounds
+// with no error in the scores. The loss (the mean of -log probs[target]) is listed as not
+// judged: the oracle reads float operands only, and the targets are tokens.
+void OpOracle::judge_crossentropy_forward(const Call& call) {
+  const OpDescription& d = describe(call.op);
+  const std::span<const float> logits = call.operand("logits");
+  const std::int64_t V = table_[call.operands[d.index_of("logits")]].shape.back(), N = static_cast<std::int64_t>(logits.size()) / V;
+  std::vector<double> exact(logits.size()), bound(logits.size());
+  tbb::parallel_for(std::int64_t{0}, N, [&](std::int64_t i) {
+    const std::vector<double> row(logits.begin() + i * V, logits.begin() + (i + 1) * V);
+    const SoftmaxBounds b = softmax_bounds(row, std::vector<double>(static_cast<std::size_t>(V), 0.0));
+    std::copy(b.p.begin(), b.p.end(), exact.begin() + i * V);
+    std::copy(b.bound.begin(), b.bound.end(), bound.begin() + i * V);
+  });
+  add(call, d.index_of("probs"), engine_.read(call.operands[d.index_of("probs")]), exact, bound);
+  ++report_.not_judged["crossentropy_forward loss"];
 }
 
 // out (N,C) = (inp - mean) * rstd * weight + bias, mean and rstd (N) saved, each judged on

@@ -9,7 +9,8 @@
 // with the bias or the accumulated value), residual_forward and residual_backward (one
 // rounding), gelu_erf_forward (1.5 ulp: its test's one grid step from the rounded value), layernorm_forward (its mean,
 // its rstd given its mean, its output given both), attention_forward (its probabilities from
-// q and k, its output given its own probabilities). The others are listed as not judged,
+// q and k, its output given its own probabilities), crossentropy_forward (its probabilities;
+// its loss, a mean over target tokens the oracle does not read, is listed as not judged). The others are listed as not judged,
 // never counted as within.
 #pragma once
 
@@ -116,6 +117,7 @@ class OpOracle final : public canary::OpObserver {
   void judge_elementwise(const Call& call);
   void judge_layernorm_forward(const Call& call);
   void judge_attention_forward(const Call& call);
+  void judge_crossentropy_forward(const Call& call);
   void add(const Call& call, std::size_t result, std::span<const float> got, const std::vector<double>& exact,
            const std::vector<double>& compute_bound);
 

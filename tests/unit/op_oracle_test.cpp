@@ -76,11 +76,12 @@ TEST(OpOracle, CleanStepsOfEveryEagerEngineAreWithinTheirBounds) {
     EXPECT_TRUE(report.not_bounded.empty()) << tag;
     const std::set<std::string> ops = judged_ops(report);
     for (const char* op : {"linear_forward", "linear_backward", "residual_forward", "residual_backward", "layernorm_forward",
-                           "attention_forward"}) {
+                           "attention_forward", "crossentropy_forward"}) {
       EXPECT_TRUE(ops.count(op)) << tag << " judged no " << op;
     }
     EXPECT_EQ(ops.count("gelu_erf_forward"), tag == "cpu-ref-erf" ? 1u : 0u) << tag;
     EXPECT_GT(report.not_judged.count("adamw"), 0u) << "an op without a bound is listed, not counted within";
+    EXPECT_EQ(report.not_judged.count("crossentropy_forward loss"), 1u) << "a result not judged is listed too";
     // The bounds are not vacuous: some result comes within a factor 10 of its bound (a
     // residual's single rounding reaches nearly all of it).
     const auto worst = std::max_element(report.judged.begin(), report.judged.end(),
