@@ -46,6 +46,25 @@ std::string CpuRefConfig::canonical_features() const {
 
 std::vector<EngineFlag> cpu_ref_flags() { return flags_of(kCpuRefFlags); }
 
+kernels::SoftmaxExp CpuRefEngine::softmax_exp(const OpSite& site) const {
+  return config_.fast_exp_blocks.count(site.layer) != 0 ? kernels::SoftmaxExp::FastApproximation
+                                                        : kernels::SoftmaxExp::Deterministic;
+}
+
+void CpuRefEngine::check_table(const TensorTable& table) const {
+  if (config_.fast_exp_blocks.empty()) return;
+  // The attention blocks: one saved probability tensor (B, NH, T, T) each, its heads on axis 1.
+  int blocks = 0;
+  for (TensorId id : table.of_kind(TensorKind::Activation)) {
+    if (table[id].role.heads_dim == 1 && table[id].rank() == 4) ++blocks;
+  }
+  const int last = *config_.fast_exp_blocks.rbegin();
+  if (last >= blocks) {
+    throw std::invalid_argument(fmt::format("--fast-exp: block {} is not one of this canary's {} attention blocks (0-{})",
+                                            last, blocks, blocks - 1));
+  }
+}
+
 CpuRefConfig parse_cpu_ref_config(const EngineSettings& settings) {
   CpuRefConfig config;
   apply_flags(kCpuRefFlags, settings, config);
@@ -125,11 +144,12 @@ void CpuRefEngine::swiglu_backward(const OpSite&, TensorId dgate, TensorId dup, 
   kernels::swiglu_backward(f32(dgate), f32(dup), f32(dout), f32(gate), f32(up), desc(dout).numel());
 }
 
-void CpuRefEngine::gqa_attention_forward(const OpSite&, TensorId out, TensorId att, TensorId q, TensorId k, TensorId v) {
+void CpuRefEngine::gqa_attention_forward(const OpSite& site, TensorId out, TensorId att, TensorId q, TensorId k,
+                                         TensorId v) {
   const TensorDesc& a = desc(att);  // (B,NH,T,T)
   const int NH = int(a.dim(1)), hd = int(desc(q).dim(2)) / NH;
   kernels::gqa_attention_forward(f32(out), f32(att), f32(q), f32(k), f32(v), int(a.dim(0)), int(a.dim(2)), NH,
-                                 int(desc(k).dim(2)) / hd, hd);
+                                 int(desc(k).dim(2)) / hd, hd, softmax_exp(site));
 }
 
 void CpuRefEngine::gqa_attention_backward(const OpSite&, TensorId dq, TensorId dk, TensorId dv, TensorId dout,
@@ -143,10 +163,8 @@ void CpuRefEngine::gqa_attention_backward(const OpSite&, TensorId dq, TensorId d
 void CpuRefEngine::attention_forward(const OpSite& site, TensorId out, TensorId att, TensorId qkv) {
   const TensorDesc& a = desc(att);  // (B,NH,T,T)
   const TensorDesc& o = desc(out);  // (B,T,C)
-  const kernels::SoftmaxExp exp = config_.fast_exp_blocks.count(site.layer) != 0 ? kernels::SoftmaxExp::FastApproximation
-                                                                                 : kernels::SoftmaxExp::Deterministic;
   kernels::attention_forward(f32(out), f32(att), f32(qkv), int(o.dim(0)), int(o.dim(1)), int(o.dim(2)), int(a.dim(1)),
-                             exp);
+                             softmax_exp(site));
 }
 
 void CpuRefEngine::attention_backward(const OpSite&, TensorId dqkv, TensorId dout, TensorId qkv, TensorId att) {

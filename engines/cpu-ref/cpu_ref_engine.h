@@ -33,6 +33,7 @@ class CpuRefEngine final : public Engine {
   std::string_view name() const override { return "cpu-ref"; }
   std::string features() const override { return config_.canonical_features(); }
   std::vector<std::string> budget_features() const override { return {}; }  // the reference itself
+  void check_table(const TensorTable& table) const override;  // --fast-exp's blocks are the model's
   void bind(const TensorTable& table) override { t_.bind(table); }
 
   void upload(TensorId id, std::span<const float> values) override { t_.upload(id, values); }
@@ -57,6 +58,7 @@ class CpuRefEngine final : public Engine {
   const std::int32_t* i32(TensorId id) const { return t_.i32(id); }
   const TensorDesc& desc(TensorId id) const { return t_.desc(id); }
   float scalar(TensorId id) { return *f32(id); }
+  kernels::SoftmaxExp softmax_exp(const OpSite& site) const;  // --fast-exp's blocks: the fault's exp
   std::int64_t rows(TensorId id) const { return t_.rows(id); }
 
   CpuRefConfig config_;

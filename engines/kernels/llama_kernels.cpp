@@ -157,7 +157,7 @@ thread_local GqaScratch gqa_scratch;
 }  // namespace
 
 void gqa_attention_forward(float* out, float* att, const float* q, const float* k, const float* v, int B, int T, int NH,
-                           int NKV, int hd) {
+                           int NKV, int hd, SoftmaxExp exp) {
   const int group = NH / NKV;
   const int q_ld = NH * hd, kv_ld = NKV * hd;
   const float scale = 1.0f / __builtin_sqrtf(static_cast<float>(hd));
@@ -171,7 +171,7 @@ void gqa_attention_forward(float* out, float* att, const float* q, const float* 
     float* att_bh = att + static_cast<long>(bh) * T * T;
     transpose_serial(kg, T, hd, kv_ld, s.b.data(), T);  // preatt (T,T) = q (T,hd) @ k^T (hd,T)
     gemm_serial(T, T, hd, qh, q_ld, s.b.data(), T, att_bh, T, GemmEpilogue::Store);
-    for (int t = 0; t < T; ++t) causal_softmax_row(att_bh + static_cast<long>(t) * T, t, T, scale);
+    for (int t = 0; t < T; ++t) causal_softmax_row(att_bh + static_cast<long>(t) * T, t, T, scale, exp);
     gemm_serial(T, hd, T, att_bh, T, vg, kv_ld, out + static_cast<long>(b) * T * q_ld + h * hd, q_ld,
                 GemmEpilogue::Store);  // out (T,hd) = att (T,T) @ v (T,hd)
   });

@@ -12,6 +12,8 @@
 #include <deque>
 #include <vector>
 
+#include "kernels/kernels.h"
+
 namespace harness::kernels {
 
 // RMSNorm: out (N,C) = x * rstd * weight with rstd (N) = 1 / sqrt(mean(x^2) + eps).
@@ -59,7 +61,7 @@ void swiglu_backward(float* dgate, float* dup, const float* dout, const float* g
 // query head h reads kv head h / (NH/NKV); scale 1/sqrt(hd); att (B,NH,T,T) saved
 // (masked entries exactly 0).
 void gqa_attention_forward(float* out, float* att, const float* q, const float* k, const float* v, int B, int T, int NH,
-                           int NKV, int hd);
+                           int NKV, int hd, SoftmaxExp exp = SoftmaxExp::Deterministic);
 // dq, dk, dv += the gradients. One task per (b, kv head): it owns that head's dk and dv
 // and its query heads' dq, and adds the query heads of its group in order.
 void gqa_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,

@@ -237,9 +237,11 @@ check::OracleSide judged_op(const check::ReceiptData& run, int step, const check
     side.why_not = e.what();
     return side;
   }
-  int seen = 0;  // the op's occurrence among the judged results of its site, phase and tensor
+  int seen = 0;  // an engine's judged results of the op's site, phase and tensor, in order
   for (const run::OpJudgement& j : report.judged) {
-    if (j.site != op.name || j.phase != op.phase || j.tensor != op.tensor || seen++ != op.occurrence) continue;
+    if (j.site != op.name || j.phase != op.phase || j.tensor != op.tensor) continue;
+    // A Python canary's result says its place among every traced output (judged or not).
+    if ((j.occurrence >= 0 ? j.occurrence : seen++) != op.occurrence) continue;
     side.judged = true;
     side.within = j.within();
     side.ratio = j.worst_ratio;

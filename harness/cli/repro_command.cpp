@@ -20,6 +20,8 @@
 #include "file_io.h"
 #include "golden_store.h"
 #include "json_text.h"
+#include "python_canary.h"
+#include "receipt/receipt_reader.h"
 #include "replay.h"
 
 namespace harness::cli {
@@ -170,8 +172,11 @@ for side in ("a", "b"):
     entry = {"from_float64": distance(got, reference, stored), "from_other_side": distance(got, other, stored)}
     if at is not None:
         entry["error_ulps_at_oracle_element"] = float(abs(got[at] - reference[at]) / ulp(reference[at], stored))
-    entry["recomputed_from_float64"] = distance(
-        rounded(recomputed(side)[OP["result"]], stored), reference, stored)
+    if OP["sides"][side]["operands"] in ("fp32", "bf16"):
+        entry["recomputed_from_float64"] = distance(
+            rounded(recomputed(side)[OP["result"]], stored), reference, stored)
+    else:  # an FP8 unit's scaled operands ("e4m3,e4m3 scaled"): its quantisation is not recomputed here
+        entry["recomputed_from_float64"] = None
     report["sides"][side] = entry
 print(json.dumps(report, indent=1, sort_keys=True))
 )py";
@@ -181,6 +186,18 @@ print(json.dumps(report, indent=1, sort_keys=True))
 check::Bisection divergence(const ReproFlags& f) {
   nightly::verify_golden_integrity(f.a);
   nightly::verify_golden_integrity(f.b);
+  for (const std::string& path : {f.a, f.b}) {
+    bool python = false;
+    try {
+      python = run::is_python_canary(receipt::ReceiptReader(path).manifest_text());
+    } catch (const std::exception&) {  // unreadable: load_receipt below says why, naming the file
+    }
+    if (python) {
+      throw run::UsageError(fmt::format("{}: a Python canary's receipt; repro writes a harness engine's op so far (its "
+                                        "aten op's verdict is bisect's: docs/oracle.md)",
+                                        path));
+    }
+  }
   check::Bisection b = check::bisect(check::load_receipt(f.a), check::load_receipt(f.b), check::load_budgets(f.budgets),
                                      replayed_trace, judged_op);
   if (!b.diverged()) throw run::UsageError(fmt::format("{} and {} do not part: nothing to reproduce", f.a, f.b));

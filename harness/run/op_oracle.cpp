@@ -429,7 +429,7 @@ void OpOracle::judge_elementwise(const Call& call) {
 
 void OpOracle::keep(const Call& call) {
   const OpDescription& d = describe(call.op);
-  CapturedOp c{call.op,      call.site, std::string(to_string(call.phase)), std::string(numerics::to_string(call.numerics.operands)),
+  CapturedOp c{call.op,      call.site, std::string(to_string(call.phase)), operands_text(call.numerics),
                call.attributes, {}, {}, {}};
   for (std::size_t i = 0; i < call.operands.size(); ++i) {
     if (call.operands[i] == kNoTensor) continue;

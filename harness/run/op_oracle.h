@@ -38,6 +38,7 @@ struct OpJudgement {
   std::string operands;   // the precision the products' operands were rounded to
   std::string source;     // file:line of the team's code that ran it (a Python canary's); "" for an engine's
   std::string below;      // why it is judged in a precision other than its own (a bf16 result of an fp32 run)
+  int occurrence = -1;    // a Python canary's: its place among the step's traced outputs of its site, phase and op
   std::int64_t elements = 0;
   std::int64_t over = 0;       // elements whose error exceeds their bound (a non-finite result's too)
   std::int64_t unbounded = 0;  // elements with no bound: non-finite operands, or past the stored format's range

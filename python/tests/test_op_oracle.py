@@ -15,7 +15,7 @@ import torch
 
 from canary_harness.tracing.op_capture import ARITHMETIC
 from conftest import run_harness
-from test_python_canary import SMALL, run
+from test_python_canary import EXAMPLE, SMALL, run
 
 STEPS = 3
 
@@ -94,3 +94,42 @@ def test_bisect_judges_each_side_of_the_first_divergent_aten_op(harness_bin: Pat
     assert oracle["a"]["judged"] and oracle["a"]["within"], oracle
     assert oracle["b"]["judged"] and not oracle["b"]["within"] and oracle["b"]["worst_index"] == 0, oracle
     assert oracle["verdict"].startswith("B exceeds its bound by") and oracle["verdict"].endswith("B's op is wrong")
+
+
+def test_bisect_judges_the_call_that_diverged_not_the_first_of_its_kind(harness_bin: Path, tmp_path: Path) -> None:
+    """The own-model example's attention runs two bmm (q @ k^T, then att @ v); the second
+    nudged: bisect's oracle judges that call (its place among the module's bmm outputs),
+    where the first call, clean on both sides, would say "rounding"."""
+    clean, nudged = tmp_path / "clean.h5", tmp_path / "nudged.h5"
+    run(f"{EXAMPLE}:small", "--out", str(clean), "--steps", "2")
+    run(f"{EXAMPLE}:small", "--out", str(nudged), "--steps", "2", "--inject-fault",
+        "step=1,op=h.0.attn:aten.bmm.default#2,ulps=65536")
+    result = run_harness(harness_bin, "bisect", str(clean), str(nudged), "--json", check=False)
+    assert result.returncode == 1, result.stderr
+    report = json.loads(result.stdout)
+    op = report["first_divergent_op"]
+    assert (op["name"], op["tensor"]) == ("h.0.attn", "aten.bmm.default") and op["site"].startswith("model.py:")
+    oracle = report["oracle"]
+    assert oracle["a"]["within"] and not oracle["b"]["within"] and oracle["b"]["worst_index"] == 0, oracle
+
+
+def test_a_bool_operand_is_captured_not_a_crash() -> None:
+    """`h + (h > 0)`: an add with a bool tensor operand; its magnitude once took .abs() of a
+    bool tensor and the whole capture raised. Now judged like any add."""
+    from canary_harness.tracing.op_capture import OpCapture
+
+    torch.manual_seed(3)
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    capture = OpCapture(model, optimizer)
+    try:
+        with capture.step():
+            h = model(torch.randn(2, 4))
+            (h + (h > 0)).sum().backward()
+            optimizer.step()
+        captured = capture.finish()
+    finally:
+        capture.close()
+    adds = [r for r in captured.results if r.aten == "aten.add.Tensor" and r.phase == "forward"]
+    assert adds and np.all(np.abs(adds[0].got - adds[0].exact) <= 2 ** -24 * adds[0].magnitude)
+    assert not any("not recomputed" in name for name in captured.not_judged), captured.not_judged

@@ -220,6 +220,22 @@ def _flat_outputs(out: Any) -> List[Any]:
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
+def traced_outputs(func: Any, out: Any) -> List[Tuple[str, torch.Tensor]]:
+    """The outputs of one op call that an aten trace records, each with the tensor name it is
+    recorded by: the op overload (`aten._softmax.default`), `.outJ` for output J of several.
+    Floating-point values the op computed (traced_returns), a Tensor[] return's every element."""
+    flags = traced_returns(func)
+    outputs = _flat_outputs(out)
+    if len(flags) == 1 and len(outputs) > 1:  # a Tensor[] return: every element computed alike
+        flags = flags * len(outputs)
+    name = str(func)
+    traced = []
+    for j, (value, computed) in enumerate(zip(outputs, flags)):
+        if computed and isinstance(value, torch.Tensor) and value.is_floating_point():
+            traced.append((name if len(outputs) == 1 else f"{name}.out{j}", value))
+    return traced
+
+
 class _Mode(TorchDispatchMode):
     def __init__(self, tracer: "AtenTracer") -> None:
         super().__init__()
@@ -260,17 +276,12 @@ class AtenTracer:
 
     # ---- recording ---------------------------------------------------------------------
     def _record(self, func: Any, out: Any) -> None:
-        flags = traced_returns(func)
-        outputs = _flat_outputs(out)
-        if len(flags) == 1 and len(outputs) > 1:  # a Tensor[] return: every element computed alike
-            flags = flags * len(outputs)
+        outputs = traced_outputs(func, out)
+        if not outputs:
+            return
         op, layer, phase = self.phases.where()
         site = user_site()
-        name = str(func)
-        for j, (value, traced) in enumerate(zip(outputs, flags)):
-            if not traced or not isinstance(value, torch.Tensor) or not value.is_floating_point():
-                continue
-            tensor = name if len(outputs) == 1 else f"{name}.out{j}"
+        for tensor, value in outputs:
             self._records.append((op, layer, phase, tensor, self._kind(value, phase), site, value.detach().clone()))
 
     def step(self) -> "_TracedStep":

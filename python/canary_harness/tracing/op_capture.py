@@ -37,9 +37,9 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 
-from .aten_trace import StepPhases, traced_returns, user_site
+from .aten_trace import StepPhases, traced_outputs, user_site
 
 # The formats a judged result may have, by the names the harness's bounds know them by
 # (fp16 has no bound there yet: its results are listed as not judged).
@@ -58,7 +58,7 @@ class Arithmetic(NamedTuple):
 
 def _absolute(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
-        return value.abs()
+        return value.to(torch.float64).abs()  # a bool or integer operand too
     return abs(value) if isinstance(value, (int, float)) else value
 
 
@@ -75,8 +75,9 @@ def _exact_magnitude(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], e
 def _sum_magnitude(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], exact: torch.Tensor) -> torch.Tensor:
     """|a| + |alpha b|: the terms an add or sub rounds (broadcast to the result's shape)."""
     alpha = abs(kwargs.get("alpha", 1))
-    a, b = (x if isinstance(x, torch.Tensor) else torch.tensor(float(x), dtype=torch.float64) for x in args[:2])
-    return (a.abs() + alpha * b.abs()).expand_as(exact)
+    a, b = (_absolute(x) if isinstance(x, torch.Tensor) else torch.tensor(abs(float(x)), dtype=torch.float64)
+            for x in args[:2])
+    return (a + alpha * b).expand_as(exact)
 
 
 def _scalings(kwargs: Dict[str, Any]) -> int:
@@ -155,6 +156,7 @@ class CapturedResult:
 
     op: str          # the module path it ran in, `<backward:...>`, `<optimizer>`, `<step>`
     aten: str        # aten.addmm.default
+    occurrence: int  # how many traced outputs of the step before it have its op, phase and aten name
     phase: str
     site: str        # file:line of the team's code that led to it
     kind: str        # dot, sum, rounded
@@ -206,20 +208,34 @@ class OpCapture:
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         self.phases = StepPhases(model, optimizer)
-        self._pending: List[Tuple[Any, Arithmetic, Any, torch.Tensor, str, str, str]] = []
+        self._pending: List[Tuple[Any, Arithmetic, Any, torch.Tensor, str, str, str, int]] = []
         self._not_judged: Dict[str, int] = {}
+        self._occurrences: Dict[Tuple[str, str, str], int] = {}
+        self._results: List[CapturedResult] = []
+
+    def _not_judging(self, name: str) -> None:
+        self._not_judged[name] = self._not_judged.get(name, 0) + 1
 
     def _seen(self, func: Any, arithmetic: Optional[Arithmetic], before: Any, out: Any) -> None:
-        results = [o for o, computed in zip(out if isinstance(out, (tuple, list)) else [out], traced_returns(func))
-                   if computed and isinstance(o, torch.Tensor) and o.is_floating_point()]
-        if not results:
-            return
-        if arithmetic is None or len(results) != 1 or results[0].dtype not in FORMATS:
-            name = str(func) if arithmetic is None or results[0].dtype in FORMATS else f"{func} ({results[0].dtype})"
-            self._not_judged[name] = self._not_judged.get(name, 0) + 1
+        outputs = traced_outputs(func, out)  # what an aten trace of the step records, by the same names
+        if not outputs:
             return
         op, _, phase = self.phases.where()
-        self._pending.append((func, arithmetic, before, results[0].detach().clone(), op, phase, user_site()))
+        occurrence = []
+        for tensor, _ in outputs:  # each output's place among the step's of its op, phase and name
+            key = (op, phase, tensor)
+            occurrence.append(self._occurrences.get(key, 0))
+            self._occurrences[key] = occurrence[-1] + 1
+        result = outputs[0][1]
+        if arithmetic is None or len(outputs) != 1:
+            self._not_judging(str(func))
+        elif result.dtype not in FORMATS:
+            self._not_judging(f"{func} ({result.dtype})")
+        elif result.device.type != "cpu":  # ARITHMETIC's counts are those of torch's CPU kernels
+            self._not_judging(f"{func} (on {result.device.type})")
+        else:
+            self._pending.append((func, arithmetic, before, result.detach().clone(), op, phase, user_site(),
+                                  occurrence[0]))
 
     def step(self) -> "_CapturedStep":
         return _CapturedStep(self)
@@ -228,10 +244,16 @@ class OpCapture:
         """The step's judged results, each recomputed in float64 on the CPU (after the step:
         no host read happens inside it)."""
         pending, self._pending = self._pending, []
-        capture = StepCapture(not_judged=dict(sorted(self._not_judged.items())))
-        self._not_judged = {}
-        for func, arithmetic, (args, kwargs), result, op, phase, site in pending:
-            capture.results.append(_recompute(func, arithmetic, args, kwargs, result, op, phase, site))
+        for func, arithmetic, (args, kwargs), result, op, phase, site, occurrence in pending:
+            try:
+                recomputed = _recompute(func, arithmetic, args, kwargs, result, op, phase, site)
+            except (RuntimeError, TypeError, ValueError) as e:  # an operand the float64 copy cannot take
+                self._not_judging(f"{func} (not recomputed: {type(e).__name__})")
+                continue
+            recomputed.occurrence = occurrence
+            self._results.append(recomputed)
+        capture = StepCapture(self._results, dict(sorted(self._not_judged.items())))
+        self._results, self._not_judged, self._occurrences = [], {}, {}
         return capture
 
     def close(self) -> None:
@@ -240,17 +262,18 @@ class OpCapture:
 
 def _recompute(func: Any, arithmetic: Arithmetic, args: Tuple[Any, ...], kwargs: Dict[str, Any],
                result: torch.Tensor, op: str, phase: str, site: str) -> CapturedResult:
-    formats = sorted({FORMATS.get(a.dtype, str(a.dtype).replace("torch.", "")) for a in args
+    operands = tree_flatten((args, kwargs))[0]  # a list operand's (cat's) members too
+    formats = sorted({FORMATS.get(a.dtype, str(a.dtype).replace("torch.", "")) for a in operands
                       if isinstance(a, torch.Tensor) and a.is_floating_point()})
-    rounded_first = sum(1 for a in [*args, *kwargs.values()] if _rounded_to_fp32(a))
-    args64 = tuple(_float64_on_cpu(a) for a in args)
-    kwargs64 = {k: (torch.float64 if k == "dtype" else _float64_on_cpu(v)) for k, v in kwargs.items()}
+    rounded_first = sum(1 for a in operands if _rounded_to_fp32(a))
+    args64 = tree_map(_float64_on_cpu, args)
+    kwargs64 = {k: (torch.float64 if k == "dtype" else tree_map(_float64_on_cpu, v)) for k, v in kwargs.items()}
     kwargs64.pop("device", None)
-    exact = func(*tuple(_float64_on_cpu(a) for a in args), **kwargs64)
+    exact = func(*tree_map(_float64_on_cpu, args), **kwargs64)  # its own copies: an in-place op writes them
     magnitude = arithmetic.magnitude(func, args64, kwargs64, exact)
     count = arithmetic.count(args64, kwargs64, exact) + rounded_first
     flat = (lambda t: np.ascontiguousarray(t.detach().to("cpu", torch.float64).numpy().reshape(-1)))
-    return CapturedResult(op, str(func), phase, site, arithmetic.kind, count, FORMATS[result.dtype],
+    return CapturedResult(op, str(func), 0, phase, site, arithmetic.kind, count, FORMATS[result.dtype],
                           ",".join(formats), flat(result), flat(exact), flat(magnitude))
 
 
@@ -273,7 +296,7 @@ class _CapturedStep:
 def capture_json(capture: StepCapture) -> Dict[str, Any]:
     """The capture's description (what `capture-ops --json-out` writes; its values are in
     write_values' file, result i's under results/i)."""
-    results = [{"op": r.op, "aten": r.aten, "phase": r.phase, "site": r.site, "kind": r.kind, "count": r.count,
+    results = [{"op": r.op, "aten": r.aten, "occurrence": r.occurrence, "phase": r.phase, "site": r.site, "kind": r.kind, "count": r.count,
                 "stored": r.stored, "operands": r.operands, "elements": int(r.got.size)} for r in capture.results]
     return {"results": results, "not_judged": capture.not_judged}
 
