@@ -300,7 +300,10 @@ Engine::OpNumerics AccelEngine::op_numerics(OpKind op, const OpSite& site, std::
   if (op == OpKind::LinearForward || op == OpKind::LinearBackward) {
     const TensorId weight = operands[d.index_of("weight")];
     unit = unit_numerics(site, weight);
-    if (unit.zone != nullptr) n.scaled = fp8_operands(op, operands, unit);
+    if (unit.zone != nullptr) {
+      n.scaled = fp8_operands(op, operands, unit);
+      n.descale_roundings = 4;  // output_scale = fl(fl(1/s_a) fl(1/s_b)), then each partial's multiply
+    }
     if (unit.zone != nullptr && config_.accumulate_interval != 0) {
       n.bounded = false;
       n.why_not_bounded = "its FP8 GEMM's limited-precision accumulator (fp8-limited)";

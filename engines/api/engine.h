@@ -138,6 +138,7 @@ class Engine {
     numerics::Precision operands = numerics::Precision::Fp32;
     std::vector<numerics::Precision> results;  // per operand; fp32 where not a result (empty: all fp32)
     std::vector<std::optional<Scaled>> scaled;  // per operand; none where not scaled (empty: none)
+    int descale_roundings = 0;  // the fp32 roundings a GEMM of scaled operands adds to each term as it descales
     bool bounded = true;  // false: a way of computing the bounds do not model yet (a limited accumulator)
     std::string why_not_bounded;
     numerics::Precision result(std::size_t operand) const {

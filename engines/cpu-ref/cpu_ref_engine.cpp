@@ -33,7 +33,7 @@ void parse_fast_exp(const std::string& value, CpuRefConfig& config) {
 }
 
 constexpr FlagParser<CpuRefConfig> kCpuRefFlags[] = {
-    {{"fast-exp", "cpu-ref fault: these blocks' attention softmax from a fast-math-like exp (about 1e-4 relative), "
+    {{"fast-exp", "cpu-ref fault: these blocks' attention softmax from a fast-math-like exp (about 1.5e-4 relative), "
                   "BLOCK,..."},
      parse_fast_exp},
 };

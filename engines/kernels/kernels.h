@@ -51,7 +51,7 @@ void causal_softmax_backward_row(float* d, const float* a, int t, int T, float s
 
 // The exp a softmax uses: the deterministic polynomial (exp_inplace, within 3 ulps), or a
 // deliberate fault for drills (cpu-ref's --fast-exp): a fast-math-like exp from the
-// exponent's bits and a cubic for the fraction, about 1e-4 relative error, deterministic.
+// exponent's bits and a cubic for the fraction, about 1.5e-4 relative error, deterministic.
 enum class SoftmaxExp : std::uint8_t { Deterministic, FastApproximation };
 void fast_exp_inplace(float* x, std::int64_t n);
 

@@ -21,17 +21,17 @@ using numerics::Precision;
 double unit_roundoff(Precision p) { return numerics::precision_traits(p).unit_roundoff; }
 
 // How one side of a GEMM reads its operand: rounded to the call's operand precision, or
-// quantised to an FP8 format with its scale (then the GEMM's descale adds 4 roundings:
-// rounded_operands_dot_bound). `max_scaled`: the largest |x| the format holds at that scale.
+// quantised to an FP8 format with its scale (the engine declares the roundings its descale
+// adds: OpNumerics::descale_roundings). `max_scaled`: the largest |x| the format holds at
+// that scale.
 struct GemmSide {
   numerics::OperandRounding rounding;
-  bool scaled = false;
   double max_scaled = std::numeric_limits<double>::infinity();
 };
 
 GemmSide gemm_side(const Engine::OpNumerics& n, std::size_t operand) {
   if (const std::optional<Engine::OpNumerics::Scaled> s = n.scaled_operand(operand)) {
-    return {numerics::scaled_rounding(s->format, s->scale), true,
+    return {numerics::scaled_rounding(s->format, s->scale),
             numerics::precision_traits(s->format).max_finite / std::fabs(s->scale)};
   }
   return {numerics::format_rounding(n.operands)};
@@ -81,12 +81,11 @@ LineSums line_sums(std::int64_t lines, std::int64_t k, const std::function<doubl
 // side's operand read as `sa` and `sb` say (docs/oracle.md, "Dot products and sums").
 // Row-parallel: each element is computed by one thread, in one order, whatever the threads.
 void dot_products(std::int64_t rows, std::int64_t cols, std::int64_t k, View a, View b, View extra, const GemmSide& sa,
-                  const GemmSide& sb, std::vector<double>& exact, std::vector<double>& bound) {
+                  const GemmSide& sb, int descale, std::vector<double>& exact, std::vector<double>& bound) {
   exact.assign(rows * cols, 0.0);
   bound.assign(rows * cols, 0.0);
   const LineSums row = line_sums(rows, k, [&](std::int64_t i, std::int64_t t) { return a.at(i, t); }, sa);
   const LineSums col = line_sums(cols, k, [&](std::int64_t j, std::int64_t t) { return b.at(t, j); }, sb);
-  const int descale = sa.scaled || sb.scaled ? 4 : 0;
   tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, rows, 8), [&](const auto& r) {
     for (std::int64_t i = r.begin(); i < r.end(); ++i) {
       for (std::int64_t j = 0; j < cols; ++j) {
@@ -166,7 +165,11 @@ void OpOracle::after_op(OpKind op, const OpSite& site, std::span<const TensorId>
   if (!oracle_judges(op) || call_.before.empty()) return;
   // Asked now the op has run: a scale may come from the operand's own amax.
   call_.numerics = engine_.op_numerics(op, site, operands);
-  if (against_) call_.numerics = {*against_, std::vector<Precision>(operands.size(), *against_), {}, true, ""};
+  if (against_) {  // every operand and result in that precision, nothing scaled
+    call_.numerics = {};
+    call_.numerics.operands = *against_;
+    call_.numerics.results.assign(operands.size(), *against_);
+  }
   if (!call_.numerics.bounded) {
     report_.not_bounded.push_back({std::string(site.name), std::string(to_string(site.phase)),
                                    std::string(describe(op).name), call_.numerics.why_not_bounded});
@@ -192,7 +195,8 @@ void OpOracle::judge_linear_forward(const Call& call) {
   const std::span<const float> bias = call.operands[d.index_of("bias")] == kNoTensor ? std::span<const float>() : call.operand("bias");
   std::vector<double> exact, bound;
   dot_products(static_cast<std::int64_t>(x.size()) / C, OC, C, {x, C, 1}, {call.operand("weight"), 1, C}, {bias, 0, 1},
-               gemm_side(call.numerics, d.index_of("inp")), gemm_side(call.numerics, d.index_of("weight")), exact, bound);
+               gemm_side(call.numerics, d.index_of("inp")), gemm_side(call.numerics, d.index_of("weight")),
+               call.numerics.descale_roundings, exact, bound);
   add(call, d.index_of("out"), engine_.read(call.operands[d.index_of("out")]), exact, bound);
 }
 
@@ -209,10 +213,10 @@ void OpOracle::judge_linear_backward(const Call& call) {
   };
   const GemmSide output_gradient = gemm_side(call.numerics, d.index_of("dout"));
   dot_products(N, C, OC, {dy, OC, 1}, {call.operand("weight"), C, 1}, {call.operand("dinp"), C, 1}, output_gradient,
-               gemm_side(call.numerics, d.index_of("weight")), exact, bound);
+               gemm_side(call.numerics, d.index_of("weight")), call.numerics.descale_roundings, exact, bound);
   judge("dinp");
   dot_products(OC, C, N, {dy, 1, OC}, {x, C, 1}, {call.operand("dweight"), C, 1}, output_gradient,
-               gemm_side(call.numerics, d.index_of("inp")), exact, bound);
+               gemm_side(call.numerics, d.index_of("inp")), call.numerics.descale_roundings, exact, bound);
   judge("dweight");
   if (call.operands[d.index_of("dbias")] == kNoTensor) return;
   const std::span<const float> dbias_old = call.operand("dbias");

@@ -16,11 +16,17 @@ namespace {
 
 using numerics::Precision;
 
-// The formats a captured result may be stored in (capture-ops' FORMATS).
-Precision stored_format(const std::string& name, const std::string& values) {
+// The precisions a Python run may declare and a captured result may have (capture-ops'
+// FORMATS); none for another name.
+std::optional<Precision> python_precision(const std::string& name) {
   for (const Precision p : {Precision::Fp32, Precision::Bf16}) {
     if (numerics::to_string(p) == name) return p;
   }
+  return std::nullopt;
+}
+
+Precision stored_format(const std::string& name, const std::string& values) {
+  if (const std::optional<Precision> p = python_precision(name)) return *p;
   throw std::runtime_error(fmt::format("{}: a result stored in '{}', which the oracle has no bound for", values, name));
 }
 
@@ -89,9 +95,7 @@ OpJudgement judge_result(const nlohmann::json& r, hid_t file, std::size_t index,
 }  // namespace
 
 Precision declared_precision(const std::string& name) {
-  for (const Precision p : {Precision::Fp32, Precision::Bf16}) {
-    if (numerics::to_string(p) == name) return p;
-  }
+  if (const std::optional<Precision> p = python_precision(name)) return *p;
   throw std::invalid_argument(fmt::format("a run of precision '{}', which the oracle has no bound for (fp32, bf16)", name));
 }
 

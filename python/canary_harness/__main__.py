@@ -300,14 +300,16 @@ def capture_ops(args: argparse.Namespace) -> int:
 
     step = count_flag("step", args.step, 0, 2**31 - 1)
     check_json_out(args.json_out)
-    if not os.path.isdir(os.path.dirname(os.path.abspath(args.values))):
-        raise UsageError(f"--values: no directory for '{args.values}'")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(args.values))) or os.path.isdir(args.values):
+        raise UsageError(f"--values: '{args.values}' is a directory, or its directory does not exist; name a file")
     result = replay_receipt(args.receipt, step, step, capture_ops=True)
     summary = {**to_json(result), "precision": result.precision}
     if result.captured is not None and result.reproduced():
         write_values(args.values, result.captured)
         summary.update(capture_json(result.captured))
-    print_result(args, summary, f"{len(summary.get('results', []))} results captured into {args.values}\n")
+    said = (f"{len(summary['results'])} results captured into {args.values}\n" if "results" in summary else
+            f"step {step} does not replay as recorded: nothing captured\n")
+    print_result(args, summary, said)
     return 0 if result.reproduced() else 1
 
 

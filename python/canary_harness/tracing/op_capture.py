@@ -20,7 +20,9 @@ captures. This module says, per aten op, what its arithmetic is:
   the op must round to fp32 first (a float64 tensor, a Python float fp32 does not hold).
 
 Results in bf16 are computed by torch's CPU kernels in
-fp32 and rounded once to their format; the harness adds that rounding where the run
+fp32 and rounded once to their format (the counts here are those of the CPU kernels: a
+result on another device, whose kernels round differently, e.g. CUDA's division by a
+scalar as a multiply by its rounded reciprocal, is listed as not judged); the harness adds that rounding where the run
 declared the format and judges the result against fp32 where it did not. float64 and fp16
 results are listed with the ops ARITHMETIC does not describe:
 as not judged, by aten op, never counted as within.
@@ -137,7 +139,7 @@ ARITHMETIC: Dict[str, Arithmetic] = {
 def arithmetic_of(func: Any, kwargs: Dict[str, Any]) -> Optional[Arithmetic]:
     """The op's entry in ARITHMETIC; None for an op it does not describe, an out= overload, a
     division that rounds to an integer (rounding_mode)."""
-    if "out" in func._overloadname or kwargs.get("rounding_mode") is not None:
+    if any(a.is_out for a in func._schema.arguments) or kwargs.get("rounding_mode") is not None:
         return None
     return ARITHMETIC.get(func._schema.name)
 
