@@ -118,7 +118,8 @@ bool oracle_judges(OpKind op) {
     case OpKind::GeluErfForward:
     case OpKind::LayerNormForward:
     case OpKind::AttentionForward:
-    case OpKind::CrossEntropyForward: return true;
+    case OpKind::CrossEntropyForward:
+    case OpKind::LayerNormBackward: return true;
     default: return false;
   }
 }
@@ -182,6 +183,7 @@ void OpOracle::after_op(OpKind op, const OpSite& site, std::span<const TensorId>
     case OpKind::LayerNormForward: judge_layernorm_forward(call_); break;
     case OpKind::AttentionForward: judge_attention_forward(call_); break;
     case OpKind::CrossEntropyForward: judge_crossentropy_forward(call_); break;
+    case OpKind::LayerNormBackward: judge_layernorm_backward(call_); break;
     default: judge_elementwise(call_); break;
   }
 }
@@ -344,6 +346,56 @@ void OpOracle::judge_crossentropy_forward(const Call& call) {
   });
   add(call, d.index_of("probs"), engine_.read(call.operands[d.index_of("probs")]), exact, bound);
   ++report_.not_judged["crossentropy_forward loss"];
+}
+
+// The layer norm's backward given the forward's own mean and rstd (operands), as
+// kernels::layernorm_backward_row computes it (docs/oracle.md, "Layer norm backward"): per
+// row, norm = (x - mean) rstd (two roundings), dnorm = w dy (one), their means A = sum dnorm
+// / C and B = sum dnorm norm / C (within gamma_{C+1} and gamma_{C+4} of their sums of
+// magnitudes over C), dinp += (dnorm - A - norm B) rstd; dweight += sum over rows of norm dy
+// (each term three roundings, N + 1 terms in any order: gamma_{N+4}), dbias += sum of dy
+// (gamma_N).
+void OpOracle::judge_layernorm_backward(const Call& call) {
+  const OpDescription& d = describe(call.op);
+  const std::span<const float> x = call.operand("inp"), dy = call.operand("dout"), w = call.operand("weight");
+  const std::span<const float> mean = call.operand("mean"), rstd = call.operand("rstd");
+  const std::span<const float> dinp_old = call.operand("dinp");
+  const std::int64_t C = static_cast<std::int64_t>(w.size()), N = static_cast<std::int64_t>(x.size()) / C;
+  const double u = unit_roundoff(Precision::Fp32);
+  const auto g = [u](std::int64_t n) { return numerics::gamma(n, u); };
+  std::vector<double> dinp_exact(x.size()), dinp_bound(x.size());
+  tbb::parallel_for(std::int64_t{0}, N, [&](std::int64_t i) {
+    const std::int64_t row = i * C;
+    const double m = mean[i], r = rstd[i];
+    double a = 0, b = 0, abs_d = 0, abs_dn = 0;
+    for (std::int64_t c = 0; c < C; ++c) {
+      const double n = (x[row + c] - m) * r, dn = static_cast<double>(w[c]) * dy[row + c];
+      a += dn, b += dn * n, abs_d += std::fabs(dn), abs_dn += std::fabs(dn * n);
+    }
+    a /= static_cast<double>(C), b /= static_cast<double>(C);
+    const double error_a = g(C + 1) * abs_d / static_cast<double>(C), error_b = g(C + 4) * abs_dn / static_cast<double>(C);
+    for (std::int64_t c = 0; c < C; ++c) {
+      const double n = (x[row + c] - m) * r, dn = static_cast<double>(w[c]) * dy[row + c];
+      const double t = dn - a - n * b, magnitude = std::fabs(dn) + std::fabs(a) + std::fabs(n * b);
+      const double error_t = g(6) * magnitude + (1 + g(6)) * (error_a + (1 + g(3)) * std::fabs(n) * error_b);
+      dinp_exact[row + c] = dinp_old[row + c] + t * r;
+      dinp_bound[row + c] = r * error_t * (1 + g(2)) + g(2) * (r * (magnitude + error_t) + std::fabs(dinp_old[row + c]));
+    }
+  });
+  add(call, d.index_of("dinp"), engine_.read(call.operands[d.index_of("dinp")]), dinp_exact, dinp_bound);
+  const std::span<const float> dweight_old = call.operand("dweight"), dbias_old = call.operand("dbias");
+  std::vector<double> dw_exact(C), dw_bound(C), db_exact(C), db_bound(C);
+  tbb::parallel_for(std::int64_t{0}, C, [&](std::int64_t c) {
+    double dw = dweight_old[c], abs_dw = std::fabs(dweight_old[c]), db = dbias_old[c], abs_db = std::fabs(dbias_old[c]);
+    for (std::int64_t i = 0; i < N; ++i) {
+      const double n = (x[i * C + c] - static_cast<double>(mean[i])) * rstd[i], y = dy[i * C + c];
+      dw += n * y, abs_dw += std::fabs(n * y), db += y, abs_db += std::fabs(y);
+    }
+    dw_exact[c] = dw, dw_bound[c] = g(N + 4) * abs_dw;
+    db_exact[c] = db, db_bound[c] = numerics::recursive_sum_bound(N + 1, abs_db, Precision::Fp32);
+  });
+  add(call, d.index_of("dweight"), engine_.read(call.operands[d.index_of("dweight")]), dw_exact, dw_bound);
+  add(call, d.index_of("dbias"), engine_.read(call.operands[d.index_of("dbias")]), db_exact, db_bound);
 }
 
 // out (N,C) = (inp - mean) * rstd * weight + bias, mean and rstd (N) saved, each judged on

@@ -119,6 +119,7 @@ class OpOracle final : public canary::OpObserver {
   void judge_layernorm_forward(const Call& call);
   void judge_attention_forward(const Call& call);
   void judge_crossentropy_forward(const Call& call);
+  void judge_layernorm_backward(const Call& call);
   void add(const Call& call, std::size_t result, std::span<const float> got, const std::vector<double>& exact,
            const std::vector<double>& compute_bound);
 

@@ -76,7 +76,7 @@ TEST(OpOracle, CleanStepsOfEveryEagerEngineAreWithinTheirBounds) {
     EXPECT_TRUE(report.not_bounded.empty()) << tag;
     const std::set<std::string> ops = judged_ops(report);
     for (const char* op : {"linear_forward", "linear_backward", "residual_forward", "residual_backward", "layernorm_forward",
-                           "attention_forward", "crossentropy_forward"}) {
+                           "attention_forward", "crossentropy_forward", "layernorm_backward"}) {
       EXPECT_TRUE(ops.count(op)) << tag << " judged no " << op;
     }
     EXPECT_EQ(ops.count("gelu_erf_forward"), tag == "cpu-ref-erf" ? 1u : 0u) << tag;
@@ -87,8 +87,9 @@ TEST(OpOracle, CleanStepsOfEveryEagerEngineAreWithinTheirBounds) {
     const auto worst = std::max_element(report.judged.begin(), report.judged.end(),
                                         [](const OpJudgement& a, const OpJudgement& b) { return a.worst_ratio < b.worst_ratio; });
     EXPECT_GT(worst->worst_ratio, 0.1) << tag;
-    // Nor are the dot products' (0.1-0.4 here), nor attention's (its softmax 0.05-0.1).
-    for (const char* op : {"linear_forward", "linear_backward", "attention_forward"}) {
+    // Nor are the dot products' (0.1-0.4 here), attention's (its softmax 0.05-0.1) or the
+    // layer norm backward's (0.3-0.4 on tiny).
+    for (const char* op : {"linear_forward", "linear_backward", "attention_forward", "layernorm_backward"}) {
       double closest = 0;
       for (const OpJudgement& j : report.judged) closest = j.op == op ? std::max(closest, j.worst_ratio) : closest;
       EXPECT_GT(closest, 0.02) << tag << " " << op;
