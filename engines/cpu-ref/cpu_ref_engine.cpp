@@ -71,7 +71,6 @@ CpuRefConfig parse_cpu_ref_config(const EngineSettings& settings) {
   return config;
 }
 
-
 void CpuRefEngine::encoder_forward(const OpSite&, TensorId out, TensorId inputs, TensorId wte, TensorId wpe) {
   const TensorDesc& o = desc(out);  // (B,T,C)
   kernels::encoder_forward(f32(out), i32(inputs), f32(wte), wpe == kNoTensor ? nullptr : f32(wpe), int(o.dim(0)),

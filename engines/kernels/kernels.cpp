@@ -169,7 +169,7 @@ thread_local AttentionScratch attention_scratch;
 
 void fast_exp_inplace(float* x, std::int64_t n) {
   // 2^(x log2 e) as 2^i 2^f, i = floor, f in [0, 1): 2^f from a cubic fit (not minimax: the
-  // fault wants a plausible 1e-4, not the best cubic), 2^i into the exponent's bits.
+  // fault wants a plausible 1.5e-4, not the best cubic), 2^i into the exponent's bits.
   for (std::int64_t j = 0; j < n; ++j) {
     const float y = x[j] * 1.44269504f;
     if (!(y > -126.0f && y < 128.0f)) {  // below the normals: 0, as a fast exp flushes; past fp32: inf; NaN stays
