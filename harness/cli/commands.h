@@ -39,6 +39,9 @@ void apply_engine_flags(const EngineFlagValues& values, EngineSettings& settings
 // The op trace of one step of a receipt without /trace: a replay with tracing on (the
 // trace provider of `harness bisect`); throws check::TraceUnavailable saying why not.
 check::OpTrace replayed_trace(const check::ReceiptData& run, int step);
+// The receipt's manifest where it is a Python canary's (replayed by its package); none where
+// it is not, or cannot be read (what reads it next says why, naming the file).
+std::optional<std::map<std::string, std::string>> python_receipt_manifest(const std::string& path);
 // A replay of step `step` of `receipt` alone (replay_command.cpp): what bisect's trace, its
 // oracle and repro each ask for.
 run::ReplayOptions one_step(const std::string& receipt, int step);

@@ -17,7 +17,6 @@
 
 #include "commands.h"
 #include "json_text.h"
-#include "python_canary.h"
 #include "python_oracle.h"
 #include "receipt/receipt_paths.h"
 #include "receipt/receipt_reader.h"
@@ -122,17 +121,6 @@ std::string to_text(const Audit& a) {
   return out;
 }
 
-// The receipt's manifest where it is a Python canary's; none where it is not, or cannot be
-// read (run::replay then says why, naming the file).
-std::optional<std::map<std::string, std::string>> python_manifest(const std::string& path) {
-  try {
-    std::map<std::string, std::string> manifest = receipt::ReceiptReader(path).manifest_text();
-    if (run::is_python_canary(manifest)) return manifest;
-  } catch (const std::exception&) {
-  }
-  return std::nullopt;
-}
-
 int print_audit(const PrecisionFlags& f, const Audit& audit) {
   fmt::print("{}", f.json ? run::json_text(to_json(audit)) + "\n" : to_text(audit));
   return audit.report.ops_over() == 0 ? kExitPass : kExitCheckFailed;
@@ -165,7 +153,7 @@ int run_precision(const PrecisionFlags& f) {
   if (const std::optional<int> recorded = recorded_steps(f.receipt); recorded && f.step >= *recorded) {
     throw run::UsageError(fmt::format("--step: step {} is not recorded in {} (steps 0-{})", f.step, f.receipt, *recorded - 1));
   }
-  if (const auto manifest = python_manifest(f.receipt)) return run_python_precision(f, *manifest);
+  if (const auto manifest = python_receipt_manifest(f.receipt)) return run_python_precision(f, *manifest);
   run::ReplayOptions options;
   options.receipt = f.receipt;
   options.from = f.step;

@@ -70,14 +70,6 @@ std::string to_text(const run::ReplayResult& r) {
   return out;
 }
 
-// The receipt's manifest, or nothing where it cannot be read (run::replay then says why).
-std::optional<std::map<std::string, std::string>> manifest_of(const std::string& path) {
-  try {
-    return receipt::ReceiptReader(path).manifest_text();
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
-}
 
 // A Python canary's receipt is replayed by the package that wrote it; its output is ours.
 // With --json the result comes back in a file and is printed here: the canary's own prints
@@ -104,7 +96,7 @@ int run_python_replay(const ReplayFlags& f, const std::map<std::string, std::str
 }
 
 int run_replay(ReplayFlags& f) {
-  if (const auto manifest = manifest_of(f.options.receipt); manifest && run::is_python_canary(*manifest)) {
+  if (const auto manifest = python_receipt_manifest(f.options.receipt)) {
     return run_python_replay(f, *manifest);
   }
   f.options.to = f.to;
@@ -141,6 +133,15 @@ check::OpTrace trace_of_json(const nlohmann::json& traced) {
 }  // namespace
 
 // A replay of step `step` of `receipt` alone.
+std::optional<std::map<std::string, std::string>> python_receipt_manifest(const std::string& path) {
+  try {
+    std::map<std::string, std::string> manifest = receipt::ReceiptReader(path).manifest_text();
+    if (run::is_python_canary(manifest)) return manifest;
+  } catch (const std::exception&) {  // unreadable: what reads it next says why, naming the file
+  }
+  return std::nullopt;
+}
+
 run::ReplayOptions one_step(const std::string& receipt, int step) {
   run::ReplayOptions options;
   options.receipt = receipt;

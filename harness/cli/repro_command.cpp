@@ -20,8 +20,6 @@
 #include "file_io.h"
 #include "golden_store.h"
 #include "json_text.h"
-#include "python_canary.h"
-#include "receipt/receipt_reader.h"
 #include "replay.h"
 
 namespace harness::cli {
@@ -187,12 +185,7 @@ check::Bisection divergence(const ReproFlags& f) {
   nightly::verify_golden_integrity(f.a);
   nightly::verify_golden_integrity(f.b);
   for (const std::string& path : {f.a, f.b}) {
-    bool python = false;
-    try {
-      python = run::is_python_canary(receipt::ReceiptReader(path).manifest_text());
-    } catch (const std::exception&) {  // unreadable: load_receipt below says why, naming the file
-    }
-    if (python) {
+    if (python_receipt_manifest(path)) {
       throw run::UsageError(fmt::format("{}: a Python canary's receipt; repro writes a harness engine's op so far (its "
                                         "aten op's verdict is bisect's: docs/oracle.md)",
                                         path));

@@ -248,12 +248,9 @@ class OpCapture:
         pending, self._pending = self._pending, []
         for func, arithmetic, (args, kwargs), result, op, phase, site, occurrence in pending:
             try:
-                recomputed = _recompute(func, arithmetic, args, kwargs, result, op, phase, site)
+                self._results.append(_recompute(func, arithmetic, args, kwargs, result, op, occurrence, phase, site))
             except (RuntimeError, TypeError, ValueError) as e:  # an operand the float64 copy cannot take
                 self._not_judging(f"{func} (not recomputed: {type(e).__name__})")
-                continue
-            recomputed.occurrence = occurrence
-            self._results.append(recomputed)
         capture = StepCapture(self._results, dict(sorted(self._not_judged.items())))
         self._results, self._not_judged, self._occurrences = [], {}, {}
         return capture
@@ -263,7 +260,7 @@ class OpCapture:
 
 
 def _recompute(func: Any, arithmetic: Arithmetic, args: Tuple[Any, ...], kwargs: Dict[str, Any],
-               result: torch.Tensor, op: str, phase: str, site: str) -> CapturedResult:
+               result: torch.Tensor, op: str, occurrence: int, phase: str, site: str) -> CapturedResult:
     operands = tree_flatten((args, kwargs))[0]  # a list operand's (cat's) members too
     formats = sorted({FORMATS.get(a.dtype, str(a.dtype).replace("torch.", "")) for a in operands
                       if isinstance(a, torch.Tensor) and a.is_floating_point()})
@@ -275,7 +272,7 @@ def _recompute(func: Any, arithmetic: Arithmetic, args: Tuple[Any, ...], kwargs:
     magnitude = arithmetic.magnitude(func, args64, kwargs64, exact)
     count = arithmetic.count(args64, kwargs64, exact) + rounded_first
     flat = (lambda t: np.ascontiguousarray(t.detach().to("cpu", torch.float64).numpy().reshape(-1)))
-    return CapturedResult(op, str(func), 0, phase, site, arithmetic.kind, count, FORMATS[result.dtype],
+    return CapturedResult(op, str(func), occurrence, phase, site, arithmetic.kind, count, FORMATS[result.dtype],
                           ",".join(formats), flat(result), flat(exact), flat(magnitude))
 
 
