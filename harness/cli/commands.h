@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -42,6 +43,18 @@ check::OpTrace replayed_trace(const check::ReceiptData& run, int step);
 // The receipt's manifest where it is a Python canary's (replayed by its package); none where
 // it is not, or cannot be read (what reads it next says why, naming the file).
 std::optional<std::map<std::string, std::string>> python_receipt_manifest(const std::string& path);
+// A receipt the Python package replays: a Python canary's (its recipe names its file), or a
+// PyTorch lane's of a canary pack, replayed from the pack --pack gives (the receipt names it only).
+struct PackageReceipt {
+  std::map<std::string, std::string> manifest;
+  std::vector<std::string> flags;  // what the package's replay takes besides the receipt: a lane's --pack PATH
+};
+// None for a harness engine's receipt or one that cannot be read (what reads it next says
+// why). Throws run::UsageError for a lane's receipt without `pack`, and for `pack` given
+// with any other receipt.
+std::optional<PackageReceipt> package_receipt(const std::string& path, const std::string& pack);
+// The --pack flag of the commands that replay a receipt (replay, precision).
+void add_pack_flag(CLI::App& command, std::string& pack);
 // A replay of step `step` of `receipt` alone (replay_command.cpp): what bisect's trace, its
 // oracle and repro each ask for.
 run::ReplayOptions one_step(const std::string& receipt, int step);

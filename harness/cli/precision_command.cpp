@@ -31,6 +31,7 @@ struct PrecisionFlags {
   int step = 0;
   int threads = 0;
   std::string against;
+  std::string pack;  // a PyTorch lane's receipt: the canary pack it was run from
   bool json = false;
 };
 
@@ -126,13 +127,14 @@ int print_audit(const PrecisionFlags& f, const Audit& audit) {
   return audit.report.ops_over() == 0 ? kExitPass : kExitCheckFailed;
 }
 
-// A Python canary's step: the package replays it with its aten ops captured (capture-ops,
+// A Python canary's step, or a PyTorch lane's: the package replays it with its aten ops captured (capture-ops,
 // the canary's prints sent to stderr), and each captured result is judged here against
 // the precision the run declared, or --against's.
-int run_python_precision(const PrecisionFlags& f, const std::map<std::string, std::string>& manifest) {
+int run_python_precision(const PrecisionFlags& f, const PackageReceipt& replayed_by) {
   const std::optional<numerics::Precision> chosen = against(f.against);
   try {
-    const run::PythonStepJudgement j = run::judge_python_step(f.receipt, manifest, f.step, chosen);
+    const run::PythonStepJudgement j = run::judge_python_step(f.receipt, replayed_by.manifest, f.step, chosen,
+                                                              run::ChildOutput::kInherit, replayed_by.flags);
     return print_audit(f, {j.report, f.receipt, j.lane, f.step, j.seconds});
   } catch (const run::PythonCaptureError& e) {
     if (std::string(e.what()).empty()) return e.exit_code;  // the package's own error is on stderr
@@ -153,7 +155,7 @@ int run_precision(const PrecisionFlags& f) {
   if (const std::optional<int> recorded = recorded_steps(f.receipt); recorded && f.step >= *recorded) {
     throw run::UsageError(fmt::format("--step: step {} is not recorded in {} (steps 0-{})", f.step, f.receipt, *recorded - 1));
   }
-  if (const auto manifest = python_receipt_manifest(f.receipt)) return run_python_precision(f, *manifest);
+  if (const auto replayed_by = package_receipt(f.receipt, f.pack)) return run_python_precision(f, *replayed_by);
   run::ReplayOptions options;
   options.receipt = f.receipt;
   options.from = f.step;
@@ -175,7 +177,8 @@ void add_precision_command(CLI::App& app, CommandRegistry& commands) {
   auto f = std::make_shared<PrecisionFlags>();
   CLI::App* precision =
       app.add_subcommand("precision", "Judge every op of a recorded step against float64 and its precision's rounding bound");
-  precision->add_option("receipt", f->receipt, "Receipt of the run (.h5): a harness engine's that runs each op as it is called, or a Python canary's")
+  precision->add_option("receipt", f->receipt, "Receipt of the run (.h5): a harness engine's that runs each op as it is called, a Python canary's, "
+                                           "or a PyTorch lane's (with --pack)")
       ->required();
   precision->add_option("--step", f->step, "The step to replay and judge")
       ->check(CLI::Range(0, std::numeric_limits<int>::max()))
@@ -184,6 +187,7 @@ void add_precision_command(CLI::App& app, CommandRegistry& commands) {
   precision->add_option("--against", f->against,
                         "Judge every op as if computed and stored in this precision (fp32 or bf16), whatever "
                         "its engine declares: is the lane fp32 at all?");
+  add_pack_flag(*precision, f->pack);
   precision->add_flag("--json", f->json, "Print the result as JSON (keys in docs/oracle.md)");
   commands.add(precision, [f] { return run_precision(*f); });
 }

@@ -28,6 +28,7 @@ namespace {
 struct ReplayFlags {
   run::ReplayOptions options;
   std::optional<int> to;
+  std::string pack;  // a PyTorch lane's receipt: the canary pack it was run from
   bool json = false;
 };
 
@@ -74,10 +75,11 @@ std::string to_text(const run::ReplayResult& r) {
 // A Python canary's receipt is replayed by the package that wrote it; its output is ours.
 // With --json the result comes back in a file and is printed here: the canary's own prints
 // go to stderr, never into the JSON.
-int run_python_replay(const ReplayFlags& f, const std::map<std::string, std::string>& manifest) {
+int run_python_replay(const ReplayFlags& f, const PackageReceipt& replayed_by) {
   std::vector<std::string> flags = {"--from", std::to_string(f.options.from)};
   if (f.to) flags.insert(flags.end(), {"--to", std::to_string(*f.to)});
-  const run::PythonCommand command = run::python_canary_command("replay", f.options.receipt, manifest, flags);
+  flags.insert(flags.end(), replayed_by.flags.begin(), replayed_by.flags.end());
+  const run::PythonCommand command = run::python_canary_command("replay", f.options.receipt, replayed_by.manifest, flags);
   if (!f.json) {
     return run::run_child(command.argv, command.environment, run::ChildOutput::kInherit, run::ChildOutput::kInherit)
         .exit_code();
@@ -96,9 +98,7 @@ int run_python_replay(const ReplayFlags& f, const std::map<std::string, std::str
 }
 
 int run_replay(ReplayFlags& f) {
-  if (const auto manifest = python_receipt_manifest(f.options.receipt)) {
-    return run_python_replay(f, *manifest);
-  }
+  if (const auto replayed_by = package_receipt(f.options.receipt, f.pack)) return run_python_replay(f, *replayed_by);
   f.options.to = f.to;
   const run::ReplayResult r = run::replay(f.options);
   fmt::print("{}", f.json ? run::json_text(to_json(r)) + "\n" : to_text(r));
@@ -140,6 +140,35 @@ std::optional<std::map<std::string, std::string>> python_receipt_manifest(const 
   } catch (const std::exception&) {  // unreadable: what reads it next says why, naming the file
   }
   return std::nullopt;
+}
+
+std::optional<PackageReceipt> package_receipt(const std::string& path, const std::string& pack) {
+  std::map<std::string, std::string> manifest;
+  try {
+    manifest = receipt::ReceiptReader(path).manifest_text();
+  } catch (const std::exception&) {  // unreadable: what reads it next says why, naming the file
+    if (pack.empty()) return std::nullopt;
+    throw;
+  }
+  if (run::is_pack_lane(manifest)) {
+    if (pack.empty()) {
+      throw run::UsageError(fmt::format("{}: a PyTorch lane's receipt of the canary pack {}: give that pack with --pack "
+                                        "PATH (the nightly's canary-pack.h5, or `harness export`'s)",
+                                        path, manifest.at("pack")));
+    }
+    return PackageReceipt{manifest, {"--pack", pack}};
+  }
+  if (!pack.empty()) {
+    throw run::UsageError(fmt::format("--pack: {} is not a PyTorch lane's receipt of a canary pack; drop --pack", path));
+  }
+  if (run::is_python_canary(manifest)) return PackageReceipt{manifest, {}};
+  return std::nullopt;
+}
+
+void add_pack_flag(CLI::App& command, std::string& pack) {
+  command.add_option("--pack", pack,
+                     "For a PyTorch lane's receipt (python3 -m canary_harness.lane): the canary pack it was run from "
+                     "(the nightly's canary-pack.h5)");
 }
 
 run::ReplayOptions one_step(const std::string& receipt, int step) {
@@ -270,6 +299,7 @@ void add_replay_command(CLI::App& app, CommandRegistry& commands) {
   replay->add_option("--to", f->to, "Last step to verify (default: the last recorded)")->check(CLI::Range(0, std::numeric_limits<int>::max()));
   add_threads_flag(*replay, f->options.threads,
                    "Worker threads (0 = all cores; any count gives the same bits; a Python canary replays on its recorded count)");
+  add_pack_flag(*replay, f->pack);
   replay->add_flag("--json", f->json, "Print the result as JSON (keys in docs/cli.md)");
   commands.add(replay, [f] { return run_replay(*f); });
 }

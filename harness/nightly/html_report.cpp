@@ -403,10 +403,11 @@ void verdict_table(pugi::xml_node body, const json& summary) {
     add(row, "td", status, status);
     add(row, "td", check_cell(lane, "golden"));
     pugi::xml_node reference = add(row, "td", check_cell(lane, "reference"));
-    for (const json& c : lane["checks"]) {  // a bias check: its line under the reference's
-      if (json_text(c, "check") != "bias") continue;
-      const std::string bias = json_text(c, "status");
-      add(reference, "div", fmt::format("bias {}: {}", bias, json_text(c, "summary")), bias);
+    for (const json& c : lane["checks"]) {  // a bias or restart gate check: its line under the reference's
+      const std::string check = json_text(c, "check");
+      if (check != "bias" && check != "resume") continue;
+      const std::string outcome = json_text(c, "status");
+      add(reference, "div", fmt::format("{} {}: {}", check, outcome, json_text(c, "summary")), outcome);
     }
     headroom_cell(row, lane);
     add(row, "td", fmt::format("{:.1f}", lane.value("seconds", 0.0)));
@@ -596,7 +597,9 @@ void history_section(pugi::xml_node body, const json& summary) {
 // The recipe of a receipt (its manifest's run_options) as a `harness run` command line.
 // A Python canary's recipe (canary_harness.runs.runner.manifest_for): the interpreter it ran under
 // is part of it, and it names FILE.py:NAME; a harness engine's names its engine.
-bool is_python_recipe(const json& recipe) { return recipe.contains("python") && !recipe.contains("engine"); }
+bool is_python_recipe(const json& recipe) {
+  return recipe.contains("python") && recipe.contains("canary") && !recipe.contains("engine");  // a lane's names its pack
+}
 // A harness engine's recipe (run::replay_recipe): it names its engine and canary.
 bool is_engine_recipe(const json& recipe) { return recipe.contains("engine") && recipe.contains("canary"); }
 
@@ -731,6 +734,12 @@ void reproduce(pugi::xml_node section, const json& lane, const json& summary) {
                   fmt::format("Bisect against the {} ({}): the first step, tensor and op where the two part:", json_text(check, "check"),
                               json_text(check, "check") == "golden" ? "golden" : json_text(envelope, "against", "reference lane")),
                   fmt::format("harness bisect {} {}", shell_word(receipt), shell_word(json_text(check, "against"))));
+  }
+  for (const json& check : lane["checks"]) {
+    if (json_text(check, "check") != "resume" || json_text(check, "status") != "fail") continue;
+    command_block(box, fmt::format("The restart gate after step {}, as the job ran it (a new process takes the checkpoint on):",
+                                   check.value("at", 0)),
+                  json_text(check, "command"));
   }
   if (first_failing >= 0) {
     const int every = recipe.is_object() ? recipe.value("checkpoint_every", 0) : 0;

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "canary_file.h"
 #include "canary_run.h"
 #include "registry.h"
 
@@ -66,6 +67,17 @@ LaneKey torch_python_key() {
 }
 LaneKey compile_key() { return {.key = "compile", .what = "torch.compile the step (inductor)", .kind = LaneKeyKind::kSwitch}; }
 
+// The restart gate on a lane whose run can stop and go on (docs/nightly.md, "The restart
+// gate"): a harness engine's lane (its checkpoints) and a Python canary's (its save and load).
+LaneKey resume_at_key() {
+  return {.key = "resume-at",
+          .what = "the restart gate: stop after step K, checkpoint, go on in a new process, bitwise equal from K+1",
+          .kind = LaneKeyKind::kCount,
+          .min = 0,
+          .max = canary::kMaxSteps - 2,
+          .job_only = true};
+}
+
 std::vector<LaneKey> torch_pack_keys() {
   return {device_key(),
           precision_key(),
@@ -92,7 +104,8 @@ std::vector<LaneKey> torch_canary_keys() {
            .min = 1,
            .max = run::kMaxThreads},
           torch_python_key(),
-          compile_key()};
+          compile_key(),
+          resume_at_key()};
 }
 
 // A jax lane's: the interpreter that has JAX; the plans the JAX module runs (tpu-mesh's but
@@ -280,7 +293,8 @@ nlohmann::json keys_json(const std::vector<LaneKey>& keys) {
   for (const LaneKey& k : keys) {
     nlohmann::json key{{"key", k.key}, {"what", k.what}, {"kind", to_string(k.kind)}, {"values", k.values},
                        {"default", k.default_value}, {"required", k.required}, {"engine", k.engine},
-                       {"only_with", condition_json(k.only_with)}, {"only_with_why", k.only_with_why}};
+                       {"only_with", condition_json(k.only_with)}, {"only_with_why", k.only_with_why},
+                       {"job_only", k.job_only}};
     if (k.kind == LaneKeyKind::kCount) key["range"] = {k.min, k.max};
     out.push_back(std::move(key));
   }
@@ -387,7 +401,8 @@ const std::vector<LaneKey>& harness_lane_keys() {
        .what = "runs under the lane's reduction seed and the next ones, tested for one-sided drift (a seeded lane)",
        .kind = LaneKeyKind::kCount,
        .min = 3,
-       .max = 100}};
+       .max = 100},
+      resume_at_key()};
   return keys;
 }
 

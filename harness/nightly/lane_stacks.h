@@ -70,6 +70,9 @@ struct LaneKey {
   // It may be given only where these keys hold (layout: device = cpu), and why not elsewhere.
   StackCondition only_with{};
   std::string only_with_why{};
+  // Read by the nightly job (resume-at: the restart gate it runs beside the lane), never
+  // an option of the lane's own command.
+  bool job_only = false;
 };
 
 struct LaneStack {

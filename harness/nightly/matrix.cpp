@@ -385,7 +385,7 @@ class Parser {
                          at, key.key, engine_choices(kPackCanaries), spec.engine));
       }
     }
-    for (auto&& [key, value] : *t) {  // the keys of harness_lane_keys() are read above and in bias_repeats
+    for (auto&& [key, value] : *t) {  // the keys of harness_lane_keys() are read above, in bias_repeats and resume_at
       const std::string k(key.str());
       if (is_engine_flag(k)) {
         spec.settings.options[k] = flag_value(value, at + "." + k);
@@ -402,6 +402,8 @@ class Parser {
       spec.lane = run::lane_name(m.canary_name, engine->lane_engine(), engine->features());
       spec.budget_features = engine->budget_features();
       spec.bias_repeats = bias_repeats(*t, spec, at);
+      const bool replayable = engine->reduction_order() != Engine::ReductionOrder::kRacy;
+      spec.resume_at = resume_at(*t, m, at, replayable ? "" : "its reductions are racy, so no run repeats it");
     } catch (const std::invalid_argument& e) {
       fail(fmt::format("{}: {}", at, e.what()));
     }
@@ -431,6 +433,19 @@ class Parser {
       fail(fmt::format("{}.{}: too large for {} repeats after it", at, flag, *n));
     }
     return static_cast<int>(*n);
+  }
+
+  // resume-at = K: a step the run goes on after (0..steps-2), on a lane that can stop and go
+  // on; `why_not` says why this one cannot ("" when it can).
+  int resume_at(const toml::table& t, const Matrix& m, const std::string& at, const std::string& why_not) const {
+    if (!t.contains("resume-at")) return -1;
+    const auto k = t["resume-at"].value<std::int64_t>();
+    if (!k || !t["resume-at"].is_integer() || *k < 0 || *k > m.steps - 2) {
+      fail(fmt::format("{}.resume-at: must be an integer in 0..{}, the last step before the stop (the run goes on "
+                       "after it, within its {} steps)", at, m.steps - 2, m.steps));
+    }
+    if (!why_not.empty()) fail(fmt::format("{}.resume-at: {}; drop resume-at", at, why_not));
+    return static_cast<int>(*k);
   }
 
   // budget-features = "a+b": feature names joined with '+', each once (receipt::BudgetFeatures).
@@ -667,7 +682,11 @@ class Parser {
     const std::string threads = spec.settings.options["threads"];
     spec.python_canary = true;
     const TorchStack torch = torch_stack(spec.settings.options, at);
-    describe_python_canary(m.canary, torch.python, at + ".python");  // this lane's interpreter loads it too
+    const nlohmann::json& described = describe_python_canary(m.canary, torch.python, at + ".python");  // this lane's interpreter loads it too
+    spec.settings.options.erase("resume-at");  // the gate's, not the run's: read below
+    spec.resume_at = resume_at(t, m, at, described.value("checkpoints", false) ? "" :
+                               "the canary gives no save and load; return Canary(..., save=save, load=load), the "
+                               "checkpointing its training code does (docs/own-model.md, \"The restart gate\")");
     StackOptions options = torch.options(m.canary_name, device, precision);
     options.insert({{"canary_spec", m.canary},
                     {"threads", threads},

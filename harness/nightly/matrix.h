@@ -44,6 +44,11 @@ struct LaneSpec {
   // the reference lane (check/drift_bias.h). 0: not tested. Only a seeded harness lane.
   int bias_repeats = 0;
 
+  // resume-at = K (docs/nightly.md, "The restart gate"): the lane runs again, stops after
+  // step K, checkpoints (a harness engine's checkpoint; a Python canary's own save), goes on
+  // in a new process and must be bitwise equal to the uninterrupted run from K+1. -1: not gated.
+  int resume_at = -1;
+
   bool declares(const std::string& budget_feature) const;
   // The flag that seeds the lane's reduction order when its engine declares one (a seeded
   // engine: each run draws an order, the flag replays one); "" otherwise.

@@ -13,6 +13,7 @@
 
 #include "bf16_first.h"
 #include "bias_check.h"
+#include "resume_gate.h"
 #include "controls.h"
 #include "environment_drift.h"
 #include "golden_store.h"
@@ -448,6 +449,10 @@ class NightlyJob::Impl {
       checks.push_back(golden_check(*r.receipt, spec, series));
       if (spec.id != matrix_.reference) checks.push_back(reference_check(*r.receipt, series));
       if (spec.bias_repeats > 0 && checks.back()["status"] != "error") checks.push_back(bias(spec, *r.receipt));
+      if (spec.resume_at >= 0) {
+        checks.push_back(resume_check({matrix_, spec, *r.receipt, (fs::path(options_.out_dir) / "resume").string(),
+                                       options_.threads}));
+      }
     }
     record["checks"] = checks;
     record["series"] = series;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -137,11 +138,14 @@ std::string markdown_report(const json& summary) {
     }
     md += fmt::format("| `{}` | {} | {} | {:.1f} s |\n", json_text(lane, "lane"), golden, reference, lane.value("seconds", 0.0));
   }
-  for (const json& lane : summary["lanes"]) {  // the bias checks (`bias-repeats`), a line each
+  // The checks beside the table (`bias-repeats`, `resume-at`), a line each.
+  const std::map<std::string, std::string> beside{{"bias", "One-sided drift"}, {"resume", "Restart gate"}};
+  for (const json& lane : summary["lanes"]) {
     for (const json& check : lane["checks"]) {
-      if (json_text(check, "check") != "bias") continue;
-      md += fmt::format("\nOne-sided drift of `{}`: {}: {}\n", json_text(lane, "lane"), status_mark(json_text(check, "status")),
-                        markdown_cell(json_text(check, "summary")));
+      const auto title = beside.find(json_text(check, "check"));
+      if (title == beside.end()) continue;
+      md += fmt::format("\n{} of `{}`: {}: {}\n", title->second, json_text(lane, "lane"),
+                        status_mark(json_text(check, "status")), markdown_cell(json_text(check, "summary")));
     }
   }
   for (const json& lane : summary["lanes"]) {

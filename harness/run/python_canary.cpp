@@ -39,6 +39,11 @@ bool is_python_canary(const std::map<std::string, std::string>& manifest) {
   return canary.is_object() && canary.value("kind", "") == "python";
 }
 
+bool is_pack_lane(const std::map<std::string, std::string>& manifest) {
+  const auto engine = manifest.find("engine"), pack = manifest.find("pack");
+  return engine != manifest.end() && engine->second == "torch" && pack != manifest.end() && !pack->second.empty();
+}
+
 PythonCommand python_canary_command(const std::string& subcommand, const std::string& receipt,
                                     const std::map<std::string, std::string>& manifest,
                                     const std::vector<std::string>& flags) {

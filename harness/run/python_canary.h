@@ -15,6 +15,9 @@ namespace harness::run {
 
 // Whether the manifest's canary JSON says `"kind": "python"` (manifest_text's attributes).
 bool is_python_canary(const std::map<std::string, std::string>& manifest);
+// Whether `manifest` is a PyTorch lane's of a canary pack (`python3 -m canary_harness.lane`:
+// engine torch, the pack it read named): the package replays it from that pack.
+bool is_pack_lane(const std::map<std::string, std::string>& manifest);
 
 // HARNESS_BIN naming this harness: what every child the harness starts runs with (a team's
 // command lane too), so that the package, wherever it is loaded from, digests and writes

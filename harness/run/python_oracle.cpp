@@ -100,11 +100,13 @@ Precision declared_precision(const std::string& name) {
 }
 
 PythonStepJudgement judge_python_step(const std::string& receipt, const std::map<std::string, std::string>& manifest,
-                                      int step, std::optional<Precision> against, ChildOutput stderr_mode) {
+                                      int step, std::optional<Precision> against, ChildOutput stderr_mode,
+                                      const std::vector<std::string>& flags) {
   const TempDir work("precision", "a Python canary's captured ops");
   const std::string values = work.file("values.h5");
-  const PythonCommand command = python_canary_command("capture-ops", receipt, manifest,
-                                                      {"--step", std::to_string(step), "--values", values});
+  std::vector<std::string> capture_flags{"--step", std::to_string(step), "--values", values};
+  capture_flags.insert(capture_flags.end(), flags.begin(), flags.end());
+  const PythonCommand command = python_canary_command("capture-ops", receipt, manifest, capture_flags);
   const PythonJsonResult captured = run_python_for_json(command.argv, command.environment, ChildOutput::kStderr, stderr_mode);
   const int code = captured.child.exit_code();
   if (code != 0 && code != 1) {  // the package's own error: on stderr, or (captured) its last line here

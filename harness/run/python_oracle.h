@@ -9,6 +9,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -45,8 +46,10 @@ struct PythonCaptureError : std::runtime_error {
   PythonCaptureError(int code, const std::string& message) : std::runtime_error(message), exit_code(code) {}
   int exit_code;
 };
+// `flags` go to capture-ops besides the step (a PyTorch lane's --pack PATH).
 PythonStepJudgement judge_python_step(const std::string& receipt, const std::map<std::string, std::string>& manifest,
                                       int step, std::optional<numerics::Precision> against,
-                                      ChildOutput stderr_mode = ChildOutput::kInherit);
+                                      ChildOutput stderr_mode = ChildOutput::kInherit,
+                                      const std::vector<std::string>& flags = {});
 
 }  // namespace harness::run

@@ -125,20 +125,22 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
                                             "switches; docs/triage.md)")
     run.add_argument("--force", action="store_true", help="overwrite an existing receipt")
     replay = commands.add_parser("replay", help="replay a Python canary's receipt from a checkpoint and verify it")
-    replay.add_argument("receipt", help="a receipt this command's `run` wrote")
+    replay.add_argument("receipt", help="a receipt this command's `run` wrote, or the PyTorch lane's (with --pack)")
     replay.add_argument("--from", dest="from_step", default="0",
                         help="first step to verify: resumes from the checkpoint at or before it (default 0)")
     replay.add_argument("--to", dest="to_step", help="last step to verify (default: the last recorded)")
     replay.add_argument("--trace", default="none", help="none (default) or aten: trace every aten op of the "
                                                         "steps from --from on (docs/bisect.md)")
     replay.add_argument("--json", action="store_true", help="print the result as JSON (with the traces)")
+    add_pack_argument(replay)
     add_json_out_argument(replay)
     capture = commands.add_parser("capture-ops", help="replay one step and capture its aten ops, recomputed in float64, "
                                                       "for `harness precision` to judge (docs/oracle.md)")
-    capture.add_argument("receipt", help="a receipt this command's `run` wrote")
+    capture.add_argument("receipt", help="a receipt this command's `run` wrote, or the PyTorch lane's (with --pack)")
     capture.add_argument("--step", required=True, help="K: the step to replay and capture")
     capture.add_argument("--values", required=True, help="FILE.h5: where each captured result's values go")
     capture.add_argument("--json", action="store_true", help="print the description as JSON")
+    add_pack_argument(capture)
     add_json_out_argument(capture)
     rerun = commands.add_parser("rerun", help="run a Python canary's receipt's recipe again into a new receipt")
     rerun.add_argument("receipt", help="a receipt this command's `run` wrote")
@@ -274,6 +276,12 @@ def _run_canary(args: argparse.Namespace, torch, threads: int, seed: Optional[in
     return 0
 
 
+def add_pack_argument(parser: argparse.ArgumentParser) -> None:
+    """--pack: the canary pack a PyTorch lane's receipt (`canary_harness.lane`) was run from."""
+    parser.add_argument("--pack", help="PACK.h5: for a PyTorch lane's receipt (python3 -m canary_harness.lane), the "
+                                       "canary pack it was run from (the nightly's canary-pack.h5)")
+
+
 def replay(args: argparse.Namespace) -> int:
     from .runs.replay import replay as replay_receipt
     from .runs.replay import to_json, to_text
@@ -284,7 +292,7 @@ def replay(args: argparse.Namespace) -> int:
     from_step = count_flag("from", args.from_step, 0, 2**31 - 1)
     to_step = count_flag("to", args.to_step, 0, 2**31 - 1) if args.to_step is not None else None
     check_json_out(args.json_out)
-    result = replay_receipt(args.receipt, from_step, to_step, args.trace)
+    result = replay_receipt(args.receipt, from_step, to_step, args.trace, pack=args.pack)
     print_result(args, to_json(result), to_text(result))
     return 0 if result.reproduced() else 1
 
@@ -302,7 +310,7 @@ def capture_ops(args: argparse.Namespace) -> int:
     check_json_out(args.json_out)
     if not os.path.isdir(os.path.dirname(os.path.abspath(args.values))) or os.path.isdir(args.values):
         raise UsageError(f"--values: '{args.values}' is a directory, or its directory does not exist; name a file")
-    result = replay_receipt(args.receipt, step, step, capture_ops=True)
+    result = replay_receipt(args.receipt, step, step, capture_ops=True, pack=args.pack)
     summary = {**to_json(result), "precision": result.precision}
     if result.captured is not None and result.reproduced():
         write_values(args.values, result.captured)
@@ -378,7 +386,9 @@ def describe(args: argparse.Namespace) -> int:
                  "canary": loaded.identity(), "modules": [name for name, _ in modules],
                  "leaf_modules": [name for name, leaf in modules if leaf], "torch": torch.__version__,
                  "parameters": [name for name, _ in loaded.canary.model.named_parameters()],
-                 "linear_weights": linear_weights(loaded.canary.model)}
+                 "linear_weights": linear_weights(loaded.canary.model),
+                 # its own save and load: a nightly lane may carry the restart gate (resume-at)
+                 "checkpoints": loaded.canary.save is not None and loaded.canary.load is not None}
     if args.json_out is not None:
         write_json_atomically(args.json_out, described)
     else:

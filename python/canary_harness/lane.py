@@ -40,7 +40,7 @@ from .cli.lane_args import (MAX_THREADS, add_device_arguments, add_layout_argume
                         check_device_name, check_out, check_precision, device_of, parse_lane_fault, trace_problem)
 from .cli.lane_stacks import budget_features as stack_budget_features, lane_name as stack_lane_name, stack_options
 from .pack import PackError
-from .runs.pack_step import architecture_module, load_pack, pack_canary
+from .runs.pack_step import build_pack_canary, load_pack
 from .receipts.receipt import ReceiptReader
 from .runs.regressions import RegressionSpec
 from .cli.usage import UsageError, count_flag
@@ -143,14 +143,6 @@ def _run_lane(args: argparse.Namespace, pack: Any, steps: int, threads: int, ran
     import torch
 
     device_name = args.device
-    model_module = architecture_module(pack)
-    try:
-        cfg = model_module.config_class.from_json(pack.canary_json)
-    except ValueError as e:
-        raise UsageError(f"{pack.path}: {e}") from None
-    fault = parse_lane_fault(args.inject_fault, model_module.forward_op_names(cfg), pack.tensor_names, steps) \
-        if args.inject_fault is not None else None
-
     device = device_of(device_name, args.compile_cache, args.deterministic)
     if args.precision == "bf16":  # the runner puts it around each step; refused here as a usage error
         try:
@@ -165,11 +157,11 @@ def _run_lane(args: argparse.Namespace, pack: Any, steps: int, threads: int, ran
     if args.deterministic:
         torch.use_deterministic_algorithms(True)
 
-    from .runs.optim import CanaryAdamW
     from .runs.runner import RunOptions, run_canary
 
-    model = model_module.model_class(cfg, pack.init, device=device)
-    loaded = pack_canary(pack, model_module, cfg, model, CanaryAdamW(model.named_parameters(), cfg), steps)
+    loaded, model_module, cfg = build_pack_canary(pack, steps, device)
+    fault = parse_lane_fault(args.inject_fault, model_module.forward_op_names(cfg), pack.tensor_names, steps) \
+        if args.inject_fault is not None else None
     options = RunOptions(out=args.out, device=device_name, precision=args.precision, steps=steps, threads=threads,
                          fault=fault, overwrite=args.force, trace=args.trace, audit=args.audit, compile=args.compile,
                          rank=rank)
@@ -209,7 +201,9 @@ def lane_manifest(args: argparse.Namespace, pack: Any, steps: int, threads: int,
 
     from .runs.runner import lane_features, torch_release
 
-    run_options = {"pack": os.path.basename(pack.path), "device": args.device, "precision": args.precision,
+    # python: the interpreter, whose torch a replay of the receipt (`harness precision --pack`) must run again
+    run_options = {"pack": os.path.basename(pack.path), "python": sys.executable, "device": args.device,
+                   "precision": args.precision,
                    "steps": steps, "inject_fault": str(fault) if fault else None,
                    "deterministic": bool(args.deterministic), "threads": threads, "trace": args.trace,
                    **({"audit": True} if args.audit else {}), **({"compile": True} if args.compile else {}),

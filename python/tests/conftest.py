@@ -6,6 +6,7 @@ Python package that was never held against the C++ harness proves nothing.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -96,6 +97,13 @@ def run_harness(harness_bin: Path, *args: str, check: bool = True) -> subprocess
     return result
 
 
+def precision_report(harness_bin: Path, receipt: Path, step: int, *flags: str) -> tuple:
+    """`harness precision RECEIPT --step K --json`: its exit code (0 within, 1 over) and its report."""
+    result = run_harness(harness_bin, "precision", str(receipt), "--step", str(step), "--json", *flags, check=False)
+    assert result.returncode in (0, 1), result.stderr
+    return result.returncode, json.loads(result.stdout)
+
+
 @pytest.fixture(scope="session")
 def cpp_receipt(harness_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """micro, 3 steps, parameters dumped at the start of steps 0..3, batches recorded."""
@@ -146,3 +154,17 @@ def flipped_byte_failures(data: bytes, path: Path, read, error: type, samples: i
         except Exception as e:  # noqa: BLE001  (what the property is about)
             failures.append((offset, repr(e)))
     return failures
+
+
+def bf16_mm_rounds_its_partial_sums() -> bool:
+    """An independent probe of this torch's CPU kernel: does a bf16 `mm` of row-major operands
+    exceed the bound of fp32 accumulation and one rounding to bf16 (gamma_K sum|ab| + 2^-8
+    |ab|)? Debian's torch 1.13 on a CPU without AVX512-BF16 does (its partial sums rounded
+    to bf16: an error near 2^-7 sum|ab|); torch 2.9 does not."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(64, 256, generator=g).bfloat16(), torch.randn(256, 64, generator=g).bfloat16()
+    exact, magnitude = a.double() @ b.double(), a.double().abs() @ b.double().abs()
+    gamma = 256 * 2.0**-24 / (1 - 256 * 2.0**-24)
+    return bool(((torch.mm(a, b).double() - exact).abs() > gamma * magnitude + 2.0**-8 * exact.abs()).any())

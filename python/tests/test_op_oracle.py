@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from canary_harness.tracing.op_capture import ARITHMETIC
-from conftest import run_harness
+from conftest import bf16_mm_rounds_its_partial_sums, precision_report, run_harness
 from test_python_canary import EXAMPLE, SMALL, run
 
 STEPS = 3
@@ -27,16 +27,19 @@ def _receipt(tmp_path: Path, name: str, *flags: str) -> Path:
 
 
 def _precision(harness_bin: Path, receipt: Path, *flags: str) -> tuple:
-    result = run_harness(harness_bin, "precision", str(receipt), "--step", str(STEPS - 1), "--json", *flags,
-                         check=False)
-    assert result.returncode in (0, 1), result.stderr
-    return result.returncode, json.loads(result.stdout)
+    return precision_report(harness_bin, receipt, STEPS - 1, *flags)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_a_clean_run_has_no_op_over_its_bound(harness_bin: Path, tmp_path: Path, precision: str) -> None:
+    """But where this torch's bf16 matmuls round their partial sums (conftest's probe: torch
+    1.13 on a CPU without AVX512-BF16): then the bf16 run's row-major matmuls, its backward's
+    `mm`, are over, and nothing else is."""
     code, report = _precision(harness_bin, _receipt(tmp_path, "canary", "--precision", precision))
-    assert code == 0 and report["verdict"] == "within" and report["over"] == []
+    if precision == "bf16" and bf16_mm_rounds_its_partial_sums():
+        assert code == 1 and {(j["phase"], j["op"]) for j in report["over"]} == {("backward", "aten.mm.default")}
+    else:
+        assert code == 0 and report["verdict"] == "within" and report["over"] == []
     judged = {(j["site"], j["op"]) for j in report["judged"]}
     # The model's linears forward and the optimizer's update are among what is judged.
     assert ("hidden", "aten.addmm.default") in judged and ("out", "aten.addmm.default") in judged
@@ -55,9 +58,13 @@ def test_a_module_computing_through_bf16_is_named_and_no_other(harness_bin: Path
     for j in report["over"]:
         assert j["below"] == "its result is bf16, below the fp32 the run declares"
         assert j["error_ulps"] > 100 * j["bound_ulps"]  # bf16's 8 bits: far below fp32, never a rounding's slack
-    # Judged as bf16 (--against bf16), the same run is within: the module is only below fp32.
+    # Judged as bf16 (--against bf16), the same run is within: the module is only below fp32
+    # (but for the backward's bf16 `mm` where this torch rounds its partial sums: conftest's probe).
     code, report = _precision(harness_bin, receipt, "--against", "bf16")
-    assert code == 0, report["over"]
+    if bf16_mm_rounds_its_partial_sums():
+        assert {(j["phase"], j["op"]) for j in report["over"]} <= {("backward", "aten.mm.default")}, report["over"]
+    else:
+        assert code == 0, report["over"]
 
 
 def test_a_nudged_aten_op_is_named_alone(harness_bin: Path, tmp_path: Path) -> None:

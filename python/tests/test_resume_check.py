@@ -75,3 +75,10 @@ def test_a_run_that_does_not_repeat_is_refused_not_blamed_on_the_save(canary_fil
     """Its steps 0..K differ between two runs in one process: no omission is named."""
     result = run_module("canary_harness", "resume-check", f"{canary_file}:unrepeatable", "--at", "2", check=False)
     assert result.returncode == 2 and "the run itself does not repeat" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("name, checkpoints", [("everything", True), ("no_save", False)])
+def test_describe_says_whether_the_canary_checkpoints(canary_file: Path, name: str, checkpoints: bool) -> None:
+    """What a nightly lane's `resume-at` is refused by (a canary without save and load: save_only is refused when it loads)."""
+    described = json.loads(run_module("canary_harness", "describe", f"{canary_file}:{name}").stdout)
+    assert described["checkpoints"] is checkpoints, described

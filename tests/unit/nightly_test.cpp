@@ -1,5 +1,6 @@
 // The lane matrix: the shipped one is whole, bad files name their key, shards partition
 // the lanes; the atomic writer leaves no partial file behind.
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -16,6 +17,7 @@
 #include "false_alarms.h"
 #include "headroom.h"
 #include "reports.h"
+#include "resume_gate.h"
 #include "matrix.h"
 #include "lane_stacks.h"
 #include "registry.h"
@@ -393,6 +395,48 @@ TEST(Matrix, JaxLanesExpandToTheJaxModule) {
       {head + venv + "budget-features = \"jax\"\n", "lanes[1] (x).budget-features: unknown key of a jax lane"},
   };
   expect_refused(dir, cases, true);
+}
+
+// resume-at = K (docs/nightly.md, "The restart gate"): a step the run goes on after, on a
+// lane that can stop and go on; anything else is refused before anything runs.
+TEST(Matrix, ResumeAtIsAStepTheLaneGoesOnAfter) {
+  const testing::ScratchDir dir;
+  const std::string head = std::string(kHeader) + kRefLane + "[[lanes]]\nid = \"x\"\n";
+  const Matrix m = load_matrix(write(dir, head + "engine = \"accel\"\nfeatures = \"bf16\"\nresume-at = 2\n"));
+  EXPECT_EQ(m.lane("x").resume_at, 2);
+  EXPECT_EQ(m.lane("ref").resume_at, -1);
+  EXPECT_EQ(load_matrix(write(dir, head + "engine = \"tpu-mesh\"\nresume-at = 0\n")).lane("x").resume_at, 0);
+  const std::string range = "must be an integer in 0..2, the last step before the stop";
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {head + "engine = \"tpu-mesh\"\nresume-at = 3\n", "lanes[1] (x).resume-at: " + range},
+      {head + "engine = \"tpu-mesh\"\nresume-at = -1\n", "lanes[1] (x).resume-at: " + range},
+      {head + "engine = \"tpu-mesh\"\nresume-at = \"2\"\n", "lanes[1] (x).resume-at: " + range},
+      {head + "engine = \"accel\"\nnoise = \"racy\"\nresume-at = 1\n",
+       "lanes[1] (x).resume-at: its reductions are racy, so no run repeats it; drop resume-at"},
+      {head + "command = [\"tool\", \"{out}\"]\nbudget-features = \"a\"\nresume-at = 1\n",
+       "lanes[1] (x).resume-at: unknown key of a command lane"},
+  };
+  expect_refused(dir, cases, true);
+}
+
+// The gate holds the lane's run again (with its checkpoint) to the job's run before it
+// restarts anything: a job's run that the lane does not repeat fails at its first step that
+// differs, and no replay is started (tests/cli/resume_gate.sh runs the gates that pass).
+TEST(ResumeGate, ARunTheLaneDoesNotRepeatFailsAtItsFirstDifferingStep) {
+  const testing::ScratchDir dir;
+  const Matrix m = load_matrix(write(dir, std::string(kHeader) + "[[lanes]]\nid = \"ref\"\nengine = \"cpu-ref\"\nresume-at = 1\n"));
+  const LaneSpec& spec = m.lane("ref");
+  run::RunOptions o = m.run_options(spec, dir.path("job.h5"));
+  run::run_canary(o);
+  check::ReceiptData job = check::load_receipt(dir.path("job.h5"));
+  job.loss[2] = std::nextafter(job.loss[2], 1e9);  // the job's record of step 2 is not what the lane computes
+  const nlohmann::json gate = resume_check({m, spec, job, dir.path("resume"), 1});
+  EXPECT_EQ(gate["status"], "fail") << gate.dump();
+  EXPECT_EQ(gate["first_difference"]["step"], 2) << gate.dump();
+  EXPECT_EQ(gate["at"], 1);
+  EXPECT_NE(gate["summary"].get<std::string>().find("step 2 differs"), std::string::npos) << gate.dump();
+  EXPECT_FALSE(gate.contains("command")) << "a replay was started: " << gate.dump();
+  EXPECT_TRUE(std::filesystem::exists(dir.path("resume/ref.h5.ckpt/step_000002.h5")));  // checkpointed at K+1
 }
 
 TEST(Matrix, CommandLanesFillTheirPlaceholders) {

@@ -40,6 +40,22 @@ def pack_canary(pack: Any, architecture: "Architecture", cfg: Any, model: Any, o
                         {n: tuple(pack.init[n].shape) for n in names}, token_batches=True)
 
 
+def build_pack_canary(pack: Any, steps: int, device: Any) -> Tuple[LoadedCanary, Architecture, Any]:
+    """The pack's canary built from its initial parameters on `device` (what the lane trains
+    and a replay of a lane's receipt builds again), with its architecture and config. A
+    config the package cannot read is a UsageError naming the pack."""
+    from .optim import CanaryAdamW
+
+    architecture = architecture_module(pack)
+    try:
+        cfg = architecture.config_class.from_json(pack.canary_json)
+    except ValueError as e:
+        raise UsageError(f"{pack.path}: {e}") from None
+    model = architecture.model_class(cfg, pack.init, device=device)
+    loaded = pack_canary(pack, architecture, cfg, model, CanaryAdamW(model.named_parameters(), cfg), steps)
+    return loaded, architecture, cfg
+
+
 def held_out_logits(model: Any, tokens: Any) -> Any:
     """The (B, T, V) logits of the model's forward on `tokens`: its LOGITS_OP's output."""
     core = getattr(model, "module", model)  # --layout ddp wraps it

@@ -25,9 +25,12 @@ import torch
 
 from ..tracing.aten_trace import AtenTracer
 from ..tracing.op_capture import OpCapture, StepCapture
+from ..cli.lane_args import parse_lane_fault
+from ..pack import PackError
 from .canary import CanaryError, LoadedCanary, canonical_json, load_canary, stateful_objects
 from .canary_state import restore_state
 from .devices import to_device
+from .pack_step import build_pack_canary, load_pack
 from .precision import autocast_units, switches
 from ..receipts.receipt import ReceiptReader
 from .runner import CanaryLoop, RunOptions, StepRecord, parse_canary_fault, run_canary
@@ -83,17 +86,34 @@ def is_python_canary_receipt(manifest: Dict[str, Any]) -> bool:
         return False
 
 
-def _recipe(reader: ReceiptReader) -> Dict[str, Any]:
+def is_pack_lane_receipt(manifest: Dict[str, Any]) -> bool:
+    """True for a receipt the PyTorch lane (`python3 -m canary_harness.lane`) wrote from a
+    canary pack: engine torch, the pack it read named in the manifest."""
+    return manifest.get("engine") == "torch" and bool(manifest.get("pack"))
+
+
+def _recipe(reader: ReceiptReader, pack: Optional[str] = None) -> Dict[str, Any]:
+    """The receipt's run_options: a Python canary's (FILE.py:NAME and its seed), or a PyTorch
+    lane's of a canary pack, which is replayed from `pack` (the pack is not in the receipt)."""
     manifest = reader.manifest
-    if not is_python_canary_receipt(manifest):
-        raise CanaryError(f"{reader.path}: not a Python canary's receipt (replay it with `harness replay`)")
+    lane = is_pack_lane_receipt(manifest)
+    if lane and pack is None:
+        raise CanaryError(f"{reader.path}: a PyTorch lane's receipt of the canary pack {manifest['pack']}: give that "
+                          "pack with --pack PATH (the nightly's canary-pack.h5, or `harness export`'s)")
+    if not lane and pack is not None:
+        raise CanaryError(f"--pack: {reader.path} is not a PyTorch lane's receipt of a canary pack; replay it "
+                          "without --pack")
+    if not lane and not is_python_canary_receipt(manifest):
+        raise CanaryError(f"{reader.path}: not a Python canary's receipt nor a PyTorch lane's (replay it with "
+                          "`harness replay`)")
     try:
         recipe = json.loads(manifest["run_options"])
     except (KeyError, TypeError, ValueError):
         recipe = None
-    if not isinstance(recipe, dict) or not all(key in recipe for key in ("canary", "seed", "threads", "steps")):
-        raise CanaryError(f"{reader.path}: its manifest has no run_options recipe of a Python canary run; "
-                          "it cannot be replayed")
+    needed = ("device", "precision", "threads", "steps") if lane else ("canary", "seed", "threads", "steps")
+    if not isinstance(recipe, dict) or not all(key in recipe for key in needed):
+        raise CanaryError(f"{reader.path}: its manifest has no run_options recipe of a "
+                          f"{'PyTorch lane' if lane else 'Python canary'} run; it cannot be replayed")
     if "layout" in recipe:  # its ranks kept no checkpoint, and a replay runs one process
         raise CanaryError(f"{reader.path}: a run of --layout {recipe['layout']} on {recipe.get('nproc')} processes; "
                           "replay and rerun run one process: run it again with `python3 -m canary_harness run "
@@ -101,7 +121,36 @@ def _recipe(reader: ReceiptReader) -> Dict[str, Any]:
     return recipe
 
 
-def _load(reader: ReceiptReader, recipe: Dict[str, Any]) -> LoadedCanary:
+def _load_pack_lane(reader: ReceiptReader, recipe: Dict[str, Any], pack_path: str) -> Tuple[LoadedCanary, Any]:
+    """The lane's canary built again from `pack_path`, which must be the pack the run read
+    (its canary, seed and data seed), and the recipe's fault as the lane parses it."""
+    try:
+        pack = load_pack(pack_path)
+    except PackError as e:
+        raise CanaryError(str(e)) from None
+    manifest = reader.manifest
+    recorded = canonical_json(json.loads(manifest["canary"]))
+    for what, now, then in (("canary", canonical_json(json.loads(pack.canary_json)), recorded),
+                            ("seed", pack.seed, int(manifest.get("seed", -1))),
+                            ("data seed", pack.data_seed, int(manifest.get("data_seed", -1)))):
+        if now != then:
+            raise CanaryError(f"--pack: {pack_path} is not the pack {reader.path} was run from (its {what} differs); "
+                              f"give the pack the lane read ({manifest['pack']})")
+    torch.set_num_threads(int(recipe["threads"]))
+    if recipe.get("deterministic"):
+        torch.use_deterministic_algorithms(True)
+    steps = int(recipe["steps"])
+    loaded, architecture, cfg = build_pack_canary(pack, steps, torch.device("cpu"))
+    fault = None
+    if recipe.get("inject_fault"):
+        fault = parse_lane_fault(recipe["inject_fault"], architecture.forward_op_names(cfg), pack.tensor_names, steps)
+    return loaded, fault
+
+
+def _load(reader: ReceiptReader, recipe: Dict[str, Any], pack: Optional[str] = None) -> Tuple[LoadedCanary, Any]:
+    """The canary the receipt's recipe ran, built again, and the recipe's fault."""
+    if pack is not None:
+        return _load_pack_lane(reader, recipe, pack)
     torch.set_num_threads(int(recipe["threads"]))  # before NAME(), as the run: the init runs on these threads too
     loaded = load_canary(recipe["canary"], seed=int(recipe["seed"]))
     recorded = canonical_json(json.loads(reader.manifest["canary"]))
@@ -111,13 +160,13 @@ def _load(reader: ReceiptReader, recipe: Dict[str, Any]) -> LoadedCanary:
             raise CanaryError(f"{recipe['canary']} no longer builds the canary of {reader.path} (its {key} differs): "
                               "the code changed since the run; replay it from the receipt's commit "
                               f"({reader.manifest.get('git_commit', 'unknown')})")
-    return loaded
-
-
-def _options(recipe: Dict[str, Any], loaded: LoadedCanary) -> RunOptions:
     fault = None
     if recipe.get("inject_fault"):
         fault = parse_canary_fault(recipe["inject_fault"], loaded.canary.model, int(recipe["steps"]))
+    return loaded, fault
+
+
+def _options(recipe: Dict[str, Any], fault: Any) -> RunOptions:
     return RunOptions(out="", device=recipe.get("device", "cpu"), precision=recipe.get("precision", "fp32"),
                       steps=int(recipe["steps"]), threads=int(recipe["threads"]), fault=fault,
                       perturb_init=recipe.get("perturb_init"), compile=bool(recipe.get("compile", False)),
@@ -212,20 +261,20 @@ def _resume(reader: ReceiptReader, record: _Record, loaded: LoadedCanary, loop: 
 
 
 def replay(path: str, from_step: int, to_step: Optional[int] = None, trace: str = "none",
-           capture_ops: bool = False) -> ReplayResult:
+           capture_ops: bool = False, pack: Optional[str] = None) -> ReplayResult:
     """Replays the receipt at `path` from the checkpoint at or before from_step up to to_step
     (default: its last recorded step) and compares every replayed step (module docstring).
     capture_ops: the last step's ops captured for the op oracle (result.captured;
-    tracing/op_capture.py)."""
+    tracing/op_capture.py). pack: the canary pack a PyTorch lane's receipt was run from."""
     with ReceiptReader(path) as reader:
-        recipe = _recipe(reader)
+        recipe = _recipe(reader, pack)
         recorded_steps = reader.steps_recorded
         last = recorded_steps - 1 if to_step is None else to_step
         if not 0 <= from_step <= last < recorded_steps:
             raise CanaryError(f"--from {from_step} --to {last}: {path} records steps 0-{recorded_steps - 1}; give "
                               "0 <= from <= to within them")
-        loaded = _load(reader, recipe)
-        options = _options(recipe, loaded)
+        loaded, fault = _load(reader, recipe, pack)
+        options = _options(recipe, fault)
         if options.compile and capture_ops:
             raise CanaryError(f"{path} is a compiled run (--compile): its steps run Inductor's fused kernels, whose "
                               "operands no dispatch mode sees; judge the eager run's receipt")
@@ -289,8 +338,8 @@ def rerun(path: str, out: str, perturb_init: Optional[int] = None, overwrite: bo
     triage` runs)."""
     with ReceiptReader(path) as reader:
         recipe = _recipe(reader)
-        loaded = _load(reader, recipe)
-    options = _options(recipe, loaded)
+        loaded, fault = _load(reader, recipe)
+    options = _options(recipe, fault)
     options.out, options.overwrite, options.perturb_init = out, overwrite, perturb_init
     options.autocast_off = list(dict.fromkeys([*options.autocast_off, *autocast_off]))
     device = torch.device(options.device) if options.device != "xla" else xla_device()
@@ -303,8 +352,8 @@ def precision_switches(path: str) -> List[Dict[str, Any]]:
     none for an fp32 run."""
     with ReceiptReader(path) as reader:
         recipe = _recipe(reader)
-        loaded = _load(reader, recipe)
-    options = _options(recipe, loaded)
+        loaded, fault = _load(reader, recipe)
+    options = _options(recipe, fault)
     if options.precision != "bf16":
         return []
     device = torch.device(options.device) if options.device != "xla" else xla_device()

@@ -1,0 +1,149 @@
+#include "resume_gate.h"
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "child_process.h"
+#include "interrupt.h"
+#include "lane_run.h"
+#include "python_canary.h"
+
+namespace harness::nightly {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// What a harness engine's lane that does not resume bitwise left out: its checkpoint is the
+// harness's (harness/run/checkpoint.h), so the omission is the harness's.
+constexpr const char* kHarnessOmission =
+    "the harness's checkpoint misses state the run depends on (harness/run/checkpoint.h: parameters, moments, data "
+    "position and the engine's EngineState)";
+
+void set_error(json& check, const std::string& kind, const std::string& message) {
+  check["status"] = "error";
+  check["summary"] = "the restart gate could not be run";
+  check["error"] = {{"kind", kind}, {"message", message}};
+}
+
+void set_equal(json& check, const ResumeInputs& in) {
+  check["status"] = "pass";
+  check["summary"] = fmt::format("stopped after step {}, restarted in a new process: steps {}-{} bitwise equal",
+                                 in.spec.resume_at, in.spec.resume_at + 1, in.matrix.steps - 1);
+}
+
+// `difference` {step, what, tensor, omission}: the first thing a resumed step did otherwise.
+void set_differs(json& check, const ResumeInputs& in, const json& difference) {
+  check["status"] = "fail";
+  check["first_difference"] = difference;
+  const std::string tensor = difference.value("tensor", "");
+  check["summary"] = fmt::format("stopped after step {}, restarted: step {} differs ({}{}): likely omission: {}",
+                                 in.spec.resume_at, difference.at("step").get<int>(), difference.at("what").get<std::string>(),
+                                 tensor.empty() ? "" : " " + tensor, difference.value("omission", ""));
+}
+
+// A Python canary's lane: `python -m canary_harness resume-check` under the lane's
+// interpreter and threads (and the job's seed where the lane's run takes it), which saves
+// with the canary's save and loads with its load in a process of its own.
+void python_gate(json& check, const ResumeInputs& in) {
+  const LaneSpec& spec = in.spec;
+  std::vector<std::string> argv{spec.command.front(), "-m", "canary_harness", "resume-check", in.matrix.canary,
+                                "--at", std::to_string(spec.resume_at), "--steps", std::to_string(in.matrix.steps),
+                                "--threads", spec.settings.options.at("threads")};
+  if (std::find(spec.command.begin(), spec.command.end(), "--seed") != spec.command.end()) {
+    argv.insert(argv.end(), {"--seed", std::to_string(in.matrix.seed)});
+  }
+  check["command"] = run::command_line(argv);
+  const run::PythonJsonResult gate = run::run_python_for_json(argv, spec.environment);
+  const int code = gate.child.exit_code();
+  const json& result = gate.result;
+  if ((code != 0 && code != 1) || !result.is_object() || !result.contains("verdict")) {
+    const std::string line = run::last_line(gate.child.stderr_tail);
+    set_error(check, "resume_check", fmt::format("`{}` {}: {}", run::command_line(argv), gate.child.how(),
+                                                 line.empty() ? "(nothing on stderr)" : line));
+    return;
+  }
+  if (result["verdict"] == "equal") return set_equal(check, in);
+  const json& d = result.at("first_difference");
+  set_differs(check, in, {{"step", d.at("step")}, {"what", d.at("what")}, {"tensor", d.value("tensor", "")},
+                          {"omission", d.value("omission", "")}});
+}
+
+// The first step where `again` is not bitwise `recorded` (a metric or a hash), or -1.
+int first_unequal_step(const check::ReceiptData& recorded, const check::ReceiptData& again) {
+  int first = -1;
+  const auto earlier = [&](int step) { first = first < 0 ? step : std::min(first, step); };
+  for (const check::Deviation& d : check::metric_deviations(again, recorded)) {
+    if (d.deviation != 0) earlier(d.step);
+  }
+  const std::size_t tensors = recorded.tensors.size();
+  for (const auto& [family, hashes] : recorded.hashes) {
+    const auto other = again.hashes.find(family);
+    if (other == again.hashes.end() || other->second.size() != hashes.size()) return 0;
+    for (std::size_t i = 0; i < hashes.size(); ++i) {
+      if (hashes[i] != other->second[i]) earlier(static_cast<int>(i / std::max<std::size_t>(tensors, 1)));
+    }
+  }
+  return first;
+}
+
+// A harness engine's lane: its recipe again with a checkpoint at the start of step K+1
+// (harness/run/checkpoint.h), which must change no bit of the run, then `harness replay
+// --from K+1` of that receipt in a child: the checkpoint loaded in a new process, every step
+// after it verified bitwise.
+void harness_gate(json& check, const ResumeInputs& in) {
+  const int from = in.spec.resume_at + 1;
+  fs::create_directories(in.work_dir);
+  const std::string out = (fs::path(in.work_dir) / fmt::format("{}.h5", in.spec.id)).string();
+  rerun_recipe(in.run, out, "resume-at", [&](run::RunOptions& o) {
+    o.checkpoint_every = from;
+    o.threads = in.threads;
+  }, {});
+  const check::ReceiptData checkpointed = check::load_receipt(out);
+  if (const int step = first_unequal_step(in.run, checkpointed); step >= 0) {
+    return set_differs(check, in, {{"step", step}, {"what", "the lane's run again, checkpointing"}, {"tensor", ""},
+                                   {"omission", "none to restart: the lane does not repeat the job's run, or saving a "
+                                                "checkpoint changed it"}});
+  }
+  const std::vector<std::string> argv{fs::read_symlink("/proc/self/exe").string(), "replay", out, "--from",
+                                      std::to_string(from), "--json", "--threads", std::to_string(in.threads)};
+  check["command"] = run::command_line(argv);
+  const run::ChildResult replay = run::run_child(argv, {}, run::ChildOutput::kCapture, run::ChildOutput::kCapture);
+  const json result = json::parse(replay.stdout_text, nullptr, /*allow_exceptions=*/false);
+  if (replay.exited_zero()) return set_equal(check, in);
+  if (replay.exit_code() != 1 || !result.is_object() || !result.value("first_mismatch", json(nullptr)).is_object()) {
+    const std::string line = run::last_line(replay.stderr_tail);
+    return set_error(check, "replay", fmt::format("`{}` {}: {}", run::command_line(argv), replay.how(),
+                                                  line.empty() ? "(nothing on stderr)" : line));
+  }
+  const json& m = result["first_mismatch"];
+  set_differs(check, in, {{"step", m.at("step")}, {"what", m.at("what")}, {"tensor", m.value("tensor", "")},
+                          {"omission", kHarnessOmission}});
+}
+
+}  // namespace
+
+json resume_check(const ResumeInputs& in) {
+  const auto start = std::chrono::steady_clock::now();
+  json check = {{"check", "resume"}, {"against", in.run.path}, {"at", in.spec.resume_at}, {"first_difference", nullptr}};
+  try {
+    if (in.spec.python_canary) {
+      python_gate(check, in);
+    } else {
+      harness_gate(check, in);
+    }
+  } catch (const run::Interrupted&) {
+    throw;
+  } catch (const std::exception& e) {
+    set_error(check, "resume", fmt::format("lane {}: {}", in.spec.id, e.what()));
+  }
+  check["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return check;
+}
+
+}  // namespace harness::nightly

@@ -1,0 +1,90 @@
+"""The op oracle and replay on the built-in canary's PyTorch lane (`python3 -m canary_harness.lane`;
+docs/oracle.md, "PyTorch lanes"): the package builds the lane's canary again from the pack
+it ran (`--pack`), replays its steps bit for bit and captures one step's aten ops, which the
+harness judges. A clean fp32 lane has no op over its bound, a clean bf16 lane neither but
+where its torch's bf16 matmuls round their partial sums to bf16 (torch 1.13 on a CPU without
+AVX512-BF16: then they alone are named); a bf16 lane judged as fp32 has its bf16 results
+named below fp32; a receipt without its pack, with another pack,
+or --pack with a receipt that is not a lane's, is refused in one line (exit 2)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import bf16_mm_rounds_its_partial_sums, export_pack, precision_report, run_harness, run_module
+
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def pack(harness_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return export_pack(harness_bin, tmp_path_factory.mktemp("lane-oracle") / "pack.h5", steps=STEPS)
+
+
+def _lane(pack: Path, out: Path, precision: str = "fp32") -> Path:
+    run_module("canary_harness.lane", "--pack", str(pack), "--out", str(out), "--precision", precision)
+    return out
+
+
+def _precision(harness_bin: Path, receipt: Path, *flags: str) -> tuple:
+    return precision_report(harness_bin, receipt, STEPS - 1, *flags)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_lanes_ops_are_over_their_bounds_only_where_its_kernels_are(harness_bin: Path, pack: Path, tmp_path: Path,
+                                                                       precision: str) -> None:
+    """A clean fp32 lane is within; a clean bf16 lane too, but where this torch's bf16 matmuls
+    round their partial sums (the probe of conftest.py): then those matmuls, and nothing else, are over."""
+    receipt = _lane(pack, tmp_path / "lane.h5", precision)
+    code, report = _precision(harness_bin, receipt, "--pack", str(pack))
+    assert report["lane"] == ("micro/torch" if precision == "fp32" else "micro/torch+bf16")
+    judged = report["judged"]
+    assert len(judged) > 100
+    # the model's GEMMs forward and backward, and the optimizer's update, are among what is judged
+    phases = {j["phase"] for j in judged if j["op"] in ("aten.addmm.default", "aten.mm.default", "aten.bmm.default")}
+    assert {"forward", "backward"} <= phases, phases
+    assert any(j["phase"] == "optimizer" for j in judged)
+    if precision == "fp32" or not bf16_mm_rounds_its_partial_sums():
+        assert code == 0 and report["verdict"] == "within" and report["over"] == [], report["over"][:3]
+        return
+    assert code == 1 and report["over"], "the probe's kernel is over its bound, and the lane's matmuls run it"
+    assert {j["op"] for j in report["over"]} <= {"aten.mm.default", "aten.bmm.default"}, report["over"][:3]
+    assert all(j["stored"] == "bf16" and j["operands"] == "bf16" for j in report["over"])
+
+
+def test_a_bf16_lane_judged_as_fp32_is_named_below_it(harness_bin: Path, pack: Path, tmp_path: Path) -> None:
+    receipt = _lane(pack, tmp_path / "bf16.h5", "bf16")
+    code, report = _precision(harness_bin, receipt, "--pack", str(pack), "--against", "fp32")
+    assert code == 1 and report["verdict"] == "over"
+    assert {j["below"] for j in report["over"]} == {"its result is bf16, below the fp32 the run declares"}
+    assert any(j["op"] == "aten.mm.default" or j["op"] == "aten.addmm.default" for j in report["over"])
+
+
+def test_a_lane_replays_bit_for_bit_from_its_pack(harness_bin: Path, pack: Path, tmp_path: Path) -> None:
+    receipt = _lane(pack, tmp_path / "lane.h5")
+    replayed = run_harness(harness_bin, "replay", str(receipt), "--from", "1", "--pack", str(pack), "--json")
+    result = json.loads(replayed.stdout)
+    assert result["verdict"] == "reproduced" and (result["from"], result["to"]) == (1, STEPS - 1), result
+
+
+def test_a_lane_without_its_pack_or_with_another_is_refused(harness_bin: Path, pack: Path, tmp_path: Path) -> None:
+    receipt = _lane(pack, tmp_path / "lane.h5")
+    other = export_pack(harness_bin, tmp_path / "other.h5", steps=STEPS, seed=7)
+    for command, flags, message in (
+            ("precision", ("--step", "1"), "a PyTorch lane's receipt of the canary pack pack.h5: give that pack with --pack"),
+            ("replay", ("--from", "1"), "give that pack with --pack"),
+            ("precision", ("--step", "1", "--pack", str(other)), f"--pack: {other} is not the pack {receipt} was run "
+                                                                 "from (its seed differs)"),
+            ("replay", ("--pack", str(pack)), None)):
+        if message is None:  # --pack with a receipt of another kind: a harness engine's
+            cpp = tmp_path / "cpp.h5"
+            run_harness(harness_bin, "run", "--canary", "micro", "--steps", "2", "--out", str(cpp))
+            result = run_harness(harness_bin, command, str(cpp), *flags, check=False)
+            message = f"--pack: {cpp} is not a PyTorch lane's receipt of a canary pack; drop --pack"
+        else:
+            result = run_harness(harness_bin, command, str(receipt), *flags, check=False)
+        assert result.returncode == 2 and message in result.stderr, (command, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
