@@ -289,7 +289,15 @@ Bisection bisect(const ReceiptData& a, const ReceiptData& b, const Budgets& budg
     bisect_budgeted(a, b, budget, out);
   }
   if (out.diverged()) find_divergent_op(a, b, budget, replay, out);
-  if (out.first_divergent_op && oracle) {
+  if (out.first_divergent_op && oracle && !out.first_divergent_op->other.empty()) {
+    // The runs part by running different ops (changed code, a fault's own op): no op of
+    // both to judge, and the op after it, judged on each side's operands, would say "rounding".
+    OracleSide unjudged;
+    unjudged.why_not = fmt::format("the runs run different ops here ({})", out.first_divergent_op->other);
+    out.oracle = OracleVerdict{unjudged, unjudged,
+                               fmt::format("not a question of rounding: {}; the oracle judges an op both runs run",
+                                           unjudged.why_not)};
+  } else if (out.first_divergent_op && oracle) {
     OracleVerdict v{oracle(a, out.first_divergent_step, *out.first_divergent_op),
                     oracle(b, out.first_divergent_step, *out.first_divergent_op), ""};
     v.verdict = oracle_verdict(v.a, v.b);

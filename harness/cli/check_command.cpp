@@ -31,6 +31,7 @@ struct ComparisonFlags {
   bool json = false;
   bool verbose = false;  // every stack line, the settings only one side has included
   bool no_replay = false;  // bisect: never replay a side without /trace
+  std::string pack;        // bisect: the canary pack PyTorch lanes' receipts were run from
   bool git_bisect = false;  // check: exit as `git bisect run` expects (125 when it cannot judge)
 };
 
@@ -151,8 +152,12 @@ int run_comparison(const ComparisonFlags& flags, const std::string& kind) {
 // Exit 0 when the runs are equivalent, 1 when they part (the step and tensor named).
 int run_bisect(const ComparisonFlags& flags) {
   return guarded(flags, [&] {
-    const check::TraceProvider replay = flags.no_replay ? check::TraceProvider{} : check::TraceProvider{replayed_trace};
-    const check::OracleProvider oracle = flags.no_replay ? check::OracleProvider{} : check::OracleProvider{judged_op};
+    const auto traced = [&](const check::ReceiptData& run, int step) { return replayed_trace(run, step, flags.pack); };
+    const auto judged = [&](const check::ReceiptData& run, int step, const check::DivergentOp& op) {
+      return judged_op(run, step, op, flags.pack);
+    };
+    const check::TraceProvider replay = flags.no_replay ? check::TraceProvider{} : check::TraceProvider{traced};
+    const check::OracleProvider oracle = flags.no_replay ? check::OracleProvider{} : check::OracleProvider{judged};
     nightly::verify_golden_integrity(flags.a);  // either side may be a golden
     nightly::verify_golden_integrity(flags.b);
     const check::Bisection b = check::bisect(check::load_receipt(flags.a), check::load_receipt(flags.b),
@@ -205,6 +210,7 @@ void add_check_command(CLI::App& app, CommandRegistry& commands) {
   bisect->add_option("b", flags->b, "Receipt of the other (.h5)")->required();
   bisect->add_flag("--no-replay", flags->no_replay,
                    "Do not replay a run whose receipt has no op trace (the first op is then unknown)");
+  add_pack_flag(*bisect, flags->pack);
   add_common_flags(*bisect, *flags);
   commands.add(bisect, [flags] { return run_bisect(*flags); });
 }

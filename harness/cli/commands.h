@@ -38,8 +38,9 @@ void add_engine_flags(CLI::App& command, EngineFlagValues& values, std::string_v
 void apply_engine_flags(const EngineFlagValues& values, EngineSettings& settings);
 
 // The op trace of one step of a receipt without /trace: a replay with tracing on (the
-// trace provider of `harness bisect`); throws check::TraceUnavailable saying why not.
-check::OpTrace replayed_trace(const check::ReceiptData& run, int step);
+// trace provider of `harness bisect`; `pack`, the canary pack a PyTorch lane's receipt was
+// run from, "" for none); throws check::TraceUnavailable saying why not.
+check::OpTrace replayed_trace(const check::ReceiptData& run, int step, const std::string& pack = "");
 // The receipt's manifest where it is a Python canary's (replayed by its package); none where
 // it is not, or cannot be read (what reads it next says why, naming the file).
 std::optional<std::map<std::string, std::string>> python_receipt_manifest(const std::string& path);
@@ -53,6 +54,11 @@ struct PackageReceipt {
 // why). Throws run::UsageError for a lane's receipt without `pack`, and for `pack` given
 // with any other receipt.
 std::optional<PackageReceipt> package_receipt(const std::string& path, const std::string& pack);
+// The same from a manifest already read: the flags of the package's replay, none for a
+// harness engine's receipt.
+std::optional<std::vector<std::string>> package_replay_flags(const std::string& path,
+                                                             const std::map<std::string, std::string>& manifest,
+                                                             const std::string& pack);
 // The --pack flag of the commands that replay a receipt (replay, precision).
 void add_pack_flag(CLI::App& command, std::string& pack);
 // A replay of step `step` of `receipt` alone (replay_command.cpp): what bisect's trace, its
@@ -60,12 +66,15 @@ void add_pack_flag(CLI::App& command, std::string& pack);
 run::ReplayOptions one_step(const std::string& receipt, int step);
 // A run's op at `step` judged by the float64 op oracle (a replay of the step): bisect's
 // OracleProvider (harness/check/bisect.h).
-check::OracleSide judged_op(const check::ReceiptData& run, int step, const check::DivergentOp& op);
+check::OracleSide judged_op(const check::ReceiptData& run, int step, const check::DivergentOp& op,
+                            const std::string& pack = "");
 // Steps from..to of a Python canary's receipt replayed by its package with every aten op
 // traced, one trace per step; throws check::TraceUnavailable saying why there are none (the
 // replay cannot start, or does not reproduce the receipt bit for bit).
+// `flags` go to the package's replay besides the steps (a PyTorch lane's --pack PATH).
 std::vector<check::OpTrace> python_aten_traces(const std::string& receipt,
-                                               const std::map<std::string, std::string>& manifest, int from, int to);
+                                               const std::map<std::string, std::string>& manifest, int from, int to,
+                                               const std::vector<std::string>& flags = {});
 
 void add_run_command(CLI::App& app, CommandRegistry& commands);
 void add_audit_command(CLI::App& app, CommandRegistry& commands);

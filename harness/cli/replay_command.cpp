@@ -142,6 +142,24 @@ std::optional<std::map<std::string, std::string>> python_receipt_manifest(const 
   return std::nullopt;
 }
 
+std::optional<std::vector<std::string>> package_replay_flags(const std::string& path,
+                                                             const std::map<std::string, std::string>& manifest,
+                                                             const std::string& pack) {
+  if (run::is_pack_lane(manifest)) {
+    if (pack.empty()) {
+      throw run::UsageError(fmt::format("{}: a PyTorch lane's receipt of the canary pack {}: give that pack with --pack "
+                                        "PATH (the nightly's canary-pack.h5, or `harness export`'s)",
+                                        path, manifest.at("pack")));
+    }
+    return std::vector<std::string>{"--pack", pack};
+  }
+  if (!pack.empty()) {
+    throw run::UsageError(fmt::format("--pack: {} is not a PyTorch lane's receipt of a canary pack; drop --pack", path));
+  }
+  if (run::is_python_canary(manifest)) return std::vector<std::string>{};
+  return std::nullopt;
+}
+
 std::optional<PackageReceipt> package_receipt(const std::string& path, const std::string& pack) {
   std::map<std::string, std::string> manifest;
   try {
@@ -150,19 +168,9 @@ std::optional<PackageReceipt> package_receipt(const std::string& path, const std
     if (pack.empty()) return std::nullopt;
     throw;
   }
-  if (run::is_pack_lane(manifest)) {
-    if (pack.empty()) {
-      throw run::UsageError(fmt::format("{}: a PyTorch lane's receipt of the canary pack {}: give that pack with --pack "
-                                        "PATH (the nightly's canary-pack.h5, or `harness export`'s)",
-                                        path, manifest.at("pack")));
-    }
-    return PackageReceipt{manifest, {"--pack", pack}};
-  }
-  if (!pack.empty()) {
-    throw run::UsageError(fmt::format("--pack: {} is not a PyTorch lane's receipt of a canary pack; drop --pack", path));
-  }
-  if (run::is_python_canary(manifest)) return PackageReceipt{manifest, {}};
-  return std::nullopt;
+  const auto flags = package_replay_flags(path, manifest, pack);
+  if (!flags) return std::nullopt;
+  return PackageReceipt{manifest, *flags};
 }
 
 void add_pack_flag(CLI::App& command, std::string& pack) {
@@ -180,9 +188,11 @@ run::ReplayOptions one_step(const std::string& receipt, int step) {
 }
 
 std::vector<check::OpTrace> python_aten_traces(const std::string& receipt,
-                                               const std::map<std::string, std::string>& manifest, int from, int to) {
-  const run::PythonCommand command = run::python_canary_command(
-      "replay", receipt, manifest, {"--from", std::to_string(from), "--to", std::to_string(to), "--trace", "aten"});
+                                               const std::map<std::string, std::string>& manifest, int from, int to,
+                                               const std::vector<std::string>& flags) {
+  std::vector<std::string> replay_flags{"--from", std::to_string(from), "--to", std::to_string(to), "--trace", "aten"};
+  replay_flags.insert(replay_flags.end(), flags.begin(), flags.end());
+  const run::PythonCommand command = run::python_canary_command("replay", receipt, manifest, replay_flags);
   run::PythonJsonResult replayed;
   try {
     replayed = run::run_python_for_json(command.argv, command.environment);
@@ -214,10 +224,21 @@ std::vector<check::OpTrace> python_aten_traces(const std::string& receipt,
   return traces;
 }
 
-check::OpTrace replayed_trace(const check::ReceiptData& run, int step) {
-  if (run::is_python_canary(run.manifest)) {
-    try {  // a Python canary's step, replayed by its package with every aten op traced
-      return python_aten_traces(run.path, run.manifest, step, step).front();
+// The flags of the package's replay of `run` (a Python canary's, a PyTorch lane's from
+// `pack`); none for a harness engine's. A lane's without its pack: `unavailable` saying so.
+template <typename Unavailable>
+std::optional<std::vector<std::string>> replayed_by_package(const check::ReceiptData& run, const std::string& pack) {
+  try {
+    return package_replay_flags(run.path, run.manifest, pack);
+  } catch (const run::UsageError& e) {  // its message names the receipt
+    throw Unavailable(e.what());
+  }
+}
+
+check::OpTrace replayed_trace(const check::ReceiptData& run, int step, const std::string& pack) {
+  if (const auto flags = replayed_by_package<check::TraceUnavailable>(run, pack)) {
+    try {  // a Python canary's or a PyTorch lane's step, replayed by the package with every aten op traced
+      return python_aten_traces(run.path, run.manifest, step, step, *flags).front();
     } catch (const check::TraceUnavailable& e) {
       throw check::TraceUnavailable(fmt::format("{} has no op trace: {}", run.path, e.what()));
     }
@@ -242,10 +263,11 @@ check::OpTrace replayed_trace(const check::ReceiptData& run, int step) {
 
 // Step `step` of `run` under the oracle: a harness engine's replay, or a Python canary's
 // captured aten ops (run::judge_python_step). Throws with why it cannot be judged.
-run::OracleReport step_oracle(const check::ReceiptData& run, int step) {
-  if (run::is_python_canary(run.manifest)) {
+run::OracleReport step_oracle(const check::ReceiptData& run, int step, const std::string& pack) {
+  if (const auto flags = replayed_by_package<std::runtime_error>(run, pack)) {
     try {
-      return run::judge_python_step(run.path, run.manifest, step, std::nullopt, run::ChildOutput::kCapture).report;
+      return run::judge_python_step(run.path, run.manifest, step, std::nullopt, run::ChildOutput::kCapture, *flags)
+          .report;
     } catch (const run::PythonCaptureError& e) {
       throw std::runtime_error(std::string(e.what()).empty() ? fmt::format("its capture exited {}", e.exit_code)
                                                               : std::string(e.what()));
@@ -258,11 +280,12 @@ run::OracleReport step_oracle(const check::ReceiptData& run, int step) {
   return *r.oracle;
 }
 
-check::OracleSide judged_op(const check::ReceiptData& run, int step, const check::DivergentOp& op) {
+check::OracleSide judged_op(const check::ReceiptData& run, int step, const check::DivergentOp& op,
+                            const std::string& pack) {
   check::OracleSide side;
   run::OracleReport report;
   try {
-    report = step_oracle(run, step);
+    report = step_oracle(run, step, pack);
   } catch (const std::exception& e) {  // an engine that compiles its steps, no recipe, a racy run
     side.why_not = e.what();
     return side;

@@ -191,8 +191,12 @@ check::Bisection divergence(const ReproFlags& f) {
                                         path));
     }
   }
+  const auto traced = [](const check::ReceiptData& run, int step) { return replayed_trace(run, step); };
+  const auto judged = [](const check::ReceiptData& run, int step, const check::DivergentOp& op) {
+    return judged_op(run, step, op);
+  };
   check::Bisection b = check::bisect(check::load_receipt(f.a), check::load_receipt(f.b), check::load_budgets(f.budgets),
-                                     replayed_trace, judged_op);
+                                     traced, judged);
   if (!b.diverged()) throw run::UsageError(fmt::format("{} and {} do not part: nothing to reproduce", f.a, f.b));
   if (!b.first_divergent_op) throw run::UsageError(fmt::format("no first divergent op ({}): nothing to reproduce", b.no_op));
   if (!b.oracle || !b.oracle->a.judged || !b.oracle->b.judged) {

@@ -88,3 +88,23 @@ def test_a_lane_without_its_pack_or_with_another_is_refused(harness_bin: Path, p
             result = run_harness(harness_bin, command, str(receipt), *flags, check=False)
         assert result.returncode == 2 and message in result.stderr, (command, result.stderr)
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_bisect_replays_lanes_from_their_pack_and_never_calls_a_fault_rounding(harness_bin: Path, pack: Path,
+                                                                               tmp_path: Path) -> None:
+    """Two fp32 lanes, one with a module's output nudged at step 1: with --pack, bisect replays
+    both with aten traces and names the step and where the runs part. The nudge is an op of
+    its own (torch.where) that the clean run does not run: the oracle says so, where judging
+    the op after it on each side's operands once said "both within their bounds: rounding"."""
+    clean = _lane(pack, tmp_path / "clean.h5")
+    nudged = tmp_path / "nudged.h5"
+    run_module("canary_harness.lane", "--pack", str(pack), "--out", str(nudged), "--inject-fault",
+               "step=1,op=blocks.1.attn.proj,ulps=4194304")
+    result = run_harness(harness_bin, "bisect", str(clean), str(nudged), "--pack", str(pack), "--json", check=False)
+    assert result.returncode == 1, result.stderr
+    report = json.loads(result.stdout)
+    assert report["first_divergent_step"] == 1
+    op = report["first_divergent_op"]
+    assert op is not None and "blocks.1.attn.proj forward aten.where.self" in op["other"], op
+    verdict = report["oracle"]["verdict"]
+    assert verdict.startswith("not a question of rounding: the runs run different ops here"), verdict

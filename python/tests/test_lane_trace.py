@@ -170,9 +170,9 @@ def test_bisect_against_cpu_ref_names_the_step_and_tensor_that_leave_the_budget(
     assert op["distance"] > op["allowed"] > 0, op
 
 def test_bisect_of_untraced_torch_receipts_says_why_no_op_is_named(traced: dict, harness_bin: Path, tmp_path: Path):
-    """Without traces, bisect would replay the step to find the op; the harness cannot run
-    another stack's steps, and says so, naming the engine and what to record instead (a
-    replay of the lane's receipt from its pack does reproduce it: the package runs it)."""
+    """Without traces, bisect replays the step to find the op: the package replays a lane's
+    receipt from its pack, which the receipt only names; without --pack bisect says so (and
+    a replay of the lane's receipt from its pack does reproduce it)."""
     big = tmp_path / "big-untraced.h5"
     lane("--pack", str(traced["pack"]), "--out", str(big), "--threads", "1",
          "--inject-fault", f"step={FAULT_STEP},op={FAULT_OP},ulps={2**22}")
@@ -180,8 +180,8 @@ def test_bisect_of_untraced_torch_receipts_says_why_no_op_is_named(traced: dict,
     assert result.returncode == 1, result.stdout + result.stderr
     out = json.loads(result.stdout)
     assert (out["verdict"], out["first_divergent_step"], out["first_divergent_op"]) == ("diverged", FAULT_STEP, None)
-    assert "written by engine 'torch', which the harness does not run" in out["no_op_reason"], out
-    assert "--trace ops" in out["no_op_reason"] and "json" not in out["no_op_reason"], out
+    assert "a PyTorch lane's receipt of the canary pack" in out["no_op_reason"], out
+    assert "give that pack with --pack" in out["no_op_reason"] and "json" not in out["no_op_reason"], out
     # A replay of the lane's receipt needs its pack (the receipt names it only), and with it reproduces the run.
     replayed = run_harness(harness_bin, "replay", str(big), "--from", "0", check=False)
     assert replayed.returncode == 2 and len(replayed.stderr.strip().splitlines()) == 1, replayed.stderr

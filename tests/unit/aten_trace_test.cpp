@@ -162,5 +162,32 @@ TEST(BisectAtenTrace, ARunWithModuleTracesIsReplayedAgainstTheGoldensAtenTraces)
   EXPECT_NE(unreplayed.no_op.find("hold traces of other levels"), std::string::npos) << unreplayed.no_op;
 }
 
+// Where the runs part by running different ops (a fault's own op, changed code), the op
+// after it, judged on each side's operands, would be "rounding" on both: bisect says the
+// runs run different ops and judges nothing (it once said "both within their bounds: rounding").
+TEST(BisectAtenTrace, RunsThatRunDifferentOpsAreNotCalledRounding) {
+  const auto [golden, moved] = golden_and_run("other_ops", run::TraceLevel::kNone);
+  const TraceProvider another_op = [](const ReceiptData&, int step) {
+    receipt::AtenTraceStep t = step_trace(step, 7);
+    t.columns[2].tensor = "aten.where.self";  // B runs another op at column 2
+    return OpTrace{t.columns, t.hashes, t.l2, t.projection, t.sites, kAtenLevel};
+  };
+  int judged = 0;
+  const OracleProvider within = [&judged](const ReceiptData&, int, const DivergentOp&) {
+    ++judged;
+    OracleSide side;
+    side.judged = side.within = true;
+    return side;
+  };
+  const Bisection b = bisect(golden, moved, load_budgets(kShippedBudgets), another_op, within);
+  ASSERT_TRUE(b.first_divergent_op.has_value()) << b.no_op;
+  EXPECT_EQ(b.first_divergent_op->other, "B runs hidden optimizer aten.where.self here");
+  ASSERT_TRUE(b.oracle.has_value());
+  EXPECT_EQ(b.oracle->verdict, "not a question of rounding: the runs run different ops here (B runs hidden optimizer "
+                               "aten.where.self here); the oracle judges an op both runs run");
+  EXPECT_EQ(judged, 0);
+  EXPECT_FALSE(b.oracle->a.judged || b.oracle->b.judged);
+}
+
 }  // namespace
 }  // namespace harness::check
