@@ -54,6 +54,8 @@ struct PackageReceipt {
 // why). Throws run::UsageError for a lane's receipt without `pack`, and for `pack` given
 // with any other receipt.
 std::optional<PackageReceipt> package_receipt(const std::string& path, const std::string& pack);
+// Whether `path` is a PyTorch lane's receipt of a canary pack (false where it cannot be read).
+bool is_pack_lane_receipt(const std::string& path);
 // The same from a manifest already read: the flags of the package's replay, none for a
 // harness engine's receipt.
 std::optional<std::vector<std::string>> package_replay_flags(const std::string& path,

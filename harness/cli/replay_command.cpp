@@ -160,6 +160,14 @@ std::optional<std::vector<std::string>> package_replay_flags(const std::string& 
   return std::nullopt;
 }
 
+bool is_pack_lane_receipt(const std::string& path) {
+  try {
+    return run::is_pack_lane(receipt::ReceiptReader(path).manifest_text());
+  } catch (const std::exception&) {  // unreadable: what reads it next says why, naming the file
+    return false;
+  }
+}
+
 std::optional<PackageReceipt> package_receipt(const std::string& path, const std::string& pack) {
   std::map<std::string, std::string> manifest;
   try {
@@ -225,11 +233,12 @@ std::vector<check::OpTrace> python_aten_traces(const std::string& receipt,
 }
 
 // The flags of the package's replay of `run` (a Python canary's, a PyTorch lane's from
-// `pack`); none for a harness engine's. A lane's without its pack: `unavailable` saying so.
+// `pack`, which goes to a lane's receipt only: bisect may hold a lane against a golden of
+// another engine); none for a harness engine's. A lane's without its pack: `Unavailable`.
 template <typename Unavailable>
 std::optional<std::vector<std::string>> replayed_by_package(const check::ReceiptData& run, const std::string& pack) {
   try {
-    return package_replay_flags(run.path, run.manifest, pack);
+    return package_replay_flags(run.path, run.manifest, run::is_pack_lane(run.manifest) ? pack : "");
   } catch (const run::UsageError& e) {  // its message names the receipt
     throw Unavailable(e.what());
   }

@@ -185,10 +185,12 @@ check::Bisection divergence(const ReproFlags& f) {
   nightly::verify_golden_integrity(f.a);
   nightly::verify_golden_integrity(f.b);
   for (const std::string& path : {f.a, f.b}) {
-    if (python_receipt_manifest(path)) {
-      throw run::UsageError(fmt::format("{}: a Python canary's receipt; repro writes a harness engine's op so far (its "
-                                        "aten op's verdict is bisect's: docs/oracle.md)",
-                                        path));
+    const auto manifest = python_receipt_manifest(path);
+    const bool lane = !manifest && is_pack_lane_receipt(path);
+    if (manifest || lane) {
+      throw run::UsageError(fmt::format("{}: a {}'s receipt; repro writes a harness engine's op so far (its aten op's "
+                                        "verdict is bisect's{}: docs/oracle.md)",
+                                        path, lane ? "PyTorch lane" : "Python canary", lane ? ", with --pack" : ""));
     }
   }
   const auto traced = [](const check::ReceiptData& run, int step) { return replayed_trace(run, step); };

@@ -709,6 +709,10 @@ void reproduce(pugi::xml_node section, const json& lane, const json& summary) {
   add(box, "h4", "Reproduce, bisect, replay");
   const std::string id = json_text(lane, "id");
   const std::string python = json_text(lane, "python");  // a Python canary lane's interpreter, as the matrix names it
+  // A PyTorch lane's receipt is replayed from the canary pack it names (the job's, beside the report).
+  const std::string pack = recipe.is_object() && recipe.contains("pack") && !recipe.contains("canary")
+                               ? " --pack " + shell_word(json_text(recipe, "pack"))
+                               : "";
   int first_failing = -1;
   for (const json& check : lane["checks"]) {
     if (json_text(check, "status") != "fail" || !check.contains("verdict")) continue;
@@ -733,10 +737,10 @@ void reproduce(pugi::xml_node section, const json& lane, const json& summary) {
     command_block(box,
                   fmt::format("Bisect against the {} ({}): the first step, tensor and op where the two part:", json_text(check, "check"),
                               json_text(check, "check") == "golden" ? "golden" : json_text(envelope, "against", "reference lane")),
-                  fmt::format("harness bisect {} {}", shell_word(receipt), shell_word(json_text(check, "against"))));
+                  fmt::format("harness bisect {} {}{}", shell_word(receipt), shell_word(json_text(check, "against")), pack));
   }
   for (const json& check : lane["checks"]) {
-    if (json_text(check, "check") != "resume" || json_text(check, "status") != "fail") continue;
+    if (json_text(check, "check") != "resume" || json_text(check, "status") != "fail" || !check.contains("command")) continue;
     command_block(box, fmt::format("The restart gate after step {}, as the job ran it (a new process takes the checkpoint on):",
                                    check.value("at", 0)),
                   json_text(check, "command"));
@@ -744,7 +748,7 @@ void reproduce(pugi::xml_node section, const json& lane, const json& summary) {
   if (first_failing >= 0) {
     const int every = recipe.is_object() ? recipe.value("checkpoint_every", 0) : 0;
     command_block(box, fmt::format("Replay from the first failing step {}, bit for bit against the receipt:", first_failing),
-                  fmt::format("harness replay {} --from {}", shell_word(receipt), first_failing));
+                  fmt::format("harness replay {} --from {}{}", shell_word(receipt), first_failing, pack));
     if (every > 0) {
       add(box, "p", fmt::format("The run saved checkpoints every {} steps: the replay resumes from the last one at or before step {}.",
                                 every, first_failing), "muted");

@@ -448,6 +448,21 @@ class Parser {
     return static_cast<int>(*k);
   }
 
+  // Why a Python canary's lane cannot carry the restart gate ("" when it can): the gate
+  // (`canary_harness resume-check`) runs the canary as the fp32 eager CPU lane runs it, with
+  // its own save and load.
+  static std::string python_gate_refusal(const nlohmann::json& described, const std::map<std::string, std::string>& options) {
+    if (!described.value("checkpoints", false)) {
+      return "the canary gives no save and load; return Canary(..., save=save, load=load), the checkpointing its "
+             "training code does (docs/own-model.md, \"The restart gate\")";
+    }
+    const auto option = [&](const char* key) { return options.count(key) ? options.at(key) : std::string(); };
+    if (option("device") != "cpu" || option("precision") != "fp32" || option("compile") == "true") {
+      return "the gate runs the canary in fp32, eager, on the CPU (resume-check); give it to that lane";
+    }
+    return "";
+  }
+
   // budget-features = "a+b": feature names joined with '+', each once (receipt::BudgetFeatures).
   std::vector<std::string> feature_list(const toml::table& t, const std::string& where) const {
     const std::string text_value = text(t, "budget-features", where, true);
@@ -684,9 +699,7 @@ class Parser {
     const TorchStack torch = torch_stack(spec.settings.options, at);
     const nlohmann::json& described = describe_python_canary(m.canary, torch.python, at + ".python");  // this lane's interpreter loads it too
     spec.settings.options.erase("resume-at");  // the gate's, not the run's: read below
-    spec.resume_at = resume_at(t, m, at, described.value("checkpoints", false) ? "" :
-                               "the canary gives no save and load; return Canary(..., save=save, load=load), the "
-                               "checkpointing its training code does (docs/own-model.md, \"The restart gate\")");
+    spec.resume_at = resume_at(t, m, at, python_gate_refusal(described, spec.settings.options));
     StackOptions options = torch.options(m.canary_name, device, precision);
     options.insert({{"canary_spec", m.canary},
                     {"threads", threads},

@@ -460,8 +460,9 @@ class NightlyJob::Impl {
     record["status"] = status;
     record["triage"] = nullptr;
     // A judged receipt declared its features: triage explains the lanes that declare one
-    // whose budget entry has triage_twin.
-    if (checks.size() > 1 && checks[1]["status"] == "fail") {  // judged, so its receipt was read
+    // whose budget entry has triage_twin, where the reference check fails.
+    const auto reference_failed = [](const json& c) { return c["check"] == "reference" && c["status"] == "fail"; };
+    if (std::any_of(checks.begin(), checks.end(), reference_failed)) {  // judged, so its receipt was read
       const auto triaged = check::triaged_features(check::budget_features(*r.receipt), budgets_);
       if (!triaged.empty()) record["triage"] = triage(spec, triaged);
     }

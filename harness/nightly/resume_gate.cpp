@@ -115,7 +115,13 @@ void harness_gate(json& check, const ResumeInputs& in) {
   check["command"] = run::command_line(argv);
   const run::ChildResult replay = run::run_child(argv, {}, run::ChildOutput::kCapture, run::ChildOutput::kCapture);
   const json result = json::parse(replay.stdout_text, nullptr, /*allow_exceptions=*/false);
-  if (replay.exited_zero()) return set_equal(check, in);
+  const bool from_checkpoint = result.is_object() && result.value("resumed_from", -1) == from &&
+                               result.value("checkpoint", json(nullptr)).is_string();
+  if (replay.exited_zero() && from_checkpoint) return set_equal(check, in);
+  if (replay.exited_zero()) {  // it verified the steps, but not from the checkpoint the gate saved
+    return set_error(check, "replay", fmt::format("`{}` did not resume from the checkpoint of step {} (resumed from {})",
+                                                  run::command_line(argv), from, result.value("resumed_from", json(nullptr)).dump()));
+  }
   if (replay.exit_code() != 1 || !result.is_object() || !result.value("first_mismatch", json(nullptr)).is_object()) {
     const std::string line = run::last_line(replay.stderr_tail);
     return set_error(check, "replay", fmt::format("`{}` {}: {}", run::command_line(argv), replay.how(),

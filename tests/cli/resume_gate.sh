@@ -73,6 +73,7 @@ TOML
 python_matrix everything
 python_matrix no_scheduler
 python_matrix no_save
+sed 's/^resume-at = 2$/precision = "bf16"\nresume-at = 2/' "$WORK/py/everything.toml" >"$WORK/py/bf16.toml"
 for name in everything no_scheduler; do  # two canaries (their goldens: each its own)
   "$HARNESS" golden refresh --matrix "$WORK/py/$name.toml" --goldens "$WORK/g-$name" --reason test >/dev/null 2>&1 &&
     "$HARNESS" golden approve --goldens "$WORK/g-$name" --approved-by test --allow-dirty >/dev/null 2>&1 ||
@@ -103,4 +104,6 @@ grep -q "canary_harness resume-check .*canary.py:no_scheduler --at 2" "$WORK/no_
 expect_exit 2 "no_save.toml: lanes\[0\] \(fp32\)\.resume-at: the canary gives no save and load" -- \
   "$HARNESS" nightly --matrix "$WORK/py/no_save.toml" --goldens "$WORK/g-everything" --budgets "$BUDGETS" --out "$WORK/no_save"
 [ ! -e "$WORK/no_save" ] || fail "a refused matrix left $WORK/no_save"
+expect_exit 2 "bf16.toml: lanes\[0\] \(fp32\)\.resume-at: the gate runs the canary in fp32, eager, on the CPU" -- \
+  "$HARNESS" nightly --matrix "$WORK/py/bf16.toml" --goldens "$WORK/g-everything" --budgets "$BUDGETS" --out "$WORK/bf16"
 exit $((failures > 0))

@@ -284,8 +284,8 @@ def replay(path: str, from_step: int, to_step: Optional[int] = None, trace: str 
                               "bisect names the step and the module")
         device = torch.device(options.device) if options.device != "xla" else xla_device()
         result = ReplayResult(path, reader.manifest["lane"], from_step, last, precision=options.precision)
-        now = git_commit_of(loaded.path)
-        if reader.manifest.get("git_commit") not in (None, now):
+        now = git_commit_of(loaded.path) if pack is None else None  # a lane's code is the package's, not the pack's
+        if now is not None and reader.manifest.get("git_commit") not in (None, now):
             result.notes.append(f"the canary's code was at commit {reader.manifest.get('git_commit')} when the run "
                                 f"was recorded and is at {now} now")
         loop = CanaryLoop(loaded, options, device)
