@@ -155,18 +155,34 @@ run::RunOptions recipe_options(const check::ReceiptData& receipt, std::string_vi
   return run::options_from_recipe(recipe);
 }
 
+std::optional<Unreproduced> first_unreproduced(const check::ReceiptData& recorded, const check::ReceiptData& again) {
+  std::optional<Unreproduced> first;
+  const auto earlier = [&](int step, const std::string& what) {
+    if (!first || step < first->step) first = Unreproduced{step, what};
+  };
+  for (const check::Deviation& d : check::metric_deviations(again, recorded)) {
+    if (d.deviation != 0) earlier(d.step, d.metric);
+  }
+  const std::size_t tensors = std::max<std::size_t>(recorded.tensors.size(), 1);
+  for (const auto& [family, hashes] : recorded.hashes) {
+    const auto other = again.hashes.find(family);
+    if (other == again.hashes.end() || other->second.size() != hashes.size()) {
+      earlier(0, family + " hash");
+      continue;
+    }
+    const auto differs = std::mismatch(hashes.begin(), hashes.end(), other->second.begin()).first;
+    if (differs != hashes.end()) earlier(static_cast<int>((differs - hashes.begin()) / tensors), family + " hash");
+  }
+  return first;
+}
+
 void require_reproduced(const check::ReceiptData& recorded, const check::ReceiptData& again, std::string_view prefix,
                         std::string_view advice) {
-  const auto moved = check::metric_deviations(again, recorded);
-  const auto differs =
-      std::find_if(moved.begin(), moved.end(), [](const check::Deviation& d) { return d.deviation != 0; });
-  if (differs == moved.end() && again.hashes == recorded.hashes) return;
-  const std::string what = differs == moved.end()
-                               ? "a hash differs"
-                               : fmt::format("{} differs at step {}", differs->metric, differs->step);
-  throw run::UsageError(fmt::format("{}: its recipe no longer reproduces {} ({}): the code, the host or the stack "
-                                    "changed since the run; {}",
-                                    prefix, recorded.path, what, advice));
+  const std::optional<Unreproduced> differs = first_unreproduced(recorded, again);
+  if (!differs) return;
+  throw run::UsageError(fmt::format("{}: its recipe no longer reproduces {} ({} differs at step {}): the code, the "
+                                    "host or the stack changed since the run; {}",
+                                    prefix, recorded.path, differs->what, differs->step, advice));
 }
 
 void rerun_recipe(const check::ReceiptData& receipt, const std::string& out, std::string_view flag,

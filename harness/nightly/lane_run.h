@@ -2,6 +2,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "canary_run.h"
@@ -43,6 +44,15 @@ run::RunOptions recipe_options(const check::ReceiptData& receipt, std::string_vi
 // a Python rerun that fails.
 void rerun_recipe(const check::ReceiptData& receipt, const std::string& out, std::string_view flag,
                   const std::function<void(run::RunOptions&)>& adjust, const std::vector<std::string>& python_flags);
+
+// Where `again`, a rerun of `recorded`'s recipe, is first not it bit for bit: the earliest
+// step where a metric or a tensor's hash differs, and what ("loss", "params hash"); none
+// where every step is (a hash family missing on one side differs at step 0).
+struct Unreproduced {
+  int step = 0;
+  std::string what;
+};
+std::optional<Unreproduced> first_unreproduced(const check::ReceiptData& recorded, const check::ReceiptData& again);
 
 // Throws run::UsageError "PREFIX: its recipe no longer reproduces PATH (loss differs at step
 // 3): the code, the host or the stack changed since the run; ADVICE" when `again`, a rerun of

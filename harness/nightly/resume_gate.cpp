@@ -74,24 +74,6 @@ void python_gate(json& check, const ResumeInputs& in) {
                           {"omission", d.value("omission", "")}});
 }
 
-// The first step where `again` is not bitwise `recorded` (a metric or a hash), or -1.
-int first_unequal_step(const check::ReceiptData& recorded, const check::ReceiptData& again) {
-  int first = -1;
-  const auto earlier = [&](int step) { first = first < 0 ? step : std::min(first, step); };
-  for (const check::Deviation& d : check::metric_deviations(again, recorded)) {
-    if (d.deviation != 0) earlier(d.step);
-  }
-  const std::size_t tensors = recorded.tensors.size();
-  for (const auto& [family, hashes] : recorded.hashes) {
-    const auto other = again.hashes.find(family);
-    if (other == again.hashes.end() || other->second.size() != hashes.size()) return 0;
-    for (std::size_t i = 0; i < hashes.size(); ++i) {
-      if (hashes[i] != other->second[i]) earlier(static_cast<int>(i / std::max<std::size_t>(tensors, 1)));
-    }
-  }
-  return first;
-}
-
 // A harness engine's lane: its recipe again with a checkpoint at the start of step K+1
 // (harness/run/checkpoint.h), which must change no bit of the run, then `harness replay
 // --from K+1` of that receipt in a child: the checkpoint loaded in a new process, every step
@@ -105,8 +87,9 @@ void harness_gate(json& check, const ResumeInputs& in) {
     o.threads = in.threads;
   }, {});
   const check::ReceiptData checkpointed = check::load_receipt(out);
-  if (const int step = first_unequal_step(in.run, checkpointed); step >= 0) {
-    return set_differs(check, in, {{"step", step}, {"what", "the lane's run again, checkpointing"}, {"tensor", ""},
+  if (const std::optional<Unreproduced> differs = first_unreproduced(in.run, checkpointed)) {
+    return set_differs(check, in, {{"step", differs->step}, {"what", "the lane's run again, checkpointing: " + differs->what},
+                                   {"tensor", ""},
                                    {"omission", "none to restart: the lane does not repeat the job's run, or saving a "
                                                 "checkpoint changed it"}});
   }

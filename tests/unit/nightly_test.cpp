@@ -435,6 +435,7 @@ TEST(ResumeGate, ARunTheLaneDoesNotRepeatFailsAtItsFirstDifferingStep) {
   EXPECT_EQ(gate["first_difference"]["step"], 2) << gate.dump();
   EXPECT_EQ(gate["at"], 1);
   EXPECT_NE(gate["summary"].get<std::string>().find("step 2 differs"), std::string::npos) << gate.dump();
+  EXPECT_EQ(gate["first_difference"]["what"], "the lane's run again, checkpointing: loss") << gate.dump();
   EXPECT_FALSE(gate.contains("command")) << "a replay was started: " << gate.dump();
   EXPECT_TRUE(std::filesystem::exists(dir.path("resume/ref.h5.ckpt/step_000002.h5")));  // checkpointed at K+1
 }
