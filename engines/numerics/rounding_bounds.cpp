@@ -129,4 +129,15 @@ double rounded_operands_dot_bound(const DotSums& s, OperandRounding a, OperandRo
   return q + dot_product_bound(s.k + 1 + extra_roundings, s.abs_products + q + s.abs_extra, Precision::Fp32);
 }
 
+double layer_norm_output_bound(const LayerNormTerms& t) {
+  const double u = precision_traits(Precision::Fp32).unit_roundoff;
+  const std::int64_t C = t.channels;
+  if (C < 1 || static_cast<double>(5 * C + 9) * u >= 1) return std::numeric_limits<double>::infinity();
+  const double variance = gamma(5 * C + 9, u) * t.conditioning + gamma(2, u);
+  if (!(variance < 1)) return std::numeric_limits<double>::infinity();
+  const double rstd = (1 + variance / (2 * (1 - variance))) * (1 + gamma(3, u)) - 1;
+  const double mean = t.mean_term * gamma(C + 1, u);
+  return t.scaled * rstd + mean * (1 + rstd) + gamma(4, u) * ((t.scaled + mean) * (1 + rstd) + t.offset);
+}
+
 }  // namespace harness::numerics

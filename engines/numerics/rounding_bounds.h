@@ -108,4 +108,26 @@ struct DotSums {
 // ((1 + u_p)^2 - 1) S_ab + gamma_{k+1} ((1 + u_p)^2 S_ab + |extra|).
 double rounded_operands_dot_bound(const DotSums& sums, OperandRounding a, OperandRounding b, int extra_roundings = 0);
 
+// A layer norm seen only at its input x (one row of C values), weight w, bias b and output
+// (a module's: torch's nn.LayerNorm, XLA's lowering of it), whose mean and variance the
+// oracle cannot read (docs/oracle.md, "A layer norm at its output"). Per row, with
+// mu = sum x / C, A = sum |x| / C, S = sum x^2 / C, v = S - mu^2 and r = 1 / sqrt(v + eps):
+//   mean:      |mu^ - mu| <= dmu = gamma_{C+1} A       (any order of the C adds, and the divide)
+//   variance:  |v^ - v| / (v + eps) <= e_v = gamma_{5C+9} rho + gamma_2,  rho = (S + mu^2) / (v + eps)
+//              (two-pass around mu^, sum x^2 / C - mu^2, or Welford's updates; A^2 <= S)
+//   rstd:      |r^ - r| / r <= e_r = (1 + e_v / (2 (1 - e_v))) (1 + gamma_3) - 1   (e_v < 1)
+//   output:    y_c = (x_c - mu) r w_c + b_c, four roundings (fewer where fused):
+//     |y^_c - y_c| <= s e_r + m dmu' (1 + e_r) + gamma_4 ((s + m dmu') (1 + e_r) + o)
+// where s = |x_c - mu| r |w_c|, m = |w_c| r A, dmu' = gamma_{C+1} and o = |b_c|: the
+// arguments, all exact (float64). +inf where e_v >= 1 (a row so far from zero against its
+// spread that fp32 keeps no digit of its variance).
+struct LayerNormTerms {
+  std::int64_t channels = 0;  // C
+  double conditioning = 0;    // rho of the element's row
+  double scaled = 0;          // s
+  double mean_term = 0;       // m
+  double offset = 0;          // o
+};
+double layer_norm_output_bound(const LayerNormTerms& terms);
+
 }  // namespace harness::numerics

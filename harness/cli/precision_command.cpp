@@ -32,6 +32,7 @@ struct PrecisionFlags {
   int threads = 0;
   std::string against;
   std::string pack;  // a PyTorch lane's receipt: the canary pack it was run from
+  std::string level;  // a Python run's: aten or modules (the package's default where empty)
   bool json = false;
 };
 
@@ -132,9 +133,11 @@ int print_audit(const PrecisionFlags& f, const Audit& audit) {
 // the precision the run declared, or --against's.
 int run_python_precision(const PrecisionFlags& f, const PackageReceipt& replayed_by) {
   const std::optional<numerics::Precision> chosen = against(f.against);
+  std::vector<std::string> flags = replayed_by.flags;
+  if (!f.level.empty()) flags.insert(flags.end(), {"--level", f.level});
   try {
-    const run::PythonStepJudgement j = run::judge_python_step(f.receipt, replayed_by.manifest, f.step, chosen,
-                                                              run::ChildOutput::kInherit, replayed_by.flags);
+    const run::PythonStepJudgement j =
+        run::judge_python_step(f.receipt, replayed_by.manifest, f.step, chosen, run::ChildOutput::kInherit, flags);
     return print_audit(f, {j.report, f.receipt, j.lane, f.step, j.seconds});
   } catch (const run::PythonCaptureError& e) {
     if (std::string(e.what()).empty()) return e.exit_code;  // the package's own error is on stderr
@@ -156,6 +159,11 @@ int run_precision(const PrecisionFlags& f) {
     throw run::UsageError(fmt::format("--step: step {} is not recorded in {} (steps 0-{})", f.step, f.receipt, *recorded - 1));
   }
   if (const auto replayed_by = package_receipt(f.receipt, f.pack)) return run_python_precision(f, *replayed_by);
+  if (!f.level.empty()) {
+    throw run::UsageError(fmt::format("--level: {} is a harness engine's run, whose ops the oracle judges as each is "
+                                      "called; --level is for a Python canary's or a PyTorch lane's",
+                                      f.receipt));
+  }
   run::ReplayOptions options;
   options.receipt = f.receipt;
   options.from = f.step;
@@ -188,6 +196,10 @@ void add_precision_command(CLI::App& app, CommandRegistry& commands) {
                         "Judge every op as if computed and stored in this precision (fp32 or bf16), whatever "
                         "its engine declares: is the lane fp32 at all?");
   add_pack_flag(*precision, f->pack);
+  precision->add_option("--level", f->level,
+                        "A Python run's: aten (every aten op; the default) or modules (the op modules' outputs; the "
+                        "default, and the only level, on XLA)")
+      ->check(CLI::IsMember({"aten", "modules"}));
   precision->add_flag("--json", f->json, "Print the result as JSON (keys in docs/oracle.md)");
   commands.add(precision, [f] { return run_precision(*f); });
 }

@@ -30,11 +30,30 @@ Precision stored_format(const std::string& name, const std::string& values) {
   throw std::runtime_error(fmt::format("{}: a result stored in '{}', which the oracle has no bound for", values, name));
 }
 
+// A layer norm module's bound per element (numerics::layer_norm_output_bound) from the
+// terms module_capture.py writes beside its values: `scaled` is the result's magnitude.
+std::vector<double> layer_norm_bounds(std::int64_t channels, const std::vector<double>& scaled, hid_t file,
+                                      const std::string& group, const std::string& values) {
+  const std::vector<double> offset = h5::read_f64(file, group + "offset");
+  const std::vector<double> mean_term = h5::read_f64(file, group + "mean_term");
+  const std::vector<double> conditioning = h5::read_f64(file, group + "conditioning");
+  if (offset.size() != scaled.size() || mean_term.size() != scaled.size() || conditioning.size() != scaled.size()) {
+    throw std::runtime_error(fmt::format("{}: {} holds a layer norm's terms of another count than its values", values, group));
+  }
+  std::vector<double> bound(scaled.size());
+  for (std::size_t i = 0; i < scaled.size(); ++i) {
+    bound[i] = numerics::layer_norm_output_bound({channels, conditioning[i], scaled[i], mean_term[i], offset[i]});
+  }
+  return bound;
+}
+
 // Each element's bound before its result is stored, by the arithmetic capture-ops names:
 // a dot product of `count` terms, a sum of `count` terms, or `count` roundings of an exact
-// value (tracing/op_capture.py), all computed in fp32.
+// value (tracing/op_capture.py), all computed in fp32; a layer norm module's from its
+// terms (tracing/module_capture.py).
 std::vector<double> compute_bounds(const std::string& kind, std::int64_t count, const std::vector<double>& magnitude,
-                                   const std::string& values) {
+                                   hid_t file, const std::string& group, const std::string& values) {
+  if (kind == "layer_norm") return layer_norm_bounds(count, magnitude, file, group, values);
   const double u = numerics::precision_traits(Precision::Fp32).unit_roundoff;
   if (static_cast<double>(count) * u >= 1) {  // gamma_n says nothing there (a sum of 2^24 terms): no bound
     return std::vector<double>(magnitude.size(), std::numeric_limits<double>::infinity());
@@ -49,7 +68,8 @@ std::vector<double> compute_bounds(const std::string& kind, std::int64_t count, 
     } else if (kind == "rounded") {
       bound[i] = count == 0 ? 0.0 : numerics::gamma(count, u) * m;
     } else {
-      throw std::runtime_error(fmt::format("{}: a result of arithmetic '{}' (known: dot, sum, rounded)", values, kind));
+      throw std::runtime_error(
+          fmt::format("{}: a result of arithmetic '{}' (known: dot, sum, rounded, layer_norm)", values, kind));
     }
   }
   return bound;
@@ -70,7 +90,9 @@ OpJudgement judge_result(const nlohmann::json& r, hid_t file, std::size_t index,
   j.op = r.at("aten").get<std::string>();
   j.phase = r.at("phase").get<std::string>();
   j.result = "out";
-  j.tensor = j.op;  // as an aten trace names the output: its aten op overload
+  // As a trace names the output: an aten trace by its aten op overload, an op trace (a
+  // module's, capture-ops --level modules) by its column, which the capture gives.
+  j.tensor = r.value("tensor", j.op);
   j.operands = r.at("operands").get<std::string>();
   j.source = r.value("site", "");
   j.occurrence = r.value("occurrence", -1);
@@ -78,7 +100,7 @@ OpJudgement judge_result(const nlohmann::json& r, hid_t file, std::size_t index,
   // A format narrower than the declared one is no rounding the run allows: judged as if
   // stored in the declared format (bf16 and fp32 are the only two: narrower is bf16).
   std::vector<double> bound =
-      compute_bounds(r.at("kind").get<std::string>(), r.at("count").get<std::int64_t>(), magnitude, values);
+      compute_bounds(r.at("kind").get<std::string>(), r.at("count").get<std::int64_t>(), magnitude, file, group, values);
   if (stored == Precision::Bf16 && declared == Precision::Fp32) {
     // One rounding to fp32 allowed, as a conversion stored in fp32 has: the ratio then says
     // how far below fp32 it went (2^16 ulps of fp32 for bf16's 8 bits), never "infinitely".

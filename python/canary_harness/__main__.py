@@ -134,11 +134,14 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     replay.add_argument("--json", action="store_true", help="print the result as JSON (with the traces)")
     add_pack_argument(replay)
     add_json_out_argument(replay)
-    capture = commands.add_parser("capture-ops", help="replay one step and capture its aten ops, recomputed in float64, "
+    capture = commands.add_parser("capture-ops", help="replay one step and capture its aten ops (or op modules), recomputed in float64, "
                                                       "for `harness precision` to judge (docs/oracle.md)")
     capture.add_argument("receipt", help="a receipt this command's `run` wrote, or the PyTorch lane's (with --pack)")
     capture.add_argument("--step", required=True, help="K: the step to replay and capture")
     capture.add_argument("--values", required=True, help="FILE.h5: where each captured result's values go")
+    capture.add_argument("--level",
+                         help="aten: every aten op (the default); modules: the op modules' outputs (the default, and "
+                              "the only level, on XLA, which runs a step's aten ops as one graph; docs/oracle.md)")
     capture.add_argument("--json", action="store_true", help="print the description as JSON")
     add_pack_argument(capture)
     add_json_out_argument(capture)
@@ -310,8 +313,8 @@ def capture_ops(args: argparse.Namespace) -> int:
     check_json_out(args.json_out)
     if not os.path.isdir(os.path.dirname(os.path.abspath(args.values))) or os.path.isdir(args.values):
         raise UsageError(f"--values: '{args.values}' is a directory, or its directory does not exist; name a file")
-    result = replay_receipt(args.receipt, step, step, capture_ops=True, pack=args.pack)
-    summary = {**to_json(result), "precision": result.precision}
+    result = replay_receipt(args.receipt, step, step, capture_ops=True, pack=args.pack, capture_level=args.level)
+    summary = {**to_json(result), "precision": result.precision, "level": result.capture_level}
     if result.captured is not None and result.reproduced():
         write_values(args.values, result.captured)
         summary.update(capture_json(result.captured))

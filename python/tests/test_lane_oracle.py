@@ -5,7 +5,9 @@ harness judges. A clean fp32 lane has no op over its bound, a clean bf16 lane ne
 where its torch's bf16 matmuls round their partial sums to bf16 (torch 1.13 on a CPU without
 AVX512-BF16: then they alone are named); a bf16 lane judged as fp32 has its bf16 results
 named below fp32; a receipt without its pack, with another pack,
-or --pack with a receipt that is not a lane's, is refused in one line (exit 2)."""
+or --pack with a receipt that is not a lane's, is refused in one line (exit 2). At module
+outputs (`--level modules`, torch_xla's level) a clean lane is within and a nudged module
+is named alone."""
 
 from __future__ import annotations
 
@@ -61,6 +63,34 @@ def test_a_bf16_lane_judged_as_fp32_is_named_below_it(harness_bin: Path, pack: P
     assert code == 1 and report["verdict"] == "over"
     assert {j["below"] for j in report["over"]} == {"its result is bf16, below the fp32 the run declares"}
     assert any(j["op"] == "aten.mm.default" or j["op"] == "aten.addmm.default" for j in report["over"])
+
+
+def test_at_module_outputs_a_clean_lane_is_within_and_a_nudged_module_is_named_alone(harness_bin: Path, pack: Path,
+                                                                                    tmp_path: Path) -> None:
+    """`--level modules`: each op module judged from its own inputs and parameters (what
+    torch_xla's lanes are judged by); a 2^12-ulp nudge of one Linear's output is that module
+    over its bound and nothing else (the next module reads the nudged value as its input)."""
+    clean = _lane(pack, tmp_path / "clean.h5")
+    code, report = _precision(harness_bin, clean, "--pack", str(pack), "--level", "modules")
+    assert code == 0 and report["verdict"] == "within", report["over"][:3]
+    kinds = {j["op"] for j in report["judged"]}
+    assert kinds == {"Embedding", "LayerNorm", "Linear", "Residual", "LmHead"}, kinds
+    assert all(j["phase"] == "forward" and j["result"] == "out" for j in report["judged"])
+    assert {"Attention (no module-level bound yet)", "GELU (no module-level bound yet)"} <= set(report["not_judged"])
+    faulted = tmp_path / "faulted.h5"
+    run_module("canary_harness.lane", "--pack", str(pack), "--out", str(faulted),
+               "--inject-fault", f"step={STEPS - 1},op=blocks.0.mlp.fc,ulps=4096")
+    code, report = _precision(harness_bin, faulted, "--pack", str(pack), "--level", "modules")
+    assert code == 1 and [(j["site"], j["op"]) for j in report["over"]] == [("blocks.0.mlp.fc", "Linear")], report["over"]
+    assert report["over"][0]["worst_index"] == 0
+
+
+def test_the_level_is_refused_in_one_line_where_it_has_no_meaning(harness_bin: Path, pack: Path,
+                                                                  cpp_receipt: Path) -> None:
+    refused = run_harness(harness_bin, "precision", str(cpp_receipt), "--step", "1", "--level", "modules", check=False)
+    assert refused.returncode == 2 and "--level" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
+    refused = run_harness(harness_bin, "precision", str(cpp_receipt), "--step", "1", "--level", "ops", check=False)
+    assert refused.returncode == 2 and "--level" in refused.stderr, refused.stderr
 
 
 def test_a_lane_replays_bit_for_bit_from_its_pack(harness_bin: Path, pack: Path, tmp_path: Path) -> None:

@@ -88,6 +88,21 @@ def test_xla_lane_compiles_once_and_is_within_torch_xla_of_cpu_ref(canary: str, 
     assert "torch-xla" in judged.stdout and "PASS  compile_stability.uncached_compiles" in judged.stdout
 
 
+def test_an_xla_lane_is_captured_at_its_module_outputs_and_never_op_by_op() -> None:
+    """XLA runs a step's aten ops as one graph when the step ends: the op oracle's capture of
+    an XLA lane is at its module outputs (capture-ops' default there), and --level aten is
+    refused in one line. The rule is the package's, the same on every interpreter."""
+    from canary_harness.runs.canary import CanaryError
+    from canary_harness.runs.replay import _capture_level
+    from canary_harness.runs.runner import RunOptions
+
+    assert _capture_level("r.h5", RunOptions(out="r.h5", device="xla"), None) == "modules"
+    assert _capture_level("r.h5", RunOptions(out="r.h5", device="cpu"), None) == "aten"
+    assert _capture_level("r.h5", RunOptions(out="r.h5", device="cpu"), "modules") == "modules"
+    with pytest.raises(CanaryError, match="ran on XLA, whose aten ops run as one compiled graph"):
+        _capture_level("r.h5", RunOptions(out="r.h5", device="xla"), "aten")
+
+
 def test_a_second_process_finds_the_persistent_cache_entry(lanes: dict, harness_bin: Path, tmp_path: Path):
     """--compile-cache DIR: the first process misses and writes the step's executable, the
     second finds it. torch_xla 2.9 cannot load an executable on PJRT's CPU client

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # docs/oracle.md run as written, on tiny: the clean steps of cpu-ref and accel bf16 within
 # their bounds, the nudged op named and nothing else, the same on the own-model example's
-# aten ops, a PyTorch lane of tiny within and replayed from its pack, bf16 over fp32's bounds, bisect's
-# verdict and repro.py's numbers. Release builds only (tests/CMakeLists.txt): cli.precision
+# aten ops, a PyTorch lane of tiny within (op by op and at its module outputs) and replayed
+# from its pack, bf16 over fp32's bounds, bisect's verdict and repro.py's numbers. Release builds only (tests/CMakeLists.txt): cli.precision
 # runs the same code on micro under the sanitizers.
 source "$(dirname "$0")/lib.sh"
 run_page oracle.md
-[ "$(grep -c '^within      every judged result within its bound' "$WORK/page.out")" = 4 ] ||
+[ "$(grep -c '^within      every judged result within its bound' "$WORK/page.out")" = 5 ] ||
   fail "the page's clean steps are not within: $(cat "$WORK/page.out")"
 grep -q '^over        blocks.2.mlp.fc linear_forward out: 678 x its fp32 bound at element 0 (error 1.05e+06 ulps of fp32' "$WORK/page.out" ||
   fail "the page's nudged op is not named: $(cat "$WORK/page.out")"
@@ -16,6 +16,8 @@ grep -q '^over        h.0.mlp.c_fc aten.addmm.default out (model.py:[0-9]*): .* 
   fail "the page's nudged aten op of a Python canary is not named: $(cat "$WORK/page.out")"
 grep -q '^precision   tiny/torch (.*lane.h5), step 1$' "$WORK/page.out" || fail "the page's PyTorch lane: $(cat "$WORK/page.out")"
 grep -q '^verified    steps 0-1 bitwise equal to the receipt$' "$WORK/page.out" || fail "the page's lane replay: $(cat "$WORK/page.out")"
+grep -Eq '^not judged  .*Attention \(no module-level bound yet\) x[0-9]+, GELU \(no module-level bound yet\) x[0-9]+, Loss' "$WORK/page.out" ||
+  fail "the page's lane at its module outputs: $(cat "$WORK/page.out")"
 grep -q '^over        blocks.1.attn attention_forward att: .* x its fp32 bound' "$WORK/page.out" ||
   fail "the page's fast-math exp is not named: $(cat "$WORK/page.out")"
 [ "$(grep -c '^judged      .* op results against float64; 1 over their bounds$' "$WORK/page.out")" = 3 ] ||

@@ -746,5 +746,162 @@ TEST(SumBound, PairwiseSumsAreWithinGammaCeilLog2N) {
   RecordProperty("worst_error_over_bound", tightness.str());
 }
 
+// ---- a layer norm at its output ----------------------------------------------------------
+
+// One row of a layer norm: x, w, b of C values each.
+struct LayerNormRow {
+  std::vector<float> x, w, b;
+};
+
+enum class RowShape { Centred, FarFromZero, NearlyConstant, WideExponents };
+constexpr RowShape kAllRowShapes[] = {RowShape::Centred, RowShape::FarFromZero, RowShape::NearlyConstant,
+                                      RowShape::WideExponents};
+const char* name(RowShape shape) {
+  switch (shape) {
+    case RowShape::Centred: return "centred";
+    case RowShape::FarFromZero: return "far_from_zero";       // mean 100 spread 1: rho ~ 2e4
+    case RowShape::NearlyConstant: return "nearly_constant";  // spread 1e-4: eps dominates
+    case RowShape::WideExponents: return "wide_exponents";
+  }
+  return "unknown";
+}
+
+LayerNormRow draw_row(RowShape shape, std::int64_t C, std::uint64_t trial) {
+  LayerNormRow row{std::vector<float>(C), std::vector<float>(C), std::vector<float>(C)};
+  for (std::int64_t c = 0; c < C; ++c) {
+    const PhiloxBlock w = philox_at(static_cast<std::uint64_t>(C) * 1000 + trial, stream_id(name(shape)),
+                                    static_cast<std::uint64_t>(c));
+    const float noise = uniform_signed(w[0]);
+    switch (shape) {
+      case RowShape::Centred: row.x[c] = noise; break;
+      case RowShape::FarFromZero: row.x[c] = 100.0f + noise; break;
+      case RowShape::NearlyConstant: row.x[c] = 0.5f + noise * 1e-4f; break;
+      case RowShape::WideExponents: row.x[c] = wide_signed(w[0], w[3]); break;
+    }
+    row.w[c] = uniform_signed(w[1]) * 2.0f;
+    row.b[c] = uniform_signed(w[2]);
+  }
+  return row;
+}
+
+constexpr float kLayerNormEps = 1e-5f;
+
+// The ways a kernel computes a layer norm in fp32: the mean, then the variance two-pass
+// around it (torch's CPU kernel), as sum x^2 / C - mean^2 (a one-pass lowering), or by
+// Welford's updates; the output as (x - mean) * rstd * w + b. `fast_rstd` models a
+// fast-math reciprocal square root, right to 12 bits (the negative control).
+enum class LayerNormKernel { TwoPass, SumOfSquares, Welford, FastRstd };
+
+std::vector<float> layer_norm_fp32(const LayerNormRow& row, LayerNormKernel kernel) {
+  const std::size_t C = row.x.size();
+  const float n = static_cast<float>(C);
+  float mean = 0, variance = 0;
+  if (kernel == LayerNormKernel::Welford) {
+    float m2 = 0;
+    for (std::size_t c = 0; c < C; ++c) {
+      const float delta = row.x[c] - mean;
+      mean = mean + delta / static_cast<float>(c + 1);
+      m2 = m2 + delta * (row.x[c] - mean);
+    }
+    variance = m2 / n;
+  } else {
+    for (float v : row.x) mean = mean + v;
+    mean = mean / n;
+    if (kernel == LayerNormKernel::SumOfSquares) {
+      for (float v : row.x) variance = variance + v * v;
+      variance = variance / n - mean * mean;
+    } else {
+      for (float v : row.x) variance = variance + (v - mean) * (v - mean);
+      variance = variance / n;
+    }
+  }
+  float rstd = 1.0f / std::sqrt(variance + kLayerNormEps);
+  if (kernel == LayerNormKernel::FastRstd) rstd = rstd * (1.0f + 0x1p-12f);
+  std::vector<float> y(C);
+  for (std::size_t c = 0; c < C; ++c) y[c] = (row.x[c] - mean) * rstd * row.w[c] + row.b[c];
+  return y;
+}
+
+// The exact output (double-double sums) and each element's bound.
+struct JudgedRow {
+  std::vector<double> exact, bound;
+};
+
+JudgedRow judge_layer_norm(const LayerNormRow& row) {
+  const std::size_t C = row.x.size();
+  DoubleDouble sum, sum_abs, squares;
+  for (float v : row.x) {
+    sum.add(v), sum_abs.add(std::fabs(static_cast<double>(v))), squares.add(static_cast<double>(v) * v);
+  }
+  const double mu = sum.value() / static_cast<double>(C), A = sum_abs.value() / static_cast<double>(C);
+  const double S = squares.value() / static_cast<double>(C);
+  DoubleDouble deviations;
+  for (float v : row.x) deviations.add((static_cast<double>(v) - mu) * (static_cast<double>(v) - mu));
+  const double variance = deviations.value() / static_cast<double>(C);
+  const double r = 1.0 / std::sqrt(variance + static_cast<double>(kLayerNormEps));
+  JudgedRow judged{std::vector<double>(C), std::vector<double>(C)};
+  for (std::size_t c = 0; c < C; ++c) {
+    const double scaled = (static_cast<double>(row.x[c]) - mu) * r * row.w[c];
+    judged.exact[c] = scaled + row.b[c];
+    judged.bound[c] = layer_norm_output_bound({static_cast<std::int64_t>(C),
+                                               (S + mu * mu) / (variance + static_cast<double>(kLayerNormEps)),
+                                               std::fabs(scaled), std::fabs(static_cast<double>(row.w[c])) * r * A,
+                                               std::fabs(static_cast<double>(row.b[c]))});
+  }
+  return judged;
+}
+
+constexpr std::int64_t kLayerNormWidths[] = {2, 8, 64, 768, 4096};
+
+// Every way of computing it is within the bound, on rows near zero, far from it (the
+// one-pass variance's cancellation), nearly constant (eps dominates) and of wide exponents.
+TEST(LayerNormOutputBound, TwoPassSumOfSquaresAndWelfordAreWithin) {
+  std::ostringstream tightness;
+  tightness.precision(3);
+  for (RowShape shape : kAllRowShapes) {
+    for (std::int64_t C : kLayerNormWidths) {
+      for (LayerNormKernel kernel : {LayerNormKernel::TwoPass, LayerNormKernel::SumOfSquares, LayerNormKernel::Welford}) {
+        WorstRatio worst;
+        for (std::uint64_t trial = 0; trial < kTrials; ++trial) {
+          const LayerNormRow row = draw_row(shape, C, trial);
+          const JudgedRow judged = judge_layer_norm(row);
+          const std::vector<float> y = layer_norm_fp32(row, kernel);
+          for (std::size_t c = 0; c < y.size(); ++c) {
+            const double error = std::fabs(static_cast<double>(y[c]) - judged.exact[c]);
+            ASSERT_LE(error, judged.bound[c]) << name(shape) << " C=" << C << " kernel " << static_cast<int>(kernel)
+                                              << " trial " << trial << " element " << c;
+            worst.observe(error, judged.bound[c], static_cast<double>(trial));
+          }
+        }
+        tightness << name(shape) << "/C=" << C << "/" << static_cast<int>(kernel) << ":" << worst.ratio << " ";
+      }
+    }
+  }
+  RecordProperty("worst_error_over_bound", tightness.str());
+}
+
+// It is not vacuous: an rstd off by 2^-12 (a fast-math rsqrt) leaves it on every centred row
+// of 8 to 256 channels (the canaries' widths; past them gamma_{5C+9} / 2 nears 2^-12).
+TEST(LayerNormOutputBound, AnRstdRightTo12BitsIsOutside) {
+  for (std::int64_t C : {8, 64, 256}) {
+    for (std::uint64_t trial = 0; trial < kTrials; ++trial) {
+      const LayerNormRow row = draw_row(RowShape::Centred, C, trial);
+      const JudgedRow judged = judge_layer_norm(row);
+      const std::vector<float> y = layer_norm_fp32(row, LayerNormKernel::FastRstd);
+      bool outside = false;
+      for (std::size_t c = 0; c < y.size(); ++c) {
+        outside = outside || std::fabs(static_cast<double>(y[c]) - judged.exact[c]) > judged.bound[c];
+      }
+      EXPECT_TRUE(outside) << "C=" << C << " trial " << trial;
+    }
+  }
+}
+
+TEST(LayerNormOutputBound, IsInfiniteWhereFp32KeepsNoDigitOfTheVariance) {
+  EXPECT_TRUE(std::isinf(layer_norm_output_bound({768, 1e9, 1.0, 1.0, 0.0})));
+  EXPECT_TRUE(std::isinf(layer_norm_output_bound({0, 1.0, 1.0, 1.0, 0.0})));
+  EXPECT_TRUE(std::isfinite(layer_norm_output_bound({768, 1e3, 1.0, 1.0, 0.0})));
+}
+
 }  // namespace
 }  // namespace harness::numerics

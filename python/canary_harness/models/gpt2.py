@@ -232,7 +232,7 @@ def forward_loss(p, tokens, cfg, hook: Optional[Hook] = None):
 # `mlp`) only call their op modules; an op module calls no other module. Op tracing
 # (canary_harness.tracing.trace) and fault injection hook these modules.
 
-class _Embedding(nn.Module):
+class Embedding(nn.Module):
     """Op `embedding`: wte[tokens] + wpe[positions]. wte and wpe are the model's (wte is tied
     to the LM head), passed in, so the op holds no parameter of its own."""
 
@@ -240,7 +240,7 @@ class _Embedding(nn.Module):
         return embed({"wte": wte, "wpe": wpe}, tokens)
 
 
-class _Residual(nn.Module):
+class Residual(nn.Module):
     """Op `blocks.l.attn.residual` / `blocks.l.mlp.residual`: the stream plus the branch."""
 
     def forward(self, x, branch):
@@ -256,7 +256,7 @@ class _Attention(nn.Module):
         self.heads = heads
         self.qkv = nn.Linear(C, 3 * C)
         self.proj = nn.Linear(C, C)
-        self.residual = _Residual()
+        self.residual = Residual()
 
     def forward(self, qkv):
         return attention_core(qkv, self.heads)
@@ -270,7 +270,7 @@ class _Mlp(nn.Module):
         self.fc = nn.Linear(C, 4 * C)
         self.gelu = nn.GELU(approximate=TORCH_GELU[gelu])
         self.proj = nn.Linear(4 * C, C)
-        self.residual = _Residual()
+        self.residual = Residual()
 
 
 class _Block(nn.Module):
@@ -289,7 +289,7 @@ class _Block(nn.Module):
         return mlp.residual(x, mlp.proj(mlp.gelu(mlp.fc(self.ln2(x)))))
 
 
-class _LmHead(nn.Module):
+class LmHead(nn.Module):
     """Op `lm_head`: logits = x @ wte^T (tied: wte is passed in)."""
 
     def forward(self, x, wte):
@@ -321,10 +321,10 @@ class GPT2(CanaryModule):
         V, T, C = cfg.vocab_size, cfg.context_length, cfg.channels
         self.wte = nn.Parameter(torch.empty(V, C))
         self.wpe = nn.Parameter(torch.empty(T, C))
-        self.embedding = _Embedding()
+        self.embedding = Embedding()
         self.blocks = nn.ModuleList(_Block(cfg) for _ in range(cfg.layers))
         self.lnf = nn.LayerNorm(C, eps=cfg.layernorm_eps)
-        self.lm_head = _LmHead()
+        self.lm_head = LmHead()
         self.loss = _Loss()
         names = [n for n, _ in self.named_parameters()]
         table = tensor_table(cfg)

@@ -18,12 +18,13 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
 from ..tracing.aten_trace import AtenTracer
+from ..tracing.module_capture import ModuleCapture
 from ..tracing.op_capture import OpCapture, StepCapture
 from ..cli.lane_args import parse_lane_fault
 from ..pack import PackError
@@ -70,6 +71,7 @@ class ReplayResult:
     traces: List[Dict[str, Any]] = field(default_factory=list)  # per traced step (trace_json)
     precision: str = "fp32"        # the run's declared precision (its recipe's)
     captured: Optional[StepCapture] = None  # the last step's ops, with capture_ops (the op oracle's)
+    capture_level: Optional[str] = None     # aten or modules, with capture_ops
 
     def reproduced(self) -> bool:
         return self.first_mismatch is None
@@ -261,11 +263,13 @@ def _resume(reader: ReceiptReader, record: _Record, loaded: LoadedCanary, loop: 
 
 
 def replay(path: str, from_step: int, to_step: Optional[int] = None, trace: str = "none",
-           capture_ops: bool = False, pack: Optional[str] = None) -> ReplayResult:
+           capture_ops: bool = False, pack: Optional[str] = None, capture_level: Optional[str] = None) -> ReplayResult:
     """Replays the receipt at `path` from the checkpoint at or before from_step up to to_step
     (default: its last recorded step) and compares every replayed step (module docstring).
-    capture_ops: the last step's ops captured for the op oracle (result.captured;
-    tracing/op_capture.py). pack: the canary pack a PyTorch lane's receipt was run from."""
+    capture_ops: the last step's ops captured for the op oracle (result.captured), at
+    capture_level `aten` (tracing/op_capture.py) or `modules` (tracing/module_capture.py;
+    the default on XLA, whose aten ops run as one compiled graph). pack: the canary pack a
+    PyTorch lane's receipt was run from."""
     with ReceiptReader(path) as reader:
         recipe = _recipe(reader, pack)
         recorded_steps = reader.steps_recorded
@@ -282,15 +286,18 @@ def replay(path: str, from_step: int, to_step: Optional[int] = None, trace: str 
             raise CanaryError(f"--trace aten: {path} is a compiled run (--compile): its steps run Inductor's fused "
                               "kernels, not the aten ops a dispatch mode sees; record both runs with --trace ops, and "
                               "bisect names the step and the module")
+        level = _capture_level(path, options, capture_level) if capture_ops else None
         device = torch.device(options.device) if options.device != "xla" else xla_device()
-        result = ReplayResult(path, reader.manifest["lane"], from_step, last, precision=options.precision)
+        result = ReplayResult(path, reader.manifest["lane"], from_step, last, precision=options.precision,
+                              capture_level=level)
         now = git_commit_of(loaded.path) if pack is None else None  # a lane's code is the package's, not the pack's
         if now is not None and reader.manifest.get("git_commit") not in (None, now):
             result.notes.append(f"the canary's code was at commit {reader.manifest.get('git_commit')} when the run "
                                 f"was recorded and is at {now} now")
         loop = CanaryLoop(loaded, options, device)
         tracer = AtenTracer(loaded.canary.model, loaded.canary.optimizer) if trace == "aten" else None
-        capture = OpCapture(loaded.canary.model, loaded.canary.optimizer) if capture_ops else None
+        capture = (None if level is None else OpCapture(loaded.canary.model, loaded.canary.optimizer)
+                   if level == "aten" else ModuleCapture(loaded.canary.model, autocast=options.precision != "fp32"))
         try:
             _replay_steps(reader, loaded, loop, tracer, result, capture)
         finally:
@@ -304,8 +311,19 @@ def replay(path: str, from_step: int, to_step: Optional[int] = None, trace: str 
         return result
 
 
+def _capture_level(path: str, options: RunOptions, asked: Optional[str]) -> str:
+    """The capture level of the op oracle (replay's docstring); a CanaryError for aten on XLA."""
+    if asked not in (None, "aten", "modules"):
+        raise CanaryError(f"--level {asked}: give aten or modules")
+    level = asked or ("modules" if options.device == "xla" else "aten")
+    if level == "aten" and options.device == "xla":
+        raise CanaryError(f"--level aten: {path} ran on XLA, whose aten ops run as one compiled graph when the step "
+                          "ends, not one by one; capture at module outputs (--level modules)")
+    return level
+
+
 def _replay_steps(reader: ReceiptReader, loaded: LoadedCanary, loop: CanaryLoop, tracer: Any,
-                  result: ReplayResult, capture: Optional[OpCapture] = None) -> None:
+                  result: ReplayResult, capture: Optional[Union[OpCapture, ModuleCapture]] = None) -> None:
     """Resumes (_resume) and runs steps resumed_from .. to_step, each compared with the
     record; the steps from from_step on traced when `tracer` is given, the last one's ops
     captured when `capture` is."""

@@ -168,6 +168,8 @@ class CapturedResult:
     got: np.ndarray = field(repr=False)
     exact: np.ndarray = field(repr=False)
     magnitude: np.ndarray = field(repr=False)
+    tensor: Optional[str] = None  # a module output's trace column (`<op>.out`); an aten result's is its aten op
+    terms: Dict[str, np.ndarray] = field(default_factory=dict, repr=False)  # further terms its kind's bound reads
 
 
 @dataclass
@@ -296,13 +298,15 @@ def capture_json(capture: StepCapture) -> Dict[str, Any]:
     """The capture's description (what `capture-ops --json-out` writes; its values are in
     write_values' file, result i's under results/i)."""
     results = [{"op": r.op, "aten": r.aten, "occurrence": r.occurrence, "phase": r.phase, "site": r.site, "kind": r.kind, "count": r.count,
-                "stored": r.stored, "operands": r.operands, "elements": int(r.got.size)} for r in capture.results]
+                "stored": r.stored, "operands": r.operands, "elements": int(r.got.size),
+                **({"tensor": r.tensor} if r.tensor is not None else {})} for r in capture.results]
     return {"results": results, "not_judged": capture.not_judged}
 
 
 def write_values(path: str, capture: StepCapture) -> None:
     """Each judged result's values, exact values and magnitudes (float64) into an HDF5 file at
-    `path`: results/I/got, exact, magnitude. Written beside it and renamed: whole or absent."""
+    `path`: results/I/got, exact, magnitude (and the terms a kind such as
+    layer_norm reads: offset, mean_term, conditioning). Written beside it and renamed: whole or absent."""
     import os
     import tempfile
 
@@ -317,6 +321,8 @@ def write_values(path: str, capture: StepCapture) -> None:
                 group = f.create_group(f"results/{i}")
                 for name in ("got", "exact", "magnitude"):
                     group.create_dataset(name, data=getattr(r, name))
+                for name, values in r.terms.items():
+                    group.create_dataset(name, data=values)
         os.replace(temp, path)
     except BaseException:
         os.unlink(temp)

@@ -63,6 +63,12 @@ Site = Tuple[str, int, str, str, str]  # op, layer, phase, tensor, kind
 OpNames = Union[Mapping[str, str], Callable[[str], str], None]
 
 
+
+def output_column(op: str, output: torch.Tensor, index: int, outputs: int) -> str:
+    """The trace column of output `index` of an op's `outputs` floating-point outputs: `<op>`
+    for a 0-D one (the loss), `<op>.out`, or `<op>.out<j>` of several (module docstring)."""
+    return op if output.dim() == 0 else (f"{op}.out" if outputs == 1 else f"{op}.out{index}")
+
 class TraceError(ValueError):
     """A step whose op trace cannot be taken as asked (one line, naming the op)."""
 
@@ -228,7 +234,7 @@ class OpTracer:
         self._hook_readers(call, [t for t in tensors if t.requires_grad])
         name = self._op_name[module]
         for j, t in enumerate(tensors):
-            tensor = name if t.dim() == 0 else (f"{name}.out" if len(tensors) == 1 else f"{name}.out{j}")
+            tensor = output_column(name, t, j, len(tensors))
             root = _Root(t, tensor, False)
             # An argument returned as it came (an identity, a dropout of p=0) stays its argument's
             # root: the ops that read it add to that gradient, after this op in backward order.

@@ -1,0 +1,246 @@
+"""The op oracle's capture of one step at module outputs (`capture-ops --level modules`;
+docs/oracle.md, "At module outputs").
+
+Where a step's aten ops cannot be seen one by one as they compute (torch_xla runs the step
+as one compiled graph; the dispatch mode sees lazy tensors), the oracle judges what the
+modules hand each other: during the step's forward each op module (a module call during
+which no other module is called, as `--trace ops` names ops: tracing/trace.py) has its
+inputs, its own parameters (before the optimizer updates them in place) and its output
+cloned on the device; after the step each is read to the CPU and recomputed in float64
+with what its rounding bound scales. MODULES says, by module class, what a module
+computes; the harness judges (engines/numerics/rounding_bounds.h, through
+harness/run/python_oracle.cpp), as it does capture-ops' aten results:
+
+- nn.Linear: a dot product of in_features terms, its bias one more (`dot`);
+- the LM head (x @ wte^T): a dot product of C terms;
+- a residual add and the embedding (wte[token] + wpe[position]): one rounding of an exact
+  sum (`rounded`);
+- nn.LayerNorm: `layer_norm`, judged from its input, weight and bias alone, whatever order
+  its kernel sums in (the bound in engines/numerics/rounding_bounds.h): the mean, the
+  variance and the output's terms are written beside the values.
+
+Any other op module (the attention core, GELU, the loss) is listed as not judged, by class,
+as are modules under bf16 autocast (their operands are rounded inside the module, which the
+fp32 bounds here do not allow) and calls made with grad disabled (a held-out evaluation).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..models.gpt2 import Embedding, LmHead, Residual, embed
+from .op_capture import FORMATS, CapturedResult, StepCapture
+from .aten_trace import user_site
+from .trace import output_column
+
+Tensors = Sequence[torch.Tensor]
+
+
+class Recomputed(NamedTuple):
+    """A module's exact output in float64, the terms count its bound takes (K, roundings or
+    C), and its magnitude and any further terms its kind's bound reads (layer_norm's)."""
+
+    exact: torch.Tensor
+    count: int
+    magnitude: torch.Tensor
+    terms: Dict[str, torch.Tensor]
+
+
+class ModuleArithmetic(NamedTuple):
+    """What a module class computes: `kind` (dot, rounded, layer_norm), `operands(module,
+    args)` (the tensors it computes from: its arguments and own parameters, in the order
+    `recompute` takes them) and `recompute(module, float64 operands)`."""
+
+    kind: str
+    operands: Callable[[torch.nn.Module, Tuple[Any, ...]], List[Optional[torch.Tensor]]]
+    recompute: Callable[[torch.nn.Module, List[Optional[torch.Tensor]]], Recomputed]
+
+
+def _abs(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    return None if t is None else t.abs()
+
+
+def _linear(module: torch.nn.Module, ops: List[Optional[torch.Tensor]]) -> Recomputed:
+    x, weight, bias = ops
+    terms = int(weight.shape[-1]) + (0 if bias is None else 1)
+    return Recomputed(F.linear(x, weight, bias), terms, F.linear(x.abs(), weight.abs(), _abs(bias)), {})
+
+
+def _lm_head(module: torch.nn.Module, ops: List[Optional[torch.Tensor]]) -> Recomputed:
+    x, wte = ops
+    return Recomputed(F.linear(x, wte), int(wte.shape[-1]), F.linear(x.abs(), wte.abs()), {})
+
+
+def _residual(module: torch.nn.Module, ops: List[Optional[torch.Tensor]]) -> Recomputed:
+    x, branch = ops
+    return Recomputed(x + branch, 1, x.abs() + branch.abs(), {})
+
+
+def _embedding(module: torch.nn.Module, ops: List[Optional[torch.Tensor]]) -> Recomputed:
+    tokens, wte, wpe = ops
+    return Recomputed(embed({"wte": wte, "wpe": wpe}, tokens), 1, embed({"wte": wte.abs(), "wpe": wpe.abs()}, tokens), {})
+
+
+def _layer_norm(module: torch.nn.Module, ops: List[Optional[torch.Tensor]]) -> Recomputed:
+    """The exact output and the terms of layer_norm_output_bound (rounding_bounds.h), per
+    element: |x - mu| r |w|, |w| r A, |b| and the row's rho = (S + mu^2) / (v + eps)."""
+    x, weight, bias = ops
+    dims = tuple(range(-len(module.normalized_shape), 0))
+    C = int(np.prod(module.normalized_shape))
+    weight = torch.ones(module.normalized_shape, dtype=x.dtype) if weight is None else weight
+    bias = torch.zeros(module.normalized_shape, dtype=x.dtype) if bias is None else bias
+    mu = x.mean(dims, keepdim=True)
+    variance = ((x - mu) ** 2).mean(dims, keepdim=True)
+    r = 1.0 / torch.sqrt(variance + module.eps)
+    scaled = (x - mu) * r * weight
+    rho = ((x * x).mean(dims, keepdim=True) + mu * mu) / (variance + module.eps)
+    mean_term = weight.abs() * r * x.abs().mean(dims, keepdim=True)
+    shape = scaled.shape
+    return Recomputed(scaled + bias, C, scaled.abs(),
+                      {"offset": bias.abs().expand(shape), "mean_term": mean_term.expand(shape),
+                       "conditioning": rho.expand(shape)})
+
+
+def _arguments(count: int) -> Callable[[torch.nn.Module, Tuple[Any, ...]], List[Optional[torch.Tensor]]]:
+    return lambda module, args: list(args[:count])
+
+
+def _with_parameters(module: torch.nn.Module, args: Tuple[Any, ...]) -> List[Optional[torch.Tensor]]:
+    return [args[0], module.weight, module.bias]
+
+
+# By module class (the model's own op modules, models/gpt2.py, and torch's): the one table.
+MODULES: Dict[type, ModuleArithmetic] = {
+    torch.nn.Linear: ModuleArithmetic("dot", _with_parameters, _linear),
+    torch.nn.LayerNorm: ModuleArithmetic("layer_norm", _with_parameters, _layer_norm),
+    LmHead: ModuleArithmetic("dot", _arguments(2), _lm_head),
+    Residual: ModuleArithmetic("rounded", _arguments(2), _residual),
+    Embedding: ModuleArithmetic("rounded", _arguments(3), _embedding),
+}
+
+
+def _name(module: torch.nn.Module) -> str:
+    return type(module).__name__.lstrip("_")  # the model's own op modules may be private
+
+
+def _clone(value: Any) -> Any:
+    return value.detach().clone() if isinstance(value, torch.Tensor) else value
+
+
+def _float64_on_cpu(value: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    if value is None:
+        return None
+    value = value.detach().to("cpu")
+    return value.to(torch.float64) if value.is_floating_point() else value
+
+
+class _Call(NamedTuple):
+    path: str
+    module: torch.nn.Module
+    arithmetic: ModuleArithmetic
+    operands: List[Optional[torch.Tensor]]  # clones on the device
+    output: torch.Tensor                    # a clone on the device
+    occurrence: int
+    site: str                               # the file:line of the team's code that called it
+
+
+class ModuleCapture:
+    """Captures the op modules of one training step of `model` (module docstring): `with
+    capture.step():` around the whole step, then finish() for what it saw. `autocast`:
+    whether the step runs under bf16 autocast (nothing is judged then)."""
+
+    def __init__(self, model: torch.nn.Module, autocast: bool = False) -> None:
+        self._autocast = autocast
+        self._active = False
+        self._depth_calls = 0  # module calls begun, to tell a leaf call (no call inside it)
+        self._entered: List[Tuple[str, torch.nn.Module, int, Tuple[Any, ...], str]] = []
+        self._calls: List[_Call] = []
+        self._not_judged: Dict[str, int] = {}
+        self._occurrences: Dict[str, int] = {}
+        self._handles = []
+        for path, module in model.named_modules():
+            if path:  # the root is only ever a container
+                self._handles.append(module.register_forward_pre_hook(self._enter(path)))
+                self._handles.append(module.register_forward_hook(self._leave))
+
+    def _enter(self, path: str) -> Any:
+        def hook(module: torch.nn.Module, args: Tuple[Any, ...]) -> None:
+            if not self._active:
+                return
+            self._depth_calls += 1
+            arithmetic = MODULES.get(type(module))
+            # Operands cloned as the call begins: the optimizer updates parameters in place.
+            operands = ([_clone(t) for t in arithmetic.operands(module, args)] if arithmetic is not None else [])
+            self._entered.append((path, module, self._depth_calls, tuple(operands), user_site()))
+        return hook
+
+    def _leave(self, module: torch.nn.Module, args: Tuple[Any, ...], out: Any) -> None:
+        if not self._active or not self._entered:
+            return
+        path, _, began_at, operands, site = self._entered.pop()
+        if began_at != self._depth_calls:
+            return  # another module was called inside it: a container, which computes nothing itself
+        occurrence = self._occurrences.get(path, 0)
+        self._occurrences[path] = occurrence + 1
+        arithmetic = MODULES.get(type(module))
+        why_not = self._why_not_judged(module, arithmetic, out)
+        if why_not is not None:
+            self._not_judged[why_not] = self._not_judged.get(why_not, 0) + 1
+            return
+        self._calls.append(_Call(path, module, arithmetic, list(operands), out.detach().clone(), occurrence, site))
+
+    def _why_not_judged(self, module: torch.nn.Module, arithmetic: Optional[ModuleArithmetic], out: Any) -> Optional[str]:
+        if arithmetic is None:
+            return f"{_name(module)} (no module-level bound yet)"
+        if not torch.is_grad_enabled():
+            return f"{_name(module)} (called with grad disabled)"
+        if self._autocast:
+            return f"{_name(module)} (under bf16 autocast: its operands are rounded inside it)"
+        if not isinstance(out, torch.Tensor) or out.dtype != torch.float32:
+            return f"{_name(module)} ({getattr(out, 'dtype', type(out).__name__)})"
+        return None
+
+    def step(self) -> "_CapturedStep":
+        return _CapturedStep(self)
+
+    def finish(self) -> StepCapture:
+        """The step's judged results, read to the CPU and recomputed in float64 (after the
+        step: no host read happens inside it)."""
+        results = [self._recomputed(call) for call in self._calls]
+        capture = StepCapture(results, dict(sorted(self._not_judged.items())))
+        self._calls, self._not_judged, self._occurrences, self._entered = [], {}, {}, []
+        return capture
+
+    def _recomputed(self, call: _Call) -> CapturedResult:
+        operands = [_float64_on_cpu(t) for t in call.operands]
+        r = call.arithmetic.recompute(call.module, operands)
+        flat = (lambda t: np.ascontiguousarray(t.detach().to("cpu", torch.float64).numpy().reshape(-1)))
+        formats = sorted({FORMATS.get(t.dtype, str(t.dtype)) for t in call.operands
+                          if t is not None and t.is_floating_point()})
+        result = CapturedResult(call.path, _name(call.module), call.occurrence, "forward", call.site,
+                                call.arithmetic.kind, r.count, FORMATS[call.output.dtype], ",".join(formats),
+                                flat(call.output), flat(r.exact), flat(r.magnitude))
+        result.tensor = output_column(call.path, call.output, 0, 1)
+        result.terms = {name: flat(t) for name, t in r.terms.items()}
+        return result
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+
+class _CapturedStep:
+    def __init__(self, capture: ModuleCapture) -> None:
+        self.capture = capture
+
+    def __enter__(self) -> ModuleCapture:
+        self.capture._active = True
+        return self.capture
+
+    def __exit__(self, *exc: Any) -> None:
+        self.capture._active = False
