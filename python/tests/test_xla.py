@@ -103,6 +103,27 @@ def test_an_xla_lane_is_captured_at_its_module_outputs_and_never_op_by_op() -> N
         _capture_level("r.h5", RunOptions(out="r.h5", device="xla"), "aten")
 
 
+def test_precision_judges_an_xla_lane_at_its_module_outputs(lanes: dict, harness_bin: Path, monkeypatch) -> None:
+    """The XLA lane of tiny replayed from its pack (built on the XLA device, as the lane built
+    it: once built on the CPU and moved, its optimizer's state stayed behind and a step did
+    not end in minutes) and its last step judged at its module outputs: within, every judged
+    module class present; --level aten refused in one line."""
+    if not HAS_XLA:
+        return  # the lane cannot run here: test_xla_lane_compiles_once... asserts its refusal
+    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    run = lanes["tiny"]
+    result = run_harness(harness_bin, "precision", str(run["xla"]), "--step", str(STEPS - 1), "--pack", str(run["pack"]),
+                         "--json", check=False)
+    report = json.loads(result.stdout)
+    assert result.returncode == 0 and report["verdict"] == "within", report["over"][:3]
+    assert report["lane"] == "tiny/torch+xla"
+    assert {j["op"] for j in report["judged"]} == {"Embedding", "LayerNorm", "Linear", "Residual", "LmHead"}
+    refused = run_harness(harness_bin, "precision", str(run["xla"]), "--step", "1", "--pack", str(run["pack"]),
+                          "--level", "aten", check=False)
+    assert refused.returncode == 2 and "ran on XLA" in refused.stderr, refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+
+
 def test_a_second_process_finds_the_persistent_cache_entry(lanes: dict, harness_bin: Path, tmp_path: Path):
     """--compile-cache DIR: the first process misses and writes the step's executable, the
     second finds it. torch_xla 2.9 cannot load an executable on PJRT's CPU client

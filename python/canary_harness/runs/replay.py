@@ -123,9 +123,12 @@ def _recipe(reader: ReceiptReader, pack: Optional[str] = None) -> Dict[str, Any]
     return recipe
 
 
-def _load_pack_lane(reader: ReceiptReader, recipe: Dict[str, Any], pack_path: str) -> Tuple[LoadedCanary, Any]:
+def _load_pack_lane(reader: ReceiptReader, recipe: Dict[str, Any], pack_path: str,
+                    device: torch.device) -> Tuple[LoadedCanary, Any]:
     """The lane's canary built again from `pack_path`, which must be the pack the run read
-    (its canary, seed and data seed), and the recipe's fault as the lane parses it."""
+    (its canary, seed and data seed), on `device` as the lane built it (its optimizer's
+    state there too: one built on the CPU and moved leaves it behind, and on XLA every
+    update then crosses devices), and the recipe's fault as the lane parses it."""
     try:
         pack = load_pack(pack_path)
     except PackError as e:
@@ -142,17 +145,23 @@ def _load_pack_lane(reader: ReceiptReader, recipe: Dict[str, Any], pack_path: st
     if recipe.get("deterministic"):
         torch.use_deterministic_algorithms(True)
     steps = int(recipe["steps"])
-    loaded, architecture, cfg = build_pack_canary(pack, steps, torch.device("cpu"))
+    loaded, architecture, cfg = build_pack_canary(pack, steps, device)
     fault = None
     if recipe.get("inject_fault"):
         fault = parse_lane_fault(recipe["inject_fault"], architecture.forward_op_names(cfg), pack.tensor_names, steps)
     return loaded, fault
 
 
+def _device_of(recipe: Dict[str, Any]) -> torch.device:
+    """The device the recipe ran on (XLA's as torch_xla picks it)."""
+    name = recipe.get("device", "cpu")
+    return xla_device() if name == "xla" else torch.device(name)
+
+
 def _load(reader: ReceiptReader, recipe: Dict[str, Any], pack: Optional[str] = None) -> Tuple[LoadedCanary, Any]:
     """The canary the receipt's recipe ran, built again, and the recipe's fault."""
     if pack is not None:
-        return _load_pack_lane(reader, recipe, pack)
+        return _load_pack_lane(reader, recipe, pack, _device_of(recipe))
     torch.set_num_threads(int(recipe["threads"]))  # before NAME(), as the run: the init runs on these threads too
     loaded = load_canary(recipe["canary"], seed=int(recipe["seed"]))
     recorded = canonical_json(json.loads(reader.manifest["canary"]))
@@ -287,7 +296,7 @@ def replay(path: str, from_step: int, to_step: Optional[int] = None, trace: str 
                               "kernels, not the aten ops a dispatch mode sees; record both runs with --trace ops, and "
                               "bisect names the step and the module")
         level = _capture_level(path, options, capture_level) if capture_ops else None
-        device = torch.device(options.device) if options.device != "xla" else xla_device()
+        device = _device_of(recipe)
         result = ReplayResult(path, reader.manifest["lane"], from_step, last, precision=options.precision,
                               capture_level=level)
         now = git_commit_of(loaded.path) if pack is None else None  # a lane's code is the package's, not the pack's
@@ -360,8 +369,7 @@ def rerun(path: str, out: str, perturb_init: Optional[int] = None, overwrite: bo
     options = _options(recipe, fault)
     options.out, options.overwrite, options.perturb_init = out, overwrite, perturb_init
     options.autocast_off = list(dict.fromkeys([*options.autocast_off, *autocast_off]))
-    device = torch.device(options.device) if options.device != "xla" else xla_device()
-    return run_canary(loaded, options, device)
+    return run_canary(loaded, options, _device_of(recipe))
 
 
 def precision_switches(path: str) -> List[Dict[str, Any]]:
@@ -374,7 +382,7 @@ def precision_switches(path: str) -> List[Dict[str, Any]]:
     options = _options(recipe, fault)
     if options.precision != "bf16":
         return []
-    device = torch.device(options.device) if options.device != "xla" else xla_device()
+    device = _device_of(recipe)
     torch.set_num_threads(options.threads)
     batch = to_device(loaded.canary.batch(0), device)
     loaded.canary.model.to(device)
