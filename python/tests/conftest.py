@@ -104,6 +104,19 @@ def precision_report(harness_bin: Path, receipt: Path, step: int, *flags: str) -
     return result.returncode, json.loads(result.stdout)
 
 
+# own_canaries/small.py, the suite's own small canary.
+SMALL_CANARY = str(Path(__file__).parent / "own_canaries" / "small.py")
+
+
+@pytest.fixture(scope="session")
+def small_canary_receipt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`small.py:canary` run once as it is (6 steps, fp32, no flag), for every test that
+    needs that run and only reads its receipt (each such run costs a child and its torch)."""
+    out = tmp_path_factory.mktemp("small-canary") / "small.h5"
+    run_module("canary_harness", "run", f"{SMALL_CANARY}:canary", "--out", str(out))
+    return out
+
+
 @pytest.fixture(scope="session")
 def cpp_receipt(harness_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """micro, 3 steps, parameters dumped at the start of steps 0..3, batches recorded."""

@@ -23,10 +23,8 @@ HAS_FSDP = fsdp_available()
 
 
 @pytest.fixture(scope="module")
-def one_process(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("layouts") / "single.h5"
-    run(f"{SMALL}:canary", "--out", str(out))
-    return out
+def one_process(small_canary_receipt: Path) -> Path:
+    return small_canary_receipt
 
 
 @pytest.fixture(scope="module")

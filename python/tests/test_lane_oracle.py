@@ -31,17 +31,22 @@ def _lane(pack: Path, out: Path, precision: str = "fp32") -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def lanes(pack: Path) -> dict:
+    """The clean lanes, fp32 and bf16, made once: every test here only reads them."""
+    return {precision: _lane(pack, pack.parent / f"{precision}.h5", precision) for precision in ("fp32", "bf16")}
+
+
 def _precision(harness_bin: Path, receipt: Path, *flags: str) -> tuple:
     return precision_report(harness_bin, receipt, STEPS - 1, *flags)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_a_lanes_ops_are_over_their_bounds_only_where_its_kernels_are(harness_bin: Path, pack: Path, tmp_path: Path,
+def test_a_lanes_ops_are_over_their_bounds_only_where_its_kernels_are(harness_bin: Path, pack: Path, lanes: dict,
                                                                        precision: str) -> None:
     """A clean fp32 lane is within; a clean bf16 lane too, but where this torch's bf16 matmuls
     round their partial sums (the probe of conftest.py): then those matmuls, and nothing else, are over."""
-    receipt = _lane(pack, tmp_path / "lane.h5", precision)
-    code, report = _precision(harness_bin, receipt, "--pack", str(pack))
+    code, report = _precision(harness_bin, lanes[precision], "--pack", str(pack))
     assert report["lane"] == ("micro/torch" if precision == "fp32" else "micro/torch+bf16")
     judged = report["judged"]
     assert len(judged) > 100
@@ -57,21 +62,19 @@ def test_a_lanes_ops_are_over_their_bounds_only_where_its_kernels_are(harness_bi
     assert all(j["stored"] == "bf16" and j["operands"] == "bf16" for j in report["over"])
 
 
-def test_a_bf16_lane_judged_as_fp32_is_named_below_it(harness_bin: Path, pack: Path, tmp_path: Path) -> None:
-    receipt = _lane(pack, tmp_path / "bf16.h5", "bf16")
-    code, report = _precision(harness_bin, receipt, "--pack", str(pack), "--against", "fp32")
+def test_a_bf16_lane_judged_as_fp32_is_named_below_it(harness_bin: Path, pack: Path, lanes: dict) -> None:
+    code, report = _precision(harness_bin, lanes["bf16"], "--pack", str(pack), "--against", "fp32")
     assert code == 1 and report["verdict"] == "over"
     assert {j["below"] for j in report["over"]} == {"its result is bf16, below the fp32 the run declares"}
     assert any(j["op"] == "aten.mm.default" or j["op"] == "aten.addmm.default" for j in report["over"])
 
 
 def test_at_module_outputs_a_clean_lane_is_within_and_a_nudged_module_is_named_alone(harness_bin: Path, pack: Path,
-                                                                                    tmp_path: Path) -> None:
+                                                                                    lanes: dict, tmp_path: Path) -> None:
     """`--level modules`: each op module judged from its own inputs and parameters (what
     torch_xla's lanes are judged by); a 2^12-ulp nudge of one Linear's output is that module
     over its bound and nothing else (the next module reads the nudged value as its input)."""
-    clean = _lane(pack, tmp_path / "clean.h5")
-    code, report = _precision(harness_bin, clean, "--pack", str(pack), "--level", "modules")
+    code, report = _precision(harness_bin, lanes["fp32"], "--pack", str(pack), "--level", "modules")
     assert code == 0 and report["verdict"] == "within", report["over"][:3]
     kinds = {j["op"] for j in report["judged"]}
     assert kinds == {"Embedding", "LayerNorm", "Linear", "Residual", "LmHead"}, kinds
@@ -93,15 +96,15 @@ def test_the_level_is_refused_in_one_line_where_it_has_no_meaning(harness_bin: P
     assert refused.returncode == 2 and "--level" in refused.stderr, refused.stderr
 
 
-def test_a_lane_replays_bit_for_bit_from_its_pack(harness_bin: Path, pack: Path, tmp_path: Path) -> None:
-    receipt = _lane(pack, tmp_path / "lane.h5")
-    replayed = run_harness(harness_bin, "replay", str(receipt), "--from", "1", "--pack", str(pack), "--json")
+def test_a_lane_replays_bit_for_bit_from_its_pack(harness_bin: Path, pack: Path, lanes: dict) -> None:
+    replayed = run_harness(harness_bin, "replay", str(lanes["fp32"]), "--from", "1", "--pack", str(pack), "--json")
     result = json.loads(replayed.stdout)
     assert result["verdict"] == "reproduced" and (result["from"], result["to"]) == (1, STEPS - 1), result
 
 
-def test_a_lane_without_its_pack_or_with_another_is_refused(harness_bin: Path, pack: Path, tmp_path: Path) -> None:
-    receipt = _lane(pack, tmp_path / "lane.h5")
+def test_a_lane_without_its_pack_or_with_another_is_refused(harness_bin: Path, pack: Path, lanes: dict,
+                                                            tmp_path: Path) -> None:
+    receipt = lanes["fp32"]
     other = export_pack(harness_bin, tmp_path / "other.h5", steps=STEPS, seed=7)
     for command, flags, message in (
             ("precision", ("--step", "1"), "a PyTorch lane's receipt of the canary pack pack.h5: give that pack with --pack"),
@@ -121,12 +124,12 @@ def test_a_lane_without_its_pack_or_with_another_is_refused(harness_bin: Path, p
 
 
 def test_bisect_replays_lanes_from_their_pack_and_never_calls_a_fault_rounding(harness_bin: Path, pack: Path,
-                                                                               tmp_path: Path) -> None:
+                                                                               lanes: dict, tmp_path: Path) -> None:
     """Two fp32 lanes, one with a module's output nudged at step 1: with --pack, bisect replays
     both with aten traces and names the step and where the runs part. The nudge is an op of
     its own (torch.where) that the clean run does not run: the oracle says so, where judging
     the op after it on each side's operands once said "both within their bounds: rounding"."""
-    clean = _lane(pack, tmp_path / "clean.h5")
+    clean = lanes["fp32"]
     nudged = tmp_path / "nudged.h5"
     run_module("canary_harness.lane", "--pack", str(pack), "--out", str(nudged), "--inject-fault",
                "step=1,op=blocks.1.attn.proj,ulps=4194304")

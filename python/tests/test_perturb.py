@@ -103,9 +103,8 @@ def _same(a: dict, b: dict) -> bool:
     return all(np.array_equal(a[k], b[k]) for k in a)
 
 
-def test_a_perturbed_python_canary_is_recorded_replayed_and_rerun(tmp_path: Path) -> None:
-    plain, moved, again = tmp_path / "plain.h5", tmp_path / "moved.h5", tmp_path / "again.h5"
-    run(f"{SMALL}:canary", "--out", str(plain))
+def test_a_perturbed_python_canary_is_recorded_replayed_and_rerun(tmp_path: Path, small_canary_receipt: Path) -> None:
+    plain, moved, again = small_canary_receipt, tmp_path / "moved.h5", tmp_path / "again.h5"
     run(f"{SMALL}:canary", "--out", str(moved), "--perturb-init", "5")
     assert not _same(_series(plain), _series(moved))
     with h5py.File(moved, "r") as f:
@@ -131,9 +130,9 @@ def test_a_bad_perturbation_seed_is_refused(tmp_path: Path, args: tuple, message
     assert not out.exists()
 
 
-def test_calibrate_perturb_proposes_a_budget_that_a_bitwise_irrelevant_change_passes(harness_bin, tmp_path: Path) -> None:
-    fp32, bf16, bf16_2 = tmp_path / "fp32.h5", tmp_path / "bf16.h5", tmp_path / "bf16-threads2.h5"
-    run(f"{SMALL}:canary", "--out", str(fp32))
+def test_calibrate_perturb_proposes_a_budget_that_a_bitwise_irrelevant_change_passes(harness_bin, tmp_path: Path,
+                                                                                     small_canary_receipt: Path) -> None:
+    fp32, bf16, bf16_2 = small_canary_receipt, tmp_path / "bf16.h5", tmp_path / "bf16-threads2.h5"
     run(f"{SMALL}:canary", "--out", str(bf16), "--precision", "bf16")
     run(f"{SMALL}:canary", "--out", str(bf16_2), "--precision", "bf16", "--threads", "2")
     candidate = tmp_path / "candidate.toml"
@@ -155,9 +154,9 @@ def test_calibrate_perturb_proposes_a_budget_that_a_bitwise_irrelevant_change_pa
     assert run_harness(harness_bin, "compare", str(bf16_2), str(fp32), check=False).returncode == 2  # no entry before
 
 
-def test_calibrate_perturb_of_a_receipt_alone_gives_its_envelope(harness_bin, tmp_path: Path) -> None:
-    fp32 = tmp_path / "fp32.h5"
-    run(f"{SMALL}:canary", "--out", str(fp32))
+def test_calibrate_perturb_of_a_receipt_alone_gives_its_envelope(harness_bin, tmp_path: Path,
+                                                                 small_canary_receipt: Path) -> None:
+    fp32 = small_canary_receipt
     out = tmp_path / "env.toml"
     result = run_harness(harness_bin, "calibrate", "--perturb", "2", "--receipts", str(fp32), "--out", str(out),
                          check=False)

@@ -43,10 +43,8 @@ def first_difference(a: dict, b: dict, name: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def small_run(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("own") / "small.h5"
-    run(f"{SMALL}:canary", "--out", str(out))
-    return out
+def small_run(small_canary_receipt: Path) -> Path:
+    return small_canary_receipt
 
 
 def test_two_runs_are_bitwise_and_validate(small_run: Path, tmp_path: Path, harness_bin) -> None:
@@ -328,7 +326,8 @@ def test_a_row_that_cannot_be_written_stops_the_run_and_keeps_the_rows_before_it
 HAS_COMPILE = hasattr(torch, "compile")
 
 
-def test_compile_is_refused_where_torch_has_no_compiler_and_runs_where_it_has(tmp_path: Path, harness_bin) -> None:
+def test_compile_is_refused_where_torch_has_no_compiler_and_runs_where_it_has(tmp_path: Path, harness_bin,
+                                                                              small_canary_receipt: Path) -> None:
     """On torch 1.13: exit 2, one line, no file. On 2.x: lane small/torch+compile, budget
     torch-compile, two compiled runs bit for bit, a valid receipt, apart from the eager run
     and within the budget calibrated from the two."""
@@ -347,8 +346,7 @@ def test_compile_is_refused_where_torch_has_no_compiler_and_runs_where_it_has(tm
     for name in SERIES:
         assert a[name].tobytes() == b[name].tobytes(), name
     run_harness(harness_bin, "validate", str(out))
-    eager = tmp_path / "eager.h5"
-    run(f"{SMALL}:canary", "--out", str(eager))
+    eager = small_canary_receipt
     assert series(eager)["hashes/params"].tobytes() != a["hashes/params"].tobytes()  # Inductor rounds otherwise
     # Its own budget (no default entry covers a team's canary): calibrated, then judged under it.
     candidate = tmp_path / "budgets.toml"

@@ -60,10 +60,8 @@ def test_a_bad_regression_is_refused_naming_its_field(text: str, says: str) -> N
 
 
 @pytest.fixture(scope="module")
-def clean(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("regressions") / "clean.h5"
-    run(f"{SMALL}:canary", "--out", str(out))
-    return out
+def clean(small_canary_receipt: Path) -> Path:
+    return small_canary_receipt
 
 
 @pytest.mark.parametrize("fault, params_from, loss_from", [
