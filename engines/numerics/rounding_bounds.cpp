@@ -132,11 +132,12 @@ double rounded_operands_dot_bound(const DotSums& s, OperandRounding a, OperandRo
 double layer_norm_output_bound(const LayerNormTerms& t) {
   const double u = precision_traits(Precision::Fp32).unit_roundoff;
   const std::int64_t C = t.channels;
-  if (C < 1 || static_cast<double>(5 * C + 9) * u >= 1) return std::numeric_limits<double>::infinity();
-  const double variance = gamma(5 * C + 9, u) * t.conditioning + gamma(2, u);
+  if (C < 1 || static_cast<double>(8 * C + 15) * u >= 1) return std::numeric_limits<double>::infinity();
+  // 8C + 15 > 2C + 3: every gamma below is defined
+  const double variance = gamma(8 * C + 15, u) * t.conditioning + gamma(2, u);
   if (!(variance < 1)) return std::numeric_limits<double>::infinity();
   const double rstd = (1 + variance / (2 * (1 - variance))) * (1 + gamma(3, u)) - 1;
-  const double mean = t.mean_term * gamma(C + 1, u);
+  const double mean = t.mean_term * gamma(2 * C + 3, u);
   return t.scaled * rstd + mean * (1 + rstd) + gamma(4, u) * ((t.scaled + mean) * (1 + rstd) + t.offset);
 }
 

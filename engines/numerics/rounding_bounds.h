@@ -112,13 +112,15 @@ double rounded_operands_dot_bound(const DotSums& sums, OperandRounding a, Operan
 // (a module's: torch's nn.LayerNorm, XLA's lowering of it), whose mean and variance the
 // oracle cannot read (docs/oracle.md, "A layer norm at its output"). Per row, with
 // mu = sum x / C, A = sum |x| / C, S = sum x^2 / C, v = S - mu^2 and r = 1 / sqrt(v + eps):
-//   mean:      |mu^ - mu| <= dmu = gamma_{C+1} A       (any order of the C adds, and the divide)
-//   variance:  |v^ - v| / (v + eps) <= e_v = gamma_{5C+9} rho + gamma_2,  rho = (S + mu^2) / (v + eps)
+//   mean:      |mu^ - mu| <= dmu = gamma_{2C+3} A      (any order of the C adds and the divide, or
+//              Welford's updates, about (C + 2 ln C) u A; two more for an output formed as
+//              (x r + (-r mu)) w + b, whose roundings of x r and r mu scale with |mu| <= A)
+//   variance:  |v^ - v| / (v + eps) <= e_v = gamma_{8C+15} rho + gamma_2,  rho = (S + mu^2) / (v + eps)
 //              (two-pass around mu^, sum x^2 / C - mu^2, or Welford's updates; A^2 <= S)
 //   rstd:      |r^ - r| / r <= e_r = (1 + e_v / (2 (1 - e_v))) (1 + gamma_3) - 1   (e_v < 1)
 //   output:    y_c = (x_c - mu) r w_c + b_c, four roundings (fewer where fused):
 //     |y^_c - y_c| <= s e_r + m dmu' (1 + e_r) + gamma_4 ((s + m dmu') (1 + e_r) + o)
-// where s = |x_c - mu| r |w_c|, m = |w_c| r A, dmu' = gamma_{C+1} and o = |b_c|: the
+// where s = |x_c - mu| r |w_c|, m = |w_c| r A, dmu' = gamma_{2C+3} and o = |b_c|: the
 // arguments, all exact (float64). +inf where e_v >= 1 (a row so far from zero against its
 // spread that fp32 keeps no digit of its variance).
 struct LayerNormTerms {

@@ -124,6 +124,12 @@ std::string to_text(const Audit& a) {
 }
 
 int print_audit(const PrecisionFlags& f, const Audit& audit) {
+  if (audit.report.judged.empty()) {  // nothing judged is no verdict: never "within"
+    std::string skipped;
+    for (const auto& [op, calls] : audit.report.not_judged) skipped += fmt::format("{}{} x{}", skipped.empty() ? "" : ", ", op, calls);
+    throw run::UsageError(fmt::format("{}: no result of step {} could be judged ({}); nothing is within or over",
+                                      f.receipt, f.step, skipped.empty() ? "it ran no op the oracle sees" : skipped));
+  }
   fmt::print("{}", f.json ? run::json_text(to_json(audit)) + "\n" : to_text(audit));
   return audit.report.ops_over() == 0 ? kExitPass : kExitCheckFailed;
 }

@@ -88,6 +88,15 @@ def test_at_module_outputs_a_clean_lane_is_within_and_a_nudged_module_is_named_a
     assert report["over"][0]["worst_index"] == 0
 
 
+def test_a_step_of_which_nothing_is_judged_is_no_verdict(harness_bin: Path, pack: Path, lanes: dict) -> None:
+    """A bf16 lane at its module outputs: autocast rounds every module's operands inside it,
+    so none is judged, and that is exit 2 with one line, never "within"."""
+    result = run_harness(harness_bin, "precision", str(lanes["bf16"]), "--step", "1", "--pack", str(pack),
+                         "--level", "modules", check=False)
+    assert result.returncode == 2 and "no result of step 1 could be judged" in result.stderr, result.stderr
+    assert "under bf16 autocast" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
 def test_the_level_is_refused_in_one_line_where_it_has_no_meaning(harness_bin: Path, pack: Path,
                                                                   cpp_receipt: Path) -> None:
     refused = run_harness(harness_bin, "precision", str(cpp_receipt), "--step", "1", "--level", "modules", check=False)

@@ -118,6 +118,7 @@ def test_precision_judges_an_xla_lane_at_its_module_outputs(lanes: dict, harness
     assert result.returncode == 0 and report["verdict"] == "within", report["over"][:3]
     assert report["lane"] == "tiny/torch+xla"
     assert {j["op"] for j in report["judged"]} == {"Embedding", "LayerNorm", "Linear", "Residual", "LmHead"}
+    assert len(report["judged"]) == 3 + 8 * 4  # the embedding, lnf, the LM head; 8 judged modules in each of 4 blocks
     refused = run_harness(harness_bin, "precision", str(run["xla"]), "--step", "1", "--pack", str(run["pack"]),
                           "--level", "aten", check=False)
     assert refused.returncode == 2 and "ran on XLA" in refused.stderr, refused.stderr

@@ -26,7 +26,7 @@ import torch
 from ..tracing.aten_trace import AtenTracer
 from ..tracing.module_capture import ModuleCapture
 from ..tracing.op_capture import OpCapture, StepCapture
-from ..cli.lane_args import parse_lane_fault
+from ..cli.lane_args import device_of, parse_lane_fault
 from ..pack import PackError
 from .canary import CanaryError, LoadedCanary, canonical_json, load_canary, stateful_objects
 from .canary_state import restore_state
@@ -37,7 +37,6 @@ from ..receipts.receipt import ReceiptReader
 from .runner import CanaryLoop, RunOptions, StepRecord, parse_canary_fault, run_canary
 from ..receipts.schema import HASH_FAMILIES
 from ..receipts.stack import git_commit_of
-from ..xla.device import xla_device
 
 # The families a checkpoint holds (what it is verified against): gradients are not state.
 CHECKPOINT_FAMILIES = ("params", "adam_m", "adam_v")
@@ -153,9 +152,9 @@ def _load_pack_lane(reader: ReceiptReader, recipe: Dict[str, Any], pack_path: st
 
 
 def _device_of(recipe: Dict[str, Any]) -> torch.device:
-    """The device the recipe ran on (XLA's as torch_xla picks it)."""
-    name = recipe.get("device", "cpu")
-    return xla_device() if name == "xla" else torch.device(name)
+    """The device the recipe ran on, as the run's --device had it (a UsageError where it
+    cannot be had here: no CUDA, no torch_xla)."""
+    return device_of(recipe.get("device", "cpu"), deterministic=bool(recipe.get("deterministic")))
 
 
 def _load(reader: ReceiptReader, recipe: Dict[str, Any], pack: Optional[str] = None) -> Tuple[LoadedCanary, Any]:

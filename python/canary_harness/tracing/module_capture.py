@@ -26,18 +26,17 @@ fp32 bounds here do not allow) and calls made with grad disabled (a held-out eva
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..models import llama
 from ..models.gpt2 import Embedding, LmHead, Residual, embed
 from .op_capture import FORMATS, CapturedResult, StepCapture
 from .aten_trace import user_site
 from .trace import output_column
-
-Tensors = Sequence[torch.Tensor]
 
 
 class Recomputed(NamedTuple):
@@ -119,6 +118,7 @@ MODULES: Dict[type, ModuleArithmetic] = {
     torch.nn.LayerNorm: ModuleArithmetic("layer_norm", _with_parameters, _layer_norm),
     LmHead: ModuleArithmetic("dot", _arguments(2), _lm_head),
     Residual: ModuleArithmetic("rounded", _arguments(2), _residual),
+    llama.Residual: ModuleArithmetic("rounded", _arguments(2), _residual),
     Embedding: ModuleArithmetic("rounded", _arguments(3), _embedding),
 }
 
@@ -156,8 +156,8 @@ class ModuleCapture:
     def __init__(self, model: torch.nn.Module, autocast: bool = False) -> None:
         self._autocast = autocast
         self._active = False
-        self._depth_calls = 0  # module calls begun, to tell a leaf call (no call inside it)
-        self._entered: List[Tuple[str, torch.nn.Module, int, Tuple[Any, ...], str]] = []
+        self._calls_begun = 0  # to tell a leaf call: no module call begins inside it
+        self._entered: List[Tuple[str, int, Optional[Tuple[Any, ...]], str]] = []
         self._calls: List[_Call] = []
         self._not_judged: Dict[str, int] = {}
         self._occurrences: Dict[str, int] = {}
@@ -171,35 +171,42 @@ class ModuleCapture:
         def hook(module: torch.nn.Module, args: Tuple[Any, ...]) -> None:
             if not self._active:
                 return
-            self._depth_calls += 1
+            self._calls_begun += 1
             arithmetic = MODULES.get(type(module))
-            # Operands cloned as the call begins: the optimizer updates parameters in place.
-            operands = ([_clone(t) for t in arithmetic.operands(module, args)] if arithmetic is not None else [])
-            self._entered.append((path, module, self._depth_calls, tuple(operands), user_site()))
+            operands = None  # cloned as the call begins (the optimizer updates parameters in place), where judged
+            if arithmetic is not None and not self._autocast and torch.is_grad_enabled():
+                try:
+                    operands = tuple(_clone(t) for t in arithmetic.operands(module, args))
+                except IndexError:  # called with keyword arguments, which a forward pre-hook does not see
+                    operands = None
+            self._entered.append((path, self._calls_begun, operands, user_site()))
         return hook
 
     def _leave(self, module: torch.nn.Module, args: Tuple[Any, ...], out: Any) -> None:
         if not self._active or not self._entered:
             return
-        path, _, began_at, operands, site = self._entered.pop()
-        if began_at != self._depth_calls:
+        path, began_at, operands, site = self._entered.pop()
+        if began_at != self._calls_begun:
             return  # another module was called inside it: a container, which computes nothing itself
         occurrence = self._occurrences.get(path, 0)
         self._occurrences[path] = occurrence + 1
         arithmetic = MODULES.get(type(module))
-        why_not = self._why_not_judged(module, arithmetic, out)
+        why_not = self._why_not_judged(module, arithmetic, operands, out)
         if why_not is not None:
             self._not_judged[why_not] = self._not_judged.get(why_not, 0) + 1
             return
         self._calls.append(_Call(path, module, arithmetic, list(operands), out.detach().clone(), occurrence, site))
 
-    def _why_not_judged(self, module: torch.nn.Module, arithmetic: Optional[ModuleArithmetic], out: Any) -> Optional[str]:
+    def _why_not_judged(self, module: torch.nn.Module, arithmetic: Optional[ModuleArithmetic],
+                        operands: Optional[Tuple[Any, ...]], out: Any) -> Optional[str]:
         if arithmetic is None:
             return f"{_name(module)} (no module-level bound yet)"
         if not torch.is_grad_enabled():
             return f"{_name(module)} (called with grad disabled)"
         if self._autocast:
             return f"{_name(module)} (under bf16 autocast: its operands are rounded inside it)"
+        if operands is None:
+            return f"{_name(module)} (called with keyword arguments)"
         if not isinstance(out, torch.Tensor) or out.dtype != torch.float32:
             return f"{_name(module)} ({getattr(out, 'dtype', type(out).__name__)})"
         return None
