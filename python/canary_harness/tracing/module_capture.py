@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from ..models import llama
 from ..models.gpt2 import Embedding, LmHead, Residual, embed
-from .op_capture import FORMATS, CapturedResult, StepCapture
+from .op_capture import FORMATS, CapturedResult, StepCapture, clone, flat_float64, float64_on_cpu
 from .aten_trace import user_site
 from .trace import output_column
 
@@ -127,17 +127,6 @@ def _name(module: torch.nn.Module) -> str:
     return type(module).__name__.lstrip("_")  # the model's own op modules may be private
 
 
-def _clone(value: Any) -> Any:
-    return value.detach().clone() if isinstance(value, torch.Tensor) else value
-
-
-def _float64_on_cpu(value: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    if value is None:
-        return None
-    value = value.detach().to("cpu")
-    return value.to(torch.float64) if value.is_floating_point() else value
-
-
 class _Call(NamedTuple):
     path: str
     module: torch.nn.Module
@@ -176,7 +165,7 @@ class ModuleCapture:
             operands = None  # cloned as the call begins (the optimizer updates parameters in place), where judged
             if arithmetic is not None and not self._autocast and torch.is_grad_enabled():
                 try:
-                    operands = tuple(_clone(t) for t in arithmetic.operands(module, args))
+                    operands = tuple(clone(t) for t in arithmetic.operands(module, args))
                 except IndexError:  # called with keyword arguments, which a forward pre-hook does not see
                     operands = None
             self._entered.append((path, self._calls_begun, operands, user_site()))
@@ -223,16 +212,15 @@ class ModuleCapture:
         return capture
 
     def _recomputed(self, call: _Call) -> CapturedResult:
-        operands = [_float64_on_cpu(t) for t in call.operands]
+        operands = [float64_on_cpu(t) for t in call.operands]
         r = call.arithmetic.recompute(call.module, operands)
-        flat = (lambda t: np.ascontiguousarray(t.detach().to("cpu", torch.float64).numpy().reshape(-1)))
         formats = sorted({FORMATS.get(t.dtype, str(t.dtype)) for t in call.operands
                           if t is not None and t.is_floating_point()})
         result = CapturedResult(call.path, _name(call.module), call.occurrence, "forward", call.site,
                                 call.arithmetic.kind, r.count, FORMATS[call.output.dtype], ",".join(formats),
-                                flat(call.output), flat(r.exact), flat(r.magnitude))
+                                flat_float64(call.output), flat_float64(r.exact), flat_float64(r.magnitude))
         result.tensor = output_column(call.path, call.output, 0, 1)
-        result.terms = {name: flat(t) for name, t in r.terms.items()}
+        result.terms = {name: flat_float64(t) for name, t in r.terms.items()}
         return result
 
     def close(self) -> None:

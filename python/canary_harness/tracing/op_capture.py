@@ -181,11 +181,12 @@ class StepCapture:
     not_judged: Dict[str, int] = field(default_factory=dict)
 
 
-def _clone(value: Any) -> Any:
+def clone(value: Any) -> Any:
+    """A tensor's detached copy on its device (anything else as it is)."""
     return value.detach().clone() if isinstance(value, torch.Tensor) else value
 
 
-def _float64_on_cpu(value: Any) -> Any:
+def float64_on_cpu(value: Any) -> Any:
     """A copy on the CPU (float64 where floating): an in-place op recomputed writes its copy."""
     if isinstance(value, torch.Tensor) and value.is_floating_point():
         return value.detach().to("cpu", torch.float64, copy=True)
@@ -200,7 +201,7 @@ class _Mode(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         arithmetic = arithmetic_of(func, kwargs)
-        before = tree_map(_clone, (args, kwargs)) if arithmetic is not None else None
+        before = tree_map(clone, (args, kwargs)) if arithmetic is not None else None
         out = func(*args, **kwargs)
         self.capture._seen(func, arithmetic, before, out)
         return out
@@ -267,15 +268,19 @@ def _recompute(func: Any, arithmetic: Arithmetic, args: Tuple[Any, ...], kwargs:
     formats = sorted({FORMATS.get(a.dtype, str(a.dtype).replace("torch.", "")) for a in operands
                       if isinstance(a, torch.Tensor) and a.is_floating_point()})
     rounded_first = sum(1 for a in operands if _rounded_to_fp32(a))
-    args64 = tree_map(_float64_on_cpu, args)
-    kwargs64 = {k: (torch.float64 if k == "dtype" else tree_map(_float64_on_cpu, v)) for k, v in kwargs.items()}
+    args64 = tree_map(float64_on_cpu, args)
+    kwargs64 = {k: (torch.float64 if k == "dtype" else tree_map(float64_on_cpu, v)) for k, v in kwargs.items()}
     kwargs64.pop("device", None)
-    exact = func(*tree_map(_float64_on_cpu, args), **kwargs64)  # its own copies: an in-place op writes them
+    exact = func(*tree_map(float64_on_cpu, args), **kwargs64)  # its own copies: an in-place op writes them
     magnitude = arithmetic.magnitude(func, args64, kwargs64, exact)
     count = arithmetic.count(args64, kwargs64, exact) + rounded_first
-    flat = (lambda t: np.ascontiguousarray(t.detach().to("cpu", torch.float64).numpy().reshape(-1)))
     return CapturedResult(op, str(func), occurrence, phase, site, arithmetic.kind, count, FORMATS[result.dtype],
-                          ",".join(formats), flat(result), flat(exact), flat(magnitude))
+                          ",".join(formats), flat_float64(result), flat_float64(exact), flat_float64(magnitude))
+
+
+def flat_float64(t: torch.Tensor) -> np.ndarray:
+    """A tensor's values as a contiguous float64 vector on the host (what write_values stores)."""
+    return np.ascontiguousarray(t.detach().to("cpu", torch.float64).numpy().reshape(-1))
 
 
 class _CapturedStep:

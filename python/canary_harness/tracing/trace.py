@@ -63,11 +63,11 @@ Site = Tuple[str, int, str, str, str]  # op, layer, phase, tensor, kind
 OpNames = Union[Mapping[str, str], Callable[[str], str], None]
 
 
-
 def output_column(op: str, output: torch.Tensor, index: int, outputs: int) -> str:
     """The trace column of output `index` of an op's `outputs` floating-point outputs: `<op>`
     for a 0-D one (the loss), `<op>.out`, or `<op>.out<j>` of several (module docstring)."""
     return op if output.dim() == 0 else (f"{op}.out" if outputs == 1 else f"{op}.out{index}")
+
 
 class TraceError(ValueError):
     """A step whose op trace cannot be taken as asked (one line, naming the op)."""
