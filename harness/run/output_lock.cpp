@@ -6,9 +6,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -38,6 +40,22 @@ std::string describe_holder(const std::string& lock_path) {
   return command.empty() ? fmt::format("process {}", pid) : fmt::format("process {} ({})", pid, command.substr(1));
 }
 
+// A reader asking whether the output is being written (held(), below, which `inspect
+// --follow` polls) holds a shared lock for microseconds; a writer that meets one waits it
+// out. Another writer holds the lock for its whole run and is still there at the deadline.
+// Without the wait CI refused 1 run of 8 read by four followers (cli.interrupt_and_lock).
+// Returns 0 or the errno of the last attempt.
+int lock_exclusive_past_readers(int fd) {
+  constexpr auto kReaderGrace = std::chrono::milliseconds(250);
+  const auto deadline = std::chrono::steady_clock::now() + kReaderGrace;
+  while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int error = errno;
+    if (error != EWOULDBLOCK || std::chrono::steady_clock::now() >= deadline) return error;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return 0;
+}
+
 }  // namespace
 
 OutputLock::OutputLock(const std::string& output) : path_(lock_path(output)) {
@@ -46,8 +64,7 @@ OutputLock::OutputLock(const std::string& output) : path_(lock_path(output)) {
   for (int attempt = 0; attempt < 100; ++attempt) {
     fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd_ < 0) throw FileError(fmt::format("{}: cannot create the writer's lock file ({})", path_, std::strerror(errno)));
-    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-      const int error = errno;
+    if (const int error = lock_exclusive_past_readers(fd_); error != 0) {
       ::close(fd_);
       fd_ = -1;
       if (error != EWOULDBLOCK) throw FileError(fmt::format("{}: cannot lock ({})", path_, std::strerror(error)));
