@@ -163,6 +163,7 @@ DivergentOp op_at(const OpTrace& row, std::size_t c) {
   op.kind = col.kind;
   op.site = c < row.sites.size() ? row.sites[c] : "";
   op.layer = col.layer;
+  op.level = row.level;
   for (std::size_t before = 0; before < c; ++before) {
     const receipt::TraceColumn& earlier = row.columns[before];
     if (earlier.op == col.op && earlier.phase == col.phase && earlier.tensor == col.tensor) ++op.occurrence;
@@ -313,7 +314,7 @@ nlohmann::json op_json(const Bisection& b) {
   if (!b.first_divergent_op) return nullptr;
   const DivergentOp& op = *b.first_divergent_op;
   nlohmann::json j = {{"index", op.index}, {"name", op.name},     {"layer", op.layer},
-                      {"phase", op.phase}, {"tensor", op.tensor}, {"kind", op.kind},
+                      {"phase", op.phase}, {"tensor", op.tensor}, {"kind", op.kind}, {"level", op.level},
                       {"site", op.site.empty() ? nlohmann::json(nullptr) : nlohmann::json(op.site)},
                       {"other", op.other.empty() ? nlohmann::json(nullptr) : nlohmann::json(op.other)}};
   if (!b.bitwise) {

@@ -29,6 +29,7 @@ struct DivergentOp {
   std::string other;  // where the two runs ran different ops here: what the other one ran
   int layer = -1;
   double distance = 0, allowed = 0;  // budgeted bisects: sketch distance and its budget
+  std::string level = kOpsLevel;     // the traces it was found in: module outputs (ops) or aten ops
 };
 
 // A run's op trace of one step when its receipt has none of the level the other run's has:

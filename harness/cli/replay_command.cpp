@@ -271,9 +271,13 @@ check::OpTrace replayed_trace(const check::ReceiptData& run, int step, const std
 }
 
 // Step `step` of `run` under the oracle: a harness engine's replay, or a Python canary's
-// captured aten ops (run::judge_python_step). Throws with why it cannot be judged.
-run::OracleReport step_oracle(const check::ReceiptData& run, int step, const std::string& pack) {
-  if (const auto flags = replayed_by_package<std::runtime_error>(run, pack)) {
+// captured ops (run::judge_python_step): at module outputs where bisect found the op among
+// module outputs (`level` ops: the /trace of a PyTorch lane, torch_xla's too), else aten
+// ops. Throws with why it cannot be judged.
+run::OracleReport step_oracle(const check::ReceiptData& run, int step, const std::string& pack,
+                              const std::string& level) {
+  if (auto flags = replayed_by_package<std::runtime_error>(run, pack)) {
+    flags->insert(flags->end(), {"--level", level == check::kOpsLevel ? "modules" : "aten"});
     try {
       return run::judge_python_step(run.path, run.manifest, step, std::nullopt, run::ChildOutput::kCapture, *flags)
           .report;
@@ -294,7 +298,7 @@ check::OracleSide judged_op(const check::ReceiptData& run, int step, const check
   check::OracleSide side;
   run::OracleReport report;
   try {
-    report = step_oracle(run, step, pack);
+    report = step_oracle(run, step, pack, op.level);
   } catch (const std::exception& e) {  // an engine that compiles its steps, no recipe, a racy run
     side.why_not = e.what();
     return side;

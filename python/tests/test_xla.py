@@ -8,10 +8,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import pytest
 
@@ -46,7 +47,8 @@ def counters(path: Path) -> Dict[str, List[float]]:
 
 @pytest.fixture(scope="module")
 def lanes(harness_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Dict[str, Path]]:
-    """tiny and llama-tiny for STEPS steps: the pack, cpu-ref's receipt and the xla lane's."""
+    """tiny and llama-tiny for STEPS steps: the pack, cpu-ref's receipt and the xla lane's,
+    with op traces as the nightly's lanes record them; tiny's eager lane too."""
     if not HAS_XLA:
         return {}
     d = tmp_path_factory.mktemp("xla")
@@ -55,8 +57,11 @@ def lanes(harness_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Dict[s
         pack = export_pack(harness_bin, d / f"{canary}-pack.h5", canary=canary, steps=STEPS)
         cpu, xla = d / f"{canary}-cpu.h5", d / f"{canary}-xla.h5"
         run_harness(harness_bin, "run", "--canary", canary, "--steps", str(STEPS), "--out", str(cpu))
-        harness_python("canary_harness.lane", "--pack", str(pack), "--device", "xla", "--out", str(xla))
+        harness_python("canary_harness.lane", "--pack", str(pack), "--device", "xla", "--trace", "ops", "--out", str(xla))
         runs[canary] = {"pack": pack, "cpu": cpu, "xla": xla}
+    runs["tiny"]["eager"] = d / "tiny-eager.h5"
+    harness_python("canary_harness.lane", "--pack", str(runs["tiny"]["pack"]), "--trace", "ops",
+                   "--out", str(runs["tiny"]["eager"]))
     return runs
 
 
@@ -123,6 +128,46 @@ def test_precision_judges_an_xla_lane_at_its_module_outputs(lanes: dict, harness
                           "--level", "aten", check=False)
     assert refused.returncode == 2 and "ran on XLA" in refused.stderr, refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1
+
+
+def budgets_tightened(out: Path, features: Tuple[str, ...], factor: float) -> Path:
+    """The shipped budgets with the tolerances of `features`' entries times `factor`."""
+    lines, section = [], None
+    for line in (Path(PACKAGE_ROOT).parent / "canaries" / "budgets.toml").read_text().splitlines(keepends=True):
+        header = re.match(r"^\[([^\]]+)\]", line)
+        section = header.group(1) if header else section
+        if section in features:
+            line = re.sub(r"(atol|rtol) = ([0-9.e+-]+)", lambda g: f"{g.group(1)} = {float(g.group(2)) * factor:.3g}",
+                          line)
+        lines.append(line)
+    out.write_text("".join(lines))
+    return out
+
+
+def test_bisect_judges_torch_eager_against_torch_xla_at_their_first_divergent_module_output(
+        lanes: dict, harness_bin: Path, tmp_path: Path, monkeypatch) -> None:
+    """tiny's eager lane and its torch_xla lane, under budgets a millionth of [torch-cpu]'s
+    and [torch-xla]'s, part at step 0: bisect finds the first divergent module output in the
+    lanes' own traces (the first layer norm: XLA fuses its reductions otherwise), replays
+    that step of each side (torch_xla's with its trace, as it ran: the trace's tensors are
+    outputs of the step's graph) and judges the module on each side's own inputs: both
+    within their bounds, rounding."""
+    if not HAS_XLA:
+        return  # the lane cannot run here: test_xla_lane_compiles_once... asserts its refusal
+    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    run = lanes["tiny"]
+    tight = budgets_tightened(tmp_path / "tight.toml", ("torch-cpu", "torch-xla"), 1e-6)
+    result = run_harness(harness_bin, "bisect", str(run["eager"]), str(run["xla"]), "--pack", str(run["pack"]),
+                         "--budgets", str(tight), "--json", check=False)
+    assert result.returncode == 1, result.stdout + result.stderr
+    b = json.loads(result.stdout)
+    op = b["first_divergent_op"]
+    assert (b["first_divergent_step"], op["level"], op["name"], op["phase"]) == (0, "ops", "blocks.0.ln1", "forward"), op
+    oracle = b["oracle"]
+    for side in ("a", "b"):
+        assert oracle[side]["judged"] and oracle[side]["within"], oracle
+        assert 0 < oracle[side]["error_ulps"] <= oracle[side]["bound_ulps"], oracle
+    assert oracle["verdict"] == "both within their bounds: rounding"
 
 
 def test_a_second_process_finds_the_persistent_cache_entry(lanes: dict, harness_bin: Path, tmp_path: Path):
@@ -230,14 +275,30 @@ def line_of(case: str, marker: str) -> int:
     return next(i + 1 for i, text in enumerate(lines) if text.rstrip().endswith(f"# {marker}"))
 
 
+def audit_steps(case: str) -> int:
+    return 3 if case.startswith("canary_lane") else 4  # the micro pack holds 3 batches; 4 is the audit's default
+
+
+@pytest.fixture(scope="module")
+def xla_audit(micro_pack: Path) -> Callable[[str], subprocess.CompletedProcess]:
+    """`python3 -m canary_harness.audit CASE --xla --json` of a case, run once per module:
+    the tests below read the same runs."""
+    done: Dict[str, subprocess.CompletedProcess] = {}
+
+    def audit(case: str) -> subprocess.CompletedProcess:
+        if case not in done:
+            done[case] = harness_python("canary_harness.audit", f"{CASES / case}", "--xla", "--json", "--steps",
+                                        str(audit_steps(case)), check=False, env={"CANARY_AUDIT_PACK": str(micro_pack)})
+        return done[case]
+    return audit
+
+
 @pytest.mark.parametrize("case", sorted(AGREEMENT))
-def test_every_audit_case_under_torch_xla(case: str, micro_pack: Path):
+def test_every_audit_case_under_torch_xla(case: str, xla_audit: Callable[[str], subprocess.CompletedProcess]):
     """`python3 -m canary_harness.audit CASE --xla --json`: the static verdict and torch_xla's
     real counts, each as the table says; the exit status is the compiler's (0 only where it
     compiled once and read nothing). Without torch_xla: exit 2, one line."""
-    steps = 3 if case.startswith("canary_lane") else 4  # the micro pack holds 3 batches
-    result = harness_python("canary_harness.audit", f"{CASES / case}", "--xla", "--json", "--steps", str(steps),
-                            check=False, env={"CANARY_AUDIT_PACK": str(micro_pack)})
+    result = xla_audit(case)
     if not HAS_XLA:
         assert result.returncode == 2 and "--xla: torch_xla is not installed" in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1 and not result.stdout
@@ -249,18 +310,18 @@ def test_every_audit_case_under_torch_xla(case: str, micro_pack: Path):
     assert (xla["static"]["stable"], xla["static"]["host_reads"]) == (static_stable, static_reads), xla
     assert (xla["xla"]["stable"], xla["xla"]["host_reads"]) == (stable, reads), xla
     assert xla["agrees"] is ((static_stable, static_reads) == (stable, reads))
-    assert xla["client"] == "CPU" and len(xla["steps"]) == steps
+    assert xla["client"] == "CPU" and len(xla["steps"]) == audit_steps(case)
     assert result.returncode == (0 if stable and not reads and report["clean"] else 1)
 
 
-def test_each_recompile_has_its_cause_and_each_transfer_its_line():
+def test_each_recompile_has_its_cause_and_each_transfer_its_line(xla_audit: Callable[[str], subprocess.CompletedProcess]):
     """The real compiles and transfers, located: the batch ramp's new graph at step 2 starts
     with the 16-row batch; the item's transfer is cut at its line in every step; nonzero's
     shape is read to the host at its line and each new size compiles a graph."""
     if not HAS_XLA:
         return  # the one-line refusal is asserted for every case above
     def run(case: str) -> list:
-        result = harness_python("canary_harness.audit", f"{CASES / case}", "--xla", "--json", check=False)
+        result = xla_audit(case)
         assert result.returncode == 1, result.stderr
         return json.loads(result.stdout)["xla"]["steps"]
 

@@ -177,8 +177,15 @@ def _load(reader: ReceiptReader, recipe: Dict[str, Any], pack: Optional[str] = N
 
 
 def _options(recipe: Dict[str, Any], fault: Any) -> RunOptions:
+    """The recipe's run options, its op trace where the step is one graph: under torch_xla
+    and torch.compile the tensors a trace keeps are outputs of the step's graph, which is
+    then fused otherwise (an XLA lane recorded with --trace ops reproduces only traced).
+    Run eagerly, the trace's hooks change no number, and a replay without them keeps the
+    step's aten ops the model's own (what `--trace aten` and the op oracle see)."""
+    one_graph = recipe.get("device") == "xla" or bool(recipe.get("compile", False))
     return RunOptions(out="", device=recipe.get("device", "cpu"), precision=recipe.get("precision", "fp32"),
                       steps=int(recipe["steps"]), threads=int(recipe["threads"]), fault=fault,
+                      trace=recipe.get("trace", "none") if one_graph else "none",
                       perturb_init=recipe.get("perturb_init"), compile=bool(recipe.get("compile", False)),
                       versioned=bool(recipe.get("versioned", False)),
                       autocast_off=list(recipe.get("autocast_off", [])))
