@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Dict
 
 import pytest
 
@@ -86,6 +87,39 @@ def test_at_module_outputs_a_clean_lane_is_within_and_a_nudged_module_is_named_a
     code, report = _precision(harness_bin, faulted, "--pack", str(pack), "--level", "modules")
     assert code == 1 and [(j["site"], j["op"]) for j in report["over"]] == [("blocks.0.mlp.fc", "Linear")], report["over"]
     assert report["over"][0]["worst_index"] == 0
+
+
+@pytest.fixture(scope="module")
+def llama_lane(harness_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Path]:
+    """llama-tiny's pack and its clean fp32 lane, made once."""
+    d = tmp_path_factory.mktemp("llama-oracle")
+    llama_pack = export_pack(harness_bin, d / "pack.h5", canary="llama-tiny", steps=STEPS)
+    return {"pack": llama_pack, "clean": _lane(llama_pack, d / "clean.h5")}
+
+
+def test_llamas_modules_are_judged_at_their_outputs(harness_bin: Path, llama_lane: Dict[str, Path]) -> None:
+    """llama-tiny's lane at module outputs: its RMSNorms (a layer norm's bound, of a mean that
+    is exactly 0), its RoPEs (two roundings), its embedding (a copy, exact), Linears and
+    residual adds judged, within; SwiGLU, the attention core and the loss listed."""
+    code, report = _precision(harness_bin, llama_lane["clean"], "--pack", str(llama_lane["pack"]), "--level", "modules")
+    assert code == 0 and report["verdict"] == "within", report["over"][:3]
+    kinds = {j["op"] for j in report["judged"]}
+    assert kinds == {"Embedding", "RMSNorm", "Rope", "Linear", "Residual"}, kinds
+    assert set(report["not_judged"]) == {"Attention (no module-level bound yet)", "Loss (no module-level bound yet)",
+                                         "SwiGLU (no module-level bound yet)"}, report["not_judged"]
+
+
+@pytest.mark.parametrize("nudged, ulps, module", [("blocks.1.mlp_norm", 4096, "RMSNorm"),
+                                                   ("blocks.1.attn.rope_k", 64, "Rope")])
+def test_a_nudged_llama_module_is_named_alone(harness_bin: Path, llama_lane: Dict[str, Path], tmp_path: Path,
+                                              nudged: str, ulps: int, module: str) -> None:
+    """A nudge of one RMSNorm's output by 2^12 ulps, or of one RoPE's by 64, is that module
+    over its bound and nothing else."""
+    faulted = tmp_path / "faulted.h5"
+    run_module("canary_harness.lane", "--pack", str(llama_lane["pack"]), "--out", str(faulted),
+               "--inject-fault", f"step={STEPS - 1},op={nudged},ulps={ulps}")
+    code, report = _precision(harness_bin, faulted, "--pack", str(llama_lane["pack"]), "--level", "modules")
+    assert code == 1 and [(j["site"], j["op"]) for j in report["over"]] == [(nudged, module)], report["over"]
 
 
 def test_a_step_of_which_nothing_is_judged_is_no_verdict(harness_bin: Path, pack: Path, lanes: dict) -> None:

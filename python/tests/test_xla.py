@@ -108,22 +108,33 @@ def test_an_xla_lane_is_captured_at_its_module_outputs_and_never_op_by_op() -> N
         _capture_level("r.h5", RunOptions(out="r.h5", device="xla"), "aten")
 
 
-def test_precision_judges_an_xla_lane_at_its_module_outputs(lanes: dict, harness_bin: Path, monkeypatch) -> None:
-    """The XLA lane of tiny replayed from its pack (built on the XLA device, as the lane built
-    it: once built on the CPU and moved, its optimizer's state stayed behind and a step did
-    not end in minutes) and its last step judged at its module outputs: within, every judged
+# Per canary: the module classes judged, and how many results: tiny's embedding, lnf and LM
+# head and 8 in each of 4 blocks; llama-tiny's embedding, final norm and LM head and 13 in
+# each of 4 blocks (two norms, two RoPEs, seven Linears, two residual adds).
+JUDGED_MODULES = {"tiny": ({"Embedding", "LayerNorm", "Linear", "Residual", "LmHead"}, 3 + 8 * 4),
+                  "llama-tiny": ({"Embedding", "RMSNorm", "Rope", "Linear", "Residual"}, 3 + 13 * 4)}
+
+
+@pytest.mark.parametrize("canary", sorted(JUDGED_MODULES))
+def test_precision_judges_an_xla_lane_at_its_module_outputs(canary: str, lanes: dict, harness_bin: Path,
+                                                            monkeypatch) -> None:
+    """The XLA lane replayed from its pack (built on the XLA device, as the lane built it:
+    once built on the CPU and moved, its optimizer's state stayed behind and a step did not
+    end in minutes) and its last step judged at its module outputs: within, every judged
     module class present; --level aten refused in one line."""
     if not HAS_XLA:
         return  # the lane cannot run here: test_xla_lane_compiles_once... asserts its refusal
     monkeypatch.setenv("PJRT_DEVICE", "CPU")
-    run = lanes["tiny"]
+    run = lanes[canary]
     result = run_harness(harness_bin, "precision", str(run["xla"]), "--step", str(STEPS - 1), "--pack", str(run["pack"]),
                          "--json", check=False)
     report = json.loads(result.stdout)
     assert result.returncode == 0 and report["verdict"] == "within", report["over"][:3]
-    assert report["lane"] == "tiny/torch+xla"
-    assert {j["op"] for j in report["judged"]} == {"Embedding", "LayerNorm", "Linear", "Residual", "LmHead"}
-    assert len(report["judged"]) == 3 + 8 * 4  # the embedding, lnf, the LM head; 8 judged modules in each of 4 blocks
+    assert report["lane"] == f"{canary}/torch+xla"
+    classes, count = JUDGED_MODULES[canary]
+    assert {j["op"] for j in report["judged"]} == classes and len(report["judged"]) == count
+    if canary != "tiny":
+        return
     refused = run_harness(harness_bin, "precision", str(run["xla"]), "--step", "1", "--pack", str(run["pack"]),
                           "--level", "aten", check=False)
     assert refused.returncode == 2 and "ran on XLA" in refused.stderr, refused.stderr

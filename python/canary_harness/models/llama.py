@@ -184,7 +184,7 @@ class RMSNorm(nn.Module):
         return rmsnorm(x, self.weight, self.eps)
 
 
-class _Embedding(nn.Module):
+class Embedding(nn.Module):
     """Op `embedding`: wte[tokens] (no position embedding). wte is the model's, passed in,
     so that its gradient is traced under its canary name."""
 
@@ -192,7 +192,7 @@ class _Embedding(nn.Module):
         return F.embedding(tokens, wte)                                         # (B,T,C)
 
 
-class _Rope(nn.Module):
+class Rope(nn.Module):
     """Ops `blocks.l.attn.rope_q` / `rope_k`: rotate-half RoPE on every head of x (B,T,heads*hd)."""
 
     def __init__(self, head_size: int):
@@ -243,8 +243,8 @@ class Attention(nn.Module):
         self.k = nn.Linear(C, cfg.kv_heads * hd, bias=False)
         self.v = nn.Linear(C, cfg.kv_heads * hd, bias=False)
         self.o = nn.Linear(cfg.heads * hd, C, bias=False)
-        self.rope_q = _Rope(hd)
-        self.rope_k = _Rope(hd)
+        self.rope_q = Rope(hd)
+        self.rope_k = Rope(hd)
         self.residual = Residual()
 
     def forward(self, q, k, v):
@@ -312,7 +312,7 @@ class Llama(CanaryModule):
         super().__init__()
         self.cfg = cfg
         self.wte = nn.Parameter(torch.empty(cfg.vocab_size, cfg.channels))
-        self.embedding = _Embedding()
+        self.embedding = Embedding()
         self.blocks = nn.ModuleList(self.block_class(cfg) for _ in range(cfg.layers))
         self.norm = RMSNorm(cfg.channels, cfg.layernorm_eps)
         self.lm_head = nn.Linear(cfg.channels, cfg.vocab_size, bias=False)     # untied

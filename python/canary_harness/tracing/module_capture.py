@@ -17,9 +17,14 @@ harness/run/python_oracle.cpp), as it does capture-ops' aten results:
   sum (`rounded`);
 - nn.LayerNorm: `layer_norm`, judged from its input, weight and bias alone, whatever order
   its kernel sums in (the bound in engines/numerics/rounding_bounds.h): the mean, the
-  variance and the output's terms are written beside the values.
+  variance and the output's terms are written beside the values;
+- Llama's RMSNorm: the same bound, of a layer norm whose mean is exactly 0 (none is
+  computed or subtracted) and that adds no bias;
+- Llama's RoPE (x1 c - x2 s, x2 c + x1 s): two roundings of an exact sum of two products
+  (`rounded`, also where a fused multiply-add saves one); its embedding (wte[token]): a
+  copy, exact.
 
-Any other op module (the attention core, GELU, the loss) is listed as not judged, by class,
+Any other op module (the attention core, GELU, SwiGLU, the loss) is listed as not judged, by class,
 as are modules under bf16 autocast (their operands are rounded inside the module, which the
 fp32 bounds here do not allow) and calls made with grad disabled (a held-out evaluation).
 """
@@ -104,12 +109,44 @@ def _layer_norm(module: torch.nn.Module, ops: List[Optional[torch.Tensor]]) -> R
                        "conditioning": rho.expand(shape)})
 
 
+def _rms_norm(module: torch.nn.Module, ops: List[Optional[torch.Tensor]]) -> Recomputed:
+    """x r w with r = (S + eps)^(-1/2), S the row's mean square: a layer norm's terms
+    (_layer_norm) with mean 0, no offset, and rho = S / (S + eps)."""
+    x, weight = ops
+    square = (x * x).mean(-1, keepdim=True)
+    r = 1.0 / torch.sqrt(square + module.eps)
+    scaled = x * r * weight
+    shape, nothing = scaled.shape, torch.zeros(scaled.shape, dtype=x.dtype)
+    return Recomputed(scaled, int(x.shape[-1]), scaled.abs(),
+                      {"offset": nothing, "mean_term": nothing, "conditioning": (square / (square + module.eps)).expand(shape)})
+
+
+def _rope(module: torch.nn.Module, ops: List[Optional[torch.Tensor]]) -> Recomputed:
+    """The module's own forward in float64. Its terms |x1 c| + |x2 s| and |x2 c| + |x1 s|
+    are, element by element, the larger of the forward of |x|, |c|, |s| (whose first half
+    subtracts them) and of |x|, |c|, -|s| (whose second half does)."""
+    x, cos, sin = ops
+    magnitude = torch.maximum(module.forward(x.abs(), cos.abs(), sin.abs()),
+                              module.forward(x.abs(), cos.abs(), -sin.abs()))
+    return Recomputed(module.forward(x, cos, sin), 2, magnitude, {})
+
+
+def _gather(module: torch.nn.Module, ops: List[Optional[torch.Tensor]]) -> Recomputed:
+    tokens, wte = ops
+    exact = F.embedding(tokens, wte)
+    return Recomputed(exact, 0, exact.abs(), {})  # a copy: no rounding
+
+
 def _arguments(count: int) -> Callable[[torch.nn.Module, Tuple[Any, ...]], List[Optional[torch.Tensor]]]:
     return lambda module, args: list(args[:count])
 
 
 def _with_parameters(module: torch.nn.Module, args: Tuple[Any, ...]) -> List[Optional[torch.Tensor]]:
     return [args[0], module.weight, module.bias]
+
+
+def _with_weight(module: torch.nn.Module, args: Tuple[Any, ...]) -> List[Optional[torch.Tensor]]:
+    return [args[0], module.weight]
 
 
 # By module class (the model's own op modules, models/gpt2.py, and torch's): the one table.
@@ -120,6 +157,9 @@ MODULES: Dict[type, ModuleArithmetic] = {
     Residual: ModuleArithmetic("rounded", _arguments(2), _residual),
     llama.Residual: ModuleArithmetic("rounded", _arguments(2), _residual),
     Embedding: ModuleArithmetic("rounded", _arguments(3), _embedding),
+    llama.RMSNorm: ModuleArithmetic("layer_norm", _with_weight, _rms_norm),
+    llama.Rope: ModuleArithmetic("rounded", _arguments(3), _rope),
+    llama.Embedding: ModuleArithmetic("rounded", _arguments(2), _gather),
 }
 
 
