@@ -14,6 +14,7 @@
 #include "kernels/gemm.h"
 #include "kernels/kernels.h"
 #include "kernels/moe_ops.h"
+#include "limited_accumulator_gemm.h"
 #include "numerics/formats.h"
 
 namespace harness::accel {
@@ -304,10 +305,7 @@ Engine::OpNumerics AccelEngine::op_numerics(OpKind op, const OpSite& site, std::
       n.scaled = fp8_operands(op, operands, unit);
       n.descale_roundings = 4;  // output_scale = fl(fl(1/s_a) fl(1/s_b)), then each partial's multiply
     }
-    if (unit.zone != nullptr && config_.accumulate_interval != 0) {
-      n.bounded = false;
-      n.why_not_bounded = "its FP8 GEMM's limited-precision accumulator (fp8-limited)";
-    }
+    if (unit.zone != nullptr) n.accumulator = {config_.accumulate_interval, kLimitedAccumulatorFractionBits};
     if (weight_in_bf16(weight, unit)) n.operands = numerics::Precision::Bf16;
   }
   const bool attention = op == OpKind::AttentionForward || op == OpKind::GqaAttentionForward;

@@ -139,7 +139,8 @@ class Engine {
     std::vector<numerics::Precision> results;  // per operand; fp32 where not a result (empty: all fp32)
     std::vector<std::optional<Scaled>> scaled;  // per operand; none where not scaled (empty: none)
     int descale_roundings = 0;  // the fp32 roundings a GEMM of scaled operands adds to each term as it descales
-    bool bounded = true;  // false: a way of computing the bounds do not model yet (a limited accumulator)
+    numerics::LimitedAccumulator accumulator;  // a GEMM's accumulator narrower than fp32 (interval 0: fp32)
+    bool bounded = true;  // false: a way of computing the bounds do not model
     std::string why_not_bounded;
     numerics::Precision result(std::size_t operand) const {
       return operand < results.size() ? results[operand] : numerics::Precision::Fp32;

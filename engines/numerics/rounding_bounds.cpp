@@ -122,11 +122,26 @@ OperandRounding scaled_rounding(Precision format, double scale) {
   return {t.unit_roundoff + u + t.unit_roundoff * u, 0.5 * t.smallest_spacing / std::fabs(scale)};
 }
 
-double rounded_operands_dot_bound(const DotSums& s, OperandRounding a, OperandRounding b, int extra_roundings) {
+double limited_step_error(const LimitedAccumulator& accumulator) {
+  const double u = precision_traits(Precision::Fp32).unit_roundoff;
+  const double cut = std::ldexp(1.0, -accumulator.kept_fraction_bits);
+  return u + cut + u * cut;
+}
+
+double rounded_operands_dot_bound(const DotSums& s, OperandRounding a, OperandRounding b, int extra_roundings,
+                                  const LimitedAccumulator& accumulator) {
   const double q = (a.relative + b.relative + a.relative * b.relative) * s.abs_products +
                    b.absolute * (1 + a.relative) * s.abs_a + a.absolute * (1 + b.relative) * s.abs_b +
                    static_cast<double>(s.k) * a.absolute * b.absolute;
-  return q + dot_product_bound(s.k + 1 + extra_roundings, s.abs_products + q + s.abs_extra, Precision::Fp32);
+  if (accumulator.interval == 0) {
+    return q + dot_product_bound(s.k + 1 + extra_roundings, s.abs_products + q + s.abs_extra, Precision::Fp32);
+  }
+  const double u_run = limited_step_error(accumulator);
+  const std::int64_t n = std::min(accumulator.interval, s.k);
+  if (!(static_cast<double>(n) * u_run < 1.0)) return std::numeric_limits<double>::infinity();
+  const double g_run = gamma(n, u_run);
+  const double g = gamma(s.k + 1 + extra_roundings, precision_traits(Precision::Fp32).unit_roundoff);
+  return q + (g_run + g * (1 + g_run)) * (s.abs_products + q) + g * s.abs_extra;
 }
 
 double layer_norm_output_bound(const LayerNormTerms& t) {

@@ -97,6 +97,20 @@ struct DotSums {
   std::int64_t k = 0;
   double abs_products = 0, abs_a = 0, abs_b = 0, abs_extra = 0;
 };
+// An accumulator that keeps fewer bits than fp32 over runs of `interval` products, each
+// run's sum then added to an fp32 total (FP8 tensor cores' accumulator, promoted every 128
+// products as DeepSeek-V3 does; accel's model: engines/accel/limited_accumulator_gemm.h).
+// Within a run each step is s = cut(fl32(s + a b)): the fused multiply-add rounded to fp32,
+// then cut toward zero to `kept_fraction_bits` fraction bits (a relative error below
+// 2^-kept_fraction_bits), so each step is s (1 + eps) with |eps| <= u_run = u + 2^-f + u 2^-f.
+// interval 0: fp32 throughout.
+struct LimitedAccumulator {
+  std::int64_t interval = 0;
+  int kept_fraction_bits = 23;
+};
+// u_run above: the relative error of one step of the accumulator's runs.
+double limited_step_error(const LimitedAccumulator& accumulator);
+
 // A dot product whose operands were rounded first as `a` and `b` say, its k products and
 // the extra term then added in fp32 in any order, each term through at most
 // k + 1 + extra_roundings roundings (an FP8 GEMM's descale: 1/s_a, 1/s_b, their product,
@@ -106,7 +120,13 @@ struct DotSums {
 // (|â b̂ - a b| <= |a| |b̂ - b| + |b̂| |â - a|, summed; the rounded products are at most
 // S_ab + Q in magnitude). With both operands {u_p, 0} and no extra roundings it is
 // ((1 + u_p)^2 - 1) S_ab + gamma_{k+1} ((1 + u_p)^2 S_ab + |extra|).
-double rounded_operands_dot_bound(const DotSums& sums, OperandRounding a, OperandRounding b, int extra_roundings = 0);
+// With a limited `accumulator` each product also goes through at most n = min(interval, k)
+// steps of a run before the fp32 roundings (the extra term through none of them):
+//   bound = Q + (g_run + g (1 + g_run)) (S_ab + Q) + g |extra|,
+//   g_run = gamma_n(u_run), g = gamma_{k + 1 + extra_roundings}(u)
+// (+inf where n u_run >= 1: such a run keeps no digit the bound can speak for).
+double rounded_operands_dot_bound(const DotSums& sums, OperandRounding a, OperandRounding b, int extra_roundings = 0,
+                                  const LimitedAccumulator& accumulator = {});
 
 // A layer norm seen only at its input x (one row of C values), weight w, bias b and output
 // (a module's: torch's nn.LayerNorm, XLA's lowering of it), whose mean and variance the

@@ -78,10 +78,12 @@ LineSums line_sums(std::int64_t lines, std::int64_t k, const std::function<doubl
 
 // out (rows, cols) = extra + a (rows, k) @ b (k, cols): each element in double (the
 // products of floats exact, the sum's error far below any fp32 bound) and its bound, each
-// side's operand read as `sa` and `sb` say (docs/oracle.md, "Dot products and sums").
+// side's operand read as `sa` and `sb` say, the GEMM's descale and accumulator as the engine
+// declares (docs/oracle.md, "Dot products and sums", "A limited accumulator").
 // Row-parallel: each element is computed by one thread, in one order, whatever the threads.
 void dot_products(std::int64_t rows, std::int64_t cols, std::int64_t k, View a, View b, View extra, const GemmSide& sa,
-                  const GemmSide& sb, int descale, std::vector<double>& exact, std::vector<double>& bound) {
+                  const GemmSide& sb, const Engine::OpNumerics& declared, std::vector<double>& exact,
+                  std::vector<double>& bound) {
   exact.assign(rows * cols, 0.0);
   bound.assign(rows * cols, 0.0);
   const LineSums row = line_sums(rows, k, [&](std::int64_t i, std::int64_t t) { return a.at(i, t); }, sa);
@@ -101,7 +103,7 @@ void dot_products(std::int64_t rows, std::int64_t cols, std::int64_t k, View a, 
             row.saturated[i] || col.saturated[j]
                 ? std::numeric_limits<double>::infinity()
                 : numerics::rounded_operands_dot_bound({k, abs_sum, row.abs[i], col.abs[j], std::fabs(e)}, sa.rounding,
-                                                       sb.rounding, descale);
+                                                       sb.rounding, declared.descale_roundings, declared.accumulator);
       }
     }
   });
@@ -198,7 +200,7 @@ void OpOracle::judge_linear_forward(const Call& call) {
   std::vector<double> exact, bound;
   dot_products(static_cast<std::int64_t>(x.size()) / C, OC, C, {x, C, 1}, {call.operand("weight"), 1, C}, {bias, 0, 1},
                gemm_side(call.numerics, d.index_of("inp")), gemm_side(call.numerics, d.index_of("weight")),
-               call.numerics.descale_roundings, exact, bound);
+               call.numerics, exact, bound);
   add(call, d.index_of("out"), engine_.read(call.operands[d.index_of("out")]), exact, bound);
 }
 
@@ -215,10 +217,10 @@ void OpOracle::judge_linear_backward(const Call& call) {
   };
   const GemmSide output_gradient = gemm_side(call.numerics, d.index_of("dout"));
   dot_products(N, C, OC, {dy, OC, 1}, {call.operand("weight"), C, 1}, {call.operand("dinp"), C, 1}, output_gradient,
-               gemm_side(call.numerics, d.index_of("weight")), call.numerics.descale_roundings, exact, bound);
+               gemm_side(call.numerics, d.index_of("weight")), call.numerics, exact, bound);
   judge("dinp");
   dot_products(OC, C, N, {dy, 1, OC}, {x, C, 1}, {call.operand("dweight"), C, 1}, output_gradient,
-               gemm_side(call.numerics, d.index_of("inp")), call.numerics.descale_roundings, exact, bound);
+               gemm_side(call.numerics, d.index_of("inp")), call.numerics, exact, bound);
   judge("dweight");
   if (call.operands[d.index_of("dbias")] == kNoTensor) return;
   const std::span<const float> dbias_old = call.operand("dbias");

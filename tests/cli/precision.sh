@@ -23,8 +23,9 @@ PY
 
 # accel's FP8 units: their linears judged on their operands quantised with the declared
 # scales (E4M3 forward, E5M2 output gradients), within; a unit quantised with a scale 2^10
-# too large (--fp8-saturate: its operands clip) named, and no other op; a limited-precision
-# accumulator listed as not bounded, never counted within
+# too large (--fp8-saturate: its operands clip) named, and no other op; under the limited
+# accumulator (--fp8-accumulate limited: 14 bits, promoted every 128 products) its linears
+# judged within the limited accumulator's bound, nothing listed as not bounded
 run --out "$WORK/fp8.h5" --engine accel --features bf16,fp8=all --noise-seed 3
 expect_exit 0 "" -- "$HARNESS" precision "$WORK/fp8.h5" --step 1 --json
 "$PY" - "$WORK/stdout" <<'PY' || fail "accel fp8: $(head -c 600 "$WORK/stdout")"
@@ -49,8 +50,9 @@ expect_exit 0 "" -- "$HARNESS" precision "$WORK/fp8-limited.h5" --step 1 --json
 "$PY" - "$WORK/stdout" <<'PY' || fail "accel fp8 limited: $(head -c 600 "$WORK/stdout")"
 import json, sys
 r = json.load(open(sys.argv[1]))
-assert r["not_bounded"] and all("limited-precision accumulator" in call for call in r["not_bounded"]), r["not_bounded"]
-assert not any(j["op"].startswith("linear") and j["site"] != "lm_head" for j in r["judged"]), "an unbounded call judged"
+assert not r["not_bounded"] and r["verdict"] == "within", r["not_bounded"]
+scaled = [j for j in r["judged"] if j["operands"].endswith(" scaled")]
+assert {j["op"] for j in scaled} == {"linear_forward", "linear_backward"} and all(j["within"] for j in scaled), scaled[:2]
 PY
 
 # The issue's example: an op made to compute below its declared precision is named, with

@@ -17,6 +17,7 @@
 
 #include <gtest/gtest.h>
 
+#include "limited_accumulator_gemm.h"
 #include "numerics/formats.h"
 #include "numerics/philox.h"
 #include "numerics/rounding_bounds.h"
@@ -639,6 +640,72 @@ TEST(ScaledDotBound, WithFormatRoundingsIsTheRoundedOperandsBound) {
   const double before = (grow - 1) * 10.0 + dot_product_bound(65, grow * 10.0 + 0.5, Precision::Fp32);
   EXPECT_NEAR(bound, before, 1e-15 * before);
   EXPECT_THROW(scaled_rounding(Precision::Fp8E4M3, 0.0), std::invalid_argument);
+}
+
+// ---- a limited accumulator ------------------------------------------------------------------
+
+// accel's FP8 GEMM accumulator (engines/accel/limited_accumulator_gemm.h), the real kernels
+// on one dot product copied to 8 columns (the AVX2 kernel's width; the portable one too):
+// within rounded_operands_dot_bound with the accumulator accel declares, for every
+// distribution, length and interval. On all-positive terms every cut loses toward zero and
+// the losses add up: there the bound is approached within a small factor, and the fp32
+// bound, which the oracle applied to it before, is exceeded wherever a run is 64 products long.
+TEST(LimitedAccumulatorBound, TheKernelsAreWithinAndAllPositiveRunsComeNearIt) {
+  constexpr int kColumns = 8;
+  std::ostringstream tightness;
+  tightness.precision(3);
+  for (const std::int64_t interval : {1, 16, 128}) {
+    const LimitedAccumulator accumulator{interval, accel::kLimitedAccumulatorFractionBits};
+    for (Distribution distribution : kAllDistributions) {
+      WorstRatio worst;
+      for (std::int64_t k : kDotLengths) {
+        for (std::uint64_t trial = 0; trial < kTrials; ++trial) {
+          const Operands ops = draw_operands(distribution, k, trial);
+          std::vector<float> b(static_cast<std::size_t>(k) * kColumns);
+          for (std::int64_t t = 0; t < k; ++t) std::fill_n(b.begin() + t * kColumns, kColumns, ops.b[t]);
+          std::vector<float> dispatched(kColumns), portable(kColumns);
+          const int K = static_cast<int>(k), run = static_cast<int>(interval);
+          accel::gemm_limited_accumulator(1, kColumns, K, ops.a.data(), K, b.data(), kColumns, dispatched.data(), kColumns, run);
+          accel::gemm_limited_accumulator_generic(1, kColumns, K, ops.a.data(), K, b.data(), kColumns, portable.data(),
+                                                  kColumns, run);
+          const ExactDot exact = exact_dot(ops);
+          const double bound = rounded_operands_dot_bound({k, exact.sum_abs, 0, 0, 0}, {0, 0}, {0, 0}, 0, accumulator);
+          const std::string id = case_id("limited_" + std::to_string(interval), k, distribution, trial);
+          for (int n = 0; n < kColumns; ++n) {
+            ASSERT_LE(std::fabs(static_cast<double>(dispatched[n]) - exact.value), bound) << id << " column " << n;
+            ASSERT_LE(std::fabs(static_cast<double>(portable[n]) - exact.value), bound) << id << " portable";
+          }
+          const double error = std::fabs(static_cast<double>(dispatched[0]) - exact.value);
+          worst.observe(error, bound, static_cast<double>(k));
+          if (distribution == Distribution::AllPositive && std::min(k, interval) >= 64) {
+            EXPECT_GT(error, dot_product_bound(k, exact.sum_abs, Precision::Fp32)) << id << ": within fp32's bound";
+          }
+        }
+      }
+      tightness << interval << "/" << name(distribution) << ":" << worst.ratio << " ";
+      if (distribution == Distribution::AllPositive && interval >= 16) {
+        EXPECT_GE(worst.ratio, 0.1) << tightness.str();
+      }
+    }
+  }
+  RecordProperty("worst_error_over_bound", tightness.str());
+}
+
+// With interval 0 it is the fp32 bound; a run longer than the dot product is the dot
+// product; a run whose n u_run reaches 1 bounds nothing (+inf), never a throw.
+TEST(LimitedAccumulatorBound, ReducesToTheFp32BoundAndSaysInfinityWhereARunKeepsNoDigit) {
+  const DotSums sums{64, 10.0, 3.0, 5.0, 0.5};
+  const OperandRounding exact{0, 0};
+  EXPECT_EQ(rounded_operands_dot_bound(sums, exact, exact, 4, {}), rounded_operands_dot_bound(sums, exact, exact, 4));
+  const LimitedAccumulator fourteen_bits{128, 13};
+  EXPECT_EQ(rounded_operands_dot_bound(sums, exact, exact, 0, fourteen_bits),
+            rounded_operands_dot_bound(sums, exact, exact, 0, {64, 13}));
+  EXPECT_NEAR(limited_step_error(fourteen_bits), pow2(-24) + pow2(-13) + pow2(-37), 1e-30);
+  const double g_run = gamma(64, limited_step_error(fourteen_bits)), g = gamma(65, pow2(-24));
+  EXPECT_NEAR(rounded_operands_dot_bound(sums, exact, exact, 0, fourteen_bits), (g_run + g * (1 + g_run)) * 10.0 + g * 0.5,
+              1e-15);
+  EXPECT_EQ(rounded_operands_dot_bound({20000, 1.0, 0, 0, 0}, exact, exact, 0, {20000, 13}),
+            std::numeric_limits<double>::infinity());
 }
 
 TEST(SumBound, SequentialBf16SumIsWithinGammaNMinus1AndRefusesPast256Terms) {
