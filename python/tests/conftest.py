@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable, Dict
 
 import numpy as np
 import pytest
@@ -115,6 +116,36 @@ def small_canary_receipt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("small-canary") / "small.h5"
     run_module("canary_harness", "run", f"{SMALL_CANARY}:canary", "--out", str(out))
     return out
+
+
+@pytest.fixture(scope="session")
+def small_canary_3_steps(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """`small.py:canary --precision P --steps 3`, run once a session per precision (fp32, the
+    default, or bf16) for the tests that only read its receipt: a function P -> receipt."""
+    receipts: Dict[str, Path] = {}
+
+    def receipt(precision: str) -> Path:
+        if precision not in receipts:
+            out = tmp_path_factory.mktemp(f"small-canary-3-{precision}") / f"small-{precision}.h5"
+            run_module("canary_harness", "run", f"{SMALL_CANARY}:canary", "--out", str(out), "--precision", precision,
+                       "--steps", "3")
+            receipts[precision] = out
+        return receipts[precision]
+
+    return receipt
+
+
+@pytest.fixture(scope="session")
+def small_canary_fsdp(tmp_path_factory: pytest.TempPathFactory) -> tuple:
+    """`small.py:canary --layout fsdp`, run once a session for the tests that only read it:
+    (the child's CompletedProcess, the receipt). Torch 1.13 has no FSDP2: the result is its
+    refusal (not checked here; each test asserts it) and no receipt is written."""
+    from canary_harness.runs.distributed import fsdp_available
+
+    out = tmp_path_factory.mktemp("small-fsdp") / "fsdp.h5"
+    result = run_module("canary_harness", "run", f"{SMALL_CANARY}:canary", "--out", str(out), "--layout", "fsdp",
+                        check=fsdp_available())
+    return result, out
 
 
 @pytest.fixture(scope="session")

@@ -67,12 +67,11 @@ def test_ddp_sees_the_same_data_and_stays_within_its_calibrated_budget(ddp_run: 
 
 
 def test_fsdp_shards_the_model_and_agrees_with_ddp_on_step_0(ddp_run: Path, one_process: Path, tmp_path: Path,
-                                                              harness_bin) -> None:
+                                                              harness_bin, small_canary_fsdp: tuple) -> None:
     """torch 2.x: FSDP2 trains the same canary into one receipt of whole tensors (gathered),
     its step-0 loss bit for bit DDP's (the same halves, the same weights), its steps apart
     from both (sharded reductions) and repeatable. torch 1.13: exit 2, one line, no file."""
-    out = tmp_path / "fsdp.h5"
-    result = run(f"{SMALL}:canary", "--out", str(out), "--layout", "fsdp", check=HAS_FSDP)
+    result, out = small_canary_fsdp  # conftest's run (check=HAS_FSDP), only read here
     if not HAS_FSDP:
         assert result.returncode == 2 and "--layout fsdp: torch 1.13" in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1 and not out.exists()

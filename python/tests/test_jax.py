@@ -42,6 +42,24 @@ def llama_tiny(harness_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> d
     return canary_runs(harness_bin, tmp_path_factory.mktemp("jax-llama"), "llama-tiny")
 
 
+@pytest.fixture(scope="module")
+def plan_run():
+    """`--pack RUNS' pack --mesh M --shard-plan P --precision X` into RUNS' folder, run once a
+    module per (runs, M, P, X) for the tests that only read it: a function -> (result, receipt).
+    The result is not checked here (check=HAS_JAX): each test asserts it."""
+    made = {}
+
+    def plan(runs: dict, mesh: str, shard_plan: str, precision: str) -> tuple:
+        key = (str(runs["dir"]), mesh, shard_plan, precision)
+        if key not in made:
+            out = runs["dir"] / f"{mesh}-{shard_plan}-{precision}.h5"
+            made[key] = jax_lane("--pack", str(runs["pack"]), "--mesh", mesh, "--shard-plan", shard_plan, "--precision",
+                                 precision, "--out", str(out), check=HAS_JAX), out
+        return made[key]
+
+    return plan
+
+
 @pytest.mark.parametrize("canary,mesh,plan,precision,features", [
     ("tiny", "1x1", "dp", "fp32", "jax"),
     ("tiny", "2x2", "tp", "fp32", "jax+mesh-fp32"),
@@ -52,13 +70,11 @@ def llama_tiny(harness_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> d
 ])
 def test_each_plan_is_a_valid_receipt_within_its_budget_of_cpu_ref(canary: str, mesh: str, plan: str, precision: str,
                                                                    features: str, request: pytest.FixtureRequest,
-                                                                   harness_bin: Path):
+                                                                   harness_bin: Path, plan_run):
     """The receipt validates and holds cpu-ref's data; `compare` judges it under the declared
     features' entries (the canary's own, [llama-tiny.jax], where it has one)."""
     tiny = request.getfixturevalue(canary.replace("-", "_"))
-    out = tiny["dir"] / f"{mesh}-{plan}-{precision}.h5"
-    result = jax_lane("--pack", str(tiny["pack"]), "--mesh", mesh, "--shard-plan", plan, "--precision", precision,
-                      "--out", str(out), check=HAS_JAX)
+    result, out = plan_run(tiny, mesh, plan, precision)
     if not HAS_JAX:
         assert result.returncode == 2 and "JAX is not installed here" in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1 and not out.exists()
@@ -146,18 +162,18 @@ def test_the_persistent_cache_makes_a_second_process_compile_nothing(tiny: dict,
             in judged.stdout
 
 
-def test_a_one_ulp_fault_is_found_by_bisect_at_its_step(tiny: dict, harness_bin: Path):
+def test_a_one_ulp_fault_is_found_by_bisect_at_its_step(tiny: dict, harness_bin: Path, plan_run):
     """--inject-fault step=3,op=blocks.2.mlp.fc on 2x2 tp: one ulp on element 0 of that op's
     output at step 3 (a traced flag: the same program every step). `harness bisect` finds
     steps 0-2 bitwise equal and step 3 the first that differs, naming its tensor; the fault
     is in the manifest."""
-    clean, moved = tiny["dir"] / "tp-clean.h5", tiny["dir"] / "tp-moved.h5"
-    for out, extra in ((clean, []), (moved, ["--inject-fault", "step=3,op=blocks.2.mlp.fc"])):
-        result = jax_lane("--pack", str(tiny["pack"]), "--mesh", "2x2", "--shard-plan", "tp", "--out", str(out), *extra,
-                          check=HAS_JAX)
-        if not HAS_JAX:
-            assert result.returncode == 2 and not out.exists()
-            return
+    result, clean = plan_run(tiny, "2x2", "tp", "fp32")  # fp32: the default; the plan test's run, only read here
+    if not HAS_JAX:
+        assert result.returncode == 2 and not clean.exists()
+        return
+    moved = tiny["dir"] / "tp-moved.h5"
+    jax_lane("--pack", str(tiny["pack"]), "--mesh", "2x2", "--shard-plan", "tp", "--out", str(moved), "--inject-fault",
+             "step=3,op=blocks.2.mlp.fc")
     with ReceiptReader(moved) as r:
         assert r.manifest["fault_injection"] == "step=3,op=blocks.2.mlp.fc,ulps=1"
     found = run_harness(harness_bin, "bisect", str(moved), str(clean), check=False)

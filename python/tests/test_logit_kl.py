@@ -63,10 +63,18 @@ def logit_verdicts(harness_bin: Path, a: Path, b: Path, *more: str) -> dict:
     return {m["metric"]: m for m in verdict["metrics"] if m["metric"] in LOGIT_METRICS}
 
 
+@pytest.fixture(scope="module")
+def with_eval_receipt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`small.py:with_eval` run once as it is (fp32, no flag), for the tests that only read it."""
+    out = tmp_path_factory.mktemp("with-eval") / "eval.h5"
+    run_module("canary_harness", "run", f"{SMALL}:with_eval", "--out", str(out))
+    return out
+
+
 def test_a_python_canary_records_its_held_out_logits_and_trains_alike(tmp_path: Path, harness_bin: Path,
-                                                                      small_canary_receipt: Path) -> None:
-    with_eval, plain = tmp_path / "eval.h5", small_canary_receipt
-    run_module("canary_harness", "run", f"{SMALL}:with_eval", "--out", str(with_eval))
+                                                                      small_canary_receipt: Path,
+                                                                      with_eval_receipt: Path) -> None:
+    with_eval, plain = with_eval_receipt, small_canary_receipt
     a, b = trained(with_eval), trained(plain)
     assert all(a[k].tobytes() == b[k].tobytes() for k in TRAINED)  # the evaluation moved no trained bit
     e = evaluation(with_eval)
@@ -84,18 +92,18 @@ def test_a_python_canary_records_its_held_out_logits_and_trains_alike(tmp_path: 
     assert np.array_equal(evaluation(one_row)["logits"], e["logits"][:, :1])  # the first rows, bit for bit
 
 
-def test_two_runs_of_a_python_canary_have_exactly_equal_logits(tmp_path: Path, harness_bin: Path) -> None:
-    a, b = tmp_path / "a.h5", tmp_path / "b.h5"
-    for out in (a, b):
-        run_module("canary_harness", "run", f"{SMALL}:with_eval", "--out", str(out))
+def test_two_runs_of_a_python_canary_have_exactly_equal_logits(tmp_path: Path, harness_bin: Path,
+                                                               with_eval_receipt: Path) -> None:
+    a, b = with_eval_receipt, tmp_path / "b.h5"  # the module's run and a second one
+    run_module("canary_harness", "run", f"{SMALL}:with_eval", "--out", str(b))
     metrics = logit_verdicts(harness_bin, a, b)
     assert set(metrics) == set(LOGIT_METRICS)
     assert all(m["judged"] and m["pass"] and m["max_deviation"] == 0 for m in metrics.values()), metrics
 
 
-def test_the_bf16_lane_of_a_python_canary_moves_its_logits(tmp_path: Path, harness_bin: Path) -> None:
-    fp32, bf16 = tmp_path / "fp32.h5", tmp_path / "bf16.h5"
-    run_module("canary_harness", "run", f"{SMALL}:with_eval", "--out", str(fp32))
+def test_the_bf16_lane_of_a_python_canary_moves_its_logits(tmp_path: Path, harness_bin: Path,
+                                                           with_eval_receipt: Path) -> None:
+    fp32, bf16 = with_eval_receipt, tmp_path / "bf16.h5"
     run_module("canary_harness", "run", f"{SMALL}:with_eval", "--out", str(bf16), "--precision", "bf16")
     assert evaluation(fp32)["held_out_hash"] == evaluation(bf16)["held_out_hash"]
     # small's own bf16 entry, with no logit windows: the logit metrics are reported, not judged.

@@ -31,11 +31,11 @@ def _precision(harness_bin: Path, receipt: Path, *flags: str) -> tuple:
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_a_clean_run_has_no_op_over_its_bound(harness_bin: Path, tmp_path: Path, precision: str) -> None:
+def test_a_clean_run_has_no_op_over_its_bound(harness_bin: Path, small_canary_3_steps, precision: str) -> None:
     """But where this torch's bf16 matmuls round their partial sums (conftest's probe: torch
     1.13 on a CPU without AVX512-BF16): then the bf16 run's row-major matmuls, its backward's
     `mm`, are over, and nothing else is."""
-    code, report = _precision(harness_bin, _receipt(tmp_path, "canary", "--precision", precision))
+    code, report = _precision(harness_bin, small_canary_3_steps(precision))  # conftest's 3-step (STEPS) run, only read
     if precision == "bf16" and bf16_mm_rounds_its_partial_sums():
         assert code == 1 and {(j["phase"], j["op"]) for j in report["over"]} == {("backward", "aten.mm.default")}
     else:
@@ -85,10 +85,11 @@ def test_sqrt_is_within_the_bound_its_table_entry_gives() -> None:
     assert roundings == 2 and ulps.max() <= 1.0
 
 
-def test_bisect_judges_each_side_of_the_first_divergent_aten_op(harness_bin: Path, tmp_path: Path) -> None:
+def test_bisect_judges_each_side_of_the_first_divergent_aten_op(harness_bin: Path, tmp_path: Path,
+                                                                small_canary_3_steps) -> None:
     """A Python canary against its own run with one aten op nudged: bisect names that op
     and the oracle says the nudged side is wrong, the clean side within its bound."""
-    clean = _receipt(tmp_path, "canary")
+    clean = small_canary_3_steps("fp32")  # `canary --steps STEPS` (fp32: the default), conftest's, only read here
     out = tmp_path / "nudged.h5"
     run(f"{SMALL}:canary", "--out", str(out), "--steps", str(STEPS), "--inject-fault",
         "step=1,op=hidden:aten.addmm.default,ulps=65536")

@@ -66,18 +66,16 @@ def test_seed_flag_changes_the_init_and_the_seed_recorded(small_run: Path, tmp_p
     assert series(other)["hashes/params"][0].tobytes() != series(small_run)["hashes/params"][0].tobytes()
 
 
-def test_a_prefix_run_is_the_first_steps(small_run: Path, tmp_path: Path) -> None:
-    short = tmp_path / "short.h5"
-    run(f"{SMALL}:canary", "--out", str(short), "--steps", "3")
+def test_a_prefix_run_is_the_first_steps(small_run: Path, small_canary_3_steps) -> None:
+    short = small_canary_3_steps("fp32")  # `--steps 3` (fp32: the default), conftest's, only read here
     a, b = series(small_run), series(short)
     for name in SERIES:
         assert a[name][:3].tobytes() == b[name].tobytes(), name
     assert manifest(short)["steps_planned"] == 3
 
 
-def test_bf16_lane_declares_its_feature(tmp_path: Path, small_run: Path) -> None:
-    out = tmp_path / "bf16.h5"
-    run(f"{SMALL}:canary", "--out", str(out), "--precision", "bf16", "--steps", "3")
+def test_bf16_lane_declares_its_feature(small_run: Path, small_canary_3_steps) -> None:
+    out = small_canary_3_steps("bf16")  # `--precision bf16 --steps 3`, conftest's, only read here
     m = manifest(out)
     assert (m["lane"], m["features"], m["budget_features"]) == ("small/torch+bf16", "bf16", "torch-bf16")
     a, b = series(small_run), series(out)

@@ -187,14 +187,13 @@ def test_a_pack_lanes_regression_of_an_unknown_tensor_exits_2_in_one_line(module
     assert len(refused.stderr.strip().splitlines()) == 1 and not out.exists()
 
 
-def test_weight_scale_scales_an_fsdp_shard_from_its_step(tmp_path: Path) -> None:
+def test_weight_scale_scales_an_fsdp_shard_from_its_step(tmp_path: Path, small_canary_fsdp: tuple) -> None:
     """FSDP2 replaces the parameters with sharded ones: the weight is found by its name at
     the regression's step and scaled shard by shard (it was refused before). Torch 1.13 has
     no FSDP2: its refusal is asserted instead."""
     from canary_harness.runs.distributed import fsdp_available
 
-    clean, scaled = tmp_path / "clean.h5", tmp_path / "scaled.h5"
-    result = run(f"{SMALL}:canary", "--out", str(clean), "--layout", "fsdp", check=fsdp_available())
+    (result, clean), scaled = small_canary_fsdp, tmp_path / "scaled.h5"  # conftest's clean run, only read here
     if not fsdp_available():
         assert result.returncode == 2 and "--layout fsdp: torch 1.13" in result.stderr, result.stderr
         return
