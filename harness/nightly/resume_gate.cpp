@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -48,13 +49,17 @@ void set_differs(json& check, const ResumeInputs& in, const json& difference) {
 }
 
 // A Python canary's lane: `python -m canary_harness resume-check` under the lane's
-// interpreter and threads (and the job's seed where the lane's run takes it), which saves
-// with the canary's save and loads with its load in a process of its own.
+// interpreter, threads, precision and compile switch (and the job's seed where the lane's
+// run takes it), which saves with the canary's save and loads with its load in a process
+// of its own.
 void python_gate(json& check, const ResumeInputs& in) {
   const LaneSpec& spec = in.spec;
+  const std::map<std::string, std::string>& options = spec.settings.options;
   std::vector<std::string> argv{spec.command.front(), "-m", "canary_harness", "resume-check", in.matrix.canary,
                                 "--at", std::to_string(spec.resume_at), "--steps", std::to_string(in.matrix.steps),
-                                "--threads", spec.settings.options.at("threads")};
+                                "--threads", options.at("threads")};
+  if (options.count("precision")) argv.insert(argv.end(), {"--precision", options.at("precision")});
+  if (options.count("compile") && options.at("compile") == "true") argv.push_back("--compile");
   if (std::find(spec.command.begin(), spec.command.end(), "--seed") != spec.command.end()) {
     argv.insert(argv.end(), {"--seed", std::to_string(in.matrix.seed)});
   }

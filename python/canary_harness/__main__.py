@@ -177,6 +177,10 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     resume.add_argument("--steps", help="steps to run, 2..the canary's (default: the canary's)")
     resume.add_argument("--threads", help=f"torch CPU threads, 1..{MAX_THREADS} (default 1)")
     resume.add_argument("--seed", help="seed torch, random and numpy with this before NAME() (default: the canary's)")
+    resume.add_argument("--precision", default="fp32", help="fp32 (default) or bf16 (autocast around the forward), "
+                                                            "both runs")
+    resume.add_argument("--compile", action="store_true", help="torch.compile both runs' model (torch 2.x; the "
+                                                               "new process compiles afresh)")
     resume.add_argument("--json", action="store_true", help="print the result as JSON")
     resume.add_argument("--resume-from", help=argparse.SUPPRESS)  # the new process's part: the state dir to load
     add_json_out_argument(resume)
@@ -184,9 +188,11 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
 
 
 def resume_check(args: argparse.Namespace) -> int:
-    from .runs.resume_check import resume_check as check, resumed_run, to_json, to_text
+    from .runs.resume_check import GateOptions, resume_check as check, resumed_run, to_json, to_text
 
+    check_precision(args.precision)
     threads = count_flag("threads", args.threads, 1, MAX_THREADS) if args.threads is not None else 1
+    options = GateOptions(threads, args.precision, args.compile)
     seed = count_flag("seed", args.seed, 0, 2**63 - 1) if args.seed is not None else None
     at = count_flag("at", args.at, 0, 2**31 - 1)
     steps = count_flag("steps", args.steps, 2, 2**31 - 1) if args.steps is not None else None
@@ -194,9 +200,9 @@ def resume_check(args: argparse.Namespace) -> int:
     if args.resume_from is not None:  # the new process of a check: its records, for the parent to compare
         if args.json_out is None or steps is None:
             raise UsageError("--resume-from: the new process of a resume-check takes --steps and --json-out")
-        write_json_atomically(args.json_out, resumed_run(args.canary, seed, threads, at, steps, args.resume_from))
+        write_json_atomically(args.json_out, resumed_run(args.canary, seed, options, at, steps, args.resume_from))
         return 0
-    result = check(args.canary, at, steps, threads, seed)
+    result = check(args.canary, at, steps, options, seed)
     print_result(args, to_json(result), to_text(result))
     return 0 if result.equal() else 1
 

@@ -2,7 +2,7 @@
 on examples/restart-gate/canary.py: a canary whose save keeps everything resumes bitwise; one
 whose save leaves out the HF-style LambdaLR is named at `lr`, the optimizer at the moments,
 the model at the parameters, the RNG (dropout's draws) as an RNG state; a canary without
-save and load is refused."""
+save and load is refused. The same holds in bf16, and compiled (torch 2.x)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import run_module
 
@@ -22,8 +23,8 @@ def canary_file() -> Path:
     return examples / "restart-gate" / "canary.py"
 
 
-def check(canary_file: Path, name: str, at: int = 2) -> dict:
-    result = run_module("canary_harness", "resume-check", f"{canary_file}:{name}", "--at", str(at), "--json",
+def check(canary_file: Path, name: str, at: int = 2, *flags: str) -> dict:
+    result = run_module("canary_harness", "resume-check", f"{canary_file}:{name}", "--at", str(at), "--json", *flags,
                         check=False)
     assert result.returncode in (0, 1), result.stderr
     return json.loads(result.stdout)
@@ -49,6 +50,35 @@ def test_each_omission_is_named(canary_file: Path, name: str, what: str, omissio
     assert difference["step"] >= 3, "nothing before the resume can differ"
 
 
+@pytest.mark.parametrize("name, what", [("everything", None), ("no_scheduler", "lr")])
+def test_a_bf16_run_is_gated_in_bf16(canary_file: Path, name: str, what: str) -> None:
+    """--precision bf16: both runs under autocast, as a bf16 lane trains; a save of everything
+    resumes bitwise, and the omitted schedule is named as in fp32."""
+    result = check(canary_file, name, 2, "--precision", "bf16")
+    assert (result["precision"], result["compile"]) == ("bf16", False), result
+    if what is None:
+        assert result["verdict"] == "equal", result
+    else:
+        assert result["verdict"] == "differs" and result["first_difference"]["what"] == what, result
+
+
+HAS_COMPILE = hasattr(torch, "compile")
+
+
+def test_a_compiled_run_restarts_compiled_afresh_in_its_new_process(canary_file: Path) -> None:
+    """--compile (torch 2.x): both runs torch.compile the model, the new process compiles
+    afresh as a restarted job does, and a save of everything resumes bitwise. Torch 1.13 has
+    no compiler: exit 2, one line."""
+    result = run_module("canary_harness", "resume-check", f"{canary_file}:everything", "--at", "1", "--steps", "4",
+                        "--compile", "--json", check=False)
+    if not HAS_COMPILE:
+        assert result.returncode == 2 and "--compile: torch 1.13" in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+        return
+    verdict = json.loads(result.stdout)
+    assert result.returncode == 0 and verdict["verdict"] == "equal" and verdict["compile"] is True, verdict
+
+
 def test_the_text_names_the_step_and_the_omission(canary_file: Path) -> None:
     result = run_module("canary_harness", "resume-check", f"{canary_file}:no_scheduler", "--at", "2", check=False)
     assert result.returncode == 1, result.stderr
@@ -64,6 +94,7 @@ def test_the_text_names_the_step_and_the_omission(canary_file: Path) -> None:
     (["everything", "--at", "7"], "--at: step 7 is not in 0..6"),
     (["everything", "--at", "x"], "--at"),
     (["everything", "--at", "2", "--steps", "9"], "--steps: 9 is past the canary's 8 steps"),
+    (["everything", "--at", "2", "--precision", "fp16"], "--precision"),
 ])
 def test_refusals_are_one_line_and_exit_2(canary_file: Path, args: list, message: str) -> None:
     result = run_module("canary_harness", "resume-check", f"{canary_file}:{args[0]}", *args[1:], check=False)

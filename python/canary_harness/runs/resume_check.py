@@ -4,7 +4,9 @@ checkpointing restart training where it stopped, bit for bit?
 `python3 -m canary_harness resume-check FILE.py:NAME --at K` runs the canary straight
 through; runs it again to the end of step K and saves with the canary's save(state_dir);
 then, in a new process, builds it afresh (NAME() under its seed), loads with its
-load(state_dir) and goes on from step K+1. From K+1 the two runs must be bitwise equal:
+load(state_dir) and goes on from step K+1 (`--precision bf16` and `--compile` train both
+runs as a bf16 or compiled lane does; the new process compiles afresh, as a restarted job
+does). From K+1 the two runs must be bitwise equal:
 loss, gradient norm, lr, batch hash and every tensor's hash. Where they are not, the first
 thing that differs names the likely omission:
 
@@ -54,11 +56,26 @@ class Difference:
 
 
 @dataclass
+class GateOptions:
+    """How both runs train the canary, as the lane it gates does: its CPU threads, bf16
+    autocast or fp32, torch.compile or eager (on the CPU; the canary's save and load are its own)."""
+
+    threads: int = 1
+    precision: str = "fp32"
+    compile: bool = False
+
+    def flags(self) -> List[str]:
+        """The same options as the new process's command-line flags."""
+        return ["--threads", str(self.threads), "--precision", self.precision] + (["--compile"] if self.compile else [])
+
+
+@dataclass
 class ResumeCheck:
     canary: str
     at: int
     steps: int
     first_difference: Optional[Difference]
+    options: GateOptions
 
     def equal(self) -> bool:
         return self.first_difference is None
@@ -74,8 +91,9 @@ def _record_json(record: StepRecord) -> Dict[str, Any]:
             "hashes": _hashes_json(record.hashes)}
 
 
-def _loop(loaded: LoadedCanary, threads: int) -> CanaryLoop:
-    return CanaryLoop(loaded, RunOptions(out="", threads=threads, steps=loaded.canary.steps), torch.device("cpu"))
+def _loop(loaded: LoadedCanary, options: GateOptions) -> CanaryLoop:
+    return CanaryLoop(loaded, RunOptions(out="", threads=options.threads, steps=loaded.canary.steps,
+                                         precision=options.precision, compile=options.compile), torch.device("cpu"))
 
 
 def _load(spec: str, seed: Optional[int], threads: int) -> LoadedCanary:
@@ -87,20 +105,22 @@ def _load(spec: str, seed: Optional[int], threads: int) -> LoadedCanary:
     return loaded
 
 
-def _run(loaded: LoadedCanary, threads: int, steps: Sequence[int]) -> List[Dict[str, Any]]:
-    loop = _loop(loaded, threads)
+def _run(loaded: LoadedCanary, options: GateOptions, steps: Sequence[int]) -> List[Dict[str, Any]]:
+    loop = _loop(loaded, options)
     try:
         return [_record_json(loop.run_step(i)) for i in steps]
     finally:
         loop.close()
 
 
-def resumed_run(spec: str, seed: Optional[int], threads: int, at: int, steps: int, state_dir: str) -> Dict[str, Any]:
+def resumed_run(spec: str, seed: Optional[int], options: GateOptions, at: int, steps: int,
+                state_dir: str) -> Dict[str, Any]:
     """The new process's part: the canary built afresh, loaded from `state_dir` with its own
-    load, its state digested as loaded, then steps at+1 .. steps-1."""
-    loaded = _load(spec, seed, threads)
+    load, its state digested as loaded, then steps at+1 .. steps-1 (compiled afresh, where
+    the gate compiles: as a restarted job compiles)."""
+    loaded = _load(spec, seed, options.threads)
     loaded.canary.load(state_dir)
-    loop = _loop(loaded, threads)
+    loop = _loop(loaded, options)
     try:
         at_resume = _hashes_json(loop.capture.state_now()["hashes"])
         records = [_record_json(loop.run_step(i)) for i in range(at + 1, steps)]
@@ -138,33 +158,35 @@ def first_difference(names: List[str], straight: List[Dict[str, Any]], resumed: 
     return None
 
 
-def resume_check(spec: str, at: int, steps: Optional[int] = None, threads: int = 1,
+def resume_check(spec: str, at: int, steps: Optional[int] = None, options: Optional[GateOptions] = None,
                  seed: Optional[int] = None) -> ResumeCheck:
     """The gate (module docstring). `steps`: the run's length (default the canary's); `at` in
     0 .. steps-2. Raises CanaryError for a canary without save and load, or a step out of range."""
-    loaded = _load(spec, seed, threads)
+    options = options or GateOptions()
+    loaded = _load(spec, seed, options.threads)
     if steps is not None and steps > loaded.canary.steps:
         raise CanaryError(f"--steps: {steps} is past the canary's {loaded.canary.steps} steps")
     total = loaded.canary.steps if steps is None else steps
     if not 0 <= at <= total - 2:
         raise CanaryError(f"--at: step {at} is not in 0..{total - 2} (a step the run goes on after)")
-    straight = _run(loaded, threads, range(total))
+    straight = _run(loaded, options, range(total))
     with tempfile.TemporaryDirectory(prefix="resume-check-") as work:
         state_dir = os.path.join(work, "state")
         os.makedirs(state_dir)
-        stopped = _load(spec, seed, threads)
-        if _run(stopped, threads, range(at + 1)) != straight[:at + 1]:  # no gate can hold a run that does not repeat
+        stopped = _load(spec, seed, options.threads)
+        if _run(stopped, options, range(at + 1)) != straight[:at + 1]:  # no gate can hold a run that does not repeat
             raise CanaryError(f"{spec}: two runs of steps 0-{at} in one process differ: the run itself does not "
                               "repeat (state kept between loads, or nondeterminism), so no restart can be held to it")
         stopped.canary.save(state_dir)
-        resumed = _resume_in_new_process(spec, seed, threads, at, total, state_dir, os.path.join(work, "resumed.json"))
-    return ResumeCheck(loaded.canary.name, at, total, first_difference(loaded.tensor_names, straight, resumed, at))
+        resumed = _resume_in_new_process(spec, seed, options, at, total, state_dir, os.path.join(work, "resumed.json"))
+    return ResumeCheck(loaded.canary.name, at, total, first_difference(loaded.tensor_names, straight, resumed, at),
+                       options)
 
 
-def _resume_in_new_process(spec: str, seed: Optional[int], threads: int, at: int, steps: int, state_dir: str,
+def _resume_in_new_process(spec: str, seed: Optional[int], options: GateOptions, at: int, steps: int, state_dir: str,
                            out: str) -> Dict[str, Any]:
     argv = [sys.executable, "-m", "canary_harness", "resume-check", spec, "--at", str(at), "--steps", str(steps),
-            "--threads", str(threads), "--resume-from", state_dir, "--json-out", out]
+            *options.flags(), "--resume-from", state_dir, "--json-out", out]
     if seed is not None:
         argv += ["--seed", str(seed)]
     child = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # its prints are the canary's
@@ -177,13 +199,14 @@ def _resume_in_new_process(spec: str, seed: Optional[int], threads: int, at: int
 
 def to_json(check: ResumeCheck) -> Dict[str, Any]:
     return {"version": 1, "verdict": "equal" if check.equal() else "differs", "canary": check.canary,
-            "at": check.at, "steps": check.steps,
-            "first_difference": asdict(check.first_difference) if check.first_difference else None}
+            "at": check.at, "steps": check.steps, "precision": check.options.precision,
+            "compile": check.options.compile, "first_difference": asdict(check.first_difference) if check.first_difference else None}
 
 
 def to_text(check: ResumeCheck) -> str:
-    out = (f"{'resume':<12}{check.canary}: stopped after step {check.at}, saved with its save, loaded with its load "
-           f"in a new process\n")
+    how = f" ({check.options.precision}{', compiled' if check.options.compile else ''})"
+    out = (f"{'resume':<12}{check.canary}{how}: stopped after step {check.at}, saved with its save, loaded with its "
+           f"load in a new process\n")
     if check.equal():
         return out + f"{'equal':<12}steps {check.at + 1}-{check.steps - 1} bitwise equal to the uninterrupted run\n"
     d = check.first_difference
