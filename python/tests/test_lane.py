@@ -64,12 +64,20 @@ def test_fp32_lane_is_a_valid_receipt_that_reproduces_cpu_ref(runs: dict, harnes
         assert not np.array_equal(r.hashes("params")[1:], cpu.hashes("params")[1:])
 
 
-def test_compiled_lane_is_within_torch_compile_of_cpu_ref(runs: dict, harness_bin: Path):
+@pytest.fixture(scope="module")
+def compiled(runs: dict) -> tuple:
+    """The lane under --compile with its op traces, made once: (the child's result, the
+    receipt). Torch 1.13 has no compiler: the result is its refusal, no receipt."""
+    out = runs["dir"] / "compiled.h5"
+    result = lane("--pack", str(runs["pack"]), "--out", str(out), "--threads", "1", "--compile", "--trace", "ops",
+                  check=hasattr(torch, "compile"))
+    return result, out
+
+
+def test_compiled_lane_is_within_torch_compile_of_cpu_ref(runs: dict, compiled: tuple, harness_bin: Path):
     """--compile (torch 2.x): lane micro/torch+compile, judged against cpu-ref under torch-cpu
     and torch-compile composed (canaries/budgets.toml). torch 1.13: exit 2, one line, no file."""
-    out = runs["dir"] / "compiled.h5"
-    result = lane("--pack", str(runs["pack"]), "--out", str(out), "--threads", "1", "--compile",
-                  check=hasattr(torch, "compile"))
+    result, out = compiled
     if not hasattr(torch, "compile"):
         assert result.returncode == 2 and "--compile: torch 1.13" in result.stderr and not out.exists()
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
@@ -82,6 +90,25 @@ def test_compiled_lane_is_within_torch_compile_of_cpu_ref(runs: dict, harness_bi
             ("micro/torch+compile", "compile", "torch-cpu+torch-compile", "inductor")
         assert list(r.steps("batch_hash")) == list(ReceiptReader(runs["cpu"]).steps("batch_hash"))
     run_harness(harness_bin, "compare", str(out), str(runs["cpu"]))  # exit 0: within the composed budget
+
+
+def test_a_compiled_lane_is_judged_at_its_module_outputs(runs: dict, compiled: tuple, harness_bin: Path) -> None:
+    """Inductor's fused kernels have no aten ops a dispatch mode sees: the op oracle captures
+    a compiled lane at its module outputs (its default there), the replay compiling again
+    with the op trace the lane ran with and reproducing its bits: within, the judged module
+    classes as eager's; --level aten refused in one line."""
+    if not hasattr(torch, "compile"):
+        return  # the lane cannot run here: the test above asserts its refusal
+    _, out = compiled
+    result = run_harness(harness_bin, "precision", str(out), "--step", str(STEPS - 1), "--pack", str(runs["pack"]),
+                         "--json", check=False)
+    report = json.loads(result.stdout)
+    assert result.returncode == 0 and report["verdict"] == "within", report["over"][:3]
+    assert {j["op"] for j in report["judged"]} == {"Embedding", "LayerNorm", "Linear", "Residual", "LmHead"}
+    refused = run_harness(harness_bin, "precision", str(out), "--step", "1", "--pack", str(runs["pack"]),
+                          "--level", "aten", check=False)
+    assert refused.returncode == 2 and "is a compiled run" in refused.stderr, refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
 
 
 def test_inductor_keeps_each_aten_isa_in_a_cache_of_its_own(tmp_path: Path):

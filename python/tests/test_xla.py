@@ -106,6 +106,9 @@ def test_an_xla_lane_is_captured_at_its_module_outputs_and_never_op_by_op() -> N
     assert _capture_level("r.h5", RunOptions(out="r.h5", device="cpu"), "modules") == "modules"
     with pytest.raises(CanaryError, match="ran on XLA, whose aten ops run as one compiled graph"):
         _capture_level("r.h5", RunOptions(out="r.h5", device="xla"), "aten")
+    assert _capture_level("r.h5", RunOptions(out="r.h5", compile=True), None) == "modules"  # Inductor's graphs too
+    with pytest.raises(CanaryError, match="is a compiled run"):
+        _capture_level("r.h5", RunOptions(out="r.h5", compile=True), "aten")
 
 
 # Per canary: the module classes judged, and how many results: tiny's embedding, lnf and LM

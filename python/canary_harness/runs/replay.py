@@ -283,7 +283,7 @@ def replay(path: str, from_step: int, to_step: Optional[int] = None, trace: str 
     (default: its last recorded step) and compares every replayed step (module docstring).
     capture_ops: the last step's ops captured for the op oracle (result.captured), at
     capture_level `aten` (tracing/op_capture.py) or `modules` (tracing/module_capture.py;
-    the default on XLA, whose aten ops run as one compiled graph). pack: the canary pack a
+    the default on XLA and under --compile, whose aten ops run in compiled graphs). pack: the canary pack a
     PyTorch lane's receipt was run from."""
     with ReceiptReader(path) as reader:
         recipe = _recipe(reader, pack)
@@ -294,9 +294,6 @@ def replay(path: str, from_step: int, to_step: Optional[int] = None, trace: str 
                               "0 <= from <= to within them")
         loaded, fault = _load(reader, recipe, pack)
         options = _options(recipe, fault)
-        if options.compile and capture_ops:
-            raise CanaryError(f"{path} is a compiled run (--compile): its steps run Inductor's fused kernels, whose "
-                              "operands no dispatch mode sees; judge the eager run's receipt")
         if options.compile and trace == "aten":
             raise CanaryError(f"--trace aten: {path} is a compiled run (--compile): its steps run Inductor's fused "
                               "kernels, not the aten ops a dispatch mode sees; record both runs with --trace ops, and "
@@ -327,13 +324,18 @@ def replay(path: str, from_step: int, to_step: Optional[int] = None, trace: str 
 
 
 def _capture_level(path: str, options: RunOptions, asked: Optional[str]) -> str:
-    """The capture level of the op oracle (replay's docstring); a CanaryError for aten on XLA."""
+    """The capture level of the op oracle (replay's docstring): module outputs where the step
+    runs as compiled graphs (torch_xla, torch.compile), whose aten ops no dispatch mode sees
+    one by one (a CanaryError for aten there), else aten ops."""
     if asked not in (None, "aten", "modules"):
         raise CanaryError(f"--level {asked}: give aten or modules")
-    level = asked or ("modules" if options.device == "xla" else "aten")
+    level = asked or ("modules" if options.device == "xla" or options.compile else "aten")
     if level == "aten" and options.device == "xla":
         raise CanaryError(f"--level aten: {path} ran on XLA, whose aten ops run as one compiled graph when the step "
                           "ends, not one by one; capture at module outputs (--level modules)")
+    if level == "aten" and options.compile:
+        raise CanaryError(f"--level aten: {path} is a compiled run (--compile): its steps run Inductor's fused "
+                          "kernels, whose operands no dispatch mode sees; capture at module outputs (--level modules)")
     return level
 
 
