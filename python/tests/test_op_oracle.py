@@ -98,6 +98,7 @@ def test_bisect_judges_each_side_of_the_first_divergent_aten_op(harness_bin: Pat
     report = json.loads(result.stdout)
     op = report["first_divergent_op"]
     assert (op["name"], op["tensor"], op["phase"]) == ("hidden", "aten.addmm.default", "forward")
+    assert op["level"] == "aten", op  # found in aten traces (a replay's): judged op by aten op
     oracle = report["oracle"]
     assert oracle["a"]["judged"] and oracle["a"]["within"], oracle
     assert oracle["b"]["judged"] and not oracle["b"]["within"] and oracle["b"]["worst_index"] == 0, oracle

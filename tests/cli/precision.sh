@@ -80,6 +80,7 @@ expect_exit 1 "" -- "$HARNESS" bisect "$WORK/ref.h5" "$WORK/nudged.h5" --json
 import json, sys
 r = json.load(open(sys.argv[1]))
 assert r["first_divergent_op"]["name"] == "blocks.0.attn.proj", r["first_divergent_op"]
+assert r["first_divergent_op"]["level"] == "ops", r["first_divergent_op"]  # a harness engine's module outputs
 o = r["oracle"]
 assert o["a"]["judged"] and o["a"]["within"] and o["b"]["judged"] and not o["b"]["within"], o
 assert o["b"]["error_ulps"] > o["b"]["bound_ulps"] and o["a"]["error_ulps"] <= o["a"]["bound_ulps"], o
