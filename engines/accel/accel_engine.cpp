@@ -304,8 +304,8 @@ Engine::OpNumerics AccelEngine::op_numerics(OpKind op, const OpSite& site, std::
     if (unit.zone != nullptr) {
       n.scaled = fp8_operands(op, operands, unit);
       n.descale_roundings = 4;  // output_scale = fl(fl(1/s_a) fl(1/s_b)), then each partial's multiply
+      n.accumulator = {config_.accumulate_interval, kLimitedAccumulatorFractionBits};  // interval 0: fp32
     }
-    if (unit.zone != nullptr) n.accumulator = {config_.accumulate_interval, kLimitedAccumulatorFractionBits};
     if (weight_in_bf16(weight, unit)) n.operands = numerics::Precision::Bf16;
   }
   const bool attention = op == OpKind::AttentionForward || op == OpKind::GqaAttentionForward;

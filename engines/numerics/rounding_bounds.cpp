@@ -122,6 +122,9 @@ OperandRounding scaled_rounding(Precision format, double scale) {
   return {t.unit_roundoff + u + t.unit_roundoff * u, 0.5 * t.smallest_spacing / std::fabs(scale)};
 }
 
+// Relative for normal numbers only (the cut clears low bits: on a subnormal it is an absolute
+// loss). An FP8 GEMM's running sums are multiples of 2^-25 at least (its operands lie on E4M3's
+// and E5M2's grids), never fp32 subnormals.
 double limited_step_error(const LimitedAccumulator& accumulator) {
   const double u = precision_traits(Precision::Fp32).unit_roundoff;
   const double cut = std::ldexp(1.0, -accumulator.kept_fraction_bits);

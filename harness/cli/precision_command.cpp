@@ -204,7 +204,7 @@ void add_precision_command(CLI::App& app, CommandRegistry& commands) {
   add_pack_flag(*precision, f->pack);
   precision->add_option("--level", f->level,
                         "A Python run's: aten (every aten op; the default) or modules (the op modules' outputs; the "
-                        "default, and the only level, on XLA)")
+                        "default, and the only level, on XLA and under --compile)")
       ->check(CLI::IsMember({"aten", "modules"}));
   precision->add_flag("--json", f->json, "Print the result as JSON (keys in docs/oracle.md)");
   commands.add(precision, [f] { return run_precision(*f); });

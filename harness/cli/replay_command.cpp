@@ -318,6 +318,11 @@ check::OracleSide judged_op(const check::ReceiptData& run, int step, const check
     return side;
   }
   side.why_not = fmt::format("{}'s op has no bound yet (docs/oracle.md)", op.name);
+  if (report.judged.empty() && !report.not_judged.empty()) {  // a bf16 lane at module outputs: autocast, say so
+    std::string why;
+    for (const auto& [call, count] : report.not_judged) why += (why.empty() ? "" : "; ") + call;
+    side.why_not = fmt::format("nothing of step {} is judged ({})", step, why);
+  }
   for (const run::OracleReport::Unbounded& call : report.not_bounded) {
     if (call.site == op.name && call.phase == op.phase) side.why_not = "not bounded: " + call.text();
   }

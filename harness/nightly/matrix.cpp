@@ -450,7 +450,8 @@ class Parser {
 
   // Why a Python canary's lane cannot carry the restart gate ("" when it can): the gate
   // (`canary_harness resume-check`) runs the canary on the CPU, in the lane's precision and
-  // compiled where the lane is, with its own save and load.
+  // compiled where the lane is, with its own save and load (a Python canary's lane is one
+  // process: it takes no layout).
   static std::string python_gate_refusal(const nlohmann::json& described, const std::map<std::string, std::string>& options) {
     if (!described.value("checkpoints", false)) {
       return "the canary gives no save and load; return Canary(..., save=save, load=load), the checkpointing its "

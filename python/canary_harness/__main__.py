@@ -141,7 +141,8 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     capture.add_argument("--values", required=True, help="FILE.h5: where each captured result's values go")
     capture.add_argument("--level",
                          help="aten: every aten op (the default); modules: the op modules' outputs (the default, and "
-                              "the only level, on XLA, which runs a step's aten ops as one graph; docs/oracle.md)")
+                              "the only level, on XLA and under --compile, which run a step's aten ops in compiled "
+                              "graphs; docs/oracle.md)")
     capture.add_argument("--json", action="store_true", help="print the description as JSON")
     add_pack_argument(capture)
     add_json_out_argument(capture)

@@ -133,7 +133,7 @@ def test_bisect_names_the_faulted_op(traced: dict, harness_bin: Path):
     assert out["first_divergent_step"] == out["equal_steps"] == FAULT_STEP
     assert out["first_divergent_metric"] in ("trace", "hashes")
     assert out["first_divergent_op"] == {"index": 14, "name": FAULT_OP, "layer": 1, "phase": "forward",
-                                         "tensor": FAULT_OP + ".out", "kind": "activation",
+                                         "tensor": FAULT_OP + ".out", "kind": "activation", "level": "ops",
                                          "site": None, "other": None}
     with h5py.File(traced["fault"], "r") as a, h5py.File(traced["clean"], "r") as b:
         assert np.array_equal(a["trace/hash"][:FAULT_STEP], b["trace/hash"][:FAULT_STEP])

@@ -19,7 +19,7 @@ import pytest
 import canary_harness
 from canary_harness import ReceiptReader
 
-from conftest import export_pack, run_harness
+from conftest import REPO, export_pack, run_harness
 
 HAS_XLA = importlib.util.find_spec("torch_xla") is not None
 STEPS = 3
@@ -147,7 +147,7 @@ def test_precision_judges_an_xla_lane_at_its_module_outputs(canary: str, lanes: 
 def budgets_tightened(out: Path, features: Tuple[str, ...], factor: float) -> Path:
     """The shipped budgets with the tolerances of `features`' entries times `factor`."""
     lines, section = [], None
-    for line in (Path(PACKAGE_ROOT).parent / "canaries" / "budgets.toml").read_text().splitlines(keepends=True):
+    for line in (REPO / "canaries" / "budgets.toml").read_text().splitlines(keepends=True):
         header = re.match(r"^\[([^\]]+)\]", line)
         section = header.group(1) if header else section
         if section in features:

@@ -696,7 +696,8 @@ TEST(LimitedAccumulatorBound, TheKernelsAreWithinAndAllPositiveRunsComeNearIt) {
 TEST(LimitedAccumulatorBound, ReducesToTheFp32BoundAndSaysInfinityWhereARunKeepsNoDigit) {
   const DotSums sums{64, 10.0, 3.0, 5.0, 0.5};
   const OperandRounding exact{0, 0};
-  EXPECT_EQ(rounded_operands_dot_bound(sums, exact, exact, 4, {}), rounded_operands_dot_bound(sums, exact, exact, 4));
+  EXPECT_NEAR(rounded_operands_dot_bound(sums, exact, exact, 4, {}), dot_product_bound(64 + 1 + 4, 10.5, Precision::Fp32),
+              1e-15);
   const LimitedAccumulator fourteen_bits{128, 13};
   EXPECT_EQ(rounded_operands_dot_bound(sums, exact, exact, 0, fourteen_bits),
             rounded_operands_dot_bound(sums, exact, exact, 0, {64, 13}));

@@ -295,9 +295,8 @@ def replay(path: str, from_step: int, to_step: Optional[int] = None, trace: str 
         loaded, fault = _load(reader, recipe, pack)
         options = _options(recipe, fault)
         if options.compile and trace == "aten":
-            raise CanaryError(f"--trace aten: {path} is a compiled run (--compile): its steps run Inductor's fused "
-                              "kernels, not the aten ops a dispatch mode sees; record both runs with --trace ops, and "
-                              "bisect names the step and the module")
+            raise CanaryError(f"--trace aten: {_compiled(path)}; record both runs with --trace ops, and bisect names "
+                              "the step and the module")
         level = _capture_level(path, options, capture_level) if capture_ops else None
         device = _device_of(recipe)
         result = ReplayResult(path, reader.manifest["lane"], from_step, last, precision=options.precision,
@@ -334,9 +333,14 @@ def _capture_level(path: str, options: RunOptions, asked: Optional[str]) -> str:
         raise CanaryError(f"--level aten: {path} ran on XLA, whose aten ops run as one compiled graph when the step "
                           "ends, not one by one; capture at module outputs (--level modules)")
     if level == "aten" and options.compile:
-        raise CanaryError(f"--level aten: {path} is a compiled run (--compile): its steps run Inductor's fused "
-                          "kernels, whose operands no dispatch mode sees; capture at module outputs (--level modules)")
+        raise CanaryError(f"--level aten: {_compiled(path)}; capture at module outputs (--level modules)")
     return level
+
+
+def _compiled(path: str) -> str:
+    """Why a compiled run's aten ops cannot be traced or captured one by one."""
+    return (f"{path} is a compiled run (--compile): its steps run Inductor's fused kernels, whose aten ops no "
+            "dispatch mode sees")
 
 
 def _replay_steps(reader: ReceiptReader, loaded: LoadedCanary, loop: CanaryLoop, tracer: Any,
@@ -370,7 +374,8 @@ def rerun(path: str, out: str, perturb_init: Optional[int] = None, overwrite: bo
     checkpoints), its initial weights moved one ulp under seed `perturb_init` when given
     (what `harness calibrate --perturb N` runs N times for a Python canary's receipt), with
     the modules `autocast_off` out of autocast besides the recipe's own (what `harness
-    triage` runs)."""
+    triage` runs). A run on XLA or compiled is run with its op trace, as replay's (_options):
+    the rerun then computes as the run did, and its receipt holds a /trace too."""
     with ReceiptReader(path) as reader:
         recipe = _recipe(reader)
         loaded, fault = _load(reader, recipe)

@@ -2,7 +2,8 @@
 docs/oracle.md, "At module outputs").
 
 Where a step's aten ops cannot be seen one by one as they compute (torch_xla runs the step
-as one compiled graph; the dispatch mode sees lazy tensors), the oracle judges what the
+as one compiled graph, where the dispatch mode sees lazy tensors; torch.compile runs
+Inductor's fused kernels, which no dispatch mode sees), the oracle judges what the
 modules hand each other: during the step's forward each op module (a module call during
 which no other module is called, as `--trace ops` names ops: tracing/trace.py) has its
 inputs, its own parameters (before the optimizer updates them in place) and its output
@@ -131,7 +132,7 @@ def _rope(module: torch.nn.Module, ops: List[Optional[torch.Tensor]]) -> Recompu
     return Recomputed(module.forward(x, cos, sin), 2, magnitude, {})
 
 
-def _gather(module: torch.nn.Module, ops: List[Optional[torch.Tensor]]) -> Recomputed:
+def _llama_embedding(module: torch.nn.Module, ops: List[Optional[torch.Tensor]]) -> Recomputed:
     tokens, wte = ops
     exact = F.embedding(tokens, wte)
     return Recomputed(exact, 0, exact.abs(), {})  # a copy: no rounding
@@ -159,12 +160,12 @@ MODULES: Dict[type, ModuleArithmetic] = {
     Embedding: ModuleArithmetic("rounded", _arguments(3), _embedding),
     llama.RMSNorm: ModuleArithmetic("layer_norm", _with_weight, _rms_norm),
     llama.Rope: ModuleArithmetic("rounded", _arguments(3), _rope),
-    llama.Embedding: ModuleArithmetic("rounded", _arguments(2), _gather),
+    llama.Embedding: ModuleArithmetic("rounded", _arguments(2), _llama_embedding),
 }
 
 
 def _name(module: torch.nn.Module) -> str:
-    return type(module).__name__.lstrip("_")  # the model's own op modules may be private
+    return type(module).__name__.lstrip("_")  # a team's own op modules may be private (as Llama's _Loss)
 
 
 class _Call(NamedTuple):
