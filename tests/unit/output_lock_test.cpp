@@ -26,6 +26,17 @@ std::string refusal_of(const std::string& output) {
   return "";
 }
 
+// `output`'s lock file, opened and flocked `how` (LOCK_SH: a reader's probe; LOCK_EX: a
+// writer that is not an OutputLock); -1 where either fails.
+int take_lock_file(const std::string& output, int how) {
+  const int fd = ::open(OutputLock::lock_path(output).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd >= 0 && ::flock(fd, how | LOCK_NB) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 TEST(OutputLock, ASecondWriterIsRefusedNamingTheFirstAndTheLockGoesWithTheFirst) {
   const testing::ScratchDir dir;
   const std::string out = dir.path("run.h5");
@@ -49,9 +60,8 @@ TEST(OutputLock, ASecondWriterIsRefusedNamingTheFirstAndTheLockGoesWithTheFirst)
 TEST(OutputLock, AWriterWaitsOutAReadersProbe) {
   const testing::ScratchDir dir;
   const std::string out = dir.path("followed.h5");
-  const int probe = ::open(OutputLock::lock_path(out).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  const int probe = take_lock_file(out, LOCK_SH);
   ASSERT_GE(probe, 0);
-  ASSERT_EQ(::flock(probe, LOCK_SH | LOCK_NB), 0);
   std::thread reader([probe] {
     std::this_thread::sleep_for(std::chrono::milliseconds(30));
     ::flock(probe, LOCK_UN);
@@ -72,9 +82,8 @@ TEST(OutputLock, AWriterWaitsOutAReadersProbe) {
 TEST(OutputLock, ALockHeldPastTheReadersGraceRefuses) {
   const testing::ScratchDir dir;
   const std::string out = dir.path("held.h5");
-  const int holder = ::open(OutputLock::lock_path(out).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  const int holder = take_lock_file(out, LOCK_EX);
   ASSERT_GE(holder, 0);
-  ASSERT_EQ(::flock(holder, LOCK_EX | LOCK_NB), 0);
   const std::string refusal = refusal_of(out);
   ::close(holder);
   EXPECT_NE(refusal.find("held.h5 is being written by another process: wait for it to finish, or write elsewhere"),
