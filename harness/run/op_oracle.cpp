@@ -12,6 +12,7 @@
 
 #include "numerics/det_math.h"
 #include "numerics/rounding_bounds.h"
+#include "numerics/softmax_bounds.h"
 
 namespace harness::run {
 namespace {
@@ -241,43 +242,38 @@ void OpOracle::judge_linear_backward(const Call& call) {
 // A softmax's probabilities and their bounds (docs/oracle.md, "Attention"), as the kernels
 // compute one (engines/kernels/kernels.cpp: causal_softmax_row, crossentropy_rows): the
 // max subtracted and rounded, exp_poly within 3.5 ulps, the sum of the n positive terms,
-// 1/sum and the multiply. s: the exact scores; delta: how far the op's own fp32 scores may
-// be from them (0 for scores it was given). The exponent is then within eta_j = delta_j +
-// max delta + u |z_j| / (1 - u) of its exact one, and p_j within its relative factor and
-// 2^-125 absolute (an exp that fell to the subnormals; the sum is at least exp(0) = 1).
+// 1/sum and the multiply (engines/numerics/softmax_bounds.h). s: the exact scores; delta:
+// how far the op's own fp32 scores may be from them (0 for scores it was given).
 struct SoftmaxBounds {
   std::vector<double> p, bound;
 };
 SoftmaxBounds softmax_bounds(std::span<const double> s, std::span<const double> delta) {
-  const double u = unit_roundoff(Precision::Fp32), exp_relative = 7 * u;  // 3.5 ulps <= 7 u |y|
+  constexpr double kExpPolyUlps = 3.5;  // numerics::exp_poly (det_math.h; DetMath.PolynomialExpIsWithinThreeUlpOnItsDomain)
   const std::size_t n = s.size();
   const double max_score = *std::max_element(s.begin(), s.end());
   const double max_delta = *std::max_element(delta.begin(), delta.end());
   std::vector<double> eta(n);
   double sum = 0, max_eta = 0;
   for (std::size_t j = 0; j < n; ++j) {
-    const double z = (std::fabs(s[j] - max_score) + delta[j] + max_delta) * (1 + u);  // |the computed exponent|
-    eta[j] = delta[j] + max_delta + u * z / (1 - u);
+    eta[j] = numerics::softmax_exponent_error(delta[j], max_delta, std::fabs(s[j] - max_score));
     max_eta = std::max(max_eta, eta[j]);
     sum += numerics::det_exp(s[j] - max_score);
   }
-  const double low = (1 - exp_relative) * (1 - numerics::gamma(static_cast<std::int64_t>(n) - 1, u)) -
-                     static_cast<double>(n) * 0x1p-126;
   SoftmaxBounds b{std::vector<double>(n), std::vector<double>(n)};
   for (std::size_t j = 0; j < n; ++j) {
     b.p[j] = numerics::det_exp(s[j] - max_score) / sum;
-    const double factor = numerics::det_exp(eta[j] + max_eta) * (1 + exp_relative) * (1 + u) * (1 + u) / low;
-    b.bound[j] = (factor - 1) * b.p[j] + 0x1p-125;
+    const double factor =
+        numerics::softmax_probability_factor(eta[j], max_eta, static_cast<std::int64_t>(n), kExpPolyUlps);
+    b.bound[j] = (factor - 1) * b.p[j] + numerics::kSoftmaxUnderflow;
   }
   return b;
 }
 
 // Row t of causal attention: scores s_j = (q . k_j) / sqrt(hs) for j <= t, each within
-// Delta_j of the op's fp32 one (the dot, the scale's two roundings, its multiply).
+// Delta_j of the op's fp32 one (numerics::attention_score_error).
 SoftmaxBounds attention_row(std::int64_t t, std::int64_t hs, const std::function<double(std::int64_t, std::int64_t)>& q,
                             const std::function<double(std::int64_t, std::int64_t)>& k) {
-  const double u = unit_roundoff(Precision::Fp32), scale = 1.0 / std::sqrt(static_cast<double>(hs));
-  const double g3 = numerics::gamma(3, u);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
   std::vector<double> s(static_cast<std::size_t>(t + 1)), delta(s.size());
   for (std::int64_t j = 0; j <= t; ++j) {
     double dot = 0, abs_sum = 0;
@@ -287,7 +283,7 @@ SoftmaxBounds attention_row(std::int64_t t, std::int64_t hs, const std::function
       abs_sum += std::fabs(product);
     }
     s[j] = dot * scale;
-    delta[j] = scale * (numerics::dot_product_bound(hs, abs_sum, Precision::Fp32) * (1 + g3) + g3 * std::fabs(dot));
+    delta[j] = numerics::attention_score_error(hs, abs_sum, std::fabs(dot), scale);
   }
   return softmax_bounds(s, delta);
 }

@@ -9,6 +9,7 @@
 
 #include "file_io.h"
 #include "python_canary.h"
+#include "numerics/softmax_bounds.h"
 #include "receipt/hdf5_file.h"
 
 namespace harness::run {
@@ -47,13 +48,42 @@ std::vector<double> layer_norm_bounds(std::int64_t channels, const std::vector<d
   return bound;
 }
 
+// An attention core module's bound per element (numerics::attention_output_bound) from the
+// terms module_capture.py writes beside its values: `magnitude` is sum_j p_j |v_jc|.
+std::vector<double> attention_bounds(std::int64_t head_size, const std::vector<double>& magnitude, hid_t file,
+                                     const std::string& group, const std::string& values) {
+  const std::vector<double> keys = h5::read_f64(file, group + "keys");
+  const std::vector<double> abs_products = h5::read_f64(file, group + "abs_products");
+  const std::vector<double> abs_dot = h5::read_f64(file, group + "abs_dot");
+  const std::vector<double> spread = h5::read_f64(file, group + "spread");
+  const std::vector<double> abs_values = h5::read_f64(file, group + "abs_values");
+  for (const std::vector<double>* terms : {&keys, &abs_products, &abs_dot, &spread, &abs_values}) {
+    if (terms->size() != magnitude.size()) {
+      throw std::runtime_error(fmt::format("{}: {} holds an attention core's terms of another count than its values", values, group));
+    }
+  }
+  if (head_size < 1) throw std::runtime_error(fmt::format("{}: {} is an attention core of head size {}", values, group, head_size));
+  std::vector<double> bound(magnitude.size());
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_size));
+  for (std::size_t i = 0; i < magnitude.size(); ++i) {
+    const auto key_count = static_cast<std::int64_t>(keys[i]);
+    if (key_count < 1 || static_cast<double>(key_count) != keys[i]) {
+      throw std::runtime_error(fmt::format("{}: {} gives an attention row {} keys", values, group, keys[i]));
+    }
+    bound[i] = numerics::attention_output_bound(
+        {head_size, key_count, scale, abs_products[i], abs_dot[i], spread[i], magnitude[i], abs_values[i]});
+  }
+  return bound;
+}
+
 // Each element's bound before its result is stored, by the arithmetic capture-ops names:
 // a dot product of `count` terms, a sum of `count` terms, or `count` roundings of an exact
-// value (tracing/op_capture.py), all computed in fp32; a layer norm module's from its
-// terms (tracing/module_capture.py).
+// value (tracing/op_capture.py), all computed in fp32; a layer norm's or an attention
+// core's (modules) from their terms (tracing/module_capture.py).
 std::vector<double> compute_bounds(const std::string& kind, std::int64_t count, const std::vector<double>& magnitude,
                                    hid_t file, const std::string& group, const std::string& values) {
   if (kind == "layer_norm") return layer_norm_bounds(count, magnitude, file, group, values);
+  if (kind == "attention") return attention_bounds(count, magnitude, file, group, values);
   const double u = numerics::precision_traits(Precision::Fp32).unit_roundoff;
   if (static_cast<double>(count) * u >= 1) {  // gamma_n says nothing there (a sum of 2^24 terms): no bound
     return std::vector<double>(magnitude.size(), std::numeric_limits<double>::infinity());
@@ -69,7 +99,7 @@ std::vector<double> compute_bounds(const std::string& kind, std::int64_t count, 
       bound[i] = count == 0 ? 0.0 : numerics::gamma(count, u) * m;
     } else {
       throw std::runtime_error(
-          fmt::format("{}: a result of arithmetic '{}' (known: dot, sum, rounded, layer_norm)", values, kind));
+          fmt::format("{}: a result of arithmetic '{}' (known: dot, sum, rounded, layer_norm, attention)", values, kind));
     }
   }
   return bound;

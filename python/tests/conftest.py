@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable, Dict
+from typing import Callable, Dict, Tuple
 
 import numpy as np
 import pytest
@@ -162,6 +163,20 @@ def cpp_trace_receipt(harness_bin: Path, tmp_path_factory: pytest.TempPathFactor
     """micro, 2 steps with op traces: the traced loss is a 1-element tensor (a partial block)."""
     out = tmp_path_factory.mktemp("cpp") / "trace.h5"
     run_harness(harness_bin, "run", "--canary", "micro", "--steps", "2", "--trace", "ops", "--out", str(out))
+    return out
+
+
+def budgets_tightened(out: Path, features: Tuple[str, ...], factor: float) -> Path:
+    """The shipped budgets with the tolerances of `features`' entries times `factor`."""
+    lines, section = [], None
+    for line in (REPO / "canaries" / "budgets.toml").read_text().splitlines(keepends=True):
+        header = re.match(r"^\[([^\]]+)\]", line)
+        section = header.group(1) if header else section
+        if section in features:
+            line = re.sub(r"(atol|rtol) = ([0-9.e+-]+)", lambda g: f"{g.group(1)} = {float(g.group(2)) * factor:.3g}",
+                          line)
+        lines.append(line)
+    out.write_text("".join(lines))
     return out
 
 

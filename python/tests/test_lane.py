@@ -20,7 +20,7 @@ from canary_harness.models import gpt2
 from canary_harness.runs.optim import CanaryAdamW
 from canary_harness.pack import read_pack
 
-from conftest import export_pack, run_harness, run_module
+from conftest import budgets_tightened, export_pack, run_harness, run_module
 from host_reads import HostReads
 
 STEPS = 5
@@ -104,11 +104,36 @@ def test_a_compiled_lane_is_judged_at_its_module_outputs(runs: dict, compiled: t
                          "--json", check=False)
     report = json.loads(result.stdout)
     assert result.returncode == 0 and report["verdict"] == "within", report["over"][:3]
-    assert {j["op"] for j in report["judged"]} == {"Embedding", "LayerNorm", "Linear", "Residual", "LmHead"}
+    assert {j["op"] for j in report["judged"]} == {"Embedding", "LayerNorm", "Linear", "Residual", "LmHead", "Attention"}
     refused = run_harness(harness_bin, "precision", str(out), "--step", "1", "--pack", str(runs["pack"]),
                           "--level", "aten", check=False)
     assert refused.returncode == 2 and "is a compiled run" in refused.stderr, refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1
+
+
+def test_bisect_judges_torch_eager_against_compiled_at_their_first_divergent_module_output(
+        runs: dict, compiled: tuple, harness_bin: Path) -> None:
+    """micro's eager lane and its compiled one, under budgets a millionth of [torch-cpu]'s and
+    [torch-compile]'s, part at step 0 at the attention core (Inductor fuses its softmax), the
+    first module output bisect finds in the lanes' traces: each side replayed (the compiled
+    one compiling again with its trace) and the attention core judged on its own q, k and v
+    with exp at the stacks' measured worst case: both within their bounds, rounding."""
+    if not hasattr(torch, "compile"):
+        return  # the compiled lane cannot run here: test_compiled_lane_is_within... asserts its refusal
+    eager = runs["dir"] / "eager-traced.h5"
+    lane("--pack", str(runs["pack"]), "--out", str(eager), "--threads", "1", "--trace", "ops")
+    tight = budgets_tightened(runs["dir"] / "tight.toml", ("torch-cpu", "torch-compile"), 1e-6)
+    result = run_harness(harness_bin, "bisect", str(eager), str(compiled[1]), "--pack", str(runs["pack"]),
+                         "--budgets", str(tight), "--json", check=False)
+    assert result.returncode == 1, result.stdout + result.stderr
+    b = json.loads(result.stdout)
+    op = b["first_divergent_op"]
+    assert (b["first_divergent_step"], op["level"], op["name"], op["phase"]) == (0, "ops", "blocks.0.attn", "forward"), op
+    oracle = b["oracle"]
+    for side in ("a", "b"):
+        assert oracle[side]["judged"] and oracle[side]["within"], oracle
+        assert 0 < oracle[side]["error_ulps"] <= oracle[side]["bound_ulps"], oracle
+    assert oracle["verdict"] == "both within their bounds: rounding"
 
 
 def test_inductor_keeps_each_aten_isa_in_a_cache_of_its_own(tmp_path: Path):

@@ -8,18 +8,17 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional
 
 import pytest
 
 import canary_harness
 from canary_harness import ReceiptReader
 
-from conftest import REPO, export_pack, run_harness
+from conftest import budgets_tightened, export_pack, run_harness
 
 HAS_XLA = importlib.util.find_spec("torch_xla") is not None
 STEPS = 3
@@ -112,10 +111,11 @@ def test_an_xla_lane_is_captured_at_its_module_outputs_and_never_op_by_op() -> N
 
 
 # Per canary: the module classes judged, and how many results: tiny's embedding, lnf and LM
-# head and 8 in each of 4 blocks; llama-tiny's embedding, final norm and LM head and 13 in
-# each of 4 blocks (two norms, two RoPEs, seven Linears, two residual adds).
-JUDGED_MODULES = {"tiny": ({"Embedding", "LayerNorm", "Linear", "Residual", "LmHead"}, 3 + 8 * 4),
-                  "llama-tiny": ({"Embedding", "RMSNorm", "Rope", "Linear", "Residual"}, 3 + 13 * 4)}
+# head and 9 in each of 4 blocks (two layer norms, four Linears, two residual adds, the
+# attention core); llama-tiny's embedding, final norm and LM head and 14 in each of 4 blocks
+# (two norms, two RoPEs, seven Linears, two residual adds, the attention core).
+JUDGED_MODULES = {"tiny": ({"Embedding", "LayerNorm", "Linear", "Residual", "LmHead", "Attention"}, 3 + 9 * 4),
+                  "llama-tiny": ({"Embedding", "RMSNorm", "Rope", "Linear", "Residual", "Attention"}, 3 + 14 * 4)}
 
 
 @pytest.mark.parametrize("canary", sorted(JUDGED_MODULES))
@@ -142,20 +142,6 @@ def test_precision_judges_an_xla_lane_at_its_module_outputs(canary: str, lanes: 
                           "--level", "aten", check=False)
     assert refused.returncode == 2 and "ran on XLA" in refused.stderr, refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1
-
-
-def budgets_tightened(out: Path, features: Tuple[str, ...], factor: float) -> Path:
-    """The shipped budgets with the tolerances of `features`' entries times `factor`."""
-    lines, section = [], None
-    for line in (REPO / "canaries" / "budgets.toml").read_text().splitlines(keepends=True):
-        header = re.match(r"^\[([^\]]+)\]", line)
-        section = header.group(1) if header else section
-        if section in features:
-            line = re.sub(r"(atol|rtol) = ([0-9.e+-]+)", lambda g: f"{g.group(1)} = {float(g.group(2)) * factor:.3g}",
-                          line)
-        lines.append(line)
-    out.write_text("".join(lines))
-    return out
 
 
 def test_bisect_judges_torch_eager_against_torch_xla_at_their_first_divergent_module_output(

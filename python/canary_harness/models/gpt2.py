@@ -247,7 +247,7 @@ class Residual(nn.Module):
         return residual(x, branch)
 
 
-class _Attention(nn.Module):
+class Attention(nn.Module):
     """Op `blocks.l.attn`: the attention core (qkv -> heads re-joined). It also holds the ops
     around it, `qkv`, `proj` and `residual`, which the block calls."""
 
@@ -278,7 +278,7 @@ class _Block(nn.Module):
         super().__init__()
         C = cfg.channels
         self.ln1 = nn.LayerNorm(C, eps=cfg.layernorm_eps)
-        self.attn = _Attention(C, cfg.heads)
+        self.attn = Attention(C, cfg.heads)
         self.ln2 = nn.LayerNorm(C, eps=cfg.layernorm_eps)
         self.mlp = _Mlp(C, cfg.gelu)
 

@@ -25,13 +25,20 @@ harness/run/python_oracle.cpp), as it does capture-ops' aten results:
   (`rounded`, also where a fused multiply-add saves one); its embedding (wte[token]): a
   copy, exact.
 
-Any other op module (the attention core, GELU, SwiGLU, the loss) is listed as not judged, by class,
+- the attention core (gpt2's from qkv, Llama's grouped-query from q, k and v): causal
+  softmax(q k^T / sqrt(hs)) v, whose probabilities the oracle does not see: `attention`,
+  judged from q, k and v alone with exp at the stacks' measured worst case (the bound in
+  engines/numerics/softmax_bounds.h): per output element its row's keys, largest sum |q k_j|
+  and |q . k_j| and the scores' spread, and sum |v_jc|, written beside the values.
+
+Any other op module (GELU, SwiGLU, the loss) is listed as not judged, by class,
 as are modules under bf16 autocast (their operands are rounded inside the module, which the
 fp32 bounds here do not allow) and calls made with grad disabled (a held-out evaluation).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
@@ -39,7 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from ..models import llama
-from ..models.gpt2 import Embedding, LmHead, Residual, embed
+from ..models.gpt2 import Attention, Embedding, LmHead, Residual, embed
 from .op_capture import FORMATS, CapturedResult, StepCapture, clone, flat_float64, float64_on_cpu
 from .aten_trace import user_site
 from .trace import output_column
@@ -138,6 +145,58 @@ def _llama_embedding(module: torch.nn.Module, ops: List[Optional[torch.Tensor]])
     return Recomputed(exact, 0, exact.abs(), {})  # a copy: no rounding
 
 
+def _attention_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Recomputed:
+    """Causal softmax(q k^T / sqrt(hs)) v per head, q, k, v (B,NH,T,hs) in float64, and per
+    output element the terms of attention_output_bound (engines/numerics/softmax_bounds.h):
+    count hs; its row's keys, max_j sum |q k_j| and max_j |q . k_j|, and spread max_j |s_j - m|
+    (scores s = q . k / sqrt(hs)); M = sum_j p_j |v_jc| the magnitude, V = sum_j |v_jc|."""
+    T, hs = q.shape[-2], q.shape[-1]
+    scale = 1.0 / math.sqrt(hs)
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    dots = q @ k.transpose(-2, -1)                                        # (B,NH,T,T)
+    scores = (dots * scale).masked_fill(~causal, float("-inf"))
+    p = torch.softmax(scores, dim=-1)
+
+    def row(t: torch.Tensor) -> torch.Tensor:  # a row's value (B,NH,T) for each of its output elements
+        return t[..., None].expand(q.shape)
+    terms = {
+        "keys": row(causal.sum(-1).to(q.dtype).expand(q.shape[:-1])),  # t + 1 in row t
+        "abs_products": row((q.abs() @ k.abs().transpose(-2, -1)).masked_fill(~causal, 0).amax(-1)),
+        "abs_dot": row(dots.abs().masked_fill(~causal, 0).amax(-1)),
+        "spread": row(scores.amax(-1) - scores.masked_fill(~causal, float("inf")).amin(-1)),
+        "abs_values": causal.to(q.dtype) @ v.abs(),
+    }
+    return Recomputed(p @ v, hs, p @ v.abs(), terms)
+
+
+def _rejoined(r: Recomputed) -> Recomputed:
+    """(B,NH,T,hs) heads back to (B,T,NH*hs), as the attention modules re-join them."""
+    def join(t: torch.Tensor) -> torch.Tensor:
+        B, NH, T, hs = t.shape
+        return t.transpose(1, 2).reshape(B, T, NH * hs)
+    return Recomputed(join(r.exact), r.count, join(r.magnitude), {name: join(t) for name, t in r.terms.items()})
+
+
+def _gpt2_attention(module: torch.nn.Module, ops: List[Optional[torch.Tensor]]) -> Recomputed:
+    """gpt2's attention core from qkv (B,T,3C): q, k, v split and viewed as attention_core does."""
+    (qkv,) = ops
+    B, T, C3 = qkv.shape
+    C = C3 // 3
+    heads = [t.reshape(B, T, module.heads, C // module.heads).transpose(1, 2) for t in qkv.split(C, dim=-1)]
+    return _rejoined(_attention_heads(*heads))
+
+
+def _llama_attention(module: torch.nn.Module, ops: List[Optional[torch.Tensor]]) -> Recomputed:
+    """Llama's grouped-query attention: kv head h // (NH/NKV) for query head h, as gqa_attention."""
+    q, k, v = ops
+    B, T, width = q.shape
+    hd = width // module.heads
+
+    def heads(t: torch.Tensor, count: int) -> torch.Tensor:
+        return t.reshape(B, T, count, hd).transpose(1, 2).repeat_interleave(width // hd // count, dim=1)
+    return _rejoined(_attention_heads(heads(q, module.heads), heads(k, module.kv_heads), heads(v, module.kv_heads)))
+
+
 def _arguments(count: int) -> Callable[[torch.nn.Module, Tuple[Any, ...]], List[Optional[torch.Tensor]]]:
     return lambda module, args: list(args[:count])
 
@@ -156,6 +215,8 @@ MODULES: Dict[type, ModuleArithmetic] = {
     torch.nn.LayerNorm: ModuleArithmetic("layer_norm", _with_parameters, _layer_norm),
     LmHead: ModuleArithmetic("dot", _arguments(2), _lm_head),
     Residual: ModuleArithmetic("rounded", _arguments(2), _residual),
+    Attention: ModuleArithmetic("attention", _arguments(1), _gpt2_attention),
+    llama.Attention: ModuleArithmetic("attention", _arguments(3), _llama_attention),
     llama.Residual: ModuleArithmetic("rounded", _arguments(2), _residual),
     Embedding: ModuleArithmetic("rounded", _arguments(3), _embedding),
     llama.RMSNorm: ModuleArithmetic("layer_norm", _with_weight, _rms_norm),

@@ -1,0 +1,40 @@
+#include "softmax_bounds.h"
+
+#include "det_math.h"
+#include "rounding_bounds.h"
+
+namespace harness::numerics {
+namespace {
+
+double fp32_unit_roundoff() { return precision_traits(Precision::Fp32).unit_roundoff; }
+
+}  // namespace
+
+double attention_score_error(std::int64_t head_size, double abs_products, double abs_dot, double scale) {
+  const double g3 = gamma(3, fp32_unit_roundoff());
+  return scale * (dot_product_bound(head_size, abs_products, Precision::Fp32) * (1 + g3) + g3 * abs_dot);
+}
+
+double softmax_exponent_error(double delta, double max_delta, double distance_from_max) {
+  const double u = fp32_unit_roundoff();
+  const double z = (distance_from_max + delta + max_delta) * (1 + u);  // |the computed exponent|
+  return delta + max_delta + u * z / (1 - u);
+}
+
+double softmax_probability_factor(double eta, double max_eta, std::int64_t n, double exp_ulps) {
+  const double u = fp32_unit_roundoff(), exp_relative = 2 * u * exp_ulps;  // an ulp at y is at most 2 u |y|
+  const double low = (1 - exp_relative) * (1 - gamma(n - 1, u)) - static_cast<double>(n) * 0x1p-126;
+  return det_exp(eta + max_eta) * (1 + exp_relative) * (1 + u) * (1 + u) / low;
+}
+
+double attention_output_bound(const AttentionOutputTerms& t) {
+  const double delta = attention_score_error(t.head_size, t.abs_products, t.abs_dot, t.scale);
+  // A row of one key takes exp of exactly 0 (its score less itself), whatever its score's error.
+  const double eta = t.keys == 1 ? 0.0 : softmax_exponent_error(delta, delta, t.spread);
+  const double factor = softmax_probability_factor(eta, eta, t.keys, t.exp_ulps);
+  const double underflow = kSoftmaxUnderflow * t.abs_values;
+  return (factor - 1) * t.magnitude + underflow +
+         dot_product_bound(t.keys, factor * t.magnitude + underflow, Precision::Fp32);
+}
+
+}  // namespace harness::numerics

@@ -1,0 +1,69 @@
+// Rounding-error bounds of a softmax and of an attention core computed in fp32 with an exp
+// whose worst case is measured, not derived (docs/oracle.md, "Attention" and "The
+// attention core at its output"). As in rounding_bounds.h: absolute bounds for one op on
+// its own inputs, the model fl(x) = x (1 + d), |d| <= u, with u fp32's 2^-24.
+//
+// A softmax row p_j = exp(s_j - m) / sum_k exp(s_k - m), m = max s, as every stack the
+// harness meets computes it (cpu-ref's kernels, ATen's, Inductor's and XLA's lowering: the
+// max, exp of the rounded difference, the sum of the n positive terms in any order, then a
+// divide or 1/sum and a multiply), from scores s^_j within delta_j of the exact s_j:
+//   eta_j = delta_j + max delta + u z_j / (1 - u),  z_j = (|s_j - m| + delta_j + max delta)(1 + u)
+// bounds how far the exponent the kernel takes exp of is from the exact one (the max it
+// subtracts is a computed score: shift-invariance makes its error count once more), and
+//   |p^_j - p_j| <= (F_j - 1) p_j + 2^-125,
+//   F_j = exp(eta_j + max eta) (1 + e) (1 + u)^2 / ((1 - e) (1 - gamma_{n-1}) - n 2^-126)
+// with e the exp's relative error (2 u per ulp: an ulp at y is at most 2 u |y|); 2^-125 for
+// an exp that fell to the subnormals (the sum is at least exp(0) = 1 within e).
+#pragma once
+
+#include <cstdint>
+
+namespace harness::numerics {
+
+// exp's worst case on the Python stacks, measured over every fp32 input of softmax's domain
+// (bench/libm_accuracy.py; docs/oracle.md, "exp as each stack computes it"): ATen's CPU
+// kernels under each capability (default, AVX2, AVX-512; torch 1.13 and 2.9), Inductor's,
+// torch_xla's and JAX's CPU exp, the worst 0.995 ulps. A stack measured worse raises it here.
+inline constexpr double kStackExpUlps = 1.0;
+
+// How far an fp32 attention score s^ = fl(fl(q . k) * fl(scale)) is from q . k * scale with
+// the exact scale: the dot's gamma_hs of sum |q_d k_d|, the scale's two roundings (its
+// reciprocal square root and its conversion to fp32) and the multiply's, gamma_3:
+//   Delta = scale (gamma_hs S (1 + gamma_3) + gamma_3 |q . k|),  S = sum |q_d k_d|.
+// Holds as well where a compiler folds the scale into q first (one rounding per term more,
+// within the gamma_3). Throws std::invalid_argument where gamma_hs says nothing.
+double attention_score_error(std::int64_t head_size, double abs_products, double abs_dot, double scale);
+
+// eta_j above, from delta_j, max delta and |s_j - m| (the exact scores' distance from their max).
+double softmax_exponent_error(double delta, double max_delta, double distance_from_max);
+
+// F_j above for a row of n terms, from eta_j, max eta and exp's worst case in ulps.
+double softmax_probability_factor(double eta, double max_eta, std::int64_t n, double exp_ulps);
+
+// The absolute error a probability may have from an exp that fell to the subnormals.
+inline constexpr double kSoftmaxUnderflow = 0x1p-125;
+
+// An attention core seen only at its output (a module's: PyTorch eager, Inductor, XLA):
+// o_c = sum_j p_j v_jc over the row's n keys (the causal ones), with p the softmax of the
+// scores, which the oracle does not see. With every p^_j within (F - 1) p_j + 2^-125, F the
+// factor of the row's largest eta (eta_max for every j: an upper bound of each F_j), and
+// the n products added in fp32 in any order:
+//   |o^_c - o_c| <= (F - 1) M + 2^-125 V + gamma_n (F M + 2^-125 V),
+//   M = sum_j p_j |v_jc|, V = sum_j |v_jc|.
+// eta_max takes Delta at the row's largest sum |q k_j| and |q . k_j| (each the max over j,
+// so an upper bound of every Delta_j) and the row's spread max_j |s_j - m|; a row of one key
+// takes exp of exactly 0 (its score less itself), eta 0.
+struct AttentionOutputTerms {
+  std::int64_t head_size = 0;  // hs: the scores' dot products' length
+  std::int64_t keys = 0;       // n: the row's keys (t + 1 in causal row t)
+  double scale = 0;            // 1 / sqrt(hs), exact
+  double abs_products = 0;     // max_j sum_d |q_d k_jd|
+  double abs_dot = 0;          // max_j |q . k_j|
+  double spread = 0;           // max_j |s_j - m|, the exact scores
+  double magnitude = 0;        // M
+  double abs_values = 0;       // V
+  double exp_ulps = kStackExpUlps;
+};
+double attention_output_bound(const AttentionOutputTerms& terms);
+
+}  // namespace harness::numerics
