@@ -27,6 +27,10 @@ double softmax_probability_factor(double eta, double max_eta, std::int64_t n, do
   return det_exp(eta + max_eta) * (1 + exp_relative) * (1 + u) * (1 + u) / low;
 }
 
+double softmax_probability_bound(double p, double eta, double max_eta, std::int64_t n, double exp_ulps) {
+  return (softmax_probability_factor(eta, max_eta, n, exp_ulps) - 1) * p + kSoftmaxUnderflow;
+}
+
 double attention_output_bound(const AttentionOutputTerms& t) {
   const double delta = attention_score_error(t.head_size, t.abs_products, t.abs_dot, t.scale);
   // A row of one key takes exp of exactly 0 (its score less itself), whatever its score's error.

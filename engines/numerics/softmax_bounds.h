@@ -43,6 +43,9 @@ double softmax_probability_factor(double eta, double max_eta, std::int64_t n, do
 // The absolute error a probability may have from an exp that fell to the subnormals.
 inline constexpr double kSoftmaxUnderflow = 0x1p-125;
 
+// |p^_j - p_j| <= (F_j - 1) p_j + 2^-125 above: a probability p_j's bound in a row of n.
+double softmax_probability_bound(double p, double eta, double max_eta, std::int64_t n, double exp_ulps);
+
 // An attention core seen only at its output (a module's: PyTorch eager, Inductor, XLA):
 // o_c = sum_j p_j v_jc over the row's n keys (the causal ones), with p the softmax of the
 // scores, which the oracle does not see. With every p^_j within (F - 1) p_j + 2^-125, F the

@@ -262,9 +262,7 @@ SoftmaxBounds softmax_bounds(std::span<const double> s, std::span<const double> 
   SoftmaxBounds b{std::vector<double>(n), std::vector<double>(n)};
   for (std::size_t j = 0; j < n; ++j) {
     b.p[j] = numerics::det_exp(s[j] - max_score) / sum;
-    const double factor =
-        numerics::softmax_probability_factor(eta[j], max_eta, static_cast<std::int64_t>(n), kExpPolyUlps);
-    b.bound[j] = (factor - 1) * b.p[j] + numerics::kSoftmaxUnderflow;
+    b.bound[j] = numerics::softmax_probability_bound(b.p[j], eta[j], max_eta, static_cast<std::int64_t>(n), kExpPolyUlps);
   }
   return b;
 }

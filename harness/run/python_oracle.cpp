@@ -76,14 +76,36 @@ std::vector<double> attention_bounds(std::int64_t head_size, const std::vector<d
   return bound;
 }
 
+// A softmax's probabilities (aten._softmax: scores it was given, so no error in them) per
+// element (numerics::softmax_probability_bound) from the terms op_capture.py writes: each
+// score's distance from its row's max and the row's largest distance (0 for a masked score,
+// whose probability is exactly 0). `probabilities` is the exact result; `row` its length.
+std::vector<double> softmax_bounds(std::int64_t row, const std::vector<double>& probabilities, hid_t file,
+                                   const std::string& group, const std::string& values) {
+  const std::vector<double> distance = h5::read_f64(file, group + "distance");
+  const std::vector<double> spread = h5::read_f64(file, group + "spread");
+  if (distance.size() != probabilities.size() || spread.size() != probabilities.size()) {
+    throw std::runtime_error(fmt::format("{}: {} holds a softmax's terms of another count than its values", values, group));
+  }
+  if (row < 1) throw std::runtime_error(fmt::format("{}: {} is a softmax of rows of {}", values, group, row));
+  std::vector<double> bound(probabilities.size());
+  for (std::size_t i = 0; i < probabilities.size(); ++i) {
+    const double eta = numerics::softmax_exponent_error(0, 0, distance[i]);
+    const double max_eta = numerics::softmax_exponent_error(0, 0, spread[i]);
+    bound[i] = numerics::softmax_probability_bound(probabilities[i], eta, max_eta, row, numerics::kStackExpUlps);
+  }
+  return bound;
+}
+
 // Each element's bound before its result is stored, by the arithmetic capture-ops names:
 // a dot product of `count` terms, a sum of `count` terms, or `count` roundings of an exact
-// value (tracing/op_capture.py), all computed in fp32; a layer norm's or an attention
-// core's (modules) from their terms (tracing/module_capture.py).
+// value (tracing/op_capture.py), all computed in fp32; a softmax's (aten) and a layer
+// norm's or an attention core's (modules) from their terms (tracing/module_capture.py).
 std::vector<double> compute_bounds(const std::string& kind, std::int64_t count, const std::vector<double>& magnitude,
                                    hid_t file, const std::string& group, const std::string& values) {
   if (kind == "layer_norm") return layer_norm_bounds(count, magnitude, file, group, values);
   if (kind == "attention") return attention_bounds(count, magnitude, file, group, values);
+  if (kind == "softmax") return softmax_bounds(count, magnitude, file, group, values);
   const double u = numerics::precision_traits(Precision::Fp32).unit_roundoff;
   if (static_cast<double>(count) * u >= 1) {  // gamma_n says nothing there (a sum of 2^24 terms): no bound
     return std::vector<double>(magnitude.size(), std::numeric_limits<double>::infinity());
@@ -99,7 +121,7 @@ std::vector<double> compute_bounds(const std::string& kind, std::int64_t count, 
       bound[i] = count == 0 ? 0.0 : numerics::gamma(count, u) * m;
     } else {
       throw std::runtime_error(
-          fmt::format("{}: a result of arithmetic '{}' (known: dot, sum, rounded, layer_norm, attention)", values, kind));
+          fmt::format("{}: a result of arithmetic '{}' (known: dot, sum, rounded, layer_norm, attention, softmax)", values, kind));
     }
   }
   return bound;

@@ -2,9 +2,9 @@
 docs/oracle.md, "PyTorch lanes"): the package builds the lane's canary again from the pack
 it ran (`--pack`), replays its steps bit for bit and captures one step's aten ops, which the
 harness judges. A clean fp32 lane has no op over its bound, a clean bf16 lane neither but
-where its torch's bf16 matmuls round their partial sums to bf16 (torch 1.13 on a CPU without
-AVX512-BF16: then they alone are named); a bf16 lane judged as fp32 has its bf16 results
-named below fp32; a receipt without its pack, with another pack,
+where its torch's bf16 kernels round inside (torch 1.13's matmuls on a CPU without
+AVX512-BF16 and its softmax backward: then they alone are named); a bf16 lane judged as
+fp32 has its bf16 results named below fp32; a receipt without its pack, with another pack,
 or --pack with a receipt that is not a lane's, is refused in one line (exit 2). At module
 outputs (`--level modules`, torch_xla's level) a clean lane is within and a nudged module
 is named alone."""
@@ -17,7 +17,7 @@ from typing import Dict
 
 import pytest
 
-from conftest import bf16_mm_rounds_its_partial_sums, export_pack, precision_report, run_harness, run_module
+from conftest import bf16_ops_rounding_inside, export_pack, precision_report, run_harness, run_module
 
 STEPS = 3
 
@@ -45,8 +45,9 @@ def _precision(harness_bin: Path, receipt: Path, *flags: str) -> tuple:
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_a_lanes_ops_are_over_their_bounds_only_where_its_kernels_are(harness_bin: Path, pack: Path, lanes: dict,
                                                                        precision: str) -> None:
-    """A clean fp32 lane is within; a clean bf16 lane too, but where this torch's bf16 matmuls
-    round their partial sums (the probe of conftest.py): then those matmuls, and nothing else, are over."""
+    """A clean fp32 lane is within; a clean bf16 lane too, but where this torch's bf16 kernels
+    round inside (conftest.py's probes: matmuls' partial sums, softmax backward's
+    intermediates): then those ops, and nothing else, are over."""
     code, report = _precision(harness_bin, lanes[precision], "--pack", str(pack))
     assert report["lane"] == ("micro/torch" if precision == "fp32" else "micro/torch+bf16")
     judged = report["judged"]
@@ -55,11 +56,12 @@ def test_a_lanes_ops_are_over_their_bounds_only_where_its_kernels_are(harness_bi
     phases = {j["phase"] for j in judged if j["op"] in ("aten.addmm.default", "aten.mm.default", "aten.bmm.default")}
     assert {"forward", "backward"} <= phases, phases
     assert any(j["phase"] == "optimizer" for j in judged)
-    if precision == "fp32" or not bf16_mm_rounds_its_partial_sums():
+    rounding_inside = bf16_ops_rounding_inside() if precision == "bf16" else set()
+    if not rounding_inside:
         assert code == 0 and report["verdict"] == "within" and report["over"] == [], report["over"][:3]
         return
-    assert code == 1 and report["over"], "the probe's kernel is over its bound, and the lane's matmuls run it"
-    assert {j["op"] for j in report["over"]} <= {"aten.mm.default", "aten.bmm.default"}, report["over"][:3]
+    assert code == 1 and report["over"], "the probes' kernels are over their bounds, and the lane runs them"
+    assert {j["op"] for j in report["over"]} <= rounding_inside, report["over"][:3]
     assert all(j["stored"] == "bf16" and j["operands"] == "bf16" for j in report["over"])
 
 

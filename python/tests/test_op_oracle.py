@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from canary_harness.tracing.op_capture import ARITHMETIC
-from conftest import bf16_mm_rounds_its_partial_sums, precision_report, run_harness
+from conftest import bf16_ops_rounding_inside, precision_report, run_harness
 from test_python_canary import EXAMPLE, SMALL, run
 
 STEPS = 3
@@ -32,12 +32,14 @@ def _precision(harness_bin: Path, receipt: Path, *flags: str) -> tuple:
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_a_clean_run_has_no_op_over_its_bound(harness_bin: Path, small_canary_3_steps, precision: str) -> None:
-    """But where this torch's bf16 matmuls round their partial sums (conftest's probe: torch
-    1.13 on a CPU without AVX512-BF16): then the bf16 run's row-major matmuls, its backward's
-    `mm`, are over, and nothing else is."""
+    """But where this torch's bf16 kernels round inside (conftest's probes: torch 1.13's
+    matmuls on a CPU without AVX512-BF16, its softmax backward): then those of the bf16
+    run's backward (its row-major `mm`, its softmax's backward) are over, and nothing else is."""
     code, report = _precision(harness_bin, small_canary_3_steps(precision))  # conftest's 3-step (STEPS) run, only read
-    if precision == "bf16" and bf16_mm_rounds_its_partial_sums():
-        assert code == 1 and {(j["phase"], j["op"]) for j in report["over"]} == {("backward", "aten.mm.default")}
+    rounding_inside = bf16_ops_rounding_inside() if precision == "bf16" else set()
+    if rounding_inside:
+        over = {(j["phase"], j["op"]) for j in report["over"]}
+        assert code == 1 and over and over <= {("backward", op) for op in rounding_inside}, over
     else:
         assert code == 0 and report["verdict"] == "within" and report["over"] == []
     judged = {(j["site"], j["op"]) for j in report["judged"]}
@@ -59,10 +61,12 @@ def test_a_module_computing_through_bf16_is_named_and_no_other(harness_bin: Path
         assert j["below"] == "its result is bf16, below the fp32 the run declares"
         assert j["error_ulps"] > 100 * j["bound_ulps"]  # bf16's 8 bits: far below fp32, never a rounding's slack
     # Judged as bf16 (--against bf16), the same run is within: the module is only below fp32
-    # (but for the backward's bf16 `mm` where this torch rounds its partial sums: conftest's probe).
+    # (but for the backward's bf16 kernels where this torch rounds inside: conftest's probes).
     code, report = _precision(harness_bin, receipt, "--against", "bf16")
-    if bf16_mm_rounds_its_partial_sums():
-        assert {(j["phase"], j["op"]) for j in report["over"]} <= {("backward", "aten.mm.default")}, report["over"]
+    rounding_inside = bf16_ops_rounding_inside()
+    if rounding_inside:
+        assert {(j["phase"], j["op"]) for j in report["over"]} <= {("backward", op) for op in rounding_inside}, \
+            report["over"]
     else:
         assert code == 0, report["over"]
 
@@ -73,6 +77,16 @@ def test_a_nudged_aten_op_is_named_alone(harness_bin: Path, tmp_path: Path) -> N
     assert code == 1
     assert [(j["site"], j["op"], j["over"]) for j in report["over"]] == [("out", "aten.addmm.default", 1)]
     assert report["over"][0]["worst_index"] == 0 and report["over"][0]["error_ulps"] >= 65536 - 1
+
+
+def test_a_nudged_softmax_is_named_alone(harness_bin: Path, tmp_path: Path) -> None:
+    """aten._softmax judged from the scores it was given, its exp at the stacks' measured
+    worst case: its first probability nudged by 2^10 ulps is that op over its bound and
+    nothing else (its backward, judged on the probabilities it was given, is within)."""
+    fault = f"step={STEPS - 1},op=<model>:aten._softmax.default,ulps=1024"
+    code, report = _precision(harness_bin, _receipt(tmp_path, "canary", "--inject-fault", fault))
+    assert code == 1 and [(j["op"], j["over"]) for j in report["over"]] == [("aten._softmax.default", 1)], report["over"]
+    assert report["over"][0]["worst_index"] == 0 and report["over"][0]["error_ulps"] >= 1023
 
 
 def test_sqrt_is_within_the_bound_its_table_entry_gives() -> None:

@@ -182,6 +182,13 @@ def test_a_fault_in_a_functional_op_is_found_by_bisect(checkpointed: Path, tmp_p
     op = found["first_divergent_op"]
     assert (op["name"], op["phase"], op["tensor"], op["other"]) == ("<model>", "forward", tensor, None), op
     assert op["site"].startswith("small.py:")
+    # Each side judged on its own operands: the softmax nudged 2^16 ulps is over its bound; the
+    # add's default 1-ulp nudge is within its own (gamma_1 (|a| + |b|)): rounding, as it should be.
+    verdict = found["oracle"]["verdict"]
+    if "ulps=65536" in target:
+        assert verdict.startswith("A exceeds its bound by") and verdict.endswith("A's op is wrong"), verdict
+    else:
+        assert verdict == "both within their bounds: rounding", verdict
     again = replay_json(str(faulted), "--from", "3")  # the recipe's fault happens again in the replay
     assert again["verdict"] == "reproduced"
 

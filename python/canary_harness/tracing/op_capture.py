@@ -10,7 +10,11 @@ rounding_bounds.h, run through harness/run/python_oracle.cpp), which reads what 
 captures. This module says, per aten op, what its arithmetic is:
 
 - `dot`: a dot product of K terms per output (mm, bmm; addmm and baddbmm with their addend
-  as one more term, and one more rounding for each scaling by alpha or beta other than 1);
+  as one more term, and one more rounding for each scaling by alpha or beta other than 1;
+  softmax's backward, p (g - sum p g), as n + 2 terms of p_j (|g_j| + sum |p g|));
+- `softmax`: softmax's probabilities from the scores it was given, its exp at the stacks'
+  measured worst case (engines/numerics/softmax_bounds.h), each score's distance from its
+  row's max and the row's largest written beside the values;
 - `sum`: a sum of n terms (sum; mean as n + 1: its division is one more rounding);
 - `rounded`: a few roundings of exact operations (add, sub, mul, div, reciprocal: one; sqrt
   two, as measured;
@@ -50,12 +54,14 @@ FORMATS = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 
 class Arithmetic(NamedTuple):
     """What an aten op computes, as its rounding bound needs it: `kind` (module docstring),
-    `count` (K, n or roundings) from the op's float64 operands and result, and the
-    magnitude the bound scales, from the op, its float64 operands and its exact result."""
+    `count` (K, n or roundings) from the op's float64 operands and result, the magnitude
+    the bound scales, from the op, its float64 operands and its exact result, and where
+    its kind's bound reads more, those `terms` (each shaped as the result)."""
 
     kind: str
     count: Callable[[Tuple[Any, ...], Dict[str, Any], torch.Tensor], int]
     magnitude: Callable[[Any, Tuple[Any, ...], Dict[str, Any], torch.Tensor], torch.Tensor]
+    terms: Optional[Callable[[Tuple[Any, ...], torch.Tensor], Dict[str, torch.Tensor]]] = None
 
 
 def _absolute(value: Any) -> Any:
@@ -105,6 +111,31 @@ def _rounded(base: int) -> Callable[[Tuple[Any, ...], Dict[str, Any], torch.Tens
     return lambda args, kwargs, exact: base + _scalings(kwargs)
 
 
+def _softmax_size(args: Tuple[Any, ...], kwargs: Dict[str, Any], exact: torch.Tensor) -> int:
+    return int(args[0].shape[args[1]])
+
+
+def _softmax_terms(args: Tuple[Any, ...], exact: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """Each score's distance from its row's max, and the row's largest (masked scores, -inf,
+    at distance 0: their probability is exactly 0 on every kernel)."""
+    scores, dim = args[0], args[1]
+    masked = torch.isinf(scores) & (scores < 0)
+    distance = (scores.amax(dim, keepdim=True) - scores).masked_fill(masked, 0.0)
+    return {"distance": distance, "spread": distance.amax(dim, keepdim=True).expand_as(distance)}
+
+
+def _softmax_backward_magnitude(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any],
+                                exact: torch.Tensor) -> torch.Tensor:
+    """p_j (|g_j| + sum_k |p_k g_k|): grad_input = p (g - sum p g), the row's dot product of
+    n terms, the subtraction and the multiply, within gamma_{n+2} of it."""
+    grad, p, dim = args[0], args[1], args[2]
+    return p.abs() * (grad.abs() + (p.abs() * grad.abs()).sum(dim, keepdim=True))
+
+
+def _softmax_backward_count(args: Tuple[Any, ...], kwargs: Dict[str, Any], exact: torch.Tensor) -> int:
+    return int(args[0].shape[args[2]]) + 2
+
+
 _DOT = Arithmetic("dot", _inner(0), _on_absolute_values)
 _DOT_WITH_ADDEND = Arithmetic("dot", _with_addend(1), _on_absolute_values)
 _ONE_ROUNDING = Arithmetic("rounded", _rounded(1), _exact_magnitude)
@@ -133,6 +164,9 @@ ARITHMETIC: Dict[str, Arithmetic] = {
     "aten::_to_copy": _EXACT, "aten::clone": _EXACT, "aten::copy_": _EXACT, "aten::_unsafe_view": _EXACT,
     "aten::cat": _EXACT, "aten::stack": _EXACT, "aten::embedding": _EXACT, "aten::neg": _EXACT,
     "aten::zero_": _EXACT, "aten::zeros": _EXACT, "aten::ones_like": _EXACT, "aten::fill_": _EXACT,
+    # Its exp at the stacks' measured worst case (engines/numerics/softmax_bounds.h).
+    "aten::_softmax": Arithmetic("softmax", _softmax_size, _exact_magnitude, _softmax_terms),
+    "aten::_softmax_backward_data": Arithmetic("dot", _softmax_backward_count, _softmax_backward_magnitude),
 }
 
 
@@ -274,8 +308,11 @@ def _recompute(func: Any, arithmetic: Arithmetic, args: Tuple[Any, ...], kwargs:
     exact = func(*tree_map(float64_on_cpu, args), **kwargs64)  # its own copies: an in-place op writes them
     magnitude = arithmetic.magnitude(func, args64, kwargs64, exact)
     count = arithmetic.count(args64, kwargs64, exact) + rounded_first
-    return CapturedResult(op, str(func), occurrence, phase, site, arithmetic.kind, count, FORMATS[result.dtype],
-                          ",".join(formats), flat_float64(result), flat_float64(exact), flat_float64(magnitude))
+    captured = CapturedResult(op, str(func), occurrence, phase, site, arithmetic.kind, count, FORMATS[result.dtype],
+                              ",".join(formats), flat_float64(result), flat_float64(exact), flat_float64(magnitude))
+    if arithmetic.terms is not None:
+        captured.terms = {name: flat_float64(t) for name, t in arithmetic.terms(args64, exact).items()}
+    return captured
 
 
 def flat_float64(t: torch.Tensor) -> np.ndarray:
