@@ -1,21 +1,29 @@
 #!/usr/bin/env python3
-"""The measured worst case of exp as each stack computes it, in ulps of fp32, exhaustively
-over every fp32 input of softmax's domain (docs/oracle.md, "The attention core at its
-output"): x in [-87.33, 0], where exp(x) is at least the least normal fp32, so that a
-relative error says all. The oracle's bound of an attention core or a softmax takes the
-worst of these (engines/numerics/softmax_bounds.h, kStackExpUlps); a stack measured worse
-than it must raise it there.
+"""The measured worst case of exp, tanh and erf as each stack computes them (docs/oracle.md,
+"Functions as each stack computes them"), over the fp32 inputs of their domains:
+- exp in ulps of fp32 over softmax's domain, x in [-87.33, 0], where exp(x) is at least the
+  least normal fp32, so that a relative error says all;
+- tanh and erf as GELU reads them, inside 1 + f: their absolute error, in units of
+  u = 2^-24 (half an ulp of 1), over [-10, 10] and [-5, 5] (past which both are +-1 in fp32);
+- GELU's two forms (torch's `approximate` "tanh" and "none"): the deviation |y^ - y| / (|x|/2)
+  in units of u over |x| in [2^-125, 10], the function's error as the whole kernel shows it
+  (its roundings included; a kernel may call another tanh or erf than torch.tanh and
+  torch.erf: torch 2.9's GELU does).
+The oracle's bounds of a softmax, an attention core and GELU take the worst of these
+(engines/numerics/function_bounds.h: kStackExpUlps, kStackGeluTanhError, kStackGeluErfError);
+a stack measured worse than them must raise them there.
 
 Stacks, each where it is installed:
-- eager: torch.exp under each ATen CPU capability this host runs (ATEN_CPU_CAPABILITY,
-  a child process each: default, avx2, avx512), and the exp inside torch.softmax, read
+- eager: under each ATen CPU capability this host runs (ATEN_CPU_CAPABILITY, a child process
+  each: default, avx2, avx512), and the exp inside torch.softmax, read
   through rows [0, x, -inf, ...] whose sum rounds to exactly 1 for x <= -17 (so the
   softmax's probability is its exp(x) itself);
-- compiled: torch.compile (Inductor's C++ kernels) of torch.exp and of the softmax rows;
-- xla: torch_xla's exp on its CPU device; jax: jax.numpy.exp on the CPU.
+- compiled: torch.compile (Inductor's C++ kernels) of each, and of the softmax rows;
+- xla: torch_xla's on its CPU device; jax: jax.numpy's, jax.scipy's and jax.nn's on the CPU.
 
-The reference is float64 exp (within 1 ulp of float64: 2^-29 ulps of fp32). An input's
-error is |got - exp(x)| / ulp(exp(x)), ulp the spacing of fp32 at the exact value.
+The references are float64 exp, tanh and erf (numpy's and torch's, within an ulp of float64:
+2^-29 ulps of fp32). exp's error is |got - exp(x)| / ulp(exp(x)), ulp the spacing of fp32
+at the exact value; tanh's and erf's |got - f(x)| / 2^-24.
 
 Usage (torch 2.x for compiled, xla and jax: the pinned environment, docs/python-env.md):
     .venv/bin/python bench/libm_accuracy.py [--stacks eager,compiled,xla,jax] [--stride 1] [--json FILE]
@@ -25,6 +33,7 @@ This is a measurement, not a test: it prints the host it ran on.
 
 import argparse
 import json
+import math
 import os
 import platform
 import subprocess
@@ -40,6 +49,20 @@ NEGATIVE_ZERO = 0x80000000
 LEAST_NORMAL_EXP_INPUT = int(np.array([-87.33654], dtype=np.float32).view(np.uint32)[0])
 # For x <= -17 the row [0, x] sums to 1 + exp(x), which rounds to 1 exactly in fp32.
 SOFTMAX_EXACT_SUM_INPUT = int(np.array([-17.0], dtype=np.float32).view(np.uint32)[0])
+U = 2.0**-24
+
+
+def bits(x: float) -> int:
+    return int(np.array([x], dtype=np.float32).view(np.uint32)[0])
+
+
+# tanh and erf are odd and saturate: the negative inputs down to -10 and -5 say all.
+TANH_RANGE = (NEGATIVE_ZERO, bits(-10.0))
+ERF_RANGE = (NEGATIVE_ZERO, bits(-5.0))
+# GELU is neither odd nor even: both signs, from the least normal to |x| = 10 (past which it
+# is x or 0 in fp32). An input whose GELU is subnormal (|x| < 2^-125) is left out: XLA flushes
+# it to zero, an absolute error below 2^-126 that the bound allows apart (function_bounds.h).
+GELU_RANGE = (bits(-2.0**-125), bits(-10.0))
 
 
 def inputs(first: int, last: int, stride: int) -> Iterator[np.ndarray]:
@@ -55,8 +78,57 @@ def ulps(got: np.ndarray, x: np.ndarray) -> float:
     return float(np.max(np.abs(got.astype(np.float64) - exact) / np.ldexp(1.0, exponent - 24)))
 
 
-def worst(fn: Callable[[np.ndarray], np.ndarray], first: int, last: int, stride: int) -> float:
-    return max(ulps(fn(x), x) for x in inputs(first, last, stride))
+def tanh_error(got: np.ndarray, x: np.ndarray) -> float:
+    return float(np.max(np.abs(got.astype(np.float64) - np.tanh(x.astype(np.float64)))) / U)
+
+
+def _erf64(x64: np.ndarray) -> np.ndarray:
+    """float64 erf: torch's (within an ulp of float64; numpy has none, math.erf is per element)."""
+    import torch
+    return torch.erf(torch.from_numpy(x64)).numpy()
+
+
+def erf_error(got: np.ndarray, x: np.ndarray) -> float:
+    exact = _erf64(x.astype(np.float64))
+    return float(np.max(np.abs(got.astype(np.float64) - exact)) / U)
+
+
+def worst(fn: Callable[[np.ndarray], np.ndarray], first: int, last: int, stride: int,
+          error: Callable[[np.ndarray, np.ndarray], float] = ulps) -> float:
+    return max(error(fn(x), x) for x in inputs(first, last, stride))
+
+
+def gelu_exact(x: np.ndarray, form: str) -> np.ndarray:
+    x64 = x.astype(np.float64)
+    if form == "tanh":
+        return 0.5 * x64 * (1 + np.tanh(math.sqrt(2 / math.pi) * (x64 + 0.044715 * x64 ** 3)))
+    return 0.5 * x64 * (1 + _erf64(x64 * math.sqrt(0.5)))
+
+
+def gelu_error(form: str) -> Callable[[np.ndarray, np.ndarray], float]:
+    """GELU's deviation in units of u |x| / 2: the function's error as the whole kernel shows
+    it (y = x/2 (1 + f): f off by e moves y by e |x| / 2), its roundings included."""
+    def error(got: np.ndarray, x: np.ndarray) -> float:
+        x64 = x.astype(np.float64)
+        keep = x64 != 0
+        deviation = np.abs(got.astype(np.float64) - gelu_exact(x, form))[keep] / (0.5 * np.abs(x64[keep]))
+        return float(np.max(deviation)) / U if deviation.size else 0.0
+    return error
+
+
+def functions(apply: Callable[[Callable, np.ndarray], np.ndarray], exp: Callable, tanh: Callable, erf: Callable,
+              gelu_tanh: Callable, gelu_erf: Callable, stride: int) -> Dict[str, float]:
+    """exp's worst case in ulps, tanh's and erf's absolute in units of u, and GELU's two
+    forms' deviation in units of u |x| / 2 (gelu_error), each through `apply`."""
+    return {
+        "exp": worst(lambda x: apply(exp, x), NEGATIVE_ZERO, LEAST_NORMAL_EXP_INPUT, stride),
+        "tanh": worst(lambda x: apply(tanh, x), *TANH_RANGE, stride, tanh_error),
+        "erf": worst(lambda x: apply(erf, x), *ERF_RANGE, stride, erf_error),
+        "gelu tanh": max(worst(lambda x: apply(gelu_tanh, x), *GELU_RANGE, stride, gelu_error("tanh")),
+                         worst(lambda x: apply(gelu_tanh, -x), *GELU_RANGE, stride, lambda g, x: gelu_error("tanh")(g, -x))),
+        "gelu erf": max(worst(lambda x: apply(gelu_erf, x), *GELU_RANGE, stride, gelu_error("erf")),
+                        worst(lambda x: apply(gelu_erf, -x), *GELU_RANGE, stride, lambda g, x: gelu_error("erf")(g, -x))),
+    }
 
 
 def softmax_rows(softmax: Callable) -> Callable[[np.ndarray], np.ndarray]:
@@ -72,25 +144,29 @@ def softmax_rows(softmax: Callable) -> Callable[[np.ndarray], np.ndarray]:
     return fn
 
 
+def on_cpu(fn: Callable, x: np.ndarray) -> np.ndarray:
+    import torch
+    return fn(torch.from_numpy(x)).numpy()
+
+
 def eager(stride: int) -> Dict[str, float]:
     import torch
     torch.set_num_threads(1)
-    return {
-        "exp": worst(lambda x: torch.exp(torch.from_numpy(x)).numpy(), NEGATIVE_ZERO, LEAST_NORMAL_EXP_INPUT, stride),
-        "softmax exp": worst(softmax_rows(lambda r: torch.softmax(r, dim=-1)), SOFTMAX_EXACT_SUM_INPUT,
-                             LEAST_NORMAL_EXP_INPUT, stride),
-    }
+    gelu = torch.nn.functional.gelu
+    return {**functions(on_cpu, torch.exp, torch.tanh, torch.erf, lambda x: gelu(x, approximate="tanh"), gelu, stride),
+            "softmax exp": worst(softmax_rows(lambda r: torch.softmax(r, dim=-1)), SOFTMAX_EXACT_SUM_INPUT,
+                                 LEAST_NORMAL_EXP_INPUT, stride)}
 
 
 def compiled(stride: int) -> Dict[str, float]:
     import torch
     torch.set_num_threads(1)
-    exp = torch.compile(torch.exp, dynamic=False)
+    gelu = torch.nn.functional.gelu
+    exp, tanh, erf, gelu_tanh, gelu_erf = (torch.compile(f, dynamic=False) for f in (
+        torch.exp, torch.tanh, torch.erf, lambda x: gelu(x, approximate="tanh"), gelu))
     softmax = torch.compile(lambda r: torch.softmax(r, dim=-1), dynamic=False)
-    return {
-        "exp": worst(lambda x: exp(torch.from_numpy(x)).numpy(), NEGATIVE_ZERO, LEAST_NORMAL_EXP_INPUT, stride),
-        "softmax exp": worst(softmax_rows(softmax), SOFTMAX_EXACT_SUM_INPUT, LEAST_NORMAL_EXP_INPUT, stride),
-    }
+    return {**functions(on_cpu, exp, tanh, erf, gelu_tanh, gelu_erf, stride),
+            "softmax exp": worst(softmax_rows(softmax), SOFTMAX_EXACT_SUM_INPUT, LEAST_NORMAL_EXP_INPUT, stride)}
 
 
 def xla(stride: int) -> Dict[str, float]:
@@ -98,18 +174,21 @@ def xla(stride: int) -> Dict[str, float]:
     import torch_xla.core.xla_model as xm
     device = xm.xla_device()
 
-    def fn(x: np.ndarray) -> np.ndarray:
+    def on_device(fn: Callable, x: np.ndarray) -> np.ndarray:
         padded = np.zeros(CHUNK, dtype=np.float32)  # one shape: one compile
         padded[:x.size] = x
-        return torch.exp(torch.from_numpy(padded).to(device)).cpu().numpy()[:x.size]
-    return {"exp": worst(fn, NEGATIVE_ZERO, LEAST_NORMAL_EXP_INPUT, stride)}
+        return fn(torch.from_numpy(padded).to(device)).cpu().numpy()[:x.size]
+    gelu = torch.nn.functional.gelu
+    return functions(on_device, torch.exp, torch.tanh, torch.erf, lambda x: gelu(x, approximate="tanh"), gelu, stride)
 
 
 def jax_stack(stride: int) -> Dict[str, float]:
     import jax
     import jax.numpy as jnp
-    exp = jax.jit(jnp.exp)
-    return {"exp": worst(lambda x: np.asarray(exp(x)), NEGATIVE_ZERO, LEAST_NORMAL_EXP_INPUT, stride)}
+    import jax.scipy.special as special
+    return functions(lambda fn, x: np.asarray(fn(x)), jax.jit(jnp.exp), jax.jit(jnp.tanh), jax.jit(special.erf),
+                     jax.jit(lambda x: jax.nn.gelu(x, approximate=True)),
+                     jax.jit(lambda x: jax.nn.gelu(x, approximate=False)), stride)
 
 
 STACKS = {"eager": eager, "compiled": compiled, "xla": xla, "jax": jax_stack}
@@ -150,7 +229,8 @@ def main() -> int:
                     if stack in ("eager", "compiled") else [(stack, {"PJRT_DEVICE": "CPU"})])
         for name, environment in variants:
             results[name] = measure_in_child(stack, args.stride, environment)
-            print(f"{name:<22} " + ", ".join(f"{k}: {v:.3f} ulps" if isinstance(v, float) else f"{k}: {v}"
+            print(f"{name:<22} " + ", ".join(f"{k}: {v:.3f} {'ulps' if 'exp' in k else 'u'}"
+                                            if isinstance(v, float) else f"{k}: {v}"
                                             for k, v in results[name].items()), flush=True)
     print(f"host: {cpu_model()}; stride {args.stride}")
     if args.json:

@@ -12,7 +12,7 @@
 
 #include "numerics/det_math.h"
 #include "numerics/rounding_bounds.h"
-#include "numerics/softmax_bounds.h"
+#include "numerics/function_bounds.h"
 
 namespace harness::run {
 namespace {
@@ -242,7 +242,7 @@ void OpOracle::judge_linear_backward(const Call& call) {
 // A softmax's probabilities and their bounds (docs/oracle.md, "Attention"), as the kernels
 // compute one (engines/kernels/kernels.cpp: causal_softmax_row, crossentropy_rows): the
 // max subtracted and rounded, exp_poly within 3.5 ulps, the sum of the n positive terms,
-// 1/sum and the multiply (engines/numerics/softmax_bounds.h). s: the exact scores; delta:
+// 1/sum and the multiply (engines/numerics/function_bounds.h). s: the exact scores; delta:
 // how far the op's own fp32 scores may be from them (0 for scores it was given).
 struct SoftmaxBounds {
   std::vector<double> p, bound;

@@ -9,7 +9,7 @@
 
 #include "file_io.h"
 #include "python_canary.h"
-#include "numerics/softmax_bounds.h"
+#include "numerics/function_bounds.h"
 #include "receipt/hdf5_file.h"
 
 namespace harness::run {
@@ -97,15 +97,37 @@ std::vector<double> softmax_bounds(std::int64_t row, const std::vector<double>& 
   return bound;
 }
 
+// GELU's bound per element (numerics::gelu_output_bound) from the terms op_capture.py
+// writes: the input, the exact argument and f of it; the form's function at the stacks'
+// measured worst case.
+std::vector<double> gelu_bounds(numerics::GeluForm form, std::size_t elements, hid_t file, const std::string& group,
+                                const std::string& values) {
+  const std::vector<double> input = h5::read_f64(file, group + "input");
+  const std::vector<double> argument = h5::read_f64(file, group + "argument");
+  const std::vector<double> function = h5::read_f64(file, group + "function");
+  if (input.size() != elements || argument.size() != elements || function.size() != elements) {
+    throw std::runtime_error(fmt::format("{}: {} holds a GELU's terms of another count than its values", values, group));
+  }
+  const double function_error =
+      form == numerics::GeluForm::Tanh ? numerics::kStackGeluTanhError : numerics::kStackGeluErfError;
+  std::vector<double> bound(elements);
+  for (std::size_t i = 0; i < elements; ++i) {
+    bound[i] = numerics::gelu_output_bound({form, input[i], argument[i], function[i], function_error});
+  }
+  return bound;
+}
+
 // Each element's bound before its result is stored, by the arithmetic capture-ops names:
 // a dot product of `count` terms, a sum of `count` terms, or `count` roundings of an exact
-// value (tracing/op_capture.py), all computed in fp32; a softmax's (aten) and a layer
-// norm's or an attention core's (modules) from their terms (tracing/module_capture.py).
+// value (tracing/op_capture.py), all computed in fp32; a softmax's and GELU's (aten) and a
+// layer norm's or an attention core's (modules) from their terms (tracing/module_capture.py).
 std::vector<double> compute_bounds(const std::string& kind, std::int64_t count, const std::vector<double>& magnitude,
                                    hid_t file, const std::string& group, const std::string& values) {
   if (kind == "layer_norm") return layer_norm_bounds(count, magnitude, file, group, values);
   if (kind == "attention") return attention_bounds(count, magnitude, file, group, values);
   if (kind == "softmax") return softmax_bounds(count, magnitude, file, group, values);
+  if (kind == "gelu_tanh") return gelu_bounds(numerics::GeluForm::Tanh, magnitude.size(), file, group, values);
+  if (kind == "gelu_erf") return gelu_bounds(numerics::GeluForm::Erf, magnitude.size(), file, group, values);
   const double u = numerics::precision_traits(Precision::Fp32).unit_roundoff;
   if (static_cast<double>(count) * u >= 1) {  // gamma_n says nothing there (a sum of 2^24 terms): no bound
     return std::vector<double>(magnitude.size(), std::numeric_limits<double>::infinity());
@@ -121,7 +143,7 @@ std::vector<double> compute_bounds(const std::string& kind, std::int64_t count, 
       bound[i] = count == 0 ? 0.0 : numerics::gamma(count, u) * m;
     } else {
       throw std::runtime_error(
-          fmt::format("{}: a result of arithmetic '{}' (known: dot, sum, rounded, layer_norm, attention, softmax)", values, kind));
+          fmt::format("{}: a result of arithmetic '{}' (known: dot, sum, rounded, layer_norm, attention, softmax, gelu_tanh, gelu_erf)", values, kind));
     }
   }
   return bound;

@@ -28,10 +28,14 @@ harness/run/python_oracle.cpp), as it does capture-ops' aten results:
 - the attention core (gpt2's from qkv, Llama's grouped-query from q, k and v): causal
   softmax(q k^T / sqrt(hs)) v, whose probabilities the oracle does not see: `attention`,
   judged from q, k and v alone with exp at the stacks' measured worst case (the bound in
-  engines/numerics/softmax_bounds.h): per output element its row's keys, largest sum |q k_j|
+  engines/numerics/function_bounds.h): per output element its row's keys, largest sum |q k_j|
   and |q . k_j| and the scores' spread, and sum |v_jc|, written beside the values.
 
-Any other op module (GELU, SwiGLU, the loss) is listed as not judged, by class,
+- nn.GELU, either form (`approximate`): `gelu_tanh` or `gelu_erf`, its tanh or erf at the
+  stacks' measured worst case (the bound in engines/numerics/function_bounds.h): the input,
+  the exact argument and f of it written beside the values.
+
+Any other op module (SwiGLU, the loss) is listed as not judged, by class,
 as are modules under bf16 autocast (their operands are rounded inside the module, which the
 fp32 bounds here do not allow) and calls made with grad disabled (a held-out evaluation).
 """
@@ -47,7 +51,8 @@ import torch.nn.functional as F
 
 from ..models import llama
 from ..models.gpt2 import Attention, Embedding, LmHead, Residual, embed
-from .op_capture import FORMATS, CapturedResult, StepCapture, clone, flat_float64, float64_on_cpu
+from .op_capture import (FORMATS, GELU_KINDS, CapturedResult, StepCapture, clone, flat_float64, float64_on_cpu,
+                         gelu_terms)
 from .aten_trace import user_site
 from .trace import output_column
 
@@ -63,13 +68,15 @@ class Recomputed(NamedTuple):
 
 
 class ModuleArithmetic(NamedTuple):
-    """What a module class computes: `kind` (dot, rounded, layer_norm), `operands(module,
-    args)` (the tensors it computes from: its arguments and own parameters, in the order
-    `recompute` takes them) and `recompute(module, float64 operands)`."""
+    """What a module class computes: `kind` (dot, rounded, layer_norm, attention, gelu_*),
+    `operands(module, args)` (the tensors it computes from: its arguments and own parameters,
+    in the order `recompute` takes them), `recompute(module, float64 operands)`, and where a
+    module's attribute chooses the kind (nn.GELU's `approximate`), `kind_of(module)`."""
 
     kind: str
     operands: Callable[[torch.nn.Module, Tuple[Any, ...]], List[Optional[torch.Tensor]]]
     recompute: Callable[[torch.nn.Module, List[Optional[torch.Tensor]]], Recomputed]
+    kind_of: Optional[Callable[[torch.nn.Module], str]] = None
 
 
 def _abs(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -139,6 +146,13 @@ def _rope(module: torch.nn.Module, ops: List[Optional[torch.Tensor]]) -> Recompu
     return Recomputed(module.forward(x, cos, sin), 2, magnitude, {})
 
 
+def _gelu(module: torch.nn.Module, ops: List[Optional[torch.Tensor]]) -> Recomputed:
+    """nn.GELU's form (`approximate`) in float64, and the terms of gelu_output_bound."""
+    (x,) = ops
+    exact = F.gelu(x, approximate=module.approximate)
+    return Recomputed(exact, 1, exact.abs(), gelu_terms(x, module.approximate))
+
+
 def _llama_embedding(module: torch.nn.Module, ops: List[Optional[torch.Tensor]]) -> Recomputed:
     tokens, wte = ops
     exact = F.embedding(tokens, wte)
@@ -147,7 +161,7 @@ def _llama_embedding(module: torch.nn.Module, ops: List[Optional[torch.Tensor]])
 
 def _attention_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Recomputed:
     """Causal softmax(q k^T / sqrt(hs)) v per head, q, k, v (B,NH,T,hs) in float64, and per
-    output element the terms of attention_output_bound (engines/numerics/softmax_bounds.h):
+    output element the terms of attention_output_bound (engines/numerics/function_bounds.h):
     count hs; its row's keys, max_j sum |q k_j| and max_j |q . k_j|, and spread max_j |s_j - m|
     (scores s = q . k / sqrt(hs)); M = sum_j p_j |v_jc| the magnitude, V = sum_j |v_jc|."""
     T, hs = q.shape[-2], q.shape[-1]
@@ -213,6 +227,7 @@ def _with_weight(module: torch.nn.Module, args: Tuple[Any, ...]) -> List[Optiona
 MODULES: Dict[type, ModuleArithmetic] = {
     torch.nn.Linear: ModuleArithmetic("dot", _with_parameters, _linear),
     torch.nn.LayerNorm: ModuleArithmetic("layer_norm", _with_parameters, _layer_norm),
+    torch.nn.GELU: ModuleArithmetic("gelu", _arguments(1), _gelu, lambda module: GELU_KINDS[module.approximate]),
     LmHead: ModuleArithmetic("dot", _arguments(2), _lm_head),
     Residual: ModuleArithmetic("rounded", _arguments(2), _residual),
     Attention: ModuleArithmetic("attention", _arguments(1), _gpt2_attention),
@@ -223,6 +238,11 @@ MODULES: Dict[type, ModuleArithmetic] = {
     llama.Rope: ModuleArithmetic("rounded", _arguments(3), _rope),
     llama.Embedding: ModuleArithmetic("rounded", _arguments(2), _llama_embedding),
 }
+
+
+def _kind(call: "_Call") -> str:
+    arithmetic = call.arithmetic
+    return arithmetic.kind if arithmetic.kind_of is None else arithmetic.kind_of(call.module)
 
 
 def _name(module: torch.nn.Module) -> str:
@@ -319,7 +339,7 @@ class ModuleCapture:
         formats = sorted({FORMATS.get(t.dtype, str(t.dtype)) for t in call.operands
                           if t is not None and t.is_floating_point()})
         result = CapturedResult(call.path, _name(call.module), call.occurrence, "forward", call.site,
-                                call.arithmetic.kind, r.count, FORMATS[call.output.dtype], ",".join(formats),
+                                _kind(call), r.count, FORMATS[call.output.dtype], ",".join(formats),
                                 flat_float64(call.output), flat_float64(r.exact), flat_float64(r.magnitude))
         result.tensor = output_column(call.path, call.output, 0, 1)
         result.terms = {name: flat_float64(t) for name, t in r.terms.items()}

@@ -13,8 +13,10 @@ captures. This module says, per aten op, what its arithmetic is:
   as one more term, and one more rounding for each scaling by alpha or beta other than 1;
   softmax's backward, p (g - sum p g), as n + 2 terms of p_j (|g_j| + sum |p g|));
 - `softmax`: softmax's probabilities from the scores it was given, its exp at the stacks'
-  measured worst case (engines/numerics/softmax_bounds.h), each score's distance from its
+  measured worst case (engines/numerics/function_bounds.h), each score's distance from its
   row's max and the row's largest written beside the values;
+- `gelu_tanh`, `gelu_erf`: GELU's two forms (its `approximate` argument), tanh or erf at
+  the stacks' measured worst case, the input, the exact argument and f of it written beside;
 - `sum`: a sum of n terms (sum; mean as n + 1: its division is one more rounding);
 - `rounded`: a few roundings of exact operations (add, sub, mul, div, reciprocal: one; sqrt
   two, as measured;
@@ -37,6 +39,7 @@ a float64 recomputation after it: a diagnosis of one step, never a recording.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
@@ -61,7 +64,8 @@ class Arithmetic(NamedTuple):
     kind: str
     count: Callable[[Tuple[Any, ...], Dict[str, Any], torch.Tensor], int]
     magnitude: Callable[[Any, Tuple[Any, ...], Dict[str, Any], torch.Tensor], torch.Tensor]
-    terms: Optional[Callable[[Tuple[Any, ...], torch.Tensor], Dict[str, torch.Tensor]]] = None
+    terms: Optional[Callable[[Tuple[Any, ...], Dict[str, Any]], Dict[str, torch.Tensor]]] = None
+    kind_of: Optional[Callable[[Dict[str, Any]], str]] = None  # where the call's arguments choose the kind
 
 
 def _absolute(value: Any) -> Any:
@@ -111,11 +115,29 @@ def _rounded(base: int) -> Callable[[Tuple[Any, ...], Dict[str, Any], torch.Tens
     return lambda args, kwargs, exact: base + _scalings(kwargs)
 
 
+# GELU's two forms, by torch's `approximate` argument, as the harness's kinds name them.
+GELU_KINDS = {"tanh": "gelu_tanh", "none": "gelu_erf"}
+
+
+def gelu_terms(x: torch.Tensor, approximate: str) -> Dict[str, torch.Tensor]:
+    """The terms of gelu_output_bound (engines/numerics/function_bounds.h) from the float64
+    input: x, the exact argument a of the form's function f, and f(a)."""
+    if approximate == "tanh":
+        argument = math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)
+        return {"input": x, "argument": argument, "function": torch.tanh(argument)}
+    argument = x * math.sqrt(0.5)
+    return {"input": x, "argument": argument, "function": torch.erf(argument)}
+
+
+def _gelu_approximate(kwargs: Dict[str, Any]) -> str:
+    return kwargs.get("approximate", "none")
+
+
 def _softmax_size(args: Tuple[Any, ...], kwargs: Dict[str, Any], exact: torch.Tensor) -> int:
     return int(args[0].shape[args[1]])
 
 
-def _softmax_terms(args: Tuple[Any, ...], exact: torch.Tensor) -> Dict[str, torch.Tensor]:
+def _softmax_terms(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Dict[str, torch.Tensor]:
     """Each score's distance from its row's max, and the row's largest (masked scores, -inf,
     at distance 0: their probability is exactly 0 on every kernel)."""
     scores, dim = args[0], args[1]
@@ -164,9 +186,13 @@ ARITHMETIC: Dict[str, Arithmetic] = {
     "aten::_to_copy": _EXACT, "aten::clone": _EXACT, "aten::copy_": _EXACT, "aten::_unsafe_view": _EXACT,
     "aten::cat": _EXACT, "aten::stack": _EXACT, "aten::embedding": _EXACT, "aten::neg": _EXACT,
     "aten::zero_": _EXACT, "aten::zeros": _EXACT, "aten::ones_like": _EXACT, "aten::fill_": _EXACT,
-    # Its exp at the stacks' measured worst case (engines/numerics/softmax_bounds.h).
+    # Its exp at the stacks' measured worst case (engines/numerics/function_bounds.h).
     "aten::_softmax": Arithmetic("softmax", _softmax_size, _exact_magnitude, _softmax_terms),
     "aten::_softmax_backward_data": Arithmetic("dot", _softmax_backward_count, _softmax_backward_magnitude),
+    # Its tanh or erf at the stacks' measured worst case; count 1, the function's one evaluation.
+    "aten::gelu": Arithmetic("gelu", lambda args, kwargs, exact: 1, _exact_magnitude,
+                             lambda args, kwargs: gelu_terms(args[0], _gelu_approximate(kwargs)),
+                             lambda kwargs: GELU_KINDS[_gelu_approximate(kwargs)]),
 }
 
 
@@ -195,7 +221,7 @@ class CapturedResult:
     occurrence: int  # how many traced outputs of the step before it have its op, phase and aten name
     phase: str
     site: str        # file:line of the team's code that led to it
-    kind: str        # dot, sum, rounded
+    kind: str        # dot, sum, rounded, softmax, gelu_tanh, gelu_erf (modules: layer_norm, attention)
     count: int       # K, n or roundings
     stored: str      # fp32, bf16, fp16
     operands: str    # the operands' formats, as the op saw them (bf16, fp32)
@@ -308,10 +334,12 @@ def _recompute(func: Any, arithmetic: Arithmetic, args: Tuple[Any, ...], kwargs:
     exact = func(*tree_map(float64_on_cpu, args), **kwargs64)  # its own copies: an in-place op writes them
     magnitude = arithmetic.magnitude(func, args64, kwargs64, exact)
     count = arithmetic.count(args64, kwargs64, exact) + rounded_first
-    captured = CapturedResult(op, str(func), occurrence, phase, site, arithmetic.kind, count, FORMATS[result.dtype],
+    kind = arithmetic.kind if arithmetic.kind_of is None else arithmetic.kind_of(kwargs64)
+    captured = CapturedResult(op, str(func), occurrence, phase, site, kind, count, FORMATS[result.dtype],
                               ",".join(formats), flat_float64(result), flat_float64(exact), flat_float64(magnitude))
     if arithmetic.terms is not None:
-        captured.terms = {name: flat_float64(t) for name, t in arithmetic.terms(args64, exact).items()}
+        captured.terms = {name: flat_float64(t.expand_as(exact))
+                          for name, t in arithmetic.terms(args64, kwargs64).items()}
     return captured
 
 

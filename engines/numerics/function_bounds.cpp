@@ -1,4 +1,7 @@
-#include "softmax_bounds.h"
+#include "function_bounds.h"
+
+#include <algorithm>
+#include <cmath>
 
 #include "det_math.h"
 #include "rounding_bounds.h"
@@ -39,6 +42,24 @@ double attention_output_bound(const AttentionOutputTerms& t) {
   const double underflow = kSoftmaxUnderflow * t.abs_values;
   return (factor - 1) * t.magnitude + underflow +
          dot_product_bound(t.keys, factor * t.magnitude + underflow, Precision::Fp32);
+}
+
+std::int64_t gelu_argument_roundings(GeluForm form) { return form == GeluForm::Tanh ? 7 : 2; }
+
+double gelu_output_bound(const GeluTerms& t) {
+  const double u = fp32_unit_roundoff(), g2 = gamma(2, u);
+  const double a = std::fabs(t.argument), da = gamma(gelu_argument_roundings(t.form), u) * a;
+  const double z = std::max(0.0, a - da);
+  double slope = 0;  // f' at z, its largest between a and a^
+  if (t.form == GeluForm::Tanh) {
+    const double e = det_exp(-2 * z);  // sech^2 z = 4 e^(-2z) / (1 + e^(-2z))^2
+    slope = 4 * e / ((1 + e) * (1 + e));
+  } else {
+    slope = 1.1283791670955126 * det_exp(-z * z);  // 2 / sqrt(pi)
+  }
+  const double function_error = slope * da + t.function_error;
+  return 0.5 * std::fabs(t.x) * (function_error * (1 + g2) + g2 * (1 + std::fabs(t.function) + function_error)) +
+         0x1p-126;  // a subnormal result flushed to zero
 }
 
 }  // namespace harness::numerics

@@ -1,7 +1,8 @@
-// Rounding-error bounds of a softmax and of an attention core computed in fp32 with an exp
-// whose worst case is measured, not derived (docs/oracle.md, "Attention" and "The
-// attention core at its output"). As in rounding_bounds.h: absolute bounds for one op on
-// its own inputs, the model fl(x) = x (1 + d), |d| <= u, with u fp32's 2^-24.
+// Rounding-error bounds of ops computed in fp32 through an elementary function whose worst
+// case is measured, not derived: a softmax and an attention core (exp), GELU (tanh or erf)
+// (docs/oracle.md, "Attention", "The attention core at its output" and "GELU"). As in
+// rounding_bounds.h: absolute bounds for one op on its own inputs, the model
+// fl(x) = x (1 + d), |d| <= u, with u fp32's 2^-24.
 //
 // A softmax row p_j = exp(s_j - m) / sum_k exp(s_k - m), m = max s, as every stack the
 // harness meets computes it (cpu-ref's kernels, ATen's, Inductor's and XLA's lowering: the
@@ -20,11 +21,22 @@
 
 namespace harness::numerics {
 
-// exp's worst case on the Python stacks, measured over every fp32 input of softmax's domain
-// (bench/libm_accuracy.py; docs/oracle.md, "exp as each stack computes it"): ATen's CPU
-// kernels under each capability (default, AVX2, AVX-512; torch 1.13 and 2.9), Inductor's,
-// torch_xla's and JAX's CPU exp, the worst 0.995 ulps. A stack measured worse raises it here.
-inline constexpr double kStackExpUlps = 1.0;
+// exp's worst case on the Python stacks, in ulps (bench/libm_accuracy.py; docs/oracle.md,
+// "Functions as each stack computes them"): over softmax's domain, ATen's CPU kernels under
+// each capability (default, AVX2, AVX-512; torch 1.13 and 2.9) and Inductor's within 0.98
+// (every 8th input), XLA's CPU exp (torch_xla's and JAX's) 1.0103 over every input. A stack
+// measured worse raises it here.
+inline constexpr double kStackExpUlps = 1.011;
+
+// GELU's tanh and erf as the stacks compute them, e_f of gelu_output_bound below, in units of
+// u = 2^-24, measured the same way: the larger of the function's own worst absolute error
+// (over [-10, 10] and [-5, 5]; XLA's CPU approximations the worst, 4.90 u and 6.64 u) and
+// GELU's deviation |y^ - y| / (|x| / 2) over |x| in [2^-125, 10] (the function's error as the
+// kernel shows it, its roundings included: a kernel may call another erf than torch.erf, as
+// torch 2.9's GELU does). The worst, each over every input: the tanh form 7.041 u (XLA's),
+// the erf form 12.762 u (torch 2.9's eager kernel).
+inline constexpr double kStackGeluTanhError = 7.041 * 0x1p-24;
+inline constexpr double kStackGeluErfError = 12.762 * 0x1p-24;
 
 // How far an fp32 attention score s^ = fl(fl(q . k) * fl(scale)) is from q . k * scale with
 // the exact scale: the dot's gamma_hs of sum |q_d k_d|, the scale's two roundings (its
@@ -68,5 +80,29 @@ struct AttentionOutputTerms {
   double exp_ulps = kStackExpUlps;
 };
 double attention_output_bound(const AttentionOutputTerms& terms);
+
+// GELU, y = x/2 (1 + f(a)), in fp32: the tanh form, f = tanh, a = sqrt(2/pi) (x + 0.044715 x^3),
+// or the exact one, f = erf, a = x / sqrt(2).
+//   argument: |a^ - a| <= Da = gamma_r |a|: r = 7 for tanh's (x^2, x^3, 0.044715's rounding and
+//             its product, the add, sqrt(2/pi)'s rounding and its product; the two terms have
+//             one sign, so no cancellation), 2 for erf's (1/sqrt(2)'s rounding and the product)
+//   function: |f^(a^) - f(a)| <= E = f'(z) Da + e_f, z = max(0, |a| - Da) (f' falls with |xi|:
+//             sech^2 for tanh, 2/sqrt(pi) exp(-xi^2) for erf), e_f the function's measured
+//             worst absolute error
+//   output:   |y^ - y| <= |x|/2 (E (1 + gamma_2) + gamma_2 (1 + |f(a)| + E)) + 2^-126
+// the last two roundings those of 1 + f^ and the product with x/2 (exact), or of x/2 f^ and
+// the sum x/2 + x/2 f^, as a compiler may expand it; 2^-126 for a subnormal result that a
+// stack flushes to zero (XLA's CPU code does).
+enum class GeluForm : std::uint8_t { Tanh, Erf };
+struct GeluTerms {
+  GeluForm form = GeluForm::Tanh;
+  double x = 0;               // the input
+  double argument = 0;        // a, exact
+  double function = 0;        // f(a), exact
+  double function_error = 0;  // e_f
+};
+// r above: the roundings of the form's argument.
+std::int64_t gelu_argument_roundings(GeluForm form);
+double gelu_output_bound(const GeluTerms& terms);
 
 }  // namespace harness::numerics

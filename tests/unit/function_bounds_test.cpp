@@ -1,9 +1,11 @@
-// The attention core's bound at its output (engines/numerics/softmax_bounds.h) against fp32
-// attention computed the ways the stacks compute it: the scale after the dot or folded into
-// q, a divide or 1/sum and a multiply, the sums in order or reversed, with an exp at its
+// The bounds of engines/numerics/function_bounds.h against fp32 code computed the ways the
+// stacks compute it. The attention core at its output: the scale after the dot or folded
+// into q, a divide or 1/sum and a multiply, the sums in order or reversed, with an exp at its
 // worst within the measured ulps (rounded away from the exact value, per term, in the
-// direction that hurts that element most). Each must be within; a probability rounded to
-// bf16, or a fast-math exp, must not. Inputs from Philox keyed by the case.
+// direction that hurts that element most); a probability rounded to bf16, or a fast-math
+// exp, must leave it. GELU, tanh and erf forms: 0.5 x (1 + f) and 0.5 x + 0.5 x f, with f
+// off by its measured worst absolute error in the direction that hurts; a fast tanh or a bf16
+// argument must leave it. Inputs from Philox keyed by the case.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -15,7 +17,7 @@
 
 #include "numerics/formats.h"
 #include "numerics/philox.h"
-#include "numerics/softmax_bounds.h"
+#include "numerics/function_bounds.h"
 
 namespace harness::numerics {
 namespace {
@@ -201,6 +203,97 @@ TEST(AttentionOutputBound, OneKeyIsAFewUlpsOfTheValue) {
   const double bound = attention_output_bound(terms);
   EXPECT_GT(bound, 0x1p-24);
   EXPECT_LT(bound, 16 * 0x1p-24);
+}
+
+// ---- GELU ---------------------------------------------------------------------------
+
+// fp32 GELU as a stack computes it: the argument with its roundings, f off by `shift` (its
+// measured worst, with the sign that hurts), then 0.5 x (1 + f) or, expanded, 0.5 x + 0.5 x f.
+struct GeluKernel {
+  GeluForm form;
+  bool expanded;
+  bool fast_tanh = false;      // a rational tanh about 1e-4 off (a fast-math one)
+  bool bf16_argument = false;  // the argument rounded to bf16 (a module computing below fp32)
+};
+float gelu_fp32(float x, const GeluKernel& k, double function_error) {
+  float a = 0;
+  if (k.form == GeluForm::Tanh) {
+    const float beta = static_cast<float>(0.7978845608028654), kappa = 0.044715f;
+    a = beta * (x + kappa * (x * x * x));
+  } else {
+    a = x * static_cast<float>(0.7071067811865476);
+  }
+  if (k.bf16_argument) a = round_to_bf16(a);
+  double f = k.form == GeluForm::Tanh ? std::tanh(static_cast<double>(a)) : std::erf(static_cast<double>(a));
+  if (k.fast_tanh) f = static_cast<double>(a) * (27 + a * a) / (27 + 9 * a * a);  // Pade, clamped below
+  f = std::clamp(f, -1.0, 1.0);
+  // Off by the measured worst in the direction that moves the output up (f's weight is x/2),
+  // rounded to fp32 and stepped back a grid step where the rounding took it past the worst.
+  float f32 = static_cast<float>(f + (x >= 0 ? 1 : -1) * function_error);
+  if (!k.fast_tanh && std::fabs(static_cast<double>(f32) - f) > function_error) f32 = std::nextafter(f32, static_cast<float>(f));
+  const float half = 0.5f * x;
+  return k.expanded ? half + half * f32 : half * (1.0f + f32);
+}
+
+GeluTerms gelu_terms(float x, GeluForm form) {
+  const double x64 = x;
+  GeluTerms t;
+  t.form = form, t.x = x64;
+  t.argument = form == GeluForm::Tanh ? 0.7978845608028654 * (x64 + 0.044715 * x64 * x64 * x64) : x64 * 0.7071067811865476;
+  t.function = form == GeluForm::Tanh ? std::tanh(t.argument) : std::erf(t.argument);
+  t.function_error = form == GeluForm::Tanh ? kStackGeluTanhError : kStackGeluErfError;
+  return t;
+}
+
+double gelu_exact(const GeluTerms& t) { return 0.5 * t.x * (1 + t.function); }
+
+// Inputs over [-10, 10] from Philox, with the ranges where 1 + f cancels (x near -3 to -6)
+// and tiny ones among them.
+std::vector<float> gelu_inputs() {
+  std::vector<float> xs;
+  for (std::uint64_t i = 0; i < 200000; ++i) {
+    const PhiloxBlock w = philox_at(11, stream_id("function_bounds/gelu"), i);
+    const double r = static_cast<double>(w[0]) * 0x1p-32, scale = (w[1] & 3) == 0 ? 1e-3 : 10.0;
+    xs.push_back(static_cast<float>((2 * r - 1) * scale));
+  }
+  for (float x = -6.0f; x <= 0.0f; x += 1.0f / 1024) xs.push_back(x);
+  return xs;
+}
+
+TEST(GeluOutputBound, TanhAndErfFormsWithTheirFunctionAtItsWorstAreWithin) {
+  std::ostringstream tightness;
+  tightness.precision(3);
+  for (GeluForm form : {GeluForm::Tanh, GeluForm::Erf}) {
+    for (bool expanded : {false, true}) {
+      double worst = 0;
+      for (float x : gelu_inputs()) {
+        const GeluTerms t = gelu_terms(x, form);
+        const double bound = gelu_output_bound(t);
+        const double error = std::fabs(static_cast<double>(gelu_fp32(x, {form, expanded}, t.function_error)) - gelu_exact(t));
+        ASSERT_LE(error, bound) << (form == GeluForm::Tanh ? "tanh" : "erf") << (expanded ? " expanded" : "")
+                                << " at x = " << x;
+        if (bound > 0) worst = std::max(worst, error / bound);
+      }
+      tightness << (form == GeluForm::Tanh ? "tanh" : "erf") << (expanded ? "/expanded" : "") << ":" << worst << " ";
+    }
+  }
+  RecordProperty("worst_error_over_bound", tightness.str());
+}
+
+// Not vacuous: a fast-math tanh, or an argument rounded to bf16, leaves it at many inputs.
+TEST(GeluOutputBound, AFastTanhOrABf16ArgumentIsOutside) {
+  for (const GeluKernel& fault : {GeluKernel{GeluForm::Tanh, false, true, false}, GeluKernel{GeluForm::Tanh, false, false, true},
+                                  GeluKernel{GeluForm::Erf, false, false, true}}) {
+    std::size_t outside = 0, count = 0;
+    for (float x : gelu_inputs()) {
+      if (std::fabs(x) < 0.1f || std::fabs(x) > 3.0f) continue;  // where the fault moves the output
+      const GeluTerms t = gelu_terms(x, fault.form);
+      outside += std::fabs(static_cast<double>(gelu_fp32(x, fault, 0.0)) - gelu_exact(t)) > gelu_output_bound(t);
+      ++count;
+    }
+    EXPECT_GT(outside, count / 2) << "fast tanh " << fault.fast_tanh << ", bf16 argument " << fault.bf16_argument << ": "
+                                  << outside << " of " << count << " outside";
+  }
 }
 
 }  // namespace
