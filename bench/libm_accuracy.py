@@ -8,9 +8,12 @@
 - GELU's two forms (torch's `approximate` "tanh" and "none"): the deviation |y^ - y| / (|x|/2)
   in units of u over |x| in [2^-125, 10], the function's error as the whole kernel shows it
   (its roundings included; a kernel may call another tanh or erf than torch.tanh and
-  torch.erf: torch 2.9's GELU does).
+  torch.erf: torch 2.9's GELU does);
+- SiLU, x sigma(x) (SwiGLU's): its relative error in units of u over x in [-80, 20] less
+  |x| < 2^-125.
 The oracle's bounds of a softmax, an attention core and GELU take the worst of these
-(engines/numerics/function_bounds.h: kStackExpUlps, kStackGeluTanhError, kStackGeluErfError);
+(engines/numerics/function_bounds.h: kStackExpUlps, kStackGeluTanhError, kStackGeluErfError,
+kStackSiluError);
 a stack measured worse than them must raise them there.
 
 Stacks, each where it is installed:
@@ -63,6 +66,10 @@ ERF_RANGE = (NEGATIVE_ZERO, bits(-5.0))
 # is x or 0 in fp32). An input whose GELU is subnormal (|x| < 2^-125) is left out: XLA flushes
 # it to zero, an absolute error below 2^-126 that the bound allows apart (function_bounds.h).
 GELU_RANGE = (bits(-2.0**-125), bits(-10.0))
+# SiLU, x sigma(x): from the least normal to -80 (past which x e^x nears the subnormals) and to
+# +20 (past which it is x in fp32); read as -x for the positive side.
+SILU_NEGATIVE = (bits(-2.0**-125), bits(-80.0))
+SILU_POSITIVE = (bits(-2.0**-125), bits(-20.0))
 
 
 def inputs(first: int, last: int, stride: int) -> Iterator[np.ndarray]:
@@ -116,11 +123,22 @@ def gelu_error(form: str) -> Callable[[np.ndarray, np.ndarray], float]:
     return error
 
 
+def silu_error(got: np.ndarray, x: np.ndarray) -> float:
+    """SiLU's relative error in units of u: x / (1 + exp(-x)) against float64's."""
+    x64 = x.astype(np.float64)
+    exact = x64 / (1 + np.exp(-x64))
+    keep = exact != 0
+    return float(np.max(np.abs(got.astype(np.float64)[keep] - exact[keep]) / np.abs(exact[keep]))) / U
+
+
 def functions(apply: Callable[[Callable, np.ndarray], np.ndarray], exp: Callable, tanh: Callable, erf: Callable,
-              gelu_tanh: Callable, gelu_erf: Callable, stride: int) -> Dict[str, float]:
-    """exp's worst case in ulps, tanh's and erf's absolute in units of u, and GELU's two
-    forms' deviation in units of u |x| / 2 (gelu_error), each through `apply`."""
+              gelu_tanh: Callable, gelu_erf: Callable, silu: Callable, stride: int) -> Dict[str, float]:
+    """exp's worst case in ulps, tanh's and erf's absolute in units of u, GELU's two forms'
+    deviation in units of u |x| / 2 (gelu_error) and SiLU's relative error in units of u,
+    each through `apply`."""
     return {
+        "silu": max(worst(lambda x: apply(silu, x), *SILU_NEGATIVE, stride, silu_error),
+                    worst(lambda x: apply(silu, -x), *SILU_POSITIVE, stride, lambda g, x: silu_error(g, -x))),
         "exp": worst(lambda x: apply(exp, x), NEGATIVE_ZERO, LEAST_NORMAL_EXP_INPUT, stride),
         "tanh": worst(lambda x: apply(tanh, x), *TANH_RANGE, stride, tanh_error),
         "erf": worst(lambda x: apply(erf, x), *ERF_RANGE, stride, erf_error),
@@ -152,8 +170,9 @@ def on_cpu(fn: Callable, x: np.ndarray) -> np.ndarray:
 def eager(stride: int) -> Dict[str, float]:
     import torch
     torch.set_num_threads(1)
-    gelu = torch.nn.functional.gelu
-    return {**functions(on_cpu, torch.exp, torch.tanh, torch.erf, lambda x: gelu(x, approximate="tanh"), gelu, stride),
+    gelu, silu = torch.nn.functional.gelu, torch.nn.functional.silu
+    return {**functions(on_cpu, torch.exp, torch.tanh, torch.erf, lambda x: gelu(x, approximate="tanh"), gelu, silu,
+                        stride),
             "softmax exp": worst(softmax_rows(lambda r: torch.softmax(r, dim=-1)), SOFTMAX_EXACT_SUM_INPUT,
                                  LEAST_NORMAL_EXP_INPUT, stride)}
 
@@ -162,10 +181,10 @@ def compiled(stride: int) -> Dict[str, float]:
     import torch
     torch.set_num_threads(1)
     gelu = torch.nn.functional.gelu
-    exp, tanh, erf, gelu_tanh, gelu_erf = (torch.compile(f, dynamic=False) for f in (
-        torch.exp, torch.tanh, torch.erf, lambda x: gelu(x, approximate="tanh"), gelu))
+    exp, tanh, erf, gelu_tanh, gelu_erf, silu = (torch.compile(f, dynamic=False) for f in (
+        torch.exp, torch.tanh, torch.erf, lambda x: gelu(x, approximate="tanh"), gelu, torch.nn.functional.silu))
     softmax = torch.compile(lambda r: torch.softmax(r, dim=-1), dynamic=False)
-    return {**functions(on_cpu, exp, tanh, erf, gelu_tanh, gelu_erf, stride),
+    return {**functions(on_cpu, exp, tanh, erf, gelu_tanh, gelu_erf, silu, stride),
             "softmax exp": worst(softmax_rows(softmax), SOFTMAX_EXACT_SUM_INPUT, LEAST_NORMAL_EXP_INPUT, stride)}
 
 
@@ -179,7 +198,8 @@ def xla(stride: int) -> Dict[str, float]:
         padded[:x.size] = x
         return fn(torch.from_numpy(padded).to(device)).cpu().numpy()[:x.size]
     gelu = torch.nn.functional.gelu
-    return functions(on_device, torch.exp, torch.tanh, torch.erf, lambda x: gelu(x, approximate="tanh"), gelu, stride)
+    return functions(on_device, torch.exp, torch.tanh, torch.erf, lambda x: gelu(x, approximate="tanh"), gelu,
+                     torch.nn.functional.silu, stride)
 
 
 def jax_stack(stride: int) -> Dict[str, float]:
@@ -188,7 +208,7 @@ def jax_stack(stride: int) -> Dict[str, float]:
     import jax.scipy.special as special
     return functions(lambda fn, x: np.asarray(fn(x)), jax.jit(jnp.exp), jax.jit(jnp.tanh), jax.jit(special.erf),
                      jax.jit(lambda x: jax.nn.gelu(x, approximate=True)),
-                     jax.jit(lambda x: jax.nn.gelu(x, approximate=False)), stride)
+                     jax.jit(lambda x: jax.nn.gelu(x, approximate=False)), jax.jit(jax.nn.silu), stride)
 
 
 STACKS = {"eager": eager, "compiled": compiled, "xla": xla, "jax": jax_stack}

@@ -62,4 +62,11 @@ double gelu_output_bound(const GeluTerms& t) {
          0x1p-126;  // a subnormal result flushed to zero
 }
 
+double silu_output_bound(double abs_silu, double silu_error) { return silu_error * abs_silu + 0x1p-126; }
+
+double swiglu_output_bound(double abs_product, double abs_up, double silu_error) {
+  const double u = fp32_unit_roundoff();
+  return (silu_error + u + silu_error * u) * abs_product + 0x1p-126 * abs_up * (1 + u) + 0x1p-126;
+}
+
 }  // namespace harness::numerics

@@ -38,6 +38,12 @@ inline constexpr double kStackExpUlps = 1.011;
 inline constexpr double kStackGeluTanhError = 7.041 * 0x1p-24;
 inline constexpr double kStackGeluErfError = 12.762 * 0x1p-24;
 
+// SiLU's (x sigma(x) = x / (1 + exp(-x)), SwiGLU's) worst relative error on the Python
+// stacks, e_s below, in units of u, measured the same way over every x in [-80, 20] (less
+// |x| < 2^-125, whose result is subnormal): XLA's CPU code 3.387 u, ATen's (torch 1.13 and
+// 2.9) and Inductor's 2.926 u.
+inline constexpr double kStackSiluError = 3.387 * 0x1p-24;
+
 // How far an fp32 attention score s^ = fl(fl(q . k) * fl(scale)) is from q . k * scale with
 // the exact scale: the dot's gamma_hs of sum |q_d k_d|, the scale's two roundings (its
 // reciprocal square root and its conversion to fp32) and the multiply's, gamma_3:
@@ -104,5 +110,12 @@ struct GeluTerms {
 // r above: the roundings of the form's argument.
 std::int64_t gelu_argument_roundings(GeluForm form);
 double gelu_output_bound(const GeluTerms& terms);
+
+// SiLU s = x sigma(x) within its measured relative error e_s, and 2^-126 for a subnormal
+// result a stack flushes to zero:  |s^ - s| <= e_s |s| + 2^-126.
+double silu_output_bound(double abs_silu, double silu_error);
+// SwiGLU, y = silu(g) up: SiLU's error carried through the product and its rounding,
+//   |y^ - y| <= (e_s + u + e_s u) |silu(g) up| + 2^-126 |up| (1 + u) + 2^-126.
+double swiglu_output_bound(double abs_product, double abs_up, double silu_error);
 
 }  // namespace harness::numerics

@@ -117,10 +117,26 @@ std::vector<double> gelu_bounds(numerics::GeluForm form, std::size_t elements, h
   return bound;
 }
 
+// SwiGLU's bound per element (numerics::swiglu_output_bound) from |silu(g) up| (the
+// magnitude) and the |up| module_capture.py writes beside.
+std::vector<double> swiglu_bounds(const std::vector<double>& magnitude, hid_t file, const std::string& group,
+                                  const std::string& values) {
+  const std::vector<double> up = h5::read_f64(file, group + "up");
+  if (up.size() != magnitude.size()) {
+    throw std::runtime_error(fmt::format("{}: {} holds a SwiGLU's terms of another count than its values", values, group));
+  }
+  std::vector<double> bound(magnitude.size());
+  for (std::size_t i = 0; i < magnitude.size(); ++i) {
+    bound[i] = numerics::swiglu_output_bound(magnitude[i], up[i], numerics::kStackSiluError);
+  }
+  return bound;
+}
+
 // Each element's bound before its result is stored, by the arithmetic capture-ops names:
 // a dot product of `count` terms, a sum of `count` terms, or `count` roundings of an exact
-// value (tracing/op_capture.py), all computed in fp32; a softmax's and GELU's (aten) and a
-// layer norm's or an attention core's (modules) from their terms (tracing/module_capture.py).
+// value or SiLU (tracing/op_capture.py), all computed in fp32; a softmax's and GELU's (aten)
+// and a layer norm's, an attention core's or SwiGLU's (modules) from their terms
+// (tracing/module_capture.py).
 std::vector<double> compute_bounds(const std::string& kind, std::int64_t count, const std::vector<double>& magnitude,
                                    hid_t file, const std::string& group, const std::string& values) {
   if (kind == "layer_norm") return layer_norm_bounds(count, magnitude, file, group, values);
@@ -128,6 +144,7 @@ std::vector<double> compute_bounds(const std::string& kind, std::int64_t count, 
   if (kind == "softmax") return softmax_bounds(count, magnitude, file, group, values);
   if (kind == "gelu_tanh") return gelu_bounds(numerics::GeluForm::Tanh, magnitude.size(), file, group, values);
   if (kind == "gelu_erf") return gelu_bounds(numerics::GeluForm::Erf, magnitude.size(), file, group, values);
+  if (kind == "swiglu") return swiglu_bounds(magnitude, file, group, values);
   const double u = numerics::precision_traits(Precision::Fp32).unit_roundoff;
   if (static_cast<double>(count) * u >= 1) {  // gamma_n says nothing there (a sum of 2^24 terms): no bound
     return std::vector<double>(magnitude.size(), std::numeric_limits<double>::infinity());
@@ -141,9 +158,11 @@ std::vector<double> compute_bounds(const std::string& kind, std::int64_t count, 
       bound[i] = numerics::recursive_sum_bound(count, m, Precision::Fp32);
     } else if (kind == "rounded") {
       bound[i] = count == 0 ? 0.0 : numerics::gamma(count, u) * m;
+    } else if (kind == "silu") {
+      bound[i] = numerics::silu_output_bound(m, numerics::kStackSiluError);
     } else {
       throw std::runtime_error(
-          fmt::format("{}: a result of arithmetic '{}' (known: dot, sum, rounded, layer_norm, attention, softmax, gelu_tanh, gelu_erf)", values, kind));
+          fmt::format("{}: a result of arithmetic '{}' (known: dot, sum, rounded, silu, layer_norm, attention, softmax, gelu_tanh, gelu_erf, swiglu)", values, kind));
     }
   }
   return bound;

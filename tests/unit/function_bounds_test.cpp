@@ -5,7 +5,8 @@
 // direction that hurts that element most); a probability rounded to bf16, or a fast-math
 // exp, must leave it. GELU, tanh and erf forms: 0.5 x (1 + f) and 0.5 x + 0.5 x f, with f
 // off by its measured worst absolute error in the direction that hurts; a fast tanh or a bf16
-// argument must leave it. Inputs from Philox keyed by the case.
+// argument must leave it. SwiGLU: SiLU off by its measured worst, times up; a bf16 SiLU must
+// leave it. Inputs from Philox keyed by the case.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -294,6 +295,41 @@ TEST(GeluOutputBound, AFastTanhOrABf16ArgumentIsOutside) {
     EXPECT_GT(outside, count / 2) << "fast tanh " << fault.fast_tanh << ", bf16 argument " << fault.bf16_argument << ": "
                                   << outside << " of " << count << " outside";
   }
+}
+
+// ---- SwiGLU --------------------------------------------------------------------------
+
+// silu(g) up in fp32 with SiLU off by `relative` (its measured worst, with the sign that
+// moves the output up), or rounded to bf16 (a module computing below fp32).
+float swiglu_fp32(float g, float up, double relative, bool bf16_silu) {
+  const double silu = static_cast<double>(g) / (1 + std::exp(-static_cast<double>(g)));
+  float s = static_cast<float>(silu * (1 + ((silu * up >= 0) ? relative : -relative)));
+  if (!bf16_silu && std::fabs(static_cast<double>(s) - silu) > relative * std::fabs(silu)) {
+    s = std::nextafter(s, static_cast<float>(silu));  // the rounding took it past the worst: a grid step back
+  }
+  if (bf16_silu) s = round_to_bf16(static_cast<float>(silu));
+  return s * up;
+}
+
+TEST(SwigluOutputBound, SiluAtItsWorstTimesUpIsWithinAndABf16SiluIsOutside) {
+  double worst = 0;
+  std::size_t outside = 0, count = 0;
+  for (std::uint64_t i = 0; i < 200000; ++i) {
+    const PhiloxBlock w = philox_at(13, stream_id("function_bounds/swiglu"), i);
+    const float g = static_cast<float>((static_cast<double>(w[0]) * 0x1p-32 * 2 - 1) * 20);
+    const float up = static_cast<float>((static_cast<double>(w[1]) * 0x1p-32 * 2 - 1) * 4);
+    const double exact = static_cast<double>(g) / (1 + std::exp(-static_cast<double>(g))) * up;
+    const double bound = swiglu_output_bound(std::fabs(exact), std::fabs(static_cast<double>(up)), kStackSiluError);
+    const double error = std::fabs(static_cast<double>(swiglu_fp32(g, up, kStackSiluError, false)) - exact);
+    ASSERT_LE(error, bound) << "g = " << g << ", up = " << up;
+    worst = std::max(worst, error / bound);
+    if (std::fabs(exact) > 1e-3) {
+      ++count;
+      outside += std::fabs(static_cast<double>(swiglu_fp32(g, up, 0, true)) - exact) > bound;
+    }
+  }
+  EXPECT_GT(outside, count / 2) << outside << " of " << count << " bf16 SiLUs outside";
+  RecordProperty("worst_error_over_bound", std::to_string(worst));
 }
 
 }  // namespace

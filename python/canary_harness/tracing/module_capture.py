@@ -35,7 +35,10 @@ harness/run/python_oracle.cpp), as it does capture-ops' aten results:
   stacks' measured worst case (the bound in engines/numerics/function_bounds.h): the input,
   the exact argument and f of it written beside the values.
 
-Any other op module (SwiGLU, the loss) is listed as not judged, by class,
+- Llama's SwiGLU, silu(gate) up: `swiglu`, SiLU within the stacks' measured relative error
+  and the product's rounding (engines/numerics/function_bounds.h), |up| written beside.
+
+Any other op module (the loss) is listed as not judged, by class,
 as are modules under bf16 autocast (their operands are rounded inside the module, which the
 fp32 bounds here do not allow) and calls made with grad disabled (a held-out evaluation).
 """
@@ -68,7 +71,7 @@ class Recomputed(NamedTuple):
 
 
 class ModuleArithmetic(NamedTuple):
-    """What a module class computes: `kind` (dot, rounded, layer_norm, attention, gelu_*),
+    """What a module class computes: `kind` (dot, rounded, layer_norm, attention, gelu_*, swiglu),
     `operands(module, args)` (the tensors it computes from: its arguments and own parameters,
     in the order `recompute` takes them), `recompute(module, float64 operands)`, and where a
     module's attribute chooses the kind (nn.GELU's `approximate`), `kind_of(module)`."""
@@ -151,6 +154,13 @@ def _gelu(module: torch.nn.Module, ops: List[Optional[torch.Tensor]]) -> Recompu
     (x,) = ops
     exact = F.gelu(x, approximate=module.approximate)
     return Recomputed(exact, 1, exact.abs(), gelu_terms(x, module.approximate))
+
+
+def _swiglu(module: torch.nn.Module, ops: List[Optional[torch.Tensor]]) -> Recomputed:
+    """silu(gate) * up in float64; |up| beside (swiglu_output_bound)."""
+    gate, up = ops
+    exact = F.silu(gate) * up
+    return Recomputed(exact, 1, exact.abs(), {"up": up.abs()})
 
 
 def _llama_embedding(module: torch.nn.Module, ops: List[Optional[torch.Tensor]]) -> Recomputed:
@@ -237,6 +247,7 @@ MODULES: Dict[type, ModuleArithmetic] = {
     llama.RMSNorm: ModuleArithmetic("layer_norm", _with_weight, _rms_norm),
     llama.Rope: ModuleArithmetic("rounded", _arguments(3), _rope),
     llama.Embedding: ModuleArithmetic("rounded", _arguments(2), _llama_embedding),
+    llama.SwiGLU: ModuleArithmetic("swiglu", _arguments(2), _swiglu),
 }
 
 

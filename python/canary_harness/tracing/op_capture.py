@@ -17,6 +17,7 @@ captures. This module says, per aten op, what its arithmetic is:
   row's max and the row's largest written beside the values;
 - `gelu_tanh`, `gelu_erf`: GELU's two forms (its `approximate` argument), tanh or erf at
   the stacks' measured worst case, the input, the exact argument and f of it written beside;
+- `silu`: SiLU within the stacks' measured relative error;
 - `sum`: a sum of n terms (sum; mean as n + 1: its division is one more rounding);
 - `rounded`: a few roundings of exact operations (add, sub, mul, div, reciprocal: one; sqrt
   two, as measured;
@@ -189,7 +190,9 @@ ARITHMETIC: Dict[str, Arithmetic] = {
     # Its exp at the stacks' measured worst case (engines/numerics/function_bounds.h).
     "aten::_softmax": Arithmetic("softmax", _softmax_size, _exact_magnitude, _softmax_terms),
     "aten::_softmax_backward_data": Arithmetic("dot", _softmax_backward_count, _softmax_backward_magnitude),
-    # Its tanh or erf at the stacks' measured worst case; count 1, the function's one evaluation.
+    # At the stacks' measured worst case (engines/numerics/function_bounds.h); count 1, the
+    # function's one evaluation.
+    "aten::silu": Arithmetic("silu", lambda args, kwargs, exact: 1, _exact_magnitude),
     "aten::gelu": Arithmetic("gelu", lambda args, kwargs, exact: 1, _exact_magnitude,
                              lambda args, kwargs: gelu_terms(args[0], _gelu_approximate(kwargs)),
                              lambda kwargs: GELU_KINDS[_gelu_approximate(kwargs)]),
@@ -221,7 +224,7 @@ class CapturedResult:
     occurrence: int  # how many traced outputs of the step before it have its op, phase and aten name
     phase: str
     site: str        # file:line of the team's code that led to it
-    kind: str        # dot, sum, rounded, softmax, gelu_tanh, gelu_erf (modules: layer_norm, attention)
+    kind: str        # dot, sum, rounded, softmax, gelu_tanh, gelu_erf, silu (modules: layer_norm, attention, swiglu)
     count: int       # K, n or roundings
     stored: str      # fp32, bf16, fp16
     operands: str    # the operands' formats, as the op saw them (bf16, fp32)
