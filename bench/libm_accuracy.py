@@ -10,10 +10,11 @@
   (its roundings included; a kernel may call another tanh or erf than torch.tanh and
   torch.erf: torch 2.9's GELU does);
 - SiLU, x sigma(x) (SwiGLU's): its relative error in units of u over x in [-80, 20] less
-  |x| < 2^-125.
+  |x| < 2^-125;
+- log, in ulps of fp32, over [1, 2^20] (a softmax's sum: cross-entropy's log-sum-exp).
 The oracle's bounds of a softmax, an attention core and GELU take the worst of these
 (engines/numerics/function_bounds.h: kStackExpUlps, kStackGeluTanhError, kStackGeluErfError,
-kStackSiluError);
+kStackSiluError, kStackLogUlps);
 a stack measured worse than them must raise them there.
 
 Stacks, each where it is installed:
@@ -70,6 +71,8 @@ GELU_RANGE = (bits(-2.0**-125), bits(-10.0))
 # +20 (past which it is x in fp32); read as -x for the positive side.
 SILU_NEGATIVE = (bits(-2.0**-125), bits(-80.0))
 SILU_POSITIVE = (bits(-2.0**-125), bits(-20.0))
+# log of a softmax's sum, at least exp(0) = 1 and at most the row's length: [1, 2^20].
+LOG_RANGE = (bits(1.0), bits(2.0**20))
 
 
 def inputs(first: int, last: int, stride: int) -> Iterator[np.ndarray]:
@@ -123,6 +126,14 @@ def gelu_error(form: str) -> Callable[[np.ndarray, np.ndarray], float]:
     return error
 
 
+def log_ulps(got: np.ndarray, x: np.ndarray) -> float:
+    """log's error in ulps of fp32 at the exact value (log(1) = 0 exactly: left out)."""
+    exact = np.log(x.astype(np.float64))
+    keep = exact != 0
+    _, exponent = np.frexp(exact[keep])
+    return float(np.max(np.abs(got.astype(np.float64)[keep] - exact[keep]) / np.ldexp(1.0, exponent - 24)))
+
+
 def silu_error(got: np.ndarray, x: np.ndarray) -> float:
     """SiLU's relative error in units of u: x / (1 + exp(-x)) against float64's."""
     x64 = x.astype(np.float64)
@@ -132,11 +143,12 @@ def silu_error(got: np.ndarray, x: np.ndarray) -> float:
 
 
 def functions(apply: Callable[[Callable, np.ndarray], np.ndarray], exp: Callable, tanh: Callable, erf: Callable,
-              gelu_tanh: Callable, gelu_erf: Callable, silu: Callable, stride: int) -> Dict[str, float]:
-    """exp's worst case in ulps, tanh's and erf's absolute in units of u, GELU's two forms'
-    deviation in units of u |x| / 2 (gelu_error) and SiLU's relative error in units of u,
-    each through `apply`."""
+              gelu_tanh: Callable, gelu_erf: Callable, silu: Callable, log: Callable, stride: int) -> Dict[str, float]:
+    """exp's and log's worst case in ulps, tanh's and erf's absolute in units of u, GELU's
+    two forms' deviation in units of u |x| / 2 (gelu_error) and SiLU's relative error in
+    units of u, each through `apply`."""
     return {
+        "log": worst(lambda x: apply(log, x), *LOG_RANGE, stride, log_ulps),
         "silu": max(worst(lambda x: apply(silu, x), *SILU_NEGATIVE, stride, silu_error),
                     worst(lambda x: apply(silu, -x), *SILU_POSITIVE, stride, lambda g, x: silu_error(g, -x))),
         "exp": worst(lambda x: apply(exp, x), NEGATIVE_ZERO, LEAST_NORMAL_EXP_INPUT, stride),
@@ -172,7 +184,7 @@ def eager(stride: int) -> Dict[str, float]:
     torch.set_num_threads(1)
     gelu, silu = torch.nn.functional.gelu, torch.nn.functional.silu
     return {**functions(on_cpu, torch.exp, torch.tanh, torch.erf, lambda x: gelu(x, approximate="tanh"), gelu, silu,
-                        stride),
+                        torch.log, stride),
             "softmax exp": worst(softmax_rows(lambda r: torch.softmax(r, dim=-1)), SOFTMAX_EXACT_SUM_INPUT,
                                  LEAST_NORMAL_EXP_INPUT, stride)}
 
@@ -181,10 +193,11 @@ def compiled(stride: int) -> Dict[str, float]:
     import torch
     torch.set_num_threads(1)
     gelu = torch.nn.functional.gelu
-    exp, tanh, erf, gelu_tanh, gelu_erf, silu = (torch.compile(f, dynamic=False) for f in (
-        torch.exp, torch.tanh, torch.erf, lambda x: gelu(x, approximate="tanh"), gelu, torch.nn.functional.silu))
+    exp, tanh, erf, gelu_tanh, gelu_erf, silu, log = (torch.compile(f, dynamic=False) for f in (
+        torch.exp, torch.tanh, torch.erf, lambda x: gelu(x, approximate="tanh"), gelu, torch.nn.functional.silu,
+        torch.log))
     softmax = torch.compile(lambda r: torch.softmax(r, dim=-1), dynamic=False)
-    return {**functions(on_cpu, exp, tanh, erf, gelu_tanh, gelu_erf, silu, stride),
+    return {**functions(on_cpu, exp, tanh, erf, gelu_tanh, gelu_erf, silu, log, stride),
             "softmax exp": worst(softmax_rows(softmax), SOFTMAX_EXACT_SUM_INPUT, LEAST_NORMAL_EXP_INPUT, stride)}
 
 
@@ -199,7 +212,7 @@ def xla(stride: int) -> Dict[str, float]:
         return fn(torch.from_numpy(padded).to(device)).cpu().numpy()[:x.size]
     gelu = torch.nn.functional.gelu
     return functions(on_device, torch.exp, torch.tanh, torch.erf, lambda x: gelu(x, approximate="tanh"), gelu,
-                     torch.nn.functional.silu, stride)
+                     torch.nn.functional.silu, torch.log, stride)
 
 
 def jax_stack(stride: int) -> Dict[str, float]:
@@ -208,7 +221,8 @@ def jax_stack(stride: int) -> Dict[str, float]:
     import jax.scipy.special as special
     return functions(lambda fn, x: np.asarray(fn(x)), jax.jit(jnp.exp), jax.jit(jnp.tanh), jax.jit(special.erf),
                      jax.jit(lambda x: jax.nn.gelu(x, approximate=True)),
-                     jax.jit(lambda x: jax.nn.gelu(x, approximate=False)), jax.jit(jax.nn.silu), stride)
+                     jax.jit(lambda x: jax.nn.gelu(x, approximate=False)), jax.jit(jax.nn.silu), jax.jit(jnp.log),
+                     stride)
 
 
 STACKS = {"eager": eager, "compiled": compiled, "xla": xla, "jax": jax_stack}
@@ -249,7 +263,7 @@ def main() -> int:
                     if stack in ("eager", "compiled") else [(stack, {"PJRT_DEVICE": "CPU"})])
         for name, environment in variants:
             results[name] = measure_in_child(stack, args.stride, environment)
-            print(f"{name:<22} " + ", ".join(f"{k}: {v:.3f} {'ulps' if 'exp' in k else 'u'}"
+            print(f"{name:<22} " + ", ".join(f"{k}: {v:.3f} {'ulps' if k in ('exp', 'softmax exp', 'log') else 'u'}"
                                             if isinstance(v, float) else f"{k}: {v}"
                                             for k, v in results[name].items()), flush=True)
     print(f"host: {cpu_model()}; stride {args.stride}")

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 namespace harness::numerics {
 
@@ -43,6 +44,11 @@ inline constexpr double kStackGeluErfError = 12.762 * 0x1p-24;
 // |x| < 2^-125, whose result is subnormal): XLA's CPU code 3.387 u, ATen's (torch 1.13 and
 // 2.9) and Inductor's 2.926 u.
 inline constexpr double kStackSiluError = 3.387 * 0x1p-24;
+
+// log's worst case on the Python stacks, in ulps, measured the same way over every x in
+// [1, 2^20] (a softmax's sum, cross-entropy's log-sum-exp): XLA's CPU code 1.181 ulps, ATen's
+// (torch 1.13 and 2.9, each capability) at most 0.974, Inductor's 0.628.
+inline constexpr double kStackLogUlps = 1.181;
 
 // How far an fp32 attention score s^ = fl(fl(q . k) * fl(scale)) is from q . k * scale with
 // the exact scale: the dot's gamma_hs of sum |q_d k_d|, the scale's two roundings (its
@@ -117,5 +123,25 @@ double silu_output_bound(double abs_silu, double silu_error);
 // SwiGLU, y = silu(g) up: SiLU's error carried through the product and its rounding,
 //   |y^ - y| <= (e_s + u + e_s u) |silu(g) up| + 2^-126 |up| (1 + u) + 2^-126.
 double swiglu_output_bound(double abs_product, double abs_up, double silu_error);
+
+// The mean cross-entropy of N rows of V logits z with targets t, L = (1/N) sum_i l_i,
+// l_i = m_i + log S_i - z_{i,t_i} >= 0, m_i = max z_i, S_i = sum_j exp(z_ij - m_i) >= 1, as the
+// stacks compute it (log_softmax, then the negated target's mean; or fused):
+//   log-sum:  |log S^ - log S| <= rho = u R / (1 - u) + l(e) + l(gamma_{V-1}),  l(x) = x / (1 - x)
+//             (at least -log(1 - x): a factor within 1 +- x as a log, with no libm),
+//             R = max_j |z_j - m| (each exponent's rounding), e exp's relative worst case
+//   its log:  |L^_i - log S| <= E_i = rho + e_l (log S + rho), e_l log's relative worst case
+//   a row:    |l^_i - l_i| <= E_i (1 + gamma_2) + gamma_2 (|m| + log S + |z_t|)
+//             (m + log S then z_t less it, or z_t - m less log S: two roundings either way)
+//   the mean: |L^ - L| <= (1/N) (sum_i err_i (1 + gamma_{N+1}) + gamma_{N+1} sum_i l_i)
+//             (N terms in any order and the divide, or 1/N and a multiply)
+struct CrossEntropyRow {
+  double max = 0;      // m_i
+  double log_sum = 0;  // log S_i, exact
+  double target = 0;   // z_{i,t_i}
+  double spread = 0;   // R_i
+};
+double cross_entropy_mean_bound(std::span<const CrossEntropyRow> rows, std::int64_t classes, double exp_ulps,
+                                double log_ulps);
 
 }  // namespace harness::numerics

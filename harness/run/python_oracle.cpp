@@ -132,11 +132,29 @@ std::vector<double> swiglu_bounds(const std::vector<double>& magnitude, hid_t fi
   return bound;
 }
 
+// The mean cross-entropy's bound (numerics::cross_entropy_mean_bound): one value, from the
+// terms module_capture.py writes per row (its max, log of its softmax's sum, its target's
+// logit and its spread); `classes` the rows' length.
+std::vector<double> cross_entropy_bounds(std::int64_t classes, std::size_t elements, hid_t file, const std::string& group,
+                                         const std::string& values) {
+  const std::vector<double> max = h5::read_f64(file, group + "max");
+  const std::vector<double> log_sum = h5::read_f64(file, group + "log_sum");
+  const std::vector<double> target = h5::read_f64(file, group + "target");
+  const std::vector<double> spread = h5::read_f64(file, group + "spread");
+  if (elements != 1 || max.empty() || log_sum.size() != max.size() || target.size() != max.size() ||
+      spread.size() != max.size() || classes < 1) {
+    throw std::runtime_error(fmt::format("{}: {} is not one mean cross-entropy with its rows' terms", values, group));
+  }
+  std::vector<numerics::CrossEntropyRow> rows(max.size());
+  for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = {max[i], log_sum[i], target[i], spread[i]};
+  return {numerics::cross_entropy_mean_bound(rows, classes, numerics::kStackExpUlps, numerics::kStackLogUlps)};
+}
+
 // Each element's bound before its result is stored, by the arithmetic capture-ops names:
 // a dot product of `count` terms, a sum of `count` terms, or `count` roundings of an exact
 // value or SiLU (tracing/op_capture.py), all computed in fp32; a softmax's and GELU's (aten)
-// and a layer norm's, an attention core's or SwiGLU's (modules) from their terms
-// (tracing/module_capture.py).
+// and a layer norm's, an attention core's, SwiGLU's or the loss's (modules) from their
+// terms (tracing/module_capture.py).
 std::vector<double> compute_bounds(const std::string& kind, std::int64_t count, const std::vector<double>& magnitude,
                                    hid_t file, const std::string& group, const std::string& values) {
   if (kind == "layer_norm") return layer_norm_bounds(count, magnitude, file, group, values);
@@ -145,6 +163,7 @@ std::vector<double> compute_bounds(const std::string& kind, std::int64_t count, 
   if (kind == "gelu_tanh") return gelu_bounds(numerics::GeluForm::Tanh, magnitude.size(), file, group, values);
   if (kind == "gelu_erf") return gelu_bounds(numerics::GeluForm::Erf, magnitude.size(), file, group, values);
   if (kind == "swiglu") return swiglu_bounds(magnitude, file, group, values);
+  if (kind == "cross_entropy") return cross_entropy_bounds(count, magnitude.size(), file, group, values);
   const double u = numerics::precision_traits(Precision::Fp32).unit_roundoff;
   if (static_cast<double>(count) * u >= 1) {  // gamma_n says nothing there (a sum of 2^24 terms): no bound
     return std::vector<double>(magnitude.size(), std::numeric_limits<double>::infinity());
@@ -162,7 +181,7 @@ std::vector<double> compute_bounds(const std::string& kind, std::int64_t count, 
       bound[i] = numerics::silu_output_bound(m, numerics::kStackSiluError);
     } else {
       throw std::runtime_error(
-          fmt::format("{}: a result of arithmetic '{}' (known: dot, sum, rounded, silu, layer_norm, attention, softmax, gelu_tanh, gelu_erf, swiglu)", values, kind));
+          fmt::format("{}: a result of arithmetic '{}' (known: dot, sum, rounded, silu, layer_norm, attention, softmax, gelu_tanh, gelu_erf, swiglu, cross_entropy)", values, kind));
     }
   }
   return bound;

@@ -105,7 +105,7 @@ def test_a_compiled_lane_is_judged_at_its_module_outputs(runs: dict, compiled: t
     report = json.loads(result.stdout)
     assert result.returncode == 0 and report["verdict"] == "within", report["over"][:3]
     assert {j["op"] for j in report["judged"]} == {"Embedding", "LayerNorm", "Linear", "Residual", "LmHead", "Attention",
-                                                    "GELU"}
+                                                    "GELU", "Loss"}
     refused = run_harness(harness_bin, "precision", str(out), "--step", "1", "--pack", str(runs["pack"]),
                           "--level", "aten", check=False)
     assert refused.returncode == 2 and "is a compiled run" in refused.stderr, refused.stderr

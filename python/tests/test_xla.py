@@ -110,13 +110,14 @@ def test_an_xla_lane_is_captured_at_its_module_outputs_and_never_op_by_op() -> N
         _capture_level("r.h5", RunOptions(out="r.h5", compile=True), "aten")
 
 
-# Per canary: the module classes judged, and how many results: tiny's embedding, lnf and LM
-# head and 10 in each of 4 blocks (two layer norms, four Linears, two residual adds, the
-# attention core, GELU); llama-tiny's embedding, final norm and LM head and 15 in each of 4
-# blocks (two norms, two RoPEs, seven Linears, two residual adds, the attention core, SwiGLU).
-JUDGED_MODULES = {"tiny": ({"Embedding", "LayerNorm", "Linear", "Residual", "LmHead", "Attention", "GELU"}, 3 + 10 * 4),
-                  "llama-tiny": ({"Embedding", "RMSNorm", "Rope", "Linear", "Residual", "Attention", "SwiGLU"},
-                                 3 + 15 * 4)}
+# Per canary: the module classes judged, and how many results: tiny's embedding, lnf, LM head
+# and loss and 10 in each of 4 blocks (two layer norms, four Linears, two residual adds, the
+# attention core, GELU); llama-tiny's embedding, final norm, LM head and loss and 15 in each of
+# 4 blocks (two norms, two RoPEs, seven Linears, two residual adds, the attention core, SwiGLU).
+JUDGED_MODULES = {"tiny": ({"Embedding", "LayerNorm", "Linear", "Residual", "LmHead", "Attention", "GELU", "Loss"},
+                           4 + 10 * 4),
+                  "llama-tiny": ({"Embedding", "RMSNorm", "Rope", "Linear", "Residual", "Attention", "SwiGLU", "Loss"},
+                                 4 + 15 * 4)}
 
 
 @pytest.mark.parametrize("canary", sorted(JUDGED_MODULES))

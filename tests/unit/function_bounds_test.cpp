@@ -6,7 +6,8 @@
 // exp, must leave it. GELU, tanh and erf forms: 0.5 x (1 + f) and 0.5 x + 0.5 x f, with f
 // off by its measured worst absolute error in the direction that hurts; a fast tanh or a bf16
 // argument must leave it. SwiGLU: SiLU off by its measured worst, times up; a bf16 SiLU must
-// leave it. Inputs from Philox keyed by the case.
+// leave it. The mean cross-entropy: exps and logs rounded up (their worst, all one way), two
+// output forms; a sum kept in bf16 must leave it. Inputs from Philox keyed by the case.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -330,6 +331,73 @@ TEST(SwigluOutputBound, SiluAtItsWorstTimesUpIsWithinAndABf16SiluIsOutside) {
   }
   EXPECT_GT(outside, count / 2) << outside << " of " << count << " bf16 SiLUs outside";
   RecordProperty("worst_error_over_bound", std::to_string(worst));
+}
+
+// ---- the mean cross-entropy ------------------------------------------------------------
+
+// One step up from x in fp32 (an exp or log at its worst: rounded up, not to nearest).
+float up(float x) { return std::nextafter(x, std::numeric_limits<float>::infinity()); }
+
+// The mean cross-entropy of `rows` in fp32: exps and logs rounded up (their worst, pushing
+// the loss up), the sum in order, then m + log S less z_t (ATen's log_softmax) or z_t - m
+// less log S; `bf16_sum` rounds each partial sum to bf16 (a kernel below fp32).
+float cross_entropy_fp32(const std::vector<std::vector<float>>& rows, const std::vector<std::size_t>& targets,
+                         bool fused, bool bf16_sum) {
+  float total = 0;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const std::vector<float>& z = rows[i];
+    const float m = *std::max_element(z.begin(), z.end());
+    float sum = 0;
+    for (float v : z) {
+      sum += up(static_cast<float>(std::exp(static_cast<double>(v - m))));
+      if (bf16_sum) sum = round_to_bf16(sum);
+    }
+    const float log_sum = up(static_cast<float>(std::log(static_cast<double>(sum))));
+    const float log_probability = fused ? (z[targets[i]] - m) - log_sum : z[targets[i]] - (m + log_sum);
+    total += -log_probability;
+  }
+  return total / static_cast<float>(rows.size());
+}
+
+TEST(CrossEntropyMeanBound, Fp32KernelsWithExpAndLogAtTheirWorstAreWithinAndABf16SumIsOutside) {
+  std::ostringstream tightness;
+  tightness.precision(3);
+  for (std::size_t V : {8, 256, 4096}) {
+    for (double scale : {0.1, 3.0}) {
+      double worst = 0;
+      std::size_t outside = 0;
+      for (std::uint64_t trial = 0; trial < 8; ++trial) {
+        std::vector<std::vector<float>> rows(16, std::vector<float>(V));
+        std::vector<std::size_t> targets(rows.size());
+        std::vector<CrossEntropyRow> terms(rows.size());
+        double exact = 0;
+        std::uint64_t index = 0;
+        for (std::size_t i = 0; i < rows.size(); ++i) {
+          const std::uint64_t stream = stream_id("function_bounds/cross_entropy") + trial * 100 + V;
+          for (float& v : rows[i]) v = static_cast<float>(normal_at(17, stream, index++) * scale + 1.0);
+          targets[i] = philox_at(17, stream, index++)[0] % V;
+          const double m = *std::max_element(rows[i].begin(), rows[i].end());
+          double sum = 0, spread = 0;
+          for (float v : rows[i]) sum += std::exp(v - m), spread = std::max(spread, m - v);
+          terms[i] = {m, std::log(sum), rows[i][targets[i]], spread};
+          exact += m + std::log(sum) - rows[i][targets[i]];
+        }
+        exact /= static_cast<double>(rows.size());
+        const double bound = cross_entropy_mean_bound(terms, static_cast<std::int64_t>(V), 1.0, 1.0);
+        for (bool fused : {false, true}) {
+          const double error = std::fabs(static_cast<double>(cross_entropy_fp32(rows, targets, fused, false)) - exact);
+          ASSERT_LE(error, bound) << "V=" << V << " scale " << scale << " trial " << trial << " fused " << fused;
+          worst = std::max(worst, error / bound);
+        }
+        outside += std::fabs(static_cast<double>(cross_entropy_fp32(rows, targets, false, true)) - exact) > bound;
+      }
+      if (V >= 256) {  // a bf16 sum of 8 terms can be exact: its rounding needs more terms to show
+        EXPECT_GT(outside, 4u) << "V=" << V << " scale " << scale << ": a bf16 sum outside in " << outside << " of 8";
+      }
+      tightness << "V=" << V << "/scale=" << scale << ":" << worst << " ";
+    }
+  }
+  RecordProperty("worst_error_over_bound", tightness.str());
 }
 
 }  // namespace

@@ -296,7 +296,7 @@ class LmHead(nn.Module):
         return lm_head(x, wte)
 
 
-class _Loss(nn.Module):
+class Loss(nn.Module):
     """Op `loss`: the mean cross-entropy."""
 
     def forward(self, logits, targets):
@@ -325,7 +325,7 @@ class GPT2(CanaryModule):
         self.blocks = nn.ModuleList(_Block(cfg) for _ in range(cfg.layers))
         self.lnf = nn.LayerNorm(C, eps=cfg.layernorm_eps)
         self.lm_head = LmHead()
-        self.loss = _Loss()
+        self.loss = Loss()
         names = [n for n, _ in self.named_parameters()]
         table = tensor_table(cfg)
         assert names == [n for n, _ in table], "module parameters are not the canary's canonical order"

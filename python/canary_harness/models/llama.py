@@ -290,7 +290,7 @@ class Block(nn.Module):
         return m.residual(x, m.down(m.swiglu(gate, up)))
 
 
-class _Loss(nn.Module):
+class Loss(nn.Module):
     """Op `loss`: the mean cross-entropy over all B*T positions."""
 
     def forward(self, logits, targets):
@@ -316,7 +316,7 @@ class Llama(CanaryModule):
         self.blocks = nn.ModuleList(self.block_class(cfg) for _ in range(cfg.layers))
         self.norm = RMSNorm(cfg.channels, cfg.layernorm_eps)
         self.lm_head = nn.Linear(cfg.channels, cfg.vocab_size, bias=False)     # untied
-        self.loss = _Loss()
+        self.loss = Loss()
         cos, sin = rope_tables(cfg.context_length, cfg.head_size, cfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)

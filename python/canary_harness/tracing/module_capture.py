@@ -38,7 +38,12 @@ harness/run/python_oracle.cpp), as it does capture-ops' aten results:
 - Llama's SwiGLU, silu(gate) up: `swiglu`, SiLU within the stacks' measured relative error
   and the product's rounding (engines/numerics/function_bounds.h), |up| written beside.
 
-Any other op module (the loss) is listed as not judged, by class,
+- the loss (GPT-2's and Llama's, the mean cross-entropy over all positions): `cross_entropy`,
+  its exp and log at the stacks' measured worst case (engines/numerics/function_bounds.h):
+  per row its max, log of its softmax's sum, its target's logit and its spread written
+  beside the one value.
+
+Any other op module is listed as not judged, by class,
 as are modules under bf16 autocast (their operands are rounded inside the module, which the
 fp32 bounds here do not allow) and calls made with grad disabled (a held-out evaluation).
 """
@@ -53,7 +58,7 @@ import torch
 import torch.nn.functional as F
 
 from ..models import llama
-from ..models.gpt2 import Attention, Embedding, LmHead, Residual, embed
+from ..models.gpt2 import Attention, Embedding, LmHead, Loss, Residual, embed
 from .op_capture import (FORMATS, GELU_KINDS, CapturedResult, StepCapture, clone, flat_float64, float64_on_cpu,
                          gelu_terms)
 from .aten_trace import user_site
@@ -71,7 +76,8 @@ class Recomputed(NamedTuple):
 
 
 class ModuleArithmetic(NamedTuple):
-    """What a module class computes: `kind` (dot, rounded, layer_norm, attention, gelu_*, swiglu),
+    """What a module class computes: `kind` (dot, rounded, layer_norm, attention, gelu_*, swiglu,
+    cross_entropy),
     `operands(module, args)` (the tensors it computes from: its arguments and own parameters,
     in the order `recompute` takes them), `recompute(module, float64 operands)`, and where a
     module's attribute chooses the kind (nn.GELU's `approximate`), `kind_of(module)`."""
@@ -163,6 +169,19 @@ def _swiglu(module: torch.nn.Module, ops: List[Optional[torch.Tensor]]) -> Recom
     return Recomputed(exact, 1, exact.abs(), {"up": up.abs()})
 
 
+def _cross_entropy(module: torch.nn.Module, ops: List[Optional[torch.Tensor]]) -> Recomputed:
+    """The mean cross-entropy over all B*T positions in float64, and per row the terms of
+    cross_entropy_mean_bound: its max, log of its softmax's sum, its target's logit and its
+    spread (max less min); count V, the row's length."""
+    logits, targets = ops
+    rows, target = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+    top = rows.amax(-1, keepdim=True)
+    terms = {"max": top[:, 0], "log_sum": torch.log(torch.exp(rows - top).sum(-1)),
+             "target": rows.gather(1, target[:, None])[:, 0], "spread": (top - rows).amax(-1)}
+    exact = F.cross_entropy(rows, target)
+    return Recomputed(exact, int(rows.shape[-1]), exact.abs(), terms)
+
+
 def _llama_embedding(module: torch.nn.Module, ops: List[Optional[torch.Tensor]]) -> Recomputed:
     tokens, wte = ops
     exact = F.embedding(tokens, wte)
@@ -248,6 +267,8 @@ MODULES: Dict[type, ModuleArithmetic] = {
     llama.Rope: ModuleArithmetic("rounded", _arguments(3), _rope),
     llama.Embedding: ModuleArithmetic("rounded", _arguments(2), _llama_embedding),
     llama.SwiGLU: ModuleArithmetic("swiglu", _arguments(2), _swiglu),
+    Loss: ModuleArithmetic("cross_entropy", _arguments(2), _cross_entropy),
+    llama.Loss: ModuleArithmetic("cross_entropy", _arguments(2), _cross_entropy),
 }
 
 
@@ -257,7 +278,7 @@ def _kind(call: "_Call") -> str:
 
 
 def _name(module: torch.nn.Module) -> str:
-    return type(module).__name__.lstrip("_")  # a team's own op modules may be private (as Llama's _Loss)
+    return type(module).__name__.lstrip("_")  # a team's own op modules may be private
 
 
 class _Call(NamedTuple):
