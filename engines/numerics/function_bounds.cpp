@@ -40,8 +40,9 @@ double attention_output_bound(const AttentionOutputTerms& t) {
   const double eta = t.keys == 1 ? 0.0 : softmax_exponent_error(delta, delta, t.spread);
   const double factor = softmax_probability_factor(eta, eta, t.keys, t.exp_ulps);
   const double underflow = kSoftmaxUnderflow * t.abs_values;
+  const double flushed = static_cast<double>(t.keys + 1) * 0x1p-126;  // products and the sum, flushed
   return (factor - 1) * t.magnitude + underflow +
-         dot_product_bound(t.keys, factor * t.magnitude + underflow, Precision::Fp32);
+         dot_product_bound(t.keys, factor * t.magnitude + underflow, Precision::Fp32) + flushed;
 }
 
 std::int64_t gelu_argument_roundings(GeluForm form) { return form == GeluForm::Tanh ? 7 : 2; }
@@ -57,16 +58,16 @@ double gelu_output_bound(const GeluTerms& t) {
   } else {
     slope = 1.1283791670955126 * det_exp(-z * z);  // 2 / sqrt(pi)
   }
-  const double function_error = slope * da + t.function_error;
-  return 0.5 * std::fabs(t.x) * (function_error * (1 + g2) + g2 * (1 + std::fabs(t.function) + function_error)) +
+  const double e = slope * da + t.function_error;  // E: f^(a^) against f(a)
+  return 0.5 * std::fabs(t.x) * (e * (1 + g2) + g2 * (1 + std::fabs(t.function) + e)) +
          0x1p-126;  // a subnormal result flushed to zero
 }
 
-double silu_output_bound(double abs_silu, double silu_error) { return silu_error * abs_silu + 0x1p-126; }
+double silu_output_bound(double abs_silu, double silu_error) { return silu_error * abs_silu + kSiluLost; }
 
 double swiglu_output_bound(double abs_product, double abs_up, double silu_error) {
   const double u = fp32_unit_roundoff();
-  return (silu_error + u + silu_error * u) * abs_product + 0x1p-126 * abs_up * (1 + u) + 0x1p-126;
+  return (silu_error + u + silu_error * u) * abs_product + kSiluLost * abs_up * (1 + u) + 0x1p-126;
 }
 
 double cross_entropy_mean_bound(std::span<const CrossEntropyRow> rows, std::int64_t classes, double exp_ulps,
@@ -76,8 +77,8 @@ double cross_entropy_mean_bound(std::span<const CrossEntropyRow> rows, std::int6
   const auto log_factor = [](double x) { return x / (1 - x); };  // >= -log(1 - x): a factor 1 +- x as a log
   double errors = 0, losses = 0;
   for (const CrossEntropyRow& r : rows) {
-    const double rho =
-        u * r.spread / (1 - u) + log_factor(2 * u * exp_ulps) + log_factor(gamma(classes - 1, u));
+    const double rho = u * r.spread / (1 - u) + log_factor(2 * u * exp_ulps) + log_factor(gamma(classes - 1, u)) +
+                       log_factor(static_cast<double>(classes) * 0x1p-126);
     const double log_error = rho + 2 * u * log_ulps * (r.log_sum + rho);
     errors += log_error * (1 + g2) + g2 * (std::fabs(r.max) + r.log_sum + std::fabs(r.target));
     losses += r.max + r.log_sum - r.target;

@@ -1,6 +1,7 @@
 // Rounding-error bounds of ops computed in fp32 through an elementary function whose worst
-// case is measured, not derived: a softmax and an attention core (exp), GELU (tanh or erf)
-// (docs/oracle.md, "Attention", "The attention core at its output" and "GELU"). As in
+// case is measured, not derived: a softmax and an attention core (exp), GELU (tanh or erf),
+// SiLU and SwiGLU, the mean cross-entropy (exp and log) (docs/oracle.md, "Attention", "The
+// attention core at its output", "GELU", "SwiGLU" and "The loss"). As in
 // rounding_bounds.h: absolute bounds for one op on its own inputs, the model
 // fl(x) = x (1 + d), |d| <= u, with u fp32's 2^-24.
 //
@@ -40,9 +41,12 @@ inline constexpr double kStackGeluTanhError = 7.041 * 0x1p-24;
 inline constexpr double kStackGeluErfError = 12.762 * 0x1p-24;
 
 // SiLU's (x sigma(x) = x / (1 + exp(-x)), SwiGLU's) worst relative error on the Python
-// stacks, e_s below, in units of u, measured the same way over every x in [-80, 20] (less
+// stacks, e_s below, in units of u, measured the same way over every x in [-87.33, 20] (less
 // |x| < 2^-125, whose result is subnormal): XLA's CPU code 3.387 u, ATen's (torch 1.13 and
-// 2.9) and Inductor's 2.926 u.
+// 2.9) and Inductor's 2.926 u. Below x = -87.34 the stacks lose SiLU's value (exp(-x)
+// overflows fp32, or XLA's logistic underflows): there the absolute error is below 2^-119.5
+// (measured), which the bounds allow apart, as kSiluLost.
+inline constexpr double kSiluLost = 0x1p-119;
 inline constexpr double kStackSiluError = 3.387 * 0x1p-24;
 
 // log's worst case on the Python stacks, in ulps, measured the same way over every x in
@@ -75,8 +79,9 @@ double softmax_probability_bound(double p, double eta, double max_eta, std::int6
 // scores, which the oracle does not see. With every p^_j within (F - 1) p_j + 2^-125, F the
 // factor of the row's largest eta (eta_max for every j: an upper bound of each F_j), and
 // the n products added in fp32 in any order:
-//   |o^_c - o_c| <= (F - 1) M + 2^-125 V + gamma_n (F M + 2^-125 V),
-//   M = sum_j p_j |v_jc|, V = sum_j |v_jc|.
+//   |o^_c - o_c| <= (F - 1) M + 2^-125 V + gamma_n (F M + 2^-125 V) + (n + 1) 2^-126,
+//   M = sum_j p_j |v_jc|, V = sum_j |v_jc|
+// ((n + 1) 2^-126: products and a sum that fell to the subnormals, flushed to zero).
 // eta_max takes Delta at the row's largest sum |q k_j| and |q . k_j| (each the max over j,
 // so an upper bound of every Delta_j) and the row's spread max_j |s_j - m|; a row of one key
 // takes exp of exactly 0 (its score less itself), eta 0.
@@ -117,22 +122,25 @@ struct GeluTerms {
 std::int64_t gelu_argument_roundings(GeluForm form);
 double gelu_output_bound(const GeluTerms& terms);
 
-// SiLU s = x sigma(x) within its measured relative error e_s, and 2^-126 for a subnormal
-// result a stack flushes to zero:  |s^ - s| <= e_s |s| + 2^-126.
+// SiLU s = x sigma(x) within its measured relative error e_s, and 2^-119 where a stack loses
+// its value (kSiluLost; a subnormal result flushed to zero is within it):
+//   |s^ - s| <= e_s |s| + 2^-119.
 double silu_output_bound(double abs_silu, double silu_error);
 // SwiGLU, y = silu(g) up: SiLU's error carried through the product and its rounding,
-//   |y^ - y| <= (e_s + u + e_s u) |silu(g) up| + 2^-126 |up| (1 + u) + 2^-126.
+//   |y^ - y| <= (e_s + u + e_s u) |silu(g) up| + 2^-119 |up| (1 + u) + 2^-126.
 double swiglu_output_bound(double abs_product, double abs_up, double silu_error);
 
 // The mean cross-entropy of N rows of V logits z with targets t, L = (1/N) sum_i l_i,
 // l_i = m_i + log S_i - z_{i,t_i} >= 0, m_i = max z_i, S_i = sum_j exp(z_ij - m_i) >= 1, as the
 // stacks compute it (log_softmax, then the negated target's mean; or fused):
-//   log-sum:  |log S^ - log S| <= rho = u R / (1 - u) + l(e) + l(gamma_{V-1}),  l(x) = x / (1 - x)
-//             (at least -log(1 - x): a factor within 1 +- x as a log, with no libm),
+//   log-sum:  |log S^ - log S| <= rho = u R / (1 - u) + l(e) + l(gamma_{V-1}) + l(V 2^-126),
+//             l(x) = x / (1 - x) (at least -log(1 - x): a factor within 1 +- x as a log, with no
+//             libm); V 2^-126 for exps that fell to the subnormals (S >= 1),
 //             R = max_j |z_j - m| (each exponent's rounding), e exp's relative worst case
 //   its log:  |L^_i - log S| <= E_i = rho + e_l (log S + rho), e_l log's relative worst case
 //   a row:    |l^_i - l_i| <= E_i (1 + gamma_2) + gamma_2 (|m| + log S + |z_t|)
-//             (m + log S then z_t less it, or z_t - m less log S: two roundings either way)
+//             (z_t - m less log S, as ATen's log_softmax, or z_t less m + log S: two roundings
+//             either way)
 //   the mean: |L^ - L| <= (1/N) (sum_i err_i (1 + gamma_{N+1}) + gamma_{N+1} sum_i l_i)
 //             (N terms in any order and the divide, or 1/N and a multiply)
 struct CrossEntropyRow {

@@ -6,13 +6,14 @@ Python package that was never held against the C++ harness proves nothing.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, FrozenSet, Tuple
 
 import numpy as np
 import pytest
@@ -237,26 +238,28 @@ def bf16_mm_rounds_its_partial_sums() -> bool:
     return bool(((torch.mm(a, b).double() - exact).abs() > gamma * magnitude + 2.0**-8 * exact.abs()).any())
 
 
-def bf16_ops_rounding_inside() -> set:
+@functools.lru_cache(maxsize=None)
+def bf16_ops_rounding_inside() -> FrozenSet[str]:
     """The aten ops whose bf16 CPU kernels round inside on this torch and CPU, by the probes
     below: they are over the bound of fp32 arithmetic and one rounding to bf16."""
-    return (({"aten.mm.default", "aten.bmm.default"} if bf16_mm_rounds_its_partial_sums() else set()) |
-            ({"aten._softmax_backward_data.default"} if bf16_softmax_backward_rounds_inside() else set()) |
-            ({"aten.gelu.default"} if bf16_gelu_rounds_inside() else set()))
+    return frozenset(({"aten.mm.default", "aten.bmm.default"} if bf16_mm_rounds_its_partial_sums() else set()) |
+                     ({"aten._softmax_backward_data.default"} if bf16_softmax_backward_rounds_inside() else set()) |
+                     ({"aten.gelu.default"} if bf16_gelu_rounds_inside() else set()))
 
 
 def bf16_gelu_rounds_inside() -> bool:
-    """An independent probe of this torch's CPU kernel: is a bf16 GELU (tanh form) further from
-    the exact value than fp32 arithmetic and one rounding to bf16 allow (2^-8 |y| and a few
-    fp32 roundings)? Debian's torch 1.13 is (its bf16 vector arithmetic rounds the
+    """An independent probe of this torch's CPU kernel: is a bf16 GELU, of either form, further
+    from the exact value than fp32 arithmetic and one rounding to bf16 allow (2^-8 |y| and a
+    few fp32 roundings)? Debian's torch 1.13 is (its bf16 vector arithmetic rounds the
     intermediates to bf16), torch 2.9 is not."""
     import torch
 
     x = (torch.rand(1 << 14, generator=torch.Generator().manual_seed(0)) * 8 - 4).bfloat16()
     x64 = x.double()
-    exact = 0.5 * x64 * (1 + torch.tanh((2 / np.pi) ** 0.5 * (x64 + 0.044715 * x64 ** 3)))
-    got = torch.nn.functional.gelu(x, approximate="tanh").double()
-    return bool(((got - exact).abs() > 2.0**-8 * exact.abs() + 2.0**-20 * x64.abs()).any())
+    exact = {"tanh": 0.5 * x64 * (1 + torch.tanh((2 / np.pi) ** 0.5 * (x64 + 0.044715 * x64 ** 3))),
+             "none": 0.5 * x64 * (1 + torch.erf(x64 * 0.5 ** 0.5))}
+    return any(bool(((torch.nn.functional.gelu(x, approximate=form).double() - y).abs() >
+                     2.0**-8 * y.abs() + 2.0**-20 * x64.abs()).any()) for form, y in exact.items())
 
 
 def bf16_softmax_backward_rounds_inside() -> bool:

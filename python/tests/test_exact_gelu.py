@@ -102,9 +102,8 @@ def test_the_jax_lane_trains_the_exact_gelu(runs: dict):
 def test_the_torch_lanes_exact_gelus_are_judged_within_the_erf_forms_bound(runs: dict, harness_bin: Path,
                                                                            level: str):
     """The op oracle judges each GELU by its form (erf here: `approximate="none"`), its erf at
-    the stacks' measured worst case: within. The tanh form's exact value is far from these
-    GELUs' (the losses above part by far more than rounding), so a GELU judged as the other
-    form would be over."""
+    the stacks' measured worst case: within (the tanh form's values part from these by far
+    more than rounding: the losses above)."""
     code, report = precision_report(harness_bin, runs["torch"], STEPS - 1, "--pack", str(runs["pack"]), "--level", level)
     assert code == 0 and report["verdict"] == "within", report["over"][:3]
     gelus = [j for j in report["judged"] if j["op"] in ("aten.gelu.default", "GELU")]

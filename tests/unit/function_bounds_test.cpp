@@ -333,14 +333,28 @@ TEST(SwigluOutputBound, SiluAtItsWorstTimesUpIsWithinAndABf16SiluIsOutside) {
   RecordProperty("worst_error_over_bound", std::to_string(worst));
 }
 
+// Below x = -87.34 the stacks lose SiLU's value: fp32's exp(-x) overflows (x / inf = -0), or
+// XLA's logistic gives 0. Both are within the bound's absolute term there.
+TEST(SiluOutputBound, WhereTheStacksLoseItsValueTheAbsoluteTermHoldsIt) {
+  for (float g = -95.0f; g <= -80.0f; g += 1.0f / 64) {
+    const double exact = static_cast<double>(g) / (1 + std::exp(-static_cast<double>(g)));
+    const double bound = silu_output_bound(std::fabs(exact), kStackSiluError);
+    const float quotient = g / (1.0f + std::exp(-g));  // fp32 exp: inf past 88.72
+    ASSERT_LE(std::fabs(static_cast<double>(quotient) - exact), bound) << "g = " << g;
+    if (g <= -87.34f) {
+      ASSERT_LE(std::fabs(exact), bound) << "a lost SiLU at g = " << g;  // 0 for it
+    }
+  }
+}
+
 // ---- the mean cross-entropy ------------------------------------------------------------
 
 // One step up from x in fp32 (an exp or log at its worst: rounded up, not to nearest).
 float up(float x) { return std::nextafter(x, std::numeric_limits<float>::infinity()); }
 
 // The mean cross-entropy of `rows` in fp32: exps and logs rounded up (their worst, pushing
-// the loss up), the sum in order, then m + log S less z_t (ATen's log_softmax) or z_t - m
-// less log S; `bf16_sum` rounds each partial sum to bf16 (a kernel below fp32).
+// the loss up), the sum in order, then z_t - m less log S (`fused`: ATen's log_softmax) or
+// z_t less m + log S; `bf16_sum` rounds each partial sum to bf16 (a kernel below fp32).
 float cross_entropy_fp32(const std::vector<std::vector<float>>& rows, const std::vector<std::size_t>& targets,
                          bool fused, bool bf16_sum) {
   float total = 0;

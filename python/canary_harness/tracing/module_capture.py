@@ -66,8 +66,9 @@ from .trace import output_column
 
 
 class Recomputed(NamedTuple):
-    """A module's exact output in float64, the terms count its bound takes (K, roundings or
-    C), and its magnitude and any further terms its kind's bound reads (layer_norm's)."""
+    """A module's exact output in float64, the count its bound takes (K, roundings, C, hs or
+    V), its magnitude and any further terms its kind's bound reads (by name, each shaped as
+    the output but the loss's, which are per row)."""
 
     exact: torch.Tensor
     count: int
@@ -163,10 +164,10 @@ def _gelu(module: torch.nn.Module, ops: List[Optional[torch.Tensor]]) -> Recompu
 
 
 def _swiglu(module: torch.nn.Module, ops: List[Optional[torch.Tensor]]) -> Recomputed:
-    """silu(gate) * up in float64; |up| beside (swiglu_output_bound)."""
+    """silu(gate) * up in float64; |up| beside, as the result's shape (swiglu_output_bound)."""
     gate, up = ops
     exact = F.silu(gate) * up
-    return Recomputed(exact, 1, exact.abs(), {"up": up.abs()})
+    return Recomputed(exact, 1, exact.abs(), {"up": up.abs().expand_as(exact)})
 
 
 def _cross_entropy(module: torch.nn.Module, ops: List[Optional[torch.Tensor]]) -> Recomputed:
@@ -272,6 +273,20 @@ MODULES: Dict[type, ModuleArithmetic] = {
 }
 
 
+# The kinds whose bounds take an elementary function at its worst case as measured on the CPU
+# stacks (engines/numerics/function_bounds.h): judged only where the module ran on a CPU (eager,
+# compiled, or torch_xla's PJRT CPU client), never on CUDA's or a TPU's functions.
+FUNCTION_KINDS = {"attention", "gelu", "swiglu", "cross_entropy"}
+
+
+def _hardware(device: torch.device) -> str:
+    """CPU for the CPU and torch_xla's PJRT CPU client; the device's hardware otherwise."""
+    if device.type == "xla":
+        import torch_xla.core.xla_model as xm
+        return xm.xla_device_hw(device)
+    return "CPU" if device.type == "cpu" else device.type.upper()
+
+
 def _kind(call: "_Call") -> str:
     arithmetic = call.arithmetic
     return arithmetic.kind if arithmetic.kind_of is None else arithmetic.kind_of(call.module)
@@ -352,6 +367,9 @@ class ModuleCapture:
             return f"{_name(module)} (called with keyword arguments)"
         if not isinstance(out, torch.Tensor) or out.dtype != torch.float32:
             return f"{_name(module)} ({getattr(out, 'dtype', type(out).__name__)})"
+        hardware = _hardware(out.device)
+        if arithmetic.kind in FUNCTION_KINDS and hardware != "CPU":
+            return f"{_name(module)} (on {hardware}: its functions' worst cases are measured on CPU stacks only)"
         return None
 
     def step(self) -> "_CapturedStep":

@@ -144,7 +144,7 @@ def _softmax_terms(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Dict[str, t
     scores, dim = args[0], args[1]
     masked = torch.isinf(scores) & (scores < 0)
     distance = (scores.amax(dim, keepdim=True) - scores).masked_fill(masked, 0.0)
-    return {"distance": distance, "spread": distance.amax(dim, keepdim=True).expand_as(distance)}
+    return {"distance": distance, "spread": distance.amax(dim, keepdim=True)}  # expanded by _recompute
 
 
 def _softmax_backward_magnitude(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any],
@@ -224,7 +224,8 @@ class CapturedResult:
     occurrence: int  # how many traced outputs of the step before it have its op, phase and aten name
     phase: str
     site: str        # file:line of the team's code that led to it
-    kind: str        # dot, sum, rounded, softmax, gelu_tanh, gelu_erf, silu (modules: layer_norm, attention, swiglu)
+    kind: str        # dot, sum, rounded, softmax, gelu_tanh, gelu_erf, silu (modules: layer_norm, attention,
+    #                  swiglu, cross_entropy)
     count: int       # K, n or roundings
     stored: str      # fp32, bf16, fp16
     operands: str    # the operands' formats, as the op saw them (bf16, fp32)
@@ -378,8 +379,9 @@ def capture_json(capture: StepCapture) -> Dict[str, Any]:
 
 def write_values(path: str, capture: StepCapture) -> None:
     """Each judged result's values, exact values and magnitudes (float64) into an HDF5 file at
-    `path`: results/I/got, exact, magnitude (and the terms a kind such as
-    layer_norm reads: offset, mean_term, conditioning). Written beside it and renamed: whole or absent."""
+    `path`: results/I/got, exact, magnitude (and the terms its kind's bound reads, by name:
+    a layer norm's offset, mean_term and conditioning, ...). Written beside it and renamed:
+    whole or absent."""
     import os
     import tempfile
 
