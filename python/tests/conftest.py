@@ -189,6 +189,24 @@ def budgets_tightened(out: Path, features: Tuple[str, ...], factor: float) -> Pa
     return out
 
 
+def assert_rounding_at_first_module(harness_bin: Path, a: Path, b: Path, pack: Path, budgets: Path,
+                                    module: str) -> None:
+    """`harness bisect A B --pack --budgets` parts at step 0 at `module`'s output, found in the
+    lanes' op traces, and the oracle judges each side on its own inputs: both within their
+    bounds, rounding."""
+    result = run_harness(harness_bin, "bisect", str(a), str(b), "--pack", str(pack), "--budgets", str(budgets),
+                         "--json", check=False)
+    assert result.returncode == 1, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    op = report["first_divergent_op"]
+    assert (report["first_divergent_step"], op["level"], op["name"], op["phase"]) == (0, "ops", module, "forward"), op
+    oracle = report["oracle"]
+    for side in ("a", "b"):
+        assert oracle[side]["judged"] and oracle[side]["within"], oracle
+        assert 0 < oracle[side]["error_ulps"] <= oracle[side]["bound_ulps"], oracle
+    assert oracle["verdict"] == "both within their bounds: rounding"
+
+
 def export_pack(harness_bin: Path, out: Path, canary: str = "micro", steps: int = 3, seed: int = 1337) -> Path:
     """`harness export` of a canary pack (the C++ harness's own init and batches)."""
     run_harness(harness_bin, "export", "--canary", canary, "--steps", str(steps), "--seed", str(seed), "--out", str(out))

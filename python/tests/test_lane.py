@@ -20,7 +20,7 @@ from canary_harness.models import gpt2
 from canary_harness.runs.optim import CanaryAdamW
 from canary_harness.pack import read_pack
 
-from conftest import budgets_tightened, export_pack, run_harness, run_module
+from conftest import assert_rounding_at_first_module, budgets_tightened, export_pack, run_harness, run_module
 from host_reads import HostReads
 
 STEPS = 5
@@ -124,17 +124,7 @@ def test_bisect_judges_torch_eager_against_compiled_at_their_first_divergent_mod
     eager = runs["dir"] / "eager-traced.h5"
     lane("--pack", str(runs["pack"]), "--out", str(eager), "--threads", "1", "--trace", "ops")
     tight = budgets_tightened(runs["dir"] / "tight.toml", ("torch-cpu", "torch-compile"), 1e-6)
-    result = run_harness(harness_bin, "bisect", str(eager), str(compiled[1]), "--pack", str(runs["pack"]),
-                         "--budgets", str(tight), "--json", check=False)
-    assert result.returncode == 1, result.stdout + result.stderr
-    b = json.loads(result.stdout)
-    op = b["first_divergent_op"]
-    assert (b["first_divergent_step"], op["level"], op["name"], op["phase"]) == (0, "ops", "blocks.0.attn", "forward"), op
-    oracle = b["oracle"]
-    for side in ("a", "b"):
-        assert oracle[side]["judged"] and oracle[side]["within"], oracle
-        assert 0 < oracle[side]["error_ulps"] <= oracle[side]["bound_ulps"], oracle
-    assert oracle["verdict"] == "both within their bounds: rounding"
+    assert_rounding_at_first_module(harness_bin, eager, compiled[1], runs["pack"], tight, "blocks.0.attn")
 
 
 def test_inductor_keeps_each_aten_isa_in_a_cache_of_its_own(tmp_path: Path):

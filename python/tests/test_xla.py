@@ -18,7 +18,7 @@ import pytest
 import canary_harness
 from canary_harness import ReceiptReader
 
-from conftest import budgets_tightened, export_pack, run_harness
+from conftest import assert_rounding_at_first_module, budgets_tightened, export_pack, run_harness
 
 HAS_XLA = importlib.util.find_spec("torch_xla") is not None
 STEPS = 3
@@ -159,17 +159,7 @@ def test_bisect_judges_torch_eager_against_torch_xla_at_their_first_divergent_mo
     monkeypatch.setenv("PJRT_DEVICE", "CPU")
     run = lanes["tiny"]
     tight = budgets_tightened(tmp_path / "tight.toml", ("torch-cpu", "torch-xla"), 1e-6)
-    result = run_harness(harness_bin, "bisect", str(run["eager"]), str(run["xla"]), "--pack", str(run["pack"]),
-                         "--budgets", str(tight), "--json", check=False)
-    assert result.returncode == 1, result.stdout + result.stderr
-    b = json.loads(result.stdout)
-    op = b["first_divergent_op"]
-    assert (b["first_divergent_step"], op["level"], op["name"], op["phase"]) == (0, "ops", "blocks.0.ln1", "forward"), op
-    oracle = b["oracle"]
-    for side in ("a", "b"):
-        assert oracle[side]["judged"] and oracle[side]["within"], oracle
-        assert 0 < oracle[side]["error_ulps"] <= oracle[side]["bound_ulps"], oracle
-    assert oracle["verdict"] == "both within their bounds: rounding"
+    assert_rounding_at_first_module(harness_bin, run["eager"], run["xla"], run["pack"], tight, "blocks.0.ln1")
 
 
 def test_a_second_process_finds_the_persistent_cache_entry(lanes: dict, harness_bin: Path, tmp_path: Path):
