@@ -1,8 +1,10 @@
 #include "python_oracle.h"
 
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 #include <stdexcept>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -31,103 +33,91 @@ Precision stored_format(const std::string& name, const std::string& values) {
   throw std::runtime_error(fmt::format("{}: a result stored in '{}', which the oracle has no bound for", values, name));
 }
 
-// A layer norm module's bound per element (numerics::layer_norm_output_bound) from the
-// terms module_capture.py writes beside its values: `scaled` is the result's magnitude.
+// The terms a kind's bound reads beside its values (tracing/module_capture.py and
+// op_capture.py write them by name), each of `count` values, in the order of `names`; one
+// line naming the group and the kind (`what`) where one has another count.
+std::vector<std::vector<double>> read_terms(hid_t file, const std::string& group, std::initializer_list<const char*> names,
+                                            std::size_t count, const std::string& values, std::string_view what) {
+  std::vector<std::vector<double>> terms;
+  for (const char* name : names) {
+    terms.push_back(h5::read_f64(file, group + name));
+    if (terms.back().size() != count) {
+      throw std::runtime_error(fmt::format("{}: {} holds {}'s terms of another count than its values", values, group, what));
+    }
+  }
+  return terms;
+}
+
+// A layer norm module's bound per element (numerics::layer_norm_output_bound): `scaled` is the
+// result's magnitude.
 std::vector<double> layer_norm_bounds(std::int64_t channels, const std::vector<double>& scaled, hid_t file,
                                       const std::string& group, const std::string& values) {
-  const std::vector<double> offset = h5::read_f64(file, group + "offset");
-  const std::vector<double> mean_term = h5::read_f64(file, group + "mean_term");
-  const std::vector<double> conditioning = h5::read_f64(file, group + "conditioning");
-  if (offset.size() != scaled.size() || mean_term.size() != scaled.size() || conditioning.size() != scaled.size()) {
-    throw std::runtime_error(fmt::format("{}: {} holds a layer norm's terms of another count than its values", values, group));
-  }
+  const auto t = read_terms(file, group, {"offset", "mean_term", "conditioning"}, scaled.size(), values, "a layer norm");
   std::vector<double> bound(scaled.size());
   for (std::size_t i = 0; i < scaled.size(); ++i) {
-    bound[i] = numerics::layer_norm_output_bound({channels, conditioning[i], scaled[i], mean_term[i], offset[i]});
+    bound[i] = numerics::layer_norm_output_bound({channels, t[2][i], scaled[i], t[1][i], t[0][i]});
   }
   return bound;
 }
 
-// An attention core module's bound per element (numerics::attention_output_bound) from the
-// terms module_capture.py writes beside its values: `magnitude` is sum_j p_j |v_jc|.
+// An attention core module's bound per element (numerics::attention_output_bound):
+// `magnitude` is sum_j p_j |v_jc|.
 std::vector<double> attention_bounds(std::int64_t head_size, const std::vector<double>& magnitude, hid_t file,
                                      const std::string& group, const std::string& values) {
-  const std::vector<double> keys = h5::read_f64(file, group + "keys");
-  const std::vector<double> abs_products = h5::read_f64(file, group + "abs_products");
-  const std::vector<double> abs_dot = h5::read_f64(file, group + "abs_dot");
-  const std::vector<double> spread = h5::read_f64(file, group + "spread");
-  const std::vector<double> abs_values = h5::read_f64(file, group + "abs_values");
-  for (const std::vector<double>* terms : {&keys, &abs_products, &abs_dot, &spread, &abs_values}) {
-    if (terms->size() != magnitude.size()) {
-      throw std::runtime_error(fmt::format("{}: {} holds an attention core's terms of another count than its values", values, group));
-    }
-  }
+  const auto t = read_terms(file, group, {"keys", "abs_products", "abs_dot", "spread", "abs_values"}, magnitude.size(),
+                            values, "an attention core");
   if (head_size < 1) throw std::runtime_error(fmt::format("{}: {} is an attention core of head size {}", values, group, head_size));
   std::vector<double> bound(magnitude.size());
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_size));
   for (std::size_t i = 0; i < magnitude.size(); ++i) {
-    const auto key_count = static_cast<std::int64_t>(keys[i]);
-    if (key_count < 1 || static_cast<double>(key_count) != keys[i]) {
-      throw std::runtime_error(fmt::format("{}: {} gives an attention row {} keys", values, group, keys[i]));
+    const auto key_count = static_cast<std::int64_t>(t[0][i]);
+    if (key_count < 1 || static_cast<double>(key_count) != t[0][i]) {
+      throw std::runtime_error(fmt::format("{}: {} gives an attention row {} keys", values, group, t[0][i]));
     }
-    bound[i] = numerics::attention_output_bound(
-        {head_size, key_count, scale, abs_products[i], abs_dot[i], spread[i], magnitude[i], abs_values[i]});
+    bound[i] = numerics::attention_output_bound({head_size, key_count, scale, t[1][i], t[2][i], t[3][i], magnitude[i], t[4][i]});
   }
   return bound;
 }
 
 // A softmax's probabilities (aten._softmax: scores it was given, so no error in them) per
-// element (numerics::softmax_probability_bound) from the terms op_capture.py writes: each
-// score's distance from its row's max and the row's largest distance (0 for a masked score,
-// whose probability is exactly 0). `probabilities` is the exact result; `row` its length.
+// element (numerics::softmax_probability_bound): each score's distance from its row's max
+// and the row's largest distance (0 for a masked score, whose probability is exactly 0).
+// `probabilities` is the exact result; `row` its length.
 std::vector<double> softmax_bounds(std::int64_t row, const std::vector<double>& probabilities, hid_t file,
                                    const std::string& group, const std::string& values) {
-  const std::vector<double> distance = h5::read_f64(file, group + "distance");
-  const std::vector<double> spread = h5::read_f64(file, group + "spread");
-  if (distance.size() != probabilities.size() || spread.size() != probabilities.size()) {
-    throw std::runtime_error(fmt::format("{}: {} holds a softmax's terms of another count than its values", values, group));
-  }
+  const auto t = read_terms(file, group, {"distance", "spread"}, probabilities.size(), values, "a softmax");
   if (row < 1) throw std::runtime_error(fmt::format("{}: {} is a softmax of rows of {}", values, group, row));
   std::vector<double> bound(probabilities.size());
   for (std::size_t i = 0; i < probabilities.size(); ++i) {
-    const double eta = numerics::softmax_exponent_error(0, 0, distance[i]);
-    const double max_eta = numerics::softmax_exponent_error(0, 0, spread[i]);
+    const double eta = numerics::softmax_exponent_error(0, 0, t[0][i]);
+    const double max_eta = numerics::softmax_exponent_error(0, 0, t[1][i]);
     bound[i] = numerics::softmax_probability_bound(probabilities[i], eta, max_eta, row, numerics::kStackExpUlps);
   }
   return bound;
 }
 
-// GELU's bound per element (numerics::gelu_output_bound) from the terms op_capture.py
-// writes: the input, the exact argument and f of it; the form's function at the stacks'
-// measured worst case.
+// GELU's bound per element (numerics::gelu_output_bound): the input, the exact argument and
+// f of it; the form's function at the stacks' measured worst case.
 std::vector<double> gelu_bounds(numerics::GeluForm form, std::size_t elements, hid_t file, const std::string& group,
                                 const std::string& values) {
-  const std::vector<double> input = h5::read_f64(file, group + "input");
-  const std::vector<double> argument = h5::read_f64(file, group + "argument");
-  const std::vector<double> function = h5::read_f64(file, group + "function");
-  if (input.size() != elements || argument.size() != elements || function.size() != elements) {
-    throw std::runtime_error(fmt::format("{}: {} holds a GELU's terms of another count than its values", values, group));
-  }
+  const auto t = read_terms(file, group, {"input", "argument", "function"}, elements, values, "a GELU");
   const double function_error =
       form == numerics::GeluForm::Tanh ? numerics::kStackGeluTanhError : numerics::kStackGeluErfError;
   std::vector<double> bound(elements);
   for (std::size_t i = 0; i < elements; ++i) {
-    bound[i] = numerics::gelu_output_bound({form, input[i], argument[i], function[i], function_error});
+    bound[i] = numerics::gelu_output_bound({form, t[0][i], t[1][i], t[2][i], function_error});
   }
   return bound;
 }
 
 // SwiGLU's bound per element (numerics::swiglu_output_bound) from |silu(g) up| (the
-// magnitude) and the |up| module_capture.py writes beside.
+// magnitude) and |up|.
 std::vector<double> swiglu_bounds(const std::vector<double>& magnitude, hid_t file, const std::string& group,
                                   const std::string& values) {
-  const std::vector<double> up = h5::read_f64(file, group + "up");
-  if (up.size() != magnitude.size()) {
-    throw std::runtime_error(fmt::format("{}: {} holds a SwiGLU's terms of another count than its values", values, group));
-  }
+  const auto t = read_terms(file, group, {"up"}, magnitude.size(), values, "a SwiGLU");
   std::vector<double> bound(magnitude.size());
   for (std::size_t i = 0; i < magnitude.size(); ++i) {
-    bound[i] = numerics::swiglu_output_bound(magnitude[i], up[i], numerics::kStackSiluError);
+    bound[i] = numerics::swiglu_output_bound(magnitude[i], t[0][i], numerics::kStackSiluError);
   }
   return bound;
 }
@@ -137,17 +127,14 @@ std::vector<double> swiglu_bounds(const std::vector<double>& magnitude, hid_t fi
 // logit and its spread); `classes` the rows' length.
 std::vector<double> cross_entropy_bounds(std::int64_t classes, std::size_t elements, hid_t file, const std::string& group,
                                          const std::string& values) {
-  const std::vector<double> max = h5::read_f64(file, group + "max");
-  const std::vector<double> log_sum = h5::read_f64(file, group + "log_sum");
-  const std::vector<double> target = h5::read_f64(file, group + "target");
-  const std::vector<double> spread = h5::read_f64(file, group + "spread");
-  if (elements != 1 || max.empty() || log_sum.size() != max.size() || target.size() != max.size() ||
-      spread.size() != max.size() || classes < 1) {
+  const std::size_t rows = h5::read_f64(file, group + "max").size();
+  const auto t = read_terms(file, group, {"max", "log_sum", "target", "spread"}, rows, values, "a cross-entropy");
+  if (elements != 1 || rows == 0 || classes < 1) {
     throw std::runtime_error(fmt::format("{}: {} is not one mean cross-entropy with its rows' terms", values, group));
   }
-  std::vector<numerics::CrossEntropyRow> rows(max.size());
-  for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = {max[i], log_sum[i], target[i], spread[i]};
-  return {numerics::cross_entropy_mean_bound(rows, classes, numerics::kStackExpUlps, numerics::kStackLogUlps)};
+  std::vector<numerics::CrossEntropyRow> terms(rows);
+  for (std::size_t i = 0; i < rows; ++i) terms[i] = {t[0][i], t[1][i], t[2][i], t[3][i]};
+  return {numerics::cross_entropy_mean_bound(terms, classes, numerics::kStackExpUlps, numerics::kStackLogUlps)};
 }
 
 // Each element's bound before its result is stored, by the arithmetic capture-ops names:

@@ -5,12 +5,14 @@
 #include "python_oracle.h"
 
 #include <cmath>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "numerics/function_bounds.h"
 #include "receipt/hdf5_file.h"
 #include "scratch_dir.h"
 
@@ -24,6 +26,7 @@ struct Captured {
   std::int64_t count = 0;
   std::string stored = "fp32";
   std::vector<double> got, exact, magnitude;
+  std::map<std::string, std::vector<double>> terms = {};  // what a kind's bound reads beside the values
 };
 
 // capture-ops' two outputs for `results`: the description, and the values at `path`.
@@ -36,6 +39,9 @@ nlohmann::json write_capture(const std::string& path, const std::vector<Captured
     const h5::Handle group = h5::create_group(all, std::to_string(i));
     for (const auto& [name, values] : {std::pair{"got", &r.got}, {"exact", &r.exact}, {"magnitude", &r.magnitude}}) {
       h5::write_dataset(group, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, {values->size()}, values->data());
+    }
+    for (const auto& [name, values] : r.terms) {
+      h5::write_dataset(group, name.c_str(), H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, {values.size()}, values.data());
     }
     description["results"].push_back({{"op", "h.0.mlp"}, {"aten", "aten.addmm.default"}, {"phase", "forward"},
                                       {"site", "model.py:12"}, {"kind", r.kind}, {"count", r.count},
@@ -86,6 +92,65 @@ TEST(PythonOracle, ABf16ResultIsBelowAnFp32RunAndWithinABf16One) {
   const OracleReport bf16 = judge_captured_step(d, values, Precision::Bf16);
   EXPECT_EQ(bf16.judged.at(0).over, 0);
   EXPECT_EQ(bf16.judged.at(0).stored, "bf16");
+}
+
+// The kinds whose bounds read terms (engines/numerics/function_bounds.h): each element held
+// to the bound the header's function gives for its terms, just inside it and just past it.
+TEST(PythonOracle, TheFunctionKindsReadTheirTermsAndHoldEachElementToItsBound) {
+  const testing::ScratchDir dir;
+  const double y = 0.5;
+  const numerics::AttentionOutputTerms a{16, 3, 0.25, 2.0, 1.0, 1.5, y, 1.0};
+  const double attention = numerics::attention_output_bound(a);
+  const double gelu = numerics::gelu_output_bound({numerics::GeluForm::Tanh, 1.0, 0.83, std::tanh(0.83),
+                                                   numerics::kStackGeluTanhError});
+  const double swiglu = numerics::swiglu_output_bound(y, 2.0, numerics::kStackSiluError);
+  const std::vector<numerics::CrossEntropyRow> rows = {{1.0, 2.0, 0.5, 3.0}, {0.0, 1.5, -0.5, 2.0}};
+  const double loss = 0.5 * ((1.0 + 2.0 - 0.5) + (0.0 + 1.5 + 0.5));
+  const double cross_entropy = numerics::cross_entropy_mean_bound(rows, 32, numerics::kStackExpUlps,
+                                                                   numerics::kStackLogUlps);
+  const auto twice = [](double v) { return std::vector<double>{v, v}; };
+  const std::vector<Captured> results = {
+      {"attention", 16, "fp32", {y + attention * 0.999, y + attention * 1.001}, twice(y), twice(y),
+       {{"keys", twice(3)}, {"abs_products", twice(2)}, {"abs_dot", twice(1)}, {"spread", twice(1.5)},
+        {"abs_values", twice(1)}}},
+      {"gelu_tanh", 1, "fp32", {y + gelu * 0.999, y + gelu * 1.001}, twice(y), twice(y),
+       {{"input", twice(1.0)}, {"argument", twice(0.83)}, {"function", twice(std::tanh(0.83))}}},
+      {"swiglu", 1, "fp32", {y + swiglu * 0.999, y + swiglu * 1.001}, twice(y), twice(y), {{"up", twice(2.0)}}},
+      {"cross_entropy", 32, "fp32", {loss + cross_entropy * 1.001}, {loss}, {loss},
+       {{"max", {1.0, 0.0}}, {"log_sum", {2.0, 1.5}}, {"target", {0.5, -0.5}}, {"spread", {3.0, 2.0}}}},
+  };
+  const std::string values = dir.path("values.h5");
+  const OracleReport report = judge_captured_step(write_capture(values, results), values, Precision::Fp32);
+  ASSERT_EQ(report.judged.size(), results.size());
+  for (std::size_t i = 0; i < results.size(); ++i) {  // element 0 within (the loss's one value past), element 1 past
+    EXPECT_EQ(report.judged[i].over, 1) << results[i].kind;
+    EXPECT_EQ(report.judged[i].worst_index, results[i].kind == "cross_entropy" ? 0 : 1) << results[i].kind;
+  }
+}
+
+// A term of another count, an attention row of a fractional number of keys, or a loss of two
+// values is refused in one line naming the file, never judged against a wrong bound.
+TEST(PythonOracle, BadTermsAreRefusedNamingTheFile) {
+  const testing::ScratchDir dir;
+  const auto refused = [&](const Captured& result) {
+    const std::string values = dir.path("values.h5");
+    try {
+      judge_captured_step(write_capture(values, {result}), values, Precision::Fp32);
+    } catch (const std::runtime_error& e) {
+      return std::string(e.what()).find(values) != std::string::npos;
+    }
+    return false;
+  };
+  const std::map<std::string, std::vector<double>> attention = {
+      {"keys", {2}}, {"abs_products", {1}}, {"abs_dot", {1}}, {"spread", {1}}, {"abs_values", {1}}};
+  auto short_term = attention, fractional = attention;
+  short_term["spread"] = {};
+  fractional["keys"] = {1.5};
+  EXPECT_TRUE(refused({"attention", 8, "fp32", {1.0}, {1.0}, {1.0}, short_term}));
+  EXPECT_TRUE(refused({"attention", 8, "fp32", {1.0}, {1.0}, {1.0}, fractional}));
+  EXPECT_TRUE(refused({"swiglu", 1, "fp32", {1.0}, {1.0}, {1.0}, {}}));  // its |up| absent
+  EXPECT_TRUE(refused({"cross_entropy", 8, "fp32", {1.0, 1.0}, {1.0, 1.0}, {1.0, 1.0},
+                       {{"max", {1}}, {"log_sum", {1}}, {"target", {1}}, {"spread", {1}}}}));
 }
 
 TEST(PythonOracle, ACaptureThatIsNotCaptureOpsIsRefusedNamingTheFile) {
