@@ -3,9 +3,12 @@
 // that side's op read them and its results, as .npy (numpy and torch read them), op.json
 // (the op, its site and step, each side's precisions and what bisect's oracle said), and
 // repro.py, which recomputes the op in float64 and in the diverging side's precision with
-// numpy alone and prints each side's distance from float64 and from the other. Exit 0
-// written, 2 nothing to reproduce (the runs do not part at an op the oracle judges) or bad
-// input. DIR is made whole or not at all.
+// numpy alone and prints each side's distance from float64 and from the other. Two Python
+// canaries' runs part at an aten op: the package writes each side's call (its operands, its
+// result, call.json) and its own script, which runs the op again with torch
+// (python/canary_harness/tracing/op_repro.py). Exit 0 written, 2 nothing to reproduce (the
+// runs do not part at an op the oracle judges) or bad input. DIR is made whole or not at
+// all.
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -20,6 +23,7 @@
 #include "file_io.h"
 #include "golden_store.h"
 #include "json_text.h"
+#include "python_canary.h"
 #include "replay.h"
 
 namespace harness::cli {
@@ -179,20 +183,30 @@ for side in ("a", "b"):
 print(json.dumps(report, indent=1, sort_keys=True))
 )py";
 
+// Whether the two receipts are Python canaries' (the package writes their op), else both a
+// harness engine's; a UsageError for a PyTorch lane's, or one of each.
+bool python_canaries(const ReproFlags& f) {
+  int python = 0;
+  for (const std::string& path : {f.a, f.b}) {
+    if (python_receipt_manifest(path)) {
+      ++python;
+    } else if (is_pack_lane_receipt(path)) {
+      throw run::UsageError(fmt::format("{}: a PyTorch lane's receipt, whose steps are judged at module outputs; "
+                                        "repro writes one op (bisect's verdict is the lane's: docs/oracle.md)", path));
+    }
+  }
+  if (python == 1) {
+    throw run::UsageError(fmt::format("{} and {}: a Python canary's run and a harness engine's; repro writes an op of "
+                                      "two runs of one kind", f.a, f.b));
+  }
+  return python == 2;
+}
+
 // What bisect found and what each side's oracle said, or a UsageError saying why there is
 // nothing to reproduce.
 check::Bisection divergence(const ReproFlags& f) {
   nightly::verify_golden_integrity(f.a);
   nightly::verify_golden_integrity(f.b);
-  for (const std::string& path : {f.a, f.b}) {
-    const auto manifest = python_receipt_manifest(path);
-    const bool lane = !manifest && is_pack_lane_receipt(path);
-    if (manifest || lane) {
-      throw run::UsageError(fmt::format("{}: a {}'s receipt; repro writes a harness engine's op so far (its aten op's "
-                                        "verdict is bisect's{}: docs/oracle.md)",
-                                        path, lane ? "PyTorch lane" : "Python canary", lane ? ", with --pack" : ""));
-    }
-  }
   const auto traced = [](const check::ReceiptData& run, int step) { return replayed_trace(run, step); };
   const auto judged = [](const check::ReceiptData& run, int step, const check::DivergentOp& op) {
     return judged_op(run, step, op);
@@ -238,14 +252,27 @@ std::string stored_precision(const run::CapturedOp& c, const std::string& result
   throw run::UsageError(fmt::format("{}: the replay captured no result {}", c.site, result));
 }
 
+// What op.json says of the first divergent op and of each side's oracle (both kinds of run).
+nlohmann::json op_description(const check::Bisection& b) {
+  const check::DivergentOp& op = *b.first_divergent_op;
+  nlohmann::json description{{"site", op.name}, {"phase", op.phase}, {"step", b.first_divergent_step},
+                             {"verdict", b.oracle->verdict}, {"receipts", {b.a_path, b.b_path}}};
+  const check::OracleSide* judged[] = {&b.oracle->a, &b.oracle->b};
+  for (int s = 0; s < 2; ++s) {
+    description["sides"][s == 0 ? "a" : "b"] = {{"stored", judged[s]->stored},
+                                                {"worst_index", judged[s]->worst_index},
+                                                {"oracle_error_ulps", judged[s]->error_ulps},
+                                                {"bound_ulps", judged[s]->bound_ulps},
+                                                {"within", judged[s]->within}};
+  }
+  return description;
+}
+
 // DIR's files: each side's operands and results as .npy, op.json, repro.py.
 void write_repro(const std::string& dir, const check::Bisection& b, const run::CapturedOp (&sides)[2]) {
-  const check::DivergentOp& op = *b.first_divergent_op;
-  nlohmann::json description{{"op", describe(sides[0].op).name}, {"site", op.name}, {"phase", op.phase},
-                             {"step", b.first_divergent_step}, {"result", result_of(sides[0], op)},
-                             {"attributes", sides[0].attributes}, {"verdict", b.oracle->verdict},
-                             {"receipts", {b.a_path, b.b_path}}};
-  const check::OracleSide* judged[] = {&b.oracle->a, &b.oracle->b};
+  nlohmann::json description = op_description(b);
+  description.update({{"op", describe(sides[0].op).name}, {"result", result_of(sides[0], *b.first_divergent_op)},
+                      {"attributes", sides[0].attributes}});
   for (int s = 0; s < 2; ++s) {
     const std::string side = s == 0 ? "a" : "b";
     fs::create_directories(fs::path(dir) / side);
@@ -255,14 +282,39 @@ void write_repro(const std::string& dir, const check::Bisection& b, const run::C
     for (const run::CapturedOp::Tensor& t : sides[s].results) {
       run::write_file_atomically((fs::path(dir) / side / (t.operand + ".out.npy")).string(), npy(t.shape, t.values));
     }
-    description["sides"][side] = {{"operands", sides[s].operands_precision},
-                                  {"stored", stored_precision(sides[s], description["result"])},
-                                  {"worst_index", judged[s]->worst_index},
-                                  {"oracle_error_ulps", judged[s]->error_ulps},
-                                  {"within", judged[s]->within}};
+    description["sides"][side].update({{"operands", sides[s].operands_precision},
+                                       {"stored", stored_precision(sides[s], description["result"])}});
   }
   run::write_file_atomically((fs::path(dir) / "op.json").string(), run::json_text(description) + "\n");
   run::write_file_atomically((fs::path(dir) / "repro.py").string(), kScript);
+}
+
+// Side `side`'s call of the op into DIR/side, by the package (capture-ops keeps it whole on
+// a replay of the step), and its script at DIR/repro.py with side a's.
+void write_python_side(const std::string& dir, const std::string& side, const std::string& receipt, int step,
+                       const check::DivergentOp& op) {
+  const run::TempDir work("repro", "a Python canary's captured op");
+  const nlohmann::json key{{"op", op.name}, {"phase", op.phase}, {"tensor", op.tensor}, {"occurrence", op.occurrence}};
+  std::vector<std::string> flags{"--step", std::to_string(step), "--values", work.file("values.h5"), "--level", "aten",
+                                 "--operands-of", key.dump(), "--operands-dir", (fs::path(dir) / side).string()};
+  if (side == "a") flags.insert(flags.end(), {"--script", (fs::path(dir) / "repro.py").string()});
+  const auto manifest = python_receipt_manifest(receipt);
+  const run::PythonCommand command = run::python_canary_command("capture-ops", receipt, *manifest, flags);
+  const run::PythonJsonResult captured = run::run_python_for_json(command.argv, command.environment);
+  if (!captured.child.exited_zero()) {
+    throw run::UsageError(fmt::format("{}: its op could not be written: {}", receipt, run::last_line(captured.child.stderr_tail)));
+  }
+}
+
+// DIR's files for two Python canaries' runs: each side's call (the package's), op.json, repro.py.
+void write_python_repro(const std::string& dir, const check::Bisection& b) {
+  const check::DivergentOp& op = *b.first_divergent_op;
+  fs::create_directories(dir);
+  write_python_side(dir, "a", b.a_path, b.first_divergent_step, op);
+  write_python_side(dir, "b", b.b_path, b.first_divergent_step, op);
+  nlohmann::json description = op_description(b);
+  description.update({{"op", op.tensor}, {"source", op.site}, {"occurrence", op.occurrence}});
+  run::write_file_atomically((fs::path(dir) / "op.json").string(), run::json_text(description) + "\n");
 }
 
 // --out as a directory path without a trailing separator ("DIR/" is "DIR").
@@ -281,23 +333,41 @@ fs::path building_dir(const fs::path& out) {
   return building;
 }
 
+// The op's files into `building`: the package's for Python canaries, else each side's op
+// captured on a replay. Returns the op's name (its aten overload, or its description's).
+std::string write_op(const ReproFlags& f, const fs::path& building, const check::Bisection& b, bool python) {
+  const check::DivergentOp& op = *b.first_divergent_op;
+  if (python) {
+    if (op.level != check::kAtenLevel) {
+      throw run::UsageError(fmt::format("{}: the runs part at a module output, not at one op; repro writes an aten op "
+                                        "(bisect the runs' aten traces: docs/bisect.md)", op.name));
+    }
+    write_python_repro(building.string(), b);
+    return op.tensor;
+  }
+  const run::CapturedOp sides[] = {captured_op(f.a, b.first_divergent_step, op), captured_op(f.b, b.first_divergent_step, op)};
+  write_repro(building.string(), b, sides);
+  return std::string(describe(sides[0].op).name);
+}
+
 int run_repro(const ReproFlags& f) {
   const fs::path out = out_dir(f.out);
   if (fs::exists(out) && !f.force) throw run::UsageError(fmt::format("--out: {} exists; give --force to replace it", f.out));
   const fs::path building = building_dir(out);
+  const bool python = python_canaries(f);
   const check::Bisection b = divergence(f);
-  const check::DivergentOp& op = *b.first_divergent_op;
-  const run::CapturedOp sides[] = {captured_op(f.a, b.first_divergent_step, op), captured_op(f.b, b.first_divergent_step, op)};
+  std::string name;
   try {
-    write_repro(building.string(), b, sides);
+    name = write_op(f, building, b, python);
   } catch (...) {  // nothing half-written is left
     fs::remove_all(building);
     throw;
   }
   fs::remove_all(out);
   fs::rename(building, out);
+  const check::DivergentOp& op = *b.first_divergent_op;
   fmt::print("{:<12}{} {} at step {} ({})\n{:<12}{}\n{:<12}python3 {}/repro.py\n", "repro", op.name, op.phase,
-             b.first_divergent_step, describe(sides[0].op).name, "oracle", b.oracle->verdict, "run", out.string());
+             b.first_divergent_step, name, "oracle", b.oracle->verdict, "run", out.string());
   return kExitPass;
 }
 
@@ -305,7 +375,7 @@ int run_repro(const ReproFlags& f) {
 
 void add_repro_command(CLI::App& app, CommandRegistry& commands) {
   auto f = std::make_shared<ReproFlags>();
-  CLI::App* repro = app.add_subcommand("repro", "Write the first op where two runs part as files numpy runs alone");
+  CLI::App* repro = app.add_subcommand("repro", "Write the first op where two runs part as files numpy (or torch) runs alone");
   repro->add_option("a", f->a, "Receipt of one run (.h5)")->required();
   repro->add_option("b", f->b, "Receipt of the other (.h5)")->required();
   repro->add_option("--out", f->out, "Directory to write (made whole or not at all)")->required();

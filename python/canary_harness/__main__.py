@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import List, NoReturn, Optional
+from typing import Any, List, NoReturn, Optional
 
 from .runs.canary import CanaryError, CanaryImportError, load_canary
 from .invariance import run as run_invariance
@@ -144,6 +144,12 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
                               "the only level, on XLA and under --compile, which run a step's aten ops in compiled "
                               "graphs; docs/oracle.md)")
     capture.add_argument("--json", action="store_true", help="print the description as JSON")
+    capture.add_argument("--operands-of", metavar="JSON",
+                         help='{"op": MODULE, "phase": P, "tensor": ATEN, "occurrence": N}: keep that aten call whole '
+                              "and write it into --operands-dir (what `harness repro` asks; docs/oracle.md)")
+    capture.add_argument("--operands-dir", metavar="DIR", help="with --operands-of: the directory to make for the call")
+    capture.add_argument("--script", metavar="PATH", help="with --operands-of: write the standalone script that runs "
+                                                          "such calls (repro.py) at PATH too")
     add_pack_argument(capture)
     add_json_out_argument(capture)
     rerun = commands.add_parser("rerun", help="run a Python canary's receipt's recipe again into a new receipt")
@@ -320,15 +326,58 @@ def capture_ops(args: argparse.Namespace) -> int:
     check_json_out(args.json_out)
     if not os.path.isdir(os.path.dirname(os.path.abspath(args.values))) or os.path.isdir(args.values):
         raise UsageError(f"--values: '{args.values}' is a directory, or its directory does not exist; name a file")
-    result = replay_receipt(args.receipt, step, step, capture_ops=True, pack=args.pack, capture_level=args.level)
+    keep = _kept_call(args)
+    result = replay_receipt(args.receipt, step, step, capture_ops=True, pack=args.pack, capture_level=args.level,
+                            keep=keep)
     summary = {**to_json(result), "precision": result.precision, "level": result.capture_level}
     if result.captured is not None and result.reproduced():
         write_values(args.values, result.captured)
         summary.update(capture_json(result.captured))
+        if keep is not None:
+            _write_kept_call(args, keep, result.captured.kept, result.precision)
     said = (f"{len(summary['results'])} results captured into {args.values}\n" if "results" in summary else
             f"step {step} does not replay as recorded: nothing captured\n")
     print_result(args, summary, said)
     return 0 if result.reproduced() else 1
+
+
+def _kept_call(args: argparse.Namespace) -> Any:
+    """--operands-of as the call to keep (an op_capture.OpKey; None without it);
+    --operands-dir must be a path to make."""
+    import os
+
+    from .tracing.op_repro import key_of
+
+    if args.operands_of is None:
+        if args.operands_dir is not None or args.script is not None:
+            raise UsageError("--operands-dir and --script go with --operands-of (the call to write)")
+        return None
+    try:
+        keep = key_of(args.operands_of)
+    except ValueError:
+        raise UsageError('--operands-of: give {"op": MODULE, "phase": P, "tensor": ATEN, "occurrence": N} '
+                         "as bisect's --json names the op") from None
+    if args.operands_dir is None or os.path.exists(args.operands_dir) or \
+            not os.path.isdir(os.path.dirname(os.path.abspath(args.operands_dir))):
+        raise UsageError(f"--operands-dir: '{args.operands_dir}' exists or has no parent directory; name a new "
+                         "directory")
+    return keep
+
+
+def _write_kept_call(args: argparse.Namespace, keep: Any, kept: Any, precision: str) -> None:
+    """The kept call (an op_capture.KeptCall, None where the step ran no such call) into
+    --operands-dir (tracing/op_repro.py), the script at --script."""
+    from .tracing.op_repro import NotWritable, write_call, write_script
+
+    if kept is None:
+        raise UsageError(f"--operands-of: step {args.step} of {args.receipt} ran no judged {keep.tensor} in "
+                         f"{keep.op} ({keep.phase}) at occurrence {keep.occurrence}")
+    try:
+        write_call(args.operands_dir, kept, {"precision": precision})
+    except NotWritable as e:
+        raise UsageError(f"{keep.tensor} in {keep.op}: {e}") from None
+    if args.script is not None:
+        write_script(args.script)
 
 
 def rerun(args: argparse.Namespace) -> int:

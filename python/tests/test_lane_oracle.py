@@ -189,7 +189,8 @@ def test_bisect_replays_lanes_from_their_pack_and_never_calls_a_fault_rounding(h
     assert op is not None and "blocks.1.attn.proj forward aten.where.self" in op["other"], op
     verdict = report["oracle"]["verdict"]
     assert verdict.startswith("not a question of rounding: the runs run different ops here"), verdict
-    # repro writes a harness engine's op so far: a lane's receipt is refused, saying where its verdict is
+    # repro writes one op (an engine's, a Python canary's aten op): a lane's receipt, judged at
+    # module outputs, is refused, saying where its verdict is
     repro = run_harness(harness_bin, "repro", str(clean), str(nudged), "--out", str(tmp_path / "repro"), check=False)
-    assert repro.returncode == 2 and "a PyTorch lane's receipt; repro writes a harness engine's op" in repro.stderr
+    assert repro.returncode == 2 and "a PyTorch lane's receipt, whose steps are judged at module outputs" in repro.stderr
     assert len(repro.stderr.strip().splitlines()) == 1 and not (tmp_path / "repro").exists(), repro.stderr

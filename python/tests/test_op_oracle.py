@@ -7,6 +7,9 @@ they were recorded (a replay that differed would exit 2)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -99,17 +102,23 @@ def test_sqrt_is_within_the_bound_its_table_entry_gives() -> None:
     assert roundings == 2 and ulps.max() <= 1.0
 
 
-def test_bisect_judges_each_side_of_the_first_divergent_aten_op(harness_bin: Path, tmp_path: Path,
-                                                                small_canary_3_steps) -> None:
+@pytest.fixture(scope="module")
+def nudged_pair(harness_bin: Path, tmp_path_factory: pytest.TempPathFactory, small_canary_3_steps) -> tuple:
+    """small.py's canary clean and with `hidden`'s addmm nudged at step 1, and bisect's
+    --json report of the two: (clean, nudged, report)."""
+    clean = small_canary_3_steps("fp32")  # `canary --steps STEPS` (fp32: the default), conftest's, only read here
+    nudged = tmp_path_factory.mktemp("nudged") / "nudged.h5"
+    run(f"{SMALL}:canary", "--out", str(nudged), "--steps", str(STEPS), "--inject-fault",
+        "step=1,op=hidden:aten.addmm.default,ulps=65536")
+    result = run_harness(harness_bin, "bisect", str(clean), str(nudged), "--json", check=False)
+    assert result.returncode == 1, result.stderr
+    return clean, nudged, json.loads(result.stdout)
+
+
+def test_bisect_judges_each_side_of_the_first_divergent_aten_op(nudged_pair: tuple) -> None:
     """A Python canary against its own run with one aten op nudged: bisect names that op
     and the oracle says the nudged side is wrong, the clean side within its bound."""
-    clean = small_canary_3_steps("fp32")  # `canary --steps STEPS` (fp32: the default), conftest's, only read here
-    out = tmp_path / "nudged.h5"
-    run(f"{SMALL}:canary", "--out", str(out), "--steps", str(STEPS), "--inject-fault",
-        "step=1,op=hidden:aten.addmm.default,ulps=65536")
-    result = run_harness(harness_bin, "bisect", str(clean), str(out), "--json", check=False)
-    assert result.returncode == 1, result.stderr
-    report = json.loads(result.stdout)
+    report = nudged_pair[2]
     op = report["first_divergent_op"]
     assert (op["name"], op["tensor"], op["phase"]) == ("hidden", "aten.addmm.default", "forward")
     assert op["level"] == "aten", op  # found in aten traces (a replay's): judged op by aten op
@@ -117,6 +126,32 @@ def test_bisect_judges_each_side_of_the_first_divergent_aten_op(harness_bin: Pat
     assert oracle["a"]["judged"] and oracle["a"]["within"], oracle
     assert oracle["b"]["judged"] and not oracle["b"]["within"] and oracle["b"]["worst_index"] == 0, oracle
     assert oracle["verdict"].startswith("B exceeds its bound by") and oracle["verdict"].endswith("B's op is wrong")
+
+
+def test_repro_runs_the_divergent_aten_op_again_without_the_harness(harness_bin: Path, tmp_path: Path,
+                                                                    nudged_pair: tuple) -> None:
+    """`harness repro` of the pair: repro.py, run in a fresh interpreter (-I, from /, no
+    PYTHONPATH: no import of the package), prints each side's error at the oracle's element
+    as bisect printed it; the op run again from the clean side's operands gives the clean
+    side's bits (its layout too: the linear's transposed weight), from the nudged side's
+    operands a result within the clean bound, not the recorded one (the nudge was no kernel's)."""
+    clean, nudged, report = nudged_pair
+    out = tmp_path / "repro"
+    result = run_harness(harness_bin, "repro", str(clean), str(nudged), "--out", str(out))
+    assert "hidden forward at step 1 (aten.addmm.default)" in result.stdout
+    call = json.loads((out / "a" / "call.json").read_text())
+    assert call["op"] == "aten.addmm.default" and call["args"][2]["stride"] == [1, 16], call  # w.t() as addmm saw it
+    ran = subprocess.run([sys.executable, "-I", str(out / "repro.py")], cwd="/", env={"PATH": os.environ["PATH"]},
+                         capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    printed = json.loads(ran.stdout)
+    for side in ("a", "b"):
+        assert printed["sides"][side]["recorded"]["error_ulps_at_oracle_element"] == pytest.approx(
+            report["oracle"][side]["error_ulps"], rel=1e-12)
+    assert printed["sides"]["a"]["rerun"]["equals_recorded"]
+    rerun_b = printed["sides"]["b"]["rerun"]
+    assert not rerun_b["equals_recorded"] and rerun_b["error_ulps_at_oracle_element"] <= report["oracle"]["b"]["bound_ulps"]
+    assert printed["sides"]["a"]["from_other_side"]["max_ulps"] == pytest.approx(65536, rel=1e-3)
 
 
 def test_bisect_judges_the_call_that_diverged_not_the_first_of_its_kind(harness_bin: Path, tmp_path: Path) -> None:
@@ -156,3 +191,14 @@ def test_a_bool_operand_is_captured_not_a_crash() -> None:
     adds = [r for r in captured.results if r.aten == "aten.add.Tensor" and r.phase == "forward"]
     assert adds and np.all(np.abs(adds[0].got - adds[0].exact) <= 2 ** -24 * adds[0].magnitude)
     assert not any("not recomputed" in name for name in captured.not_judged), captured.not_judged
+
+
+def test_repro_refuses_a_python_canarys_run_against_an_engines_and_writes_nothing(harness_bin: Path, tmp_path: Path,
+                                                                                  nudged_pair: tuple) -> None:
+    engine = tmp_path / "tiny.h5"
+    run_harness(harness_bin, "run", "--canary", "tiny", "--steps", "2", "--out", str(engine))
+    out = tmp_path / "repro"
+    result = run_harness(harness_bin, "repro", str(nudged_pair[0]), str(engine), "--out", str(out), check=False)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "a Python canary's run and a harness engine's" in result.stderr
+    assert not out.exists() and not (tmp_path / "repro.repro-partial").exists()

@@ -2,7 +2,8 @@
 # docs/oracle.md run as written, on tiny: the clean steps of cpu-ref and accel bf16 within
 # their bounds, the nudged op named and nothing else, the same on the own-model example's
 # aten ops, a PyTorch lane of tiny within (op by op and at its module outputs) and replayed
-# from its pack, bf16 over fp32's bounds, bisect's verdict and repro.py's numbers, and each
+# from its pack, bf16 over fp32's bounds, bisect's verdict and repro.py's numbers (a harness
+# engine's op and a Python canary's aten op, run again by torch), and each
 # ATen capability's exp, log, tanh, erf, GELU and SiLU within what the oracle's bounds take. Release builds only (tests/CMakeLists.txt): cli.precision
 # runs the same code on micro under the sanitizers.
 source "$(dirname "$0")/lib.sh"
@@ -26,6 +27,9 @@ grep -q '^over        blocks.1.attn attention_forward att: .* x its fp32 bound' 
 [ "$(grep -c '^exit 1$' "$WORK/page.out")" = 5 ] || fail "the page's over verdicts did not exit 1: $(cat "$WORK/page.out")"
 grep -q "^oracle      B exceeds its bound by .*x: B's op is wrong$" "$WORK/page.out" || fail "the page's bisect: $(cat "$WORK/page.out")"
 grep -Eq '"error_ulps_at_oracle_element": 1048[0-9]{3}\.' "$WORK/page.out" || fail "the page's repro.py: $(cat "$WORK/page.out")"
+grep -Eq '"error_ulps_at_oracle_element": 6553[0-9]\.' "$WORK/page.out" &&
+  grep -q '"equals_recorded": false' "$WORK/page.out" && grep -q '"equals_recorded": true' "$WORK/page.out" ||
+  fail "the page's repro.py of a Python canary's aten op: $(cat "$WORK/page.out")"
 
 # bench/libm_accuracy.py under each ATen capability: within what the oracle's bounds take,
 # read from engines/numerics/function_bounds.h (kStackExpUlps, kStackLogUlps in ulps;

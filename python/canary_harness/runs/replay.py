@@ -25,7 +25,7 @@ import torch
 
 from ..tracing.aten_trace import AtenTracer
 from ..tracing.module_capture import ModuleCapture
-from ..tracing.op_capture import OpCapture, StepCapture
+from ..tracing.op_capture import OpCapture, OpKey, StepCapture
 from ..cli.lane_args import device_of, parse_lane_fault
 from ..pack import PackError
 from .canary import CanaryError, LoadedCanary, canonical_json, load_canary, stateful_objects
@@ -278,12 +278,14 @@ def _resume(reader: ReceiptReader, record: _Record, loaded: LoadedCanary, loop: 
 
 
 def replay(path: str, from_step: int, to_step: Optional[int] = None, trace: str = "none",
-           capture_ops: bool = False, pack: Optional[str] = None, capture_level: Optional[str] = None) -> ReplayResult:
+           capture_ops: bool = False, pack: Optional[str] = None, capture_level: Optional[str] = None,
+           keep: Optional[OpKey] = None) -> ReplayResult:
     """Replays the receipt at `path` from the checkpoint at or before from_step up to to_step
     (default: its last recorded step) and compares every replayed step (module docstring).
     capture_ops: the last step's ops captured for the op oracle (result.captured), at
     capture_level `aten` (tracing/op_capture.py) or `modules` (tracing/module_capture.py;
-    the default on XLA and under --compile, whose aten ops run in compiled graphs). pack: the canary pack a
+    the default on XLA and under --compile, whose aten ops run in compiled graphs), the aten
+    call `keep` kept whole (result.captured.kept; `harness repro`'s). pack: the canary pack a
     PyTorch lane's receipt was run from."""
     with ReceiptReader(path) as reader:
         recipe = _recipe(reader, pack)
@@ -307,7 +309,7 @@ def replay(path: str, from_step: int, to_step: Optional[int] = None, trace: str 
                                 f"was recorded and is at {now} now")
         loop = CanaryLoop(loaded, options, device)
         tracer = AtenTracer(loaded.canary.model, loaded.canary.optimizer) if trace == "aten" else None
-        capture = (None if level is None else OpCapture(loaded.canary.model, loaded.canary.optimizer)
+        capture = (None if level is None else OpCapture(loaded.canary.model, loaded.canary.optimizer, keep)
                    if level == "aten" else ModuleCapture(loaded.canary.model, autocast=options.precision != "fp32"))
         try:
             _replay_steps(reader, loaded, loop, tracer, result, capture)

@@ -36,6 +36,10 @@ as not judged, by aten op, never counted as within.
 
 Cost: a clone of every judged op's operands and result on the device during the step and
 a float64 recomputation after it: a diagnosis of one step, never a recording.
+
+One call may be kept whole (`OpCapture(keep=OpKey(...))`, what `harness repro` asks for):
+its operands and result as the op saw them, on their device, in StepCapture.kept, for
+tracing/op_repro.py to write.
 """
 
 from __future__ import annotations
@@ -236,13 +240,35 @@ class CapturedResult:
     terms: Dict[str, np.ndarray] = field(default_factory=dict, repr=False)  # further terms its kind's bound reads
 
 
+class OpKey(NamedTuple):
+    """One traced output of a step, as bisect names it: the module it ran in, its phase, its
+    trace column (the aten overload) and its place among the step's outputs of those three."""
+
+    op: str
+    phase: str
+    tensor: str
+    occurrence: int
+
+
+class KeptCall(NamedTuple):
+    """A judged call kept whole: the op, its operands cloned just before it ran and its result
+    just after (on their device, in their formats)."""
+
+    func: Any
+    args: Tuple[Any, ...]
+    kwargs: Dict[str, Any]
+    result: torch.Tensor
+
+
 @dataclass
 class StepCapture:
     """What one step's capture holds: the judged results in execution order, and the aten
-    ops with floating-point results it does not judge, with their counts."""
+    ops with floating-point results it does not judge, with their counts; the call asked
+    to be kept, where the step ran it and it was judged."""
 
     results: List[CapturedResult] = field(default_factory=list)
     not_judged: Dict[str, int] = field(default_factory=dict)
+    kept: Optional[KeptCall] = None
 
 
 def clone(value: Any) -> Any:
@@ -275,8 +301,10 @@ class OpCapture:
     """Captures the aten ops of one training step of `model` (module docstring): `with
     capture.step():` around the whole step, then finish() for what it saw."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, keep: Optional[OpKey] = None) -> None:
         self.phases = StepPhases(model, optimizer)
+        self._keep = keep
+        self._kept: Optional[KeptCall] = None
         self._pending: List[Tuple[Any, Arithmetic, Any, torch.Tensor, str, str, str, int]] = []
         self._not_judged: Dict[str, int] = {}
         self._occurrences: Dict[Tuple[str, str, str], int] = {}
@@ -303,8 +331,10 @@ class OpCapture:
         elif result.device.type != "cpu":  # ARITHMETIC's counts are those of torch's CPU kernels
             self._not_judging(f"{func} (on {result.device.type})")
         else:
-            self._pending.append((func, arithmetic, before, result.detach().clone(), op, phase, user_site(),
-                                  occurrence[0]))
+            kept = result.detach().clone()
+            self._pending.append((func, arithmetic, before, kept, op, phase, user_site(), occurrence[0]))
+            if self._keep == OpKey(op, phase, outputs[0][0], occurrence[0]):
+                self._kept = KeptCall(func, *before, kept)
 
     def step(self) -> "_CapturedStep":
         return _CapturedStep(self)
@@ -318,8 +348,8 @@ class OpCapture:
                 self._results.append(_recompute(func, arithmetic, args, kwargs, result, op, occurrence, phase, site))
             except (RuntimeError, TypeError, ValueError) as e:  # an operand the float64 copy cannot take
                 self._not_judging(f"{func} (not recomputed: {type(e).__name__})")
-        capture = StepCapture(self._results, dict(sorted(self._not_judged.items())))
-        self._results, self._not_judged, self._occurrences = [], {}, {}
+        capture = StepCapture(self._results, dict(sorted(self._not_judged.items())), self._kept)
+        self._results, self._not_judged, self._occurrences, self._kept = [], {}, {}, None
         return capture
 
     def close(self) -> None:
