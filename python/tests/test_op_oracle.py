@@ -154,12 +154,37 @@ def test_repro_runs_the_divergent_aten_op_again_without_the_harness(harness_bin:
     assert printed["sides"]["a"]["from_other_side"]["max_ulps"] == pytest.approx(65536, rel=1e-3)
 
 
-def test_bisect_judges_the_call_that_diverged_not_the_first_of_its_kind(harness_bin: Path, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def example_clean(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The own-model example (examples/own-model: GPT-2 style, AdamW, gradient clipping), 2 steps."""
+    out = tmp_path_factory.mktemp("example") / "clean.h5"
+    run(f"{EXAMPLE}:small", "--out", str(out), "--steps", "2")
+    return out
+
+
+# What the example's step runs that ARITHMETIC's later entries judge: its masks and clamps,
+# the embedding's and the loss's backward, clip_grad_norm_'s 2-norms, AdamW's lerp (torch 2.x).
+LATER_ENTRIES = {"aten.masked_fill.Scalar", "aten.clamp.default", "aten.embedding_dense_backward.default",
+                 "aten.nll_loss_backward.default", "aten.norm.ScalarOpt_dim", "aten.linalg_vector_norm.default",
+                 "aten.lerp_.Scalar"}
+
+
+def test_the_example_models_clean_step_is_within_with_its_masks_clipping_and_moments_judged(
+        harness_bin: Path, example_clean: Path) -> None:
+    code, report = precision_report(harness_bin, example_clean, 1)
+    assert code == 0 and report["over"] == [], report["over"]
+    judged = {j["op"] for j in report["judged"]}
+    assert {"aten.masked_fill.Scalar", "aten.embedding_dense_backward.default", "aten.nll_loss_backward.default"} <= judged
+    assert judged & {"aten.norm.ScalarOpt_dim", "aten.linalg_vector_norm.default"}, judged  # by torch's clip_grad_norm_
+    assert not LATER_ENTRIES & set(report["not_judged"]), report["not_judged"]
+
+
+def test_bisect_judges_the_call_that_diverged_not_the_first_of_its_kind(harness_bin: Path, tmp_path: Path,
+                                                                      example_clean: Path) -> None:
     """The own-model example's attention runs two bmm (q @ k^T, then att @ v); the second
     nudged: bisect's oracle judges that call (its place among the module's bmm outputs),
     where the first call, clean on both sides, would say "rounding"."""
-    clean, nudged = tmp_path / "clean.h5", tmp_path / "nudged.h5"
-    run(f"{EXAMPLE}:small", "--out", str(clean), "--steps", "2")
+    clean, nudged = example_clean, tmp_path / "nudged.h5"
     run(f"{EXAMPLE}:small", "--out", str(nudged), "--steps", "2", "--inject-fault",
         "step=1,op=h.0.attn:aten.bmm.default#2,ulps=65536")
     result = run_harness(harness_bin, "bisect", str(clean), str(nudged), "--json", check=False)

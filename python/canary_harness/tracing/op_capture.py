@@ -18,13 +18,15 @@ captures. This module says, per aten op, what its arithmetic is:
 - `gelu_tanh`, `gelu_erf`: GELU's two forms (its `approximate` argument), tanh or erf at
   the stacks' measured worst case, the input, the exact argument and f of it written beside;
 - `silu`: SiLU within the stacks' measured relative error;
-- `sum`: a sum of n terms (sum; mean as n + 1: its division is one more rounding);
+- `sum`: a sum of n terms (sum; mean as n + 1: its division is one more rounding; the
+  embedding's gradient, each row a sum over its index's occurrences);
 - `rounded`: a few roundings of exact operations (add, sub, mul, div, reciprocal: one; sqrt
-  two, as measured;
-  addcmul and addcdiv: two; a conversion, copy, gather or fill: none, as the exact value is
-  then the result's own value rounded to its format, which the harness adds for a narrower
-  format), with one more for each scaling by alpha or value other than 1 and for each operand
-  the op must round to fp32 first (a float64 tensor, a Python float fp32 does not hold).
+  two, as measured; addcmul and addcdiv: two; lerp four, of |self| + |end| + (|w| + |1 - w|)
+  |end - self|; nll_loss's backward two; the 2-norm n + 2 of |y|; a conversion, copy,
+  gather, fill, masked fill or clamp: none, as the exact value is then the result's own
+  value rounded to its format, which the harness adds for a narrower format), with one more
+  for each scaling by alpha or value other than 1 and for each operand the op must round to
+  fp32 first (a float64 tensor, a Python float fp32 does not hold).
 
 Results in bf16 are computed by torch's CPU kernels in
 fp32 and rounded once to their format (the counts here are those of the CPU kernels: a
@@ -71,6 +73,7 @@ class Arithmetic(NamedTuple):
     magnitude: Callable[[Any, Tuple[Any, ...], Dict[str, Any], torch.Tensor], torch.Tensor]
     terms: Optional[Callable[[Tuple[Any, ...], Dict[str, Any]], Dict[str, torch.Tensor]]] = None
     kind_of: Optional[Callable[[Dict[str, Any]], str]] = None  # where the call's arguments choose the kind
+    applies: Optional[Callable[[Tuple[Any, ...], Dict[str, Any]], bool]] = None  # where they choose whether it is
 
 
 def _absolute(value: Any) -> Any:
@@ -138,6 +141,47 @@ def _gelu_approximate(kwargs: Dict[str, Any]) -> str:
     return kwargs.get("approximate", "none")
 
 
+def _lerp_magnitude(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], exact: torch.Tensor) -> torch.Tensor:
+    """|self| + |end| + (|w| + |1 - w|) |end - self|: the terms either form of torch's CPU
+    kernel rounds (self + w (end - self) below w = 1/2, end - (1 - w) (end - self) above)."""
+    start, end, weight = args[0], args[1], args[2]
+    spread = (end - start).abs()
+    return (start.abs() + end.abs() + (_absolute(weight) + _absolute(1 - weight)) * spread).expand_as(exact)
+
+
+# Tensor ** exponent: the roundings of the exponents torch's CPU kernel computes by multiplies.
+POW_ROUNDINGS = {2: 1, 3: 2, -1: 1}
+
+
+def _pow_by_multiplies(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> bool:
+    """Whether the call is pow.Tensor_Scalar of an exponent POW_ROUNDINGS holds. Not x^3 of a
+    bf16 tensor: torch's kernel rounds x x to bf16 before the last multiply (on 1.13 and 2.9,
+    a quarter of the results differ from x^3 rounded once), so its arithmetic is not fp32's."""
+    if len(args) < 2 or not isinstance(args[1], (int, float)) or isinstance(args[1], bool):
+        return False  # pow.Scalar, pow.Tensor_Tensor
+    return args[1] in POW_ROUNDINGS and not (args[1] == 3 and args[0].dtype != torch.float32)
+
+
+def _two_norm(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> bool:
+    """Whether a norm's order (p of norm, ord of linalg_vector_norm; default 2) is 2."""
+    order = args[1] if len(args) > 1 else kwargs.get("p", kwargs.get("ord", 2))
+    return order is None or order == 2
+
+
+def _embedding_backward_magnitude(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any],
+                                  exact: torch.Tensor) -> torch.Tensor:
+    """sum |g| over each row's occurrences: the op on |grad|, its indices as they are."""
+    return func(args[0].abs(), *args[1:], **kwargs)
+
+
+def _most_occurrences(args: Tuple[Any, ...], kwargs: Dict[str, Any], exact: torch.Tensor) -> int:
+    """The terms of the longest sum: the most occurrences of one index (one more rounding
+    each where the gradient is scaled by its index's frequency first)."""
+    indices = args[1].reshape(-1)
+    most = int(torch.bincount(indices).max()) if indices.numel() else 0
+    return most + (1 if args[4] else 0)
+
+
 def _softmax_size(args: Tuple[Any, ...], kwargs: Dict[str, Any], exact: torch.Tensor) -> int:
     return int(args[0].shape[args[1]])
 
@@ -191,8 +235,32 @@ ARITHMETIC: Dict[str, Arithmetic] = {
     "aten::_to_copy": _EXACT, "aten::clone": _EXACT, "aten::copy_": _EXACT, "aten::_unsafe_view": _EXACT,
     "aten::cat": _EXACT, "aten::stack": _EXACT, "aten::embedding": _EXACT, "aten::neg": _EXACT,
     "aten::zero_": _EXACT, "aten::zeros": _EXACT, "aten::ones_like": _EXACT, "aten::fill_": _EXACT,
+    "aten::masked_fill": _EXACT, "aten::masked_fill_": _EXACT, "aten::scalar_tensor": _EXACT,
+    "aten::slice_backward": _EXACT,
+    # Chosen, never computed: a bound a Python float fp32 does not hold is one rounding.
+    "aten::clamp": _EXACT, "aten::clamp_": _EXACT, "aten::clamp_min": _EXACT, "aten::clamp_max": _EXACT,
+    "aten::where": _EXACT, "aten::relu": _EXACT, "aten::relu_": _EXACT, "aten::threshold_backward": _EXACT,
+    # x^2 and 1/x one rounding, x^3 two (x x x), as torch's CPU kernel computes them (measured
+    # over every fp32 of two binades: 1.0, 1.0 and 1.98 u); rsqrt two (1.5 u measured).
+    "aten::pow": Arithmetic("rounded", lambda args, kwargs, exact: POW_ROUNDINGS[args[1]], _exact_magnitude,
+                            applies=_pow_by_multiplies),
+    "aten::rsqrt": Arithmetic("rounded", _rounded(2), _exact_magnitude),
+    # AdamW's first moment (torch 2.x): a difference, a scaling and a sum, in either form.
+    "aten::lerp": Arithmetic("rounded", _rounded(4), _lerp_magnitude),
+    "aten::lerp_": Arithmetic("rounded", _rounded(4), _lerp_magnitude),
+    # The 2-norm (gradient clipping's): n squares summed, then sqrt (two roundings, as sqrt's
+    # entry): the sum within gamma_n, sqrt halving it, gamma_{n+2} |y| in all (Higham, Lemma 3.3).
+    "aten::norm": Arithmetic("rounded", _summed(2), _exact_magnitude, applies=_two_norm),
+    "aten::linalg_vector_norm": Arithmetic("rounded", _summed(2), _exact_magnitude, applies=_two_norm),
+    # The embedding's gradient: each row a sum of the gradients of its index's occurrences.
+    "aten::embedding_dense_backward": Arithmetic("sum", _most_occurrences, _embedding_backward_magnitude),
+    # -g w_t / total_weight at each row's target (0 elsewhere): a division, or a multiply by
+    # its reciprocal, and the weight's product.
+    "aten::nll_loss_backward": Arithmetic("rounded", _rounded(2), _exact_magnitude),
     # Its exp at the stacks' measured worst case (engines/numerics/function_bounds.h).
     "aten::_softmax": Arithmetic("softmax", _softmax_size, _exact_magnitude, _softmax_terms),
+    # torch 2.5's softmax for attention masks: a row wholly masked is 0s (exact), else _softmax.
+    "aten::_safe_softmax": Arithmetic("softmax", _softmax_size, _exact_magnitude, _softmax_terms),
     "aten::_softmax_backward_data": Arithmetic("dot", _softmax_backward_count, _softmax_backward_magnitude),
     # At the stacks' measured worst case (engines/numerics/function_bounds.h); count 1, the
     # function's one evaluation.
@@ -203,12 +271,16 @@ ARITHMETIC: Dict[str, Arithmetic] = {
 }
 
 
-def arithmetic_of(func: Any, kwargs: Dict[str, Any]) -> Optional[Arithmetic]:
+def arithmetic_of(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional[Arithmetic]:
     """The op's entry in ARITHMETIC; None for an op it does not describe, an out= overload, a
-    division that rounds to an integer (rounding_mode)."""
+    division that rounds to an integer (rounding_mode), a call its entry does not apply to
+    (a norm of another order than 2)."""
     if any(a.is_out for a in func._schema.arguments) or kwargs.get("rounding_mode") is not None:
         return None
-    return ARITHMETIC.get(func._schema.name)
+    arithmetic = ARITHMETIC.get(func._schema.name)
+    if arithmetic is None or (arithmetic.applies is not None and not arithmetic.applies(args, kwargs)):
+        return None
+    return arithmetic
 
 
 def _rounded_to_fp32(value: Any) -> bool:
@@ -290,7 +362,7 @@ class _Mode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        arithmetic = arithmetic_of(func, kwargs)
+        arithmetic = arithmetic_of(func, args, kwargs)
         before = tree_map(clone, (args, kwargs)) if arithmetic is not None else None
         out = func(*args, **kwargs)
         self.capture._seen(func, arithmetic, before, out)

@@ -1,0 +1,113 @@
+"""ARITHMETIC's counts and magnitudes (tracing/op_capture.py) against this torch's CPU kernels,
+on randomized and adversarial inputs: each op's fp32 result is within the bound its entry
+gives (gamma_count times its magnitude for `rounded`, gamma_{count-1} for `sum`: the
+harness's rounding_bounds.h, restated here as the test's oracle), and the same op computed
+through bf16 is over it (the bound bites). The harness's own judging of these ops on a
+whole step is test_op_oracle.py's."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Tuple
+
+import pytest
+import torch
+from torch.utils._pytree import tree_map
+
+from canary_harness.tracing.op_capture import arithmetic_of, float64_on_cpu
+
+aten = torch.ops.aten
+U = 2.0 ** -24  # fp32's unit roundoff
+
+
+def gamma(n: int) -> float:
+    return n * U / (1 - n * U)
+
+
+def _randn(*shape: int, seed: int, scale: float = 1.0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale
+
+
+def _lerp(seed: int) -> Tuple[Any, tuple, dict]:
+    """A moment update near cancellation: end close to self, the weight either side of 1/2."""
+    start = _randn(4096, seed=seed)
+    end = start + _randn(4096, seed=seed + 1, scale=1e-3)
+    return aten.lerp_.Scalar, (start, end, (0.1, 0.5, 0.9, 0.999)[seed % 4]), {}
+
+
+def _norm(seed: int) -> Tuple[Any, tuple, dict]:
+    x = _randn(1 << (10 + seed % 10), seed=seed, scale=10.0 ** (seed % 5 - 2))
+    if seed % 2:
+        return aten.linalg_vector_norm.default, (x,), {}
+    return aten.norm.ScalarOpt_dim, (x.reshape(32, -1), 2, [1]), {}
+
+
+def _embedding_backward(seed: int) -> Tuple[Any, tuple, dict]:
+    """Many occurrences of few indices: long sums per row."""
+    indices = torch.randint(0, 5, (64, 33), generator=torch.Generator().manual_seed(seed))
+    return aten.embedding_dense_backward.default, (_randn(64, 33, 16, seed=seed), indices, 7, -1, bool(seed % 2)), {}
+
+
+def _pow(seed: int) -> Tuple[Any, tuple, dict]:
+    """Every mantissa of a binade (its exponent's parity by seed) to the kernel's multiply exponents."""
+    binade = torch.arange(1 << 23, dtype=torch.int32) + ((127 + seed % 2 - 8 * (seed // 2)) << 23)
+    return aten.pow.Tensor_Scalar, (binade.view(torch.float32), (2, 3, -1)[seed // 2]), {}
+
+
+def _rsqrt(seed: int) -> Tuple[Any, tuple, dict]:
+    binade = torch.arange(1 << 23, dtype=torch.int32) + ((127 + seed % 2 - 20 * (seed // 2)) << 23)
+    return aten.rsqrt.default, (binade.view(torch.float32),), {}
+
+
+# Each case's calls by seed, and how many seeds (pow: 3 exponents x 2 parities; rsqrt: 2 ranges x 2).
+CALLS: Dict[str, Tuple[Callable[[int], Tuple[Any, tuple, dict]], int]] = {
+    "lerp_": (_lerp, 12), "2-norm": (_norm, 12), "embedding_dense_backward": (_embedding_backward, 12),
+    "pow": (_pow, 6), "rsqrt": (_rsqrt, 4),
+}
+
+
+def _bound(func: Any, args: tuple, kwargs: dict) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The op's float64 result and its entry's bound on these operands."""
+    arithmetic = arithmetic_of(func, args, kwargs)
+    assert arithmetic is not None, func
+    args64 = tree_map(float64_on_cpu, args)
+    exact = func(*tree_map(float64_on_cpu, args), **kwargs)
+    count = arithmetic.count(args64, kwargs, exact)
+    magnitude = arithmetic.magnitude(func, args64, kwargs, exact)
+    return exact, (gamma(count) if arithmetic.kind == "rounded" else gamma(count - 1)) * magnitude
+
+
+def _through_bf16(value: Any) -> Any:
+    return value.to(torch.bfloat16).to(torch.float32) if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+
+
+@pytest.mark.parametrize("name", sorted(CALLS))
+def test_each_entry_holds_this_torchs_kernel_and_a_bf16_one_is_over(name: str) -> None:
+    worst, bf16_worst = 0.0, 0.0
+    calls, seeds = CALLS[name]
+    for seed in range(seeds):
+        func, args, kwargs = calls(seed)
+        exact, bound = _bound(func, args, kwargs)
+        got = func(*tree_map(lambda a: a.clone() if isinstance(a, torch.Tensor) else a, args), **kwargs)
+        worst = max(worst, float(((got.double() - exact).abs() / bound.clamp_min(1e-300)).max()))
+        low = func(*tree_map(_through_bf16, args), **kwargs).to(torch.bfloat16)
+        bf16_worst = max(bf16_worst, float(((low.double() - exact).abs() / bound.clamp_min(1e-300)).max()))
+    assert worst <= 1.0, (name, worst)
+    assert bf16_worst > 1.0, (name, bf16_worst)
+
+
+def test_a_norm_of_another_order_is_not_judged() -> None:
+    x = _randn(100, seed=1)
+    assert arithmetic_of(aten.linalg_vector_norm.default, (x, 1), {}) is None
+    assert arithmetic_of(aten.norm.ScalarOpt_dim, (x, 3, [0]), {}) is None
+    assert arithmetic_of(aten.norm.ScalarOpt_dim, (x, None, [0]), {}) is not None  # p None: the 2-norm
+    assert arithmetic_of(aten.pow.Tensor_Scalar, (x, 2.5), {}) is None  # libm's pow: no measured bound
+    assert arithmetic_of(aten.pow.Tensor_Tensor, (x, x), {}) is None
+
+
+def test_a_bf16_cube_is_not_judged_as_fp32_arithmetic() -> None:
+    """torch's bf16 x^3 rounds x x to bf16 before the last multiply (both torches): not the
+    two fp32 roundings its entry counts, so not judged; an fp32 cube and a bf16 square are."""
+    x = _randn(100, seed=2)
+    assert arithmetic_of(aten.pow.Tensor_Scalar, (x.to(torch.bfloat16), 3), {}) is None
+    assert arithmetic_of(aten.pow.Tensor_Scalar, (x, 3), {}) is not None
+    assert arithmetic_of(aten.pow.Tensor_Scalar, (x.to(torch.bfloat16), 2), {}) is not None
