@@ -147,15 +147,21 @@ double rounded_operands_dot_bound(const DotSums& s, OperandRounding a, OperandRo
   return q + (g_run + g * (1 + g_run)) * (s.abs_products + q) + g * s.abs_extra;
 }
 
+double layer_norm_rstd_error(std::int64_t channels, double conditioning) {
+  const double u = precision_traits(Precision::Fp32).unit_roundoff;
+  const std::int64_t C = channels;
+  if (C < 1 || static_cast<double>(8 * C + 15) * u >= 1) return std::numeric_limits<double>::infinity();
+  const double variance = gamma(8 * C + 15, u) * conditioning + gamma(2, u);
+  if (!(variance < 1)) return std::numeric_limits<double>::infinity();
+  return (1 + variance / (2 * (1 - variance))) * (1 + gamma(3, u)) - 1;
+}
+
 double layer_norm_output_bound(const LayerNormTerms& t) {
   const double u = precision_traits(Precision::Fp32).unit_roundoff;
-  const std::int64_t C = t.channels;
-  if (C < 1 || static_cast<double>(8 * C + 15) * u >= 1) return std::numeric_limits<double>::infinity();
-  // 8C + 15 > 2C + 3: every gamma below is defined
-  const double variance = gamma(8 * C + 15, u) * t.conditioning + gamma(2, u);
-  if (!(variance < 1)) return std::numeric_limits<double>::infinity();
-  const double rstd = (1 + variance / (2 * (1 - variance))) * (1 + gamma(3, u)) - 1;
-  const double mean = t.mean_term * gamma(2 * C + 3, u);
+  const double rstd = layer_norm_rstd_error(t.channels, t.conditioning);
+  if (!std::isfinite(rstd)) return std::numeric_limits<double>::infinity();
+  // rstd finite: 8C + 15 > 2C + 3, so gamma_{2C+3} is defined
+  const double mean = t.mean_term * gamma(2 * t.channels + 3, u);
   return t.scaled * rstd + mean * (1 + rstd) + gamma(4, u) * ((t.scaled + mean) * (1 + rstd) + t.offset);
 }
 

@@ -151,5 +151,8 @@ struct LayerNormTerms {
   double offset = 0;          // o
 };
 double layer_norm_output_bound(const LayerNormTerms& terms);
+// e_r above: the relative error of a layer norm's rstd (aten.native_layer_norm's third
+// result) from its row's C and rho; +inf where e_v >= 1 or gamma_{8C+15} is undefined.
+double layer_norm_rstd_error(std::int64_t channels, double conditioning);
 
 }  // namespace harness::numerics

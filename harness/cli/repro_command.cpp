@@ -205,8 +205,6 @@ bool python_canaries(const ReproFlags& f) {
 // What bisect found and what each side's oracle said, or a UsageError saying why there is
 // nothing to reproduce.
 check::Bisection divergence(const ReproFlags& f) {
-  nightly::verify_golden_integrity(f.a);
-  nightly::verify_golden_integrity(f.b);
   const auto traced = [](const check::ReceiptData& run, int step) { return replayed_trace(run, step); };
   const auto judged = [](const check::ReceiptData& run, int step, const check::DivergentOp& op) {
     return judged_op(run, step, op);
@@ -301,6 +299,12 @@ void write_python_side(const std::string& dir, const std::string& side, const st
   const auto manifest = python_receipt_manifest(receipt);
   const run::PythonCommand command = run::python_canary_command("capture-ops", receipt, *manifest, flags);
   const run::PythonJsonResult captured = run::run_python_for_json(command.argv, command.environment);
+  if (captured.child.exit_code() == 1) {  // the step replayed otherwise than recorded: its result says where
+    const nlohmann::json mismatch = captured.result.is_object() ? captured.result.value("first_mismatch", nlohmann::json())
+                                                                : nlohmann::json();
+    throw run::UsageError(fmt::format("{}: a replay does not reproduce step {} ({}); its op cannot be written as it ran",
+                                      receipt, step, mismatch.is_object() ? mismatch.value("what", "?") : "?"));
+  }
   if (!captured.child.exited_zero()) {
     throw run::UsageError(fmt::format("{}: its op could not be written: {}", receipt, run::last_line(captured.child.stderr_tail)));
   }
@@ -354,6 +358,8 @@ int run_repro(const ReproFlags& f) {
   const fs::path out = out_dir(f.out);
   if (fs::exists(out) && !f.force) throw run::UsageError(fmt::format("--out: {} exists; give --force to replace it", f.out));
   const fs::path building = building_dir(out);
+  nightly::verify_golden_integrity(f.a);  // a missing or damaged receipt is named first
+  nightly::verify_golden_integrity(f.b);
   const bool python = python_canaries(f);
   const check::Bisection b = divergence(f);
   std::string name;

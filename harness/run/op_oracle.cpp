@@ -520,7 +520,9 @@ void judge_values(OpJudgement& j, std::span<const double> got, std::span<const d
     const double y = exact[i], e = compute_bound[i];
     // The fp32 result rounded once more where it is stored narrower (docs/oracle.md).
     const double bound = stored == Precision::Fp32 ? e : e + numerics::rounding_bound(std::fabs(y) + e, stored);
-    if (!std::isfinite(y) || !std::isfinite(bound)) {  // non-finite operands, or past the format's range: no bound
+    // Non-finite operands, or an exact value past the format's range (its overflow to inf is
+    // the rounding it has): no bound.
+    if (!std::isfinite(y) || !std::isfinite(bound) || std::fabs(y) > numerics::precision_traits(stored).max_finite) {
       ++j.unbounded;
       continue;
     }

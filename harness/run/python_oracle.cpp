@@ -60,6 +60,18 @@ std::vector<double> layer_norm_bounds(std::int64_t channels, const std::vector<d
   return bound;
 }
 
+// A layer norm's rstd per element (aten.native_layer_norm's third result): its relative
+// error (numerics::layer_norm_rstd_error) from the row's rho, times |r| (`magnitude`).
+std::vector<double> layer_norm_rstd_bounds(std::int64_t channels, const std::vector<double>& magnitude, hid_t file,
+                                           const std::string& group, const std::string& values) {
+  const auto t = read_terms(file, group, {"conditioning"}, magnitude.size(), values, "a layer norm's rstd");
+  std::vector<double> bound(magnitude.size());
+  for (std::size_t i = 0; i < magnitude.size(); ++i) {
+    bound[i] = numerics::layer_norm_rstd_error(channels, t[0][i]) * magnitude[i];
+  }
+  return bound;
+}
+
 // An attention core module's bound per element (numerics::attention_output_bound):
 // `magnitude` is sum_j p_j |v_jc|.
 std::vector<double> attention_bounds(std::int64_t head_size, const std::vector<double>& magnitude, hid_t file,
@@ -139,12 +151,13 @@ std::vector<double> cross_entropy_bounds(std::int64_t classes, std::size_t eleme
 
 // Each element's bound before its result is stored, by the arithmetic capture-ops names:
 // a dot product of `count` terms, a sum of `count` terms, or `count` roundings of an exact
-// value or SiLU (tracing/op_capture.py), all computed in fp32; a softmax's and GELU's (aten)
-// and a layer norm's, an attention core's, SwiGLU's or the loss's (modules) from their
-// terms (tracing/module_capture.py).
+// value or SiLU (tracing/op_capture.py), all computed in fp32; a softmax's, GELU's and a
+// layer norm's rstd (aten) and a layer norm's, an attention core's, SwiGLU's or the loss's
+// (modules, and aten's layer norm output) from their terms (tracing/module_capture.py).
 std::vector<double> compute_bounds(const std::string& kind, std::int64_t count, const std::vector<double>& magnitude,
                                    hid_t file, const std::string& group, const std::string& values) {
   if (kind == "layer_norm") return layer_norm_bounds(count, magnitude, file, group, values);
+  if (kind == "layer_norm_rstd") return layer_norm_rstd_bounds(count, magnitude, file, group, values);
   if (kind == "attention") return attention_bounds(count, magnitude, file, group, values);
   if (kind == "softmax") return softmax_bounds(count, magnitude, file, group, values);
   if (kind == "gelu_tanh") return gelu_bounds(numerics::GeluForm::Tanh, magnitude.size(), file, group, values);
@@ -155,20 +168,27 @@ std::vector<double> compute_bounds(const std::string& kind, std::int64_t count, 
   if (static_cast<double>(count) * u >= 1) {  // gamma_n says nothing there (a sum of 2^24 terms): no bound
     return std::vector<double>(magnitude.size(), std::numeric_limits<double>::infinity());
   }
+  // Each rounding may also lose what gradual underflow does, half a subnormal step (the model
+  // of rounding_bounds.h): a product or quotient that lands below the least normal value.
+  const double underflow = static_cast<double>(count) * numerics::precision_traits(Precision::Fp32).smallest_spacing;
   std::vector<double> bound(magnitude.size());
   for (std::size_t i = 0; i < magnitude.size(); ++i) {
     const double m = magnitude[i];
     if (kind == "dot") {
-      bound[i] = numerics::dot_product_bound(count, m, Precision::Fp32);
+      bound[i] = numerics::dot_product_bound(count, m, Precision::Fp32) + underflow;
     } else if (kind == "sum") {
-      bound[i] = numerics::recursive_sum_bound(count, m, Precision::Fp32);
+      bound[i] = numerics::recursive_sum_bound(count, m, Precision::Fp32) + underflow;
     } else if (kind == "rounded") {
-      bound[i] = count == 0 ? 0.0 : numerics::gamma(count, u) * m;
+      bound[i] = count == 0 ? 0.0 : numerics::gamma(count, u) * m + underflow;
+    } else if (kind == "two_norm") {
+      // n + 2 roundings relative; squares below the least normal lose at most n 2^-150 of
+      // the sum, sqrt(n) 2^-75 of its root, twice that with the relative term's share.
+      bound[i] = numerics::gamma(count, u) * m + 2 * std::sqrt(static_cast<double>(count)) * std::ldexp(1.0, -75);
     } else if (kind == "silu") {
       bound[i] = numerics::silu_output_bound(m, numerics::kStackSiluError);
     } else {
       throw std::runtime_error(
-          fmt::format("{}: a result of arithmetic '{}' (known: dot, sum, rounded, silu, layer_norm, attention, softmax, gelu_tanh, gelu_erf, swiglu, cross_entropy)", values, kind));
+          fmt::format("{}: a result of arithmetic '{}' (known: dot, sum, rounded, two_norm, silu, layer_norm, layer_norm_rstd, attention, softmax, gelu_tanh, gelu_erf, swiglu, cross_entropy)", values, kind));
     }
   }
   return bound;
@@ -192,6 +212,10 @@ OpJudgement judge_result(const nlohmann::json& r, hid_t file, std::size_t index,
   // As a trace names the output: an aten trace by its aten op overload, an op trace (a
   // module's, capture-ops --level modules) by its column, which the capture gives.
   j.tensor = r.value("tensor", j.op);
+  // One of an aten op's several results by its place (`aten.native_layer_norm.default.out2`).
+  if (j.tensor.size() > j.op.size() + 4 && j.tensor.compare(0, j.op.size() + 4, j.op + ".out") == 0) {
+    j.result = j.tensor.substr(j.op.size() + 1);
+  }
   j.operands = r.at("operands").get<std::string>();
   j.source = r.value("site", "");
   j.occurrence = r.value("occurrence", -1);

@@ -1,9 +1,10 @@
 """A kept aten call written by tracing/op_repro.py and run again by its standalone script
 (repro.py, what `harness repro` writes for two Python canaries' runs; docs/oracle.md, "A
 standalone repro"): for calls of every argument form the writer knows (strided and expanded
-operands, bf16 ones, float scalars fp32 does not hold, dtype keywords, tensor lists, an
-in-place op), the script's call gives the recorded result bit for bit, and its float64 call
-is the oracle's recomputation (tracing/op_capture.py's), bit for bit too."""
+operands, column slices, bf16 ones, float scalars fp32 does not hold, dtype keywords, tensor
+lists, an in-place op, one result of several), the script's call gives the recorded result
+bit for bit, and its float64 call is the oracle's recomputation (tracing/op_capture.py's),
+bit for bit too."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ import pytest
 import torch
 from torch.utils._pytree import tree_map
 
-from canary_harness.tracing.op_capture import KeptCall, clone, float64_on_cpu
+from canary_harness.tracing.aten_trace import flat_outputs
+from canary_harness.tracing.op_capture import KeptCall, clone, float64_on_cpu, operand_layout
 from canary_harness.tracing.op_repro import NotWritable, write_call, write_script
 
 aten = torch.ops.aten
@@ -40,7 +42,12 @@ CASES: Dict[str, Callable[[], tuple]] = {
     "cat of a list": lambda: (aten.cat.default, ([_randn(2, 3), _randn(2, 4)], 1), {}),
     "in-place addcdiv": lambda: (aten.addcdiv_.default, (_randn(10), _randn(10), _randn(10).abs() + 1), {"value": -0.01}),
     "sum over a dim list": lambda: (aten.sum.dim_IntList, (_randn(3, 4, 5), [0, 2], True), {}),
+    "sum of a column slice": lambda: (aten.sum.dim_IntList, (_randn(64, 48)[:, 5:37], [0]), {}),
+    "layer norm's rstd, its third result": lambda: (
+        aten.native_layer_norm.default, (_randn(6, 32), [32], _randn(32), _randn(32), 1e-5), {}),
 }
+# The result kept, by its place among the op's outputs, where it has several.
+OUTPUT = {"layer norm's rstd, its third result": 2}
 
 
 def _script(directory: Path) -> ModuleType:
@@ -52,15 +59,17 @@ def _script(directory: Path) -> ModuleType:
     return module
 
 
-def _kept(func: Any, args: tuple, kwargs: Dict[str, Any]) -> KeptCall:
-    before = tree_map(clone, (args, kwargs))
-    return KeptCall(func, *before, func(*args, **kwargs))
+def _kept(func: Any, args: tuple, kwargs: Dict[str, Any], output: Any = None) -> KeptCall:
+    """As op_capture keeps a call: clones of its operands, their layout as the op saw them."""
+    before, layout = tree_map(clone, (args, kwargs)), operand_layout(args, kwargs)
+    out = func(*args, **kwargs)
+    return KeptCall(func, *before, out if output is None else flat_outputs(out)[output], output, layout)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_script_runs_a_written_call_to_its_recorded_bits(tmp_path: Path, case: str) -> None:
     func, args, kwargs = CASES[case]()
-    kept = _kept(func, args, kwargs)
+    kept = _kept(func, args, kwargs, OUTPUT.get(case))
     write_call(str(tmp_path / "a"), kept, {"precision": "fp32"})
     script = _script(tmp_path)
     again = script.run("a", float64=False)
@@ -70,6 +79,7 @@ def test_the_script_runs_a_written_call_to_its_recorded_bits(tmp_path: Path, cas
     # in float64 on the CPU, a dtype keyword float64).
     kwargs64 = {k: (torch.float64 if k == "dtype" else tree_map(float64_on_cpu, v)) for k, v in kept.kwargs.items()}
     exact = func(*tree_map(float64_on_cpu, kept.args), **kwargs64)
+    exact = exact if kept.output is None else flat_outputs(exact)[kept.output]
     assert script.run("a", float64=True).tobytes() == exact.numpy().reshape(-1).tobytes(), case
 
 
@@ -84,8 +94,17 @@ def test_the_call_keeps_the_layout_and_formats_it_ran_in(tmp_path: Path) -> None
     assert np.load(tmp_path / "a" / "result.npy").shape == (5, 8)
 
 
-def test_an_argument_without_a_form_is_refused_and_nothing_is_left_to_run(tmp_path: Path) -> None:
+def test_an_operands_layout_is_the_one_the_op_saw_not_its_clones(tmp_path: Path) -> None:
+    """A clone lays an expanded or sliced operand out anew; call.json keeps the op's strides."""
+    for case, strides in (("add of an expanded operand", [[5, 1], [0, 1]]), ("sum of a column slice", [[48, 1]])):
+        func, args, kwargs = CASES[case]()
+        write_call(str(tmp_path / case), _kept(func, args, kwargs), {"precision": "fp32"})
+        call = json.loads((tmp_path / case / "call.json").read_text())
+        assert [a["stride"] for a in call["args"] if isinstance(a, dict) and "tensor" in a] == strides, case
+
+
+def test_an_argument_without_a_form_is_refused_and_nothing_is_left(tmp_path: Path) -> None:
     kept = KeptCall(aten.mul.Tensor, (_randn(3), object()), {}, _randn(3))
     with pytest.raises(NotWritable, match="an argument of type object"):
         write_call(str(tmp_path / "a"), kept, {"precision": "fp32"})
-    assert not (tmp_path / "a" / "call.json").exists()
+    assert list(tmp_path.iterdir()) == []  # no directory, no operand file

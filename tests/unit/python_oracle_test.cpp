@@ -5,6 +5,7 @@
 #include "python_oracle.h"
 
 #include <cmath>
+#include <limits>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -75,6 +76,30 @@ TEST(PythonOracle, EachArithmeticIsHeldToItsBoundExactly) {
     EXPECT_TRUE(j.below.empty());
   }
   EXPECT_EQ(report.not_judged.at("aten.gelu.default"), 2);
+}
+
+// Gradual underflow: each rounding of a result below the least normal value may lose half a
+// subnormal step (an AdamW moment decaying into subnormals, a square that underflows), and a
+// 2-norm's squares lose up to n 2^-150 of its sum; an exact value past fp32's range is
+// unbounded (its overflow to inf is its rounding), not infinitely over.
+TEST(PythonOracle, UnderflowLosesASubnormalStepPerRoundingAndOverflowIsUnbounded) {
+  const testing::ScratchDir dir;
+  const double step = std::ldexp(1.0, -149);  // fp32's least subnormal
+  const double tiny = 1e-40;                  // a norm of values whose squares all underflow
+  const std::vector<Captured> results = {
+      {"rounded", 4, "fp32", {0.0, 5 * step}, {1.5 * step, 0.0}, {1.5 * step, 0.0}},  // lost 1.5 steps; 5 more than 4
+      {"two_norm", 102, "fp32", {0.0, 0.0}, {tiny, 1e-20}, {tiny, 1e-20}},             // 1e-20 is past 2 sqrt(102) 2^-75
+      {"rounded", 1, "fp32", {std::numeric_limits<double>::infinity()}, {1e39}, {1e39}},
+  };
+  const std::string values = dir.path("values.h5");
+  const OracleReport report = judge_captured_step(write_capture(values, results), values, Precision::Fp32);
+  ASSERT_EQ(report.judged.size(), 3u);
+  EXPECT_EQ(report.judged[0].over, 1);
+  EXPECT_EQ(report.judged[0].worst_index, 1);
+  EXPECT_EQ(report.judged[1].over, 1);
+  EXPECT_EQ(report.judged[1].worst_index, 1);
+  EXPECT_EQ(report.judged[2].over, 0);
+  EXPECT_EQ(report.judged[2].unbounded, 1);
 }
 
 TEST(PythonOracle, ABf16ResultIsBelowAnFp32RunAndWithinABf16One) {

@@ -885,7 +885,12 @@ Moments combine(const Moments& a, const Moments& b) {
   return {a.mean + delta * share, a.m2 + b.m2 + delta * delta * a.count * share, count};
 }
 
-std::vector<float> layer_norm_fp32(const LayerNormRow& row, LayerNormKernel kernel) {
+// A row's mean and rstd as the kernel computes them.
+struct RowMoments {
+  float mean = 0, rstd = 0;
+};
+
+RowMoments moments_fp32(const LayerNormRow& row, LayerNormKernel kernel) {
   const std::size_t C = row.x.size();
   const float n = static_cast<float>(C);
   float mean = 0, variance = 0;
@@ -909,6 +914,12 @@ std::vector<float> layer_norm_fp32(const LayerNormRow& row, LayerNormKernel kern
   }
   float rstd = 1.0f / std::sqrt(variance + kLayerNormEps);
   if (kernel == LayerNormKernel::FastRstd) rstd = rstd * (1.0f + 0x1p-12f);
+  return {mean, rstd};
+}
+
+std::vector<float> layer_norm_fp32(const LayerNormRow& row, LayerNormKernel kernel) {
+  const std::size_t C = row.x.size();
+  const auto [mean, rstd] = moments_fp32(row, kernel);
   std::vector<float> y(C);
   const float shift = -rstd * mean;
   for (std::size_t c = 0; c < C; ++c) {
@@ -994,7 +1005,63 @@ TEST(LayerNormOutputBound, AnRstdRightTo12BitsIsOutside) {
   }
 }
 
+// The row's exact mean, mean |x|, rstd and rho (double-double sums).
+struct ExactMoments {
+  double mean, mean_abs, rstd, conditioning;
+};
+
+ExactMoments exact_moments(const LayerNormRow& row) {
+  const double C = static_cast<double>(row.x.size());
+  DoubleDouble sum, sum_abs, squares;
+  for (float v : row.x) sum.add(v), sum_abs.add(std::fabs(static_cast<double>(v))), squares.add(static_cast<double>(v) * v);
+  const double mu = sum.value() / C;
+  DoubleDouble deviations;
+  for (float v : row.x) deviations.add((static_cast<double>(v) - mu) * (static_cast<double>(v) - mu));
+  const double variance = deviations.value() / C, eps = static_cast<double>(kLayerNormEps);
+  return {mu, sum_abs.value() / C, 1.0 / std::sqrt(variance + eps), (squares.value() / C + mu * mu) / (variance + eps)};
+}
+
+// aten.native_layer_norm's mean and rstd (judged at the aten level as the output is): every
+// kernel's within gamma_{2C+3} A and layer_norm_rstd_error's relative error on every row
+// shape and width; a fast-math rstd (2^-12 off) is outside on centred rows of the
+// canaries' widths.
+TEST(LayerNormRstdError, EveryKernelsMeanAndRstdAreWithinAndAFastRstdIsNot) {
+  const double u = precision_traits(Precision::Fp32).unit_roundoff;
+  std::ostringstream tightness;
+  tightness.precision(3);
+  for (RowShape shape : kAllRowShapes) {
+    for (std::int64_t C : kLayerNormWidths) {
+      WorstRatio worst;
+      for (LayerNormKernel kernel : {LayerNormKernel::TwoPass, LayerNormKernel::SumOfSquares, LayerNormKernel::Welford,
+                                     LayerNormKernel::ChunkedWelfordTorchOutput}) {
+        for (std::uint64_t trial = 0; trial < kTrials; ++trial) {
+          const LayerNormRow row = draw_row(shape, C, trial);
+          const ExactMoments exact = exact_moments(row);
+          const RowMoments got = moments_fp32(row, kernel);
+          const double rstd_bound = layer_norm_rstd_error(C, exact.conditioning) * exact.rstd;
+          const double rstd_error = std::fabs(static_cast<double>(got.rstd) - exact.rstd);
+          ASSERT_LE(rstd_error, rstd_bound) << name(shape) << " C=" << C << " kernel " << static_cast<int>(kernel);
+          ASSERT_LE(std::fabs(static_cast<double>(got.mean) - exact.mean), gamma(2 * C + 3, u) * exact.mean_abs)
+              << name(shape) << " C=" << C << " kernel " << static_cast<int>(kernel);
+          worst.observe(rstd_error, rstd_bound, static_cast<double>(trial));
+        }
+      }
+      tightness << name(shape) << "/C=" << C << ":" << worst.ratio << " ";
+    }
+  }
+  RecordProperty("worst_rstd_error_over_bound", tightness.str());
+  for (std::int64_t C : {8, 64, 256}) {
+    for (std::uint64_t trial = 0; trial < kTrials; ++trial) {
+      const LayerNormRow row = draw_row(RowShape::Centred, C, trial);
+      const ExactMoments exact = exact_moments(row);
+      const double error = std::fabs(static_cast<double>(moments_fp32(row, LayerNormKernel::FastRstd).rstd) - exact.rstd);
+      EXPECT_GT(error, layer_norm_rstd_error(C, exact.conditioning) * exact.rstd) << "C=" << C << " trial " << trial;
+    }
+  }
+}
+
 TEST(LayerNormOutputBound, IsInfiniteWhereFp32KeepsNoDigitOfTheVariance) {
+  EXPECT_TRUE(std::isinf(layer_norm_rstd_error(768, 1e9)));
   EXPECT_TRUE(std::isinf(layer_norm_output_bound({768, 1e9, 1.0, 1.0, 0.0})));
   EXPECT_TRUE(std::isinf(layer_norm_output_bound({0, 1.0, 1.0, 1.0, 0.0})));
   EXPECT_TRUE(std::isfinite(layer_norm_output_bound({768, 1e3, 1.0, 1.0, 0.0})));

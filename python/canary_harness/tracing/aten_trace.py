@@ -224,6 +224,11 @@ def traced_outputs(func: Any, out: Any) -> List[Tuple[str, torch.Tensor]]:
     """The outputs of one op call that an aten trace records, each with the tensor name it is
     recorded by: the op overload (`aten._softmax.default`), `.outJ` for output J of several.
     Floating-point values the op computed (traced_returns), a Tensor[] return's every element."""
+    return [(name, value) for _, name, value in traced_output_places(func, out)]
+
+
+def traced_output_places(func: Any, out: Any) -> List[Tuple[int, str, torch.Tensor]]:
+    """traced_outputs, each with its place J among the op's flattened outputs."""
     flags = traced_returns(func)
     outputs = _flat_outputs(out)
     if len(flags) == 1 and len(outputs) > 1:  # a Tensor[] return: every element computed alike
@@ -232,8 +237,13 @@ def traced_outputs(func: Any, out: Any) -> List[Tuple[str, torch.Tensor]]:
     traced = []
     for j, (value, computed) in enumerate(zip(outputs, flags)):
         if computed and isinstance(value, torch.Tensor) and value.is_floating_point():
-            traced.append((name if len(outputs) == 1 else f"{name}.out{j}", value))
+            traced.append((j, name if len(outputs) == 1 else f"{name}.out{j}", value))
     return traced
+
+
+def flat_outputs(out: Any) -> List[Any]:
+    """An op's outputs as a list (one output: a list of it)."""
+    return _flat_outputs(out)
 
 
 class _Mode(TorchDispatchMode):

@@ -60,7 +60,7 @@ import torch.nn.functional as F
 from ..models import llama
 from ..models.gpt2 import Attention, Embedding, LmHead, Loss, Residual, embed
 from .op_capture import (FORMATS, GELU_KINDS, CapturedResult, StepCapture, clone, flat_float64, float64_on_cpu,
-                         gelu_terms)
+                         gelu_terms, layer_norm_exact)
 from .aten_trace import user_site
 from .trace import output_column
 
@@ -118,20 +118,10 @@ def _layer_norm(module: torch.nn.Module, ops: List[Optional[torch.Tensor]]) -> R
     """The exact output and the terms of layer_norm_output_bound (rounding_bounds.h), per
     element: |x - mu| r |w|, |w| r A, |b| and the row's rho = (S + mu^2) / (v + eps)."""
     x, weight, bias = ops
-    dims = tuple(range(-len(module.normalized_shape), 0))
-    C = int(np.prod(module.normalized_shape))
-    weight = torch.ones(module.normalized_shape, dtype=x.dtype) if weight is None else weight
-    bias = torch.zeros(module.normalized_shape, dtype=x.dtype) if bias is None else bias
-    mu = x.mean(dims, keepdim=True)
-    variance = ((x - mu) ** 2).mean(dims, keepdim=True)
-    r = 1.0 / torch.sqrt(variance + module.eps)
-    scaled = (x - mu) * r * weight
-    rho = ((x * x).mean(dims, keepdim=True) + mu * mu) / (variance + module.eps)
-    mean_term = weight.abs() * r * x.abs().mean(dims, keepdim=True)
-    shape = scaled.shape
-    return Recomputed(scaled + bias, C, scaled.abs(),
-                      {"offset": bias.abs().expand(shape), "mean_term": mean_term.expand(shape),
-                       "conditioning": rho.expand(shape)})
+    exact = layer_norm_exact(x, module.normalized_shape, weight, bias, module.eps)
+    return Recomputed(exact.out, int(np.prod(module.normalized_shape)), exact.scaled,
+                      {"offset": exact.offset, "mean_term": exact.mean_term,
+                       "conditioning": exact.conditioning.expand(exact.out.shape)})
 
 
 def _rms_norm(module: torch.nn.Module, ops: List[Optional[torch.Tensor]]) -> Recomputed:

@@ -48,14 +48,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from .aten_trace import StepPhases, traced_outputs, user_site
+from .aten_trace import StepPhases, flat_outputs, traced_output_places, user_site
 
 # The formats a judged result may have, by the names the harness's bounds know them by
 # (fp16 has no bound there yet: its results are listed as not judged).
@@ -74,6 +74,20 @@ class Arithmetic(NamedTuple):
     terms: Optional[Callable[[Tuple[Any, ...], Dict[str, Any]], Dict[str, torch.Tensor]]] = None
     kind_of: Optional[Callable[[Dict[str, Any]], str]] = None  # where the call's arguments choose the kind
     applies: Optional[Callable[[Tuple[Any, ...], Dict[str, Any]], bool]] = None  # where they choose whether it is
+
+
+class Several(NamedTuple):
+    """An op of several results: each traced output's Arithmetic by its place among the op's
+    outputs (None: not judged); or, for a Tensor[] return (a foreach op), `each`: output j is
+    that entry's op on element j of the first operand (a list), the other operands as they are."""
+
+    outputs: Tuple[Optional[Arithmetic], ...] = ()
+    each: Optional[Arithmetic] = None
+
+    def at(self, place: int) -> Optional[Arithmetic]:
+        if self.each is not None:
+            return self.each
+        return self.outputs[place] if place < len(self.outputs) else None
 
 
 def _absolute(value: Any) -> Any:
@@ -175,11 +189,93 @@ def _embedding_backward_magnitude(func: Any, args: Tuple[Any, ...], kwargs: Dict
 
 
 def _most_occurrences(args: Tuple[Any, ...], kwargs: Dict[str, Any], exact: torch.Tensor) -> int:
-    """The terms of the longest sum: the most occurrences of one index (one more rounding
-    each where the gradient is scaled by its index's frequency first)."""
+    """The terms of the longest sum: the most occurrences of one index (two more roundings
+    where each gradient is scaled by its index's frequency first: 1 / count, and the product)."""
     indices = args[1].reshape(-1)
     most = int(torch.bincount(indices).max()) if indices.numel() else 0
-    return most + (1 if args[4] else 0)
+    return most + (2 if args[4] else 0)
+
+
+class LayerNormExact(NamedTuple):
+    """A layer norm in float64 with the terms of its bounds (rounding_bounds.h), each shaped
+    as its output or, keeping the normalized dimensions as 1, as its row: the output, s =
+    |x - mu| r |w|, o = |b|, m = |w| r A; the row's mean mu, A = mean |x|, r = (v + eps)^-1/2
+    and rho = (S + mu^2) / (v + eps), S the mean square and v the variance."""
+
+    out: torch.Tensor
+    scaled: torch.Tensor
+    offset: torch.Tensor
+    mean_term: torch.Tensor
+    mean: torch.Tensor
+    mean_abs: torch.Tensor
+    rstd: torch.Tensor
+    conditioning: torch.Tensor
+
+
+def layer_norm_exact(x: torch.Tensor, normalized_shape: Any, weight: Optional[torch.Tensor],
+                     bias: Optional[torch.Tensor], eps: float) -> LayerNormExact:
+    """nn.LayerNorm's (and aten.native_layer_norm's) arithmetic over the last
+    len(normalized_shape) dimensions of the float64 `x` (module_capture.py and ARITHMETIC)."""
+    dims = tuple(range(-len(normalized_shape), 0))
+    weight = torch.ones(tuple(normalized_shape), dtype=x.dtype) if weight is None else weight
+    bias = torch.zeros(tuple(normalized_shape), dtype=x.dtype) if bias is None else bias
+    mu = x.mean(dims, keepdim=True)
+    variance = ((x - mu) ** 2).mean(dims, keepdim=True)
+    r = 1.0 / torch.sqrt(variance + eps)
+    scaled = (x - mu) * r * weight
+    mean_abs = x.abs().mean(dims, keepdim=True)
+    rho = ((x * x).mean(dims, keepdim=True) + mu * mu) / (variance + eps)
+    return LayerNormExact(scaled + bias, scaled.abs(), bias.abs().expand(scaled.shape),
+                          (weight.abs() * r * mean_abs).expand(scaled.shape), mu, mean_abs, r, rho)
+
+
+def _channels(args: Tuple[Any, ...], kwargs: Dict[str, Any], exact: torch.Tensor) -> int:
+    """C: the elements of one normalized row (native_layer_norm's normalized_shape)."""
+    return int(np.prod(args[1]))
+
+
+def _layer_norm_of(args: Tuple[Any, ...]) -> LayerNormExact:
+    x, normalized_shape, weight, bias, eps = args[:5]
+    return layer_norm_exact(x, normalized_shape, weight, bias, eps)
+
+
+def _layer_norm_out_terms(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Dict[str, torch.Tensor]:
+    exact = _layer_norm_of(args)
+    return {"offset": exact.offset, "mean_term": exact.mean_term, "conditioning": exact.conditioning}
+
+
+# native_layer_norm's three results: the output (the module's bound, its mean and variance
+# from the row's values), the mean (any order of the C adds and the divide, or Welford's
+# updates: gamma_{2C+3} A) and the reciprocal standard deviation (its relative error from the
+# row's conditioning: layer_norm_rstd_error in rounding_bounds.h).
+_LAYER_NORM = Several((
+    Arithmetic("layer_norm", _channels, lambda func, args, kwargs, exact: _layer_norm_of(args).scaled,
+               _layer_norm_out_terms),
+    Arithmetic("rounded", lambda args, kwargs, exact: 2 * _channels(args, kwargs, exact) + 3,
+               lambda func, args, kwargs, exact: _layer_norm_of(args).mean_abs),
+    Arithmetic("layer_norm_rstd", _channels, _exact_magnitude,
+               lambda args, kwargs: {"conditioning": _layer_norm_of(args).conditioning}),
+))
+
+
+def _nll_rows(args: Tuple[Any, ...]) -> int:
+    return int(args[0].shape[0]) if args[0].dim() > 1 else 1
+
+
+def _nll_loss_magnitude(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], exact: torch.Tensor) -> torch.Tensor:
+    """sum |w_t x_t| / W (mean), sum |w_t x_t| (sum) or |w_t x_t| (none): the loss on |x| and |w|."""
+    weight = None if args[2] is None else args[2].abs()
+    return func(args[0].abs(), args[1], weight, *args[3:], **kwargs)[0].abs()
+
+
+# nll_loss_forward's loss and total weight W. The loss: N products w_t x_t (exact unweighted)
+# summed, divided by W, itself a sum of N weights: gamma_{2N+1} (gamma_{N+1} unweighted) of
+# its magnitude. W: a sum of N weights (a count unweighted, exact).
+_NLL_LOSS = Several((
+    Arithmetic("rounded", lambda args, kwargs, exact: (1 if args[2] is None else 2) * _nll_rows(args) + 1,
+               _nll_loss_magnitude),
+    Arithmetic("sum", lambda args, kwargs, exact: _nll_rows(args), _exact_magnitude),
+))
 
 
 def _softmax_size(args: Tuple[Any, ...], kwargs: Dict[str, Any], exact: torch.Tensor) -> int:
@@ -208,6 +304,7 @@ def _softmax_backward_count(args: Tuple[Any, ...], kwargs: Dict[str, Any], exact
 
 
 _DOT = Arithmetic("dot", _inner(0), _on_absolute_values)
+_TWO_NORM = Arithmetic("two_norm", _summed(2), _exact_magnitude, applies=_two_norm)
 _DOT_WITH_ADDEND = Arithmetic("dot", _with_addend(1), _on_absolute_values)
 _ONE_ROUNDING = Arithmetic("rounded", _rounded(1), _exact_magnitude)
 _ADD = Arithmetic("rounded", _rounded(1), _sum_magnitude)
@@ -217,7 +314,7 @@ _ADD_PRODUCT = Arithmetic("rounded", _rounded(2), _on_absolute_values)
 
 # By schema name (every overload but out=, whose result is a tensor the caller gave). What
 # an op computes is not in its tags, so the ops are named here, the one table of them.
-ARITHMETIC: Dict[str, Arithmetic] = {
+ARITHMETIC: Dict[str, Union[Arithmetic, Several]] = {
     "aten::mm": _DOT, "aten::bmm": _DOT,
     "aten::addmm": _DOT_WITH_ADDEND, "aten::baddbmm": _DOT_WITH_ADDEND,
     "aten::sum": Arithmetic("sum", _summed(0), _on_absolute_values),
@@ -239,7 +336,11 @@ ARITHMETIC: Dict[str, Arithmetic] = {
     "aten::slice_backward": _EXACT,
     # Chosen, never computed: a bound a Python float fp32 does not hold is one rounding.
     "aten::clamp": _EXACT, "aten::clamp_": _EXACT, "aten::clamp_min": _EXACT, "aten::clamp_max": _EXACT,
-    "aten::where": _EXACT, "aten::relu": _EXACT, "aten::relu_": _EXACT, "aten::threshold_backward": _EXACT,
+    "aten::where": _EXACT, "aten::relu": _EXACT, "aten::relu_": _EXACT,
+    # Unless its threshold is a Python float fp32 does not hold: the comparison then flips
+    # near it, and a gradient becomes 0, no rounding.
+    "aten::threshold_backward": Arithmetic("rounded", _rounded(0), _exact_magnitude,
+                                           applies=lambda args, kwargs: not _rounded_to_fp32(args[2])),
     # x^2 and 1/x one rounding, x^3 two (x x x), as torch's CPU kernel computes them (measured
     # over every fp32 of two binades: 1.0, 1.0 and 1.98 u); rsqrt two (1.5 u measured).
     "aten::pow": Arithmetic("rounded", lambda args, kwargs, exact: POW_ROUNDINGS[args[1]], _exact_magnitude,
@@ -250,10 +351,14 @@ ARITHMETIC: Dict[str, Arithmetic] = {
     "aten::lerp_": Arithmetic("rounded", _rounded(4), _lerp_magnitude),
     # The 2-norm (gradient clipping's): n squares summed, then sqrt (two roundings, as sqrt's
     # entry): the sum within gamma_n, sqrt halving it, gamma_{n+2} |y| in all (Higham, Lemma 3.3).
-    "aten::norm": Arithmetic("rounded", _summed(2), _exact_magnitude, applies=_two_norm),
-    "aten::linalg_vector_norm": Arithmetic("rounded", _summed(2), _exact_magnitude, applies=_two_norm),
-    # The embedding's gradient: each row a sum of the gradients of its index's occurrences.
-    "aten::embedding_dense_backward": Arithmetic("sum", _most_occurrences, _embedding_backward_magnitude),
+    "aten::norm": _TWO_NORM, "aten::linalg_vector_norm": _TWO_NORM,
+    "aten::_foreach_norm": Several(each=_TWO_NORM),  # torch 2.x's clip_grad_norm_: a 2-norm per tensor
+    "aten::native_layer_norm": _LAYER_NORM,
+    "aten::nll_loss_forward": _NLL_LOSS,
+    # The embedding's gradient: each row a sum of the gradients of its index's occurrences, in
+    # fp32 (a bf16 gradient is summed by bf16 adds, each rounded: not judged).
+    "aten::embedding_dense_backward": Arithmetic("sum", _most_occurrences, _embedding_backward_magnitude,
+                                                 applies=lambda args, kwargs: args[0].dtype == torch.float32),
     # -g w_t / total_weight at each row's target (0 elsewhere): a division, or a multiply by
     # its reciprocal, and the weight's product.
     "aten::nll_loss_backward": Arithmetic("rounded", _rounded(2), _exact_magnitude),
@@ -271,14 +376,15 @@ ARITHMETIC: Dict[str, Arithmetic] = {
 }
 
 
-def arithmetic_of(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional[Arithmetic]:
+def arithmetic_of(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional[Union[Arithmetic, Several]]:
     """The op's entry in ARITHMETIC; None for an op it does not describe, an out= overload, a
     division that rounds to an integer (rounding_mode), a call its entry does not apply to
     (a norm of another order than 2)."""
     if any(a.is_out for a in func._schema.arguments) or kwargs.get("rounding_mode") is not None:
         return None
     arithmetic = ARITHMETIC.get(func._schema.name)
-    if arithmetic is None or (arithmetic.applies is not None and not arithmetic.applies(args, kwargs)):
+    entry = arithmetic.each if isinstance(arithmetic, Several) else arithmetic
+    if entry is not None and entry.applies is not None and not entry.applies(args, kwargs):
         return None
     return arithmetic
 
@@ -330,6 +436,24 @@ class KeptCall(NamedTuple):
     args: Tuple[Any, ...]
     kwargs: Dict[str, Any]
     result: torch.Tensor
+    output: Optional[int] = None  # the result's place among the op's outputs, where it has several
+    layout: Any = None            # the operands' strides as the op saw them (operand_layout)
+
+
+class _Pending(NamedTuple):
+    """A judged result waiting for its float64 recomputation after the step."""
+
+    func: Any
+    arithmetic: Arithmetic
+    before: Tuple[Tuple[Any, ...], Dict[str, Any]]  # the operands, cloned just before the op ran
+    result: torch.Tensor
+    op: str
+    phase: str
+    site: str
+    occurrence: int
+    output: Optional[int]  # its place among the op's outputs, where it has several
+    tensor: Optional[str]  # its trace name (`<aten op>.outJ`), where the op has several
+    element: bool          # a foreach op's: `arithmetic` reads element `output` of the first operand
 
 
 @dataclass
@@ -348,6 +472,13 @@ def clone(value: Any) -> Any:
     return value.detach().clone() if isinstance(value, torch.Tensor) else value
 
 
+def operand_layout(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+    """Each tensor operand's strides as the op saw them ((args, kwargs) with a list at each
+    tensor): a clone of an expanded or sliced operand is laid out anew, and the layout picks
+    the kernel (what a kept call's repro runs again)."""
+    return tree_map(lambda value: list(value.stride()) if isinstance(value, torch.Tensor) else None, (args, kwargs))
+
+
 def float64_on_cpu(value: Any) -> Any:
     """A copy on the CPU (float64 where floating): an in-place op recomputed writes its copy."""
     if isinstance(value, torch.Tensor) and value.is_floating_point():
@@ -364,8 +495,9 @@ class _Mode(TorchDispatchMode):
         kwargs = kwargs or {}
         arithmetic = arithmetic_of(func, args, kwargs)
         before = tree_map(clone, (args, kwargs)) if arithmetic is not None else None
+        layout = operand_layout(args, kwargs) if arithmetic is not None and self.capture.keeping else None
         out = func(*args, **kwargs)
-        self.capture._seen(func, arithmetic, before, out)
+        self.capture._seen(func, arithmetic, before, out, layout)
         return out
 
 
@@ -377,7 +509,7 @@ class OpCapture:
         self.phases = StepPhases(model, optimizer)
         self._keep = keep
         self._kept: Optional[KeptCall] = None
-        self._pending: List[Tuple[Any, Arithmetic, Any, torch.Tensor, str, str, str, int]] = []
+        self._pending: List[_Pending] = []
         self._not_judged: Dict[str, int] = {}
         self._occurrences: Dict[Tuple[str, str, str], int] = {}
         self._results: List[CapturedResult] = []
@@ -385,28 +517,43 @@ class OpCapture:
     def _not_judging(self, name: str) -> None:
         self._not_judged[name] = self._not_judged.get(name, 0) + 1
 
-    def _seen(self, func: Any, arithmetic: Optional[Arithmetic], before: Any, out: Any) -> None:
-        outputs = traced_outputs(func, out)  # what an aten trace of the step records, by the same names
-        if not outputs:
+    @property
+    def keeping(self) -> bool:
+        """Whether a call is to be kept whole (its operands' layout is then noted for each call)."""
+        return self._keep is not None
+
+    def _seen(self, func: Any, arithmetic: Optional[Union[Arithmetic, Several]], before: Any, out: Any,
+              layout: Any = None) -> None:
+        places = traced_output_places(func, out)  # what an aten trace of the step records, by the same names
+        if not places:
             return
         op, _, phase = self.phases.where()
         occurrence = []
-        for tensor, _ in outputs:  # each output's place among the step's of its op, phase and name
+        for _, tensor, _ in places:  # each output's place among the step's of its op, phase and name
             key = (op, phase, tensor)
             occurrence.append(self._occurrences.get(key, 0))
             self._occurrences[key] = occurrence[-1] + 1
-        result = outputs[0][1]
-        if arithmetic is None or len(outputs) != 1:
+        if arithmetic is None or (isinstance(arithmetic, Arithmetic) and len(places) != 1):
             self._not_judging(str(func))
-        elif result.dtype not in FORMATS:
-            self._not_judging(f"{func} ({result.dtype})")
-        elif result.device.type != "cpu":  # ARITHMETIC's counts are those of torch's CPU kernels
-            self._not_judging(f"{func} (on {result.device.type})")
-        else:
-            kept = result.detach().clone()
-            self._pending.append((func, arithmetic, before, kept, op, phase, user_site(), occurrence[0]))
-            if self._keep == OpKey(op, phase, outputs[0][0], occurrence[0]):
-                self._kept = KeptCall(func, *before, kept)
+            return
+        site = user_site()
+        for (place, tensor, value), occurs in zip(places, occurrence):
+            entry = arithmetic if isinstance(arithmetic, Arithmetic) else arithmetic.at(place)
+            label = str(func) if len(places) == 1 else tensor
+            if entry is None:
+                self._not_judging(label)
+            elif value.dtype not in FORMATS:
+                self._not_judging(f"{label} ({value.dtype})")
+            elif value.device.type != "cpu":  # ARITHMETIC's counts are those of torch's CPU kernels
+                self._not_judging(f"{label} (on {value.device.type})")
+            else:
+                several = len(places) > 1
+                kept = value.detach().clone()
+                element = isinstance(arithmetic, Several) and arithmetic.each is not None
+                self._pending.append(_Pending(func, entry, before, kept, op, phase, site, occurs,
+                                              place if several else None, tensor if several else None, element))
+                if self._keep == OpKey(op, phase, tensor, occurs):
+                    self._kept = KeptCall(func, *before, kept, place if several else None, layout)
 
     def step(self) -> "_CapturedStep":
         return _CapturedStep(self)
@@ -415,11 +562,11 @@ class OpCapture:
         """The step's judged results, each recomputed in float64 on the CPU (after the step:
         no host read happens inside it)."""
         pending, self._pending = self._pending, []
-        for func, arithmetic, (args, kwargs), result, op, phase, site, occurrence in pending:
+        for judged in pending:
             try:
-                self._results.append(_recompute(func, arithmetic, args, kwargs, result, op, occurrence, phase, site))
+                self._results.append(_recompute(judged))
             except (RuntimeError, TypeError, ValueError) as e:  # an operand the float64 copy cannot take
-                self._not_judging(f"{func} (not recomputed: {type(e).__name__})")
+                self._not_judging(f"{judged.tensor or judged.func} (not recomputed: {type(e).__name__})")
         capture = StepCapture(self._results, dict(sorted(self._not_judged.items())), self._kept)
         self._results, self._not_judged, self._occurrences, self._kept = [], {}, {}, None
         return capture
@@ -428,8 +575,8 @@ class OpCapture:
         self.phases.close()
 
 
-def _recompute(func: Any, arithmetic: Arithmetic, args: Tuple[Any, ...], kwargs: Dict[str, Any],
-               result: torch.Tensor, op: str, occurrence: int, phase: str, site: str) -> CapturedResult:
+def _recompute(judged: _Pending) -> CapturedResult:
+    func, arithmetic, (args, kwargs), result = judged.func, judged.arithmetic, judged.before, judged.result
     operands = tree_flatten((args, kwargs))[0]  # a list operand's (cat's) members too
     formats = sorted({FORMATS.get(a.dtype, str(a.dtype).replace("torch.", "")) for a in operands
                       if isinstance(a, torch.Tensor) and a.is_floating_point()})
@@ -438,11 +585,17 @@ def _recompute(func: Any, arithmetic: Arithmetic, args: Tuple[Any, ...], kwargs:
     kwargs64 = {k: (torch.float64 if k == "dtype" else tree_map(float64_on_cpu, v)) for k, v in kwargs.items()}
     kwargs64.pop("device", None)
     exact = func(*tree_map(float64_on_cpu, args), **kwargs64)  # its own copies: an in-place op writes them
+    if judged.output is not None:
+        exact = flat_outputs(exact)[judged.output]
+    if judged.element:  # a foreach op's output j: its entry's op on element j
+        args64 = (args64[0][judged.output], *args64[1:])
+        rounded_first = sum(1 for a in tree_flatten((args[0][judged.output], args[1:], kwargs))[0] if _rounded_to_fp32(a))
     magnitude = arithmetic.magnitude(func, args64, kwargs64, exact)
     count = arithmetic.count(args64, kwargs64, exact) + rounded_first
     kind = arithmetic.kind if arithmetic.kind_of is None else arithmetic.kind_of(kwargs64)
-    captured = CapturedResult(op, str(func), occurrence, phase, site, kind, count, FORMATS[result.dtype],
-                              ",".join(formats), flat_float64(result), flat_float64(exact), flat_float64(magnitude))
+    captured = CapturedResult(judged.op, str(func), judged.occurrence, judged.phase, judged.site, kind, count,
+                              FORMATS[result.dtype], ",".join(formats), flat_float64(result), flat_float64(exact),
+                              flat_float64(magnitude.expand_as(exact)), tensor=judged.tensor)
     if arithmetic.terms is not None:
         captured.terms = {name: flat_float64(t.expand_as(exact))
                           for name, t in arithmetic.terms(args64, kwargs64).items()}

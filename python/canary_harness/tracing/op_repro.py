@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from typing import Any, Dict, List
 
 import numpy as np
@@ -53,16 +54,18 @@ def _name(value: Any, prefix: str) -> str:
     return str(value).replace(prefix, "")
 
 
-def encoded(value: Any, directory: str, files: List[str]) -> Any:
-    """`value` as call.json holds it; a tensor's values written to the next operand file."""
+def encoded(value: Any, directory: str, files: List[str], layout: Any = None) -> Any:
+    """`value` as call.json holds it; a tensor's values written to the next operand file, with
+    its strides from `layout` (op_capture.operand_layout's, as the op saw them) or its own."""
     if isinstance(value, torch.Tensor):
         name = f"operand{len(files)}.npy"
         np.save(os.path.join(directory, name), _array(value))
         files.append(name)
         return {"tensor": name, "dtype": _name(value.dtype, "torch."), "device": str(value.device),
-                "shape": list(value.shape), "stride": list(value.stride())}
+                "shape": list(value.shape), "stride": list(value.stride()) if layout is None else layout}
     if isinstance(value, (list, tuple)):
-        return {"list": [encoded(v, directory, files) for v in value]}
+        layouts = layout if layout is not None else [None] * len(value)
+        return {"list": [encoded(v, directory, files, at) for v, at in zip(value, layouts)]}
     if isinstance(value, torch.dtype):
         return {"dtype": _name(value, "torch.")}
     if isinstance(value, torch.device):
@@ -79,14 +82,26 @@ def encoded(value: Any, directory: str, files: List[str]) -> Any:
 
 
 def write_call(directory: str, kept: KeptCall, recorded_under: Dict[str, Any]) -> None:
-    """The kept call into `directory` (made here; it must not exist): its operands, its
-    result as `result.npy`, and call.json, with the torch and the threads it ran under and
-    `recorded_under` (the run's declared precision)."""
-    os.makedirs(directory)
+    """The kept call into `directory` (made whole here, or not at all; it must not exist): its
+    operands, its result as `result.npy`, and call.json, with the result's place among the
+    op's outputs, the torch and the threads it ran under and `recorded_under` (the run's
+    declared precision)."""
+    parent = os.path.dirname(os.path.abspath(directory))
+    building = tempfile.mkdtemp(prefix=".call-", dir=parent)
+    try:
+        _write_call_into(building, kept, recorded_under)
+        os.rename(building, directory)
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+
+
+def _write_call_into(directory: str, kept: KeptCall, recorded_under: Dict[str, Any]) -> None:
     files: List[str] = []
-    call = {"op": str(kept.func), "args": encoded(kept.args, directory, files)["list"],
-            "kwargs": {k: encoded(v, directory, files) for k, v in kept.kwargs.items()},
-            "result": encoded(kept.result, directory, files), "torch": torch.__version__,
+    args_layout, kwargs_layout = kept.layout if kept.layout is not None else (None, {})
+    call = {"op": str(kept.func), "args": encoded(kept.args, directory, files, args_layout)["list"],
+            "kwargs": {k: encoded(v, directory, files, kwargs_layout.get(k)) for k, v in kept.kwargs.items()},
+            "result": encoded(kept.result, directory, files), "output": kept.output, "torch": torch.__version__,
             "threads": torch.get_num_threads(), **recorded_under}
     os.replace(os.path.join(directory, call["result"]["tensor"]), os.path.join(directory, "result.npy"))
     call["result"]["tensor"] = "result.npy"
