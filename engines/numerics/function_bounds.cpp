@@ -70,20 +70,33 @@ double swiglu_output_bound(double abs_product, double abs_up, double silu_error)
   return (silu_error + u + silu_error * u) * abs_product + kSiluLost * abs_up * (1 + u) + 0x1p-126;
 }
 
+double log_softmax_bound(const CrossEntropyRow& r, std::int64_t classes, double exp_ulps, double log_ulps) {
+  const double u = fp32_unit_roundoff(), g2 = gamma(2, u);
+  const auto log_factor = [](double x) { return x / (1 - x); };  // >= -log(1 - x): a factor 1 +- x as a log
+  const double rho = u * r.spread / (1 - u) + log_factor(2 * u * exp_ulps) + log_factor(gamma(classes - 1, u)) +
+                     log_factor(static_cast<double>(classes) * 0x1p-126);
+  const double log_error = rho + 2 * u * log_ulps * (r.log_sum + rho);
+  return log_error * (1 + g2) + g2 * (std::fabs(r.max) + r.log_sum + std::fabs(r.target));
+}
+
 double cross_entropy_mean_bound(std::span<const CrossEntropyRow> rows, std::int64_t classes, double exp_ulps,
                                 double log_ulps) {
   const auto count = static_cast<std::int64_t>(rows.size());
-  const double u = fp32_unit_roundoff(), g2 = gamma(2, u), g_mean = gamma(count + 1, u);
-  const auto log_factor = [](double x) { return x / (1 - x); };  // >= -log(1 - x): a factor 1 +- x as a log
+  const double g_mean = gamma(count + 1, fp32_unit_roundoff());
   double errors = 0, losses = 0;
   for (const CrossEntropyRow& r : rows) {
-    const double rho = u * r.spread / (1 - u) + log_factor(2 * u * exp_ulps) + log_factor(gamma(classes - 1, u)) +
-                       log_factor(static_cast<double>(classes) * 0x1p-126);
-    const double log_error = rho + 2 * u * log_ulps * (r.log_sum + rho);
-    errors += log_error * (1 + g2) + g2 * (std::fabs(r.max) + r.log_sum + std::fabs(r.target));
+    errors += log_softmax_bound(r, classes, exp_ulps, log_ulps);
     losses += r.max + r.log_sum - r.target;
   }
   return (errors * (1 + g_mean) + g_mean * losses) / static_cast<double>(count);
+}
+
+double log_softmax_backward_bound(double probability, double abs_sum, double sum_abs, double abs_result,
+                                  std::int64_t n, double exp_ulps) {
+  const double u = fp32_unit_roundoff(), e = 2 * u * exp_ulps;
+  const double product = probability * gamma(n - 1, u) * sum_abs * (1 + e) * (1 + u) +
+                         probability * abs_sum * ((1 + e) * (1 + u) - 1);
+  return (1 + u) * product + u * abs_result;
 }
 
 }  // namespace harness::numerics

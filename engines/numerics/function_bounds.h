@@ -143,6 +143,9 @@ double swiglu_output_bound(double abs_product, double abs_up, double silu_error)
 //             either way)
 //   the mean: |L^ - L| <= (1/N) (sum_i err_i (1 + gamma_{N+1}) + gamma_{N+1} sum_i l_i)
 //             (N terms in any order and the divide, or 1/N and a multiply)
+// The row's error, E_i (1 + gamma_2) + gamma_2 (|m| + log S + |z|), is also each output's
+// of a log-softmax, y_j = z_j - m - log S, from the scores it was given (ATen's _log_softmax,
+// z = z_j): log_softmax_bound, with the row's m, log S and R.
 struct CrossEntropyRow {
   double max = 0;      // m_i
   double log_sum = 0;  // log S_i, exact
@@ -151,5 +154,14 @@ struct CrossEntropyRow {
 };
 double cross_entropy_mean_bound(std::span<const CrossEntropyRow> rows, std::int64_t classes, double exp_ulps,
                                 double log_ulps);
+double log_softmax_bound(const CrossEntropyRow& row, std::int64_t classes, double exp_ulps, double log_ulps);
+
+// A log-softmax's backward, g_j - p_j a with p_j = exp(y_j) from the outputs y it was given
+// and a = sum_k g_k (ATen's _log_softmax_backward_data): the sum within gamma_{n-1} A
+// (A = sum |g|), exp within its relative worst case e (2 u exp_ulps), the product's and the
+// difference's roundings:
+//   |r^_j - r_j| <= (1 + u) (p_j gamma_{n-1} A (1 + e) (1 + u) + p_j |a| ((1 + e)(1 + u) - 1)) + u |r_j|
+double log_softmax_backward_bound(double probability, double abs_sum, double sum_abs, double abs_result,
+                                  std::int64_t n, double exp_ulps);
 
 }  // namespace harness::numerics

@@ -149,10 +149,39 @@ std::vector<double> cross_entropy_bounds(std::int64_t classes, std::size_t eleme
   return {numerics::cross_entropy_mean_bound(terms, classes, numerics::kStackExpUlps, numerics::kStackLogUlps)};
 }
 
+// A log-softmax's outputs (aten._log_softmax, from the scores it was given) per element
+// (numerics::log_softmax_bound): the row's max, log of its sum of exps and spread, and the
+// element's own score; `classes` the rows' length.
+std::vector<double> log_softmax_bounds(std::int64_t classes, std::size_t elements, hid_t file, const std::string& group,
+                                       const std::string& values) {
+  const auto t = read_terms(file, group, {"max", "log_sum", "value", "spread"}, elements, values, "a log-softmax");
+  if (classes < 1) throw std::runtime_error(fmt::format("{}: {} is a log-softmax of rows of {}", values, group, classes));
+  std::vector<double> bound(elements);
+  for (std::size_t i = 0; i < elements; ++i) {
+    bound[i] = numerics::log_softmax_bound({t[0][i], t[1][i], t[2][i], t[3][i]}, classes, numerics::kStackExpUlps,
+                                           numerics::kStackLogUlps);
+  }
+  return bound;
+}
+
+// A log-softmax's backward per element (numerics::log_softmax_backward_bound): exp of the
+// output it was given, |sum g| and sum |g| of its row; `magnitude` |the exact result|.
+std::vector<double> log_softmax_backward_bounds(std::int64_t n, const std::vector<double>& magnitude, hid_t file,
+                                                const std::string& group, const std::string& values) {
+  const auto t = read_terms(file, group, {"probability", "sum", "sum_abs"}, magnitude.size(), values,
+                            "a log-softmax's backward");
+  if (n < 1) throw std::runtime_error(fmt::format("{}: {} is a log-softmax backward of rows of {}", values, group, n));
+  std::vector<double> bound(magnitude.size());
+  for (std::size_t i = 0; i < magnitude.size(); ++i) {
+    bound[i] = numerics::log_softmax_backward_bound(t[0][i], t[1][i], t[2][i], magnitude[i], n, numerics::kStackExpUlps);
+  }
+  return bound;
+}
+
 // Each element's bound before its result is stored, by the arithmetic capture-ops names:
 // a dot product of `count` terms, a sum of `count` terms, or `count` roundings of an exact
-// value or SiLU (tracing/op_capture.py), all computed in fp32; a softmax's, GELU's and a
-// layer norm's rstd (aten) and a layer norm's, an attention core's, SwiGLU's or the loss's
+// value or SiLU (tracing/op_capture.py), all computed in fp32; a softmax's, a log-softmax's
+// and its backward's, GELU's and a layer norm's rstd (aten) and a layer norm's, an attention core's, SwiGLU's or the loss's
 // (modules, and aten's layer norm output) from their terms (tracing/module_capture.py).
 std::vector<double> compute_bounds(const std::string& kind, std::int64_t count, const std::vector<double>& magnitude,
                                    hid_t file, const std::string& group, const std::string& values) {
@@ -164,6 +193,8 @@ std::vector<double> compute_bounds(const std::string& kind, std::int64_t count, 
   if (kind == "gelu_erf") return gelu_bounds(numerics::GeluForm::Erf, magnitude.size(), file, group, values);
   if (kind == "swiglu") return swiglu_bounds(magnitude, file, group, values);
   if (kind == "cross_entropy") return cross_entropy_bounds(count, magnitude.size(), file, group, values);
+  if (kind == "log_softmax") return log_softmax_bounds(count, magnitude.size(), file, group, values);
+  if (kind == "log_softmax_backward") return log_softmax_backward_bounds(count, magnitude, file, group, values);
   const double u = numerics::precision_traits(Precision::Fp32).unit_roundoff;
   if (static_cast<double>(count) * u >= 1) {  // gamma_n says nothing there (a sum of 2^24 terms): no bound
     return std::vector<double>(magnitude.size(), std::numeric_limits<double>::infinity());
@@ -188,7 +219,7 @@ std::vector<double> compute_bounds(const std::string& kind, std::int64_t count, 
       bound[i] = numerics::silu_output_bound(m, numerics::kStackSiluError);
     } else {
       throw std::runtime_error(
-          fmt::format("{}: a result of arithmetic '{}' (known: dot, sum, rounded, two_norm, silu, layer_norm, layer_norm_rstd, attention, softmax, gelu_tanh, gelu_erf, swiglu, cross_entropy)", values, kind));
+          fmt::format("{}: a result of arithmetic '{}' (known: dot, sum, rounded, two_norm, silu, layer_norm, layer_norm_rstd, attention, softmax, gelu_tanh, gelu_erf, swiglu, cross_entropy, log_softmax, log_softmax_backward)", values, kind));
     }
   }
   return bound;

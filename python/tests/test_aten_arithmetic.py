@@ -83,13 +83,19 @@ def _layer_norm(seed: int) -> Tuple[Any, tuple, dict]:
     return aten.native_layer_norm.default, (x, [C], _randn(C, seed=seed + 1), _randn(C, seed=seed + 2), 1e-5), {}
 
 
+def _tanh_backward(seed: int) -> Tuple[Any, tuple, dict]:
+    """Outputs near +-1 too, where 1 - y^2 cancels."""
+    y = torch.tanh(_randn(1 << 16, seed=seed, scale=(0.5, 3.0, 9.0)[seed % 3]))
+    return aten.tanh_backward.default, (_randn(1 << 16, seed=seed + 1), y), {}
+
+
 # Each case's calls by seed, how many seeds (pow: 3 exponents x 2 parities; rsqrt: 2 ranges x
 # 2) and the result judged where the op has several (its place among the op's outputs).
 CALLS: Dict[str, Tuple[Callable[[int], Tuple[Any, tuple, dict]], int, Any]] = {
     "lerp_": (_lerp, 12, None), "2-norm": (_norm, 12, None), "embedding_dense_backward": (_embedding_backward, 12, None),
     "pow": (_pow, 6, None), "rsqrt": (_rsqrt, 4, None), "nll_loss_forward's loss": (_nll_loss, 12, 0),
     "nll_loss_forward's total weight": (_nll_loss, 12, 1), "nll_loss_backward": (_nll_loss_backward, 12, None),
-    "native_layer_norm's mean": (_layer_norm, 16, 1),
+    "native_layer_norm's mean": (_layer_norm, 16, 1), "tanh_backward": (_tanh_backward, 6, None),
 }
 
 

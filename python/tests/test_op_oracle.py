@@ -166,11 +166,11 @@ def example_clean(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # What the example's step runs that ARITHMETIC's later entries judge: its masks and clamps,
 # the embedding's and the loss's backward, clip_grad_norm_'s 2-norms (torch 2.x: one per
 # tensor, then theirs), AdamW's lerp (torch 2.x), the layer norms and the loss's three and two
-# results (their places: .out0, ...).
+# results (their places: .out0, ...), the log-softmax and its backward.
 LATER_ENTRIES = {"aten.masked_fill.Scalar", "aten.clamp.default", "aten.embedding_dense_backward.default",
                  "aten.nll_loss_backward.default", "aten.norm.ScalarOpt_dim", "aten.linalg_vector_norm.default",
                  "aten._foreach_norm.Scalar", "aten.lerp_.Scalar", "aten.native_layer_norm.default",
-                 "aten.nll_loss_forward.default"}
+                 "aten.nll_loss_forward.default", "aten._log_softmax.default", "aten._log_softmax_backward_data.default"}
 
 
 def test_the_example_models_clean_step_is_within_with_its_masks_clipping_and_moments_judged(
@@ -183,6 +183,19 @@ def test_the_example_models_clean_step_is_within_with_its_masks_clipping_and_mom
     # Nor listed by a result's place (`.out1`) or as "(not recomputed: ...)".
     listed = {re.sub(r"\.out\d+$", "", call.split(" ")[0]) for call in report["not_judged"]}
     assert not LATER_ENTRIES & listed, report["not_judged"]
+
+
+def test_a_nudged_log_softmax_is_named_alone(harness_bin: Path, tmp_path: Path) -> None:
+    """The example's loss: aten._log_softmax judged from the logits it was given (the
+    cross-entropy's row, exp and log at the stacks' worst): its first output nudged by 2^8
+    ulps is that op over and nothing else (its backward, judged on the outputs it was given,
+    is within)."""
+    nudged = tmp_path / "nudged.h5"
+    run(f"{EXAMPLE}:small", "--out", str(nudged), "--steps", "2", "--inject-fault",
+        "step=1,op=<model>:aten._log_softmax.default,ulps=256")
+    code, report = precision_report(harness_bin, nudged, 1)
+    assert code == 1 and [(j["op"], j["over"]) for j in report["over"]] == [("aten._log_softmax.default", 1)], report["over"]
+    assert report["over"][0]["worst_index"] == 0 and report["over"][0]["error_ulps"] >= 255
 
 
 def test_bisect_judges_the_call_that_diverged_not_the_first_of_its_kind(harness_bin: Path, tmp_path: Path,

@@ -352,6 +352,14 @@ TEST(SiluOutputBound, WhereTheStacksLoseItsValueTheAbsoluteTermHoldsIt) {
 // One step up from x in fp32 (an exp or log at its worst: rounded up, not to nearest).
 float up(float x) { return std::nextafter(x, std::numeric_limits<float>::infinity()); }
 
+// One row's exact terms (m, log S, z_j, R) in double: the cross-entropy's and a log-softmax's.
+CrossEntropyRow row_terms(const std::vector<float>& z, std::size_t j) {
+  const double m = *std::max_element(z.begin(), z.end());
+  double sum = 0, spread = 0;
+  for (float v : z) sum += std::exp(v - m), spread = std::max(spread, m - v);
+  return {m, std::log(sum), z[j], spread};
+}
+
 // The mean cross-entropy of `rows` in fp32: exps and logs rounded up (their worst, pushing
 // the loss up), the sum in order, then z_t - m less log S (`fused`: ATen's log_softmax) or
 // z_t less m + log S; `bf16_sum` rounds each partial sum to bf16 (a kernel below fp32).
@@ -390,11 +398,8 @@ TEST(CrossEntropyMeanBound, Fp32KernelsWithExpAndLogAtTheirWorstAreWithinAndABf1
           const std::uint64_t stream = stream_id("function_bounds/cross_entropy") + trial * 100 + V;
           for (float& v : rows[i]) v = static_cast<float>(normal_at(17, stream, index++) * scale + 1.0);
           targets[i] = philox_at(17, stream, index++)[0] % V;
-          const double m = *std::max_element(rows[i].begin(), rows[i].end());
-          double sum = 0, spread = 0;
-          for (float v : rows[i]) sum += std::exp(v - m), spread = std::max(spread, m - v);
-          terms[i] = {m, std::log(sum), rows[i][targets[i]], spread};
-          exact += m + std::log(sum) - rows[i][targets[i]];
+          terms[i] = row_terms(rows[i], targets[i]);
+          exact += terms[i].max + terms[i].log_sum - terms[i].target;
         }
         exact /= static_cast<double>(rows.size());
         const double bound = cross_entropy_mean_bound(terms, static_cast<std::int64_t>(V), 1.0, 1.0);
@@ -410,6 +415,100 @@ TEST(CrossEntropyMeanBound, Fp32KernelsWithExpAndLogAtTheirWorstAreWithinAndABf1
       }
       tightness << "V=" << V << "/scale=" << scale << ":" << worst << " ";
     }
+  }
+  RecordProperty("worst_error_over_bound", tightness.str());
+}
+
+// ---- log-softmax and its backward -----------------------------------------------------
+
+// A row's log-softmax in fp32, exps and the log rounded up (their worst): z_j less m + log S
+// (ATen's) or (z_j - m) less log S (`fused`); `bf16_sum` rounds each partial sum to bf16.
+std::vector<float> log_softmax_fp32(const std::vector<float>& z, bool fused, bool bf16_sum) {
+  const float m = *std::max_element(z.begin(), z.end());
+  float sum = 0;
+  for (float v : z) {
+    sum += up(static_cast<float>(std::exp(static_cast<double>(v - m))));
+    if (bf16_sum) sum = round_to_bf16(sum);
+  }
+  const float log_sum = up(static_cast<float>(std::log(static_cast<double>(sum))));
+  std::vector<float> y(z.size());
+  for (std::size_t j = 0; j < z.size(); ++j) y[j] = fused ? (z[j] - m) - log_sum : z[j] - (m + log_sum);
+  return y;
+}
+
+std::vector<float> normal_row(std::size_t n, double scale, std::uint64_t stream) {
+  std::vector<float> z(n);
+  for (std::size_t j = 0; j < n; ++j) z[j] = static_cast<float>(normal_at(19, stream, j) * scale + 1.0);
+  return z;
+}
+
+TEST(LogSoftmaxBound, Fp32KernelsWithExpAndLogAtTheirWorstAreWithinAndABf16SumIsOutside) {
+  std::ostringstream tightness;
+  tightness.precision(3);
+  for (std::size_t V : {8, 256, 4096}) {
+    for (double scale : {0.1, 3.0}) {
+      double worst = 0;
+      std::size_t outside = 0;
+      for (std::uint64_t trial = 0; trial < 8; ++trial) {
+        const std::vector<float> z = normal_row(V, scale, stream_id("function_bounds/log_softmax") + trial * 100 + V);
+        std::vector<double> bound(V), exact(V);
+        CrossEntropyRow r = row_terms(z, 0);
+        for (std::size_t j = 0; j < V; ++j) {
+          r.target = z[j];
+          bound[j] = log_softmax_bound(r, static_cast<std::int64_t>(V), 1.0, 1.0);
+          exact[j] = r.target - r.max - r.log_sum;
+        }
+        for (bool fused : {false, true}) {
+          const std::vector<float> y = log_softmax_fp32(z, fused, false);
+          for (std::size_t j = 0; j < V; ++j) {
+            const double error = std::fabs(static_cast<double>(y[j]) - exact[j]);
+            ASSERT_LE(error, bound[j]) << "V=" << V << " scale " << scale << " trial " << trial << " j " << j;
+            worst = std::max(worst, error / bound[j]);
+          }
+        }
+        const std::vector<float> low = log_softmax_fp32(z, false, true);
+        bool any = false;
+        for (std::size_t j = 0; j < V; ++j) any = any || std::fabs(static_cast<double>(low[j]) - exact[j]) > bound[j];
+        outside += any;
+      }
+      if (V >= 256) {  // a bf16 sum of 8 terms can be exact: its rounding needs more terms to show
+        EXPECT_GT(outside, 4u) << "V=" << V << " scale " << scale << ": a bf16 sum outside in " << outside << " of 8";
+      }
+      tightness << "V=" << V << "/scale=" << scale << ":" << worst << " ";
+    }
+  }
+  RecordProperty("worst_error_over_bound", tightness.str());
+}
+
+// g_j - exp(y_j) sum g in fp32 (exp rounded up, the sum in order; `bf16_sum`: partial sums
+// rounded to bf16) against the float64 value on the same y and g.
+TEST(LogSoftmaxBackwardBound, Fp32KernelsWithExpAtItsWorstAreWithinAndABf16SumIsOutside) {
+  std::ostringstream tightness;
+  tightness.precision(3);
+  for (std::size_t n : {8, 256, 4096}) {
+    double worst = 0;
+    std::size_t outside = 0;
+    for (std::uint64_t trial = 0; trial < 8; ++trial) {
+      const std::uint64_t stream = stream_id("function_bounds/log_softmax_backward") + trial * 100 + n;
+      const std::vector<float> y = log_softmax_fp32(normal_row(n, 3.0, stream), false, false);
+      const std::vector<float> g = normal_row(n, 1.0, stream + 1);
+      double a = 0, A = 0;
+      float sum = 0, low_sum = 0;
+      for (float v : g) a += v, A += std::fabs(v), sum += v, low_sum = round_to_bf16(low_sum + v);
+      bool any = false;
+      for (std::size_t j = 0; j < n; ++j) {
+        const double p = std::exp(static_cast<double>(y[j])), exact = g[j] - p * a;
+        const double bound = log_softmax_backward_bound(p, std::fabs(a), A, std::fabs(exact), static_cast<std::int64_t>(n), 1.0);
+        const float p_hat = up(static_cast<float>(std::exp(static_cast<double>(y[j]))));
+        const double error = std::fabs(static_cast<double>(g[j] - p_hat * sum) - exact);
+        ASSERT_LE(error, bound) << "n=" << n << " trial " << trial << " j " << j;
+        worst = std::max(worst, error / bound);
+        any = any || std::fabs(static_cast<double>(g[j] - p_hat * low_sum) - exact) > bound;
+      }
+      outside += any;
+    }
+    if (n >= 256) EXPECT_GT(outside, 4u) << "n=" << n << ": a bf16 sum outside in " << outside << " of 8";
+    tightness << "n=" << n << ":" << worst << " ";
   }
   RecordProperty("worst_error_over_bound", tightness.str());
 }

@@ -12,6 +12,10 @@ captures. This module says, per aten op, what its arithmetic is:
 - `dot`: a dot product of K terms per output (mm, bmm; addmm and baddbmm with their addend
   as one more term, and one more rounding for each scaling by alpha or beta other than 1;
   softmax's backward, p (g - sum p g), as n + 2 terms of p_j (|g_j| + sum |p g|));
+- `log_softmax`, `log_softmax_backward`: a log-softmax's outputs from the scores it was
+  given (the mean cross-entropy's row, exp and log at the stacks' measured worst case: each
+  row's max, log of its sum of exps and spread, and each score written beside the values)
+  and its backward, g - exp(y) sum g (exp of each output and the row's |sum g| and sum |g|);
 - `softmax`: softmax's probabilities from the scores it was given, its exp at the stacks'
   measured worst case (engines/numerics/function_bounds.h), each score's distance from its
   row's max and the row's largest written beside the values;
@@ -291,6 +295,30 @@ def _softmax_terms(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Dict[str, t
     return {"distance": distance, "spread": distance.amax(dim, keepdim=True)}  # expanded by _recompute
 
 
+def _log_softmax_terms(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Dict[str, torch.Tensor]:
+    """Each row's max, log of its sum of exps and spread (its scores' largest distance from the
+    max, masked scores, -inf, at 0: their exps are exactly 0), and each score (`value`)."""
+    scores, dim = args[0], args[1]
+    masked = torch.isinf(scores) & (scores < 0)
+    top = scores.amax(dim, keepdim=True)
+    return {"max": top, "log_sum": torch.log(torch.exp(scores - top).sum(dim, keepdim=True)), "value": scores,
+            "spread": (top - scores).masked_fill(masked, 0.0).amax(dim, keepdim=True)}
+
+
+def _log_softmax_backward_terms(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Dict[str, torch.Tensor]:
+    """exp of each output it was given, and its row's |sum g| and sum |g|."""
+    grad, output, dim = args[0], args[1], args[2]
+    return {"probability": torch.exp(output), "sum": grad.sum(dim, keepdim=True).abs(),
+            "sum_abs": grad.abs().sum(dim, keepdim=True)}
+
+
+def _tanh_backward_magnitude(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], exact: torch.Tensor) -> torch.Tensor:
+    """|g| (y^2 + |1 - y^2|): g (1 - y y) from the output y it was given, whose square's
+    rounding is not cancelled by 1 - y^2 near +-1 (three roundings, fewer fused)."""
+    grad, y = args[0], args[1]
+    return grad.abs() * (y * y + (1 - y * y).abs())
+
+
 def _softmax_backward_magnitude(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any],
                                 exact: torch.Tensor) -> torch.Tensor:
     """p_j (|g_j| + sum_k |p_k g_k|): grad_input = p (g - sum p g), the row's dot product of
@@ -346,6 +374,7 @@ ARITHMETIC: Dict[str, Union[Arithmetic, Several]] = {
     "aten::pow": Arithmetic("rounded", lambda args, kwargs, exact: POW_ROUNDINGS[args[1]], _exact_magnitude,
                             applies=_pow_by_multiplies),
     "aten::rsqrt": Arithmetic("rounded", _rounded(2), _exact_magnitude),
+    "aten::tanh_backward": Arithmetic("rounded", _rounded(3), _tanh_backward_magnitude),
     # AdamW's first moment (torch 2.x): a difference, a scaling and a sum, in either form.
     "aten::lerp": Arithmetic("rounded", _rounded(4), _lerp_magnitude),
     "aten::lerp_": Arithmetic("rounded", _rounded(4), _lerp_magnitude),
@@ -367,6 +396,12 @@ ARITHMETIC: Dict[str, Union[Arithmetic, Several]] = {
     # torch 2.5's softmax for attention masks: a row wholly masked is 0s (exact), else _softmax.
     "aten::_safe_softmax": Arithmetic("softmax", _softmax_size, _exact_magnitude, _softmax_terms),
     "aten::_softmax_backward_data": Arithmetic("dot", _softmax_backward_count, _softmax_backward_magnitude),
+    # The cross-entropy's row (engines/numerics/function_bounds.h), exp and log at the stacks'
+    # measured worst; its backward, g - exp(y) sum g, with exp at its worst.
+    "aten::_log_softmax": Arithmetic("log_softmax", _softmax_size, _exact_magnitude, _log_softmax_terms),
+    "aten::_log_softmax_backward_data": Arithmetic("log_softmax_backward",
+                                                   lambda args, kwargs, exact: int(args[0].shape[args[2]]),
+                                                   _exact_magnitude, _log_softmax_backward_terms),
     # At the stacks' measured worst case (engines/numerics/function_bounds.h); count 1, the
     # function's one evaluation.
     "aten::silu": Arithmetic("silu", lambda args, kwargs, exact: 1, _exact_magnitude),
