@@ -77,10 +77,19 @@ def _nll_loss_backward(seed: int) -> Tuple[Any, tuple, dict]:
 
 
 def _layer_norm(seed: int) -> Tuple[Any, tuple, dict]:
-    """Rows near zero and far from it (100 + noise), C from 8 to 1024."""
-    x = _randn(16, 8 << (seed % 8), seed=seed) + (100.0 if seed % 2 else 0.0)
+    """Rows near zero and far from it (100 or 10^4 + noise), C from 8 to 1024."""
+    x = _randn(16, 8 << (seed % 8), seed=seed) + (0.0, 100.0, 1e4)[seed % 3]
     C = x.shape[-1]
     return aten.native_layer_norm.default, (x, [C], _randn(C, seed=seed + 1), _randn(C, seed=seed + 2), 1e-5), {}
+
+
+def _layer_norm_backward(seed: int) -> Tuple[Any, tuple, dict]:
+    """The gradients of a layer norm's weight and bias over 16 to 2048 rows, rows far from zero too."""
+    func, (x, shape, weight, bias, eps), _ = _layer_norm(seed)
+    x = x.repeat(1 << (seed % 8), 1)
+    _, mean, rstd = func(x, shape, weight, bias, eps)
+    grad = _randn(*x.shape, seed=seed + 3)
+    return aten.native_layer_norm_backward.default, (grad, x, shape, mean, rstd, weight, bias, [True, True, True]), {}
 
 
 def _tanh_backward(seed: int) -> Tuple[Any, tuple, dict]:
@@ -96,6 +105,8 @@ CALLS: Dict[str, Tuple[Callable[[int], Tuple[Any, tuple, dict]], int, Any]] = {
     "pow": (_pow, 6, None), "rsqrt": (_rsqrt, 4, None), "nll_loss_forward's loss": (_nll_loss, 12, 0),
     "nll_loss_forward's total weight": (_nll_loss, 12, 1), "nll_loss_backward": (_nll_loss_backward, 12, None),
     "native_layer_norm's mean": (_layer_norm, 16, 1), "tanh_backward": (_tanh_backward, 6, None),
+    "native_layer_norm_backward's weight": (_layer_norm_backward, 16, 1),
+    "native_layer_norm_backward's bias": (_layer_norm_backward, 16, 2),
 }
 
 
@@ -110,7 +121,7 @@ def _bound(func: Any, args: tuple, kwargs: dict, output: Any) -> Tuple[torch.Ten
     exact = exact if output is None else flat_outputs(exact)[output]
     count = arithmetic.count(args64, kwargs, exact)
     magnitude = arithmetic.magnitude(func, args64, kwargs, exact)
-    assert arithmetic.kind in ("rounded", "sum", "two_norm"), arithmetic.kind  # the kinds restated here
+    assert arithmetic.kind in ("rounded", "sum", "dot", "two_norm"), arithmetic.kind  # the kinds restated here
     return exact, (gamma(count - 1) if arithmetic.kind == "sum" else gamma(count)) * magnitude
 
 
@@ -136,12 +147,16 @@ def test_each_entry_holds_this_torchs_kernel_and_a_bf16_one_is_over(name: str) -
 
 def test_calls_an_entry_does_not_hold_are_not_judged() -> None:
     """A norm of another order; libm's pow; a threshold fp32 does not hold (the comparison
-    flips near it); a bf16 embedding gradient (summed by bf16 adds)."""
+    flips near it); a bf16 embedding gradient (summed by bf16 adds); a layer norm's weight and
+    bias gradients from a bf16 dy (torch sums them in bf16)."""
     x = _randn(100, seed=1)
     assert arithmetic_of(aten.threshold_backward.default, (x, x, 0.1), {}) is None
     assert arithmetic_of(aten.threshold_backward.default, (x, x, 0.0), {}) is not None
     _, (grad, indices, *rest), _ = _embedding_backward(0)
     assert arithmetic_of(aten.embedding_dense_backward.default, (grad.to(torch.bfloat16), indices, *rest), {}) is None
+    _, (grad, *rest), _ = _layer_norm_backward(0)  # a bf16 gradient into an fp32 layer norm: summed in bf16
+    assert arithmetic_of(aten.native_layer_norm_backward.default, (grad.to(torch.bfloat16), *rest), {}) is None
+    assert arithmetic_of(aten.native_layer_norm_backward.default, (grad, *rest), {}).at(2) is not None
     assert arithmetic_of(aten.linalg_vector_norm.default, (x, 1), {}) is None
     assert arithmetic_of(aten.norm.ScalarOpt_dim, (x, 3, [0]), {}) is None
     assert arithmetic_of(aten.norm.ScalarOpt_dim, (x, None, [0]), {}) is not None  # p None: the 2-norm

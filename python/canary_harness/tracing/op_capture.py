@@ -262,6 +262,42 @@ _LAYER_NORM = Several((
 ))
 
 
+def _normalized_rows(args: Tuple[Any, ...], kwargs: Dict[str, Any], exact: torch.Tensor) -> int:
+    """N: the rows native_layer_norm_backward sums its weight's and bias's gradients over."""
+    return max(1, args[1].numel() // max(1, int(np.prod(args[2]))))
+
+
+def _row_dims(args: Tuple[Any, ...]) -> Tuple[int, ...]:
+    """The leading (row) dimensions of native_layer_norm_backward's input."""
+    return tuple(range(args[1].dim() - len(args[2])))
+
+
+def _weight_grad_magnitude(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], exact: torch.Tensor) -> torch.Tensor:
+    """sum over rows of |dy| (|x| + |mean|) rstd, from the mean and rstd the op was given: the
+    kernel's x rstd and mean rstd are rounded before they cancel (rows far from zero)."""
+    grad, x, _, mean, rstd = args[:5]
+    return (grad.abs() * (x.abs() + mean.abs()) * rstd.abs()).sum(_row_dims(args))
+
+
+def _bias_grad_magnitude(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], exact: torch.Tensor) -> torch.Tensor:
+    return args[0].abs().sum(_row_dims(args))
+
+
+# native_layer_norm_backward's results: the input's gradient (not judged yet: two row sums
+# through rstd), the weight's, sum over N rows of dy (x - mean) rstd (each term the
+# difference, its products and the kernel's x rstd - mean rstd form: four roundings, gamma_{N+3},
+# of |dy| (|x| + |mean|) rstd: those products are rounded before they cancel),
+# and the bias's, sum over N rows of dy. Where dy is bf16 (a bf16 layer's gradient into an
+# fp32 layer norm, BERT's under autocast), torch 2.9's kernel sums in bf16 (measured: 10^3
+# times over these bounds): not judged.
+_LAYER_NORM_BACKWARD = Several((
+    None,
+    Arithmetic("dot", lambda args, kwargs, exact: _normalized_rows(args, kwargs, exact) + 3, _weight_grad_magnitude,
+               applies=lambda args, kwargs: args[0].dtype == torch.float32),
+    Arithmetic("sum", _normalized_rows, _bias_grad_magnitude, applies=lambda args, kwargs: args[0].dtype == torch.float32),
+))
+
+
 def _nll_rows(args: Tuple[Any, ...]) -> int:
     return int(args[0].shape[0]) if args[0].dim() > 1 else 1
 
@@ -383,6 +419,7 @@ ARITHMETIC: Dict[str, Union[Arithmetic, Several]] = {
     "aten::norm": _TWO_NORM, "aten::linalg_vector_norm": _TWO_NORM,
     "aten::_foreach_norm": Several(each=_TWO_NORM),  # torch 2.x's clip_grad_norm_: a 2-norm per tensor
     "aten::native_layer_norm": _LAYER_NORM,
+    "aten::native_layer_norm_backward": _LAYER_NORM_BACKWARD,
     "aten::nll_loss_forward": _NLL_LOSS,
     # The embedding's gradient: each row a sum of the gradients of its index's occurrences, in
     # fp32 (a bf16 gradient is summed by bf16 adds, each rounded: not judged).
@@ -414,14 +451,17 @@ ARITHMETIC: Dict[str, Union[Arithmetic, Several]] = {
 def arithmetic_of(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional[Union[Arithmetic, Several]]:
     """The op's entry in ARITHMETIC; None for an op it does not describe, an out= overload, a
     division that rounds to an integer (rounding_mode), a call its entry does not apply to
-    (a norm of another order than 2)."""
+    (a norm of another order than 2); an op of several results with only the entries that
+    apply to the call."""
     if any(a.is_out for a in func._schema.arguments) or kwargs.get("rounding_mode") is not None:
         return None
     arithmetic = ARITHMETIC.get(func._schema.name)
+    applies = lambda entry: entry is not None and (entry.applies is None or entry.applies(args, kwargs))
+    if isinstance(arithmetic, Several) and arithmetic.each is None:  # each result's entry, where it applies
+        outputs = tuple(entry if applies(entry) else None for entry in arithmetic.outputs)
+        return Several(outputs) if any(outputs) else None
     entry = arithmetic.each if isinstance(arithmetic, Several) else arithmetic
-    if entry is not None and entry.applies is not None and not entry.applies(args, kwargs):
-        return None
-    return arithmetic
+    return arithmetic if applies(entry) else None
 
 
 def _rounded_to_fp32(value: Any) -> bool:
