@@ -63,6 +63,19 @@ double gelu_output_bound(const GeluTerms& t) {
          0x1p-126;  // a subnormal result flushed to zero
 }
 
+double gelu_erf_backward_bound(const GeluBackwardTerms& t, double erf_error, double exp_ulps) {
+  const double u = fp32_unit_roundoff();
+  const double a = std::fabs(t.x) * 0.7071067811865476, da = gamma(gelu_argument_roundings(GeluForm::Erf), u) * a;
+  const double z = std::max(0.0, a - da);
+  const double e = 1.1283791670955126 * det_exp(-z * z) * da + erf_error;  // erf(a^) against erf(a)
+  const double cdf = 0.5 * (e + u * (1 + std::fabs(2 * t.cdf - 1) + e));
+  const double pdf = det_exp(u * t.x * t.x / 2) * (1 + 2 * u * exp_ulps) * (1 + u) * (1 + u) - 1;
+  const double product = (1 + pdf) * (1 + u) - 1, term = std::fabs(t.x) * t.pdf;
+  const double derivative = cdf + term * product + u * (t.cdf + term + cdf + term * product);
+  const double g = std::fabs(t.grad);
+  return g * derivative * (1 + u) + u * g * std::fabs(t.cdf + t.x * t.pdf) + g * (1 + std::fabs(t.x)) * 0x1p-126;
+}
+
 double silu_output_bound(double abs_silu, double silu_error) { return silu_error * abs_silu + kSiluLost; }
 
 double swiglu_output_bound(double abs_product, double abs_up, double silu_error) {
@@ -93,10 +106,13 @@ double cross_entropy_mean_bound(std::span<const CrossEntropyRow> rows, std::int6
 
 double log_softmax_backward_bound(double probability, double abs_sum, double sum_abs, double abs_result,
                                   std::int64_t n, double exp_ulps) {
-  const double u = fp32_unit_roundoff(), e = 2 * u * exp_ulps;
-  const double product = probability * gamma(n - 1, u) * sum_abs * (1 + e) * (1 + u) +
-                         probability * abs_sum * ((1 + e) * (1 + u) - 1);
-  return (1 + u) * product + u * abs_result;
+  const double u = fp32_unit_roundoff(), e = 2 * u * exp_ulps, g = gamma(n - 1, u);
+  const double product = probability * g * sum_abs * (1 + e) * (1 + u) + probability * abs_sum * ((1 + e) * (1 + u) - 1);
+  // Below the least normal value the relative model fails: exp's result within exp_ulps of
+  // the subnormal step (2^-149) times |a^|, the product's rounding half a step (a one-hot g's
+  // row off its target, p_j |a| < 2^-126 where the logits part by about 87).
+  const double underflow = exp_ulps * 0x1p-149 * (abs_sum + g * sum_abs) + 0x1p-150;
+  return (1 + u) * (product + underflow) + u * abs_result;
 }
 
 }  // namespace harness::numerics

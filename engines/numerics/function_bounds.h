@@ -122,6 +122,21 @@ struct GeluTerms {
 std::int64_t gelu_argument_roundings(GeluForm form);
 double gelu_output_bound(const GeluTerms& terms);
 
+// GELU's backward in the erf form, r = g D with D = Phi(x) + x phi(x) (torch's CPU kernel:
+// cdf = 0.5 (1 + erf(x fl(1/sqrt 2))), pdf = fl(beta) exp(x x (-0.5)), g (cdf + x pdf)), from
+// the input x and gradient g it was given:
+//   cdf:   |c^ - Phi| <= e_c = (E + u (1 + |erf(a)| + E)) / 2, E as GELU's (r = 2, e_f erf's
+//          measured worst absolute error)
+//   pdf:   relative rho_p = exp(u x^2 / 2) (1 + e) (1 + u)^2 - 1 (x x rounded in exp's argument,
+//          exp within e = 2 u exp_ulps, beta's rounding and the product), x pdf one more
+//   D:     |D^ - D| <= e_D = e_c + t rho_t + u (Phi + t + e_c + t rho_t),  t = |x| phi
+//   r:     |r^ - r| <= |g| e_D (1 + u) + u |g D| + |g| (1 + |x|) 2^-126 (an exp that underflows)
+struct GeluBackwardTerms {
+  double x = 0, grad = 0;  // the input and the gradient it was given
+  double cdf = 0, pdf = 0;  // Phi(x) and phi(x), exact
+};
+double gelu_erf_backward_bound(const GeluBackwardTerms& terms, double erf_error, double exp_ulps);
+
 // SiLU s = x sigma(x) within its measured relative error e_s, and 2^-119 where a stack loses
 // its value (kSiluLost; a subnormal result flushed to zero is within it):
 //   |s^ - s| <= e_s |s| + 2^-119.
@@ -160,7 +175,9 @@ double log_softmax_bound(const CrossEntropyRow& row, std::int64_t classes, doubl
 // and a = sum_k g_k (ATen's _log_softmax_backward_data): the sum within gamma_{n-1} A
 // (A = sum |g|), exp within its relative worst case e (2 u exp_ulps), the product's and the
 // difference's roundings:
-//   |r^_j - r_j| <= (1 + u) (p_j gamma_{n-1} A (1 + e) (1 + u) + p_j |a| ((1 + e)(1 + u) - 1)) + u |r_j|
+//   |r^_j - r_j| <= (1 + u) (p_j gamma_{n-1} A (1 + e) (1 + u) + p_j |a| ((1 + e)(1 + u) - 1) + D) + u |r_j|
+// with D = exp_ulps 2^-149 (|a| + gamma_{n-1} A) + 2^-150 where exp or the product lands
+// below the least normal value (a one-hot g off its target, logits parted by 87 or more).
 double log_softmax_backward_bound(double probability, double abs_sum, double sum_abs, double abs_result,
                                   std::int64_t n, double exp_ulps);
 

@@ -122,6 +122,19 @@ std::vector<double> gelu_bounds(numerics::GeluForm form, std::size_t elements, h
   return bound;
 }
 
+// GELU's backward (erf form) per element (numerics::gelu_erf_backward_bound): the input, the
+// gradient, Phi and phi of the input; erf and exp at the stacks' measured worst case.
+std::vector<double> gelu_backward_bounds(std::size_t elements, hid_t file, const std::string& group,
+                                         const std::string& values) {
+  const auto t = read_terms(file, group, {"input", "grad", "cdf", "pdf"}, elements, values, "a GELU backward");
+  std::vector<double> bound(elements);
+  for (std::size_t i = 0; i < elements; ++i) {
+    bound[i] = numerics::gelu_erf_backward_bound({t[0][i], t[1][i], t[2][i], t[3][i]}, numerics::kStackGeluErfError,
+                                                 numerics::kStackExpUlps);
+  }
+  return bound;
+}
+
 // SwiGLU's bound per element (numerics::swiglu_output_bound) from |silu(g) up| (the
 // magnitude) and |up|.
 std::vector<double> swiglu_bounds(const std::vector<double>& magnitude, hid_t file, const std::string& group,
@@ -192,6 +205,7 @@ std::vector<double> compute_bounds(const std::string& kind, std::int64_t count, 
   if (kind == "gelu_tanh") return gelu_bounds(numerics::GeluForm::Tanh, magnitude.size(), file, group, values);
   if (kind == "gelu_erf") return gelu_bounds(numerics::GeluForm::Erf, magnitude.size(), file, group, values);
   if (kind == "swiglu") return swiglu_bounds(magnitude, file, group, values);
+  if (kind == "gelu_erf_backward") return gelu_backward_bounds(magnitude.size(), file, group, values);
   if (kind == "cross_entropy") return cross_entropy_bounds(count, magnitude.size(), file, group, values);
   if (kind == "log_softmax") return log_softmax_bounds(count, magnitude.size(), file, group, values);
   if (kind == "log_softmax_backward") return log_softmax_backward_bounds(count, magnitude, file, group, values);
@@ -199,8 +213,9 @@ std::vector<double> compute_bounds(const std::string& kind, std::int64_t count, 
   if (static_cast<double>(count) * u >= 1) {  // gamma_n says nothing there (a sum of 2^24 terms): no bound
     return std::vector<double>(magnitude.size(), std::numeric_limits<double>::infinity());
   }
-  // Each rounding may also lose what gradual underflow does, half a subnormal step (the model
-  // of rounding_bounds.h): a product or quotient that lands below the least normal value.
+  // Each rounding may also lose what gradual underflow does (the model of rounding_bounds.h:
+  // half a subnormal step; a whole one is taken, for the chain's scalings): a product or
+  // quotient that lands below the least normal value.
   const double underflow = static_cast<double>(count) * numerics::precision_traits(Precision::Fp32).smallest_spacing;
   std::vector<double> bound(magnitude.size());
   for (std::size_t i = 0; i < magnitude.size(); ++i) {
@@ -219,7 +234,7 @@ std::vector<double> compute_bounds(const std::string& kind, std::int64_t count, 
       bound[i] = numerics::silu_output_bound(m, numerics::kStackSiluError);
     } else {
       throw std::runtime_error(
-          fmt::format("{}: a result of arithmetic '{}' (known: dot, sum, rounded, two_norm, silu, layer_norm, layer_norm_rstd, attention, softmax, gelu_tanh, gelu_erf, swiglu, cross_entropy, log_softmax, log_softmax_backward)", values, kind));
+          fmt::format("{}: a result of arithmetic '{}' (known: dot, sum, rounded, two_norm, silu, layer_norm, layer_norm_rstd, attention, softmax, gelu_tanh, gelu_erf, gelu_erf_backward, swiglu, cross_entropy, log_softmax, log_softmax_backward)", values, kind));
     }
   }
   return bound;

@@ -60,19 +60,20 @@ def _rsqrt(seed: int) -> Tuple[Any, tuple, dict]:
 
 
 def _nll_loss(seed: int) -> Tuple[Any, tuple, dict]:
-    """log-probabilities of 512 rows, weighted or not, some targets ignored; mean or sum."""
+    """log-probabilities of 512 rows, weighted or not (weights of both signs too), some targets
+    ignored; reduction none, mean or sum."""
     g = torch.Generator().manual_seed(seed)
     logp = torch.log_softmax(torch.randn(512, 40, generator=g) * 4, -1)
     target = torch.randint(0, 40, (512,), generator=g)
     target[::7] = -100
-    weight = torch.rand(40, generator=g) * 3 if seed % 2 else None
-    return aten.nll_loss_forward.default, (logp, target, weight, 1 + seed % 3 // 2, -100), {}
+    weight = torch.rand(40, generator=g) * 3 - (0.5 if seed % 4 == 3 else 0.0) if seed % 2 else None
+    return aten.nll_loss_forward.default, (logp, target, weight, seed % 3, -100), {}
 
 
 def _nll_loss_backward(seed: int) -> Tuple[Any, tuple, dict]:
     func, (logp, target, weight, reduction, ignore), _ = _nll_loss(seed)
     total = func(logp, target, weight, reduction, ignore)[1]
-    grad = torch.tensor(0.37 + seed)
+    grad = _randn(logp.shape[0], seed=seed) if reduction == 0 else torch.tensor(0.37 + seed)  # none: one per row
     return aten.nll_loss_backward.default, (grad, logp, target, weight, reduction, ignore, total), {}
 
 
@@ -148,12 +149,17 @@ def test_each_entry_holds_this_torchs_kernel_and_a_bf16_one_is_over(name: str) -
 def test_calls_an_entry_does_not_hold_are_not_judged() -> None:
     """A norm of another order; libm's pow; a threshold fp32 does not hold (the comparison
     flips near it); a bf16 embedding gradient (summed by bf16 adds); a layer norm's weight and
-    bias gradients from a bf16 dy (torch sums them in bf16)."""
+    bias gradients from a bf16 dy (torch sums them in bf16); a bf16 layer norm and log-softmax
+    (their kernels round inside)."""
     x = _randn(100, seed=1)
     assert arithmetic_of(aten.threshold_backward.default, (x, x, 0.1), {}) is None
     assert arithmetic_of(aten.threshold_backward.default, (x, x, 0.0), {}) is not None
     _, (grad, indices, *rest), _ = _embedding_backward(0)
     assert arithmetic_of(aten.embedding_dense_backward.default, (grad.to(torch.bfloat16), indices, *rest), {}) is None
+    func, (x, *rest), _ = _layer_norm(0)  # a bf16 layer norm (torch 1.13 rounds inside), a bf16 log-softmax
+    assert arithmetic_of(func, (x.to(torch.bfloat16), *rest), {}) is None
+    assert arithmetic_of(aten._log_softmax.default, (x.to(torch.bfloat16), 1, False), {}) is None
+    assert arithmetic_of(aten._log_softmax.default, (x, 1, False), {}) is not None
     _, (grad, *rest), _ = _layer_norm_backward(0)  # a bf16 gradient into an fp32 layer norm: summed in bf16
     assert arithmetic_of(aten.native_layer_norm_backward.default, (grad.to(torch.bfloat16), *rest), {}) is None
     assert arithmetic_of(aten.native_layer_norm_backward.default, (grad, *rest), {}).at(2) is not None

@@ -237,6 +237,30 @@ def test_a_bool_operand_is_captured_not_a_crash() -> None:
     assert not any("not recomputed" in name for name in captured.not_judged), captured.not_judged
 
 
+def test_a_result_of_several_traced_alone_is_judged_by_its_place() -> None:
+    """A layer norm whose input needs no gradient and which has no bias: its backward computes
+    the weight's gradient alone (output_mask [False, True, False]), one traced result at place
+    1. It once was taken for a one-result op: its float64 tuple then crashed the capture."""
+    from canary_harness.tracing.op_capture import OpCapture
+
+    torch.manual_seed(4)
+    weight = torch.nn.Parameter(torch.randn(8))
+    model = torch.nn.ParameterList([weight])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    capture = OpCapture(model, optimizer)
+    try:
+        with capture.step():
+            torch.nn.functional.layer_norm(torch.randn(3, 8), (8,), weight, None).pow(2).sum().backward()
+            optimizer.step()
+        captured = capture.finish()
+    finally:
+        capture.close()
+    grads = [r for r in captured.results if r.aten == "aten.native_layer_norm_backward.default"]
+    assert [r.tensor for r in grads] == ["aten.native_layer_norm_backward.default.out1"], captured.not_judged
+    assert grads[0].got.size == 8 and np.all(np.abs(grads[0].got - grads[0].exact) <= 1e-5 * grads[0].magnitude)
+    assert not any("not recomputed" in name for name in captured.not_judged), captured.not_judged
+
+
 def test_repro_refuses_a_python_canarys_run_against_an_engines_and_writes_nothing(harness_bin: Path, tmp_path: Path,
                                                                                   nudged_pair: tuple) -> None:
     engine = tmp_path / "tiny.h5"

@@ -419,6 +419,42 @@ TEST(CrossEntropyMeanBound, Fp32KernelsWithExpAndLogAtTheirWorstAreWithinAndABf1
   RecordProperty("worst_error_over_bound", tightness.str());
 }
 
+// GELU's backward in the erf form as torch's CPU kernel computes it, in fp32: erf off by
+// `erf_offset` u (its worst case pushed one way), exp rounded up, the cdf rounded to bf16
+// where `bf16_cdf` (a kernel below fp32).
+float gelu_erf_backward_fp32(float x, float g, double erf_offset, bool bf16_cdf) {
+  const auto alpha = static_cast<float>(0.7071067811865476), beta = static_cast<float>(0.3989422804014327);
+  const float a = x * alpha;
+  const auto erf = static_cast<float>(std::erf(static_cast<double>(a)) + erf_offset * 0x1p-24);
+  float cdf = 0.5f * (1.0f + erf);
+  if (bf16_cdf) cdf = round_to_bf16(cdf);
+  const float pdf = beta * up(static_cast<float>(std::exp(static_cast<double>(x * x * -0.5f))));
+  return g * (cdf + x * pdf);
+}
+
+TEST(GeluErfBackwardBound, Fp32KernelsWithErfAndExpAtTheirWorstAreWithinAndABf16CdfIsOutside) {
+  double worst = 0;
+  std::size_t outside = 0, count = 0;
+  for (float x = -12.0f; x <= 12.0f; x += 1.0f / 512) {
+    const float g = 0.75f + x / 64;
+    const double cdf = 0.5 * std::erfc(-static_cast<double>(x) * 0.7071067811865476);
+    const double pdf = 0.3989422804014327 * std::exp(-0.5 * static_cast<double>(x) * x);
+    const double exact = g * (cdf + x * pdf);
+    const double bound = gelu_erf_backward_bound({x, g, cdf, pdf}, kStackGeluErfError, kStackExpUlps);
+    for (double offset : {-12.0, 0.0, 12.0}) {
+      const double error = std::fabs(static_cast<double>(gelu_erf_backward_fp32(x, g, offset, false)) - exact);
+      ASSERT_LE(error, bound) << "x = " << x << " erf offset " << offset;
+      worst = std::max(worst, error / bound);
+    }
+    if (std::fabs(exact) > 1e-3) {
+      ++count;
+      outside += std::fabs(static_cast<double>(gelu_erf_backward_fp32(x, g, 0.0, true)) - exact) > bound;
+    }
+  }
+  EXPECT_GT(outside, count / 2) << outside << " of " << count << " bf16 cdfs outside";
+  RecordProperty("worst_error_over_bound", std::to_string(worst));
+}
+
 // ---- log-softmax and its backward -----------------------------------------------------
 
 // A row's log-softmax in fp32, exps and the log rounded up (their worst): z_j less m + log S
@@ -507,10 +543,29 @@ TEST(LogSoftmaxBackwardBound, Fp32KernelsWithExpAtItsWorstAreWithinAndABf16SumIs
       }
       outside += any;
     }
-    if (n >= 256) EXPECT_GT(outside, 4u) << "n=" << n << ": a bf16 sum outside in " << outside << " of 8";
+    if (n >= 256) {
+      EXPECT_GT(outside, 4u) << "n=" << n << ": a bf16 sum outside in " << outside << " of 8";
+    }
     tightness << "n=" << n << ":" << worst << " ";
   }
   RecordProperty("worst_error_over_bound", tightness.str());
+}
+
+// The cross-entropy's backward: g one-hot (-1 at the target), logits parted by 60 to 120, so
+// that p_j a falls below the least normal value off the target: exp's and the product's
+// results in the subnormals are within the bound's underflow term.
+TEST(LogSoftmaxBackwardBound, AOneHotGradientWhoseProductsUnderflowIsWithin) {
+  for (float gap = 60.0f; gap <= 120.0f; gap += 0.25f) {
+    const std::vector<float> z = {gap, 0.0f, -gap / 2, 1.0f};
+    const std::vector<float> y = log_softmax_fp32(z, false, false);
+    const std::vector<float> g = {0.0f, -1.0f, 0.0f, 0.0f};
+    for (std::size_t j = 0; j < z.size(); ++j) {
+      const double p = std::exp(static_cast<double>(y[j])), exact = g[j] - p * -1.0;
+      const double bound = log_softmax_backward_bound(p, 1.0, 1.0, std::fabs(exact), 4, 1.0);
+      const float p_hat = up(static_cast<float>(std::exp(static_cast<double>(y[j]))));
+      ASSERT_LE(std::fabs(static_cast<double>(g[j] - p_hat * -1.0f) - exact), bound) << "gap " << gap << " j " << j;
+    }
+  }
 }
 
 }  // namespace

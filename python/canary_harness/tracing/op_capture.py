@@ -21,6 +21,8 @@ captures. This module says, per aten op, what its arithmetic is:
   row's max and the row's largest written beside the values;
 - `gelu_tanh`, `gelu_erf`: GELU's two forms (its `approximate` argument), tanh or erf at
   the stacks' measured worst case, the input, the exact argument and f of it written beside;
+- `gelu_erf_backward`: GELU's backward in the erf form, g (Phi(x) + x phi(x)), erf and exp at
+  the stacks' measured worst case (x, g, Phi(x) and phi(x) written beside);
 - `silu`: SiLU within the stacks' measured relative error;
 - `sum`: a sum of n terms (sum; mean as n + 1: its division is one more rounding; the
   embedding's gradient, each row a sum over its index's occurrences);
@@ -159,6 +161,20 @@ def _gelu_approximate(kwargs: Dict[str, Any]) -> str:
     return kwargs.get("approximate", "none")
 
 
+def _gelu_backward_terms(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Dict[str, torch.Tensor]:
+    """The terms of gelu_erf_backward_bound (engines/numerics/function_bounds.h) from the float64
+    gradient and input: x, g, Phi(x) and phi(x)."""
+    grad, x = args[0], args[1]
+    return {"input": x, "grad": grad, "cdf": 0.5 * (1 + torch.erf(x * math.sqrt(0.5))),
+            "pdf": torch.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)}
+
+
+def _fp32_erf_gelu(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> bool:
+    """GELU's backward judged in its erf form on fp32 (the tanh form's derivative, and a bf16
+    kernel's arithmetic, have no bound yet)."""
+    return _gelu_approximate(kwargs) == "none" and args[1].dtype == torch.float32
+
+
 def _lerp_magnitude(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], exact: torch.Tensor) -> torch.Tensor:
     """|self| + |end| + (|w| + |1 - w|) |end - self|: the terms either form of torch's CPU
     kernel rounds (self + w (end - self) below w = 1/2, end - (1 - w) (end - self) above)."""
@@ -252,13 +268,20 @@ def _layer_norm_out_terms(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Dict
 # from the row's values), the mean (any order of the C adds and the divide, or Welford's
 # updates: gamma_{2C+3} A) and the reciprocal standard deviation (its relative error from the
 # row's conditioning: layer_norm_rstd_error in rounding_bounds.h).
+def _fp32_input(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> bool:
+    """Whether the op's first operand is fp32: torch's bf16 log-softmax (both torches) and
+    torch 1.13's bf16 layer norm round inside (2 to 36 times over fp32 arithmetic and one
+    rounding, measured), so a bf16 one is not judged; under autocast both run in fp32."""
+    return args[0].dtype == torch.float32
+
+
 _LAYER_NORM = Several((
     Arithmetic("layer_norm", _channels, lambda func, args, kwargs, exact: _layer_norm_of(args).scaled,
-               _layer_norm_out_terms),
+               _layer_norm_out_terms, applies=_fp32_input),
     Arithmetic("rounded", lambda args, kwargs, exact: 2 * _channels(args, kwargs, exact) + 3,
-               lambda func, args, kwargs, exact: _layer_norm_of(args).mean_abs),
+               lambda func, args, kwargs, exact: _layer_norm_of(args).mean_abs, applies=_fp32_input),
     Arithmetic("layer_norm_rstd", _channels, _exact_magnitude,
-               lambda args, kwargs: {"conditioning": _layer_norm_of(args).conditioning}),
+               lambda args, kwargs: {"conditioning": _layer_norm_of(args).conditioning}, applies=_fp32_input),
 ))
 
 
@@ -302,19 +325,34 @@ def _nll_rows(args: Tuple[Any, ...]) -> int:
     return int(args[0].shape[0]) if args[0].dim() > 1 else 1
 
 
-def _nll_loss_magnitude(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], exact: torch.Tensor) -> torch.Tensor:
-    """sum |w_t x_t| / W (mean), sum |w_t x_t| (sum) or |w_t x_t| (none): the loss on |x| and |w|."""
+def _on_absolute_loss(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """nll_loss_forward on |x| and |w|: (sum |w_t x_t| / sum |w_t| for a mean, sum |w_t x_t|
+    for a sum, |w_t x_t| each for none; sum |w_t|), negated losses made positive."""
     weight = None if args[2] is None else args[2].abs()
-    return func(args[0].abs(), args[1], weight, *args[3:], **kwargs)[0].abs()
+    loss, total = func(args[0].abs(), args[1], weight, *args[3:], **kwargs)
+    return loss.abs(), total
+
+
+def _nll_loss_magnitude(func: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any], exact: torch.Tensor) -> torch.Tensor:
+    """sum |w_t x_t| / |W| times sum |w_t| / |W| for a mean (W's own error, relative to |W|,
+    is that of a sum of weights that may cancel: 1 for weights of one sign); sum |w_t x_t|
+    for a sum; |w_t x_t| for none."""
+    loss, total = _on_absolute_loss(func, args, kwargs)
+    if args[3] != 1:  # reduction none (0) or sum (2): no division by W
+        return loss
+    weights = func(args[0], args[1], args[2], *args[3:], **kwargs)[1].abs()
+    return loss * (total / weights) * (total / weights)
 
 
 # nll_loss_forward's loss and total weight W. The loss: N products w_t x_t (exact unweighted)
 # summed, divided by W, itself a sum of N weights: gamma_{2N+1} (gamma_{N+1} unweighted) of
-# its magnitude. W: a sum of N weights (a count unweighted, exact).
+# its magnitude (to first order where weights of both signs cancel in W). W: a sum of N
+# weights, gamma_{N-1} sum |w_t| (a count unweighted, exact).
 _NLL_LOSS = Several((
     Arithmetic("rounded", lambda args, kwargs, exact: (1 if args[2] is None else 2) * _nll_rows(args) + 1,
                _nll_loss_magnitude),
-    Arithmetic("sum", lambda args, kwargs, exact: _nll_rows(args), _exact_magnitude),
+    Arithmetic("sum", lambda args, kwargs, exact: _nll_rows(args),
+               lambda func, args, kwargs, exact: _on_absolute_loss(func, args, kwargs)[1]),
 ))
 
 
@@ -435,7 +473,8 @@ ARITHMETIC: Dict[str, Union[Arithmetic, Several]] = {
     "aten::_softmax_backward_data": Arithmetic("dot", _softmax_backward_count, _softmax_backward_magnitude),
     # The cross-entropy's row (engines/numerics/function_bounds.h), exp and log at the stacks'
     # measured worst; its backward, g - exp(y) sum g, with exp at its worst.
-    "aten::_log_softmax": Arithmetic("log_softmax", _softmax_size, _exact_magnitude, _log_softmax_terms),
+    "aten::_log_softmax": Arithmetic("log_softmax", _softmax_size, _exact_magnitude, _log_softmax_terms,
+                                     applies=_fp32_input),
     "aten::_log_softmax_backward_data": Arithmetic("log_softmax_backward",
                                                    lambda args, kwargs, exact: int(args[0].shape[args[2]]),
                                                    _exact_magnitude, _log_softmax_backward_terms),
@@ -445,6 +484,8 @@ ARITHMETIC: Dict[str, Union[Arithmetic, Several]] = {
     "aten::gelu": Arithmetic("gelu", lambda args, kwargs, exact: 1, _exact_magnitude,
                              lambda args, kwargs: gelu_terms(args[0], _gelu_approximate(kwargs)),
                              lambda kwargs: GELU_KINDS[_gelu_approximate(kwargs)]),
+    "aten::gelu_backward": Arithmetic("gelu_erf_backward", lambda args, kwargs, exact: 1, _exact_magnitude,
+                                      _gelu_backward_terms, applies=_fp32_erf_gelu),
 }
 
 
@@ -622,13 +663,15 @@ class OpCapture:
             elif value.device.type != "cpu":  # ARITHMETIC's counts are those of torch's CPU kernels
                 self._not_judging(f"{label} (on {value.device.type})")
             else:
-                several = len(places) > 1
+                # An op of several results (by its schema, however many it traced: a layer norm's
+                # backward with one gradient asked, a foreach op of one tensor) names its place.
+                output = place if isinstance(arithmetic, Several) else None
                 kept = value.detach().clone()
                 element = isinstance(arithmetic, Several) and arithmetic.each is not None
-                self._pending.append(_Pending(func, entry, before, kept, op, phase, site, occurs,
-                                              place if several else None, tensor if several else None, element))
+                self._pending.append(_Pending(func, entry, before, kept, op, phase, site, occurs, output,
+                                              None if output is None else tensor, element))
                 if self._keep == OpKey(op, phase, tensor, occurs):
-                    self._kept = KeptCall(func, *before, kept, place if several else None, layout)
+                    self._kept = KeptCall(func, *before, kept, output, layout)
 
     def step(self) -> "_CapturedStep":
         return _CapturedStep(self)
@@ -640,7 +683,7 @@ class OpCapture:
         for judged in pending:
             try:
                 self._results.append(_recompute(judged))
-            except (RuntimeError, TypeError, ValueError) as e:  # an operand the float64 copy cannot take
+            except (RuntimeError, TypeError, ValueError, IndexError) as e:  # an operand the float64 copy cannot take
                 self._not_judging(f"{judged.tensor or judged.func} (not recomputed: {type(e).__name__})")
         capture = StepCapture(self._results, dict(sorted(self._not_judged.items())), self._kept)
         self._results, self._not_judged, self._occurrences, self._kept = [], {}, {}, None
