@@ -219,16 +219,14 @@ def _most_occurrences(args: Tuple[Any, ...], kwargs: Dict[str, Any], exact: torc
 class LayerNormExact(NamedTuple):
     """A layer norm in float64 with the terms of its bounds (rounding_bounds.h), each shaped
     as its output or, keeping the normalized dimensions as 1, as its row: the output, s =
-    |x - mu| r |w|, o = |b|, m = |w| r A; the row's mean mu, A = mean |x|, r = (v + eps)^-1/2
-    and rho = (S + mu^2) / (v + eps), S the mean square and v the variance."""
+    |x - mu| r |w|, o = |b|, m = |w| r A; the row's A = mean |x| and rho = (S + mu^2) / (v +
+    eps), mu its mean, S its mean square, v its variance and r = (v + eps)^-1/2."""
 
     out: torch.Tensor
     scaled: torch.Tensor
     offset: torch.Tensor
     mean_term: torch.Tensor
-    mean: torch.Tensor
     mean_abs: torch.Tensor
-    rstd: torch.Tensor
     conditioning: torch.Tensor
 
 
@@ -246,7 +244,7 @@ def layer_norm_exact(x: torch.Tensor, normalized_shape: Any, weight: Optional[to
     mean_abs = x.abs().mean(dims, keepdim=True)
     rho = ((x * x).mean(dims, keepdim=True) + mu * mu) / (variance + eps)
     return LayerNormExact(scaled + bias, scaled.abs(), bias.abs().expand(scaled.shape),
-                          (weight.abs() * r * mean_abs).expand(scaled.shape), mu, mean_abs, r, rho)
+                          (weight.abs() * r * mean_abs).expand(scaled.shape), mean_abs, rho)
 
 
 def _channels(args: Tuple[Any, ...], kwargs: Dict[str, Any], exact: torch.Tensor) -> int:
