@@ -131,6 +131,7 @@ double gelu_output_bound(const GeluTerms& terms);
 //          exp within e = 2 u exp_ulps, beta's rounding and the product), x pdf one more
 //   D:     |D^ - D| <= e_D = e_c + t rho_t + u (Phi + t + e_c + t rho_t),  t = |x| phi
 //   r:     |r^ - r| <= |g| e_D (1 + u) + u |g D| + |g| (1 + |x|) 2^-126 (an exp that underflows)
+//          + 2^-149 (a product g D^ below the least normal value, a subnormal gradient's)
 struct GeluBackwardTerms {
   double x = 0, grad = 0;  // the input and the gradient it was given
   double cdf = 0, pdf = 0;  // Phi(x) and phi(x), exact

@@ -261,6 +261,34 @@ def test_a_result_of_several_traced_alone_is_judged_by_its_place() -> None:
     assert not any("not recomputed" in name for name in captured.not_judged), captured.not_judged
 
 
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelus_backward_is_judged_in_its_erf_form_on_its_input_and_gradient(approximate: str) -> None:
+    """aten.gelu_backward(grad, x): judged in the erf form from x and the gradient (its terms
+    are x, g, Phi(x) and phi(x); the exact value is g (Phi + x phi)); the tanh form has no
+    bound yet and is listed as not judged."""
+    from canary_harness.tracing.op_capture import OpCapture
+
+    torch.manual_seed(5)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.GELU(approximate=approximate))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    capture = OpCapture(model, optimizer)
+    try:
+        with capture.step():
+            model(torch.randn(4, 6)).pow(2).sum().backward()
+            optimizer.step()
+        captured = capture.finish()
+    finally:
+        capture.close()
+    backward = [r for r in captured.results if r.aten == "aten.gelu_backward.default"]
+    if approximate == "tanh":
+        assert backward == [] and "aten.gelu_backward.default" in captured.not_judged
+        return
+    assert [r.kind for r in backward] == ["gelu_erf_backward"], captured.not_judged
+    x, g, cdf, pdf = (backward[0].terms[name] for name in ("input", "grad", "cdf", "pdf"))
+    np.testing.assert_allclose(backward[0].exact, g * (cdf + x * pdf), rtol=1e-12, atol=1e-300)
+    assert np.all(np.abs(backward[0].got - backward[0].exact) <= 1e-5 * np.abs(g) + 1e-30)
+
+
 def test_repro_refuses_a_python_canarys_run_against_an_engines_and_writes_nothing(harness_bin: Path, tmp_path: Path,
                                                                                   nudged_pair: tuple) -> None:
     engine = tmp_path / "tiny.h5"

@@ -455,6 +455,22 @@ TEST(GeluErfBackwardBound, Fp32KernelsWithErfAndExpAtTheirWorstAreWithinAndABf16
   RecordProperty("worst_error_over_bound", std::to_string(worst));
 }
 
+// A subnormal gradient (a product below the least normal value, off by up to half a step) and
+// an input so large that exp(u x^2 / 2) is infinite while pdf is 0: within a finite bound.
+TEST(GeluErfBackwardBound, ASubnormalGradientAndAHugeInputAreWithinAFiniteBound) {
+  for (const float x : {0.0f, -0.5f, 1.0f, 3.0f, 2e5f, -2e5f}) {
+    for (const float g : {0x1p-149f, 0x1p-140f, 0x1p-130f, 3.0f}) {
+      const double cdf = 0.5 * std::erfc(-static_cast<double>(x) * 0.7071067811865476);
+      const double pdf = 0.3989422804014327 * std::exp(-0.5 * static_cast<double>(x) * x);
+      const double exact = g * (cdf + x * pdf);
+      const double bound = gelu_erf_backward_bound({x, g, cdf, pdf}, kStackGeluErfError, kStackExpUlps);
+      ASSERT_TRUE(std::isfinite(bound)) << "x = " << x << " g = " << g;
+      ASSERT_LE(std::fabs(static_cast<double>(gelu_erf_backward_fp32(x, g, 0.0, false)) - exact), bound)
+          << "x = " << x << " g = " << g;
+    }
+  }
+}
+
 // ---- log-softmax and its backward -----------------------------------------------------
 
 // A row's log-softmax in fp32, exps and the log rounded up (their worst): z_j less m + log S

@@ -681,7 +681,7 @@ class OpCapture:
         for judged in pending:
             try:
                 self._results.append(_recompute(judged))
-            except (RuntimeError, TypeError, ValueError, IndexError) as e:  # an operand the float64 copy cannot take
+            except (RuntimeError, TypeError, ValueError) as e:  # an operand the float64 copy cannot take
                 self._not_judging(f"{judged.tensor or judged.func} (not recomputed: {type(e).__name__})")
         capture = StepCapture(self._results, dict(sorted(self._not_judged.items())), self._kept)
         self._results, self._not_judged, self._occurrences, self._kept = [], {}, {}, None
