@@ -216,7 +216,8 @@ def traced_returns(func: Any) -> List[bool]:
     return flags
 
 
-def _flat_outputs(out: Any) -> List[Any]:
+def flat_outputs(out: Any) -> List[Any]:
+    """An op's outputs as a list (one output: a list of it)."""
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
@@ -230,7 +231,7 @@ def traced_outputs(func: Any, out: Any) -> List[Tuple[str, torch.Tensor]]:
 def traced_output_places(func: Any, out: Any) -> List[Tuple[int, str, torch.Tensor]]:
     """traced_outputs, each with its place J among the op's flattened outputs."""
     flags = traced_returns(func)
-    outputs = _flat_outputs(out)
+    outputs = flat_outputs(out)
     if len(flags) == 1 and len(outputs) > 1:  # a Tensor[] return: every element computed alike
         flags = flags * len(outputs)
     name = str(func)
@@ -239,11 +240,6 @@ def traced_output_places(func: Any, out: Any) -> List[Tuple[int, str, torch.Tens
         if computed and isinstance(value, torch.Tensor) and value.is_floating_point():
             traced.append((j, name if len(outputs) == 1 else f"{name}.out{j}", value))
     return traced
-
-
-def flat_outputs(out: Any) -> List[Any]:
-    """An op's outputs as a list (one output: a list of it)."""
-    return _flat_outputs(out)
 
 
 class _Mode(TorchDispatchMode):
